@@ -1,0 +1,1 @@
+"""evo-attention: evolutionary search over attention mechanisms."""
