@@ -1,0 +1,249 @@
+"""The AttentionGene: one attention mechanism as an immutable value.
+
+A gene names one similarity, normalization, gating and temperature (see ``components``), whether
+the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its ``key``, e.g.
+``dot|sparsemax|output_gate|learned|bias|0.10``, is its identity: genes compare and hash by it,
+and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
+``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
+
+The search space is ``SearchSpace``: the options of each field. By default it is the live content
+of the component registries, so registering a component adds it to random draws and mutations.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import components
+from .errors import UserError
+
+CATEGORICAL_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")
+FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")
+DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+MAX_DROPOUT = 0.3
+VANILLA_KEY = "dot|softmax|none|fixed|bias|0.10"
+
+
+def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
+    if value not in options:
+        raise UserError(
+            f"unknown {fieldname} {value!r}: valid options are {', '.join(map(str, options))}"
+        )
+    return value
+
+
+def _check_dropout(value: Any) -> float:
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"attention_dropout {value!r} is not a number: use a float in [0, {MAX_DROPOUT}]") from None
+    if not 0.0 <= p <= MAX_DROPOUT + 1e-9:
+        raise UserError(f"attention_dropout {value!r} is outside [0, {MAX_DROPOUT}]: pick a value in that range")
+    return round(p, 2)
+
+
+def _check_bias(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("bias", "true", "yes", "on", "nobias", "false", "no", "off"):
+        return value.lower() in ("bias", "true", "yes", "on")
+    raise UserError(f"use_bias {value!r} is not a boolean: use true/false (or 'bias'/'nobias' in a key)")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The options of each gene field that random draws and mutations pick from.
+
+    Empty categorical tuples (the default) mean "everything registered right now".
+    """
+
+    similarity: tuple = ()
+    normalization: tuple = ()
+    gating: tuple = ()
+    temperature_mode: tuple = ()
+    use_bias: tuple = (True, False)
+    attention_dropout: tuple = DROPOUT_CHOICES
+
+    def __post_init__(self):
+        for name in CATEGORICAL_FIELDS:
+            chosen = tuple(getattr(self, name))
+            for value in chosen:
+                _check_choice(name, value, components.SPACE[name])
+            object.__setattr__(self, name, chosen)
+        object.__setattr__(self, "use_bias", tuple(_check_bias(b) for b in self.use_bias))
+        object.__setattr__(self, "attention_dropout", tuple(_check_dropout(p) for p in self.attention_dropout))
+        for name in ("use_bias", "attention_dropout"):
+            if not getattr(self, name):
+                raise UserError(f"search space option list for {name} is empty: give at least one value")
+
+    def options(self, fieldname: str) -> list:
+        chosen = getattr(self, fieldname)
+        if fieldname in CATEGORICAL_FIELDS and not chosen:
+            return list(components.SPACE[fieldname])
+        return list(chosen)
+
+    def size(self) -> int:
+        n = 1
+        for name in FIELDS:
+            n *= len(self.options(name))
+        return n
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "SearchSpace":
+        data = dict(data or {})
+        unknown = sorted(set(data) - set(FIELDS))
+        if unknown:
+            raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(FIELDS)}")
+        return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in data.items()})
+
+    def to_dict(self) -> dict:
+        return {name: self.options(name) for name in FIELDS}
+
+
+class AttentionGene:
+    """An attention mechanism. Immutable; equal and hashed by ``key``.
+
+    ``AttentionGene()`` draws a random gene from the module RNG, ``AttentionGene(rng=r)`` from a
+    ``random.Random``; ``AttentionGene(gene_dict={...})`` or keyword fields build a given one
+    (missing fields take the vanilla transformer's values).
+    """
+
+    # The live option lists (shared with the component registries).
+    SIMILARITY_FUNCS = components.SPACE["similarity"]
+    NORMALIZATIONS = components.SPACE["normalization"]
+    GATING = components.SPACE["gating"]
+    TEMPERATURE_MODES = components.SPACE["temperature_mode"]
+
+    __slots__ = FIELDS + ("_key",)
+
+    def __init__(self, gene_dict: Mapping[str, Any] | None = None, *, rng: _random.Random | None = None,
+                 space: SearchSpace | None = None, **fields: Any):
+        if gene_dict is not None and fields:
+            raise UserError("give a gene either as gene_dict or as keyword fields, not both")
+        values = dict(gene_dict) if gene_dict is not None else fields
+        if gene_dict is None and not fields:
+            values = _random_values(rng or _random, space or SearchSpace())
+        unknown = sorted(set(values) - set(FIELDS))
+        if unknown:
+            raise UserError(f"unknown gene field {unknown[0]!r}: valid fields are {', '.join(FIELDS)}")
+        defaults = _VANILLA_VALUES
+        for name in CATEGORICAL_FIELDS:
+            value = values.get(name, defaults[name])
+            object.__setattr__(self, name, _check_choice(name, value, components.SPACE[name]))
+        object.__setattr__(self, "use_bias", _check_bias(values.get("use_bias", defaults["use_bias"])))
+        object.__setattr__(
+            self, "attention_dropout", _check_dropout(values.get("attention_dropout", defaults["attention_dropout"]))
+        )
+        object.__setattr__(self, "_key", "|".join(
+            [self.similarity, self.normalization, self.gating, self.temperature_mode,
+             "bias" if self.use_bias else "nobias", f"{self.attention_dropout:.2f}"]))
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def random(cls, rng: _random.Random | None = None, space: SearchSpace | None = None) -> "AttentionGene":
+        """A random gene from ``rng`` (default: the module RNG) over ``space``."""
+        return cls(rng=rng, space=space)
+
+    @classmethod
+    def vanilla(cls) -> "AttentionGene":
+        """The standard transformer: dot|softmax|none|fixed, bias on, dropout 0.1."""
+        return cls.parse(VANILLA_KEY)
+
+    @classmethod
+    def parse(cls, text: str) -> "AttentionGene":
+        """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``)."""
+        if isinstance(text, AttentionGene):
+            return text
+        if not isinstance(text, str):
+            raise UserError(f"cannot parse gene from {text!r}: expected a string like 'dot|softmax|none|fixed'")
+        s = text.strip()
+        if s.startswith("Attn(") and s.endswith(")"):
+            s = s[5:-1]
+        parts = [p.strip() for p in s.split("|")]
+        if len(parts) == 4:
+            parts += ["bias", "0.10"]
+        if len(parts) != 6:
+            raise UserError(
+                f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
+                "or 6 parts '...|bias|0.10'"
+            )
+        return cls(gene_dict=dict(zip(FIELDS, parts)))
+
+    def replace(self, **changes: Any) -> "AttentionGene":
+        return AttentionGene(gene_dict={**self.to_dict(), **changes})
+
+    # -- genetic operators --------------------------------------------------------------------
+    def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
+               space: SearchSpace | None = None) -> "AttentionGene":
+        """Resample each field with probability ``mutation_rate``; returns a new gene."""
+        if not 0.0 <= mutation_rate <= 1.0:
+            raise UserError(f"mutation_rate {mutation_rate!r} is outside [0, 1]")
+        rng = rng or _random
+        space = space or SearchSpace()
+        values = self.to_dict()
+        for name in FIELDS:
+            if rng.random() < mutation_rate:
+                values[name] = rng.choice(space.options(name))
+        return AttentionGene(gene_dict=values)
+
+    def crossover(self, other: "AttentionGene", rng: _random.Random | None = None) -> "AttentionGene":
+        """Uniform crossover: each field from self or other with probability 1/2."""
+        rng = rng or _random
+        mine, theirs = self.to_dict(), other.to_dict()
+        return AttentionGene(gene_dict={n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS})
+
+    # -- views ---------------------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def short(self) -> str:
+        return "|".join(getattr(self, n) for n in CATEGORICAL_FIELDS)
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def differences(self, other: "AttentionGene") -> list:
+        """Field names whose values differ between the two genes."""
+        return [n for n in FIELDS if getattr(self, n) != getattr(other, n)]
+
+    def __setattr__(self, name, value):
+        raise AttributeError("AttentionGene is immutable: use replace(), mutate() or crossover()")
+
+    def __str__(self) -> str:
+        return f"Attn({self.short})"
+
+    def __repr__(self) -> str:
+        return f"AttentionGene.parse({self._key!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, AttentionGene) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self):
+        return (AttentionGene.parse, (self._key,))
+
+
+def _random_values(rng, space: SearchSpace) -> dict:
+    return {name: rng.choice(space.options(name)) for name in FIELDS}
+
+
+_VANILLA_VALUES = {
+    "similarity": "dot",
+    "normalization": "softmax",
+    "gating": "none",
+    "temperature_mode": "fixed",
+    "use_bias": True,
+    "attention_dropout": 0.1,
+}
+
+
+def parse_genes(texts: Iterable[str]) -> list:
+    return [AttentionGene.parse(t) for t in texts]
