@@ -1,0 +1,55 @@
+"""Datasets for fitness evaluation, all behind one interface (``TaskData``, see ``base.py``).
+
+    from evo_attention.data import load_data
+    task = load_data("wikitext2", data_dir="../shared/data/wikitext-2", seq_len=128)
+    x, y = next(task.train_batches(32, torch.Generator().manual_seed(0)))
+    for x, y in task.eval_batches("valid", 64): ...
+
+* ``wikitext2`` / ``text``: word-level corpora (``corpus.py``), tokenization cached on disk (``cache.py``)
+* ``recall``: a generated associative-recall task (``recall.py``)
+* ``LoaderData``: a user's own DataLoaders (``base.py``)
+"""
+
+import os
+
+from ..errors import UserError
+from .base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
+from .corpus import ENV_DATA_DIR, CorpusData, load_corpus
+from .cache import ENV_CACHE_DIR
+from .recall import RecallData
+from .vocab import Vocab
+
+DATASETS = ("wikitext2", "text", "recall")
+RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
+
+__all__ = ["DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
+           "LoaderData", "RecallData", "TaskData", "Vocab", "load_corpus", "load_data"]
+
+
+def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_size: int | None = None,
+              seq_len: int = 128, seed: int = 0, eval_stride: int | None = None,
+              cache_dir: str | os.PathLike | None = None, **recall_options) -> TaskData:
+    """Build the dataset ``name`` ('wikitext2', 'text' or 'recall').
+
+    Corpora: ``data_dir`` holds the split files (for wikitext2 it falls back to
+    $EVO_ATTENTION_DATA_DIR, then Hugging Face ``datasets``); ``vocab_size=None`` keeps every train
+    word; ``eval_stride`` gives strided evaluation; ``cache_dir`` overrides the tokenization cache
+    location; ``seed`` is unused (batch order comes from the generator given to ``train_batches``).
+    Recall: ``vocab_size`` (None = 64), ``seq_len``, ``seed`` and ``recall_options`` (num_pairs,
+    num_queries, train_examples, eval_examples) go to ``RecallData``; ``data_dir`` and ``cache_dir``
+    are not used.
+    """
+    if name == "recall":
+        if eval_stride is not None:
+            raise UserError(f"eval_stride {eval_stride} does not apply to the recall task (its examples are independent); leave it unset")
+        unknown = sorted(set(recall_options) - set(RECALL_OPTIONS))
+        if unknown:
+            raise UserError(f"unknown recall option(s) {unknown}; valid ones: {', '.join(RECALL_OPTIONS)}")
+        return RecallData(vocab_size=64 if vocab_size is None else vocab_size, seq_len=seq_len,
+                          seed=seed, **recall_options)
+    if name in ("wikitext2", "text"):
+        if recall_options:
+            raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
+        return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len,
+                           eval_stride=eval_stride, cache_dir=cache_dir)
+    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}")

@@ -1,0 +1,216 @@
+"""The TaskData interface that every dataset implements, and the shared batching loops.
+
+A TaskData turns a dataset into next-token-prediction batches ``(x, y)``: two int64 CPU tensors of
+shape ``[batch, seq_len]`` where ``y[b, t]`` is the token that should follow ``x[b, :t+1]``, or
+``IGNORE_INDEX`` (-100) where nothing is scored (padding, unpredictable positions). Fitness is the
+exact perplexity ``exp(sum of NLL over scored targets / number of scored targets)``, so
+``scored_tokens(split)`` says how many targets a full evaluation pass scores.
+
+Datasets made of fixed-size *items* (windows of a token stream, generated examples) implement four
+small hooks -- ``num_train_items``, ``train_items``, ``num_eval_items``, ``eval_items`` -- and
+inherit the batching loops below:
+
+* training: per epoch a ``torch.randperm`` (drawn from the caller's generator) of the item indices,
+  cut into batches of exactly ``batch_size``; the leftover of one epoch is carried into the next,
+  so the stream is infinite and fully determined by the generator's state.
+* evaluation: items in fixed order; the last batch may be smaller than ``batch_size``.
+
+``LoaderData`` adapts a user's own torch DataLoaders to the same interface.
+"""
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from ..errors import UserError
+
+IGNORE_INDEX = -100  # target value that is never scored (torch's cross_entropy default)
+SPLITS = ("train", "valid", "test")
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def fingerprint_of(obj) -> str:
+    """Hex sha256 of a JSON-able object (keys sorted), stable across processes and machines."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_positive(name: str, value, minimum: int = 1) -> int:
+    """Return ``value`` as an int, or raise UserError unless it is an integer >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class TaskData:
+    """A dataset for causal-LM fitness evaluation (see the module docstring for the contract)."""
+
+    name: str  # 'wikitext2' | 'text' | 'recall' | 'loaders'
+    vocab_size: int  # number of token ids the model must embed
+    seq_len: int  # window length T fed to the model
+    fingerprint: str  # hex sha256 of the source identity + settings
+    pad_id: int  # input id used for padding (its targets are always IGNORE_INDEX)
+    vocab = None  # a Vocab where the ids have names, else None
+
+    # --- hooks for item-based datasets -------------------------------------------------------
+    def num_train_items(self) -> int:
+        raise NotImplementedError
+
+    def train_items(self, idx: torch.Tensor) -> Batch:
+        """(x, y) for the training items with indices ``idx`` (a 1-D int64 tensor)."""
+        raise NotImplementedError
+
+    def num_eval_items(self, split: str) -> int:
+        raise NotImplementedError
+
+    def eval_items(self, split: str, idx: torch.Tensor) -> Batch:
+        """(x, y) for the evaluation items of ``split`` with indices ``idx``."""
+        raise NotImplementedError
+
+    # --- the public interface ----------------------------------------------------------------
+    def train_batches(self, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+        """Infinite iterator of (x, y), each [batch_size, seq_len], determined by ``generator``."""
+        check_positive("batch_size", batch_size)
+        n = self.num_train_items()
+
+        def batches():
+            pending = torch.empty(0, dtype=torch.long)
+            while True:
+                while len(pending) < batch_size:  # start a new epoch, keep the leftover
+                    pending = torch.cat([pending, torch.randperm(n, generator=generator)])
+                idx, pending = pending[:batch_size], pending[batch_size:]
+                yield self.train_items(idx)
+
+        return batches()
+
+    def eval_batches(self, split: str, batch_size: int, max_batches: int | None = None) -> Iterator[Batch]:
+        """Finite, deterministic iterator over ``split``; at most ``max_batches`` batches if given."""
+        split = self.check_split(split)
+        check_positive("batch_size", batch_size)
+        if max_batches is not None:
+            check_positive("max_batches", max_batches, minimum=0)
+        n = self.num_eval_items(split)
+        starts = range(0, n, batch_size)
+        if max_batches is not None:
+            starts = starts[:max_batches]
+        return (self.eval_items(split, torch.arange(s, min(s + batch_size, n))) for s in starts)
+
+    def scored_tokens(self, split: str) -> int:
+        """Targets != IGNORE_INDEX in a full pass of eval_batches(split); by counting, unless overridden."""
+        return sum(int((y != IGNORE_INDEX).sum()) for _, y in self.eval_batches(split, 256))
+
+    def describe(self) -> dict:
+        """JSON-able summary of the dataset."""
+        return {
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "seq_len": self.seq_len,
+            "fingerprint": self.fingerprint,
+            "pad_id": self.pad_id,
+        }
+
+    def check_split(self, split: str) -> str:
+        if split not in SPLITS:
+            raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+        return split
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, seq_len={self.seq_len})"
+
+
+class LoaderData(TaskData):
+    """Wrap a user's torch DataLoaders as a TaskData.
+
+    The loaders yield ``(x, y)`` tuples or dicts with ``'input_ids'`` and ``'labels'``, where the
+    labels are already next-token targets aligned with the inputs (``labels[:, t]`` follows
+    ``input_ids[:, t]``; -100 where not scored). Hugging Face style unshifted labels (equal to the
+    inputs) are rejected. ``train_batches`` cycles the train loader forever: its ``batch_size`` and
+    ``generator`` arguments are ignored, the loader's own batch size and shuffling apply.
+    ``eval_batches('valid')`` iterates ``eval_loader``, ``'test'`` iterates ``test_loader`` if one
+    was given, and ``'train'`` makes one pass over the train loader. The fingerprint is a
+    best-effort description (loader and dataset types, lengths, batch sizes), not a content hash.
+    """
+
+    def __init__(self, train_loader, eval_loader, *, vocab_size: int, seq_len: int,
+                 test_loader=None, pad_id: int = 0, name: str = "loaders"):
+        self.name = name
+        self.vocab_size = check_positive("vocab_size", vocab_size, minimum=2)
+        self.seq_len = check_positive("seq_len", seq_len)
+        self.pad_id = pad_id
+        self.loaders = {"train": train_loader, "valid": eval_loader, "test": test_loader}
+        self._scored: dict[str, int] = {}
+        self.fingerprint = fingerprint_of({
+            "name": name, "vocab_size": vocab_size, "seq_len": seq_len,
+            **{split: _describe_loader(loader) for split, loader in self.loaders.items()},
+        })
+
+    def _loader(self, split: str):
+        loader = self.loaders[self.check_split(split)]
+        if loader is None:
+            raise UserError(f"no {split!r} loader was given to LoaderData; pass test_loader=... to evaluate on it")
+        return loader
+
+    def _batches(self, loader) -> Iterator[Batch]:
+        for batch in loader:
+            yield self._as_xy(batch)
+
+    def _as_xy(self, batch) -> Batch:
+        if isinstance(batch, Mapping):
+            if "input_ids" not in batch or "labels" not in batch:
+                raise UserError(f"loader batch dict has keys {sorted(batch)}; it needs 'input_ids' and 'labels'")
+            x, y = batch["input_ids"], batch["labels"]
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            x, y = batch
+        else:
+            raise UserError(f"loader yielded a {type(batch).__name__}; yield (x, y) tuples or dicts with 'input_ids' and 'labels'")
+        x, y = torch.as_tensor(x).long(), torch.as_tensor(y).long()
+        if x.dim() != 2 or x.shape != y.shape or x.shape[1] > self.seq_len:
+            raise UserError(f"loader batch shapes x={tuple(x.shape)} y={tuple(y.shape)}; both must be [batch, T] with T <= seq_len={self.seq_len}")
+        if torch.equal(x, y):
+            raise UserError("loader labels equal input_ids (unshifted labels); give next-token targets: labels[:, t] = input_ids[:, t+1], -100 where not scored")
+        return x, y
+
+    def train_batches(self, batch_size: int = 0, generator: torch.Generator | None = None) -> Iterator[Batch]:
+        loader = self._loader("train")
+
+        def cycle():
+            while True:
+                empty = True
+                for batch in self._batches(loader):
+                    empty = False
+                    yield batch
+                if empty:
+                    raise UserError("the train loader given to LoaderData yielded no batches; give it a non-empty dataset")
+
+        return cycle()
+
+    def eval_batches(self, split: str, batch_size: int = 0, max_batches: int | None = None) -> Iterator[Batch]:
+        batches = self._batches(self._loader(split))
+        return itertools.islice(batches, max_batches)
+
+    def scored_tokens(self, split: str) -> int:
+        if split not in self._scored:
+            self._scored[split] = sum(int((y != IGNORE_INDEX).sum()) for _, y in self.eval_batches(split))
+        return self._scored[split]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "loaders": {s: _describe_loader(l) for s, l in self.loaders.items()}}
+
+
+def _describe_loader(loader) -> dict | None:
+    """What can be said about a loader without iterating it."""
+    if loader is None:
+        return None
+    dataset = getattr(loader, "dataset", None)
+    info = {"type": type(loader).__qualname__, "dataset": type(dataset).__qualname__,
+            "batch_size": getattr(loader, "batch_size", None)}
+    for key, obj in (("len", loader), ("dataset_len", dataset)):
+        try:
+            info[key] = len(obj)
+        except TypeError:
+            pass
+    return info

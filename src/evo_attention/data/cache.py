@@ -1,0 +1,78 @@
+"""On-disk cache of tokenized corpora.
+
+A tokenized corpus (one token stream per split plus its vocabulary) is stored as one file,
+``<cache dir>/tokens-<key>.pt``, where the key is the sha256 of everything the result depends on:
+the hashes of the split files' contents, the requested vocabulary size and the tokenization
+recipe version (see ``corpus.py``). Streams are stored as int32 and handed back as int64, equal to
+what tokenizing again would give. Files are written to a temporary name and moved into place with
+``os.replace``, so concurrent workers never see a half-written file; the last writer wins, with
+identical contents. A cache that cannot be written only costs time: it warns and carries on.
+
+The cache directory is, in order: the ``cache_dir`` argument, ``$EVO_ATTENTION_CACHE_DIR``,
+``~/.cache/evo-attention``.
+"""
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from .base import fingerprint_of
+
+ENV_CACHE_DIR = "EVO_ATTENTION_CACHE_DIR"
+FORMAT_VERSION = 1
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The directory the cache lives in (it is created on first write)."""
+    chosen = cache_dir or os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "evo-attention"
+    return Path(chosen).expanduser()
+
+
+def cache_key(file_hashes: dict[str, str], vocab_size: int | None, recipe_version: int) -> str:
+    """Hex sha256 naming one tokenization result; also the corpus fingerprint."""
+    return fingerprint_of({"files": file_hashes, "vocab_size": vocab_size,
+                           "recipe": recipe_version, "cache_format": FORMAT_VERSION})
+
+
+def _path(directory: Path, key: str) -> Path:
+    return directory / f"tokens-{key}.pt"
+
+
+def load(directory: Path, key: str) -> tuple[dict[str, torch.Tensor], str] | None:
+    """(streams as int64, vocab JSON) for ``key``, or None on a miss or an unreadable entry."""
+    path = _path(directory, key)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("key") != key:
+            raise ValueError("key mismatch")
+        streams = {split: t.long() for split, t in payload["streams"].items()}
+        return streams, payload["vocab"]
+    except Exception as e:  # a damaged entry is rebuilt, not trusted
+        warnings.warn(f"ignoring unreadable cache file {path} ({type(e).__name__}); rebuilding it")
+        return None
+
+
+def save(directory: Path, key: str, streams: dict[str, torch.Tensor], vocab_json: str) -> Path | None:
+    """Atomically write one entry; returns its path, or None (with a warning) if it cannot."""
+    payload = {"key": key, "vocab": vocab_json,
+               "streams": {split: t.to(torch.int32) for split, t in streams.items()}}
+    tmp = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".tokens-{key[:12]}-", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
+        os.replace(tmp, _path(directory, key))
+        return _path(directory, key)
+    except OSError as e:
+        warnings.warn(f"could not write the tokenization cache in {directory} ({e.strerror or e}); "
+                      f"set {ENV_CACHE_DIR} to a writable directory to speed up later runs")
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return None

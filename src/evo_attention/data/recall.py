@@ -1,0 +1,145 @@
+"""A generated multi-query associative recall (MQAR) task: fast, offline, deterministic from a seed.
+
+The model reads key-value pairs, then must recall the value of each queried key. Only a model that
+looks up earlier context by content can do better than chance (1 / number of values), which makes
+this a quick test of an attention mechanism.
+
+Token ids, for vocab_size V:
+
+    0                 <fill>   filler
+    1 .. K            keys     k0 .. k{K-1}      K = (V - 1) // 2
+    K+1 .. V-1        values   v0 .. v{V-K-2}
+
+Each example is seq_len + 1 tokens; the model gets x = example[:-1] and targets y = example[1:]:
+
+    positions 0 .. 2P-1    k v k v ...   P = num_pairs pairs, distinct keys, values uniform
+    positions 2P ..        two-token slots; Q = num_queries slots, chosen uniformly, hold "k v" for
+                           Q distinct keys of the pairs (in random order); all else is <fill>
+
+For example with P = 2, Q = 2, seq_len = 9 (10 tokens):  k3 v7 k1 v2 <fill> <fill> k1 v2 k3 v7.
+Only the value after a queried key is scored: y is -100 everywhere except at the Q query-key
+positions, where it holds the key's value. So scored_tokens = examples * Q, and the example must
+fit: 2P + 2Q <= seq_len + 1.
+
+The train, valid and test sets are independent draws from generators seeded from (seed, split), so
+the same settings give the same data in every process.
+"""
+
+import hashlib
+
+import torch
+
+from ..errors import UserError
+from .base import IGNORE_INDEX, SPLITS, TaskData, check_positive, fingerprint_of
+from .vocab import Vocab
+
+FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
+FILL_ID = 0
+
+
+def split_generator(seed: int, split: str) -> torch.Generator:
+    """A CPU generator seeded from (seed, split) by sha256: independent streams per split."""
+    digest = hashlib.sha256(f"evo-attention/recall/v{FORMAT_VERSION}/{seed}/{split}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def random_subsets(rows: int, n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """[rows, k] tensor: per row, k distinct values from range(n) in random order."""
+    if n > 4 * k * k:  # repeats are rare: draw freely, redraw the rows that repeat a value
+        out = torch.randint(n, (rows, k), generator=generator)
+        while len(bad := (out.sort(1).values.diff(1) == 0).any(1).nonzero().flatten()):
+            out[bad] = torch.randint(n, (len(bad), k), generator=generator)
+        return out
+    chunk = max(1, 2**22 // n)  # bound the [chunk, n] scratch tensor for large n
+    return torch.cat([torch.rand(min(chunk, rows - r), n, generator=generator).topk(k, dim=1).indices
+                      for r in range(0, rows, chunk)])
+
+
+def generate(examples: int, *, vocab_size: int, seq_len: int, num_pairs: int, num_queries: int,
+             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) for ``examples`` MQAR examples, both [examples, seq_len] int64 (format above)."""
+    num_keys = (vocab_size - 1) // 2
+    num_values = vocab_size - 1 - num_keys
+    B, P, Q = examples, num_pairs, num_queries
+    keys = random_subsets(B, num_keys, P, generator) + 1
+    values = torch.randint(num_values, (B, P), generator=generator) + 1 + num_keys
+    asked = random_subsets(B, P, Q, generator)  # which pairs are queried
+    slots = random_subsets(B, (seq_len + 1 - 2 * P) // 2, Q, generator)  # where the queries go
+    pos = 2 * P + 2 * slots  # position of each query key in the example
+
+    seq = torch.full((B, seq_len + 1), FILL_ID, dtype=torch.long)
+    seq[:, 0 : 2 * P : 2] = keys
+    seq[:, 1 : 2 * P : 2] = values
+    seq.scatter_(1, pos, keys.gather(1, asked))
+    seq.scatter_(1, pos + 1, values.gather(1, asked))
+    y = torch.full((B, seq_len), IGNORE_INDEX, dtype=torch.long)
+    y.scatter_(1, pos, values.gather(1, asked))  # y[t] = seq[t + 1]: the value after the query key
+    return seq[:, :-1].contiguous(), y
+
+
+class RecallData(TaskData):
+    """The MQAR task as a TaskData; all splits are generated on construction (well under a second)."""
+
+    def __init__(self, vocab_size: int = 64, seq_len: int = 64, num_pairs: int = 8,
+                 num_queries: int | None = None, train_examples: int = 20_000,
+                 eval_examples: int = 1_000, seed: int = 0):
+        num_queries = num_pairs if num_queries is None else num_queries
+        check_positive("seq_len", seq_len)
+        check_positive("num_pairs", num_pairs)
+        check_positive("num_queries", num_queries)
+        check_positive("train_examples", train_examples)
+        check_positive("eval_examples", eval_examples)
+        check_positive("vocab_size", vocab_size, minimum=4)  # <fill>, a key, two values
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise UserError(f"seed must be an integer, got {seed!r}")
+        num_keys = (vocab_size - 1) // 2
+        if num_queries > num_pairs:
+            raise UserError(f"num_queries {num_queries} exceeds num_pairs {num_pairs}; each query asks about a different pair")
+        if num_keys < num_pairs:
+            raise UserError(f"recall vocab_size {vocab_size} has only {num_keys} keys for num_pairs {num_pairs}; "
+                            f"raise vocab_size to at least {2 * num_pairs + 1} or lower num_pairs")
+        if 2 * num_pairs + 2 * num_queries > seq_len + 1:
+            raise UserError(f"recall seq_len {seq_len} is too short for num_pairs {num_pairs} and num_queries {num_queries}; "
+                            f"raise seq_len to at least {2 * num_pairs + 2 * num_queries - 1} or lower num_pairs")
+
+        self.name = "recall"
+        self.vocab_size, self.seq_len, self.pad_id = vocab_size, seq_len, FILL_ID
+        self.settings = {"vocab_size": vocab_size, "seq_len": seq_len, "num_pairs": num_pairs,
+                         "num_queries": num_queries, "train_examples": train_examples,
+                         "eval_examples": eval_examples, "seed": seed, "format_version": FORMAT_VERSION}
+        self.fingerprint = fingerprint_of({"name": "recall", **self.settings})
+        self.num_keys, self.num_values = num_keys, vocab_size - 1 - num_keys
+        self.num_queries = num_queries
+        self.vocab = Vocab(["<fill>"] + [f"k{i}" for i in range(self.num_keys)]
+                           + [f"v{i}" for i in range(self.num_values)])
+        self.data = {}
+        for split in SPLITS:
+            n = train_examples if split == "train" else eval_examples
+            self.data[split] = generate(n, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs,
+                                        num_queries=num_queries, generator=split_generator(seed, split))
+
+    def num_train_items(self) -> int:
+        return len(self.data["train"][0])
+
+    def train_items(self, idx: torch.Tensor):
+        x, y = self.data["train"]
+        return x[idx], y[idx]
+
+    def num_eval_items(self, split: str) -> int:
+        return len(self.data[split][0])
+
+    def eval_items(self, split: str, idx: torch.Tensor):
+        x, y = self.data[split]
+        return x[idx], y[idx]
+
+    def scored_tokens(self, split: str) -> int:
+        return self.num_eval_items(self.check_split(split)) * self.num_queries
+
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "examples": {s: self.num_eval_items(s) for s in SPLITS},
+            "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
+            "chance_accuracy": 1 / self.num_values,
+            "settings": self.settings,
+        }

@@ -1,0 +1,311 @@
+"""The ask/tell interface every search strategy implements, and how results are ranked.
+
+A strategy only proposes genes and learns their fitness; it never trains anything::
+
+    strategy = make_strategy("ga", seed=42)
+    while not strategy.done:
+        genes = strategy.ask()                      # the genes that need a fitness now
+        strategy.tell([(g, train(g)) for g in genes])
+
+Fitness is validation perplexity: lower is better. ``None``, NaN and infinities mean "failed"
+(diverged, out of memory, crashed); such results are stored as ``inf`` and rank last.
+
+Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
+proposals depend only on the seed and on the fitness values it was told. A run is resumed by
+replaying: a fresh strategy with the same seed, told the stored results generation by
+generation, proposes exactly what the interrupted one would have.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import random
+from abc import ABC, abstractmethod
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+from ..errors import UserError
+from ..genes import FIELDS, AttentionGene, SearchSpace
+
+# A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
+_REDRAW_TRIES = 64
+
+
+# -- ranking --------------------------------------------------------------------------------------
+def fitness_value(value: Any) -> float:
+    """A told fitness as a float: ``inf`` for a failure (None, NaN, +-inf)."""
+    if value is None:
+        return math.inf
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"fitness must be a number or None, got {value!r}") from None
+    return number if math.isfinite(number) else math.inf
+
+
+def ranking_key(gene: AttentionGene | str, fitness: Any) -> tuple:
+    """Sort key: finite fitness ascending, then failures; ties broken by the gene key."""
+    key = gene.key if isinstance(gene, AttentionGene) else str(gene)
+    value = fitness_value(fitness)
+    if math.isinf(value):
+        return (1, 0.0, key)
+    return (0, value, key)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One evaluated individual of a population.
+
+    ``perplexity`` is ``inf`` when training failed; ``generation`` is the generation in which the
+    gene was first evaluated in this run; ``is_elite`` is True for a member carried over unchanged
+    from the previous generation (it was not evaluated again).
+    """
+
+    gene: AttentionGene
+    perplexity: float
+    generation: int
+    is_elite: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return math.isinf(self.perplexity)
+
+
+def rank_members(members: Iterable[Member]) -> list[Member]:
+    """Members best first (see ``ranking_key``); elites before equal newcomers (stable sort)."""
+    return sorted(members, key=lambda m: ranking_key(m.gene, m.perplexity))
+
+
+# -- drawing genes ----------------------------------------------------------------------------
+def enumerate_space(space: SearchSpace) -> list[AttentionGene]:
+    """Every distinct gene of ``space``, in a fixed order."""
+    genes: dict[str, AttentionGene] = {}
+    for combo in itertools.product(*(space.options(name) for name in FIELDS)):
+        gene = AttentionGene(gene_dict=dict(zip(FIELDS, combo)))
+        genes.setdefault(gene.key, gene)
+    return list(genes.values())
+
+
+def draw_new_gene(rng: random.Random, space: SearchSpace, exclude: set[str]) -> AttentionGene:
+    """A gene drawn uniformly from the genes of ``space`` whose key is not in ``exclude``.
+
+    Redraws a repeated key a few times; if that keeps failing (a nearly exhausted space) it picks
+    uniformly among the remaining genes; if none remain it returns a repeat.
+    """
+    gene = AttentionGene.random(rng, space)
+    for _ in range(_REDRAW_TRIES):
+        if gene.key not in exclude:
+            return gene
+        gene = AttentionGene.random(rng, space)
+    if gene.key not in exclude:
+        return gene
+    remaining = [g for g in enumerate_space(space) if g.key not in exclude]
+    return rng.choice(remaining) if remaining else gene
+
+
+# -- the interface ------------------------------------------------------------------------------
+def _as_int(name: str, value: Any, minimum: int) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        raise UserError(f"{name} {value!r} is not an integer: use a whole number >= {minimum}") from None
+    if number < minimum:
+        raise UserError(f"{name} {number} is too small: use a whole number >= {minimum}")
+    return number
+
+
+def _as_rate(name: str, value: Any) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} {value!r} is not a number: use a probability in [0, 1]") from None
+    if not 0.0 <= rate <= 1.0:
+        raise UserError(f"{name} {value!r} is outside [0, 1]: use a probability in [0, 1]")
+    return rate
+
+
+class Strategy(ABC):
+    """Base of the search strategies: ask for genes, tell their fitness, repeat until ``done``.
+
+    Attributes kept up to date after every ``tell``:
+
+    - ``generation``: index of the generation being asked/told (0-based); ``n_generations``
+      once done.
+    - ``done``: True after ``n_generations`` generations have been told.
+    - ``population``: the current population as ``Member`` s, best first.
+    - ``history``: one dict per told generation with ``generation``, ``best_perplexity``,
+      ``best_gene`` (key), ``mean_perplexity`` (over the finite perplexities of ``members``;
+      NaN if none), ``members`` (``[(key, perplexity)]`` best first) and ``n_evaluated``.
+
+    Subclasses set ``name``, list their extra keyword options with defaults in ``OPTIONS`` and
+    implement ``_propose`` (the genes of the current generation) and ``_update`` (fold the told
+    results into ``population``).
+    """
+
+    name: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3,
+                 mutation_rate: float = 0.3, crossover_rate: float = 0.7, seed: int = 42,
+                 space: SearchSpace | Mapping | None = None, **options: Any):
+        self.population_size = _as_int("population_size", population_size, 1)
+        self.n_generations = _as_int("n_generations", n_generations, 1)
+        self.elite_size = _as_int("elite_size", elite_size, 0)
+        if self.elite_size >= self.population_size:
+            raise UserError(
+                f"elite_size {self.elite_size} must be smaller than population_size "
+                f"{self.population_size}: lower elite_size or raise population_size"
+            )
+        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
+        self.seed = _as_int("seed", seed, -(2**63))
+        if space is None:
+            space = SearchSpace()
+        elif isinstance(space, Mapping):
+            space = SearchSpace.from_dict(space)
+        elif not isinstance(space, SearchSpace):
+            raise UserError(f"space {space!r} is not a search space: pass a SearchSpace or a dict of options")
+        self.space = space
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            valid = ", ".join(sorted(self.OPTIONS)) or "none"
+            raise UserError(f"unknown option {unknown[0]!r} for strategy {self.name!r}: valid options are {valid}")
+        self.options = {**self.OPTIONS, **options}
+
+        self.rng = random.Random(self.seed)
+        self.generation = 0
+        self.done = False
+        self.population: list[Member] = []
+        self.history: list[dict] = []
+        self._pending: list[AttentionGene] | None = None
+        self._asked_keys: set[str] = set()
+        self._first_generation: dict[str, int] = {}
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def ask(self) -> list[AttentionGene]:
+        """The new genes of the current generation that need a fitness; ``[]`` once done.
+
+        Asking again before ``tell`` returns the same genes (no random numbers are drawn twice).
+        """
+        if self.done:
+            return []
+        if self._pending is None:
+            self._pending = list(self._propose())
+            self._asked_keys.update(g.key for g in self._pending)
+        return list(self._pending)
+
+    def tell(self, results: Sequence[tuple[AttentionGene | str, Any]] | Mapping) -> None:
+        """Report the fitness (perplexity) of exactly the genes of the last ``ask``, in any order.
+
+        ``results`` is a sequence of ``(gene or key, fitness)`` pairs or a mapping gene -> fitness.
+        A gene asked several times may be told once (the value applies to every copy) or once per
+        copy. None/NaN/inf mean failed.
+        """
+        if self.done:
+            raise RuntimeError(f"strategy {self.name!r} is done: all {self.n_generations} generations were told")
+        asked = self.ask()
+        told = self._match(asked, results)
+        for gene, _ in told:
+            self._first_generation.setdefault(gene.key, self.generation)
+        self._update(told)
+        members = self._history_members(told)
+        finite = [m.perplexity for m in members if not m.failed]
+        best = self.population[0]
+        self.history.append({
+            "generation": self.generation,
+            "best_perplexity": best.perplexity,
+            "mean_perplexity": sum(finite) / len(finite) if finite else math.nan,
+            "best_gene": best.gene.key,
+            "members": [(m.gene.key, m.perplexity) for m in members],
+            "n_evaluated": len(told),
+        })
+        self._pending = None
+        self.generation += 1
+        self.done = self.generation >= self.n_generations
+
+    # -- queries --------------------------------------------------------------------------------
+    def batch_size(self, generation: int) -> int:
+        """How many genes generation ``generation`` asks for."""
+        return self.population_size if generation == 0 else self.population_size - self.elite_size
+
+    def total_evaluations(self) -> int:
+        """Planned number of fitness requests over the whole run (12/10/3 -> 93)."""
+        return sum(self.batch_size(g) for g in range(self.n_generations))
+
+    @property
+    def best(self) -> Member | None:
+        """The best member so far (None before the first ``tell``)."""
+        return self.population[0] if self.population else None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(population_size={self.population_size}, "
+                f"n_generations={self.n_generations}, elite_size={self.elite_size}, seed={self.seed}, "
+                f"generation={self.generation}, done={self.done})")
+
+    # -- for subclasses -------------------------------------------------------------------------
+    @abstractmethod
+    def _propose(self) -> list[AttentionGene]:
+        """The genes of generation ``self.generation`` (called once per generation)."""
+
+    @abstractmethod
+    def _update(self, told: list[tuple[AttentionGene, float]]) -> None:
+        """Fold the told ``(gene, fitness)`` pairs (in asked order) into ``population``."""
+
+    def _history_members(self, told: list[tuple[AttentionGene, float]]) -> list[Member]:
+        """The members a history entry lists (default: the population)."""
+        return self.population
+
+    def _member(self, gene: AttentionGene, fitness: float, is_elite: bool = False) -> Member:
+        return Member(gene, fitness, self._first_generation.get(gene.key, self.generation), is_elite)
+
+    def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
+        """``population_size`` distinct random genes; with option ``seed_vanilla`` the vanilla
+        transformer replaces the last of them (unless it was drawn anyway)."""
+        taken = set(exclude)
+        genes = []
+        for _ in range(self.population_size):
+            gene = draw_new_gene(self.rng, self.space, taken)
+            genes.append(gene)
+            taken.add(gene.key)
+        if self.options.get("seed_vanilla"):
+            vanilla = AttentionGene.vanilla()
+            if vanilla not in genes:
+                genes = [vanilla] + genes[:-1]
+        return genes
+
+    # -- internals ------------------------------------------------------------------------------
+    def _match(self, asked: list[AttentionGene], results) -> list[tuple[AttentionGene, float]]:
+        """Pair each asked gene (in asked order) with a told fitness; order-independent."""
+        items = results.items() if isinstance(results, Mapping) else results
+        told: dict[str, list[float]] = defaultdict(list)
+        for item in items:
+            try:
+                gene, fitness = item
+            except (TypeError, ValueError):
+                raise ValueError(f"tell() expects (gene, fitness) pairs, got {item!r}") from None
+            key = gene.key if isinstance(gene, AttentionGene) else AttentionGene.parse(gene).key
+            told[key].append(fitness_value(fitness))
+        wanted = Counter(g.key for g in asked)
+        unexpected = sorted(set(told) - set(wanted))
+        missing = sorted(set(wanted) - set(told))
+        if unexpected or missing:
+            raise ValueError(
+                f"tell() for generation {self.generation} must cover exactly the asked genes; "
+                f"missing: {missing or 'none'}; not asked: {unexpected or 'none'}"
+            )
+        for key, values in told.items():
+            if len(values) not in (1, wanted[key]):
+                raise ValueError(f"gene {key} was asked {wanted[key]} time(s) but told {len(values)} times")
+            values.sort(key=lambda v: ranking_key(key, v))  # independent of the told order
+        used: Counter = Counter()
+        pairs = []
+        for gene in asked:
+            values = told[gene.key]
+            pairs.append((gene, values[min(used[gene.key], len(values) - 1)]))
+            used[gene.key] += 1
+        return pairs
