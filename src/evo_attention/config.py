@@ -50,6 +50,10 @@ class Config:
     crossover_rate: float = 0.7
     seed: int = 42
     device: str = "auto"
+    strategy: str = "ga"  # a name from evo_attention.search.STRATEGIES
+    strategy_options: dict = field(default_factory=dict)  # e.g. {"dedupe": True, "seed_vanilla": True}
+    search_space: dict = field(default_factory=dict)  # field -> allowed options; {} = everything registered
+    baseline: bool = True  # also train the vanilla transformer under the same budget
     # data
     data: str = "wikitext2"
     data_dir: str | None = None
@@ -102,8 +106,17 @@ class Config:
             raise UserError(f"device must be a string like 'auto', 'cpu', 'cuda' or 'cuda:1', got {self.device!r}")
         if self.eval_stride is not None and self.eval_stride > self.max_seq_len:
             raise UserError(f"eval_stride {self.eval_stride} is larger than max_seq_len {self.max_seq_len}")
-        if not isinstance(self.recall, dict):
-            raise UserError(f"recall must be a mapping of recall-task options, got {self.recall!r}")
+        for name in ("recall", "strategy_options", "search_space"):
+            if not isinstance(getattr(self, name), dict):
+                raise UserError(f"{name} must be a mapping, got {getattr(self, name)!r}")
+        if not isinstance(self.strategy, str) or not self.strategy:
+            raise UserError(f"strategy must be a name such as 'ga' or 'random', got {self.strategy!r}")
+
+    def space(self):
+        """The SearchSpace this config describes (validates the option names)."""
+        from .genes import SearchSpace
+
+        return SearchSpace.from_dict(self.search_space)
 
     @property
     def ffn_dim(self) -> int:
@@ -122,13 +135,17 @@ class Config:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "Config":
         """Build from a mapping; an unknown key is an error that names it."""
+        cls.check_keys(data, source)
+        return cls(**dict(data))
+
+    @classmethod
+    def check_keys(cls, data: Mapping[str, Any], source: str = "config") -> None:
         known = set(cls.field_names())
         for key in data:
             if key not in known:
-                close = _closest(key, known)
+                close = _closest(str(key), known)
                 hint = f" (did you mean {close!r}?)" if close else ""
                 raise UserError(f"unknown key {key!r} in {source}{hint}: valid keys are {', '.join(sorted(known))}")
-        return cls(**dict(data))
 
 
 def _closest(word: str, options) -> str | None:

@@ -46,7 +46,7 @@ STATUSES = ("ok", "diverged", "oom", "error")
 # fingerprint they identify an evaluation (the run store's cache key).
 CONTEXT_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "batch_size",
                   "eval_batch_size", "learning_rate", "weight_decay", "grad_clip", "eval_steps",
-                  "warmup_steps", "lr_schedule", "precision")
+                  "warmup_steps", "lr_schedule", "precision", "eval_stride")
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mean loss)
 

@@ -22,7 +22,7 @@ from .vocab import Vocab
 DATASETS = ("wikitext2", "text", "recall")
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
 
-__all__ = ["DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
+__all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
            "LoaderData", "RecallData", "TaskData", "Vocab", "load_corpus", "load_data"]
 
 
@@ -53,3 +53,16 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
         return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len,
                            eval_stride=eval_stride, cache_dir=cache_dir)
     raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}")
+
+
+def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskData:
+    """The dataset a ``Config`` names (``data``, ``data_dir``, ``vocab_size``, ``max_seq_len``,
+    ``eval_stride`` and the ``recall`` options); ``data_dir`` overrides the config's.
+
+    The recall task is generated from ``config.recall["seed"]`` (default 0), not from the training
+    seed: every seed of a run trains and is measured on the same data.
+    """
+    recall = dict(config.recall) if config.data == "recall" else {}
+    return load_data(config.data, data_dir=data_dir or config.data_dir, vocab_size=config.vocab_size,
+                     seq_len=config.max_seq_len, seed=recall.pop("seed", 0), eval_stride=config.eval_stride,
+                     **recall)

@@ -1,0 +1,102 @@
+"""Terminal progress: a live bar when stderr is a terminal, plain log lines otherwise.
+
+``training_bar`` follows one training run (steps, loss); ``SearchView`` follows a search
+(generation, individual, step, loss, best so far, ETA). Both stay quiet with ``enabled=False``
+and fall back to a line per finished evaluation when output is not a TTY (logs, CI, nohup).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=True, highlight=False)
+
+
+def is_interactive() -> bool:
+    return sys.stderr.isatty()
+
+
+def log(message: str, quiet: bool = False) -> None:
+    if not quiet:
+        console.print(message, markup=False, soft_wrap=True)
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
+
+
+@contextmanager
+def training_bar(description: str, total: int, enabled: bool = True):
+    """Yield a progress callback (step, total, loss) for one training run."""
+    if not enabled or not is_interactive():
+        yield None
+        return
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total, loss="-")
+
+        def update(step: int, total_steps: int, loss: float) -> None:
+            bar.update(task, completed=step, total=total_steps, loss=_fmt(loss))
+
+        yield update
+
+
+class SearchView:
+    """Live view of a search: one bar for the evaluations, one for the current training run."""
+
+    def __init__(self, planned: int, enabled: bool = True):
+        self.enabled = enabled
+        self.live = enabled and is_interactive()
+        self.planned = planned
+        self.best: tuple[str, float] | None = None
+        self._progress = None
+        self._start = time.monotonic()
+
+    def __enter__(self):
+        if self.live:
+            columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+            self._progress = Progress(*columns, console=console, transient=False)
+            self._progress.__enter__()
+            self._search = self._progress.add_task("search", total=self.planned, info="")
+            self._train = self._progress.add_task("training", total=1, info="", visible=False)
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+    def set_best(self, gene: str, perplexity: float) -> None:
+        self.best = (gene, perplexity)
+
+    def _best_text(self) -> str:
+        return "" if self.best is None else f"best {_fmt(self.best[1])} {self.best[0]}"
+
+    def start(self, label: str, gene: str, total_steps: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._train, description=f"{label} {gene}", completed=0, total=total_steps,
+                                  info="", visible=True)
+            self._progress.update(self._search, info=self._best_text())
+
+    def step(self, step: int, total: int, loss: float) -> None:
+        if self._progress is not None:
+            self._progress.update(self._train, completed=step, info=f"loss {_fmt(loss)}")
+
+    def finished(self, label: str, gene: str, record: dict, cached: bool, done: int) -> None:
+        status = record.get("status")
+        result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
+        line = f"{label} {gene} {result}{' (cached)' if cached else ''}"
+        if self._progress is not None:
+            self._progress.update(self._search, completed=done, info=self._best_text())
+            self._progress.console.print(line, markup=False)
+        elif self.enabled:
+            elapsed = time.monotonic() - self._start
+            log(f"[{done}/{self.planned} {elapsed:.0f}s] {line}")
