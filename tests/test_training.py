@@ -8,7 +8,7 @@ import torch
 
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
-from evo_attention.data import data_from_config, load_data
+from evo_attention.data import data_from_config
 from evo_attention.saving import load_model, save_model
 from evo_attention.training import Trainer, train_and_evaluate
 

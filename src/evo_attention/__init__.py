@@ -2,12 +2,13 @@
 
 The public names::
 
-    from evo_attention import AttentionGene, EvolvedAttention, TinyTransformer, Config
+    from evo_attention import AttentionGene, EvolvedAttention, TinyTransformer, Config, Evolution, Individual
 """
 
 from .attention import EvolvedAttention
 from .config import Config
 from .errors import UserError
+from .evolution import Evolution, Individual
 from .genes import AttentionGene, SearchSpace
 from .model import TinyTransformer
 
@@ -16,7 +17,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionGene",
     "Config",
+    "Evolution",
     "EvolvedAttention",
+    "Individual",
     "SearchSpace",
     "TinyTransformer",
     "UserError",

@@ -8,7 +8,6 @@ a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -75,26 +74,32 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
         s.add_argument("--crossover-rate", type=float)
 
 
-def config_from_args(args, *, default_preset: str | None = None, extra: dict | None = None):
-    from .presets import build_config
+def explicit_settings(args, extra: dict | None = None) -> dict:
+    """The settings a command line names: its preset, its --config file and its flags."""
+    from .presets import merged_settings
 
-    overrides = {field: getattr(args, flag, None) for flag, field in CONFIG_FLAGS.items()}
-    if overrides.get("vocab_size") == 0:
-        overrides["vocab_size"] = None
-        full_vocab = True
-    else:
-        full_vocab = False
-    overrides.update(extra or {})
-    config = build_config(getattr(args, "preset", None), getattr(args, "config", None), overrides,
-                          default_preset=default_preset)
-    if full_vocab:
-        config = config.replace(vocab_size=None)
-    # fail fast on settings that would otherwise surface only after the data is loaded
+    flags = {}
+    for flag, name in CONFIG_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            flags[name] = None if (name == "vocab_size" and value == 0) else value
+    flags.update(extra or {})
+    return merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+
+
+def checked(config):
+    """Fail fast on settings that would otherwise surface only after the data is loaded."""
     from .training import resolve_device
 
     resolve_device(config.device)
     config.space()
     return config
+
+
+def config_from_args(args, extra: dict | None = None):
+    from .config import Config
+
+    return checked(Config.from_dict(explicit_settings(args, extra), source="the command line"))
 
 
 def _fmt(value, digits=3):
@@ -143,6 +148,114 @@ def cmd_baseline(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# search, status, report
+# ---------------------------------------------------------------------------------------------
+
+# settings that may differ when a run is resumed (where it runs, where its data lies); the data
+# itself is checked by fingerprint
+RESUMABLE_CHANGES = ("device", "data_dir")
+
+
+def search_config(args):
+    """The config of a new run, or the stored config of a resumed one (checked against the flags)."""
+    from .config import Config
+    from .store import RunStore
+
+    extra = {}
+    if args.no_baseline:
+        extra["baseline"] = False
+    options = {name: value for name, value in (("dedupe", args.dedupe or None), ("seed_vanilla", args.seed_vanilla or None),
+                                               ("mutation_schedule", args.mutation_schedule)) if value is not None}
+    settings = explicit_settings(args, extra)
+    if options:
+        settings["strategy_options"] = {**settings.get("strategy_options", {}), **options}
+    if not args.resume:
+        return checked(Config.from_dict(settings, source="the command line"))
+    with RunStore.open(args.out, readonly=True) as store:
+        stored = store.config()
+    for name, value in settings.items():
+        if name not in RESUMABLE_CHANGES and stored.get(name) != value:
+            raise UserError(f"{_flag_name(name)} {value!r} contradicts the run in {args.out} (it has {stored.get(name)!r}): "
+                            "drop the setting to resume, or start a new run with --overwrite")
+    merged = {**stored, **{k: settings[k] for k in RESUMABLE_CHANGES if k in settings}}
+    return checked(Config.from_dict(merged, source=f"the run in {args.out}"))
+
+
+def _flag_name(field: str) -> str:
+    flags = {v: k for k, v in CONFIG_FLAGS.items()}
+    return "--" + flags[field].replace("_", "-") if field in flags else field
+
+
+def _install_sigterm_handler():
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. called from a library)
+        pass
+
+
+def cmd_search(args) -> int:
+    from .evolution import Evolution
+    from .progress import log
+
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other: choose one")
+    config = search_config(args)
+    out = Path(args.out)
+    evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    resume_cmd = f"evo-attention search --resume --out {out}"
+    _install_sigterm_handler()
+    log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
+        f"{config.population_size} x {config.n_generations} generations, {config.train_steps} steps per model, "
+        f"data {evolution.data.name}; {evolution.planned} evaluations planned", args.quiet)
+    try:
+        with evolution:
+            evolution.run()
+    except KeyboardInterrupt:
+        print(f"evo-attention: interrupted; every finished evaluation is saved in {out / 'run.db'}.\n"
+              f"resume with: {resume_cmd}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    from .report import load_run
+
+    summary = load_run(out)
+    log(summary.statement)
+    if summary.best_gene is not None:
+        line = f"best: {summary.best_gene}  perplexity {_fmt(summary.best_perplexity)}"
+        if summary.improvement:
+            line += (f"  vs baseline {_fmt(summary.baseline['perplexity'])} "
+                     f"({summary.improvement['percent']:+.1f}%)")
+        log(line)
+    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, report.md")
+    return 0 if summary.best_gene is not None else 1
+
+
+def cmd_status(args) -> int:
+    from .status import format_status, run_status
+
+    status = run_status(args.run_dir)
+    if args.json:
+        from .jsonio import dumps
+
+        print(dumps(status))
+    else:
+        print(format_status(status))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    paths = write_report(args.run_dir)
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # the parser
 # ---------------------------------------------------------------------------------------------
 
@@ -163,6 +276,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_training_flags(p)
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("search", help="run (or resume) an evolutionary search over attention mechanisms")
+    p.add_argument("--out", default="runs/search", help="run directory (default runs/search)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--no-baseline", action="store_true", help="do not train the vanilla transformer for comparison")
+    p.add_argument("--dedupe", action="store_true", help="re-draw offspring that repeat an evaluated gene")
+    p.add_argument("--seed-vanilla", action="store_true", help="put the vanilla transformer into generation 0")
+    p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
+                   help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_training_flags(p, search=True)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("status", help="where a run stands (read from its store, also while it runs)")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="(re)write a run's results and report from its store")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

@@ -13,7 +13,7 @@ of the component registries, so registering a component adds it to random draws 
 from __future__ import annotations
 
 import random as _random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import components

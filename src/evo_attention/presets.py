@@ -70,14 +70,19 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def build_config(preset_name: str | None = None, config_file: str | Path | None = None,
-                 overrides: Mapping[str, Any] | None = None, *, default_preset: str | None = None) -> Config:
-    """Defaults < preset < file < overrides (None values in overrides are 'not given')."""
+def merged_settings(preset_name: str | None = None, config_file: str | Path | None = None,
+                    overrides: Mapping[str, Any] | None = None) -> dict:
+    """The settings named explicitly: preset < file < overrides (defaults not included)."""
     settings: dict[str, Any] = {}
-    name = preset_name or default_preset
-    if name:
-        settings.update(preset(name))
+    if preset_name:
+        settings.update(preset(preset_name))
     if config_file:
         settings.update(read_config_file(config_file))
-    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return Config.from_dict(settings, source=str(config_file) if config_file else "settings")
+    settings.update(overrides or {})
+    return settings
+
+
+def build_config(preset_name: str | None = None, config_file: str | Path | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults < preset < file < overrides."""
+    return Config.from_dict(merged_settings(preset_name, config_file, overrides), source="settings")

@@ -1,0 +1,57 @@
+"""The reporting layer: every output of a run, derived from its run store alone.
+
+``write_report(run_dir)`` (re)writes into ``run_dir``:
+
+- ``final_results.json``: best gene, history, top 5, baseline, improvement, config, counts, ...
+- ``evaluations.csv``: one row per stored evaluation (all roles)
+- ``evolution_progress.png``: perplexity per generation (best, mean, best so far, all points)
+- ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option
+- ``report.md``: the human summary linking the figure
+
+``load_run(run_dir)`` gives the ``RunSummary`` these are made from. Both open the store read-only,
+so they may run while a search is still writing to it (``evo-attention report DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .summary import FINAL_RESULTS_KEYS, RunSummary, load_run
+
+OUTPUTS = {
+    "final_results": "final_results.json",
+    "evaluations": "evaluations.csv",
+    "evolution_progress": "evolution_progress.png",
+    "component_analysis_csv": "component_analysis.csv",
+    "component_analysis_md": "component_analysis.md",
+    "report": "report.md",
+}
+
+
+def final_results_text(summary: RunSummary) -> str:
+    """The text of ``final_results.json``: strict JSON (NaN/inf written as null), stable order."""
+    return json.dumps(summary.final_results(), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write every report output of the run in ``run_dir`` into it; returns name -> path.
+
+    Raises ``UserError`` if ``run_dir`` holds no run. Each file is replaced atomically.
+    """
+    from . import markdown, plots, tables  # matplotlib is imported only when writing
+
+    run_dir = Path(run_dir)
+    summary = load_run(run_dir)
+    paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
+    tables.write_text(paths["final_results"], final_results_text(summary))
+    tables.write_evaluations_csv(summary, paths["evaluations"])
+    plots.plot_evolution(summary, paths["evolution_progress"])
+    tables.write_component_csv(summary, paths["component_analysis_csv"])
+    tables.write_component_markdown(summary, paths["component_analysis_md"])
+    markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"])
+    return paths
+
+
+__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "RunSummary", "final_results_text", "load_run", "write_report"]

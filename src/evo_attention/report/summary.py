@@ -1,0 +1,466 @@
+"""RunSummary: every number the reports show, computed from a run store in one place.
+
+The writers (``tables``, ``plots``, ``markdown`` and ``final_results.json``) only format what a
+``RunSummary`` holds, so all outputs agree with each other and can be regenerated from the store
+at any time. Nothing here depends on the clock or on the machine, so building the summary of the
+same store twice gives the same values.
+
+Conventions:
+
+- Fitness is validation perplexity (lower is better). An evaluation *failed* when its status is
+  not ``"ok"`` or it has no finite ``val_perplexity``; its perplexity then counts as ``inf``.
+- The search results are the evaluations of role ``"search"``; the baseline is role
+  ``"baseline"``; other roles (e.g. ``"validate"``) are listed and counted but never ranked.
+- Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
+  A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
+- Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
+  and are turned into ``None`` by ``jsonio.to_jsonable`` before anything is written as JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ..genes import FIELDS, AttentionGene
+from ..jsonio import to_jsonable
+from ..store import RunStore
+
+TOP_N = 10  # the component analysis counts options among the best TOP_N genes
+NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a finite perplexity
+
+# The columns of evaluations.csv, in order; the six gene fields follow them.
+EVALUATION_COLUMNS = (
+    "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy",
+    "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "seed",
+    "steps", "eval_tokens", "error", "created_at",
+) + FIELDS
+
+# The top-level keys of final_results.json, in order.
+FINAL_RESULTS_KEYS = (
+    "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
+    "improvement", "config", "strategy", "data", "versions", "counts", "done",
+)
+
+
+# -- small helpers ----------------------------------------------------------------------------
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def perplexity_of(record: Mapping) -> float:
+    """The fitness of an evaluation record: its finite perplexity if it succeeded, else ``inf``."""
+    if record.get("status") != "ok":
+        return math.inf
+    value = finite_or_none(record.get("val_perplexity"))
+    return math.inf if value is None else value
+
+
+def failed(record: Mapping) -> bool:
+    return math.isinf(perplexity_of(record))
+
+
+def failure_label(record: Mapping) -> str:
+    """The status a failed record is counted under (``no_perplexity`` for an 'ok' without one)."""
+    status = str(record.get("status") or "unknown")
+    return NO_PERPLEXITY if status == "ok" else status
+
+
+def gene_info(key: Any) -> dict:
+    """``{"key", "str", <the six fields>}`` of a gene key.
+
+    Uses ``AttentionGene.parse``; a key naming a component that is not registered in this process
+    (a plugin that is not imported) is split by hand instead, so a report never fails on it.
+    """
+    text = str(key)
+    try:
+        gene = AttentionGene.parse(text)
+        return {"key": gene.key, "str": str(gene), **gene.to_dict()}
+    except ValueError:
+        parts = [p.strip() for p in text.split("|")]
+        if len(parts) == 4:
+            parts += ["bias", "0.10"]
+        parts = (parts + [""] * len(FIELDS))[: len(FIELDS)]
+        info: dict = {"key": text, "str": f"Attn({'|'.join(parts[:4])})"}
+        info.update(zip(FIELDS[:4], parts[:4]))
+        info["use_bias"] = parts[4] == "bias" if parts[4] in ("bias", "nobias") else parts[4] or None
+        info["attention_dropout"] = finite_or_none(parts[5])
+        return info
+
+
+def option_labels(key: Any) -> dict:
+    """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``)."""
+    info = gene_info(key)
+    parts = info["key"].split("|")
+    if len(parts) == len(FIELDS):
+        return dict(zip(FIELDS, parts))
+    return {name: str(info.get(name)) for name in FIELDS}
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+# -- the pieces -------------------------------------------------------------------------------
+def rank_genes(records: Iterable[Mapping]) -> list[dict]:
+    """Unique genes with a finite perplexity, best first: ``{"rank", "gene", "str",
+    "perplexity", "generation", "id", "params", "n"}`` (``n``: evaluations of that gene)."""
+    best: dict[str, dict] = {}
+    n: Counter = Counter()
+    for record in records:
+        ppl = perplexity_of(record)
+        if math.isinf(ppl):
+            continue
+        key = gene_info(record.get("gene"))["key"]
+        n[key] += 1
+        if key not in best or ppl < best[key]["perplexity"]:  # ties keep the earliest
+            best[key] = {"gene": key, "str": gene_info(key)["str"], "perplexity": ppl,
+                         "generation": record.get("generation"), "id": record.get("id"),
+                         "params": record.get("params")}
+    ranked = sorted(best.values(), key=lambda r: (r["perplexity"], r["gene"]))
+    return [{"rank": i + 1, **r, "n": n[r["gene"]]} for i, r in enumerate(ranked)]
+
+
+def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]:
+    """For each gene field and each option that occurred in ``records``: ``{"field", "option",
+    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``.
+
+    ``n_ok``/``n_failed`` count evaluations; ``in_top`` counts the option among the best
+    ``top_n`` unique genes. Options are listed best first within a field (then by name).
+    """
+    top_keys = [r["gene"] for r in rank_genes(records)[:top_n]]
+    labels = [(option_labels(r.get("gene")), perplexity_of(r)) for r in records]
+    top_labels = [option_labels(k) for k in top_keys]
+    rows: list[dict] = []
+    for name in FIELDS:
+        options: dict[str, list[float]] = {}
+        failures: Counter = Counter()
+        for opts, ppl in labels:
+            values = options.setdefault(opts[name], [])
+            if math.isinf(ppl):
+                failures[opts[name]] += 1
+            else:
+                values.append(ppl)
+        block = [{
+            "field": name,
+            "option": option,
+            "n_ok": len(values),
+            "n_failed": failures[option],
+            "best_perplexity": min(values) if values else None,
+            "mean_perplexity": _mean(values),
+            "in_top": sum(1 for t in top_labels if t[name] == option),
+        } for option, values in options.items()]
+        block.sort(key=lambda r: (r["best_perplexity"] is None, r["best_perplexity"] or 0.0, r["option"]))
+        rows.extend(block)
+    return rows
+
+
+def generation_history(table: list[dict], search: list[Mapping]) -> list[dict]:
+    """Per generation: ``{"generation", "best_perplexity", "mean_perplexity", "best_gene",
+    "n_members", "n_evaluated", "n_failed", "best_so_far", "complete"}``.
+
+    A generation recorded in the generations table is described by its population (elites
+    included, as the original project did); one that only has evaluations so far (in progress) by
+    those evaluations, with ``complete`` False. ``n_evaluated``/``n_failed`` count the evaluations
+    requested in that generation. The mean is over finite perplexities; a generation without any
+    has best and mean None.
+    """
+    recorded = {g["generation"]: g["members"] for g in table}
+    evaluated: dict[int, list[Mapping]] = {}
+    for record in search:
+        if record.get("generation") is not None:
+            evaluated.setdefault(int(record["generation"]), []).append(record)
+    history = []
+    best_so_far: float | None = None
+    for generation in sorted(set(recorded) | set(evaluated)):
+        records = evaluated.get(generation, [])
+        if generation in recorded:
+            members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded[generation]]
+        else:
+            members = [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
+        finite = sorted((p, k) for k, p in members if p is not None)
+        best_ppl, best_gene = finite[0] if finite else (None, None)
+        if best_ppl is not None and (best_so_far is None or best_ppl < best_so_far):
+            best_so_far = best_ppl
+        history.append({
+            "generation": generation,
+            "best_perplexity": best_ppl,
+            "mean_perplexity": _mean(p for p, _ in finite),
+            "best_gene": best_gene,
+            "n_members": len(members),
+            "n_evaluated": len(records),
+            "n_failed": sum(1 for r in records if failed(r)),
+            "best_so_far": best_so_far,
+            "complete": generation in recorded,
+        })
+    return history
+
+
+def baseline_of(records: list[Mapping]) -> dict | None:
+    """The baseline: ``{"gene", "str", "perplexity", "status", "error", "n", "params"}``.
+
+    Several baseline evaluations (seeds) are averaged over the successful ones; if all failed, the
+    first one's status and error are given and the perplexity is None.
+    """
+    if not records:
+        return None
+    values = [perplexity_of(r) for r in records if not failed(r)]
+    first = next((r for r in records if not failed(r)), records[0])
+    info = gene_info(first.get("gene"))
+    return {
+        "gene": info["key"],
+        "str": info["str"],
+        "perplexity": _mean(values),
+        "status": "ok" if values else str(first.get("status")),
+        "error": None if values else first.get("error"),
+        "n": len(records),
+        "params": first.get("params"),
+    }
+
+
+def improvement_of(best: float | None, baseline: float | None) -> dict | None:
+    """``{"absolute", "percent"}``: how much lower the best perplexity is than the baseline's
+    (positive = better than the baseline), or None if either is missing."""
+    if best is None or baseline is None or baseline <= 0:
+        return None
+    absolute = baseline - best
+    return {"absolute": absolute, "percent": 100.0 * absolute / baseline}
+
+
+# -- the summary ----------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    """A plain in-memory view of one run, computed from its store by ``from_store``.
+
+    ``outcome`` is ``"ok"`` (at least one search evaluation succeeded), ``"all_failed"`` or
+    ``"empty"`` (no search evaluation yet); ``statement`` says it in one plain sentence.
+    """
+
+    run_dir: Path
+    config: dict
+    strategy: dict | None
+    data: dict | None
+    versions: dict
+    created_at: str | None
+    finished_at: str | None
+    done: bool
+    planned: int | None
+    evaluations: list[dict]  # every stored record (all roles), in store order
+    history: list[dict]
+    ranking: list[dict]  # unique search genes with a finite perplexity, best first
+    best: dict | None  # gene_info of the best gene + perplexity, generation, id
+    baseline: dict | None
+    improvement: dict | None
+    counts: dict
+    components: list[dict]
+    failures: list[dict]
+    outcome: str
+    statement: str
+    top_n: int = TOP_N
+    settings: list[tuple[str, str]] = field(default_factory=list)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_store(cls, store: RunStore, top_n: int = TOP_N) -> "RunSummary":
+        evaluations = store.evaluations()
+        search = [r for r in evaluations if r.get("role") == "search"]
+        ranking = rank_genes(search)
+        best = None
+        if ranking:
+            top = ranking[0]
+            best = {**gene_info(top["gene"]), "perplexity": top["perplexity"],
+                    "generation": top["generation"], "id": top["id"]}
+        baseline = baseline_of([r for r in evaluations if r.get("role") == "baseline"])
+        planned = store.get_meta("planned")
+        planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+        done = bool(store.get_meta("done", False))
+        counts = _counts(evaluations, search, planned, done)
+        summary = cls(
+            run_dir=Path(store.run_dir),
+            config=dict(store.config() or {}),
+            strategy=store.get_meta("strategy"),
+            data=store.get_meta("data"),
+            versions=dict(store.get_meta("versions") or {}),
+            created_at=store.get_meta("created_at"),
+            finished_at=store.get_meta("finished_at"),
+            done=done,
+            planned=planned,
+            evaluations=evaluations,
+            history=generation_history(store.generations(), search),
+            ranking=ranking,
+            best=best,
+            baseline=baseline,
+            improvement=improvement_of(best["perplexity"] if best else None,
+                                       baseline["perplexity"] if baseline else None),
+            counts=counts,
+            components=component_analysis(search, top_n),
+            failures=[_failure(r) for r in evaluations if failed(r)],
+            outcome="",
+            statement="",
+            top_n=top_n,
+        )
+        summary.outcome, summary.statement = _outcome(summary)
+        summary.settings = _settings(summary)
+        return summary
+
+    # -- views ----------------------------------------------------------------------------------
+    @property
+    def best_gene(self) -> str | None:
+        return self.best["key"] if self.best else None
+
+    @property
+    def best_perplexity(self) -> float | None:
+        return self.best["perplexity"] if self.best else None
+
+    @property
+    def best_generation(self) -> int | None:
+        return self.best["generation"] if self.best else None
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """The data fingerprint from the data description, else the one the records share."""
+        if isinstance(self.data, Mapping) and self.data.get("fingerprint"):
+            return str(self.data["fingerprint"])
+        prints = sorted({str(r["data_fingerprint"]) for r in self.evaluations if r.get("data_fingerprint")})
+        return ", ".join(prints) or None
+
+    def top(self, k: int) -> list[dict]:
+        """The best ``k`` unique search genes."""
+        return self.ranking[:k]
+
+    def evaluation_rows(self) -> list[dict]:
+        """One dict per evaluation with exactly ``EVALUATION_COLUMNS`` (gene fields split out)."""
+        rows = []
+        for record in self.evaluations:
+            info = gene_info(record.get("gene"))
+            row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in FIELDS}
+            row["gene"] = info["key"]
+            row.update({name: info.get(name) for name in FIELDS})
+            rows.append(row)
+        return rows
+
+    def final_results(self) -> dict:
+        """The content of ``final_results.json`` (JSON-safe: no NaN or inf)."""
+        best_gene = None
+        if self.best:
+            best_gene = {name: self.best.get(name) for name in FIELDS}
+            best_gene.update(key=self.best["key"], str=self.best["str"])
+        result = {
+            "best_gene": best_gene,
+            "best_perplexity": self.best_perplexity,
+            "best_generation": self.best_generation,
+            "history": [{k: h[k] for k in ("generation", "best_perplexity", "mean_perplexity", "best_gene")}
+                        for h in self.history],
+            "top_5": [{"gene": r["gene"], "perplexity": r["perplexity"], "generation": r["generation"]}
+                      for r in self.top(5)],
+            "baseline": self.baseline,
+            "improvement": self.improvement,
+            "config": self.config,
+            "strategy": self.strategy,
+            "data": self.data,
+            "versions": self.versions,
+            "counts": self.counts,
+            "done": self.done,
+        }
+        return to_jsonable(result)
+
+
+def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
+    """The summary of the run in ``run_dir`` (opened read-only; safe while the run goes on)."""
+    with RunStore.open(run_dir, readonly=True) as store:
+        return RunSummary.from_store(store, top_n=top_n)
+
+
+# -- internals ------------------------------------------------------------------------------
+def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | None, done: bool) -> dict:
+    """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
+
+    ``cache_hits``: fitness requests answered from the store instead of by training. It is only
+    derivable once the run is done, as planned requests minus trained search evaluations.
+    """
+    failures = Counter(failure_label(r) for r in search if failed(r))
+    trained = len(search)
+    hits = planned - trained if done and planned is not None and planned >= trained else None
+    return {
+        "trained": trained,
+        "ok": trained - sum(failures.values()),
+        "failed": dict(sorted(failures.items())),
+        "planned": planned,
+        "cache_hits": hits,
+        "by_role": dict(sorted(Counter(str(r.get("role")) for r in evaluations).items())),
+    }
+
+
+def _failure(record: Mapping) -> dict:
+    error = record.get("error")
+    if not error and record.get("status") == "ok":
+        error = "finished without a finite validation perplexity"
+    return {"id": record.get("id"), "role": record.get("role"), "generation": record.get("generation"),
+            "gene": gene_info(record.get("gene"))["key"], "status": failure_label(record),
+            "error": None if error is None else str(error)}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _outcome(s: RunSummary) -> tuple[str, str]:
+    n_all = len(s.evaluations)
+    n_search = s.counts["trained"]
+    if n_search == 0:
+        if n_all == 0:
+            return "empty", "No evaluation finished yet."
+        return "empty", f"No search evaluation finished yet ({_plural(n_all, 'other evaluation')} stored)."
+    if s.best is None:
+        failures = ", ".join(f"{status}: {n}" for status, n in s.counts["failed"].items())
+        return "all_failed", f"All {_plural(n_search, 'evaluation')} failed ({failures})."
+    text = (f"Best gene {s.best['str']} (`{s.best['key']}`): validation perplexity "
+            f"{s.best['perplexity']:.2f}, found in generation {s.best['generation']}.")
+    return "ok", text
+
+
+def _settings(s: RunSummary) -> list[tuple[str, str]]:
+    """The configuration essentials as (label, text) pairs for the report's settings table."""
+    c, data = s.config, s.data if isinstance(s.data, Mapping) else {}
+    rows: list[tuple[str, str]] = []
+    name = data.get("name") or c.get("data")
+    details = [f"{k} {data[k]}" for k in ("vocab_size", "seq_len") if data.get(k) is not None]
+    if name is not None:
+        rows.append(("Data", f"{name}" + (f" ({', '.join(details)})" if details else "")))
+    if c.get("train_steps") is not None:
+        rows.append(("Training steps per evaluation", f"{c['train_steps']} (batch {c.get('batch_size')})"))
+    if c.get("d_model") is not None:
+        model = (f"d_model {c['d_model']}, {c.get('n_heads')} heads, {c.get('n_layers')} layers, "
+                 f"context {c.get('max_seq_len')}")
+        params = sorted({int(r["params"]) for r in s.evaluations if finite_or_none(r.get("params")) is not None})
+        if params:
+            span = f"{params[0]:,}" if params[0] == params[-1] else f"{params[0]:,} to {params[-1]:,}"
+            model += f"; {span} parameters"
+        rows.append(("Model", model))
+    if c.get("population_size") is not None:
+        rows.append(("Population x generations",
+                     f"{c['population_size']} x {c.get('n_generations')} (elite {c.get('elite_size')})"))
+    strategy = s.strategy if isinstance(s.strategy, Mapping) else {}
+    if strategy:
+        options = strategy.get("options") or {}
+        opts = ", ".join(f"{k}={v}" for k, v in options.items())
+        rows.append(("Strategy", f"{strategy.get('name')}" + (f" ({opts})" if opts else "")))
+    if c.get("seed") is not None:
+        rows.append(("Seed", str(c["seed"])))
+    for key, label in (("device", "Device"), ("precision", "Precision")):
+        values = sorted({str(r[key]) for r in s.evaluations if r.get(key)})
+        if values:
+            rows.append((label, ", ".join(values)))
+    return rows

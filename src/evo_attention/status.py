@@ -1,0 +1,63 @@
+"""Where a run stands, read from its store (while it runs or after): ``evo-attention status``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .store import RunStore
+
+
+def run_status(run_dir: str | Path) -> dict:
+    with RunStore.open(run_dir, readonly=True) as store:
+        evaluations = store.evaluations()
+        generations = store.generations()
+        planned = store.get_meta("planned")
+        done = bool(store.get_meta("done", False))
+        state = store.get_meta("status", "created")
+        activity = store.activity()
+        config = store.config()
+    ok = [e for e in evaluations if e.get("status") == "ok" and _finite(e.get("val_perplexity"))]
+    search = [e for e in ok if e.get("role") == "search"]
+    best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
+    baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
+    return {
+        "run_dir": str(run_dir),
+        "state": "done" if done else state,
+        "generation": len(generations) if not done else max(len(generations) - 1, 0),
+        "generations": config.get("n_generations"),
+        "trained": len(evaluations),
+        "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
+        "planned": None if planned is None else planned + (1 if config.get("baseline", True) else 0),
+        "done": done,
+        "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
+                                           "generation": best.get("generation")},
+        "baseline": None if baseline is None else {"gene": baseline["gene"],
+                                                   "perplexity": baseline.get("val_perplexity"),
+                                                   "status": baseline.get("status")},
+        "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
+                     "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
+    }
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def format_status(status: dict) -> str:
+    lines = [f"run {status['run_dir']}: {status['state']}",
+             f"  generation {status['generation']} of {status['generations']}; "
+             f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"]
+    if status["best"]:
+        b = status["best"]
+        lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f} (generation {b['generation']})")
+    else:
+        lines.append("  best: none yet")
+    if status["baseline"]:
+        p = status["baseline"]["perplexity"]
+        lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
+                     f"{p:.3f}" if _finite(p) else f"  baseline: {status['baseline']['status']}")
+    for w in status["workers"]:
+        lines.append(f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
+                     f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}")
+    return "\n".join(lines)
