@@ -299,12 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"evo_attention.commands.{name}").register(sub)
     return parser
 
 
-_EXTRA_COMMANDS: list = []  # functions (subparsers) -> None, added by later command modules
+# Further subcommands live in evo_attention/commands/<name>.py, each with register(subparsers);
+# the helpers above (add_training_flags, config_from_args, ...) are theirs to use.
+COMMAND_MODULES: tuple = ()
 
 
 def main(argv=None) -> int:
