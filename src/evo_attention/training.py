@@ -32,12 +32,12 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .config import Config
-from .data.base import IGNORE_INDEX, TaskData
+from .data.base import TaskData
 from .errors import UserError
 from .genes import AttentionGene
+from .losses import linear_cross_entropy, linear_nll_stats
 from .model import TinyTransformer
 
 STATUSES = ("ok", "diverged", "oom", "error")
@@ -159,15 +159,6 @@ def _is_oom(exc: BaseException) -> bool:
 # The trainer
 # ---------------------------------------------------------------------------------------------
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over scored targets only (IGNORE_INDEX never counts), computed in fp32."""
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
-    if reduction == "sum":
-        return loss
-    return loss / (targets != IGNORE_INDEX).sum().clamp(min=1)
-
-
 class Trainer:
     """Trains one TinyTransformer with one gene; ``train()`` may be called again to continue."""
 
@@ -211,12 +202,17 @@ class Trainer:
         progress = (step - c.warmup_steps) / max(1, c.train_steps - c.warmup_steps)
         return c.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
+    @property
+    def matmul_dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
+
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
         with autocast_context(self.device, self.precision):
-            logits = self.model(x)
-        loss = lm_loss(logits, y)
+            hidden, _ = self.model.hidden_states(x)
+        # the output projection and the loss, fused and chunked (see losses.py)
+        loss = linear_cross_entropy(hidden, self.model.head.weight, y, dtype=self.matmul_dtype)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
@@ -272,11 +268,12 @@ class Trainer:
         for x, y in self.data.eval_batches(split, self.config.eval_batch_size, self.config.eval_steps):
             x, y = x.to(self.device), y.to(self.device)
             with autocast_context(self.device, self.precision):
-                logits = self.model(x)
-            nll += lm_loss(logits, y, reduction="sum").double()
-            scored = y != IGNORE_INDEX
-            correct += ((logits.argmax(-1) == y) & scored).sum()
-            tokens += scored.sum()
+                hidden, _ = self.model.hidden_states(x)
+            batch_nll, batch_correct, batch_tokens = linear_nll_stats(hidden, self.model.head.weight, y,
+                                                                      dtype=self.matmul_dtype)
+            nll += batch_nll
+            correct += batch_correct
+            tokens += batch_tokens
         self.model.train()
         n = int(tokens)
         if n == 0:
@@ -295,6 +292,42 @@ class Trainer:
 
     def recent_train_loss(self) -> float:
         return self.curve[-1][1] if self.curve else float("nan")
+
+    # -- checkpoints (multi-fidelity schedules continue a training from one) ---------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue this training exactly: weights, optimizer, step, curve,
+        counters and the global RNG state (dropout). The batch stream is not saved: it is a
+        function of the seed, so ``load_state_dict`` replays it and skips ``step`` batches."""
+        return {
+            "gene": self.gene.key, "seed": self.seed, "train_steps": self.config.train_steps, "step": self.step,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "curve": [list(point) for point in self.curve], "train_time": self.train_time,
+            "tokens_seen": self.tokens_seen, "flops_per_step": self.flops_per_step, "diverged": self.diverged,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (made by ``state_dict`` of a Trainer of the same gene, seed and
+        budget); training on gives exactly what an uninterrupted training gives."""
+        for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.config.train_steps)):
+            if state.get(name) != mine:
+                raise ValueError(f"checkpoint has {name} {state.get(name)!r}, this trainer {mine!r}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.curve = [list(point) for point in state["curve"]]
+        self.train_time = float(state["train_time"])
+        self.tokens_seen = int(state["tokens_seen"])
+        self.flops_per_step = state["flops_per_step"]
+        self.diverged = bool(state["diverged"])
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.batches = self.data.train_batches(self.config.batch_size, self.generator)
+        for _ in range(self.step):  # one batch per step
+            next(self.batches)
+        torch.set_rng_state(state["rng"].cpu())
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
 
 
 def failed_metrics() -> dict:

@@ -1,0 +1,92 @@
+"""The optimized training path computes what the plain implementation computes."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from evo_attention import AttentionGene, Config, TinyTransformer
+from evo_attention.cli import main
+from evo_attention.data import data_from_config
+from evo_attention.losses import linear_cross_entropy, linear_nll_stats
+from evo_attention.reference import PlainTransformer, plain_loss
+from evo_attention.training import Trainer
+
+
+@pytest.mark.parametrize("chunk", [7, 1024])
+def test_fused_chunked_loss_equals_cross_entropy(chunk):
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 300, (50,))
+    y[::5] = -100  # never scored
+    expected = F.cross_entropy(h @ w.t(), y, ignore_index=-100)
+    gh, gw = torch.autograd.grad(expected * 3.0, (h, w))
+    got = linear_cross_entropy(h, w, y, chunk=chunk, dtype=torch.float64)
+    fh, fw = torch.autograd.grad(got * 3.0, (h, w))
+    assert torch.allclose(got.double(), expected, atol=1e-6)
+    assert torch.allclose(fh, gh, atol=1e-10) and torch.allclose(fw.double(), gw, atol=1e-10)
+    nll, correct, count = linear_nll_stats(h, w, y, chunk=chunk, dtype=torch.float64)
+    assert int(count) == 40
+    assert float(nll) / 40 == pytest.approx(float(expected), rel=1e-6)
+    assert int(correct) == int((((h @ w.t()).argmax(-1) == y) & (y != -100)).sum())
+
+
+def test_all_targets_ignored_gives_zero_loss_and_gradient():
+    h = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(10, 8, requires_grad=True)
+    loss = linear_cross_entropy(h, w, torch.full((4,), -100))
+    loss.backward()
+    assert loss.item() == 0.0 and (h.grad == 0).all() and (w.grad == 0).all()
+
+
+def test_training_step_matches_the_plain_implementation():
+    config = Config(vocab_size=200, d_model=32, n_heads=4, n_layers=2, max_seq_len=16, dropout=0.0,
+                    batch_size=4, precision="fp32")
+    torch.manual_seed(0)
+    gene = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00")
+    model = TinyTransformer(config, gene)
+    plain = PlainTransformer.from_tiny(model)
+    x = torch.randint(0, 200, (4, 16))
+    y = torch.randint(0, 200, (4, 16))
+    y[:, :3] = -100
+    expected = plain_loss(plain, x, y)
+    expected.backward()
+    hidden, _ = model.hidden_states(x)
+    got = linear_cross_entropy(hidden, model.head.weight, y)
+    got.backward()
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(model.tok_emb.weight.grad, plain.tok_emb.weight.grad, atol=1e-6)
+    fused_qkv = model.blocks[0].attn.qkv.weight.grad
+    split = torch.cat([plain.blocks[0].attn.q.weight.grad, plain.blocks[0].attn.k.weight.grad,
+                       plain.blocks[0].attn.v.weight.grad])
+    assert torch.allclose(fused_qkv, split, atol=1e-6)
+
+
+def test_trainer_evaluation_equals_plain_perplexity():
+    config = Config(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 500,
+                                                                          "eval_examples": 100},
+                    d_model=32, n_heads=4, n_layers=1, dropout=0.0, eval_steps=None, train_steps=3, precision="fp32")
+    data = data_from_config(config)
+    trainer = Trainer("dot|softmax|none|fixed|bias|0.00", config, data)
+    trainer.train()
+    result = trainer.evaluate("valid")
+    plain = PlainTransformer.from_tiny(trainer.model).eval()
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.eval_batches("valid", 64):
+            nll += plain_loss(plain, x, y).item() * int((y != -100).sum())
+            n += int((y != -100).sum())
+    assert result["eval_tokens"] == n
+    assert result["val_loss"] == pytest.approx(nll / n, rel=1e-5)
+
+
+def test_bench_command_json_keys(capsys):
+    assert main(["bench", "--preset", "quick", "--steps", "2", "--warmup", "1", "--d-model", "16",
+                 "--layers", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in ["ms_per_step", "tokens_per_s", "flops_per_step", "achieved_flops_per_s", "est_evaluation_s",
+                "est_search_s"]:
+        assert key in result and result[key] > 0
+    assert result["train_steps"] == 400 and result["planned_evaluations"] == 27
