@@ -170,3 +170,43 @@ def test_adaptive_temperature_reads_only_its_own_position():
     tau2 = temp(x2)
     assert torch.equal(tau[:, :, :4], tau2[:, :, :4]) and torch.equal(tau[:, :, 5:], tau2[:, :, 5:])
     assert not torch.equal(tau[:, :, 4], tau2[:, :, 4])
+
+
+@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("scale", [0.02, 3.0])
+def test_partial_sort_path_stays_exact_for_wide_and_narrow_supports(name, scale):
+    """Rows longer than the partial-sort k, with supports both far above k and a few keys."""
+    torch.manual_seed(2)
+    t = 40
+    scores = torch.randn(2, t, t, dtype=torch.float64) * scale
+    weights = components.NORMALIZATIONS[name](scores, causal_mask(t)).double()
+    support = (weights[:, -1] > 0).sum(-1)
+    assert (support > components.PARTIAL_SORT_K).all() if scale < 1 else (support < components.PARTIAL_SORT_K).all()
+    for b in range(2):
+        for i in (0, 17, t - 1):
+            expected = REFERENCES[name](scores[b, i, : i + 1].numpy())
+            np.testing.assert_allclose(weights[b, i, : i + 1].numpy(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocked_additive_scores_and_gradients_match_the_direct_form(causal):
+    torch.manual_seed(3)
+    sim = components.SIMILARITIES["additive"](d_head=4, n_heads=2).double()
+    sim.block = 3  # several blocks, the last one partial
+    q = torch.randn(2, 2, 10, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 10, 4, dtype=torch.float64, requires_grad=True)
+    a = torch.einsum("bhtd,hde->bhte", q, sim.w_q)
+    c = torch.einsum("bhtd,hde->bhte", k, sim.w_k)
+    direct = torch.einsum("bhijd,hd->bhij", torch.tanh(a[:, :, :, None] + c[:, :, None]), sim.v)
+    got = sim(q, k, causal=causal)
+    keep = causal_mask(10) if causal else torch.ones(10, 10, dtype=torch.bool)
+    assert torch.allclose(got[..., keep], direct[..., keep], atol=1e-12)
+    if causal:
+        assert (got[..., ~keep] == 0).all()
+    weights = torch.randn(2, 2, 10, 10, dtype=torch.float64) * keep
+    params = (q, k, sim.w_q, sim.w_k, sim.v)
+    expected = torch.autograd.grad((direct * weights).sum(), params)
+    grads = torch.autograd.grad((got * weights).sum(), params)
+    for e, g in zip(expected, grads):
+        assert torch.allclose(e, g, atol=1e-10)
+    assert torch.autograd.gradcheck(lambda q, k: sim(q, k, causal=causal), (q[:1, :1, :5], k[:1, :1, :5]))

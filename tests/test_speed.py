@@ -29,7 +29,7 @@ def test_fused_chunked_loss_equals_cross_entropy(chunk):
     assert torch.allclose(fh, gh, atol=1e-10) and torch.allclose(fw.double(), gw, atol=1e-10)
     nll, correct, count = linear_nll_stats(h, w, y, chunk=chunk, dtype=torch.float64)
     assert int(count) == 40
-    assert float(nll) / 40 == pytest.approx(float(expected), rel=1e-6)
+    assert float(nll) / 40 == pytest.approx(expected.item(), rel=1e-6)
     assert int(correct) == int((((h @ w.t()).argmax(-1) == y) & (y != -100)).sum())
 
 

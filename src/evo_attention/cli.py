@@ -152,8 +152,12 @@ def cmd_baseline(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 # settings that may differ when a run is resumed (where it runs, where its data lies); the data
-# itself is checked by fingerprint
+# itself is checked by fingerprint. The executor flags (--workers, --executor, ...) are not part of
+# the config at all: a run may be resumed with any executor.
 RESUMABLE_CHANGES = ("device", "data_dir")
+# search flag -> Config field, for the multi-fidelity settings (they change results: stored)
+FIDELITY_FLAGS = {"fidelity": "fidelity", "hurdle": "hurdle", "halving_eta": "halving_eta",
+                  "halving_rungs": "halving_rungs"}
 
 
 def search_config(args):
@@ -164,6 +168,8 @@ def search_config(args):
     extra = {}
     if args.no_baseline:
         extra["baseline"] = False
+    extra.update({name: getattr(args, flag) for flag, name in FIDELITY_FLAGS.items()
+                  if getattr(args, flag, None) is not None})
     options = {name: value for name, value in (("dedupe", args.dedupe or None), ("seed_vanilla", args.seed_vanilla or None),
                                                ("mutation_schedule", args.mutation_schedule)) if value is not None}
     settings = explicit_settings(args, extra)
@@ -182,7 +188,7 @@ def search_config(args):
 
 
 def _flag_name(field: str) -> str:
-    flags = {v: k for k, v in CONFIG_FLAGS.items()}
+    flags = {v: k for k, v in {**CONFIG_FLAGS, **FIDELITY_FLAGS}.items()}
     return "--" + flags[field].replace("_", "-") if field in flags else field
 
 
@@ -198,20 +204,32 @@ def _install_sigterm_handler():
         pass
 
 
+def _executor_text(executor) -> str:
+    details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in executor.describe().items()
+                        if k != "name" and v is not None)
+    return f"{executor.name} ({details})" if details else executor.name
+
+
 def cmd_search(args) -> int:
     from .evolution import Evolution
+    from .executors import make_executor
     from .progress import log
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other: choose one")
     config = search_config(args)
     out = Path(args.out)
-    evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    executor = make_executor(args.executor, workers=args.workers, address=args.ray_address,
+                             cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)
+    evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
+                          executor=executor)
     resume_cmd = f"evo-attention search --resume --out {out}"
     _install_sigterm_handler()
     log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
         f"{config.population_size} x {config.n_generations} generations, {config.train_steps} steps per model, "
-        f"data {evolution.data.name}; {evolution.planned} evaluations planned", args.quiet)
+        f"data {evolution.data.name}; {evolution.planned} evaluations planned; executor {_executor_text(executor)}"
+        + (f"; fidelity {evolution.schedule.to_dict()['mode']}, rungs {'/'.join(map(str, evolution.schedule.rungs))} "
+           "steps" if evolution.schedule else ""), args.quiet)
     try:
         with evolution:
             evolution.run()
@@ -229,6 +247,13 @@ def cmd_search(args) -> int:
             line += (f"  vs baseline {_fmt(summary.baseline['perplexity'])} "
                      f"({summary.improvement['percent']:+.1f}%)")
         log(line)
+    if evolution.schedule is not None:
+        from .fidelity import format_summary
+        from .store import RunStore
+
+        with RunStore.open(out, readonly=True) as store:
+            for line in format_summary(store.get_meta("fidelity") or {}):
+                log(line.strip())
     log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, report.md")
     return 0 if summary.best_gene is not None else 1
 
@@ -288,6 +313,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_training_flags(p, search=True)
+    x = p.add_argument_group("execution (not part of the run: a run may be resumed with another executor)")
+    x.add_argument("--workers", type=int, metavar="N",
+                   help="train N models at once in worker processes on this machine (one GPU each, round-robin; "
+                        "on a CPU the cores are split between them)")
+    x.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local (this machine; the default) or ray (a local Ray instance or a cluster)")
+    x.add_argument("--ray-address", metavar="ADDR", help="address of a running Ray cluster, e.g. 10.0.0.1:6379 or auto")
+    x.add_argument("--gpus-per-trial", type=float, metavar="G", help="GPUs each evaluation reserves with --executor ray")
+    x.add_argument("--cpus-per-trial", type=float, metavar="C",
+                   help="CPUs each evaluation reserves with --executor ray (default 1); threads per worker with --workers")
+    f = p.add_argument_group("multi-fidelity (part of the run: changes its results)")
+    f.add_argument("--fidelity", choices=["full", "halving"],
+                   help="halving: successive halving inside each generation; only the best 1/eta of the new "
+                        "individuals at each rung train on (default full)")
+    f.add_argument("--hurdle", type=float, metavar="Q",
+                   help="stop individuals whose loss at the first rung is worse than the generation's Q-quantile")
+    f.add_argument("--halving-eta", type=int, metavar="ETA", help="keep the best 1/ETA at each rung (default 3)")
+    f.add_argument("--halving-rungs", type=int, metavar="R",
+                   help="rungs at budget/ETA^k steps, k = R-1 ... 0, the full budget included (default 3)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("status", help="where a run stands (read from its store, also while it runs)")
@@ -308,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Further subcommands live in evo_attention/commands/<name>.py, each with register(subparsers);
 # the helpers above (add_training_flags, config_from_args, ...) are theirs to use.
-COMMAND_MODULES: tuple = ()
+COMMAND_MODULES: tuple = ("validate", "ablate", "maps", "bench", "compare")
 
 
 def main(argv=None) -> int:

@@ -129,14 +129,61 @@ class MultiplicativeSimilarity(Similarity):
         return s * torch.sigmoid(s)
 
 
+class _AdditiveScores(torch.autograd.Function):
+    """s[b,h,i,j] = sum_d v[h,d] tanh(a[b,h,i,d] + c[b,h,j,d]), in query blocks.
+
+    Nothing of size [B, H, T, T, d] is kept: the backward pass recomputes tanh block by block.
+    With ``causal``, a block of queries [i0, i1) only meets keys j < i1, and every score of a
+    future key (j > i) is returned as exactly 0 (the attention masks those keys anyway).
+    """
+
+    @staticmethod
+    def forward(ctx, a, c, v, block: int, causal: bool):
+        t, s = a.shape[2], c.shape[2]
+        out = a.new_zeros(a.shape[0], a.shape[1], t, s)
+        v5 = v[None, :, None, :, None]  # [1, H, 1, d, 1]
+        for i0 in range(0, t, block):
+            i1 = min(t, i0 + block)
+            j1 = i1 if causal else s
+            hidden = torch.tanh(a[:, :, i0:i1, None, :] + c[:, :, None, :j1, :])  # [B, H, q, k, d]
+            out[:, :, i0:i1, :j1] = (hidden @ v5).squeeze(-1)
+        if causal:
+            out.tril_()
+        ctx.save_for_backward(a, c, v)
+        ctx.block, ctx.causal = block, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, c, v = ctx.saved_tensors
+        t, s = a.shape[2], c.shape[2]
+        if ctx.causal:
+            grad = grad.tril()
+        grad_a, grad_c, grad_v = torch.zeros_like(a), torch.zeros_like(c), torch.zeros_like(v)
+        for i0 in range(0, t, ctx.block):
+            i1 = min(t, i0 + ctx.block)
+            j1 = i1 if ctx.causal else s
+            hidden = torch.tanh(a[:, :, i0:i1, None, :] + c[:, :, None, :j1, :])
+            g = grad[:, :, i0:i1, :j1].unsqueeze(-1)  # [B, H, q, k, 1]
+            grad_v += (hidden * g).sum(dim=(0, 2, 3))
+            d_pre = hidden.mul_(hidden).neg_().add_(1.0).mul_(g).mul_(v[None, :, None, None, :])
+            grad_a[:, :, i0:i1] += d_pre.sum(dim=3)
+            grad_c[:, :, :j1] += d_pre.sum(dim=2)
+        return grad_a, grad_c, grad_v, None, None
+
+
 @register_similarity("additive")
 class AdditiveSimilarity(Similarity):
     """Bahdanau's v . tanh(Wq q + Wk k), per head.
 
     Wq q and Wk k are projected once per position ([B, H, T, d_head] each) and broadcast-added,
-    so the [B, H, T, T, 2*d_head] concatenation of the textbook form never exists; the tanh
-    itself needs one [B, H, T, T, d_head] tensor (kept for the backward pass).
+    so the [B, H, T, T, 2*d_head] concatenation of the textbook form never exists; the tanh is
+    computed in blocks of queries and recomputed in the backward pass (``_AdditiveScores``), and
+    inside the attention module only the causal half is computed.
     """
+
+    causal_skip = True  # forward(..., causal=True) may leave scores of future keys at 0
+    block = 8  # queries per block: measured fastest of 8/16/32 at T=128 (causal waste grows with it)
 
     def __init__(self, d_head: int, n_heads: int):
         super().__init__(d_head, n_heads)
@@ -144,11 +191,11 @@ class AdditiveSimilarity(Similarity):
         self.w_k = nn.Parameter(torch.randn(n_heads, d_head, d_head) / math.sqrt(d_head))
         self.v = nn.Parameter(torch.randn(n_heads, d_head) / math.sqrt(d_head))
 
-    def forward(self, q, k):
+    def forward(self, q, k, causal: bool = False):
         a = torch.einsum("bhtd,hde->bhte", q, self.w_q)  # [B, H, T, d]
-        b = torch.einsum("bhtd,hde->bhte", k, self.w_k)
-        hidden = torch.tanh(a.unsqueeze(3) + b.unsqueeze(2))  # [B, H, T, T, d]
-        return torch.einsum("bhijd,hd->bhij", hidden, self.v)
+        c = torch.einsum("bhtd,hde->bhte", k, self.w_k)
+        dtype = torch.promote_types(a.dtype, self.v.dtype)
+        return _AdditiveScores.apply(a.to(dtype), c.to(dtype), self.v.to(dtype), self.block, causal)
 
 
 @register_similarity("cosine")
@@ -210,12 +257,22 @@ def softmax_norm(scores, mask):
     return weights.to(scores.dtype)
 
 
+# Partial sort: entmax's exact algorithms look at the k largest scores first and double k while the
+# support is larger, so the result is exact for any k. k=16 made sparsemax 2.2x and 1.5-entmax 3x
+# faster than a full sort at the seed's shape (T=128); attention supports are typically a few keys.
+PARTIAL_SORT_K = 16
+
+
+def _partial_k(scores: torch.Tensor) -> int | None:
+    return PARTIAL_SORT_K if scores.shape[-1] > PARTIAL_SORT_K else None
+
+
 @register_normalization("sparsemax")
 def sparsemax_norm(scores, mask):
     """Exact sparsemax (Martins & Astudillo, 2016): Euclidean projection onto the simplex."""
     from entmax import sparsemax
 
-    weights = sparsemax(_shift_for_sparse(scores, mask), dim=-1)
+    weights = sparsemax(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
     return _zero_masked(weights, mask).to(scores.dtype)
 
 
@@ -236,7 +293,7 @@ def entmax15_norm(scores, mask):
     """Exact 1.5-entmax (Peters et al., 2019), by sorting."""
     from entmax import entmax15
 
-    weights = entmax15(_shift_for_sparse(scores, mask), dim=-1)
+    weights = entmax15(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
     return _zero_masked(weights, mask).to(scores.dtype)
 
 

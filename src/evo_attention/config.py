@@ -18,6 +18,7 @@ from .errors import UserError
 DATASETS = ("wikitext2", "text", "recall")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+FIDELITIES = ("full", "halving")
 
 
 @dataclass
@@ -54,6 +55,11 @@ class Config:
     strategy_options: dict = field(default_factory=dict)  # e.g. {"dedupe": True, "seed_vanilla": True}
     search_space: dict = field(default_factory=dict)  # field -> allowed options; {} = everything registered
     baseline: bool = True  # also train the vanilla transformer under the same budget
+    # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
+    fidelity: str = "full"  # "full" or "halving" (successive halving inside each generation)
+    halving_eta: int = 3  # halving keeps the best 1/eta of the individuals at each rung
+    halving_rungs: int = 3  # rungs of the schedule, the full budget included: budget/eta^k steps
+    hurdle: float | None = None  # stop individuals worse than this quantile of the first rung
     # data
     data: str = "wikitext2"
     data_dir: str | None = None
@@ -111,6 +117,15 @@ class Config:
                 raise UserError(f"{name} must be a mapping, got {getattr(self, name)!r}")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise UserError(f"strategy must be a name such as 'ga' or 'random', got {self.strategy!r}")
+        if self.fidelity not in FIDELITIES:
+            raise UserError(f"unknown fidelity {self.fidelity!r}: valid options are {', '.join(FIDELITIES)}")
+        for name in ("halving_eta", "halving_rungs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise UserError(f"{name} must be an integer >= 2, got {value!r}")
+        if self.hurdle is not None and (isinstance(self.hurdle, bool) or not isinstance(self.hurdle, (int, float))
+                                        or not 0.0 < self.hurdle <= 1.0):
+            raise UserError(f"hurdle must be a quantile in (0, 1] such as 0.5, got {self.hurdle!r}")
 
     def space(self):
         """The SearchSpace this config describes (validates the option names)."""

@@ -6,8 +6,25 @@ the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its
 and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
 ``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
 
+Three further axes (``AXIS_FIELDS``; see ``positions`` and ``attention``) default to the original
+design and appear in the key only when they differ from it, as ``name=value`` parts after the six
+fixed ones, so every key written before they existed still names the same gene:
+
+=============  ============  ================================================================
+field          key part      values (default first)
+=============  ============  ================================================================
+position       ``pos=``      ``learned``, ``rope``, ``rope:linear:F``, ``rope:ntk:F``, ``alibi``, ``none``
+qkv_rank       ``rank=``     ``0`` (full Q/K/V projections) or r > 0 (factorised d -> r -> d)
+attn_bias      ``abias=``    ``none`` or ``rel`` (a learned bias per head and causal offset)
+=============  ============  ================================================================
+
+e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
+named parts in any order (also after the 4-part short form).
+
 The search space is ``SearchSpace``: the options of each field. By default it is the live content
-of the component registries, so registering a component adds it to random draws and mutations.
+of the component registries, so registering a component adds it to random draws and mutations;
+the three axes default to their single original value, so the default search draws exactly what
+it drew before they existed (a field with one option consumes no random numbers).
 """
 
 from __future__ import annotations
@@ -18,9 +35,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import components
 from .errors import UserError
+from .positions import ATTN_BIASES, POSITION_KINDS, normalize_position
 
 CATEGORICAL_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")
-FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")
+FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")  # the six parts every key starts with
+AXIS_FIELDS = ("position", "qkv_rank", "attn_bias")  # optional name=value parts of a key
+ALL_FIELDS = FIELDS + AXIS_FIELDS
+AXIS_DEFAULTS = {"position": "learned", "qkv_rank": 0, "attn_bias": "none"}
+KEY_PARTS = {"position": "pos", "qkv_rank": "rank", "attn_bias": "abias"}  # field -> key part name
+_PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PARTS}}
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 MAX_DROPOUT = 0.3
 VANILLA_KEY = "dot|softmax|none|fixed|bias|0.10"
@@ -42,6 +65,27 @@ def _check_dropout(value: Any) -> float:
     if not 0.0 <= p <= MAX_DROPOUT + 1e-9:
         raise UserError(f"attention_dropout {value!r} is outside [0, {MAX_DROPOUT}]: pick a value in that range")
     return round(p, 2)
+
+
+def _check_rank(value: Any) -> int:
+    if isinstance(value, bool):
+        raise UserError(f"qkv_rank {value!r} is not an integer: use 0 (full projections) or a rank r > 0")
+    try:
+        rank = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"qkv_rank {value!r} is not an integer: use 0 (full projections) or a rank r > 0") from None
+    if rank < 0 or (isinstance(value, float) and value != rank):
+        raise UserError(f"qkv_rank {value!r} is not a non-negative integer: use 0 (full projections) or a rank r > 0")
+    return rank
+
+
+def _check_axis(fieldname: str, value: Any):
+    """Validate and canonicalise a value of one of the AXIS_FIELDS."""
+    if fieldname == "position":
+        return normalize_position(value)
+    if fieldname == "qkv_rank":
+        return _check_rank(value)
+    return _check_choice("attn_bias", value, ATTN_BIASES)
 
 
 def _check_bias(value: Any) -> bool:
@@ -67,6 +111,9 @@ class SearchSpace:
     temperature_mode: tuple = ()
     use_bias: tuple = (True, False)
     attention_dropout: tuple = DROPOUT_CHOICES
+    position: tuple = ("learned",)  # e.g. ("learned", "rope", "rope:ntk:4", "alibi", "none")
+    qkv_rank: tuple = (0,)  # e.g. (0, 16, 32)
+    attn_bias: tuple = ("none",)  # ("none", "rel")
 
     def __post_init__(self):
         for name in CATEGORICAL_FIELDS:
@@ -76,7 +123,12 @@ class SearchSpace:
             object.__setattr__(self, name, chosen)
         object.__setattr__(self, "use_bias", tuple(_check_bias(b) for b in self.use_bias))
         object.__setattr__(self, "attention_dropout", tuple(_check_dropout(p) for p in self.attention_dropout))
-        for name in ("use_bias", "attention_dropout"):
+        for name in AXIS_FIELDS:
+            values = getattr(self, name)
+            values = (values,) if isinstance(values, (str, int)) else tuple(values)
+            # canonical spelling, duplicates dropped (rope and rope:none are one option)
+            object.__setattr__(self, name, tuple(dict.fromkeys(_check_axis(name, v) for v in values)))
+        for name in ("use_bias", "attention_dropout") + AXIS_FIELDS:
             if not getattr(self, name):
                 raise UserError(f"search space option list for {name} is empty: give at least one value")
 
@@ -88,20 +140,20 @@ class SearchSpace:
 
     def size(self) -> int:
         n = 1
-        for name in FIELDS:
+        for name in ALL_FIELDS:
             n *= len(self.options(name))
         return n
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "SearchSpace":
         data = dict(data or {})
-        unknown = sorted(set(data) - set(FIELDS))
+        unknown = sorted(set(data) - set(ALL_FIELDS))
         if unknown:
-            raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(FIELDS)}")
+            raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
         return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in data.items()})
 
     def to_dict(self) -> dict:
-        return {name: self.options(name) for name in FIELDS}
+        return {name: self.options(name) for name in ALL_FIELDS}
 
 
 class AttentionGene:
@@ -117,8 +169,10 @@ class AttentionGene:
     NORMALIZATIONS = components.SPACE["normalization"]
     GATING = components.SPACE["gating"]
     TEMPERATURE_MODES = components.SPACE["temperature_mode"]
+    POSITION_KINDS = POSITION_KINDS  # rope also takes a scaling: rope:linear:F, rope:ntk:F
+    ATTN_BIASES = ATTN_BIASES
 
-    __slots__ = FIELDS + ("_key",)
+    __slots__ = ALL_FIELDS + ("_key",)
 
     def __init__(self, gene_dict: Mapping[str, Any] | None = None, *, rng: _random.Random | None = None,
                  space: SearchSpace | None = None, **fields: Any):
@@ -127,9 +181,9 @@ class AttentionGene:
         values = dict(gene_dict) if gene_dict is not None else fields
         if gene_dict is None and not fields:
             values = _random_values(rng or _random, space or SearchSpace())
-        unknown = sorted(set(values) - set(FIELDS))
+        unknown = sorted(set(values) - set(ALL_FIELDS))
         if unknown:
-            raise UserError(f"unknown gene field {unknown[0]!r}: valid fields are {', '.join(FIELDS)}")
+            raise UserError(f"unknown gene field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
         defaults = _VANILLA_VALUES
         for name in CATEGORICAL_FIELDS:
             value = values.get(name, defaults[name])
@@ -138,9 +192,11 @@ class AttentionGene:
         object.__setattr__(
             self, "attention_dropout", _check_dropout(values.get("attention_dropout", defaults["attention_dropout"]))
         )
+        for name in AXIS_FIELDS:
+            object.__setattr__(self, name, _check_axis(name, values.get(name, AXIS_DEFAULTS[name])))
         object.__setattr__(self, "_key", "|".join(
             [self.similarity, self.normalization, self.gating, self.temperature_mode,
-             "bias" if self.use_bias else "nobias", f"{self.attention_dropout:.2f}"]))
+             "bias" if self.use_bias else "nobias", f"{self.attention_dropout:.2f}"] + self._axis_parts()))
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -155,7 +211,8 @@ class AttentionGene:
 
     @classmethod
     def parse(cls, text: str) -> "AttentionGene":
-        """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``)."""
+        """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``), each optionally
+        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``) in any order."""
         if isinstance(text, AttentionGene):
             return text
         if not isinstance(text, str):
@@ -164,14 +221,16 @@ class AttentionGene:
         if s.startswith("Attn(") and s.endswith(")"):
             s = s[5:-1]
         parts = [p.strip() for p in s.split("|")]
+        named = _named_parts(text, [p for p in parts if "=" in p])
+        parts = [p for p in parts if "=" not in p]
         if len(parts) == 4:
             parts += ["bias", "0.10"]
         if len(parts) != 6:
             raise UserError(
                 f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                "or 6 parts '...|bias|0.10'"
+                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias= parts)"
             )
-        return cls(gene_dict=dict(zip(FIELDS, parts)))
+        return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
     def replace(self, **changes: Any) -> "AttentionGene":
         return AttentionGene(gene_dict={**self.to_dict(), **changes})
@@ -188,13 +247,22 @@ class AttentionGene:
         for name in FIELDS:
             if rng.random() < mutation_rate:
                 values[name] = rng.choice(space.options(name))
+        for name in AXIS_FIELDS:
+            options = space.options(name)
+            if options == [values[name]]:
+                continue  # resampling could not change it: draw nothing (keeps old RNG streams)
+            if rng.random() < mutation_rate:
+                values[name] = rng.choice(options)
         return AttentionGene(gene_dict=values)
 
     def crossover(self, other: "AttentionGene", rng: _random.Random | None = None) -> "AttentionGene":
         """Uniform crossover: each field from self or other with probability 1/2."""
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
-        return AttentionGene(gene_dict={n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS})
+        child = {n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS}
+        for n in AXIS_FIELDS:  # equal values need no draw (keeps old RNG streams)
+            child[n] = mine[n] if mine[n] == theirs[n] or rng.random() < 0.5 else theirs[n]
+        return AttentionGene(gene_dict=child)
 
     # -- views ---------------------------------------------------------------------------------
     @property
@@ -203,14 +271,23 @@ class AttentionGene:
 
     @property
     def short(self) -> str:
-        return "|".join(getattr(self, n) for n in CATEGORICAL_FIELDS)
+        """The four components, plus the non-default axes (``dot|softmax|none|fixed|pos=rope``)."""
+        return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + self._axis_parts())
+
+    @property
+    def uses_absolute_positions(self) -> bool:
+        """Whether the model adds learned absolute position embeddings at its input."""
+        return self.position == "learned"
+
+    def _axis_parts(self) -> list:
+        return [f"{KEY_PARTS[n]}={getattr(self, n)}" for n in AXIS_FIELDS if getattr(self, n) != AXIS_DEFAULTS[n]]
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in FIELDS}
+        return {name: getattr(self, name) for name in ALL_FIELDS}
 
     def differences(self, other: "AttentionGene") -> list:
         """Field names whose values differ between the two genes."""
-        return [n for n in FIELDS if getattr(self, n) != getattr(other, n)]
+        return [n for n in ALL_FIELDS if getattr(self, n) != getattr(other, n)]
 
     def __setattr__(self, name, value):
         raise AttributeError("AttentionGene is immutable: use replace(), mutate() or crossover()")
@@ -232,7 +309,26 @@ class AttentionGene:
 
 
 def _random_values(rng, space: SearchSpace) -> dict:
-    return {name: rng.choice(space.options(name)) for name in FIELDS}
+    values = {name: rng.choice(space.options(name)) for name in FIELDS}
+    for name in AXIS_FIELDS:  # a single option is taken without a draw (keeps old RNG streams)
+        options = space.options(name)
+        values[name] = options[0] if len(options) == 1 else rng.choice(options)
+    return values
+
+
+def _named_parts(text: str, parts: list) -> dict:
+    """The ``name=value`` parts of a key as {field: value} (values are checked by the gene)."""
+    named: dict = {}
+    for part in parts:
+        name, _, value = part.partition("=")
+        fieldname = _PART_FIELDS.get(name.strip().lower())
+        if fieldname is None:
+            raise UserError(f"unknown gene part {name.strip()!r} in {text!r}: valid names are "
+                            f"{', '.join(KEY_PARTS.values())} (e.g. pos=rope, rank=32, abias=rel)")
+        if fieldname in named:
+            raise UserError(f"gene {text!r} gives {KEY_PARTS[fieldname]}= twice: keep one")
+        named[fieldname] = value.strip()
+    return named
 
 
 _VANILLA_VALUES = {

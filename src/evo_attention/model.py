@@ -1,8 +1,15 @@
 """TinyTransformer: a small pre-norm decoder-only language model whose attention is evolved.
 
-token + learned position embeddings -> N x [x + Attn(LN(x)); x + FFN(LN(x))] -> LN -> tied head.
+token (+ learned position) embeddings -> N x [x + Attn(LN(x)); x + FFN(LN(x))] -> LN -> tied head.
 The FFN is 4x wide with GELU; the embeddings and the model's own linear layers start at N(0, 0.02)
 (components keep their own initialisation). Each layer may use a different gene.
+
+The learned absolute position table exists only when the genes' ``position`` is ``learned`` (the
+default); with ``rope``, ``alibi`` or ``none`` each attention layer handles word order itself
+and the model has no position table. Per-layer genes must agree on whether the table is used:
+a mix (say ``learned`` and ``rope``) is an error, since the input embedding is shared by every
+layer and "learned" would silently leak into the others. Mixing ``rope``, ``alibi`` and ``none``
+across layers is fine.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ class Block(nn.Module):
     def __init__(self, config: Config, gene: AttentionGene):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene)
+        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len)
         self.drop = nn.Dropout(config.dropout)
         self.ln2 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)
@@ -66,8 +73,14 @@ class TinyTransformer(nn.Module):
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
         self.config = config
         self.genes = _as_gene_list(gene, config.n_layers)
+        absolute = {g.uses_absolute_positions for g in self.genes}
+        if len(absolute) > 1:
+            raise UserError("per-layer genes mix position=learned with rope/alibi/none ("
+                            + ", ".join(g.position for g in self.genes)
+                            + "): the learned table is added at the input, so give every layer learned or none of them")
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+        # absent (None) unless the genes use learned absolute positions
+        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute == {True} else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
         self.ln_f = nn.LayerNorm(config.d_model)
@@ -82,14 +95,16 @@ class TinyTransformer(nn.Module):
 
     def _init_own_weights(self):
         own_linears = []
-        for block in self.blocks:
-            own_linears += [block.attn.qkv, block.attn.out, block.ffn.up, block.ffn.down]
+        for block in self.blocks:  # a low-rank Q/K/V projection initialises itself
+            qkv = [block.attn.qkv] if isinstance(block.attn.qkv, nn.Linear) else []
+            own_linears += qkv + [block.attn.out, block.ffn.up, block.ffn.down]
         for layer in own_linears:
             nn.init.normal_(layer.weight, mean=0.0, std=0.02)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
         nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
-        nn.init.normal_(self.pos_emb.weight, mean=0.0, std=0.02)
+        if self.pos_emb is not None:
+            nn.init.normal_(self.pos_emb.weight, mean=0.0, std=0.02)
 
     def num_parameters(self) -> int:
         """Trainable parameters, each counted once (the tied head is not counted twice)."""
@@ -99,8 +114,10 @@ class TinyTransformer(nn.Module):
         b, t = ids.shape
         if t > self.config.max_seq_len:
             raise UserError(f"sequence of {t} tokens is longer than max_seq_len {self.config.max_seq_len}")
-        pos = torch.arange(t, device=ids.device)
-        x = self.drop(self.tok_emb(ids) + self.pos_emb(pos))
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(t, device=ids.device))
+        x = self.drop(x)
         maps = []
         for block in self.blocks:
             x, weights = block(x, need_weights)

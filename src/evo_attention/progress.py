@@ -49,7 +49,11 @@ def training_bar(description: str, total: int, enabled: bool = True):
 
 
 class SearchView:
-    """Live view of a search: one bar for the evaluations, one for the current training run."""
+    """Live view of a search: one bar for the evaluations, one per worker for its training run.
+
+    ``worker`` names who trains (``"local"``, ``"w0"``, ``"ray:host:pid"``); each worker gets its
+    own line while it trains (one line for callers that give no worker).
+    """
 
     def __init__(self, planned: int, enabled: bool = True):
         self.enabled = enabled
@@ -57,6 +61,7 @@ class SearchView:
         self.planned = planned
         self.best: tuple[str, float] | None = None
         self._progress = None
+        self._workers: dict[str, int] = {}  # worker -> its bar
         self._start = time.monotonic()
 
     def __enter__(self):
@@ -66,7 +71,6 @@ class SearchView:
             self._progress = Progress(*columns, console=console, transient=False)
             self._progress.__enter__()
             self._search = self._progress.add_task("search", total=self.planned, info="")
-            self._train = self._progress.add_task("training", total=1, info="", visible=False)
         return self
 
     def __exit__(self, *exc):
@@ -80,22 +84,34 @@ class SearchView:
     def _best_text(self) -> str:
         return "" if self.best is None else f"best {_fmt(self.best[1])} {self.best[0]}"
 
-    def start(self, label: str, gene: str, total_steps: int) -> None:
+    def _bar(self, worker: str | None) -> int:
+        name = worker or ""
+        if name not in self._workers:
+            self._workers[name] = self._progress.add_task("training", total=1, info="", visible=False)
+        return self._workers[name]
+
+    def start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
         if self._progress is not None:
-            self._progress.update(self._train, description=f"{label} {gene}", completed=0, total=total_steps,
-                                  info="", visible=True)
+            prefix = f"[{worker}] " if worker and worker != "local" else ""
+            self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
+                                  total=total_steps, info="", visible=True)
             self._progress.update(self._search, info=self._best_text())
 
-    def step(self, step: int, total: int, loss: float) -> None:
+    def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
         if self._progress is not None:
-            self._progress.update(self._train, completed=step, info=f"loss {_fmt(loss)}")
+            self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
-    def finished(self, label: str, gene: str, record: dict, cached: bool, done: int) -> None:
+    def finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
         status = record.get("status")
         result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
-        line = f"{label} {gene} {result}{' (cached)' if cached else ''}"
+        budget = record.get("budget")
+        steps = f" at {record.get('steps')}/{budget} steps" if budget and record.get("steps") != budget else ""
+        where = f" [{worker}]" if worker and worker != "local" else ""
+        line = f"{label} {gene} {result}{steps}{' (cached)' if cached else ''}{where}"
         if self._progress is not None:
-            self._progress.update(self._search, completed=done, info=self._best_text())
+            if (worker or "") in self._workers and not cached:
+                self._progress.update(self._workers[worker or ""], visible=False)
+            self._progress.update(self._search, completed=min(done, self.planned), info=self._best_text())
             self._progress.console.print(line, markup=False)
         elif self.enabled:
             elapsed = time.monotonic() - self._start

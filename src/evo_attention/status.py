@@ -1,4 +1,10 @@
-"""Where a run stands, read from its store (while it runs or after): ``evo-attention status``."""
+"""Where a run stands, read from its store (while it runs or after): ``evo-attention status``.
+
+Shows the generation, the evaluations, the best result so far, one line per worker that is
+training right now (from the store's activity table), the executor of the last session and, for a
+multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
+predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ def run_status(run_dir: str | Path) -> dict:
         state = store.get_meta("status", "created")
         activity = store.activity()
         config = store.config()
+        fidelity = store.get_meta("fidelity")
+        executor = store.get_meta("executor")
+    from .fidelity import RUNG_ROLE
+
+    rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
+    evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
     ok = [e for e in evaluations if e.get("status") == "ok" and _finite(e.get("val_perplexity"))]
     search = [e for e in ok if e.get("role") == "search"]
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
@@ -35,6 +47,9 @@ def run_status(run_dir: str | Path) -> dict:
         "baseline": None if baseline is None else {"gene": baseline["gene"],
                                                    "perplexity": baseline.get("val_perplexity"),
                                                    "status": baseline.get("status")},
+        "low_fidelity": len(rungs),
+        "fidelity": fidelity,
+        "executor": executor,
         "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
                      "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
     }
@@ -45,9 +60,14 @@ def _finite(value) -> bool:
 
 
 def format_status(status: dict) -> str:
+    if status.get("fidelity"):  # multi-fidelity: requests are answered at the rung they reach
+        counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
+                  f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
+                  "planned")
+    else:
+        counts = f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"
     lines = [f"run {status['run_dir']}: {status['state']}",
-             f"  generation {status['generation']} of {status['generations']}; "
-             f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"]
+             f"  generation {status['generation']} of {status['generations']}; {counts}"]
     if status["best"]:
         b = status["best"]
         lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f} (generation {b['generation']})")
@@ -57,6 +77,14 @@ def format_status(status: dict) -> str:
         p = status["baseline"]["perplexity"]
         lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
                      f"{p:.3f}" if _finite(p) else f"  baseline: {status['baseline']['status']}")
+    if status.get("executor"):
+        e = status["executor"]
+        details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)
+        lines.append(f"  executor (last session): {e.get('name')}" + (f" ({details})" if details else ""))
+    if status.get("fidelity"):
+        from .fidelity import format_summary
+
+        lines.extend(format_summary(status["fidelity"]))
     for w in status["workers"]:
         lines.append(f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
                      f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}")

@@ -6,7 +6,14 @@
 - ``evaluations.csv``: one row per stored evaluation (all roles)
 - ``evolution_progress.png``: perplexity per generation (best, mean, best so far, all points)
 - ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option
-- ``report.md``: the human summary linking the figure
+- ``evaluation_distribution.png``: the histogram of every finished search evaluation
+- ``report.md``: the human summary linking the figures
+- ``report.html``: the same report as one self-contained page (figures embedded, no server needed)
+
+Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``):
+``validation.json`` / ``validation_test.json`` (``evo-attention validate``), ``ablation.json``
+(``ablate``), ``compare_results.json`` (``compare``) and ``attention_maps.json`` with its figures
+in ``run_dir`` or ``run_dir/maps`` (``attention-maps``).
 
 ``load_run(run_dir)`` gives the ``RunSummary`` these are made from. Both open the store read-only,
 so they may run while a search is still writing to it (``evo-attention report DIR``).
@@ -18,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from .summary import FINAL_RESULTS_KEYS, RunSummary, load_run
+from .summary import FINAL_RESULTS_KEYS, Attachments, RunSummary, load_attachments, load_run
 
 OUTPUTS = {
     "final_results": "final_results.json",
@@ -26,7 +33,9 @@ OUTPUTS = {
     "evolution_progress": "evolution_progress.png",
     "component_analysis_csv": "component_analysis.csv",
     "component_analysis_md": "component_analysis.md",
+    "evaluation_distribution": "evaluation_distribution.png",
     "report": "report.md",
+    "report_html": "report.html",
 }
 
 
@@ -40,18 +49,37 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
 
     Raises ``UserError`` if ``run_dir`` holds no run. Each file is replaced atomically.
     """
-    from . import markdown, plots, tables  # matplotlib is imported only when writing
+    from . import html, markdown, plots, tables  # matplotlib is imported only when writing
 
     run_dir = Path(run_dir)
     summary = load_run(run_dir)
+    attachments = load_attachments(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
     tables.write_text(paths["final_results"], final_results_text(summary))
     tables.write_evaluations_csv(summary, paths["evaluations"])
     plots.plot_evolution(summary, paths["evolution_progress"])
+    plot_distribution(summary, paths["evaluation_distribution"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
-    markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"])
+    markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
+                             attachments=attachments, distribution=OUTPUTS["evaluation_distribution"])
+    html.write_report_html(summary, paths["report_html"], attachments=attachments,
+                           figures={"evolution": paths["evolution_progress"],
+                                    "distribution": paths["evaluation_distribution"]})
     return paths
 
 
-__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "RunSummary", "final_results_text", "load_run", "write_report"]
+def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
+    """``evaluation_distribution.png``: every finished search evaluation's perplexity."""
+    from ..analysis.figures import plot_distribution as draw
+    from .summary import failed, perplexity_of
+
+    search = [r for r in summary.evaluations if r.get("role") == "search"]
+    values = [perplexity_of(r) for r in search if not failed(r)]
+    baseline = summary.baseline["perplexity"] if summary.baseline else None
+    return draw(values, path, failed=len(search) - len(values), baseline=baseline,
+                best=summary.best_perplexity, title="All search evaluations")
+
+
+__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "Attachments", "RunSummary", "final_results_text", "load_attachments",
+           "load_run", "write_report"]

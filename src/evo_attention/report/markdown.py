@@ -1,24 +1,158 @@
 """``report.md``: the human summary of a run, rendered from a ``RunSummary``.
 
-Sections: headline, settings, the evolution figure, per-generation table, top genes, component
-analysis, failures and reproducibility. A run with nothing finished (or only failures) still gets
-a complete report that says so in its first lines.
+Sections: headline, settings, the evolution figure, the distribution of every evaluation,
+per-generation table, top genes, component analysis, then what analyses left in the run
+directory (multi-seed validation, ablation, compare, attention maps; see ``Attachments``),
+failures and reproducibility. A run with nothing finished (or only failures) still gets a complete
+report that says so in its first lines.
+
+The tables are built once as ``Table`` values (plain-text cells) by the ``*_table`` functions
+below; this module renders them as markdown and ``html`` renders the same values as HTML, so the
+two reports always agree.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
-from .summary import RunSummary
+from .summary import Attachments, RunSummary
 from .tables import code, component_table, fmt, markdown_table, md_cell, write_text
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
 
 
-def _headline(s: RunSummary) -> list[str]:
+@dataclass
+class Table:
+    """A table of plain-text cells (None shows as '-'); columns in ``code`` hold gene keys."""
+
+    headers: list[str]
+    rows: list[list[Any]]
+    align: str
+    code: tuple[int, ...] = field(default_factory=tuple)
+
+
+def to_markdown(table: Table) -> str:
+    rows = [[code(c) if i in table.code else md_cell("-" if c is None else c) for i, c in enumerate(row)]
+            for row in table.rows]
+    return markdown_table(table.headers, rows, table.align).rstrip()
+
+
+# -- the tables of the run ------------------------------------------------------------------------
+def settings_table(s: RunSummary) -> Table:
+    return Table(["Setting", "Value"], [[k, v] for k, v in s.settings], "ll")
+
+
+def generations_table(s: RunSummary) -> Table:
+    headers = ["Generation", "Best ppl", "Mean ppl", "Best so far", "Members", "Evaluated", "Failed", "Best gene"]
+    rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_perplexity"]),
+             fmt(h["mean_perplexity"]), fmt(h["best_so_far"]), fmt(h["n_members"]), fmt(h["n_evaluated"]),
+             fmt(h["n_failed"]), h["best_gene"]] for h in s.history]
+    return Table(headers, rows, "lrrrrrrl", (7,))
+
+
+def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
+    base = s.baseline["perplexity"] if s.baseline else None
+    headers = ["Rank", "Gene", "Key", "Perplexity", "vs baseline", "Generation", "Params"]
+    rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"]),
+             f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-",
+             fmt(r["generation"]), fmt(r["params"])] for r in s.top(k)]
+    return Table(headers, rows, "rllrrrr", (2,))
+
+
+def failures_table(s: RunSummary) -> Table:
+    rows = []
+    for f in s.failures:
+        error = f["error"] or "-"
+        if len(error) > ERROR_CHARS:
+            error = error[: ERROR_CHARS - 3] + "..."
+        rows.append([f["gene"], f["role"], fmt(f["generation"]), f["status"], error])
+    return Table(["Gene", "Role", "Generation", "Status", "Error"], rows, "llrll", (0,))
+
+
+def components_table(s: RunSummary) -> Table:
+    """The component analysis (the same columns as ``tables.component_table``)."""
+    headers = ["Field", "Option", "OK runs", "Failed", "Best ppl", "Mean ppl", f"In top {s.top_n}"]
+    rows = [[r["field"], r["option"], fmt(r["n_ok"]), fmt(r["n_failed"]), fmt(r["best_perplexity"]),
+             fmt(r["mean_perplexity"]), fmt(r["in_top"])] for r in s.components]
+    return Table(headers, rows, "llrrrrr", (1,))
+
+
+def versions_table(versions: Mapping) -> Table:
+    return Table(["Package", "Version"], [[k, v] for k, v in versions.items()], "ll")
+
+
+# -- the tables of the attachments ----------------------------------------------------------------
+def validation_table(result: Mapping) -> Table:
+    from ..analysis.validate import validation_table as build
+
+    headers, rows, align = build(result)
+    return Table(headers, rows, align, (0,))
+
+
+def ablation_table(result: Mapping) -> Table:
+    from ..analysis.ablation import ablation_table as build
+
+    headers, rows, align = build(result)
+    return Table(headers, rows, align, (2,))
+
+
+def compare_table(rows: Sequence[Mapping]) -> Table:
+    headers = ["Name", "Gene", "Seed", "Status", "Perplexity", "Loss", "Accuracy", "Time (s)", "Peak memory (MB)",
+               "Params"]
+    out = [[r.get("name"), r.get("gene"), fmt(_integer(r.get("seed"))), r.get("status"),
+            fmt(_number(r.get("val_perplexity")), 3),
+            fmt(_number(r.get("val_loss")), 4), fmt(_number(r.get("accuracy")), 4), fmt(_number(r.get("time_s")), 1),
+            fmt(_number(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
+    return Table(headers, out, "llrlrrrrrr", (1,))
+
+
+def maps_table(result: Mapping) -> Table:
+    headers = ["Layer", "Gene", "Head", "Sparsity (exact zeros)", "Entropy (nats)", "Uniform entropy", "Mean distance"]
+    rows = []
+    for layer in result.get("layers", []):
+        for m in layer.get("heads", []):
+            rows.append([fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
+                         f"{100 * m['sparsity']:.1f}%" if _number(m.get("sparsity")) is not None else "-",
+                         fmt(_number(m.get("entropy")), 3), fmt(_number(m.get("uniform_entropy")), 3),
+                         fmt(_number(m.get("mean_distance")), 2)])
+    return Table(headers, rows, "rlrrrrr", (1,))
+
+
+def _number(value: Any) -> float | None:
+    from .summary import finite_or_none
+
+    return finite_or_none(value)
+
+
+def _integer(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None else int(number)
+
+
+def maps_caption(result: Mapping) -> str:
+    source = result.get("source") or {}
+    if source.get("model"):
+        origin = f"the saved model in {source['model']}"
+    else:
+        origin = (f"{source.get('gene')} trained for {source.get('steps')} steps (seed {source.get('seed')}, "
+                  f"{source.get('data')})")
+        if _number(source.get("val_perplexity")) is not None:
+            origin += f", validation perplexity {source['val_perplexity']:.3f}"
+    return (f"Attention of {origin} over {result.get('text_source') or 'a sequence'} "
+            f"({len(result.get('tokens') or [])} tokens). White cells are exact zeros.")
+
+
+# -- markdown sections ----------------------------------------------------------------------------
+def _headline(s: RunSummary, attachments: Attachments | None = None) -> list[str]:
     lines = [s.statement, ""]
+    validation = attachments.validation if attachments else None
+    if validation and validation.get("headline"):
+        lines += [f"Validated: {validation['headline']}", ""]
     c = s.counts
     if s.done:
         progress = "The run is finished."
@@ -48,80 +182,138 @@ def _headline(s: RunSummary) -> list[str]:
             text += (f"; the best gene is {fmt(abs(imp['absolute']))} {better}, "
                      f"**{imp['percent']:+.1f}%** improvement")
         lines.append(text + ".")
+    if s.improvement is not None and not validation:
+        lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to see whether "
+                     "the difference holds over several seeds.")
     return lines
 
 
 def _settings(s: RunSummary) -> list[str]:
     if not s.settings:
         return ["No configuration stored."]
-    return [markdown_table(["Setting", "Value"], [[md_cell(k), md_cell(v)] for k, v in s.settings]).rstrip()]
+    return [to_markdown(settings_table(s))]
 
 
 def _generations(s: RunSummary) -> list[str]:
     if not s.history:
         return ["No generation finished yet."]
-    headers = ["Generation", "Best ppl", "Mean ppl", "Best so far", "Members", "Evaluated", "Failed", "Best gene"]
-    rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_perplexity"]),
-             fmt(h["mean_perplexity"]), fmt(h["best_so_far"]), fmt(h["n_members"]), fmt(h["n_evaluated"]),
-             fmt(h["n_failed"]), code(h["best_gene"])] for h in s.history]
     note = "Best and mean are over the population after the generation (carried-over elites included)."
-    return [note, "", markdown_table(headers, rows, "lrrrrrrl").rstrip()]
+    return [note, "", to_markdown(generations_table(s))]
 
 
 def _top(s: RunSummary) -> list[str]:
-    top = s.top(TOP_ROWS)
-    if not top:
+    if not s.top(TOP_ROWS):
         return [f"{s.statement} No gene to rank."]
-    base = s.baseline["perplexity"] if s.baseline else None
-    headers = ["Rank", "Gene", "Key", "Perplexity", "vs baseline", "Generation", "Params"]
-    rows = [[fmt(r["rank"]), md_cell(r["str"]), code(r["gene"]), fmt(r["perplexity"]),
-             f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-",
-             fmt(r["generation"]), fmt(r["params"])] for r in top]
-    return [markdown_table(headers, rows, "rllrrrr").rstrip()]
+    return [to_markdown(top_table(s))]
 
 
 def _failures(s: RunSummary) -> list[str]:
     if not s.failures:
         return ["No evaluation failed."]
-    rows = []
-    for f in s.failures:
-        error = f["error"] or "-"
-        if len(error) > ERROR_CHARS:
-            error = error[: ERROR_CHARS - 3] + "..."
-        rows.append([code(f["gene"]), md_cell(f["role"]), fmt(f["generation"]), md_cell(f["status"]), md_cell(error)])
-    return [markdown_table(["Gene", "Role", "Generation", "Status", "Error"], rows, "llrll").rstrip()]
+    return [to_markdown(failures_table(s))]
 
 
-def _reproducibility(s: RunSummary, run_dir: str) -> list[str]:
-    lines = [f"- Data fingerprint: `{s.data_fingerprint or 'unknown'}`"]
-    lines.append(f"- Started: {s.created_at or 'unknown'}; finished: {s.finished_at or 'not yet'}")
-    lines.append(f"- Regenerate this report from the run store: `evo-attention report {run_dir}`")
+def full_config_json(s: RunSummary) -> str:
+    return json.dumps(s.config, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
+    """What identifies the run and the commands that regenerate or repeat its results."""
+    lines = [f"Data fingerprint: `{s.data_fingerprint or 'unknown'}`",
+             f"Started: {s.created_at or 'unknown'}; finished: {s.finished_at or 'not yet'}",
+             f"Regenerate this report from the run store: `evo-attention report {run_dir}`"]
     if not s.done:
-        lines.append(f"- Continue the run: `evo-attention search --out {run_dir} --resume`")
-    if s.versions:
-        rows = [[md_cell(k), md_cell(v)] for k, v in s.versions.items()]
-        lines += ["", markdown_table(["Package", "Version"], rows).rstrip()]
+        lines.append(f"Continue the run: `evo-attention search --out {run_dir} --resume`")
+    for v in (attachments.validations if attachments else []):
+        split = "" if v.get("eval_split") == "valid" else f" --eval-split {v.get('eval_split')}"
+        genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))
+        lines.append(f"Repeat the validation (cached in the run store): `evo-attention validate --from-run {run_dir} "
+                     f"--genes '{genes}' --seeds {len(v.get('seeds') or [])} --steps {v.get('steps')}{split}`")
+    for ab in (attachments.ablations if attachments else []):
+        split = "" if ab.get("eval_split") == "valid" else f" --eval-split {ab.get('eval_split')}"
+        lines.append(f"Repeat the ablation: `evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' "
+                     f"--seeds {len(ab.get('seeds') or [])} --steps {ab.get('steps')}{split}`")
     return lines
 
 
-def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None) -> str:
-    """The text of ``report.md``; ``figure`` is the figure's path relative to the report."""
+def all_versions(s: RunSummary, attachments: Attachments | None = None) -> dict:
+    """The run's package versions, completed by those the analyses recorded."""
+    versions = dict(s.versions)
+    for result in (attachments.validations + attachments.ablations) if attachments else []:
+        for key, value in (result.get("versions") or {}).items():
+            versions.setdefault(key, value)
+    return versions
+
+
+def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
+    lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
+    versions = all_versions(s, attachments)
+    if versions:
+        lines += ["", to_markdown(versions_table(versions))]
+    if s.config:
+        lines += ["", "Full configuration of the run:", "", "```json", full_config_json(s), "```"]
+    return lines
+
+
+def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str]]:
+    """The markdown sections of the analyses (none when the run directory holds none)."""
+    sections = []
+    for v in a.validations:
+        split = "test split" if v.get("eval_split") == "test" else "validation split"
+        stem = v["_file"].rsplit(".", 1)[0]
+        sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "",
+                         to_markdown(validation_table(v)), "", f"![Per-seed values]({stem}.png)",
+                         "", f"Details: `{v['_file']}`, `{stem}.md`."])
+    for ab in a.ablations:
+        from ..analysis.ablation import contribution_lines
+
+        stem = ab["_file"].rsplit(".", 1)[0]
+        sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",
+                         to_markdown(ablation_table(ab)), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
+                        + ["", f"![Contributions]({stem}.png)"])
+    if a.compare is not None:
+        body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
+        sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
+    for m in a.maps:
+        prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
+        figures = [f"![Layer {layer.get('layer')}]({prefix}{layer.get('figure')})" for layer in m.get("layers", [])]
+        sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
+                         md_cell(maps_caption(m)), "", to_markdown(maps_table(m)), ""] + figures)
+    if a.problems:
+        sections.append(["## Unreadable analysis files", ""] + [f"- {md_cell(p)}" for p in a.problems])
+    return sections
+
+
+def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
+                  attachments: Attachments | None = None, distribution: str | None = None) -> str:
+    """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
+    ``distribution`` the distribution figure's (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
-        [f"# Evolution report: {md_cell(Path(run_dir).name or run_dir)}", ""] + _headline(s),
+        [f"# Evolution report: {md_cell(Path(run_dir).name or run_dir)}", ""] + _headline(s, attachments),
         ["## Settings", ""] + _settings(s),
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
+    ]
+    if distribution:
+        sections.append(["## Distribution of all evaluations", "",
+                         f"![Histogram of the perplexity of every search evaluation]({distribution})"])
+    sections += [
         ["## Per generation", ""] + _generations(s),
         [f"## Top {TOP_ROWS} genes", ""] + _top(s),
         ["## Component analysis", "",
          f"Per gene field and option: finished and failed evaluations, best and mean perplexity, and how many "
          f"of the best {s.top_n} distinct genes use it (also in `component_analysis.csv`).", "",
          component_table(s).rstrip() or f"{s.statement} Nothing to analyse."],
+    ]
+    if attachments is not None:
+        sections += _attachment_sections(attachments)
+    sections += [
         ["## Failures", ""] + _failures(s),
-        ["## Reproducibility", ""] + _reproducibility(s, run_dir),
+        ["## Reproducibility", ""] + _reproducibility(s, run_dir, attachments),
     ]
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
 
-def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png") -> Path:
-    return write_text(path, render_report(s, figure))
+def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
+                    attachments: Attachments | None = None, distribution: str | None = None) -> Path:
+    return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution))

@@ -1,0 +1,165 @@
+"""``evo-attention validate``: re-train genes and the baseline with fresh seeds and compare them.
+
+    evo-attention validate --from-run runs/quick --top 3 --seeds 5
+    evo-attention validate --genes "dot|sparsemax|output_gate|learned" --preset quick --seeds 5
+
+The seeds are ``seed + 1 ... seed + N`` (``--seed`` defaults to the run's search seed), never the
+search seed itself. ``analysis_setup`` and ``add_analysis_flags`` are shared with ``ablate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
+    from ..analysis.validate import DEFAULT_SEEDS, METRICS
+    from ..cli import add_training_flags
+
+    p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
+                   "its store caches and keeps the trainings, and the outputs go into it")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; never the "
+                        "search seed)")
+    p.add_argument("--eval-split", choices=["valid", "test"], default="valid",
+                   help="measure on the validation split (default) or the test split (outputs get a _test suffix)")
+    p.add_argument("--metric", choices=list(METRICS), default="val_perplexity",
+                   help="what to compare (default val_perplexity)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of intervals and verdicts (default 0.95)")
+    p.add_argument("--out", help=f"output directory (default: the run directory with --from-run, else {default_out})")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_training_flags(p)
+    x = p.add_argument_group("execution (as for search)")
+    x.add_argument("--workers", type=int, metavar="N", help="train N models at once in worker processes")
+    x.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local (this machine; the default) or ray (a local Ray instance or a cluster)")
+    x.add_argument("--ray-address", metavar="ADDR", help="address of a running Ray cluster")
+    x.add_argument("--gpus-per-trial", type=float, metavar="G", help="GPUs each training reserves with --executor ray")
+    x.add_argument("--cpus-per-trial", type=float, metavar="C",
+                   help="CPUs each training reserves with --executor ray; threads per worker with --workers")
+
+
+def analysis_setup(args, default_out: str):
+    """(config, data, store or None, out dir, search seed or None) of an analysis command."""
+    from ..analysis.validate import validation_seeds
+    from ..cli import checked, explicit_settings
+    from ..config import Config
+    from ..data import data_from_config
+    from ..progress import log
+    from ..store import RunStore
+
+    settings = explicit_settings(args)
+    search_seed = None
+    store = None
+    if args.from_run:
+        with RunStore.open(args.from_run, readonly=True) as run:
+            stored = run.config()
+            stored_data = run.get_meta("data") or {}
+        config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
+        search_seed = stored.get("seed")
+    else:
+        config = checked(Config.from_dict(settings, source="the command line"))
+        stored_data = {}
+    validation_seeds(config.seed, args.seeds, search_seed)  # fail before loading any data
+    data = data_from_config(config)
+    if args.from_run:
+        if stored_data.get("fingerprint") not in (None, data.fingerprint):
+            log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
+                f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
+                "the search",
+                args.quiet)
+        store = RunStore.open(args.from_run)
+    out = Path(args.out) if args.out else Path(args.from_run) if args.from_run else Path(default_out)
+    return config, data, store, out, search_seed
+
+
+def make_executor(args):
+    """The executor the flags name (the same executors as ``search``)."""
+    from ..executors import make_executor as make
+
+    options = {"workers": args.workers, "address": args.ray_address, "cpus_per_trial": args.cpus_per_trial,
+               "gpus_per_trial": args.gpus_per_trial}
+    return make(args.executor, **{k: v for k, v in options.items() if v is not None})
+
+
+def run_genes(args, summary, top: int) -> list[str]:
+    """The genes to validate: --genes, else the best ``top`` of the run (the baseline excluded)."""
+    from ..genes import AttentionGene
+
+    if args.genes:
+        genes = [g for g in (t.strip() for t in args.genes.split(",")) if g]
+        if not genes:
+            raise UserError(f"--genes {args.genes!r} names no gene: give keys like 'dot|sparsemax|output_gate|learned'")
+        return [AttentionGene.parse(g).key for g in genes]
+    if summary is None:
+        raise UserError("nothing to validate: give --genes KEY[,KEY...] or --from-run DIR")
+    if top < 1:
+        raise UserError(f"--top {top} must be at least 1")
+    vanilla = AttentionGene.vanilla().key
+    ranked = [r["gene"] for r in summary.ranking if r["gene"] != vanilla]
+    if not ranked:
+        raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to validate: let it run, "
+                        "or give --genes")
+    return ranked[:top]
+
+
+def search_values(summary, keys, metric: str, config, eval_split: str) -> dict:
+    """Each gene's value in the search (its search-seed training; the baseline's too), when comparable."""
+    from ..analysis.validate import value_of
+
+    if summary is None or eval_split != "valid" or config.train_steps != summary.config.get("train_steps"):
+        return {}
+    seed = summary.config.get("seed")
+    out = {}
+    for record in summary.evaluations:
+        if record.get("role") in ("search", "baseline") and record.get("gene") in keys and record.get("seed") == seed:
+            value = value_of(record, metric)
+            if value is not None:
+                out.setdefault(record["gene"], value)
+    return out
+
+
+def cmd_validate(args) -> int:
+    from ..analysis.validate import validate_genes, write_validation
+    from ..genes import AttentionGene
+    from ..progress import log
+    from ..report import load_run
+
+    summary = load_run(args.from_run) if args.from_run else None
+    genes = run_genes(args, summary, args.top)
+    config, data, store, out, search_seed = analysis_setup(args, "runs/validate")
+    vanilla = AttentionGene.vanilla().key
+    log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {args.seeds} seeds each "
+        f"({config.seed + 1}..{config.seed + args.seeds}), {config.train_steps} steps, {args.eval_split} split",
+        args.quiet)
+    known = search_values(summary, genes + [vanilla], args.metric, config, args.eval_split)
+    try:
+        with make_executor(args) as executor:
+            result = validate_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
+                                    metric=args.metric, confidence=args.confidence, store=store, executor=executor,
+                                    search_seed=search_seed, search_values=known, source_run=args.from_run,
+                                    quiet=args.quiet)
+    finally:
+        if store is not None:
+            store.close()
+    paths = write_validation(result, out)
+    log(result["headline"].replace("**", ""))
+    for row in result["genes"]:
+        log(f"  {row['str']}: {row['verdict']}")
+    log(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if args.from_run:
+        log(f"fold it into the run's report with: evo-attention report {args.from_run}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
+                              "confidence intervals, Welch tests with Holm correction")
+    p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
+    p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
+    add_analysis_flags(p, "runs/validate")
+    p.set_defaults(func=cmd_validate)

@@ -1,0 +1,199 @@
+"""Executors: worker processes and Ray give the local executor's results, dead workers are
+replaced and retried, a run resumes under another executor, bad settings are one-line errors."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evo_attention import Config
+from evo_attention.cli import main
+from evo_attention.data import LoaderData, data_from_config
+from evo_attention.errors import UserError
+from evo_attention.evolution import Evolution
+from evo_attention.executors import CRASH_ENV, EvalTask, LocalExecutor, ProcessExecutor, RayExecutor, make_executor
+from evo_attention.store import RunStore
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
+            learning_rate=3e-3, train_steps=6, log_every=3, population_size=4, n_generations=3, elite_size=1)
+KEYS = ("best_gene", "best_perplexity", "best_generation", "history", "top_5")
+
+
+def _final(run_dir):
+    data = json.loads((Path(run_dir) / "final_results.json").read_text())
+    return {key: data[key] for key in KEYS}
+
+
+def _search(out, executor, **changes):
+    with Evolution(Config(**{**TINY, **changes}), out_dir=out, executor=executor) as evo:
+        evo.run()
+    return _final(out)
+
+
+class Watch:
+    """Wraps an executor: notes which workers started, reported progress and finished tasks, and
+    interrupts the search after ``stop_after`` finished evaluations."""
+
+    def __init__(self, executor, stop_after=None):
+        self.inner, self.stop_after, self.seen = executor, stop_after, 0
+        self.name, self.workers = executor.name, executor.workers
+        self.started, self.stepped, self.finished = set(), set(), set()
+
+    def describe(self):
+        return self.inner.describe()
+
+    def run(self, tasks, config, data, on_start=None, on_step=None):
+        def start(task):
+            self.started.add(task.worker)
+            on_start(task)
+
+        def step(task, *progress):
+            self.stepped.add(task.worker)
+            on_step(task, *progress)
+
+        for task, record in self.inner.run(tasks, config, data, on_start=start, on_step=step):
+            self.finished.add(task.worker)
+            yield task, record
+            self.seen += 1
+            if self.stop_after is not None and self.seen >= self.stop_after:
+                raise KeyboardInterrupt
+
+    def close(self):
+        self.inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Every evaluation runs on one thread, as each of 2 workers on a 2-core machine does (CPU
+    float reductions may depend on the thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, one_thread):
+    out = tmp_path_factory.mktemp("local")
+    return {"full": _search(out / "full", LocalExecutor()),
+            "halving": _search(out / "halving", LocalExecutor(), fidelity="halving", train_steps=18)}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[distributed]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+# -- choosing an executor ----------------------------------------------------------------------------
+def test_make_executor_and_bad_settings():
+    assert isinstance(make_executor(), LocalExecutor)
+    assert isinstance(make_executor("local", workers=2), ProcessExecutor)
+    assert make_executor("local", workers=2, cpus_per_trial=1).threads == 1
+    for kwargs, fragment in [({"name": "dask"}, "unknown executor 'dask'"),
+                             ({"workers": 0}, "--workers must be a positive integer"),
+                             ({"address": "1.2.3.4:6379"}, "--ray-address needs --executor ray"),
+                             ({"workers": 2, "gpus_per_trial": 1}, "--gpus-per-trial applies to --executor ray"),
+                             ({"cpus_per_trial": 2}, "--cpus-per-trial needs --workers"),
+                             ({"name": "ray", "workers": 2, "address": "auto"}, "drop --workers"),
+                             ({"name": "ray", "cpus_per_trial": 0}, "--cpus-per-trial must be a positive")]:
+        with pytest.raises(UserError, match=fragment) as info:
+            make_executor(**kwargs)
+        assert "\n" not in str(info.value)
+
+
+def test_missing_ray_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(UserError, match=r'pip install -e "\.\[distributed\]"'):
+        make_executor("ray")
+    assert main(["search", "--preset", "quick", "--executor", "ray", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_parallel_executors_refuse_data_the_config_does_not_name():
+    config = Config(**TINY)
+    loaders = LoaderData([(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))],
+                         [(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))],
+                         vocab_size=16, seq_len=16)
+    with pytest.raises(UserError, match="name the dataset in the config"):
+        next(ProcessExecutor(2).run([EvalTask("dot|softmax|none|fixed", 0, 2)], config, loaders))
+
+
+# -- same results everywhere -----------------------------------------------------------------------
+def test_worker_processes_give_the_local_results(tmp_path, reference):
+    executor = Watch(make_executor("local", workers=2))
+    assert _search(tmp_path / "w2", executor) == reference["full"]
+    assert executor.started == executor.stepped == executor.finished == {"w0", "w1"}
+    with RunStore.open(tmp_path / "w2", readonly=True) as store:
+        assert store.get_meta("executor") == {"name": "process", "workers": 2, "threads_per_worker": 1}
+        assert store.activity() == []  # every worker's row is gone once it is done
+
+
+def test_ray_runs_a_search_end_to_end_with_the_local_results(tmp_path, reference, ray_cluster):
+    executor = Watch(RayExecutor(cpus_per_trial=1))
+    assert _search(tmp_path / "ray", executor) == reference["full"]
+    assert executor.started == executor.finished and all(w.startswith("ray:") for w in executor.finished)
+    assert ray_cluster.is_initialized()  # an instance the executor did not start is left running
+
+
+def test_resume_under_other_executors(tmp_path, reference, ray_cluster):
+    config = Config(**TINY)
+    out = tmp_path / "cut"
+    with Evolution(config, out_dir=out, executor=Watch(LocalExecutor(), 4)) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    with Evolution(config, out_dir=out, resume=True, executor=Watch(ProcessExecutor(2), 3)) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    with RunStore.open(out, readonly=True) as store:
+        assert len(store.evaluations()) == 7
+    with Evolution(config, out_dir=out, resume=True, executor=RayExecutor()) as evo:
+        evo.run()
+    assert _final(out) == reference["full"]
+
+    # halving: checkpoints written by worker processes are continued by Ray tasks
+    halving = Config(**{**TINY, "fidelity": "halving", "train_steps": 18})
+    out = tmp_path / "halving"
+    with Evolution(halving, out_dir=out, executor=Watch(ProcessExecutor(2), 6)) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    with Evolution(halving, out_dir=out, resume=True, executor=RayExecutor()) as evo:
+        evo.run()
+    assert _final(out) == reference["halving"]
+    with RunStore.open(out, readonly=True) as store:
+        resumed = [r for r in store.evaluations() if r.get("resumed_from")]
+    assert resumed and all(r["resumed_from"] < r["steps"] for r in resumed)
+
+
+# -- dead workers ----------------------------------------------------------------------------------
+def test_a_killed_worker_is_replaced_and_its_task_retried_once(tmp_path, monkeypatch, one_thread):
+    config = Config(**TINY)
+    data = data_from_config(config)
+    genes = ["dot|softmax|none|fixed|bias|0.00", "cosine|softmax|output_gate|learned|bias|0.00",
+             "dot|relu_norm|none|fixed|bias|0.00"]
+    monkeypatch.setenv(CRASH_ENV, f"{genes[0]}=1@{tmp_path / 'once'};{genes[1]}=2@{tmp_path / 'twice'}")
+    tasks = [EvalTask(g, config.seed, config.train_steps) for g in genes]
+    with ProcessExecutor(2) as executor:
+        results = {task.gene: (task, record) for task, record in executor.run(tasks, config, data)}
+    assert set(results) == set(genes)
+    assert len(list((tmp_path / "once").iterdir())) == 1 and len(list((tmp_path / "twice").iterdir())) == 2
+    first = results[genes[0]][1]
+    assert first["status"] == "ok"
+    local = dict(LocalExecutor().run(tasks[:1], config, data))
+    assert first["val_loss"] == next(iter(local.values()))["val_loss"]  # the retry is the same training
+    twice = results[genes[1]][1]
+    assert twice["status"] == "error" and "died 2 times" in twice["error"] and "SIGKILL" in twice["error"]
+    assert results[genes[2]][1]["status"] == "ok"
+    assert results[genes[1]][0] == tasks[1]  # tasks come back as submitted (worker id aside)

@@ -1,0 +1,126 @@
+"""The statistics of multi-seed comparisons, on inputs with known answers."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from evo_attention.analysis import stats
+from evo_attention.analysis.validate import validation_seeds
+from evo_attention.errors import UserError
+
+
+def test_describe_hand_computed():
+    d = stats.describe([1, 2, 3, 4, 5])
+    assert d["n"] == 5 and d["mean"] == 3.0 and d["sd"] == pytest.approx(math.sqrt(2.5))
+    half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)  # t(0.975, 4) * sd / sqrt(n)
+    assert d["ci_low"] == pytest.approx(3 - half) and d["ci_high"] == pytest.approx(3 + half)
+    wider = stats.describe([1, 2, 3, 4, 5], confidence=0.99)
+    assert wider["ci_low"] < d["ci_low"] and wider["ci_high"] > d["ci_high"]
+
+
+def test_describe_skips_failures_and_needs_two_values():
+    d = stats.describe([2.0, None, math.inf, math.nan, 4.0])
+    assert d["n"] == 2 and d["mean"] == 3.0
+    one = stats.describe([7.0, None])
+    assert one == {"n": 1, "mean": 7.0, "sd": None, "ci_low": None, "ci_high": None}
+    assert stats.describe([])["mean"] is None
+
+
+def test_identical_samples_are_not_distinguishable():
+    a = [8.1, 8.4, 7.9, 8.3, 8.0]
+    w = stats.welch(a, list(a))
+    assert w["difference"] == 0.0 and w["p_value"] == pytest.approx(1.0) and w["cohens_d"] == 0.0
+    assert w["diff_ci_low"] < 0 < w["diff_ci_high"]
+    rows = stats.compare({"same": a}, a)
+    assert rows["same"]["verdict"] == "not distinguishable"
+    constant = stats.welch([5.0, 5.0, 5.0], [5.0, 5.0])  # no spread at all: decided exactly
+    assert constant["p_value"] == 1.0 and stats.verdict(0.0, 1.0) == "not distinguishable"
+
+
+def test_large_shift_is_significant_in_the_right_direction():
+    rng = np.random.default_rng(1)
+    base = 10 + rng.normal(0, 0.2, 5)
+    better, worse = base - 2.0 + rng.normal(0, 0.2, 5), base + 2.0 + rng.normal(0, 0.2, 5)
+    rows = stats.compare({"better": better, "worse": worse}, base)
+    assert rows["better"]["p_holm"] < 1e-4 and rows["better"]["verdict"] == "better than baseline at 95%"
+    assert rows["worse"]["verdict"] == "worse than baseline at 95%"
+    assert rows["better"]["diff_ci_high"] < 0 < rows["worse"]["diff_ci_low"]
+    assert rows["better"]["cohens_d"] < -3
+    # higher is better (accuracy): the same numbers read the other way round
+    acc = stats.compare({"higher": better + 4}, base, lower_is_better=False)
+    assert acc["higher"]["verdict"] == "better than baseline at 95%"
+    # constant samples with different means: exact decision, p = 0
+    assert stats.welch([1.0, 1.0], [2.0, 2.0])["p_value"] == 0.0
+
+
+def test_welch_is_welch_not_student():
+    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 4.0, 6.0, 9.0, 1.0]
+    w = stats.welch(a, b)
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))  # Welch-Satterthwaite
+    t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    assert w["df"] == pytest.approx(df) and w["t"] == pytest.approx(t)
+    assert w["p_value"] == pytest.approx(2 * st.t.sf(abs(t), df))
+    half = st.t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert w["diff_ci_low"] == pytest.approx(t * math.sqrt(va + vb) - half)
+    assert w["diff_ci_high"] == pytest.approx(t * math.sqrt(va + vb) + half)
+    assert df != len(a) + len(b) - 2
+
+
+def test_cohens_d_hand_computed():
+    assert stats.cohens_d([1, 2, 3], [2, 3, 4]) == pytest.approx(-1.0)  # pooled sd 1
+    assert stats.cohens_d([1, 2, 3], [5]) is None
+
+
+def test_holm_textbook_example():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept at 0.06
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, None, 0.9]) == [pytest.approx(1.0), None, pytest.approx(1.0)]
+    assert stats.holm([]) == [] and stats.holm([0.02]) == [0.02]
+    # at alpha 0.05 Holm rejects 0.005 and 0.01 only; Bonferroni (x4) would reject 0.005 only
+    adjusted = stats.holm([0.01, 0.04, 0.03, 0.005])
+    assert [p < 0.05 for p in adjusted] == [True, False, False, True]
+
+
+def test_holm_correction_changes_the_verdict():
+    rng = np.random.default_rng(3)
+    base = rng.normal(10, 1, 5)
+    moderate = base - 1.6 + rng.normal(0, 0.3, 5)
+    alone = stats.compare({"m": moderate}, base)["m"]
+    many = stats.compare({"m": moderate, **{f"n{i}": base + rng.normal(0, 1, 5) for i in range(6)}}, base)["m"]
+    assert many["p_value"] == pytest.approx(alone["p_value"]) and many["p_holm"] >= alone["p_holm"]
+
+
+def test_too_few_seeds():
+    rows = stats.compare({"one": [3.0]}, [1.0, 2.0])
+    assert rows["one"]["p_value"] is None and rows["one"]["verdict"] == "not enough seeds"
+
+
+def test_confidence_interval_coverage_by_simulation():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(400):
+        d = stats.describe(rng.normal(10.0, 2.0, 5))
+        covered += d["ci_low"] <= 10.0 <= d["ci_high"]
+    assert abs(covered / 400 - 0.95) < 0.035
+    covered = 0
+    for _ in range(400):  # Welch's interval of a difference with unequal variances and sizes
+        w = stats.welch(rng.normal(0.0, 1.0, 5), rng.normal(0.5, 3.0, 8))
+        covered += w["diff_ci_low"] <= -0.5 <= w["diff_ci_high"]
+    assert abs(covered / 400 - 0.95) < 0.035
+
+
+def test_bad_confidence_is_a_user_error():
+    with pytest.raises(UserError, match="confidence"):
+        stats.describe([1, 2], confidence=95)
+
+
+def test_validation_seeds_never_include_the_search_seed():
+    assert validation_seeds(42, 5) == [43, 44, 45, 46, 47]
+    assert 42 not in validation_seeds(42, 5, search_seed=42)
+    with pytest.raises(UserError, match="search seed 42"):
+        validation_seeds(40, 5, search_seed=42)
+    with pytest.raises(UserError, match="at least 2"):
+        validation_seeds(42, 1)

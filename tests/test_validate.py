@@ -1,0 +1,264 @@
+"""Validation, ablation and attention maps: enumeration, metrics, and the commands end to end."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from evo_attention import AttentionGene, Config, TinyTransformer
+from evo_attention.analysis import ablation, maps
+from evo_attention.analysis import validate as val  # the module
+from evo_attention.cli import main
+from evo_attention.errors import UserError
+from evo_attention.evolution import Evolution
+from evo_attention.executors import LocalExecutor
+from evo_attention.store import RunStore
+
+PNG = b"\x89PNG\r\n\x1a\n"
+VANILLA = AttentionGene.vanilla()
+SPARSE = "dot|sparsemax|none|fixed|bias|0.10"  # differs from vanilla in the normalization only
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
+            learning_rate=3e-3, train_steps=6, log_every=3, population_size=2, n_generations=1, elite_size=1,
+            seed=7)
+
+
+class CountingExecutor(LocalExecutor):
+    def __init__(self):
+        self.trained = []
+
+    def run(self, tasks, config, data, **kw):
+        for task, record in super().run(tasks, config, data, **kw):
+            self.trained.append((task.gene, task.seed))
+            yield task, record
+
+
+# -- ablation enumeration -------------------------------------------------------------------------
+def test_ablation_enumerates_exactly_the_differing_fields():
+    gene = AttentionGene.parse("cosine|sparsemax|output_gate|fixed|nobias|0.10")
+    variants = ablation.ablation_variants(gene)
+    fields = gene.differences(VANILLA)
+    assert fields == ["similarity", "normalization", "gating", "use_bias"]
+    assert [v.kind for v in variants[:2]] == ["full", "baseline"]
+    assert variants[0].gene == gene and variants[1].gene == VANILLA
+    removed = [v for v in variants if v.kind == "remove"]
+    added = [v for v in variants if v.kind == "add"]
+    assert [v.field for v in removed] == fields and [v.field for v in added] == fields
+    assert len(variants) == 2 + 2 * len(fields)
+    for v in removed:  # the gene with exactly that field set back to the vanilla value
+        assert v.gene.differences(gene) == [v.field] and getattr(v.gene, v.field) == getattr(VANILLA, v.field)
+    for v in added:  # vanilla with exactly that field taken from the gene
+        assert v.gene.differences(VANILLA) == [v.field] and getattr(v.gene, v.field) == getattr(gene, v.field)
+    assert next(v for v in removed if v.field == "use_bias").change == "bias: nobias -> bias"
+
+
+def test_ablation_of_a_single_field_gene_and_of_vanilla():
+    variants = ablation.ablation_variants(SPARSE)
+    assert [v.gene.key for v in variants] == [SPARSE, VANILLA.key, VANILLA.key, SPARSE]
+    with pytest.raises(UserError, match="nothing to ablate"):
+        ablation.ablation_variants(VANILLA)
+
+
+def _fake_records(values_by_gene, seeds):
+    return {(g, s): {"status": "ok", "val_perplexity": v} for g, vals in values_by_gene.items()
+            for s, v in zip(seeds, vals)}
+
+
+def test_ablation_contributions_from_known_values():
+    gene = AttentionGene.parse("dot|sparsemax|output_gate|fixed|bias|0.10")
+    variants = ablation.ablation_variants(gene)
+    seeds = [1, 2, 3, 4]
+    noise = [0.0, 0.1, -0.1, 0.05]
+    means = {gene.key: 5.0, VANILLA.key: 8.0,
+             "dot|softmax|output_gate|fixed|bias|0.10": 7.5,  # without sparsemax: sparsemax carries 2.5
+             "dot|sparsemax|none|fixed|bias|0.10": 5.2}  # without the gate: it carries 0.2 only
+    records = _fake_records({k: [m + n for n in noise] for k, m in means.items()}, seeds)
+    result = ablation.summarize(variants, records, seeds)
+    contrib = {(c["kind"], c["field"]): c for c in result["contributions"]}
+    assert contrib["remove", "normalization"]["value"] == pytest.approx(2.5)
+    assert contrib["remove", "gating"]["value"] == pytest.approx(0.2)
+    assert contrib["add", "normalization"]["value"] == pytest.approx(8.0 - 5.2)
+    assert contrib["add", "gating"]["value"] == pytest.approx(0.5)
+    assert result["total"]["value"] == pytest.approx(3.0)
+    c = contrib["remove", "normalization"]
+    assert c["low"] < c["value"] < c["high"]
+    text = ablation.render_markdown(result)
+    assert "without normalization" in text and "softmax -> sparsemax" in text and "| Variant |" in text
+
+
+# -- attention-map metrics ------------------------------------------------------------------------
+def test_head_metrics_of_known_patterns():
+    t = 6
+    causal = torch.ones(t, t).tril()
+    uniform = causal / causal.sum(-1, keepdim=True)
+    diagonal = torch.eye(t)
+    m_uniform, m_diag = maps.head_metrics(torch.stack([uniform, diagonal]))
+    assert m_uniform["sparsity"] == 0.0 and m_uniform["entropy"] == pytest.approx(m_uniform["uniform_entropy"])
+    assert m_uniform["mean_distance"] == pytest.approx(sum(i / 2 for i in range(t)) / t)
+    assert m_diag["sparsity"] == pytest.approx(1 - t / (t * (t + 1) / 2))
+    assert m_diag["entropy"] == 0.0 and m_diag["mean_distance"] == 0.0
+    assert m_uniform["row_sum_max_error"] < 1e-6
+
+
+def test_sparsemax_maps_have_exact_zeros_and_rows_summing_to_one(tmp_path):
+    torch.manual_seed(0)
+    config = Config(vocab_size=16, d_model=16, n_heads=2, n_layers=2, max_seq_len=12, dropout=0.0)
+    model = TinyTransformer(config, SPARSE)
+    for block in model.blocks:  # peaked scores, as after training
+        torch.nn.init.normal_(block.attn.qkv.weight, std=0.5)
+    ids = list(range(1, 13))
+    weights = maps.compute_maps(model, ids)
+    assert len(weights) == 2 and weights[0].shape == (2, 12, 12)
+    for w in weights:
+        assert (w == 0).any(), "sparsemax must put exact zeros on some allowed keys"
+        assert torch.allclose(w.sum(-1), torch.ones(2, 12), atol=1e-5)
+        assert (w.triu(1) == 0).all()  # causal
+    result = maps.attention_maps(model, ids, tmp_path, source={"gene": SPARSE})
+    saved = json.loads((tmp_path / "attention_maps.json").read_text())
+    assert saved == result and len(saved["layers"]) == 2
+    for layer in saved["layers"]:
+        assert (tmp_path / layer["figure"]).read_bytes()[:8] == PNG
+        for head in layer["heads"]:
+            assert 0.0 < head["sparsity"] <= 1.0 and head["future_weight"] == 0.0
+            assert 0.0 <= head["entropy"] <= head["uniform_entropy"] + 1e-9
+            assert 0.0 <= head["mean_distance"] <= 11 and head["row_sum_max_error"] < 1e-5
+    softmax = TinyTransformer(config, VANILLA)
+    assert all(h["sparsity"] == 0.0 for h in maps.head_metrics(maps.compute_maps(softmax, ids)[0]))
+
+
+def test_text_encoding():
+    from evo_attention.data import Vocab
+
+    vocab = Vocab(["<unk>", "<eos>", "the", "cat"])
+    assert maps.encode_text("the dog cat", vocab, 8) == [2, 0, 3]
+    with pytest.raises(UserError, match="more than the model's context"):
+        maps.encode_text("the cat the cat", vocab, 3)
+    with pytest.raises(UserError, match="not in the model's vocabulary"):
+        maps.encode_text("k1 zebra", Vocab(["<fill>", "k1"]), 8)
+
+
+# -- the commands end to end ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("validate") / "run"
+    with Evolution(Config(**TINY), out_dir=run_dir) as evolution:
+        evolution.run()
+    return run_dir
+
+
+def test_validate_from_run_end_to_end(tiny_run, capsys):
+    with RunStore.open(tiny_run, readonly=True) as store:
+        before = len(store.evaluations())
+    code = main(["validate", "--from-run", str(tiny_run), "--genes", SPARSE, "--seeds", "2", "--quiet"])
+    assert code == 0
+    result = json.loads((tiny_run / "validation.json").read_text())
+    assert result["seeds"] == [8, 9] and result["search_seed"] == 7 and result["steps"] == 6
+    assert result["baseline"]["gene"] == VANILLA.key and [g["gene"] for g in result["genes"]] == [SPARSE]
+    row = result["genes"][0]
+    assert len(row["values"]) == 2 and row["verdict"] in ("better than baseline at 95%", "worse than baseline at 95%",
+                                                        "not distinguishable")
+    for key in ("mean", "sd", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "p_value", "p_holm",
+                "cohens_d"):
+        assert key in row
+    assert "Multi-seed validation" in (tiny_run / "validation.md").read_text()
+    assert (tiny_run / "validation.png").read_bytes()[:8] == PNG
+    with RunStore.open(tiny_run, readonly=True) as store:
+        rows = store.evaluations(role="validate")
+        assert len(store.evaluations()) == before + 4
+    assert sorted((r["gene"], r["seed"]) for r in rows) == sorted(
+        (g, s) for g in (VANILLA.key, SPARSE) for s in (8, 9))
+    assert row["verdict"] in capsys.readouterr().err  # the verdict is logged
+
+    # a second validation with the same settings trains nothing: every record comes from the store
+    config = Config(**TINY)
+    from evo_attention.data import data_from_config
+
+    executor = CountingExecutor()
+    with RunStore.open(tiny_run) as store:
+        again = val.validate_genes([SPARSE], config, data_from_config(config), n_seeds=2, store=store,
+                                   executor=executor)
+    assert executor.trained == [] and again["genes"][0]["values"] == row["values"]
+
+    # the ablation of a one-field gene reuses the same trainings: nothing is trained again
+    assert main(["ablate", "--from-run", str(tiny_run), "--gene", SPARSE, "--seeds", "2", "--quiet"]) == 0
+    abl = json.loads((tiny_run / "ablation.json").read_text())
+    assert [v["name"] for v in abl["variants"]] == ["full gene", "baseline", "without normalization",
+                                                    "baseline + normalization"]
+    assert abl["fields"] == ["normalization"] and (tiny_run / "ablation.png").read_bytes()[:8] == PNG
+    assert "## Contributions" in (tiny_run / "ablation.md").read_text()
+    with RunStore.open(tiny_run, readonly=True) as store:
+        assert len(store.evaluations()) == before + 4
+
+    # attention maps of the gene, trained on the fly with the run's settings, on a given text
+    assert main(["attention-maps", "--from-run", str(tiny_run), "--gene", SPARSE, "--text", "k1 v3 k0 v5 k1",
+                 "--quiet"]) == 0
+    saved = json.loads((tiny_run / "maps" / "attention_maps.json").read_text())
+    assert saved["tokens"] == ["k1", "v3", "k0", "v5", "k1"] and saved["genes"] == [SPARSE]
+    assert (tiny_run / "maps" / "attention_layer0.png").read_bytes()[:8] == PNG
+
+    # the report gathers all of it
+    assert main(["report", str(tiny_run)]) == 0
+    text = (tiny_run / "report.md").read_text()
+    for expected in ("Validated: ", "## Multi-seed validation (validation split)", "## Ablation of",
+                     "## Attention maps", "](maps/attention_layer0.png)", "](validation.png)"):
+        assert expected in text, expected
+    page = (tiny_run / "report.html").read_text()
+    assert "Multi-seed validation" in page and "data:image/png;base64," in page
+
+
+def test_validate_rejects_bad_input(tiny_run, capsys):
+    assert main(["validate", "--quiet"]) == 2
+    assert "give --genes" in capsys.readouterr().err
+    assert main(["validate", "--from-run", str(tiny_run), "--seeds", "1", "--quiet"]) == 2
+    assert "at least 2 seeds" in capsys.readouterr().err
+    assert main(["validate", "--from-run", str(tiny_run), "--seed", "5", "--quiet"]) == 2
+    assert "search seed 7" in capsys.readouterr().err
+    assert main(["validate", "--genes", "dot|bogus|none|fixed", "--quiet"]) == 2
+    assert "unknown normalization" in capsys.readouterr().err
+    assert main(["ablate", "--gene", VANILLA.key, "--quiet"]) == 2
+    assert "nothing to ablate" in capsys.readouterr().err
+    assert main(["attention-maps", "--quiet"]) == 2
+    assert "no model" in capsys.readouterr().err
+
+
+def test_validation_summary_from_known_values(tmp_path):
+    seeds = [43, 44, 45, 46, 47]
+    noise = [0.0, 0.2, -0.2, 0.1, -0.1]
+    genes = {VANILLA.key: 10.0, SPARSE: 8.0, "dot|softmax|output_gate|fixed|bias|0.10": 10.0}
+    records = _fake_records({k: [m + n for n in noise] for k, m in genes.items()}, seeds)
+    records[SPARSE, 47] = {"status": "diverged", "val_perplexity": math.inf, "error": None}
+    result = val.summarize(records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"], seeds,
+                           search_values={SPARSE: 7.5})
+    sparse, gate = result["genes"]
+    assert sparse["n_failed"] == 1 and sparse["values"][-1] is None and sparse["n"] == 4
+    assert sparse["verdict"] == "better than baseline at 95%" and sparse["search_value"] == 7.5
+    assert gate["verdict"] == "not distinguishable" and gate["difference"] == pytest.approx(0.0)
+    assert "better than baseline at 95%" in result["headline"]
+    paths = val.write_validation({**result, "steps": 10}, tmp_path)
+    md = paths["md"].read_text()
+    assert "| Search | Δ vs baseline [95% CI] |" in md and "| 7.500 |" in md and "diverged" in md
+    assert paths["png"].read_bytes()[:8] == PNG
+    test_paths = val.write_validation({**result, "eval_split": "test"}, tmp_path)
+    assert test_paths["json"].name == "validation_test.json"
+
+
+def test_attention_maps_of_a_saved_model(tmp_path):
+    from evo_attention.data import data_from_config
+    from evo_attention.saving import save_model
+
+    config = Config(**TINY)
+    data = data_from_config(config)
+    torch.manual_seed(0)
+    model = TinyTransformer(config.replace(vocab_size=data.vocab_size), SPARSE)
+    save_model(model, tmp_path / "model", vocab=data.vocab)
+    out = tmp_path / "maps"
+    assert main(["attention-maps", "--model", str(tmp_path / "model"), "--length", "10", "--out", str(out),
+                 "--quiet"]) == 0  # a validation example, tokenized by the saved vocabulary
+    saved = json.loads((out / "attention_maps.json").read_text())
+    assert saved["source"] == {"model": str(tmp_path / "model")} and len(saved["tokens"]) == 10
+    assert saved["token_ids"] == data.eval_items("valid", torch.tensor([0]))[0][0, :10].tolist()
+    assert saved["tokens"][0].startswith("k")  # recall examples start with a key
+    assert main(["attention-maps", "--model", str(tmp_path / "model"), "--text", "k0 zebra", "--out", str(out),
+                 "--quiet"]) == 2
