@@ -103,8 +103,8 @@ def option_labels(key: Any) -> dict:
     """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``)."""
     info = gene_info(key)
     parts = info["key"].split("|")
-    if len(parts) == len(FIELDS):
-        return dict(zip(FIELDS, parts))
+    if len(parts) >= len(FIELDS) and "=" not in "".join(parts[: len(FIELDS)]):
+        return dict(zip(FIELDS, parts))  # the six leading parts; axis parts (name=value) follow
     return {name: str(info.get(name)) for name in FIELDS}
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..errors import UserError
-from ..genes import FIELDS, AttentionGene, SearchSpace
+from ..genes import ALL_FIELDS, AttentionGene, SearchSpace
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -83,8 +83,8 @@ def rank_members(members: Iterable[Member]) -> list[Member]:
 def enumerate_space(space: SearchSpace) -> list[AttentionGene]:
     """Every distinct gene of ``space``, in a fixed order."""
     genes: dict[str, AttentionGene] = {}
-    for combo in itertools.product(*(space.options(name) for name in FIELDS)):
-        gene = AttentionGene(gene_dict=dict(zip(FIELDS, combo)))
+    for combo in itertools.product(*(space.options(name) for name in ALL_FIELDS)):
+        gene = AttentionGene(gene_dict=dict(zip(ALL_FIELDS, combo)))
         genes.setdefault(gene.key, gene)
     return list(genes.values())
 
