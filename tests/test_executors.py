@@ -197,3 +197,40 @@ def test_a_killed_worker_is_replaced_and_its_task_retried_once(tmp_path, monkeyp
     assert twice["status"] == "error" and "died 2 times" in twice["error"] and "SIGKILL" in twice["error"]
     assert results[genes[2]][1]["status"] == "ok"
     assert results[genes[1]][0] == tasks[1]  # tasks come back as submitted (worker id aside)
+
+
+def test_progress_lines_name_the_worker_and_the_rung(capsys, monkeypatch):
+    from evo_attention import progress
+
+    monkeypatch.setattr(progress, "is_interactive", lambda: False)
+    with progress.SearchView(3, enabled=True) as view:
+        view.start("gen 0", "dot|softmax|none|fixed", 400, worker="w1")
+        view.step(50, 400, 2.5, worker="w1")
+        view.finished("gen 0 rung 1/3", "dot|softmax|none|fixed",
+                      {"status": "ok", "val_perplexity": 3.5, "steps": 50, "budget": 400}, False, 1, worker="w1")
+        view.finished("gen 0", "dot|softmax|none|fixed", {"status": "ok", "val_perplexity": 3.0}, True, 2)
+    lines = capsys.readouterr().err.splitlines()
+    assert "gen 0 rung 1/3 dot|softmax|none|fixed ppl 3.500 at 50/400 steps [w1]" in lines[0]
+    assert lines[1].endswith("gen 0 dot|softmax|none|fixed ppl 3.000 (cached)")
+
+
+def test_live_view_has_a_line_per_worker(monkeypatch):
+    import io
+    import re
+
+    from rich.console import Console
+
+    from evo_attention import progress
+
+    out = io.StringIO()
+    monkeypatch.setattr(progress, "is_interactive", lambda: True)
+    monkeypatch.setattr(progress, "console", Console(file=out, force_terminal=True, width=160))
+    with progress.SearchView(4, enabled=True) as view:
+        for worker, gene in (("w0", "dot|softmax|none|fixed"), ("w1", "cosine|sparsemax|none|fixed")):
+            view.start("gen 1", gene, 400, worker=worker)
+            view.step(150, 400, 2.25, worker=worker)
+        assert set(view._workers) == {"w0", "w1"}
+        view._progress.refresh()
+        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "[w0] gen 1 dot|softmax|none|fixed" in screen and "[w1] gen 1 cosine|sparsemax|none|fixed" in screen
+    assert "150/400" in screen

@@ -66,8 +66,8 @@ class SearchView:
 
     def __enter__(self):
         if self.live:
-            columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+            columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
             self._progress = Progress(*columns, console=console, transient=False)
             self._progress.__enter__()
             self._search = self._progress.add_task("search", total=self.planned, info="")
