@@ -29,6 +29,7 @@ from .config import Config
 from .errors import UserError
 from .genes import VANILLA_KEY, AttentionGene
 from .jsonio import write_json
+from .report.summary import finite_or_none as _finite
 
 RESULTS_FILE = "compare_results.json"
 TABLE_FILE = "compare.md"
@@ -250,16 +251,6 @@ def _settings(config: Config, data, runner, seeds: int, entries) -> dict:
 
 
 # -- statistics -----------------------------------------------------------------------------------
-def _finite(value) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def mean_sd(values: Iterable) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (None when undefined) of the finite values."""
     vals = [v for v in (_finite(x) for x in values) if v is not None]

@@ -26,24 +26,13 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from ..report.tables import atomic_target  # noqa: E402
+from ..report.plots import save_figure as _save  # noqa: E402
 
 DPI = 120
 TOKEN_LABELS_MAX = 40  # tokens are written on the heatmap axes up to this length
 # boxplot's ``vert`` became ``orientation`` in matplotlib 3.10
 _HORIZONTAL = ({"orientation": "horizontal"} if tuple(int(p) for p in matplotlib.__version__.split(".")[:2]) >= (3, 10)
                else {"vert": False})
-
-
-def _save(fig, path: str | os.PathLike, tight: bool = True) -> Path:
-    try:
-        if tight:
-            fig.tight_layout()
-        with atomic_target(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=DPI)
-    finally:
-        plt.close(fig)
-    return Path(path)
 
 
 def _offsets(n: int, spread: float = 0.25) -> np.ndarray:

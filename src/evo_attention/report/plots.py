@@ -50,7 +50,17 @@ def plot_evolution(summary: RunSummary, path: str | os.PathLike) -> Path:
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     try:
         _draw(ax, summary)
-        fig.tight_layout()
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | os.PathLike, tight: bool = True) -> Path:
+    """Write ``fig`` as a PNG atomically (temp file, then rename) and close it."""
+    try:
+        if tight:
+            fig.tight_layout()
         with atomic_target(path) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI)
     finally:
