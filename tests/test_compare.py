@@ -1,12 +1,10 @@
 """evo-attention compare: the named table, choosing configurations, running, statistics, outputs."""
 
-import argparse
 import json
 import math
 import statistics
 
 import pytest
-import torch
 
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main

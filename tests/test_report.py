@@ -8,7 +8,7 @@ import pytest
 
 from evo_attention import Config
 from evo_attention.report import FINAL_RESULTS_KEYS, OUTPUTS, load_run, write_report
-from evo_attention.report.summary import component_analysis
+from evo_attention.report.summary import component_analysis, option_labels
 from evo_attention.store import RunStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -93,7 +93,8 @@ def test_final_results(normal_run):
     assert tuple(results) == FINAL_RESULTS_KEYS
     assert results["best_gene"] == {
         "similarity": "dot", "normalization": "sparsemax", "gating": "output_gate", "temperature_mode": "fixed",
-        "use_bias": True, "attention_dropout": 0.1, "key": "dot|sparsemax|output_gate|fixed|bias|0.10",
+        "use_bias": True, "attention_dropout": 0.1, "position": "learned", "qkv_rank": 0, "attn_bias": "none",
+        "key": "dot|sparsemax|output_gate|fixed|bias|0.10",
         "str": "Attn(dot|sparsemax|output_gate|fixed)",
     }
     assert results["best_perplexity"] == 120.0 and results["best_generation"] == 1
@@ -128,8 +129,9 @@ def test_evaluations_csv_has_one_row_per_evaluation(normal_run):
     with RunStore.open(normal_run, readonly=True) as store:
         assert len(rows) == len(store.evaluations()) == 11
     assert list(rows[0])[:5] == ["id", "role", "generation", "gene", "status"]
-    assert list(rows[0])[-6:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
-                                  "attention_dropout"]
+    assert list(rows[0])[-9:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
+                                  "attention_dropout", "position", "qkv_rank", "attn_bias"]
+    assert rows[0]["position"] == "learned" and rows[0]["qkv_rank"] == "0" and rows[0]["attn_bias"] == "none"
     assert rows[0]["role"] == "baseline" and rows[0]["generation"] == "" and rows[0]["use_bias"] == "true"
     diverged = next(r for r in rows if r["status"] == "diverged")
     assert diverged["val_perplexity"] == "" and diverged["val_loss"] == "" and "\n" in diverged["error"]
@@ -307,3 +309,18 @@ def test_baseline_only_run(tmp_path):
     assert results["baseline"]["perplexity"] == BASELINE_PPL
     assert "No search evaluation finished yet" in paths["report"].read_text()
     assert paths["evolution_progress"].read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_component_analysis_lists_axes_that_vary():
+    def rec(gene, ppl):
+        return {"gene": gene, "status": "ok", "val_perplexity": ppl}
+
+    records = [rec("dot|softmax|none|fixed|bias|0.10", 10.0),
+               rec("dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32", 8.0),
+               rec("dot|softmax|none|fixed|bias|0.10|pos=alibi", 9.0)]
+    rows = {(r["field"], r["option"]): r for r in component_analysis(records, top_n=1)}
+    assert rows["position", "rope:ntk:4"]["best_perplexity"] == 8.0 and rows["position", "rope:ntk:4"]["in_top"] == 1
+    assert rows["position", "learned"]["n_ok"] == 1 and rows["position", "alibi"]["in_top"] == 0
+    assert rows["qkv_rank", "32"]["n_ok"] == 1 and rows["qkv_rank", "0"]["n_ok"] == 2
+    assert not any(field == "attn_bias" for field, _ in rows)  # one value throughout: not listed
+    assert option_labels("dot|softmax|none|fixed|bias|0.10|abias=rel")["attn_bias"] == "rel"

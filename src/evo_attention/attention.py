@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import components, positions
+from .dropout import dropout
 from .errors import UserError
 from .genes import AttentionGene
 
@@ -119,7 +120,9 @@ class EvolvedAttention(nn.Module):
         bias = self.score_bias(t, x.device)
         dropout_p = self.dropout_p if self.training else 0.0
         weights = None
-        if self.fused and self.can_fuse and mask is None and not need_weights:
+        # On CPU, SDPA with dropout falls back to unfused math with PyTorch's slower dropout mask
+        fused = self.fused and self.can_fuse and mask is None and not need_weights
+        if fused and not (dropout_p > 0 and x.device.type == "cpu"):
             q, k = self.similarity.prepare(q, k)
             q = q / tau.to(q.dtype)
             if bias is None:
@@ -141,7 +144,7 @@ class EvolvedAttention(nn.Module):
             if bias is not None:
                 scores = scores + bias
             weights = self.normalize(scores, allowed)
-            y = F.dropout(weights, dropout_p, self.training).to(v.dtype) @ v
+            y = dropout(weights, dropout_p, self.training).to(v.dtype) @ v
         y = self.out(y.transpose(1, 2).reshape(b, t, self.d_model))
         out = self.gating(x, y)
         return (out, weights) if need_weights else out

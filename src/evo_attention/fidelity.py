@@ -38,13 +38,11 @@ evaluations, so the best gene of a run is always one trained on the full budget.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import re
-import time
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from .config import Config
 from .errors import UserError
@@ -149,94 +147,24 @@ def checkpoint_name(gene: str, seed: int, steps: int, context: str) -> str:
 
 
 # -- training one rung (runs wherever the executor runs it) ---------------------------------------
-def state_to_bytes(state: dict) -> bytes:
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def state_from_bytes(blob: bytes, device) -> dict:
-    import torch
-
-    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
-
-
 def train_rung(gene, config: Config, data, *, seed: int, steps: int, budget: int, state: bytes | None = None,
                save_state: bool = False, eval_split: str = "valid", device=None,
                progress=None) -> tuple[dict, bytes | None]:
     """Train ``gene`` to step ``steps`` of a ``budget``-step training (continuing from ``state``,
     a checkpoint of an earlier rung, when given) and evaluate it.
 
-    Returns the result record (as ``train_and_evaluate`` makes it, plus ``budget``,
-    ``resumed_from``) and, with ``save_state``, the trainer state after training (None if the
-    training failed). Never raises for a failing gene.
+    Returns the result record (as ``train_and_evaluate`` makes it, plus ``budget`` and
+    ``resumed_from``, with ``steps`` the rung's steps) and, with ``save_state``, the trainer state
+    after training (None if the training failed). Never raises for a failing gene.
     """
-    from .genes import AttentionGene
-    from .training import (
-        CONTEXT_FIELDS,
-        Trainer,
-        _is_oom,
-        _peak_memory_mb,
-        _reset_peak_memory,
-        failed_metrics,
-        resolve_device,
-        versions,
-    )
+    from .training import train_and_evaluate
 
-    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     config = config.replace(train_steps=int(budget))
-    dev = resolve_device(device if device is not None else config.device)
-    record = {
-        "gene": gene.key, "seed": int(seed), "steps": int(steps), "budget": int(budget), "data": data.name,
-        "data_fingerprint": data.fingerprint, "context": evaluation_context(config, eval_split, steps, budget),
-        "device": str(dev), "versions": versions(),
-        "settings": {name: getattr(config, name) for name in CONTEXT_FIELDS},
-    }
-    _reset_peak_memory(dev)
-    start = time.perf_counter()
-    trainer, blob, resumed = None, None, 0
-    try:
-        trainer = Trainer(gene, config, data, seed=seed, device=dev)
-        record["precision"] = trainer.precision
-        record["params"] = trainer.model.num_parameters()
-        if state is not None:
-            trainer.load_state_dict(state_from_bytes(state, dev))
-            resumed = trainer.step
-        status = trainer.train(until_step=steps, progress=progress)
-        if save_state and status == "ok":
-            blob = state_to_bytes(trainer.state_dict())
-        metrics = failed_metrics() if status == "diverged" else trainer.evaluate(eval_split)
-        record.update(status=status, error=None, **metrics)
-    except KeyboardInterrupt:
-        raise
-    except UserError:
-        raise
-    except Exception as exc:  # a failing gene must never crash the search
-        status = "oom" if _is_oom(exc) else "error"
-        record.update(status=status, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500], **failed_metrics())
-        blob = None
-    finally:
-        if dev.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
-    train_time = trainer.train_time if trainer else 0.0
-    tokens = trainer.tokens_seen if trainer else 0
-    record.update(
-        train_loss=trainer.recent_train_loss() if trainer else float("nan"),
-        trained_steps=trainer.step if trainer else 0,
-        resumed_from=resumed,
-        curve=trainer.curve if trainer else [],
-        flops_per_step=trainer.flops_per_step if trainer else None,
-        time_s=time.perf_counter() - start,
-        train_time_s=train_time,
-        tokens_per_s=tokens / train_time if train_time > 0 else None,
-        peak_memory_mb=_peak_memory_mb(dev),
-    )
-    record.setdefault("params", None)
-    record.setdefault("precision", None)
+    record = train_and_evaluate(gene, config, data, seed=seed, eval_split=eval_split, device=device,
+                                progress=progress, until_step=int(steps), state=state, save_state=save_state)
+    blob = record.pop("_state", None)
+    record.update(steps=int(steps), budget=int(budget), context=evaluation_context(config, eval_split, steps, budget))
+    record.setdefault("resumed_from", 0)
     return record, blob
 
 

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from .attention import EvolvedAttention
 from .config import Config
+from .dropout import Dropout
 from .errors import UserError
 from .genes import AttentionGene
 
@@ -31,7 +32,7 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(d_model, d_ff)
         self.down = nn.Linear(d_ff, d_model)
         self.act = nn.GELU()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x):
         return self.drop(self.down(self.act(self.up(x))))
@@ -42,7 +43,7 @@ class Block(nn.Module):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.d_model)
         self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.ln2 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)
 
@@ -81,7 +82,7 @@ class TinyTransformer(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         # absent (None) unless the genes use learned absolute positions
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute == {True} else None
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)

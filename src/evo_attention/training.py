@@ -22,14 +22,15 @@ which is what multi-fidelity schedules need.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import platform
 import resource
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 
 import torch
 
@@ -330,17 +331,36 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
 
 
+def state_to_bytes(state: dict) -> bytes:
+    """A trainer state (``Trainer.state_dict``) as bytes, to store or send to another process."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def state_from_bytes(blob: bytes, device) -> dict:
+    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+
+
 def failed_metrics() -> dict:
     return {"val_loss": float("nan"), "val_perplexity": float("inf"), "accuracy": float("nan"), "eval_tokens": 0}
 
 
 def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
                        steps: int | None = None, eval_split: str = "valid", device: str | None = None,
-                       progress: ProgressFn | None = None, keep_trainer: bool = False) -> dict:
+                       progress: ProgressFn | None = None, keep_trainer: bool = False,
+                       until_step: int | None = None, state: bytes | None = None,
+                       save_state: bool = False) -> dict:
     """Train ``gene`` for ``steps`` (default config.train_steps) and evaluate it: a result record.
 
     Never raises for a failing gene (see the module docstring). With ``keep_trainer`` the record
     holds the Trainer under ``"_trainer"`` (not JSON) so the caller can save or inspect the model.
+
+    Partial trainings (multi-fidelity): ``until_step`` stops at that step of the ``steps``-step
+    training (the learning-rate schedule still spans all ``steps``); ``state`` (bytes from an
+    earlier ``save_state``) continues a training exactly where it stopped, and the record then
+    says ``resumed_from``; ``save_state`` puts the trainer state after training, taken before the
+    evaluation, under ``"_state"`` (bytes, or None if the training failed).
     """
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     if steps is not None:
@@ -360,12 +380,17 @@ def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData
     }
     _reset_peak_memory(dev)
     start = time.perf_counter()
-    trainer = None
+    trainer, blob = None, None
     try:
         trainer = Trainer(gene, config, data, seed=seed, device=dev)
         record["precision"] = trainer.precision
         record["params"] = trainer.model.num_parameters()
-        status = trainer.train(progress=progress)
+        if state is not None:
+            trainer.load_state_dict(state_from_bytes(state, dev))
+            record["resumed_from"] = trainer.step
+        status = trainer.train(until_step=until_step, progress=progress)
+        if save_state and status == "ok":
+            blob = state_to_bytes(trainer.state_dict())
         metrics = failed_metrics() if status == "diverged" else trainer.evaluate(eval_split)
         record.update(status=status, error=None, **metrics)
     except KeyboardInterrupt:
@@ -375,6 +400,7 @@ def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData
     except Exception as exc:  # a failing gene must never crash the search
         status = "oom" if _is_oom(exc) else "error"
         record.update(status=status, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500], **failed_metrics())
+        blob = None
     finally:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -393,6 +419,10 @@ def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData
     )
     record.setdefault("params", None)
     record.setdefault("precision", None)
+    if state is not None:
+        record.setdefault("resumed_from", 0)
     if keep_trainer:
         record["_trainer"] = trainer
+    if save_state:
+        record["_state"] = blob
     return record

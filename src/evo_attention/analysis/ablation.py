@@ -28,10 +28,10 @@ from ..errors import UserError
 from ..executors import Executor
 from ..genes import AttentionGene
 from ..jsonio import to_jsonable
-from ..report.tables import code, fmt, markdown_table, md_cell, write_text
+from ..report.tables import code, fmt, markdown_table, md_cell
 from . import stats
-from .validate import (DEFAULT_SEEDS, _interval, _out_dir, _p, _seed_note, digits_for, metric_info, output_stem,
-                       provenance, run_seeds, samples, validation_seeds)
+from .validate import (DEFAULT_SEEDS, _interval, _p, _seed_note, digits_for, metric_info, output_stem, provenance,
+                       run_seeds, samples, validation_seeds, write_json_and_markdown)
 
 FIELD_LABELS = {"similarity": "similarity", "normalization": "normalization", "gating": "gating",
                 "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout"}
@@ -233,14 +233,9 @@ def figure_items(result: Mapping) -> list[dict]:
 
 def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``ablation.{json,md,png}`` (``ablation_test.*`` for the test split) into ``out_dir``."""
-    from ..jsonio import dumps
     from .figures import plot_contributions
 
-    out = _out_dir(out_dir)
-    stem = output_stem("ablation", result.get("eval_split", "valid"))
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
-    write_text(paths["json"], dumps(result) + "\n")
-    write_text(paths["md"], render_markdown(result))
+    paths = write_json_and_markdown("ablation", result, out_dir, render_markdown(result))
     label, _, _ = metric_info(result.get("metric", "val_perplexity"))
     plot_contributions(figure_items(result), paths["png"],
                        xlabel=f"{label} improvement (positive = better): mean and "

@@ -335,19 +335,27 @@ def figure_groups(result: Mapping) -> list[dict]:
 
 def write_validation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``validation.{json,md,png}`` (``validation_test.*`` for the test split) into ``out_dir``."""
-    from ..jsonio import dumps
     from .figures import plot_samples
 
-    out = _out_dir(out_dir)
-    stem = output_stem("validation", result.get("eval_split", "valid"))
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
-    write_text(paths["json"], dumps(result) + "\n")
-    write_text(paths["md"], render_markdown(result))
+    paths = write_json_and_markdown("validation", result, out_dir, render_markdown(result))
     _, _, axis = metric_info(result.get("metric", "val_perplexity"), result.get("eval_split", "valid"))
     seeds = result.get("seeds") or []
     plot_samples(figure_groups(result), paths["png"], xlabel=axis.capitalize(),
                  title=f"{len(seeds)} seeds per gene, {result.get('steps')} steps each",
                  ci_label=f"{stats.percent(result.get('confidence', 0.95))} confidence interval of the mean")
+    return paths
+
+
+def write_json_and_markdown(kind: str, result: Mapping, out_dir: str | os.PathLike, markdown: str) -> dict[str, Path]:
+    """Write ``KIND.json`` and ``KIND.md`` (``KIND_test.*`` for the test split) into ``out_dir``;
+    returns their paths and the path the caller's figure goes to (``png``)."""
+    from ..jsonio import dumps
+
+    out = _out_dir(out_dir)
+    stem = output_stem(kind, result.get("eval_split", "valid"))
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
+    write_text(paths["json"], dumps(result) + "\n")
+    write_text(paths["md"], markdown)
     return paths
 
 

@@ -26,19 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..genes import FIELDS, AttentionGene
+from ..genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
 from ..jsonio import to_jsonable
 from ..store import RunStore
 
 TOP_N = 10  # the component analysis counts options among the best TOP_N genes
 NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a finite perplexity
 
-# The columns of evaluations.csv, in order; the six gene fields follow them.
+# The columns of evaluations.csv, in order; the gene fields (the six, then the axes) follow them.
 EVALUATION_COLUMNS = (
     "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy",
     "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "seed",
     "steps", "eval_tokens", "error", "created_at",
-) + FIELDS
+) + ALL_FIELDS
 
 # The top-level keys of final_results.json, in order.
 FINAL_RESULTS_KEYS = (
@@ -78,7 +78,7 @@ def failure_label(record: Mapping) -> str:
 
 
 def gene_info(key: Any) -> dict:
-    """``{"key", "str", <the six fields>}`` of a gene key.
+    """``{"key", "str", <the gene fields>}`` of a gene key.
 
     Uses ``AttentionGene.parse``; a key naming a component that is not registered in this process
     (a plugin that is not imported) is split by hand instead, so a report never fails on it.
@@ -96,16 +96,23 @@ def gene_info(key: Any) -> dict:
         info.update(zip(FIELDS[:4], parts[:4]))
         info["use_bias"] = parts[4] == "bias" if parts[4] in ("bias", "nobias") else parts[4] or None
         info["attention_dropout"] = finite_or_none(parts[5])
+        axes = dict(p.split("=", 1) for p in text.split("|")[6:] if "=" in p)
+        for name in AXIS_FIELDS:
+            info[name] = axes.get(KEY_PARTS[name], AXIS_DEFAULTS[name])
         return info
 
 
 def option_labels(key: Any) -> dict:
-    """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``)."""
+    """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``,
+    ``rope:ntk:4``); an axis the key does not name has its default."""
     info = gene_info(key)
     parts = info["key"].split("|")
+    labels = {name: str(info.get(name)) for name in ALL_FIELDS}
     if len(parts) >= len(FIELDS) and "=" not in "".join(parts[: len(FIELDS)]):
-        return dict(zip(FIELDS, parts))  # the six leading parts; axis parts (name=value) follow
-    return {name: str(info.get(name)) for name in FIELDS}
+        labels.update(zip(FIELDS, parts))  # the six leading parts
+    axes = dict(p.split("=", 1) for p in parts[len(FIELDS):] if "=" in p)
+    labels.update({name: axes.get(KEY_PARTS[name], str(AXIS_DEFAULTS[name])) for name in AXIS_FIELDS})
+    return labels
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -135,7 +142,8 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
 
 def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]:
     """For each gene field and each option that occurred in ``records``: ``{"field", "option",
-    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``.
+    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``. The six original fields
+    are always listed; an axis (position, qkv_rank, attn_bias) only if it took more than one value.
 
     ``n_ok``/``n_failed`` count evaluations; ``in_top`` counts the option among the best
     ``top_n`` unique genes. Options are listed best first within a field (then by name).
@@ -144,7 +152,8 @@ def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]
     labels = [(option_labels(r.get("gene")), perplexity_of(r)) for r in records]
     top_labels = [option_labels(k) for k in top_keys]
     rows: list[dict] = []
-    for name in FIELDS:
+    varied = [name for name in AXIS_FIELDS if len({opts[name] for opts, _ in labels}) > 1]
+    for name in FIELDS + tuple(varied):
         options: dict[str, list[float]] = {}
         failures: Counter = Counter()
         for opts, ppl in labels:
@@ -347,7 +356,7 @@ class RunSummary:
             info = gene_info(record.get("gene"))
             row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in FIELDS}
             row["gene"] = info["key"]
-            row.update({name: info.get(name) for name in FIELDS})
+            row.update({name: info.get(name) for name in ALL_FIELDS})
             rows.append(row)
         return rows
 
@@ -355,7 +364,7 @@ class RunSummary:
         """The content of ``final_results.json`` (JSON-safe: no NaN or inf)."""
         best_gene = None
         if self.best:
-            best_gene = {name: self.best.get(name) for name in FIELDS}
+            best_gene = {name: self.best.get(name) for name in ALL_FIELDS}
             best_gene.update(key=self.best["key"], str=self.best["str"])
         result = {
             "best_gene": best_gene,

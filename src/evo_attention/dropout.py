@@ -1,0 +1,67 @@
+"""Dropout whose random mask costs a quarter of PyTorch's on CPU.
+
+PyTorch's CPU dropout draws one number per element from the (serial, mt19937) CPU generator; at
+the seed's config that is 7 masks and ~6.6M draws per training step, ~10% of the step (measured
+with torch.profiler: ``aten::bernoulli_`` 72 ms of a 700 ms step). Here each 64-bit draw gives four
+16-bit lanes and element i is dropped when its lane is below ``round(p * 65536)``:
+
+- the drop probability is ``q = round(p * 65536) / 65536`` (0.1 -> 0.1000061), every element
+  independently; kept elements are scaled by ``1 / (1 - q)``, so the expectation is exact;
+- the mask comes from torch's global CPU generator, so a seed reproduces it exactly;
+- the gradient is the same mask and scale (``masked_fill`` keeps a 1-byte mask for backward).
+
+On other devices (CUDA's dropout is already fast and fused), and for p = 0 or eval mode, this is
+``torch.nn.functional.dropout``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LANE_BITS = 16
+LANES = 64 // LANE_BITS
+
+
+def drop_threshold(p: float) -> int:
+    """Lanes (uniform on [0, 2^16)) below this are dropped: q = threshold / 2^16."""
+    return round(p * (1 << LANE_BITS))
+
+
+def keep_mask(shape: torch.Size | tuple, p: float) -> torch.Tensor:
+    """A bool CPU tensor of ``shape``: True (keep) with probability 1 - q, independently."""
+    n = math.prod(shape)
+    draws = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    lanes = draws.view(torch.int16)[:n]  # signed: lane - 2^15, uniform on [-2^15, 2^15)
+    return (lanes >= drop_threshold(p) - (1 << (LANE_BITS - 1))).view(shape)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    if not training or p == 0.0 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
+    threshold = drop_threshold(p)
+    if threshold == 0:  # p < 2^-17: nothing is dropped
+        return x
+    if threshold >= 1 << LANE_BITS:  # p > 1 - 2^-17: everything is
+        return F.dropout(x, 1.0, True)
+    scale = (1 << LANE_BITS) / ((1 << LANE_BITS) - threshold)
+    return (x * scale).masked_fill(~keep_mask(x.shape, p), 0.0)
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` with the cheaper CPU mask of ``dropout``."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
