@@ -95,6 +95,11 @@ def test_cli_rejects_bad_input_in_one_line(capsys):
     assert "unknown preset 'huge'" in capsys.readouterr().err
     assert main(["compare", "--seeds", "0", "--data", "recall"] + TINY_FLAGS) == 2
     assert "--seeds" in capsys.readouterr().err
+    # the executor flags are search's: checked the same way
+    assert main(["compare", "--configs", "baseline", "--data", "recall", "--gpus-per-trial", "1"] + TINY_FLAGS) == 2
+    assert "--gpus-per-trial applies to --executor ray" in capsys.readouterr().err
+    assert main(["compare", "--configs", "baseline", "--data", "recall", "--ray-address", "auto"] + TINY_FLAGS) == 2
+    assert "--ray-address needs --executor ray" in capsys.readouterr().err
 
 
 def test_size_precedence():

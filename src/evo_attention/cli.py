@@ -74,6 +74,28 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
         s.add_argument("--crossover-rate", type=float)
 
 
+def add_executor_flags(p: argparse.ArgumentParser, title: str = "execution") -> None:
+    """Where the trainings run: the same flags for search, validate, ablate and compare."""
+    x = p.add_argument_group(title)
+    x.add_argument("--workers", type=int, metavar="N",
+                   help="train N models at once in worker processes on this machine (one GPU each, round-robin; "
+                        "on a CPU the cores are split between them)")
+    x.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local (this machine; the default) or ray (a local Ray instance or a cluster)")
+    x.add_argument("--ray-address", metavar="ADDR", help="address of a running Ray cluster, e.g. 10.0.0.1:6379 or auto")
+    x.add_argument("--gpus-per-trial", type=float, metavar="G", help="GPUs each training reserves with --executor ray")
+    x.add_argument("--cpus-per-trial", type=float, metavar="C",
+                   help="CPUs each training reserves with --executor ray (default 1); threads per worker with --workers")
+
+
+def executor_from_args(args):
+    """The executor that the flags of ``add_executor_flags`` name."""
+    from .executors import make_executor
+
+    return make_executor(args.executor, workers=args.workers, address=args.ray_address,
+                         cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)
+
+
 def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
     from .presets import merged_settings
@@ -212,15 +234,13 @@ def _executor_text(executor) -> str:
 
 def cmd_search(args) -> int:
     from .evolution import Evolution
-    from .executors import make_executor
     from .progress import log
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other: choose one")
     config = search_config(args)
     out = Path(args.out)
-    executor = make_executor(args.executor, workers=args.workers, address=args.ray_address,
-                             cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)
+    executor = executor_from_args(args)
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                           executor=executor)
     resume_cmd = f"evo-attention search --resume --out {out}"
@@ -313,16 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_training_flags(p, search=True)
-    x = p.add_argument_group("execution (not part of the run: a run may be resumed with another executor)")
-    x.add_argument("--workers", type=int, metavar="N",
-                   help="train N models at once in worker processes on this machine (one GPU each, round-robin; "
-                        "on a CPU the cores are split between them)")
-    x.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local (this machine; the default) or ray (a local Ray instance or a cluster)")
-    x.add_argument("--ray-address", metavar="ADDR", help="address of a running Ray cluster, e.g. 10.0.0.1:6379 or auto")
-    x.add_argument("--gpus-per-trial", type=float, metavar="G", help="GPUs each evaluation reserves with --executor ray")
-    x.add_argument("--cpus-per-trial", type=float, metavar="C",
-                   help="CPUs each evaluation reserves with --executor ray (default 1); threads per worker with --workers")
+    add_executor_flags(p, "execution (not part of the run: a run may be resumed with another executor)")
     f = p.add_argument_group("multi-fidelity (part of the run: changes its results)")
     f.add_argument("--fidelity", choices=["full", "halving"],
                    help="halving: successive halving inside each generation; only the best 1/eta of the new "

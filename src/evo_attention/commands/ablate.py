@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 from ..errors import UserError
-from .validate import add_analysis_flags, analysis_setup, make_executor
+from .validate import add_analysis_flags, analysis_setup
 
 
 def cmd_ablate(args) -> int:
     from ..analysis.ablation import ablate, ablation_variants, contribution_lines, write_ablation
     from ..genes import AttentionGene
     from ..progress import log
+    from ..cli import executor_from_args
     from ..report import load_run
 
     if args.gene:
@@ -32,7 +33,7 @@ def cmd_ablate(args) -> int:
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
         f"{config.train_steps} steps", args.quiet)
     try:
-        with make_executor(args) as executor:
+        with executor_from_args(args) as executor:
             result = ablate(gene, config, data, n_seeds=args.seeds, eval_split=args.eval_split, metric=args.metric,
                             confidence=args.confidence, store=store, executor=executor, search_seed=search_seed,
                             source_run=args.from_run, quiet=args.quiet)

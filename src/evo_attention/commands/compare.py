@@ -29,12 +29,11 @@ def register(subparsers) -> None:
     p.add_argument("--from-run", metavar="DIR", help="also compare the best gene of the search run in DIR (as 'evolved')")
     p.add_argument("--list", action="store_true", help="print the named configurations and exit")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
-    p.add_argument("--executor", default="local", help="where trainings run: local (default), process or ray")
-    p.add_argument("--workers", type=int, metavar="N", help="train N configurations at once (parallel executor)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    from ..cli import add_training_flags
+    from ..cli import add_executor_flags, add_training_flags
 
     add_training_flags(p)
+    add_executor_flags(p)
     p.set_defaults(func=cmd_compare)
 
 
@@ -56,7 +55,7 @@ def compare_config(args):
 
 def cmd_compare(args) -> int:
     from ..compare import evolved_entry, list_table, resolve_configs, run_compare
-    from ..executors import make_executor
+    from ..cli import executor_from_args
     from ..progress import log
 
     config = compare_config(args)
@@ -68,8 +67,7 @@ def cmd_compare(args) -> int:
     entries = resolve_configs(args.configs, config.d_model)
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
-    options = {} if args.workers is None else {"workers": args.workers}
-    executor = make_executor(args.executor, **options)
+    executor = executor_from_args(args)
     out = Path(args.out)
     log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) at {config.d_model}d x {config.n_layers} "
         f"layers x {config.n_heads} heads (FFN {config.ffn_dim}), {config.train_steps} steps of batch "

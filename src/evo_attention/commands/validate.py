@@ -17,7 +17,7 @@ from ..errors import UserError
 
 def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     from ..analysis.validate import DEFAULT_SEEDS, METRICS
-    from ..cli import add_training_flags
+    from ..cli import add_executor_flags, add_training_flags
 
     p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
                    "its store caches and keeps the trainings, and the outputs go into it")
@@ -33,14 +33,7 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--out", help=f"output directory (default: the run directory with --from-run, else {default_out})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_training_flags(p)
-    x = p.add_argument_group("execution (as for search)")
-    x.add_argument("--workers", type=int, metavar="N", help="train N models at once in worker processes")
-    x.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local (this machine; the default) or ray (a local Ray instance or a cluster)")
-    x.add_argument("--ray-address", metavar="ADDR", help="address of a running Ray cluster")
-    x.add_argument("--gpus-per-trial", type=float, metavar="G", help="GPUs each training reserves with --executor ray")
-    x.add_argument("--cpus-per-trial", type=float, metavar="C",
-                   help="CPUs each training reserves with --executor ray; threads per worker with --workers")
+    add_executor_flags(p, "execution (as for search)")
 
 
 def analysis_setup(args, default_out: str):
@@ -75,15 +68,6 @@ def analysis_setup(args, default_out: str):
         store = RunStore.open(args.from_run)
     out = Path(args.out) if args.out else Path(args.from_run) if args.from_run else Path(default_out)
     return config, data, store, out, search_seed
-
-
-def make_executor(args):
-    """The executor the flags name (the same executors as ``search``)."""
-    from ..executors import make_executor as make
-
-    options = {"workers": args.workers, "address": args.ray_address, "cpus_per_trial": args.cpus_per_trial,
-               "gpus_per_trial": args.gpus_per_trial}
-    return make(args.executor, **{k: v for k, v in options.items() if v is not None})
 
 
 def run_genes(args, summary, top: int) -> list[str]:
@@ -127,6 +111,7 @@ def cmd_validate(args) -> int:
     from ..analysis.validate import validate_genes, write_validation
     from ..genes import AttentionGene
     from ..progress import log
+    from ..cli import executor_from_args
     from ..report import load_run
 
     summary = load_run(args.from_run) if args.from_run else None
@@ -138,7 +123,7 @@ def cmd_validate(args) -> int:
         args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric, config, args.eval_split)
     try:
-        with make_executor(args) as executor:
+        with executor_from_args(args) as executor:
             result = validate_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
                                     metric=args.metric, confidence=args.confidence, store=store, executor=executor,
                                     search_seed=search_seed, search_values=known, source_run=args.from_run,
