@@ -19,7 +19,9 @@ normalization is softmax, the same function is computed by PyTorch's fused
 ``scaled_dot_product_attention`` (the temperature folds into q, since it depends on the query
 position at most; rotary embeddings rotate q and k first; a score bias goes in as a float
 attention mask with -inf on future keys). ``fused=False`` forces the plain path, which tests
-compare against.
+compare against. On CPU, training with attention dropout also takes the plain path: SDPA's CPU
+kernel cannot drop out, falls back to unfused math with PyTorch's dropout, and ``dropout.py``'s
+mask is cheaper.
 """
 
 from __future__ import annotations
