@@ -12,7 +12,7 @@ from .evolution import Evolution, Individual
 from .genes import AttentionGene, SearchSpace
 from .model import TinyTransformer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AttentionGene",
