@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from ..errors import UserError
-from .validate import add_analysis_flags, analysis_setup
+from .validate import add_analysis_flags, analysis_setup, log_outputs
 
 
 def cmd_ablate(args) -> int:
@@ -43,9 +43,7 @@ def cmd_ablate(args) -> int:
     paths = write_ablation(result, out)
     for line in contribution_lines(result):
         log(line)
-    log(f"wrote {', '.join(str(p) for p in paths.values())}")
-    if args.from_run:
-        log(f"fold it into the run's report with: evo-attention report {args.from_run}")
+    log_outputs(paths, args.from_run)
     return 0
 
 

@@ -107,6 +107,15 @@ def search_values(summary, keys, metric: str, config, eval_split: str) -> dict:
     return out
 
 
+def log_outputs(paths: dict, from_run: str | None) -> None:
+    """Say which files an analysis wrote and, for a run's analysis, how to fold them into its report."""
+    from ..progress import log
+
+    log(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if from_run:
+        log(f"fold it into the run's report with: evo-attention report {from_run}")
+
+
 def cmd_validate(args) -> int:
     from ..analysis.validate import validate_genes, write_validation
     from ..genes import AttentionGene
@@ -135,9 +144,7 @@ def cmd_validate(args) -> int:
     log(result["headline"].replace("**", ""))
     for row in result["genes"]:
         log(f"  {row['str']}: {row['verdict']}")
-    log(f"wrote {', '.join(str(p) for p in paths.values())}")
-    if args.from_run:
-        log(f"fold it into the run's report with: evo-attention report {args.from_run}")
+    log_outputs(paths, args.from_run)
     return 0
 
 
