@@ -10,19 +10,30 @@ the best perplexity each found (always a model trained on the full budget), then
 - the noise of the full-fidelity result: the mean and standard deviation of its best over the
   seeds (how much the best moves with nothing but the seed changed);
 - the mean difference halving - full of the best, in perplexity and in units of that standard
-  deviation ("within the noise" means well under 1).
+  deviation ("within the noise" means well under 1);
+- with ``--validate-seeds N`` (default 5): both winners of each seed retrained on N fresh seeds
+  (1001 ... 1000 + N, never a search seed; the same seeds for every winner). A search's best
+  perplexity is the minimum of many single trainings, so it is biased low, and more so the more
+  full-budget trainings the search ran (full fidelity runs about four times as many as halving).
+  The retrained means compare the genes found without that bias: per seed the difference halving -
+  full with its Welch interval, and over the seeds the mean difference in units of the
+  retraining noise (the pooled standard deviation of one training's perplexity).
 
 The runs may use worker processes (--workers): steps and results do not depend on the executor.
 """
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from evo_attention.analysis import stats
+from evo_attention.analysis.validate import run_seeds
+from evo_attention.data import data_from_config
 from evo_attention.evolution import Evolution
 from evo_attention.executors import make_executor
 from evo_attention.fidelity import RUNG_ROLE
@@ -44,6 +55,13 @@ def run(config, out: Path, workers: int | None) -> dict:
             "seconds": time.perf_counter() - start, "fidelity": meta}
 
 
+def retrain(genes, config, seeds, workers: int | None) -> dict:
+    """Validation perplexity of each gene (key) over ``seeds``: {key: [values]}."""
+    records = run_seeds(genes, config, data_from_config(config), seeds, role="validate",
+                        executor=make_executor("local", workers=workers))
+    return {key: [records[key, s]["val_perplexity"] for s in seeds] for key in dict.fromkeys(genes)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -52,6 +70,8 @@ def main() -> None:
     parser.add_argument("--rungs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400, help="steps per model (the preset's 400)")
     parser.add_argument("--generations", type=int, default=4, help="generations (the preset's 4)")
+    parser.add_argument("--validate-seeds", type=int, default=5,
+                        help="retrain both winners of each seed on this many fresh seeds (0: skip)")
     parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-halving-"))
@@ -63,12 +83,23 @@ def main() -> None:
             halving = full.replace(fidelity="halving", halving_eta=args.eta, halving_rungs=args.rungs)
             a = run(full, root / f"full-{seed}", args.workers)
             b = run(halving, root / f"halving-{seed}", args.workers)
-            rows.append({"seed": seed, "full": a, "halving": b})
+            row = {"seed": seed, "full": a, "halving": b}
             corr = ", ".join(f"{c['steps']} steps: {c['spearman'] if c['spearman'] is None else round(c['spearman'], 2)}"
                              f" (n={c['n']})" for c in b["fidelity"]["rank_correlation"])
             print(f"seed {seed}: full {a['steps']} steps, best {a['best_perplexity']:.4f} {a['best_gene']} "
                   f"({a['seconds']:.0f} s) | halving {b['steps']} steps, best {b['best_perplexity']:.4f} "
                   f"{b['best_gene']} ({b['seconds']:.0f} s); rank correlation {corr}", flush=True)
+            if args.validate_seeds:
+                seeds = list(range(1001, 1001 + args.validate_seeds))
+                values = retrain([a["best_gene"], b["best_gene"]], full, seeds, args.workers)
+                row["retrained"] = {"seeds": seeds, "full": values[a["best_gene"]],
+                                    "halving": values[b["best_gene"]]}
+                w = stats.welch(row["retrained"]["halving"], row["retrained"]["full"])
+                row["retrained"]["welch"] = w
+                print(f"seed {seed} retrained on seeds {seeds[0]}-{seeds[-1]}: full's best "
+                      f"{_mean_sd(row['retrained']['full'])}, halving's best {_mean_sd(row['retrained']['halving'])}, "
+                      f"difference {w['difference']:+.4f} (95% CI {_ci(w)})", flush=True)
+            rows.append(row)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     full_steps = sum(r["full"]["steps"] for r in rows)
@@ -82,9 +113,27 @@ def main() -> None:
     print(f"halving best - full best: mean {statistics.mean(diffs):+.4f} perplexity "
           f"({statistics.mean(diffs) / spread:+.2f} std of the full-fidelity best); per seed "
           + ", ".join(f"{d:+.4f}" for d in diffs))
+    retrained = [r["retrained"] for r in rows if "retrained" in r]
+    if retrained:
+        diffs = [statistics.mean(r["halving"]) - statistics.mean(r["full"]) for r in retrained]
+        sds = [statistics.stdev(r[k]) for r in retrained for k in ("full", "halving") if len(r[k]) > 1]
+        noise = math.sqrt(statistics.mean(sd * sd for sd in sds))
+        print(f"retrained winners: halving - full, mean over seeds {statistics.mean(diffs):+.4f} perplexity "
+              f"({statistics.mean(diffs) / noise:+.2f} x the noise of one training, pooled sd {noise:.4f}); "
+              "per seed " + ", ".join(f"{d:+.4f}" for d in diffs))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "step_ratio": full_steps / halving_steps,
                                                "full_best_std": spread, "diffs": diffs}, indent=2, default=str))
+
+
+def _mean_sd(values) -> str:
+    return f"{statistics.mean(values):.4f} +- {statistics.stdev(values):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
+
+
+def _ci(w) -> str:
+    if w["diff_ci_low"] is None:
+        return "n/a"
+    return f"{w['diff_ci_low']:+.4f} to {w['diff_ci_high']:+.4f}"
 
 
 if __name__ == "__main__":
