@@ -14,7 +14,7 @@ the best perplexity each found (always a model trained on the full budget), then
 - with ``--validate-seeds N`` (default 5): both winners of each seed retrained on N fresh seeds
   (1001 ... 1000 + N, never a search seed; the same seeds for every winner). A search's best
   perplexity is the minimum of many single trainings, so it is biased low, and more so the more
-  full-budget trainings the search ran (full fidelity runs about four times as many as halving).
+  full-budget trainings the search ran (full fidelity runs several times as many as halving).
   The retrained means compare the genes found without that bias: per seed the difference halving -
   full with its Welch interval, and over the seeds the mean difference in units of the
   retraining noise (the pooled standard deviation of one training's perplexity).
@@ -57,8 +57,8 @@ def run(config, out: Path, workers: int | None) -> dict:
 
 def retrain(genes, config, seeds, workers: int | None) -> dict:
     """Validation perplexity of each gene (key) over ``seeds``: {key: [values]}."""
-    records = run_seeds(genes, config, data_from_config(config), seeds, role="validate",
-                        executor=make_executor("local", workers=workers))
+    with make_executor("local", workers=workers) as executor:
+        records = run_seeds(genes, config, data_from_config(config), seeds, role="validate", executor=executor)
     return {key: [records[key, s]["val_perplexity"] for s in seeds] for key in dict.fromkeys(genes)}
 
 
@@ -113,21 +113,23 @@ def main() -> None:
     print(f"halving best - full best: mean {statistics.mean(diffs):+.4f} perplexity "
           f"({statistics.mean(diffs) / spread:+.2f} std of the full-fidelity best); per seed "
           + ", ".join(f"{d:+.4f}" for d in diffs))
+    summary = {"rows": rows, "step_ratio": full_steps / halving_steps, "full_best_std": spread, "diffs": diffs}
     retrained = [r["retrained"] for r in rows if "retrained" in r]
     if retrained:
-        diffs = [statistics.mean(r["halving"]) - statistics.mean(r["full"]) for r in retrained]
-        sds = [statistics.stdev(r[k]) for r in retrained for k in ("full", "halving") if len(r[k]) > 1]
-        noise = math.sqrt(statistics.mean(sd * sd for sd in sds))
-        print(f"retrained winners: halving - full, mean over seeds {statistics.mean(diffs):+.4f} perplexity "
-              f"({statistics.mean(diffs) / noise:+.2f} x the noise of one training, pooled sd {noise:.4f}); "
-              "per seed " + ", ".join(f"{d:+.4f}" for d in diffs))
+        described = [{k: stats.describe(r[k]) for k in ("full", "halving")} for r in retrained]
+        rdiffs = [d["halving"]["mean"] - d["full"]["mean"] for d in described]
+        noise = math.sqrt(statistics.mean(d[k]["sd"] ** 2 for d in described for k in d if d[k]["sd"] is not None))
+        print(f"retrained winners: halving - full, mean over seeds {statistics.mean(rdiffs):+.4f} perplexity "
+              f"({statistics.mean(rdiffs) / noise:+.2f} x the noise of one training, pooled sd {noise:.4f}); "
+              "per seed " + ", ".join(f"{d:+.4f}" for d in rdiffs))
+        summary.update(retrained_diffs=rdiffs, retrain_sd=noise)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "step_ratio": full_steps / halving_steps,
-                                               "full_best_std": spread, "diffs": diffs}, indent=2, default=str))
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
 
 
 def _mean_sd(values) -> str:
-    return f"{statistics.mean(values):.4f} +- {statistics.stdev(values):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
+    d = stats.describe(values)
+    return f"{d['mean']:.4f} +- {d['sd']:.4f} (n={d['n']})" if d["sd"] is not None else f"{d['mean']} (n={d['n']})"
 
 
 def _ci(w) -> str:
