@@ -15,6 +15,7 @@ from evo_attention.cli import main
 from evo_attention.evolution import Evolution, Individual
 from evo_attention.executors import LocalExecutor
 from evo_attention.store import RunStore
+from evo_attention.status import format_status
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
@@ -193,8 +194,20 @@ def test_status_command(tmp_path, capsys):
         assert key in status
     assert status["done"] is True and status["trained"] == status["planned"] == 5
     assert main(["status", str(tmp_path / "run")]) == 0
-    assert "best" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "best" in text and "1 of 1 generations done; 5 trainings recorded (0 failed) of 5 planned" in text
     assert main(["report", str(tmp_path / "run")]) == 0
+
+
+def test_status_says_when_earlier_trainings_answered_requests():
+    status = {"run_dir": "r", "state": "done", "done": True, "generation": 3, "generations_done": 4,
+              "generations": 4, "trained": 26, "failed": 0, "planned": 27, "best": None, "baseline": None,
+              "fidelity": None, "executor": None, "workers": []}
+    text = format_status(status)
+    assert ("4 of 4 generations done; 26 trainings recorded (0 failed) for 27 planned evaluations "
+            "(1 answered by an earlier training of the same gene)") in text
+    status.update(state="interrupted", done=False, generations_done=2)
+    assert "2 of 4 generations done; 26 trainings recorded (0 failed) of 27 planned" in format_status(status)
 
 
 @pytest.mark.parametrize("setup, flags, words", [

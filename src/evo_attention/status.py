@@ -37,6 +37,7 @@ def run_status(run_dir: str | Path) -> dict:
         "run_dir": str(run_dir),
         "state": "done" if done else state,
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
+        "generations_done": len(generations),
         "generations": config.get("n_generations"),
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
@@ -64,10 +65,13 @@ def format_status(status: dict) -> str:
         counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
                   f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
                   "planned")
+    elif status["done"] and status["planned"] is not None and status["trained"] < status["planned"]:
+        counts = (f"{status['trained']} trainings recorded ({status['failed']} failed) for {status['planned']} planned "
+                  f"evaluations ({status['planned'] - status['trained']} answered by an earlier training of the same gene)")
     else:
         counts = f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"
     lines = [f"run {status['run_dir']}: {status['state']}",
-             f"  generation {status['generation']} of {status['generations']}; {counts}"]
+             f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
     if status["best"]:
         b = status["best"]
         lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f} (generation {b['generation']})")
