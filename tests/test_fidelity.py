@@ -14,7 +14,8 @@ from evo_attention.data import data_from_config
 from evo_attention.errors import UserError
 from evo_attention.evolution import Evolution
 from evo_attention.executors import LocalExecutor
-from evo_attention.fidelity import RUNG_ROLE, Schedule, rung_steps, schedule_from_config, told_fitness, train_rung
+from evo_attention.fidelity import (RUNG_ROLE, Schedule, format_summary, rung_steps, schedule_from_config, told_fitness,
+                                    train_rung)
 from evo_attention.status import format_status, run_status
 from evo_attention.store import RunStore
 from evo_attention.training import Trainer, train_and_evaluate
@@ -185,6 +186,46 @@ def test_halving_search_spends_the_scheduled_steps_and_resumes_mid_generation(tm
     assert _final(tmp_path / "cut") == _final(tmp_path / "full")
 
 
+def test_audited_individuals_reach_the_full_budget_and_give_an_unselected_correlation(tmp_path, capsys):
+    schedule = Schedule(budget=18, rungs=(3, 6, 18), eta=3, halving=True, hurdle=None, audit=2)
+    keys = [f"g{i}" for i in range(6)]
+    drawn = schedule.audited(keys, 7, 1)
+    assert len(drawn) == 2 and set(drawn) <= set(keys)
+    assert schedule.audited(list(reversed(keys)), 7, 1) == drawn  # the order of asking does not matter
+    assert {tuple(schedule.audited(keys, 7, g)) for g in range(8)} != {tuple(drawn)}  # it varies by generation
+    assert schedule.planned(6) == 6 + 4 + 4
+    with pytest.raises(UserError, match="halving_audit 1 needs --fidelity halving or --hurdle"):
+        Config(**{**TINY, "fidelity": "full", "halving_audit": 1})
+    with pytest.raises(UserError, match="halving_audit must be a non-negative integer"):
+        Config(**{**TINY, "halving_audit": -1})
+
+    config = Config(**{**TINY, "halving_audit": 1})
+    with Evolution(config, out_dir=tmp_path / "run", executor=Counting()) as evo:
+        evo.run()
+    store = RunStore.open(tmp_path / "run", readonly=True)
+    records = store.evaluations()
+    meta = store.get_meta("fidelity")
+    store.close()
+    audited_genes = set()
+    for generation in range(3):
+        mine = [r for r in records if r["generation"] == generation and r["role"] in ("search", RUNG_ROLE)]
+        new = sorted({r["gene"] for r in mine if r["steps"] == 3})
+        expected = schedule_from_config(config).audited(new, config.seed, generation)
+        flagged = sorted({r["gene"] for r in mine if r.get("audit")})
+        assert flagged == expected and len(flagged) == 1
+        at = {s: {r["gene"] for r in mine if r["steps"] == s} for s in (3, 6, 18)}
+        assert set(flagged) <= at[6] and set(flagged) <= at[18]  # trained on whatever its early loss
+        losses = {r["gene"]: r["val_loss"] for r in mine if r["steps"] == 3}
+        promoted = sorted(losses, key=losses.get)[: math.ceil(len(new) / 3)]
+        assert at[6] == set(promoted) | set(flagged)
+        audited_genes |= set(flagged)
+    assert meta["audit"] == 1
+    assert [c["steps"] for c in meta["rank_correlation_audited"]] == [3, 6]
+    assert meta["rank_correlation_audited"][0]["n"] == len(audited_genes) == 3
+    text = "\n".join(format_summary(meta))
+    assert "over 3 audited (randomly drawn) genes" in text
+
+
 def test_hurdle_cli_status_and_resume_checks(tmp_path, capsys):
     out = tmp_path / "run"
     flags = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
@@ -204,4 +245,6 @@ def test_hurdle_cli_status_and_resume_checks(tmp_path, capsys):
     capsys.readouterr()
     assert main(["search", *flags, "--resume", "--fidelity", "halving"]) == 2
     assert "--fidelity 'halving' contradicts the run" in capsys.readouterr().err
+    assert main(["search", *flags, "--resume", "--halving-audit", "2"]) == 2
+    assert "--halving-audit 2 contradicts the run" in capsys.readouterr().err
     assert main(["search", *flags, "--resume", "--hurdle", "0.5", "--workers", "1"]) == 0  # executors may change

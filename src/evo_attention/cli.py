@@ -179,7 +179,7 @@ def cmd_baseline(args) -> int:
 RESUMABLE_CHANGES = ("device", "data_dir")
 # search flag -> Config field, for the multi-fidelity settings (they change results: stored)
 FIDELITY_FLAGS = {"fidelity": "fidelity", "hurdle": "hurdle", "halving_eta": "halving_eta",
-                  "halving_rungs": "halving_rungs"}
+                  "halving_rungs": "halving_rungs", "halving_audit": "halving_audit"}
 
 
 def search_config(args):
@@ -343,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--halving-eta", type=int, metavar="ETA", help="keep the best 1/ETA at each rung (default 3)")
     f.add_argument("--halving-rungs", type=int, metavar="R",
                    help="rungs at budget/ETA^k steps, k = R-1 ... 0, the full budget included (default 3)")
+    f.add_argument("--halving-audit", type=int, metavar="N",
+                   help="per generation, train N randomly chosen new individuals to the full budget whatever "
+                        "their early loss, to measure on them how well early losses predict final ones (default 0)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("status", help="where a run stands (read from its store, also while it runs)")

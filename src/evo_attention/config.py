@@ -60,6 +60,8 @@ class Config:
     halving_eta: int = 3  # halving keeps the best 1/eta of the individuals at each rung
     halving_rungs: int = 3  # rungs of the schedule, the full budget included: budget/eta^k steps
     hurdle: float | None = None  # stop individuals worse than this quantile of the first rung
+    halving_audit: int = 0  # per generation, this many random new individuals skip the stopping rules,
+    # so the rank correlation between low and full fidelity is measured on an unselected sample
     # data
     data: str = "wikitext2"
     data_dir: str | None = None
@@ -126,6 +128,11 @@ class Config:
         if self.hurdle is not None and (isinstance(self.hurdle, bool) or not isinstance(self.hurdle, (int, float))
                                         or not 0.0 < self.hurdle <= 1.0):
             raise UserError(f"hurdle must be a quantile in (0, 1] such as 0.5, got {self.hurdle!r}")
+        if isinstance(self.halving_audit, bool) or not isinstance(self.halving_audit, int) or self.halving_audit < 0:
+            raise UserError(f"halving_audit must be a non-negative integer, got {self.halving_audit!r}")
+        if self.halving_audit and self.fidelity == "full" and self.hurdle is None:
+            raise UserError(f"halving_audit {self.halving_audit} needs --fidelity halving or --hurdle: at full "
+                            "fidelity every individual trains on the full budget anyway")
 
     def space(self):
         """The SearchSpace this config describes (validates the option names)."""

@@ -214,18 +214,21 @@ class Evolution:
                 self._finish(f"gen {generation}", key, known, cached=True)
             else:
                 alive.append(key)
+        audited = schedule.audited(alive, config.seed, generation)
         for rung, steps in enumerate(schedule.rungs):
             last = rung == len(schedule.rungs) - 1
             tasks = [self._task(key, role="search" if last else RUNG_ROLE, generation=generation, steps=steps,
                                 budget=schedule.budget, label=f"gen {generation} rung {rung + 1}/{len(schedule.rungs)}",
                                 resume_from=self._checkpoint_file(reached.get(key)),
-                                save_to=None if last else str(self._checkpoint_path(key, steps)))
+                                save_to=None if last else str(self._checkpoint_path(key, steps)), audit=key in audited)
                      for key in alive]
             records = self._evaluate(tasks)
             reached.update({key: records[key] for key in alive})
             if last or not alive:
                 break
-            alive = schedule.promote(rung, [(key, records[key]) for key in alive])
+            promoted = schedule.promote(rung, [(key, records[key]) for key in alive])
+            alive = promoted + [key for key in alive if key in audited and key not in promoted
+                                and records[key].get("status") == "ok"]
         self._prune_checkpoints(reached)
         return told_fitness(reached)
 
@@ -272,6 +275,8 @@ class Evolution:
         for task, record in self.executor.run(todo, config, self.data, on_start=on_start, on_step=on_step):
             if task.save_to is not None and record.get("status") == "ok" and Path(task.save_to).is_file():
                 record["checkpoint"] = Path(task.save_to).relative_to(self.out_dir).as_posix()
+            if task.audit:
+                record["audit"] = True
             self.store.record(record, role=task.role, generation=task.generation)
             self.store.clear_activity(task.worker or self.executor.name)
             records[task.gene] = record

@@ -71,6 +71,7 @@ class EvalTask:
     budget: int | None = None  # multi-fidelity: train steps 0..steps of a budget-step schedule
     resume_from: str | None = None  # a checkpoint file to continue from (missing: from scratch)
     save_to: str | None = None  # where to write the trainer state after training
+    audit: bool = False  # multi-fidelity: trained to the full budget whatever its early loss
     worker: str = field(default="", compare=False)  # set by the executor: who runs it
 
 

@@ -9,6 +9,15 @@ rung is the full budget. ``--hurdle Q`` stops, at the first rung, every individu
 worse than the Q-quantile of the generation's first-rung losses (with ``--fidelity full`` the
 schedule is then just the first rung and the full budget).
 
+Audit. The rank correlations a halving run can report from its own data rest on the individuals
+that were promoted, a selected sample: the best of each rung, whose early losses are close
+together, so the correlation says little about how well the early rungs rank everyone.
+``--halving-audit N`` trains N of each generation's new individuals, drawn at random (seeded by
+the run's seed and the generation), to the full budget whatever their early losses. Their records
+carry ``audit: true``, and the summary reports the correlations over them as well: an unselected
+sample, at the price of N extra full trainings per generation. They are told the strategy like any
+individual that reached the full budget.
+
 Exactness. A rung is the first ``steps`` steps of the full training (the learning-rate schedule
 runs over the full budget) and a continuation restores weights, optimizer, RNG state and the
 position in the batch stream (``Trainer.state_dict``), so an individual that reaches the full
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import re
 import warnings
 from collections.abc import Iterable, Mapping
@@ -73,6 +83,7 @@ class Schedule:
     eta: int
     halving: bool
     hurdle: float | None
+    audit: int = 0  # new individuals per generation trained to the full budget regardless
 
     def promote(self, rung: int, results: Iterable[tuple[str, Mapping]]) -> list[str]:
         """The keys that go on from rung ``rung``, best first.
@@ -100,12 +111,18 @@ class Schedule:
         for _ in self.rungs:
             total += alive
             if self.halving:
-                alive = math.ceil(alive / self.eta)
+                alive = min(alive, math.ceil(alive / self.eta) + self.audit)
         return total
+
+    def audited(self, keys: Iterable[str], seed: int, generation: int) -> list[str]:
+        """The ``audit`` keys of a generation's new individuals that skip the stopping rules: a
+        uniform draw that depends only on the run's seed, the generation and the keys."""
+        keys = sorted(set(keys))
+        return sorted(random.Random(f"audit/{seed}/{generation}").sample(keys, min(self.audit, len(keys))))
 
     def to_dict(self) -> dict:
         return {"mode": "halving" if self.halving else "hurdle", "budget": self.budget, "rungs": list(self.rungs),
-                "eta": self.eta, "hurdle": self.hurdle}
+                "eta": self.eta, "hurdle": self.hurdle, "audit": self.audit}
 
 
 def schedule_from_config(config: Config) -> Schedule | None:
@@ -120,7 +137,7 @@ def schedule_from_config(config: Config) -> Schedule | None:
             f"train_steps {config.train_steps} leaves no room for a lower rung (rungs are multiples of log_every "
             f"{config.log_every}): raise --steps or lower log_every, or use --fidelity full without --hurdle")
     return Schedule(budget=config.train_steps, rungs=rungs, eta=config.halving_eta,
-                    halving=config.fidelity == "halving", hurdle=config.hurdle)
+                    halving=config.fidelity == "halving", hurdle=config.hurdle, audit=config.halving_audit)
 
 
 # -- identity of a rung evaluation ----------------------------------------------------------------
@@ -223,6 +240,22 @@ def summarize(evaluations: Iterable[Mapping], schedule: Schedule) -> dict:
             highest[r["gene"]] = max(highest.get(r["gene"], 0), int(r["steps"]))
     full = {r["gene"]: loss for r in records
             if r.get("role") == "search" and int(r["steps"]) == schedule.budget and (loss := _finite_loss(r)) is not None}
+    audited = {r["gene"] for r in records if r.get("audit")}
+    out = {
+        **schedule.to_dict(),
+        "steps_spent": spent,
+        "steps_full_equivalent": equivalent,
+        "step_saving": equivalent / spent if spent else None,
+        "reached": {str(s): sum(1 for v in highest.values() if v == s) for s in schedule.rungs},
+        "rank_correlation": _rank_correlation(records, schedule, full),
+    }
+    if schedule.audit:
+        out["rank_correlation_audited"] = _rank_correlation(records, schedule, {g: full[g] for g in full if g in audited})
+    return out
+
+
+def _rank_correlation(records: list, schedule: Schedule, full: Mapping[str, float]) -> list[dict]:
+    """Spearman between each lower rung's loss and the full-budget loss, over the genes of ``full``."""
     correlation = []
     for steps in schedule.rungs[:-1]:
         low = {r["gene"]: loss for r in records
@@ -238,14 +271,7 @@ def summarize(evaluations: Iterable[Mapping], schedule: Schedule) -> dict:
             rho = float(result.statistic) if math.isfinite(result.statistic) else None
             p_value = float(result.pvalue) if rho is not None and math.isfinite(result.pvalue) else None
         correlation.append({"steps": steps, "n": len(common), "spearman": rho, "p_value": p_value})
-    return {
-        **schedule.to_dict(),
-        "steps_spent": spent,
-        "steps_full_equivalent": equivalent,
-        "step_saving": equivalent / spent if spent else None,
-        "reached": {str(s): sum(1 for v in highest.values() if v == s) for s in schedule.rungs},
-        "rank_correlation": correlation,
-    }
+    return correlation
 
 
 def format_summary(summary: Mapping) -> list[str]:
@@ -262,8 +288,10 @@ def format_summary(summary: Mapping) -> list[str]:
     reached = summary.get("reached") or {}
     if reached:
         lines.append("  individuals by highest rung: " + ", ".join(f"{k} steps: {v}" for k, v in reached.items()))
-    for c in summary.get("rank_correlation") or []:
-        rho = "n/a (fewer than 3 pairs)" if c["spearman"] is None and c["n"] < 3 else (
-            "n/a" if c["spearman"] is None else f"{c['spearman']:+.3f}")
-        lines.append(f"  rank correlation, loss at {c['steps']} steps vs full budget: Spearman {rho} over {c['n']} genes")
+    for key, over in (("rank_correlation", "genes"), ("rank_correlation_audited", "audited (randomly drawn) genes")):
+        for c in summary.get(key) or []:
+            rho = "n/a (fewer than 3 pairs)" if c["spearman"] is None and c["n"] < 3 else (
+                "n/a" if c["spearman"] is None else f"{c['spearman']:+.3f}")
+            lines.append(f"  rank correlation, loss at {c['steps']} steps vs full budget: Spearman {rho} over "
+                         f"{c['n']} {over}")
     return lines
