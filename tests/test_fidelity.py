@@ -224,6 +224,13 @@ def test_audited_individuals_reach_the_full_budget_and_give_an_unselected_correl
     assert meta["rank_correlation_audited"][0]["n"] == len(audited_genes) == 3
     text = "\n".join(format_summary(meta))
     assert "over 3 audited (randomly drawn) genes" in text
+    # the report carries the schedule, the saving and both correlations
+    final = json.loads((tmp_path / "run" / "final_results.json").read_text())
+    assert final["fidelity"]["audit"] == 1 and final["fidelity"]["steps_spent"] == meta["steps_spent"]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| Multi-fidelity | halving (rungs 3/6/18 steps, eta 3, audit 1): " in report
+    assert f"{meta['steps_spent']:,} training steps vs {meta['steps_full_equivalent']:,} at full fidelity" in report
+    assert "| Rank correlation, audited genes only | 3 steps: Spearman" in report
 
 
 def test_hurdle_cli_status_and_resume_checks(tmp_path, capsys):

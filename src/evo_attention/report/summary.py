@@ -43,7 +43,7 @@ EVALUATION_COLUMNS = (
 # The top-level keys of final_results.json, in order.
 FINAL_RESULTS_KEYS = (
     "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
-    "improvement", "config", "strategy", "data", "versions", "counts", "done",
+    "improvement", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
 )
 
 
@@ -279,6 +279,7 @@ class RunSummary:
     statement: str
     top_n: int = TOP_N
     settings: list[tuple[str, str]] = field(default_factory=list)
+    fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.summarize)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -319,6 +320,7 @@ class RunSummary:
             outcome="",
             statement="",
             top_n=top_n,
+            fidelity=store.get_meta("fidelity"),
         )
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
@@ -381,6 +383,7 @@ class RunSummary:
             "data": self.data,
             "versions": self.versions,
             "counts": self.counts,
+            "fidelity": self.fidelity,
             "done": self.done,
         }
         return to_jsonable(result)
@@ -466,12 +469,39 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
         options = strategy.get("options") or {}
         opts = ", ".join(f"{k}={v}" for k, v in options.items())
         rows.append(("Strategy", f"{strategy.get('name')}" + (f" ({opts})" if opts else "")))
+    if isinstance(s.fidelity, Mapping):
+        rows += _fidelity_rows(s.fidelity)
     if c.get("seed") is not None:
         rows.append(("Seed", str(c["seed"])))
     for key, label in (("device", "Device"), ("precision", "Precision")):
         values = sorted({str(r[key]) for r in s.evaluations if r.get(key)})
         if values:
             rows.append((label, ", ".join(values)))
+    return rows
+
+
+def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
+    """Settings rows of a multi-fidelity run: the schedule, the steps saved, the rank correlations."""
+    how = [f"rungs {'/'.join(str(x) for x in f.get('rungs') or [])} steps"]
+    if f.get("mode") == "halving":
+        how.append(f"eta {f.get('eta')}")
+    if f.get("hurdle") is not None:
+        how.append(f"hurdle {f['hurdle']}")
+    if f.get("audit"):
+        how.append(f"audit {f['audit']}")
+    saving = finite_or_none(f.get("step_saving"))
+    rows = [("Multi-fidelity", f"{f.get('mode')} ({', '.join(how)}): {f.get('steps_spent', 0):,} training steps "
+                               f"vs {f.get('steps_full_equivalent', 0):,} at full fidelity"
+                               + (f" ({saving:.2f}x fewer)" if saving else ""))]
+    for key, label in (("rank_correlation", "Rank correlation with the full budget"),
+                       ("rank_correlation_audited", "Rank correlation, audited genes only")):
+        parts = []
+        for c in f.get(key) or []:
+            rho = finite_or_none(c.get("spearman"))
+            parts.append(f"{c.get('steps')} steps: " + (f"Spearman {rho:+.2f}" if rho is not None else "n/a")
+                         + f" over {c.get('n')} genes")
+        if parts:
+            rows.append((label, "; ".join(parts)))
     return rows
 
 
