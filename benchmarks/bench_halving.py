@@ -1,9 +1,10 @@
 """Training steps and final best of --fidelity halving vs full fidelity, over several seeds.
 
-    python benchmarks/bench_halving.py [--seeds 1 2 3] [--workers 2] [--eta 3] [--rungs 3]
+    python benchmarks/bench_halving.py [--seeds 1 2 3] [--workers 2] [--eta 3] [--rungs 3] [--config FILE]
 
-For each seed runs the quick preset's search (recall task, GA 8 x 4 + baseline, 400 steps) twice:
-at full fidelity and with successive halving. Prints, per seed, the training steps each spent and
+For each seed runs the quick preset's search (recall task, GA 8 x 4 + baseline, 400 steps; or the
+preset with a YAML config file on top, such as ``benchmarks/wikitext_small.yaml``) twice: at full
+fidelity and with successive halving. Prints, per seed, the training steps each spent and
 the best perplexity each found (always a model trained on the full budget), then:
 
 - the step ratio: full-fidelity steps / halving steps (summed over the seeds);
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--rungs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400, help="steps per model (the preset's 400)")
     parser.add_argument("--generations", type=int, default=4, help="generations (the preset's 4)")
+    parser.add_argument("--config", help="YAML config file applied on top of the quick preset")
+    parser.add_argument("--data-dir", help="directory of the corpus (for a config that names wikitext2 or text)")
     parser.add_argument("--validate-seeds", type=int, default=5,
                         help="retrain both winners of each seed on this many fresh seeds (0: skip)")
     parser.add_argument("--json", help="also write the measurements here")
@@ -78,8 +81,10 @@ def main() -> None:
     rows = []
     try:
         for seed in args.seeds:
-            full = build_config("quick", overrides={"seed": seed, "train_steps": args.steps,
-                                                    "n_generations": args.generations})
+            overrides = {"seed": seed, "train_steps": args.steps, "n_generations": args.generations}
+            if args.data_dir:
+                overrides["data_dir"] = args.data_dir
+            full = build_config("quick", args.config, overrides=overrides)
             halving = full.replace(fidelity="halving", halving_eta=args.eta, halving_rungs=args.rungs)
             a = run(full, root / f"full-{seed}", args.workers)
             b = run(halving, root / f"halving-{seed}", args.workers)
