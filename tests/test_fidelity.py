@@ -229,7 +229,7 @@ def test_audited_individuals_reach_the_full_budget_and_give_an_unselected_correl
     assert final["fidelity"]["audit"] == 1 and final["fidelity"]["steps_spent"] == meta["steps_spent"]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| Multi-fidelity | halving (rungs 3/6/18 steps, eta 3, audit 1): " in report
-    assert f"{meta['steps_spent']:,} training steps vs {meta['steps_full_equivalent']:,} at full fidelity" in report
+    assert f"{meta['steps_spent']:,} training steps spent vs {meta['steps_full_equivalent']:,} at full fidelity" in report
     assert "| Rank correlation, audited genes only | 3 steps: Spearman" in report
 
 

@@ -274,17 +274,28 @@ def _rank_correlation(records: list, schedule: Schedule, full: Mapping[str, floa
     return correlation
 
 
+def describe_schedule(summary: Mapping) -> str:
+    """``halving (rungs 50/150/400 steps, eta 3, audit 1)``: the schedule of a ``summarize`` dict."""
+    how = [f"rungs {'/'.join(str(s) for s in summary.get('rungs') or [])} steps"]
+    if summary.get("mode") == "halving":
+        how.append(f"eta {summary.get('eta')}")
+    if summary.get("hurdle") is not None:
+        how.append(f"hurdle {summary['hurdle']}")
+    if summary.get("audit"):
+        how.append(f"audit {summary['audit']}")
+    return f"{summary.get('mode')} ({', '.join(how)})"
+
+
+def describe_cost(summary: Mapping) -> str:
+    """``3,250 training steps spent vs 9,600 at full fidelity (2.95x fewer)``."""
+    saving = summary.get("step_saving")
+    return (f"{summary.get('steps_spent') or 0:,} training steps spent vs {summary.get('steps_full_equivalent') or 0:,} "
+            "at full fidelity" + (f" ({saving:.2f}x fewer)" if saving else ""))
+
+
 def format_summary(summary: Mapping) -> list[str]:
     """Plain lines for ``evo-attention status`` and logs."""
-    rungs = "/".join(str(s) for s in summary.get("rungs", []))
-    mode = summary.get("mode")
-    how = f"eta {summary.get('eta')}" if mode == "halving" else ""
-    if summary.get("hurdle") is not None:
-        how = (how + ", " if how else "") + f"hurdle {summary['hurdle']}"
-    saving = summary.get("step_saving")
-    lines = [f"  fidelity {mode} (rungs {rungs} steps, {how}): {summary.get('steps_spent'):,} training steps spent "
-             f"vs {summary.get('steps_full_equivalent'):,} at full fidelity"
-             + (f" ({saving:.2f}x fewer)" if saving else "")]
+    lines = [f"  fidelity {describe_schedule(summary)}: {describe_cost(summary)}"]
     reached = summary.get("reached") or {}
     if reached:
         lines.append("  individuals by highest rung: " + ", ".join(f"{k} steps: {v}" for k, v in reached.items()))

@@ -482,17 +482,9 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
 
 def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
     """Settings rows of a multi-fidelity run: the schedule, the steps saved, the rank correlations."""
-    how = [f"rungs {'/'.join(str(x) for x in f.get('rungs') or [])} steps"]
-    if f.get("mode") == "halving":
-        how.append(f"eta {f.get('eta')}")
-    if f.get("hurdle") is not None:
-        how.append(f"hurdle {f['hurdle']}")
-    if f.get("audit"):
-        how.append(f"audit {f['audit']}")
-    saving = finite_or_none(f.get("step_saving"))
-    rows = [("Multi-fidelity", f"{f.get('mode')} ({', '.join(how)}): {f.get('steps_spent', 0):,} training steps "
-                               f"vs {f.get('steps_full_equivalent', 0):,} at full fidelity"
-                               + (f" ({saving:.2f}x fewer)" if saving else ""))]
+    from ..fidelity import describe_cost, describe_schedule
+
+    rows = [("Multi-fidelity", f"{describe_schedule(f)}: {describe_cost(f)}")]
     for key, label in (("rank_correlation", "Rank correlation with the full budget"),
                        ("rank_correlation_audited", "Rank correlation, audited genes only")):
         parts = []
