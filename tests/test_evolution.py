@@ -15,6 +15,7 @@ from evo_attention.cli import main
 from evo_attention.evolution import Evolution, Individual
 from evo_attention.executors import LocalExecutor
 from evo_attention.store import RunStore
+from evo_attention.errors import UserError
 from evo_attention.status import format_status
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
@@ -102,9 +103,12 @@ def test_resume_after_sigkill_via_the_cli(tmp_path):
     try:
         while time.time() < deadline:
             if RunStore.exists(out):
-                with RunStore.open(out, readonly=True) as store:
-                    if len(store.evaluations()) >= 3:
-                        break
+                try:
+                    with RunStore.open(out, readonly=True) as store:
+                        if len(store.evaluations()) >= 3:
+                            break
+                except UserError as exc:  # the search is still creating its store
+                    assert "holds no run yet" in str(exc)
             time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)
     finally:

@@ -71,6 +71,18 @@ def test_open_rejects_a_file_that_is_not_a_run(tmp_path):
         RunStore.open(tmp_path)
 
 
+def test_open_of_a_store_still_being_created_says_so(tmp_path):
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "run.db").close()  # the file exists, the schema is not written yet
+    with pytest.raises(UserError, match="holds no run yet .*try again in a moment"):
+        RunStore.open(tmp_path, readonly=True)
+    with sqlite3.connect(tmp_path / "run.db") as conn:  # the meta table, before its first row
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    with pytest.raises(UserError, match="holds no run yet"):
+        RunStore.open(tmp_path, readonly=True)
+
+
 def test_create_rejects_a_file_as_directory(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UserError, match="not a directory"):

@@ -225,11 +225,18 @@ class RunStore:
         if not path.is_file():
             raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {run_dir}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
+        not_yet = (f"{path} holds no run yet (a search may be creating it at this moment): try again in a moment, "
+                   "or remove the file if no search is starting there")
         try:
             version = store.get_meta("schema_version")
         except sqlite3.DatabaseError as exc:
             store.close()
+            if "no such table" in str(exc):
+                raise UserError(not_yet) from None
             raise UserError(f"{path} is not a readable evo-attention run ({exc}): remove it or use another directory") from None
+        if version is None:
+            store.close()
+            raise UserError(not_yet)
         if not isinstance(version, int) or version > SCHEMA_VERSION:
             store.close()
             raise UserError(
