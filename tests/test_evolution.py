@@ -205,12 +205,12 @@ def test_status_command(tmp_path, capsys):
 
 def test_status_says_when_earlier_trainings_answered_requests():
     status = {"run_dir": "r", "state": "done", "done": True, "generation": 3, "generations_done": 4,
-              "generations": 4, "trained": 26, "failed": 0, "planned": 27, "best": None, "baseline": None,
+              "generations": 4, "trained": 26, "failed": 0, "planned": 27, "cache_hits": 1, "best": None, "baseline": None,
               "fidelity": None, "executor": None, "workers": []}
     text = format_status(status)
     assert ("4 of 4 generations done; 26 trainings recorded (0 failed) for 27 planned evaluations "
             "(1 answered by an earlier training of the same gene)") in text
-    status.update(state="interrupted", done=False, generations_done=2)
+    status.update(state="interrupted", done=False, generations_done=2, cache_hits=None)
     assert "2 of 4 generations done; 26 trainings recorded (0 failed) of 27 planned" in format_status(status)
 
 

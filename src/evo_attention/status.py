@@ -26,7 +26,9 @@ def run_status(run_dir: str | Path) -> dict:
         fidelity = store.get_meta("fidelity")
         executor = store.get_meta("executor")
     from .fidelity import RUNG_ROLE
+    from .report.summary import cache_hits
 
+    total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
     evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
     ok = [e for e in evaluations if e.get("status") == "ok" and _finite(e.get("val_perplexity"))]
@@ -41,7 +43,8 @@ def run_status(run_dir: str | Path) -> dict:
         "generations": config.get("n_generations"),
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
-        "planned": None if planned is None else planned + (1 if config.get("baseline", True) else 0),
+        "planned": total_planned,
+        "cache_hits": cache_hits(total_planned, len(evaluations), done),
         "done": done,
         "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
                                            "generation": best.get("generation")},
@@ -65,9 +68,9 @@ def format_status(status: dict) -> str:
         counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
                   f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
                   "planned")
-    elif status["done"] and status["planned"] is not None and status["trained"] < status["planned"]:
+    elif status.get("cache_hits"):
         counts = (f"{status['trained']} trainings recorded ({status['failed']} failed) for {status['planned']} planned "
-                  f"evaluations ({status['planned'] - status['trained']} answered by an earlier training of the same gene)")
+                  f"evaluations ({status['cache_hits']} answered by an earlier training of the same gene)")
     else:
         counts = f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"
     lines = [f"run {status['run_dir']}: {status['state']}",

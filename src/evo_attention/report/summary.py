@@ -396,6 +396,12 @@ def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
 
 
 # -- internals ------------------------------------------------------------------------------
+def cache_hits(planned: int | None, trained: int, done: bool) -> int | None:
+    """Fitness requests answered from the store instead of by training: planned minus trained,
+    known only once the run is done (None before, or without a plan)."""
+    return planned - trained if done and planned is not None and planned >= trained else None
+
+
 def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | None, done: bool) -> dict:
     """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
 
@@ -404,13 +410,12 @@ def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | No
     """
     failures = Counter(failure_label(r) for r in search if failed(r))
     trained = len(search)
-    hits = planned - trained if done and planned is not None and planned >= trained else None
     return {
         "trained": trained,
         "ok": trained - sum(failures.values()),
         "failed": dict(sorted(failures.items())),
         "planned": planned,
-        "cache_hits": hits,
+        "cache_hits": cache_hits(planned, trained, done),
         "by_role": dict(sorted(Counter(str(r.get("role")) for r in evaluations).items())),
     }
 
