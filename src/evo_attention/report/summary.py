@@ -356,7 +356,7 @@ class RunSummary:
         rows = []
         for record in self.evaluations:
             info = gene_info(record.get("gene"))
-            row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in FIELDS}
+            row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in ALL_FIELDS}
             row["gene"] = info["key"]
             row.update({name: info.get(name) for name in ALL_FIELDS})
             rows.append(row)
