@@ -32,13 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from evo_attention.analysis import stats
-from evo_attention.analysis.validate import run_seeds
+from evo_attention.util import stats
+from evo_attention.studies.validate import run_seeds
 from evo_attention.data import data_from_config
-from evo_attention.evolution import Evolution
-from evo_attention.executors import make_executor
-from evo_attention.fidelity import RUNG_ROLE
-from evo_attention.presets import build_config
+from evo_attention.search.driver import Evolution
+from evo_attention.search.executors.base import make_executor
+from evo_attention.search.fidelity import RUNG_ROLE
+from evo_attention.train.presets import build_config
 
 
 def run(config, out: Path, workers: int | None) -> dict:

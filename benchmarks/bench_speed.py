@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from evo_attention import AttentionGene, Config, TinyTransformer
-from evo_attention.bench import bench_gene
+from evo_attention.train.bench import bench_gene
 from evo_attention.data import data_from_config
-from evo_attention.reference import PlainTransformer, plain_train_step
+from evo_attention.nn.reference import PlainTransformer, plain_train_step
 
 GENES = {
     "baseline": "dot|softmax|none|fixed",

@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from evo_attention.evolution import Evolution
-from evo_attention.executors import ProcessExecutor, available_cores
-from evo_attention.presets import build_config
+from evo_attention.search.driver import Evolution
+from evo_attention.search.executors.base import ProcessExecutor, available_cores
+from evo_attention.train.presets import build_config
 
 
 def run_search(config, workers: int, threads: int, out: Path) -> dict:

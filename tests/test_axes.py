@@ -8,7 +8,7 @@ import torch
 
 from evo_attention import AttentionGene, Config, EvolvedAttention, SearchSpace, TinyTransformer
 from evo_attention.genes import ALL_FIELDS, AXIS_FIELDS
-from evo_attention.positions import ALiBi, RelativeBias, Rotary, alibi_slopes, parse_position
+from evo_attention.nn.positions import ALiBi, RelativeBias, Rotary, alibi_slopes, parse_position
 
 POSITIONS = ["learned", "rope", "rope:linear:2", "rope:ntk:4", "alibi", "none"]
 
@@ -242,7 +242,7 @@ def test_relative_bias_needs_max_seq_len_and_fits_it():
 
 
 def test_saved_model_with_axes_loads_back(tmp_path, tiny_config):
-    from evo_attention.saving import load_model, save_model
+    from evo_attention.train.saving import load_model, save_model
 
     model = TinyTransformer(tiny_config, "dot|softmax|none|fixed|pos=rope:linear:2|rank=4|abias=rel").eval()
     _randomize(model)

@@ -8,10 +8,11 @@ import pytest
 
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
-from evo_attention.compare import (NAMED_CONFIGS, RESULTS_FILE, aggregate, list_table, resolve_configs, run_compare,
-                                   summarize)
-from evo_attention.executors import Executor, LocalExecutor
-from evo_attention.store import RunStore
+from evo_attention.report.attachments import COMPARE_RESULTS as RESULTS_FILE
+from evo_attention.studies.compare import (NAMED_CONFIGS, aggregate, list_table, resolve_configs, run_compare,
+                                          rank_configs)
+from evo_attention.search.executors import Executor, LocalExecutor
+from evo_attention.search.store import RunStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NAMES = ["baseline", "lora_small", "lora_medium", "lora_large", "lora_xl", "rope_only", "rope_small", "rope_large",
@@ -103,7 +104,7 @@ def test_cli_rejects_bad_input_in_one_line(capsys):
 
 
 def test_size_precedence():
-    from evo_attention.commands.compare import compare_config
+    from evo_attention.cli.compare import compare_config
 
     def config(argv):
         from evo_attention.cli import build_parser
@@ -254,7 +255,7 @@ def test_summary_statistics():
     assert by["baseline"]["val_loss"] == pytest.approx(2.1) and by["baseline"]["val_loss_sd"] == pytest.approx(0.1414, abs=1e-4)
     assert by["a"]["val_loss_sd"] == 0.0
     assert by["b"]["status"] == "partial" and by["b"]["n_ok"] == 1 and by["b"]["val_loss_sd"] is None  # nan dropped
-    summary = summarize(aggregates)
+    summary = rank_configs(aggregates)
     assert [r["name"] for r in summary["ranking"]] == ["a", "baseline", "b"]
     assert summary["val_loss_mean"] == pytest.approx((1.9 + 2.1 + 2.5) / 3)
     assert summary["val_loss_sd"] == pytest.approx(statistics.stdev([1.9, 2.1, 2.5]))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from evo_attention import components
-from evo_attention.attention import causal_mask
+from evo_attention.nn.attention import causal_mask
 
 SPARSE = ["sparsemax", "entmax15"]
 ALL_NORMS = ["softmax", "sparsemax", "relu_norm", "sigmoid", "entmax15"]

@@ -13,7 +13,7 @@ import torch
 
 from evo_attention.data import ENV_CACHE_DIR, ENV_DATA_DIR, IGNORE_INDEX, LoaderData, RecallData, Vocab, load_data
 from evo_attention.data.corpus import tokenize
-from evo_attention.errors import UserError
+from evo_attention.util.errors import UserError
 from evo_attention.utils import get_dataloaders, get_device, set_seed
 
 WT2 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"

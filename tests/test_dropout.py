@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evo_attention.dropout import Dropout, drop_threshold, dropout, keep_mask
+from evo_attention.nn.dropout import Dropout, drop_threshold, dropout, keep_mask
 
 
 def test_drop_rate_is_the_rounded_probability_within_binomial_noise():

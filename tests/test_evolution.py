@@ -12,11 +12,11 @@ import pytest
 
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
-from evo_attention.evolution import Evolution, Individual
-from evo_attention.executors import LocalExecutor
-from evo_attention.store import RunStore
-from evo_attention.errors import UserError
-from evo_attention.status import format_status
+from evo_attention import Evolution, Individual
+from evo_attention.search.executors import LocalExecutor
+from evo_attention.search.store import RunStore
+from evo_attention.util.errors import UserError
+from evo_attention.report.status import format_status
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},

@@ -11,14 +11,14 @@ import torch
 from evo_attention import Config
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
-from evo_attention.errors import UserError
-from evo_attention.evolution import Evolution
-from evo_attention.executors import LocalExecutor
-from evo_attention.fidelity import (RUNG_ROLE, Schedule, format_summary, rung_steps, schedule_from_config, told_fitness,
+from evo_attention.util.errors import UserError
+from evo_attention import Evolution
+from evo_attention.search.executors import LocalExecutor
+from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, Schedule, fidelity_lines, rung_steps, schedule_from_config, told_fitness,
                                     train_rung)
-from evo_attention.status import format_status, run_status
-from evo_attention.store import RunStore
-from evo_attention.training import Trainer, train_and_evaluate
+from evo_attention.report.status import format_status, run_status
+from evo_attention.search.store import RunStore
+from evo_attention.train.trainer import Trainer, train_and_evaluate
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
@@ -109,7 +109,7 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_training():
         Trainer(gene, config, data, seed=4).load_state_dict(state)
 
     # the same through the rung function and bytes, as executors ship it
-    low, blob = train_rung(gene, config, data, seed=3, steps=6, budget=12, save_state=True)
+    low, blob = train_rung(gene, config, data, seed=3, steps=6, budget=12, keep_state=True)
     high, none = train_rung(gene, config, data, seed=3, steps=12, budget=12, state=blob)
     plain = train_and_evaluate(gene, config, data, seed=3)
     assert none is None and high["resumed_from"] == 6 and low["steps"] == 6 and high["steps"] == 12
@@ -165,7 +165,7 @@ def test_halving_search_spends_the_scheduled_steps_and_resumes_mid_generation(tm
     plain = train_and_evaluate(best.gene, config, data_from_config(config))
     assert best.record["val_loss"] == plain["val_loss"] and best.record["curve"] == plain["curve"]
     # stopped individuals keep a checkpoint; superseded ones are gone
-    files = {p.name for p in (tmp_path / "full" / "checkpoints" / "rungs").iterdir()}
+    files = {p.name for p in (tmp_path / "full" / STATE_DIR).iterdir()}
     highest = {}
     for r in rungs + [r for r in records if r["role"] == "search"]:
         highest[r["gene"]] = max(highest.get(r["gene"], 0), r["steps"])
@@ -222,7 +222,7 @@ def test_audited_individuals_reach_the_full_budget_and_give_an_unselected_correl
     assert meta["audit"] == 1
     assert [c["steps"] for c in meta["rank_correlation_audited"]] == [3, 6]
     assert meta["rank_correlation_audited"][0]["n"] == len(audited_genes) == 3
-    text = "\n".join(format_summary(meta))
+    text = "\n".join(fidelity_lines(meta))
     assert "over 3 audited (randomly drawn) genes" in text
     # the report carries the schedule, the saving and both correlations
     final = json.loads((tmp_path / "run" / "final_results.json").read_text())

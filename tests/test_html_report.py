@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from evo_attention import AttentionGene, Config, TinyTransformer
-from evo_attention.analysis import ablation, maps
-from evo_attention.analysis import validate as val  # the module
+from evo_attention.studies import ablate as ablation, maps
+from evo_attention.studies import validate as val  # the module
 from evo_attention.report import OUTPUTS, load_attachments, write_report
-from evo_attention.store import RunStore
+from evo_attention.search.store import RunStore
 
 PNG = b"\x89PNG\r\n\x1a\n"
 VANILLA = AttentionGene.vanilla().key
@@ -59,9 +59,9 @@ def full_run(tmp_path):
     means = {VANILLA: 9.0, GENE: 7.0, "dot|softmax|output_gate|fixed|bias|0.10": 8.8,
              "dot|sparsemax|none|fixed|bias|0.10": 7.1}
     records = _fake({k: [m + n for n in noise] for k, m in means.items()}, seeds)
-    result = val.summarize(records, [GENE], seeds, search_values={GENE: 7.0})
+    result = val.validation_statistics(records, [GENE], seeds, search_values={GENE: 7.0})
     val.write_validation({**result, "steps": 50, "search_seed": 7, "versions": {"scipy": "x"}}, run_dir)
-    ablation.write_ablation({**ablation.summarize(variants, records, seeds), "steps": 50}, run_dir)
+    ablation.write_ablation({**ablation.ablation_statistics(variants, records, seeds), "steps": 50}, run_dir)
     compare = {"results": [
         {"name": "vanilla", "gene": VANILLA, "val_loss": 2.2, "val_perplexity": 9.0, "accuracy": 0.3, "time_s": 1.5,
          "peak_memory_mb": 120.0, "params": 1000, "status": "ok"},

@@ -9,7 +9,7 @@ import pytest
 from evo_attention import Config
 from evo_attention.report import FINAL_RESULTS_KEYS, OUTPUTS, load_run, write_report
 from evo_attention.report.summary import component_analysis, option_labels
-from evo_attention.store import RunStore
+from evo_attention.search.store import RunStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 VANILLA = "dot|softmax|none|fixed|bias|0.10"
@@ -293,7 +293,7 @@ def test_unknown_component_does_not_break_the_report(tmp_path):
 
 
 def test_missing_run_is_a_user_error(tmp_path):
-    from evo_attention.errors import UserError
+    from evo_attention.util.errors import UserError
 
     with pytest.raises(UserError, match="no run in"):
         write_report(tmp_path / "nothing")

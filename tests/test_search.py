@@ -6,11 +6,11 @@ import statistics
 
 import pytest
 
-from evo_attention.errors import UserError
+from evo_attention.util.errors import UserError
 from evo_attention.genes import FIELDS, AttentionGene, SearchSpace
 from evo_attention.search import (
     GeneticAlgorithm,
-    Member,
+    Individual,
     RandomSearch,
     Strategy,
     make_strategy,
@@ -50,7 +50,7 @@ def test_ranking_puts_failures_last_and_breaks_ties_by_key():
     ranked = sorted(results, key=lambda r: ranking_key(*r))
     assert [g.key for g, _ in ranked[:2]] == sorted([b.key, d.key])
     assert {g.key for g, _ in ranked[2:]} == {a.key, c.key}
-    members = rank_members([Member(a, math.inf, 0), Member(b, 7.0, 0), Member(c, 3.0, 0)])
+    members = rank_members([Individual(a, math.inf, 0), Individual(b, 7.0, 0), Individual(c, 3.0, 0)])
     assert [m.gene for m in members] == [c, b, a] and members[-1].failed
 
 
@@ -272,8 +272,9 @@ def test_make_strategy():
     assert isinstance(make_strategy("ga", seed=1), GeneticAlgorithm)
     assert isinstance(make_strategy("random", population_size=4, elite_size=1), RandomSearch)
     assert isinstance(make_strategy("ga"), Strategy)
-    # one configuration may drive either strategy
-    assert isinstance(make_strategy("random", dedupe=True, mutation_schedule="adaptive"), RandomSearch)
+    # a strategy takes only its own settings: the GA's options are an error for random search
+    with pytest.raises(UserError, match="unknown option 'dedupe' for strategy 'random'"):
+        make_strategy("random", dedupe=True)
 
 
 @pytest.mark.parametrize("name, options, fragment", [

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from evo_attention import AttentionGene, Config, TinyTransformer
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
-from evo_attention.losses import linear_cross_entropy, linear_nll_stats
-from evo_attention.reference import PlainTransformer, plain_loss
-from evo_attention.training import Trainer
+from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
+from evo_attention.nn.reference import PlainTransformer, plain_loss
+from evo_attention.train.trainer import Trainer
 
 
 @pytest.mark.parametrize("chunk", [7, 1024])

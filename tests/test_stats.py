@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from evo_attention.analysis import stats
-from evo_attention.analysis.validate import validation_seeds
-from evo_attention.errors import UserError
+from evo_attention.util import stats
+from evo_attention.studies.validate import validation_seeds
+from evo_attention.util.errors import UserError
 
 
 def test_describe_hand_computed():
@@ -120,7 +120,7 @@ def test_bad_confidence_is_a_user_error():
 def test_validation_seeds_never_include_the_search_seed():
     assert validation_seeds(42, 5) == [43, 44, 45, 46, 47]
     assert 42 not in validation_seeds(42, 5, search_seed=42)
-    with pytest.raises(UserError, match="search seed 42"):
+    with pytest.raises(UserError, match="include 42, on which the search picked its winners"):
         validation_seeds(40, 5, search_seed=42)
     with pytest.raises(UserError, match="at least 2"):
         validation_seeds(42, 1)

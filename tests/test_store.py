@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from evo_attention.errors import UserError
-from evo_attention.store import RunStore
+from evo_attention.util.errors import UserError
+from evo_attention.search.store import RunStore
 
 GENE = "dot|softmax|none|fixed|bias|0.10"
 OTHER = "cosine|sparsemax|output_gate|learned|nobias|0.20"
@@ -236,7 +236,7 @@ def test_reader_sees_committed_rows_while_the_writer_is_open(store):
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from evo_attention.store import RunStore
+    from evo_attention.search.store import RunStore
     run_dir, n, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store = RunStore.open(run_dir)
     for i in range(n):

@@ -9,8 +9,9 @@ import torch
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
-from evo_attention.saving import load_model, save_model
-from evo_attention.training import Trainer, train_and_evaluate
+from evo_attention.train.saving import load_model, save_model
+from evo_attention.train.record import EvaluationRecord, Status
+from evo_attention.train.trainer import Trainer, train_and_evaluate
 
 RECALL = dict(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 2000,
                                                                     "eval_examples": 200},
@@ -38,7 +39,8 @@ def test_record_has_every_field(recall_setup):
     assert r["eval_complete"] is True
     assert [s for s, _ in r["curve"]] == [10, 20, 30]
     assert r["flops_per_step"] > 0 and r["peak_memory_mb"] > 0 and r["params"] > 0
-    json.dumps(r)  # JSON-able
+    json.dumps(r.to_dict())  # JSON-able (NaN/inf aside, which strict outputs write as null)
+    assert isinstance(r, EvaluationRecord) and r.status is Status.OK and r.metric() == r["val_perplexity"]
 
 
 def test_same_seed_same_result_and_different_seed_differs(recall_setup):

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from evo_attention import AttentionGene, Config, TinyTransformer
-from evo_attention.analysis import ablation, maps
-from evo_attention.analysis import validate as val  # the module
+from evo_attention.studies import ablate as ablation, maps
+from evo_attention.studies import validate as val  # the module
+from evo_attention.report.studies import ablation_markdown, validation_markdown
 from evo_attention.cli import main
-from evo_attention.errors import UserError
-from evo_attention.evolution import Evolution
-from evo_attention.executors import LocalExecutor
-from evo_attention.store import RunStore
+from evo_attention.util.errors import UserError
+from evo_attention import Evolution
+from evo_attention.search.executors import LocalExecutor
+from evo_attention.search.store import RunStore
 
 PNG = b"\x89PNG\r\n\x1a\n"
 VANILLA = AttentionGene.vanilla()
@@ -75,7 +76,7 @@ def test_ablation_contributions_from_known_values():
              "dot|softmax|output_gate|fixed|bias|0.10": 7.5,  # without sparsemax: sparsemax carries 2.5
              "dot|sparsemax|none|fixed|bias|0.10": 5.2}  # without the gate: it carries 0.2 only
     records = _fake_records({k: [m + n for n in noise] for k, m in means.items()}, seeds)
-    result = ablation.summarize(variants, records, seeds)
+    result = ablation.ablation_statistics(variants, records, seeds)
     contrib = {(c["kind"], c["field"]): c for c in result["contributions"]}
     assert contrib["remove", "normalization"]["value"] == pytest.approx(2.5)
     assert contrib["remove", "gating"]["value"] == pytest.approx(0.2)
@@ -84,7 +85,7 @@ def test_ablation_contributions_from_known_values():
     assert result["total"]["value"] == pytest.approx(3.0)
     c = contrib["remove", "normalization"]
     assert c["low"] < c["value"] < c["high"]
-    text = ablation.render_markdown(result)
+    text = ablation_markdown(result)
     assert "without normalization" in text and "softmax -> sparsemax" in text and "| Variant |" in text
 
 
@@ -214,7 +215,7 @@ def test_validate_rejects_bad_input(tiny_run, capsys):
     assert main(["validate", "--from-run", str(tiny_run), "--seeds", "1", "--quiet"]) == 2
     assert "at least 2 seeds" in capsys.readouterr().err
     assert main(["validate", "--from-run", str(tiny_run), "--seed", "5", "--quiet"]) == 2
-    assert "search seed 7" in capsys.readouterr().err
+    assert "include 7, on which the search picked its winners: use --seed 7" in capsys.readouterr().err
     assert main(["validate", "--genes", "dot|bogus|none|fixed", "--quiet"]) == 2
     assert "unknown normalization" in capsys.readouterr().err
     assert main(["ablate", "--gene", VANILLA.key, "--quiet"]) == 2
@@ -229,7 +230,7 @@ def test_validation_summary_from_known_values(tmp_path):
     genes = {VANILLA.key: 10.0, SPARSE: 8.0, "dot|softmax|output_gate|fixed|bias|0.10": 10.0}
     records = _fake_records({k: [m + n for n in noise] for k, m in genes.items()}, seeds)
     records[SPARSE, 47] = {"status": "diverged", "val_perplexity": math.inf, "error": None}
-    result = val.summarize(records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"], seeds,
+    result = val.validation_statistics(records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"], seeds,
                            search_values={SPARSE: 7.5})
     sparse, gate = result["genes"]
     assert sparse["n_failed"] == 1 and sparse["values"][-1] is None and sparse["n"] == 4
@@ -246,7 +247,7 @@ def test_validation_summary_from_known_values(tmp_path):
 
 def test_attention_maps_of_a_saved_model(tmp_path):
     from evo_attention.data import data_from_config
-    from evo_attention.saving import save_model
+    from evo_attention.train.saving import save_model
 
     config = Config(**TINY)
     data = data_from_config(config)

@@ -1,27 +1,50 @@
 """evo-attention: let evolution design attention mechanisms for small transformer LMs.
 
-The public names::
+The front door; everything else lives in the layers below (see docs/architecture.md)::
 
-    from evo_attention import AttentionGene, EvolvedAttention, TinyTransformer, Config, Evolution, Individual
+    from evo_attention import AttentionGene, Config, TinyTransformer, EvolvedAttention, Evolution
+    from evo_attention import register_normalization, row_normalize, register_strategy
+
+Extending the search space is public: ``register_similarity``, ``register_normalization``,
+``register_gating`` and ``register_temperature`` add a component (it joins random draws and
+mutations at once); ``register_strategy`` adds a search strategy.
 """
 
-from .attention import EvolvedAttention
-from .config import Config
-from .errors import UserError
-from .evolution import Evolution, Individual
-from .genes import AttentionGene, SearchSpace
-from .model import TinyTransformer
-
-__version__ = "0.2.0"
+from evo_attention.genes import AttentionGene, SearchSpace
+from evo_attention.nn import components
+from evo_attention.nn.attention import EvolvedAttention
+from evo_attention.nn.components import (register_gating, register_normalization, register_similarity,
+                                         register_temperature, row_normalize)
+from evo_attention.nn.model import TinyTransformer
+from evo_attention.search import Individual, Strategy, register_strategy
+from evo_attention.search.driver import Search
+from evo_attention.studies.evolution import Evolution
+from evo_attention.train.config import Config
+from evo_attention.train.record import EvaluationRecord, Status
+from evo_attention.train.trainer import train_and_evaluate
+from evo_attention.util.errors import UserError
+from evo_attention.util.version import __version__
 
 __all__ = [
     "AttentionGene",
     "Config",
+    "EvaluationRecord",
     "Evolution",
     "EvolvedAttention",
     "Individual",
+    "Search",
     "SearchSpace",
+    "Status",
+    "Strategy",
     "TinyTransformer",
     "UserError",
     "__version__",
+    "components",
+    "register_gating",
+    "register_normalization",
+    "register_similarity",
+    "register_strategy",
+    "register_temperature",
+    "row_normalize",
+    "train_and_evaluate",
 ]

@@ -6,9 +6,9 @@ the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its
 and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
 ``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
 
-Three further axes (``AXIS_FIELDS``; see ``positions`` and ``attention``) default to the original
-design and appear in the key only when they differ from it, as ``name=value`` parts after the six
-fixed ones, so every key written before they existed still names the same gene:
+Three further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
+only when they differ from their default, as ``name=value`` parts after the six fixed ones, so a
+key without them names a gene with the default axes:
 
 =============  ============  ================================================================
 field          key part      values (default first)
@@ -21,21 +21,27 @@ attn_bias      ``abias=``    ``none`` or ``rel`` (a learned bias per head and ca
 e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
 named parts in any order (also after the 4-part short form).
 
-The search space is ``SearchSpace``: the options of each field. By default it is the live content
-of the component registries, so registering a component adds it to random draws and mutations;
-the three axes default to their single original value, so the default search draws exactly what
-it drew before they existed (a field with one option consumes no random numbers).
+The search space is ``SearchSpace``: the options of each field. By default it is ``OPTIONS``, the
+live list of registered component names (``nn.components`` registers the built-in ones and a
+``register_*`` decorator adds a user's), so registering a component adds it to random draws and
+mutations; the three axes default to their single default value. A field with one option
+consumes no random numbers, so adding an axis to the code leaves every seeded draw of a space
+that does not vary it unchanged.
+
+This module owns the *grammar* of every field (which names and values are valid, how a key is
+written); ``nn`` owns what the names compute. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import random as _random
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from . import components
-from .errors import UserError
-from .positions import ATTN_BIASES, POSITION_KINDS, normalize_position
+import math
+from typing import NamedTuple
+
+from evo_attention.util.errors import UserError
 
 CATEGORICAL_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")
 FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")  # the six parts every key starts with
@@ -47,6 +53,58 @@ _PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PAR
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 MAX_DROPOUT = 0.3
 VANILLA_KEY = "dot|softmax|none|fixed|bias|0.10"
+
+# The registered option names of each categorical field, in registration order. ``nn.components``
+# fills them (``register_similarity`` etc.); every gene and search space is checked against them.
+OPTIONS: dict[str, list] = {name: [] for name in CATEGORICAL_FIELDS}
+
+POSITION_KINDS = ("learned", "rope", "alibi", "none")
+ROPE_SCALINGS = ("none", "linear", "ntk")
+ATTN_BIASES = ("none", "rel")
+_POSITION_HELP = "learned, rope, rope:linear:F, rope:ntk:F (F > 1), alibi, none"
+
+
+class PositionSpec(NamedTuple):
+    """A parsed ``position`` value: where a layer gets word order from (see ``nn.positions``)."""
+
+    kind: str  # one of POSITION_KINDS
+    scaling: str = "none"  # rope only: one of ROPE_SCALINGS
+    factor: float = 1.0  # rope scaling factor (> 1 when scaling != "none")
+
+    def __str__(self) -> str:
+        if self.kind != "rope" or self.scaling == "none":
+            return self.kind
+        return f"rope:{self.scaling}:{self.factor:g}"
+
+
+def parse_position(value) -> PositionSpec:
+    """Read a position option ('learned', 'rope', 'rope:ntk:4', ...); UserError if invalid."""
+    if isinstance(value, PositionSpec):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    parts = text.split(":") if text else []
+    if not parts or parts[0] not in POSITION_KINDS:
+        raise UserError(f"unknown position {value!r}: valid options are {_POSITION_HELP}")
+    if parts[0] != "rope":
+        if len(parts) != 1:
+            raise UserError(f"position {value!r}: only rope takes a scaling; valid options are {_POSITION_HELP}")
+        return PositionSpec(parts[0])
+    if len(parts) == 1 or (len(parts) == 2 and parts[1] == "none"):
+        return PositionSpec("rope")
+    if len(parts) != 3 or parts[1] not in ROPE_SCALINGS[1:]:
+        raise UserError(f"unknown rope scaling in position {value!r}: write rope, rope:linear:F or rope:ntk:F")
+    try:
+        factor = float(parts[2])
+    except ValueError:
+        raise UserError(f"rope scaling factor {parts[2]!r} in position {value!r} is not a number: use e.g. rope:{parts[1]}:4") from None
+    if not math.isfinite(factor) or factor <= 1.0:
+        raise UserError(f"rope scaling factor in position {value!r} must be a number > 1 (use plain 'rope' for no scaling)")
+    return PositionSpec("rope", parts[1], factor)
+
+
+def normalize_position(value) -> str:
+    """The canonical spelling of a position option (e.g. 'rope:ntk:4.0' -> 'rope:ntk:4')."""
+    return str(parse_position(value))
 
 
 def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
@@ -119,7 +177,7 @@ class SearchSpace:
         for name in CATEGORICAL_FIELDS:
             chosen = tuple(getattr(self, name))
             for value in chosen:
-                _check_choice(name, value, components.SPACE[name])
+                _check_choice(name, value, OPTIONS[name])
             object.__setattr__(self, name, chosen)
         object.__setattr__(self, "use_bias", tuple(_check_bias(b) for b in self.use_bias))
         object.__setattr__(self, "attention_dropout", tuple(_check_dropout(p) for p in self.attention_dropout))
@@ -135,7 +193,7 @@ class SearchSpace:
     def options(self, fieldname: str) -> list:
         chosen = getattr(self, fieldname)
         if fieldname in CATEGORICAL_FIELDS and not chosen:
-            return list(components.SPACE[fieldname])
+            return list(OPTIONS[fieldname])
         return list(chosen)
 
     def size(self) -> int:
@@ -164,11 +222,11 @@ class AttentionGene:
     (missing fields take the vanilla transformer's values).
     """
 
-    # The live option lists (shared with the component registries).
-    SIMILARITY_FUNCS = components.SPACE["similarity"]
-    NORMALIZATIONS = components.SPACE["normalization"]
-    GATING = components.SPACE["gating"]
-    TEMPERATURE_MODES = components.SPACE["temperature_mode"]
+    # The live option lists (registering a component extends them).
+    SIMILARITY_FUNCS = OPTIONS["similarity"]
+    NORMALIZATIONS = OPTIONS["normalization"]
+    GATING = OPTIONS["gating"]
+    TEMPERATURE_MODES = OPTIONS["temperature_mode"]
     POSITION_KINDS = POSITION_KINDS  # rope also takes a scaling: rope:linear:F, rope:ntk:F
     ATTN_BIASES = ATTN_BIASES
 
@@ -187,7 +245,7 @@ class AttentionGene:
         defaults = _VANILLA_VALUES
         for name in CATEGORICAL_FIELDS:
             value = values.get(name, defaults[name])
-            object.__setattr__(self, name, _check_choice(name, value, components.SPACE[name]))
+            object.__setattr__(self, name, _check_choice(name, value, OPTIONS[name]))
         object.__setattr__(self, "use_bias", _check_bias(values.get("use_bias", defaults["use_bias"])))
         object.__setattr__(
             self, "attention_dropout", _check_dropout(values.get("attention_dropout", defaults["attention_dropout"]))
@@ -250,7 +308,7 @@ class AttentionGene:
         for name in AXIS_FIELDS:
             options = space.options(name)
             if options == [values[name]]:
-                continue  # resampling could not change it: draw nothing (keeps old RNG streams)
+                continue  # resampling could not change it: draw nothing
             if rng.random() < mutation_rate:
                 values[name] = rng.choice(options)
         return AttentionGene(gene_dict=values)
@@ -260,7 +318,7 @@ class AttentionGene:
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
         child = {n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS}
-        for n in AXIS_FIELDS:  # equal values need no draw (keeps old RNG streams)
+        for n in AXIS_FIELDS:  # equal values need no draw
             child[n] = mine[n] if mine[n] == theirs[n] or rng.random() < 0.5 else theirs[n]
         return AttentionGene(gene_dict=child)
 
@@ -310,7 +368,7 @@ class AttentionGene:
 
 def _random_values(rng, space: SearchSpace) -> dict:
     values = {name: rng.choice(space.options(name)) for name in FIELDS}
-    for name in AXIS_FIELDS:  # a single option is taken without a draw (keeps old RNG streams)
+    for name in AXIS_FIELDS:  # a single option is taken without a draw
         options = space.options(name)
         values[name] = options[0] if len(options) == 1 else rng.choice(options)
     return values
@@ -340,6 +398,3 @@ _VANILLA_VALUES = {
     "attention_dropout": 0.1,
 }
 
-
-def parse_genes(texts: Iterable[str]) -> list:
-    return [AttentionGene.parse(t) for t in texts]

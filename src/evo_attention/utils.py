@@ -1,16 +1,17 @@
-"""Small helpers with the seed project's API: data loaders, seeding, device choice.
+"""The original project's helpers: data loaders, seeding, device choice (the seed API).
 
-New code should use ``evo_attention.data.load_data`` and ``TaskData`` directly; these wrappers keep
-the original ``get_dataloaders`` signature working on top of it.
+New code should use ``evo_attention.data.load_data`` and ``TaskData`` directly; ``get_dataloaders``
+keeps the original signature working on top of it. ``set_seed`` and ``get_device`` live in
+``train.environment``.
 """
 
-import random
-
-import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from .data import TaskData, load_data
+from evo_attention.data import TaskData, load_data
+from evo_attention.train.environment import get_device, set_seed
+
+__all__ = ["get_dataloaders", "get_device", "set_seed"]
 
 
 class _Items(Dataset):
@@ -56,22 +57,3 @@ def get_dataloaders(vocab_size, max_seq_len, batch_size, eval_batch_size, use_wi
     eval_loader = DataLoader(valid, sampler=eval_sampler, batch_size=None)
     train_loader.task_data = eval_loader.task_data = task
     return train_loader, eval_loader
-
-
-def set_seed(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's (CPU and CUDA) random number generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # numpy only takes 32-bit seeds
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
-def get_device() -> torch.device:
-    """The best available device: CUDA, then Apple MPS, then CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")

@@ -12,12 +12,12 @@
 
 import os
 
-from ..errors import UserError
-from .base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
-from .corpus import ENV_DATA_DIR, CorpusData, load_corpus
-from .cache import ENV_CACHE_DIR
-from .recall import RecallData
-from .vocab import Vocab
+from evo_attention.util.errors import UserError
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
+from evo_attention.data.corpus import ENV_DATA_DIR, CorpusData, load_corpus
+from evo_attention.data.cache import ENV_CACHE_DIR
+from evo_attention.data.recall import RecallData
+from evo_attention.data.vocab import Vocab
 
 DATASETS = ("wikitext2", "text", "recall")
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from ..errors import UserError
+from evo_attention.util.errors import UserError
 
 IGNORE_INDEX = -100  # target value that is never scored (torch's cross_entropy default)
 SPLITS = ("train", "valid", "test")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .base import fingerprint_of
+from evo_attention.data.base import fingerprint_of
 
 ENV_CACHE_DIR = "EVO_ATTENTION_CACHE_DIR"
 FORMAT_VERSION = 1

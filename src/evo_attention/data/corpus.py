@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
-from . import cache
-from .base import IGNORE_INDEX, SPLITS, TaskData, check_positive
-from .vocab import EOS, Vocab, check_vocab_size
+from evo_attention.util.errors import UserError
+from evo_attention.data import cache
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive
+from evo_attention.data.vocab import EOS, Vocab, check_vocab_size
 
 ENV_DATA_DIR = "EVO_ATTENTION_DATA_DIR"
 RECIPE_VERSION = 1  # bump whenever tokenization changes: it is part of the cache key

@@ -29,9 +29,9 @@ import hashlib
 
 import torch
 
-from ..errors import UserError
-from .base import IGNORE_INDEX, SPLITS, TaskData, check_positive, fingerprint_of
-from .vocab import Vocab
+from evo_attention.util.errors import UserError
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive, fingerprint_of
+from evo_attention.data.vocab import Vocab
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
 FILL_ID = 0

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from ..errors import UserError
+from evo_attention.util.errors import UserError
 
 UNK = "<unk>"
 EOS = "<eos>"

@@ -25,7 +25,8 @@ import json
 import os
 from pathlib import Path
 
-from .summary import FINAL_RESULTS_KEYS, Attachments, RunSummary, load_attachments, load_run
+from evo_attention.report.attachments import Attachments, load_attachments
+from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, load_run
 
 OUTPUTS = {
     "final_results": "final_results.json",
@@ -49,15 +50,16 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
 
     Raises ``UserError`` if ``run_dir`` holds no run. Each file is replaced atomically.
     """
-    from . import html, markdown, plots, tables  # matplotlib is imported only when writing
+    from evo_attention.report import figures, html, markdown, tables  # matplotlib is imported only when writing
+    from evo_attention.util.files import write_text
 
     run_dir = Path(run_dir)
     summary = load_run(run_dir)
     attachments = load_attachments(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
-    tables.write_text(paths["final_results"], final_results_text(summary))
+    write_text(paths["final_results"], final_results_text(summary))
     tables.write_evaluations_csv(summary, paths["evaluations"])
-    plots.plot_evolution(summary, paths["evolution_progress"])
+    figures.plot_evolution(summary, paths["evolution_progress"])
     plot_distribution(summary, paths["evaluation_distribution"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
@@ -71,8 +73,8 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
     """``evaluation_distribution.png``: every finished search evaluation's perplexity."""
-    from ..analysis.figures import plot_distribution as draw
-    from .summary import failed, perplexity_of
+    from evo_attention.report.figures import plot_distribution as draw
+    from evo_attention.report.summary import failed, perplexity_of
 
     search = [r for r in summary.evaluations if r.get("role") == "search"]
     values = [perplexity_of(r) for r in search if not failed(r)]

@@ -17,9 +17,11 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import markdown as md
-from .summary import Attachments, RunSummary
-from .tables import write_text
+from evo_attention.report import markdown as md
+from evo_attention.report.attachments import Attachments
+from evo_attention.report.studies import contribution_lines
+from evo_attention.report.summary import RunSummary
+from evo_attention.util.files import write_text
 
 STYLE = """
 :root { color-scheme: light; }
@@ -162,7 +164,6 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
 
 
 def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, str]]:
-    from ..analysis.ablation import contribution_lines
 
     run_dir = Path(s.run_dir)
     out = []

@@ -19,8 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .summary import Attachments, RunSummary
-from .tables import code, component_table, fmt, markdown_table, md_cell, write_text
+from evo_attention.report.attachments import Attachments
+from evo_attention.report.summary import RunSummary
+from evo_attention.report.studies import ablation_table as _ablation_cells
+from evo_attention.report.studies import contribution_lines
+from evo_attention.report.studies import validation_table as _validation_cells
+from evo_attention.report.tables import component_table
+from evo_attention.util.files import write_text
+from evo_attention.util.format import code, finite_or_none, fmt, markdown_table, md_cell
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
@@ -88,14 +94,14 @@ def versions_table(versions: Mapping) -> Table:
 
 # -- the tables of the attachments ----------------------------------------------------------------
 def validation_table(result: Mapping) -> Table:
-    from ..analysis.validate import validation_table as build
+    build = _validation_cells
 
     headers, rows, align = build(result)
     return Table(headers, rows, align, (0,))
 
 
 def ablation_table(result: Mapping) -> Table:
-    from ..analysis.ablation import ablation_table as build
+    build = _ablation_cells
 
     headers, rows, align = build(result)
     return Table(headers, rows, align, (2,))
@@ -124,7 +130,6 @@ def maps_table(result: Mapping) -> Table:
 
 
 def _number(value: Any) -> float | None:
-    from .summary import finite_or_none
 
     return finite_or_none(value)
 
@@ -265,7 +270,6 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
                          to_markdown(validation_table(v)), "", f"![Per-seed values]({stem}.png)",
                          "", f"Details: `{v['_file']}`, `{stem}.md`."])
     for ab in a.ablations:
-        from ..analysis.ablation import contribution_lines
 
         stem = ab["_file"].rsplit(".", 1)[0]
         sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",

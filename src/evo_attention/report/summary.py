@@ -14,7 +14,7 @@ Conventions:
 - Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
   A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
 - Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
-  and are turned into ``None`` by ``jsonio.to_jsonable`` before anything is written as JSON.
+  and are turned into ``None`` by ``util.jsonio.to_jsonable`` before anything is written as JSON.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
-from ..jsonio import to_jsonable
-from ..store import RunStore
+from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
+from evo_attention.search.store import RunStore
+from evo_attention.train.record import usable_metric
+from evo_attention.util.format import finite_or_none
+from evo_attention.util.jsonio import to_jsonable
 
 TOP_N = 10  # the component analysis counts options among the best TOP_N genes
 NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a finite perplexity
@@ -48,22 +50,9 @@ FINAL_RESULTS_KEYS = (
 
 
 # -- small helpers ----------------------------------------------------------------------------
-def finite_or_none(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number, else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def perplexity_of(record: Mapping) -> float:
-    """The fitness of an evaluation record: its finite perplexity if it succeeded, else ``inf``."""
-    if record.get("status") != "ok":
-        return math.inf
-    value = finite_or_none(record.get("val_perplexity"))
+    """The fitness of an evaluation record: its usable perplexity, else ``inf``."""
+    value = usable_metric(record)
     return math.inf if value is None else value
 
 
@@ -487,7 +476,7 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
 
 def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
     """Settings rows of a multi-fidelity run: the schedule, the steps saved, the rank correlations."""
-    from ..fidelity import describe_cost, describe_schedule
+    from evo_attention.search.fidelity import describe_cost, describe_schedule
 
     rows = [("Multi-fidelity", f"{describe_schedule(f)}: {describe_cost(f)}")]
     for key, label in (("rank_correlation", "Rank correlation with the full budget"),
@@ -500,90 +489,3 @@ def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
         if parts:
             rows.append((label, "; ".join(parts)))
     return rows
-
-
-# -- attachments: what analyses left in the run directory -----------------------------------------
-VALIDATION_FILES = ("validation.json", "validation_test.json")
-ABLATION_FILES = ("ablation.json", "ablation_test.json")
-COMPARE_FILES = ("compare_results.json", "compare/compare_results.json")
-MAPS_FILE = "attention_maps.json"
-COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy", "time_s", "peak_memory_mb",
-                "params", "status")
-
-
-@dataclass
-class Attachments:
-    """The analysis results found beside a run's store, read as plain dicts.
-
-    ``validations`` / ``ablations``: the parsed ``validation*.json`` / ``ablation*.json``;
-    ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
-    where the file lacks it); ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
-    its figures lie in; ``problems``: one line per file that exists but could not be read (the
-    report says so instead of failing).
-    """
-
-    validations: list[dict] = field(default_factory=list)
-    ablations: list[dict] = field(default_factory=list)
-    compare: list[dict] | None = None
-    maps: list[dict] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def validation(self) -> dict | None:
-        """The validation on the validation split (else the first one found)."""
-        return next((v for v in self.validations if v.get("eval_split") == "valid"),
-                    self.validations[0] if self.validations else None)
-
-
-def _read_json(path: Path, problems: list[str]) -> Any:
-    import json
-
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        problems.append(f"{path.name}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
-        return None
-
-
-def _compare_rows(data: Any, path: Path, problems: list[str]) -> list[dict] | None:
-    results = data.get("results") if isinstance(data, Mapping) else None
-    if not isinstance(results, list):
-        problems.append(f"{path.name}: has no 'results' list")
-        return None
-    return [{key: row.get(key) for key in COMPARE_KEYS} for row in results if isinstance(row, Mapping)]
-
-
-def load_attachments(run_dir: str | os.PathLike) -> Attachments:
-    """Read every analysis result in ``run_dir`` (and ``run_dir/maps``, ``run_dir/maps/*``)."""
-    run_dir = Path(run_dir)
-    found = Attachments()
-    for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
-                                (ABLATION_FILES, found.ablations, "ablation")):
-        for name in names:
-            path = run_dir / name
-            if path.is_file():
-                data = _read_json(path, found.problems)
-                if isinstance(data, Mapping) and data.get("kind") == kind:
-                    target.append({**data, "_file": name})
-                elif data is not None:
-                    found.problems.append(f"{name}: not a {kind} result")
-    for name in COMPARE_FILES:
-        path = run_dir / name
-        if path.is_file():
-            data = _read_json(path, found.problems)
-            if data is not None:
-                found.compare = _compare_rows(data, path, found.problems)
-            break
-    candidates = [run_dir, run_dir / "maps"]
-    if (run_dir / "maps").is_dir():
-        candidates += sorted(p for p in (run_dir / "maps").iterdir() if p.is_dir())
-    for directory in candidates:
-        path = directory / MAPS_FILE
-        if path.is_file():
-            data = _read_json(path, found.problems)
-            if isinstance(data, Mapping) and isinstance(data.get("layers"), list):
-                where = str(directory.relative_to(run_dir)) if directory != run_dir else "."
-                found.maps.append({**data, "_dir": where})
-            elif data is not None:
-                found.problems.append(f"{path.relative_to(run_dir)}: not an attention-maps result")
-    return found

@@ -1,89 +1,22 @@
-"""CSV and markdown table writers, and atomic file writing for every report output.
+"""The run's CSV files and the component-analysis table.
 
-Thin: the rows come from ``RunSummary``; this module only formats cells. Files are written to a
-temporary name and renamed into place, so a reader never sees a half-written report.
+Thin: the rows come from ``RunSummary``; this module only formats cells (``util.format``). Files
+are written atomically (``util.files``), so a reader never sees a half-written report.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
-from .summary import EVALUATION_COLUMNS, RunSummary
+from evo_attention.report.summary import EVALUATION_COLUMNS, RunSummary
+from evo_attention.util.files import write_text
+from evo_attention.util.format import code, csv_cell, fmt, markdown_table, md_cell
 
 COMPONENT_COLUMNS = ("field", "option", "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top")
-
-
-# -- files --------------------------------------------------------------------------------------
-@contextmanager
-def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` in one step."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8, ``\\n`` line ends) to ``path`` atomically."""
-    with atomic_target(path) as tmp:
-        tmp.write_text(text, encoding="utf-8", newline="\n")
-    return Path(path)
-
-
-# -- cells --------------------------------------------------------------------------------------
-def csv_cell(value: Any) -> str:
-    """A CSV cell: empty for None/NaN/inf, ``true``/``false`` for booleans."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ""
-    return str(value)
-
-
-def fmt(value: Any, digits: int = 2) -> str:
-    """A human-readable number: fixed ``digits`` for floats, thousands separators for ints."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def md_cell(value: Any) -> str:
-    """Text safe inside a markdown table cell (pipes escaped, one line)."""
-    text = str(value).replace("\r", " ").replace("\n", " ").strip()
-    return text.replace("|", "\\|")
-
-
-def code(text: Any) -> str:
-    """Inline code for a markdown table cell (a gene key)."""
-    return f"`{md_cell(text)}`" if text is not None else "-"
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
-                   align: str | None = None) -> str:
-    """A GitHub-flavoured markdown table. Cells are used as given (format and escape them with
-    ``fmt``/``md_cell``/``code``); ``align`` is one character per column, ``l`` or ``r``."""
-    align = align or "l" * len(headers)
-    rule = ["---:" if a == "r" else ":---" for a in align]
-    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 # -- CSV ----------------------------------------------------------------------------------------

@@ -1,38 +1,72 @@
-"""Search strategies: they propose genes and learn their fitness; they never train anything.
+"""The search layer: strategies propose genes, the driver evaluates them through the runner and an
+executor, the run store keeps every result.
 
-``make_strategy(name, **options)`` builds one by name (``"ga"`` or ``"random"``); see
-``base.Strategy`` for the ask/tell protocol and ``base`` for how results are ranked.
+Strategies (ask/tell, never train anything): ``make_strategy(name, **settings)`` builds one by name,
+``strategy_from_config(config)`` the one a Config names, and ``register_strategy`` adds a new one::
+
+    @register_strategy("my_search")
+    class MySearch(Strategy):
+        def _propose(self): ...          # the genes of generation self.generation
+        def _update(self, told): ...     # fold [(gene, perplexity)] into self.population
 """
 
 from __future__ import annotations
 
-from ..errors import UserError
-from .base import Member, Strategy, fitness_value, rank_members, ranking_key
-from .ga import GeneticAlgorithm
-from .random_search import RandomSearch
+import inspect
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    GeneticAlgorithm.name: GeneticAlgorithm,
-    RandomSearch.name: RandomSearch,
-}
+from evo_attention.search.base import Individual, Strategy, fitness_value, rank_members, ranking_key
+from evo_attention.search.ga import GeneticAlgorithm
+from evo_attention.search.random_search import RandomSearch
+from evo_attention.util.errors import UserError
+
+STRATEGIES: dict[str, type[Strategy]] = {}
 
 
-def make_strategy(name: str, **options) -> Strategy:
-    """A new strategy ``name`` built with ``options`` (population_size, seed, ...)."""
+def register_strategy(name: str):
+    """Class decorator: make a ``Strategy`` subclass available as ``strategy: name``."""
+    if not isinstance(name, str) or not name.strip() or name != name.strip().lower():
+        raise UserError(f"strategy name {name!r} must be a non-empty lower-case string")
+
+    def decorator(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise UserError(f"register_strategy({name!r}) decorates a Strategy subclass, not {cls!r}")
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+
+    return decorator
+
+
+register_strategy("ga")(GeneticAlgorithm)
+register_strategy("random")(RandomSearch)
+
+
+def strategy_class(name: str) -> type[Strategy]:
     cls = STRATEGIES.get(name.strip().lower()) if isinstance(name, str) else None
     if cls is None:
         raise UserError(f"unknown search strategy {name!r}: valid strategies are {', '.join(STRATEGIES)}")
-    return cls(**options)
+    return cls
 
 
-__all__ = [
-    "GeneticAlgorithm",
-    "Member",
-    "RandomSearch",
-    "STRATEGIES",
-    "Strategy",
-    "fitness_value",
-    "make_strategy",
-    "rank_members",
-    "ranking_key",
-]
+def make_strategy(name: str, **settings) -> Strategy:
+    """A new strategy ``name`` built with ``settings`` (population_size, seed, its own options)."""
+    cls = strategy_class(name)
+    accepted = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            accepted |= {p for p, v in inspect.signature(klass.__init__).parameters.items()
+                         if v.kind == inspect.Parameter.KEYWORD_ONLY}
+    for key in settings:
+        if key not in accepted:
+            raise UserError(f"unknown option {key!r} for strategy {cls.name!r}: valid options are "
+                            f"{', '.join(sorted(accepted))}")
+    return cls(**settings)
+
+
+def strategy_from_config(config) -> Strategy:
+    """The strategy ``config.strategy`` with the config's settings (see ``Strategy.from_config``)."""
+    return strategy_class(config.strategy).from_config(config)
+
+
+__all__ = ["GeneticAlgorithm", "Individual", "RandomSearch", "STRATEGIES", "Strategy", "fitness_value",
+           "make_strategy", "rank_members", "ranking_key", "register_strategy", "strategy_from_config"]

@@ -24,11 +24,11 @@ import operator
 import random
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
-from ..errors import UserError
-from ..genes import ALL_FIELDS, AttentionGene, SearchSpace
+from evo_attention.util.errors import UserError
+from evo_attention.genes import ALL_FIELDS, AttentionGene, SearchSpace
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -56,26 +56,43 @@ def ranking_key(gene: AttentionGene | str, fitness: Any) -> tuple:
 
 
 @dataclass(frozen=True)
-class Member:
-    """One evaluated individual of a population.
+class Individual:
+    """One evaluated member of a population: ``fitness`` is -perplexity (higher is better, -inf if
+    failed).
 
-    ``perplexity`` is ``inf`` when training failed; ``generation`` is the generation in which the
-    gene was first evaluated in this run; ``is_elite`` is True for a member carried over unchanged
-    from the previous generation (it was not evaluated again).
+    ``perplexity`` is what the strategy was told (``inf`` when training failed); ``generation`` is
+    the generation in which the gene was first evaluated in this run; ``is_elite`` is True for a
+    member carried over unchanged from the previous generation (it was not evaluated again).
+    A search driver also attaches the training's ``record``, ``train_loss``, ``status`` and
+    ``steps`` (the budget the result was measured at: below the run's budget for an individual
+    stopped early by a multi-fidelity schedule).
     """
 
     gene: AttentionGene
     perplexity: float
-    generation: int
+    generation: int = 0
     is_elite: bool = False
+    train_loss: float = float("nan")
+    status: str = "ok"
+    steps: int | None = None
+    record: Any = field(default=None, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
         return math.isinf(self.perplexity)
 
+    @property
+    def fitness(self) -> float:
+        return -self.perplexity if math.isfinite(self.perplexity) else float("-inf")
 
-def rank_members(members: Iterable[Member]) -> list[Member]:
-    """Members best first (see ``ranking_key``); elites before equal newcomers (stable sort)."""
+    def to_dict(self) -> dict:
+        return {"gene": self.gene.key, "perplexity": self.perplexity, "fitness": self.fitness,
+                "train_loss": self.train_loss, "generation": self.generation, "status": str(self.status),
+                "is_elite": self.is_elite, "steps": self.steps}
+
+
+def rank_members(members: Iterable[Individual]) -> list[Individual]:
+    """Individuals best first (see ``ranking_key``); elites before equal newcomers (stable sort)."""
     return sorted(members, key=lambda m: ranking_key(m.gene, m.perplexity))
 
 
@@ -137,22 +154,26 @@ class Strategy(ABC):
     - ``generation``: index of the generation being asked/told (0-based); ``n_generations``
       once done.
     - ``done``: True after ``n_generations`` generations have been told.
-    - ``population``: the current population as ``Member`` s, best first.
+    - ``population``: the current population as ``Individual`` s, best first.
     - ``history``: one dict per told generation with ``generation``, ``best_perplexity``,
       ``best_gene`` (key), ``mean_perplexity`` (over the finite perplexities of ``members``;
       NaN if none), ``members`` (``[(key, perplexity)]`` best first) and ``n_evaluated``.
 
-    Subclasses set ``name``, list their extra keyword options with defaults in ``OPTIONS`` and
-    implement ``_propose`` (the genes of the current generation) and ``_update`` (fold the told
-    results into ``population``).
+    Every strategy asks in batches of the same sizes (``population_size`` in generation 0, then
+    ``population_size - elite_size``, for ``n_generations`` generations), so strategies compared at
+    one config spend the same budget. Subclasses set ``name``, take their own settings as keyword
+    arguments, name the Config fields they read in ``CONFIG_FIELDS`` and the keys of
+    ``strategy_options`` they accept in ``OPTIONS`` (with defaults), and implement ``_propose``
+    (the genes of the current generation) and ``_update`` (fold the told results into
+    ``population``). ``register_strategy`` makes one known by name.
     """
 
     name: ClassVar[str] = ""
-    OPTIONS: ClassVar[dict[str, Any]] = {}
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("population_size", "n_generations", "elite_size", "seed")
+    OPTIONS: ClassVar[dict[str, Any]] = {"seed_vanilla": False}
 
-    def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3,
-                 mutation_rate: float = 0.3, crossover_rate: float = 0.7, seed: int = 42,
-                 space: SearchSpace | Mapping | None = None, **options: Any):
+    def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3, seed: int = 42,
+                 space: SearchSpace | Mapping | None = None, seed_vanilla: bool = False):
         self.population_size = _as_int("population_size", population_size, 1)
         self.n_generations = _as_int("n_generations", n_generations, 1)
         self.elite_size = _as_int("elite_size", elite_size, 0)
@@ -161,8 +182,6 @@ class Strategy(ABC):
                 f"elite_size {self.elite_size} must be smaller than population_size "
                 f"{self.population_size}: lower elite_size or raise population_size"
             )
-        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
-        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
         self.seed = _as_int("seed", seed, -(2**63))
         if space is None:
             space = SearchSpace()
@@ -171,20 +190,27 @@ class Strategy(ABC):
         elif not isinstance(space, SearchSpace):
             raise UserError(f"space {space!r} is not a search space: pass a SearchSpace or a dict of options")
         self.space = space
-        unknown = sorted(set(options) - set(self.OPTIONS))
-        if unknown:
-            valid = ", ".join(sorted(self.OPTIONS)) or "none"
-            raise UserError(f"unknown option {unknown[0]!r} for strategy {self.name!r}: valid options are {valid}")
-        self.options = {**self.OPTIONS, **options}
+        self.seed_vanilla = bool(seed_vanilla)
 
         self.rng = random.Random(self.seed)
         self.generation = 0
         self.done = False
-        self.population: list[Member] = []
+        self.population: list[Individual] = []
         self.history: list[dict] = []
         self._pending: list[AttentionGene] | None = None
         self._asked_keys: set[str] = set()
         self._first_generation: dict[str, int] = {}
+
+    @classmethod
+    def from_config(cls, config) -> "Strategy":
+        """The strategy a Config describes: its ``CONFIG_FIELDS``, ``strategy_options`` and space."""
+        options = dict(config.strategy_options)
+        for key in options:
+            if key not in cls.OPTIONS:
+                valid = ", ".join(sorted(cls.OPTIONS)) or "none"
+                raise UserError(f"unknown strategy_options key {key!r} for strategy {cls.name!r}: valid keys are {valid}")
+        settings = {name: getattr(config, name) for name in cls.CONFIG_FIELDS}
+        return cls(**settings, **options, space=config.space())
 
     # -- the protocol ---------------------------------------------------------------------------
     def ask(self) -> list[AttentionGene]:
@@ -238,7 +264,7 @@ class Strategy(ABC):
         return sum(self.batch_size(g) for g in range(self.n_generations))
 
     @property
-    def best(self) -> Member | None:
+    def best(self) -> Individual | None:
         """The best member so far (None before the first ``tell``)."""
         return self.population[0] if self.population else None
 
@@ -256,12 +282,12 @@ class Strategy(ABC):
     def _update(self, told: list[tuple[AttentionGene, float]]) -> None:
         """Fold the told ``(gene, fitness)`` pairs (in asked order) into ``population``."""
 
-    def _history_members(self, told: list[tuple[AttentionGene, float]]) -> list[Member]:
+    def _history_members(self, told: list[tuple[AttentionGene, float]]) -> list[Individual]:
         """The members a history entry lists (default: the population)."""
         return self.population
 
-    def _member(self, gene: AttentionGene, fitness: float, is_elite: bool = False) -> Member:
-        return Member(gene, fitness, self._first_generation.get(gene.key, self.generation), is_elite)
+    def _member(self, gene: AttentionGene, fitness: float, is_elite: bool = False) -> Individual:
+        return Individual(gene, fitness, self._first_generation.get(gene.key, self.generation), is_elite)
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
         """``population_size`` distinct random genes; with option ``seed_vanilla`` the vanilla
@@ -272,7 +298,7 @@ class Strategy(ABC):
             gene = draw_new_gene(self.rng, self.space, taken)
             genes.append(gene)
             taken.add(gene.key)
-        if self.options.get("seed_vanilla"):
+        if self.seed_vanilla:
             vanilla = AttentionGene.vanilla()
             if vanilla not in genes:
                 genes = [vanilla] + genes[:-1]

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import UserError
-from ..genes import AttentionGene
-from .base import Strategy, _as_rate, rank_members
+from evo_attention.util.errors import UserError
+from evo_attention.genes import AttentionGene
+from evo_attention.search.base import Strategy, _as_rate, rank_members
 
 SCHEDULES = ("constant", "adaptive")
 DEDUPE_TRIES = 100
@@ -42,22 +42,19 @@ class GeneticAlgorithm(Strategy):
     """Elitist genetic algorithm with uniform crossover and per-field mutation."""
 
     name = "ga"
-    OPTIONS = {
-        "mutation_schedule": "constant",
-        "mutation_rate_start": 0.6,
-        "seed_vanilla": False,
-        "dedupe": False,
-    }
+    CONFIG_FIELDS = Strategy.CONFIG_FIELDS + ("mutation_rate", "crossover_rate")
+    OPTIONS = {**Strategy.OPTIONS, "mutation_schedule": "constant", "mutation_rate_start": 0.6, "dedupe": False}
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        schedule = self.options["mutation_schedule"]
-        if schedule not in SCHEDULES:
-            raise UserError(f"unknown mutation_schedule {schedule!r}: valid schedules are {', '.join(SCHEDULES)}")
-        self.mutation_schedule = schedule
-        self.mutation_rate_start = _as_rate("mutation_rate_start", self.options["mutation_rate_start"])
-        self.seed_vanilla = bool(self.options["seed_vanilla"])
-        self.dedupe = bool(self.options["dedupe"])
+    def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, mutation_schedule: str = "constant",
+                 mutation_rate_start: float = 0.6, dedupe: bool = False, **batches):
+        super().__init__(**batches)
+        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
+        if mutation_schedule not in SCHEDULES:
+            raise UserError(f"unknown mutation_schedule {mutation_schedule!r}: valid schedules are {', '.join(SCHEDULES)}")
+        self.mutation_schedule = mutation_schedule
+        self.mutation_rate_start = _as_rate("mutation_rate_start", mutation_rate_start)
+        self.dedupe = bool(dedupe)
 
     @property
     def parent_pool_size(self) -> int:

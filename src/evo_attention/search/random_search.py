@@ -7,23 +7,20 @@ the space is exhausted do repeats occur. With the same seed its first batch equa
 generation 0, so the two start from the same point.
 
 ``population`` is everything evaluated so far, best first; each ``history`` entry lists that
-batch's members and the best result so far. ``seed_vanilla`` is honoured as in the GA; the other
-GA options (mutation schedule, dedupe) are accepted and ignored so that one configuration can
-drive either strategy. Crossover and mutation rates are not used.
+batch's members and the best result so far. ``seed_vanilla`` is honoured as in the GA; it takes no
+other option (asking never repeats a gene, so there is nothing to dedupe).
 """
 
 from __future__ import annotations
 
-from ..genes import AttentionGene
-from .base import Member, Strategy, draw_new_gene, rank_members
-from .ga import GeneticAlgorithm
+from evo_attention.genes import AttentionGene
+from evo_attention.search.base import Individual, Strategy, draw_new_gene, rank_members
 
 
 class RandomSearch(Strategy):
     """Uniform sampling without replacement, in GA-sized batches."""
 
     name = "random"
-    OPTIONS = dict(GeneticAlgorithm.OPTIONS)
 
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
@@ -40,5 +37,5 @@ class RandomSearch(Strategy):
         self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
         self.population = rank_members(self.population + self._batch)
 
-    def _history_members(self, told) -> list[Member]:
+    def _history_members(self, told) -> list[Individual]:
         return self._batch

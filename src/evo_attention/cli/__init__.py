@@ -1,0 +1,47 @@
+"""The ``evo-attention`` command: one module per subcommand, each with ``register(subparsers)``.
+
+Each subcommand parses flags into a Config (defaults < --preset < --config FILE < flags, see
+``common``) and calls the library; bad input ends with one line ``evo-attention: error: ...``
+(the library's message, with settings named by their flags) and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from evo_attention.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, user_message
+from evo_attention.util.errors import UserError
+from evo_attention.util.version import __version__
+
+# The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
+COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "maps", "bench", "compare")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evo-attention",
+                                     description="Evolve attention mechanisms for small transformer language models.")
+    parser.add_argument("--version", action="version", version=f"evo-attention {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"evo_attention.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"evo-attention: error: {user_message(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("evo-attention: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

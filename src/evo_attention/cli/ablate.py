@@ -1,0 +1,56 @@
+"""``evo-attention ablate``: what each of a gene's differences from the baseline contributes.
+
+    evo-attention ablate --from-run runs/quick --seeds 5        # the run's best gene
+    evo-attention ablate --gene "dot|sparsemax|output_gate|learned" --preset quick
+"""
+
+from __future__ import annotations
+
+from evo_attention.util.errors import UserError
+from evo_attention.cli.validate import add_analysis_flags, analysis_setup, log_outputs
+
+
+def cmd_ablate(args) -> int:
+    from evo_attention.report.studies import contribution_lines
+    from evo_attention.studies.ablate import ablate, ablation_variants, write_ablation
+    from evo_attention.genes import AttentionGene
+    from evo_attention.util.progress import log
+    from evo_attention.cli.common import executor_from_args
+    from evo_attention.report import load_run
+
+    if args.gene:
+        gene = AttentionGene.parse(args.gene)
+    elif args.from_run:
+        summary = load_run(args.from_run)
+        if summary.best_gene is None:
+            raise UserError(f"the run in {args.from_run} has no finished search evaluation: let it run, or give --gene")
+        gene = AttentionGene.parse(summary.best_gene)
+    else:
+        raise UserError("nothing to ablate: give --gene KEY or --from-run DIR (its best gene)")
+    variants = ablation_variants(gene)  # fails fast on the vanilla gene
+    config, data, store, out, search_seed = analysis_setup(args, "runs/ablate")
+    distinct = len({v.gene.key for v in variants})
+    log(f"ablating {gene} on {data.name}: {len(variants)} variants "
+        f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
+        f"{config.train_steps} steps", args.quiet)
+    try:
+        with executor_from_args(args) as executor:
+            result = ablate(gene, config, data, n_seeds=args.seeds, eval_split=args.eval_split, metric=args.metric,
+                            confidence=args.confidence, store=store, executor=executor, search_seed=search_seed,
+                            source_run=args.from_run, quiet=args.quiet)
+    finally:
+        if store is not None:
+            store.close()
+    paths = write_ablation(result, out)
+    for line in contribution_lines(result):
+        log(line)
+    log_outputs(paths, args.from_run)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ablate", help="swap each of a gene's differences from the baseline back (and add each "
+                              "alone to the baseline) over several seeds: what each component contributes")
+    p.add_argument("--gene", help="the gene to ablate (default with --from-run: the run's best gene)")
+    add_analysis_flags(p, "runs/ablate")
+    p.set_defaults(func=cmd_ablate)

@@ -1,0 +1,55 @@
+"""``evo-attention baseline`` (also ``train``): train and evaluate one gene, by default the vanilla
+transformer, and write ``result.json`` (and the model with ``--save-model``)."""
+
+from __future__ import annotations
+
+from evo_attention.cli.common import add_training_flags, config_from_args, number
+from evo_attention.util.files import output_dir
+from evo_attention.util.jsonio import write_json
+
+
+def cmd_baseline(args) -> int:
+    from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene
+    from evo_attention.train.saving import save_model
+    from evo_attention.train.trainer import run_training
+    from evo_attention.util.progress import log, training_bar
+
+    config = config_from_args(args)
+    gene = AttentionGene.parse(args.gene) if args.gene else AttentionGene.vanilla()
+    out = output_dir(args.out)
+    data = data_from_config(config)
+    log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed})", args.quiet)
+    with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
+        result = run_training(gene, config, data, eval_split=args.eval_split, progress=bar)
+    record, trainer = result.record, result.trainer
+    write_json(out / "result.json", {**record.to_dict(), "config": config.to_dict(),
+                                     "data_description": data.describe()})
+    if data.vocab is not None:
+        (out / "vocab.json").write_text(data.vocab.to_json())
+    if args.save_model and trainer is not None and record["status"] == "ok":
+        save_model(trainer.model, out / "model", vocab=data.vocab, extra={"result": {
+            k: record[k] for k in ("val_perplexity", "val_loss", "accuracy", "eval_split", "steps", "seed")}})
+    split = args.eval_split
+    if record["status"] != "ok":
+        log(f"{gene}: {record['status']} ({record.get('error') or 'non-finite loss'}); record in {out / 'result.json'}")
+        return 1
+    log(f"{gene}: {split} perplexity {number(record['val_perplexity'], 2)}, loss {number(record['val_loss'], 4)}, "
+        f"accuracy {number(record['accuracy'], 4)} over {record['eval_tokens']:,} tokens; train loss "
+        f"{number(record['train_loss'], 4)}; {record['params']:,} parameters; {record['time_s']:.1f}s "
+        f"({number(record['tokens_per_s'], 0)} tokens/s)")
+    log(f"wrote {out / 'result.json'}" + (f" and {out / 'model'}" if args.save_model else ""))
+    return 0
+
+
+def register(sub) -> None:
+    for name, text in (("baseline", "train and evaluate one gene (default: the vanilla transformer)"),
+                       ("train", "the same as baseline: train and evaluate one gene")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--gene", help="gene, e.g. 'dot|sparsemax|output_gate|learned' (default: dot|softmax|none|fixed)")
+        p.add_argument("--out", default="runs/baseline", help="directory for result.json (default runs/baseline)")
+        p.add_argument("--eval-split", choices=["valid", "test"], default="valid")
+        p.add_argument("--save-model", action="store_true", help="also save the trained weights (safetensors)")
+        p.add_argument("--quiet", action="store_true", help="no progress output")
+        add_training_flags(p)
+        p.set_defaults(func=cmd_baseline)

@@ -1,0 +1,84 @@
+"""``evo-attention compare``: train named attention variants at one fixed size and rank them.
+
+    evo-attention compare --preset small --data wikitext2 --data-dir ../shared/data/wikitext-2
+    evo-attention compare --configs baseline,rope_only,"dot|sparsemax|none|fixed" --seeds 3
+    evo-attention compare --list
+
+The model size defaults to the study's 512d / 8 layers / 8 heads / 2048 FFN; ``--preset small``
+is a CPU-sized comparison (see ``evo_attention.compare``). Writes compare_results.json,
+compare.md and compare.png into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="train named attention variants at one fixed model size and rank them",
+                              description="Train a list of named attention configurations (or gene strings) at one "
+                                          "model size, for the same steps, batch and seeds, and rank them by "
+                                          "validation loss.")
+    p.add_argument("--configs", metavar="LIST",
+                   help="comma-separated names (see --list) and/or gene strings; default: all 13 named configurations")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="train each configuration with N seeds "
+                   "(seed, seed+1, ...) and report mean ± sd (default 1)")
+    p.add_argument("--from-run", metavar="DIR", help="also compare the best gene of the search run in DIR (as 'evolved')")
+    p.add_argument("--list", action="store_true", help="print the named configurations and exit")
+    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    from evo_attention.cli.common import add_executor_flags, add_training_flags
+
+    add_training_flags(p)
+    add_executor_flags(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def compare_config(args):
+    """Config: defaults < the study's size < --preset (small, quick or seed) < --config < flags."""
+    from evo_attention.cli.common import checked, explicit_settings
+    from evo_attention.studies.compare import COMPARE_PRESETS, settings_for
+    from evo_attention.train.config import Config
+    from evo_attention.train.presets import PRESETS
+
+    preset = args.preset
+    if preset is not None and preset not in COMPARE_PRESETS and preset not in PRESETS:
+        raise UserError(f"unknown preset {preset!r}: valid presets for compare are "
+                        f"{', '.join(list(COMPARE_PRESETS) + list(PRESETS))}")
+    general = argparse.Namespace(**{**vars(args), "preset": None if preset in COMPARE_PRESETS else preset})
+    settings = settings_for(preset, explicit_settings(general))
+    return checked(Config.from_dict(settings, source="the command line"))
+
+
+def cmd_compare(args) -> int:
+    from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
+    from evo_attention.cli.common import executor_from_args
+    from evo_attention.util.progress import log
+
+    config = compare_config(args)
+    if args.list:
+        print(list_table(config.d_model))
+        return 0
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
+    entries = resolve_configs(args.configs, config.d_model)
+    if args.from_run:
+        entries.append(evolved_entry(args.from_run))
+    executor = executor_from_args(args)
+    out = Path(args.out)
+    log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) at {config.d_model}d x {config.n_layers} "
+        f"layers x {config.n_heads} heads (FFN {config.ffn_dim}), {config.train_steps} steps of batch "
+        f"{config.batch_size}, data {config.data}", args.quiet)
+    with executor:
+        payload = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, quiet=args.quiet)
+    summary = payload["summary"]
+    for row in summary["ranking"][:3]:
+        change = "" if row["perplexity_change_pct"] is None else f" ({row['perplexity_change_pct']:+.1f}% ppl vs baseline)"
+        log(f"#{row['rank']} {row['name']}: loss {row['val_loss']:.4f}{change}", args.quiet)
+    for failed in summary["failed"]:
+        log(f"{failed['name']}: {failed['status']}", args.quiet)
+    log(f"results in {out}: compare_results.json, compare.md, compare.png", args.quiet)
+    return 0 if summary["n_ok"] else 1

@@ -1,0 +1,110 @@
+"""``evo-attention attention-maps``: draw and measure a trained model's attention weights.
+
+    evo-attention attention-maps --model runs/best/model --text "the cat sat on the mat"
+    evo-attention attention-maps --gene "dot|sparsemax|none|fixed" --preset quick --steps 200
+    evo-attention attention-maps --from-run runs/quick          # the run's best gene -> runs/quick/maps
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+
+def _trained_model(args):
+    """(model, vocab, data, source) for --gene / --from-run: trained here on the fly."""
+    from evo_attention.cli.common import checked, explicit_settings
+    from evo_attention.train.config import Config
+    from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene
+    from evo_attention.util.progress import log, training_bar
+    from evo_attention.report import load_run
+    from evo_attention.search.store import RunStore
+    from evo_attention.train.trainer import run_training
+
+    settings = explicit_settings(args)
+    if args.from_run:
+        with RunStore.open(args.from_run, readonly=True) as run:
+            stored = run.config()
+        config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
+        if args.gene:
+            gene = AttentionGene.parse(args.gene)
+        else:
+            best = load_run(args.from_run).best_gene
+            if best is None:
+                raise UserError(f"the run in {args.from_run} has no finished search evaluation: give --gene")
+            gene = AttentionGene.parse(best)
+    else:
+        config = checked(Config.from_dict(settings, source="the command line"))
+        gene = AttentionGene.parse(args.gene)
+    data = data_from_config(config)
+    log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}) to draw its maps",
+        args.quiet)
+    with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
+        result = run_training(gene, config, data, progress=bar)
+    record, trainer = result.record, result.trainer
+    if record["status"] != "ok" or trainer is None:
+        raise UserError(f"training {gene.key} ended with status {record['status']} "
+                        f"({record.get('error') or 'non-finite loss'}): try fewer --steps or a lower --lr")
+    source = {"gene": gene.key, "steps": config.train_steps, "seed": config.seed, "data": data.name,
+              "val_perplexity": record.get("val_perplexity"), "accuracy": record.get("accuracy"),
+              "run": args.from_run}
+    return trainer.model.eval(), data.vocab, data, source
+
+
+def _saved_model(args):
+    from evo_attention.train.saving import load_model, load_vocab
+
+    model = load_model(args.model)
+    vocab = load_vocab(args.model)
+    return model, vocab, None, {"model": str(args.model)}
+
+
+def cmd_maps(args) -> int:
+    from evo_attention.studies.maps import attention_maps, encode_text, validation_sample
+    from evo_attention.data import data_from_config
+    from evo_attention.util.progress import log
+
+    chosen = [name for name in ("model", "gene") if getattr(args, name)]
+    if args.model and (args.gene or args.from_run):
+        raise UserError("give either --model DIR (a saved model) or --gene/--from-run (train one), not both")
+    if not chosen and not args.from_run:
+        raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
+    model, vocab, data, source = _saved_model(args) if args.model else _trained_model(args)
+    max_len = model.config.max_seq_len
+    if args.text is not None:
+        ids = encode_text(args.text, vocab, max_len)
+        text_source = "--text"
+    else:
+        if data is None:
+            data = data_from_config(model.config)
+        length = min(args.length, data.seq_len, max_len)
+        ids = validation_sample(data, length, args.sample)
+        text_source = f"validation example {args.sample}, first {len(ids)} tokens"
+    out = Path(args.out) if args.out else Path(args.from_run) / "maps" if args.from_run else Path("runs/maps")
+    result = attention_maps(model, ids, out, vocab=vocab, source=source, text_source=text_source)
+    for layer in result["layers"]:
+        heads = ", ".join(f"h{m['head']} {100 * m['sparsity']:.0f}% zeros / H {m['entropy']:.2f} / "
+                          f"d {m['mean_distance']:.1f}" for m in layer["heads"])
+        log(f"layer {layer['layer']} {layer['str']}: {heads}")
+    log(f"wrote {out / 'attention_maps.json'} and {len(result['layers'])} figure(s) in {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    from evo_attention.cli.common import add_training_flags
+
+    p = subparsers.add_parser("attention-maps", help="draw a model's attention weights per layer and head, and "
+                              "measure their sparsity, entropy and distance")
+    p.add_argument("--model", metavar="DIR", help="a saved model (baseline --save-model writes DIR/model)")
+    p.add_argument("--gene", help="train this gene on the fly (with --steps and the data flags) and draw it")
+    p.add_argument("--from-run", metavar="DIR", help="train the run's best gene (or --gene) with the run's settings; "
+                   "outputs go to DIR/maps")
+    p.add_argument("--text", help="the words to attend over (the model's vocabulary; unknown words become <unk>)")
+    p.add_argument("--sample", type=int, default=0, help="without --text: which validation example (default 0)")
+    p.add_argument("--length", type=int, default=32, help="without --text: tokens of the example to show (default 32)")
+    p.add_argument("--out", help="output directory (default runs/maps, or DIR/maps with --from-run)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_training_flags(p)
+    p.set_defaults(func=cmd_maps)

@@ -1,0 +1,124 @@
+"""``evo-attention search``: run (or resume) a search into a run directory, then write its report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_training_flags,
+                                      checked, executor_from_args, explicit_settings, flag_of,
+                                      install_sigterm_handler, number)
+from evo_attention.util.errors import UserError
+
+
+# settings that may differ when a run is resumed (where it runs, where its data lies); the data
+# itself is checked by fingerprint. The executor flags (--workers, --executor, ...) are not part of
+# the config at all: a run may be resumed with any executor.
+RESUMABLE_CHANGES = ("device", "data_dir")
+
+
+def search_config(args):
+    """The config of a new run, or the stored config of a resumed one (checked against the flags)."""
+    from evo_attention.search.store import RunStore
+    from evo_attention.train.config import Config
+
+    extra = {}
+    if args.no_baseline:
+        extra["baseline"] = False
+    extra.update({name: getattr(args, flag) for flag, name in FIDELITY_FLAGS.items()
+                  if getattr(args, flag, None) is not None})
+    options = {name: value for name, value in (("dedupe", args.dedupe or None), ("seed_vanilla", args.seed_vanilla or None),
+                                               ("mutation_schedule", args.mutation_schedule)) if value is not None}
+    settings = explicit_settings(args, extra)
+    if options:
+        settings["strategy_options"] = {**settings.get("strategy_options", {}), **options}
+    if not args.resume:
+        return checked(Config.from_dict(settings, source="the command line"))
+    with RunStore.open(args.out, readonly=True) as store:
+        stored = store.config()
+    for name, value in settings.items():
+        if name not in RESUMABLE_CHANGES and stored.get(name) != value:
+            raise UserError(f"{flag_of(name) or name} {value!r} contradicts the run in {args.out} (it has {stored.get(name)!r}): "
+                            "drop the setting to resume, or start a new run with --overwrite")
+    merged = {**stored, **{k: settings[k] for k in RESUMABLE_CHANGES if k in settings}}
+    return checked(Config.from_dict(merged, source=f"the run in {args.out}"))
+
+
+def _executor_text(executor) -> str:
+    details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in executor.describe().items()
+                        if k != "name" and v is not None)
+    return f"{executor.name} ({details})" if details else executor.name
+
+
+def cmd_search(args) -> int:
+    from evo_attention.studies.evolution import Evolution
+    from evo_attention.util.progress import log
+
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other: choose one")
+    config = search_config(args)
+    out = Path(args.out)
+    executor = executor_from_args(args)
+    evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
+                          executor=executor)
+    resume_cmd = f"evo-attention search --resume --out {out}"
+    install_sigterm_handler()
+    log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
+        f"{config.population_size} x {config.n_generations} generations, {config.train_steps} steps per model, "
+        f"data {evolution.data.name}; {evolution.planned} evaluations planned; executor {_executor_text(executor)}"
+        + (f"; fidelity {evolution.schedule.to_dict()['mode']}, rungs {'/'.join(map(str, evolution.schedule.rungs))} "
+           "steps" if evolution.schedule else ""), args.quiet)
+    try:
+        with evolution:
+            evolution.run()
+    except KeyboardInterrupt:
+        print(f"evo-attention: interrupted; every finished evaluation is saved in {out / 'run.db'}.\n"
+              f"resume with: {resume_cmd}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    from evo_attention.report import load_run
+
+    summary = load_run(out)
+    log(summary.statement)
+    if summary.best_gene is not None:
+        line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
+        if summary.improvement:
+            line += (f"  vs baseline {number(summary.baseline['perplexity'])} "
+                     f"({summary.improvement['percent']:+.1f}%)")
+        log(line)
+    if evolution.schedule is not None:
+        from evo_attention.search.fidelity import fidelity_lines
+        from evo_attention.search.store import RunStore
+
+        with RunStore.open(out, readonly=True) as store:
+            for line in fidelity_lines(store.get_meta("fidelity") or {}):
+                log(line.strip())
+    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, report.md")
+    return 0 if summary.best_gene is not None else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("search", help="run (or resume) an evolutionary search over attention mechanisms")
+    p.add_argument("--out", default="runs/search", help="run directory (default runs/search)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--no-baseline", action="store_true", help="do not train the vanilla transformer for comparison")
+    p.add_argument("--dedupe", action="store_true", help="re-draw offspring that repeat an evaluated gene")
+    p.add_argument("--seed-vanilla", action="store_true", help="put the vanilla transformer into generation 0")
+    p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
+                   help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_training_flags(p, search=True)
+    add_executor_flags(p, "execution (not part of the run: a run may be resumed with another executor)")
+    f = p.add_argument_group("multi-fidelity (part of the run: changes its results)")
+    f.add_argument("--fidelity", choices=["full", "halving"],
+                   help="halving: successive halving inside each generation; only the best 1/eta of the new "
+                        "individuals at each rung train on (default full)")
+    f.add_argument("--hurdle", type=float, metavar="Q",
+                   help="stop individuals whose loss at the first rung is worse than the generation's Q-quantile")
+    f.add_argument("--halving-eta", type=int, metavar="ETA", help="keep the best 1/ETA at each rung (default 3)")
+    f.add_argument("--halving-rungs", type=int, metavar="R",
+                   help="rungs at budget/ETA^k steps, k = R-1 ... 0, the full budget included (default 3)")
+    f.add_argument("--halving-audit", type=int, metavar="N",
+                   help="per generation, train N randomly chosen new individuals to the full budget whatever "
+                        "their early loss, to measure on them how well early losses predict final ones (default 0)")
+    p.set_defaults(func=cmd_search)

@@ -1,0 +1,158 @@
+"""``evo-attention validate``: re-train genes and the baseline with fresh seeds and compare them.
+
+    evo-attention validate --from-run runs/quick --top 3 --seeds 5
+    evo-attention validate --genes "dot|sparsemax|output_gate|learned" --preset quick --seeds 5
+
+The seeds are ``seed + 1 ... seed + N`` (``--seed`` defaults to the run's search seed), never the
+search seed itself. ``analysis_setup`` and ``add_analysis_flags`` are shared with ``ablate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+
+def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
+    from evo_attention.report.studies import METRICS
+    from evo_attention.studies.common import DEFAULT_SEEDS
+    from evo_attention.cli.common import add_executor_flags, add_training_flags
+
+    p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
+                   "its store caches and keeps the trainings, and the outputs go into it")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; never the "
+                        "search seed)")
+    p.add_argument("--eval-split", choices=["valid", "test"], default="valid",
+                   help="measure on the validation split (default) or the test split (outputs get a _test suffix)")
+    p.add_argument("--metric", choices=list(METRICS), default="val_perplexity",
+                   help="what to compare (default val_perplexity)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of intervals and verdicts (default 0.95)")
+    p.add_argument("--out", help=f"output directory (default: the run directory with --from-run, else {default_out})")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_training_flags(p)
+    add_executor_flags(p, "execution (as for search)")
+
+
+def analysis_setup(args, default_out: str):
+    """(config, data, store or None, out dir, search seed or None) of an analysis command."""
+    from evo_attention.studies.common import validation_seeds
+    from evo_attention.cli.common import checked, explicit_settings
+    from evo_attention.train.config import Config
+    from evo_attention.data import data_from_config
+    from evo_attention.util.progress import log
+    from evo_attention.search.store import RunStore
+
+    settings = explicit_settings(args)
+    search_seed = None
+    store = None
+    if args.from_run:
+        with RunStore.open(args.from_run, readonly=True) as run:
+            stored = run.config()
+            stored_data = run.get_meta("data") or {}
+        config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
+        search_seed = stored.get("seed")
+    else:
+        config = checked(Config.from_dict(settings, source="the command line"))
+        stored_data = {}
+    validation_seeds(config.seed, args.seeds, search_seed)  # fail before loading any data
+    data = data_from_config(config)
+    if args.from_run:
+        if stored_data.get("fingerprint") not in (None, data.fingerprint):
+            log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
+                f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
+                "the search",
+                args.quiet)
+        store = RunStore.open(args.from_run)
+    out = Path(args.out) if args.out else Path(args.from_run) if args.from_run else Path(default_out)
+    return config, data, store, out, search_seed
+
+
+def run_genes(args, summary, top: int) -> list[str]:
+    """The genes to validate: --genes, else the best ``top`` of the run (the baseline excluded)."""
+    from evo_attention.genes import AttentionGene
+
+    if args.genes:
+        genes = [g for g in (t.strip() for t in args.genes.split(",")) if g]
+        if not genes:
+            raise UserError(f"--genes {args.genes!r} names no gene: give keys like 'dot|sparsemax|output_gate|learned'")
+        return [AttentionGene.parse(g).key for g in genes]
+    if summary is None:
+        raise UserError("nothing to validate: give --genes KEY[,KEY...] or --from-run DIR")
+    if top < 1:
+        raise UserError(f"--top {top} must be at least 1")
+    vanilla = AttentionGene.vanilla().key
+    ranked = [r["gene"] for r in summary.ranking if r["gene"] != vanilla]
+    if not ranked:
+        raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to validate: let it run, "
+                        "or give --genes")
+    return ranked[:top]
+
+
+def search_values(summary, keys, metric: str, config, eval_split: str) -> dict:
+    """Each gene's value in the search (its search-seed training; the baseline's too), when comparable."""
+    from evo_attention.train.record import usable_metric
+
+    if summary is None or eval_split != "valid" or config.train_steps != summary.config.get("train_steps"):
+        return {}
+    seed = summary.config.get("seed")
+    out = {}
+    for record in summary.evaluations:
+        if record.get("role") in ("search", "baseline") and record.get("gene") in keys and record.get("seed") == seed:
+            value = usable_metric(record, metric)
+            if value is not None:
+                out.setdefault(record["gene"], value)
+    return out
+
+
+def log_outputs(paths: dict, from_run: str | None) -> None:
+    """Say which files an analysis wrote and, for a run's analysis, how to fold them into its report."""
+    from evo_attention.util.progress import log
+
+    log(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if from_run:
+        log(f"fold it into the run's report with: evo-attention report {from_run}")
+
+
+def cmd_validate(args) -> int:
+    from evo_attention.studies.validate import validate_genes, write_validation
+    from evo_attention.genes import AttentionGene
+    from evo_attention.util.progress import log
+    from evo_attention.cli.common import executor_from_args
+    from evo_attention.report import load_run
+
+    summary = load_run(args.from_run) if args.from_run else None
+    genes = run_genes(args, summary, args.top)
+    config, data, store, out, search_seed = analysis_setup(args, "runs/validate")
+    vanilla = AttentionGene.vanilla().key
+    log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {args.seeds} seeds each "
+        f"({config.seed + 1}..{config.seed + args.seeds}), {config.train_steps} steps, {args.eval_split} split",
+        args.quiet)
+    known = search_values(summary, genes + [vanilla], args.metric, config, args.eval_split)
+    try:
+        with executor_from_args(args) as executor:
+            result = validate_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
+                                    metric=args.metric, confidence=args.confidence, store=store, executor=executor,
+                                    search_seed=search_seed, search_values=known, source_run=args.from_run,
+                                    quiet=args.quiet)
+    finally:
+        if store is not None:
+            store.close()
+    paths = write_validation(result, out)
+    log(result["headline"].replace("**", ""))
+    for row in result["genes"]:
+        log(f"  {row['str']}: {row['verdict']}")
+    log_outputs(paths, args.from_run)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
+                              "confidence intervals, Welch tests with Holm correction")
+    p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
+    p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
+    add_analysis_flags(p, "runs/validate")
+    p.set_defaults(func=cmd_validate)

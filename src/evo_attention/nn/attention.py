@@ -1,0 +1,155 @@
+"""EvolvedAttention: multi-head causal self-attention assembled from a gene.
+
+    h            = gating.gate_input(x)                 # identity unless input_gate
+    q, k, v      = split(W_qkv h)                       # one fused projection (or low rank)
+    q, k         = rotary(q, k)                         # position=rope only
+    scores       = similarity(q, k) / temperature(x)    # [B, H, T, T]
+           (+ bias)                                     # position=alibi and/or attn_bias=rel
+    weights      = normalization(scores, causal & mask) # exact zeros on masked keys
+    y            = W_o (dropout(weights) @ v)
+    out          = gating(x, y)
+
+With ``qkv_rank`` r > 0 the Q/K/V projection is factorised as in DeepSeek's latent attention
+(``LowRankQKV``): q = U_q (D_q h) and [k, v] = U_kv (D_kv h) with d_model -> r -> d_model maps,
+5 d r weights instead of 3 d^2 (fewer when r < 0.6 d). Rotary embeddings then rotate the
+up-projected q and k (nothing is absorbed, so no decoupled rope key is needed).
+
+When the similarity is a plain dot product of (possibly transformed) q and k and the
+normalization is softmax, the same function is computed by PyTorch's fused
+``scaled_dot_product_attention`` (the temperature folds into q, since it depends on the query
+position at most; rotary embeddings rotate q and k first; a score bias goes in as a float
+attention mask with -inf on future keys). ``fused=False`` forces the plain path, which tests
+compare against. On CPU, training with attention dropout also takes the plain path: SDPA's CPU
+kernel cannot drop out, falls back to unfused math with PyTorch's dropout, and ``dropout.py``'s
+mask is cheaper.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from evo_attention.nn import components, positions
+from evo_attention.nn.dropout import dropout
+from evo_attention.util.errors import UserError
+from evo_attention.genes import AttentionGene
+
+
+def causal_mask(t: int, device=None) -> torch.Tensor:
+    """Bool [T, T], True where query i may attend key j (j <= i)."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
+
+
+class LowRankQKV(nn.Module):
+    """Factorised Q/K/V projection: h [B, T, d] -> [B, T, 3d] = [U_q D_q h, U_kv D_kv h].
+
+    Separate rank-r latents for the query and for the key/value pair (as in DeepSeek-V2's
+    multi-head latent attention); the up-projections carry the bias when ``bias``. Initialised so
+    that its output has the variance of a full N(0, 0.02) projection of a unit-variance input:
+    D ~ N(0, 1/d), U ~ N(0, 0.02^2 d / r).
+    """
+
+    def __init__(self, d_model: int, rank: int, bias: bool, std: float = 0.02):
+        super().__init__()
+        self.rank = rank
+        self.q_down = nn.Linear(d_model, rank, bias=False)
+        self.q_up = nn.Linear(rank, d_model, bias=bias)
+        self.kv_down = nn.Linear(d_model, rank, bias=False)
+        self.kv_up = nn.Linear(rank, 2 * d_model, bias=bias)
+        for down, up in ((self.q_down, self.q_up), (self.kv_down, self.kv_up)):
+            nn.init.normal_(down.weight, std=d_model ** -0.5)
+            nn.init.normal_(up.weight, std=std * (d_model / rank) ** 0.5)
+            if up.bias is not None:
+                nn.init.zeros_(up.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat((self.q_up(self.q_down(h)), self.kv_up(self.kv_down(h))), dim=-1)
+
+
+class EvolvedAttention(nn.Module):
+    """Causal multi-head self-attention built from ``gene``.
+
+    ``max_seq_len`` is needed only by ``attn_bias=rel`` (the size of its table of offsets).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, gene: AttentionGene | str, *, fused: bool = True,
+                 max_seq_len: int | None = None):
+        super().__init__()
+        if d_model % n_heads:
+            raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        bias = self.gene.use_bias
+        if self.gene.qkv_rank:
+            self.qkv = LowRankQKV(d_model, self.gene.qkv_rank, bias)
+        else:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = positions.build_rotary(self.gene.position, self.d_head)
+        self.score_biases = positions.build_score_biases(self.gene.position, self.gene.attn_bias, n_heads, max_seq_len)
+        self.similarity = components.SIMILARITIES[self.gene.similarity](self.d_head, n_heads)
+        self.normalize = components.NORMALIZATIONS[self.gene.normalization]
+        self.temperature = components.TEMPERATURES[self.gene.temperature_mode](d_model, n_heads, self.d_head)
+        self.gating = components.GATINGS[self.gene.gating](d_model)
+        self.dropout_p = self.gene.attention_dropout
+        self.fused = fused
+
+    @property
+    def can_fuse(self) -> bool:
+        return bool(getattr(self.similarity, "dot_form", False)) and self.gene.normalization == "softmax"
+
+    def score_bias(self, t: int, device=None) -> torch.Tensor | None:
+        """The [H, T, T] float bias added to the logits (None without alibi / attn_bias)."""
+        bias = None
+        for module in self.score_biases:
+            term = module(t, device)
+            bias = term if bias is None else bias + term
+        return bias
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False):
+        """x [B, T, d_model] -> [B, T, d_model] (and the [B, H, T, T] weights if need_weights).
+
+        ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
+        where attention is allowed; it is combined with the causal mask, never replaces it.
+        """
+        b, t, _ = x.shape
+        h = self.gating.gate_input(x)
+        q, k, v = self.qkv(h).view(b, t, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        tau = self.temperature(x)
+        bias = self.score_bias(t, x.device)
+        dropout_p = self.dropout_p if self.training else 0.0
+        weights = None
+        # On CPU, SDPA with dropout falls back to unfused math with PyTorch's slower dropout mask
+        fused = self.fused and self.can_fuse and mask is None and not need_weights
+        if fused and not (dropout_p > 0 and x.device.type == "cpu"):
+            q, k = self.similarity.prepare(q, k)
+            q = q / tau.to(q.dtype)
+            if bias is None:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0)
+            else:
+                float_mask = bias.masked_fill(~causal_mask(t, x.device), float("-inf")).to(q.dtype)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=1.0)
+        else:
+            allowed = causal_mask(t, x.device)
+            if mask is not None:
+                if mask.dim() == 2 and mask.shape == (b, t):
+                    mask = mask[:, None, None, :]
+                allowed = allowed & mask.bool()
+            if getattr(self.similarity, "causal_skip", False):  # may skip future keys: masked below
+                scores = self.similarity(q, k, causal=True)
+            else:
+                scores = self.similarity(q, k)
+            scores = scores / tau.to(scores.dtype)
+            if bias is not None:
+                scores = scores + bias
+            weights = self.normalize(scores, allowed)
+            y = dropout(weights, dropout_p, self.training).to(v.dtype) @ v
+        y = self.out(y.transpose(1, 2).reshape(b, t, self.d_model))
+        out = self.gating(x, y)
+        return (out, weights) if need_weights else out
+
+    def extra_repr(self) -> str:
+        return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}"

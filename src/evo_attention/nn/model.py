@@ -1,0 +1,142 @@
+"""TinyTransformer: a small pre-norm decoder-only language model whose attention is evolved.
+
+token (+ learned position) embeddings -> N x [x + Attn(LN(x)); x + FFN(LN(x))] -> LN -> tied head.
+The FFN is 4x wide with GELU; the embeddings and the model's own linear layers start at N(0, 0.02)
+(components keep their own initialisation). Each layer may use a different gene.
+
+The learned absolute position table exists only when the genes' ``position`` is ``learned`` (the
+default); with ``rope``, ``alibi`` or ``none`` each attention layer handles word order itself
+and the model has no position table. Per-layer genes must agree on whether the table is used:
+a mix (say ``learned`` and ``rope``) is an error, since the input embedding is shared by every
+layer and "learned" would silently leak into the others. Mixing ``rope``, ``alibi`` and ``none``
+across layers is fine.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from evo_attention.nn.attention import EvolvedAttention
+from evo_attention.train.config import Config
+from evo_attention.nn.dropout import Dropout
+from evo_attention.util.errors import UserError
+from evo_attention.genes import AttentionGene
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+        self.act = nn.GELU()
+        self.drop = Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.down(self.act(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config, gene: AttentionGene):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.d_model)
+        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len)
+        self.drop = Dropout(config.dropout)
+        self.ln2 = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)
+
+    def forward(self, x, need_weights: bool = False):
+        if need_weights:
+            a, weights = self.attn(self.ln1(x), need_weights=True)
+        else:
+            a, weights = self.attn(self.ln1(x)), None
+        x = x + self.drop(a)
+        x = x + self.ffn(self.ln2(x))
+        return x, weights
+
+
+def _as_gene_list(gene, n_layers: int) -> list:
+    if isinstance(gene, (AttentionGene, str)):
+        genes = [gene] * n_layers
+    else:
+        genes = list(gene)
+        if len(genes) != n_layers:
+            raise UserError(f"got {len(genes)} genes for {n_layers} layers: give one gene or one per layer")
+    return [AttentionGene.parse(g) if isinstance(g, str) else g for g in genes]
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, config: Config, gene: AttentionGene | str | Sequence[AttentionGene | str]):
+        super().__init__()
+        if config.vocab_size is None:
+            raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
+        self.config = config
+        self.genes = _as_gene_list(gene, config.n_layers)
+        absolute = {g.uses_absolute_positions for g in self.genes}
+        if len(absolute) > 1:
+            raise UserError("per-layer genes mix position=learned with rope/alibi/none ("
+                            + ", ".join(g.position for g in self.genes)
+                            + "): the learned table is added at the input, so give every layer learned or none of them")
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        # absent (None) unless the genes use learned absolute positions
+        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute == {True} else None
+        self.drop = Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # weight tying
+        self._init_own_weights()
+
+    @property
+    def gene(self) -> AttentionGene:
+        """The gene of the first layer (all layers share it unless built with a list)."""
+        return self.genes[0]
+
+    def _init_own_weights(self):
+        own_linears = []
+        for block in self.blocks:  # a low-rank Q/K/V projection initialises itself
+            qkv = [block.attn.qkv] if isinstance(block.attn.qkv, nn.Linear) else []
+            own_linears += qkv + [block.attn.out, block.ffn.up, block.ffn.down]
+        for layer in own_linears:
+            nn.init.normal_(layer.weight, mean=0.0, std=0.02)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
+        if self.pos_emb is not None:
+            nn.init.normal_(self.pos_emb.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each counted once (the tied head is not counted twice)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def hidden_states(self, ids: torch.Tensor, need_weights: bool = False):
+        b, t = ids.shape
+        if t > self.config.max_seq_len:
+            raise UserError(f"sequence of {t} tokens is longer than max_seq_len {self.config.max_seq_len}")
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(t, device=ids.device))
+        x = self.drop(x)
+        maps = []
+        for block in self.blocks:
+            x, weights = block(x, need_weights)
+            maps.append(weights)
+        return self.ln_f(x), maps
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] -> logits [B, T, vocab]."""
+        x, _ = self.hidden_states(ids)
+        return self.head(x)
+
+    @torch.no_grad()
+    def attention_maps(self, ids: torch.Tensor) -> list:
+        """One [B, H, T, T] weight tensor per layer, computed in eval mode (no dropout)."""
+        was_training = self.training
+        self.eval()
+        try:
+            _, maps = self.hidden_states(ids, need_weights=True)
+        finally:
+            self.train(was_training)
+        return [m.float() for m in maps]

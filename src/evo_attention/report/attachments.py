@@ -1,0 +1,109 @@
+"""What the studies leave in a run directory, and how the report finds it.
+
+The file names are defined here once: the studies write under these names, the report reads them
+(``load_attachments``), so the report never needs the studies' code.
+
+- ``validation.json`` / ``validation_test.json``: ``evo-attention validate``
+- ``ablation.json`` / ``ablation_test.json``: ``evo-attention ablate``
+- ``compare_results.json`` (also in ``compare/``): ``evo-attention compare``
+- ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
+  ``evo-attention attention-maps``
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+COMPARE_RESULTS, COMPARE_TABLE, COMPARE_FIGURE = "compare_results.json", "compare.md", "compare.png"
+MAPS_FILE = "attention_maps.json"
+VALIDATION_FILES = ("validation.json", "validation_test.json")
+ABLATION_FILES = ("ablation.json", "ablation_test.json")
+COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
+
+
+def output_stem(kind: str, eval_split: str) -> str:
+    """``validation`` for the validation split, ``validation_test`` for the test split (any ``kind``)."""
+    return kind if eval_split == "valid" else f"{kind}_{eval_split}"
+COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy", "time_s", "peak_memory_mb",
+                "params", "status")
+
+
+@dataclass
+class Attachments:
+    """The analysis results found beside a run's store, read as plain dicts.
+
+    ``validations`` / ``ablations``: the parsed ``validation*.json`` / ``ablation*.json``;
+    ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
+    where the file lacks it); ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
+    its figures lie in; ``problems``: one line per file that exists but could not be read (the
+    report says so instead of failing).
+    """
+
+    validations: list[dict] = field(default_factory=list)
+    ablations: list[dict] = field(default_factory=list)
+    compare: list[dict] | None = None
+    maps: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def validation(self) -> dict | None:
+        """The validation on the validation split (else the first one found)."""
+        return next((v for v in self.validations if v.get("eval_split") == "valid"),
+                    self.validations[0] if self.validations else None)
+
+
+def _read_json(path: Path, problems: list[str]) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problems.append(f"{path.name}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        return None
+
+
+def _compare_rows(data: Any, path: Path, problems: list[str]) -> list[dict] | None:
+    results = data.get("results") if isinstance(data, Mapping) else None
+    if not isinstance(results, list):
+        problems.append(f"{path.name}: has no 'results' list")
+        return None
+    return [{key: row.get(key) for key in COMPARE_KEYS} for row in results if isinstance(row, Mapping)]
+
+
+def load_attachments(run_dir: str | os.PathLike) -> Attachments:
+    """Read every analysis result in ``run_dir`` (and ``run_dir/maps``, ``run_dir/maps/*``)."""
+    run_dir = Path(run_dir)
+    found = Attachments()
+    for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
+                                (ABLATION_FILES, found.ablations, "ablation")):
+        for name in names:
+            path = run_dir / name
+            if path.is_file():
+                data = _read_json(path, found.problems)
+                if isinstance(data, Mapping) and data.get("kind") == kind:
+                    target.append({**data, "_file": name})
+                elif data is not None:
+                    found.problems.append(f"{name}: not a {kind} result")
+    for name in COMPARE_FILES:
+        path = run_dir / name
+        if path.is_file():
+            data = _read_json(path, found.problems)
+            if data is not None:
+                found.compare = _compare_rows(data, path, found.problems)
+            break
+    candidates = [run_dir, run_dir / "maps"]
+    if (run_dir / "maps").is_dir():
+        candidates += sorted(p for p in (run_dir / "maps").iterdir() if p.is_dir())
+    for directory in candidates:
+        path = directory / MAPS_FILE
+        if path.is_file():
+            data = _read_json(path, found.problems)
+            if isinstance(data, Mapping) and isinstance(data.get("layers"), list):
+                where = str(directory.relative_to(run_dir)) if directory != run_dir else "."
+                found.maps.append({**data, "_dir": where})
+            elif data is not None:
+                found.problems.append(f"{path.relative_to(run_dir)}: not an attention-maps result")
+    return found

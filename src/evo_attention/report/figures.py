@@ -1,0 +1,386 @@
+"""Every figure of the product, drawn with matplotlib's Agg backend (no display needed).
+
+- ``plot_evolution``: perplexity per generation of a run (``evolution_progress.png``).
+- ``plot_samples``: per-seed values of each gene as a box with every point on it, the baseline
+  first and its mean as a dotted line (``validation.png``).
+- ``plot_contributions``: horizontal bars with confidence-interval error bars (``ablation.png``).
+- ``plot_distribution``: the histogram of every finished search evaluation, with the baseline and
+  the best value marked (``evaluation_distribution.png`` of the report).
+- ``plot_head_grid``: one layer's attention weights, a heatmap per head (``attention_layerN.png``).
+- ``plot_compare``: the ranking, loss vs parameters and time, and memory of a comparison (``compare.png``).
+
+Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
+same input draws the same figure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+
+from evo_attention.report.summary import RunSummary, failed, perplexity_of  # noqa: E402
+from evo_attention.util.files import atomic_target  # noqa: E402
+from evo_attention.util.format import finite_or_none  # noqa: E402
+
+DPI = 120
+TOKEN_LABELS_MAX = 40  # tokens are written on the heatmap axes up to this length
+# boxplot's ``vert`` became ``orientation`` in matplotlib 3.10
+_HORIZONTAL = ({"orientation": "horizontal"} if tuple(int(p) for p in matplotlib.__version__.split(".")[:2]) >= (3, 10)
+               else {"vert": False})
+
+
+def _offsets(n: int, spread: float = 0.25) -> np.ndarray:
+    return np.zeros(n) if n < 2 else (np.arange(n) / (n - 1) - 0.5) * spread
+
+
+def plot_samples(groups: Sequence[dict], path: str | os.PathLike, *, xlabel: str, title: str,
+                 ci_label: str = "confidence interval of the mean") -> Path:
+    """``groups``: ``{"label", "values", "baseline": bool, "failed": int, "ci": (low, high)}`` each,
+    drawn top to bottom in the given order: a box, every value as a point, the mean as a diamond and
+    its interval as a bar under the box. None values are skipped (their count shows as failed)."""
+    n = max(1, len(groups))
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.55 * n), dpi=DPI)
+    ys = list(range(n, 0, -1))
+    labels = []
+    for y, group in zip(ys, groups):
+        values = [float(v) for v in group["values"] if v is not None and math.isfinite(float(v))]
+        color = "black" if group.get("baseline") else "tab:blue"
+        if values:
+            ax.boxplot([values], positions=[y], **_HORIZONTAL, widths=0.5, showfliers=False,
+                       medianprops={"color": color}, boxprops={"color": color}, whiskerprops={"color": color},
+                       capprops={"color": color})
+            ax.scatter(values, y + _offsets(len(values)), s=18, color=color, alpha=0.7, zorder=3)
+            ax.plot([np.mean(values)], [y], marker="D", color="tab:orange", markersize=6, zorder=4)
+            low, high = group.get("ci") or (None, None)
+            if low is not None and high is not None:
+                ax.plot([low, high], [y - 0.32, y - 0.32], color="tab:orange", linewidth=2.5, zorder=4)
+            if group.get("baseline"):
+                ax.axvline(np.mean(values), color="black", linestyle=":", linewidth=1.2, zorder=1)
+        failed = group.get("failed") or 0
+        labels.append(group["label"] + (f"  ({failed} failed)" if failed else ""))
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylim(0.4, n + 0.6)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.plot([], [], "D", color="tab:orange", label="mean")
+    ax.plot([], [], "-", color="tab:orange", linewidth=2.5, label=ci_label)
+    ax.plot([], [], ":", color="black", label="baseline mean")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.3 / n), ncol=3, fontsize=7, frameon=False)
+    return save_figure(fig, path)
+
+
+def plot_contributions(items: Sequence[dict], path: str | os.PathLike, *, xlabel: str, title: str) -> Path:
+    """``items``: ``{"label", "value", "low", "high", "kind"}`` each (kind picks the colour;
+    low/high the error bar, None for none), drawn top to bottom; a line marks zero."""
+    colors = {"remove": "tab:red", "add": "tab:green", "total": "tab:blue"}
+    n = max(1, len(items))
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.45 * n), dpi=DPI)
+    ys = np.arange(n, 0, -1)
+    for y, item in zip(ys, items):
+        value = item.get("value")
+        if value is None:
+            ax.text(0, y, "  no value (failed)", va="center", fontsize=7, color="tab:gray")
+            continue
+        low, high = item.get("low"), item.get("high")
+        err = None if low is None or high is None else [[value - low], [high - value]]
+        ax.barh(y, value, height=0.6, color=colors.get(item.get("kind"), "tab:gray"), alpha=0.8,
+                xerr=err, capsize=3, error_kw={"elinewidth": 1})
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([item["label"] for item in items], fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    for kind, text in (("remove", "removed from the gene"), ("add", "added to the baseline"),
+                       ("total", "whole gene vs baseline")):
+        if any(item.get("kind") == kind for item in items):
+            ax.barh([np.nan], [np.nan], color=colors[kind], label=text)
+    ax.legend(loc="best", fontsize=7)
+    return save_figure(fig, path)
+
+
+def plot_distribution(values: Sequence[float], path: str | os.PathLike, *, failed: int = 0,
+                      baseline: float | None = None, best: float | None = None,
+                      xlabel: str = "Validation perplexity (lower is better)", title: str = "") -> Path:
+    """Histogram of ``values`` (finite); the baseline and the best value as vertical lines."""
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=DPI)
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if values:
+        low, high = min(values + ([baseline] if baseline else [])), max(values + ([baseline] if baseline else []))
+        log = low > 0 and high / low > 10
+        bins = (np.geomspace(low, high, 30) if log else min(30, max(5, len(values)))) if high > low else 5
+        ax.hist(values, bins=bins, color="tab:gray", alpha=0.7, label=f"search evaluations ({len(values)})")
+        if log:
+            ax.set_xscale("log")
+        if baseline is not None:
+            ax.axvline(baseline, color="black", linestyle=":", linewidth=1.5, label=f"baseline {baseline:.3g}")
+        if best is not None:
+            ax.axvline(best, color="tab:blue", linewidth=1.5, label=f"best {best:.3g}")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "No finished evaluation.", transform=ax.transAxes, ha="center", va="center")
+        ax.set_xticks([])
+    if values:
+        ax.set_ylabel("Evaluations")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        ax.set_yticks([])
+    ax.set_xlabel(xlabel)
+    ax.set_title(title + (f" ({failed} failed, not shown)" if failed else ""), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    return save_figure(fig, path)
+
+
+def plot_head_grid(weights: np.ndarray, path: str | os.PathLike, *, title: str,
+                   tokens: Sequence[str] | None = None, head_titles: Sequence[str] | None = None) -> Path:
+    """One layer's weights ``[H, T, T]`` (query rows, key columns) as a grid of heatmaps.
+
+    Exact zeros are drawn white, every positive weight on a colour scale from light to dark, so
+    a sparse pattern is visible as such; the causally masked future is grey. Tokens label the
+    axes when there are at most ``TOKEN_LABELS_MAX`` of them.
+    """
+    heads, t = weights.shape[0], weights.shape[-1]
+    cols = math.ceil(math.sqrt(heads))
+    rows = math.ceil(heads / cols)
+    size = 3.2 if t <= 16 else 3.8 if t <= TOKEN_LABELS_MAX else 3.4
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 0.8, size * rows + 0.6), dpi=DPI, squeeze=False,
+                             layout="constrained")
+    cmap = plt.get_cmap("viridis_r").with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # zeros: the white axes show
+    future = np.ma.masked_where(np.tril(np.ones((t, t))) > 0, np.ones((t, t)))
+    grey = ListedColormap(["#d9d9d9"])
+    image = None
+    for h in range(rows * cols):
+        ax = axes[h // cols][h % cols]
+        if h >= heads:
+            ax.axis("off")
+            continue
+        shown = np.ma.masked_where(weights[h] == 0.0, weights[h])
+        ax.imshow(future, cmap=grey, interpolation="nearest")
+        image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_title(head_titles[h] if head_titles else f"head {h}", fontsize=8)
+        if tokens is not None and len(tokens) <= TOKEN_LABELS_MAX:
+            font = 7 if t <= 16 else 5
+            ax.set_xticks(range(t))
+            ax.set_yticks(range(t))
+            ax.set_xticklabels(tokens, rotation=90, fontsize=font)
+            ax.set_yticklabels(tokens, fontsize=font)
+        else:
+            ax.set_xlabel("key position", fontsize=7)
+            ax.set_ylabel("query position", fontsize=7)
+            ax.tick_params(labelsize=6)
+    fig.suptitle(title, fontsize=10)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.7, label="weight (white: exactly 0; grey: future)")
+    return save_figure(fig, path, tight=False)
+
+
+# -- the evolution of a run ---------------------------------------------------------------------
+FIGSIZE = (8, 5)
+LOG_RATIO = 10.0  # the evolution figure's y axis is logarithmic above this ratio of perplexities
+JITTER = 0.3  # total horizontal spread of the points of one generation
+
+
+def _jitter(i: int, n: int) -> float:
+    """A fixed (not random) offset of point ``i`` of ``n``, so the figure is reproducible."""
+    return 0.0 if n < 2 else (i / (n - 1) - 0.5) * JITTER
+
+
+def _title(summary: RunSummary) -> str:
+    strategy = (summary.strategy or {}).get("name") if isinstance(summary.strategy, dict) else None
+    data = (summary.data or {}).get("name") if isinstance(summary.data, dict) else None
+    data = data or summary.config.get("data")
+    parts = [p for p in (f"{strategy} search" if strategy else None, data) if p]
+    return "Evolution progress" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _legend(ax) -> None:
+    """The legend below the axes, so that it never hides a point."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8, frameon=False)
+
+
+def plot_evolution(summary: RunSummary, path: str | os.PathLike) -> Path:
+    """Draw the evolution figure of ``summary`` into the PNG ``path``."""
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    try:
+        _draw(ax, summary)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path, dpi=110)
+
+
+def save_figure(fig, path: str | os.PathLike, tight: bool = True, dpi: int = DPI) -> Path:
+    """Write ``fig`` as a PNG atomically (temp file, then rename) and close it."""
+    try:
+        if tight:
+            fig.tight_layout()
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def _draw(ax, summary: RunSummary) -> None:
+    ax.set_title(_title(summary))
+    ax.set_xlabel("Generation")
+    ax.set_ylabel("Validation perplexity (lower is better)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+
+    by_generation: dict[int, list] = {}
+    for record in summary.evaluations:
+        if record.get("role") == "search" and record.get("generation") is not None:
+            by_generation.setdefault(int(record["generation"]), []).append(record)
+    ok_x, ok_y, fail_x = [], [], []
+    for generation, records in sorted(by_generation.items()):
+        for i, record in enumerate(records):
+            x = generation + _jitter(i, len(records))
+            if failed(record):
+                fail_x.append(x)
+            else:
+                ok_x.append(x)
+                ok_y.append(perplexity_of(record))
+
+    generations = sorted(set(by_generation) | {h["generation"] for h in summary.history})
+    if generations:
+        ax.set_xlim(generations[0] - 0.5, generations[-1] + 0.5)
+        if generations[-1] - generations[0] <= 20:
+            ax.set_xticks(range(generations[0], generations[-1] + 1))
+    history = [h for h in summary.history if h["best_perplexity"] is not None]
+    baseline = summary.baseline["perplexity"] if summary.baseline else None
+    values = ok_y + [h["best_perplexity"] for h in history] + ([baseline] if baseline else [])
+    if summary.outcome != "ok":  # say plainly why there is no curve
+        ax.text(0.5, 0.5, summary.statement, transform=ax.transAxes, ha="center", va="center",
+                fontsize=12, wrap=True)
+    if not values:
+        ax.set_yticks([])
+        if not generations:
+            ax.set_xticks([])
+        if fail_x:
+            ax.scatter(fail_x, [0.97] * len(fail_x), transform=ax.get_xaxis_transform(), marker="x",
+                       color="tab:red", label=f"failed ({len(fail_x)})")
+            _legend(ax)
+        return
+
+    if ok_x:
+        ax.scatter(ok_x, ok_y, s=14, color="tab:gray", alpha=0.35, linewidths=0,
+                   label=f"evaluations ({len(ok_x)})", zorder=2)
+    if history:
+        gens = [h["generation"] for h in history]
+        ax.plot(gens, [h["best_perplexity"] for h in history], "o-", color="tab:blue",
+                label="best of population", zorder=4)
+        means = [(h["generation"], h["mean_perplexity"]) for h in history if h["mean_perplexity"] is not None]
+        if means:
+            ax.plot(*zip(*means), "s--", color="tab:orange", markersize=4, label="mean of population", zorder=3)
+        ax.step(gens, [h["best_so_far"] for h in history], where="post", color="tab:green",
+                linewidth=2.5, alpha=0.6, label="best so far", zorder=3)
+    if baseline:
+        ax.axhline(baseline, color="black", linestyle=":", linewidth=1.5,
+                   label=f"baseline {summary.baseline['str']}: {baseline:.2f}", zorder=1)
+    if fail_x:
+        ax.scatter(fail_x, [0.97] * len(fail_x), transform=ax.get_xaxis_transform(), marker="x",
+                   color="tab:red", alpha=0.8, label=f"failed ({len(fail_x)}, drawn at the top)", zorder=5)
+    low, high = min(values), max(values)
+    if low > 0 and high / low > LOG_RATIO:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    if summary.best is not None:
+        ax.annotate(f"best {summary.best['perplexity']:.2f}",
+                    (summary.best["generation"] or 0, summary.best["perplexity"]),
+                    textcoords="offset points", xytext=(6, -12), fontsize=8, color="tab:blue")
+    _legend(ax)
+
+
+# -- a comparison of named variants ------------------------------------------------------------------
+FAMILY_COLORS = {"baseline": "#222222", "lora": "#1f77b4", "rope": "#ff7f0e", "bias": "#2ca02c",
+                 "enhanced": "#9467bd", "evolved": "#d62728"}
+OTHER_COLOR = "#7f7f7f"
+
+
+def _color(name: str) -> str:
+    return FAMILY_COLORS.get(name.split("_")[0], OTHER_COLOR)
+
+
+def _short(name: str, limit: int = 28) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def plot_compare(payload: dict, path: str | Path) -> Path:
+    """``compare.png``: (a) the loss ranking with error bars (sd over seeds), (b) loss vs
+    parameters, (c) loss vs training time, (d) peak memory; failed configurations are marked."""
+    aggregates = payload["aggregates"]
+    ranked = [a for a in sorted(aggregates, key=lambda a: (a["val_loss"] is None, a["val_loss"] or 0.0, a["name"]))]
+    ok = [a for a in ranked if a["val_loss"] is not None]
+    s = payload["settings"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9), dpi=110)
+    try:
+        ax = axes[0, 0]
+        ys = list(range(len(ranked)))[::-1]  # best on top
+        if ok:
+            lows = [a["val_loss"] - (a["val_loss_sd"] or 0.0) for a in ok]
+            highs = [a["val_loss"] + (a["val_loss_sd"] or 0.0) for a in ok]
+            span = max(highs) - min(lows) or abs(max(highs)) * 0.05 or 1.0
+            left = min(lows) - 0.25 * span
+            ax.barh(ys[: len(ok)], [a["val_loss"] - left for a in ok], left=left, color=[_color(a["name"]) for a in ok],
+                    xerr=[a["val_loss_sd"] or 0.0 for a in ok] if s["seeds"] > 1 else None, capsize=3, alpha=0.85)
+            ax.set_xlim(left, max(highs) + 0.4 * span)
+            base = next((a for a in ok if a["name"] == "baseline"), None)
+            if base is not None:
+                ax.axvline(base["val_loss"], color="#222222", linestyle="--", linewidth=1, label="baseline")
+                ax.legend(loc="lower right", fontsize=8)
+            for y, a, high in zip(ys, ok, highs):
+                ax.text(high, y, f"  {a['val_loss']:.3f}", va="center", fontsize=7)
+        for y, a in zip(ys[len(ok):], ranked[len(ok):]):
+            ax.text(0.02, y, f"{a['status']}", transform=ax.get_yaxis_transform(), va="center", color="#d62728",
+                    fontsize=8)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([_short(a["name"]) for a in ranked], fontsize=8)
+        ax.set_xlabel("validation loss" + (f" (mean ± sd, {s['seeds']} seeds)" if s["seeds"] > 1 else ""))
+        ax.set_title("Ranking (lower is better)")
+
+        for ax, key, label, title in ((axes[0, 1], "params", "parameters", "Loss vs parameters"),
+                                      (axes[1, 0], "time_s", "time per training (s)", "Loss vs time")):
+            points = [a for a in ok if finite_or_none(a[key]) is not None]
+            for a in points:
+                ax.errorbar(a[key], a["val_loss"], yerr=a["val_loss_sd"] if s["seeds"] > 1 else None, fmt="o",
+                            color=_color(a["name"]), capsize=3)
+                ax.annotate(_short(a["name"], 18), (a[key], a["val_loss"]), fontsize=7, xytext=(4, 3),
+                            textcoords="offset points")
+            ax.set_xlabel(label)
+            ax.set_ylabel("validation loss")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            if not points:
+                ax.text(0.5, 0.5, "no finished configuration", ha="center", transform=ax.transAxes)
+
+        ax = axes[1, 1]
+        mem = [a for a in ranked if finite_or_none(a["peak_memory_mb"]) is not None]
+        ax.barh(list(range(len(mem)))[::-1], [a["peak_memory_mb"] for a in mem], color=[_color(a["name"]) for a in mem],
+                alpha=0.85)
+        ax.set_yticks(list(range(len(mem)))[::-1])
+        ax.set_yticklabels([_short(a["name"]) for a in mem], fontsize=8)
+        ax.set_xlabel("peak memory (MB" + (", GPU allocated)" if str(s.get("device", "")).startswith("cuda")
+                                           else ", process)"))
+        ax.set_title("Peak memory")
+
+        fig.suptitle(f"{s['data']}: {s['d_model']}d x {s['n_layers']} layers x {s['n_heads']} heads, "
+                     f"{s['steps']} steps, batch {s['batch_size']}, {s['seeds']} seed{'s' if s['seeds'] > 1 else ''}")
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path, dpi=110)

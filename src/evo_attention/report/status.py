@@ -1,0 +1,98 @@
+"""Where a run stands, read from its store (while it runs or after): ``evo-attention status``.
+
+Shows the generation, the evaluations, the best result so far, one line per worker that is
+training right now (from the store's activity table), the executor of the last session and, for a
+multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
+predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from evo_attention.search.store import RunStore
+
+
+def run_status(run_dir: str | Path) -> dict:
+    with RunStore.open(run_dir, readonly=True) as store:
+        evaluations = store.evaluations()
+        generations = store.generations()
+        planned = store.get_meta("planned")
+        done = bool(store.get_meta("done", False))
+        state = store.get_meta("status", "created")
+        activity = store.activity()
+        config = store.config()
+        fidelity = store.get_meta("fidelity")
+        executor = store.get_meta("executor")
+    from evo_attention.search.fidelity import RUNG_ROLE
+    from evo_attention.report.summary import cache_hits
+
+    total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
+    rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
+    evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
+    ok = [e for e in evaluations if e.get("status") == "ok" and _finite(e.get("val_perplexity"))]
+    search = [e for e in ok if e.get("role") == "search"]
+    best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
+    baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
+    return {
+        "run_dir": str(run_dir),
+        "state": "done" if done else state,
+        "generation": len(generations) if not done else max(len(generations) - 1, 0),
+        "generations_done": len(generations),
+        "generations": config.get("n_generations"),
+        "trained": len(evaluations),
+        "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
+        "planned": total_planned,
+        "cache_hits": cache_hits(total_planned, len(evaluations), done),
+        "done": done,
+        "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
+                                           "generation": best.get("generation")},
+        "baseline": None if baseline is None else {"gene": baseline["gene"],
+                                                   "perplexity": baseline.get("val_perplexity"),
+                                                   "status": baseline.get("status")},
+        "low_fidelity": len(rungs),
+        "fidelity": fidelity,
+        "executor": executor,
+        "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
+                     "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
+    }
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def format_status(status: dict) -> str:
+    if status.get("fidelity"):  # multi-fidelity: requests are answered at the rung they reach
+        counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
+                  f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
+                  "planned")
+    elif status.get("cache_hits"):
+        counts = (f"{status['trained']} trainings recorded ({status['failed']} failed) for {status['planned']} planned "
+                  f"evaluations ({status['cache_hits']} answered by an earlier training of the same gene)")
+    else:
+        counts = f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"
+    lines = [f"run {status['run_dir']}: {status['state']}",
+             f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
+    if status["best"]:
+        b = status["best"]
+        lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f} (generation {b['generation']})")
+    else:
+        lines.append("  best: none yet")
+    if status["baseline"]:
+        p = status["baseline"]["perplexity"]
+        lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
+                     f"{p:.3f}" if _finite(p) else f"  baseline: {status['baseline']['status']}")
+    if status.get("executor"):
+        e = status["executor"]
+        details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)
+        lines.append(f"  executor (last session): {e.get('name')}" + (f" ({details})" if details else ""))
+    if status.get("fidelity"):
+        from evo_attention.search.fidelity import fidelity_lines
+
+        lines.extend(fidelity_lines(status["fidelity"]))
+    for w in status["workers"]:
+        lines.append(f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
+                     f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}")
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""How a study's result reads: the tables and markdown of validate, ablate and compare results.
+
+The studies (``evo_attention.studies``) write their ``*.md`` files with these functions, and the
+run report renders the same tables from the ``*.json`` files they left, so the two always agree.
+Everything here reads plain result dicts (as written to JSON); nothing imports a study.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from evo_attention.report.attachments import COMPARE_FIGURE, output_stem
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
+
+
+# metric -> (label, lower is better)
+METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "accuracy": ("accuracy", False)}
+# gene field -> how an ablation names it
+FIELD_LABELS = {"similarity": "similarity", "normalization": "normalization", "gating": "gating",
+                "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout"}
+
+
+def metric_info(metric: str, eval_split: str = "valid") -> tuple[str, bool, str]:
+    """(label, lower_is_better, axis text) of a metric name."""
+    if metric not in METRICS:
+        raise UserError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    label, lower = METRICS[metric]
+    split = "validation" if eval_split == "valid" else eval_split
+    return label, lower, f"{split} {label} ({'lower' if lower else 'higher'} is better)"
+
+
+def interval(low, high, digits: int) -> str:
+    return "-" if low is None or high is None else f"[{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+def digits_for(metric: str) -> int:
+    return 4 if metric in ("val_loss", "accuracy") else 3
+
+
+def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the validation table; cells are plain text, the first column the
+    gene key (the baseline first)."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    search_seed = result.get("search_seed")
+    show_search = any(r.get("search_value") is not None for r in result.get("genes", []))
+    headers = ["Gene", "Seeds ok", "Mean ± sd", f"{conf} CI"]
+    headers += ["Search" + (f" (seed {search_seed})" if search_seed is not None else "")] if show_search else []
+    headers += [f"Δ vs baseline [{conf} CI]", "p (Welch)", "p (Holm)", "Cohen's d", "Verdict"]
+    rows = []
+    for r in [result.get("baseline") or {}] + list(result.get("genes", [])):
+        is_base = r is result.get("baseline")
+        n_ok = len(r.get("values") or []) - (r.get("n_failed") or 0)
+        cells = [str(r.get("gene", "")), f"{n_ok}/{len(r.get('values') or [])}",
+                 f"{fmt(r.get('mean'), d)} ± {fmt(r.get('sd'), d)}", interval(r.get("ci_low"), r.get("ci_high"), d)]
+        cells += [fmt(r.get("search_value"), d)] if show_search else []
+        if is_base:
+            cells += ["-"] * 4 + ["baseline (reference)"]
+        else:
+            diff = r.get("difference")
+            cells += ["-" if diff is None else
+                      f"{diff:+.{d}f} {interval(r.get('diff_ci_low'), r.get('diff_ci_high'), d)}",
+                      p_text(r.get("p_value")), p_text(r.get("p_holm")), fmt(r.get("cohens_d"), 2), str(r.get("verdict", ""))]
+        rows.append(cells)
+    align = "l" + "r" * (len(headers) - 2) + "l"
+    return headers, rows, align
+
+
+def p_text(value) -> str:
+    return "-" if value is None else ("< 0.0001" if value < 1e-4 else f"{value:.4f}")
+
+
+def validation_markdown(result: Mapping) -> str:
+    """The text of ``validation.md``."""
+    headers, rows, align = validation_table(result)
+    md_rows = [[md_cell(c) if i != 0 else code(c) for i, c in enumerate(row)] for row in rows]
+    seeds = result.get("seeds") or []
+    lines = [
+        "# Multi-seed validation", "",
+        result.get("headline", ""), "",
+        f"Every gene and the vanilla baseline were trained {len(seeds)} times, with seeds {', '.join(map(str, seeds))} "
+        f"({seed_note(result)}), "
+        f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
+        f"The interval of a mean is a t interval; Δ is mean(gene) − mean(baseline) with Welch's interval and "
+        f"two-sided p-value; p (Holm) is corrected across the {_genes(len(result.get('genes', [])))}, and the verdict "
+        f"uses it. Cohen's d uses the pooled sd.", "",
+        markdown_table(headers, md_rows, align).rstrip(), "",
+    ]
+    failures = [(r["gene"], e) for r in [result.get("baseline") or {}] + list(result.get("genes", []))
+                for e in r.get("errors", [])]
+    if failures:
+        lines += ["Failed trainings (left out of the statistics):", ""]
+        lines += [f"- `{g}`: {md_cell(e)}" for g, e in failures] + [""]
+    lines += [f"![Per-seed values]({output_stem('validation', result.get('eval_split', 'valid'))}.png)", ""]
+    return "\n".join(lines)
+
+
+def _genes(n: int) -> str:
+    return "1 gene" if n == 1 else f"{n} genes"
+
+
+def seed_note(result: Mapping) -> str:
+    if result.get("search_seed") is not None:
+        return f"not the search seed {result['search_seed']}, on which the search picked its winners"
+    seed = (result.get("config") or {}).get("seed")
+    return f"seed + 1 ... seed + N of the configured seed {seed}, which itself is left out"
+
+
+def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the ablation table in plain text."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    headers = ["Variant", "What changed", "Key", "Seeds ok", f"Mean [{conf} CI]", "Δ vs full gene", "p (Holm)",
+               "Δ vs baseline", "p (Holm)"]
+    rows = []
+    for r in result.get("variants", []):
+        n = len(r.get("values") or [])
+        change = str(r.get("change")).split(": ", 1)[-1] if r.get("field") else "-"
+        cells = [str(r.get("name")), change, str(r.get("gene")), f"{n - (r.get('n_failed') or 0)}/{n}",
+                 f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
+        for key in ("vs_full", "vs_baseline"):
+            c = r.get(key)
+            if not c or c.get("difference") is None:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{c['difference']:+.{d}f} {interval(c.get('diff_ci_low'), c.get('diff_ci_high'), d)}",
+                          p_text(c.get("p_holm"))]
+        rows.append(cells)
+    return headers, rows, "lllrrrrrr"
+
+
+def contribution_lines(result: Mapping) -> list[str]:
+    """Plain sentences: what each field contributes, strongest first."""
+    d = digits_for(result.get("metric", ""))
+    label = result.get("metric_label", "perplexity")
+    alpha = 1.0 - float(result.get("confidence", 0.95))
+    lines = []
+    total = result.get("total") or {}
+    if total.get("value") is not None:
+        lines.append(f"Whole gene vs baseline: {label} improves by {total['value']:+.{d}f} "
+                     f"{interval(total.get('low'), total.get('high'), d)} "
+                     f"({_significance(total, alpha, result.get('confidence', 0.95))}).")
+    for kind, text in (("remove", "removing it from the gene costs"), ("add", "adding it alone to the baseline gains")):
+        items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("value") is not None]
+        for c in sorted(items, key=lambda c: -c["value"]):
+            lines.append(f"{c['change']}: {text} {c['value']:+.{d}f} {interval(c['low'], c['high'], d)} "
+                         f"({_significance(c, alpha, result.get('confidence', 0.95))}).")
+    return lines
+
+
+def _significance(c: Mapping, alpha: float, confidence: float) -> str:
+    if c.get("p_holm") is not None and c["p_holm"] < alpha:
+        return f"significant at {stats.percent(confidence)} after Holm's correction"
+    if c.get("low") is not None and (c["low"] > 0 or c["high"] < 0):
+        return "its own interval excludes 0, but not significant after Holm's correction"
+    return "not distinguishable from 0"
+
+
+def ablation_markdown(result: Mapping) -> str:
+    """The text of ``ablation.md``."""
+    headers, rows, align = ablation_table(result)
+    md_rows = [[md_cell(c) if i != 2 else code(c) for i, c in enumerate(row)] for row in rows]
+    seeds = result.get("seeds") or []
+    label = result.get("metric_label", "perplexity")
+    lines = [
+        f"# Ablation of {md_cell(result.get('str'))} (`{md_cell(result.get('gene'))}`)", "",
+        f"Each variant was trained with seeds {', '.join(map(str, seeds))} ({seed_note(result)}), "
+        f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
+        f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
+        f"within each column.", "",
+        markdown_table(headers, md_rows, align).rstrip(), "",
+        "## Contributions", "",
+        f"Positive = the field makes the {label} better.", "",
+    ]
+    lines += [f"- {md_cell(t)}" for t in contribution_lines(result)] + [""]
+    lines += [f"![Contributions]({output_stem('ablation', result.get('eval_split', 'valid'))}.png)", ""]
+    return "\n".join(lines)
+
+
+def compare_markdown(payload: dict) -> str:
+    """``compare.md``: the settings, then every configuration ranked by validation loss."""
+    s, summary = payload["settings"], payload["summary"]
+    aggregates = {a["name"]: a for a in payload["aggregates"]}
+    seeds = s["seeds"]
+    lines = [
+        "# Attention variants at one model size",
+        "",
+        f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}; data {s['data']} "
+        f"(vocab {s['vocab_size']}, {s['max_seq_len']} tokens); {s['steps']} steps of batch {s['batch_size']}, "
+        f"lr {s['learning_rate']:g} ({s['lr_schedule']}); seed{'s' if seeds > 1 else ''} "
+        f"{', '.join(map(str, s['seed_list']))}."
+        + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
+        "",
+        "| rank | name | gene | val loss | perplexity | vs baseline | accuracy | params | time (s) | peak MB | status |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in summary["ranking"]:
+        a = aggregates[row["name"]]
+        loss = number(a["val_loss"], ".4f") + (f" ± {number(a['val_loss_sd'], '.4f')}" if seeds > 1 else "")
+        change = "-" if row["perplexity_change_pct"] is None else f"{row['perplexity_change_pct']:+.1f}%"
+        lines.append(f"| {row['rank']} | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | {loss} | {number(a['val_perplexity'], '.2f')} | "
+                     f"{change} | {number(a['accuracy'], '.4f')} | {number(a['params'], ',.0f')} | "
+                     f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | {a['status']} |")
+    for failed in summary["failed"]:
+        a = aggregates[failed["name"]]
+        why = "; ".join(failed["errors"]) or failed["status"]
+        lines.append(f"| - | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | - | - | - | - | {number(a['params'], ',.0f')} | "
+                     f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | "
+                     f"{a['status']}: {md_cell(why)} |")
+    lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "
+              f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
+              + ("" if summary.get("total_time_s") is None else f" Total time {summary['total_time_s']:.0f} s."),
+              "", f"![comparison]({COMPARE_FIGURE})", ""]
+    return "\n".join(lines)

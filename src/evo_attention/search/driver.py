@@ -1,0 +1,282 @@
+"""The search driver: strategy -> runner/executor -> run store -> strategy, resumable at any point.
+
+    config -> strategy.ask() -> genes -> Runner (cache hit in the store | executor trains) -> store
+           -> strategy.tell(fitness) -> store.record_generation -> ... (the report reads the store)
+
+Every finished evaluation is committed to the run store before anything else happens, and the
+strategy's proposals depend only on its seed and the fitness values it is told. Resuming is
+therefore a replay: a fresh strategy asks again, every evaluation already in the store is a cache
+hit, and the run continues exactly where it stopped with the result an uninterrupted run gives.
+
+Every evaluation of a run uses the run's seed (common random numbers: the same initialisation
+stream and batch order for every gene), so results never depend on execution order or on the
+executor (local, worker processes, Ray), and a gene proposed twice is trained once. The strategy
+is told the results in the order of the asked genes, whatever order they finished in.
+
+With a multi-fidelity schedule (``fidelity: halving``, ``hurdle``; see ``fidelity.py``) a
+generation's new genes go through the rungs of the schedule and the strategy is told
+``fidelity.told_fitness``; a gene whose full-budget result is known from an earlier generation (or
+the baseline) is told that result without going through the rungs. Both rules depend only on
+stored results of earlier generations and on this generation's results, so resuming stays a
+replay.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from evo_attention.data.base import TaskData
+from evo_attention.genes import AttentionGene
+from evo_attention.search import strategy_from_config
+from evo_attention.search.base import Individual, Strategy
+from evo_attention.search.executors import EvalTask, Executor, LocalExecutor, task_context
+from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summary, schedule_from_config,
+                                           state_file_name, told_fitness)
+from evo_attention.search.runner import Runner
+from evo_attention.search.store import RunStore
+from evo_attention.train.config import Config
+from evo_attention.train.environment import versions
+from evo_attention.train.record import EvaluationRecord
+from evo_attention.train.trainer import settings_hash
+from evo_attention.util.errors import UserError
+from evo_attention.util.jsonio import write_json
+from evo_attention.util.progress import SearchView
+
+
+def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int:
+    """Fitness requests a search at ``config`` makes (at most, with a multi-fidelity schedule),
+    the baseline included."""
+    strategy = strategy or strategy_from_config(config)
+    schedule = schedule_from_config(config)
+    if schedule is None:
+        requests = strategy.total_evaluations()
+    else:
+        requests = sum(schedule.planned(strategy.batch_size(g)) for g in range(strategy.n_generations))
+    return requests + (1 if config.baseline else 0)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Search:
+    """Run (or resume) a search into the run directory ``out_dir``; see the module docstring.
+
+    ``population`` (best first) and ``history`` describe the search after the last finished
+    generation; ``best`` is the best individual trained on the full budget.
+    """
+
+    def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
+                 resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
+                 quiet: bool = True):
+        if data is None:
+            from evo_attention.data import data_from_config
+
+            data = data_from_config(config)
+        self.config = config
+        self.data = data
+        self.out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="evo-attention-"))
+        self.executor = executor or LocalExecutor()
+        self.quiet = quiet
+        self.strategy = strategy_from_config(config)
+        self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
+        self.planned = planned_evaluations(config, self.strategy)
+        self.context = settings_hash(config, "valid")
+        self.store = self._open_store(resume, overwrite)
+        self.population: list[Individual] = []
+        self.history: list[dict] = []
+        self.baseline: Individual | None = None
+        self._records: dict[str, EvaluationRecord] = {}
+        self._runner: Runner | None = None
+
+    # -- the store -----------------------------------------------------------------------------
+    def _open_store(self, resume: bool, overwrite: bool) -> RunStore:
+        if resume:
+            store = RunStore.open(self.out_dir)
+            stored = store.get_meta("data") or {}
+            if stored.get("fingerprint") not in (None, self.data.fingerprint):
+                store.close()
+                raise UserError(
+                    f"the data differs from the data the run in {self.out_dir} started with (fingerprint "
+                    f"{stored.get('fingerprint', '')[:12]} vs {self.data.fingerprint[:12]}): point data_dir at the "
+                    "original data, or start a new run with overwrite", setting="data_dir")
+            return store
+        meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
+                "data": self.data.describe(), "versions": versions(), "done": False,
+                # fitness requests of the search itself; the baseline (config.baseline) comes on top
+                "planned": self.strategy.total_evaluations(),
+                "context": self.context}
+        if self.data.vocab is not None:
+            meta["vocab"] = json.loads(self.data.vocab.to_json())
+        return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> Individual | None:
+        """Run the search to the end (or continue it) and return the best individual."""
+        config = self.config
+        self.store.set_meta("status", "running")
+        self.store.set_meta("executor", self.executor.describe())
+        self.store.clear_activity()
+        with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
+            self._runner = Runner(config, self.data, self.executor, store=self.store, view=view,
+                                  on_finished=self._finished)
+            if config.baseline:
+                vanilla = AttentionGene.vanilla()
+                record = self._evaluate([self._task(vanilla.key, role="baseline", generation=None)])[vanilla.key]
+                self.baseline = self._individual(vanilla, record, generation=0)
+            while not self.strategy.done:
+                generation = self.strategy.generation
+                genes = self.strategy.ask()
+                told = self._evaluate_generation(genes, generation)
+                self.strategy.tell([(g, told[g.key]) for g in genes])
+                members = self.strategy.population[: config.population_size]
+                self.store.record_generation(generation, [(m.gene.key, m.perplexity, m.is_elite) for m in members])
+                if self.schedule is not None:
+                    self.store.set_meta("fidelity", fidelity_summary(self.store.evaluations(), self.schedule))
+                self._refresh()
+                self._after_generation()
+        self.store.set_meta("done", True)
+        self.store.set_meta("status", "done")
+        self.store.set_meta("finished_at", _now())
+        return self.best
+
+    def _after_generation(self) -> None:
+        """After every finished generation: a readable snapshot of it (``save_checkpoint``)."""
+        self.save_checkpoint()
+
+    def _task(self, key: str, *, role: str, generation: int | None, **fidelity) -> EvalTask:
+        label = "baseline" if role == "baseline" else f"gen {generation}"
+        return EvalTask(key, self.config.seed, fidelity.pop("steps", self.config.train_steps), role=role,
+                        generation=generation, label=fidelity.pop("label", label), **fidelity)
+
+    def _evaluate(self, tasks: list) -> dict[str, EvaluationRecord]:
+        """Records of the tasks by gene key (one task per gene)."""
+        return {task.gene: record for task, record in self._runner.evaluate(tasks).items()}
+
+    def _evaluate_generation(self, genes, generation: int) -> dict:
+        """The fitness to tell the strategy for each asked gene (by key)."""
+        keys = list(dict.fromkeys(g.key for g in genes))
+        if self.schedule is None:
+            records = self._evaluate([self._task(k, role="search", generation=generation) for k in keys])
+            return {k: records[k].metric() for k in keys}
+        return self._evaluate_halving(keys, generation)
+
+    def _evaluate_halving(self, keys: list, generation: int) -> dict:
+        """Successive halving (or a hurdle) over the new genes of a generation (see fidelity.py)."""
+        config, schedule = self.config, self.schedule
+        reached: dict[str, EvaluationRecord] = {}  # key -> record of the highest rung it reached
+        alive = []
+        for key in keys:
+            known = self.store.lookup(key, config.seed, schedule.budget, self.data.fingerprint, self.context)
+            if known is not None and known.role in ("search", "baseline") and (
+                    known.generation is None or known.generation < generation):
+                reached[key] = known  # its full-budget result is known from before this generation
+                self._runner.announce(self._task(key, role="search", generation=generation), known, cached=True)
+            else:
+                alive.append(key)
+        audited = schedule.audited(alive, config.seed, generation)
+        for rung, steps in enumerate(schedule.rungs):
+            last = rung == len(schedule.rungs) - 1
+            tasks = [self._task(key, role="search" if last else RUNG_ROLE, generation=generation, steps=steps,
+                                budget=schedule.budget, label=f"gen {generation} rung {rung + 1}/{len(schedule.rungs)}",
+                                resume_from=self._state_file(reached.get(key)),
+                                save_to=None if last else str(self._state_path(key, steps)), audit=key in audited)
+                     for key in alive]
+            records = self._evaluate(tasks)
+            reached.update({key: records[key] for key in alive})
+            if last or not alive:
+                break
+            promoted = schedule.promote(rung, [(key, records[key]) for key in alive])
+            alive = promoted + [key for key in alive if key in audited and key not in promoted
+                                and records[key].status == "ok"]
+        self._prune_states(reached)
+        return told_fitness(reached)
+
+    def _state_path(self, key: str, steps: int) -> Path:
+        context = task_context(self._task(key, role=RUNG_ROLE, generation=None, steps=steps,
+                                          budget=self.schedule.budget), self.config)
+        return self.out_dir / STATE_DIR / state_file_name(key, self.config.seed, steps, context)
+
+    def _state_file(self, record: EvaluationRecord | None) -> str | None:
+        """The trainer state a record left, if its file is still there."""
+        if record is None or not record.checkpoint:
+            return None
+        path = self.out_dir / record.checkpoint
+        return str(path) if path.is_file() else None
+
+    def _prune_states(self, reached: dict) -> None:
+        """Delete the trainer states superseded by a higher rung (stopped genes keep theirs)."""
+        for key, record in reached.items():
+            for steps in self.schedule.rungs:
+                if steps < int(record.steps):
+                    self._state_path(key, steps).unlink(missing_ok=True)
+
+    def _finished(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
+        self._records[task.gene] = record
+        value = record.metric() if int(record.steps) >= self.config.train_steps else None
+        view = self._runner.view
+        if value is not None and view is not None and (view.best is None or value < view.best[1]):
+            view.set_best(task.gene, value)
+
+    def _individual(self, gene: AttentionGene, record: EvaluationRecord, generation: int, is_elite: bool = False,
+                    perplexity: float | None = None) -> Individual:
+        value = record.metric() if perplexity is None else perplexity
+        return Individual(gene=gene, perplexity=value if value is not None else float("inf"),
+                          train_loss=record.train_loss, generation=generation, status=str(record.status),
+                          is_elite=is_elite, record=record, steps=record.steps)
+
+    def _refresh(self) -> None:
+        self.population = [self._individual(m.gene, self._records[m.gene.key], m.generation, m.is_elite,
+                                            perplexity=m.perplexity)
+                           for m in self.strategy.population]
+        self.history = [{k: v for k, v in h.items() if k != "members"} for h in self.strategy.history]
+
+    # -- results -------------------------------------------------------------------------------
+    @property
+    def best(self) -> Individual | None:
+        """The best individual trained on the full budget (the best of all if none was)."""
+        full = [i for i in self.population if i.steps is None or i.steps >= self.config.train_steps]
+        return full[0] if full else (self.population[0] if self.population else None)
+
+    def save_checkpoint(self) -> Path:
+        """Snapshot the population and history after the last finished generation into
+        ``checkpoints/generation_NNN.json``.
+
+        The run store already holds every evaluation (resume needs nothing else); this JSON is a
+        readable view of one generation, loadable with ``load_checkpoint``.
+        """
+        generation = self.strategy.generation - 1
+        directory = self.out_dir / "checkpoints"
+        directory.mkdir(parents=True, exist_ok=True)
+        return write_json(directory / f"generation_{generation:03d}.json", {
+            "generation": generation,
+            "population": [ind.to_dict() for ind in self.population],
+            "history": self.history,
+        })
+
+    def load_checkpoint(self, generation: int) -> None:
+        """Restore ``population`` and ``history`` as they were after ``generation``."""
+        path = self.out_dir / "checkpoints" / f"generation_{generation:03d}.json"
+        if not path.is_file():
+            raise UserError(f"no checkpoint for generation {generation} in {path.parent}")
+        state = json.loads(path.read_text())
+        self.population = [
+            Individual(gene=AttentionGene.parse(p["gene"]),
+                       perplexity=float("inf") if p["perplexity"] is None else p["perplexity"],
+                       train_loss=float("nan") if p["train_loss"] is None else p["train_loss"],
+                       generation=p["generation"], status=p["status"], is_elite=p["is_elite"], steps=p.get("steps"))
+            for p in state["population"]]
+        self.history = state["history"]
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -1,0 +1,59 @@
+"""Where evaluations run: ``make_executor`` picks one; see ``base`` for the interface.
+
+- ``local``: ``LocalExecutor``, in this process, one task at a time (the default);
+- ``local`` with ``workers``: ``ProcessExecutor``, N worker processes on this machine;
+- ``ray``: ``RayExecutor``, Ray remote tasks on a local instance or a cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, available_cores, task_context
+from evo_attention.search.executors.process import ProcessExecutor
+from evo_attention.search.executors.ray import RayExecutor
+from evo_attention.util.errors import UserError
+
+EXECUTORS = ("local", "process", "ray")
+
+
+def make_executor(name: str = "local", *, workers: int | None = None, address: str | None = None,
+                  cpus_per_trial: float | None = None, gpus_per_trial: float | None = None) -> Executor:
+    """The executor ``name`` with its options.
+
+    ``local`` with ``workers`` is a ``ProcessExecutor`` (``cpus_per_trial``: threads per worker,
+    default an even share of the cores); ``ray`` with ``workers`` sizes a local Ray instance to
+    ``workers x cpus_per_trial`` CPUs.
+    """
+    if name not in EXECUTORS:
+        raise UserError(f"unknown executor {name!r}: valid executors are {', '.join(EXECUTORS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
+    if name == "ray":
+        cpus = 1.0 if cpus_per_trial is None else cpus_per_trial
+        if workers is not None and address is not None:
+            raise UserError("workers sizes a local Ray instance; a Ray cluster (address) runs as many "
+                            "evaluations at once as its resources allow: drop workers", setting=("workers", "address"))
+        num_cpus = None if workers is None else max(1, math.ceil(workers * cpus))
+        return RayExecutor(address, num_cpus=num_cpus, cpus_per_trial=cpus,
+                           gpus_per_trial=0.0 if gpus_per_trial is None else gpus_per_trial)
+    if address is not None:
+        raise UserError("address needs executor ray", setting=("address", "executor"))
+    if gpus_per_trial is not None:
+        raise UserError("gpus_per_trial applies to executor ray; workers N puts each worker on a GPU of its own "
+                        "(round-robin over the visible GPUs)", setting=("gpus_per_trial", "executor", "workers"))
+    threads = None
+    if cpus_per_trial is not None:
+        if isinstance(cpus_per_trial, bool) or float(cpus_per_trial) != int(cpus_per_trial) or cpus_per_trial < 1:
+            raise UserError(f"cpus_per_trial with workers is the number of threads per worker: a whole number "
+                            f">= 1, got {cpus_per_trial!r}", setting=("cpus_per_trial", "workers"))
+        threads = int(cpus_per_trial)
+    if name == "local" and workers is None:
+        if threads is not None:
+            raise UserError("cpus_per_trial needs workers N (or executor ray)", setting=("cpus_per_trial", "workers", "executor"))
+        return LocalExecutor()
+    return ProcessExecutor(workers or 2, threads=threads)
+
+
+__all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "available_cores",
+           "make_executor", "task_context"]

@@ -1,0 +1,196 @@
+"""Executors: where evaluations run. The runner hands over tasks and gets records back.
+
+An executor receives a list of ``EvalTask`` s (gene, seed, steps, split) and yields
+``(task, record)`` pairs as they finish, in any order; the runner writes each record into the run
+store at once, so an interruption loses at most the evaluations in flight. Executors never
+touch the store themselves and never decide anything about the search.
+
+- ``LocalExecutor`` (``local``, the default) trains in this process, one task at a time.
+- ``ProcessExecutor`` (``process.py``; ``workers`` N) keeps N worker processes on this machine.
+- ``RayExecutor`` (``ray.py``) runs every task as a Ray remote task, locally or on a cluster.
+
+Workers rebuild the dataset from the config (``data.data_from_config``; the tokenization cache makes
+that cheap) and check its fingerprint against the driver's; the driver's in-memory data is never
+sent. Every evaluation is seeded by its task alone (the run seed: common random numbers), so the
+results do not depend on the executor, the number of workers or the order of completion.
+
+Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the task with its
+``worker`` field set (``"local"``, ``"w0"``, ``"w1"``, ``"ray:host:pid"``); ``worker`` does not take
+part in comparisons, so the yielded task equals the submitted one.
+
+Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
+(``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
+side of the executor and travel to the worker as bytes, so workers need no shared file system.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from evo_attention.data.base import TaskData
+from evo_attention.train.config import Config
+from evo_attention.train.record import EvaluationRecord, Status, failed_record
+from evo_attention.train.trainer import SETTINGS_FIELDS, run_training
+from evo_attention.train.environment import versions
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import write_bytes
+
+StartFn = Callable[["EvalTask"], None]
+StepFn = Callable[["EvalTask", int, int, float], None]
+
+# Settings that determine the dataset a worker rebuilds.
+DATA_FIELDS = ("data", "data_dir", "vocab_size", "max_seq_len", "eval_stride", "recall")
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    gene: str  # gene key
+    seed: int
+    steps: int
+    eval_split: str = "valid"
+    role: str = "search"
+    generation: int | None = None
+    label: str = ""
+    budget: int | None = None  # multi-fidelity: train steps 0..steps of a budget-step schedule
+    resume_from: str | None = None  # a checkpoint file to continue from (missing: from scratch)
+    save_to: str | None = None  # where to write the trainer state after training
+    audit: bool = False  # multi-fidelity: trained to the full budget whatever its early loss
+    worker: str = field(default="", compare=False)  # set by the executor: who runs it
+
+
+# -- what every executor shares --------------------------------------------------------------------
+def task_context(task: EvalTask, config: Config) -> str:
+    """The cache-key context of the record ``task`` produces."""
+    from evo_attention.search.fidelity import evaluation_context
+
+    return evaluation_context(config, task.eval_split, task.steps, task.budget)
+
+
+def execute(task: EvalTask, config: Config, data: TaskData, *, device=None, progress=None,
+            state: bytes | None = None) -> tuple[EvaluationRecord, bytes | None]:
+    """Run one task where the caller is: ``(record, trainer state bytes or None)``."""
+    if task.budget is None:
+        result = run_training(task.gene, config, data, seed=task.seed, steps=task.steps, eval_split=task.eval_split,
+                              device=device, progress=progress)
+        return result.record, None
+    from evo_attention.search.fidelity import train_rung
+
+    return train_rung(task.gene, config, data, seed=task.seed, steps=task.steps, budget=task.budget, state=state,
+                      keep_state=task.save_to is not None, eval_split=task.eval_split, device=device,
+                      progress=progress)
+
+
+def failure_record(task: EvalTask, config: Config, data: TaskData, message: str) -> EvaluationRecord:
+    """The record of a task that could not run to the end (e.g. its worker kept dying)."""
+    return failed_record(task.gene, task.seed, task.steps, data.name, data.fingerprint, task_context(task, config),
+                         status=Status.ERROR, error=message, eval_split=task.eval_split, versions=versions(),
+                         settings={name: getattr(config, name) for name in SETTINGS_FIELDS},
+                         budget=task.budget, resumed_from=0 if task.budget is not None else None)
+
+
+def load_state(task: EvalTask) -> bytes | None:
+    """The checkpoint ``task`` continues from (None: train from scratch)."""
+    if task.resume_from and os.path.isfile(task.resume_from):
+        return Path(task.resume_from).read_bytes()
+    return None
+
+
+def store_state(task: EvalTask, state: bytes | None) -> None:
+    """Write a task's checkpoint (atomically: a reader never sees half a file)."""
+    if task.save_to is None or state is None:
+        return
+    write_bytes(task.save_to, state)
+
+
+def check_rebuildable(config: Config, data: TaskData) -> None:
+    """Parallel workers rebuild the data from the config: refuse data the config does not name."""
+    if data.name != config.data:
+        raise UserError(
+            f"parallel executors rebuild the dataset from the config in every worker, but this search trains on "
+            f"{data.name!r} data that the config does not name (config data {config.data!r}): name the dataset in "
+            "the config (data, data_dir) or use the local executor")
+
+
+_DATA_CACHE: dict[str, TaskData] = {}
+
+
+def rebuild_data(config: Config, fingerprint: str) -> TaskData:
+    """The dataset ``config`` names, built once per worker process, checked against the driver's."""
+    key = json.dumps({name: getattr(config, name) for name in DATA_FIELDS}, sort_keys=True, default=str)
+    data = _DATA_CACHE.get(key)
+    if data is None:
+        from evo_attention.data import data_from_config
+
+        data = data_from_config(config)
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = data
+    if data.fingerprint != fingerprint:
+        raise UserError(
+            f"the dataset a worker rebuilt from the config differs from the driver's (fingerprint "
+            f"{data.fingerprint[:12]} vs {fingerprint[:12]}): point data_dir at the data the search uses, or use "
+            "the local executor")
+    return data
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_devices(device: str, n: int) -> list[str]:
+    """Devices of ``n`` workers: round-robin over the visible GPUs when ``device`` is auto or cuda,
+    else ``device`` for all."""
+    if device in ("auto", "cuda"):
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return [f"cuda:{i % torch.cuda.device_count()}" for i in range(n)]
+    return [device] * n
+
+
+class Executor:
+    """Runs evaluation tasks; subclasses may run them in parallel."""
+
+    name = "base"
+    workers = 1
+
+    def run(self, tasks: Sequence[EvalTask], config: Config, data: TaskData, *,
+            on_start: StartFn | None = None, on_step: StepFn | None = None) -> Iterator[tuple[EvalTask, dict]]:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name, "workers": self.workers}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class LocalExecutor(Executor):
+    """In-process, one evaluation at a time (the default)."""
+
+    name = "local"
+
+    def run(self, tasks, config, data, *, on_start=None, on_step=None):
+        for task in tasks:
+            task = replace(task, worker="local")
+            if on_start is not None:
+                on_start(task)
+            progress = None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
+            record, state = execute(task, config, data, progress=progress, state=load_state(task))
+            store_state(task, state)
+            yield task, record
+
+

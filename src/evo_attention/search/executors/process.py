@@ -1,0 +1,287 @@
+"""Worker processes on this machine (``workers`` N).
+
+N worker processes (spawned, never forked), each pinned to a device (round-robin over the visible
+GPUs; on a CPU the cores are split evenly between them: ``cores // N`` threads each). A worker that
+dies (a signal, the OOM killer) is replaced and its task retried once; a second death gives an
+``error`` record. Each worker talks to the driver over a pipe of its own (tasks one way; progress
+and results the other), so a worker killed in the middle of a message cannot break the others'
+channel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from dataclasses import replace
+from multiprocessing.connection import wait
+
+from evo_attention.search.executors.base import (Executor, available_cores, check_rebuildable, execute,
+                                                 failure_record, load_state, rebuild_data, store_state,
+                                                 worker_devices)
+from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
+
+START_TIMEOUT_S = 300.0  # a worker imports torch and evo_attention before it is ready
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the driver dies (even by SIGKILL)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(worker: str, threads: int, conn) -> None:
+    """A worker process: take tasks from ``conn``, send progress and results back."""
+    _die_with_parent()
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        conn.send(("ready", None))
+    except (BrokenPipeError, EOFError, OSError):
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        if message is None:
+            return
+        token, task, config_dict, fingerprint, device, state = message
+        try:
+            config = Config.from_dict(config_dict)
+            data = rebuild_data(config, fingerprint)
+            progress = lambda s, n, loss: conn.send(("step", token, s, n, loss))  # noqa: E731
+            record, blob = execute(task, config, data, device=device, progress=progress, state=state)
+            conn.send(("done", token, record, blob))
+        except KeyboardInterrupt:
+            return
+        except UserError as exc:
+            conn.send(("fatal", token, str(exc)))
+        except (BrokenPipeError, EOFError):
+            return
+        except Exception as exc:  # infrastructure trouble: the task fails, the worker goes on
+            conn.send(("error", token, f"{type(exc).__name__}: {exc}".splitlines()[0][:500]))
+
+
+class _Slot:
+    """One worker: its process, its pipe and the task it is running (``job``)."""
+
+    def __init__(self, context, index: int, threads: int):
+        self.index = index
+        self.id = f"w{index}"
+        self.context = context
+        self.threads = threads
+        self.process = None
+        self.conn = None
+        self.job = None  # (token, task with worker set, attempts)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def start(self) -> None:
+        """Start the worker and wait until it is ready."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        parent, child = self.context.Pipe(duplex=True)
+        self.process = self.context.Process(target=_worker_main, args=(self.id, self.threads, child),
+                                            name=f"evo-attention-{self.id}", daemon=True)
+        self.process.start()
+        child.close()
+        self.conn = parent
+        self.job = None
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait for the worker's "ready" (a worker that cannot start is an error of the setup, not
+        of an evaluation: UserError)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.conn.poll(0.2):
+                    if self.conn.recv()[0] == "ready":
+                        return
+                    continue
+            except (EOFError, OSError):
+                break
+            if not self.process.is_alive():
+                break
+        self.process.join(1.0)
+        how = "did not report ready in time" if self.process.is_alive() else _describe_exit(self.process.exitcode)
+        self.stop(kill=True)
+        raise UserError(f"worker process {self.id} could not start ({how}): a script that runs a search with "
+                        "worker processes must guard its entry point with `if __name__ == \"__main__\":` "
+                        "(workers are spawned and import it)")
+
+    def stop(self, kill: bool = False, timeout: float = 5.0) -> None:
+        if self.process is None:
+            return
+        if not kill and self.conn is not None:
+            try:
+                self.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = self.job = None
+
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = "; out of memory?" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
+
+
+class ProcessExecutor(Executor):
+    """``workers`` processes on this machine (see the module docstring)."""
+
+    name = "process"
+
+    def __init__(self, workers: int = 2, *, threads: int | None = None, max_attempts: int = 2):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise UserError(f"threads per worker must be a positive integer, got {threads!r}")
+        import multiprocessing
+
+        self.workers = workers
+        self.threads = threads or max(1, available_cores() // workers)
+        self.max_attempts = max_attempts
+        self._context = multiprocessing.get_context("spawn")
+        self._slots = [_Slot(self._context, i, self.threads) for i in range(workers)]
+        self._parent_threads: int | None = None
+        self._tokens = 0
+
+    def describe(self) -> dict:
+        return {"name": self.name, "workers": self.workers, "threads_per_worker": self.threads}
+
+    def worker_pids(self) -> dict[str, int]:
+        """The process id of every running worker, by worker id (``w0``, ``w1``, ...)."""
+        return {slot.id: slot.process.pid for slot in self._slots if slot.alive()}
+
+    def _open(self) -> None:
+        if self._parent_threads is None:
+            import torch
+
+            self._parent_threads = torch.get_num_threads()
+            torch.set_num_threads(self.threads)  # the driver's share of the cores
+        starting = [slot for slot in self._slots if not slot.alive()]
+        for slot in starting:  # start them together, then wait for each
+            slot.stop(kill=True)
+            slot.launch()
+        try:
+            for slot in starting:
+                slot.wait_ready()
+        except UserError:
+            for slot in self._slots:
+                slot.stop(kill=True)
+            raise
+
+    def run(self, tasks, config, data, *, on_start=None, on_step=None):
+        check_rebuildable(config, data)
+        if not tasks:
+            return
+        self._open()
+        devices = worker_devices(config.device, self.workers)
+        config_dict, fingerprint = config.to_dict(), data.fingerprint
+        queue = deque((task, 0) for task in tasks)
+        try:
+            while queue or any(slot.job for slot in self._slots):
+                for slot in self._slots:  # hand out work
+                    while slot.job is None and queue:
+                        task, attempts = queue.popleft()
+                        self._tokens += 1
+                        job = (self._tokens, replace(task, worker=slot.id), attempts)
+                        try:
+                            slot.conn.send((job[0], task, config_dict, fingerprint, devices[slot.index],
+                                            load_state(task)))
+                        except (OSError, ValueError):  # died while idle: replace it, try again
+                            queue.appendleft((task, attempts))
+                            slot.stop(kill=True)
+                            slot.start()
+                            continue
+                        slot.job = job
+                        if on_start is not None:
+                            on_start(job[1])
+                busy = [slot for slot in self._slots if slot.job is not None]
+                ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0))
+                for slot in busy:
+                    if slot.conn in ready or slot.process.sentinel in ready:
+                        yield from self._serve(slot, queue, config, data, on_step)
+        finally:
+            for slot in self._slots:  # abandoned (interrupted): stop the work in flight
+                if slot.job is not None:
+                    slot.stop(kill=True)
+
+    def _serve(self, slot: _Slot, queue: deque, config, data, on_step):
+        """Read what ``slot`` sent; handle its death."""
+        token, task, attempts = slot.job
+        while slot.job is not None:
+            try:
+                if not slot.conn.poll():
+                    break
+                message = slot.conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[1] != token:
+                continue  # a late message of an abandoned task
+            kind = message[0]
+            if kind == "step":
+                if on_step is not None:
+                    on_step(task, *message[2:5])
+            elif kind == "done":
+                store_state(task, message[3])
+                slot.job = None
+                yield task, message[2]
+            elif kind == "error":
+                slot.job = None
+                yield task, failure_record(task, config, data, message[2])
+            elif kind == "fatal":
+                slot.job = None
+                raise UserError(message[2])
+        if slot.job is not None and not slot.process.is_alive():
+            slot.process.join()
+            how = _describe_exit(slot.process.exitcode)
+            slot.stop(kill=True)
+            slot.start()  # a fresh worker takes the dead one's place
+            if attempts + 1 < self.max_attempts:
+                queue.appendleft((replace(task, worker=""), attempts + 1))
+            else:
+                yield task, failure_record(task, config, data, f"the worker process died {attempts + 1} times "
+                                                               f"running this evaluation (last: {how})")
+
+    def close(self) -> None:
+        for slot in self._slots:
+            if slot.process is not None and slot.job is None:
+                try:
+                    slot.conn.send(None)  # idle workers: ask all to exit first, then wait for each
+                except (OSError, ValueError):
+                    pass
+        for slot in self._slots:
+            slot.stop(kill=slot.job is not None)  # a worker still busy (interrupted run) is killed
+        if self._parent_threads is not None:
+            import torch
+
+            torch.set_num_threads(self._parent_threads)
+            self._parent_threads = None

@@ -1,0 +1,176 @@
+"""Ray: every evaluation a Ray remote task with a resource request, on a local Ray instance or an
+existing cluster (``address``). See docs/scaling.md."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from evo_attention.search.executors.base import (EvalTask, Executor, check_rebuildable, execute, failure_record,
+                                                 load_state, rebuild_data, store_state)
+from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
+
+RAY_EXTRA_HINT = 'install it with pip install -e ".[distributed]"'
+
+
+class _ProgressSink:
+    """A Ray actor collecting progress messages of the remote tasks for the driver."""
+
+    def __init__(self):
+        self.items = []
+
+    def put(self, item) -> None:
+        self.items.append(item)
+
+    def drain(self) -> list:
+        items, self.items = self.items, []
+        return items
+
+
+def _ray_evaluate(token, task, config_dict, fingerprint, state, device, threads, sink):
+    """The body of a Ray remote task: one evaluation."""
+    import socket
+
+    import torch
+
+    torch.set_num_threads(threads)
+    worker = f"ray:{socket.gethostname()}:{os.getpid()}"
+    config = Config.from_dict(config_dict)
+    data = rebuild_data(config, fingerprint)
+    sink.put.remote((token, worker, "start"))
+    progress = lambda s, n, loss: sink.put.remote((token, worker, "step", s, n, loss))  # noqa: E731
+    record, blob = execute(task, config, data, device=device, progress=progress, state=state)
+    return record, blob, worker
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f"the ray executor needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
+    return ray
+
+
+class RayExecutor(Executor):
+    """Evaluations as Ray remote tasks (see the module docstring and docs/scaling.md)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, cpus_per_trial: float = 1.0,
+                 gpus_per_trial: float = 0.0, max_retries: int = 1):
+        self.ray = import_ray()
+        for name, value in (("cpus_per_trial", cpus_per_trial), ("gpus_per_trial", gpus_per_trial)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+                    (name == "cpus_per_trial" and value <= 0):
+                raise UserError(f"{name} must be a {'positive' if name == 'cpus_per_trial' else 'non-negative'} "
+                                f"number, got {value!r}", setting=name)
+        self.address = address
+        self.num_cpus = num_cpus
+        self.cpus_per_trial = float(cpus_per_trial)
+        self.gpus_per_trial = float(gpus_per_trial)
+        self.max_retries = max_retries
+        self.workers = None
+        self._owner = False
+        self._remote = None
+        self._sink = None
+        self._tokens = 0
+
+    def describe(self) -> dict:
+        return {"name": self.name, "address": self.address, "cpus_per_trial": self.cpus_per_trial,
+                "gpus_per_trial": self.gpus_per_trial}
+
+    def _open(self) -> None:
+        if self._remote is not None:
+            return
+        ray = self.ray
+        if not ray.is_initialized():
+            try:
+                if self.address:
+                    ray.init(address=self.address, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
+                raise UserError(f"cannot start or reach {where} ({str(exc).splitlines()[0][:200]}): start a cluster "
+                                "with `ray start --head` and pass its address, or leave the address unset", setting="address") from None
+            self._owner = True
+        self._remote = ray.remote(_ray_evaluate)
+        self._sink = ray.remote(num_cpus=0)(_ProgressSink).remote()
+
+    def _device(self, config: Config) -> str:
+        if self.gpus_per_trial > 0:
+            return "cuda"  # Ray makes the reserved GPU(s) the visible ones
+        return "cpu" if config.device == "auto" else config.device
+
+    def run(self, tasks, config, data, *, on_start=None, on_step=None):
+        check_rebuildable(config, data)
+        if not tasks:
+            return
+        self._open()
+        ray = self.ray
+        options = {"num_cpus": self.cpus_per_trial, "num_gpus": self.gpus_per_trial, "max_retries": self.max_retries}
+        threads = max(1, int(self.cpus_per_trial))
+        config_dict, device = config.to_dict(), self._device(config)
+        pending: dict = {}
+        started: dict[int, EvalTask] = {}
+        for task in tasks:
+            self._tokens += 1
+            ref = self._remote.options(**options).remote(self._tokens, task, config_dict, data.fingerprint,
+                                                         load_state(task), device, threads, self._sink)
+            pending[ref] = (self._tokens, task)
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+                self._progress(pending, started, on_start, on_step)
+                for ref in done:
+                    token, task = pending.pop(ref)
+                    try:
+                        record, blob, worker = ray.get(ref)
+                    except ray.exceptions.RayTaskError as exc:
+                        cause = getattr(exc, "cause", None)
+                        if isinstance(cause, UserError):
+                            raise UserError(str(cause)) from None
+                        yield task, failure_record(task, config, data, f"ray task failed: {str(cause or exc).splitlines()[0][:300]}")
+                        continue
+                    except ray.exceptions.RayError as exc:  # the worker died (also after the retry)
+                        yield task, failure_record(task, config, data,
+                                                   f"ray worker died running this evaluation ({type(exc).__name__}; "
+                                                   f"tried {1 + self.max_retries} times)")
+                        continue
+                    task = replace(task, worker=worker)
+                    if token not in started and on_start is not None:
+                        on_start(task)
+                    started.pop(token, None)
+                    store_state(task, blob)
+                    yield task, record
+        finally:
+            for ref in pending:  # abandoned (interrupted): cancel what is left
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    def _progress(self, pending, started, on_start, on_step) -> None:
+        tasks = {token: task for token, task in pending.values()}
+        for token, worker, kind, *rest in self.ray.get(self._sink.drain.remote()):
+            if token not in tasks:
+                continue
+            task = replace(tasks[token], worker=worker)
+            if token not in started:
+                started[token] = task
+                if on_start is not None:
+                    on_start(task)
+            if kind == "step" and on_step is not None:
+                on_step(task, *rest)
+
+    def close(self) -> None:
+        if self._sink is not None:
+            try:
+                self.ray.kill(self._sink)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        if self._owner and self.ray.is_initialized():
+            self.ray.shutdown()
+        self._owner = False
+        self._remote = self._sink = None

@@ -1,0 +1,120 @@
+"""The runner: cached, progress-reporting evaluation of a batch of tasks.
+
+Every part of the product that trains models (the search driver, validate, ablate, compare) hands
+its ``EvalTask`` s to a ``Runner``, which
+
+1. answers each task from the run store when the same evaluation (gene, seed, steps, data,
+   settings) is stored already -- a cache hit is never trained again;
+2. gives the others to the executor, and writes each record into the store the moment it comes
+   back (with the task's role and generation), so an interruption loses at most the trainings in
+   flight;
+3. reports progress: a line per finished evaluation and a live bar per training worker
+   (``util.progress.SearchView``), and the workers' activity in the store for ``status``.
+
+Without a store (``store=None``) nothing is cached or kept: the records are only returned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from evo_attention.search.executors import EvalTask, Executor, task_context
+from evo_attention.search.store import RunStore
+from evo_attention.train.config import Config
+from evo_attention.train.record import EvaluationRecord
+from evo_attention.util.progress import SearchView
+
+FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # (task, record, served from the store)
+
+
+class Runner:
+    """Evaluate tasks for one config and dataset through ``executor``, cached in ``store``.
+
+    ``view`` is the progress display (``SearchView``); ``activity`` prefixes the worker names this
+    runner writes into the store's activity table (so a study running beside a search clears only
+    its own rows); ``on_finished`` is called for every task answered, cached or trained.
+    """
+
+    def __init__(self, config: Config, data, executor: Executor, *, store: RunStore | None = None,
+                 view: SearchView | None = None, activity: str = "", on_finished: FinishedFn | None = None):
+        self.config, self.data, self.executor = config, data, executor
+        self.store, self.view = store, view
+        self.activity = activity
+        self.on_finished = on_finished
+        self.done = 0
+
+    def lookup(self, task: EvalTask) -> EvaluationRecord | None:
+        """The stored record of ``task``, or None."""
+        if self.store is None:
+            return None
+        return self.store.lookup(task.gene, task.seed, task.steps, self.data.fingerprint,
+                                 task_context(task, self.config))
+
+    def evaluate(self, tasks: Sequence[EvalTask]) -> dict[EvalTask, EvaluationRecord]:
+        """The record of every task (a task repeated in ``tasks`` is evaluated once)."""
+        records: dict[EvalTask, EvaluationRecord] = {}
+        todo = []
+        for task in dict.fromkeys(tasks):
+            hit = self.lookup(task)
+            if hit is not None:
+                records[task] = hit
+                self.announce(task, hit, cached=True)
+            else:
+                todo.append(task)
+        try:
+            for task, record in self.executor.run(todo, self.config, self.data, on_start=self._start,
+                                                  on_step=self._step):
+                record = self._annotate(task, record)
+                if self.store is not None:
+                    self.store.record(record, role=task.role, generation=task.generation)
+                    self.store.clear_activity(self._worker(task))
+                records[task] = record
+                self.announce(task, record, cached=False)
+        finally:
+            self._clear_activity()
+        return {task: records[task] for task in tasks}
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _annotate(self, task: EvalTask, record: EvaluationRecord) -> EvaluationRecord:
+        """The multi-fidelity facts only the task knows: the checkpoint it left, whether it is audited."""
+        changes = {}
+        if task.save_to is not None and record.status == "ok" and Path(task.save_to).is_file() and self.store:
+            changes["checkpoint"] = Path(task.save_to).relative_to(self.store.run_dir).as_posix()
+        if task.audit:
+            changes["audit"] = True
+        return record.replace(**changes) if changes else record
+
+    def _worker(self, task: EvalTask) -> str:
+        return f"{self.activity}{task.worker or self.executor.name}"
+
+    def _start(self, task: EvalTask) -> None:
+        total = task.budget or task.steps
+        if self.view is not None:
+            self.view.start(task.label, task.gene, total, worker=task.worker or None)
+        if self.store is not None:
+            self.store.set_activity(self._worker(task), task.gene, 0, total, None)
+
+    def _step(self, task: EvalTask, step: int, total: int, loss: float) -> None:
+        if self.view is not None:
+            self.view.step(step, total, loss, worker=task.worker or None)
+        if self.store is not None:
+            self.store.set_activity(self._worker(task), task.gene, step, total, loss)
+
+    def announce(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
+        """Count ``task`` as answered and report it (also for a record the caller found itself)."""
+        self.done += 1
+        if self.on_finished is not None:
+            self.on_finished(task, record, cached)
+        if self.view is not None:
+            self.view.finished(task.label, task.gene, record, cached, self.done, worker=task.worker or None)
+
+    def _clear_activity(self) -> None:
+        if self.store is None:
+            return
+        if not self.activity:
+            self.store.clear_activity()
+            return
+        for row in self.store.activity():  # only its own rows: a search may be running beside it
+            if str(row["worker"]).startswith(self.activity):
+                self.store.clear_activity(row["worker"])

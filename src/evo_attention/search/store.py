@@ -1,0 +1,388 @@
+"""RunStore: one SQLite file (``RUN_DIR/run.db``), the single source of truth of a run.
+
+It holds the run's configuration and metadata, every evaluation (one trained model: its full
+result record), the population of every generation, and the live progress of the workers.
+
+Durability: the database runs in WAL mode and every write is one transaction, so a process killed
+at any point (even SIGKILL) loses at most the transaction it had not committed, and the file stays
+consistent. ``synchronous=FULL`` also syncs the log on every commit so that committed results
+survive a power cut or an OS crash; one evaluation costs minutes of training, so that fsync is
+free in comparison. Readers in other processes (``evo-attention status``) can read at any time
+while the driver writes: WAL readers never block the writer nor wait for it, and connections wait
+up to ``TIMEOUT_S`` for a lock instead of failing.
+
+Schema::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)            -- JSON values: 'config', 'created_at',
+                                                      -- 'schema_version', and the caller's meta
+    evaluations(id INTEGER PRIMARY KEY, gene, seed, steps, data, context,  -- the cache key
+                role, generation, status, val_perplexity, val_loss, accuracy, train_loss,
+                params, time_s, record /*full JSON*/, created_at,
+                UNIQUE(gene, seed, steps, data, context))
+    generations(generation, position, gene, perplexity, is_elite,
+                PRIMARY KEY(generation, position))
+    activity(worker TEXT PRIMARY KEY, gene, step, total, loss, updated_at)
+
+Records go in and come out as ``EvaluationRecord`` s; the ``record`` column holds the record's JSON
+(``util.jsonio.store_dumps``: non-finite floats as ``"NaN"``/``"Infinity"`` strings, read back as
+floats). The metric columns hold NULL for them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from evo_attention.train.record import EvaluationRecord
+from evo_attention.util.errors import UserError
+from evo_attention.util.format import finite_or_none as _finite_or_none
+from evo_attention.util.jsonio import store_dumps as dumps
+from evo_attention.util.jsonio import store_loads as loads
+
+DB_NAME = "run.db"
+SCHEMA_VERSION = 1
+TIMEOUT_S = 30.0
+ROLES_HINT = ("search", "baseline", "validate")  # usual roles; any non-empty string is accepted
+KEY_FIELDS = ("gene", "seed", "steps", "data_fingerprint", "context")
+METRICS = ("val_perplexity", "val_loss", "accuracy", "train_loss", "time_s")
+_RESERVED = ("id", "role", "generation", "created_at")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    id             INTEGER PRIMARY KEY,
+    gene           TEXT    NOT NULL,
+    seed           INTEGER NOT NULL,
+    steps          INTEGER NOT NULL,
+    data           TEXT    NOT NULL,
+    context        TEXT    NOT NULL,
+    role           TEXT    NOT NULL,
+    generation     INTEGER,
+    status         TEXT    NOT NULL,
+    val_perplexity REAL,
+    val_loss       REAL,
+    accuracy       REAL,
+    train_loss     REAL,
+    params         INTEGER,
+    time_s         REAL,
+    record         TEXT    NOT NULL,
+    created_at     TEXT    NOT NULL,
+    UNIQUE (gene, seed, steps, data, context)
+);
+CREATE INDEX IF NOT EXISTS evaluations_by_role ON evaluations (role, id);
+CREATE TABLE IF NOT EXISTS generations (
+    generation INTEGER NOT NULL,
+    position   INTEGER NOT NULL,
+    gene       TEXT    NOT NULL,
+    perplexity REAL,
+    is_elite   INTEGER NOT NULL,
+    PRIMARY KEY (generation, position)
+);
+CREATE TABLE IF NOT EXISTS activity (
+    worker     TEXT PRIMARY KEY,
+    gene       TEXT,
+    step       INTEGER,
+    total      INTEGER,
+    loss       REAL,
+    updated_at TEXT NOT NULL
+);
+"""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _gene_key(gene: Any) -> str:
+    return gene if isinstance(gene, str) else gene.key
+
+
+# -- the store ----------------------------------------------------------------------------------
+class RunStore:
+    """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
+
+    One process writes (the driver); any number of processes may read at the same time. A store
+    may be shared by the threads of its process: calls are serialized by a lock.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, readonly: bool = False):
+        self.path = Path(path)
+        self.run_dir = self.path.parent
+        self.readonly = readonly
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.RLock()
+
+    # -- construction ---------------------------------------------------------------------------
+    @staticmethod
+    def db_path(run_dir: str | os.PathLike) -> Path:
+        return Path(run_dir) / DB_NAME
+
+    @classmethod
+    def exists(cls, run_dir: str | os.PathLike) -> bool:
+        """True if ``run_dir`` holds a run database."""
+        return cls.db_path(run_dir).is_file()
+
+    @classmethod
+    def create(cls, run_dir: str | os.PathLike, config: Mapping, meta: Mapping | None = None, *,
+               overwrite: bool = False) -> "RunStore":
+        """Start a new run in ``run_dir`` (created if needed) with its ``config`` and ``meta``.
+
+        Refuses a directory that holds a run already unless ``overwrite``, which deletes it.
+        ``meta`` rows are stored next to ``config``, ``created_at`` (now, unless given) and
+        ``schema_version``.
+        """
+        run_dir = Path(run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UserError(f"{run_dir} is a file, not a directory: pass a directory as --out")
+        path = cls.db_path(run_dir)
+        if path.exists() and not overwrite:
+            raise UserError(
+                f"{run_dir} holds a run already: add --resume to continue it or --overwrite to start over"
+            )
+        meta = dict(meta or {})
+        clash = sorted(set(meta) & {"config", "schema_version"})
+        if clash:
+            raise ValueError(f"meta key {clash[0]!r} is reserved by the run store")
+        for suffix in ("", "-wal", "-shm", "-journal"):  # also a stale log without its database
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create run directory {run_dir}: {exc.strerror}; pick a writable --out") from None
+        store = cls(path, cls._connect(path, readonly=False))
+        with store._transaction() as conn:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            rows = {"schema_version": SCHEMA_VERSION, "created_at": _now(), **meta, "config": dict(config)}
+            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                             [(k, dumps(v)) for k, v in rows.items()])
+        return store
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike, *, readonly: bool = False) -> "RunStore":
+        """Open the run in ``run_dir``; ``readonly`` for a reader such as a status command."""
+        path = cls.db_path(run_dir)
+        if not path.is_file():
+            raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {run_dir}`")
+        store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
+        not_yet = (f"{path} holds no run yet (a search may be creating it at this moment): try again in a moment, "
+                   "or remove the file if no search is starting there")
+        try:
+            version = store.get_meta("schema_version")
+        except sqlite3.DatabaseError as exc:
+            store.close()
+            if "no such table" in str(exc):
+                raise UserError(not_yet) from None
+            raise UserError(f"{path} is not a readable evo-attention run ({exc}): remove it or use another directory") from None
+        if version is None:
+            store.close()
+            raise UserError(not_yet)
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            store.close()
+            raise UserError(
+                f"{path} has run-store schema version {version!r}, this evo-attention reads up to "
+                f"{SCHEMA_VERSION}: upgrade evo-attention"
+            )
+        return store
+
+    @staticmethod
+    def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+        if readonly:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S,
+                                   isolation_level=None, check_same_thread=False)
+        else:
+            conn = sqlite3.connect(str(path), timeout=TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        try:
+            if not readonly:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise UserError(f"{path} is not a readable evo-attention run ({exc}): remove it or use another directory") from None
+        return conn
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"run store {self.path} is closed")
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed at the end, rolled back on an exception."""
+        if self.readonly:
+            raise RuntimeError(f"run store {self.path} was opened read-only")
+        with self._lock:
+            conn = self._db()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple = ()) -> list[dict]:
+        with self._lock:
+            cursor = self._db().execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.path)!r}{', readonly' if self.readonly else ''})"
+
+    # -- meta -----------------------------------------------------------------------------------
+    def config(self) -> dict:
+        """The configuration the run was created with."""
+        return self.get_meta("config", {})
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return loads(rows[0]["value"]) if rows else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a JSON-serializable ``value`` under ``key`` (replacing any old one)."""
+        text = dumps(value)
+        with self._transaction() as conn:
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, text))
+
+    # -- evaluations ----------------------------------------------------------------------------
+    def lookup(self, gene_key: Any, seed: int, steps: int, data: str, context: str) -> EvaluationRecord | None:
+        """The stored record of exactly this evaluation, or None (a cache miss)."""
+        rows = self._query(
+            "SELECT id, role, generation, record, created_at FROM evaluations "
+            "WHERE gene = ? AND seed = ? AND steps = ? AND data = ? AND context = ?",
+            (_gene_key(gene_key), int(seed), int(steps), str(data), str(context)),
+        )
+        return self._full_record(rows[0]) if rows else None
+
+    def record(self, record: EvaluationRecord | Mapping, *, role: str = "search", generation: int | None = None) -> int:
+        """Store a trainer's result record; returns its id.
+
+        A mapping needs ``gene`` (key or gene), ``seed``, ``steps``, ``data_fingerprint``,
+        ``context`` and ``status``; the metrics may be missing, None, NaN or inf. If this exact
+        evaluation (gene, seed, steps, data, context) is stored already nothing is written and the
+        existing id is returned (its role and generation stay those of the first recording).
+        Keys ``id``, ``role``, ``generation`` and ``created_at`` of ``record`` are replaced by the
+        store's own on reading.
+        """
+        missing = [k for k in KEY_FIELDS + ("status",) if k not in record]
+        if missing:
+            raise ValueError(f"result record lacks {', '.join(missing)}: every record needs {', '.join(KEY_FIELDS)}, status")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"role must be a non-empty string such as {', '.join(ROLES_HINT)}, got {role!r}")
+        if isinstance(record, EvaluationRecord):
+            record = record.to_dict()
+        body = {k: v for k, v in record.items() if k not in _RESERVED}
+        body["gene"] = _gene_key(record["gene"])
+        key = (body["gene"], int(record["seed"]), int(record["steps"]),
+               str(record["data_fingerprint"]), str(record["context"]))
+        params = record.get("params")
+        row = key + (
+            role, None if generation is None else int(generation), str(record["status"]),
+            *(_finite_or_none(record.get(m)) for m in METRICS[:4]),
+            None if _finite_or_none(params) is None else int(params),
+            _finite_or_none(record.get("time_s")),
+            dumps(body), _now(),
+        )
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO evaluations (gene, seed, steps, data, context, role, generation, status, "
+                "val_perplexity, val_loss, accuracy, train_loss, params, time_s, record, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (gene, seed, steps, data, context) DO NOTHING",
+                row,
+            )
+            if cursor.rowcount == 1:
+                return cursor.lastrowid
+            return conn.execute(
+                "SELECT id FROM evaluations WHERE gene = ? AND seed = ? AND steps = ? AND data = ? AND context = ?",
+                key,
+            ).fetchone()[0]
+
+    def evaluations(self, role: str | None = None) -> list[EvaluationRecord]:
+        """Stored records in insertion order (optionally of one role), each the full record plus
+        ``id``, ``role``, ``generation`` and ``created_at``."""
+        sql = "SELECT id, role, generation, record, created_at FROM evaluations"
+        rows = (self._query(sql + " ORDER BY id") if role is None
+                else self._query(sql + " WHERE role = ? ORDER BY id", (role,)))
+        return [self._full_record(row) for row in rows]
+
+    @staticmethod
+    def _full_record(row: dict) -> EvaluationRecord:
+        record = loads(row["record"])
+        record.update(id=row["id"], role=row["role"], generation=row["generation"], created_at=row["created_at"])
+        return EvaluationRecord.from_dict(record)
+
+    # -- generations ----------------------------------------------------------------------------
+    def record_generation(self, generation: int, members) -> None:
+        """Store a generation's population: ``(gene key, perplexity, is_elite)`` per member, in
+        order (best first). Recording a generation again replaces its rows."""
+        rows = [(int(generation), position, _gene_key(gene), _finite_or_none(ppl), int(bool(elite)))
+                for position, (gene, ppl, elite) in enumerate(members)]
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM generations WHERE generation = ?", (int(generation),))
+            conn.executemany(
+                "INSERT INTO generations (generation, position, gene, perplexity, is_elite) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def generations(self) -> list[dict]:
+        """``[{"generation", "members": [{"gene", "perplexity", "is_elite"}]}]`` in order; a
+        failed member's perplexity reads back as ``inf``."""
+        out: list[dict] = []
+        for row in self._query("SELECT * FROM generations ORDER BY generation, position"):
+            if not out or out[-1]["generation"] != row["generation"]:
+                out.append({"generation": row["generation"], "members": []})
+            ppl = math.inf if row["perplexity"] is None else row["perplexity"]
+            out[-1]["members"].append({"gene": row["gene"], "perplexity": ppl, "is_elite": bool(row["is_elite"])})
+        return out
+
+    # -- live progress --------------------------------------------------------------------------
+    def set_activity(self, worker: str, gene: Any, step: int, total: int, loss: float | None) -> None:
+        """Upsert what ``worker`` is training now (``loss`` None/NaN when unknown)."""
+        row = (str(worker), None if gene is None else _gene_key(gene), step, total, _finite_or_none(loss), _now())
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO activity (worker, gene, step, total, loss, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (worker) DO UPDATE SET gene = excluded.gene, step = excluded.step, "
+                "total = excluded.total, loss = excluded.loss, updated_at = excluded.updated_at",
+                row,
+            )
+
+    def clear_activity(self, worker: str | None = None) -> None:
+        """Forget ``worker`` 's activity (every worker's when None, e.g. when a run restarts)."""
+        with self._transaction() as conn:
+            if worker is None:
+                conn.execute("DELETE FROM activity")
+            else:
+                conn.execute("DELETE FROM activity WHERE worker = ?", (str(worker),))
+
+    def activity(self) -> list[dict]:
+        """Every worker's latest progress, by worker name."""
+        return self._query("SELECT worker, gene, step, total, loss, updated_at FROM activity ORDER BY worker")

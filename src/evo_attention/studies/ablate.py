@@ -1,0 +1,177 @@
+"""Ablation: which of a gene's differences from the vanilla transformer carry its effect.
+
+For each field in which the gene differs from the baseline (``gene.differences(vanilla)``) two
+variants are trained, with the same seeds rule and statistics as ``validate``:
+
+- *without F*: the gene with just F set back to the vanilla value. ``mean(without F) - mean(gene)``
+  is what F contributes inside the gene;
+- *baseline + F*: the vanilla transformer with just F taken from the gene. ``mean(baseline) -
+  mean(baseline + F)`` is what F does on its own.
+
+Plus the gene itself and the baseline. When only one field differs, "without F" is the baseline
+and "baseline + F" the gene: each distinct gene is trained once per seed whatever its names.
+Contributions are written in the "better" direction of the metric: positive means the field
+improves the metric (for perplexity: lowers it). Interactions show as single contributions that
+do not add up to the whole gene's improvement.
+
+``ablate`` returns the JSON-able result; ``write_ablation`` writes ``ablation.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from evo_attention.genes import AttentionGene
+from evo_attention.report.studies import FIELD_LABELS, ablation_markdown, metric_info
+from evo_attention.search.executors import Executor
+from evo_attention.studies.common import (DEFAULT_SEEDS, provenance, run_seeds, samples, validation_seeds,
+                                          write_json_and_markdown)
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.jsonio import to_jsonable
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One gene of the ablation: ``kind`` is full, baseline, remove or add; ``field`` the gene
+    field it is about (None for full and baseline); ``change`` says what was changed, in words."""
+
+    name: str
+    kind: str
+    field: str | None
+    gene: AttentionGene
+    change: str
+
+
+def option_text(gene: AttentionGene, name: str) -> str:
+    value = getattr(gene, name)
+    if name == "use_bias":
+        return "bias" if value else "nobias"
+    if name == "attention_dropout":
+        return f"{value:.2f}"
+    return str(value)
+
+
+def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None = None) -> list[Variant]:
+    """The full gene, the reference (default: vanilla), then per differing field its removal from
+    the gene and its addition to the reference. Raises UserError if nothing differs."""
+    gene = AttentionGene.parse(gene)
+    reference = reference or AttentionGene.vanilla()
+    fields = gene.differences(reference)
+    if not fields:
+        raise UserError(f"gene {gene.key!r} is the baseline itself: nothing to ablate; give a gene that differs from "
+                        f"{reference.key}")
+    variants = [Variant("full gene", "full", None, gene, "the gene as found"),
+                Variant("baseline", "baseline", None, reference, "the vanilla transformer")]
+    for name in fields:
+        label = FIELD_LABELS.get(name, name)
+        mine, theirs = option_text(gene, name), option_text(reference, name)
+        variants.append(Variant(f"without {label}", "remove", name, gene.replace(**{name: getattr(reference, name)}),
+                                f"{label}: {mine} -> {theirs}"))
+        variants.append(Variant(f"baseline + {label}", "add", name, reference.replace(**{name: getattr(gene, name)}),
+                                f"{label}: {theirs} -> {mine}"))
+    return variants
+
+
+def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SEEDS, steps: int | None = None,
+           eval_split: str = "valid", metric: str = "val_perplexity", confidence: float = 0.95, store=None,
+           executor: Executor | None = None, search_seed: int | None = None,
+           source_run: str | os.PathLike | None = None, quiet: bool = True) -> dict:
+    """Train every variant of ``gene`` with seeds ``config.seed + 1 ...`` and measure the changes."""
+    stats.check_confidence(confidence)
+    metric_info(metric, eval_split)
+    seeds = validation_seeds(config.seed, n_seeds, search_seed)
+    steps = int(config.train_steps if steps is None else steps)
+    variants = ablation_variants(gene)
+    records = run_seeds([v.gene for v in variants], config, data, seeds, steps=steps, eval_split=eval_split,
+                        role="ablation", store=store, executor=executor, quiet=quiet)
+    result = ablation_statistics(variants, records, seeds, metric=metric, confidence=confidence, eval_split=eval_split)
+    result.update(provenance(config, data, eval_split, metric, confidence, seeds, steps, search_seed, source_run))
+    return to_jsonable(result)
+
+
+def ablation_statistics(variants: Sequence[Variant], records: Mapping[tuple[str, int], Mapping], seeds: Sequence[int], *,
+              metric: str = "val_perplexity", confidence: float = 0.95, eval_split: str = "valid") -> dict:
+    """The statistics of an ablation from its records ((gene key, seed) -> record): per variant
+    its values, mean and interval and its comparisons with the full gene and the baseline (Holm
+    within each), the per-field ``contributions`` and the ``total`` (no provenance)."""
+    label, lower, _ = metric_info(metric, eval_split)
+    values = {v.gene.key: samples(records, v.gene.key, seeds, metric) for v in variants}
+    full, base = variants[0].gene.key, variants[1].gene.key
+    vs_full = stats.compare({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
+                            values[full]["values"], confidence, lower)
+    vs_base = stats.compare({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != base},
+                            values[base]["values"], confidence, lower)
+    sign = 1.0 if lower else -1.0
+    rows = []
+    for v in variants:
+        rows.append({
+            "name": v.name, "kind": v.kind, "field": v.field, "change": v.change, "gene": v.gene.key,
+            "str": str(v.gene), **values[v.gene.key], **stats.describe(values[v.gene.key]["values"], confidence),
+            "vs_full": _comparison(vs_full.get(v.name, {})), "vs_baseline": _comparison(vs_base.get(v.name, {})),
+        })
+    contributions = []
+    for row in rows:
+        if row["kind"] == "remove":  # (without F) - full: positive when F helps (lower is better)
+            contributions.append(_contribution(row, row["vs_full"], sign, "remove"))
+        elif row["kind"] == "add":  # baseline - (baseline + F)
+            contributions.append(_contribution(row, row["vs_baseline"], -sign, "add"))
+    return to_jsonable({
+        "kind": "ablation", "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
+        "fields": [v.field for v in variants if v.kind == "remove"],
+        "metric": metric, "metric_label": label, "lower_is_better": lower, "eval_split": eval_split,
+        "confidence": confidence, "seeds": list(seeds),
+        "variants": rows, "contributions": contributions,
+        "total": _contribution(rows[0], rows[0]["vs_baseline"], -sign, "total"),
+    })
+
+
+def _comparison(numbers: Mapping) -> dict | None:
+    if not numbers:
+        return None
+    keys = ("difference", "diff_ci_low", "diff_ci_high", "p_value", "p_holm", "cohens_d", "verdict")
+    return {k: numbers.get(k) for k in keys}
+
+
+def _contribution(row: Mapping, comparison: Mapping | None, sign: float, kind: str) -> dict:
+    """The comparison's difference turned into an improvement (positive = better)."""
+    c = comparison or {}
+    diff, low, high = c.get("difference"), c.get("diff_ci_low"), c.get("diff_ci_high")
+    value = None if diff is None else sign * diff
+    bounds = None if low is None or high is None else sorted((sign * low, sign * high))
+    return {"name": row["name"], "field": row.get("field"), "kind": kind, "change": row.get("change"),
+            "value": value, "low": bounds[0] if bounds else None, "high": bounds[1] if bounds else None,
+            "p_holm": c.get("p_holm")}
+
+
+# -- output ---------------------------------------------------------------------------------------
+def figure_items(result: Mapping) -> list[dict]:
+    items = [{**result["total"], "label": "whole gene vs baseline"}] if result.get("total") else []
+    for c in result.get("contributions", []):
+        field = FIELD_LABELS.get(c["field"], c["field"])
+        label = f"without {field}" if c["kind"] == "remove" else f"baseline + {field}"
+        items.append({**c, "label": f"{label} ({str(c['change']).split(': ', 1)[-1]})"})
+    return items
+
+
+def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``ablation.{json,md,png}`` (``ablation_test.*`` for the test split) into ``out_dir``."""
+    from evo_attention.report.figures import plot_contributions
+
+    paths = write_json_and_markdown("ablation", result, out_dir, ablation_markdown(result))
+    label, _, _ = metric_info(result.get("metric", "val_perplexity"))
+    plot_contributions(figure_items(result), paths["png"],
+                       xlabel=f"{label} improvement (positive = better): mean and "
+                              f"{stats.percent(result.get('confidence', 0.95))} CI",
+                       title=f"Ablation of {result.get('str')}, {len(result.get('seeds') or [])} seeds")
+    return paths
+
+
+def variants_summary(variants: Sequence[Variant]) -> list[dict]:
+    """JSON-able list of the variants (for a dry listing)."""
+    return [{"name": v.name, "kind": v.kind, "field": v.field, "gene": v.gene.key, "change": v.change}
+            for v in variants]

@@ -1,0 +1,317 @@
+"""A fair comparison of named attention variants at one fixed model size.
+
+Every configuration trains the same model (same size, data, steps, batch, learning rate and seeds)
+and differs only in its attention gene, so the differences in validation loss are the
+mechanisms' own. ``NAMED_CONFIGS`` is the one table of the named variants; ranks are fractions
+of ``d_model`` so that a variant means the same thing at every size:
+
+    from evo_attention.studies.compare import resolve_configs, run_compare
+    entries = resolve_configs("baseline,rope_only,dot|sparsemax|none|fixed", d_model=128)
+    payload = run_compare(config, entries, seeds=2, out_dir="runs/compare")
+
+``run_compare`` trains through the runner and an executor (``search.executors.make_executor``;
+parallel executors work too), records failures (oom, diverged, error) as rows with their status
+and goes on, and writes ``compare_results.json``, ``compare.md`` and ``compare.png`` into
+``out_dir``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from evo_attention.genes import VANILLA_KEY, AttentionGene
+from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
+from evo_attention.search.executors import EvalTask, Executor, make_executor
+from evo_attention.search.runner import Runner
+from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir, write_text
+from evo_attention.util.format import finite_or_none
+from evo_attention.util.jsonio import write_json
+from evo_attention.util.progress import SearchView
+from evo_attention.util.stats import describe
+
+
+# The study's model: 512 dims, 8 layers of 8 heads, 2048-wide FFN (below any --preset/--config/flag).
+DEFAULT_SIZE = {"d_model": 512, "n_layers": 8, "n_heads": 8, "d_ff": 2048}
+# Compare-specific presets (the general ones, quick and seed, work as well).
+COMPARE_PRESETS = {
+    "small": {  # a CPU-sized comparison: minutes per configuration on 2 cores
+        "d_model": 128, "n_layers": 2, "n_heads": 4, "d_ff": 512, "max_seq_len": 64,
+        "batch_size": 16, "eval_batch_size": 64, "eval_steps": 8, "train_steps": 100,
+        "learning_rate": 1e-3, "lr_schedule": "cosine", "warmup_steps": 10, "log_every": 10,
+    },
+}
+RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perplexity", "accuracy", "train_loss",
+               "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "eval_tokens", "steps",
+               "trained_steps", "device")
+
+
+@dataclass(frozen=True)
+class NamedConfig:
+    """A named attention variant: the vanilla components plus the three axes.
+
+    ``rank_divisor`` d gives qkv_rank = d_model // d (0: full projections).
+    """
+
+    name: str
+    position: str
+    rank_divisor: int
+    attn_bias: str
+    description: str
+
+    def rank(self, d_model: int) -> int:
+        return 0 if not self.rank_divisor else max(1, d_model // self.rank_divisor)
+
+    def gene(self, d_model: int) -> AttentionGene:
+        return AttentionGene.parse(VANILLA_KEY).replace(position=self.position, qkv_rank=self.rank(d_model),
+                                                        attn_bias=self.attn_bias)
+
+
+# The one table of named configurations (docs/compare.md shows the same).
+NAMED_CONFIGS = (
+    NamedConfig("baseline", "learned", 0, "none", "the vanilla transformer: full Q/K/V, learned absolute positions"),
+    NamedConfig("lora_small", "learned", 16, "none", "low-rank Q/K/V, rank d/16"),
+    NamedConfig("lora_medium", "learned", 8, "none", "low-rank Q/K/V, rank d/8"),
+    NamedConfig("lora_large", "learned", 4, "none", "low-rank Q/K/V, rank d/4"),
+    NamedConfig("lora_xl", "learned", 2, "none", "low-rank Q/K/V, rank d/2"),
+    NamedConfig("rope_only", "rope", 0, "none", "rotary positions instead of the learned table"),
+    NamedConfig("rope_small", "rope:linear:2", 0, "none", "rotary, linear position interpolation x2"),
+    NamedConfig("rope_large", "rope:ntk:4", 0, "none", "rotary, NTK-aware base scaling x4"),
+    NamedConfig("bias_only", "learned", 0, "rel", "learned positions + learned relative bias per head"),
+    NamedConfig("enhanced_small", "rope", 16, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/16"),
+    NamedConfig("enhanced_medium", "rope", 8, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/8"),
+    NamedConfig("enhanced_large", "rope", 4, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/4"),
+    NamedConfig("enhanced_xl", "rope", 2, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/2"),
+)
+CONFIGS_BY_NAME = {c.name: c for c in NAMED_CONFIGS}
+EVOLVED_NAME = "evolved"
+
+
+# -- choosing the configurations ---------------------------------------------------------------
+def resolve_configs(spec: str | Sequence[str] | None, d_model: int) -> list[tuple[str, AttentionGene]]:
+    """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
+
+    ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
+    named by its key. Repeats are dropped; an unknown name is a UserError listing the valid ones.
+    """
+    if spec is None:
+        items = ["all"]
+    elif isinstance(spec, str):
+        items = [s.strip() for s in spec.split(",")]
+    else:
+        items = [str(s).strip() for s in spec]
+    items = [s for s in items if s]
+    if not items:
+        raise UserError("--configs is empty: give names such as baseline,rope_only or gene strings")
+    entries: dict[str, AttentionGene] = {}
+    for item in items:
+        if item == "all":
+            for named in NAMED_CONFIGS:
+                entries.setdefault(named.name, named.gene(d_model))
+        elif "|" in item:
+            gene = AttentionGene.parse(item)
+            entries.setdefault(gene.key, gene)
+        elif item in CONFIGS_BY_NAME:
+            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model))
+        else:
+            raise UserError(f"unknown configuration {item!r}: valid names are all, {', '.join(CONFIGS_BY_NAME)} "
+                            "(or a gene string like 'dot|softmax|none|fixed|pos=rope')")
+    return list(entries.items())
+
+
+def evolved_entry(run_dir: str | Path) -> tuple[str, AttentionGene]:
+    """``("evolved", best gene)`` of the finished search in ``run_dir``."""
+    from evo_attention.report import load_run
+
+    best = load_run(run_dir).best_gene
+    if best is None:
+        raise UserError(f"the run in {run_dir} has no successful evaluation yet: no evolved gene to compare")
+    return EVOLVED_NAME, AttentionGene.parse(best)
+
+
+def list_table(d_model: int) -> str:
+    """The named configurations as a text table (what ``--list`` prints)."""
+    rows = [("name", "position", "qkv_rank", "attn_bias", f"gene at d_model {d_model}", "what")]
+    for c in NAMED_CONFIGS:
+        rank = f"d/{c.rank_divisor} = {c.rank(d_model)}" if c.rank_divisor else "0 (full)"
+        rows.append((c.name, c.position, rank, c.attn_bias, c.gene(d_model).key, c.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def settings_for(preset_name: str | None, explicit: dict) -> dict:
+    """Compare's settings: Config defaults < DEFAULT_SIZE < compare preset < ``explicit``.
+
+    ``explicit`` holds what a general preset, a config file and the flags name (cli.explicit_settings).
+    """
+    settings = dict(DEFAULT_SIZE)
+    if preset_name in COMPARE_PRESETS:
+        settings.update(COMPARE_PRESETS[preset_name])
+    settings.update(explicit)
+    return settings
+
+
+# -- running -------------------------------------------------------------------------------------
+def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
+                out_dir: str | Path | None = "runs/compare", data=None, executor="local",
+                quiet: bool = False) -> dict:
+    """Train every ``(name, gene)`` of ``entries`` with ``seeds`` seeds (config.seed + i) and
+    summarise; writes the outputs into ``out_dir`` (unless None). Returns the JSON payload.
+
+    ``executor``: a name for ``make_executor`` or an Executor (left open).
+    """
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise UserError(f"seeds must be a positive integer, got {seeds!r}", setting="seeds")
+    if not entries:
+        raise UserError("nothing to compare: give at least one configuration", setting="configs")
+    if out_dir is not None:
+        output_dir(out_dir)  # before any training: an unwritable place fails now, not after the work
+    if data is None:
+        from evo_attention.data import data_from_config
+
+        data = data_from_config(config)
+    tasks = [EvalTask(gene=gene.key, seed=config.seed + i, steps=config.train_steps, eval_split="valid",
+                      role="compare", label=name) for name, gene in entries for i in range(seeds)]
+    own = not isinstance(executor, Executor)
+    pool = make_executor(executor) if own else executor
+    done: dict[tuple[str, int], dict] = {}
+    start = time.perf_counter()
+
+    def finished(task, record, cached):
+        done[(task.label, task.seed)] = _result(task.label, record)
+
+    try:
+        with ExitStack() as stack:
+            if own:
+                stack.enter_context(pool)
+            view = stack.enter_context(SearchView(len(tasks), enabled=not quiet))
+            Runner(config, data, pool, view=view, on_finished=finished).evaluate(tasks)
+    except KeyboardInterrupt:
+        if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
+            write_outputs(out_dir, _payload(config, data, pool, seeds, entries, tasks, done,
+                                            time.perf_counter() - start, interrupted=True))
+        raise
+    payload = _payload(config, data, pool, seeds, entries, tasks, done, time.perf_counter() - start)
+    if out_dir is not None:
+        write_outputs(out_dir, payload)
+    return payload
+
+
+def _payload(config, data, pool, seeds, entries, tasks, done: dict, elapsed: float,
+             interrupted: bool = False) -> dict:
+    results = [done.get((t.label, t.seed)) or _not_run(t, interrupted) for t in tasks]
+    aggregates = aggregate(results, entries)
+    summary = rank_configs(aggregates, elapsed)
+    if interrupted:
+        summary["interrupted"] = True
+    return {"settings": _settings(config, data, pool, seeds, entries), "results": results,
+            "aggregates": aggregates, "summary": summary}
+
+
+def _result(name: str, record) -> dict:
+    return {"name": name, **{k: record.get(k) for k in RESULT_KEYS if k != "name"}}
+
+
+def _not_run(task, interrupted: bool) -> dict:
+    out = {k: None for k in RESULT_KEYS}
+    out.update(name=task.label, gene=task.gene, seed=task.seed, steps=task.steps,
+               status="interrupted" if interrupted else "error",
+               error="interrupted before it finished" if interrupted else "the executor returned no result")
+    return out
+
+
+def _settings(config: Config, data, pool, seeds: int, entries) -> dict:
+    from evo_attention.train.environment import resolve_device
+
+    return {
+        "d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
+        "max_seq_len": config.max_seq_len, "vocab_size": data.vocab_size, "data": data.name,
+        "steps": config.train_steps, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
+        "lr_schedule": config.lr_schedule, "eval_steps": config.eval_steps, "seed": config.seed, "seeds": seeds,
+        "seed_list": [config.seed + i for i in range(seeds)], "device": str(resolve_device(config.device)),
+        "executor": pool.describe(),
+        "configs": [{"name": n, "gene": g.key} for n, g in entries],
+        "config": config.to_dict(),
+        "data_description": data.describe() if hasattr(data, "describe") else None,
+    }
+
+
+# -- statistics -----------------------------------------------------------------------------------
+def mean_sd(values) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None when undefined) of the finite values."""
+    d = describe(values)
+    return d["mean"], d["sd"]
+
+
+def aggregate(results: Sequence[dict], entries: Sequence[tuple[str, AttentionGene]]) -> list[dict]:
+    """Per configuration, over its seeds: mean and sd of loss, perplexity (exp of the mean loss),
+    accuracy, time and memory. ``status`` is ok (every seed ok), partial, or the first failure's."""
+    out = []
+    for name, gene in entries:
+        runs = [r for r in results if r["name"] == name]
+        ok = [r for r in runs if r["status"] == "ok" and finite_or_none(r["val_loss"]) is not None]
+        loss, loss_sd = mean_sd(r["val_loss"] for r in ok)
+        acc, acc_sd = mean_sd(r["accuracy"] for r in ok)
+        failed = [r for r in runs if r not in ok]
+        status = "ok" if not failed else ("partial" if ok else failed[0]["status"])
+        out.append({
+            "name": name, "gene": gene.key, "status": status, "n_seeds": len(runs), "n_ok": len(ok),
+            "val_loss": loss, "val_loss_sd": loss_sd,
+            "val_perplexity": math.exp(loss) if loss is not None and loss < 700 else None,
+            "accuracy": acc, "accuracy_sd": acc_sd,
+            "params": next((r["params"] for r in runs if r["params"] is not None), None),
+            "time_s": mean_sd(r["time_s"] for r in runs)[0],
+            "peak_memory_mb": mean_sd(r["peak_memory_mb"] for r in runs)[0],
+            "errors": sorted({r["error"] for r in failed if r.get("error")}),
+        })
+    return out
+
+
+def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) -> dict:
+    """Loss mean and sd across configurations, the per-config statistics and the ranking."""
+    ranked = sorted((a for a in aggregates if a["val_loss"] is not None), key=lambda a: (a["val_loss"], a["name"]))
+    base = next((a for a in aggregates if a["name"] == "baseline" and a["val_loss"] is not None), None)
+    loss_mean, loss_sd = mean_sd(a["val_loss"] for a in ranked)
+    ranking = []
+    for i, a in enumerate(ranked):
+        row = {"rank": i + 1, "name": a["name"], "gene": a["gene"], "val_loss": a["val_loss"],
+               "val_loss_sd": a["val_loss_sd"], "val_perplexity": a["val_perplexity"],
+               "loss_vs_baseline": None, "perplexity_change_pct": None}
+        if base is not None:
+            row["loss_vs_baseline"] = a["val_loss"] - base["val_loss"]
+            row["perplexity_change_pct"] = 100.0 * math.expm1(a["val_loss"] - base["val_loss"])
+        if loss_sd:
+            row["z"] = (a["val_loss"] - loss_mean) / loss_sd  # distance from the mean in sds across configs
+        ranking.append(row)
+    return {
+        "n_configs": len(aggregates),
+        "n_ok": len(ranked),
+        "val_loss_mean": loss_mean,
+        "val_loss_sd": loss_sd,
+        "per_config": {a["name"]: {"mean": a["val_loss"], "sd": a["val_loss_sd"], "n": a["n_ok"]} for a in aggregates},
+        "ranking": ranking,
+        "best": ranking[0]["name"] if ranking else None,
+        "failed": [{"name": a["name"], "status": a["status"], "errors": a["errors"]}
+                   for a in aggregates if a["val_loss"] is None],
+        "total_time_s": total_time_s,
+    }
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+def write_outputs(out_dir: str | Path, payload: dict) -> dict[str, Path]:
+    """Write the JSON, the markdown table and the figure; returns name -> path."""
+    from evo_attention.report.figures import plot_compare
+    from evo_attention.report.studies import compare_markdown
+
+    out = output_dir(out_dir)
+    paths = {"results": out / COMPARE_RESULTS, "table": out / COMPARE_TABLE, "figure": out / COMPARE_FIGURE}
+    write_json(paths["results"], payload)
+    write_text(paths["table"], compare_markdown(payload))
+    plot_compare(payload, paths["figure"])
+    return paths

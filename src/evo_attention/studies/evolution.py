@@ -1,0 +1,71 @@
+"""``Evolution``: the original EvoAttention project's Python API, a search that writes its report.
+
+    evolution = Evolution(config, train_loader, eval_loader)   # or data=..., out_dir=...
+    best = evolution.run()                                     # the search, then every report file
+    evolution.population[0].perplexity; evolution.history
+    evolution.save_results("results"); evolution.plot_history("results/evolution.png")
+
+The search itself is ``search.driver.Search``; this adds what needs the report layer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from evo_attention.data.base import TaskData
+from evo_attention.search.driver import Search
+from evo_attention.search.executors import Executor
+from evo_attention.train.config import Config
+
+
+def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
+    from evo_attention.data import LoaderData
+
+    task = getattr(train_loader, "task_data", None)
+    if task is not None and getattr(eval_loader, "task_data", None) is task:
+        return task  # loaders made by utils.get_dataloaders: use the dataset behind them
+    return LoaderData(train_loader, eval_loader, vocab_size=config.vocab_size, seq_len=config.max_seq_len)
+
+
+class Evolution(Search):
+    """A ``Search`` that writes the run's report files when it finishes (unless ``report=False``)."""
+
+    def __init__(self, config: Config, train_loader=None, eval_loader=None, *, data: TaskData | None = None,
+                 out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
+                 executor: Executor | None = None, quiet: bool = True, report: bool = True):
+        if data is None and train_loader is not None and eval_loader is not None:
+            data = _data_from_loaders(config, train_loader, eval_loader)
+        super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
+                         quiet=quiet)
+        self.write_reports = report
+
+    def run(self):
+        best = super().run()
+        if self.write_reports:
+            self.write_report()
+        return best
+
+    def write_report(self) -> dict:
+        from evo_attention.report import write_report
+
+        return write_report(self.out_dir)
+
+    def save_results(self, directory: str | Path) -> Path:
+        """Write the report files (final_results.json, evaluations.csv, figures, report.md) into
+        ``directory`` (they are regenerated from the run store)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in self.write_report().values():
+            if path.parent.resolve() != directory.resolve():
+                shutil.copy2(path, directory / path.name)
+        return directory
+
+    def plot_history(self, path: str | Path) -> Path:
+        from evo_attention.report import load_run
+        from evo_attention.report.figures import plot_evolution
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plot_evolution(load_run(self.out_dir), path)
+        return path

@@ -1,0 +1,194 @@
+"""EvaluationRecord: the result of one training, the one record type from the trainer through the
+run store to every report.
+
+A record is identified by its cache key ``(gene, seed, steps, data_fingerprint, context)``, where
+``context`` is ``settings_hash`` of the other settings that shape a result. ``status`` says how
+the training ended (``Status``); a failed record keeps its metrics at NaN/inf and says why in
+``error``. ``metric(name)`` is the one way to ask for a usable number: the finite value of a
+successful training, else None.
+
+The run store adds ``id``, ``role``, ``generation`` and ``created_at``; a multi-fidelity
+evaluation carries ``budget``, ``resumed_from``, ``checkpoint`` and ``audit``. Keys of an older
+or foreign record that are not fields here are kept in ``extra`` and written back unchanged.
+
+Records read like a mapping too (``record["val_loss"]``, ``record.get("budget")``), which is
+what the JSON files and tables built from them use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+class Status(str, enum.Enum):
+    """How a training ended. Compares equal to its string value (``Status.OK == "ok"``)."""
+
+    OK = "ok"
+    DIVERGED = "diverged"  # a non-finite loss ended the training early
+    OOM = "oom"  # the device ran out of memory
+    ERROR = "error"  # any other exception, or a worker that kept dying
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+# Keys written only when set (None / False means absent), and the keys the store adds (present,
+# maybe None, exactly when the record came from a store).
+_OPTIONAL = ("budget", "resumed_from", "checkpoint", "audit")
+_STORED = ("id", "role", "generation", "created_at")
+
+
+@dataclass(eq=False)
+class EvaluationRecord(Mapping):
+    # identity: the cache key, plus the split it was measured on
+    gene: str
+    seed: int
+    steps: int
+    data_fingerprint: str
+    context: str  # settings_hash of the other settings that shape the result
+    data: str = ""  # the dataset's name
+    status: Status = Status.OK
+    error: str | None = None
+    # evaluation
+    val_loss: float = math.nan
+    val_perplexity: float = math.inf
+    accuracy: float = math.nan
+    eval_tokens: int = 0
+    eval_split: str = "valid"
+    eval_tokens_total: int | None = None
+    eval_complete: bool | None = None
+    # training
+    train_loss: float = math.nan
+    trained_steps: int = 0
+    curve: list = field(default_factory=list)  # [step, mean train loss over the last log interval]
+    params: int | None = None
+    flops_per_step: int | None = None
+    time_s: float | None = None
+    train_time_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_memory_mb: float | None = None
+    device: str | None = None
+    precision: str | None = None
+    versions: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    # multi-fidelity
+    budget: int | None = None  # the full budget of the schedule this partial training belongs to
+    resumed_from: int | None = None  # the step it continued from (0: trained from scratch)
+    checkpoint: str | None = None  # the trainer state it left, relative to the run directory
+    audit: bool = False  # trained to the full budget whatever its early loss
+    # set by the run store
+    id: int | None = None
+    role: str | None = None
+    generation: int | None = None
+    created_at: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.status, Status):
+            self.status = Status(self.status)
+
+    # -- the one usable-metric rule --------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        """Finished with a finite validation loss."""
+        return self.status == Status.OK and math.isfinite(self.val_loss)
+
+    def metric(self, name: str = "val_perplexity") -> float | None:
+        """The finite value of metric ``name`` if the training succeeded, else None."""
+        return usable_metric(self, name)
+
+    @property
+    def key(self) -> tuple:
+        """The cache key: (gene, seed, steps, data fingerprint, context)."""
+        return (self.gene, int(self.seed), int(self.steps), str(self.data_fingerprint), str(self.context))
+
+    # -- conversion ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """The record as a dict: every field (``extra`` merged in), optional ones only when set."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if self._absent(f.name, value):
+                continue
+            out[f.name] = value.value if isinstance(value, Status) else value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "EvaluationRecord":
+        """Build from a dict (a stored record, or one written by an older version)."""
+        if isinstance(data, EvaluationRecord):
+            return data
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names}
+        gene = known.get("gene")
+        if gene is not None and not isinstance(gene, str):
+            known["gene"] = gene.key
+        known.setdefault("audit", False)
+        known["audit"] = bool(known["audit"])
+        return cls(**known, extra=dict(data.get("extra") or {}, **extra) if "extra" in data else extra)
+
+    def replace(self, **changes: Any) -> "EvaluationRecord":
+        return dataclasses.replace(self, **changes)
+
+    # -- read as a mapping -----------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        if name in self.extra:
+            return self.extra[name]
+        if name != "extra" and name in _FIELD_NAMES:
+            value = getattr(self, name)
+            if self._absent(name, value):
+                raise KeyError(name)
+            return value
+        raise KeyError(name)
+
+    def _absent(self, name: str, value: Any) -> bool:
+        if name in _OPTIONAL:
+            return value is None or value is False
+        return name in _STORED and self.role is None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, EvaluationRecord):
+            return self.to_dict() == other.to_dict()
+        return NotImplemented
+
+    __hash__ = None
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(EvaluationRecord))
+
+
+def usable_metric(record: Mapping, name: str = "val_perplexity") -> float | None:
+    """The finite value of ``record[name]`` if the record's status is ok, else None (the one rule
+    for "a result to rank by"; it reads an ``EvaluationRecord`` or any mapping of its keys)."""
+    if record.get("status") != Status.OK:
+        return None
+    value = record.get(name)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def failed_record(gene: str, seed: int, steps: int, data: str, data_fingerprint: str, context: str, *,
+                  status: Status | str = Status.ERROR, error: str | None = None, **fields: Any) -> EvaluationRecord:
+    """The record of a training that could not produce a result."""
+    return EvaluationRecord(gene=gene, seed=int(seed), steps=int(steps), data=data, data_fingerprint=data_fingerprint,
+                            context=context, status=Status(status), error=error, **fields)

@@ -1,0 +1,331 @@
+"""Train one gene on one dataset and measure it: the fitness function of the search.
+
+``train_and_evaluate(gene, config, data)`` returns an ``EvaluationRecord`` and never raises for a
+bad gene: a NaN/inf loss ends training early with status ``diverged``, running out of memory gives
+``oom``, any other exception ``error`` with its message. Only bad *input* (an unknown device, say)
+and KeyboardInterrupt propagate. ``run_training`` does the same and also hands back the Trainer
+(the model, to save or inspect) and, when asked, its state after training: they travel beside the
+record, never inside it.
+
+The measurement:
+
+- AdamW, gradient clipping, a fixed step budget, constant lr (the original's) or linear warmup +
+  cosine decay; deterministic for a seed (model init, dropout and batch order all derive from it).
+- Evaluation is exact: the token-weighted mean NLL over every scored target of the split (the
+  datasets never score padding), perplexity = exp of it, plus next-token accuracy; the record says
+  how many tokens were scored (``eval_tokens``), so a capped evaluation is visible as such.
+- The record also carries the learning curve, parameter count, FLOPs per training step (PyTorch's
+  flop counter on the first step), wall time, tokens/s, peak memory, device and versions.
+
+``Trainer`` is the stateful object behind it: it can train to a step, evaluate, and continue,
+which is what multi-fidelity schedules need.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from evo_attention.data.base import TaskData
+from evo_attention.genes import AttentionGene
+from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
+from evo_attention.nn.model import TinyTransformer
+from evo_attention.train.config import Config
+from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
+                                             resolve_device, resolve_precision, versions)
+from evo_attention.train.record import EvaluationRecord, Status
+from evo_attention.util.errors import UserError
+
+# Settings that change what a training run computes; together with gene, seed, steps and the data
+# fingerprint they identify an evaluation (the run store's cache key).
+SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "batch_size",
+                   "eval_batch_size", "learning_rate", "weight_decay", "grad_clip", "eval_steps",
+                   "warmup_steps", "lr_schedule", "precision", "eval_stride")
+
+
+def settings_hash(config: Config, eval_split: str = "valid") -> str:
+    """Short hash of the settings (other than gene, seed, steps, data) that shape a result: the
+    ``context`` part of a record's cache key."""
+    settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
+    settings["eval_split"] = eval_split
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mean loss)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+class Trainer:
+    """Trains one TinyTransformer with one gene; ``train()`` may be called again to continue."""
+
+    def __init__(self, gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
+                 device: str | torch.device | None = None):
+        self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+        self.data = data
+        self.seed = config.seed if seed is None else int(seed)
+        self.device = resolve_device(device if device is not None else config.device)
+        self.precision = resolve_precision(config.precision, self.device)
+        # the model's vocabulary and window come from the data
+        self.config = config.replace(vocab_size=data.vocab_size, max_seq_len=max(config.max_seq_len, data.seq_len))
+        if self.device.type == "cpu":
+            torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
+        torch.manual_seed(self.seed)
+        self.model = TinyTransformer(self.config, self.gene).to(self.device)
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.learning_rate, betas=(0.9, 0.95),
+                                           **({"fused": True} if self.device.type == "cuda" else {}))
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.batches = data.train_batches(config.batch_size, self.generator)
+        self.step = 0
+        self.curve: list = []  # [step, mean train loss over the last log interval]
+        self.train_time = 0.0
+        self.tokens_seen = 0
+        self.flops_per_step: int | None = None
+        self.diverged = False
+
+    def _param_groups(self):
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            (decay if p.dim() >= 2 and "emb" not in name else no_decay).append(p)
+        return [{"params": decay, "weight_decay": self.config.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        if c.lr_schedule == "constant":
+            return c.learning_rate
+        if step < c.warmup_steps:
+            return c.learning_rate * (step + 1) / c.warmup_steps
+        progress = (step - c.warmup_steps) / max(1, c.train_steps - c.warmup_steps)
+        return c.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    @property
+    def matmul_dtype(self) -> torch.dtype:
+        return matmul_dtype(self.precision)
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        with autocast(self.device, self.precision):
+            hidden, _ = self.model.hidden_states(x)
+        # the output projection and the loss, fused and chunked (see losses.py)
+        loss = linear_cross_entropy(hidden, self.model.head.weight, y, dtype=self.matmul_dtype)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        return loss.detach()
+
+    def _count_flops(self, x, y) -> torch.Tensor:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            loss = self._step(x, y)
+        self.flops_per_step = int(counter.get_total_flops())
+        return loss
+
+    def train(self, until_step: int | None = None, progress: ProgressFn | None = None) -> str:
+        """Train up to ``until_step`` (default: the budget). Returns 'ok' or 'diverged'."""
+        until = self.config.train_steps if until_step is None else min(until_step, self.config.train_steps)
+        self.model.train()
+        every = self.config.log_every
+        window_sum = torch.zeros((), device=self.device)
+        window_n = 0
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        start = time.perf_counter()
+        while self.step < until and not self.diverged:
+            x, y = next(self.batches)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            loss = self._count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
+            self.step += 1
+            self.tokens_seen += x.numel()
+            window_sum += loss
+            window_n += 1
+            finite &= torch.isfinite(loss)
+            if self.step % every == 0 or self.step == until:
+                mean = (window_sum / window_n).item()  # the one host sync, once per log interval
+                if not bool(finite) or not math.isfinite(mean):
+                    self.diverged = True
+                else:
+                    self.curve.append([self.step, mean])
+                if progress is not None:
+                    progress(self.step, self.config.train_steps, mean)
+                window_sum.zero_()
+                window_n = 0
+        self.train_time += time.perf_counter() - start
+        return "diverged" if self.diverged else "ok"
+
+    @torch.no_grad()
+    def evaluate(self, split: str = "valid") -> dict:
+        """Exact token-weighted NLL, perplexity and accuracy over the split (eval_steps caps batches)."""
+        self.model.eval()
+        nll = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        tokens = torch.zeros((), dtype=torch.long, device=self.device)
+        for x, y in self.data.eval_batches(split, self.config.eval_batch_size, self.config.eval_steps):
+            x, y = x.to(self.device), y.to(self.device)
+            with autocast(self.device, self.precision):
+                hidden, _ = self.model.hidden_states(x)
+            batch_nll, batch_correct, batch_tokens = linear_nll_stats(hidden, self.model.head.weight, y,
+                                                                      dtype=self.matmul_dtype)
+            nll += batch_nll
+            correct += batch_correct
+            tokens += batch_tokens
+        self.model.train()
+        n = int(tokens)
+        if n == 0:
+            raise UserError(f"the {split} split has no scored tokens: check the dataset settings")
+        mean = float(nll) / n
+        total = n if self.config.eval_steps is None else self.data.scored_tokens(split)
+        return {
+            "val_loss": mean,
+            "val_perplexity": math.exp(mean) if mean < 700 else float("inf"),
+            "accuracy": int(correct) / n,
+            "eval_tokens": n,
+            "eval_split": split,
+            "eval_tokens_total": total,  # scored targets in the whole split
+            "eval_complete": n == total,
+        }
+
+    def recent_train_loss(self) -> float:
+        return self.curve[-1][1] if self.curve else float("nan")
+
+    # -- checkpoints (multi-fidelity schedules continue a training from one) ---------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue this training exactly: weights, optimizer, step, curve,
+        counters and the global RNG state (dropout). The batch stream is not saved: it is a
+        function of the seed, so ``load_state_dict`` replays it and skips ``step`` batches."""
+        return {
+            "gene": self.gene.key, "seed": self.seed, "train_steps": self.config.train_steps, "step": self.step,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "curve": [list(point) for point in self.curve], "train_time": self.train_time,
+            "tokens_seen": self.tokens_seen, "flops_per_step": self.flops_per_step, "diverged": self.diverged,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (made by ``state_dict`` of a Trainer of the same gene, seed and
+        budget); training on gives exactly what an uninterrupted training gives."""
+        for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.config.train_steps)):
+            if state.get(name) != mine:
+                raise ValueError(f"checkpoint has {name} {state.get(name)!r}, this trainer {mine!r}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.curve = [list(point) for point in state["curve"]]
+        self.train_time = float(state["train_time"])
+        self.tokens_seen = int(state["tokens_seen"])
+        self.flops_per_step = state["flops_per_step"]
+        self.diverged = bool(state["diverged"])
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.batches = self.data.train_batches(self.config.batch_size, self.generator)
+        for _ in range(self.step):  # one batch per step
+            next(self.batches)
+        torch.set_rng_state(state["rng"].cpu())
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+
+
+def state_to_bytes(state: dict) -> bytes:
+    """A trainer state (``Trainer.state_dict``) as bytes, to store or send to another process."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def state_from_bytes(blob: bytes, device) -> dict:
+    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+
+
+@dataclass
+class TrainingResult:
+    """What ``run_training`` gives: the record, and beside it the Trainer (None if it could not be
+    built) and the trainer state after training (bytes, when asked and the training succeeded)."""
+
+    record: EvaluationRecord
+    trainer: "Trainer | None" = None
+    state: bytes | None = None
+
+
+def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
+                 steps: int | None = None, eval_split: str = "valid", device: str | None = None,
+                 progress: ProgressFn | None = None, until_step: int | None = None, state: bytes | None = None,
+                 keep_state: bool = False) -> TrainingResult:
+    """Train ``gene`` for ``steps`` (default config.train_steps) and evaluate it.
+
+    Never raises for a failing gene (see the module docstring). Partial trainings (multi-fidelity):
+    ``until_step`` stops at that step of the ``steps``-step training (the learning-rate schedule
+    still spans all ``steps``); ``state`` (bytes from an earlier ``keep_state``) continues a
+    training exactly where it stopped, and the record then says ``resumed_from``; ``keep_state``
+    returns the trainer state after training, taken before the evaluation.
+    """
+    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    if steps is not None:
+        config = config.replace(train_steps=int(steps))
+    seed = config.seed if seed is None else int(seed)
+    dev = resolve_device(device if device is not None else config.device)  # bad input: raise
+    record = EvaluationRecord(
+        gene=gene.key, seed=seed, steps=config.train_steps, data=data.name, data_fingerprint=data.fingerprint,
+        context=settings_hash(config, eval_split), eval_split=eval_split, device=str(dev), versions=versions(),
+        settings={name: getattr(config, name) for name in SETTINGS_FIELDS},
+        resumed_from=0 if state is not None else None)
+    reset_peak_memory(dev)
+    start = time.perf_counter()
+    trainer, blob = None, None
+    try:
+        trainer = Trainer(gene, config, data, seed=seed, device=dev)
+        record.precision = trainer.precision
+        record.params = trainer.model.num_parameters()
+        if state is not None:
+            trainer.load_state_dict(state_from_bytes(state, dev))
+            record.resumed_from = trainer.step
+        status = Status(trainer.train(until_step=until_step, progress=progress))
+        if keep_state and status == Status.OK:
+            blob = state_to_bytes(trainer.state_dict())
+        record.status = status
+        if status == Status.OK:
+            for name, value in trainer.evaluate(eval_split).items():
+                setattr(record, name, value)
+    except KeyboardInterrupt:
+        raise
+    except UserError:
+        raise
+    except Exception as exc:  # a failing gene must never crash the search
+        record.status = Status.OOM if is_oom(exc) else Status.ERROR
+        record.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        blob = None
+    finally:
+        if dev.type == "cuda":
+            gc.collect()  # cyclic garbage may hold tensors: drop it before giving cached blocks back
+            torch.cuda.empty_cache()
+    if trainer is not None:
+        record.train_loss = trainer.recent_train_loss()
+        record.trained_steps = trainer.step
+        record.curve = trainer.curve
+        record.flops_per_step = trainer.flops_per_step
+        record.train_time_s = trainer.train_time
+        record.tokens_per_s = trainer.tokens_seen / trainer.train_time if trainer.train_time > 0 else None
+    else:
+        record.train_time_s = 0.0
+    record.time_s = time.perf_counter() - start
+    record.peak_memory_mb = peak_memory_mb(dev)
+    return TrainingResult(record, trainer, blob)
+
+
+def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
+                       steps: int | None = None, eval_split: str = "valid", device: str | None = None,
+                       progress: ProgressFn | None = None) -> EvaluationRecord:
+    """Train ``gene`` for ``steps`` (default config.train_steps), evaluate it, return its record."""
+    return run_training(gene, config, data, seed=seed, steps=steps, eval_split=eval_split, device=device,
+                        progress=progress).record

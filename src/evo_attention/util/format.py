@@ -1,0 +1,77 @@
+"""Numbers and text for tables: one way to show a value, a markdown cell, a CSV cell."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A human-readable number: fixed ``digits`` for floats, thousands separators for ints."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def number(value: Any, spec: str) -> str:
+    """``format(value, spec)`` for a finite number, ``-`` otherwise."""
+    value = finite_or_none(value)
+    return "-" if value is None else format(value, spec)
+
+
+def csv_cell(value: Any) -> str:
+    """A CSV cell: empty for None/NaN/inf, ``true``/``false`` for booleans."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value)
+
+
+def md_cell(value: Any) -> str:
+    """Text safe inside a markdown table cell (pipes escaped, one line)."""
+    text = str(value).replace("\r", " ").replace("\n", " ").strip()
+    return text.replace("|", "\\|")
+
+
+def code(text: Any) -> str:
+    """Inline code for a markdown table cell (a gene key)."""
+    return f"`{md_cell(text)}`" if text is not None else "-"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub-flavoured markdown table. Cells are used as given (format and escape them with
+    ``fmt``/``md_cell``/``code``); ``align`` is one character per column, ``l`` or ``r``."""
+    align = align or "l" * len(headers)
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def human_seconds(seconds: float) -> str:
+    """``42 s``, ``3.5 min`` or ``2.1 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
