@@ -315,7 +315,7 @@ def test_errors_for_bad_settings(tmp_path):
 
 def test_error_when_hf_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    user_error(lambda: load_data("wikitext2"), ENV_DATA_DIR, "--data-dir")
+    user_error(lambda: load_data("wikitext2"), ENV_DATA_DIR, "data_dir")
     failing = types.ModuleType("datasets")
 
     def offline(*args):

@@ -220,7 +220,7 @@ def test_status_says_when_earlier_trainings_answered_requests():
     ("run", ["--resume", "--steps", "99"], "--steps 99 contradicts"),
     ("run", ["--resume", "--overwrite"], "contradict"),
     (None, ["--strategy", "annealing"], "annealing"),
-    (None, ["--population", "3", "--elite", "3"], "elite_size"),
+    (None, ["--population", "3", "--elite", "3"], "--elite 3 must be smaller than --population 3"),
 ])
 def test_search_bad_input(tmp_path, capsys, setup, flags, words):
     out = tmp_path / "run"

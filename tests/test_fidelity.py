@@ -194,7 +194,7 @@ def test_audited_individuals_reach_the_full_budget_and_give_an_unselected_correl
     assert schedule.audited(list(reversed(keys)), 7, 1) == drawn  # the order of asking does not matter
     assert {tuple(schedule.audited(keys, 7, g)) for g in range(8)} != {tuple(drawn)}  # it varies by generation
     assert schedule.planned(6) == 6 + 4 + 4
-    with pytest.raises(UserError, match="halving_audit 1 needs --fidelity halving or --hurdle"):
+    with pytest.raises(UserError, match="halving_audit 1 needs fidelity halving or a hurdle"):
         Config(**{**TINY, "fidelity": "full", "halving_audit": 1})
     with pytest.raises(UserError, match="halving_audit must be a non-negative integer"):
         Config(**{**TINY, "halving_audit": -1})

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from evo_attention import AttentionGene, Config, TinyTransformer
-from evo_attention.studies import ablate as ablation, maps
+from evo_attention.studies import ablation, maps
 from evo_attention.studies import validate as val  # the module
 from evo_attention.report import OUTPUTS, load_attachments, write_report
 from evo_attention.search.store import RunStore

@@ -53,7 +53,7 @@ def test_create_refuses_an_existing_run(tmp_path):
     with pytest.raises(UserError) as info:
         RunStore.create(tmp_path, {"seed": 2}, {})
     message = str(info.value)
-    assert str(tmp_path) in message and "--resume" in message and "--overwrite" in message and "\n" not in message
+    assert str(tmp_path) in message and "add resume to continue it or overwrite to start over" in message and "\n" not in message
     with RunStore.create(tmp_path, {"seed": 2}, {}, overwrite=True) as s:
         assert s.config() == {"seed": 2} and s.evaluations() == []
 

@@ -183,7 +183,7 @@ def test_baseline_test_split_and_gene(tmp_path):
     (["--data", "wikitext2", "--data-dir", "/nonexistent/wt2"], "/nonexistent/wt2"),
     (["--gene", "dot|sparsemaxx|none|fixed"], "sparsemaxx"),
     (["--d-model", "30", "--heads", "4"], "not divisible"),
-    (["--vocab-size", "1"], "vocab_size"),
+    (["--vocab-size", "1"], "--vocab-size must be at least 2"),
     (["--preset", "huge"], "huge"),
     (["--config", "/nonexistent/cfg.yaml"], "/nonexistent/cfg.yaml"),
     (["--device", "cuda:7"], "cuda"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evo_attention import AttentionGene, Config, TinyTransformer
-from evo_attention.studies import ablate as ablation, maps
+from evo_attention.studies import ablation, maps
 from evo_attention.studies import validate as val  # the module
 from evo_attention.report.studies import ablation_markdown, validation_markdown
 from evo_attention.cli import main

@@ -12,7 +12,7 @@ from evo_attention.cli.validate import add_analysis_flags, analysis_setup, log_o
 
 def cmd_ablate(args) -> int:
     from evo_attention.report.studies import contribution_lines
-    from evo_attention.studies.ablate import ablate, ablation_variants, write_ablation
+    from evo_attention.studies.ablation import ablate, ablation_variants, write_ablation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
     from evo_attention.cli.common import executor_from_args

@@ -128,7 +128,9 @@ def number(value, digits=3) -> str:
 ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_trial": "--cpus-per-trial",
                   "gpus_per_trial": "--gpus-per-trial", "n_seeds": "--seeds", "seeds": "--seeds",
                   "genes": "--genes", "configs": "--configs", "out": "--out", "data_dir": "--data-dir",
-                  "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume"}
+                  "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
+                  "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
+                  "config_file": "--config"}
 
 
 def flag_of(setting: str) -> str | None:

@@ -130,7 +130,8 @@ def load_corpus(name: str = "wikitext2", data_dir: str | os.PathLike | None = No
     if data_dir is None and name == "wikitext2" and os.environ.get(ENV_DATA_DIR):
         data_dir, origin = os.environ[ENV_DATA_DIR], f"{ENV_DATA_DIR} directory"
     if data_dir is None and name == "text":
-        raise UserError("dataset 'text' needs a directory holding train.txt, valid.txt, test.txt; pass data_dir / --data-dir DIR")
+        raise UserError("dataset 'text' needs a directory holding train.txt, valid.txt, test.txt; pass data_dir DIR",
+                        setting="data_dir")
     if data_dir is not None:
         source, texts = _read_dir(Path(data_dir).expanduser(), FILE_NAMES[name], origin)
     else:
@@ -163,8 +164,8 @@ def _read_dir(directory: Path, names: dict[str, tuple[str, ...]], origin: str) -
     """(source description, {split: (text, sha256 of the bytes, path)}) for a corpus directory."""
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
-        raise UserError(f"{origin} {directory} {what}; pass data_dir / --data-dir DIR or set "
-                        f"{ENV_DATA_DIR} to a directory holding train.txt, valid.txt, test.txt")
+        raise UserError(f"{origin} {directory} {what}; pass data_dir DIR or set "
+                        f"{ENV_DATA_DIR} to a directory holding train.txt, valid.txt, test.txt", setting="data_dir")
     texts = {}
     for split, candidates in names.items():
         path = next((directory / c for c in candidates if (directory / c).is_file()), None)
@@ -191,18 +192,18 @@ def _read_text(path: Path) -> tuple[str, str, str]:
 
 def _read_hf_wikitext2() -> dict:
     """WikiText-2 through Hugging Face ``datasets``, in the same form as _read_dir's result."""
-    fix = f"pass data_dir / --data-dir DIR or set {ENV_DATA_DIR} to a directory holding WikiText-2"
+    fix = f"pass data_dir DIR or set {ENV_DATA_DIR} to a directory holding WikiText-2"
     try:
         import datasets  # optional dependency, imported only when needed
     except ImportError:
-        raise UserError(f"WikiText-2 not found and the Hugging Face 'datasets' package is not installed; {fix}") from None
+        raise UserError(f"WikiText-2 not found and the Hugging Face 'datasets' package is not installed; {fix}", setting="data_dir") from None
     try:
         ds = datasets.load_dataset("wikitext", "wikitext-2-v1")
         rows = {split: ds[hf_split]["text"] for split, hf_split in
                 (("train", "train"), ("valid", "validation"), ("test", "test"))}
     except Exception as e:  # no network, hub changes, ...: never substitute other data
         reason = (str(e).strip().splitlines() or [""])[0][:160]
-        raise UserError(f"could not load WikiText-2 with Hugging Face datasets ({type(e).__name__}: {reason}); {fix}") from None
+        raise UserError(f"could not load WikiText-2 with Hugging Face datasets ({type(e).__name__}: {reason}); {fix}", setting="data_dir") from None
     texts = {}
     for split, lines in rows.items():
         # one row per line of the original file: rebuild that file's text canonically

@@ -14,16 +14,27 @@ across layers is fine.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn as nn
 
 from evo_attention.nn.attention import EvolvedAttention
-from evo_attention.train.config import Config
 from evo_attention.nn.dropout import Dropout
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene
+
+
+class ModelSettings(Protocol):
+    """What the model reads from its settings: ``train.Config`` has these fields (and more)."""
+
+    vocab_size: int | None
+    d_model: int
+    n_heads: int
+    n_layers: int
+    max_seq_len: int
+    dropout: float
+    ffn_dim: int  # the feed-forward width
 
 
 class FeedForward(nn.Module):
@@ -39,7 +50,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: Config, gene: AttentionGene):
+    def __init__(self, config: ModelSettings, gene: AttentionGene):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.d_model)
         self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len)
@@ -68,7 +79,7 @@ def _as_gene_list(gene, n_layers: int) -> list:
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self, config: Config, gene: AttentionGene | str | Sequence[AttentionGene | str]):
+    def __init__(self, config: ModelSettings, gene: AttentionGene | str | Sequence[AttentionGene | str]):
         super().__init__()
         if config.vocab_size is None:
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")

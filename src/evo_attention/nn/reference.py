@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from evo_attention.train.config import Config
+from evo_attention.nn.model import ModelSettings
 from evo_attention.data.base import IGNORE_INDEX
 
 
@@ -41,7 +41,7 @@ class PlainAttention(nn.Module):
 
 
 class PlainBlock(nn.Module):
-    def __init__(self, config: Config, attention_dropout: float):
+    def __init__(self, config: ModelSettings, attention_dropout: float):
         super().__init__()
         d = config.d_model
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -55,7 +55,7 @@ class PlainBlock(nn.Module):
 
 
 class PlainTransformer(nn.Module):
-    def __init__(self, config: Config, attention_dropout: float = 0.1):
+    def __init__(self, config: ModelSettings, attention_dropout: float = 0.1):
         super().__init__()
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)

@@ -8,10 +8,10 @@ predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.su
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from evo_attention.search.store import RunStore
+from evo_attention.util.format import finite_or_none
 
 
 def run_status(run_dir: str | Path) -> dict:
@@ -31,7 +31,7 @@ def run_status(run_dir: str | Path) -> dict:
     total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
     evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
-    ok = [e for e in evaluations if e.get("status") == "ok" and _finite(e.get("val_perplexity"))]
+    ok = [e for e in evaluations if e.metric() is not None]
     search = [e for e in ok if e.get("role") == "search"]
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
@@ -60,7 +60,7 @@ def run_status(run_dir: str | Path) -> dict:
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    return finite_or_none(value) is not None
 
 
 def format_status(status: dict) -> str:

@@ -131,7 +131,7 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
 
 def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]:
     """For each gene field and each option that occurred in ``records``: ``{"field", "option",
-    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``. The six original fields
+    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``. The six fixed fields
     are always listed; an axis (position, qkv_rank, attn_bias) only if it took more than one value.
 
     ``n_ok``/``n_failed`` count evaluations; ``in_top`` counts the option among the best

@@ -102,7 +102,7 @@ class Search:
                 raise UserError(
                     f"the data differs from the data the run in {self.out_dir} started with (fingerprint "
                     f"{stored.get('fingerprint', '')[:12]} vs {self.data.fingerprint[:12]}): point data_dir at the "
-                    "original data, or start a new run with overwrite", setting="data_dir")
+                    "original data, or start a new run with overwrite", setting=("data_dir", "overwrite"))
             return store
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "data": self.data.describe(), "versions": versions(), "done": False,

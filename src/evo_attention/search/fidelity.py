@@ -95,13 +95,13 @@ class Schedule:
         of the finite losses.
         """
         results = list(results)
-        ranked = sorted((loss, key) for key, record in results if (loss := _finite_loss(record)) is not None)
+        ranked = sorted((loss, key) for key, record in results if (loss := usable_metric(record, "val_loss")) is not None)
         if self.halving:
             ranked = ranked[: math.ceil(len(results) / self.eta)]
         if self.hurdle is not None and rung == 0 and ranked:
             import numpy as np
 
-            losses = [loss for key, record in results if (loss := _finite_loss(record)) is not None]
+            losses = [loss for key, record in results if (loss := usable_metric(record, "val_loss")) is not None]
             threshold = float(np.quantile(losses, self.hurdle))
             ranked = [(loss, key) for loss, key in ranked if loss <= threshold]
         return [key for _, key in ranked]
@@ -136,7 +136,8 @@ def schedule_from_config(config: Config) -> Schedule | None:
     if len(rungs) < 2:
         raise UserError(
             f"train_steps {config.train_steps} leaves no room for a lower rung (rungs are multiples of log_every "
-            f"{config.log_every}): raise --steps or lower log_every, or use --fidelity full without --hurdle")
+            f"{config.log_every}): raise train_steps or lower log_every, or use fidelity full without a hurdle",
+            setting=("train_steps", "fidelity", "hurdle"))
     return Schedule(budget=config.train_steps, rungs=rungs, eta=config.halving_eta,
                     halving=config.fidelity == "halving", hurdle=config.hurdle, audit=config.halving_audit)
 
@@ -187,14 +188,6 @@ def train_rung(gene, config: Config, data, *, seed: int, steps: int, budget: int
 
 
 # -- what the strategy is told ---------------------------------------------------------------------
-def _finite_loss(record: Mapping) -> float | None:
-    return usable_metric(record, "val_loss")
-
-
-def _perplexity(record: Mapping) -> float | None:
-    return usable_metric(record, "val_perplexity")
-
-
 def told_fitness(reached: Mapping[str, Mapping]) -> dict[str, float | None]:
     """Perplexity to tell the strategy for each key, from the record of the highest rung it
     reached (see the module docstring): truthful at the full budget, shifted below the longer-
@@ -203,7 +196,7 @@ def told_fitness(reached: Mapping[str, Mapping]) -> dict[str, float | None]:
     floor: float | None = None
     for steps in sorted({int(r["steps"]) for r in reached.values()}, reverse=True):
         keys = [k for k, r in reached.items() if int(r["steps"]) == steps]
-        values = {k: _perplexity(reached[k]) for k in keys}
+        values = {k: usable_metric(reached[k], "val_perplexity") for k in keys}
         finite = [v for v in values.values() if v is not None]
         shift = 0.0
         if floor is not None and finite and min(finite) <= floor:
@@ -234,7 +227,7 @@ def fidelity_summary(evaluations: Iterable[Mapping], schedule: Schedule) -> dict
         if r.get("role") in ("search", RUNG_ROLE):
             highest[r["gene"]] = max(highest.get(r["gene"], 0), int(r["steps"]))
     full = {r["gene"]: loss for r in records
-            if r.get("role") == "search" and int(r["steps"]) == schedule.budget and (loss := _finite_loss(r)) is not None}
+            if r.get("role") == "search" and int(r["steps"]) == schedule.budget and (loss := usable_metric(r, "val_loss")) is not None}
     audited = {r["gene"] for r in records if r.get("audit")}
     out = {
         **schedule.to_dict(),
@@ -254,7 +247,7 @@ def _rank_correlation(records: list, schedule: Schedule, full: Mapping[str, floa
     correlation = []
     for steps in schedule.rungs[:-1]:
         low = {r["gene"]: loss for r in records
-               if r.get("role") == RUNG_ROLE and int(r["steps"]) == steps and (loss := _finite_loss(r)) is not None}
+               if r.get("role") == RUNG_ROLE and int(r["steps"]) == steps and (loss := usable_metric(r, "val_loss")) is not None}
         common = sorted(set(low) & set(full))
         rho = p_value = None
         if len(common) >= 3:

@@ -142,12 +142,12 @@ class RunStore:
         """
         run_dir = Path(run_dir)
         if run_dir.exists() and not run_dir.is_dir():
-            raise UserError(f"{run_dir} is a file, not a directory: pass a directory as --out")
+            raise UserError(f"{run_dir} is a file, not a directory: pass a directory as out", setting="out")
         path = cls.db_path(run_dir)
         if path.exists() and not overwrite:
             raise UserError(
-                f"{run_dir} holds a run already: add --resume to continue it or --overwrite to start over"
-            )
+                f"{run_dir} holds a run already: add resume to continue it or overwrite to start over",
+                setting=("resume", "overwrite"))
         meta = dict(meta or {})
         clash = sorted(set(meta) & {"config", "schema_version"})
         if clash:
@@ -157,7 +157,8 @@ class RunStore:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"cannot create run directory {run_dir}: {exc.strerror}; pick a writable --out") from None
+            raise UserError(f"cannot create run directory {run_dir}: {exc.strerror}; pick a writable out",
+                            setting="out") from None
         store = cls(path, cls._connect(path, readonly=False))
         with store._transaction() as conn:
             for statement in _SCHEMA.split(";"):

@@ -29,6 +29,7 @@ from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, CO
 from evo_attention.search.executors import EvalTask, Executor, make_executor
 from evo_attention.search.runner import Runner
 from evo_attention.train.config import Config
+from evo_attention.train.record import usable_metric
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.format import finite_or_none
@@ -108,7 +109,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int) -> list[tupl
         items = [str(s).strip() for s in spec]
     items = [s for s in items if s]
     if not items:
-        raise UserError("--configs is empty: give names such as baseline,rope_only or gene strings")
+        raise UserError("configs is empty: give names such as baseline,rope_only or gene strings", setting="configs")
     entries: dict[str, AttentionGene] = {}
     for item in items:
         if item == "all":
@@ -255,7 +256,7 @@ def aggregate(results: Sequence[dict], entries: Sequence[tuple[str, AttentionGen
     out = []
     for name, gene in entries:
         runs = [r for r in results if r["name"] == name]
-        ok = [r for r in runs if r["status"] == "ok" and finite_or_none(r["val_loss"]) is not None]
+        ok = [r for r in runs if usable_metric(r, "val_loss") is not None]
         loss, loss_sd = mean_sd(r["val_loss"] for r in ok)
         acc, acc_sd = mean_sd(r["accuracy"] for r in ok)
         failed = [r for r in runs if r not in ok]

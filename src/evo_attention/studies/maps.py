@@ -59,13 +59,14 @@ def head_metrics(weights: torch.Tensor) -> list[dict]:
 def encode_text(text: str, vocab, max_len: int) -> list[int]:
     """Token ids of ``text`` with the model's vocabulary (unknown words -> <unk>)."""
     if vocab is None:
-        raise UserError("this model was saved without a vocabulary, so --text cannot be tokenized: "
-                        "leave out --text to use a validation sample")
+        raise UserError("this model was saved without a vocabulary, so text cannot be tokenized: "
+                        "leave out text to use a validation sample", setting="text")
     words = text.split()
     if not words:
-        raise UserError("--text is empty: give some words, e.g. --text \"the cat sat on the mat\"")
+        raise UserError("text is empty: give some words, e.g. \"the cat sat on the mat\"", setting="text")
     if len(words) > max_len:
-        raise UserError(f"--text has {len(words)} tokens, more than the model's context of {max_len}: shorten it")
+        raise UserError(f"text has {len(words)} tokens, more than the model's context of {max_len}: shorten it",
+                        setting="text")
     if vocab.unk_id is None:
         unknown = [w for w in words if w not in vocab.stoi]
         if unknown:
@@ -77,20 +78,20 @@ def encode_text(text: str, vocab, max_len: int) -> list[int]:
 def validation_sample(data, length: int, index: int = 0) -> list[int]:
     """The first ``length`` input tokens of validation example ``index``."""
     if length < 2:
-        raise UserError(f"--length {length} is too short: give at least 2 tokens")
+        raise UserError(f"length {length} is too short: give at least 2 tokens", setting="length")
     try:
         n = data.num_eval_items("valid")
     except NotImplementedError:  # a LoaderData: no count without iterating
         n = None
     if index < 0 or (n is not None and index >= n):
-        raise UserError(f"--sample {index} is out of range: the validation split has {n} examples")
+        raise UserError(f"sample {index} is out of range: the validation split has {n} examples", setting="sample")
     x = None
     for batch_index, (xb, _) in enumerate(data.eval_batches("valid", 1)):
         if batch_index == index:
             x = xb
             break
     if x is None:
-        raise UserError(f"--sample {index} is out of range for the validation split")
+        raise UserError(f"sample {index} is out of range for the validation split", setting="sample")
     return x[0, :length].tolist()
 
 

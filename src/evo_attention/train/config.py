@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from evo_attention.data import DATASETS
 from evo_attention.util.errors import UserError
 
-DATASETS = ("wikitext2", "text", "recall")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 FIDELITIES = ("full", "halving")
@@ -69,70 +69,10 @@ class Config:
     recall: dict = field(default_factory=dict)  # options of the generated recall task
 
     def __post_init__(self):
-        def positive(name, allow_none=False):
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"{name} must be a positive integer, got {value!r}")
-
-        for name in ("d_model", "n_heads", "n_layers", "max_seq_len", "batch_size", "eval_batch_size",
-                     "train_steps", "population_size", "n_generations", "log_every"):
-            positive(name)
-        for name in ("d_ff", "eval_steps", "eval_stride"):
-            positive(name, allow_none=True)
-        if self.vocab_size is not None:
-            positive("vocab_size")
-            if self.vocab_size < 2:
-                raise UserError(f"vocab_size must be at least 2, got {self.vocab_size}")
-        if self.d_model % self.n_heads:
-            raise UserError(
-                f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}: choose sizes with d_model % n_heads == 0"
-            )
-        if isinstance(self.elite_size, bool) or not isinstance(self.elite_size, int) or self.elite_size < 0:
-            raise UserError(f"elite_size must be a non-negative integer, got {self.elite_size!r}")
-        if self.elite_size >= self.population_size:
-            raise UserError(
-                f"elite_size {self.elite_size} must be smaller than population_size {self.population_size}"
-            )
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise UserError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
-        for name, low, high in (("dropout", 0.0, 0.999), ("mutation_rate", 0.0, 1.0), ("crossover_rate", 0.0, 1.0)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not low <= value <= high:
-                raise UserError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-        for name in ("learning_rate", "grad_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise UserError(f"{name} must be a positive number, got {value!r}")
-        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
-            raise UserError(f"weight_decay must be a non-negative number, got {self.weight_decay!r}")
-        for name, options in (("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS), ("data", DATASETS)):
-            if getattr(self, name) not in options:
-                raise UserError(f"unknown {name} {getattr(self, name)!r}: valid options are {', '.join(options)}")
-        if not isinstance(self.device, str) or not self.device:
-            raise UserError(f"device must be a string like 'auto', 'cpu', 'cuda' or 'cuda:1', got {self.device!r}")
-        if self.eval_stride is not None and self.eval_stride > self.max_seq_len:
-            raise UserError(f"eval_stride {self.eval_stride} is larger than max_seq_len {self.max_seq_len}")
-        for name in ("recall", "strategy_options", "search_space"):
-            if not isinstance(getattr(self, name), dict):
-                raise UserError(f"{name} must be a mapping, got {getattr(self, name)!r}")
-        if not isinstance(self.strategy, str) or not self.strategy:
-            raise UserError(f"strategy must be a name such as 'ga' or 'random', got {self.strategy!r}")
-        if self.fidelity not in FIDELITIES:
-            raise UserError(f"unknown fidelity {self.fidelity!r}: valid options are {', '.join(FIDELITIES)}")
-        for name in ("halving_eta", "halving_rungs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise UserError(f"{name} must be an integer >= 2, got {value!r}")
-        if self.hurdle is not None and (isinstance(self.hurdle, bool) or not isinstance(self.hurdle, (int, float))
-                                        or not 0.0 < self.hurdle <= 1.0):
-            raise UserError(f"hurdle must be a quantile in (0, 1] such as 0.5, got {self.hurdle!r}")
-        if isinstance(self.halving_audit, bool) or not isinstance(self.halving_audit, int) or self.halving_audit < 0:
-            raise UserError(f"halving_audit must be a non-negative integer, got {self.halving_audit!r}")
-        if self.halving_audit and self.fidelity == "full" and self.hurdle is None:
-            raise UserError(f"halving_audit {self.halving_audit} needs --fidelity halving or --hurdle: at full "
-                            "fidelity every individual trains on the full budget anyway")
+        _check_model(self)
+        _check_training(self)
+        _check_search(self)
+        _check_data(self)
 
     def space(self):
         """The SearchSpace this config describes (validates the option names)."""
@@ -175,3 +115,98 @@ def _closest(word: str, options) -> str | None:
 
     match = difflib.get_close_matches(word, list(options), n=1)
     return match[0] if match else None
+
+
+# -- validation, one group of fields at a time; every error names its field -----------------------
+def _integer(config: Config, name: str, minimum: int = 1, allow_none: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+        raise UserError(f"{name} must be {what}, got {value!r}", setting=name)
+
+
+def _number(config: Config, name: str, low: float, high: float | None = None, *, open_low: bool = False) -> None:
+    value = getattr(config, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value > low if open_low else value >= low) and (high is None or value <= high)
+    if not ok:
+        if high is not None:
+            raise UserError(f"{name} must be a number in [{low}, {high}], got {value!r}", setting=name)
+        raise UserError(f"{name} must be a {'positive' if open_low else 'non-negative'} number, got {value!r}",
+                        setting=name)
+
+
+def _choice(config: Config, name: str, options: tuple) -> None:
+    if getattr(config, name) not in options:
+        raise UserError(f"unknown {name} {getattr(config, name)!r}: valid options are {', '.join(options)}",
+                        setting=name)
+
+
+def _mapping(config: Config, name: str) -> None:
+    if not isinstance(getattr(config, name), dict):
+        raise UserError(f"{name} must be a mapping, got {getattr(config, name)!r}", setting=name)
+
+
+def _check_model(c: Config) -> None:
+    for name in ("d_model", "n_heads", "n_layers", "max_seq_len"):
+        _integer(c, name)
+    _integer(c, "d_ff", allow_none=True)
+    if c.vocab_size is not None:
+        _integer(c, "vocab_size")
+        if c.vocab_size < 2:
+            raise UserError(f"vocab_size must be at least 2, got {c.vocab_size}", setting="vocab_size")
+    if c.d_model % c.n_heads:
+        raise UserError(f"d_model {c.d_model} is not divisible by n_heads {c.n_heads}: choose sizes with "
+                        "d_model % n_heads == 0", setting=("d_model", "n_heads"))
+    _number(c, "dropout", 0.0, 0.999)
+
+
+def _check_training(c: Config) -> None:
+    for name in ("batch_size", "eval_batch_size", "train_steps", "log_every"):
+        _integer(c, name)
+    _integer(c, "eval_steps", allow_none=True)
+    _integer(c, "warmup_steps", minimum=0)
+    _number(c, "learning_rate", 0.0, open_low=True)
+    _number(c, "grad_clip", 0.0, open_low=True)
+    _number(c, "weight_decay", 0.0)
+    _choice(c, "lr_schedule", LR_SCHEDULES)
+    _choice(c, "precision", PRECISIONS)
+    if not isinstance(c.device, str) or not c.device:
+        raise UserError(f"device must be a string like 'auto', 'cpu', 'cuda' or 'cuda:1', got {c.device!r}",
+                        setting="device")
+
+
+def _check_search(c: Config) -> None:
+    _integer(c, "population_size")
+    _integer(c, "n_generations")
+    _integer(c, "elite_size", minimum=0)
+    if c.elite_size >= c.population_size:
+        raise UserError(f"elite_size {c.elite_size} must be smaller than population_size {c.population_size}",
+                        setting=("elite_size", "population_size"))
+    _number(c, "mutation_rate", 0.0, 1.0)
+    _number(c, "crossover_rate", 0.0, 1.0)
+    if not isinstance(c.strategy, str) or not c.strategy:
+        raise UserError(f"strategy must be a name such as 'ga' or 'random', got {c.strategy!r}", setting="strategy")
+    _mapping(c, "strategy_options")
+    _mapping(c, "search_space")
+    _choice(c, "fidelity", FIDELITIES)
+    _integer(c, "halving_eta", minimum=2)
+    _integer(c, "halving_rungs", minimum=2)
+    if c.hurdle is not None and (isinstance(c.hurdle, bool) or not isinstance(c.hurdle, (int, float))
+                                 or not 0.0 < c.hurdle <= 1.0):
+        raise UserError(f"hurdle must be a quantile in (0, 1] such as 0.5, got {c.hurdle!r}", setting="hurdle")
+    _integer(c, "halving_audit", minimum=0)
+    if c.halving_audit and c.fidelity == "full" and c.hurdle is None:
+        raise UserError(f"halving_audit {c.halving_audit} needs fidelity halving or a hurdle: at full fidelity every "
+                        "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
+
+
+def _check_data(c: Config) -> None:
+    _choice(c, "data", DATASETS)
+    _integer(c, "eval_stride", allow_none=True)
+    if c.eval_stride is not None and c.eval_stride > c.max_seq_len:
+        raise UserError(f"eval_stride {c.eval_stride} is larger than max_seq_len {c.max_seq_len}",
+                        setting=("eval_stride", "max_seq_len"))
+    _mapping(c, "recall")

@@ -53,7 +53,8 @@ def read_config_file(path: str | Path) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"config file {path} does not exist: check the path given to --config")
+        raise UserError(f"config file {path} does not exist: check the path given to config_file",
+                        setting="config_file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -43,7 +43,8 @@ def load_model(directory: str | Path, device: str = "cpu") -> TinyTransformer:
 
     directory = Path(directory)
     if not (directory / WEIGHTS).is_file() or not (directory / META).is_file():
-        raise UserError(f"no saved model in {directory}: expected {WEIGHTS} and {META} (save one with --save-model)")
+        raise UserError(f"no saved model in {directory}: expected {WEIGHTS} and {META} (save one with save_model)",
+                        setting="save_model")
     try:
         meta = json.loads((directory / META).read_text())
         config = Config.from_dict(meta["config"], source=str(directory / META))
