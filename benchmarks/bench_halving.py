@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 from evo_attention.util import stats
-from evo_attention.studies.validate import run_seeds
+from evo_attention.studies.common import run_seeds
 from evo_attention.data import data_from_config
-from evo_attention.search.driver import Evolution
-from evo_attention.search.executors.base import make_executor
+from evo_attention import Evolution
+from evo_attention.search.executors import make_executor
 from evo_attention.search.fidelity import RUNG_ROLE
 from evo_attention.train.presets import build_config
 

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evo_attention.search.driver import Evolution
-from evo_attention.search.executors.base import ProcessExecutor, available_cores
+from evo_attention import Evolution
+from evo_attention.search.executors import ProcessExecutor, available_cores
 from evo_attention.train.presets import build_config
 
 

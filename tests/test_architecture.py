@@ -154,3 +154,12 @@ def test_the_checker_sees_a_violation(tmp_path):
     found = [part_of(t) for t, _ in imports(bad, root=root)]
     assert found and set(found) == {"search"}
     assert all(p == "util" for p in (part_of(t) for t, _ in imports(PACKAGE / "util" / "jsonio.py")))
+
+
+def test_the_version_is_one_number():
+    import re
+
+    import evo_attention
+
+    pyproject = (PACKAGE.parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == evo_attention.__version__

@@ -130,7 +130,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "genes": "--genes", "configs": "--configs", "out": "--out", "data_dir": "--data-dir",
                   "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
                   "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
-                  "config_file": "--config"}
+                  "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
+                  "mutation_schedule": "--mutation-schedule"}
 
 
 def flag_of(setting: str) -> str | None:

@@ -208,7 +208,8 @@ class Strategy(ABC):
         for key in options:
             if key not in cls.OPTIONS:
                 valid = ", ".join(sorted(cls.OPTIONS)) or "none"
-                raise UserError(f"unknown strategy_options key {key!r} for strategy {cls.name!r}: valid keys are {valid}")
+                raise UserError(f"unknown strategy_options key {key!r} for strategy {cls.name!r}: valid keys are {valid}",
+                                setting=(key, *cls.OPTIONS))
         settings = {name: getattr(config, name) for name in cls.CONFIG_FIELDS}
         return cls(**settings, **options, space=config.space())
 

@@ -11,11 +11,18 @@
     write_validation(result, "runs/validate")
 """
 
-from evo_attention.studies.ablation import ablate, ablation_variants, write_ablation
-from evo_attention.studies.common import run_seeds, validation_seeds
-from evo_attention.studies.compare import resolve_configs, run_compare
-from evo_attention.studies.maps import attention_maps, head_metrics
-from evo_attention.studies.validate import validate_genes, write_validation
+import importlib
 
-__all__ = ["ablate", "ablation_variants", "attention_maps", "head_metrics", "resolve_configs", "run_compare",
-           "run_seeds", "validate_genes", "validation_seeds", "write_ablation", "write_validation"]
+# name -> the module that defines it; imported on first use, so ``import evo_attention`` stays light
+_EXPORTS = {"ablate": "ablation", "ablation_variants": "ablation", "write_ablation": "ablation",
+            "run_seeds": "common", "validation_seeds": "common", "resolve_configs": "compare",
+            "run_compare": "compare", "attention_maps": "maps", "head_metrics": "maps",
+            "validate_genes": "validate", "write_validation": "validate"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"evo_attention.studies.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'evo_attention.studies' has no attribute {name!r}")

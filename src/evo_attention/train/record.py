@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from evo_attention.util.format import finite_or_none
+
 
 class Status(str, enum.Enum):
     """How a training ended. Compares equal to its string value (``Status.OK == "ok"``)."""
@@ -177,14 +179,7 @@ def usable_metric(record: Mapping, name: str = "val_perplexity") -> float | None
     for "a result to rank by"; it reads an ``EvaluationRecord`` or any mapping of its keys)."""
     if record.get("status") != Status.OK:
         return None
-    value = record.get(name)
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
+    return finite_or_none(record.get(name))
 
 
 def failed_record(gene: str, seed: int, steps: int, data: str, data_fingerprint: str, context: str, *,
