@@ -268,7 +268,7 @@ class RunSummary:
     statement: str
     top_n: int = TOP_N
     settings: list[tuple[str, str]] = field(default_factory=list)
-    fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.summarize)
+    fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.fidelity_summary)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
