@@ -67,7 +67,7 @@ def test_open_without_a_run_names_the_directory(tmp_path):
 
 def test_open_rejects_a_file_that_is_not_a_run(tmp_path):
     (tmp_path / "run.db").write_text("not a database at all" * 100)
-    with pytest.raises(UserError, match="not a readable evo-attention run"):
+    with pytest.raises(UserError, match="cannot be opened as a run store"):
         RunStore.open(tmp_path)
 
 
@@ -75,7 +75,7 @@ def test_open_of_a_store_still_being_created_says_so(tmp_path):
     import sqlite3
 
     sqlite3.connect(tmp_path / "run.db").close()  # the file exists, the schema is not written yet
-    with pytest.raises(UserError, match="holds no run yet .*try again in a moment"):
+    with pytest.raises(UserError, match="holds no run yet: .*try again shortly"):
         RunStore.open(tmp_path, readonly=True)
     with sqlite3.connect(tmp_path / "run.db") as conn:  # the meta table, before its first row
         conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")

@@ -208,6 +208,10 @@ class SearchSpace:
         unknown = sorted(set(data) - set(ALL_FIELDS))
         if unknown:
             raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
+        for name, value in data.items():
+            if isinstance(value, (list, tuple)) and not value:
+                raise UserError(f"search space option list for {name} is empty: give at least one option, or leave "
+                                f"{name} out to search every registered option", setting="search_space")
         return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in data.items()})
 
     def to_dict(self) -> dict:

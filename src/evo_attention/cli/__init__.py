@@ -41,6 +41,14 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("evo-attention: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of our output went away (e.g. `status | head`): nothing to say
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except (OSError, ValueError):
+            pass  # stdout is not a file (captured): nothing will be flushed to a closed pipe
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

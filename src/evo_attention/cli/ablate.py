@@ -18,7 +18,7 @@ def cmd_ablate(args) -> int:
     from evo_attention.cli.common import executor_from_args
     from evo_attention.report import load_run
 
-    if args.gene:
+    if args.gene is not None:
         gene = AttentionGene.parse(args.gene)
     elif args.from_run:
         summary = load_run(args.from_run)

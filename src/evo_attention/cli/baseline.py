@@ -16,7 +16,7 @@ def cmd_baseline(args) -> int:
     from evo_attention.util.progress import log, training_bar
 
     config = config_from_args(args)
-    gene = AttentionGene.parse(args.gene) if args.gene else AttentionGene.vanilla()
+    gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
     out = output_dir(args.out)
     data = data_from_config(config)
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed})", args.quiet)

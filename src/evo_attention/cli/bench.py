@@ -15,7 +15,7 @@ def cmd_bench(args) -> int:
     timed_steps = args.steps or 20  # --steps: how many steps to time; --budget: steps per evaluation
     args.steps = args.budget
     config = config_from_args(args)
-    gene = AttentionGene.parse(args.gene) if args.gene else AttentionGene.vanilla()
+    gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
     data = data_from_config(config)
     result = bench_gene(gene, config, data, steps=timed_steps, warmup=args.warmup)
     result["planned_evaluations"] = planned_evaluations(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir
 
 
 def _trained_model(args):
@@ -28,7 +29,7 @@ def _trained_model(args):
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
         config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
-        if args.gene:
+        if args.gene is not None:
             gene = AttentionGene.parse(args.gene)
         else:
             best = load_run(args.from_run).best_gene
@@ -66,11 +67,12 @@ def cmd_maps(args) -> int:
     from evo_attention.data import data_from_config
     from evo_attention.util.progress import log
 
-    chosen = [name for name in ("model", "gene") if getattr(args, name)]
-    if args.model and (args.gene or args.from_run):
+    chosen = [name for name in ("model", "gene") if getattr(args, name) is not None]
+    if args.model and (args.gene is not None or args.from_run):
         raise UserError("give either --model DIR (a saved model) or --gene/--from-run (train one), not both")
     if not chosen and not args.from_run:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
+    out = output_dir(args.out if args.out else Path(args.from_run) / "maps" if args.from_run else "runs/maps")
     model, vocab, data, source = _saved_model(args) if args.model else _trained_model(args)
     max_len = model.config.max_seq_len
     if args.text is not None:
@@ -82,7 +84,6 @@ def cmd_maps(args) -> int:
         length = min(args.length, data.seq_len, max_len)
         ids = validation_sample(data, length, args.sample)
         text_source = f"validation example {args.sample}, first {len(ids)} tokens"
-    out = Path(args.out) if args.out else Path(args.from_run) / "maps" if args.from_run else Path("runs/maps")
     result = attention_maps(model, ids, out, vocab=vocab, source=source, text_source=text_source)
     for layer in result["layers"]:
         heads = ", ".join(f"h{m['head']} {100 * m['sparsity']:.0f}% zeros / H {m['entropy']:.2f} / "

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_training_flags,
                                       checked, executor_from_args, explicit_settings, flag_of,
-                                      install_sigterm_handler, number)
+                                      install_sigterm_handler, number, user_message)
+from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
 
 
@@ -56,6 +57,7 @@ def cmd_search(args) -> int:
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other: choose one")
+    check_free(args.out)  # a run another process writes is refused before its settings are compared
     config = search_config(args)
     out = Path(args.out)
     executor = executor_from_args(args)
@@ -71,6 +73,8 @@ def cmd_search(args) -> int:
     try:
         with evolution:
             evolution.run()
+    except UserError as exc:  # a fault during the run (a full disk, say): what finished is in the store
+        raise UserError(f"{user_message(exc)}; resume with: {resume_cmd}") from None
     except KeyboardInterrupt:
         print(f"evo-attention: interrupted; every finished evaluation is saved in {out / 'run.db'}.\n"
               f"resume with: {resume_cmd}", file=sys.stderr)

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir
 
 
 def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
@@ -59,6 +60,8 @@ def analysis_setup(args, default_out: str):
         config = checked(Config.from_dict(settings, source="the command line"))
         stored_data = {}
     validation_seeds(config.seed, args.seeds, search_seed)  # fail before loading any data
+    # the output place exists (or the command fails) before any training
+    out = output_dir(args.out if args.out else args.from_run if args.from_run else default_out)
     data = data_from_config(config)
     if args.from_run:
         if stored_data.get("fingerprint") not in (None, data.fingerprint):
@@ -67,7 +70,6 @@ def analysis_setup(args, default_out: str):
                 "the search",
                 args.quiet)
         store = RunStore.open(args.from_run)
-    out = Path(args.out) if args.out else Path(args.from_run) if args.from_run else Path(default_out)
     return config, data, store, out, search_seed
 
 

@@ -81,6 +81,9 @@ class EvolvedAttention(nn.Module):
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         bias = self.gene.use_bias
+        if self.gene.qkv_rank > d_model:
+            raise UserError(f"gene {self.gene.key}: qkv_rank {self.gene.qkv_rank} is larger than d_model {d_model}: "
+                            "a low-rank projection needs a rank r <= d_model")
         if self.gene.qkv_rank:
             self.qkv = LowRankQKV(d_model, self.gene.qkv_rank, bias)
         else:

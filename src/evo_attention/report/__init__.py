@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
 from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, load_run
 
@@ -50,13 +51,22 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
 
     Raises ``UserError`` if ``run_dir`` holds no run. Each file is replaced atomically.
     """
-    from evo_attention.report import figures, html, markdown, tables  # matplotlib is imported only when writing
-    from evo_attention.util.files import write_text
-
     run_dir = Path(run_dir)
     summary = load_run(run_dir)
     attachments = load_attachments(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
+    try:
+        _write_all(summary, attachments, paths)
+    except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost
+        raise UserError(f"cannot write the report into {run_dir} ({exc.strerror or exc}): free space or make the "
+                        "directory writable, then write the report again; the run store is unchanged") from None
+    return paths
+
+
+def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None:
+    from evo_attention.report import figures, html, markdown, tables  # matplotlib is imported only when writing
+    from evo_attention.util.files import write_text
+
     write_text(paths["final_results"], final_results_text(summary))
     tables.write_evaluations_csv(summary, paths["evaluations"])
     figures.plot_evolution(summary, paths["evolution_progress"])
@@ -68,7 +78,6 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     html.write_report_html(summary, paths["report_html"], attachments=attachments,
                            figures={"evolution": paths["evolution_progress"],
                                     "distribution": paths["evaluation_distribution"]})
-    return paths
 
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:

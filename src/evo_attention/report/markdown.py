@@ -13,6 +13,7 @@ two reports always agree.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from dataclasses import dataclass, field
@@ -294,7 +295,7 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     ``distribution`` the distribution figure's (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
-        [f"# Evolution report: {md_cell(Path(run_dir).name or run_dir)}", ""] + _headline(s, attachments),
+        [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + _headline(s, attachments),
         ["## Settings", ""] + _settings(s),
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
     ]

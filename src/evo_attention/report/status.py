@@ -1,5 +1,9 @@
 """Where a run stands, read from its store (while it runs or after): ``evo-attention status``.
 
+The state comes from the run's lock and its store, never from a stored flag: ``running`` while a
+process holds the lock (``search.lock``), ``finished`` once the search recorded its end, and
+``interrupted`` otherwise (killed, crashed, stopped: the resume command continues it).
+
 Shows the generation, the evaluations, the best result so far, one line per worker that is
 training right now (from the store's activity table), the executor of the last session and, for a
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
@@ -20,12 +24,14 @@ def run_status(run_dir: str | Path) -> dict:
         generations = store.generations()
         planned = store.get_meta("planned")
         done = bool(store.get_meta("done", False))
-        state = store.get_meta("status", "created")
         activity = store.activity()
         config = store.config()
         fidelity = store.get_meta("fidelity")
         executor = store.get_meta("executor")
     from evo_attention.search.fidelity import RUNG_ROLE
+    from evo_attention.search.lock import holder
+
+    live = holder(run_dir)  # a process holding the run's lock is writing it now
     from evo_attention.report.summary import cache_hits
 
     total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
@@ -37,7 +43,9 @@ def run_status(run_dir: str | Path) -> dict:
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
     return {
         "run_dir": str(run_dir),
-        "state": "done" if done else state,
+        "state": "running" if live else ("finished" if done else "interrupted"),
+        "writer": live,
+        "resume_command": None if live or done else f"evo-attention search --resume --out {run_dir}",
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),
@@ -73,7 +81,13 @@ def format_status(status: dict) -> str:
                   f"evaluations ({status['cache_hits']} answered by an earlier training of the same gene)")
     else:
         counts = f"{status['trained']} trainings recorded ({status['failed']} failed) of {status['planned']} planned"
-    lines = [f"run {status['run_dir']}: {status['state']}",
+    state = status["state"]
+    if status.get("writer"):
+        w = status["writer"]
+        state += f" (process {w.get('pid')} on {w.get('host')}, since {w.get('started_at')})"
+    elif status.get("resume_command"):
+        state += f": no process is writing it; continue with {status['resume_command']}"
+    lines = [f"run {status['run_dir']}: {state}",
              f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
     if status["best"]:
         b = status["best"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
+from evo_attention.search.lock import holder
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import usable_metric
 from evo_attention.util.format import finite_or_none
@@ -268,6 +269,7 @@ class RunSummary:
     statement: str
     top_n: int = TOP_N
     settings: list[tuple[str, str]] = field(default_factory=list)
+    writer: dict | None = None  # the process writing the run now (its lock holder), None when none is
     fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.fidelity_summary)
 
     # -- construction -------------------------------------------------------------------------
@@ -310,6 +312,7 @@ class RunSummary:
             statement="",
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
+            writer=holder(store.run_dir),
         )
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
@@ -441,6 +444,9 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
     """The configuration essentials as (label, text) pairs for the report's settings table."""
     c, data = s.config, s.data if isinstance(s.data, Mapping) else {}
     rows: list[tuple[str, str]] = []
+    if s.writer:
+        rows.append(("State", f"running: process {s.writer.get('pid')} on {s.writer.get('host')} is still writing "
+                              "this run; the report shows what is stored so far"))
     name = data.get("name") or c.get("data")
     details = [f"{k} {data[k]}" for k in ("vocab_size", "seq_len") if data.get(k) is not None]
     if name is not None:

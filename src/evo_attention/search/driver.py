@@ -33,6 +33,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.search import strategy_from_config
 from evo_attention.search.base import Individual, Strategy
 from evo_attention.search.executors import EvalTask, Executor, LocalExecutor, task_context
+from evo_attention.search.lock import RunLock
 from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summary, schedule_from_config,
                                            state_file_name, told_fitness)
 from evo_attention.search.runner import Runner
@@ -85,7 +86,12 @@ class Search:
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
         self.context = settings_hash(config, "valid")
-        self.store = self._open_store(resume, overwrite)
+        self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
+        try:
+            self.store = self._open_store(resume, overwrite)
+        except BaseException:
+            self.lock.release()
+            raise
         self.population: list[Individual] = []
         self.history: list[dict] = []
         self.baseline: Individual | None = None
@@ -137,6 +143,7 @@ class Search:
                 if self.schedule is not None:
                     self.store.set_meta("fidelity", fidelity_summary(self.store.evaluations(), self.schedule))
                 self._refresh()
+                self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
         self.store.set_meta("done", True)
         self.store.set_meta("status", "done")
@@ -273,6 +280,7 @@ class Search:
 
     def close(self) -> None:
         self.store.close()
+        self.lock.release()
 
     def __enter__(self):
         return self

@@ -144,7 +144,7 @@ class RunStore:
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a directory: pass a directory as out", setting="out")
         path = cls.db_path(run_dir)
-        if path.exists() and not overwrite:
+        if path.exists() and not overwrite and cls._holds_run(path):
             raise UserError(
                 f"{run_dir} holds a run already: add resume to continue it or overwrite to start over",
                 setting=("resume", "overwrite"))
@@ -176,18 +176,12 @@ class RunStore:
         if not path.is_file():
             raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {run_dir}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
-        not_yet = (f"{path} holds no run yet (a search may be creating it at this moment): try again in a moment, "
-                   "or remove the file if no search is starting there")
         try:
-            version = store.get_meta("schema_version")
-        except sqlite3.DatabaseError as exc:
+            version = store._schema_version()
+            store.check_integrity()
+        except BaseException:
             store.close()
-            if "no such table" in str(exc):
-                raise UserError(not_yet) from None
-            raise UserError(f"{path} is not a readable evo-attention run ({exc}): remove it or use another directory") from None
-        if version is None:
-            store.close()
-            raise UserError(not_yet)
+            raise
         if not isinstance(version, int) or version > SCHEMA_VERSION:
             store.close()
             raise UserError(
@@ -196,22 +190,89 @@ class RunStore:
             )
         return store
 
+    def _schema_version(self) -> Any:
+        """The schema version, or a UserError that says what the file is instead of a run."""
+        tables = {row["name"] for row in self._query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            if tables:
+                raise UserError(f"{self.path} is an SQLite database but not an evo-attention run (no meta table): "
+                                "point at a run directory, or use another directory for a new run")
+            raise UserError(f"{self.path} holds no run yet: a search may be creating it at this moment (try again "
+                            "shortly); if none is, the run's data never reached this file (was run.db-wal lost?), "
+                            "so start the run again with overwrite", setting="overwrite")
+        version = self.get_meta("schema_version")
+        if version is None:
+            raise UserError(f"{self.path} holds no run yet: a search may be creating it at this moment (try again "
+                            "shortly), else start the run again with overwrite", setting="overwrite")
+        return version
+
+    @staticmethod
+    def _holds_run(path: Path) -> bool:
+        """Whether the database file at ``path`` holds a run (any readable meta row)."""
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S)
+            try:
+                return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError:
+            return True  # unreadable: treat it as a run, never delete it without overwrite
+
+    def check_integrity(self) -> None:
+        """SQLite's quick_check (milliseconds for a run store): a damaged file is a one-line error."""
+        rows = self._query("PRAGMA quick_check(3)")
+        problems = [str(next(iter(r.values()))) for r in rows]
+        if problems != ["ok"]:
+            raise UserError(f"{self.path} is damaged (SQLite quick_check: {'; '.join(problems)[:200]}): restore a copy "
+                            "of the run directory if you have one; the readable evaluations can be saved with "
+                            "`sqlite3 run.db .recover`; do not delete it before that")
+
+    def checkpoint(self) -> None:
+        """Move the write-ahead log into run.db, so that run.db alone is a complete copy of the run."""
+        if not self.readonly:
+            self._run(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+
     @staticmethod
     def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
-        if readonly:
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S,
-                                   isolation_level=None, check_same_thread=False)
-        else:
-            conn = sqlite3.connect(str(path), timeout=TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        writable_dir = os.access(path.parent, os.W_OK)
+        if not readonly and not (writable_dir and (not path.exists() or os.access(path, os.W_OK))):
+            raise UserError(f"{path.parent} is read-only: copy the run directory to writable storage to continue "
+                            "it (status and report read it where it is)")
         try:
+            if readonly:
+                # On read-only media SQLite cannot make the shared-memory file a WAL reader needs: read the
+                # file as it is (the store checkpoints its log into it after every generation and on exit).
+                mode = "ro" if writable_dir else "ro&immutable=1"
+                conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode={mode}", uri=True, timeout=TIMEOUT_S,
+                                       isolation_level=None, check_same_thread=False)
+            else:
+                conn = sqlite3.connect(str(path), timeout=TIMEOUT_S, isolation_level=None, check_same_thread=False)
             if not readonly:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise UserError(f"{path} is not a readable evo-attention run ({exc}): remove it or use another directory") from None
+            raise UserError(f"{path} cannot be opened as a run store ({exc}): if it is a damaged run, restore a copy "
+                            "or save what is readable with `sqlite3 run.db .recover`") from None
         return conn
+
+    def _fault(self, exc: sqlite3.DatabaseError) -> UserError:
+        """A store error as a one-line UserError naming the file and the recovery."""
+        text = str(exc)
+        if "full" in text.lower():
+            return UserError(f"the disk holding {self.path} is full: free space, then resume the run; every "
+                             "evaluation that finished is kept in the store", setting="resume")
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
+            return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")
+        return UserError(f"{self.path} cannot be read or written ({text}): if it is damaged, restore a copy of the "
+                         "run directory or save what is readable with `sqlite3 run.db .recover`")
+
+    def _run(self, work):
+        with self._lock:
+            try:
+                return work(self._db())
+            except sqlite3.DatabaseError as exc:
+                raise self._fault(exc) from None
 
     # -- plumbing -------------------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
@@ -226,24 +287,48 @@ class RunStore:
             raise RuntimeError(f"run store {self.path} was opened read-only")
         with self._lock:
             conn = self._db()
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.DatabaseError as exc:
+                raise self._fault(exc) from None
             try:
                 yield conn
+            except sqlite3.DatabaseError as exc:
+                self._rollback(conn)
+                raise self._fault(exc) from None
             except BaseException:
-                conn.execute("ROLLBACK")
+                self._rollback(conn)
                 raise
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                self._rollback(conn)
+                raise self._fault(exc) from None
+
+    @staticmethod
+    def _rollback(conn) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.DatabaseError:
+            pass  # the transaction is gone already (SQLite rolls back on some errors itself)
 
     def _query(self, sql: str, params: tuple = ()) -> list[dict]:
-        with self._lock:
-            cursor = self._db().execute(sql, params)
+        def work(conn):
+            cursor = conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row)) for row in cursor.fetchall()]
 
+        return self._run(work)
+
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent); a writer first checkpoints its log into run.db."""
         with self._lock:
             if self._conn is not None:
+                if not self.readonly:
+                    try:
+                        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                    except sqlite3.DatabaseError:
+                        pass  # the log stays beside run.db and is replayed on the next open
                 self._conn.close()
                 self._conn = None
 
@@ -263,7 +348,13 @@ class RunStore:
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
-        return loads(rows[0]["value"]) if rows else default
+        if not rows:
+            return default
+        try:
+            return loads(rows[0]["value"])
+        except ValueError:
+            raise UserError(f"the meta value {key!r} in {self.path} is not valid JSON: the file was edited or damaged; "
+                            "restore a copy of the run directory") from None
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a JSON-serializable ``value`` under ``key`` (replacing any old one)."""
@@ -336,7 +427,11 @@ class RunStore:
 
     @staticmethod
     def _full_record(row: dict) -> EvaluationRecord:
-        record = loads(row["record"])
+        try:
+            record = loads(row["record"])
+        except ValueError:
+            raise UserError(f"evaluation {row['id']} in the run store is not valid JSON: the file was edited or "
+                            "damaged; restore a copy of the run directory") from None
         record.update(id=row["id"], role=row["role"], generation=row["generation"], created_at=row["created_at"])
         return EvaluationRecord.from_dict(record)
 

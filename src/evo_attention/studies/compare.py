@@ -154,6 +154,10 @@ def settings_for(preset_name: str | None, explicit: dict) -> dict:
     settings = dict(DEFAULT_SIZE)
     if preset_name in COMPARE_PRESETS:
         settings.update(COMPARE_PRESETS[preset_name])
+    if "d_model" in explicit and "d_ff" not in explicit:
+        settings["d_ff"] = None  # 4 x the given width, not the study's 2048
+    if explicit.get("data", settings.get("data")) == "recall" and "vocab_size" not in explicit:
+        settings["vocab_size"] = None  # the recall task's own small vocabulary, not the corpora's 10000
     settings.update(explicit)
     return settings
 

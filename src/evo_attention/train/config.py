@@ -10,6 +10,7 @@ created, no device is probed).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -19,6 +20,7 @@ from evo_attention.util.errors import UserError
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 FIDELITIES = ("full", "halving")
+MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
 
 
 @dataclass
@@ -78,7 +80,12 @@ class Config:
         """The SearchSpace this config describes (validates the option names)."""
         from evo_attention.genes import SearchSpace
 
-        return SearchSpace.from_dict(self.search_space)
+        space = SearchSpace.from_dict(self.search_space)
+        too_big = [r for r in space.qkv_rank if r > self.d_model]
+        if too_big:
+            raise UserError(f"qkv_rank {too_big[0]} in the search space is larger than d_model {self.d_model}: a "
+                            "low-rank projection needs a rank r <= d_model", setting="search_space")
+        return space
 
     @property
     def ffn_dim(self) -> int:
@@ -129,7 +136,7 @@ def _integer(config: Config, name: str, minimum: int = 1, allow_none: bool = Fal
 
 def _number(config: Config, name: str, low: float, high: float | None = None, *, open_low: bool = False) -> None:
     value = getattr(config, name)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if open_low else value >= low) and (high is None or value <= high)
     if not ok:
         if high is not None:
@@ -173,12 +180,16 @@ def _check_training(c: Config) -> None:
     _number(c, "weight_decay", 0.0)
     _choice(c, "lr_schedule", LR_SCHEDULES)
     _choice(c, "precision", PRECISIONS)
+    if not isinstance(c.device, str) and isinstance(getattr(c.device, "type", None), str):
+        c.device = str(c.device)  # a torch.device (e.g. the original's get_device()) is kept as its name
     if not isinstance(c.device, str) or not c.device:
         raise UserError(f"device must be a string like 'auto', 'cpu', 'cuda' or 'cuda:1', got {c.device!r}",
                         setting="device")
 
 
 def _check_search(c: Config) -> None:
+    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed <= MAX_SEED:
+        raise UserError(f"seed must be an integer in 0..2^63-1, got {c.seed!r}", setting="seed")
     _integer(c, "population_size")
     _integer(c, "n_generations")
     _integer(c, "elite_size", minimum=0)

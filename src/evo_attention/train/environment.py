@@ -122,4 +122,6 @@ def peak_memory_mb(device: torch.device) -> float:
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA says "out of memory"; the CPU allocator "can't allocate memory" (DefaultCPUAllocator)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)

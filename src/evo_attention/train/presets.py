@@ -12,6 +12,7 @@ Precedence: built-in defaults < preset < YAML config file < command-line flags.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -52,6 +53,8 @@ def read_config_file(path: str | Path) -> dict:
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"config file {path} is a directory: give the path of a YAML file", setting="config_file")
     if not path.is_file():
         raise UserError(f"config file {path} does not exist: check the path given to config_file",
                         setting="config_file")
@@ -68,7 +71,21 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
     Config.check_keys(data, source=str(path))
-    return data
+    return _yaml_numbers(data)
+
+
+def _yaml_numbers(data: dict) -> dict:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: make such values of float settings numbers."""
+    float_fields = {f.name for f in dataclasses.fields(Config) if "float" in str(f.type)}
+    out = dict(data)
+    for name in float_fields & set(out):
+        value = out[name]
+        if isinstance(value, str):
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass  # left as it is: Config names the field and the bad value
+    return out
 
 
 def merged_settings(preset_name: str | None = None, config_file: str | Path | None = None,

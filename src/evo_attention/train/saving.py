@@ -49,10 +49,16 @@ def load_model(directory: str | Path, device: str = "cpu") -> TinyTransformer:
         meta = json.loads((directory / META).read_text())
         config = Config.from_dict(meta["config"], source=str(directory / META))
         genes = [AttentionGene.parse(k) for k in meta["genes"]]
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"cannot read {directory / META}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"cannot read {directory / META} ({type(exc).__name__}: {str(exc)[:200]}): save the model "
+                        "again or restore the directory") from None
     model = TinyTransformer(config, genes)
-    _load(model, str(directory / WEIGHTS), device=device)
+    try:
+        _load(model, str(directory / WEIGHTS), device=device)
+    except Exception as exc:  # safetensors' own errors, a size mismatch (RuntimeError), a truncated file (OSError)
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UserError(f"{directory / WEIGHTS} is damaged or does not match {META} ({reason}): save the model again "
+                        "or restore the directory") from None
     return model.to(device).eval()
 
 

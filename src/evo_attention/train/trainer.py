@@ -44,6 +44,8 @@ from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, pea
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.util.errors import UserError
 
+# nats above the uniform-guess loss ln(vocab) at which a finite loss still counts as diverged
+ABSURD_MARGIN = 5.0
 # Settings that change what a training run computes; together with gene, seed, steps and the data
 # fingerprint they identify an evaluation (the run store's cache key).
 SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "batch_size",
@@ -92,6 +94,7 @@ class Trainer:
         self.tokens_seen = 0
         self.flops_per_step: int | None = None
         self.diverged = False
+        self.divergence: str | None = None  # why the training diverged
 
     def _param_groups(self):
         decay, no_decay = [], []
@@ -134,8 +137,17 @@ class Trainer:
         self.flops_per_step = int(counter.get_total_flops())
         return loss
 
+    @property
+    def absurd_loss(self) -> float:
+        """A loss this far above a uniform guess over the vocabulary means the training diverged."""
+        return math.log(self.config.vocab_size) + ABSURD_MARGIN
+
+    def _weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
     def train(self, until_step: int | None = None, progress: ProgressFn | None = None) -> str:
-        """Train up to ``until_step`` (default: the budget). Returns 'ok' or 'diverged'."""
+        """Train up to ``until_step`` (default: the budget). Returns 'ok' or 'diverged' (the reason is
+        ``divergence``): a non-finite loss or weights, or a mean loss above ``absurd_loss``."""
         until = self.config.train_steps if until_step is None else min(until_step, self.config.train_steps)
         self.model.train()
         every = self.config.log_every
@@ -143,27 +155,43 @@ class Trainer:
         window_n = 0
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         start = time.perf_counter()
-        while self.step < until and not self.diverged:
-            x, y = next(self.batches)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            loss = self._count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
-            self.step += 1
-            self.tokens_seen += x.numel()
-            window_sum += loss
-            window_n += 1
-            finite &= torch.isfinite(loss)
-            if self.step % every == 0 or self.step == until:
-                mean = (window_sum / window_n).item()  # the one host sync, once per log interval
-                if not bool(finite) or not math.isfinite(mean):
-                    self.diverged = True
-                else:
-                    self.curve.append([self.step, mean])
-                if progress is not None:
-                    progress(self.step, self.config.train_steps, mean)
-                window_sum.zero_()
-                window_n = 0
-        self.train_time += time.perf_counter() - start
+        try:
+            while self.step < until and not self.diverged:
+                x, y = next(self.batches)
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                try:
+                    loss = self._count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
+                except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
+                    if self._weights_finite():
+                        raise
+                    self._diverge(f"non-finite weights at step {self.step + 1} "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+                    break
+                self.step += 1
+                self.tokens_seen += x.numel()
+                window_sum += loss
+                window_n += 1
+                finite &= torch.isfinite(loss)
+                if self.step % every == 0 or self.step == until:
+                    mean = (window_sum / window_n).item()  # the one host sync, once per log interval
+                    if not bool(finite) or not math.isfinite(mean):
+                        self._diverge(f"non-finite training loss in steps {self.step - window_n + 1}..{self.step}")
+                    elif mean > self.absurd_loss:
+                        self._diverge(f"training loss {mean:.4g} at step {self.step} is far above a uniform guess "
+                                      f"(ln {self.config.vocab_size} = {math.log(self.config.vocab_size):.2f})")
+                    else:
+                        self.curve.append([self.step, mean])
+                    if progress is not None:
+                        progress(self.step, self.config.train_steps, mean)
+                    window_sum.zero_()
+                    window_n = 0
+        finally:
+            self.train_time += time.perf_counter() - start
         return "diverged" if self.diverged else "ok"
+
+    def _diverge(self, reason: str) -> None:
+        self.diverged = True
+        self.divergence = reason
 
     @torch.no_grad()
     def evaluate(self, split: str = "valid") -> dict:
@@ -297,6 +325,12 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
         if status == Status.OK:
             for name, value in trainer.evaluate(eval_split).items():
                 setattr(record, name, value)
+            if record.val_loss > trainer.absurd_loss:
+                record.status = Status.DIVERGED
+                trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
+                                      f"(ln {trainer.config.vocab_size} = {math.log(trainer.config.vocab_size):.2f})")
+        if record.status == Status.DIVERGED:
+            record.error = trainer.divergence
     except KeyboardInterrupt:
         raise
     except UserError:
