@@ -34,7 +34,9 @@ def cmd_baseline(args) -> int:
     if record["status"] != "ok":
         log(f"{gene}: {record['status']} ({record.get('error') or 'non-finite loss'}); record in {out / 'result.json'}")
         return 1
-    log(f"{gene}: {split} perplexity {number(record['val_perplexity'], 2)}, loss {number(record['val_loss'], 4)}, "
+    bpb = "" if record.bits_per_byte is None else (
+        f"{number(record.bits_per_byte, 4)} bits per byte ({record.eval_bytes:,} bytes), ")
+    log(f"{gene}: {split} {bpb}perplexity {number(record['val_perplexity'], 2)}, loss {number(record['val_loss'], 4)}, "
         f"accuracy {number(record['accuracy'], 4)} over {record['eval_tokens']:,} tokens; train loss "
         f"{number(record['train_loss'], 4)}; {record['params']:,} parameters; {record['time_s']:.1f}s "
         f"({number(record['tokens_per_s'], 0)} tokens/s)")

@@ -15,7 +15,8 @@ FIDELITY_FLAGS = {"fidelity": "fidelity", "hurdle": "hurdle", "halving_eta": "ha
                   "halving_rungs": "halving_rungs", "halving_audit": "halving_audit"}
 # flag -> Config field, for the flags shared by the training commands
 CONFIG_FLAGS = {
-    "data": "data", "data_dir": "data_dir", "vocab_size": "vocab_size", "seq_len": "max_seq_len",
+    "data": "data", "data_dir": "data_dir", "tokenizer": "tokenizer", "text_field": "text_field",
+    "vocab_size": "vocab_size", "seq_len": "max_seq_len",
     "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "batch_size": "batch_size",
     "eval_batch_size": "eval_batch_size", "steps": "train_steps", "lr": "learning_rate", "seed": "seed",
     "device": "device", "precision": "precision", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
@@ -37,9 +38,12 @@ def _vocab_size(text: str):
 
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
     g = p.add_argument_group("data and model")
-    g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU) or seed (the original)")
+    g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU), shakespeare-char "
+                                    "(character level, with --data-dir) or seed (the original)")
     g.add_argument("--config", metavar="FILE", help="YAML file of Config settings (flags override it)")
-    g.add_argument("--data", help="dataset: wikitext2, text or recall")
+    g.add_argument("--data", help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
+    g.add_argument("--tokenizer", help="word (default), char, byte or bpe:N (BPE trained on the train split)")
+    g.add_argument("--text-field", help="the text column of an hf: dataset (default text)")
     g.add_argument("--data-dir", help="directory of train.txt/valid.txt/test.txt (else $EVO_ATTENTION_DATA_DIR)")
     g.add_argument("--vocab-size", type=_vocab_size, help="vocabulary size, or 'full' for every training word")
     g.add_argument("--seq-len", type=int, help="tokens per window (max_seq_len)")

@@ -14,9 +14,11 @@ import os
 
 from evo_attention.util.errors import UserError
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
-from evo_attention.data.corpus import ENV_DATA_DIR, CorpusData, load_corpus
+from evo_attention.data.corpus import ENV_DATA_DIR, CorpusData, corpus_from_texts, load_corpus
 from evo_attention.data.cache import ENV_CACHE_DIR
 from evo_attention.data.recall import RecallData
+from evo_attention.data.hf import is_hf, read_hf
+from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.data.vocab import Vocab
 
 DATASETS = ("wikitext2", "text", "recall")
@@ -28,7 +30,8 @@ __all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGN
 
 def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_size: int | None = None,
               seq_len: int = 128, seed: int = 0, eval_stride: int | None = None,
-              cache_dir: str | os.PathLike | None = None, **recall_options) -> TaskData:
+              cache_dir: str | os.PathLike | None = None, tokenizer: str = "word", text_field: str = "text",
+              **recall_options) -> TaskData:
     """Build the dataset ``name`` ('wikitext2', 'text' or 'recall').
 
     Corpora: ``data_dir`` holds the split files (for wikitext2 it falls back to
@@ -40,6 +43,9 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
     are not used.
     """
     if name == "recall":
+        if parse_tokenizer(tokenizer)[0] != "word":
+            raise UserError(f"tokenizer {tokenizer!r} applies to text corpora; the recall task has its own symbols: "
+                            "leave tokenizer unset", setting="tokenizer")
         if eval_stride is not None:
             raise UserError(f"eval_stride {eval_stride} does not apply to the recall task (its examples are independent); leave it unset")
         unknown = sorted(set(recall_options) - set(RECALL_OPTIONS))
@@ -50,9 +56,22 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
     if name in ("wikitext2", "text"):
         if recall_options:
             raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
-        return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len,
+        return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len, tokenizer=tokenizer,
                            eval_stride=eval_stride, cache_dir=cache_dir)
-    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}")
+    if is_hf(name):
+        if recall_options:
+            raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
+        source, texts = read_hf(name, text_field)
+        return corpus_from_texts(name, texts, source, vocab_size=vocab_size, seq_len=seq_len,
+                                 eval_stride=eval_stride, cache_dir=cache_dir, tokenizer=tokenizer)
+    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} or hf:NAME", setting="data")
+
+
+def check_data_name(name) -> None:
+    """UserError unless ``name`` is a dataset (one of ``DATASETS`` or ``hf:...``)."""
+    if not (name in DATASETS or is_hf(name)):
+        raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)} or hf:NAME[:CONFIG], "
+                        "hf:/path/to/saved", setting="data")
 
 
 def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskData:
@@ -65,4 +84,4 @@ def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskD
     recall = dict(config.recall) if config.data == "recall" else {}
     return load_data(config.data, data_dir=data_dir or config.data_dir, vocab_size=config.vocab_size,
                      seq_len=config.max_seq_len, seed=recall.pop("seed", 0), eval_stride=config.eval_stride,
-                     **recall)
+                     tokenizer=config.tokenizer, text_field=config.text_field, **recall)

@@ -103,6 +103,11 @@ class TaskData:
         """Targets != IGNORE_INDEX in a full pass of eval_batches(split); by counting, unless overridden."""
         return sum(int((y != IGNORE_INDEX).sum()) for _, y in self.eval_batches(split, 256))
 
+    def scored_text(self, split: str, batch_size: int, max_batches: int | None = None) -> dict | None:
+        """``{"bytes", "chars"}``: the UTF-8 bytes and characters of the text whose targets that
+        ``eval_batches`` pass scores, for bits per byte; None where tokens are not text (recall)."""
+        return None
+
     def describe(self) -> dict:
         """JSON-able summary of the dataset."""
         return {

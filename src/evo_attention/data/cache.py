@@ -31,18 +31,23 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser()
 
 
-def cache_key(file_hashes: dict[str, str], vocab_size: int | None, recipe_version: int) -> str:
-    """Hex sha256 naming one tokenization result; also the corpus fingerprint."""
-    return fingerprint_of({"files": file_hashes, "vocab_size": vocab_size,
-                           "recipe": recipe_version, "cache_format": FORMAT_VERSION})
+def cache_key(file_hashes: dict[str, str], vocab_size: int | None, recipe_version: int,
+              tokenizer: str | None = None) -> str:
+    """Hex sha256 naming one tokenization result; also the corpus fingerprint. The word recipe
+    (``tokenizer`` None) has the key it always had."""
+    identity = {"files": file_hashes, "vocab_size": vocab_size, "recipe": recipe_version, "cache_format": FORMAT_VERSION}
+    if tokenizer is not None:
+        identity["tokenizer"] = tokenizer
+    return fingerprint_of(identity)
 
 
 def _path(directory: Path, key: str) -> Path:
     return directory / f"tokens-{key}.pt"
 
 
-def load(directory: Path, key: str) -> tuple[dict[str, torch.Tensor], str] | None:
-    """(streams as int64, vocab JSON) for ``key``, or None on a miss or an unreadable entry."""
+def load(directory: Path, key: str) -> tuple[dict[str, torch.Tensor], str, dict] | None:
+    """(streams as int64, tokenizer or vocab JSON, split -> (bytes, chars) per token) for ``key``,
+    or None on a miss, an unreadable entry or one written before byte counts were kept."""
     path = _path(directory, key)
     if not path.is_file():
         return None
@@ -51,16 +56,20 @@ def load(directory: Path, key: str) -> tuple[dict[str, torch.Tensor], str] | Non
         if payload.get("key") != key:
             raise ValueError("key mismatch")
         streams = {split: t.long() for split, t in payload["streams"].items()}
-        return streams, payload["vocab"]
+        if "sizes" not in payload:
+            return None  # an entry without byte counts: tokenized again (same ids) and rewritten
+        sizes = {split: (b.to(torch.int32), c.to(torch.int32)) for split, (b, c) in payload["sizes"].items()}
+        return streams, payload["vocab"], sizes
     except Exception as e:  # a damaged entry is rebuilt, not trusted
         warnings.warn(f"ignoring unreadable cache file {path} ({type(e).__name__}); rebuilding it")
         return None
 
 
-def save(directory: Path, key: str, streams: dict[str, torch.Tensor], vocab_json: str) -> Path | None:
+def save(directory: Path, key: str, streams: dict[str, torch.Tensor], vocab_json: str, sizes: dict) -> Path | None:
     """Atomically write one entry; returns its path, or None (with a warning) if it cannot."""
     payload = {"key": key, "vocab": vocab_json,
-               "streams": {split: t.to(torch.int32) for split, t in streams.items()}}
+               "streams": {split: t.to(torch.int32) for split, t in streams.items()},
+               "sizes": {split: (b.to(torch.int32), c.to(torch.int32)) for split, (b, c) in sizes.items()}}
     tmp = None
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,12 @@
-"""Word-level language-modelling corpora: WikiText-2 ('wikitext2') and any plain-text corpus ('text').
+"""Language-modelling corpora: WikiText-2 ('wikitext2') and any plain-text corpus ('text').
 
 A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (for WikiText-2 the
 original names ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens`` work too).
-Tokenization is the standard word-level recipe: for every line of a file (empty lines included),
-``line.split()`` followed by ``<eos>``. Each split becomes one contiguous int64 token stream.
-The vocabulary comes from the train split only (see ``vocab.py``); other words map to ``<unk>``.
+The default tokenization is the standard word-level recipe: for every line of a file (empty lines
+included), ``line.split()`` followed by ``<eos>``; ``tokenizer`` picks character, byte or BPE
+tokens instead (``tokenizers.py``). Each split becomes one contiguous int64 token stream, with the
+UTF-8 bytes and characters of every token beside it (for bits per byte). The vocabulary comes
+from the train split only; anything else maps to ``<unk>`` (bytes and byte-level BPE have none).
 
 Where WikiText-2 comes from: the ``data_dir`` argument, else ``$EVO_ATTENTION_DATA_DIR``, else the
 Hugging Face ``datasets`` loader (``wikitext``/``wikitext-2-v1``, the same tokenized text) when that
@@ -24,7 +26,6 @@ Batches, for a stream s with targets s[1:] after inputs s[:-1] (N = len(s) - 1 t
 
 import hashlib
 import os
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ import torch
 from evo_attention.util.errors import UserError
 from evo_attention.data import cache
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive
+from evo_attention.data.tokenizers import Tokenizer, WordTokenizer, parse_tokenizer, tokenizer_from_json, train_tokenizer
 from evo_attention.data.vocab import EOS, Vocab, check_vocab_size
 
 ENV_DATA_DIR = "EVO_ATTENTION_DATA_DIR"
@@ -57,16 +59,21 @@ def tokenize(text: str) -> list[str]:
 class CorpusData(TaskData):
     """A tokenized corpus: one int64 stream per split, a train-split Vocab, and window batching."""
 
-    def __init__(self, name: str, streams: dict[str, torch.Tensor], vocab: Vocab, *, seq_len: int,
-                 fingerprint: str, eval_stride: int | None = None, source: str = ""):
+    def __init__(self, name: str, streams: dict[str, torch.Tensor], tokenizer: Tokenizer | Vocab, *, seq_len: int,
+                 fingerprint: str, eval_stride: int | None = None, source: str = "",
+                 text_sizes: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None):
         check_settings(seq_len, eval_stride)
-        self.name, self.vocab, self.streams, self.source = name, vocab, streams, source
-        self.vocab_size = len(vocab)
+        if isinstance(tokenizer, Vocab):
+            tokenizer = WordTokenizer(tokenizer)
+        self.name, self.tokenizer, self.streams, self.source = name, tokenizer, streams, source
+        self.vocab = tokenizer.vocab if isinstance(tokenizer, WordTokenizer) else None
+        self.vocab_size = tokenizer.vocab_size
         self.seq_len = seq_len
         self.eval_stride = eval_stride
         self.stride = eval_stride or seq_len
         self.fingerprint = fingerprint
-        self.pad_id = vocab.eos_id
+        self.pad_id = tokenizer.pad_id
+        self.text_sizes = text_sizes or {}  # split -> (UTF-8 bytes, characters) of each token
         n_train = len(streams["train"])
         if n_train < seq_len + 1:
             raise UserError(f"the train split of {source} has {n_train} tokens, fewer than seq_len + 1 = "
@@ -99,13 +106,29 @@ class CorpusData(TaskData):
     def scored_tokens(self, split: str) -> int:
         return len(self.streams[self.check_split(split)]) - 1
 
+    def scored_text(self, split: str, batch_size: int, max_batches: int | None = None) -> dict | None:
+        """UTF-8 bytes and characters of the targets that ``eval_batches`` with these arguments
+        scores. Windows cover the targets in order, so the first k windows score exactly the
+        targets 1 .. min(n, (k - 1) * stride + seq_len) of the stream."""
+        sizes = self.text_sizes.get(self.check_split(split))
+        if sizes is None:
+            return None
+        n = len(self.streams[split]) - 1
+        windows = self.num_eval_items(split)
+        if max_batches is not None:
+            windows = min(windows, batch_size * max_batches)
+        last = min(n, (windows - 1) * self.stride + self.seq_len) if windows else 0
+        nbytes, nchars = sizes
+        return {"bytes": int(nbytes[1:last + 1].sum()), "chars": int(nchars[1:last + 1].sum())}
+
     def describe(self) -> dict:
         return {
             **super().describe(),
             "tokens": {s: len(t) for s, t in self.streams.items()},
             "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
-            "settings": {"eval_stride": self.eval_stride, "recipe_version": RECIPE_VERSION,
-                         "source": self.source, "unk_id": self.vocab.unk_id, "eos_id": self.vocab.eos_id},
+            "settings": {"eval_stride": self.eval_stride, "recipe_version": RECIPE_VERSION, "source": self.source,
+                         "tokenizer": self.tokenizer.spec,
+                         **({"unk_id": self.vocab.unk_id, "eos_id": self.vocab.eos_id} if self.vocab else {})},
         }
 
 
@@ -119,8 +142,10 @@ def check_settings(seq_len, eval_stride) -> None:
 
 def load_corpus(name: str = "wikitext2", data_dir: str | os.PathLike | None = None, *,
                 vocab_size: int | None = None, seq_len: int = 128, eval_stride: int | None = None,
-                cache_dir: str | os.PathLike | None = None) -> CorpusData:
-    """Load (tokenizing, or from the cache) corpus ``name`` ('wikitext2' or 'text')."""
+                cache_dir: str | os.PathLike | None = None, tokenizer: str = "word") -> CorpusData:
+    """Load (tokenizing, or from the cache) corpus ``name`` ('wikitext2' or 'text') with ``tokenizer``
+    (``word``, ``char``, ``byte`` or ``bpe:N``; ``vocab_size`` applies to ``word`` only)."""
+    kind, _ = parse_tokenizer(tokenizer)
     if name not in FILE_NAMES:
         raise UserError(f"unknown corpus {name!r}; use one of {', '.join(FILE_NAMES)}")
     check_settings(seq_len, eval_stride)
@@ -137,27 +162,40 @@ def load_corpus(name: str = "wikitext2", data_dir: str | os.PathLike | None = No
     else:
         source, texts = HF_SOURCE, _read_hf_wikitext2()
 
+    return corpus_from_texts(name, texts, source, vocab_size=vocab_size, seq_len=seq_len, eval_stride=eval_stride,
+                             cache_dir=cache_dir, tokenizer=tokenizer)
+
+
+def corpus_from_texts(name: str, texts: dict, source: str, *, vocab_size: int | None, seq_len: int,
+                      eval_stride: int | None, cache_dir, tokenizer: str) -> CorpusData:
+    """The corpus of ``texts`` (split -> (text, sha256, where)), from the token cache when there."""
+    kind, _ = parse_tokenizer(tokenizer)
     directory = cache.resolve_cache_dir(cache_dir)
-    key = cache.cache_key({s: h for s, (_, h, _) in texts.items()}, vocab_size, RECIPE_VERSION)
+    # the word recipe keeps the key (and so the fingerprint) it always had
+    key = cache.cache_key({s: h for s, (_, h, _) in texts.items()}, vocab_size if kind == "word" else None,
+                          RECIPE_VERSION, tokenizer=None if kind == "word" else str(tokenizer).strip().lower())
     hit = cache.load(directory, key)
     if hit is not None:
-        streams, vocab = hit[0], Vocab.from_json(hit[1])
+        streams, tok_json, sizes = hit
+        tok = tokenizer_from_json(tok_json)
     else:
-        streams, vocab = _tokenize_splits(texts, vocab_size)
-        cache.save(directory, key, streams, vocab.to_json())
-    return CorpusData(name, streams, vocab, seq_len=seq_len, fingerprint=key,
-                      eval_stride=eval_stride, source=source)
+        streams, tok, sizes = _tokenize_splits(texts, vocab_size, tokenizer)
+        cache.save(directory, key, streams, tok.to_json() if kind != "word" else tok.vocab.to_json(), sizes)
+    return CorpusData(name, streams, tok, seq_len=seq_len, fingerprint=key, eval_stride=eval_stride,
+                      source=source, text_sizes=sizes)
 
 
-def _tokenize_splits(texts: dict, vocab_size: int | None) -> tuple[dict[str, torch.Tensor], Vocab]:
-    words = {}
+def _tokenize_splits(texts: dict, vocab_size: int | None, tokenizer: str):
+    """(streams, the tokenizer fitted to the train split, split -> (bytes, chars) per token)."""
     for split, (text, _, where) in texts.items():
-        words[split] = tokenize(text)
-        if all(w == EOS for w in words[split]):
-            raise UserError(f"{where} has no tokens (only blank lines); fill it with whitespace-separated text, one paragraph per line")
-    vocab = Vocab.from_counts(Counter(words["train"]), vocab_size)
-    streams = {split: torch.tensor(vocab.encode(w), dtype=torch.long) for split, w in words.items()}
-    return streams, vocab
+        if not text.split():
+            raise UserError(f"{where} has no tokens (only blank lines); fill it with text")
+    tok = train_tokenizer(tokenizer, texts["train"][0], vocab_size)
+    streams, sizes = {}, {}
+    for split, (text, _, _) in texts.items():
+        encoded = tok.encode(text)
+        streams[split], sizes[split] = encoded.ids, (encoded.nbytes, encoded.nchars)
+    return streams, tok, sizes
 
 
 def _read_dir(directory: Path, names: dict[str, tuple[str, ...]], origin: str) -> tuple[str, dict]:

@@ -55,7 +55,7 @@ def run_status(run_dir: str | Path) -> dict:
         "cache_hits": cache_hits(total_planned, len(evaluations), done),
         "done": done,
         "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
-                                           "generation": best.get("generation")},
+                                           "bits_per_byte": best.bits_per_byte, "generation": best.get("generation")},
         "baseline": None if baseline is None else {"gene": baseline["gene"],
                                                    "perplexity": baseline.get("val_perplexity"),
                                                    "status": baseline.get("status")},
@@ -91,7 +91,8 @@ def format_status(status: dict) -> str:
              f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
     if status["best"]:
         b = status["best"]
-        lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f} (generation {b['generation']})")
+        bpb = "" if b.get("bits_per_byte") is None else f", {b['bits_per_byte']:.4f} bits per byte"
+        lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f}{bpb} (generation {b['generation']})")
     else:
         lines.append("  best: none yet")
     if status["baseline"]:

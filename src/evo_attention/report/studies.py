@@ -16,7 +16,8 @@ from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
 
 
 # metric -> (label, lower is better)
-METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "accuracy": ("accuracy", False)}
+METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "accuracy": ("accuracy", False),
+           "bits_per_byte": ("bits per byte", True), "bits_per_char": ("bits per character", True)}
 # gene field -> how an ablation names it
 FIELD_LABELS = {"similarity": "similarity", "normalization": "normalization", "gating": "gating",
                 "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout"}
@@ -36,7 +37,7 @@ def interval(low, high, digits: int) -> str:
 
 
 def digits_for(metric: str) -> int:
-    return 4 if metric in ("val_loss", "accuracy") else 3
+    return 4 if metric in ("val_loss", "accuracy", "bits_per_byte", "bits_per_char") else 3
 
 
 def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
@@ -183,6 +184,7 @@ def compare_markdown(payload: dict) -> str:
     """``compare.md``: the settings, then every configuration ranked by validation loss."""
     s, summary = payload["settings"], payload["summary"]
     aggregates = {a["name"]: a for a in payload["aggregates"]}
+    text = any(a.get("bits_per_byte") is not None for a in aggregates.values())  # a text corpus: bits per byte too
     seeds = s["seeds"]
     lines = [
         "# Attention variants at one model size",
@@ -193,20 +195,23 @@ def compare_markdown(payload: dict) -> str:
         f"{', '.join(map(str, s['seed_list']))}."
         + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
         "",
-        "| rank | name | gene | val loss | perplexity | vs baseline | accuracy | params | time (s) | peak MB | status |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| rank | name | gene | val loss | perplexity | vs baseline | accuracy | params | time (s) | peak MB | status |"
+        .replace("| accuracy |", "| accuracy | bits/byte |" if text else "| accuracy |"),
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + (" ---: |" if text else ""),
     ]
     for row in summary["ranking"]:
         a = aggregates[row["name"]]
         loss = number(a["val_loss"], ".4f") + (f" ± {number(a['val_loss_sd'], '.4f')}" if seeds > 1 else "")
         change = "-" if row["perplexity_change_pct"] is None else f"{row['perplexity_change_pct']:+.1f}%"
         lines.append(f"| {row['rank']} | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | {loss} | {number(a['val_perplexity'], '.2f')} | "
-                     f"{change} | {number(a['accuracy'], '.4f')} | {number(a['params'], ',.0f')} | "
+                     f"{change} | {number(a['accuracy'], '.4f')} | "
+                     + (f"{number(a.get('bits_per_byte'), '.4f')} | " if text else "") + f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | {a['status']} |")
     for failed in summary["failed"]:
         a = aggregates[failed["name"]]
         why = "; ".join(failed["errors"]) or failed["status"]
-        lines.append(f"| - | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | - | - | - | - | {number(a['params'], ',.0f')} | "
+        lines.append(f"| - | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | - | - | - | - | {'- | ' if text else ''}"
+                     f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | "
                      f"{a['status']}: {md_cell(why)} |")
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "

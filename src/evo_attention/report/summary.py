@@ -38,7 +38,7 @@ NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a fin
 
 # The columns of evaluations.csv, in order; the gene fields (the six, then the axes) follow them.
 EVALUATION_COLUMNS = (
-    "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy",
+    "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy", "bits_per_byte",
     "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "seed",
     "steps", "eval_tokens", "error", "created_at",
 ) + ALL_FIELDS

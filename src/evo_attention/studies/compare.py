@@ -48,7 +48,8 @@ COMPARE_PRESETS = {
         "learning_rate": 1e-3, "lr_schedule": "cosine", "warmup_steps": 10, "log_every": 10,
     },
 }
-RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perplexity", "accuracy", "train_loss",
+RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perplexity", "accuracy", "bits_per_byte",
+               "train_loss",
                "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "eval_tokens", "steps",
                "trained_steps", "device")
 
@@ -270,6 +271,7 @@ def aggregate(results: Sequence[dict], entries: Sequence[tuple[str, AttentionGen
             "val_loss": loss, "val_loss_sd": loss_sd,
             "val_perplexity": math.exp(loss) if loss is not None and loss < 700 else None,
             "accuracy": acc, "accuracy_sd": acc_sd,
+            "bits_per_byte": mean_sd(r.get("bits_per_byte") for r in ok)[0],
             "params": next((r["params"] for r in runs if r["params"] is not None), None),
             "time_s": mean_sd(r["time_s"] for r in runs)[0],
             "peak_memory_mb": mean_sd(r["peak_memory_mb"] for r in runs)[0],

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from evo_attention.data import DATASETS
+from evo_attention.data import check_data_name
+from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -65,7 +66,9 @@ class Config:
     halving_audit: int = 0  # per generation, this many random new individuals skip the stopping rules,
     # so the rank correlation between low and full fidelity is measured on an unselected sample
     # data
-    data: str = "wikitext2"
+    data: str = "wikitext2"  # wikitext2, text, recall, or hf:NAME[:CONFIG] / hf:/path (Hugging Face datasets)
+    tokenizer: str = "word"  # word, char, byte or bpe:N (corpora only; vocab_size applies to word)
+    text_field: str = "text"  # the text column of an hf: dataset
     data_dir: str | None = None
     eval_stride: int | None = None
     recall: dict = field(default_factory=dict)  # options of the generated recall task
@@ -215,7 +218,10 @@ def _check_search(c: Config) -> None:
 
 
 def _check_data(c: Config) -> None:
-    _choice(c, "data", DATASETS)
+    check_data_name(c.data)
+    parse_tokenizer(c.tokenizer)
+    if not isinstance(c.text_field, str) or not c.text_field:
+        raise UserError(f"text_field must be a column name such as 'text', got {c.text_field!r}", setting="text_field")
     _integer(c, "eval_stride", allow_none=True)
     if c.eval_stride is not None and c.eval_stride > c.max_seq_len:
         raise UserError(f"eval_stride {c.eval_stride} is larger than max_seq_len {c.max_seq_len}",

@@ -41,7 +41,8 @@ class Status(str, enum.Enum):
 
 # Keys written only when set (None / False means absent), and the keys the store adds (present,
 # maybe None, exactly when the record came from a store).
-_OPTIONAL = ("budget", "resumed_from", "checkpoint", "audit")
+_OPTIONAL = ("eval_bytes", "eval_chars", "bits_per_byte", "bits_per_char", "budget", "resumed_from", "checkpoint",
+             "audit")
 _STORED = ("id", "role", "generation", "created_at")
 
 
@@ -64,6 +65,10 @@ class EvaluationRecord(Mapping):
     eval_split: str = "valid"
     eval_tokens_total: int | None = None
     eval_complete: bool | None = None
+    eval_bytes: int | None = None  # UTF-8 bytes of the scored text (corpora only)
+    eval_chars: int | None = None  # its characters
+    bits_per_byte: float | None = None  # total NLL in bits / eval_bytes
+    bits_per_char: float | None = None  # total NLL in bits / eval_chars
     # training
     train_loss: float = math.nan
     trained_steps: int = 0

@@ -215,7 +215,14 @@ class Trainer:
             raise UserError(f"the {split} split has no scored tokens: check the dataset settings")
         mean = float(nll) / n
         total = n if self.config.eval_steps is None else self.data.scored_tokens(split)
+        text = self.data.scored_text(split, self.config.eval_batch_size, self.config.eval_steps)
+        bits = float(nll) / math.log(2)
+        per_text = {} if not text else {
+            "eval_bytes": text["bytes"], "eval_chars": text["chars"],
+            "bits_per_byte": bits / text["bytes"] if text["bytes"] else None,
+            "bits_per_char": bits / text["chars"] if text["chars"] else None}
         return {
+            **per_text,
             "val_loss": mean,
             "val_perplexity": math.exp(mean) if mean < 700 else float("inf"),
             "accuracy": int(correct) / n,

@@ -43,7 +43,7 @@ StartFn = Callable[["EvalTask"], None]
 StepFn = Callable[["EvalTask", int, int, float], None]
 
 # Settings that determine the dataset a worker rebuilds.
-DATA_FIELDS = ("data", "data_dir", "vocab_size", "max_seq_len", "eval_stride", "recall")
+DATA_FIELDS = ("data", "data_dir", "vocab_size", "max_seq_len", "eval_stride", "recall", "tokenizer", "text_field")
 
 
 @dataclass(frozen=True)

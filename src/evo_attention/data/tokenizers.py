@@ -1,0 +1,279 @@
+"""Tokenizers of a text corpus: word, character, byte and byte-level BPE, behind one interface.
+
+=============  ===========================================================================
+``word``       the standard word-level recipe (``corpus.tokenize``): whitespace-separated words,
+               ``<eos>`` after every line, the train split's most frequent words (``vocab_size``)
+               plus ``<unk>``
+``char``       the train split's characters plus ``<unk>`` (for characters the train split lacks)
+``byte``       the 256 UTF-8 byte values: no unknowns, any language
+``bpe:N``      a byte-level BPE vocabulary of N tokens trained on the train split only, with
+               Hugging Face ``tokenizers`` (cached on disk with the token streams)
+=============  ===========================================================================
+
+Every tokenizer turns a text into token ids *and* says how many UTF-8 bytes and characters of the
+text each token stands for (``Encoded``), so a model's NLL can be reported in bits per byte and
+bits per character, which compare across tokenizations. Word-level counts are those of the
+text as the recipe reads it: one space between the words of a line, a newline after each line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from evo_attention.data.vocab import EOS, UNK, Vocab
+from evo_attention.util.errors import UserError
+
+KINDS = ("word", "char", "byte", "bpe")
+TOKENIZER_HELP = "word, char, byte, bpe:N"
+_SPEC = re.compile(r"^(word|char|byte|bpe(?::(-?\d+))?)$")
+
+
+def parse_tokenizer(spec) -> tuple[str, int | None]:
+    """``("bpe", 2000)`` for ``"bpe:2000"``, ``("char", None)`` for ``"char"``; UserError if invalid."""
+    match = _SPEC.match(str(spec).strip().lower()) if isinstance(spec, str) else None
+    if match is None:
+        raise UserError(f"unknown tokenizer {spec!r}: valid tokenizers are word, char, byte, bpe:N (e.g. bpe:2000)",
+                        setting="tokenizer")
+    kind = match.group(1).split(":")[0]
+    if kind == "bpe":
+        if match.group(2) is None:
+            raise UserError("tokenizer bpe needs a vocabulary size: write bpe:N, e.g. bpe:2000", setting="tokenizer")
+        size = int(match.group(2))
+        if size < 257:
+            raise UserError(f"tokenizer bpe:{size} is too small: a byte-level BPE vocabulary holds the 256 bytes and "
+                            "at least one merge, so use N >= 257 (e.g. bpe:2000)", setting="tokenizer")
+        return kind, size
+    return kind, None
+
+
+@dataclass
+class Encoded:
+    """A tokenized text: ids and, per token, the UTF-8 bytes and characters it stands for."""
+
+    ids: torch.Tensor  # int64 [n]
+    nbytes: torch.Tensor  # int32 [n]
+    nchars: torch.Tensor  # int32 [n]
+
+
+class Tokenizer:
+    """Interface: ``encode(text)``, ``decode(ids)``, ``vocab_size``, ``pad_id``, ``to_json``."""
+
+    kind = ""
+    pad_id = 0  # input id used for padding (its targets are never scored)
+
+    @property
+    def spec(self) -> str:
+        return self.kind
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> Encoded:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+
+def _counts(pieces: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    nbytes = torch.tensor([len(p.encode("utf-8")) for p in pieces], dtype=torch.int32)
+    nchars = torch.tensor([len(p) for p in pieces], dtype=torch.int32)
+    return nbytes, nchars
+
+
+class WordTokenizer(Tokenizer):
+    """The word-level recipe over a ``Vocab`` (see ``corpus.tokenize``)."""
+
+    kind = "word"
+
+    def __init__(self, vocab: Vocab):
+        self.vocab = vocab
+        self.pad_id = vocab.eos_id if vocab.eos_id is not None else 0
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int | None) -> "WordTokenizer":
+        from evo_attention.data.corpus import tokenize
+
+        return cls(Vocab.from_counts(Counter(tokenize(text)), vocab_size))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> Encoded:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        words, pieces = [], []
+        for line in text.split("\n")[: -1 if text.endswith("\n") else None]:
+            parts = line.split()
+            words += parts + [EOS]
+            pieces += [w + " " for w in parts[:-1]] + parts[-1:] + ["\n"]  # the space after a word is its own
+        nbytes, nchars = _counts(pieces)
+        return Encoded(torch.tensor(self.vocab.encode(words), dtype=torch.long), nbytes, nchars)
+
+    def decode(self, ids) -> str:
+        return " ".join(self.vocab.decode(list(ids))).replace(f" {EOS} ", "\n").replace(EOS, "\n")
+
+    def to_json(self) -> str:
+        return json.dumps({"tokenizer": "word", "vocab": json.loads(self.vocab.to_json())})
+
+
+class CharTokenizer(Tokenizer):
+    """The train split's characters (sorted) after ``<unk>`` (id 0)."""
+
+    kind = "char"
+
+    def __init__(self, chars: list[str]):
+        self.itos = [UNK] + list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.itos) if i}
+
+    @classmethod
+    def train(cls, text: str) -> "CharTokenizer":
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> Encoded:
+        pieces = list(text)
+        ids = torch.tensor([self.stoi.get(c, 0) for c in pieces], dtype=torch.long)
+        nbytes, nchars = _counts(pieces)
+        return Encoded(ids, nbytes, nchars)
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[int(i)] if int(i) else "\ufffd" for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"tokenizer": "char", "chars": self.itos[1:]})
+
+
+class ByteTokenizer(Tokenizer):
+    """The 256 byte values of the UTF-8 text: id = byte."""
+
+    kind = "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> Encoded:
+        raw = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+        ids = raw.long()
+        starts = ((raw & 0xC0) != 0x80).to(torch.int32)  # a character begins at every non-continuation byte
+        return Encoded(ids, torch.ones(len(ids), dtype=torch.int32), starts)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def to_json(self) -> str:
+        return json.dumps({"tokenizer": "byte"})
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE writes byte b as one printable character: the inverse map, character -> byte.
+
+    Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) are shifted to
+    code points 256 and up, in byte order. This is the convention of the ``ByteLevel`` pre-tokenizer.
+    """
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (Hugging Face ``tokenizers``), trained on the train split only."""
+
+    kind = "bpe"
+
+    def __init__(self, model):
+        self.model = model
+        alphabet = _byte_alphabet()
+        vocab = model.get_vocab()
+        size = max(vocab.values()) + 1
+        nbytes = torch.zeros(size, dtype=torch.int32)
+        nchars = torch.zeros(size, dtype=torch.int32)
+        for token, i in vocab.items():
+            raw = [alphabet[c] for c in token if c in alphabet]
+            nbytes[i] = len(raw)
+            nchars[i] = sum(1 for b in raw if b & 0xC0 != 0x80)  # a character counts where its first byte is
+        self._nbytes, self._nchars = nbytes, nchars
+
+    @staticmethod
+    def _library():
+        try:
+            import tokenizers
+        except ImportError:
+            raise UserError("tokenizer bpe needs Hugging Face tokenizers: pip install tokenizers",
+                            setting="tokenizer") from None
+        return tokenizers
+
+    @classmethod
+    def train(cls, text: str, size: int) -> "BPETokenizer":
+        tk = cls._library()
+        model = tk.Tokenizer(tk.models.BPE())
+        model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        model.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(vocab_size=size, show_progress=False,
+                                         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+        model.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
+        return cls(model)
+
+    @property
+    def spec(self) -> str:
+        return f"bpe:{self.vocab_size}"
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._nbytes)
+
+    def encode(self, text: str) -> Encoded:
+        ids = torch.tensor(self.model.encode(text).ids, dtype=torch.long)
+        return Encoded(ids, self._nbytes[ids], self._nchars[ids])
+
+    def decode(self, ids) -> str:
+        return self.model.decode([int(i) for i in ids])
+
+    def to_json(self) -> str:
+        return json.dumps({"tokenizer": "bpe", "model": self.model.to_str()})
+
+
+def train_tokenizer(spec: str, train_text: str, vocab_size: int | None = None) -> Tokenizer:
+    """The tokenizer ``spec`` fitted to the train split (``vocab_size`` applies to ``word`` only)."""
+    kind, size = parse_tokenizer(spec)
+    if kind == "word":
+        return WordTokenizer.train(train_text, vocab_size)
+    if kind == "char":
+        return CharTokenizer.train(train_text)
+    if kind == "byte":
+        return ByteTokenizer()
+    return BPETokenizer.train(train_text, size)
+
+
+def tokenizer_from_json(text: str | dict) -> Tokenizer:
+    """Inverse of ``Tokenizer.to_json`` (a bare Vocab JSON is a word tokenizer)."""
+    data = json.loads(text) if isinstance(text, str) else dict(text)
+    kind = data.get("tokenizer", "word")
+    if kind == "word":
+        return WordTokenizer(Vocab.from_json(data.get("vocab", data)))
+    if kind == "char":
+        return CharTokenizer(data["chars"])
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "bpe":
+        return BPETokenizer(BPETokenizer._library().Tokenizer.from_str(data["model"]))
+    raise UserError(f"unknown tokenizer {kind!r} in a saved tokenizer: valid ones are {', '.join(KINDS)}")
