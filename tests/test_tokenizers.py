@@ -1,0 +1,185 @@
+"""Tokenizers, bits per byte, a second real corpus and Hugging Face datasets (docs/data.md)."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from evo_attention import Config, Status, train_and_evaluate
+from evo_attention.cli import main
+from evo_attention.data import data_from_config, load_data
+from evo_attention.data.base import fingerprint_of
+from evo_attention.data.cache import FORMAT_VERSION, cache_key
+from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharTokenizer, WordTokenizer,
+                                           parse_tokenizer, tokenizer_from_json, train_tokenizer)
+from evo_attention.util.errors import UserError
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "shakespeare"
+TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler — in the mind\n\nto suffer — ß ü 🙂\n"
+TINY = dict(max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=4, eval_batch_size=8,
+            eval_steps=None, train_steps=2, log_every=1, learning_rate=1e-3)
+
+
+@pytest.fixture
+def shakespeare():
+    if not (SHAKESPEARE / "valid.txt").exists():
+        pytest.skip(f"shared Shakespeare corpus not found at {SHAKESPEARE}")
+    return SHAKESPEARE
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text(TEXT * 8, encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize("spec, fragment", [("chars", "unknown tokenizer 'chars'"), ("bpe", "bpe:N"),
+                                            ("bpe:0", "too small"), ("bpe:-5", "too small"), (7, "unknown tokenizer")])
+def test_bad_tokenizers_are_one_line_errors(spec, fragment):
+    with pytest.raises(UserError, match=fragment) as info:
+        parse_tokenizer(spec)
+    assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match=fragment):
+        Config(tokenizer=spec)
+
+
+@pytest.mark.parametrize("spec", ["word", "char", "byte", "bpe:300"])
+def test_every_tokenizer_counts_the_bytes_and_characters_of_its_text(spec):
+    tok = train_tokenizer(spec, TEXT * 4, vocab_size=None)
+    encoded = tok.encode(TEXT)
+    assert encoded.ids.dtype == torch.long and len(encoded.ids) == len(encoded.nbytes) == len(encoded.nchars)
+    assert int(encoded.nbytes.sum()) == len(TEXT.encode("utf-8"))  # TEXT has single spaces: the word recipe's form
+    assert int(encoded.nchars.sum()) == len(TEXT)
+    assert int(encoded.ids.max()) < tok.vocab_size
+    again = tokenizer_from_json(tok.to_json())
+    assert torch.equal(again.encode(TEXT).ids, encoded.ids)
+    if spec != "word":
+        assert again.decode(encoded.ids.tolist()) == TEXT
+
+
+def test_unknown_symbols():
+    chars = CharTokenizer.train("abc")
+    assert chars.encode("abz").ids.tolist() == [1, 2, 0]  # z is <unk>, still one byte of text
+    assert ByteTokenizer().encode("é").ids.tolist() == [0xC3, 0xA9]
+    assert ByteTokenizer().encode("é").nchars.tolist() == [1, 0]  # one character, counted at its first byte
+
+
+def test_the_word_recipe_keeps_its_fingerprint():
+    hashes = {"train": "a", "valid": "b", "test": "c"}
+    old = fingerprint_of({"files": hashes, "vocab_size": 100, "recipe": 1, "cache_format": FORMAT_VERSION})
+    assert cache_key(hashes, 100, 1) == old != cache_key(hashes, 100, 1, tokenizer="char")
+
+
+def test_bits_per_byte_is_the_nll_in_bits_over_the_scored_bytes(corpus_dir):
+    config = Config(**TINY, data="text", data_dir=str(corpus_dir), tokenizer="char")
+    data = data_from_config(config)
+    record = train_and_evaluate("dot|softmax|none|fixed", config, data)
+    assert record.status is Status.OK
+    text = (corpus_dir / "valid.txt").read_text(encoding="utf-8")
+    assert record.eval_tokens == len(text) - 1  # every character but the first has a context
+    assert record.eval_chars == len(text) - 1 and record.eval_bytes == len(text.encode()) - 1  # the first is "T"
+    nll_bits = record.val_loss * record.eval_tokens / math.log(2)
+    assert record.bits_per_byte == pytest.approx(nll_bits / record.eval_bytes, rel=1e-9)
+    assert record.bits_per_char == pytest.approx(nll_bits / record.eval_chars, rel=1e-9)
+
+
+def test_two_tokenizations_score_the_same_text(corpus_dir):
+    sizes = {}
+    for spec in ("char", "byte", "bpe:300"):
+        data = load_data("text", data_dir=corpus_dir, seq_len=16, tokenizer=spec)
+        first = data.text_sizes["valid"][0][0]
+        sizes[spec] = data.scored_text("valid", 8)["bytes"] + int(first)
+    assert len(set(sizes.values())) == 1 == len({len((corpus_dir / "valid.txt").read_bytes())} | set(sizes.values()))
+
+
+def test_a_capped_evaluation_counts_only_its_windows(corpus_dir):
+    data = load_data("text", data_dir=corpus_dir, seq_len=16, tokenizer="byte")
+    full, capped = data.scored_text("valid", 2), data.scored_text("valid", 2, max_batches=1)
+    y_scored = sum(int((y != -100).sum()) for _, y in data.eval_batches("valid", 2, 1))
+    assert capped["bytes"] == y_scored < full["bytes"]  # one byte per token: the scored targets themselves
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe:2000"])
+def test_shakespeare_baseline_reports_bits_per_byte_over_the_whole_split(shakespeare, tokenizer, tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["baseline", "--preset", "shakespeare-char", "--data-dir", str(shakespeare), "--tokenizer", tokenizer,
+                 "--steps", "2", "--d-model", "16", "--layers", "1", "--out", str(out), "--quiet"]) == 0
+    import json
+
+    result = json.loads((out / "result.json").read_text())
+    assert result["eval_complete"] and result["eval_tokens"] == result["eval_tokens_total"]
+    first = {"char": 1, "bpe:2000": 1}[tokenizer]  # "J": one byte either way
+    assert result["eval_bytes"] == (shakespeare / "valid.txt").stat().st_size - first
+    assert result["bits_per_byte"] == pytest.approx(result["val_loss"] * result["eval_tokens"] /
+                                                    (math.log(2) * result["eval_bytes"]))
+    assert "bits per byte" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("files, fragment", [
+    ({"train.txt": b"", "valid.txt": b"x", "test.txt": b"x"}, "train.txt is empty"),
+    ({"train.txt": b"abc \xff def" * 9, "valid.txt": b"x", "test.txt": b"x"}, "byte 0xff at offset 4"),
+    ({"train.txt": b"abc", "valid.txt": b"abc"}, "no test split"),
+    ({"train.txt": b"ab", "valid.txt": b"abc", "test.txt": b"abc"}, r"fewer than seq_len \+ 1"),
+])
+def test_bad_corpora_are_one_line_errors(files, fragment, tmp_path):
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(UserError, match=fragment):
+        load_data("text", data_dir=tmp_path, seq_len=16, tokenizer="char")
+
+
+def test_recall_refuses_a_tokenizer():
+    with pytest.raises(UserError, match="applies to text corpora"):
+        data_from_config(Config(data="recall", vocab_size=32, max_seq_len=32, tokenizer="byte"))
+
+
+# -- Hugging Face datasets -------------------------------------------------------------------------
+@pytest.fixture
+def saved_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {split: {"content": [line for line in (TEXT * n).splitlines()], "id": list(range(4 * n))}
+            for split, n in (("train", 8), ("validation", 2), ("test", 2))}
+    path = tmp_path / "saved"
+    datasets.DatasetDict({k: datasets.Dataset.from_dict(v) for k, v in rows.items()}).save_to_disk(str(path))
+    return path
+
+
+def test_a_locally_saved_hf_dataset_is_a_corpus(saved_dataset, tmp_path):
+    config = Config(**TINY, data=f"hf:{saved_dataset}", text_field="content", tokenizer="byte")
+    data = data_from_config(config)
+    assert data.name == f"hf:{saved_dataset}" and data.vocab_size == 256
+    assert data.scored_text("valid", 8)["bytes"] == len((TEXT * 2).encode()) - 1
+    record = train_and_evaluate("dot|softmax|none|fixed", config, data)
+    assert record.status is Status.OK and record.bits_per_byte > 0
+
+
+def test_hf_errors_name_the_split_and_the_field(saved_dataset, tmp_path):
+    import datasets
+
+    with pytest.raises(UserError, match="no text field 'text'.*content, id"):
+        load_data(f"hf:{saved_dataset}", seq_len=16, tokenizer="char")
+    partial = tmp_path / "partial"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b c"] * 50})}).save_to_disk(str(partial))
+    with pytest.raises(UserError, match="has no valid split .*it has train"):
+        load_data(f"hf:{partial}", seq_len=4)
+    with pytest.raises(UserError, match="no saved dataset at"):
+        load_data(f"hf:{tmp_path / 'missing'}", seq_len=4)
+
+
+def test_a_run_is_validated_on_another_corpus_and_tokenizer(shakespeare, tmp_path, capsys):
+    run = tmp_path / "run"
+    flags = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
+             "--layers", "1", "--batch-size", "8", "--steps", "2", "--population", "2", "--generations", "1",
+             "--elite", "1", "--quiet"]
+    assert main(["search", *flags, "--out", str(run)]) == 0
+    out = tmp_path / "cross"
+    assert main(["validate", "--from-run", str(run), "--top", "1", "--seeds", "2", "--data", "text", "--data-dir",
+                 str(shakespeare), "--tokenizer", "byte", "--metric", "bits_per_byte", "--out", str(out),
+                 "--quiet"]) == 0
+    import json
+
+    result = json.loads((out / "validation.json").read_text())
+    assert result["metric"] == "bits_per_byte" and result["data"]["name"] == "text"
+    assert all(v is not None and v > 0 for v in result["baseline"]["values"])
