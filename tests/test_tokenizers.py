@@ -183,3 +183,19 @@ def test_a_run_is_validated_on_another_corpus_and_tokenizer(shakespeare, tmp_pat
     result = json.loads((out / "validation.json").read_text())
     assert result["metric"] == "bits_per_byte" and result["data"]["name"] == "text"
     assert all(v is not None and v > 0 for v in result["baseline"]["values"])
+
+
+def test_a_saved_model_keeps_its_tokenizer(corpus_dir, tmp_path):
+    from evo_attention.train.saving import load_tokenizer
+
+    out = tmp_path / "b"
+    assert main(["baseline", "--data", "text", "--data-dir", str(corpus_dir), "--tokenizer", "bpe:300", "--seq-len", "16",
+                 "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "1", "--batch-size", "4",
+                 "--save-model", "--out", str(out), "--quiet"]) == 0
+    tok = load_tokenizer(out / "model")
+    assert isinstance(tok, BPETokenizer) and tok.decode(tok.encode(TEXT).ids.tolist()) == TEXT
+    word = tmp_path / "w"
+    assert main(["baseline", "--data", "text", "--data-dir", str(corpus_dir), "--seq-len", "16", "--d-model", "16",
+                 "--heads", "2", "--layers", "1", "--steps", "1", "--batch-size", "4", "--save-model",
+                 "--out", str(word), "--quiet"]) == 0
+    assert isinstance(load_tokenizer(word / "model"), WordTokenizer)

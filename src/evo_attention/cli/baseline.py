@@ -28,7 +28,7 @@ def cmd_baseline(args) -> int:
     if data.vocab is not None:
         (out / "vocab.json").write_text(data.vocab.to_json())
     if args.save_model and trainer is not None and record["status"] == "ok":
-        save_model(trainer.model, out / "model", vocab=data.vocab, extra={"result": {
+        save_model(trainer.model, out / "model", vocab=data.vocab, tokenizer=getattr(data, "tokenizer", None), extra={"result": {
             k: record[k] for k in ("val_perplexity", "val_loss", "accuracy", "eval_split", "steps", "seed")}})
     split = args.eval_split
     if record["status"] != "ok":

@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from evo_attention.data.vocab import EOS, UNK, Vocab
@@ -132,8 +133,9 @@ class CharTokenizer(Tokenizer):
     kind = "char"
 
     def __init__(self, chars: list[str]):
-        self.itos = [UNK] + list(chars)
-        self.stoi = {c: i for i, c in enumerate(self.itos) if i}
+        chars = sorted(set(chars))
+        self.itos = [UNK] + chars
+        self._codes = torch.tensor([ord(c) for c in chars], dtype=torch.long)  # sorted: id = position + 1
 
     @classmethod
     def train(cls, text: str) -> "CharTokenizer":
@@ -144,10 +146,13 @@ class CharTokenizer(Tokenizer):
         return len(self.itos)
 
     def encode(self, text: str) -> Encoded:
-        pieces = list(text)
-        ids = torch.tensor([self.stoi.get(c, 0) for c in pieces], dtype=torch.long)
-        nbytes, nchars = _counts(pieces)
-        return Encoded(ids, nbytes, nchars)
+        # code points as one tensor (no Python list per character): look each up in the sorted alphabet
+        points = torch.from_numpy(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64))
+        pos = torch.searchsorted(self._codes, points)
+        found = (pos < len(self._codes)) & (self._codes[pos.clamp(max=max(len(self._codes) - 1, 0))] == points)
+        ids = torch.where(found, pos + 1, 0)
+        nbytes = 1 + (points >= 0x80).int() + (points >= 0x800).int() + (points >= 0x10000).int()
+        return Encoded(ids, nbytes.to(torch.int32), torch.ones(len(ids), dtype=torch.int32))
 
     def decode(self, ids) -> str:
         return "".join(self.itos[int(i)] if int(i) else "\ufffd" for i in ids)

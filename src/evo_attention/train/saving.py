@@ -3,8 +3,9 @@
     save_model(model, "out/model")          # -> out/model/model.safetensors + model.json
     model = load_model("out/model")         # a TinyTransformer, ready to use
 
-``model.json`` holds the per-layer gene keys, the Config and (when given) the vocabulary, so a
-discovered mechanism is usable after the run without the search code that found it.
+``model.json`` holds the per-layer gene keys, the Config and (when given) the vocabulary or, for a
+character, byte or BPE model, the tokenizer, so a discovered mechanism is usable after the run
+without the search code that found it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ WEIGHTS = "model.safetensors"
 META = "model.json"
 
 
-def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, extra: dict | None = None) -> Path:
+def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tokenizer=None,
+               extra: dict | None = None) -> Path:
     from safetensors.torch import save_model as _save
 
     directory = Path(directory)
@@ -31,6 +33,7 @@ def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, ext
         "genes": [g.key for g in model.genes],
         "config": model.config.to_dict(),
         "vocab": None if vocab is None else json.loads(vocab.to_json()),
+        **({} if tokenizer is None or vocab is not None else {"tokenizer": json.loads(tokenizer.to_json())}),
         **(extra or {}),
     }
     _save(model, str(directory / WEIGHTS))
@@ -68,3 +71,14 @@ def load_vocab(directory: str | Path):
 
     meta = json.loads((Path(directory) / META).read_text())
     return None if meta.get("vocab") is None else Vocab.from_json(meta["vocab"])
+
+
+def load_tokenizer(directory: str | Path):
+    """The tokenizer saved with a model (a word tokenizer over its vocabulary), or None."""
+    from evo_attention.data.tokenizers import WordTokenizer, tokenizer_from_json
+
+    meta = json.loads((Path(directory) / META).read_text())
+    if meta.get("tokenizer") is not None:
+        return tokenizer_from_json(meta["tokenizer"])
+    vocab = load_vocab(directory)
+    return None if vocab is None else WordTokenizer(vocab)
