@@ -64,11 +64,13 @@ def generations_table(s: RunSummary) -> Table:
 
 def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
     base = s.baseline["perplexity"] if s.baseline else None
-    headers = ["Rank", "Gene", "Key", "Perplexity", "vs baseline", "Generation", "Params"]
-    rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"]),
-             f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-",
-             fmt(r["generation"]), fmt(r["params"])] for r in s.top(k)]
-    return Table(headers, rows, "rllrrrr", (2,))
+    text = any(r.get("bits_per_byte") is not None for r in s.top(k))  # a text corpus: bits per byte too
+    headers = ["Rank", "Gene", "Key", "Perplexity"] + (["Bits/byte"] if text else []) + [
+        "vs baseline", "Generation", "Params"]
+    rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"])] + ([fmt(r.get("bits_per_byte"), 4)] if text else [])
+            + [f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-", fmt(r["generation"]),
+               fmt(r["params"])] for r in s.top(k)]
+    return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
 
 
 def failures_table(s: RunSummary) -> Table:

@@ -125,7 +125,7 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
         if key not in best or ppl < best[key]["perplexity"]:  # ties keep the earliest
             best[key] = {"gene": key, "str": gene_info(key)["str"], "perplexity": ppl,
                          "generation": record.get("generation"), "id": record.get("id"),
-                         "params": record.get("params")}
+                         "params": record.get("params"), "bits_per_byte": record.get("bits_per_byte")}
     ranked = sorted(best.values(), key=lambda r: (r["perplexity"], r["gene"]))
     return [{"rank": i + 1, **r, "n": n[r["gene"]]} for i, r in enumerate(ranked)]
 
