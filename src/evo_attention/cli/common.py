@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from evo_attention.util.format import number as fmt_number
+from evo_attention.util.plugins import load_plugins
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -41,6 +42,9 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU), shakespeare-char "
                                     "(character level, with --data-dir) or seed (the original)")
     g.add_argument("--config", metavar="FILE", help="YAML file of Config settings (flags override it)")
+    g.add_argument("--plugin", action="append", metavar="MODULE",
+                   help="import this module or .py file first, in every worker too: its registered components, "
+                        "strategies and datasets join the search (repeatable)")
     g.add_argument("--data", help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
     g.add_argument("--tokenizer", help="word (default), char, byte or bpe:N (BPE trained on the train split)")
     g.add_argument("--text-field", help="the text column of an hf: dataset (default text)")
@@ -105,7 +109,11 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
         if value is not None:
             flags[name] = None if (name == "vocab_size" and value == 0) else value
     flags.update(extra or {})
-    return merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+    settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+    if getattr(args, "plugin", None):
+        settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))
+    load_plugins(settings.get("plugins") or ())  # their names must be known before the settings are checked
+    return settings
 
 
 def checked(config):
@@ -113,6 +121,7 @@ def checked(config):
     from evo_attention.train.environment import resolve_device
 
     resolve_device(config.device)
+    load_plugins(config.plugins)  # a stored run's plugins (a resume) before its search space is read
     config.space()
     return config
 
@@ -135,7 +144,7 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
                   "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
                   "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
-                  "mutation_schedule": "--mutation-schedule"}
+                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin"}
 
 
 def flag_of(setting: str) -> str | None:

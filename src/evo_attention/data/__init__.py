@@ -22,6 +22,23 @@ from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.data.vocab import Vocab
 
 DATASETS = ("wikitext2", "text", "recall")
+# datasets added by plugins: name -> factory(settings) -> TaskData, where settings holds data_dir,
+# vocab_size, seq_len, eval_stride, cache_dir, tokenizer, text_field, seed and the options
+DATASET_FACTORIES: dict = {}
+
+
+def register_dataset(name: str):
+    """Decorator: make ``factory(settings: dict) -> TaskData`` available as ``data: name``."""
+    if not isinstance(name, str) or not name or name in DATASETS or name.startswith("hf:"):
+        raise UserError(f"dataset name {name!r} is empty or taken by a built-in dataset: choose another name")
+
+    def decorator(factory):
+        if name in DATASET_FACTORIES and DATASET_FACTORIES[name] is not factory:
+            raise UserError(f"dataset {name!r} is registered already: choose another name")
+        DATASET_FACTORIES[name] = factory
+        return factory
+
+    return decorator
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
 
 __all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
@@ -58,6 +75,10 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
             raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
         return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len, tokenizer=tokenizer,
                            eval_stride=eval_stride, cache_dir=cache_dir)
+    if name in DATASET_FACTORIES:
+        return DATASET_FACTORIES[name]({"data_dir": data_dir, "vocab_size": vocab_size, "seq_len": seq_len,
+                                        "eval_stride": eval_stride, "cache_dir": cache_dir, "tokenizer": tokenizer,
+                                        "text_field": text_field, "seed": seed, **recall_options})
     if is_hf(name):
         if recall_options:
             raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
@@ -69,7 +90,7 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
 
 def check_data_name(name) -> None:
     """UserError unless ``name`` is a dataset (one of ``DATASETS`` or ``hf:...``)."""
-    if not (name in DATASETS or is_hf(name)):
+    if not (name in DATASETS or name in DATASET_FACTORIES or is_hf(name)):
         raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)} or hf:NAME[:CONFIG], "
                         "hf:/path/to/saved", setting="data")
 
@@ -81,7 +102,7 @@ def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskD
     The recall task is generated from ``config.recall["seed"]`` (default 0), not from the training
     seed: every seed of a run trains and is measured on the same data.
     """
-    recall = dict(config.recall) if config.data == "recall" else {}
+    recall = dict(config.recall) if config.data == "recall" or config.data in DATASET_FACTORIES else {}
     return load_data(config.data, data_dir=data_dir or config.data_dir, vocab_size=config.vocab_size,
                      seq_len=config.max_seq_len, seed=recall.pop("seed", 0), eval_stride=config.eval_stride,
                      tokenizer=config.tokenizer, text_field=config.text_field, **recall)

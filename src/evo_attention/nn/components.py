@@ -62,6 +62,10 @@ def _registrar(kind: str):
             raise UserError(f"component name {name!r} must be a non-empty string without '|' or '='")
 
         def decorator(factory):
+            if name in _REGISTRIES[kind] and _REGISTRIES[kind][name] is not factory:
+                where = getattr(_REGISTRIES[kind][name], "__module__", "?")
+                raise UserError(f"{kind} {name!r} is registered already (by {where}): choose another name, or "
+                                "unregister the existing one first")
             _REGISTRIES[kind][name] = factory
             if name not in OPTIONS[kind]:
                 OPTIONS[kind].append(name)

@@ -30,6 +30,9 @@ def register_strategy(name: str):
     def decorator(cls):
         if not (isinstance(cls, type) and issubclass(cls, Strategy)):
             raise UserError(f"register_strategy({name!r}) decorates a Strategy subclass, not {cls!r}")
+        if name in STRATEGIES and STRATEGIES[name] is not cls:
+            raise UserError(f"strategy {name!r} is registered already (by {STRATEGIES[name].__module__}): choose "
+                            "another name")
         cls.name = name
         STRATEGIES[name] = cls
         return cls

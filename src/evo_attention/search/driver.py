@@ -44,6 +44,7 @@ from evo_attention.train.record import EvaluationRecord
 from evo_attention.train.trainer import settings_hash
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import write_json
+from evo_attention.util.plugins import load_plugins
 from evo_attention.util.progress import SearchView
 
 
@@ -73,6 +74,7 @@ class Search:
     def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
                  resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
                  quiet: bool = True):
+        self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         if data is None:
             from evo_attention.data import data_from_config
 
@@ -109,12 +111,18 @@ class Search:
                     f"the data differs from the data the run in {self.out_dir} started with (fingerprint "
                     f"{stored.get('fingerprint', '')[:12]} vs {self.data.fingerprint[:12]}): point data_dir at the "
                     "original data, or start a new run with overwrite", setting=("data_dir", "overwrite"))
+            loaded = {p["module"] for p in self.plugins}
+            missing = [p["module"] for p in store.get_meta("plugins") or [] if p["module"] not in loaded]
+            if missing:
+                store.close()
+                raise UserError(f"the run in {self.out_dir} was made with plugin {missing[0]}, which is not loaded: add "
+                                f"it to plugins to resume", setting="plugins")
             return store
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "data": self.data.describe(), "versions": versions(), "done": False,
                 # fitness requests of the search itself; the baseline (config.baseline) comes on top
                 "planned": self.strategy.total_evaluations(),
-                "context": self.context}
+                "context": self.context, "plugins": self.plugins}
         if self.data.vocab is not None:
             meta["vocab"] = json.loads(self.data.vocab.to_json())
         return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)

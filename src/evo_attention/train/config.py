@@ -71,7 +71,8 @@ class Config:
     text_field: str = "text"  # the text column of an hf: dataset
     data_dir: str | None = None
     eval_stride: int | None = None
-    recall: dict = field(default_factory=dict)  # options of the generated recall task
+    recall: dict = field(default_factory=dict)  # options of the generated recall task (or a plugin dataset)
+    plugins: list = field(default_factory=list)  # modules or .py files imported everywhere before any gene
 
     def __post_init__(self):
         _check_model(self)
@@ -227,3 +228,5 @@ def _check_data(c: Config) -> None:
         raise UserError(f"eval_stride {c.eval_stride} is larger than max_seq_len {c.max_seq_len}",
                         setting=("eval_stride", "max_seq_len"))
     _mapping(c, "recall")
+    if not isinstance(c.plugins, list) or not all(isinstance(p, str) and p.strip() for p in c.plugins):
+        raise UserError(f"plugins must be a list of module names or .py files, got {c.plugins!r}", setting="plugins")

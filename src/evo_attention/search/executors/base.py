@@ -108,7 +108,9 @@ def store_state(task: EvalTask, state: bytes | None) -> None:
 
 def check_rebuildable(config: Config, data: TaskData) -> None:
     """Parallel workers rebuild the data from the config: refuse data the config does not name."""
-    if data.name != config.data:
+    from evo_attention.data import DATASET_FACTORIES
+
+    if data.name != config.data and config.data not in DATASET_FACTORIES:  # a plugin dataset is rebuilt by name
         raise UserError(
             f"parallel executors rebuild the dataset from the config in every worker, but this search trains on "
             f"{data.name!r} data that the config does not name (config data {config.data!r}): name the dataset in "

@@ -22,6 +22,7 @@ from evo_attention.search.executors.base import (Executor, available_cores, chec
                                                  worker_devices)
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import load_plugins
 
 START_TIMEOUT_S = 300.0  # a worker imports torch and evo_attention before it is ready
 
@@ -56,6 +57,7 @@ def _worker_main(worker: str, threads: int, conn) -> None:
             return
         token, task, config_dict, fingerprint, device, state = message
         try:
+            load_plugins(config_dict.get("plugins") or ())  # before any gene or dataset name is read
             config = Config.from_dict(config_dict)
             data = rebuild_data(config, fingerprint)
             progress = lambda s, n, loss: conn.send(("step", token, s, n, loss))  # noqa: E731

@@ -10,6 +10,7 @@ from evo_attention.search.executors.base import (EvalTask, Executor, check_rebui
                                                  load_state, rebuild_data, store_state)
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import load_plugins
 
 RAY_EXTRA_HINT = 'install it with pip install -e ".[distributed]"'
 
@@ -36,6 +37,7 @@ def _ray_evaluate(token, task, config_dict, fingerprint, state, device, threads,
 
     torch.set_num_threads(threads)
     worker = f"ray:{socket.gethostname()}:{os.getpid()}"
+    load_plugins(config_dict.get("plugins") or ())  # before any gene or dataset name is read
     config = Config.from_dict(config_dict)
     data = rebuild_data(config, fingerprint)
     sink.put.remote((token, worker, "start"))

@@ -1,0 +1,85 @@
+"""Plugins: modules that extend the search space (components, strategies, datasets) by registering
+into the package's registries when imported.
+
+A plugin is named as a module (``my_lab.attention``) or a file (``plugins/squared.py``), in the
+config's ``plugins`` list or with ``--plugin``; installed packages can also declare one in the
+entry-point group ``evo_attention.plugins`` (loaded everywhere automatically). ``load_plugins`` is
+called in the search driver and in every worker process (local, spawned, Ray) before any gene is
+parsed, so a plugin's names work everywhere; importing a module twice is harmless (Python caches
+it). A plugin that cannot be imported is a one-line error naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+ENTRY_POINT_GROUP = "evo_attention.plugins"
+
+
+def _is_file(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name
+
+
+def _import(name: str):
+    if _is_file(name):
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise UserError(f"plugin file {name} does not exist: give the path of a .py file or a module name",
+                            setting="plugins")
+        module_name = f"evo_attention_plugin_{path.stem}"
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+        return module
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name.split(".")[0] or str(Path.cwd()) in sys.path:
+            raise
+        sys.path.append(str(Path.cwd()))  # a console script does not look in the working directory
+        return importlib.import_module(name)
+
+
+def load_plugins(names=()) -> list[dict]:
+    """Import the plugins ``names`` and every entry-point plugin; ``[{"module", "version"}]``."""
+    loaded = []
+    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        loaded.append(_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None))
+    for name in names or ():
+        if not isinstance(name, str) or not name.strip():
+            raise UserError(f"plugin {name!r} is not a module name or a .py file", setting="plugins")
+        loaded.append(_load(name.strip(), lambda n=name.strip(): _import(n), None))
+    return loaded
+
+
+def _load(name: str, load, version: str | None) -> dict:
+    try:
+        module = load()
+    except UserError as exc:
+        raise UserError(f"plugin {name}: {exc}", setting="plugins") from None
+    except Exception as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise UserError(f"plugin {name} could not be imported ({type(exc).__name__}: {reason}): check that it is "
+                        "installed or that the path is right, in every worker too", setting="plugins") from None
+    if version is None:
+        version = getattr(module, "__version__", None)
+        top = getattr(module, "__name__", name).split(".")[0]
+        if version is None:
+            try:
+                version = metadata.version(top)
+            except metadata.PackageNotFoundError:
+                version = None
+    return {"module": name, "version": version}

@@ -1,0 +1,127 @@
+"""Plugins reach every worker; their bad input is a one-line error; a run remembers its plugins."""
+
+import json
+import sqlite3
+import sys
+import textwrap
+
+import pytest
+
+from evo_attention.cli import main
+from evo_attention.nn import components
+from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import load_plugins
+
+FLAGS = ["--preset", "quick", "--steps", "4", "--population", "3", "--generations", "2", "--elite", "1",
+         "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet"]
+PLUGIN = textwrap.dedent('''
+    import torch
+    from evo_attention import register_normalization, row_normalize
+
+    __version__ = "0.1"
+
+    @register_normalization("cubed_relu")
+    def cubed_relu(scores, mask):
+        return row_normalize(torch.relu(scores.float()) ** 3, mask).to(scores.dtype)
+''')
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "cubed_plugin.py").write_text(PLUGIN)
+    (tmp_path / "space.yaml").write_text("search_space:\n  normalization: [cubed_relu]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    components.unregister("normalization", "cubed_relu")
+    sys.modules.pop("cubed_plugin", None)  # the next test imports it afresh and registers again
+
+
+def _genes(run):
+    with sqlite3.connect(run / "run.db") as conn:
+        return [(g, s) for g, s in conn.execute("SELECT gene, status FROM evaluations WHERE role = 'search'")]
+
+
+@pytest.mark.parametrize("executor", [["--workers", "2"], ["--executor", "ray", "--workers", "2"]])
+def test_a_plugin_normalization_trains_in_every_worker(plugin, executor):
+    if "ray" in executor:
+        pytest.importorskip("ray")
+    run = plugin / "run"
+    assert main(["search", *FLAGS, "--config", "space.yaml", "--plugin", "cubed_plugin", *executor,
+                 "--out", str(run)]) == 0
+    genes = _genes(run)
+    assert genes and all("|cubed_relu|" in g and s == "ok" for g, s in genes)
+    with sqlite3.connect(run / "run.db") as conn:
+        stored = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'plugins'").fetchone()[0])
+    assert stored == [{"module": "cubed_plugin", "version": "0.1"}]
+
+
+def test_resume_loads_the_run_s_plugins_and_names_a_missing_one(plugin, capsys):
+    run = plugin / "run"
+    assert main(["search", *FLAGS, "--config", "space.yaml", "--plugin", "cubed_plugin", "--out", str(run)]) == 0
+    assert main(["search", "--resume", "--out", str(run), "--quiet"]) == 0  # the stored config names the plugin
+    (plugin / "cubed_plugin.py").rename(plugin / "moved.py")
+    sys.modules.pop("cubed_plugin", None)
+    components.unregister("normalization", "cubed_relu")
+    capsys.readouterr()
+    assert main(["search", "--resume", "--out", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plugin cubed_plugin could not be imported (ModuleNotFoundError" in err and "\n" not in err
+
+
+def test_a_resume_through_the_api_without_the_plugin_is_refused(plugin, tmp_path):
+    from evo_attention import Config, Evolution
+
+    run = plugin / "api"
+    assert main(["search", *FLAGS, "--config", "space.yaml", "--plugin", "cubed_plugin", "--out", str(run)]) == 0
+    with sqlite3.connect(run / "run.db") as conn:
+        config = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
+    with pytest.raises(UserError, match="made with plugin cubed_plugin, which is not loaded"):
+        Evolution(Config.from_dict({**config, "plugins": []}), out_dir=run, resume=True)
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ("import not_a_module_anywhere\n", "plugin broken_plugin could not be imported (ModuleNotFoundError"),
+    ("raise RuntimeError('half done')\n", "plugin broken_plugin could not be imported (RuntimeError: half done)"),
+    ("from evo_attention import register_normalization\n@register_normalization('softmax')\ndef f(s, m):\n"
+     "    return s\n", "normalization 'softmax' is registered already"),
+])
+def test_bad_plugins_are_one_line_errors_before_any_training(source, fragment, tmp_path, monkeypatch, capsys):
+    (tmp_path / "broken_plugin.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "broken_plugin", raising=False)
+    assert main(["search", *FLAGS, "--plugin", "broken_plugin", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err
+    assert not (tmp_path / "run" / "run.db").exists()
+
+
+def test_a_plugin_file_path_and_a_missing_file(tmp_path):
+    (tmp_path / "by_path.py").write_text("VALUE = 3\n")
+    assert load_plugins([str(tmp_path / "by_path.py")]) == [{"module": str(tmp_path / "by_path.py"), "version": None}]
+    with pytest.raises(UserError, match="plugin file .* does not exist"):
+        load_plugins([str(tmp_path / "nope.py")])
+
+
+def test_a_plugin_dataset_and_strategy(tmp_path, monkeypatch):
+    (tmp_path / "more_plugin.py").write_text(textwrap.dedent('''
+        from evo_attention import register_strategy
+        from evo_attention.data import register_dataset, load_data
+        from evo_attention.search.random_search import RandomSearch
+
+        @register_dataset("tiny_recall")
+        def tiny_recall(settings):
+            return load_data("recall", vocab_size=32, seq_len=settings["seq_len"], num_pairs=2)
+
+        @register_strategy("random_again")
+        class RandomAgain(RandomSearch):
+            pass
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(["search", "--plugin", "more_plugin", "--data", "tiny_recall", "--strategy", "random_again",
+                 "--seq-len", "16", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "2",
+                 "--population", "2", "--generations", "1", "--elite", "1", "--batch-size", "8",
+                 "--eval-batch-size", "64", "--workers", "2", "--quiet", "--out", str(out)]) == 0
+    assert len(_genes(out)) == 2
