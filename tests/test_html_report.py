@@ -103,7 +103,7 @@ def test_html_is_one_self_contained_file(full_run):
     assert "script" not in checker.tags and "iframe" not in checker.tags
     assert not re.search(r"https?://", page), "no network resource or link"
     images = [value for tag, name, value in checker.links if name == "src"]
-    assert len(images) == 5  # evolution, distribution, validation, ablation, one attention layer
+    assert len(images) == 6  # evolution, distribution, learning curves, validation, ablation, one attention layer
     for src in images:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG
@@ -131,7 +131,7 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
     run_dir = _run(tmp_path / "plain")
     page = write_report(run_dir)["report_html"].read_text()
     assert "Multi-seed validation" not in page and "Unreadable" not in page
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == 3  # evolution, distribution, learning curves
     (run_dir / "validation.json").write_text("{not json")
     (run_dir / "compare_results.json").write_text(json.dumps({"rows": []}))
     paths = write_report(run_dir)

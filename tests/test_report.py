@@ -324,3 +324,27 @@ def test_component_analysis_lists_axes_that_vary():
     assert rows["qkv_rank", "32"]["n_ok"] == 1 and rows["qkv_rank", "0"]["n_ok"] == 2
     assert not any(field == "attn_bias" for field, _ in rows)  # one value throughout: not listed
     assert option_labels("dot|softmax|none|fixed|bias|0.10|abias=rel")["attn_bias"] == "rel"
+
+
+def test_learning_curves_of_the_best_genes_and_the_baseline(tmp_path):
+    """The figure draws one curve per top gene plus the baseline, from the stored records alone."""
+    from unittest import mock
+
+    import matplotlib.axes
+
+    from evo_attention.report import load_run
+    from evo_attention.report.figures import plot_learning_curves
+    from evo_attention.search.store import RunStore
+
+    curve = [[10, 3.0], [20, 2.5]]
+    with RunStore.create(tmp_path / "run", {"seed": 1}) as store:
+        for i, gene in enumerate(["dot|softmax|none|fixed|bias|0.10", "dot|sparsemax|none|fixed|bias|0.10",
+                                  "cosine|softmax|none|fixed|bias|0.10"]):
+            store.record({"gene": gene, "seed": 1, "steps": 20, "data_fingerprint": "f", "context": "c",
+                          "status": "ok", "val_perplexity": 5.0 - i, "val_loss": 1.0, "curve": curve},
+                         role="baseline" if i == 0 else "search", generation=None if i == 0 else 0)
+    with mock.patch.object(matplotlib.axes.Axes, "plot", wraps=None, autospec=True) as plot:
+        plot_learning_curves(load_run(tmp_path / "run"), tmp_path / "curves.png")
+    assert plot.call_count == 3  # the baseline and the two search genes
+    plot_learning_curves(load_run(tmp_path / "run"), tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,6 +7,7 @@
 - ``evolution_progress.png``: perplexity per generation (best, mean, best so far, all points)
 - ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option
 - ``evaluation_distribution.png``: the histogram of every finished search evaluation
+- ``learning_curves.png``: the training-loss curves of the best genes and the baseline
 - ``report.md``: the human summary linking the figures
 - ``report.html``: the same report as one self-contained page (figures embedded, no server needed)
 
@@ -36,6 +37,7 @@ OUTPUTS = {
     "component_analysis_csv": "component_analysis.csv",
     "component_analysis_md": "component_analysis.md",
     "evaluation_distribution": "evaluation_distribution.png",
+    "learning_curves": "learning_curves.png",
     "report": "report.md",
     "report_html": "report.html",
 }
@@ -71,13 +73,16 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
     tables.write_evaluations_csv(summary, paths["evaluations"])
     figures.plot_evolution(summary, paths["evolution_progress"])
     plot_distribution(summary, paths["evaluation_distribution"])
+    figures.plot_learning_curves(summary, paths["learning_curves"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
     markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
-                             attachments=attachments, distribution=OUTPUTS["evaluation_distribution"])
+                             attachments=attachments, distribution=OUTPUTS["evaluation_distribution"],
+                             curves=OUTPUTS["learning_curves"])
     html.write_report_html(summary, paths["report_html"], attachments=attachments,
                            figures={"evolution": paths["evolution_progress"],
-                                    "distribution": paths["evaluation_distribution"]})
+                                    "distribution": paths["evaluation_distribution"],
+                                    "curves": paths["learning_curves"]})
 
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:

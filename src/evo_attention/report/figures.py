@@ -384,3 +384,48 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
         plt.close(fig)
         raise
     return save_figure(fig, path, dpi=110)
+
+
+# -- learning curves ---------------------------------------------------------------------------------
+CURVES_TOP = 5  # the best genes whose training curves are drawn (the baseline comes on top)
+
+
+def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int = CURVES_TOP) -> Path:
+    """``learning_curves.png``: the training-loss curve (mean over each log interval) of the best
+    ``top`` genes and of the baseline, on one axis; for a multi-fidelity run, a dotted line at every
+    rung where the schedule cut the other individuals short."""
+    by_id = {r.get("id"): r for r in summary.evaluations}
+    lines = []
+    if summary.baseline is not None:
+        base = next((r for r in summary.evaluations if r.get("role") == "baseline" and r.get("curve")), None)
+        if base is not None:
+            lines.append((f"baseline {summary.baseline['str']}", base["curve"], "black", ":"))
+    colors = plt.get_cmap("tab10").colors
+    for i, row in enumerate(summary.top(top)):
+        record = by_id.get(row["id"])
+        if record is not None and record.get("curve"):
+            lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-"))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    try:
+        if lines:
+            for label, curve, color, style in lines:
+                steps, losses = zip(*curve)
+                ax.plot(steps, losses, style, color=color, linewidth=1.6, label=label)
+            rungs = (summary.fidelity or {}).get("rungs") or []
+            for j, steps in enumerate(rungs[:-1]):
+                ax.axvline(steps, color="tab:gray", linestyle=":", linewidth=1,
+                           label="rung cuts of the schedule" if j == 0 else None)
+            values = [loss for _, curve, _, _ in lines for _, loss in curve]
+            if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
+                ax.set_yscale("log")
+            ax.legend(loc="upper right", fontsize=7, framealpha=0.85)  # curves fall: the corner stays free
+        else:
+            ax.text(0.5, 0.5, "No training curve stored yet.", transform=ax.transAxes, ha="center", va="center")
+        ax.set_xlabel("Training step")
+        ax.set_ylabel("Training loss (mean over each log interval)")
+        ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)

@@ -151,6 +151,11 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
         out.append(_section("distribution", "Distribution of all evaluations", [image(
             figures["distribution"], "Distribution of all search evaluations",
             "Every finished search evaluation, not just the best: where the baseline and the winner lie.")]))
+    if "curves" in figures:
+        out.append(_section("curves", "Learning curves", [image(
+            figures["curves"], "Learning curves",
+            "Training loss of the best genes and the baseline; dotted lines mark the rungs of a multi-fidelity "
+            "schedule.")]))
     gens = ([para("Best and mean are over the population after the generation (carried-over elites included)."),
              table(md.generations_table(s))] if s.history else [para("No generation finished yet.")])
     out.append(_section("generations", "Per generation", gens))

@@ -292,7 +292,8 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
 
 
 def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
-                  attachments: Attachments | None = None, distribution: str | None = None) -> str:
+                  attachments: Attachments | None = None, distribution: str | None = None,
+                  curves: str | None = None) -> str:
     """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
     ``distribution`` the distribution figure's (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
@@ -304,6 +305,9 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     if distribution:
         sections.append(["## Distribution of all evaluations", "",
                          f"![Histogram of the perplexity of every search evaluation]({distribution})"])
+    if curves:
+        sections.append(["## Learning curves", "",
+                         f"![Training loss of the best genes and the baseline over the steps]({curves})"])
     sections += [
         ["## Per generation", ""] + _generations(s),
         [f"## Top {TOP_ROWS} genes", ""] + _top(s),
@@ -322,5 +326,7 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
 
 
 def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
-                    attachments: Attachments | None = None, distribution: str | None = None) -> Path:
-    return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution))
+                    attachments: Attachments | None = None, distribution: str | None = None,
+                    curves: str | None = None) -> Path:
+    return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
+                                          curves=curves))
