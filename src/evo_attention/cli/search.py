@@ -61,8 +61,11 @@ def cmd_search(args) -> int:
     config = search_config(args)
     out = Path(args.out)
     executor = executor_from_args(args)
+    from evo_attention.search.trackers import make_tracker
+
+    trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                          executor=executor)
+                          executor=executor, trackers=trackers)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler()
     log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
@@ -111,6 +114,8 @@ def register(sub) -> None:
     p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--track", action="append", metavar="TRACKER",
+                   help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)
     add_executor_flags(p, "execution (not part of the run: a run may be resumed with another executor)")
     f = p.add_argument_group("multi-fidelity (part of the run: changes its results)")

@@ -73,7 +73,7 @@ class Search:
 
     def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
                  resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
-                 quiet: bool = True):
+                 quiet: bool = True, trackers=()):
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         if data is None:
             from evo_attention.data import data_from_config
@@ -84,6 +84,7 @@ class Search:
         self.out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="evo-attention-"))
         self.executor = executor or LocalExecutor()
         self.quiet = quiet
+        self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.strategy = strategy_from_config(config)
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
@@ -130,10 +131,28 @@ class Search:
     # -- running -------------------------------------------------------------------------------
     def run(self) -> Individual | None:
         """Run the search to the end (or continue it) and return the best individual."""
-        config = self.config
         self.store.set_meta("status", "running")
         self.store.set_meta("executor", self.executor.describe())
         self.store.clear_activity()
+        for tracker in self.trackers:
+            tracker.start(self.out_dir.name, self.config.to_dict())
+        state = "failed"
+        try:
+            self._run()
+            state = "finished"
+        except KeyboardInterrupt:
+            state = "interrupted"
+            raise
+        finally:
+            for tracker in self.trackers:
+                tracker.finish(state)
+        self.store.set_meta("done", True)
+        self.store.set_meta("status", "done")
+        self.store.set_meta("finished_at", _now())
+        return self.best
+
+    def _run(self) -> None:
+        config = self.config
         with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
             self._runner = Runner(config, self.data, self.executor, store=self.store, view=view,
                                   on_finished=self._finished)
@@ -153,10 +172,11 @@ class Search:
                 self._refresh()
                 self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
-        self.store.set_meta("done", True)
-        self.store.set_meta("status", "done")
-        self.store.set_meta("finished_at", _now())
-        return self.best
+                last = self.strategy.history[-1]
+                mean = last["mean_perplexity"]
+                for tracker in self.trackers:
+                    tracker.log_generation(generation, last["best_perplexity"] if last["best_perplexity"] != float("inf")
+                                           else None, None if mean != mean else mean)
 
     def _after_generation(self) -> None:
         """After every finished generation: a readable snapshot of it (``save_checkpoint``)."""
@@ -231,6 +251,10 @@ class Search:
 
     def _finished(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
         self._records[task.gene] = record
+        if self.trackers:
+            tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)
+            for tracker in self.trackers:
+                tracker.log_evaluation(self._runner.done - 1, tracked)
         value = record.metric() if int(record.steps) >= self.config.train_steps else None
         view = self._runner.view
         if value is not None and view is not None and (view.best is None or value < view.best[1]):

@@ -1,0 +1,235 @@
+"""Experiment trackers: a search's evaluations and generations, live in TensorBoard, MLflow or W&B.
+
+``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``), ``--track mlflow[:URI]`` (default a
+file store in ``RUN_DIR/mlruns``) and ``--track wandb`` (offline, files in ``RUN_DIR/wandb``);
+repeatable; the packages are the ``tracking`` extra. One tracker run per search, with the config as
+its parameters; per evaluation its learning curve, final metrics and cost, tagged with the gene;
+per generation the best and mean perplexity so far.
+
+Only the search driver writes (workers and Ray nodes need no access to a tracker). A tracker that
+fails (a server down, a full disk) is reported once and dropped: it never stops the search, whose
+results are in the run store in any case. A tracker is a view, like the report: the store stays
+the single source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+EXTRA_HINT = 'pip install -e ".[tracking]"'
+METRICS = ("val_perplexity", "val_loss", "accuracy", "bits_per_byte", "train_loss")
+COSTS = ("params", "flops_per_step", "time_s", "train_time_s", "tokens_per_s", "peak_memory_mb")
+
+
+class Tracker:
+    """What a tracker receives from the driver; every method may raise (``Guarded`` catches it)."""
+
+    name = ""
+
+    def start(self, run_name: str, config: dict) -> None:
+        pass
+
+    def log_evaluation(self, index: int, record) -> None:
+        pass
+
+    def log_generation(self, generation: int, best: float | None, mean: float | None) -> None:
+        pass
+
+    def finish(self, state: str) -> None:
+        pass
+
+
+def _numbers(record, names) -> dict:
+    out = {}
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
+            out[name] = float(value)
+    return out
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return out
+
+
+class TensorBoardTracker(Tracker):
+    name = "tensorboard"
+
+    def __init__(self, directory: str | os.PathLike):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError(f"tracker tensorboard needs the tensorboard package: {EXTRA_HINT}", setting="track") from None
+        self.directory = Path(directory)
+        self._writer_class = SummaryWriter
+        self.writer = None
+
+    def start(self, run_name, config):
+        self.writer = self._writer_class(str(self.directory))
+        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in _flat(config).items()))
+
+    def log_evaluation(self, index, record):
+        for name, value in _numbers(record, METRICS + COSTS).items():
+            self.writer.add_scalar(f"evaluations/{name}", value, index)
+        self.writer.add_text("evaluations/gene", f"{index}: {record['gene']} ({record.get('role')}, generation "
+                             f"{record.get('generation')}, {record['status']})", index)
+        tag = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{index:04d}_{record['gene']}")
+        for step, loss in record.get("curve") or []:
+            self.writer.add_scalar(f"curves/{tag}", loss, step)
+        self.writer.flush()
+
+    def log_generation(self, generation, best, mean):
+        for name, value in (("best_so_far", best), ("mean", mean)):
+            if value is not None:
+                self.writer.add_scalar(f"search/{name}", value, generation)
+        self.writer.flush()
+
+    def finish(self, state):
+        if self.writer is not None:
+            self.writer.add_text("state", state)
+            self.writer.close()
+
+
+class MLflowTracker(Tracker):
+    """A parent run per search (the config as params), a child run per evaluation (the gene as tags)."""
+
+    name = "mlflow"
+    EXPERIMENT = "evo-attention"
+
+    def __init__(self, uri: str):
+        try:
+            import mlflow  # noqa: F401
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise UserError(f"tracker mlflow needs the mlflow package (mlflow or mlflow-skinny): {EXTRA_HINT}",
+                            setting="track") from None
+        if uri.startswith("file:") or "://" not in uri:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # a local store needs no server
+            if "://" not in uri:
+                uri = Path(uri).expanduser().resolve().as_uri()
+        self.uri = uri
+        self._client_class = MlflowClient
+        self.client = self.run_id = None
+
+    def start(self, run_name, config):
+        self.client = self._client_class(tracking_uri=self.uri)
+        experiment = self.client.get_experiment_by_name(self.EXPERIMENT)
+        self.experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.EXPERIMENT)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"evo_attention.role": "search"})
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v[:500]) for k, v in _flat(config).items()]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+
+    def log_evaluation(self, index, record):
+        from mlflow.entities import Metric
+
+        tags = {"mlflow.parentRunId": self.run_id, "gene": record["gene"], "role": str(record.get("role")),
+                "generation": str(record.get("generation")), "status": str(record["status"]),
+                "seed": str(record.get("seed")), "steps": str(record.get("steps"))}
+        child = self.client.create_run(self.experiment_id, run_name=f"{index:04d} {record['gene']}", tags=tags)
+        metrics = [Metric(k, v, 0, index) for k, v in _numbers(record, METRICS + COSTS).items()]
+        metrics += [Metric("curve_train_loss", float(loss), 0, int(step)) for step, loss in record.get("curve") or []]
+        for start in range(0, len(metrics), 500):
+            self.client.log_batch(child.info.run_id, metrics=metrics[start:start + 500])
+        self.client.set_terminated(child.info.run_id)
+        self.client.log_metric(self.run_id, "evaluations", index + 1, step=index)
+
+    def log_generation(self, generation, best, mean):
+        for name, value in (("best_so_far", best), ("mean_perplexity", mean)):
+            if value is not None:
+                self.client.log_metric(self.run_id, name, value, step=generation)
+
+    def finish(self, state):
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, {"finished": "FINISHED", "interrupted": "KILLED"}.get(state, "FAILED"))
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases in offline mode (``wandb sync`` uploads it later)."""
+
+    name = "wandb"
+
+    def __init__(self, directory: str | os.PathLike):
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("tracker wandb needs the wandb package: pip install wandb", setting="track") from None
+        self.wandb, self.directory, self.run = wandb, Path(directory), None
+
+    def start(self, run_name, config):
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.run = self.wandb.init(project="evo-attention", name=run_name, config=config, mode="offline",
+                                   dir=str(self.directory), reinit=True)
+
+    def log_evaluation(self, index, record):
+        self.run.log({**{f"evaluation/{k}": v for k, v in _numbers(record, METRICS + COSTS).items()},
+                      "evaluation/index": index, "evaluation/gene": record["gene"]})
+
+    def log_generation(self, generation, best, mean):
+        self.run.log({"search/generation": generation, "search/best_so_far": best, "search/mean": mean})
+
+    def finish(self, state):
+        if self.run is not None:
+            self.run.finish(exit_code=0 if state == "finished" else 1)
+
+
+class Guarded(Tracker):
+    """A tracker whose failures are reported once and then ignored: a tracker never stops a search."""
+
+    def __init__(self, tracker: Tracker):
+        self.tracker, self.name, self.failed = tracker, tracker.name, False
+
+    def _call(self, method: str, *args) -> None:
+        if self.failed:
+            return
+        try:
+            getattr(self.tracker, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - any failure of a view must leave the search running
+            self.failed = True
+            warnings.warn(f"tracker {self.name} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                          "the search goes on without it (its results are in the run store)", stacklevel=2)
+
+    def start(self, run_name, config):
+        self._call("start", run_name, config)
+
+    def log_evaluation(self, index, record):
+        self._call("log_evaluation", index, record)
+
+    def log_generation(self, generation, best, mean):
+        self._call("log_generation", generation, best, mean)
+
+    def finish(self, state):
+        self._call("finish", state)
+
+
+def make_tracker(spec: str, run_dir: str | os.PathLike) -> Tracker:
+    """The tracker ``spec`` (``tensorboard[:DIR]``, ``mlflow[:URI]``, ``wandb``) for a run in ``run_dir``."""
+    name, _, target = str(spec).partition(":")
+    name = name.strip().lower()
+    run_dir = Path(run_dir)
+    if name == "tensorboard":
+        return Guarded(TensorBoardTracker(target or run_dir / "tensorboard"))
+    if name == "mlflow":
+        return Guarded(MLflowTracker(target or str(run_dir / "mlruns")))
+    if name == "wandb":
+        if target:
+            raise UserError("tracker wandb takes no target: it runs offline into RUN_DIR/wandb", setting="track")
+        return Guarded(WandbTracker(run_dir / "wandb"))
+    raise UserError(f"unknown tracker {spec!r}: valid trackers are tensorboard[:DIR], mlflow[:URI], wandb",
+                    setting="track")
