@@ -43,6 +43,7 @@ from evo_attention.train.environment import versions
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.train.trainer import settings_hash
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.plugins import load_plugins
 from evo_attention.util.progress import SearchView
@@ -173,10 +174,9 @@ class Search:
                 self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
                 last = self.strategy.history[-1]
-                mean = last["mean_perplexity"]
                 for tracker in self.trackers:
-                    tracker.log_generation(generation, last["best_perplexity"] if last["best_perplexity"] != float("inf")
-                                           else None, None if mean != mean else mean)
+                    tracker.log_generation(generation, finite_or_none(last["best_perplexity"]),
+                                           finite_or_none(last["mean_perplexity"]))
 
     def _after_generation(self) -> None:
         """After every finished generation: a readable snapshot of it (``save_checkpoint``)."""
