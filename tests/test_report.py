@@ -326,6 +326,7 @@ def test_component_analysis_lists_axes_that_vary():
     assert option_labels("dot|softmax|none|fixed|bias|0.10|abias=rel")["attn_bias"] == "rel"
 
 
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # plot is mocked in the first call: nothing drawn
 def test_learning_curves_of_the_best_genes_and_the_baseline(tmp_path):
     """The figure draws one curve per top gene plus the baseline, from the stored records alone."""
     from unittest import mock
