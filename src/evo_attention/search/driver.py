@@ -90,6 +90,8 @@ class Search:
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
         self.context = settings_hash(config, "valid")
+        if resume and not RunStore.exists(self.out_dir):
+            RunStore.open(self.out_dir)  # "no run in ...": said before a lock file is made there
         self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
         try:
             self.store = self._open_store(resume, overwrite)
