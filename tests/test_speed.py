@@ -87,6 +87,22 @@ def test_bench_command_json_keys(capsys):
                  "--layers", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     for key in ["ms_per_step", "tokens_per_s", "flops_per_step", "achieved_flops_per_s", "est_evaluation_s",
-                "est_search_s"]:
+                "est_search_s", "peak_flops_per_s", "mfu"]:
         assert key in result and result[key] > 0
     assert result["train_steps"] == 400 and result["planned_evaluations"] == 27
+    assert result["mfu"] == pytest.approx(result["achieved_flops_per_s"] / result["peak_flops_per_s"])
+
+
+def test_the_matmul_probe_is_cached_per_machine(monkeypatch):
+    from evo_attention.train import bench
+
+    first = bench.matmul_peak("cpu", "fp32", repeats=1)
+    assert first > 1e8  # any CPU of this century: more than 0.1 GFLOP/s
+    monkeypatch.setattr(bench.torch, "randn", lambda *a, **k: pytest.fail("measured again instead of the cache"))
+    assert bench.matmul_peak("cpu", "fp32") == first
+
+
+def test_bench_profile_lists_the_step_s_operators(capsys):
+    assert main(["bench", "--preset", "quick", "--d-model", "16", "--layers", "1", "--warmup", "1", "--profile"]) == 0
+    table = capsys.readouterr().out
+    assert "aten::mm" in table and "Self CPU" in table

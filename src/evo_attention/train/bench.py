@@ -8,19 +8,87 @@ planned evaluations, which the search layer knows).
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
 
-from evo_attention.train.config import Config
-from evo_attention.data.base import TaskData
+from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
+from evo_attention.train.config import Config
+from evo_attention.train.environment import matmul_dtype
 from evo_attention.train.trainer import Trainer
+from evo_attention.util.files import write_text
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+PROBE_SIZE = 2048  # the square matrix product that measures a machine's matmul limit
+PROBE_VERSION = 1
+
+
+def _probe_path(device: torch.device, dtype: torch.dtype, threads: int):
+    import platform
+
+    from evo_attention.data.cache import resolve_cache_dir
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    key = fingerprint_of({"v": PROBE_VERSION, "device": device.type, "name": name, "dtype": str(dtype),
+                          "threads": threads, "torch": torch.__version__, "size": PROBE_SIZE})
+    return resolve_cache_dir() / f"matmul-peak-{key[:16]}.json"
+
+
+def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, repeats: int = 5,
+                use_cache: bool = True) -> float:
+    """FLOP/s of a 2048^3 matrix product at ``precision`` on ``device`` (best of ``repeats``): the
+    limit a training step's matrix products can reach here. Cached per machine, dtype and thread
+    count (``EVO_ATTENTION_CACHE_DIR``), since the probe takes a few seconds on a CPU."""
+    device = torch.device(device)
+    dtype = matmul_dtype(precision)
+    threads = torch.get_num_threads()
+    path = _probe_path(device, dtype, threads)
+    if use_cache and path.is_file():
+        try:
+            return float(json.loads(path.read_text())["flops_per_s"])
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: measured again
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
+    a @ b  # warm-up (kernels, caches)
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    flops = 2 * PROBE_SIZE ** 3 / best
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps({"flops_per_s": flops, "device": str(device), "dtype": str(dtype),
+                                     "threads": threads}) + "\n")
+    except OSError:
+        pass  # no cache: the next bench measures again
+    return flops
+
+
+def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, warmup: int = 3, rows: int = 15,
+                 device: str | None = None) -> str:
+    """The top operators of one training step (torch.profiler, by self time), as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    trainer = Trainer(gene, config.replace(train_steps=warmup + 1, log_every=warmup + 1), data, device=device)
+    trainer.train(until_step=warmup)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        trainer.train(until_step=warmup + 1)
+        _sync(trainer.device)
+    key = "self_cuda_time_total" if trainer.device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
@@ -43,6 +111,8 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         eval_s = time.perf_counter() - start
     tokens = config.batch_size * data.seq_len
     flops = trainer.flops_per_step
+    peak = matmul_peak(trainer.device, trainer.precision)
+    achieved = flops / seconds_per_step if flops else None
     one_eval = budget * seconds_per_step + (eval_s or 0.0)
     return {
         "gene": gene.key,
@@ -56,7 +126,9 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "ms_per_step": seconds_per_step * 1e3,
         "tokens_per_s": tokens / seconds_per_step,
         "flops_per_step": flops,
-        "achieved_flops_per_s": flops / seconds_per_step if flops else None,
+        "achieved_flops_per_s": achieved,
+        "peak_flops_per_s": peak,  # a 2048^3 matrix product at the step's precision, on this machine
+        "mfu": achieved / peak if achieved else None,  # the fraction of that limit the step reaches
         "eval_time_s": eval_s,
         "train_steps": budget,
         "est_evaluation_s": one_eval,
