@@ -44,7 +44,7 @@ def test_key_round_trip_with_named_parts_in_any_order():
     assert AttentionGene.parse("dot|softmax|none|fixed|pos=rope:none") == AttentionGene.parse("dot|softmax|none|fixed|pos=rope")
     assert AttentionGene(gene_dict=g.to_dict()) == g
     assert set(g.to_dict()) == set(ALL_FIELDS)
-    assert g.differences(AttentionGene.vanilla()) == list(AXIS_FIELDS)
+    assert g.differences(AttentionGene.vanilla()) == ["position", "qkv_rank", "attn_bias"]
     assert g.replace(qkv_rank=0).key == "dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|abias=rel"
 
 
@@ -106,7 +106,7 @@ def test_enabled_axes_are_drawn_mutated_and_crossed():
     assert all(AttentionGene.parse(g.key) == g for g in genes)
     v = AttentionGene.vanilla()
     assert {v.mutate(1.0, rng, space).qkv_rank for _ in range(200)} == {0, 16, 32}
-    other = v.replace(position="alibi", qkv_rank=8, attn_bias="rel")
+    other = v.replace(position="alibi", qkv_rank=8, attn_bias="rel", window=16, kv_heads=2)
     children = [v.crossover(other, rng) for _ in range(400)]
     for name in AXIS_FIELDS:
         from_v = sum(getattr(c, name) == getattr(v, name) for c in children)
@@ -300,3 +300,77 @@ def test_relative_bias_is_one_scalar_per_head_and_offset():
     assert b.shape == (3, 6, 6)
     assert float(b[1, 4, 1]) == 8 + 3 and float(b[2, 5, 5]) == 16
     assert sum(p.numel() for p in bias.parameters()) == 3 * 8
+
+
+# -- window and kv_heads -----------------------------------------------------------------------------
+def test_window_and_kv_heads_keys_and_bad_values():
+    g = AttentionGene.parse("dot|softmax|none|fixed|kvh=1|win=16")
+    assert g.key == "dot|softmax|none|fixed|bias|0.10|win=16|kvh=1" and (g.window, g.kv_heads) == (16, 1)
+    assert AttentionGene.parse("dot|softmax|none|fixed|win=0|kvh=0") == AttentionGene.parse("dot|softmax|none|fixed")
+    for text, fragment in (("win=-1", "window '-1' is not a non-negative integer"), ("kvh=x", "kv_heads 'x'")):
+        with pytest.raises(ValueError, match=fragment):
+            AttentionGene.parse(f"dot|softmax|none|fixed|{text}")
+    with pytest.raises(ValueError, match="kv_heads 3 does not divide the 4 heads"):
+        EvolvedAttention(16, 4, "dot|softmax|none|fixed|kvh=3")
+    with pytest.raises(ValueError, match="kv_heads 3 in the search space does not divide n_heads 4"):
+        Config(n_heads=4, d_model=16, search_space={"kv_heads": [0, 3]}).space()
+    with pytest.warns(UserWarning, match="window 128 is at least max_seq_len 128: it is full attention"):
+        Config(search_space={"window": [0, 128]}).space()
+
+
+@pytest.mark.parametrize("window, kv_heads", [(0, 1), (0, 2), (3, 0), (3, 1), (1, 2)])
+def test_every_component_is_causal_with_a_window_and_grouped_heads(window, kv_heads, tiny_config):
+    config = tiny_config.replace(n_heads=4, d_model=16)
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (2, 10))
+    t = 6
+    changed = ids.clone()
+    changed[:, t] = (changed[:, t] + 1) % config.vocab_size
+    for sim in AttentionGene.SIMILARITY_FUNCS:
+        for norm in AttentionGene.NORMALIZATIONS:
+            gene = AttentionGene(similarity=sim, normalization=norm, temperature_mode="adaptive", gating="output_gate",
+                                 window=window, kv_heads=kv_heads, attn_bias="rel", position="rope")
+            model = TinyTransformer(config, gene)
+            _randomize(model)
+            model.eval()
+            a, b = model(ids), model(changed)
+            assert torch.equal(a[:, :t], b[:, :t]), f"{gene.key} leaks the future"
+            for weights in model.attention_maps(ids):  # exactly zero outside the causal window
+                i, j = torch.meshgrid(torch.arange(10), torch.arange(10), indexing="ij")
+                outside = (j > i) | ((i - j >= window) if window else torch.zeros_like(i, dtype=torch.bool))
+                assert (weights[..., outside] == 0).all(), gene.key
+            model.train()
+            model(ids).logsumexp(-1).mean().backward()
+            for name, p in model.named_parameters():
+                assert p.grad is None or torch.isfinite(p.grad).all(), f"{gene.key}: {name}"
+
+
+@pytest.mark.parametrize("key", ["dot|softmax|none|fixed|bias|0.00|win=4", "dot|softmax|none|fixed|bias|0.00|kvh=2",
+                                 "cosine|softmax|none|learned|bias|0.00|win=3|kvh=1|pos=alibi|abias=rel|rank=8"])
+def test_window_and_grouped_heads_fused_equals_plain(key):
+    torch.manual_seed(1)
+    fused = EvolvedAttention(32, 4, key, max_seq_len=16).double().eval()
+    plain = EvolvedAttention(32, 4, key, max_seq_len=16, fused=False).double().eval()
+    plain.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    assert fused.can_fuse and torch.allclose(fused(x), plain(x), atol=1e-6)
+
+
+def test_grouped_heads_cut_the_projection_and_equal_repeated_full_heads():
+    d, h = 32, 4
+    full = EvolvedAttention(d, h, "dot|softmax|none|fixed|bias|0.00")
+    mqa = EvolvedAttention(d, h, "dot|softmax|none|fixed|bias|0.00|kvh=1")
+    gqa = EvolvedAttention(d, h, "dot|softmax|none|fixed|bias|0.00|kvh=2")
+    count = lambda m: sum(p.numel() for p in m.qkv.parameters())  # noqa: E731
+    assert count(full) == 3 * d * d + 3 * d
+    assert count(mqa) == d * d + 2 * d * (d // h) + d + 2 * (d // h)
+    assert count(gqa) == d * d + 2 * d * (2 * d // h) + d + 2 * (2 * d // h)
+    # multi-query attention is full attention whose K/V heads are all equal: copy the one head into each
+    with torch.no_grad():
+        w, b = mqa.qkv.weight, mqa.qkv.bias
+        dh = d // h
+        full.qkv.weight.copy_(torch.cat([w[:d]] + [w[d:d + dh]] * h + [w[d + dh:]] * h))
+        full.qkv.bias.copy_(torch.cat([b[:d]] + [b[d:d + dh]] * h + [b[d + dh:]] * h))
+        full.out.load_state_dict(mqa.out.state_dict())
+    x = torch.randn(2, 7, d)
+    assert torch.allclose(full.eval()(x), mqa.eval()(x), atol=1e-5)

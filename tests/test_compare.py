@@ -85,7 +85,8 @@ def test_list_prints_the_table(capsys):
     for name in NAMES:
         assert name in out
     assert "d/16 = 16" in out and "pos=rope|rank=128|abias=rel" in out
-    assert list_table(512).count("\n") == len(NAMES)
+    assert list_table(512).count("\n") == len(NAMES) + 3  # the 13, then sliding_window, gqa, mqa
+    assert "win=32" in out and "kvh=4" in out and "kvh=1" in out  # 8 heads, 128 tokens: window 32, 4 K/V heads
 
 
 def test_cli_rejects_bad_input_in_one_line(capsys):

@@ -16,6 +16,9 @@ field          key part      values (default first)
 position       ``pos=``      ``learned``, ``rope``, ``rope:linear:F``, ``rope:ntk:F``, ``alibi``, ``none``
 qkv_rank       ``rank=``     ``0`` (full Q/K/V projections) or r > 0 (factorised d -> r -> d)
 attn_bias      ``abias=``    ``none`` or ``rel`` (a learned bias per head and causal offset)
+window         ``win=``      ``0`` (every earlier key) or W > 0 (each query sees its last W keys)
+kv_heads       ``kvh=``      ``0`` (a key/value head per head) or K dividing the heads (grouped-query
+                             attention; K = 1 is multi-query attention)
 =============  ============  ================================================================
 
 e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
@@ -45,10 +48,11 @@ from evo_attention.util.errors import UserError
 
 CATEGORICAL_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")
 FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")  # the six parts every key starts with
-AXIS_FIELDS = ("position", "qkv_rank", "attn_bias")  # optional name=value parts of a key
+AXIS_FIELDS = ("position", "qkv_rank", "attn_bias", "window", "kv_heads")  # optional name=value parts of a key
 ALL_FIELDS = FIELDS + AXIS_FIELDS
-AXIS_DEFAULTS = {"position": "learned", "qkv_rank": 0, "attn_bias": "none"}
-KEY_PARTS = {"position": "pos", "qkv_rank": "rank", "attn_bias": "abias"}  # field -> key part name
+AXIS_DEFAULTS = {"position": "learned", "qkv_rank": 0, "attn_bias": "none", "window": 0, "kv_heads": 0}
+KEY_PARTS = {"position": "pos", "qkv_rank": "rank", "attn_bias": "abias", "window": "win",
+             "kv_heads": "kvh"}  # field -> key part name
 _PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PARTS}}
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 MAX_DROPOUT = 0.3
@@ -125,24 +129,31 @@ def _check_dropout(value: Any) -> float:
     return round(p, 2)
 
 
-def _check_rank(value: Any) -> int:
+_COUNT_HELP = {"qkv_rank": "use 0 (full projections) or a rank r > 0",
+               "window": "use 0 (every earlier key) or a window W > 0",
+               "kv_heads": "use 0 (one key/value head per head) or a K that divides the number of heads"}
+
+
+def _check_count(fieldname: str, value: Any) -> int:
+    """A non-negative integer axis value (qkv_rank, window, kv_heads)."""
+    fix = _COUNT_HELP[fieldname]
     if isinstance(value, bool):
-        raise UserError(f"qkv_rank {value!r} is not an integer: use 0 (full projections) or a rank r > 0")
+        raise UserError(f"{fieldname} {value!r} is not an integer: {fix}")
     try:
-        rank = int(value)
+        number = int(value)
     except (TypeError, ValueError):
-        raise UserError(f"qkv_rank {value!r} is not an integer: use 0 (full projections) or a rank r > 0") from None
-    if rank < 0 or (isinstance(value, float) and value != rank):
-        raise UserError(f"qkv_rank {value!r} is not a non-negative integer: use 0 (full projections) or a rank r > 0")
-    return rank
+        raise UserError(f"{fieldname} {value!r} is not an integer: {fix}") from None
+    if number < 0 or (isinstance(value, float) and value != number):
+        raise UserError(f"{fieldname} {value!r} is not a non-negative integer: {fix}")
+    return number
 
 
 def _check_axis(fieldname: str, value: Any):
     """Validate and canonicalise a value of one of the AXIS_FIELDS."""
     if fieldname == "position":
         return normalize_position(value)
-    if fieldname == "qkv_rank":
-        return _check_rank(value)
+    if fieldname in _COUNT_HELP:
+        return _check_count(fieldname, value)
     return _check_choice("attn_bias", value, ATTN_BIASES)
 
 
@@ -172,6 +183,8 @@ class SearchSpace:
     position: tuple = ("learned",)  # e.g. ("learned", "rope", "rope:ntk:4", "alibi", "none")
     qkv_rank: tuple = (0,)  # e.g. (0, 16, 32)
     attn_bias: tuple = ("none",)  # ("none", "rel")
+    window: tuple = (0,)  # e.g. (0, 32, 64)
+    kv_heads: tuple = (0,)  # e.g. (0, 1, 2)
 
     def __post_init__(self):
         for name in CATEGORICAL_FIELDS:
@@ -274,7 +287,7 @@ class AttentionGene:
     @classmethod
     def parse(cls, text: str) -> "AttentionGene":
         """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``), each optionally
-        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``) in any order."""
+        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``, ``win=``, ``kvh=``) in any order."""
         if isinstance(text, AttentionGene):
             return text
         if not isinstance(text, str):
@@ -290,7 +303,7 @@ class AttentionGene:
         if len(parts) != 6:
             raise UserError(
                 f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias= parts)"
+                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh= parts)"
             )
         return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
@@ -386,7 +399,7 @@ def _named_parts(text: str, parts: list) -> dict:
         fieldname = _PART_FIELDS.get(name.strip().lower())
         if fieldname is None:
             raise UserError(f"unknown gene part {name.strip()!r} in {text!r}: valid names are "
-                            f"{', '.join(KEY_PARTS.values())} (e.g. pos=rope, rank=32, abias=rel)")
+                            f"{', '.join(KEY_PARTS.values())} (e.g. pos=rope, rank=32, abias=rel, win=64, kvh=1)")
         if fieldname in named:
             raise UserError(f"gene {text!r} gives {KEY_PARTS[fieldname]}= twice: keep one")
         named[fieldname] = value.strip()

@@ -60,11 +60,11 @@ def cmd_compare(args) -> int:
 
     config = compare_config(args)
     if args.list:
-        print(list_table(config.d_model))
+        print(list_table(config.d_model, config.n_heads, config.max_seq_len))
         return 0
     if args.seeds < 1:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
-    entries = resolve_configs(args.configs, config.d_model)
+    entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len)
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args)

@@ -3,9 +3,10 @@
     h            = gating.gate_input(x)                 # identity unless input_gate
     q, k, v      = split(W_qkv h)                       # one fused projection (or low rank)
     q, k         = rotary(q, k)                         # position=rope only
+    k, v         = repeat each K/V head for its group   # kv_heads K < H: grouped-query attention
     scores       = similarity(q, k) / temperature(x)    # [B, H, T, T]
            (+ bias)                                     # position=alibi and/or attn_bias=rel
-    weights      = normalization(scores, causal & mask) # exact zeros on masked keys
+    weights      = normalization(scores, allowed)       # causal (& window), exact zeros elsewhere
     y            = W_o (dropout(weights) @ v)
     out          = gating(x, y)
 
@@ -13,6 +14,14 @@ With ``qkv_rank`` r > 0 the Q/K/V projection is factorised as in DeepSeek's late
 (``LowRankQKV``): q = U_q (D_q h) and [k, v] = U_kv (D_kv h) with d_model -> r -> d_model maps,
 5 d r weights instead of 3 d^2 (fewer when r < 0.6 d). Rotary embeddings then rotate the
 up-projected q and k (nothing is absorbed, so no decoupled rope key is needed).
+
+With ``kv_heads`` K (dividing the H heads) the keys and values have K heads of their own, each
+shared by H / K query heads (grouped-query attention, Ainslie et al. 2023; K = 1 is multi-query
+attention): the projection has d + 2 K d_head outputs instead of 3 d. With ``window`` W > 0 each
+query attends only to its last W keys (itself included; sliding-window attention as in Longformer
+or Mistral), for every similarity and normalization. The window is applied as a mask, so time and
+memory stay those of full attention (O(T^2)); a window at least as long as the sequence is full
+attention.
 
 When the similarity is a plain dot product of (possibly transformed) q and k and the
 normalization is softmax, the same function is computed by PyTorch's fused
@@ -36,9 +45,11 @@ from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene
 
 
-def causal_mask(t: int, device=None) -> torch.Tensor:
-    """Bool [T, T], True where query i may attend key j (j <= i)."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
+def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
+    """Bool [T, T], True where query i may attend key j: j <= i, and with a ``window`` W > 0 also
+    i - j < W (the query's last W keys, itself included)."""
+    allowed = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return allowed.triu(-(window - 1)) if 0 < window < t else allowed
 
 
 class LowRankQKV(nn.Module):
@@ -50,13 +61,13 @@ class LowRankQKV(nn.Module):
     D ~ N(0, 1/d), U ~ N(0, 0.02^2 d / r).
     """
 
-    def __init__(self, d_model: int, rank: int, bias: bool, std: float = 0.02):
+    def __init__(self, d_model: int, rank: int, bias: bool, std: float = 0.02, kv_dim: int | None = None):
         super().__init__()
         self.rank = rank
         self.q_down = nn.Linear(d_model, rank, bias=False)
         self.q_up = nn.Linear(rank, d_model, bias=bias)
         self.kv_down = nn.Linear(d_model, rank, bias=False)
-        self.kv_up = nn.Linear(rank, 2 * d_model, bias=bias)
+        self.kv_up = nn.Linear(rank, 2 * (kv_dim or d_model), bias=bias)  # kv_dim < d_model: grouped K/V heads
         for down, up in ((self.q_down, self.q_up), (self.kv_down, self.kv_up)):
             nn.init.normal_(down.weight, std=d_model ** -0.5)
             nn.init.normal_(up.weight, std=std * (d_model / rank) ** 0.5)
@@ -80,14 +91,20 @@ class EvolvedAttention(nn.Module):
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.kv_heads = self.gene.kv_heads or n_heads
+        if n_heads % self.kv_heads:
+            raise UserError(f"gene {self.gene.key}: kv_heads {self.kv_heads} does not divide the {n_heads} heads: "
+                            "use a divisor (1 is multi-query attention)")
+        self.kv_dim = self.kv_heads * self.d_head
+        self.window = self.gene.window
         bias = self.gene.use_bias
         if self.gene.qkv_rank > d_model:
             raise UserError(f"gene {self.gene.key}: qkv_rank {self.gene.qkv_rank} is larger than d_model {d_model}: "
                             "a low-rank projection needs a rank r <= d_model")
         if self.gene.qkv_rank:
-            self.qkv = LowRankQKV(d_model, self.gene.qkv_rank, bias)
+            self.qkv = LowRankQKV(d_model, self.gene.qkv_rank, bias, kv_dim=self.kv_dim)
         else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = positions.build_rotary(self.gene.position, self.d_head)
         self.score_biases = positions.build_score_biases(self.gene.position, self.gene.attn_bias, n_heads, max_seq_len)
@@ -118,9 +135,18 @@ class EvolvedAttention(nn.Module):
         """
         b, t, _ = x.shape
         h = self.gating.gate_input(x)
-        q, k, v = self.qkv(h).view(b, t, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        if self.kv_heads == self.n_heads:
+            q, k, v = self.qkv(h).view(b, t, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = self.qkv(h).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
+            q = q.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+            k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
         if self.rotary is not None:
             q, k = self.rotary(q, k)
+        if self.kv_heads != self.n_heads:  # each group of n_heads / kv_heads query heads shares one K/V head
+            group = self.n_heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        windowed = 0 < self.window < t
         tau = self.temperature(x)
         bias = self.score_bias(t, x.device)
         dropout_p = self.dropout_p if self.training else 0.0
@@ -130,13 +156,14 @@ class EvolvedAttention(nn.Module):
         if fused and not (dropout_p > 0 and x.device.type == "cpu"):
             q, k = self.similarity.prepare(q, k)
             q = q / tau.to(q.dtype)
-            if bias is None:
+            if bias is None and not windowed:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0)
             else:
-                float_mask = bias.masked_fill(~causal_mask(t, x.device), float("-inf")).to(q.dtype)
+                base = bias if bias is not None else torch.zeros(t, t, device=x.device)
+                float_mask = base.masked_fill(~causal_mask(t, x.device, self.window), float("-inf")).to(q.dtype)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=1.0)
         else:
-            allowed = causal_mask(t, x.device)
+            allowed = causal_mask(t, x.device, self.window)
             if mask is not None:
                 if mask.dim() == 2 and mask.shape == (b, t):
                     mask = mask[:, None, None, :]
@@ -155,4 +182,4 @@ class EvolvedAttention(nn.Module):
         return (out, weights) if need_weights else out
 
     def extra_repr(self) -> str:
-        return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}"
+        return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}, kv_heads={self.kv_heads}"

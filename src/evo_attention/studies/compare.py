@@ -56,9 +56,11 @@ RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perpl
 
 @dataclass(frozen=True)
 class NamedConfig:
-    """A named attention variant: the vanilla components plus the three axes.
+    """A named attention variant: the vanilla components plus the axes, as fractions of the size.
 
-    ``rank_divisor`` d gives qkv_rank = d_model // d (0: full projections).
+    ``rank_divisor`` d gives qkv_rank = d_model // d (0: full projections); ``window_divisor`` w a
+    window of max_seq_len // w keys (0: full attention); ``kv_groups`` g gives n_heads // g key/value
+    heads (0: one per head; g = n_heads: multi-query).
     """
 
     name: str
@@ -66,13 +68,24 @@ class NamedConfig:
     rank_divisor: int
     attn_bias: str
     description: str
+    window_divisor: int = 0
+    kv_groups: int | str = 0  # a divisor of the heads, or "all" for a single key/value head
 
     def rank(self, d_model: int) -> int:
         return 0 if not self.rank_divisor else max(1, d_model // self.rank_divisor)
 
-    def gene(self, d_model: int) -> AttentionGene:
+    def window(self, max_seq_len: int) -> int:
+        return 0 if not self.window_divisor else max(1, max_seq_len // self.window_divisor)
+
+    def kv_heads(self, n_heads: int) -> int:
+        if self.kv_groups == "all":
+            return 1
+        return 0 if not self.kv_groups else max(1, n_heads // self.kv_groups)
+
+    def gene(self, d_model: int, n_heads: int = 4, max_seq_len: int = 128) -> AttentionGene:
         return AttentionGene.parse(VANILLA_KEY).replace(position=self.position, qkv_rank=self.rank(d_model),
-                                                        attn_bias=self.attn_bias)
+                                                        attn_bias=self.attn_bias, window=self.window(max_seq_len),
+                                                        kv_heads=self.kv_heads(n_heads))
 
 
 # The one table of named configurations (docs/compare.md shows the same).
@@ -91,12 +104,19 @@ NAMED_CONFIGS = (
     NamedConfig("enhanced_large", "rope", 4, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/4"),
     NamedConfig("enhanced_xl", "rope", 2, "rel", "rotary + relative bias + low-rank Q/K/V, rank d/2"),
 )
-CONFIGS_BY_NAME = {c.name: c for c in NAMED_CONFIGS}
+# The efficient families, by name beside the 13 (not in "all", which is the study's comparison).
+FAMILY_CONFIGS = (
+    NamedConfig("sliding_window", "learned", 0, "none", "each query sees its last max_seq_len/4 keys", window_divisor=4),
+    NamedConfig("gqa", "learned", 0, "none", "grouped-query attention: n_heads/2 key/value heads", kv_groups=2),
+    NamedConfig("mqa", "learned", 0, "none", "multi-query attention: one key/value head", kv_groups="all"),
+)
+CONFIGS_BY_NAME = {c.name: c for c in NAMED_CONFIGS + FAMILY_CONFIGS}
 EVOLVED_NAME = "evolved"
 
 
 # -- choosing the configurations ---------------------------------------------------------------
-def resolve_configs(spec: str | Sequence[str] | None, d_model: int) -> list[tuple[str, AttentionGene]]:
+def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int = 4,
+                    max_seq_len: int = 128) -> list[tuple[str, AttentionGene]]:
     """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
 
     ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
@@ -115,12 +135,12 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int) -> list[tupl
     for item in items:
         if item == "all":
             for named in NAMED_CONFIGS:
-                entries.setdefault(named.name, named.gene(d_model))
+                entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len))
         elif "|" in item:
             gene = AttentionGene.parse(item)
             entries.setdefault(gene.key, gene)
         elif item in CONFIGS_BY_NAME:
-            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model))
+            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model, n_heads, max_seq_len))
         else:
             raise UserError(f"unknown configuration {item!r}: valid names are all, {', '.join(CONFIGS_BY_NAME)} "
                             "(or a gene string like 'dot|softmax|none|fixed|pos=rope')")
@@ -137,12 +157,14 @@ def evolved_entry(run_dir: str | Path) -> tuple[str, AttentionGene]:
     return EVOLVED_NAME, AttentionGene.parse(best)
 
 
-def list_table(d_model: int) -> str:
-    """The named configurations as a text table (what ``--list`` prints)."""
-    rows = [("name", "position", "qkv_rank", "attn_bias", f"gene at d_model {d_model}", "what")]
-    for c in NAMED_CONFIGS:
+def list_table(d_model: int, n_heads: int = 4, max_seq_len: int = 128) -> str:
+    """The named configurations as a text table (what ``--list`` prints): the 13 of the study
+    ("all"), then the efficient families."""
+    rows = [("name", "position", "qkv_rank", "attn_bias", f"gene at d_model {d_model}, {n_heads} heads, "
+             f"{max_seq_len} tokens", "what")]
+    for c in NAMED_CONFIGS + FAMILY_CONFIGS:
         rank = f"d/{c.rank_divisor} = {c.rank(d_model)}" if c.rank_divisor else "0 (full)"
-        rows.append((c.name, c.position, rank, c.attn_bias, c.gene(d_model).key, c.description))
+        rows.append((c.name, c.position, rank, c.attn_bias, c.gene(d_model, n_heads, max_seq_len).key, c.description))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 

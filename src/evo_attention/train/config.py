@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -89,6 +90,14 @@ class Config:
         if too_big:
             raise UserError(f"qkv_rank {too_big[0]} in the search space is larger than d_model {self.d_model}: a "
                             "low-rank projection needs a rank r <= d_model", setting="search_space")
+        not_dividing = [k for k in space.kv_heads if k and self.n_heads % k]
+        if not_dividing:
+            raise UserError(f"kv_heads {not_dividing[0]} in the search space does not divide n_heads {self.n_heads}: "
+                            "use divisors of the heads (1 is multi-query attention)", setting="search_space")
+        full = [w for w in space.window if w >= self.max_seq_len]
+        if full:
+            warnings.warn(f"window {full[0]} is at least max_seq_len {self.max_seq_len}: it is full attention "
+                          "(the same as window 0)", stacklevel=2)
         return space
 
     @property
