@@ -10,7 +10,6 @@ search seed itself. ``analysis_setup`` and ``add_analysis_flags`` are shared wit
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir

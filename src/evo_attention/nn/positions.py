@@ -30,7 +30,6 @@ Future keys are masked by the attention module, so the biases are 0 there and ne
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn

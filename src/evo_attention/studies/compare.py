@@ -32,7 +32,6 @@ from evo_attention.train.config import Config
 from evo_attention.train.record import usable_metric
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.progress import SearchView
 from evo_attention.util.stats import describe

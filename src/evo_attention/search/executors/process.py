@@ -10,8 +10,6 @@ channel.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections import deque
 from dataclasses import replace
