@@ -30,7 +30,6 @@ from evo_attention.data.vocab import EOS, UNK, Vocab
 from evo_attention.util.errors import UserError
 
 KINDS = ("word", "char", "byte", "bpe")
-TOKENIZER_HELP = "word, char, byte, bpe:N"
 _SPEC = re.compile(r"^(word|char|byte|bpe(?::(-?\d+))?)$")
 
 

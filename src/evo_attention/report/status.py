@@ -67,10 +67,6 @@ def run_status(run_dir: str | Path) -> dict:
     }
 
 
-def _finite(value) -> bool:
-    return finite_or_none(value) is not None
-
-
 def format_status(status: dict) -> str:
     if status.get("fidelity"):  # multi-fidelity: requests are answered at the rung they reach
         counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
@@ -98,7 +94,7 @@ def format_status(status: dict) -> str:
     if status["baseline"]:
         p = status["baseline"]["perplexity"]
         lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
-                     f"{p:.3f}" if _finite(p) else f"  baseline: {status['baseline']['status']}")
+                     f"{p:.3f}" if finite_or_none(p) is not None else f"  baseline: {status['baseline']['status']}")
     if status.get("executor"):
         e = status["executor"]
         details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from evo_attention.util.errors import UserError
 
-TRACKERS = ("tensorboard", "mlflow", "wandb")
 EXTRA_HINT = 'pip install -e ".[tracking]"'
 METRICS = ("val_perplexity", "val_loss", "accuracy", "bits_per_byte", "train_loss")
 COSTS = ("params", "flops_per_step", "time_s", "train_time_s", "tokens_per_s", "peak_memory_mb")
