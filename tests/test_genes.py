@@ -9,9 +9,11 @@ from evo_attention.genes import FIELDS
 
 def test_class_attributes_match_the_original():
     assert AttentionGene.SIMILARITY_FUNCS == ["dot", "multiplicative", "additive", "cosine"]
-    assert AttentionGene.NORMALIZATIONS == ["softmax", "sparsemax", "relu_norm", "sigmoid", "entmax15"]
+    assert AttentionGene.NORMALIZATIONS == ["softmax", "sparsemax", "relu_norm", "sigmoid", "entmax15", "linear", "favor"]
     assert AttentionGene.GATING == ["none", "input_gate", "output_gate", "highway"]
     assert AttentionGene.TEMPERATURE_MODES == ["fixed", "learned", "adaptive"]
+    # the default search space is the original's: the efficient families join only when listed
+    assert SearchSpace().options("normalization") == ["softmax", "sparsemax", "relu_norm", "sigmoid", "entmax15"]
 
 
 def test_str_key_and_parse_round_trip():

@@ -31,18 +31,25 @@ mutations; the three axes default to their single default value. A field with on
 consumes no random numbers, so adding an axis to the code leaves every seeded draw of a space
 that does not vary it unchanged.
 
+Some combinations of valid values make no model: a kernel normalization (``linear``, ``favor``)
+weighs keys by feature maps phi(q) . phi(k), so it needs a dot-product similarity and admits no
+score bias. ``RULES`` names each such rule; a gene that breaks one is refused with a one-line error
+naming the rule, random draws redraw, and mutation and crossover try again with the same RNG
+(deterministic for a seed; a space that never breaks a rule consumes exactly the numbers it did
+before the rules existed). The kernel normalizations are ``OPT_IN``: a search space includes them
+only when it lists them.
+
 This module owns the *grammar* of every field (which names and values are valid, how a key is
 written); ``nn`` owns what the names compute. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import random as _random
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-import math
-from typing import NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from evo_attention.util.errors import UserError
 
@@ -61,6 +68,14 @@ VANILLA_KEY = "dot|softmax|none|fixed|bias|0.10"
 # The registered option names of each categorical field, in registration order. ``nn.components``
 # fills them (``register_similarity`` etc.); every gene and search space is checked against them.
 OPTIONS: dict[str, list] = {name: [] for name in CATEGORICAL_FIELDS}
+# Registered names that a search space contains only when it lists them: the efficient attention
+# families are comparisons, not part of the original study's space, whose seeded draws stay as they were.
+OPT_IN: dict[str, set] = {name: set() for name in CATEGORICAL_FIELDS}
+# What the validity rules need to know of the components, filled at registration: similarities whose
+# score is a dot product of transformed q and k, and normalizations computed from feature maps
+# phi(q) . phi(k) (kernel forms, which never see a score and so cannot add a bias to one).
+DOT_FORM_SIMILARITIES: set = set()
+KERNEL_NORMALIZATIONS: set = set()
 
 POSITION_KINDS = ("learned", "rope", "alibi", "none")
 ROPE_SCALINGS = ("none", "linear", "ntk")
@@ -117,6 +132,41 @@ def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
             f"unknown {fieldname} {value!r}: valid options are {', '.join(map(str, options))}"
         )
     return value
+
+
+# -- validity: combinations of valid field values that still make no model ----------------------
+class Rule(NamedTuple):
+    name: str
+    broken: Callable[[Mapping[str, Any]], bool]  # gene values -> whether the rule is broken
+    explain: Callable[[Mapping[str, Any]], str]  # gene values -> what is wrong and what to do
+
+
+def _kernel(values) -> bool:
+    return values["normalization"] in KERNEL_NORMALIZATIONS
+
+
+RULES = (
+    Rule("kernel-needs-dot-similarity",
+         lambda v: _kernel(v) and v["similarity"] not in DOT_FORM_SIMILARITIES,
+         lambda v: f"normalization {v['normalization']} weighs keys by phi(q) . phi(k), which needs a dot-product "
+                   f"similarity, not {v['similarity']}: use {' or '.join(sorted(DOT_FORM_SIMILARITIES))}"),
+    Rule("kernel-has-no-score-bias",
+         lambda v: _kernel(v) and (str(v["position"]) == "alibi" or v["attn_bias"] != "none"),
+         lambda v: f"normalization {v['normalization']} never forms a score, so it cannot add the score bias of "
+                   f"{'pos=alibi' if str(v['position']) == 'alibi' else 'abias=' + v['attn_bias']}: use pos=learned, "
+                   "rope or none with abias=none"),
+)
+
+
+def violation(values: Mapping[str, Any]) -> str | None:
+    """The message of the first rule that the gene ``values`` break, naming the rule; None if valid."""
+    for rule in RULES:
+        if rule.broken(values):
+            return f"{rule.explain(values)} (rule {rule.name})"
+    return None
+
+
+MAX_REDRAWS = 1000  # a space with any valid gene passes this many draws with vanishing probability
 
 
 def _check_dropout(value: Any) -> float:
@@ -202,11 +252,23 @@ class SearchSpace:
         for name in ("use_bias", "attention_dropout") + AXIS_FIELDS:
             if not getattr(self, name):
                 raise UserError(f"search space option list for {name} is empty: give at least one value")
+        self._check_some_gene_is_valid()
+
+    def _check_some_gene_is_valid(self) -> None:
+        """The rules read only these four fields, so trying their combinations settles it."""
+        ruled = ("similarity", "normalization", "position", "attn_bias")
+        first = None
+        for combo in itertools.product(*(self.options(n) for n in ruled)):
+            problem = violation(dict(zip(ruled, combo)))
+            if problem is None:
+                return
+            first = first or problem
+        raise UserError(f"the search space holds no valid gene: {first}", setting="search_space")
 
     def options(self, fieldname: str) -> list:
         chosen = getattr(self, fieldname)
         if fieldname in CATEGORICAL_FIELDS and not chosen:
-            return list(OPTIONS[fieldname])
+            return [name for name in OPTIONS[fieldname] if name not in OPT_IN[fieldname]]
         return list(chosen)
 
     def size(self) -> int:
@@ -272,6 +334,9 @@ class AttentionGene:
         object.__setattr__(self, "_key", "|".join(
             [self.similarity, self.normalization, self.gating, self.temperature_mode,
              "bias" if self.use_bias else "nobias", f"{self.attention_dropout:.2f}"] + self._axis_parts()))
+        problem = violation(self.to_dict())
+        if problem:
+            raise UserError(f"gene {self._key}: {problem}")
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -318,26 +383,32 @@ class AttentionGene:
             raise UserError(f"mutation_rate {mutation_rate!r} is outside [0, 1]")
         rng = rng or _random
         space = space or SearchSpace()
-        values = self.to_dict()
-        for name in FIELDS:
-            if rng.random() < mutation_rate:
-                values[name] = rng.choice(space.options(name))
-        for name in AXIS_FIELDS:
-            options = space.options(name)
-            if options == [values[name]]:
-                continue  # resampling could not change it: draw nothing
-            if rng.random() < mutation_rate:
-                values[name] = rng.choice(options)
-        return AttentionGene(gene_dict=values)
+        for _ in range(MAX_REDRAWS):  # an invalid result is mutated again from self, with the same rng
+            values = self.to_dict()
+            for name in FIELDS:
+                if rng.random() < mutation_rate:
+                    values[name] = rng.choice(space.options(name))
+            for name in AXIS_FIELDS:
+                options = space.options(name)
+                if options == [values[name]]:
+                    continue  # resampling could not change it: draw nothing
+                if rng.random() < mutation_rate:
+                    values[name] = rng.choice(options)
+            if violation(values) is None:
+                return AttentionGene(gene_dict=values)
+        return self
 
     def crossover(self, other: "AttentionGene", rng: _random.Random | None = None) -> "AttentionGene":
         """Uniform crossover: each field from self or other with probability 1/2."""
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
-        child = {n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS}
-        for n in AXIS_FIELDS:  # equal values need no draw
-            child[n] = mine[n] if mine[n] == theirs[n] or rng.random() < 0.5 else theirs[n]
-        return AttentionGene(gene_dict=child)
+        for _ in range(MAX_REDRAWS):  # an invalid child is drawn again (both parents are valid children)
+            child = {n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS}
+            for n in AXIS_FIELDS:  # equal values need no draw
+                child[n] = mine[n] if mine[n] == theirs[n] or rng.random() < 0.5 else theirs[n]
+            if violation(child) is None:
+                return AttentionGene(gene_dict=child)
+        return self
 
     # -- views ---------------------------------------------------------------------------------
     @property
@@ -384,11 +455,16 @@ class AttentionGene:
 
 
 def _random_values(rng, space: SearchSpace) -> dict:
-    values = {name: rng.choice(space.options(name)) for name in FIELDS}
-    for name in AXIS_FIELDS:  # a single option is taken without a draw
-        options = space.options(name)
-        values[name] = options[0] if len(options) == 1 else rng.choice(options)
-    return values
+    """A random valid gene's values: an invalid draw is redrawn (deterministic for a seeded rng)."""
+    for _ in range(MAX_REDRAWS):
+        values = {name: rng.choice(space.options(name)) for name in FIELDS}
+        for name in AXIS_FIELDS:  # a single option is taken without a draw
+            options = space.options(name)
+            values[name] = options[0] if len(options) == 1 else rng.choice(options)
+        if violation(values) is None:
+            return values
+    raise UserError(f"no valid gene in {MAX_REDRAWS} draws from the search space: {violation(values)}",
+                    setting="search_space")
 
 
 def _named_parts(text: str, parts: list) -> dict:

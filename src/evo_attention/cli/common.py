@@ -21,7 +21,7 @@ CONFIG_FLAGS = {
     "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "batch_size": "batch_size",
     "eval_batch_size": "eval_batch_size", "steps": "train_steps", "lr": "learning_rate", "seed": "seed",
     "device": "device", "precision": "precision", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
-    "lr_schedule": "lr_schedule", "dropout": "dropout",
+    "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
     "population": "population_size", "generations": "n_generations", "elite": "elite_size",
     "mutation_rate": "mutation_rate", "crossover_rate": "crossover_rate", "strategy": "strategy",
 }
@@ -56,6 +56,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     g.add_argument("--heads", type=int)
     g.add_argument("--ffn", type=int, help="feed-forward width (default 4 x d_model)")
     g.add_argument("--dropout", type=float)
+    g.add_argument("--favor-features", type=int, help="random features per head of normalization favor (default 64)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, help="training steps per model")
     t.add_argument("--batch-size", type=int)

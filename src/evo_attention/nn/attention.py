@@ -19,9 +19,16 @@ With ``kv_heads`` K (dividing the H heads) the keys and values have K heads of t
 shared by H / K query heads (grouped-query attention, Ainslie et al. 2023; K = 1 is multi-query
 attention): the projection has d + 2 K d_head outputs instead of 3 d. With ``window`` W > 0 each
 query attends only to its last W keys (itself included; sliding-window attention as in Longformer
-or Mistral), for every similarity and normalization. The window is applied as a mask, so time and
-memory stay those of full attention (O(T^2)); a window at least as long as the sequence is full
-attention.
+or Mistral), for every similarity and normalization. When 2W < T the queries go in blocks of W,
+each meeting only the 2W keys of its own and the previous block (O(T W) time and memory); maps
+and external masks use the [T, T] form with the window as a mask. A window at least as long as
+the sequence is full attention.
+
+A kernel normalization (``linear``, ``favor``; see ``components``) never forms scores: the
+weights are phi(q s / tau) . phi(k / s) normalised over the allowed keys (s = d_head^(1/4)), and
+the output is a running sum over positions, O(T m d) time and O(T d) memory, computed in at
+least float32. Where explicit weights are needed (maps, a mask, a window, attention dropout in
+training) the same weights are formed as a [T, T] matrix.
 
 When the similarity is a plain dot product of (possibly transformed) q and k and the
 normalization is softmax, the same function is computed by PyTorch's fused
@@ -78,14 +85,32 @@ class LowRankQKV(nn.Module):
         return torch.cat((self.q_up(self.q_down(h)), self.kv_up(self.kv_down(h))), dim=-1)
 
 
+def _blocks(z: torch.Tensor, w: int, pad: int, fill: float = 0.0) -> torch.Tensor:
+    """[B, X, T, e] -> [B * n, X, W, e]: the sequence cut into n blocks of W positions (the last one
+    padded with ``fill``)."""
+    z = F.pad(z, (0, 0, 0, pad), value=fill) if pad else z
+    b, x, t, e = z.shape
+    return z.view(b, x, t // w, w, e).transpose(1, 2).reshape(b * (t // w), x, w, e)
+
+
+def _bands(z: torch.Tensor, w: int, pad: int) -> torch.Tensor:
+    """[B, X, T, e] -> [B * n, X, 2W, e]: for each block, the W positions before it and its own."""
+    z = F.pad(z, (0, 0, 0, pad)) if pad else z
+    b, x, t, e = z.shape
+    z = z.view(b, x, t // w, w, e)
+    z = torch.cat((F.pad(z[:, :, :-1], (0, 0, 0, 0, 1, 0)), z), dim=3)  # the first block's "before" is zeros
+    return z.transpose(1, 2).reshape(b * (t // w), x, 2 * w, e)
+
+
 class EvolvedAttention(nn.Module):
     """Causal multi-head self-attention built from ``gene``.
 
-    ``max_seq_len`` is needed only by ``attn_bias=rel`` (the size of its table of offsets).
+    ``max_seq_len`` is needed only by ``attn_bias=rel`` (the size of its table of offsets);
+    ``kernel_features`` is the number of random features of ``favor``.
     """
 
     def __init__(self, d_model: int, n_heads: int, gene: AttentionGene | str, *, fused: bool = True,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, kernel_features: int = 64):
         super().__init__()
         if d_model % n_heads:
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
@@ -109,7 +134,10 @@ class EvolvedAttention(nn.Module):
         self.rotary = positions.build_rotary(self.gene.position, self.d_head)
         self.score_biases = positions.build_score_biases(self.gene.position, self.gene.attn_bias, n_heads, max_seq_len)
         self.similarity = components.SIMILARITIES[self.gene.similarity](self.d_head, n_heads)
-        self.normalize = components.NORMALIZATIONS[self.gene.normalization]
+        normalization = components.NORMALIZATIONS[self.gene.normalization]
+        # a kernel normalization is a module (it may hold random features); the others are functions
+        self.kernel = normalization(self.d_head, n_heads, kernel_features) if getattr(normalization, "kernel", False) else None
+        self.normalize = None if self.kernel is not None else normalization
         self.temperature = components.TEMPERATURES[self.gene.temperature_mode](d_model, n_heads, self.d_head)
         self.gating = components.GATINGS[self.gene.gating](d_model)
         self.dropout_p = self.gene.attention_dropout
@@ -127,12 +155,8 @@ class EvolvedAttention(nn.Module):
             bias = term if bias is None else bias + term
         return bias
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False):
-        """x [B, T, d_model] -> [B, T, d_model] (and the [B, H, T, T] weights if need_weights).
-
-        ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
-        where attention is allowed; it is combined with the causal mask, never replaces it.
-        """
+    def project(self, x: torch.Tensor):
+        """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated)."""
         b, t, _ = x.shape
         h = self.gating.gate_input(x)
         if self.kv_heads == self.n_heads:
@@ -146,29 +170,82 @@ class EvolvedAttention(nn.Module):
         if self.kv_heads != self.n_heads:  # each group of n_heads / kv_heads query heads shares one K/V head
             group = self.n_heads // self.kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        windowed = 0 < self.window < t
+        return q, k, v
+
+    def kernel_features(self, q: torch.Tensor, k: torch.Tensor, tau: torch.Tensor):
+        """phi(q s / tau), phi(k / s) with s = d_head^(1/4) (their dot product is the score q . k / tau),
+        in at least float32: a kernel's sums must not lose precision to bf16."""
+        q, k = self.similarity.prepare(q, k)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        s = self.d_head ** 0.25
+        return self.kernel.feature_maps(q.to(dtype) * s / tau.to(dtype), k.to(dtype) / s)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False):
+        """x [B, T, d_model] -> [B, T, d_model] (and the [B, H, T, T] weights if need_weights).
+
+        ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
+        where attention is allowed; it is combined with the causal mask, never replaces it.
+
+        Paths, all computing the same function: a kernel normalization runs as a running sum
+        unless explicit weights are needed (maps, a mask, a window, or attention dropout); a
+        window W with 2W < T attends block by block to the 2W keys around each block of W queries
+        (O(T W) time and memory) unless maps or a mask need the [T, T] form; dot-product softmax
+        runs in PyTorch's fused kernel.
+        """
+        b, t, _ = x.shape
+        q, k, v = self.project(x)
         tau = self.temperature(x)
-        bias = self.score_bias(t, x.device)
+        if mask is not None and mask.dim() == 2 and mask.shape == (b, t):
+            mask = mask[:, None, None, :]
+        if self.kernel is None:
+            y, weights = self._weigh(q, k, v, tau, mask, need_weights)
+        else:
+            with torch.autocast(x.device.type, enabled=False):
+                y, weights = self._weigh(q, k, v, tau, mask, need_weights)
+        y = self.out(y.transpose(1, 2).reshape(b, t, self.d_model))
+        out = self.gating(x, y)
+        return (out, weights) if need_weights else out
+
+    def _weigh(self, q, k, v, tau, mask, need_weights: bool):
+        """The attention of q over k applied to v: y [B, H, T, d] and the weights (or None)."""
+        t = q.shape[2]
         dropout_p = self.dropout_p if self.training else 0.0
-        weights = None
-        # On CPU, SDPA with dropout falls back to unfused math with PyTorch's slower dropout mask
-        fused = self.fused and self.can_fuse and mask is None and not need_weights
-        if fused and not (dropout_p > 0 and x.device.type == "cpu"):
+        windowed = 0 < self.window < t
+        if self.kernel is not None:
+            q, k = self.kernel_features(q, k, tau)  # the features take the scores' place from here
+            v = v.to(q.dtype)
+            if not (need_weights or mask is not None or windowed or dropout_p > 0):
+                return components.causal_kernel_attention(q, k, v), None
+        bias = None if self.kernel is not None else self.score_bias(t, q.device)
+        if windowed and 2 * self.window < t and mask is None and not need_weights:
+            return self._banded(q, k, v, tau, bias, dropout_p), None
+        allowed = causal_mask(t, q.device, self.window)
+        if mask is not None:
+            allowed = allowed & mask.bool()
+        fused = (self.fused and self.can_fuse and mask is None and not need_weights
+                 and not (dropout_p > 0 and q.device.type == "cpu"))  # SDPA's CPU dropout is slower
+        return self._attend(q, k, v, tau, bias, allowed, dropout_p, fused=fused, full_causal=not windowed,
+                            aligned=True)
+
+    def _attend(self, q, k, v, tau, bias, allowed, dropout_p: float, *, fused: bool, full_causal: bool,
+                aligned: bool):
+        """Weights of queries q over keys k where ``allowed``, applied to v: y [.., Tq, d], weights.
+
+        ``full_causal``: allowed is exactly the causal mask; ``aligned``: query i and key i are the
+        same position (the similarity may then skip future keys).
+        """
+        if fused:
             q, k = self.similarity.prepare(q, k)
             q = q / tau.to(q.dtype)
-            if bias is None and not windowed:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0)
-            else:
-                base = bias if bias is not None else torch.zeros(t, t, device=x.device)
-                float_mask = base.masked_fill(~causal_mask(t, x.device, self.window), float("-inf")).to(q.dtype)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=1.0)
+            if bias is None and full_causal:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0), None
+            base = bias if bias is not None else torch.zeros((), device=q.device)
+            float_mask = torch.where(allowed, base, float("-inf")).to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=1.0), None
+        if self.kernel is not None:
+            weights = components.kernel_weights(q, k, allowed)
         else:
-            allowed = causal_mask(t, x.device, self.window)
-            if mask is not None:
-                if mask.dim() == 2 and mask.shape == (b, t):
-                    mask = mask[:, None, None, :]
-                allowed = allowed & mask.bool()
-            if getattr(self.similarity, "causal_skip", False):  # may skip future keys: masked below
+            if aligned and getattr(self.similarity, "causal_skip", False):  # may skip future keys: masked below
                 scores = self.similarity(q, k, causal=True)
             else:
                 scores = self.similarity(q, k)
@@ -176,10 +253,31 @@ class EvolvedAttention(nn.Module):
             if bias is not None:
                 scores = scores + bias
             weights = self.normalize(scores, allowed)
-            y = dropout(weights, dropout_p, self.training).to(v.dtype) @ v
-        y = self.out(y.transpose(1, 2).reshape(b, t, self.d_model))
-        out = self.gating(x, y)
-        return (out, weights) if need_weights else out
+        return dropout(weights, dropout_p, self.training).to(v.dtype) @ v, weights
+
+    def _banded(self, q, k, v, tau, bias, dropout_p: float) -> torch.Tensor:
+        """Sliding-window attention in blocks: the queries of block c (positions cW .. cW + W - 1)
+        meet the keys of blocks c - 1 and c, of which query cW + a may see keys a + 1 .. a + W of
+        the band. Returns y [B, H, T, d]."""
+        b, h, t, d = q.shape
+        w = self.window
+        n = -(-t // w)
+        pad = n * w - t
+        a = torch.arange(w, device=q.device)[:, None]
+        j = torch.arange(2 * w, device=q.device)[None, :]
+        allowed = ((j > a) & (j <= a + w)).expand(n, w, 2 * w).clone()
+        allowed[0, :, :w] = False  # the first block's band starts before position 0
+        allowed = allowed.unsqueeze(1).repeat(b, 1, 1, 1)  # [B * n, 1, W, 2W], b-major like _blocks
+        if bias is not None:  # rows of the queries, columns of the band's keys (clamped ones are masked)
+            pos_q = torch.arange(n * w, device=q.device).clamp(max=t - 1).view(n, w)
+            pos_k = (torch.arange(n, device=q.device)[:, None] * w - w + j).clamp(0, t - 1)
+            bias = bias[:, pos_q[:, :, None], pos_k[:, None, :]].transpose(0, 1).repeat(b, 1, 1, 1)
+        if tau.shape[2] == t:  # per-query temperature [B, H, T, 1]
+            tau = _blocks(tau.expand(b, -1, -1, -1), w, pad, fill=1.0)  # padded queries: no division by 0
+        fused = (self.fused and self.can_fuse and not (dropout_p > 0 and q.device.type == "cpu"))
+        y, _ = self._attend(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed,
+                            dropout_p, fused=fused, full_causal=False, aligned=False)
+        return y.view(b, n, h, w, -1).transpose(1, 2).reshape(b, h, n * w, -1)[:, :, :t]
 
     def extra_repr(self) -> str:
         return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}, kv_heads={self.kv_heads}"

@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from evo_attention import genes
 from evo_attention.genes import OPTIONS
 from evo_attention.util.errors import UserError
 
@@ -57,9 +58,10 @@ _REGISTRIES = {
 
 
 def _registrar(kind: str):
-    def register(name: str):
-        if not isinstance(name, str) or not name or "|" in name or "=" in name:
-            raise UserError(f"component name {name!r} must be a non-empty string without '|' or '='")
+    def register(name: str, *, default_space: bool = True):
+        """``default_space=False``: a search space includes ``name`` only when it lists it."""
+        if not isinstance(name, str) or not name or "|" in name or "=" in name or "/" in name:
+            raise UserError(f"component name {name!r} must be a non-empty string without '|', '=' or '/'")
 
         def decorator(factory):
             if name in _REGISTRIES[kind] and _REGISTRIES[kind][name] is not factory:
@@ -69,6 +71,12 @@ def _registrar(kind: str):
             _REGISTRIES[kind][name] = factory
             if name not in OPTIONS[kind]:
                 OPTIONS[kind].append(name)
+            if not default_space:
+                genes.OPT_IN[kind].add(name)
+            if kind == "similarity" and getattr(factory, "dot_form", False):
+                genes.DOT_FORM_SIMILARITIES.add(name)
+            if kind == "normalization" and getattr(factory, "kernel", False):
+                genes.KERNEL_NORMALIZATIONS.add(name)
             return factory
 
         return decorator
@@ -89,6 +97,8 @@ def unregister(kind: str, name: str) -> None:
     _REGISTRIES[kind].pop(name, None)
     if name in OPTIONS[kind]:
         OPTIONS[kind].remove(name)
+    genes.OPT_IN[kind].discard(name)
+    {"similarity": genes.DOT_FORM_SIMILARITIES, "normalization": genes.KERNEL_NORMALIZATIONS}.get(kind, set()).discard(name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,6 +305,122 @@ def entmax15_norm(scores, mask):
 
     weights = entmax15(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
     return _zero_masked(weights, mask).to(scores.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel normalizations: weights[i, j] = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') over the
+# allowed keys, with non-negative feature maps phi. They never form a score, so the causal output
+# is a running sum: O(T m d) time and O(T d) memory (``causal_kernel_attention``) instead of a
+# [T, T] matrix. The attention module hands them q s / tau and k / s with s = d_head^(1/4), whose
+# dot product is the score q . k / tau (rules in genes.py keep them to dot-product similarities
+# without score biases). A class registered with ``kernel = True`` is one of them.
+# --------------------------------------------------------------------------------------------
+
+KERNEL_CHUNK = 64  # positions per chunk of the running sum: O(T C) within chunks, O(T/C m d) states
+
+
+class KernelNormalization(nn.Module):
+    kernel = True
+
+    def __init__(self, d_head: int, n_heads: int, n_features: int):
+        super().__init__()
+        self.d_head, self.n_heads = d_head, n_heads
+
+    def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
+        """q, k [B, H, T, d] -> phi(q), phi(k) [B, H, T, m], non-negative."""
+        raise NotImplementedError
+
+
+def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator / denominator[..., None], and 0 (with zero gradient, never NaN) where the
+    denominator is not a normal positive number: a row whose allowed products all underflow."""
+    ok = denominator > torch.finfo(denominator.dtype).tiny
+    return torch.where(ok, 1.0 / torch.where(ok, denominator, 1.0), 0.0).unsqueeze(-1) * numerator
+
+
+def kernel_weights(phi_q: torch.Tensor, phi_k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The explicit [B, H, T, T] weights of a kernel normalization: exactly zero on masked keys, rows
+    summing to 1 (a row whose allowed products all vanish stays zero, never NaN)."""
+    weights = _zero_masked(phi_q @ phi_k.transpose(-2, -1), mask)
+    return _safe_ratio(weights, weights.sum(dim=-1))
+
+
+def causal_kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                            chunk: int | None = None) -> torch.Tensor:
+    """sum_{j <= i} (phi_q[i] . phi_k[j]) v[j] / sum_{j <= i} phi_q[i] . phi_k[j], for every i.
+
+    The sequence is cut into chunks of C positions: within a chunk the products form a [C, C]
+    lower triangle; earlier chunks enter through the prefix sums S = sum phi_k v^T [m, d] and
+    z = sum phi_k [m] of the chunks before (exclusive cumulative sums, so nothing of a later
+    position is ever added). Equal to ``kernel_weights(...) @ v`` under the causal mask.
+    phi_q, phi_k [B, H, T, m], v [B, H, T, d] -> [B, H, T, d].
+    """
+    b, h, t, m = phi_q.shape
+    d = v.shape[-1]
+    c = min(chunk or KERNEL_CHUNK, t)
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:  # padding sits after every real position and its keys are zero: it changes nothing
+        phi_q, phi_k, v = (F.pad(z, (0, 0, 0, pad)) for z in (phi_q, phi_k, v))
+    fq, fk, vc = phi_q.view(b, h, n, c, m), phi_k.view(b, h, n, c, m), v.view(b, h, n, c, d)
+    kv = fk.transpose(-2, -1) @ vc  # [B, H, n, m, d]: each chunk's sum of phi_k v^T
+    ks = fk.sum(dim=-2)  # [B, H, n, m]
+    state = torch.cat((torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]), dim=2).cumsum(dim=2)  # chunks before
+    total = torch.cat((torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1]), dim=2).cumsum(dim=2)
+    local = (fq @ fk.transpose(-2, -1)).tril()  # [B, H, n, C, C]: j <= i inside the chunk
+    numerator = fq @ state + local @ vc
+    denominator = (fq @ total.unsqueeze(-1)).squeeze(-1) + local.sum(dim=-1)
+    y = _safe_ratio(numerator, denominator)
+    return y.reshape(b, h, n * c, d)[:, :, :t]
+
+
+@register_normalization("linear", default_space=False)
+class LinearKernel(KernelNormalization):
+    """Causal linear attention (Katharopoulos et al., 2020): phi = elu + 1 on q and k. Exact: the
+    running sum computes the same weights as the explicit quadratic form."""
+
+    def feature_maps(self, q, k):
+        return F.elu(q) + 1.0, F.elu(k) + 1.0
+
+
+def orthogonal_features(n_features: int, d: int) -> torch.Tensor:
+    """[m, d] random features for FAVOR+: blocks of d orthogonal directions (QR of a Gaussian
+    matrix), each row scaled to the length of an independent Gaussian vector, so every row is
+    marginally N(0, I) while rows within a block are orthogonal. Drawn from torch's global RNG."""
+    blocks = []
+    for _ in range(-(-n_features // d)):
+        q, _ = torch.linalg.qr(torch.randn(d, d))
+        blocks.append(q.T)
+    directions = torch.cat(blocks)[:n_features]
+    return directions * torch.randn(n_features, d).norm(dim=1, keepdim=True)
+
+
+@register_normalization("favor", default_space=False)
+class FavorKernel(KernelNormalization):
+    """Performer's FAVOR+ (Choromanski et al., 2021): an APPROXIMATION of softmax attention by m
+    positive orthogonal random features, phi(x) = exp(w x - |x|^2 / 2), unbiased for exp(q . k).
+
+    The features are drawn once per layer and head when the model is built, from torch's RNG
+    (seeded by the run's seed, so the same seed draws the same features), kept as a buffer (saved
+    with the weights) and never redrawn. Constant factors cancel in the ratio, so: each query's
+    exponents are shifted by their max (its own, so nothing of another position is read), and
+    every key's by the fixed max_i |w_i|^2 / 2, which bounds w x - |x|^2 / 2 from above: no
+    exponent is positive, nothing overflows.
+    """
+
+    def __init__(self, d_head: int, n_heads: int, n_features: int):
+        super().__init__(d_head, n_heads, n_features)
+        if n_features < 1:
+            raise UserError(f"favor needs at least one random feature, got {n_features}", setting="favor_features")
+        w = torch.stack([orthogonal_features(n_features, d_head) for _ in range(n_heads)])  # [H, m, d]
+        self.register_buffer("features", w)
+        self.register_buffer("key_shift", w.square().sum(-1).amax(-1).div(2).view(1, n_heads, 1, 1))
+
+    def feature_maps(self, q, k):
+        w = self.features.to(q.dtype).transpose(-2, -1)  # [H, d, m]
+        hq = q @ w - q.square().sum(-1, keepdim=True) / 2
+        hk = k @ w - k.square().sum(-1, keepdim=True) / 2 - self.key_shift.to(k.dtype)
+        return torch.exp(hq - hq.amax(-1, keepdim=True).detach()), torch.exp(hk)
 
 
 # --------------------------------------------------------------------------------------------

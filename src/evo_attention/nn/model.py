@@ -35,6 +35,7 @@ class ModelSettings(Protocol):
     max_seq_len: int
     dropout: float
     ffn_dim: int  # the feed-forward width
+    favor_features: int  # random features of the favor normalization
 
 
 class FeedForward(nn.Module):
@@ -53,7 +54,8 @@ class Block(nn.Module):
     def __init__(self, config: ModelSettings, gene: AttentionGene):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len)
+        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len,
+                                     kernel_features=config.favor_features)
         self.drop = Dropout(config.dropout)
         self.ln2 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)

@@ -35,6 +35,7 @@ class Config:
     max_seq_len: int = 128
     dropout: float = 0.1
     d_ff: int | None = None  # None: 4 * d_model
+    favor_features: int = 64  # random features per head of normalization=favor
     # training
     batch_size: int = 32
     eval_batch_size: int = 64
@@ -173,6 +174,7 @@ def _check_model(c: Config) -> None:
     for name in ("d_model", "n_heads", "n_layers", "max_seq_len"):
         _integer(c, name)
     _integer(c, "d_ff", allow_none=True)
+    _integer(c, "favor_features")
     if c.vocab_size is not None:
         _integer(c, "vocab_size")
         if c.vocab_size < 2:

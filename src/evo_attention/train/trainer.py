@@ -48,15 +48,25 @@ from evo_attention.util.errors import UserError
 ABSURD_MARGIN = 5.0
 # Settings that change what a training run computes; together with gene, seed, steps and the data
 # fingerprint they identify an evaluation (the run store's cache key).
+FAVOR_FEATURES_DEFAULT = 64
 SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "batch_size",
                    "eval_batch_size", "learning_rate", "weight_decay", "grad_clip", "eval_steps",
                    "warmup_steps", "lr_schedule", "precision", "eval_stride")
 
 
+def settings_of(config: Config, gene: AttentionGene | None = None) -> dict:
+    """The settings that shape a result; ``favor_features`` only where it differs from its default
+    (so the keys of runs made before it existed stay valid) or the gene uses it."""
+    settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
+    if config.favor_features != FAVOR_FEATURES_DEFAULT or (gene is not None and gene.normalization == "favor"):
+        settings["favor_features"] = config.favor_features
+    return settings
+
+
 def settings_hash(config: Config, eval_split: str = "valid") -> str:
     """Short hash of the settings (other than gene, seed, steps, data) that shape a result: the
     ``context`` part of a record's cache key."""
-    settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
+    settings = settings_of(config)
     settings["eval_split"] = eval_split
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -313,7 +323,7 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
     record = EvaluationRecord(
         gene=gene.key, seed=seed, steps=config.train_steps, data=data.name, data_fingerprint=data.fingerprint,
         context=settings_hash(config, eval_split), eval_split=eval_split, device=str(dev), versions=versions(),
-        settings={name: getattr(config, name) for name in SETTINGS_FIELDS},
+        settings=settings_of(config, gene),
         resumed_from=0 if state is not None else None)
     reset_peak_memory(dev)
     start = time.perf_counter()

@@ -1,0 +1,221 @@
+"""The efficient attention families: linear and FAVOR+ kernels, blockwise sliding windows, validity."""
+
+import random
+
+import pytest
+import torch
+
+from evo_attention import AttentionGene, Config, EvolvedAttention, SearchSpace, TinyTransformer
+from evo_attention.genes import violation
+from evo_attention.nn import components
+
+KERNELS = ["linear", "favor"]
+
+
+def _perturbed(attn: EvolvedAttention, scale: float = 0.3) -> EvolvedAttention:
+    """Zero-initialised parameters (adaptive temperature) would hide a leak or a wrong gradient."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return attn
+
+
+@pytest.mark.parametrize("norm", KERNELS)
+@pytest.mark.parametrize("extra", ["", "|pos=rope|kvh=2", "|pos=none|rank=8"])
+def test_running_sum_equals_the_quadratic_form_with_gradients(norm, extra, monkeypatch):
+    """Several chunks (T=23 in chunks of 4, the last one padded) against the explicit weights."""
+    monkeypatch.setattr(components, "KERNEL_CHUNK", 4)
+    torch.manual_seed(0)
+    key = f"cosine|{norm}|output_gate|adaptive|bias|0.00{extra}" if norm == "favor" else f"dot|{norm}|none|adaptive|bias|0.00{extra}"
+    attn = _perturbed(EvolvedAttention(32, 4, key, kernel_features=16).double().eval())
+    x = torch.randn(2, 23, 32, dtype=torch.float64, requires_grad=True)
+    fast = attn(x)
+    g_fast = torch.autograd.grad(fast.square().sum(), [x] + list(attn.parameters()), allow_unused=True)
+    slow, weights = attn(x, need_weights=True)  # the [T, T] form
+    g_slow = torch.autograd.grad(slow.square().sum(), [x] + list(attn.parameters()), allow_unused=True)
+    assert torch.allclose(fast, slow, atol=1e-10, rtol=0)
+    for a, b in zip(g_fast, g_slow):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-9, rtol=0))
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 23, dtype=torch.float64))
+    assert (weights.triu(1) == 0).all() and (weights >= 0).all()
+
+
+def test_linear_weights_are_elu_plus_one_feature_products():
+    torch.manual_seed(0)
+    attn = EvolvedAttention(16, 2, "dot|linear|none|fixed|nobias|0.00").double().eval()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    _, weights = attn(x, need_weights=True)
+    q, k, _ = attn.project(x)
+    s = 8 ** 0.25  # d_head 8
+    phi = lambda z: torch.nn.functional.elu(z) + 1
+    raw = (phi(q * s / 8 ** 0.5) @ phi(k / s).transpose(-2, -1)).tril()
+    assert torch.allclose(weights, raw / raw.sum(-1, keepdim=True), atol=1e-12)
+
+
+def test_favor_converges_to_softmax_attention_as_features_grow():
+    """The estimate is random: its error against exact softmax shrinks with the feature count."""
+    torch.manual_seed(0)
+    d, t = 16, 12
+    q, k = torch.randn(1, 1, t, d, dtype=torch.float64) * 0.5, torch.randn(1, 1, t, d, dtype=torch.float64) * 0.5
+    exact = torch.softmax((q @ k.transpose(-2, -1) / d ** 0.5).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf")), -1)
+    errors = []
+    for m in (4, 64, 1024, 16384):
+        torch.manual_seed(1)
+        kernel = components.FavorKernel(d, 1, m).double()
+        s = d ** 0.25
+        phi_q, phi_k = kernel.feature_maps(q * s / d ** 0.5, k / s)
+        approx = components.kernel_weights(phi_q, phi_k, torch.ones(t, t).tril().bool())
+        errors.append((approx - exact).abs().max().item())
+    assert errors[0] > errors[1] > errors[2] > errors[3]
+    assert errors[-1] < 0.05
+
+
+def test_favor_features_come_from_the_seed_and_are_saved():
+    def build(seed):
+        torch.manual_seed(seed)
+        return EvolvedAttention(32, 4, "dot|favor|none|fixed", kernel_features=8)
+
+    a, b, c = build(1), build(1), build(2)
+    assert a.kernel.features.shape == (4, 8, 8)
+    assert torch.equal(a.kernel.features, b.kernel.features)
+    assert not torch.equal(a.kernel.features, c.kernel.features)
+    assert "kernel.features" in a.state_dict()
+    # orthogonal within a block of d_head rows
+    w = a.kernel.features[0]
+    directions = w / w.norm(dim=1, keepdim=True)
+    assert torch.allclose(directions @ directions.T, torch.eye(8), atol=1e-5)
+
+
+def test_favor_extreme_inputs_stay_finite():
+    torch.manual_seed(0)
+    attn = EvolvedAttention(32, 4, "dot|favor|none|fixed|bias|0.00").eval()
+    x = torch.randn(2, 40, 32) * 200.0
+    x.requires_grad_(True)
+    y = attn(x)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("norm", KERNELS)
+def test_kernel_families_are_causal_across_chunks_and_in_training(norm, tiny_config, monkeypatch):
+    monkeypatch.setattr(components, "KERNEL_CHUNK", 4)
+    config = tiny_config.replace(n_heads=4, d_model=16, max_seq_len=32)
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (2, 19))
+    for t in (2, 9, 17):
+        changed = ids.clone()
+        changed[:, t] = (changed[:, t] + 1) % config.vocab_size
+        for key in (f"dot|{norm}|highway|adaptive|bias|0.00|pos=rope|kvh=1", f"cosine|{norm}|input_gate|learned|bias|0.20",
+                    f"dot|{norm}|output_gate|adaptive|nobias|0.00|win=3|rank=4"):
+            model = TinyTransformer(config, key)
+            for block in model.blocks:
+                _perturbed(block.attn, 0.5)
+            model.eval()
+            a, b = model(ids), model(changed)
+            assert torch.equal(a[:, :t], b[:, :t]), f"{key} leaks the future at {t}"
+            assert not torch.equal(a[:, t:], b[:, t:]), key
+    model.train()  # attention dropout 0.2 in training: the explicit form
+    x = torch.randn(1, 12, 16, requires_grad=True)
+    h = x
+    for block in TinyTransformer(config, f"dot|{norm}|none|adaptive|bias|0.20").blocks:
+        h, _ = block(h)
+    h[0, 5].sum().backward()
+    assert (x.grad[0, 6:] == 0).all() and (x.grad[0, :6] != 0).any()
+
+
+def test_kernel_path_runs_in_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    attn = EvolvedAttention(32, 4, "dot|linear|none|fixed|bias|0.00").eval()
+    x = torch.randn(2, 70, 32)
+    exact = attn(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = attn(x)
+    assert torch.isfinite(low).all()
+    assert (low.float() - exact).abs().max() < 0.05
+
+
+# -- sliding windows in blocks --------------------------------------------------------------------
+@pytest.mark.parametrize("key", [
+    "dot|softmax|none|fixed|bias|0.00|win=4",
+    "additive|sparsemax|highway|adaptive|bias|0.00|win=5|pos=alibi|abias=rel",
+    "multiplicative|entmax15|none|adaptive|bias|0.00|win=3|abias=rel|kvh=2",
+    "cosine|relu_norm|input_gate|learned|bias|0.00|win=6|pos=rope",
+    "dot|sigmoid|output_gate|adaptive|bias|0.00|win=2|pos=none|rank=8",
+    "dot|linear|none|adaptive|bias|0.00|win=4",
+    "cosine|favor|none|fixed|bias|0.00|win=5|pos=rope",
+])
+def test_blockwise_window_equals_the_masked_full_form(key):
+    """T=29 (not a multiple of W, so the last block is padded) against the [T, T] masked form."""
+    torch.manual_seed(0)
+    attn = _perturbed(EvolvedAttention(32, 4, key, max_seq_len=32, fused=False, kernel_features=8).double().eval())
+    x = torch.randn(2, 29, 32, dtype=torch.float64, requires_grad=True)
+    banded = attn(x)
+    g_banded = torch.autograd.grad(banded.square().sum(), x)[0]
+    full, weights = attn(x, need_weights=True)
+    g_full = torch.autograd.grad(full.square().sum(), x)[0]
+    # the score normalizations work in float32 (sums over rows of other lengths round differently)
+    assert torch.allclose(banded, full, atol=1e-6, rtol=0)
+    assert (g_banded - g_full).abs().max() <= 1e-5 * g_full.abs().max()
+    i, j = torch.meshgrid(torch.arange(29), torch.arange(29), indexing="ij")
+    assert (weights[..., (j > i) | (i - j >= attn.window)] == 0).all()
+    if attn.can_fuse:
+        attn.fused = True
+        assert torch.allclose(attn(x), full, atol=1e-5)
+
+
+def test_blockwise_window_keeps_memory_linear_in_length():
+    """At T=512 and W=16 the blocked path never holds a [T, T] tensor: its peak is far below it."""
+    torch.manual_seed(0)
+    attn = EvolvedAttention(32, 4, "dot|sparsemax|none|fixed|bias|0.00|win=16").eval()
+    x = torch.randn(1, 512, 32)
+    from torch.profiler import ProfilerActivity, profile
+
+    sizes = {}
+    for name, need in (("blocked", False), ("full", True)):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            attn(x, need_weights=need)
+        sizes[name] = max(e.cpu_memory_usage for e in prof.key_averages())
+    assert sizes["blocked"] * 4 < sizes["full"]
+
+
+# -- validity -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, rule", [
+    ("additive|linear|none|fixed", "kernel-needs-dot-similarity"),
+    ("multiplicative|favor|none|fixed", "kernel-needs-dot-similarity"),
+    ("dot|favor|none|fixed|pos=alibi", "kernel-has-no-score-bias"),
+    ("cosine|linear|none|fixed|abias=rel", "kernel-has-no-score-bias"),
+])
+def test_invalid_genes_are_refused_naming_the_rule(key, rule):
+    with pytest.raises(ValueError) as err:
+        AttentionGene.parse(key)
+    assert rule in str(err.value) and "\n" not in str(err.value)
+
+
+def test_search_never_proposes_an_invalid_gene_and_stays_deterministic():
+    space = SearchSpace(normalization=("softmax", "linear", "favor"), position=("learned", "alibi"),
+                        attn_bias=("none", "rel"))
+
+    def run(seed):
+        rng = random.Random(seed)
+        genes = [AttentionGene.random(rng, space) for _ in range(40)]
+        for _ in range(60):
+            a, b = rng.choice(genes), rng.choice(genes)
+            genes.append(a.crossover(b, rng).mutate(0.5, rng, space))
+        return genes
+
+    genes = run(7)
+    assert all(violation(g.to_dict()) is None for g in genes)
+    assert {g.normalization for g in genes} == {"softmax", "linear", "favor"}
+    assert [g.key for g in genes] == [g.key for g in run(7)]
+
+
+def test_a_space_with_no_valid_gene_is_a_one_line_error():
+    with pytest.raises(ValueError) as err:
+        Config(search_space={"similarity": ["additive"], "normalization": ["linear"]}).space()
+    assert "no valid gene" in str(err.value) and "kernel-needs-dot-similarity" in str(err.value)
+
+
+def test_zero_favor_features_is_refused():
+    with pytest.raises(ValueError, match="favor_features must be a positive integer"):
+        Config(favor_features=0)
