@@ -219,3 +219,59 @@ def test_a_space_with_no_valid_gene_is_a_one_line_error():
 def test_zero_favor_features_is_refused():
     with pytest.raises(ValueError, match="favor_features must be a positive integer"):
         Config(favor_features=0)
+
+
+# -- per-layer genomes ---------------------------------------------------------------------------
+PER_LAYER = dict(data="recall", vocab_size=16, max_seq_len=16,
+                 recall={"num_pairs": 2, "num_queries": 2, "train_examples": 128, "eval_examples": 32},
+                 d_model=16, n_heads=2, n_layers=2, dropout=0.0, batch_size=8, eval_batch_size=32, eval_steps=None,
+                 learning_rate=3e-3, train_steps=3, log_every=3, population_size=4, n_generations=2, elite_size=1,
+                 genome="per_layer", search_space={"position": ["learned", "rope"]})
+
+
+def test_per_layer_genome_keys_operators_and_rule():
+    from evo_attention.genes import LayerGenes
+
+    genome = AttentionGene.parse("dot|softmax|none|fixed / cosine|linear|output_gate|learned")
+    assert isinstance(genome, LayerGenes) and len(genome.layers) == 2
+    assert genome.key == "dot|softmax|none|fixed|bias|0.10 / cosine|linear|output_gate|learned|bias|0.10"
+    assert AttentionGene.parse(genome.key) == genome
+    space = Config(**PER_LAYER).space()
+    assert space.layers == 2
+    rng = random.Random(0)
+    genomes = [space.random(rng) for _ in range(30)]
+    children = [a.crossover(b, rng).mutate(0.4, rng, space) for a, b in zip(genomes, genomes[1:])]
+    for g in genomes + children:
+        assert isinstance(g, LayerGenes) and len(g.layers) == 2
+        # the layers agree on absolute positions (learned vs rope), the rule every genome keeps
+        assert len({layer.uses_absolute_positions for layer in g.layers}) == 1, g.key
+    assert any(g.layers[0] != g.layers[1] for g in genomes)
+    # crossover is per layer: each child layer comes from the same layer of a parent, field by field
+    a, b = genomes[0], genomes[1]
+    child = a.crossover(b, random.Random(5))
+    for i, layer in enumerate(child.layers):
+        for name, value in layer.to_dict().items():
+            assert value in (getattr(a.layers[i], name), getattr(b.layers[i], name))
+    with pytest.raises(ValueError, match="layers-share-absolute-positions"):
+        AttentionGene.parse("dot|softmax|none|fixed / dot|softmax|none|fixed|pos=rope")
+    with pytest.raises(ValueError, match="got 3 genes for 2 layers"):
+        TinyTransformer(Config(vocab_size=16, d_model=16, n_heads=2, n_layers=2),
+                        "dot|softmax|none|fixed / dot|softmax|none|fixed / dot|softmax|none|fixed")
+
+
+def test_per_layer_search_end_to_end_counts_components_per_layer(tmp_path, capsys):
+    import json
+
+    from evo_attention.cli import main
+
+    cfg = tmp_path / "per_layer.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(PER_LAYER))
+    assert main(["search", "--config", str(cfg), "--quiet", "--out", str(tmp_path / "run")]) == 0
+    final = json.loads((tmp_path / "run" / "final_results.json").read_text())
+    assert " / " in final["best_gene"]["key"] and len(final["best_gene"]["layers"]) == 2
+    fields = (tmp_path / "run" / "component_analysis.csv").read_text()
+    assert "L1.similarity" in fields and "L2.normalization" in fields
+    assert main(["ablate", "--from-run", str(tmp_path / "run"), "--quiet"]) != 0
+    assert "per-layer genome" in capsys.readouterr().err

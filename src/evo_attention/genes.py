@@ -235,6 +235,7 @@ class SearchSpace:
     attn_bias: tuple = ("none",)  # ("none", "rel")
     window: tuple = (0,)  # e.g. (0, 32, 64)
     kv_heads: tuple = (0,)  # e.g. (0, 1, 2)
+    layers: int = 0  # 0: one gene shared by every layer; N: a per-layer genome of N genes (LayerGenes)
 
     def __post_init__(self):
         for name in CATEGORICAL_FIELDS:
@@ -252,7 +253,22 @@ class SearchSpace:
         for name in ("use_bias", "attention_dropout") + AXIS_FIELDS:
             if not getattr(self, name):
                 raise UserError(f"search space option list for {name} is empty: give at least one value")
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            raise UserError(f"layers {self.layers!r} must be 0 (a shared gene) or the number of layers of a per-layer "
+                            "genome", setting="genome")
         self._check_some_gene_is_valid()
+
+    def random(self, rng: _random.Random | None = None) -> "AttentionGene | LayerGenes":
+        """A random genome of this space: a gene, or one gene per layer when ``layers`` > 0."""
+        rng = rng or _random
+        if not self.layers:
+            return AttentionGene(rng=rng, space=self)
+        return LayerGenes.random(rng, self)
+
+    def vanilla(self) -> "AttentionGene | LayerGenes":
+        """The vanilla transformer as a genome of this space."""
+        gene = AttentionGene.vanilla()
+        return LayerGenes([gene] * self.layers) if self.layers else gene
 
     def _check_some_gene_is_valid(self) -> None:
         """The rules read only these four fields, so trying their combinations settles it."""
@@ -291,6 +307,9 @@ class SearchSpace:
 
     def to_dict(self) -> dict:
         return {name: self.options(name) for name in ALL_FIELDS}
+
+
+LAYER_SEPARATOR = " / "
 
 
 class AttentionGene:
@@ -352,11 +371,15 @@ class AttentionGene:
     @classmethod
     def parse(cls, text: str) -> "AttentionGene":
         """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``), each optionally
-        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``, ``win=``, ``kvh=``) in any order."""
-        if isinstance(text, AttentionGene):
+        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``, ``win=``, ``kvh=``) in any order.
+
+        A text joining genes with `` / `` is a per-layer genome: a ``LayerGenes`` is returned."""
+        if isinstance(text, (AttentionGene, LayerGenes)):
             return text
         if not isinstance(text, str):
             raise UserError(f"cannot parse gene from {text!r}: expected a string like 'dot|softmax|none|fixed'")
+        if "/" in text:
+            return LayerGenes.parse(text)
         s = text.strip()
         if s.startswith("Attn(") and s.endswith(")"):
             s = s[5:-1]
@@ -452,6 +475,110 @@ class AttentionGene:
 
     def __reduce__(self):
         return (AttentionGene.parse, (self._key,))
+
+
+class LayerGenes:
+    """A per-layer genome: one ``AttentionGene`` per layer, first layer first. Immutable; its key
+    joins the layer keys with `` / ``. Mutation and crossover act layer by layer (layer i of a
+    child comes from layer i of its parents). The layers must agree on whether the model adds
+    learned absolute positions (rule layers-share-absolute-positions): draws redraw and the
+    operators try again, as for a gene's own rules."""
+
+    __slots__ = ("layers", "_key")
+
+    def __init__(self, layers: Sequence["AttentionGene | str"]):
+        layers = tuple(AttentionGene.parse(g) if isinstance(g, str) else g for g in layers)
+        if not layers or not all(isinstance(g, AttentionGene) for g in layers):
+            raise UserError("a per-layer genome needs one gene per layer, e.g. 'dot|softmax|none|fixed / "
+                            "cosine|sparsemax|output_gate|learned'")
+        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "_key", LAYER_SEPARATOR.join(g.key for g in layers))
+        problem = _layers_violation(layers)
+        if problem:
+            raise UserError(f"genome {self._key}: {problem}")
+
+    @classmethod
+    def parse(cls, text: str) -> "LayerGenes":
+        return cls([part for part in (p.strip() for p in text.split("/")) if part] or [text])
+
+    @classmethod
+    def random(cls, rng: _random.Random, space: SearchSpace) -> "LayerGenes":
+        for _ in range(MAX_REDRAWS):
+            layers = [AttentionGene(rng=rng, space=space) for _ in range(space.layers)]
+            if _layers_violation(layers) is None:
+                return cls(layers)
+        raise UserError(f"no valid per-layer genome in {MAX_REDRAWS} draws: {_layers_violation(layers)}",
+                        setting="search_space")
+
+    def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
+               space: SearchSpace | None = None) -> "LayerGenes":
+        for _ in range(MAX_REDRAWS):
+            layers = [g.mutate(mutation_rate, rng, space) for g in self.layers]
+            if _layers_violation(layers) is None:
+                return LayerGenes(layers)
+        return self
+
+    def crossover(self, other: "LayerGenes", rng: _random.Random | None = None) -> "LayerGenes":
+        if not isinstance(other, LayerGenes) or len(other.layers) != len(self.layers):
+            raise UserError(f"cannot cross {self.key!r} with {getattr(other, 'key', other)!r}: per-layer genomes "
+                            "cross only with genomes of as many layers")
+        for _ in range(MAX_REDRAWS):
+            layers = [a.crossover(b, rng) for a, b in zip(self.layers, other.layers)]
+            if _layers_violation(layers) is None:
+                return LayerGenes(layers)
+        return self
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def short(self) -> str:
+        return LAYER_SEPARATOR.join(g.short for g in self.layers)
+
+    @property
+    def uses_absolute_positions(self) -> bool:
+        return self.layers[0].uses_absolute_positions
+
+    def to_dict(self) -> dict:
+        return {"layers": [g.to_dict() for g in self.layers]}
+
+    def differences(self, other: "LayerGenes") -> list:
+        """``L<i>.<field>`` for each field that differs in layer i (1-based)."""
+        return [f"L{i}.{name}" for i, (a, b) in enumerate(zip(self.layers, other.layers), 1)
+                for name in a.differences(b)]
+
+    def __setattr__(self, name, value):
+        raise AttributeError("LayerGenes is immutable: use mutate() or crossover()")
+
+    def __str__(self) -> str:
+        return f"Layers({self.short})"
+
+    def __repr__(self) -> str:
+        return f"AttentionGene.parse({self._key!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LayerGenes) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self):
+        return (AttentionGene.parse, (self._key,))
+
+
+def layers_of(genome: "AttentionGene | LayerGenes") -> list:
+    """The genes of a genome's layers ([gene] for a shared gene)."""
+    return list(genome.layers) if isinstance(genome, LayerGenes) else [genome]
+
+
+def _layers_violation(layers: Sequence[AttentionGene]) -> str | None:
+    absolute = {g.uses_absolute_positions for g in layers}
+    if len(absolute) > 1:
+        return ("its layers mix position=learned (absolute positions added at the input) with "
+                f"{', '.join(sorted({g.position for g in layers if not g.uses_absolute_positions}))}: give every "
+                "layer position learned, or none of them (rule layers-share-absolute-positions)")
+    return None
 
 
 def _random_values(rng, space: SearchSpace) -> dict:

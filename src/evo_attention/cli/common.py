@@ -24,6 +24,7 @@ CONFIG_FLAGS = {
     "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
     "population": "population_size", "generations": "n_generations", "elite": "elite_size",
     "mutation_rate": "mutation_rate", "crossover_rate": "crossover_rate", "strategy": "strategy",
+    "genome": "genome",
 }
 
 
@@ -71,6 +72,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     if search:
         s = p.add_argument_group("search")
         s.add_argument("--strategy", help="search strategy: ga or random")
+        s.add_argument("--genome", help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
         s.add_argument("--population", type=int)
         s.add_argument("--generations", type=int)
         s.add_argument("--elite", type=int)

@@ -22,7 +22,7 @@ import torch.nn as nn
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import Dropout
 from evo_attention.util.errors import UserError
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, LayerGenes
 
 
 class ModelSettings(Protocol):
@@ -71,7 +71,11 @@ class Block(nn.Module):
 
 
 def _as_gene_list(gene, n_layers: int) -> list:
-    if isinstance(gene, (AttentionGene, str)):
+    if isinstance(gene, str):
+        gene = AttentionGene.parse(gene)  # a per-layer key becomes LayerGenes
+    if isinstance(gene, LayerGenes):
+        gene = list(gene.layers)
+    if isinstance(gene, AttentionGene):
         genes = [gene] * n_layers
     else:
         genes = list(gene)

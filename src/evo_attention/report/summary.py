@@ -105,6 +105,21 @@ def option_labels(key: Any) -> dict:
     return labels
 
 
+def layer_keys(key: Any) -> list[str]:
+    """The gene key of each layer of a genome key (one for a shared gene)."""
+    return [part.strip() for part in str(key).split("/")]
+
+
+def field_labels(key: Any, n_layers: int = 1) -> dict:
+    """``option_labels`` of a genome over ``n_layers`` > 1 layers, fields named ``L<i>.<field>``
+    (a shared gene counts in every layer); ``option_labels`` itself for one layer."""
+    parts = layer_keys(key)
+    if n_layers == 1:
+        return option_labels(key)
+    parts = parts * n_layers if len(parts) == 1 else parts
+    return {f"L{i}.{name}": value for i, part in enumerate(parts, 1) for name, value in option_labels(part).items()}
+
+
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
     return sum(values) / len(values) if values else None
@@ -133,17 +148,21 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
 def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]:
     """For each gene field and each option that occurred in ``records``: ``{"field", "option",
     "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``. The six fixed fields
-    are always listed; an axis (position, qkv_rank, attn_bias) only if it took more than one value.
+    are always listed; an axis (position, qkv_rank, attn_bias, ...) only if it took more than one
+    value. Per-layer genomes are counted per layer, as fields ``L1.similarity``, ``L2.similarity``...
 
     ``n_ok``/``n_failed`` count evaluations; ``in_top`` counts the option among the best
     ``top_n`` unique genes. Options are listed best first within a field (then by name).
     """
     top_keys = [r["gene"] for r in rank_genes(records)[:top_n]]
-    labels = [(option_labels(r.get("gene")), perplexity_of(r)) for r in records]
-    top_labels = [option_labels(k) for k in top_keys]
+    n_layers = max((len(layer_keys(r.get("gene"))) for r in records), default=1)
+    labels = [(field_labels(r.get("gene"), n_layers), perplexity_of(r)) for r in records]
+    top_labels = [field_labels(k, n_layers) for k in top_keys]
     rows: list[dict] = []
-    varied = [name for name in AXIS_FIELDS if len({opts[name] for opts, _ in labels}) > 1]
-    for name in FIELDS + tuple(varied):
+    prefixes = [""] if n_layers == 1 else [f"L{i}." for i in range(1, n_layers + 1)]
+    varied = {p + name for p in prefixes for name in AXIS_FIELDS if len({opts[p + name] for opts, _ in labels}) > 1}
+    names = [p + name for p in prefixes for name in ALL_FIELDS if name in FIELDS or p + name in varied]
+    for name in names:
         options: dict[str, list[float]] = {}
         failures: Counter = Counter()
         for opts, ppl in labels:
@@ -360,6 +379,8 @@ class RunSummary:
         if self.best:
             best_gene = {name: self.best.get(name) for name in ALL_FIELDS}
             best_gene.update(key=self.best["key"], str=self.best["str"])
+            if "layers" in self.best:  # a per-layer genome: its fields are per layer
+                best_gene["layers"] = self.best["layers"]
         result = {
             "best_gene": best_gene,
             "best_perplexity": self.best_perplexity,

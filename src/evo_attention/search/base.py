@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
-from evo_attention.genes import ALL_FIELDS, AttentionGene, SearchSpace
+from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, violation
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -98,11 +98,16 @@ def rank_members(members: Iterable[Individual]) -> list[Individual]:
 
 # -- drawing genes ----------------------------------------------------------------------------
 def enumerate_space(space: SearchSpace) -> list[AttentionGene]:
-    """Every distinct gene of ``space``, in a fixed order."""
+    """Every distinct valid gene of ``space``, in a fixed order (a per-layer space is not
+    enumerated: [] — it is too large to be exhausted)."""
+    if space.layers:
+        return []
     genes: dict[str, AttentionGene] = {}
     for combo in itertools.product(*(space.options(name) for name in ALL_FIELDS)):
-        gene = AttentionGene(gene_dict=dict(zip(ALL_FIELDS, combo)))
-        genes.setdefault(gene.key, gene)
+        values = dict(zip(ALL_FIELDS, combo))
+        if violation(values) is None:
+            gene = AttentionGene(gene_dict=values)
+            genes.setdefault(gene.key, gene)
     return list(genes.values())
 
 
@@ -112,11 +117,11 @@ def draw_new_gene(rng: random.Random, space: SearchSpace, exclude: set[str]) -> 
     Redraws a repeated key a few times; if that keeps failing (a nearly exhausted space) it picks
     uniformly among the remaining genes; if none remain it returns a repeat.
     """
-    gene = AttentionGene.random(rng, space)
+    gene = space.random(rng)
     for _ in range(_REDRAW_TRIES):
         if gene.key not in exclude:
             return gene
-        gene = AttentionGene.random(rng, space)
+        gene = space.random(rng)
     if gene.key not in exclude:
         return gene
     remaining = [g for g in enumerate_space(space) if g.key not in exclude]
@@ -300,7 +305,7 @@ class Strategy(ABC):
             genes.append(gene)
             taken.add(gene.key)
         if self.seed_vanilla:
-            vanilla = AttentionGene.vanilla()
+            vanilla = self.space.vanilla()
             if vanilla not in genes:
                 genes = [vanilla] + genes[:-1]
         return genes
@@ -315,7 +320,7 @@ class Strategy(ABC):
                 gene, fitness = item
             except (TypeError, ValueError):
                 raise ValueError(f"tell() expects (gene, fitness) pairs, got {item!r}") from None
-            key = gene.key if isinstance(gene, AttentionGene) else AttentionGene.parse(gene).key
+            key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else AttentionGene.parse(gene).key
             told[key].append(fitness_value(fitness))
         wanted = Counter(g.key for g in asked)
         unexpected = sorted(set(told) - set(wanted))

@@ -60,6 +60,9 @@ def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None
     """The full gene, the reference (default: vanilla), then per differing field its removal from
     the gene and its addition to the reference. Raises UserError if nothing differs."""
     gene = AttentionGene.parse(gene)
+    if not isinstance(gene, AttentionGene):
+        raise UserError(f"ablation takes one gene shared by every layer, and {gene.key!r} is a per-layer genome: "
+                        "ablate one of its layers' genes", setting="gene")
     reference = reference or AttentionGene.vanilla()
     fields = gene.differences(reference)
     if not fields:

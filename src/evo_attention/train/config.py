@@ -22,6 +22,7 @@ from evo_attention.util.errors import UserError
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 FIDELITIES = ("full", "halving")
+GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
 
 
@@ -59,6 +60,7 @@ class Config:
     strategy: str = "ga"  # a name from evo_attention.search.STRATEGIES
     strategy_options: dict = field(default_factory=dict)  # e.g. {"dedupe": True, "seed_vanilla": True}
     search_space: dict = field(default_factory=dict)  # field -> allowed options; {} = everything registered
+    genome: str = "shared"  # shared: one gene for every layer; per_layer: one gene per layer
     baseline: bool = True  # also train the vanilla transformer under the same budget
     # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
     fidelity: str = "full"  # "full" or "halving" (successive halving inside each generation)
@@ -87,6 +89,8 @@ class Config:
         from evo_attention.genes import SearchSpace
 
         space = SearchSpace.from_dict(self.search_space)
+        if self.genome == "per_layer":
+            space = dataclasses.replace(space, layers=self.n_layers)
         too_big = [r for r in space.qkv_rank if r > self.d_model]
         if too_big:
             raise UserError(f"qkv_rank {too_big[0]} in the search space is larger than d_model {self.d_model}: a "
@@ -203,6 +207,7 @@ def _check_training(c: Config) -> None:
 
 
 def _check_search(c: Config) -> None:
+    _choice(c, "genome", GENOMES)
     if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed <= MAX_SEED:
         raise UserError(f"seed must be an integer in 0..2^63-1, got {c.seed!r}", setting="seed")
     _integer(c, "population_size")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from evo_attention.data.base import TaskData
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, layers_of
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
@@ -58,7 +58,8 @@ def settings_of(config: Config, gene: AttentionGene | None = None) -> dict:
     """The settings that shape a result; ``favor_features`` only where it differs from its default
     (so the keys of runs made before it existed stay valid) or the gene uses it."""
     settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
-    if config.favor_features != FAVOR_FEATURES_DEFAULT or (gene is not None and gene.normalization == "favor"):
+    uses_favor = gene is not None and any(g.normalization == "favor" for g in layers_of(gene))
+    if config.favor_features != FAVOR_FEATURES_DEFAULT or uses_favor:
         settings["favor_features"] = config.favor_features
     return settings
 
