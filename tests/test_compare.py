@@ -85,8 +85,9 @@ def test_list_prints_the_table(capsys):
     for name in NAMES:
         assert name in out
     assert "d/16 = 16" in out and "pos=rope|rank=128|abias=rel" in out
-    assert list_table(512).count("\n") == len(NAMES) + 3  # the 13, then sliding_window, gqa, mqa
+    assert list_table(512).count("\n") == len(NAMES) + 5  # the 13, then sliding_window, gqa, mqa, linear, performer
     assert "win=32" in out and "kvh=4" in out and "kvh=1" in out  # 8 heads, 128 tokens: window 32, 4 K/V heads
+    assert "dot|linear|none|fixed" in out and "dot|favor|none|fixed" in out
 
 
 def test_cli_rejects_bad_input_in_one_line(capsys):
@@ -263,3 +264,15 @@ def test_summary_statistics():
     a = summary["ranking"][0]
     assert a["loss_vs_baseline"] == pytest.approx(-0.2)
     assert a["perplexity_change_pct"] == pytest.approx(100 * (math.exp(-0.2) - 1))
+
+
+def test_efficient_families_run_by_name(tmp_path):
+    """linear, performer, sliding_window, gqa and mqa train beside the baseline on one code path."""
+    names = ["baseline", "linear", "performer", "sliding_window", "gqa", "mqa"]
+    config = Config(**{**TINY, "n_heads": 2, "favor_features": 8})
+    entries = resolve_configs(",".join(names), config.d_model, config.n_heads, config.max_seq_len)
+    assert [name for name, _ in entries] == names
+    payload = run_compare(config, entries, out_dir=tmp_path / "cmp", quiet=True)
+    rows = {r["name"]: r for r in payload["results"]}
+    assert set(rows) == set(names)
+    assert all(r["status"] == "ok" and math.isfinite(r["val_loss"]) for r in rows.values())

@@ -69,6 +69,7 @@ class NamedConfig:
     description: str
     window_divisor: int = 0
     kv_groups: int | str = 0  # a divisor of the heads, or "all" for a single key/value head
+    normalization: str = "softmax"
 
     def rank(self, d_model: int) -> int:
         return 0 if not self.rank_divisor else max(1, d_model // self.rank_divisor)
@@ -84,7 +85,8 @@ class NamedConfig:
     def gene(self, d_model: int, n_heads: int = 4, max_seq_len: int = 128) -> AttentionGene:
         return AttentionGene.parse(VANILLA_KEY).replace(position=self.position, qkv_rank=self.rank(d_model),
                                                         attn_bias=self.attn_bias, window=self.window(max_seq_len),
-                                                        kv_heads=self.kv_heads(n_heads))
+                                                        kv_heads=self.kv_heads(n_heads),
+                                                        normalization=self.normalization)
 
 
 # The one table of named configurations (docs/compare.md shows the same).
@@ -108,6 +110,10 @@ FAMILY_CONFIGS = (
     NamedConfig("sliding_window", "learned", 0, "none", "each query sees its last max_seq_len/4 keys", window_divisor=4),
     NamedConfig("gqa", "learned", 0, "none", "grouped-query attention: n_heads/2 key/value heads", kv_groups=2),
     NamedConfig("mqa", "learned", 0, "none", "multi-query attention: one key/value head", kv_groups="all"),
+    NamedConfig("linear", "learned", 0, "none", "causal linear attention, phi = elu + 1: O(T) time",
+                normalization="linear"),
+    NamedConfig("performer", "learned", 0, "none", "FAVOR+ random features, an approximation of softmax: O(T) "
+                "time (favor_features per head)", normalization="favor"),
 )
 CONFIGS_BY_NAME = {c.name: c for c in NAMED_CONFIGS + FAMILY_CONFIGS}
 EVOLVED_NAME = "evolved"
