@@ -275,3 +275,25 @@ def test_per_layer_search_end_to_end_counts_components_per_layer(tmp_path, capsy
     assert "L1.similarity" in fields and "L2.normalization" in fields
     assert main(["ablate", "--from-run", str(tmp_path / "run"), "--quiet"]) != 0
     assert "per-layer genome" in capsys.readouterr().err
+
+
+def test_bench_long_context_writes_table_figure_and_json(tmp_path, capsys):
+    import json
+
+    from evo_attention.cli import main
+
+    flags = ["bench", "--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "1",
+             "--warmup", "1", "--tokens-per-step", "64", "--favor-features", "4"]
+    assert main(flags + ["--seq-lens", "16,32", "--out", str(tmp_path / "lc")]) == 0
+    out = capsys.readouterr().out
+    assert "| T | batch | softmax ms/step | linear ms/step | favor ms/step | window ms/step |" in out
+    rows = json.loads((tmp_path / "lc" / "long_context.json").read_text())["rows"]
+    assert {(r["name"], r["seq_len"], r["batch_size"]) for r in rows} == {
+        (n, t, 64 // t) for n in ("softmax", "linear", "favor", "window") for t in (16, 32)}
+    assert all(r["ms_per_step"] > 0 for r in rows)
+    assert (tmp_path / "lc" / "long_context.png").stat().st_size > 0
+    for bad, words in ((["--seq-lens", "16,x"], "--seq-lens"), (["--seq-lens", "16", "--genes", "nope"], "nope"),
+                       (["--seq-lens", "128"], "--tokens-per-step 64 is below")):
+        assert main(flags + bad) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err

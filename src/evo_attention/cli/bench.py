@@ -16,6 +16,8 @@ def cmd_bench(args) -> int:
     args.steps = args.budget
     config = config_from_args(args)
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
+    if args.seq_lens is not None:
+        return _long_context(args, config)
     data = data_from_config(config)
     if args.profile:
         from evo_attention.train.bench import profile_step
@@ -40,6 +42,76 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _long_context(args, config) -> int:
+    from pathlib import Path
+
+    from evo_attention.data import data_from_config
+    from evo_attention.report.figures import plot_long_context
+    from evo_attention.train.bench import LONG_CONTEXT_GENES, bench_lengths
+    from evo_attention.util.errors import UserError
+    from evo_attention.util.files import output_dir, write_text
+    from evo_attention.util.format import markdown_table
+    from evo_attention.util.jsonio import dumps, write_json
+
+    lengths = _positive_list(args.seq_lens, "--seq-lens")
+    genes = dict(LONG_CONTEXT_GENES)
+    if args.genes:
+        genes = {}
+        for item in (s.strip() for s in args.genes.split(",") if s.strip()):
+            name, _, key = item.partition("=")
+            if not key:
+                if name not in LONG_CONTEXT_GENES:
+                    raise UserError(f"--genes item {item!r} is neither a family ({', '.join(LONG_CONTEXT_GENES)}) nor "
+                                    "name=gene")
+                key = LONG_CONTEXT_GENES[name]
+            genes[name] = key
+    if args.tokens_per_step < max(lengths):
+        raise UserError(f"--tokens-per-step {args.tokens_per_step} is below the longest length {max(lengths)}: each "
+                        "step needs at least one sequence")
+    out = output_dir(args.out) if args.out else None
+    timed = args.steps or 5
+
+    def progress(name, t):
+        if not args.json:
+            print(f"  T={t}: {name}", flush=True)
+
+    rows = bench_lengths(genes, config, lambda t: data_from_config(config.replace(max_seq_len=t)), lengths,
+                         tokens_per_step=args.tokens_per_step, steps=timed, warmup=args.warmup, progress=progress)
+    cpu = rows[0]["device"].startswith("cpu")
+    memory = "step_memory_mb" if cpu else "peak_memory_mb"
+    header = ["T", "batch"] + [f"{n} ms/step" for n in genes] + [f"{n} MB" for n in genes]
+    table = []
+    for t in lengths:
+        at = {r["name"]: r for r in rows if r["seq_len"] == t}
+        first = next(iter(at.values()))
+        table.append([str(t), str(first["batch_size"])] + [f"{at[n]['ms_per_step']:.0f}" for n in genes]
+                     + [f"{at[n][memory]:.0f}" if at[n][memory] is not None else "-" for n in genes])
+    text = markdown_table(header, table)
+    if args.json:
+        print(dumps(rows))
+    else:
+        print(text)
+    if out is not None:
+        write_json(out / "long_context.json", {"rows": rows, "genes": genes, "tokens_per_step": args.tokens_per_step})
+        write_text(out / "long_context.md", text + "\n")
+        plot_long_context(rows, out / "long_context.png")
+        if not args.json:
+            print(f"wrote {Path(out) / 'long_context.md'}, long_context.json and long_context.png")
+    return 0
+
+
+def _positive_list(text: str, flag: str) -> list[int]:
+    from evo_attention.util.errors import UserError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a comma-separated list of integers, e.g. 128,256,512") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} {text!r} needs positive lengths, e.g. 128,256,512")
+    return values
+
+
 def register(sub) -> None:
     from evo_attention.cli.common import add_training_flags
 
@@ -50,6 +122,13 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--profile", action="store_true", help="print the top operators of one training step "
                    "(torch.profiler) instead of timing")
+    p.add_argument("--seq-lens", metavar="T,T,...", help="long-context mode: time every family of --genes at these "
+                   "sequence lengths (e.g. 128,256,512,1024,2048) with a fixed token count per step")
+    p.add_argument("--genes", metavar="NAME[=GENE],...", help="long-context mode: families to time (default softmax, "
+                   "linear, favor, window; or name=gene pairs)")
+    p.add_argument("--tokens-per-step", type=int, default=4096, help="long-context mode: tokens per training step "
+                   "(batch = this // T; default 4096)")
+    p.add_argument("--out", help="long-context mode: write long_context.{json,md,png} into this directory")
     add_training_flags(p, search=True)
     for action in p._actions:  # here --steps counts the timed steps, not the training budget
         if action.dest == "steps":

@@ -429,3 +429,35 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
         plt.close(fig)
         raise
     return save_figure(fig, path)
+
+
+# -- long context ------------------------------------------------------------------------------------
+def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
+    """``long_context.png``: ms per training step and memory against the sequence length, one line per
+    family (log-log axes: a slope of 1 is linear growth at a fixed token count per step)."""
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    cpu = not str(rows[0].get("device", "cpu")).startswith("cuda") if rows else True
+    memory_key = "step_memory_mb" if cpu else "peak_memory_mb"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
+    try:
+        for ax, key, label in ((axes[0], "ms_per_step", "ms per training step"),
+                               (axes[1], memory_key, "memory the step adds (MB, resident set)" if cpu
+                                else "peak GPU memory allocated (MB)")):
+            for name in names:
+                points = [(r["seq_len"], r[key]) for r in rows if r["name"] == name and finite_or_none(r[key])]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length T (tokens per step fixed)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=8)
+        if rows:
+            r = rows[0]
+            fig.suptitle(f"Long context on {r['device']} ({r['precision']}, {r['threads']} threads): "
+                         f"{r['batch_size'] * r['seq_len']} tokens per step")
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path, dpi=110)

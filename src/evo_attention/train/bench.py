@@ -16,8 +16,9 @@ import torch
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
-from evo_attention.train.environment import matmul_dtype
+from evo_attention.train.environment import matmul_dtype, peak_memory_mb, reset_peak_memory
 from evo_attention.train.trainer import Trainer
+from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
 
 
@@ -134,3 +135,83 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "est_evaluation_s": one_eval,
         "diverged": trainer.diverged,
     }
+
+
+# The long-context comparison: the four families at the seed's width, dropout 0 so that every one
+# runs its fastest exact path in training (attention dropout needs explicit weights).
+LONG_CONTEXT_GENES = {
+    "softmax": "dot|softmax|none|fixed|bias|0.00",
+    "linear": "dot|linear|none|fixed|bias|0.00",
+    "favor": "dot|favor|none|fixed|bias|0.00",
+    "window": "dot|softmax|none|fixed|bias|0.00|win=128",
+}
+LONG_CONTEXT_LENGTHS = (128, 256, 512, 1024, 2048)
+
+
+def _release_free_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc), so the resident set counts live memory."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _resident_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LENGTHS, *,
+                  tokens_per_step: int = 4096, steps: int = 5, warmup: int = 2, device: str | None = None,
+                  progress=None) -> list[dict]:
+    """ms per training step and memory against the sequence length T, per named gene.
+
+    Every step holds ``tokens_per_step`` tokens (batch = tokens_per_step // T), so the work outside
+    attention is the same at every T and what grows is attention's own cost. ``data_for(T)`` gives
+    the data at length T. Memory: on CUDA the peak allocated; on CPU the peak resident set during
+    the timed steps (``peak_memory_mb``) and its rise over the resident set before them, measured
+    after freed heap pages went back to the OS (``step_memory_mb``): what a step holds at its peak
+    beyond the model, optimizer and data.
+    """
+    import gc
+
+    rows = []
+    for t in lengths:
+        batch = max(1, tokens_per_step // t)
+        cfg = config.replace(max_seq_len=t, batch_size=batch)
+        data = data_for(t)
+        if data.seq_len != t:
+            raise UserError(f"the data {data.name} gives sequences of {data.seq_len} tokens, not {t}: time long "
+                            "contexts on a corpus (wikitext2, text, hf:...)", setting="seq_lens")
+        for name, gene in genes.items():
+            gc.collect()
+            if progress:
+                progress(name, t)
+            trainer = Trainer(gene, cfg.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
+                              device=device)
+            trainer.train(until_step=warmup)
+            _sync(trainer.device)
+            gc.collect()
+            _release_free_memory()
+            before = _resident_mb() if trainer.device.type == "cpu" else 0.0
+            reset_peak_memory(trainer.device)
+            start = time.perf_counter()
+            trainer.train(until_step=warmup + steps)
+            _sync(trainer.device)
+            seconds = (time.perf_counter() - start) / steps
+            peak = peak_memory_mb(trainer.device)
+            rows.append({"name": name, "gene": AttentionGene.parse(gene).key, "seq_len": t, "batch_size": batch,
+                         "ms_per_step": seconds * 1e3, "tokens_per_s": batch * t / seconds,
+                         "peak_memory_mb": peak, "step_memory_mb": None if before is None else peak - before,
+                         "device": str(trainer.device), "precision": trainer.precision,
+                         "threads": torch.get_num_threads(), "steps_timed": steps})
+            del trainer
+    return rows
