@@ -141,6 +141,22 @@ class TinyTransformer(nn.Module):
         x, _ = self.hidden_states(ids)
         return self.head(x)
 
+    # -- the save_pretrained / from_pretrained directory (nn/pretrained.py) ------------------------
+    def save_pretrained(self, directory, *, tokenizer=None, extra: dict | None = None):
+        """Write config.json, model.safetensors and (given one) tokenizer.json to ``directory``."""
+        from evo_attention.nn.pretrained import save_pretrained
+
+        return save_pretrained(self, directory, tokenizer=tokenizer, extra=extra)
+
+    @classmethod
+    def from_pretrained(cls, directory, *, device: str = "cpu", settings=None) -> "TinyTransformer":
+        """The model saved in ``directory`` (every file checked against config.json), in eval mode.
+        ``settings`` builds the settings object from the stored mapping (``train.saving.load_model``
+        passes ``Config.from_dict``); by default the stored values are read as they are."""
+        from evo_attention.nn.pretrained import from_pretrained
+
+        return from_pretrained(cls, directory, device=device, settings=settings)
+
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:
         """One [B, H, T, T] weight tensor per layer, computed in eval mode (no dropout)."""
