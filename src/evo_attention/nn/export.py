@@ -170,6 +170,8 @@ class Temperature(nn.Module):
     def __init__(self, d_model, n_heads, d_head):
         super().__init__()
         self.proj = nn.Linear(d_model, n_heads)
+        nn.init.zeros_(self.proj.weight)  # starts at sqrt(d_head)
+        nn.init.zeros_(self.proj.bias)
         self.base = math.sqrt(d_head)
 
     def forward(self, x):
@@ -211,6 +213,7 @@ class HighwayGate(Gating):
     def __init__(self, d_model):
         super().__init__(d_model)
         self.gate = nn.Linear(d_model, d_model)
+        nn.init.constant_(self.gate.bias, 1.0)  # leaning to the attention output at first
 
     def forward(self, x, y):
         g = torch.sigmoid(self.gate(x))
@@ -314,6 +317,11 @@ class LowRankQKV(nn.Module):
         self.q_up = nn.Linear(rank, d_model, bias=bias)
         self.kv_down = nn.Linear(d_model, rank, bias=False)
         self.kv_up = nn.Linear(rank, 2 * kv_dim, bias=bias)
+        for down, up in ((self.q_down, self.q_up), (self.kv_down, self.kv_up)):  # output variance of N(0, 0.02)
+            nn.init.normal_(down.weight, std=d_model ** -0.5)
+            nn.init.normal_(up.weight, std=0.02 * (d_model / rank) ** 0.5)
+            if up.bias is not None:
+                nn.init.zeros_(up.bias)
 
     def forward(self, h):
         return torch.cat((self.q_up(self.q_down(h)), self.kv_up(self.kv_down(h))), dim=-1)
