@@ -30,3 +30,25 @@ def wikitext_dir():
 
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+# Axes that, cycled beside the components, put every position option, rank, relative bias,
+# window and grouped-K/V setting into a short list of genes (heads: 4, so kvh 1 and 2 divide them).
+COVERING_AXES = ("pos=learned", "pos=rope|kvh=1", "pos=rope:ntk:4|win=3", "pos=alibi|abias=rel",
+                 "pos=none|rank=4|kvh=2", "pos=rope:linear:2|rank=8|abias=rel|win=4", "pos=learned|abias=rel|win=2")
+
+
+def covering_gene_keys(skip=frozenset()) -> list:
+    """Gene keys in which every registered option of every component (but the ``(field, name)``
+    pairs in ``skip``) and every axis option appears at least once, with and without biases."""
+    from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS
+
+    options = [[name for name in OPTIONS[f] if (f, name) not in skip] for f in CATEGORICAL_FIELDS]
+    n = max(max(len(o) for o in options), len(COVERING_AXES))
+    return ["|".join(o[i % len(o)] for o in options) + ("|nobias|0.00|" if i % 2 else "|bias|0.10|")
+            + COVERING_AXES[i % len(COVERING_AXES)] for i in range(n)]
+
+
+@pytest.fixture
+def covering_genes():
+    return covering_gene_keys

@@ -109,8 +109,10 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_training():
         Trainer(gene, config, data, seed=4).load_state_dict(state)
 
     # the same through the rung function and bytes, as executors ship it
-    low, blob = train_rung(gene, config, data, seed=3, steps=6, budget=12, keep_state=True)
-    high, none = train_rung(gene, config, data, seed=3, steps=12, budget=12, state=blob)
+    low, blob = (lambda r: (r.record, r.state))(train_rung(gene, config, data, seed=3, steps=6, budget=12,
+                                                           keep_state=True))
+    high, none = (lambda r: (r.record, r.state))(train_rung(gene, config, data, seed=3, steps=12, budget=12,
+                                                            state=blob))
     plain = train_and_evaluate(gene, config, data, seed=3)
     assert none is None and high["resumed_from"] == 6 and low["steps"] == 6 and high["steps"] == 12
     for key in ("val_loss", "val_perplexity", "accuracy", "train_loss", "curve", "trained_steps", "context"):

@@ -189,11 +189,17 @@ def test_a_damaged_or_mismatched_model_file_is_named(tmp_path):
     save_model(TinyTransformer(config.replace(d_model=32), "dot|softmax|none|fixed"), tmp_path / "b")
     weights = tmp_path / "a" / "model.safetensors"
     shutil.copy(tmp_path / "b" / "model.safetensors", weights)  # the other model's weights
-    with pytest.raises(UserError, match="model.safetensors is damaged or does not match model.json"):
+    with pytest.raises(UserError, match="model.safetensors was altered or damaged"):
         load_model(tmp_path / "a")
     weights.write_bytes(weights.read_bytes()[:100])  # truncated
-    with pytest.raises(UserError, match="model.safetensors is damaged"):
+    with pytest.raises(UserError, match="model.safetensors was altered or damaged"):
         load_model(tmp_path / "a")
+    weights.unlink()
+    with pytest.raises(UserError, match="model.safetensors is missing"):
+        load_model(tmp_path / "a")
+    (tmp_path / "b" / "config.json").write_text("{not json")
+    with pytest.raises(UserError, match="config.json is damaged"):
+        load_model(tmp_path / "b")
 
 
 def test_a_closed_output_pipe_ends_quietly(finished_run, monkeypatch, capsys):

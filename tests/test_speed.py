@@ -87,7 +87,7 @@ def test_bench_command_json_keys(capsys):
                  "--layers", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     for key in ["ms_per_step", "tokens_per_s", "flops_per_step", "achieved_flops_per_s", "est_evaluation_s",
-                "est_search_s", "peak_flops_per_s", "mfu"]:
+                "est_search_s", "peak_flops_per_s", "mfu", "decode_tokens_per_s"]:
         assert key in result and result[key] > 0
     assert result["train_steps"] == 400 and result["planned_evaluations"] == 27
     assert result["mfu"] == pytest.approx(result["achieved_flops_per_s"] / result["peak_flops_per_s"])

@@ -126,7 +126,7 @@ def test_save_and_load_model_round_trip(recall_setup, tmp_path):
     trainer.model.eval()
     x, _ = next(data.eval_batches("valid", 4))
     assert torch.equal(model(x), trainer.model(x))
-    with pytest.raises(ValueError, match="no saved model"):
+    with pytest.raises(ValueError, match="no model directory"):
         load_model(tmp_path / "missing")
 
 

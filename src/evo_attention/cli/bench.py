@@ -37,6 +37,8 @@ def cmd_bench(args) -> int:
           f"{flops / 1e9:.1f} GFLOP/step, {result['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s achieved")
     print(f"  this machine's matmul limit at {result['precision']}: {result['peak_flops_per_s'] / 1e9:.0f} GFLOP/s "
           f"(2048^3 product), so the step runs at {100 * result['mfu']:.0f}% of it (mfu {result['mfu']:.2f})")
+    if result.get("decode_tokens_per_s"):
+        print(f"  generation (batch 1, key/value cache, greedy): {result['decode_tokens_per_s']:,.0f} tokens/s")
     print(f"  one evaluation ({result['train_steps']} steps + eval): ~{human_seconds(result['est_evaluation_s'])}; "
           f"a search of {result['planned_evaluations']} evaluations: ~{human_seconds(result['est_search_s'])}")
     return 0

@@ -147,7 +147,10 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
                   "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
                   "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
-                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track"}
+                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track",
+                  "prompt": "--prompt", "temperature": "--temperature", "top_k": "--top-k",
+                  "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
+                  "model": "--model"}
 
 
 def flag_of(setting: str) -> str | None:

@@ -65,7 +65,7 @@ def cmd_search(args) -> int:
 
     trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                          executor=executor, trackers=trackers)
+                          executor=executor, trackers=trackers, keep_models=args.keep_models)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler()
     log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
@@ -99,6 +99,13 @@ def cmd_search(args) -> int:
         with RunStore.open(out, readonly=True) as store:
             for line in fidelity_lines(store.get_meta("fidelity") or {}):
                 log(line.strip())
+    if args.keep_models:
+        from evo_attention.search.models import kept_models
+
+        kept = kept_models(out)
+        log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}"
+            + "".join(f"\n  {m['rank']}. {m['gene']}  perplexity {number(m.get('val_perplexity'))}  {m['dir']}"
+                      for m in kept))
     log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, report.md")
     return 0 if summary.best_gene is not None else 1
 
@@ -114,6 +121,9 @@ def register(sub) -> None:
     p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--keep-models", type=int, default=0, metavar="K",
+                   help="keep the K best trained models in OUT/models (weights, config, vocabulary) for export, "
+                        "generate and attention-maps; saved where they train, no retraining (default 0)")
     p.add_argument("--track", action="append", metavar="TRACKER",
                    help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)

@@ -256,6 +256,32 @@ class BPETokenizer(Tokenizer):
         return json.dumps({"tokenizer": "bpe", "model": self.model.to_str()})
 
 
+def encode_prompt(tokenizer: Tokenizer, text: str) -> tuple[list[int], int]:
+    """``(ids, unknown)``: the ids of a prompt and how many of them are the unknown token.
+
+    Unlike ``encode`` (a corpus, where every line ends in ``<eos>``), a word-level prompt gets
+    ``<eos>`` only between its lines and after a final newline, so generation continues its last line.
+    Words outside the vocabulary become ``<unk>`` (UserError if the vocabulary has none).
+    """
+    if not text or not text.strip():
+        raise UserError("the prompt is empty: give some text to continue", setting="prompt")
+    if isinstance(tokenizer, WordTokenizer):
+        vocab = tokenizer.vocab
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        words: list[str] = []
+        for i, line in enumerate(lines):
+            words += line.split() + ([EOS] if i < len(lines) - 1 else [])
+        unknown = sum(1 for w in words if w not in vocab.stoi)
+        if unknown and vocab.unk_id is None:
+            bad = next(w for w in words if w not in vocab.stoi)
+            raise UserError(f"word {bad!r} is not in the model's vocabulary, which has no <unk>: use words such as "
+                            f"{', '.join(vocab.itos[1:6])}", setting="prompt")
+        return vocab.encode(words), unknown
+    ids = tokenizer.encode(text).ids.tolist()
+    unk = 0 if isinstance(tokenizer, CharTokenizer) else None  # byte and BPE tokenizers have no unknowns
+    return ids, sum(1 for i in ids if i == unk)
+
+
 def train_tokenizer(spec: str, train_text: str, vocab_size: int | None = None) -> Tokenizer:
     """The tokenizer ``spec`` fitted to the train split (``vocab_size`` applies to ``word`` only)."""
     kind, size = parse_tokenizer(spec)

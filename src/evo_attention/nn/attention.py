@@ -42,6 +42,8 @@ mask is cheaper.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -57,6 +59,34 @@ def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
     i - j < W (the query's last W keys, itself included)."""
     allowed = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     return allowed.triu(-(window - 1)) if 0 < window < t else allowed
+
+
+def decode_mask(start: int, t: int, device=None, window: int = 0) -> torch.Tensor:
+    """Bool [T, start + T]: the rows of ``causal_mask`` for queries start..start+T-1 over keys
+    0..start+T-1 (T new tokens after ``start`` cached ones)."""
+    i = torch.arange(start, start + t, device=device)[:, None]
+    j = torch.arange(start + t, device=device)[None, :]
+    allowed = j <= i
+    return allowed & (i - j < window) if window > 0 else allowed
+
+
+@dataclass
+class KVCache:
+    """One layer's keys and values of the positions decoded so far, [B, kv_heads, T, d_head] each
+    (keys after the rotary rotation; grouped K/V heads are stored once, not repeated per group)."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions' keys and values; the keys and values of every position so far."""
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
+        return self.k, self.v
 
 
 class LowRankQKV(nn.Module):
@@ -278,6 +308,41 @@ class EvolvedAttention(nn.Module):
         y, _ = self._attend(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed,
                             dropout_p, fused=fused, full_causal=False, aligned=False)
         return y.view(b, n, h, w, -1).transpose(1, 2).reshape(b, h, n * w, -1)[:, :, :t]
+
+    # -- incremental decoding (inference only: no dropout, no extra mask) -------------------------
+    def _heads(self, h: torch.Tensor):
+        """q [B, H, T, d_head] and k, v [B, kv_heads, T, d_head] of the projected input."""
+        b, t, _ = h.shape
+        q, k, v = self.qkv(h).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
+        q = q.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
+        return q, k, v
+
+    def decode(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """x [B, T, d_model] of T new positions after the ``cache.length`` ones in ``cache`` ->
+        [B, T, d_model], the rows ``forward`` gives for them on the whole sequence; their keys and
+        values join ``cache``. Rotary angles, ALiBi and relative-bias rows start at the cache's
+        length; the window and grouped K/V heads apply as in ``forward``; the temperature reads
+        only the new positions' own input (every temperature is per query position at most)."""
+        b, t, _ = x.shape
+        start = cache.length
+        q, k, v = self._heads(self.gating.gate_input(x))
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, start)
+        k, v = cache.append(k, v)
+        if self.kv_heads != self.n_heads:
+            group = self.n_heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = self.similarity(q, k) / self.temperature(x).to(q.dtype)
+        bias = None
+        for module in self.score_biases:
+            term = module(t, x.device, start)
+            bias = term if bias is None else bias + term
+        if bias is not None:
+            scores = scores + bias
+        weights = self.normalize(scores, decode_mask(start, t, x.device, self.window))
+        y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(b, t, self.d_model)
+        return self.gating(x, self.out(y))
 
     def extra_repr(self) -> str:
         return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}, kv_heads={self.kv_heads}"

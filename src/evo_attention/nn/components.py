@@ -226,6 +226,12 @@ class CosineSimilarity(Similarity):
 # --------------------------------------------------------------------------------------------
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in at least float32: half-precision scores are normalized in float32, float64 ones
+    stay float64 (so a float64 model computes in float64 throughout, which tests rely on)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _fill_masked(scores: torch.Tensor, mask: torch.Tensor | None, value: float) -> torch.Tensor:
     return scores if mask is None else scores.masked_fill(~mask, value)
 
@@ -250,7 +256,7 @@ def _shift_for_sparse(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
     (sparsemax) or 2 (1.5-entmax) below the row max, so this masks exactly and never feeds
     -inf into their sort/cumsum. Rows with no allowed key become all zeros here.
     """
-    scores = scores.float()
+    scores = wide(scores)
     if mask is None:
         return scores - scores.amax(dim=-1, keepdim=True).detach()
     row_max = scores.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True).detach()
@@ -261,7 +267,7 @@ def _shift_for_sparse(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
 @register_normalization("softmax")
 def softmax_norm(scores, mask):
     """Softmax over allowed keys (masked keys get exactly 0)."""
-    weights = torch.softmax(_fill_masked(scores.float(), mask, float("-inf")), dim=-1)
+    weights = torch.softmax(_fill_masked(wide(scores), mask, float("-inf")), dim=-1)
     # A row with no allowed key is all -inf and softmax gives NaN there: make it zeros.
     weights = torch.nan_to_num(weights, nan=0.0)
     return weights.to(scores.dtype)
@@ -289,13 +295,13 @@ def sparsemax_norm(scores, mask):
 @register_normalization("relu_norm")
 def relu_norm(scores, mask):
     """relu(scores) divided by the row sum (+eps)."""
-    return row_normalize(torch.relu(scores.float()), mask).to(scores.dtype)
+    return row_normalize(torch.relu(wide(scores)), mask).to(scores.dtype)
 
 
 @register_normalization("sigmoid")
 def sigmoid_norm(scores, mask):
     """sigmoid(scores) divided by the row sum (+eps)."""
-    return row_normalize(torch.sigmoid(scores.float()), mask).to(scores.dtype)
+    return row_normalize(torch.sigmoid(wide(scores)), mask).to(scores.dtype)
 
 
 @register_normalization("entmax15")
@@ -470,7 +476,7 @@ class AdaptiveTemperature(nn.Module):
         self.base = math.sqrt(d_head)
 
     def forward(self, x):
-        z = self.proj(x).float()  # [B, T, H]
+        z = wide(self.proj(x))  # [B, T, H]
         return (self.base * torch.exp(2.0 * torch.tanh(z))).transpose(1, 2).unsqueeze(-1)
 
 

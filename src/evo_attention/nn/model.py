@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 import torch
 import torch.nn as nn
 
-from evo_attention.nn.attention import EvolvedAttention
+from evo_attention.nn.attention import EvolvedAttention, KVCache
 from evo_attention.nn.dropout import Dropout
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene, LayerGenes
@@ -60,8 +60,10 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)
 
-    def forward(self, x, need_weights: bool = False):
-        if need_weights:
+    def forward(self, x, need_weights: bool = False, cache=None):
+        if cache is not None:  # incremental decoding: x holds only the new positions
+            a, weights = self.attn.decode(self.ln1(x), cache), None
+        elif need_weights:
             a, weights = self.attn(self.ln1(x), need_weights=True)
         else:
             a, weights = self.attn(self.ln1(x)), None
@@ -128,24 +130,56 @@ class TinyTransformer(nn.Module):
         """Trainable parameters, each counted once (the tied head is not counted twice)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-    def hidden_states(self, ids: torch.Tensor, need_weights: bool = False):
+    def hidden_states(self, ids: torch.Tensor, need_weights: bool = False, caches: Sequence | None = None):
+        """Final hidden states [B, T, d_model] and the per-layer weights (with ``need_weights``).
+
+        ``caches`` (``new_caches()``, one ``KVCache`` per layer): ``ids`` are the next positions
+        after those already in the caches, whose keys and values are reused and extended.
+        """
         b, t = ids.shape
-        if t > self.config.max_seq_len:
-            raise UserError(f"sequence of {t} tokens is longer than max_seq_len {self.config.max_seq_len}")
+        start = 0 if caches is None else caches[0].length
+        if start + t > self.config.max_seq_len:
+            raise UserError(f"sequence of {start + t} tokens is longer than max_seq_len {self.config.max_seq_len}")
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(t, device=ids.device))
+            x = x + self.pos_emb(torch.arange(start, start + t, device=ids.device))
         x = self.drop(x)
         maps = []
-        for block in self.blocks:
-            x, weights = block(x, need_weights)
+        for i, block in enumerate(self.blocks):
+            x, weights = block(x, need_weights, cache=None if caches is None else caches[i])
             maps.append(weights)
         return self.ln_f(x), maps
+
+    def new_caches(self) -> list:
+        """Empty key/value caches, one per layer, for ``decode``."""
+        return [KVCache() for _ in self.blocks]
+
+    def decode(self, ids: torch.Tensor, caches: Sequence) -> torch.Tensor:
+        """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those in ``caches`` (which
+        grow by T): equal to the last T rows of ``forward`` on the whole sequence."""
+        x, _ = self.hidden_states(ids, caches=caches)
+        return self.head(x)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> logits [B, T, vocab]."""
         x, _ = self.hidden_states(ids)
         return self.head(x)
+
+    # -- the save_pretrained / from_pretrained directory (nn/pretrained.py) ------------------------
+    def save_pretrained(self, directory, *, tokenizer=None, extra: dict | None = None):
+        """Write config.json, model.safetensors and (given one) tokenizer.json to ``directory``."""
+        from evo_attention.nn.pretrained import save_pretrained
+
+        return save_pretrained(self, directory, tokenizer=tokenizer, extra=extra)
+
+    @classmethod
+    def from_pretrained(cls, directory, *, device: str = "cpu", settings=None) -> "TinyTransformer":
+        """The model saved in ``directory`` (every file checked against config.json), in eval mode.
+        ``settings`` builds the settings object from the stored mapping (``train.saving.load_model``
+        passes ``Config.from_dict``); by default the stored values are read as they are."""
+        from evo_attention.nn.pretrained import from_pretrained
+
+        return from_pretrained(cls, directory, device=device, settings=settings)
 
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:

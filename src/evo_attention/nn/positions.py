@@ -64,9 +64,9 @@ class Rotary(nn.Module):
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
-    def angles(self, t: int, device=None) -> torch.Tensor:
-        """[T, d_head/2] rotation angles of positions 0..T-1."""
-        pos = torch.arange(t, device=device, dtype=torch.float32) * self.position_scale
+    def angles(self, t: int, device=None, start: int = 0) -> torch.Tensor:
+        """[T, d_head/2] rotation angles of positions start..start+T-1."""
+        pos = torch.arange(start, start + t, device=device, dtype=torch.float32) * self.position_scale
         return torch.outer(pos, self.inv_freq.to(device))
 
     @staticmethod
@@ -74,8 +74,9 @@ class Rotary(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor):
-        theta = self.angles(q.shape[-2], q.device)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, start: int = 0):
+        """q and k of positions start..start+T-1 (start > 0: new tokens after a key/value cache)."""
+        theta = self.angles(q.shape[-2], q.device, start)
         cos, sin = theta.cos().to(q.dtype), theta.sin().to(q.dtype)
         return self.rotate(q, cos, sin), self.rotate(k, cos.to(k.dtype), sin.to(k.dtype))
 
@@ -84,13 +85,16 @@ class Rotary(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Score biases: modules returning a float [H, T, T] added to the logits (0 on future keys)
+# Score biases: modules returning a float [H, T, T] added to the logits (0 on future keys); with
+# start > 0 the [H, T, start + T] rows of T new queries after ``start`` cached positions
 # ---------------------------------------------------------------------------------------------
 
-def _offsets(t: int, device=None) -> torch.Tensor:
-    """[T, T] int64 causal offsets i - j, clamped to 0 above the diagonal (future keys)."""
-    i = torch.arange(t, device=device)
-    return (i[:, None] - i[None, :]).clamp(min=0)
+def _offsets(t: int, device=None, start: int = 0) -> torch.Tensor:
+    """[T, start + T] int64 causal offsets i - j of queries i = start..start+T-1 and keys
+    j = 0..start+T-1, clamped to 0 for future keys (start > 0: the rows of new tokens after a cache)."""
+    i = torch.arange(start, start + t, device=device)
+    j = torch.arange(start + t, device=device)
+    return (i[:, None] - j[None, :]).clamp(min=0)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -117,8 +121,8 @@ class ALiBi(nn.Module):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def forward(self, t: int, device=None) -> torch.Tensor:
-        return -self.slopes.to(device)[:, None, None] * _offsets(t, device).float()
+    def forward(self, t: int, device=None, start: int = 0) -> torch.Tensor:
+        return -self.slopes.to(device)[:, None, None] * _offsets(t, device, start).float()
 
 
 class RelativeBias(nn.Module):
@@ -131,10 +135,10 @@ class RelativeBias(nn.Module):
         self.max_seq_len = int(max_seq_len)
         self.table = nn.Parameter(torch.zeros(n_heads, self.max_seq_len))
 
-    def forward(self, t: int, device=None) -> torch.Tensor:
-        if t > self.max_seq_len:
-            raise UserError(f"sequence of {t} tokens is longer than the relative bias table ({self.max_seq_len})")
-        return self.table[:, _offsets(t, device)]
+    def forward(self, t: int, device=None, start: int = 0) -> torch.Tensor:
+        if start + t > self.max_seq_len:
+            raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table ({self.max_seq_len})")
+        return self.table[:, _offsets(t, device, start)]
 
 
 def build_rotary(position, d_head: int) -> Rotary | None:

@@ -34,6 +34,7 @@ from evo_attention.search import strategy_from_config
 from evo_attention.search.base import Individual, Strategy
 from evo_attention.search.executors import EvalTask, Executor, LocalExecutor, task_context
 from evo_attention.search.lock import RunLock
+from evo_attention.search.models import model_dir, prune as prune_models
 from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summary, schedule_from_config,
                                            state_file_name, told_fitness)
 from evo_attention.search.runner import Runner
@@ -74,7 +75,10 @@ class Search:
 
     def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
                  resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
-                 quiet: bool = True, trackers=()):
+                 quiet: bool = True, trackers=(), keep_models: int = 0):
+        if isinstance(keep_models, bool) or not isinstance(keep_models, int) or keep_models < 0:
+            raise UserError(f"keep_models must be a non-negative integer, got {keep_models!r}", setting="keep_models")
+        self.keep_models = keep_models  # the K best trained models stay in out_dir/models (search/models.py)
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         if data is None:
             from evo_attention.data import data_from_config
@@ -159,6 +163,8 @@ class Search:
         with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
             self._runner = Runner(config, self.data, self.executor, store=self.store, view=view,
                                   on_finished=self._finished)
+            if self.keep_models:
+                prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
             if config.baseline:
                 vanilla = AttentionGene.vanilla()
                 record = self._evaluate([self._task(vanilla.key, role="baseline", generation=None)])[vanilla.key]
@@ -186,8 +192,11 @@ class Search:
 
     def _task(self, key: str, *, role: str, generation: int | None, **fidelity) -> EvalTask:
         label = "baseline" if role == "baseline" else f"gen {generation}"
-        return EvalTask(key, self.config.seed, fidelity.pop("steps", self.config.train_steps), role=role,
-                        generation=generation, label=fidelity.pop("label", label), **fidelity)
+        steps = fidelity.pop("steps", self.config.train_steps)
+        keep = self.keep_models and role == "search" and steps == self.config.train_steps
+        return EvalTask(key, self.config.seed, steps, role=role, generation=generation,
+                        label=fidelity.pop("label", label), keep_model=str(model_dir(self.out_dir, key)) if keep else None,
+                        **fidelity)
 
     def _evaluate(self, tasks: list) -> dict[str, EvaluationRecord]:
         """Records of the tasks by gene key (one task per gene)."""
@@ -253,6 +262,8 @@ class Search:
 
     def _finished(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
         self._records[task.gene] = record
+        if self.keep_models and task.keep_model is not None and not cached:
+            prune_models(self.out_dir, self.keep_models)
         if self.trackers:
             tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)
             for tracker in self.trackers:

@@ -168,14 +168,16 @@ def state_file_name(gene: str, seed: int, steps: int, context: str) -> str:
 # -- training one rung (runs wherever the executor runs it) ---------------------------------------
 def train_rung(gene, config: Config, data, *, seed: int, steps: int, budget: int, state: bytes | None = None,
                keep_state: bool = False, eval_split: str = "valid", device=None,
-               progress=None) -> tuple[EvaluationRecord, bytes | None]:
+               progress=None):
     """Train ``gene`` to step ``steps`` of a ``budget``-step training (continuing from ``state``,
     a checkpoint of an earlier rung, when given) and evaluate it.
 
-    Returns the record (``steps`` the rung's steps, with ``budget`` and ``resumed_from``) and, with
-    ``keep_state``, the trainer state after training (None if the training failed). Never raises
-    for a failing gene.
+    Returns a ``TrainingResult``: the record (``steps`` the rung's steps, with ``budget`` and
+    ``resumed_from``), the trainer and, with ``keep_state``, the trainer state after training (None
+    if the training failed). Never raises for a failing gene.
     """
+    from dataclasses import replace
+
     from evo_attention.train.trainer import run_training
 
     config = config.replace(train_steps=int(budget))
@@ -184,7 +186,7 @@ def train_rung(gene, config: Config, data, *, seed: int, steps: int, budget: int
     record = result.record.replace(steps=int(steps), budget=int(budget),
                                    context=evaluation_context(config, eval_split, steps, budget),
                                    resumed_from=result.record.resumed_from or 0)
-    return record, result.state
+    return replace(result, record=record)
 
 
 # -- what the strategy is told ---------------------------------------------------------------------

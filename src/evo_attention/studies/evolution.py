@@ -33,11 +33,12 @@ class Evolution(Search):
 
     def __init__(self, config: Config, train_loader=None, eval_loader=None, *, data: TaskData | None = None,
                  out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
-                 executor: Executor | None = None, quiet: bool = True, report: bool = True, trackers=()):
+                 executor: Executor | None = None, quiet: bool = True, report: bool = True, trackers=(),
+                 keep_models: int = 0):
         if data is None and train_loader is not None and eval_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
-                         quiet=quiet, trackers=trackers)
+                         quiet=quiet, trackers=trackers, keep_models=keep_models)
         self.write_reports = report
 
     def run(self):

@@ -3,7 +3,8 @@
 ``bench_gene`` builds the same ``Trainer`` a search uses, runs a few warm-up steps (the first one
 also counts FLOPs with PyTorch's flop counter), times ``steps`` more, times one evaluation, and
 extrapolates to one evaluation at the configured budget (the CLI multiplies that by a search's
-planned evaluations, which the search layer knows).
+planned evaluations, which the search layer knows). ``decode_speed`` times generation with the
+key/value cache (``nn.decoding``), what a user of a kept model waits for.
 """
 
 from __future__ import annotations
@@ -92,8 +93,23 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
+    """Tokens/s of greedy generation with the key/value cache, batch 1: ``new_tokens`` after a
+    ``prompt_len``-token prompt (the prompt's prefill counts in the time, as a user waits for it)."""
+    from evo_attention.nn.decoding import generate
+
+    device = next(model.parameters()).device
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
+    generate(model, prompt.tolist(), 2, temperature=0.0)  # warm-up
+    _sync(device)
+    start = time.perf_counter()
+    generate(model, prompt.tolist(), new_tokens, temperature=0.0)
+    _sync(device)
+    return new_tokens / (time.perf_counter() - start)
+
+
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
-               device: str | None = None, time_eval: bool = True) -> dict:
+               device: str | None = None, time_eval: bool = True, time_decode: bool = True) -> dict:
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     budget = config.train_steps
     trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
@@ -110,6 +126,10 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         trainer.evaluate("valid")
         _sync(trainer.device)
         eval_s = time.perf_counter() - start
+    decode = None
+    if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
+        prompt_len = max(1, trainer.config.max_seq_len // 4)
+        decode = decode_speed(trainer.model, prompt_len, max(1, trainer.config.max_seq_len - prompt_len))
     tokens = config.batch_size * data.seq_len
     flops = trainer.flops_per_step
     peak = matmul_peak(trainer.device, trainer.precision)
@@ -131,6 +151,7 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "peak_flops_per_s": peak,  # a 2048^3 matrix product at the step's precision, on this machine
         "mfu": achieved / peak if achieved else None,  # the fraction of that limit the step reaches
         "eval_time_s": eval_s,
+        "decode_tokens_per_s": decode,  # greedy generation, batch 1, key/value cache (decode_speed)
         "train_steps": budget,
         "est_evaluation_s": one_eval,
         "diverged": trainer.diverged,

@@ -38,6 +38,30 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def write_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
+    """Make ``path`` a directory holding exactly ``files`` (name -> bytes), replacing what was there.
+
+    The files are written into a sibling temporary directory that is then renamed into place, so a
+    reader sees the old directory, no directory, or the complete new one; never half of it.
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
     """Create the directory ``path`` (and its parents); UserError naming ``setting`` if it cannot be."""
     out = Path(path)

@@ -20,7 +20,10 @@ part in comparisons, so the yielded task equals the submitted one.
 
 Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
 (``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
-side of the executor and travel to the worker as bytes, so workers need no shared file system.
+side of the executor and travel to the worker as bytes, so workers need no shared file system. A
+task with ``keep_model`` (a search's ``keep_models``) has the worker send back the trained model's
+files (safetensors weights, config.json, tokenizer.json) as bytes, and the driver side writes them
+into that directory: the kept model is the very one the record measured, wherever it trained.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from evo_attention.train.record import EvaluationRecord, Status, failed_record
 from evo_attention.train.trainer import SETTINGS_FIELDS, run_training
 from evo_attention.train.environment import versions
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import write_bytes
+from evo_attention.util.files import write_bytes, write_directory
 
 StartFn = Callable[["EvalTask"], None]
 StepFn = Callable[["EvalTask", int, int, float], None]
@@ -59,6 +62,7 @@ class EvalTask:
     resume_from: str | None = None  # a checkpoint file to continue from (missing: from scratch)
     save_to: str | None = None  # where to write the trainer state after training
     audit: bool = False  # multi-fidelity: trained to the full budget whatever its early loss
+    keep_model: str | None = field(default=None, compare=False)  # a directory for the trained model
     worker: str = field(default="", compare=False)  # set by the executor: who runs it
 
 
@@ -71,17 +75,39 @@ def task_context(task: EvalTask, config: Config) -> str:
 
 
 def execute(task: EvalTask, config: Config, data: TaskData, *, device=None, progress=None,
-            state: bytes | None = None) -> tuple[EvaluationRecord, bytes | None]:
-    """Run one task where the caller is: ``(record, trainer state bytes or None)``."""
+            state: bytes | None = None) -> tuple[EvaluationRecord, bytes | None, dict | None]:
+    """Run one task where the caller is: ``(record, trainer state bytes or None, model files or
+    None)``. The model files (``train.saving.model_files``: name -> bytes) come back when the task
+    asks to keep its model and trained successfully to its full budget."""
     if task.budget is None:
         result = run_training(task.gene, config, data, seed=task.seed, steps=task.steps, eval_split=task.eval_split,
                               device=device, progress=progress)
-        return result.record, None
-    from evo_attention.search.fidelity import train_rung
+    else:
+        from evo_attention.search.fidelity import train_rung
 
-    return train_rung(task.gene, config, data, seed=task.seed, steps=task.steps, budget=task.budget, state=state,
-                      keep_state=task.save_to is not None, eval_split=task.eval_split, device=device,
-                      progress=progress)
+        result = train_rung(task.gene, config, data, seed=task.seed, steps=task.steps, budget=task.budget,
+                            state=state, keep_state=task.save_to is not None, eval_split=task.eval_split,
+                            device=device, progress=progress)
+    model = None
+    if task.keep_model and result.trainer is not None and result.record.ok and task.steps == (task.budget or task.steps):
+        from evo_attention.train.saving import model_files
+
+        record = result.record
+        model = model_files(result.trainer.model, tokenizer=getattr(data, "tokenizer", None), vocab=data.vocab,
+                            extra={"evaluation": {name: record.get(name) for name in KEPT_FIELDS}})
+    return result.record, result.state, model
+
+
+# what a kept model's config.json says of the evaluation that trained it
+KEPT_FIELDS = ("gene", "seed", "steps", "data", "data_fingerprint", "context", "eval_split", "val_loss",
+               "val_perplexity", "accuracy", "bits_per_byte", "params", "versions")
+
+
+def store_model(task: EvalTask, files: dict | None) -> None:
+    """Write a task's trained model into ``task.keep_model`` (the driver side: atomically, as a whole)."""
+    if task.keep_model is None or files is None:
+        return
+    write_directory(task.keep_model, files)
 
 
 def failure_record(task: EvalTask, config: Config, data: TaskData, message: str) -> EvaluationRecord:
@@ -191,8 +217,9 @@ class LocalExecutor(Executor):
             if on_start is not None:
                 on_start(task)
             progress = None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
-            record, state = execute(task, config, data, progress=progress, state=load_state(task))
+            record, state, model = execute(task, config, data, progress=progress, state=load_state(task))
             store_state(task, state)
+            store_model(task, model)
             yield task, record
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from multiprocessing.connection import wait
 
 from evo_attention.search.executors.base import (Executor, available_cores, check_rebuildable, execute,
-                                                 failure_record, load_state, rebuild_data, store_state,
+                                                 failure_record, load_state, rebuild_data, store_model, store_state,
                                                  worker_devices)
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
@@ -59,8 +59,8 @@ def _worker_main(worker: str, threads: int, conn) -> None:
             config = Config.from_dict(config_dict)
             data = rebuild_data(config, fingerprint)
             progress = lambda s, n, loss: conn.send(("step", token, s, n, loss))  # noqa: E731
-            record, blob = execute(task, config, data, device=device, progress=progress, state=state)
-            conn.send(("done", token, record, blob))
+            record, blob, model = execute(task, config, data, device=device, progress=progress, state=state)
+            conn.send(("done", token, record, blob, model))
         except KeyboardInterrupt:
             return
         except UserError as exc:
@@ -252,6 +252,7 @@ class ProcessExecutor(Executor):
                     on_step(task, *message[2:5])
             elif kind == "done":
                 store_state(task, message[3])
+                store_model(task, message[4])
                 slot.job = None
                 yield task, message[2]
             elif kind == "error":

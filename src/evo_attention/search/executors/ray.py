@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from evo_attention.search.executors.base import (EvalTask, Executor, check_rebuildable, execute, failure_record,
-                                                 load_state, rebuild_data, store_state)
+                                                 load_state, rebuild_data, store_model, store_state)
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
 from evo_attention.util.plugins import load_plugins
@@ -42,8 +42,8 @@ def _ray_evaluate(token, task, config_dict, fingerprint, state, device, threads,
     data = rebuild_data(config, fingerprint)
     sink.put.remote((token, worker, "start"))
     progress = lambda s, n, loss: sink.put.remote((token, worker, "step", s, n, loss))  # noqa: E731
-    record, blob = execute(task, config, data, device=device, progress=progress, state=state)
-    return record, blob, worker
+    record, blob, model = execute(task, config, data, device=device, progress=progress, state=state)
+    return record, blob, model, worker
 
 
 def import_ray():
@@ -128,7 +128,7 @@ class RayExecutor(Executor):
                 for ref in done:
                     token, task = pending.pop(ref)
                     try:
-                        record, blob, worker = ray.get(ref)
+                        record, blob, model, worker = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:
                         cause = getattr(exc, "cause", None)
                         if isinstance(cause, UserError):
@@ -145,6 +145,7 @@ class RayExecutor(Executor):
                         on_start(task)
                     started.pop(token, None)
                     store_state(task, blob)
+                    store_model(task, model)
                     yield task, record
         finally:
             for ref in pending:  # abandoned (interrupted): cancel what is left

@@ -1,0 +1,42 @@
+"""``evo-attention export``: a trained gene's attention as a standalone PyTorch module.
+
+    evo-attention export --model runs/best/model --out exported/
+    evo-attention export --from-run runs/quick --rank 1 --out exported/   # a model the search kept
+
+Writes ``attention.py`` (needs only torch), ``attention.safetensors`` (every layer's trained
+attention weights) and ``README.md`` (how to drop it into a nanoGPT-style block); see docs/export.md.
+"""
+
+from __future__ import annotations
+
+from evo_attention.util.errors import UserError
+
+
+def cmd_export(args) -> int:
+    from evo_attention.nn.export import export_attention
+    from evo_attention.search.models import kept_model
+    from evo_attention.train.saving import load_model
+    from evo_attention.util.progress import log
+
+    if bool(args.model) == bool(args.from_run):
+        raise UserError("give either --model DIR (a saved model) or --from-run DIR --rank R (a model the search kept "
+                        "with --keep-models), one of them")
+    if args.model and args.rank is not None:
+        raise UserError("--rank picks among a run's kept models: use it with --from-run, not --model")
+    directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
+    model = load_model(directory)
+    source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
+    result = export_attention(model, args.out, source=source)
+    log(f"exported {result['gene']} ({result['layers']} layer(s)) from {directory}")
+    log("wrote " + ", ".join(result["files"]))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a trained gene's attention as a standalone PyTorch module "
+                       "(attention.py + safetensors weights + README)")
+    p.add_argument("--model", metavar="DIR", help="a saved model directory (baseline --save-model, search --keep-models)")
+    p.add_argument("--from-run", metavar="DIR", help="a search run that kept its models (search --keep-models K)")
+    p.add_argument("--rank", type=int, help="with --from-run: which kept model, 1 = the best (default 1)")
+    p.add_argument("--out", metavar="DIR", required=True, help="directory for attention.py, attention.safetensors, README.md")
+    p.set_defaults(func=cmd_export)

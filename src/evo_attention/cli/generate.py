@@ -1,0 +1,62 @@
+"""``evo-attention generate``: continue a prompt with a saved model, one sampled token at a time
+(key/value cache), and say how fast.
+
+    evo-attention generate --model runs/quick/models/01 --prompt "k3 v7 k5" --max-new-tokens 20 --seed 0
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from evo_attention.util.errors import UserError
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from evo_attention.data.tokenizers import encode_prompt
+    from evo_attention.nn.decoding import check_sampling, generate
+    from evo_attention.train.environment import resolve_device
+    from evo_attention.train.saving import load_model, load_tokenizer
+
+    if args.max_new_tokens < 0:
+        raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    device = resolve_device(args.device)
+    model = load_model(args.model, device=str(device))
+    check_sampling(args.temperature, args.top_k, model.config.vocab_size)
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise UserError(f"{args.model} holds no tokenizer.json, so a text prompt cannot be read: save the model with "
+                        "its data's vocabulary (search --keep-models and baseline --save-model do)")
+    ids, unknown = encode_prompt(tokenizer, args.prompt)
+    if unknown == len(ids):
+        print(f"evo-attention: note: no word of the prompt is in the model's vocabulary: all {len(ids)} read as <unk>",
+              file=sys.stderr)
+    elif unknown:
+        print(f"evo-attention: note: {unknown} of the prompt's {len(ids)} tokens are not in the model's vocabulary "
+              "and read as <unk>", file=sys.stderr)
+    generator = torch.Generator().manual_seed(args.seed)
+    start = time.perf_counter()
+    new = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   generator=generator)
+    seconds = time.perf_counter() - start
+    print(tokenizer.decode(ids + new))
+    rate = f"{len(new) / seconds:,.1f} tokens/s" if seconds > 0 and new else "-"
+    print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, key/value cache, {device}; "
+          f"prompt {len(ids)} tokens, window {model.config.max_seq_len})", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a saved model (sampling with a key/value cache)")
+    p.add_argument("--model", metavar="DIR", required=True,
+                   help="a saved model directory (search --keep-models, baseline --save-model)")
+    p.add_argument("--prompt", required=True, help="the text to continue (words outside the vocabulary read as <unk>)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature; 0 always takes the most likely token (default 1.0)")
+    p.add_argument("--top-k", type=int, help="sample only among the K most likely tokens (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,176 @@
+"""A trained model as a directory, in the ``save_pretrained`` / ``from_pretrained`` layout:
+
+    DIR/config.json          the per-layer genes, the settings, the sha256 of every other file
+    DIR/model.safetensors    the weights (safetensors: never pickle)
+    DIR/tokenizer.json       the vocabulary or tokenizer (``Tokenizer.to_json``), when the data had one
+
+``TinyTransformer.save_pretrained(dir)`` and ``TinyTransformer.from_pretrained(dir)`` use this module;
+``train.saving`` adds the training ``Config`` (the layer below the trainer cannot know it).
+
+Loading checks every file against the checksum ``config.json`` lists for it, so a missing, truncated,
+swapped or edited file is a one-line error naming it, before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import write_directory
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
+FORMAT = "evo-attention-model/2"
+
+
+class SavedSettings:
+    """The settings stored in a model's config.json, read as attributes (what ``TinyTransformer``
+    reads: ``vocab_size``, ``d_model``, ``n_heads``, ... and ``ffn_dim``). The training layer
+    builds its full ``Config`` from the same mapping instead."""
+
+    def __init__(self, values: Mapping[str, Any]):
+        self._values = dict(values)
+        for name, value in self._values.items():
+            setattr(self, name, value)
+
+    @property
+    def ffn_dim(self) -> int:
+        return self._values.get("d_ff") or 4 * self._values["d_model"]
+
+    def to_dict(self) -> dict:
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        return f"SavedSettings({self._values})"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_files(model, *, tokenizer=None, extra: Mapping | None = None) -> dict[str, bytes]:
+    """The files of ``model``'s directory as ``{name: bytes}`` (made where the model is, written
+    wherever the bytes go: a worker process sends them to the driver).
+
+    ``tokenizer``: a ``data.tokenizers.Tokenizer`` or a ``Vocab`` (saved as a word tokenizer), or None.
+    """
+    from safetensors.torch import save_model
+    import tempfile
+
+    from evo_attention.data.tokenizers import Tokenizer, WordTokenizer
+    from evo_attention.data.vocab import Vocab
+
+    files: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:  # safetensors drops the tied head's copy when saving a module
+        save_model(model, str(Path(tmp) / WEIGHTS))
+        files[WEIGHTS] = (Path(tmp) / WEIGHTS).read_bytes()
+    if isinstance(tokenizer, Vocab):
+        tokenizer = WordTokenizer(tokenizer)
+    if tokenizer is not None:
+        if not isinstance(tokenizer, Tokenizer):
+            raise UserError(f"tokenizer must be a Tokenizer or a Vocab, got {type(tokenizer).__name__}")
+        files[TOKENIZER] = tokenizer.to_json().encode("utf-8")
+    settings = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
+    meta = {
+        "format": FORMAT,
+        "genes": [g.key for g in model.genes],
+        "config": settings,
+        "params": model.num_parameters(),
+        "files": {name: {"sha256": sha256(data), "bytes": len(data)} for name, data in files.items()},
+        **dict(extra or {}),
+    }
+    files[CONFIG] = (json.dumps(meta, indent=2, sort_keys=False) + "\n").encode("utf-8")
+    return files
+
+
+def save_pretrained(model, directory: str | Path, *, tokenizer=None, extra: Mapping | None = None) -> Path:
+    """Write ``model`` (and its tokenizer) to ``directory``, replacing it as a whole."""
+    return write_directory(directory, model_files(model, tokenizer=tokenizer, extra=extra))
+
+
+def read_config(directory: str | Path, *, verify: bool = True) -> dict:
+    """config.json of a model directory, every file it lists checked against its sha256 (UserError
+    naming the file when one is missing, altered or unreadable)."""
+    directory = Path(directory)
+    path = directory / CONFIG
+    if not directory.is_dir():
+        raise UserError(f"no model directory {directory}: give a directory written by save_pretrained "
+                        "(search --keep-models or baseline --save-model)")
+    if not path.is_file():
+        older = " (it holds model.json: save the model again with this version)" if (directory / "model.json").is_file() else ""
+        raise UserError(f"{path} is missing{older}: a model directory holds {CONFIG}, {WEIGHTS} and {TOKENIZER}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("genes"), list) or \
+                not isinstance(meta.get("config"), dict) or not isinstance(meta.get("files"), dict) or \
+                WEIGHTS not in meta["files"]:
+            raise ValueError("not an evo-attention model config (genes, config and files expected)")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path} is damaged ({str(exc).splitlines()[0][:160]}): restore the directory or save the "
+                        "model again") from None
+    if verify:
+        for name, entry in meta["files"].items():
+            check_file(directory, name, entry)
+    return meta
+
+
+def check_file(directory: Path, name: str, entry: Mapping) -> None:
+    """UserError unless ``directory/name`` exists and has the sha256 that config.json lists."""
+    path = Path(directory) / name
+    if Path(name).name != name:
+        raise UserError(f"{directory / CONFIG} lists a file outside the directory ({name!r}): restore config.json")
+    if not path.is_file():
+        raise UserError(f"{path} is missing: restore it or save the model again")
+    expected = entry.get("sha256") if isinstance(entry, Mapping) else None
+    if not isinstance(expected, str) or sha256(path.read_bytes()) != expected:
+        raise UserError(f"{path} was altered or damaged (its sha256 differs from the one in {CONFIG}): restore it "
+                        "or save the model again")
+
+
+def from_pretrained(cls, directory: str | Path, *, device: str = "cpu",
+                    settings: Callable[[dict], Any] | None = None):
+    """Build ``cls`` (``TinyTransformer``) from ``directory`` and load its weights, in eval mode.
+
+    ``settings`` turns the stored settings mapping into the object the model is built with (the
+    training layer passes ``Config.from_dict``); by default a ``SavedSettings``.
+    """
+    from safetensors.torch import load_model
+
+    from evo_attention.genes import AttentionGene
+
+    directory = Path(directory)
+    meta = read_config(directory)
+    try:
+        genes = [AttentionGene.parse(k) for k in meta["genes"]]
+        config = (settings or SavedSettings)(meta["config"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{directory / CONFIG} does not describe a model this version can build "
+                        f"({str(exc).splitlines()[0][:200]}): save the model again") from None
+    model = cls(config, genes)
+    try:
+        load_model(model, str(directory / WEIGHTS), device=str(device))
+    except Exception as exc:  # safetensors' own errors, a size mismatch (RuntimeError)
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UserError(f"{directory / WEIGHTS} does not match {CONFIG} ({reason}): save the model again") from None
+    return model.to(device).eval()
+
+
+def load_tokenizer(directory: str | Path):
+    """The tokenizer saved with a model (checked against config.json), or None if it has none."""
+    from evo_attention.data.tokenizers import tokenizer_from_json
+
+    directory = Path(directory)
+    meta = read_config(directory, verify=False)
+    entry = meta["files"].get(TOKENIZER)
+    if entry is None:
+        return None
+    check_file(directory, TOKENIZER, entry)
+    try:
+        return tokenizer_from_json((directory / TOKENIZER).read_text(encoding="utf-8"))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{directory / TOKENIZER} is damaged ({str(exc).splitlines()[0][:160]}): save the model "
+                        "again") from None

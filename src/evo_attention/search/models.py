@@ -1,0 +1,79 @@
+"""The trained models a search keeps (``keep_models`` K): ``RUN_DIR/models/<gene>-<digest>/``.
+
+Each is a ``save_pretrained`` directory (config.json with the evaluation that measured it,
+model.safetensors, tokenizer.json), written where the search's executor hands back the training:
+the worker that trained the model sends its files to the driver (``executors.base.store_model``),
+so the kept weights are exactly those whose validation result the run store holds, with no
+retraining. After every finished evaluation the driver ``prune`` s the directory to the K best by
+validation perplexity (ties by gene key, the report's ranking), so at most K models (plus the
+trainings in flight) lie on disk. Only full-budget search evaluations are kept; the baseline and
+the lower rungs of a multi-fidelity schedule are not. Evaluations answered from the store (a
+resumed run, an elite) bring no new model: a gene's model is kept when it is trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+MODELS_DIR = "models"
+
+
+def model_dir(run_dir: str | Path, gene: str) -> Path:
+    """The directory a gene's kept model gets in a run."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "_", gene).strip("_")
+    return Path(run_dir) / MODELS_DIR / f"{slug}-{hashlib.sha256(gene.encode()).hexdigest()[:8]}"
+
+
+def _perplexity(evaluation: dict) -> float:
+    value = evaluation.get("val_perplexity")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
+
+
+def kept_models(run_dir: str | Path) -> list[dict]:
+    """The run's kept models, best first: ``{"rank", "dir", "gene", "val_perplexity", ...}`` (the
+    evaluation each config.json records). Files are checked when a model is loaded, not here."""
+    root = Path(run_dir) / MODELS_DIR
+    found = []
+    for directory in sorted(root.iterdir()) if root.is_dir() else ():
+        if directory.name.startswith(".") or not (directory / "config.json").is_file():
+            continue  # a directory being written, or a foreign one
+        try:
+            evaluation = json.loads((directory / "config.json").read_text(encoding="utf-8"))["evaluation"]
+            gene = str(evaluation["gene"])
+        except (OSError, ValueError, KeyError, TypeError):
+            evaluation, gene = {}, directory.name  # damaged: ranked last, and named when it is loaded
+        found.append({**evaluation, "gene": gene, "dir": str(directory)})
+    found.sort(key=lambda m: (_perplexity(m), m["gene"]))
+    return [{"rank": i + 1, **m} for i, m in enumerate(found)]
+
+
+def prune(run_dir: str | Path, keep: int) -> list[dict]:
+    """Delete every kept model below the ``keep`` best; the ones left, best first."""
+    ranked = kept_models(run_dir)
+    for extra in ranked[keep:]:
+        shutil.rmtree(extra["dir"], ignore_errors=True)
+    return ranked[:keep]
+
+
+def kept_model(run_dir: str | Path, rank: int) -> Path:
+    """The directory of the run's ``rank``-th best kept model (1 = best); UserError naming the run
+    when it kept none or fewer."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UserError(f"rank must be a positive integer (1 = the best kept model), got {rank!r}", setting="rank")
+    if not Path(run_dir).is_dir():
+        raise UserError(f"no run directory {run_dir}: give the --out directory of a search")
+    ranked = kept_models(run_dir)
+    if not ranked:
+        raise UserError(f"the run in {run_dir} kept no trained models: run the search with keep_models K (or give "
+                        "a model directory)", setting="keep_models")
+    if rank > len(ranked):
+        raise UserError(f"rank {rank} is beyond the {len(ranked)} model{'s' if len(ranked) != 1 else ''} the run in "
+                        f"{run_dir} kept: give a rank from 1 to {len(ranked)}", setting="rank")
+    return Path(ranked[rank - 1]["dir"])

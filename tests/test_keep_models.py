@@ -1,0 +1,105 @@
+"""search --keep-models: the K best trained models, saved where they trained; generate from one."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from evo_attention import Config
+from evo_attention.cli import main
+from evo_attention.search.executors import ProcessExecutor
+from evo_attention.search.models import kept_model, kept_models
+from evo_attention.studies.evolution import Evolution
+from evo_attention.train.saving import load_model, load_tokenizer
+from evo_attention.train.trainer import Trainer
+from evo_attention.data import data_from_config
+
+FLAGS = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
+         "--layers", "1", "--batch-size", "8", "--steps", "6", "--population", "4", "--generations", "2",
+         "--elite", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("keep") / "run"
+    assert main(["search", *FLAGS, "--keep-models", "2", "--out", str(out)]) == 0
+    return out
+
+
+def _search_ranking(run_dir):
+    final = json.loads((Path(run_dir) / "final_results.json").read_text())
+    return [entry["gene"] if isinstance(entry["gene"], str) else entry["gene"]["key"] for entry in final["top_5"]]
+
+
+def test_the_k_best_models_are_kept_and_measure_what_the_store_says(kept_run):
+    kept = kept_models(kept_run)
+    assert [m["rank"] for m in kept] == [1, 2] and len(list((kept_run / "models").iterdir())) == 2
+    ranking = json.loads((kept_run / "final_results.json").read_text())
+    assert kept[0]["gene"] == ranking["best_gene"]["key"]
+    assert kept[0]["val_perplexity"] <= kept[1]["val_perplexity"]
+    for entry in kept:  # the kept weights are those the record measured: evaluating them gives its loss
+        model = load_model(entry["dir"])
+        trainer = Trainer(entry["gene"], model.config, data_from_config(model.config))
+        trainer.model = model
+        assert trainer.evaluate()["val_loss"] == pytest.approx(entry["val_loss"], rel=0, abs=1e-9)
+        assert load_tokenizer(entry["dir"]) is not None
+    assert kept_model(kept_run, 2) == Path(kept[1]["dir"])
+
+
+def test_a_rank_beyond_the_kept_models_is_one_line(kept_run, tmp_path, capsys):
+    assert main(["export", "--from-run", str(kept_run), "--rank", "3", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--rank 3 is beyond the 2 models" in err and not (tmp_path / "x").exists()
+
+
+def test_worker_processes_send_the_models_they_trained(tmp_path):
+    settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                    batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=3, n_generations=1,
+                    elite_size=1, baseline=False,
+                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker: the same reductions, the same weights
+    try:
+        with Evolution(Config(**settings), out_dir=tmp_path / "local", keep_models=3) as evo:
+            evo.run()
+        with Evolution(Config(**settings), out_dir=tmp_path / "process", keep_models=3,
+                       executor=ProcessExecutor(2, threads=1)) as evo:
+            evo.run()
+    finally:
+        torch.set_num_threads(before)
+    local, remote = kept_models(tmp_path / "local"), kept_models(tmp_path / "process")
+    assert [m["gene"] for m in local] == [m["gene"] for m in remote] and len(local) == 3
+    for a, b in zip(local, remote):
+        assert (Path(a["dir"]) / "model.safetensors").read_bytes() == (Path(b["dir"]) / "model.safetensors").read_bytes()
+
+
+def test_generate_from_a_kept_model(kept_run, capsys):
+    model = kept_models(kept_run)[0]["dir"]
+    args = ["generate", "--model", model, "--prompt", "k1 v2 k3", "--max-new-tokens", "5", "--seed", "3"]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert first.out.startswith("k1 v2 k3") and len(first.out.split()) == 3 + 5 and "tokens/s" in first.err
+    assert main(args) == 0 and capsys.readouterr().out == first.out  # same seed, same text
+    assert main([*args[:3], "--prompt", "zebra", "--max-new-tokens", "1"]) == 2  # recall vocabulary: no <unk>
+    assert "not in the model's vocabulary" in capsys.readouterr().err
+    for bad in (["--top-k", "0"], ["--temperature", "-1"], ["--top-k", "100000"]):
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and bad[0] in err
+
+
+def test_an_unknown_prompt_reads_as_unk_said_once(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 20)
+    assert main(["baseline", "--data", "text", "--data-dir", str(corpus), "--seq-len", "8", "--d-model", "16",
+                 "--heads", "2", "--layers", "1", "--steps", "2", "--batch-size", "4", "--save-model",
+                 "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path / "b" / "model"), "--prompt", "zebra quokka",
+                 "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.err.count("<unk>") == 1 and "no word of the prompt" in out.err
+    assert out.out.startswith("<unk> <unk>")
