@@ -43,10 +43,22 @@ def covering_gene_keys(skip=frozenset()) -> list:
     pairs in ``skip``) and every axis option appears at least once, with and without biases."""
     from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS
 
+    from evo_attention.genes import KERNEL_NORMALIZATIONS
+
     options = [[name for name in OPTIONS[f] if (f, name) not in skip] for f in CATEGORICAL_FIELDS]
     n = max(max(len(o) for o in options), len(COVERING_AXES))
-    return ["|".join(o[i % len(o)] for o in options) + ("|nobias|0.00|" if i % 2 else "|bias|0.10|")
-            + COVERING_AXES[i % len(COVERING_AXES)] for i in range(n)]
+    keys = []
+    for i in range(n):
+        parts = [o[i % len(o)] for o in options]
+        axes = COVERING_AXES[i % len(COVERING_AXES)]
+        if parts[1] in KERNEL_NORMALIZATIONS:  # the validity rules: a dot-product similarity, no score bias
+            parts[0] = ("dot", "cosine")[i % 2]
+            axes = "|".join(a for a in axes.split("|") if a != "abias=rel").replace("pos=alibi", "pos=rope")
+        keys.append("|".join(parts) + ("|nobias|0.00|" if i % 2 else "|bias|0.10|") + axes)
+    # the kernel normalizations once more without a window: their running-sum paths
+    keys += [f"cosine|{name}|highway|adaptive|bias|0.00|pos=rope|kvh=2" for name in options[1]
+             if name in KERNEL_NORMALIZATIONS]
+    return keys
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from evo_attention.nn.attention import KernelState
+
 from evo_attention import Config, TinyTransformer
 from evo_attention.nn.decoding import generate, sample
 from evo_attention.util.errors import UserError
@@ -32,7 +34,12 @@ def test_cached_decoding_equals_recomputation_for_every_option(covering_genes):
             parts += [model.decode(ids[:, i:i + 1], caches) for i in range(5, ids.shape[1])]  # one at a time
         assert caches[0].length == ids.shape[1]
         torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-10, msg=gene)
-        assert model.blocks[0].attn.kv_heads * CONFIG.d_model // CONFIG.n_heads == caches[0].k.shape[1] * caches[0].k.shape[3]
+        if isinstance(caches[0], KernelState):  # the recurrent form: sums of a fixed size, whatever the length
+            d_head = CONFIG.d_model // CONFIG.n_heads
+            assert caches[0].s.shape[::2] == (2, caches[0].z.shape[-1]) and caches[0].s.shape[-1] == d_head
+        else:  # grouped K/V heads are stored once
+            assert model.blocks[0].attn.kv_heads * CONFIG.d_model // CONFIG.n_heads == caches[0].k.shape[1] * caches[0].k.shape[3]
+    assert any(isinstance(c, KernelState) for gene in covering_genes() for c in random_model(gene).new_caches())
 
 
 def test_the_cache_refuses_to_grow_past_the_window():

@@ -89,6 +89,17 @@ class KVCache:
         return self.k, self.v
 
 
+@dataclass
+class KernelState:
+    """One layer's running sums for a kernel normalization without a window: s = sum phi(k) v^T
+    [B, H, m, d_head] and z = sum phi(k) [B, H, m] over the positions decoded so far. Its size does
+    not grow with the sequence (the recurrent form of linear attention)."""
+
+    s: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    length: int = 0
+
+
 class LowRankQKV(nn.Module):
     """Factorised Q/K/V projection: h [B, T, d] -> [B, T, 3d] = [U_q D_q h, U_kv D_kv h].
 
@@ -318,7 +329,12 @@ class EvolvedAttention(nn.Module):
         k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
         return q, k, v
 
-    def decode(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def new_cache(self) -> "KVCache | KernelState":
+        """An empty cache for ``decode``: running sums for a kernel normalization without a window,
+        keys and values otherwise."""
+        return KernelState() if self.kernel is not None and not self.window else KVCache()
+
+    def decode(self, x: torch.Tensor, cache: "KVCache | KernelState") -> torch.Tensor:
         """x [B, T, d_model] of T new positions after the ``cache.length`` ones in ``cache`` ->
         [B, T, d_model], the rows ``forward`` gives for them on the whole sequence; their keys and
         values join ``cache``. Rotary angles, ALiBi and relative-bias rows start at the cache's
@@ -329,10 +345,20 @@ class EvolvedAttention(nn.Module):
         q, k, v = self._heads(self.gating.gate_input(x))
         if self.rotary is not None:
             q, k = self.rotary(q, k, start)
-        k, v = cache.append(k, v)
+        if isinstance(cache, KVCache):
+            k, v = cache.append(k, v)
         if self.kv_heads != self.n_heads:
             group = self.n_heads // self.kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if self.kernel is not None:
+            with torch.autocast(x.device.type, enabled=False):
+                phi_q, phi_k = self.kernel_features(q, k, self.temperature(x))
+                v = v.to(phi_q.dtype)
+                if isinstance(cache, KernelState):
+                    y = self._decode_running(phi_q, phi_k, v, cache)
+                else:
+                    y = components.kernel_weights(phi_q, phi_k, decode_mask(start, t, x.device, self.window)) @ v
+            return self.gating(x, self.out(y.transpose(1, 2).reshape(b, t, self.d_model)))
         scores = self.similarity(q, k) / self.temperature(x).to(q.dtype)
         bias = None
         for module in self.score_biases:
@@ -343,6 +369,20 @@ class EvolvedAttention(nn.Module):
         weights = self.normalize(scores, decode_mask(start, t, x.device, self.window))
         y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(b, t, self.d_model)
         return self.gating(x, self.out(y))
+
+    @staticmethod
+    def _decode_running(phi_q, phi_k, v, state: KernelState) -> torch.Tensor:
+        """The new positions' outputs from the running sums of the earlier ones plus their own
+        causal triangle; the sums then take the new positions in."""
+        local = (phi_q @ phi_k.transpose(-2, -1)).tril()
+        numerator, denominator = local @ v, local.sum(dim=-1)
+        if state.s is not None:
+            numerator = numerator + phi_q @ state.s
+            denominator = denominator + (phi_q @ state.z.unsqueeze(-1)).squeeze(-1)
+        kv, ks = phi_k.transpose(-2, -1) @ v, phi_k.sum(dim=-2)
+        state.s, state.z = (kv, ks) if state.s is None else (state.s + kv, state.z + ks)
+        state.length += phi_q.shape[2]
+        return components.safe_ratio(numerator, denominator)
 
     def extra_repr(self) -> str:
         return f"gene={self.gene.key}, d_model={self.d_model}, n_heads={self.n_heads}, kv_heads={self.kv_heads}"

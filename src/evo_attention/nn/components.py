@@ -337,7 +337,7 @@ class KernelNormalization(nn.Module):
         raise NotImplementedError
 
 
-def _safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """numerator / denominator[..., None], and 0 (with zero gradient, never NaN) where the
     denominator is not a normal positive number: a row whose allowed products all underflow."""
     ok = denominator > torch.finfo(denominator.dtype).tiny
@@ -348,7 +348,7 @@ def kernel_weights(phi_q: torch.Tensor, phi_k: torch.Tensor, mask: torch.Tensor 
     """The explicit [B, H, T, T] weights of a kernel normalization: exactly zero on masked keys, rows
     summing to 1 (a row whose allowed products all vanish stays zero, never NaN)."""
     weights = _zero_masked(phi_q @ phi_k.transpose(-2, -1), mask)
-    return _safe_ratio(weights, weights.sum(dim=-1))
+    return safe_ratio(weights, weights.sum(dim=-1))
 
 
 def causal_kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
@@ -376,7 +376,7 @@ def causal_kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.T
     local = (fq @ fk.transpose(-2, -1)).tril()  # [B, H, n, C, C]: j <= i inside the chunk
     numerator = fq @ state + local @ vc
     denominator = (fq @ total.unsqueeze(-1)).squeeze(-1) + local.sum(dim=-1)
-    y = _safe_ratio(numerator, denominator)
+    y = safe_ratio(numerator, denominator)
     return y.reshape(b, h, n * c, d)[:, :, :t]
 
 

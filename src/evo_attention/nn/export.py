@@ -48,6 +48,43 @@ def _shift_for_sparse(scores, mask):
     return (scores - row_max).masked_fill(~mask, -10.0)
 '''
 
+_KERNEL = '''
+normalize = None  # a kernel normalization: weights from feature maps phi(q) . phi(k), never from scores
+
+
+def _safe_ratio(numerator, denominator):
+    # numerator / denominator, and 0 where every product underflowed (never NaN)
+    ok = denominator > torch.finfo(denominator.dtype).tiny
+    return torch.where(ok, 1.0 / torch.where(ok, denominator, 1.0), 0.0).unsqueeze(-1) * numerator
+
+
+def kernel_weights(phi_q, phi_k, mask):
+    # the explicit [B, H, T, T] weights: exactly zero on masked keys, rows summing to 1
+    weights = (phi_q @ phi_k.transpose(-2, -1)).masked_fill(~mask, 0.0)
+    return _safe_ratio(weights, weights.sum(dim=-1))
+
+
+def causal_kernel_attention(phi_q, phi_k, v, chunk=64):
+    # the same result as kernel_weights(...) @ v under the causal mask, in O(T) memory: chunks of
+    # `chunk` positions, a lower triangle inside each, exclusive prefix sums of phi_k v^T and phi_k
+    # for the chunks before
+    b, h, t, m = phi_q.shape
+    d = v.shape[-1]
+    c = min(chunk, t)
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        phi_q, phi_k, v = (F.pad(z, (0, 0, 0, pad)) for z in (phi_q, phi_k, v))
+    fq, fk, vc = phi_q.view(b, h, n, c, m), phi_k.view(b, h, n, c, m), v.view(b, h, n, c, d)
+    kv, ks = fk.transpose(-2, -1) @ vc, fk.sum(dim=-2)
+    state = torch.cat((torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]), dim=2).cumsum(dim=2)
+    total = torch.cat((torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1]), dim=2).cumsum(dim=2)
+    local = (fq @ fk.transpose(-2, -1)).tril()
+    numerator = fq @ state + local @ vc
+    denominator = (fq @ total.unsqueeze(-1)).squeeze(-1) + local.sum(dim=-1)
+    return _safe_ratio(numerator, denominator).reshape(b, h, n * c, d)[:, :, :t]
+'''
+
 _GATING_BASE = '''
 class Gating(nn.Module):
     def __init__(self, d_model):
@@ -64,6 +101,9 @@ class Gating(nn.Module):
 SNIPPETS: dict[str, dict[str, str]] = {
     "similarity": {
         "dot": _SIMILARITY_BASE + '''
+    def prepare(self, q, k):
+        return q, k
+
     def forward(self, q, k):
         return q @ k.transpose(-2, -1)
 ''',
@@ -89,10 +129,13 @@ SNIPPETS: dict[str, dict[str, str]] = {
         return out
 ''',
         "cosine": _SIMILARITY_BASE + '''
-    def forward(self, q, k):
+    def prepare(self, q, k):
         # cosine times d_head: after the temperature sqrt(d_head) the logits span +-sqrt(d_head)
         scale = math.sqrt(self.d_head)
-        q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1) * scale
+        return F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1) * scale
+
+    def forward(self, q, k):
+        q, k = self.prepare(q, k)
         return q @ k.transpose(-2, -1)
 ''',
     },
@@ -122,6 +165,32 @@ def normalize(scores, mask):
     support = (1 + k * z_sorted > cumsum).sum(dim=-1, keepdim=True)
     tau = (cumsum.gather(-1, support - 1) - 1) / support.to(z.dtype)
     return torch.clamp(z - tau, min=0).masked_fill(~mask, 0.0).to(scores.dtype)
+''',
+        "linear": _KERNEL + '''
+class Kernel(nn.Module):
+    # causal linear attention (Katharopoulos et al., 2020): phi = elu + 1
+    def __init__(self, d_head, n_heads, n_features):
+        super().__init__()
+
+    def feature_maps(self, q, k):
+        return F.elu(q) + 1.0, F.elu(k) + 1.0
+''',
+        "favor": _KERNEL + '''
+class Kernel(nn.Module):
+    # Performer's FAVOR+ (Choromanski et al., 2021), an APPROXIMATION of softmax attention:
+    # phi(x) = exp(w x - |x|^2 / 2) over the trained model's random features w (loaded with the
+    # weights). Each query's exponents are shifted by their own max and every key's by the fixed
+    # max_i |w_i|^2 / 2 (an upper bound of w x - |x|^2 / 2): both cancel in the ratio
+    def __init__(self, d_head, n_heads, n_features):
+        super().__init__()
+        self.register_buffer("features", torch.zeros(n_heads, n_features, d_head))
+        self.register_buffer("key_shift", torch.zeros(1, n_heads, 1, 1))
+
+    def feature_maps(self, q, k):
+        w = self.features.to(q.dtype).transpose(-2, -1)
+        hq = q @ w - q.square().sum(-1, keepdim=True) / 2
+        hk = k @ w - k.square().sum(-1, keepdim=True) / 2 - self.key_shift.to(k.dtype)
+        return torch.exp(hq - hq.amax(-1, keepdim=True).detach()), torch.exp(hk)
 ''',
         "entmax15": _SPARSE_SHIFT + '''
 def normalize(scores, mask):
@@ -360,6 +429,8 @@ KV_HEADS = {kv_heads}  # key/value heads (0: one per head; K < N_HEADS: grouped-
 WINDOW = {window}  # each query sees its last WINDOW keys (0: every earlier key)
 QKV_RANK = {rank}  # rank of the factorised Q/K/V projection (0: full)
 ROPE_SCALING, ROPE_FACTOR = {rope_scaling!r}, {rope_factor!r}  # rotary embeddings only
+KERNEL_FEATURES = {kernel_features}  # random features per head (normalization favor only)
+Kernel = None  # a kernel normalization defines it below
 
 
 def _wide(x):
@@ -395,6 +466,7 @@ class EvolvedAttention(nn.Module):
         self.rotary = Rotary(self.d_head) if Rotary is not None else None
         self.score_biases = nn.ModuleList(bias(n_heads, max_seq_len) for bias in SCORE_BIASES)
         self.similarity = Similarity(self.d_head, n_heads)
+        self.kernel = Kernel(self.d_head, n_heads, KERNEL_FEATURES) if Kernel is not None else None
         self.temperature = Temperature(d_model, n_heads, self.d_head)
         self.gating = Gating(d_model)
 
@@ -408,14 +480,23 @@ class EvolvedAttention(nn.Module):
         if self.kv_heads != self.n_heads:  # each group of query heads shares one key/value head
             group = self.n_heads // self.kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = self.similarity(q, k) / self.temperature(x).to(q.dtype)
-        for bias in self.score_biases:
-            scores = scores + bias(t, x.device)
         i = torch.arange(t, device=x.device)
         allowed = i[None, :] <= i[:, None]  # key j <= query i
         if WINDOW > 0:
             allowed = allowed & (i[:, None] - i[None, :] < WINDOW)
-        weights = normalize(scores, allowed)
+        if self.kernel is not None:  # phi(q s / tau) . phi(k / s), s = d_head^(1/4): the score q . k / tau
+            q, k = self.similarity.prepare(q, k)
+            dtype, s = torch.promote_types(q.dtype, torch.float32), self.d_head ** 0.25
+            phi_q, phi_k = self.kernel.feature_maps(q.to(dtype) * s / self.temperature(x).to(dtype), k.to(dtype) / s)
+            if WINDOW == 0 and not (self.training and ATTENTION_DROPOUT > 0):
+                y = causal_kernel_attention(phi_q, phi_k, v.to(dtype))
+                return self.gating(x, self.out(y.transpose(1, 2).reshape(b, t, self.d_model)))
+            weights, v = kernel_weights(phi_q, phi_k, allowed), v.to(dtype)
+        else:
+            scores = self.similarity(q, k) / self.temperature(x).to(q.dtype)
+            for bias in self.score_biases:
+                scores = scores + bias(t, x.device)
+            weights = normalize(scores, allowed)
         weights = F.dropout(weights, ATTENTION_DROPOUT, self.training)
         y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(b, t, self.d_model)
         return self.gating(x, self.out(y))
@@ -440,7 +521,7 @@ def check_exportable(gene: AttentionGene) -> None:
 
 
 def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_seq_len: int, *,
-                     source: str = "") -> str:
+                     source: str = "", kernel_features: int = 64) -> str:
     """The standalone ``attention.py`` of ``gene`` at these sizes (see the module docstring)."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     check_exportable(gene)
@@ -458,7 +539,7 @@ def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_
                             d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, weights=WEIGHTS_FILE,
                             use_bias=gene.use_bias, dropout=gene.attention_dropout, kv_heads=gene.kv_heads,
                             window=gene.window, rank=gene.qkv_rank, rope_scaling=spec.scaling,
-                            rope_factor=float(spec.factor))
+                            rope_factor=float(spec.factor), kernel_features=kernel_features)
     parts = [header] + [SNIPPETS[field][_option(gene, field)] for field in _ORDER] + [_CORE]
     return "\n".join(part.strip("\n") + "\n" for part in parts).replace("\n\n\n\n", "\n\n\n")
 
@@ -515,7 +596,8 @@ def export_attention(model, out: str | Path, *, source: str = "") -> dict:
                         "so export a model whose layers share a gene")
     gene = model.genes[0]
     config = model.config
-    text = attention_source(gene, config.d_model, config.n_heads, config.max_seq_len, source=source)
+    text = attention_source(gene, config.d_model, config.n_heads, config.max_seq_len, source=source,
+                            kernel_features=getattr(config, "favor_features", 64))
     from safetensors.torch import save
 
     state = {f"layers.{i}.{name}": tensor.detach().cpu().contiguous()

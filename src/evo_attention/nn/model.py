@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 import torch
 import torch.nn as nn
 
-from evo_attention.nn.attention import EvolvedAttention, KVCache
+from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import Dropout
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene, LayerGenes
@@ -133,7 +133,7 @@ class TinyTransformer(nn.Module):
     def hidden_states(self, ids: torch.Tensor, need_weights: bool = False, caches: Sequence | None = None):
         """Final hidden states [B, T, d_model] and the per-layer weights (with ``need_weights``).
 
-        ``caches`` (``new_caches()``, one ``KVCache`` per layer): ``ids`` are the next positions
+        ``caches`` (``new_caches()``, one cache per layer: ``KVCache`` or ``KernelState``): ``ids`` are the next positions
         after those already in the caches, whose keys and values are reused and extended.
         """
         b, t = ids.shape
@@ -152,7 +152,7 @@ class TinyTransformer(nn.Module):
 
     def new_caches(self) -> list:
         """Empty key/value caches, one per layer, for ``decode``."""
-        return [KVCache() for _ in self.blocks]
+        return [block.attn.new_cache() for block in self.blocks]
 
     def decode(self, ids: torch.Tensor, caches: Sequence) -> torch.Tensor:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those in ``caches`` (which
