@@ -189,7 +189,8 @@ def compare_markdown(payload: dict) -> str:
     lines = [
         "# Attention variants at one model size",
         "",
-        f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}; data {s['data']} "
+        f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}, "
+        f"{s.get('block', 'gpt2')} block; data {s['data']} "
         f"(vocab {s['vocab_size']}, {s['max_seq_len']} tokens); {s['steps']} steps of batch {s['batch_size']}, "
         f"lr {s['learning_rate']:g} ({s['lr_schedule']}); seed{'s' if seeds > 1 else ''} "
         f"{', '.join(map(str, s['seed_list']))}."

@@ -53,10 +53,21 @@ SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "
                    "warmup_steps", "lr_schedule", "precision", "eval_stride")
 
 
-def settings_hash(config: Config, eval_split: str = "valid") -> str:
-    """Short hash of the settings (other than gene, seed, steps, data) that shape a result: the
-    ``context`` part of a record's cache key."""
+def result_settings(config: Config) -> dict:
+    """The settings (other than gene, seed, steps, data) that shape a result, as a record keeps them.
+
+    ``block`` joins them only when it is not the default gpt2: the records and cache keys of gpt2
+    runs stay those of the runs made before the field existed, and a llama result never shares a
+    key with a gpt2 one."""
     settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
+    if config.block != "gpt2":
+        settings["block"] = config.block
+    return settings
+
+
+def settings_hash(config: Config, eval_split: str = "valid") -> str:
+    """Short hash of ``result_settings`` and the split: the ``context`` part of a record's cache key."""
+    settings = result_settings(config)
     settings["eval_split"] = eval_split
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -313,7 +324,7 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
     record = EvaluationRecord(
         gene=gene.key, seed=seed, steps=config.train_steps, data=data.name, data_fingerprint=data.fingerprint,
         context=settings_hash(config, eval_split), eval_split=eval_split, device=str(dev), versions=versions(),
-        settings={name: getattr(config, name) for name in SETTINGS_FIELDS},
+        settings=result_settings(config),
         resumed_from=0 if state is not None else None)
     reset_peak_memory(dev)
     start = time.perf_counter()
