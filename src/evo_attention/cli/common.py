@@ -149,7 +149,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
                   "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
                   "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
-                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track"}
+                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track",
+                  "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param"}
 
 
 def flag_of(setting: str) -> str | None:
