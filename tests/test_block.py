@@ -130,3 +130,20 @@ def test_block_is_a_validated_setting(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # the flag's choices are checked by the parser
         main(["baseline", "--preset", "quick", "--block", "bert"])
     assert exit_info.value.code == 2 and "invalid choice: 'bert'" in capsys.readouterr().err
+
+
+def test_resuming_a_run_stored_before_the_block_setting(tmp_path, capsys):
+    from evo_attention.search.store import RunStore
+
+    out = str(tmp_path / "run")
+    flags = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
+             "--layers", "1", "--batch-size", "8", "--steps", "4", "--population", "2", "--generations", "1",
+             "--elite", "1", "--quiet", "--out", out]
+    assert main(["search", *flags]) == 0
+    with RunStore.open(out) as store:  # as a run written before the field existed stored it
+        stored = store.config()
+        assert stored.pop("block") == "gpt2"
+        store.set_meta("config", stored)
+    assert main(["search", *flags, "--block", "gpt2", "--resume"]) == 0  # its default: no contradiction
+    assert main(["search", *flags, "--block", "llama", "--resume"]) == 2
+    assert "--block 'llama' contradicts the run" in capsys.readouterr().err
