@@ -232,6 +232,11 @@ def share_interval(low, high) -> str:
     return "-" if low is None or high is None else f"[{share(low)}, {share(high)}]"
 
 
+def advantage_text(row: Mapping) -> str:
+    """A gene's advantage with its interval: '+3.1% [+1.0%, +5.2%]'."""
+    return f"{share(row.get('advantage'))} {share_interval(row.get('advantage_low'), row.get('advantage_high'))}"
+
+
 def _transfer_best(result: Mapping) -> dict | None:
     """The gene with the largest advantage at the reference size (None if none has one)."""
     sizes = result.get("sizes") or []
@@ -254,9 +259,7 @@ def transfer_headline(result: Mapping) -> str:
             else f"**{verdict}**")
     tau = top.get("kendall_tau")
     return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
-            f"(advantage {share(best['advantage'])} {share_interval(best.get('advantage_low'), best.get('advantage_high'))}"
-            f" -> {share(at_top.get('advantage'))} "
-            f"{share_interval(at_top.get('advantage_low'), at_top.get('advantage_high'))}, {conf} intervals); "
+            f"(advantage {advantage_text(best)} -> {advantage_text(at_top)}, {conf} intervals); "
             f"Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) at the two "
             f"sizes {fmt(tau, 2)}.")
 
@@ -293,7 +296,7 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
                 diff = r.get("difference")
                 cells += ["-" if diff is None else
                           f"{diff:+.{d}f} {interval(r.get('diff_ci_low'), r.get('diff_ci_high'), d)}",
-                          f"{share(r.get('advantage'))} {share_interval(r.get('advantage_low'), r.get('advantage_high'))}",
+                          advantage_text(r),
                           fmt(r.get("params")), str(r.get("transfer", ""))]
             rows.append(cells)
     return headers, rows, "llrrrrrl"
@@ -308,7 +311,8 @@ def transfer_note(result: Mapping) -> str:
     return (f"Every gene and the vanilla baseline were trained {len(seeds)} times at each size, with seeds "
             f"{', '.join(map(str, seeds))} ({seed_note(result)}), in the {result.get('block', 'gpt2')} block, for "
             f"{budget}, and measured on the {result.get('eval_split')} split. The reference is "
-            f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have {conf} t intervals; Δ is mean(gene) − "
+            f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have "
+            f"{conf} t intervals; Δ is mean(gene) − "
             f"mean(baseline) with Welch's interval; the advantage is the improvement over the baseline as a share of "
             f"the baseline's mean at that size, with Δ's interval scaled alike (a share, because the "
             f"{result.get('metric_label', 'perplexity')} itself changes with size). Intervals are per comparison, "
