@@ -16,8 +16,8 @@ from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
-COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "maps", "bench", "compare",
-                   "generate", "export")
+COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "transfer", "maps", "bench",
+                   "compare", "generate", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

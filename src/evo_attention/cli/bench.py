@@ -31,7 +31,8 @@ def cmd_bench(args) -> int:
         print(dumps(result))
         return 0
     flops = result["flops_per_step"]
-    print(f"{gene} on {result['device']} ({result['precision']}, {result['threads']} threads), "
+    print(f"{gene} ({result['block']} block) on {result['device']} ({result['precision']}, "
+          f"{result['threads']} threads), "
           f"batch {result['batch_size']} x {result['seq_len']} tokens, {result['params']:,} parameters")
     print(f"  {result['ms_per_step']:.1f} ms/step, {result['tokens_per_s']:,.0f} tokens/s, "
           f"{flops / 1e9:.1f} GFLOP/step, {result['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s achieved")

@@ -18,7 +18,8 @@ FIDELITY_FLAGS = {"fidelity": "fidelity", "hurdle": "hurdle", "halving_eta": "ha
 CONFIG_FLAGS = {
     "data": "data", "data_dir": "data_dir", "tokenizer": "tokenizer", "text_field": "text_field",
     "vocab_size": "vocab_size", "seq_len": "max_seq_len",
-    "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "batch_size": "batch_size",
+    "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "block": "block",
+    "batch_size": "batch_size",
     "eval_batch_size": "eval_batch_size", "steps": "train_steps", "lr": "learning_rate", "seed": "seed",
     "device": "device", "precision": "precision", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
     "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
@@ -55,7 +56,11 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     g.add_argument("--d-model", type=int)
     g.add_argument("--layers", type=int)
     g.add_argument("--heads", type=int)
-    g.add_argument("--ffn", type=int, help="feed-forward width (default 4 x d_model)")
+    g.add_argument("--ffn", type=int, help="feed-forward width (default 4 x d_model; about 8/3 x d_model with "
+                                           "--block llama)")
+    g.add_argument("--block", choices=["gpt2", "llama"],
+                   help="the block around the attention: gpt2 (LayerNorm + GELU, the default) or llama "
+                        "(RMSNorm + SwiGLU, no feed-forward biases)")
     g.add_argument("--dropout", type=float)
     g.add_argument("--favor-features", type=int, help="random features per head of normalization favor (default 64)")
     t = p.add_argument_group("training")
@@ -150,7 +155,7 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track",
                   "prompt": "--prompt", "temperature": "--temperature", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
-                  "model": "--model"}
+                  "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param"}
 
 
 def flag_of(setting: str) -> str | None:

@@ -37,8 +37,9 @@ def search_config(args):
         return checked(Config.from_dict(settings, source="the command line"))
     with RunStore.open(args.out, readonly=True) as store:
         stored = store.config()
+    defaults = Config().to_dict()  # a run stored before a field existed ran with its default
     for name, value in settings.items():
-        if name not in RESUMABLE_CHANGES and stored.get(name) != value:
+        if name not in RESUMABLE_CHANGES and stored.get(name, defaults.get(name)) != value:
             raise UserError(f"{flag_of(name) or name} {value!r} contradicts the run in {args.out} (it has {stored.get(name)!r}): "
                             "drop the setting to resume, or start a new run with --overwrite")
     merged = {**stored, **{k: settings[k] for k in RESUMABLE_CHANGES if k in settings}}

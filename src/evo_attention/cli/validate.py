@@ -37,8 +37,9 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     add_executor_flags(p, "execution (as for search)")
 
 
-def analysis_setup(args, default_out: str):
-    """(config, data, store or None, out dir, search seed or None) of an analysis command."""
+def analysis_setup(args, default_out: str, check=None):
+    """(config, data, store or None, out dir, search seed or None) of an analysis command;
+    ``check(config)`` (optional) runs before anything is written or loaded."""
     from evo_attention.studies.common import validation_seeds
     from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.train.config import Config
@@ -59,6 +60,8 @@ def analysis_setup(args, default_out: str):
         config = checked(Config.from_dict(settings, source="the command line"))
         stored_data = {}
     validation_seeds(config.seed, args.seeds, search_seed)  # fail before loading any data
+    if check is not None:
+        check(config)
     # the output place exists (or the command fails) before any training
     out = output_dir(args.out if args.out else args.from_run if args.from_run else default_out)
     data = data_from_config(config)
@@ -72,8 +75,8 @@ def analysis_setup(args, default_out: str):
     return config, data, store, out, search_seed
 
 
-def run_genes(args, summary, top: int) -> list[str]:
-    """The genes to validate: --genes, else the best ``top`` of the run (the baseline excluded)."""
+def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
+    """The genes to study: --genes, else the best ``top`` of the run (the baseline excluded)."""
     from evo_attention.genes import AttentionGene
 
     if args.genes:
@@ -82,13 +85,13 @@ def run_genes(args, summary, top: int) -> list[str]:
             raise UserError(f"--genes {args.genes!r} names no gene: give keys like 'dot|sparsemax|output_gate|learned'")
         return [AttentionGene.parse(g).key for g in genes]
     if summary is None:
-        raise UserError("nothing to validate: give --genes KEY[,KEY...] or --from-run DIR")
+        raise UserError(f"nothing to {verb}: give --genes KEY[,KEY...] or --from-run DIR")
     if top < 1:
         raise UserError(f"--top {top} must be at least 1")
     vanilla = AttentionGene.vanilla().key
     ranked = [r["gene"] for r in summary.ranking if r["gene"] != vanilla]
     if not ranked:
-        raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to validate: let it run, "
+        raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to {verb}: let it run, "
                         "or give --genes")
     return ranked[:top]
 

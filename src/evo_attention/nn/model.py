@@ -1,8 +1,18 @@
 """TinyTransformer: a small pre-norm decoder-only language model whose attention is evolved.
 
-token (+ learned position) embeddings -> N x [x + Attn(LN(x)); x + FFN(LN(x))] -> LN -> tied head.
-The FFN is 4x wide with GELU; the embeddings and the model's own linear layers start at N(0, 0.02)
-(components keep their own initialisation). Each layer may use a different gene.
+token (+ learned position) embeddings -> N x [x + Attn(Norm(x)); x + FFN(Norm(x))] -> Norm -> tied head.
+The embeddings and the model's own linear layers start at N(0, 0.02) (components keep their own
+initialisation). Each layer may use a different gene.
+
+Two blocks surround the attention (``Config.block``); the attention itself is the gene's in both:
+
+- ``gpt2`` (the default, the seed's): LayerNorm (with bias), a GELU feed-forward 4 x d_model wide
+  whose two linear layers have biases.
+- ``llama``: RMSNorm (``torch.nn.RMSNorm``: a learned scale, no bias) for the two norms of every
+  block and the final norm, and a SwiGLU feed-forward ``down(silu(gate(x)) * up(x))`` whose three
+  linear layers have no bias; its width is ``llama_ffn_dim(d_model)``, about 8/3 d_model (so its
+  3 matrices hold about as many weights as the GELU feed-forward's 2). The attention's Q/K/V and
+  output projections keep the gene's ``use_bias``: the block never overrides the gene.
 
 The learned absolute position table exists only when the genes' ``position`` is ``learned`` (the
 default); with ``rope``, ``alibi`` or ``none`` each attention layer handles word order itself
@@ -18,6 +28,7 @@ from typing import Protocol, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import Dropout
@@ -25,9 +36,22 @@ from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene, LayerGenes
 
 
+BLOCKS = ("gpt2", "llama")
+RMS_EPS = 1e-5  # the RMSNorm epsilon (LayerNorm's default too)
+LLAMA_FFN_MULTIPLE = 8  # the SwiGLU width is rounded up to a multiple of this
+
+
+def llama_ffn_dim(d_model: int) -> int:
+    """The SwiGLU hidden width of the llama block: 8/3 d_model rounded up to a multiple of 8
+    (128 -> 344, 256 -> 688, 384 -> 1024)."""
+    m = LLAMA_FFN_MULTIPLE
+    return -(-8 * d_model // (3 * m)) * m
+
+
 class ModelSettings(Protocol):
     """What the model reads from its settings: ``train.Config`` has these fields (and more)."""
 
+    block: str  # "gpt2" or "llama" (settings without it get gpt2)
     vocab_size: int | None
     d_model: int
     n_heads: int
@@ -50,15 +74,43 @@ class FeedForward(nn.Module):
         return self.drop(self.down(self.act(self.up(x))))
 
 
+class SwiGLU(nn.Module):
+    """The llama feed-forward: ``down(silu(gate(x)) * up(x))``, no biases."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+        self.drop = Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+def block_kind(config: ModelSettings) -> str:
+    """The settings' block ("gpt2" for settings objects without the field)."""
+    kind = getattr(config, "block", "gpt2")
+    if kind not in BLOCKS:
+        raise UserError(f"unknown block {kind!r}: valid options are {', '.join(BLOCKS)}", setting="block")
+    return kind
+
+
+def make_norm(kind: str, d_model: int) -> nn.Module:
+    return nn.RMSNorm(d_model, eps=RMS_EPS) if kind == "llama" else nn.LayerNorm(d_model)
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelSettings, gene: AttentionGene):
         super().__init__()
-        self.ln1 = nn.LayerNorm(config.d_model)
+        kind = block_kind(config)
+        self.ln1 = make_norm(kind, config.d_model)
         self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len,
                                      kernel_features=config.favor_features)
         self.drop = Dropout(config.dropout)
-        self.ln2 = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config.d_model, config.ffn_dim, config.dropout)
+        self.ln2 = make_norm(kind, config.d_model)
+        ffn = SwiGLU if kind == "llama" else FeedForward
+        self.ffn = ffn(config.d_model, config.ffn_dim, config.dropout)
 
     def forward(self, x, need_weights: bool = False, cache=None):
         if cache is not None:  # incremental decoding: x holds only the new positions
@@ -103,7 +155,7 @@ class TinyTransformer(nn.Module):
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute == {True} else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
-        self.ln_f = nn.LayerNorm(config.d_model)
+        self.ln_f = make_norm(block_kind(config), config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
         self._init_own_weights()
@@ -117,7 +169,10 @@ class TinyTransformer(nn.Module):
         own_linears = []
         for block in self.blocks:  # a low-rank Q/K/V projection initialises itself
             qkv = [block.attn.qkv] if isinstance(block.attn.qkv, nn.Linear) else []
-            own_linears += qkv + [block.attn.out, block.ffn.up, block.ffn.down]
+            # the feed-forward's layers in registration order (gpt2: up, down; llama: gate, up, down),
+            # which fixes the order of the initialisation draws
+            ffn = [m for m in block.ffn.modules() if isinstance(m, nn.Linear)]
+            own_linears += qkv + [block.attn.out] + ffn
         for layer in own_linears:
             nn.init.normal_(layer.weight, mean=0.0, std=0.02)
             if layer.bias is not None:

@@ -5,6 +5,7 @@ The file names are defined here once: the studies write under these names, the r
 
 - ``validation.json`` / ``validation_test.json``: ``evo-attention validate``
 - ``ablation.json`` / ``ablation_test.json``: ``evo-attention ablate``
+- ``transfer.json`` / ``transfer_test.json``: ``evo-attention transfer``
 - ``compare_results.json`` (also in ``compare/``): ``evo-attention compare``
 - ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
   ``evo-attention attention-maps``
@@ -21,6 +22,7 @@ COMPARE_RESULTS, COMPARE_TABLE, COMPARE_FIGURE = "compare_results.json", "compar
 MAPS_FILE = "attention_maps.json"
 VALIDATION_FILES = ("validation.json", "validation_test.json")
 ABLATION_FILES = ("ablation.json", "ablation_test.json")
+TRANSFER_FILES = ("transfer.json", "transfer_test.json")
 COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
 
 
@@ -35,7 +37,8 @@ COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy"
 class Attachments:
     """The analysis results found beside a run's store, read as plain dicts.
 
-    ``validations`` / ``ablations``: the parsed ``validation*.json`` / ``ablation*.json``;
+    ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
+    ``ablation*.json`` / ``transfer*.json``;
     ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
     where the file lacks it); ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
     its figures lie in; ``problems``: one line per file that exists but could not be read (the
@@ -44,6 +47,7 @@ class Attachments:
 
     validations: list[dict] = field(default_factory=list)
     ablations: list[dict] = field(default_factory=list)
+    transfers: list[dict] = field(default_factory=list)
     compare: list[dict] | None = None
     maps: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -78,7 +82,8 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
     run_dir = Path(run_dir)
     found = Attachments()
     for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
-                                (ABLATION_FILES, found.ablations, "ablation")):
+                                (ABLATION_FILES, found.ablations, "ablation"),
+                                (TRANSFER_FILES, found.transfers, "transfer")):
         for name in names:
             path = run_dir / name
             if path.is_file():

@@ -8,6 +8,8 @@
   the best value marked (``evaluation_distribution.png`` of the report).
 - ``plot_head_grid``: one layer's attention weights, a heatmap per head (``attention_layerN.png``).
 - ``plot_compare``: the ranking, loss vs parameters and time, and memory of a comparison (``compare.png``).
+- ``plot_transfer``: each gene's mean against its parameters across model sizes, log axes, with
+  interval bars (``transfer.png``).
 
 Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
 same input draws the same figure.
@@ -31,6 +33,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from evo_attention.report.summary import RunSummary, failed, perplexity_of  # noqa: E402
 from evo_attention.util.files import atomic_target  # noqa: E402
 from evo_attention.util.format import finite_or_none  # noqa: E402
+from evo_attention.util.stats import percent  # noqa: E402
 
 DPI = 120
 TOKEN_LABELS_MAX = 40  # tokens are written on the heatmap axes up to this length
@@ -384,6 +387,57 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
         plt.close(fig)
         raise
     return save_figure(fig, path, dpi=110)
+
+
+def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
+    """``transfer.png``: one line per gene (the baseline black) through its mean at every size,
+    against its parameter count, both axes logarithmic, with the interval of each mean as a bar
+    (the lines are moved sideways by under 1% each, so that equal sizes do not hide each other)."""
+    sizes = result.get("sizes") or []
+    series = [("baseline", True, [s.get("baseline") or {} for s in sizes])]
+    for i, gene in enumerate(result.get("genes") or []):
+        rows = [next((g for g in s.get("genes", []) if g.get("gene") == gene.get("gene")), {}) for s in sizes]
+        series.append((_short(str(gene.get("str")), 48), False, rows))
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)
+    try:
+        drawn = 0
+        for i, (label, is_base, rows) in enumerate(series):
+            points = [(r.get("params"), r.get("mean"), r.get("ci_low"), r.get("ci_high")) for r in rows]
+            points = [p for p in points if finite_or_none(p[0]) and finite_or_none(p[1]) and p[1] > 0]
+            if not points:
+                continue
+            nudge = 10 ** (0.004 * (i - (len(series) - 1) / 2))  # < 1% sideways: bars never hide each other
+            xs, ys = [p[0] * nudge for p in points], [p[1] for p in points]
+            err = [[max(0.0, y - (lo if lo is not None else y)) for _, y, lo, _ in points],
+                   [max(0.0, (hi if hi is not None else y) - y) for _, y, _, hi in points]]
+            ax.errorbar(xs, ys, yerr=err, fmt="o-" if not is_base else "s--", capsize=3, markersize=4,
+                        color="black" if is_base else f"C{i % 10}", label=label, linewidth=1.2)
+            drawn += 1
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        for s in sizes:
+            if finite_or_none(s.get("params")):
+                ax.annotate(str(s.get("size")), (s["params"], 0), xycoords=("data", "axes fraction"),
+                            xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7, color="tab:gray")
+        label = result.get("metric_label", "perplexity")
+        ax.set_xlabel("parameters")
+        ax.set_ylabel(f"{'validation' if result.get('eval_split', 'valid') == 'valid' else result.get('eval_split')} "
+                      f"{label} (mean, {percent(result.get('confidence', 0.95))} interval)")
+        ax.set_title(f"Transfer across scale: {len(result.get('seeds') or [])} seeds per point, "
+                     f"{result.get('block', 'gpt2')} block", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if drawn:
+            ax.legend(loc="best", fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no finished training", ha="center", transform=ax.transAxes)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
 
 
 # -- learning curves ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 from evo_attention.report import markdown as md
 from evo_attention.report.attachments import Attachments
-from evo_attention.report.studies import contribution_lines
+from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
 
@@ -191,6 +191,13 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
                  f"{ab.get('metric_label', 'perplexity')}.", "muted"),
             table(md.ablation_table(ab)), bullets(contribution_lines(ab), "contrib"),
             image(run_dir / f"{stem}.png", "Ablation contributions")]))
+    for i, t in enumerate(a.transfers):
+        stem = str(t["_file"]).rsplit(".", 1)[0]
+        out.append(_section(f"transfer-{i}", "Transfer across scale", [
+            para(t.get("headline", "")), para(transfer_note(t), "muted"), table(md.transfer_sizes_table(t)),
+            table(md.transfer_table(t)), bullets(transfer_rule_lines()),
+            image(run_dir / f"{stem}.png", "Transfer across scale", "Each gene's mean against its parameters at every "
+                  "size (log axes), with the interval of the mean; the baseline is black.")]))
     if a.compare is not None:
         body = [para("From `compare_results.json`."),
                 table(md.compare_table(a.compare)) if a.compare else para("The compare results list no entry.")]

@@ -23,7 +23,9 @@ from typing import Any, Mapping, Sequence
 from evo_attention.report.attachments import Attachments
 from evo_attention.report.summary import RunSummary
 from evo_attention.report.studies import ablation_table as _ablation_cells
-from evo_attention.report.studies import contribution_lines
+from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
+from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
+from evo_attention.report.studies import transfer_table as _transfer_cells
 from evo_attention.report.studies import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
@@ -108,6 +110,15 @@ def ablation_table(result: Mapping) -> Table:
 
     headers, rows, align = build(result)
     return Table(headers, rows, align, (2,))
+
+
+def transfer_sizes_table(result: Mapping) -> Table:
+    return Table(*_transfer_sizes_cells(result))
+
+
+def transfer_table(result: Mapping) -> Table:
+    headers, rows, align = _transfer_cells(result)
+    return Table(headers, rows, align, (1,))
 
 
 def compare_table(rows: Sequence[Mapping]) -> Table:
@@ -241,13 +252,28 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
         split = "" if ab.get("eval_split") == "valid" else f" --eval-split {ab.get('eval_split')}"
         lines.append(f"Repeat the ablation: `evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' "
                      f"--seeds {len(ab.get('seeds') or [])} --steps {ab.get('steps')}{split}`")
+    for t in (attachments.transfers if attachments else []):
+        lines.append(f"Repeat the transfer study (cached in the run store): `{transfer_command(t, run_dir)}`")
     return lines
+
+
+def transfer_command(result: Mapping, run_dir: str) -> str:
+    """The command that repeats a transfer study of the run in ``run_dir``."""
+    genes = ",".join(str(g.get("gene")) for g in result.get("genes", []))
+    sizes = ",".join(str(s.get("size")) for s in result.get("sizes", []))
+    budget = (f"--tokens-per-param {result['tokens_per_param']:g}" if result.get("tokens_per_param") else
+              "--steps " + ",".join(str(s.get("steps")) for s in result.get("sizes", [])))
+    extra = "" if result.get("eval_split", "valid") == "valid" else f" --eval-split {result.get('eval_split')}"
+    extra += f" --heads {result['heads']}" if result.get("heads") else ""
+    extra += f" --block {result['block']}" if result.get("block", "gpt2") != "gpt2" else ""
+    return (f"evo-attention transfer --from-run {run_dir} --genes '{genes}' --sizes {sizes} {budget} "
+            f"--seeds {len(result.get('seeds') or [])}{extra}")
 
 
 def all_versions(s: RunSummary, attachments: Attachments | None = None) -> dict:
     """The run's package versions, completed by those the analyses recorded."""
     versions = dict(s.versions)
-    for result in (attachments.validations + attachments.ablations) if attachments else []:
+    for result in (attachments.validations + attachments.ablations + attachments.transfers) if attachments else []:
         for key, value in (result.get("versions") or {}).items():
             versions.setdefault(key, value)
     return versions
@@ -278,6 +304,12 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
         sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",
                          to_markdown(ablation_table(ab)), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
                         + ["", f"![Contributions]({stem}.png)"])
+    for t in a.transfers:
+        stem = t["_file"].rsplit(".", 1)[0]
+        sections.append(["## Transfer across scale", "", t.get("headline", ""), "", md_cell(transfer_note(t)), "",
+                         to_markdown(transfer_sizes_table(t)), "", to_markdown(transfer_table(t)), ""]
+                        + [f"- {line}" for line in transfer_rule_lines()]
+                        + ["", f"![Transfer across scale]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
     if a.compare is not None:
         body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])

@@ -189,7 +189,8 @@ def compare_markdown(payload: dict) -> str:
     lines = [
         "# Attention variants at one model size",
         "",
-        f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}; data {s['data']} "
+        f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}, "
+        f"{s.get('block', 'gpt2')} block; data {s['data']} "
         f"(vocab {s['vocab_size']}, {s['max_seq_len']} tokens); {s['steps']} steps of batch {s['batch_size']}, "
         f"lr {s['learning_rate']:g} ({s['lr_schedule']}); seed{'s' if seeds > 1 else ''} "
         f"{', '.join(map(str, s['seed_list']))}."
@@ -218,4 +219,131 @@ def compare_markdown(payload: dict) -> str:
               f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
               + ("" if summary.get("total_time_s") is None else f" Total time {summary['total_time_s']:.0f} s."),
               "", f"![comparison]({COMPARE_FIGURE})", ""]
+    return "\n".join(lines)
+
+
+# -- transfer across scale ------------------------------------------------------------------------
+def share(value, signed: bool = True) -> str:
+    """A fraction as a percentage: 0.031 -> '+3.1%' ('-' when missing)."""
+    return "-" if value is None else f"{100 * value:{'+' if signed else ''}.1f}%"
+
+
+def share_interval(low, high) -> str:
+    return "-" if low is None or high is None else f"[{share(low)}, {share(high)}]"
+
+
+def advantage_text(row: Mapping) -> str:
+    """A gene's advantage with its interval: '+3.1% [+1.0%, +5.2%]'."""
+    return f"{share(row.get('advantage'))} {share_interval(row.get('advantage_low'), row.get('advantage_high'))}"
+
+
+def _transfer_best(result: Mapping) -> dict | None:
+    """The gene with the largest advantage at the reference size (None if none has one)."""
+    sizes = result.get("sizes") or []
+    rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get("advantage") is not None]
+    return max(rows, key=lambda r: (r["advantage"], r["gene"])) if rows else None
+
+
+def transfer_headline(result: Mapping) -> str:
+    """One sentence: the gene best at the reference size, carried to the largest size, and its verdict."""
+    sizes = result.get("sizes") or []
+    best = _transfer_best(result)
+    if len(sizes) < 2 or best is None:
+        return "No gene finished enough trainings at the reference size to compare it across sizes."
+    top = next((s for s in sizes if s.get("size") == result.get("largest")), sizes[-1])
+    at_top = next((g for g in top.get("genes", []) if g.get("gene") == best["gene"]), {})
+    conf = stats.percent(result.get("confidence", 0.95))
+    verdict = at_top.get("transfer", stats.TOO_FEW)
+    said = {stats.HOLDS: "holds", stats.SHRINKS: "shrinks", stats.VANISHES: "vanishes", stats.REVERSES: "reverses"}
+    what = (f"its advantage over the baseline **{said[verdict]}**" if verdict in said
+            else f"**{verdict}**")
+    tau = top.get("kendall_tau")
+    return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
+            f"(advantage {advantage_text(best)} -> {advantage_text(at_top)}, {conf} intervals); "
+            f"Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) at the two "
+            f"sizes {fmt(tau, 2)}.")
+
+
+def transfer_sizes_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the ladder: shape, budget, the baseline's parameters, Kendall's tau."""
+    ref = result.get("reference", "")
+    headers = ["Size", "Heads", "FFN", "Steps", "Tokens", "Params (baseline)", f"Kendall's tau vs {ref}", "p", "n"]
+    rows = []
+    for s in result.get("sizes", []):
+        label = str(s.get("size")) + (" (reference)" if s.get("reference") else "")
+        rows.append([label, fmt(s.get("n_heads")), fmt(s.get("d_ff")), fmt(s.get("steps")), fmt(s.get("tokens")),
+                     fmt(s.get("params")), "reference" if s.get("reference") else fmt(s.get("kendall_tau"), 2),
+                     "-" if s.get("reference") else p_text(s.get("kendall_p")), fmt(s.get("kendall_n"))])
+    return headers, rows, "lrrrrrrrr"
+
+
+def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of every gene at every size (the baseline first at each); the gene key
+    is column 1."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    headers = ["Size", "Gene", "Seeds ok", f"Mean [{conf} CI]", f"Δ vs baseline [{conf} CI]", "Advantage [CI]",
+               "Params", "Verdict"]
+    rows = []
+    for s in result.get("sizes", []):
+        for r in [s.get("baseline") or {}] + list(s.get("genes", [])):
+            n = len(r.get("values") or [])
+            cells = [str(s.get("size")), str(r.get("gene", "")), f"{n - (r.get('n_failed') or 0)}/{n}",
+                     f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
+            if r is s.get("baseline"):
+                cells += ["-", "-", fmt(r.get("params")), "baseline"]
+            else:
+                diff = r.get("difference")
+                cells += ["-" if diff is None else
+                          f"{diff:+.{d}f} {interval(r.get('diff_ci_low'), r.get('diff_ci_high'), d)}",
+                          advantage_text(r),
+                          fmt(r.get("params")), str(r.get("transfer", ""))]
+            rows.append(cells)
+    return headers, rows, "llrrrrrl"
+
+
+def transfer_note(result: Mapping) -> str:
+    """How the numbers were made, in one paragraph."""
+    seeds = result.get("seeds") or []
+    conf = stats.percent(result.get("confidence", 0.95))
+    budget = (f"{result['tokens_per_param']:g} training tokens per baseline parameter at each size"
+              if result.get("tokens_per_param") else "the steps listed per size")
+    return (f"Every gene and the vanilla baseline were trained {len(seeds)} times at each size, with seeds "
+            f"{', '.join(map(str, seeds))} ({seed_note(result)}), in the {result.get('block', 'gpt2')} block, for "
+            f"{budget}, and measured on the {result.get('eval_split')} split. The reference is "
+            f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have "
+            f"{conf} t intervals; Δ is mean(gene) − "
+            f"mean(baseline) with Welch's interval; the advantage is the improvement over the baseline as a share of "
+            f"the baseline's mean at that size, with Δ's interval scaled alike (a share, because the "
+            f"{result.get('metric_label', 'perplexity')} itself changes with size). Intervals are per comparison, "
+            f"without a multiplicity correction. Kendall's tau compares the ranking of the genes and the baseline by "
+            f"their means at each size with the ranking at the reference size.")
+
+
+def transfer_rule_lines() -> list[str]:
+    """The verdict rule, one line per verdict, in the order it is applied."""
+    return [f"**{verdict}**: {text}" for verdict, text in stats.TRANSFER_RULE]
+
+
+def transfer_markdown(result: Mapping) -> str:
+    """The text of ``transfer.md``."""
+    headers, rows, align = transfer_sizes_table(result)
+    genes_headers, gene_rows, genes_align = transfer_table(result)
+    gene_md = [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in gene_rows]
+    lines = [
+        "# Transfer across scale", "",
+        result.get("headline", ""), "",
+        transfer_note(result), "",
+        markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+        markdown_table(genes_headers, gene_md, genes_align).rstrip(), "",
+        "Verdicts (the first rule that applies, at each size against the reference):", "",
+    ]
+    lines += [f"- {line}" for line in transfer_rule_lines()] + [""]
+    failures = [(s.get("size"), r.get("gene"), e) for s in result.get("sizes", [])
+                for r in [s.get("baseline") or {}] + list(s.get("genes", [])) for e in r.get("errors", [])]
+    if failures:
+        lines += ["Failed trainings (left out of the statistics):", ""]
+        lines += [f"- {size} `{g}`: {md_cell(e)}" for size, g, e in failures] + [""]
+    lines += [f"![{result.get('metric_label', 'perplexity')} against parameters]"
+              f"({output_stem('transfer', result.get('eval_split', 'valid'))}.png)", ""]
     return "\n".join(lines)

@@ -477,6 +477,8 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
     if c.get("d_model") is not None:
         model = (f"d_model {c['d_model']}, {c.get('n_heads')} heads, {c.get('n_layers')} layers, "
                  f"context {c.get('max_seq_len')}")
+        if c.get("block", "gpt2") != "gpt2":
+            model += f", {c['block']} block"
         params = sorted({int(r["params"]) for r in s.evaluations if finite_or_none(r.get("params")) is not None})
         if params:
             span = f"{params[0]:,}" if params[0] == params[-1] else f"{params[0]:,} to {params[-1]:,}"

@@ -264,7 +264,7 @@ def _settings(config: Config, data, pool, seeds: int, entries) -> dict:
 
     return {
         "d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
-        "max_seq_len": config.max_seq_len, "vocab_size": data.vocab_size, "data": data.name,
+        "block": config.block, "max_seq_len": config.max_seq_len, "vocab_size": data.vocab_size, "data": data.name,
         "steps": config.train_steps, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
         "lr_schedule": config.lr_schedule, "eval_steps": config.eval_steps, "seed": config.seed, "seeds": seeds,
         "seed_list": [config.seed + i for i in range(seeds)], "device": str(resolve_device(config.device)),

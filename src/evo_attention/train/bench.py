@@ -137,6 +137,7 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
     one_eval = budget * seconds_per_step + (eval_s or 0.0)
     return {
         "gene": gene.key,
+        "block": config.block,
         "device": str(trainer.device),
         "precision": trainer.precision,
         "threads": torch.get_num_threads(),

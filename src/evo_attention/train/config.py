@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
+from evo_attention.nn.model import BLOCKS, llama_ffn_dim
 from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -35,7 +36,8 @@ class Config:
     n_layers: int = 2
     max_seq_len: int = 128
     dropout: float = 0.1
-    d_ff: int | None = None  # None: 4 * d_model
+    d_ff: int | None = None  # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
+    block: str = "gpt2"  # the block around the attention: gpt2 (LayerNorm, GELU) or llama (RMSNorm, SwiGLU)
     favor_features: int = 64  # random features per head of normalization=favor
     # training
     batch_size: int = 32
@@ -107,7 +109,10 @@ class Config:
 
     @property
     def ffn_dim(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        """The feed-forward width: ``d_ff``, else the block's default."""
+        if self.d_ff:
+            return self.d_ff
+        return llama_ffn_dim(self.d_model) if self.block == "llama" else 4 * self.d_model
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -187,6 +192,7 @@ def _check_model(c: Config) -> None:
         raise UserError(f"d_model {c.d_model} is not divisible by n_heads {c.n_heads}: choose sizes with "
                         "d_model % n_heads == 0", setting=("d_model", "n_heads"))
     _number(c, "dropout", 0.0, 0.999)
+    _choice(c, "block", BLOCKS)
 
 
 def _check_training(c: Config) -> None:

@@ -54,10 +54,15 @@ SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "
                    "warmup_steps", "lr_schedule", "precision", "eval_stride")
 
 
-def settings_of(config: Config, gene: AttentionGene | None = None) -> dict:
-    """The settings that shape a result; ``favor_features`` only where it differs from its default
-    (so the keys of runs made before it existed stay valid) or the gene uses it."""
+def result_settings(config: Config, gene: AttentionGene | None = None) -> dict:
+    """The settings (other than gene, seed, steps, data) that shape a result, as a record keeps them.
+
+    ``block`` joins them only when it is not the default gpt2, and ``favor_features`` only when it
+    differs from its default or the gene uses it: the records and cache keys of runs made before
+    these fields existed stay valid, and a llama result never shares a key with a gpt2 one."""
     settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
+    if config.block != "gpt2":
+        settings["block"] = config.block
     uses_favor = gene is not None and any(g.normalization == "favor" for g in layers_of(gene))
     if config.favor_features != FAVOR_FEATURES_DEFAULT or uses_favor:
         settings["favor_features"] = config.favor_features
@@ -65,9 +70,8 @@ def settings_of(config: Config, gene: AttentionGene | None = None) -> dict:
 
 
 def settings_hash(config: Config, eval_split: str = "valid") -> str:
-    """Short hash of the settings (other than gene, seed, steps, data) that shape a result: the
-    ``context`` part of a record's cache key."""
-    settings = settings_of(config)
+    """Short hash of ``result_settings`` and the split: the ``context`` part of a record's cache key."""
+    settings = result_settings(config)
     settings["eval_split"] = eval_split
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -324,7 +328,7 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
     record = EvaluationRecord(
         gene=gene.key, seed=seed, steps=config.train_steps, data=data.name, data_fingerprint=data.fingerprint,
         context=settings_hash(config, eval_split), eval_split=eval_split, device=str(dev), versions=versions(),
-        settings=settings_of(config, gene),
+        settings=result_settings(config, gene),
         resumed_from=0 if state is not None else None)
     reset_peak_memory(dev)
     start = time.perf_counter()

@@ -1,6 +1,8 @@
 """The statistics of a multi-seed comparison: means with t confidence intervals, Welch's t-test,
 Holm's step-down correction, Cohen's d, and a verdict in words.
 
+``transfer_verdict`` reads a gene's advantage over the baseline at two model sizes (see there).
+
 Every distribution comes from ``scipy.stats`` (``t.interval`` for the mean's interval,
 ``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence interval); only Holm's
 correction, a few lines, is written here.
@@ -30,6 +32,20 @@ BETTER = "better than baseline"
 WORSE = "worse than baseline"
 SAME = "not distinguishable"
 TOO_FEW = "not enough seeds"
+
+# how an advantage fares from a reference model size to another (``transfer_verdict``)
+REFERENCE = "reference"
+HOLDS, SHRINKS, VANISHES, REVERSES = "holds", "shrinks", "vanishes", "reverses"
+NO_ADVANTAGE = "no advantage at the reference size"
+# the rule in words, in the order it is applied (reports show it next to the verdicts)
+TRANSFER_RULE = (
+    (TOO_FEW, "an interval is missing at either size"),
+    (NO_ADVANTAGE, "at the reference size the advantage's interval reaches 0 or below: nothing to carry over"),
+    (REVERSES, "the interval at this size lies wholly below 0: the gene is worse than the baseline here"),
+    (VANISHES, "the interval at this size contains 0"),
+    (SHRINKS, "the interval at this size lies above 0 but wholly below the advantage at the reference size"),
+    (HOLDS, "the interval at this size lies above 0 and reaches the advantage at the reference size (or beyond)"),
+)
 
 
 def _clean(values: Iterable) -> np.ndarray:
@@ -135,6 +151,25 @@ def verdict(difference: float | None, p_adjusted: float | None, confidence: floa
         return SAME
     improves = difference < 0 if lower_is_better else difference > 0
     return f"{BETTER if improves else WORSE} at {percent(confidence)}"
+
+
+def transfer_verdict(reference: dict, current: dict) -> str:
+    """How a gene's advantage at a reference size fares at another size: ``TRANSFER_RULE``, the first
+    that applies, read from ``{"advantage", "advantage_low", "advantage_high"}`` at both sizes (the
+    improvement over the baseline in any unit where positive is better, and its interval)."""
+    ref_low, ref_value = reference.get("advantage_low"), reference.get("advantage")
+    low, high = current.get("advantage_low"), current.get("advantage_high")
+    if None in (ref_low, ref_value, low, high):
+        return TOO_FEW
+    if ref_low <= 0:
+        return NO_ADVANTAGE
+    if high < 0:
+        return REVERSES
+    if low <= 0:
+        return VANISHES
+    if high < ref_value:
+        return SHRINKS
+    return HOLDS
 
 
 def percent(confidence: float) -> str:

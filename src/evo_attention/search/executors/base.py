@@ -34,10 +34,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from evo_attention.genes import AttentionGene
 from evo_attention.data.base import TaskData
 from evo_attention.train.config import Config
 from evo_attention.train.record import EvaluationRecord, Status, failed_record
-from evo_attention.train.trainer import SETTINGS_FIELDS, run_training
+from evo_attention.train.trainer import result_settings, run_training
 from evo_attention.train.environment import versions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_bytes, write_directory
@@ -114,7 +115,7 @@ def failure_record(task: EvalTask, config: Config, data: TaskData, message: str)
     """The record of a task that could not run to the end (e.g. its worker kept dying)."""
     return failed_record(task.gene, task.seed, task.steps, data.name, data.fingerprint, task_context(task, config),
                          status=Status.ERROR, error=message, eval_split=task.eval_split, versions=versions(),
-                         settings={name: getattr(config, name) for name in SETTINGS_FIELDS},
+                         settings=result_settings(config, AttentionGene.parse(task.gene)),
                          budget=task.budget, resumed_from=0 if task.budget is not None else None)
 
 

@@ -1,0 +1,311 @@
+"""Transfer across scale: does a gene's advantage at the search size survive in larger models?
+
+A search ranks genes in small models. ``transfer_genes`` retrains the chosen genes and the vanilla
+baseline at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search
+seed: ``common.validation_seeds``), through the runner and the run store like ``validate`` (a
+stored evaluation is never trained twice), and reports per size:
+
+- the mean and t interval of each gene and of the baseline, and each gene's difference to the
+  baseline with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
+- the *advantage* of each gene: the improvement over the baseline as a fraction of the baseline's
+  mean at that size (``-Δ / baseline`` when lower is better, ``Δ / baseline`` when higher is), with
+  Welch's interval of Δ scaled the same way. A relative measure, because the metric itself moves
+  with size (a larger model has a lower perplexity, so the same relative gain is a smaller Δ);
+- Kendall's tau (``scipy.stats.kendalltau``) between the ranking of the genes and the baseline by
+  their means at the reference size and at this size;
+- a verdict in words against the reference size (``util.stats.transfer_verdict``: holds, shrinks,
+  vanishes or reverses, from the intervals of the advantage at both sizes).
+
+The ladder. The reference is the search size, the configured ``d_model x n_layers`` (a run's
+own with ``--from-run``); when the given sizes do not include it, it is added as the first rung,
+so every other size has a reference to be compared with. The search size is retrained exactly as
+configured (its heads and feed-forward width); every other size gets ``d_model / 32`` heads (``heads``
+overrides this at every size, the search size included) and the block's default feed-forward width.
+
+The budget per rung: ``steps``, one number for every rung or one per given size (in the order of
+``sizes``; an added search size then keeps the configured ``train_steps``, the search's budget);
+or ``tokens_per_param`` R: ``round(R * P / (batch_size * seq_len))`` steps, P the baseline
+model's parameters at that size (the tied embedding counted once); else the configured
+``train_steps`` everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from evo_attention.genes import AttentionGene
+from evo_attention.report.studies import metric_info, transfer_headline, transfer_markdown
+from evo_attention.search.executors import Executor
+from evo_attention.studies.common import provenance, run_seeds, validation_seeds, write_json_and_markdown
+from evo_attention.studies.validate import validation_statistics
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.jsonio import to_jsonable
+
+DEFAULT_SIZES = "128x2,256x4,384x6"
+DEFAULT_TRANSFER_SEEDS = 3
+HEAD_DIM = 32  # dims per head at the sizes of the ladder other than the search size
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One size of the ladder: the config it trains with (its size, heads and ``train_steps``)."""
+
+    config: object  # train.Config
+    search_size: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.config.d_model}x{self.config.n_layers}"
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``"128x2,256x4"`` -> ``[(128, 2), (256, 4)]`` (d_model x layers); a malformed entry, a zero
+    or a repeated size is a UserError."""
+    sizes = []
+    items = [t.strip() for t in str(text).split(",")]
+    for item in items:
+        match = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", item)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise UserError(f"sizes {text!r}: {item!r} is not a size: write D_MODELxLAYERS with positive integers, "
+                            "e.g. 128x2,256x4,384x6", setting="sizes")
+        size = (int(match[1]), int(match[2]))
+        if size in sizes:
+            raise UserError(f"sizes {text!r} names {item} twice: give each size once", setting="sizes")
+        sizes.append(size)
+    return sizes
+
+
+def parse_steps(text: str | int | None) -> list[int] | None:
+    """``"400"`` or ``"200,400,800"`` -> a list of positive step counts (None stays None)."""
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",")]
+    if not all(t.isdigit() and int(t) > 0 for t in items):
+        raise UserError(f"steps {text!r} must be a positive number of training steps, or one per size separated "
+                        "by commas (e.g. 400 or 200,400,800)", setting="steps")
+    return [int(t) for t in items]
+
+
+def ladder(config, sizes: Sequence[tuple[int, int]], genes: Sequence[str], *, steps: Sequence[int] | None = None,
+           tokens_per_param: float | None = None, heads: int | None = None) -> list[Rung]:
+    """The rungs to train, the search size first (added when ``sizes`` lacks it); checks that every
+    size takes its heads and every gene (UserError naming the setting otherwise)."""
+    if steps is not None and tokens_per_param is not None:
+        raise UserError("give steps or tokens_per_param, not both: one budget rule per study",
+                        setting=("steps", "tokens_per_param"))
+    bad_ratio = isinstance(tokens_per_param, bool) or not isinstance(tokens_per_param, (int, float)) \
+        or not math.isfinite(tokens_per_param) or tokens_per_param <= 0
+    if tokens_per_param is not None and bad_ratio:
+        raise UserError(f"tokens_per_param {tokens_per_param!r} must be a positive number, e.g. 20",
+                        setting="tokens_per_param")
+    search = (config.d_model, config.n_layers)
+    if steps is not None and len(steps) not in (1, len(sizes)):
+        raise UserError(f"steps gives {len(steps)} values for {len(sizes)} sizes: give one number for every size, or "
+                        f"one per size in the order of sizes", setting="steps")
+    budgets = dict(zip(sizes, steps if steps is not None and len(steps) > 1 else []))
+    if steps is not None and len(steps) == 1:
+        budgets = {size: steps[0] for size in [search] + list(sizes)}
+    # the reference first; the others in the given order
+    order = [search] + [size for size in sizes if size != search]
+    if len(order) < 2:
+        raise UserError(f"sizes names only the search size {search[0]}x{search[1]}: add at least one other size, "
+                        "e.g. 128x2,256x4", setting="sizes")
+    rungs = []
+    for d, n in order:
+        at_search = (d, n) == search
+        h = heads if heads is not None else (config.n_heads if at_search else d // HEAD_DIM)
+        if h < 1 or d % h or (heads is None and not at_search and d % HEAD_DIM):
+            why = (f"{d} is not divisible by the {h} heads given" if heads is not None else
+                   f"{d} is not a multiple of {HEAD_DIM} (one head per {HEAD_DIM} dims)")
+            raise UserError(f"size {d}x{n} does not divide into heads: d_model {why}: choose sizes whose d_model "
+                            f"divides into heads, or give n_heads", setting=("sizes", "n_heads"))
+        changes = {"d_model": d, "n_layers": n, "n_heads": h, "train_steps": budgets.get((d, n), config.train_steps)}
+        if not at_search:
+            changes["d_ff"] = None  # the block's default width at this size
+        rung = Rung(config.replace(**changes), at_search)
+        _check_genes_fit(genes, rung.config)
+        rungs.append(rung)
+    return rungs
+
+
+def _check_genes_fit(genes: Sequence[str], config) -> None:
+    size = f"{config.d_model}x{config.n_layers}"
+    for key in genes:
+        gene = AttentionGene.parse(key)
+        if gene.kv_heads and config.n_heads % gene.kv_heads:
+            raise UserError(f"gene {gene.key}: kv_heads {gene.kv_heads} does not divide the {config.n_heads} heads of "
+                            f"size {size}: choose sizes or n_heads that it divides", setting=("sizes", "n_heads"))
+        if gene.qkv_rank > config.d_model:
+            raise UserError(f"gene {gene.key}: qkv_rank {gene.qkv_rank} is larger than d_model {config.d_model} of "
+                            f"size {size}: choose larger sizes", setting="sizes")
+
+
+def baseline_parameters(config, vocab_size: int) -> int:
+    """The vanilla model's parameters at ``config``'s size (built on the meta device: no memory)."""
+    import torch
+
+    from evo_attention.nn.model import TinyTransformer
+
+    with torch.device("meta"):
+        return TinyTransformer(config.replace(vocab_size=vocab_size), AttentionGene.vanilla()).num_parameters()
+
+
+def with_budgets(rungs: Sequence[Rung], data, tokens_per_param: float | None) -> list[Rung]:
+    """The rungs with their steps set from ``tokens_per_param`` (unchanged without it)."""
+    if tokens_per_param is None:
+        return list(rungs)
+    out = []
+    for rung in rungs:
+        tokens_per_step = rung.config.batch_size * data.seq_len
+        steps = max(1, round(tokens_per_param * baseline_parameters(rung.config, data.vocab_size) / tokens_per_step))
+        out.append(Rung(rung.config.replace(train_steps=steps), rung.search_size))
+    return out
+
+
+# -- the statistics -------------------------------------------------------------------------------
+def advantage(row: Mapping, baseline_mean: float | None, lower_is_better: bool) -> dict:
+    """``{"advantage", "advantage_low", "advantage_high"}``: the improvement over the baseline as a
+    fraction of the baseline's mean, with Welch's interval of the difference scaled alike (None
+    where a number is missing)."""
+    none = {"advantage": None, "advantage_low": None, "advantage_high": None}
+    if baseline_mean is None or baseline_mean <= 0 or row.get("difference") is None:
+        return none
+    sign = -1.0 if lower_is_better else 1.0
+    out = {"advantage": sign * row["difference"] / baseline_mean, "advantage_low": None, "advantage_high": None}
+    if row.get("diff_ci_low") is not None and row.get("diff_ci_high") is not None:
+        ends = sorted(sign * row[k] / baseline_mean for k in ("diff_ci_low", "diff_ci_high"))
+        out.update(advantage_low=ends[0], advantage_high=ends[1])
+    return out
+
+
+def kendall(reference_means: Mapping[str, float | None], means: Mapping[str, float | None]) -> dict:
+    """Kendall's tau (tau-b) between two rankings of the same genes by their means (genes without
+    a mean at either size left out): ``{"kendall_tau", "kendall_p", "kendall_n"}``."""
+    from scipy.stats import kendalltau
+
+    keys = [k for k in reference_means if reference_means[k] is not None and means.get(k) is not None]
+    out = {"kendall_tau": None, "kendall_p": None, "kendall_n": len(keys)}
+    if len(keys) < 2:
+        return out
+    result = kendalltau([reference_means[k] for k in keys], [means[k] for k in keys])
+    if math.isfinite(result.statistic):
+        out["kendall_tau"] = float(result.statistic)
+        out["kendall_p"] = float(result.pvalue) if math.isfinite(result.pvalue) else None
+    return out
+
+
+def _params(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int]) -> int | None:
+    return next((int(records[key, s]["params"]) for s in seeds if records[key, s].get("params") is not None), None)
+
+
+def size_statistics(rung: Rung, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str],
+                    seeds: Sequence[int], *, metric: str, confidence: float, eval_split: str,
+                    tokens_per_step: int, vocab_size: int) -> dict:
+    """One size's row: its shape and budget, the baseline's and every gene's statistics and advantage."""
+    _, lower, _ = metric_info(metric, eval_split)
+    numbers = validation_statistics(records, keys, seeds, metric=metric, confidence=confidence, eval_split=eval_split)
+    vanilla = AttentionGene.vanilla().key
+    base_mean = numbers["baseline"].get("mean")
+    c = rung.config
+    return {
+        "size": rung.label, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads, "d_ff": c.ffn_dim,
+        "search_size": rung.search_size, "steps": c.train_steps, "tokens": c.train_steps * tokens_per_step,
+        "params": _params(records, vanilla, seeds) or baseline_parameters(c, vocab_size),
+        "baseline": {**numbers["baseline"], "params": _params(records, vanilla, seeds)},
+        "genes": [{**row, "params": _params(records, row["gene"], seeds), **advantage(row, base_mean, lower)}
+                  for row in numbers["genes"]],
+    }
+
+
+def transfer_statistics(size_rows: Sequence[dict]) -> list[dict]:
+    """The size rows (the reference first) with Kendall's tau and every gene's verdict added."""
+    reference = size_rows[0]
+    ref_means = {r["gene"]: r.get("mean") for r in [reference["baseline"]] + reference["genes"]}
+    ref_rows = {r["gene"]: r for r in reference["genes"]}
+    out = []
+    for i, row in enumerate(size_rows):
+        means = {r["gene"]: r.get("mean") for r in [row["baseline"]] + row["genes"]}
+        genes = [{**g, "transfer": stats.REFERENCE if i == 0 else stats.transfer_verdict(ref_rows[g["gene"]], g)}
+                 for g in row["genes"]]
+        out.append({**row, "reference": i == 0, "genes": genes, **kendall(ref_means, means)})
+    return out
+
+
+def largest(size_rows: Sequence[Mapping]) -> Mapping:
+    """The size with the most baseline parameters (the last given on a tie)."""
+    return max(reversed(size_rows), key=lambda r: r.get("params") or 0)
+
+
+# -- the study ------------------------------------------------------------------------------------
+def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes: str | Sequence[tuple[int, int]] =
+                   DEFAULT_SIZES, steps: str | Sequence[int] | int | None = None, tokens_per_param: float | None = None,
+                   heads: int | None = None, n_seeds: int = DEFAULT_TRANSFER_SEEDS, eval_split: str = "valid",
+                   metric: str = "val_perplexity", confidence: float = 0.95, store=None,
+                   executor: Executor | None = None, search_seed: int | None = None,
+                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> dict:
+    """Retrain ``genes`` and the baseline at every size of the ladder with seeds ``config.seed + 1
+    ...`` and compare each size with the search size. Returns the JSON-able result (see
+    ``write_transfer``)."""
+    stats.check_confidence(confidence)
+    label, lower, _ = metric_info(metric, eval_split)
+    keys = transfer_keys(genes)
+    seeds = validation_seeds(config.seed, n_seeds, search_seed)
+    rungs = plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
+    rungs = with_budgets(rungs, data, tokens_per_param)
+    vanilla = AttentionGene.vanilla().key
+    size_rows = []
+    for rung in rungs:
+        records = run_seeds([vanilla] + keys, rung.config, data, seeds, eval_split=eval_split, role="transfer",
+                            store=store, executor=executor, quiet=quiet)
+        size_rows.append(size_statistics(rung, records, keys, seeds, metric=metric, confidence=confidence,
+                                         eval_split=eval_split, tokens_per_step=rung.config.batch_size * data.seq_len,
+                                         vocab_size=data.vocab_size))
+    rows = transfer_statistics(size_rows)
+    top = largest(rows[1:])
+    result = {
+        "kind": "transfer", "metric": metric, "metric_label": label, "lower_is_better": lower,
+        "reference": rows[0]["size"], "block": config.block, "tokens_per_param": tokens_per_param,
+        "heads": heads, "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],
+        "sizes": rows, "verdicts": {g["gene"]: g["transfer"] for g in top["genes"]}, "largest": top["size"],
+    }
+    result.update(provenance(config, data, eval_split, metric, confidence, seeds, [r["steps"] for r in rows],
+                             search_seed, source_run))
+    result["headline"] = transfer_headline(result)
+    return to_jsonable(result)
+
+
+def transfer_keys(genes: Sequence[AttentionGene | str]) -> list[str]:
+    """The distinct gene keys to carry over, the vanilla baseline left out (it always comes along)."""
+    vanilla = AttentionGene.vanilla().key
+    keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != vanilla]
+    if not keys:
+        raise UserError("no gene to transfer other than the baseline: give at least one non-vanilla gene",
+                        setting="genes")
+    return keys
+
+
+def plan(config, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[tuple[int, int]] = DEFAULT_SIZES,
+         steps: str | Sequence[int] | int | None = None, tokens_per_param: float | None = None,
+         heads: int | None = None) -> list[Rung]:
+    """The ladder of a study, checked (every UserError of bad sizes, steps or heads comes from here,
+    before any data is loaded or file written)."""
+    parsed_sizes = parse_sizes(sizes) if isinstance(sizes, str) else [tuple(s) for s in sizes]
+    parsed_steps = parse_steps(",".join(map(str, steps)) if isinstance(steps, (list, tuple)) else steps)
+    return ladder(config, parsed_sizes, transfer_keys(genes), steps=parsed_steps, tokens_per_param=tokens_per_param,
+                  heads=heads)
+
+
+# -- output ---------------------------------------------------------------------------------------
+def write_transfer(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``transfer.{json,md,png}`` (``transfer_test.*`` for the test split) into ``out_dir``."""
+    from evo_attention.report.figures import plot_transfer
+
+    paths = write_json_and_markdown("transfer", result, out_dir, transfer_markdown(result))
+    plot_transfer(result, paths["png"])
+    return paths
