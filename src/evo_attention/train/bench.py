@@ -16,14 +16,9 @@ import torch
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
-from evo_attention.train.environment import matmul_dtype
+from evo_attention.train.environment import matmul_dtype, synchronize
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.files import write_text
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 PROBE_SIZE = 2048  # the square matrix product that measures a machine's matmul limit
@@ -58,12 +53,12 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     a @ b  # warm-up (kernels, caches)
-    _sync(device)
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     flops = 2 * PROBE_SIZE ** 3 / best
     try:
@@ -86,7 +81,7 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         trainer.train(until_step=warmup + 1)
-        _sync(trainer.device)
+        synchronize(trainer.device)
     key = "self_cuda_time_total" if trainer.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
@@ -98,16 +93,16 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
     trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
                       device=device)
     trainer.train(until_step=warmup)
-    _sync(trainer.device)
+    synchronize(trainer.device)
     start = time.perf_counter()
     trainer.train(until_step=warmup + steps)
-    _sync(trainer.device)
+    synchronize(trainer.device)
     seconds_per_step = (time.perf_counter() - start) / steps
     eval_s = None
     if time_eval:
         start = time.perf_counter()
         trainer.evaluate("valid")
-        _sync(trainer.device)
+        synchronize(trainer.device)
         eval_s = time.perf_counter() - start
     tokens = config.batch_size * data.seq_len
     flops = trainer.flops_per_step
