@@ -111,14 +111,14 @@ class Search:
     # -- the store -----------------------------------------------------------------------------
     def _open_store(self, resume: bool, overwrite: bool) -> RunStore:
         if resume:
-            store = RunStore.open(self.out_dir)
-            started = list((store.config() or {}).get("objectives") or [PRIMARY_OBJECTIVE])
+            with RunStore.open(self.out_dir, readonly=True) as stored_run:  # refuse before writing anything
+                started = list((stored_run.config() or {}).get("objectives") or [PRIMARY_OBJECTIVE])
             if started != list(self.config.objectives):
-                store.close()
                 raise UserError(
                     f"objectives {','.join(self.config.objectives)} differ from those the run in {self.out_dir} "
                     f"started with ({','.join(started)}): resume with the same objectives, or start a new run with "
                     "overwrite", setting=("objectives", "overwrite"))
+            store = RunStore.open(self.out_dir)
             stored = store.get_meta("data") or {}
             if stored.get("fingerprint") not in (None, self.data.fingerprint):
                 store.close()
