@@ -245,3 +245,23 @@ def test_single_objective_outputs_have_no_pareto_part(tmp_path):
 
 def test_strategies_are_registered():
     assert {"ga", "random", "nsga2", "tpe"} <= set(STRATEGIES)
+
+
+def test_the_strategy_example_of_docs_search_md_runs(capsys):
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text()
+    blocks = dict(re.findall(r"<!-- example: (.+?) -->\n```python\n(.*?)```", text, re.S))
+    assert set(blocks) == {"front_mutation.py", "usage"}
+    try:
+        exec(compile(blocks["front_mutation.py"], "front_mutation.py", "exec"), {"__name__": "front_mutation"})
+        first, second = ({}, {})
+        exec(compile(blocks["usage"], "usage", "exec"), first)
+        exec(compile(blocks["usage"], "usage", "exec"), second)
+        strategy = first["strategy"]
+        assert strategy.done and len(strategy.history) == 3 and strategy.total_evaluations() == 4 + 3 + 3
+        assert [m.gene for m in strategy.population] == [m.gene for m in second["strategy"].population]
+        assert all(len(m.values) == 2 for m in strategy.population)
+        assert "Attn(" in capsys.readouterr().out
+    finally:
+        STRATEGIES.pop("front_mutation", None)
