@@ -259,6 +259,8 @@ class Strategy(ABC):
                 raise UserError(f"unknown strategy_options key {key!r} for strategy {cls.name!r}: valid keys are {valid}",
                                 setting=(key, *cls.OPTIONS))
         settings = {name: getattr(config, name) for name in cls.CONFIG_FIELDS}
+        if len(config.objectives) > 1:  # a strategy that names its own CONFIG_FIELDS is told vectors all the same
+            settings["objectives"] = config.objectives
         return cls(**settings, **options, space=config.space())
 
     # -- the protocol ---------------------------------------------------------------------------
