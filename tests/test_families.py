@@ -297,3 +297,21 @@ def test_bench_long_context_writes_table_figure_and_json(tmp_path, capsys):
         assert main(flags + bad) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and "\n" not in err
+
+
+def test_tpe_and_nsga2_never_propose_an_invalid_gene():
+    pytest.importorskip("optuna")
+    from evo_attention.search import make_strategy
+
+    space = SearchSpace(similarity=("dot", "additive"), normalization=("softmax", "linear"),
+                        position=("learned", "alibi"))
+    for name in ("tpe", "nsga2"):
+        strategy = make_strategy(name, population_size=6, n_generations=4, elite_size=2, seed=3, space=space)
+        while not strategy.done:
+            genes = strategy.ask()
+            assert all(violation(g.to_dict()) is None for g in genes), name
+            # a structured fitness that favours the kernel family, so the samplers move towards the rules' edge
+            strategy.tell([(g, 10.0 - 3 * (g.normalization == "linear") - (g.similarity == "dot")) for g in genes])
+    with pytest.raises(ValueError, match="tpe samples one gene shared by every layer"):
+        Config(**{**PER_LAYER, "strategy": "tpe"}).space() and make_strategy(
+            "tpe", seed=1, space=Config(**PER_LAYER).space())

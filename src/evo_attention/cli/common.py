@@ -25,7 +25,7 @@ CONFIG_FLAGS = {
     "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
     "population": "population_size", "generations": "n_generations", "elite": "elite_size",
     "mutation_rate": "mutation_rate", "crossover_rate": "crossover_rate", "strategy": "strategy",
-    "genome": "genome",
+    "genome": "genome", "objectives": "objectives",
 }
 
 
@@ -37,6 +37,10 @@ def _vocab_size(text: str):
     except ValueError:
         raise argparse.ArgumentTypeError(f"vocab size {text!r} is not an integer (or 'full')") from None
     return value
+
+
+def _name_list(text: str) -> list:
+    return [part.strip() for part in text.split(",")]
 
 
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
@@ -76,7 +80,11 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     t.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
     if search:
         s = p.add_argument_group("search")
-        s.add_argument("--strategy", help="search strategy: ga or random")
+        s.add_argument("--strategy", help="search strategy: ga, random, nsga2 or tpe (tpe needs the [tpe] extra: "
+                                          "Optuna), or one a plugin registers")
+        s.add_argument("--objectives", type=_name_list, metavar="LIST",
+                       help="what the search minimises, comma-separated: perplexity first, then any of params, "
+                            "flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
         s.add_argument("--genome", help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
         s.add_argument("--population", type=int)
         s.add_argument("--generations", type=int)

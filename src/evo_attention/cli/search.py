@@ -40,10 +40,17 @@ def search_config(args):
     defaults = Config().to_dict()  # a run stored before a field existed ran with its default
     for name, value in settings.items():
         if name not in RESUMABLE_CHANGES and stored.get(name, defaults.get(name)) != value:
-            raise UserError(f"{flag_of(name) or name} {value!r} contradicts the run in {args.out} (it has {stored.get(name)!r}): "
-                            "drop the setting to resume, or start a new run with --overwrite")
+            raise UserError(f"{flag_of(name) or name} {_shown(value)} contradicts the run in {args.out} (it has "
+                            f"{_shown(stored.get(name))}): drop the setting to resume, or start a new run with --overwrite")
     merged = {**stored, **{k: settings[k] for k in RESUMABLE_CHANGES if k in settings}}
     return checked(Config.from_dict(merged, source=f"the run in {args.out}"))
+
+
+def _shown(value) -> str:
+    """A setting as its flag takes it: a list of names comma-separated (``--objectives``)."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    return repr(value)
 
 
 def _executor_text(executor) -> str:

@@ -10,6 +10,8 @@
 - ``learning_curves.png``: the training-loss curves of the best genes and the baseline
 - ``report.md``: the human summary linking the figures
 - ``report.html``: the same report as one self-contained page (figures embedded, no server needed)
+- ``pareto.png`` (multi-objective runs only): every evaluation on the first two objectives, the
+  Pareto front as a step line, the baseline marked; both reports then get a Pareto section
 
 Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``):
 ``validation.json`` / ``validation_test.json`` (``evo-attention validate``), ``ablation.json``
@@ -41,6 +43,8 @@ OUTPUTS = {
     "report": "report.md",
     "report_html": "report.html",
 }
+# written only for a multi-objective run (a single-objective run's outputs are exactly OUTPUTS)
+PARETO_OUTPUT = ("pareto", "pareto.png")
 
 
 def final_results_text(summary: RunSummary) -> str:
@@ -57,6 +61,8 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     summary = load_run(run_dir)
     attachments = load_attachments(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
+    if summary.multi_objective:
+        paths[PARETO_OUTPUT[0]] = run_dir / PARETO_OUTPUT[1]
     try:
         _write_all(summary, attachments, paths)
     except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost
@@ -74,15 +80,19 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
     figures.plot_evolution(summary, paths["evolution_progress"])
     plot_distribution(summary, paths["evaluation_distribution"])
     figures.plot_learning_curves(summary, paths["learning_curves"])
+    if "pareto" in paths:
+        figures.plot_pareto(summary, paths["pareto"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
     markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
                              attachments=attachments, distribution=OUTPUTS["evaluation_distribution"],
-                             curves=OUTPUTS["learning_curves"])
+                             curves=OUTPUTS["learning_curves"],
+                             pareto=PARETO_OUTPUT[1] if "pareto" in paths else None)
     html.write_report_html(summary, paths["report_html"], attachments=attachments,
                            figures={"evolution": paths["evolution_progress"],
                                     "distribution": paths["evaluation_distribution"],
-                                    "curves": paths["learning_curves"]})
+                                    "curves": paths["learning_curves"],
+                                    **({"pareto": paths["pareto"]} if "pareto" in paths else {})})
 
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
@@ -97,5 +107,5 @@ def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
                 best=summary.best_perplexity, title="All search evaluations")
 
 
-__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "Attachments", "RunSummary", "final_results_text", "load_attachments",
+__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "PARETO_OUTPUT", "Attachments", "RunSummary", "final_results_text", "load_attachments",
            "load_run", "write_report"]

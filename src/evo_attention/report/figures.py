@@ -10,6 +10,9 @@
 - ``plot_compare``: the ranking, loss vs parameters and time, and memory of a comparison (``compare.png``).
 - ``plot_transfer``: each gene's mean against its parameters across model sizes, log axes, with
   interval bars (``transfer.png``).
+- ``plot_long_context``: ms per step and memory against the sequence length per family (``long_context.png``).
+- ``plot_pareto``: every evaluation of a multi-objective run on its first two objectives, the
+  Pareto front as a step line and the baseline marked (``pareto.png``).
 
 Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
 same input draws the same figure.
@@ -30,7 +33,9 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-from evo_attention.report.summary import RunSummary, failed, perplexity_of  # noqa: E402
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, perplexity_of  # noqa: E402
+from evo_attention.search.pareto import finite, front  # noqa: E402
+from evo_attention.train.record import objective_values  # noqa: E402
 from evo_attention.util.files import atomic_target  # noqa: E402
 from evo_attention.util.format import finite_or_none  # noqa: E402
 from evo_attention.util.stats import percent  # noqa: E402
@@ -515,3 +520,49 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
         plt.close(fig)
         raise
     return save_figure(fig, path, dpi=110)
+
+
+# -- the Pareto front of a multi-objective run -----------------------------------------------------
+def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
+    """``pareto.png``: every finished search evaluation on the run's first two objectives (grey),
+    the non-dominated ones on those two joined by a step line (the boundary of what they
+    dominate), members of the front over all objectives ringed when there are more than two, and
+    the baseline as a star. An axis whose values span more than ``LOG_RATIO`` is logarithmic."""
+    names = summary.objectives[:2]
+    search = [r for r in summary.evaluations if r.get("role") == "search"]
+    points = [p for p in (objective_values(r, names) for r in search) if finite(p)]
+    n_failed = len(search) - len(points)
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    try:
+        ax.set_xlabel(f"{OBJECTIVE_LABELS.get(names[0], names[0])} (lower is better)")
+        ax.set_ylabel(f"{OBJECTIVE_LABELS.get(names[-1], names[-1])} (lower is better)")
+        ax.set_title("Pareto front: " + " vs ".join(names) + f" ({len(points)} evaluations"
+                     + (f", {n_failed} failed, not drawn" if n_failed else "") + ")", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if not points or len(names) < 2:
+            ax.text(0.5, 0.5, "No finished evaluation to draw yet.", transform=ax.transAxes, ha="center",
+                    va="center")
+            return save_figure(fig, path)
+        xs, ys = zip(*points)
+        ax.scatter(xs, ys, s=16, color="tab:gray", alpha=0.45, linewidths=0, label="evaluations", zorder=2)
+        best = sorted({points[i] for i in front(points)})
+        ax.step([p[0] for p in best], [p[1] for p in best], where="post", color="tab:blue", linewidth=1.8, zorder=3)
+        ax.scatter([p[0] for p in best], [p[1] for p in best], s=30, color="tab:blue", zorder=4,
+                   label=f"Pareto front on these two ({len(best)})")
+        if summary.pareto and len(summary.objectives) > 2:
+            ringed = [(m[names[0]], m[names[1]]) for m in summary.pareto["front"]]
+            ax.scatter(*zip(*ringed), s=70, facecolors="none", edgecolors="tab:orange", zorder=5,
+                       label=f"front over all {len(summary.objectives)} objectives ({len(ringed)})")
+        base = (summary.pareto or {}).get("baseline")
+        if base is not None:
+            ax.scatter([base[names[0]]], [base[names[1]]], marker="*", s=160, color="black", zorder=6,
+                       label=f"baseline {summary.baseline['str'] if summary.baseline else ''}".rstrip())
+            xs, ys = xs + (base[names[0]],), ys + (base[names[1]],)
+        for axis, values in (("x", xs), ("y", ys)):
+            if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
+                (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        ax.legend(loc="best", fontsize=8, framealpha=0.85)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)

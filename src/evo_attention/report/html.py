@@ -147,6 +147,16 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
     out.append(_section("evolution", "Evolution", [image(
         figures["evolution"], "Evolution progress",
         "Best and mean perplexity per generation, the best so far, every evaluation (grey) and the baseline.")]))
+    if "pareto" in figures and s.multi_objective:
+        body = [image(figures["pareto"], "Pareto front",
+                      "Every finished evaluation on the first two objectives, the Pareto front as a step line, the "
+                      "baseline as a star."), *(para(line) for line in md.pareto_lines(s))]
+        if s.pareto["front"]:
+            body.append(table(md.pareto_table(s)))
+        if s.pareto["history"]:
+            body += [para("Hypervolume after each generation (the evaluations of that generation and the ones "
+                          "before):"), table(md.hypervolume_table(s))]
+        out.append(_section("pareto", "Pareto front", body))
     if "distribution" in figures:
         out.append(_section("distribution", "Distribution of all evaluations", [image(
             figures["distribution"], "Distribution of all search evaluations",

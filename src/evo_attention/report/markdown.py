@@ -1,6 +1,7 @@
 """``report.md``: the human summary of a run, rendered from a ``RunSummary``.
 
-Sections: headline, settings, the evolution figure, the distribution of every evaluation,
+Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only),
+the distribution of every evaluation,
 per-generation table, top genes, component analysis, then what analyses left in the run
 directory (multi-seed validation, ablation, compare, attention maps; see ``Attachments``),
 failures and reproducibility. A run with nothing finished (or only failures) still gets a complete
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from evo_attention.report.attachments import Attachments
-from evo_attention.report.summary import RunSummary
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
 from evo_attention.report.studies import ablation_table as _ablation_cells
 from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
@@ -73,6 +74,42 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
             + [f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-", fmt(r["generation"]),
                fmt(r["params"])] for r in s.top(k)]
     return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
+
+
+def _objective_cell(name: str, value) -> str:
+    if name in ("params", "flops"):
+        return fmt(None if value is None else int(value))
+    return fmt(value)
+
+
+def pareto_table(s: RunSummary) -> Table:
+    """The Pareto front of a multi-objective run: gene, key, each objective, generation."""
+    names = s.objectives
+    headers = ["Gene", "Key"] + [OBJECTIVE_LABELS.get(n, n).capitalize() for n in names] + ["Generation"]
+    rows = [[m["str"], m["key"]] + [_objective_cell(n, m.get(n)) for n in names] + [fmt(m.get("generation"))]
+            for m in (s.pareto or {}).get("front", [])]
+    return Table(headers, rows, "ll" + "r" * len(names) + "r", (1,))
+
+
+def hypervolume_table(s: RunSummary) -> Table:
+    rows = [[fmt(h["generation"]), fmt(h["front_size"]), fmt(h["hypervolume"], 4)]
+            for h in (s.pareto or {}).get("history", [])]
+    return Table(["Generation", "Front size", "Hypervolume"], rows, "rrr")
+
+
+def pareto_lines(s: RunSummary) -> list[str]:
+    """The sentences of the Pareto section: what was minimised, the front, the reference point."""
+    p = s.pareto or {}
+    names = ", ".join(s.objectives)
+    lines = [f"Objectives, all minimised: {names} (the first is primary: the best gene above is the lowest "
+             f"perplexity). The front holds {p.get('front_size', 0)} non-dominated finished evaluation(s)."]
+    ref = p.get("reference_point")
+    if ref:
+        point = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in ref.items())
+        ideal = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in (p.get("ideal_point") or {}).items())
+        lines.append(f"Hypervolume {fmt(p.get('hypervolume'), 4)} with reference point ({point}) and ideal point "
+                     f"({ideal}): {p.get('reference_rule')}.")
+    return lines
 
 
 def failures_table(s: RunSummary) -> Table:
@@ -323,17 +360,32 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
     return sections
 
 
+def _pareto(s: RunSummary, figure: str) -> list[str]:
+    lines = [f"![Every evaluation on the first two objectives, the Pareto front as a step line, the baseline as a "
+             f"star]({figure})"]
+    for line in pareto_lines(s):
+        lines += ["", line]
+    if s.pareto and s.pareto["front"]:
+        lines += ["", to_markdown(pareto_table(s))]
+    if s.pareto and s.pareto["history"]:
+        lines += ["", "Hypervolume after each generation (the evaluations of that generation and the ones before):",
+                  "", to_markdown(hypervolume_table(s))]
+    return lines
+
+
 def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
                   attachments: Attachments | None = None, distribution: str | None = None,
-                  curves: str | None = None) -> str:
+                  curves: str | None = None, pareto: str | None = None) -> str:
     """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
-    ``distribution`` the distribution figure's (omitted when None)."""
+    ``distribution``, ``curves`` and ``pareto`` those of the other figures (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + _headline(s, attachments),
         ["## Settings", ""] + _settings(s),
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
     ]
+    if pareto and s.multi_objective:
+        sections.append(["## Pareto front", ""] + _pareto(s, pareto))
     if distribution:
         sections.append(["## Distribution of all evaluations", "",
                          f"![Histogram of the perplexity of every search evaluation]({distribution})"])
@@ -359,6 +411,6 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
 
 def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
                     attachments: Attachments | None = None, distribution: str | None = None,
-                    curves: str | None = None) -> Path:
+                    curves: str | None = None, pareto: str | None = None) -> Path:
     return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
-                                          curves=curves))
+                                          curves=curves, pareto=pareto))

@@ -7,7 +7,8 @@ process holds the lock (``search.lock``), ``finished`` once the search recorded 
 Shows the generation, the evaluations, the best result so far, one line per worker that is
 training right now (from the store's activity table), the executor of the last session and, for a
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
-predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``).
+predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
+multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def run_status(run_dir: str | Path) -> dict:
     from evo_attention.search.lock import holder
 
     live = holder(run_dir)  # a process holding the run's lock is writing it now
-    from evo_attention.report.summary import cache_hits
+    from evo_attention.report.summary import cache_hits, objectives_of, pareto_summary
 
     total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
@@ -41,6 +42,11 @@ def run_status(run_dir: str | Path) -> dict:
     search = [e for e in ok if e.get("role") == "search"]
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
+    objectives = objectives_of(config)
+    front = None
+    if len(objectives) > 1:
+        view = pareto_summary([e for e in evaluations if e.get("role") == "search"], objectives)
+        front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
     return {
         "run_dir": str(run_dir),
         "state": "running" if live else ("finished" if done else "interrupted"),
@@ -61,6 +67,7 @@ def run_status(run_dir: str | Path) -> dict:
                                                    "status": baseline.get("status")},
         "low_fidelity": len(rungs),
         "fidelity": fidelity,
+        "pareto": front,
         "executor": executor,
         "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
                      "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
@@ -95,6 +102,12 @@ def format_status(status: dict) -> str:
         p = status["baseline"]["perplexity"]
         lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
                      f"{p:.3f}" if finite_or_none(p) is not None else f"  baseline: {status['baseline']['status']}")
+    if status.get("pareto"):
+        p = status["pareto"]
+        ref = p.get("reference_point")
+        hv = "none yet" if p.get("hypervolume") is None else f"{p['hypervolume']:.4f}"
+        lines.append(f"  pareto front ({', '.join(p['objectives'])}): {p['front_size']} genes, hypervolume {hv}"
+                     + (" (reference " + ", ".join(f"{k} {v:.4g}" for k, v in ref.items()) + ")" if ref else ""))
     if status.get("executor"):
         e = status["executor"]
         details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)

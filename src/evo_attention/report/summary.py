@@ -13,6 +13,9 @@ Conventions:
   ``"baseline"``; other roles (e.g. ``"validate"``) are listed and counted but never ranked.
 - Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
   A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
+- A multi-objective run (``objectives`` beyond perplexity) also gets ``pareto``: the Pareto front
+  of its search evaluations, the reference point and the hypervolume after each generation
+  (``pareto_summary``); a single-objective run's outputs are those of a run without objectives.
 - Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
   and are turned into ``None`` by ``util.jsonio.to_jsonable`` before anything is written as JSON.
 """
@@ -24,12 +27,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
+from evo_attention.search import pareto
 from evo_attention.search.lock import holder
 from evo_attention.search.store import RunStore
-from evo_attention.train.record import usable_metric
+from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import to_jsonable
 
@@ -39,7 +43,7 @@ NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a fin
 # The columns of evaluations.csv, in order; the gene fields (the six, then the axes) follow them.
 EVALUATION_COLUMNS = (
     "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy", "bits_per_byte",
-    "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "seed",
+    "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "latency_ms", "peak_memory_mb", "seed",
     "steps", "eval_tokens", "error", "created_at",
 ) + ALL_FIELDS
 
@@ -48,6 +52,12 @@ FINAL_RESULTS_KEYS = (
     "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
     "improvement", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
 )
+# ... followed by these in a multi-objective run
+MULTI_OBJECTIVE_KEYS = ("objectives", "pareto_front", "hypervolume")
+# how the reports name each objective (all are minimised)
+OBJECTIVE_LABELS = {"perplexity": "validation perplexity", "params": "parameters", "flops": "FLOPs per training step",
+                    "train_ms_per_step": "training ms per step", "latency_ms": "inference latency (ms, median)",
+                    "peak_memory_mb": "peak memory (MB)"}
 
 
 # -- small helpers ----------------------------------------------------------------------------
@@ -226,6 +236,62 @@ def generation_history(table: list[dict], search: list[Mapping]) -> list[dict]:
     return history
 
 
+def objectives_of(config: Mapping) -> list[str]:
+    """The objectives a run's config names (perplexity alone for a run made before objectives)."""
+    return list(config.get("objectives") or [PRIMARY_OBJECTIVE])
+
+
+def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: Sequence[Mapping] = ()) -> dict:
+    """The multi-objective view of a run's search evaluations (one per gene, the first stored):
+
+    ``{"objectives", "front" (the non-dominated finished evaluations, lowest perplexity first:
+    key, str, gene fields, each objective, generation, id), "ideal_point" and "reference_point"
+    (each by objective: ``search.pareto.bounds`` of every finished evaluation), "reference_rule",
+    "history" ([{"generation", "front_size", "hypervolume"}] over the evaluations of that
+    generation and the ones before), "front_size", "hypervolume", "baseline" (the baseline's
+    objectives, or None)}``. Hypervolumes are ``search.pareto.hypervolume_share``: the share of
+    the box between the ideal and the reference point that the front dominates, so every
+    generation's value is measured in the same box.
+    """
+    objectives = list(objectives)
+    records: dict[str, Mapping] = {}
+    for record in search:
+        records.setdefault(gene_info(record.get("gene"))["key"], record)
+    keys = list(records)
+    points = [objective_values(records[k], objectives) for k in keys]
+    box = pareto.bounds(points)
+    ideal, reference = box if box else (None, None)
+    members = sorted(pareto.front(points), key=lambda i: (points[i], keys[i]))
+    front = []
+    for i in members:
+        info = gene_info(keys[i])
+        front.append({"key": info["key"], "str": info["str"], "gene": {name: info.get(name) for name in ALL_FIELDS},
+                      **dict(zip(objectives, points[i])), "generation": records[keys[i]].get("generation"),
+                      "id": records[keys[i]].get("id")})
+    history = []
+    generations = sorted({int(r["generation"]) for r in records.values() if r.get("generation") is not None})
+    for generation in generations:
+        upto = [p for k, p in zip(keys, points)
+                if records[k].get("generation") is not None and int(records[k]["generation"]) <= generation]
+        history.append({"generation": generation, "front_size": len(pareto.front(upto)),
+                        "hypervolume": pareto.hypervolume_share(upto, ideal, reference) if box else None})
+    base = next((objective_values(r, objectives) for r in baseline if usable_metric(r) is not None), None)
+    return {
+        "objectives": objectives,
+        "front": front,
+        "front_size": len(front),
+        "hypervolume": pareto.hypervolume_share(points, ideal, reference) if box else None,
+        "ideal_point": dict(zip(objectives, ideal)) if box else None,
+        "reference_point": dict(zip(objectives, reference)) if box else None,
+        "reference_rule": f"the worst value of each objective over the finished search evaluations plus "
+                          f"{100 * pareto.REFERENCE_MARGIN:g}% of its range; the hypervolume is the share of the box "
+                          "between the ideal point (the best value of each objective) and the reference point that "
+                          "the front dominates (0 to 1)",
+        "history": history,
+        "baseline": dict(zip(objectives, base)) if base is not None and pareto.finite(base) else None,
+    }
+
+
 def baseline_of(records: list[Mapping]) -> dict | None:
     """The baseline: ``{"gene", "str", "perplexity", "status", "error", "n", "params"}``.
 
@@ -290,6 +356,8 @@ class RunSummary:
     settings: list[tuple[str, str]] = field(default_factory=list)
     writer: dict | None = None  # the process writing the run now (its lock holder), None when none is
     fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.fidelity_summary)
+    objectives: list = field(default_factory=lambda: [PRIMARY_OBJECTIVE])
+    pareto: dict | None = None  # multi-objective runs: pareto_summary
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -307,9 +375,11 @@ class RunSummary:
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
         counts = _counts(evaluations, search, planned, done)
+        config = dict(store.config() or {})
+        objectives = objectives_of(config)
         summary = cls(
             run_dir=Path(store.run_dir),
-            config=dict(store.config() or {}),
+            config=config,
             strategy=store.get_meta("strategy"),
             data=store.get_meta("data"),
             versions=dict(store.get_meta("versions") or {}),
@@ -332,6 +402,9 @@ class RunSummary:
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
             writer=holder(store.run_dir),
+            objectives=objectives,
+            pareto=pareto_summary(search, objectives, [r for r in evaluations if r.get("role") == "baseline"])
+            if len(objectives) > 1 else None,
         )
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
@@ -399,7 +472,16 @@ class RunSummary:
             "fidelity": self.fidelity,
             "done": self.done,
         }
+        if self.pareto is not None:
+            result["objectives"] = self.objectives
+            result["pareto_front"] = self.pareto["front"]
+            result["hypervolume"] = {k: self.pareto[k] for k in ("hypervolume", "ideal_point", "reference_point",
+                                                                  "reference_rule", "history")}
         return to_jsonable(result)
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.pareto is not None
 
 
 def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:

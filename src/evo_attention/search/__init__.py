@@ -8,6 +8,10 @@ Strategies (ask/tell, never train anything): ``make_strategy(name, **settings)``
     class MySearch(Strategy):
         def _propose(self): ...          # the genes of generation self.generation
         def _update(self, told): ...     # fold [(gene, perplexity)] into self.population
+
+Built in: ``ga`` (the original's genetic algorithm), ``random``, ``nsga2`` (non-dominated sorting
+and crowding distance) and ``tpe`` (Optuna's TPE; the ``[tpe]`` extra). All of them accept several
+``objectives`` (see docs/search.md).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import inspect
 
 from evo_attention.search.base import Individual, Strategy, fitness_value, rank_members, ranking_key
 from evo_attention.search.ga import GeneticAlgorithm
+from evo_attention.search.nsga2 import NSGA2
 from evo_attention.search.random_search import RandomSearch
+from evo_attention.search.tpe import TPE
 from evo_attention.util.errors import UserError
 
 STRATEGIES: dict[str, type[Strategy]] = {}
@@ -42,6 +48,8 @@ def register_strategy(name: str):
 
 register_strategy("ga")(GeneticAlgorithm)
 register_strategy("random")(RandomSearch)
+register_strategy("nsga2")(NSGA2)
+register_strategy("tpe")(TPE)  # needs Optuna (the [tpe] extra), imported only when a TPE is built
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -71,5 +79,5 @@ def strategy_from_config(config) -> Strategy:
     return strategy_class(config.strategy).from_config(config)
 
 
-__all__ = ["GeneticAlgorithm", "Individual", "RandomSearch", "STRATEGIES", "Strategy", "fitness_value",
+__all__ = ["GeneticAlgorithm", "Individual", "NSGA2", "RandomSearch", "TPE", "STRATEGIES", "Strategy", "fitness_value",
            "make_strategy", "rank_members", "ranking_key", "register_strategy", "strategy_from_config"]

@@ -10,6 +10,12 @@ A strategy only proposes genes and learns their fitness; it never trains anythin
 Fitness is validation perplexity: lower is better. ``None``, NaN and infinities mean "failed"
 (diverged, out of memory, crashed); such results are stored as ``inf`` and rank last.
 
+With several ``objectives`` (perplexity first, then costs such as ``params``; all minimised) a
+strategy is told one tuple per gene, in the order of ``objectives``; a failure is ``None`` (or a
+non-finite perplexity) and becomes ``inf`` in every place. ``rank_members`` then ranks by Pareto
+front, then crowding distance (``search.pareto``), then perplexity; ``best`` is always the member
+with the lowest perplexity.
+
 Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
 proposals depend only on the seed and on the fitness values it was told. A run is resumed by
 replaying: a fresh strategy with the same seed, told the stored results generation by
@@ -29,6 +35,7 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
 from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, violation
+from evo_attention.search.pareto import pareto_order
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -55,6 +62,19 @@ def ranking_key(gene: AttentionGene | str, fitness: Any) -> tuple:
     return (0, value, key)
 
 
+def objective_vector(value: Any, n: int) -> tuple[float, ...]:
+    """A told multi-objective fitness as a tuple of ``n`` floats: ``inf`` everywhere for a failure
+    (None, or a non-finite first value), ``inf`` in the place of any other non-finite value."""
+    if value is None:
+        return (math.inf,) * n
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"a fitness of {n} objectives must be a sequence of {n} numbers or None, got {value!r}")
+    if len(value) != n:
+        raise TypeError(f"a fitness of {n} objectives must have {n} values, got {len(value)}: {value!r}")
+    values = tuple(fitness_value(v) for v in value)
+    return (math.inf,) * n if math.isinf(values[0]) else values
+
+
 @dataclass(frozen=True)
 class Individual:
     """One evaluated member of a population: ``fitness`` is -perplexity (higher is better, -inf if
@@ -65,7 +85,8 @@ class Individual:
     member carried over unchanged from the previous generation (it was not evaluated again).
     A search driver also attaches the training's ``record``, ``train_loss``, ``status`` and
     ``steps`` (the budget the result was measured at: below the run's budget for an individual
-    stopped early by a multi-fidelity schedule).
+    stopped early by a multi-fidelity schedule). ``objectives`` is the told objective vector of a
+    multi-objective search (empty for a single objective); ``values`` gives the vector in both cases.
     """
 
     gene: AttentionGene
@@ -76,6 +97,12 @@ class Individual:
     status: str = "ok"
     steps: int | None = None
     record: Any = field(default=None, repr=False, compare=False)
+    objectives: tuple = ()
+
+    @property
+    def values(self) -> tuple:
+        """The objective vector (``(perplexity,)`` for a single objective)."""
+        return self.objectives or (self.perplexity,)
 
     @property
     def failed(self) -> bool:
@@ -86,14 +113,30 @@ class Individual:
         return -self.perplexity if math.isfinite(self.perplexity) else float("-inf")
 
     def to_dict(self) -> dict:
-        return {"gene": self.gene.key, "perplexity": self.perplexity, "fitness": self.fitness,
-                "train_loss": self.train_loss, "generation": self.generation, "status": str(self.status),
-                "is_elite": self.is_elite, "steps": self.steps}
+        out = {"gene": self.gene.key, "perplexity": self.perplexity, "fitness": self.fitness,
+               "train_loss": self.train_loss, "generation": self.generation, "status": str(self.status),
+               "is_elite": self.is_elite, "steps": self.steps}
+        if len(self.objectives) > 1:
+            out["objectives"] = list(self.objectives)
+        return out
 
 
 def rank_members(members: Iterable[Individual]) -> list[Individual]:
-    """Individuals best first (see ``ranking_key``); elites before equal newcomers (stable sort)."""
-    return sorted(members, key=lambda m: ranking_key(m.gene, m.perplexity))
+    """Individuals best first; elites before equal newcomers (stable sort).
+
+    One objective: by ``ranking_key``. Several: by Pareto front, then crowding distance (larger
+    first), then ``ranking_key`` (``search.pareto.pareto_order``); failures last.
+    """
+    members = list(members)
+    if not any(len(m.objectives) > 1 for m in members):
+        return sorted(members, key=lambda m: ranking_key(m.gene, m.perplexity))
+    order = pareto_order([m.values for m in members], [ranking_key(m.gene, m.perplexity) for m in members])
+    return [members[i] for i in order]
+
+
+def best_member(members: Iterable[Individual]) -> Individual | None:
+    """The member with the lowest perplexity (ties: the first in ``members``); None if empty."""
+    return min(members, key=lambda m: ranking_key(m.gene, m.perplexity), default=None)
 
 
 # -- drawing genes ----------------------------------------------------------------------------
@@ -159,7 +202,7 @@ class Strategy(ABC):
     - ``generation``: index of the generation being asked/told (0-based); ``n_generations``
       once done.
     - ``done``: True after ``n_generations`` generations have been told.
-    - ``population``: the current population as ``Individual`` s, best first.
+    - ``population``: the current population as ``Individual`` s, best first (``rank_members``).
     - ``history``: one dict per told generation with ``generation``, ``best_perplexity``,
       ``best_gene`` (key), ``mean_perplexity`` (over the finite perplexities of ``members``;
       NaN if none), ``members`` (``[(key, perplexity)]`` best first) and ``n_evaluated``.
@@ -174,11 +217,12 @@ class Strategy(ABC):
     """
 
     name: ClassVar[str] = ""
-    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("population_size", "n_generations", "elite_size", "seed")
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("population_size", "n_generations", "elite_size", "seed", "objectives")
     OPTIONS: ClassVar[dict[str, Any]] = {"seed_vanilla": False}
 
     def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3, seed: int = 42,
-                 space: SearchSpace | Mapping | None = None, seed_vanilla: bool = False):
+                 space: SearchSpace | Mapping | None = None, seed_vanilla: bool = False,
+                 objectives: Sequence[str] = ("perplexity",)):
         self.population_size = _as_int("population_size", population_size, 1)
         self.n_generations = _as_int("n_generations", n_generations, 1)
         self.elite_size = _as_int("elite_size", elite_size, 0)
@@ -196,6 +240,10 @@ class Strategy(ABC):
             raise UserError(f"space {space!r} is not a search space: pass a SearchSpace or a dict of options")
         self.space = space
         self.seed_vanilla = bool(seed_vanilla)
+        if isinstance(objectives, str) or not objectives or not all(isinstance(o, str) for o in objectives):
+            raise UserError(f"objectives {objectives!r} must be a non-empty list of objective names",
+                            setting="objectives")
+        self.objectives = tuple(objectives)
 
         self.rng = random.Random(self.seed)
         self.generation = 0
@@ -216,6 +264,8 @@ class Strategy(ABC):
                 raise UserError(f"unknown strategy_options key {key!r} for strategy {cls.name!r}: valid keys are {valid}",
                                 setting=(key, *cls.OPTIONS))
         settings = {name: getattr(config, name) for name in cls.CONFIG_FIELDS}
+        if len(config.objectives) > 1:  # a strategy that names its own CONFIG_FIELDS is told vectors all the same
+            settings["objectives"] = config.objectives
         return cls(**settings, **options, space=config.space())
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -236,7 +286,8 @@ class Strategy(ABC):
 
         ``results`` is a sequence of ``(gene or key, fitness)`` pairs or a mapping gene -> fitness.
         A gene asked several times may be told once (the value applies to every copy) or once per
-        copy. None/NaN/inf mean failed.
+        copy. None/NaN/inf mean failed. With several ``objectives`` each fitness is a tuple of
+        their values (or None); subclasses then receive it as a tuple of floats.
         """
         if self.done:
             raise RuntimeError(f"strategy {self.name!r} is done: all {self.n_generations} generations were told")
@@ -247,7 +298,7 @@ class Strategy(ABC):
         self._update(told)
         members = self._history_members(told)
         finite = [m.perplexity for m in members if not m.failed]
-        best = self.population[0]
+        best = self.best
         self.history.append({
             "generation": self.generation,
             "best_perplexity": best.perplexity,
@@ -270,9 +321,14 @@ class Strategy(ABC):
         return sum(self.batch_size(g) for g in range(self.n_generations))
 
     @property
+    def n_objectives(self) -> int:
+        return len(self.objectives)
+
+    @property
     def best(self) -> Individual | None:
-        """The best member so far (None before the first ``tell``)."""
-        return self.population[0] if self.population else None
+        """The member with the lowest perplexity so far (None before the first ``tell``); with one
+        objective that is ``population[0]``."""
+        return best_member(self.population)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(population_size={self.population_size}, "
@@ -292,8 +348,21 @@ class Strategy(ABC):
         """The members a history entry lists (default: the population)."""
         return self.population
 
-    def _member(self, gene: AttentionGene, fitness: float, is_elite: bool = False) -> Individual:
-        return Individual(gene, fitness, self._first_generation.get(gene.key, self.generation), is_elite)
+    def _member(self, gene: AttentionGene, fitness: float | tuple, is_elite: bool = False) -> Individual:
+        """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives)."""
+        generation = self._first_generation.get(gene.key, self.generation)
+        if isinstance(fitness, tuple):
+            return Individual(gene, fitness[0], generation, is_elite, objectives=fitness)
+        return Individual(gene, fitness, generation, is_elite)
+
+    def _told_value(self, fitness: Any) -> float | tuple:
+        """A told fitness in the form the subclasses receive: a float for one objective, a tuple
+        of floats for several."""
+        if self.n_objectives == 1:
+            if isinstance(fitness, Sequence) and not isinstance(fitness, (str, bytes)) and len(fitness) == 1:
+                fitness = fitness[0]
+            return fitness_value(fitness)
+        return objective_vector(fitness, self.n_objectives)
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
         """``population_size`` distinct random genes; with option ``seed_vanilla`` the vanilla
@@ -321,7 +390,7 @@ class Strategy(ABC):
             except (TypeError, ValueError):
                 raise ValueError(f"tell() expects (gene, fitness) pairs, got {item!r}") from None
             key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else AttentionGene.parse(gene).key
-            told[key].append(fitness_value(fitness))
+            told[key].append(self._told_value(fitness))
         wanted = Counter(g.key for g in asked)
         unexpected = sorted(set(told) - set(wanted))
         missing = sorted(set(wanted) - set(told))
@@ -333,7 +402,8 @@ class Strategy(ABC):
         for key, values in told.items():
             if len(values) not in (1, wanted[key]):
                 raise ValueError(f"gene {key} was asked {wanted[key]} time(s) but told {len(values)} times")
-            values.sort(key=lambda v: ranking_key(key, v))  # independent of the told order
+            values.sort(key=lambda v: (ranking_key(key, v[0]), v) if isinstance(v, tuple)
+                        else ranking_key(key, v))  # independent of the told order
         used: Counter = Counter()
         pairs = []
         for gene in asked:

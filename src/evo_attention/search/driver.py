@@ -13,6 +13,10 @@ stream and batch order for every gene), so results never depend on execution ord
 executor (local, worker processes, Ray), and a gene proposed twice is trained once. The strategy
 is told the results in the order of the asked genes, whatever order they finished in.
 
+With several ``objectives`` (perplexity first, then costs such as ``params``) the strategy is told
+each gene's objective vector (``train.record.objective_values``) instead of its perplexity; a
+resumed run must have the objectives it started with.
+
 With a multi-fidelity schedule (``fidelity: halving``, ``hurdle``; see ``fidelity.py``) a
 generation's new genes go through the rungs of the schedule and the strategy is told
 ``fidelity.told_fitness``; a gene whose full-budget result is known from an earlier generation (or
@@ -31,7 +35,7 @@ from pathlib import Path
 from evo_attention.data.base import TaskData
 from evo_attention.genes import AttentionGene
 from evo_attention.search import strategy_from_config
-from evo_attention.search.base import Individual, Strategy
+from evo_attention.search.base import Individual, Strategy, best_member
 from evo_attention.search.executors import EvalTask, Executor, LocalExecutor, task_context
 from evo_attention.search.lock import RunLock
 from evo_attention.search.models import model_dir, prune as prune_models
@@ -41,7 +45,7 @@ from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.train.config import Config
 from evo_attention.train.environment import versions
-from evo_attention.train.record import EvaluationRecord
+from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, objective_values
 from evo_attention.train.trainer import settings_hash
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import finite_or_none
@@ -80,6 +84,7 @@ class Search:
             raise UserError(f"keep_models must be a non-negative integer, got {keep_models!r}", setting="keep_models")
         self.keep_models = keep_models  # the K best trained models stay in out_dir/models (search/models.py)
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
+        self.strategy = strategy_from_config(config)  # bad strategy settings fail before any data is read
         if data is None:
             from evo_attention.data import data_from_config
 
@@ -90,7 +95,6 @@ class Search:
         self.executor = executor or LocalExecutor()
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
-        self.strategy = strategy_from_config(config)
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
         self.context = settings_hash(config, "valid")
@@ -111,6 +115,13 @@ class Search:
     # -- the store -----------------------------------------------------------------------------
     def _open_store(self, resume: bool, overwrite: bool) -> RunStore:
         if resume:
+            with RunStore.open(self.out_dir, readonly=True) as stored_run:  # refuse before writing anything
+                started = list((stored_run.config() or {}).get("objectives") or [PRIMARY_OBJECTIVE])
+            if started != list(self.config.objectives):
+                raise UserError(
+                    f"objectives {','.join(self.config.objectives)} differ from those the run in {self.out_dir} "
+                    f"started with ({','.join(started)}): resume with the same objectives, or start a new run with "
+                    "overwrite", setting=("objectives", "overwrite"))
             store = RunStore.open(self.out_dir)
             stored = store.get_meta("data") or {}
             if stored.get("fingerprint") not in (None, self.data.fingerprint):
@@ -207,8 +218,18 @@ class Search:
         keys = list(dict.fromkeys(g.key for g in genes))
         if self.schedule is None:
             records = self._evaluate([self._task(k, role="search", generation=generation) for k in keys])
-            return {k: records[k].metric() for k in keys}
+            return {k: self._fitness(records[k]) for k in keys}
         return self._evaluate_halving(keys, generation)
+
+    def _fitness(self, record: EvaluationRecord, perplexity: float | None = None):
+        """What the strategy is told of ``record``: its perplexity (``perplexity`` when given: a
+        multi-fidelity schedule's told value), or with several objectives the objective vector."""
+        value = record.metric() if perplexity is None else perplexity
+        if len(self.config.objectives) == 1:
+            return value
+        if value is None:
+            return None
+        return (value,) + objective_values(record, self.config.objectives[1:])
 
     def _evaluate_halving(self, keys: list, generation: int) -> dict:
         """Successive halving (or a hurdle) over the new genes of a generation (see fidelity.py)."""
@@ -239,7 +260,8 @@ class Search:
             alive = promoted + [key for key in alive if key in audited and key not in promoted
                                 and records[key].status == "ok"]
         self._prune_states(reached)
-        return told_fitness(reached)
+        told = told_fitness(reached)
+        return {key: self._fitness(reached[key], told[key]) if told[key] is not None else None for key in told}
 
     def _state_path(self, key: str, steps: int) -> Path:
         context = task_context(self._task(key, role=RUNG_ROLE, generation=None, steps=steps,
@@ -274,24 +296,25 @@ class Search:
             view.set_best(task.gene, value)
 
     def _individual(self, gene: AttentionGene, record: EvaluationRecord, generation: int, is_elite: bool = False,
-                    perplexity: float | None = None) -> Individual:
+                    perplexity: float | None = None, objectives: tuple = ()) -> Individual:
         value = record.metric() if perplexity is None else perplexity
         return Individual(gene=gene, perplexity=value if value is not None else float("inf"),
                           train_loss=record.train_loss, generation=generation, status=str(record.status),
-                          is_elite=is_elite, record=record, steps=record.steps)
+                          is_elite=is_elite, record=record, steps=record.steps, objectives=objectives)
 
     def _refresh(self) -> None:
         self.population = [self._individual(m.gene, self._records[m.gene.key], m.generation, m.is_elite,
-                                            perplexity=m.perplexity)
+                                            perplexity=m.perplexity, objectives=m.objectives)
                            for m in self.strategy.population]
         self.history = [{k: v for k, v in h.items() if k != "members"} for h in self.strategy.history]
 
     # -- results -------------------------------------------------------------------------------
     @property
     def best(self) -> Individual | None:
-        """The best individual trained on the full budget (the best of all if none was)."""
+        """The individual with the lowest perplexity among those trained on the full budget (of all
+        if none was); with one objective the first of them in ``population``."""
         full = [i for i in self.population if i.steps is None or i.steps >= self.config.train_steps]
-        return full[0] if full else (self.population[0] if self.population else None)
+        return best_member(full or self.population)
 
     def save_checkpoint(self) -> Path:
         """Snapshot the population and history after the last finished generation into

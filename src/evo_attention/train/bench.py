@@ -17,15 +17,10 @@ import torch
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
-from evo_attention.train.environment import matmul_dtype, peak_memory_mb, reset_peak_memory
+from evo_attention.train.environment import matmul_dtype, peak_memory_mb, reset_peak_memory, synchronize
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 PROBE_SIZE = 2048  # the square matrix product that measures a machine's matmul limit
@@ -60,12 +55,12 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     a @ b  # warm-up (kernels, caches)
-    _sync(device)
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     flops = 2 * PROBE_SIZE ** 3 / best
     try:
@@ -88,7 +83,7 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         trainer.train(until_step=warmup + 1)
-        _sync(trainer.device)
+        synchronize(trainer.device)
     key = "self_cuda_time_total" if trainer.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
@@ -101,10 +96,10 @@ def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
     device = next(model.parameters()).device
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
     generate(model, prompt.tolist(), 2, temperature=0.0)  # warm-up
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     generate(model, prompt.tolist(), new_tokens, temperature=0.0)
-    _sync(device)
+    synchronize(device)
     return new_tokens / (time.perf_counter() - start)
 
 
@@ -115,16 +110,16 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
     trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
                       device=device)
     trainer.train(until_step=warmup)
-    _sync(trainer.device)
+    synchronize(trainer.device)
     start = time.perf_counter()
     trainer.train(until_step=warmup + steps)
-    _sync(trainer.device)
+    synchronize(trainer.device)
     seconds_per_step = (time.perf_counter() - start) / steps
     eval_s = None
     if time_eval:
         start = time.perf_counter()
         trainer.evaluate("valid")
-        _sync(trainer.device)
+        synchronize(trainer.device)
         eval_s = time.perf_counter() - start
     decode = None
     if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
@@ -220,14 +215,14 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
             trainer = Trainer(gene, cfg.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
                               device=device)
             trainer.train(until_step=warmup)
-            _sync(trainer.device)
+            synchronize(trainer.device)
             gc.collect()
             _release_free_memory()
             before = _resident_mb() if trainer.device.type == "cpu" else 0.0
             reset_peak_memory(trainer.device)
             start = time.perf_counter()
             trainer.train(until_step=warmup + steps)
-            _sync(trainer.device)
+            synchronize(trainer.device)
             seconds = (time.perf_counter() - start) / steps
             peak = peak_memory_mb(trainer.device)
             rows.append({"name": name, "gene": AttentionGene.parse(gene).key, "seq_len": t, "batch_size": batch,

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.model import BLOCKS, llama_ffn_dim
+from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE
 from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -63,6 +64,9 @@ class Config:
     strategy_options: dict = field(default_factory=dict)  # e.g. {"dedupe": True, "seed_vanilla": True}
     search_space: dict = field(default_factory=dict)  # field -> allowed options; {} = everything registered
     genome: str = "shared"  # shared: one gene for every layer; per_layer: one gene per layer
+    # what the search minimises: perplexity first (the primary objective), then any cost measures
+    # of train.record.OBJECTIVES; more than one makes the search multi-objective (Pareto front)
+    objectives: list = field(default_factory=lambda: [PRIMARY_OBJECTIVE])
     baseline: bool = True  # also train the vanilla transformer under the same budget
     # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
     fidelity: str = "full"  # "full" or "halving" (successive halving inside each generation)
@@ -228,6 +232,7 @@ def _check_search(c: Config) -> None:
         raise UserError(f"strategy must be a name such as 'ga' or 'random', got {c.strategy!r}", setting="strategy")
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
+    _check_objectives(c)
     _choice(c, "fidelity", FIDELITIES)
     _integer(c, "halving_eta", minimum=2)
     _integer(c, "halving_rungs", minimum=2)
@@ -238,6 +243,29 @@ def _check_search(c: Config) -> None:
     if c.halving_audit and c.fidelity == "full" and c.hurdle is None:
         raise UserError(f"halving_audit {c.halving_audit} needs fidelity halving or a hurdle: at full fidelity every "
                         "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
+
+
+def _check_objectives(c: Config) -> None:
+    if isinstance(c.objectives, str):  # "perplexity,params" as a YAML scalar
+        c.objectives = [name.strip() for name in c.objectives.split(",")]
+    elif isinstance(c.objectives, tuple):
+        c.objectives = list(c.objectives)
+    valid = ", ".join(OBJECTIVES)
+    if not isinstance(c.objectives, list) or not c.objectives or not all(isinstance(o, str) for o in c.objectives):
+        raise UserError(f"objectives must be a list of names such as [perplexity, params], got {c.objectives!r}",
+                        setting="objectives")
+    for name in c.objectives:
+        if name not in OBJECTIVES:
+            close = _closest(name, OBJECTIVES)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise UserError(f"unknown objective {name!r}{hint}: valid objectives are {valid}", setting="objectives")
+    repeated = next((name for i, name in enumerate(c.objectives) if name in c.objectives[:i]), None)
+    if repeated is not None:
+        raise UserError(f"objective {repeated!r} is named twice in objectives: name each objective once",
+                        setting="objectives")
+    if c.objectives[0] != PRIMARY_OBJECTIVE:
+        raise UserError(f"objectives must start with {PRIMARY_OBJECTIVE} (the primary objective), got "
+                        f"{','.join(c.objectives)}: put {PRIMARY_OBJECTIVE} first", setting="objectives")
 
 
 def _check_data(c: Config) -> None:

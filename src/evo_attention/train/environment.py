@@ -105,6 +105,12 @@ def reset_peak_memory(device: torch.device) -> None:
             pass
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): call before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20

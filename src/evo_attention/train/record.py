@@ -13,6 +13,10 @@ or foreign record that are not fields here are kept in ``extra`` and written bac
 
 Records read like a mapping too (``record["val_loss"]``, ``record.get("budget")``), which is
 what the JSON files and tables built from them use.
+
+Objectives: a search minimises ``perplexity`` and optionally cost measures of the same record
+(``OBJECTIVES`` maps each name to how it is read); ``objective_values`` is the one rule that turns
+a record into the vector a multi-objective strategy is told and the reports rank by.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ class Status(str, enum.Enum):
 
 # Keys written only when set (None / False means absent), and the keys the store adds (present,
 # maybe None, exactly when the record came from a store).
-_OPTIONAL = ("eval_bytes", "eval_chars", "bits_per_byte", "bits_per_char", "budget", "resumed_from", "checkpoint",
-             "audit")
+_OPTIONAL = ("eval_bytes", "eval_chars", "bits_per_byte", "bits_per_char", "latency_ms", "latency_ms_iqr",
+             "latency_threads", "budget", "resumed_from", "checkpoint", "audit")
 _STORED = ("id", "role", "generation", "created_at")
 
 
@@ -79,6 +83,11 @@ class EvaluationRecord(Mapping):
     train_time_s: float | None = None
     tokens_per_s: float | None = None
     peak_memory_mb: float | None = None
+    # inference: the median and interquartile range of timed eval-mode forward passes over one
+    # evaluation batch (Trainer.measure_latency), and the CPU threads torch used for them
+    latency_ms: float | None = None
+    latency_ms_iqr: float | None = None
+    latency_threads: int | None = None
     device: str | None = None
     precision: str | None = None
     versions: dict = field(default_factory=dict)
@@ -185,6 +194,41 @@ def usable_metric(record: Mapping, name: str = "val_perplexity") -> float | None
     if record.get("status") != Status.OK:
         return None
     return finite_or_none(record.get(name))
+
+
+# objective name -> the record field it reads (train_ms_per_step is derived from two fields); every
+# objective is minimised, and the first objective of a search is always perplexity
+OBJECTIVES = {
+    "perplexity": "val_perplexity",
+    "params": "params",
+    "flops": "flops_per_step",
+    "train_ms_per_step": None,
+    "latency_ms": "latency_ms",
+    "peak_memory_mb": "peak_memory_mb",
+}
+PRIMARY_OBJECTIVE = "perplexity"
+
+
+def objective_value(record: Mapping, name: str) -> float | None:
+    """The usable value of objective ``name`` of ``record`` (None if the training failed or the
+    record lacks it)."""
+    if name not in OBJECTIVES:
+        raise KeyError(f"unknown objective {name!r}: valid objectives are {', '.join(OBJECTIVES)}")
+    if usable_metric(record) is None:
+        return None  # a failed training has no usable cost either
+    if name == "train_ms_per_step":
+        seconds, steps = finite_or_none(record.get("train_time_s")), finite_or_none(record.get("trained_steps"))
+        return 1000.0 * seconds / steps if seconds is not None and steps else None
+    return usable_metric(record, OBJECTIVES[name])
+
+
+def objective_values(record: Mapping, names) -> tuple[float, ...]:
+    """The objective vector of ``record`` (all minimised): ``inf`` in every place when the
+    training failed, ``inf`` in the place of an objective the record lacks."""
+    if usable_metric(record) is None:
+        return tuple(math.inf for _ in names)
+    values = (objective_value(record, name) for name in names)
+    return tuple(math.inf if v is None else float(v) for v in values)
 
 
 def failed_record(gene: str, seed: int, steps: int, data: str, data_fingerprint: str, context: str, *,

@@ -16,6 +16,12 @@ The measurement:
   how many tokens were scored (``eval_tokens``), so a capped evaluation is visible as such.
 - The record also carries the learning curve, parameter count, FLOPs per training step (PyTorch's
   flop counter on the first step), wall time, tokens/s, peak memory, device and versions.
+- Inference latency (``latency_ms``): after a successful evaluation, the first evaluation batch is
+  run through the model in eval mode without gradients ``LATENCY_WARMUP`` times untimed, then
+  ``LATENCY_REPEATS`` times timed (the device synchronised around each pass); the record keeps the
+  median, the interquartile range (``latency_ms_iqr``) and torch's CPU thread count
+  (``latency_threads``). The same procedure for every gene; still a wall-clock time, so it moves
+  with the machine's load.
 
 ``Trainer`` is the stateful object behind it: it can train to a step, evaluate, and continue,
 which is what multi-fidelity schedules need.
@@ -28,6 +34,7 @@ import hashlib
 import io
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,12 +47,15 @@ from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
-                                             resolve_device, resolve_precision, versions)
+                                             resolve_device, resolve_precision, synchronize, versions)
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.util.errors import UserError
 
 # nats above the uniform-guess loss ln(vocab) at which a finite loss still counts as diverged
 ABSURD_MARGIN = 5.0
+# inference latency: untimed forward passes first (allocator, kernel selection, caches), then timed ones
+LATENCY_WARMUP = 2
+LATENCY_REPEATS = 7
 # Settings that change what a training run computes; together with gene, seed, steps and the data
 # fingerprint they identify an evaluation (the run store's cache key).
 FAVOR_FEATURES_DEFAULT = 64
@@ -247,6 +257,30 @@ class Trainer:
             "eval_complete": n == total,
         }
 
+    @torch.no_grad()
+    def measure_latency(self, split: str = "valid", warmup: int = LATENCY_WARMUP,
+                        repeats: int = LATENCY_REPEATS) -> dict:
+        """Wall time of an eval-mode forward pass (logits included) over the first evaluation batch
+        of ``split``: ``{"latency_ms" (median), "latency_ms_iqr", "latency_threads"}``."""
+        x, _ = next(iter(self.data.eval_batches(split, self.config.eval_batch_size, 1)))
+        x = x.to(self.device)
+        self.model.eval()
+        times = []
+        try:
+            for i in range(warmup + repeats):
+                synchronize(self.device)
+                start = time.perf_counter()
+                with autocast(self.device, self.precision):
+                    self.model(x)
+                synchronize(self.device)
+                if i >= warmup:
+                    times.append(1000.0 * (time.perf_counter() - start))
+        finally:
+            self.model.train()
+        q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (times[0],) * 3
+        return {"latency_ms": statistics.median(times), "latency_ms_iqr": q3 - q1,
+                "latency_threads": torch.get_num_threads()}
+
     def recent_train_loss(self) -> float:
         return self.curve[-1][1] if self.curve else float("nan")
 
@@ -351,6 +385,9 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
                 record.status = Status.DIVERGED
                 trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
                                       f"(ln {trainer.config.vocab_size} = {math.log(trainer.config.vocab_size):.2f})")
+            else:
+                for name, value in trainer.measure_latency(eval_split).items():
+                    setattr(record, name, value)
         if record.status == Status.DIVERGED:
             record.error = trainer.divergence
     except KeyboardInterrupt:

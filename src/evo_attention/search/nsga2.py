@@ -1,0 +1,78 @@
+"""NSGA-II (Deb et al. 2002) over genes: non-dominated sorting and crowding distance select the
+survivors, the genes' own crossover and mutation breed the offspring.
+
+Generation 0 is ``population_size`` distinct random genes (the same as the GA's and random
+search's for the same seed). Every later generation:
+
+1. breeds ``population_size - elite_size`` offspring, so that it asks exactly as many genes as
+   the other strategies. Each parent is the winner of a binary tournament: two members of the
+   population drawn uniformly, the better in the crowded-comparison order wins (lower front, then
+   larger crowding distance, then lower perplexity). With probability ``crossover_rate`` the child
+   is the uniform crossover of two such parents, otherwise a copy of the first; then each field is
+   resampled with probability ``mutation_rate``. With ``dedupe`` (on by default) a child whose key
+   was asked before in this run, or repeats another child of its generation, is bred again (up to
+   ``DEDUPE_TRIES`` tries in all, then accepted);
+2. the population and the offspring together (one copy of each gene) are ranked by front, then
+   crowding distance (``rank_members``: ``search.pareto``), and the best ``population_size`` of
+   them survive.
+
+With a single objective the fronts are the perplexity order and this is a (mu + lambda)
+evolutionary algorithm with tournament selection. Failed members rank last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from evo_attention.genes import AttentionGene
+from evo_attention.search.base import Individual, Strategy, _as_rate, rank_members
+
+DEDUPE_TRIES = 100
+
+
+class NSGA2(Strategy):
+    """NSGA-II: (mu + lambda) survival by non-dominated front and crowding distance."""
+
+    name = "nsga2"
+    CONFIG_FIELDS = Strategy.CONFIG_FIELDS + ("mutation_rate", "crossover_rate")
+    OPTIONS = {**Strategy.OPTIONS, "dedupe": True}
+
+    def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, dedupe: bool = True, **batches):
+        super().__init__(**batches)
+        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
+        self.dedupe = bool(dedupe)
+
+    def _propose(self) -> list[AttentionGene]:
+        if self.generation == 0:
+            return self._initial_genes()
+        children: list[AttentionGene] = []
+        keys: set[str] = set()
+        for _ in range(self.batch_size(self.generation)):
+            first, second = self._tournament(), self._tournament()
+            child = self._breed(first, second)
+            tries = 1
+            while self.dedupe and tries < DEDUPE_TRIES and (child.key in keys or child.key in self._asked_keys):
+                child = self._breed(first, second)
+                tries += 1
+            children.append(child)
+            keys.add(child.key)
+        return children
+
+    def _tournament(self) -> AttentionGene:
+        """The better (earlier in the ranked population) of two members drawn uniformly."""
+        a = self.rng.randrange(len(self.population))
+        b = self.rng.randrange(len(self.population))
+        return self.population[min(a, b)].gene
+
+    def _breed(self, first: AttentionGene, second: AttentionGene) -> AttentionGene:
+        child = first.crossover(second, self.rng) if self.rng.random() < self.crossover_rate else first
+        return child.mutate(self.mutation_rate, self.rng, self.space)
+
+    def _update(self, told):
+        survivors = [dataclasses.replace(m, is_elite=True) for m in self.population]  # carried over, not re-asked
+        newcomers = [self._member(gene, fitness) for gene, fitness in told]
+        unique: dict[str, Individual] = {}
+        for member in survivors + newcomers:  # survivors first: a re-asked gene keeps its first result
+            unique.setdefault(member.gene.key, member)
+        self.population = rank_members(unique.values())[: self.population_size]

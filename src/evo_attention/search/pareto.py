@@ -1,0 +1,149 @@
+"""Pareto dominance, non-dominated sorting, crowding distance and hypervolume: the one home of the
+multi-objective arithmetic (used by the strategies' ranking, ``nsga2``, the report and ``status``).
+
+Every objective is minimised. A *point* is a sequence of floats; a point with a non-finite value
+(a failed training, or a cost the record lacks) takes part in no front: ``pareto_order`` puts such
+points after every finite one, and ``front`` and ``hypervolume`` ignore them.
+
+- ``a`` dominates ``b`` when it is no worse in every objective and better in at least one.
+- ``fronts``: fast non-dominated sorting (Deb et al. 2002): front 0 is the non-dominated points,
+  front 1 those dominated only by front 0, and so on. Equal points share a front.
+- ``crowding``: per front, the sum over objectives of the gap between a point's two neighbours
+  divided by that objective's range in the front; the two extremes of each objective get ``inf``
+  (they are always kept). With one objective it is 0 for every point.
+- ``hypervolume``: the volume dominated by the points inside the box bounded by ``reference``
+  (exact, by slicing along the last objective: fine for the few dozen points of a search's front).
+- ``bounds``: the box the reports measure in: from the *ideal* point (the best finite value of
+  each objective) to the *reference* point (the worst finite value plus ``REFERENCE_MARGIN`` of
+  the objective's range, so the extreme members of a front still add volume; an objective without
+  a range gets that margin of its value instead).
+- ``hypervolume_share``: the hypervolume divided by the volume of that box: a number in [0, 1]
+  that reads the same whatever the units (perplexity, parameters, milliseconds). Equivalently,
+  the hypervolume after scaling every objective to [0, 1] between the ideal point and the worst
+  value, with the reference point at 1.1, divided by 1.1 to the number of objectives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+Point = Sequence[float]
+REFERENCE_MARGIN = 0.1
+
+
+def finite(point: Point) -> bool:
+    return all(math.isfinite(v) for v in point)
+
+
+def dominates(a: Point, b: Point) -> bool:
+    """True when ``a`` is no worse than ``b`` in every objective and better in one."""
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+
+def fronts(points: Sequence[Point]) -> list[list[int]]:
+    """Indices of the finite ``points`` by front (front 0 first), each front in index order."""
+    idx = [i for i, p in enumerate(points) if finite(p)]
+    dominated_by: dict[int, list[int]] = {i: [] for i in idx}  # i -> the points i dominates
+    count = {i: 0 for i in idx}  # how many points dominate i
+    for n, i in enumerate(idx):
+        for j in idx[n + 1:]:
+            if dominates(points[i], points[j]):
+                dominated_by[i].append(j)
+                count[j] += 1
+            elif dominates(points[j], points[i]):
+                dominated_by[j].append(i)
+                count[i] += 1
+    out = []
+    current = [i for i in idx if count[i] == 0]
+    while current:
+        out.append(sorted(current))
+        following = []
+        for i in current:
+            for j in dominated_by[i]:
+                count[j] -= 1
+                if count[j] == 0:
+                    following.append(j)
+        current = following
+    return out
+
+
+def front(points: Sequence[Point]) -> list[int]:
+    """Indices of the non-dominated finite points (in index order)."""
+    found = fronts(points)
+    return found[0] if found else []
+
+
+def crowding(points: Sequence[Point], members: Sequence[int]) -> dict[int, float]:
+    """Crowding distance of each index in ``members`` (one front) within that front."""
+    distance = {i: 0.0 for i in members}
+    if not members:
+        return distance
+    dims = len(points[members[0]])
+    if dims < 2:
+        return distance
+    for d in range(dims):
+        ordered = sorted(members, key=lambda i: (points[i][d], i))
+        low, high = points[ordered[0]][d], points[ordered[-1]][d]
+        distance[ordered[0]] = distance[ordered[-1]] = math.inf
+        if high <= low:
+            continue
+        for before, i, after in zip(ordered, ordered[1:], ordered[2:]):
+            distance[i] += (points[after][d] - points[before][d]) / (high - low)
+    return distance
+
+
+def pareto_order(points: Sequence[Point], ties: Sequence | None = None) -> list[int]:
+    """Indices of ``points`` best first: by front, then by crowding distance (larger first), then by
+    ``ties`` (e.g. (first objective, gene key); default: the index); points that are not finite last,
+    in ``ties`` order."""
+    ties = list(range(len(points))) if ties is None else list(ties)
+    rank: dict[int, tuple] = {}
+    for level, members in enumerate(fronts(points)):
+        distance = crowding(points, members)
+        for i in members:
+            rank[i] = (0, level, -distance[i])
+    last = (1, 0, 0.0)
+    return sorted(range(len(points)), key=lambda i: (rank.get(i, last), ties[i]))
+
+
+def hypervolume(points: Sequence[Point], reference: Point) -> float:
+    """The volume dominated by the finite ``points`` inside the box bounded by ``reference``."""
+    inside = [tuple(float(v) for v in p) for p in points if finite(p) and all(x < r for x, r in zip(p, reference))]
+    return _volume(inside, tuple(float(r) for r in reference))
+
+
+def _volume(points: list[tuple], reference: tuple) -> float:
+    if not points:
+        return 0.0
+    if len(reference) == 1:
+        return reference[0] - min(p[0] for p in points)
+    points = [points[i] for i in front(points)]
+    points.sort(key=lambda p: p[-1])
+    volume = 0.0
+    for n, p in enumerate(points):
+        upper = points[n + 1][-1] if n + 1 < len(points) else reference[-1]
+        if upper > p[-1]:  # the slab between this point's and the next point's last objective
+            volume += (upper - p[-1]) * _volume([q[:-1] for q in points[: n + 1]], reference[:-1])
+    return volume
+
+
+def hypervolume_share(points: Sequence[Point], ideal: Point, reference: Point) -> float:
+    """``hypervolume`` over the volume of the box from ``ideal`` to ``reference`` (in [0, 1] when
+    ``ideal`` is no worse than any point)."""
+    box = math.prod(float(r) - float(i) for i, r in zip(ideal, reference))
+    return hypervolume(points, reference) / box if box > 0 else 0.0
+
+
+def bounds(points: Sequence[Point], margin: float = REFERENCE_MARGIN) -> tuple[tuple, tuple] | None:
+    """``(ideal, reference)`` of the finite ``points`` (see the module docstring); None without one."""
+    usable = [p for p in points if finite(p)]
+    if not usable:
+        return None
+    ideal, reference = [], []
+    for d in range(len(usable[0])):
+        low, high = min(p[d] for p in usable), max(p[d] for p in usable)
+        span = high - low if high > low else (abs(high) or 1.0)
+        ideal.append(float(low))
+        reference.append(float(high + margin * span))
+    return tuple(ideal), tuple(reference)

@@ -1,0 +1,150 @@
+"""TPE: Optuna's Tree-structured Parzen Estimator (multivariate) behind the ask/tell interface.
+
+Optuna is an optional dependency (``pip install 'evo-attention[tpe]'``); naming ``tpe`` without it
+is a one-line error. The Optuna study lives in memory only: the run store stays the single source
+of truth, and a resumed run rebuilds the study by replay (the driver tells a fresh strategy the
+stored results generation by generation), so it asks exactly what the interrupted one would have.
+
+- Each gene field with more than one option in the search space is one categorical parameter
+  (its options are the choices); a field with one option is fixed. ``gene_from_params`` is the one
+  place where trial parameters become a gene.
+- Generation 0 is ``population_size`` distinct random genes drawn from the strategy's own
+  ``random.Random(seed)``, the same as the GA's first generation for the same seed; they enter
+  the study as finished trials when told. Every later generation asks the sampler
+  (``TPESampler(multivariate=True, n_startup_trials=0, seed=seed)``) for a batch of
+  ``population_size - elite_size`` trials, the other strategies' batch size.
+- Several objectives make it Optuna's multi-objective TPE (one minimised direction each).
+  Failures are told ``inf`` in every objective, so the sampler learns to avoid them.
+- ``dedupe`` (on by default): a proposal whose key was asked before in this run or repeats one of
+  its batch is marked failed in the study (Optuna's TPE ignores failed trials) and asked again; after
+  ``DEDUPE_TRIES`` such proposals the slot gets a gene drawn uniformly among those not asked yet
+  (enqueued as the next trial's parameters), so a batch never wastes a training on a repeat while
+  the space has unasked genes. A generation-0 gene outside the space (``seed_vanilla`` with a
+  narrowed space) is evaluated but not added to the study, which only knows the space's options.
+
+Determinism: the sampler has its own seeded generator and sees the same trials in the same order,
+so the same seed and the same told values give the same proposals.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from evo_attention.genes import ALL_FIELDS, AttentionGene, SearchSpace, violation
+from evo_attention.search.base import Individual, Strategy, draw_new_gene, rank_members
+from evo_attention.util.errors import UserError
+
+DEDUPE_TRIES = 20
+INSTALL_HINT = "pip install 'evo-attention[tpe]' (or pip install optuna)"
+
+
+def import_optuna():
+    """The optuna module, or a one-line ``UserError`` saying how to install it."""
+    try:
+        import optuna
+    except ImportError:
+        raise UserError(f"strategy tpe needs Optuna, which is not installed: {INSTALL_HINT}, or choose another "
+                        "strategy", setting="strategy") from None
+    return optuna
+
+
+def gene_from_params(params: dict[str, Any], space: SearchSpace) -> AttentionGene | None:
+    """The gene of a trial's parameters (the fields it does not name take their only option); None
+    when the combination breaks a validity rule of genes.RULES (the trial is then failed and TPE
+    asks again)."""
+    values = {name: params[name] if name in params else space.options(name)[0] for name in ALL_FIELDS}
+    return None if violation(values) else AttentionGene(gene_dict=values)
+
+
+class TPE(Strategy):
+    """Optuna's multivariate TPE sampler, asked in the GA's batch sizes."""
+
+    name = "tpe"
+    OPTIONS = {**Strategy.OPTIONS, "n_ei_candidates": 24, "dedupe": True}
+
+    def __init__(self, *, n_ei_candidates: int = 24, dedupe: bool = True, **batches):
+        super().__init__(**batches)
+        optuna = import_optuna()
+        from optuna.distributions import CategoricalDistribution
+
+        self.n_ei_candidates = int(n_ei_candidates)
+        if self.n_ei_candidates < 1:
+            raise UserError(f"n_ei_candidates {n_ei_candidates!r} must be a positive integer", setting="n_ei_candidates")
+        self.dedupe = bool(dedupe)
+        self._optuna = optuna
+        if self.space.layers:
+            raise UserError("strategy tpe samples one gene shared by every layer: use genome shared, or ga, nsga2 or "
+                            "random for per-layer genomes", setting="genome")
+        self.distributions = {name: CategoricalDistribution(self.space.options(name)) for name in ALL_FIELDS
+                              if len(self.space.options(name)) > 1}
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # multivariate TPE is marked experimental
+            sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=0,
+                                                 n_ei_candidates=self.n_ei_candidates, seed=self.seed % 2**32)
+        self.study = optuna.create_study(directions=["minimize"] * self.n_objectives, sampler=sampler)
+        self._trials: list = []  # the open trial of each asked gene (None: added to the study when told)
+        self._batch: list[Individual] = []
+
+    # -- ask/tell hooks ---------------------------------------------------------------------------
+    def _propose(self) -> list[AttentionGene]:
+        if self.generation == 0:
+            genes = self._initial_genes()
+            self._trials = [None] * len(genes)
+            return genes
+        genes, trials = [], []
+        taken = set(self._asked_keys)
+        for _ in range(self.batch_size(self.generation)):
+            gene, trial = self._ask_one(taken)
+            genes.append(gene)
+            trials.append(trial)
+            taken.add(gene.key)
+        self._trials = trials
+        return genes
+
+    def _ask_one(self, taken: set[str]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(DEDUPE_TRIES):
+                trial = self.study.ask(self.distributions)
+                gene = gene_from_params(trial.params, self.space)
+                if gene is not None and (not self.dedupe or gene.key not in taken):
+                    return gene, trial
+                # a repeat, or a combination a validity rule forbids: failed, so TPE learns to avoid it
+                self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+            gene = draw_new_gene(self.rng, self.space, taken)
+            self.study.enqueue_trial(self._params(gene))
+            trial = self.study.ask(self.distributions)
+            return gene_from_params(trial.params, self.space), trial
+
+    def _update(self, told):
+        for (gene, fitness), trial in zip(told, self._trials):
+            values = list(fitness) if isinstance(fitness, tuple) else [fitness]
+            values = [v if math.isfinite(v) else math.inf for v in values]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if trial is not None:
+                    self.study.tell(trial, values)
+                else:
+                    params = self._params(gene)
+                    if params is not None:
+                        self.study.add_trial(self._optuna.trial.create_trial(
+                            params=params, distributions=self.distributions, values=values))
+        self._trials = []
+        self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
+        self.population = rank_members(self.population + self._batch)
+
+    def _history_members(self, told) -> list[Individual]:
+        return self._batch
+
+    def _params(self, gene: AttentionGene) -> dict | None:
+        """The trial parameters of ``gene``; None if a field's value is not an option of the space."""
+        values = gene.to_dict()
+        if any(values[name] not in dist.choices for name, dist in self.distributions.items()):
+            return None
+        if any(len(self.space.options(name)) == 1 and values[name] != self.space.options(name)[0]
+               for name in ALL_FIELDS):
+            return None
+        return {name: values[name] for name in self.distributions}
