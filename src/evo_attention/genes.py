@@ -312,7 +312,33 @@ class SearchSpace:
 LAYER_SEPARATOR = " / "
 
 
-class AttentionGene:
+class _Keyed:
+    """An immutable value whose key is its identity: equal (within its type) and hashed by the key,
+    pickled as the key (``AttentionGene.parse`` reads every kind back)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable: use replace(), mutate() or crossover()")
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def __repr__(self) -> str:
+        return f"AttentionGene.parse({self._key!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, type(self)) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self):
+        return (AttentionGene.parse, (self._key,))
+
+
+class AttentionGene(_Keyed):
     """An attention mechanism. Immutable; equal and hashed by ``key``.
 
     ``AttentionGene()`` draws a random gene from the module RNG, ``AttentionGene(rng=r)`` from a
@@ -435,10 +461,6 @@ class AttentionGene:
 
     # -- views ---------------------------------------------------------------------------------
     @property
-    def key(self) -> str:
-        return self._key
-
-    @property
     def short(self) -> str:
         """The four components, plus the non-default axes (``dot|softmax|none|fixed|pos=rope``)."""
         return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + self._axis_parts())
@@ -458,26 +480,11 @@ class AttentionGene:
         """Field names whose values differ between the two genes."""
         return [n for n in ALL_FIELDS if getattr(self, n) != getattr(other, n)]
 
-    def __setattr__(self, name, value):
-        raise AttributeError("AttentionGene is immutable: use replace(), mutate() or crossover()")
-
     def __str__(self) -> str:
         return f"Attn({self.short})"
 
-    def __repr__(self) -> str:
-        return f"AttentionGene.parse({self._key!r})"
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, AttentionGene) and other._key == self._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __reduce__(self):
-        return (AttentionGene.parse, (self._key,))
-
-
-class LayerGenes:
+class LayerGenes(_Keyed):
     """A per-layer genome: one ``AttentionGene`` per layer, first layer first. Immutable; its key
     joins the layer keys with `` / ``. Mutation and crossover act layer by layer (layer i of a
     child comes from layer i of its parents). The layers must agree on whether the model adds
@@ -529,10 +536,6 @@ class LayerGenes:
         return self
 
     @property
-    def key(self) -> str:
-        return self._key
-
-    @property
     def short(self) -> str:
         return LAYER_SEPARATOR.join(g.short for g in self.layers)
 
@@ -548,23 +551,8 @@ class LayerGenes:
         return [f"L{i}.{name}" for i, (a, b) in enumerate(zip(self.layers, other.layers), 1)
                 for name in a.differences(b)]
 
-    def __setattr__(self, name, value):
-        raise AttributeError("LayerGenes is immutable: use mutate() or crossover()")
-
     def __str__(self) -> str:
         return f"Layers({self.short})"
-
-    def __repr__(self) -> str:
-        return f"AttentionGene.parse({self._key!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, LayerGenes) and other._key == self._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __reduce__(self):
-        return (AttentionGene.parse, (self._key,))
 
 
 def layers_of(genome: "AttentionGene | LayerGenes") -> list:
