@@ -315,3 +315,14 @@ def test_tpe_and_nsga2_never_propose_an_invalid_gene():
     with pytest.raises(ValueError, match="tpe samples one gene shared by every layer"):
         Config(**{**PER_LAYER, "strategy": "tpe"}).space() and make_strategy(
             "tpe", seed=1, space=Config(**PER_LAYER).space())
+
+
+def test_transfer_refuses_a_per_layer_genome_at_another_depth():
+    from evo_attention.studies.transfer import _check_genes_fit
+
+    genome = "dot|softmax|none|fixed / cosine|linear|none|fixed"
+    _check_genes_fit([genome], Config(d_model=64, n_heads=2, n_layers=2))
+    with pytest.raises(ValueError, match="transfer a per-layer genome only to sizes with 2 layers"):
+        _check_genes_fit([genome], Config(d_model=64, n_heads=2, n_layers=4))
+    with pytest.raises(ValueError, match="kv_heads 3 does not divide"):
+        _check_genes_fit(["dot|softmax|none|fixed|kvh=3 / dot|softmax|none|fixed"], Config(d_model=64, n_heads=2, n_layers=2))

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, layers_of
 from evo_attention.report.studies import metric_info, transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
 from evo_attention.studies.common import provenance, run_seeds, validation_seeds, write_json_and_markdown
@@ -137,13 +137,23 @@ def ladder(config, sizes: Sequence[tuple[int, int]], genes: Sequence[str], *, st
 def _check_genes_fit(genes: Sequence[str], config) -> None:
     size = f"{config.d_model}x{config.n_layers}"
     for key in genes:
-        gene = AttentionGene.parse(key)
-        if gene.kv_heads and config.n_heads % gene.kv_heads:
-            raise UserError(f"gene {gene.key}: kv_heads {gene.kv_heads} does not divide the {config.n_heads} heads of "
-                            f"size {size}: choose sizes or n_heads that it divides", setting=("sizes", "n_heads"))
-        if gene.qkv_rank > config.d_model:
-            raise UserError(f"gene {gene.key}: qkv_rank {gene.qkv_rank} is larger than d_model {config.d_model} of "
-                            f"size {size}: choose larger sizes", setting="sizes")
+        genome = AttentionGene.parse(key)
+        layers = layers_of(genome)
+        if len(layers) > 1 and len(layers) != config.n_layers:
+            raise UserError(f"genome {genome.key} has a gene for each of {len(layers)} layers and size {size} has "
+                            f"{config.n_layers}: transfer a per-layer genome only to sizes with {len(layers)} layers",
+                            setting="sizes")
+        for gene in layers:
+            _check_gene_fits(gene, config, size)
+
+
+def _check_gene_fits(gene, config, size: str) -> None:
+    if gene.kv_heads and config.n_heads % gene.kv_heads:
+        raise UserError(f"gene {gene.key}: kv_heads {gene.kv_heads} does not divide the {config.n_heads} heads of "
+                        f"size {size}: choose sizes or n_heads that it divides", setting=("sizes", "n_heads"))
+    if gene.qkv_rank > config.d_model:
+        raise UserError(f"gene {gene.key}: qkv_rank {gene.qkv_rank} is larger than d_model {config.d_model} of "
+                        f"size {size}: choose larger sizes", setting="sizes")
 
 
 def baseline_parameters(config, vocab_size: int) -> int:
