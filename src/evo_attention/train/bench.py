@@ -17,7 +17,8 @@ import torch
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
-from evo_attention.train.environment import matmul_dtype, peak_memory_mb, reset_peak_memory, synchronize
+from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, reset_peak_memory,
+                                             synchronize)
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
@@ -175,17 +176,6 @@ def _release_free_memory() -> None:
         pass
 
 
-def _resident_mb() -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LENGTHS, *,
                   tokens_per_step: int = 4096, steps: int = 5, warmup: int = 2, device: str | None = None,
                   progress=None) -> list[dict]:
@@ -218,7 +208,7 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
             synchronize(trainer.device)
             gc.collect()
             _release_free_memory()
-            before = _resident_mb() if trainer.device.type == "cpu" else 0.0
+            before = process_memory_mb("VmRSS") if trainer.device.type == "cpu" else 0.0
             reset_peak_memory(trainer.device)
             start = time.perf_counter()
             trainer.train(until_step=warmup + steps)
