@@ -200,17 +200,13 @@ class EvolvedAttention(nn.Module):
         """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated)."""
         b, t, _ = x.shape
         h = self.gating.gate_input(x)
-        if self.kv_heads == self.n_heads:
+        if self.kv_heads == self.n_heads:  # one view of the fused projection, as the step has always taken
             q, k, v = self.qkv(h).view(b, t, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         else:
-            q, k, v = self.qkv(h).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
-            q = q.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
-            k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
+            q, k, v = self._heads(h)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        if self.kv_heads != self.n_heads:  # each group of n_heads / kv_heads query heads shares one K/V head
-            group = self.n_heads // self.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        k, v = self._share_kv(k, v)
         return q, k, v
 
     def kernel_features(self, q: torch.Tensor, k: torch.Tensor, tau: torch.Tensor):
@@ -329,6 +325,13 @@ class EvolvedAttention(nn.Module):
         k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
         return q, k, v
 
+    def _share_kv(self, k: torch.Tensor, v: torch.Tensor):
+        """Each group of n_heads / kv_heads query heads shares one K/V head: repeat them per group."""
+        if self.kv_heads == self.n_heads:
+            return k, v
+        group = self.n_heads // self.kv_heads
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
     def new_cache(self) -> "KVCache | KernelState":
         """An empty cache for ``decode``: running sums for a kernel normalization without a window,
         keys and values otherwise."""
@@ -347,9 +350,7 @@ class EvolvedAttention(nn.Module):
             q, k = self.rotary(q, k, start)
         if isinstance(cache, KVCache):
             k, v = cache.append(k, v)
-        if self.kv_heads != self.n_heads:
-            group = self.n_heads // self.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        k, v = self._share_kv(k, v)
         if self.kernel is not None:
             with torch.autocast(x.device.type, enabled=False):
                 phi_q, phi_k = self.kernel_features(q, k, self.temperature(x))

@@ -9,16 +9,19 @@ one entry there; an option without an entry cannot be exported (``UserError`` na
 parameter and buffer names are the library's, so ``EvolvedAttention.state_dict()`` of the library
 loads into the exported module unchanged, and the exported module computes what the library's does
 (the tests compare them in float64 to 1e-10 in a fresh interpreter where evo_attention cannot be
-imported). Sparsemax and 1.5-entmax are written out in full (exact, sort-based). The exported
+imported). Sparsemax and 1.5-entmax are written out in full (exact, sort-based); pure helpers the
+library already has (ALiBi's slopes, the kernels' running sum) are copied from its source. The exported
 module always takes the plain path (no fused kernel) and applies the gene's attention dropout with
 ``F.dropout`` in training mode.
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 from evo_attention.genes import AttentionGene, parse_position
+from evo_attention.nn import components, positions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_bytes, write_text
 
@@ -48,42 +51,25 @@ def _shift_for_sparse(scores, mask):
     return (scores - row_max).masked_fill(~mask, -10.0)
 '''
 
+
+def _library_source(*functions) -> str:
+    """The source of pure library helpers (they use only torch, math, F and each other), copied into
+    the export as they are, so each is written once."""
+    return "\n\n".join(inspect.getsource(f) for f in functions)
+
+
 _KERNEL = '''
 normalize = None  # a kernel normalization: weights from feature maps phi(q) . phi(k), never from scores
-
-
-def _safe_ratio(numerator, denominator):
-    # numerator / denominator, and 0 where every product underflowed (never NaN)
-    ok = denominator > torch.finfo(denominator.dtype).tiny
-    return torch.where(ok, 1.0 / torch.where(ok, denominator, 1.0), 0.0).unsqueeze(-1) * numerator
+KERNEL_CHUNK = %d  # positions per chunk of the running sum
 
 
 def kernel_weights(phi_q, phi_k, mask):
     # the explicit [B, H, T, T] weights: exactly zero on masked keys, rows summing to 1
     weights = (phi_q @ phi_k.transpose(-2, -1)).masked_fill(~mask, 0.0)
-    return _safe_ratio(weights, weights.sum(dim=-1))
+    return safe_ratio(weights, weights.sum(dim=-1))
 
 
-def causal_kernel_attention(phi_q, phi_k, v, chunk=64):
-    # the same result as kernel_weights(...) @ v under the causal mask, in O(T) memory: chunks of
-    # `chunk` positions, a lower triangle inside each, exclusive prefix sums of phi_k v^T and phi_k
-    # for the chunks before
-    b, h, t, m = phi_q.shape
-    d = v.shape[-1]
-    c = min(chunk, t)
-    n = -(-t // c)
-    pad = n * c - t
-    if pad:
-        phi_q, phi_k, v = (F.pad(z, (0, 0, 0, pad)) for z in (phi_q, phi_k, v))
-    fq, fk, vc = phi_q.view(b, h, n, c, m), phi_k.view(b, h, n, c, m), v.view(b, h, n, c, d)
-    kv, ks = fk.transpose(-2, -1) @ vc, fk.sum(dim=-2)
-    state = torch.cat((torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]), dim=2).cumsum(dim=2)
-    total = torch.cat((torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1]), dim=2).cumsum(dim=2)
-    local = (fq @ fk.transpose(-2, -1)).tril()
-    numerator = fq @ state + local @ vc
-    denominator = (fq @ total.unsqueeze(-1)).squeeze(-1) + local.sum(dim=-1)
-    return _safe_ratio(numerator, denominator).reshape(b, h, n * c, d)[:, :, :t]
-'''
+''' % components.KERNEL_CHUNK + _library_source(components.safe_ratio, components.causal_kernel_attention)
 
 _GATING_BASE = '''
 class Gating(nn.Module):
@@ -325,17 +311,7 @@ POSITION_BIASES = []
 Rotary = None
 
 
-def _alibi_slopes(n_heads):
-    def geometric(n):
-        ratio = 2.0 ** (-8.0 / n)
-        return [ratio ** (i + 1) for i in range(n)]
-
-    if n_heads & (n_heads - 1) == 0:
-        slopes = geometric(n_heads)
-    else:
-        lower = 2 ** int(math.floor(math.log2(n_heads)))
-        slopes = geometric(lower) + geometric(2 * lower)[0::2][: n_heads - lower]
-    return torch.tensor(slopes, dtype=torch.float32)
+''' + _library_source(positions.alibi_slopes) + '''
 
 
 class ALiBi(nn.Module):
@@ -343,7 +319,7 @@ class ALiBi(nn.Module):
 
     def __init__(self, n_heads, max_seq_len):
         super().__init__()
-        self.register_buffer("slopes", _alibi_slopes(n_heads), persistent=False)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def forward(self, t, device):
         return -self.slopes.to(device)[:, None, None] * _offsets(t, device).float()

@@ -104,18 +104,27 @@ def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
     return new_tokens / (time.perf_counter() - start)
 
 
-def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
-               device: str | None = None, time_eval: bool = True, time_decode: bool = True) -> dict:
-    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    budget = config.train_steps
+def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: int, device=None,
+                 before_timing=None) -> tuple[Trainer, float]:
+    """A Trainer of ``gene`` after ``warmup`` untimed and ``steps`` timed training steps, and the
+    seconds per timed step. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
     trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
                       device=device)
     trainer.train(until_step=warmup)
     synchronize(trainer.device)
+    if before_timing is not None:
+        before_timing(trainer)
     start = time.perf_counter()
     trainer.train(until_step=warmup + steps)
     synchronize(trainer.device)
-    seconds_per_step = (time.perf_counter() - start) / steps
+    return trainer, (time.perf_counter() - start) / steps
+
+
+def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
+               device: str | None = None, time_eval: bool = True, time_decode: bool = True) -> dict:
+    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    budget = config.train_steps
+    trainer, seconds_per_step = _timed_steps(gene, config, data, steps=steps, warmup=warmup, device=device)
     eval_s = None
     if time_eval:
         start = time.perf_counter()
@@ -202,22 +211,20 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
             gc.collect()
             if progress:
                 progress(name, t)
-            trainer = Trainer(gene, cfg.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
-                              device=device)
-            trainer.train(until_step=warmup)
-            synchronize(trainer.device)
-            gc.collect()
-            _release_free_memory()
-            before = process_memory_mb("VmRSS") if trainer.device.type == "cpu" else 0.0
-            reset_peak_memory(trainer.device)
-            start = time.perf_counter()
-            trainer.train(until_step=warmup + steps)
-            synchronize(trainer.device)
-            seconds = (time.perf_counter() - start) / steps
+            before = {}
+
+            def mark_memory(trainer):
+                gc.collect()
+                _release_free_memory()
+                before["mb"] = process_memory_mb("VmRSS") if trainer.device.type == "cpu" else 0.0
+                reset_peak_memory(trainer.device)
+
+            trainer, seconds = _timed_steps(gene, cfg, data, steps=steps, warmup=warmup, device=device,
+                                            before_timing=mark_memory)
             peak = peak_memory_mb(trainer.device)
             rows.append({"name": name, "gene": AttentionGene.parse(gene).key, "seq_len": t, "batch_size": batch,
                          "ms_per_step": seconds * 1e3, "tokens_per_s": batch * t / seconds,
-                         "peak_memory_mb": peak, "step_memory_mb": None if before is None else peak - before,
+                         "peak_memory_mb": peak, "step_memory_mb": None if before["mb"] is None else peak - before["mb"],
                          "device": str(trainer.device), "precision": trainer.precision,
                          "threads": torch.get_num_threads(), "steps_timed": steps})
             del trainer
