@@ -4,9 +4,11 @@
 
 At the seed's config (vocab 10000, 128 dims, 2 layers, 4 heads, 128 tokens, batch 32) it times:
 the plain model (reference.py), and `evo-attention bench`'s path for the baseline gene, the seed's
-best gene (dot|sparsemax|output_gate|learned) and the slowest similarity (additive). Rounds are
-interleaved so machine noise hits every candidate alike; the median of the rounds is reported,
-with each candidate's speed-up over the plain implementation.
+best gene (dot|sparsemax|output_gate|learned) and the slowest similarity (additive), each compiled
+or not as a 5000-step training would be (``compile: auto``). Rounds are interleaved so machine noise
+hits every candidate alike; the median of the rounds is reported, with each candidate's speed-up
+over the plain implementation and its ``mfu`` against the matmul limit of the precision it runs in
+(the plain model's against the same limit, for comparison).
 """
 
 import argparse
@@ -66,15 +68,22 @@ def main():
     plain = statistics.median(times["plain"])
     print(f"\nthreads {torch.get_num_threads()}, torch {torch.__version__}, precision "
           f"{details[names[0]]['precision']}, {args.rounds} rounds x {args.steps} steps (median)")
-    print(f"{'candidate':<12}{'ms/step':>10}{'speed-up vs plain':>20}{'GFLOP/s':>10}")
-    print(f"{'plain fp32':<12}{plain:>10.0f}{1.0:>20.2f}{details[names[0]]['flops_per_step'] / plain / 1e6:>10.1f}")
-    summary = {"plain_ms": plain, "candidates": {}}
+    peak = details[names[0]]["peak_flops_per_s"]
+    print(f"matmul limit here: {peak / 1e9:.0f} GFLOP/s ({details[names[0]]['precision']} 2048^3 probe); "
+          "mfu = achieved / limit")
+    print(f"{'candidate':<12}{'ms/step':>10}{'speed-up vs plain':>20}{'GFLOP/s':>10}{'mfu':>7}{'compiled':>10}")
+    plain_flops = details[names[0]]["flops_per_step"] / plain * 1e3
+    print(f"{'plain fp32':<12}{plain:>10.0f}{1.0:>20.2f}{plain_flops / 1e9:>10.1f}{plain_flops / peak:>7.2f}{'no':>10}")
+    summary = {"plain_ms": plain, "peak_flops_per_s": peak, "candidates": {}}
     for name in names:
         ms = statistics.median(times[name])
         flops = details[name]["flops_per_step"]
-        print(f"{name:<12}{ms:>10.0f}{plain / ms:>20.2f}{flops / ms / 1e6:>10.1f}")
+        achieved = flops / ms * 1e3
+        compiled = "yes" if details[name]["compiled"] else "no"
+        print(f"{name:<12}{ms:>10.0f}{plain / ms:>20.2f}{achieved / 1e9:>10.1f}{achieved / peak:>7.2f}{compiled:>10}")
         summary["candidates"][name] = {"gene": GENES[name], "ms_per_step": ms, "speedup": plain / ms,
-                                       "flops_per_step": flops}
+                                       "flops_per_step": flops, "mfu": achieved / peak,
+                                       "compiled": details[name]["compiled"]}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
 

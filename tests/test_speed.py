@@ -33,6 +33,37 @@ def test_fused_chunked_loss_equals_cross_entropy(chunk):
     assert int(correct) == int((((h @ w.t()).argmax(-1) == y) & (y != -100)).sum())
 
 
+@pytest.mark.parametrize("rows", [300, 2100])  # one partial chunk; several chunks and weight groups
+def test_bf16_fused_loss_is_within_bf16_rounding_of_the_exact_one(rows):
+    torch.manual_seed(0)
+    h = (torch.randn(rows, 32, dtype=torch.float64) * 2).requires_grad_()
+    w = (torch.randn(500, 32, dtype=torch.float64) * 0.5).requires_grad_()
+    y = torch.randint(0, 500, (rows,))
+    y[::3] = -100
+    y[1] = int((h[1].detach() @ w.detach().t()).argmin())  # a target far below the row's max logit
+    expected = F.cross_entropy(h @ w.t(), y, ignore_index=-100)
+    gh, gw = torch.autograd.grad(expected, (h, w))
+    hf, wf = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    got = linear_cross_entropy(hf, wf, y, dtype=torch.bfloat16)
+    got.backward()
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-2)
+    for mine, exact in ((hf.grad, gh), (wf.grad, gw)):
+        assert mine.dtype == torch.float32
+        assert ((mine.double() - exact).norm() / exact.norm()).item() < 1e-2
+    assert (hf.grad[::3] == 0).all()  # unscored rows: exactly no gradient
+
+
+def test_the_loss_of_a_vanishing_target_probability_is_finite_and_exact():
+    """-log p(target) underflows where p < 1e-38 in float32; max - picked - log(max p) does not."""
+    h = torch.tensor([[1.0, 0.0]])
+    w = torch.tensor([[100.0, 0.0], [-100.0, 0.0], [0.0, 0.0]])
+    y = torch.tensor([1])
+    got = linear_cross_entropy(h, w, y)
+    expected = torch.logsumexp(torch.tensor([100.0, -100.0, 0.0], dtype=torch.float64), 0) + 100.0
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
 def test_all_targets_ignored_gives_zero_loss_and_gradient():
     h = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(10, 8, requires_grad=True)
@@ -106,3 +137,37 @@ def test_bench_profile_lists_the_step_s_operators(capsys):
     assert main(["bench", "--preset", "quick", "--d-model", "16", "--layers", "1", "--warmup", "1", "--profile"]) == 0
     table = capsys.readouterr().out
     assert "aten::mm" in table and "Self CPU" in table
+
+
+def test_compile_auto_only_where_it_was_measured_to_pay(monkeypatch):
+    from evo_attention.train import environment
+    from evo_attention.util.errors import UserError
+
+    cpu = torch.device("cpu")
+    additive, dot = AttentionGene.parse("additive|softmax|none|fixed"), AttentionGene.vanilla()
+    monkeypatch.setattr(environment, "cpp_compiler", lambda: "g++")
+    assert environment.resolve_compile("auto", cpu, [dot, additive], 5000)
+    assert not environment.resolve_compile("auto", cpu, [dot, dot], 5000)
+    assert not environment.resolve_compile("auto", cpu, [additive], 400)  # too short to repay the compile
+    assert not environment.resolve_compile("off", cpu, [additive], 5000)
+    assert environment.resolve_compile("on", cpu, [dot], 10)
+    monkeypatch.setattr(environment, "cpp_compiler", lambda: None)
+    assert not environment.resolve_compile("auto", cpu, [additive], 5000)
+    with pytest.raises(UserError, match="no C.. compiler"):
+        environment.resolve_compile("on", cpu, [dot], 10)
+
+
+def test_a_compiled_training_matches_the_eager_one_and_says_so():
+    from evo_attention.train.trainer import run_training
+
+    config = Config(data="recall", vocab_size=32, max_seq_len=16, d_model=16, n_heads=2, n_layers=1,
+                    recall={"num_pairs": 2, "train_examples": 200, "eval_examples": 50},
+                    dropout=0.0, eval_steps=None, train_steps=4, log_every=2, precision="fp32")
+    data = data_from_config(config)
+    gene = "dot|softmax|none|fixed|bias|0.00"
+    eager = run_training(gene, config.replace(compile="off"), data).record
+    compiled = run_training(gene, config.replace(compile="on"), data).record
+    assert (eager.compiled, compiled.compiled) == (False, True)
+    assert compiled.flops_per_step == eager.flops_per_step
+    assert compiled.val_loss == pytest.approx(eager.val_loss, rel=1e-4)
+    assert compiled.key == eager.key  # the same result: compiling is not part of the cache key

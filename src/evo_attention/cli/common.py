@@ -21,7 +21,7 @@ CONFIG_FLAGS = {
     "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "block": "block",
     "batch_size": "batch_size",
     "eval_batch_size": "eval_batch_size", "steps": "train_steps", "lr": "learning_rate", "seed": "seed",
-    "device": "device", "precision": "precision", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
+    "device": "device", "precision": "precision", "compile": "compile", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
     "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
     "population": "population_size", "generations": "n_generations", "elite": "elite_size",
     "mutation_rate": "mutation_rate", "crossover_rate": "crossover_rate", "strategy": "strategy",
@@ -76,6 +76,8 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     t.add_argument("--lr", type=float, help="learning rate")
     t.add_argument("--lr-schedule", choices=["constant", "cosine"])
     t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    t.add_argument("--compile", choices=["auto", "on", "off"],
+                   help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
     t.add_argument("--seed", type=int)
     t.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
     if search:

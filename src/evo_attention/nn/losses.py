@@ -3,10 +3,10 @@
 The plain way, ``F.cross_entropy(h @ W.T, y)``, materialises the [N, vocab] logits, a [N, vocab]
 log-softmax for the backward pass and a zero-filled [N, vocab] gradient (at the seed's config
 N=4096, vocab=10000: 164 MB each, a third of a CPU training step spent streaming them).
-``linear_cross_entropy`` walks over chunks of rows instead: logits of a chunk, its log-sum-exp,
-its loss, and -- when gradients are needed -- its gradient (softmax - onehot) / n straight away,
-folded into dL/dh and dL/dW with two matrix products. The backward pass only scales the stored
-gradients. Same FLOPs, same result up to summation order, a fraction of the memory traffic.
+``linear_cross_entropy`` walks over chunks of rows instead: logits of a chunk, its softmax, its
+loss, and -- when gradients are needed -- its gradient (softmax - onehot) / n straight away, folded
+into dL/dh and dL/dW with two matrix products. The backward pass only scales the stored gradients.
+Same FLOPs, same result up to summation order, a fraction of the memory traffic.
 
 Targets equal to ``IGNORE_INDEX`` are never scored: they add nothing to the loss, the gradient,
 or the count ``n`` of the mean.
@@ -18,11 +18,14 @@ import torch
 
 from evo_attention.data.base import IGNORE_INDEX
 
-# Rows per chunk: one [chunk, vocab] buffer at a time. Measured on the 2-core CPU at the seed's
-# config (median of 3 interleaved runs): output layer + loss forward/backward 372 ms with 4096 rows,
-# 368 ms with 512, 335 ms with 256; whole training step (baseline / seed-best gene) 645 / 805 ms
-# with 4096 rows, 599 / 773 ms with 512 (a 20 MB buffer instead of 164 MB, better for the caches).
-DEFAULT_CHUNK = 512
+# Rows per softmax chunk and per weight-gradient group. Measured on the 2-core AMD EPYC (AVX512-BF16)
+# at the seed's config (4096 rows, vocab 10000, d 128, bf16), output layer + loss forward/backward:
+# 128-256-row chunks keep each [chunk, vocab] float32 buffer in the caches; a 1024-row group makes the
+# weight gradient one [vocab, 1024] @ [1024, d] product per group instead of one per chunk (fewer
+# float32 accumulations of the [vocab, d] gradient) while its bf16 buffer (20 MB) stays in L3.
+# 141-169 ms with 256 / 1024 against 190-216 ms with one 4096-row group.
+DEFAULT_CHUNK = 256
+WEIGHT_GROUP = 1024
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -40,33 +43,63 @@ def _chunk_stats(hidden, weight, targets, dtype):
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """Loss and both gradients in one pass over row chunks; backward only scales them.
+
+    Per chunk: logits in the matmul precision, widened once to at least float32; softmax (one fused
+    kernel); the NLL as ``max - picked - log(max softmax)``, exact for every row because the largest
+    probability is at least 1/vocab and never underflows, where ``-log(p[target])`` would; then
+    softmax - onehot, narrowed once to the matmul precision, feeds dL/dh = (P @ W) / n and, per group
+    of rows, dL/dW = P^T @ (scored h) / n with float32 accumulation across groups. Unscored rows
+    are multiplied by exactly zero.
+    """
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk, dtype):
         acc = _acc(dtype)
-        n = (targets != IGNORE_INDEX).sum().clamp(min=1).to(acc)
+        scored_all = targets != IGNORE_INDEX
+        n = scored_all.sum().clamp(min=1).to(acc)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_grad = need_h or need_w
+        w = weight.to(dtype)  # cast once per step, not per chunk
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         total = torch.zeros((), dtype=acc, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            h, t = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = (h.to(dtype) @ weight.to(dtype).t()).to(acc)
-            scored, safe = t != IGNORE_INDEX, t.clamp(min=0)
-            picked = logits.gather(1, safe[:, None]).squeeze(1)
-            row_max = logits.amax(dim=-1, keepdim=True)
-            probs = logits.sub_(row_max).exp_()  # the one exp pass, in place of the logits
-            row_sum = probs.sum(dim=-1, keepdim=True)
-            lse = (row_max + row_sum.log()).squeeze(1)
-            total += ((lse - picked) * scored).sum()
-            if need_h or need_w:
-                probs.mul_((scored / n)[:, None] / row_sum)  # softmax / n on scored rows, 0 elsewhere
-                rows = torch.arange(len(t), device=t.device)
-                probs[rows, safe] -= scored / n
-                probs = probs.to(dtype)
+        group = max(chunk, WEIGHT_GROUP)
+        rows = min(chunk, hidden.shape[0])
+        # the chunk's buffers are allocated once per call: a fresh 10 MB tensor per chunk comes
+        # from fresh pages, and their page faults cost as much as the softmax itself on a CPU
+        narrow = torch.empty(rows, weight.shape[0], dtype=dtype, device=hidden.device)
+        logits = torch.empty(rows, weight.shape[0], dtype=acc, device=hidden.device) if acc != dtype else narrow
+        probs = torch.empty(rows, weight.shape[0], dtype=acc, device=hidden.device)
+        diff = torch.empty(min(group, hidden.shape[0]), weight.shape[0], dtype=dtype,
+                           device=hidden.device) if need_w else None
+        for g0 in range(0, hidden.shape[0], group):
+            hg, tg = hidden[g0:g0 + group].to(dtype), targets[g0:g0 + group]
+            for s in range(0, hg.shape[0], chunk):
+                h, t = hg[s:s + chunk], tg[s:s + chunk]
+                k = len(t)
+                scored, safe = (t != IGNORE_INDEX).to(acc), t.clamp(min=0)
+                torch.mm(h, w.t(), out=narrow[:k])
+                z = logits[:k]
+                if acc != dtype:
+                    z.copy_(narrow[:k])
+                top = z.amax(dim=-1)
+                picked = z.gather(1, safe[:, None]).squeeze(1)
+                p = torch.softmax(z, dim=-1, out=probs[:k])
+                total += ((top - picked - p.amax(dim=-1).log()) * scored).sum()
+                if not need_grad:
+                    continue
+                p[torch.arange(k, device=t.device), safe] -= scored  # softmax - onehot
+                q = diff[s:s + k] if need_w else narrow[:k]
+                q.copy_(p)
                 if need_h:
-                    grad_h[start:start + chunk] = (probs @ weight.to(dtype)).to(hidden.dtype)
-                if need_w:
-                    grad_w.addmm_(probs.t().to(acc), h.to(acc))
+                    at = g0 + s
+                    grad_h[at:at + k] = ((q @ w).to(acc) * (scored / n)[:, None]).to(hidden.dtype)
+            if need_w:
+                masked = hg * (tg != IGNORE_INDEX)[:, None].to(dtype)
+                grad_w += (diff[:hg.shape[0]].t() @ masked).to(acc)
+        if need_w:
+            grad_w /= n
         ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
         ctx.has = (need_h, need_w)
         ctx.weight_dtype = weight.dtype

@@ -15,10 +15,10 @@ import time
 import torch
 
 from evo_attention.data.base import TaskData, fingerprint_of
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, layers_of
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, reset_peak_memory,
-                                             synchronize)
+                                             resolve_compile, resolve_device, synchronize)
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
@@ -108,8 +108,11 @@ def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: in
                  before_timing=None) -> tuple[Trainer, float]:
     """A Trainer of ``gene`` after ``warmup`` untimed and ``steps`` timed training steps, and the
     seconds per timed step. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
-    trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps), data,
-                      device=device)
+    # compiled or not as a training of the configured budget would be, though only a few steps run
+    compiled = resolve_compile(config.compile, resolve_device(device if device is not None else config.device),
+                               layers_of(gene), config.train_steps)
+    trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps,
+                                           compile="on" if compiled else "off"), data, device=device)
     trainer.train(until_step=warmup)
     synchronize(trainer.device)
     if before_timing is not None:
@@ -145,6 +148,7 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "block": config.block,
         "device": str(trainer.device),
         "precision": trainer.precision,
+        "compiled": trainer.compiled,
         "threads": torch.get_num_threads(),
         "batch_size": config.batch_size,
         "seq_len": data.seq_len,

@@ -23,6 +23,7 @@ from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPILE_MODES = ("auto", "on", "off")
 FIDELITIES = ("full", "halving")
 GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
@@ -51,6 +52,7 @@ class Config:
     warmup_steps: int = 500  # used by lr_schedule="cosine"
     lr_schedule: str = "constant"  # the original trained at a constant rate
     precision: str = "auto"
+    compile: str = "auto"  # torch.compile the model: auto (where measured to pay), on, off
     log_every: int = 50  # learning-curve resolution (steps)
     # evolution
     population_size: int = 12
@@ -209,6 +211,7 @@ def _check_training(c: Config) -> None:
     _number(c, "weight_decay", 0.0)
     _choice(c, "lr_schedule", LR_SCHEDULES)
     _choice(c, "precision", PRECISIONS)
+    _choice(c, "compile", COMPILE_MODES)
     if not isinstance(c.device, str) and isinstance(getattr(c.device, "type", None), str):
         c.device = str(c.device)  # a torch.device (e.g. the original's get_device()) is kept as its name
     if not isinstance(c.device, str) or not c.device:

@@ -1,4 +1,4 @@
-"""Where a training runs: device and precision choice, autocast, seeding, versions, peak memory."""
+"""Where a training runs: device, precision and compile choice, autocast, seeding, versions, peak memory."""
 
 from __future__ import annotations
 
@@ -70,6 +70,42 @@ def cpu_has_fast_bf16() -> bool:
         return bool(torch.backends.mkldnn.is_available()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     except (AttributeError, RuntimeError):
         return False
+
+
+# Genes whose training step torch.compile was measured to speed up, by device type: the additive
+# similarity's blocks of tanh(a + c) . v fuse into one loop (benchmarks/bench_compile.py, 2-core
+# AMD EPYC, bf16, seed config: 678 -> 504 ms/step, the ~70 s cold compile repaid after ~400 steps).
+# Every other gene measured 0.96-0.97x there (its step is matrix products Inductor leaves alone,
+# and the CPU dropout mask breaks the graph), and nothing has been measured on a GPU yet.
+COMPILE_PAYS = {"cpu": lambda gene: gene.similarity == "additive"}
+COMPILE_MIN_STEPS = 2000  # 'auto' compiles only budgets this long: shorter ones may not repay the compile
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch.compile's CPU backend would use, or None if there is none."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return get_cpp_compiler()
+    except Exception:  # no compiler found, or an Inductor without this helper
+        return None
+
+
+def resolve_compile(setting: str, device: torch.device, genes, steps: int) -> bool:
+    """Whether a ``steps``-step training of ``genes`` (one per layer) on ``device`` compiles its model.
+
+    'off': never; 'on': always (on CPU it needs a C++ compiler); 'auto': where it was measured to
+    pay (``COMPILE_PAYS``), for budgets of at least ``COMPILE_MIN_STEPS``, when it can run here."""
+    if setting == "off":
+        return False
+    has_compiler = device.type != "cpu" or cpp_compiler() is not None
+    if setting == "on":
+        if not has_compiler:
+            raise UserError("compile is on but torch.compile finds no C++ compiler for the CPU: install g++ "
+                            "(or clang) or use compile auto/off", setting="compile")
+        return True
+    pays = COMPILE_PAYS.get(device.type)
+    return (steps >= COMPILE_MIN_STEPS and has_compiler and pays is not None and any(pays(g) for g in genes))
 
 
 def matmul_dtype(precision: str) -> torch.dtype:

@@ -90,6 +90,7 @@ class EvaluationRecord(Mapping):
     latency_threads: int | None = None
     device: str | None = None
     precision: str | None = None
+    compiled: bool | None = None  # the model ran through torch.compile
     versions: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     # multi-fidelity

@@ -47,7 +47,8 @@ from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
-                                             resolve_device, resolve_precision, synchronize, versions)
+                                             resolve_compile, resolve_device, resolve_precision, synchronize,
+                                             versions)
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.util.errors import UserError
 
@@ -109,6 +110,15 @@ class Trainer:
             torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
         torch.manual_seed(self.seed)
         self.model = TinyTransformer(self.config, self.gene).to(self.device)
+        self.compiled = resolve_compile(config.compile, self.device, self.model.genes, self.config.train_steps)
+        # the training forward; the FLOP count and evaluation stay eager (a frame first run under
+        # the flop counter's dispatch mode would never be compiled, and eval shapes would recompile)
+        self._forward = self.model.hidden_states
+        if self.compiled:
+            # a clean Dynamo cache per compiled model: a search trains many models in one process, and
+            # Dynamo gives up compiling a function (silently running it eager) after a few recompiles
+            torch._dynamo.reset()
+            self._forward = torch.compile(self.model.hidden_states)
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.learning_rate, betas=(0.9, 0.95),
                                            **({"fused": True} if self.device.type == "cuda" else {}))
         self.generator = torch.Generator().manual_seed(self.seed)
@@ -145,7 +155,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
         with autocast(self.device, self.precision):
-            hidden, _ = self.model.hidden_states(x)
+            hidden, _ = self._forward(x)
         # the output projection and the loss, fused and chunked (see losses.py)
         loss = linear_cross_entropy(hidden, self.model.head.weight, y, dtype=self.matmul_dtype)
         self.optimizer.zero_grad(set_to_none=True)
@@ -157,8 +167,12 @@ class Trainer:
     def _count_flops(self, x, y) -> torch.Tensor:
         from torch.utils.flop_counter import FlopCounterMode
 
-        with FlopCounterMode(display=False) as counter:
-            loss = self._step(x, y)
+        compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
+        try:
+            with FlopCounterMode(display=False) as counter:
+                loss = self._step(x, y)
+        finally:
+            self._forward = compiled
         self.flops_per_step = int(counter.get_total_flops())
         return loss
 
@@ -370,6 +384,7 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
     try:
         trainer = Trainer(gene, config, data, seed=seed, device=dev)
         record.precision = trainer.precision
+        record.compiled = trainer.compiled
         record.params = trainer.model.num_parameters()
         if state is not None:
             trainer.load_state_dict(state_from_bytes(state, dev))
