@@ -64,6 +64,8 @@ def test_ga_search_end_to_end(tmp_path):
     assert final["best_gene"]["key"] == best.gene.key
     assert final["best_perplexity"] == pytest.approx(best.perplexity)
     assert {"best_gene", "best_perplexity", "best_generation", "history", "top_5"} <= set(final)
+    # written by the search itself while it still holds the run's lock: the run is finished, not running
+    assert "still writing" not in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_elites_are_not_retrained_and_duplicates_are_cache_hits(tmp_path):

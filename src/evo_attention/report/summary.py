@@ -401,7 +401,7 @@ class RunSummary:
             statement="",
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
-            writer=holder(store.run_dir),
+            writer=_other_writer(store.run_dir, done),
             objectives=objectives,
             pareto=pareto_summary(search, objectives, [r for r in evaluations if r.get("role") == "baseline"])
             if len(objectives) > 1 else None,
@@ -541,6 +541,18 @@ def _outcome(s: RunSummary) -> tuple[str, str]:
     text = (f"Best gene {s.best['str']} (`{s.best['key']}`): validation perplexity "
             f"{s.best['perplexity']:.2f}, found in generation {s.best['generation']}.")
     return "ok", text
+
+
+def _other_writer(run_dir, done: bool) -> dict | None:
+    """The process writing the run now, unless it is this process and the search is done: a search
+    (or a validate/ablate run in its store) writing its own closing outputs holds the lock, and
+    its outputs must not call the finished run "running"."""
+    import socket
+
+    writer = holder(run_dir)
+    if writer and done and writer.get("pid") == os.getpid() and writer.get("host") == socket.gethostname():
+        return None
+    return writer
 
 
 def _settings(s: RunSummary) -> list[tuple[str, str]]:
