@@ -81,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 scored, safe = (t != IGNORE_INDEX).to(acc), t.clamp(min=0)
                 torch.mm(h, w.t(), out=narrow[:k])
                 z = logits[:k]
-                if acc != dtype:
+                if logits is not narrow:  # widen to the accumulation precision
                     z.copy_(narrow[:k])
                 top = z.amax(dim=-1)
                 picked = z.gather(1, safe[:, None]).squeeze(1)
@@ -96,7 +96,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     at = g0 + s
                     grad_h[at:at + k] = ((q @ w).to(acc) * (scored / n)[:, None]).to(hidden.dtype)
             if need_w:
-                masked = hg * (tg != IGNORE_INDEX)[:, None].to(dtype)
+                masked = hg * scored_all[g0:g0 + group, None].to(dtype)
                 grad_w += (diff[:hg.shape[0]].t() @ masked).to(acc)
         if need_w:
             grad_w /= n

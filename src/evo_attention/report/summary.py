@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
 from evo_attention.search import pareto
-from evo_attention.search.lock import holder
+from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.util.format import finite_or_none
@@ -547,12 +547,8 @@ def _other_writer(run_dir, done: bool) -> dict | None:
     """The process writing the run now, unless it is this process and the search is done: a search
     (or a validate/ablate run in its store) writing its own closing outputs holds the lock, and
     its outputs must not call the finished run "running"."""
-    import socket
-
     writer = holder(run_dir)
-    if writer and done and writer.get("pid") == os.getpid() and writer.get("host") == socket.gethostname():
-        return None
-    return writer
+    return None if done and is_this_process(writer) else writer
 
 
 def _settings(s: RunSummary) -> list[tuple[str, str]]:

@@ -77,8 +77,7 @@ class RunLock:
                 os.close(fd)
                 raise UserError(f"cannot lock {self.path} ({exc.strerror}): this file system does not support "
                                 "file locks; put the run directory on a local disk", setting="out") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        info = {**_this_process(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
@@ -102,6 +101,16 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _this_process() -> dict:
+    """How a lock file names its holder: pid and host."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def is_this_process(info: dict | None) -> bool:
+    """Whether ``info`` (from ``holder``) names the process asking."""
+    return bool(info) and {k: info.get(k) for k in ("pid", "host")} == _this_process()
 
 
 def in_use(run_dir: str | os.PathLike, info: dict | None) -> UserError:

@@ -15,10 +15,10 @@ import time
 import torch
 
 from evo_attention.data.base import TaskData, fingerprint_of
-from evo_attention.genes import AttentionGene, layers_of
+from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, reset_peak_memory,
-                                             resolve_compile, resolve_device, synchronize)
+                                             synchronize)
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
@@ -79,7 +79,8 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     from torch.profiler import ProfilerActivity, profile
 
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    trainer = Trainer(gene, config.replace(train_steps=warmup + 1, log_every=warmup + 1), data, device=device)
+    trainer = Trainer(gene, config.replace(train_steps=max(config.train_steps, warmup + 1), log_every=warmup + 1),
+                      data, device=device)  # compiled or not as a whole training (see _timed_steps)
     trainer.train(until_step=warmup)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -108,11 +109,11 @@ def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: in
                  before_timing=None) -> tuple[Trainer, float]:
     """A Trainer of ``gene`` after ``warmup`` untimed and ``steps`` timed training steps, and the
     seconds per timed step. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
-    # compiled or not as a training of the configured budget would be, though only a few steps run
-    compiled = resolve_compile(config.compile, resolve_device(device if device is not None else config.device),
-                               layers_of(gene), config.train_steps)
-    trainer = Trainer(gene, config.replace(train_steps=warmup + steps, log_every=warmup + steps,
-                                           compile="on" if compiled else "off"), data, device=device)
+    # the configured budget (at least the steps run), of which only the first steps run: the trainer
+    # decides compiling (and the learning-rate schedule) as for a whole training; one log interval,
+    # so one host sync
+    trainer = Trainer(gene, config.replace(train_steps=max(config.train_steps, warmup + steps),
+                                           log_every=warmup + steps), data, device=device)
     trainer.train(until_step=warmup)
     synchronize(trainer.device)
     if before_timing is not None:
