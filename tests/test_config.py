@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from evo_attention import Config
@@ -44,3 +46,22 @@ def test_from_dict_names_an_unknown_key():
         Config.from_dict({"populaton_size": 4})
     assert Config.from_dict({"d_model": 64}).d_model == 64
     assert Config.from_dict(Config().to_dict()) == Config()
+
+
+@pytest.mark.parametrize("value,expected", [("all", None), ("7", 7)])
+def test_eval_steps_flag_takes_all_for_the_whole_split(value, expected):
+    from evo_attention.cli import build_parser
+    from evo_attention.cli.common import config_from_args
+
+    small = Path(__file__).resolve().parents[1] / "benchmarks" / "wikitext_small.yaml"
+    args = build_parser().parse_args(["validate", "--config", str(small), "--eval-steps", value,
+                                      "--genes", "dot|softmax|none|fixed"])
+    assert config_from_args(args).eval_steps == expected  # the file says 10: the flag overrides it, 'all' too
+
+
+def test_eval_steps_flag_names_a_bad_value(capsys):
+    from evo_attention.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["validate", "--eval-steps", "most"])
+    assert "eval steps 'most' is not an integer (or 'all')" in capsys.readouterr().err

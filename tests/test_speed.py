@@ -171,3 +171,17 @@ def test_a_compiled_training_matches_the_eager_one_and_says_so():
     assert compiled.flops_per_step == eager.flops_per_step
     assert compiled.val_loss == pytest.approx(eager.val_loss, rel=1e-4)
     assert compiled.key == eager.key  # the same result: compiling is not part of the cache key
+
+
+def test_the_flop_count_prices_the_fused_and_the_explicit_attention_path_alike():
+    from evo_attention.train.trainer import run_training
+
+    config = Config(data="recall", vocab_size=32, max_seq_len=16, d_model=16, n_heads=2, n_layers=1,
+                    recall={"num_pairs": 2, "train_examples": 200, "eval_examples": 50},
+                    dropout=0.0, eval_steps=None, train_steps=2, log_every=1, precision="fp32")
+    data = data_from_config(config)
+    fused = run_training("dot|softmax|none|fixed|bias|0.00", config, data).record  # SDPA's CPU kernel
+    explicit = run_training("dot|softmax|none|fixed|bias|0.10", config, data).record  # dropout: explicit path
+    assert fused.flops_per_step == explicit.flops_per_step
+    # attention's products are in the count: a window skips most of a long sequence's scores
+    assert fused.flops_per_step > run_training("dot|softmax|none|fixed|bias|0.00|win=2", config, data).record.flops_per_step

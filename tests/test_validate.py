@@ -263,3 +263,19 @@ def test_attention_maps_of_a_saved_model(tmp_path):
     assert saved["tokens"][0].startswith("k")  # recall examples start with a key
     assert main(["attention-maps", "--model", str(tmp_path / "model"), "--text", "k0 zebra", "--out", str(out),
                  "--quiet"]) == 2
+
+
+def test_validation_carries_each_genes_cost_as_the_median_over_its_seeds(tmp_path):
+    seeds = [43, 44, 45]
+    records = _fake_records({VANILLA.key: [10.0, 10.2, 9.8], SPARSE: [9.0, 9.1, 8.9]}, seeds)
+    for (gene, seed), r in records.items():
+        slow = 2.0 if gene == SPARSE else 1.0
+        r.update(params=1000, flops_per_step=4e6, train_time_s=slow * (10 + seed - 43), trained_steps=100,
+                 latency_ms=slow * 5.0)
+    records[SPARSE, 45]["train_time_s"] = 900.0  # one slow neighbour: the median ignores it
+    result = val.validation_statistics(records, [SPARSE], seeds)
+    assert result["baseline"]["cost"] == {"params": 1000, "flops": 4e6, "train_ms_per_step": 110.0, "latency_ms": 5.0}
+    assert result["genes"][0]["cost"]["train_ms_per_step"] == 220.0
+    md = val.write_validation({**result, "steps": 100}, tmp_path)["md"].read_text()
+    assert "| Gene | Params | FLOPs / train step | Train ms / step | Latency ms |" in md
+    assert "| 220.0 (2.00x) | 10.0 (2.00x) |" in md

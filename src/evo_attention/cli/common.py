@@ -39,6 +39,19 @@ def _vocab_size(text: str):
     return value
 
 
+def _eval_steps(text: str):
+    if text.lower() in ("all", "none", "full"):
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"eval steps {text!r} is not an integer (or 'all')") from None
+
+
+# flags whose value 0 stands for None ("full" vocabulary, "all" evaluation batches)
+_ZERO_IS_NONE = ("vocab_size", "eval_steps")
+
+
 def _name_list(text: str) -> list:
     return [part.strip() for part in text.split(",")]
 
@@ -71,7 +84,8 @@ def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> N
     t.add_argument("--steps", type=int, help="training steps per model")
     t.add_argument("--batch-size", type=int)
     t.add_argument("--eval-batch-size", type=int)
-    t.add_argument("--eval-steps", type=int, help="cap on evaluation batches (default: the whole split)")
+    t.add_argument("--eval-steps", type=_eval_steps,
+                   help="cap on evaluation batches, or 'all' for the whole split (the default of the presets)")
     t.add_argument("--eval-stride", type=int, help="strided evaluation: score the last S tokens of each window")
     t.add_argument("--lr", type=float, help="learning rate")
     t.add_argument("--lr-schedule", choices=["constant", "cosine"])
@@ -125,7 +139,7 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     for flag, name in CONFIG_FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
-            flags[name] = None if (name == "vocab_size" and value == 0) else value
+            flags[name] = None if (name in _ZERO_IS_NONE and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if getattr(args, "plugin", None):

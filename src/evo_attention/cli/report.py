@@ -1,17 +1,34 @@
-"""``evo-attention report RUN_DIR``: (re)write every output of a run from its store."""
+"""``evo-attention report RUN_DIR [RUN_DIR ...] [--out DIR]``: (re)write every output of each run
+from its store; with several runs, also compare them side by side into ``--out``."""
 
 from __future__ import annotations
+
+from evo_attention.util.errors import UserError
 
 
 def cmd_report(args) -> int:
     from evo_attention.report import write_report
 
-    for path in write_report(args.run_dir).values():
-        print(path)
+    if len(args.run_dirs) > 1 and not args.out:
+        raise UserError("several runs are compared into a directory: name it with --out DIR")
+    if len(args.run_dirs) == 1 and args.out:
+        raise UserError("--out names where several runs are compared: give two or more run directories, or "
+                        "drop --out (a run's report goes into its own directory)")
+    for run_dir in args.run_dirs:
+        for path in write_report(run_dir).values():
+            print(path)
+    if args.out:
+        from evo_attention.report.runs import write_comparison
+
+        for path in write_comparison(args.run_dirs, args.out).values():
+            print(path)
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="(re)write a run's results and report from its store")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="(re)write a run's results and report from its store; with several runs, "
+                                      "also compare them (--out)")
+    p.add_argument("run_dirs", nargs="+", metavar="run_dir")
+    p.add_argument("--out", help="with several runs: the directory for runs.md, runs.json and runs.png, the runs "
+                                 "side by side (anytime curves, fronts in one box, validated winners)")
     p.set_defaults(func=cmd_report)

@@ -191,6 +191,7 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
                 f"corrected across the genes and decides the verdict.")
         out.append(_section(f"validation-{i}", f"Multi-seed validation ({split})", [
             para(v.get("headline", "")), para(note, "muted"), table(md.validation_table(v)),
+            *([para("Cost, the median over the seeds:"), table(md.cost_table(v))] if md.cost_table(v) else []),
             image(run_dir / f"{stem}.png", "Per-seed values", "Every seed's value (points), box, mean (diamond) and "
                   "its confidence interval (bar); the dotted line is the baseline mean.")]))
     for i, ab in enumerate(a.ablations):

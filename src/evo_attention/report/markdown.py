@@ -27,6 +27,7 @@ from evo_attention.report.studies import ablation_table as _ablation_cells
 from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
 from evo_attention.report.studies import transfer_table as _transfer_cells
+from evo_attention.report.studies import cost_table as _cost_cells
 from evo_attention.report.studies import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
@@ -140,6 +141,12 @@ def validation_table(result: Mapping) -> Table:
 
     headers, rows, align = build(result)
     return Table(headers, rows, align, (0,))
+
+
+def cost_table(result: Mapping) -> Table | None:
+    """What each validated gene costs (None for a validation without costs)."""
+    cells = _cost_cells(result)
+    return None if cells is None else Table(*cells, (0,))
 
 
 def ablation_table(result: Mapping) -> Table:
@@ -332,9 +339,11 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
     for v in a.validations:
         split = "test split" if v.get("eval_split") == "test" else "validation split"
         stem = v["_file"].rsplit(".", 1)[0]
+        costs = cost_table(v)
         sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "",
-                         to_markdown(validation_table(v)), "", f"![Per-seed values]({stem}.png)",
-                         "", f"Details: `{v['_file']}`, `{stem}.md`."])
+                         to_markdown(validation_table(v)), ""]
+                        + (["Cost, the median over the seeds:", "", to_markdown(costs), ""] if costs else [])
+                        + [f"![Per-seed values]({stem}.png)", "", f"Details: `{v['_file']}`, `{stem}.md`."])
     for ab in a.ablations:
 
         stem = ab["_file"].rsplit(".", 1)[0]

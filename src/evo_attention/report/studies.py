@@ -69,6 +69,30 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     return headers, rows, align
 
 
+def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
+    """(headers, rows, align) of what each validated gene costs (medians over its seeds), or None
+    for a result without costs (one written before they were kept)."""
+    rows_in = [result.get("baseline") or {}] + list(result.get("genes", []))
+    if not any(r.get("cost") for r in rows_in):
+        return None
+    base = (result.get("baseline") or {}).get("cost") or {}
+    headers = ["Gene", "Params", "FLOPs / train step", "Train ms / step", "Latency ms"]
+    rows = []
+    for r in rows_in:
+        cost = r.get("cost") or {}
+
+        def cell(name: str, spec: str) -> str:
+            value, ref = cost.get(name), base.get(name)
+            text = number(value, spec)
+            if r is not result.get("baseline") and value is not None and ref:
+                text += f" ({value / ref:.2f}x)"
+            return text
+
+        rows.append([str(r.get("gene", "")), cell("params", ",.0f"), cell("flops", ".3g"),
+                     cell("train_ms_per_step", ".1f"), cell("latency_ms", ".1f")])
+    return headers, rows, "l" + "r" * (len(headers) - 1)
+
+
 def p_text(value) -> str:
     return "-" if value is None else ("< 0.0001" if value < 1e-4 else f"{value:.4f}")
 
@@ -89,6 +113,14 @@ def validation_markdown(result: Mapping) -> str:
         f"uses it. Cohen's d uses the pooled sd.", "",
         markdown_table(headers, md_rows, align).rstrip(), "",
     ]
+    costs = cost_table(result)
+    if costs:
+        headers, rows, align = costs
+        lines += ["What each gene costs, the median over its seeds (in brackets: relative to the baseline). "
+                  "FLOPs count one training step's arithmetic; times are those of the machine and executor that "
+                  "trained it; latency is one eval-mode forward pass of an evaluation batch.", "",
+                  markdown_table(headers, [[code(c) if i == 0 else c for i, c in enumerate(row)] for row in rows],
+                                 align).rstrip(), ""]
     failures = [(r["gene"], e) for r in [result.get("baseline") or {}] + list(result.get("genes", []))
                 for e in r.get("errors", [])]
     if failures:

@@ -8,6 +8,7 @@ its winners (a winner's score on that seed is biased low: the winner's curse).
 from __future__ import annotations
 
 import os
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -17,7 +18,7 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies import metric_info
 from evo_attention.search.executors import EvalTask, Executor, make_executor
 from evo_attention.search.runner import Runner
-from evo_attention.train.record import EvaluationRecord, usable_metric
+from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import dumps
@@ -60,13 +61,24 @@ def run_seeds(genes: Iterable[AttentionGene | str], config, data, seeds: Sequenc
     return {(task.gene, task.seed): record for task, record in records.items()}
 
 
+# what a gene costs, beside its quality: the record's cost objectives (all minimised)
+# (not peak memory: on a CPU it is the worker process's high-water mark over every training it ran)
+COSTS = ("params", "flops", "train_ms_per_step", "latency_ms")
+
+
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
-    """``{"seeds", "values", "statuses", "n_failed", "errors"}`` of one gene (values None where failed)."""
+    """``{"seeds", "values", "statuses", "n_failed", "errors", "cost"}`` of one gene (values None
+    where failed); ``cost``: each of ``COSTS``, the median over the finished trainings (timings
+    are the machine's where they trained, so the median damps one slow neighbour)."""
     rows = [records[key, s] for s in seeds]
     values = [usable_metric(r, metric) for r in rows]
     errors = sorted({str(r.get("error") or r.get("status")) for r, v in zip(rows, values) if v is None})
+    cost = {}
+    for name in COSTS:
+        measured = [v for v in (objective_value(r, name) for r in rows) if v is not None]
+        cost[name] = statistics.median(measured) if measured else None
     return {"seeds": list(seeds), "values": values, "statuses": [str(r.get("status")) for r in rows],
-            "n_failed": sum(v is None for v in values), "errors": errors}
+            "n_failed": sum(v is None for v in values), "errors": errors, "cost": cost}
 
 
 def provenance(config, data, eval_split: str, metric: str, confidence: float, seeds: Sequence[int],

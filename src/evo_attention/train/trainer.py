@@ -94,6 +94,28 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mea
 # The trainer
 # ---------------------------------------------------------------------------------------------
 
+def _sdpa_cpu_formulas() -> dict:
+    """FLOP formulas for the CPU kernels of fused attention, which PyTorch's counter leaves out.
+
+    Without them a gene on the fused path (no attention dropout, no window) would be priced as if
+    attention were free, below the same gene on the explicit path; with them both paths count the
+    same two score/value products forward and their four gradient products backward, so the FLOP
+    objective measures the gene and not the kernel that ran it (the fused backward's recomputation
+    of the scores is the kernel's choice and is left out).
+    """
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # arguments as shapes
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return 2 * sdpa_flop_count(query, key, value)  # each forward product has two gradients
+
+    aten = torch.ops.aten
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 class Trainer:
     """Trains one TinyTransformer with one gene; ``train()`` may be called again to continue."""
 
@@ -169,7 +191,7 @@ class Trainer:
 
         compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
         try:
-            with FlopCounterMode(display=False) as counter:
+            with FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_formulas()) as counter:
                 loss = self._step(x, y)
         finally:
             self._forward = compiled

@@ -1,0 +1,241 @@
+"""Several runs side by side: the strategies (or settings) of one study, each from its own store.
+
+``write_comparison(run_dirs, out_dir)`` writes into ``out_dir``:
+
+- ``runs.json``: per run its strategy, objectives, search trainings, best gene and perplexity on
+  the search seed, baseline, improvement, the best perplexity after each search training (store
+  order: the anytime curve), its Pareto front on the first two objectives and its hypervolume, and
+  the run's own multi-seed validation of its best gene when ``evo-attention validate --from-run``
+  left one; plus ``differences``, every setting in which the runs differ besides the strategy.
+- ``runs.md``: the same as a table, with the differences said in one line.
+- ``runs.png``: the anytime curves, and the fronts when the runs are multi-objective.
+
+The hypervolumes are measured in one box common to all runs (``search.pareto.bounds`` over every
+run's finished search evaluations), so they compare across runs; each run's own report measures in
+its own box. The search-seed perplexities are biased low (the best of many single trainings); the
+validated means on fresh seeds are the unbiased comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+from evo_attention.report.attachments import load_attachments
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, load_run, perplexity_of
+from evo_attention.search import pareto
+from evo_attention.train.record import objective_values
+from evo_attention.util.errors import UserError
+from evo_attention.util.format import code, markdown_table, number
+
+OUTPUTS = {"json": "runs.json", "md": "runs.md", "png": "runs.png"}
+# config keys that name the strategy itself: runs that differ only in these compare strategies
+STRATEGY_KEYS = ("strategy", "strategy_options")
+
+
+def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
+    """The content of ``runs.json`` for the runs in ``run_dirs`` (at least two, each a run store)."""
+    if len(run_dirs) < 2:
+        raise UserError(f"comparing runs needs at least two run directories, got {len(run_dirs)}", setting="run_dirs")
+    summaries = [load_run(d) for d in run_dirs]
+    names = _names(summaries)
+    objectives = summaries[0].objectives
+    shared = all(s.objectives == objectives for s in summaries) and len(objectives) > 1
+    box = None
+    if shared:
+        box = pareto.bounds([p for s in summaries for p in _points(s, objectives)])
+    runs = [_run_row(name, s, objectives if shared else None, box) for name, s in zip(names, summaries)]
+    return {
+        "kind": "runs",
+        "runs": runs,
+        "objectives": objectives if shared else None,
+        "box": {"ideal_point": dict(zip(objectives, box[0])), "reference_point": dict(zip(objectives, box[1]))}
+        if box else None,
+        "differences": _differences(summaries),
+    }
+
+
+def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``runs.json``, ``runs.md`` and ``runs.png`` for ``run_dirs`` into ``out_dir``."""
+    from evo_attention.util.files import output_dir, write_text
+    from evo_attention.util.jsonio import write_json
+
+    result = compare_runs(run_dirs)
+    out = output_dir(out_dir)
+    paths = {key: out / name for key, name in OUTPUTS.items()}
+    try:
+        write_json(paths["json"], result)
+        write_text(paths["md"], comparison_markdown(result, figure=OUTPUTS["png"]))
+        plot_runs(result, paths["png"])
+    except OSError as exc:
+        raise UserError(f"cannot write the comparison into {out} ({exc.strerror or exc}): free space or make the "
+                        "directory writable; the run stores are unchanged", setting="out") from None
+    return paths
+
+
+# -- one run ----------------------------------------------------------------------------------------
+def _names(summaries: list[RunSummary]) -> list[str]:
+    """Each run's directory name, made unique with its parent's where two share one."""
+    names = [s.run_dir.name for s in summaries]
+    if len(set(names)) < len(names):
+        names = [f"{s.run_dir.parent.name}/{s.run_dir.name}" for s in summaries]
+    return names
+
+
+def _search(summary: RunSummary) -> list:
+    return [r for r in summary.evaluations if r.get("role") == "search"]
+
+
+def _points(summary: RunSummary, objectives: Sequence[str]) -> list[tuple]:
+    return [p for p in (objective_values(r, objectives) for r in _search(summary)) if pareto.finite(p)]
+
+
+def _anytime(summary: RunSummary) -> list[float | None]:
+    """The best search perplexity after each search training, in the order the store holds them."""
+    best, curve = math.inf, []
+    for record in _search(summary):
+        best = min(best, perplexity_of(record))
+        curve.append(best if math.isfinite(best) else None)
+    return curve
+
+
+def _validated(summary: RunSummary) -> dict | None:
+    """The run's validation of its best gene (else of its first validated gene), with the baseline's."""
+    validation = load_attachments(summary.run_dir).validation
+    if not validation or not validation.get("genes"):
+        return None
+    genes = validation["genes"]
+    entry = next((g for g in genes if g.get("gene") == summary.best_gene), genes[0])
+    base = validation.get("baseline") or {}
+    return {"gene": entry.get("gene"), "metric": validation.get("metric"), "n": entry.get("n"),
+            "mean": entry.get("mean"), "ci_low": entry.get("ci_low"), "ci_high": entry.get("ci_high"),
+            "baseline_mean": base.get("mean"), "difference": entry.get("difference"),
+            "diff_ci_low": entry.get("diff_ci_low"), "diff_ci_high": entry.get("diff_ci_high"),
+            "p_holm": entry.get("p_holm"), "verdict": entry.get("verdict"), "seeds": entry.get("seeds")}
+
+
+def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, box) -> dict:
+    search = _search(summary)
+    row = {
+        "name": name, "run_dir": str(summary.run_dir),
+        "strategy": (summary.strategy or {}).get("name") or summary.config.get("strategy"),
+        "objectives": summary.objectives, "done": summary.done,
+        "search_trainings": len(search), "failed": sum(1 for r in search if math.isinf(perplexity_of(r))),
+        "unique_genes": len(summary.ranking),
+        "best_gene": summary.best_gene, "best_perplexity": summary.best_perplexity,
+        "best_generation": summary.best_generation,
+        "baseline_perplexity": summary.baseline["perplexity"] if summary.baseline else None,
+        "improvement_percent": (summary.improvement or {}).get("percent"),
+        "anytime": _anytime(summary),
+        "validated": _validated(summary),
+    }
+    if objectives is not None:
+        points = _points(summary, objectives)
+        members = sorted({points[i] for i in pareto.front(points)})
+        row["front"] = [dict(zip(objectives, p)) for p in members]
+        row["front_size"] = len(members)
+        row["hypervolume"] = pareto.hypervolume_share(points, *box) if box and points else None
+    return row
+
+
+def _differences(summaries: list[RunSummary]) -> dict:
+    """Setting -> each run's value, for every config setting (and the data) the runs do not share."""
+    keys = sorted({k for s in summaries for k in s.config} - set(STRATEGY_KEYS))
+    out = {k: [s.config.get(k) for s in summaries] for k in keys
+           if any(s.config.get(k) != summaries[0].config.get(k) for s in summaries)}
+    prints = [s.data_fingerprint for s in summaries]
+    if len(set(prints)) > 1:
+        out["data_fingerprint"] = prints
+    return out
+
+
+# -- writing ----------------------------------------------------------------------------------------
+def comparison_markdown(result: dict, figure: str | None = None) -> str:
+    runs = result["runs"]
+    objectives = result.get("objectives")
+    headers = ["Run", "Strategy", "Search trainings", "Best gene (search seed)", "Perplexity", "Baseline", "Improvement"]
+    if objectives:
+        headers += ["Front size", "Hypervolume (common box)"]
+    headers += ["Validated mean [CI]", "Δ vs baseline [CI]", "Verdict"]
+    rows = []
+    for run in runs:
+        row = [run["name"], run["strategy"] or "-",
+               f"{run['search_trainings']}" + (f" ({run['failed']} failed)" if run["failed"] else ""),
+               code(run["best_gene"]), number(run["best_perplexity"], ".2f"), number(run["baseline_perplexity"], ".2f"),
+               "-" if run["improvement_percent"] is None else f"{run['improvement_percent']:+.1f}%"]
+        if objectives:
+            row += [run.get("front_size", "-"), number(run.get("hypervolume"), ".3f")]
+        v = run["validated"]
+        if v:
+            gene = "" if v["gene"] == run["best_gene"] else f" ({code(v['gene'])})"
+            row += [f"{number(v['mean'], '.2f')} [{number(v['ci_low'], '.2f')}, {number(v['ci_high'], '.2f')}]{gene}",
+                    f"{number(v['difference'], '+.2f')} [{number(v['diff_ci_low'], '+.2f')}, "
+                    f"{number(v['diff_ci_high'], '+.2f')}]", v["verdict"] or "-"]
+        else:
+            row += ["not validated", "-", "-"]
+        rows.append(row)
+    align = "llrlrrr" + ("rr" if objectives else "") + "rrl"
+    lines = ["# Runs compared", "",
+             markdown_table(headers, rows, align).rstrip("\n"),
+             "",
+             "Perplexity and improvement are on the search seed (the best of many single trainings, so biased "
+             "low). The validated columns come from each run's `evo-attention validate --from-run`: its best gene "
+             "retrained on fresh seeds against the baseline on the same seeds."]
+    if objectives:
+        box = result["box"]
+        bounds = ", ".join(f"{OBJECTIVE_LABELS.get(k, k)} {number(box['ideal_point'][k], '.4g')} to "
+                           f"{number(box['reference_point'][k], '.4g')}" for k in objectives)
+        lines += ["", f"Hypervolume: the share of one box common to all runs ({bounds}) that each run's finished "
+                      "search evaluations dominate (0 to 1), so the values compare across runs."]
+    differences = result["differences"]
+    if differences:
+        said = "; ".join(f"{k}: {', '.join(str(v) for v in values)}" for k, values in differences.items())
+        lines += ["", f"**The runs differ in more than the strategy**, so read the comparison with care: {said}."]
+    else:
+        lines += ["", "The runs share every setting but the strategy: the same data, model, budget and seed."]
+    if figure:
+        lines += ["", f"![Best perplexity against search trainings spent]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_runs(result: dict, path: str | os.PathLike) -> Path:
+    """The anytime curves (best perplexity against trainings spent) and, for multi-objective runs,
+    every run's front on the first two objectives."""
+    from evo_attention.report.figures import plt, save_figure
+
+    objectives = result.get("objectives")
+    panels = 2 if objectives else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), dpi=120, squeeze=False)
+    try:
+        ax = axes[0][0]
+        for i, run in enumerate(result["runs"]):
+            ys = run["anytime"]
+            xs = [x for x, y in zip(range(1, len(ys) + 1), ys) if y is not None]
+            ax.step(xs, [y for y in ys if y is not None], where="post", color=f"C{i}",
+                    label=f"{run['name']} ({run['strategy']})")
+        bases = {run["baseline_perplexity"] for run in result["runs"] if run["baseline_perplexity"] is not None}
+        for base in sorted(bases):
+            ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline" if base == min(bases) else None)
+        ax.set_xlabel("search trainings spent")
+        ax.set_ylabel("best validation perplexity so far (search seed)")
+        ax.set_title("Best found against budget", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        if objectives:
+            ax = axes[0][1]
+            x, y = objectives[0], objectives[1]
+            for i, run in enumerate(result["runs"]):
+                front = run.get("front") or []
+                ax.step([p[x] for p in front], [p[y] for p in front], where="post", color=f"C{i}", marker="o",
+                        markersize=4, label=f"{run['name']} (hv {number(run.get('hypervolume'), '.3f')})")
+            ax.set_xlabel(f"{OBJECTIVE_LABELS.get(x, x)} (lower is better)")
+            ax.set_ylabel(f"{OBJECTIVE_LABELS.get(y, y)} (lower is better)")
+            ax.set_title("Pareto fronts", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
