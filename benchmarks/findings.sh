@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The study of docs/findings.md, with the product's own commands only. Every table and figure
 # there comes out of the directories below (each holds a run store; `evo-attention report DIR`
-# rebuilds its outputs). About 80 minutes on a 2-core CPU with WORKERS=2.
+# rebuilds its outputs). About 55 minutes on a 2-core CPU with WORKERS=2 (2026-11-24: AMD EPYC
+# with AVX512-BF16): the searches 25, validation, ablation and corpus 18, transfer 8, cost 3.
 #
 #   bash benchmarks/findings.sh                 # everything
 #   bash benchmarks/findings.sh search validate # only some stages, in this order:
@@ -72,12 +73,17 @@ fi
 
 if stage cost; then
   # 5. training time and memory against the context length, of the baseline, each strategy's best
-  # gene and the families (one process: run this stage with nothing else running, it times)
+  # gene (each distinct gene once) and the families: one process, 15 timed steps each; run this
+  # stage with nothing else running, it times
   best() { evo-attention status "$OUT/search-$1" --json | python -c 'import json, sys; print(json.load(sys.stdin)["best"]["gene"])'; }
-  GENES="baseline=$BASELINE,ga=$(best ga),random=$(best random),tpe=$(best tpe)"
+  GENES="baseline=$BASELINE"
+  for strategy in ga random tpe; do
+    gene=$(best "$strategy")
+    [[ ",$GENES," == *"=$gene,"* ]] || GENES="$GENES,$strategy=$gene"
+  done
   GENES="$GENES,linear=${FAMILY[0]},favor=${FAMILY[1]},window=${FAMILY[2]},gqa=${FAMILY[3]}"
   evo-attention bench --config benchmarks/wikitext_small.yaml --data-dir "$DATA/wikitext-2" --seq-lens 64,256,1024 \
-    --genes "$GENES" --out "$OUT/cost"
+    --steps 15 --genes "$GENES" --out "$OUT/cost"
 fi
 
 if stage report; then

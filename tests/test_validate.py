@@ -156,6 +156,7 @@ def test_validate_from_run_end_to_end(tiny_run, capsys):
     assert code == 0
     result = json.loads((tiny_run / "validation.json").read_text())
     assert result["seeds"] == [8, 9] and result["search_seed"] == 7 and result["steps"] == 6
+    assert result["baseline"]["search_value"] is not None  # the run's baseline measured the same thing
     assert result["baseline"]["gene"] == VANILLA.key and [g["gene"] for g in result["genes"]] == [SPARSE]
     row = result["genes"][0]
     assert len(row["values"]) == 2 and row["verdict"] in ("better than baseline at 95%", "worse than baseline at 95%",
@@ -279,3 +280,13 @@ def test_validation_carries_each_genes_cost_as_the_median_over_its_seeds(tmp_pat
     md = val.write_validation({**result, "steps": 100}, tmp_path)["md"].read_text()
     assert "| Gene | Params | FLOPs / train step | Train ms / step | Latency ms |" in md
     assert "| 220.0 (2.00x) | 10.0 (2.00x) |" in md
+
+
+def test_search_values_are_shown_only_where_the_search_measured_the_same_thing(tiny_run):
+    """Another evaluation (fewer batches scored) or another corpus makes the search's number a
+    different measurement: the validation then shows none."""
+    out = tiny_run / "other"
+    assert main(["validate", "--from-run", str(tiny_run), "--genes", SPARSE, "--seeds", "2", "--eval-steps", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    assert result["baseline"]["search_value"] is None and "| Search" not in (out / "validation.md").read_text()

@@ -96,16 +96,21 @@ def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
     return ranked[:top]
 
 
-def search_values(summary, keys, metric: str, config, eval_split: str) -> dict:
-    """Each gene's value in the search (its search-seed training; the baseline's too), when comparable."""
+def search_values(summary, keys, metric: str, config, data, eval_split: str) -> dict:
+    """Each gene's value in the search (its search-seed training; the baseline's too), where it
+    measured the same thing: the same data, steps and settings (a search on another corpus, or one
+    that scored fewer evaluation batches, shows no value here)."""
     from evo_attention.train.record import usable_metric
+    from evo_attention.train.trainer import settings_hash
 
     if summary is None or eval_split != "valid" or config.train_steps != summary.config.get("train_steps"):
         return {}
-    seed = summary.config.get("seed")
+    seed, context = summary.config.get("seed"), settings_hash(config, eval_split)
     out = {}
     for record in summary.evaluations:
-        if record.get("role") in ("search", "baseline") and record.get("gene") in keys and record.get("seed") == seed:
+        same = (record.get("seed") == seed and record.get("data_fingerprint") == data.fingerprint
+                and record.get("context") == context)
+        if same and record.get("role") in ("search", "baseline") and record.get("gene") in keys:
             value = usable_metric(record, metric)
             if value is not None:
                 out.setdefault(record["gene"], value)
@@ -135,7 +140,7 @@ def cmd_validate(args) -> int:
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {args.seeds} seeds each "
         f"({config.seed + 1}..{config.seed + args.seeds}), {config.train_steps} steps, {args.eval_split} split",
         args.quiet)
-    known = search_values(summary, genes + [vanilla], args.metric, config, args.eval_split)
+    known = search_values(summary, genes + [vanilla], args.metric, config, data, args.eval_split)
     try:
         with executor_from_args(args) as executor:
             result = validate_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
