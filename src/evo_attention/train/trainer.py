@@ -94,14 +94,15 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mea
 # The trainer
 # ---------------------------------------------------------------------------------------------
 
-def _sdpa_cpu_formulas() -> dict:
-    """FLOP formulas for the CPU kernels of fused attention, which PyTorch's counter leaves out.
+def _sdpa_formulas() -> dict:
+    """FLOP formulas for the fused attention kernels, priced as the explicit path computes.
 
-    Without them a gene on the fused path (no attention dropout, no window) would be priced as if
-    attention were free, below the same gene on the explicit path; with them both paths count the
-    same two score/value products forward and their four gradient products backward, so the FLOP
-    objective measures the gene and not the kernel that ran it (the fused backward's recomputation
-    of the scores is the kernel's choice and is left out).
+    PyTorch's counter has no formula for the CPU kernel, so a gene on the fused path (no attention
+    dropout, no window) would be priced as if attention were free, below the same gene on the
+    explicit path; and it prices the CUDA kernels' backward with the scores recomputed. Here every
+    kernel counts the two score/value products forward and their four gradient products backward,
+    as the explicit path does, so the FLOP objective measures the gene and not the kernel that ran
+    it (recomputation is the kernel's choice).
     """
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -111,9 +112,14 @@ def _sdpa_cpu_formulas() -> dict:
     def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
         return 2 * sdpa_flop_count(query, key, value)  # each forward product has two gradients
 
-    aten = torch.ops.aten
-    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+    kernels = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    formulas = {}
+    for name in kernels:  # each takes (query, key, value, ...) and its backward (grad_out, query, key, value, ...)
+        if hasattr(torch.ops.aten, name) and hasattr(torch.ops.aten, f"{name}_backward"):
+            formulas[getattr(torch.ops.aten, name)] = forward
+            formulas[getattr(torch.ops.aten, f"{name}_backward")] = backward
+    return formulas
 
 
 class Trainer:
@@ -191,7 +197,7 @@ class Trainer:
 
         compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
         try:
-            with FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_formulas()) as counter:
+            with FlopCounterMode(display=False, custom_mapping=_sdpa_formulas()) as counter:
                 loss = self._step(x, y)
         finally:
             self._forward = compiled
