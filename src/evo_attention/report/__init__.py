@@ -100,7 +100,7 @@ def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
     from evo_attention.report.figures import plot_distribution as draw
     from evo_attention.report.summary import failed, perplexity_of
 
-    search = [r for r in summary.evaluations if r.get("role") == "search"]
+    search = summary.search_evaluations
     values = [perplexity_of(r) for r in search if not failed(r)]
     baseline = summary.baseline["perplexity"] if summary.baseline else None
     return draw(values, path, failed=len(search) - len(values), baseline=baseline,

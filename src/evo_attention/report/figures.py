@@ -34,10 +34,9 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, perplexity_of  # noqa: E402
-from evo_attention.search.pareto import finite, front  # noqa: E402
-from evo_attention.train.record import objective_values  # noqa: E402
+from evo_attention.search.pareto import front  # noqa: E402
 from evo_attention.util.files import atomic_target  # noqa: E402
-from evo_attention.util.format import finite_or_none  # noqa: E402
+from evo_attention.util.format import finite_or_none, number  # noqa: E402
 from evo_attention.util.stats import percent  # noqa: E402
 
 DPI = 120
@@ -522,6 +521,46 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
+# -- several runs side by side (report.runs) -------------------------------------------------------
+def plot_runs(result: dict, path: str | os.PathLike) -> Path:
+    """The anytime curves (best perplexity against trainings spent) and, for multi-objective runs,
+    every run's front on the first two objectives."""
+    objectives = result.get("objectives")
+    panels = 2 if objectives else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), dpi=DPI, squeeze=False)
+    try:
+        ax = axes[0][0]
+        for i, run in enumerate(result["runs"]):
+            ys = run["anytime"]
+            xs = [x for x, y in zip(range(1, len(ys) + 1), ys) if y is not None]
+            ax.step(xs, [y for y in ys if y is not None], where="post", color=f"C{i}",
+                    label=f"{run['name']} ({run['strategy']})")
+        bases = {run["baseline_perplexity"] for run in result["runs"] if run["baseline_perplexity"] is not None}
+        for base in sorted(bases):
+            ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline" if base == min(bases) else None)
+        ax.set_xlabel("search trainings spent")
+        ax.set_ylabel("best validation perplexity so far (search seed)")
+        ax.set_title("Best found against budget", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        if objectives:
+            ax = axes[0][1]
+            x, y = objectives[0], objectives[1]
+            for i, run in enumerate(result["runs"]):
+                members = run.get("front") or []
+                ax.step([p[x] for p in members], [p[y] for p in members], where="post", color=f"C{i}", marker="o",
+                        markersize=4, label=f"{run['name']} (hv {number(run.get('hypervolume'), '.3f')})")
+            ax.set_xlabel(f"{OBJECTIVE_LABELS.get(x, x)} (lower is better)")
+            ax.set_ylabel(f"{OBJECTIVE_LABELS.get(y, y)} (lower is better)")
+            ax.set_title("Pareto fronts", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
+
+
 # -- the Pareto front of a multi-objective run -----------------------------------------------------
 def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
     """``pareto.png``: every finished search evaluation on the run's first two objectives (grey),
@@ -529,9 +568,8 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
     dominate), members of the front over all objectives ringed when there are more than two, and
     the baseline as a star. An axis whose values span more than ``LOG_RATIO`` is logarithmic."""
     names = summary.objectives[:2]
-    search = [r for r in summary.evaluations if r.get("role") == "search"]
-    points = [p for p in (objective_values(r, names) for r in search) if finite(p)]
-    n_failed = len(search) - len(points)
+    points = summary.search_points(names)
+    n_failed = len(summary.search_evaluations) - len(points)
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     try:
         ax.set_xlabel(f"{OBJECTIVE_LABELS.get(names[0], names[0])} (lower is better)")

@@ -189,9 +189,10 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
         note = (f"{len(seeds)} trainings per gene with seeds {', '.join(map(str, seeds))} (never the search seed), "
                 f"{v.get('steps')} steps each. Δ = mean(gene) − mean(baseline) with Welch's interval; p (Holm) is "
                 f"corrected across the genes and decides the verdict.")
+        costs = md.cost_table(v)
         out.append(_section(f"validation-{i}", f"Multi-seed validation ({split})", [
             para(v.get("headline", "")), para(note, "muted"), table(md.validation_table(v)),
-            *([para("Cost, the median over the seeds:"), table(md.cost_table(v))] if md.cost_table(v) else []),
+            *([para("Cost, the median over the seeds:"), table(costs)] if costs else []),
             image(run_dir / f"{stem}.png", "Per-seed values", "Every seed's value (points), box, mean (diamond) and "
                   "its confidence interval (bar); the dotted line is the baseline mean.")]))
     for i, ab in enumerate(a.ablations):

@@ -8,7 +8,8 @@
   the run's own multi-seed validation of its best gene when ``evo-attention validate --from-run``
   left one; plus ``differences``, every setting in which the runs differ besides the strategy.
 - ``runs.md``: the same as a table, with the differences said in one line.
-- ``runs.png``: the anytime curves, and the fronts when the runs are multi-objective.
+- ``runs.png``: the anytime curves, and the fronts when the runs are multi-objective
+  (``figures.plot_runs``).
 
 The hypervolumes are measured in one box common to all runs (``search.pareto.bounds`` over every
 run's finished search evaluations), so they compare across runs; each run's own report measures in
@@ -24,9 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 from evo_attention.report.attachments import load_attachments
-from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, load_run, perplexity_of
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, load_run, perplexity_of
 from evo_attention.search import pareto
-from evo_attention.train.record import objective_values
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import code, markdown_table, number
 
@@ -45,7 +45,7 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
     shared = all(s.objectives == objectives for s in summaries) and len(objectives) > 1
     box = None
     if shared:
-        box = pareto.bounds([p for s in summaries for p in _points(s, objectives)])
+        box = pareto.bounds([p for s in summaries for p in s.search_points(objectives)])
     runs = [_run_row(name, s, objectives if shared else None, box) for name, s in zip(names, summaries)]
     return {
         "kind": "runs",
@@ -65,6 +65,8 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.Pa
     result = compare_runs(run_dirs)
     out = output_dir(out_dir)
     paths = {key: out / name for key, name in OUTPUTS.items()}
+    from evo_attention.report.figures import plot_runs  # matplotlib is imported only when writing
+
     try:
         write_json(paths["json"], result)
         write_text(paths["md"], comparison_markdown(result, figure=OUTPUTS["png"]))
@@ -84,18 +86,10 @@ def _names(summaries: list[RunSummary]) -> list[str]:
     return names
 
 
-def _search(summary: RunSummary) -> list:
-    return [r for r in summary.evaluations if r.get("role") == "search"]
-
-
-def _points(summary: RunSummary, objectives: Sequence[str]) -> list[tuple]:
-    return [p for p in (objective_values(r, objectives) for r in _search(summary)) if pareto.finite(p)]
-
-
 def _anytime(summary: RunSummary) -> list[float | None]:
     """The best search perplexity after each search training, in the order the store holds them."""
     best, curve = math.inf, []
-    for record in _search(summary):
+    for record in summary.search_evaluations:
         best = min(best, perplexity_of(record))
         curve.append(best if math.isfinite(best) else None)
     return curve
@@ -117,12 +111,12 @@ def _validated(summary: RunSummary) -> dict | None:
 
 
 def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, box) -> dict:
-    search = _search(summary)
+    search = summary.search_evaluations
     row = {
         "name": name, "run_dir": str(summary.run_dir),
         "strategy": (summary.strategy or {}).get("name") or summary.config.get("strategy"),
         "objectives": summary.objectives, "done": summary.done,
-        "search_trainings": len(search), "failed": sum(1 for r in search if math.isinf(perplexity_of(r))),
+        "search_trainings": len(search), "failed": sum(1 for r in search if failed(r)),
         "unique_genes": len(summary.ranking),
         "best_gene": summary.best_gene, "best_perplexity": summary.best_perplexity,
         "best_generation": summary.best_generation,
@@ -132,7 +126,7 @@ def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, b
         "validated": _validated(summary),
     }
     if objectives is not None:
-        points = _points(summary, objectives)
+        points = summary.search_points(objectives)
         members = sorted({points[i] for i in pareto.front(points)})
         row["front"] = [dict(zip(objectives, p)) for p in members]
         row["front_size"] = len(members)
@@ -198,44 +192,3 @@ def comparison_markdown(result: dict, figure: str | None = None) -> str:
     if figure:
         lines += ["", f"![Best perplexity against search trainings spent]({figure})"]
     return "\n".join(lines) + "\n"
-
-
-def plot_runs(result: dict, path: str | os.PathLike) -> Path:
-    """The anytime curves (best perplexity against trainings spent) and, for multi-objective runs,
-    every run's front on the first two objectives."""
-    from evo_attention.report.figures import plt, save_figure
-
-    objectives = result.get("objectives")
-    panels = 2 if objectives else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), dpi=120, squeeze=False)
-    try:
-        ax = axes[0][0]
-        for i, run in enumerate(result["runs"]):
-            ys = run["anytime"]
-            xs = [x for x, y in zip(range(1, len(ys) + 1), ys) if y is not None]
-            ax.step(xs, [y for y in ys if y is not None], where="post", color=f"C{i}",
-                    label=f"{run['name']} ({run['strategy']})")
-        bases = {run["baseline_perplexity"] for run in result["runs"] if run["baseline_perplexity"] is not None}
-        for base in sorted(bases):
-            ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline" if base == min(bases) else None)
-        ax.set_xlabel("search trainings spent")
-        ax.set_ylabel("best validation perplexity so far (search seed)")
-        ax.set_title("Best found against budget", fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        if objectives:
-            ax = axes[0][1]
-            x, y = objectives[0], objectives[1]
-            for i, run in enumerate(result["runs"]):
-                front = run.get("front") or []
-                ax.step([p[x] for p in front], [p[y] for p in front], where="post", color=f"C{i}", marker="o",
-                        markersize=4, label=f"{run['name']} (hv {number(run.get('hypervolume'), '.3f')})")
-            ax.set_xlabel(f"{OBJECTIVE_LABELS.get(x, x)} (lower is better)")
-            ax.set_ylabel(f"{OBJECTIVE_LABELS.get(y, y)} (lower is better)")
-            ax.set_title("Pareto fronts", fontsize=10)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-    except BaseException:
-        plt.close(fig)
-        raise
-    return save_figure(fig, path)

@@ -75,21 +75,18 @@ def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None
     rows_in = [result.get("baseline") or {}] + list(result.get("genes", []))
     if not any(r.get("cost") for r in rows_in):
         return None
-    base = (result.get("baseline") or {}).get("cost") or {}
+    base = rows_in[0].get("cost") or {}
+    columns = {"params": ",.0f", "flops": ".3g", "train_ms_per_step": ".1f", "latency_ms": ".1f"}  # cost -> format
     headers = ["Gene", "Params", "FLOPs / train step", "Train ms / step", "Latency ms"]
     rows = []
-    for r in rows_in:
+    for i, r in enumerate(rows_in):
         cost = r.get("cost") or {}
-
-        def cell(name: str, spec: str) -> str:
+        cells = [str(r.get("gene", ""))]
+        for name, spec in columns.items():
             value, ref = cost.get(name), base.get(name)
-            text = number(value, spec)
-            if r is not result.get("baseline") and value is not None and ref:
-                text += f" ({value / ref:.2f}x)"
-            return text
-
-        rows.append([str(r.get("gene", "")), cell("params", ",.0f"), cell("flops", ".3g"),
-                     cell("train_ms_per_step", ".1f"), cell("latency_ms", ".1f")])
+            relative = i > 0 and value is not None and ref  # a gene's cost against the baseline's (row 0)
+            cells.append(number(value, spec) + (f" ({value / ref:.2f}x)" if relative else ""))
+        rows.append(cells)
     return headers, rows, "l" + "r" * (len(headers) - 1)
 
 

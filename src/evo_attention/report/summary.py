@@ -431,6 +431,15 @@ class RunSummary:
         prints = sorted({str(r["data_fingerprint"]) for r in self.evaluations if r.get("data_fingerprint")})
         return ", ".join(prints) or None
 
+    @property
+    def search_evaluations(self) -> list:
+        """The evaluations of role "search" (the ones the run ranks), in store order."""
+        return [r for r in self.evaluations if r.get("role") == "search"]
+
+    def search_points(self, names: Sequence[str]) -> list[tuple]:
+        """The objective vectors on ``names`` of the finished search evaluations, in store order."""
+        return [p for p in (objective_values(r, names) for r in self.search_evaluations) if pareto.finite(p)]
+
     def top(self, k: int) -> list[dict]:
         """The best ``k`` unique search genes."""
         return self.ranking[:k]
