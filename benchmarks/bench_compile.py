@@ -43,8 +43,8 @@ def main():
     print(f"threads {torch.get_num_threads()}, torch {torch.__version__}, {args.rounds} rounds x {args.steps} steps")
     print(f"{'gene':<22}{'eager ms':>10}{'compiled ms':>13}{'speed-up':>10}{'compile s':>11}{'pays after':>12}")
     for name in args.genes.split(","):
-        eager = Trainer(GENES[name], config.replace(compile="off"), data)
-        compiled = Trainer(GENES[name], config.replace(compile="on"), data)
+        eager = Trainer.from_config(GENES[name], config.replace(compile="off"), data)
+        compiled = Trainer.from_config(GENES[name], config.replace(compile="on"), data)
         eager.train(until_step=3)
         start = time.perf_counter()
         compiled.train(until_step=3)

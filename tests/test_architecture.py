@@ -2,14 +2,22 @@
 
     cli -> studies -> report -> search -> train -> nn -> data -> genes -> util
 
-Each top-level part of ``evo_attention`` may import only the parts listed for it below (any
-import, also one inside a function), so no two parts import each other; and no module-level import
-cycle exists between any two modules.
+Every ``import`` statement counts, wherever it stands in a module (module level, inside a function,
+a method, a ``try`` or an ``if``): the checks read each module's whole syntax tree with ``ast``.
+
+* Layering: each top-level part of ``evo_attention`` imports only the parts listed for it in
+  ``LOWER``, so no two parts import each other.
+* Cycles: no two modules import each other, directly or through others. An import inside a function
+  of module A of module B, with B importing A anywhere, is a cycle: it only waits for a call to
+  bite, and it ties the two modules together as much as a module-level one.
+
+Failures name each import as ``file:line (module level | in function())``.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,6 +40,19 @@ LOWER = {
 FRONT_DOOR = "__init__"  # the package root may import every part; no part imports it
 
 
+@dataclass(frozen=True)
+class Import:
+    """One evo_attention import of a module: what it imports, on which line, from which function."""
+
+    target: str  # a module, or the package or module a name is imported from
+    line: int
+    function: str = ""  # qualified name of the enclosing function; "" at module level (import time)
+
+    @property
+    def where(self) -> str:
+        return f"in {self.function}()" if self.function else "module level"
+
+
 def module_name(path: Path, root: Path = PACKAGE) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -39,28 +60,41 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts)
 
 
-def imports(path: Path, top_level_only: bool = False, root: Path = PACKAGE) -> list[tuple[str, int]]:
-    """``(imported module, line)`` of every evo_attention import in ``path`` (relative ones resolved)."""
+def _statements(node: ast.AST, qualname: str = "", function: str = ""):
+    """``(import node, enclosing function)`` for every import under ``node``, at any depth."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, function
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{qualname}.{child.name}" if qualname else child.name
+            yield from _statements(child, name, name)
+        elif isinstance(child, ast.ClassDef):  # a class body runs at import time, its methods do not
+            yield from _statements(child, f"{qualname}.{child.name}" if qualname else child.name, function)
+        else:
+            yield from _statements(child, qualname, function)
+
+
+def imports(path: Path, root: Path = PACKAGE) -> list[Import]:
+    """Every evo_attention import in ``path``, at any depth (relative ones resolved)."""
     tree = ast.parse(path.read_text(), str(path))
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    nodes = tree.body if top_level_only else ast.walk(tree)
     found = []
-    for node in nodes:
+    for node, function in _statements(tree):
         if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            # ``from evo_attention.x import y`` imports the submodule x.y when there is one, else a name of x
-            submodules = [f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}", root)]
-            if len(submodules) < len(node.names):
-                found.append((target, node.lineno))
-            found += [(m, node.lineno) for m in submodules]
-    return [(t, line) for t, line in found if t == "evo_attention" or t.startswith("evo_attention.")]
+            found += [Import(alias.name, node.lineno, function) for alias in node.names]
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        # ``from evo_attention.x import y`` imports the submodule x.y when there is one, else a name of x
+        submodules = [f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}", root)]
+        if len(submodules) < len(node.names):
+            found.append(Import(target, node.lineno, function))
+        found += [Import(m, node.lineno, function) for m in submodules]
+    return [i for i in found if i.target == "evo_attention" or i.target.startswith("evo_attention.")]
 
 
 def _is_module(name: str, root: Path = PACKAGE) -> bool:
@@ -68,54 +102,58 @@ def _is_module(name: str, root: Path = PACKAGE) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def _module_of(target: str, root: Path = PACKAGE) -> str:
+    """The module an import loads: ``pkg.mod`` for ``from pkg.mod import name``."""
+    while target and not _is_module(target, root):
+        target = target.rpartition(".")[0]
+    return target
+
+
 def part_of(module: str) -> str:
     parts = module.split(".")
     return FRONT_DOOR if len(parts) == 1 else parts[1]
 
 
-SOURCES = sorted(PACKAGE.rglob("*.py"))
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root))
 
 
-def test_every_part_is_known():
-    parts = {part_of(module_name(p)) for p in SOURCES} - {FRONT_DOOR}
-    assert parts == set(LOWER), "add the new part to LOWER (and docs/architecture.md)"
-
-
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_imports_point_down(path):
-    mine = part_of(module_name(path))
+def layering_violations(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Each import of ``path`` that points at the package root or at a part above or beside its own."""
+    mine = part_of(module_name(path, root))
     if mine == FRONT_DOOR:
-        return
-    for target, line in imports(path):
-        theirs = part_of(target)
-        assert theirs != FRONT_DOOR, f"{path.name}:{line} imports the package root ({target}): import the module itself"
-        assert theirs == mine or theirs in LOWER[mine], (
-            f"{path.relative_to(PACKAGE)}:{line} ({mine}) imports {target} ({theirs}), a layer above or beside it")
+        return []
+    found = []
+    for imp in imports(path, root):
+        theirs = part_of(imp.target)
+        if theirs == FRONT_DOOR:
+            found.append(f"{_relative(path, root)}:{imp.line} ({imp.where}) imports the package root "
+                         f"({imp.target}): import the module itself")
+        elif theirs != mine and theirs not in LOWER[mine]:
+            found.append(f"{_relative(path, root)}:{imp.line} ({imp.where}) ({mine}) imports {imp.target} "
+                         f"({theirs}), a layer above or beside it")
+    return found
 
 
-def test_no_two_parts_import_each_other():
-    edges = {(part_of(module_name(p)), part_of(t)) for p in SOURCES for t, _ in imports(p)}
-    mutual = sorted((a, b) for a, b in edges if a < b and (b, a) in edges and FRONT_DOOR not in (a, b))
-    assert not mutual
-
-
-def test_no_module_level_import_cycle():
-    graph: dict[str, set[str]] = {}
-    for path in SOURCES:
-        name = module_name(path)
-        graph[name] = set()
-        for target, _ in imports(path, top_level_only=True):
-            while target and not _is_module(target):  # ``from pkg.mod import name``: the module is pkg.mod
-                target = target.rpartition(".")[0]
+def import_graph(sources: list[Path], root: Path = PACKAGE) -> dict[str, dict[str, list[str]]]:
+    """module -> {imported module: ["file:line (where)", ...]}, over imports at any depth."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sources:
+        name = module_name(path, root)
+        edges = graph.setdefault(name, {})
+        for imp in imports(path, root):
+            target = _module_of(imp.target, root)
             if target and target != name:
-                graph[name].add(target)
-    # Tarjan's strongly connected components: any with more than one module is a cycle
-    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
-    counter = [0]
+                edges.setdefault(target, []).append(f"{_relative(path, root)}:{imp.line} ({imp.where})")
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict]) -> list[list[str]]:
+    """The components of more than one module (Tarjan's algorithm): each one holds a cycle."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
 
     def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
+        index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
         for w in graph.get(v, ()):
@@ -133,27 +171,88 @@ def test_no_module_level_import_cycle():
                 if w == v:
                     break
             if len(component) > 1:
-                cycles.append(sorted(component))
+                components.append(sorted(component))
 
     for v in list(graph):
         if v not in index:
             visit(v)
-    assert not cycles, f"module-level import cycles: {cycles}"
+    return sorted(components)
+
+
+def import_cycles(sources: list[Path], root: Path = PACKAGE) -> list[str]:
+    """One line per import cycle: its modules, then every import between them, with where it is."""
+    graph = import_graph(sources, root)
+    found = []
+    for component in strongly_connected(graph):
+        members = set(component)
+        edges = [f"{a} -> {b} at {', '.join(graph[a][b])}" for a in component for b in sorted(graph[a]) if b in members]
+        found.append(f"cycle {' <-> '.join(component)}: " + "; ".join(edges))
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_is_known():
+    parts = {part_of(module_name(p)) for p in SOURCES} - {FRONT_DOOR}
+    assert parts == set(LOWER), "add the new part to LOWER (and docs/architecture.md)"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path):
+    violations = layering_violations(path)
+    assert not violations, "\n".join(violations)
+
+
+def test_no_two_parts_import_each_other():
+    edges = {(part_of(module_name(p)), part_of(i.target)) for p in SOURCES for i in imports(p)}
+    mutual = sorted((a, b) for a, b in edges if a < b and (b, a) in edges and FRONT_DOOR not in (a, b))
+    assert not mutual
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(SOURCES)
+    assert not cycles, "import cycles (imports inside functions count):\n" + "\n".join(cycles)
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A throwaway ``evo_attention`` package holding ``files`` (relative path -> source)."""
+    root = tmp_path / "evo_attention"
+    for relative, text in {"__init__.py": "", **files}.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        init = path.parent / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+    return root
 
 
 def test_the_checker_sees_a_violation(tmp_path):
-    """The rules can fail: an upward import, relative or absolute, is found and attributed."""
-    root = tmp_path / "evo_attention"
-    (root / "util").mkdir(parents=True)
-    (root / "search").mkdir()
-    for init in (root / "__init__.py", root / "util" / "__init__.py", root / "search" / "__init__.py"):
-        init.write_text("")
-    (root / "search" / "store.py").write_text("")
-    bad = root / "util" / "bad.py"
-    bad.write_text("from evo_attention.search.store import RunStore\nfrom ..search import store\n")
-    found = [part_of(t) for t, _ in imports(bad, root=root)]
+    """The rules can fail: an upward import, relative or absolute, at any depth, is found and attributed."""
+    root = _package(tmp_path, {
+        "search/store.py": "",
+        "util/bad.py": "from evo_attention.search.store import RunStore\nfrom ..search import store\n",
+        "util/hidden.py": "class A:\n    def f(self):\n        try:\n            from evo_attention.search import store\n"
+                          "        except ImportError:\n            pass\n",
+    })
+    found = [part_of(i.target) for i in imports(root / "util" / "bad.py", root=root)]
     assert found and set(found) == {"search"}
-    assert all(p == "util" for p in (part_of(t) for t, _ in imports(PACKAGE / "util" / "jsonio.py")))
+    assert all(p == "util" for p in (part_of(i.target) for i in imports(PACKAGE / "util" / "jsonio.py")))
+    (hidden,) = layering_violations(root / "util" / "hidden.py", root)
+    assert hidden.startswith("util/hidden.py:4 (in A.f())") and "evo_attention.search.store" in hidden
+
+
+def test_the_checker_sees_a_cycle_through_a_function(tmp_path):
+    """A imports B at module level, B imports A inside a function: a cycle, named with both places."""
+    root = _package(tmp_path, {
+        "data/a.py": "from evo_attention.data.b import thing\n",
+        "data/b.py": "thing = 1\n\ndef late():\n    from evo_attention.data import a\n    return a\n",
+        "data/c.py": "import evo_attention.data.a\n",  # imports into the cycle, not part of it
+    })
+    (cycle,) = import_cycles(sorted(root.rglob("*.py")), root)
+    assert cycle.startswith("cycle evo_attention.data.a <-> evo_attention.data.b:")
+    assert "data/a.py:1 (module level)" in cycle and "data/b.py:4 (in late())" in cycle and ".c" not in cycle
 
 
 def test_the_version_is_one_number():

@@ -8,7 +8,16 @@ from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.nn.model import SwiGLU, llama_ffn_dim
 from evo_attention.train.saving import load_model, save_model
-from evo_attention.train.trainer import result_settings, run_training, settings_hash
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import run_training
+
+
+def settings_hash(config):
+    return Trial.from_config("dot|softmax|none|fixed", config).context
+
+
+def result_settings(config):
+    return Trial.from_config("dot|softmax|none|fixed", config).settings()
 from evo_attention.util.errors import UserError
 
 # every option of every component at least once, and every axis
@@ -104,11 +113,12 @@ def test_gpt2_default_keeps_its_cache_keys_and_weights():
 def test_llama_trains_saves_and_loads(tmp_path):
     config = Config(**RECALL, block="llama")
     data = data_from_config(config)
-    result = run_training("dot|sparsemax|output_gate|learned", config, data, seed=3)
+    result = run_training(Trial.from_config("dot|sparsemax|output_gate|learned", config, seed=3), data)
     record = result.record
     assert record.status == "ok" and record.settings["block"] == "llama"
     assert record.context == settings_hash(config) and torch.isfinite(torch.tensor(record.val_loss))
-    gpt2 = run_training("dot|sparsemax|output_gate|learned", config.replace(block="gpt2"), data, seed=3).record
+    gpt2 = run_training(Trial.from_config("dot|sparsemax|output_gate|learned", config.replace(block="gpt2"), seed=3),
+                        data).record
     assert gpt2.params != record.params and gpt2.context != record.context
     save_model(result.trainer.model, tmp_path / "m", vocab=data.vocab)
     loaded = load_model(tmp_path / "m")

@@ -13,6 +13,7 @@ from evo_attention.studies.compare import (NAMED_CONFIGS, aggregate, list_table,
                                           rank_configs)
 from evo_attention.search.executors import Executor, LocalExecutor
 from evo_attention.search.store import RunStore
+from evo_attention.train.record import EvaluationRecord
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NAMES = ["baseline", "lora_small", "lora_medium", "lora_large", "lora_xl", "rope_only", "rope_small", "rope_large",
@@ -154,8 +155,10 @@ def test_seeds_give_mean_and_sd_and_failures_become_rows(tmp_path, boom):
     entries = resolve_configs(f"baseline,rope_only,{boom}", config.d_model)
     payload = run_compare(config, entries, seeds=2, out_dir=tmp_path, quiet=True)
     results = payload["results"]
+    # the seeds are the run seed's next ones (config.seed 42), as for validate: never the seed itself
     assert [(r["name"], r["seed"]) for r in results] == [
-        (n, s) for n in ("baseline", "rope_only", "dot|boom|none|fixed|bias|0.10") for s in (42, 43)]
+        (n, s) for n in ("baseline", "rope_only", "dot|boom|none|fixed|bias|0.10") for s in (43, 44)]
+    assert payload["settings"]["seed_list"] == [43, 44] and payload["settings"]["seeds"] == 2
     failed = [r for r in results if r["name"].startswith("dot|boom")]
     assert all(r["status"] == "error" and "boom went" in r["error"] for r in failed)
     by_name = {a["name"]: a for a in payload["aggregates"]}
@@ -188,9 +191,9 @@ class ReversedExecutor(Executor):
     def __init__(self):
         self.calls = 0
 
-    def run(self, tasks, config, data, *, on_start=None, on_step=None):
+    def run(self, tasks, *, on_start=None, on_step=None):
         self.calls += 1
-        for task, record in reversed(list(LocalExecutor().run(tasks, config, data, on_start=on_start,
+        for task, record in reversed(list(LocalExecutor().run(tasks, on_start=on_start,
                                                               on_step=on_step))):
             yield task, record
 
@@ -210,13 +213,15 @@ class ScriptedExecutor(Executor):
 
     name = "scripted"
 
-    def run(self, tasks, config, data, *, on_start=None, on_step=None):
+    def run(self, tasks, *, on_start=None, on_step=None):
         outcomes = [("ok", 2.0), ("oom", None), ("diverged", None)]
         for task, (status, loss) in zip(tasks, outcomes):
-            yield task, {"gene": task.gene, "seed": task.seed, "status": status, "val_loss": loss,
-                         "val_perplexity": math.exp(loss) if loss else math.inf, "accuracy": 0.5 if loss else math.nan,
-                         "params": 100, "time_s": 1.0, "peak_memory_mb": 10.0,
-                         "error": None if loss else f"{status} at step 3"}
+            trial = task.trial
+            yield task, EvaluationRecord(
+                gene=task.gene, seed=task.seed, steps=task.steps, data_fingerprint=trial.task.fingerprint,
+                context=trial.context, status=status, val_loss=loss if loss else math.nan,
+                val_perplexity=math.exp(loss) if loss else math.inf, accuracy=0.5 if loss else math.nan,
+                params=100, time_s=1.0, peak_memory_mb=10.0, error=None if loss else f"{status} at step 3")
         raise KeyboardInterrupt
 
 
@@ -244,6 +249,47 @@ def test_from_run_adds_the_evolved_gene(tmp_path, tiny_yaml):
     payload = json.loads((out / RESULTS_FILE).read_text())
     assert [(r["name"], r["gene"]) for r in payload["results"]] == [
         ("baseline", AttentionGene.vanilla().key), ("evolved", best)]
+    # the trainings are kept in the run's store (beside its search), not in a store of the output's own
+    with RunStore.open(run_dir, readonly=True) as store:
+        assert sorted((r["gene"], r["seed"]) for r in store.evaluations(role="compare")) == [
+            (AttentionGene.vanilla().key, 43), (best, 43)]  # the default seed 42, plus one
+        assert len(store.evaluations(role="search")) == 1
+    assert not RunStore.exists(out)
+
+
+class CountingExecutor(LocalExecutor):
+    def __init__(self):
+        self.trained = []
+
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
+            self.trained.append((task.gene, task.seed))
+            yield task, record
+
+
+def test_a_repeated_compare_is_served_from_its_store(tmp_path):
+    config = Config(**{**TINY, "seed": 5})
+    entries = resolve_configs("baseline,rope_only", config.d_model)
+    executor = CountingExecutor()
+    first = run_compare(config, entries, seeds=2, out_dir=tmp_path, executor=executor, quiet=True)
+    genes = [gene.key for _, gene in entries]
+    assert sorted(executor.trained) == sorted((g, s) for g in genes for s in (6, 7))  # seeds seed+1, seed+2
+    assert first.settings["seed_list"] == [6, 7] and [r["seed"] for r in first.results] == [6, 7, 6, 7]
+    with RunStore.open(tmp_path, readonly=True) as store:  # --out holds the comparison's own store
+        assert {r["role"] for r in store.evaluations()} == {"compare"} and len(store.evaluations()) == 4
+
+    executor.trained.clear()
+    again = run_compare(config, entries, seeds=2, out_dir=tmp_path, executor=executor, quiet=True)
+    assert executor.trained == []  # nothing trained again
+    assert [r["val_loss"] for r in again.results] == [r["val_loss"] for r in first.results]
+    assert again.aggregates == first.aggregates
+    # a third seed trains only the new pairs
+    third = run_compare(config, entries, seeds=3, out_dir=tmp_path, executor=executor, quiet=True)
+    assert sorted(executor.trained) == sorted((g, 8) for g in genes)
+    # the typed result is what compare_results.json holds
+    written = json.loads((tmp_path / RESULTS_FILE).read_text())
+    assert third.to_dict() == written and list(written) == ["settings", "results", "aggregates", "summary"]
+    assert third.summary == written["summary"] and written["settings"]["seed_list"] == [6, 7, 8]
 
 
 def test_summary_statistics():

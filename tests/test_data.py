@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from evo_attention.data import ENV_CACHE_DIR, ENV_DATA_DIR, IGNORE_INDEX, LoaderData, RecallData, Vocab, load_data
-from evo_attention.data.corpus import tokenize
+from evo_attention.data.words import EOS, corpus_words, prompt_words, text_lines
 from evo_attention.util.errors import UserError
 from evo_attention.utils import get_dataloaders, get_device, set_seed
 
@@ -181,10 +181,20 @@ def test_wikitext2_from_env_var(monkeypatch, wt2, wt2_cache):
 # --- text corpora ----------------------------------------------------------------------------
 
 def test_tokenize_recipe():
-    assert tokenize("a b\n\n c \n") == ["a", "b", "<eos>", "<eos>", "c", "<eos>"]
-    assert tokenize("a b") == ["a", "b", "<eos>"]  # last line without newline
-    assert tokenize("a\r\nb\r") == ["a", "<eos>", "b", "<eos>"]
-    assert tokenize("") == []
+    assert corpus_words("a b\n\n c \n") == ["a", "b", "<eos>", "<eos>", "c", "<eos>"]
+    assert corpus_words("a b") == ["a", "b", "<eos>"]  # last line without newline
+    assert corpus_words("a\r\nb\r") == ["a", "<eos>", "b", "<eos>"]
+    assert corpus_words("") == []
+    assert corpus_words("x\u2028y\x0cz\n") == ["x", "y", "z", EOS]  # other separators are whitespace in a line
+    assert text_lines("a\r\n\rb") == ["a", "", "b"] and text_lines("a\n") == ["a"] and text_lines("") == []
+
+
+@pytest.mark.parametrize("text, words", [("a b", ["a", "b"]), ("a\n", ["a", EOS]), ("a\n\n", ["a", EOS, EOS]),
+                                         ("a\r\nb\r", ["a", EOS, "b", EOS]), ("a\rb", ["a", EOS, "b"]),
+                                         (" a \n b ", ["a", EOS, "b"]), ("", [])])
+def test_a_prompt_ends_in_eos_only_after_a_final_newline(text, words):
+    assert prompt_words(text) == words
+    assert Vocab(["<unk>", EOS, "a", "b"]).encode(text) == [{"a": 2, "b": 3, EOS: 1}[w] for w in words]
 
 
 def test_text_corpus_streams_and_vocab(tmp_path):

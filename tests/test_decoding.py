@@ -42,6 +42,29 @@ def test_cached_decoding_equals_recomputation_for_every_option(covering_genes):
     assert any(isinstance(c, KernelState) for gene in covering_genes() for c in random_model(gene).new_caches())
 
 
+def test_decoding_runs_the_forward_passes_own_score_bias_and_weighing(monkeypatch):
+    """One implementation: decode takes its bias from score_bias and weighs with _attend, as forward does."""
+    from evo_attention.nn.attention import EvolvedAttention
+
+    calls = []
+
+    def counted(name):
+        original = getattr(EvolvedAttention, name)
+
+        def method(self, *args, **kwargs):
+            calls.append(name)
+            return original(self, *args, **kwargs)
+        return method
+
+    for name in ("score_bias", "_attend"):
+        monkeypatch.setattr(EvolvedAttention, name, counted(name))
+    model = random_model("dot|sparsemax|none|fixed|pos=alibi|abias=rel", seed=1)
+    ids = torch.randint(0, CONFIG.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model.decode(ids, model.new_caches())
+    assert calls.count("score_bias") == CONFIG.n_layers and calls.count("_attend") == CONFIG.n_layers
+
+
 def test_the_cache_refuses_to_grow_past_the_window():
     model = random_model("dot|softmax|none|fixed|pos=rope")
     caches = model.new_caches()

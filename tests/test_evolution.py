@@ -33,8 +33,8 @@ class CountingExecutor(LocalExecutor):
         self.trained = []
         self.stop_after = stop_after
 
-    def run(self, tasks, config, data, **kw):
-        for task, record in super().run(tasks, config, data, **kw):
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
             self.trained.append(task.gene)
             yield task, record
             if self.stop_after is not None and len(self.trained) >= self.stop_after:

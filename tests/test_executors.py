@@ -15,6 +15,7 @@ from evo_attention.util.errors import UserError
 from evo_attention import Evolution
 from evo_attention.search.executors import EvalTask, LocalExecutor, ProcessExecutor, RayExecutor, make_executor
 from evo_attention.search.store import RunStore
+from evo_attention.train.spec import Trial, provide_task
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
@@ -46,7 +47,7 @@ class Watch:
     def describe(self):
         return self.inner.describe()
 
-    def run(self, tasks, config, data, on_start=None, on_step=None):
+    def run(self, tasks, on_start=None, on_step=None):
         def start(task):
             self.started.add(task.worker)
             on_start(task)
@@ -55,7 +56,7 @@ class Watch:
             self.stepped.add(task.worker)
             on_step(task, *progress)
 
-        for task, record in self.inner.run(tasks, config, data, on_start=start, on_step=step):
+        for task, record in self.inner.run(tasks, on_start=start, on_step=step):
             self.finished.add(task.worker)
             yield task, record
             self.seen += 1
@@ -135,7 +136,8 @@ def test_parallel_executors_refuse_data_the_config_does_not_name():
                          [(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))],
                          vocab_size=16, seq_len=16)
     with pytest.raises(UserError, match="name the dataset in the config"):
-        next(ProcessExecutor(2).run([EvalTask("dot|softmax|none|fixed", 0, 2)], config, loaders))
+        provide_task(config.task, loaders)
+        next(ProcessExecutor(2).run([EvalTask(Trial.from_config("dot|softmax|none|fixed", config, seed=0, steps=2))]))
 
 
 # -- same results everywhere -----------------------------------------------------------------------
@@ -194,18 +196,18 @@ def test_a_killed_worker_is_replaced_and_its_task_retried_once(one_thread):
     genes = ["dot|softmax|none|fixed|bias|0.00", "cosine|softmax|output_gate|learned|bias|0.00",
              "dot|relu_norm|none|fixed|bias|0.00"]
     kills = {genes[0]: 1, genes[1]: 2}  # SIGKILL the worker that starts this gene, this many times
-    tasks = [EvalTask(g, config.seed, config.train_steps) for g in genes]
+    tasks = [EvalTask(Trial.from_config(g, config, data=data)) for g in genes]
     with ProcessExecutor(2) as executor:
         def on_start(task):
             if kills.get(task.gene, 0) > 0:
                 kills[task.gene] -= 1
                 os.kill(executor.worker_pids()[task.worker], signal.SIGKILL)
 
-        results = {task.gene: (task, record) for task, record in executor.run(tasks, config, data, on_start=on_start)}
+        results = {task.gene: (task, record) for task, record in executor.run(tasks, on_start=on_start)}
     assert set(results) == set(genes) and kills == {genes[0]: 0, genes[1]: 0}
     first = results[genes[0]][1]
     assert first["status"] == "ok"
-    local = dict(LocalExecutor().run(tasks[:1], config, data))
+    local = dict(LocalExecutor().run(tasks[:1]))
     assert first["val_loss"] == next(iter(local.values()))["val_loss"]  # the retry is the same training
     twice = results[genes[1]][1]
     assert twice["status"] == "error" and "died 2 times" in twice["error"] and "SIGKILL" in twice["error"]

@@ -1,24 +1,32 @@
-"""evo-attention export: the standalone attention.py computes what the library computes, in a fresh
-interpreter where evo_attention cannot be imported, for every option of every component and axis."""
+"""evo-attention export: the exported attention is the library's own code (its modules, shipped with
+their package imports made relative) and computes what the library computes, in a fresh interpreter
+where evo_attention cannot be imported, for every option of every component and axis."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+import evo_attention
 from evo_attention import Config, TinyTransformer
 from evo_attention.cli import main
 from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS, AttentionGene
-from evo_attention.nn.export import ATTENTION_FILE, SNIPPETS, WEIGHTS_FILE, attention_source, export_attention
+from evo_attention.nn import components
+from evo_attention.nn.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
+                                     check_exportable, export_attention, export_sources, module_sources,
+                                     shipped_modules)
 from evo_attention.util.errors import UserError
 
-# Registered options the export does not cover yet; only these may lack a snippet.
-NOT_YET_EXPORTABLE: set = set()  # (field, option) pairs registered without an export snippet
 CONFIG = Config(vocab_size=30, d_model=16, n_heads=4, n_layers=2, max_seq_len=12, dropout=0.0)
+LIBRARY_DIR = Path(evo_attention.__file__).parent
+REGISTRIES = {"similarity": components.SIMILARITIES, "normalization": components.NORMALIZATIONS,
+              "gating": components.GATINGS, "temperature_mode": components.TEMPERATURES}
 
 # Runs with -I (no PYTHONPATH, no user site) and with evo_attention blocked even if installed.
 CHECK = r'''
@@ -42,6 +50,10 @@ for case in json.loads(sys.argv[1]):
         attn.load_state_dict(module.layer_state(weights, layer), strict=True)
         with torch.no_grad():
             errors.append(float((attn(io["x"]) - io[f"y{layer}"]).abs().max()))
+            cache = attn.new_cache()  # the library's cached decoding comes along: prefill, then one by one
+            steps = [attn.decode(io["x"][:, :4], cache)] + [attn.decode(io["x"][:, i:i + 1], cache)
+                                                             for i in range(4, io["x"].shape[1])]
+            errors.append(float((torch.cat(steps, dim=1) - io[f"y{layer}"]).abs().max()))
     result[case["gene"]] = errors
 assert "evo_attention" not in sys.modules
 print(json.dumps(result))
@@ -57,28 +69,42 @@ def random_model(gene: str) -> TinyTransformer:
     return model.eval()
 
 
-def test_every_registered_option_has_a_snippet_or_is_listed():
-    missing = {(f, name) for f in CATEGORICAL_FIELDS for name in OPTIONS[f] if name not in SNIPPETS[f]}
-    assert missing <= NOT_YET_EXPORTABLE, f"add an export snippet for {sorted(missing - NOT_YET_EXPORTABLE)}"
-    if missing:
-        pytest.skip(f"registered but not exported yet: {sorted(missing)}")
+def _imports(tree: ast.AST, top_level_only: bool) -> set:
+    """The absolute modules a parsed file imports (at its top level only, or anywhere)."""
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    return found | {n.module for n in nodes if isinstance(n, ast.ImportFrom) and not n.level}
+
+
+def _outside_stdlib(modules: set) -> set:
+    return {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - {"__future__"}
+
+
+def test_every_built_in_option_is_exportable():
+    shipped = set(shipped_modules(ATTENTION_ROOTS))
+    assert "evo_attention.nn.components" in shipped and "evo_attention.nn.positions" in shipped
+    for field in CATEGORICAL_FIELDS:
+        for name in OPTIONS[field]:
+            module = REGISTRIES[field][name].__module__
+            if module.startswith("evo_attention."):
+                assert module in shipped, (field, name, module)
 
 
 def test_the_exported_module_equals_the_library_in_a_fresh_interpreter(covering_genes, tmp_path):
-    skip = {(f, n) for f, n in NOT_YET_EXPORTABLE if n not in SNIPPETS.get(f, {})}
     x = torch.randn(2, 10, CONFIG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     cases = []
-    for i, gene in enumerate(covering_genes(skip)):
+    for i, gene in enumerate(covering_genes()):
         model = random_model(gene)
         out = tmp_path / f"g{i}"
         export_attention(model, out, source="a test")
         with torch.no_grad():
             expected = {f"y{layer}": block.attn(x) for layer, block in enumerate(model.blocks)}  # fused where it can
         save_file({"x": x, **expected}, str(out / "io.safetensors"))
-        tree = ast.parse((out / ATTENTION_FILE).read_text())
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert imported <= {"math", "torch", "torch.nn", "torch.nn.functional"}, imported
+        for path in out.rglob("*.py"):  # torch and the standard library; entmax only inside the functions using it
+            tree = ast.parse(path.read_text())
+            assert not {m for m in _imports(tree, False) if m.split(".")[0] == "evo_attention"}, path
+            assert _outside_stdlib(_imports(tree, True)) <= {"torch"}, path
+            assert _outside_stdlib(_imports(tree, False)) <= {"torch", "entmax"}, path
         cases.append({"gene": AttentionGene.parse(gene).key, "dir": str(out), "layers": len(model.blocks)})
     run = subprocess.run([sys.executable, "-I", "-c", CHECK, json.dumps(cases)], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
@@ -89,19 +115,66 @@ def test_the_exported_module_equals_the_library_in_a_fresh_interpreter(covering_
         assert max(per_layer) <= 1e-10, (gene, per_layer)
 
 
-def test_an_option_without_a_snippet_is_named_and_nothing_is_written(tmp_path, monkeypatch):
-    monkeypatch.delitem(SNIPPETS["gating"], "highway")
-    with pytest.raises(UserError, match="gating 'highway' cannot be exported"):
-        export_attention(random_model("dot|softmax|highway|fixed"), tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+def _library_line_made_relative(line: str, depth: int) -> str:
+    """The test's own statement of the one change: ``from evo_attention.x`` -> ``from <depth dots>x``,
+    ``from evo_attention import`` -> ``from <depth dots> import``."""
+    return re.sub(r"^(\s*from )evo_attention(\.|(?= ))", lambda m: m.group(1) + "." * depth, line)
+
+
+def test_the_shipped_modules_are_the_librarys_own_files(tmp_path):
+    export_attention(random_model("cosine|entmax15|highway|adaptive|pos=alibi|abias=rel|kvh=2"), tmp_path)
+    package = tmp_path / PACKAGE
+    shipped = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+    modules = [p for p in shipped if not p.endswith("__init__.py")]
+    assert {"nn/attention.py", "nn/components.py", "nn/positions.py", "nn/dropout.py", "genes.py"} <= set(modules)
+    changed = 0
+    for path in modules:
+        library = (LIBRARY_DIR / path).read_text().splitlines()
+        exported = (package / path).read_text().splitlines()
+        assert len(exported) == len(library), path
+        for mine, theirs in zip(exported, library):
+            assert mine == _library_line_made_relative(theirs, path.count("/") + 1), (path, theirs, mine)
+            changed += mine != theirs
+    assert changed >= 5  # the package imports of attention, components, positions and genes
+    for path in set(shipped) - set(modules):  # generated: a docstring and nothing else
+        body = ast.parse((package / path).read_text()).body
+        assert len(body) == 1 and isinstance(body[0].value, ast.Constant), path
+    files = set(export_sources("dot|softmax|none|fixed", 16, 4, 12))
+    assert files == {ATTENTION_FILE} | {f"{PACKAGE}/{p}" for p in shipped}
+
+
+def test_module_sources_ship_the_import_closure_of_any_modules():
+    sources = module_sources(["evo_attention.nn.positions"])
+    assert set(sources) == {"__init__.py", "genes.py", "nn/__init__.py", "nn/positions.py", "util/__init__.py",
+                            "util/errors.py"}
+    assert "from ..genes import" in sources["nn/positions.py"] and "from .util.errors import" in sources["genes.py"]
+    with pytest.raises(UserError, match="not a module of evo_attention"):
+        module_sources(["torch.nn"])
+
+
+def test_a_plugin_component_is_named_and_nothing_is_written(tmp_path):
+    @components.register_gating("test_plugin_gate", default_space=False)
+    class PluginGate(components.Gating):
+        pass
+
+    try:
+        model = random_model("dot|softmax|test_plugin_gate|fixed")
+        with pytest.raises(UserError, match="gating 'test_plugin_gate' cannot be exported") as info:
+            export_attention(model, tmp_path / "out")
+        assert "\n" not in str(info.value) and "built-in gating" in str(info.value)
+        assert not (tmp_path / "out").exists()
+        check_exportable(AttentionGene.parse("dot|softmax|highway|fixed"))  # a built-in one passes
+    finally:
+        components.unregister("gating", "test_plugin_gate")
 
 
 def test_export_command_from_a_model_directory(tmp_path, capsys):
     model = random_model("cosine|sparsemax|output_gate|learned|pos=rope|win=4").float()
     model.save_pretrained(tmp_path / "m")
     assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e")]) == 0
-    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["README.md", ATTENTION_FILE, WEIGHTS_FILE]
-    assert "EvolvedAttention" in (tmp_path / "e" / "README.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["README.md", ATTENTION_FILE, WEIGHTS_FILE, PACKAGE]
+    readme = (tmp_path / "e" / "README.md").read_text()
+    assert "EvolvedAttention" in readme and f"`{PACKAGE}/`" in readme and "`entmax`" in readme
     assert "wrote" in capsys.readouterr().err
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
     assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "f")]) == 2
@@ -111,8 +184,14 @@ def test_export_command_from_a_model_directory(tmp_path, capsys):
     assert "--model" in capsys.readouterr().err and not (tmp_path / "g").exists()
 
 
-def test_the_source_is_stable_for_a_gene():
+def test_the_entry_is_stable_for_a_gene_and_holds_no_attention_logic():
     text = attention_source("dot|entmax15|highway|adaptive|pos=alibi|abias=rel|kvh=2", 16, 4, 12)
     assert text == attention_source("dot|entmax15|highway|adaptive|pos=alibi|abias=rel|kvh=2", 16, 4, 12)
-    assert "class ALiBi" in text and "class RelativeBias" in text and "KV_HEADS = 2" in text and "entmax" in text
+    assert 'GENE = "dot|entmax15|highway|adaptive|bias|0.10|pos=alibi|abias=rel|kvh=2"' in text
+    assert "D_MODEL, N_HEADS, MAX_SEQ_LEN = 16, 4, 12" in text
     assert "import evo_attention" not in text and "from evo_attention" not in text
+    tree = ast.parse(text)
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert defined == {"_import_package", "EvolvedAttention", "layer_state"}
+    init = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    assert [n.name for n in init if isinstance(n, ast.FunctionDef)] == ["__init__"]  # forward etc.: the library's

@@ -14,11 +14,11 @@ from evo_attention.data import data_from_config
 from evo_attention.util.errors import UserError
 from evo_attention import Evolution
 from evo_attention.search.executors import LocalExecutor
-from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, Schedule, fidelity_lines, rung_steps, schedule_from_config, told_fitness,
-                                    train_rung)
+from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, Schedule, fidelity_lines, rung_steps, schedule_from_config, told_fitness)
 from evo_attention.report.status import format_status, run_status
 from evo_attention.search.store import RunStore
-from evo_attention.train.trainer import Trainer, train_and_evaluate
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import Trainer, run_training, train_and_evaluate
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
@@ -92,13 +92,13 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_training():
     config = Config(**{**TINY, "dropout": 0.1, "lr_schedule": "cosine", "warmup_steps": 4, "train_steps": 12})
     data = data_from_config(config)
     gene = "dot|softmax|output_gate|learned|bias|0.20"  # attention dropout: the RNG state matters
-    whole = Trainer(gene, config, data, seed=3)
+    whole = Trainer.from_config(gene, config, data, seed=3)
     whole.train()
-    first = Trainer(gene, config, data, seed=3)
+    first = Trainer.from_config(gene, config, data, seed=3)
     first.train(until_step=6)
     state = first.state_dict()
     torch.manual_seed(123)  # anything in between must not matter
-    second = Trainer(gene, config, data, seed=3)
+    second = Trainer.from_config(gene, config, data, seed=3)
     second.load_state_dict(state)
     second.train()
     for a, b in zip(whole.model.state_dict().values(), second.model.state_dict().values()):
@@ -106,13 +106,12 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_training():
     assert whole.curve == second.curve and whole.step == second.step == 12
     assert whole.evaluate() == second.evaluate()
     with pytest.raises(ValueError, match="seed"):
-        Trainer(gene, config, data, seed=4).load_state_dict(state)
+        Trainer.from_config(gene, config, data, seed=4).load_state_dict(state)
 
     # the same through the rung function and bytes, as executors ship it
-    low, blob = (lambda r: (r.record, r.state))(train_rung(gene, config, data, seed=3, steps=6, budget=12,
-                                                           keep_state=True))
-    high, none = (lambda r: (r.record, r.state))(train_rung(gene, config, data, seed=3, steps=12, budget=12,
-                                                            state=blob))
+    rung = Trial.from_config(gene, config, seed=3, steps=6, budget=12, data=data)
+    low, blob = (lambda r: (r.record, r.state))(run_training(rung, data, keep_state=True))
+    high, none = (lambda r: (r.record, r.state))(run_training(rung.replace(steps=12), data, state=blob))
     plain = train_and_evaluate(gene, config, data, seed=3)
     assert none is None and high["resumed_from"] == 6 and low["steps"] == 6 and high["steps"] == 12
     for key in ("val_loss", "val_perplexity", "accuracy", "train_loss", "curve", "trained_steps", "context"):
@@ -125,8 +124,8 @@ class Counting(LocalExecutor):
     def __init__(self, stop_after=None):
         self.trained, self.stop_after = [], stop_after
 
-    def run(self, tasks, config, data, **kw):
-        for task, record in super().run(tasks, config, data, **kw):
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
             self.trained.append((task.gene, task.steps, record.get("resumed_from")))
             yield task, record
             if self.stop_after is not None and len(self.trained) >= self.stop_after:

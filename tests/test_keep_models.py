@@ -40,7 +40,7 @@ def test_the_k_best_models_are_kept_and_measure_what_the_store_says(kept_run):
     assert kept[0]["val_perplexity"] <= kept[1]["val_perplexity"]
     for entry in kept:  # the kept weights are those the record measured: evaluating them gives its loss
         model = load_model(entry["dir"])
-        trainer = Trainer(entry["gene"], model.config, data_from_config(model.config))
+        trainer = Trainer.from_config(entry["gene"], model.config, data_from_config(model.config))
         trainer.model = model
         assert trainer.evaluate()["val_loss"] == pytest.approx(entry["val_loss"], rel=0, abs=1e-9)
         assert load_tokenizer(entry["dir"]) is not None

@@ -100,7 +100,7 @@ def test_trainer_evaluation_equals_plain_perplexity():
                                                                           "eval_examples": 100},
                     d_model=32, n_heads=4, n_layers=1, dropout=0.0, eval_steps=None, train_steps=3, precision="fp32")
     data = data_from_config(config)
-    trainer = Trainer("dot|softmax|none|fixed|bias|0.00", config, data)
+    trainer = Trainer.from_config("dot|softmax|none|fixed|bias|0.00", config, data)
     trainer.train()
     result = trainer.evaluate("valid")
     plain = PlainTransformer.from_tiny(trainer.model).eval()
@@ -158,15 +158,15 @@ def test_compile_auto_only_where_it_was_measured_to_pay(monkeypatch):
 
 
 def test_a_compiled_training_matches_the_eager_one_and_says_so():
-    from evo_attention.train.trainer import run_training
+    from evo_attention.train.trainer import train_and_evaluate
 
     config = Config(data="recall", vocab_size=32, max_seq_len=16, d_model=16, n_heads=2, n_layers=1,
                     recall={"num_pairs": 2, "train_examples": 200, "eval_examples": 50},
                     dropout=0.0, eval_steps=None, train_steps=4, log_every=2, precision="fp32")
     data = data_from_config(config)
     gene = "dot|softmax|none|fixed|bias|0.00"
-    eager = run_training(gene, config.replace(compile="off"), data).record
-    compiled = run_training(gene, config.replace(compile="on"), data).record
+    eager = train_and_evaluate(gene, config.replace(compile="off"), data)
+    compiled = train_and_evaluate(gene, config.replace(compile="on"), data)
     assert (eager.compiled, compiled.compiled) == (False, True)
     assert compiled.flops_per_step == eager.flops_per_step
     assert compiled.val_loss == pytest.approx(eager.val_loss, rel=1e-4)
@@ -174,17 +174,17 @@ def test_a_compiled_training_matches_the_eager_one_and_says_so():
 
 
 def test_the_flop_count_prices_the_fused_and_the_explicit_attention_path_alike():
-    from evo_attention.train.trainer import run_training
+    from evo_attention.train.trainer import train_and_evaluate
 
     config = Config(data="recall", vocab_size=32, max_seq_len=16, d_model=16, n_heads=2, n_layers=1,
                     recall={"num_pairs": 2, "train_examples": 200, "eval_examples": 50},
                     dropout=0.0, eval_steps=None, train_steps=2, log_every=1, precision="fp32")
     data = data_from_config(config)
-    fused = run_training("dot|softmax|none|fixed|bias|0.00", config, data).record  # SDPA's CPU kernel
-    explicit = run_training("dot|softmax|none|fixed|bias|0.10", config, data).record  # dropout: explicit path
+    fused = train_and_evaluate("dot|softmax|none|fixed|bias|0.00", config, data)  # SDPA's CPU kernel
+    explicit = train_and_evaluate("dot|softmax|none|fixed|bias|0.10", config, data)  # dropout: explicit path
     assert fused.flops_per_step == explicit.flops_per_step
     # attention's products are in the count: a window skips most of a long sequence's scores
-    assert fused.flops_per_step > run_training("dot|softmax|none|fixed|bias|0.00|win=2", config, data).record.flops_per_step
+    assert fused.flops_per_step > train_and_evaluate("dot|softmax|none|fixed|bias|0.00|win=2", config, data).flops_per_step
     # the GPU kernels are priced alike: two products forward, their four gradients backward
     from evo_attention.train.trainer import _sdpa_formulas
 

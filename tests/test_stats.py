@@ -7,7 +7,7 @@ import pytest
 from scipy import stats as st
 
 from evo_attention.util import stats
-from evo_attention.studies.validate import validation_seeds
+from evo_attention.studies.common import validation_seeds
 from evo_attention.util.errors import UserError
 
 

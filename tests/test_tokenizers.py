@@ -199,3 +199,43 @@ def test_a_saved_model_keeps_its_tokenizer(corpus_dir, tmp_path):
                  "--heads", "2", "--layers", "1", "--steps", "1", "--batch-size", "4", "--save-model",
                  "--out", str(word), "--quiet"]) == 0
     assert isinstance(load_tokenizer(word / "model"), WordTokenizer)
+
+
+# -- a token's own text, and the attention maps of a character-level model ------------------------
+def test_every_token_shows_its_own_text():
+    chars = CharTokenizer.train("ab\n")
+    assert chars.token_texts(chars.encode("ab\nz").ids) == ["a", "b", "\\n", "<unk>"]  # one line per label
+    assert ByteTokenizer().token_texts(ByteTokenizer().encode("aé").ids) == ["a", "\\xc3", "\\xa9"]
+    word = train_tokenizer("word", "the cat\n", None)
+    assert word.token_texts(word.encode("the dog").ids) == ["the", "<unk>", "<eos>"]
+    bpe = train_tokenizer("bpe:300", TEXT * 4)
+    line = "To be, or not to be: that is the question."
+    assert "".join(bpe.token_texts(bpe.encode(line).ids)) == line
+
+
+def test_attention_maps_read_text_with_a_char_models_own_tokenizer(corpus_dir, tmp_path):
+    import json
+
+    from evo_attention import TinyTransformer
+    from evo_attention.studies import maps
+    from evo_attention.train.saving import save_model
+
+    config = Config(**TINY, data="text", data_dir=str(corpus_dir), tokenizer="char")
+    data = data_from_config(config)
+    torch.manual_seed(0)
+    model = TinyTransformer(config.replace(vocab_size=data.vocab_size), "dot|softmax|none|fixed")
+    save_model(model, tmp_path / "model", tokenizer=data.tokenizer)
+    text, out = "To be, or ß?", tmp_path / "maps"  # '?' is not a character of the train split
+    assert main(["attention-maps", "--model", str(tmp_path / "model"), "--text", text, "--out", str(out),
+                 "--quiet"]) == 0
+    saved = json.loads((out / "attention_maps.json").read_text())
+    assert saved["tokens"] == list(text[:-1]) + ["<unk>"]  # one label per character, not per word
+    assert saved["token_ids"] == data.tokenizer.encode(text).ids.tolist()
+    assert len(saved["layers"]) == 1 and (out / "attention_layer0.png").is_file()
+
+    assert main(["attention-maps", "--model", str(tmp_path / "model"), "--length", "8", "--out", str(out),
+                 "--quiet"]) == 0  # a validation example: labelled with its characters too
+    saved = json.loads((out / "attention_maps.json").read_text())
+    assert saved["tokens"] == data.tokenizer.token_texts(saved["token_ids"]) and saved["tokens"][:2] == ["T", "o"]
+    with pytest.raises(UserError, match="17 tokens, more than the model's context of 16"):
+        maps.encode_text("x" * 17, data.tokenizer, 16)  # one word, 17 characters

@@ -61,9 +61,9 @@ def test_training_learns_the_recall_task(recall_setup):
 
 def test_continuing_a_trainer_equals_one_run(recall_setup):
     config, data = recall_setup
-    one = Trainer("dot|softmax|none|fixed", config, data, seed=1)
+    one = Trainer.from_config("dot|softmax|none|fixed", config, data, seed=1)
     one.train()
-    two = Trainer("dot|softmax|none|fixed", config, data, seed=1)
+    two = Trainer.from_config("dot|softmax|none|fixed", config, data, seed=1)
     two.train(until_step=12)
     two.train()
     assert one.step == two.step == config.train_steps
@@ -108,18 +108,18 @@ def test_bad_device_is_a_user_error(recall_setup):
 
 
 def test_cosine_schedule():
-    config = Config(learning_rate=1.0, warmup_steps=10, train_steps=110, lr_schedule="cosine")
-    trainer = Trainer.__new__(Trainer)
-    trainer.config = config
-    assert trainer.lr_at(0) == pytest.approx(0.1)
-    assert trainer.lr_at(9) == pytest.approx(1.0)
-    assert trainer.lr_at(60) == pytest.approx(0.5)
-    assert trainer.lr_at(110) == pytest.approx(0.0, abs=1e-12)
+    from evo_attention.train.trainer import scheduled_rate
+
+    recipe = Config(learning_rate=1.0, warmup_steps=10, lr_schedule="cosine").train
+    assert scheduled_rate(recipe, 0, 110) == pytest.approx(0.1)
+    assert scheduled_rate(recipe, 9, 110) == pytest.approx(1.0)
+    assert scheduled_rate(recipe, 60, 110) == pytest.approx(0.5)
+    assert scheduled_rate(recipe, 110, 110) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_save_and_load_model_round_trip(recall_setup, tmp_path):
     config, data = recall_setup
-    trainer = Trainer("additive|entmax15|output_gate|adaptive", config, data)
+    trainer = Trainer.from_config("additive|entmax15|output_gate|adaptive", config, data)
     trainer.train(until_step=5)
     save_model(trainer.model, tmp_path / "m", vocab=data.vocab)
     model = load_model(tmp_path / "m")

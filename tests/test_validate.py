@@ -30,8 +30,8 @@ class CountingExecutor(LocalExecutor):
     def __init__(self):
         self.trained = []
 
-    def run(self, tasks, config, data, **kw):
-        for task, record in super().run(tasks, config, data, **kw):
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
             self.trained.append((task.gene, task.seed))
             yield task, record
 

@@ -6,7 +6,7 @@ the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its
 and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
 ``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
 
-Three further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
+Five further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
 only when they differ from their default, as ``name=value`` parts after the six fixed ones, so a
 key without them names a gene with the default axes:
 
@@ -24,23 +24,37 @@ kv_heads       ``kvh=``      ``0`` (a key/value head per head) or K dividing the
 e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
 named parts in any order (also after the 4-part short form).
 
+Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order): its key part,
+its default (the vanilla transformer's value), a search space's default options, how a value is
+checked, canonicalised and written, and for a registered field its built-in option names. The
+older names (``FIELDS``, ``AXIS_FIELDS``, ``ALL_FIELDS``, ``AXIS_DEFAULTS``, ``KEY_PARTS``, ...)
+are derived from that table.
+
 The search space is ``SearchSpace``: the options of each field. By default it is ``OPTIONS``, the
-live list of registered component names (``nn.components`` registers the built-in ones and a
-``register_*`` decorator adds a user's), so registering a component adds it to random draws and
-mutations; the three axes default to their single default value. A field with one option
-consumes no random numbers, so adding an axis to the code leaves every seeded draw of a space
-that does not vary it unchanged.
+option names of each registered field: the built-in names, known here (the names are grammar;
+``nn.components`` implements them, and registering a built-in again adds nothing), then the names
+a ``register_*`` decorator adds, in registration order. So registering a component adds it to
+random draws and mutations; the axes default to their single default value. A field with one
+option consumes no random numbers, so adding an axis to the code leaves every seeded draw of a
+space that does not vary it unchanged. Seeded draws index into the option lists: the order of
+the built-in names is part of every seed's results and never changes.
 
 Some combinations of valid values make no model: a kernel normalization (``linear``, ``favor``)
 weighs keys by feature maps phi(q) . phi(k), so it needs a dot-product similarity and admits no
-score bias. ``RULES`` names each such rule; a gene that breaks one is refused with a one-line error
-naming the rule, random draws redraw, and mutation and crossover try again with the same RNG
-(deterministic for a seed; a space that never breaks a rule consumes exactly the numbers it did
-before the rules existed). The kernel normalizations are ``OPT_IN``: a search space includes them
-only when it lists them.
+score bias. ``RULES`` names each such rule and the fields it reads; a gene that breaks one is
+refused with a one-line error naming the rule, random draws redraw, and mutation and crossover
+try again with the same RNG (deterministic for a seed; a space that never breaks a rule consumes
+exactly the numbers it did before the rules existed). The kernel normalizations are ``OPT_IN``:
+a search space includes them only when it lists them. The layers of a per-layer genome must
+agree on learned absolute positions (``layers_violation``, the one statement of that rule).
+
+Whether a gene fits a model size (``size_problem``: qkv_rank <= d_model, kv_heads dividing the
+heads; ``full_window_note``: a window as long as the sequence is full attention) is stated here
+too, for a genome and for every option of a space.
 
 This module owns the *grammar* of every field (which names and values are valid, how a key is
-written); ``nn`` owns what the names compute. Nothing here imports torch.
+written); ``nn`` owns what the names compute. Nothing here imports torch (nor ``nn``): importing
+this module alone gives the complete built-in grammar.
 """
 
 from __future__ import annotations
@@ -48,34 +62,13 @@ from __future__ import annotations
 import itertools
 import math
 import random as _random
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from evo_attention.util.errors import UserError
 
-CATEGORICAL_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")
-FIELDS = CATEGORICAL_FIELDS + ("use_bias", "attention_dropout")  # the six parts every key starts with
-AXIS_FIELDS = ("position", "qkv_rank", "attn_bias", "window", "kv_heads")  # optional name=value parts of a key
-ALL_FIELDS = FIELDS + AXIS_FIELDS
-AXIS_DEFAULTS = {"position": "learned", "qkv_rank": 0, "attn_bias": "none", "window": 0, "kv_heads": 0}
-KEY_PARTS = {"position": "pos", "qkv_rank": "rank", "attn_bias": "abias", "window": "win",
-             "kv_heads": "kvh"}  # field -> key part name
-_PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PARTS}}
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 MAX_DROPOUT = 0.3
-VANILLA_KEY = "dot|softmax|none|fixed|bias|0.10"
-
-# The registered option names of each categorical field, in registration order. ``nn.components``
-# fills them (``register_similarity`` etc.); every gene and search space is checked against them.
-OPTIONS: dict[str, list] = {name: [] for name in CATEGORICAL_FIELDS}
-# Registered names that a search space contains only when it lists them: the efficient attention
-# families are comparisons, not part of the original study's space, whose seeded draws stay as they were.
-OPT_IN: dict[str, set] = {name: set() for name in CATEGORICAL_FIELDS}
-# What the validity rules need to know of the components, filled at registration: similarities whose
-# score is a dot product of transformed q and k, and normalizations computed from feature maps
-# phi(q) . phi(k) (kernel forms, which never see a score and so cannot add a bias to one).
-DOT_FORM_SIMILARITIES: set = set()
-KERNEL_NORMALIZATIONS: set = set()
 
 POSITION_KINDS = ("learned", "rope", "alibi", "none")
 ROPE_SCALINGS = ("none", "linear", "ntk")
@@ -126,6 +119,35 @@ def normalize_position(value) -> str:
     return str(parse_position(value))
 
 
+# -- the fields ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    """One gene field: everything the grammar knows of it.
+
+    ``check(field, value)`` returns the canonical value or raises a ``UserError`` naming the field.
+    A field with ``part`` None is one of the fixed parts every key starts with (in ``GENE_FIELDS``
+    order, written by ``write``); a field with a ``part`` is an axis, written ``part=value`` only
+    when its value is not ``default``.
+    """
+
+    name: str
+    default: Any  # the vanilla transformer's value; a gene built without the field takes it
+    check: Callable[["Field", Any], Any]
+    space: tuple = ()  # a SearchSpace's options unless it lists some; () means the registered names
+    part: str | None = None  # the axis's key part name (pos, rank, ...); None for a fixed part
+    write: Callable[[Any], str] = str  # the value as the key writes it
+    help: str = ""  # how to write a valid value (the end of the error for an invalid one)
+    builtins: tuple | None = None  # a registered field: the built-in names, in registration order
+
+    @property
+    def registered(self) -> bool:
+        """Whether the options are registered names (``OPTIONS``), extendable by ``nn.components``."""
+        return self.builtins is not None
+
+    def canonical(self, value: Any) -> Any:
+        return self.check(self, value)
+
+
 def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
     if value not in options:
         raise UserError(
@@ -134,11 +156,118 @@ def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
     return value
 
 
+def _check_registered(field: Field, value: Any) -> str:
+    return _check_choice(field.name, value, OPTIONS[field.name])
+
+
+def _check_bias(field: Field, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("bias", "true", "yes", "on", "nobias", "false", "no", "off"):
+        return value.lower() in ("bias", "true", "yes", "on")
+    raise UserError(f"{field.name} {value!r} is not a boolean: {field.help}")
+
+
+def _check_dropout(field: Field, value: Any) -> float:
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{field.name} {value!r} is not a number: {field.help}") from None
+    if not 0.0 <= p <= MAX_DROPOUT + 1e-9:
+        raise UserError(f"{field.name} {value!r} is outside [0, {MAX_DROPOUT}]: pick a value in that range")
+    return round(p, 2)
+
+
+def _check_position(field: Field, value: Any) -> str:
+    return normalize_position(value)
+
+
+def _check_attn_bias(field: Field, value: Any) -> str:
+    return _check_choice(field.name, value, ATTN_BIASES)
+
+
+def _check_count(field: Field, value: Any) -> int:
+    """A non-negative integer (qkv_rank, window, kv_heads)."""
+    if isinstance(value, bool):
+        raise UserError(f"{field.name} {value!r} is not an integer: {field.help}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{field.name} {value!r} is not an integer: {field.help}") from None
+    if number < 0 or (isinstance(value, float) and value != number):
+        raise UserError(f"{field.name} {value!r} is not a non-negative integer: {field.help}")
+    return number
+
+
+# Every gene field, in key order: the six fixed parts, then the axes. The built-in names are
+# listed in the order nn.components registers them; seeded draws index into that order.
+GENE_FIELDS = (
+    Field("similarity", "dot", _check_registered,
+          builtins=("dot", "multiplicative", "additive", "cosine")),
+    Field("normalization", "softmax", _check_registered,
+          builtins=("softmax", "sparsemax", "relu_norm", "sigmoid", "entmax15", "linear", "favor")),
+    Field("gating", "none", _check_registered,
+          builtins=("none", "input_gate", "output_gate", "highway")),
+    Field("temperature_mode", "fixed", _check_registered,
+          builtins=("fixed", "learned", "adaptive")),
+    Field("use_bias", True, _check_bias, space=(True, False), write=lambda b: "bias" if b else "nobias",
+          help="use true/false (or 'bias'/'nobias' in a key)"),
+    Field("attention_dropout", 0.1, _check_dropout, space=DROPOUT_CHOICES, write=lambda p: f"{p:.2f}",
+          help=f"use a float in [0, {MAX_DROPOUT}]"),
+    Field("position", "learned", _check_position, space=("learned",), part="pos"),
+    Field("qkv_rank", 0, _check_count, space=(0,), part="rank", help="use 0 (full projections) or a rank r > 0"),
+    Field("attn_bias", "none", _check_attn_bias, space=("none",), part="abias"),
+    Field("window", 0, _check_count, space=(0,), part="win", help="use 0 (every earlier key) or a window W > 0"),
+    Field("kv_heads", 0, _check_count, space=(0,), part="kvh",
+          help="use 0 (one key/value head per head) or a K that divides the number of heads"),
+)
+FIELD = {f.name: f for f in GENE_FIELDS}
+
+# Views of the table, under the names other modules (and users) import.
+CATEGORICAL_FIELDS = tuple(f.name for f in GENE_FIELDS if f.registered)
+FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is None)  # the six parts every key starts with
+AXIS_FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is not None)  # optional name=value parts of a key
+ALL_FIELDS = FIELDS + AXIS_FIELDS
+AXIS_DEFAULTS = {name: FIELD[name].default for name in AXIS_FIELDS}
+KEY_PARTS = {name: FIELD[name].part for name in AXIS_FIELDS}  # field -> key part name
+_PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PARTS}}  # part or field -> field
+
+
+def _axis_parts(values: Mapping[str, Any]) -> list:
+    """The ``name=value`` parts of the axes whose value is not the default."""
+    return [f"{KEY_PARTS[n]}={FIELD[n].write(values[n])}" for n in AXIS_FIELDS if values[n] != AXIS_DEFAULTS[n]]
+
+
+def _key_of(values: Mapping[str, Any]) -> str:
+    """The key of canonical gene values: the six fixed parts, then the non-default axes."""
+    return "|".join([FIELD[n].write(values[n]) for n in FIELDS] + _axis_parts(values))
+
+
+VANILLA_KEY = _key_of({f.name: f.default for f in GENE_FIELDS})  # dot|softmax|none|fixed|bias|0.10
+
+# The option names of each registered field: the built-in ones, then those a ``register_*``
+# decorator of ``nn.components`` adds, in registration order. Every gene and search space is
+# checked against them.
+OPTIONS: dict[str, list] = {name: list(FIELD[name].builtins) for name in CATEGORICAL_FIELDS}
+# What the validity rules need to know of the options: similarities whose score is a dot product
+# of transformed q and k, and normalizations computed from feature maps phi(q) . phi(k) (kernel
+# forms, which never see a score and so cannot add a bias to one). Registration adds a plugin's.
+DOT_FORM_SIMILARITIES: set = {"dot", "cosine"}
+KERNEL_NORMALIZATIONS: set = {"linear", "favor"}
+# Option names that a search space contains only when it lists them: the efficient attention
+# families are comparisons, not part of the original study's space, whose seeded draws stay as they were.
+OPT_IN: dict[str, set] = {name: set() for name in CATEGORICAL_FIELDS}
+OPT_IN["normalization"].update(KERNEL_NORMALIZATIONS)
+
+
 # -- validity: combinations of valid field values that still make no model ----------------------
 class Rule(NamedTuple):
     name: str
     broken: Callable[[Mapping[str, Any]], bool]  # gene values -> whether the rule is broken
     explain: Callable[[Mapping[str, Any]], str]  # gene values -> what is wrong and what to do
+    fields: tuple = ALL_FIELDS  # the only fields broken and explain read (default: possibly any)
 
 
 def _kernel(values) -> bool:
@@ -149,110 +278,65 @@ RULES = (
     Rule("kernel-needs-dot-similarity",
          lambda v: _kernel(v) and v["similarity"] not in DOT_FORM_SIMILARITIES,
          lambda v: f"normalization {v['normalization']} weighs keys by phi(q) . phi(k), which needs a dot-product "
-                   f"similarity, not {v['similarity']}: use {' or '.join(sorted(DOT_FORM_SIMILARITIES))}"),
+                   f"similarity, not {v['similarity']}: use {' or '.join(sorted(DOT_FORM_SIMILARITIES))}",
+         fields=("normalization", "similarity")),
     Rule("kernel-has-no-score-bias",
          lambda v: _kernel(v) and (str(v["position"]) == "alibi" or v["attn_bias"] != "none"),
          lambda v: f"normalization {v['normalization']} never forms a score, so it cannot add the score bias of "
                    f"{'pos=alibi' if str(v['position']) == 'alibi' else 'abias=' + v['attn_bias']}: use pos=learned, "
-                   "rope or none with abias=none"),
+                   "rope or none with abias=none",
+         fields=("normalization", "position", "attn_bias")),
 )
 
 
 def violation(values: Mapping[str, Any]) -> str | None:
-    """The message of the first rule that the gene ``values`` break, naming the rule; None if valid."""
+    """The message of the first rule that the gene ``values`` break, naming the rule; None if valid.
+
+    ``values`` needs only the fields the rules read (``rule_fields()``)."""
     for rule in RULES:
         if rule.broken(values):
             return f"{rule.explain(values)} (rule {rule.name})"
     return None
 
 
+def rule_fields() -> tuple:
+    """The fields that some rule of ``RULES`` reads, in ``ALL_FIELDS`` order (read when called, so a
+    rule added to ``RULES`` counts)."""
+    read = {name for rule in RULES for name in rule.fields}
+    return tuple(name for name in ALL_FIELDS if name in read)
+
+
 MAX_REDRAWS = 1000  # a space with any valid gene passes this many draws with vanishing probability
 
 
-def _check_dropout(value: Any) -> float:
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"attention_dropout {value!r} is not a number: use a float in [0, {MAX_DROPOUT}]") from None
-    if not 0.0 <= p <= MAX_DROPOUT + 1e-9:
-        raise UserError(f"attention_dropout {value!r} is outside [0, {MAX_DROPOUT}]: pick a value in that range")
-    return round(p, 2)
-
-
-_COUNT_HELP = {"qkv_rank": "use 0 (full projections) or a rank r > 0",
-               "window": "use 0 (every earlier key) or a window W > 0",
-               "kv_heads": "use 0 (one key/value head per head) or a K that divides the number of heads"}
-
-
-def _check_count(fieldname: str, value: Any) -> int:
-    """A non-negative integer axis value (qkv_rank, window, kv_heads)."""
-    fix = _COUNT_HELP[fieldname]
-    if isinstance(value, bool):
-        raise UserError(f"{fieldname} {value!r} is not an integer: {fix}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{fieldname} {value!r} is not an integer: {fix}") from None
-    if number < 0 or (isinstance(value, float) and value != number):
-        raise UserError(f"{fieldname} {value!r} is not a non-negative integer: {fix}")
-    return number
-
-
-def _check_axis(fieldname: str, value: Any):
-    """Validate and canonicalise a value of one of the AXIS_FIELDS."""
-    if fieldname == "position":
-        return normalize_position(value)
-    if fieldname in _COUNT_HELP:
-        return _check_count(fieldname, value)
-    return _check_choice("attn_bias", value, ATTN_BIASES)
-
-
-def _check_bias(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.lower() in ("bias", "true", "yes", "on", "nobias", "false", "no", "off"):
-        return value.lower() in ("bias", "true", "yes", "on")
-    raise UserError(f"use_bias {value!r} is not a boolean: use true/false (or 'bias'/'nobias' in a key)")
+# A SearchSpace's dataclass fields: one tuple of options per gene field (in GENE_FIELDS order,
+# defaulting to the field's ``space``), then ``layers``.
+_SpaceFields = make_dataclass("_SpaceFields", [(f.name, tuple, f.space) for f in GENE_FIELDS] + [("layers", int, 0)],
+                              frozen=True, namespace={"__module__": __name__})
 
 
 @dataclass(frozen=True)
-class SearchSpace:
+class SearchSpace(_SpaceFields):
     """The options of each gene field that random draws and mutations pick from.
 
-    Empty categorical tuples (the default) mean "everything registered right now".
+    One tuple per gene field (``ALL_FIELDS``), e.g. ``position=("learned", "rope", "rope:ntk:4")``,
+    ``qkv_rank=(0, 16, 32)``, ``kv_heads=(0, 1, 2)``; an omitted field takes its ``Field.space``.
+    Empty categorical tuples (the default) mean "everything registered right now" (but ``OPT_IN``).
+    ``layers``: 0, one gene shared by every layer; N, a per-layer genome of N genes (``LayerGenes``).
     """
 
-    similarity: tuple = ()
-    normalization: tuple = ()
-    gating: tuple = ()
-    temperature_mode: tuple = ()
-    use_bias: tuple = (True, False)
-    attention_dropout: tuple = DROPOUT_CHOICES
-    position: tuple = ("learned",)  # e.g. ("learned", "rope", "rope:ntk:4", "alibi", "none")
-    qkv_rank: tuple = (0,)  # e.g. (0, 16, 32)
-    attn_bias: tuple = ("none",)  # ("none", "rel")
-    window: tuple = (0,)  # e.g. (0, 32, 64)
-    kv_heads: tuple = (0,)  # e.g. (0, 1, 2)
-    layers: int = 0  # 0: one gene shared by every layer; N: a per-layer genome of N genes (LayerGenes)
-
     def __post_init__(self):
-        for name in CATEGORICAL_FIELDS:
-            chosen = tuple(getattr(self, name))
-            for value in chosen:
-                _check_choice(name, value, OPTIONS[name])
-            object.__setattr__(self, name, chosen)
-        object.__setattr__(self, "use_bias", tuple(_check_bias(b) for b in self.use_bias))
-        object.__setattr__(self, "attention_dropout", tuple(_check_dropout(p) for p in self.attention_dropout))
-        for name in AXIS_FIELDS:
-            values = getattr(self, name)
-            values = (values,) if isinstance(values, (str, int)) else tuple(values)
-            # canonical spelling, duplicates dropped (rope and rope:none are one option)
-            object.__setattr__(self, name, tuple(dict.fromkeys(_check_axis(name, v) for v in values)))
-        for name in ("use_bias", "attention_dropout") + AXIS_FIELDS:
-            if not getattr(self, name):
-                raise UserError(f"search space option list for {name} is empty: give at least one value")
+        for f in GENE_FIELDS:
+            values = getattr(self, f.name)
+            if f.part is None:
+                values = tuple(f.canonical(v) for v in values)
+            else:  # an axis may be given as one bare value; canonical spellings, duplicates dropped
+                values = (values,) if isinstance(values, (str, int)) else values  # (rope and rope:none are one)
+                values = tuple(dict.fromkeys(f.canonical(v) for v in values))
+            object.__setattr__(self, f.name, values)
+        for f in GENE_FIELDS:
+            if not f.registered and not getattr(self, f.name):
+                raise UserError(f"search space option list for {f.name} is empty: give at least one value")
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
             raise UserError(f"layers {self.layers!r} must be 0 (a shared gene) or the number of layers of a per-layer "
                             "genome", setting="genome")
@@ -271,8 +355,8 @@ class SearchSpace:
         return LayerGenes([gene] * self.layers) if self.layers else gene
 
     def _check_some_gene_is_valid(self) -> None:
-        """The rules read only these four fields, so trying their combinations settles it."""
-        ruled = ("similarity", "normalization", "position", "attn_bias")
+        """Only the fields the rules read decide validity, so trying their combinations settles it."""
+        ruled = rule_fields()
         first = None
         for combo in itertools.product(*(self.options(n) for n in ruled)):
             problem = violation(dict(zip(ruled, combo)))
@@ -366,19 +450,9 @@ class AttentionGene(_Keyed):
         unknown = sorted(set(values) - set(ALL_FIELDS))
         if unknown:
             raise UserError(f"unknown gene field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
-        defaults = _VANILLA_VALUES
-        for name in CATEGORICAL_FIELDS:
-            value = values.get(name, defaults[name])
-            object.__setattr__(self, name, _check_choice(name, value, OPTIONS[name]))
-        object.__setattr__(self, "use_bias", _check_bias(values.get("use_bias", defaults["use_bias"])))
-        object.__setattr__(
-            self, "attention_dropout", _check_dropout(values.get("attention_dropout", defaults["attention_dropout"]))
-        )
-        for name in AXIS_FIELDS:
-            object.__setattr__(self, name, _check_axis(name, values.get(name, AXIS_DEFAULTS[name])))
-        object.__setattr__(self, "_key", "|".join(
-            [self.similarity, self.normalization, self.gating, self.temperature_mode,
-             "bias" if self.use_bias else "nobias", f"{self.attention_dropout:.2f}"] + self._axis_parts()))
+        for f in GENE_FIELDS:
+            object.__setattr__(self, f.name, f.canonical(values.get(f.name, f.default)))
+        object.__setattr__(self, "_key", _key_of(self.to_dict()))
         problem = violation(self.to_dict())
         if problem:
             raise UserError(f"gene {self._key}: {problem}")
@@ -425,6 +499,8 @@ class AttentionGene(_Keyed):
         return AttentionGene(gene_dict={**self.to_dict(), **changes})
 
     # -- genetic operators --------------------------------------------------------------------
+    # The fixed parts always consume a random number; an axis only when it could change (a space
+    # that does not vary an axis draws exactly what it drew before the axis existed).
     def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
                space: SearchSpace | None = None) -> "AttentionGene":
         """Resample each field with probability ``mutation_rate``; returns a new gene."""
@@ -463,15 +539,12 @@ class AttentionGene(_Keyed):
     @property
     def short(self) -> str:
         """The four components, plus the non-default axes (``dot|softmax|none|fixed|pos=rope``)."""
-        return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + self._axis_parts())
+        return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + _axis_parts(self.to_dict()))
 
     @property
     def uses_absolute_positions(self) -> bool:
         """Whether the model adds learned absolute position embeddings at its input."""
         return self.position == "learned"
-
-    def _axis_parts(self) -> list:
-        return [f"{KEY_PARTS[n]}={getattr(self, n)}" for n in AXIS_FIELDS if getattr(self, n) != AXIS_DEFAULTS[n]]
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in ALL_FIELDS}
@@ -488,8 +561,8 @@ class LayerGenes(_Keyed):
     """A per-layer genome: one ``AttentionGene`` per layer, first layer first. Immutable; its key
     joins the layer keys with `` / ``. Mutation and crossover act layer by layer (layer i of a
     child comes from layer i of its parents). The layers must agree on whether the model adds
-    learned absolute positions (rule layers-share-absolute-positions): draws redraw and the
-    operators try again, as for a gene's own rules."""
+    learned absolute positions (rule layers-share-absolute-positions, ``layers_violation``):
+    draws redraw and the operators try again, as for a gene's own rules."""
 
     __slots__ = ("layers", "_key")
 
@@ -500,7 +573,7 @@ class LayerGenes(_Keyed):
                             "cosine|sparsemax|output_gate|learned'")
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "_key", LAYER_SEPARATOR.join(g.key for g in layers))
-        problem = _layers_violation(layers)
+        problem = layers_violation(layers)
         if problem:
             raise UserError(f"genome {self._key}: {problem}")
 
@@ -512,16 +585,16 @@ class LayerGenes(_Keyed):
     def random(cls, rng: _random.Random, space: SearchSpace) -> "LayerGenes":
         for _ in range(MAX_REDRAWS):
             layers = [AttentionGene(rng=rng, space=space) for _ in range(space.layers)]
-            if _layers_violation(layers) is None:
+            if layers_violation(layers) is None:
                 return cls(layers)
-        raise UserError(f"no valid per-layer genome in {MAX_REDRAWS} draws: {_layers_violation(layers)}",
+        raise UserError(f"no valid per-layer genome in {MAX_REDRAWS} draws: {layers_violation(layers)}",
                         setting="search_space")
 
     def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
                space: SearchSpace | None = None) -> "LayerGenes":
         for _ in range(MAX_REDRAWS):
             layers = [g.mutate(mutation_rate, rng, space) for g in self.layers]
-            if _layers_violation(layers) is None:
+            if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self
 
@@ -531,7 +604,7 @@ class LayerGenes(_Keyed):
                             "cross only with genomes of as many layers")
         for _ in range(MAX_REDRAWS):
             layers = [a.crossover(b, rng) for a, b in zip(self.layers, other.layers)]
-            if _layers_violation(layers) is None:
+            if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self
 
@@ -560,12 +633,65 @@ def layers_of(genome: "AttentionGene | LayerGenes") -> list:
     return list(genome.layers) if isinstance(genome, LayerGenes) else [genome]
 
 
-def _layers_violation(layers: Sequence[AttentionGene]) -> str | None:
+def layers_violation(layers: Sequence[AttentionGene]) -> str | None:
+    """The rule between the layers of one model (the input embedding is shared by every layer, so
+    a learned absolute position table would leak into the layers that chose otherwise): the
+    message naming the rule, or None when the layers agree."""
     absolute = {g.uses_absolute_positions for g in layers}
     if len(absolute) > 1:
         return ("its layers mix position=learned (absolute positions added at the input) with "
                 f"{', '.join(sorted({g.position for g in layers if not g.uses_absolute_positions}))}: give every "
                 "layer position learned, or none of them (rule layers-share-absolute-positions)")
+    return None
+
+
+# -- fitting a model size --------------------------------------------------------------------------
+class SizeProblem(NamedTuple):
+    """Why a gene (or an option of a space) does not fit a model size."""
+
+    field: str  # the gene field that does not fit: qkv_rank or kv_heads
+    problem: str  # what does not fit, e.g. "gene K: kv_heads 3 does not divide the 4 heads"
+    fix: str  # how to change the gene or the space
+
+    def __str__(self) -> str:
+        return f"{self.problem}: {self.fix}"
+
+
+def size_problem(genome_or_space: "AttentionGene | LayerGenes | SearchSpace | str", *, d_model: int,
+                 n_heads: int, size: str = "") -> SizeProblem | None:
+    """The first way the genome (each layer's gene) or any option of the space does not fit a model
+    of ``d_model`` and ``n_heads``; None if it fits. A low-rank projection needs qkv_rank <= d_model;
+    grouped key/value heads need kv_heads dividing the heads. ``size`` names the model in the
+    message (``... the 4 heads of size 64x2``)."""
+    if isinstance(genome_or_space, SearchSpace):
+        values = [(f"{name} {value} in the search space", name, value)
+                  for name in ("qkv_rank", "kv_heads") for value in genome_or_space.options(name)]
+    else:
+        values = [(f"gene {gene.key}: {name} {getattr(gene, name)}", name, getattr(gene, name))
+                  for gene in layers_of(AttentionGene.parse(genome_or_space)) for name in ("qkv_rank", "kv_heads")]
+    of = f" of size {size}" if size else ""
+    for subject, name, value in values:
+        if name == "qkv_rank" and value > d_model:
+            return SizeProblem(name, f"{subject} is larger than d_model {d_model}{of}",
+                               "a low-rank projection needs a rank r <= d_model")
+        if name == "kv_heads" and value and n_heads % value:
+            return SizeProblem(name, f"{subject} does not divide the {n_heads} heads{of}",
+                               "use a divisor of the heads (1 is multi-query attention)")
+    return None
+
+
+def full_window_note(genome_or_space: "AttentionGene | LayerGenes | SearchSpace | str", *,
+                     max_seq_len: int) -> str | None:
+    """A note (for a warning: it is no error) when a window of the genome or space is at least
+    ``max_seq_len``: such a window is full attention, the same as window 0."""
+    if isinstance(genome_or_space, SearchSpace):
+        values = [(f"window {w}", w) for w in genome_or_space.options("window")]
+    else:
+        values = [(f"gene {gene.key}: window {gene.window}", gene.window)
+                  for gene in layers_of(AttentionGene.parse(genome_or_space))]
+    for subject, window in values:
+        if window >= max_seq_len:
+            return f"{subject} is at least max_seq_len {max_seq_len}: it is full attention (the same as window 0)"
     return None
 
 
@@ -595,14 +721,3 @@ def _named_parts(text: str, parts: list) -> dict:
             raise UserError(f"gene {text!r} gives {KEY_PARTS[fieldname]}= twice: keep one")
         named[fieldname] = value.strip()
     return named
-
-
-_VANILLA_VALUES = {
-    "similarity": "dot",
-    "normalization": "softmax",
-    "gating": "none",
-    "temperature_mode": "fixed",
-    "use_bias": True,
-    "attention_dropout": 0.1,
-}
-

@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 from evo_attention.util.errors import UserError
-from evo_attention.cli.validate import add_analysis_flags, analysis_setup, log_outputs
+from evo_attention.cli.validate import add_analysis_flags, analysis_setup, log_outputs, study_setup
 
 
 def cmd_ablate(args) -> int:
     from evo_attention.report.studies import contribution_lines
-    from evo_attention.studies.ablation import ablate, ablation_variants, write_ablation
+    from evo_attention.studies.ablation import ablation_variants, run_ablation, write_ablation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
     from evo_attention.cli.common import executor_from_args
@@ -35,9 +35,7 @@ def cmd_ablate(args) -> int:
         f"{config.train_steps} steps", args.quiet)
     try:
         with executor_from_args(args) as executor:
-            result = ablate(gene, config, data, n_seeds=args.seeds, eval_split=args.eval_split, metric=args.metric,
-                            confidence=args.confidence, store=store, executor=executor, search_seed=search_seed,
-                            source_run=args.from_run, quiet=args.quiet)
+            result = run_ablation(study_setup(args, "ablation", config, data, store, executor, search_seed), gene)
     finally:
         if store is not None:
             store.close()

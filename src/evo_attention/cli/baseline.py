@@ -12,6 +12,7 @@ def cmd_baseline(args) -> int:
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
     from evo_attention.train.saving import save_model
+    from evo_attention.train.spec import Trial
     from evo_attention.train.trainer import run_training
     from evo_attention.util.progress import log, training_bar
 
@@ -21,7 +22,7 @@ def cmd_baseline(args) -> int:
     data = data_from_config(config)
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed})", args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
-        result = run_training(gene, config, data, eval_split=args.eval_split, progress=bar)
+        result = run_training(Trial.from_config(gene, config, eval_split=args.eval_split, data=data), data, progress=bar)
     record, trainer = result.record, result.trainer
     write_json(out / "result.json", {**record.to_dict(), "config": config.to_dict(),
                                      "data_description": data.describe()})

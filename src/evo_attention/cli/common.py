@@ -11,24 +11,6 @@ from evo_attention.util.plugins import load_plugins
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-# search flag -> Config field, for the multi-fidelity settings (they change results: stored)
-FIDELITY_FLAGS = {"fidelity": "fidelity", "hurdle": "hurdle", "halving_eta": "halving_eta",
-                  "halving_rungs": "halving_rungs", "halving_audit": "halving_audit"}
-# flag -> Config field, for the flags shared by the training commands
-CONFIG_FLAGS = {
-    "data": "data", "data_dir": "data_dir", "tokenizer": "tokenizer", "text_field": "text_field",
-    "vocab_size": "vocab_size", "seq_len": "max_seq_len",
-    "d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "ffn": "d_ff", "block": "block",
-    "batch_size": "batch_size",
-    "eval_batch_size": "eval_batch_size", "steps": "train_steps", "lr": "learning_rate", "seed": "seed",
-    "device": "device", "precision": "precision", "compile": "compile", "eval_steps": "eval_steps", "eval_stride": "eval_stride",
-    "lr_schedule": "lr_schedule", "dropout": "dropout", "favor_features": "favor_features",
-    "population": "population_size", "generations": "n_generations", "elite": "elite_size",
-    "mutation_rate": "mutation_rate", "crossover_rate": "crossover_rate", "strategy": "strategy",
-    "genome": "genome", "objectives": "objectives",
-}
-
-
 def _vocab_size(text: str):
     if text.lower() in ("full", "none", "all"):
         return 0
@@ -48,65 +30,70 @@ def _eval_steps(text: str):
         raise argparse.ArgumentTypeError(f"eval steps {text!r} is not an integer (or 'all')") from None
 
 
-# flags whose value 0 stands for None ("full" vocabulary, "all" evaluation batches)
-_ZERO_IS_NONE = ("vocab_size", "eval_steps")
-
-
 def _name_list(text: str) -> list:
     return [part.strip() for part in text.split(",")]
 
 
+# how each kind of Config value (``train.config.setting(parse=...)``) is read from the command line;
+# ``vocab`` and ``count_or_all`` read a word such as 'full' or 'all' as 0, which stands for None
+PARSERS = {"int": int, "float": float, "str": str, "list": _name_list, "vocab": _vocab_size,
+           "count_or_all": _eval_steps}
+# the help sections of the training flags: the Config groups each shows, in this order
+SECTIONS = (("data and model", ("task", "model")), ("training", ("train", "trial")), ("search", ("search",)))
+
+
+def _flag_fields(groups) -> list:
+    from dataclasses import fields
+
+    from evo_attention.train.config import Config
+
+    return [f for group in groups for f in fields(Config) if f.metadata.get("group") == group and f.metadata.get("flag")]
+
+
+def _config_flags(groups) -> dict:
+    """flag (as an argparse dest) -> Config field, for the Config fields of ``groups`` the command line sets."""
+    return {f.metadata["flag"].replace("-", "_"): f.name for f in _flag_fields(groups)}
+
+
+# flag -> Config field, generated from the Config's declarations: the flags every training command
+# shares, and the search's multi-fidelity flags (they change results: stored)
+CONFIG_FLAGS = _config_flags([group for _, groups in SECTIONS for group in groups])
+FIDELITY_FLAGS = _config_flags(["fidelity"])
+# flags whose value 0 stands for None ("full" vocabulary, "all" evaluation batches)
+_ZERO_IS_NONE = tuple(f.name for _, groups in SECTIONS for f in _flag_fields(groups)
+                      if f.metadata["parse"] in ("vocab", "count_or_all"))
+
+
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
-    g = p.add_argument_group("data and model")
-    g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU), shakespeare-char "
-                                    "(character level, with --data-dir) or seed (the original)")
-    g.add_argument("--config", metavar="FILE", help="YAML file of Config settings (flags override it)")
-    g.add_argument("--plugin", action="append", metavar="MODULE",
-                   help="import this module or .py file first, in every worker too: its registered components, "
-                        "strategies and datasets join the search (repeatable)")
-    g.add_argument("--data", help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
-    g.add_argument("--tokenizer", help="word (default), char, byte or bpe:N (BPE trained on the train split)")
-    g.add_argument("--text-field", help="the text column of an hf: dataset (default text)")
-    g.add_argument("--data-dir", help="directory of train.txt/valid.txt/test.txt (else $EVO_ATTENTION_DATA_DIR)")
-    g.add_argument("--vocab-size", type=_vocab_size, help="vocabulary size, or 'full' for every training word")
-    g.add_argument("--seq-len", type=int, help="tokens per window (max_seq_len)")
-    g.add_argument("--d-model", type=int)
-    g.add_argument("--layers", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--ffn", type=int, help="feed-forward width (default 4 x d_model; about 8/3 x d_model with "
-                                           "--block llama)")
-    g.add_argument("--block", choices=["gpt2", "llama"],
-                   help="the block around the attention: gpt2 (LayerNorm + GELU, the default) or llama "
-                        "(RMSNorm + SwiGLU, no feed-forward biases)")
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--favor-features", type=int, help="random features per head of normalization favor (default 64)")
-    t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, help="training steps per model")
-    t.add_argument("--batch-size", type=int)
-    t.add_argument("--eval-batch-size", type=int)
-    t.add_argument("--eval-steps", type=_eval_steps,
-                   help="cap on evaluation batches, or 'all' for the whole split (the default of the presets)")
-    t.add_argument("--eval-stride", type=int, help="strided evaluation: score the last S tokens of each window")
-    t.add_argument("--lr", type=float, help="learning rate")
-    t.add_argument("--lr-schedule", choices=["constant", "cosine"])
-    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
-    t.add_argument("--compile", choices=["auto", "on", "off"],
-                   help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
-    t.add_argument("--seed", type=int)
-    t.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
-    if search:
-        s = p.add_argument_group("search")
-        s.add_argument("--strategy", help="search strategy: ga, random, nsga2 or tpe (tpe needs the [tpe] extra: "
-                                          "Optuna), or one a plugin registers")
-        s.add_argument("--objectives", type=_name_list, metavar="LIST",
-                       help="what the search minimises, comma-separated: perplexity first, then any of params, "
-                            "flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
-        s.add_argument("--genome", help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
-        s.add_argument("--population", type=int)
-        s.add_argument("--generations", type=int)
-        s.add_argument("--elite", type=int)
-        s.add_argument("--mutation-rate", type=float)
-        s.add_argument("--crossover-rate", type=float)
+    """The Config flags, generated from the Config's field declarations, in their help sections."""
+    for title, groups in SECTIONS:
+        if groups == ("search",) and not search:
+            continue
+        g = p.add_argument_group(title)
+        if title == "data and model":
+            g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU), "
+                                            "shakespeare-char (character level, with --data-dir) or seed (the original)")
+            g.add_argument("--config", metavar="FILE", help="YAML file of Config settings (flags override it)")
+            g.add_argument("--plugin", action="append", metavar="MODULE",
+                           help="import this module or .py file first, in every worker too: its registered "
+                                "components, strategies and datasets join the search (repeatable)")
+        _add_config_flags(g, groups)
+
+
+def add_fidelity_flags(p: argparse.ArgumentParser) -> None:
+    """The search's multi-fidelity flags, generated from the Config's declarations."""
+    _add_config_flags(p.add_argument_group("multi-fidelity (part of the run: changes its results)"), ["fidelity"])
+
+
+def _add_config_flags(group, groups) -> None:
+    for f in _flag_fields(groups):
+        meta = f.metadata
+        options = {"type": PARSERS[meta["parse"]], "help": meta["help"]}
+        if meta["choices"]:
+            options["choices"] = list(meta["choices"])
+        if meta["metavar"] or meta["parse"] == "list":
+            options["metavar"] = meta["metavar"] or "LIST"
+        group.add_argument("--" + meta["flag"], dest=meta["flag"].replace("-", "_"), **options)
 
 
 def add_executor_flags(p: argparse.ArgumentParser, title: str = "execution") -> None:

@@ -5,8 +5,10 @@
     evo-attention compare --list
 
 The model size defaults to the study's 512d / 8 layers / 8 heads / 2048 FFN; ``--preset small``
-is a CPU-sized comparison (see ``evo_attention.compare``). Writes compare_results.json,
-compare.md and compare.png into ``--out``.
+is a CPU-sized comparison (see ``evo_attention.compare``). The seeds are ``seed + 1 ... seed +
+N``. The trainings are kept in a run store: the ``--from-run`` run's, else one in ``--out``, so a
+repeat with the same settings trains nothing. Writes compare_results.json, compare.md and
+compare.png into ``--out``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--configs", metavar="LIST",
                    help="comma-separated names (see --list) and/or gene strings; default: all 13 named configurations")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="train each configuration with N seeds "
-                   "(seed, seed+1, ...) and report mean ± sd (default 1)")
-    p.add_argument("--from-run", metavar="DIR", help="also compare the best gene of the search run in DIR (as 'evolved')")
+                   "(seed+1 .. seed+N) and report mean ± sd (default 1)")
+    p.add_argument("--from-run", metavar="DIR", help="also compare the best gene of the search run in DIR (as "
+                   "'evolved'); the trainings are kept in its store")
     p.add_argument("--list", action="store_true", help="print the named configurations and exit")
-    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare); without "
+                   "--from-run it keeps the trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     from evo_attention.cli.common import add_executor_flags, add_training_flags
 
@@ -54,8 +58,11 @@ def compare_config(args):
 
 
 def cmd_compare(args) -> int:
-    from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
+    from contextlib import ExitStack
+
     from evo_attention.cli.common import executor_from_args
+    from evo_attention.search.store import RunStore
+    from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
     from evo_attention.util.progress import log
 
     config = compare_config(args)
@@ -69,12 +76,17 @@ def cmd_compare(args) -> int:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args)
     out = Path(args.out)
-    log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) at {config.d_model}d x {config.n_layers} "
-        f"layers x {config.n_heads} heads (FFN {config.ffn_dim}), {config.train_steps} steps of batch "
-        f"{config.batch_size}, data {config.data}", args.quiet)
-    with executor:
-        payload = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, quiet=args.quiet)
-    summary = payload["summary"]
+    log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) "
+        f"({config.seed + 1}..{config.seed + args.seeds}) at {config.d_model}d x {config.n_layers} layers x "
+        f"{config.n_heads} heads (FFN {config.ffn_dim}), {config.train_steps} steps of batch {config.batch_size}, "
+        f"data {config.data}", args.quiet)
+    # with --from-run the trainings are kept in (and served from) that run's store, else in --out's own
+    with ExitStack() as stack:
+        stack.enter_context(executor)
+        store = stack.enter_context(RunStore.open(args.from_run)) if args.from_run else None
+        result = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, store=store,
+                             quiet=args.quiet)
+    summary = result.summary
     for row in summary["ranking"][:3]:
         change = "" if row["perplexity_change_pct"] is None else f" ({row['perplexity_change_pct']:+.1f}% ppl vs baseline)"
         log(f"#{row['rank']} {row['name']}: loss {row['val_loss']:.4f}{change}", args.quiet)

@@ -3,8 +3,10 @@
     evo-attention export --model runs/best/model --out exported/
     evo-attention export --from-run runs/quick --rank 1 --out exported/   # a model the search kept
 
-Writes ``attention.py`` (needs only torch), ``attention.safetensors`` (every layer's trained
-attention weights) and ``README.md`` (how to drop it into a nanoGPT-style block); see docs/export.md.
+Writes ``attention.py`` (the entry to import), ``evo_attention_export/`` (the library's own modules
+it runs: torch, and ``entmax`` for the sparse normalizations), ``attention.safetensors`` (every
+layer's trained attention weights) and ``README.md`` (how to drop it into a nanoGPT-style block);
+see docs/export.md.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def cmd_export(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a trained gene's attention as a standalone PyTorch module "
-                       "(attention.py + safetensors weights + README)")
+                       "(attention.py + the library's modules it runs + safetensors weights + README)")
     p.add_argument("--model", metavar="DIR", help="a saved model directory (baseline --save-model, search --keep-models)")
     p.add_argument("--from-run", metavar="DIR", help="a search run that kept its models (search --keep-models K)")
     p.add_argument("--rank", type=int, help="with --from-run: which kept model, 1 = the best (default 1)")
-    p.add_argument("--out", metavar="DIR", required=True, help="directory for attention.py, attention.safetensors, README.md")
+    p.add_argument("--out", metavar="DIR", required=True,
+                   help="directory for attention.py, evo_attention_export/, attention.safetensors, README.md")
     p.set_defaults(func=cmd_export)

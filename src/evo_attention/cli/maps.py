@@ -14,13 +14,14 @@ from evo_attention.util.files import output_dir
 
 
 def _trained_model(args):
-    """(model, vocab, data, source) for --gene / --from-run: trained here on the fly."""
+    """(model, tokenizer, data, source) for --gene / --from-run: trained here on the fly."""
     from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.train.config import Config
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log, training_bar
     from evo_attention.report import load_run
+    from evo_attention.train.spec import Trial
     from evo_attention.search.store import RunStore
     from evo_attention.train.trainer import run_training
 
@@ -43,7 +44,7 @@ def _trained_model(args):
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}) to draw its maps",
         args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
-        result = run_training(gene, config, data, progress=bar)
+        result = run_training(Trial.from_config(gene, config, data=data), data, progress=bar)
     record, trainer = result.record, result.trainer
     if record["status"] != "ok" or trainer is None:
         raise UserError(f"training {gene.key} ended with status {record['status']} "
@@ -51,15 +52,14 @@ def _trained_model(args):
     source = {"gene": gene.key, "steps": config.train_steps, "seed": config.seed, "data": data.name,
               "val_perplexity": record.get("val_perplexity"), "accuracy": record.get("accuracy"),
               "run": args.from_run}
-    return trainer.model.eval(), data.vocab, data, source
+    return trainer.model.eval(), data.tokenizer or data.vocab, data, source
 
 
 def _saved_model(args):
-    from evo_attention.train.saving import load_model, load_vocab
+    """(model, tokenizer, None, source) for --model: the tokenizer is the one saved with it."""
+    from evo_attention.train.saving import load_model, load_tokenizer
 
-    model = load_model(args.model)
-    vocab = load_vocab(args.model)
-    return model, vocab, None, {"model": str(args.model)}
+    return load_model(args.model), load_tokenizer(args.model), None, {"model": str(args.model)}
 
 
 def cmd_maps(args) -> int:
@@ -73,10 +73,10 @@ def cmd_maps(args) -> int:
     if not chosen and not args.from_run:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
     out = output_dir(args.out if args.out else Path(args.from_run) / "maps" if args.from_run else "runs/maps")
-    model, vocab, data, source = _saved_model(args) if args.model else _trained_model(args)
+    model, tokenizer, data, source = _saved_model(args) if args.model else _trained_model(args)
     max_len = model.config.max_seq_len
     if args.text is not None:
-        ids = encode_text(args.text, vocab, max_len)
+        ids = encode_text(args.text, tokenizer, max_len)
         text_source = "--text"
     else:
         if data is None:
@@ -84,7 +84,7 @@ def cmd_maps(args) -> int:
         length = min(args.length, data.seq_len, max_len)
         ids = validation_sample(data, length, args.sample)
         text_source = f"validation example {args.sample}, first {len(ids)} tokens"
-    result = attention_maps(model, ids, out, vocab=vocab, source=source, text_source=text_source)
+    result = attention_maps(model, ids, out, tokenizer=tokenizer, source=source, text_source=text_source)
     for layer in result["layers"]:
         heads = ", ".join(f"h{m['head']} {100 * m['sparsity']:.0f}% zeros / H {m['entropy']:.2f} / "
                           f"d {m['mean_distance']:.1f}" for m in layer["heads"])
@@ -102,7 +102,8 @@ def register(subparsers) -> None:
     p.add_argument("--gene", help="train this gene on the fly (with --steps and the data flags) and draw it")
     p.add_argument("--from-run", metavar="DIR", help="train the run's best gene (or --gene) with the run's settings; "
                    "outputs go to DIR/maps")
-    p.add_argument("--text", help="the words to attend over (the model's vocabulary; unknown words become <unk>)")
+    p.add_argument("--text", help="the text to attend over, read by the model's own tokenizer (words, characters, "
+                   "bytes or BPE tokens; unknown words or characters become <unk>)")
     p.add_argument("--sample", type=int, default=0, help="without --text: which validation example (default 0)")
     p.add_argument("--length", type=int, default=32, help="without --text: tokens of the example to show (default 32)")
     p.add_argument("--out", help="output directory (default runs/maps, or DIR/maps with --from-run)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_training_flags,
-                                      checked, executor_from_args, explicit_settings, flag_of,
+from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_fidelity_flags,
+                                      add_training_flags, checked, executor_from_args, explicit_settings, flag_of,
                                       install_sigterm_handler, number, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
@@ -136,16 +136,5 @@ def register(sub) -> None:
                    help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)
     add_executor_flags(p, "execution (not part of the run: a run may be resumed with another executor)")
-    f = p.add_argument_group("multi-fidelity (part of the run: changes its results)")
-    f.add_argument("--fidelity", choices=["full", "halving"],
-                   help="halving: successive halving inside each generation; only the best 1/eta of the new "
-                        "individuals at each rung train on (default full)")
-    f.add_argument("--hurdle", type=float, metavar="Q",
-                   help="stop individuals whose loss at the first rung is worse than the generation's Q-quantile")
-    f.add_argument("--halving-eta", type=int, metavar="ETA", help="keep the best 1/ETA at each rung (default 3)")
-    f.add_argument("--halving-rungs", type=int, metavar="R",
-                   help="rungs at budget/ETA^k steps, k = R-1 ... 0, the full budget included (default 3)")
-    f.add_argument("--halving-audit", type=int, metavar="N",
-                   help="per generation, train N randomly chosen new individuals to the full budget whatever "
-                        "their early loss, to measure on them how well early losses predict final ones (default 0)")
+    add_fidelity_flags(p)
     p.set_defaults(func=cmd_search)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 def cmd_transfer(args) -> int:
     from evo_attention.cli.common import executor_from_args
-    from evo_attention.cli.validate import analysis_setup, log_outputs, run_genes
+    from evo_attention.cli.validate import analysis_setup, log_outputs, run_genes, study_setup
     from evo_attention.report import load_run
-    from evo_attention.studies.transfer import plan, transfer_genes, write_transfer
+    from evo_attention.studies.transfer import plan, run_transfer, write_transfer
     from evo_attention.util.progress import log
 
     summary = load_run(args.from_run) if args.from_run else None
@@ -33,16 +33,15 @@ def cmd_transfer(args) -> int:
         f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})", args.quiet)
     try:
         with executor_from_args(args) as executor:
-            result = transfer_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
-                                    metric=args.metric, confidence=args.confidence, store=store, executor=executor,
-                                    search_seed=search_seed, source_run=args.from_run, quiet=args.quiet, **budget)
+            setup = study_setup(args, "transfer", config, data, store, executor, search_seed)
+            result = run_transfer(setup, genes, **budget)
     finally:
         if store is not None:
             store.close()
     paths = write_transfer(result, out)
-    log(result["headline"].replace("**", ""))
-    for gene, verdict in result["verdicts"].items():
-        log(f"  {gene} at {result['largest']}: {verdict}")
+    log(result.headline.replace("**", ""))
+    for gene, verdict in result.verdicts.items():
+        log(f"  {gene} at {result.largest}: {verdict}")
     log_outputs(paths, args.from_run)
     return 0
 

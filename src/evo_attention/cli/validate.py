@@ -4,7 +4,8 @@
     evo-attention validate --genes "dot|sparsemax|output_gate|learned" --preset quick --seeds 5
 
 The seeds are ``seed + 1 ... seed + N`` (``--seed`` defaults to the run's search seed), never the
-search seed itself. ``analysis_setup`` and ``add_analysis_flags`` are shared with ``ablate``.
+search seed itself. ``add_analysis_flags``, ``analysis_setup`` and ``study_setup`` are shared with
+``ablate`` and ``transfer``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def analysis_setup(args, default_out: str, check=None):
     return config, data, store, out, search_seed
 
 
+def study_setup(args, role: str, config, data, store, executor, search_seed):
+    """The ``StudySetup`` of an analysis command: its flags (seeds, split, metric, confidence,
+    --from-run, --quiet) with the config, data, store and executor ``analysis_setup`` gave."""
+    from evo_attention.studies.common import StudySetup
+
+    return StudySetup.resolve(config, data, role=role, n_seeds=args.seeds, eval_split=args.eval_split,
+                              metric=args.metric, confidence=args.confidence, store=store, executor=executor,
+                              search_seed=search_seed, source_run=args.from_run, quiet=args.quiet)
+
+
 def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
     """The genes to study: --genes, else the best ``top`` of the run (the baseline excluded)."""
     from evo_attention.genes import AttentionGene
@@ -101,11 +112,12 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
     measured the same thing: the same data, steps and settings (a search on another corpus, or one
     that scored fewer evaluation batches, shows no value here)."""
     from evo_attention.train.record import usable_metric
-    from evo_attention.train.trainer import settings_hash
+    from evo_attention.genes import AttentionGene
+    from evo_attention.train.spec import Trial
 
     if summary is None or eval_split != "valid" or config.train_steps != summary.config.get("train_steps"):
         return {}
-    seed, context = summary.config.get("seed"), settings_hash(config, eval_split)
+    seed, context = summary.config.get("seed"), Trial.from_config(AttentionGene.vanilla(), config).context
     out = {}
     for record in summary.evaluations:
         same = (record.get("seed") == seed and record.get("data_fingerprint") == data.fingerprint
@@ -127,7 +139,7 @@ def log_outputs(paths: dict, from_run: str | None) -> None:
 
 
 def cmd_validate(args) -> int:
-    from evo_attention.studies.validate import validate_genes, write_validation
+    from evo_attention.studies.validate import run_validation, write_validation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
     from evo_attention.cli.common import executor_from_args
@@ -143,16 +155,14 @@ def cmd_validate(args) -> int:
     known = search_values(summary, genes + [vanilla], args.metric, config, data, args.eval_split)
     try:
         with executor_from_args(args) as executor:
-            result = validate_genes(genes, config, data, n_seeds=args.seeds, eval_split=args.eval_split,
-                                    metric=args.metric, confidence=args.confidence, store=store, executor=executor,
-                                    search_seed=search_seed, search_values=known, source_run=args.from_run,
-                                    quiet=args.quiet)
+            setup = study_setup(args, "validate", config, data, store, executor, search_seed)
+            result = run_validation(setup, genes, search_values=known)
     finally:
         if store is not None:
             store.close()
     paths = write_validation(result, out)
-    log(result["headline"].replace("**", ""))
-    for row in result["genes"]:
+    log(result.headline.replace("**", ""))
+    for row in result.genes:
         log(f"  {row['str']}: {row['verdict']}")
     log_outputs(paths, args.from_run)
     return 0

@@ -55,6 +55,7 @@ class TaskData:
     fingerprint: str  # hex sha256 of the source identity + settings
     pad_id: int  # input id used for padding (its targets are always IGNORE_INDEX)
     vocab = None  # a Vocab where the ids have names, else None
+    tokenizer = None  # the data.tokenizers.Tokenizer that made the ids from text, else None
 
     # --- hooks for item-based datasets -------------------------------------------------------
     def num_train_items(self) -> int:

@@ -2,10 +2,10 @@
 
 A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (for WikiText-2 the
 original names ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens`` work too).
-The default tokenization is the standard word-level recipe: for every line of a file (empty lines
-included), ``line.split()`` followed by ``<eos>``; ``tokenizer`` picks character, byte or BPE
-tokens instead (``tokenizers.py``). Each split becomes one contiguous int64 token stream, with the
-UTF-8 bytes and characters of every token beside it (for bits per byte). The vocabulary comes
+The default tokenization is the standard word-level recipe (``words.corpus_words``): for every line
+of a file (empty lines included), its words followed by ``<eos>``; ``tokenizer`` picks character,
+byte or BPE tokens instead (``tokenizers.py``). Each split becomes one contiguous int64 token
+stream, with the UTF-8 bytes and characters of every token beside it (for bits per byte). The vocabulary comes
 from the train split only; anything else maps to ``<unk>`` (bytes and byte-level BPE have none).
 
 Where WikiText-2 comes from: the ``data_dir`` argument, else ``$EVO_ATTENTION_DATA_DIR``, else the
@@ -33,8 +33,10 @@ import torch
 from evo_attention.util.errors import UserError
 from evo_attention.data import cache
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive
-from evo_attention.data.tokenizers import Tokenizer, WordTokenizer, parse_tokenizer, tokenizer_from_json, train_tokenizer
-from evo_attention.data.vocab import EOS, Vocab, check_vocab_size
+from evo_attention.data.tokenizers import (Tokenizer, WordTokenizer, as_tokenizer, parse_tokenizer, tokenizer_from_json,
+                                           train_tokenizer)
+from evo_attention.data.vocab import Vocab, check_vocab_size
+from evo_attention.data.words import line_words
 
 ENV_DATA_DIR = "EVO_ATTENTION_DATA_DIR"
 RECIPE_VERSION = 1  # bump whenever tokenization changes: it is part of the cache key
@@ -46,16 +48,6 @@ FILE_NAMES = {
 }
 
 
-def tokenize(text: str) -> list[str]:
-    """``line.split() + ['<eos>']`` for every line of ``text``, flattened (universal newlines)."""
-    if not text:
-        return []
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if not text.endswith("\n"):
-        text += "\n"
-    return text.replace("\n", f" {EOS} ").split()
-
-
 class CorpusData(TaskData):
     """A tokenized corpus: one int64 stream per split, a train-split Vocab, and window batching."""
 
@@ -63,8 +55,7 @@ class CorpusData(TaskData):
                  fingerprint: str, eval_stride: int | None = None, source: str = "",
                  text_sizes: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None):
         check_settings(seq_len, eval_stride)
-        if isinstance(tokenizer, Vocab):
-            tokenizer = WordTokenizer(tokenizer)
+        tokenizer = as_tokenizer(tokenizer)
         self.name, self.tokenizer, self.streams, self.source = name, tokenizer, streams, source
         self.vocab = tokenizer.vocab if isinstance(tokenizer, WordTokenizer) else None
         self.vocab_size = tokenizer.vocab_size
@@ -188,7 +179,7 @@ def corpus_from_texts(name: str, texts: dict, source: str, *, vocab_size: int | 
 def _tokenize_splits(texts: dict, vocab_size: int | None, tokenizer: str):
     """(streams, the tokenizer fitted to the train split, split -> (bytes, chars) per token)."""
     for split, (text, _, where) in texts.items():
-        if not text.split():
+        if not text.strip():  # whitespace only
             raise UserError(f"{where} has no tokens (only blank lines); fill it with text")
     tok = train_tokenizer(tokenizer, texts["train"][0], vocab_size)
     streams, sizes = {}, {}
@@ -244,7 +235,8 @@ def _read_hf_wikitext2() -> dict:
         raise UserError(f"could not load WikiText-2 with Hugging Face datasets ({type(e).__name__}: {reason}); {fix}", setting="data_dir") from None
     texts = {}
     for split, lines in rows.items():
-        # one row per line of the original file: rebuild that file's text canonically
-        text = "".join(" ".join(line.split()) + "\n" for line in lines)
+        # one row per line of the original file: rebuild that file's text canonically (one space
+        # between the words of a line), which the word recipe reads as the original rows
+        text = "".join(" ".join(line_words(line)) + "\n" for line in lines)
         texts[split] = (text, hashlib.sha256(text.encode("utf-8")).hexdigest(), f"{HF_SOURCE} {split}")
     return texts

@@ -1,9 +1,9 @@
 """Tokenizers of a text corpus: word, character, byte and byte-level BPE, behind one interface.
 
 =============  ===========================================================================
-``word``       the standard word-level recipe (``corpus.tokenize``): whitespace-separated words,
-               ``<eos>`` after every line, the train split's most frequent words (``vocab_size``)
-               plus ``<unk>``
+``word``       the standard word-level recipe (``words.corpus_words``): whitespace-separated
+               words, ``<eos>`` after every line, the train split's most frequent words
+               (``vocab_size``) plus ``<unk>``
 ``char``       the train split's characters plus ``<unk>`` (for characters the train split lacks)
 ``byte``       the 256 UTF-8 byte values: no unknowns, any language
 ``bpe:N``      a byte-level BPE vocabulary of N tokens trained on the train split only, with
@@ -14,6 +14,9 @@ Every tokenizer turns a text into token ids *and* says how many UTF-8 bytes and 
 text each token stands for (``Encoded``), so a model's NLL can be reported in bits per byte and
 bits per character, which compare across tokenizations. Word-level counts are those of the
 text as the recipe reads it: one space between the words of a line, a newline after each line.
+
+``Tokenizer.token_texts(ids)`` gives the text of every token, for display (attention maps): a word,
+a character, or the bytes of a byte or BPE token (``\\xNN`` where they are not whole UTF-8).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evo_attention.data.vocab import EOS, UNK, Vocab
+from evo_attention.data.vocab import UNK, Vocab
+from evo_attention.data.words import EOS, corpus_words, line_words, prompt_words, text_lines
 from evo_attention.util.errors import UserError
 
 KINDS = ("word", "char", "byte", "bpe")
@@ -61,7 +65,8 @@ class Encoded:
 
 
 class Tokenizer:
-    """Interface: ``encode(text)``, ``decode(ids)``, ``vocab_size``, ``pad_id``, ``to_json``."""
+    """Interface: ``encode(text)``, ``decode(ids)``, ``token_texts(ids)``, ``vocab_size``, ``pad_id``,
+    ``to_json``."""
 
     kind = ""
     pad_id = 0  # input id used for padding (its targets are never scored)
@@ -80,8 +85,29 @@ class Tokenizer:
     def decode(self, ids) -> str:
         raise NotImplementedError
 
+    def token_texts(self, ids) -> list[str]:
+        """One display string per token of ``ids``: its own text (``readable``), ``<unk>`` for the
+        unknown token. Unlike ``decode``, tokens that split a character keep their bytes apart."""
+        return [readable(self._token_bytes(int(i))) for i in ids]
+
+    def _token_bytes(self, token_id: int) -> bytes | None:
+        """The UTF-8 bytes token ``token_id`` stands for; None for the unknown token."""
+        raise NotImplementedError
+
     def to_json(self) -> str:
         raise NotImplementedError
+
+
+def readable(raw: bytes | None) -> str:
+    """``raw`` as a label: its text, with ``\\xNN`` for bytes that are not whole UTF-8 characters
+    and escapes (``\\n``) for unprintable characters, so every label shows on one line."""
+    if raw is None:
+        return UNK
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "".join(f"\\x{b:02x}" for b in raw)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _counts(pieces: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +117,7 @@ def _counts(pieces: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class WordTokenizer(Tokenizer):
-    """The word-level recipe over a ``Vocab`` (see ``corpus.tokenize``)."""
+    """The word-level recipe over a ``Vocab`` (``words.corpus_words``)."""
 
     kind = "word"
 
@@ -101,26 +127,28 @@ class WordTokenizer(Tokenizer):
 
     @classmethod
     def train(cls, text: str, vocab_size: int | None) -> "WordTokenizer":
-        from evo_attention.data.corpus import tokenize
-
-        return cls(Vocab.from_counts(Counter(tokenize(text)), vocab_size))
+        return cls(Vocab.from_counts(Counter(corpus_words(text)), vocab_size))
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
 
     def encode(self, text: str) -> Encoded:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        # the tokens are corpus_words(text); each stands for its word plus the space after it, and
+        # <eos> for the newline, in the canonical text (one space between words, "\n" per line)
         words, pieces = [], []
-        for line in text.split("\n")[: -1 if text.endswith("\n") else None]:
-            parts = line.split()
+        for line in text_lines(text):
+            parts = line_words(line)
             words += parts + [EOS]
-            pieces += [w + " " for w in parts[:-1]] + parts[-1:] + ["\n"]  # the space after a word is its own
+            pieces += [w + " " for w in parts[:-1]] + parts[-1:] + ["\n"]
         nbytes, nchars = _counts(pieces)
         return Encoded(torch.tensor(self.vocab.encode(words), dtype=torch.long), nbytes, nchars)
 
     def decode(self, ids) -> str:
         return " ".join(self.vocab.decode(list(ids))).replace(f" {EOS} ", "\n").replace(EOS, "\n")
+
+    def token_texts(self, ids) -> list[str]:
+        return self.vocab.decode([int(i) for i in ids])  # the words themselves, <eos> and <unk> included
 
     def to_json(self) -> str:
         return json.dumps({"tokenizer": "word", "vocab": json.loads(self.vocab.to_json())})
@@ -156,6 +184,9 @@ class CharTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return "".join(self.itos[int(i)] if int(i) else "\ufffd" for i in ids)
 
+    def _token_bytes(self, token_id: int) -> bytes | None:
+        return self.itos[token_id].encode("utf-8") if token_id else None
+
     def to_json(self) -> str:
         return json.dumps({"tokenizer": "char", "chars": self.itos[1:]})
 
@@ -177,6 +208,9 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def _token_bytes(self, token_id: int) -> bytes | None:
+        return bytes([token_id])
 
     def to_json(self) -> str:
         return json.dumps({"tokenizer": "byte"})
@@ -211,8 +245,10 @@ class BPETokenizer(Tokenizer):
         size = max(vocab.values()) + 1
         nbytes = torch.zeros(size, dtype=torch.int32)
         nchars = torch.zeros(size, dtype=torch.int32)
+        self._bytes = [b""] * size  # an id the model's vocabulary skips stands for no text
         for token, i in vocab.items():
-            raw = [alphabet[c] for c in token if c in alphabet]
+            raw = bytes(alphabet[c] for c in token if c in alphabet)
+            self._bytes[i] = raw
             nbytes[i] = len(raw)
             nchars[i] = sum(1 for b in raw if b & 0xC0 != 0x80)  # a character counts where its first byte is
         self._nbytes, self._nchars = nbytes, nchars
@@ -252,30 +288,36 @@ class BPETokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self.model.decode([int(i) for i in ids])
 
+    def _token_bytes(self, token_id: int) -> bytes | None:
+        return self._bytes[token_id]
+
     def to_json(self) -> str:
         return json.dumps({"tokenizer": "bpe", "model": self.model.to_str()})
 
 
-def encode_prompt(tokenizer: Tokenizer, text: str) -> tuple[list[int], int]:
+def as_tokenizer(tokenizer: Tokenizer | Vocab | None) -> Tokenizer | None:
+    """``tokenizer`` itself, a bare ``Vocab`` as its word tokenizer, or None."""
+    return WordTokenizer(tokenizer) if isinstance(tokenizer, Vocab) else tokenizer
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -> tuple[list[int], int]:
     """``(ids, unknown)``: the ids of a prompt and how many of them are the unknown token.
 
     Unlike ``encode`` (a corpus, where every line ends in ``<eos>``), a word-level prompt gets
-    ``<eos>`` only between its lines and after a final newline, so generation continues its last line.
-    Words outside the vocabulary become ``<unk>`` (UserError if the vocabulary has none).
+    ``<eos>`` only between its lines and after a final newline (``words.prompt_words``), so
+    generation continues its last line. Words outside the vocabulary become ``<unk>`` (UserError if
+    the vocabulary has none). ``setting`` names the argument the text came from in errors.
     """
     if not text or not text.strip():
-        raise UserError("the prompt is empty: give some text to continue", setting="prompt")
+        raise UserError(f"the {setting} is empty: give some text", setting=setting)
     if isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
-        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        words: list[str] = []
-        for i, line in enumerate(lines):
-            words += line.split() + ([EOS] if i < len(lines) - 1 else [])
+        words = prompt_words(text)
         unknown = sum(1 for w in words if w not in vocab.stoi)
         if unknown and vocab.unk_id is None:
             bad = next(w for w in words if w not in vocab.stoi)
             raise UserError(f"word {bad!r} is not in the model's vocabulary, which has no <unk>: use words such as "
-                            f"{', '.join(vocab.itos[1:6])}", setting="prompt")
+                            f"{', '.join(vocab.itos[1:6])}", setting=setting)
         return vocab.encode(words), unknown
     ids = tokenizer.encode(text).ids.tolist()
     unk = 0 if isinstance(tokenizer, CharTokenizer) else None  # byte and BPE tokenizers have no unknowns

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from evo_attention.data.words import EOS, prompt_words
 from evo_attention.util.errors import UserError
 
-UNK = "<unk>"
-EOS = "<eos>"
+UNK = "<unk>"  # the word every word outside the vocabulary becomes
 FORMAT = "evo-attention-vocab"
 
 
@@ -65,9 +65,10 @@ class Vocab:
         return self.stoi.get(EOS)
 
     def encode(self, words: str | Iterable[str]) -> list[int]:
-        """Ids of ``words`` (a string is split on whitespace); unknown words become <unk>."""
+        """Ids of ``words``; unknown words become <unk>. A string is read as a prompt
+        (``words.prompt_words``): its words, ``<eos>`` between its lines."""
         if isinstance(words, str):
-            words = words.split()
+            words = prompt_words(words)
         unk, get = self.unk_id, self.stoi.get
         ids = [get(w, unk) for w in words]
         if unk is None and None in ids:

@@ -38,10 +38,15 @@ attention mask with -inf on future keys). ``fused=False`` forces the plain path,
 compare against. On CPU, training with attention dropout also takes the plain path: SDPA's CPU
 kernel cannot drop out, falls back to unfused math with PyTorch's dropout, and ``dropout.py``'s
 mask is cheaper.
+
+``decode`` (incremental decoding with a key/value cache, or running sums for a kernel) computes the
+new positions' rows of the same function through the same pieces as ``forward``: the projection,
+``score_bias``, the weighing (``_attend``) and the output projection are each written once.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +56,7 @@ import torch.nn.functional as F
 from evo_attention.nn import components, positions
 from evo_attention.nn.dropout import dropout
 from evo_attention.util.errors import UserError
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, size_problem
 
 
 def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
@@ -156,17 +161,14 @@ class EvolvedAttention(nn.Module):
         if d_model % n_heads:
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+        problem = size_problem(self.gene, d_model=d_model, n_heads=n_heads)  # kv_heads, qkv_rank
+        if problem:
+            raise UserError(str(problem))
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.kv_heads = self.gene.kv_heads or n_heads
-        if n_heads % self.kv_heads:
-            raise UserError(f"gene {self.gene.key}: kv_heads {self.kv_heads} does not divide the {n_heads} heads: "
-                            "use a divisor (1 is multi-query attention)")
         self.kv_dim = self.kv_heads * self.d_head
         self.window = self.gene.window
         bias = self.gene.use_bias
-        if self.gene.qkv_rank > d_model:
-            raise UserError(f"gene {self.gene.key}: qkv_rank {self.gene.qkv_rank} is larger than d_model {d_model}: "
-                            "a low-rank projection needs a rank r <= d_model")
         if self.gene.qkv_rank:
             self.qkv = LowRankQKV(d_model, self.gene.qkv_rank, bias, kv_dim=self.kv_dim)
         else:
@@ -188,16 +190,25 @@ class EvolvedAttention(nn.Module):
     def can_fuse(self) -> bool:
         return bool(getattr(self.similarity, "dot_form", False)) and self.gene.normalization == "softmax"
 
-    def score_bias(self, t: int, device=None) -> torch.Tensor | None:
-        """The [H, T, T] float bias added to the logits (None without alibi / attn_bias)."""
+    def score_bias(self, t: int, device=None, start: int = 0) -> torch.Tensor | None:
+        """The float bias added to the logits of the T queries start..start+T-1 over the keys
+        0..start+T-1: [H, T, start + T] (None without alibi / attn_bias). ``start`` > 0: new
+        positions after a cache; ``forward`` and ``decode`` both take their bias from here."""
         bias = None
         for module in self.score_biases:
-            term = module(t, device)
+            term = module(t, device, start)
             bias = term if bias is None else bias + term
         return bias
 
     def project(self, x: torch.Tensor):
         """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated)."""
+        q, k, v = self._rotated_heads(x)
+        k, v = self._share_kv(k, v)
+        return q, k, v
+
+    def _rotated_heads(self, x: torch.Tensor, start: int = 0):
+        """x [B, T, d_model] of positions start..start+T-1 -> q [B, H, T, d_head] and k, v
+        [B, kv_heads, T, d_head] (grouped K/V heads not yet repeated), rotated for their positions."""
         b, t, _ = x.shape
         h = self.gating.gate_input(x)
         if self.kv_heads == self.n_heads:  # one view of the fused projection, as the step has always taken
@@ -205,8 +216,7 @@ class EvolvedAttention(nn.Module):
         else:
             q, k, v = self._heads(h)
         if self.rotary is not None:
-            q, k = self.rotary(q, k)
-        k, v = self._share_kv(k, v)
+            q, k = self.rotary(q, k, start)
         return q, k, v
 
     def kernel_features(self, q: torch.Tensor, k: torch.Tensor, tau: torch.Tensor):
@@ -234,26 +244,39 @@ class EvolvedAttention(nn.Module):
         tau = self.temperature(x)
         if mask is not None and mask.dim() == 2 and mask.shape == (b, t):
             mask = mask[:, None, None, :]
-        if self.kernel is None:
+        with self._precision(x.device.type):
             y, weights = self._weigh(q, k, v, tau, mask, need_weights)
-        else:
-            with torch.autocast(x.device.type, enabled=False):
-                y, weights = self._weigh(q, k, v, tau, mask, need_weights)
-        y = self.out(y.transpose(1, 2).reshape(b, t, self.d_model))
-        out = self.gating(x, y)
+        out = self._output(x, y)
         return (out, weights) if need_weights else out
+
+    # -- the pieces ``forward`` and ``decode`` share ----------------------------------------------
+    def _precision(self, device_type: str):
+        """The context the weighing runs in: a kernel's sums in at least float32 (autocast off),
+        any other normalization under the caller's autocast."""
+        return torch.autocast(device_type, enabled=False) if self.kernel is not None else nullcontext()
+
+    def _weighing_inputs(self, q, k, v, tau, start: int = 0):
+        """What the weighing reads: for a kernel normalization the feature maps phi(q), phi(k) (they
+        take the scores' place, so there is no score bias) and v in their dtype; otherwise q, k, v
+        and the score bias of the queries start..start+T-1."""
+        if self.kernel is not None:
+            q, k = self.kernel_features(q, k, tau)
+            return q, k, v.to(q.dtype), None
+        return q, k, v, self.score_bias(q.shape[2], q.device, start)
+
+    def _output(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y [B, H, T, d_head] through the output projection, gated with x."""
+        b, t, _ = x.shape
+        return self.gating(x, self.out(y.transpose(1, 2).reshape(b, t, self.d_model)))
 
     def _weigh(self, q, k, v, tau, mask, need_weights: bool):
         """The attention of q over k applied to v: y [B, H, T, d] and the weights (or None)."""
         t = q.shape[2]
         dropout_p = self.dropout_p if self.training else 0.0
         windowed = 0 < self.window < t
-        if self.kernel is not None:
-            q, k = self.kernel_features(q, k, tau)  # the features take the scores' place from here
-            v = v.to(q.dtype)
-            if not (need_weights or mask is not None or windowed or dropout_p > 0):
-                return components.causal_kernel_attention(q, k, v), None
-        bias = None if self.kernel is not None else self.score_bias(t, q.device)
+        q, k, v, bias = self._weighing_inputs(q, k, v, tau)
+        if self.kernel is not None and not (need_weights or mask is not None or windowed or dropout_p > 0):
+            return components.causal_kernel_attention(q, k, v), None
         if windowed and 2 * self.window < t and mask is None and not need_weights:
             return self._banded(q, k, v, tau, bias, dropout_p), None
         allowed = causal_mask(t, q.device, self.window)
@@ -342,34 +365,26 @@ class EvolvedAttention(nn.Module):
         [B, T, d_model], the rows ``forward`` gives for them on the whole sequence; their keys and
         values join ``cache``. Rotary angles, ALiBi and relative-bias rows start at the cache's
         length; the window and grouped K/V heads apply as in ``forward``; the temperature reads
-        only the new positions' own input (every temperature is per query position at most)."""
-        b, t, _ = x.shape
+        only the new positions' own input (every temperature is per query position at most).
+
+        It runs the forward's own pieces (projection, score bias, weighing, output); only the
+        keys (the cache's) and the mask (``decode_mask``) differ. Never fused, never dropped out:
+        decoding is inference and forms the few new rows of weights explicitly."""
+        t = x.shape[1]
         start = cache.length
-        q, k, v = self._heads(self.gating.gate_input(x))
-        if self.rotary is not None:
-            q, k = self.rotary(q, k, start)
+        q, k, v = self._rotated_heads(x, start)
         if isinstance(cache, KVCache):
             k, v = cache.append(k, v)
         k, v = self._share_kv(k, v)
-        if self.kernel is not None:
-            with torch.autocast(x.device.type, enabled=False):
-                phi_q, phi_k = self.kernel_features(q, k, self.temperature(x))
-                v = v.to(phi_q.dtype)
-                if isinstance(cache, KernelState):
-                    y = self._decode_running(phi_q, phi_k, v, cache)
-                else:
-                    y = components.kernel_weights(phi_q, phi_k, decode_mask(start, t, x.device, self.window)) @ v
-            return self.gating(x, self.out(y.transpose(1, 2).reshape(b, t, self.d_model)))
-        scores = self.similarity(q, k) / self.temperature(x).to(q.dtype)
-        bias = None
-        for module in self.score_biases:
-            term = module(t, x.device, start)
-            bias = term if bias is None else bias + term
-        if bias is not None:
-            scores = scores + bias
-        weights = self.normalize(scores, decode_mask(start, t, x.device, self.window))
-        y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(b, t, self.d_model)
-        return self.gating(x, self.out(y))
+        tau = self.temperature(x)
+        with self._precision(x.device.type):
+            q, k, v, bias = self._weighing_inputs(q, k, v, tau, start)
+            if isinstance(cache, KernelState):
+                y = self._decode_running(q, k, v, cache)
+            else:  # queries start.. over keys 0..: not aligned, so the similarity computes every score
+                y, _ = self._attend(q, k, v, tau, bias, decode_mask(start, t, x.device, self.window), 0.0,
+                                    fused=False, full_causal=False, aligned=False)
+        return self._output(x, y)
 
     @staticmethod
     def _decode_running(phi_q, phi_k, v, state: KernelState) -> torch.Tensor:

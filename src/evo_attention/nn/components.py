@@ -46,8 +46,10 @@ NORMALIZATIONS: Dict[str, Callable[[torch.Tensor, torch.Tensor | None], torch.Te
 TEMPERATURES: Dict[str, Callable[..., nn.Module]] = {}
 GATINGS: Dict[str, Callable[..., nn.Module]] = {}
 
-# The search space's option names live in ``genes.OPTIONS`` (the grammar of a gene); registering a
-# component here adds its name there, so it joins random draws and mutations at once.
+# The search space's option names live in ``genes.OPTIONS`` (the grammar of a gene), which knows the
+# built-in names below without importing this module. Registering a new name adds it there, so it
+# joins random draws and mutations at once; registering a built-in adds nothing (its place in
+# OPTIONS, which seeded draws index into, stays), and tests hold the two to the same names.
 
 _REGISTRIES = {
     "similarity": SIMILARITIES,

@@ -32,20 +32,12 @@ import torch.nn.functional as F
 
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import Dropout
+from evo_attention.nn.spec import BLOCKS, LLAMA_FFN_MULTIPLE, ModelSpec, llama_ffn_dim  # noqa: F401 (re-exported)
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene, LayerGenes
 
 
-BLOCKS = ("gpt2", "llama")
 RMS_EPS = 1e-5  # the RMSNorm epsilon (LayerNorm's default too)
-LLAMA_FFN_MULTIPLE = 8  # the SwiGLU width is rounded up to a multiple of this
-
-
-def llama_ffn_dim(d_model: int) -> int:
-    """The SwiGLU hidden width of the llama block: 8/3 d_model rounded up to a multiple of 8
-    (128 -> 344, 256 -> 688, 384 -> 1024)."""
-    m = LLAMA_FFN_MULTIPLE
-    return -(-8 * d_model // (3 * m)) * m
 
 
 class ModelSettings(Protocol):
@@ -145,14 +137,11 @@ class TinyTransformer(nn.Module):
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
         self.config = config
         self.genes = _as_gene_list(gene, config.n_layers)
-        absolute = {g.uses_absolute_positions for g in self.genes}
-        if len(absolute) > 1:
-            raise UserError("per-layer genes mix position=learned with rope/alibi/none ("
-                            + ", ".join(g.position for g in self.genes)
-                            + "): the learned table is added at the input, so give every layer learned or none of them")
+        LayerGenes(self.genes)  # refuses layers that disagree on learned absolute positions (the genes' rule)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        # absent (None) unless the genes use learned absolute positions
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute == {True} else None
+        # absent (None) unless the genes use learned absolute positions (the layers agree on it)
+        absolute = self.genes[0].uses_absolute_positions
+        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
         self.ln_f = make_norm(block_kind(config), config.d_model)

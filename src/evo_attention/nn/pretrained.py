@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_directory
 
@@ -39,7 +40,7 @@ class SavedSettings:
 
     @property
     def ffn_dim(self) -> int:
-        return self._values.get("d_ff") or 4 * self._values["d_model"]
+        return ModelSpec.from_mapping(self._values).ffn_dim
 
     def to_dict(self) -> dict:
         return dict(self._values)

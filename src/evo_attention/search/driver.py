@@ -36,7 +36,7 @@ from evo_attention.data.base import TaskData
 from evo_attention.genes import AttentionGene
 from evo_attention.search import strategy_from_config
 from evo_attention.search.base import Individual, Strategy, best_member
-from evo_attention.search.executors import EvalTask, Executor, LocalExecutor, task_context
+from evo_attention.search.executors import EvalTask, Executor, LocalExecutor
 from evo_attention.search.lock import RunLock
 from evo_attention.search.models import model_dir, prune as prune_models
 from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summary, schedule_from_config,
@@ -46,7 +46,7 @@ from evo_attention.search.store import RunStore
 from evo_attention.train.config import Config
 from evo_attention.train.environment import versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, objective_values
-from evo_attention.train.trainer import settings_hash
+from evo_attention.train.spec import Trial
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
@@ -97,7 +97,7 @@ class Search:
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
-        self.context = settings_hash(config, "valid")
+        self.context = self._trial(AttentionGene.vanilla().key).context  # the run's full-budget trials
         if resume and not RunStore.exists(self.out_dir):
             RunStore.open(self.out_dir)  # "no run in ...": said before a lock file is made there
         self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
@@ -172,7 +172,7 @@ class Search:
     def _run(self) -> None:
         config = self.config
         with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
-            self._runner = Runner(config, self.data, self.executor, store=self.store, view=view,
+            self._runner = Runner(self.executor, store=self.store, data={config.task: self.data}, view=view,
                                   on_finished=self._finished)
             if self.keep_models:
                 prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
@@ -201,13 +201,17 @@ class Search:
         """After every finished generation: a readable snapshot of it (``save_checkpoint``)."""
         self.save_checkpoint()
 
-    def _task(self, key: str, *, role: str, generation: int | None, **fidelity) -> EvalTask:
-        label = "baseline" if role == "baseline" else f"gen {generation}"
-        steps = fidelity.pop("steps", self.config.train_steps)
+    def _trial(self, key: str, steps: int | None = None, budget: int | None = None) -> Trial:
+        """The trial of gene ``key`` in this run (``steps`` of a ``budget``-step schedule)."""
+        return Trial.from_config(key, self.config, steps=steps, budget=budget, data=self.data)
+
+    def _task(self, key: str, *, role: str, generation: int | None, steps: int | None = None,
+              budget: int | None = None, label: str | None = None, **fidelity) -> EvalTask:
+        steps = self.config.train_steps if steps is None else steps
         keep = self.keep_models and role == "search" and steps == self.config.train_steps
-        return EvalTask(key, self.config.seed, steps, role=role, generation=generation,
-                        label=fidelity.pop("label", label), keep_model=str(model_dir(self.out_dir, key)) if keep else None,
-                        **fidelity)
+        label = label or ("baseline" if role == "baseline" else f"gen {generation}")
+        return EvalTask(self._trial(key, steps, budget), role=role, generation=generation, label=label,
+                        keep_model=str(model_dir(self.out_dir, key)) if keep else None, **fidelity)
 
     def _evaluate(self, tasks: list) -> dict[str, EvaluationRecord]:
         """Records of the tasks by gene key (one task per gene)."""
@@ -237,7 +241,7 @@ class Search:
         reached: dict[str, EvaluationRecord] = {}  # key -> record of the highest rung it reached
         alive = []
         for key in keys:
-            known = self.store.lookup(key, config.seed, schedule.budget, self.data.fingerprint, self.context)
+            known = self.store.lookup(*self._trial(key).key())
             if known is not None and known.role in ("search", "baseline") and (
                     known.generation is None or known.generation < generation):
                 reached[key] = known  # its full-budget result is known from before this generation
@@ -264,8 +268,7 @@ class Search:
         return {key: self._fitness(reached[key], told[key]) if told[key] is not None else None for key in told}
 
     def _state_path(self, key: str, steps: int) -> Path:
-        context = task_context(self._task(key, role=RUNG_ROLE, generation=None, steps=steps,
-                                          budget=self.schedule.budget), self.config)
+        context = self._trial(key, steps, self.schedule.budget).context
         return self.out_dir / STATE_DIR / state_file_name(key, self.config.seed, steps, context)
 
     def _state_file(self, record: EvaluationRecord | None) -> str | None:

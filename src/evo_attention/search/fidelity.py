@@ -143,50 +143,14 @@ def schedule_from_config(config: Config) -> Schedule | None:
 
 
 # -- identity of a rung evaluation ----------------------------------------------------------------
-def evaluation_context(config: Config, eval_split: str, steps: int, budget: int | None) -> str:
-    """The cache-key context of an evaluation of ``steps`` steps under a ``budget``-step schedule.
-
-    A rung of a constant-rate schedule is exactly a ``steps``-step training, so it shares the
-    plain context (and cache entries) with one; under a cosine schedule the learning rate at a step
-    depends on the budget, so the budget becomes part of the context.
-    """
-    from evo_attention.train.trainer import settings_hash
-
-    context = settings_hash(config, eval_split)
-    if budget is None or steps == budget or config.lr_schedule == "constant":
-        return context
-    return f"{context}~{budget}"
-
-
+# A rung evaluation is a Trial with ``budget`` set (train.spec): its key's context carries the budget
+# under a decaying schedule, where the rate at a step depends on it; a rung of a constant-rate
+# schedule is exactly a plain training of its steps and shares its cache entries.
 def state_file_name(gene: str, seed: int, steps: int, context: str) -> str:
     """File name (under ``STATE_DIR``) of a rung's trainer state."""
     slug = re.sub(r"[^A-Za-z0-9.]+", "_", gene)
     digest = hashlib.sha256(f"{gene}/{seed}/{steps}/{context}".encode()).hexdigest()[:10]
     return f"{slug}-s{seed}-{steps}-{digest}.pt"
-
-
-# -- training one rung (runs wherever the executor runs it) ---------------------------------------
-def train_rung(gene, config: Config, data, *, seed: int, steps: int, budget: int, state: bytes | None = None,
-               keep_state: bool = False, eval_split: str = "valid", device=None,
-               progress=None):
-    """Train ``gene`` to step ``steps`` of a ``budget``-step training (continuing from ``state``,
-    a checkpoint of an earlier rung, when given) and evaluate it.
-
-    Returns a ``TrainingResult``: the record (``steps`` the rung's steps, with ``budget`` and
-    ``resumed_from``), the trainer and, with ``keep_state``, the trainer state after training (None
-    if the training failed). Never raises for a failing gene.
-    """
-    from dataclasses import replace
-
-    from evo_attention.train.trainer import run_training
-
-    config = config.replace(train_steps=int(budget))
-    result = run_training(gene, config, data, seed=seed, eval_split=eval_split, device=device, progress=progress,
-                          until_step=int(steps), state=state, keep_state=keep_state)
-    record = result.record.replace(steps=int(steps), budget=int(budget),
-                                   context=evaluation_context(config, eval_split, steps, budget),
-                                   resumed_from=result.record.resumed_from or 0)
-    return replace(result, record=record)
 
 
 # -- what the strategy is told ---------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The runner: cached, progress-reporting evaluation of a batch of tasks.
 
 Every part of the product that trains models (the search driver, validate, ablate, compare) hands
-its ``EvalTask`` s to a ``Runner``, which
+its ``EvalTask`` s (or bare ``Trial`` s) to a ``Runner``, which
 
-1. answers each task from the run store when the same evaluation (gene, seed, steps, data,
-   settings) is stored already -- a cache hit is never trained again;
+1. answers each task from the run store when a record of the same ``trial.key()`` is stored
+   already -- a cache hit is never trained again; the trials of one call may differ in any field;
 2. gives the others to the executor, and writes each record into the store the moment it comes
    back (with the task's role and generation), so an interruption loses at most the trainings in
    flight;
@@ -16,46 +16,58 @@ Without a store (``store=None``) nothing is cached or kept: the records are only
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from evo_attention.search.executors import EvalTask, Executor, task_context
+from evo_attention.search.executors import EvalTask, Executor, as_task
 from evo_attention.search.store import RunStore
-from evo_attention.train.config import Config
 from evo_attention.train.record import EvaluationRecord
+from evo_attention.train.spec import Trial, load_task, provide_task
 from evo_attention.util.progress import SearchView
 
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # (task, record, served from the store)
 
 
 class Runner:
-    """Evaluate tasks for one config and dataset through ``executor``, cached in ``store``.
+    """Evaluate tasks through ``executor``, cached in ``store``.
 
-    ``view`` is the progress display (``SearchView``); ``activity`` prefixes the worker names this
-    runner writes into the store's activity table (so a study running beside a search clears only
-    its own rows); ``on_finished`` is called for every task answered, cached or trained.
+    ``data`` maps task specs to datasets the caller built itself (a search's data, a dataset object
+    the config cannot rebuild); every other trial's data is built from its task (``load_task``).
+    A trial without a data fingerprint gets its dataset's. ``view`` is the progress display
+    (``SearchView``); ``activity`` prefixes the worker names this runner writes into the store's
+    activity table (so a study running beside a search clears only its own rows); ``on_finished``
+    is called for every task answered, cached or trained.
     """
 
-    def __init__(self, config: Config, data, executor: Executor, *, store: RunStore | None = None,
+    def __init__(self, executor: Executor, *, store: RunStore | None = None, data: dict | None = None,
                  view: SearchView | None = None, activity: str = "", on_finished: FinishedFn | None = None):
-        self.config, self.data, self.executor = config, data, executor
+        self.executor = executor
+        for task, dataset in (data or {}).items():
+            provide_task(task, dataset)
         self.store, self.view = store, view
         self.activity = activity
         self.on_finished = on_finished
         self.done = 0
 
-    def lookup(self, task: EvalTask) -> EvaluationRecord | None:
-        """The stored record of ``task``, or None."""
+    def lookup(self, task: "EvalTask | Trial") -> EvaluationRecord | None:
+        """The stored record of ``task``'s trial, or None."""
         if self.store is None:
             return None
-        return self.store.lookup(task.gene, task.seed, task.steps, self.data.fingerprint,
-                                 task_context(task, self.config))
+        return self.store.lookup(*resolved(as_task(task)).trial.key())
 
-    def evaluate(self, tasks: Sequence[EvalTask]) -> dict[EvalTask, EvaluationRecord]:
-        """The record of every task (a task repeated in ``tasks`` is evaluated once)."""
+    def evaluate(self, tasks: Sequence["EvalTask | Trial"]) -> dict:
+        """The record of every task, by the task as given (a task repeated in ``tasks`` is evaluated
+        once)."""
+        given = list(tasks)
+        resolved_tasks = {work: resolved(as_task(work)) for work in dict.fromkeys(given)}
+        records = self._evaluate(list(dict.fromkeys(resolved_tasks.values())))
+        return {work: records[resolved_tasks[work]] for work in given}
+
+    def _evaluate(self, tasks: list) -> dict[EvalTask, EvaluationRecord]:
         records: dict[EvalTask, EvaluationRecord] = {}
         todo = []
-        for task in dict.fromkeys(tasks):
+        for task in tasks:
             hit = self.lookup(task)
             if hit is not None:
                 records[task] = hit
@@ -63,8 +75,7 @@ class Runner:
             else:
                 todo.append(task)
         try:
-            for task, record in self.executor.run(todo, self.config, self.data, on_start=self._start,
-                                                  on_step=self._step):
+            for task, record in self.executor.run(todo, on_start=self._start, on_step=self._step):
                 record = self._annotate(task, record)
                 if self.store is not None:
                     self.store.record(record, role=task.role, generation=task.generation)
@@ -73,7 +84,7 @@ class Runner:
                 self.announce(task, record, cached=False)
         finally:
             self._clear_activity()
-        return {task: records[task] for task in tasks}
+        return records
 
     # -- internals ---------------------------------------------------------------------------------
     def _annotate(self, task: EvalTask, record: EvaluationRecord) -> EvaluationRecord:
@@ -118,3 +129,10 @@ class Runner:
         for row in self.store.activity():  # only its own rows: a search may be running beside it
             if str(row["worker"]).startswith(self.activity):
                 self.store.clear_activity(row["worker"])
+
+
+def resolved(task: EvalTask) -> EvalTask:
+    """``task`` with its trial's data fingerprint filled in (from its dataset, built once)."""
+    if task.trial.task.fingerprint is not None:
+        return task
+    return replace(task, trial=task.trial.with_data(load_task(task.trial.task)))

@@ -1,7 +1,10 @@
 """Studies: experiments that train models through the runner and write their result files.
 
+- ``common``: what the seed-based studies share: ``StudySetup`` (settings resolved once, training
+  through the runner and the run store, provenance) and ``StudyResult`` (typed, read as its dict)
 - ``validate``: re-train genes and the baseline with fresh seeds and compare (``validate_genes``)
 - ``ablate``: remove each of a gene's differences from the baseline, and add each one alone
+- ``transfer``: retrain genes and the baseline at a ladder of model sizes (``transfer_genes``)
 - ``maps``: attention weights per layer and head, drawn, with sparsity, entropy and distance
 - ``compare``: named attention variants at one fixed size
 - ``evolution``: ``Evolution``, a search that writes its report (the original project's API)
@@ -14,9 +17,11 @@
 import importlib
 
 # name -> the module that defines it; imported on first use, so ``import evo_attention`` stays light
-_EXPORTS = {"ablate": "ablation", "ablation_variants": "ablation", "write_ablation": "ablation",
-            "run_seeds": "common", "validation_seeds": "common", "resolve_configs": "compare",
-            "run_compare": "compare", "attention_maps": "maps", "head_metrics": "maps",
+_EXPORTS = {"ablate": "ablation", "ablation_variants": "ablation", "run_ablation": "ablation",
+            "write_ablation": "ablation", "StudyResult": "common", "StudySetup": "common", "run_seeds": "common",
+            "validation_seeds": "common", "resolve_configs": "compare", "run_compare": "compare",
+            "attention_maps": "maps", "head_metrics": "maps", "run_transfer": "transfer",
+            "transfer_genes": "transfer", "write_transfer": "transfer", "run_validation": "validate",
             "validate_genes": "validate", "write_validation": "validate"}
 
 __all__ = sorted(_EXPORTS)

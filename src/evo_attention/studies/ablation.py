@@ -14,7 +14,9 @@ Contributions are written in the "better" direction of the metric: positive mean
 improves the metric (for perplexity: lowers it). Interactions show as single contributions that
 do not add up to the whole gene's improvement.
 
-``ablate`` returns the JSON-able result; ``write_ablation`` writes ``ablation.{json,md,png}``.
+``ablate`` resolves a ``common.StudySetup`` and returns an ``AblationResult`` (the statistics,
+then the setup's provenance; a mapping of what is written); ``write_ablation`` writes it as
+``ablation.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -22,17 +24,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene
 from evo_attention.report.studies import FIELD_LABELS, ablation_markdown, metric_info
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import (DEFAULT_SEEDS, provenance, run_seeds, samples, validation_seeds,
+from evo_attention.studies.common import (DEFAULT_SEEDS, SeedStudyResult, StudySetup, samples,
                                           write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
-
 
 
 @dataclass(frozen=True)
@@ -80,21 +81,49 @@ def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None
     return variants
 
 
+@dataclass(frozen=True, eq=False)
+class AblationResult(SeedStudyResult):
+    """An ablation: every variant's row, the per-field contributions and the whole gene's
+    improvement over the baseline (``total``), and the provenance."""
+
+    kind: ClassVar[str] = "ablation"
+
+    @property
+    def gene(self) -> str:
+        return self["gene"]
+
+    @property
+    def variants(self) -> list[dict]:
+        return self["variants"]
+
+    @property
+    def contributions(self) -> list[dict]:
+        return self["contributions"]
+
+    @property
+    def total(self) -> dict:
+        return self["total"]
+
+
 def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SEEDS, steps: int | None = None,
            eval_split: str = "valid", metric: str = "val_perplexity", confidence: float = 0.95, store=None,
            executor: Executor | None = None, search_seed: int | None = None,
-           source_run: str | os.PathLike | None = None, quiet: bool = True) -> dict:
-    """Train every variant of ``gene`` with seeds ``config.seed + 1 ...`` and measure the changes."""
-    stats.check_confidence(confidence)
-    metric_info(metric, eval_split)
-    seeds = validation_seeds(config.seed, n_seeds, search_seed)
-    steps = int(config.train_steps if steps is None else steps)
+           source_run: str | os.PathLike | None = None, quiet: bool = True) -> AblationResult:
+    """Train every variant of ``gene`` with seeds ``config.seed + 1 ...`` and measure the changes
+    (the keyword arguments are those of ``StudySetup.resolve``)."""
+    setup = StudySetup.resolve(config, data, role="ablation", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
+                               metric=metric, confidence=confidence, store=store, executor=executor,
+                               search_seed=search_seed, source_run=source_run, quiet=quiet)
+    return run_ablation(setup, gene)
+
+
+def run_ablation(setup: StudySetup, gene: AttentionGene | str) -> AblationResult:
+    """The ablation of ``gene`` with a resolved ``setup``."""
     variants = ablation_variants(gene)
-    records = run_seeds([v.gene for v in variants], config, data, seeds, steps=steps, eval_split=eval_split,
-                        role="ablation", store=store, executor=executor, quiet=quiet)
-    result = ablation_statistics(variants, records, seeds, metric=metric, confidence=confidence, eval_split=eval_split)
-    result.update(provenance(config, data, eval_split, metric, confidence, seeds, steps, search_seed, source_run))
-    return to_jsonable(result)
+    records = setup.train([v.gene for v in variants])
+    numbers = ablation_statistics(variants, records, list(setup.seeds), metric=setup.metric,
+                                  confidence=setup.confidence, eval_split=setup.eval_split)
+    return AblationResult(numbers, setup.provenance())
 
 
 def ablation_statistics(variants: Sequence[Variant], records: Mapping[tuple[str, int], Mapping], seeds: Sequence[int], *,

@@ -7,12 +7,15 @@ of ``d_model`` so that a variant means the same thing at every size:
 
     from evo_attention.studies.compare import resolve_configs, run_compare
     entries = resolve_configs("baseline,rope_only,dot|sparsemax|none|fixed", d_model=128)
-    payload = run_compare(config, entries, seeds=2, out_dir="runs/compare")
+    result = run_compare(config, entries, seeds=2, out_dir="runs/compare")
 
-``run_compare`` trains through the runner and an executor (``search.executors.make_executor``;
-parallel executors work too), records failures (oom, diverged, error) as rows with their status
-and goes on, and writes ``compare_results.json``, ``compare.md`` and ``compare.png`` into
-``out_dir``.
+``run_compare`` trains every configuration with the seeds ``seed + 1 ... seed + N``
+(``common.StudySetup``, as the other seed-based studies) through the runner, an executor
+(``search.executors.make_executor``; parallel executors work too) and a run store (role
+``compare``): a search run's store, or one of its own in ``out_dir``, so a training stored already
+is never run again. It records failures (oom, diverged, error) as rows with their status and goes
+on, and writes its ``CompareResult`` as ``compare_results.json``, ``compare.md`` and
+``compare.png`` into ``out_dir``.
 """
 
 from __future__ import annotations
@@ -22,18 +25,18 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import VANILLA_KEY, AttentionGene
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
-from evo_attention.search.executors import EvalTask, Executor, make_executor
-from evo_attention.search.runner import Runner
+from evo_attention.search.executors import Executor, make_executor
+from evo_attention.search.store import RunStore
+from evo_attention.studies.common import StudyResult, StudySetup, study_store, validation_seeds
 from evo_attention.train.config import Config
-from evo_attention.train.record import usable_metric
+from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import write_json
-from evo_attention.util.progress import SearchView
+from evo_attention.util.jsonio import to_jsonable, write_json
 from evo_attention.util.stats import describe
 
 
@@ -191,83 +194,109 @@ def settings_for(preset_name: str | None, explicit: dict) -> dict:
 
 
 # -- running -------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CompareResult(StudyResult):
+    """A comparison, as ``compare_results.json`` holds it: the ``settings``, one row per
+    configuration and seed (``results``, the keys of ``RESULT_KEYS``), the per-configuration
+    ``aggregates`` and the ranking ``summary``."""
+
+    settings: dict
+    results: list[dict]
+    aggregates: list[dict]
+    summary: dict
+
+    kind: ClassVar[str] = "compare"
+
+    def to_dict(self) -> dict:
+        return to_jsonable({"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
+                            "summary": self.summary})
+
+
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
                 out_dir: str | Path | None = "runs/compare", data=None, executor="local",
-                quiet: bool = False) -> dict:
-    """Train every ``(name, gene)`` of ``entries`` with ``seeds`` seeds (config.seed + i) and
-    summarise; writes the outputs into ``out_dir`` (unless None). Returns the JSON payload.
+                store: RunStore | None = None, quiet: bool = False) -> CompareResult:
+    """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
+    summarise; writes the outputs into ``out_dir`` (unless None).
 
-    ``executor``: a name for ``make_executor`` or an Executor (left open).
+    The trainings go through the runner and a run store (role ``compare``): ``store`` (a search
+    run's, left open), else the store in ``out_dir`` (opened, or created with ``config``), else
+    none (``out_dir`` None: nothing cached). A stored training is never run again, so a repeat
+    with the same settings trains nothing. ``executor``: a name for ``make_executor`` or an
+    Executor (left open).
     """
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise UserError(f"seeds must be a positive integer, got {seeds!r}", setting="seeds")
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
+    validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
     if out_dir is not None:
         output_dir(out_dir)  # before any training: an unwritable place fails now, not after the work
     if data is None:
         from evo_attention.data import data_from_config
 
         data = data_from_config(config)
-    tasks = [EvalTask(gene=gene.key, seed=config.seed + i, steps=config.train_steps, eval_split="valid",
-                      role="compare", label=name) for name, gene in entries for i in range(seeds)]
     own = not isinstance(executor, Executor)
     pool = make_executor(executor) if own else executor
-    done: dict[tuple[str, int], dict] = {}
+    done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
 
     def finished(task, record, cached):
-        done[(task.label, task.seed)] = _result(task.label, record)
+        done[(task.gene, task.seed)] = record
 
-    try:
-        with ExitStack() as stack:
-            if own:
-                stack.enter_context(pool)
-            view = stack.enter_context(SearchView(len(tasks), enabled=not quiet))
-            Runner(config, data, pool, view=view, on_finished=finished).evaluate(tasks)
-    except KeyboardInterrupt:
-        if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
-            write_outputs(out_dir, _payload(config, data, pool, seeds, entries, tasks, done,
-                                            time.perf_counter() - start, interrupted=True))
-        raise
-    payload = _payload(config, data, pool, seeds, entries, tasks, done, time.perf_counter() - start)
+    with ExitStack() as stack:
+        if own:
+            stack.enter_context(pool)
+        if store is None and out_dir is not None:
+            store = stack.enter_context(study_store(out_dir, config, "compare"))
+        setup = StudySetup.resolve(config, data, role="compare", n_seeds=seeds, min_seeds=1, metric="val_loss",
+                                   store=store, executor=pool, quiet=quiet, seeds_setting="seeds")
+        try:
+            setup.train([gene for _, gene in entries], labels={gene.key: name for name, gene in reversed(entries)},
+                        on_finished=finished)
+        except KeyboardInterrupt:
+            if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
+                write_outputs(out_dir, _result_of(setup, pool, entries, done, time.perf_counter() - start,
+                                                  interrupted=True))
+            raise
+    result = _result_of(setup, pool, entries, done, time.perf_counter() - start)
     if out_dir is not None:
-        write_outputs(out_dir, payload)
-    return payload
+        write_outputs(out_dir, result)
+    return result
 
 
-def _payload(config, data, pool, seeds, entries, tasks, done: dict, elapsed: float,
-             interrupted: bool = False) -> dict:
-    results = [done.get((t.label, t.seed)) or _not_run(t, interrupted) for t in tasks]
+def _result_of(setup: StudySetup, pool, entries, done: dict, elapsed: float,
+               interrupted: bool = False) -> CompareResult:
+    """One row per configuration and seed (in the order of ``entries``, then seeds), from the
+    records by (gene, seed); a pair without a record did not run."""
+    results = [_result(name, done[gene.key, seed]) if (gene.key, seed) in done
+               else _not_run(name, gene.key, seed, setup.steps, interrupted)
+               for name, gene in entries for seed in setup.seeds]
     aggregates = aggregate(results, entries)
     summary = rank_configs(aggregates, elapsed)
     if interrupted:
         summary["interrupted"] = True
-    return {"settings": _settings(config, data, pool, seeds, entries), "results": results,
-            "aggregates": aggregates, "summary": summary}
+    return CompareResult(_settings(setup, pool, entries), results, aggregates, summary)
 
 
 def _result(name: str, record) -> dict:
     return {"name": name, **{k: record.get(k) for k in RESULT_KEYS if k != "name"}}
 
 
-def _not_run(task, interrupted: bool) -> dict:
+def _not_run(name: str, gene: str, seed: int, steps: int, interrupted: bool) -> dict:
     out = {k: None for k in RESULT_KEYS}
-    out.update(name=task.label, gene=task.gene, seed=task.seed, steps=task.steps,
-               status="interrupted" if interrupted else "error",
+    out.update(name=name, gene=gene, seed=seed, steps=steps, status="interrupted" if interrupted else "error",
                error="interrupted before it finished" if interrupted else "the executor returned no result")
     return out
 
 
-def _settings(config: Config, data, pool, seeds: int, entries) -> dict:
+def _settings(setup: StudySetup, pool, entries) -> dict:
     from evo_attention.train.environment import resolve_device
 
+    config, data = setup.config, setup.data
     return {
         "d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
         "block": config.block, "max_seq_len": config.max_seq_len, "vocab_size": data.vocab_size, "data": data.name,
         "steps": config.train_steps, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
-        "lr_schedule": config.lr_schedule, "eval_steps": config.eval_steps, "seed": config.seed, "seeds": seeds,
-        "seed_list": [config.seed + i for i in range(seeds)], "device": str(resolve_device(config.device)),
+        "lr_schedule": config.lr_schedule, "eval_steps": config.eval_steps, "seed": config.seed,
+        "seeds": len(setup.seeds), "seed_list": list(setup.seeds), "device": str(resolve_device(config.device)),
         "executor": pool.describe(),
         "configs": [{"name": n, "gene": g.key} for n, g in entries],
         "config": config.to_dict(),
@@ -338,11 +367,13 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
 
 
 # -- outputs ----------------------------------------------------------------------------------------
-def write_outputs(out_dir: str | Path, payload: dict) -> dict[str, Path]:
-    """Write the JSON, the markdown table and the figure; returns name -> path."""
+def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
+    """Write the JSON, the markdown table and the figure of a result (a ``CompareResult`` or its
+    dict); returns name -> path."""
     from evo_attention.report.figures import plot_compare
     from evo_attention.report.studies import compare_markdown
 
+    payload = dict(payload)  # the report's renderers read plain dicts
     out = output_dir(out_dir)
     paths = {"results": out / COMPARE_RESULTS, "table": out / COMPARE_TABLE, "figure": out / COMPARE_FIGURE}
     write_json(paths["results"], payload)

@@ -11,8 +11,14 @@ sequence this module measures per head, over the causally allowed entries (key j
 - ``row_sum_max_error``: ``max_i |sum_j w_ij - 1|`` (rows of relu_norm may sum to 0 when every
   score is negative; that shows here).
 
-``attention_maps(model, ids, tokens, out_dir)`` writes one figure per layer
+``attention_maps(model, ids, out_dir, tokenizer=...)`` writes one figure per layer
 (``attention_layerN.png``, a grid of heads) and ``attention_maps.json``.
+
+Text and labels go through the model's own tokenizer (the one it was trained with, kept in a
+saved model's ``tokenizer.json``; a bare ``Vocab`` stands for its word tokenizer): ``encode_text``
+reads a text as ``data.tokenizers.encode_prompt`` does (words with ``<unk>`` for unknown ones, or
+characters, bytes, BPE tokens), and each axis label is the token's own text
+(``Tokenizer.token_texts``). Without a tokenizer, labels are the token ids.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from evo_attention.data.tokenizers import as_tokenizer, encode_prompt
 from evo_attention.report.attachments import MAPS_FILE
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
@@ -56,23 +63,20 @@ def head_metrics(weights: torch.Tensor) -> list[dict]:
     return out
 
 
-def encode_text(text: str, vocab, max_len: int) -> list[int]:
-    """Token ids of ``text`` with the model's vocabulary (unknown words -> <unk>)."""
-    if vocab is None:
-        raise UserError("this model was saved without a vocabulary, so text cannot be tokenized: "
+def encode_text(text: str, tokenizer, max_len: int) -> list[int]:
+    """Token ids of ``text`` with the model's tokenizer (a ``Tokenizer`` or a ``Vocab``): unknown
+    words or characters become ``<unk>``; at most ``max_len`` tokens (the model's context)."""
+    tokenizer = as_tokenizer(tokenizer)
+    if tokenizer is None:
+        raise UserError("this model was saved without a tokenizer, so text cannot be tokenized: "
                         "leave out text to use a validation sample", setting="text")
-    words = text.split()
-    if not words:
-        raise UserError("text is empty: give some words, e.g. \"the cat sat on the mat\"", setting="text")
-    if len(words) > max_len:
-        raise UserError(f"text has {len(words)} tokens, more than the model's context of {max_len}: shorten it",
+    if not text or not text.strip():
+        raise UserError("text is empty: give some text, e.g. \"the cat sat on the mat\"", setting="text")
+    ids, _ = encode_prompt(tokenizer, text, setting="text")
+    if len(ids) > max_len:
+        raise UserError(f"text has {len(ids)} tokens, more than the model's context of {max_len}: shorten it",
                         setting="text")
-    if vocab.unk_id is None:
-        unknown = [w for w in words if w not in vocab.stoi]
-        if unknown:
-            raise UserError(f"word {unknown[0]!r} is not in the model's vocabulary, which has no <unk>: use words "
-                            f"such as {', '.join(vocab.itos[1:6])}")
-    return vocab.encode(words)
+    return ids
 
 
 def validation_sample(data, length: int, index: int = 0) -> list[int]:
@@ -95,8 +99,11 @@ def validation_sample(data, length: int, index: int = 0) -> list[int]:
     return x[0, :length].tolist()
 
 
-def token_names(ids: Sequence[int], vocab) -> list[str]:
-    return [str(i) for i in ids] if vocab is None else vocab.decode(list(ids))
+def token_names(ids: Sequence[int], tokenizer=None) -> list[str]:
+    """The axis label of every token: its own text with ``tokenizer`` (a ``Tokenizer`` or a
+    ``Vocab``), else its id."""
+    tokenizer = as_tokenizer(tokenizer)
+    return [str(i) for i in ids] if tokenizer is None else tokenizer.token_texts(ids)
 
 
 def compute_maps(model, ids: Sequence[int]) -> list[torch.Tensor]:
@@ -106,13 +113,14 @@ def compute_maps(model, ids: Sequence[int]) -> list[torch.Tensor]:
     return [m[0].float().cpu() for m in model.attention_maps(x)]
 
 
-def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, vocab=None, source: Mapping | None = None,
-                   text_source: str = "") -> dict:
-    """Write the per-layer figures and ``attention_maps.json`` into ``out_dir``; returns the JSON."""
+def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tokenizer=None,
+                   source: Mapping | None = None, text_source: str = "") -> dict:
+    """Write the per-layer figures and ``attention_maps.json`` into ``out_dir``; returns the JSON.
+    ``tokenizer`` (the model's ``Tokenizer`` or ``Vocab``, or None) names the tokens."""
     from evo_attention.report.figures import plot_head_grid
 
     out = output_dir(out_dir)
-    tokens = token_names(ids, vocab)
+    tokens = token_names(ids, tokenizer)
     maps = compute_maps(model, ids)
     layers = []
     for layer, (weights, gene) in enumerate(zip(maps, model.genes)):

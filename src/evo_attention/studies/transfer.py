@@ -27,6 +27,10 @@ The budget per rung: ``steps``, one number for every rung or one per given size 
 or ``tokens_per_param`` R: ``round(R * P / (batch_size * seq_len))`` steps, P the baseline
 model's parameters at that size (the tied embedding counted once); else the configured
 ``train_steps`` everywhere.
+
+``transfer_genes`` resolves a ``common.StudySetup`` (``run_transfer`` takes one), trains each rung
+with it at the rung's config (``StudySetup.at``) and returns a ``TransferResult``;
+``write_transfer`` writes it as ``transfer.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
-from evo_attention.genes import AttentionGene, layers_of
+from evo_attention.genes import AttentionGene, layers_of, size_problem
 from evo_attention.report.studies import metric_info, transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import provenance, run_seeds, validation_seeds, write_json_and_markdown
+from evo_attention.studies.common import SeedStudyResult, StudySetup, write_json_and_markdown
 from evo_attention.studies.validate import validation_statistics
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -143,17 +147,15 @@ def _check_genes_fit(genes: Sequence[str], config) -> None:
             raise UserError(f"genome {genome.key} has a gene for each of {len(layers)} layers and size {size} has "
                             f"{config.n_layers}: transfer a per-layer genome only to sizes with {len(layers)} layers",
                             setting="sizes")
-        for gene in layers:
-            _check_gene_fits(gene, config, size)
+        problem = size_problem(genome, d_model=config.d_model, n_heads=config.n_heads, size=size)
+        if problem:
+            fix, setting = _SIZE_FIXES[problem.field]
+            raise UserError(f"{problem.problem}: {fix}", setting=setting)
 
 
-def _check_gene_fits(gene, config, size: str) -> None:
-    if gene.kv_heads and config.n_heads % gene.kv_heads:
-        raise UserError(f"gene {gene.key}: kv_heads {gene.kv_heads} does not divide the {config.n_heads} heads of "
-                        f"size {size}: choose sizes or n_heads that it divides", setting=("sizes", "n_heads"))
-    if gene.qkv_rank > config.d_model:
-        raise UserError(f"gene {gene.key}: qkv_rank {gene.qkv_rank} is larger than d_model {config.d_model} of "
-                        f"size {size}: choose larger sizes", setting="sizes")
+# A gene that does not fit a rung (genes.size_problem): the fix in a ladder's terms, and the settings named.
+_SIZE_FIXES = {"kv_heads": ("choose sizes or n_heads that it divides", ("sizes", "n_heads")),
+               "qkv_rank": ("choose larger sizes", "sizes")}
 
 
 def baseline_parameters(config, vocab_size: int) -> int:
@@ -253,41 +255,80 @@ def largest(size_rows: Sequence[Mapping]) -> Mapping:
 
 
 # -- the study ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class TransferResult(SeedStudyResult):
+    """A transfer study: the size rows (the reference first), each gene's verdict at the largest
+    size, the headline, and the provenance (its ``steps``: one per size). Written as the
+    statistics, the provenance, then the headline (which reads both)."""
+
+    headline: str = ""
+
+    kind: ClassVar[str] = "transfer"
+
+    def to_dict(self) -> dict:
+        return to_jsonable({**self.statistics, **self.provenance, "headline": self.headline})
+
+    @property
+    def sizes(self) -> list[dict]:
+        return self["sizes"]
+
+    @property
+    def reference(self) -> str:
+        return self["reference"]
+
+    @property
+    def largest(self) -> str:
+        return self["largest"]
+
+    @property
+    def verdicts(self) -> dict[str, str]:
+        return self["verdicts"]
+
+
 def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes: str | Sequence[tuple[int, int]] =
                    DEFAULT_SIZES, steps: str | Sequence[int] | int | None = None, tokens_per_param: float | None = None,
                    heads: int | None = None, n_seeds: int = DEFAULT_TRANSFER_SEEDS, eval_split: str = "valid",
                    metric: str = "val_perplexity", confidence: float = 0.95, store=None,
                    executor: Executor | None = None, search_seed: int | None = None,
-                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> dict:
+                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> TransferResult:
     """Retrain ``genes`` and the baseline at every size of the ladder with seeds ``config.seed + 1
-    ...`` and compare each size with the search size. Returns the JSON-able result (see
-    ``write_transfer``)."""
-    stats.check_confidence(confidence)
-    label, lower, _ = metric_info(metric, eval_split)
+    ...`` and compare each size with the search size (``sizes``, ``steps``, ``tokens_per_param``
+    and ``heads`` make the ladder, see ``plan``; the other keyword arguments are those of
+    ``StudySetup.resolve``)."""
+    setup = StudySetup.resolve(config, data, role="transfer", n_seeds=n_seeds, eval_split=eval_split, metric=metric,
+                               confidence=confidence, store=store, executor=executor, search_seed=search_seed,
+                               source_run=source_run, quiet=quiet)
+    return run_transfer(setup, genes, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
+
+
+def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
+                 sizes: str | Sequence[tuple[int, int]] = DEFAULT_SIZES, steps: str | Sequence[int] | int | None = None,
+                 tokens_per_param: float | None = None, heads: int | None = None) -> TransferResult:
+    """The transfer study of ``genes`` with a resolved ``setup``: every rung trains with the
+    setup at the rung's config (``StudySetup.at``)."""
+    config, data = setup.config, setup.data
     keys = transfer_keys(genes)
-    seeds = validation_seeds(config.seed, n_seeds, search_seed)
     rungs = plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
     rungs = with_budgets(rungs, data, tokens_per_param)
     vanilla = AttentionGene.vanilla().key
     size_rows = []
     for rung in rungs:
-        records = run_seeds([vanilla] + keys, rung.config, data, seeds, eval_split=eval_split, role="transfer",
-                            store=store, executor=executor, quiet=quiet)
-        size_rows.append(size_statistics(rung, records, keys, seeds, metric=metric, confidence=confidence,
-                                         eval_split=eval_split, tokens_per_step=rung.config.batch_size * data.seq_len,
+        records = setup.at(rung.config).train([vanilla] + keys)
+        size_rows.append(size_statistics(rung, records, keys, list(setup.seeds), metric=setup.metric,
+                                         confidence=setup.confidence, eval_split=setup.eval_split,
+                                         tokens_per_step=rung.config.batch_size * data.seq_len,
                                          vocab_size=data.vocab_size))
     rows = transfer_statistics(size_rows)
     top = largest(rows[1:])
-    result = {
-        "kind": "transfer", "metric": metric, "metric_label": label, "lower_is_better": lower,
-        "reference": rows[0]["size"], "block": config.block, "tokens_per_param": tokens_per_param,
-        "heads": heads, "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],
+    numbers = {
+        "kind": "transfer", "metric": setup.metric, "metric_label": setup.metric_label,
+        "lower_is_better": setup.lower_is_better, "reference": rows[0]["size"], "block": config.block,
+        "tokens_per_param": tokens_per_param, "heads": heads,
+        "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],
         "sizes": rows, "verdicts": {g["gene"]: g["transfer"] for g in top["genes"]}, "largest": top["size"],
     }
-    result.update(provenance(config, data, eval_split, metric, confidence, seeds, [r["steps"] for r in rows],
-                             search_seed, source_run))
-    result["headline"] = transfer_headline(result)
-    return to_jsonable(result)
+    provenance = setup.provenance(steps=[r["steps"] for r in rows])
+    return TransferResult(numbers, provenance, headline=transfer_headline({**numbers, **provenance}))
 
 
 def transfer_keys(genes: Sequence[AttentionGene | str]) -> list[str]:

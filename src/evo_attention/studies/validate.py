@@ -9,21 +9,24 @@ to the baseline with the helpers of ``util.stats``: mean, sd and t interval per 
 difference to the baseline with its Welch interval, Welch's p-value, Holm's correction across the
 genes, Cohen's d, and the verdict.
 
-``validate_genes`` trains, ``validation_statistics`` computes the result dict from the records,
-and ``write_validation`` writes it as ``validation.json``, ``validation.md`` and
-``validation.png`` (``validation_test.*`` for the test split).
+``validate_genes`` resolves a ``common.StudySetup`` and trains through it, ``validation_statistics``
+computes the numbers from the records, and the ``ValidationResult`` (those numbers, then the
+setup's provenance; a mapping of what is written) is what ``write_validation`` writes as
+``validation.json``, ``validation.md`` and ``validation.png`` (``validation_test.*`` for the test
+split).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene
 from evo_attention.report.studies import digits_for, interval, metric_info, validation_markdown
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import (DEFAULT_SEEDS, provenance, run_seeds, samples, validation_seeds,
+from evo_attention.studies.common import (DEFAULT_SEEDS, SeedStudyResult, StudySetup, samples,
                                           write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -31,32 +34,60 @@ from evo_attention.util.format import fmt
 from evo_attention.util.jsonio import to_jsonable
 
 
-def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seeds: int = DEFAULT_SEEDS,
-             steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
-             confidence: float = 0.95, store=None, executor: Executor | None = None,
-             search_seed: int | None = None, search_values: Mapping[str, float] | None = None,
-             source_run: str | os.PathLike | None = None, quiet: bool = True) -> dict:
-    """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare.
+@dataclass(frozen=True, eq=False)
+class ValidationResult(SeedStudyResult):
+    """A validation: the baseline's and every gene's row (per-seed values, statistics, verdict),
+    the headline, and the provenance (see ``write_validation`` for the files)."""
 
-    Returns the JSON-able result (see ``write_validation``): ``baseline`` and ``genes`` rows with
-    the per-seed values and the statistics. ``search_values`` (gene key -> the search's value) is
-    shown next to the validated mean.
+    kind: ClassVar[str] = "validation"
+
+    @property
+    def baseline(self) -> dict:
+        return self["baseline"]
+
+    @property
+    def genes(self) -> list[dict]:
+        return self["genes"]
+
+    @property
+    def headline(self) -> str:
+        return self["headline"]
+
+    @property
+    def best(self) -> dict | None:
+        """The validated gene with the best mean (None if none has a value)."""
+        return best_row(self)
+
+
+def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seeds: int = DEFAULT_SEEDS,
+                   steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
+                   confidence: float = 0.95, store=None, executor: Executor | None = None,
+                   search_seed: int | None = None, search_values: Mapping[str, float] | None = None,
+                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> ValidationResult:
+    """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
+    (the keyword arguments are those of ``StudySetup.resolve``).
+
+    ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
     """
-    stats.check_confidence(confidence)
-    metric_info(metric, eval_split)
-    seeds = validation_seeds(config.seed, n_seeds, search_seed)
-    steps = int(config.train_steps if steps is None else steps)
+    setup = StudySetup.resolve(config, data, role="validate", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
+                               metric=metric, confidence=confidence, store=store, executor=executor,
+                               search_seed=search_seed, source_run=source_run, quiet=quiet)
+    return run_validation(setup, genes, search_values=search_values)
+
+
+def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
+                   search_values: Mapping[str, float] | None = None) -> ValidationResult:
+    """The validation of ``genes`` against the vanilla baseline with a resolved ``setup``."""
     vanilla = AttentionGene.vanilla().key
     keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != vanilla]
     if not keys:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene",
                         setting="genes")
-    records = run_seeds([vanilla] + keys, config, data, seeds, steps=steps, eval_split=eval_split,
-                        role="validate", store=store, executor=executor, quiet=quiet)
-    result = validation_statistics(records, keys, seeds, metric=metric, confidence=confidence, eval_split=eval_split,
-                       search_values=search_values)
-    result.update(provenance(config, data, eval_split, metric, confidence, seeds, steps, search_seed, source_run))
-    return to_jsonable(result)
+    records = setup.train([vanilla] + keys)
+    numbers = validation_statistics(records, keys, list(setup.seeds), metric=setup.metric,
+                                    confidence=setup.confidence, eval_split=setup.eval_split,
+                                    search_values=search_values)
+    return ValidationResult(numbers, setup.provenance())
 
 
 def validation_statistics(records: Mapping[tuple[str, int], Mapping], keys: Sequence[str], seeds: Sequence[int], *,

@@ -79,8 +79,9 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     from torch.profiler import ProfilerActivity, profile
 
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    trainer = Trainer(gene, config.replace(train_steps=max(config.train_steps, warmup + 1), log_every=warmup + 1),
-                      data, device=device)  # compiled or not as a whole training (see _timed_steps)
+    # compiled or not as a whole training (see _timed_steps)
+    trainer = Trainer.from_config(gene, config.replace(train_steps=max(config.train_steps, warmup + 1),
+                                                       log_every=warmup + 1), data, device=device)
     trainer.train(until_step=warmup)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -112,8 +113,8 @@ def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: in
     # the configured budget (at least the steps run), of which only the first steps run: the trainer
     # decides compiling (and the learning-rate schedule) as for a whole training; one log interval,
     # so one host sync
-    trainer = Trainer(gene, config.replace(train_steps=max(config.train_steps, warmup + steps),
-                                           log_every=warmup + steps), data, device=device)
+    trainer = Trainer.from_config(gene, config.replace(train_steps=max(config.train_steps, warmup + steps),
+                                                       log_every=warmup + steps), data, device=device)
     trainer.train(until_step=warmup)
     synchronize(trainer.device)
     if before_timing is not None:

@@ -17,8 +17,9 @@ from typing import Any, Mapping
 
 from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
-from evo_attention.nn.model import BLOCKS, llama_ffn_dim
+from evo_attention.nn.spec import BLOCKS, ModelSpec
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE
+from evo_attention.train.spec import TaskSpec, TrainSpec, freeze
 from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -29,62 +30,111 @@ GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
 
 
+def setting(default=None, *, group: str, flag: str | None = None, help: str | None = None, parse: str | None = None,
+            choices: tuple | None = None, metavar: str | None = None, factory=None):
+    """A Config field, declared once: its group (which spec it feeds) and, for the fields the
+    command line sets, its flag (``--name``), help text, value parser (``int``, ``float``, ``str``,
+    ``list``, or ``count_or_all`` and ``vocab``: 0 and a word such as 'all'/'full' stand for None) and
+    choices. ``cli.common`` generates the training flags from these declarations."""
+    metadata = {"group": group, "flag": flag, "help": help, "parse": parse, "choices": choices, "metavar": metavar}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class Config:
-    # model
-    vocab_size: int | None = 10000  # None: the full training vocabulary of a word-level corpus
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 2
-    max_seq_len: int = 128
-    dropout: float = 0.1
-    d_ff: int | None = None  # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
-    block: str = "gpt2"  # the block around the attention: gpt2 (LayerNorm, GELU) or llama (RMSNorm, SwiGLU)
-    favor_features: int = 64  # random features per head of normalization=favor
-    # training
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    train_steps: int = 5000
-    eval_steps: int | None = 200  # cap on evaluation batches; None: the whole split
-    warmup_steps: int = 500  # used by lr_schedule="cosine"
-    lr_schedule: str = "constant"  # the original trained at a constant rate
-    precision: str = "auto"
-    compile: str = "auto"  # torch.compile the model: auto (where measured to pay), on, off
-    log_every: int = 50  # learning-curve resolution (steps)
+    # model (-> ModelSpec)
+    vocab_size: int | None = setting(10000, group="model", flag="vocab-size", parse="vocab",
+                                     help="vocabulary size, or 'full' for every training word")
+    d_model: int = setting(128, group="model", flag="d-model", parse="int")
+    n_heads: int = setting(4, group="model", flag="heads", parse="int")
+    n_layers: int = setting(2, group="model", flag="layers", parse="int")
+    max_seq_len: int = setting(128, group="model", flag="seq-len", parse="int", help="tokens per window (max_seq_len)")
+    dropout: float = setting(0.1, group="model", flag="dropout", parse="float")
+    # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
+    d_ff: int | None = setting(None, group="model", flag="ffn", parse="int",
+                               help="feed-forward width (default 4 x d_model; about 8/3 x d_model with --block llama)")
+    block: str = setting("gpt2", group="model", flag="block", parse="str", choices=BLOCKS,
+                         help="the block around the attention: gpt2 (LayerNorm + GELU, the default) or llama "
+                              "(RMSNorm + SwiGLU, no feed-forward biases)")
+    favor_features: int = setting(64, group="model", flag="favor-features", parse="int",
+                                  help="random features per head of normalization favor (default 64)")
+    # training (-> TrainSpec)
+    batch_size: int = setting(32, group="train", flag="batch-size", parse="int")
+    eval_batch_size: int = setting(64, group="train", flag="eval-batch-size", parse="int")
+    learning_rate: float = setting(3e-4, group="train", flag="lr", parse="float", help="learning rate")
+    weight_decay: float = setting(0.01, group="train")
+    grad_clip: float = setting(1.0, group="train")
+    train_steps: int = setting(5000, group="trial", flag="steps", parse="int", help="training steps per model")
+    eval_steps: int | None = setting(200, group="train", flag="eval-steps", parse="count_or_all",
+                                     help="cap on evaluation batches, or 'all' for the whole split (the default of "
+                                          "the presets)")
+    warmup_steps: int = setting(500, group="train")  # used by lr_schedule="cosine"
+    lr_schedule: str = setting("constant", group="train", flag="lr-schedule", parse="str",
+                               choices=LR_SCHEDULES)  # the original trained at a constant rate
+    precision: str = setting("auto", group="train", flag="precision", parse="str", choices=PRECISIONS)
+    compile: str = setting("auto", group="train", flag="compile", parse="str", choices=COMPILE_MODES,
+                           help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
+    log_every: int = setting(50, group="train")  # learning-curve resolution (steps)
     # evolution
-    population_size: int = 12
-    n_generations: int = 10
-    elite_size: int = 3
-    mutation_rate: float = 0.3
-    crossover_rate: float = 0.7
-    seed: int = 42
-    device: str = "auto"
-    strategy: str = "ga"  # a name from evo_attention.search.STRATEGIES
-    strategy_options: dict = field(default_factory=dict)  # e.g. {"dedupe": True, "seed_vanilla": True}
-    search_space: dict = field(default_factory=dict)  # field -> allowed options; {} = everything registered
-    genome: str = "shared"  # shared: one gene for every layer; per_layer: one gene per layer
+    population_size: int = setting(12, group="search", flag="population", parse="int")
+    n_generations: int = setting(10, group="search", flag="generations", parse="int")
+    elite_size: int = setting(3, group="search", flag="elite", parse="int")
+    mutation_rate: float = setting(0.3, group="search", flag="mutation-rate", parse="float")
+    crossover_rate: float = setting(0.7, group="search", flag="crossover-rate", parse="float")
+    seed: int = setting(42, group="trial", flag="seed", parse="int")
+    device: str = setting("auto", group="train", flag="device", parse="str", help="auto, cpu, cuda, cuda:N or mps")
+    strategy: str = setting("ga", group="search", flag="strategy", parse="str",
+                            help="search strategy: ga, random, nsga2 or tpe (tpe needs the [tpe] extra: Optuna), or "
+                                 "one a plugin registers")  # a name from evo_attention.search.STRATEGIES
+    # e.g. {"dedupe": True, "seed_vanilla": True}
+    strategy_options: dict = setting(group="search", factory=dict)
+    # field -> allowed options; {} = everything registered
+    search_space: dict = setting(group="search", factory=dict)
+    # shared: one gene for every layer; per_layer: one gene per layer
+    genome: str = setting("shared", group="search", flag="genome", parse="str",
+                          help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
     # what the search minimises: perplexity first (the primary objective), then any cost measures
     # of train.record.OBJECTIVES; more than one makes the search multi-objective (Pareto front)
-    objectives: list = field(default_factory=lambda: [PRIMARY_OBJECTIVE])
-    baseline: bool = True  # also train the vanilla transformer under the same budget
+    objectives: list = setting(group="search", factory=lambda: [PRIMARY_OBJECTIVE], flag="objectives", parse="list",
+                               help="what the search minimises, comma-separated: perplexity first, then any of "
+                                    "params, flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
+    baseline: bool = setting(True, group="search")  # also train the vanilla transformer under the same budget
     # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
-    fidelity: str = "full"  # "full" or "halving" (successive halving inside each generation)
-    halving_eta: int = 3  # halving keeps the best 1/eta of the individuals at each rung
-    halving_rungs: int = 3  # rungs of the schedule, the full budget included: budget/eta^k steps
-    hurdle: float | None = None  # stop individuals worse than this quantile of the first rung
-    halving_audit: int = 0  # per generation, this many random new individuals skip the stopping rules,
-    # so the rank correlation between low and full fidelity is measured on an unselected sample
-    # data
-    data: str = "wikitext2"  # wikitext2, text, recall, or hf:NAME[:CONFIG] / hf:/path (Hugging Face datasets)
-    tokenizer: str = "word"  # word, char, byte or bpe:N (corpora only; vocab_size applies to word)
-    text_field: str = "text"  # the text column of an hf: dataset
-    data_dir: str | None = None
-    eval_stride: int | None = None
-    recall: dict = field(default_factory=dict)  # options of the generated recall task (or a plugin dataset)
-    plugins: list = field(default_factory=list)  # modules or .py files imported everywhere before any gene
+    fidelity: str = setting("full", group="fidelity", flag="fidelity", parse="str", choices=FIDELITIES,
+                            help="halving: successive halving inside each generation; only the best 1/eta of the new "
+                                 "individuals at each rung train on (default full)")
+    halving_eta: int = setting(3, group="fidelity", flag="halving-eta", parse="int", metavar="ETA",
+                               help="keep the best 1/ETA at each rung (default 3)")
+    halving_rungs: int = setting(3, group="fidelity", flag="halving-rungs", parse="int", metavar="R",
+                                 help="rungs at budget/ETA^k steps, k = R-1 ... 0, the full budget included (default 3)")
+    hurdle: float | None = setting(None, group="fidelity", flag="hurdle", parse="float", metavar="Q",
+                                   help="stop individuals whose loss at the first rung is worse than the generation's "
+                                        "Q-quantile")
+    # per generation, this many random new individuals skip the stopping rules, so the rank correlation
+    # between low and full fidelity is measured on an unselected sample
+    halving_audit: int = setting(0, group="fidelity", flag="halving-audit", parse="int", metavar="N",
+                                 help="per generation, train N randomly chosen new individuals to the full budget "
+                                      "whatever their early loss, to measure on them how well early losses predict "
+                                      "final ones (default 0)")
+    # data (-> TaskSpec)
+    # wikitext2, text, recall, or hf:NAME[:CONFIG] / hf:/path (Hugging Face datasets)
+    data: str = setting("wikitext2", group="task", flag="data", parse="str",
+                        help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
+    # word, char, byte or bpe:N (corpora only; vocab_size applies to word)
+    tokenizer: str = setting("word", group="task", flag="tokenizer", parse="str",
+                             help="word (default), char, byte or bpe:N (BPE trained on the train split)")
+    text_field: str = setting("text", group="task", flag="text-field", parse="str",
+                              help="the text column of an hf: dataset (default text)")
+    data_dir: str | None = setting(None, group="task", flag="data-dir", parse="str",
+                                   help="directory of train.txt/valid.txt/test.txt (else $EVO_ATTENTION_DATA_DIR)")
+    eval_stride: int | None = setting(None, group="task", flag="eval-stride", parse="int",
+                                      help="strided evaluation: score the last S tokens of each window")
+    # options of the generated recall task (or a plugin dataset)
+    recall: dict = setting(group="task", factory=dict)
+    # modules or .py files imported everywhere before any gene
+    plugins: list = setting(group="task", factory=list)
 
     def __post_init__(self):
         _check_model(self)
@@ -93,32 +143,54 @@ class Config:
         _check_data(self)
 
     def space(self):
-        """The SearchSpace this config describes (validates the option names)."""
-        from evo_attention.genes import SearchSpace
+        """The SearchSpace this config describes: valid option names, every option fitting the model."""
+        from evo_attention.genes import SearchSpace, full_window_note, size_problem
 
         space = SearchSpace.from_dict(self.search_space)
         if self.genome == "per_layer":
             space = dataclasses.replace(space, layers=self.n_layers)
-        too_big = [r for r in space.qkv_rank if r > self.d_model]
-        if too_big:
-            raise UserError(f"qkv_rank {too_big[0]} in the search space is larger than d_model {self.d_model}: a "
-                            "low-rank projection needs a rank r <= d_model", setting="search_space")
-        not_dividing = [k for k in space.kv_heads if k and self.n_heads % k]
-        if not_dividing:
-            raise UserError(f"kv_heads {not_dividing[0]} in the search space does not divide n_heads {self.n_heads}: "
-                            "use divisors of the heads (1 is multi-query attention)", setting="search_space")
-        full = [w for w in space.window if w >= self.max_seq_len]
-        if full:
-            warnings.warn(f"window {full[0]} is at least max_seq_len {self.max_seq_len}: it is full attention "
-                          "(the same as window 0)", stacklevel=2)
+        problem = size_problem(space, d_model=self.d_model, n_heads=self.n_heads)
+        if problem:
+            raise UserError(str(problem), setting="search_space")
+        note = full_window_note(space, max_seq_len=self.max_seq_len)
+        if note:
+            warnings.warn(note, stacklevel=2)
         return space
+
+    # -- the specs this config produces (train.spec: what one training is) ------------------------
+    @property
+    def model(self) -> ModelSpec:
+        return ModelSpec(**{f.name: getattr(self, f.name) for f in fields(ModelSpec)})
+
+    @property
+    def train(self) -> TrainSpec:
+        return TrainSpec(**{f.name: getattr(self, f.name) for f in fields(TrainSpec)})
+
+    @property
+    def task(self) -> TaskSpec:
+        return TaskSpec(data=self.data, tokenizer=self.tokenizer, text_field=self.text_field,
+                        vocab_size=self.vocab_size, seq_len=self.max_seq_len, eval_stride=self.eval_stride,
+                        options=freeze(self.recall), plugins=tuple(self.plugins), data_dir=self.data_dir)
 
     @property
     def ffn_dim(self) -> int:
         """The feed-forward width: ``d_ff``, else the block's default."""
-        if self.d_ff:
-            return self.d_ff
-        return llama_ffn_dim(self.d_model) if self.block == "llama" else 4 * self.d_model
+        return self.model.ffn_dim
+
+    @classmethod
+    def from_trial(cls, trial, model: ModelSpec | None = None) -> "Config":
+        """The Config of a trial's settings (search settings at their defaults): what a model trained
+        for the trial is saved with. ``model`` replaces the trial's spec (e.g. with the data's vocabulary)."""
+        task = trial.task
+        return cls(**(model or trial.model).to_dict(), **trial.train.to_dict(), seed=trial.seed,
+                   train_steps=trial.schedule_steps, data=task.data, tokenizer=task.tokenizer,
+                   text_field=task.text_field, data_dir=task.data_dir, eval_stride=task.eval_stride,
+                   recall=task.options_dict, plugins=list(task.plugins))
+
+    @classmethod
+    def settings_of(cls, group: str) -> list:
+        """The fields of ``group`` (model, train, trial, search, fidelity, task), in declaration order."""
+        return [f for f in fields(cls) if f.metadata.get("group") == group]
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)

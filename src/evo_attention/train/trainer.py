@@ -30,9 +30,7 @@ which is what multi-fidelity schedules need.
 from __future__ import annotations
 
 import gc
-import hashlib
 import io
-import json
 import math
 import statistics
 import time
@@ -42,10 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from evo_attention.data.base import TaskData
-from evo_attention.genes import AttentionGene, layers_of
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
+from evo_attention.train.spec import Trial
 from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
                                              resolve_compile, resolve_device, resolve_precision, synchronize,
                                              versions)
@@ -57,34 +55,15 @@ ABSURD_MARGIN = 5.0
 # inference latency: untimed forward passes first (allocator, kernel selection, caches), then timed ones
 LATENCY_WARMUP = 2
 LATENCY_REPEATS = 7
-# Settings that change what a training run computes; together with gene, seed, steps and the data
-# fingerprint they identify an evaluation (the run store's cache key).
-FAVOR_FEATURES_DEFAULT = 64
-SETTINGS_FIELDS = ("d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "batch_size",
-                   "eval_batch_size", "learning_rate", "weight_decay", "grad_clip", "eval_steps",
-                   "warmup_steps", "lr_schedule", "precision", "eval_stride")
-
-
-def result_settings(config: Config, gene: AttentionGene | None = None) -> dict:
-    """The settings (other than gene, seed, steps, data) that shape a result, as a record keeps them.
-
-    ``block`` joins them only when it is not the default gpt2, and ``favor_features`` only when it
-    differs from its default or the gene uses it: the records and cache keys of runs made before
-    these fields existed stay valid, and a llama result never shares a key with a gpt2 one."""
-    settings = {name: getattr(config, name) for name in SETTINGS_FIELDS}
-    if config.block != "gpt2":
-        settings["block"] = config.block
-    uses_favor = gene is not None and any(g.normalization == "favor" for g in layers_of(gene))
-    if config.favor_features != FAVOR_FEATURES_DEFAULT or uses_favor:
-        settings["favor_features"] = config.favor_features
-    return settings
-
-
-def settings_hash(config: Config, eval_split: str = "valid") -> str:
-    """Short hash of ``result_settings`` and the split: the ``context`` part of a record's cache key."""
-    settings = result_settings(config)
-    settings["eval_split"] = eval_split
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+def scheduled_rate(recipe, step: int, total_steps: int) -> float:
+    """The learning rate of step ``step`` (0-based) of a ``total_steps``-step training: constant,
+    or a linear warm-up over ``warmup_steps`` followed by a cosine decay to 0 at ``total_steps``."""
+    if recipe.lr_schedule == "constant":
+        return recipe.learning_rate
+    if step < recipe.warmup_steps:
+        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, total_steps - recipe.warmup_steps)
+    return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mean loss)
@@ -125,20 +104,23 @@ def _sdpa_formulas() -> dict:
 class Trainer:
     """Trains one TinyTransformer with one gene; ``train()`` may be called again to continue."""
 
-    def __init__(self, gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
-                 device: str | torch.device | None = None):
-        self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    def __init__(self, trial: Trial, data: TaskData, *, device: str | torch.device | None = None):
+        self.trial = trial
+        self.gene = trial.gene
         self.data = data
-        self.seed = config.seed if seed is None else int(seed)
-        self.device = resolve_device(device if device is not None else config.device)
-        self.precision = resolve_precision(config.precision, self.device)
+        self.seed = trial.seed
+        self.recipe = trial.train
+        self.train_steps = trial.schedule_steps  # the learning-rate schedule spans the budget
+        self.device = resolve_device(device if device is not None else self.recipe.device)
+        self.precision = resolve_precision(self.recipe.precision, self.device)
         # the model's vocabulary and window come from the data
-        self.config = config.replace(vocab_size=data.vocab_size, max_seq_len=max(config.max_seq_len, data.seq_len))
+        self.spec = trial.model.with_data(data.vocab_size, data.seq_len)
+        self.config = Config.from_trial(trial, self.spec)  # what a saved model keeps
         if self.device.type == "cpu":
             torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
         torch.manual_seed(self.seed)
         self.model = TinyTransformer(self.config, self.gene).to(self.device)
-        self.compiled = resolve_compile(config.compile, self.device, self.model.genes, self.config.train_steps)
+        self.compiled = resolve_compile(self.recipe.compile, self.device, self.model.genes, self.train_steps)
         # the training forward; the FLOP count and evaluation stay eager (a frame first run under
         # the flop counter's dispatch mode would never be compiled, and eval shapes would recompile)
         self._forward = self.model.hidden_states
@@ -147,10 +129,10 @@ class Trainer:
             # Dynamo gives up compiling a function (silently running it eager) after a few recompiles
             torch._dynamo.reset()
             self._forward = torch.compile(self.model.hidden_states)
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.learning_rate, betas=(0.9, 0.95),
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=self.recipe.learning_rate, betas=(0.9, 0.95),
                                            **({"fused": True} if self.device.type == "cuda" else {}))
         self.generator = torch.Generator().manual_seed(self.seed)
-        self.batches = data.train_batches(config.batch_size, self.generator)
+        self.batches = data.train_batches(self.recipe.batch_size, self.generator)
         self.step = 0
         self.curve: list = []  # [step, mean train loss over the last log interval]
         self.train_time = 0.0
@@ -159,21 +141,21 @@ class Trainer:
         self.diverged = False
         self.divergence: str | None = None  # why the training diverged
 
+    @classmethod
+    def from_config(cls, gene, config, data: TaskData, *, seed: int | None = None,
+                    device: str | torch.device | None = None) -> "Trainer":
+        """The trainer of ``gene`` under ``config`` (its seed unless given) on ``data``."""
+        return cls(Trial.from_config(gene, config, seed=seed, data=data), data, device=device)
+
     def _param_groups(self):
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             (decay if p.dim() >= 2 and "emb" not in name else no_decay).append(p)
-        return [{"params": decay, "weight_decay": self.config.weight_decay},
+        return [{"params": decay, "weight_decay": self.recipe.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0}]
 
     def lr_at(self, step: int) -> float:
-        c = self.config
-        if c.lr_schedule == "constant":
-            return c.learning_rate
-        if step < c.warmup_steps:
-            return c.learning_rate * (step + 1) / c.warmup_steps
-        progress = (step - c.warmup_steps) / max(1, c.train_steps - c.warmup_steps)
-        return c.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return scheduled_rate(self.recipe, step, self.train_steps)
 
     @property
     def matmul_dtype(self) -> torch.dtype:
@@ -188,7 +170,7 @@ class Trainer:
         loss = linear_cross_entropy(hidden, self.model.head.weight, y, dtype=self.matmul_dtype)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.grad_clip)
         self.optimizer.step()
         return loss.detach()
 
@@ -207,7 +189,7 @@ class Trainer:
     @property
     def absurd_loss(self) -> float:
         """A loss this far above a uniform guess over the vocabulary means the training diverged."""
-        return math.log(self.config.vocab_size) + ABSURD_MARGIN
+        return math.log(self.spec.vocab_size) + ABSURD_MARGIN
 
     def _weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
@@ -215,9 +197,9 @@ class Trainer:
     def train(self, until_step: int | None = None, progress: ProgressFn | None = None) -> str:
         """Train up to ``until_step`` (default: the budget). Returns 'ok' or 'diverged' (the reason is
         ``divergence``): a non-finite loss or weights, or a mean loss above ``absurd_loss``."""
-        until = self.config.train_steps if until_step is None else min(until_step, self.config.train_steps)
+        until = self.train_steps if until_step is None else min(until_step, self.train_steps)
         self.model.train()
-        every = self.config.log_every
+        every = self.recipe.log_every
         window_sum = torch.zeros((), device=self.device)
         window_n = 0
         finite = torch.ones((), dtype=torch.bool, device=self.device)
@@ -245,11 +227,11 @@ class Trainer:
                         self._diverge(f"non-finite training loss in steps {self.step - window_n + 1}..{self.step}")
                     elif mean > self.absurd_loss:
                         self._diverge(f"training loss {mean:.4g} at step {self.step} is far above a uniform guess "
-                                      f"(ln {self.config.vocab_size} = {math.log(self.config.vocab_size):.2f})")
+                                      f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
                     else:
                         self.curve.append([self.step, mean])
                     if progress is not None:
-                        progress(self.step, self.config.train_steps, mean)
+                        progress(self.step, self.train_steps, mean)
                     window_sum.zero_()
                     window_n = 0
         finally:
@@ -267,7 +249,7 @@ class Trainer:
         nll = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         tokens = torch.zeros((), dtype=torch.long, device=self.device)
-        for x, y in self.data.eval_batches(split, self.config.eval_batch_size, self.config.eval_steps):
+        for x, y in self.data.eval_batches(split, self.recipe.eval_batch_size, self.recipe.eval_steps):
             x, y = x.to(self.device), y.to(self.device)
             with autocast(self.device, self.precision):
                 hidden, _ = self.model.hidden_states(x)
@@ -281,8 +263,8 @@ class Trainer:
         if n == 0:
             raise UserError(f"the {split} split has no scored tokens: check the dataset settings")
         mean = float(nll) / n
-        total = n if self.config.eval_steps is None else self.data.scored_tokens(split)
-        text = self.data.scored_text(split, self.config.eval_batch_size, self.config.eval_steps)
+        total = n if self.recipe.eval_steps is None else self.data.scored_tokens(split)
+        text = self.data.scored_text(split, self.recipe.eval_batch_size, self.recipe.eval_steps)
         bits = float(nll) / math.log(2)
         per_text = {} if not text else {
             "eval_bytes": text["bytes"], "eval_chars": text["chars"],
@@ -304,7 +286,7 @@ class Trainer:
                         repeats: int = LATENCY_REPEATS) -> dict:
         """Wall time of an eval-mode forward pass (logits included) over the first evaluation batch
         of ``split``: ``{"latency_ms" (median), "latency_ms_iqr", "latency_threads"}``."""
-        x, _ = next(iter(self.data.eval_batches(split, self.config.eval_batch_size, 1)))
+        x, _ = next(iter(self.data.eval_batches(split, self.recipe.eval_batch_size, 1)))
         x = x.to(self.device)
         self.model.eval()
         times = []
@@ -332,7 +314,7 @@ class Trainer:
         counters and the global RNG state (dropout). The batch stream is not saved: it is a
         function of the seed, so ``load_state_dict`` replays it and skips ``step`` batches."""
         return {
-            "gene": self.gene.key, "seed": self.seed, "train_steps": self.config.train_steps, "step": self.step,
+            "gene": self.gene.key, "seed": self.seed, "train_steps": self.train_steps, "step": self.step,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "curve": [list(point) for point in self.curve], "train_time": self.train_time,
             "tokens_seen": self.tokens_seen, "flops_per_step": self.flops_per_step, "diverged": self.diverged,
@@ -343,7 +325,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (made by ``state_dict`` of a Trainer of the same gene, seed and
         budget); training on gives exactly what an uninterrupted training gives."""
-        for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.config.train_steps)):
+        for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.train_steps)):
             if state.get(name) != mine:
                 raise ValueError(f"checkpoint has {name} {state.get(name)!r}, this trainer {mine!r}")
         self.model.load_state_dict(state["model"])
@@ -355,7 +337,7 @@ class Trainer:
         self.flops_per_step = state["flops_per_step"]
         self.diverged = bool(state["diverged"])
         self.generator = torch.Generator().manual_seed(self.seed)
-        self.batches = self.data.train_batches(self.config.batch_size, self.generator)
+        self.batches = self.data.train_batches(self.recipe.batch_size, self.generator)
         for _ in range(self.step):  # one batch per step
             next(self.batches)
         torch.set_rng_state(state["rng"].cpu())
@@ -384,52 +366,49 @@ class TrainingResult:
     state: bytes | None = None
 
 
-def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
-                 steps: int | None = None, eval_split: str = "valid", device: str | None = None,
-                 progress: ProgressFn | None = None, until_step: int | None = None, state: bytes | None = None,
-                 keep_state: bool = False) -> TrainingResult:
-    """Train ``gene`` for ``steps`` (default config.train_steps) and evaluate it.
+def run_training(trial: Trial, data: TaskData, *, device: str | None = None, progress: ProgressFn | None = None,
+                 state: bytes | None = None, keep_state: bool = False) -> TrainingResult:
+    """Train ``trial`` on ``data`` (the dataset of its task) and evaluate it.
 
-    Never raises for a failing gene (see the module docstring). Partial trainings (multi-fidelity):
-    ``until_step`` stops at that step of the ``steps``-step training (the learning-rate schedule
-    still spans all ``steps``); ``state`` (bytes from an earlier ``keep_state``) continues a
+    Never raises for a failing gene (see the module docstring). A partial training (``trial.budget``
+    set, multi-fidelity) stops at ``trial.steps`` of a ``budget``-step training (the learning-rate
+    schedule spans the budget); ``state`` (bytes from an earlier ``keep_state``) continues a
     training exactly where it stopped, and the record then says ``resumed_from``; ``keep_state``
     returns the trainer state after training, taken before the evaluation.
     """
-    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    if steps is not None:
-        config = config.replace(train_steps=int(steps))
-    seed = config.seed if seed is None else int(seed)
-    dev = resolve_device(device if device is not None else config.device)  # bad input: raise
+    if trial.task.fingerprint is None:
+        trial = trial.with_data(data)
+    dev = resolve_device(device if device is not None else trial.train.device)  # bad input: raise
+    partial = trial.budget is not None
     record = EvaluationRecord(
-        gene=gene.key, seed=seed, steps=config.train_steps, data=data.name, data_fingerprint=data.fingerprint,
-        context=settings_hash(config, eval_split), eval_split=eval_split, device=str(dev), versions=versions(),
-        settings=result_settings(config, gene),
-        resumed_from=0 if state is not None else None)
+        gene=trial.genome, seed=trial.seed, steps=trial.steps, data=data.name, data_fingerprint=data.fingerprint,
+        context=trial.context, eval_split=trial.eval_split, device=str(dev), versions=versions(),
+        settings=trial.record_settings(), budget=trial.budget,
+        resumed_from=0 if (state is not None or partial) else None)
     reset_peak_memory(dev)
     start = time.perf_counter()
     trainer, blob = None, None
     try:
-        trainer = Trainer(gene, config, data, seed=seed, device=dev)
+        trainer = Trainer(trial, data, device=dev)
         record.precision = trainer.precision
         record.compiled = trainer.compiled
         record.params = trainer.model.num_parameters()
         if state is not None:
             trainer.load_state_dict(state_from_bytes(state, dev))
             record.resumed_from = trainer.step
-        status = Status(trainer.train(until_step=until_step, progress=progress))
+        status = Status(trainer.train(until_step=trial.steps, progress=progress))
         if keep_state and status == Status.OK:
             blob = state_to_bytes(trainer.state_dict())
         record.status = status
         if status == Status.OK:
-            for name, value in trainer.evaluate(eval_split).items():
+            for name, value in trainer.evaluate(trial.eval_split).items():
                 setattr(record, name, value)
             if record.val_loss > trainer.absurd_loss:
                 record.status = Status.DIVERGED
                 trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
-                                      f"(ln {trainer.config.vocab_size} = {math.log(trainer.config.vocab_size):.2f})")
+                                      f"(ln {trainer.spec.vocab_size} = {math.log(trainer.spec.vocab_size):.2f})")
             else:
-                for name, value in trainer.measure_latency(eval_split).items():
+                for name, value in trainer.measure_latency(trial.eval_split).items():
                     setattr(record, name, value)
         if record.status == Status.DIVERGED:
             record.error = trainer.divergence
@@ -459,9 +438,10 @@ def run_training(gene: AttentionGene | str, config: Config, data: TaskData, *, s
     return TrainingResult(record, trainer, blob)
 
 
-def train_and_evaluate(gene: AttentionGene | str, config: Config, data: TaskData, *, seed: int | None = None,
-                       steps: int | None = None, eval_split: str = "valid", device: str | None = None,
+def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None, steps: int | None = None,
+                       eval_split: str = "valid", device: str | None = None,
                        progress: ProgressFn | None = None) -> EvaluationRecord:
-    """Train ``gene`` for ``steps`` (default config.train_steps), evaluate it, return its record."""
-    return run_training(gene, config, data, seed=seed, steps=steps, eval_split=eval_split, device=device,
-                        progress=progress).record
+    """Train ``gene`` with ``config`` (its seed and train_steps unless given) on ``data``, evaluate
+    it, return its record: the trial ``Trial.from_config`` makes of these, trained."""
+    trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
+    return run_training(trial, data, device=device, progress=progress).record

@@ -1,11 +1,14 @@
 """The statistics of a multi-seed comparison: means with t confidence intervals, Welch's t-test,
-Holm's step-down correction, Cohen's d, and a verdict in words.
+Holm's step-down correction, Cohen's d, and a verdict in words; and, for a gene and a baseline
+trained on the same seeds, the paired comparison, its equivalence test, a four-word verdict and
+the power calculations that say how many seeds would decide it.
 
 ``transfer_verdict`` reads a gene's advantage over the baseline at two model sizes (see there).
 
 Every distribution comes from ``scipy.stats`` (``t.interval`` for the mean's interval,
-``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence interval); only Holm's
-correction, a few lines, is written here.
+``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence interval, ``ttest_rel`` for
+the paired test and the equivalence test, ``bootstrap`` for the bootstrap interval, ``nct`` for
+power); only Holm's correction, a few lines, is written here.
 
 Conventions:
 
@@ -17,21 +20,82 @@ Conventions:
 - A comparison needs at least two values on each side; with fewer, its p-value is None and the
   verdict says there are not enough seeds. Two samples without any spread (every value equal on
   both sides) are decided exactly: equal means give p = 1, different means p = 0.
+
+Paired comparisons (a gene and the baseline trained on the same seeds: same initialisation
+stream, same batch order, so the i-th value of each side belongs to the same seed):
+
+- ``paired(candidate, reference, log=True)``: the per-seed differences ``candidate[i] -
+  reference[i]``; a pair where either value is None, NaN or infinite (a failed seed) is dropped and
+  ``n`` / ``n_dropped`` say how many pairs were used and dropped. With ``log=True`` (perplexity)
+  the differences are ``log(candidate) - log(reference)``: differences of the loss, the scale on
+  which perplexity's seed noise is additive; the mean is also given as the relative change of the
+  geometric mean, ``exp(difference) - 1``, with the interval mapped the same way. With
+  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and the
+  p-value are those of ``scipy.stats.ttest_rel``; the bootstrap interval of the mean difference is
+  ``scipy.stats.bootstrap`` (BCa by default, seeded: the same seed gives the same interval), None
+  with fewer than 3 pairs or no spread. Differences without spread are decided exactly, like
+  Welch: all zero -> p = 1, all equal and not zero -> p = 0.
+- Margins. ``margin`` is relative on the log scale (0.01 = 1%) and becomes the symmetric bound
+  ``±log(1 + margin)`` on the log differences (``margin_bound``): a ratio of geometric means within
+  ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
+  ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
+- ``tost``: two one-sided paired t-tests, ``H0: mean difference <= -bound`` (alternative
+  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each ``ttest_rel`` on the
+  data shifted by the bound; ``p_value = max`` of the two. Equivalent at ``alpha`` when it is below
+  ``alpha`` (the same as the ``1 - 2 alpha`` interval lying inside ``±bound``).
+- ``paired_verdict``: the first that applies of ``PAIRED_RULE``: p (Holm-adjusted when given) <
+  alpha and the difference favours the candidate -> ``better``; disfavours it -> ``worse``; TOST p
+  < alpha -> ``equivalent`` (within ±margin, said in the label); else ``undetermined``. It always
+  carries the numbers, and (with two pairs or more) the planning numbers at the observed sd of the
+  differences: the minimal detectable effect at these seeds and the paired seeds that would
+  decide it (see there).
+- Power is exact for the paired t-test: the test statistic follows a noncentral t with n - 1
+  degrees of freedom and noncentrality ``effect * sqrt(n) / sd_diff`` (``scipy.stats.nct``); the
+  two-sided power counts both rejection tails. The TOST's power integrates, over the chi-square
+  law of the sample variance, the normal probability that the mean falls inside the window where
+  both one-sided tests reject (``scipy.integrate.quad``). Seed counts are the smallest n >= 2 with
+  at least the asked power (power grows with n: doubling, then bisection), None when more than
+  ``max_seeds`` (or 10**6) would be needed or the effect can never be detected. The minimal
+  detectable effect solves ``power_paired(n, sd, effect) = power`` for the effect with
+  ``scipy.optimize.brentq``.
+- ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
+  ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
+  differences when both sizes have values for the same seeds, by Welch otherwise.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
+from scipy import integrate as _integrate
+from scipy import optimize as _optimize
 from scipy import stats as _st
+
+from evo_attention.util.format import finite_or_none
+
+_Key = TypeVar("_Key", bound=Hashable)
 
 BETTER = "better than baseline"
 WORSE = "worse than baseline"
 SAME = "not distinguishable"
 TOO_FEW = "not enough seeds"
+
+# the four verdicts of a paired comparison (``paired_verdict``)
+PAIRED_BETTER, PAIRED_WORSE, EQUIVALENT, UNDETERMINED = "better", "worse", "equivalent", "undetermined"
+# the rule in words, in the order it is applied (reports show it next to the verdicts)
+PAIRED_RULE = (
+    (PAIRED_BETTER, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+                    "the mean difference favours the gene"),
+    (PAIRED_WORSE, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+                   "the mean difference favours the baseline"),
+    (EQUIVALENT, "the equivalence test (two one-sided paired t-tests against ±margin) has p below alpha"),
+    (UNDETERMINED, "neither: more seeds are needed; the verdict says how many"),
+)
+# when no max_seeds is given, seed counts beyond this are reported as None (not attainable)
+SEEDS_CEILING = 10**6
 
 # how an advantage fares from a reference model size to another (``transfer_verdict``)
 REFERENCE = "reference"
@@ -50,17 +114,7 @@ TRANSFER_RULE = (
 
 def _clean(values: Iterable) -> np.ndarray:
     """The finite numbers of ``values`` as a float array (None, NaN and inf dropped)."""
-    out = []
-    for v in values:
-        if v is None or isinstance(v, bool):
-            continue
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(x):
-            out.append(x)
-    return np.asarray(out, dtype=float)
+    return np.asarray([x for x in map(_number, values) if x is not None], dtype=float)
 
 
 def describe(values: Iterable, confidence: float = 0.95) -> dict:
@@ -196,3 +250,450 @@ def check_confidence(confidence: float) -> None:
 
     if not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1.0:
         raise UserError(f"confidence {confidence!r} is outside [0.5, 1): use e.g. 0.95")
+
+
+def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | None]:
+    """``holm`` over a family given as ``{key: p-value}``: ``{key: adjusted p-value}``, same keys
+    (None stays None and is no member of the family). The caller builds the family, e.g. every
+    comparison recorded in one store against the same baseline trainings."""
+    keys = list(comparisons)
+    return dict(zip(keys, holm([comparisons[k] for k in keys])))
+
+
+# ---------------------------------------------------------------------------------------------
+# paired comparisons
+
+
+def margin_bound(margin: float, log: bool = True) -> float:
+    """The equivalence bound on the scale of the differences: ``log(1 + margin)`` on the log scale
+    (``margin`` relative, 0.01 = 1%), ``margin`` itself otherwise (metric units)."""
+    from evo_attention.util.errors import UserError
+
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin > 0 \
+            or not math.isfinite(margin):
+        raise UserError(f"margin {margin!r} must be a positive number: use e.g. 0.01 for 1%")
+    return math.log1p(margin) if log else float(margin)
+
+
+def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *, log: bool = True,
+           bootstrap_resamples: int = 9999, bootstrap_method: str = "BCa", seed: int = 0) -> dict:
+    """The paired comparison of per-seed values aligned by seed (module docstring: conventions).
+
+    Returns ``{"scale", "n", "n_dropped", "differences", "difference", "sd_diff", "t", "df",
+    "p_value", "diff_ci_low", "diff_ci_high", "boot_ci_low", "boot_ci_high", "relative",
+    "relative_ci_low", "relative_ci_high", "confidence"}``: the mean and sd of the per-seed
+    differences (log differences with ``log=True``), the ``ttest_rel`` statistic, degrees of
+    freedom, two-sided p-value and interval, the bootstrap interval (``bootstrap_resamples=0``
+    skips it), and with ``log=True`` the relative change ``exp(difference) - 1`` with the t interval
+    mapped by the same function (None with ``log=False``).
+    """
+    check_confidence(confidence)
+    x, y, dropped = _aligned(candidate, reference, log)
+    d = x - y
+    n = int(d.size)
+    out = {"scale": "log" if log else "linear", "n": n, "n_dropped": dropped,
+           "differences": [float(v) for v in d], "difference": None, "sd_diff": None, "t": None,
+           "df": None, "p_value": None, "diff_ci_low": None, "diff_ci_high": None,
+           "boot_ci_low": None, "boot_ci_high": None, "relative": None, "relative_ci_low": None,
+           "relative_ci_high": None, "confidence": confidence}
+    if n:
+        out["difference"] = float(d.mean())
+    if n >= 2:
+        out.update(_paired_test(x, y, confidence))
+        out["boot_ci_low"], out["boot_ci_high"] = _bootstrap_interval(
+            d, confidence, bootstrap_resamples, bootstrap_method, seed)
+    if log:
+        for key, value in (("relative", "difference"), ("relative_ci_low", "diff_ci_low"),
+                           ("relative_ci_high", "diff_ci_high")):
+            out[key] = None if out[value] is None else math.expm1(out[value])
+    return out
+
+
+def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: float, log: bool = True,
+         alpha: float = 0.05) -> dict:
+    """The paired equivalence test (two one-sided tests) against ``±margin_bound(margin, log)``.
+
+    ``candidate`` and ``reference`` are per-seed values aligned by seed, paired like ``paired``;
+    with ``reference=None``, ``candidate`` is the per-seed differences themselves, already on the
+    scale ``log`` names (``paired(...)["differences"]``). Returns ``{"n", "margin", "bound",
+    "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
+    ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
+    alternative="less")``, ``p_value`` the larger; the interval is the ``1 - 2 alpha`` t interval of
+    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None. Differences
+    without spread are decided exactly: each one-sided p is 0 when the common difference lies
+    strictly inside its bound's side, 1 otherwise.
+    """
+    check_alpha(alpha)
+    bound = margin_bound(margin, log)
+    if reference is None:
+        x = _clean(candidate)
+        y = np.zeros_like(x)
+    else:
+        x, y, _ = _aligned(candidate, reference, log)
+    d = x - y
+    n = int(d.size)
+    out = {"n": n, "margin": float(margin), "bound": bound, "p_lower": None, "p_upper": None,
+           "p_value": None, "ci_low": None, "ci_high": None, "alpha": alpha, "equivalent": None}
+    if n < 2:
+        return out
+    mean = float(d.mean())
+    if np.ptp(d) == 0.0:
+        p_lower, p_upper = (0.0 if mean > -bound else 1.0), (0.0 if mean < bound else 1.0)
+        low = high = mean
+    else:
+        with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p_lower = float(_st.ttest_rel(x + bound, y, alternative="greater").pvalue)
+            p_upper = float(_st.ttest_rel(x - bound, y, alternative="less").pvalue)
+        low, high = _st.t.interval(1.0 - 2.0 * alpha, n - 1, loc=mean, scale=d.std(ddof=1) / math.sqrt(n))
+    p = max(p_lower, p_upper)
+    out.update(p_lower=p_lower, p_upper=p_upper, p_value=p, ci_low=float(low), ci_high=float(high),
+               equivalent=p < alpha)
+    return out
+
+
+def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted: float | None = None, *,
+                   lower_is_better: bool = True, power: float = 0.8, max_seeds: int | None = 1000,
+                   p_tost_adjusted: float | None = None) -> dict:
+    """One of ``better``, ``worse``, ``equivalent``, ``undetermined`` for a ``paired`` result, by
+    ``PAIRED_RULE``, with the numbers.
+
+    ``p_adjusted`` replaces the result's p-value (Holm across the family: ``holm_family``);
+    ``p_tost_adjusted`` likewise replaces the equivalence test's p-value, which is otherwise used
+    as it is (one equivalence claim per comparison). ``margin`` follows ``margin_bound`` on the
+    result's scale.
+
+    Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
+    "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
+    "p_adjusted", "p_tost", "margin", "bound", "power", "mde", "mde_relative",
+    "seeds_for_equivalence", "seeds_for_margin", "max_seeds"}``. ``label`` is the verdict with the
+    margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
+    observed sd of the differences and ``power`` (None with fewer than two pairs):
+
+    - ``mde``: the smallest true mean difference (either sign, on the differences' scale) that a
+      two-sided paired t-test at ``alpha`` would detect with ``power`` at these seeds
+      (``minimal_detectable_effect``); ``mde_relative = exp(mde) - 1`` on the log scale;
+    - ``seeds_for_equivalence``: paired seeds for the equivalence test to conclude with ``power``
+      if the true difference were 0 (``seeds_for_equivalence``);
+    - ``seeds_for_margin``: paired seeds for the two-sided t-test to detect a true difference of
+      one bound with ``power`` (``seeds_for_effect``);
+
+    both None when more than ``max_seeds`` would be needed (the text says 'more than max_seeds').
+    """
+    check_alpha(alpha)
+    _check_power(power)
+    log = result["scale"] == "log"
+    bound = margin_bound(margin, log)
+    diff, n, sd = result["difference"], result["n"], result["sd_diff"]
+    p = result["p_value"] if p_adjusted is None else p_adjusted
+    p_tost = tost(result["differences"], margin=margin, log=log, alpha=alpha)["p_value"] \
+        if p_tost_adjusted is None else p_tost_adjusted
+    if p is not None and diff is not None and p < alpha and diff != 0.0:
+        word = PAIRED_BETTER if (diff < 0) == lower_is_better else PAIRED_WORSE
+    elif p_tost is not None and p_tost < alpha:
+        word = EQUIVALENT
+    else:
+        word = UNDETERMINED
+    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None}
+    if n >= 2 and sd is not None:
+        mde = minimal_detectable_effect(n, sd, power, alpha)
+        plan = {"mde": mde, "mde_relative": math.expm1(mde) if log else None,
+                "seeds_for_equivalence": seeds_for_equivalence(sd, bound, power, alpha, max_seeds=max_seeds),
+                "seeds_for_margin": seeds_for_effect(sd, bound, power, alpha, max_seeds=max_seeds)}
+    out = {"verdict": word, "label": f"{EQUIVALENT} within {_margin_text(margin, log)}" if word == EQUIVALENT else word,
+           "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
+                                                       "relative_ci_low", "relative_ci_high")},
+           "n": n, "sd_diff": sd, "alpha": alpha, "p_value": p, "p_adjusted": p_adjusted is not None,
+           "p_tost": p_tost, "margin": float(margin), "bound": bound, "power": power, **plan,
+           "max_seeds": max_seeds}
+    out["text"] = _verdict_text(out, result.get("confidence", 0.95), log)
+    return out
+
+
+def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping, confidence: float = 0.95, *,
+                       shared_seeds: bool = True) -> dict:
+    """Whether a gene's per-seed advantage (``paired(...)["differences"]``) changes from size a to
+    size b: ``change = mean(diffs_b) - mean(diffs_a)`` (on the differences' scale; for a
+    lower-is-better metric a positive change means the advantage shrinks or turns into a loss).
+
+    Seeds decide the test: given two mappings ``{seed: difference}``, a paired t-test of the
+    per-seed ``b - a`` when the seeds with a finite value are the same at both sizes, Welch's test
+    of the two sets otherwise; given two sequences, they are aligned by seed position (paired,
+    failed pairs dropped, lengths must match) unless ``shared_seeds=False`` (Welch).
+
+    Returns ``{"test" ("paired" or "welch"), "n_a", "n_b", "change", "ci_low", "ci_high", "t",
+    "df", "p_value", "confidence"}`` (two-sided; None where fewer than two values allow no test).
+    """
+    from evo_attention.util.errors import UserError
+
+    check_confidence(confidence)
+    if isinstance(diffs_a, Mapping) != isinstance(diffs_b, Mapping):
+        raise UserError("paired_interaction needs two mappings {seed: difference} or two sequences, not one of each")
+    if isinstance(diffs_a, Mapping):
+        seeds_a = {k for k, v in diffs_a.items() if finite_or_none(v) is not None}
+        seeds_b = {k for k, v in diffs_b.items() if finite_or_none(v) is not None}
+        shared_seeds = seeds_a == seeds_b
+        order = sorted(seeds_a, key=repr)
+        a = [diffs_a[k] for k in order] if shared_seeds else list(diffs_a.values())
+        b = [diffs_b[k] for k in order] if shared_seeds else list(diffs_b.values())
+    else:
+        a, b = list(diffs_a), list(diffs_b)
+    if shared_seeds:
+        r = paired(b, a, confidence, log=False, bootstrap_resamples=0)
+        return {"test": "paired", "n_a": r["n"], "n_b": r["n"], "change": r["difference"],
+                "ci_low": r["diff_ci_low"], "ci_high": r["diff_ci_high"], "t": r["t"], "df": r["df"],
+                "p_value": r["p_value"], "confidence": confidence}
+    w = welch(b, a, confidence)
+    return {"test": "welch", "n_a": int(_clean(a).size), "n_b": int(_clean(b).size),
+            "change": w["difference"], "ci_low": w["diff_ci_low"], "ci_high": w["diff_ci_high"],
+            "t": w["t"], "df": w["df"], "p_value": w["p_value"], "confidence": confidence}
+
+
+# ---------------------------------------------------------------------------------------------
+# power and planning (on the scale of the differences: log differences for perplexity)
+
+
+def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two_sided: bool = True) -> float:
+    """The exact power of a paired t-test on ``n`` pairs against a true mean difference ``effect``
+    when the differences have standard deviation ``sd_diff``: the noncentral t's mass beyond the
+    critical values (both tails when ``two_sided``; one-sided tests look in the effect's
+    direction). Fewer than two pairs allow no test: 0. Without spread the test is decided exactly:
+    1 for a nonzero effect, 0 for none."""
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n < 2:
+        return 0.0
+    if sd_diff == 0.0:
+        return 1.0 if effect != 0.0 else 0.0
+    df = n - 1
+    ncp = abs(effect) * math.sqrt(n) / sd_diff
+    if two_sided:
+        critical = _st.t.ppf(1.0 - alpha / 2.0, df)
+        # the lower tail as the upper tail of the mirrored law: scipy's nct.cdf far in the left tail
+        # can return NaN, its sf at -ncp is stable
+        return float(_st.nct.sf(critical, df, ncp) + _st.nct.sf(critical, df, -ncp))
+    return float(_st.nct.sf(_st.t.ppf(1.0 - alpha, df), df, ncp))
+
+
+def seeds_for_effect(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05,
+                     two_sided: bool = True, max_seeds: int | None = None) -> int | None:
+    """The smallest number of paired seeds (>= 2) whose paired t-test has at least ``power``
+    against a true mean difference ``effect`` (``power_paired``, exact). None when more than
+    ``max_seeds`` (default ``SEEDS_CEILING``) would be needed, or for ``effect`` 0."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    if effect == 0.0:
+        return None
+    return _smallest_n(lambda n: power_paired(n, sd_diff, effect, alpha, two_sided), power, max_seeds)
+
+
+def minimal_detectable_effect(n: int, sd_diff: float, power: float = 0.8, alpha: float = 0.05,
+                              two_sided: bool = True) -> float | None:
+    """The true mean difference (positive; the test is symmetric) that a paired t-test on ``n``
+    pairs detects with exactly ``power``: the root of ``power_paired(n, sd_diff, effect) =
+    power`` (``scipy.optimize.brentq``). None for fewer than two pairs; 0 without spread."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    check_alpha(alpha)
+    if n < 2:
+        return None
+    if sd_diff == 0.0:
+        return 0.0
+    if power <= alpha:  # a test at alpha has power alpha already without any effect
+        return 0.0
+    gap = lambda effect: power_paired(n, sd_diff, effect, alpha, two_sided) - power  # noqa: E731
+    high = sd_diff
+    while gap(high) < 0.0:
+        high *= 2.0
+    return float(_optimize.brentq(gap, 0.0, high, xtol=1e-13 * sd_diff, rtol=4 * np.finfo(float).eps,
+                                  maxiter=500))
+
+
+def power_tost(n: int, sd_diff: float, bound: float, alpha: float = 0.05, true_difference: float = 0.0) -> float:
+    """The exact power of ``tost`` on ``n`` pairs (both one-sided tests at ``alpha`` against
+    ``±bound``) when the true mean difference is ``true_difference``.
+
+    Given the sample sd s, both tests reject when the mean lies within ``±(bound - t_c s /
+    sqrt(n))`` (``t_c`` the one-sided critical t); the mean is normal and independent of s, whose
+    ``(n - 1) s^2 / sd^2`` is chi-square with n - 1 degrees of freedom. The power is that normal
+    probability integrated over the chi-square quantiles for which the window is not empty.
+    """
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n < 2:
+        return 0.0
+    if sd_diff == 0.0:
+        return 1.0 if abs(true_difference) < bound else 0.0
+    df = n - 1
+    critical = _st.t.ppf(1.0 - alpha, df)
+    se = sd_diff / math.sqrt(n)
+    widest = df * (bound / (critical * se)) ** 2  # chi-square value at which the window closes
+    q_max = float(_st.chi2.cdf(widest, df))
+
+    def inside(q: float) -> float:
+        half = bound - critical * se * math.sqrt(_st.chi2.ppf(q, df) / df)
+        if half <= 0.0:
+            return 0.0
+        return float(_st.norm.cdf((half - true_difference) / se) - _st.norm.cdf((-half - true_difference) / se))
+
+    with warnings.catch_warnings():  # quad reports roundoff when it nears 1e-9; the value holds to that
+        warnings.simplefilter("ignore", _integrate.IntegrationWarning)
+        value, _ = _integrate.quad(inside, 0.0, q_max, epsabs=1e-9, epsrel=1e-9, limit=200)
+    return min(1.0, max(0.0, float(value)))
+
+
+def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alpha: float = 0.05,
+                          true_difference: float = 0.0, max_seeds: int | None = None) -> int | None:
+    """The smallest number of paired seeds (>= 2) for ``tost`` against ``±bound`` to conclude
+    equivalence with at least ``power`` when the true difference is ``true_difference``
+    (``power_tost``). None when more than ``max_seeds`` (default ``SEEDS_CEILING``) would be
+    needed, which is always the case when ``|true_difference| >= bound``."""
+    from evo_attention.util.errors import UserError
+
+    _check_power(power)
+    _check_sd(sd_diff)
+    if not bound > 0:
+        raise UserError(f"bound {bound!r} must be positive: use margin_bound(margin, log)")
+    if abs(true_difference) >= bound:
+        return None
+    return _smallest_n(lambda n: power_tost(n, sd_diff, bound, alpha, true_difference), power, max_seeds)
+
+
+def check_alpha(alpha: float) -> None:
+    """UserError unless ``alpha`` is a significance level in (0, 0.5)."""
+    from evo_attention.util.errors import UserError
+
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.0 < alpha < 0.5:
+        raise UserError(f"alpha {alpha!r} is outside (0, 0.5): use e.g. 0.05")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers of the paired comparisons
+
+
+def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """The two sides of the pairs where both values are finite (logged with ``log``), and how many
+    pairs were dropped. Unequal lengths, or a value <= 0 on the log scale, are a UserError: the
+    pairing by seed, or the scale, would be wrong."""
+    from evo_attention.util.errors import UserError
+
+    candidate, reference = list(candidate), list(reference)
+    if len(candidate) != len(reference):
+        raise UserError(f"paired values need one value per seed on each side: got {len(candidate)} "
+                        f"and {len(reference)} (use None for a failed seed)")
+    kept = [(a, b) for a, b in ((finite_or_none(a), finite_or_none(b)) for a, b in zip(candidate, reference))
+            if a is not None and b is not None]
+    x = np.asarray([a for a, _ in kept], dtype=float)
+    y = np.asarray([b for _, b in kept], dtype=float)
+    if log:
+        if np.any(x <= 0.0) or np.any(y <= 0.0):
+            raise UserError("the log scale needs positive values (perplexity); use log=False for this metric")
+        x, y = np.log(x), np.log(y)
+    return x, y, len(candidate) - len(kept)
+
+
+def _paired_test(x: np.ndarray, y: np.ndarray, confidence: float) -> dict:
+    """sd, t, df, p-value and interval of the paired t-test of ``x - y`` (two pairs or more)."""
+    d = x - y
+    n = d.size
+    out = {"sd_diff": float(d.std(ddof=1)), "df": n - 1}
+    if np.ptp(d) == 0.0:  # no spread: decided exactly, as for Welch
+        diff = float(d.mean())
+        out.update(t=None, p_value=1.0 if diff == 0.0 else 0.0, diff_ci_low=diff, diff_ci_high=diff)
+        return out
+    with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = _st.ttest_rel(x, y)
+        interval = result.confidence_interval(confidence_level=confidence)
+    out.update(t=float(result.statistic), p_value=float(result.pvalue), diff_ci_low=float(interval.low),
+               diff_ci_high=float(interval.high))
+    return out
+
+
+def _bootstrap_interval(d: np.ndarray, confidence: float, resamples: int, method: str,
+                        seed: int) -> tuple[float | None, float | None]:
+    """The seeded bootstrap interval of the mean of ``d``; (None, None) with fewer than 3 values,
+    no spread, no resamples, or a degenerate result (too few distinct resamples)."""
+    if resamples <= 0 or d.size < 3 or np.ptp(d) == 0.0:
+        return None, None
+    with warnings.catch_warnings():  # small samples make scipy warn of degenerate resamples
+        warnings.simplefilter("ignore")
+        result = _st.bootstrap((d,), np.mean, n_resamples=int(resamples), confidence_level=confidence,
+                               method=method, vectorized=True, rng=np.random.default_rng(seed))
+    low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None, None
+    return low, high
+
+
+def _smallest_n(power_at, target: float, max_seeds: int | None) -> int | None:
+    """The smallest n >= 2 with ``power_at(n) >= target`` for a power that grows with n: doubling
+    until reached, then bisection. None beyond ``max_seeds`` (or ``SEEDS_CEILING``)."""
+    cap = SEEDS_CEILING if max_seeds is None else int(max_seeds)
+    if cap < 2:
+        return None
+    if power_at(2) >= target:
+        return 2
+    low, high = 2, 4  # power_at(low) < target throughout
+    while high < cap and power_at(high) < target:
+        low, high = high, high * 2
+    if high >= cap:
+        high = cap
+        if power_at(high) < target:
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if power_at(middle) >= target:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _check_power(power: float) -> None:
+    from evo_attention.util.errors import UserError
+
+    if not isinstance(power, (int, float)) or isinstance(power, bool) or not 0.0 < power < 1.0:
+        raise UserError(f"power {power!r} is outside (0, 1): use e.g. 0.8")
+
+
+def _check_sd(sd: float) -> None:
+    from evo_attention.util.errors import UserError
+
+    if sd is None or not math.isfinite(sd) or sd < 0.0:
+        raise UserError(f"the standard deviation of the differences must be finite and >= 0, not {sd!r}")
+
+
+def _effect_text(value: float | None, log: bool) -> str:
+    """A difference in words: a signed relative change on the log scale, metric units otherwise."""
+    if value is None:
+        return "n/a"
+    return f"{100.0 * math.expm1(value):+.3g}%" if log else f"{value:+.4g}"
+
+
+def _margin_text(margin: float, log: bool) -> str:
+    return f"±{100.0 * margin:g}%" if log else f"±{margin:g}"
+
+
+def _seeds_text(seeds: int | None, max_seeds: int | None) -> str:
+    return str(seeds) if seeds is not None else f"more than {max_seeds or SEEDS_CEILING}"
+
+
+def _verdict_text(v: dict, confidence: float, log: bool) -> str:
+    """``paired_verdict``'s sentence: the label, then the numbers it rests on."""
+    if v["n"] < 2:
+        return f"{v['label']}: fewer than 2 paired seeds ({v['n']})"
+    p = "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}"
+    p_tost = "n/a" if v["p_tost"] is None else f"{v['p_tost']:.3g}"
+    text = (f"{v['label']}: {_effect_text(v['difference'], log)} ({percent(confidence)} CI "
+            f"{_effect_text(v['diff_ci_low'], log)} to {_effect_text(v['diff_ci_high'], log)}), "
+            f"p = {p}{' (adjusted)' if v['p_adjusted'] else ''}, equivalence p = {p_tost} within "
+            f"{_margin_text(v['margin'], log)}, {v['n']} paired seeds")
+    if v["verdict"] == UNDETERMINED and v["mde"] is not None:
+        mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
+        margin = _margin_text(v["margin"], log)
+        text += (f"; with {percent(v['power'])} power these seeds detect {mde}; "
+                 f"{_seeds_text(v['seeds_for_equivalence'], v['max_seeds'])} paired seeds would show "
+                 f"equivalence within {margin}, {_seeds_text(v['seeds_for_margin'], v['max_seeds'])} "
+                 f"would detect a {margin} effect")
+    return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, available_cores, task_context
+from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, as_task, available_cores
 from evo_attention.search.executors.process import ProcessExecutor
 from evo_attention.search.executors.ray import RayExecutor
 from evo_attention.util.errors import UserError
@@ -55,5 +55,5 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
     return ProcessExecutor(workers or 2, threads=threads)
 
 
-__all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "available_cores",
-           "make_executor", "task_context"]
+__all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "as_task",
+           "available_cores", "make_executor"]

@@ -28,17 +28,15 @@ into that directory: the kept model is the very one the record measured, whereve
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from evo_attention.genes import AttentionGene
 from evo_attention.data.base import TaskData
-from evo_attention.train.config import Config
-from evo_attention.train.record import EvaluationRecord, Status, failed_record
-from evo_attention.train.trainer import result_settings, run_training
+from evo_attention.train.record import EvaluationRecord, failed_record
+from evo_attention.train.spec import Trial, load_task
+from evo_attention.train.trainer import run_training
 from evo_attention.train.environment import versions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_bytes, write_directory
@@ -46,51 +44,61 @@ from evo_attention.util.files import write_bytes, write_directory
 StartFn = Callable[["EvalTask"], None]
 StepFn = Callable[["EvalTask", int, int, float], None]
 
-# Settings that determine the dataset a worker rebuilds.
-DATA_FIELDS = ("data", "data_dir", "vocab_size", "max_seq_len", "eval_stride", "recall", "tokenizer", "text_field")
-
 
 @dataclass(frozen=True)
 class EvalTask:
-    gene: str  # gene key
-    seed: int
-    steps: int
-    eval_split: str = "valid"
+    """A trial to run, and what the run does around it: the role and generation its record is
+    stored with, a label for progress lines, the checkpoint files of a partial training and where a
+    kept model goes. Two tasks are the same work when their trials are equal."""
+
+    trial: Trial
     role: str = "search"
     generation: int | None = None
     label: str = ""
-    budget: int | None = None  # multi-fidelity: train steps 0..steps of a budget-step schedule
     resume_from: str | None = None  # a checkpoint file to continue from (missing: from scratch)
     save_to: str | None = None  # where to write the trainer state after training
     audit: bool = False  # multi-fidelity: trained to the full budget whatever its early loss
     keep_model: str | None = field(default=None, compare=False)  # a directory for the trained model
     worker: str = field(default="", compare=False)  # set by the executor: who runs it
 
+    # the trial's identity, as the progress lines and the store speak of it
+    @property
+    def gene(self) -> str:
+        return self.trial.genome
+
+    @property
+    def seed(self) -> int:
+        return self.trial.seed
+
+    @property
+    def steps(self) -> int:
+        return self.trial.steps
+
+    @property
+    def eval_split(self) -> str:
+        return self.trial.eval_split
+
+    @property
+    def budget(self) -> int | None:
+        return self.trial.budget
+
+
+def as_task(work: "EvalTask | Trial") -> EvalTask:
+    """A trial given bare runs as a task of role ``search`` with no bookkeeping."""
+    return work if isinstance(work, EvalTask) else EvalTask(work)
+
 
 # -- what every executor shares --------------------------------------------------------------------
-def task_context(task: EvalTask, config: Config) -> str:
-    """The cache-key context of the record ``task`` produces."""
-    from evo_attention.search.fidelity import evaluation_context
-
-    return evaluation_context(config, task.eval_split, task.steps, task.budget)
-
-
-def execute(task: EvalTask, config: Config, data: TaskData, *, device=None, progress=None,
+def execute(task: EvalTask, data: TaskData, *, device=None, progress=None,
             state: bytes | None = None) -> tuple[EvaluationRecord, bytes | None, dict | None]:
-    """Run one task where the caller is: ``(record, trainer state bytes or None, model files or
-    None)``. The model files (``train.saving.model_files``: name -> bytes) come back when the task
-    asks to keep its model and trained successfully to its full budget."""
-    if task.budget is None:
-        result = run_training(task.gene, config, data, seed=task.seed, steps=task.steps, eval_split=task.eval_split,
-                              device=device, progress=progress)
-    else:
-        from evo_attention.search.fidelity import train_rung
-
-        result = train_rung(task.gene, config, data, seed=task.seed, steps=task.steps, budget=task.budget,
-                            state=state, keep_state=task.save_to is not None, eval_split=task.eval_split,
-                            device=device, progress=progress)
+    """Run one task where the caller is, on ``data`` (its trial's dataset): ``(record, trainer
+    state bytes or None, model files or None)``. The model files (``train.saving.model_files``:
+    name -> bytes) come back when the task asks to keep its model and trained successfully to its
+    full budget."""
+    result = run_training(task.trial, data, device=device, progress=progress, state=state,
+                          keep_state=task.save_to is not None)
     model = None
-    if task.keep_model and result.trainer is not None and result.record.ok and task.steps == (task.budget or task.steps):
+    if task.keep_model and result.trainer is not None and result.record.ok and task.steps == task.trial.schedule_steps:
         from evo_attention.train.saving import model_files
 
         record = result.record
@@ -111,12 +119,14 @@ def store_model(task: EvalTask, files: dict | None) -> None:
     write_directory(task.keep_model, files)
 
 
-def failure_record(task: EvalTask, config: Config, data: TaskData, message: str) -> EvaluationRecord:
+def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
     """The record of a task that could not run to the end (e.g. its worker kept dying)."""
-    return failed_record(task.gene, task.seed, task.steps, data.name, data.fingerprint, task_context(task, config),
-                         status=Status.ERROR, error=message, eval_split=task.eval_split, versions=versions(),
-                         settings=result_settings(config, AttentionGene.parse(task.gene)),
-                         budget=task.budget, resumed_from=0 if task.budget is not None else None)
+    trial = task.trial
+    data = load_task(trial.task)
+    return failed_record(trial.genome, trial.seed, trial.steps, data.name, data.fingerprint, trial.context,
+                         error=message, eval_split=trial.eval_split, versions=versions(),
+                         settings=trial.record_settings(), budget=trial.budget,
+                         resumed_from=0 if trial.budget is not None else None)
 
 
 def load_state(task: EvalTask) -> bytes | None:
@@ -133,36 +143,17 @@ def store_state(task: EvalTask, state: bytes | None) -> None:
     write_bytes(task.save_to, state)
 
 
-def check_rebuildable(config: Config, data: TaskData) -> None:
-    """Parallel workers rebuild the data from the config: refuse data the config does not name."""
+def check_rebuildable(tasks: Sequence[EvalTask]) -> None:
+    """Parallel workers build each trial's data from its task spec: refuse data the spec does not name."""
     from evo_attention.data import DATASET_FACTORIES
 
-    if data.name != config.data and config.data not in DATASET_FACTORIES:  # a plugin dataset is rebuilt by name
-        raise UserError(
-            f"parallel executors rebuild the dataset from the config in every worker, but this search trains on "
-            f"{data.name!r} data that the config does not name (config data {config.data!r}): name the dataset in "
-            "the config (data, data_dir) or use the local executor")
-
-
-_DATA_CACHE: dict[str, TaskData] = {}
-
-
-def rebuild_data(config: Config, fingerprint: str) -> TaskData:
-    """The dataset ``config`` names, built once per worker process, checked against the driver's."""
-    key = json.dumps({name: getattr(config, name) for name in DATA_FIELDS}, sort_keys=True, default=str)
-    data = _DATA_CACHE.get(key)
-    if data is None:
-        from evo_attention.data import data_from_config
-
-        data = data_from_config(config)
-        _DATA_CACHE.clear()
-        _DATA_CACHE[key] = data
-    if data.fingerprint != fingerprint:
-        raise UserError(
-            f"the dataset a worker rebuilt from the config differs from the driver's (fingerprint "
-            f"{data.fingerprint[:12]} vs {fingerprint[:12]}): point data_dir at the data the search uses, or use "
-            "the local executor")
-    return data
+    for spec in dict.fromkeys(task.trial.task for task in tasks):
+        data = load_task(spec)
+        if data.name != spec.data and spec.data not in DATASET_FACTORIES:  # a plugin dataset is rebuilt by name
+            raise UserError(
+                f"parallel executors rebuild the dataset from the config in every worker, but this search trains on "
+                f"{data.name!r} data that the config does not name (config data {spec.data!r}): name the dataset in "
+                "the config (data, data_dir) or use the local executor")
 
 
 def available_cores() -> int:
@@ -184,13 +175,16 @@ def worker_devices(device: str, n: int) -> list[str]:
 
 
 class Executor:
-    """Runs evaluation tasks; subclasses may run them in parallel."""
+    """Runs evaluation tasks (each a trial, with its bookkeeping); subclasses may run them in
+    parallel. The trials of one call may differ in any field: genome, seed, recipe, model, task.
+    Each trial's dataset is ``load_task(trial.task)``: data a caller built itself is made known to
+    the process first (``provide_task``; the runner does it)."""
 
     name = "base"
     workers = 1
 
-    def run(self, tasks: Sequence[EvalTask], config: Config, data: TaskData, *,
-            on_start: StartFn | None = None, on_step: StepFn | None = None) -> Iterator[tuple[EvalTask, dict]]:
+    def run(self, tasks: Sequence["EvalTask | Trial"], *, on_start: StartFn | None = None,
+            on_step: StepFn | None = None) -> Iterator[tuple[EvalTask, EvaluationRecord]]:
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -212,13 +206,14 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def run(self, tasks, config, data, *, on_start=None, on_step=None):
-        for task in tasks:
+    def run(self, tasks, *, on_start=None, on_step=None):
+        for task in map(as_task, tasks):
             task = replace(task, worker="local")
             if on_start is not None:
                 on_start(task)
             progress = None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
-            record, state, model = execute(task, config, data, progress=progress, state=load_state(task))
+            record, state, model = execute(task, load_task(task.trial.task), progress=progress,
+                                           state=load_state(task))
             store_state(task, state)
             store_model(task, model)
             yield task, record

@@ -15,12 +15,10 @@ from collections import deque
 from dataclasses import replace
 from multiprocessing.connection import wait
 
-from evo_attention.search.executors.base import (Executor, available_cores, check_rebuildable, execute,
-                                                 failure_record, load_state, rebuild_data, store_model, store_state,
-                                                 worker_devices)
-from evo_attention.train.config import Config
+from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute,
+                                                 failure_record, load_state, store_model, store_state, worker_devices)
+from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
-from evo_attention.util.plugins import load_plugins
 
 START_TIMEOUT_S = 300.0  # a worker imports torch and evo_attention before it is ready
 
@@ -53,13 +51,11 @@ def _worker_main(worker: str, threads: int, conn) -> None:
             return
         if message is None:
             return
-        token, task, config_dict, fingerprint, device, state = message
+        token, task, device, state = message
         try:
-            load_plugins(config_dict.get("plugins") or ())  # before any gene or dataset name is read
-            config = Config.from_dict(config_dict)
-            data = rebuild_data(config, fingerprint)
+            data = load_task(task.trial.task)  # its plugins first; checked against the driver's fingerprint
             progress = lambda s, n, loss: conn.send(("step", token, s, n, loss))  # noqa: E731
-            record, blob, model = execute(task, config, data, device=device, progress=progress, state=state)
+            record, blob, model = execute(task, data, device=device, progress=progress, state=state)
             conn.send(("done", token, record, blob, model))
         except KeyboardInterrupt:
             return
@@ -198,13 +194,13 @@ class ProcessExecutor(Executor):
                 slot.stop(kill=True)
             raise
 
-    def run(self, tasks, config, data, *, on_start=None, on_step=None):
-        check_rebuildable(config, data)
+    def run(self, tasks, *, on_start=None, on_step=None):
+        tasks = [as_task(task) for task in tasks]
+        check_rebuildable(tasks)
         if not tasks:
             return
         self._open()
-        devices = worker_devices(config.device, self.workers)
-        config_dict, fingerprint = config.to_dict(), data.fingerprint
+        devices = worker_devices(tasks[0].trial.train.device, self.workers)
         queue = deque((task, 0) for task in tasks)
         try:
             while queue or any(slot.job for slot in self._slots):
@@ -214,8 +210,7 @@ class ProcessExecutor(Executor):
                         self._tokens += 1
                         job = (self._tokens, replace(task, worker=slot.id), attempts)
                         try:
-                            slot.conn.send((job[0], task, config_dict, fingerprint, devices[slot.index],
-                                            load_state(task)))
+                            slot.conn.send((job[0], task, devices[slot.index], load_state(task)))
                         except (OSError, ValueError):  # died while idle: replace it, try again
                             queue.appendleft((task, attempts))
                             slot.stop(kill=True)
@@ -228,13 +223,13 @@ class ProcessExecutor(Executor):
                 ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0))
                 for slot in busy:
                     if slot.conn in ready or slot.process.sentinel in ready:
-                        yield from self._serve(slot, queue, config, data, on_step)
+                        yield from self._serve(slot, queue, on_step)
         finally:
             for slot in self._slots:  # abandoned (interrupted): stop the work in flight
                 if slot.job is not None:
                     slot.stop(kill=True)
 
-    def _serve(self, slot: _Slot, queue: deque, config, data, on_step):
+    def _serve(self, slot: _Slot, queue: deque, on_step):
         """Read what ``slot`` sent; handle its death."""
         token, task, attempts = slot.job
         while slot.job is not None:
@@ -257,7 +252,7 @@ class ProcessExecutor(Executor):
                 yield task, message[2]
             elif kind == "error":
                 slot.job = None
-                yield task, failure_record(task, config, data, message[2])
+                yield task, failure_record(task, message[2])
             elif kind == "fatal":
                 slot.job = None
                 raise UserError(message[2])
@@ -269,7 +264,7 @@ class ProcessExecutor(Executor):
             if attempts + 1 < self.max_attempts:
                 queue.appendleft((replace(task, worker=""), attempts + 1))
             else:
-                yield task, failure_record(task, config, data, f"the worker process died {attempts + 1} times "
+                yield task, failure_record(task, f"the worker process died {attempts + 1} times "
                                                                f"running this evaluation (last: {how})")
 
     def close(self) -> None:

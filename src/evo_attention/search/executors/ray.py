@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from evo_attention.search.executors.base import (EvalTask, Executor, check_rebuildable, execute, failure_record,
-                                                 load_state, rebuild_data, store_model, store_state)
-from evo_attention.train.config import Config
+from evo_attention.search.executors.base import (EvalTask, Executor, as_task, check_rebuildable, execute,
+                                                 failure_record, load_state, store_model, store_state)
+from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
-from evo_attention.util.plugins import load_plugins
 
 RAY_EXTRA_HINT = 'install it with pip install -e ".[distributed]"'
 
@@ -29,7 +28,7 @@ class _ProgressSink:
         return items
 
 
-def _ray_evaluate(token, task, config_dict, fingerprint, state, device, threads, sink):
+def _ray_evaluate(token, task, state, device, threads, sink):
     """The body of a Ray remote task: one evaluation."""
     import socket
 
@@ -37,12 +36,10 @@ def _ray_evaluate(token, task, config_dict, fingerprint, state, device, threads,
 
     torch.set_num_threads(threads)
     worker = f"ray:{socket.gethostname()}:{os.getpid()}"
-    load_plugins(config_dict.get("plugins") or ())  # before any gene or dataset name is read
-    config = Config.from_dict(config_dict)
-    data = rebuild_data(config, fingerprint)
+    data = load_task(task.trial.task)  # its plugins first; checked against the driver's fingerprint
     sink.put.remote((token, worker, "start"))
     progress = lambda s, n, loss: sink.put.remote((token, worker, "step", s, n, loss))  # noqa: E731
-    record, blob, model = execute(task, config, data, device=device, progress=progress, state=state)
+    record, blob, model = execute(task, data, device=device, progress=progress, state=state)
     return record, blob, model, worker
 
 
@@ -100,26 +97,27 @@ class RayExecutor(Executor):
         self._remote = ray.remote(_ray_evaluate)
         self._sink = ray.remote(num_cpus=0)(_ProgressSink).remote()
 
-    def _device(self, config: Config) -> str:
+    def _device(self, task: EvalTask) -> str:
         if self.gpus_per_trial > 0:
             return "cuda"  # Ray makes the reserved GPU(s) the visible ones
-        return "cpu" if config.device == "auto" else config.device
+        device = task.trial.train.device
+        return "cpu" if device == "auto" else device
 
-    def run(self, tasks, config, data, *, on_start=None, on_step=None):
-        check_rebuildable(config, data)
+    def run(self, tasks, *, on_start=None, on_step=None):
+        tasks = [as_task(task) for task in tasks]
+        check_rebuildable(tasks)
         if not tasks:
             return
         self._open()
         ray = self.ray
         options = {"num_cpus": self.cpus_per_trial, "num_gpus": self.gpus_per_trial, "max_retries": self.max_retries}
         threads = max(1, int(self.cpus_per_trial))
-        config_dict, device = config.to_dict(), self._device(config)
         pending: dict = {}
         started: dict[int, EvalTask] = {}
         for task in tasks:
             self._tokens += 1
-            ref = self._remote.options(**options).remote(self._tokens, task, config_dict, data.fingerprint,
-                                                         load_state(task), device, threads, self._sink)
+            ref = self._remote.options(**options).remote(self._tokens, task, load_state(task), self._device(task),
+                                                         threads, self._sink)
             pending[ref] = (self._tokens, task)
         try:
             while pending:
@@ -133,10 +131,10 @@ class RayExecutor(Executor):
                         cause = getattr(exc, "cause", None)
                         if isinstance(cause, UserError):
                             raise UserError(str(cause)) from None
-                        yield task, failure_record(task, config, data, f"ray task failed: {str(cause or exc).splitlines()[0][:300]}")
+                        yield task, failure_record(task, f"ray task failed: {str(cause or exc).splitlines()[0][:300]}")
                         continue
                     except ray.exceptions.RayError as exc:  # the worker died (also after the retry)
-                        yield task, failure_record(task, config, data,
+                        yield task, failure_record(task,
                                                    f"ray worker died running this evaluation ({type(exc).__name__}; "
                                                    f"tried {1 + self.max_retries} times)")
                         continue

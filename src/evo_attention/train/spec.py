@@ -1,0 +1,266 @@
+"""What one training is: the ``Trial``, a frozen value with one ``key()``.
+
+A trial names everything that can change the result of one training: the genome, the seed, the
+steps (and, for a partial training of a multi-fidelity schedule, the full ``budget``), the split it
+is measured on, and three specs:
+
+- ``ModelSpec`` (``nn.spec``): sizes, block, dropout, vocabulary, ``ffn_dim`` derived once;
+- ``TrainSpec``: the optimisation and evaluation recipe (rate, schedule, warm-up, batch, weight
+  decay, clipping, precision, evaluation batches);
+- ``TaskSpec``: the data (its name, tokenizer and options), identified by the data's
+  ``fingerprint``; the directory it was read from is not part of its identity.
+
+``Trial.key()`` is the single cache identity: ``(genome, seed, steps, data fingerprint, context)``,
+where ``context`` is a short hash of every spec field that can change a result. The fields join it
+by construction: each spec field does, unless its metadata (``nn.spec.identity``) says it cannot
+change a result (``device``, ``compile``: where and how fast) or reaches the key another way (the
+data fields, through the fingerprint). A field added later is declared with ``omit_default``: at
+its default it leaves the key as it was, so the records of runs made before it existed stay cache
+hits, and any other value gives a new key.
+
+The hash is the same one earlier versions computed from their list of settings (the same names
+and values), so their stores resume with cache hits.
+
+``Config`` produces the specs (``config.model``, ``config.train``, ``config.task``) and trials
+(``Trial.from_config``); executors, the runner, the store and the studies speak in trials.
+``load_task`` builds (once per process) the dataset a ``TaskSpec`` names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from evo_attention.genes import AttentionGene, layers_of
+from evo_attention.nn.spec import ModelSpec, identity
+from evo_attention.util.errors import UserError
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, order-independent form of plain JSON-like data (dicts become sorted pairs)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The inverse of ``freeze`` for option mappings: pairs back to a dict."""
+    if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
+        return {k: thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The recipe of one training, its step count aside (that is the trial's ``steps``)."""
+
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_steps: int | None = 200  # cap on evaluation batches; None: the whole split
+    warmup_steps: int = 500  # used by lr_schedule cosine
+    lr_schedule: str = "constant"
+    precision: str = "auto"
+    # the learning-curve resolution; divergence is judged per interval, so it can change a result
+    log_every: int = field(default=50, metadata=identity(omit_default=True))
+    compile: str = field(default="auto", metadata=identity(key=False), compare=False)  # same function, other speed
+    device: str = field(default="auto", metadata=identity(key=False), compare=False)  # same result anywhere
+
+    def replace(self, **changes: Any) -> "TrainSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The data of a training. Its identity in a key is the data's ``fingerprint`` (set once the
+    data is loaded), plus the evaluation stride, which is not part of the fingerprint."""
+
+    data: str = field(default="wikitext2", metadata=identity(key=False))
+    tokenizer: str = field(default="word", metadata=identity(key=False))
+    text_field: str = field(default="text", metadata=identity(key=False))
+    vocab_size: int | None = field(default=10000, metadata=identity(key=False))
+    seq_len: int = field(default=128, metadata=identity(key=False))  # the model's max_seq_len keys it
+    eval_stride: int | None = None
+    options: tuple = field(default=(), metadata=identity(key=False))  # frozen task options (recall, plugins)
+    plugins: tuple = field(default=(), metadata=identity(key=False), compare=False)
+    data_dir: str | None = field(default=None, metadata=identity(key=False), compare=False)
+    fingerprint: str | None = field(default=None, metadata=identity(key=False))  # the key's own part
+
+    def replace(self, **changes: Any) -> "TaskSpec":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def options_dict(self) -> dict:
+        return thaw(self.options) if self.options else {}
+
+    def build_key(self) -> str:
+        """What determines the dataset this spec loads (the directory included, the fingerprint not)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fingerprint"}
+        return json.dumps(values, sort_keys=True, default=str)
+
+    def load(self):
+        """The dataset this spec names (``data.load_data``); built afresh, see ``load_task``."""
+        from evo_attention.data import DATASET_FACTORIES, load_data
+
+        options = self.options_dict if self.data == "recall" or self.data in DATASET_FACTORIES else {}
+        return load_data(self.data, data_dir=self.data_dir, vocab_size=self.vocab_size, seq_len=self.seq_len,
+                         seed=options.pop("seed", 0), eval_stride=self.eval_stride, tokenizer=self.tokenizer,
+                         text_field=self.text_field, **options)
+
+
+def key_settings(*specs) -> dict:
+    """The fields of ``specs`` that join a key (see the module docstring), by name."""
+    out = {}
+    for spec in specs:
+        for f in dataclasses.fields(spec):
+            if not f.metadata.get("key", True):
+                continue
+            value = getattr(spec, f.name)
+            if f.metadata.get("omit_default") and value == f.default:
+                continue
+            out[f.name] = value
+    return out
+
+
+def context_hash(settings: Mapping[str, Any], eval_split: str) -> str:
+    """The ``context`` part of a key: a short hash of the settings and the split."""
+    payload = dict(settings, eval_split=eval_split)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One training: genome, seed, steps, specs, split (and the budget of a partial training)."""
+
+    genome: str  # the genome's key
+    seed: int
+    steps: int  # trained steps (a rung's steps, for a partial training)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    task: TaskSpec = field(default_factory=TaskSpec)
+    eval_split: str = "valid"
+    budget: int | None = None  # multi-fidelity: these are steps 0..steps of a budget-step schedule
+
+    def __post_init__(self):
+        if not isinstance(self.genome, str):
+            object.__setattr__(self, "genome", AttentionGene.parse(self.genome).key)
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "steps", int(self.steps))
+        if self.budget is not None:
+            object.__setattr__(self, "budget", int(self.budget))
+            if self.steps > self.budget:
+                raise UserError(f"a trial of {self.steps} steps cannot belong to a {self.budget}-step budget",
+                                setting="steps")
+
+    # -- identity -----------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        """The settings (besides genome, seed, steps and data) that shape the result."""
+        return key_settings(self.model, self.train, self.task)
+
+    @property
+    def context(self) -> str:
+        """The settings' hash; under a decaying schedule a partial training's rate at a step depends
+        on the budget, so the budget joins it (a rung of a constant rate is a plain training)."""
+        context = context_hash(self.settings(), self.eval_split)
+        if self.budget is None or self.steps == self.budget or self.train.lr_schedule == "constant":
+            return context
+        return f"{context}~{self.budget}"
+
+    def key(self) -> tuple:
+        """The cache key: ``(genome, seed, steps, data fingerprint, context)``."""
+        if self.task.fingerprint is None:
+            raise UserError(f"trial {self.genome} has no data fingerprint: load its task first (load_task)")
+        return (self.genome, self.seed, self.steps, self.task.fingerprint, self.context)
+
+    def record_settings(self) -> dict:
+        """What a record keeps as its ``settings``: the key's settings, plus the random features of
+        a genome that uses favor (the record says what the gene ran with)."""
+        settings = self.settings()
+        if any(g.normalization == "favor" for g in layers_of(self.gene)):
+            settings["favor_features"] = self.model.favor_features
+        return settings
+
+    # -- views and changes --------------------------------------------------------------------------
+    @property
+    def gene(self):
+        """The genome as an ``AttentionGene`` (or ``LayerGenes``)."""
+        return AttentionGene.parse(self.genome)
+
+    @property
+    def schedule_steps(self) -> int:
+        """The steps the learning-rate schedule spans: the budget of a partial training."""
+        return self.budget if self.budget is not None else self.steps
+
+    def replace(self, **changes: Any) -> "Trial":
+        return dataclasses.replace(self, **changes)
+
+    def with_data(self, data) -> "Trial":
+        """This trial with the fingerprint of ``data`` (a ``TaskData`` built for its task)."""
+        return self.replace(task=self.task.replace(fingerprint=data.fingerprint))
+
+    def describe(self) -> dict:
+        """Every field as plain JSON-able values (what a record or a log can keep)."""
+        out = dataclasses.asdict(self)
+        out["task"]["options"] = self.task.options_dict
+        out["task"]["plugins"] = list(self.task.plugins)
+        return out
+
+    @classmethod
+    def from_config(cls, genome, config, *, seed: int | None = None, steps: int | None = None,
+                    eval_split: str = "valid", budget: int | None = None, data=None) -> "Trial":
+        """The trial of training ``genome`` with ``config`` (its seed and steps unless given); with
+        ``data``, its fingerprint is filled in."""
+        genome = genome if isinstance(genome, str) else genome.key
+        trial = cls(genome=AttentionGene.parse(genome).key, seed=config.seed if seed is None else seed,
+                    steps=config.train_steps if steps is None else steps, model=config.model, train=config.train,
+                    task=config.task, eval_split=eval_split, budget=budget)
+        return trial.with_data(data) if data is not None else trial
+
+
+# -- the datasets of the trials a process runs -----------------------------------------------------
+_TASK_DATA: dict[str, Any] = {}
+_TASK_DATA_LIMIT = 4  # datasets kept per process (a suite of tasks cycles through a few)
+
+
+def provide_task(task: TaskSpec, data) -> None:
+    """Make ``data`` (already built, e.g. a caller's own ``TaskData``) the dataset of ``task`` in
+    this process."""
+    _remember(task.build_key(), data)
+
+
+def load_task(task: TaskSpec):
+    """The dataset of ``task``, built once per process; UserError if a fingerprint is given and the
+    data built here differs from it (another machine's files)."""
+    key = task.build_key()
+    data = _TASK_DATA.get(key)
+    if data is None:
+        from evo_attention.util.plugins import load_plugins
+
+        load_plugins(task.plugins)
+        data = task.load()
+        _remember(key, data)
+    if task.fingerprint is not None and data.fingerprint != task.fingerprint:
+        raise UserError(
+            f"the dataset built here from the trial's task differs from the one it was planned on (fingerprint "
+            f"{data.fingerprint[:12]} vs {task.fingerprint[:12]}): point data_dir at the data the run uses, or use "
+            "the local executor")
+    return data
+
+
+def _remember(key: str, data) -> None:
+    _TASK_DATA.pop(key, None)
+    _TASK_DATA[key] = data
+    while len(_TASK_DATA) > _TASK_DATA_LIMIT:
+        _TASK_DATA.pop(next(iter(_TASK_DATA)))
