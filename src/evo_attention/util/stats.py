@@ -114,7 +114,7 @@ TRANSFER_RULE = (
 
 def _clean(values: Iterable) -> np.ndarray:
     """The finite numbers of ``values`` as a float array (None, NaN and inf dropped)."""
-    return np.asarray([x for x in map(_number, values) if x is not None], dtype=float)
+    return np.asarray([x for x in map(finite_or_none, values) if x is not None], dtype=float)
 
 
 def describe(values: Iterable, confidence: float = 0.95) -> dict:
