@@ -118,8 +118,10 @@ def test_size_precedence():
     assert (c.d_model, c.n_layers, c.n_heads, c.ffn_dim) == (512, 8, 8, 2048)
     c = config(["--preset", "small"])
     assert (c.d_model, c.n_layers, c.n_heads, c.ffn_dim) == (128, 2, 4, 512) and c.train_steps < 1000
-    c = config(["--preset", "small", "--d-model", "64", "--steps", "7"])
-    assert (c.d_model, c.n_layers, c.train_steps) == (64, 2, 7)
+    c = config(["--preset", "small", "--d-model", "64", "--steps", "17"])
+    assert (c.d_model, c.n_layers, c.train_steps) == (64, 2, 17)
+    c = config(["--preset", "small", "--warmup-fraction", "0.1"])  # a warm-up in either form replaces the preset's
+    assert c.warmup == 0.1
     c = config(["--preset", "quick"])  # a general preset's size wins over the study's default
     assert (c.d_model, c.n_layers, c.data) == (64, 2, "recall")
 

@@ -256,3 +256,69 @@ def test_hurdle_cli_status_and_resume_checks(tmp_path, capsys):
     assert main(["search", *flags, "--resume", "--halving-audit", "2"]) == 2
     assert "--halving-audit 2 contradicts the run" in capsys.readouterr().err
     assert main(["search", *flags, "--resume", "--hurdle", "0.5", "--workers", "1"]) == 0  # executors may change
+
+
+# -- damaged rung states (docs/reliability.md) --------------------------------------------------------
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rungs") / "whole"
+    with Evolution(Config(**{**TINY, "n_generations": 2}), out_dir=out, executor=Counting()) as evo:
+        evo.run()
+    return _final(out)
+
+
+def _damage(files, how):
+    blobs = [p.read_bytes() for p in files]
+    for i, path in enumerate(files):
+        if how == "overwrite":
+            path.write_bytes(b"\x00garbage" * 64)
+        elif how == "truncate":
+            path.write_bytes(blobs[i][: len(blobs[i]) // 2])
+        elif how == "flipped":  # same size, one byte changed inside the trainer state
+            path.write_bytes(blobs[i][:-40] + bytes([blobs[i][-40] ^ 0xFF]) + blobs[i][-39:])
+        elif how == "foreign":  # an intact state of another gene or rung
+            path.write_bytes(blobs[(i + 1) % len(blobs)])
+        else:  # empty
+            path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["overwrite", "truncate", "flipped", "foreign", "empty"])
+def test_a_damaged_rung_state_is_retrained_like_a_missing_one(tmp_path, how, uninterrupted):
+    config = Config(**{**TINY, "n_generations": 2})
+    cut = Counting(stop_after=1 + 6 + 1)  # baseline, the first rung, one continuation (it left a state)
+    with Evolution(config, out_dir=tmp_path / "run", executor=cut) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    files = sorted((tmp_path / "run" / STATE_DIR).iterdir())
+    assert len(files) >= 2
+    _damage(files, how)
+    for _ in range(2):  # a second resume finds nothing of the damage cached
+        resumed = Counting()
+        with pytest.warns(UserWarning, match="rung state .* is not usable") if _ == 0 else _nothing():
+            with Evolution(config, out_dir=tmp_path / "run", resume=True, executor=resumed) as evo:
+                evo.run()
+        assert _final(tmp_path / "run") == uninterrupted
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        assert all(r["status"] == "ok" for r in store.evaluations())  # no "error" from the tool's own files
+    assert resumed.trained == []  # the second resume found everything in the store
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_state_that_cannot_be_loaded_never_becomes_the_genes_failure(recwarn):
+    config = Config(**{**TINY, "train_steps": 12})
+    data = data_from_config(config)
+    gene = "dot|softmax|none|fixed"
+    rung = Trial.from_config(gene, config, steps=6, budget=12, data=data)
+    plain = run_training(rung.replace(steps=12), data).record
+    for blob in (b"PK\x03\x04 not a zip at all", run_training(rung, data, keep_state=True).state[:200]):
+        record = run_training(rung.replace(steps=12), data, state=blob).record
+        assert record.status == "ok" and record.resumed_from == 0
+        assert record["val_loss"] == plain["val_loss"] and record["curve"] == plain["curve"]
+    assert any("training it from scratch" in str(w.message) for w in recwarn)

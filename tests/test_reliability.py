@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -69,14 +71,22 @@ def test_a_lock_of_a_dead_process_is_taken_over(tmp_path):
         assert lock.held and holder(out)["pid"] is not None
 
 
+def _readable(out) -> bool:
+    try:
+        run_status(out)
+        return True
+    except UserError:
+        return False
+
+
 def test_status_says_interrupted_after_a_kill(tmp_path, capsys):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "evo_attention.cli", "search", *FLAGS, "--steps", "400", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and holder(out) is None:
-            time.sleep(0.1)
+        while time.time() < deadline and (holder(out) is None or not _readable(out)):
+            time.sleep(0.1)  # the lock comes first, then the store: wait for both
         assert holder(out)["pid"] == proc.pid
         assert main(["status", str(out)]) == 0
         assert f"running (process {proc.pid}" in capsys.readouterr().out
@@ -325,3 +335,386 @@ def test_the_report_title_escapes_html(tmp_path):
     write_report(run)
     title = (run / "report.md").read_text().splitlines()[0]
     assert "<b>" not in title and "&lt;b&gt;" in title
+
+
+# -- Reliability 2 (issue 33): each numbered item ---------------------------------------------------
+def _no_training(monkeypatch):
+    import evo_attention.search.executors.base as base
+
+    monkeypatch.setattr(base, "run_training", lambda *a, **k: pytest.fail("trained although a setting does not apply"))
+
+
+def test_2_a_metric_the_data_cannot_give_is_refused_before_training(finished_run, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "validation.json").write_text('{"kept": true}')
+    _no_training(monkeypatch)
+    assert main(["validate", "--from-run", str(run), "--metric", "bits_per_byte", "--seeds", "2", "--quiet"]) == 2
+    err = one_line_error(capsys)
+    assert "--metric bits_per_byte does not apply to the recall data" in err and "val_perplexity" in err
+    assert json.loads((run / "validation.json").read_text()) == {"kept": True}
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--data-dir", "/somewhere"], "--data-dir '/somewhere' does not apply to data 'recall'"),
+    (["--text-field", "body"], "--text-field 'body' does not apply to data 'recall'"),
+    (["--tokenizer", "char"], "--tokenizer 'char' applies to text corpora")])
+def test_3_settings_the_recall_data_does_not_use_are_refused(flags, fragment, tmp_path, capsys, monkeypatch):
+    _no_training(monkeypatch)
+    assert main(["search", *FLAGS, *flags, "--out", str(tmp_path / "run")]) == 2
+    assert fragment in one_line_error(capsys)
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_3_a_corpus_refuses_a_text_field_and_an_old_recall_run_still_resumes(finished_run, tmp_path, capsys):
+    from evo_attention.data import load_data
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text("the cat sat on the mat\n" * 20)
+    with pytest.raises(UserError, match="text_field 'body' does not apply to data 'text'"):
+        load_data("text", data_dir=corpus, text_field="body", seq_len=8)
+    run = tmp_path / "old"
+    shutil.copytree(finished_run, run)
+    with sqlite3.connect(run / "run.db") as conn:  # a run stored by a version that ignored data_dir on recall
+        config = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'config'", (json.dumps({**config, "data_dir": "/gone"}),))
+    assert main(["search", *FLAGS, "--resume", "--out", str(run)]) == 0
+
+
+def test_4_a_gpu_request_that_cannot_be_met_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    ray = pytest.importorskip("ray")
+    import evo_attention.search.executors.ray as ray_executor
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a request it can never meet"))
+    monkeypatch.setattr(ray_executor, "local_gpus", lambda: 0, raising=False)  # a machine without a GPU
+    assert main(["search", *FLAGS, "--executor", "ray", "--gpus-per-trial", "1", "--out", str(tmp_path / "r")]) == 2
+    assert "--gpus-per-trial 1 cannot be met: this machine has no GPU" in one_line_error(capsys)
+    assert main(["search", *FLAGS, "--executor", "ray", "--cpus-per-trial", "4096", "--out", str(tmp_path / "r")]) == 2
+    assert "--cpus-per-trial 4096 cannot be met" in one_line_error(capsys)
+    # a cluster is asked once Ray is connected
+    monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    executor = ray_executor.RayExecutor("10.0.0.1:6379", gpus_per_trial=1)
+    with pytest.raises(UserError, match="gpus_per_trial 1 cannot be met: the Ray cluster at 10.0.0.1:6379 has no GPU"):
+        executor._open()
+
+
+def test_5_deleting_run_lock_during_a_live_search_frees_nothing(tmp_path, capsys):
+    import os
+
+    out = tmp_path / "run"
+    with Evolution(Config(**TINY), out_dir=out) as first:
+        (out / LOCK_NAME).unlink()  # a user "cleaning up" while the search runs
+        assert run_status(out)["state"] == "running" and holder(out)["pid"] == os.getpid()
+        for flags in (["--resume"], ["--overwrite"]):
+            assert main(["search", *FLAGS, "--out", str(out), *flags]) == 2
+            assert f"is in use by process {os.getpid()}" in one_line_error(capsys)
+        (out / LOCK_NAME).write_text("{}")  # replaced by another file
+        assert run_status(out)["state"] == "running"
+        first.run()  # the writer puts its run.lock back after an evaluation
+        assert holder(out)["pid"] == os.getpid() and holder(out)["started_at"]
+        assert main(["status", str(out)]) == 0 and "running (process" in capsys.readouterr().out
+    assert run_status(out)["state"] == "finished" and holder(out) is None
+    assert main(["search", "--resume", "--quiet", "--out", str(out)]) == 0  # free again once the writer ended
+
+
+def test_6_a_sequence_length_beyond_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import evo_attention.data.recall as recall
+
+    assert main(["search", *FLAGS, "--seq-len", "2000000000", "--out", str(tmp_path / "r")]) == 2
+    err = one_line_error(capsys)
+    assert "needs about" in err and "--seq-len" in err and not (tmp_path / "r").exists()
+    monkeypatch.setattr(recall, "available_memory", lambda: None)  # unknown: the allocation itself fails
+
+    def no_memory(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(recall, "generate", no_memory)
+    assert main(["search", *FLAGS, "--seq-len", "2000000", "--out", str(tmp_path / "r")]) == 2
+    assert "the allocation failed" in one_line_error(capsys)
+
+
+def test_6_sigterm_under_ray_ends_with_the_resume_command(tmp_path):
+    import os
+    import signal
+
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "evo_attention.cli", "search", *FLAGS, "--steps", "100000", "--executor", "ray",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "run.db").exists() and run_status(out)["workers"]:  # Ray is up and a task trains
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "SIGTERM received" not in err and "Traceback" not in err
+    assert f"resume with: evo-attention search --resume --out {out}" in err
+
+
+def _corpus(directory, valid_words=None):
+    directory.mkdir(parents=True, exist_ok=True)
+    text = "the cat sat on the mat and the dog ran to the park with a ball\n" * 60
+    for split in ("train", "valid", "test"):
+        (directory / f"{split}.txt").write_text(text if valid_words is None or split == "train" else valid_words)
+    return directory
+
+
+def _warning_lines(err):
+    lines = [line for line in err.splitlines() if "warning:" in line or "Warning" in line]
+    for line in lines:
+        assert line.startswith("evo-attention: warning: "), line
+        assert "UserWarning" not in line and ".py:" not in line, line
+    assert not [line for line in err.splitlines() if line.startswith("  ")], err  # no source line
+    return lines
+
+
+def _cli(*args, env=None):
+    """Run the command in a process of its own: what a user's terminal shows (stderr)."""
+    import os
+
+    return subprocess.run([sys.executable, "-m", "evo_attention.cli", *map(str, args)], capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=600)
+
+
+def test_6_warnings_are_one_line_for_users(tmp_path):
+    plugin = tmp_path / "failing_tracker.py"  # a tracker whose server is down
+    plugin.write_text(
+        "from evo_attention.search import trackers\n"
+        "class Failing(trackers.Tracker):\n"
+        "    name = 'failing'\n"
+        "    def start(self, run_name, config):\n"
+        "        raise ConnectionError('the tracking server is down')\n"
+        "trackers.make_tracker = lambda spec, out: trackers.Guarded(Failing())\n")
+    done = _cli("search", *FLAGS, "--plugin", plugin, "--track", "anything", "--out", tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    lines = _warning_lines(done.stderr)
+    assert any("tracker failing failed (ConnectionError: the tracking server is down)" in line for line in lines)
+
+    from evo_attention.data import load_data
+
+    corpus = _corpus(tmp_path / "corpus")
+    cache = tmp_path / "cache"
+    text = ["baseline", "--data", "text", "--data-dir", corpus, "--vocab-size", "full", "--seq-len", "8",
+            "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "2", "--batch-size", "4", "--quiet"]
+    assert _cli(*text, "--out", tmp_path / "b1", env={"EVO_ATTENTION_CACHE_DIR": str(cache)}).returncode == 0
+    key = load_data("text", data_dir=corpus, seq_len=8, cache_dir=cache).fingerprint
+    (cache / f"tokens-{key}.pt").write_bytes(b"damaged")
+    done = _cli(*text, "--out", tmp_path / "b2", env={"EVO_ATTENTION_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert any("ignoring unreadable cache file" in line for line in _warning_lines(done.stderr))
+
+
+@pytest.mark.parametrize("out, fragment", [("file", "is not a directory: give the path of a directory as --out"),
+                                           ("", "--out is empty: give the path of a directory")])
+@pytest.mark.parametrize("command", [["search", *FLAGS], ["baseline", "--preset", "quick", "--steps", "2", "--quiet"]])
+def test_7_an_out_that_is_a_file_or_empty_is_named(command, out, fragment, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.chdir(tmp_path)
+    _no_training(monkeypatch)
+    monkeypatch.setattr("evo_attention.train.trainer.run_training", lambda *a, **k: pytest.fail("trained"))
+    assert main([*command, "--out", out]) == 2
+    err = one_line_error(capsys)
+    assert fragment in err and "File exists" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written into the current directory
+
+
+def test_7_yaml_values_are_named_by_key_and_file_and_duplicates_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("population_size: 4.5\n")
+    assert main(["search", "--config", str(bad), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = one_line_error(capsys)
+    assert f"population_size must be a positive integer, got 4.5 (population_size is set in config file {bad})" in err
+    assert "--population" not in err
+    assert main(["search", "--config", str(bad), "--population", "4", "--elite", "1", "--steps", "2",
+                 "--generations", "1", "--preset", "quick", "--out", str(tmp_path / "ok"), "--quiet"]) == 0
+    capsys.readouterr()
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("population_size: 4\nlearning_rate: 1e-3\npopulation_size: 6\n")
+    assert main(["search", "--config", str(twice), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert f"config file {twice} sets population_size twice (lines 1 and 3)" in one_line_error(capsys)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("recall:\n  num_pairs: 2\n  num_pairs: 3\n")
+    assert main(["search", "--config", str(nested), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "sets num_pairs twice (lines 2 and 3)" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--budget", "-1"], "--budget must be a positive integer, got -1"),
+    (["--warmup", "-3"], "--warmup must be a non-negative integer, got -3"),
+    (["--tokens-per-step", "0"], "--tokens-per-step must be a positive integer, got 0"),
+    (["--genes", "softmax"], "--genes applies to long-context mode only"),
+    (["--seq-lens", "8", "--genes", "mine=not-a-gene"], "--genes item 'mine=not-a-gene': cannot parse gene"),
+    (["--seq-lens", "8", "--genes", "=dot|softmax|none|fixed"], "needs a name and a gene")])
+def test_7_bench_names_its_own_flags_and_refuses_what_does_not_apply(flags, fragment, capsys, monkeypatch):
+    import evo_attention.train.bench as bench
+
+    monkeypatch.setattr(bench, "bench_gene", lambda *a, **k: pytest.fail("timed although a flag was refused"))
+    monkeypatch.setattr(bench, "bench_lengths", lambda *a, **k: pytest.fail("timed although a flag was refused"))
+    assert main(["bench", "--preset", "quick", *flags]) == 2
+    err = one_line_error(capsys)
+    assert fragment in err and "--steps" not in err
+
+
+def test_7_a_plugin_that_exits_is_an_error_not_a_silent_end(tmp_path, capsys, monkeypatch):
+    from evo_attention.train.spec import Trial
+    from evo_attention.train.trainer import run_training
+
+    plugin = tmp_path / "exiting.py"
+    plugin.write_text("import sys\nsys.exit(3)\n")
+    assert main(["search", *FLAGS, "--plugin", str(plugin), "--out", str(tmp_path / "r")]) == 2
+    assert "called sys.exit(3) while it was imported" in one_line_error(capsys)
+
+    def exits(self, x, y):  # a plugin component that exits while it trains
+        raise SystemExit(3)
+
+    monkeypatch.setattr(Trainer, "_step", exits)
+    config = Config(**TINY)
+    data = data_from_config(config)
+    record = run_training(Trial.from_config("dot|softmax|none|fixed", config, data=data), data).record
+    assert record.status == "error" and "sys.exit(3)" in record.error
+
+
+def test_7_a_bpe_size_the_text_cannot_give_and_a_tiny_validation_split_warn(tmp_path):
+    pytest.importorskip("tokenizers")
+    from evo_attention.data import load_data
+
+    corpus = _corpus(tmp_path / "corpus", valid_words="two words\n")
+    with pytest.warns(UserWarning) as caught:
+        data = load_data("text", data_dir=corpus, seq_len=8, tokenizer="bpe:99999999")
+    messages = [str(w.message) for w in caught]
+    assert any(f"bpe:99999999 asked for 99,999,999 tokens" in m and f"only {data.vocab_size:,}" in m for m in messages)
+    assert any("the valid split of" in m and "scored tokens" in m for m in messages)
+
+
+class _ClosedStream:
+    """A stderr whose reader goes away after ``lines`` writes."""
+
+    def __init__(self, lines: int, error):
+        self.left, self.error = lines, error
+
+    def write(self, text):
+        if self.left <= 0:
+            raise self.error
+        self.left -= 1
+        return len(text)
+
+    def flush(self):
+        if self.left <= 0:
+            raise self.error
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), OSError(5, "Input/output error")])
+def test_7_a_closed_progress_pipe_never_stops_a_search(error, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "stderr", _ClosedStream(1, error))
+    assert main(["search", *[f for f in FLAGS if f != "--quiet"], "--out", str(out)]) == 0
+    monkeypatch.undo()
+    assert run_status(out)["state"] == "finished" and run_status(out)["trained"] == 3
+
+
+def test_7_search_piped_into_head_finishes(tmp_path):
+    import os
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "evo_attention.cli", "search", *[f for f in FLAGS if f != "--quiet"], "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc.stdout.readline()  # `| head -1`: one line, then the reader is gone
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 0
+    assert run_status(out)["state"] == "finished"
+
+
+def test_8_a_step_count_no_run_could_finish_is_refused(tmp_path, capsys):
+    assert main(["search", *FLAGS, "--steps", str(10**23), "--out", str(tmp_path / "r")]) == 2
+    err = one_line_error(capsys)
+    assert "--steps 100,000,000,000,000,000,000,000 is beyond 1,000,000,000" in err and not (tmp_path / "r").exists()
+    Config(**{**TINY, "train_steps": 10**9})  # the bound itself is allowed
+
+
+def test_8_generate_streams_its_text(tmp_path, capsys, monkeypatch):
+    import io
+
+    import evo_attention.nn.decoding as decoding
+
+    corpus = _corpus(tmp_path / "corpus")
+    assert main(["baseline", "--data", "text", "--data-dir", str(corpus), "--vocab-size", "full", "--seq-len", "8",
+                 "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "2", "--batch-size", "4",
+                 "--save-model", "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    capsys.readouterr()
+    out = io.StringIO()
+    seen = []
+    real = decoding.sample
+
+    def sample(*args, **kwargs):
+        seen.append(out.getvalue())  # what the user had read when this token was drawn
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "sample", sample)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["generate", "--model", str(tmp_path / "b" / "model"), "--prompt", "the cat", "--max-new-tokens", "6",
+                 "--seed", "1"]) == 0
+    text = out.getvalue()
+    assert seen[0] == "the cat" and all(len(b) > len(a) for a, b in zip(seen, seen[1:]))  # a token at a time
+    assert text.endswith("\n") and len(text.split()) == 2 + 6 and text.startswith(seen[-1])
+
+
+def test_8_the_stream_waits_for_a_whole_character():
+    from evo_attention.cli.generate import TextStream
+
+    class Bytes:
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        stream = TextStream(Bytes(), list(b"caf"))
+        stream.add(0xC3)
+        assert out.getvalue() == "caf"  # half of an e-acute: nothing yet
+        stream.add(0xA9)
+        assert out.getvalue() == "café"
+        stream.add(0xE2)
+        stream.close()
+    assert out.getvalue() == "café\ufffd\n"
+
+
+def test_8_resuming_with_other_threads_warns_that_later_digits_may_move(tmp_path, monkeypatch):
+    import torch
+
+    from evo_attention.search.executors import LocalExecutor
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    with Evolution(Config(**{**TINY, "n_generations": 2}), out_dir=out) as evo:
+        evo.run()
+    with RunStore.open(out) as store:
+        assert store.get_meta("training_threads") == 1
+        store.set_meta("done", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same threads: nothing to say
+        with Evolution(Config(**{**TINY, "n_generations": 2}), out_dir=out, resume=True) as evo:
+            evo.run()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    with pytest.warns(UserWarning, match="so far used 1 CPU thread each, this session's use 3"):
+        with Evolution(Config(**{**TINY, "n_generations": 2}), out_dir=out, resume=True,
+                       executor=LocalExecutor()) as evo:
+            evo.run()

@@ -105,7 +105,7 @@ def test_a_capped_evaluation_counts_only_its_windows(corpus_dir):
 def test_shakespeare_baseline_reports_bits_per_byte_over_the_whole_split(shakespeare, tokenizer, tmp_path, capsys):
     out = tmp_path / "b"
     assert main(["baseline", "--preset", "shakespeare-char", "--data-dir", str(shakespeare), "--tokenizer", tokenizer,
-                 "--steps", "2", "--d-model", "16", "--layers", "1", "--out", str(out), "--quiet"]) == 0
+                 "--steps", "2", "--warmup-steps", "1", "--d-model", "16", "--layers", "1", "--out", str(out), "--quiet"]) == 0
     import json
 
     result = json.loads((out / "result.json").read_text())

@@ -153,7 +153,11 @@ def test_transfer_from_run_end_to_end_and_cached(tiny_run, capsys):
     for key in ("mean", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "advantage",
                 "advantage_low", "advantage_high", "params"):
         assert row[key] is not None, key
-    assert big["kendall_n"] == 2 and big["kendall_tau"] in (-1.0, 1.0)
+    assert big["kendall_n"] == 2 and big["kendall_tau"] is None  # two ranked genes say nothing
+    inter = row["interaction"]
+    assert inter["test"] == "paired" and inter["n_a"] == 2 and inter["p_holm"] is not None
+    # the change of the paired advantage: the difference of the two sizes' per-seed log differences
+    assert inter["change"] == pytest.approx(row["difference"] - ref["genes"][0]["difference"])
     assert result["headline"] in (tiny_run / "transfer.md").read_text()
     assert (tiny_run / "transfer.png").read_bytes()[:8] == PNG
     with RunStore.open(tiny_run, readonly=True) as store:

@@ -67,6 +67,17 @@ def _fake_records(values_by_gene, seeds):
             for s, v in zip(seeds, vals)}
 
 
+def _setup(seeds, **changes):
+    """A study setup without data or store: the statistics of known values."""
+    from evo_attention.studies.common import StudySetup
+
+    return StudySetup(config=Config(), data=None, seeds=tuple(seeds), steps=10, role="validate", **changes)
+
+
+def records_of_loss(records):
+    return {k: {"status": r["status"], "val_loss": r["val_perplexity"]} for k, r in records.items()}
+
+
 def test_ablation_contributions_from_known_values():
     gene = AttentionGene.parse("dot|sparsemax|output_gate|fixed|bias|0.10")
     variants = ablation.ablation_variants(gene)
@@ -76,15 +87,20 @@ def test_ablation_contributions_from_known_values():
              "dot|softmax|output_gate|fixed|bias|0.10": 7.5,  # without sparsemax: sparsemax carries 2.5
              "dot|sparsemax|none|fixed|bias|0.10": 5.2}  # without the gate: it carries 0.2 only
     records = _fake_records({k: [m + n for n in noise] for k, m in means.items()}, seeds)
-    result = ablation.ablation_statistics(variants, records, seeds)
+    result = ablation.ablation_statistics(_setup(seeds, metric="val_loss"), variants, records_of_loss(records))
     contrib = {(c["kind"], c["field"]): c for c in result["contributions"]}
     assert contrib["remove", "normalization"]["value"] == pytest.approx(2.5)
     assert contrib["remove", "gating"]["value"] == pytest.approx(0.2)
     assert contrib["add", "normalization"]["value"] == pytest.approx(8.0 - 5.2)
     assert contrib["add", "gating"]["value"] == pytest.approx(0.5)
     assert result["total"]["value"] == pytest.approx(3.0)
+    # on perplexity the contributions are paired relative changes: (without F) / full - 1, per seed
+    relative = ablation.ablation_statistics(_setup(seeds), variants, records)
+    by = {(c["kind"], c["field"]): c for c in relative["contributions"]}
+    expected = math.exp(sum(math.log((7.5 + n) / (5.0 + n)) for n in noise) / len(noise)) - 1
+    assert by["remove", "normalization"]["value"] == pytest.approx(expected)
     c = contrib["remove", "normalization"]
-    assert c["low"] < c["value"] < c["high"]
+    assert c["low"] == c["value"] == c["high"]  # the noise each seed shares cancels in the paired difference
     text = ablation_markdown(result)
     assert "without normalization" in text and "softmax -> sparsemax" in text and "| Variant |" in text
 
@@ -159,8 +175,7 @@ def test_validate_from_run_end_to_end(tiny_run, capsys):
     assert result["baseline"]["search_value"] is not None  # the run's baseline measured the same thing
     assert result["baseline"]["gene"] == VANILLA.key and [g["gene"] for g in result["genes"]] == [SPARSE]
     row = result["genes"][0]
-    assert len(row["values"]) == 2 and row["verdict"] in ("better than baseline at 95%", "worse than baseline at 95%",
-                                                        "not distinguishable")
+    assert len(row["values"]) == 2 and row["verdict"] in ("better", "worse", "equivalent", "undetermined")
     for key in ("mean", "sd", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "p_value", "p_holm",
                 "cohens_d"):
         assert key in row
@@ -231,16 +246,17 @@ def test_validation_summary_from_known_values(tmp_path):
     genes = {VANILLA.key: 10.0, SPARSE: 8.0, "dot|softmax|output_gate|fixed|bias|0.10": 10.0}
     records = _fake_records({k: [m + n for n in noise] for k, m in genes.items()}, seeds)
     records[SPARSE, 47] = {"status": "diverged", "val_perplexity": math.inf, "error": None}
-    result = val.validation_statistics(records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"], seeds,
-                           search_values={SPARSE: 7.5})
+    result = val.validation_statistics(_setup(seeds), records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"],
+                                       search_values={SPARSE: 7.5})
     sparse, gate = result["genes"]
     assert sparse["n_failed"] == 1 and sparse["values"][-1] is None and sparse["n"] == 4
-    assert sparse["verdict"] == "better than baseline at 95%" and sparse["search_value"] == 7.5
-    assert gate["verdict"] == "not distinguishable" and gate["difference"] == pytest.approx(0.0)
-    assert "better than baseline at 95%" in result["headline"]
+    assert sparse["verdict"] == "better" and sparse["search_value"] == 7.5 and sparse["n_pairs"] == 4
+    assert gate["verdict"] == "equivalent" and gate["difference"] == pytest.approx(0.0)
+    assert gate["verdict_label"] == "equivalent within ±1%" and result["family_size"] == 2
+    assert "**better**" in result["headline"]
     paths = val.write_validation({**result, "steps": 10}, tmp_path)
     md = paths["md"].read_text()
-    assert "| Search | Δ vs baseline [95% CI] |" in md and "| 7.500 |" in md and "diverged" in md
+    assert "| Search | Paired change [95% CI] | Unpaired (Welch) |" in md and "| 7.500 |" in md and "diverged" in md
     assert paths["png"].read_bytes()[:8] == PNG
     test_paths = val.write_validation({**result, "eval_split": "test"}, tmp_path)
     assert test_paths["json"].name == "validation_test.json"
@@ -274,7 +290,7 @@ def test_validation_carries_each_genes_cost_as_the_median_over_its_seeds(tmp_pat
         r.update(params=1000, flops_per_step=4e6, train_time_s=slow * (10 + seed - 43), trained_steps=100,
                  latency_ms=slow * 5.0)
     records[SPARSE, 45]["train_time_s"] = 900.0  # one slow neighbour: the median ignores it
-    result = val.validation_statistics(records, [SPARSE], seeds)
+    result = val.validation_statistics(_setup(seeds), records, [SPARSE])
     assert result["baseline"]["cost"] == {"params": 1000, "flops": 4e6, "train_ms_per_step": 110.0, "latency_ms": 5.0}
     assert result["genes"][0]["cost"]["train_ms_per_step"] == 220.0
     md = val.write_validation({**result, "steps": 100}, tmp_path)["md"].read_text()

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from evo_attention.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, user_message
+from evo_attention.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SETTING_ORIGINS, user_message
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -32,16 +32,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from evo_attention.util.progress import user_warnings  # warnings as one line each
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    SETTING_ORIGINS.clear()  # filled by the command as it reads its settings
     try:
-        return int(args.func(args) or 0)
+        with user_warnings():
+            return int(args.func(args) or 0)
     except UserError as exc:
         print(f"evo-attention: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("evo-attention: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit as exc:  # code run by the command (a plugin's) ended it: say so rather than exit silently
+        if exc.code in (None, 0):
+            raise
+        try:
+            print(f"evo-attention: error: the command was ended by sys.exit({exc.code!r}) in code it ran (a plugin?)",
+                  file=sys.stderr)
+        except OSError:
+            pass
+        return EXIT_USAGE
     except BrokenPipeError:  # the reader of our output went away (e.g. `status | head`): nothing to say
         import os
 

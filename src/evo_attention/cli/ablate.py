@@ -2,12 +2,16 @@
 
     evo-attention ablate --from-run runs/quick --seeds 5        # the run's best gene
     evo-attention ablate --gene "dot|sparsemax|output_gate|learned" --preset quick
+    evo-attention ablate --gene "dot|sparsemax|output_gate|learned" --preset quick --lr-grid 5e-4,1e-3,2e-3,4e-3
+
+With ``--lr-grid`` every variant (the baseline included) is trained at its own best rate of the grid.
 """
 
 from __future__ import annotations
 
 from evo_attention.util.errors import UserError
-from evo_attention.cli.validate import add_analysis_flags, analysis_setup, log_outputs, study_setup
+from evo_attention.cli.validate import (add_analysis_flags, analysis_setup, grid_text, log_grid, log_outputs,
+                                        study_setup)
 
 
 def cmd_ablate(args) -> int:
@@ -28,11 +32,13 @@ def cmd_ablate(args) -> int:
     else:
         raise UserError("nothing to ablate: give --gene KEY or --from-run DIR (its best gene)")
     variants = ablation_variants(gene)  # fails fast on the vanilla gene
+    if args.seeds == "auto":
+        raise UserError("--seeds auto plans the seeds of a validation; give ablate a number of seeds")
     config, data, store, out, search_seed = analysis_setup(args, "runs/ablate")
     distinct = len({v.gene.key for v in variants})
     log(f"ablating {gene} on {data.name}: {len(variants)} variants "
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
-        f"{config.train_steps} steps", args.quiet)
+        f"{config.train_steps} steps{grid_text(args, config)}", args.quiet)
     try:
         with executor_from_args(args) as executor:
             result = run_ablation(study_setup(args, "ablation", config, data, store, executor, search_seed), gene)
@@ -42,6 +48,7 @@ def cmd_ablate(args) -> int:
     paths = write_ablation(result, out)
     for line in contribution_lines(result):
         log(line)
+    log_grid(result)
     log_outputs(paths, args.from_run)
     return 0
 

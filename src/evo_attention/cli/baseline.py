@@ -1,9 +1,16 @@
 """``evo-attention baseline`` (also ``train``): train and evaluate one gene, by default the vanilla
-transformer, and write ``result.json`` (and the model with ``--save-model``)."""
+transformer, and write ``result.json`` (and the model with ``--save-model``).
+
+With ``--lr-grid`` the gene is first trained at every rate of the grid on the tuning seeds
+``seed + 1001 ...`` (validation split, kept in a run store in ``--out``, so a repeat trains
+nothing), its rate chosen by the mean validation loss (``studies.lr_grid``); then it is trained
+with ``seed`` at that rate and measured on ``--eval-split``. ``result.json`` gains the ``grid``
+block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
-from evo_attention.cli.common import add_training_flags, config_from_args, number
+from evo_attention.cli.common import add_executor_flags, add_training_flags, config_from_args, number
+from evo_attention.cli.validate import add_grid_flags
 from evo_attention.util.files import output_dir
 from evo_attention.util.jsonio import write_json
 
@@ -18,14 +25,23 @@ def cmd_baseline(args) -> int:
 
     config = config_from_args(args)
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
+    if args.lr_grid:
+        from evo_attention.studies.common import tuning_seeds
+
+        tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])  # before anything is written
     out = output_dir(args.out)
     data = data_from_config(config)
-    log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed})", args.quiet)
+    grid = None
+    if args.lr_grid:
+        grid = tune_rate(args, config, data, gene, out)
+        config = config.replace(learning_rate=grid["genes"][gene.key]["selected"])
+    log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}"
+        + (f", lr {config.learning_rate:g}, the best of the grid)" if grid else ")"), args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
         result = run_training(Trial.from_config(gene, config, eval_split=args.eval_split, data=data), data, progress=bar)
     record, trainer = result.record, result.trainer
     write_json(out / "result.json", {**record.to_dict(), "config": config.to_dict(),
-                                     "data_description": data.describe()})
+                                     "data_description": data.describe(), **({"grid": grid} if grid else {})})
     if data.vocab is not None:
         (out / "vocab.json").write_text(data.vocab.to_json())
     if args.save_model and trainer is not None and record["status"] == "ok":
@@ -45,6 +61,34 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+GRID_FIGURE = "lr_grid.png"
+
+
+def tune_rate(args, config, data, gene, out) -> dict:
+    """The grid block of ``gene`` (``studies.lr_grid.tune``): every rate on the tuning seeds, by
+    validation loss, kept in the run store in ``out``; draws ``lr_grid.png`` and logs the choice."""
+    from evo_attention.cli.common import executor_from_args
+    from evo_attention.report.figures import plot_lr_grid
+    from evo_attention.report.studies import edge_warnings
+    from evo_attention.studies.common import StudySetup, study_store, tuning_seeds
+    from evo_attention.studies.lr_grid import panel, tune
+    from evo_attention.util.progress import log
+
+    seeds = tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])
+    log(f"tuning the learning rate of {gene} over {', '.join(f'{r:g}' for r in args.lr_grid)} with seeds "
+        f"{seeds[0]}..{seeds[-1]} (validation loss)", args.quiet)
+    with executor_from_args(args) as executor, study_store(out, config, "baseline") as store:
+        setup = StudySetup(config=config, data=data, seeds=(config.seed,), steps=config.train_steps, role="baseline",
+                           metric="val_loss", store=store, executor=executor, quiet=args.quiet,
+                           lr_grid=tuple(args.lr_grid), tuning_seeds=tuple(seeds))
+        grid = tune(setup, [gene])
+    plot_lr_grid([panel(grid["genes"])], out / GRID_FIGURE, ylabel=f"validation loss, mean over {len(seeds)} "
+                 f"tuning seed{'s' if len(seeds) != 1 else ''}", title=f"Learning-rate grid of {gene}; ringed: selected")
+    for line in edge_warnings(grid["genes"], grid["rates"]):
+        log(f"warning: {line.replace('`', '')}")
+    return grid
+
+
 def register(sub) -> None:
     for name, text in (("baseline", "train and evaluate one gene (default: the vanilla transformer)"),
                        ("train", "the same as baseline: train and evaluate one gene")):
@@ -54,5 +98,7 @@ def register(sub) -> None:
         p.add_argument("--eval-split", choices=["valid", "test"], default="valid")
         p.add_argument("--save-model", action="store_true", help="also save the trained weights (safetensors)")
         p.add_argument("--quiet", action="store_true", help="no progress output")
+        add_grid_flags(p)
+        add_executor_flags(p, "execution of the grid's trainings")
         add_training_flags(p)
         p.set_defaults(func=cmd_baseline)

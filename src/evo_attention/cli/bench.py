@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+DEFAULT_TOKENS_PER_STEP = 4096
+
 
 def cmd_bench(args) -> int:
     from evo_attention.cli.common import config_from_args
@@ -12,9 +16,18 @@ def cmd_bench(args) -> int:
     from evo_attention.util.format import human_seconds
     from evo_attention.util.jsonio import dumps
 
+    from evo_attention.util.errors import UserError
+
+    _check_bench_flags(args)
     timed_steps = args.steps or 20  # --steps: how many steps to time; --budget: steps per evaluation
     args.steps = args.budget
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except UserError as exc:  # here the training budget is --budget (--steps counts the timed steps)
+        if "train_steps" not in exc.settings:
+            raise
+        raise UserError(re.sub(r"(?<![\w-])train_steps(?![\w-])", "--budget", str(exc)),
+                        setting=tuple(s for s in exc.settings if s != "train_steps")) from None
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
     if args.seq_lens is not None:
         return _long_context(args, config)
@@ -45,6 +58,24 @@ def cmd_bench(args) -> int:
     return 0
 
 
+LONG_CONTEXT_FLAGS = (("genes", "--genes"), ("tokens_per_step", "--tokens-per-step"), ("out", "--out"))
+
+
+def _check_bench_flags(args) -> None:
+    """Refuse counts that make no sense and long-context flags without long-context mode, before any work."""
+    from evo_attention.util.errors import UserError
+
+    for value, flag, minimum in ((args.budget, "--budget", 1), (args.steps, "--steps", 1), (args.warmup, "--warmup", 0),
+                                 (args.tokens_per_step, "--tokens-per-step", 1)):
+        if value is not None and value < minimum:
+            what = "a positive integer" if minimum else "a non-negative integer"
+            raise UserError(f"{flag} must be {what}, got {value}")
+    if args.seq_lens is None:
+        given = [flag for name, flag in LONG_CONTEXT_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise UserError(f"{given[0]} applies to long-context mode only: add --seq-lens T,T,... or drop {given[0]}")
+
+
 def _long_context(args, config) -> int:
     from pathlib import Path
 
@@ -56,17 +87,28 @@ def _long_context(args, config) -> int:
     from evo_attention.util.format import markdown_table
     from evo_attention.util.jsonio import dumps, write_json
 
+    from evo_attention.genes import AttentionGene
+
     lengths = _positive_list(args.seq_lens, "--seq-lens")
+    if args.tokens_per_step is None:
+        args.tokens_per_step = DEFAULT_TOKENS_PER_STEP
     genes = dict(LONG_CONTEXT_GENES)
     if args.genes:
         genes = {}
         for item in (s.strip() for s in args.genes.split(",") if s.strip()):
-            name, _, key = item.partition("=")
-            if not key:
+            name, equals, key = (part.strip() for part in item.partition("="))
+            if not equals:
                 if name not in LONG_CONTEXT_GENES:
                     raise UserError(f"--genes item {item!r} is neither a family ({', '.join(LONG_CONTEXT_GENES)}) nor "
                                     "name=gene")
                 key = LONG_CONTEXT_GENES[name]
+            if not name or not key:
+                raise UserError(f"--genes item {item!r} needs a name and a gene: write name=gene, e.g. "
+                                "mine=dot|softmax|none|fixed")
+            try:
+                key = AttentionGene.parse(key).key
+            except UserError as exc:
+                raise UserError(f"--genes item {item!r}: {exc}") from None
             genes[name] = key
     if args.tokens_per_step < max(lengths):
         raise UserError(f"--tokens-per-step {args.tokens_per_step} is below the longest length {max(lengths)}: each "
@@ -129,8 +171,8 @@ def register(sub) -> None:
                    "sequence lengths (e.g. 128,256,512,1024,2048) with a fixed token count per step")
     p.add_argument("--genes", metavar="NAME[=GENE],...", help="long-context mode: families to time (default softmax, "
                    "linear, favor, window; or name=gene pairs)")
-    p.add_argument("--tokens-per-step", type=int, default=4096, help="long-context mode: tokens per training step "
-                   "(batch = this // T; default 4096)")
+    p.add_argument("--tokens-per-step", type=int, help="long-context mode: tokens per training step "
+                   f"(batch = this // T; default {DEFAULT_TOKENS_PER_STEP})")
     p.add_argument("--out", help="long-context mode: write long_context.{json,md,png} into this directory")
     add_training_flags(p, search=True)
     for action in p._actions:  # here --steps counts the timed steps, not the training budget

@@ -129,10 +129,28 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
             flags[name] = None if (name in _ZERO_IS_NONE and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+    _note_origins(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if getattr(args, "plugin", None):
         settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))
     load_plugins(settings.get("plugins") or ())  # their names must be known before the settings are checked
     return settings
+
+
+# where each setting of the command being run came from, when not from one of its flags ("config file
+# PATH", "preset NAME"): ``user_message`` then names the key and its file rather than a flag not given
+SETTING_ORIGINS: dict[str, str] = {}
+
+
+def _note_origins(preset_name, config_file, flags) -> None:
+    from evo_attention.train.presets import preset, read_config_file
+
+    SETTING_ORIGINS.clear()
+    if preset_name:
+        SETTING_ORIGINS.update(dict.fromkeys(preset(preset_name), f"preset {preset_name}"))
+    if config_file:
+        SETTING_ORIGINS.update(dict.fromkeys(read_config_file(config_file), f"config file {config_file}"))
+    for name in flags:
+        SETTING_ORIGINS.pop(name, None)
 
 
 def checked(config):
@@ -159,14 +177,17 @@ def number(value, digits=3) -> str:
 # Settings that are not Config fields but arguments of library calls, named by their flags.
 ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_trial": "--cpus-per-trial",
                   "gpus_per_trial": "--gpus-per-trial", "n_seeds": "--seeds", "seeds": "--seeds",
-                  "genes": "--genes", "configs": "--configs", "out": "--out", "data_dir": "--data-dir",
+                  "genes": "--genes", "configs": "--configs", "out": "--out", "out_dir": "--out",
+                  "data_dir": "--data-dir",
                   "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
                   "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
                   "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
                   "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track",
                   "prompt": "--prompt", "temperature": "--temperature", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
-                  "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param"}
+                  "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param",
+                  "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
+                  "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence"}
 
 
 def flag_of(setting: str) -> str | None:
@@ -180,15 +201,21 @@ def user_message(exc) -> str:
     import re
 
     message = str(exc)
+    notes = []
     for setting in getattr(exc, "settings", ()):
+        if setting in SETTING_ORIGINS:  # not from a flag: the key, and where it is set
+            notes.append(f"{setting} is set in {SETTING_ORIGINS[setting]}")
+            continue
         flag = flag_of(setting)
         if flag:
             message = re.sub(rf"(?<![\w-]){re.escape(setting)}(?![\w-])", flag, message)
-    return message
+    return message + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def install_sigterm_handler() -> None:
-    """Turn SIGTERM into KeyboardInterrupt, so a terminated command stops cleanly."""
+def install_sigterm_handler(*, survive_hangup: bool = False) -> None:
+    """Turn SIGTERM into KeyboardInterrupt, so a terminated command stops cleanly. With
+    ``survive_hangup`` a closed terminal (SIGHUP) does not stop the command either: its progress
+    output is best-effort (``util.progress``), the work goes on, as under ``nohup``."""
     import signal
 
     def handler(signum, frame):
@@ -196,6 +223,8 @@ def install_sigterm_handler() -> None:
 
     try:
         signal.signal(signal.SIGTERM, handler)
+        if survive_hangup and hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
     except ValueError:  # not the main thread (e.g. called from a library)
         pass
 

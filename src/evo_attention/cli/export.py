@@ -1,12 +1,15 @@
-"""``evo-attention export``: a trained gene's attention as a standalone PyTorch module.
+"""``evo-attention export``: a trained model as a standalone attention module or a transformers model.
 
     evo-attention export --model runs/best/model --out exported/
     evo-attention export --from-run runs/quick --rank 1 --out exported/   # a model the search kept
+    evo-attention export --model runs/best/model --format hf --out hf-model/
 
-Writes ``attention.py`` (the entry to import), ``evo_attention_export/`` (the library's own modules
-it runs: torch, and ``entmax`` for the sparse normalizations), ``attention.safetensors`` (every
-layer's trained attention weights) and ``README.md`` (how to drop it into a nanoGPT-style block);
-see docs/export.md.
+``--format standalone`` (the default) writes ``attention.py`` (the entry to import),
+``evo_attention_export/`` (the library's own modules it runs: torch, and ``entmax`` for the sparse
+normalizations), ``attention.safetensors`` (every layer's trained attention weights) and ``README.md``
+(how to drop it into a nanoGPT-style block). ``--format hf`` writes a Hugging Face transformers model
+directory (``nn/hf.py``: config, modelling code wrapping the library's model, weights, tokenizer) that
+``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads; see docs/export.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from evo_attention.util.errors import UserError
 def cmd_export(args) -> int:
     from evo_attention.nn.export import export_attention
     from evo_attention.search.models import kept_model
-    from evo_attention.train.saving import load_model
+    from evo_attention.train.saving import load_model, load_tokenizer, saved_info
     from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
@@ -28,6 +31,16 @@ def cmd_export(args) -> int:
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
+    if args.format == "hf":
+        from evo_attention.nn.hf import export_hf
+
+        evaluation = saved_info(directory).get("evaluation")
+        result = export_hf(model, load_tokenizer(directory), args.out, source=source,
+                           extra={"evaluation": evaluation} if evaluation else None)
+        genes = sorted(set(result["genes"]), key=result["genes"].index)
+        log(f"exported {' / '.join(genes)} ({result['layers']} layer(s)) from {directory} as a transformers model")
+        log(f"load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
+        return 0
     result = export_attention(model, args.out, source=source)
     log(f"exported {result['gene']} ({result['layers']} layer(s)) from {directory}")
     log("wrote " + ", ".join(result["files"]))
@@ -36,10 +49,16 @@ def cmd_export(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a trained gene's attention as a standalone PyTorch module "
-                       "(attention.py + the library's modules it runs + safetensors weights + README)")
+                       "(attention.py + the library's modules it runs + safetensors weights + README), or the "
+                       "whole model as a Hugging Face transformers model directory (--format hf)")
     p.add_argument("--model", metavar="DIR", help="a saved model directory (baseline --save-model, search --keep-models)")
     p.add_argument("--from-run", metavar="DIR", help="a search run that kept its models (search --keep-models K)")
     p.add_argument("--rank", type=int, help="with --from-run: which kept model, 1 = the best (default 1)")
+    p.add_argument("--format", choices=("standalone", "hf"), default="standalone",
+                   help="standalone (default): the attention module with the library's modules it runs; hf: the "
+                   "whole model and its tokenizer as a transformers model directory (trust_remote_code)")
     p.add_argument("--out", metavar="DIR", required=True,
-                   help="directory for attention.py, evo_attention_export/, attention.safetensors, README.md")
+                   help="directory for the export (standalone: attention.py, evo_attention_export/, "
+                   "attention.safetensors, README.md; hf: config.json, the model code, model.safetensors, "
+                   "tokenizer.json, ...)")
     p.set_defaults(func=cmd_export)

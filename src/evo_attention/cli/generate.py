@@ -37,15 +37,54 @@ def cmd_generate(args) -> int:
         print(f"evo-attention: note: {unknown} of the prompt's {len(ids)} tokens are not in the model's vocabulary "
               "and read as <unk>", file=sys.stderr)
     generator = torch.Generator().manual_seed(args.seed)
+    stream = TextStream(tokenizer, ids)
     start = time.perf_counter()
-    new = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   generator=generator)
+    try:  # the text appears as it is sampled; Ctrl-C keeps what was generated
+        new = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       generator=generator, on_token=stream.add)
+    finally:
+        stream.close()
     seconds = time.perf_counter() - start
-    print(tokenizer.decode(ids + new))
     rate = f"{len(new) / seconds:,.1f} tokens/s" if seconds > 0 and new else "-"
     print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, key/value cache, {device}; "
           f"prompt {len(ids)} tokens, window {model.config.max_seq_len})", file=sys.stderr)
     return 0
+
+
+class TextStream:
+    """Prints the prompt, then each sampled token's text as it comes (stdout, flushed). A token's text
+    is what decoding the last few tokens adds; a token that ends in the middle of a character (a
+    byte of a UTF-8 sequence) waits for the next one."""
+
+    CONTEXT = 8  # tokens decoded before the new ones, so that spacing between tokens comes out right
+
+    def __init__(self, tokenizer, prompt: list):
+        self.tokenizer = tokenizer
+        self.context = list(prompt)[-self.CONTEXT:]
+        self.pending: list = []
+        self._write(tokenizer.decode(list(prompt)))
+
+    def _write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def add(self, token: int) -> None:
+        self.pending.append(int(token))
+        before = self.tokenizer.decode(self.context)
+        after = self.tokenizer.decode(self.context + self.pending)
+        if after.endswith("\ufffd") or not after.startswith(before):
+            return  # half a character, or a decoding that rewrites its context: wait for more
+        self._write(after[len(before):])
+        self.context = (self.context + self.pending)[-self.CONTEXT:]
+        self.pending = []
+
+    def close(self) -> None:
+        if self.pending:
+            before = self.tokenizer.decode(self.context)
+            after = self.tokenizer.decode(self.context + self.pending)
+            self._write(after[len(before):] if after.startswith(before) else self.tokenizer.decode(self.pending))
+            self.pending = []
+        self._write("\n")
 
 
 def register(sub) -> None:

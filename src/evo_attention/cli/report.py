@@ -1,5 +1,6 @@
-"""``evo-attention report RUN_DIR [RUN_DIR ...] [--out DIR]``: (re)write every output of each run
-from its store; with several runs, also compare them side by side into ``--out``."""
+"""``evo-attention report RUN_DIR [RUN_DIR ...] [--out DIR] [--optuna-journal FILE]``: (re)write every
+output of each run from its store; with several runs, also compare them side by side into ``--out``;
+with ``--optuna-journal``, also write the run as an Optuna study for optuna-dashboard."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ def cmd_report(args) -> int:
     if len(args.run_dirs) == 1 and args.out:
         raise UserError("--out names where several runs are compared: give two or more run directories, or "
                         "drop --out (a run's report goes into its own directory)")
+    if args.optuna_journal and len(args.run_dirs) > 1:
+        raise UserError("--optuna-journal writes one run as an Optuna study: give one run directory")
     for run_dir in args.run_dirs:
         for path in write_report(run_dir).values():
             print(path)
@@ -22,6 +25,13 @@ def cmd_report(args) -> int:
 
         for path in write_comparison(args.run_dirs, args.out).values():
             print(path)
+    if args.optuna_journal:
+        from evo_attention.report.optuna import write_optuna_journal
+
+        written = write_optuna_journal(args.run_dirs[0], args.optuna_journal)
+        states = ", ".join(f"{n} {state}" for state, n in sorted(written["states"].items()))
+        print(f"{written['path']}  (Optuna study {written['study']!r}: {written['trials']} trials, {states}; "
+              f"view with: optuna-dashboard {written['path']})")
     return 0
 
 
@@ -31,4 +41,7 @@ def register(sub) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="run_dir")
     p.add_argument("--out", help="with several runs: the directory for runs.md, runs.json and runs.png, the runs "
                                  "side by side (anytime curves, fronts in one box, validated winners)")
+    p.add_argument("--optuna-journal", metavar="FILE",
+                   help="also write the run as an Optuna study into the journal file FILE (replaced if it exists), "
+                        "for optuna-dashboard FILE; needs Optuna")
     p.set_defaults(func=cmd_report)

@@ -10,6 +10,7 @@ from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_exec
                                       install_sigterm_handler, number, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_directory_path
 
 
 # settings that may differ when a run is resumed (where it runs, where its data lies); the data
@@ -21,7 +22,7 @@ RESUMABLE_CHANGES = ("device", "data_dir")
 def search_config(args):
     """The config of a new run, or the stored config of a resumed one (checked against the flags)."""
     from evo_attention.search.store import RunStore
-    from evo_attention.train.config import Config
+    from evo_attention.train.config import CAP_FIELDS, Config, cap_value
 
     extra = {}
     if args.no_baseline:
@@ -37,8 +38,14 @@ def search_config(args):
         return checked(Config.from_dict(settings, source="the command line"))
     with RunStore.open(args.out, readonly=True) as store:
         stored = store.config()
+    from evo_attention.data import unused_settings
+
+    for name in unused_settings(str(stored.get("data"))):  # kept by versions that ignored them: never applied
+        stored.pop(name, None)
     defaults = Config().to_dict()  # a run stored before a field existed ran with its default
     for name, value in settings.items():
+        if name in CAP_FIELDS:  # a cap as the config keeps it: "50000" is 50000, "1.2X" is "1.2x"
+            value = cap_value(value, name)
         if name not in RESUMABLE_CHANGES and stored.get(name, defaults.get(name)) != value:
             raise UserError(f"{flag_of(name) or name} {_shown(value)} contradicts the run in {args.out} (it has "
                             f"{_shown(stored.get(name))}): drop the setting to resume, or start a new run with --overwrite")
@@ -65,6 +72,7 @@ def cmd_search(args) -> int:
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other: choose one")
+    check_directory_path(args.out)  # not "" (the current directory), not a file
     check_free(args.out)  # a run another process writes is refused before its settings are compared
     config = search_config(args)
     out = Path(args.out)
@@ -75,12 +83,22 @@ def cmd_search(args) -> int:
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                           executor=executor, trackers=trackers, keep_models=args.keep_models)
     resume_cmd = f"evo-attention search --resume --out {out}"
-    install_sigterm_handler()
+    install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
         f"{config.population_size} x {config.n_generations} generations, {config.train_steps} steps per model, "
         f"data {evolution.data.name}; {evolution.planned} evaluations planned; executor {_executor_text(executor)}"
         + (f"; fidelity {evolution.schedule.to_dict()['mode']}, rungs {'/'.join(map(str, evolution.schedule.rungs))} "
            "steps" if evolution.schedule else ""), args.quiet)
+    if evolution.init_from:
+        from evo_attention.report.summary import init_from_text
+
+        log(f"warm start from {init_from_text(evolution.init_from)}", args.quiet)
+    from evo_attention.train.config import CAP_FIELDS
+
+    caps = {name: getattr(config, name) for name in CAP_FIELDS if getattr(config, name) is not None}
+    if caps:
+        log("constraints: " + ", ".join(f"{flag_of(name)} {value}" for name, value in caps.items())
+            + " (parameters and FLOPs checked before training: a gene over them is never trained)", args.quiet)
     try:
         with evolution:
             evolution.run()

@@ -8,7 +8,8 @@ The reference is the search size (the run's d_model x layers, or the configured 
 --genes); every other size is compared with it. The seeds are ``seed + 1 ... seed + N`` as for
 ``validate``, never the search seed. Every flag that sets the model or the training applies at
 every size, except the size itself (--sizes), the heads (d_model / 32 unless --heads) and the
-steps (--steps or --tokens-per-param).
+steps (--steps or --tokens-per-param). With --lr-grid the grid is tuned at every size: each gene
+and the baseline are compared at their own best rate at that size.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 def cmd_transfer(args) -> int:
     from evo_attention.cli.common import executor_from_args
-    from evo_attention.cli.validate import analysis_setup, log_outputs, run_genes, study_setup
+    from evo_attention.cli.validate import analysis_setup, grid_text, log_grid, log_outputs, run_genes, study_setup
     from evo_attention.report import load_run
     from evo_attention.studies.transfer import plan, run_transfer, write_transfer
     from evo_attention.util.progress import log
@@ -30,7 +31,8 @@ def cmd_transfer(args) -> int:
     rungs = plan(config, genes, **budget)
     log(f"carrying {len(genes)} gene(s) and the baseline across {len(rungs)} sizes "
         f"({', '.join(r.label for r in rungs)}; reference {rungs[0].label}) on {data.name} in the {config.block} "
-        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})", args.quiet)
+        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}",
+        args.quiet)
     try:
         with executor_from_args(args) as executor:
             setup = study_setup(args, "transfer", config, data, store, executor, search_seed)
@@ -42,6 +44,7 @@ def cmd_transfer(args) -> int:
     log(result.headline.replace("**", ""))
     for gene, verdict in result.verdicts.items():
         log(f"  {gene} at {result.largest}: {verdict}")
+    log_grid(result)
     log_outputs(paths, args.from_run)
     return 0
 

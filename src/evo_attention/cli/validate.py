@@ -4,28 +4,94 @@
     evo-attention validate --genes "dot|sparsemax|output_gate|learned" --preset quick --seeds 5
 
 The seeds are ``seed + 1 ... seed + N`` (``--seed`` defaults to the run's search seed), never the
-search seed itself. ``add_analysis_flags``, ``analysis_setup`` and ``study_setup`` are shared with
-``ablate`` and ``transfer``.
+search seed itself. ``--lr-grid 5e-4,1e-3,2e-3`` trains each gene and the baseline at their own best
+rate of the grid, chosen on the tuning seeds ``seed + 1001 ...`` (``studies.lr_grid``).
+``add_analysis_flags``, ``analysis_setup`` and ``study_setup`` are shared with ``ablate`` and
+``transfer``; ``add_grid_flags`` with ``compare`` and ``baseline`` too.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 
 
+def _seeds(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds {text!r} is not a whole number or 'auto'") from None
+
+
+def _fraction(text: str) -> float:
+    """'1%' -> 0.01; '0.01' -> 0.01."""
+    raw = text.strip()
+    try:
+        return float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction such as 0.01 or 1%") from None
+
+
+def lr_grid_flag(text: str) -> tuple[float, ...]:
+    """'5e-4,1e-3,2e-3' -> (0.0005, 0.001, 0.002): the rates of --lr-grid."""
+    from evo_attention.studies.common import parse_lr_grid
+
+    try:
+        return parse_lr_grid(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("lr_grid ", "", 1).replace("learning_rate", "--lr")) from None
+
+
+def add_grid_flags(p: argparse.ArgumentParser, what: str = "gene") -> None:
+    """--lr-grid and --tuning-seeds (validate, ablate, transfer, compare, baseline)."""
+    from evo_attention.studies.common import DEFAULT_TUNING_SEEDS, TUNING_OFFSET
+
+    p.add_argument("--lr-grid", type=lr_grid_flag, metavar="LR,LR,...",
+                   help=f"train each {what} (the baseline included) at every rate of this grid, e.g. "
+                        "5e-4,1e-3,2e-3,4e-3, on the tuning seeds, pick its best rate on the validation split, and "
+                        "measure it at that rate on the usual (fresh) seeds; --lr is then not used")
+    p.add_argument("--tuning-seeds", type=int, default=DEFAULT_TUNING_SEEDS, metavar="T",
+                   help=f"with --lr-grid: seeds per rate, seed+{TUNING_OFFSET + 1} .. seed+{TUNING_OFFSET}+T "
+                        f"(default {DEFAULT_TUNING_SEEDS}; never a seed the result is measured on)")
+
+
+def grid_text(args, config) -> str:
+    """What a command's log line says about its grid ('' without one)."""
+    from evo_attention.studies.common import TUNING_OFFSET
+
+    if not getattr(args, "lr_grid", None):
+        return ""
+    first, last = config.seed + TUNING_OFFSET + 1, config.seed + TUNING_OFFSET + args.tuning_seeds
+    seeds = f"seed {first}" if first == last else f"seeds {first}..{last}"
+    return (f"; each at its best of the learning rates {', '.join(f'{r:g}' for r in args.lr_grid)}, tuned on {seeds} "
+            "(validation split)")
+
+
 def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     from evo_attention.report.studies import METRICS
-    from evo_attention.studies.common import DEFAULT_SEEDS
+    from evo_attention.studies.common import DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS
     from evo_attention.cli.common import add_executor_flags, add_training_flags
 
     p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
                    "its store caches and keeps the trainings, and the outputs go into it")
-    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+    p.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS,
                    help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; never the "
-                        "search seed)")
+                        "search seed); validate takes 'auto': plan them from a pilot for --mde")
+    p.add_argument("--margin", type=_fraction, default=DEFAULT_MARGIN, metavar="M",
+                   help="equivalence margin, e.g. 1%% (the default): a gene within it of the baseline, by the "
+                        "equivalence test, is 'equivalent within ±M' (relative for perplexity and bits, in units "
+                        "for loss and accuracy)")
+    p.add_argument("--mde", type=_fraction, metavar="E",
+                   help="with --seeds auto: the smallest change the planned seeds should detect, e.g. 1%%")
+    p.add_argument("--power", type=_fraction, default=DEFAULT_POWER,
+                   help="power of the seed plan and of the minimal detectable effect (default 0.8)")
+    p.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS, metavar="N",
+                   help=f"with --seeds auto: plan at most N seeds (default {DEFAULT_MAX_SEEDS})")
     p.add_argument("--eval-split", choices=["valid", "test"], default="valid",
                    help="measure on the validation split (default) or the test split (outputs get a _test suffix)")
     p.add_argument("--metric", choices=list(METRICS), default="val_perplexity",
@@ -34,13 +100,15 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
                    help="confidence level of intervals and verdicts (default 0.95)")
     p.add_argument("--out", help=f"output directory (default: the run directory with --from-run, else {default_out})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_grid_flags(p)
     add_training_flags(p)
     add_executor_flags(p, "execution (as for search)")
 
 
 def analysis_setup(args, default_out: str, check=None):
     """(config, data, store or None, out dir, search seed or None) of an analysis command;
-    ``check(config)`` (optional) runs before anything is written or loaded."""
+    ``check(config)`` (optional) runs before anything is written or loaded. The store is the
+    ``--from-run`` run's; with ``--lr-grid`` and no run, one in the output directory (``run.db``)."""
     from evo_attention.studies.common import validation_seeds
     from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.train.config import Config
@@ -60,7 +128,13 @@ def analysis_setup(args, default_out: str, check=None):
     else:
         config = checked(Config.from_dict(settings, source="the command line"))
         stored_data = {}
-    validation_seeds(config.seed, args.seeds, search_seed)  # fail before loading any data
+    from evo_attention.studies.common import PILOT_SEEDS, tuning_seeds
+
+    # fail before loading any data (seeds auto: the pilot's seeds come first)
+    seeds = validation_seeds(config.seed, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
+    if getattr(args, "lr_grid", None):
+        reach = seeds + (list(range(seeds[-1] + 1, seeds[-1] + args.max_seeds + 1)) if args.seeds == "auto" else [])
+        tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=reach, search_seed=search_seed)
     if check is not None:
         check(config)
     # the output place exists (or the command fails) before any training
@@ -73,6 +147,10 @@ def analysis_setup(args, default_out: str, check=None):
                 "the search",
                 args.quiet)
         store = RunStore.open(args.from_run)
+    elif getattr(args, "lr_grid", None):  # a grid is many trainings: kept in a store in the output directory,
+        from evo_attention.studies.common import study_store  # so that a repeat or a resumed grid trains nothing
+
+        store = study_store(out, config, Path(default_out).name)
     return config, data, store, out, search_seed
 
 
@@ -81,9 +159,13 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
     --from-run, --quiet) with the config, data, store and executor ``analysis_setup`` gave."""
     from evo_attention.studies.common import StudySetup
 
+    if args.seeds == "auto" and role != "validate":
+        raise UserError(f"--seeds auto plans the seeds of a validation; give {role} a number of seeds")
     return StudySetup.resolve(config, data, role=role, n_seeds=args.seeds, eval_split=args.eval_split,
                               metric=args.metric, confidence=args.confidence, store=store, executor=executor,
-                              search_seed=search_seed, source_run=args.from_run, quiet=args.quiet)
+                              search_seed=search_seed, source_run=args.from_run, quiet=args.quiet,
+                              margin=args.margin, power=args.power, mde=args.mde, max_seeds=args.max_seeds,
+                              lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
 
 
 def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
@@ -129,6 +211,21 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
     return out
 
 
+def log_grid(result) -> None:
+    """With a learning-rate grid: each gene's selected rate, and a warning per edge winner."""
+    from evo_attention.report.studies import edge_warnings
+    from evo_attention.util.progress import log
+
+    grid = result.get("grid")
+    if not grid:
+        return
+    for where, genes in ([(f" at {s['size']}", s["genes"]) for s in grid["sizes"]] if "sizes" in grid
+                         else [("", grid["genes"])]):
+        log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}" for g in genes.values()))
+        for line in edge_warnings(genes, grid["rates"], where=where):
+            log(f"warning: {line.replace('`', '')}")
+
+
 def log_outputs(paths: dict, from_run: str | None) -> None:
     """Say which files an analysis wrote and, for a run's analysis, how to fold them into its report."""
     from evo_attention.util.progress import log
@@ -149,9 +246,10 @@ def cmd_validate(args) -> int:
     genes = run_genes(args, summary, args.top)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate")
     vanilla = AttentionGene.vanilla().key
-    log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {args.seeds} seeds each "
-        f"({config.seed + 1}..{config.seed + args.seeds}), {config.train_steps} steps, {args.eval_split} split",
-        args.quiet)
+    seeds = (f"seeds planned from a pilot ({config.seed + 1}..{config.seed + 3})" if args.seeds == "auto"
+             else f"{args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})")
+    log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
+        f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric, config, data, args.eval_split)
     try:
         with executor_from_args(args) as executor:
@@ -164,6 +262,7 @@ def cmd_validate(args) -> int:
     log(result.headline.replace("**", ""))
     for row in result.genes:
         log(f"  {row['str']}: {row['verdict']}")
+    log_grid(result)
     log_outputs(paths, args.from_run)
     return 0
 

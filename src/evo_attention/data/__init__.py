@@ -7,6 +7,7 @@
 
 * ``wikitext2`` / ``text``: word-level corpora (``corpus.py``), tokenization cached on disk (``cache.py``)
 * ``recall``: a generated associative-recall task (``recall.py``)
+* ``mqar[:knobs]``, ``mad:TASK[:knobs]``: generated tasks that separate mechanisms (``synthetic.py``)
 * ``LoaderData``: a user's own DataLoaders (``base.py``)
 """
 
@@ -17,11 +18,12 @@ from evo_attention.data.base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
 from evo_attention.data.corpus import ENV_DATA_DIR, CorpusData, corpus_from_texts, load_corpus
 from evo_attention.data.cache import ENV_CACHE_DIR
 from evo_attention.data.recall import RecallData
+from evo_attention.data.synthetic import SyntheticData, check_synthetic_name, is_synthetic, synthetic_data
 from evo_attention.data.hf import is_hf, read_hf
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.data.vocab import Vocab
 
-DATASETS = ("wikitext2", "text", "recall")
+DATASETS = ("wikitext2", "text", "recall", "mqar")  # and mad:TASK (data.synthetic.MAD_TASKS)
 # datasets added by plugins: name -> factory(settings) -> TaskData, where settings holds data_dir,
 # vocab_size, seq_len, eval_stride, cache_dir, tokenizer, text_field, seed and the options
 DATASET_FACTORIES: dict = {}
@@ -29,7 +31,7 @@ DATASET_FACTORIES: dict = {}
 
 def register_dataset(name: str):
     """Decorator: make ``factory(settings: dict) -> TaskData`` available as ``data: name``."""
-    if not isinstance(name, str) or not name or name in DATASETS or name.startswith("hf:"):
+    if not isinstance(name, str) or not name or name in DATASETS or name.startswith("hf:") or is_synthetic(name):
         raise UserError(f"dataset name {name!r} is empty or taken by a built-in dataset: choose another name")
 
     def decorator(factory):
@@ -42,7 +44,14 @@ def register_dataset(name: str):
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
 
 __all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
-           "LoaderData", "RecallData", "TaskData", "Vocab", "load_corpus", "load_data"]
+           "LoaderData", "RecallData", "SyntheticData", "TaskData", "Vocab", "load_corpus", "load_data",
+           "takes_options"]
+
+
+def takes_options(name) -> bool:
+    """Whether dataset ``name`` reads the task options mapping (Config ``recall``, ``TaskSpec.options``):
+    the recall task, the generated tasks (``mqar``, ``mad:TASK``) and plugin datasets."""
+    return name == "recall" or is_synthetic(name) or name in DATASET_FACTORIES
 
 
 def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_size: int | None = None,
@@ -56,9 +65,22 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
     word; ``eval_stride`` gives strided evaluation; ``cache_dir`` overrides the tokenization cache
     location; ``seed`` is unused (batch order comes from the generator given to ``train_batches``).
     Recall: ``vocab_size`` (None = 64), ``seq_len``, ``seed`` and ``recall_options`` (num_pairs,
-    num_queries, train_examples, eval_examples) go to ``RecallData``; ``data_dir`` and ``cache_dir``
-    are not used.
+    num_queries, train_examples, eval_examples) go to ``RecallData``; ``cache_dir`` is not used, and a
+    ``data_dir``, ``text_field`` or ``tokenizer`` is refused (``check_applicable``): nothing is ignored
+    silently.
+    Generated tasks (``mqar[:knob=value,...]``, ``mad:TASK[:knob=value,...]``, see ``synthetic.py``):
+    the knobs come inline and from ``recall_options``; ``seq_len`` and ``vocab_size`` (None = the
+    task's default) fill the ``seq_len`` and ``vocab`` knobs when those are not given.
     """
+    check_applicable(name, data_dir=data_dir, text_field=text_field)
+    if is_synthetic(name):
+        if parse_tokenizer(tokenizer)[0] != "word":
+            raise UserError(f"tokenizer {tokenizer!r} applies to text corpora; the generated task {name!r} has its own "
+                            "symbols: leave tokenizer unset", setting="tokenizer")
+        if eval_stride is not None:
+            raise UserError(f"eval_stride {eval_stride} does not apply to the generated task {name!r} (its examples are "
+                            "independent); leave it unset", setting="eval_stride")
+        return synthetic_data(name, seq_len=seq_len, vocab_size=vocab_size, seed=seed, options=recall_options)
     if name == "recall":
         if parse_tokenizer(tokenizer)[0] != "word":
             raise UserError(f"tokenizer {tokenizer!r} applies to text corpora; the recall task has its own symbols: "
@@ -85,14 +107,44 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
         source, texts = read_hf(name, text_field)
         return corpus_from_texts(name, texts, source, vocab_size=vocab_size, seq_len=seq_len,
                                  eval_stride=eval_stride, cache_dir=cache_dir, tokenizer=tokenizer)
-    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} or hf:NAME", setting="data")
+    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, mad:TASK or hf:NAME", setting="data")
+
+
+# settings a built-in dataset has no use for: named, they are refused rather than silently ignored
+WHY_UNUSED = {
+    "data_dir": {"recall": "a generated task is not read from files",
+                 "hf": "an hf: dataset is named by hf:NAME or read from hf:/path"},
+    "text_field": {"recall": "a generated task has no text columns",
+                   "wikitext2": "a corpus directory holds plain text files, not columns",
+                   "text": "a corpus directory holds plain text files, not columns"},
+}
+SETTING_DEFAULTS = {"data_dir": None, "text_field": "text"}
+
+
+def unused_settings(name: str) -> dict:
+    """The settings (``data_dir``, ``text_field``) that dataset ``name`` does not use, with the reason."""
+    kind = "hf" if is_hf(name) else "recall" if is_synthetic(name) else name  # a generated task, as recall
+    return {setting: why[kind] for setting, why in WHY_UNUSED.items() if kind in why and name not in DATASET_FACTORIES}
+
+
+def check_applicable(name: str, **settings) -> None:
+    """UserError naming a setting given a value that dataset ``name`` would ignore."""
+    for setting, why in unused_settings(name).items():
+        value = settings.get(setting, SETTING_DEFAULTS[setting])
+        if value != SETTING_DEFAULTS[setting]:
+            raise UserError(f"{setting} {str(value)!r} does not apply to data {name!r} ({why}): leave {setting} unset",
+                            setting=setting)
 
 
 def check_data_name(name) -> None:
-    """UserError unless ``name`` is a dataset (one of ``DATASETS`` or ``hf:...``)."""
+    """UserError unless ``name`` is a dataset (one of ``DATASETS``, ``mqar:...``, ``mad:TASK[:...]`` with
+    valid inline knobs, or ``hf:...``)."""
+    if is_synthetic(name):
+        check_synthetic_name(name)
+        return
     if not (name in DATASETS or name in DATASET_FACTORIES or is_hf(name)):
-        raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)} or hf:NAME[:CONFIG], "
-                        "hf:/path/to/saved", setting="data")
+        raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)}, mqar:knob=value,..., "
+                        "mad:TASK[:knob=value,...], hf:NAME[:CONFIG] or hf:/path/to/saved", setting="data")
 
 
 def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskData:
@@ -102,7 +154,7 @@ def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskD
     The recall task is generated from ``config.recall["seed"]`` (default 0), not from the training
     seed: every seed of a run trains and is measured on the same data.
     """
-    recall = dict(config.recall) if config.data == "recall" or config.data in DATASET_FACTORIES else {}
+    recall = dict(config.recall) if takes_options(config.data) else {}
     return load_data(config.data, data_dir=data_dir or config.data_dir, vocab_size=config.vocab_size,
                      seq_len=config.max_seq_len, seed=recall.pop("seed", 0), eval_stride=config.eval_stride,
                      tokenizer=config.tokenizer, text_field=config.text_field, **recall)

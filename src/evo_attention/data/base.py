@@ -128,6 +128,27 @@ class TaskData:
         return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, seq_len={self.seq_len})"
 
 
+class ExampleData(TaskData):
+    """A dataset held as whole examples in memory: ``self.data[split] = (x, y)``, one row per example
+    (the generated tasks). Its items are those rows."""
+
+    data: dict
+
+    def num_train_items(self) -> int:
+        return len(self.data["train"][0])
+
+    def train_items(self, idx: torch.Tensor) -> Batch:
+        x, y = self.data["train"]
+        return x[idx], y[idx]
+
+    def num_eval_items(self, split: str) -> int:
+        return len(self.data[split][0])
+
+    def eval_items(self, split: str, idx: torch.Tensor) -> Batch:
+        x, y = self.data[split]
+        return x[idx], y[idx]
+
+
 class LoaderData(TaskData):
     """Wrap a user's torch DataLoaders as a TaskData.
 

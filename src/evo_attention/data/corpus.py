@@ -172,8 +172,29 @@ def corpus_from_texts(name: str, texts: dict, source: str, *, vocab_size: int | 
     else:
         streams, tok, sizes = _tokenize_splits(texts, vocab_size, tokenizer)
         cache.save(directory, key, streams, tok.to_json() if kind != "word" else tok.vocab.to_json(), sizes)
-    return CorpusData(name, streams, tok, seq_len=seq_len, fingerprint=key, eval_stride=eval_stride,
+    data = CorpusData(name, streams, tok, seq_len=seq_len, fingerprint=key, eval_stride=eval_stride,
                       source=source, text_sizes=sizes)
+    _warn_if_small(data, tokenizer)
+    return data
+
+
+MIN_EVAL_TOKENS = 100  # a split scored over fewer tokens gives a perplexity that is mostly noise
+
+
+def _warn_if_small(data: "CorpusData", tokenizer: str) -> None:
+    """Say what the user did not get: a BPE vocabulary smaller than asked for (the text ran out of
+    pairs to merge), an evaluation split too small to score anything."""
+    import warnings
+
+    kind, size = parse_tokenizer(tokenizer)
+    if kind == "bpe" and size is not None and data.vocab_size < size:
+        warnings.warn(f"tokenizer bpe:{size} asked for {size:,} tokens, but the train split of {data.source} supports "
+                      f"only {data.vocab_size:,} (no pair of tokens is left to merge): the model uses {data.vocab_size:,}")
+    for split in ("valid", "test"):
+        n = data.scored_tokens(split)
+        if n < MIN_EVAL_TOKENS:
+            warnings.warn(f"the {split} split of {data.source} has only {n:,} scored token{'s' if n != 1 else ''}: a "
+                          f"perplexity over fewer than {MIN_EVAL_TOKENS} is mostly noise; use a bigger {split} file")
 
 
 def _tokenize_splits(texts: dict, vocab_size: int | None, tokenizer: str):

@@ -30,7 +30,7 @@ import hashlib
 import torch
 
 from evo_attention.util.errors import UserError
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive, fingerprint_of
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
 from evo_attention.data.vocab import Vocab
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
@@ -77,7 +77,33 @@ def generate(examples: int, *, vocab_size: int, seq_len: int, num_pairs: int, nu
     return seq[:, :-1].contiguous(), y
 
 
-class RecallData(TaskData):
+# bytes per token while a split is generated: the example, its targets and the input copy (int64 each)
+GENERATION_BYTES_PER_TOKEN = 3 * 8
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation here (Linux ``MemAvailable``), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:,.1f} GB"
+
+
+def _too_big(examples: int, seq_len: int, needed: int, why: str) -> UserError:
+    return UserError(f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens needs about {_gb(needed)} of "
+                     f"memory to generate, and {why}: lower max_seq_len or the recall example counts "
+                     "(train_examples, eval_examples)", setting="max_seq_len")
+
+
+class RecallData(ExampleData):
     """The MQAR task as a TaskData; all splits are generated on construction (well under a second)."""
 
     def __init__(self, vocab_size: int = 64, seq_len: int = 64, num_pairs: int = 8,
@@ -113,24 +139,20 @@ class RecallData(TaskData):
         self.vocab = Vocab(["<fill>"] + [f"k{i}" for i in range(self.num_keys)]
                            + [f"v{i}" for i in range(self.num_values)])
         self.data = {}
+        examples = train_examples + 2 * eval_examples
+        needed = GENERATION_BYTES_PER_TOKEN * examples * (seq_len + 1)
+        available = available_memory()
+        if available is not None and needed > available:
+            raise _too_big(examples, seq_len, needed, f"this machine has {_gb(available)} available")
         for split in SPLITS:
             n = train_examples if split == "train" else eval_examples
-            self.data[split] = generate(n, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs,
-                                        num_queries=num_queries, generator=split_generator(seed, split))
-
-    def num_train_items(self) -> int:
-        return len(self.data["train"][0])
-
-    def train_items(self, idx: torch.Tensor):
-        x, y = self.data["train"]
-        return x[idx], y[idx]
-
-    def num_eval_items(self, split: str) -> int:
-        return len(self.data[split][0])
-
-    def eval_items(self, split: str, idx: torch.Tensor):
-        x, y = self.data[split]
-        return x[idx], y[idx]
+            try:
+                self.data[split] = generate(n, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs,
+                                            num_queries=num_queries, generator=split_generator(seed, split))
+            except (MemoryError, RuntimeError) as exc:
+                if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+                    raise
+                raise _too_big(examples, seq_len, needed, "the allocation failed") from None
 
     def scored_tokens(self, split: str) -> int:
         return self.num_eval_items(self.check_split(split)) * self.num_queries

@@ -15,7 +15,7 @@ full recomputation (``use_cache=False``, which the tests compare against) costs.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -51,9 +51,10 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
 @torch.no_grad()
 def generate(model, prompt: Sequence[int], max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> list[int]:
+             use_cache: bool = True, on_token: Callable[[int], None] | None = None) -> list[int]:
     """The ``max_new_tokens`` token ids that follow ``prompt`` (ids), sampled one at a time (see
-    the module docstring). ``use_cache=False`` recomputes the whole window for every token."""
+    the module docstring). ``use_cache=False`` recomputes the whole window for every token;
+    ``on_token`` is called with each new id as soon as it is sampled (to stream the text)."""
     if not len(prompt):
         raise UserError("the prompt is empty: give at least one token", setting="prompt")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -79,6 +80,8 @@ def generate(model, prompt: Sequence[int], max_new_tokens: int, *, temperature: 
             token = sample(logits, temperature, top_k, generator)
             tokens.append(token)
             new.append(token)
+            if on_token is not None:
+                on_token(token)
     finally:
         model.train(was_training)
     return new

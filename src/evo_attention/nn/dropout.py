@@ -12,11 +12,18 @@ with torch.profiler: ``aten::bernoulli_`` 72 ms of a 700 ms step). Here each 64-
 
 On other devices (CUDA's dropout is already fast and fused), and for p = 0 or eval mode, this is
 ``torch.nn.functional.dropout``.
+
+A trainer that folds several models into one batch (``train.batched``) gives each model its own
+stream: inside ``mask_source(fn)``, ``dropout`` takes its keep mask from ``fn(shape, p)`` (on any
+device) instead of drawing it from the global generator; outside it nothing changes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
+from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,16 +38,33 @@ def drop_threshold(p: float) -> int:
     return round(p * (1 << LANE_BITS))
 
 
-def keep_mask(shape: torch.Size | tuple, p: float) -> torch.Tensor:
-    """A bool CPU tensor of ``shape``: True (keep) with probability 1 - q, independently."""
+# the keep-mask source of the current context (None: keep_mask from the global generator)
+_MASK_SOURCE: contextvars.ContextVar = contextvars.ContextVar("evo_attention_dropout_masks", default=None)
+
+
+def keep_mask(shape: torch.Size | tuple, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A bool CPU tensor of ``shape``: True (keep) with probability 1 - q, independently; drawn from
+    ``generator`` (default: torch's global CPU generator)."""
     n = math.prod(shape)
-    draws = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    draws = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1,
+                                                                              generator=generator)
     lanes = draws.view(torch.int16)[:n]  # signed: lane - 2^15, uniform on [-2^15, 2^15)
     return (lanes >= drop_threshold(p) - (1 << (LANE_BITS - 1))).view(shape)
 
 
+@contextmanager
+def mask_source(source: Callable[[tuple, float], torch.Tensor]):
+    """Within this context ``dropout`` takes its bool keep masks from ``source(shape, p)``."""
+    token = _MASK_SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _MASK_SOURCE.reset(token)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    if not training or p == 0.0 or x.device.type != "cpu":
+    source = _MASK_SOURCE.get()
+    if not training or p == 0.0 or (x.device.type != "cpu" and source is None):
         return F.dropout(x, p, training)
     threshold = drop_threshold(p)
     if threshold == 0:  # p < 2^-17: nothing is dropped
@@ -49,6 +73,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return F.dropout(x, 1.0, True)
     scale = (1 << LANE_BITS) / ((1 << LANE_BITS) - threshold)
     # one multiply by (mask * scale), forward and backward: 3x faster here than a masked_fill
+    if source is not None:
+        return x * source(tuple(x.shape), p).to(x.device, x.dtype).mul_(scale)
     return x * keep_mask(x.shape, p).to(x.dtype).mul_(scale)
 
 

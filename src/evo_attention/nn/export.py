@@ -146,25 +146,57 @@ def _library_text(name: str) -> str:
 
 
 _FROM_LIBRARY = re.compile(rf"(from\s+){LIBRARY}(?:\.|(?=\s))")
+_FROM_MODULE = re.compile(rf"(from\s+){LIBRARY}(?:\.\w+)*(?=\s)")
 
 
-def relative_imports(name: str, text: str) -> str:
+def flat_name(name: str) -> str:
+    """The name of library module ``name`` in a flat layout (``module_sources(..., flat=True)``):
+    ``evo_attention.nn.attention`` -> ``evo_attention_nn_attention``."""
+    return name.replace(".", "_")
+
+
+def _column(line: str, offset: int) -> int:
+    return len(line.encode("utf-8")[:offset].decode("utf-8"))  # ast counts bytes
+
+
+def relative_imports(name: str, text: str, *, flat: bool = False) -> str:
     """``text`` (the source of library module ``name``) with each ``from evo_attention...`` statement
     made relative: in ``evo_attention.nn.attention``, ``from evo_attention.nn.dropout import`` becomes
     ``from ..nn.dropout import`` and ``from evo_attention import genes`` ``from .. import genes``.
-    Only those statements change (found by parsing, so a docstring's example stays as it is)."""
+    Only those statements change (found by parsing, so a docstring's example stays as it is).
+
+    ``flat``: every module lies in one folder under its ``flat_name``, so ``from evo_attention.nn.dropout
+    import dropout`` becomes ``from .evo_attention_nn_dropout import dropout`` and ``from evo_attention.nn
+    import components`` ``from . import evo_attention_nn_components as components`` (a statement that
+    imports modules from a package must then be on one line)."""
     dots = "." * name.count(".")  # from the module's package up to the library's root
     lines = text.splitlines(keepends=True)
-    nodes = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and not n.level
-             and _in_library(n.module)]
+    nodes = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if flat and node.level and _in_library(_absolute(node, name)):
+            raise UserError(f"{name} line {node.lineno}: a relative import cannot be shipped in a flat layout; write "
+                            f"it as 'from {LIBRARY}.<module> import <names>'")
+        if not node.level and _in_library(node.module):
+            nodes.append(node)
     for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset), reverse=True):  # right to left
         line = lines[node.lineno - 1]
-        column = len(line.encode("utf-8")[:node.col_offset].decode("utf-8"))  # ast counts bytes
-        match = _FROM_LIBRARY.match(line, column)
+        column = _column(line, node.col_offset)
+        if flat and _is_package(node.module):  # modules imported from a package: name each one
+            if node.end_lineno != node.lineno:
+                raise UserError(f"{name} line {node.lineno}: cannot ship this import in a flat layout; write it on "
+                                f"one line as 'from {node.module} import <modules>'")
+            names = ", ".join(f"{flat_name(f'{node.module}.{a.name}')} as {a.asname or a.name}" for a in node.names)
+            end = _column(line, node.end_col_offset)
+            lines[node.lineno - 1] = line[:column] + f"from . import {names}" + line[end:]
+            continue
+        match = (_FROM_MODULE if flat else _FROM_LIBRARY).match(line, column)
         if match is None:
             raise UserError(f"{name} line {node.lineno}: cannot make the import relative; write it on one line as "
                             f"'from {LIBRARY}.<module> import <names>'")
-        lines[node.lineno - 1] = line[:column] + match.group(1) + dots + line[match.end():]
+        target = "." + flat_name(node.module) if flat else dots
+        lines[node.lineno - 1] = line[:column] + match.group(1) + target + line[match.end():]
     return "".join(lines)
 
 
@@ -175,12 +207,21 @@ def _package_init(package: str) -> str:
     return f'"""{package.partition(".")[2]}: modules of {LIBRARY} {__version__} (see the package\'s docstring)."""\n'
 
 
-def module_sources(roots: Iterable[str]) -> dict[str, str]:
+def module_sources(roots: Iterable[str], *, flat: bool = False) -> dict[str, str]:
     """The library's own source of ``roots`` and of every library module they import, ready to
     ship as one package: {path inside the package: text}, e.g. ``nn/attention.py``, ``genes.py``,
     and a generated ``__init__.py`` for each package on the way (``__init__.py``, ``nn/__init__.py``).
-    Each module's text is the library's with ``relative_imports`` applied."""
+    Each module's text is the library's with ``relative_imports`` applied.
+
+    ``flat``: every module as one file of a single folder, named ``flat_name(module) + ".py"``
+    (``evo_attention_nn_attention.py``), and no ``__init__.py``: for loaders that copy only the files
+    beside an entry module, such as Hugging Face's remote code (``nn/hf.py``)."""
     modules = shipped_modules(roots)
+    if flat:
+        sources = {f"{flat_name(name)}.py": relative_imports(name, _library_text(name), flat=True) for name in modules}
+        if len(sources) != len(modules):
+            raise UserError(f"two of the modules {', '.join(modules)} have the same flat name: rename one")
+        return dict(sorted(sources.items()))
     sources = {_relative_path(p): _package_init(p) for name in modules for p in _packages(name)}
     for name in modules:
         sources[_relative_path(name)] = relative_imports(name, _library_text(name))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
+from evo_attention.report.studies import read_studies
 from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, load_run
 
 OUTPUTS = {
@@ -59,7 +60,7 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     """
     run_dir = Path(run_dir)
     summary = load_run(run_dir)
-    attachments = load_attachments(run_dir)
+    attachments = read_studies(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
     if summary.multi_objective:
         paths[PARETO_OUTPUT[0]] = run_dir / PARETO_OUTPUT[1]

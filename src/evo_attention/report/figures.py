@@ -10,6 +10,8 @@
 - ``plot_compare``: the ranking, loss vs parameters and time, and memory of a comparison (``compare.png``).
 - ``plot_transfer``: each gene's mean against its parameters across model sizes, log axes, with
   interval bars (``transfer.png``).
+- ``plot_lr_grid``: each gene's mean over its tuning seeds against the learning rate (log x), its
+  selected rate ringed, a panel per size of a ladder (``validation_lr_grid.png`` and the like).
 - ``plot_long_context``: ms per step and memory against the sequence length per family (``long_context.png``).
 - ``plot_pareto``: every evaluation of a multi-objective run on its first two objectives, the
   Pareto front as a step line and the baseline marked (``pareto.png``).
@@ -444,6 +446,52 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
     return save_figure(fig, path)
 
 
+def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str, title: str) -> Path:
+    """A learning-rate grid: per panel (``{"title", "genes"}``) a line per gene (``{"label",
+    "baseline", "curve": [{"lr", "mean"}], "selected", "at_edge"}``; the baseline black and dashed)
+    through its mean at each rate, the x axis logarithmic; the selected rate is ringed, and a gene
+    whose selected rate is an end of the grid says so in the legend."""
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), dpi=DPI, squeeze=False)
+    try:
+        for ax, panel in zip(axes[0], panels):
+            drawn = 0
+            rates = sorted({p["lr"] for g in panel.get("genes", []) for p in g.get("curve") or []})
+            for i, gene in enumerate(panel.get("genes", [])):
+                points = [(p["lr"], finite_or_none(p.get("mean"))) for p in gene.get("curve") or []]
+                points = [(x, y) for x, y in points if y is not None]
+                if not points:
+                    continue
+                color = "black" if gene.get("baseline") else f"C{i % 10}"
+                label = _short(str(gene.get("label", "")), 48) + ("  (best at the grid's edge)" if gene.get("at_edge") else "")
+                ax.plot([x for x, _ in points], [y for _, y in points], "s--" if gene.get("baseline") else "o-",
+                        color=color, markersize=4, linewidth=1.2, label=label)
+                chosen = [(x, y) for x, y in points if x == gene.get("selected")]
+                if chosen:
+                    ax.plot([chosen[0][0]], [chosen[0][1]], "o", markersize=12, markerfacecolor="none",
+                            markeredgecolor=color, markeredgewidth=1.6, zorder=4)
+                drawn += 1
+            ax.set_xscale("log")
+            if rates:
+                ax.set_xticks(rates)
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel("learning rate")
+            ax.set_ylabel(ylabel, fontsize=8)
+            if panel.get("title"):
+                ax.set_title(str(panel["title"]), fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            if drawn:
+                ax.legend(loc="best", fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "no finished tuning training", ha="center", transform=ax.transAxes)
+        fig.suptitle(title, fontsize=10)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
+
+
 # -- learning curves ---------------------------------------------------------------------------------
 CURVES_TOP = 5  # the best genes whose training curves are drawn (the baseline comes on top)
 
@@ -566,28 +614,41 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
     """``pareto.png``: every finished search evaluation on the run's first two objectives (grey),
     the non-dominated ones on those two joined by a step line (the boundary of what they
     dominate), members of the front over all objectives ringed when there are more than two, and
-    the baseline as a star. An axis whose values span more than ``LOG_RATIO`` is logarithmic."""
+    the baseline as a star. In a run with caps the trained genes over a cap are red crosses and
+    take no part in the front; the genes refused before training (no perplexity) are counted in
+    the title. An axis whose values span more than ``LOG_RATIO`` is logarithmic."""
     names = summary.objectives[:2]
-    points = summary.search_points(names)
-    n_failed = len(summary.search_evaluations) - len(points)
+    points = summary.search_points(names)  # the feasible ones (all in a run without caps)
+    over = summary.search_points(names, feasible=False) if summary.constraints else []
+    n_failed = len(summary.search_evaluations) - len(points) - len(over)
+    never = len(summary.constraints["never_trained"]) if summary.constraints else 0
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     try:
         ax.set_xlabel(f"{OBJECTIVE_LABELS.get(names[0], names[0])} (lower is better)")
         ax.set_ylabel(f"{OBJECTIVE_LABELS.get(names[-1], names[-1])} (lower is better)")
-        ax.set_title("Pareto front: " + " vs ".join(names) + f" ({len(points)} evaluations"
-                     + (f", {n_failed} failed, not drawn" if n_failed else "") + ")", fontsize=10)
+        ax.set_title("Pareto front: " + " vs ".join(names) + f" ({len(points)} "
+                     + ("feasible " if summary.constraints else "") + "evaluations"
+                     + (f", {len(over)} over a cap" if over else "")
+                     + (f", {n_failed} failed, not drawn" if n_failed else "")
+                     + (f"; {never} refused before training" if never else "") + ")", fontsize=10)
         ax.grid(True, alpha=0.3)
-        if not points or len(names) < 2:
+        if not (points or over) or len(names) < 2:
             ax.text(0.5, 0.5, "No finished evaluation to draw yet.", transform=ax.transAxes, ha="center",
                     va="center")
             return save_figure(fig, path)
-        xs, ys = zip(*points)
-        ax.scatter(xs, ys, s=16, color="tab:gray", alpha=0.45, linewidths=0, label="evaluations", zorder=2)
-        best = sorted({points[i] for i in front(points)})
-        ax.step([p[0] for p in best], [p[1] for p in best], where="post", color="tab:blue", linewidth=1.8, zorder=3)
-        ax.scatter([p[0] for p in best], [p[1] for p in best], s=30, color="tab:blue", zorder=4,
-                   label=f"Pareto front on these two ({len(best)})")
-        if summary.pareto and len(summary.objectives) > 2:
+        xs, ys = zip(*(points + over))
+        if over:
+            ax.scatter([p[0] for p in over], [p[1] for p in over], s=26, marker="x", color="tab:red", alpha=0.8,
+                       label=f"infeasible: over a cap ({len(over)})", zorder=2)
+        if points:
+            ax.scatter([p[0] for p in points], [p[1] for p in points], s=16, color="tab:gray", alpha=0.45,
+                       linewidths=0, label="feasible evaluations" if summary.constraints else "evaluations", zorder=2)
+            best = sorted({points[i] for i in front(points)})
+            ax.step([p[0] for p in best], [p[1] for p in best], where="post", color="tab:blue", linewidth=1.8,
+                    zorder=3)
+            ax.scatter([p[0] for p in best], [p[1] for p in best], s=30, color="tab:blue", zorder=4,
+                       label=f"Pareto front on these two ({len(best)})")
+        if summary.pareto and summary.pareto["front"] and len(summary.objectives) > 2:
             ringed = [(m[names[0]], m[names[1]]) for m in summary.pareto["front"]]
             ax.scatter(*zip(*ringed), s=70, facecolors="none", edgecolors="tab:orange", zorder=5,
                        label=f"front over all {len(summary.objectives)} objectives ({len(ringed)})")

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 from evo_attention.report import markdown as md
 from evo_attention.report.attachments import Attachments
-from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
+from evo_attention.report.studies import comparison_note, contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
 
@@ -71,9 +71,9 @@ def inline(text: str) -> str:
 
 
 def _verdict_class(text: str) -> str:
-    if text.startswith("better than"):
+    if text.startswith("better"):
         return "good"
-    if text.startswith("worse than"):
+    if text.startswith("worse"):
         return "bad"
     return ""
 
@@ -175,6 +175,10 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
                  f"many of the best {s.top_n} distinct genes use it."),
             table(md.components_table(s)) if s.components else para(f"{s.statement} Nothing to analyse.")]
     out.append(_section("components", "Component analysis", comp))
+    if s.constraints:  # a run with caps: the genes over them
+        lines = md.infeasible_lines(s)
+        body = [para(lines[0])] + ([table(md.infeasible_table(s))] if len(lines) > 1 else [])
+        out.append(_section("infeasible", "Infeasible genes", body))
     return out
 
 
@@ -187,8 +191,7 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
         stem = str(v["_file"]).rsplit(".", 1)[0]
         seeds = v.get("seeds") or []
         note = (f"{len(seeds)} trainings per gene with seeds {', '.join(map(str, seeds))} (never the search seed), "
-                f"{v.get('steps')} steps each. Δ = mean(gene) − mean(baseline) with Welch's interval; p (Holm) is "
-                f"corrected across the genes and decides the verdict.")
+                f"{v.get('steps')} steps each. {comparison_note(v)}")
         costs = md.cost_table(v)
         out.append(_section(f"validation-{i}", f"Multi-seed validation ({split})", [
             para(v.get("headline", "")), para(note, "muted"), table(md.validation_table(v)),

@@ -113,6 +113,29 @@ def pareto_lines(s: RunSummary) -> list[str]:
     return lines
 
 
+def infeasible_table(s: RunSummary) -> Table:
+    """The genes that break a cap of the run: refused before training, or trained over a measured cap."""
+    from evo_attention.report.summary import infeasible_rows
+
+    rows = [[r["gene"], fmt(r["generation"]), "yes" if r["trained"] else "no (refused)", r["why"]]
+            for r in infeasible_rows(s.constraints)]
+    return Table(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", (0,))
+
+
+def infeasible_lines(s: RunSummary) -> list[str]:
+    """The section on a run's caps: the limits, what they did, the table of infeasible genes."""
+    from evo_attention.report.summary import caps_text, infeasible_text
+
+    c = s.constraints or {}
+    lines = [f"Caps: {caps_text(c)} (a factor such as 1.2x is of the baseline's value). Parameters and FLOPs are "
+             f"counted before training, so a gene over their caps is never trained; latency and memory are measured, "
+             f"so a gene over their caps is marked after its training. {infeasible_text(c)}. Infeasible genes take no "
+             "part in the best gene, the ranking or the Pareto front."]
+    if c.get("never_trained") or c.get("trained"):
+        lines += ["", to_markdown(infeasible_table(s))]
+    return lines
+
+
 def failures_table(s: RunSummary) -> Table:
     rows = []
     for f in s.failures:
@@ -411,6 +434,8 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     ]
     if attachments is not None:
         sections += _attachment_sections(attachments)
+    if s.constraints:
+        sections.append(["## Infeasible genes", ""] + infeasible_lines(s))
     sections += [
         ["## Failures", ""] + _failures(s),
         ["## Reproducibility", ""] + _reproducibility(s, run_dir, attachments),

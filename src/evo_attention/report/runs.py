@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from evo_attention.report.attachments import load_attachments
+from evo_attention.report.studies import change_text, read_studies, verdict_cell
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, load_run, perplexity_of
 from evo_attention.search import pareto
 from evo_attention.util.errors import UserError
@@ -97,7 +97,7 @@ def _anytime(summary: RunSummary) -> list[float | None]:
 
 def _validated(summary: RunSummary) -> dict | None:
     """The run's validation of its best gene (else of its first validated gene), with the baseline's."""
-    validation = load_attachments(summary.run_dir).validation
+    validation = read_studies(summary.run_dir).validation
     if not validation or not validation.get("genes"):
         return None
     genes = validation["genes"]
@@ -107,7 +107,10 @@ def _validated(summary: RunSummary) -> dict | None:
             "mean": entry.get("mean"), "ci_low": entry.get("ci_low"), "ci_high": entry.get("ci_high"),
             "baseline_mean": base.get("mean"), "difference": entry.get("difference"),
             "diff_ci_low": entry.get("diff_ci_low"), "diff_ci_high": entry.get("diff_ci_high"),
-            "p_holm": entry.get("p_holm"), "verdict": entry.get("verdict"), "seeds": entry.get("seeds")}
+            "change": change_text(entry, validation.get("metric", "")), "p_holm": entry.get("p_holm"),
+            "family_size": validation.get("family_size"), "verdict": entry.get("verdict"),
+            "verdict_label": verdict_cell(entry), "recomputed": bool(validation.get("recomputed")),
+            "seeds": entry.get("seeds")}
 
 
 def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, box) -> dict:
@@ -152,7 +155,7 @@ def comparison_markdown(result: dict, figure: str | None = None) -> str:
     headers = ["Run", "Strategy", "Search trainings", "Best gene (search seed)", "Perplexity", "Baseline", "Improvement"]
     if objectives:
         headers += ["Front size", "Hypervolume (common box)"]
-    headers += ["Validated mean [CI]", "Δ vs baseline [CI]", "Verdict"]
+    headers += ["Validated mean [CI]", "Paired change vs baseline [CI]", "Verdict"]
     rows = []
     for run in runs:
         row = [run["name"], run["strategy"] or "-",
@@ -165,8 +168,7 @@ def comparison_markdown(result: dict, figure: str | None = None) -> str:
         if v:
             gene = "" if v["gene"] == run["best_gene"] else f" ({code(v['gene'])})"
             row += [f"{number(v['mean'], '.2f')} [{number(v['ci_low'], '.2f')}, {number(v['ci_high'], '.2f')}]{gene}",
-                    f"{number(v['difference'], '+.2f')} [{number(v['diff_ci_low'], '+.2f')}, "
-                    f"{number(v['diff_ci_high'], '+.2f')}]", v["verdict"] or "-"]
+                    v["change"], (v["verdict_label"] or "-") + (" (recomputed)" if v["recomputed"] else "")]
         else:
             row += ["not validated", "-", "-"]
         rows.append(row)

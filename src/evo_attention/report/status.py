@@ -9,6 +9,8 @@ training right now (from the store's activity table), the executor of the last s
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
 predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
 multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
+A run with caps says how many genes were refused before training or break a measured cap (the
+best gene and the front are feasible ones), and a warm-started run where its first genes came from.
 """
 
 from __future__ import annotations
@@ -29,23 +31,32 @@ def run_status(run_dir: str | Path) -> dict:
         config = store.config()
         fidelity = store.get_meta("fidelity")
         executor = store.get_meta("executor")
+        limits_meta = store.get_meta("constraints")
+        infeasible_meta = store.get_meta("infeasible")
+        init_from = store.get_meta("init_from")
     from evo_attention.search.fidelity import RUNG_ROLE
     from evo_attention.search.lock import holder
 
     live = holder(run_dir)  # a process holding the run's lock is writing it now
-    from evo_attention.report.summary import cache_hits, objectives_of, pareto_summary
+    from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
+                                              pareto_summary)
+    from evo_attention.search.constraints import constraint_view
 
     total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
     evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
+    constraints = constraint_view(limits_meta, infeasible_meta, [e for e in evaluations if e.get("role") == "search"])
+    never_trained = len(constraints["never_trained"]) if constraints else 0
     ok = [e for e in evaluations if e.metric() is not None]
-    search = [e for e in ok if e.get("role") == "search"]
+    search = feasible_only([e for e in ok if e.get("role") == "search"], constraints)
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
     objectives = objectives_of(config)
+    validated = _validated(run_dir)
     front = None
     if len(objectives) > 1:
-        view = pareto_summary([e for e in evaluations if e.get("role") == "search"], objectives)
+        view = pareto_summary(feasible_only([e for e in evaluations if e.get("role") == "search"], constraints),
+                              objectives)
         front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
     return {
         "run_dir": str(run_dir),
@@ -58,7 +69,7 @@ def run_status(run_dir: str | Path) -> dict:
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
         "planned": total_planned,
-        "cache_hits": cache_hits(total_planned, len(evaluations), done),
+        "cache_hits": cache_hits(total_planned, len(evaluations) + never_trained, done),
         "done": done,
         "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
                                            "bits_per_byte": best.bits_per_byte, "generation": best.get("generation")},
@@ -68,10 +79,30 @@ def run_status(run_dir: str | Path) -> dict:
         "low_fidelity": len(rungs),
         "fidelity": fidelity,
         "pareto": front,
+        "validated": validated,
+        "constraints": None if constraints is None else {
+            "caps": caps_text(constraints), "never_trained": never_trained,
+            "over_measured_cap": len(constraints["trained"]),
+            "genes": [e["gene"] for e in constraints["never_trained"]] + [t["gene"] for t in constraints["trained"]]},
+        "init_from": None if not init_from else {**init_from, "text": init_from_text(init_from)},
         "executor": executor,
         "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
                      "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
     }
+
+
+def _validated(run_dir) -> list[dict]:
+    """Every validated gene of the run's validations, with its paired change and verdict."""
+    from evo_attention.report.studies import change_text, read_studies, verdict_cell
+
+    out = []
+    for v in read_studies(run_dir).validations:
+        for g in v.get("genes", []):
+            out.append({"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
+                        "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
+                        "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
+                        "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))})
+    return out
 
 
 def format_status(status: dict) -> str:
@@ -92,10 +123,19 @@ def format_status(status: dict) -> str:
         state += f": no process is writing it; continue with {status['resume_command']}"
     lines = [f"run {status['run_dir']}: {state}",
              f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
+    if status.get("init_from"):
+        lines.append(f"  warm start from {status['init_from']['text']}")
+    if status.get("constraints"):
+        c = status["constraints"]
+        lines.append(f"  constraints {c['caps']}: {c['never_trained']} infeasible gene"
+                     f"{'s' if c['never_trained'] != 1 else ''} refused before training, {c['over_measured_cap']} "
+                     "trained over a measured cap (infeasible genes are never ranked)")
     if status["best"]:
         b = status["best"]
         bpb = "" if b.get("bits_per_byte") is None else f", {b['bits_per_byte']:.4f} bits per byte"
         lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f}{bpb} (generation {b['generation']})")
+    elif status.get("constraints") and status["trained"]:
+        lines.append("  best: no feasible gene yet")
     else:
         lines.append("  best: none yet")
     if status["baseline"]:
@@ -108,6 +148,10 @@ def format_status(status: dict) -> str:
         hv = "none yet" if p.get("hypervolume") is None else f"{p['hypervolume']:.4f}"
         lines.append(f"  pareto front ({', '.join(p['objectives'])}): {p['front_size']} genes, hypervolume {hv}"
                      + (" (reference " + ", ".join(f"{k} {v:.4g}" for k, v in ref.items()) + ")" if ref else ""))
+    for v in status.get("validated") or []:
+        p = "" if v["p_holm"] is None else f", Holm p {v['p_holm']:.3g} over {v['family_size']}"
+        lines.append(f"  validated ({v['split']} split, {v['seeds']} seeds): {v['gene']}  paired change "
+                     f"{v['change']}{p}: {v['verdict_label']}" + (" (recomputed)" if v["recomputed"] else ""))
     if status.get("executor"):
         e = status["executor"]
         details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)

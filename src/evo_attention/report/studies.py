@@ -1,4 +1,5 @@
-"""How a study's result reads: the tables and markdown of validate, ablate and compare results.
+"""How a study's result reads: the tables and markdown of validate, ablate and compare results
+(and of a learning-rate grid, for any of them: ``grid_section``).
 
 The studies (``evo_attention.studies``) write their ``*.md`` files with these functions, and the
 run report renders the same tables from the ``*.json`` files they left, so the two always agree.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from evo_attention.report.attachments import COMPARE_FIGURE, output_stem
+from evo_attention.report.attachments import COMPARE_FIGURE, load_attachments, output_stem
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
@@ -40,6 +41,52 @@ def digits_for(metric: str) -> int:
     return 4 if metric in ("val_loss", "accuracy", "bits_per_byte", "bits_per_char") else 3
 
 
+def change_text(row: Mapping, metric: str) -> str:
+    """A gene's paired change from the baseline with its interval: relative (in %) on a ratio
+    metric's log scale, else in the metric's units."""
+    if row.get("scale") == "log" and row.get("relative") is not None:
+        low, high = row.get("relative_ci_low"), row.get("relative_ci_high")
+        span = "" if low is None or high is None else f" [{100 * low:+.2f}, {100 * high:+.2f}]"
+        return f"{100 * row['relative']:+.2f}%{span}"
+    if row.get("difference") is None:
+        return "-"
+    d = digits_for(metric)
+    return f"{row['difference']:+.{d}f} {interval(row.get('diff_ci_low'), row.get('diff_ci_high'), d)}"
+
+
+def welch_change_text(row: Mapping) -> str:
+    """The unpaired (Welch) difference the paired one replaces, in % of the baseline's mean."""
+    w = row.get("welch") or {}
+    if w.get("difference_percent") is None:
+        return "-"
+    low, high = w.get("diff_ci_low_percent"), w.get("diff_ci_high_percent")
+    span = "" if low is None or high is None else f" [{low:+.2f}, {high:+.2f}]"
+    return f"{w['difference_percent']:+.2f}%{span}"
+
+
+def verdict_cell(row: Mapping) -> str:
+    """The verdict as a table shows it: the word with its margin, and for an undetermined one what
+    these seeds could detect and how many would decide it."""
+    label = str(row.get("verdict_label") or row.get("verdict") or "")
+    if row.get("verdict") != stats.UNDETERMINED:
+        return label
+    parts = []
+    if row.get("mde_relative") is not None:
+        parts.append(f"detects ±{100 * row['mde_relative']:.1f}%")
+    elif row.get("mde") is not None:
+        parts.append(f"detects ±{row['mde']:.3g}")
+    needed = row.get("seeds_for_equivalence")
+    parts.append(f"~{needed} seeds to decide" if needed is not None else "more seeds than planned to decide")
+    return f"{label} ({'; '.join(parts)})"
+
+
+def margin_text(result: Mapping) -> str:
+    margin = result.get("margin", stats.DEFAULT_MARGIN)
+    if result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS:
+        return f"±{100 * margin:g}%"
+    return f"±{margin:g}"
+
+
 def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     """(headers, rows, align) of the validation table; cells are plain text, the first column the
     gene key (the baseline first)."""
@@ -47,26 +94,76 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     conf = stats.percent(result.get("confidence", 0.95))
     search_seed = result.get("search_seed")
     show_search = any(r.get("search_value") is not None for r in result.get("genes", []))
-    headers = ["Gene", "Seeds ok", "Mean ± sd", f"{conf} CI"]
+    family = result.get("family_size") or len(result.get("genes", []))
+    rates = grid_rates(result)
+    headers = ["Gene", "Seeds ok"] + (["lr"] if rates else []) + ["Mean ± sd", f"{conf} CI"]
     headers += ["Search" + (f" (seed {search_seed})" if search_seed is not None else "")] if show_search else []
-    headers += [f"Δ vs baseline [{conf} CI]", "p (Welch)", "p (Holm)", "Cohen's d", "Verdict"]
+    headers += [f"Paired change [{conf} CI]", "Unpaired (Welch)", "p (paired)", f"p (Holm, {family})", "Verdict"]
     rows = []
     for r in [result.get("baseline") or {}] + list(result.get("genes", [])):
         is_base = r is result.get("baseline")
         n_ok = len(r.get("values") or []) - (r.get("n_failed") or 0)
-        cells = [str(r.get("gene", "")), f"{n_ok}/{len(r.get('values') or [])}",
-                 f"{fmt(r.get('mean'), d)} ± {fmt(r.get('sd'), d)}", interval(r.get("ci_low"), r.get("ci_high"), d)]
+        cells = [str(r.get("gene", "")), f"{n_ok}/{len(r.get('values') or [])}"]
+        cells += [rate_cell(rates.get(r.get("gene")))] if rates else []
+        cells += [f"{fmt(r.get('mean'), d)} ± {fmt(r.get('sd'), d)}", interval(r.get("ci_low"), r.get("ci_high"), d)]
         cells += [fmt(r.get("search_value"), d)] if show_search else []
         if is_base:
             cells += ["-"] * 4 + ["baseline (reference)"]
         else:
-            diff = r.get("difference")
-            cells += ["-" if diff is None else
-                      f"{diff:+.{d}f} {interval(r.get('diff_ci_low'), r.get('diff_ci_high'), d)}",
-                      p_text(r.get("p_value")), p_text(r.get("p_holm")), fmt(r.get("cohens_d"), 2), str(r.get("verdict", ""))]
+            cells += [change_text(r, result.get("metric", "")), welch_change_text(r), p_text(r.get("p_value")),
+                      p_text(r.get("p_holm")), verdict_cell(r)]
         rows.append(cells)
     align = "l" + "r" * (len(headers) - 2) + "l"
     return headers, rows, align
+
+
+def best_row(result: Mapping) -> dict | None:
+    """The validated gene with the best mean (None if none has a value)."""
+    rows = [r for r in result.get("genes", []) if r.get("mean") is not None]
+    if not rows:
+        return None
+    sign = 1 if result.get("lower_is_better", True) else -1
+    return min(rows, key=lambda r: (sign * r["mean"], r["gene"]))
+
+
+def headline(result: Mapping) -> str:
+    """One sentence: the best validated gene vs the baseline, its paired change with the interval,
+    and the verdict with its numbers."""
+    best, base = best_row(result), result.get("baseline") or {}
+    label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
+        digits_for(result.get("metric", ""))
+    seeds = result.get("seeds") or []
+    split = "validation" if result.get("eval_split") == "valid" else str(result.get("eval_split"))
+    span = f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]})" if seeds else "no seeds"
+    if best is None:
+        return f"No validated gene finished a training ({span}, {split} split)."
+    text = (f"{best.get('str', best.get('gene'))} {split} {label} {fmt(best['mean'], d)} {conf} CI "
+            f"{interval(best.get('ci_low'), best.get('ci_high'), d)}"
+            f" vs baseline {fmt(base.get('mean'), d)} {interval(base.get('ci_low'), base.get('ci_high'), d)}")
+    if best.get("difference") is not None:
+        text += f"; paired change {change_text(best, result.get('metric', ''))}"
+    if best.get("p_holm") is not None:
+        family = result.get("family_size") or len(result.get("genes", []))
+        text += f", Holm p = {best['p_holm']:.3g} over {family} comparison{'s' if family != 1 else ''}"
+    return text + f" over {span}: **{verdict_cell(best)}**."
+
+
+def read_studies(run_dir):
+    """The study results in ``run_dir`` (``load_attachments``), each validation read by the current
+    rule: one made by an earlier version is recomputed from its per-seed values and marked so."""
+    found = load_attachments(run_dir)
+    found.validations[:] = [current_validation(v) for v in found.validations]
+    return found
+
+
+def current_validation(result: Mapping) -> dict:
+    """``result`` as the current rule reads it (``stats.recompute_validation``), headline included."""
+    if result.get("analysis") == stats.ANALYSIS:
+        return dict(result)
+    upgraded = stats.recompute_validation(result)
+    if upgraded.get("recomputed"):
+        upgraded["headline"] = headline(upgraded) + " (recomputed from the stored per-seed values)"
+    return upgraded
 
 
 def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
@@ -105,9 +202,7 @@ def validation_markdown(result: Mapping) -> str:
         f"Every gene and the vanilla baseline were trained {len(seeds)} times, with seeds {', '.join(map(str, seeds))} "
         f"({seed_note(result)}), "
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
-        f"The interval of a mean is a t interval; Δ is mean(gene) − mean(baseline) with Welch's interval and "
-        f"two-sided p-value; p (Holm) is corrected across the {_genes(len(result.get('genes', [])))}, and the verdict "
-        f"uses it. Cohen's d uses the pooled sd.", "",
+        f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         markdown_table(headers, md_rows, align).rstrip(), "",
     ]
     costs = cost_table(result)
@@ -124,11 +219,29 @@ def validation_markdown(result: Mapping) -> str:
         lines += ["Failed trainings (left out of the statistics):", ""]
         lines += [f"- `{g}`: {md_cell(e)}" for g, e in failures] + [""]
     lines += [f"![Per-seed values]({output_stem('validation', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "validation")
     return "\n".join(lines)
 
 
 def _genes(n: int) -> str:
     return "1 gene" if n == 1 else f"{n} genes"
+
+
+def comparison_note(result: Mapping) -> str:
+    """How the comparisons of a validation-shaped result were made, in words."""
+    family = result.get("family_size") or len(result.get("genes", []))
+    log = result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+    scale = "of the log values (the change is relative)" if log else "of the values"
+    recomputed = (" These comparisons were recomputed by the current rule from the per-seed values of a result "
+                  "written by an earlier version." if result.get("recomputed") else "")
+    return (f"Each gene is compared with the baseline seed by seed (both trained on the same seeds): a paired "
+            f"t-test on the per-seed differences {scale}, with its t interval (a bootstrap interval is in the "
+            f"JSON); the unpaired Welch interval it replaces is shown beside it. p (Holm) is corrected over the "
+            f"{family} comparison{'s' if family != 1 else ''} made against these baseline trainings. The verdict: "
+            f"better or worse when the Holm p < {1 - result.get('confidence', 0.95):.2g}; else equivalent within "
+            f"{margin_text(result)} when the equivalence test (TOST, Holm-corrected) says so; else undetermined, with "
+            f"the effect these seeds could detect (power 0.8) and about how many seeds would decide it."
+            + recomputed)
 
 
 def seed_note(result: Mapping) -> str:
@@ -142,23 +255,24 @@ def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     """(headers, rows, align) of the ablation table in plain text."""
     d = digits_for(result.get("metric", ""))
     conf = stats.percent(result.get("confidence", 0.95))
-    headers = ["Variant", "What changed", "Key", "Seeds ok", f"Mean [{conf} CI]", "Δ vs full gene", "p (Holm)",
-               "Δ vs baseline", "p (Holm)"]
+    rates = grid_rates(result)
+    headers = ["Variant", "What changed", "Key", "Seeds ok"] + (["lr"] if rates else []) + [
+        f"Mean [{conf} CI]", "Δ vs full gene", "p (Holm)", "Δ vs baseline", "p (Holm)"]
     rows = []
     for r in result.get("variants", []):
         n = len(r.get("values") or [])
         change = str(r.get("change")).split(": ", 1)[-1] if r.get("field") else "-"
-        cells = [str(r.get("name")), change, str(r.get("gene")), f"{n - (r.get('n_failed') or 0)}/{n}",
-                 f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
+        cells = [str(r.get("name")), change, str(r.get("gene")), f"{n - (r.get('n_failed') or 0)}/{n}"]
+        cells += [rate_cell(rates.get(r.get("gene")))] if rates else []
+        cells += [f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
         for key in ("vs_full", "vs_baseline"):
             c = r.get(key)
             if not c or c.get("difference") is None:
                 cells += ["-", "-"]
             else:
-                cells += [f"{c['difference']:+.{d}f} {interval(c.get('diff_ci_low'), c.get('diff_ci_high'), d)}",
-                          p_text(c.get("p_holm"))]
+                cells += [change_text(c, result.get("metric", "")), p_text(c.get("p_holm"))]
         rows.append(cells)
-    return headers, rows, "lllrrrrrr"
+    return headers, rows, "lllr" + ("r" if rates else "") + "rrrrr"
 
 
 def contribution_lines(result: Mapping) -> list[str]:
@@ -167,16 +281,22 @@ def contribution_lines(result: Mapping) -> list[str]:
     label = result.get("metric_label", "perplexity")
     alpha = 1.0 - float(result.get("confidence", 0.95))
     lines = []
+    relative = result.get("analysis") == stats.ANALYSIS and result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+
+    def amount(c: Mapping) -> str:
+        if relative:
+            span = "" if c.get("low") is None else f" [{100 * c['low']:+.2f}%, {100 * c['high']:+.2f}%]"
+            return f"{100 * c['value']:+.2f}%{span}"
+        return f"{c['value']:+.{d}f} {interval(c.get('low'), c.get('high'), d)}"
+
     total = result.get("total") or {}
     if total.get("value") is not None:
-        lines.append(f"Whole gene vs baseline: {label} improves by {total['value']:+.{d}f} "
-                     f"{interval(total.get('low'), total.get('high'), d)} "
+        lines.append(f"Whole gene vs baseline: {label} improves by {amount(total)} "
                      f"({_significance(total, alpha, result.get('confidence', 0.95))}).")
     for kind, text in (("remove", "removing it from the gene costs"), ("add", "adding it alone to the baseline gains")):
         items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("value") is not None]
         for c in sorted(items, key=lambda c: -c["value"]):
-            lines.append(f"{c['change']}: {text} {c['value']:+.{d}f} {interval(c['low'], c['high'], d)} "
-                         f"({_significance(c, alpha, result.get('confidence', 0.95))}).")
+            lines.append(f"{c['change']}: {text} {amount(c)} ({_significance(c, alpha, result.get('confidence', 0.95))}).")
     return lines
 
 
@@ -199,13 +319,14 @@ def ablation_markdown(result: Mapping) -> str:
         f"Each variant was trained with seeds {', '.join(map(str, seeds))} ({seed_note(result)}), "
         f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
         f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
-        f"within each column.", "",
+        f"within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         markdown_table(headers, md_rows, align).rstrip(), "",
         "## Contributions", "",
         f"Positive = the field makes the {label} better.", "",
     ]
     lines += [f"- {md_cell(t)}" for t in contribution_lines(result)] + [""]
     lines += [f"![Contributions]({output_stem('ablation', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "ablation", names={r["gene"]: r["name"] for r in reversed(result.get("variants", []))})
     return "\n".join(lines)
 
 
@@ -221,7 +342,10 @@ def compare_markdown(payload: dict) -> str:
         f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}, "
         f"{s.get('block', 'gpt2')} block; data {s['data']} "
         f"(vocab {s['vocab_size']}, {s['max_seq_len']} tokens); {s['steps']} steps of batch {s['batch_size']}, "
-        f"lr {s['learning_rate']:g} ({s['lr_schedule']}); seed{'s' if seeds > 1 else ''} "
+        + (f"lr {s['learning_rate']:g} ({s['lr_schedule']}); " if not s.get("lr_grid") else
+           f"lr: each configuration at its own best of {', '.join(f'{r:g}' for r in s['lr_grid'])} "
+           f"({s['lr_schedule']}; see below); ")
+        + f"seed{'s' if seeds > 1 else ''} "
         f"{', '.join(map(str, s['seed_list']))}."
         + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
         "",
@@ -229,10 +353,13 @@ def compare_markdown(payload: dict) -> str:
         .replace("| accuracy |", "| accuracy | bits/byte |" if text else "| accuracy |"),
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + (" ---: |" if text else ""),
     ]
+    paired = summary.get("paired") or {}
     for row in summary["ranking"]:
         a = aggregates[row["name"]]
         loss = number(a["val_loss"], ".4f") + (f" ± {number(a['val_loss_sd'], '.4f')}" if seeds > 1 else "")
         change = "-" if row["perplexity_change_pct"] is None else f"{row['perplexity_change_pct']:+.1f}%"
+        if row["name"] in paired:  # several seeds: the paired change with its interval and verdict
+            change = f"{change_text(paired[row['name']], 'val_perplexity')}: {verdict_cell(paired[row['name']])}"
         lines.append(f"| {row['rank']} | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | {loss} | {number(a['val_perplexity'], '.2f')} | "
                      f"{change} | {number(a['accuracy'], '.4f')} | "
                      + (f"{number(a.get('bits_per_byte'), '.4f')} | " if text else "") + f"{number(a['params'], ',.0f')} | "
@@ -244,10 +371,18 @@ def compare_markdown(payload: dict) -> str:
                      f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | "
                      f"{a['status']}: {md_cell(why)} |")
+    if paired:
+        family = max((p.get("family_size") or 0 for p in paired.values()), default=0)
+        lines += ["", f"vs baseline: the change of perplexity paired by seed (a paired t-test on the per-seed log "
+                  f"perplexities, its 95% interval), with the verdict (Holm over {family} comparisons; equivalence "
+                  f"within ±{100 * (s.get('margin') or stats.DEFAULT_MARGIN):g}%; see docs/validation.md)."]
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "
               f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
               + ("" if summary.get("total_time_s") is None else f" Total time {summary['total_time_s']:.0f} s."),
               "", f"![comparison]({COMPARE_FIGURE})", ""]
+    if payload.get("grid"):
+        names = {c["gene"]: c["name"] for c in reversed(s.get("configs") or [])}
+        lines += grid_section({**payload, "eval_split": "valid"}, "compare", names=names)
     return "\n".join(lines)
 
 
@@ -311,24 +446,34 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     is column 1."""
     d = digits_for(result.get("metric", ""))
     conf = stats.percent(result.get("confidence", 0.95))
-    headers = ["Size", "Gene", "Seeds ok", f"Mean [{conf} CI]", f"Δ vs baseline [{conf} CI]", "Advantage [CI]",
-               "Params", "Verdict"]
+    grid = bool(result.get("grid"))
+    headers = ["Size", "Gene", "Seeds ok"] + (["lr"] if grid else []) + [
+        f"Mean [{conf} CI]", f"Paired change [{conf} CI]", "p (Holm)", "Verdict",
+        "Advantage change vs reference (p Holm)", "Params", "Transfer"]
     rows = []
     for s in result.get("sizes", []):
+        rates = grid_rates(result, s.get("size"))
         for r in [s.get("baseline") or {}] + list(s.get("genes", [])):
             n = len(r.get("values") or [])
-            cells = [str(s.get("size")), str(r.get("gene", "")), f"{n - (r.get('n_failed') or 0)}/{n}",
-                     f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
+            cells = [str(s.get("size")), str(r.get("gene", "")), f"{n - (r.get('n_failed') or 0)}/{n}"]
+            cells += [rate_cell(rates.get(r.get("gene")))] if grid else []
+            cells += [f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
             if r is s.get("baseline"):
-                cells += ["-", "-", fmt(r.get("params")), "baseline"]
+                cells += ["-", "-", "-", "-", fmt(r.get("params")), "baseline"]
             else:
-                diff = r.get("difference")
-                cells += ["-" if diff is None else
-                          f"{diff:+.{d}f} {interval(r.get('diff_ci_low'), r.get('diff_ci_high'), d)}",
-                          advantage_text(r),
-                          fmt(r.get("params")), str(r.get("transfer", ""))]
+                cells += [change_text(r, result.get("metric", "")), p_text(r.get("p_holm")), verdict_cell(r),
+                          interaction_text(r.get("interaction")), fmt(r.get("params")), str(r.get("transfer", ""))]
             rows.append(cells)
-    return headers, rows, "llrrrrrl"
+    return headers, rows, "llr" + ("r" if grid else "") + "rrrlrrl"
+
+
+def interaction_text(inter: Mapping | None) -> str:
+    """The change of a gene's paired (log) advantage from the reference size, with its interval
+    and Holm p ('-' at the reference size)."""
+    if not inter or inter.get("change") is None:
+        return "-"
+    span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
+    return f"{inter['change']:+.4f}{span} (p {p_text(inter.get('p_holm'))})"
 
 
 def transfer_note(result: Mapping) -> str:
@@ -341,12 +486,15 @@ def transfer_note(result: Mapping) -> str:
             f"{', '.join(map(str, seeds))} ({seed_note(result)}), in the {result.get('block', 'gpt2')} block, for "
             f"{budget}, and measured on the {result.get('eval_split')} split. The reference is "
             f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have "
-            f"{conf} t intervals; Δ is mean(gene) − "
-            f"mean(baseline) with Welch's interval; the advantage is the improvement over the baseline as a share of "
-            f"the baseline's mean at that size, with Δ's interval scaled alike (a share, because the "
-            f"{result.get('metric_label', 'perplexity')} itself changes with size). Intervals are per comparison, "
-            f"without a multiplicity correction. Kendall's tau compares the ranking of the genes and the baseline by "
-            f"their means at each size with the ranking at the reference size.")
+            f"{conf} t intervals. Each gene is compared with the baseline seed by seed at each size (a paired t-test "
+            f"on the per-seed log differences; the change is relative, so it reads the same at every size); p "
+            f"(Holm) is corrected over every comparison of the ladder and those the store holds against the same "
+            f"baseline trainings, and decides the verdict (better, worse, equivalent within the margin, or "
+            f"undetermined). The interaction test asks whether the advantage changes from the reference size: a "
+            f"paired t-test of the per-seed differences of log differences (Holm over genes and sizes). The transfer "
+            f"word reads the advantage's interval at each size against the reference (the rule below). Kendall's tau "
+            f"compares the ranking of the genes and the baseline by their means with the reference size's, when at "
+            f"least 4 are ranked.")
 
 
 def transfer_rule_lines() -> list[str]:
@@ -362,7 +510,8 @@ def transfer_markdown(result: Mapping) -> str:
     lines = [
         "# Transfer across scale", "",
         result.get("headline", ""), "",
-        transfer_note(result), "",
+        transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
+        "",
         markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
         markdown_table(genes_headers, gene_md, genes_align).rstrip(), "",
         "Verdicts (the first rule that applies, at each size against the reference):", "",
@@ -375,4 +524,107 @@ def transfer_markdown(result: Mapping) -> str:
         lines += [f"- {size} `{g}`: {md_cell(e)}" for size, g, e in failures] + [""]
     lines += [f"![{result.get('metric_label', 'perplexity')} against parameters]"
               f"({output_stem('transfer', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "transfer")
     return "\n".join(lines)
+
+
+# -- learning-rate grids --------------------------------------------------------------------------
+GRID_SENTENCE = ("Each gene and the baseline were trained at their own learning rate, the best of a grid on tuning "
+                 "seeds of their own (see \"Each gene at its own best learning rate\" below).")
+WIDEN = "the grid should be widened"
+
+
+def grid_figure_name(kind: str, eval_split: str = "valid") -> str:
+    """The figure of a study's learning-rate grid: ``validation_lr_grid.png`` (``KIND[_test]_lr_grid.png``)."""
+    return f"{output_stem(kind, eval_split)}_lr_grid.png"
+
+
+def rate_cell(rate) -> str:
+    return "-" if rate is None else f"{rate:g}"
+
+
+def grid_rates(result: Mapping, size: str | None = None) -> dict:
+    """Gene key -> the rate it was measured at, from a result's ``grid`` block (at ``size`` for a
+    ladder's); empty without a grid."""
+    grid = result.get("grid") or {}
+    if "sizes" in grid:
+        grid = next((s for s in grid["sizes"] if s.get("size") == size), {})
+    return {key: row.get("selected") for key, row in (grid.get("genes") or {}).items()}
+
+
+def edge_warnings(genes: Mapping[str, Mapping], rates, names: Mapping[str, str] | None = None,
+                  where: str = "") -> list[str]:
+    """A sentence per gene whose selected rate is an end of the grid: the grid should be widened."""
+    names = names or {}
+    out = []
+    for key, row in genes.items():
+        if not row.get("at_edge"):
+            continue
+        end = "smallest" if row.get("selected") == min(rates) else "largest"
+        name = names.get(key) or ("the baseline" if row.get("baseline") else None)  # a name, else the key alone
+        who = f"{name} (`{key}`)" if name else f"`{key}`"
+        out.append(f"the best rate of {who}{where} is the grid's {end}, {rate_cell(row.get('selected'))}: "
+                   f"{WIDEN}")
+    return out
+
+
+def _grid_order(genes: Mapping[str, Mapping]) -> list[tuple[str, Mapping]]:
+    return sorted(genes.items(), key=lambda item: not item[1].get("baseline"))  # the baseline first
+
+
+def _grid_label(key: str, row: Mapping, names: Mapping[str, str] | None) -> str:
+    return (names or {}).get(key) or ("baseline" if row.get("baseline") else "")
+
+
+def grid_table(genes: Mapping[str, Mapping], rates, metric: str,
+               names: Mapping[str, str] | None = None) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of a grid: per gene (the baseline first) its mean at every rate
+    (with the failed tuning seeds), the selected rate and whether it is an end of the grid."""
+    d = digits_for(metric)
+    headers = ["Gene"] + [f"lr {r:g}" for r in rates] + ["Selected", "At an edge"]
+    rows = []
+    for key, row in _grid_order(genes):
+        label = _grid_label(key, row, names)
+        cells = [f"{label}: {key}" if label else key]
+        for point in row.get("curve") or []:
+            failed = point.get("n_failed") or 0
+            cells.append(fmt(point.get("mean"), d) + (f" ({failed} failed)" if failed else ""))
+        cells += [rate_cell(row.get("selected")), "yes" if row.get("at_edge") else "no"]
+        rows.append(cells)
+    return headers, rows, "l" + "r" * (len(rates) + 1) + "l"
+
+
+def grid_section(result: Mapping, kind: str, names: Mapping[str, str] | None = None) -> list[str]:
+    """The markdown of a result's learning-rate grid (nothing without one): how the rates were
+    chosen, each gene's curve and rate (per size for a ladder), a warning per edge winner, and the
+    figure."""
+    grid = result.get("grid")
+    if not grid:
+        return []
+    rates, tuning, verdict = grid.get("rates") or [], grid.get("tuning_seeds") or [], grid.get("verdict_seeds") or []
+    label = grid.get("metric_label", result.get("metric_label", "perplexity"))
+    split = result.get("eval_split", "valid")
+    measured = "the validation split" if split == "valid" else f"the {split} split"
+    lines = [
+        "## Each gene at its own best learning rate", "",
+        f"Every gene, the baseline included, was trained at each rate of the grid "
+        f"{', '.join(f'{r:g}' for r in rates)} with the tuning seeds {', '.join(map(str, tuning))} and measured on "
+        f"the validation split. Its rate is the one with the best mean {label} over the tuning seeds, among the "
+        f"rates at which every tuning seed finished (ties: the smaller rate). The comparisons above are measured at the selected rates with the seeds "
+        f"{', '.join(map(str, verdict))}, disjoint from the tuning seeds, on {measured}; each gene is paired by "
+        f"seed with the baseline at the baseline's own rate.", "",
+    ]
+    blocks = [(str(s["size"]), s["genes"]) for s in grid["sizes"]] if "sizes" in grid else [(None, grid["genes"])]
+    warnings = []
+    for size, genes in blocks:
+        headers, rows, align = grid_table(genes, rates, grid.get("metric", ""), names)
+        if size is not None:
+            lines += [f"### {size}", ""]
+        firsts = [(f"{md_cell(_grid_label(k, g, names))}: " if _grid_label(k, g, names) else "") + code(k)
+                  for k, g in _grid_order(genes)]
+        md_rows = [[first] + [md_cell(c) for c in row[1:]] for first, row in zip(firsts, rows)]
+        lines += [markdown_table(headers, md_rows, align).rstrip(), ""]
+        warnings += edge_warnings(genes, rates, names, "" if size is None else f" at {size}")
+    lines += [f"- **Warning:** {w}." for w in warnings] + ([""] if warnings else [])  # not in a table: pipes stay
+    lines += [f"![Learning-rate grid]({grid_figure_name(kind, split)})", ""]
+    return lines

@@ -16,6 +16,10 @@ Conventions:
 - A multi-objective run (``objectives`` beyond perplexity) also gets ``pareto``: the Pareto front
   of its search evaluations, the reference point and the hypervolume after each generation
   (``pareto_summary``); a single-objective run's outputs are those of a run without objectives.
+- A run with caps (``max_params``, ...; ``search.constraints``) gets ``constraints``: its limits,
+  the genes refused before training and the trained genes over a cap. Infeasible genes are never
+  ranked: the best gene, the ranking and the Pareto front hold feasible genes only.
+- A warm-started run (``init_from``) gets ``init_from``: the earlier run, its genes taken and skipped.
 - Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
   and are turned into ``None`` by ``util.jsonio.to_jsonable`` before anything is written as JSON.
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
+from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.store import RunStore
@@ -54,6 +59,9 @@ FINAL_RESULTS_KEYS = (
 )
 # ... followed by these in a multi-objective run
 MULTI_OBJECTIVE_KEYS = ("objectives", "pareto_front", "hypervolume")
+# ... and these in a run with caps and a warm-started run
+CONSTRAINT_KEYS = ("constraints",)
+INIT_FROM_KEYS = ("init_from",)
 # how the reports name each objective (all are minimised)
 OBJECTIVE_LABELS = {"perplexity": "validation perplexity", "params": "parameters", "flops": "FLOPs per training step",
                     "train_ms_per_step": "training ms per step", "latency_ms": "inference latency (ms, median)",
@@ -195,7 +203,7 @@ def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]
     return rows
 
 
-def generation_history(table: list[dict], search: list[Mapping]) -> list[dict]:
+def generation_history(table: list[dict], search: list[Mapping], infeasible=frozenset()) -> list[dict]:
     """Per generation: ``{"generation", "best_perplexity", "mean_perplexity", "best_gene",
     "n_members", "n_evaluated", "n_failed", "best_so_far", "complete"}``.
 
@@ -203,7 +211,8 @@ def generation_history(table: list[dict], search: list[Mapping]) -> list[dict]:
     included, as the original project did); one that only has evaluations so far (in progress) by
     those evaluations, with ``complete`` False. ``n_evaluated``/``n_failed`` count the evaluations
     requested in that generation. The mean is over finite perplexities; a generation without any
-    has best and mean None.
+    has best and mean None. Genes in ``infeasible`` (keys of genes over a cap) are neither best nor
+    in the mean.
     """
     recorded = {g["generation"]: g["members"] for g in table}
     evaluated: dict[int, list[Mapping]] = {}
@@ -218,7 +227,7 @@ def generation_history(table: list[dict], search: list[Mapping]) -> list[dict]:
             members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded[generation]]
         else:
             members = [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
-        finite = sorted((p, k) for k, p in members if p is not None)
+        finite = sorted((p, k) for k, p in members if p is not None and k not in infeasible)
         best_ppl, best_gene = finite[0] if finite else (None, None)
         if best_ppl is not None and (best_so_far is None or best_ppl < best_so_far):
             best_so_far = best_ppl
@@ -358,13 +367,18 @@ class RunSummary:
     fidelity: dict | None = None  # multi-fidelity runs: steps spent and rank correlations (fidelity.fidelity_summary)
     objectives: list = field(default_factory=lambda: [PRIMARY_OBJECTIVE])
     pareto: dict | None = None  # multi-objective runs: pareto_summary
+    constraints: dict | None = None  # runs with caps: search.constraints.constraint_view
+    init_from: dict | None = None  # warm-started runs: the store's meta init_from
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_store(cls, store: RunStore, top_n: int = TOP_N) -> "RunSummary":
         evaluations = store.evaluations()
         search = [r for r in evaluations if r.get("role") == "search"]
-        ranking = rank_genes(search)
+        constraints = caps.constraint_view(store.get_meta(caps.META_LIMITS), store.get_meta(caps.META_INFEASIBLE),
+                                           search)
+        feasible = feasible_only(search, constraints)
+        ranking = rank_genes(feasible)
         best = None
         if ranking:
             top = ranking[0]
@@ -374,7 +388,7 @@ class RunSummary:
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
-        counts = _counts(evaluations, search, planned, done)
+        counts = _counts(evaluations, search, planned, done, constraints)
         config = dict(store.config() or {})
         objectives = objectives_of(config)
         summary = cls(
@@ -388,7 +402,8 @@ class RunSummary:
             done=done,
             planned=planned,
             evaluations=evaluations,
-            history=generation_history(store.generations(), search),
+            history=generation_history(store.generations(), search,
+                                       constraints["infeasible_keys"] if constraints else frozenset()),
             ranking=ranking,
             best=best,
             baseline=baseline,
@@ -403,8 +418,10 @@ class RunSummary:
             fidelity=store.get_meta("fidelity"),
             writer=_other_writer(store.run_dir, done),
             objectives=objectives,
-            pareto=pareto_summary(search, objectives, [r for r in evaluations if r.get("role") == "baseline"])
+            pareto=pareto_summary(feasible, objectives, [r for r in evaluations if r.get("role") == "baseline"])
             if len(objectives) > 1 else None,
+            constraints=constraints,
+            init_from=store.get_meta("init_from"),
         )
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
@@ -436,9 +453,20 @@ class RunSummary:
         """The evaluations of role "search" (the ones the run ranks), in store order."""
         return [r for r in self.evaluations if r.get("role") == "search"]
 
-    def search_points(self, names: Sequence[str]) -> list[tuple]:
-        """The objective vectors on ``names`` of the finished search evaluations, in store order."""
-        return [p for p in (objective_values(r, names) for r in self.search_evaluations) if pareto.finite(p)]
+    def search_points(self, names: Sequence[str], feasible: bool | None = True) -> list[tuple]:
+        """The objective vectors on ``names`` of the finished search evaluations, in store order: of
+        the genes that break no cap of the run (``feasible`` True, the default; every gene in a run
+        without caps), of those that break one (False) or of all (None)."""
+        records = self.search_evaluations
+        if feasible is not None:
+            keys = self.infeasible_keys
+            records = [r for r in records if (str(r.get("gene")) not in keys) == feasible]
+        return [p for p in (objective_values(r, names) for r in records) if pareto.finite(p)]
+
+    @property
+    def infeasible_keys(self) -> set:
+        """The gene keys that break a cap of the run (trained or not)."""
+        return set(self.constraints["infeasible_keys"]) if self.constraints else set()
 
     def top(self, k: int) -> list[dict]:
         """The best ``k`` unique search genes."""
@@ -486,6 +514,10 @@ class RunSummary:
             result["pareto_front"] = self.pareto["front"]
             result["hypervolume"] = {k: self.pareto[k] for k in ("hypervolume", "ideal_point", "reference_point",
                                                                   "reference_rule", "history")}
+        if self.constraints is not None:
+            result["constraints"] = {k: v for k, v in self.constraints.items() if k != "infeasible_keys"}
+        if self.init_from is not None:
+            result["init_from"] = self.init_from
         return to_jsonable(result)
 
     @property
@@ -506,22 +538,38 @@ def cache_hits(planned: int | None, trained: int, done: bool) -> int | None:
     return planned - trained if done and planned is not None and planned >= trained else None
 
 
-def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | None, done: bool) -> dict:
+def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | None, done: bool,
+            constraints: Mapping | None = None) -> dict:
     """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
 
     ``cache_hits``: fitness requests answered from the store instead of by training. It is only
-    derivable once the run is done, as planned requests minus trained search evaluations.
+    derivable once the run is done, as planned requests minus trained search evaluations (minus
+    the genes refused before training, in a run with caps). A run with caps also counts
+    ``infeasible``: ``never_trained`` (refused before training) and ``trained`` (over a cap measured
+    after training).
     """
     failures = Counter(failure_label(r) for r in search if failed(r))
     trained = len(search)
-    return {
+    never = len(constraints["never_trained"]) if constraints else 0
+    counts = {
         "trained": trained,
         "ok": trained - sum(failures.values()),
         "failed": dict(sorted(failures.items())),
         "planned": planned,
-        "cache_hits": cache_hits(planned, trained, done),
+        "cache_hits": cache_hits(planned, trained + never, done),
         "by_role": dict(sorted(Counter(str(r.get("role")) for r in evaluations).items())),
     }
+    if constraints:
+        counts["infeasible"] = {"never_trained": never, "trained": len(constraints["trained"])}
+    return counts
+
+
+def feasible_only(search: list[Mapping], constraints: Mapping | None) -> list[Mapping]:
+    """The search evaluations of genes that break no cap of the run (all of them without caps)."""
+    if not constraints:
+        return list(search)
+    keys = constraints["infeasible_keys"]
+    return [r for r in search if str(r.get("gene")) not in keys]
 
 
 def _failure(record: Mapping) -> dict:
@@ -544,6 +592,9 @@ def _outcome(s: RunSummary) -> tuple[str, str]:
         if n_all == 0:
             return "empty", "No evaluation finished yet."
         return "empty", f"No search evaluation finished yet ({_plural(n_all, 'other evaluation')} stored)."
+    if s.best is None and s.constraints and s.counts["ok"]:
+        return "all_infeasible", (f"No feasible gene: every one of the {_plural(s.counts['ok'], 'finished evaluation')} "
+                                  f"breaks a cap ({caps_text(s.constraints)}).")
     if s.best is None:
         failures = ", ".join(f"{status}: {n}" for status, n in s.counts["failed"].items())
         return "all_failed", f"All {_plural(n_search, 'evaluation')} failed ({failures})."
@@ -593,6 +644,10 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
         rows.append(("Strategy", f"{strategy.get('name')}" + (f" ({opts})" if opts else "")))
     if isinstance(s.fidelity, Mapping):
         rows += _fidelity_rows(s.fidelity)
+    if s.init_from:
+        rows.append(("Warm start", init_from_text(s.init_from)))
+    if s.constraints:
+        rows.append(("Constraints", caps_text(s.constraints) + "; " + infeasible_text(s.constraints)))
     if c.get("seed") is not None:
         rows.append(("Seed", str(c["seed"])))
     for key, label in (("device", "Device"), ("precision", "Precision")):
@@ -617,3 +672,40 @@ def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
         if parts:
             rows.append((label, "; ".join(parts)))
     return rows
+
+
+# -- constraints and warm starts in words -----------------------------------------------------------
+def caps_text(constraints: Mapping) -> str:
+    """``max_params 50,000, max_latency_ms 1.2x (3.41)``."""
+    limits = constraints.get("limits") or {}
+    return ", ".join(caps.describe_limit(name, limit) for name, limit in limits.items()) or "none"
+
+
+def infeasible_text(constraints: Mapping) -> str:
+    """``3 genes refused before training, 1 trained gene over a cap``."""
+    never, trained = len(constraints.get("never_trained") or []), len(constraints.get("trained") or [])
+    return (f"{_plural(never, 'gene')} refused before training (never trained), "
+            f"{_plural(trained, 'trained gene')} over a measured cap")
+
+
+def infeasible_rows(constraints: Mapping | None) -> list[dict]:
+    """One row per infeasible gene: ``{"gene", "generation", "trained", "why"}`` (refused first)."""
+    if not constraints:
+        return []
+    rows = [{"gene": e["gene"], "generation": e.get("generation"), "trained": False,
+             "why": caps.violations_text(e.get("violations") or {})} for e in constraints.get("never_trained") or []]
+    rows += [{"gene": t["gene"], "generation": t.get("generation"), "trained": True,
+              "why": caps.violations_text(t.get("violations") or {})} for t in constraints.get("trained") or []]
+    return rows
+
+
+def init_from_text(info: Mapping) -> str:
+    """``runs/a: its best 4 genes; 3 taken, 1 skipped (outside this run's search space)``."""
+    n, skipped = len(info.get("genes") or []), info.get("skipped") or []
+    available = info.get("available")
+    fewer = f" (it has {available})" if isinstance(available, int) and available < (info.get("k") or 0) else ""
+    text = f"run {info.get('run')}: its best {info.get('k')} genes{fewer}; {n} taken into generation 0"
+    if skipped:
+        text += f", {len(skipped)} skipped (outside this run's search space: " + ", ".join(
+            str(x["gene"]) for x in skipped) + ")"
+    return text

@@ -14,7 +14,16 @@ With several ``objectives`` (perplexity first, then costs such as ``params``; al
 strategy is told one tuple per gene, in the order of ``objectives``; a failure is ``None`` (or a
 non-finite perplexity) and becomes ``inf`` in every place. ``rank_members`` then ranks by Pareto
 front, then crowding distance (``search.pareto``), then perplexity; ``best`` is always the member
-with the lowest perplexity.
+with the lowest perplexity (the feasible one, in a run with caps: see below).
+
+Constraints: ``tell`` may also say how far each gene breaks the run's caps (``violations``: gene
+-> the excess over each cap, ``search.constraints``). A gene with a positive total violation is
+*infeasible*: ``rank_members`` puts every feasible member first (ranked as above) and the
+infeasible ones after them by total violation (Deb's constrained domination), and ``best`` is the
+feasible member with the lowest perplexity (if there is one).
+
+Warm start: ``warm_start(genes)`` before the first ``ask`` puts the given genes (an earlier run's
+best, say) into generation 0 in place of random draws (``_initial_genes``).
 
 Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
 proposals depend only on the seed and on the fitness values it was told. A run is resumed by
@@ -35,7 +44,9 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
 from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, violation
+from evo_attention.search.constraints import violation as total_violation
 from evo_attention.search.pareto import pareto_order
+from evo_attention.train.config import CAP_FIELDS
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -87,6 +98,7 @@ class Individual:
     ``steps`` (the budget the result was measured at: below the run's budget for an individual
     stopped early by a multi-fidelity schedule). ``objectives`` is the told objective vector of a
     multi-objective search (empty for a single objective); ``values`` gives the vector in both cases.
+    ``violation`` is the gene's total violation of the run's caps (0: feasible; see ``tell``).
     """
 
     gene: AttentionGene
@@ -98,6 +110,12 @@ class Individual:
     steps: int | None = None
     record: Any = field(default=None, repr=False, compare=False)
     objectives: tuple = ()
+    violation: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        """True unless the gene breaks one of the run's caps."""
+        return not self.violation > 0
 
     @property
     def values(self) -> tuple:
@@ -118,6 +136,8 @@ class Individual:
                "is_elite": self.is_elite, "steps": self.steps}
         if len(self.objectives) > 1:
             out["objectives"] = list(self.objectives)
+        if not self.feasible:
+            out["violation"] = self.violation
         return out
 
 
@@ -125,9 +145,16 @@ def rank_members(members: Iterable[Individual]) -> list[Individual]:
     """Individuals best first; elites before equal newcomers (stable sort).
 
     One objective: by ``ranking_key``. Several: by Pareto front, then crowding distance (larger
-    first), then ``ranking_key`` (``search.pareto.pareto_order``); failures last.
+    first), then ``ranking_key`` (``search.pareto.pareto_order``); failures last. Infeasible
+    members (a positive ``violation``) come after every feasible one, by violation, then
+    ``ranking_key``.
     """
     members = list(members)
+    infeasible = [m for m in members if not m.feasible]
+    if infeasible:
+        feasible = [m for m in members if m.feasible]
+        return rank_members(feasible) + sorted(infeasible, key=lambda m: (m.violation,
+                                                                           ranking_key(m.gene, m.perplexity)))
     if not any(len(m.objectives) > 1 for m in members):
         return sorted(members, key=lambda m: ranking_key(m.gene, m.perplexity))
     order = pareto_order([m.values for m in members], [ranking_key(m.gene, m.perplexity) for m in members])
@@ -135,8 +162,9 @@ def rank_members(members: Iterable[Individual]) -> list[Individual]:
 
 
 def best_member(members: Iterable[Individual]) -> Individual | None:
-    """The member with the lowest perplexity (ties: the first in ``members``); None if empty."""
-    return min(members, key=lambda m: ranking_key(m.gene, m.perplexity), default=None)
+    """The feasible member with the lowest perplexity (ties: the first in ``members``); without a
+    feasible member, the member with the lowest perplexity; None if empty."""
+    return min(members, key=lambda m: (not m.feasible, ranking_key(m.gene, m.perplexity)), default=None)
 
 
 # -- drawing genes ----------------------------------------------------------------------------
@@ -209,7 +237,9 @@ class Strategy(ABC):
 
     Every strategy asks in batches of the same sizes (``population_size`` in generation 0, then
     ``population_size - elite_size``, for ``n_generations`` generations), so strategies compared at
-    one config spend the same budget. Subclasses set ``name``, take their own settings as keyword
+    one config spend the same budget. ``constraints`` names the caps of the run (``max_params``,
+    ...; empty without any): ``tell`` is then given each gene's excess over them. Subclasses set
+    ``name``, take their own settings as keyword
     arguments, name the Config fields they read in ``CONFIG_FIELDS`` and the keys of
     ``strategy_options`` they accept in ``OPTIONS`` (with defaults), and implement ``_propose``
     (the genes of the current generation) and ``_update`` (fold the told results into
@@ -222,7 +252,7 @@ class Strategy(ABC):
 
     def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3, seed: int = 42,
                  space: SearchSpace | Mapping | None = None, seed_vanilla: bool = False,
-                 objectives: Sequence[str] = ("perplexity",)):
+                 objectives: Sequence[str] = ("perplexity",), constraints: Sequence[str] = ()):
         self.population_size = _as_int("population_size", population_size, 1)
         self.n_generations = _as_int("n_generations", n_generations, 1)
         self.elite_size = _as_int("elite_size", elite_size, 0)
@@ -244,6 +274,10 @@ class Strategy(ABC):
             raise UserError(f"objectives {objectives!r} must be a non-empty list of objective names",
                             setting="objectives")
         self.objectives = tuple(objectives)
+        if isinstance(constraints, str) or not all(isinstance(c, str) for c in constraints):
+            raise UserError(f"constraints {constraints!r} must be a list of cap names such as max_params",
+                            setting="constraints")
+        self.constraints = tuple(constraints)
 
         self.rng = random.Random(self.seed)
         self.generation = 0
@@ -253,6 +287,8 @@ class Strategy(ABC):
         self._pending: list[AttentionGene] | None = None
         self._asked_keys: set[str] = set()
         self._first_generation: dict[str, int] = {}
+        self._warm: list = []  # warm_start genes: the first of generation 0
+        self._excess: dict[str, dict] = {}  # gene key -> its told excess over each cap
 
     @classmethod
     def from_config(cls, config) -> "Strategy":
@@ -266,6 +302,9 @@ class Strategy(ABC):
         settings = {name: getattr(config, name) for name in cls.CONFIG_FIELDS}
         if len(config.objectives) > 1:  # a strategy that names its own CONFIG_FIELDS is told vectors all the same
             settings["objectives"] = config.objectives
+        caps = [name for name in CAP_FIELDS if getattr(config, name, None) is not None]
+        if caps:  # only a constrained run names them, so a strategy of one's own needs no such keyword otherwise
+            settings["constraints"] = caps
         return cls(**settings, **options, space=config.space())
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -281,18 +320,26 @@ class Strategy(ABC):
             self._asked_keys.update(g.key for g in self._pending)
         return list(self._pending)
 
-    def tell(self, results: Sequence[tuple[AttentionGene | str, Any]] | Mapping) -> None:
+    def tell(self, results: Sequence[tuple[AttentionGene | str, Any]] | Mapping,
+             violations: Mapping | None = None) -> None:
         """Report the fitness (perplexity) of exactly the genes of the last ``ask``, in any order.
 
         ``results`` is a sequence of ``(gene or key, fitness)`` pairs or a mapping gene -> fitness.
         A gene asked several times may be told once (the value applies to every copy) or once per
         copy. None/NaN/inf mean failed. With several ``objectives`` each fitness is a tuple of
         their values (or None); subclasses then receive it as a tuple of floats.
+
+        ``violations`` (a constrained run): gene or key -> its excess over each cap (``{cap:
+        value / limit - 1}``, positive where broken) or its total violation as one number; a gene
+        it leaves out is feasible. Infeasible genes rank after the feasible ones (``rank_members``).
         """
         if self.done:
             raise RuntimeError(f"strategy {self.name!r} is done: all {self.n_generations} generations were told")
         asked = self.ask()
         told = self._match(asked, results)
+        for gene, value in (violations or {}).items():
+            key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else AttentionGene.parse(gene).key
+            self._excess[key] = dict(value) if isinstance(value, Mapping) else {"total": float(value)}
         for gene, _ in told:
             self._first_generation.setdefault(gene.key, self.generation)
         self._update(told)
@@ -349,11 +396,33 @@ class Strategy(ABC):
         return self.population
 
     def _member(self, gene: AttentionGene, fitness: float | tuple, is_elite: bool = False) -> Individual:
-        """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives)."""
+        """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives),
+        with its told violation of the run's caps."""
         generation = self._first_generation.get(gene.key, self.generation)
+        violation = total_violation(self._excess.get(gene.key))
         if isinstance(fitness, tuple):
-            return Individual(gene, fitness[0], generation, is_elite, objectives=fitness)
-        return Individual(gene, fitness, generation, is_elite)
+            return Individual(gene, fitness[0], generation, is_elite, objectives=fitness, violation=violation)
+        return Individual(gene, fitness, generation, is_elite, violation=violation)
+
+    def excess_of(self, gene: AttentionGene | str) -> dict:
+        """The told excess of ``gene`` over each cap (``{}``: feasible, or nothing told)."""
+        key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else str(gene)
+        return dict(self._excess.get(key) or {})
+
+    def warm_start(self, genes: Iterable[AttentionGene | LayerGenes]) -> None:
+        """Start generation 0 with ``genes`` (at most ``population_size``, repeats dropped) before
+        random draws fill the rest (``_initial_genes``). Call it before the first ``ask``."""
+        if self.generation > 0 or self._pending is not None:
+            raise RuntimeError("warm_start must come before the first ask")
+        unique: dict[str, Any] = {}
+        for gene in genes:
+            unique.setdefault(gene.key, gene)
+        self._warm = list(unique.values())[: self.population_size]
+
+    @property
+    def warm_genes(self) -> list:
+        """The genes ``warm_start`` put into generation 0."""
+        return list(self._warm)
 
     def _told_value(self, fitness: Any) -> float | tuple:
         """A told fitness in the form the subclasses receive: a float for one objective, a tuple
@@ -365,11 +434,12 @@ class Strategy(ABC):
         return objective_vector(fitness, self.n_objectives)
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
-        """``population_size`` distinct random genes; with option ``seed_vanilla`` the vanilla
-        transformer replaces the last of them (unless it was drawn anyway)."""
-        taken = set(exclude)
-        genes = []
-        for _ in range(self.population_size):
+        """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws;
+        with option ``seed_vanilla`` the vanilla transformer replaces the last of them (unless it is
+        among them anyway)."""
+        genes = [g for g in self._warm if g.key not in exclude]
+        taken = set(exclude) | {g.key for g in genes}
+        for _ in range(self.population_size - len(genes)):
             gene = draw_new_gene(self.rng, self.space, taken)
             genes.append(gene)
             taken.add(gene.key)

@@ -23,17 +23,29 @@ generation's new genes go through the rungs of the schedule and the strategy is 
 the baseline) is told that result without going through the rungs. Both rules depend only on
 stored results of earlier generations and on this generation's results, so resuming stays a
 replay.
+
+Warm start (``init_from``, ``warm_start.py``): generation 0 starts from the best genes of an
+earlier run; which ones is decided once, when the run is created, and kept in the store's meta
+``init_from``, so a resume replays the same first generation.
+
+Constraints (``max_params``, ``max_flops``, ``max_latency_ms``, ``max_memory_mb``; see
+``constraints.py``): after the baseline the driver resolves the run's limits (meta
+``constraints``); before training a generation it counts the parameters (and FLOPs) of every new
+gene and never trains one over a cap (meta ``infeasible``); the strategy is told each gene's excess
+over the caps, read from its costs or its record, so a resume replays the same decisions.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
 from evo_attention.genes import AttentionGene
+from evo_attention.search import constraints as caps
 from evo_attention.search import strategy_from_config
 from evo_attention.search.base import Individual, Strategy, best_member
 from evo_attention.search.executors import EvalTask, Executor, LocalExecutor
@@ -43,11 +55,13 @@ from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summar
                                            state_file_name, told_fitness)
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
+from evo_attention.search.warm_start import META_KEY as INIT_FROM, initial_genes
 from evo_attention.train.config import Config
 from evo_attention.train.environment import versions
-from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, objective_values
+from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, failed_record, objective_values
 from evo_attention.train.spec import Trial
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_directory_path
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.plugins import load_plugins
@@ -91,7 +105,8 @@ class Search:
             data = data_from_config(config)
         self.config = config
         self.data = data
-        self.out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="evo-attention-"))
+        self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None
+                        else Path(tempfile.mkdtemp(prefix="evo-attention-")))
         self.executor = executor or LocalExecutor()
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
@@ -111,6 +126,15 @@ class Search:
         self.baseline: Individual | None = None
         self._records: dict[str, EvaluationRecord] = {}
         self._runner: Runner | None = None
+        # constraints: the resolved limits, the costs counted before training, the genes never trained
+        self._limits: dict = {}
+        self._costs: dict[str, dict] = {}
+        self._blocked: dict[str, dict] = {e["gene"]: e for e in self.store.get_meta(caps.META_INFEASIBLE) or []}
+        self.init_from: dict | None = self.store.get_meta(INIT_FROM)
+        if self.init_from is None and config.init_from is not None and resume:  # a run stored without the meta
+            self.init_from = self._initial_genes()
+        if self.init_from is not None:
+            self.strategy.warm_start([AttentionGene.parse(key) for key in self.init_from["genes"]])
 
     # -- the store -----------------------------------------------------------------------------
     def _open_store(self, resume: bool, overwrite: bool) -> RunStore:
@@ -139,6 +163,7 @@ class Search:
             return store
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "data": self.data.describe(), "versions": versions(), "done": False,
+                **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
                 # fitness requests of the search itself; the baseline (config.baseline) comes on top
                 "planned": self.strategy.total_evaluations(),
                 "context": self.context, "plugins": self.plugins}
@@ -146,10 +171,16 @@ class Search:
             meta["vocab"] = json.loads(self.data.vocab.to_json())
         return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
 
+    def _initial_genes(self) -> dict:
+        """The warm start ``init_from`` names (read from the earlier run; its skips are warned)."""
+        return initial_genes(self.config.init_from, space=self.strategy.space,
+                             population_size=self.config.population_size, objectives=self.config.objectives)
+
     # -- running -------------------------------------------------------------------------------
     def run(self) -> Individual | None:
         """Run the search to the end (or continue it) and return the best individual."""
         self.store.set_meta("status", "running")
+        self._check_threads()
         self.store.set_meta("executor", self.executor.describe())
         self.store.clear_activity()
         for tracker in self.trackers:
@@ -169,6 +200,32 @@ class Search:
         self.store.set_meta("finished_at", _now())
         return self.best
 
+    def _check_threads(self) -> None:
+        """On a CPU a training's sums add in an order that depends on its thread count, so a run
+        resumed with other threads (another ``workers`` or ``cpus_per_trial``) may differ from an
+        uninterrupted one in the last digits of its later trainings: say so (the run keeps the count
+        it started with in its meta ``training_threads``)."""
+        ask = getattr(self.executor, "training_threads", None)  # an executor of one's own may not say
+        threads = ask() if callable(ask) else None
+        started = self.store.get_meta("training_threads")
+        if started is None:  # a run stored before the count was kept: the count its trainings measured
+            seen = [int(r["latency_threads"]) for r in self.store.evaluations() if r.get("latency_threads")]
+            started = max(sorted(set(seen)), key=seen.count) if seen else threads
+            if started is not None:
+                self.store.set_meta("training_threads", int(started))
+        if threads is None or started is None or int(started) == threads:
+            return
+        from evo_attention.train.environment import resolve_device
+
+        if resolve_device(self.config.device).type != "cpu":
+            return
+        before = self.store.get_meta("executor") or {}
+        how = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in before.items() if v is not None)
+        warnings.warn(f"the trainings of this run so far used {started} CPU thread{'s' if int(started) != 1 else ''} "
+                      f"each, this session's use {threads}: later trainings may differ from an uninterrupted run in "
+                      "the last digits (sums over other threads add in another order); for exact results resume "
+                      f"with the executor the run started with{f' ({how})' if how else ''}")
+
     def _run(self) -> None:
         config = self.config
         with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
@@ -180,11 +237,12 @@ class Search:
                 vanilla = AttentionGene.vanilla()
                 record = self._evaluate([self._task(vanilla.key, role="baseline", generation=None)])[vanilla.key]
                 self.baseline = self._individual(vanilla, record, generation=0)
+            self._resolve_limits()
             while not self.strategy.done:
                 generation = self.strategy.generation
                 genes = self.strategy.ask()
                 told = self._evaluate_generation(genes, generation)
-                self.strategy.tell([(g, told[g.key]) for g in genes])
+                self.strategy.tell([(g, told[g.key]) for g in genes], violations=self._violations(told))
                 members = self.strategy.population[: config.population_size]
                 self.store.record_generation(generation, [(m.gene.key, m.perplexity, m.is_elite) for m in members])
                 if self.schedule is not None:
@@ -218,12 +276,106 @@ class Search:
         return {task.gene: record for task, record in self._runner.evaluate(tasks).items()}
 
     def _evaluate_generation(self, genes, generation: int) -> dict:
-        """The fitness to tell the strategy for each asked gene (by key)."""
+        """The fitness to tell the strategy for each asked gene (by key); a gene over a cap known
+        before training is not trained and told a failure (``_check_before_training``)."""
         keys = list(dict.fromkeys(g.key for g in genes))
+        blocked = self._check_before_training(keys, generation)
+        keys = [k for k in keys if k not in blocked]
         if self.schedule is None:
             records = self._evaluate([self._task(k, role="search", generation=generation) for k in keys])
-            return {k: self._fitness(records[k]) for k in keys}
-        return self._evaluate_halving(keys, generation)
+            told = {k: self._fitness(records[k]) for k in keys}
+        else:
+            told = self._evaluate_halving(keys, generation)
+        told.update({k: None for k in blocked})
+        return told
+
+    # -- constraints -----------------------------------------------------------------------------
+    def _resolve_limits(self) -> None:
+        """The run's limits in their measures' units (relative caps: times the baseline's value),
+        kept in the store's meta ``constraints``."""
+        given = caps.settings_of(self.config)
+        if not given:
+            return
+        baseline: dict = {}
+        if any(caps.cap_factor(v) is not None for v in given.values()):
+            vanilla = AttentionGene.vanilla().key
+            record = self._records.get(vanilla) if self.baseline is not None else None
+            baseline = caps.record_values(record) if record is not None else {}
+            need = [n for n in caps.before_training(given) if caps.cap_factor(given[n]) is not None]
+            if any(baseline.get(caps.CAP[n].measure) is None for n in need):
+                costs = self._gene_costs(vanilla, flops="max_flops" in need)
+                baseline.update({"params": costs.get("params"), "flops": costs.get("flops")})
+        self._limits = caps.resolve_limits(given, baseline)
+        for name, limit in self._limits.items():
+            if limit["limit"] is None:
+                warnings.warn(f"{name} {limit['given']} is relative to the baseline's {limit['measure']}, which the "
+                              "baseline did not measure (its training failed): the cap is not applied")
+        self.store.set_meta(caps.META_LIMITS, {"limits": self._limits})
+
+    def _applied(self, before_training: bool = False) -> dict:
+        """The limits that apply (all, or those known before training)."""
+        return {name: limit for name, limit in self._limits.items() if limit["limit"] is not None
+                and (not before_training or caps.CAP[name].before_training)}
+
+    def _gene_costs(self, key: str, *, flops: bool) -> dict:
+        """The parameters (and FLOPs) of gene ``key``'s model: from memory, from a stored record or
+        the run's list of untrained genes, else counted (``constraints.gene_costs``); None where the
+        model cannot be built (its training then fails as any other would)."""
+        known = self._costs.get(key) or self._blocked.get(key)
+        if known is not None and known.get("uncountable"):
+            return known
+        if known is None or (flops and known.get("flops") is None):
+            record = self.store.lookup(*self._trial(key).key())
+            if record is not None and record.get("params") is not None and (
+                    not flops or record.get("flops_per_step") is not None):
+                known = {"params": record.get("params"), "flops": record.get("flops_per_step")}
+        if known is None or (flops and known.get("flops") is None):
+            try:
+                known = caps.gene_costs(self._trial(key), self.data, flops=flops)
+            except Exception as exc:  # a gene whose model cannot be built: its training says why
+                warnings.warn(f"cannot count the cost of gene {key} before training ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}): it is trained unchecked")
+                self._costs[key] = {"params": None, "flops": None, "uncountable": True}
+                return self._costs[key]
+        self._costs[key] = {"params": known.get("params"), "flops": known.get("flops")}
+        return self._costs[key]
+
+    def _check_before_training(self, keys: list, generation: int) -> set:
+        """The genes of ``keys`` over a cap known before training (parameters, FLOPs): never
+        trained, each kept once in the store's meta ``infeasible`` with its costs and broken caps."""
+        limits = self._applied(before_training=True)
+        if not limits:
+            return set()
+        blocked = set()
+        for key in keys:
+            costs = self._gene_costs(key, flops="max_flops" in limits)
+            found = caps.violations_of(costs, limits)
+            if not found:
+                continue
+            blocked.add(key)
+            if key not in self._blocked:
+                self._blocked[key] = {"gene": key, "generation": generation, **costs, "violations": found}
+                self.store.set_meta(caps.META_INFEASIBLE, list(self._blocked.values()))
+            trial = self._trial(key)
+            self._records[key] = failed_record(  # a stand-in for the population, never stored
+                key, trial.seed, trial.steps, self.data.name, self.data.fingerprint, trial.context,
+                error=f"infeasible before training: {caps.violations_text(self._blocked[key]['violations'])}",
+                params=costs.get("params"), flops_per_step=costs.get("flops"))
+        return blocked
+
+    def _violations(self, keys) -> dict | None:
+        """Each gene's excess over the run's caps (None for a run without caps): from its costs if
+        it was never trained, else from its record."""
+        limits = self._applied()
+        if not limits:
+            return None
+        out = {}
+        for key in keys:
+            if key in self._blocked:
+                out[key] = caps.excess(self._blocked[key], limits)
+            elif key in self._records:
+                out[key] = caps.record_excess(self._records[key], limits)
+        return out
 
     def _fitness(self, record: EvaluationRecord, perplexity: float | None = None):
         """What the strategy is told of ``record``: its perplexity (``perplexity`` when given: a
@@ -286,6 +438,7 @@ class Search:
                     self._state_path(key, steps).unlink(missing_ok=True)
 
     def _finished(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
+        self.lock.refresh()  # run.lock deleted or replaced meanwhile: its holder's name goes back in
         self._records[task.gene] = record
         if self.keep_models and task.keep_model is not None and not cached:
             prune_models(self.out_dir, self.keep_models)
@@ -299,15 +452,17 @@ class Search:
             view.set_best(task.gene, value)
 
     def _individual(self, gene: AttentionGene, record: EvaluationRecord, generation: int, is_elite: bool = False,
-                    perplexity: float | None = None, objectives: tuple = ()) -> Individual:
+                    perplexity: float | None = None, objectives: tuple = (), violation: float = 0.0) -> Individual:
         value = record.metric() if perplexity is None else perplexity
+        status = "infeasible" if gene.key in self._blocked else str(record.status)
         return Individual(gene=gene, perplexity=value if value is not None else float("inf"),
-                          train_loss=record.train_loss, generation=generation, status=str(record.status),
-                          is_elite=is_elite, record=record, steps=record.steps, objectives=objectives)
+                          train_loss=record.train_loss, generation=generation, status=status,
+                          is_elite=is_elite, record=record, steps=record.steps, objectives=objectives,
+                          violation=violation)
 
     def _refresh(self) -> None:
         self.population = [self._individual(m.gene, self._records[m.gene.key], m.generation, m.is_elite,
-                                            perplexity=m.perplexity, objectives=m.objectives)
+                                            perplexity=m.perplexity, objectives=m.objectives, violation=m.violation)
                            for m in self.strategy.population]
         self.history = [{k: v for k, v in h.items() if k != "members"} for h in self.strategy.history]
 

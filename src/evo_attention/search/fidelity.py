@@ -30,8 +30,8 @@ distinct cache key), ``budget`` (the full budget), ``resumed_from`` (the step it
 0 if trained from scratch) and ``checkpoint`` (the trainer state, a file under
 ``RUN_DIR/rung_states/``). A resumed run replays the halving: every rung evaluation is a
 cache hit, promotions are recomputed from the stored losses, and an individual that still has to
-continue does so from its checkpoint (or, if the file is gone, is retrained from scratch to the
-next rung, which gives the same result). Checkpoints superseded by a higher rung are deleted at
+continue does so from its checkpoint (or, if the file is gone or fails its check, is retrained from
+scratch to the next rung, which gives the same result; see ``executors.base.load_state``). Checkpoints superseded by a higher rung are deleted at
 the end of a generation; those of stopped individuals stay (a later generation may promote them).
 
 What the strategy is told (``told_fitness``). An individual that reached the full budget is told

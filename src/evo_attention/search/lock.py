@@ -7,6 +7,14 @@ ends in any way (exit, crash, SIGKILL, power loss), so a lock left by a dead pro
 taken by the next writer: there is no stale lock to clean up. Readers (``status``, ``report``)
 never take the lock; ``holder(run_dir)`` tells them whether a live process writes the run.
 
+The lock that counts is held on the run directory itself (``flock`` on an open descriptor of the
+directory), not only on the file: deleting ``run.lock`` while a search runs cannot free the run,
+since the directory is still locked (a second writer is refused, ``status`` still says
+``running``). The file is held too (for readers of earlier versions, and alone on a file system
+that cannot lock a directory) and carries the holder's pid, host and start time; the writer puts
+it back when it finds it gone or replaced (``RunLock.refresh``, called after every evaluation),
+and until then ``holder`` names the process from the kernel's lock table (``/proc/locks``).
+
 Locks are per open file: two searches in one process exclude each other too. On a file system
 without ``flock`` (some network mounts) the lock cannot be taken and the writer is refused with a
 message that says so, rather than running unprotected.
@@ -22,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_directory_path
 
 LOCK_NAME = "run.lock"
 RETRY_S = 1.0  # a reader probing the lock holds it for microseconds: retry that long before refusing
@@ -33,9 +42,10 @@ except ImportError:  # pragma: no cover - not POSIX
 
 
 def _describe(info: dict | None) -> str:
-    if not info:
+    if not info or info.get("pid") is None:
         return "another process"
-    return f"process {info.get('pid')} on {info.get('host')} (since {info.get('started_at')})"
+    since = f" (since {info['started_at']})" if info.get("started_at") else ""
+    return f"process {info.get('pid')} on {info.get('host')}{since}"
 
 
 def _read_info(path: Path) -> dict | None:
@@ -51,46 +61,87 @@ class RunLock:
     def __init__(self, run_dir: str | os.PathLike):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
+        self._dir_fd: int | None = None
         self._fd: int | None = None
+        self._info: dict | None = None
 
     def acquire(self) -> "RunLock":
         if fcntl is None:  # pragma: no cover
             return self
+        check_directory_path(self.run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            dir_fd = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError as exc:
+            raise UserError(f"cannot take the lock of {self.run_dir}: {exc.strerror}; pick a writable out",
+                            setting="out") from None
+        try:
+            if not _lock(dir_fd, self.path, self.run_dir, directory=True):
+                os.close(dir_fd)  # no locks on directories here (some network file systems): the file's alone
+                dir_fd = None
+            fd = self._open_file()
+            try:  # a holder of an earlier version locks the file only
+                _lock(fd, self.path, self.run_dir)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            if dir_fd is not None:
+                os.close(dir_fd)
+            raise
+        self._info = {**_this_process(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        self._write(fd)
+        self._dir_fd, self._fd = dir_fd, fd
+        return self
+
+    def _open_file(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise UserError(f"cannot take the lock {self.path}: {exc.strerror}; pick a writable out",
                             setting="out") from None
-        deadline = time.monotonic() + RETRY_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-                os.close(fd)
-                raise in_use(self.run_dir, _read_info(self.path)) from None
-            except OSError as exc:
-                os.close(fd)
-                raise UserError(f"cannot lock {self.path} ({exc.strerror}): this file system does not support "
-                                "file locks; put the run directory on a local disk", setting="out") from None
-        info = {**_this_process(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def _write(self, fd: int) -> None:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        self._fd = fd
-        return self
+        os.pwrite(fd, json.dumps(self._info).encode(), 0)
+
+    def refresh(self) -> None:
+        """Put ``run.lock`` back if it was deleted or replaced while this writer holds the run (the
+        directory lock never lapsed; this restores the holder's name for readers)."""
+        if self._fd is None:
+            return
+        try:
+            mine, there = os.fstat(self._fd), os.stat(self.path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                return
+        except OSError:
+            pass  # gone
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return  # best effort: the directory lock still protects the run
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        self._write(fd)
+        old, self._fd = self._fd, fd
+        os.close(old)
 
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
-                os.ftruncate(fd, 0)  # no holder any more (the lock file itself stays)
+                mine, there = os.fstat(fd), os.stat(self.path)
+                if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                    os.ftruncate(fd, 0)  # no holder any more (the lock file itself stays)
             except OSError:
                 pass
             os.close(fd)  # closing releases the flock
+        if self._dir_fd is not None:
+            fd, self._dir_fd = self._dir_fd, None
+            os.close(fd)
 
     @property
     def held(self) -> bool:
@@ -101,6 +152,26 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _lock(fd: int, path: Path, run_dir: Path, retry: float = RETRY_S, directory: bool = False) -> bool:
+    """Take an exclusive flock on ``fd`` (retrying ``retry`` seconds: readers probe it briefly).
+    A file system that cannot lock a ``directory`` gives False; for a file it is refused."""
+    deadline = time.monotonic() + retry
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            raise in_use(run_dir, _read_info(path) or _kernel_holder(run_dir)) from None
+        except OSError as exc:
+            if directory:
+                return False
+            raise UserError(f"cannot lock {path} ({exc.strerror}): this file system does not support "
+                            "file locks; put the run directory on a local disk", setting="out") from None
 
 
 def _this_process() -> dict:
@@ -128,22 +199,42 @@ def check_free(run_dir: str | os.PathLike) -> None:
 
 def holder(run_dir: str | os.PathLike) -> dict | None:
     """The live writer of ``run_dir`` (``{"pid", "host", "started_at"}``), or None when no process
-    holds its lock. Never blocks and never takes the lock for longer than a probe."""
-    path = Path(run_dir) / LOCK_NAME
-    if fcntl is None or not path.is_file():
+    holds its lock (on the directory, or on ``run.lock`` for a writer of an earlier version). Never
+    blocks and never takes the lock for longer than a probe."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_NAME
+    if fcntl is None or not run_dir.is_dir():
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
+    for target in (run_dir, path):
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_info(path) or {"pid": None, "host": None, "started_at": None}
+            fd = os.open(target, os.O_RDONLY)
         except OSError:
-            return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return (_read_info(path) or _kernel_holder(run_dir)
+                        or {"pid": None, "host": None, "started_at": None})
+            except OSError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return None
+
+
+def _kernel_holder(run_dir: Path) -> dict | None:
+    """The process holding a flock on ``run_dir``, from the kernel's lock table (Linux): the name of
+    a writer whose ``run.lock`` was deleted."""
+    try:
+        st = os.stat(run_dir)
+        wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            for line in table:
+                parts = line.split()
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == wanted and parts[4].isdigit():
+                    return {"pid": int(parts[4]), "host": socket.gethostname(), "started_at": None}
+    except (OSError, ValueError):
+        pass
+    return None

@@ -21,6 +21,14 @@ stored results generation by generation), so it asks exactly what the interrupte
   (enqueued as the next trial's parameters), so a batch never wastes a training on a repeat while
   the space has unasked genes. A generation-0 gene outside the space (``seed_vanilla`` with a
   narrowed space) is evaluated but not added to the study, which only knows the space's options.
+- Warm start (``warm_start``, ``init_from``): the given genes are enqueued (``study.enqueue_trial``)
+  and asked as the study's first trials; random genes fill the rest of generation 0 as above.
+- Constraints (a run with caps, ``constraints``): every trial carries its excess over each cap as an
+  Optuna constraint (at most 0: kept), so the sampler prefers feasible genes and, among infeasible
+  ones, those that break the caps least. With an Optuna that has ``Trial.set_constraint`` (5.0 on)
+  the constraints are set on the trial; with an older one the sampler gets a ``constraints_func``
+  reading the trial's user attribute ``constraints``. A gene refused before training is told ``inf``
+  in every objective with its constraints.
 
 Determinism: the sampler has its own seeded generator and sees the same trials in the same order,
 so the same seed and the same told values give the same proposals.
@@ -58,6 +66,34 @@ def gene_from_params(params: dict[str, Any], space: SearchSpace) -> AttentionGen
     return None if violation(values) else AttentionGene(gene_dict=values)
 
 
+def sets_constraints(optuna) -> bool:
+    """Whether this Optuna sets constraints on a trial (``Trial.set_constraint``, 5.0 on)."""
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def _constraints_of(trial) -> tuple:
+    """The ``constraints_func`` of an Optuna without ``Trial.set_constraint``: the trial's excess over
+    each cap, kept in its user attribute ``constraints``."""
+    return tuple(trial.user_attrs.get("constraints", ()))
+
+
+def constraint_attrs(names, values, *, named: bool = False) -> dict:
+    """The keyword arguments of ``optuna.trial.create_trial`` that give a finished trial its
+    constraints (``values``, one per cap ``names``; none for None): the user attribute
+    ``constraints`` (with ``constraint_names``) and the constraints Optuna's samplers and
+    optuna-dashboard read: by name (``create_trial(constraints=...)``, Optuna 5 on) when ``named``,
+    else the system attribute ``constraints`` holding the values in order, which every Optuna
+    version reads."""
+    if values is None:
+        return {}
+    attrs = {"user_attrs": {"constraints": list(values), "constraint_names": list(names)}}
+    if named:
+        attrs["constraints"] = {name: float(v) for name, v in zip(names, values)}
+    else:
+        attrs["system_attrs"] = {"constraints": tuple(float(v) for v in values)}
+    return attrs
+
+
 class TPE(Strategy):
     """Optuna's multivariate TPE sampler, asked in the GA's batch sizes."""
 
@@ -80,10 +116,15 @@ class TPE(Strategy):
         self.distributions = {name: CategoricalDistribution(self.space.options(name)) for name in ALL_FIELDS
                               if len(self.space.options(name)) > 1}
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # how constraints reach the sampler: set on each trial (Optuna 5 on), else a constraints_func
+        self._set_constraints = bool(self.constraints) and sets_constraints(optuna)
+        extra = {}
+        if self.constraints and not self._set_constraints:
+            extra["constraints_func"] = _constraints_of
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # multivariate TPE is marked experimental
             sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=0,
-                                                 n_ei_candidates=self.n_ei_candidates, seed=self.seed % 2**32)
+                                                 n_ei_candidates=self.n_ei_candidates, seed=self.seed % 2**32, **extra)
         self.study = optuna.create_study(directions=["minimize"] * self.n_objectives, sampler=sampler)
         self._trials: list = []  # the open trial of each asked gene (None: added to the study when told)
         self._batch: list[Individual] = []
@@ -92,7 +133,8 @@ class TPE(Strategy):
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             genes = self._initial_genes()
-            self._trials = [None] * len(genes)
+            warm = {g.key for g in self._warm}
+            self._trials = [self._enqueued(g) if g.key in warm else None for g in genes]
             return genes
         genes, trials = [], []
         taken = set(self._asked_keys)
@@ -119,19 +161,47 @@ class TPE(Strategy):
             trial = self.study.ask(self.distributions)
             return gene_from_params(trial.params, self.space), trial
 
+    def _enqueued(self, gene):
+        """The open trial of a warm-start gene, asked through ``enqueue_trial`` (None if its fields
+        are not all options of the space: it is then added when told, like a random gene)."""
+        params = self._params(gene)
+        if params is None:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.study.enqueue_trial(params)
+            return self.study.ask(self.distributions)
+
+    def _constraint_values(self, gene) -> list[float] | None:
+        """The gene's excess over each cap of the run, in the order of ``constraints`` (0 where
+        unknown); None for an unconstrained run."""
+        if not self.constraints:
+            return None
+        excess = self.excess_of(gene)
+        if set(excess) == {"total"}:  # told as one number: the first constraint carries it
+            return [float(excess["total"])] + [0.0] * (len(self.constraints) - 1)
+        return [float(excess.get(name, 0.0)) for name in self.constraints]
+
     def _update(self, told):
         for (gene, fitness), trial in zip(told, self._trials):
             values = list(fitness) if isinstance(fitness, tuple) else [fitness]
             values = [v if math.isfinite(v) else math.inf for v in values]
+            constraints = self._constraint_values(gene)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if trial is not None:
+                    if constraints is not None:
+                        trial.set_user_attr("constraints", constraints)
+                        if self._set_constraints:
+                            for name, value in zip(self.constraints, constraints):
+                                trial.set_constraint(name, value)
                     self.study.tell(trial, values)
                 else:
                     params = self._params(gene)
                     if params is not None:
                         self.study.add_trial(self._optuna.trial.create_trial(
-                            params=params, distributions=self.distributions, values=values))
+                            params=params, distributions=self.distributions, values=values,
+                            **constraint_attrs(self.constraints, constraints, named=self._set_constraints)))
         self._trials = []
         self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
         self.population = rank_members(self.population + self._batch)

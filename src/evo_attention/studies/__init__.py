@@ -7,6 +7,8 @@
 - ``transfer``: retrain genes and the baseline at a ladder of model sizes (``transfer_genes``)
 - ``maps``: attention weights per layer and head, drawn, with sparsity, entropy and distance
 - ``compare``: named attention variants at one fixed size
+- ``lr_grid``: each gene at its own best learning rate of a grid (``lr_grid=`` of every study above
+  but maps), selected on tuning seeds of their own, measured on the study's seeds
 - ``evolution``: ``Evolution``, a search that writes its report (the original project's API)
 
     from evo_attention.studies import validate_genes, write_validation

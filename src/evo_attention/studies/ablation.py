@@ -16,7 +16,9 @@ do not add up to the whole gene's improvement.
 
 ``ablate`` resolves a ``common.StudySetup`` and returns an ``AblationResult`` (the statistics,
 then the setup's provenance; a mapping of what is written); ``write_ablation`` writes it as
-``ablation.{json,md,png}``.
+``ablation.{json,md,png}``. With a learning-rate grid (``StudySetup.lr_grid``) every variant is
+trained at its own best rate of the grid (``studies.lr_grid``): the contributions then compare
+each variant at its best, and the result carries the ``grid`` block (``ablation_lr_grid.png``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import ClassVar, Mapping, Sequence
 from evo_attention.genes import AttentionGene
 from evo_attention.report.studies import FIELD_LABELS, ablation_markdown, metric_info
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import (DEFAULT_SEEDS, SeedStudyResult, StudySetup, samples,
+from evo_attention.studies import lr_grid as grids
+from evo_attention.studies.common import (DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
                                           write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -108,36 +111,49 @@ class AblationResult(SeedStudyResult):
 def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SEEDS, steps: int | None = None,
            eval_split: str = "valid", metric: str = "val_perplexity", confidence: float = 0.95, store=None,
            executor: Executor | None = None, search_seed: int | None = None,
-           source_run: str | os.PathLike | None = None, quiet: bool = True) -> AblationResult:
+           source_run: str | os.PathLike | None = None, quiet: bool = True, lr_grid=None,
+           n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> AblationResult:
     """Train every variant of ``gene`` with seeds ``config.seed + 1 ...`` and measure the changes
-    (the keyword arguments are those of ``StudySetup.resolve``)."""
+    (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each variant at its
+    own best rate of the grid, see ``studies.lr_grid``)."""
     setup = StudySetup.resolve(config, data, role="ablation", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
                                metric=metric, confidence=confidence, store=store, executor=executor,
-                               search_seed=search_seed, source_run=source_run, quiet=quiet)
+                               search_seed=search_seed, source_run=source_run, quiet=quiet, lr_grid=lr_grid,
+                               n_tuning_seeds=n_tuning_seeds)
     return run_ablation(setup, gene)
 
 
 def run_ablation(setup: StudySetup, gene: AttentionGene | str) -> AblationResult:
     """The ablation of ``gene`` with a resolved ``setup``."""
     variants = ablation_variants(gene)
-    records = setup.train([v.gene for v in variants])
-    numbers = ablation_statistics(variants, records, list(setup.seeds), metric=setup.metric,
-                                  confidence=setup.confidence, eval_split=setup.eval_split)
+    genes = [v.gene for v in variants]
+    if not setup.lr_grid:
+        return AblationResult(ablation_statistics(setup, variants, setup.train(genes)), setup.provenance())
+    grid = grids.tune(setup, genes)
+    rates = grids.selected_rates(grid)
+    numbers = ablation_statistics(setup, variants, grids.train_at_rates(setup, genes, rates), rates=rates)
+    numbers["grid"] = grids.with_verdict_seeds(grid, setup.seeds)
     return AblationResult(numbers, setup.provenance())
 
 
-def ablation_statistics(variants: Sequence[Variant], records: Mapping[tuple[str, int], Mapping], seeds: Sequence[int], *,
-              metric: str = "val_perplexity", confidence: float = 0.95, eval_split: str = "valid") -> dict:
+def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records: Mapping[tuple[str, int], Mapping], *,
+                        rates: Mapping[str, float] | None = None) -> dict:
     """The statistics of an ablation from its records ((gene key, seed) -> record): per variant
-    its values, mean and interval and its comparisons with the full gene and the baseline (Holm
-    within each), the per-field ``contributions`` and the ``total`` (no provenance)."""
-    label, lower, _ = metric_info(metric, eval_split)
+    its values, mean and interval and its paired comparisons with the full gene (Holm over the
+    variants) and with the baseline (Holm over every comparison with these baseline trainings:
+    ``StudySetup.versus_baseline``), the per-field ``contributions`` and the ``total`` (no provenance).
+    ``rates`` (gene key -> rate): each variant was trained at its own rate of a learning-rate grid."""
+    seeds, metric, confidence, lower = list(setup.seeds), setup.metric, setup.confidence, setup.lower_is_better
     values = {v.gene.key: samples(records, v.gene.key, seeds, metric) for v in variants}
     full, base = variants[0].gene.key, variants[1].gene.key
-    vs_full = stats.compare({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
-                            values[full]["values"], confidence, lower)
-    vs_base = stats.compare({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != base},
-                            values[base]["values"], confidence, lower)
+    vs_full = stats.versus_reference({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
+                                     values[full]["values"], confidence=confidence, log=setup.log_scale,
+                                     margin=setup.margin, lower_is_better=lower, power=setup.power)
+    against = {v.gene.key: values[v.gene.key]["values"] for v in variants if v.gene.key != base}
+    by_gene = (setup.versus_baseline(against, values[base]["values"]) if rates is None  # a gene two variants share
+               else grids.versus_baseline(setup, against, values[base]["values"], rates))  # is one comparison
+    vs_base = {v.name: by_gene[v.gene.key] for v in variants if v.gene.key in by_gene}
+    label, eval_split = setup.metric_label, setup.eval_split
     sign = 1.0 if lower else -1.0
     rows = []
     for v in variants:
@@ -153,7 +169,8 @@ def ablation_statistics(variants: Sequence[Variant], records: Mapping[tuple[str,
         elif row["kind"] == "add":  # baseline - (baseline + F)
             contributions.append(_contribution(row, row["vs_baseline"], -sign, "add"))
     return to_jsonable({
-        "kind": "ablation", "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
+        "kind": "ablation", "analysis": stats.ANALYSIS, "margin": setup.margin,
+        "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
         "fields": [v.field for v in variants if v.kind == "remove"],
         "metric": metric, "metric_label": label, "lower_is_better": lower, "eval_split": eval_split,
         "confidence": confidence, "seeds": list(seeds),
@@ -165,14 +182,18 @@ def ablation_statistics(variants: Sequence[Variant], records: Mapping[tuple[str,
 def _comparison(numbers: Mapping) -> dict | None:
     if not numbers:
         return None
-    keys = ("difference", "diff_ci_low", "diff_ci_high", "p_value", "p_holm", "cohens_d", "verdict")
+    keys = ("scale", "difference", "diff_ci_low", "diff_ci_high", "relative", "relative_ci_low", "relative_ci_high",
+            "p_value", "p_holm", "family_size", "cohens_d", "verdict", "verdict_label")
     return {k: numbers.get(k) for k in keys}
 
 
 def _contribution(row: Mapping, comparison: Mapping | None, sign: float, kind: str) -> dict:
-    """The comparison's difference turned into an improvement (positive = better)."""
+    """The comparison's change turned into an improvement (positive = better): the relative change
+    on a ratio metric's log scale, else the difference in the metric's units."""
     c = comparison or {}
-    diff, low, high = c.get("difference"), c.get("diff_ci_low"), c.get("diff_ci_high")
+    names = ("relative", "relative_ci_low", "relative_ci_high") if c.get("scale") == "log" else \
+        ("difference", "diff_ci_low", "diff_ci_high")
+    diff, low, high = (c.get(n) for n in names)
     value = None if diff is None else sign * diff
     bounds = None if low is None or high is None else sorted((sign * low, sign * high))
     return {"name": row["name"], "field": row.get("field"), "kind": kind, "change": row.get("change"),
@@ -191,7 +212,8 @@ def figure_items(result: Mapping) -> list[dict]:
 
 
 def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``ablation.{json,md,png}`` (``ablation_test.*`` for the test split) into ``out_dir``."""
+    """Write ``ablation.{json,md,png}`` (``ablation_test.*`` for the test split) into ``out_dir``;
+    with a learning-rate grid also ``ablation_lr_grid.png`` (``grid`` in the paths)."""
     from evo_attention.report.figures import plot_contributions
 
     paths = write_json_and_markdown("ablation", result, out_dir, ablation_markdown(result))
@@ -200,6 +222,8 @@ def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
                        xlabel=f"{label} improvement (positive = better): mean and "
                               f"{stats.percent(result.get('confidence', 0.95))} CI",
                        title=f"Ablation of {result.get('str')}, {len(result.get('seeds') or [])} seeds")
+    if result.get("grid"):
+        paths["grid"] = grids.write_grid_figure(result, "ablation", out_dir, [grids.panel(result["grid"]["genes"])])
     return paths
 
 

@@ -13,12 +13,17 @@ back, never trained again; each new record is stored the moment it finishes), an
 back), so ``result.genes`` and ``result["genes"]`` are the same rows.
 
 The seeds of a study are ``seed + 1 ... seed + N``, never the search seed on which a search picked
-its winners (a winner's score on that seed is biased low: the winner's curse).
+its winners (a winner's score on that seed is biased low: the winner's curse). With a learning-rate
+grid (``lr_grid``), every gene is also trained at every rate of the grid on the *tuning seeds*
+``seed + 1001 ... seed + 1000 + T`` (``tuning_seeds``), a block of their own that no verdict seed
+reaches; the study then measures each gene at its selected rate on its usual seeds
+(``studies.lr_grid``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 from collections.abc import Mapping
@@ -43,6 +48,14 @@ from evo_attention.util.jsonio import dumps, to_jsonable
 from evo_attention.util.progress import SearchView
 
 DEFAULT_SEEDS = 5
+DEFAULT_MARGIN = stats.DEFAULT_MARGIN  # the equivalence margin (see util.stats)
+DEFAULT_POWER = 0.8
+PILOT_SEEDS = 3  # seeds of the pilot that plans a validation's seeds (--seeds auto)
+DEFAULT_MAX_SEEDS = 30
+ANALYSIS = stats.ANALYSIS
+DEFAULT_TUNING_SEEDS = 2  # seeds per rate of a learning-rate grid
+TUNING_OFFSET = 1000  # the tuning seeds are seed + TUNING_OFFSET + 1 ...: a block no verdict seed reaches
+MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
 
 Records = dict[tuple[str, int], EvaluationRecord]  # (gene key, seed) -> record
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # the runner's (task, record, cached)
@@ -62,6 +75,62 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
                         f"its winners: use seed {search_seed} (seeds {search_seed + 1}..) or leave seed unset",
                         setting="seed")
     return seeds
+
+
+def parse_lr_grid(value) -> tuple[float, ...]:
+    """A learning-rate grid: ``"5e-4,1e-3,2e-3"`` or a sequence of numbers -> the distinct rates in
+    increasing order; UserError (naming ``lr_grid``) for a rate that is not a positive finite number
+    or a grid of fewer than two rates."""
+    items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
+    rates = []
+    for item in items:
+        try:
+            rate = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not math.isfinite(rate) or rate <= 0:
+            raise UserError(f"lr_grid {value!r}: {item!r} is not a learning rate: give positive numbers separated by "
+                            "commas, e.g. 5e-4,1e-3,2e-3,4e-3", setting="lr_grid")
+        rates.append(rate)
+    rates = sorted(set(rates))
+    if len(rates) < MIN_RATES:
+        raise UserError(f"lr_grid {value!r} holds {len(rates)} distinct rate{'s' if len(rates) != 1 else ''}: a grid "
+                        f"needs at least {MIN_RATES} (e.g. 5e-4,1e-3,2e-3,4e-3); for one rate set learning_rate",
+                        setting="lr_grid")
+    return tuple(rates)
+
+
+def tuning_seeds(base_seed: int, n: int, *, verdict_seeds: Iterable[int] = (),
+                 search_seed: int | None = None) -> list[int]:
+    """The tuning seeds of a learning-rate grid: ``base_seed + 1001 ... base_seed + 1000 + n``;
+    UserError for fewer than one, or a block that reaches a verdict seed or the search seed."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UserError(f"tuning_seeds {n!r}: give a positive number of tuning seeds per rate "
+                        f"({DEFAULT_TUNING_SEEDS} is the default)", setting="tuning_seeds")
+    seeds = list(range(int(base_seed) + TUNING_OFFSET + 1, int(base_seed) + TUNING_OFFSET + n + 1))
+    shared = sorted(set(seeds) & set(verdict_seeds))
+    if shared:
+        raise UserError(f"the tuning seeds {seeds[0]}..{seeds[-1]} would share seed {shared[0]} with the seeds the "
+                        f"verdict is measured on: give fewer seeds (at most {TUNING_OFFSET})",
+                        setting=("tuning_seeds", "n_seeds"))
+    if search_seed is not None and search_seed in seeds:
+        raise UserError(f"the tuning seeds {seeds[0]}..{seeds[-1]} include {search_seed}, on which the search picked "
+                        "its winners: use another seed", setting="seed")
+    return seeds
+
+
+def _check_fraction(value, name: str, high: float = 0.5) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < high:
+        raise UserError(f"{name} must be a fraction in (0, {high}) such as 0.01 (1%), got {value!r}", setting=name)
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """Seeds from a target: plan the paired seeds that detect ``mde`` (relative on a log scale,
+    else in the metric's units), at most ``max_seeds``."""
+
+    mde: float
+    max_seeds: int
 
 
 # -- the setup ------------------------------------------------------------------------------------
@@ -85,29 +154,69 @@ class StudySetup:
     store: RunStore | None = field(default=None, compare=False, repr=False)
     executor: Executor | None = field(default=None, compare=False, repr=False)
     quiet: bool = True
+    margin: float = DEFAULT_MARGIN  # the equivalence margin (relative on a log scale, else in units)
+    power: float = DEFAULT_POWER  # the power that seed plans and minimal detectable effects aim at
+    planned: "SeedPlan | None" = None  # seeds from a target: the study plans them from a pilot
+    lr_grid: tuple[float, ...] = ()  # each gene at its best of these rates (studies.lr_grid); () : the config's
+    tuning_seeds: tuple[int, ...] = ()  # the seeds that select a rate of lr_grid (never a verdict seed)
 
     @classmethod
     def resolve(cls, config, data, *, role: str, n_seeds: int = DEFAULT_SEEDS, min_seeds: int = 2,
                 steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
                 confidence: float = 0.95, store: RunStore | None = None, executor: Executor | None = None,
                 search_seed: int | None = None, source_run: str | os.PathLike | None = None, quiet: bool = True,
-                seeds_setting: str = "n_seeds") -> "StudySetup":
+                seeds_setting: str = "n_seeds", margin: float = DEFAULT_MARGIN, power: float = DEFAULT_POWER,
+                mde: float | None = None, max_seeds: int = DEFAULT_MAX_SEEDS,
+                lr_grid: str | Sequence[float] | None = None,
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> "StudySetup":
         """The setup of a study: seeds ``config.seed + 1 ... + n_seeds`` (at least ``min_seeds``,
         never ``search_seed``), ``steps`` (default ``config.train_steps``); UserError for a bad
-        confidence, metric or seed count (this one named ``seeds_setting``, the caller's name for
-        it), before anything is trained."""
+        confidence, metric, margin, power or seed count (this one named ``seeds_setting``, the
+        caller's name for it), before anything is trained. ``n_seeds="auto"`` plans the seeds from a
+        pilot for an effect of ``mde`` (``SeedPlan``; the study runs the pilot). ``lr_grid`` (rates,
+        or their text ``"5e-4,1e-3"``) trains each gene at its best rate of the grid, selected on
+        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``)."""
         stats.check_confidence(confidence)
         metric_info(metric, eval_split)
+        if metric in ("bits_per_byte", "bits_per_char") and getattr(data, "scored_text", None) is not None \
+                and data.scored_text(eval_split, 1, 1) is None:
+            raise UserError(f"metric {metric} does not apply to the {getattr(data, 'name', 'given')} data: its tokens are "
+                            "not text, so there are no bytes or characters to score; use val_perplexity, val_loss or "
+                            "accuracy", setting="metric")
+        _check_fraction(margin, "margin")
+        _check_fraction(power, "power", high=1.0)
+        planned = None
+        if n_seeds == "auto":
+            if mde is None:
+                raise UserError("seeds auto plans the seeds for a minimal detectable effect: give mde, e.g. 1%",
+                                setting=(seeds_setting, "mde"))
+            _check_fraction(mde, "mde")
+            if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < 2:
+                raise UserError(f"max_seeds must be an integer >= 2, got {max_seeds!r}", setting="max_seeds")
+            planned = SeedPlan(float(mde), max_seeds)
+            n_seeds = PILOT_SEEDS  # the pilot's; the plan replaces them
         seeds = validation_seeds(config.seed, n_seeds, search_seed, minimum=min_seeds, setting=seeds_setting)
+        rates, tuning = (), ()
+        if lr_grid is not None:
+            rates = parse_lr_grid(lr_grid)
+            # every seed a verdict may use, the planned ones of seeds auto included
+            reach = seeds + ([] if planned is None else list(range(seeds[-1] + 1, seeds[-1] + planned.max_seeds + 1)))
+            tuning = tuple(tuning_seeds(config.seed, n_tuning_seeds, verdict_seeds=reach, search_seed=search_seed))
         return cls(config=config, data=data, seeds=tuple(seeds),
                    steps=int(config.train_steps if steps is None else steps), role=role, eval_split=eval_split,
                    metric=metric, confidence=confidence, search_seed=search_seed,
                    source_run=None if source_run is None else str(source_run), store=store, executor=executor,
-                   quiet=quiet)
+                   quiet=quiet, margin=float(margin), power=float(power), planned=planned, lr_grid=rates,
+                   tuning_seeds=tuning)
 
     def at(self, config) -> "StudySetup":
         """This setup with another config (a rung of a ladder), trained for its ``train_steps``."""
         return dataclasses.replace(self, config=config, steps=int(config.train_steps))
+
+    def at_rate(self, rate: float) -> "StudySetup":
+        """This setup with the config's learning rate set to ``rate`` (its steps unchanged): the
+        trainings of one point of a learning-rate grid, or of a gene at its selected rate."""
+        return dataclasses.replace(self, config=self.config.replace(learning_rate=float(rate)))
 
     # -- what the metric reads as --------------------------------------------------------------
     @property
@@ -117,6 +226,52 @@ class StudySetup:
     @property
     def lower_is_better(self) -> bool:
         return metric_info(self.metric, self.eval_split)[1]
+
+    @property
+    def log_scale(self) -> bool:
+        """Whether the metric is compared on the log scale (a ratio metric: differences are relative)."""
+        return self.metric in stats.LOG_SCALE_METRICS
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+    # -- the paired comparison with the baseline ----------------------------------------------------
+    def versus_baseline(self, values: Mapping[str, Sequence], baseline: Sequence) -> dict[str, dict]:
+        """Each gene's per-seed values (aligned with ``self.seeds``) against the baseline's
+        (``stats.versus_reference``), Holm's correction over the whole family of comparisons that
+        share these baseline trainings in the store (``others``)."""
+        return stats.versus_reference(values, baseline, confidence=self.confidence, log=self.log_scale,
+                                      margin=self.margin, lower_is_better=self.lower_is_better, power=self.power,
+                                      others=self.others(values))
+
+    def others(self, genes: Iterable[str]) -> dict[str, dict]:
+        """The other comparisons against this study's baseline trainings, by gene: every gene (not
+        in ``genes``) that the store holds for all of the baseline's seeds under the same settings,
+        data, steps and split (earlier validations, ablations and comparisons on these seeds), with
+        its per-seed values and the baseline's, recomputed from the stored records."""
+        if self.store is None:
+            return {}
+        vanilla, skip = AttentionGene.vanilla().key, set(genes)
+        trials = {seed: Trial.from_config(vanilla, self.config, seed=seed, steps=self.steps,
+                                          eval_split=self.eval_split, data=self.data) for seed in self.seeds}
+        keys = {seed: t.key()[2:] for seed, t in trials.items()}  # (steps, fingerprint, context) per seed
+        found: dict[str, dict[int, Any]] = {}
+        baseline: dict[int, Any] = {}
+        for record in self.store.evaluations():
+            seed = record.get("seed")
+            if seed not in keys or (int(record["steps"]), record["data_fingerprint"], record["context"]) != keys[seed]:
+                continue
+            value = usable_metric(record, self.metric)
+            if record.get("gene") == vanilla:
+                baseline[seed] = value
+            elif record.get("gene") not in skip:
+                found.setdefault(record["gene"], {})[seed] = value
+        if set(baseline) != set(self.seeds):
+            return {}
+        reference = [baseline[s] for s in self.seeds]
+        return {gene: {"values": [by_seed[s] for s in self.seeds], "reference": reference}
+                for gene, by_seed in sorted(found.items()) if set(by_seed) == set(self.seeds)}
 
     # -- training -------------------------------------------------------------------------------
     def tasks(self, genes: Iterable[AttentionGene | str], labels: Mapping[str, str] | None = None) -> list[EvalTask]:
@@ -134,17 +289,23 @@ class StudySetup:
         """The record of every (gene, seed): from the store when there, else trained and stored at
         once. ``on_finished(task, record, cached)`` sees each as it comes (an interrupted study
         keeps what finished through it)."""
-        tasks = self.tasks(genes, labels)
+        records = self.run(self.tasks(genes, labels), on_finished=on_finished)
+        return {(task.gene, task.seed): record for task, record in records.items()}
+
+    def run(self, tasks: Sequence[EvalTask], *,
+            on_finished: FinishedFn | None = None) -> dict[EvalTask, EvaluationRecord]:
+        """The record of every task (tasks of this setup's data; their trials may differ in anything
+        else, e.g. the points of a learning-rate grid): from the store when there, else trained and
+        stored at once, in one call of the runner."""
         executor = self.executor if self.executor is not None else make_executor("local")
         try:
             with SearchView(len(tasks), enabled=not self.quiet) as view:
                 runner = Runner(executor, store=self.store, data={self.config.task: self.data}, view=view,
                                 activity=f"{self.role}:", on_finished=on_finished)
-                records = runner.evaluate(tasks)
+                return runner.evaluate(list(tasks))
         finally:
             if self.executor is None:
                 executor.close()
-        return {(task.gene, task.seed): record for task, record in records.items()}
 
     # -- provenance -----------------------------------------------------------------------------
     def provenance(self, steps: int | Sequence[int] | None = None) -> dict:
@@ -159,6 +320,7 @@ class StudySetup:
         return {
             "metric": self.metric, "metric_label": self.metric_label, "lower_is_better": self.lower_is_better,
             "eval_split": self.eval_split, "confidence": self.confidence, "seeds": list(self.seeds),
+            "test": stats.paired_test_name(self.log_scale), "margin": self.margin, "power": self.power,
             "search_seed": self.search_seed, "steps": self.steps if steps is None else steps,
             "source_run": self.source_run,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

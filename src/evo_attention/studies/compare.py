@@ -16,10 +16,15 @@ of ``d_model`` so that a variant means the same thing at every size:
 is never run again. It records failures (oom, diverged, error) as rows with their status and goes
 on, and writes its ``CompareResult`` as ``compare_results.json``, ``compare.md`` and
 ``compare.png`` into ``out_dir``.
+
+With a learning-rate grid (``lr_grid``) every configuration, the baseline included, is trained at
+its own best rate of the grid, selected by validation loss on tuning seeds of their own
+(``studies.lr_grid``); the result then carries the ``grid`` block (``compare_lr_grid.png``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from contextlib import ExitStack
@@ -31,12 +36,16 @@ from evo_attention.genes import VANILLA_KEY, AttentionGene
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
 from evo_attention.search.executors import Executor, make_executor
 from evo_attention.search.store import RunStore
-from evo_attention.studies.common import StudyResult, StudySetup, study_store, validation_seeds
+from evo_attention.studies import lr_grid as grids
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, parse_lr_grid,
+                                          study_store, tuning_seeds, validation_seeds)
 from evo_attention.train.config import Config
+from evo_attention.train.presets import overlay
 from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import to_jsonable, write_json
+from evo_attention.util import stats
 from evo_attention.util.stats import describe
 
 
@@ -189,8 +198,7 @@ def settings_for(preset_name: str | None, explicit: dict) -> dict:
         settings["d_ff"] = None  # 4 x the given width, not the study's 2048
     if explicit.get("data", settings.get("data")) == "recall" and "vocab_size" not in explicit:
         settings["vocab_size"] = None  # the recall task's own small vocabulary, not the corpora's 10000
-    settings.update(explicit)
-    return settings
+    return overlay(settings, explicit)
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -198,25 +206,32 @@ def settings_for(preset_name: str | None, explicit: dict) -> dict:
 class CompareResult(StudyResult):
     """A comparison, as ``compare_results.json`` holds it: the ``settings``, one row per
     configuration and seed (``results``, the keys of ``RESULT_KEYS``), the per-configuration
-    ``aggregates`` and the ranking ``summary``."""
+    ``aggregates`` and the ranking ``summary``; with a learning-rate grid also the ``grid``
+    block (each configuration's curve and selected rate)."""
 
     settings: dict
     results: list[dict]
     aggregates: list[dict]
     summary: dict
+    grid: dict | None = None
 
     kind: ClassVar[str] = "compare"
 
     def to_dict(self) -> dict:
-        return to_jsonable({"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
-                            "summary": self.summary})
+        out = {"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
+               "summary": self.summary}
+        if self.grid is not None:
+            out["grid"] = self.grid
+        return to_jsonable(out)
 
 
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
                 out_dir: str | Path | None = "runs/compare", data=None, executor="local",
-                store: RunStore | None = None, quiet: bool = False) -> CompareResult:
+                store: RunStore | None = None, quiet: bool = False, lr_grid=None,
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> CompareResult:
     """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
-    summarise; writes the outputs into ``out_dir`` (unless None).
+    summarise; writes the outputs into ``out_dir`` (unless None). ``lr_grid``: each configuration
+    at its own best rate of the grid (``studies.lr_grid``), tuned on ``n_tuning_seeds`` seeds.
 
     The trainings go through the runner and a run store (role ``compare``): ``store`` (a search
     run's, left open), else the store in ``out_dir`` (opened, or created with ``config``), else
@@ -227,6 +242,9 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
     validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
+    if lr_grid is not None:  # the grid's checks, before anything is written or loaded
+        parse_lr_grid(lr_grid)
+        tuning_seeds(config.seed, n_tuning_seeds, verdict_seeds=range(config.seed + 1, config.seed + seeds + 1))
     if out_dir is not None:
         output_dir(out_dir)  # before any training: an unwritable place fails now, not after the work
     if data is None:
@@ -247,33 +265,49 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
         if store is None and out_dir is not None:
             store = stack.enter_context(study_store(out_dir, config, "compare"))
         setup = StudySetup.resolve(config, data, role="compare", n_seeds=seeds, min_seeds=1, metric="val_loss",
-                                   store=store, executor=pool, quiet=quiet, seeds_setting="seeds")
+                                   store=store, executor=pool, quiet=quiet, seeds_setting="seeds", lr_grid=lr_grid,
+                                   n_tuning_seeds=n_tuning_seeds)
+        genes, labels = [gene for _, gene in entries], {gene.key: name for name, gene in reversed(entries)}
+        grid = grids.tune(setup, genes, labels=labels) if setup.lr_grid else None  # an interruption: kept in the store
         try:
-            setup.train([gene for _, gene in entries], labels={gene.key: name for name, gene in reversed(entries)},
-                        on_finished=finished)
+            if grid is None:
+                setup.train(genes, labels=labels, on_finished=finished)
+            else:
+                grids.train_at_rates(setup, genes, grids.selected_rates(grid), labels=labels, on_finished=finished)
         except KeyboardInterrupt:
             if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
                 write_outputs(out_dir, _result_of(setup, pool, entries, done, time.perf_counter() - start,
-                                                  interrupted=True))
+                                                  interrupted=True, grid=grid))
             raise
-    result = _result_of(setup, pool, entries, done, time.perf_counter() - start)
+        result = _result_of(setup, pool, entries, done, time.perf_counter() - start, grid=grid)  # the store still open
     if out_dir is not None:
         write_outputs(out_dir, result)
     return result
 
 
 def _result_of(setup: StudySetup, pool, entries, done: dict, elapsed: float,
-               interrupted: bool = False) -> CompareResult:
+               interrupted: bool = False, grid: dict | None = None) -> CompareResult:
     """One row per configuration and seed (in the order of ``entries``, then seeds), from the
-    records by (gene, seed); a pair without a record did not run."""
+    records by (gene, seed); a pair without a record did not run. With a learning-rate ``grid``
+    every row and aggregate says the rate it trained at."""
     results = [_result(name, done[gene.key, seed]) if (gene.key, seed) in done
                else _not_run(name, gene.key, seed, setup.steps, interrupted)
                for name, gene in entries for seed in setup.seeds]
     aggregates = aggregate(results, entries)
+    rates = None
+    if grid is not None:
+        rates = grids.selected_rates(grid)
+        for row in results + aggregates:
+            row["learning_rate"] = rates[row["gene"]]
     summary = rank_configs(aggregates, elapsed)
+    summary["paired"] = paired_with_baseline(setup, results, entries, rates=rates)
     if interrupted:
         summary["interrupted"] = True
-    return CompareResult(_settings(setup, pool, entries), results, aggregates, summary)
+    settings = _settings(setup, pool, entries)
+    if grid is not None:
+        settings["lr_grid"] = list(setup.lr_grid)
+        grid = grids.with_verdict_seeds(grid, setup.seeds)
+    return CompareResult(settings, results, aggregates, summary, grid)
 
 
 def _result(name: str, record) -> dict:
@@ -296,7 +330,8 @@ def _settings(setup: StudySetup, pool, entries) -> dict:
         "block": config.block, "max_seq_len": config.max_seq_len, "vocab_size": data.vocab_size, "data": data.name,
         "steps": config.train_steps, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
         "lr_schedule": config.lr_schedule, "eval_steps": config.eval_steps, "seed": config.seed,
-        "seeds": len(setup.seeds), "seed_list": list(setup.seeds), "device": str(resolve_device(config.device)),
+        "seeds": len(setup.seeds), "seed_list": list(setup.seeds), "margin": setup.margin,
+        "device": str(resolve_device(config.device)),
         "executor": pool.describe(),
         "configs": [{"name": n, "gene": g.key} for n, g in entries],
         "config": config.to_dict(),
@@ -366,6 +401,34 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
     }
 
 
+def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
+                         rates: Mapping[str, float] | None = None) -> dict:
+    """Every configuration against the one named ``baseline`` (if any), paired by seed on the
+    perplexity's log scale (``StudySetup.versus_baseline`` when the baseline is the vanilla gene, so
+    its family spans the store; else ``stats.versus_reference`` over this comparison): by name, the
+    paired change, p-values and verdict. Empty with one seed or without a baseline. ``rates``
+    (gene key -> rate): each trained at its own rate of a learning-rate grid (the store's family
+    is then that of the baseline at its rate)."""
+    if len(setup.seeds) < 2 or "baseline" not in dict(entries):
+        return {}
+    per_seed = {(r["name"], r["seed"]): usable_metric(r, "val_perplexity") for r in results}
+    values = {name: [per_seed.get((name, s)) for s in setup.seeds] for name, _ in entries}
+    reference = values.pop("baseline")
+    perplexity = dataclasses.replace(setup, metric="val_perplexity")
+    if dict(entries)["baseline"].key == VANILLA_KEY:
+        genes = {name: gene.key for name, gene in entries if name != "baseline"}
+        by_key = {genes[n]: v for n, v in values.items()}
+        by_gene = (perplexity.versus_baseline(by_key, reference) if rates is None
+                   else grids.versus_baseline(perplexity, by_key, reference, rates))
+        compared = {name: by_gene[genes[name]] for name in values}
+    else:
+        compared = stats.versus_reference(values, reference, confidence=setup.confidence, log=True,
+                                          margin=setup.margin, power=setup.power)
+    keys = ("relative", "relative_ci_low", "relative_ci_high", "scale", "difference", "diff_ci_low", "diff_ci_high",
+            "p_value", "p_holm", "family_size", "verdict", "verdict_label", "mde_relative", "seeds_for_equivalence")
+    return {name: {k: row.get(k) for k in keys} for name, row in compared.items()}
+
+
 # -- outputs ----------------------------------------------------------------------------------------
 def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     """Write the JSON, the markdown table and the figure of a result (a ``CompareResult`` or its
@@ -379,4 +442,13 @@ def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     write_json(paths["results"], payload)
     write_text(paths["table"], compare_markdown(payload))
     plot_compare(payload, paths["figure"])
+    if payload.get("grid"):
+        paths["grid"] = grids.write_grid_figure(payload, "compare", out, [grids.panel(_named(payload))])
     return paths
+
+
+def _named(payload: Mapping) -> dict:
+    """The grid's genes of a comparison, each labelled with its configuration's name."""
+    names = {c["gene"]: c["name"] for c in reversed(payload["settings"].get("configs") or [])}
+    return {key: {**row, "str": names.get(key, row.get("str"))}
+            for key, row in payload["grid"]["genes"].items()}

@@ -31,6 +31,11 @@ model's parameters at that size (the tied embedding counted once); else the conf
 ``transfer_genes`` resolves a ``common.StudySetup`` (``run_transfer`` takes one), trains each rung
 with it at the rung's config (``StudySetup.at``) and returns a ``TransferResult``;
 ``write_transfer`` writes it as ``transfer.{json,md,png}``.
+
+With a learning-rate grid (``StudySetup.lr_grid``) the grid is tuned at every size (the best rate
+moves with the size): each gene and the baseline are compared at their own best rate of the grid
+at that size (``studies.lr_grid``), and the result carries the ``grid`` block with one entry per
+size (``transfer_lr_grid.png``: a panel per size).
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from typing import ClassVar, Mapping, Sequence
 from evo_attention.genes import AttentionGene, layers_of, size_problem
 from evo_attention.report.studies import metric_info, transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import SeedStudyResult, StudySetup, write_json_and_markdown
-from evo_attention.studies.validate import validation_statistics
+from evo_attention.studies import lr_grid as grids
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
+                                          write_json_and_markdown)
+from evo_attention.studies.validate import comparison_result
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -54,6 +61,7 @@ from evo_attention.util.jsonio import to_jsonable
 DEFAULT_SIZES = "128x2,256x4,384x6"
 DEFAULT_TRANSFER_SEEDS = 3
 HEAD_DIM = 32  # dims per head at the sizes of the ladder other than the search size
+MIN_RANKED = 4  # Kendall's tau is computed from this many ranked genes (the baseline included) on
 
 
 @dataclass(frozen=True)
@@ -183,12 +191,20 @@ def with_budgets(rungs: Sequence[Rung], data, tokens_per_param: float | None) ->
 # -- the statistics -------------------------------------------------------------------------------
 def advantage(row: Mapping, baseline_mean: float | None, lower_is_better: bool) -> dict:
     """``{"advantage", "advantage_low", "advantage_high"}``: the improvement over the baseline as a
-    fraction of the baseline's mean, with Welch's interval of the difference scaled alike (None
-    where a number is missing)."""
+    fraction: the paired relative change with its interval on a ratio metric's log scale, else the
+    difference and its interval over the baseline's mean (None where a number is missing)."""
     none = {"advantage": None, "advantage_low": None, "advantage_high": None}
+    sign = -1.0 if lower_is_better else 1.0
+    if row.get("scale") == "log":
+        if row.get("relative") is None:
+            return none
+        out = {"advantage": sign * row["relative"], "advantage_low": None, "advantage_high": None}
+        if row.get("relative_ci_low") is not None and row.get("relative_ci_high") is not None:
+            ends = sorted(sign * row[k] for k in ("relative_ci_low", "relative_ci_high"))
+            out.update(advantage_low=ends[0], advantage_high=ends[1])
+        return out
     if baseline_mean is None or baseline_mean <= 0 or row.get("difference") is None:
         return none
-    sign = -1.0 if lower_is_better else 1.0
     out = {"advantage": sign * row["difference"] / baseline_mean, "advantage_low": None, "advantage_high": None}
     if row.get("diff_ci_low") is not None and row.get("diff_ci_high") is not None:
         ends = sorted(sign * row[k] / baseline_mean for k in ("diff_ci_low", "diff_ci_high"))
@@ -203,7 +219,7 @@ def kendall(reference_means: Mapping[str, float | None], means: Mapping[str, flo
 
     keys = [k for k in reference_means if reference_means[k] is not None and means.get(k) is not None]
     out = {"kendall_tau": None, "kendall_p": None, "kendall_n": len(keys)}
-    if len(keys) < 2:
+    if len(keys) < MIN_RANKED:  # fewer rankings are always near +-1 with p near 1: nothing to read
         return out
     result = kendalltau([reference_means[k] for k in keys], [means[k] for k in keys])
     if math.isfinite(result.statistic):
@@ -216,13 +232,23 @@ def _params(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
     return next((int(records[key, s]["params"]) for s in seeds if records[key, s].get("params") is not None), None)
 
 
-def size_statistics(rung: Rung, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str],
-                    seeds: Sequence[int], *, metric: str, confidence: float, eval_split: str,
-                    tokens_per_step: int, vocab_size: int) -> dict:
-    """One size's row: its shape and budget, the baseline's and every gene's statistics and advantage."""
-    _, lower, _ = metric_info(metric, eval_split)
-    numbers = validation_statistics(records, keys, seeds, metric=metric, confidence=confidence, eval_split=eval_split)
+def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str],
+                    *, tokens_per_step: int, vocab_size: int, others: Mapping[str, dict] | None = None,
+                    rates: Mapping[str, float] | None = None) -> dict:
+    """One size's row: its shape and budget, the baseline's and every gene's statistics (paired
+    with the baseline, Holm over ``others`` too: the transfer's comparisons at the other sizes) and
+    advantage. ``rates`` (gene key -> rate): each was trained at its own rate of a learning-rate
+    grid; the store's family is then that of the baseline at its rate."""
+    seeds, lower = list(setup.seeds), setup.lower_is_better
     vanilla = AttentionGene.vanilla().key
+    base = samples(records, vanilla, seeds, setup.metric)
+    per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
+    stored = setup.others(keys) if rates is None else grids.store_family(setup, keys, rates)
+    family = {**stored, **(others or {})}
+    compared = stats.versus_reference({k: s["values"] for k, s in per_gene.items()}, base["values"],
+                                      confidence=setup.confidence, log=setup.log_scale, margin=setup.margin,
+                                      lower_is_better=lower, power=setup.power, others=family)
+    numbers = comparison_result("transfer-size", setup, base, per_gene, compared)
     base_mean = numbers["baseline"].get("mean")
     c = rung.config
     return {
@@ -235,17 +261,44 @@ def size_statistics(rung: Rung, records: Mapping[tuple[str, int], Mapping], keys
     }
 
 
-def transfer_statistics(size_rows: Sequence[dict]) -> list[dict]:
-    """The size rows (the reference first) with Kendall's tau and every gene's verdict added."""
+def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log: bool = True) -> list[dict]:
+    """The size rows (the reference first) with Kendall's tau (from 4 ranked genes on), every gene's
+    verdict, and the interaction test: does the gene's paired advantage change from the reference
+    size to this one (``stats.paired_interaction`` on the per-seed differences, Holm over every
+    gene and size)?"""
     reference = size_rows[0]
     ref_means = {r["gene"]: r.get("mean") for r in [reference["baseline"]] + reference["genes"]}
     ref_rows = {r["gene"]: r for r in reference["genes"]}
+    interactions = {}
+    for i, row in enumerate(size_rows[1:], 1):
+        for g in row["genes"]:
+            interactions[i, g["gene"]] = stats.paired_interaction(
+                _differences(ref_rows[g["gene"]], reference["baseline"], log),
+                _differences(g, row["baseline"], log), confidence)
+    p_holm = stats.holm_family({k: v.get("p_value") for k, v in interactions.items()})
     out = []
     for i, row in enumerate(size_rows):
         means = {r["gene"]: r.get("mean") for r in [row["baseline"]] + row["genes"]}
-        genes = [{**g, "transfer": stats.REFERENCE if i == 0 else stats.transfer_verdict(ref_rows[g["gene"]], g)}
-                 for g in row["genes"]]
+        genes = []
+        for g in row["genes"]:
+            extra = {"transfer": stats.REFERENCE if i == 0 else stats.transfer_verdict(ref_rows[g["gene"]], g)}
+            if i:
+                inter = interactions[i, g["gene"]]
+                extra["interaction"] = {**{k: inter.get(k) for k in ("change", "ci_low", "ci_high", "p_value", "test",
+                                                                     "n_a", "n_b")},
+                                        "p_holm": p_holm[i, g["gene"]]}
+            genes.append({**g, **extra})
         out.append({**row, "reference": i == 0, "genes": genes, **kendall(ref_means, means)})
+    return out
+
+
+def _differences(row: Mapping, baseline: Mapping, log: bool) -> dict:
+    """seed -> the gene's per-seed difference from the baseline (log values on a ratio metric)."""
+    out = {}
+    for seed, value, base in zip(row.get("seeds") or [], row.get("values") or [], baseline.get("values") or []):
+        if value is None or base is None or (log and (value <= 0 or base <= 0)):
+            continue
+        out[seed] = math.log(value) - math.log(base) if log else value - base
     return out
 
 
@@ -290,14 +343,15 @@ def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes:
                    heads: int | None = None, n_seeds: int = DEFAULT_TRANSFER_SEEDS, eval_split: str = "valid",
                    metric: str = "val_perplexity", confidence: float = 0.95, store=None,
                    executor: Executor | None = None, search_seed: int | None = None,
-                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> TransferResult:
+                   source_run: str | os.PathLike | None = None, quiet: bool = True, lr_grid=None,
+                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> TransferResult:
     """Retrain ``genes`` and the baseline at every size of the ladder with seeds ``config.seed + 1
     ...`` and compare each size with the search size (``sizes``, ``steps``, ``tokens_per_param``
     and ``heads`` make the ladder, see ``plan``; the other keyword arguments are those of
-    ``StudySetup.resolve``)."""
+    ``StudySetup.resolve``; ``lr_grid``: each at its own best rate of the grid at every size)."""
     setup = StudySetup.resolve(config, data, role="transfer", n_seeds=n_seeds, eval_split=eval_split, metric=metric,
                                confidence=confidence, store=store, executor=executor, search_seed=search_seed,
-                               source_run=source_run, quiet=quiet)
+                               source_run=source_run, quiet=quiet, lr_grid=lr_grid, n_tuning_seeds=n_tuning_seeds)
     return run_transfer(setup, genes, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
 
 
@@ -311,14 +365,29 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
     rungs = plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
     rungs = with_budgets(rungs, data, tokens_per_param)
     vanilla = AttentionGene.vanilla().key
-    size_rows = []
+    trained, tuned = [], {}  # tuned: size -> the grid block at that size (with a learning-rate grid)
     for rung in rungs:
-        records = setup.at(rung.config).train([vanilla] + keys)
-        size_rows.append(size_statistics(rung, records, keys, list(setup.seeds), metric=setup.metric,
-                                         confidence=setup.confidence, eval_split=setup.eval_split,
-                                         tokens_per_step=rung.config.batch_size * data.seq_len,
-                                         vocab_size=data.vocab_size))
-    rows = transfer_statistics(size_rows)
+        at = setup.at(rung.config)
+        if setup.lr_grid:
+            tuned[rung.label] = grids.tune(at, [vanilla] + keys)
+            records = grids.train_at_rates(at, [vanilla] + keys, grids.selected_rates(tuned[rung.label]))
+        else:
+            records = at.train([vanilla] + keys)
+        trained.append((rung, at, records))
+    # one family over the whole ladder: every size's comparisons join Holm's correction at every size
+    pairs = {}
+    for i, (rung, at, records) in enumerate(trained):
+        base = samples(records, vanilla, list(at.seeds), at.metric)["values"]
+        for k in keys:
+            pairs[f"{k} @ {rung.label}"] = {"values": samples(records, k, list(at.seeds), at.metric)["values"],
+                                            "reference": base}
+    size_rows = []
+    for rung, at, records in trained:
+        others = {name: pair for name, pair in pairs.items() if not name.endswith(f" @ {rung.label}")}
+        rates = grids.selected_rates(tuned[rung.label]) if tuned else None
+        size_rows.append(size_statistics(at, rung, records, keys, tokens_per_step=rung.config.batch_size * data.seq_len,
+                                         vocab_size=data.vocab_size, others=others, rates=rates))
+    rows = transfer_statistics(size_rows, setup.confidence, setup.log_scale)
     top = largest(rows[1:])
     numbers = {
         "kind": "transfer", "metric": setup.metric, "metric_label": setup.metric_label,
@@ -327,8 +396,21 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
         "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],
         "sizes": rows, "verdicts": {g["gene"]: g["transfer"] for g in top["genes"]}, "largest": top["size"],
     }
+    if tuned:
+        numbers["grid"] = grid_by_size(tuned, setup.seeds)
     provenance = setup.provenance(steps=[r["steps"] for r in rows])
     return TransferResult(numbers, provenance, headline=transfer_headline({**numbers, **provenance}))
+
+
+def grid_by_size(tuned: Mapping[str, dict], seeds: Sequence[int]) -> dict:
+    """The ``grid`` block of a ladder: the rates and seeds once, then per size (in the ladder's
+    order) each gene's curve, selected rate and ``at_edge``; ``at_edge`` lists ``gene @ size``."""
+    first = next(iter(tuned.values()))
+    common = {k: first[k] for k in ("rates", "tuning_seeds", "tuning_split", "metric", "metric_label",
+                                    "lower_is_better", "rule")}
+    sizes = [{"size": size, "genes": block["genes"], "at_edge": block["at_edge"]} for size, block in tuned.items()]
+    return {**common, "verdict_seeds": list(seeds), "sizes": sizes,
+            "at_edge": [f"{k} @ {s['size']}" for s in sizes for k in s["at_edge"]]}
 
 
 def transfer_keys(genes: Sequence[AttentionGene | str]) -> list[str]:
@@ -354,9 +436,13 @@ def plan(config, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[
 
 # -- output ---------------------------------------------------------------------------------------
 def write_transfer(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``transfer.{json,md,png}`` (``transfer_test.*`` for the test split) into ``out_dir``."""
+    """Write ``transfer.{json,md,png}`` (``transfer_test.*`` for the test split) into ``out_dir``;
+    with a learning-rate grid also ``transfer_lr_grid.png`` (``grid`` in the paths)."""
     from evo_attention.report.figures import plot_transfer
 
     paths = write_json_and_markdown("transfer", result, out_dir, transfer_markdown(result))
     plot_transfer(result, paths["png"])
+    if result.get("grid"):
+        panels = [grids.panel(s["genes"], title=str(s["size"])) for s in result["grid"]["sizes"]]
+        paths["grid"] = grids.write_grid_figure(result, "transfer", out_dir, panels)
     return paths

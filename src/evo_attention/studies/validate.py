@@ -14,23 +14,29 @@ computes the numbers from the records, and the ``ValidationResult`` (those numbe
 setup's provenance; a mapping of what is written) is what ``write_validation`` writes as
 ``validation.json``, ``validation.md`` and ``validation.png`` (``validation_test.*`` for the test
 split).
+
+With a learning-rate grid (``StudySetup.lr_grid``) each gene and the baseline are trained at their
+own best rate of the grid, selected on tuning seeds of their own (``studies.lr_grid``); the result
+then carries the ``grid`` block, and ``validation_lr_grid.png`` draws its curves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene
-from evo_attention.report.studies import digits_for, interval, metric_info, validation_markdown
+from evo_attention.report.studies import best_row, headline, metric_info, validation_markdown
 from evo_attention.search.executors import Executor
-from evo_attention.studies.common import (DEFAULT_SEEDS, SeedStudyResult, StudySetup, samples,
+from evo_attention.studies import lr_grid as grids
+from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
+                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, SeedStudyResult, StudySetup, samples,
                                           write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
-from evo_attention.util.format import fmt
 from evo_attention.util.jsonio import to_jsonable
 
 
@@ -63,15 +69,21 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                    steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
                    confidence: float = 0.95, store=None, executor: Executor | None = None,
                    search_seed: int | None = None, search_values: Mapping[str, float] | None = None,
-                   source_run: str | os.PathLike | None = None, quiet: bool = True) -> ValidationResult:
+                   source_run: str | os.PathLike | None = None, quiet: bool = True, margin: float = DEFAULT_MARGIN,
+                   power: float = DEFAULT_POWER, mde: float | None = None,
+                   max_seeds: int = DEFAULT_MAX_SEEDS, lr_grid=None,
+                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> ValidationResult:
     """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
-    (the keyword arguments are those of ``StudySetup.resolve``).
+    (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each at its own best
+    rate of the grid, see ``studies.lr_grid``).
 
     ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
     """
     setup = StudySetup.resolve(config, data, role="validate", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
                                metric=metric, confidence=confidence, store=store, executor=executor,
-                               search_seed=search_seed, source_run=source_run, quiet=quiet)
+                               search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
+                               power=power, mde=mde, max_seeds=max_seeds, lr_grid=lr_grid,
+                               n_tuning_seeds=n_tuning_seeds)
     return run_validation(setup, genes, search_values=search_values)
 
 
@@ -83,66 +95,104 @@ def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
     if not keys:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene",
                         setting="genes")
-    records = setup.train([vanilla] + keys)
-    numbers = validation_statistics(records, keys, list(setup.seeds), metric=setup.metric,
-                                    confidence=setup.confidence, eval_split=setup.eval_split,
-                                    search_values=search_values)
+    plan = grid = rates = None
+    if setup.lr_grid:
+        grid = grids.tune(setup, [vanilla] + keys)
+        rates = grids.selected_rates(grid)
+        # the search trained at the configured rate: its value measured the same thing only there
+        search_values = {k: v for k, v in (search_values or {}).items() if rates.get(k) == setup.config.learning_rate}
+    if setup.planned is not None:
+        setup, plan = plan_seeds(setup, [vanilla] + keys, rates=rates)
+    if rates is None:
+        records = setup.train([vanilla] + keys)
+    else:
+        records = grids.train_at_rates(setup, [vanilla] + keys, rates)
+    numbers = validation_statistics(setup, records, keys, search_values=search_values, rates=rates)
+    if plan is not None:
+        numbers["seed_plan"] = plan
+    if grid is not None:
+        numbers["grid"] = grids.with_verdict_seeds(grid, setup.seeds)
     return ValidationResult(numbers, setup.provenance())
 
 
-def validation_statistics(records: Mapping[tuple[str, int], Mapping], keys: Sequence[str], seeds: Sequence[int], *,
-              metric: str = "val_perplexity", confidence: float = 0.95, eval_split: str = "valid",
-              search_values: Mapping[str, float] | None = None) -> dict:
-    """The statistics of a validation from its records ((gene key, seed) -> record, the vanilla
-    baseline's included): ``{"kind", "baseline", "genes", "headline", ...}`` (no provenance)."""
-    label, lower, _ = metric_info(metric, eval_split)
+def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
+               rates: Mapping[str, float] | None = None) -> tuple[StudySetup, dict]:
+    """Seeds from a target (``--seeds auto``): train ``PILOT_SEEDS`` pilot seeds, estimate the spread
+    of the per-seed differences (the largest over the genes, on the comparison's scale), and plan
+    the paired seeds that detect an effect of ``planned.mde`` with ``setup.power`` at the
+    Bonferroni level alpha / (genes compared): the first test Holm's procedure makes. The verdict is
+    measured on fresh seeds after the pilot's, so the plan never sees the data it is judged on and
+    alpha holds exactly (no optional stopping). With ``rates`` (gene key -> its selected rate of a
+    grid) the pilot trains each gene at its rate. Returns the setup with those seeds and the plan."""
+    planned = setup.planned
     vanilla = AttentionGene.vanilla().key
-    base = samples(records, vanilla, seeds, metric)
-    per_gene = {k: samples(records, k, seeds, metric) for k in keys}
-    compared = stats.compare({k: s["values"] for k, s in per_gene.items()}, base["values"], confidence, lower)
+    pilot = dataclasses.replace(setup, seeds=tuple(setup.config.seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
+    records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
+    base = samples(records, vanilla, pilot.seeds, pilot.metric)["values"]
+    spreads = {}
+    for key in genes[1:]:
+        row = stats.paired(samples(records, key, pilot.seeds, pilot.metric)["values"], base, pilot.confidence,
+                           log=pilot.log_scale, bootstrap_resamples=0)
+        spreads[key] = row["sd_diff"]
+    known = [v for v in spreads.values() if v is not None]
+    if not known:
+        raise UserError(f"the pilot of {PILOT_SEEDS} seeds left no gene with a spread to plan from (failed or "
+                        "identical trainings): give a number of seeds instead of auto", setting="n_seeds")
+    effect = stats.margin_bound(planned.mde, pilot.log_scale)
+    alpha = pilot.alpha / max(1, len(genes) - 1)
+    needed = stats.seeds_for_effect(max(known), effect, setup.power, alpha, max_seeds=planned.max_seeds)
+    n = planned.max_seeds if needed is None else max(2, needed)
+    first = pilot.seeds[-1] + 1
+    seeds = tuple(range(first, first + n))
+    if setup.search_seed is not None and setup.search_seed in seeds:
+        raise UserError(f"the planned seeds {seeds[0]}..{seeds[-1]} include the search seed {setup.search_seed}: "
+                        "use another seed", setting="seed")
+    plan = {"pilot_seeds": list(pilot.seeds), "sd_diff": spreads, "sd_used": max(known),
+            "mde": planned.mde, "effect_on_scale": effect, "power": setup.power, "alpha_planned": alpha,
+            "needed": needed, "max_seeds": planned.max_seeds, "capped": needed is None or needed > planned.max_seeds,
+            "seeds": list(seeds),
+            "method": "pilot seeds estimate the sd of the paired differences; the verdict is measured on the fresh "
+                      "seeds that follow them (a fixed plan: the error rate stays alpha)"}
+    return dataclasses.replace(setup, seeds=seeds, planned=None), plan
+
+
+def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str], *,
+                          search_values: Mapping[str, float] | None = None,
+                          rates: Mapping[str, float] | None = None) -> dict:
+    """The statistics of a validation from its records ((gene key, seed) -> record, the vanilla
+    baseline's included): ``{"kind", "baseline", "genes", "headline", ...}`` (no provenance).
+    ``rates`` (gene key -> rate, the baseline's included): each gene was trained at its own rate
+    (a learning-rate grid), and Holm's family is that of the baseline at its rate."""
+    vanilla = AttentionGene.vanilla().key
+    seeds = list(setup.seeds)
+    base = samples(records, vanilla, seeds, setup.metric)
+    per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
+    values = {k: s["values"] for k, s in per_gene.items()}
+    compared = (setup.versus_baseline(values, base["values"]) if rates is None
+                else grids.versus_baseline(setup, values, base["values"], rates))
+    return comparison_result("validation", setup, base, per_gene, compared, search_values)
+
+
+def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mapping[str, dict],
+                      compared: Mapping[str, dict], search_values: Mapping[str, float] | None = None) -> dict:
+    """A validation-shaped result (baseline row, gene rows with their paired comparison, headline)."""
+    vanilla = AttentionGene.vanilla().key
     search_values = dict(search_values or {})
 
     def row(key: str, sample: dict, numbers: dict) -> dict:
         return {"gene": key, "str": str(AttentionGene.parse(key)), "search_value": search_values.get(key),
-                **sample, **numbers}
+                **sample, **stats.describe(sample["values"], setup.confidence), **numbers}
 
     result = {
-        "kind": "validation", "metric": metric, "metric_label": label, "lower_is_better": lower,
-        "eval_split": eval_split, "confidence": confidence, "seeds": list(seeds),
-        "baseline": row(vanilla, base, stats.describe(base["values"], confidence)),
-        "genes": [row(k, per_gene[k], compared[k]) for k in keys],
+        "kind": kind, "analysis": ANALYSIS, "metric": setup.metric, "metric_label": setup.metric_label,
+        "lower_is_better": setup.lower_is_better, "eval_split": setup.eval_split, "confidence": setup.confidence,
+        "seeds": list(setup.seeds), "margin": setup.margin,
+        "family_size": max((c["family_size"] for c in compared.values()), default=0),
+        "baseline": row(vanilla, base, {}),
+        "genes": [row(k, per_gene[k], compared[k]) for k in per_gene],
     }
     result["headline"] = headline(result)
     return to_jsonable(result)
-
-
-def best_row(result: Mapping) -> dict | None:
-    """The validated gene with the best mean (None if none has a value)."""
-    rows = [r for r in result.get("genes", []) if r.get("mean") is not None]
-    if not rows:
-        return None
-    sign = 1 if result.get("lower_is_better", True) else -1
-    return min(rows, key=lambda r: (sign * r["mean"], r["gene"]))
-
-
-def headline(result: Mapping) -> str:
-    """One sentence: the best validated gene vs the baseline, with intervals and the verdict."""
-    best, base = best_row(result), result.get("baseline") or {}
-    label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
-        digits_for(result.get("metric", ""))
-    seeds = result.get("seeds") or []
-    split = "validation" if result.get("eval_split") == "valid" else str(result.get("eval_split"))
-    span = f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]})" if seeds else "no seeds"
-    if best is None:
-        return f"No validated gene finished a training ({span}, {split} split)."
-    text = (f"{best['str']} {split} {label} {fmt(best['mean'], d)} {conf} CI "
-            f"{interval(best['ci_low'], best['ci_high'], d)}"
-            f" vs baseline {fmt(base.get('mean'), d)} {interval(base.get('ci_low'), base.get('ci_high'), d)}")
-    if best.get("difference") is not None:
-        text += f"; difference {best['difference']:+.{d}f} {interval(best['diff_ci_low'], best['diff_ci_high'], d)}"
-    if best.get("p_holm") is not None:
-        text += f", Holm p = {best['p_holm']:.3g}"
-    return text + f" over {span}: **{best['verdict']}**."
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -154,7 +204,8 @@ def figure_groups(result: Mapping) -> list[dict]:
 
 
 def write_validation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``validation.{json,md,png}`` (``validation_test.*`` for the test split) into ``out_dir``."""
+    """Write ``validation.{json,md,png}`` (``validation_test.*`` for the test split) into ``out_dir``;
+    with a learning-rate grid also ``validation_lr_grid.png`` (``grid`` in the paths)."""
     from evo_attention.report.figures import plot_samples
 
     paths = write_json_and_markdown("validation", result, out_dir, validation_markdown(result))
@@ -163,4 +214,6 @@ def write_validation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, P
     plot_samples(figure_groups(result), paths["png"], xlabel=axis.capitalize(),
                  title=f"{len(seeds)} seeds per gene, {result.get('steps')} steps each",
                  ci_label=f"{stats.percent(result.get('confidence', 0.95))} confidence interval of the mean")
+    if result.get("grid"):
+        paths["grid"] = grids.write_grid_figure(result, "validation", out_dir, [grids.panel(result["grid"]["genes"])])
     return paths

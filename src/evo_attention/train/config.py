@@ -19,15 +19,17 @@ from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE
-from evo_attention.train.spec import TaskSpec, TrainSpec, freeze
+from evo_attention.train.spec import TaskSpec, TrainSpec, freeze, steps_of
 from evo_attention.util.errors import UserError
 
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "wsd")
+WARMUP_SCHEDULES = ("cosine", "wsd")  # the schedules that use the warm-up
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPILE_MODES = ("auto", "on", "off")
 FIDELITIES = ("full", "halving")
 GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
+MAX_STEPS = 10**9  # training steps of one model: beyond, a run could not end (docs/reliability.md)
 
 
 def setting(default=None, *, group: str, flag: str | None = None, help: str | None = None, parse: str | None = None,
@@ -70,9 +72,21 @@ class Config:
     eval_steps: int | None = setting(200, group="train", flag="eval-steps", parse="count_or_all",
                                      help="cap on evaluation batches, or 'all' for the whole split (the default of "
                                           "the presets)")
-    warmup_steps: int = setting(500, group="train")  # used by lr_schedule="cosine"
-    lr_schedule: str = setting("constant", group="train", flag="lr-schedule", parse="str",
-                               choices=LR_SCHEDULES)  # the original trained at a constant rate
+    # the warm-up of lr_schedule cosine and wsd, in steps or (warmup) as a fraction of the steps
+    warmup_steps: int = setting(500, group="train", flag="warmup-steps", parse="int", metavar="N",
+                                help="linear warm-up steps of --lr-schedule cosine or wsd (default 500)")
+    # group trial: the fraction reaches the TrainSpec (and the key) resolved into its warmup_steps,
+    # so a warm-up given either way is one training with one key (Config.train_for)
+    warmup: float | None = setting(None, group="trial", flag="warmup-fraction", parse="float", metavar="F",
+                                   help="the warm-up as a fraction of the training steps, e.g. 0.05 (rounded to "
+                                        "whole steps; instead of --warmup-steps)")
+    lr_schedule: str = setting("constant", group="train", flag="lr-schedule", parse="str", choices=LR_SCHEDULES,
+                               help="constant (the original's; no warm-up), cosine (linear warm-up, then a cosine "
+                                    "decay to 0) or wsd (linear warm-up, stable, then a linear decay to 0 over the "
+                                    "last --decay-fraction of the steps)")
+    lr_decay_fraction: float = setting(0.2, group="train", flag="decay-fraction", parse="float", metavar="F",
+                                       help="--lr-schedule wsd: the fraction of the steps at the end over which the "
+                                            "rate decays to 0 (default 0.2)")
     precision: str = setting("auto", group="train", flag="precision", parse="str", choices=PRECISIONS)
     compile: str = setting("auto", group="train", flag="compile", parse="str", choices=COMPILE_MODES,
                            help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
@@ -101,6 +115,26 @@ class Config:
                                help="what the search minimises, comma-separated: perplexity first, then any of "
                                     "params, flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
     baseline: bool = setting(True, group="search")  # also train the vanilla transformer under the same budget
+    # warm start: the first generation starts from the best genes of an earlier run (search/warm_start.py)
+    init_from: str | None = setting(None, group="search", flag="init-from", parse="str", metavar="RUN[:K]",
+                                    help="start the first generation from the best K genes (default: the population "
+                                         "size) of the earlier run in directory RUN; genes outside this run's search "
+                                         "space are skipped with a warning")
+    # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
+    # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
+    # memory are measured, so a gene over their cap is marked infeasible after its training
+    max_params: int | float | str | None = setting(None, group="search", flag="max-params", parse="str", metavar="N",
+                                                   help="cap on a gene's parameters, e.g. 50000 or 1.2x (the "
+                                                        "baseline's); checked before training")
+    max_flops: float | str | None = setting(None, group="search", flag="max-flops", parse="str", metavar="X",
+                                            help="cap on the FLOPs of one training step, e.g. 3e9 or 1.1x; checked "
+                                                 "before training")
+    max_latency_ms: float | str | None = setting(None, group="search", flag="max-latency-ms", parse="str",
+                                                 metavar="X", help="cap on the measured inference latency in ms, "
+                                                                   "e.g. 5 or 1.2x (the baseline's)")
+    max_memory_mb: float | str | None = setting(None, group="search", flag="max-memory-mb", parse="str",
+                                                metavar="X", help="cap on the measured peak memory in MB, e.g. 900 "
+                                                                  "or 1.5x (the baseline's)")
     # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
     fidelity: str = setting("full", group="fidelity", flag="fidelity", parse="str", choices=FIDELITIES,
                             help="halving: successive halving inside each generation; only the best 1/eta of the new "
@@ -164,7 +198,22 @@ class Config:
 
     @property
     def train(self) -> TrainSpec:
-        return TrainSpec(**{f.name: getattr(self, f.name) for f in fields(TrainSpec)})
+        """The recipe of a training of ``train_steps`` steps (``train_for``)."""
+        return self.train_for(self.train_steps)
+
+    def train_for(self, steps: int) -> TrainSpec:
+        """The recipe of a training whose learning-rate schedule spans ``steps`` steps: a ``warmup``
+        fraction becomes whole warm-up steps of ``steps``, and the schedules other than wsd carry
+        the default decay fraction (they do not use it, so it cannot split their key). UserError
+        if the warm-up of cosine or wsd (for wsd: the warm-up and the decay) does not fit in ``steps``."""
+        values = {f.name: getattr(self, f.name) for f in fields(TrainSpec)}
+        if self.warmup is not None:
+            values["warmup_steps"] = steps_of(self.warmup, steps)
+        if self.lr_schedule != "wsd":
+            values["lr_decay_fraction"] = _DEFAULT_DECAY_FRACTION
+        spec = TrainSpec(**values)
+        _check_schedule_fits(self, spec, steps)
+        return spec
 
     @property
     def task(self) -> TaskSpec:
@@ -193,6 +242,12 @@ class Config:
         return [f for f in fields(cls) if f.metadata.get("group") == group]
 
     def replace(self, **changes: Any) -> "Config":
+        """This config with ``changes``; a warm-up given in one form (``warmup_steps`` or the fraction
+        ``warmup``) replaces the config's warm-up in the other form too."""
+        if changes.get("warmup") is not None and "warmup_steps" not in changes:
+            changes["warmup_steps"] = _DEFAULT_WARMUP_STEPS
+        if changes.get("warmup_steps") is not None and "warmup" not in changes:
+            changes["warmup"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -276,12 +331,17 @@ def _check_model(c: Config) -> None:
 def _check_training(c: Config) -> None:
     for name in ("batch_size", "eval_batch_size", "train_steps", "log_every"):
         _integer(c, name)
+    if c.train_steps > MAX_STEPS:
+        raise UserError(f"train_steps {c.train_steps:,} is beyond {MAX_STEPS:,}, the most one training may take (at a "
+                        "millisecond a step a billion steps already take 11 days per model): lower it",
+                        setting="train_steps")
     _integer(c, "eval_steps", allow_none=True)
     _integer(c, "warmup_steps", minimum=0)
     _number(c, "learning_rate", 0.0, open_low=True)
     _number(c, "grad_clip", 0.0, open_low=True)
     _number(c, "weight_decay", 0.0)
     _choice(c, "lr_schedule", LR_SCHEDULES)
+    _check_schedule(c)
     _choice(c, "precision", PRECISIONS)
     _choice(c, "compile", COMPILE_MODES)
     if not isinstance(c.device, str) and isinstance(getattr(c.device, "type", None), str):
@@ -289,6 +349,76 @@ def _check_training(c: Config) -> None:
     if not isinstance(c.device, str) or not c.device:
         raise UserError(f"device must be a string like 'auto', 'cpu', 'cuda' or 'cuda:1', got {c.device!r}",
                         setting="device")
+
+
+_DEFAULT_WARMUP_STEPS = next(f.default for f in fields(Config) if f.name == "warmup_steps")
+_DEFAULT_DECAY_FRACTION = next(f.default for f in fields(TrainSpec) if f.name == "lr_decay_fraction")
+
+
+def _check_schedule(c: Config) -> None:
+    """The warm-up (in one form: steps or a fraction), the decay fraction, and that the schedule
+    fits in ``train_steps`` where it is used (cosine and wsd; constant ignores the warm-up)."""
+    warmup = c.warmup
+    if warmup is not None:
+        if (isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not math.isfinite(warmup)
+                or not 0 <= warmup < 1):
+            raise UserError(f"warmup must be a fraction of the training steps in [0, 1) such as 0.05, got {warmup!r} "
+                            "(a number of steps is warmup_steps)", setting=("warmup", "warmup_steps"))
+        if c.warmup_steps != _DEFAULT_WARMUP_STEPS:
+            raise UserError(warmup_twice(warmup, c.warmup_steps), setting=("warmup", "warmup_steps"))
+    _number(c, "lr_decay_fraction", 0.0, 1.0)
+    c.train_for(c.train_steps)  # checks the fit (``_check_schedule_fits``)
+
+
+def warmup_twice(fraction, steps) -> str:
+    """The error of a warm-up given both as a fraction and as steps."""
+    return (f"warmup {fraction!r} and warmup_steps {steps!r} both set the warm-up: give one of them (warmup is a "
+            "fraction of the training steps, warmup_steps a number of steps)")
+
+
+def _check_schedule_fits(c: Config, spec: TrainSpec, steps: int) -> None:
+    if spec.lr_schedule not in WARMUP_SCHEDULES:
+        return
+    warmup, decay = spec.warmup_steps, spec.decay_steps(steps)
+    given = f"warmup {c.warmup:g} ({warmup} steps)" if c.warmup is not None else f"warmup_steps {warmup}"
+    names = ("warmup", "warmup_steps") if c.warmup is not None else ("warmup_steps", "warmup")
+    if warmup >= steps:
+        raise UserError(f"{given} >= train_steps {steps}: the {spec.lr_schedule} schedule's warm-up would never end; "
+                        "use a shorter warm-up (warmup_steps, or warmup as a fraction of the steps such as 0.05), "
+                        "more train_steps or lr_schedule constant", setting=(*names, "train_steps", "lr_schedule"))
+    if warmup + decay > steps:
+        raise UserError(f"{given} + {decay} decay steps (lr_decay_fraction {spec.lr_decay_fraction:g} of {steps}) > "
+                        f"train_steps {steps}: the wsd schedule's warm-up and decay overlap; use a shorter warm-up, a "
+                        "smaller lr_decay_fraction or more train_steps",
+                        setting=(*names, "lr_decay_fraction", "train_steps"))
+
+
+def describe_schedule(settings, steps: int | None = None) -> str:
+    """The learning-rate schedule of ``settings`` in words: a Config, the config dict a run stores
+    (``warmup`` resolved against ``steps``, default its ``train_steps``) or a record's settings
+    (give ``steps``: the record's budget, else its steps). E.g. ``lr 0.002, wsd: linear warm-up
+    over 20 steps, stable to step 320, linear decay to 0 over the last 80 steps (decay fraction 0.2)``."""
+    get = settings.get if isinstance(settings, Mapping) else (lambda name, default=None: getattr(settings, name,
+                                                                                                  default))
+    steps = get("train_steps") if steps is None else steps
+    rate, schedule = get("learning_rate"), get("lr_schedule") or "constant"
+    head = f"lr {rate:g}" if isinstance(rate, (int, float)) else "lr ?"
+    if schedule not in WARMUP_SCHEDULES:
+        return f"{head}, {schedule}"
+    fraction = get("warmup")
+    if fraction is not None and steps is not None:
+        warmup = f"linear warm-up over {steps_of(fraction, steps)} steps ({fraction:g} of {steps})"
+    else:
+        warmup = f"linear warm-up over {get('warmup_steps', _DEFAULT_WARMUP_STEPS)} steps"
+    if schedule == "cosine":
+        return f"{head}, cosine: {warmup}, cosine decay to 0 at step {steps if steps is not None else 'the last'}"
+    decay_fraction = get("lr_decay_fraction")
+    decay_fraction = _DEFAULT_DECAY_FRACTION if decay_fraction is None else decay_fraction
+    if steps is None:
+        return f"{head}, wsd: {warmup}, stable, linear decay to 0 over the last {decay_fraction:g} of the steps"
+    decay = steps_of(decay_fraction, steps)
+    return (f"{head}, wsd: {warmup}, stable to step {steps - decay}, linear decay to 0 over the last {decay} steps "
+            f"(decay fraction {decay_fraction:g})")
 
 
 def _check_search(c: Config) -> None:
@@ -308,6 +438,8 @@ def _check_search(c: Config) -> None:
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
     _check_objectives(c)
+    _check_init_from(c)
+    _check_caps(c)
     _choice(c, "fidelity", FIDELITIES)
     _integer(c, "halving_eta", minimum=2)
     _integer(c, "halving_rungs", minimum=2)
@@ -318,6 +450,60 @@ def _check_search(c: Config) -> None:
     if c.halving_audit and c.fidelity == "full" and c.hurdle is None:
         raise UserError(f"halving_audit {c.halving_audit} needs fidelity halving or a hurdle: at full fidelity every "
                         "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
+
+
+# the constraints a search may set (search/constraints.py): Config field -> what it caps
+CAP_FIELDS = ("max_params", "max_flops", "max_latency_ms", "max_memory_mb")
+MEASURED_CAPS = ("max_latency_ms", "max_memory_mb")  # known only after a training (the others before any)
+
+
+def cap_value(value: Any, name: str = "cap") -> int | float | str | None:
+    """A cap as a Config keeps it: None (no cap), a positive number (an integral one as an int), or a
+    factor of the baseline's value written ``"1.2x"``. Accepts numbers and their text (``"5e4"``,
+    ``"50000"``, ``"1.2x"``, ``"1.2X"``); anything else is a UserError naming ``name``."""
+    if value is None:
+        return None
+    relative = isinstance(value, str) and value.strip().lower().endswith("x")
+    text = value.strip()[:-1] if relative else value
+    number = None
+    if not isinstance(text, bool):
+        try:
+            number = float(text)
+        except (TypeError, ValueError):
+            number = None
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise UserError(f"{name} must be a positive number such as 50000, or a factor of the baseline's value such "
+                        f"as 1.2x, got {value!r}", setting=name)
+    if relative:
+        return f"{number:g}x"
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def cap_factor(value: Any) -> float | None:
+    """The factor of a relative cap (``"1.2x"`` -> 1.2); None for an absolute cap or none."""
+    return float(value[:-1]) if isinstance(value, str) and value.endswith("x") else None
+
+
+def _check_init_from(c: Config) -> None:
+    if c.init_from is None:
+        return
+    if not isinstance(c.init_from, str) or not c.init_from.strip():
+        raise UserError(f"init_from must be the directory of an earlier run, optionally with :K (its best K genes), "
+                        f"got {c.init_from!r}", setting="init_from")
+    head, sep, tail = c.init_from.rpartition(":")
+    if sep and head and tail.strip().lstrip("+-").isdigit() and int(tail) < 1:
+        raise UserError(f"init_from {c.init_from!r}: K must be a whole number >= 1 (the best K genes of the run)",
+                        setting="init_from")
+
+
+def _check_caps(c: Config) -> None:
+    for name in CAP_FIELDS:
+        setattr(c, name, cap_value(getattr(c, name), name))
+    relative = [name for name in MEASURED_CAPS if cap_factor(getattr(c, name)) is not None]
+    if relative and not c.baseline:
+        raise UserError(f"{relative[0]} {getattr(c, relative[0])} is relative to the baseline's measured value, but "
+                        "the run trains no baseline: give an absolute cap, or train the baseline",
+                        setting=(relative[0], "baseline"))
 
 
 def _check_objectives(c: Config) -> None:

@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from evo_attention.train.config import Config
+from evo_attention.train.config import Config, warmup_twice
 from evo_attention.util.errors import UserError
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -81,7 +81,10 @@ def read_config_file(path: str | Path) -> dict:
         raise UserError(f"config file {path} does not exist: check the path given to config_file",
                         setting="config_file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())
+    except _DuplicateKey as exc:
+        raise UserError(f"config file {path} sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one "
+                        "of them (YAML would silently take the last)", setting="config_file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read config file {path}: {exc}") from None
     except yaml.YAMLError as exc:
@@ -94,6 +97,35 @@ def read_config_file(path: str | Path) -> dict:
         raise UserError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
     Config.check_keys(data, source=str(path))
     return _yaml_numbers(data)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, first: int, second: int):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _unique_key_loader():
+    """A safe YAML loader that refuses a key given twice in one mapping (plain YAML keeps the last)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+                seen[key] = key_node.start_mark.line + 1
+            except TypeError:  # an unhashable key: the default constructor names it
+                pass
+        return loader.construct_mapping(node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return UniqueKeyLoader
 
 
 def _yaml_numbers(data: dict) -> dict:
@@ -112,14 +144,32 @@ def _yaml_numbers(data: dict) -> dict:
 
 def merged_settings(preset_name: str | None = None, config_file: str | Path | None = None,
                     overrides: Mapping[str, Any] | None = None) -> dict:
-    """The settings named explicitly: preset < file < overrides (defaults not included)."""
+    """The settings named explicitly: preset < file < overrides (defaults not included). The
+    warm-up is one setting in two forms (``warmup_steps`` or the fraction ``warmup``): a layer that
+    gives it replaces an earlier layer's in either form (``overlay``)."""
     settings: dict[str, Any] = {}
     if preset_name:
-        settings.update(preset(preset_name))
+        settings = overlay(settings, preset(preset_name), f"preset {preset_name}")
     if config_file:
-        settings.update(read_config_file(config_file))
-    settings.update(overrides or {})
-    return settings
+        settings = overlay(settings, read_config_file(config_file), str(config_file))
+    return overlay(settings, overrides or {})
+
+
+WARMUP_FORMS = ("warmup_steps", "warmup")  # one setting, the warm-up, in two forms: steps or a fraction
+
+
+def overlay(settings: Mapping[str, Any], layer: Mapping[str, Any], source: str | None = None) -> dict:
+    """``settings`` updated with ``layer``, where the layer's warm-up (``warmup_steps`` or a
+    ``warmup`` fraction) replaces the one in ``settings`` in either form; UserError naming both if
+    ``layer`` (``source``) gives both forms."""
+    given = [name for name in WARMUP_FORMS if layer.get(name) is not None]
+    if len(given) > 1:
+        where = f"{source}: " if source else ""
+        raise UserError(where + warmup_twice(layer["warmup"], layer["warmup_steps"]),
+                        setting=("warmup", "warmup_steps"))
+    out = {k: v for k, v in settings.items() if not (given and k in WARMUP_FORMS)}
+    out.update(layer)
+    return out
 
 
 def build_config(preset_name: str | None = None, config_file: str | Path | None = None,

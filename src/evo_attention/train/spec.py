@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -67,11 +68,14 @@ class TrainSpec:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eval_steps: int | None = 200  # cap on evaluation batches; None: the whole split
-    warmup_steps: int = 500  # used by lr_schedule cosine
-    lr_schedule: str = "constant"
+    warmup_steps: int = 500  # used by lr_schedule cosine and wsd (a Config's warm-up fraction arrives resolved)
+    lr_schedule: str = "constant"  # constant, cosine or wsd (warm-up, stable, decay): train.trainer.scheduled_rate
     precision: str = "auto"
     # the learning-curve resolution; divergence is judged per interval, so it can change a result
     log_every: int = field(default=50, metadata=identity(omit_default=True))
+    # wsd: the last fraction of the schedule's steps decays linearly to 0; a Config gives the other
+    # schedules the default, so it joins a key only for wsd (and a record's settings say it for wsd)
+    lr_decay_fraction: float = field(default=0.2, metadata=identity(omit_default=True))
     compile: str = field(default="auto", metadata=identity(key=False), compare=False)  # same function, other speed
     device: str = field(default="auto", metadata=identity(key=False), compare=False)  # same result anywhere
 
@@ -80,6 +84,16 @@ class TrainSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def decay_steps(self, total_steps: int) -> int:
+        """The steps at the end of a ``total_steps``-step schedule over which wsd decays (0 otherwise)."""
+        return steps_of(self.lr_decay_fraction, total_steps) if self.lr_schedule == "wsd" else 0
+
+
+def steps_of(fraction: float, steps: int) -> int:
+    """``fraction`` of ``steps`` as whole steps, rounded to the nearest (halves up): the warm-up of a
+    ``warmup`` fraction and the decay of wsd's ``lr_decay_fraction``."""
+    return int(math.floor(fraction * steps + 0.5))
 
 
 @dataclass(frozen=True)
@@ -112,9 +126,9 @@ class TaskSpec:
 
     def load(self):
         """The dataset this spec names (``data.load_data``); built afresh, see ``load_task``."""
-        from evo_attention.data import DATASET_FACTORIES, load_data
+        from evo_attention.data import load_data, takes_options
 
-        options = self.options_dict if self.data == "recall" or self.data in DATASET_FACTORIES else {}
+        options = self.options_dict if takes_options(self.data) else {}
         return load_data(self.data, data_dir=self.data_dir, vocab_size=self.vocab_size, seq_len=self.seq_len,
                          seed=options.pop("seed", 0), eval_stride=self.eval_stride, tokenizer=self.tokenizer,
                          text_field=self.text_field, **options)
@@ -186,10 +200,13 @@ class Trial:
 
     def record_settings(self) -> dict:
         """What a record keeps as its ``settings``: the key's settings, plus the random features of
-        a genome that uses favor (the record says what the gene ran with)."""
+        a genome that uses favor and the decay fraction of a wsd schedule (the record says what the
+        gene ran with, defaults included). Its ``warmup_steps`` are the steps the warm-up took."""
         settings = self.settings()
         if any(g.normalization == "favor" for g in layers_of(self.gene)):
             settings["favor_features"] = self.model.favor_features
+        if self.train.lr_schedule == "wsd":  # the decay it ran with, its default included
+            settings["lr_decay_fraction"] = self.train.lr_decay_fraction
         return settings
 
     # -- views and changes --------------------------------------------------------------------------
@@ -221,10 +238,12 @@ class Trial:
     def from_config(cls, genome, config, *, seed: int | None = None, steps: int | None = None,
                     eval_split: str = "valid", budget: int | None = None, data=None) -> "Trial":
         """The trial of training ``genome`` with ``config`` (its seed and steps unless given); with
-        ``data``, its fingerprint is filled in."""
+        ``data``, its fingerprint is filled in. A warm-up given as a fraction (``config.warmup``)
+        becomes the whole steps it is of the steps the schedule spans (``budget``, else ``steps``)."""
         genome = genome if isinstance(genome, str) else genome.key
+        steps = config.train_steps if steps is None else steps
         trial = cls(genome=AttentionGene.parse(genome).key, seed=config.seed if seed is None else seed,
-                    steps=config.train_steps if steps is None else steps, model=config.model, train=config.train,
+                    steps=steps, model=config.model, train=config.train_for(steps if budget is None else budget),
                     task=config.task, eval_split=eval_split, budget=budget)
         return trial.with_data(data) if data is not None else trial
 

@@ -9,8 +9,9 @@ record, never inside it.
 
 The measurement:
 
-- AdamW, gradient clipping, a fixed step budget, constant lr (the original's) or linear warmup +
-  cosine decay; deterministic for a seed (model init, dropout and batch order all derive from it).
+- AdamW, gradient clipping, a fixed step budget, constant lr (the original's), linear warmup +
+  cosine decay, or wsd (linear warmup, stable, linear decay: ``scheduled_rate``); deterministic for
+  a seed (model init, dropout and batch order all derive from it).
 - Evaluation is exact: the token-weighted mean NLL over every scored target of the split (the
   datasets never score padding), perplexity = exp of it, plus next-token accuracy; the record says
   how many tokens were scored (``eval_tokens``), so a capped evaluation is visible as such.
@@ -34,6 +35,7 @@ import io
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,9 +45,9 @@ from evo_attention.data.base import TaskData
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
-from evo_attention.train.spec import Trial
+from evo_attention.train.spec import Trial, steps_of
 from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
-                                             resolve_compile, resolve_device, resolve_precision, synchronize,
+                                             resolve_compile, resolve_device, choose_precision, synchronize,
                                              versions)
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.util.errors import UserError
@@ -56,12 +58,26 @@ ABSURD_MARGIN = 5.0
 LATENCY_WARMUP = 2
 LATENCY_REPEATS = 7
 def scheduled_rate(recipe, step: int, total_steps: int) -> float:
-    """The learning rate of step ``step`` (0-based) of a ``total_steps``-step training: constant,
-    or a linear warm-up over ``warmup_steps`` followed by a cosine decay to 0 at ``total_steps``."""
+    """The learning rate of step ``step`` (0-based) of a ``total_steps``-step training (the steps
+    the schedule spans: a partial training's budget). With peak rate ``lr``, ``W = warmup_steps``
+    and ``T = total_steps``:
+
+    - ``constant``: ``lr`` at every step (no warm-up);
+    - ``cosine``: ``lr * (step + 1) / W`` for ``step < W``, then
+      ``lr * 0.5 * (1 + cos(pi * min(1, (step - W) / max(1, T - W))))``: 0 at ``T``;
+    - ``wsd`` (warm-up, stable, decay), with ``D = round(lr_decay_fraction * T)`` decay steps (halves
+      up): the same warm-up, then ``lr`` while ``step < T - D``, then ``lr * max(0, T - step) / D``:
+      ``lr`` at the decay's first step ``T - D``, ``lr / D`` at the last trained step, 0 at ``T``.
+    """
     if recipe.lr_schedule == "constant":
         return recipe.learning_rate
     if step < recipe.warmup_steps:
         return recipe.learning_rate * (step + 1) / recipe.warmup_steps
+    if recipe.lr_schedule == "wsd":
+        decay = steps_of(recipe.lr_decay_fraction, total_steps)
+        if decay == 0 or step < total_steps - decay:
+            return recipe.learning_rate
+        return recipe.learning_rate * max(0, total_steps - step) / decay
     progress = (step - recipe.warmup_steps) / max(1, total_steps - recipe.warmup_steps)
     return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
@@ -112,9 +128,12 @@ class Trainer:
         self.recipe = trial.train
         self.train_steps = trial.schedule_steps  # the learning-rate schedule spans the budget
         self.device = resolve_device(device if device is not None else self.recipe.device)
-        self.precision = resolve_precision(self.recipe.precision, self.device)
         # the model's vocabulary and window come from the data
         self.spec = trial.model.with_data(data.vocab_size, data.seq_len)
+        # auto: measured per model shape on this machine (environment.choose_precision); the record says why
+        self.precision, self.precision_reason = choose_precision(self.recipe.precision, self.device, self.spec,
+                                                                 seq_len=data.seq_len,
+                                                                 batch_size=self.recipe.batch_size)
         self.config = Config.from_trial(trial, self.spec)  # what a saved model keeps
         if self.device.type == "cpu":
             torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
@@ -373,8 +392,10 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     Never raises for a failing gene (see the module docstring). A partial training (``trial.budget``
     set, multi-fidelity) stops at ``trial.steps`` of a ``budget``-step training (the learning-rate
     schedule spans the budget); ``state`` (bytes from an earlier ``keep_state``) continues a
-    training exactly where it stopped, and the record then says ``resumed_from``; ``keep_state``
-    returns the trainer state after training, taken before the evaluation.
+    training exactly where it stopped, and the record then says ``resumed_from``; a state that cannot
+    be loaded is the tool's fault, never the gene's: it is set aside with a warning and the training
+    starts from scratch (the same result). ``keep_state`` returns the trainer state after training,
+    taken before the evaluation.
     """
     if trial.task.fingerprint is None:
         trial = trial.with_data(data)
@@ -390,12 +411,19 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     trainer, blob = None, None
     try:
         trainer = Trainer(trial, data, device=dev)
+        if state is not None:
+            try:
+                trainer.load_state_dict(state_from_bytes(state, dev))
+                record.resumed_from = trainer.step
+            except Exception as exc:  # the tool's own file failed, not the gene: start afresh, as without one
+                warnings.warn(f"the trainer state given for {trial.genome} (seed {trial.seed}) cannot be used "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}): "
+                              "training it from scratch instead, which gives the same result")
+                trainer = Trainer(trial, data, device=dev)
         record.precision = trainer.precision
+        record.extra["precision_reason"] = trainer.precision_reason
         record.compiled = trainer.compiled
         record.params = trainer.model.num_parameters()
-        if state is not None:
-            trainer.load_state_dict(state_from_bytes(state, dev))
-            record.resumed_from = trainer.step
         status = Status(trainer.train(until_step=trial.steps, progress=progress))
         if keep_state and status == Status.OK:
             blob = state_to_bytes(trainer.state_dict())
@@ -419,6 +447,10 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     except Exception as exc:  # a failing gene must never crash the search
         record.status = Status.OOM if is_oom(exc) else Status.ERROR
         record.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        blob = None
+    except SystemExit as exc:  # a component (a plugin's) that calls sys.exit fails its gene, not the search
+        record.status = Status.ERROR
+        record.error = f"SystemExit: the gene's code called sys.exit({exc.code!r})"
         blob = None
     finally:
         if dev.type == "cuda":

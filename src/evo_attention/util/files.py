@@ -62,9 +62,20 @@ def write_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
     return path
 
 
+def check_directory_path(path, setting: str = "out") -> Path:
+    """``path`` as a Path; UserError naming ``setting`` if it is empty (which would mean the current
+    directory) or names something that exists and is not a directory."""
+    if path is None or not str(os.fspath(path)).strip():
+        raise UserError(f"{setting} is empty: give the path of a directory", setting=setting)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is not a directory: give the path of a directory as {setting}", setting=setting)
+    return out
+
+
 def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
     """Create the directory ``path`` (and its parents); UserError naming ``setting`` if it cannot be."""
-    out = Path(path)
+    out = check_directory_path(path, setting)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

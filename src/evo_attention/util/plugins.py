@@ -70,6 +70,9 @@ def _load(name: str, load, version: str | None) -> dict:
         module = load()
     except UserError as exc:
         raise UserError(f"plugin {name}: {exc}", setting="plugins") from None
+    except SystemExit as exc:  # a plugin must not end the program that imports it
+        raise UserError(f"plugin {name} called sys.exit({exc.code!r}) while it was imported: a plugin must register "
+                        "its components and return, never exit", setting="plugins") from None
     except Exception as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise UserError(f"plugin {name} could not be imported ({type(exc).__name__}: {reason}): check that it is "

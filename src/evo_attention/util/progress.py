@@ -3,6 +3,10 @@
 ``training_bar`` follows one training run (steps, loss); ``SearchView`` follows a search
 (generation, individual, step, loss, best so far, ETA). Both stay quiet with ``enabled=False``
 and fall back to a line per finished evaluation when output is not a TTY (logs, CI, nohup).
+
+Progress output is best-effort: when its reader goes away (a closed pipe such as ``| head -1``, a
+closed terminal) the rest goes to /dev/null and the work goes on (``best_effort``). Warnings show
+as one line each (``user_warnings``: ``evo-attention: warning: ...``, no source path).
 """
 
 from __future__ import annotations
@@ -15,16 +19,78 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-console = Console(stderr=True, highlight=False)
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich exits the program when its reader goes away; here the output stops, the work goes on."""
+        output_gone()
+
+
+console = _Console(stderr=True, highlight=False)
 
 
 def is_interactive() -> bool:
-    return sys.stderr.isatty()
+    try:
+        return sys.stderr.isatty()
+    except (OSError, ValueError):  # closed
+        return False
+
+
+def output_gone() -> None:
+    """The reader of our stderr went away (a closed pipe, a closed terminal): the rest of the output
+    goes to /dev/null, so no later write fails and the work goes on (progress is best-effort)."""
+    import os
+
+    devnull = open(os.devnull, "w")
+    try:
+        if sys.stderr is sys.__stderr__ and sys.stderr is not None:
+            os.dup2(devnull.fileno(), sys.stderr.fileno())  # the process's own stderr: every writer of it
+            devnull.close()
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    sys.stderr = devnull
+
+
+@contextmanager
+def best_effort():
+    """Run progress output; a write that fails (EPIPE, EIO, a closed file) silences the rest."""
+    try:
+        yield
+    except OSError:
+        output_gone()
+    except ValueError as exc:
+        if "closed file" not in str(exc):  # only "I/O operation on closed file" is the reader gone
+            raise
+        output_gone()
+
+
+def warning_line(message, prefix: str = "evo-attention") -> str:
+    """A warning as users see it: one line, ``evo-attention: warning: ...``, no source path."""
+    return f"{prefix}: warning: {' '.join(str(message).split())}"
+
+
+def format_warning(message, category=None, filename=None, lineno=None, line=None) -> str:
+    """``warnings.formatwarning`` for users: one ``warning_line``, no source path or line."""
+    return warning_line(message) + "\n"
+
+
+@contextmanager
+def user_warnings():
+    """Within: every warning shown prints as one ``warning_line`` on stderr (never Python's
+    ``file:line: UserWarning`` form with a source line). Python's own writer ignores a stderr that
+    is gone; code that records warnings (``catch_warnings(record=True)``) still gets them."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.formatwarning = format_warning
+        yield
 
 
 def log(message: str, quiet: bool = False) -> None:
+    """A line of progress on stderr (best-effort: a closed pipe or terminal never stops the work)."""
     if not quiet:
-        console.print(message, markup=False, soft_wrap=True)
+        with best_effort():
+            console.print(message, markup=False, soft_wrap=True)
 
 
 def _fmt(value: float, digits: int = 3) -> str:
@@ -43,7 +109,8 @@ def training_bar(description: str, total: int, enabled: bool = True):
         task = bar.add_task(description, total=total, loss="-")
 
         def update(step: int, total_steps: int, loss: float) -> None:
-            bar.update(task, completed=step, total=total_steps, loss=_fmt(loss))
+            with best_effort():
+                bar.update(task, completed=step, total=total_steps, loss=_fmt(loss))
 
         yield update
 
@@ -65,17 +132,22 @@ class SearchView:
         self._start = time.monotonic()
 
     def __enter__(self):
+        with best_effort():
+            self._enter()
+        return self
+
+    def _enter(self) -> None:
         if self.live:
             columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                        TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
             self._progress = Progress(*columns, console=console, transient=False)
             self._progress.__enter__()
             self._search = self._progress.add_task("search", total=self.planned, info="")
-        return self
 
     def __exit__(self, *exc):
         if self._progress is not None:
-            self._progress.__exit__(*exc)
+            with best_effort():
+                self._progress.__exit__(*exc)
         return False
 
     def set_best(self, gene: str, perplexity: float) -> None:
@@ -91,6 +163,10 @@ class SearchView:
         return self._workers[name]
 
     def start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
+        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+            self._show_start(label, gene, total_steps, worker)
+
+    def _show_start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
         if self._progress is not None:
             prefix = f"[{worker}] " if worker and worker != "local" else ""
             self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
@@ -98,10 +174,18 @@ class SearchView:
             self._progress.update(self._search, info=self._best_text())
 
     def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
+        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+            self._show_step(step, total, loss, worker)
+
+    def _show_step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
         if self._progress is not None:
             self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
     def finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
+        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+            self._show_finished(label, gene, record, cached, done, worker)
+
+    def _show_finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
         status = record.get("status")
         result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
         budget = record.get("budget")

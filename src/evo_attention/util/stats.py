@@ -697,3 +697,91 @@ def _verdict_text(v: dict, confidence: float, log: bool) -> str:
                  f"equivalence within {margin}, {_seeds_text(v['seeds_for_margin'], v['max_seeds'])} "
                  f"would detect a {margin} effect")
     return text
+
+
+# -- a study's comparisons with its reference ---------------------------------------------------------
+# The default equivalence margin: 1% of perplexity (bits per byte, bits per char), 0.01 nats of loss
+# (the same thing to 0.5%: log 1.01 = 0.00995) or 0.01 of accuracy: the smallest effect the tool's own
+# studies set out to resolve (docs/validation.md).
+DEFAULT_MARGIN = 0.01
+# metrics compared on the log scale: ratios, whose seed noise is about constant in relative terms
+LOG_SCALE_METRICS = ("val_perplexity", "bits_per_byte", "bits_per_char")
+# how a study's comparisons are computed; a result without this mark was made by an earlier rule
+ANALYSIS = "paired-2"
+
+
+def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dict:
+    """A validation-shaped result made by an earlier version (Welch, unpaired), with its gene rows'
+    comparisons recomputed by ``versus_reference`` from the per-seed values it stores (aligned by
+    its ``seeds``), Holm over its own genes; marked ``recomputed``. A current result is returned as
+    it is."""
+    if result.get("analysis") == ANALYSIS or not result.get("genes"):
+        return dict(result)
+    metric = result.get("metric", "val_perplexity")
+    genes = [dict(g) for g in result.get("genes", [])]
+    values = {g["gene"]: g.get("values") or [] for g in genes}
+    reference = (result.get("baseline") or {}).get("values") or []
+    if not reference or any(len(v) != len(reference) for v in values.values()):
+        return dict(result)  # no per-seed values aligned by seed: nothing to pair
+    compared = versus_reference(values, reference, confidence=result.get("confidence", 0.95),
+                                log=metric in LOG_SCALE_METRICS, margin=margin,
+                                lower_is_better=result.get("lower_is_better", True))
+    rows = [{**g, **compared[g["gene"]]} for g in genes]
+    return {**result, "genes": rows, "analysis": ANALYSIS, "recomputed": True, "margin": margin,
+            "family_size": len(rows)}
+def paired_test_name(log: bool) -> str:
+    """How ``versus_reference`` compares, in words (what a result file says of its test)."""
+    scale = "log values (relative changes)" if log else "values"
+    return (f"paired t-test on per-seed differences of {scale}, bootstrap interval beside it; TOST for "
+            "equivalence; Holm over the family of comparisons that share the reference trainings")
+
+
+def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, confidence: float = 0.95,
+                     log: bool = True, margin: float, lower_is_better: bool = True, power: float = 0.8,
+                     others: Mapping[_Key, Mapping] | None = None, max_seeds: int | None = 1000) -> dict[_Key, dict]:
+    """Each sample of ``values`` (per-seed values aligned with ``reference``'s seeds) against the
+    reference: the ``paired`` numbers, the equivalence test at ``margin``, Welch's unpaired numbers
+    beside them (``welch``: what the paired test replaces), Holm's correction of both the t-test's
+    and the TOST's p-values over the family, and the ``paired_verdict`` with its planning numbers.
+
+    The family is every sample here plus ``others`` (key -> ``{"values", "reference"}``: the other
+    comparisons that share these reference trainings, e.g. earlier studies in the same store);
+    ``family_size`` says how many comparisons the correction covers.
+    """
+    rows = {key: paired(v, reference, confidence, log=log) for key, v in values.items()}
+    tests = {key: _family_test(row, margin, log, 1.0 - confidence) for key, row in rows.items()}
+    for key, other in (others or {}).items():
+        if key not in tests:
+            tests[key] = _family_test(paired(other["values"], other["reference"], confidence, log=log,
+                                             bootstrap_resamples=0), margin, log, 1.0 - confidence)
+    p_holm = holm_family({k: t["p_value"] for k, t in tests.items()})
+    p_tost_holm = holm_family({k: t["p_tost"] for k, t in tests.items()})
+    out = {}
+    for key, row in rows.items():
+        v = paired_verdict(row, margin, 1.0 - confidence, p_adjusted=p_holm[key], p_tost_adjusted=p_tost_holm[key],
+                           lower_is_better=lower_is_better, power=power, max_seeds=max_seeds)
+        w = welch(values[key], reference, confidence)
+        base = _clean(reference)
+        scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None
+        out[key] = {
+            "scale": row["scale"], "n_pairs": row["n"], "difference": row["difference"], "sd_diff": row["sd_diff"],
+            "diff_ci_low": row["diff_ci_low"], "diff_ci_high": row["diff_ci_high"],
+            "boot_ci_low": row["boot_ci_low"], "boot_ci_high": row["boot_ci_high"],
+            "relative": row["relative"], "relative_ci_low": row["relative_ci_low"],
+            "relative_ci_high": row["relative_ci_high"], "p_value": row["p_value"], "p_holm": p_holm[key],
+            "p_tost": tests[key]["p_tost"], "p_tost_holm": p_tost_holm[key], "family_size": len(tests),
+            "cohens_d": cohens_d(values[key], reference),
+            "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
+            "mde": v["mde"], "mde_relative": v["mde_relative"], "seeds_for_equivalence": v["seeds_for_equivalence"],
+            "seeds_for_margin": v["seeds_for_margin"],
+            "welch": {**{k: w.get(k) for k in ("difference", "diff_ci_low", "diff_ci_high", "p_value")},
+                      # the unpaired difference relative to the reference's mean, in percent
+                      **{f"{k}_percent": None if w.get(k) is None or scale is None else w[k] * scale
+                         for k in ("difference", "diff_ci_low", "diff_ci_high")}},
+        }
+    return out
+
+
+def _family_test(row: dict, margin: float, log: bool, alpha: float) -> dict:
+    return {"p_value": row["p_value"],
+            "p_tost": tost(row["differences"], margin=margin, log=log, alpha=alpha)["p_value"]}

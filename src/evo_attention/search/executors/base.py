@@ -20,7 +20,9 @@ part in comparisons, so the yielded task equals the submitted one.
 
 Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
 (``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
-side of the executor and travel to the worker as bytes, so workers need no shared file system. A
+side of the executor and travel to the worker as bytes, so workers need no shared file system; a
+checkpoint is verified (size, checksum, the training it belongs to) before it is used, and one that
+fails the check is treated as missing (``load_state``). A
 task with ``keep_model`` (a search's ``keep_models``) has the worker send back the trained model's
 files (safetensors weights, config.json, tokenizer.json) as bytes, and the driver side writes them
 into that directory: the kept model is the very one the record measured, wherever it trained.
@@ -28,7 +30,10 @@ into that directory: the kept model is the very one the record measured, whereve
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -129,18 +134,74 @@ def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
                          resumed_from=0 if trial.budget is not None else None)
 
 
+# A rung state file: one header line (the magic, then JSON: the payload's size and sha256 and the
+# identity of the partial training that left it), then the trainer state's bytes. ``load_state``
+# checks all of it before a single byte reaches torch: a damaged, truncated, overwritten or foreign
+# file is treated exactly as a missing one (the training starts from scratch, with the same result).
+STATE_MAGIC = b"evo-attention-state 1 "
+
+
+def state_header(trial: Trial, payload: bytes) -> dict:
+    return {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "genome": trial.genome,
+            "seed": trial.seed, "steps": trial.steps, "budget": trial.budget, "context": trial.context}
+
+
+def frame_state(trial: Trial, payload: bytes) -> bytes:
+    """The file ``store_state`` writes for the state ``payload`` left by a training of ``trial``."""
+    return STATE_MAGIC + json.dumps(state_header(trial, payload), sort_keys=True).encode() + b"\n" + payload
+
+
+def verified_state(trial: Trial, blob: bytes) -> tuple[bytes | None, str]:
+    """``(payload, "")`` if ``blob`` is an intact state that a continuation of ``trial`` may start
+    from, else ``(None, why not)``."""
+    if not blob.startswith(STATE_MAGIC):
+        return None, "it has no evo-attention state header (damaged, or written by an older version)"
+    line, newline, payload = blob[len(STATE_MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(line) if newline else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        return None, "its header is damaged"
+    if header.get("size") != len(payload) or header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        return None, f"its checksum does not match ({len(payload):,} of {header.get('size')} bytes): damaged or truncated"
+    steps = header.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 < steps < trial.steps:
+        return None, f"it holds step {steps!r}, not a step below {trial.steps}"
+    left_by = trial.replace(steps=steps)
+    if any(header.get(k) != getattr(left_by, k) for k in ("genome", "seed", "budget", "context")):
+        return None, "it belongs to another training (gene, seed, budget or settings differ)"
+    return payload, ""
+
+
 def load_state(task: EvalTask) -> bytes | None:
-    """The checkpoint ``task`` continues from (None: train from scratch)."""
-    if task.resume_from and os.path.isfile(task.resume_from):
-        return Path(task.resume_from).read_bytes()
-    return None
+    """The checkpoint ``task`` continues from, verified (None: train from scratch). A file that fails
+    the check is named in a warning, removed, and treated as missing: the task trains from scratch,
+    which gives the same result, and nothing of it reaches the gene's record."""
+    if not task.resume_from or not os.path.isfile(task.resume_from):
+        return None
+    path = Path(task.resume_from)
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        payload, why = None, f"it cannot be read ({exc.strerror or type(exc).__name__})"
+    else:
+        payload, why = verified_state(task.trial, blob)
+    if payload is None:
+        warnings.warn(f"rung state {path.name} is not usable ({why}): training {task.gene} (seed {task.seed}) "
+                      f"from scratch to {task.steps} steps instead, which gives the same result")
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    return payload
 
 
 def store_state(task: EvalTask, state: bytes | None) -> None:
-    """Write a task's checkpoint (atomically: a reader never sees half a file)."""
+    """Write a task's checkpoint with its header (atomically: a reader never sees half a file)."""
     if task.save_to is None or state is None:
         return
-    write_bytes(task.save_to, state)
+    write_bytes(task.save_to, frame_state(task.trial, state))
 
 
 def check_rebuildable(tasks: Sequence[EvalTask]) -> None:
@@ -190,6 +251,11 @@ class Executor:
     def describe(self) -> dict:
         return {"name": self.name, "workers": self.workers}
 
+    def training_threads(self) -> int | None:
+        """The CPU threads each training runs with (None: not known here). Sums over another number
+        of threads add in another order, so a CPU result can differ in its last digits."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -205,6 +271,11 @@ class LocalExecutor(Executor):
     """In-process, one evaluation at a time (the default)."""
 
     name = "local"
+
+    def training_threads(self) -> int | None:
+        import torch
+
+        return torch.get_num_threads()
 
     def run(self, tasks, *, on_start=None, on_step=None):
         for task in map(as_task, tasks):

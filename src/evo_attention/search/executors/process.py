@@ -37,8 +37,13 @@ def _die_with_parent() -> None:
 def _worker_main(worker: str, threads: int, conn) -> None:
     """A worker process: take tasks from ``conn``, send progress and results back."""
     _die_with_parent()
+    import warnings
+
     import torch
 
+    from evo_attention.util.progress import format_warning
+
+    warnings.formatwarning = format_warning  # one line each, as the driver's
     torch.set_num_threads(threads)
     try:
         conn.send(("ready", None))
@@ -171,6 +176,9 @@ class ProcessExecutor(Executor):
 
     def describe(self) -> dict:
         return {"name": self.name, "workers": self.workers, "threads_per_worker": self.threads}
+
+    def training_threads(self) -> int | None:
+        return self.threads
 
     def worker_pids(self) -> dict[str, int]:
         """The process id of every running worker, by worker id (``w0``, ``w1``, ...)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from evo_attention.search.executors.base import (EvalTask, Executor, as_task, check_rebuildable, execute,
-                                                 failure_record, load_state, store_model, store_state)
+from evo_attention.search.executors.base import (EvalTask, Executor, as_task, available_cores, check_rebuildable,
+                                                 execute, failure_record, load_state, store_model, store_state)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 
@@ -43,6 +43,36 @@ def _ray_evaluate(token, task, state, device, threads, sink):
     return record, blob, model, worker
 
 
+def local_gpus() -> int:
+    """The GPUs this process can use (what a local Ray instance offers its tasks)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _sigterm_handler():
+    """The Python-level SIGTERM handler now (None off the main thread, where it cannot be changed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGTERM)
+
+
+def _restore_sigterm(handler) -> None:
+    """Put ``handler`` back as SIGTERM's handler: ``ray.init`` installs a native one that prints a C
+    stack dump and aborts, so a terminated search would never print its resume command."""
+    import signal
+
+    if handler is None:
+        return
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except (ValueError, TypeError, OSError):
+        pass
+
+
 def import_ray():
     try:
         import ray
@@ -68,6 +98,9 @@ class RayExecutor(Executor):
         self.num_cpus = num_cpus
         self.cpus_per_trial = float(cpus_per_trial)
         self.gpus_per_trial = float(gpus_per_trial)
+        if address is None:  # a local instance: what it will hold is known now, before Ray starts
+            self._check_resources({"CPU": float(num_cpus or available_cores()), "GPU": float(local_gpus())},
+                                  "this machine")
         self.max_retries = max_retries
         self.workers = None
         self._owner = False
@@ -79,11 +112,15 @@ class RayExecutor(Executor):
         return {"name": self.name, "address": self.address, "cpus_per_trial": self.cpus_per_trial,
                 "gpus_per_trial": self.gpus_per_trial}
 
+    def training_threads(self) -> int | None:
+        return max(1, int(self.cpus_per_trial))  # what each task sets (``_ray_evaluate``)
+
     def _open(self) -> None:
         if self._remote is not None:
             return
         ray = self.ray
         if not ray.is_initialized():
+            handler = _sigterm_handler()
             try:
                 if self.address:
                     ray.init(address=self.address, log_to_driver=False)
@@ -93,9 +130,25 @@ class RayExecutor(Executor):
                 where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
                 raise UserError(f"cannot start or reach {where} ({str(exc).splitlines()[0][:200]}): start a cluster "
                                 "with `ray start --head` and pass its address, or leave the address unset", setting="address") from None
+            finally:
+                _restore_sigterm(handler)  # Ray's native handler would dump a C stack and abort instead
             self._owner = True
+            if self.address:  # a cluster: ask it (an unmet request would wait forever)
+                self._check_resources(ray.cluster_resources(), f"the Ray cluster at {self.address}")
         self._remote = ray.remote(_ray_evaluate)
         self._sink = ray.remote(num_cpus=0)(_ProgressSink).remote()
+
+    def _check_resources(self, resources, where: str) -> None:
+        """Refuse a per-trial request that ``resources`` can never meet: Ray would wait for it forever."""
+        for kind, wanted, setting in (("GPU", self.gpus_per_trial, "gpus_per_trial"),
+                                      ("CPU", self.cpus_per_trial, "cpus_per_trial")):
+            have = float(resources.get(kind, 0.0) or 0.0)
+            if wanted > have:
+                what = "no GPU" if kind == "GPU" and have == 0 else f"{have:g} {kind}{'s' if have != 1 else ''}"
+                fix = ("set it to 0 (CPU training) or run on a machine or cluster with GPUs" if kind == "GPU"
+                       else "lower it, or give a local instance more (workers) or use a bigger cluster")
+                raise UserError(f"{setting} {wanted:g} cannot be met: {where} has {what}, so Ray would wait for "
+                                f"it forever; {fix}", setting=setting)
 
     def _device(self, task: EvalTask) -> str:
         if self.gpus_per_trial > 0:

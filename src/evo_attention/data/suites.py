@@ -1,0 +1,207 @@
+"""Suites: named lists of task x difficulty points, kept as YAML data (``data/suites/*.yaml``).
+
+    from evo_attention.data.suites import load_suite
+    suite = load_suite("mad-cpu")            # a shipped suite, or the path of a YAML file
+    for point in suite.points:
+        point.label, point.data, point.options, point.steps   # 'recall', 'mad:in_context_recall:...', {}, 600
+        task = point.load()                                    # its SyntheticData
+
+A suite file (every key but ``suite`` and ``points`` optional):
+
+    suite: mad-cpu                 # its name
+    description: what it is for
+    budget: what one gene's pass over the suite costs (text)
+    steps: 600                     # training steps of a point that gives none
+    defaults:                      # knobs of every point whose task has them (a point's own win)
+      vocab: 16
+      train_examples: 4000
+    points:
+      - label: recall              # unique; default: the task's short name, numbered if repeated
+        task: mad:in_context_recall
+        knobs: {seq_len: 32}
+        steps: 800                 # this point's training steps
+        seed: 0                    # the data seed (default 0; goes to the options as ``seed``)
+
+A point names its data completely: after the defaults, ``seq_len`` and ``vocab`` must be set, so a
+point means the same data whatever the run's Config. Loading checks everything a point's data
+needs (names, values, the checks between knobs) without generating data; errors are one line
+naming the file and the point.
+
+``point.data`` is the inline data name (``mad:TASK:knob=value,...``, knobs sorted, defaults
+included), accepted by ``load_data`` and ``--data`` as it is; ``point.options`` holds the rest of the
+task options (the data seed, when given).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evo_attention.data.synthetic import TASKS, SyntheticData, data_name, resolve_knobs, synthetic_data
+from evo_attention.util.errors import UserError
+
+SUITE_DIR = Path(__file__).resolve().parent / "suites"
+SUITE_KEYS = ("suite", "description", "budget", "steps", "defaults", "points")
+POINT_KEYS = ("label", "task", "knobs", "steps", "seed")
+REQUIRED_KNOBS = ("seq_len", "vocab")
+
+
+def shipped_suites() -> tuple[str, ...]:
+    """The names of the suites shipped with the package (``data/suites/NAME.yaml``)."""
+    return tuple(sorted(p.stem for p in SUITE_DIR.glob("*.yaml")))
+
+
+@dataclass(frozen=True)
+class SuitePoint:
+    """One task x difficulty point of a suite."""
+
+    label: str
+    task: str  # 'mqar' or 'mad:TASK'
+    knobs: dict = field(hash=False)  # as the suite gives them (defaults included), checked
+    steps: int | None = None  # training steps the suite gives this point
+    seed: int | None = None  # data seed, when the suite gives one
+
+    @property
+    def data(self) -> str:
+        """The data name (``load_data`` / ``--data``) with every knob inline."""
+        return data_name(self.task, self.knobs)
+
+    @property
+    def options(self) -> dict:
+        """The task options besides the data name: the data seed, when given."""
+        return {} if self.seed is None else {"seed": self.seed}
+
+    def load(self) -> SyntheticData:
+        """This point's dataset."""
+        return synthetic_data(self.data, seed=0 if self.seed is None else self.seed)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    points: tuple[SuitePoint, ...]
+    description: str = ""
+    budget: str = ""
+    source: str = ""  # the file it was read from
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(p.label for p in self.points)
+
+    def point(self, label: str) -> SuitePoint:
+        for p in self.points:
+            if p.label == label:
+                return p
+        raise UserError(f"suite {self.name} has no point {label!r}; its points: {', '.join(self.labels)}")
+
+
+def load_suite(name_or_path: str | os.PathLike) -> Suite:
+    """A shipped suite by name (``mad-cpu``, ``mad-paper``) or a suite YAML file by path; one-line
+    UserError for anything malformed."""
+    import yaml
+
+    text = str(name_or_path)
+    shipped = shipped_suites()
+    if text in shipped:
+        path = SUITE_DIR / f"{text}.yaml"
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UserError(f"unknown suite {text!r}: shipped suites are {', '.join(shipped)}, or give the path of a "
+                            "suite YAML file", setting="suite")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise UserError(f"suite {path.name}: not valid YAML: {' '.join(str(error).split())}", setting="suite") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"suite {path}: cannot be read ({error})", setting="suite") from None
+    return parse_suite(raw, source=str(path))
+
+
+def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
+    """A ``Suite`` from the parsed YAML ``raw`` (checked as ``load_suite`` describes)."""
+    where = Path(source).name
+
+    def fail(message: str) -> UserError:
+        return UserError(f"suite {where}: {message}", setting="suite")
+
+    if not isinstance(raw, dict):
+        raise fail(f"the file must be a mapping with keys {', '.join(SUITE_KEYS)}, got {type(raw).__name__}")
+    unknown = [k for k in raw if k not in SUITE_KEYS]
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r}; valid keys: {', '.join(SUITE_KEYS)}")
+    name = raw.get("suite")
+    if not isinstance(name, str) or not name.strip():
+        raise fail("give the suite's name as 'suite: NAME'")
+    for key in ("description", "budget"):
+        if not isinstance(raw.get(key, ""), str):
+            raise fail(f"{key} must be text, got {raw[key]!r}")
+    default_steps = _steps(raw.get("steps"), fail, "steps")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise fail(f"defaults must be a mapping of knob: value, got {defaults!r}")
+    points_raw = raw.get("points")
+    if not isinstance(points_raw, list) or not points_raw:
+        raise fail("points must be a non-empty list of points (each with task: and knobs:)")
+
+    points, labels, datas = [], {}, {}
+    used_defaults = set()
+    for i, item in enumerate(points_raw, 1):
+        if not isinstance(item, dict):
+            raise fail(f"point {i} must be a mapping with keys {', '.join(POINT_KEYS)}, got {item!r}")
+        bad = [k for k in item if k not in POINT_KEYS]
+        if bad:
+            raise fail(f"point {i}: unknown key {bad[0]!r}; valid keys: {', '.join(POINT_KEYS)}")
+        task = item.get("task")
+        if task not in TASKS:
+            raise fail(f"point {i}: task {task!r} is not a task; valid tasks: {', '.join(TASKS)}")
+        own = item.get("knobs") or {}
+        if not isinstance(own, dict):
+            raise fail(f"point {i} ({task}): knobs must be a mapping of knob: value, got {own!r}")
+        names = {k.name for k in TASKS[task].all_knobs}
+        applied = {k: v for k, v in defaults.items() if k in names}
+        used_defaults.update(applied)
+        knobs = {**applied, **own}
+        missing = [k for k in REQUIRED_KNOBS if k not in knobs]
+        if missing:
+            raise fail(f"point {i} ({task}): set {' and '.join(missing)} (in the point's knobs or the defaults): "
+                       "a point names its data completely")
+        try:
+            resolved = resolve_knobs(task, knobs)  # names, values and the checks between knobs
+        except UserError as error:
+            raise fail(f"point {i}: {error}") from None
+        knobs = {k: resolved[k] for k in knobs}  # typed (16.0 -> 16), as given
+        steps = _steps(item.get("steps"), fail, f"point {i} steps")
+        seed = item.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise fail(f"point {i} ({task}): seed must be an integer, got {seed!r}")
+        label = item.get("label")
+        if label is None:
+            short = task.split(":")[-1]
+            label = short if short not in labels else f"{short}-{i}"
+        if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
+            raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
+        if label in labels:
+            raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
+        point = SuitePoint(label=label, task=task, knobs=knobs, steps=steps if steps is not None else default_steps,
+                           seed=seed)
+        key = (task, tuple(sorted(resolved.items())), seed or 0)  # the same data, however spelled
+        if key in datas:
+            raise fail(f"points {datas[key]} and {i} are the same data ({point.data}): remove one")
+        labels[label], datas[key] = i, i
+        points.append(point)
+    unused = [k for k in defaults if k not in used_defaults]
+    if unused:
+        raise fail(f"default knob {unused[0]!r} is a knob of no point's task")
+    return Suite(name=name.strip(), points=tuple(points), description=raw.get("description", "").strip(),
+                 budget=raw.get("budget", "").strip(), source=source)
+
+
+def _steps(value, fail, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise fail(f"{what} must be an integer >= 1, got {value!r}")
+    return value

@@ -1,0 +1,609 @@
+"""Generated tasks that separate mechanisms: MQAR (Zoology) and the MAD synthetic tasks.
+
+Every task is offline and deterministic: the same knobs and seed give the same tensors in every
+process (each split draws from its own generator, seeded by sha256 of task, seed and split). Only
+*answer positions* are scored: targets are ``IGNORE_INDEX`` everywhere else, and the number of
+answers per example follows from the knobs (``answers_per_example``), so ``scored_tokens`` and the
+trainer's ``eval_tokens`` say how many answers a full evaluation scores.
+
+Data names (``load_data`` / ``--data``):
+
+    mqar                      mqar:pairs=8,queries=4,seq_len=64
+    mad:TASK                  mad:selective_copy:seq_len=64,copy=16
+
+Knobs come inline (``NAME:knob=value,...``) and/or from the task options mapping (Config ``recall``,
+``TaskSpec.options``); a knob given in both places must agree. ``seq_len`` and ``vocab`` not given
+as knobs come from ``load_data``'s ``seq_len`` and ``vocab_size`` (the Config's ``max_seq_len`` and
+``vocab_size``; ``vocab_size=None`` means the task's default). ``seed`` (in the options) picks the
+data; it is not an inline knob.
+
+Common knobs: ``seq_len`` (the model's input window T; each example is T + 1 tokens, x = the first
+T, y = the next-token targets), ``vocab`` (token ids in all, special tokens included: the model's
+vocabulary), ``train_examples``, ``eval_examples`` (per evaluation split, valid and test).
+
+Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
+
+* ``mqar`` -- multi-query associative recall (Arora et al. 2023): ``pairs`` key-value pairs, then
+  ``queries`` of those keys in two-token slots ("k v") placed among <fill> tokens; slot j of the query
+  region is drawn with weight (j + 1) ** (power - 1) (``power=1``: uniform; Zoology's 0.01 puts
+  queries near the pairs). Scored: the value after each query key. Isolates content-based lookup.
+* ``mad:in_context_recall`` -- a dictionary of ``pairs`` distinct keys with their values, then
+  query pairs of dictionary keys (drawn with replacement) that fill the window. Scored: the value of
+  every query pair. Dense recall: every step is a lookup.
+* ``mad:noisy_recall`` -- in-context recall with ``round(noise * (T + 1))`` noise tokens (from a
+  ``noise_vocab``-symbol noise alphabet) interleaved between the pairs at random. Isolates recall
+  that ignores irrelevant tokens.
+* ``mad:fuzzy_recall`` -- in-context recall where keys are ``key_len`` tokens and values
+  ``value_len`` tokens. Scored: every value token of every query. Isolates matching multi-token
+  keys (aggregating several tokens before the lookup).
+* ``mad:selective_copy`` -- ``copy`` content tokens at random positions of a noise region, then
+  ``copy`` <copy> markers; at the j-th marker the model must output the j-th content token.
+  Isolates content-dependent filtering and ordered copying.
+* ``mad:compression`` -- ``tokens`` content tokens, then ``tokens`` <compress> markers; at the j-th
+  marker the model must output the j-th token. Our formulation of MAD's compression (MAD decodes
+  the whole sequence from one embedding with a separate decoder; a causal LM has none): the final
+  positions decode the sequence, so the whole sequence must be carried -- a measure of capacity
+  (selective copying's noise-free, full-length limit).
+* ``mad:memorization`` -- a fixed key -> value table shared by all examples and splits (drawn from
+  the seed); each example lists ``pairs`` distinct keys, each followed by its value. Scored: the
+  value after each key. Keys never repeat within an example, so context does not help: rewards
+  what the parameters store, not mixing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, fingerprint_of
+from evo_attention.data.recall import random_subsets
+from evo_attention.data.vocab import Vocab
+from evo_attention.util.errors import UserError
+
+FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
+PAD_ID = 0  # every task's id 0: padding / filler; its targets are never scored
+
+
+# -- knobs ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Knob:
+    """One setting of a task: its name, kind (``int``, ``fraction`` in [0, 1), ``power`` in (0, 1])
+    and, for ints, the least allowed value."""
+
+    name: str
+    kind: str
+    help: str
+    minimum: int = 1
+
+    @property
+    def allowed(self) -> str:
+        return {"int": f"an integer >= {self.minimum}", "fraction": "a number in [0, 1)",
+                "power": "a number in (0, 1]"}[self.kind]
+
+    def convert(self, value: Any, task: str) -> int | float:
+        """``value`` (a Python value, or the text of an inline knob) as this knob's type; UserError
+        saying what is allowed otherwise."""
+        out = value
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                out = int(text) if self.kind == "int" and re.fullmatch(r"[+-]?\d+", text) else float(text)
+            except ValueError:
+                out = None
+        ok = out is not None and not isinstance(out, bool) and isinstance(out, (int, float))
+        if ok and self.kind == "int":
+            if isinstance(out, float) and out.is_integer() and not isinstance(value, str):
+                out = int(out)  # YAML 16.0
+            ok = isinstance(out, int) and out >= self.minimum
+        elif ok and self.kind == "fraction":
+            ok, out = math.isfinite(out) and 0 <= out < 1, float(out)
+        elif ok and self.kind == "power":
+            ok, out = math.isfinite(out) and 0 < out <= 1, float(out)
+        if not ok:
+            raise UserError(f"{task} knob {self.name}={value!r} is not allowed: {self.name} must be {self.allowed}",
+                            setting="data")
+        return out
+
+
+COMMON_KNOBS = (
+    Knob("seq_len", "int", "the model's input window T (each example is T + 1 tokens)", minimum=2),
+    Knob("vocab", "int", "token ids in all, special tokens included (the model's vocabulary)", minimum=4),
+    Knob("train_examples", "int", "examples in the train split"),
+    Knob("eval_examples", "int", "examples in each evaluation split (valid, test)"),
+)
+COMMON_DEFAULTS = {"seq_len": 64, "train_examples": 10_000, "eval_examples": 1_000}
+
+
+def split_generator(task: str, seed: int, split: str) -> torch.Generator:
+    """A CPU generator seeded from (task, seed, split) by sha256: independent streams."""
+    digest = hashlib.sha256(f"evo-attention/synthetic/v{FORMAT_VERSION}/{task}/{seed}/{split}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def _too_small(task: str, what: str, fix: str) -> UserError:
+    return UserError(f"{task}: {what}; {fix}", setting="data")
+
+
+# -- the tasks ------------------------------------------------------------------------------------
+class Task:
+    """A generated task: its knobs, their defaults, the checks between them, the token layout and
+    the generator. ``k`` is always the full dict of resolved knob values."""
+
+    name: str = ""
+    capability: str = ""
+    knobs: tuple[Knob, ...] = ()
+    defaults: dict = {}  # None: derived from the other knobs by ``resolve``
+
+    @property
+    def all_knobs(self) -> tuple[Knob, ...]:
+        return COMMON_KNOBS + self.knobs
+
+    def knob(self, name: str, where: str = "") -> Knob:
+        for knob in self.all_knobs:
+            if knob.name == name:
+                return knob
+        valid = ", ".join(k.name for k in self.all_knobs)
+        raise UserError(f"unknown knob {name!r} for {self.name}{where}; valid knobs: {valid}", setting="data")
+
+    def resolve(self, k: dict) -> dict:
+        """Fill derived defaults; run the checks."""
+        return k
+
+    def symbols(self, k: dict) -> list[str]:
+        raise NotImplementedError
+
+    def answers_per_example(self, k: dict) -> int:
+        raise NotImplementedError
+
+    def chance(self, k: dict) -> float:
+        raise NotImplementedError
+
+    def generate(self, n: int, k: dict, generator: torch.Generator, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+def _split_alphabet(task: str, vocab: int, reserved: int, what: str) -> tuple[int, int]:
+    """(keys, values): the ids after ``reserved`` special ones, split in two halves."""
+    rest = vocab - reserved
+    if rest < 2:
+        raise _too_small(task, f"vocab {vocab} leaves no room for keys and values after {reserved} special tokens ({what})",
+                         f"raise vocab to at least {reserved + 2}")
+    return rest // 2, rest - rest // 2
+
+
+def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """y for x = full[:, :-1]: IGNORE_INDEX except at ``pos`` [B, n], where it is the next token."""
+    y = torch.full((full.shape[0], full.shape[1] - 1), IGNORE_INDEX, dtype=torch.long)
+    y.scatter_(1, pos, full.gather(1, pos + 1))
+    return y
+
+
+class MQAR(Task):
+    name = "mqar"
+    capability = "content-based lookup of many associations at once (multi-query associative recall)"
+    knobs = (Knob("pairs", "int", "key-value pairs at the start of each example"),
+             Knob("queries", "int", "queried keys per example (each pair at most once; default: pairs)"),
+             Knob("power", "power", "query slot j is drawn with weight (j + 1) ** (power - 1); 1: uniform"))
+    defaults = {"vocab": 64, "pairs": 8, "queries": None, "power": 0.01}
+
+    def resolve(self, k):
+        if k["queries"] is None:
+            k["queries"] = k["pairs"]
+        P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
+        keys = (V - 1) // 2
+        if Q > P:
+            raise _too_small(self.name, f"queries {Q} exceeds pairs {P} (each query asks a different pair)", "lower queries")
+        if keys < P:
+            raise _too_small(self.name, f"vocab {V} has only {keys} keys for pairs {P}", f"raise vocab to at least {2 * P + 1}")
+        if 2 * P + 2 * Q > T + 1:
+            raise _too_small(self.name, f"seq_len {T} is too short for pairs {P} and queries {Q}",
+                             f"raise seq_len to at least {2 * P + 2 * Q - 1}")
+        return k
+
+    def symbols(self, k):
+        keys = (k["vocab"] - 1) // 2
+        return ["<fill>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(k["vocab"] - 1 - keys)]
+
+    def answers_per_example(self, k):
+        return k["queries"]
+
+    def chance(self, k):
+        return 1 / (k["vocab"] - 1 - (k["vocab"] - 1) // 2)
+
+    def generate(self, n, k, generator, seed):
+        P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
+        num_keys = (V - 1) // 2
+        keys = random_subsets(n, num_keys, P, generator) + 1
+        values = torch.randint(V - 1 - num_keys, (n, P), generator=generator) + 1 + num_keys
+        asked = random_subsets(n, P, Q, generator)
+        slots = (T + 1 - 2 * P) // 2
+        weights = (torch.arange(slots, dtype=torch.float64) + 1) ** (k["power"] - 1)
+        chunk = max(1, 2**20 // slots)  # bound the [chunk, slots] weights each draw expands
+        slot = torch.cat([torch.multinomial(weights.expand(min(chunk, n - r), slots), Q, replacement=False,
+                                            generator=generator) for r in range(0, n, chunk)])
+        pos = 2 * P + 2 * slot
+        full = torch.full((n, T + 1), PAD_ID, dtype=torch.long)
+        full[:, 0: 2 * P: 2], full[:, 1: 2 * P: 2] = keys, values
+        full.scatter_(1, pos, keys.gather(1, asked))
+        full.scatter_(1, pos + 1, values.gather(1, asked))
+        return full[:, :-1].contiguous(), _targets(full, pos)
+
+
+class InContextRecall(Task):
+    """The recall family: a dictionary of ``pairs`` distinct keys with values, then query pairs of
+    dictionary keys (with replacement) up to the end of the window; noise tokens between items
+    (noisy) and keys/values of several tokens (fuzzy) are settings of the same generator."""
+
+    name = "mad:in_context_recall"
+    capability = "in-context recall: look up the value of a key given earlier in the sequence"
+    knobs = (Knob("pairs", "int", "distinct keys in each example's dictionary (default: min(possible keys, "
+                                  "half of the pairs that fit))"),)
+    defaults = {"vocab": 16, "pairs": None}
+    noise_vocab_default = 0
+
+    # the settings the generator reads (overridden by the noisy and fuzzy variants)
+    def key_len(self, k):
+        return k.get("key_len", 1)
+
+    def value_len(self, k):
+        return k.get("value_len", 1)
+
+    def noise_vocab(self, k):
+        return k.get("noise_vocab", 0)
+
+    def noise_tokens(self, k) -> int:
+        """Noise tokens per example."""
+        return round(k.get("noise", 0.0) * (k["seq_len"] + 1))
+
+    def alphabet(self, k) -> tuple[int, int]:
+        return _split_alphabet(self.name, k["vocab"], 1 + self.noise_vocab(k), "<pad> and the noise symbols")
+
+    def items(self, k) -> int:
+        """Key-value items per example (dictionary and queries)."""
+        return (k["seq_len"] + 1 - self.noise_tokens(k)) // (self.key_len(k) + self.value_len(k))
+
+    def resolve(self, k):
+        T, V = k["seq_len"], k["vocab"]
+        keys, _ = self.alphabet(k)
+        possible = keys ** self.key_len(k)
+        M = self.items(k)
+        if k["pairs"] is None:
+            k["pairs"] = max(1, min(possible, M // 2))
+        P = k["pairs"]
+        if P > possible:
+            raise _too_small(self.name, f"vocab {V} gives {possible} distinct keys for pairs {P}",
+                             "raise vocab (or key_len) or lower pairs")
+        if M - P < 1:
+            raise _too_small(self.name, f"seq_len {T} fits {M} key-value items, not pairs {P} plus at least one query",
+                             "raise seq_len or lower pairs (or noise)")
+        return k
+
+    def symbols(self, k):
+        keys, values = self.alphabet(k)
+        return (["<pad>"] + [f"<noise{i}>" for i in range(self.noise_vocab(k))]
+                + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)])
+
+    def answers_per_example(self, k):
+        return (self.items(k) - k["pairs"]) * self.value_len(k)
+
+    def chance(self, k):
+        return 1 / self.alphabet(k)[1]
+
+    def generate(self, n, k, generator, seed):
+        T, P = k["seq_len"], k["pairs"]
+        kl, vl, N, M = self.key_len(k), self.value_len(k), self.noise_tokens(k), self.items(k)
+        Q, L = M - P, kl + vl
+        num_keys, num_values = self.alphabet(k)
+        key_off = 1 + self.noise_vocab(k)
+        value_off = key_off + num_keys
+        # the dictionary: P distinct keys (as numbers < num_keys ** kl, then as kl digits), their values
+        index = random_subsets(n, num_keys ** kl, P, generator)
+        digits = torch.stack([(index // num_keys ** (kl - 1 - d)) % num_keys for d in range(kl)], -1)  # [n, P, kl]
+        values = torch.randint(num_values, (n, P, vl), generator=generator)
+        asked = torch.randint(P, (n, Q), generator=generator)  # dictionary entry of each query
+        entry = torch.cat([torch.arange(P).expand(n, P), asked], 1)  # [n, M]
+        tokens = torch.cat([digits.gather(1, entry[..., None].expand(n, M, kl)) + key_off,
+                            values.gather(1, entry[..., None].expand(n, M, vl)) + value_off], -1)  # [n, M, L]
+        # where the items and the noise tokens go: N of the M + N places are noise, in random order
+        is_noise = torch.zeros((n, M + N), dtype=torch.bool)
+        if N:
+            is_noise.scatter_(1, random_subsets(n, M + N, N, generator), True)
+        lengths = torch.where(is_noise, 1, L)
+        starts = lengths.cumsum(1) - lengths
+        item_starts = starts[~is_noise].view(n, M)
+        full = torch.full((n, T + 1), PAD_ID, dtype=torch.long)
+        full.scatter_(1, (item_starts[..., None] + torch.arange(L)).view(n, M * L), tokens.view(n, M * L))
+        if N:
+            noise = torch.randint(self.noise_vocab(k), (n, N), generator=generator) + 1
+            full.scatter_(1, starts[is_noise].view(n, N), noise)
+        # scored: each query's value tokens, predicted from the token before each
+        pos = (item_starts[:, P:, None] + kl - 1 + torch.arange(vl)).view(n, Q * vl)
+        return full[:, :-1].contiguous(), _targets(full, pos)
+
+
+class NoisyRecall(InContextRecall):
+    name = "mad:noisy_recall"
+    capability = "in-context recall among irrelevant tokens: look up keys while ignoring noise"
+    knobs = InContextRecall.knobs + (
+        Knob("noise", "fraction", "fraction of each example's T + 1 tokens that are noise (rounded)"),
+        Knob("noise_vocab", "int", "distinct noise symbols"))
+    defaults = {"vocab": 16, "pairs": None, "noise": 0.2, "noise_vocab": 4}
+
+
+class FuzzyRecall(InContextRecall):
+    name = "mad:fuzzy_recall"
+    capability = "in-context recall with multi-token keys and values: match a key spread over several tokens"
+    knobs = InContextRecall.knobs + (Knob("key_len", "int", "tokens per key"),
+                                     Knob("value_len", "int", "tokens per value (every one is scored)"))
+    defaults = {"vocab": 16, "pairs": None, "key_len": 2, "value_len": 1}
+
+    def resolve(self, k):
+        keys, _ = self.alphabet(k)
+        if keys ** k["key_len"] > 2**62:
+            raise _too_small(self.name, f"{keys} key symbols ** key_len {k['key_len']} is too many keys to number",
+                             "lower key_len")
+        return super().resolve(k)
+
+
+class ContentTask(Task):
+    """A task over content symbols after a few special tokens (``SPECIALS``): copying and compression."""
+
+    SPECIALS: tuple[str, ...] = ()
+
+    def check_content(self, k):
+        if k["vocab"] - len(self.SPECIALS) < 2:
+            raise _too_small(self.name, f"vocab {k['vocab']} leaves fewer than 2 content symbols after "
+                                        f"{len(self.SPECIALS)} special tokens", f"raise vocab to at least {len(self.SPECIALS) + 2}")
+        return k
+
+    def symbols(self, k):
+        return list(self.SPECIALS) + [f"c{i}" for i in range(k["vocab"] - len(self.SPECIALS))]
+
+    def chance(self, k):
+        return 1 / (k["vocab"] - len(self.SPECIALS))
+
+
+class SelectiveCopy(ContentTask):
+    name = "mad:selective_copy"
+    capability = "selective copying: keep the content tokens among noise and reproduce them in order"
+    knobs = (Knob("copy", "int", "content tokens to copy (the rest of the first seq_len - copy positions is noise)"),)
+    defaults = {"vocab": 16, "copy": 16}
+    SPECIALS = ("<pad>", "<noise>", "<copy>")
+
+    def resolve(self, k):
+        T, c = k["seq_len"], k["copy"]
+        if 2 * c > T:
+            raise _too_small(self.name, f"seq_len {T} is too short for copy {c} (a region of at least copy tokens, "
+                                        "then copy answer positions)", f"raise seq_len to at least {2 * c} or lower copy")
+        return self.check_content(k)
+
+    def answers_per_example(self, k):
+        return k["copy"]
+
+    def generate(self, n, k, generator, seed):
+        T, c = k["seq_len"], k["copy"]
+        region = T - c
+        where = random_subsets(n, region, c, generator).sort(1).values
+        content = torch.randint(k["vocab"] - 3, (n, c), generator=generator) + 3
+        x = torch.full((n, T), 1, dtype=torch.long)  # <noise>
+        x.scatter_(1, where, content)
+        x[:, region:] = 2  # <copy>: the j-th marker asks for the j-th content token
+        y = torch.full((n, T), IGNORE_INDEX, dtype=torch.long)
+        y[:, region:] = content
+        return x, y
+
+
+class Compression(ContentTask):
+    name = "mad:compression"
+    capability = "compression: carry a whole sequence and decode it, in order, at the final positions"
+    knobs = (Knob("tokens", "int", "tokens to compress and reproduce (default: seq_len // 2)"),)
+    defaults = {"vocab": 16, "tokens": None}
+    SPECIALS = ("<pad>", "<compress>")
+
+    def resolve(self, k):
+        T = k["seq_len"]
+        if k["tokens"] is None:
+            k["tokens"] = T // 2
+        if 2 * k["tokens"] > T:
+            raise _too_small(self.name, f"seq_len {T} is too short for tokens {k['tokens']} (the sequence, then as many "
+                                        "answer positions)", f"raise seq_len to at least {2 * k['tokens']} or lower tokens")
+        return self.check_content(k)
+
+    def answers_per_example(self, k):
+        return k["tokens"]
+
+    def generate(self, n, k, generator, seed):
+        T, m = k["seq_len"], k["tokens"]
+        content = torch.randint(k["vocab"] - 2, (n, m), generator=generator) + 2
+        x = torch.full((n, T), PAD_ID, dtype=torch.long)
+        x[:, :m], x[:, m: 2 * m] = content, 1  # the sequence, then <compress> markers
+        y = torch.full((n, T), IGNORE_INDEX, dtype=torch.long)
+        y[:, m: 2 * m] = content
+        return x, y
+
+
+class Memorization(Task):
+    name = "mad:memorization"
+    capability = "memorization: a fixed key -> value table learned into the parameters (context cannot help)"
+    knobs = (Knob("pairs", "int", "distinct keys per example (default: min(keys, (seq_len + 1) // 2))"),)
+    defaults = {"vocab": 64, "pairs": None}
+
+    def resolve(self, k):
+        T, V = k["seq_len"], k["vocab"]
+        keys, _ = _split_alphabet(self.name, V, 1, "<pad>")
+        if k["pairs"] is None:
+            k["pairs"] = min(keys, (T + 1) // 2)
+        P = k["pairs"]
+        if P > keys:
+            raise _too_small(self.name, f"vocab {V} has only {keys} keys for pairs {P} (keys never repeat in an example)",
+                             f"raise vocab to at least {2 * P + 1} or lower pairs")
+        if 2 * P > T + 1:
+            raise _too_small(self.name, f"seq_len {T} is too short for pairs {P}", f"raise seq_len to at least {2 * P - 1}")
+        return k
+
+    def symbols(self, k):
+        keys, values = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        return ["<pad>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
+
+    def answers_per_example(self, k):
+        return k["pairs"]
+
+    def chance(self, k):
+        return 1 / _split_alphabet(self.name, k["vocab"], 1, "<pad>")[1]
+
+    def table(self, k, seed: int) -> torch.Tensor:
+        """The value id of every key id (index: key id - 1); the same in every split."""
+        keys, values = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        return torch.randint(values, (keys,), generator=split_generator(self.name, seed, "table")) + 1 + keys
+
+    def generate(self, n, k, generator, seed):
+        T, P = k["seq_len"], k["pairs"]
+        keys, _ = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        chosen = random_subsets(n, keys, P, generator)
+        full = torch.full((n, T + 1), PAD_ID, dtype=torch.long)
+        full[:, 0: 2 * P: 2] = chosen + 1
+        full[:, 1: 2 * P: 2] = self.table(k, seed)[chosen]
+        return full[:, :-1].contiguous(), _targets(full, torch.arange(0, 2 * P, 2).expand(n, P))
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (
+    MQAR(), InContextRecall(), NoisyRecall(), FuzzyRecall(), SelectiveCopy(), Compression(), Memorization())}
+MAD_TASKS = tuple(name.split(":", 1)[1] for name in TASKS if name.startswith("mad:"))
+
+
+# -- data names -----------------------------------------------------------------------------------
+def is_synthetic(name) -> bool:
+    """Whether ``name`` names a generated task of this module (``mqar[:...]``, ``mad[:...]``)."""
+    return isinstance(name, str) and (name in ("mqar", "mad") or name.startswith(("mqar:", "mad:")))
+
+
+def parse_data_name(name: str) -> tuple[str, dict[str, str]]:
+    """``(task, inline knobs as text)`` of a data name; UserError for a malformed one."""
+    if name == "mqar" or name.startswith("mqar:"):
+        task, rest = "mqar", name[len("mqar:"):] if name.startswith("mqar:") else None
+    else:
+        parts = name.split(":", 2)
+        if len(parts) < 2 or not parts[1].strip():
+            raise UserError(f"data {name!r} names no MAD task: use mad:TASK[:knob=value,...] with TASK one of "
+                            f"{', '.join(MAD_TASKS)}", setting="data")
+        task = f"mad:{parts[1].strip()}"
+        if task not in TASKS:
+            raise UserError(f"unknown MAD task {parts[1].strip()!r} in data {name!r}; valid tasks: {', '.join(MAD_TASKS)}",
+                            setting="data")
+        rest = parts[2] if len(parts) == 3 else None
+    knobs: dict[str, str] = {}
+    if rest is None:
+        return task, knobs
+    for item in rest.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UserError(f"knob {item.strip()!r} in data {name!r} is not knob=value: write {task}:knob=value,...",
+                            setting="data")
+        if key in knobs:
+            raise UserError(f"knob {key!r} is given twice in data {name!r}: give it once", setting="data")
+        knobs[key] = value
+    return task, knobs
+
+
+def convert_knobs(task: str, values: Mapping[str, Any], where: str = "") -> dict:
+    """``values`` checked against ``task``'s knobs (unknown name or bad value: one-line UserError)."""
+    definition = TASKS[task]
+    return {key: definition.knob(key, where).convert(value, task) for key, value in values.items()}
+
+
+def check_synthetic_name(name: str) -> None:
+    """UserError unless ``name`` is a valid task name with valid inline knobs (their values alone;
+    checks between knobs need seq_len and vocab, known when the data is built)."""
+    task, inline = parse_data_name(name)
+    convert_knobs(task, inline, where=f" (in data {name!r})")
+
+
+def resolve_knobs(task: str, knobs: Mapping[str, Any]) -> dict:
+    """Every knob of ``task``: ``knobs`` (checked) over the defaults, derived ones filled, the
+    checks between them run."""
+    definition = TASKS[task]
+    given = convert_knobs(task, {key: value for key, value in knobs.items() if value is not None})  # None: default
+    resolved = {**COMMON_DEFAULTS, **definition.defaults, **given}
+    return definition.resolve(resolved)
+
+
+def synthetic_data(name: str, *, seq_len: int | None = None, vocab_size: int | None = None, seed: int = 0,
+                   options: Mapping[str, Any] | None = None) -> "SyntheticData":
+    """The dataset a data name gives: inline knobs, then ``options`` (the task options mapping),
+    then ``seq_len`` / ``vocab_size`` for those two knobs, then the task's defaults."""
+    task, inline = parse_data_name(name)
+    knobs = convert_knobs(task, inline, where=f" (in data {name!r})")
+    for key, value in convert_knobs(task, dict(options or {}), where=" (in the task options)").items():
+        if key in knobs and knobs[key] != value:
+            raise UserError(f"knob {key} is given twice for {name!r}: {knobs[key]} in the data name and {value} in the "
+                            "task options; give it once", setting="data")
+        knobs[key] = value
+    if "seq_len" not in knobs and seq_len is not None:
+        knobs["seq_len"] = seq_len
+    if "vocab" not in knobs and vocab_size is not None:
+        knobs["vocab"] = vocab_size
+    return SyntheticData(task, seed=seed, name=name, **knobs)
+
+
+def data_name(task: str, knobs: Mapping[str, Any]) -> str:
+    """The inline data name of ``task`` with ``knobs`` (sorted), e.g. ``mqar:pairs=8,seq_len=64``."""
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}", setting="data")
+    if not knobs:
+        return task
+    return task + ":" + ",".join(f"{key}={knobs[key]!r}" if isinstance(knobs[key], float) else f"{key}={knobs[key]}"
+                                 for key in sorted(knobs))
+
+
+# -- the dataset ----------------------------------------------------------------------------------
+class SyntheticData(ExampleData):
+    """A generated task as a TaskData; all splits are generated on construction.
+
+    ``SyntheticData("mad:selective_copy", seq_len=64, copy=16, seed=0)``: knobs by name (see the
+    module docstring), the rest at the task's defaults. ``name`` is the data name the dataset is
+    known by (default: the task); the fingerprint depends on the task, every knob, the seed and the
+    format version, not on how the name was spelled.
+    """
+
+    def __init__(self, task: str, *, seed: int = 0, name: str | None = None, **knobs):
+        if task not in TASKS:
+            raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}", setting="data")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise UserError(f"seed must be an integer, got {seed!r}")
+        self.task = TASKS[task]
+        self.knobs = resolve_knobs(task, knobs)
+        k = self.knobs
+        self.name = name or task
+        self.seed = seed
+        self.vocab_size, self.seq_len, self.pad_id = k["vocab"], k["seq_len"], PAD_ID
+        self.settings = {"task": task, **k, "seed": seed, "format_version": FORMAT_VERSION}
+        self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})
+        self.vocab = Vocab(self.task.symbols(k))
+        assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
+        self.answers_per_example = self.task.answers_per_example(k)
+        self.data = {}
+        for split in SPLITS:
+            n = k["train_examples"] if split == "train" else k["eval_examples"]
+            self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
+
+    def scored_tokens(self, split: str) -> int:
+        """Answers in ``split``: examples x answers per example (the generator scores exactly these)."""
+        return self.num_eval_items(self.check_split(split)) * self.answers_per_example
+
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "task": self.task.name,
+            "capability": self.task.capability,
+            "examples": {s: self.num_eval_items(s) for s in SPLITS},
+            "answers_per_example": self.answers_per_example,
+            "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
+            "chance_accuracy": self.task.chance(self.knobs),
+            "settings": self.settings,
+        }

@@ -1,0 +1,381 @@
+"""Export a trained model as a Hugging Face ``transformers`` model directory (``export --format hf``).
+
+The directory loads with the Auto classes, the model code coming from the directory itself::
+
+    config = AutoConfig.from_pretrained(DIR, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # the flag only spares a question
+
+It holds:
+
+    config.json                      ``EvoAttentionConfig``: the model's shape (the ``ModelSpec`` fields),
+                                     one gene key per layer, ``auto_map`` naming the two classes below
+    configuration_evo_attention.py   ``EvoAttentionConfig`` (a ``PretrainedConfig``)
+    modeling_evo_attention.py        ``EvoAttentionForCausalLM`` (``PreTrainedModel`` + ``GenerationMixin``),
+                                     which wraps the library's ``TinyTransformer``
+    evo_attention_*.py               the library's own modules that the model runs, flat (``nn/model.py``
+                                     is ``evo_attention_nn_model.py``), their imports made relative
+    model.safetensors                the library's state dict, keys prefixed ``model.`` (the tied head once)
+    tokenizer.json                   the run's tokenizer as a ``tokenizers`` fast tokenizer, with
+    tokenizer_config.json            ``tokenizer_class: PreTrainedTokenizerFast``
+    README.md                        how to load it and what it needs
+
+Contract:
+
+- One implementation: the wrapper holds no model logic. Its ``model`` attribute is the library's
+  ``TinyTransformer`` (shipped by ``export.module_sources(..., flat=True)``), so the logits are the
+  library's, computed on the same paths. Generation runs the library's cached decoding
+  (``TinyTransformer.decode`` with ``new_caches()``, for every gene) behind ``past_key_values``.
+- Flat, because transformers copies a remote-code model into its module cache by following the
+  ``from .<module> import`` lines of the modeling file: files in sub-folders and modules imported as
+  ``from . import <module>`` are not copied, so the modeling file names every shipped module once.
+- The tokenizer gives the library tokenizer's ids: word level (the corpus recipe: whitespace-split
+  words, ``<eos>`` for every newline, unknown words ``<unk>``), characters, bytes, and BPE (the
+  library's own ``tokenizers`` model). Word level follows ``encode_prompt``: ``<eos>`` ends every
+  line that ends with a newline, so a text ending with one gets the ids of the library's ``encode``;
+  ``<eos>`` is its ``eos_token`` and ``pad_token`` (the others have none: a special token is matched
+  before the model splits the text, so it would change the ids of text that contains it).
+- Writing needs no ``transformers`` (only ``tokenizers``); loading needs ``transformers``, ``torch``
+  and what the shipped modules import (``entmax`` for the sparse normalizations).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer,
+                                           _byte_alphabet, as_tokenizer)
+from evo_attention.data.vocab import UNK
+from evo_attention.data.words import EOS
+from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
+from evo_attention.nn.spec import ModelSpec
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir, write_bytes, write_text
+from evo_attention.util.version import __version__
+
+MODEL_ROOTS = ("evo_attention.nn.model",)  # what the model code ships (with every library module it imports)
+MODEL_TYPE = "evo_attention"
+CONFIG_MODULE = "configuration_evo_attention"
+MODELING_MODULE = "modeling_evo_attention"
+CONFIG_CLASS = "EvoAttentionConfig"
+MODEL_CLASS = "EvoAttentionForCausalLM"
+WEIGHTS_FILE = "model.safetensors"
+PREFIX = "model."  # the wrapper's attribute holding the library's TinyTransformer
+
+_CONFIGURATION = '''"""The configuration of an evo-attention model (made by `evo-attention export --format hf`,
+evo-attention {version}): the library's ModelSpec fields (the model's shape) and one gene key per layer."""
+
+import dataclasses
+
+from transformers import PretrainedConfig
+
+from .{spec_module} import ModelSpec
+
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
+
+
+class {config_class}(PretrainedConfig):
+    """``genes``: one gene key per layer; ``vocab_size``, ``d_model``, ``n_heads``, ``n_layers``,
+    ``max_seq_len``, ``dropout``, ``d_ff``, ``block``, ``favor_features``: the library's ``ModelSpec``
+    (its defaults are theirs)."""
+
+    model_type = "{model_type}"
+    attribute_map = {{"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
+                     "max_position_embeddings": "max_seq_len"}}
+
+    def __init__(self, genes=None, tie_word_embeddings=True, **kwargs):
+        for field in dataclasses.fields(ModelSpec):
+            setattr(self, field.name, kwargs.pop(field.name, field.default))
+        self.genes = list(genes) if genes is not None else None
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def spec(self) -> ModelSpec:
+        """The library's ModelSpec of these settings."""
+        return ModelSpec(**{{name: getattr(self, name) for name in SPEC_FIELDS}})
+'''
+
+_MODELING = '''"""{model_class}: an evo-attention model as a transformers causal language model (made by
+`evo-attention export --format hf`, evo-attention {version}).
+
+The model is the library's own TinyTransformer (``self.model``), whose modules lie beside this file
+(``evo_attention_*.py``: the library's files, their imports made relative); this file only adapts its
+interface. ``model(input_ids)`` runs the library's forward pass; with ``use_cache=True`` (what
+``generate`` passes) it runs the library's cached decoding instead and returns its caches as
+``past_key_values``. A model sees at most ``max_seq_len`` positions; while generating past that the
+window slides (the caches are filled again from the last ``max_seq_len`` tokens), as the library's
+generate does. Padding is supported on the right only (a causal model's earlier positions do not
+see it).
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .{config_module} import {config_class}
+from .{genes_module} import AttentionGene
+from .{model_module} import Block, TinyTransformer
+
+# The library's modules shipped beside this file. transformers copies into its module cache the files
+# that this file reaches through "from .<module> import" lines (and theirs); the library's modules
+# also import each other as "from . import <module>", which it does not follow, so each is named here.
+{listing}
+LIBRARY_MODULES = ({names})
+
+
+class EvoAttentionCache:
+    """``past_key_values``: the library's cache of every layer (``TinyTransformer.new_caches()``: keys
+    and values, or a kernel normalization's running sums) and the ids fed so far."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, model: TinyTransformer):
+        self.caches = model.new_caches()
+        self.ids = None
+
+    def get_seq_length(self, layer_idx=0) -> int:
+        return 0 if self.ids is None else self.ids.shape[1]
+
+    def extend(self, model: TinyTransformer, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those fed so far, from the
+        library's cached decoding. Past ``max_seq_len`` positions the caches are filled again from the
+        last ``max_seq_len`` ids (the library's generate does the same)."""
+        window = model.config.max_seq_len
+        if ids.shape[1] > window:
+            raise ValueError(f"{{ids.shape[1]}} new tokens are more than the model's window of {{window}} positions")
+        seen = ids if self.ids is None else torch.cat([self.ids, ids], dim=1)
+        if seen.shape[1] > window:
+            self.caches = model.new_caches()
+            logits = model.decode(seen[:, -window:], self.caches)[:, -ids.shape[1]:]
+        else:
+            logits = model.decode(ids, self.caches)
+        self.ids = seen
+        return logits
+
+
+class {model_class}(PreTrainedModel, GenerationMixin):
+    config_class = {config_class}
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _tied_weights_keys = {{"model.head.weight": "model.tok_emb.weight"}}
+
+    def __init__(self, config: {config_class}):
+        super().__init__(config)
+        self.model = TinyTransformer(config.spec(), [AttentionGene.parse(key) for key in config.genes])
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # past_key_values is an EvoAttentionCache (the library's caches), made by forward
+
+    def get_input_embeddings(self):
+        return self.model.tok_emb
+
+    def get_output_embeddings(self):
+        return self.model.head
+
+    def _init_weights(self, module):
+        """The weights come from the library's initialisation (TinyTransformer's constructor) or from
+        the checkpoint: nothing is drawn here. Only the library's non-persistent buffers (rotary
+        frequencies, ALiBi slopes, temperatures), which no checkpoint holds and which transformers
+        leaves unset when it builds the model on the meta device, are computed again, by the
+        library's own constructor."""
+        if not module._non_persistent_buffers_set:
+            return
+        name = next(n for n, m in self.named_modules() if m is module)
+        parts = name.split(".")[1:]  # inside self.model
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            if parts[:1] == ["blocks"]:  # one fresh layer is enough
+                fresh = Block(self.model.config, self.model.genes[int(parts[1])]).get_submodule(".".join(parts[2:]))
+            else:
+                fresh = TinyTransformer(self.model.config, self.model.genes).get_submodule(".".join(parts))
+        for buffer in module._non_persistent_buffers_set:
+            getattr(module, buffer).copy_(fresh.get_buffer(buffer))
+
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, labels=None, use_cache=None,
+                return_dict=None, **kwargs):
+        if input_ids is None:
+            raise ValueError("{model_class} reads input_ids (inputs_embeds are not supported)")
+        if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+            raise ValueError("padding on the left or inside a sequence is not supported: pad on the right, or "
+                             "generate for one prompt (or prompts of one length) at a time")
+        if past_key_values is None and not use_cache:
+            logits = self.model(input_ids)
+        else:
+            past_key_values = past_key_values if past_key_values is not None else EvoAttentionCache(self.model)
+            logits = past_key_values.extend(self.model, input_ids)
+        loss = None
+        if labels is not None:  # the next token's loss, as transformers' causal models compute it
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return output if return_dict is not False else output.to_tuple()
+'''
+
+
+# -- the tokenizer ------------------------------------------------------------------------------
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError("export --format hf needs Hugging Face tokenizers: pip install tokenizers") from None
+    return tokenizers
+
+
+def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
+    """``(tokenizer.json text, tokenizer_config.json entries)``: ``tokenizer`` as a ``tokenizers``
+    fast tokenizer giving the same ids (see the module docstring)."""
+    tk = _tokenizers()
+    tokenizer = as_tokenizer(tokenizer)
+    special: dict[str, str] = {}
+    if isinstance(tokenizer, WordTokenizer):
+        vocab = tokenizer.vocab
+        if vocab.eos_id is None:
+            raise UserError(f"the word vocabulary has no {EOS}: it cannot stand for the line ends")
+        model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK))
+        # the corpus recipe's lines: \\r\\n, \\r and \\n end a line, each becoming an <eos> word; the other
+        # characters Python's str.split() splits on but Unicode's White_Space lacks become spaces
+        model.normalizer = tk.normalizers.Sequence([
+            tk.normalizers.Replace("\r\n", "\n"), tk.normalizers.Replace("\r", "\n"),
+            tk.normalizers.Replace(tk.Regex("[\x1c-\x1f]"), " "), tk.normalizers.Replace("\n", f" {EOS} ")])
+        model.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
+        # the library's decode: the words joined by spaces, <eos> read as a newline
+        model.decoder = tk.decoders.Sequence([
+            tk.decoders.WordPiece(prefix=" ", cleanup=False), tk.decoders.Fuse(),
+            tk.decoders.Replace(f" {EOS} ", "\n"), tk.decoders.Replace(EOS, "\n")])
+        # <eos> is the end-of-sequence (and padding) token transformers knows; as an added token it is
+        # matched before the words are split, so only where it stands as a word of its own
+        model.add_special_tokens([tk.AddedToken(EOS, single_word=True, normalized=False, special=True)])
+        special.update(eos_token=EOS, pad_token=EOS)
+    elif isinstance(tokenizer, CharTokenizer):  # a BPE model without merges: one token per character
+        model = tk.Tokenizer(tk.models.BPE({c: i for i, c in enumerate(tokenizer.itos)}, [], unk_token=UNK))
+        model.decoder = tk.decoders.Sequence([tk.decoders.Replace(UNK, "\ufffd"), tk.decoders.Fuse()])  # as decode
+    elif isinstance(tokenizer, ByteTokenizer):  # the byte-level alphabet, one token per byte
+        model = tk.Tokenizer(tk.models.BPE({c: b for c, b in _byte_alphabet().items()}, []))
+        model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        model.decoder = tk.decoders.ByteLevel()
+    elif isinstance(tokenizer, BPETokenizer):
+        model = tokenizer.model
+    else:
+        raise UserError(f"cannot export a {type(tokenizer).__name__} tokenizer: export handles "
+                        "word, char, byte and bpe tokenizers")
+    return model.to_str(), special
+
+
+# -- the export's files -------------------------------------------------------------------------
+def _listing(shipped: list[str]) -> tuple[str, str]:
+    modules = [path[:-3] for path in shipped]
+    lines = "\n".join(f"from .{m} import __name__ as _{m}" for m in modules)
+    return lines, "".join(f"\n    _{m}," for m in modules) + "\n"
+
+
+def model_sources() -> dict[str, str]:
+    """The python files of an HF export: {file name: text}, the configuration and modeling files
+    and the library's modules they run (flat)."""
+    shipped = module_sources(MODEL_ROOTS, flat=True)
+    listing, names = _listing(list(shipped))
+    fill = dict(version=__version__, config_class=CONFIG_CLASS, model_class=MODEL_CLASS, model_type=MODEL_TYPE,
+                config_module=CONFIG_MODULE, spec_module=flat_name("evo_attention.nn.spec"),
+                genes_module=flat_name("evo_attention.genes"), model_module=flat_name("evo_attention.nn.model"),
+                listing=listing, names=names)
+    return {f"{CONFIG_MODULE}.py": _CONFIGURATION.format(**fill), f"{MODELING_MODULE}.py": _MODELING.format(**fill),
+            **shipped}
+
+
+def hf_config(model, *, source: str = "", extra: dict | None = None) -> dict:
+    """config.json of the export (what ``EvoAttentionConfig.to_dict`` holds, written without transformers)."""
+    spec = ModelSpec.from_mapping(model.config.to_dict() if hasattr(model.config, "to_dict") else vars(model.config))
+    return {
+        "architectures": [MODEL_CLASS],
+        "auto_map": {"AutoConfig": f"{CONFIG_MODULE}.{CONFIG_CLASS}",
+                     "AutoModelForCausalLM": f"{MODELING_MODULE}.{MODEL_CLASS}"},
+        "model_type": MODEL_TYPE,
+        "genes": [g.key for g in model.genes],
+        **spec.to_dict(),
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+        "evo_attention": {"version": __version__, **({"source": source} if source else {}), **dict(extra or {})},
+    }
+
+
+def _state(model) -> dict:
+    state = {}
+    for key, tensor in model.state_dict().items():
+        if key != "head.weight":  # tied to tok_emb.weight: stored once, tied again on loading
+            tensor = tensor.detach().cpu()
+            state[PREFIX + key] = (tensor.float() if tensor.is_floating_point() else tensor).contiguous()
+    return state
+
+
+_README = """# evo-attention model `{genes}`
+
+{source}A causal language model whose attention was found by evo-attention {version}, exported with
+`evo-attention export --format hf`. The code that runs is the library's own (`evo_attention_*.py`:
+its modules, their imports made relative), wrapped for `transformers` in `{modeling}.py`.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("DIR", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("DIR", trust_remote_code=True)
+ids = tokenizer("some text", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=20, do_sample=False)
+print(tokenizer.decode(out[0]))
+```
+
+| setting | value |
+| --- | --- |
+| block | {block} |
+| d_model, n_heads, n_layers | {d_model}, {n_heads}, {n_layers} |
+| window (max_seq_len) | {max_seq_len} positions |
+| vocabulary | {vocab_size} tokens ({tokenizer}) |
+| genes (per layer) | {gene_list} |
+
+It sees at most {max_seq_len} positions (generation slides the window past that); `generate` runs the
+library's cached decoding (keys and values, or a kernel normalization's running sums). Padding on
+the right only.
+
+{needs}
+"""
+
+
+def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dict | None = None) -> dict:
+    """Write ``model`` (a ``TinyTransformer``) and its ``tokenizer`` (a library ``Tokenizer`` or a
+    ``Vocab``) to ``out`` as a transformers model directory (see the module docstring). Everything
+    is checked and built before anything is written. Returns ``{"genes", "files", "layers"}``."""
+    from safetensors.torch import save
+
+    if tokenizer is None:
+        raise UserError("no tokenizer (the model directory has no tokenizer.json): an HF export needs the tokenizer "
+                        "the model was trained with")
+    for gene in dict.fromkeys(model.genes):
+        check_exportable(gene)
+    tokenizer = as_tokenizer(tokenizer)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {model.config.vocab_size}: "
+                        "export the tokenizer the model was trained with")
+    tokenizer_json, special = hf_tokenizer(tokenizer)
+    sources = model_sources()
+    config = hf_config(model, source=source, extra=extra)
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.config.max_seq_len,
+                        "clean_up_tokenization_spaces": False, **special}
+    weights = save(_state(model), metadata={"format": "pt"})
+    spec = ModelSpec.from_mapping(config)
+    genes = sorted(set(config["genes"]), key=config["genes"].index)
+    readme = _README.format(
+        genes=genes[0] if len(genes) == 1 else f"{len(genes)} genes", source=f"From {source}. " if source else "",
+        version=__version__, modeling=MODELING_MODULE, block=spec.block, d_model=spec.d_model, n_heads=spec.n_heads,
+        n_layers=spec.n_layers, max_seq_len=spec.max_seq_len, vocab_size=spec.vocab_size, tokenizer=tokenizer.spec,
+        gene_list="; ".join("`" + g.replace("|", "\\|") + "`" for g in config["genes"]),  # a table cell
+        needs=textwrap.fill("Needs " + ", ".join(requirements(sources)) + ".", 100, break_on_hyphens=False))
+    out = output_dir(out)
+    files = {name: text for name, text in sources.items()}
+    files.update({"config.json": json.dumps(config, indent=2) + "\n", "tokenizer.json": tokenizer_json,
+                  "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",
+                  "README.md": readme})
+    written = [str(write_text(out / name, text)) for name, text in files.items()]
+    written.append(str(write_bytes(out / WEIGHTS_FILE, weights)))
+    return {"genes": config["genes"], "files": sorted(written), "layers": len(model.genes)}

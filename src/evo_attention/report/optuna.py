@@ -1,0 +1,163 @@
+"""A run as an Optuna study in a journal file, for optuna-dashboard (``report RUN --optuna-journal FILE``).
+
+``write_optuna_journal(run_dir, path)`` writes one study (named after the run directory) into a
+new journal file (Optuna's ``JournalStorage`` over ``JournalFileBackend``), so that
+``optuna-dashboard FILE`` shows the run. It is a view of the run store like every other output:
+written again from the store each time (an existing file is replaced), never read back by a search.
+
+- One trial per stored evaluation, in store order (search, baseline, validate, ...), then one per
+  gene the search refused before training (a run with caps). Each trial's user attributes say its
+  ``gene`` (key and ``str``), ``role``, ``generation``, ``id``, ``status``, ``steps`` and ``error``,
+  and the measures the caps read (``params``, ``flops_per_step``, ``latency_ms``, ``peak_memory_mb``).
+- Parameters: one categorical parameter per gene field, its choices the options seen in the run
+  (as the gene key writes them: ``bias``, ``0.10``, ``rope:ntk:4``); a per-layer genome has one per
+  layer and field (``L1.similarity``, ``L2.similarity``, ...).
+- Values: the run's objectives (perplexity first), every direction minimize; the study's metric
+  names are the objectives.
+- States: a finished full-budget training is COMPLETE; a failed one (diverged, out of memory, an
+  error) is FAIL; a multi-fidelity training stopped at a lower rung is PRUNED with its perplexity
+  as the intermediate value at its step; a gene refused before training is FAIL.
+- Constraints (a run with caps): every trial carries its excess over each cap (``value / limit -
+  1``; above 0: broken, 0 where unknown) as Optuna expects them, in the system attribute
+  ``constraints`` (which Optuna's samplers and optuna-dashboard read) and the user attribute
+  ``constraints`` (with ``constraint_names``), so the dashboard marks infeasible trials as such.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from pathlib import Path
+
+from evo_attention.report.summary import field_labels, gene_info, layer_keys, objectives_of
+from evo_attention.search import constraints as caps
+from evo_attention.search.fidelity import RUNG_ROLE
+from evo_attention.search.store import RunStore
+from evo_attention.search.tpe import constraint_attrs, import_optuna
+from evo_attention.train.record import objective_values, usable_metric
+from evo_attention.util.errors import UserError
+from evo_attention.util.format import finite_or_none
+
+MEASURES = ("params", "flops_per_step", "latency_ms", "peak_memory_mb")
+
+
+def journal_storage(path: str | os.PathLike):
+    """Optuna's ``JournalStorage`` over a journal file (``JournalFileBackend``; ``JournalFileStorage``
+    in the Optuna versions before 4.0)."""
+    optuna = import_optuna()
+    try:
+        from optuna.storages.journal import JournalFileBackend
+    except ImportError:  # Optuna 3.x
+        from optuna.storages import JournalFileStorage as JournalFileBackend
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental in some versions
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def _user_attrs(record, info: dict) -> dict:
+    attrs = {"gene": info["key"], "str": info["str"], "role": record.get("role"), "generation": record.get("generation"),
+             "id": record.get("id"), "status": str(record.get("status")), "steps": record.get("steps"),
+             "seed": record.get("seed")}
+    if record.get("error"):
+        attrs["error"] = str(record["error"])[:500]
+    for name in MEASURES:
+        value = finite_or_none(record.get(name))
+        if value is not None:
+            attrs[name] = value
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) -> dict:
+    """Write the run in ``run_dir`` as an Optuna study into the journal file ``path`` (replaced if
+    it exists); returns ``{"path", "study", "trials", "states"}``."""
+    optuna = import_optuna()
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a directory: name the journal file to write, e.g. {path / 'optuna.log'}",
+                        setting="optuna_journal")
+    with RunStore.open(run_dir, readonly=True) as store:
+        config = store.config() or {}
+        evaluations = store.evaluations()
+        limits = (store.get_meta(caps.META_LIMITS) or {}).get("limits") or {}
+        never = list(store.get_meta(caps.META_INFEASIBLE) or [])
+    objectives = objectives_of(config)
+    names = list(limits) if limits or never else []
+    budget = int(config.get("train_steps") or 0)
+    keys = [str(r.get("gene")) for r in evaluations] + [str(e["gene"]) for e in never]
+    n_layers = max((len(layer_keys(k)) for k in keys), default=1)
+    labels = {key: field_labels(key, n_layers) for key in dict.fromkeys(keys)}
+    choices: dict[str, list] = {}
+    for fields in labels.values():
+        for name, value in fields.items():
+            choices.setdefault(name, [])
+            if value not in choices[name]:
+                choices[name].append(value)
+    distributions = {name: CategoricalDistribution(tuple(options)) for name, options in choices.items()}
+
+    trials, states = [], {}
+    for record in evaluations:
+        key = str(record.get("gene"))
+        info = gene_info(key)
+        attrs = _user_attrs(record, info)
+        excess = caps.record_excess(record, limits) if names else {}
+        extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names]) if names else {}
+        perplexity = usable_metric(record)
+        common = {"params": labels[key], "distributions": distributions}
+        if perplexity is None:
+            trial = create_trial(state=TrialState.FAIL, **common, **_merged(extra, attrs))
+        elif record.get("role") == RUNG_ROLE or (record.get("budget") and int(record.get("steps") or 0) < budget):
+            trial = create_trial(state=TrialState.PRUNED, intermediate_values={int(record.get("steps") or 0): perplexity},
+                                 **common, **_merged(extra, attrs))
+        else:
+            values = [v if math.isfinite(v) else math.inf for v in objective_values(record, objectives)]
+            trial = create_trial(state=TrialState.COMPLETE, values=values, **common, **_merged(extra, attrs))
+        trials.append(trial)
+    for entry in never:
+        key = str(entry["gene"])
+        info = gene_info(key)
+        attrs = {"gene": info["key"], "str": info["str"], "role": "search", "generation": entry.get("generation"),
+                 "status": "infeasible", "error": "refused before training: "
+                 + caps.violations_text(entry.get("violations") or {}),
+                 **{k: v for k, v in (("params", entry.get("params")), ("flops_per_step", entry.get("flops")))
+                    if v is not None}}
+        excess = caps.excess(entry, limits)
+        extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])
+        trials.append(create_trial(state=TrialState.FAIL, params=labels[key], distributions=distributions,
+                                   **_merged(extra, {k: v for k, v in attrs.items() if v is not None})))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.unlink(missing_ok=True)
+    study_name = Path(run_dir).resolve().name or "evo-attention"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # metric names are experimental in some versions
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            study = optuna.create_study(storage=journal_storage(partial), study_name=study_name,
+                                        directions=["minimize"] * len(objectives))
+            if hasattr(study, "set_metric_names"):
+                study.set_metric_names(list(objectives))
+            study.set_user_attr("run_dir", str(Path(run_dir).resolve()))
+            study.set_user_attr("objectives", list(objectives))
+            study.set_user_attr("strategy", config.get("strategy"))
+            if names:
+                study.set_user_attr("constraints", {n: limits[n].get("limit") for n in names})
+            study.add_trials(trials)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+        Path(f"{partial}.lock").unlink(missing_ok=True)
+    for trial in trials:
+        states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    return {"path": path, "study": study_name, "trials": len(trials), "states": states}
+
+
+def _merged(extra: dict, attrs: dict) -> dict:
+    """``create_trial`` keywords: the constraint attributes with the trial's own user attributes."""
+    out = dict(extra)
+    out["user_attrs"] = {**attrs, **extra.get("user_attrs", {})}
+    return out

@@ -1,0 +1,116 @@
+"""Warm start: a search's first generation from the best genes of an earlier run (``init_from``).
+
+``init_from: RUN[:K]`` (``--init-from``) reads the run store in directory ``RUN``, ranks its
+finished search genes the way this run ranks (by perplexity; with several objectives by Pareto
+front, crowding distance, then perplexity; genes over the earlier run's own caps after the others)
+and takes the best ``K`` (default: this run's population size). A gene that does not fit this run
+is skipped with one warning line naming it and why:
+
+- a field value this run's search space does not list (``search_space``), or a component that is
+  not registered here (a plugin the earlier run loaded);
+- a genome of another shape: a shared gene in a per-layer search or the other way round, or a
+  per-layer genome of another layer count.
+
+The others start generation 0 (``Strategy.warm_start``); random draws fill the rest. The run
+records where they came from in its store's meta ``init_from`` (``run``, ``k``, ``genes``,
+``skipped``: gene and reason), and a resumed run takes its genes from there, never from the earlier
+run again (which may have changed meanwhile): a resume replays the same first generation.
+
+Results are not copied: an earlier run's trainings are cache hits only in its own store, so a new
+run directory trains its warm-start genes again (with this run's settings).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace
+from evo_attention.search import constraints, pareto
+from evo_attention.search.store import RunStore
+from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
+from evo_attention.util.errors import UserError
+
+META_KEY = "init_from"
+
+
+def parse_init_from(text: str) -> tuple[str, int | None]:
+    """``"runs/a:4"`` -> ``("runs/a", 4)``; ``"runs/a"`` -> ``("runs/a", None)``."""
+    head, sep, tail = str(text).rpartition(":")
+    if sep and head and tail.strip().isdigit():
+        return head, int(tail)
+    return str(text), None
+
+
+def outside_space(key: str, space: SearchSpace) -> str | None:
+    """Why the genome ``key`` does not fit ``space`` (None when it does)."""
+    try:
+        genome = AttentionGene.parse(key)
+    except (ValueError, UserError) as exc:
+        return f"it cannot be read here ({str(exc).splitlines()[0]}): is a plugin of the earlier run missing?"
+    layers = list(genome.layers) if isinstance(genome, LayerGenes) else None
+    if space.layers and layers is None:
+        return f"it is one gene shared by every layer; this run searches per-layer genomes of {space.layers} layers"
+    if not space.layers and layers is not None:
+        return f"it is a per-layer genome of {len(layers)} layers; this run searches one gene shared by every layer"
+    if layers is not None and len(layers) != space.layers:
+        return f"it is a per-layer genome of {len(layers)} layers; this run's genomes have {space.layers}"
+    for i, gene in enumerate(layers or [genome], 1):
+        values = gene.to_dict()
+        for name in ALL_FIELDS:
+            options = space.options(name)
+            if values[name] not in options:
+                where = f"layer {i}: " if layers is not None else ""
+                shown = ", ".join(str(o) for o in options)
+                return f"{where}{name} {values[name]} is not an option of this run's search space ({shown})"
+    return None
+
+
+def ranked_genes(store: RunStore, objectives) -> list[str]:
+    """The keys of the finished search genes of a run, best first (see the module docstring)."""
+    config = store.config() or {}
+    limits = (store.get_meta(constraints.META_LIMITS) or {}).get("limits") or {}
+    records: dict[str, dict] = {}
+    for record in store.evaluations(role="search"):
+        if usable_metric(record) is None or int(record.get("steps") or 0) < int(config.get("train_steps") or 0):
+            continue
+        records.setdefault(str(record["gene"]), record)
+    keys = list(records)
+    over = {k for k in keys if constraints.violation(constraints.record_excess(records[k], limits)) > 0}
+    objectives = list(objectives)
+
+    def order(group: list[str]) -> list[str]:
+        ties = [(usable_metric(records[k]), k) for k in group]
+        if len(objectives) == 1:
+            return [k for _, k in sorted(ties)]
+        points = [objective_values(records[k], objectives) for k in group]
+        return [group[i] for i in pareto.pareto_order(points, ties)]
+
+    return order([k for k in keys if k not in over]) + order([k for k in keys if k in over])
+
+
+def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
+                  objectives=(PRIMARY_OBJECTIVE,), warn: bool = True) -> dict:
+    """The warm start ``init_from`` names: ``{"run", "k", "genes" (keys, best first), "skipped"
+    ([{"gene", "reason"}])}``; each skipped gene is one warning line (``warn``)."""
+    run, k = parse_init_from(init_from)
+    k = population_size if k is None else k
+    if not RunStore.exists(run):
+        raise UserError(f"init_from {init_from}: no run in {run} (a directory an earlier search wrote its run.db into)",
+                        setting="init_from")
+    with RunStore.open(run, readonly=True) as store:
+        ranked = ranked_genes(store, objectives)
+    if not ranked:
+        raise UserError(f"init_from {init_from}: the run in {run} has no finished search evaluation to start from",
+                        setting="init_from")
+    genes, skipped = [], []
+    for key in ranked[:k]:
+        reason = outside_space(key, space)
+        if reason is None:
+            genes.append(AttentionGene.parse(key).key)
+            continue
+        skipped.append({"gene": key, "reason": reason})
+        if warn:
+            warnings.warn(f"init_from {run}: skipping gene {key}: {reason}", stacklevel=2)
+    return {"run": str(Path(run)), "k": k, "genes": genes[:population_size], "skipped": skipped,
+            "available": len(ranked)}

@@ -1,0 +1,170 @@
+"""Each gene at its own best learning rate: a grid of rates, the same for every gene.
+
+A gene that learns best at another rate than the baseline's is handicapped by a shared rate (or
+favoured, if the shared rate was tuned for it). With a grid (``StudySetup.lr_grid``) every gene,
+the baseline included, gets the same tuning budget, and the comparison is made between each gene
+at its own best rate:
+
+1. **Tuning.** Every gene is trained at every rate of the grid on the *tuning seeds*
+   (``StudySetup.tuning_seeds``: ``seed + 1001 ... seed + 1000 + T``) and measured on the
+   validation split, whatever split the study reports on. Each point is one ``Trial`` through
+   ``StudySetup.run``: the run store caches every point, so a resumed or repeated grid trains
+   nothing again. The points' records are stored with the role ``lr-grid``.
+2. **Selection.** A gene's curve is its mean metric over the tuning seeds at each rate; its rate
+   is the best mean among the rates at which every tuning seed finished (failing seeds rule a rate
+   out: a rate that diverges on some seeds is no recipe; if every rate had failures, the fewest
+   failures win, then the best mean). Ties go to the smaller rate. A rate at the grid's smallest or
+   largest end is flagged ``at_edge``: the best rate may lie outside the grid, which should then
+   be widened.
+3. **The verdict.** Each gene is trained at its selected rate on the study's own seeds
+   (``seed + 1 ... seed + N``, disjoint from the tuning seeds) and on the study's split, and
+   compared with the baseline at the baseline's selected rate, paired by seed. Selection and
+   measurement never share a training. Holm's family is that of the baseline trainings at the
+   baseline's rate (``versus_baseline``).
+
+``tune`` runs steps 1 and 2 and returns the ``grid`` block a result carries; ``selected_rates``
+reads the rates from it; ``train_at_rates`` and ``versus_baseline`` make step 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from evo_attention.genes import AttentionGene
+from evo_attention.report.studies import grid_figure_name, metric_info
+from evo_attention.studies.common import Records, StudySetup, samples
+from evo_attention.util import stats
+
+TUNING_ROLE = "lr-grid"  # the role the tuning trainings are stored with
+RULE = ("each gene trained at every rate on the tuning seeds, measured on the validation split; its rate: the best "
+        "mean over the rates at which every tuning seed finished (fewest failures first), ties to the smaller rate; "
+        "the verdict is measured at that rate on the study's seeds, disjoint from the tuning seeds")
+
+
+def rate_text(rate: float) -> str:
+    """A rate as the outputs write it: ``0.001``, ``0.0005``."""
+    return f"{rate:g}"
+
+
+def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Mapping[str, str] | None = None) -> dict:
+    """Train every gene at every rate of ``setup.lr_grid`` on ``setup.tuning_seeds`` (validation
+    split; from the store where there) in one call of the runner, and select each gene's rate:
+    the ``grid`` block (see ``grid_block``)."""
+    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    tuning = dataclasses.replace(setup, seeds=tuple(setup.tuning_seeds), eval_split="valid", role=TUNING_ROLE,
+                                 planned=None)
+    tasks = [task for rate in setup.lr_grid for task in tuning.at_rate(rate).tasks(keys, _at(keys, rate, labels))]
+    records: dict[float, Records] = {rate: {} for rate in setup.lr_grid}
+    for task, record in tuning.run(tasks).items():
+        records[task.trial.train.learning_rate][task.gene, task.seed] = record
+    return grid_block(setup, keys, records)
+
+
+def _at(keys: Sequence[str], rate: float, labels: Mapping[str, str] | None) -> dict[str, str]:
+    """Progress labels that say the rate: ``NAME at lr RATE`` (``lr RATE`` for a gene without a name)."""
+    labels = labels or {}
+    return {k: f"{labels[k]} at lr {rate_text(rate)}" if k in labels else f"lr {rate_text(rate)}" for k in keys}
+
+
+def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, Records]) -> dict:
+    """The ``grid`` block from the tuning records (rate -> (gene, seed) -> record): the rates, the
+    tuning and verdict seeds, and per gene its ``curve`` (per rate: the tuning values, their mean
+    and failures), ``selected`` rate and ``at_edge``; ``at_edge`` also lists the genes whose rate
+    is an end of the grid."""
+    rates, seeds = list(setup.lr_grid), list(setup.tuning_seeds)
+    vanilla = AttentionGene.vanilla().key
+    genes = {}
+    for key in keys:
+        curve = []
+        for rate in rates:
+            sample = samples(records[rate], key, seeds, setup.metric)
+            finished = [v for v in sample["values"] if v is not None]
+            curve.append({"lr": rate, "mean": sum(finished) / len(finished) if finished else None,
+                          "values": sample["values"], "n_failed": sample["n_failed"]})
+        chosen = select(curve, setup.lower_is_better)
+        genes[key] = {"str": str(AttentionGene.parse(key)), "baseline": key == vanilla, "curve": curve,
+                      "selected": chosen, "at_edge": chosen in (rates[0], rates[-1])}
+    return {"rates": rates, "tuning_seeds": seeds, "verdict_seeds": list(setup.seeds), "tuning_split": "valid",
+            "metric": setup.metric, "metric_label": setup.metric_label, "lower_is_better": setup.lower_is_better,
+            "rule": RULE, "genes": genes, "at_edge": [k for k, g in genes.items() if g["at_edge"]]}
+
+
+def select(curve: Sequence[Mapping], lower_is_better: bool = True) -> float:
+    """The selected rate of a curve: fewest failed tuning seeds, then the best mean, then the smaller rate."""
+    sign = 1.0 if lower_is_better else -1.0
+
+    def order(point: Mapping):
+        mean = point.get("mean")
+        known = mean is not None and math.isfinite(mean)
+        return point.get("n_failed") or 0, 0 if known else 1, sign * mean if known else 0.0, point["lr"]
+
+    return min(curve, key=order)["lr"]
+
+
+def selected_rates(grid: Mapping) -> dict[str, float]:
+    """Gene key -> its selected rate, from a ``grid`` block."""
+    return {key: row["selected"] for key, row in grid["genes"].items()}
+
+
+def with_verdict_seeds(grid: Mapping, seeds: Sequence[int]) -> dict:
+    """The block with the seeds the verdict was measured on (they change when seeds are planned)."""
+    return {**grid, "verdict_seeds": list(seeds)}
+
+
+def train_at_rates(setup: StudySetup, genes: Sequence[AttentionGene | str], rates: Mapping[str, float], *,
+                   labels: Mapping[str, str] | None = None, on_finished=None) -> Records:
+    """The record of every (gene, seed) of ``setup.seeds``, each gene trained at its rate of
+    ``rates`` (one call of the runner; from the store where there)."""
+    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    tasks = [task for key in keys for task in setup.at_rate(rates[key]).tasks([key], _at([key], rates[key], labels))]
+    return {(task.gene, task.seed): record for task, record in setup.run(tasks, on_finished=on_finished).items()}
+
+
+def versus_baseline(setup: StudySetup, values: Mapping[str, Sequence], baseline: Sequence,
+                    rates: Mapping[str, float]) -> dict[str, dict]:
+    """``StudySetup.versus_baseline`` for genes at their own rates: each gene's per-seed values
+    against the baseline's at the baseline's rate, Holm over the family of the baseline trainings
+    at that rate (``store_family``)."""
+    at = setup.at_rate(rates[AttentionGene.vanilla().key])
+    return stats.versus_reference(values, baseline, confidence=at.confidence, log=at.log_scale, margin=at.margin,
+                                  lower_is_better=at.lower_is_better, power=at.power,
+                                  others=store_family(setup, values, rates))
+
+
+def store_family(setup: StudySetup, genes: Sequence[str] | Mapping[str, object],
+                 rates: Mapping[str, float]) -> dict[str, dict]:
+    """The store's other comparisons against the baseline trainings at the baseline's rate
+    (``StudySetup.others`` of the setup at that rate). A gene of ``genes`` whose rate differs from
+    the baseline's and that the store also holds at the baseline's rate (an earlier comparison at
+    that rate) joins as a comparison of its own, named ``GENE @ lr RATE``."""
+    base_rate = rates[AttentionGene.vanilla().key]
+    keys = list(genes)
+    same = [k for k in keys if rates.get(k) == base_rate]
+    return {(k if k not in keys else f"{k} @ lr {rate_text(base_rate)}"): pair
+            for k, pair in setup.at_rate(base_rate).others(same).items()}
+
+
+# -- output ---------------------------------------------------------------------------------------
+def panel(grid_genes: Mapping[str, Mapping], title: str = "") -> dict:
+    """One panel of the figure: a line per gene (the baseline first) with its selected rate."""
+    rows = sorted(grid_genes.items(), key=lambda item: not item[1].get("baseline"))
+    return {"title": title, "genes": [{"label": ("baseline " if g.get("baseline") else "") + str(g.get("str", k)),
+                                       "baseline": bool(g.get("baseline")), "curve": g.get("curve") or [],
+                                       "selected": g.get("selected"), "at_edge": bool(g.get("at_edge"))}
+                                      for k, g in rows]}
+
+
+def write_grid_figure(result: Mapping, kind: str, out_dir: str | os.PathLike, panels: Sequence[dict]) -> Path:
+    """Draw the grid's curves (``panels``) as ``<kind>_lr_grid.png`` (``grid_figure_name``) in ``out_dir``."""
+    from evo_attention.report.figures import plot_lr_grid
+
+    grid = result["grid"]
+    _, _, axis = metric_info(grid.get("metric", "val_perplexity"), "valid")
+    seeds = grid.get("tuning_seeds") or []
+    return plot_lr_grid(panels, Path(out_dir) / grid_figure_name(kind, result.get("eval_split", "valid")),
+                        ylabel=f"{axis}, mean over {len(seeds)} tuning seed{'s' if len(seeds) != 1 else ''}",
+                        title=f"Learning-rate grid: tuning seeds {', '.join(map(str, seeds))}; ringed: selected")

@@ -1,0 +1,361 @@
+"""Batched training of same-shape trials (train/batched.py) and the measured precision choice.
+
+The bound a batched trial is held to against the same trial trained alone is
+``batched.SAME_RESULT_RTOL`` (relative, final val_loss and every point of the loss curve); the
+measurements behind it are in the module's docstring. On this machine most genes give bitwise the
+same result in fp32 and bf16: the tests hold those exactly.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from evo_attention import Config, components
+from evo_attention.data import data_from_config
+from evo_attention.train import batched, environment
+from evo_attention.train.batched import (BatchedTrainer, StackedAdamW, batch_problem, batched_linear_cross_entropy,
+                                         clip_per_model, run_batched)
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import Trainer, run_training, state_from_bytes
+from evo_attention.util.errors import UserError
+
+SMALL = dict(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 2000,
+                                                                   "eval_examples": 200},
+             d_model=32, n_heads=4, n_layers=2, dropout=0.1, batch_size=16, eval_batch_size=100, eval_steps=None,
+             learning_rate=2e-3, train_steps=30, log_every=10, precision="fp32")
+VANILLA = "dot|softmax|none|fixed|bias|0.10"  # attention dropout 0.1 (the explicit CPU path), model dropout 0.1
+RATES = [(0, 2e-3), (1, 1e-3), (2, 3e-3)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    config = Config(**SMALL)
+    return config, data_from_config(config)
+
+
+def trials_of(config, data, gene=VANILLA, rates=RATES, **changes):
+    return [Trial.from_config(gene, config.replace(seed=seed, learning_rate=lr, **changes), data=data)
+            for seed, lr in rates]
+
+
+def relative_gaps(a, b) -> tuple[float, float]:
+    """(val_loss, worst curve point) relative differences of two records of one trial."""
+    assert [s for s, _ in a.curve] == [s for s, _ in b.curve]
+    val = abs(a.val_loss - b.val_loss) / abs(b.val_loss)
+    curve = max((abs(x - y) / abs(y) for (_, x), (_, y) in zip(a.curve, b.curve)), default=0.0)
+    return val, curve
+
+
+def assert_same_result(batch, alone, rtol, size=None):
+    for b, a in zip(batch, alone):
+        rb, ra = b.record, a.record
+        assert rb.key == ra.key and rb.status == ra.status == "ok"
+        assert rb.extra["batched"] == (size or len(batch)) and "batch_fallback" not in rb.extra
+        assert rb.params == ra.params and rb.flops_per_step == ra.flops_per_step
+        assert rb.precision == ra.precision and rb.extra["precision_reason"] == ra.extra["precision_reason"]
+        assert rb.trained_steps == ra.trained_steps and rb.eval_tokens == ra.eval_tokens
+        assert rb.latency_ms > 0 and rb.train_time_s > 0 and rb.compiled is False
+        val, curve = relative_gaps(rb, ra)
+        assert val <= rtol and curve <= rtol, (rb.gene, rb.seed, val, curve)
+
+
+# -- same trial, same result -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_batched_trial_gives_what_it_gives_alone(setup, precision):
+    """Seeds and rates differ, dropout and attention dropout on: each model its own batches and
+    dropout stream. The vanilla gene is bitwise the same here; the stated bound covers every gene."""
+    config, data = setup
+    trials = trials_of(config.replace(precision=precision), data)
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    assert_same_result(batch, alone, batched.SAME_RESULT_RTOL[precision])
+    for b, a in zip(batch, alone):
+        assert b.record.val_loss == a.record.val_loss and b.record.curve == a.record.curve
+        for (name, x), y in zip(b.trainer.model.state_dict().items(), a.trainer.model.state_dict().values()):
+            assert torch.equal(x, y), name
+
+
+def test_the_llama_block_folds_exactly(setup):
+    config, data = setup
+    trials = trials_of(config.replace(block="llama", train_steps=12, log_every=4), data, rates=RATES[:2])
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    assert_same_result(batch, alone, 0.0)
+
+
+def test_every_gene_either_folds_within_the_bound_or_trains_alone(setup, covering_genes):
+    config, data = setup
+    config = config.replace(train_steps=8, log_every=4, eval_batch_size=50, eval_steps=1)
+    folded = 0
+    for gene in covering_genes():
+        trials = trials_of(config, data, gene=gene, rates=RATES[:2])
+        batch = run_batched(trials, data)
+        alone = [run_training(t, data) for t in trials]
+        for b, a in zip(batch, alone):
+            assert b.record.key == a.record.key and b.record.status == a.record.status, gene
+            if "batch_fallback" in b.record.extra:
+                assert b.record.val_loss == a.record.val_loss, gene
+                continue
+            folded += 1
+            assert b.record.flops_per_step == a.record.flops_per_step, gene
+            if a.record.status == "ok":
+                val, curve = relative_gaps(b.record, a.record)
+                assert max(val, curve) <= batched.SAME_RESULT_RTOL["fp32"], (gene, val, curve)
+    assert folded >= 2 * (len(covering_genes()) - 2)
+
+
+def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup):
+    config, data = setup
+    gene = "dot|relu_norm|none|fixed"
+    trials = [Trial.from_config(gene, config.replace(seed=0, learning_rate=1e6, grad_clip=1e9), data=data),
+              Trial.from_config(gene, config.replace(seed=1), data=data),
+              Trial.from_config(gene, config.replace(seed=2, learning_rate=1e-3), data=data)]
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    assert batch[0].record.status == alone[0].record.status == "diverged"
+    assert batch[0].record.trained_steps == alone[0].record.trained_steps < config.train_steps
+    assert batch[0].record.curve == alone[0].record.curve and batch[0].record.error
+    assert_same_result(batch[1:], alone[1:], batched.SAME_RESULT_RTOL["fp32"], size=3)
+
+
+def test_a_batched_state_continues_alone_exactly(setup):
+    """keep_state gives the single trainer's state: a partial training (budget) batched, continued alone."""
+    config, data = setup
+    full = [Trial.from_config(VANILLA, config.replace(seed=s, learning_rate=lr, lr_schedule="cosine", warmup_steps=5),
+                              data=data) for s, lr in RATES[:2]]
+    partial = [t.replace(steps=20, budget=30) for t in full]
+    first = run_batched(partial, data, keep_state=True)
+    for result, trial in zip(first, full):
+        assert result.state is not None and result.record.resumed_from == 0
+        state = state_from_bytes(result.state, torch.device("cpu"))
+        assert state["step"] == 20 and torch.equal(state["rng"], result.trainer.dropout_generator.get_state())
+        resumed = run_training(trial.replace(budget=30), data, state=result.state).record
+        straight = run_training(trial, data).record
+        assert resumed.resumed_from == 20 and resumed.val_loss == straight.val_loss
+        assert resumed.curve == straight.curve
+
+
+def test_trials_that_differ_in_shape_are_refused_naming_the_field(setup):
+    config, data = setup
+    trials = trials_of(config, data)
+    with pytest.raises(UserError, match="d_model") as info:
+        run_batched([trials[0], Trial.from_config(VANILLA, config.replace(d_model=64), data=data)], data)
+    assert info.value.setting == "d_model"
+    with pytest.raises(UserError, match="batch_size"):
+        run_batched([trials[0], trials[1].replace(train=trials[1].train.replace(batch_size=8))], data)
+    with pytest.raises(UserError, match="genome"):
+        run_batched([trials[0], Trial.from_config("dot|sigmoid|none|fixed", config, data=data)], data)
+    with pytest.raises(UserError, match="steps"):
+        run_batched([trials[0], trials[1].replace(steps=10)], data)
+    # what may differ: seed, rate, decay, warm-up, schedule, clipping
+    other = trials[1].replace(train=trials[1].train.replace(weight_decay=0.0, grad_clip=0.5, lr_schedule="cosine",
+                                                            warmup_steps=3))
+    assert batched.shape_difference([trials[0], other]) is None
+
+
+def test_a_plugin_component_trains_alone(setup):
+    config, data = setup
+
+    @components.register_similarity("batch_test_dot")
+    class PluginDot(components.Similarity):
+        dot_form = True
+
+    try:
+        trials = trials_of(config, data, gene="batch_test_dot|softmax|none|fixed", rates=RATES[:2])
+        assert "not a built-in" in batch_problem(trials[0])
+        batch = run_batched(trials, data)
+        alone = [run_training(t, data) for t in trials]
+        for b, a in zip(batch, alone):
+            assert "batch_fallback" in b.record.extra and "batched" not in b.record.extra
+            assert b.record.val_loss == a.record.val_loss
+    finally:
+        components.unregister("similarity", "batch_test_dot")
+    assert batch_problem(trials_of(config, data, gene="dot|softmax|none|fixed|abias=rel|win=4")[0])
+    assert batch_problem(trials_of(config, data, gene="dot|softmax|none|fixed|abias=rel|win=20")[0]) is None
+
+
+def test_a_batch_that_fails_as_a_whole_trains_its_trials_alone(setup, monkeypatch):
+    config, data = setup
+    trials = trials_of(config.replace(train_steps=6, log_every=3), data, rates=RATES[:2])
+
+    def out_of_memory(self, **_):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(BatchedTrainer, "train", out_of_memory)
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    for b, a in zip(batch, alone):
+        assert "failed" in b.record.extra["batch_fallback"] and b.record.status == "ok"
+        assert b.record.val_loss == a.record.val_loss and b.record.curve == a.record.curve
+
+
+def test_a_batch_keeps_its_models_and_their_records_read_alike(setup, tmp_path):
+    from evo_attention.train.saving import load_model, save_model
+
+    config, data = setup
+    results = run_batched(trials_of(config.replace(train_steps=10), data, rates=RATES[:2]), data)
+    trainer = results[1].trainer
+    assert isinstance(trainer, Trainer) and trainer.step == 10
+    assert trainer.evaluate()["val_loss"] == results[1].record.val_loss
+    save_model(trainer.model, tmp_path / "m", vocab=data.vocab)
+    x, _ = next(data.eval_batches("valid", 4))
+    trainer.model.eval()
+    assert torch.equal(load_model(tmp_path / "m")(x), trainer.model(x))
+    record = results[0].record.to_dict()
+    json.dumps(record)
+    assert record["batched"] == 2 and record["batch_time_s"] > 0
+
+
+# -- the pieces --------------------------------------------------------------------------------------
+
+def test_stacked_adamw_is_k_torch_adamws():
+    torch.manual_seed(0)
+    rates, decays = [1e-3, 3e-2, 5e-4], [0.01, 0.0, 0.1]
+    singles = [[torch.nn.Parameter(torch.randn(5, 4)), torch.nn.Parameter(torch.randn(4))] for _ in rates]
+    optims = [torch.optim.AdamW([{"params": [w], "weight_decay": d}, {"params": [b], "weight_decay": 0.0}], lr=r,
+                                betas=(0.9, 0.95)) for (w, b), r, d in zip(singles, rates, decays)]
+    stacked = [torch.nn.Parameter(torch.stack([s[i].detach() for s in singles])) for i in range(2)]
+    adam = StackedAdamW(stacked, [True, False])
+    for _ in range(5):
+        grads = [torch.randn(len(rates), 5, 4), torch.randn(len(rates), 4)]
+        for k, (params, optim) in enumerate(zip(singles, optims)):
+            for p, g in zip(params, grads):
+                p.grad = g[k].clone()
+            optim.step()
+        for p, g in zip(stacked, grads):
+            p.grad = g.clone()
+        adam.step(rates, decays)
+    for k, params in enumerate(singles):
+        for p, s in zip(params, stacked):
+            assert torch.equal(p.detach(), s.detach()[k])
+
+
+def test_gradients_are_clipped_per_model():
+    torch.manual_seed(1)
+    grads = [torch.randn(3, 6, 2) * 3, torch.randn(3, 7)]
+    limits = [1.0, 100.0, 0.5]
+    stacked = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(stacked, grads):
+        p.grad = g.clone()
+    clip_per_model(stacked, limits)
+    for k, limit in enumerate(limits):
+        single = [torch.nn.Parameter(torch.zeros_like(g[k])) for g in grads]
+        for p, g in zip(single, grads):
+            p.grad = g[k].clone()
+        torch.nn.utils.clip_grad_norm_(single, limit)
+        for p, s in zip(single, stacked):
+            assert torch.equal(p.grad, s.grad[k])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_loss_is_each_models_loss(dtype):
+    from evo_attention.data.base import IGNORE_INDEX
+    from evo_attention.nn.losses import linear_cross_entropy
+
+    torch.manual_seed(2)
+    k, n, d, vocab = 3, 300, 8, 11  # a short last chunk (chunk 128)
+    hidden = torch.randn(k, n, d, requires_grad=True)
+    weight = torch.randn(k, vocab, d, requires_grad=True)
+    targets = torch.randint(vocab, (k, n))
+    targets[1, ::7] = IGNORE_INDEX
+    losses = batched_linear_cross_entropy(hidden, weight, targets, chunk=128, dtype=dtype)
+    (losses * torch.tensor([1.0, 2.0, 0.5])).sum().backward()
+    for i, scale in enumerate([1.0, 2.0, 0.5]):
+        h, w = hidden.detach()[i].clone().requires_grad_(), weight.detach()[i].clone().requires_grad_()
+        loss = linear_cross_entropy(h, w, targets[i], chunk=128, dtype=dtype)
+        (loss * scale).backward()
+        assert torch.equal(loss.detach(), losses.detach()[i])
+        assert torch.equal(h.grad, hidden.grad[i]) and torch.equal(w.grad, weight.grad[i])
+
+
+def test_the_batch_draws_each_models_batches_and_dropout_stream(setup):
+    config, data = setup
+    trials = trials_of(config, data)
+    batch = BatchedTrainer(trials, data)
+    for trial, member in zip(trials, batch.members):
+        single = Trainer(trial, data)
+        assert torch.equal(next(single.batches)[0], next(member.batches)[0])
+        assert torch.equal(torch.get_rng_state(), member.dropout_generator.get_state())  # right after its model
+
+
+# -- precision auto ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def probe_env(tmp_path, monkeypatch):
+    """A fresh probe cache, a CPU with native bf16, and a fake probe that counts its calls."""
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "on")
+    monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})
+    monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: True)
+    calls = []
+
+    def fake(spec, seq_len, batch_size, device, **_):
+        calls.append(spec.d_model)
+        return {"fp32": 0.010, "bf16": 0.012} if spec.d_model < 128 else {"fp32": 0.030, "bf16": 0.020}
+
+    monkeypatch.setattr(environment, "probe_step_times", fake)
+    return calls
+
+
+def test_auto_precision_is_measured_per_shape_and_kept(probe_env, tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    small, large = Config(d_model=64, vocab_size=32).model, Config(d_model=128, vocab_size=10000).model
+    assert environment.choose_precision("auto", cpu, small, seq_len=32, batch_size=32)[0] == "fp32"
+    precision, reason = environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)
+    assert precision == "bf16" and "30.0 ms" in reason and "20.0 ms" in reason
+    assert probe_env == [64, 128]
+    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)
+    monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})  # another process: reads the file
+    assert environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)[0] == "bf16"
+    assert probe_env == [64, 128]
+    files = sorted(tmp_path.glob("precision-*.json"))
+    assert len(files) == 2 and {json.loads(f.read_text())["precision"] for f in files} == {"fp32", "bf16"}
+    # another batch size is another shape; a set precision is never probed
+    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=8)
+    assert probe_env == [64, 128, 128]
+    assert environment.choose_precision("bf16", cpu, small, seq_len=32, batch_size=32) == ("bf16", "set to bf16")
+
+
+def test_the_first_answer_written_wins(probe_env, tmp_path):
+    cpu = torch.device("cpu")
+    spec = Config(d_model=128, vocab_size=100).model
+    path = environment._probe_path(environment._probe_shape(spec, 16, 4), cpu)
+    path.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 2.0}))
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "fp32"
+    assert probe_env == []
+    path.write_text("not json")  # unreadable: probed again, and the file keeps what it holds
+    environment._PRECISION_CHOICES.clear()
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "bf16"
+
+
+def test_auto_without_native_bf16_or_probe(probe_env, monkeypatch):
+    cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
+    monkeypatch.delenv(environment.ENV_PRECISION_PROBE)  # the probe is opt-in: off by default
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "bf16"
+    monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: False)
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4) == (
+        "fp32", "auto: this CPU has no native bf16")
+    assert probe_env == []
+    with pytest.raises(UserError, match="fp16"):
+        environment.choose_precision("fp16", cpu)
+
+
+def test_records_say_which_precision_ran_and_why(setup, probe_env):
+    config, data = setup
+    trial = Trial.from_config(VANILLA, config.replace(precision="auto", train_steps=4), data=data)
+    record = run_training(trial, data).record
+    assert record.precision == "fp32" and record.extra["precision_reason"].startswith("auto: measured")
+    assert record.settings["precision"] == "auto"  # the key keeps the configured value
+    assert run_batched([trial, trial.replace(seed=5)], data)[0].record.precision == "fp32"
+
+
+def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone():
+    spec = Config(d_model=16, n_heads=2, n_layers=1, vocab_size=40, max_seq_len=8).model
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    times = environment.probe_step_times(spec, 8, 4, torch.device("cpu"), rounds=2, steps=1)
+    assert set(times) == {"fp32", "bf16"} and all(t > 0 and math.isfinite(t) for t in times.values())
+    assert torch.equal(torch.get_rng_state(), before)

@@ -1,0 +1,346 @@
+"""export --format hf: a transformers model directory that runs the library's own model.
+
+The directories are loaded through the Auto classes in a fresh interpreter where evo_attention
+cannot be imported (the code must come from the directory), for the gpt2 and llama blocks, a
+per-layer genome, and the word, char, byte and BPE tokenizers: the logits equal the library's, greedy
+generation (with the library's cache, past the window too, and without a cache) gives the library's
+tokens, and the tokenizer gives the library tokenizer's ids. The tests that load need transformers
+(and the lm-evaluation-harness one lm_eval); the others run without it.
+"""
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evo_attention import Config, TinyTransformer
+from evo_attention.cli import main
+from evo_attention.data.tokenizers import encode_prompt, train_tokenizer
+from evo_attention.nn.decoding import generate
+from evo_attention.nn.export import module_sources, shipped_modules
+from evo_attention.nn.hf import MODEL_ROOTS, export_hf, hf_tokenizer, model_sources
+from evo_attention.train.saving import save_model
+from evo_attention.util.errors import UserError
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
+
+TEXT = "".join(f"the {a} sat on the {b} , and a {b} ran to the {a} .\n"
+               for a in ("cat", "dog", "bird", "fox", "owl") for b in ("mat", "log", "tree", "hill")) * 3
+SAMPLES = ["the cat sat on the mat .\nthe owl ran\n", "a fox and a zebra\n", "the dog", "x\r\ny\rz\n\n \t ü😀\n"]
+WINDOW = 12
+TOLERANCE = 1e-6  # float32 logits; measured: 0.0 (the same code on the same path)
+
+# (name, tokenizer, block, genes per layer)
+CASES = [
+    ("gpt2_word", "word", "gpt2", ["dot|softmax|none|fixed|bias|0.10|pos=learned"] * 2),
+    ("llama_bpe", "bpe:300", "llama", ["cosine|entmax15|output_gate|adaptive|nobias|0.00|pos=rope|kvh=2"] * 2),
+    ("layers_char", "char", "llama", ["dot|softmax|none|fixed|nobias|0.00|pos=rope",
+                                      "cosine|linear|highway|adaptive|bias|0.00|pos=rope|kvh=2",
+                                      "additive|sigmoid|input_gate|learned|nobias|0.00|pos=alibi|abias=rel|win=3"]),
+    ("gpt2_byte_favor", "byte", "gpt2", ["dot|favor|output_gate|fixed|bias|0.00|pos=none"] * 2),
+]
+
+# Runs in a fresh interpreter with evo_attention blocked: everything comes from the directories.
+LOAD = r'''
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "evo_attention":
+            raise ImportError("evo_attention must not be needed")
+sys.meta_path.insert(0, Block())
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
+logging.set_verbosity_error()
+result = {}
+for case in json.loads(sys.argv[1]):
+    d = case["dir"]
+    config = AutoConfig.from_pretrained(d, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(d, trust_remote_code=True)
+    # without the flag transformers 5 first asks whether to run the directory's code (for the config,
+    # which it reads to find the tokenizer class); declined, it reads the tokenizer alone
+    plain_tokenizer = AutoTokenizer.from_pretrained(d)
+    io = torch.load(d + "/io.pt")
+    with torch.no_grad():
+        logits = model(io["ids"]).logits
+        labels_loss = float(model(io["ids"], labels=io["ids"]).loss)
+    prompt = io["ids"][:1, :4]
+    cached = model.generate(prompt, max_new_tokens=case["new"], do_sample=False)[0, 4:]
+    plain = model.generate(prompt, max_new_tokens=case["window"] - 4, do_sample=False, use_cache=False)[0, 4:]
+    result[case["name"]] = {
+        "type": type(model).__name__, "genes": config.genes, "block": config.block, "dtype": str(model.dtype),
+        "error": float((logits - io["logits"]).abs().max()), "loss": labels_loss,
+        "cached": cached.tolist(), "plain": plain.tolist(),
+        "ids": [tokenizer(text).input_ids for text in case["samples"]],
+        "plain_ids": [plain_tokenizer(text).input_ids for text in case["samples"]],
+        "decoded": [tokenizer.decode(tokenizer(text).input_ids) for text in case["samples"]],
+        "eos": tokenizer.eos_token, "max_length": tokenizer.model_max_length,
+    }
+assert "evo_attention" not in sys.modules
+print("RESULT", json.dumps(result))
+'''
+
+
+def _model(genes, block, vocab_size, seed=0) -> TinyTransformer:
+    config = Config(vocab_size=vocab_size, d_model=32, n_heads=4, n_layers=len(genes), max_seq_len=WINDOW,
+                    dropout=0.0, block=block)
+    torch.manual_seed(seed)
+    model = TinyTransformer(config, genes).eval()
+    with torch.no_grad():  # weights far from their initialisation, so that every piece matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def _env(tmp_path) -> dict:
+    # transformers' module cache inside the test's folder; nothing is fetched
+    return {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1"}
+
+
+def _library_ids(tokenizer, text):
+    """What the HF tokenizer must give: the library's encode (word level: encode_prompt, which is the
+    same for a text ending in a newline)."""
+    if tokenizer.kind == "word":
+        return encode_prompt(tokenizer, text)[0]
+    return tokenizer.encode(text).ids.tolist()
+
+
+# -- the flat layout of the library's modules --------------------------------------------------
+def test_flat_sources_are_the_library_files_with_only_their_imports_changed():
+    flat = module_sources(MODEL_ROOTS, flat=True)
+    modules = shipped_modules(MODEL_ROOTS)
+    assert sorted(flat) == sorted(name.replace(".", "_") + ".py" for name in modules)
+    assert "evo_attention_nn_model.py" in flat and "evo_attention_nn_attention.py" in flat
+    for name in modules:
+        library = Path(importlib.util.find_spec(name).origin).read_text(encoding="utf-8").splitlines()
+        shipped = flat[name.replace(".", "_") + ".py"].splitlines()
+        assert len(library) == len(shipped), name
+        for before, after in zip(library, shipped):
+            if before != after:  # an import of the library, now relative to the folder
+                assert "from evo_attention" in before and after.lstrip().startswith("from ."), (before, after)
+        tree = ast.parse("\n".join(shipped))
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n.module for n in imports if not n.level and n.module.startswith("evo_attention")]
+        for node in imports:  # each relative import names a shipped file
+            if node.level:
+                assert node.level == 1
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                assert all(f"{t}.py" in flat for t in targets), targets
+
+
+def test_the_modeling_file_names_every_shipped_module_as_transformers_follows_them():
+    # transformers copies the files reached by "from .<module> import" lines (a regex on the text)
+    import re
+
+    sources = model_sources()
+    reached, todo = set(), ["modeling_evo_attention.py", "configuration_evo_attention.py"]
+    while todo:
+        name = todo.pop()
+        reached.add(name)
+        for module in re.findall(r"^\s*from\s+\.(\S+)\s+import", sources[name], flags=re.MULTILINE):
+            if f"{module}.py" not in reached:
+                todo.append(f"{module}.py")
+    assert reached == set(sources)
+
+
+def test_tokenizers_give_the_library_ids():
+    from tokenizers import Tokenizer as FastTokenizer
+
+    for kind in ("word", "char", "byte", "bpe:300"):
+        tokenizer = train_tokenizer(kind, TEXT, 40)
+        fast = FastTokenizer.from_str(hf_tokenizer(tokenizer)[0])
+        for text in SAMPLES + [TEXT]:
+            ids = fast.encode(text).ids
+            assert ids == _library_ids(tokenizer, text), (kind, text)
+            library_ids = tokenizer.encode(text).ids.tolist() if kind != "word" else ids
+            assert fast.decode(ids, skip_special_tokens=False) == tokenizer.decode(library_ids), (kind, text)
+    # every character Python's str.split() splits words on (the word recipe) is a space here too
+    spaces = "".join(chr(c) for c in range(0x3100) if chr(c).isspace())
+    word = train_tokenizer("word", TEXT, 40)
+    text = f"the{spaces}cat\n"
+    assert FastTokenizer.from_str(hf_tokenizer(word)[0]).encode(text).ids == word.encode(text).ids.tolist()
+
+
+def test_export_refuses_a_model_without_its_tokenizer_or_with_another(tmp_path):
+    model = _model(["dot|softmax|none|fixed"] * 2, "gpt2", 256)
+    with pytest.raises(UserError, match="tokenizer"):
+        export_hf(model, None, tmp_path / "a")
+    with pytest.raises(UserError, match="40 tokens but the model 256"):
+        export_hf(model, train_tokenizer("word", TEXT, 40), tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# -- loading through the Auto classes ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    cases, models = [], {}
+    for name, kind, block, genes in CASES:
+        tokenizer = train_tokenizer(kind, TEXT, 40)
+        model = _model(genes, block, tokenizer.vocab_size, seed=len(cases))
+        out = root / name
+        export_hf(model, tokenizer, out)
+        ids = tokenizer.encode(TEXT).ids[:2 * WINDOW].view(2, WINDOW)
+        with torch.no_grad():
+            logits = model(ids)
+        torch.save({"ids": ids, "logits": logits}, out / "io.pt")
+        new = WINDOW + 6  # past the window: the caches are refilled from its last WINDOW tokens
+        expected = {"cached": generate(model, ids[0, :4].tolist(), new, temperature=0),
+                    "plain": generate(model, ids[0, :4].tolist(), WINDOW - 4, temperature=0, use_cache=False),
+                    "ids": [_library_ids(tokenizer, t) for t in SAMPLES],
+                    "decoded": [tokenizer.decode(tokenizer.encode(t).ids) for t in SAMPLES if t.endswith("\n")],
+                    "loss": float(torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                                     ids[:, 1:].flatten())),
+                    "genes": [g.key for g in model.genes], "block": block}
+        cases.append({"name": name, "dir": str(out), "new": new, "window": WINDOW, "samples": SAMPLES,
+                      "expected": expected, "kind": kind})
+        models[name] = model, tokenizer
+    return root, cases, models
+
+
+@needs_transformers
+def test_auto_classes_load_the_export_in_a_fresh_interpreter(exported, tmp_path):
+    root, cases, models = exported
+    done = subprocess.run([sys.executable, "-c", LOAD, json.dumps(cases)], capture_output=True, text=True,
+                          env=_env(tmp_path), stdin=subprocess.DEVNULL, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.split("RESULT ")[-1])
+    for case in cases:
+        got, expected = results[case["name"]], case["expected"]
+        assert got["type"] == "EvoAttentionForCausalLM" and got["dtype"] == "torch.float32"
+        assert got["genes"] == expected["genes"] and got["block"] == expected["block"]
+        assert got["error"] <= TOLERANCE, (case["name"], got["error"])
+        assert math.isclose(got["loss"], expected["loss"], rel_tol=1e-5)
+        assert got["cached"] == expected["cached"], case["name"]  # the library's cache, past the window too
+        assert got["plain"] == expected["plain"], case["name"]
+        assert got["ids"] == expected["ids"] == got["plain_ids"], case["name"]
+        assert [d for d, t in zip(got["decoded"], SAMPLES) if t.endswith("\n")] == expected["decoded"]
+        assert got["max_length"] == WINDOW
+        assert got["eos"] == ("<eos>" if case["kind"] == "word" else None)
+
+
+@needs_transformers
+def test_the_wrapper_in_process_batches_pads_right_and_saves_again(exported, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    root, cases, models = exported
+    model = AutoModelForCausalLM.from_pretrained(cases[1]["dir"], trust_remote_code=True)
+    io = torch.load(Path(cases[1]["dir"]) / "io.pt")
+    ids = io["ids"]
+    with torch.no_grad():  # a batch of two prompts, greedy, with the cache: each row as alone
+        both = model.generate(ids[:, :5], max_new_tokens=3, do_sample=False)
+        for row in range(2):
+            assert torch.equal(both[row], model.generate(ids[row:row + 1, :5], max_new_tokens=3, do_sample=False)[0])
+        mask = torch.ones_like(ids)
+        mask[1, 8:] = 0  # right padding leaves the real positions as they are
+        assert torch.allclose(model(ids, attention_mask=mask).logits, io["logits"], atol=TOLERANCE, rtol=0)
+        mask[1, :3] = 0
+        with pytest.raises(ValueError, match="padding on the left"):
+            model(ids, attention_mask=mask)
+    model.save_pretrained(tmp_path / "again")  # transformers' own save copies the code and the weights
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    assert again.model.head.weight is again.model.tok_emb.weight  # still tied
+
+
+def test_cli_export_format_hf_from_a_saved_model(tmp_path, capsys):
+    tokenizer = train_tokenizer("word", TEXT, 40)
+    model = _model(["dot|softmax|none|fixed|nobias|0.00|pos=rope"] * 2, "llama", tokenizer.vocab_size)
+    save_model(model, tmp_path / "model", tokenizer=tokenizer)
+    assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    files = {p.name for p in (tmp_path / "hf").iterdir()}
+    assert {"config.json", "configuration_evo_attention.py", "modeling_evo_attention.py", "model.safetensors",
+            "tokenizer.json", "tokenizer_config.json", "README.md", "evo_attention_nn_model.py"} <= files
+    assert not any(p.is_dir() for p in (tmp_path / "hf").iterdir())  # flat: transformers copies no folders
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "evo_attention" and config["block"] == "llama" and config["n_layers"] == 2
+    assert config["genes"] == [g.key for g in model.genes]
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_evo_attention.EvoAttentionForCausalLM"
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    state = model.state_dict()
+    assert set(weights) == {f"model.{k}" for k in state if k != "head.weight"}
+    assert all(torch.equal(weights[f"model.{k}"], v) for k, v in state.items() if k != "head.weight")
+    assert "AutoModelForCausalLM" in capsys.readouterr().err
+    # the default format is still the standalone attention module
+    assert main(["export", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "standalone")]) == 0
+    assert (tmp_path / "standalone" / "attention.py").is_file()
+    # a model saved without its tokenizer: one line, nothing written
+    save_model(model, tmp_path / "bare")
+    capsys.readouterr()
+    assert main(["export", "--model", str(tmp_path / "bare"), "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokenizer.json" in err and not (tmp_path / "x").exists()
+
+
+# -- lm-evaluation-harness ----------------------------------------------------------------------
+TASK = """task: {name}
+dataset_path: text
+dataset_kwargs:
+  data_files:
+    test: {data}
+  sample_by: line
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+HARNESS = r'''
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": sys.argv[1], "trust_remote_code": True},
+                                  tasks=["evo_words"], task_manager=TaskManager(include_path=sys.argv[2]),
+                                  batch_size=2, device="cpu")
+print("RESULT", json.dumps(results["results"]["evo_words"]))
+'''
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS or importlib.util.find_spec("lm_eval") is None,
+                    reason="lm-evaluation-harness (lm_eval) is not installed")
+def test_lm_evaluation_harness_scores_the_export_as_the_library_does(exported, tmp_path):
+    root, cases, models = exported
+    case = cases[0]  # word level: <eos> is the harness's prefix token (the line before ended)
+    lines = ["the cat sat on the mat .", "a dog ran to the hill , and the owl sat .", "the fox"]
+    (tmp_path / "words.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "evo_words.yaml").write_text(TASK.format(name="evo_words", data=tmp_path / "words.txt"))
+    done = subprocess.run([sys.executable, "-c", HARNESS, case["dir"], str(tmp_path / "tasks")], capture_output=True,
+                          text=True, env={**_env(tmp_path), "HF_DATASETS_OFFLINE": "1",
+                                          "HF_DATASETS_CACHE": str(tmp_path / "datasets")},
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores = json.loads(done.stdout.split("RESULT ")[-1])
+    # the same number from the library: each line (shorter than the window) after <eos>, every token scored
+    model, tokenizer = models[case["name"]]
+    eos = tokenizer.vocab.eos_id
+    total = 0.0
+    for line in lines:
+        ids = encode_prompt(tokenizer, line)[0]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([[eos] + ids[:-1]])).double(), dim=-1)[0]
+        total += float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
+    words = sum(len(line.split()) for line in lines)
+    assert math.isclose(scores["word_perplexity,none"], math.exp(-total / words), rel_tol=1e-5)
+    nbytes = sum(len(line.encode()) for line in lines)
+    assert math.isclose(scores["bits_per_byte,none"], -total / nbytes / math.log(2), rel_tol=1e-5)

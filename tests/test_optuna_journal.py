@@ -1,0 +1,95 @@
+"""report --optuna-journal: a run as an Optuna study in a journal file (for optuna-dashboard), read
+back with optuna.load_study: every evaluation a trial, the genes as categorical parameters, the
+objectives as values, failed and infeasible genes with their states and constraints."""
+
+import math
+
+import pytest
+
+from evo_attention import Config, Evolution, components
+from evo_attention.cli import main
+from evo_attention.report.optuna import journal_storage, write_optuna_journal
+from evo_attention.search.store import RunStore
+from evo_attention.util.errors import UserError
+
+optuna = pytest.importorskip("optuna")
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
+            learning_rate=3e-3, train_steps=6, log_every=3, population_size=4, n_generations=2, elite_size=1)
+
+
+@pytest.fixture
+def failing_normalization():
+    @components.register_normalization("journal_fails")
+    def journal_fails(scores, mask):
+        raise RuntimeError("this component always fails")
+
+    yield "journal_fails"
+    components.unregister("normalization", "journal_fails")
+
+
+def _load(path):
+    return optuna.load_study(study_name=None, storage=journal_storage(path))
+
+
+def test_the_journal_holds_every_evaluation(tmp_path, failing_normalization):
+    config = Config(**TINY, objectives=["perplexity", "params"], max_params=3824,
+                    search_space={"normalization": ["softmax", "entmax15", failing_normalization]})
+    with Evolution(config, out_dir=tmp_path / "run") as evo:
+        evo.run()
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        evaluations = store.evaluations()
+        refused = store.get_meta("infeasible") or []
+    assert any(r["status"] != "ok" for r in evaluations) and refused  # failed and infeasible genes are in it
+    written = write_optuna_journal(tmp_path / "run", tmp_path / "optuna.log")
+    study = _load(tmp_path / "optuna.log")
+    assert study.study_name == "run" and written["trials"] == len(study.trials) == len(evaluations) + len(refused)
+    assert study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2
+    assert study.metric_names == ["perplexity", "params"]
+    by_id = {t.user_attrs.get("id"): t for t in study.trials}
+    for record in evaluations:
+        trial = by_id[record["id"]]
+        assert trial.user_attrs["gene"] == record["gene"] and trial.user_attrs["role"] == record["role"]
+        assert set(trial.params) >= {"similarity", "normalization", "gating", "temperature_mode"}
+        assert trial.params["normalization"] == record["gene"].split("|")[1]
+        if record["status"] != "ok":
+            assert trial.state == optuna.trial.TrialState.FAIL and "fails" in trial.user_attrs["error"]
+        else:
+            assert trial.state == optuna.trial.TrialState.COMPLETE
+            assert trial.values == [pytest.approx(record["val_perplexity"]), record["params"]]
+            assert (max(trial.constraints.values()) > 0) == (record["params"] > 3824)
+    never = [t for t in study.trials if t.user_attrs.get("status") == "infeasible"]
+    assert [t.user_attrs["gene"] for t in never] == [e["gene"] for e in refused]
+    for trial in never:
+        assert trial.state == optuna.trial.TrialState.FAIL and max(trial.constraints.values()) > 0
+        assert trial.user_attrs["constraints"] == list(trial.constraints.values())
+        assert trial.user_attrs["constraint_names"] == ["max_params"] and "max_params" in trial.user_attrs["error"]
+    # written again, the file is replaced, not appended to
+    write_optuna_journal(tmp_path / "run", tmp_path / "optuna.log")
+    assert len(_load(tmp_path / "optuna.log").trials) == written["trials"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".optuna.log")]
+
+
+def test_per_layer_genomes_have_a_parameter_per_layer_and_the_cli_writes_it(tmp_path, capsys):
+    config = Config(**{**TINY, "genome": "per_layer", "n_layers": 2, "n_generations": 1})
+    with Evolution(config, out_dir=tmp_path / "run") as evo:
+        evo.run()
+    journal = tmp_path / "dash" / "study.log"
+    assert main(["report", str(tmp_path / "run"), "--optuna-journal", str(journal)]) == 0
+    assert "optuna-dashboard" in capsys.readouterr().out
+    study = _load(journal)
+    n = len(RunStore.open(tmp_path / "run", readonly=True).evaluations())
+    assert len(study.trials) == n
+    search = [t for t in study.trials if t.user_attrs["role"] == "search"]
+    for trial in search:
+        layers = trial.user_attrs["gene"].split(" / ")
+        assert trial.params["L1.similarity"] == layers[0].split("|")[0]
+        assert trial.params["L2.similarity"] == layers[1].split("|")[0]
+        assert math.isfinite(trial.values[0])
+    assert main(["report", str(tmp_path / "run"), str(tmp_path / "run"), "--out", str(tmp_path / "x"),
+                 "--optuna-journal", str(journal)]) == 2
+    assert "one run directory" in capsys.readouterr().err
+    with pytest.raises(UserError, match="is a directory"):
+        write_optuna_journal(tmp_path / "run", tmp_path)

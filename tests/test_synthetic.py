@@ -1,0 +1,410 @@
+"""Tests for the generated tasks that separate mechanisms (data/synthetic.py) and the suites
+(data/suites.py): determinism, scored positions, knob effects, errors, suites, learnability."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from evo_attention import Config
+from evo_attention.data import (IGNORE_INDEX, check_data_name, data_from_config, load_data, register_dataset,
+                                takes_options)
+from evo_attention.data.suites import load_suite, parse_suite, shipped_suites
+from evo_attention.data.synthetic import MAD_TASKS, TASKS, SyntheticData, data_name, is_synthetic, parse_data_name
+from evo_attention.util.errors import UserError
+
+SMALL = {"train_examples": 300, "eval_examples": 200}
+# one small, valid point per task (with its vocab and window)
+POINTS = {
+    "mqar": {"seq_len": 40, "vocab": 32, "pairs": 6, "queries": 4},
+    "mad:in_context_recall": {"seq_len": 32, "vocab": 16, "pairs": 4},
+    "mad:noisy_recall": {"seq_len": 48, "vocab": 16, "pairs": 4, "noise": 0.25, "noise_vocab": 3},
+    "mad:fuzzy_recall": {"seq_len": 48, "vocab": 16, "pairs": 5, "key_len": 2, "value_len": 2},
+    "mad:selective_copy": {"seq_len": 40, "vocab": 16, "copy": 8},
+    "mad:compression": {"seq_len": 32, "vocab": 16, "tokens": 10},
+    "mad:memorization": {"seq_len": 32, "vocab": 64, "pairs": 12},
+}
+
+
+def build(task, seed=0, **changes):
+    return SyntheticData(task, seed=seed, **{**SMALL, **POINTS[task], **changes})
+
+
+def user_error(fn, *needles) -> str:
+    """Run fn, expect a one-line UserError containing every needle; return the message."""
+    with pytest.raises(UserError) as info:
+        fn()
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert str(needle) in message, (needle, message)
+    return message
+
+
+def scored(data, split="valid"):
+    x, y = data.data[split]
+    return x, y, y != IGNORE_INDEX
+
+
+def sym(data, ids):
+    return [data.vocab.itos[i] for i in ids.tolist()]
+
+
+# --- determinism and the dataset contract ---------------------------------------------------------
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_deterministic_and_seeded(task):
+    a, b, c = build(task), build(task), build(task, seed=1)
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    for split in ("train", "valid", "test"):
+        assert all(torch.equal(p, q) for p, q in zip(a.data[split], b.data[split]))
+        assert not torch.equal(a.data[split][0], c.data[split][0])
+    assert not torch.equal(a.data["valid"][0], a.data["test"][0])  # splits are independent draws
+    g0, g1 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(next(a.train_batches(16, g0))[0], next(b.train_batches(16, g1))[0])
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_contract_and_scored_count(task):
+    data = build(task)
+    for split in ("train", "valid", "test"):
+        x, y, keep = scored(data, split)
+        n = data.num_eval_items(split)
+        assert x.shape == y.shape == (n, data.seq_len) and x.dtype == y.dtype == torch.int64
+        assert x.min() >= 0 and x.max() < data.vocab_size and y[keep].max() < data.vocab_size
+        assert (keep.sum(1) == data.answers_per_example).all()  # every example: the same answers
+        assert data.scored_tokens(split) == n * data.answers_per_example
+    assert sum(int((y != IGNORE_INDEX).sum()) for _, y in data.eval_batches("valid", 64)) == data.scored_tokens("valid")
+    described = data.describe()
+    assert described["scored_tokens"]["valid"] == 200 * data.answers_per_example
+    assert 0 < described["chance_accuracy"] < 1 and described["settings"]["seed"] == 0
+
+
+def test_fingerprint_depends_on_every_knob_and_seed():
+    for task in TASKS:
+        base = build(task)
+        seen = {base.fingerprint}
+        for knob in TASKS[task].all_knobs:
+            value = base.knobs[knob.name]
+            changed = value + 1 if knob.kind == "int" else (value / 2 if value else 0.1)
+            try:
+                other = build(task, **{knob.name: changed})
+            except UserError:  # + 1 breaks a check between knobs: try - 1
+                other = build(task, **{knob.name: value - 1})
+            assert other.fingerprint not in seen, (task, knob.name)
+            seen.add(other.fingerprint)
+        assert build(task, seed=7).fingerprint not in seen
+    # the spelling of the name does not matter: inline knobs and options give the same data
+    a = load_data("mqar:pairs=4,vocab=32", seq_len=32, train_examples=50, eval_examples=20)
+    b = load_data("mqar", seq_len=32, vocab_size=32, pairs=4, train_examples=50, eval_examples=20)
+    assert a.fingerprint == b.fingerprint and torch.equal(a.data["valid"][0], b.data["valid"][0])
+    assert a.name == "mqar:pairs=4,vocab=32" and b.name == "mqar"
+
+
+# --- the formats: only answers are scored, and they are right ---------------------------------------
+
+def test_mqar_format():
+    data = build("mqar")
+    P, Q = 6, 4
+    x, y, keep = scored(data)
+    rows, pos = keep.nonzero(as_tuple=True)
+    keys, answers = x[rows, pos], y[rows, pos]
+    K = (data.knobs["vocab"] - 1) // 2
+    assert (pos >= 2 * P).all() and (pos % 2 == 0).all()
+    assert ((keys >= 1) & (keys <= K)).all() and (answers > K).all()
+    pair_keys = x[rows, : 2 * P: 2]
+    j = (pair_keys == keys[:, None]).float().argmax(1)
+    assert (pair_keys[torch.arange(len(j)), j] == keys).all()  # the queried key was given ...
+    assert torch.equal(x[rows, 2 * j + 1], answers)  # ... and the answer is its value
+    assert torch.equal(x[rows, pos + 1], answers)  # teacher forcing: the value follows the query key
+    per_row = x[:, : 2 * P: 2].sort(1).values
+    assert (per_row.diff(1) != 0).all()  # distinct keys
+    queried = torch.stack([x[r, pos[rows == r]] for r in range(3)])
+    assert all(len(set(q.tolist())) == Q for q in queried)  # each pair asked at most once
+    assert (x[:, 2 * P:][~keep[:, 2 * P:] & ~keep[:, 2 * P - 1: -1]] == data.pad_id).all()  # the rest is <fill>
+
+
+def test_mqar_power_moves_queries_to_the_front():
+    near = build("mqar", seq_len=128, pairs=4, queries=2, power=0.01, eval_examples=500)
+    flat = build("mqar", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)
+    mean_pos = [scored(d)[2].nonzero()[:, 1].float().mean() for d in (near, flat)]
+    assert mean_pos[0] + 20 < mean_pos[1]
+
+
+def recall_check(data):
+    """Parse examples back into dictionary and query items: every scored target is a value token that
+    the query's key got in the dictionary, and nothing else is scored."""
+    k = data.knobs
+    kl, vl, P = k.get("key_len", 1), k.get("value_len", 1), k["pairs"]
+    x, y = data.data["valid"]
+    for r in range(30):
+        full = x[r].tolist() + [int(y[r, -1])]  # the example's last token: y's last target if scored
+        names = [data.vocab.itos[t] if t >= 0 else "?" for t in full]
+        expected, dictionary, items, i = [IGNORE_INDEX] * data.seq_len, {}, 0, 0
+        while i < len(full):
+            if not names[i].startswith("k"):
+                assert names[i].startswith("<") or (names[i] == "?" and i == len(full) - 1), names
+                i += 1
+                continue
+            assert all(n.startswith("k") for n in names[i: i + kl]) and all(n.startswith("v") for n in names[i + kl: i + kl + vl])
+            key, value = tuple(full[i: i + kl]), full[i + kl: i + kl + vl]
+            if items < P:
+                assert key not in dictionary  # distinct dictionary keys
+                dictionary[key] = value
+            else:
+                assert dictionary[key] == value  # a query repeats a dictionary key with its value
+                for t in range(vl):
+                    expected[i + kl - 1 + t] = value[t]
+            items, i = items + 1, i + kl + vl
+        assert items - P == data.answers_per_example // vl
+        assert y[r].tolist() == expected
+
+
+@pytest.mark.parametrize("task", ["mad:in_context_recall", "mad:noisy_recall", "mad:fuzzy_recall"])
+def test_recall_family_format(task):
+    recall_check(build(task))
+
+
+def test_selective_copy_format():
+    data = build("mad:selective_copy")
+    T, c = 40, 8
+    x, y, keep = scored(data)
+    assert keep[:, T - c:].all() and not keep[:, : T - c].any()  # the copy positions, only
+    assert (x[:, T - c:] == data.vocab.stoi["<copy>"]).all()
+    region = x[:, : T - c]
+    content = region >= 3
+    assert (content.sum(1) == c).all()  # copy content tokens, the rest noise
+    assert ((region == data.vocab.stoi["<noise>"]) | content).all()
+    assert torch.equal(region[content].view(-1, c), y[:, T - c:])  # in order
+
+
+def test_compression_format():
+    data = build("mad:compression")
+    m = 10
+    x, y, keep = scored(data)
+    assert keep[:, m: 2 * m].all() and keep.sum() == keep[:, m: 2 * m].sum()
+    assert torch.equal(y[:, m: 2 * m], x[:, :m]) and (x[:, :m] >= 2).all()
+    assert (x[:, m: 2 * m] == data.vocab.stoi["<compress>"]).all() and (x[:, 2 * m:] == data.pad_id).all()
+
+
+def test_memorization_is_one_table():
+    data = build("mad:memorization")
+    table = {}
+    for split in ("train", "valid", "test"):
+        x, y, keep = scored(data, split)
+        assert keep[:, : 24: 2].all() and keep.sum() == keep[:, : 24: 2].sum()  # the 12 keys, only
+        assert torch.equal(y[:, : 23: 2], x[:, 1: 24: 2])  # teacher forcing: the value follows its key
+        assert (x[:, : 24: 2].sort(1).values.diff(1) != 0).all()  # keys never repeat in an example
+        for key, value in zip(x[keep].tolist(), y[keep].tolist()):
+            assert table.setdefault(key, value) == value  # one value per key, in every split
+    assert len(table) == 31  # every key of the (64 - 1) // 2 appears
+    knobs = data.knobs
+    assert TASKS["mad:memorization"].table(knobs, 1).tolist() != TASKS["mad:memorization"].table(knobs, 0).tolist()
+
+
+# --- knob effects -----------------------------------------------------------------------------------
+
+def test_knob_effects():
+    answers = lambda task, **kw: build(task, **kw).answers_per_example
+    # MQAR: answers = queries; more pairs = a longer dictionary before the queries
+    assert [answers("mqar", queries=q) for q in (1, 3, 6)] == [1, 3, 6]
+    first_query = lambda d: int(scored(d)[2].nonzero()[:, 1].min())
+    assert first_query(build("mqar", pairs=8, queries=4)) >= 16 > first_query(build("mqar", pairs=4, queries=4)) >= 8
+    # in-context recall: the dictionary takes items from the queries; the window adds queries
+    assert answers("mad:in_context_recall", pairs=4) == 16 - 4 and answers("mad:in_context_recall", pairs=7) == 9
+    assert answers("mad:in_context_recall", seq_len=64) == 32 - 4
+    # noisy recall: round(noise * (T + 1)) noise tokens (ids 1..noise_vocab), the rest items
+    counts = []
+    for noise in (0.0, 0.25, 0.5):
+        data = build("mad:noisy_recall", noise=noise)
+        x = data.data["valid"][0]
+        in_x = ((x >= 1) & (x <= 3)).sum(1)  # x holds T of the T + 1 tokens: one noise token may be past it
+        expected = round(noise * 49)
+        assert int(in_x.max()) == expected and (in_x >= expected - 1).all()
+        assert data.answers_per_example == (49 - expected) // 2 - 4
+        counts.append(expected)
+    assert counts == [0, 12, 24]
+    assert build("mad:noisy_recall", noise_vocab=6).vocab.itos[6] == "<noise5>"
+    # fuzzy recall: longer keys, fewer items; every value token scored
+    assert answers("mad:fuzzy_recall", key_len=1, value_len=2) == (49 // 3 - 5) * 2
+    assert answers("mad:fuzzy_recall", key_len=3, value_len=2) == (49 // 5 - 5) * 2
+    assert answers("mad:fuzzy_recall", key_len=2, value_len=1) == 49 // 3 - 5
+    # selective copy and compression: the answers are the tokens to copy / compress
+    assert [answers("mad:selective_copy", copy=c) for c in (2, 8, 20)] == [2, 8, 20]
+    assert [answers("mad:compression", tokens=m) for m in (1, 10, 16)] == [1, 10, 16]
+    assert answers("mad:compression", tokens=None) == 16  # default: half the window
+    noise_tokens = lambda c: int((build("mad:selective_copy", copy=c).data["valid"][0] == 1).sum(1)[0])
+    assert noise_tokens(4) == 40 - 8 and noise_tokens(16) == 40 - 32
+    # memorization: pairs per example; the table grows with the vocabulary
+    assert answers("mad:memorization", pairs=5) == 5
+    assert len(build("mad:memorization", vocab=128).vocab) == 128
+    # the vocabulary knob is the model's vocabulary
+    assert all(build(task, vocab=40).vocab_size == 40 for task in TASKS)
+
+
+# --- names, knobs and errors ----------------------------------------------------------------------
+
+def test_data_names():
+    assert parse_data_name("mqar") == ("mqar", {})
+    assert parse_data_name("mqar:pairs=8") == ("mqar", {"pairs": "8"})
+    assert parse_data_name("mad:selective_copy:seq_len=64, copy=16") == (
+        "mad:selective_copy", {"seq_len": "64", "copy": "16"})
+    assert all(is_synthetic(n) for n in ("mqar", "mqar:pairs=2", "mad", "mad:compression"))
+    assert not any(is_synthetic(n) for n in ("recall", "wikitext2", "hf:mqar", "mqarx", 3))
+    for name in ("mqar", "mqar:pairs=8", "mad:selective_copy:seq_len=64,copy=16", *(f"mad:{t}" for t in MAD_TASKS)):
+        check_data_name(name)
+        Config(data=name)  # the config accepts it
+        assert takes_options(name)
+    data = load_data("mad:selective_copy:seq_len=64,copy=16", train_examples=20, eval_examples=10)
+    assert (data.seq_len, data.answers_per_example, data.vocab_size) == (64, 16, 16)  # vocab_size None: the default
+    data = load_data("mad:selective_copy:copy=4", seq_len=24, vocab_size=20, train_examples=20, eval_examples=10)
+    assert (data.seq_len, data.vocab_size) == (24, 20)  # not given inline: load_data's seq_len and vocab_size
+    assert data_name("mqar", {"pairs": 8, "power": 0.5}) == "mqar:pairs=8,power=0.5"
+    assert parse_data_name(data_name("mad:noisy_recall", {"noise": 0.25}))[1] == {"noise": "0.25"}
+
+
+def test_config_options_reach_the_data():
+    config = Config(data="mqar:vocab=32", max_seq_len=32, recall={"pairs": 3, "train_examples": 30,
+                                                                 "eval_examples": 10, "seed": 4})
+    data = data_from_config(config)
+    assert data.answers_per_example == 3 and data.seed == 4 and data.seq_len == 32 and data.vocab_size == 32
+
+
+def test_errors_are_one_line():
+    user_error(lambda: check_data_name("mqar:pairz=8"), "'pairz'", "pairs", "queries", "seq_len")
+    user_error(lambda: check_data_name("mad:selective_copy:cpy=3"), "'cpy'", "copy", "vocab")
+    user_error(lambda: check_data_name("mad:selective_copy:copy=x"), "copy", "an integer >= 1")
+    user_error(lambda: check_data_name("mad:selective_copy:copy=0"), "copy", "an integer >= 1")
+    user_error(lambda: check_data_name("mad:selective_copy:copy=2.5"), "copy", "integer")
+    user_error(lambda: check_data_name("mad:noisy_recall:noise=1.5"), "noise", "[0, 1)")
+    user_error(lambda: check_data_name("mqar:power=0"), "power", "(0, 1]")
+    user_error(lambda: check_data_name("mad:copying"), "'copying'", "selective_copy", "memorization")
+    user_error(lambda: check_data_name("mad"), "mad:TASK", "in_context_recall")
+    user_error(lambda: check_data_name("mqar:pairs"), "knob=value")
+    user_error(lambda: check_data_name("mqar:pairs=2,pairs=3"), "twice")
+    user_error(lambda: Config(data="mqar:pairz=8"), "pairz")
+    user_error(lambda: check_data_name("mqr"), "mqar", "mad:TASK")
+    # the checks between knobs, when the data is built
+    user_error(lambda: load_data("mqar:seq_len=16,pairs=8"), "seq_len 16", "pairs 8")
+    user_error(lambda: load_data("mqar:vocab=10,pairs=8"), "vocab 10", "pairs 8")
+    user_error(lambda: load_data("mqar:pairs=4,queries=5", seq_len=64), "queries 5")
+    user_error(lambda: load_data("mad:selective_copy:seq_len=20,copy=16"), "seq_len 20", "at least 32")
+    user_error(lambda: load_data("mad:compression:seq_len=20,tokens=11"), "tokens 11")
+    user_error(lambda: load_data("mad:in_context_recall:seq_len=8,pairs=7"), "pairs 7")
+    user_error(lambda: load_data("mad:memorization:vocab=16,pairs=9", seq_len=32), "pairs 9", "keys")
+    user_error(lambda: load_data("mad:noisy_recall:vocab=8,noise_vocab=6"), "vocab 8")
+    user_error(lambda: load_data("mad:fuzzy_recall:vocab=6,pairs=10,key_len=1", seq_len=64), "pairs 10")
+    # options: unknown names, bad values, disagreement with the name
+    user_error(lambda: load_data("mqar", num_pairs=3), "'num_pairs'", "task options", "pairs")
+    user_error(lambda: load_data("mqar", pairs="many"), "pairs", "an integer")
+    user_error(lambda: load_data("mqar:pairs=4", pairs=5), "pairs", "given twice")
+    load_data("mqar:pairs=4", pairs=4, seq_len=32, train_examples=10, eval_examples=5)  # agreeing is fine
+    user_error(lambda: load_data("mqar", eval_stride=4), "eval_stride")
+    user_error(lambda: load_data("mqar", tokenizer="char"), "tokenizer")
+    user_error(lambda: SyntheticData("mad:copy"), "mad:copy")
+    user_error(lambda: register_dataset("mad:mine"), "'mad:mine'", "taken")  # plugins cannot take the names
+    user_error(lambda: register_dataset("mqar"), "taken")
+    user_error(lambda: SyntheticData("mqar", seed="1"), "seed")
+
+
+# --- suites ---------------------------------------------------------------------------------------
+
+def test_shipped_suites_load():
+    assert {"mad-cpu", "mad-paper"} <= set(shipped_suites())
+    cpu = load_suite("mad-cpu")
+    assert cpu.name == "mad-cpu" and cpu.budget and cpu.description
+    assert {p.task for p in cpu.points} == set(TASKS)  # every task
+    for point in cpu.points:
+        assert point.knobs["seq_len"] <= 64 and point.knobs["train_examples"] <= 5000 and point.steps
+        check_data_name(point.data)
+        data = point.load()
+        assert data.fingerprint == SyntheticData(point.task, **point.knobs).fingerprint
+        assert data.seq_len == point.knobs["seq_len"]
+    paper = load_suite("mad-paper")
+    assert {p.task for p in paper.points} == set(TASKS) and len(paper.labels) == len(set(paper.labels))
+    for point in paper.points:
+        check_data_name(point.data)
+
+
+def write_suite(tmp_path, text):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_suite_from_a_file_and_its_defaults(tmp_path):
+    path = write_suite(tmp_path, """
+suite: mine
+steps: 50
+defaults: {vocab: 16, seq_len: 32, train_examples: 100, eval_examples: 20, pairs: 3}
+points:
+  - task: mad:in_context_recall
+  - task: mad:in_context_recall
+    knobs: {pairs: 5}
+    seed: 2
+    steps: 70
+  - task: mqar
+    knobs: {vocab: 32}
+  - task: mad:selective_copy
+    knobs: {copy: 4}
+""")
+    suite = load_suite(path)
+    assert suite.labels == ("in_context_recall", "in_context_recall-2", "mqar", "selective_copy")
+    a, b, q, s = suite.points
+    assert a.knobs["pairs"] == 3 and b.knobs["pairs"] == 5 and "pairs" not in s.knobs  # defaults only where they apply
+    assert (a.steps, b.steps, a.seed, b.seed, b.options) == (50, 70, None, 2, {"seed": 2})
+    assert q.data == "mqar:eval_examples=20,pairs=3,seq_len=32,train_examples=100,vocab=32"
+    assert load_data(q.data).fingerprint == q.load().fingerprint
+    assert b.load().seed == 2 and b.load().answers_per_example == 16 - 5
+    assert suite.point("mqar") is q
+    user_error(lambda: suite.point("nope"), "nope", "mqar")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("[1, 2]", ["mapping"]),
+    ("suite: x\n", ["points"]),
+    ("points: [{task: mqar}]\n", ["suite: NAME"]),
+    ("suite: x\nbudgett: 3\npoints: [{task: mqar}]\n", ["'budgett'", "budget"]),
+    ("suite: x\npoints: []\n", ["non-empty"]),
+    ("suite: x\npoints: [{task: mad:copy, knobs: {seq_len: 32, vocab: 16}}]\n", ["point 1", "'mad:copy'", "mad:compression"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32}}]\n", ["point 1", "vocab", "completely"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32, pairz: 2}}]\n", ["point 1", "'pairz'", "queries"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32, pairs: -2}}]\n", ["point 1", "pairs", ">= 1"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 8, vocab: 32, pairs: 8}}]\n", ["point 1", "seq_len 8"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}, steps: 0}]\n", ["point 1 steps", ">= 1"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}, colour: red}]\n", ["point 1", "'colour'"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}, seed: x}]\n", ["seed", "integer"]),
+    ("suite: x\ndefaults: {vocab: 32, seq_len: 32, copy: 3}\npoints: [{task: mqar}]\n", ["'copy'", "no point"]),
+    ("suite: x\ndefaults: {vocab: 32, seq_len: 32}\npoints: [{task: mqar, label: a}, {task: mqar, label: a, knobs: {pairs: 2}}]\n",
+     ["same label", "'a'"]),
+    ("suite: x\ndefaults: {vocab: 32, seq_len: 32}\npoints: [{task: mqar}, {task: mqar, knobs: {pairs: 8}}]\n",
+     ["same data"]),
+    ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}, label: two words}]\n", ["label"]),
+    ("suite: x\npoints: {task: mqar\n", ["not valid YAML"]),
+])
+def test_suite_validation(tmp_path, text, needles):
+    user_error(lambda: load_suite(write_suite(tmp_path, text)), "suite.yaml", *needles)
+
+
+def test_unknown_suite():
+    user_error(lambda: load_suite("mad-gpu"), "'mad-gpu'", "mad-cpu", "mad-paper")
+    user_error(lambda: parse_suite(yaml.safe_load("suite: x\npoints: [3]"), "s.yaml"), "s.yaml", "point 1")
+
+
+# --- learnability -----------------------------------------------------------------------------------
+
+def test_softmax_learns_easy_recall():
+    """A tiny softmax transformer solves an easy in-context recall point: the data are learnable
+    and the scored positions line up with what the model can infer."""
+    from evo_attention.train.trainer import train_and_evaluate
+
+    name = "mad:in_context_recall:seq_len=16,vocab=8,pairs=2,train_examples=4000,eval_examples=500"
+    data = load_data(name)
+    assert data.answers_per_example == 6 and math.isclose(data.describe()["chance_accuracy"], 0.25)
+    config = Config(data=name, vocab_size=None, d_model=32, n_heads=2, n_layers=2, max_seq_len=16, dropout=0.0,
+                    batch_size=128, eval_batch_size=250, eval_steps=None, learning_rate=3e-3, train_steps=400,
+                    precision="fp32", compile="off", device="cpu")
+    record = train_and_evaluate("dot|softmax|none|fixed|bias|0.00", config, data, seed=1)
+    assert record.eval_tokens == record.eval_tokens_total == 500 * 6  # answers only, all of them
+    assert record.accuracy > 0.9, record.accuracy

@@ -1,0 +1,78 @@
+"""Verdicts a researcher can cite: paired comparisons, Holm over a run's family, seeds from a target,
+and results of earlier versions recomputed by the current rule."""
+
+import json
+import math
+
+import pytest
+
+from evo_attention import Config
+from evo_attention.data import data_from_config
+from evo_attention.report.studies import read_studies
+from evo_attention.search.store import RunStore
+from evo_attention.studies.transfer import transfer_genes
+from evo_attention.studies.validate import validate_genes
+from evo_attention.util import stats
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
+            learning_rate=3e-3, train_steps=6, log_every=3, seed=7)
+VANILLA = "dot|softmax|none|fixed|bias|0.10"
+GENES = ["dot|sparsemax|none|fixed|bias|0.10", "cosine|softmax|none|fixed|bias|0.10", "dot|relu_norm|none|fixed|bias|0.10"]
+
+
+def test_holm_covers_every_comparison_that_shares_the_baseline_trainings(tmp_path):
+    config = Config(**TINY)
+    data = data_from_config(config)
+    store = RunStore.create(tmp_path / "run", config.to_dict())
+    first = validate_genes([GENES[0]], config, data, n_seeds=3, store=store)
+    second = validate_genes([GENES[1]], config, data, n_seeds=3, store=store)
+    assert first["family_size"] == 1 and second["family_size"] == 2
+    base = second["baseline"]["values"]
+    values = {GENES[0]: first["genes"][0]["values"], GENES[1]: second["genes"][0]["values"]}
+    assert first["baseline"]["values"] == base  # the same baseline trainings, served from the store
+    p = {g: stats.paired(v, base, log=True)["p_value"] for g, v in values.items()}
+    expected = stats.holm([p[GENES[0]], p[GENES[1]]])
+    assert second["genes"][0]["p_holm"] == pytest.approx(expected[1])
+    assert second["genes"][0]["p_value"] == pytest.approx(p[GENES[1]])
+    # a transfer whose reference size is the same setting shares those baseline trainings: its family there
+    # holds both validated genes, its own gene, and its own comparison at the other size
+    result = transfer_genes([GENES[2]], config, data, sizes="32x1", n_seeds=3, store=store)
+    ref, big = result["sizes"]
+    row = ref["genes"][0]
+    assert ref["baseline"]["values"] == base and row["family_size"] == 4
+    assert big["genes"][0]["family_size"] == 2  # at the other size: its own two comparisons only
+    family = [p[GENES[0]], p[GENES[1]], row["p_value"], big["genes"][0]["p_value"]]
+    assert row["p_value"] == pytest.approx(stats.paired(row["values"], base, log=True)["p_value"])
+    assert row["p_holm"] == pytest.approx(stats.holm(family)[2])
+    assert "interaction" in big["genes"][0] and "interaction" not in row
+    store.close()
+
+
+def test_seeds_auto_plans_fresh_seeds_from_a_pilot():
+    config = Config(**TINY)
+    data = data_from_config(config)
+    result = validate_genes([GENES[0]], config, data, n_seeds="auto", mde=0.05, max_seeds=6)
+    plan = result["seed_plan"]
+    assert plan["pilot_seeds"] == [8, 9, 10]
+    assert result["seeds"][0] == 11 and not set(result["seeds"]) & set(plan["pilot_seeds"])  # fresh seeds
+    needed = stats.seeds_for_effect(plan["sd_used"], math.log(1.05), 0.8, 0.05, max_seeds=6)
+    assert plan["needed"] == needed and len(result["seeds"]) == (6 if needed is None else max(2, needed))
+    assert plan["alpha_planned"] == pytest.approx(0.05) and plan["power"] == 0.8
+
+
+def test_a_validation_written_by_an_earlier_version_is_recomputed_and_marked(tmp_path):
+    old = {"kind": "validation", "metric": "val_perplexity", "metric_label": "perplexity", "lower_is_better": True,
+           "eval_split": "valid", "confidence": 0.95, "seeds": [1, 2, 3, 4],
+           "baseline": {"gene": VANILLA, "str": "Attn(dot|softmax|none|fixed)", "values": [10.0, 12.0, 9.0, 11.0],
+                        "mean": 10.5},
+           "genes": [{"gene": GENES[0], "str": "Attn(dot|sparsemax|none|fixed)", "values": [9.8, 11.7, 8.9, 10.8],
+                      "mean": 10.3, "difference": -0.2, "verdict": "not distinguishable", "p_holm": 0.7}],
+           "headline": "old"}
+    (tmp_path / "validation.json").write_text(json.dumps(old))
+    v = read_studies(tmp_path).validation
+    row = v["genes"][0]
+    assert v["recomputed"] and "recomputed" in v["headline"] and row["verdict"] in ("better", "undetermined")
+    paired = stats.paired(old["genes"][0]["values"], old["baseline"]["values"], log=True)
+    assert row["p_value"] == pytest.approx(paired["p_value"]) and row["welch"]["p_value"] > row["p_value"]
