@@ -87,10 +87,13 @@ def _names(summaries: list[RunSummary]) -> list[str]:
 
 
 def _anytime(summary: RunSummary) -> list[float | None]:
-    """The best search perplexity after each search training, in the order the store holds them."""
+    """The best search perplexity of a gene within the run's caps after each search training, in the
+    order the store holds them (a trained gene over a cap counts as a training, never as the best)."""
     best, curve = math.inf, []
+    infeasible = summary.infeasible_keys
     for record in summary.search_evaluations:
-        best = min(best, perplexity_of(record))
+        if str(record.get("gene")) not in infeasible:
+            best = min(best, perplexity_of(record))
         curve.append(best if math.isfinite(best) else None)
     return curve
 
