@@ -110,7 +110,8 @@ from evo_attention.train.environment import (autocast, choose_precision, is_oom,
                                              reset_peak_memory, resolve_device, versions)
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import Trainer, TrainingResult, _sdpa_formulas, run_training, state_to_bytes
+from evo_attention.train.trainer import (Trainer, TrainingResult, _sdpa_formulas, evaluate_into, run_training,
+                                         state_to_bytes)
 from evo_attention.util.errors import UserError
 
 # TrainSpec fields the trials of one batch may differ in: they change no shape
@@ -885,19 +886,7 @@ def _member_record(member: MemberTrainer, trial: Trial, data: TaskData, device: 
         status = Status.DIVERGED if member.diverged else Status.OK
         if keep_state and status == Status.OK:
             blob = state_to_bytes(member.state_dict())
-        record.status = status
-        if status == Status.OK:
-            for name, value in member.evaluate(trial.eval_split).items():
-                setattr(record, name, value)
-            if record.val_loss > member.absurd_loss:
-                record.status = Status.DIVERGED
-                member.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
-                                     f"(ln {member.spec.vocab_size} = {math.log(member.spec.vocab_size):.2f})")
-            else:
-                for name, value in member.measure_latency(trial.eval_split).items():
-                    setattr(record, name, value)
-        if record.status == Status.DIVERGED:
-            record.error = member.divergence
+        evaluate_into(record, member, status, trial.eval_split)
     except (KeyboardInterrupt, UserError):
         raise
     except Exception as exc:  # a failing gene must never crash the search

@@ -427,19 +427,7 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
         status = Status(trainer.train(until_step=trial.steps, progress=progress))
         if keep_state and status == Status.OK:
             blob = state_to_bytes(trainer.state_dict())
-        record.status = status
-        if status == Status.OK:
-            for name, value in trainer.evaluate(trial.eval_split).items():
-                setattr(record, name, value)
-            if record.val_loss > trainer.absurd_loss:
-                record.status = Status.DIVERGED
-                trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
-                                      f"(ln {trainer.spec.vocab_size} = {math.log(trainer.spec.vocab_size):.2f})")
-            else:
-                for name, value in trainer.measure_latency(trial.eval_split).items():
-                    setattr(record, name, value)
-        if record.status == Status.DIVERGED:
-            record.error = trainer.divergence
+        evaluate_into(record, trainer, status, trial.eval_split)
     except KeyboardInterrupt:
         raise
     except UserError:
@@ -468,6 +456,25 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     record.time_s = time.perf_counter() - start
     record.peak_memory_mb = peak_memory_mb(dev)
     return TrainingResult(record, trainer, blob)
+
+
+def evaluate_into(record: EvaluationRecord, trainer: "Trainer", status: Status, eval_split: str) -> None:
+    """Finish ``record`` of a training that ended with ``status``: on success, the evaluation over
+    ``eval_split`` (a loss far above a uniform guess turns it into divergence) and the latency; a
+    divergence's reason as its error. The one rule for every trainer (alone or batched)."""
+    record.status = status
+    if status == Status.OK:
+        for name, value in trainer.evaluate(eval_split).items():
+            setattr(record, name, value)
+        if record.val_loss > trainer.absurd_loss:
+            record.status = Status.DIVERGED
+            trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
+                                  f"(ln {trainer.spec.vocab_size} = {math.log(trainer.spec.vocab_size):.2f})")
+        else:
+            for name, value in trainer.measure_latency(eval_split).items():
+                setattr(record, name, value)
+    if record.status == Status.DIVERGED:
+        record.error = trainer.divergence
 
 
 def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None, steps: int | None = None,
