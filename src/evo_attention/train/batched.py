@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
@@ -831,15 +830,8 @@ class BatchedTrainer:
             if self.step % every == 0 or self.step == until:
                 means = (window_sum / window_n).tolist()  # the one host sync per log interval
                 finites = finite.tolist()
-                for i, m in enumerate(self.active):
-                    mean = means[i]
-                    if not finites[i] or not math.isfinite(mean):
-                        m._diverge(f"non-finite training loss in steps {self.step - window_n + 1}..{self.step}")
-                    elif mean > m.absurd_loss:
-                        m._diverge(f"training loss {mean:.4g} at step {self.step} is far above a uniform guess "
-                                   f"(ln {m.spec.vocab_size} = {math.log(m.spec.vocab_size):.2f})")
-                    else:
-                        m.curve.append([self.step, mean])
+                for i, m in enumerate(self.active):  # each model by the single trainer's rule
+                    m.close_interval(means[i], bool(finites[i]), self.step - window_n + 1, self.step)
                 window_sum.zero_()
                 window_n = 0
                 keep = [i for i, m in enumerate(self.active) if not m.diverged]

@@ -242,13 +242,7 @@ class Trainer:
                 finite &= torch.isfinite(loss)
                 if self.step % every == 0 or self.step == until:
                     mean = (window_sum / window_n).item()  # the one host sync, once per log interval
-                    if not bool(finite) or not math.isfinite(mean):
-                        self._diverge(f"non-finite training loss in steps {self.step - window_n + 1}..{self.step}")
-                    elif mean > self.absurd_loss:
-                        self._diverge(f"training loss {mean:.4g} at step {self.step} is far above a uniform guess "
-                                      f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
-                    else:
-                        self.curve.append([self.step, mean])
+                    self.close_interval(mean, bool(finite), self.step - window_n + 1, self.step)
                     if progress is not None:
                         progress(self.step, self.train_steps, mean)
                     window_sum.zero_()
@@ -256,6 +250,17 @@ class Trainer:
         finally:
             self.train_time += time.perf_counter() - start
         return "diverged" if self.diverged else "ok"
+
+    def close_interval(self, mean: float, finite: bool, first: int, step: int) -> None:
+        """Judge the log interval of steps ``first``..``step`` from its mean training loss: a
+        non-finite loss or one far above a uniform guess is divergence, else a point of the curve."""
+        if not finite or not math.isfinite(mean):
+            self._diverge(f"non-finite training loss in steps {first}..{step}")
+        elif mean > self.absurd_loss:
+            self._diverge(f"training loss {mean:.4g} at step {step} is far above a uniform guess "
+                          f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
+        else:
+            self.curve.append([step, mean])
 
     def _diverge(self, reason: str) -> None:
         self.diverged = True
