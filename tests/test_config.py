@@ -65,3 +65,14 @@ def test_eval_steps_flag_names_a_bad_value(capsys):
     with pytest.raises(SystemExit):
         main(["validate", "--eval-steps", "most"])
     assert "eval steps 'most' is not an integer (or 'all')" in capsys.readouterr().err
+
+
+def test_task_options_belong_to_their_dataset():
+    """The quick preset's recall options are dropped when another dataset is named (they would be
+    unknown knobs of it), kept when the same dataset is named, and a layer's own options win."""
+    from evo_attention.train.presets import merged_settings
+
+    assert "recall" not in merged_settings("quick", None, {"data": "mad:in_context_recall"})
+    assert merged_settings("quick", None, {"data": "recall"})["recall"]["num_pairs"] == 4
+    own = merged_settings("quick", None, {"data": "mqar", "recall": {"pairs": 8}})
+    assert own["recall"] == {"pairs": 8}

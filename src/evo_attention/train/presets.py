@@ -161,13 +161,17 @@ WARMUP_FORMS = ("warmup_steps", "warmup")  # one setting, the warm-up, in two fo
 def overlay(settings: Mapping[str, Any], layer: Mapping[str, Any], source: str | None = None) -> dict:
     """``settings`` updated with ``layer``, where the layer's warm-up (``warmup_steps`` or a
     ``warmup`` fraction) replaces the one in ``settings`` in either form; UserError naming both if
-    ``layer`` (``source``) gives both forms."""
+    ``layer`` (``source``) gives both forms. Task options (``recall``) belong to the dataset they
+    were given with: a layer that names another dataset and no options of its own drops them (the
+    quick preset's recall options never reach ``--data mad:...``)."""
     given = [name for name in WARMUP_FORMS if layer.get(name) is not None]
     if len(given) > 1:
         where = f"{source}: " if source else ""
         raise UserError(where + warmup_twice(layer["warmup"], layer["warmup_steps"]),
                         setting=("warmup", "warmup_steps"))
     out = {k: v for k, v in settings.items() if not (given and k in WARMUP_FORMS)}
+    if "data" in layer and layer["data"] != settings.get("data") and "recall" not in layer:
+        out.pop("recall", None)
     out.update(layer)
     return out
 
