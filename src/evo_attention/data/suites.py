@@ -73,6 +73,16 @@ class SuitePoint:
         """The task options besides the data name: the data seed, when given."""
         return {} if self.seed is None else {"seed": self.seed}
 
+    def settings(self) -> dict:
+        """The Config settings that make a training on this point (over a run's other settings):
+        its data name, its task options (only these: a run's own options belong to its own data)
+        and, when the suite gives them, its steps. Every training on a point is a Trial of the
+        Config these give, so it is cached like any other."""
+        out = {"data": self.data, "recall": dict(self.options)}
+        if self.steps is not None:
+            out["train_steps"] = self.steps
+        return out
+
     def load(self) -> SyntheticData:
         """This point's dataset."""
         return synthetic_data(self.data, seed=0 if self.seed is None else self.seed)
