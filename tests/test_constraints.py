@@ -220,6 +220,11 @@ def test_a_measured_cap_marks_genes_infeasible_after_training(tmp_path):
     assert all("max_latency_ms" in t["violations"] for t in summary.constraints["trained"])
     assert (tmp_path / "run" / "pareto.png").is_file()
     assert "trained over a measured cap" in format_status(run_status(tmp_path / "run"))
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "run" / "evaluations.csv").open()))
+    searched = [r for r in rows if r["role"] == "search"]
+    assert searched and all(r["feasible"] == "false" for r in searched)  # the csv says which genes break a cap
 
 
 def test_caps_from_the_command_line(tmp_path, capsys):

@@ -49,7 +49,7 @@ NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a fin
 EVALUATION_COLUMNS = (
     "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy", "bits_per_byte",
     "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "latency_ms", "peak_memory_mb", "seed",
-    "steps", "eval_tokens", "error", "created_at",
+    "steps", "eval_tokens", "error", "created_at", "feasible",
 ) + ALL_FIELDS
 
 # The top-level keys of final_results.json, in order.
@@ -473,12 +473,15 @@ class RunSummary:
         return self.ranking[:k]
 
     def evaluation_rows(self) -> list[dict]:
-        """One dict per evaluation with exactly ``EVALUATION_COLUMNS`` (gene fields split out)."""
+        """One dict per evaluation with exactly ``EVALUATION_COLUMNS`` (gene fields split out).
+        ``feasible``: in a run with caps, whether the gene breaks none of them; empty without caps."""
         rows = []
+        infeasible = self.infeasible_keys
         for record in self.evaluations:
             info = gene_info(record.get("gene"))
             row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in ALL_FIELDS}
             row["gene"] = info["key"]
+            row["feasible"] = (str(record.get("gene")) not in infeasible) if self.constraints else None
             row.update({name: info.get(name) for name in ALL_FIELDS})
             rows.append(row)
         return rows
