@@ -149,11 +149,13 @@ def test_tpe_without_set_constraint_passes_a_constraints_func(monkeypatch):
 
 
 # -- in a search -------------------------------------------------------------------------------------
-def test_no_training_is_spent_on_a_gene_over_the_parameter_cap(tmp_path):
+def test_no_training_is_spent_on_a_gene_over_the_parameter_cap(tmp_path, capsys):
     config = Config(**TINY, max_params=VANILLA_PARAMS, objectives=["perplexity", "params"])
     executor = CountingExecutor()
-    with Evolution(config, out_dir=tmp_path / "run", executor=executor) as evo:
+    with Evolution(config, out_dir=tmp_path / "run", executor=executor, quiet=False) as evo:
         best = evo.run()
+    printed = capsys.readouterr()
+    assert "refused: " in printed.out + printed.err  # the progress log names each refused gene
     search_trained = [t for t in executor.trained if t[3] == "search"]
     assert search_trained and all(params <= VANILLA_PARAMS for _, params, _, _ in search_trained)
     store = RunStore.open(tmp_path / "run", readonly=True)

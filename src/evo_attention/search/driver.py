@@ -356,6 +356,8 @@ class Search:
             if key not in self._blocked:
                 self._blocked[key] = {"gene": key, "generation": generation, **costs, "violations": found}
                 self.store.set_meta(caps.META_INFEASIBLE, list(self._blocked.values()))
+            if self._runner.view is not None:  # a planned evaluation that will not run
+                self._runner.view.refused(f"gen {generation}", key, caps.violations_text(found))
             trial = self._trial(key)
             self._records[key] = failed_record(  # a stand-in for the population, never stored
                 key, trial.seed, trial.steps, self.data.name, self.data.fingerprint, trial.context,

@@ -181,6 +181,18 @@ class SearchView:
         if self._progress is not None:
             self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
+    def refused(self, label: str, gene: str, reason: str) -> None:
+        """A planned evaluation that will not run (a gene refused before training): the plan
+        shrinks by one, so the counter ends at its total, and the refusal is printed."""
+        self.planned = max(0, self.planned - 1)
+        with best_effort():
+            line = f"{label} {gene} refused: {reason}"
+            if self._progress is not None:
+                self._progress.update(self._search, total=self.planned)
+                self._progress.console.print(line, markup=False)
+            elif self.enabled:
+                log(f"[{self.planned} planned {time.monotonic() - self._start:.0f}s] {line}")
+
     def finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
             self._show_finished(label, gene, record, cached, done, worker)
