@@ -191,10 +191,25 @@ def p_text(value) -> str:
     return "-" if value is None else ("< 0.0001" if value < 1e-4 else f"{value:.4f}")
 
 
-def validation_markdown(result: Mapping) -> str:
-    """The text of ``validation.md``."""
+def verdict_markdown(result: Mapping) -> str:
+    """The verdict table of a validation result, as ``validation.md`` (and the docs) show it."""
     headers, rows, align = validation_table(result)
     md_rows = [[md_cell(c) if i != 0 else code(c) for i, c in enumerate(row)] for row in rows]
+    return markdown_table(headers, md_rows, align).rstrip() + "\n"
+
+
+def cost_markdown(result: Mapping) -> str | None:
+    """The cost table of a validation result as markdown; None for a result without costs."""
+    costs = cost_table(result)
+    if not costs:
+        return None
+    headers, rows, align = costs
+    return markdown_table(headers, [[code(c) if i == 0 else c for i, c in enumerate(row)] for row in rows],
+                          align).rstrip() + "\n"
+
+
+def validation_markdown(result: Mapping) -> str:
+    """The text of ``validation.md``."""
     seeds = result.get("seeds") or []
     lines = [
         "# Multi-seed validation", "",
@@ -203,16 +218,14 @@ def validation_markdown(result: Mapping) -> str:
         f"({seed_note(result)}), "
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
-        markdown_table(headers, md_rows, align).rstrip(), "",
+        verdict_markdown(result).rstrip(), "",
     ]
-    costs = cost_table(result)
+    costs = cost_markdown(result)
     if costs:
-        headers, rows, align = costs
         lines += ["What each gene costs, the median over its seeds (in brackets: relative to the baseline). "
                   "FLOPs count one training step's arithmetic; times are those of the machine and executor that "
                   "trained it; latency is one eval-mode forward pass of an evaluation batch.", "",
-                  markdown_table(headers, [[code(c) if i == 0 else c for i, c in enumerate(row)] for row in rows],
-                                 align).rstrip(), ""]
+                  costs.rstrip(), ""]
     failures = [(r["gene"], e) for r in [result.get("baseline") or {}] + list(result.get("genes", []))
                 for e in r.get("errors", [])]
     if failures:

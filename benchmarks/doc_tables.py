@@ -1,0 +1,154 @@
+"""Tables in the docs, generated from committed result files: every number traceable to a file.
+
+A doc marks a generated block with the file it comes from and the table it shows:
+
+    <!-- generated: docs/results/NAME/validation.json table=verdicts -->
+    | ... the table ... |
+    <!-- end generated -->
+
+``python benchmarks/doc_tables.py`` rewrites every such block of the docs (README.md, docs/*.md)
+from its file; ``--check`` changes nothing and exits 1 naming each block that differs from what
+its file gives (``tests/test_doc_tables.py`` runs it, so a number edited by hand, or a result file
+changed without regenerating the doc, fails the tests). Paths are relative to the repository root.
+
+Tables (``table=``):
+
+- ``verdicts``: a validation result's verdict table (``validation.json``: the study's own renderer);
+- ``grid``: its learning-rate grid table (each gene's mean per rate, the selected rate, edges);
+- ``costs``: its cost table;
+- ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
+  per point (and the aggregate), or for a language-modelling result its one row;
+- ``signal-noise-genes``: the same result's per-gene means per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
+                   re.S)
+
+
+def _markdown(headers, rows, align) -> str:
+    from evo_attention.util.format import markdown_table
+
+    return markdown_table(headers, rows, align)
+
+
+def _validation(payload: dict) -> dict:
+    from evo_attention.report.studies import current_validation
+
+    return current_validation(payload)
+
+
+def verdicts(payload: dict) -> str:
+    from evo_attention.report.studies import verdict_markdown
+
+    return verdict_markdown(_validation(payload))
+
+
+def grid(payload: dict) -> str:
+    from evo_attention.report.studies import grid_section
+
+    lines = grid_section(_validation(payload), "validation")
+    return "\n".join(line for line in lines if line.startswith("|")) + "\n"
+
+
+def costs(payload: dict) -> str:
+    from evo_attention.report.studies import cost_markdown
+
+    return cost_markdown(_validation(payload)) or ""
+
+
+def _num(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _p(value) -> str:
+    return "-" if value is None else (f"{value:.1e}" if value < 1e-3 else f"{value:.3f}")
+
+
+def signal_noise(payload: dict) -> str:
+    headers = ["Point", "Metric", "Between-gene sd", "Within-gene sd", "Ratio", "ANOVA F", "p"]
+    rows = []
+    if "points" in payload:
+        for label, point in payload["points"].items():
+            s = point["accuracy_spread"]
+            rows.append([label, "accuracy", _num(s["between_sd"]), _num(s["within_sd"]), _num(s["ratio"], 1),
+                         _num(s["anova_f"], 1), _p(s["anova_p"])])
+        s = payload["aggregate"]["accuracy_spread"]
+        rows.append([f"**{payload['suite']} (mean over points)**", "accuracy", _num(s["between_sd"]),
+                     _num(s["within_sd"]), _num(s["ratio"], 1), _num(s["anova_f"], 1), _p(s["anova_p"])])
+    else:
+        s = payload["val_loss_spread"]
+        rows.append([payload["data"], "validation loss", _num(s["between_sd"], 4), _num(s["within_sd"], 4),
+                     _num(s["ratio"], 1), _num(s["anova_f"], 1), _p(s["anova_p"])])
+    return _markdown(headers, rows, "llrrrrr")
+
+
+def signal_noise_genes(payload: dict) -> str:
+    genes = list(payload["genes"])
+    if "points" in payload:
+        columns = {label: p["accuracy_spread"]["means"] for label, p in payload["points"].items()}
+        columns[payload["suite"]] = payload["aggregate"]["accuracy_spread"]["means"]
+        digits = 3
+    else:
+        columns = {payload["data"]: payload["val_loss_spread"]["means"]}
+        digits = 4
+    rows = [[g] + [_num(means.get(g), digits) for means in columns.values()] for g in genes]
+    return _markdown(["Gene"] + list(columns), rows, "l" + "r" * len(columns))
+
+
+TABLES = {"verdicts": verdicts, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+          "signal-noise-genes": signal_noise_genes}
+
+
+def docs(root: Path) -> list[Path]:
+    return [p for p in [root / "README.md"] + sorted((root / "docs").glob("*.md")) if p.is_file()]
+
+
+def render(match: re.Match, doc: Path, root: Path) -> str:
+    name, path = match["table"], root / match["file"]
+    if name not in TABLES:
+        raise SystemExit(f"{doc.relative_to(root)}: unknown table {name!r}; tables: {', '.join(TABLES)}")
+    if not path.is_file():
+        raise SystemExit(f"{doc.relative_to(root)}: result file {match['file']} does not exist")
+    return TABLES[name](json.loads(path.read_text(encoding="utf-8")))
+
+
+def run(check: bool, root: Path = ROOT) -> list[str]:
+    """The blocks that differ from their files (``check``), else rewrite them; returns their names."""
+    differ = []
+    for doc in docs(root):
+        text = doc.read_text(encoding="utf-8")
+
+        def fill(match: re.Match) -> str:
+            body = render(match, doc, root)
+            if body != match["body"]:
+                differ.append(f"{doc.relative_to(root)}: {match['file']} table={match['table']}")
+            return match.group(1) + body + match.group(5)
+
+        new = BLOCK.sub(fill, text)
+        if not check and new != text:
+            doc.write_text(new, encoding="utf-8")
+    return differ
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs from its file")
+    args = parser.parse_args()
+    differ = run(args.check)
+    for name in differ:
+        print(("differs from its file: " if args.check else "regenerated: ") + name)
+    if args.check and differ:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
