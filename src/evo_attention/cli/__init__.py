@@ -17,7 +17,7 @@ from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
 COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "transfer", "maps", "bench",
-                   "compare", "generate", "export")
+                   "compare", "curve", "generate", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

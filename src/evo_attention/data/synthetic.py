@@ -533,10 +533,12 @@ def resolve_knobs(task: str, knobs: Mapping[str, Any]) -> dict:
     return definition.resolve(resolved)
 
 
-def synthetic_data(name: str, *, seq_len: int | None = None, vocab_size: int | None = None, seed: int = 0,
-                   options: Mapping[str, Any] | None = None) -> "SyntheticData":
-    """The dataset a data name gives: inline knobs, then ``options`` (the task options mapping),
-    then ``seq_len`` / ``vocab_size`` for those two knobs, then the task's defaults."""
+def given_knobs(name: str, *, seq_len: int | None = None, vocab_size: int | None = None,
+                options: Mapping[str, Any] | None = None) -> tuple[str, dict]:
+    """``(task, knobs)`` of a data name: the inline knobs, then ``options`` (the task options
+    mapping, without the data seed), then ``seq_len`` / ``vocab_size`` for those two knobs; each
+    value checked, the task's defaults and the checks between knobs not yet applied
+    (``resolve_knobs`` does both)."""
     task, inline = parse_data_name(name)
     knobs = convert_knobs(task, inline, where=f" (in data {name!r})")
     for key, value in convert_knobs(task, dict(options or {}), where=" (in the task options)").items():
@@ -548,6 +550,14 @@ def synthetic_data(name: str, *, seq_len: int | None = None, vocab_size: int | N
         knobs["seq_len"] = seq_len
     if "vocab" not in knobs and vocab_size is not None:
         knobs["vocab"] = vocab_size
+    return task, knobs
+
+
+def synthetic_data(name: str, *, seq_len: int | None = None, vocab_size: int | None = None, seed: int = 0,
+                   options: Mapping[str, Any] | None = None) -> "SyntheticData":
+    """The dataset a data name gives: inline knobs, then ``options`` (the task options mapping),
+    then ``seq_len`` / ``vocab_size`` for those two knobs, then the task's defaults."""
+    task, knobs = given_knobs(name, seq_len=seq_len, vocab_size=vocab_size, options=options)
     return SyntheticData(task, seed=seed, name=name, **knobs)
 
 

@@ -15,8 +15,9 @@
 
 Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``):
 ``validation.json`` / ``validation_test.json`` (``evo-attention validate``), ``ablation.json``
-(``ablate``), ``compare_results.json`` (``compare``) and ``attention_maps.json`` with its figures
-in ``run_dir`` or ``run_dir/maps`` (``attention-maps``).
+(``ablate``), ``compare_results.json`` (``compare``), ``curve.json`` in ``run_dir`` or
+``run_dir/curve`` (``curve``) and ``attention_maps.json`` with its figures in ``run_dir`` or
+``run_dir/maps`` (``attention-maps``).
 
 ``load_run(run_dir)`` gives the ``RunSummary`` these are made from. Both open the store read-only,
 so they may run while a search is still writing to it (``evo-attention report DIR``).

@@ -9,6 +9,7 @@ The file names are defined here once: the studies write under these names, the r
 - ``compare_results.json`` (also in ``compare/``): ``evo-attention compare``
 - ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
   ``evo-attention attention-maps``
+- ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``): ``evo-attention curve``
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any, Mapping
 
 COMPARE_RESULTS, COMPARE_TABLE, COMPARE_FIGURE = "compare_results.json", "compare.md", "compare.png"
 MAPS_FILE = "attention_maps.json"
+CURVE_RESULTS, CURVE_TABLE, CURVE_FIGURE = "curve.json", "curve.md", "curve.png"
 VALIDATION_FILES = ("validation.json", "validation_test.json")
 ABLATION_FILES = ("ablation.json", "ablation_test.json")
 TRANSFER_FILES = ("transfer.json", "transfer_test.json")
 COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
+CURVE_DIRS = (".", "curve")  # where the report looks for a curve (its figure lies beside it)
 
 
 def output_stem(kind: str, eval_split: str) -> str:
@@ -40,7 +43,8 @@ class Attachments:
     ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
     ``ablation*.json`` / ``transfer*.json``;
     ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
-    where the file lacks it); ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
+    where the file lacks it); ``curves``: each ``curve.json`` with ``"_dir"``, the directory its
+    figure lies in; ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
     its figures lie in; ``problems``: one line per file that exists but could not be read (the
     report says so instead of failing).
     """
@@ -49,6 +53,7 @@ class Attachments:
     ablations: list[dict] = field(default_factory=list)
     transfers: list[dict] = field(default_factory=list)
     compare: list[dict] | None = None
+    curves: list[dict] = field(default_factory=list)
     maps: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -78,7 +83,8 @@ def _compare_rows(data: Any, path: Path, problems: list[str]) -> list[dict] | No
 
 
 def load_attachments(run_dir: str | os.PathLike) -> Attachments:
-    """Read every analysis result in ``run_dir`` (and ``run_dir/maps``, ``run_dir/maps/*``)."""
+    """Read every analysis result in ``run_dir`` (and ``run_dir/maps``, ``run_dir/maps/*``,
+    ``run_dir/curve``)."""
     run_dir = Path(run_dir)
     found = Attachments()
     for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
@@ -99,6 +105,14 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
             if data is not None:
                 found.compare = _compare_rows(data, path, found.problems)
             break
+    for where in CURVE_DIRS:
+        path = run_dir / where / CURVE_RESULTS
+        if path.is_file():
+            data = _read_json(path, found.problems)
+            if isinstance(data, Mapping) and data.get("kind") == "curve":
+                found.curves.append({**data, "_dir": where})
+            elif data is not None:
+                found.problems.append(f"{path.relative_to(run_dir)}: not a curve result")
     candidates = [run_dir, run_dir / "maps"]
     if (run_dir / "maps").is_dir():
         candidates += sorted(p for p in (run_dir / "maps").iterdir() if p.is_dir())

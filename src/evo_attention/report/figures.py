@@ -12,6 +12,8 @@
   interval bars (``transfer.png``).
 - ``plot_lr_grid``: each gene's mean over its tuning seeds against the learning rate (log x), its
   selected rate ringed, a panel per size of a ladder (``validation_lr_grid.png`` and the like).
+- ``plot_curve``: each gene's mean accuracy against a task's knob, its interval as a band, the chance
+  level and the break threshold drawn, a log2 axis for powers of two (``curve.png``).
 - ``plot_long_context``: ms per step and memory against the sequence length per family (``long_context.png``).
 - ``plot_pareto``: every evaluation of a multi-objective run on its first two objectives, the
   Pareto front as a step line and the baseline marked (``pareto.png``).
@@ -486,6 +488,67 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
             else:
                 ax.text(0.5, 0.5, "no finished tuning training", ha="center", transform=ax.transAxes)
         fig.suptitle(title, fontsize=10)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
+
+
+# -- difficulty curves -------------------------------------------------------------------------------
+def powers_of_two(values: Sequence) -> bool:
+    """Whether every value is a positive integer power of two (the curve's x axis is then log2)."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0 for v in values)
+
+
+def plot_curve(result: dict, path: str | os.PathLike) -> Path:
+    """``curve.png``: per gene its mean accuracy at every value of the knob (a line through the
+    values with a mean), the interval of each mean as a band; chance accuracy dashed, the break
+    threshold dotted. The x axis is log2 when every value is a power of two."""
+    values = list(result.get("values") or [])
+    knob = str(result.get("knob", "knob"))
+    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=DPI)
+    try:
+        drawn = 0
+        for i, gene in enumerate(result.get("genes") or []):
+            rows = [r for r in gene.get("points") or [] if finite_or_none(r.get("mean")) is not None]
+            rows.sort(key=lambda r: r["value"])
+            if not rows:
+                continue
+            color = f"C{i % 10}"
+            xs = [r["value"] for r in rows]
+            ax.plot(xs, [r["mean"] for r in rows], "o-", color=color, markersize=4, linewidth=1.4,
+                    label=_short(str(gene.get("name", "")), 48))
+            band = [r for r in rows if r.get("ci_low") is not None and r.get("ci_high") is not None]
+            if band:
+                ax.fill_between([r["value"] for r in band], [max(0.0, r["ci_low"]) for r in band],
+                                [min(1.0, r["ci_high"]) for r in band], color=color, alpha=0.18, linewidth=0)
+            drawn += 1
+        chance = sorted((p["value"], p["chance_accuracy"]) for p in result.get("points") or []
+                        if finite_or_none(p.get("chance_accuracy")) is not None)
+        if chance:
+            ax.plot([x for x, _ in chance], [y for _, y in chance], "--", color="tab:gray", linewidth=1, label="chance")
+        if finite_or_none(result.get("break_at")) is not None:
+            ax.axhline(result["break_at"], color="black", linestyle=":", linewidth=0.8,
+                       label=f"break threshold {result['break_at']:g}")
+        if values and powers_of_two(values):
+            ax.set_xscale("log", base=2)
+        if values:
+            ax.set_xticks(sorted(values))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel(knob)
+        seeds = len(result.get("seeds") or [])
+        band = f", {percent(result.get('confidence', 0.95))} interval over {seeds} seeds" if seeds > 1 else ""
+        ax.set_ylabel(f"validation accuracy (mean{band})", fontsize=9)
+        m = result.get("model") or {}
+        ax.set_title(f"{result.get('task')}: accuracy against {knob} ({m.get('d_model')}d x {m.get('n_layers')} layers, "
+                     f"{result.get('steps')} steps)", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if drawn:
+            ax.legend(loc="best", fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no finished training", ha="center", transform=ax.transAxes)
     except BaseException:
         plt.close(fig)
         raise

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from evo_attention.report import markdown as md
-from evo_attention.report.attachments import Attachments
+from evo_attention.report.attachments import CURVE_FIGURE, Attachments
 from evo_attention.report.studies import comparison_note, contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
@@ -217,6 +217,12 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
         body = [para("From `compare_results.json`."),
                 table(md.compare_table(a.compare)) if a.compare else para("The compare results list no entry.")]
         out.append(_section("compare", "Compare", body))
+    for i, c in enumerate(a.curves):
+        out.append(_section(f"curve-{i}", f"Difficulty curve: accuracy against {c.get('knob')} ({c.get('task')})", [
+            para(md.curve_note(c), "muted"), table(md.curve_table(c)),
+            image(_figure_in(run_dir, c["_dir"], CURVE_FIGURE), f"Accuracy against {c.get('knob')}",
+                  "Each gene's mean accuracy at every value, its interval as a band; chance dashed, the break "
+                  "threshold dotted.")]))
     for i, m in enumerate(a.maps):
         figures = []
         for layer in m.get("layers", []):

@@ -3,7 +3,7 @@
 Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only),
 the distribution of every evaluation,
 per-generation table, top genes, component analysis, then what analyses left in the run
-directory (multi-seed validation, ablation, compare, attention maps; see ``Attachments``),
+directory (multi-seed validation, ablation, compare, difficulty curves, attention maps; see ``Attachments``),
 failures and reproducibility. A run with nothing finished (or only failures) still gets a complete
 report that says so in its first lines.
 
@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from evo_attention.report.attachments import Attachments
+from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
 from evo_attention.report.studies import ablation_table as _ablation_cells
 from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
 from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
 from evo_attention.report.studies import transfer_table as _transfer_cells
 from evo_attention.report.studies import cost_table as _cost_cells
+from evo_attention.report.studies import curve_note
+from evo_attention.report.studies import curve_table as _curve_cells
 from evo_attention.report.studies import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
@@ -196,6 +198,10 @@ def compare_table(rows: Sequence[Mapping]) -> Table:
             fmt(_number(r.get("val_loss")), 4), fmt(_number(r.get("accuracy")), 4), fmt(_number(r.get("time_s")), 1),
             fmt(_number(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
     return Table(headers, out, "llrlrrrrrr", (1,))
+
+
+def curve_table(result: Mapping) -> Table:
+    return Table(*_curve_cells(result), (1,))
 
 
 def maps_table(result: Mapping) -> Table:
@@ -382,6 +388,12 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
     if a.compare is not None:
         body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
+    for c in a.curves:
+        prefix = "" if c["_dir"] == "." else c["_dir"].rstrip("/") + "/"
+        sections.append([f"## Difficulty curve: accuracy against {md_cell(c.get('knob'))} ({md_cell(c.get('task'))})",
+                         "", md_cell(curve_note(c)), "", to_markdown(curve_table(c)), "",
+                         f"![Accuracy against {md_cell(c.get('knob'))}]({prefix}{CURVE_FIGURE})", "",
+                         f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
     for m in a.maps:
         prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
         figures = [f"![Layer {layer.get('layer')}]({prefix}{layer.get('figure')})" for layer in m.get("layers", [])]

@@ -7,6 +7,7 @@
 - ``transfer``: retrain genes and the baseline at a ladder of model sizes (``transfer_genes``)
 - ``maps``: attention weights per layer and head, drawn, with sparsity, entropy and distance
 - ``compare``: named attention variants at one fixed size
+- ``curves``: each gene's accuracy against a knob of a generated task (``run_curve``): where it breaks
 - ``lr_grid``: each gene at its own best learning rate of a grid (``lr_grid=`` of every study above
   but maps), selected on tuning seeds of their own, measured on the study's seeds
 - ``evolution``: ``Evolution``, a search that writes its report (the original project's API)
@@ -21,7 +22,7 @@ import importlib
 # name -> the module that defines it; imported on first use, so ``import evo_attention`` stays light
 _EXPORTS = {"ablate": "ablation", "ablation_variants": "ablation", "run_ablation": "ablation",
             "write_ablation": "ablation", "StudyResult": "common", "StudySetup": "common", "run_seeds": "common",
-            "validation_seeds": "common", "resolve_configs": "compare", "run_compare": "compare",
+            "validation_seeds": "common", "resolve_configs": "compare", "run_compare": "compare", "run_curve": "curves",
             "attention_maps": "maps", "head_metrics": "maps", "run_transfer": "transfer",
             "transfer_genes": "transfer", "write_transfer": "transfer", "run_validation": "validate",
             "validate_genes": "validate", "write_validation": "validate"}

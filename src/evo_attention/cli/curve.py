@@ -1,0 +1,83 @@
+"""``evo-attention curve``: accuracy against a knob of a generated task, per gene, with seeds.
+
+    evo-attention curve --genes baseline,linear,"dot|softmax|none|fixed|bias|0.10|win=8" \\
+        --data mqar:seq_len=128,vocab=128 --knob pairs=4,8,16,32 --seeds 3 --steps 600 --preset quick
+
+For every value of ``--knob`` the data is ``--data`` with the knob set inline; every gene (compare's
+names or gene strings) is trained on it with the seeds ``seed + 1 ... seed + N``. The trainings are
+kept in a run store in ``--out``, so a repeat trains nothing and an interrupted curve resumes.
+Writes curve.json, curve.md and curve.png into ``--out`` (see ``studies.curves``). Without
+``--vocab-size`` (from a flag, a preset or a config file) a task's vocabulary is its own default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evo_attention.util.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("curve", help="accuracy against a knob of a generated task (mqar, mad:TASK) per gene",
+                              description="Train each gene at every value of one knob of a generated task (the "
+                                          "data name with the knob set inline), with seeds, and draw its accuracy "
+                                          "against the knob: where each mechanism breaks.")
+    p.add_argument("--genes", required=True, metavar="LIST",
+                   help="comma-separated names (as compare --list shows them) and/or gene strings")
+    p.add_argument("--knob", required=True, metavar="NAME=V1,V2,...",
+                   help="the knob to sweep and its values, from easy to hard, e.g. pairs=4,8,16,32 (not also inline "
+                        "in --data)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train each gene at each value with N seeds (seed+1 .. seed+N); intervals need 2 (default 1)")
+    p.add_argument("--break-at", type=float, metavar="ACC",
+                   help="a gene breaks at the first value where its mean accuracy falls below ACC (default 0.5)")
+    p.add_argument("--out", default="runs/curve", help="output directory (default runs/curve); it keeps the "
+                   "trainings in a store of its own (run.db), so a repeat trains nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    from evo_attention.cli.common import add_executor_flags, add_training_flags
+
+    add_training_flags(p)
+    add_executor_flags(p)
+    p.set_defaults(func=cmd_curve)
+
+
+def curve_config(args):
+    """Config: defaults < --preset < --config < flags; a generated task's own vocabulary unless one
+    of them sets vocab_size (the default 10000 would be a needlessly large one)."""
+    from evo_attention.cli.common import checked, explicit_settings
+    from evo_attention.data import is_synthetic
+    from evo_attention.train.config import Config
+
+    settings = explicit_settings(args)
+    if is_synthetic(settings.get("data")) and "vocab_size" not in settings:
+        settings["vocab_size"] = None
+    return checked(Config.from_dict(settings, source="the command line"))
+
+
+def cmd_curve(args) -> int:
+    from evo_attention.cli.common import executor_from_args
+    from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, gene_entries, parse_knob, plan_points,
+                                              run_curve)
+    from evo_attention.util.progress import log
+
+    config = curve_config(args)
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
+    break_at = check_break_at(DEFAULT_BREAK_AT if args.break_at is None else args.break_at)
+    knob, values = parse_knob(args.knob)
+    entries = gene_entries(args.genes, config)
+    task, points = plan_points(config, knob, values)  # every check before the executor starts
+    out = Path(args.out)
+    log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
+        f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
+        f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)
+    with executor_from_args(args) as executor:
+        result = run_curve(config, entries, knob, values, seeds=args.seeds, out_dir=out, break_at=break_at,
+                           executor=executor, quiet=args.quiet)
+    for gene in result.genes:
+        where = (f"breaks at {knob}={gene['breaks_at']}" if gene["breaks_at"] is not None
+                 else "holds" if gene["holds"] else "no break among the values with a result")
+        means = ", ".join("-" if r["mean"] is None else f"{r['mean']:.3f}" for r in gene["points"])
+        log(f"{gene['name']}: {where} (mean accuracy {means})", args.quiet)
+    log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
+    return 0 if any(r["mean"] is not None for g in result.genes for r in g["points"]) else 1

@@ -1,0 +1,310 @@
+"""Difficulty curves: each gene's accuracy on a generated task as one knob grows.
+
+    from evo_attention.studies.curves import run_curve
+    config = Config(data="mqar:seq_len=128,vocab=128", d_model=64, train_steps=600)
+    result = run_curve(config, "baseline,linear", "pairs", [4, 8, 16, 32], seeds=3, out_dir="runs/curve")
+
+For every value of the knob, the data is the config's data name with the knob set inline
+(``mqar:pairs=4,seq_len=128,vocab=128``); every gene (compare's named configurations or gene strings,
+``compare.resolve_configs``) is trained on it with the seeds ``seed + 1 ... seed + N``, each training
+one ``Trial`` through the runner and a run store (role ``curve``; the store in ``out_dir``), so a
+repeat trains nothing and an interrupted curve resumes where it stopped. The genes are resolved once,
+at the config's size: a gene is the same mechanism at every value.
+
+Every check runs before anything trains: the data must be a generated task; the knob one of its
+knobs, not also given inline in the data name or in the task options; each value allowed for the
+knob and, with the other knobs, a task that can be built (the task's own checks, ``resolve_knobs``);
+at least two distinct values.
+
+Per gene and value the result holds the per-seed accuracy and validation loss, their mean and sd,
+the t interval of the mean accuracy over the seeds (``stats.describe``), the seeds that finished or
+failed, and the chance accuracy of the data (``describe()``). A gene *breaks* at the first value, in
+the order given, where its mean accuracy falls below ``break_at`` (``first_break``); give the values
+from easy to hard. The result is written as ``curve.json``, ``curve.md`` (genes as rows, values as
+columns, mean ± the interval's half-width) and ``curve.png`` (accuracy against the knob, one line
+per gene with its interval as a band, chance drawn; a log2 axis when the values are powers of two).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+from evo_attention.data import data_from_config
+from evo_attention.data.synthetic import TASKS, data_name, given_knobs, is_synthetic, parse_data_name, resolve_knobs
+from evo_attention.genes import AttentionGene
+from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
+from evo_attention.search.executors import Executor, make_executor
+from evo_attention.studies.common import StudyResult, StudySetup, study_store, validation_seeds
+from evo_attention.studies.compare import resolve_configs
+from evo_attention.train.config import Config
+from evo_attention.train.record import usable_metric
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir, write_text
+from evo_attention.util.jsonio import to_jsonable, write_json
+
+DEFAULT_BREAK_AT = 0.5  # a gene breaks where its mean accuracy falls below this
+MIN_VALUES = 2
+METRIC = "accuracy"
+
+
+# -- the points of a curve ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePoint:
+    """One value of the knob: the data name with the value inline, every knob of that data (resolved)
+    and its chance accuracy."""
+
+    value: int | float
+    data: str
+    knobs: dict
+    chance_accuracy: float
+
+
+def parse_knob(text: str) -> tuple[str, list[str]]:
+    """``"pairs=4,8,16"`` -> ``("pairs", ["4", "8", "16"])``; UserError (naming ``knob``) otherwise."""
+    name, sep, rest = str(text).partition("=")
+    values = [v.strip() for v in rest.split(",")]
+    if not sep or not name.strip() or not all(values):
+        raise UserError(f"knob {text!r} is not NAME=V1,V2,...: name one of the task's knobs and its values, e.g. "
+                        "pairs=4,8,16,32", setting="knob")
+    return name.strip(), values
+
+
+def plan_points(config: Config, knob: str, values: Sequence[Any] | str) -> tuple[str, list[CurvePoint]]:
+    """``(task, points)`` of a curve over ``knob`` at ``values`` on ``config.data``; every check of
+    the module docstring, so that a bad knob or value fails before anything trains."""
+    if not is_synthetic(config.data):
+        raise UserError(f"data {config.data!r} is not a generated task: a curve sets a knob of mqar[:knob=value,...] "
+                        "or mad:TASK[:knob=value,...] (see docs/tasks.md)", setting="data")
+    task, inline = parse_data_name(config.data)
+    definition = TASKS[task]
+    valid = [k.name for k in definition.all_knobs]
+    if knob not in valid:
+        raise UserError(f"knob {knob!r} is not one of {task}'s; its knobs: {', '.join(valid)}", setting="knob")
+    if knob in inline:
+        raise UserError(f"knob {knob} is also given in data {config.data!r}: leave it out of data, the curve sets "
+                        "it at every value", setting=("knob", "data"))
+    options = dict(config.recall or {})
+    options.pop("seed", None)  # the data seed, not a knob
+    if knob in options:
+        raise UserError(f"knob {knob} is also given in the task options (recall: {options}): leave it out there, the "
+                        "curve sets it at every value", setting="knob")
+    items = [v.strip() for v in values.split(",")] if isinstance(values, str) else list(values)
+    if len(items) < MIN_VALUES:
+        raise UserError(f"knob {knob} has {len(items)} value{'s' if len(items) != 1 else ''}: a curve needs at least "
+                        f"{MIN_VALUES}, e.g. {knob}=4,8,16", setting="knob")
+    spec = definition.knob(knob)
+    converted = []
+    for item in items:
+        try:
+            converted.append(spec.convert(item, task))
+        except UserError:
+            raise UserError(f"knob {knob}={item}: {knob} must be {spec.allowed}", setting="knob") from None
+    repeated = sorted({v for v in converted if converted.count(v) > 1})
+    if repeated:
+        raise UserError(f"knob {knob} gives {repeated[0]} more than once: give each value once", setting="knob")
+    base = {key: definition.knob(key).convert(value, task) for key, value in inline.items()}
+    points = []
+    for value in converted:
+        name = data_name(task, {**base, knob: value})
+        _, given = given_knobs(name, seq_len=config.max_seq_len, vocab_size=config.vocab_size, options=options)
+        try:
+            knobs = resolve_knobs(task, given)
+        except UserError as exc:  # the task's own check between knobs, at this value
+            raise UserError(f"knob {knob}={value}: {exc}", setting="knob") from None
+        points.append(CurvePoint(value, name, knobs, definition.chance(knobs)))
+    return task, points
+
+
+def gene_entries(genes, config: Config) -> list[tuple[str, AttentionGene]]:
+    """``[(name, gene)]``: ``(name, gene)`` pairs as given, else names and gene strings resolved as
+    compare resolves them, at the config's size."""
+    items = [genes] if isinstance(genes, str) else list(genes or [])
+    if items and all(isinstance(g, tuple) and len(g) == 2 for g in items):
+        return [(str(name), AttentionGene.parse(gene)) for name, gene in items]
+    if not any(str(g).strip(", ") for g in items):
+        raise UserError("genes is empty: give names such as baseline,linear or gene strings", setting="genes")
+    return resolve_configs(items[0] if len(items) == 1 else [str(g) for g in items], config.d_model, config.n_heads,
+                           config.max_seq_len)
+
+
+# -- the statistics ---------------------------------------------------------------------------------
+def first_break(values: Sequence, means: Sequence[float | None], threshold: float) -> Any:
+    """The first of ``values`` (in their order) whose mean is below ``threshold``; None when no
+    mean is (a value without a mean, every seed failed, is passed over)."""
+    for value, mean in zip(values, means):
+        if mean is not None and mean < threshold:
+            return value
+    return None
+
+
+def check_break_at(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UserError(f"break_at must be an accuracy in (0, 1] such as 0.5, got {value!r}", setting="break_at")
+    return float(value)
+
+
+def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], confidence: float,
+              interrupted: bool = False) -> dict:
+    """One gene at one value: per-seed accuracy and loss (None where a training failed or did not
+    run), their statistics, and the interval of the mean accuracy."""
+    missing = "interrupted" if interrupted else "not run"
+    statuses = [str(r.get("status")) if r is not None else missing for r in records]
+    accuracy = [usable_metric(r, METRIC) if r is not None else None for r in records]
+    loss = [usable_metric(r, "val_loss") if r is not None else None for r in records]
+    acc, val = stats.describe(accuracy, confidence), stats.describe(loss, confidence)
+    half = None if acc["ci_low"] is None else (acc["ci_high"] - acc["ci_low"]) / 2
+    errors = sorted({str(r.get("error") or r.get("status")) if r is not None else missing
+                     for r, a in zip(records, accuracy) if a is None})
+    return {"value": value, "seeds": list(seeds), "accuracy": accuracy, "val_loss": loss, "statuses": statuses,
+            "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
+            "mean": acc["mean"], "sd": acc["sd"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
+            "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"]}
+
+
+# -- the result -------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CurveResult(StudyResult):
+    """A difficulty curve, as ``curve.json`` holds it: what was swept (``task``, ``knob``,
+    ``values``, ``base_data``), the rule (``break_at``, ``confidence``), the ``points`` (per value:
+    data name, knobs, chance accuracy, the data's description), per gene its row at every value and
+    where it breaks (``genes``), and the ``provenance`` (config, seeds, steps, versions)."""
+
+    task: str
+    knob: str
+    knob_values: list  # (``values`` in the JSON; a Mapping's ``values`` is its method)
+    base_data: str
+    break_at: float
+    confidence: float
+    points: list[dict]
+    genes: list[dict]
+    provenance: Mapping[str, Any]
+    interrupted: bool = False
+
+    kind: ClassVar[str] = "curve"
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind, "task": self.task, "knob": self.knob, "values": self.knob_values,
+               "base_data": self.base_data, "metric": METRIC, "break_at": self.break_at,
+               "confidence": self.confidence, "points": self.points, "genes": self.genes}
+        if self.interrupted:
+            out["interrupted"] = True
+        return to_jsonable({**out, **self.provenance})
+
+
+def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Mapping[int, dict], entries,
+               done: Mapping, seeds: Sequence[int], config: Config, provenance: Mapping, break_at: float,
+               confidence: float, interrupted: bool = False) -> CurveResult:
+    values = [p.value for p in points]
+    genes = []
+    for name, gene in entries:
+        rows = [point_row(p.value, [done.get((i, gene.key, s)) for s in seeds], seeds, confidence, interrupted)
+                for i, p in enumerate(points)]
+        breaks = first_break(values, [r["mean"] for r in rows], break_at)
+        for row in rows:
+            row["below"] = None if row["mean"] is None else row["mean"] < break_at
+        genes.append({"name": name, "gene": gene.key, "points": rows, "breaks_at": breaks,
+                      "holds": breaks is None and all(r["mean"] is not None for r in rows)})
+    point_rows = [{"value": p.value, "data": p.data, "knobs": p.knobs,
+                   "chance_accuracy": described[i]["chance_accuracy"] if i in described else p.chance_accuracy,
+                   "description": described.get(i)} for i, p in enumerate(points)]
+    return CurveResult(task, knob, values, config.data, break_at, confidence, point_rows, genes, provenance,
+                       interrupted)
+
+
+def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], pool) -> dict:
+    """The settings block of a curve: the setup's provenance (versions, time), the base config, the
+    model's shape and the executor."""
+    keep = ("metric_label", "eval_split", "seeds", "steps", "created_at", "versions")
+    out = {k: v for k, v in setup.provenance().items() if k in keep} if setup is not None else {"seeds": list(seeds)}
+    out["model"] = {"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
+                    "d_ff": config.ffn_dim, "block": config.block, "batch_size": config.batch_size,
+                    "learning_rate": config.learning_rate, "lr_schedule": config.lr_schedule,
+                    "steps": config.train_steps}
+    out["executor"] = pool.describe()
+    out["config"] = config.to_dict()
+    return out
+
+
+# -- running ----------------------------------------------------------------------------------------
+def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, seeds: int = 1,
+              out_dir: str | Path | None = "runs/curve", break_at: float = DEFAULT_BREAK_AT,
+              confidence: float = 0.95, executor="local", quiet: bool = False) -> CurveResult:
+    """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
+    + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None).
+
+    ``genes``: names and gene strings (a comma-separated text or a list, as compare takes them), or
+    ``(name, gene)`` pairs. The trainings are kept in the run store in ``out_dir`` (opened, or
+    created with ``config``), so a repeat trains nothing; ``out_dir`` None: nothing cached.
+    ``executor``: a name for ``make_executor`` or an Executor (left open).
+    """
+    entries = gene_entries(genes, config)
+    break_at = check_break_at(break_at)
+    stats.check_confidence(confidence)
+    task, points = plan_points(config, knob, values)
+    seed_list = validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
+    if out_dir is not None:
+        output_dir(out_dir)  # an unwritable place fails now, not after the work
+    own = not isinstance(executor, Executor)
+    pool = make_executor(executor) if own else executor
+    done: dict[tuple[int, str, int], Any] = {}
+    described: dict[int, dict] = {}
+    first: StudySetup | None = None
+    labels = {gene.key: name for name, gene in reversed(entries)}
+
+    start = time.perf_counter()
+
+    def result(interrupted: bool = False) -> CurveResult:
+        provenance = {**_provenance(config, first, seed_list, pool), "total_time_s": time.perf_counter() - start}
+        return _result_of(task, knob, points, described, entries, done, seed_list, config, provenance, break_at,
+                          confidence, interrupted)
+
+    with ExitStack() as stack:
+        if own:
+            stack.enter_context(pool)
+        store = stack.enter_context(study_store(out_dir, config, "curve")) if out_dir is not None else None
+        try:
+            for i, point in enumerate(points):
+                at = config.replace(data=point.data)
+                data = data_from_config(at)
+                described[i] = data.describe()
+                setup = StudySetup.resolve(at, data, role="curve", n_seeds=seeds, min_seeds=1, metric=METRIC,
+                                           confidence=confidence, store=store, executor=pool, quiet=quiet,
+                                           seeds_setting="seeds")
+                if first is None:
+                    first = setup
+
+                def finished(work, record, cached, i=i):
+                    done[(i, work.gene, work.seed)] = record
+
+                setup.train([gene for _, gene in entries],
+                            labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()},
+                            on_finished=finished)
+        except KeyboardInterrupt:
+            if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
+                write_curve(out_dir, result(interrupted=True))
+            raise
+        out = result()
+    if out_dir is not None:
+        write_curve(out_dir, out)
+    return out
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+def write_curve(out_dir: str | Path, result: Mapping) -> dict[str, Path]:
+    """Write ``curve.json``, ``curve.md`` and ``curve.png`` of a result (a ``CurveResult`` or its
+    dict) into ``out_dir``; returns name -> path."""
+    from evo_attention.report.figures import plot_curve
+    from evo_attention.report.studies import curve_markdown
+
+    payload = dict(result)
+    out = output_dir(out_dir)
+    paths = {"results": out / CURVE_RESULTS, "table": out / CURVE_TABLE, "figure": out / CURVE_FIGURE}
+    write_json(paths["results"], payload)
+    write_text(paths["table"], curve_markdown(payload))
+    plot_curve(payload, paths["figure"])
+    return paths
