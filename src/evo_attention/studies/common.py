@@ -311,7 +311,7 @@ class StudySetup:
     def provenance(self, steps: int | Sequence[int] | None = None) -> dict:
         """The settings block every study result carries (enough to reproduce it); ``steps``
         replaces the setup's own (a ladder gives one per rung)."""
-        from evo_attention.train.environment import versions
+        from evo_attention.train.environment import machine, versions
 
         import matplotlib
         import numpy
@@ -327,6 +327,7 @@ class StudySetup:
             "config": self.config.to_dict(), "data": self.data.describe(),
             "versions": {**versions(), "numpy": numpy.__version__, "scipy": scipy.__version__,
                          "matplotlib": matplotlib.__version__},
+            "machine": machine(),
         }
 
 

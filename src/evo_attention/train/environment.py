@@ -305,6 +305,15 @@ def versions() -> dict:
     return out
 
 
+def machine() -> dict:
+    """The machine a measurement came from: CPU model, cores, native bf16, torch threads, GPU if any."""
+    out = {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": cpu_has_fast_bf16(),
+           "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
