@@ -16,6 +16,7 @@ Tables (``table=``):
 - ``verdicts``: a validation result's verdict table (``validation.json``: the study's own renderer);
 - ``grid``: its learning-rate grid table (each gene's mean per rate, the selected rate, edges);
 - ``costs``: its cost table;
+- ``curve``: a difficulty curve's table (``curve.json``);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-genes``: the same result's per-gene means per point.
@@ -104,7 +105,13 @@ def signal_noise_genes(payload: dict) -> str:
     return _markdown(["Gene"] + list(columns), rows, "l" + "r" * len(columns))
 
 
-TABLES = {"verdicts": verdicts, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+def curve(payload: dict) -> str:
+    from evo_attention.report.studies import curve_table_markdown
+
+    return curve_table_markdown(payload)
+
+
+TABLES = {"verdicts": verdicts, "curve": curve, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

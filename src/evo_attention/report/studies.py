@@ -468,10 +468,15 @@ def curve_markdown(result: Mapping) -> str:
     if result.get("interrupted"):
         lines += ["**Interrupted**: the cells without a result did not finish; run the same command again to "
                   "resume.", ""]
+    lines += [curve_table_markdown(result).rstrip(), "", f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
+    return "\n".join(lines)
+
+
+def curve_table_markdown(result: Mapping) -> str:
+    """A curve's table as ``curve.md`` (and the docs) show it."""
     headers, rows, align = curve_table(result)
     cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
-    lines += [markdown_table(headers, cells, align).rstrip(), "", f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
-    return "\n".join(lines)
+    return markdown_table(headers, cells, align).rstrip() + "\n"
 
 
 # -- transfer across scale ------------------------------------------------------------------------
