@@ -187,7 +187,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
                   "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param",
                   "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
-                  "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence"}
+                  "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
+                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds"}
 
 
 def flag_of(setting: str) -> str | None:
