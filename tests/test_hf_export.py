@@ -40,7 +40,7 @@ TOLERANCE = 1e-6  # float32 logits; measured: 0.0 (the same code on the same pat
 
 # (name, tokenizer, block, genes per layer)
 CASES = [
-    ("gpt2_word", "word", "gpt2", ["dot|softmax|none|fixed|bias|0.10|pos=learned"] * 2),
+    ("gpt2_word", "word", "gpt2", ["dot|softmax|none|fixed|bias|0.10|pos=learned|lr=0.002"] * 2),  # a recipe part
     ("llama_bpe", "bpe:300", "llama", ["cosine|entmax15|output_gate|adaptive|nobias|0.00|pos=rope|kvh=2"] * 2),
     ("layers_char", "char", "llama", ["dot|softmax|none|fixed|nobias|0.00|pos=rope",
                                       "cosine|linear|highway|adaptive|bias|0.00|pos=rope|kvh=2",

@@ -24,6 +24,25 @@ kv_heads       ``kvh=``      ``0`` (a key/value head per head) or K dividing the
 e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
 named parts in any order (also after the 4-part short form).
 
+Three more named parts are the training *recipe* (``RECIPE_FIELDS``), so that a search can tune the
+recipe jointly with the mechanism; their default, ``None``, means "the run's configured value", so a
+key without them names the gene trained with the run's recipe (and every key written before they
+existed stays as it was):
+
+=============  ============  ================================================================
+field          key part      values (default first)
+=============  ============  ================================================================
+learning_rate  ``lr=``       ``None`` (the run's learning_rate) or a rate > 0, e.g. ``lr=0.001``
+warmup         ``wu=``       ``None`` (the run's warm-up), whole steps (``wu=100``) or a fraction of
+                             the schedule's steps in (0, 1) (``wu=0.05``)
+weight_decay   ``wd=``       ``None`` (the run's weight_decay) or a number >= 0, e.g. ``wd=0.1``
+=============  ============  ================================================================
+
+The trainer reads them through ``train.spec.Trial.recipe`` (the one rule); ``nn`` builds the same
+model whatever they say. A model has one recipe, so the layers of a per-layer genome agree on it
+(``layers_violation``; the genetic operators give every layer the first layer's recipe).
+``mechanism_of`` drops the recipe parts, ``recipe_of`` gives them.
+
 Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order): its key part,
 its default (the vanilla transformer's value), a search space's default options, how a value is
 checked, canonicalised and written, and for a registered field its built-in option names. The
@@ -138,6 +157,7 @@ class Field:
     write: Callable[[Any], str] = str  # the value as the key writes it
     help: str = ""  # how to write a valid value (the end of the error for an invalid one)
     builtins: tuple | None = None  # a registered field: the built-in names, in registration order
+    recipe: bool = False  # a field of the training recipe (not of the mechanism): default None, the run's value
 
     @property
     def registered(self) -> bool:
@@ -201,6 +221,54 @@ def _check_count(field: Field, value: Any) -> int:
     return number
 
 
+def _recipe_default(value: Any) -> bool:
+    """Whether a recipe value means the run's configured one (None, or the word 'default')."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("default", "none", "null", ""))
+
+
+def _recipe_number(field: Field, value: Any) -> float:
+    """A recipe value as a finite float, kept to 6 significant digits (what its key part writes)."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise UserError(f"{field.name} {value!r} is not a number: {field.help}")
+    return float(f"{number:.6g}")
+
+
+def _check_rate(field: Field, value: Any) -> float | None:
+    if _recipe_default(value):
+        return None
+    rate = _recipe_number(field, value)
+    if rate <= 0:
+        raise UserError(f"{field.name} {value!r} is not a positive number: {field.help}")
+    return rate
+
+
+def _check_weight_decay(field: Field, value: Any) -> float | None:
+    if _recipe_default(value):
+        return None
+    decay = _recipe_number(field, value)
+    if decay < 0:
+        raise UserError(f"{field.name} {value!r} is negative: {field.help}")
+    return decay
+
+
+def _check_warmup(field: Field, value: Any) -> int | float | None:
+    """None, whole warm-up steps (an int), or a fraction of the schedule's steps in (0, 1) (a float)."""
+    if _recipe_default(value):
+        return None
+    number = _recipe_number(field, value)
+    if number < 0 or (number >= 1 and not number.is_integer()):
+        raise UserError(f"{field.name} {value!r} is neither whole steps nor a fraction in (0, 1): {field.help}")
+    return number if 0 < number < 1 else int(number)
+
+
+def _write_number(value: Any) -> str:
+    return f"{value:g}"
+
+
 # Every gene field, in key order: the six fixed parts, then the axes. The built-in names are
 # listed in the order nn.components registers them; seeded draws index into that order.
 GENE_FIELDS = (
@@ -222,6 +290,14 @@ GENE_FIELDS = (
     Field("window", 0, _check_count, space=(0,), part="win", help="use 0 (every earlier key) or a window W > 0"),
     Field("kv_heads", 0, _check_count, space=(0,), part="kvh",
           help="use 0 (one key/value head per head) or a K that divides the number of heads"),
+    # the training recipe: None is the run's configured value (train.spec.Trial.recipe applies the others)
+    Field("learning_rate", None, _check_rate, space=(None,), part="lr", write=_write_number, recipe=True,
+          help="use a positive rate such as 1e-3, or default (the run's learning_rate)"),
+    Field("warmup", None, _check_warmup, space=(None,), part="wu", write=_write_number, recipe=True,
+          help="use whole steps such as 100, a fraction of the steps in (0, 1) such as 0.05, or default (the "
+               "run's warm-up)"),
+    Field("weight_decay", None, _check_weight_decay, space=(None,), part="wd", write=_write_number, recipe=True,
+          help="use a number >= 0 such as 0.1, or default (the run's weight_decay)"),
 )
 FIELD = {f.name: f for f in GENE_FIELDS}
 
@@ -230,9 +306,12 @@ CATEGORICAL_FIELDS = tuple(f.name for f in GENE_FIELDS if f.registered)
 FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is None)  # the six parts every key starts with
 AXIS_FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is not None)  # optional name=value parts of a key
 ALL_FIELDS = FIELDS + AXIS_FIELDS
+RECIPE_FIELDS = tuple(f.name for f in GENE_FIELDS if f.recipe)  # the training recipe's parts (lr=, wu=, wd=)
+MECHANISM_FIELDS = tuple(name for name in ALL_FIELDS if name not in RECIPE_FIELDS)  # what nn computes
 AXIS_DEFAULTS = {name: FIELD[name].default for name in AXIS_FIELDS}
 KEY_PARTS = {name: FIELD[name].part for name in AXIS_FIELDS}  # field -> key part name
 _PART_FIELDS = {**{v: k for k, v in KEY_PARTS.items()}, **{k: k for k in KEY_PARTS}}  # part or field -> field
+_SPACE_NAMES = {**{name: name for name in ALL_FIELDS}, **_PART_FIELDS}  # what a search space's keys may be
 
 
 def _axis_parts(values: Mapping[str, Any]) -> list:
@@ -331,7 +410,8 @@ class SearchSpace(_SpaceFields):
             if f.part is None:
                 values = tuple(f.canonical(v) for v in values)
             else:  # an axis may be given as one bare value; canonical spellings, duplicates dropped
-                values = (values,) if isinstance(values, (str, int)) else values  # (rope and rope:none are one)
+                single = values is None or isinstance(values, (str, int, float))
+                values = (values,) if single else values  # (rope and rope:none are one)
                 values = tuple(dict.fromkeys(f.canonical(v) for v in values))
             object.__setattr__(self, f.name, values)
         for f in GENE_FIELDS:
@@ -380,9 +460,18 @@ class SearchSpace(_SpaceFields):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "SearchSpace":
         data = dict(data or {})
-        unknown = sorted(set(data) - set(ALL_FIELDS))
+        unknown = sorted(str(k) for k in data if k not in _SPACE_NAMES)
         if unknown:
-            raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
+            raise UserError(f"unknown search-space field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)} "
+                            f"(or their key parts {', '.join(KEY_PARTS.values())})", setting="search_space")
+        named = {}
+        for name, value in data.items():  # a key part (lr, pos, ...) names its field
+            field = _SPACE_NAMES[name]
+            if field in named:
+                raise UserError(f"the search space names {field} twice (as {KEY_PARTS[field]} and {field}): keep one",
+                                setting="search_space")
+            named[field] = value
+        data = named
         for name, value in data.items():
             if isinstance(value, (list, tuple)) and not value:
                 raise UserError(f"search space option list for {name} is empty: give at least one option, or leave "
@@ -471,7 +560,8 @@ class AttentionGene(_Keyed):
     @classmethod
     def parse(cls, text: str) -> "AttentionGene":
         """Read a gene from its key, its short form, or ``str(gene)`` (``Attn(...)``), each optionally
-        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``, ``win=``, ``kvh=``) in any order.
+        followed by ``name=value`` parts (``pos=``, ``rank=``, ``abias=``, ``win=``, ``kvh=``; the recipe's
+        ``lr=``, ``wu=``, ``wd=``) in any order.
 
         A text joining genes with `` / `` is a per-layer genome: a ``LayerGenes`` is returned."""
         if isinstance(text, (AttentionGene, LayerGenes)):
@@ -491,7 +581,7 @@ class AttentionGene(_Keyed):
         if len(parts) != 6:
             raise UserError(
                 f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh= parts)"
+                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, lr=, wu=, wd= parts)"
             )
         return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
@@ -562,7 +652,9 @@ class LayerGenes(_Keyed):
     joins the layer keys with `` / ``. Mutation and crossover act layer by layer (layer i of a
     child comes from layer i of its parents). The layers must agree on whether the model adds
     learned absolute positions (rule layers-share-absolute-positions, ``layers_violation``):
-    draws redraw and the operators try again, as for a gene's own rules."""
+    draws redraw and the operators try again, as for a gene's own rules. They must agree on the
+    recipe parts too (rule layers-share-recipe): draws and operators give every layer the first
+    layer's recipe."""
 
     __slots__ = ("layers", "_key")
 
@@ -584,7 +676,7 @@ class LayerGenes(_Keyed):
     @classmethod
     def random(cls, rng: _random.Random, space: SearchSpace) -> "LayerGenes":
         for _ in range(MAX_REDRAWS):
-            layers = [AttentionGene(rng=rng, space=space) for _ in range(space.layers)]
+            layers = _share_recipe([AttentionGene(rng=rng, space=space) for _ in range(space.layers)])
             if layers_violation(layers) is None:
                 return cls(layers)
         raise UserError(f"no valid per-layer genome in {MAX_REDRAWS} draws: {layers_violation(layers)}",
@@ -593,7 +685,7 @@ class LayerGenes(_Keyed):
     def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
                space: SearchSpace | None = None) -> "LayerGenes":
         for _ in range(MAX_REDRAWS):
-            layers = [g.mutate(mutation_rate, rng, space) for g in self.layers]
+            layers = _share_recipe([g.mutate(mutation_rate, rng, space) for g in self.layers])
             if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self
@@ -603,7 +695,7 @@ class LayerGenes(_Keyed):
             raise UserError(f"cannot cross {self.key!r} with {getattr(other, 'key', other)!r}: per-layer genomes "
                             "cross only with genomes of as many layers")
         for _ in range(MAX_REDRAWS):
-            layers = [a.crossover(b, rng) for a, b in zip(self.layers, other.layers)]
+            layers = _share_recipe([a.crossover(b, rng) for a, b in zip(self.layers, other.layers)])
             if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self
@@ -634,15 +726,60 @@ def layers_of(genome: "AttentionGene | LayerGenes") -> list:
 
 
 def layers_violation(layers: Sequence[AttentionGene]) -> str | None:
-    """The rule between the layers of one model (the input embedding is shared by every layer, so
-    a learned absolute position table would leak into the layers that chose otherwise): the
-    message naming the rule, or None when the layers agree."""
+    """The rules between the layers of one model: the input embedding is shared by every layer, so
+    a learned absolute position table would leak into the layers that chose otherwise; and a model
+    trains with one recipe, so the layers agree on it. The message naming the rule, or None when
+    the layers agree."""
     absolute = {g.uses_absolute_positions for g in layers}
     if len(absolute) > 1:
         return ("its layers mix position=learned (absolute positions added at the input) with "
                 f"{', '.join(sorted({g.position for g in layers if not g.uses_absolute_positions}))}: give every "
                 "layer position learned, or none of them (rule layers-share-absolute-positions)")
+    for name in RECIPE_FIELDS:
+        values = list(dict.fromkeys(getattr(g, name) for g in layers))
+        if len(values) > 1:
+            shown = ", ".join("default" if v is None else _write_number(v) for v in values)
+            return (f"its layers give {name} ({KEY_PARTS[name]}=) different values ({shown}), and a model trains with "
+                    f"one recipe: give every layer the same {KEY_PARTS[name]}= part, or none "
+                    "(rule layers-share-recipe)")
     return None
+
+
+def recipe_of(genome: "AttentionGene | LayerGenes | str") -> dict:
+    """The recipe parts a genome sets, ``{field: value}`` (none: the run's recipe); the layers of
+    a per-layer genome agree on them, so the first layer's are the genome's."""
+    gene = layers_of(AttentionGene.parse(genome))[0]
+    return {name: getattr(gene, name) for name in RECIPE_FIELDS if getattr(gene, name) is not None}
+
+
+def mechanism_of(genome: "AttentionGene | LayerGenes | str") -> "AttentionGene | LayerGenes":
+    """The genome without its recipe parts: the same mechanism, trained with the run's recipe."""
+    genome = AttentionGene.parse(genome)
+    if not recipe_of(genome):
+        return genome
+    cleared = dict.fromkeys(RECIPE_FIELDS)
+    if isinstance(genome, LayerGenes):
+        return LayerGenes([g.replace(**cleared) for g in genome.layers])
+    return genome.replace(**cleared)
+
+
+def with_recipe(genome: "AttentionGene | LayerGenes | str", recipe: Mapping[str, Any]) -> "AttentionGene | LayerGenes":
+    """The genome with the recipe parts of ``recipe`` (``{field: value}``; None: the run's value),
+    the others as they were."""
+    genome = AttentionGene.parse(genome)
+    unknown = sorted(set(recipe) - set(RECIPE_FIELDS))
+    if unknown:
+        raise UserError(f"{unknown[0]!r} is not a recipe field: the recipe fields are {', '.join(RECIPE_FIELDS)}")
+    if isinstance(genome, LayerGenes):
+        return LayerGenes([g.replace(**recipe) for g in genome.layers])
+    return genome.replace(**recipe)
+
+
+def _share_recipe(layers: Sequence[AttentionGene]) -> list:
+    """The layers with the first layer's recipe (a draw or a genetic operator acts per layer; the
+    recipe is one per model, so the first layer's decides)."""
+    recipe = {name: getattr(layers[0], name) for name in RECIPE_FIELDS}
+    return [g if all(getattr(g, n) == v for n, v in recipe.items()) else g.replace(**recipe) for g in layers]
 
 
 # -- fitting a model size --------------------------------------------------------------------------
@@ -716,7 +853,8 @@ def _named_parts(text: str, parts: list) -> dict:
         fieldname = _PART_FIELDS.get(name.strip().lower())
         if fieldname is None:
             raise UserError(f"unknown gene part {name.strip()!r} in {text!r}: valid names are "
-                            f"{', '.join(KEY_PARTS.values())} (e.g. pos=rope, rank=32, abias=rel, win=64, kvh=1)")
+                            f"{', '.join(KEY_PARTS.values())} (e.g. pos=rope, rank=32, abias=rel, win=64, kvh=1, lr=0.001, "
+                            "wu=0.05, wd=0.1)")
         if fieldname in named:
             raise UserError(f"gene {text!r} gives {KEY_PARTS[fieldname]}= twice: keep one")
         named[fieldname] = value.strip()

@@ -188,7 +188,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param",
                   "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
                   "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
-                  "knob": "--knob", "values": "--knob", "break_at": "--break-at"}
+                  "knob": "--knob", "values": "--knob", "break_at": "--break-at",
+                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds"}
 
 
 def flag_of(setting: str) -> str | None:

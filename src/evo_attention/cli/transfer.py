@@ -9,7 +9,8 @@ The reference is the search size (the run's d_model x layers, or the configured 
 ``validate``, never the search seed. Every flag that sets the model or the training applies at
 every size, except the size itself (--sizes), the heads (d_model / 32 unless --heads) and the
 steps (--steps or --tokens-per-param). With --lr-grid the grid is tuned at every size: each gene
-and the baseline are compared at their own best rate at that size.
+and the baseline are compared at their own best rate at that size. ``--dry-run`` prints the ladder
+and a wall-time estimate from step times measured here, and trains nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def cmd_transfer(args) -> int:
     summary = load_run(args.from_run) if args.from_run else None
     genes = run_genes(args, summary, args.top, verb="transfer")
     budget = dict(sizes=args.sizes, steps=args.size_steps, tokens_per_param=args.tokens_per_param, heads=args.heads)
+    if args.dry_run:
+        return dry_run_transfer(args, genes, budget)
     # every bad size, budget or head count is refused before any file is written or data loaded
     config, data, store, out, search_seed = analysis_setup(args, "runs/transfer",
                                                            check=lambda c: plan(c, genes, **budget))
@@ -49,6 +52,53 @@ def cmd_transfer(args) -> int:
     return 0
 
 
+def dry_run_transfer(args, genes, budget) -> int:
+    """``--dry-run``: the ladder, its budgets and trainings, and the wall time estimated from step
+    times measured here; nothing is trained or written."""
+    from evo_attention.cli.validate import analysis_setup
+    from evo_attention.report.studies import schedule_text
+    from evo_attention.studies.transfer import dry_run, plan
+    from evo_attention.util.format import markdown_table
+
+    config, data, _, _, _ = analysis_setup(args, "runs/transfer", check=lambda c: plan(c, genes, **budget), write=False)
+    grid = tuple(args.lr_grid or ())
+    if not args.quiet:
+        print(f"timing {len(genes) + 1} genome(s) at each size on this machine (a few training steps each)...",
+              flush=True)
+    p = dry_run(config, data, genes, **budget, n_seeds=args.seeds, lr_grid=grid, n_tuning_seeds=args.tuning_seeds)
+    headers = ["Size", "Heads", "FFN", "Params (baseline)", "Steps", "Tokens / training", "Trainings",
+               "s / step (measured)", "Estimated time"]
+    rows = []
+    for r in p["sizes"]:
+        per_step = sorted(r["seconds_per_step"].values())
+        span = f"{per_step[0]:.3g}" if per_step[0] == per_step[-1] else f"{per_step[0]:.3g}-{per_step[-1]:.3g}"
+        rows.append([r["size"] + (" (reference)" if r["reference"] else ""), str(r["n_heads"]), str(r["d_ff"]),
+                     f"{r['params']:,}", f"{r['steps']:,}", f"{r['tokens']:,}", str(r["trainings"]), span,
+                     _duration(r["estimated_s"])])
+    budget_rule = (f"{args.tokens_per_param:g} tokens per baseline parameter" if args.tokens_per_param is not None
+                   else "--steps per size" if args.size_steps else f"the configured {config.train_steps} steps")
+    per_gene = f"{args.seeds} seeds" + (f" + {len(grid)} rates x {args.tuning_seeds} tuning seeds" if grid else "")
+    print(f"transfer dry run (nothing trained or written): {len(genes)} gene(s) and the baseline on {data.name}, "
+          f"{config.block} block, {per_gene} per genome and size; steps from {budget_rule}")
+    print(markdown_table(headers, rows, "lrrrrrrrr").rstrip())
+    print(f"learning-rate schedule at the reference size: {schedule_text(config.to_dict(), genes=genes, grid=grid)}")
+    print(f"total: {p['trainings']} trainings, estimated {_duration(p['estimated_s'])} one at a time on "
+          f"{p.get('device')} ({p.get('precision')}, {p.get('threads')} threads)")
+    print(f"estimate: {p['timing']}; evaluation, data loading and model building are not included, and trainings "
+          "a run store holds already are not subtracted; parallel workers (--workers) divide it at best")
+    return 0
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def register(subparsers) -> None:
     from evo_attention.cli.validate import add_analysis_flags
     from evo_attention.studies.transfer import DEFAULT_SIZES, DEFAULT_TRANSFER_SEEDS, HEAD_DIM
@@ -70,6 +120,10 @@ def register(subparsers) -> None:
                         "size keeps the search's steps); default the configured steps")
     s.add_argument("--tokens-per-param", type=float, metavar="R",
                    help="instead of --steps: train R tokens per parameter of the baseline at each size")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the ladder (parameters, steps, tokens and trainings per size) and the wall time "
+                        "estimated from a few training steps of each gene timed here, then exit: nothing is trained "
+                        "or written")
     s.add_argument("--seeds", type=int, default=DEFAULT_TRANSFER_SEEDS,
                    help=f"trainings per gene and size, with seeds seed+1 .. seed+N (default {DEFAULT_TRANSFER_SEEDS}; "
                         "never the search seed)")

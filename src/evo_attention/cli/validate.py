@@ -105,10 +105,11 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     add_executor_flags(p, "execution (as for search)")
 
 
-def analysis_setup(args, default_out: str, check=None):
+def analysis_setup(args, default_out: str, check=None, *, write: bool = True):
     """(config, data, store or None, out dir, search seed or None) of an analysis command;
     ``check(config)`` (optional) runs before anything is written or loaded. The store is the
-    ``--from-run`` run's; with ``--lr-grid`` and no run, one in the output directory (``run.db``)."""
+    ``--from-run`` run's; with ``--lr-grid`` and no run, one in the output directory (``run.db``).
+    ``write=False`` (a dry run): no output directory and no store (both None), the data loaded."""
     from evo_attention.studies.common import validation_seeds
     from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.train.config import Config
@@ -137,6 +138,8 @@ def analysis_setup(args, default_out: str, check=None):
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=reach, search_seed=search_seed)
     if check is not None:
         check(config)
+    if not write:
+        return config, data_from_config(config), None, None, search_seed
     # the output place exists (or the command fails) before any training
     out = output_dir(args.out if args.out else args.from_run if args.from_run else default_out)
     data = data_from_config(config)

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 from evo_attention.report import markdown as md
 from evo_attention.report.attachments import CURVE_FIGURE, Attachments
 from evo_attention.report.studies import comparison_note, contribution_lines, transfer_note, transfer_rule_lines
+from evo_attention.report.studies import recipe_mechanism_lines
 from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
 
@@ -205,6 +206,10 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
                  "(without F) and added alone to the baseline (baseline + F). Positive contributions improve the "
                  f"{ab.get('metric_label', 'perplexity')}.", "muted"),
             table(md.ablation_table(ab)), bullets(contribution_lines(ab), "contrib"),
+            *([para("Recipe or mechanism: the gene sets its own training recipe, so the four crossings of its "
+                    "mechanism and recipe with the baseline's were trained on the same seeds.", "muted"),
+               table(md.recipe_mechanism_table(ab)), bullets(recipe_mechanism_lines(ab), "contrib")]
+              if md.recipe_mechanism_table(ab) else []),
             image(run_dir / f"{stem}.png", "Ablation contributions")]))
     for i, t in enumerate(a.transfers):
         stem = str(t["_file"]).rsplit(".", 1)[0]

@@ -25,6 +25,8 @@ from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
 from evo_attention.report.studies import ablation_table as _ablation_cells
 from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
+from evo_attention.report.studies import recipe_mechanism_lines
+from evo_attention.report.studies import recipe_mechanism_table as _recipe_mechanism_cells
 from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
 from evo_attention.report.studies import transfer_table as _transfer_cells
 from evo_attention.report.studies import cost_table as _cost_cells
@@ -179,6 +181,12 @@ def ablation_table(result: Mapping) -> Table:
 
     headers, rows, align = build(result)
     return Table(headers, rows, align, (2,))
+
+
+def recipe_mechanism_table(result: Mapping) -> Table | None:
+    """The 2x2 of an ablated gene that sets its own recipe (None for one that does not)."""
+    cells = _recipe_mechanism_cells(result)
+    return None if cells is None else Table(*cells)
 
 
 def transfer_sizes_table(result: Mapping) -> Table:
@@ -376,9 +384,12 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
     for ab in a.ablations:
 
         stem = ab["_file"].rsplit(".", 1)[0]
+        crossed = recipe_mechanism_table(ab)
+        recipe = (["", "Recipe or mechanism (the gene sets its own recipe; every crossing on the same seeds):", "",
+                   to_markdown(crossed), ""] + [f"- {md_cell(t)}" for t in recipe_mechanism_lines(ab)]) if crossed else []
         sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",
                          to_markdown(ablation_table(ab)), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
-                        + ["", f"![Contributions]({stem}.png)"])
+                        + recipe + ["", f"![Contributions]({stem}.png)"])
     for t in a.transfers:
         stem = t["_file"].rsplit(".", 1)[0]
         sections.append(["## Transfer across scale", "", t.get("headline", ""), "", md_cell(transfer_note(t)), "",

@@ -4,7 +4,8 @@ The state comes from the run's lock and its store, never from a stored flag: ``r
 process holds the lock (``search.lock``), ``finished`` once the search recorded its end, and
 ``interrupted`` otherwise (killed, crashed, stopped: the resume command continues it).
 
-Shows the generation, the evaluations, the best result so far, one line per worker that is
+Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search
+varies per gene), the best result so far, one line per worker that is
 training right now (from the store's activity table), the executor of the last session and, for a
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
 predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
@@ -39,7 +40,7 @@ def run_status(run_dir: str | Path) -> dict:
 
     live = holder(run_dir)  # a process holding the run's lock is writing it now
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
-                                              pareto_summary)
+                                              pareto_summary, run_schedule_text)
     from evo_attention.search.constraints import constraint_view
 
     total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
@@ -66,6 +67,7 @@ def run_status(run_dir: str | Path) -> dict:
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),
+        "schedule": run_schedule_text(config) if config else None,
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
         "planned": total_planned,
@@ -123,6 +125,8 @@ def format_status(status: dict) -> str:
         state += f": no process is writing it; continue with {status['resume_command']}"
     lines = [f"run {status['run_dir']}: {state}",
              f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
+    if status.get("schedule"):
+        lines.append(f"  learning-rate schedule: {status['schedule']}")
     if status.get("init_from"):
         lines.append(f"  warm start from {status['init_from']['text']}")
     if status.get("constraints"):

@@ -8,9 +8,12 @@ Everything here reads plain result dicts (as written to JSON); nothing imports a
 
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Iterable, Mapping, Sequence
 
+from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.report.attachments import COMPARE_FIGURE, CURVE_FIGURE, load_attachments, output_stem
+from evo_attention.train.config import describe_schedule
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
@@ -21,7 +24,30 @@ METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "
            "bits_per_byte": ("bits per byte", True), "bits_per_char": ("bits per character", True)}
 # gene field -> how an ablation names it
 FIELD_LABELS = {"similarity": "similarity", "normalization": "normalization", "gating": "gating",
-                "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout"}
+                "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout",
+                "learning_rate": "learning rate", "warmup": "warm-up", "weight_decay": "weight decay"}
+
+
+def schedule_text(config: Mapping | None, steps: int | None = None, *, grid: Sequence[float] = (),
+                  genes: Iterable[str] = ()) -> str:
+    """The learning-rate schedule a study's trainings ran, in words: ``train.config.describe_schedule``
+    of its stored config over ``steps`` (default its ``train_steps``). With a learning-rate ``grid``
+    the rate is each gene's own of it; when one of ``genes`` sets its own recipe parts (lr=, wu=,
+    wd=), the sentence says that they replace the run's for that gene."""
+    text = describe_schedule(config or {}, steps)
+    if grid:
+        text = f"lr each gene's own best of {', '.join(f'{r:g}' for r in grid)}, " + text.partition(", ")[2]
+    if any(recipe_of(key) for key in genes if _parses(key)):
+        text += "; a gene's own recipe parts (lr=, wu=, wd= in its key) replace these for that gene"
+    return text
+
+
+def _parses(key: str) -> bool:
+    try:
+        AttentionGene.parse(key)
+    except ValueError:  # a key naming a plugin's component that is not loaded here
+        return False
+    return True
 
 
 def metric_info(metric: str, eval_split: str = "valid") -> tuple[str, bool, str]:
@@ -218,6 +244,7 @@ def validation_markdown(result: Mapping) -> str:
         f"({seed_note(result)}), "
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        f"Learning-rate schedule: {study_schedule(result)}.", "",
         verdict_markdown(result).rstrip(), "",
     ]
     costs = cost_markdown(result)
@@ -234,6 +261,14 @@ def validation_markdown(result: Mapping) -> str:
     lines += [f"![Per-seed values]({output_stem('validation', result.get('eval_split', 'valid'))}.png)", ""]
     lines += grid_section(result, "validation")
     return "\n".join(lines)
+
+
+def study_schedule(result: Mapping, steps: int | None = None) -> str:
+    """``schedule_text`` of a validation- or ablation-shaped result (its config, steps, grid and genes)."""
+    genes = [r.get("gene") for r in list(result.get("genes") or []) + list(result.get("variants") or [])]
+    steps = steps if steps is not None else result.get("steps") if isinstance(result.get("steps"), int) else None
+    return schedule_text(result.get("config"), steps, grid=(result.get("grid") or {}).get("rates") or (),
+                         genes=[str(g) for g in genes if g])
 
 
 def _genes(n: int) -> str:
@@ -274,7 +309,8 @@ def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     rows = []
     for r in result.get("variants", []):
         n = len(r.get("values") or [])
-        change = str(r.get("change")).split(": ", 1)[-1] if r.get("field") else "-"
+        crossed = r.get("kind") in ("mechanism", "recipe")  # a cell of the recipe-or-mechanism 2x2
+        change = str(r.get("change")).split(": ", 1)[-1] if r.get("field") or crossed else "-"
         cells = [str(r.get("name")), change, str(r.get("gene")), f"{n - (r.get('n_failed') or 0)}/{n}"]
         cells += [rate_cell(rates.get(r.get("gene")))] if rates else []
         cells += [f"{fmt(r.get('mean'), d)} {interval(r.get('ci_low'), r.get('ci_high'), d)}"]
@@ -321,6 +357,119 @@ def _significance(c: Mapping, alpha: float, confidence: float) -> str:
     return "not distinguishable from 0"
 
 
+# -- recipe or mechanism: the 2x2 of an ablated gene that sets its own recipe -----------------------
+RECIPE_CELLS = (("neither", "baseline"), ("mechanism", "mechanism alone (the gene's mechanism, the baseline's recipe)"),
+                ("recipe", "recipe alone (the baseline, the gene's recipe)"), ("both", "the gene"))
+
+
+def recipe_mechanism_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
+    """(headers, rows, align) of the 2x2 (mean and interval of each cell), None without one."""
+    block = result.get("recipe_vs_mechanism")
+    if not block:
+        return None
+    d = digits_for(result.get("metric", ""))
+    cells = block.get("cells") or {}
+
+    def cell(name: str) -> str:
+        c = cells.get(name) or {}
+        return f"{fmt(c.get('mean'), d)} {interval(c.get('ci_low'), c.get('ci_high'), d)}"
+
+    headers = ["Mechanism (rows), recipe (columns)", "the baseline's recipe",
+               f"the gene's recipe ({block.get('parts_text')})"]
+    rows = [["the baseline's mechanism", cell("neither"), cell("recipe")],
+            ["the gene's mechanism", cell("mechanism"), cell("both")]]
+    return headers, rows, "lrr"
+
+
+def _share_amount(share: Mapping, block: Mapping, metric: str) -> str:
+    """A share (positive = better) with its interval: in % on the log scale, else in the metric's units."""
+    if block.get("scale") == "log" and share.get("relative") is not None:
+        low, high = share.get("relative_ci_low"), share.get("relative_ci_high")
+        span = "" if low is None or high is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
+        return f"{100 * share['relative']:+.2f}%{span}"
+    if share.get("mean") is None:
+        return "-"
+    d = digits_for(metric)
+    return f"{share['mean']:+.{d}f} {interval(share.get('ci_low'), share.get('ci_high'), d)}"
+
+
+def _gain(value, block: Mapping, metric: str, lower: bool) -> str:
+    if value is None:
+        return "-"
+    if block.get("scale") == "log":
+        return f"{100 * (-math.expm1(-value) if lower else math.expm1(value)):+.2f}%"
+    return f"{value:+.{digits_for(metric)}f}"
+
+
+def recipe_mechanism_lines(result: Mapping) -> list[str]:
+    """Plain sentences: the gene's advantage, the recipe's share and the mechanism's (each with
+    its gain alone and with the other), the interaction test, and which share is the larger."""
+    block = result.get("recipe_vs_mechanism")
+    if not block:
+        return []
+    metric, lower = result.get("metric", ""), result.get("lower_is_better", True)
+    alpha = 1.0 - float(result.get("confidence", 0.95))
+    shares, label = block.get("shares") or {}, result.get("metric_label", "perplexity")
+
+    def p(value) -> str:
+        return "p -" if value is None else f"p {p_text(value)}"
+
+    total = shares.get("total") or {}
+    lines = [f"Whole advantage of the gene over the baseline: {label} improves by "
+             f"{_share_amount(total, block, metric)} ({p(total.get('p_value'))}, {block.get('n')} paired seeds"
+             + (f", {block['n_dropped']} dropped for a failed cell" if block.get("n_dropped") else "") + ")."]
+    for name, what in (("recipe", f"the recipe ({block.get('parts_text')})"), ("mechanism", "the mechanism")):
+        share = shares.get(name) or {}
+        fraction = share.get("fraction")
+        of = f", {100 * fraction:.0f}% of the advantage" if fraction is not None else ""
+        other = "the gene's mechanism" if name == "recipe" else "the gene's recipe"
+        lines.append(f"Share of {what}: {_share_amount(share, block, metric)} ({p(share.get('p_value'))}{of}); "
+                     f"its gain alone {_gain(share.get('alone'), block, metric, lower)}, with {other} "
+                     f"{_gain(share.get('with'), block, metric, lower)}.")
+    inter = block.get("interaction") or {}
+    if inter.get("change") is not None:
+        units = "log units" if block.get("scale") == "log" else "units"
+        span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
+        if inter.get("p_value") is not None and inter["p_value"] < alpha:
+            reading = ("the two reinforce each other (each share holds half of their joint gain)" if inter["change"] > 0
+                       else "the two overlap: part of what one does, the other does too")
+        else:
+            reading = "not distinguishable from 0: the two gains add up"
+        lines.append(f"Interaction (the mechanism's gain with the gene's recipe minus its gain with the baseline's, "
+                     f"{units}): {inter['change']:+.4f}{span} ({p(inter.get('p_value'))}): {reading}.")
+    larger = block.get("larger")
+    if larger:
+        share = shares.get(larger) or {}
+        decided = share.get("p_value") is not None and share["p_value"] < alpha
+        lines.append(f"The larger share is the {larger}'s" + (
+            "." if decided else ", but its own interval reaches 0: more seeds are needed to say it carries the advantage."))
+    return lines
+
+
+def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
+    """The markdown of an ablation's recipe-or-mechanism 2x2 (nothing for a gene without recipe parts)."""
+    table = recipe_mechanism_table(result)
+    if table is None:
+        return []
+    block = result["recipe_vs_mechanism"]
+    headers, rows, align = table
+    cells = block.get("cells") or {}
+    lines = [f"{level} Recipe or mechanism", "",
+             f"The gene sets its own training recipe ({md_cell(block.get('parts_text'))}) besides its mechanism, so "
+             "its advantage over the baseline may come from either. The four crossings were trained on the same "
+             f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "
+             "CI]:", "",
+             markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+             "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
+             "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
+             "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "
+             "with the gene's recipe against its gain with the baseline's.", ""]
+    lines += [f"- {md_cell(t)}" for t in recipe_mechanism_lines(result)] + [""]
+    lines += [f"- {md_cell(text.split(' (')[0])}: `{md_cell((cells.get(name) or {}).get('gene'))}`"
+              for name, text in RECIPE_CELLS] + [""]
+    return lines
+
+
 def ablation_markdown(result: Mapping) -> str:
     """The text of ``ablation.md``."""
     headers, rows, align = ablation_table(result)
@@ -333,11 +482,13 @@ def ablation_markdown(result: Mapping) -> str:
         f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
         f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
         f"within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        f"Learning-rate schedule: {study_schedule(result)}.", "",
         markdown_table(headers, md_rows, align).rstrip(), "",
         "## Contributions", "",
         f"Positive = the field makes the {label} better.", "",
     ]
     lines += [f"- {md_cell(t)}" for t in contribution_lines(result)] + [""]
+    lines += recipe_mechanism_section(result)
     lines += [f"![Contributions]({output_stem('ablation', result.get('eval_split', 'valid'))}.png)", ""]
     lines += grid_section(result, "ablation", names={r["gene"]: r["name"] for r in reversed(result.get("variants", []))})
     return "\n".join(lines)
@@ -355,9 +506,9 @@ def compare_markdown(payload: dict) -> str:
         f"{s['d_model']} dims, {s['n_layers']} layers x {s['n_heads']} heads, FFN {s['d_ff']}, "
         f"{s.get('block', 'gpt2')} block; data {s['data']} "
         f"(vocab {s['vocab_size']}, {s['max_seq_len']} tokens); {s['steps']} steps of batch {s['batch_size']}, "
-        + (f"lr {s['learning_rate']:g} ({s['lr_schedule']}); " if not s.get("lr_grid") else
+        + (f"{schedule_text(s.get('config') or s, s.get('steps'))}; " if not s.get("lr_grid") else
            f"lr: each configuration at its own best of {', '.join(f'{r:g}' for r in s['lr_grid'])} "
-           f"({s['lr_schedule']}; see below); ")
+           f"({schedule_text(s.get('config') or s, s.get('steps')).partition(', ')[2]}; see below); ")
         + f"seed{'s' if seeds > 1 else ''} "
         f"{', '.join(map(str, s['seed_list']))}."
         + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
@@ -590,6 +741,14 @@ def transfer_note(result: Mapping) -> str:
             f"least 4 are ranked.")
 
 
+def transfer_schedule_lines(result: Mapping) -> list[str]:
+    """``SIZE: schedule`` per size of a ladder (a warm-up fraction resolves to each size's steps)."""
+    grid = (result.get("grid") or {}).get("rates") or ()
+    genes = [str(g.get("gene")) for g in result.get("genes") or []]
+    return [f"{s.get('size')}: {schedule_text(result.get('config'), s.get('steps'), grid=grid, genes=genes)}"
+            for s in result.get("sizes") or []]
+
+
 def transfer_rule_lines() -> list[str]:
     """The verdict rule, one line per verdict, in the order it is applied."""
     return [f"**{verdict}**: {text}" for verdict, text in stats.TRANSFER_RULE]
@@ -606,6 +765,8 @@ def transfer_markdown(result: Mapping) -> str:
         transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
         "",
         markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+        "Learning-rate schedule at each size:", "",
+        *[f"- {md_cell(line)}" for line in transfer_schedule_lines(result)], "",
         markdown_table(genes_headers, gene_md, genes_align).rstrip(), "",
         "Verdicts (the first rule that applies, at each size against the reference):", "",
     ]

@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from evo_attention.genes import ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, AttentionGene
+from evo_attention.genes import (ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, RECIPE_FIELDS,
+                                 AttentionGene, SearchSpace)
 from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.store import RunStore
+from evo_attention.train.config import describe_schedule
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import to_jsonable
@@ -110,6 +112,13 @@ def gene_info(key: Any) -> dict:
         return info
 
 
+def gene_fields(info: Mapping) -> dict:
+    """The gene fields of ``gene_info`` as a JSON output names them: every mechanism field, and a
+    recipe field (learning_rate, warmup, weight_decay) only where the gene sets it (absent: the
+    run's configured value), so the outputs of a run without recipe axes read as before them."""
+    return {name: info.get(name) for name in ALL_FIELDS if name not in RECIPE_FIELDS or info.get(name) is not None}
+
+
 def option_labels(key: Any) -> dict:
     """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``,
     ``rope:ntk:4``); an axis the key does not name has its default."""
@@ -119,8 +128,13 @@ def option_labels(key: Any) -> dict:
     if len(parts) >= len(FIELDS) and "=" not in "".join(parts[: len(FIELDS)]):
         labels.update(zip(FIELDS, parts))  # the six leading parts
     axes = dict(p.split("=", 1) for p in parts[len(FIELDS):] if "=" in p)
-    labels.update({name: axes.get(KEY_PARTS[name], str(AXIS_DEFAULTS[name])) for name in AXIS_FIELDS})
+    labels.update({name: axes.get(KEY_PARTS[name], _default_label(name)) for name in AXIS_FIELDS})
     return labels
+
+
+def _default_label(name: str) -> str:
+    """An axis the key does not name: its default (a recipe part's is the run's configured value)."""
+    return "default" if name in RECIPE_FIELDS else str(AXIS_DEFAULTS[name])
 
 
 def layer_keys(key: Any) -> list[str]:
@@ -274,7 +288,7 @@ def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: S
     front = []
     for i in members:
         info = gene_info(keys[i])
-        front.append({"key": info["key"], "str": info["str"], "gene": {name: info.get(name) for name in ALL_FIELDS},
+        front.append({"key": info["key"], "str": info["str"], "gene": gene_fields(info),
                       **dict(zip(objectives, points[i])), "generation": records[keys[i]].get("generation"),
                       "id": records[keys[i]].get("id")})
     history = []
@@ -490,7 +504,7 @@ class RunSummary:
         """The content of ``final_results.json`` (JSON-safe: no NaN or inf)."""
         best_gene = None
         if self.best:
-            best_gene = {name: self.best.get(name) for name in ALL_FIELDS}
+            best_gene = gene_fields(self.best)
             best_gene.update(key=self.best["key"], str=self.best["str"])
             if "layers" in self.best:  # a per-layer genome: its fields are per layer
                 best_gene["layers"] = self.best["layers"]
@@ -627,6 +641,8 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
         rows.append(("Data", f"{name}" + (f" ({', '.join(details)})" if details else "")))
     if c.get("train_steps") is not None:
         rows.append(("Training steps per evaluation", f"{c['train_steps']} (batch {c.get('batch_size')})"))
+    if c:
+        rows.append(("Learning-rate schedule", run_schedule_text(c)))
     if c.get("d_model") is not None:
         model = (f"d_model {c['d_model']}, {c.get('n_heads')} heads, {c.get('n_layers')} layers, "
                  f"context {c.get('max_seq_len')}")
@@ -658,6 +674,21 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
         if values:
             rows.append((label, ", ".join(values)))
     return rows
+
+
+def run_schedule_text(config: Mapping) -> str:
+    """A run's learning-rate schedule in words (``train.config.describe_schedule`` of its config),
+    and the recipe axes its search varies per gene (``lr=``, ``wu=``, ``wd=``), where it does."""
+    text = describe_schedule(config)
+    try:
+        space = SearchSpace.from_dict(config.get("search_space") or {})
+    except ValueError:  # a plugin's option that is not loaded here: the schedule alone
+        return text
+    varied = [(name, space.options(name)) for name in RECIPE_FIELDS if space.options(name) != [None]]
+    if varied:
+        text += "; the search varies per gene " + ", ".join(
+            f"{name} over " + "/".join("default" if v is None else f"{v:g}" for v in options) for name, options in varied)
+    return text
 
 
 def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:

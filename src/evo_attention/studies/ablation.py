@@ -10,9 +10,20 @@ variants are trained, with the same seeds rule and statistics as ``validate``:
 
 Plus the gene itself and the baseline. When only one field differs, "without F" is the baseline
 and "baseline + F" the gene: each distinct gene is trained once per seed whatever its names.
+
 Contributions are written in the "better" direction of the metric: positive means the field
 improves the metric (for perplexity: lowers it). Interactions show as single contributions that
 do not add up to the whole gene's improvement.
+
+Recipe or mechanism. A gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``; a search
+over the recipe axes finds such genes) differs from the baseline in two ways at once. Its ablation
+then also trains the two crossed cells of the 2x2 (``recipe_cells``): *mechanism alone*, the
+gene's mechanism at the baseline's recipe (``genes.mechanism_of``), and *recipe alone*, the
+baseline with the gene's recipe (``genes.with_recipe``). With the gene (both) and the baseline
+(neither), every cell on the same seeds, ``stats.two_factor_shares`` splits the gene's advantage
+into the recipe's share and the mechanism's (each the mean of its gain without and with the other,
+so the two add up to the whole advantage), with the interaction test; the result carries it as
+``recipe_vs_mechanism``.
 
 ``ablate`` resolves a ``common.StudySetup`` and returns an ``AblationResult`` (the statistics,
 then the setup's provenance; a mapping of what is written); ``write_ablation`` writes it as
@@ -28,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import KEY_PARTS, RECIPE_FIELDS, AttentionGene, mechanism_of, recipe_of, with_recipe
 from evo_attention.report.studies import FIELD_LABELS, ablation_markdown, metric_info
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
@@ -57,12 +68,33 @@ def option_text(gene: AttentionGene, name: str) -> str:
         return "bias" if value else "nobias"
     if name == "attention_dropout":
         return f"{value:.2f}"
+    if name in RECIPE_FIELDS and value is None:  # a recipe part at its default: the run's configured value
+        return "default"
     return str(value)
 
 
+def recipe_cells(gene: AttentionGene, reference: AttentionGene) -> dict[str, AttentionGene] | None:
+    """The 2x2 of a gene that sets its own recipe: ``neither`` (the reference), ``mechanism`` (the
+    gene's mechanism at the reference's recipe), ``recipe`` (the reference with the gene's recipe)
+    and ``both`` (the gene); None for a gene without recipe parts."""
+    recipe = recipe_of(gene)
+    if not recipe:
+        return None
+    mechanism = with_recipe(mechanism_of(gene), recipe_of(reference))
+    return {"neither": reference, "mechanism": mechanism,
+            "recipe": with_recipe(reference, {**dict.fromkeys(recipe), **recipe}), "both": gene}
+
+
+def recipe_text(gene: AttentionGene) -> str:
+    """The recipe parts of a gene as its key writes them ('lr=0.002|wu=0.05'), or 'the run's recipe'."""
+    parts = [p for p in gene.key.split("|") if p.split("=", 1)[0] in {KEY_PARTS[n] for n in recipe_of(gene)}]
+    return "|".join(parts) or "the run's recipe"
+
+
 def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None = None) -> list[Variant]:
-    """The full gene, the reference (default: vanilla), then per differing field its removal from
-    the gene and its addition to the reference. Raises UserError if nothing differs."""
+    """The full gene, the reference (default: vanilla), the crossed cells of a gene with recipe
+    parts (``recipe_cells``) that no field's variant already is, then per differing field its
+    removal from the gene and its addition to the reference. Raises UserError if nothing differs."""
     gene = AttentionGene.parse(gene)
     if not isinstance(gene, AttentionGene):
         raise UserError(f"ablation takes one gene shared by every layer, and {gene.key!r} is a per-layer genome: "
@@ -81,6 +113,14 @@ def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None
                                 f"{label}: {mine} -> {theirs}"))
         variants.append(Variant(f"baseline + {label}", "add", name, reference.replace(**{name: getattr(gene, name)}),
                                 f"{label}: {theirs} -> {mine}"))
+    cells = recipe_cells(gene, reference)
+    if cells:  # the crossed cells of the 2x2, after the gene and the baseline, unless a field's variant is one
+        crossed = [Variant("mechanism alone", "mechanism", None, cells["mechanism"],
+                           "the gene's mechanism at the baseline's recipe"),
+                   Variant("recipe alone", "recipe", None, cells["recipe"],
+                           f"the baseline with the gene's recipe ({recipe_text(gene)})")]
+        known = {v.gene.key for v in variants}
+        variants[2:2] = [v for v in crossed if v.gene.key not in known]
     return variants
 
 
@@ -168,7 +208,7 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
             contributions.append(_contribution(row, row["vs_full"], sign, "remove"))
         elif row["kind"] == "add":  # baseline - (baseline + F)
             contributions.append(_contribution(row, row["vs_baseline"], -sign, "add"))
-    return to_jsonable({
+    numbers = {
         "kind": "ablation", "analysis": stats.ANALYSIS, "margin": setup.margin,
         "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
         "fields": [v.field for v in variants if v.kind == "remove"],
@@ -176,7 +216,36 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
         "confidence": confidence, "seeds": list(seeds),
         "variants": rows, "contributions": contributions,
         "total": _contribution(rows[0], rows[0]["vs_baseline"], -sign, "total"),
-    })
+    }
+    cells = recipe_cells(variants[0].gene, variants[1].gene)
+    if cells:
+        numbers["recipe_vs_mechanism"] = recipe_vs_mechanism(setup, cells, values)
+    return to_jsonable(numbers)
+
+
+def recipe_vs_mechanism(setup: StudySetup, cells: Mapping[str, AttentionGene], values: Mapping[str, Mapping]) -> dict:
+    """The 2x2 of a gene with recipe parts (``recipe_cells``): the parts, each cell's key, values
+    and mean, then ``stats.two_factor_shares`` with the mechanism as the first factor and the recipe
+    as the second (``shares``: ``total``, ``mechanism``, ``recipe``; ``interaction``: the
+    mechanism's gain at the gene's recipe minus its gain at the baseline's), and which share is the
+    larger (``larger``)."""
+    keys = {name: gene.key for name, gene in cells.items()}
+    per_cell = {name: values[key]["values"] for name, key in keys.items()}
+    shares = stats.two_factor_shares(per_cell["neither"], per_cell["mechanism"], per_cell["recipe"],
+                                     per_cell["both"], setup.confidence, log=setup.log_scale,
+                                     lower_is_better=setup.lower_is_better)
+    mechanism, recipe = shares["first"], shares["second"]
+    larger = None
+    if mechanism["mean"] is not None and recipe["mean"] is not None and mechanism["mean"] != recipe["mean"]:
+        larger = "mechanism" if mechanism["mean"] > recipe["mean"] else "recipe"
+    return {
+        "parts": recipe_of(cells["both"]), "parts_text": recipe_text(cells["both"]),
+        "cells": {name: {"gene": keys[name], "values": per_cell[name], **stats.describe(per_cell[name], setup.confidence)}
+                  for name in ("neither", "mechanism", "recipe", "both")},
+        "scale": shares["scale"], "n": shares["n"], "n_dropped": shares["n_dropped"],
+        "shares": {"total": shares["total"], "mechanism": mechanism, "recipe": recipe},
+        "interaction": shares["interaction"], "larger": larger,
+    }
 
 
 def _comparison(numbers: Mapping) -> dict | None:

@@ -34,10 +34,11 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.report.studies import grid_figure_name, metric_info
 from evo_attention.studies.common import Records, StudySetup, samples
 from evo_attention.util import stats
+from evo_attention.util.errors import UserError
 
 TUNING_ROLE = "lr-grid"  # the role the tuning trainings are stored with
 RULE = ("each gene trained at every rate on the tuning seeds, measured on the validation split; its rate: the best "
@@ -55,6 +56,7 @@ def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Map
     split; from the store where there) in one call of the runner, and select each gene's rate:
     the ``grid`` block (see ``grid_block``)."""
     keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    check_rates_free(keys)
     tuning = dataclasses.replace(setup, seeds=tuple(setup.tuning_seeds), eval_split="valid", role=TUNING_ROLE,
                                  planned=None)
     tasks = [task for rate in setup.lr_grid for task in tuning.at_rate(rate).tasks(keys, _at(keys, rate, labels))]
@@ -62,6 +64,17 @@ def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Map
     for task, record in tuning.run(tasks).items():
         records[task.trial.train.learning_rate][task.gene, task.seed] = record
     return grid_block(setup, keys, records)
+
+
+def check_rates_free(genes: Sequence[AttentionGene | str]) -> None:
+    """UserError (naming ``lr_grid``) for a gene that sets its own learning rate (an ``lr=`` part):
+    the grid could not change it."""
+    fixed = next((g for g in genes if recipe_of(g).get("learning_rate") is not None), None)
+    if fixed is not None:
+        key = AttentionGene.parse(fixed).key
+        raise UserError(f"gene {key} sets its own learning rate (lr={recipe_of(key)['learning_rate']:g}), which a "
+                        "learning-rate grid would not change: leave out lr_grid, or give the gene without its lr= part",
+                        setting="lr_grid")
 
 
 def _at(keys: Sequence[str], rate: float, labels: Mapping[str, str] | None) -> dict[str, str]:

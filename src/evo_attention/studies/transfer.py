@@ -30,7 +30,9 @@ model's parameters at that size (the tied embedding counted once); else the conf
 
 ``transfer_genes`` resolves a ``common.StudySetup`` (``run_transfer`` takes one), trains each rung
 with it at the rung's config (``StudySetup.at``) and returns a ``TransferResult``;
-``write_transfer`` writes it as ``transfer.{json,md,png}``.
+``write_transfer`` writes it as ``transfer.{json,md,png}``. ``dry_run`` gives the ladder without
+training it: per size the parameters, steps, tokens and trainings, and the wall time estimated
+from each genome's step time measured here (``train.bench.step_time``).
 
 With a learning-rate grid (``StudySetup.lr_grid``) the grid is tuned at every size (the best rate
 moves with the size): each gene and the baseline are compared at their own best rate of the grid
@@ -432,6 +434,57 @@ def plan(config, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[
     parsed_steps = parse_steps(",".join(map(str, steps)) if isinstance(steps, (list, tuple)) else steps)
     return ladder(config, parsed_sizes, transfer_keys(genes), steps=parsed_steps, tokens_per_param=tokens_per_param,
                   heads=heads)
+
+
+# -- the plan without training (transfer --dry-run) -----------------------------------------------
+DRY_RUN_WARMUP, DRY_RUN_STEPS = 2, 3  # untimed and timed training steps per gene and size
+TIMING = (f"measured on this machine: the median of {DRY_RUN_STEPS} training steps timed one by one after "
+          f"{DRY_RUN_WARMUP} untimed ones, of each gene and the baseline at each size (train.bench.step_time), times "
+          "the steps of every training")
+
+
+def dry_run(config, data, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[tuple[int, int]] = DEFAULT_SIZES,
+            steps: str | Sequence[int] | int | None = None, tokens_per_param: float | None = None,
+            heads: int | None = None, n_seeds: int = DEFAULT_TRANSFER_SEEDS, lr_grid: Sequence[float] = (),
+            n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, device: str | None = None, measure: bool = True) -> dict:
+    """The ladder a transfer study would train, without training it: per size its shape, the
+    baseline's parameters, the steps (``steps`` or ``tokens_per_param``), the tokens of one
+    training, the trainings (every gene and the baseline on ``n_seeds`` seeds, plus a grid's points
+    on ``n_tuning_seeds``), each genome's measured seconds per step (``TIMING``; ``measure=False``:
+    none) and the estimated wall time of the size's trainings, one at a time. Evaluation, data
+    loading and model building are not counted, nor trainings a store holds already."""
+    from evo_attention.train.bench import step_time
+
+    keys = transfer_keys(genes)
+    if lr_grid:
+        grids.check_rates_free(keys)
+    rungs = with_budgets(plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads),
+                         data, tokens_per_param)
+    genomes = [AttentionGene.vanilla().key] + keys
+    per_gene = n_seeds + len(lr_grid) * n_tuning_seeds  # trainings of one genome at one size
+    rows, environment = [], {}
+    for rung in rungs:
+        c = rung.config
+        timings = {key: step_time(key, c, data, steps=DRY_RUN_STEPS, warmup=DRY_RUN_WARMUP, device=device)
+                   for key in genomes} if measure else {}
+        if timings:
+            environment = {k: v for k, v in next(iter(timings.values())).items() if k in ("device", "precision",
+                                                                                           "threads")}
+        seconds = {key: t["seconds_per_step"] for key, t in timings.items()}
+        rows.append({
+            "size": rung.label, "reference": rung.search_size, "d_model": c.d_model, "n_layers": c.n_layers,
+            "n_heads": c.n_heads, "d_ff": c.ffn_dim, "params": baseline_parameters(c, data.vocab_size),
+            "steps": c.train_steps, "tokens": c.train_steps * c.batch_size * data.seq_len,
+            "trainings": len(genomes) * per_gene, "seconds_per_step": seconds,
+            "flops_per_step": {key: t["flops_per_step"] for key, t in timings.items()},
+            "estimated_s": sum(s * c.train_steps * per_gene for s in seconds.values()) if seconds else None,
+        })
+    estimates = [r["estimated_s"] for r in rows]
+    return {"genes": keys, "seeds": n_seeds, "lr_grid": list(lr_grid), "tuning_seeds": n_tuning_seeds if lr_grid else 0,
+            "tokens_per_param": tokens_per_param, "block": config.block, "sizes": rows,
+            "trainings": sum(r["trainings"] for r in rows),
+            "estimated_s": sum(estimates) if all(e is not None for e in estimates) else None,
+            "timing": TIMING if measure else None, **environment}
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Train several same-shape trials as one: K models folded into one batch, one optimizer step for all.
 
-``run_batched(trials, data)`` trains K trials that share the genome, the model, the task, the steps
-(and budget), the split and the batch recipe, and differ in seed and/or the TrainSpec fields that
-change no shape (``VARYING_TRAIN_FIELDS``: rate, weight decay, warm-up, schedule, its decay
-fraction, gradient clipping). It returns one ``TrainingResult`` per trial, whose record is keyed by
+``run_batched(trials, data)`` trains K trials that share the genome's mechanism, the model, the task,
+the steps (and budget), the split and the batch recipe, and differ in seed and/or the TrainSpec fields
+that change no shape (``VARYING_TRAIN_FIELDS``: rate, weight decay, warm-up, schedule, its decay
+fraction, gradient clipping), set by the config or by a genome's recipe parts (``Trial.recipe``). It returns one ``TrainingResult`` per trial, whose record is keyed by
 the trial as ``run_training`` would key it, and says ``batched: K`` in ``record.extra``.
 
 The mechanism: folding the model dimension into the batch
@@ -99,6 +99,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from evo_attention.data.base import IGNORE_INDEX, TaskData
+from evo_attention.genes import mechanism_of
 from evo_attention.nn import components, positions
 from evo_attention.nn.attention import EvolvedAttention, LowRankQKV
 from evo_attention.nn.dropout import Dropout, keep_mask, mask_source
@@ -143,6 +144,8 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
     for i, trial in enumerate(trials[1:], 1):
         for name in ("genome", "steps", "budget", "eval_split"):
             mine, theirs = getattr(first, name), getattr(trial, name)
+            if name == "genome":  # the recipe parts (lr=, wu=, wd=) change no shape: the mechanism must agree
+                mine, theirs = mechanism_of(mine).key, mechanism_of(theirs).key
             if mine != theirs:
                 return name, f"trial {i} has {name} {theirs!r} where trial 0 has {mine!r}"
         for group in ("model", "task", "train"):
@@ -627,7 +630,7 @@ class MemberTrainer(Trainer):
                  precision_reason: str):
         # no Trainer.__init__: the same model, built the same way, without an optimizer of its own
         self.trial, self.gene, self.data, self.seed = trial, trial.gene, data, trial.seed
-        self.recipe = trial.train
+        self.recipe = trial.recipe  # as Trainer: the genome's own rate, warm-up and weight decay where set
         self.train_steps = trial.schedule_steps
         self.device, self.spec = device, spec
         self.precision, self.precision_reason = precision, precision_reason

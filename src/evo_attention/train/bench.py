@@ -3,13 +3,15 @@
 ``bench_gene`` builds the same ``Trainer`` a search uses, runs a few warm-up steps (the first one
 also counts FLOPs with PyTorch's flop counter), times ``steps`` more, times one evaluation, and
 extrapolates to one evaluation at the configured budget (the CLI multiplies that by a search's
-planned evaluations, which the search layer knows). ``decode_speed`` times generation with the
+planned evaluations, which the search layer knows). ``step_time`` measures the step alone (what
+``transfer --dry-run`` extrapolates a ladder from). ``decode_speed`` times generation with the
 key/value cache (``nn.decoding``), what a user of a kept model waits for.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import torch
@@ -123,6 +125,26 @@ def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: in
     trainer.train(until_step=warmup + steps)
     synchronize(trainer.device)
     return trainer, (time.perf_counter() - start) / steps
+
+
+def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 3, warmup: int = 2,
+              device: str | None = None) -> dict:
+    """What one training step of ``gene`` under ``config`` takes on this machine, measured: the
+    median of ``steps`` steps timed one by one (a step slowed by a neighbour on a shared machine
+    moves it little) after ``warmup`` untimed ones (the first counts FLOPs; a compiled model
+    compiles in the second), as a whole training of ``config.train_steps`` would run them.
+    ``{"seconds_per_step", "flops_per_step", "device", "precision", "compiled", "threads"}``."""
+    config = config.replace(train_steps=max(config.train_steps, warmup + steps))
+    trainer, first = _timed_steps(gene, config, data, steps=1, warmup=warmup, device=device)
+    times = [first]
+    for _ in range(steps - 1):
+        start = time.perf_counter()
+        trainer.train(until_step=trainer.step + 1)
+        synchronize(trainer.device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"seconds_per_step": seconds, "flops_per_step": trainer.flops_per_step, "device": str(trainer.device),
+            "precision": trainer.precision, "compiled": trainer.compiled, "threads": torch.get_num_threads()}
 
 
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,

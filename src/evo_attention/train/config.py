@@ -19,11 +19,10 @@ from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE
-from evo_attention.train.spec import TaskSpec, TrainSpec, freeze, steps_of
+from evo_attention.train.spec import WARMUP_SCHEDULES, TaskSpec, TrainSpec, freeze, steps_of
 from evo_attention.util.errors import UserError
 
 LR_SCHEDULES = ("constant", "cosine", "wsd")
-WARMUP_SCHEDULES = ("cosine", "wsd")  # the schedules that use the warm-up
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPILE_MODES = ("auto", "on", "off")
 FIDELITIES = ("full", "halving")
@@ -189,6 +188,12 @@ class Config:
         note = full_window_note(space, max_seq_len=self.max_seq_len)
         if note:
             warnings.warn(note, stacklevel=2)
+        for warmup in space.options("warmup"):  # a recipe axis: each warm-up must apply and fit the schedule
+            if warmup is not None:
+                try:
+                    self.train.with_recipe({"warmup": warmup}, self.train_steps)
+                except UserError as exc:
+                    raise UserError(f"search space option {exc}", setting=exc.settings) from None
         return space
 
     # -- the specs this config produces (train.spec: what one training is) ------------------------

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from evo_attention.genes import AttentionGene, layers_of
+from evo_attention.genes import KEY_PARTS, AttentionGene, layers_of, recipe_of
 from evo_attention.nn.spec import ModelSpec, identity
 from evo_attention.util.errors import UserError
 
@@ -56,6 +56,9 @@ def thaw(value: Any) -> Any:
     if isinstance(value, tuple):
         return [thaw(v) for v in value]
     return value
+
+
+WARMUP_SCHEDULES = ("cosine", "wsd")  # the schedules that use the warm-up (constant has none)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,31 @@ class TrainSpec:
     def decay_steps(self, total_steps: int) -> int:
         """The steps at the end of a ``total_steps``-step schedule over which wsd decays (0 otherwise)."""
         return steps_of(self.lr_decay_fraction, total_steps) if self.lr_schedule == "wsd" else 0
+
+    def with_recipe(self, recipe: Mapping[str, Any], total_steps: int) -> "TrainSpec":
+        """This recipe with a genome's recipe parts (``genes.recipe_of``: learning_rate, warmup,
+        weight_decay; a part not set keeps this spec's value) for a schedule of ``total_steps``
+        steps: a warm-up fraction becomes its whole steps of them. UserError for a warm-up that the
+        schedule does not use (constant) or that does not fit in ``total_steps``."""
+        if not recipe:
+            return self
+        changes = {name: recipe[name] for name in ("learning_rate", "weight_decay") if name in recipe}
+        warmup = recipe.get("warmup")
+        if warmup is not None:
+            part = f"{KEY_PARTS['warmup']}={warmup:g}"
+            if self.lr_schedule not in WARMUP_SCHEDULES:
+                raise UserError(f"warm-up {part} does nothing under lr_schedule {self.lr_schedule}, which has "
+                                f"no warm-up: use lr_schedule {' or '.join(WARMUP_SCHEDULES)}, or drop the "
+                                f"{KEY_PARTS['warmup']}= part", setting=("lr_schedule", "search_space"))
+            changes["warmup_steps"] = warmup if isinstance(warmup, int) else steps_of(warmup, total_steps)
+        spec = self.replace(**changes)
+        span, decay_steps = spec.warmup_steps, spec.decay_steps(total_steps)
+        if warmup is not None and (span >= total_steps or span + decay_steps > total_steps):
+            decay = f" and {decay_steps} decay steps" if decay_steps else ""
+            raise UserError(f"warm-up {part} ({spec.warmup_steps} steps){decay} does not fit in the "
+                            f"{total_steps} steps of the schedule: use a shorter warm-up or more train_steps",
+                            setting=("train_steps", "search_space"))
+        return spec
 
 
 def steps_of(fraction: float, steps: int) -> int:
@@ -198,11 +226,23 @@ class Trial:
             raise UserError(f"trial {self.genome} has no data fingerprint: load its task first (load_task)")
         return (self.genome, self.seed, self.steps, self.task.fingerprint, self.context)
 
+    @property
+    def recipe(self) -> TrainSpec:
+        """The recipe this training runs: ``train`` with the genome's recipe parts where it sets
+        them (``lr=``, ``wu=``, ``wd=``: ``TrainSpec.with_recipe``), over the schedule's steps. The
+        one rule every trainer follows; the key keeps ``train`` (the configured recipe) and the
+        genome (its parts), so the recipe that ran is named by both."""
+        return self.train.with_recipe(recipe_of(self.genome), self.schedule_steps)
+
     def record_settings(self) -> dict:
-        """What a record keeps as its ``settings``: the key's settings, plus the random features of
+        """What a record keeps as its ``settings``: the key's settings with the recipe that ran
+        (``recipe``: a genome's own rate, warm-up and weight decay), plus the random features of
         a genome that uses favor and the decay fraction of a wsd schedule (the record says what the
         gene ran with, defaults included). Its ``warmup_steps`` are the steps the warm-up took."""
         settings = self.settings()
+        recipe = self.recipe
+        for name in ("learning_rate", "warmup_steps", "weight_decay"):
+            settings[name] = getattr(recipe, name)
         if any(g.normalization == "favor" for g in layers_of(self.gene)):
             settings["favor_features"] = self.model.favor_features
         if self.train.lr_schedule == "wsd":  # the decay it ran with, its default included
@@ -245,6 +285,7 @@ class Trial:
         trial = cls(genome=AttentionGene.parse(genome).key, seed=config.seed if seed is None else seed,
                     steps=steps, model=config.model, train=config.train_for(steps if budget is None else budget),
                     task=config.task, eval_split=eval_split, budget=budget)
+        trial.recipe  # a genome's recipe parts that do not fit the schedule fail here, before any training
         return trial.with_data(data) if data is not None else trial
 
 

@@ -11,7 +11,9 @@ The measurement:
 
 - AdamW, gradient clipping, a fixed step budget, constant lr (the original's), linear warmup +
   cosine decay, or wsd (linear warmup, stable, linear decay: ``scheduled_rate``); deterministic for
-  a seed (model init, dropout and batch order all derive from it).
+  a seed (model init, dropout and batch order all derive from it). The recipe is the trial's
+  ``Trial.recipe``: the configured one, with the genome's own rate, warm-up and weight decay where
+  its key sets them (``lr=``, ``wu=``, ``wd=``).
 - Evaluation is exact: the token-weighted mean NLL over every scored target of the split (the
   datasets never score padding), perplexity = exp of it, plus next-token accuracy; the record says
   how many tokens were scored (``eval_tokens``), so a capped evaluation is visible as such.
@@ -125,7 +127,7 @@ class Trainer:
         self.gene = trial.gene
         self.data = data
         self.seed = trial.seed
-        self.recipe = trial.train
+        self.recipe = trial.recipe  # the configured recipe with the genome's own parts (lr=, wu=, wd=)
         self.train_steps = trial.schedule_steps  # the learning-rate schedule spans the budget
         self.device = resolve_device(device if device is not None else self.recipe.device)
         # the model's vocabulary and window come from the data

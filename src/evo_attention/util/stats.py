@@ -61,6 +61,11 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 - ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
   ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
   differences when both sizes have values for the same seeds, by Welch otherwise.
+- ``two_factor_shares``: a 2x2 on the same seeds (neither, first only, second only, both factors)
+  splits the advantage of both over neither into each factor's share, per seed the mean of its gain
+  without and with the other (the two orders of adding them; the shares add up to the advantage
+  exactly), each with a one-sample t interval; the interaction is ``paired_interaction`` of the
+  first factor's gain without and with the second.
 """
 
 from __future__ import annotations
@@ -447,6 +452,70 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     return {"test": "welch", "n_a": int(_clean(a).size), "n_b": int(_clean(b).size),
             "change": w["difference"], "ci_low": w["diff_ci_low"], "ci_high": w["diff_ci_high"],
             "t": w["t"], "df": w["df"], "p_value": w["p_value"], "confidence": confidence}
+
+
+def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both: Sequence,
+                      confidence: float = 0.95, *, log: bool = True, lower_is_better: bool = True) -> dict:
+    """How much of the advantage of ``both`` over ``neither`` each of two factors carries, from the
+    four cells of a 2x2 trained on the same seeds (per-seed values aligned by seed: ``first`` has
+    only the first factor, ``second`` only the second). A seed where any cell failed is dropped.
+
+    Per seed, on the log scale with ``log`` (else plain) and signed so that positive is better:
+    the first factor's gain ``alone`` (over neither) and ``with`` the second (``both`` over
+    ``second``), likewise for the second; a factor's ``share`` is the mean of its two gains, so the
+    shares add up to the advantage (``total``) seed by seed. Each of ``total``, ``first`` and
+    ``second`` is ``{"mean", "ci_low", "ci_high", "p_value", "relative", "relative_ci_low",
+    "relative_ci_high", "fraction", "alone", "with"}`` (one-sample t-test of the per-seed values
+    against 0; ``relative``: the improvement as a fraction of the reference, ``1 - exp(-x)`` when
+    lower is better, ``exp(x) - 1`` when higher is, on the log scale only; ``fraction``: the share
+    over the mean advantage, when that is positive; ``alone``/``with``: the means of the two
+    gains). ``interaction``: ``paired_interaction`` of the first factor's gain alone and with the
+    second (``change > 0``: the two factors reinforce each other), with the same numbers seen from
+    the second factor. Returns also ``scale``, ``n`` and ``n_dropped``."""
+    check_confidence(confidence)
+    cells = [list(neither), list(first), list(second), list(both)]
+    if len({len(c) for c in cells}) != 1:
+        from evo_attention.util.errors import UserError
+
+        raise UserError("the four cells of a 2x2 need one value per seed each (use None for a failed seed)")
+    rows = []
+    for values in zip(*cells):
+        values = [finite_or_none(v) for v in values]
+        if any(v is None or (log and v <= 0) for v in values):
+            continue
+        rows.append([math.log(v) if log else v for v in values])
+    sign = -1.0 if lower_is_better else 1.0  # gains: positive = better
+    y = np.asarray(rows, dtype=float).reshape(-1, 4)
+    gains = {"first_alone": sign * (y[:, 1] - y[:, 0]), "first_with": sign * (y[:, 3] - y[:, 2]),
+             "second_alone": sign * (y[:, 2] - y[:, 0]), "second_with": sign * (y[:, 3] - y[:, 1])}
+    total = sign * (y[:, 3] - y[:, 0])
+
+    def summary(per_seed: np.ndarray, alone=None, with_other=None) -> dict:
+        r = paired(per_seed, np.zeros_like(per_seed), confidence, log=False, bootstrap_resamples=0)
+        out = {"mean": r["difference"], "ci_low": r["diff_ci_low"], "ci_high": r["diff_ci_high"],
+               "p_value": r["p_value"]}
+        for key, value in (("relative", "mean"), ("relative_ci_low", "ci_low"), ("relative_ci_high", "ci_high")):
+            x = out[value]
+            out[key] = None if not log or x is None else (-math.expm1(-x) if lower_is_better else math.expm1(x))
+        if alone is not None:
+            out["alone"], out["with"] = float(alone.mean()) if alone.size else None, \
+                float(with_other.mean()) if with_other.size else None
+        return out
+
+    out = {"scale": "log" if log else "linear", "n": int(y.shape[0]), "n_dropped": len(cells[0]) - int(y.shape[0]),
+           "total": summary(total),
+           "first": summary((gains["first_alone"] + gains["first_with"]) / 2, gains["first_alone"],
+                            gains["first_with"]),
+           "second": summary((gains["second_alone"] + gains["second_with"]) / 2, gains["second_alone"],
+                             gains["second_with"])}
+    advantage = out["total"]["mean"]
+    for name in ("first", "second"):
+        share = out[name]["mean"]
+        out[name]["fraction"] = share / advantage if advantage is not None and share is not None and advantage > 0 \
+            else None
+    out["total"]["fraction"] = 1.0 if advantage is not None and advantage > 0 else None
+    out["interaction"] = paired_interaction(list(gains["first_alone"]), list(gains["first_with"]), confidence)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
