@@ -208,6 +208,25 @@ def exported(tmp_path_factory):
     return root, cases, models
 
 
+TIE = 1e-4  # two logits this close are a tie that float reassociation may break either way
+
+
+def _same_greedy(model, prompt, got, expected, name):
+    """Two greedy continuations agree token for token, up to a step whose two choices the library
+    model scores within ``TIE`` of each other (an untrained model's near-tie: another process's
+    reduction order may break it the other way, and from there the continuations part)."""
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a == b:
+            continue
+        context = (prompt + expected[:i])[-WINDOW:]
+        with torch.no_grad():
+            logits = model(torch.tensor([context]))[0, -1]
+        gap = float((logits[a] - logits[b]).abs())
+        assert gap <= TIE, f"{name}: greedy step {i} chose {a} instead of {b} with logits {gap:.2e} apart"
+        return
+    assert len(got) == len(expected), name
+
+
 @needs_transformers
 def test_auto_classes_load_the_export_in_a_fresh_interpreter(exported, tmp_path):
     root, cases, models = exported
@@ -221,8 +240,10 @@ def test_auto_classes_load_the_export_in_a_fresh_interpreter(exported, tmp_path)
         assert got["genes"] == expected["genes"] and got["block"] == expected["block"]
         assert got["error"] <= TOLERANCE, (case["name"], got["error"])
         assert math.isclose(got["loss"], expected["loss"], rel_tol=1e-5)
-        assert got["cached"] == expected["cached"], case["name"]  # the library's cache, past the window too
-        assert got["plain"] == expected["plain"], case["name"]
+        model = models[case["name"]][0]
+        prompt = torch.load(case["dir"] + "/io.pt")["ids"][0, :4].tolist()
+        _same_greedy(model, prompt, got["cached"], expected["cached"], case["name"])  # past the window too
+        _same_greedy(model, prompt, got["plain"], expected["plain"], case["name"])
         assert got["ids"] == expected["ids"] == got["plain_ids"], case["name"]
         assert [d for d, t in zip(got["decoded"], SAMPLES) if t.endswith("\n")] == expected["decoded"]
         assert got["max_length"] == WINDOW

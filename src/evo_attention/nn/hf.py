@@ -203,6 +203,8 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
             raise ValueError("padding on the left or inside a sequence is not supported: pad on the right, or "
                              "generate for one prompt (or prompts of one length) at a time")
+        # transformers >= 5.24 passes the cache as ``cache`` (``past_key_values`` before)
+        past_key_values = past_key_values if past_key_values is not None else kwargs.get("cache")
         if past_key_values is None and not use_cache:
             logits = self.model(input_ids)
         else:
