@@ -17,6 +17,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _batch_models_auto_is_off(monkeypatch):
+    """batch_models auto (the default) never measures in tests, whose trainings must not depend on
+    timing: it means off unless a test sets batch_models or unsets this."""
+    monkeypatch.setenv("EVO_ATTENTION_BATCH_MODELS", "off")
+
+
 @pytest.fixture
 def tiny_config():
     return Config(vocab_size=50, d_model=16, n_heads=2, n_layers=2, max_seq_len=12, dropout=0.0)

@@ -146,7 +146,8 @@ def test_worker_processes_give_the_local_results(tmp_path, reference):
     assert _search(tmp_path / "w2", executor) == reference["full"]
     assert executor.started == executor.stepped == executor.finished == {"w0", "w1"}
     with RunStore.open(tmp_path / "w2", readonly=True) as store:
-        assert store.get_meta("executor") == {"name": "process", "workers": 2, "threads_per_worker": 1}
+        assert store.get_meta("executor") == {"name": "process", "workers": 2, "threads_per_worker": 1,
+                                              "batch_models": "auto"}
         assert store.activity() == []  # every worker's row is gone once it is done
 
 

@@ -40,7 +40,7 @@ def cmd_ablate(args) -> int:
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
         f"{config.train_steps} steps{grid_text(args, config)}", args.quiet)
     try:
-        with executor_from_args(args) as executor:
+        with executor_from_args(args, config) as executor:
             result = run_ablation(study_setup(args, "ablation", config, data, store, executor, search_seed), gene)
     finally:
         if store is not None:

@@ -77,7 +77,7 @@ def tune_rate(args, config, data, gene, out) -> dict:
     seeds = tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])
     log(f"tuning the learning rate of {gene} over {', '.join(f'{r:g}' for r in args.lr_grid)} with seeds "
         f"{seeds[0]}..{seeds[-1]} (validation loss)", args.quiet)
-    with executor_from_args(args) as executor, study_store(out, config, "baseline") as store:
+    with executor_from_args(args, config) as executor, study_store(out, config, "baseline") as store:
         setup = StudySetup(config=config, data=data, seeds=(config.seed,), steps=config.train_steps, role="baseline",
                            metric="val_loss", store=store, executor=executor, quiet=args.quiet,
                            lr_grid=tuple(args.lr_grid), tuning_seeds=tuple(seeds))

@@ -37,15 +37,16 @@ def cmd_bench(args) -> int:
 
         print(profile_step(gene, config, data, warmup=args.warmup))
         return 0
-    result = bench_gene(gene, config, data, steps=timed_steps, warmup=args.warmup)
+    result = bench_gene(gene, config, data, steps=timed_steps, warmup=args.warmup, models=args.models)
     result["planned_evaluations"] = planned_evaluations(config)
     result["est_search_s"] = result["est_evaluation_s"] * result["planned_evaluations"]
     if args.json:
         print(dumps(result))
         return 0
     flops = result["flops_per_step"]
+    models = f"{result['models']} models in one batched trainer, " if result["models"] > 1 else ""
     print(f"{gene} ({result['block']} block) on {result['device']} ({result['precision']}, "
-          f"{result['threads']} threads), "
+          f"{result['threads']} threads), {models}"
           f"batch {result['batch_size']} x {result['seq_len']} tokens, {result['params']:,} parameters")
     print(f"  {result['ms_per_step']:.1f} ms/step, {result['tokens_per_s']:,.0f} tokens/s, "
           f"{flops / 1e9:.1f} GFLOP/step, {result['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s achieved")
@@ -53,8 +54,12 @@ def cmd_bench(args) -> int:
           f"(2048^3 product), so the step runs at {100 * result['mfu']:.0f}% of it (mfu {result['mfu']:.2f})")
     if result.get("decode_tokens_per_s"):
         print(f"  generation (batch 1, key/value cache, greedy): {result['decode_tokens_per_s']:,.0f} tokens/s")
-    print(f"  one evaluation ({result['train_steps']} steps + eval): ~{human_seconds(result['est_evaluation_s'])}; "
+    share = f", its share of a batch of {result['models']}" if result["models"] > 1 else ""
+    print(f"  one evaluation ({result['train_steps']} steps + eval{share}): "
+          f"~{human_seconds(result['est_evaluation_s'])}; {result['trainings_per_hour']:,.0f} trainings/hour; "
           f"a search of {result['planned_evaluations']} evaluations: ~{human_seconds(result['est_search_s'])}")
+    print(f"  --batch-models auto would train {result['auto_models']} model{'s' if result['auto_models'] != 1 else ''} "
+          f"per batch at this shape here ({result['auto_models_reason']})")
     return 0
 
 
@@ -66,10 +71,13 @@ def _check_bench_flags(args) -> None:
     from evo_attention.util.errors import UserError
 
     for value, flag, minimum in ((args.budget, "--budget", 1), (args.steps, "--steps", 1), (args.warmup, "--warmup", 0),
-                                 (args.tokens_per_step, "--tokens-per-step", 1)):
+                                 (args.tokens_per_step, "--tokens-per-step", 1), (args.models, "--models", 1)):
         if value is not None and value < minimum:
             what = "a positive integer" if minimum else "a non-negative integer"
             raise UserError(f"{flag} must be {what}, got {value}")
+    if args.models != 1 and (args.seq_lens is not None or args.profile):
+        raise UserError(f"--models times the training step of K batched models: drop "
+                        f"{'--seq-lens' if args.seq_lens is not None else '--profile'} or --models")
     if args.seq_lens is None:
         given = [flag for name, flag in LONG_CONTEXT_FLAGS if getattr(args, name) is not None]
         if given:
@@ -164,6 +172,9 @@ def register(sub) -> None:
     p.add_argument("--gene", help="gene to time (default: the vanilla transformer)")
     p.add_argument("--budget", type=int, help="training steps per evaluation for the estimates (default: the config's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
+    p.add_argument("--models", type=int, default=1, metavar="K",
+                   help="time one trainer of K same-gene models trained as one batch (what --batch-models K runs; "
+                        "default 1: one model)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--profile", action="store_true", help="print the top operators of one training step "
                    "(torch.profiler) instead of timing")

@@ -39,7 +39,8 @@ def _name_list(text: str) -> list:
 PARSERS = {"int": int, "float": float, "str": str, "list": _name_list, "vocab": _vocab_size,
            "count_or_all": _eval_steps}
 # the help sections of the training flags: the Config groups each shows, in this order
-SECTIONS = (("data and model", ("task", "model")), ("training", ("train", "trial")), ("search", ("search",)))
+SECTIONS = (("data and model", ("task", "model")), ("training", ("train", "trial", "execution")),
+            ("search", ("search",)))
 
 
 def _flag_fields(groups) -> list:
@@ -110,12 +111,14 @@ def add_executor_flags(p: argparse.ArgumentParser, title: str = "execution") -> 
                    help="CPUs each training reserves with --executor ray (default 1); threads per worker with --workers")
 
 
-def executor_from_args(args):
-    """The executor that the flags of ``add_executor_flags`` name."""
+def executor_from_args(args, config):
+    """The executor that the flags of ``add_executor_flags`` name, running trials as ``config``'s
+    execution settings say (``batch_models``)."""
     from evo_attention.search.executors import make_executor
 
     return make_executor(args.executor, workers=args.workers, address=args.ray_address,
-                         cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)
+                         cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+                         batch_models=config.batch_models)
 
 
 def explicit_settings(args, extra: dict | None = None) -> dict:
@@ -186,6 +189,7 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "prompt": "--prompt", "temperature": "--temperature", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
                   "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param",
+                  "models": "--models",
                   "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
                   "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
                   "knob": "--knob", "values": "--knob", "break_at": "--break-at",

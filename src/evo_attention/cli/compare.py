@@ -80,7 +80,7 @@ def cmd_compare(args) -> int:
     entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len)
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
-    executor = executor_from_args(args)
+    executor = executor_from_args(args, config)
     out = Path(args.out)
     log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) at {config.d_model}d x {config.n_layers} layers x "

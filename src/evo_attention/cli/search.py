@@ -13,10 +13,10 @@ from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_directory_path
 
 
-# settings that may differ when a run is resumed (where it runs, where its data lies); the data
-# itself is checked by fingerprint. The executor flags (--workers, --executor, ...) are not part of
-# the config at all: a run may be resumed with any executor.
-RESUMABLE_CHANGES = ("device", "data_dir")
+# settings that may differ when a run is resumed (where it runs, where its data lies, how its trials
+# are grouped into batches); the data itself is checked by fingerprint. The executor flags
+# (--workers, --executor, ...) are not part of the config at all: a run may be resumed with any executor.
+RESUMABLE_CHANGES = ("device", "data_dir", "batch_models")
 
 
 def search_config(args):
@@ -76,7 +76,7 @@ def cmd_search(args) -> int:
     check_free(args.out)  # a run another process writes is refused before its settings are compared
     config = search_config(args)
     out = Path(args.out)
-    executor = executor_from_args(args)
+    executor = executor_from_args(args, config)
     from evo_attention.search.trackers import make_tracker
 
     trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training

@@ -37,7 +37,7 @@ def cmd_transfer(args) -> int:
         f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}",
         args.quiet)
     try:
-        with executor_from_args(args) as executor:
+        with executor_from_args(args, config) as executor:
             setup = study_setup(args, "transfer", config, data, store, executor, search_seed)
             result = run_transfer(setup, genes, **budget)
     finally:

@@ -255,7 +255,7 @@ def cmd_validate(args) -> int:
         f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric, config, data, args.eval_split)
     try:
-        with executor_from_args(args) as executor:
+        with executor_from_args(args, config) as executor:
             setup = study_setup(args, "validate", config, data, store, executor, search_seed)
             result = run_validation(setup, genes, search_values=known)
     finally:

@@ -107,7 +107,7 @@ class Search:
         self.data = data
         self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None
                         else Path(tempfile.mkdtemp(prefix="evo-attention-")))
-        self.executor = executor or LocalExecutor()
+        self.executor = executor or LocalExecutor(batch_models=config.batch_models)
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget

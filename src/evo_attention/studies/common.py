@@ -297,7 +297,8 @@ class StudySetup:
         """The record of every task (tasks of this setup's data; their trials may differ in anything
         else, e.g. the points of a learning-rate grid): from the store when there, else trained and
         stored at once, in one call of the runner."""
-        executor = self.executor if self.executor is not None else make_executor("local")
+        executor = (self.executor if self.executor is not None
+                    else make_executor("local", batch_models=self.config.batch_models))
         try:
             with SearchView(len(tasks), enabled=not self.quiet) as view:
                 runner = Runner(executor, store=self.store, data={self.config.task: self.data}, view=view,

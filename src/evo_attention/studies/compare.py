@@ -252,7 +252,7 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
 
         data = data_from_config(config)
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor) if own else executor
+    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
     done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
 

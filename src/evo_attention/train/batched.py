@@ -3,8 +3,12 @@
 ``run_batched(trials, data)`` trains K trials that share the genome's mechanism, the model, the task,
 the steps (and budget), the split and the batch recipe, and differ in seed and/or the TrainSpec fields
 that change no shape (``VARYING_TRAIN_FIELDS``: rate, weight decay, warm-up, schedule, its decay
-fraction, gradient clipping), set by the config or by a genome's recipe parts (``Trial.recipe``). It returns one ``TrainingResult`` per trial, whose record is keyed by
-the trial as ``run_training`` would key it, and says ``batched: K`` in ``record.extra``.
+fraction, gradient clipping), set by the config or by a genome's recipe parts (``Trial.recipe``). It
+returns one ``TrainingResult`` per trial, whose record is keyed by the trial as ``run_training``
+would key it, and says ``batched: K`` in ``record.extra``. The local executors call it for the
+trials of one call that can share a batch (``batch_models``; see
+``search.executors.base.plan_batches``); ``models_per_batch`` says how many (``auto``: measured per
+machine and shape, at the end of this module).
 
 The mechanism: folding the model dimension into the batch
 ----------------------------------------------------------
@@ -91,6 +95,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import os
 import time
 from collections.abc import Sequence
 
@@ -105,13 +111,15 @@ from evo_attention.nn.attention import EvolvedAttention, LowRankQKV
 from evo_attention.nn.dropout import Dropout, keep_mask, mask_source
 from evo_attention.nn.losses import DEFAULT_CHUNK, WEIGHT_GROUP
 from evo_attention.nn.model import Block, FeedForward, SwiGLU, TinyTransformer
-from evo_attention.train.config import Config
-from evo_attention.train.environment import (autocast, choose_precision, is_oom, matmul_dtype, peak_memory_mb,
-                                             reset_peak_memory, resolve_device, versions)
+from evo_attention.train.config import Config, batch_models_value
+from evo_attention.train.environment import (_probe_path, _probe_shape, _read_probe, _write_probe_once, autocast,
+                                             available_memory_mb, choose_precision, is_oom, matmul_dtype,
+                                             memory_in_use_mb, peak_memory_mb, reset_peak_memory, resolve_device,
+                                             synchronize, versions)
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import (Trainer, TrainingResult, _sdpa_formulas, evaluate_into, run_training,
-                                         state_to_bytes)
+from evo_attention.train.trainer import (ProgressFn, Trainer, TrainingResult, _sdpa_formulas, evaluate_into,
+                                         run_training, state_to_bytes)
 from evo_attention.util.errors import UserError
 
 # TrainSpec fields the trials of one batch may differ in: they change no shape
@@ -784,10 +792,15 @@ class BatchedTrainer:
                 p.data = self.params[name].data[k]
 
     # -- training ------------------------------------------------------------------------------
-    def train(self, *, keep_moments: bool = False) -> None:
+    def train(self, *, keep_moments: bool = False, until_step: int | None = None,
+              progress: Sequence[ProgressFn | None] | None = None) -> None:
         """Train every model to the trials' steps (or until it diverges); afterwards each member
-        holds its own weights (and, with ``keep_moments``, its optimizer moments for ``state_dict``)."""
-        until = self.steps
+        holds its own weights (and, with ``keep_moments``, its optimizer moments for ``state_dict``).
+        ``until_step``: stop there, to continue with another call (the members then hold views of
+        the batch's weights until the last call). ``progress``: one ``ProgressFn`` (or None) per
+        member, called where its single trainer calls it (after each log interval)."""
+        until = self.steps if until_step is None else min(until_step, self.steps)
+        report = {id(m): fn for m, fn in zip(self.members, progress or ()) if fn is not None}
         every = self.recipe.log_every
         n = len(self.active)
         window_sum = torch.zeros(n, device=self.device)
@@ -835,12 +848,16 @@ class BatchedTrainer:
                 finites = finite.tolist()
                 for i, m in enumerate(self.active):  # each model by the single trainer's rule
                     m.close_interval(means[i], bool(finites[i]), self.step - window_n + 1, self.step)
+                    if id(m) in report:
+                        report[id(m)](self.step, m.train_steps, means[i])
                 window_sum.zero_()
                 window_n = 0
                 keep = [i for i, m in enumerate(self.active) if not m.diverged]
                 if len(keep) < len(self.active):
                     window_sum, finite = window_sum[keep], finite[keep]
                     self._drop(keep)
+        if self.step < self.steps and self.active:
+            return  # to be continued: the members' weights stay views of the batch's
         if keep_moments:
             for k, m in enumerate(self.active):
                 m.adam_state = {"steps": self.optimizer.steps, "moments": {
@@ -855,10 +872,10 @@ class BatchedTrainer:
 # ---------------------------------------------------------------------------------------------
 
 def _alone(trials: Sequence[Trial], data: TaskData, device: torch.device, keep_state: bool,
-           note: str) -> list[TrainingResult]:
+           note: str, progress: Sequence[ProgressFn | None]) -> list[TrainingResult]:
     results = []
-    for trial in trials:
-        result = run_training(trial, data, device=device, keep_state=keep_state)
+    for trial, report in zip(trials, progress):
+        result = run_training(trial, data, device=device, keep_state=keep_state, progress=report)
         result.record.extra["batch_fallback"] = note
         results.append(result)
     return results
@@ -902,7 +919,8 @@ def _member_record(member: MemberTrainer, trial: Trial, data: TaskData, device: 
 
 
 def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None,
-                keep_state: bool = False) -> list[TrainingResult]:
+                keep_state: bool = False,
+                progress: Sequence[ProgressFn | None] | None = None) -> list[TrainingResult]:
     """Train ``trials`` (same genome, model, task, steps, split and batch recipe; seeds and rates may
     differ: ``check_batchable``) as one batch on ``data``; one ``TrainingResult`` per trial, in order.
 
@@ -911,27 +929,204 @@ def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None =
     ``keep_state``: each successful trial's trainer state, as ``run_training`` gives it (a single
     ``Trainer`` continues it exactly). Trials whose genome cannot be folded, and the trials of a batch
     that fails as a whole, train alone through ``run_training`` (their records say
-    ``batch_fallback``).
+    ``batch_fallback``). ``progress``: one ``ProgressFn`` (or None) per trial, called as
+    ``run_training`` calls its ``progress``.
     """
     trials = [t if t.task.fingerprint is not None else t.with_data(data) for t in trials]
     if not trials:
         return []
     check_batchable(trials)
+    progress = list(progress) if progress is not None else [None] * len(trials)
+    if len(progress) != len(trials):
+        raise ValueError(f"progress has {len(progress)} entries for {len(trials)} trials")
     dev = resolve_device(device if device is not None else trials[0].train.device)
     reset_peak_memory(dev)
     start = time.perf_counter()
     try:
         batch = BatchedTrainer(trials, data, device=dev)
-        batch.train(keep_moments=keep_state)
+        batch.train(keep_moments=keep_state, progress=progress)
     except (KeyboardInterrupt, UserError):
         raise
     except Unfoldable as exc:
-        return _alone(trials, data, dev, keep_state, f"not batched: {exc}")
+        return _alone(trials, data, dev, keep_state, f"not batched: {exc}", progress)
     except Exception as exc:  # the batch as a whole failed (out of memory, say): the trials alone
         return _alone(trials, data, dev, keep_state,
                       f"the batch of {len(trials)} failed ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained alone")
+                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained alone", progress)
     shared = time.perf_counter() - start
     del batch.model, batch.params, batch.optimizer  # the members hold their own weights now
     return [_member_record(m, t, data, dev, size=batch.size, shared_s=shared, batch_s=shared, keep_state=keep_state)
             for m, t in zip(batch.members, trials)]
+
+
+# ---------------------------------------------------------------------------------------------
+# How many models one batch holds: the ``batch_models`` setting
+# ---------------------------------------------------------------------------------------------
+# Whether batching pays depends on the machine and the model's shape: K folded models share every
+# kernel launch, which pays where a step is many small operations and not where it is a few large
+# matrix products that already fill the machine. So ``auto`` is measured per machine and shape, like
+# ``precision auto`` (environment.choose_precision), and kept beside its answers in the same cache
+# (``batch-models-*.json``): a short probe times training steps of the shape's vanilla gene with
+# K = 1 (the single Trainer) and K = 2, 4, 8 (a BatchedTrainer), and ``auto`` takes the K of the
+# most trainings per hour (K / seconds per step of the batch) if it beats K = 1 by at least
+# BATCH_PROBE_GAIN, else 1 (no batching). Memory bounds K: the peak memory of one model's training
+# (measured with K = 1) times K must stay within MEMORY_FRACTION of the memory available (free
+# device memory on CUDA, available RAM otherwise), shared by the trainings that run at once; a K
+# beyond it is neither probed nor chosen. The file keeps the times and the memory of one model;
+# the bound is applied with the memory available when a K is chosen. Per shape, not per genome (as
+# the precision probe): every gene of a study at one size batches alike. A probe on a busy machine
+# may choose wrongly, and its answer is kept: delete the ``batch-models-*.json`` files of the cache
+# directory to measure again, or set batch_models (or EVO_ATTENTION_BATCH_MODELS, which decides what
+# ``auto`` means: off, K, or auto to measure).
+BATCH_PROBE_VERSION = 1
+BATCH_PROBE_KS = (1, 2, 4, 8)
+BATCH_PROBE_GAIN = 0.10  # a batch must give 10% more trainings per hour than one model alone
+BATCH_PROBE_REPEATS = 2  # timed repeats per K, the fastest kept (other work only slows a repeat down)
+BATCH_PROBE_STEPS = 2  # timed steps per repeat, after one untimed step
+BATCH_PROBE_SLOW_STEP_S = 0.5  # building one model and its untimed step slower than this: 1 repeat of 1 step
+MEMORY_FRACTION = 0.5
+ENV_BATCH_MODELS = "EVO_ATTENTION_BATCH_MODELS"
+_BATCH_PROBES: dict[str, dict] = {}  # cache file -> its entry, per process
+
+
+def models_per_batch(setting: str | int, trial: Trial, data: TaskData, *, device: str | torch.device | None = None,
+                     share: int = 1) -> tuple[int, str]:
+    """How many trials of ``trial``'s shape (on ``data``) train as one batch, and why.
+
+    ``off``: 1; K: K; ``auto``: what ``EVO_ATTENTION_BATCH_MODELS`` says where it is set (off or
+    K), else the K measured for this shape on this machine (``probed_batch_times``, within the
+    memory bound; ``share``: how many trainings share the memory). Never raises for a failing
+    probe: auto is then 1, and nothing is kept."""
+    setting = batch_models_value(setting)
+    if setting != "auto":
+        return (1, "batch_models off") if setting == "off" else (setting, f"batch_models {setting}")
+    forced = os.environ.get(ENV_BATCH_MODELS, "").strip()
+    if forced and forced.lower() != "auto":
+        value = batch_models_value(forced, ENV_BATCH_MODELS)
+        return (1 if value == "off" else value), f"auto: {ENV_BATCH_MODELS}={forced}"
+    dev = resolve_device(device if device is not None else trial.train.device)
+    try:
+        entry, name = probed_batch_times(trial, data, dev, share=share)
+    except (KeyboardInterrupt, UserError):
+        raise
+    except Exception as exc:  # the trainings themselves will say what is wrong with the shape
+        return 1, f"auto: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+    return choose_models(entry, available_memory_mb(dev), share, source=name)
+
+
+def choose_models(entry: dict, available_mb: float | None, share: int = 1, *, source: str = "") -> tuple[int, str]:
+    """The K of a probe's ``entry`` (``{"seconds": {K: s per step of K models}, "step_memory_mb"}``):
+    the most trainings per hour within the memory bound, if at least BATCH_PROBE_GAIN above K = 1."""
+    seconds = {int(k): float(v) for k, v in entry["seconds"].items()}
+    memory = entry.get("step_memory_mb")
+    cap = MEMORY_FRACTION * available_mb / max(1, share) if available_mb is not None and memory else None
+    rates = {k: k / s for k, s in seconds.items() if k == 1 or cap is None or memory * k <= cap}
+    best = max(rates, key=lambda k: (rates[k], -k))
+    gain = rates[best] / rates[1]
+    measured = ", ".join(f"K={k} {1000 * s:.1f} ms" for k, s in sorted(seconds.items()))
+    where = f"; {source}" if source else ""
+    if best == 1 or gain < 1.0 + BATCH_PROBE_GAIN:
+        return 1, (f"auto: no batch pays here (best K={best}, {gain:.2f}x the trainings per hour; per step "
+                   f"{measured}{where})")
+    return best, f"auto: K={best} gives {gain:.2f}x the trainings per hour (per step {measured}{where})"
+
+
+def _batch_entry(entry: dict) -> bool:
+    seconds = entry.get("seconds")
+    return (isinstance(seconds, dict) and "1" in seconds
+            and all(k.isdigit() and isinstance(v, (int, float)) and v > 0 for k, v in seconds.items())
+            and (entry.get("step_memory_mb") is None or isinstance(entry.get("step_memory_mb"), (int, float))))
+
+
+def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
+    spec = trial.model.with_data(data.vocab_size, data.seq_len)
+    precision = choose_precision(trial.train.precision, device, spec, seq_len=data.seq_len,
+                                 batch_size=trial.train.batch_size)[0]
+    shape = {**_probe_shape(spec, data.seq_len, trial.train.batch_size), "precision": precision}
+    if device.type == "cuda":
+        shape["gpu"] = torch.cuda.get_device_name(device)
+    return shape
+
+
+def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, share: int = 1) -> tuple[dict, str]:
+    """The probe's entry for ``trial``'s shape on this machine and the name of its cache file: read
+    from the cache, or probed now (``probe_batch_times``) and kept (the first answer written wins,
+    as for the precision probe)."""
+    path = _probe_path(_batch_shape(trial, data, device), device, kind="batch-models", version=BATCH_PROBE_VERSION)
+    key = str(path)
+    if key not in _BATCH_PROBES:
+        found = _read_probe(path, _batch_entry)
+        if found is None:
+            available = available_memory_mb(device)
+            budget = MEMORY_FRACTION * available / max(1, share) if available is not None else None
+            measured = probe_batch_times(trial, data, device, memory_budget_mb=budget)
+            entry = {"seconds": {str(k): v for k, v in measured["seconds"].items()},
+                     "step_memory_mb": measured["step_memory_mb"], "gain": BATCH_PROBE_GAIN,
+                     "threads": torch.get_num_threads(), "torch": torch.__version__}
+            found = _write_probe_once(path, entry, _batch_entry)
+        _BATCH_PROBES[key] = found
+    return _BATCH_PROBES[key], path.name
+
+
+def step_seconds(trials: Sequence[Trial], data: TaskData, *, device: torch.device, warmup: int = 1, steps: int = 2,
+                 repeats: int = 1):
+    """``(trainer, seconds per step)`` of ``trials`` trained together: one by the single ``Trainer``,
+    several by a ``BatchedTrainer``; after ``warmup`` untimed steps, the fastest of ``repeats``
+    timings of ``steps`` steps (the trials must span at least ``warmup + repeats * steps`` steps)."""
+    trainer = Trainer(trials[0], data, device=device) if len(trials) == 1 else BatchedTrainer(trials, data,
+                                                                                              device=device)
+    trainer.train(until_step=warmup)
+    synchronize(device)
+    best, done = math.inf, warmup
+    for _ in range(repeats):
+        done += steps
+        start = time.perf_counter()
+        trainer.train(until_step=done)
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / steps)
+    return trainer, best
+
+
+def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks: Sequence[int] = BATCH_PROBE_KS,
+                      repeats: int = BATCH_PROBE_REPEATS, steps: int = BATCH_PROBE_STEPS,
+                      memory_budget_mb: float | None = None) -> dict:
+    """Seconds per training step of K models of ``trial``'s shape (its vanilla gene, seeds 0..K-1,
+    eager) for each K of ``ks`` (1 first), and the peak memory in MB of one model's training (K = 1;
+    None where it cannot be measured). A K whose models would not fit in ``memory_budget_mb``, or
+    that runs out of memory, ends the probe. Torch's global RNG is left as it was."""
+    from evo_attention.genes import AttentionGene
+
+    slow = None
+    seconds: dict[int, float] = {}
+    memory = None
+    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+    devices = [index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for k in sorted(ks):
+            if k > 1 and memory is not None and memory_budget_mb is not None and memory * k > memory_budget_mb:
+                break
+            n_repeats, n_steps = (1, 1) if slow else (repeats, steps)
+            total = 1 + n_repeats * n_steps
+            base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
+                                 train=trial.train.replace(compile="off", log_every=total))
+            trials = [base.replace(seed=i) for i in range(k)]
+            before = memory_in_use_mb(device)
+            reset_peak_memory(device)
+            try:
+                start = time.perf_counter()
+                trainer, per_step = step_seconds(trials, data, device=device, warmup=1, steps=n_steps,
+                                                 repeats=n_repeats)
+            except Exception as exc:
+                if k > 1 and is_oom(exc):
+                    break
+                raise
+            if trainer.step != total:
+                raise RuntimeError(f"the probe's training of {k} model(s) stopped at step {trainer.step} of {total}")
+            if k == 1:
+                if before is not None:
+                    memory = max(0.0, peak_memory_mb(device) - before)
+                slow = (time.perf_counter() - start) - n_repeats * n_steps * per_step > BATCH_PROBE_SLOW_STEP_S
+            seconds[k] = per_step
+            del trainer
+    return {"seconds": seconds, "step_memory_mb": memory}
+

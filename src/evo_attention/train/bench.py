@@ -1,11 +1,13 @@
 """Time the real training step, and what a search at this setting will cost here.
 
-``bench_gene`` builds the same ``Trainer`` a search uses, runs a few warm-up steps (the first one
-also counts FLOPs with PyTorch's flop counter), times ``steps`` more, times one evaluation, and
-extrapolates to one evaluation at the configured budget (the CLI multiplies that by a search's
-planned evaluations, which the search layer knows). ``step_time`` measures the step alone (what
-``transfer --dry-run`` extrapolates a ladder from). ``decode_speed`` times generation with the
-key/value cache (``nn.decoding``), what a user of a kept model waits for.
+``bench_gene`` builds the same ``Trainer`` a search uses (with ``models`` K > 1, the
+``BatchedTrainer`` of K same-gene trials that ``batch_models`` K gives), runs a few warm-up steps
+(the first one also counts FLOPs with PyTorch's flop counter), times ``steps`` more, times one
+evaluation, and extrapolates to one evaluation at the configured budget and to trainings per hour
+(the CLI multiplies an evaluation by a search's planned evaluations, which the search layer knows).
+``step_time`` measures the step alone (what ``transfer --dry-run`` extrapolates a ladder from).
+``decode_speed`` times generation with the key/value cache (``nn.decoding``), what a user of a kept
+model waits for.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import torch
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
 from evo_attention.train.config import Config
-from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, reset_peak_memory,
-                                             synchronize)
+from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
+                                             reset_peak_memory, resolve_device, synchronize)
+from evo_attention.train.batched import models_per_batch, step_seconds
+from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_text
@@ -147,38 +151,65 @@ def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, step
             "precision": trainer.precision, "compiled": trainer.compiled, "threads": torch.get_num_threads()}
 
 
+def _timed_batch(gene, config: Config, data: TaskData, models: int, *, steps: int, warmup: int, device=None):
+    """A BatchedTrainer of ``models`` trials of ``gene`` (seeds ``config.seed`` on) after ``warmup``
+    untimed and ``steps`` timed steps, and the seconds per timed step of the whole batch."""
+    cfg = config.replace(train_steps=max(config.train_steps, warmup + steps), log_every=warmup + steps)
+    trials = [Trial.from_config(gene, cfg, seed=cfg.seed + i, data=data) for i in range(models)]
+    return step_seconds(trials, data, device=resolve_device(device if device is not None else config.device),
+                        warmup=warmup, steps=steps)
+
+
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
-               device: str | None = None, time_eval: bool = True, time_decode: bool = True) -> dict:
+               device: str | None = None, time_eval: bool = True, time_decode: bool = True,
+               models: int = 1) -> dict:
+    """Time the training step of ``gene`` under ``config`` and extrapolate to its budget; ``models``
+    K > 1 times one trainer of K same-gene models (``train.batched``: seeds ``config.seed`` on), whose
+    step and FLOPs are all K models' and whose estimates are per evaluation (its share of the
+    batch). ``auto_models``: the K ``batch_models auto`` takes for this shape here."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    if isinstance(models, bool) or not isinstance(models, int) or models < 1:
+        raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")
     budget = config.train_steps
-    trainer, seconds_per_step = _timed_steps(gene, config, data, steps=steps, warmup=warmup, device=device)
+    if models == 1:
+        trainer, seconds_per_step = _timed_steps(gene, config, data, steps=steps, warmup=warmup, device=device)
+        model, params, compiled = trainer.model, trainer.model.num_parameters(), trainer.compiled
+        single = trainer
+    else:
+        trainer, seconds_per_step = _timed_batch(gene, config, data, models, steps=steps, warmup=warmup,
+                                                 device=device)
+        single = trainer.members[0]
+        model, params, compiled = single.model, single.model.num_parameters(), False
     eval_s = None
-    if time_eval:
+    if time_eval:  # each model evaluates alone, batched or not
         start = time.perf_counter()
-        trainer.evaluate("valid")
+        single.evaluate("valid")
         synchronize(trainer.device)
         eval_s = time.perf_counter() - start
     decode = None
     if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
-        prompt_len = max(1, trainer.config.max_seq_len // 4)
-        decode = decode_speed(trainer.model, prompt_len, max(1, trainer.config.max_seq_len - prompt_len))
-    tokens = config.batch_size * data.seq_len
-    flops = trainer.flops_per_step
+        prompt_len = max(1, single.config.max_seq_len // 4)
+        decode = decode_speed(model, prompt_len, max(1, single.config.max_seq_len - prompt_len))
+    tokens = models * config.batch_size * data.seq_len
+    flops = None if trainer.flops_per_step is None else models * trainer.flops_per_step  # all K models'
     peak = matmul_peak(trainer.device, trainer.precision)
     achieved = flops / seconds_per_step if flops else None
-    one_eval = budget * seconds_per_step + (eval_s or 0.0)
+    one_eval = budget * seconds_per_step / models + (eval_s or 0.0)  # one evaluation's share of its batch
+    auto_models, auto_reason = models_per_batch("auto", Trial.from_config(gene, config, data=data), data,
+                                                device=trainer.device)
     return {
         "gene": gene.key,
         "block": config.block,
         "device": str(trainer.device),
         "precision": trainer.precision,
-        "compiled": trainer.compiled,
+        "compiled": compiled,
         "threads": torch.get_num_threads(),
+        "models": models,  # models trained by one trainer (batched when more than one)
         "batch_size": config.batch_size,
         "seq_len": data.seq_len,
-        "params": trainer.model.num_parameters(),
+        "params": params,  # of one model
         "steps_timed": steps,
-        "ms_per_step": seconds_per_step * 1e3,
+        "ms_per_step": seconds_per_step * 1e3,  # one step of all the models
         "tokens_per_s": tokens / seconds_per_step,
         "flops_per_step": flops,
         "achieved_flops_per_s": achieved,
@@ -188,7 +219,10 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "decode_tokens_per_s": decode,  # greedy generation, batch 1, key/value cache (decode_speed)
         "train_steps": budget,
         "est_evaluation_s": one_eval,
-        "diverged": trainer.diverged,
+        "trainings_per_hour": 3600.0 / one_eval if one_eval > 0 else None,
+        "auto_models": auto_models,  # the K batch_models auto takes for this shape on this machine
+        "auto_models_reason": auto_reason,
+        "diverged": trainer.diverged if models == 1 else any(m.diverged for m in trainer.members),
     }
 
 
@@ -201,16 +235,6 @@ LONG_CONTEXT_GENES = {
     "window": "dot|softmax|none|fixed|bias|0.00|win=128",
 }
 LONG_CONTEXT_LENGTHS = (128, 256, 512, 1024, 2048)
-
-
-def _release_free_memory() -> None:
-    """Hand the C heap's free pages back to the OS (glibc), so the resident set counts live memory."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LENGTHS, *,
@@ -243,7 +267,7 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
 
             def mark_memory(trainer):
                 gc.collect()
-                _release_free_memory()
+                release_free_memory()
                 before["mb"] = process_memory_mb("VmRSS") if trainer.device.type == "cpu" else 0.0
                 reset_peak_memory(trainer.device)
 

@@ -168,12 +168,18 @@ class Config:
     recall: dict = setting(group="task", factory=dict)
     # modules or .py files imported everywhere before any gene
     plugins: list = setting(group="task", factory=list)
+    # execution (how trials run, never what a trial is: no spec field, so never in a key)
+    batch_models: str | int = setting("auto", group="execution", flag="batch-models", parse="str", metavar="K",
+                                      help="train up to K trials that differ only in seed or learning rate as one "
+                                           "batched model: auto (measured per model shape on this machine, the "
+                                           "default), off, or K")
 
     def __post_init__(self):
         _check_model(self)
         _check_training(self)
         _check_search(self)
         _check_data(self)
+        self.batch_models = batch_models_value(self.batch_models)
 
     def space(self):
         """The SearchSpace this config describes: valid option names, every option fitting the model."""
@@ -243,7 +249,7 @@ class Config:
 
     @classmethod
     def settings_of(cls, group: str) -> list:
-        """The fields of ``group`` (model, train, trial, search, fidelity, task), in declaration order."""
+        """The fields of ``group`` (model, train, trial, search, fidelity, task, execution), in declaration order."""
         return [f for f in fields(cls) if f.metadata.get("group") == group]
 
     def replace(self, **changes: Any) -> "Config":
@@ -546,3 +552,20 @@ def _check_data(c: Config) -> None:
     _mapping(c, "recall")
     if not isinstance(c.plugins, list) or not all(isinstance(p, str) and p.strip() for p in c.plugins):
         raise UserError(f"plugins must be a list of module names or .py files, got {c.plugins!r}", setting="plugins")
+
+
+def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
+    """A ``batch_models`` setting as a Config keeps it: ``"auto"``, ``"off"`` or a whole number K >= 1
+    (YAML's ``off`` reads as false; text such as ``"4"`` as 4); anything else is a UserError naming
+    ``name``."""
+    if value is False:
+        return "off"
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "off"):
+            return text
+        value = int(text) if text.isdigit() else value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise UserError(f"{name} must be auto, off or a whole number of models >= 1, got {value!r}", setting=name)
+

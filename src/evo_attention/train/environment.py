@@ -120,13 +120,16 @@ def _probe_shape(spec, seq_len: int, batch_size: int) -> dict:
             "max_seq_len": spec.max_seq_len, "seq_len": int(seq_len), "batch_size": int(batch_size)}
 
 
-def _probe_path(shape: dict, device: torch.device):
+def _probe_path(shape: dict, device: torch.device, *, kind: str = "precision", version: int = PROBE_VERSION):
+    """The cache file of a probe of ``kind`` (its file name's prefix) for ``shape`` on this machine:
+    one per device type, CPU model, thread count and torch version (``train.batched`` keeps its
+    ``batch-models`` probe here too)."""
     from evo_attention.data.base import fingerprint_of
     from evo_attention.data.cache import resolve_cache_dir
 
-    key = fingerprint_of({"v": PROBE_VERSION, "device": device.type, "cpu": cpu_name(),
+    key = fingerprint_of({"v": version, "device": device.type, "cpu": cpu_name(),
                           "threads": torch.get_num_threads(), "torch": torch.__version__, "shape": shape})
-    return resolve_cache_dir() / f"precision-{key[:16]}.json"
+    return resolve_cache_dir() / f"{kind}-{key[:16]}.json"
 
 
 def cpu_name() -> str:
@@ -165,16 +168,21 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device) 
     return precision, reason
 
 
-def _read_probe(path) -> dict | None:
+def _precision_entry(entry: dict) -> bool:
+    return (entry.get("precision") in ("fp32", "bf16")
+            and all(isinstance(entry.get(k), (int, float)) for k in ("fp32_ms", "bf16_ms")))
+
+
+def _read_probe(path, valid=_precision_entry) -> dict | None:
+    """The entry a probe's cache file holds, or None where it is missing, unreadable or not ``valid``."""
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(entry, dict) and entry.get("precision") in ("fp32", "bf16")
-    return entry if ok and all(isinstance(entry.get(k), (int, float)) for k in ("fp32_ms", "bf16_ms")) else None
+    return entry if isinstance(entry, dict) and valid(entry) else None
 
 
-def _write_probe_once(path, entry: dict) -> dict:
+def _write_probe_once(path, entry: dict, valid=_precision_entry) -> dict:
     """Create ``path`` holding ``entry`` unless it exists; the entry the file holds afterwards."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -190,7 +198,7 @@ def _write_probe_once(path, entry: dict) -> dict:
             tmp.unlink()
         except OSError:
             pass
-    return _read_probe(path) or entry
+    return _read_probe(path, valid) or entry
 
 
 def probe_step_times(spec, seq_len: int, batch_size: int, device: torch.device, *, rounds: int = PROBE_ROUNDS,
@@ -352,6 +360,46 @@ def peak_memory_mb(device: torch.device) -> float:
         return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc), so the resident set counts live memory."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def memory_in_use_mb(device: torch.device) -> float | None:
+    """What this process holds now: on CUDA the allocated device memory, else the resident set
+    (after handing freed heap pages back); the base a later ``peak_memory_mb`` is measured from."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    release_free_memory()
+    return process_memory_mb("VmRSS")
+
+
+def available_memory_mb(device: torch.device) -> float | None:
+    """Memory a training could still take here: on CUDA the device's free memory; else the
+    machine's available RAM (psutil where installed, else Linux's /proc/meminfo); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / 2**20
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available / 2**20
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -3,6 +3,9 @@
 - ``local``: ``LocalExecutor``, in this process, one task at a time (the default);
 - ``local`` with ``workers``: ``ProcessExecutor``, N worker processes on this machine;
 - ``ray``: ``RayExecutor``, Ray remote tasks on a local instance or a cluster.
+
+The local executors train the trials that can share one batched model together (``batch_models``,
+see ``base.plan_batches``); Ray runs every trial as its own task.
 """
 
 from __future__ import annotations
@@ -12,21 +15,26 @@ import math
 from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, as_task, available_cores
 from evo_attention.search.executors.process import ProcessExecutor
 from evo_attention.search.executors.ray import RayExecutor
+from evo_attention.train.config import batch_models_value
 from evo_attention.util.errors import UserError
 
 EXECUTORS = ("local", "process", "ray")
 
 
 def make_executor(name: str = "local", *, workers: int | None = None, address: str | None = None,
-                  cpus_per_trial: float | None = None, gpus_per_trial: float | None = None) -> Executor:
+                  cpus_per_trial: float | None = None, gpus_per_trial: float | None = None,
+                  batch_models: str | int = "auto") -> Executor:
     """The executor ``name`` with its options.
 
     ``local`` with ``workers`` is a ``ProcessExecutor`` (``cpus_per_trial``: threads per worker,
     default an even share of the cores); ``ray`` with ``workers`` sizes a local Ray instance to
-    ``workers x cpus_per_trial`` CPUs.
+    ``workers x cpus_per_trial`` CPUs. ``batch_models`` (a Config's): how many same-shape trials
+    the local executors train as one batch (auto, off or K); Ray does not batch, so it takes
+    auto or off (or 1) only.
     """
     if name not in EXECUTORS:
         raise UserError(f"unknown executor {name!r}: valid executors are {', '.join(EXECUTORS)}")
+    batch_models = batch_models_value(batch_models)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
     if name == "ray":
@@ -34,6 +42,10 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
         if workers is not None and address is not None:
             raise UserError("workers sizes a local Ray instance; a Ray cluster (address) runs as many "
                             "evaluations at once as its resources allow: drop workers", setting=("workers", "address"))
+        if isinstance(batch_models, int) and batch_models > 1:
+            raise UserError(f"batch_models {batch_models} applies to the local executors: Ray trains every trial as "
+                            "a task of its own; use batch_models auto or off with executor ray",
+                            setting=("batch_models", "executor"))
         num_cpus = None if workers is None else max(1, math.ceil(workers * cpus))
         return RayExecutor(address, num_cpus=num_cpus, cpus_per_trial=cpus,
                            gpus_per_trial=0.0 if gpus_per_trial is None else gpus_per_trial)
@@ -51,8 +63,8 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
     if name == "local" and workers is None:
         if threads is not None:
             raise UserError("cpus_per_trial needs workers N (or executor ray)", setting=("cpus_per_trial", "workers", "executor"))
-        return LocalExecutor()
-    return ProcessExecutor(workers or 2, threads=threads)
+        return LocalExecutor(batch_models=batch_models)
+    return ProcessExecutor(workers or 2, threads=threads, batch_models=batch_models)
 
 
 __all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "as_task",

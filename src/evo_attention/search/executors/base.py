@@ -15,8 +15,20 @@ sent. Every evaluation is seeded by its task alone (the run seed: common random 
 results do not depend on the executor, the number of workers or the order of completion.
 
 Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the task with its
-``worker`` field set (``"local"``, ``"w0"``, ``"w1"``, ``"ray:host:pid"``); ``worker`` does not take
-part in comparisons, so the yielded task equals the submitted one.
+``worker`` field set (``"local"``, ``"w0"``, ``"w1"``, ``"ray:host:pid"``; the i-th task of a batch
+``"local#i"``, ``"w0#i"``, so each has its own progress line); ``worker`` does not take part in
+comparisons, so the yielded task equals the submitted one.
+
+Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
+can train as one batched model (``train.batched``: the same genome, model, task, steps, split and
+batch recipe; seeds and learning rates may differ) are planned into groups of at most K
+(``plan_batches``), and each group of two or more trains through ``run_batched``; every other task
+trains alone, as it would without batching. A batch gives each trial its own record under its own
+key, its own progress callbacks, and the result of the trial trained alone (bitwise for the genes
+whose parts fold exactly, within ``batched.SAME_RESULT_RTOL`` for the others); a record says
+``batched: K``. Tasks that need what a batch cannot give train alone: a checkpoint to continue from
+or to leave (multi-fidelity rungs), a kept model, an audit, a compiled trainer, a genome
+``batch_problem`` refuses.
 
 Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
 (``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
@@ -39,10 +51,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from evo_attention.data.base import TaskData
+from evo_attention.genes import layers_of
+from evo_attention.train.config import batch_models_value
+from evo_attention.train.batched import batch_problem, models_per_batch, run_batched, shape_difference
 from evo_attention.train.record import EvaluationRecord, failed_record
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.trainer import run_training
-from evo_attention.train.environment import versions
+from evo_attention.train.environment import resolve_compile, resolve_device, versions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_bytes, write_directory
 
@@ -110,6 +125,100 @@ def execute(task: EvalTask, data: TaskData, *, device=None, progress=None,
         model = model_files(result.trainer.model, tokenizer=getattr(data, "tokenizer", None), vocab=data.vocab,
                             extra={"evaluation": {name: record.get(name) for name in KEPT_FIELDS}})
     return result.record, result.state, model
+
+
+def execute_batch(tasks: Sequence[EvalTask], data: TaskData, *, device=None,
+                  progress: Sequence | None = None) -> list[EvaluationRecord]:
+    """Run the tasks of one planned batch (``plan_batches``) as one batched model where the caller
+    is, on ``data`` (their trials' dataset): one record per task, in order. ``progress``: one
+    ``(step, total, loss)`` callback (or None) per task."""
+    results = run_batched([task.trial for task in tasks], data, device=device, progress=progress)
+    return [result.record for result in results]
+
+
+# -- planning batches ----------------------------------------------------------------------------------
+def alone_reason(task: EvalTask) -> str | None:
+    """Why ``task`` trains alone whatever ``batch_models`` says (None: it may join a batch)."""
+    if task.resume_from is not None or task.save_to is not None:
+        return "it continues from or leaves a checkpoint"
+    if task.keep_model is not None:
+        return "its trained model is kept"
+    if task.audit:
+        return "it is audited"
+    return batch_problem(task.trial)
+
+
+def _same_batch(first: EvalTask, task: EvalTask) -> bool:
+    a, b = first.trial, task.trial
+    return (a.train.device == b.train.device and a.train.compile == b.train.compile
+            and shape_difference([a, b]) is None)
+
+
+def _compiles(task: EvalTask) -> bool:
+    """Whether the task's single trainer would compile its model (a batch runs eager)."""
+    trial = task.trial
+    return trial.train.compile != "off" and resolve_compile(trial.train.compile, resolve_device(trial.train.device),
+                                                            layers_of(trial.gene), trial.schedule_steps)
+
+
+def _split(tasks: list, k: int) -> list[list]:
+    """``tasks`` in ceil(n / k) consecutive groups of sizes differing by at most one."""
+    n = len(tasks)
+    groups = -(-n // k)
+    sizes = [n // groups + (1 if i < n % groups else 0) for i in range(groups)]
+    starts = [sum(sizes[:i]) for i in range(groups)]
+    return [tasks[start:start + size] for start, size in zip(starts, sizes)]
+
+
+def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers: int = 1,
+                 memory_share: int = 1) -> list[list[EvalTask]]:
+    """The tasks in groups, in the order they were given (a group where its first task stands): a
+    group of several trains as one batch, a group of one alone, exactly as without batching.
+
+    Tasks whose trials can share a batch (``batch_models`` other than off and 1; same device and
+    compile setting; ``alone_reason`` None) are gathered, and each gathering of n is split evenly
+    into ceil(n / K) groups, K being ``batch_models`` or, for auto, ``batched.models_per_batch``
+    for their shape (measured once per machine and shape; ``memory_share``: how many trainings
+    share this machine's memory). Then, while there are fewer groups than ``workers``, the largest
+    group is halved: a batch never leaves a worker idle.
+    """
+    tasks = list(tasks)
+    if batch_models in ("off", 1):
+        return [[task] for task in tasks]
+    gatherings: list[list[EvalTask]] = []
+    plan: list[list[EvalTask]] = []  # singles and gatherings (filled in place), in order of their first task
+    for task in tasks:
+        if alone_reason(task) is not None:
+            plan.append([task])
+            continue
+        gathering = next((g for g in gatherings if _same_batch(g[0], task)), None)
+        if gathering is None:
+            gathering = [task]
+            gatherings.append(gathering)
+            plan.append(gathering)
+        else:
+            gathering.append(task)
+    groups: list[list[EvalTask]] = []
+    for entry in plan:
+        k = 1
+        if len(entry) > 1 and not _compiles(entry[0]):
+            first = entry[0].trial
+            k = (batch_models if isinstance(batch_models, int)
+                 else models_per_batch(batch_models, first, load_task(first.task), share=memory_share)[0])
+        groups.extend(_split(entry, k) if k > 1 else [[task] for task in entry])
+    while len(groups) < workers:
+        largest = max(range(len(groups)), key=lambda i: len(groups[i]), default=None)
+        if largest is None or len(groups[largest]) < 2:
+            break
+        group = groups[largest]
+        half = (len(group) + 1) // 2
+        groups[largest:largest + 1] = [group[:half], group[half:]]
+    return groups
+
+
+def member_worker(worker: str, index: int) -> str:
+    """The worker name of the ``index``-th task (from 0) of a batch that ``worker`` trains."""
+    return f"{worker}#{index + 1}"
 
 
 # what a kept model's config.json says of the evaluation that trained it
@@ -243,6 +352,7 @@ class Executor:
 
     name = "base"
     workers = 1
+    batch_models: str | int = "auto"  # how many same-shape trials train as one batch (plan_batches)
 
     def run(self, tasks: Sequence["EvalTask | Trial"], *, on_start: StartFn | None = None,
             on_step: StepFn | None = None) -> Iterator[tuple[EvalTask, EvaluationRecord]]:
@@ -268,9 +378,15 @@ class Executor:
 
 
 class LocalExecutor(Executor):
-    """In-process, one evaluation at a time (the default)."""
+    """In-process, one evaluation (or one planned batch) at a time (the default)."""
 
     name = "local"
+
+    def __init__(self, *, batch_models: str | int = "auto"):
+        self.batch_models = batch_models_value(batch_models)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "batch_models": self.batch_models}
 
     def training_threads(self) -> int | None:
         import torch
@@ -278,8 +394,11 @@ class LocalExecutor(Executor):
         return torch.get_num_threads()
 
     def run(self, tasks, *, on_start=None, on_step=None):
-        for task in map(as_task, tasks):
-            task = replace(task, worker="local")
+        for group in plan_batches([as_task(task) for task in tasks], self.batch_models):
+            if len(group) > 1:
+                yield from self._run_batch(group, on_start, on_step)
+                continue
+            task = replace(group[0], worker="local")
             if on_start is not None:
                 on_start(task)
             progress = None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
@@ -288,5 +407,15 @@ class LocalExecutor(Executor):
             store_state(task, state)
             store_model(task, model)
             yield task, record
+
+    def _run_batch(self, group, on_start, on_step):
+        members = [replace(task, worker=member_worker("local", i)) for i, task in enumerate(group)]
+        if on_start is not None:
+            for task in members:
+                on_start(task)
+        progress = [None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
+                    for task in members]
+        records = execute_batch(members, load_task(members[0].trial.task), progress=progress)
+        yield from zip(members, records)
 
 

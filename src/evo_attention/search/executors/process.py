@@ -6,6 +6,15 @@ dies (a signal, the OOM killer) is replaced and its task retried once; a second 
 ``error`` record. Each worker talks to the driver over a pipe of its own (tasks one way; progress
 and results the other), so a worker killed in the middle of a message cannot break the others'
 channel.
+
+Batches (``batch_models``) are planned by the driver before it hands out work (``plan_batches``,
+with the number of workers: a batch never leaves a worker idle), and a worker receives a planned
+batch as one job. The driver sees every task of the call, so it can gather the trials of one
+shape from all of them, where a worker would see only what it happens to be given; it also keeps
+the retry rule simple: a job is one batch or one task. A batch whose worker dies is retried as its
+tasks alone (the likeliest cause, memory, is the batch's), each counting the death as an attempt.
+The driver measures ``auto`` with the workers' thread count (it runs with a worker's share of the
+cores) and each worker's share of the memory.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from dataclasses import replace
 from multiprocessing.connection import wait
 
 from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute,
-                                                 failure_record, load_state, store_model, store_state, worker_devices)
+                                                 execute_batch, failure_record, load_state, member_worker, plan_batches,
+                                                 store_model, store_state, worker_devices)
+from evo_attention.train.config import batch_models_value
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 
@@ -56,12 +67,16 @@ def _worker_main(worker: str, threads: int, conn) -> None:
             return
         if message is None:
             return
-        token, task, device, state = message
+        token, tasks, device, state = message  # one task, or the tasks of one planned batch
         try:
-            data = load_task(task.trial.task)  # its plugins first; checked against the driver's fingerprint
-            progress = lambda s, n, loss: conn.send(("step", token, s, n, loss))  # noqa: E731
-            record, blob, model = execute(task, data, device=device, progress=progress, state=state)
-            conn.send(("done", token, record, blob, model))
+            data = load_task(tasks[0].trial.task)  # its plugins first; checked against the driver's fingerprint
+            if len(tasks) == 1:
+                progress = lambda s, n, loss: conn.send(("step", token, 0, s, n, loss))  # noqa: E731
+                record, blob, model = execute(tasks[0], data, device=device, progress=progress, state=state)
+                conn.send(("done", token, [record], blob, model))
+            else:
+                reports = [lambda s, n, loss, i=i: conn.send(("step", token, i, s, n, loss)) for i in range(len(tasks))]
+                conn.send(("done", token, execute_batch(tasks, data, device=device, progress=reports), None, None))
         except KeyboardInterrupt:
             return
         except UserError as exc:
@@ -82,7 +97,7 @@ class _Slot:
         self.threads = threads
         self.process = None
         self.conn = None
-        self.job = None  # (token, task with worker set, attempts)
+        self.job = None  # (token, [its task, or its batch's tasks, with worker set], attempts)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
@@ -159,7 +174,8 @@ class ProcessExecutor(Executor):
 
     name = "process"
 
-    def __init__(self, workers: int = 2, *, threads: int | None = None, max_attempts: int = 2):
+    def __init__(self, workers: int = 2, *, threads: int | None = None, max_attempts: int = 2,
+                 batch_models: str | int = "auto"):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -169,13 +185,15 @@ class ProcessExecutor(Executor):
         self.workers = workers
         self.threads = threads or max(1, available_cores() // workers)
         self.max_attempts = max_attempts
+        self.batch_models = batch_models_value(batch_models)
         self._context = multiprocessing.get_context("spawn")
         self._slots = [_Slot(self._context, i, self.threads) for i in range(workers)]
         self._parent_threads: int | None = None
         self._tokens = 0
 
     def describe(self) -> dict:
-        return {"name": self.name, "workers": self.workers, "threads_per_worker": self.threads}
+        return {"name": self.name, "workers": self.workers, "threads_per_worker": self.threads,
+                "batch_models": self.batch_models}
 
     def training_threads(self) -> int | None:
         return self.threads
@@ -209,24 +227,30 @@ class ProcessExecutor(Executor):
             return
         self._open()
         devices = worker_devices(tasks[0].trial.train.device, self.workers)
-        queue = deque((task, 0) for task in tasks)
+        share = max(devices.count(device) for device in devices)  # the workers that share one device's memory
+        groups = plan_batches(tasks, self.batch_models, workers=self.workers, memory_share=share)
+        queue = deque((group, 0) for group in groups)
         try:
             while queue or any(slot.job for slot in self._slots):
                 for slot in self._slots:  # hand out work
                     while slot.job is None and queue:
-                        task, attempts = queue.popleft()
+                        group, attempts = queue.popleft()
                         self._tokens += 1
-                        job = (self._tokens, replace(task, worker=slot.id), attempts)
+                        named = ([replace(group[0], worker=slot.id)] if len(group) == 1 else
+                                 [replace(task, worker=member_worker(slot.id, i)) for i, task in enumerate(group)])
+                        job = (self._tokens, named, attempts)
+                        state = load_state(group[0]) if len(group) == 1 else None
                         try:
-                            slot.conn.send((job[0], task, devices[slot.index], load_state(task)))
+                            slot.conn.send((job[0], group, devices[slot.index], state))
                         except (OSError, ValueError):  # died while idle: replace it, try again
-                            queue.appendleft((task, attempts))
+                            queue.appendleft((group, attempts))
                             slot.stop(kill=True)
                             slot.start()
                             continue
                         slot.job = job
                         if on_start is not None:
-                            on_start(job[1])
+                            for task in named:
+                                on_start(task)
                 busy = [slot for slot in self._slots if slot.job is not None]
                 ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0))
                 for slot in busy:
@@ -239,7 +263,7 @@ class ProcessExecutor(Executor):
 
     def _serve(self, slot: _Slot, queue: deque, on_step):
         """Read what ``slot`` sent; handle its death."""
-        token, task, attempts = slot.job
+        token, tasks, attempts = slot.job
         while slot.job is not None:
             try:
                 if not slot.conn.poll():
@@ -252,15 +276,17 @@ class ProcessExecutor(Executor):
             kind = message[0]
             if kind == "step":
                 if on_step is not None:
-                    on_step(task, *message[2:5])
+                    on_step(tasks[message[2]], *message[3:6])
             elif kind == "done":
-                store_state(task, message[3])
-                store_model(task, message[4])
+                if len(tasks) == 1:
+                    store_state(tasks[0], message[3])
+                    store_model(tasks[0], message[4])
                 slot.job = None
-                yield task, message[2]
+                yield from zip(tasks, message[2])
             elif kind == "error":
                 slot.job = None
-                yield task, failure_record(task, message[2])
+                for task in tasks:
+                    yield task, failure_record(task, message[2])
             elif kind == "fatal":
                 slot.job = None
                 raise UserError(message[2])
@@ -269,11 +295,12 @@ class ProcessExecutor(Executor):
             how = _describe_exit(slot.process.exitcode)
             slot.stop(kill=True)
             slot.start()  # a fresh worker takes the dead one's place
-            if attempts + 1 < self.max_attempts:
-                queue.appendleft((replace(task, worker=""), attempts + 1))
+            if attempts + 1 < self.max_attempts:  # a batch's tasks are retried alone, first in line
+                queue.extendleft(([replace(task, worker="")], attempts + 1) for task in reversed(tasks))
             else:
-                yield task, failure_record(task, f"the worker process died {attempts + 1} times "
-                                                               f"running this evaluation (last: {how})")
+                for task in tasks:
+                    yield task, failure_record(task, f"the worker process died {attempts + 1} times "
+                                                     f"running this evaluation (last: {how})")
 
     def close(self) -> None:
         for slot in self._slots:

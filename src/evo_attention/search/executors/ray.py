@@ -85,6 +85,7 @@ class RayExecutor(Executor):
     """Evaluations as Ray remote tasks (see the module docstring and docs/scaling.md)."""
 
     name = "ray"
+    batch_models = "off"  # every trial is a Ray task of its own
 
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None, cpus_per_trial: float = 1.0,
                  gpus_per_trial: float = 0.0, max_retries: int = 1):
