@@ -172,6 +172,26 @@ def config_from_args(args, extra: dict | None = None):
     return checked(Config.from_dict(explicit_settings(args, extra), source="the command line"))
 
 
+def suite_text(args, config) -> str:
+    """A command's log words for its suite ('' without one): the suite, its points and their steps;
+    UserError for --data beside --suite (the points name the data)."""
+    if config.suite is None:
+        return ""
+    from evo_attention.data.suites import load_suite
+    from evo_attention.util.errors import UserError
+
+    if getattr(args, "data", None):
+        raise UserError(f"--data {args.data} and --suite {config.suite} both name the data: a suite trains on its "
+                        "points' data; give one of them")
+    suite = load_suite(config.suite)
+    steps = sorted({config.train_steps if p.steps is None else p.steps for p in suite.points})
+    text = (f"suite {suite.name} ({len(suite.points)} points: {', '.join(suite.labels)}; "
+            f"{'/'.join(map(str, steps))} steps per point)")
+    if getattr(args, "steps", None) is not None and all(p.steps is not None for p in suite.points):
+        text += f"; --steps {args.steps} does not apply: every point trains for the suite's steps (docs/tasks.md)"
+    return text
+
+
 def number(value, digits=3) -> str:
     """``value`` with ``digits`` decimals, ``-`` when it is missing or not finite."""
     return fmt_number(value, f".{digits}f")

@@ -4,6 +4,7 @@
     evo-attention compare --configs baseline,rope_only,"dot|sparsemax|none|fixed" --seeds 3
     evo-attention compare --list
     evo-attention compare --preset small --configs baseline,rope_only --seeds 3 --lr-grid 5e-4,1e-3,2e-3,4e-3
+    evo-attention compare --suite mad-cpu --preset small --configs baseline,rope_only,linear --seeds 3
 
 The model size defaults to the study's 512d / 8 layers / 8 heads / 2048 FFN; ``--preset small``
 is a CPU-sized comparison (see ``evo_attention.compare``). The seeds are ``seed + 1 ... seed +
@@ -11,7 +12,9 @@ N``. The trainings are kept in a run store: the ``--from-run`` run's, else one i
 repeat with the same settings trains nothing. Writes compare_results.json, compare.md and
 compare.png into ``--out``. With ``--lr-grid`` every configuration (the baseline included) is
 trained at its own best rate of the grid, chosen by validation loss on the tuning seeds
-(``compare_lr_grid.png``).
+(``compare_lr_grid.png``). With ``--suite NAME|FILE`` every configuration and the baseline train on
+every point of the suite (each for the suite's steps), scored by accuracy: compare_suite.json,
+compare_suite.md and the heat map compare_suite.png (``studies.suite``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def register(subparsers) -> None:
                    "--from-run it keeps the trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     from evo_attention.cli.common import add_executor_flags, add_training_flags
-    from evo_attention.cli.validate import add_grid_flags
+    from evo_attention.cli.validate import add_grid_flags, add_suite_flag
+
+    add_suite_flag(p, "configuration")
 
     add_grid_flags(p, "configuration")
     add_training_flags(p)
@@ -65,8 +70,8 @@ def compare_config(args):
 def cmd_compare(args) -> int:
     from contextlib import ExitStack
 
-    from evo_attention.cli.common import executor_from_args
-    from evo_attention.cli.validate import grid_text, log_grid
+    from evo_attention.cli.common import executor_from_args, suite_text
+    from evo_attention.cli.validate import grid_text, log_grid, log_suite_result
     from evo_attention.search.store import RunStore
     from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
     from evo_attention.util.progress import log
@@ -77,21 +82,25 @@ def cmd_compare(args) -> int:
         return 0
     if args.seeds < 1:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
+    on_suite = suite_text(args, config)
     entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len)
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args, config)
     out = Path(args.out)
+    budget = on_suite or f"{config.train_steps} steps, data {config.data}"
     log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) at {config.d_model}d x {config.n_layers} layers x "
-        f"{config.n_heads} heads (FFN {config.ffn_dim}), {config.train_steps} steps of batch {config.batch_size}, "
-        f"data {config.data}{grid_text(args, config)}", args.quiet)
+        f"{config.n_heads} heads (FFN {config.ffn_dim}), batch {config.batch_size}, {budget}"
+        f"{grid_text(args, config)}", args.quiet)
     # with --from-run the trainings are kept in (and served from) that run's store, else in --out's own
     with ExitStack() as stack:
         stack.enter_context(executor)
         store = stack.enter_context(RunStore.open(args.from_run)) if args.from_run else None
         result = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, store=store,
                              quiet=args.quiet, lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
+    if config.suite is not None:
+        return log_suite_result(result, out, args.quiet)
     summary = result.summary
     for row in summary["ranking"][:3]:
         change = "" if row["perplexity_change_pct"] is None else f" ({row['perplexity_change_pct']:+.1f}% ppl vs baseline)"

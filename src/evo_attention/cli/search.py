@@ -7,7 +7,7 @@ from pathlib import Path
 
 from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_fidelity_flags,
                                       add_training_flags, checked, executor_from_args, explicit_settings, flag_of,
-                                      install_sigterm_handler, number, user_message)
+                                      install_sigterm_handler, number, suite_text, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_directory_path
@@ -75,6 +75,7 @@ def cmd_search(args) -> int:
     check_directory_path(args.out)  # not "" (the current directory), not a file
     check_free(args.out)  # a run another process writes is refused before its settings are compared
     config = search_config(args)
+    on_suite = suite_text(args, config)  # --data beside --suite is refused before anything is written
     out = Path(args.out)
     executor = executor_from_args(args, config)
     from evo_attention.search.trackers import make_tracker
@@ -84,9 +85,10 @@ def cmd_search(args) -> int:
                           executor=executor, trackers=trackers, keep_models=args.keep_models)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
+    what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
+            "planned" if not on_suite else f"{on_suite}; {evolution.planned} trainings planned")
     log(f"{'resuming' if args.resume else 'starting'} a {config.strategy} search in {out}: "
-        f"{config.population_size} x {config.n_generations} generations, {config.train_steps} steps per model, "
-        f"data {evolution.data.name}; {evolution.planned} evaluations planned; executor {_executor_text(executor)}"
+        f"{config.population_size} x {config.n_generations} generations, {what}; executor {_executor_text(executor)}"
         + (f"; fidelity {evolution.schedule.to_dict()['mode']}, rungs {'/'.join(map(str, evolution.schedule.rungs))} "
            "steps" if evolution.schedule else ""), args.quiet)
     if evolution.init_from:
@@ -112,7 +114,13 @@ def cmd_search(args) -> int:
 
     summary = load_run(out)
     log(summary.statement)
-    if summary.best_gene is not None:
+    if summary.suite is not None and summary.best is not None:
+        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
+        if summary.suite.get("vs_baseline") is not None:
+            line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)} "
+                     f"({100 * summary.suite['vs_baseline']:+.1f} accuracy points)")
+        log(line)
+    elif summary.best_gene is not None:
         line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
         if summary.improvement:
             line += (f"  vs baseline {number(summary.baseline['perplexity'])} "
@@ -132,7 +140,8 @@ def cmd_search(args) -> int:
         log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}"
             + "".join(f"\n  {m['rank']}. {m['gene']}  perplexity {number(m.get('val_perplexity'))}  {m['dir']}"
                       for m in kept))
-    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, report.md")
+    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, "
+        f"{'suite.png, ' if summary.suite is not None else ''}report.md")
     return 0 if summary.best_gene is not None else 1
 
 

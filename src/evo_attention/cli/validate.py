@@ -2,10 +2,15 @@
 
     evo-attention validate --from-run runs/quick --top 3 --seeds 5
     evo-attention validate --genes "dot|sparsemax|output_gate|learned" --preset quick --seeds 5
+    evo-attention validate --genes "dot|softmax|none|fixed|pos=rope" --suite mad-cpu --preset quick --seeds 3
 
 The seeds are ``seed + 1 ... seed + N`` (``--seed`` defaults to the run's search seed), never the
 search seed itself. ``--lr-grid 5e-4,1e-3,2e-3`` trains each gene and the baseline at their own best
 rate of the grid, chosen on the tuning seeds ``seed + 1001 ...`` (``studies.lr_grid``).
+With ``--suite NAME|FILE`` (or a ``--from-run`` run made on a suite) every gene and the baseline
+train on every point of the suite and are compared by suite accuracy (``studies.suite``):
+validation_suite.json, .md and the heat map .png; the trainings are kept in the run's store, else
+in a store in the output directory, so a repeat trains nothing.
 ``add_analysis_flags``, ``analysis_setup`` and ``study_setup`` are shared with ``ablate`` and
 ``transfer``; ``add_grid_flags`` with ``compare`` and ``baseline`` too.
 """
@@ -94,8 +99,8 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
                    help=f"with --seeds auto: plan at most N seeds (default {DEFAULT_MAX_SEEDS})")
     p.add_argument("--eval-split", choices=["valid", "test"], default="valid",
                    help="measure on the validation split (default) or the test split (outputs get a _test suffix)")
-    p.add_argument("--metric", choices=list(METRICS), default="val_perplexity",
-                   help="what to compare (default val_perplexity)")
+    p.add_argument("--metric", choices=[m for m in METRICS if m != "suite_accuracy"],
+                   help="what to compare (default val_perplexity; with --suite: suite accuracy, always)")
     p.add_argument("--confidence", type=float, default=0.95,
                    help="confidence level of intervals and verdicts (default 0.95)")
     p.add_argument("--out", help=f"output directory (default: the run directory with --from-run, else {default_out})")
@@ -105,11 +110,13 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     add_executor_flags(p, "execution (as for search)")
 
 
-def analysis_setup(args, default_out: str, check=None, *, write: bool = True):
+def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, write: bool = True):
     """(config, data, store or None, out dir, search seed or None) of an analysis command;
     ``check(config)`` (optional) runs before anything is written or loaded. The store is the
-    ``--from-run`` run's; with ``--lr-grid`` and no run, one in the output directory (``run.db``).
-    ``write=False`` (a dry run): no output directory and no store (both None), the data loaded."""
+    ``--from-run`` run's; with ``--lr-grid`` or a suite and no run, one in the output directory
+    (``run.db``). ``suite``: the command takes a suite (its config's ``suite``; data is then None,
+    the points name theirs); a command that does not refuses a config with one. ``write=False`` (a
+    dry run): no output directory and no store (both None), the data loaded."""
     from evo_attention.studies.common import validation_seeds
     from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.train.config import Config
@@ -138,19 +145,31 @@ def analysis_setup(args, default_out: str, check=None, *, write: bool = True):
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=reach, search_seed=search_seed)
     if check is not None:
         check(config)
+    if config.suite is not None:
+        command = Path(default_out).name
+        if not suite:
+            raise UserError(f"{command} does not take a suite yet (the run's config names suite {config.suite}): "
+                            "use validate or compare --suite")
+        if args.seeds == "auto":
+            raise UserError("--seeds auto cannot be combined with --suite: give a number of seeds")
+        if args.metric not in (None, "suite_accuracy"):
+            raise UserError(f"--metric {args.metric} does not apply with --suite: a suite compares suite accuracy")
+        from evo_attention.cli.common import suite_text
+
+        suite_text(args, config)  # --data beside --suite, and the suite itself, checked before anything is written
     if not write:
         return config, data_from_config(config), None, None, search_seed
     # the output place exists (or the command fails) before any training
     out = output_dir(args.out if args.out else args.from_run if args.from_run else default_out)
-    data = data_from_config(config)
+    data = data_from_config(config) if config.suite is None else None
     if args.from_run:
-        if stored_data.get("fingerprint") not in (None, data.fingerprint):
+        if data is not None and stored_data.get("fingerprint") not in (None, data.fingerprint):
             log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
                 f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
                 "the search",
                 args.quiet)
         store = RunStore.open(args.from_run)
-    elif getattr(args, "lr_grid", None):  # a grid is many trainings: kept in a store in the output directory,
+    elif getattr(args, "lr_grid", None) or config.suite is not None:  # many trainings: kept in a store in --out,
         from evo_attention.studies.common import study_store  # so that a repeat or a resumed grid trains nothing
 
         store = study_store(out, config, Path(default_out).name)
@@ -165,7 +184,8 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
     if args.seeds == "auto" and role != "validate":
         raise UserError(f"--seeds auto plans the seeds of a validation; give {role} a number of seeds")
     return StudySetup.resolve(config, data, role=role, n_seeds=args.seeds, eval_split=args.eval_split,
-                              metric=args.metric, confidence=args.confidence, store=store, executor=executor,
+                              metric="suite_accuracy" if config.suite is not None else args.metric or "val_perplexity",
+                              confidence=args.confidence, store=store, executor=executor,
                               search_seed=search_seed, source_run=args.from_run, quiet=args.quiet,
                               margin=args.margin, power=args.power, mde=args.mde, max_seeds=args.max_seeds,
                               lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
@@ -247,13 +267,15 @@ def cmd_validate(args) -> int:
 
     summary = load_run(args.from_run) if args.from_run else None
     genes = run_genes(args, summary, args.top)
-    config, data, store, out, search_seed = analysis_setup(args, "runs/validate")
+    config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
+    if config.suite is not None:
+        return _validate_on_suite(args, genes, config, store, out, search_seed)
     vanilla = AttentionGene.vanilla().key
     seeds = (f"seeds planned from a pilot ({config.seed + 1}..{config.seed + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})")
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
         f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
-    known = search_values(summary, genes + [vanilla], args.metric, config, data, args.eval_split)
+    known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
     try:
         with executor_from_args(args, config) as executor:
             setup = study_setup(args, "validate", config, data, store, executor, search_seed)
@@ -270,10 +292,64 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def add_suite_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """--suite of compare and validate (a Config setting that only search's flags carry)."""
+    p.add_argument("--suite", metavar="NAME|FILE",
+                   help=f"train each {what} and the baseline on every point of this suite of tasks (mad-cpu, "
+                        "mad-paper or a suite YAML file), each point for the suite's steps, and compare their "
+                        "accuracy per point and their suite accuracy (the mean over the points); see docs/tasks.md")
+
+
+def log_suite_result(result, out: Path, quiet: bool) -> int:
+    """What compare and validate say of a suite result; 1 when no gene has a suite accuracy."""
+    from evo_attention.util.progress import log
+
+    log(result.headline.replace("**", ""), quiet)
+    for row in [result.baseline] + list(result.genes):
+        verdict = f": {row['verdict_label']}" if row.get("verdict_label") else ""
+        failed = f", {row['n_failed']} failed trainings" if row["n_failed"] else ""
+        log(f"  {row['name']}: suite accuracy {row['mean']:.4f}{failed}{verdict}" if row.get("mean") is not None
+            else f"  {row['name']}: no result", quiet)
+    from evo_attention.report.attachments import output_stem
+
+    stem = output_stem(f"{result['study']}_suite", result["eval_split"])
+    log(f"results in {out}: {stem}.json, {stem}.md, {stem}.png", quiet)
+    return 0 if any(r.get("mean") is not None for r in [result.baseline] + list(result.genes)) else 1
+
+
+def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
+    """``validate`` on the config's suite (``studies.suite``): every gene and the baseline on every point."""
+    from evo_attention.cli.common import executor_from_args, suite_text
+    from evo_attention.data.suites import load_suite
+    from evo_attention.genes import AttentionGene
+    from evo_attention.studies.suite import run_suite, write_suite
+    from evo_attention.util.progress import log
+
+    vanilla = AttentionGene.vanilla().key
+    entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != vanilla]
+    if not entries:
+        raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene")
+    log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
+        f"({config.seed + 1}..{config.seed + args.seeds}), {args.eval_split} split", args.quiet)
+    try:
+        with executor_from_args(args) as executor:
+            setup = study_setup(args, "validate", config, None, store, executor, search_seed)
+            result = run_suite(setup, load_suite(config.suite), entries, study="validation")
+    finally:
+        if store is not None:
+            store.close()
+    write_suite(result, out)
+    code = log_suite_result(result, out, args.quiet)
+    if args.from_run:
+        log(f"fold it into the run's report with: evo-attention report {args.from_run}")
+    return code
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
                               "confidence intervals, Welch tests with Holm correction")
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/validate")
+    add_suite_flag(p, "gene")
     p.set_defaults(func=cmd_validate)

@@ -120,7 +120,7 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
         path = Path(name_or_path)
         if not path.is_file():
             raise UserError(f"unknown suite {text!r}: shipped suites are {', '.join(shipped)}, or give the path of a "
-                            "suite YAML file", setting="suite")
+                            "YAML file in the format of docs/tasks.md", setting="suite")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:

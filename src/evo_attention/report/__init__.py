@@ -12,6 +12,8 @@
 - ``report.html``: the same report as one self-contained page (figures embedded, no server needed)
 - ``pareto.png`` (multi-objective runs only): every evaluation on the first two objectives, the
   Pareto front as a step line, the baseline marked; both reports then get a Pareto section
+- ``suite.png`` (suite runs only): the heat map of every gene's accuracy per point of the suite and its
+  suite accuracy; both reports then get a Suite section, and rank by suite accuracy
 
 Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``):
 ``validation.json`` / ``validation_test.json`` (``evo-attention validate``), ``ablation.json``
@@ -47,6 +49,7 @@ OUTPUTS = {
 }
 # written only for a multi-objective run (a single-objective run's outputs are exactly OUTPUTS)
 PARETO_OUTPUT = ("pareto", "pareto.png")
+SUITE_OUTPUT = ("suite", "suite.png")  # written only for a suite run
 
 
 def final_results_text(summary: RunSummary) -> str:
@@ -65,6 +68,8 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
     if summary.multi_objective:
         paths[PARETO_OUTPUT[0]] = run_dir / PARETO_OUTPUT[1]
+    if summary.suite is not None:
+        paths[SUITE_OUTPUT[0]] = run_dir / SUITE_OUTPUT[1]
     try:
         _write_all(summary, attachments, paths)
     except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost
@@ -84,17 +89,21 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
     figures.plot_learning_curves(summary, paths["learning_curves"])
     if "pareto" in paths:
         figures.plot_pareto(summary, paths["pareto"])
+    if "suite" in paths:
+        plot_suite(summary, paths["suite"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
     markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
                              attachments=attachments, distribution=OUTPUTS["evaluation_distribution"],
                              curves=OUTPUTS["learning_curves"],
-                             pareto=PARETO_OUTPUT[1] if "pareto" in paths else None)
+                             pareto=PARETO_OUTPUT[1] if "pareto" in paths else None,
+                             suite_figure=SUITE_OUTPUT[1] if "suite" in paths else None)
     html.write_report_html(summary, paths["report_html"], attachments=attachments,
                            figures={"evolution": paths["evolution_progress"],
                                     "distribution": paths["evaluation_distribution"],
                                     "curves": paths["learning_curves"],
-                                    **({"pareto": paths["pareto"]} if "pareto" in paths else {})})
+                                    **({"pareto": paths["pareto"]} if "pareto" in paths else {}),
+                                    **({"suite": paths["suite"]} if "suite" in paths else {})})
 
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
@@ -102,6 +111,13 @@ def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
     from evo_attention.report.figures import plot_distribution as draw
     from evo_attention.report.summary import failed, perplexity_of
 
+    if summary.suite is not None:  # one value per gene: its suite accuracy
+        rows = [r for r in summary.suite["genes"] if r["rank"] is not None]
+        base = summary.baseline["suite_accuracy"] if summary.baseline else None
+        best = summary.best["suite_accuracy"] if summary.best else None
+        return draw([r["suite_accuracy"] for r in rows], path, failed=len(summary.suite["genes"]) - len(rows),
+                    baseline=base, best=best, xlabel="Suite accuracy (higher is better)",
+                    title="Suite accuracy of every search gene")
     search = summary.search_evaluations
     values = [perplexity_of(r) for r in search if not failed(r)]
     baseline = summary.baseline["perplexity"] if summary.baseline else None
@@ -109,5 +125,24 @@ def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
                 best=summary.best_perplexity, title="All search evaluations")
 
 
-__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "PARETO_OUTPUT", "Attachments", "RunSummary", "final_results_text", "load_attachments",
+def plot_suite(summary: RunSummary, path: str | os.PathLike) -> Path:
+    """``suite.png``: the baseline and every search gene (ranked ones best first) on every point."""
+    from evo_attention.report.figures import plot_suite_heatmap
+
+    suite = summary.suite
+    labels = [p["label"] for p in suite["points"]]
+    rows = []
+    for r in ([suite["baseline"]] if suite.get("baseline") else []) + suite["genes"]:
+        name = ("baseline " if r is suite.get("baseline") else f"#{r['rank']} " if r["rank"] else "") + r["str"]
+        cells = [r["points"][label] for label in labels]
+        rows.append({"name": name, "sds": [None] * (len(labels) + 1),
+                     "means": [c["accuracy"] if c["status"] == "ok" else None if c["status"] == "missing" else 0.0
+                               for c in cells] + [r["suite_accuracy"]],
+                     "failed": [int(c["status"] not in ("ok", "missing")) for c in cells] + [0]})
+    return plot_suite_heatmap(labels + ["suite"], rows, path,
+                              title=f"Suite {suite['name']}: accuracy per point (seed {summary.config.get('seed')})")
+
+
+__all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "PARETO_OUTPUT", "SUITE_OUTPUT", "Attachments", "RunSummary",
+           "final_results_text", "load_attachments",
            "load_run", "write_report"]

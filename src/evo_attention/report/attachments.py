@@ -7,6 +7,9 @@ The file names are defined here once: the studies write under these names, the r
 - ``ablation.json`` / ``ablation_test.json``: ``evo-attention ablate``
 - ``transfer.json`` / ``transfer_test.json``: ``evo-attention transfer``
 - ``compare_results.json`` (also in ``compare/``): ``evo-attention compare``
+- ``validation_suite.json`` / ``validation_suite_test.json`` (``validate --suite``) and
+  ``compare_suite.json`` / ``compare_suite_test.json`` (also in ``compare/``; ``compare --suite``):
+  genes on a suite of tasks, each with its ``.md`` and heat map ``.png`` of the same stem
 - ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
   ``evo-attention attention-maps``
 - ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``): ``evo-attention curve``
@@ -27,6 +30,8 @@ ABLATION_FILES = ("ablation.json", "ablation_test.json")
 TRANSFER_FILES = ("transfer.json", "transfer_test.json")
 COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
 CURVE_DIRS = (".", "curve")  # where the report looks for a curve (its figure lies beside it)
+SUITE_FILES = ("validation_suite.json", "validation_suite_test.json", "compare_suite.json", "compare_suite_test.json",
+               "compare/compare_suite.json", "compare/compare_suite_test.json")
 
 
 def output_stem(kind: str, eval_split: str) -> str:
@@ -41,7 +46,8 @@ class Attachments:
     """The analysis results found beside a run's store, read as plain dicts.
 
     ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
-    ``ablation*.json`` / ``transfer*.json``;
+    ``ablation*.json`` / ``transfer*.json``; ``suites``: the parsed ``*_suite*.json`` (each with
+    ``"_file"``, its path relative to the run directory);
     ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
     where the file lacks it); ``curves``: each ``curve.json`` with ``"_dir"``, the directory its
     figure lies in; ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
@@ -55,6 +61,7 @@ class Attachments:
     compare: list[dict] | None = None
     curves: list[dict] = field(default_factory=list)
     maps: list[dict] = field(default_factory=list)
+    suites: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -98,6 +105,14 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
                     target.append({**data, "_file": name})
                 elif data is not None:
                     found.problems.append(f"{name}: not a {kind} result")
+    for name in SUITE_FILES:
+        path = run_dir / name
+        if path.is_file():
+            data = _read_json(path, found.problems)
+            if isinstance(data, Mapping) and data.get("kind") == "suite":
+                found.suites.append({**data, "_file": name})
+            elif data is not None:
+                found.problems.append(f"{name}: not a suite result")
     for name in COMPARE_FILES:
         path = run_dir / name
         if path.is_file():

@@ -17,6 +17,10 @@
 - ``plot_long_context``: ms per step and memory against the sequence length per family (``long_context.png``).
 - ``plot_pareto``: every evaluation of a multi-objective run on its first two objectives, the
   Pareto front as a step line and the baseline marked (``pareto.png``).
+- ``plot_suite_heatmap``: genes x points of a suite, each cell's mean accuracy (± sd) written in it,
+  the suite accuracy as the last column (``compare_suite.png``, ``validation_suite.png``, a suite
+  run's ``suite.png``). A suite run's ``evolution_progress.png`` draws suite accuracy (higher is
+  better) instead of perplexity.
 
 Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
 same input draws the same figure.
@@ -245,6 +249,9 @@ def save_figure(fig, path: str | os.PathLike, tight: bool = True, dpi: int = DPI
 
 
 def _draw(ax, summary: RunSummary) -> None:
+    if summary.suite is not None:
+        _draw_suite(ax, summary)
+        return
     ax.set_title(_title(summary))
     ax.set_xlabel("Generation")
     ax.set_ylabel("Validation perplexity (lower is better)")
@@ -315,6 +322,81 @@ def _draw(ax, summary: RunSummary) -> None:
                     (summary.best["generation"] or 0, summary.best["perplexity"]),
                     textcoords="offset points", xytext=(6, -12), fontsize=8, color="tab:blue")
     _legend(ax)
+
+
+def _draw_suite(ax, summary: RunSummary) -> None:
+    """The evolution of a suite run: every gene's suite accuracy where it was first trained, the best
+    and mean of each generation's population, the best so far and the baseline (higher is better)."""
+    suite = summary.suite
+    ax.set_title(_title(summary))
+    ax.set_xlabel("Generation")
+    ax.set_ylabel(f"Suite accuracy over {len(suite['points'])} points (higher is better)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    by_generation: dict[int, list] = {}
+    for row in suite["genes"]:
+        if row.get("generation") is not None and row["suite_accuracy"] is not None:
+            by_generation.setdefault(int(row["generation"]), []).append(row["suite_accuracy"])
+    xs, ys = [], []
+    for generation, values in sorted(by_generation.items()):
+        xs += [generation + _jitter(i, len(values)) for i in range(len(values))]
+        ys += values
+    history = [h for h in summary.history if h["best_suite_accuracy"] is not None]
+    generations = sorted(set(by_generation) | {h["generation"] for h in summary.history})
+    if generations:
+        ax.set_xlim(generations[0] - 0.5, generations[-1] + 0.5)
+    if summary.outcome != "ok":
+        ax.text(0.5, 0.5, summary.statement, transform=ax.transAxes, ha="center", va="center", fontsize=12, wrap=True)
+    if xs:
+        ax.scatter(xs, ys, s=14, color="tab:gray", alpha=0.35, linewidths=0, label=f"genes ({len(xs)})", zorder=2)
+    if history:
+        gens = [h["generation"] for h in history]
+        ax.plot(gens, [h["best_suite_accuracy"] for h in history], "o-", color="tab:blue", label="best of population",
+                zorder=4)
+        ax.plot(gens, [h["mean_suite_accuracy"] for h in history], "s--", color="tab:orange", markersize=4,
+                label="mean of population", zorder=3)
+        ax.step(gens, [h["best_so_far"] for h in history], where="post", color="tab:green", linewidth=2.5,
+                alpha=0.6, label="best so far", zorder=3)
+    base = summary.baseline["suite_accuracy"] if summary.baseline else None
+    if base is not None:
+        ax.axhline(base, color="black", linestyle=":", linewidth=1.5,
+                   label=f"baseline {summary.baseline['str']}: {base:.3f}", zorder=1)
+    if xs or history or base is not None:
+        ax.set_ylim(-0.02, 1.02)
+        _legend(ax)
+
+
+def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str | os.PathLike, *,
+                       title: str) -> Path:
+    """A heat map of genes (rows: ``{"name", "means", "sds", "failed"}``, one value per column) x
+    ``columns`` (the points, then the suite accuracy), coloured by mean accuracy on [0, 1], each
+    cell annotated with its mean (± sd when given) and its failures; a missing value is blank."""
+    means = np.array([[np.nan if v is None else float(v) for v in r["means"]] for r in rows], dtype=float)
+    width = max(6.0, 1.25 * len(columns) + 2.5)
+    fig, ax = plt.subplots(figsize=(width, max(2.2, 0.55 * len(rows) + 1.6)), dpi=DPI)
+    try:
+        image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        for i, r in enumerate(rows):
+            for j, mean in enumerate(r["means"]):
+                if mean is None:
+                    continue
+                sd, failed_here = r["sds"][j], r["failed"][j]
+                text = f"{mean:.2f}" + ("" if sd is None else f"\n±{sd:.2f}") + (f"\n{failed_here} failed"
+                                                                               if failed_here else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="white" if mean < 0.6 else "black")
+        ax.set_xticks(range(len(columns)))
+        ax.set_xticklabels(columns, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([_short(str(r["name"]), 40) for r in rows], fontsize=8)
+        if len(columns) > 1:
+            ax.axvline(len(columns) - 1.5, color="white", linewidth=2.5)  # the suite accuracy apart
+        fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="accuracy")
+        ax.set_title(title, fontsize=9)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return save_figure(fig, path)
 
 
 # -- a comparison of named variants ------------------------------------------------------------------
@@ -565,6 +647,9 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
     rung where the schedule cut the other individuals short."""
     by_id = {r.get("id"): r for r in summary.evaluations}
     lines = []
+    if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
+        return _no_curves(path, "A suite run trains each gene once per point: its curves are per point "
+                                "(evaluations.csv lists every training).")
     if summary.baseline is not None:
         base = next((r for r in summary.evaluations if r.get("role") == "baseline" and r.get("curve")), None)
         if base is not None:
@@ -597,6 +682,14 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
     except BaseException:
         plt.close(fig)
         raise
+    return save_figure(fig, path)
+
+
+def _no_curves(path: str | os.PathLike, text: str) -> Path:
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
     return save_figure(fig, path)
 
 

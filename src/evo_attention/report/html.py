@@ -145,9 +145,17 @@ def _summary_section(s: RunSummary, a: Attachments) -> tuple[str, str, str]:
 def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str, str, str]]:
     out = [_section("settings", "Settings", [table(md.settings_table(s))] if s.settings
                     else [para("No configuration stored.")])]
+    value = "suite accuracy" if s.suite is not None else "perplexity"
     out.append(_section("evolution", "Evolution", [image(
         figures["evolution"], "Evolution progress",
-        "Best and mean perplexity per generation, the best so far, every evaluation (grey) and the baseline.")]))
+        f"Best and mean {value} per generation, the best so far, every evaluation (grey) and the baseline.")]))
+    if s.suite is not None:
+        lines = md.suite_run_lines(s)
+        body = [para(lines[0]), bullets([line[2:] for line in lines[2:]])]
+        if "suite" in figures:
+            body.append(image(figures["suite"], "Accuracy per gene and point",
+                              "Every gene's accuracy on every point (one seed) and its suite accuracy."))
+        out.append(_section("suite", "Suite", body))
     if "pareto" in figures and s.multi_objective:
         body = [image(figures["pareto"], "Pareto front",
                       "Every finished evaluation on the first two objectives, the Pareto front as a step line, the "
@@ -161,8 +169,10 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
     if "distribution" in figures:
         out.append(_section("distribution", "Distribution of all evaluations", [image(
             figures["distribution"], "Distribution of all search evaluations",
+            "Every finished search gene's suite accuracy, not just the best: where the baseline and the winner lie."
+            if s.suite is not None else
             "Every finished search evaluation, not just the best: where the baseline and the winner lie.")]))
-    if "curves" in figures:
+    if "curves" in figures and s.suite is None:  # a suite run has a curve per gene and point, none per gene
         out.append(_section("curves", "Learning curves", [image(
             figures["curves"], "Learning curves",
             "Training loss of the best genes and the baseline; dotted lines mark the rungs of a multi-fidelity "
@@ -172,9 +182,9 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
     out.append(_section("generations", "Per generation", gens))
     top = [table(md.top_table(s))] if s.top(md.TOP_ROWS) else [para(f"{s.statement} No gene to rank.")]
     out.append(_section("top", f"Top {md.TOP_ROWS} genes", top))
-    comp = [para(f"Per gene field and option: finished and failed evaluations, best and mean perplexity, and how "
-                 f"many of the best {s.top_n} distinct genes use it."),
-            table(md.components_table(s)) if s.components else para(f"{s.statement} Nothing to analyse.")]
+    comp = [para(md.components_note(s))]
+    if s.suite is None:
+        comp.append(table(md.components_table(s)) if s.components else para(f"{s.statement} Nothing to analyse."))
     out.append(_section("components", "Component analysis", comp))
     if s.constraints:  # a run with caps: the genes over them
         lines = md.infeasible_lines(s)
@@ -218,6 +228,12 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
             table(md.transfer_table(t)), bullets(transfer_rule_lines()),
             image(run_dir / f"{stem}.png", "Transfer across scale", "Each gene's mean against its parameters at every "
                   "size (log axes), with the interval of the mean; the baseline is black.")]))
+    for i, r in enumerate(a.suites):
+        stem = str(r["_file"]).rsplit(".", 1)[0]
+        out.append(_section(f"suite-{i}", md.suite_title(r), [
+            para(r.get("headline", "")), table(md.suite_table(r)),
+            image(run_dir / f"{stem}.png", "Accuracy per gene and point",
+                  "Mean accuracy over the seeds per gene and point (± sd), the suite accuracy last.")]))
     if a.compare is not None:
         body = [para("From `compare_results.json`."),
                 table(md.compare_table(a.compare)) if a.compare else para("The compare results list no entry.")]

@@ -32,6 +32,8 @@ from evo_attention.report.studies import transfer_table as _transfer_cells
 from evo_attention.report.studies import cost_table as _cost_cells
 from evo_attention.report.studies import curve_note
 from evo_attention.report.studies import curve_table as _curve_cells
+from evo_attention.report.studies import suite_cell, suite_points_lines
+from evo_attention.report.studies import suite_table as _suite_cells
 from evo_attention.report.studies import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
@@ -63,6 +65,13 @@ def settings_table(s: RunSummary) -> Table:
 
 
 def generations_table(s: RunSummary) -> Table:
+    if s.suite is not None:
+        headers = ["Generation", "Best suite acc", "Mean suite acc", "Best so far", "Members", "Genes trained",
+                   "Failed on every point", "Best gene"]
+        rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_suite_accuracy"], 4),
+                 fmt(h["mean_suite_accuracy"], 4), fmt(h["best_so_far"], 4), fmt(h["n_members"]),
+                 fmt(h["n_evaluated"]), fmt(h["n_failed"]), h["best_gene"]] for h in s.history]
+        return Table(headers, rows, "lrrrrrrl", (7,))
     headers = ["Generation", "Best ppl", "Mean ppl", "Best so far", "Members", "Evaluated", "Failed", "Best gene"]
     rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_perplexity"]),
              fmt(h["mean_perplexity"]), fmt(h["best_so_far"]), fmt(h["n_members"]), fmt(h["n_evaluated"]),
@@ -71,6 +80,8 @@ def generations_table(s: RunSummary) -> Table:
 
 
 def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
+    if s.suite is not None:
+        return suite_run_table(s, k)
     base = s.baseline["perplexity"] if s.baseline else None
     text = any(r.get("bits_per_byte") is not None for r in s.top(k))  # a text corpus: bits per byte too
     headers = ["Rank", "Gene", "Key", "Perplexity"] + (["Bits/byte"] if text else []) + [
@@ -79,6 +90,35 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
             + [f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-", fmt(r["generation"]),
                fmt(r["params"])] for r in s.top(k)]
     return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
+
+
+def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> Table:
+    """A suite run's genes (the best ``k`` ranked ones, None: all of them, unranked ones too) and the
+    baseline: suite accuracy, its change from the baseline in accuracy points, every point's accuracy."""
+    suite = s.suite
+    labels = [p["label"] for p in suite["points"]]
+    base = (suite.get("baseline") or {}).get("suite_accuracy")
+    genes = [r for r in suite["genes"] if r["rank"] is not None][:k] if k is not None else suite["genes"]
+    rows = []
+    for r in ([suite["baseline"]] if suite.get("baseline") else []) + genes:
+        is_base = r is suite.get("baseline")
+        acc = r["suite_accuracy"]
+        change = "-" if is_base or acc is None or base is None else f"{100 * (acc - base):+.1f} pts"
+        cells = [r["points"][label] for label in labels]
+        rows.append(["baseline" if is_base else fmt(r["rank"]), r["str"], r["gene"], fmt(acc, 4), change]
+                    + [suite_cell(c["accuracy"]) if c["status"] == "ok" else c["status"] for c in cells]
+                    + [fmt(r["generation"])])
+    return Table(["Rank", "Gene", "Key", "Suite accuracy", "vs baseline"] + labels + ["Generation"], rows,
+                 "rllrr" + "r" * len(labels) + "r", (2,))
+
+
+def suite_run_lines(s: RunSummary) -> list[str]:
+    """The suite section of a suite run: what the score is, and its points."""
+    suite = s.suite
+    return [f"Each gene trains on every point of suite {md_cell(suite['name'])} (`{md_cell(suite.get('source'))}`) "
+            "with the run's seed; its fitness is its suite accuracy, the mean accuracy over the points (a failed "
+            "point counts 0; higher is better). The top genes table ranks the genes that trained on every point; the "
+            "heat map shows every gene's accuracy per point."] + [""] + suite_points_lines(suite)
 
 
 def _objective_cell(name: str, value) -> str:
@@ -198,6 +238,18 @@ def transfer_table(result: Mapping) -> Table:
     return Table(headers, rows, align, (1,))
 
 
+def suite_table(result: Mapping) -> Table:
+    """A suite study's table (``report.studies.suite_table``)."""
+    headers, rows, align = _suite_cells(result)
+    return Table(headers, rows, align, (1,))
+
+
+def suite_title(result: Mapping) -> str:
+    study = "Compare" if result.get("study") == "compare" else "Multi-seed validation"
+    split = "" if result.get("eval_split", "valid") == "valid" else f", {result.get('eval_split')} split"
+    return f"{study} on suite {(result.get('suite') or {}).get('name')}{split}"
+
+
 def compare_table(rows: Sequence[Mapping]) -> Table:
     headers = ["Name", "Gene", "Seed", "Status", "Perplexity", "Loss", "Accuracy", "Time (s)", "Peak memory (MB)",
                "Params"]
@@ -261,7 +313,8 @@ def _headline(s: RunSummary, attachments: Attachments | None = None) -> list[str
     else:
         progress = "The run is not finished."
     failed = ", ".join(f"{status} {n}" for status, n in c["failed"].items())
-    evaluated = f"- Evaluated: {c['trained']} search evaluations, {c['ok']} finished"
+    unit = "trainings (one per gene and point)" if s.suite is not None else "evaluations"
+    evaluated = f"- Evaluated: {c['trained']} search {unit}, {c['ok']} finished"
     evaluated += f", {sum(c['failed'].values())} failed ({failed})." if failed else ", none failed."
     lines += [f"- {progress}", evaluated]
     if c.get("cache_hits"):
@@ -269,6 +322,18 @@ def _headline(s: RunSummary, attachments: Attachments | None = None) -> list[str
     b = s.baseline
     if b is None:
         lines.append("- Baseline: none in this run (started with --no-baseline, or not trained yet).")
+    elif s.suite is not None:
+        if b["suite_accuracy"] is None:
+            lines.append(f"- Baseline {b['str']} `{b['gene']}`: {b['status']}, no comparison possible.")
+        else:
+            change = s.suite.get("vs_baseline")
+            lines.append(f"- Baseline {b['str']} `{b['gene']}`: suite accuracy {fmt(b['suite_accuracy'], 4)}"
+                         + ("" if change is None else f"; the best gene is **{100 * change:+.1f} accuracy points** "
+                                                      "from it") + ".")
+        if s.suite.get("vs_baseline") is not None and not validation:
+            lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to compare the "
+                         "best genes with the baseline on the suite over several seeds.")
+        return lines
     elif b["perplexity"] is None:
         lines.append(f"- Baseline {b['str']} `{b['gene']}` failed "
                      f"({b['status']}): no comparison possible.")
@@ -396,6 +461,10 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
                          to_markdown(transfer_sizes_table(t)), "", to_markdown(transfer_table(t)), ""]
                         + [f"- {line}" for line in transfer_rule_lines()]
                         + ["", f"![Transfer across scale]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
+    for r in a.suites:
+        stem = r["_file"].rsplit(".", 1)[0]
+        sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", to_markdown(suite_table(r)), "",
+                         f"![Accuracy per gene and point]({stem}.png)", "", f"Details: `{r['_file']}`, `{stem}.md`."])
     if a.compare is not None:
         body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
@@ -430,30 +499,32 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
 
 def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
                   attachments: Attachments | None = None, distribution: str | None = None,
-                  curves: str | None = None, pareto: str | None = None) -> str:
+                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> str:
     """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
-    ``distribution``, ``curves`` and ``pareto`` those of the other figures (omitted when None)."""
+    ``distribution``, ``curves``, ``pareto`` and ``suite_figure`` those of the other figures
+    (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + _headline(s, attachments),
         ["## Settings", ""] + _settings(s),
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
     ]
+    if s.suite is not None:
+        sections.append(["## Suite", ""] + suite_run_lines(s)
+                        + ([] if suite_figure is None else ["", f"![Accuracy per gene and point]({suite_figure})"]))
     if pareto and s.multi_objective:
         sections.append(["## Pareto front", ""] + _pareto(s, pareto))
     if distribution:
-        sections.append(["## Distribution of all evaluations", "",
-                         f"![Histogram of the perplexity of every search evaluation]({distribution})"])
-    if curves:
+        what = "suite accuracy of every search gene" if s.suite is not None else "perplexity of every search evaluation"
+        sections.append(["## Distribution of all evaluations", "", f"![Histogram of the {what}]({distribution})"])
+    if curves and s.suite is None:  # a suite run has a curve per gene and point, none per gene
         sections.append(["## Learning curves", "",
                          f"![Training loss of the best genes and the baseline over the steps]({curves})"])
     sections += [
         ["## Per generation", ""] + _generations(s),
         [f"## Top {TOP_ROWS} genes", ""] + _top(s),
-        ["## Component analysis", "",
-         f"Per gene field and option: finished and failed evaluations, best and mean perplexity, and how many "
-         f"of the best {s.top_n} distinct genes use it (also in `component_analysis.csv`).", "",
-         component_table(s).rstrip() or f"{s.statement} Nothing to analyse."],
+        ["## Component analysis", "", components_note(s)]
+        + ([] if s.suite is not None else ["", component_table(s).rstrip() or f"{s.statement} Nothing to analyse."]),
     ]
     if attachments is not None:
         sections += _attachment_sections(attachments)
@@ -466,8 +537,16 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
 
+def components_note(s: RunSummary) -> str:
+    if s.suite is not None:
+        return ("Not computed for a suite run: the analysis ranks options by perplexity, and a suite has no single "
+                "perplexity (the suite table and `evaluations.csv` give every training).")
+    return (f"Per gene field and option: finished and failed evaluations, best and mean perplexity, and how many "
+            f"of the best {s.top_n} distinct genes use it (also in `component_analysis.csv`).")
+
+
 def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
                     attachments: Attachments | None = None, distribution: str | None = None,
-                    curves: str | None = None, pareto: str | None = None) -> Path:
+                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> Path:
     return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
-                                          curves=curves, pareto=pareto))
+                                          curves=curves, pareto=pareto, suite_figure=suite_figure))

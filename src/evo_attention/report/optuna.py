@@ -21,6 +21,10 @@ written again from the store each time (an existing file is replaced), never rea
   1``; above 0: broken, 0 where unknown) as Optuna expects them, in the system attribute
   ``constraints`` (which Optuna's samplers and optuna-dashboard read) and the user attribute
   ``constraints`` (with ``constraint_names``), so the dashboard marks infeasible trials as such.
+- A suite run (meta ``suite``): one trial per gene (the baseline first, then the search genes as
+  ``summary.suite_view`` ranks them), its value the suite accuracy, direction maximize; COMPLETE
+  once the gene trained on every point (and not every point failed), else FAIL; user attributes
+  ``accuracy:LABEL`` per point and ``failed_points``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import warnings
 from pathlib import Path
 
-from evo_attention.report.summary import field_labels, gene_info, layer_keys, objectives_of
+from evo_attention.report.summary import field_labels, gene_info, layer_keys, objectives_of, suite_view
 from evo_attention.search import constraints as caps
 from evo_attention.search.fidelity import RUNG_ROLE
 from evo_attention.search.store import RunStore
@@ -84,6 +88,9 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         evaluations = store.evaluations()
         limits = (store.get_meta(caps.META_LIMITS) or {}).get("limits") or {}
         never = list(store.get_meta(caps.META_INFEASIBLE) or [])
+        suite = store.get_meta("suite")
+    if suite:
+        evaluations = _suite_trials(suite_view(suite, evaluations, config.get("seed")))
     objectives = objectives_of(config)
     names = list(limits) if limits or never else []
     budget = int(config.get("train_steps") or 0)
@@ -107,7 +114,11 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names]) if names else {}
         perplexity = usable_metric(record)
         common = {"params": labels[key], "distributions": distributions}
-        if perplexity is None:
+        if suite:
+            state = TrialState.FAIL if record["suite_accuracy"] is None else TrialState.COMPLETE
+            values = None if record["suite_accuracy"] is None else [record["suite_accuracy"]]
+            trial = create_trial(state=state, values=values, **common, user_attrs={**attrs, **record["attrs"]})
+        elif perplexity is None:
             trial = create_trial(state=TrialState.FAIL, **common, **_merged(extra, attrs))
         elif record.get("role") == RUNG_ROLE or (record.get("budget") and int(record.get("steps") or 0) < budget):
             trial = create_trial(state=TrialState.PRUNED, intermediate_values={int(record.get("steps") or 0): perplexity},
@@ -138,7 +149,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
             warnings.simplefilter("ignore")  # metric names are experimental in some versions
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study = optuna.create_study(storage=journal_storage(partial), study_name=study_name,
-                                        directions=["minimize"] * len(objectives))
+                                        directions=["maximize" if suite else "minimize"] * len(objectives))
             if hasattr(study, "set_metric_names"):
                 study.set_metric_names(list(objectives))
             study.set_user_attr("run_dir", str(Path(run_dir).resolve()))
@@ -154,6 +165,20 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
     for trial in trials:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     return {"path": path, "study": study_name, "trials": len(trials), "states": states}
+
+
+def _suite_trials(view: dict) -> list[dict]:
+    """The trials of a suite run as record-like rows: one per gene, the baseline first."""
+    rows = []
+    for role, row in ([("baseline", view["baseline"])] if view.get("baseline") else []) + [
+            ("search", r) for r in view["genes"]]:
+        ok = row["suite_accuracy"] is not None and not row["all_failed"]
+        points = {f"accuracy:{label}": p["accuracy"] for label, p in row["points"].items() if p["accuracy"] is not None}
+        rows.append({"gene": row["gene"], "role": role, "generation": row["generation"], "id": row["id"],
+                     "status": "ok" if ok else "failed" if row["all_failed"] else "missing",
+                     "suite_accuracy": row["suite_accuracy"] if ok else None,
+                     "attrs": {**points, "failed_points": ",".join(row["failed"])}})
+    return rows
 
 
 def _merged(extra: dict, attrs: dict) -> dict:

@@ -12,6 +12,8 @@ predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.su
 multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
 A run with caps says how many genes were refused before training or break a measured cap (the
 best gene and the front are feasible ones), and a warm-started run where its first genes came from.
+A suite run (meta ``suite``) says its best gene and baseline by suite accuracy (the mean accuracy
+over the points, ``summary.suite_view``), and counts trainings (one per gene and point).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def run_status(run_dir: str | Path) -> dict:
         limits_meta = store.get_meta("constraints")
         infeasible_meta = store.get_meta("infeasible")
         init_from = store.get_meta("init_from")
+        suite_meta = store.get_meta("suite")
     from evo_attention.search.fidelity import RUNG_ROLE
     from evo_attention.search.lock import holder
 
@@ -43,7 +46,8 @@ def run_status(run_dir: str | Path) -> dict:
                                               pareto_summary, run_schedule_text)
     from evo_attention.search.constraints import constraint_view
 
-    total_planned = None if planned is None else planned + (1 if config.get("baseline", True) else 0)
+    per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request
+    total_planned = None if planned is None else planned + (per_request if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
     evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
     constraints = constraint_view(limits_meta, infeasible_meta, [e for e in evaluations if e.get("role") == "search"])
@@ -59,6 +63,20 @@ def run_status(run_dir: str | Path) -> dict:
         view = pareto_summary(feasible_only([e for e in evaluations if e.get("role") == "search"], constraints),
                               objectives)
         front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
+    suite = None
+    if suite_meta:
+        from evo_attention.report.summary import suite_view
+
+        view = suite_view(suite_meta, evaluations, config.get("seed"))
+        ranked = [r for r in view["genes"] if r["rank"] is not None]
+        base_row = view["baseline"]
+        suite = {"name": view["name"], "points": len(view["points"]),
+                 "genes": len(view["genes"]), "complete": sum(not r["missing"] for r in view["genes"]),
+                 "best": None if not ranked else {k: ranked[0][k] for k in ("gene", "suite_accuracy", "generation",
+                                                                             "failed")},
+                 "baseline": None if base_row is None else {k: base_row[k] for k in ("gene", "suite_accuracy",
+                                                                                     "failed", "missing")}}
+        best = baseline = None  # a training's perplexity is one point's, not the gene's
     return {
         "run_dir": str(run_dir),
         "state": "running" if live else ("finished" if done else "interrupted"),
@@ -87,10 +105,32 @@ def run_status(run_dir: str | Path) -> dict:
             "over_measured_cap": len(constraints["trained"]),
             "genes": [e["gene"] for e in constraints["never_trained"]] + [t["gene"] for t in constraints["trained"]]},
         "init_from": None if not init_from else {**init_from, "text": init_from_text(init_from)},
+        "suite": suite,
         "executor": executor,
         "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
                      "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
     }
+
+
+def _suite_lines(suite: dict) -> list[str]:
+    """The lines of a suite run: its suite, the best gene and the baseline by suite accuracy."""
+    lines = [f"  suite {suite['name']}: {suite['points']} points per gene; {suite['complete']} of {suite['genes']} "
+             "search genes trained on every point"]
+    b = suite["best"]
+    if b is None:
+        lines.append("  best: none yet")
+    else:
+        failed = f", failed on {', '.join(b['failed'])}" if b["failed"] else ""
+        lines.append(f"  best: {b['gene']}  suite accuracy {b['suite_accuracy']:.4f} (generation {b['generation']}"
+                     f"{failed})")
+    base = suite["baseline"]
+    if base is not None:
+        if base["suite_accuracy"] is None:
+            lines.append(f"  baseline: {base['gene']}  missing points {', '.join(base['missing'])}")
+        else:
+            lines.append(f"  baseline: {base['gene']}  suite accuracy {base['suite_accuracy']:.4f}"
+                         + (f" (failed on {', '.join(base['failed'])})" if base["failed"] else ""))
+    return lines
 
 
 def _validated(run_dir) -> list[dict]:
@@ -134,7 +174,9 @@ def format_status(status: dict) -> str:
         lines.append(f"  constraints {c['caps']}: {c['never_trained']} infeasible gene"
                      f"{'s' if c['never_trained'] != 1 else ''} refused before training, {c['over_measured_cap']} "
                      "trained over a measured cap (infeasible genes are never ranked)")
-    if status["best"]:
+    if status.get("suite"):
+        lines.extend(_suite_lines(status["suite"]))
+    elif status["best"]:
         b = status["best"]
         bpb = "" if b.get("bits_per_byte") is None else f", {b['bits_per_byte']:.4f} bits per byte"
         lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f}{bpb} (generation {b['generation']})")
@@ -142,7 +184,7 @@ def format_status(status: dict) -> str:
         lines.append("  best: no feasible gene yet")
     else:
         lines.append("  best: none yet")
-    if status["baseline"]:
+    if status["baseline"] and not status.get("suite"):
         p = status["baseline"]["perplexity"]
         lines.append(f"  baseline: {status['baseline']['gene']}  perplexity "
                      f"{p:.3f}" if finite_or_none(p) is not None else f"  baseline: {status['baseline']['status']}")

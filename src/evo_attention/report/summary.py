@@ -20,6 +20,12 @@ Conventions:
   the genes refused before training and the trained genes over a cap. Infeasible genes are never
   ranked: the best gene, the ranking and the Pareto front hold feasible genes only.
 - A warm-started run (``init_from``) gets ``init_from``: the earlier run, its genes taken and skipped.
+- A suite run (meta ``suite``; ``train.suite``) ranks genes by their suite accuracy (the mean accuracy
+  over the suite's points, a failed point counting 0; higher is better), computed from the records
+  of every point: ``suite`` holds the gene x point table (``suite_view``), the ranking, best gene,
+  baseline and history speak of suite accuracy (their perplexity entries are None: a suite has no
+  single perplexity), and the component analysis is not computed (it ranks by perplexity). A gene
+  is ranked once it has a record on every point; one whose every point failed is not ranked.
 - Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
   and are turned into ``None`` by ``util.jsonio.to_jsonable`` before anything is written as JSON.
 """
@@ -41,6 +47,7 @@ from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.store import RunStore
 from evo_attention.train.config import describe_schedule
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
+from evo_attention.train.suite import scores_from_records
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import to_jsonable
 
@@ -64,6 +71,7 @@ MULTI_OBJECTIVE_KEYS = ("objectives", "pareto_front", "hypervolume")
 # ... and these in a run with caps and a warm-started run
 CONSTRAINT_KEYS = ("constraints",)
 INIT_FROM_KEYS = ("init_from",)
+SUITE_KEYS = ("suite",)  # ... and in a suite run
 # how the reports name each objective (all are minimised)
 OBJECTIVE_LABELS = {"perplexity": "validation perplexity", "params": "parameters", "flops": "FLOPs per training step",
                     "train_ms_per_step": "training ms per step", "latency_ms": "inference latency (ms, median)",
@@ -346,6 +354,94 @@ def improvement_of(best: float | None, baseline: float | None) -> dict | None:
     return {"absolute": absolute, "percent": 100.0 * absolute / baseline}
 
 
+# -- a suite run ------------------------------------------------------------------------------
+def suite_row(gene: str, score, first: Mapping) -> dict:
+    """A gene's row of the suite table: its suite accuracy and every point's result (one seed)."""
+    info = gene_info(gene)
+    losses = [p.val_loss for p in score.points if p.val_loss is not None]
+    return {"gene": info["key"], "str": info["str"], "generation": first.get("generation"), "id": first.get("id"),
+            "suite_accuracy": score.aggregate, "mean_val_loss": _mean(losses), "failed": list(score.failed),
+            "missing": list(score.missing), "all_failed": score.all_failed,
+            "points": {p.label: {"accuracy": p.accuracy, "val_loss": p.val_loss, "status": p.status}
+                       for p in score.points}}
+
+
+def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None = None) -> dict:
+    """The suite block of a suite run, from its store's meta ``suite`` and records: ``{"name",
+    "source", "description", "points" ([{label, data, steps}]), "genes" (the search genes: ranked
+    rows first, best suite accuracy first, each with ``rank``; then the genes still missing a point
+    or whose every point failed, ``rank`` None), "baseline" (its row, or None)}``."""
+    def rows(role: str) -> list[dict]:
+        records = [r for r in evaluations if r.get("role") == role]
+        first: dict[str, Mapping] = {}
+        for r in records:
+            first.setdefault(str(r.get("gene")), r)
+        return [suite_row(gene, score, first[gene])
+                for gene, score in scores_from_records(records, meta, seed=seed).items()]
+
+    genes = rows("search")
+    ranked = sorted((r for r in genes if r["suite_accuracy"] is not None and not r["all_failed"]),
+                    key=lambda r: (-r["suite_accuracy"], r["gene"]))
+    rest = [r for r in genes if r not in ranked]
+    baseline = next(iter(rows("baseline")), None)
+    return {"name": meta.get("name"), "source": meta.get("source"), "description": meta.get("description"),
+            "points": [{"label": p.get("label"), "data": p.get("data"), "steps": p.get("steps")}
+                       for p in meta.get("points") or []],
+            "genes": [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rest],
+            "baseline": baseline}
+
+
+def suite_history(table: list[dict], suite: Mapping) -> list[dict]:
+    """Per generation, in suite accuracy (higher is better): ``{"generation", "best_suite_accuracy",
+    "mean_suite_accuracy", "best_so_far", "best_gene", "n_members", "n_evaluated" (genes first
+    trained in it), "n_failed" (of those, genes whose every point failed), "complete"}``, plus
+    ``best_perplexity`` and ``mean_perplexity`` (None). A recorded generation is described by its
+    population (the strategy was told minus each member's suite accuracy), one in progress by the
+    genes trained in it so far."""
+    recorded = {g["generation"]: g["members"] for g in table}
+    evaluated: dict[int, list[dict]] = {}
+    for row in suite["genes"]:
+        if row.get("generation") is not None:
+            evaluated.setdefault(int(row["generation"]), []).append(row)
+    history, best_so_far = [], None
+    for generation in sorted(set(recorded) | set(evaluated)):
+        rows = evaluated.get(generation, [])
+        if generation in recorded:
+            members = [(str(m["gene"]), None if finite_or_none(m["perplexity"]) is None else -m["perplexity"])
+                       for m in recorded[generation]]
+        else:
+            members = [(r["gene"], r["suite_accuracy"]) for r in rows if not r["all_failed"]]
+        finite = sorted((-a, k) for k, a in members if a is not None)
+        best, best_gene = (-finite[0][0], finite[0][1]) if finite else (None, None)
+        if best is not None and (best_so_far is None or best > best_so_far):
+            best_so_far = best
+        history.append({"generation": generation, "best_suite_accuracy": best,
+                        "mean_suite_accuracy": _mean(-a for a, _ in finite), "best_so_far": best_so_far,
+                        "best_gene": best_gene, "n_members": len(members), "n_evaluated": len(rows),
+                        "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": generation in recorded,
+                        "best_perplexity": None, "mean_perplexity": None})
+    return history
+
+
+def _suite_ranking(suite: Mapping) -> list[dict]:
+    """The ranking of a suite run: its ranked genes in the shape of ``rank_genes`` (perplexity None)."""
+    return [{"rank": r["rank"], "gene": r["gene"], "str": r["str"], "perplexity": None,
+             "suite_accuracy": r["suite_accuracy"], "generation": r["generation"], "id": None, "params": None,
+             "bits_per_byte": None, "n": len(r["points"])} for r in suite["genes"] if r["rank"] is not None]
+
+
+def _suite_baseline(suite: Mapping) -> dict | None:
+    row = suite.get("baseline")
+    if row is None:
+        return None
+    ok = row["suite_accuracy"] is not None and not row["all_failed"]
+    return {"gene": row["gene"], "str": row["str"], "perplexity": None,
+            "suite_accuracy": row["suite_accuracy"] if ok else None,
+            "status": "ok" if ok else ("missing" if row["missing"] else "failed"),
+            "error": None if ok else f"points failed: {', '.join(row['failed'])}" if row["failed"] else None,
+            "n": len(row["points"]), "params": None}
+
+
 # -- the summary ----------------------------------------------------------------------------
 @dataclass
 class RunSummary:
@@ -383,6 +479,7 @@ class RunSummary:
     pareto: dict | None = None  # multi-objective runs: pareto_summary
     constraints: dict | None = None  # runs with caps: search.constraints.constraint_view
     init_from: dict | None = None  # warm-started runs: the store's meta init_from
+    suite: dict | None = None  # suite runs: suite_view (the gene x point table, ranked by suite accuracy)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -437,6 +534,9 @@ class RunSummary:
             constraints=constraints,
             init_from=store.get_meta("init_from"),
         )
+        suite_meta = store.get_meta("suite")
+        if suite_meta:
+            _as_suite_run(summary, suite_meta, store.generations())
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
         return summary
@@ -449,6 +549,13 @@ class RunSummary:
     @property
     def best_perplexity(self) -> float | None:
         return self.best["perplexity"] if self.best else None
+
+    @property
+    def best_row(self) -> dict | None:
+        """A suite run's best gene's row of the suite table (None otherwise)."""
+        if self.suite is None or self.best is None:
+            return None
+        return next(r for r in self.suite["genes"] if r["gene"] == self.best["key"])
 
     @property
     def best_generation(self) -> int | None:
@@ -508,14 +615,16 @@ class RunSummary:
             best_gene.update(key=self.best["key"], str=self.best["str"])
             if "layers" in self.best:  # a per-layer genome: its fields are per layer
                 best_gene["layers"] = self.best["layers"]
+        value = ("suite_accuracy",) if self.suite is not None else ()  # a suite run's value beside perplexity
         result = {
             "best_gene": best_gene,
             "best_perplexity": self.best_perplexity,
             "best_generation": self.best_generation,
             "history": [{k: h[k] for k in ("generation", "best_perplexity", "mean_perplexity", "best_gene")}
+                        | {f"{k}_suite_accuracy": h[f"{k}_suite_accuracy"] for k in ("best", "mean") if value}
                         for h in self.history],
             "top_5": [{"gene": r["gene"], "perplexity": r["perplexity"], "generation": r["generation"]}
-                      for r in self.top(5)],
+                      | {k: r[k] for k in value} for r in self.top(5)],
             "baseline": self.baseline,
             "improvement": self.improvement,
             "config": self.config,
@@ -535,11 +644,31 @@ class RunSummary:
             result["constraints"] = {k: v for k, v in self.constraints.items() if k != "infeasible_keys"}
         if self.init_from is not None:
             result["init_from"] = self.init_from
+        if self.suite is not None:
+            result["suite"] = self.suite
         return to_jsonable(result)
 
     @property
     def multi_objective(self) -> bool:
         return self.pareto is not None
+
+
+def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None:
+    """Replace the perplexity-ranked parts of ``summary`` by those of a suite run (see the module
+    docstring); the counts, failures and evaluations stay per training."""
+    suite = suite_view(meta, summary.evaluations, summary.config.get("seed"))
+    summary.suite = suite
+    summary.ranking = _suite_ranking(suite)
+    top = summary.ranking[0] if summary.ranking else None
+    summary.best = None if top is None else {**gene_info(top["gene"]), "perplexity": None,
+                                             "suite_accuracy": top["suite_accuracy"],
+                                             "generation": top["generation"], "id": None}
+    summary.baseline = _suite_baseline(suite)
+    summary.improvement = None
+    summary.history = suite_history(table, suite)
+    summary.components = []
+    base = summary.baseline["suite_accuracy"] if summary.baseline else None
+    suite["vs_baseline"] = None if top is None or base is None else top["suite_accuracy"] - base
 
 
 def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
@@ -612,12 +741,26 @@ def _outcome(s: RunSummary) -> tuple[str, str]:
     if s.best is None and s.constraints and s.counts["ok"]:
         return "all_infeasible", (f"No feasible gene: every one of the {_plural(s.counts['ok'], 'finished evaluation')} "
                                   f"breaks a cap ({caps_text(s.constraints)}).")
+    if s.suite is not None:
+        return _suite_outcome(s)
     if s.best is None:
         failures = ", ".join(f"{status}: {n}" for status, n in s.counts["failed"].items())
         return "all_failed", f"All {_plural(n_search, 'evaluation')} failed ({failures})."
     text = (f"Best gene {s.best['str']} (`{s.best['key']}`): validation perplexity "
             f"{s.best['perplexity']:.2f}, found in generation {s.best['generation']}.")
     return "ok", text
+
+
+def _suite_outcome(s: RunSummary) -> tuple[str, str]:
+    suite, n = s.suite, len(s.suite["points"])
+    if s.best is None:
+        if all(r["missing"] for r in suite["genes"]):
+            return "empty", f"No gene has trained on all {n} points of suite {suite['name']} yet."
+        return "all_failed", f"Every gene failed on every point of suite {suite['name']}."
+    failed = f"; it failed on {', '.join(s.best_row['failed'])} (scored 0)" if s.best_row["failed"] else ""
+    return "ok", (f"Best gene {s.best['str']} (`{s.best['key']}`): suite accuracy {s.best['suite_accuracy']:.4f} "
+                  f"(the mean accuracy over the {n} points of suite {suite['name']}), found in generation "
+                  f"{s.best['generation']}{failed}.")
 
 
 def _other_writer(run_dir, done: bool) -> dict | None:
@@ -637,9 +780,12 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
                               "this run; the report shows what is stored so far"))
     name = data.get("name") or c.get("data")
     details = [f"{k} {data[k]}" for k in ("vocab_size", "seq_len") if data.get(k) is not None]
-    if name is not None:
+    if s.suite is not None:
+        rows.append(("Suite", f"{s.suite['name']} ({s.suite.get('source')}): " + ", ".join(
+            f"{p['label']} ({p['steps']} steps)" for p in s.suite["points"])))
+    elif name is not None:
         rows.append(("Data", f"{name}" + (f" ({', '.join(details)})" if details else "")))
-    if c.get("train_steps") is not None:
+    if c.get("train_steps") is not None and s.suite is None:
         rows.append(("Training steps per evaluation", f"{c['train_steps']} (batch {c.get('batch_size')})"))
     if c:
         rows.append(("Learning-rate schedule", run_schedule_text(c)))

@@ -33,6 +33,18 @@ Constraints (``max_params``, ``max_flops``, ``max_latency_ms``, ``max_memory_mb`
 ``constraints``); before training a generation it counts the parameters (and FLOPs) of every new
 gene and never trains one over a cap (meta ``infeasible``); the strategy is told each gene's excess
 over the caps, read from its costs or its record, so a resume replays the same decisions.
+
+A suite (``suite``: ``data.suites``, scored by ``train.suite``): a gene's fitness request is one
+training per point of the suite (each a Trial of ``train.suite.point_config``, with the run's seed,
+stored with its role and generation like any other, so a resume retrains nothing), and the
+strategy is told the negative of the gene's suite accuracy (the mean accuracy over the points, a
+failed point counting 0; the strategy minimises, so ``Individual.fitness`` is the suite accuracy).
+A gene whose every point failed is told a failure. The baseline trains on every point too. The run
+keeps its suite in the store's meta ``suite`` (``train.suite.suite_meta``: each point's data,
+steps, fingerprint and context), from which the report and ``status`` rebuild every score; a resume
+refuses a suite that changed since. ``planned`` counts trainings (requests x points). A suite run
+has one objective (``suite_accuracy``) and no multi-fidelity, caps, warm start or kept models
+(``Config`` and ``Search`` refuse them); trackers get each training but no per-generation line.
 """
 
 from __future__ import annotations
@@ -59,7 +71,8 @@ from evo_attention.search.warm_start import META_KEY as INIT_FROM, initial_genes
 from evo_attention.train.config import Config
 from evo_attention.train.environment import versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, failed_record, objective_values
-from evo_attention.train.spec import Trial
+from evo_attention.train.spec import Trial, load_task
+from evo_attention.train.suite import SuiteScore, point_configs, suite_meta, suite_score
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_directory_path
 from evo_attention.util.format import finite_or_none
@@ -70,14 +83,23 @@ from evo_attention.util.progress import SearchView
 
 def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int:
     """Fitness requests a search at ``config`` makes (at most, with a multi-fidelity schedule),
-    the baseline included."""
+    the baseline included; on a suite, the trainings (one per request and point)."""
     strategy = strategy or strategy_from_config(config)
     schedule = schedule_from_config(config)
     if schedule is None:
         requests = strategy.total_evaluations()
     else:
         requests = sum(schedule.planned(strategy.batch_size(g)) for g in range(strategy.n_generations))
-    return requests + (1 if config.baseline else 0)
+    return (requests + (1 if config.baseline else 0)) * _points(config)
+
+
+def _points(config: Config) -> int:
+    """Trainings per fitness request: the points of the run's suite, else 1."""
+    if config.suite is None:
+        return 1
+    from evo_attention.data.suites import load_suite
+
+    return len(load_suite(config.suite).points)
 
 
 def _now() -> str:
@@ -99,7 +121,8 @@ class Search:
         self.keep_models = keep_models  # the K best trained models stay in out_dir/models (search/models.py)
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         self.strategy = strategy_from_config(config)  # bad strategy settings fail before any data is read
-        if data is None:
+        self.suite = self._load_suite(config, data, keep_models)  # None: one training per request, on ``data``
+        if data is None and self.suite is None:
             from evo_attention.data import data_from_config
 
             data = data_from_config(config)
@@ -112,7 +135,8 @@ class Search:
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
         self.planned = planned_evaluations(config, self.strategy)
-        self.context = self._trial(AttentionGene.vanilla().key).context  # the run's full-budget trials
+        # the run's full-budget trials (a suite run's are per point: its meta ``suite``)
+        self.context = None if self.suite is not None else self._trial(AttentionGene.vanilla().key).context
         if resume and not RunStore.exists(self.out_dir):
             RunStore.open(self.out_dir)  # "no run in ...": said before a lock file is made there
         self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
@@ -125,6 +149,7 @@ class Search:
         self.history: list[dict] = []
         self.baseline: Individual | None = None
         self._records: dict[str, EvaluationRecord] = {}
+        self._scores: dict[str, SuiteScore] = {}  # a suite run: each gene's score (its records on every point)
         self._runner: Runner | None = None
         # constraints: the resolved limits, the costs counted before training, the genes never trained
         self._limits: dict = {}
@@ -148,7 +173,9 @@ class Search:
                     "overwrite", setting=("objectives", "overwrite"))
             store = RunStore.open(self.out_dir)
             stored = store.get_meta("data") or {}
-            if stored.get("fingerprint") not in (None, self.data.fingerprint):
+            if self.suite is not None or store.get_meta("suite") is not None:
+                self._check_resumed_suite(store)
+            elif stored.get("fingerprint") not in (None, self.data.fingerprint):
                 store.close()
                 raise UserError(
                     f"the data differs from the data the run in {self.out_dir} started with (fingerprint "
@@ -162,14 +189,92 @@ class Search:
                                 f"it to plugins to resume", setting="plugins")
             return store
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
-                "data": self.data.describe(), "versions": versions(), "done": False,
+                "data": self._data_meta(), "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
-                # fitness requests of the search itself; the baseline (config.baseline) comes on top
-                "planned": self.strategy.total_evaluations(),
+                # trainings of the search itself (a request per gene, times the suite's points); the baseline
+                # (config.baseline) comes on top
+                "planned": self.strategy.total_evaluations() * _points(self.config),
                 "context": self.context, "plugins": self.plugins}
-        if self.data.vocab is not None:
+        if self.suite is not None:
+            meta["suite"] = self._suite_meta()
+        elif self.data.vocab is not None:
             meta["vocab"] = json.loads(self.data.vocab.to_json())
         return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
+
+    # -- a suite ---------------------------------------------------------------------------------
+    def _load_suite(self, config: Config, data, keep_models: int):
+        """The run's suite (None without one), its points' configs and datasets loaded; UserError for
+        a suite that cannot be read and for what a suite run does not take."""
+        if config.suite is None:
+            return None
+        from evo_attention.data.suites import load_suite
+
+        suite = load_suite(config.suite)
+        if data is not None:
+            raise UserError(f"suite {suite.name} names the data of its points: give data or suite, not both",
+                            setting=("data", "suite"))
+        if keep_models:
+            raise UserError(f"keep_models {keep_models} cannot be combined with suite {suite.name}: a gene trains one "
+                            "model per point; drop keep_models", setting=("keep_models", "suite"))
+        self.point_configs = point_configs(config, suite)
+        self.point_data = {label: load_task(c.task) for label, c in self.point_configs.items()}
+        return suite
+
+    def _point_trial(self, key: str, label: str) -> Trial:
+        return Trial.from_config(key, self.point_configs[label], data=self.point_data[label])
+
+    def _suite_meta(self) -> dict:
+        vanilla = AttentionGene.vanilla().key
+        return suite_meta(self.suite, {label: self._point_trial(vanilla, label) for label in self.suite.labels})
+
+    def _data_meta(self) -> dict:
+        """The meta ``data``: the dataset's description, or a suite run's name for its data."""
+        if self.suite is None:
+            return self.data.describe()
+        return {"name": f"suite {self.suite.name}", "suite": self.suite.name, "points": len(self.suite.points)}
+
+    def _check_resumed_suite(self, store: RunStore) -> None:
+        """A resumed suite run must have the suite (points, data, steps, settings) it started with."""
+        stored = store.get_meta("suite")
+        now = self._suite_meta() if self.suite is not None else None
+        identity = ("label", "fingerprint", "steps", "context")
+        same = stored is not None and now is not None and (
+            [{k: p.get(k) for k in identity} for p in stored.get("points") or []]
+            == [{k: p[k] for k in identity} for p in now["points"]])
+        if not same:
+            store.close()
+            was = f"suite {stored['name']}" if stored else "no suite"
+            now = f"suite {self.suite.name}" if self.suite else "no suite"
+            raise UserError(f"the run in {self.out_dir} started with {was} and is resumed with {now}, whose points "
+                            "differ (data, steps or settings): resume with the points it started with, or start a "
+                            "new run with overwrite", setting=("suite", "overwrite"))
+
+    def _suite_scores(self, keys: list, *, role: str, generation: int | None) -> dict[str, SuiteScore]:
+        """Each gene's score: its trainings on every point, through the runner (stored ones are cache
+        hits). Point by point, so that a point's data is built once per worker process."""
+        pairs = [(label, key) for label in self.suite.labels for key in keys]
+        name = "baseline" if role == "baseline" else f"gen {generation}"
+        tasks = [EvalTask(self._point_trial(key, label), role=role, generation=generation, label=f"{name} {label}")
+                 for label, key in pairs]
+        done = self._runner.evaluate(tasks)
+        found: dict[str, dict] = {key: {} for key in keys}
+        for (label, key), task in zip(pairs, tasks):
+            found[key][label] = done[task]
+        scores = {key: suite_score(self.suite.labels, found[key]) for key in keys}
+        self._scores.update(scores)
+        return scores
+
+    @staticmethod
+    def _suite_fitness(score: SuiteScore) -> float | None:
+        """What the strategy (a minimiser) is told of a suite score: minus the suite accuracy; a
+        failure (None) when every point failed."""
+        return None if score.all_failed else -score.aggregate
+
+    def _suite_individual(self, gene: AttentionGene, generation: int, is_elite: bool = False) -> Individual:
+        score = self._scores[gene.key]
+        told = self._suite_fitness(score)
+        return Individual(gene=gene, perplexity=float("inf") if told is None else told, generation=generation,
+                          status="failed" if told is None else "ok", is_elite=is_elite)
 
     def _initial_genes(self) -> dict:
         """The warm start ``init_from`` names (read from the earlier run; its skips are warned)."""
@@ -229,11 +334,17 @@ class Search:
     def _run(self) -> None:
         config = self.config
         with SearchView(self.planned, enabled=not self.quiet) as view, self.executor:
-            self._runner = Runner(self.executor, store=self.store, data={config.task: self.data}, view=view,
+            known = ({config.task: self.data} if self.suite is None else
+                     {self.point_configs[label].task: data for label, data in self.point_data.items()})
+            self._runner = Runner(self.executor, store=self.store, data=known, view=view,
                                   on_finished=self._finished)
             if self.keep_models:
                 prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
-            if config.baseline:
+            if config.baseline and self.suite is not None:
+                vanilla = AttentionGene.vanilla()
+                self._suite_scores([vanilla.key], role="baseline", generation=None)
+                self.baseline = self._suite_individual(vanilla, generation=0)
+            elif config.baseline:
                 vanilla = AttentionGene.vanilla()
                 record = self._evaluate([self._task(vanilla.key, role="baseline", generation=None)])[vanilla.key]
                 self.baseline = self._individual(vanilla, record, generation=0)
@@ -251,7 +362,7 @@ class Search:
                 self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
                 last = self.strategy.history[-1]
-                for tracker in self.trackers:
+                for tracker in self.trackers if self.suite is None else ():  # their lines speak of perplexity
                     tracker.log_generation(generation, finite_or_none(last["best_perplexity"]),
                                            finite_or_none(last["mean_perplexity"]))
 
@@ -281,7 +392,10 @@ class Search:
         keys = list(dict.fromkeys(g.key for g in genes))
         blocked = self._check_before_training(keys, generation)
         keys = [k for k in keys if k not in blocked]
-        if self.schedule is None:
+        if self.suite is not None:
+            scores = self._suite_scores(keys, role="search", generation=generation)
+            told = {k: self._suite_fitness(scores[k]) for k in keys}
+        elif self.schedule is None:
             records = self._evaluate([self._task(k, role="search", generation=generation) for k in keys])
             told = {k: self._fitness(records[k]) for k in keys}
         else:
@@ -448,7 +562,7 @@ class Search:
             tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)
             for tracker in self.trackers:
                 tracker.log_evaluation(self._runner.done - 1, tracked)
-        value = record.metric() if int(record.steps) >= self.config.train_steps else None
+        value = record.metric() if self.suite is None and int(record.steps) >= self.config.train_steps else None
         view = self._runner.view
         if value is not None and view is not None and (view.best is None or value < view.best[1]):
             view.set_best(task.gene, value)
@@ -463,9 +577,14 @@ class Search:
                           violation=violation)
 
     def _refresh(self) -> None:
-        self.population = [self._individual(m.gene, self._records[m.gene.key], m.generation, m.is_elite,
-                                            perplexity=m.perplexity, objectives=m.objectives, violation=m.violation)
-                           for m in self.strategy.population]
+        if self.suite is not None:
+            self.population = [self._suite_individual(m.gene, m.generation, m.is_elite)
+                               for m in self.strategy.population]
+        else:
+            self.population = [self._individual(m.gene, self._records[m.gene.key], m.generation, m.is_elite,
+                                                perplexity=m.perplexity, objectives=m.objectives,
+                                                violation=m.violation)
+                               for m in self.strategy.population]
         self.history = [{k: v for k, v in h.items() if k != "members"} for h in self.strategy.history]
 
     # -- results -------------------------------------------------------------------------------

@@ -292,16 +292,18 @@ class StudySetup:
         records = self.run(self.tasks(genes, labels), on_finished=on_finished)
         return {(task.gene, task.seed): record for task, record in records.items()}
 
-    def run(self, tasks: Sequence[EvalTask], *,
-            on_finished: FinishedFn | None = None) -> dict[EvalTask, EvaluationRecord]:
-        """The record of every task (tasks of this setup's data; their trials may differ in anything
-        else, e.g. the points of a learning-rate grid): from the store when there, else trained and
-        stored at once, in one call of the runner."""
+    def run(self, tasks: Sequence[EvalTask], *, on_finished: FinishedFn | None = None,
+            datasets: Mapping | None = None) -> dict[EvalTask, EvaluationRecord]:
+        """The record of every task (tasks of this setup's data, or of ``datasets``: task spec ->
+        its dataset, e.g. the points of a suite; their trials may differ in anything else, e.g. the
+        points of a learning-rate grid): from the store when there, else trained and stored at
+        once, in one call of the runner."""
         executor = (self.executor if self.executor is not None
                     else make_executor("local", batch_models=self.config.batch_models))
+        known = {**({self.config.task: self.data} if self.data is not None else {}), **(datasets or {})}
         try:
             with SearchView(len(tasks), enabled=not self.quiet) as view:
-                runner = Runner(executor, store=self.store, data={self.config.task: self.data}, view=view,
+                runner = Runner(executor, store=self.store, data=known, view=view,
                                 activity=f"{self.role}:", on_finished=on_finished)
                 return runner.evaluate(list(tasks))
         finally:
@@ -325,7 +327,7 @@ class StudySetup:
             "search_seed": self.search_seed, "steps": self.steps if steps is None else steps,
             "source_run": self.source_run,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "config": self.config.to_dict(), "data": self.data.describe(),
+            "config": self.config.to_dict(), "data": None if self.data is None else self.data.describe(),
             "versions": {**versions(), "numpy": numpy.__version__, "scipy": scipy.__version__,
                          "matplotlib": matplotlib.__version__},
             "machine": machine(),

@@ -20,6 +20,11 @@ on, and writes its ``CompareResult`` as ``compare_results.json``, ``compare.md``
 With a learning-rate grid (``lr_grid``) every configuration, the baseline included, is trained at
 its own best rate of the grid, selected by validation loss on tuning seeds of their own
 (``studies.lr_grid``); the result then carries the ``grid`` block (``compare_lr_grid.png``).
+
+With a suite (``suite``, or the config's ``suite``) every configuration and the baseline train on
+every point of the suite instead (``studies.suite``): the result is a ``SuiteResult`` (gene x point
+accuracies, suite accuracy, paired verdicts against the baseline with two seeds or more), written
+as ``compare_suite.json``, ``compare_suite.md`` and ``compare_suite.png`` (the heat map).
 """
 
 from __future__ import annotations
@@ -228,7 +233,7 @@ class CompareResult(StudyResult):
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
                 out_dir: str | Path | None = "runs/compare", data=None, executor="local",
                 store: RunStore | None = None, quiet: bool = False, lr_grid=None,
-                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> CompareResult:
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, suite=None):
     """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
     summarise; writes the outputs into ``out_dir`` (unless None). ``lr_grid``: each configuration
     at its own best rate of the grid (``studies.lr_grid``), tuned on ``n_tuning_seeds`` seeds.
@@ -238,9 +243,16 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     none (``out_dir`` None: nothing cached). A stored training is never run again, so a repeat
     with the same settings trains nothing. ``executor``: a name for ``make_executor`` or an
     Executor (left open).
+
+    ``suite`` (a suite's name, YAML path or ``Suite``; default the config's ``suite``): every
+    configuration and the baseline on every point of it; returns a ``studies.suite.SuiteResult``.
     """
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
+    suite = config.suite if suite is None else suite
+    if suite is not None:
+        return _compare_on_suite(config, entries, suite, seeds=seeds, out_dir=out_dir, executor=executor, store=store,
+                                 quiet=quiet, lr_grid=lr_grid)
     validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
     if lr_grid is not None:  # the grid's checks, before anything is written or loaded
         parse_lr_grid(lr_grid)
@@ -282,6 +294,33 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
         result = _result_of(setup, pool, entries, done, time.perf_counter() - start, grid=grid)  # the store still open
     if out_dir is not None:
         write_outputs(out_dir, result)
+    return result
+
+
+def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, executor, store, quiet: bool, lr_grid):
+    """``run_compare`` on a suite (``studies.suite``), kept in the same stores."""
+    from evo_attention.data.suites import Suite, load_suite
+    from evo_attention.studies.suite import run_suite, write_suite
+
+    validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    if lr_grid is not None:
+        raise UserError(f"lr_grid cannot be combined with suite {suite.name}: a rate per configuration and point is "
+                        "not defined yet; drop one of them", setting=("lr_grid", "suite"))
+    if out_dir is not None:
+        output_dir(out_dir)
+    own = not isinstance(executor, Executor)
+    pool = make_executor(executor) if own else executor
+    with ExitStack() as stack:
+        if own:
+            stack.enter_context(pool)
+        if store is None and out_dir is not None:
+            store = stack.enter_context(study_store(out_dir, config, "compare"))
+        setup = StudySetup.resolve(config, None, role="compare", n_seeds=seeds, min_seeds=1, metric="suite_accuracy",
+                                   store=store, executor=pool, quiet=quiet, seeds_setting="seeds")
+        result = run_suite(setup, suite, entries, study="compare")
+    if out_dir is not None:
+        write_suite(result, out_dir)
     return result
 
 

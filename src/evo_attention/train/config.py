@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec
-from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE
+from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
 from evo_attention.train.spec import WARMUP_SCHEDULES, TaskSpec, TrainSpec, freeze, steps_of
 from evo_attention.util.errors import UserError
 
@@ -114,6 +114,12 @@ class Config:
                                help="what the search minimises, comma-separated: perplexity first, then any of "
                                     "params, flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
     baseline: bool = setting(True, group="search")  # also train the vanilla transformer under the same budget
+    # a suite of task points (data.suites: a shipped name or a YAML file): each gene trains on every point
+    # and is scored by its mean accuracy over them (train.suite); the points' data replaces ``data``
+    suite: str | None = setting(None, group="search", flag="suite", parse="str", metavar="NAME|FILE",
+                                help="score each gene on every point of this suite of tasks (mad-cpu, mad-paper or "
+                                     "a suite YAML file): fitness is its mean accuracy over the points "
+                                     "(suite_accuracy, maximised); each point trains for the suite's steps")
     # warm start: the first generation starts from the best genes of an earlier run (search/warm_start.py)
     init_from: str | None = setting(None, group="search", flag="init-from", parse="str", metavar="RUN[:K]",
                                     help="start the first generation from the best K genes (default: the population "
@@ -448,6 +454,7 @@ def _check_search(c: Config) -> None:
         raise UserError(f"strategy must be a name such as 'ga' or 'random', got {c.strategy!r}", setting="strategy")
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
+    _check_suite_name(c)
     _check_objectives(c)
     _check_init_from(c)
     _check_caps(c)
@@ -461,6 +468,7 @@ def _check_search(c: Config) -> None:
     if c.halving_audit and c.fidelity == "full" and c.hurdle is None:
         raise UserError(f"halving_audit {c.halving_audit} needs fidelity halving or a hurdle: at full fidelity every "
                         "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
+    _check_suite_search(c)
 
 
 # the constraints a search may set (search/constraints.py): Config field -> what it caps
@@ -517,17 +525,37 @@ def _check_caps(c: Config) -> None:
                         setting=(relative[0], "baseline"))
 
 
+def _check_suite_name(c: Config) -> None:
+    if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
+        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
+                        f"{c.suite!r}", setting="suite")
+
+
+def _check_suite_search(c: Config) -> None:
+    """What a search on a suite does not support (yet): each would need its own rule per point."""
+    if c.suite is None:
+        return
+    unsupported = [("fidelity", c.fidelity != "full"), ("hurdle", c.hurdle is not None),
+                   ("init_from", c.init_from is not None)]
+    unsupported += [(name, getattr(c, name) is not None) for name in CAP_FIELDS]
+    name = next((name for name, given in unsupported if given), None)
+    if name is not None:
+        raise UserError(f"{name} {getattr(c, name)!r} cannot be combined with suite {c.suite!r}: a search on task "
+                        f"points scores a gene by its mean accuracy over them, and {name} is not defined for that "
+                        "yet; drop one of them", setting=(name, "suite"))
+
+
 def _check_objectives(c: Config) -> None:
     if isinstance(c.objectives, str):  # "perplexity,params" as a YAML scalar
         c.objectives = [name.strip() for name in c.objectives.split(",")]
     elif isinstance(c.objectives, tuple):
         c.objectives = list(c.objectives)
-    valid = ", ".join(OBJECTIVES)
+    valid = ", ".join(list(OBJECTIVES) + [SUITE_OBJECTIVE])
     if not isinstance(c.objectives, list) or not c.objectives or not all(isinstance(o, str) for o in c.objectives):
         raise UserError(f"objectives must be a list of names such as [perplexity, params], got {c.objectives!r}",
                         setting="objectives")
     for name in c.objectives:
-        if name not in OBJECTIVES:
+        if name not in OBJECTIVES and name != SUITE_OBJECTIVE:
             close = _closest(name, OBJECTIVES)
             hint = f" (did you mean {close!r}?)" if close else ""
             raise UserError(f"unknown objective {name!r}{hint}: valid objectives are {valid}", setting="objectives")
@@ -535,6 +563,17 @@ def _check_objectives(c: Config) -> None:
     if repeated is not None:
         raise UserError(f"objective {repeated!r} is named twice in objectives: name each objective once",
                         setting="objectives")
+    if c.suite is not None:
+        if c.objectives == [PRIMARY_OBJECTIVE]:  # the default: on a suite, the primary objective is the suite's
+            c.objectives = [SUITE_OBJECTIVE]
+        if c.objectives != [SUITE_OBJECTIVE]:
+            raise UserError(f"objectives {','.join(c.objectives)} with suite {c.suite}: a search on task points has "
+                            f"one objective, {SUITE_OBJECTIVE} (the mean accuracy over the points, maximised); several "
+                            "objectives are not supported there", setting=("objectives", "suite"))
+        return
+    if SUITE_OBJECTIVE in c.objectives:
+        raise UserError(f"objective {SUITE_OBJECTIVE} scores a gene on a set of task points: give suite (e.g. "
+                        f"mad-cpu), or use {PRIMARY_OBJECTIVE}", setting=("objectives", "suite"))
     if c.objectives[0] != PRIMARY_OBJECTIVE:
         raise UserError(f"objectives must start with {PRIMARY_OBJECTIVE} (the primary objective), got "
                         f"{','.join(c.objectives)}: put {PRIMARY_OBJECTIVE} first", setting="objectives")

@@ -208,6 +208,9 @@ OBJECTIVES = {
     "peak_memory_mb": "peak_memory_mb",
 }
 PRIMARY_OBJECTIVE = "perplexity"
+# the primary (and only) objective of a search on a suite of tasks: a gene's mean accuracy over the
+# suite's points, read from its records on every point (train.suite), maximised; not a record field
+SUITE_OBJECTIVE = "suite_accuracy"
 
 
 def objective_value(record: Mapping, name: str) -> float | None:

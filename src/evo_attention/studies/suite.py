@@ -1,0 +1,171 @@
+"""Genes on a suite of tasks with several seeds: ``compare --suite`` and ``validate --suite``.
+
+    from evo_attention.studies.suite import run_suite, write_suite
+    setup = StudySetup.resolve(config, None, role="validate", n_seeds=5, metric="suite_accuracy", store=store)
+    result = run_suite(setup, load_suite("mad-cpu"), [("baseline", vanilla), ("rope", rope_gene)], study="validation")
+    write_suite(result, "runs/validate")     # validation_suite.json, .md and the heat map .png
+
+Every (gene, point, seed) is one training: a Trial of ``train.suite.point_config(config, point)``
+(the study's Config with the point's data, task options and steps; the suite's steps win) with
+seed ``seed``. All of them go through the runner in one call (point by point), cached in the
+setup's store: a repeat trains nothing. The baseline (the vanilla gene) always takes part.
+
+Per gene and seed, the suite score (``train.suite.SuiteScore``): the aggregate is the mean accuracy
+over the points, a failed training counting 0 accuracy on its point (and listed under ``failed``).
+Per gene and point, the mean ± sd over the seeds of the same scored accuracies (a failed seed
+counts 0 there too, and ``n_failed`` says how many), so a gene's aggregate mean is the mean of its
+point means. Each gene's per-seed aggregates are compared with the baseline's, paired by seed
+(``util.stats.versus_reference`` on the linear scale: accuracy is additive, so the change and the
+equivalence margin are in accuracy units, 0.01 = one point; higher is better), Holm-corrected over
+the genes of this study (not over earlier studies in the store). With one seed there is no
+comparison (``compare`` defaults to one seed).
+
+The result (``SuiteResult``, kind ``suite``) is written as ``compare_suite.*`` or
+``validation_suite.*`` (``_test`` for the test split; ``report.attachments``), with the markdown and
+heat map of ``report.studies.suite_markdown`` and ``report.figures.plot_suite_heatmap``; the run
+report shows them when they lie in its directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Mapping, Sequence
+
+from evo_attention.genes import VANILLA_KEY, AttentionGene
+from evo_attention.report.attachments import output_stem
+from evo_attention.report.studies import headline, suite_heatmap_rows, suite_markdown
+from evo_attention.search.executors import EvalTask
+from evo_attention.studies.common import ANALYSIS, SeedStudyResult, StudySetup
+from evo_attention.train.record import SUITE_OBJECTIVE
+from evo_attention.train.spec import Trial, load_task
+from evo_attention.train.suite import point_configs, suite_score
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.files import output_dir, write_text
+from evo_attention.util.jsonio import dumps, to_jsonable
+
+STUDIES = ("compare", "validation")
+
+
+@dataclass(frozen=True, eq=False)
+class SuiteResult(SeedStudyResult):
+    """Genes on a suite: the baseline's and every gene's row (per point and aggregate), the paired
+    verdicts, the headline, then the provenance."""
+
+    kind: ClassVar[str] = "suite"
+
+    @property
+    def baseline(self) -> dict:
+        return self["baseline"]
+
+    @property
+    def genes(self) -> list[dict]:
+        return self["genes"]
+
+    @property
+    def headline(self) -> str:
+        return self["headline"]
+
+
+def with_baseline(entries: Sequence[tuple[str, AttentionGene | str]]) -> list[tuple[str, str]]:
+    """``(name, gene key)`` of ``entries`` (repeats dropped), the vanilla baseline first (named
+    ``baseline`` unless an entry names it)."""
+    out: dict[str, str] = {}
+    for name, gene in entries:
+        key = AttentionGene.parse(gene).key
+        if key not in out.values():
+            out[str(name)] = key
+    base = next((n for n, k in out.items() if k == VANILLA_KEY), None)
+    if base is None:
+        return [("baseline", VANILLA_KEY)] + list(out.items())
+    return [(base, VANILLA_KEY)] + [(n, k) for n, k in out.items() if k != VANILLA_KEY]
+
+
+def run_suite(setup: StudySetup, suite, entries: Sequence[tuple[str, AttentionGene | str]], *,
+              study: str) -> SuiteResult:
+    """Train every entry (and the baseline) on every point of ``suite`` with ``setup``'s seeds and
+    compare; ``study`` ('compare' or 'validation') names the result's files."""
+    if study not in STUDIES:
+        raise ValueError(f"study must be one of {STUDIES}, got {study!r}")
+    if setup.lr_grid:
+        raise UserError(f"lr_grid cannot be combined with suite {suite.name}: a rate per gene and point is not "
+                        "defined yet; drop one of them", setting=("lr_grid", "suite"))
+    named = with_baseline(entries)
+    configs = point_configs(setup.config, suite)
+    datasets = {label: load_task(c.task) for label, c in configs.items()}
+    tasks, index = [], []
+    for point in suite.points:  # point by point: a point's data is built once per worker process
+        for name, key in named:
+            for seed in setup.seeds:
+                trial = Trial.from_config(key, configs[point.label], seed=seed, eval_split=setup.eval_split,
+                                          data=datasets[point.label])
+                tasks.append(EvalTask(trial, role=setup.role, label=f"{name} {point.label}, seed {seed}"))
+                index.append((key, point.label, seed))
+    done = setup.run(tasks, datasets={configs[label].task: data for label, data in datasets.items()})
+    records = {where: done[task] for where, task in zip(index, tasks)}
+    numbers = suite_statistics(setup, suite, named, records, configs)
+    return SuiteResult({"study": study, **numbers}, setup.provenance(steps=None))
+
+
+def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]], records: Mapping,
+                     configs: Mapping) -> dict:
+    """The numbers of a suite study from its records ((gene key, point label, seed) -> record)."""
+    labels, seeds = suite.labels, list(setup.seeds)
+    scores = {(key, seed): suite_score(labels, {label: records[key, label, seed] for label in labels})
+              for _, key in named for seed in seeds}
+    rows = {key: gene_row(name, key, [scores[key, s] for s in seeds], seeds, setup.confidence) for name, key in named}
+    (_, base_key), others = named[0], named[1:]
+    compared = {}
+    if len(seeds) >= 2 and others:
+        compared = stats.versus_reference({key: rows[key]["values"] for _, key in others}, rows[base_key]["values"],
+                                          confidence=setup.confidence, log=False, margin=setup.margin,
+                                          lower_is_better=False, power=setup.power)
+    result = {
+        "kind": "suite", "analysis": ANALYSIS, "metric": SUITE_OBJECTIVE, "metric_label": setup.metric_label,
+        "lower_is_better": False, "eval_split": setup.eval_split, "confidence": setup.confidence, "seeds": seeds,
+        "margin": setup.margin, "family_size": len(compared),
+        "suite": {"name": suite.name, "source": suite.source, "description": suite.description,
+                  "points": [{"label": p.label, "data": p.data, "options": dict(p.options),
+                              "steps": configs[p.label].train_steps} for p in suite.points]},
+        "baseline": rows[base_key],
+        "genes": [{**rows[key], **compared.get(key, {})} for _, key in others],
+    }
+    result["headline"] = headline(result)
+    return to_jsonable(result)
+
+
+def gene_row(name: str, key: str, scores: Sequence, seeds: Sequence[int], confidence: float) -> dict:
+    """One gene's row: per point the scored accuracies over the seeds (a failed training counts 0),
+    their mean and sd; the per-seed aggregates with their mean, sd and interval; every failure."""
+    points = {}
+    for label in scores[0].labels:
+        results = [score.point(label) for score in scores]
+        values = [r.scored for r in results]
+        points[label] = {"values": values, **{k: v for k, v in stats.describe(values, confidence).items()
+                                              if k in ("mean", "sd")},
+                         "n_failed": sum(r.failed for r in results),
+                         "val_loss": stats.describe([r.val_loss for r in results if r.val_loss is not None])["mean"]}
+    failures = [{"seed": seed, "point": r.label, "status": r.status, "error": r.error}
+                for seed, score in zip(seeds, scores) for r in score.points if r.failed]
+    values = [score.aggregate for score in scores]
+    return {"name": name, "gene": key, "str": str(AttentionGene.parse(key)), "seeds": list(seeds), "values": values,
+            **stats.describe(values, confidence), "points": points, "n_failed": len(failures), "failures": failures}
+
+
+def write_suite(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``compare_suite.*`` or ``validation_suite.*`` (json, md, png: the heat map) into ``out_dir``."""
+    from evo_attention.report.figures import plot_suite_heatmap
+
+    out = output_dir(out_dir)
+    stem = output_stem(f"{result['study']}_suite", result.get("eval_split", "valid"))
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
+    write_text(paths["json"], dumps(result) + "\n")
+    write_text(paths["md"], suite_markdown(result, figure=paths["png"].name))
+    columns, rows = suite_heatmap_rows(result)
+    seeds = result.get("seeds") or []
+    plot_suite_heatmap(columns, rows, paths["png"],
+                       title=f"Suite {result['suite']['name']}: accuracy per point, mean over {len(seeds)} "
+                             f"seed{'s' if len(seeds) != 1 else ''} ({result.get('eval_split')} split)")
+    return paths

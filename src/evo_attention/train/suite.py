@@ -1,0 +1,200 @@
+"""A gene's score on a suite: one training per (gene, point, seed), one number per gene and seed.
+
+    from evo_attention.data.suites import load_suite
+    from evo_attention.train.suite import point_configs, suite_score
+
+    suite = load_suite("mad-cpu")
+    configs = point_configs(config, suite)           # label -> the Config of a training on that point
+    trial = Trial.from_config(gene, configs["recall"], seed=seed, data=...)
+    score = suite_score(suite.labels, {label: record, ...})
+    score.aggregate, score.point("recall").accuracy, score.failed
+
+The contract every user of a suite shares (``search --suite``, ``compare --suite``,
+``validate --suite`` and the report):
+
+- **A training on a point is an ordinary Trial** of ``point_config(config, point)``: the caller's
+  Config overlaid with ``point.settings()`` (``train.presets.overlay``): the point's data name, its
+  task options, and its steps. Everything else (model size, learning rate, batch, evaluation,
+  seed) is the caller's, so each training has its own key and is cached like any other.
+- **Steps: the suite's win.** A point trains for the steps its suite gives it; ``train_steps``
+  applies only to the points the suite gives none. To train a suite's points for other steps, write
+  a suite file (``steps:`` at the top or per point); the commands say which steps each point gets.
+- **The score of a gene on one seed** (``SuiteScore``): per point, the accuracy over the answer
+  positions and the validation loss of its training; the **aggregate is the mean accuracy over all
+  points**. A point whose training failed (diverged, out of memory, an error, or finished without a
+  finite accuracy) scores **0 accuracy** in the aggregate and is listed in ``failed``: it is never
+  dropped. A point without a record yet is ``missing``, and the aggregate is then None: a score is
+  over the whole suite or it is not given.
+- **Higher is better.** The aggregate is maximised (``SUITE_OBJECTIVE``, ``suite_accuracy``); a
+  strategy, which minimises, is told its negative (``search.driver``).
+
+``suite_meta`` is what a run store keeps of its suite (labels, data names, steps, and the data
+fingerprint and context of every point's trainings), so the report and ``status`` rebuild every
+score from the store alone; ``scores_from_records`` does that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from evo_attention.train.config import Config
+from evo_attention.train.presets import overlay
+from evo_attention.train.record import SUITE_OBJECTIVE, Status, usable_metric
+from evo_attention.util.errors import UserError
+
+FAILED_ACCURACY = 0.0  # what a failed point contributes to the aggregate
+MISSING = "missing"  # the status of a point without a record
+NO_ACCURACY = "no_accuracy"  # the status of an 'ok' training without a finite accuracy
+
+__all__ = ["FAILED_ACCURACY", "SUITE_OBJECTIVE", "PointResult", "SuiteScore", "point_config", "point_configs",
+           "scores_from_records", "suite_meta", "suite_score"]
+
+
+# -- the trainings ------------------------------------------------------------------------------------
+def point_config(config: Config, point) -> Config:
+    """The Config of a training on suite ``point``: ``config`` overlaid with ``point.settings()``
+    (its data, task options and, when the suite gives them, steps). UserError naming the point when
+    the result is not a valid Config (e.g. a warm-up longer than the point's steps)."""
+    settings = overlay(config.to_dict(), point.settings())
+    try:
+        return Config.from_dict(settings, source=f"suite point {point.label}")
+    except UserError as error:
+        raise UserError(f"suite point {point.label}: {error}", setting=error.settings) from None
+
+
+def point_configs(config: Config, suite) -> dict[str, Config]:
+    """``point_config`` of every point of ``suite``, by label (in the suite's order)."""
+    return {point.label: point_config(config, point) for point in suite.points}
+
+
+# -- the score ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PointResult:
+    """One point of a gene's score on one seed."""
+
+    label: str
+    status: str  # the record's status; 'no_accuracy' (ok, no finite accuracy) or 'missing' (no record)
+    accuracy: float | None = None  # the finite accuracy of a finished training, else None
+    val_loss: float | None = None  # its finite validation loss, else None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.accuracy is not None
+
+    @property
+    def failed(self) -> bool:
+        return self.status != MISSING and self.accuracy is None
+
+    @property
+    def scored(self) -> float | None:
+        """What this point adds to the aggregate: its accuracy, 0 if it failed, None if missing."""
+        if self.status == MISSING:
+            return None
+        return FAILED_ACCURACY if self.accuracy is None else self.accuracy
+
+
+def point_result(label: str, record: Mapping | None) -> PointResult:
+    """A point's result from its training's record (None: not trained yet)."""
+    if record is None:
+        return PointResult(label, MISSING)
+    accuracy, loss = usable_metric(record, "accuracy"), usable_metric(record, "val_loss")
+    status = str(record.get("status"))
+    if status == Status.OK and accuracy is None:
+        status = NO_ACCURACY
+    error = record.get("error")
+    return PointResult(label, status, accuracy, loss, None if error is None else str(error))
+
+
+@dataclass(frozen=True)
+class SuiteScore:
+    """A gene's score on a suite for one seed: a ``PointResult`` per point, in the suite's order."""
+
+    points: tuple[PointResult, ...]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(p.label for p in self.points)
+
+    def point(self, label: str) -> PointResult:
+        return next(p for p in self.points if p.label == label)
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        """The points whose training failed (each scores 0 in the aggregate)."""
+        return tuple(p.label for p in self.points if p.failed)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(p.label for p in self.points if p.status == MISSING)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    @property
+    def aggregate(self) -> float | None:
+        """The mean accuracy over all points (a failed point counts 0); None while a point is missing."""
+        if not self.points or self.missing:
+            return None
+        return math.fsum(p.scored for p in self.points) / len(self.points)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every point trained and every one failed (the gene has no result at all)."""
+        return self.complete and bool(self.points) and len(self.failed) == len(self.points)
+
+    def to_dict(self) -> dict:
+        return {"aggregate": self.aggregate, "failed": list(self.failed), "missing": list(self.missing),
+                "points": {p.label: {"status": p.status, "accuracy": p.accuracy, "val_loss": p.val_loss,
+                                     "error": p.error} for p in self.points}}
+
+
+def suite_score(labels: Sequence[str], records: Mapping[str, Mapping | None]) -> SuiteScore:
+    """The score from the record of each point (by label; an absent label is a missing point)."""
+    return SuiteScore(tuple(point_result(label, records.get(label)) for label in labels))
+
+
+# -- what a run store keeps of its suite -----------------------------------------------------------
+def suite_meta(suite, trials: Mapping[str, object]) -> dict:
+    """The run store's record of ``suite`` (meta ``suite``): its name, source and description, and
+    per point its label, data name, task options, steps, and the data fingerprint and context of
+    its trainings (``trials``: label -> a Trial of that point with its fingerprint; any gene, seed)."""
+    return {
+        "name": suite.name, "source": suite.source, "description": suite.description,
+        "points": [{"label": p.label, "data": p.data, "options": dict(p.options), "steps": trials[p.label].steps,
+                    "fingerprint": trials[p.label].task.fingerprint, "context": trials[p.label].context}
+                   for p in suite.points],
+    }
+
+
+def labels_of(meta: Mapping) -> tuple[str, ...]:
+    return tuple(str(p["label"]) for p in meta.get("points") or [])
+
+
+def point_of(record: Mapping, meta: Mapping) -> str | None:
+    """The label of the point ``record`` trained on (by data fingerprint, steps and context), else None."""
+    for p in meta.get("points") or []:
+        if (record.get("data_fingerprint") == p.get("fingerprint") and record.get("context") == p.get("context")
+                and int(record.get("steps") or 0) == int(p.get("steps") or -1)):
+            return str(p["label"])
+    return None
+
+
+def scores_from_records(records: Iterable[Mapping], meta: Mapping, *,
+                        seed: int | None = None) -> dict[str, SuiteScore]:
+    """The suite score of every gene among ``records`` (one seed: ``seed``, else each record's own;
+    the first record of a (gene, point) counts), by gene key in order of first appearance; records
+    of no point of the suite are left out."""
+    labels = labels_of(meta)
+    found: dict[str, dict[str, Mapping]] = {}
+    for record in records:
+        if seed is not None and record.get("seed") != seed:
+            continue
+        label = point_of(record, meta)
+        if label is not None:
+            found.setdefault(str(record.get("gene")), {}).setdefault(label, record)
+    return {gene: suite_score(labels, by_label) for gene, by_label in found.items()}
+

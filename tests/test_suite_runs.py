@@ -1,0 +1,250 @@
+"""Scoring genes on a suite of tasks: the score, compare --suite, validate --suite, search --suite."""
+
+import importlib.util
+import json
+import math
+
+import pytest
+import yaml
+
+from evo_attention import AttentionGene, Config, components
+from evo_attention.cli import main
+from evo_attention.data.suites import load_suite
+from evo_attention.report import load_run, write_report
+from evo_attention.report.attachments import load_attachments
+from evo_attention.report.status import format_status, run_status
+from evo_attention.search.driver import Search
+from evo_attention.search.executors import LocalExecutor
+from evo_attention.search.store import RunStore
+from evo_attention.studies.common import StudySetup
+from evo_attention.studies.compare import resolve_configs, run_compare
+from evo_attention.studies.suite import run_suite
+from evo_attention.train.suite import FAILED_ACCURACY, point_config, suite_score
+from evo_attention.util.errors import UserError
+
+VANILLA = AttentionGene.vanilla().key
+ROPE = AttentionGene.vanilla().replace(position="rope").key
+TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "dropout": 0.0, "batch_size": 4,
+        "eval_batch_size": 16, "eval_steps": None, "learning_rate": 2e-3, "log_every": 1, "max_seq_len": 12,
+        "train_steps": 2}
+TINY_FLAGS = ["--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--batch-size", "4",
+              "--eval-batch-size", "16", "--eval-steps", "all", "--lr", "2e-3", "--seq-len", "12"]
+SUITE = {"suite": "tiny", "steps": 2, "defaults": {"vocab": 12, "train_examples": 64, "eval_examples": 16},
+         "points": [{"label": "recall", "task": "mad:in_context_recall", "knobs": {"seq_len": 12, "pairs": 2}},
+                    {"label": "copy", "task": "mad:selective_copy", "knobs": {"seq_len": 12, "copy": 2}, "steps": 3}]}
+
+
+@pytest.fixture
+def tiny_suite(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SUITE))
+    return str(path)
+
+
+@pytest.fixture
+def boom():
+    """A normalization that always raises: every training of a gene using it fails."""
+
+    @components.register_normalization("boom")
+    def boom_norm(scores, mask):
+        raise RuntimeError("boom went the normalization")
+
+    yield "dot|boom|none|fixed"
+    components.unregister("normalization", "boom")
+
+
+class CountingExecutor(LocalExecutor):
+    def __init__(self):
+        self.trained = []
+
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
+            self.trained.append((task.gene, task.trial.task.data, task.seed))
+            yield task, record
+
+
+# -- the score ------------------------------------------------------------------------------------------
+def test_the_aggregate_is_the_mean_accuracy_and_a_failed_point_counts_zero():
+    ok = {"status": "ok", "accuracy": 0.8, "val_loss": 0.5}
+    score = suite_score(["a", "b", "c"], {"a": ok, "b": {**ok, "accuracy": 0.4},
+                                          "c": {"status": "diverged", "accuracy": math.nan, "val_loss": math.inf,
+                                                "error": "loss nan"}})
+    assert score.aggregate == pytest.approx((0.8 + 0.4 + FAILED_ACCURACY) / 3)
+    assert score.failed == ("c",) and score.complete and not score.all_failed
+    assert score.point("c").status == "diverged" and score.point("c").error == "loss nan"
+    assert score.point("c").accuracy is None and score.point("c").scored == 0.0
+    # an 'ok' training without a finite accuracy is a failure too; a missing point leaves no aggregate
+    odd = suite_score(["a", "b"], {"a": {**ok, "accuracy": math.nan}})
+    assert odd.point("a").status == "no_accuracy" and odd.failed == ("a",)
+    assert odd.missing == ("b",) and odd.aggregate is None and not odd.complete
+    dead = suite_score(["a"], {"a": {"status": "oom"}})
+    assert dead.all_failed and dead.aggregate == 0.0
+    assert json.dumps(score.to_dict())  # plain data
+
+
+def test_a_point_config_is_the_config_with_the_points_data_and_the_suites_steps(tiny_suite):
+    suite = load_suite(tiny_suite)
+    config = Config(**{**TINY, "train_steps": 7, "data": "recall", "recall": {"num_pairs": 2}})
+    recall, copy = (point_config(config, p) for p in suite.points)
+    assert recall.data == suite.points[0].data and recall.recall == {} and recall.train_steps == 2  # the suite's
+    assert copy.train_steps == 3 and copy.d_model == 16 and copy.learning_rate == 2e-3
+    no_steps = load_suite_from({**SUITE, "steps": None, "points": [dict(SUITE["points"][0])]}, tiny_suite)
+    assert point_config(config, no_steps.points[0]).train_steps == 7  # the config's, where the suite gives none
+    with pytest.raises(UserError, match="suite point recall: .*warmup"):
+        point_config(config.replace(lr_schedule="cosine", warmup_steps=5), suite.points[0])
+
+
+def load_suite_from(raw, next_to):
+    from pathlib import Path
+
+    path = Path(next_to).with_name("other.yaml")
+    path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if v is not None}))
+    return load_suite(path)
+
+
+def test_config_objectives_and_what_a_suite_does_not_take(tiny_suite):
+    assert Config(suite=tiny_suite).objectives == ["suite_accuracy"]  # the default objective on a suite
+    assert Config(suite=tiny_suite, objectives=["suite_accuracy"]).objectives == ["suite_accuracy"]
+    with pytest.raises(UserError, match="one objective, suite_accuracy"):
+        Config(suite=tiny_suite, objectives=["perplexity", "params"])
+    with pytest.raises(UserError, match="give suite"):
+        Config(objectives=["suite_accuracy"])
+    for bad in ({"fidelity": "halving"}, {"max_params": 1000}, {"init_from": "runs/a"}):
+        with pytest.raises(UserError, match="cannot be combined with suite"):
+            Config(suite=tiny_suite, **bad)
+    with pytest.raises(UserError, match="suite must be"):
+        Config(suite="")
+
+
+# -- compare and validate -----------------------------------------------------------------------------
+def test_compare_on_a_suite_writes_its_table_and_heat_map_and_a_repeat_trains_nothing(tmp_path, tiny_suite):
+    config = Config(**TINY)
+    entries = resolve_configs("rope_only", config.d_model)  # the baseline joins by itself
+    executor = CountingExecutor()
+    out = tmp_path / "cmp"
+    result = run_compare(config, entries, seeds=2, out_dir=out, executor=executor, quiet=True, suite=tiny_suite)
+    assert len(executor.trained) == 2 * 2 * 2  # genes x points x seeds
+    assert {seed for *_, seed in executor.trained} == {43, 44}
+    assert result.baseline["name"] == "baseline" and [g["name"] for g in result.genes] == ["rope_only"]
+    row = result.genes[0]
+    for r in (result.baseline, row):  # the aggregate is the mean of the point means, per seed too
+        assert r["mean"] == pytest.approx(sum(r["points"][p]["mean"] for p in ("recall", "copy")) / 2)
+        assert len(r["values"]) == 2 and all(0.0 <= v <= 1.0 for v in r["values"])
+    assert row["scale"] == "linear" and row["verdict"] in ("better", "worse", "equivalent", "undetermined")
+    assert row["difference"] == pytest.approx(row["mean"] - result.baseline["mean"])
+    written = json.loads((out / "compare_suite.json").read_text())
+    assert written["kind"] == "suite" and written["study"] == "compare" and written == result.to_dict()
+    assert [p["steps"] for p in written["suite"]["points"]] == [2, 3]
+    table = (out / "compare_suite.md").read_text()
+    assert "| Name | Gene | recall | copy | Suite accuracy |" in table and "rope_only" in table
+    assert (out / "compare_suite.png").read_bytes()[:4] == b"\x89PNG"
+    with RunStore.open(out, readonly=True) as store:
+        assert len(store.evaluations()) == 8 and {r["role"] for r in store.evaluations()} == {"compare"}
+
+    executor.trained.clear()
+    again = run_compare(config, entries, seeds=2, out_dir=out, executor=executor, quiet=True, suite=tiny_suite)
+    assert executor.trained == []  # every training served from the store
+    assert again["baseline"]["values"] == result["baseline"]["values"]
+    found = load_attachments(out)  # compare_suite.json in --out: a run report there would show it
+    assert [s["_file"] for s in found.suites] == ["compare_suite.json"]
+
+
+def test_validate_on_a_suite_gives_paired_verdicts_and_failed_points_score_zero(tmp_path, tiny_suite, boom):
+    config = Config(**{**TINY, "seed": 10})
+    with RunStore.create(tmp_path / "store", config=config.to_dict()) as store:
+        setup = StudySetup.resolve(config, None, role="validate", n_seeds=3, metric="suite_accuracy", store=store,
+                                   margin=0.05)
+        result = run_suite(setup, load_suite(tiny_suite), [("rope", ROPE), ("boom", boom), ("base", VANILLA)],
+                           study="validation")
+    assert result.seeds == [11, 12, 13] and result["family_size"] == 2
+    assert result.baseline["name"] == "base" and [g["name"] for g in result.genes] == ["rope", "boom"]
+    rope, broken = result.genes
+    for row in (rope, broken):
+        assert row["p_holm"] is not None and row["verdict"] and row["scale"] == "linear"
+    assert broken["values"] == [0.0, 0.0, 0.0] and broken["n_failed"] == 6  # every point of every seed: 0
+    assert {f["point"] for f in broken["failures"]} == {"recall", "copy"} and broken["failures"][0]["status"] == "error"
+    assert broken["points"]["copy"]["mean"] == 0.0 and broken["points"]["copy"]["n_failed"] == 3
+    assert broken["difference"] == pytest.approx(-result.baseline["mean"])
+    assert result["metric"] == "suite_accuracy" and result["lower_is_better"] is False
+    assert "suite accuracy" in result.headline
+
+
+def test_validate_from_a_suite_run_and_bad_suites_through_the_cli(tmp_path, tiny_suite, capsys):
+    out = tmp_path / "val"
+    argv = ["validate", "--suite", tiny_suite, "--genes", ROPE, "--seeds", "2", "--out", str(out), "--quiet",
+            "--steps", "5"] + TINY_FLAGS
+    assert main(argv) == 0
+    written = json.loads((out / "validation_suite.json").read_text())
+    assert written["study"] == "validation" and written["genes"][0]["gene"] == ROPE
+    assert (out / "validation_suite.png").is_file() and (out / "validation_suite.md").is_file()
+    with RunStore.open(out, readonly=True) as store:  # kept in a store of its own: a repeat trains nothing
+        n = len(store.evaluations())
+    assert n == 8 and main(argv) == 0
+    with RunStore.open(out, readonly=True) as store:
+        assert len(store.evaluations()) == n
+    capsys.readouterr()
+    for command in (["search", "--suite", "nope", "--out", str(tmp_path / "s")],
+                    ["compare", "--suite", "nope", "--out", str(tmp_path / "c")],
+                    ["validate", "--suite", "nope", "--genes", ROPE, "--out", str(tmp_path / "v")],
+                    ["search", "--suite", "mad-cpu", "--data", "recall", "--out", str(tmp_path / "s")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("evo-attention: error: ") and "\n" not in err and "Traceback" not in err
+        assert "--suite" in err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "c").exists()
+
+
+# -- search -------------------------------------------------------------------------------------------
+def test_search_on_a_suite_end_to_end_and_a_resume_trains_nothing(tmp_path, tiny_suite, capsys):
+    config = Config(**TINY, suite=tiny_suite, population_size=3, n_generations=2, elite_size=1, seed=3)
+    out = tmp_path / "run"
+    executor = CountingExecutor()
+    with Search(config, out_dir=out, executor=executor) as search:
+        best = search.run()
+    genes = {gene for gene, *_ in executor.trained}
+    assert len(executor.trained) == 2 * len(genes)  # every gene on both points, once
+    assert {data for _, data, _ in executor.trained} == {p.data for p in load_suite(tiny_suite).points}
+    assert {seed for *_, seed in executor.trained} == {3}
+    summary = load_run(out)
+    assert summary.suite is not None and [p["label"] for p in summary.suite["points"]] == ["recall", "copy"]
+    ranked = [r for r in summary.suite["genes"] if r["rank"] is not None]
+    assert best.fitness == pytest.approx(ranked[0]["suite_accuracy"])  # the strategy maximised the suite accuracy
+    assert summary.best["key"] == ranked[0]["gene"] and summary.best_perplexity is None
+    for row in ranked:
+        points = row["points"]
+        assert row["suite_accuracy"] == pytest.approx((points["recall"]["accuracy"] + points["copy"]["accuracy"]) / 2)
+    assert [r["suite_accuracy"] for r in ranked] == sorted((r["suite_accuracy"] for r in ranked), reverse=True)
+    assert summary.baseline["gene"] == VANILLA and summary.baseline["suite_accuracy"] is not None
+    assert summary.history[-1]["best_so_far"] == pytest.approx(ranked[0]["suite_accuracy"])
+    with RunStore.open(out, readonly=True) as store:
+        assert [p["label"] for p in store.get_meta("suite")["points"]] == ["recall", "copy"]
+        assert store.get_meta("planned") == 2 * 5  # (3 + 2 new genes) x 2 points; the baseline on top
+
+    paths = write_report(out)  # the report and status are rebuilt from the store
+    assert paths["suite"].is_file() and "## Suite" in paths["report"].read_text()
+    assert "suite accuracy" in paths["report"].read_text() and "Best suite acc" in paths["report"].read_text()
+    final = json.loads(paths["final_results"].read_text())
+    assert final["suite"]["name"] == "tiny" and final["top_5"][0]["suite_accuracy"] == ranked[0]["suite_accuracy"]
+    status = run_status(out)
+    assert status["suite"]["best"]["gene"] == ranked[0]["gene"] and status["planned"] == 12
+    assert "suite accuracy" in format_status(status)
+    if importlib.util.find_spec("optuna") is not None:  # the run as an Optuna study: a trial per gene, maximised
+        from evo_attention.report.optuna import write_optuna_journal
+
+        journal = write_optuna_journal(out, tmp_path / "optuna.log")
+        assert journal["trials"] == len(summary.suite["genes"]) + 1
+        assert journal["states"].get("COMPLETE") == len(ranked) + 1
+
+    executor.trained.clear()
+    with Search(config, out_dir=out, executor=executor, resume=True) as search:
+        again = search.run()
+    assert executor.trained == [] and again.gene.key == best.gene.key
+
+    # the CLI resumes it too, and refuses a suite whose points changed
+    assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    changed = {**SUITE, "points": [SUITE["points"][0]]}
+    with open(tiny_suite, "w") as f:
+        yaml.safe_dump(changed, f)
+    assert main(["search", "--resume", "--out", str(out)]) == 2
+    assert "whose points differ" in capsys.readouterr().err
