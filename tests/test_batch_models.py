@@ -238,3 +238,21 @@ def test_bench_times_k_models_in_one_trainer(capsys, tmp_path):
     single = json.loads(capsys.readouterr().out)
     assert single["models"] == 1 and single["auto_models"] == 1 and single["trainings_per_hour"] > 0
     assert single["flops_per_step"] * 2 == result["flops_per_step"]  # a batch step is all its models'
+
+
+def test_auto_never_batches_dropout_off_the_cpu(monkeypatch):
+    """Off the CPU a batched trial's dropout masks differ from its single trainer's: auto trains
+    such trials alone (without probing), so how a trial ran never changes its result."""
+    import torch
+
+    from evo_attention import Config
+    from evo_attention.train import batched
+    from evo_attention.train.spec import Trial
+
+    monkeypatch.delenv(batched.ENV_BATCH_MODELS, raising=False)
+    monkeypatch.setattr(batched, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(batched, "probed_batch_times", lambda *a, **k: pytest.fail("must not probe"))
+    config = Config(vocab_size=50, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0)
+    trial = Trial.from_config("dot|softmax|none|fixed|bias|0.10", config)  # attention dropout 0.1
+    k, why = batched.models_per_batch("auto", trial, data=None, device="cuda")
+    assert k == 1 and "dropout" in why

@@ -1005,6 +1005,10 @@ def models_per_batch(setting: str | int, trial: Trial, data: TaskData, *, device
         value = batch_models_value(forced, ENV_BATCH_MODELS)
         return (1 if value == "off" else value), f"auto: {ENV_BATCH_MODELS}={forced}"
     dev = resolve_device(device if device is not None else trial.train.device)
+    if dev.type != "cpu" and dropout_in(trial):
+        # off the CPU a batched trial's dropout masks are not its single trainer's (module docstring):
+        # auto never lets the way a trial ran change its result
+        return 1, f"auto: dropout on {dev.type} draws other masks in a batch than alone, so each trial trains alone"
     try:
         entry, name = probed_batch_times(trial, data, dev, share=share)
     except (KeyboardInterrupt, UserError):
@@ -1012,6 +1016,13 @@ def models_per_batch(setting: str | int, trial: Trial, data: TaskData, *, device
     except Exception as exc:  # the trainings themselves will say what is wrong with the shape
         return 1, f"auto: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
     return choose_models(entry, available_memory_mb(dev), share, source=name)
+
+
+def dropout_in(trial: Trial) -> bool:
+    """Whether ``trial`` draws dropout masks (model dropout or any layer's attention dropout)."""
+    from evo_attention.genes import layers_of
+
+    return trial.model.dropout > 0 or any(g.attention_dropout > 0 for g in layers_of(trial.gene))
 
 
 def choose_models(entry: dict, available_mb: float | None, share: int = 1, *, source: str = "") -> tuple[int, str]:
