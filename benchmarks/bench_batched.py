@@ -3,7 +3,8 @@
 measured side by side in interleaved rounds.
 
     python benchmarks/bench_batched.py --data-dir ../shared/data/wikitext-2 [--ks 1 2 4 8]
-        [--configs quick wikitext_small seed] [--steps 30] [--rounds 3] [--out bench_batched.json]
+        [--configs quick wikitext_small seed] [--precisions auto fp32] [--steps 30] [--rounds 3]
+        [--out bench_batched.json]
     python benchmarks/bench_batched.py --data-dir ../shared/data/wikitext-2 --tiny   # a smoke run
 
 Configs: ``quick`` (the preset: recall task, 64 dims, 32 tokens, 400 steps), ``wikitext_small``
@@ -14,7 +15,9 @@ Arms, per config (every one at the config's precision, ``auto`` as today's defau
 
 - ``K=1``: today's default, one ``run_training`` per trial (``--alone`` trials per measurement);
 - ``K=2, 4, 8``: one ``run_batched`` of K trials (seeds 0..K-1, rates alternating between the
-  config's and half of it, as a seed-and-rate study would give them).
+  config's and half of it, as a seed-and-rate study would give them);
+- with ``--precisions auto fp32 bf16``, every K again at each named precision (what choosing the
+  precision per size would add to batching).
 
 Each measurement trains ``--steps`` steps per trial and evaluates as the config says; it is timed as
 a whole (wall clock, building and evaluation included) and its training part apart, and
@@ -92,6 +95,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="trained steps per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
     parser.add_argument("--alone", type=int, default=2, help="trials per measurement of the K=1 arm")
+    parser.add_argument("--precisions", nargs="+", default=["auto"], choices=["auto", "fp32", "bf16"],
+                        help="precisions to measure every K at (today's default, the reference, is auto at K=1)")
     parser.add_argument("--gene", default="dot|softmax|none|fixed")
     parser.add_argument("--eval-steps", type=int, help="cap evaluation batches (default: the config's)")
     parser.add_argument("--tiny", action="store_true",
@@ -119,32 +124,38 @@ def main() -> None:
         config = make_config(name, args.data_dir, overrides)
         budget = make_config(name, args.data_dir, {}).train_steps
         data = data_from_config(config)
-        trials = [Trial.from_config(args.gene, config.replace(seed=s, learning_rate=config.learning_rate / (1 + s % 2)),
-                                    data=data) for s in range(max(max(ks), args.alone))]
         # resolve auto's precision and batch size for this shape now (once per machine), not inside a timed arm
-        auto_k, auto_reason = models_per_batch("auto", trials[0], data)
-        measured: dict[int, list] = {k: [] for k in ks}
+        precisions = ["auto"] + [p for p in args.precisions if p != "auto"]
+        trials_at = {p: [Trial.from_config(args.gene, config.replace(seed=s, precision=p,
+                                                                     learning_rate=config.learning_rate / (1 + s % 2)),
+                                           data=data) for s in range(max(max(ks), args.alone))]
+                     for p in precisions}
+        auto_k, auto_reason = models_per_batch("auto", trials_at["auto"][0], data)
+        arms_order = [(p, k) for p in precisions for k in ks]
+        measured: dict[tuple, list] = {arm: [] for arm in arms_order}
         for r in range(args.rounds):
-            order = ks[r % len(ks):] + ks[:r % len(ks)]
-            for k in order:
-                measured[k].append(run_arm(k, trials, data, args.steps, args.alone))
-        today = statistics.median(per_hour(m, budget) for m in measured[1])
+            order = arms_order[r % len(arms_order):] + arms_order[:r % len(arms_order)]
+            for p, k in order:
+                measured[(p, k)].append(run_arm(k, trials_at[p], data, args.steps, args.alone))
+        today = statistics.median(per_hour(m, budget) for m in measured[("auto", 1)])
         arms = []
-        for k in ks:
-            runs = measured[k]
+        for p, k in arms_order:
+            runs = measured[(p, k)]
             hourly = statistics.median(per_hour(m, budget) for m in runs)
             ms_step = statistics.median(1000 * m["train_s"] / m["steps"] / (1 if k > 1 else m["trials"]) for m in runs)
-            label = "K=1 (today: one trainer per trial)" if k == 1 else f"K={k} (one batched trainer)"
-            arms.append({"k": k, "label": label, "precision": runs[0]["precision"], "ms_per_step": ms_step,
-                         "trainings_per_hour": hourly, "vs_today": hourly / today, "fallback": runs[0]["fallback"],
-                         "runs": runs})
+            label = (f"K=1 (one trainer per trial)" if k == 1 else f"K={k} (one batched trainer)") + f", --precision {p}"
+            if (p, k) == ("auto", 1):
+                label += " = today's default"
+            arms.append({"k": k, "precision_setting": p, "label": label, "precision": runs[0]["precision"],
+                         "ms_per_step": ms_step, "trainings_per_hour": hourly, "vs_today": hourly / today,
+                         "fallback": runs[0]["fallback"], "runs": runs})
             note = "; ".join(runs[0]["fallback"])
             rows.append((name, label, runs[0]["precision"], ms_step, hourly, hourly / today,
-                         "<- auto" if k == auto_k else "", note))
+                         "<- auto" if (p, k) == ("auto", auto_k) else "", note))
         result["configs"][name] = {"budget": budget, "auto": {"models": auto_k, "reason": auto_reason},
-                                   "precision_reason": measured[1][0]["reason"], "arms": arms}
-        print(f"  {name}: precision {measured[1][0]['precision']} ({measured[1][0]['reason']}); budget {budget} "
-              f"steps; batch_models auto -> {auto_k} ({auto_reason})", flush=True)
+                                   "precision_reason": measured[("auto", 1)][0]["reason"], "arms": arms}
+        print(f"  {name}: precision {measured[('auto', 1)][0]['precision']} ({measured[('auto', 1)][0]['reason']}); "
+              f"budget {budget} steps; batch_models auto -> {auto_k} ({auto_reason})", flush=True)
     print()
     print("| config | arm | precision | ms / step (all its models) | trainings / hour | vs today | auto |")
     print("| --- | --- | --- | ---: | ---: | ---: | --- |")

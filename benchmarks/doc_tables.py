@@ -16,6 +16,7 @@ Tables (``table=``):
 - ``verdicts``: a validation result's verdict table (``validation.json``: the study's own renderer);
 - ``grid``: its learning-rate grid table (each gene's mean per rate, the selected rate, edges);
 - ``costs``: its cost table;
+- ``batched``: a ``benchmarks/bench_batched.py`` result (trainings per hour per arm);
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
@@ -105,13 +106,25 @@ def signal_noise_genes(payload: dict) -> str:
     return _markdown(["Gene"] + list(columns), rows, "l" + "r" * len(columns))
 
 
+def batched(payload: dict) -> str:
+    """benchmarks/bench_batched.py's result: trainings per hour of each arm against today's default."""
+    rows = []
+    for name, c in payload["configs"].items():
+        for arm in c["arms"]:
+            auto = " (auto)" if arm["k"] == c["auto"]["models"] and arm.get("precision_setting", "auto") == "auto" else ""
+            rows.append([name, arm["label"] + auto, arm["precision"], f"{arm['ms_per_step']:.1f}",
+                         f"{arm['trainings_per_hour']:.1f}", f"{arm['vs_today']:.2f}x"])
+    return _markdown(["Config", "Arm", "Precision", "ms / step (all its models)", "Trainings / hour", "vs today"],
+                     rows, "lllrrr")
+
+
 def curve(payload: dict) -> str:
     from evo_attention.report.studies import curve_table_markdown
 
     return curve_table_markdown(payload)
 
 
-TABLES = {"verdicts": verdicts, "curve": curve, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"verdicts": verdicts, "curve": curve, "batched": batched, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

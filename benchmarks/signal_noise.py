@@ -76,7 +76,9 @@ def train_all(config, data, genes: dict, seeds: list[int], out: Path, workers: i
             trial = Trial.from_config(gene, config, seed=seed, data=data)
             tasks[EvalTask(trial, role="signal-noise", label=f"{label} {name} seed {seed}")] = (name, seed)
     out.mkdir(parents=True, exist_ok=True)
-    with study_store(out, config, "signal-noise") as store, make_executor("local", workers=workers) as pool:
+    # one model per trainer: every training of this measurement runs as the earlier points ran
+    with study_store(out, config, "signal-noise") as store, \
+            make_executor("local", workers=workers, batch_models="off") as pool:
         runner = Runner(pool, store=store, data={config.task: data})
         records = runner.evaluate(list(tasks))
     result: dict = {name: {} for name in genes}

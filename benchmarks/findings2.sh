@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Study 2 of docs/findings.md, as pre-registered there (questions Q1-Q5), with the product's own
+# commands only. Each stage writes into its own directory under OUT (a run store and the study's
+# JSON files); `bash benchmarks/findings2.sh collect` copies the small result files (JSON, no model
+# weights, no stores) into docs/findings/, where benchmarks/doc_tables.py generates the tables of
+# findings.md from them.
+#
+#   bash benchmarks/findings2.sh               # every stage: q1 q2 q3 q4 q5 collect
+#   bash benchmarks/findings2.sh q1 collect    # some stages, in this order
+#
+# Settings: OUT (default runs/findings2), DATA (default ../shared/data), WORKERS (default 2).
+# Every stage is cached in its store: an interrupted stage resumes where it stopped, and a repeat
+# trains nothing. Cost on a 2-core CPU (estimates from single trainings, to be replaced by the
+# measured wall times the result files record): Q1 about 1 h, Q2 about 3 h, Q3 40 min, Q4 1 h,
+# Q5 15 min.
+set -euo pipefail
+
+OUT=${OUT:-runs/findings2}
+DATA=${DATA:-../shared/data}
+WORKERS=${WORKERS:-2}
+STAGES=${*:-q1 q2 q3 q4 q5 collect}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+BASELINE="dot|softmax|none|fixed|bias|0.10"
+GATE="dot|softmax|output_gate|fixed|bias|0.10"
+# the common setting: CPU-sized WikiText-2, wsd schedule, each gene at its best rate of one grid
+SMALL=(--preset quick --config benchmarks/wikitext_small.yaml --data-dir "$DATA/wikitext-2" --workers "$WORKERS")
+RECIPE=(--lr-schedule wsd --warmup-fraction 0.05 --decay-fraction 0.2 --lr-grid 5e-4,1e-3,2e-3,4e-3 --tuning-seeds 2)
+TEST=(--eval-split test --eval-steps all --quiet)
+FAMILIES="$BASELINE,dot|linear|none|fixed|bias|0.10,dot|favor|none|fixed|bias|0.10,$BASELINE|win=16,$BASELINE|kvh=2,dot|sparsemax|none|fixed|bias|0.10,dot|entmax15|none|fixed|bias|0.10"
+
+if stage q1; then
+  # Q1: the output gate against the baseline at 64x2 and 96x2, 2 tokens per parameter, 8 verdict seeds
+  evo-attention transfer "${SMALL[@]}" "${RECIPE[@]}" "${TEST[@]}" --genes "$GATE" --sizes 64x2,96x2 \
+    --tokens-per-param 2 --seeds 8 --margin 1% --out "$OUT/q1"
+fi
+
+if stage q2; then
+  # Q2: a GA search on the mad-cpu suite (quick preset budget), its best 2 validated on the suite
+  # and on WikiText-2
+  evo-attention search --preset quick --suite mad-cpu --workers "$WORKERS" --out "$OUT/q2-search" --quiet
+  evo-attention validate --from-run "$OUT/q2-search" --top 2 --seeds 5 --margin 0.02 --workers "$WORKERS" \
+    --quiet --out "$OUT/q2-suite"
+  GENES=$(python3 -c "import json,sys; print(','.join(g['gene'] for g in json.load(open(sys.argv[1]))['genes']))" \
+    "$OUT/q2-suite/validation_suite.json")
+  evo-attention validate "${SMALL[@]}" "${TEST[@]}" --genes "$GENES" --seeds 5 --margin 1% --out "$OUT/q2-wikitext"
+fi
+
+if stage q3; then
+  # Q3: where each family breaks on MQAR (64 tokens, 64 symbols), pairs 2..16, 3 seeds
+  evo-attention curve --preset quick --genes "$FAMILIES" --data mqar:seq_len=64,vocab=64 --knob pairs=2,4,8,16 \
+    --seeds 3 --steps 600 --workers "$WORKERS" --quiet --out "$OUT/q3"
+  evo-attention validate --preset quick --data mqar:seq_len=64,vocab=64,pairs=16 --vocab-size 64 --seq-len 64 \
+    --steps 600 --genes "${FAMILIES#"$BASELINE,"}" --seeds 3 --metric accuracy --margin 0.02 --workers "$WORKERS" \
+    --quiet --out "$OUT/q3-verdicts"
+fi
+
+if stage q4; then
+  # Q4: GA, random search and TPE on the quick preset, 5 search seeds each, winners re-measured on 3 seeds
+  for strategy in ga random tpe; do
+    for seed in 1 2 3 4 5; do
+      evo-attention search --preset quick --strategy "$strategy" --seed "$seed" --workers "$WORKERS" \
+        --out "$OUT/q4/$strategy-$seed" --quiet
+      evo-attention validate --from-run "$OUT/q4/$strategy-$seed" --top 1 --seeds 3 --workers "$WORKERS" --quiet
+    done
+  done
+fi
+
+if stage q5; then
+  # Q5: cost against context length on the fused paths (attention dropout 0), 5 rounds in rotated order
+  GENES0="softmax=dot|softmax|none|fixed|bias|0.00,linear=dot|linear|none|fixed|bias|0.00,favor=dot|favor|none|fixed|bias|0.00,window=dot|softmax|none|fixed|bias|0.00|win=16,gqa=dot|softmax|none|fixed|bias|0.00|kvh=2,sparsemax=dot|sparsemax|none|fixed|bias|0.00,entmax15=dot|entmax15|none|fixed|bias|0.00"
+  IFS=, read -r -a ORDER <<< "$GENES0"
+  for round in 1 2 3 4 5; do
+    shift_by=$(( (round - 1) % ${#ORDER[@]} ))
+    ROTATED=("${ORDER[@]:$shift_by}" "${ORDER[@]:0:$shift_by}")
+    evo-attention bench --config benchmarks/wikitext_small.yaml --data-dir "$DATA/wikitext-2" --seq-lens 64,256,1024 \
+      --steps 15 --genes "$(IFS=,; echo "${ROTATED[*]}")" --out "$OUT/q5/round-$round"
+  done
+fi
+
+if stage collect; then
+  mkdir -p docs/findings
+  find "$OUT" -name '*.json' -not -path '*/models/*' -size -2M | while read -r f; do
+    dest="docs/findings/${f#"$OUT"/}"
+    mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
+  done
+  python3 benchmarks/doc_tables.py
+fi
