@@ -81,7 +81,9 @@ def dry_run_transfer(args, genes, budget) -> int:
     print(f"transfer dry run (nothing trained or written): {len(genes)} gene(s) and the baseline on {data.name}, "
           f"{config.block} block, {per_gene} per genome and size; steps from {budget_rule}")
     print(markdown_table(headers, rows, "lrrrrrrrr").rstrip())
-    print(f"learning-rate schedule at the reference size: {schedule_text(config.to_dict(), genes=genes, grid=grid)}")
+    reference = next(r for r in p["sizes"] if r["reference"])
+    print(f"learning-rate schedule at the reference size: "
+          f"{schedule_text(config.to_dict(), reference['steps'], genes=genes, grid=grid)}")
     print(f"total: {p['trainings']} trainings, estimated {_duration(p['estimated_s'])} one at a time on "
           f"{p.get('device')} ({p.get('precision')}, {p.get('threads')} threads)")
     print(f"estimate: {p['timing']}; evaluation, data loading and model building are not included, and trainings "
