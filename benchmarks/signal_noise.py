@@ -98,12 +98,14 @@ def measure_suite(args) -> dict:
     from evo_attention.data import data_from_config
     from evo_attention.data.suites import load_suite
     from evo_attention.train.presets import build_config
+    from evo_attention.train.suite import point_config
 
     suite = load_suite(args.suite)
+    base = build_config(args.preset, None, {"seed": args.seed, "eval_steps": None})
     seeds = [args.seed + i for i in range(1, args.seeds + 1)]
     points, per_seed_points = {}, {}
     for point in suite.points:
-        config = build_config(args.preset, None, {**point.settings(), "seed": args.seed, "eval_steps": None})
+        config = point_config(base, point)  # the trainings compare/validate/search --suite make
         data = data_from_config(config)
         started = time.perf_counter()
         records = train_all(config, data, GENES, seeds, Path(args.out) / point.label, args.workers, point.label)
