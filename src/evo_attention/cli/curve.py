@@ -71,7 +71,7 @@ def cmd_curve(args) -> int:
     log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)
-    with executor_from_args(args) as executor:
+    with executor_from_args(args, config) as executor:
         result = run_curve(config, entries, knob, values, seeds=args.seeds, out_dir=out, break_at=break_at,
                            executor=executor, quiet=args.quiet)
     for gene in result.genes:

@@ -332,7 +332,7 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
         f"({config.seed + 1}..{config.seed + args.seeds}), {args.eval_split} split", args.quiet)
     try:
-        with executor_from_args(args) as executor:
+        with executor_from_args(args, config) as executor:
             setup = study_setup(args, "validate", config, None, store, executor, search_seed)
             result = run_suite(setup, load_suite(config.suite), entries, study="validation")
     finally:

@@ -310,7 +310,7 @@ def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, ex
     if out_dir is not None:
         output_dir(out_dir)
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor) if own else executor
+    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
     with ExitStack() as stack:
         if own:
             stack.enter_context(pool)

@@ -250,7 +250,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     if out_dir is not None:
         output_dir(out_dir)  # an unwritable place fails now, not after the work
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor) if own else executor
+    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
     done: dict[tuple[int, str, int], Any] = {}
     described: dict[int, dict] = {}
     first: StudySetup | None = None
