@@ -126,6 +126,15 @@ def plot_contributions(items: Sequence[dict], path: str | os.PathLike, *, xlabel
     return save_figure(fig, path)
 
 
+def _grid_and_legend(ax, drawn: bool, empty: str = "no finished training") -> None:
+    """A study figure's finish: a grid, and the legend of what was drawn or a note that nothing was."""
+    ax.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax.legend(loc="best", fontsize=7)
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
+
+
 def plot_distribution(values: Sequence[float], path: str | os.PathLike, *, failed: int = 0,
                       baseline: float | None = None, best: float | None = None,
                       xlabel: str = "Validation perplexity (lower is better)", title: str = "") -> Path:
@@ -519,11 +528,7 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
                       f"{label} (mean, {percent(result.get('confidence', 0.95))} interval)")
         ax.set_title(f"Transfer across scale: {len(result.get('seeds') or [])} seeds per point, "
                      f"{result.get('block', 'gpt2')} block", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if drawn:
-            ax.legend(loc="best", fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "no finished training", ha="center", transform=ax.transAxes)
+        _grid_and_legend(ax, drawn)
     except BaseException:
         plt.close(fig)
         raise
@@ -564,11 +569,7 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
             ax.set_ylabel(ylabel, fontsize=8)
             if panel.get("title"):
                 ax.set_title(str(panel["title"]), fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            if drawn:
-                ax.legend(loc="best", fontsize=7)
-            else:
-                ax.text(0.5, 0.5, "no finished tuning training", ha="center", transform=ax.transAxes)
+            _grid_and_legend(ax, drawn, "no finished tuning training")
         fig.suptitle(title, fontsize=10)
     except BaseException:
         plt.close(fig)
@@ -626,11 +627,7 @@ def plot_curve(result: dict, path: str | os.PathLike) -> Path:
         m = result.get("model") or {}
         ax.set_title(f"{result.get('task')}: accuracy against {knob} ({m.get('d_model')}d x {m.get('n_layers')} layers, "
                      f"{result.get('steps')} steps)", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if drawn:
-            ax.legend(loc="best", fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "no finished training", ha="center", transform=ax.transAxes)
+        _grid_and_legend(ax, drawn)
     except BaseException:
         plt.close(fig)
         raise

@@ -410,6 +410,22 @@ class SeedStudyResult(StudyResult):
         return self.provenance["confidence"]
 
 
+class VerdictResult(SeedStudyResult):
+    """A seed study whose result is the baseline's row, a row per gene with its verdict, and a headline."""
+
+    @property
+    def baseline(self) -> dict:
+        return self["baseline"]
+
+    @property
+    def genes(self) -> list[dict]:
+        return self["genes"]
+
+    @property
+    def headline(self) -> str:
+        return self["headline"]
+
+
 # -- per-gene samples -----------------------------------------------------------------------------
 # what a gene costs, beside its quality: the record's cost objectives (all minimised)
 # (not peak memory: on a CPU it is the worker process's high-water mark over every training it ran)

@@ -37,7 +37,7 @@ from evo_attention.genes import VANILLA_KEY, AttentionGene
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies import headline, suite_heatmap_rows, suite_markdown
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import ANALYSIS, SeedStudyResult, StudySetup
+from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult
 from evo_attention.train.record import SUITE_OBJECTIVE
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, suite_score
@@ -50,23 +50,11 @@ STUDIES = ("compare", "validation")
 
 
 @dataclass(frozen=True, eq=False)
-class SuiteResult(SeedStudyResult):
+class SuiteResult(VerdictResult):
     """Genes on a suite: the baseline's and every gene's row (per point and aggregate), the paired
     verdicts, the headline, then the provenance."""
 
     kind: ClassVar[str] = "suite"
-
-    @property
-    def baseline(self) -> dict:
-        return self["baseline"]
-
-    @property
-    def genes(self) -> list[dict]:
-        return self["genes"]
-
-    @property
-    def headline(self) -> str:
-        return self["headline"]
 
 
 def with_baseline(entries: Sequence[tuple[str, AttentionGene | str]]) -> list[tuple[str, str]]:

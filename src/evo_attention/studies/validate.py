@@ -33,7 +33,7 @@ from evo_attention.report.studies import best_row, headline, metric_info, valida
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
-                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, SeedStudyResult, StudySetup, samples,
+                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, StudySetup, VerdictResult, samples,
                                           write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -41,23 +41,11 @@ from evo_attention.util.jsonio import to_jsonable
 
 
 @dataclass(frozen=True, eq=False)
-class ValidationResult(SeedStudyResult):
+class ValidationResult(VerdictResult):
     """A validation: the baseline's and every gene's row (per-seed values, statistics, verdict),
     the headline, and the provenance (see ``write_validation`` for the files)."""
 
     kind: ClassVar[str] = "validation"
-
-    @property
-    def baseline(self) -> dict:
-        return self["baseline"]
-
-    @property
-    def genes(self) -> list[dict]:
-        return self["genes"]
-
-    @property
-    def headline(self) -> str:
-        return self["headline"]
 
     @property
     def best(self) -> dict | None:
