@@ -219,7 +219,7 @@ def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Ma
 def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], pool) -> dict:
     """The settings block of a curve: the setup's provenance (versions, time), the base config, the
     model's shape and the executor."""
-    keep = ("metric_label", "eval_split", "seeds", "steps", "created_at", "versions")
+    keep = ("metric_label", "eval_split", "seeds", "steps", "created_at", "versions", "machine")
     out = {k: v for k, v in setup.provenance().items() if k in keep} if setup is not None else {"seeds": list(seeds)}
     out["model"] = {"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
                     "d_ff": config.ffn_dim, "block": config.block, "batch_size": config.batch_size,
