@@ -47,12 +47,24 @@ if stage q2; then
 fi
 
 if stage q3; then
+  # Q3's budget (amendment 1): the smallest of 600, 1200, ..., 9600 steps at which the softmax
+  # baseline reaches mean accuracy 0.9 at 2 pairs on the tuning seeds 1043, 1044 (else 9600)
+  Q3_STEPS=9600
+  for steps in 600 1200 2400 4800 9600; do
+    evo-attention curve --preset quick --genes baseline --data mqar:seq_len=64,vocab=64 --knob pairs=2,4 \
+      --seed 1042 --seeds 2 --steps "$steps" --workers "$WORKERS" --quiet --out "$OUT/q3-budget/$steps"
+    if python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['genes'][0]; sys.exit(0 if g['points'][0]['mean'] >= 0.9 else 1)" \
+        "$OUT/q3-budget/$steps/curve.json"; then
+      Q3_STEPS=$steps; break
+    fi
+  done
+  echo "Q3 budget: $Q3_STEPS steps"
   # Q3: where each family breaks on MQAR (64 tokens, 64 symbols), pairs 2..16, 3 seeds
   evo-attention curve --preset quick --genes "$FAMILIES" --data mqar:seq_len=64,vocab=64 --knob pairs=2,4,8,16 \
-    --seeds 3 --steps 600 --workers "$WORKERS" --quiet --out "$OUT/q3"
+    --seeds 3 --steps "$Q3_STEPS" --workers "$WORKERS" --quiet --out "$OUT/q3"
   evo-attention validate --preset quick --data mqar:seq_len=64,vocab=64,pairs=16 --vocab-size 64 --seq-len 64 \
-    --steps 600 --genes "${FAMILIES#"$BASELINE,"}" --seeds 3 --metric accuracy --margin 0.02 --workers "$WORKERS" \
-    --quiet --out "$OUT/q3-verdicts"
+    --steps "$Q3_STEPS" --genes "${FAMILIES#"$BASELINE,"}" --seeds 3 --metric accuracy --margin 0.02 \
+    --workers "$WORKERS" --quiet --out "$OUT/q3-verdicts"
 fi
 
 if stage q4; then
