@@ -20,6 +20,7 @@ Tables (``table=``):
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
+- ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
 - ``signal-noise-genes``: the same result's per-gene means per point.
 """
 
@@ -68,10 +69,19 @@ def costs(payload: dict) -> str:
 
 
 def _num(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def _ratio(s: dict) -> str:
+    """A spread's ratio; undefined where neither the genes nor the seeds differ (a saturated task)."""
+    if s["between_sd"] == 0 and s["within_sd"] == 0:
+        return "undefined (all equal)"
+    return _num(s["ratio"], 1)
 
 
 def _p(value) -> str:
+    if value is not None and value != value:  # NaN: the test is undefined
+        return "-"
     return "-" if value is None else (f"{value:.1e}" if value < 1e-3 else f"{value:.3f}")
 
 
@@ -81,16 +91,50 @@ def signal_noise(payload: dict) -> str:
     if "points" in payload:
         for label, point in payload["points"].items():
             s = point["accuracy_spread"]
-            rows.append([label, "accuracy", _num(s["between_sd"]), _num(s["within_sd"]), _num(s["ratio"], 1),
+            rows.append([label, "accuracy", _num(s["between_sd"]), _num(s["within_sd"]), _ratio(s),
                          _num(s["anova_f"], 1), _p(s["anova_p"])])
         s = payload["aggregate"]["accuracy_spread"]
         rows.append([f"**{payload['suite']} (mean over points)**", "accuracy", _num(s["between_sd"]),
-                     _num(s["within_sd"]), _num(s["ratio"], 1), _num(s["anova_f"], 1), _p(s["anova_p"])])
+                     _num(s["within_sd"]), _ratio(s), _num(s["anova_f"], 1), _p(s["anova_p"])])
     else:
         s = payload["val_loss_spread"]
         rows.append([payload["data"], "validation loss", _num(s["between_sd"], 4), _num(s["within_sd"], 4),
                      _num(s["ratio"], 1), _num(s["anova_f"], 1), _p(s["anova_p"])])
     return _markdown(headers, rows, "llrrrrr")
+
+
+def _spread(values: dict) -> dict:
+    """benchmarks/signal_noise.py's own spread rule (one implementation)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("signal_noise", Path(__file__).resolve().parent / "signal_noise.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.spread(values)
+
+
+FULL_VIEW_OUT = ("window-8",)  # genes that cannot see every earlier key
+
+
+def signal_noise_full(payload: dict) -> str:
+    """``signal-noise`` recomputed from the file's per-seed values without the genes of
+    ``FULL_VIEW_OUT``: does a point separate the mechanisms that all see every earlier key?"""
+    keep = [g for g in payload["genes"] if g not in FULL_VIEW_OUT]
+    rows = []
+    if "points" in payload:
+        per_point = {label: {g: list(p["accuracy"][g].values()) for g in keep} for label, p in payload["points"].items()}
+        for label, values in per_point.items():
+            rows.append((label, "accuracy", _spread(values)))
+        seeds = len(next(iter(next(iter(per_point.values())).values())))
+        aggregate = {g: [sum((per_point[p][g][i] or 0.0) for p in per_point) / len(per_point) for i in range(seeds)]
+                     for g in keep}
+        rows.append((f"**{payload['suite']} (mean over points)**", "accuracy", _spread(aggregate)))
+    else:
+        rows.append((payload["data"], "validation loss", _spread({g: list(payload["val_loss"][g].values()) for g in keep})))
+    digits = 3 if "points" in payload else 4
+    return _markdown(["Point", "Metric", "Between-gene sd", "Within-gene sd", "Ratio", "ANOVA F", "p"],
+                     [[label, metric, _num(s["between_sd"], digits), _num(s["within_sd"], digits), _ratio(s),
+                       _num(s["anova_f"], 1), _p(s["anova_p"])] for label, metric, s in rows], "llrrrrr")
 
 
 def signal_noise_genes(payload: dict) -> str:
@@ -124,7 +168,7 @@ def curve(payload: dict) -> str:
     return curve_table_markdown(payload)
 
 
-TABLES = {"verdicts": verdicts, "curve": curve, "batched": batched, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"verdicts": verdicts, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

@@ -57,7 +57,8 @@ def spread(values: dict[str, list[float]]) -> dict:
         "means": means,
         "between_sd": between,
         "within_sd": within,
-        "ratio": between / within if within > 0 else float("inf"),
+        # no spread at all (every training the same value, e.g. a saturated task): no ratio
+        "ratio": between / within if within > 0 else (None if between == 0 else float("inf")),
         "anova_f": None if test is None else float(test.statistic),
         "anova_p": None if test is None else float(test.pvalue),
     }
