@@ -1,5 +1,6 @@
 """Trainings per hour: K same-shape trials trained as one batch (train/batched.py, what
-``--batch-models K`` runs) against today's default (one trainer per trial, ``--precision auto``),
+``--batch-models K`` runs), in the precision ``auto`` measures per shape, against the reference: one
+trainer per trial in the precision of version 0.3's rule (bf16 wherever the CPU has it, unmeasured),
 measured side by side in interleaved rounds.
 
     python benchmarks/bench_batched.py --data-dir ../shared/data/wikitext-2 [--ks 1 2 4 8]
@@ -11,13 +12,15 @@ Configs: ``quick`` (the preset: recall task, 64 dims, 32 tokens, 400 steps), ``w
 (benchmarks/wikitext_small.yaml on top of the quick preset: WikiText-2, vocabulary 5000, 64 tokens)
 and ``seed`` (the original experiment: 128 dims, 128 tokens, vocabulary 10000, 5000 steps).
 
-Arms, per config (every one at the config's precision, ``auto`` as today's default resolves it):
+Arms, per config:
 
-- ``K=1``: today's default, one ``run_training`` per trial (``--alone`` trials per measurement);
+- the reference: one ``run_training`` per trial (``--alone`` trials per measurement) in the
+  precision ``auto`` gives without its probe (``EVO_ATTENTION_PRECISION_PROBE=off``: bf16 on a
+  CPU with native bf16), the default before precision was measured per shape and trials batched;
+- ``K=1``: one trainer per trial, ``--precision auto`` (measured per shape: the default);
 - ``K=2, 4, 8``: one ``run_batched`` of K trials (seeds 0..K-1, rates alternating between the
   config's and half of it, as a seed-and-rate study would give them);
-- with ``--precisions auto fp32 bf16``, every K again at each named precision (what choosing the
-  precision per size would add to batching).
+- with ``--precisions auto fp32 bf16``, every K again at each named precision.
 
 Each measurement trains ``--steps`` steps per trial and evaluates as the config says; it is timed as
 a whole (wall clock, building and evaluation included) and its training part apart, and
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -61,6 +65,20 @@ def make_config(name: str, data_dir: str | None, overrides: dict):
     if name == "seed":
         return build_config("seed", overrides={"data_dir": data_dir, **overrides})
     raise SystemExit(f"unknown config {name!r}: choose from {', '.join(CONFIGS)}")
+
+
+def rule_precision(trial, data) -> tuple[str, str]:
+    """The precision ``auto`` gives this trial's shape without measuring it (the reference arm's)."""
+    saved = os.environ.get(environment.ENV_PRECISION_PROBE)
+    os.environ[environment.ENV_PRECISION_PROBE] = "off"
+    try:
+        return environment.choose_precision("auto", torch.device("cpu"), trial.model.with_data(data.vocab_size, data.seq_len),
+                                            seq_len=data.seq_len, batch_size=trial.train.batch_size)
+    finally:
+        if saved is None:
+            del os.environ[environment.ENV_PRECISION_PROBE]
+        else:
+            os.environ[environment.ENV_PRECISION_PROBE] = saved
 
 
 def run_arm(k: int, trials: list, data, steps: int, alone: int) -> dict:
@@ -131,21 +149,23 @@ def main() -> None:
                                            data=data) for s in range(max(max(ks), args.alone))]
                      for p in precisions}
         auto_k, auto_reason = models_per_batch("auto", trials_at["auto"][0], data)
-        arms_order = [(p, k) for p in precisions for k in ks]
+        before, before_reason = rule_precision(trials_at["auto"][0], data)
+        trials_at["before"] = [t.replace(train=t.train.replace(precision=before)) for t in trials_at["auto"]]
+        arms_order = [("before", 1)] + [(p, k) for p in precisions for k in ks]
         measured: dict[tuple, list] = {arm: [] for arm in arms_order}
         for r in range(args.rounds):
             order = arms_order[r % len(arms_order):] + arms_order[:r % len(arms_order)]
             for p, k in order:
                 measured[(p, k)].append(run_arm(k, trials_at[p], data, args.steps, args.alone))
-        today = statistics.median(per_hour(m, budget) for m in measured[("auto", 1)])
+        today = statistics.median(per_hour(m, budget) for m in measured[("before", 1)])
         arms = []
         for p, k in arms_order:
             runs = measured[(p, k)]
             hourly = statistics.median(per_hour(m, budget) for m in runs)
             ms_step = statistics.median(1000 * m["train_s"] / m["steps"] / (1 if k > 1 else m["trials"]) for m in runs)
             label = (f"K=1 (one trainer per trial)" if k == 1 else f"K={k} (one batched trainer)") + f", --precision {p}"
-            if (p, k) == ("auto", 1):
-                label += " = today's default"
+            if p == "before":
+                label = "reference: K=1, --precision auto unmeasured (bf16 wherever native)"
             arms.append({"k": k, "precision_setting": p, "label": label, "precision": runs[0]["precision"],
                          "ms_per_step": ms_step, "trainings_per_hour": hourly, "vs_today": hourly / today,
                          "fallback": runs[0]["fallback"], "runs": runs})
@@ -153,11 +173,12 @@ def main() -> None:
             rows.append((name, label, runs[0]["precision"], ms_step, hourly, hourly / today,
                          "<- auto" if (p, k) == ("auto", auto_k) else "", note))
         result["configs"][name] = {"budget": budget, "auto": {"models": auto_k, "reason": auto_reason},
+                                   "reference": {"precision": before, "reason": before_reason},
                                    "precision_reason": measured[("auto", 1)][0]["reason"], "arms": arms}
         print(f"  {name}: precision {measured[('auto', 1)][0]['precision']} ({measured[('auto', 1)][0]['reason']}); "
               f"budget {budget} steps; batch_models auto -> {auto_k} ({auto_reason})", flush=True)
     print()
-    print("| config | arm | precision | ms / step (all its models) | trainings / hour | vs today | auto |")
+    print("| config | arm | precision | ms / step (all its models) | trainings / hour | vs reference | auto |")
     print("| --- | --- | --- | ---: | ---: | ---: | --- |")
     for name, label, precision, ms, hourly, ratio, auto, note in rows:
         note = f" {note}" if note else ""

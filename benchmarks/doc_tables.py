@@ -16,6 +16,9 @@ Tables (``table=``):
 - ``verdicts``: a validation result's verdict table (``validation.json``: the study's own renderer);
 - ``grid``: its learning-rate grid table (each gene's mean per rate, the selected rate, edges);
 - ``costs``: its cost table;
+- ``transfer``: a transfer ladder's table (``transfer.json``: every gene at every size, its rate,
+  paired change, Holm p and verdict; the study's own renderer);
+- ``transfer-grid``: a transfer ladder's learning-rate grid tables, one per size;
 - ``batched``: a ``benchmarks/bench_batched.py`` result (trainings per hour per arm);
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
@@ -60,6 +63,30 @@ def grid(payload: dict) -> str:
 
     lines = grid_section(_validation(payload), "validation")
     return "\n".join(line for line in lines if line.startswith("|")) + "\n"
+
+
+def transfer(payload: dict) -> str:
+    from evo_attention.report.studies import code, md_cell, transfer_table
+
+    headers, rows, align = transfer_table(payload)
+    return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
+
+
+def transfer_grid(payload: dict) -> str:
+    from evo_attention.report.studies import grid_section
+
+    return _grid_tables(grid_section(payload, "transfer"))
+
+
+def _grid_tables(lines: list[str]) -> str:
+    """The tables of a grid section, each after its size's heading as a bold line."""
+    out = []
+    for line in lines:
+        if line.startswith("### "):
+            out += ["", f"**{line[4:]}**", ""]
+        elif line.startswith("|"):
+            out.append(line)
+    return "\n".join(out).strip("\n") + "\n"
 
 
 def costs(payload: dict) -> str:
@@ -151,14 +178,14 @@ def signal_noise_genes(payload: dict) -> str:
 
 
 def batched(payload: dict) -> str:
-    """benchmarks/bench_batched.py's result: trainings per hour of each arm against today's default."""
+    """benchmarks/bench_batched.py's result: trainings per hour of each arm against its reference arm."""
     rows = []
     for name, c in payload["configs"].items():
         for arm in c["arms"]:
             auto = " (auto)" if arm["k"] == c["auto"]["models"] and arm.get("precision_setting", "auto") == "auto" else ""
             rows.append([name, arm["label"] + auto, arm["precision"], f"{arm['ms_per_step']:.1f}",
                          f"{arm['trainings_per_hour']:.1f}", f"{arm['vs_today']:.2f}x"])
-    return _markdown(["Config", "Arm", "Precision", "ms / step (all its models)", "Trainings / hour", "vs today"],
+    return _markdown(["Config", "Arm", "Precision", "ms / step (all its models)", "Trainings / hour", "vs reference"],
                      rows, "lllrrr")
 
 
@@ -168,7 +195,7 @@ def curve(payload: dict) -> str:
     return curve_table_markdown(payload)
 
 
-TABLES = {"verdicts": verdicts, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"verdicts": verdicts, "transfer": transfer, "transfer-grid": transfer_grid, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

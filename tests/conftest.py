@@ -24,6 +24,13 @@ def _batch_models_auto_is_off(monkeypatch):
     monkeypatch.setenv("EVO_ATTENTION_BATCH_MODELS", "off")
 
 
+@pytest.fixture(autouse=True)
+def _precision_auto_is_not_measured(monkeypatch):
+    """precision auto never probes in tests either: bf16 where the CPU has it, fp32 elsewhere (a test
+    of the probe sets it on)."""
+    monkeypatch.setenv("EVO_ATTENTION_PRECISION_PROBE", "off")
+
+
 @pytest.fixture
 def tiny_config():
     return Config(vocab_size=50, d_model=16, n_heads=2, n_layers=2, max_seq_len=12, dropout=0.0)

@@ -204,6 +204,10 @@ def test_the_real_probe_is_short_and_leaves_the_rng_alone(setup):
     assert batched.probe_batch_times(trial, data, torch.device("cpu"), ks=(1, 2), memory_budget_mb=0.0,
                                      repeats=1, steps=1)["seconds"].keys() <= {1, 2}
     assert environment.available_memory_mb(torch.device("cpu")) > 0
+    # the probe's few steps time a trial whose schedule would not fit in them (a long warm-up)
+    long_warmup = trial.replace(train=trial.train.replace(lr_schedule="wsd", warmup_steps=trial.steps - 1))
+    assert set(batched.probe_batch_times(long_warmup, data, torch.device("cpu"), ks=(1, 2), repeats=1,
+                                         steps=1)["seconds"]) == {1, 2}
 
 
 # -- settings ----------------------------------------------------------------------------------------

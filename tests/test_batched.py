@@ -333,12 +333,21 @@ def test_the_first_answer_written_wins(probe_env, tmp_path):
 
 def test_auto_without_native_bf16_or_probe(probe_env, monkeypatch):
     cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
-    monkeypatch.delenv(environment.ENV_PRECISION_PROBE)  # the probe is opt-in: off by default
+    monkeypatch.delenv(environment.ENV_PRECISION_PROBE)  # the probe is on by default
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "bf16"
+    assert probe_env == [128]
+    monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "off")  # off: bf16 wherever the CPU has it, unmeasured
+    assert environment.choose_precision("auto", cpu, Config(d_model=64, vocab_size=100).model,
+                                        seq_len=16, batch_size=4) == (
+        "bf16", f"auto: native bf16 on this CPU ({environment.ENV_PRECISION_PROBE}=off: not measured)")
+    assert probe_env == [128]
+    monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "maybe")
+    with pytest.raises(UserError, match=environment.ENV_PRECISION_PROBE):
+        environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=8)
     monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: False)
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4) == (
         "fp32", "auto: this CPU has no native bf16")
-    assert probe_env == []
+    assert probe_env == [128]
     with pytest.raises(UserError, match="fp16"):
         environment.choose_precision("fp16", cpu)
 

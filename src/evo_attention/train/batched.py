@@ -1119,7 +1119,7 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
             n_repeats, n_steps = (1, 1) if slow else (repeats, steps)
             total = 1 + n_repeats * n_steps
             base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
-                                 train=trial.train.replace(compile="off", log_every=total))
+                                 train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
             trials = [base.replace(seed=i) for i in range(k)]
             before = memory_in_use_mb(device)
             reset_peak_memory(device)

@@ -79,7 +79,7 @@ PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)
 PROBE_STEPS = 2  # timed steps per precision and round, after one untimed step each
 PROBE_SLOW_STEP_S = 1.0  # an untimed step slower than this: 2 rounds of 1 step
-ENV_PRECISION_PROBE = "EVO_ATTENTION_PRECISION_PROBE"  # "on": auto probes per shape; else bf16 wherever the CPU has it
+ENV_PRECISION_PROBE = "EVO_ATTENTION_PRECISION_PROBE"  # "off": auto takes bf16 wherever the CPU has it, unmeasured
 _PRECISION_CHOICES: dict[str, tuple[str, str]] = {}  # cache file -> (precision, reason), per process
 
 
@@ -89,11 +89,12 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
 
     A set precision is taken as it is (fp16 refused on CPU). ``auto``: bf16 on CUDA GPUs that
     support it; fp32 on a CPU without native bf16 and on other devices; on a CPU with native bf16,
-    bf16, or, where ``EVO_ATTENTION_PRECISION_PROBE=on`` asks for it, the measured choice for this
-    model shape on this machine (``probed_precision``; ``spec`` is a ``ModelSpec`` with the data's
-    vocabulary). The probe is opt-in until its rule is measured on an idle machine: the key of a
-    trial holds "auto", so a default that changed with the machine's load would give stored trials of
-    one key two precisions.
+    the measured choice for this model shape on this machine (``probed_precision``; ``spec`` is a
+    ``ModelSpec`` with the data's vocabulary), or bf16 unmeasured where no shape is given or
+    ``EVO_ATTENTION_PRECISION_PROBE=off`` says so. The key of a trial holds "auto": on one machine
+    the probe's kept answer makes it one precision; across machines "auto" is a different precision
+    where the machines differ, as it always was between CPUs with and without bf16 (the record says
+    which ran).
     """
     if precision != "auto":
         if precision == "fp16" and device.type == "cpu":
@@ -108,8 +109,11 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
         return "fp32", "auto: this CPU has no native bf16"
     if spec is None or seq_len is None or batch_size is None:
         return "bf16", "auto: native bf16 on this CPU (no model shape given to measure)"
-    if os.environ.get(ENV_PRECISION_PROBE, "").lower() not in ("1", "on", "yes", "true"):
-        return "bf16", f"auto: native bf16 on this CPU (the per-shape probe is off; {ENV_PRECISION_PROBE}=on runs it)"
+    setting = os.environ.get(ENV_PRECISION_PROBE, "").strip().lower()
+    if setting in ("0", "off", "no", "false"):
+        return "bf16", f"auto: native bf16 on this CPU ({ENV_PRECISION_PROBE}={setting}: not measured)"
+    if setting not in ("", "1", "on", "yes", "true"):
+        raise UserError(f"{ENV_PRECISION_PROBE}={setting!r} is not a setting: use on or off")
     return probed_precision(spec, seq_len, batch_size, device)
 
 
