@@ -19,6 +19,10 @@ Tables (``table=``):
 - ``transfer``: a transfer ladder's table (``transfer.json``: every gene at every size, its rate,
   paired change, Holm p and verdict; the study's own renderer);
 - ``transfer-grid``: a transfer ladder's learning-rate grid tables, one per size;
+- ``cost-rounds``: a ``benchmarks/cost_rounds.py`` summary (ms per step and step memory per gene
+  and context length over interleaved rounds, the ratio to softmax and its call);
+- ``strategies``: a ``benchmarks/strategies.py`` result: each strategy's validated winner per
+  search seed, then each strategy against the reference strategy, paired by search seed;
 - ``batched``: a ``benchmarks/bench_batched.py`` result (trainings per hour per arm);
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
@@ -87,6 +91,46 @@ def _grid_tables(lines: list[str]) -> str:
         elif line.startswith("|"):
             out.append(line)
     return "\n".join(out).strip("\n") + "\n"
+
+
+def cost_rounds(payload: dict) -> str:
+    from evo_attention.util.format import code
+
+    headers = ["Gene", "T", "Batch", "ms / step, median [range]", "vs softmax, median [range]", "Call",
+               "Step memory (MB, median)"]
+    rows = []
+    for r in payload["rows"]:
+        ratio = ("1" if r["call"] == "reference"
+                 else f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}]")
+        rows.append([f"{r['name']} ({code(r['gene'])})", str(r["seq_len"]), str(r["batch_size"]),
+                     f"{r['ms_median']:.0f} [{r['ms_min']:.0f}, {r['ms_max']:.0f}]", ratio, r["call"],
+                     _num(r["step_memory_mb_median"], 0)])
+    return _markdown(headers, rows, "lrrrrlr")
+
+
+def strategies(payload: dict) -> str:
+    from evo_attention.util.format import code
+
+    seeds = payload["search_seeds"]
+    names = [payload["reference"]] + sorted(n for n in payload["searches"] if n != payload["reference"])
+    headers = ["Search seed"] + [f"{n}: validated winner (mean of its fresh seeds)" for n in names]
+    rows = []
+    for seed in seeds:
+        cells = [str(seed)]
+        for n in names:
+            w = payload["searches"][n][str(seed)]
+            cells.append(f"{code(w['gene'])} {w['mean']:.3f}")
+        rows.append(cells)
+    first = _markdown(headers, rows, "l" + "r" * len(names))
+    headers = ["Strategy", f"vs {payload['reference']}: paired change [95% CI]", "p (Holm)", "Verdict",
+               "Detectable effect"]
+    rows = []
+    for n in names[1:]:
+        c = payload["comparisons"][n]
+        mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
+        rows.append([n, f"{100 * c['relative']:+.2f}% [{100 * c['relative_ci_low']:+.2f}, {100 * c['relative_ci_high']:+.2f}]",
+                     _p(c["p_holm"]), c["verdict_label"], mde])
+    return first + "\n" + _markdown(headers, rows, "lrrlr")
 
 
 def costs(payload: dict) -> str:
@@ -195,7 +239,7 @@ def curve(payload: dict) -> str:
     return curve_table_markdown(payload)
 
 
-TABLES = {"verdicts": verdicts, "transfer": transfer, "transfer-grid": transfer_grid, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"verdicts": verdicts, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

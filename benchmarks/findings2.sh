@@ -10,9 +10,9 @@
 #
 # Settings: OUT (default runs/findings2), DATA (default ../shared/data), WORKERS (default 2).
 # Every stage is cached in its store: an interrupted stage resumes where it stopped, and a repeat
-# trains nothing. Cost on a 2-core CPU (estimates from single trainings, to be replaced by the
-# measured wall times the result files record): Q1 about 1 h, Q2 about 3 h, Q3 40 min, Q4 1 h,
-# Q5 15 min.
+# trains nothing. Cost on a 2-core CPU (Intel Xeon, WORKERS=2; measured where a stage has run,
+# else estimated from single trainings): Q1 43 min, Q2 about 3 h, Q3 40 min at 600 steps (more at
+# the budget amendment 1 chooses), Q4 about 45 min, Q5 6.5 min.
 set -euo pipefail
 
 OUT=${OUT:-runs/findings2}
@@ -76,6 +76,7 @@ if stage q4; then
       evo-attention validate --from-run "$OUT/q4/$strategy-$seed" --top 1 --seeds 3 --workers "$WORKERS" --quiet
     done
   done
+  python3 benchmarks/strategies.py "$OUT/q4" --reference random --margin 0.01 --out "$OUT/q4/strategies.json"
 fi
 
 if stage q5; then
@@ -86,8 +87,9 @@ if stage q5; then
     shift_by=$(( (round - 1) % ${#ORDER[@]} ))
     ROTATED=("${ORDER[@]:$shift_by}" "${ORDER[@]:0:$shift_by}")
     evo-attention bench --config benchmarks/wikitext_small.yaml --data-dir "$DATA/wikitext-2" --seq-lens 64,256,1024 \
-      --steps 15 --genes "$(IFS=,; echo "${ROTATED[*]}")" --out "$OUT/q5/round-$round"
+      --steps 5 --genes "$(IFS=,; echo "${ROTATED[*]}")" --out "$OUT/q5/round-$round"
   done
+  python3 benchmarks/cost_rounds.py "$OUT"/q5/round-*/long_context.json --out "$OUT/q5/cost.json"
 fi
 
 if stage collect; then

@@ -291,6 +291,7 @@ def test_bench_long_context_writes_table_figure_and_json(tmp_path, capsys):
     assert {(r["name"], r["seq_len"], r["batch_size"]) for r in rows} == {
         (n, t, 64 // t) for n in ("softmax", "linear", "favor", "window") for t in (16, 32)}
     assert all(r["ms_per_step"] > 0 for r in rows)
+    assert {r["steps_timed"] for r in rows} == {1}  # --steps counts the timed steps here too
     assert (tmp_path / "lc" / "long_context.png").stat().st_size > 0
     for bad, words in ((["--seq-lens", "16,x"], "--seq-lens"), (["--seq-lens", "16", "--genes", "nope"], "nope"),
                        (["--seq-lens", "128"], "--tokens-per-step 64 is below")):

@@ -19,7 +19,7 @@ def cmd_bench(args) -> int:
     from evo_attention.util.errors import UserError
 
     _check_bench_flags(args)
-    timed_steps = args.steps or 20  # --steps: how many steps to time; --budget: steps per evaluation
+    requested_steps = args.steps  # --steps: how many steps to time; --budget: steps per evaluation
     args.steps = args.budget
     try:
         config = config_from_args(args)
@@ -30,14 +30,14 @@ def cmd_bench(args) -> int:
                         setting=tuple(s for s in exc.settings if s != "train_steps")) from None
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
     if args.seq_lens is not None:
-        return _long_context(args, config)
+        return _long_context(args, config, steps=requested_steps or 5)
     data = data_from_config(config)
     if args.profile:
         from evo_attention.train.bench import profile_step
 
         print(profile_step(gene, config, data, warmup=args.warmup))
         return 0
-    result = bench_gene(gene, config, data, steps=timed_steps, warmup=args.warmup, models=args.models)
+    result = bench_gene(gene, config, data, steps=requested_steps or 20, warmup=args.warmup, models=args.models)
     result["planned_evaluations"] = planned_evaluations(config)
     result["est_search_s"] = result["est_evaluation_s"] * result["planned_evaluations"]
     if args.json:
@@ -84,7 +84,8 @@ def _check_bench_flags(args) -> None:
             raise UserError(f"{given[0]} applies to long-context mode only: add --seq-lens T,T,... or drop {given[0]}")
 
 
-def _long_context(args, config) -> int:
+def _long_context(args, config, steps: int) -> int:
+    """The long-context mode: every gene at every length of --seq-lens, ``steps`` timed steps each."""
     from pathlib import Path
 
     from evo_attention.data import data_from_config
@@ -122,7 +123,7 @@ def _long_context(args, config) -> int:
         raise UserError(f"--tokens-per-step {args.tokens_per_step} is below the longest length {max(lengths)}: each "
                         "step needs at least one sequence")
     out = output_dir(args.out) if args.out else None
-    timed = args.steps or 5
+    timed = steps
 
     def progress(name, t):
         if not args.json:
@@ -188,5 +189,5 @@ def register(sub) -> None:
     add_training_flags(p, search=True)
     for action in p._actions:  # here --steps counts the timed steps, not the training budget
         if action.dest == "steps":
-            action.help = "steps to time (default 20)"
+            action.help = "steps to time (default 20; 5 per gene and length with --seq-lens)"
     p.set_defaults(func=cmd_bench)

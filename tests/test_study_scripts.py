@@ -1,0 +1,61 @@
+"""The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py): the rules
+they apply to result files, on small made-up files."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _round(ms: dict) -> dict:
+    return {"rows": [{"name": name, "gene": f"g-{name}", "seq_len": t, "batch_size": 4096 // t, "ms_per_step": v,
+                      "step_memory_mb": 10.0, "precision": "fp32"} for (name, t), v in ms.items()]}
+
+
+def test_cost_rounds_calls_a_gene_faster_or_slower_only_where_every_round_agrees():
+    cost_rounds = _script("cost_rounds")
+    rounds = [_round({("softmax", 64): 100, ("a", 64): 90, ("b", 64): 120, ("c", 64): 95}),
+              _round({("softmax", 64): 110, ("a", 64): 100, ("b", 64): 115, ("c", 64): 115})]
+    rows = {r["name"]: r for r in cost_rounds.summarise(rounds)["rows"]}
+    assert rows["softmax"]["call"] == "reference"
+    assert rows["a"]["call"] == "faster" and rows["a"]["ratio_max"] == pytest.approx(100 / 110)
+    assert rows["b"]["call"] == "slower" and rows["b"]["ms_median"] == pytest.approx(117.5)
+    assert rows["c"]["call"] == "not distinguishable"  # 0.95 in one round, 1.05 in the other
+    with pytest.raises(SystemExit, match="missing from some rounds"):
+        cost_rounds.summarise(rounds + [_round({("softmax", 64): 100})])
+    with pytest.raises(SystemExit, match="no 'softmax' gene"):
+        cost_rounds.summarise([_round({("a", 64): 1.0})])
+
+
+def _validation(folder: Path, mean: float, values: list) -> None:
+    folder.mkdir(parents=True)
+    folder.joinpath("validation.json").write_text(json.dumps({
+        "metric": "val_perplexity", "baseline": {"mean": 4.0},
+        "genes": [{"gene": "dot|softmax|output_gate|fixed", "search_value": mean - 0.1, "seeds": [2, 3, 4],
+                   "values": values, "mean": mean, "verdict": "better"}]}))
+
+
+def test_strategies_pairs_the_validated_winners_by_search_seed(tmp_path):
+    strategies = _script("strategies")
+    for seed, (ga, rnd) in enumerate([(3.00, 3.30), (3.10, 3.35), (2.95, 3.31), (3.05, 3.40)], start=1):
+        _validation(tmp_path / f"ga-{seed}", ga, [ga] * 3)
+        _validation(tmp_path / f"random-{seed}", rnd, [rnd] * 3)
+    _validation(tmp_path / "random-9", 3.0, [3.0] * 3)  # a seed the GA lacks: left out of the pairs
+    assert strategies.main([str(tmp_path), "--out", str(tmp_path / "s.json")]) == 0
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["search_seeds"] == [1, 2, 3, 4] and result["means"]["ga"] == [3.00, 3.10, 2.95, 3.05]
+    row = result["comparisons"]["ga"]
+    assert row["verdict"] == "better" and row["relative"] < -0.05 and row["family_size"] == 1
+    with pytest.raises(SystemExit, match="reference strategy 'tpe'"):
+        strategies.compare(strategies.collect(tmp_path), "tpe", 0.01)
+    assert strategies.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.json")]) == 1
