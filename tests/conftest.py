@@ -1,5 +1,6 @@
 """Shared fixtures: small configs, the path of the shared WikiText-2 corpus."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,25 +11,18 @@ from evo_attention import Config
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT_DIR = REPO.parent / "shared" / "data" / "wikitext-2"
 
+# Trainings in tests never depend on timing, module- and session-scoped fixtures included (they are
+# built before any function-scoped fixture could set these): batch_models auto means off, and
+# precision auto is not measured (bf16 where the CPU has it, fp32 elsewhere). A test of either probe
+# changes the variable with monkeypatch, which restores it.
+os.environ["EVO_ATTENTION_BATCH_MODELS"] = "off"
+os.environ["EVO_ATTENTION_PRECISION_PROBE"] = "off"
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Never write the tokenization cache into the home directory from tests."""
     monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-@pytest.fixture(autouse=True)
-def _batch_models_auto_is_off(monkeypatch):
-    """batch_models auto (the default) never measures in tests, whose trainings must not depend on
-    timing: it means off unless a test sets batch_models or unsets this."""
-    monkeypatch.setenv("EVO_ATTENTION_BATCH_MODELS", "off")
-
-
-@pytest.fixture(autouse=True)
-def _precision_auto_is_not_measured(monkeypatch):
-    """precision auto never probes in tests either: bf16 where the CPU has it, fp32 elsewhere (a test
-    of the probe sets it on)."""
-    monkeypatch.setenv("EVO_ATTENTION_PRECISION_PROBE", "off")
 
 
 @pytest.fixture
