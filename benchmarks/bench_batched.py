@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -65,20 +64,6 @@ def make_config(name: str, data_dir: str | None, overrides: dict):
     if name == "seed":
         return build_config("seed", overrides={"data_dir": data_dir, **overrides})
     raise SystemExit(f"unknown config {name!r}: choose from {', '.join(CONFIGS)}")
-
-
-def rule_precision(trial, data) -> tuple[str, str]:
-    """The precision ``auto`` gives this trial's shape without measuring it (the reference arm's)."""
-    saved = os.environ.get(environment.ENV_PRECISION_PROBE)
-    os.environ[environment.ENV_PRECISION_PROBE] = "off"
-    try:
-        return environment.choose_precision("auto", torch.device("cpu"), trial.model.with_data(data.vocab_size, data.seq_len),
-                                            seq_len=data.seq_len, batch_size=trial.train.batch_size)
-    finally:
-        if saved is None:
-            del os.environ[environment.ENV_PRECISION_PROBE]
-        else:
-            os.environ[environment.ENV_PRECISION_PROBE] = saved
 
 
 def run_arm(k: int, trials: list, data, steps: int, alone: int) -> dict:
@@ -149,7 +134,8 @@ def main() -> None:
                                            data=data) for s in range(max(max(ks), args.alone))]
                      for p in precisions}
         auto_k, auto_reason = models_per_batch("auto", trials_at["auto"][0], data)
-        before, before_reason = rule_precision(trials_at["auto"][0], data)
+        # the unmeasured rule: what auto gives where no model shape is known
+        before, before_reason = environment.choose_precision("auto", torch.device("cpu"))
         trials_at["before"] = [t.replace(train=t.train.replace(precision=before)) for t in trials_at["auto"]]
         arms_order = [("before", 1)] + [(p, k) for p in precisions for k in ks]
         measured: dict[tuple, list] = {arm: [] for arm in arms_order}

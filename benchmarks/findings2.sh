@@ -12,7 +12,7 @@
 # Every stage is cached in its store: an interrupted stage resumes where it stopped, and a repeat
 # trains nothing. Cost on a 2-core CPU (Intel Xeon, WORKERS=2; measured where a stage has run,
 # else estimated from single trainings): Q1 43 min, Q2 about 3 h, Q3 40 min at 600 steps (more at
-# the budget amendment 1 chooses), Q4 about 45 min, Q5 6.5 min.
+# the budget amendment 1 chooses), Q4 52 min, Q5 6.5 min.
 set -euo pipefail
 
 OUT=${OUT:-runs/findings2}

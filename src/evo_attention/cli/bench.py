@@ -123,14 +123,13 @@ def _long_context(args, config, steps: int) -> int:
         raise UserError(f"--tokens-per-step {args.tokens_per_step} is below the longest length {max(lengths)}: each "
                         "step needs at least one sequence")
     out = output_dir(args.out) if args.out else None
-    timed = steps
 
     def progress(name, t):
         if not args.json:
             print(f"  T={t}: {name}", flush=True)
 
     rows = bench_lengths(genes, config, lambda t: data_from_config(config.replace(max_seq_len=t)), lengths,
-                         tokens_per_step=args.tokens_per_step, steps=timed, warmup=args.warmup, progress=progress)
+                         tokens_per_step=args.tokens_per_step, steps=steps, warmup=args.warmup, progress=progress)
     cpu = rows[0]["device"].startswith("cpu")
     memory = "step_memory_mb" if cpu else "peak_memory_mb"
     header = ["T", "batch"] + [f"{n} ms/step" for n in genes] + [f"{n} MB" for n in genes]
