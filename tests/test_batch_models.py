@@ -262,3 +262,15 @@ def test_auto_never_batches_dropout_off_the_cpu(monkeypatch):
     trial = Trial.from_config("dot|softmax|none|fixed|bias|0.10", config)  # attention dropout 0.1
     k, why = batched.models_per_batch("auto", trial, data=None, device="cuda")
     assert k == 1 and "dropout" in why
+
+
+def test_cuda_memory_statistics_initialise_cuda_first(monkeypatch):
+    # a fresh worker process that has not touched the GPU has no allocator statistics yet: reading or
+    # resetting them before torch.cuda.init() fails with "Invalid device argument" (seen on an H100)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: calls.append("allocated") or 0)
+    environment.reset_peak_memory(torch.device("cuda", 0))
+    environment.memory_in_use_mb(torch.device("cuda", 0))
+    assert calls == ["init", "reset", "init", "allocated"]

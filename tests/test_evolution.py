@@ -216,6 +216,15 @@ def test_status_says_when_earlier_trainings_answered_requests():
     assert "2 of 4 generations done; 26 trainings recorded (0 failed) of 27 planned" in format_status(status)
 
 
+def test_status_of_a_study_store_names_the_study_and_no_search(tmp_path, capsys):
+    # a study's store (curve, validate, ...) has no generations, no lock and no search to resume
+    RunStore.create(tmp_path / "curve", config=Config(**TINY).to_dict(), meta={"study": "curve"}).close()
+    assert main(["status", str(tmp_path / "curve")]) == 0
+    text = capsys.readouterr().out
+    assert "the store of a curve study" in text and "0 trainings recorded (0 failed)" in text
+    assert "generations" not in text and "search --resume" not in text
+
+
 @pytest.mark.parametrize("setup, flags, words", [
     (None, ["--resume"], "no run in"),
     ("run", [], "--resume"),

@@ -347,7 +347,7 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
-                              "confidence intervals, Welch tests with Holm correction")
+                              "confidence intervals, paired tests by seed with Holm correction, verdicts")
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/validate")

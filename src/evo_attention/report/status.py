@@ -14,6 +14,10 @@ A run with caps says how many genes were refused before training or break a meas
 best gene and the front are feasible ones), and a warm-started run where its first genes came from.
 A suite run (meta ``suite``) says its best gene and baseline by suite accuracy (the mean accuracy
 over the points, ``summary.suite_view``), and counts trainings (one per gene and point).
+
+A study's own store (meta ``study``: validate, compare, curve, ... in its ``--out``) has no search
+and no lock: its status counts the trainings and names the workers training now; the study's command,
+run again, continues it (finished trainings are kept).
 """
 
 from __future__ import annotations
@@ -38,12 +42,17 @@ def run_status(run_dir: str | Path) -> dict:
         infeasible_meta = store.get_meta("infeasible")
         init_from = store.get_meta("init_from")
         suite_meta = store.get_meta("suite")
+        study = store.get_meta("study")
+    if study:
+        return {"run_dir": str(run_dir), "study": study, "trained": len(evaluations),
+                "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
+                "schedule": run_schedule_text_of(config), "workers": _workers(activity)}
     from evo_attention.search.fidelity import RUNG_ROLE
     from evo_attention.search.lock import holder
 
     live = holder(run_dir)  # a process holding the run's lock is writing it now
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
-                                              pareto_summary, run_schedule_text)
+                                              pareto_summary)
     from evo_attention.search.constraints import constraint_view
 
     per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request
@@ -85,7 +94,7 @@ def run_status(run_dir: str | Path) -> dict:
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),
-        "schedule": run_schedule_text(config) if config else None,
+        "schedule": run_schedule_text_of(config),
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
         "planned": total_planned,
@@ -107,9 +116,24 @@ def run_status(run_dir: str | Path) -> dict:
         "init_from": None if not init_from else {**init_from, "text": init_from_text(init_from)},
         "suite": suite,
         "executor": executor,
-        "workers": [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"],
-                     "loss": a["loss"], "updated_at": a["updated_at"]} for a in activity],
+        "workers": _workers(activity),
     }
+
+
+def _workers(activity) -> list[dict]:
+    return [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"], "loss": a["loss"],
+             "updated_at": a["updated_at"]} for a in activity]
+
+
+def run_schedule_text_of(config) -> str | None:
+    from evo_attention.report.summary import run_schedule_text
+
+    return run_schedule_text(config) if config else None
+
+
+def _worker_lines(status: dict) -> list[str]:
+    return [f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
+            f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}" for w in status["workers"]]
 
 
 def _suite_lines(suite: dict) -> list[str]:
@@ -148,6 +172,13 @@ def _validated(run_dir) -> list[dict]:
 
 
 def format_status(status: dict) -> str:
+    if status.get("study"):
+        lines = [f"run {status['run_dir']}: the store of a {status['study']} study (its command, run again, continues "
+                 "it; finished trainings are kept)",
+                 f"  {status['trained']} trainings recorded ({status['failed']} failed)"]
+        if status.get("schedule"):
+            lines.append(f"  learning-rate schedule: {status['schedule']}")
+        return "\n".join(lines + _worker_lines(status))
     if status.get("fidelity"):  # multi-fidelity: requests are answered at the rung they reach
         counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
                   f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
@@ -206,7 +237,4 @@ def format_status(status: dict) -> str:
         from evo_attention.search.fidelity import fidelity_lines
 
         lines.extend(fidelity_lines(status["fidelity"]))
-    for w in status["workers"]:
-        lines.append(f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
-                     f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}")
-    return "\n".join(lines)
+    return "\n".join(lines + _worker_lines(status))

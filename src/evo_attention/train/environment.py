@@ -328,6 +328,9 @@ def machine() -> dict:
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
+        # the allocator's statistics exist only once CUDA is initialised in this process: a worker
+        # process that has not touched the GPU yet would fail ("Invalid device argument")
+        torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
     else:
         try:  # Linux: writing 5 resets the process's peak resident set size (VmHWM)
@@ -380,6 +383,7 @@ def memory_in_use_mb(device: torch.device) -> float | None:
     """What this process holds now: on CUDA the allocated device memory, else the resident set
     (after handing freed heap pages back); the base a later ``peak_memory_mb`` is measured from."""
     if device.type == "cuda":
+        torch.cuda.init()  # as in reset_peak_memory
         return torch.cuda.memory_allocated(device) / 2**20
     release_free_memory()
     return process_memory_mb("VmRSS")
