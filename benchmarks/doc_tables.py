@@ -25,6 +25,10 @@ Tables (``table=``):
   search seed, then each strategy against the reference strategy, paired by search seed;
 - ``batched``: a ``benchmarks/bench_batched.py`` result (trainings per hour per arm);
 - ``curve``: a difficulty curve's table (``curve.json``);
+- ``curve-seeds``: a difficulty curve's per-seed accuracies, every gene at every value;
+- ``suite``: a suite validation's table (``validation_suite.json``: the study's own renderer);
+- ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
+  one point of a curve, paired by seed;
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
@@ -239,7 +243,47 @@ def curve(payload: dict) -> str:
     return curve_table_markdown(payload)
 
 
-TABLES = {"verdicts": verdicts, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+def curve_seeds(payload: dict) -> str:
+    from evo_attention.util.format import code
+
+    values = payload["values"]
+    headers = ["Gene"] + [f"{payload['knob']}={v}" for v in values]
+    rows = []
+    for gene in payload["genes"]:
+        cells = [code(gene["gene"])]
+        for point in gene["points"]:
+            cells.append(", ".join("failed" if a is None else f"{a:.3f}" for a in point["accuracy"]))
+        rows.append(cells)
+    return _markdown(headers, rows, "l" + "r" * len(values))
+
+
+def suite(payload: dict) -> str:
+    from evo_attention.report.studies import code, md_cell, suite_table
+
+    headers, rows, align = suite_table(payload)
+    return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
+
+
+def curve_verdicts(payload: dict) -> str:
+    from evo_attention.util.format import code
+
+    reference = payload["reference"]
+    headers = ["Gene", f"Accuracy at {payload['knob']}={payload['at']}, per seed {payload['seeds']}",
+               "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]
+
+    def cells(values):
+        return ", ".join("failed" if v is None else f"{v:.3f}" for v in values)
+
+    rows = [[code(reference), cells(payload["values"][reference]), "reference", "", "", "", ""]]
+    for name, c in payload["comparisons"].items():
+        change = ("-" if c["diff_ci_low"] is None else
+                  f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
+        rows.append([code(name), cells(payload["values"][name]), change, str(c["n_pairs"]), _p(c["p_holm"]),
+                     c["verdict_label"], "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
+    return _markdown(headers, rows, "llrrrlr")
+
+
+TABLES = {"verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 
