@@ -27,6 +27,8 @@ Tables (``table=``):
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``curve-seeds``: a difficulty curve's per-seed accuracies, every gene at every value;
 - ``suite``: a suite validation's table (``validation_suite.json``: the study's own renderer);
+- ``search-top``: a search's best genes (``final_results.json``: its top 5 and the baseline, by the
+  search's own metric on the search's one seed);
 - ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
   one point of a curve, paired by seed;
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
@@ -264,6 +266,19 @@ def suite(payload: dict) -> str:
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
 
 
+def search_top(payload: dict) -> str:
+    from evo_attention.util.format import code
+
+    metric = "suite_accuracy" if payload.get("suite") else "perplexity"
+    headers = ["Rank", "Gene", "Generation", "Suite accuracy" if metric == "suite_accuracy" else "Perplexity"]
+    rows = [[str(i), code(g["gene"]), str(g["generation"]), _num(g[metric], 4)]
+            for i, g in enumerate(payload["top_5"], start=1)]
+    base = payload.get("baseline") or {}
+    if base:
+        rows.append(["baseline", code(base["gene"]), "-", _num(base.get(metric), 4)])
+    return _markdown(headers, rows, "llrr")
+
+
 def curve_verdicts(payload: dict) -> str:
     from evo_attention.util.format import code
 
@@ -283,7 +298,7 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr")
 
 
-TABLES = {"verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

@@ -2,7 +2,7 @@
 # Study 2 of docs/findings.md, as pre-registered there (questions Q1-Q5), with the product's own
 # commands only. Each stage writes into its own directory under OUT (a run store and the study's
 # JSON files); `bash benchmarks/findings2.sh collect` copies the small result files (JSON, no model
-# weights, no stores) into docs/findings/, where benchmarks/doc_tables.py generates the tables of
+# weights, no stores, no search checkpoints) into docs/findings/, where benchmarks/doc_tables.py generates the tables of
 # findings.md from them.
 #
 #   bash benchmarks/findings2.sh               # every stage: q1 q2 q3 q4 q5 collect (q1-seed: name it)
@@ -13,10 +13,11 @@
 # where a GPU is lent: fp32 as on the CPU, where `precision: auto` would train in bf16), Q3_STEPS (Q3's
 # budget when amendment 1's search has already decided it: the search is then not run), Q3_GENES=all
 # (Q3 with all seven registered genes; by default the five that ran, see amendment 2).
-# Every stage is cached in its store: an interrupted stage resumes where it stopped, and a repeat
-# trains nothing. Cost on a 2-core CPU (Intel Xeon, WORKERS=2; measured where a stage has run,
-# else estimated from single trainings): Q1 43 min, Q2 about 3 h, Q3 40 min at 600 steps (more at
-# the budget amendment 1 chooses), Q4 52 min, Q5 6.5 min.
+# Searches, grids, suites and curves keep their trainings in a store: an interrupted stage resumes
+# where it stopped, and a repeat trains nothing there (Q2's WikiText-2 validation, 15 short
+# trainings without a grid, keeps no store and trains again). Measured cost on a 2-core CPU (Intel Xeon, WORKERS=2): Q1 43 min, Q2 1 h 24 min,
+# Q3's budget search about 35 min, Q4 52 min, Q5 6.5 min. On one H100 (WORKERS=15 or 16, TRAIN as
+# above): Q3's curve of five genes 12 min (about 5.5 h estimated on the CPU), q1-seed about 7 min.
 set -euo pipefail
 
 OUT=${OUT:-runs/findings2}
@@ -120,7 +121,7 @@ fi
 
 if stage collect; then
   mkdir -p docs/findings
-  find "$OUT" -name '*.json' -not -path '*/models/*' -size -2M | while read -r f; do
+  find "$OUT" -name '*.json' -not -path '*/models/*' -not -path '*/checkpoints/*' -size -2M | while read -r f; do
     dest="docs/findings/${f#"$OUT"/}"
     mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
   done

@@ -1,5 +1,5 @@
-"""The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py): the rules
-they apply to result files, on small made-up files."""
+"""The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
+benchmarks/curve_verdicts.py): the rules they apply to result files, on small made-up files."""
 
 import importlib.util
 import json
@@ -59,3 +59,30 @@ def test_strategies_pairs_the_validated_winners_by_search_seed(tmp_path):
     with pytest.raises(SystemExit, match="reference strategy 'tpe'"):
         strategies.compare(strategies.collect(tmp_path), "tpe", 0.01)
     assert strategies.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.json")]) == 1
+
+
+def _curve(genes: dict) -> dict:
+    return {"task": "mqar", "knob": "pairs", "metric": "accuracy", "steps": 100,
+            "genes": [{"gene": name, "points": [{"value": v, "seeds": [43, 44, 45, 46], "accuracy": acc}
+                                                for v, acc in points.items()]} for name, points in genes.items()]}
+
+
+def test_curve_verdicts_pair_each_gene_with_the_reference_by_seed_at_one_point(tmp_path):
+    curve_verdicts = _script("curve_verdicts")
+    curve = _curve({"softmax": {2: [0.9, 0.9, 0.9, 0.9], 16: [0.30, 0.32, 0.31, 0.29]},
+                    "window": {2: [0.9] * 4, 16: [0.10, 0.12, 0.11, 0.09]},
+                    "gqa": {2: [0.9] * 4, 16: [0.301, 0.321, 0.309, 0.291]},
+                    "linear": {2: [0.9] * 4, 16: [0.1, None, 0.5, 0.3]}})
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(curve))
+    assert curve_verdicts.main([str(path), "--at", "16", "--out", str(tmp_path / "v.json")]) == 0
+    result = json.loads((tmp_path / "v.json").read_text())
+    rows = result["comparisons"]
+    assert result["reference"] == "softmax" and set(rows) == {"window", "gqa", "linear"}
+    assert rows["window"]["verdict"] == "worse" and rows["window"]["difference"] == pytest.approx(-0.2)
+    assert rows["gqa"]["verdict"] == "equivalent" and rows["gqa"]["family_size"] == 3
+    assert rows["linear"]["n_pairs"] == 3 and rows["linear"]["verdict"] == "undetermined"  # a failed seed drops out
+    with pytest.raises(SystemExit, match="no point at"):
+        curve_verdicts.verdicts(curve, 8, None, 0.02)
+    with pytest.raises(SystemExit, match="not a gene of the curve"):
+        curve_verdicts.verdicts(curve, 16, "favor", 0.02)
