@@ -8,7 +8,8 @@ For every value of the knob, the data is the config's data name with the knob se
 (``mqar:pairs=4,seq_len=128,vocab=128``); every gene (compare's named configurations or gene strings,
 ``compare.resolve_configs``) is trained on it with the seeds ``seed + 1 ... seed + N``, each training
 one ``Trial`` through the runner and a run store (role ``curve``; the store in ``out_dir``), so a
-repeat trains nothing and an interrupted curve resumes where it stopped. The genes are resolved once,
+repeat trains nothing and an interrupted curve resumes where it stopped. The trainings of every value
+go to the executor in one call, so no worker waits for a value's last training before the next. The genes are resolved once,
 at the config's size: a gene is the same mechanism at every value.
 
 Every check runs before anything trains: the data must be a generated task; the knob one of its
@@ -268,6 +269,8 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
             stack.enter_context(pool)
         store = stack.enter_context(study_store(out_dir, config, "curve")) if out_dir is not None else None
         try:
+            # every point's tasks go to the runner at once: workers never wait for a point to end
+            tasks, point_of, datasets = [], {}, {}
             for i, point in enumerate(points):
                 at = config.replace(data=point.data)
                 data = data_from_config(at)
@@ -277,13 +280,16 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
                                            seeds_setting="seeds")
                 if first is None:
                     first = setup
+                datasets[setup.config.task] = data
+                for task in setup.tasks([gene for _, gene in entries],
+                                        labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()}):
+                    point_of[task] = i
+                    tasks.append(task)
 
-                def finished(work, record, cached, i=i):
-                    done[(i, work.gene, work.seed)] = record
+            def finished(work, record, cached):
+                done[(point_of[work], work.gene, work.seed)] = record
 
-                setup.train([gene for _, gene in entries],
-                            labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()},
-                            on_finished=finished)
+            first.run(tasks, on_finished=finished, datasets=datasets)
         except KeyboardInterrupt:
             if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
                 write_curve(out_dir, result(interrupted=True))
