@@ -245,6 +245,11 @@ def curve(payload: dict) -> str:
     return curve_table_markdown(payload)
 
 
+def _per_seed(values) -> str:
+    """Per-seed accuracies in seed order; a failed training reads "failed"."""
+    return ", ".join("failed" if v is None else f"{v:.3f}" for v in values)
+
+
 def curve_seeds(payload: dict) -> str:
     from evo_attention.util.format import code
 
@@ -254,7 +259,7 @@ def curve_seeds(payload: dict) -> str:
     for gene in payload["genes"]:
         cells = [code(gene["gene"])]
         for point in gene["points"]:
-            cells.append(", ".join("failed" if a is None else f"{a:.3f}" for a in point["accuracy"]))
+            cells.append(_per_seed(point["accuracy"]))
         rows.append(cells)
     return _markdown(headers, rows, "l" + "r" * len(values))
 
@@ -285,15 +290,11 @@ def curve_verdicts(payload: dict) -> str:
     reference = payload["reference"]
     headers = ["Gene", f"Accuracy at {payload['knob']}={payload['at']}, per seed {payload['seeds']}",
                "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]
-
-    def cells(values):
-        return ", ".join("failed" if v is None else f"{v:.3f}" for v in values)
-
-    rows = [[code(reference), cells(payload["values"][reference]), "reference", "", "", "", ""]]
+    rows = [[code(reference), _per_seed(payload["values"][reference]), "reference", "", "", "", ""]]
     for name, c in payload["comparisons"].items():
         change = ("-" if c["diff_ci_low"] is None else
                   f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
-        rows.append([code(name), cells(payload["values"][name]), change, str(c["n_pairs"]), _p(c["p_holm"]),
+        rows.append([code(name), _per_seed(payload["values"][name]), change, str(c["n_pairs"]), _p(c["p_holm"]),
                      c["verdict_label"], "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
     return _markdown(headers, rows, "llrrrlr")
 

@@ -46,7 +46,7 @@ def run_status(run_dir: str | Path) -> dict:
     if study:
         return {"run_dir": str(run_dir), "study": study, "trained": len(evaluations),
                 "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
-                "schedule": run_schedule_text_of(config), "workers": _workers(activity)}
+                "schedule": _schedule_text(config), "workers": _workers(activity)}
     from evo_attention.search.fidelity import RUNG_ROLE
     from evo_attention.search.lock import holder
 
@@ -94,7 +94,7 @@ def run_status(run_dir: str | Path) -> dict:
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),
-        "schedule": run_schedule_text_of(config),
+        "schedule": _schedule_text(config),
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
         "planned": total_planned,
@@ -125,7 +125,7 @@ def _workers(activity) -> list[dict]:
              "updated_at": a["updated_at"]} for a in activity]
 
 
-def run_schedule_text_of(config) -> str | None:
+def _schedule_text(config) -> str | None:
     from evo_attention.report.summary import run_schedule_text
 
     return run_schedule_text(config) if config else None

@@ -9,8 +9,8 @@ For every value of the knob, the data is the config's data name with the knob se
 ``compare.resolve_configs``) is trained on it with the seeds ``seed + 1 ... seed + N``, each training
 one ``Trial`` through the runner and a run store (role ``curve``; the store in ``out_dir``), so a
 repeat trains nothing and an interrupted curve resumes where it stopped. The trainings of every value
-go to the executor in one call, so no worker waits for a value's last training before the next. The genes are resolved once,
-at the config's size: a gene is the same mechanism at every value.
+go to the executor in one call, so no worker waits for a value's last training before the next.
+The genes are resolved once, at the config's size: a gene is the same mechanism at every value.
 
 Every check runs before anything trains: the data must be a generated task; the knob one of its
 knobs, not also given inline in the data name or in the task options; each value allowed for the
@@ -269,7 +269,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
             stack.enter_context(pool)
         store = stack.enter_context(study_store(out_dir, config, "curve")) if out_dir is not None else None
         try:
-            # every point's tasks go to the runner at once: workers never wait for a point to end
+            # every point's tasks in one runner call (module docstring)
             tasks, point_of, datasets = [], {}, {}
             for i, point in enumerate(points):
                 at = config.replace(data=point.data)
