@@ -5,11 +5,12 @@
 # weights, no stores, no search checkpoints) into docs/findings/, where benchmarks/doc_tables.py generates the tables of
 # findings.md from them.
 #
-#   bash benchmarks/findings2.sh               # every stage: q1 q2 q3 q4 q5 collect (q1-seed: name it)
+#   bash benchmarks/findings2.sh               # every stage: q1 q2 q3 q3-sparse q4 q5 collect
+#                                              # (q1-seed and q3-replicate: name them)
 #   bash benchmarks/findings2.sh q1 collect    # some stages, in this order
 #
 # Settings: OUT (default runs/findings2), DATA (default ../shared/data), WORKERS (default 2), TRAIN
-# (training flags added to the commands of q1-seed, q2 and q3, e.g. TRAIN="--device cuda --precision fp32"
+# (training flags added to the commands of q1-seed, q2 and the q3 stages, e.g. TRAIN="--device cuda --precision fp32"
 # where a GPU is lent: fp32 as on the CPU, where `precision: auto` would train in bf16), Q3_STEPS (Q3's
 # budget when amendment 1's search has already decided it: the search is then not run), Q3_GENES=all
 # (Q3 with all seven registered genes; by default the five that ran, see amendment 2).
@@ -24,7 +25,7 @@ OUT=${OUT:-runs/findings2}
 DATA=${DATA:-../shared/data}
 WORKERS=${WORKERS:-2}
 TRAIN=${TRAIN:-}
-STAGES=${*:-q1 q2 q3 q4 q5 collect}
+STAGES=${*:-q1 q2 q3 q3-sparse q4 q5 collect}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # a search into DIR (the first argument), resumed where its store exists (a finished one then trains nothing)
 search() { local dir=$1; shift; evo-attention search $([[ -e "$dir/run.db" ]] && echo --resume) --out "$dir" "$@"; }
@@ -92,6 +93,31 @@ if stage q3; then
   # the verdicts at 16 pairs from the curve's own trainings there (amendment 2: paired by seed, margin
   # 0.02, Holm over the genes compared)
   python3 benchmarks/curve_verdicts.py "$OUT/q3/curve.json" --at 16 --margin 0.02 --out "$OUT/q3/verdicts.json"
+fi
+
+if stage q3-sparse; then
+  # Q3's sparsemax and entmax15 (amendment 3): the curve of all seven genes at 8 and 16 pairs in a copy
+  # of Q3's store, so only those two train (the others' trainings are the same trials, read from the
+  # store); in fp32 as Q3's curve, whatever the device. The verdicts at 16 pairs then have the
+  # registered family of 6 comparisons
+  if [[ ! -e "$OUT/q3-sparse/run.db" ]]; then
+    [[ -e "$OUT/q3/run.db" ]] || { echo "q3-sparse needs Q3's store $OUT/q3/run.db: run the q3 stage first" >&2; exit 2; }
+    mkdir -p "$OUT/q3-sparse" && cp "$OUT/q3/run.db" "$OUT/q3-sparse/run.db"
+  fi
+  # shellcheck disable=SC2086
+  evo-attention curve --preset quick --genes "$FAMILIES" --data mqar:seq_len=64,vocab=64 --knob pairs=8,16 \
+    --seeds 3 --steps "${Q3_STEPS:-9600}" --precision fp32 --workers "$WORKERS" --quiet --out "$OUT/q3-sparse" $TRAIN
+  python3 benchmarks/curve_verdicts.py "$OUT/q3-sparse/curve.json" --at 16 --margin 0.02 \
+    --out "$OUT/q3-sparse/verdicts.json"
+fi
+
+if stage q3-replicate; then
+  # amendment 3's check: softmax at 8 and 16 pairs, seeds 43-45, again in a store of its own, so it
+  # trains here instead of reading Q3's records: on another device than Q3's curve, how far the same
+  # trial's accuracy moves with the device
+  # shellcheck disable=SC2086
+  evo-attention curve --preset quick --genes "$BASELINE" --data mqar:seq_len=64,vocab=64 --knob pairs=8,16 \
+    --seeds 3 --steps "${Q3_STEPS:-9600}" --precision fp32 --workers "$WORKERS" --quiet --out "$OUT/q3-replicate" $TRAIN
 fi
 
 if stage q4; then
