@@ -9,7 +9,8 @@ the same seeds. At the value ``--at``, each gene's per-seed accuracies are compa
 reference gene's (default: the curve's first gene) paired by seed on the raw scale
 (``stats.versus_reference``: paired t-test, TOST at the margin in accuracy units, Holm over the
 genes compared). A seed where either training failed is left out of that pair (the file says how
-many). Writes the per-seed values, the comparisons and the tool's verdict words to ``--out``.
+many). Writes the per-seed values, the device each seed trained on (a curve can read trainings made
+on another machine from its store), the comparisons and the tool's verdict words to ``--out``.
 """
 
 from __future__ import annotations
@@ -39,18 +40,19 @@ def verdicts(curve: dict, at, reference: str | None, margin: float) -> dict:
     if reference not in names:
         raise SystemExit(f"reference {reference!r} is not a gene of the curve: {', '.join(names)}")
     ref = point_of(genes[names.index(reference)], at)
-    values = {}
+    values, devices = {}, {}
     for gene in genes:
         point = point_of(gene, at)
         if point["seeds"] != ref["seeds"]:
             raise SystemExit(f"gene {gene['gene']} has seeds {point['seeds']}, the reference {ref['seeds']}: "
                              "a paired comparison needs the same seeds")
         values[gene["gene"]] = point["accuracy"]
+        devices[gene["gene"]] = point.get("devices")  # a curve written before it recorded them: None
     others = {name: v for name, v in values.items() if name != reference}
     rows = stats.versus_reference(others, values[reference], margin=margin, log=False, lower_is_better=False)
     return {"source": curve.get("task"), "knob": curve.get("knob"), "at": at, "metric": curve.get("metric"),
             "reference": reference, "margin": margin, "seeds": ref["seeds"], "steps": curve.get("steps"),
-            "test": stats.paired_test_name(False), "values": values, "comparisons": rows,
+            "test": stats.paired_test_name(False), "values": values, "devices": devices, "comparisons": rows,
             "machine": curve.get("machine"), "versions": curve.get("versions")}
 
 

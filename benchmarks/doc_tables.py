@@ -30,7 +30,7 @@ Tables (``table=``):
 - ``search-top``: a search's best genes (``final_results.json``: its top 5 and the baseline, by the
   search's own metric on the search's one seed);
 - ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
-  one point of a curve, paired by seed;
+  one point of a curve, paired by seed (and the devices its seeds trained on, where the file has them);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
@@ -284,10 +284,18 @@ def search_top(payload: dict) -> str:
     return _markdown(headers, rows, "llrr")
 
 
+def _devices(devices) -> str:
+    """Where a gene's seeds trained: each device once, in seed order ("-" where not recorded)."""
+    if not devices:
+        return "-"
+    return ", ".join(dict.fromkeys("-" if d is None else str(d) for d in devices))
+
+
 def curve_verdicts(payload: dict) -> str:
     from evo_attention.util.format import code
 
     reference = payload["reference"]
+    devices = payload.get("devices")  # a result written before they were recorded has none: no column
     headers = ["Gene", f"Accuracy at {payload['knob']}={payload['at']}, per seed {payload['seeds']}",
                "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]
     rows = [[code(reference), _per_seed(payload["values"][reference]), "reference", "", "", "", ""]]
@@ -296,7 +304,11 @@ def curve_verdicts(payload: dict) -> str:
                   f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
         rows.append([code(name), _per_seed(payload["values"][name]), change, str(c["n_pairs"]), _p(c["p_holm"]),
                      c["verdict_label"], "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
-    return _markdown(headers, rows, "llrrrlr")
+    if devices:
+        headers.append("Trained on")
+        for row, name in zip(rows, [reference, *payload["comparisons"]]):
+            row.append(_devices(devices.get(name)))
+    return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
 TABLES = {"verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,

@@ -106,7 +106,7 @@ def test_first_break():
 
 
 def test_point_row_statistics():
-    records = [{"status": "ok", "accuracy": a, "val_loss": 1.0 + a} for a in (0.6, 0.8, 0.7)]
+    records = [{"status": "ok", "accuracy": a, "val_loss": 1.0 + a, "device": "cpu"} for a in (0.6, 0.8, 0.7)]
     records.append({"status": "diverged", "accuracy": 0.9, "val_loss": float("nan"), "error": "diverged"})
     records.append(None)  # did not run
     row = point_row(8, records, [1, 2, 3, 4, 5], 0.95)
@@ -115,6 +115,7 @@ def test_point_row_statistics():
     assert row["mean"] == pytest.approx(0.7) and row["ci_low"] == pytest.approx(ci["ci_low"])
     assert row["half_width"] == pytest.approx((ci["ci_high"] - ci["ci_low"]) / 2)
     assert row["statuses"] == ["ok", "ok", "ok", "diverged", "not run"] and row["errors"] == ["diverged", "not run"]
+    assert row["devices"] == ["cpu", "cpu", "cpu", None, None]  # where each seed trained, as its record says
     assert point_row(8, records[:1], [1], 0.95)["half_width"] is None  # one seed: no interval
 
 

@@ -82,7 +82,28 @@ def test_curve_verdicts_pair_each_gene_with_the_reference_by_seed_at_one_point(t
     assert rows["window"]["verdict"] == "worse" and rows["window"]["difference"] == pytest.approx(-0.2)
     assert rows["gqa"]["verdict"] == "equivalent" and rows["gqa"]["family_size"] == 3
     assert rows["linear"]["n_pairs"] == 3 and rows["linear"]["verdict"] == "undetermined"  # a failed seed drops out
+    assert result["devices"] == {"softmax": None, "window": None, "gqa": None, "linear": None}  # not recorded
     with pytest.raises(SystemExit, match="no point at"):
         curve_verdicts.verdicts(curve, 8, None, 0.02)
     with pytest.raises(SystemExit, match="not a gene of the curve"):
         curve_verdicts.verdicts(curve, 16, "favor", 0.02)
+
+
+def test_curve_verdicts_say_where_each_seed_trained(tmp_path):
+    # a curve can read trainings made on another machine from its store: the verdicts and their
+    # table say which device each gene's seeds trained on
+    curve_verdicts, doc_tables = _script("curve_verdicts"), _script("doc_tables")
+    curve = _curve({"softmax": {8: [0.9] * 4, 16: [0.30, 0.32, 0.31, 0.29]},
+                    "sparsemax": {8: [0.9] * 4, 16: [0.10, 0.12, 0.11, 0.09]}})
+    for gene, device in zip(curve["genes"], ["cuda:0", "cpu"]):
+        for point in gene["points"]:
+            point["devices"] = [device] * 4
+    curve["genes"][1]["points"][1]["devices"][3] = None  # a seed whose record has no device
+    result = curve_verdicts.verdicts(curve, 16, None, 0.02)
+    assert result["devices"] == {"softmax": ["cuda:0"] * 4, "sparsemax": ["cpu", "cpu", "cpu", None]}
+    table = doc_tables.curve_verdicts(result)
+    header, _, reference, sparsemax = table.strip().splitlines()
+    assert header.rstrip(" |").endswith("Trained on")
+    assert reference.rstrip(" |").endswith("cuda:0") and sparsemax.rstrip(" |").endswith("cpu, -")
+    del result["devices"]  # a result written before devices were recorded: no column
+    assert "Trained on" not in doc_tables.curve_verdicts(result)

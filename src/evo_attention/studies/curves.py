@@ -152,9 +152,11 @@ def check_break_at(value) -> float:
 def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], confidence: float,
               interrupted: bool = False) -> dict:
     """One gene at one value: per-seed accuracy and loss (None where a training failed or did not
-    run), their statistics, and the interval of the mean accuracy."""
+    run), the device each seed trained on (a store's record keeps it; the trial's key does not, so a
+    curve can read trainings made elsewhere), their statistics, and the interval of the mean accuracy."""
     missing = "interrupted" if interrupted else "not run"
     statuses = [str(r.get("status")) if r is not None else missing for r in records]
+    devices = [r.get("device") if r is not None else None for r in records]
     accuracy = [usable_metric(r, METRIC) if r is not None else None for r in records]
     loss = [usable_metric(r, "val_loss") if r is not None else None for r in records]
     acc, val = stats.describe(accuracy, confidence), stats.describe(loss, confidence)
@@ -162,7 +164,7 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
     errors = sorted({str(r.get("error") or r.get("status")) if r is not None else missing
                      for r, a in zip(records, accuracy) if a is None})
     return {"value": value, "seeds": list(seeds), "accuracy": accuracy, "val_loss": loss, "statuses": statuses,
-            "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
+            "devices": devices, "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
             "mean": acc["mean"], "sd": acc["sd"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
             "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"]}
 
