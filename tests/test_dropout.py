@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from evo_attention.nn.dropout import Dropout, drop_threshold, dropout, keep_mask
+import evo_attention.nn.dropout as dropout_module
 
 
 def test_drop_rate_is_the_rounded_probability_within_binomial_noise():
@@ -78,9 +79,19 @@ def test_module_matches_the_function_and_follows_train_eval():
         Dropout(1.5)
 
 
-def test_other_devices_use_torch_dropout(monkeypatch):
+def test_other_devices_draw_the_same_cpu_mask(monkeypatch):
+    # a trial's dropout stream must not depend on the device it trains on: off the CPU the mask
+    # still comes from the seeded CPU generator (then moves), never from the device's generator
     calls = []
     monkeypatch.setattr(F, "dropout", lambda x, p, training: calls.append(p) or x)
-    meta = torch.empty(4, 4, device="meta")
-    dropout(meta, 0.1)
-    assert calls == [0.1]
+    drawn = []
+    real = dropout_module.keep_mask
+    monkeypatch.setattr(dropout_module, "keep_mask", lambda shape, p, generator=None: drawn.append(tuple(shape))
+                        or real(shape, p, generator))
+    out = dropout(torch.empty(4, 4, device="meta"), 0.1)
+    assert calls == [] and drawn == [(4, 4)] and out.device.type == "meta"
+    torch.manual_seed(3)
+    on_cpu = dropout(torch.ones(8, 8), 0.5)
+    torch.manual_seed(3)
+    mask = real((8, 8), 0.5)
+    assert torch.equal(on_cpu != 0, mask)  # the mask a GPU training draws is this one, moved

@@ -35,9 +35,10 @@ normalization is softmax, the same function is computed by PyTorch's fused
 ``scaled_dot_product_attention`` (the temperature folds into q, since it depends on the query
 position at most; rotary embeddings rotate q and k first; a score bias goes in as a float
 attention mask with -inf on future keys). ``fused=False`` forces the plain path, which tests
-compare against. On CPU, training with attention dropout also takes the plain path: SDPA's CPU
-kernel cannot drop out, falls back to unfused math with PyTorch's dropout, and ``dropout.py``'s
-mask is cheaper.
+compare against. Training with attention dropout also takes the plain path, on every device:
+``dropout.py`` draws its masks from the seeded CPU generator wherever the model runs, so a trial's
+dropout stream is the same on a CPU and a GPU (SDPA's fused dropout draws from the device's own
+generator; on a CPU it falls back to unfused math anyway).
 
 ``decode`` (incremental decoding with a key/value cache, or running sums for a kernel) computes the
 new positions' rows of the same function through the same pieces as ``forward``: the projection,
@@ -282,8 +283,8 @@ class EvolvedAttention(nn.Module):
         allowed = causal_mask(t, q.device, self.window)
         if mask is not None:
             allowed = allowed & mask.bool()
-        fused = (self.fused and self.can_fuse and mask is None and not need_weights
-                 and not (dropout_p > 0 and q.device.type == "cpu"))  # SDPA's CPU dropout is slower
+        # attention dropout: the plain path's masks are the same on every device (module docstring)
+        fused = self.fused and self.can_fuse and mask is None and not need_weights and not dropout_p > 0
         return self._attend(q, k, v, tau, bias, allowed, dropout_p, fused=fused, full_causal=not windowed,
                             aligned=True)
 
@@ -334,7 +335,7 @@ class EvolvedAttention(nn.Module):
             bias = bias[:, pos_q[:, :, None], pos_k[:, None, :]].transpose(0, 1).repeat(b, 1, 1, 1)
         if tau.shape[2] == t:  # per-query temperature [B, H, T, 1]
             tau = _blocks(tau.expand(b, -1, -1, -1), w, pad, fill=1.0)  # padded queries: no division by 0
-        fused = (self.fused and self.can_fuse and not (dropout_p > 0 and q.device.type == "cpu"))
+        fused = self.fused and self.can_fuse and not dropout_p > 0
         y, _ = self._attend(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed,
                             dropout_p, fused=fused, full_causal=False, aligned=False)
         return y.view(b, n, h, w, -1).transpose(1, 2).reshape(b, h, n * w, -1)[:, :, :t]

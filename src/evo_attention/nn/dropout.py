@@ -7,11 +7,14 @@ with torch.profiler: ``aten::bernoulli_`` 72 ms of a 700 ms step). Here each 64-
 
 - the drop probability is ``q = round(p * 65536) / 65536`` (0.1 -> 0.1000061), every element
   independently; kept elements are scaled by ``1 / (1 - q)``, so the expectation is exact;
-- the mask comes from torch's global CPU generator, so a seed reproduces it exactly;
+- the mask comes from torch's global CPU generator, so a seed reproduces it exactly, on every
+  device: on a GPU the mask is drawn on the CPU and moved, so a trial's dropout stream, and with it
+  its result up to rounding, does not depend on where it trains (a trial's key leaves the device
+  out). PyTorch's own dropout on a GPU draws from the device's generator: another stream, and on
+  a chaotic task another outcome (docs/findings.md, Q3's replication);
 - the gradient is the same mask and scale.
 
-On other devices (CUDA's dropout is already fast and fused), and for p = 0 or eval mode, this is
-``torch.nn.functional.dropout``.
+For p = 0 or eval mode this is ``torch.nn.functional.dropout``.
 
 A trainer that folds several models into one batch (``train.batched``) gives each model its own
 stream: inside ``mask_source(fn)``, ``dropout`` takes its keep mask from ``fn(shape, p)`` (on any
@@ -64,7 +67,7 @@ def mask_source(source: Callable[[tuple, float], torch.Tensor]):
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     source = _MASK_SOURCE.get()
-    if not training or p == 0.0 or (x.device.type != "cpu" and source is None):
+    if not training or p == 0.0:
         return F.dropout(x, p, training)
     threshold = drop_threshold(p)
     if threshold == 0:  # p < 2^-17: nothing is dropped
@@ -75,7 +78,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     # one multiply by (mask * scale), forward and backward: 3x faster here than a masked_fill
     if source is not None:
         return x * source(tuple(x.shape), p).to(x.device, x.dtype).mul_(scale)
-    return x * keep_mask(x.shape, p).to(x.dtype).mul_(scale)
+    return x * keep_mask(x.shape, p).to(x.device, x.dtype).mul_(scale)
 
 
 class Dropout(nn.Module):

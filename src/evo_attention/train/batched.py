@@ -39,11 +39,9 @@ Same trial, same result
 Dropout: the single trainer seeds torch's global generator, builds the model, and then draws every
 dropout mask from the global generator. Here each model's generator starts at the global state
 right after its own model was built, and ``nn.dropout.mask_source`` makes every dropout site draw
-model k's part of the mask from generator k with the single trainer's shape: on a CPU the masks are
-exactly those of ``run_training`` (by construction; ``run_training`` is unchanged). On other
-devices the single trainer uses the device's dropout, which cannot be reproduced: there a batched
-trial's masks come from the same per-model CPU streams (deterministic per trial, independent of
-the batch, but not ``run_training``'s).
+model k's part of the mask from generator k with the single trainer's shape: the masks are exactly
+those of ``run_training`` (by construction; ``run_training`` is unchanged), on every device, since
+the single trainer also draws its masks from the CPU generator on a GPU (``nn.dropout``).
 
 The optimizer (``StackedAdamW``) and the gradient clipping repeat torch's AdamW and
 ``clip_grad_norm_`` operation for operation, so with equal gradients the updates are bitwise equal.
@@ -392,8 +390,8 @@ _SHARED_TYPES = (TinyTransformer, Block, FeedForward, SwiGLU, EvolvedAttention, 
                  components.InputGate, components.OutputGate, components.HighwayGate)
 
 
-def fold_models(models: Sequence[TinyTransformer], fold: Fold, *, seq_len: int,
-                device: torch.device) -> tuple[TinyTransformer, dict[str, nn.Parameter]]:
+def fold_models(models: Sequence[TinyTransformer], fold: Fold, *,
+                seq_len: int) -> tuple[TinyTransformer, dict[str, nn.Parameter]]:
     """One model running all of ``models`` (same genome and shape) on a [K * B, T] batch, and its
     stacked parameters by the models' parameter names. Afterwards every parameter of model k is a
     view of its stacked parameter's slice k. Raises ``Unfoldable`` for a part it cannot fold."""
@@ -440,8 +438,6 @@ def fold_models(models: Sequence[TinyTransformer], fold: Fold, *, seq_len: int,
             banded = 0 < module.window and 2 * module.window < seq_len
             if banded and any(isinstance(b, positions.RelativeBias) for b in module.score_biases):
                 raise Unfoldable("a relative bias with a block-wise sliding window")
-            if device.type != "cpu" and module.dropout_p > 0:
-                module.fused = False  # attention dropout through nn.dropout: each model's own stream
         return None
 
     replacements = []
@@ -720,8 +716,7 @@ class BatchedTrainer:
         self.members = [MemberTrainer(t, data, device=self.device, spec=self.spec, precision=self.precision,
                                       precision_reason=self.precision_reason) for t in self.trials]
         self.fold = Fold()
-        self.model, self.params = fold_models([m.model for m in self.members], self.fold, seq_len=data.seq_len,
-                                              device=self.device)
+        self.model, self.params = fold_models([m.model for m in self.members], self.fold, seq_len=data.seq_len)
         self.model.train()
         groups = self.members[0]._param_groups()  # the single trainer's decay rule
         decayed = {id(p) for p in groups[0]["params"]}
