@@ -17,8 +17,9 @@
 # Searches, grids, suites and curves keep their trainings in a store: an interrupted stage resumes
 # where it stopped, and a repeat trains nothing there (Q2's WikiText-2 validation, 15 short
 # trainings without a grid, keeps no store and trains again). Measured cost on a 2-core CPU (Intel Xeon, WORKERS=2): Q1 43 min, Q2 1 h 24 min,
-# Q3's budget search about 35 min, Q4 52 min, Q5 6.5 min. On one H100 (WORKERS=15 or 16, TRAIN as
-# above): Q3's curve of five genes 12 min (about 5.5 h estimated on the CPU), q1-seed about 7 min.
+# Q3's budget search about 35 min, q3-sparse 1 h 20 min, q3-replicate 20 min, Q4 52 min, Q5 6.5 min. On
+# one H100 (WORKERS=15 or 16, TRAIN as above): Q3's curve of five genes 12 min (about 5.5 h estimated
+# on the CPU), q1-seed about 7 min.
 set -euo pipefail
 
 OUT=${OUT:-runs/findings2}
