@@ -150,6 +150,7 @@ def test_a_curve_writes_its_files_and_a_repeat_trains_nothing(tmp_path):
     assert (tmp_path / CURVE_FIGURE).read_bytes().startswith(PNG_SIGNATURE)
     written = json.loads((tmp_path / CURVE_RESULTS).read_text())
     assert written == first.to_dict() and written["kind"] == "curve" and written["values"] == [2, 4]
+    assert written["task"] == "mqar"  # the generated task's name
     assert [g["name"] for g in written["genes"]] == ["baseline", WINDOWED]
     for gene in written["genes"]:
         assert [r["value"] for r in gene["points"]] == [2, 4] and "breaks_at" in gene

@@ -283,10 +283,10 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
                 if first is None:
                     first = setup
                 datasets[setup.config.task] = data
-                for task in setup.tasks([gene for _, gene in entries],
+                for work in setup.tasks([gene for _, gene in entries],
                                         labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()}):
-                    point_of[task] = i
-                    tasks.append(task)
+                    point_of[work] = i  # (not ``task``: that is the curve's task name, which the result keeps)
+                    tasks.append(work)
 
             def finished(work, record, cached):
                 done[(point_of[work], work.gene, work.seed)] = record
