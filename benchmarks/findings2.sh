@@ -39,6 +39,15 @@ RECIPE=(--lr-schedule wsd --warmup-fraction 0.05 --decay-fraction 0.2 --lr-grid 
 TEST=(--eval-split test --eval-steps all --quiet)
 FAMILIES5="$BASELINE,dot|linear|none|fixed|bias|0.10,dot|favor|none|fixed|bias|0.10,$BASELINE|win=16,$BASELINE|kvh=2"
 FAMILIES="$FAMILIES5,dot|sparsemax|none|fixed|bias|0.10,dot|entmax15|none|fixed|bias|0.10"
+# Q3's task and model: MQAR with 64 tokens and 64 symbols, the quick preset's model
+MQAR=(--preset quick --data mqar:seq_len=64,vocab=64)
+# amendment 3's curves: GENES (the second argument) at 8 and 16 pairs on Q3's seeds and budget, in
+# fp32 as Q3's curve whatever the device, into DIR (the first argument)
+q3_hard_half() {
+  # shellcheck disable=SC2086
+  evo-attention curve "${MQAR[@]}" --genes "$2" --knob pairs=8,16 --seeds 3 --steps "${Q3_STEPS:-9600}" \
+    --precision fp32 --workers "$WORKERS" --quiet --out "$1" $TRAIN
+}
 
 if stage q1; then
   # Q1: the output gate against the baseline at 64x2 and 96x2, 2 tokens per parameter, 8 verdict seeds
@@ -75,7 +84,7 @@ if stage q3; then
   if [[ -n "${Q3_STEPS:-}" ]]; then BUDGETS=""; else Q3_STEPS=9600; fi
   for steps in $BUDGETS; do
     # shellcheck disable=SC2086
-    evo-attention curve --preset quick --genes baseline --data mqar:seq_len=64,vocab=64 --knob pairs=2,4 \
+    evo-attention curve "${MQAR[@]}" --genes baseline --knob pairs=2,4 \
       --seed 1042 --seeds 2 --steps "$steps" --workers "$WORKERS" --quiet --out "$OUT/q3-budget/$steps" $TRAIN
     if python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['genes'][0]; sys.exit(0 if g['points'][0]['mean'] >= 0.9 else 1)" \
         "$OUT/q3-budget/$steps/curve.json"; then
@@ -89,7 +98,7 @@ if stage q3; then
   GENES3=$FAMILIES5
   if [[ "${Q3_GENES:-}" == all ]]; then GENES3=$FAMILIES; fi
   # shellcheck disable=SC2086
-  evo-attention curve --preset quick --genes "$GENES3" --data mqar:seq_len=64,vocab=64 --knob pairs=2,4,8,16 \
+  evo-attention curve "${MQAR[@]}" --genes "$GENES3" --knob pairs=2,4,8,16 \
     --seeds 3 --steps "$Q3_STEPS" --workers "$WORKERS" --quiet --out "$OUT/q3" $TRAIN
   # the verdicts at 16 pairs from the curve's own trainings there (amendment 2: paired by seed, margin
   # 0.02, Holm over the genes compared)
@@ -105,9 +114,7 @@ if stage q3-sparse; then
     [[ -e "$OUT/q3/run.db" ]] || { echo "q3-sparse needs Q3's store $OUT/q3/run.db: run the q3 stage first" >&2; exit 2; }
     mkdir -p "$OUT/q3-sparse" && cp "$OUT/q3/run.db" "$OUT/q3-sparse/run.db"
   fi
-  # shellcheck disable=SC2086
-  evo-attention curve --preset quick --genes "$FAMILIES" --data mqar:seq_len=64,vocab=64 --knob pairs=8,16 \
-    --seeds 3 --steps "${Q3_STEPS:-9600}" --precision fp32 --workers "$WORKERS" --quiet --out "$OUT/q3-sparse" $TRAIN
+  q3_hard_half "$OUT/q3-sparse" "$FAMILIES"
   python3 benchmarks/curve_verdicts.py "$OUT/q3-sparse/curve.json" --at 16 --margin 0.02 \
     --out "$OUT/q3-sparse/verdicts.json"
 fi
@@ -116,9 +123,7 @@ if stage q3-replicate; then
   # amendment 3's check: softmax at 8 and 16 pairs, seeds 43-45, again in a store of its own, so it
   # trains here instead of reading Q3's records: on another device than Q3's curve, how far the same
   # trial's accuracy moves with the device
-  # shellcheck disable=SC2086
-  evo-attention curve --preset quick --genes "$BASELINE" --data mqar:seq_len=64,vocab=64 --knob pairs=8,16 \
-    --seeds 3 --steps "${Q3_STEPS:-9600}" --precision fp32 --workers "$WORKERS" --quiet --out "$OUT/q3-replicate" $TRAIN
+  q3_hard_half "$OUT/q3-replicate" "$BASELINE"
 fi
 
 if stage q4; then

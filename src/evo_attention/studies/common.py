@@ -434,8 +434,9 @@ COSTS = ("params", "flops", "train_ms_per_step", "latency_ms")
 
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
     """``{"seeds", "values", "statuses", "devices", "n_failed", "errors", "cost"}`` of one gene (values
-    None where failed; ``devices``: where each seed trained, as its record says); ``cost``: each of ``COSTS``, the median over the finished trainings (timings
-    are the machine's where they trained, so the median damps one slow neighbour)."""
+    None where failed; ``devices``: where each seed trained, as its record says); ``cost``: each of
+    ``COSTS``, the median over the finished trainings (timings are the machine's where they trained,
+    so the median damps one slow neighbour)."""
     rows = [records[key, s] for s in seeds]
     values = [usable_metric(r, metric) for r in rows]
     errors = sorted({str(r.get("error") or r.get("status")) for r, v in zip(rows, values) if v is None})
@@ -444,7 +445,8 @@ def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
         measured = [v for v in (objective_value(r, name) for r in rows) if v is not None]
         cost[name] = statistics.median(measured) if measured else None
     return {"seeds": list(seeds), "values": values, "statuses": [str(r.get("status")) for r in rows],
-            "devices": [r.get("device") for r in rows], "n_failed": sum(v is None for v in values), "errors": errors, "cost": cost}
+            "devices": [r.get("device") for r in rows], "n_failed": sum(v is None for v in values),
+            "errors": errors, "cost": cost}
 
 
 def write_json_and_markdown(kind: str, result: Mapping, out_dir: str | os.PathLike, markdown: str) -> dict[str, Path]:
