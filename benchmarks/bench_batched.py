@@ -1,4 +1,4 @@
-"""Trainings per hour: K same-shape trials trained as one batch (train/batched.py, what
+"""Trainings per hour: K same-shape trials trained as one batch (the engine of train/trainer.py with K > 1, what
 ``--batch-models K`` runs), in the precision ``auto`` measures per shape, against the reference: one
 trainer per trial in the precision of version 0.3's rule (bf16 wherever the CPU has it, unmeasured),
 measured side by side in interleaved rounds.
@@ -47,7 +47,8 @@ import torch
 
 from evo_attention.data import data_from_config
 from evo_attention.train import environment
-from evo_attention.train.batched import models_per_batch, run_batched
+from evo_attention.train.batching import models_per_batch
+from evo_attention.train.trainer import run_batched
 from evo_attention.train.presets import build_config
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import run_training

@@ -57,33 +57,34 @@ def _markdown(headers, rows, align) -> str:
 
 
 def _validation(payload: dict) -> dict:
-    from evo_attention.report.studies import current_validation
+    from evo_attention.report.studies.read import current_validation
 
     return current_validation(payload)
 
 
 def verdicts(payload: dict) -> str:
-    from evo_attention.report.studies import verdict_markdown
+    from evo_attention.report.studies.validation import validation_table_markdown
 
-    return verdict_markdown(_validation(payload))
+    return validation_table_markdown(_validation(payload))
 
 
 def grid(payload: dict) -> str:
-    from evo_attention.report.studies import grid_section
+    from evo_attention.report.studies.lr_grid import grid_section
 
     lines = grid_section(_validation(payload), "validation")
     return "\n".join(line for line in lines if line.startswith("|")) + "\n"
 
 
 def transfer(payload: dict) -> str:
-    from evo_attention.report.studies import code, md_cell, transfer_table
+    from evo_attention.report.studies.transfer import transfer_table
+    from evo_attention.util.format import code, md_cell
 
     headers, rows, align = transfer_table(payload)
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
 
 
 def transfer_grid(payload: dict) -> str:
-    from evo_attention.report.studies import grid_section
+    from evo_attention.report.studies.lr_grid import grid_section
 
     return _grid_tables(grid_section(payload, "transfer"))
 
@@ -140,7 +141,7 @@ def strategies(payload: dict) -> str:
 
 
 def costs(payload: dict) -> str:
-    from evo_attention.report.studies import cost_markdown
+    from evo_attention.report.studies.cost import cost_markdown
 
     return cost_markdown(_validation(payload)) or ""
 
@@ -240,7 +241,7 @@ def batched(payload: dict) -> str:
 
 
 def curve(payload: dict) -> str:
-    from evo_attention.report.studies import curve_table_markdown
+    from evo_attention.report.studies.curves import curve_table_markdown
 
     return curve_table_markdown(payload)
 
@@ -265,7 +266,8 @@ def curve_seeds(payload: dict) -> str:
 
 
 def suite(payload: dict) -> str:
-    from evo_attention.report.studies import code, md_cell, suite_table
+    from evo_attention.report.studies.suite import suite_table
+    from evo_attention.util.format import code, md_cell
 
     headers, rows, align = suite_table(payload)
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)

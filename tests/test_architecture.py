@@ -262,3 +262,125 @@ def test_the_version_is_one_number():
 
     pyproject = (PACKAGE.parents[1] / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == evo_attention.__version__
+
+
+# -- private names stay private ---------------------------------------------------------------------------
+# A ``_name`` of a module is its own business: another module that imports it (``from evo_attention.x
+# import _name``) or reaches it through the module (``mod._name``, ``mod`` bound by ``import
+# evo_attention.x as mod`` or ``from evo_attention import x``) ties itself to what the owner may change
+# freely. Make the name public in its module (or move the code that needs it there). Dunder names
+# (``__version__``) are public; importing a public name under a private alias (``import x as _x``) is fine.
+
+@dataclass(frozen=True)
+class PrivateReach:
+    """One use in ``file`` (relative to the package) of the private ``name`` of module ``owner``."""
+
+    file: str
+    line: int
+    name: str
+    owner: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} uses {self.name} of {self.owner}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _import_target(node: ast.ImportFrom, package: str) -> str:
+    """The module (or package) a ``from ... import`` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _module_aliases(tree: ast.AST, package: str, root: Path) -> dict[str, str]:
+    """Local name -> package module, for every name an import binds to a module of the package (at any depth)."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("evo_attention"):
+                    continue
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:  # ``import evo_attention.x.y`` binds ``evo_attention``
+                    bound[alias.name.partition(".")[0]] = alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            target = _import_target(node, package)
+            if target != "evo_attention" and not target.startswith("evo_attention."):
+                continue
+            for alias in node.names:
+                if _is_module(f"{target}.{alias.name}", root):
+                    bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+    return bound
+
+
+def _module_named(node: ast.AST, bound: dict[str, str], root: Path) -> str | None:
+    """The package module an expression such as ``mod`` or ``evo_attention.nn.components`` names."""
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    if isinstance(node, ast.Attribute):
+        outer = _module_named(node.value, bound, root)
+        if outer is not None and _is_module(f"{outer}.{node.attr}", root):
+            return f"{outer}.{node.attr}"
+    return None
+
+
+def private_reaches(path: Path, root: Path = PACKAGE) -> list[PrivateReach]:
+    """Each place in ``path`` that imports or reads a private name of another module of the package."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    file = _relative(path, root)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _import_target(node, package)
+            if (target == "evo_attention" or target.startswith("evo_attention.")) and target != me:
+                found += [PrivateReach(file, node.lineno, alias.name, target)
+                          for alias in node.names if _private(alias.name)]
+    bound = _module_aliases(tree, package, root)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = _module_named(node.value, bound, root)
+            if owner is not None and owner != me:
+                found.append(PrivateReach(file, node.lineno, node.attr, owner))
+    return sorted(found, key=lambda r: (r.file, r.line, r.name))
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    found = [reach for path in SOURCES for reach in private_reaches(path)]
+    assert not found, ("private names of another module (make the name public in its module, or move the code "
+                       "that needs it there):\n" + "\n".join(map(str, found)))
+
+
+def test_the_checker_sees_a_private_reach(tmp_path):
+    """Private imports, relative or absolute, and reads through a module alias, at any depth, are found;
+    dunders, private aliases of public names and a module's own private names are not."""
+    root = _package(tmp_path, {
+        "nn/components.py": "_REGISTRIES = {}\nPUBLIC = 1\n__version__ = '1'\n",
+        "nn/positions.py": "def _offsets():\n    pass\n",
+        "nn/user.py": ("from evo_attention.nn.components import _REGISTRIES, PUBLIC as _PUBLIC, __version__\n"
+                       "import evo_attention.nn.positions as pos\n"
+                       "from . import components\n"
+                       "import evo_attention.nn.components\n"
+                       "_mine = 1\n"
+                       "def f():\n"
+                       "    from .positions import _offsets\n"
+                       "    return pos._offsets, components._REGISTRIES, components.__name__, components.PUBLIC\n"
+                       "class A:\n"
+                       "    def g(self):\n"
+                       "        return evo_attention.nn.components._REGISTRIES, self._x, _mine\n"),
+        "nn/own.py": "from evo_attention.nn import own\n_x = 1\ny = own._x\n",
+    })
+    found = [(r.line, r.name, r.owner) for r in private_reaches(root / "nn" / "user.py", root)]
+    assert found == [(1, "_REGISTRIES", "evo_attention.nn.components"),
+                     (7, "_offsets", "evo_attention.nn.positions"),
+                     (8, "_REGISTRIES", "evo_attention.nn.components"),
+                     (8, "_offsets", "evo_attention.nn.positions"),
+                     (11, "_REGISTRIES", "evo_attention.nn.components")]
+    assert str(private_reaches(root / "nn" / "user.py", root)[0]).startswith("nn/user.py:1 uses _REGISTRIES of ")
+    assert private_reaches(root / "nn" / "own.py", root) == []

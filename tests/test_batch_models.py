@@ -1,4 +1,4 @@
-"""batch_models: the executors train the trials that can share a batch together (train/batched.py),
+"""batch_models: the executors train the trials that can share a batch together (train/batching.py),
 every record under its own key; auto is measured per shape (mocked here: no test depends on timing)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from evo_attention import Config
+from evo_attention import Config, components
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.search.executors import EvalTask, LocalExecutor, ProcessExecutor, base, make_executor
@@ -14,7 +14,8 @@ from evo_attention.search.executors.base import plan_batches
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.studies import validate as val
-from evo_attention.train import batched, environment
+from evo_attention.train import batching, environment
+from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
 from evo_attention.util.errors import UserError
 
@@ -23,7 +24,22 @@ TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
             learning_rate=3e-3, train_steps=6, log_every=3, precision="fp32", seed=7)
 VANILLA = "dot|softmax|none|fixed"
-BLOCK_WINDOW = "dot|softmax|none|fixed|abias=rel|win=4"  # batch_problem: a relative bias, block-wise window
+UNFOLDABLE = "batch_models_scaled|softmax|none|fixed"  # a plugin similarity with weights and no folded form
+
+
+@pytest.fixture
+def unfoldable():
+    @components.register_similarity("batch_models_scaled")
+    class Scaled(components.Similarity):
+        def __init__(self, d_head, n_heads):
+            super().__init__(d_head, n_heads)
+            self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+        def forward(self, q, k):
+            return self.scale * (q @ k.transpose(-2, -1))
+
+    yield UNFOLDABLE
+    components.unregister("similarity", "batch_models_scaled")
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +122,10 @@ def test_the_runner_stores_batched_records_under_their_keys(setup, batches, tmp_
     store.close()
 
 
-def test_what_a_batch_cannot_give_trains_alone(setup, batches, tmp_path):
+def test_what_a_batch_cannot_give_trains_alone(setup, batches, tmp_path, unfoldable):
     config, data = setup
-    assert batched.batch_problem(tasks_of(config, data, gene=BLOCK_WINDOW)[0].trial)
-    records, _, _ = run_all(LocalExecutor(batch_models=4), tasks_of(config, data, gene=BLOCK_WINDOW, n=2))
+    assert engine.batch_problem(tasks_of(config, data, gene=unfoldable)[0].trial)
+    records, _, _ = run_all(LocalExecutor(batch_models=4), tasks_of(config, data, gene=unfoldable, n=2))
     assert batches == [] and all("batched" not in r.extra and r.ok for r in records.values())
     # checkpoints, kept models and audits need a task of their own; other shapes never share a batch
     for fields in ({"save_to": str(tmp_path / "s")}, {"resume_from": str(tmp_path / "r")},
@@ -142,7 +158,7 @@ def test_validate_gives_the_same_verdicts_batched(setup, batches):
     assert on["baseline"]["values"] == off["baseline"]["values"]  # the vanilla gene: bitwise
     assert [g["verdict"] for g in on["genes"]] == [g["verdict"] for g in off["genes"]]
     for a, b in zip(on["genes"], off["genes"]):
-        assert a["values"] == pytest.approx(b["values"], rel=batched.SAME_RESULT_RTOL["fp32"])
+        assert a["values"] == pytest.approx(b["values"], rel=engine.SAME_RESULT_RTOL["fp32"])
 
 
 # -- auto ------------------------------------------------------------------------------------------
@@ -150,16 +166,16 @@ def test_validate_gives_the_same_verdicts_batched(setup, batches):
 def probe(tmp_path, monkeypatch):
     """A fresh cache, auto measuring, a fake probe (counting its calls) and 1000 MB available."""
     monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv(batched.ENV_BATCH_MODELS)
-    monkeypatch.setattr(batched, "_BATCH_PROBES", {})
-    monkeypatch.setattr(batched, "available_memory_mb", lambda device: 1000.0)
+    monkeypatch.delenv(batching.ENV_BATCH_MODELS)
+    monkeypatch.setattr(batching, "_BATCH_PROBES", {})
+    monkeypatch.setattr(batching, "available_memory_mb", lambda device: 1000.0)
     calls = []
 
     def fake(trial, data, device, *, memory_budget_mb=None, **_):
         calls.append(memory_budget_mb)
         return {"seconds": {1: 0.010, 2: 0.012, 4: 0.016, 8: 0.040}, "step_memory_mb": 100.0}
 
-    monkeypatch.setattr(batched, "probe_batch_times", fake)
+    monkeypatch.setattr(batching, "probe_batch_times", fake)
     return calls
 
 
@@ -167,23 +183,23 @@ def test_auto_takes_the_most_trainings_per_hour_within_memory_and_keeps_the_meas
                                                                                       monkeypatch):
     config, data = setup
     trial = Trial.from_config(VANILLA, config, data=data)
-    k, reason = batched.models_per_batch("auto", trial, data)
+    k, reason = batching.models_per_batch("auto", trial, data)
     assert k == 4 and "2.50x" in reason  # 4 / 16 ms against 1 / 10 ms; 8 models would be slower per model
     assert probe == [500.0]  # half the available memory
-    assert batched.models_per_batch("auto", trial, data, share=2)[0] == 2  # 4 x 100 MB > 1000 / 2 / 2
-    monkeypatch.setattr(batched, "_BATCH_PROBES", {})  # another process: reads the file
-    assert batched.models_per_batch("auto", trial.replace(seed=3), data)[0] == 4 and len(probe) == 1
+    assert batching.models_per_batch("auto", trial, data, share=2)[0] == 2  # 4 x 100 MB > 1000 / 2 / 2
+    monkeypatch.setattr(batching, "_BATCH_PROBES", {})  # another process: reads the file
+    assert batching.models_per_batch("auto", trial.replace(seed=3), data)[0] == 4 and len(probe) == 1
     files = list(tmp_path.glob("batch-models-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["seconds"]["8"] == 0.040
     # a gain below 10% is no gain: no batching
-    assert batched.choose_models({"seconds": {"1": 0.010, "2": 0.0185}}, None)[0] == 1
+    assert batching.choose_models({"seconds": {"1": 0.010, "2": 0.0185}}, None)[0] == 1
     # off and K are taken as they are; the environment decides what auto means
-    assert batched.models_per_batch("off", trial, data)[0] == 1 and batched.models_per_batch(3, trial, data)[0] == 3
-    monkeypatch.setenv(batched.ENV_BATCH_MODELS, "3")
-    assert batched.models_per_batch("auto", trial, data) == (3, f"auto: {batched.ENV_BATCH_MODELS}=3")
-    monkeypatch.setenv(batched.ENV_BATCH_MODELS, "lots")
-    with pytest.raises(UserError, match=batched.ENV_BATCH_MODELS):
-        batched.models_per_batch("auto", trial, data)
+    assert batching.models_per_batch("off", trial, data)[0] == 1 and batching.models_per_batch(3, trial, data)[0] == 3
+    monkeypatch.setenv(batching.ENV_BATCH_MODELS, "3")
+    assert batching.models_per_batch("auto", trial, data) == (3, f"auto: {batching.ENV_BATCH_MODELS}=3")
+    monkeypatch.setenv(batching.ENV_BATCH_MODELS, "lots")
+    with pytest.raises(UserError, match=batching.ENV_BATCH_MODELS):
+        batching.models_per_batch("auto", trial, data)
 
 
 def test_auto_batches_in_the_executor(setup, probe, batches):
@@ -197,16 +213,16 @@ def test_the_real_probe_is_short_and_leaves_the_rng_alone(setup):
     trial = Trial.from_config(VANILLA, config, data=data)
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    measured = batched.probe_batch_times(trial, data, torch.device("cpu"), ks=(1, 2), repeats=1, steps=1)
+    measured = batching.probe_batch_times(trial, data, torch.device("cpu"), ks=(1, 2), repeats=1, steps=1)
     assert set(measured["seconds"]) == {1, 2} and all(s > 0 for s in measured["seconds"].values())
     assert measured["step_memory_mb"] is None or measured["step_memory_mb"] >= 0
     assert torch.equal(torch.get_rng_state(), before)
-    assert batched.probe_batch_times(trial, data, torch.device("cpu"), ks=(1, 2), memory_budget_mb=0.0,
+    assert batching.probe_batch_times(trial, data, torch.device("cpu"), ks=(1, 2), memory_budget_mb=0.0,
                                      repeats=1, steps=1)["seconds"].keys() <= {1, 2}
     assert environment.available_memory_mb(torch.device("cpu")) > 0
     # the probe's few steps time a trial whose schedule would not fit in them (a long warm-up)
     long_warmup = trial.replace(train=trial.train.replace(lr_schedule="wsd", warmup_steps=trial.steps - 1))
-    assert set(batched.probe_batch_times(long_warmup, data, torch.device("cpu"), ks=(1, 2), repeats=1,
+    assert set(batching.probe_batch_times(long_warmup, data, torch.device("cpu"), ks=(1, 2), repeats=1,
                                          steps=1)["seconds"]) == {1, 2}
 
 
@@ -246,22 +262,24 @@ def test_bench_times_k_models_in_one_trainer(capsys, tmp_path):
     assert single["flops_per_step"] * 2 == result["flops_per_step"]  # a batch step is all its models'
 
 
-def test_auto_never_batches_dropout_off_the_cpu(monkeypatch):
-    """Off the CPU a batched trial's dropout masks differ from its single trainer's: auto trains
-    such trials alone (without probing), so how a trial ran never changes its result."""
+def test_auto_probes_with_dropout_on_any_device(monkeypatch):
+    """Every model draws its own dropout stream from the seeded CPU generator, alone or batched and
+    on every device, so auto may batch trials with dropout anywhere: it probes."""
     import torch
 
     from evo_attention import Config
-    from evo_attention.train import batched
+    from evo_attention.train import batching
     from evo_attention.train.spec import Trial
 
-    monkeypatch.delenv(batched.ENV_BATCH_MODELS, raising=False)
-    monkeypatch.setattr(batched, "resolve_device", lambda name: torch.device("cuda"))
-    monkeypatch.setattr(batched, "probed_batch_times", lambda *a, **k: pytest.fail("must not probe"))
+    monkeypatch.delenv(batching.ENV_BATCH_MODELS, raising=False)
+    monkeypatch.setattr(batching, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(batching, "available_memory_mb", lambda device: None)
+    monkeypatch.setattr(batching, "probed_batch_times",
+                        lambda *a, **k: ({"seconds": {"1": 0.01, "4": 0.012}, "step_memory_mb": None}, "probe.json"))
     config = Config(vocab_size=50, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0)
     trial = Trial.from_config("dot|softmax|none|fixed|bias|0.10", config)  # attention dropout 0.1
-    k, why = batched.models_per_batch("auto", trial, data=None, device="cuda")
-    assert k == 1 and "dropout" in why
+    k, why = batching.models_per_batch("auto", trial, data=None, device="cuda")
+    assert k == 4 and "K=4" in why
 
 
 def test_cuda_memory_statistics_initialise_cuda_first(monkeypatch):

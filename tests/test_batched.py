@@ -1,7 +1,8 @@
-"""Batched training of same-shape trials (train/batched.py) and the measured precision choice.
+"""Batched training of same-shape trials (the engine of train/trainer.py with K > 1) and the
+measured precision choice.
 
 The bound a batched trial is held to against the same trial trained alone is
-``batched.SAME_RESULT_RTOL`` (relative, final val_loss and every point of the loss curve); the
+``trainer.SAME_RESULT_RTOL`` (relative, final val_loss and every point of the loss curve); the
 measurements behind it are in the module's docstring. On this machine most genes give bitwise the
 same result in fp32 and bf16: the tests hold those exactly.
 """
@@ -14,11 +15,12 @@ import torch
 
 from evo_attention import Config, components
 from evo_attention.data import data_from_config
-from evo_attention.train import batched, environment
-from evo_attention.train.batched import (BatchedTrainer, StackedAdamW, batch_problem, batched_linear_cross_entropy,
-                                         clip_per_model, run_batched)
+from evo_attention.nn.losses import linear_cross_entropy
+from evo_attention.train import environment, probe_cache
+from evo_attention.train import trainer as engine
+from evo_attention.train.optim import StackedAdamW, clip_per_model
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import Trainer, run_training, state_from_bytes
+from evo_attention.train.trainer import Member, Trainer, batch_problem, run_batched, run_training, state_from_bytes
 from evo_attention.util.errors import UserError
 
 SMALL = dict(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 2000,
@@ -71,7 +73,7 @@ def test_a_batched_trial_gives_what_it_gives_alone(setup, precision):
     trials = trials_of(config.replace(precision=precision), data)
     batch = run_batched(trials, data)
     alone = [run_training(t, data) for t in trials]
-    assert_same_result(batch, alone, batched.SAME_RESULT_RTOL[precision])
+    assert_same_result(batch, alone, engine.SAME_RESULT_RTOL[precision])
     for b, a in zip(batch, alone):
         assert b.record.val_loss == a.record.val_loss and b.record.curve == a.record.curve
         for (name, x), y in zip(b.trainer.model.state_dict().items(), a.trainer.model.state_dict().values()):
@@ -103,7 +105,7 @@ def test_every_gene_either_folds_within_the_bound_or_trains_alone(setup, coverin
             assert b.record.flops_per_step == a.record.flops_per_step, gene
             if a.record.status == "ok":
                 val, curve = relative_gaps(b.record, a.record)
-                assert max(val, curve) <= batched.SAME_RESULT_RTOL["fp32"], (gene, val, curve)
+                assert max(val, curve) <= engine.SAME_RESULT_RTOL["fp32"], (gene, val, curve)
     assert folded >= 2 * (len(covering_genes()) - 2)
 
 
@@ -118,7 +120,7 @@ def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup):
     assert batch[0].record.status == alone[0].record.status == "diverged"
     assert batch[0].record.trained_steps == alone[0].record.trained_steps < config.train_steps
     assert batch[0].record.curve == alone[0].record.curve and batch[0].record.error
-    assert_same_result(batch[1:], alone[1:], batched.SAME_RESULT_RTOL["fp32"], size=3)
+    assert_same_result(batch[1:], alone[1:], engine.SAME_RESULT_RTOL["fp32"], size=3)
 
 
 def test_a_batched_state_continues_alone_exactly(setup):
@@ -153,38 +155,64 @@ def test_trials_that_differ_in_shape_are_refused_naming_the_field(setup):
     # what may differ: seed, rate, decay, warm-up, schedule, clipping
     other = trials[1].replace(train=trials[1].train.replace(weight_decay=0.0, grad_clip=0.5, lr_schedule="cosine",
                                                             warmup_steps=3))
-    assert batched.shape_difference([trials[0], other]) is None
+    assert engine.shape_difference([trials[0], other]) is None
 
 
-def test_a_plugin_component_trains_alone(setup):
+def test_a_plugin_component_folds_or_is_refused_naming_it(setup):
+    """A plugin's parameter-free similarity folds with no declaration (bitwise the same here, as the
+    built-in dot product); one with weights and no folded form is refused naming it, and trains alone."""
     config, data = setup
 
     @components.register_similarity("batch_test_dot")
     class PluginDot(components.Similarity):
         dot_form = True
 
+    @components.register_similarity("batch_test_weighted")
+    class PluginWeighted(components.Similarity):
+        def __init__(self, d_head, n_heads):
+            super().__init__(d_head, n_heads)
+            self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+        def forward(self, q, k):
+            return self.scale * (q @ k.transpose(-2, -1))
+
     try:
         trials = trials_of(config, data, gene="batch_test_dot|softmax|none|fixed", rates=RATES[:2])
-        assert "not a built-in" in batch_problem(trials[0])
+        assert batch_problem(trials[0]) is None
         batch = run_batched(trials, data)
         alone = [run_training(t, data) for t in trials]
+        assert_same_result(batch, alone, 0.0)
+        weighted = trials_of(config, data, gene="batch_test_weighted|softmax|none|fixed", rates=RATES[:2])
+        problem = batch_problem(weighted[0])
+        assert problem.startswith("similarity 'batch_test_weighted' cannot be folded") and "scale" in problem
+        batch = run_batched(weighted, data)
+        alone = [run_training(t, data) for t in weighted]
         for b, a in zip(batch, alone):
             assert "batch_fallback" in b.record.extra and "batched" not in b.record.extra
             assert b.record.val_loss == a.record.val_loss
     finally:
         components.unregister("similarity", "batch_test_dot")
-    assert batch_problem(trials_of(config, data, gene="dot|softmax|none|fixed|abias=rel|win=4")[0])
-    assert batch_problem(trials_of(config, data, gene="dot|softmax|none|fixed|abias=rel|win=20")[0]) is None
+        components.unregister("similarity", "batch_test_weighted")
+    # a relative bias folds on the block-wise sliding-window path too
+    window = trials_of(config.replace(train_steps=8, log_every=4), data, gene="dot|softmax|none|fixed|abias=rel|win=4",
+                       rates=RATES[:2])
+    assert batch_problem(window[0]) is None
+    assert_same_result(run_batched(window, data), [run_training(t, data) for t in window],
+                       engine.SAME_RESULT_RTOL["fp32"])
 
 
 def test_a_batch_that_fails_as_a_whole_trains_its_trials_alone(setup, monkeypatch):
     config, data = setup
     trials = trials_of(config.replace(train_steps=6, log_every=3), data, rates=RATES[:2])
 
-    def out_of_memory(self, **_):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+    train = Trainer.train
 
-    monkeypatch.setattr(BatchedTrainer, "train", out_of_memory)
+    def out_of_memory(self, *args, **kwargs):
+        if self.size > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train", out_of_memory)
     batch = run_batched(trials, data)
     alone = [run_training(t, data) for t in trials]
     for b, a in zip(batch, alone):
@@ -198,7 +226,7 @@ def test_a_batch_keeps_its_models_and_their_records_read_alike(setup, tmp_path):
     config, data = setup
     results = run_batched(trials_of(config.replace(train_steps=10), data, rates=RATES[:2]), data)
     trainer = results[1].trainer
-    assert isinstance(trainer, Trainer) and trainer.step == 10
+    assert isinstance(trainer, Member) and trainer.step == 10
     assert trainer.evaluate()["val_loss"] == results[1].record.val_loss
     save_model(trainer.model, tmp_path / "m", vocab=data.vocab)
     x, _ = next(data.eval_batches("valid", 4))
@@ -218,7 +246,7 @@ def test_stacked_adamw_is_k_torch_adamws():
     optims = [torch.optim.AdamW([{"params": [w], "weight_decay": d}, {"params": [b], "weight_decay": 0.0}], lr=r,
                                 betas=(0.9, 0.95)) for (w, b), r, d in zip(singles, rates, decays)]
     stacked = [torch.nn.Parameter(torch.stack([s[i].detach() for s in singles])) for i in range(2)]
-    adam = StackedAdamW(stacked, [True, False])
+    adam = StackedAdamW({"weight": stacked[0], "bias": stacked[1]})  # decayed by the rule: the matrix only
     for _ in range(5):
         grads = [torch.randn(len(rates), 5, 4), torch.randn(len(rates), 4)]
         for k, (params, optim) in enumerate(zip(singles, optims)):
@@ -227,7 +255,7 @@ def test_stacked_adamw_is_k_torch_adamws():
             optim.step()
         for p, g in zip(stacked, grads):
             p.grad = g.clone()
-        adam.step(rates, decays)
+        adam.step(rates, decays, [math.inf] * len(rates))  # no clipping
     for k, params in enumerate(singles):
         for p, s in zip(params, stacked):
             assert torch.equal(p.detach(), s.detach()[k])
@@ -253,7 +281,6 @@ def test_gradients_are_clipped_per_model():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batched_loss_is_each_models_loss(dtype):
     from evo_attention.data.base import IGNORE_INDEX
-    from evo_attention.nn.losses import linear_cross_entropy
 
     torch.manual_seed(2)
     k, n, d, vocab = 3, 300, 8, 11  # a short last chunk (chunk 128)
@@ -261,7 +288,7 @@ def test_batched_loss_is_each_models_loss(dtype):
     weight = torch.randn(k, vocab, d, requires_grad=True)
     targets = torch.randint(vocab, (k, n))
     targets[1, ::7] = IGNORE_INDEX
-    losses = batched_linear_cross_entropy(hidden, weight, targets, chunk=128, dtype=dtype)
+    losses = linear_cross_entropy(hidden, weight, targets, chunk=128, dtype=dtype)
     (losses * torch.tensor([1.0, 2.0, 0.5])).sum().backward()
     for i, scale in enumerate([1.0, 2.0, 0.5]):
         h, w = hidden.detach()[i].clone().requires_grad_(), weight.detach()[i].clone().requires_grad_()
@@ -274,7 +301,7 @@ def test_batched_loss_is_each_models_loss(dtype):
 def test_the_batch_draws_each_models_batches_and_dropout_stream(setup):
     config, data = setup
     trials = trials_of(config, data)
-    batch = BatchedTrainer(trials, data)
+    batch = Trainer(trials, data)
     for trial, member in zip(trials, batch.members):
         single = Trainer(trial, data)
         assert torch.equal(next(single.batches)[0], next(member.batches)[0])
@@ -292,29 +319,36 @@ def probe_env(tmp_path, monkeypatch):
     monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: True)
     calls = []
 
-    def fake(spec, seq_len, batch_size, device, **_):
-        calls.append(spec.d_model)
-        return {"fp32": 0.010, "bf16": 0.012} if spec.d_model < 128 else {"fp32": 0.030, "bf16": 0.020}
+    def fake(trial, data, device, **_):
+        calls.append(trial.model.d_model)
+        return {"fp32": 0.010, "bf16": 0.012} if trial.model.d_model < 128 else {"fp32": 0.030, "bf16": 0.020}
 
-    monkeypatch.setattr(environment, "probe_step_times", fake)
+    monkeypatch.setattr(engine, "precision_step_times", fake)
     return calls
+
+
+def timer(spec):
+    """The timer a trainer hands choose_precision, for a shape (through the patched probe)."""
+    return lambda: engine.precision_step_times(Trial("dot|softmax|none|fixed", 0, 1, model=spec), None, None)
 
 
 def test_auto_precision_is_measured_per_shape_and_kept(probe_env, tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     small, large = Config(d_model=64, vocab_size=32).model, Config(d_model=128, vocab_size=10000).model
-    assert environment.choose_precision("auto", cpu, small, seq_len=32, batch_size=32)[0] == "fp32"
-    precision, reason = environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)
+    assert environment.choose_precision("auto", cpu, small, seq_len=32, batch_size=32, timer=timer(small))[0] == "fp32"
+    precision, reason = environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32,
+                                                     timer=timer(large))
     assert precision == "bf16" and "30.0 ms" in reason and "20.0 ms" in reason
     assert probe_env == [64, 128]
-    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)
+    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32, timer=timer(large))
     monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})  # another process: reads the file
-    assert environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32)[0] == "bf16"
+    assert environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=32,
+                                        timer=timer(large))[0] == "bf16"
     assert probe_env == [64, 128]
     files = sorted(tmp_path.glob("precision-*.json"))
     assert len(files) == 2 and {json.loads(f.read_text())["precision"] for f in files} == {"fp32", "bf16"}
     # another batch size is another shape; a set precision is never probed
-    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=8)
+    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=8, timer=timer(large))
     assert probe_env == [64, 128, 128]
     assert environment.choose_precision("bf16", cpu, small, seq_len=32, batch_size=32) == ("bf16", "set to bf16")
 
@@ -322,30 +356,31 @@ def test_auto_precision_is_measured_per_shape_and_kept(probe_env, tmp_path, monk
 def test_the_first_answer_written_wins(probe_env, tmp_path):
     cpu = torch.device("cpu")
     spec = Config(d_model=128, vocab_size=100).model
-    path = environment._probe_path(environment._probe_shape(spec, 16, 4), cpu)
+    path = probe_cache.probe_path(probe_cache.probe_shape(spec, 16, 4), cpu, kind="precision",
+                                  version=environment.PROBE_VERSION)
     path.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 2.0}))
-    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "fp32"
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "fp32"
     assert probe_env == []
     path.write_text("not json")  # unreadable: probed again, and the file keeps what it holds
     environment._PRECISION_CHOICES.clear()
-    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "bf16"
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
 
 
 def test_auto_without_native_bf16_or_probe(probe_env, monkeypatch):
     cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
     monkeypatch.delenv(environment.ENV_PRECISION_PROBE)  # the probe is on by default
-    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4)[0] == "bf16"
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
     assert probe_env == [128]
     monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "off")  # off: bf16 wherever the CPU has it, unmeasured
-    assert environment.choose_precision("auto", cpu, Config(d_model=64, vocab_size=100).model,
-                                        seq_len=16, batch_size=4) == (
+    small = Config(d_model=64, vocab_size=100).model
+    assert environment.choose_precision("auto", cpu, small, seq_len=16, batch_size=4, timer=timer(small)) == (
         "bf16", f"auto: native bf16 on this CPU ({environment.ENV_PRECISION_PROBE}=off: not measured)")
     assert probe_env == [128]
     monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "maybe")
     with pytest.raises(UserError, match=environment.ENV_PRECISION_PROBE):
-        environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=8)
+        environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=8, timer=timer(spec))
     monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: False)
-    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4) == (
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec)) == (
         "fp32", "auto: this CPU has no native bf16")
     assert probe_env == [128]
     with pytest.raises(UserError, match="fp16"):
@@ -361,10 +396,11 @@ def test_records_say_which_precision_ran_and_why(setup, probe_env):
     assert run_batched([trial, trial.replace(seed=5)], data)[0].record.precision == "fp32"
 
 
-def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone():
-    spec = Config(d_model=16, n_heads=2, n_layers=1, vocab_size=40, max_seq_len=8).model
+def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone(setup):
+    config, data = setup
+    trial = Trial.from_config(VANILLA, config.replace(d_model=16, n_heads=2, n_layers=1), data=data)
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    times = environment.probe_step_times(spec, 8, 4, torch.device("cpu"), rounds=2, steps=1)
+    times = engine.precision_step_times(trial, data, torch.device("cpu"), rounds=2, steps=1)
     assert set(times) == {"fp32", "bf16"} and all(t > 0 and math.isfinite(t) for t in times.values())
     assert torch.equal(torch.get_rng_state(), before)

@@ -7,7 +7,7 @@ import pytest
 from evo_attention import Config
 from evo_attention.cli import main
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, load_attachments
-from evo_attention.report.studies import BREAK_MARK, curve_table
+from evo_attention.report.studies.curves import BREAK_MARK, curve_table
 from evo_attention.search.executors import LocalExecutor
 from evo_attention.search.store import RunStore
 from evo_attention.studies.curves import first_break, parse_knob, plan_points, point_row, run_curve

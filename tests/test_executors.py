@@ -13,7 +13,8 @@ from evo_attention.cli import main
 from evo_attention.data import LoaderData, data_from_config
 from evo_attention.util.errors import UserError
 from evo_attention import Evolution
-from evo_attention.search.executors import EvalTask, LocalExecutor, ProcessExecutor, RayExecutor, make_executor
+from evo_attention.search.executors import (EvalTask, LocalExecutor, ProcessExecutor, RayExecutor, executor_for,
+                                           make_executor)
 from evo_attention.search.store import RunStore
 from evo_attention.train.spec import Trial, provide_task
 
@@ -120,6 +121,25 @@ def test_make_executor_and_bad_settings():
             make_executor(**kwargs)
         assert "\n" not in str(info.value) and "--" not in str(info.value)
         assert cli in user_message(info.value)
+
+
+def test_executor_for_a_config_takes_its_checked_execution_settings():
+    """A Config's batch_models was checked when the Config was made: ``executor_for`` hands it on;
+    ``make_executor`` (no Config) checks its own argument; an executor is given a checked value."""
+    config = Config(batch_models="3")
+    assert executor_for(config).batch_models == 3 and isinstance(executor_for(config), LocalExecutor)
+    pool = executor_for(config, "local", workers=2, cpus_per_trial=1)
+    assert isinstance(pool, ProcessExecutor) and pool.batch_models == 3 and pool.threads == 1
+    pool.close()
+    with pytest.raises(UserError, match="batch_models 3 applies to the local executors"):
+        executor_for(config, "ray")
+    with pytest.raises(UserError, match="unknown executor 'dask'"):
+        executor_for(config, "dask")
+    assert make_executor(batch_models=" 4 ").batch_models == 4 and make_executor(batch_models=False).batch_models == "off"
+    with pytest.raises(UserError, match="batch_models must be auto, off or a whole number"):
+        make_executor(batch_models="x")
+    with pytest.raises(AssertionError):
+        LocalExecutor(batch_models="4")  # not a checked setting
 
 
 def test_missing_ray_is_a_one_line_error(monkeypatch, tmp_path, capsys):

@@ -14,16 +14,17 @@ import torch
 from safetensors.torch import save_file
 
 import evo_attention
-from evo_attention import Config, TinyTransformer
+from evo_attention import TinyTransformer
 from evo_attention.cli import main
 from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS, AttentionGene
 from evo_attention.nn import components
 from evo_attention.nn.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
                                      check_exportable, export_attention, export_sources, module_sources,
                                      shipped_modules)
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 
-CONFIG = Config(vocab_size=30, d_model=16, n_heads=4, n_layers=2, max_seq_len=12, dropout=0.0)
+CONFIG = ModelSpec(vocab_size=30, d_model=16, n_heads=4, n_layers=2, max_seq_len=12, dropout=0.0)
 LIBRARY_DIR = Path(evo_attention.__file__).parent
 REGISTRIES = {"similarity": components.SIMILARITIES, "normalization": components.NORMALIZATIONS,
               "gating": components.GATINGS, "temperature_mode": components.TEMPERATURES}
@@ -145,8 +146,8 @@ def test_the_shipped_modules_are_the_librarys_own_files(tmp_path):
 
 def test_module_sources_ship_the_import_closure_of_any_modules():
     sources = module_sources(["evo_attention.nn.positions"])
-    assert set(sources) == {"__init__.py", "genes.py", "nn/__init__.py", "nn/positions.py", "util/__init__.py",
-                            "util/errors.py"}
+    assert set(sources) == {"__init__.py", "genes.py", "nn/__init__.py", "nn/fold.py", "nn/positions.py",
+                            "util/__init__.py", "util/errors.py"}
     assert "from ..genes import" in sources["nn/positions.py"] and "from .util.errors import" in sources["genes.py"]
     with pytest.raises(UserError, match="not a module of evo_attention"):
         module_sources(["torch.nn"])

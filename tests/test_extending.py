@@ -40,5 +40,6 @@ def test_the_tutorial_runs_as_written(tmp_path, monkeypatch, capsys):
         assert "finished" in capsys.readouterr().out
     finally:
         components.unregister("normalization", "squared_relu")
+        components.unregister("similarity", "scaled_dot")
         STRATEGIES.pop("local", None)
         sys.modules.pop("evo_attention_plugin_my_plugin", None)

@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from evo_attention import Config, TinyTransformer
+from evo_attention import TinyTransformer
 from evo_attention.cli import main
 from evo_attention.data.tokenizers import encode_prompt, train_tokenizer
 from evo_attention.nn.decoding import generate
 from evo_attention.nn.export import module_sources, shipped_modules
 from evo_attention.nn.hf import MODEL_ROOTS, export_hf, hf_tokenizer, model_sources
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.train.saving import save_model
 from evo_attention.util.errors import UserError
 
@@ -91,10 +92,10 @@ print("RESULT", json.dumps(result))
 
 
 def _model(genes, block, vocab_size, seed=0) -> TinyTransformer:
-    config = Config(vocab_size=vocab_size, d_model=32, n_heads=4, n_layers=len(genes), max_seq_len=WINDOW,
-                    dropout=0.0, block=block)
+    spec = ModelSpec(vocab_size=vocab_size, d_model=32, n_heads=4, n_layers=len(genes), max_seq_len=WINDOW,
+                     dropout=0.0, block=block)
     torch.manual_seed(seed)
-    model = TinyTransformer(config, genes).eval()
+    model = TinyTransformer(spec, genes).eval()
     with torch.no_grad():  # weights far from their initialisation, so that every piece matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)

@@ -41,7 +41,7 @@ def test_the_k_best_models_are_kept_and_measure_what_the_store_says(kept_run):
     for entry in kept:  # the kept weights are those the record measured: evaluating them gives its loss
         model = load_model(entry["dir"])
         trainer = Trainer.from_config(entry["gene"], model.config, data_from_config(model.config))
-        trainer.model = model
+        trainer.members[0].model = model
         assert trainer.evaluate()["val_loss"] == pytest.approx(entry["val_loss"], rel=0, abs=1e-9)
         assert load_tokenizer(entry["dir"]) is not None
     assert kept_model(kept_run, 2) == Path(kept[1]["dir"])

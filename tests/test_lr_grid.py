@@ -9,7 +9,7 @@ import pytest
 from evo_attention import AttentionGene, Config
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
-from evo_attention.report.studies import validation_markdown
+from evo_attention.report.studies.validation import validation_markdown
 from evo_attention.search.executors import Executor, LocalExecutor
 from evo_attention.studies import lr_grid
 from evo_attention.studies.ablation import ablate, write_ablation

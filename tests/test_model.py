@@ -3,7 +3,8 @@ import itertools
 import pytest
 import torch
 
-from evo_attention import AttentionGene, Config, EvolvedAttention, TinyTransformer, components
+from evo_attention import AttentionGene, EvolvedAttention, TinyTransformer, components
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.genes import AXIS_DEFAULTS, CATEGORICAL_FIELDS, violation
 
 
@@ -119,14 +120,14 @@ def test_per_layer_genes(tiny_config):
 
 
 def test_default_parameter_count_is_about_1_69M():
-    model = TinyTransformer(Config(), AttentionGene.vanilla())
+    model = TinyTransformer(ModelSpec(), AttentionGene.vanilla())
     # 10000x128 tied embedding + 128x128 positions + 2 x 198,272 per layer + final LayerNorm
     assert model.num_parameters() == 1_693_184
 
 
 def test_parameter_counts_of_components():
-    base = TinyTransformer(Config(), AttentionGene.vanilla()).num_parameters()
-    count = lambda key: TinyTransformer(Config(), AttentionGene.parse(key)).num_parameters()
+    base = TinyTransformer(ModelSpec(), AttentionGene.vanilla()).num_parameters()
+    count = lambda key: TinyTransformer(ModelSpec(), AttentionGene.parse(key)).num_parameters()
     assert count("dot|softmax|none|fixed|nobias|0.10") == base - 2 * (3 * 128 + 128)
     assert count("dot|softmax|output_gate|fixed") == base + 2 * (128 * 128 + 128)
     assert count("dot|softmax|none|learned") == base + 2 * 4

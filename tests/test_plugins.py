@@ -125,3 +125,60 @@ def test_a_plugin_dataset_and_strategy(tmp_path, monkeypatch):
                  "--population", "2", "--generations", "1", "--elite", "1", "--batch-size", "8",
                  "--eval-batch-size", "64", "--workers", "2", "--quiet", "--out", str(out)]) == 0
     assert len(_genes(out)) == 2
+
+
+FOLDING_PLUGIN = textwrap.dedent('''
+    import torch
+    from evo_attention import register_normalization, register_similarity, row_normalize
+    from evo_attention.nn.components import Similarity
+
+    @register_normalization("squared_relu")
+    def squared_relu(scores, mask):
+        return row_normalize(torch.relu(scores.float()) ** 2, mask).to(scores.dtype)
+
+    @register_similarity("key_norm_dot")
+    class KeyNormDot(Similarity):
+        """q . k minus half the key's squared length (a distance-like score), per head."""
+
+        def forward(self, q, k):
+            return q @ k.transpose(-2, -1) - 0.5 * k.square().sum(-1).unsqueeze(-2)
+''')
+TINY_FLAGS = ["--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--precision", "fp32"]
+
+
+def test_a_plugin_normalization_and_similarity_train_folded(tmp_path, monkeypatch, capsys):
+    """Components a user's module registers fold into a batch with no edit outside the module: bench
+    times K of them in one trainer, and validate's per-seed values batched equal them trained alone."""
+    from evo_attention.search.executors import base
+    from evo_attention.train.trainer import SAME_RESULT_RTOL
+
+    batches, run_batched = [], base.run_batched
+
+    def counting(trials, data, **kwargs):  # what each batch the executor planned gave
+        results = run_batched(trials, data, **kwargs)
+        batches.append([r.record.extra.get("batched") for r in results])
+        return results
+
+    monkeypatch.setattr(base, "run_batched", counting)
+    (tmp_path / "folding_plugin.py").write_text(FOLDING_PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gene = "key_norm_dot|squared_relu|none|fixed"
+    try:
+        assert main(["bench", "--plugin", "folding_plugin", "--gene", gene, "--models", "4", "--steps", "2",
+                     "--warmup", "1", "--json", *TINY_FLAGS]) == 0
+        assert json.loads(capsys.readouterr().out)["models"] == 4
+        values = {}
+        for k in ("2", "off"):
+            out = tmp_path / f"validate-{k}"
+            assert main(["validate", "--plugin", "folding_plugin", "--genes", gene, "--seeds", "2", "--batch-models",
+                         k, "--steps", "30", "--out", str(out), "--quiet", *TINY_FLAGS]) == 0
+            result = json.loads((out / "validation.json").read_text())
+            values[k] = [g["values"] for g in result["genes"]] + [result["baseline"]["values"]]
+        assert batches and all(sizes == [2, 2] for sizes in batches)  # folded, never a fallback to alone
+        for on, off in zip(values["2"], values["off"]):
+            assert on == pytest.approx(off, rel=SAME_RESULT_RTOL["fp32"])
+    finally:
+        components.unregister("normalization", "squared_relu")
+        components.unregister("similarity", "key_norm_dot")
+        sys.modules.pop("folding_plugin", None)

@@ -14,13 +14,12 @@ from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.genes import (RECIPE_FIELDS, VANILLA_KEY, LayerGenes, SearchSpace, mechanism_of, recipe_of,
                                  with_recipe)
-from evo_attention.report.studies import ablation_markdown
+from evo_attention.report.studies.ablation import ablation_markdown
 from evo_attention.search import make_strategy
 from evo_attention.studies.ablation import ablate, ablation_variants, recipe_cells, write_ablation
 from evo_attention.studies.transfer import dry_run, plan, with_budgets
-from evo_attention.train.batched import run_batched
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import Trainer, run_training, train_and_evaluate
+from evo_attention.train.trainer import Trainer, run_batched, run_training, train_and_evaluate
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 

@@ -12,8 +12,9 @@ from evo_attention.cli.common import config_from_args, user_message
 from evo_attention.data import data_from_config
 from evo_attention.train.config import describe_schedule
 from evo_attention.train.presets import PRESETS, build_config, merged_settings, read_config_file
+from evo_attention.train.schedules import SCHEDULES, Schedule, register_schedule, scheduled_rate
 from evo_attention.train.spec import Trial, steps_of
-from evo_attention.train.trainer import Trainer, scheduled_rate, train_and_evaluate
+from evo_attention.train.trainer import Trainer, train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 GENE = "dot|softmax|none|fixed"
@@ -229,7 +230,7 @@ def test_a_wsd_training_runs_its_schedule_and_stores_it():
     assert [trainer.lr_at(s) / 3e-3 for s in range(8)] == pytest.approx([0.5, 1, 1, 1, 1, 0.75, 0.5, 0.25])
     record = train_and_evaluate(GENE, config, data)
     assert record.ok and record.settings["warmup_steps"] == 2 and record.settings["lr_decay_fraction"] == 0.5
-    assert Config.from_trial(Trial.from_config(GENE, config)).train == config.train  # a saved model's recipe
+    assert Config.from_dict(Trial.from_config(GENE, config).config_dict()).train == config.train  # a saved model's
     partial = Trainer(Trial.from_config(GENE, config.replace(train_steps=4), steps=4, budget=8, data=data), data)
     assert partial.train_steps == 8 and partial.lr_at(3) == trainer.lr_at(3)  # the schedule spans the budget
 
@@ -246,3 +247,37 @@ def test_describe_schedule():
     assert describe_schedule(record_settings, 400) == (
         "lr 0.002, wsd: linear warm-up over 20 steps, stable to step 320, linear decay to 0 over the last 80 steps "
         "(decay fraction 0.2)")
+
+
+def test_a_schedule_is_one_table_entry(capsys):
+    """A linear decay to 0 after the warm-up, added at run time: the Config takes it, its rate is the
+    entry's, the words and the flag's help name it, a warm-up must fit it; then it is removed."""
+    def linear(recipe, step, total_steps):
+        return recipe.learning_rate * max(0, total_steps - step) / max(1, total_steps - recipe.warmup_steps)
+
+    register_schedule("linear", Schedule(linear, "linear warm-up, then a linear decay to 0",
+                                         words=lambda steps, _: f"linear decay to 0 at step {steps}"))
+    try:
+        config = Config(learning_rate=1.0, lr_schedule="linear", warmup_steps=2, train_steps=10)
+        recipe = config.train
+        assert [scheduled_rate(recipe, s, 10) for s in range(11)] == pytest.approx(
+            [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0])
+        assert describe_schedule(config) == "lr 1, linear: linear warm-up over 2 steps, linear decay to 0 at step 10"
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["validate", "--help"])
+        shown = "".join(capsys.readouterr().out.split())  # argparse wraps the help at spaces and hyphens
+        assert "".join("{constant,cosine,wsd,linear} constant (the original's; no warm-up), cosine (linear warm-up, "
+                       "then a cosine decay to 0), wsd (linear warm-up, stable, then a linear decay to 0 over the "
+                       "last --decay-fraction of the steps) or linear (linear warm-up, then a linear decay to "
+                       "0)".split()) in shown
+        assert "".join("--warmup-steps N linear warm-up steps of --lr-schedule cosine, wsd or linear".split()) in shown
+        args = build_parser().parse_args(["validate", "--genes", GENE, "--lr-schedule", "linear", "--steps", "10",
+                                          "--warmup-steps", "2"])
+        assert config_from_args(args).lr_schedule == "linear"
+        with pytest.raises(Exception, match="linear schedule's warm-up would never end"):
+            Config(lr_schedule="linear", warmup_steps=10, train_steps=10)
+        assert "lr_decay_fraction" not in Trial.from_config(GENE, config.replace(lr_decay_fraction=0.5)).settings()
+    finally:
+        SCHEDULES.pop("linear")
+    with pytest.raises(Exception, match="unknown lr_schedule 'linear': valid options are constant, cosine, wsd"):
+        Config(lr_schedule="linear")

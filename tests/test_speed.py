@@ -186,10 +186,10 @@ def test_the_flop_count_prices_the_fused_and_the_explicit_attention_path_alike()
     # attention's products are in the count: a window skips most of a long sequence's scores
     assert fused.flops_per_step > train_and_evaluate("dot|softmax|none|fixed|bias|0.00|win=2", config, data).flops_per_step
     # the GPU kernels are priced alike: two products forward, their four gradients backward
-    from evo_attention.train.trainer import _sdpa_formulas
+    from evo_attention.train.trainer import sdpa_flop_formulas
 
     q, kv = (2, 8, 64, 16), (2, 4, 64, 16)  # grouped K/V heads too
-    formulas = {op.__name__: f for op, f in _sdpa_formulas().items()}
+    formulas = {op.__name__: f for op, f in sdpa_flop_formulas().items()}
     for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_efficient_attention"):
         forward, backward = formulas[name], formulas[f"{name}_backward"]

@@ -108,7 +108,7 @@ def test_bad_device_is_a_user_error(recall_setup):
 
 
 def test_cosine_schedule():
-    from evo_attention.train.trainer import scheduled_rate
+    from evo_attention.train.schedules import scheduled_rate
 
     recipe = Config(learning_rate=1.0, warmup_steps=10, lr_schedule="cosine").train
     assert scheduled_rate(recipe, 0, 110) == pytest.approx(0.1)

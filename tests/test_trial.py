@@ -68,17 +68,45 @@ def test_a_field_added_to_a_spec_reaches_the_key_by_construction():
     assert base.replace(train=TrainSpec(log_every=10)).key() != base.key()  # divergence is judged per interval
 
 
-def test_every_config_field_of_a_spec_group_feeds_that_spec_and_back():
-    groups = {"model": ModelSpec, "train": TrainSpec}
-    for group, spec in groups.items():
-        declared = {f.name for f in Config.settings_of(group)}
-        assert declared == {f.name for f in dataclasses.fields(spec)}, group
+# The key order of every config a run has stored (Config.to_dict), frozen: settings added later may
+# come anywhere, but these keep their order, so a stored config is written byte for byte as before.
+STORED_KEY_ORDER = (
+    "vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "dropout", "d_ff", "block", "favor_features",
+    "batch_size", "eval_batch_size", "learning_rate", "weight_decay", "grad_clip", "train_steps", "eval_steps",
+    "warmup_steps", "warmup", "lr_schedule", "lr_decay_fraction", "precision", "compile", "log_every",
+    "population_size", "n_generations", "elite_size", "mutation_rate", "crossover_rate", "seed", "device", "strategy",
+    "strategy_options", "search_space", "genome", "objectives", "baseline", "suite", "init_from", "max_params",
+    "max_flops", "max_latency_ms", "max_memory_mb", "fidelity", "halving_eta", "halving_rungs", "hurdle",
+    "halving_audit", "data", "tokenizer", "text_field", "data_dir", "eval_stride", "recall", "plugins", "batch_models")
+
+
+def test_the_config_takes_every_spec_field_from_its_one_declaration():
+    config_fields = {f.name: f for f in dataclasses.fields(Config)}
+    order = list(config_fields)
+    for group, spec in {"model": ModelSpec, "train": TrainSpec}.items():
+        declared = dataclasses.fields(spec)
+        assert [f.name for f in Config.settings_of(group)] == [n for n in order if n in {f.name for f in declared}]
+        for f in declared:  # in the Config, with its default, type and metadata (flag, help, key)
+            assert f.name in config_fields, f"{f.name} of {spec.__name__} is not a Config field"
+            generated = config_fields[f.name]
+            assert (generated.default, generated.type, dict(generated.metadata)) == (
+                f.default, f.type, {**f.metadata, "group": group}), f.name
+        # in the spec's order, but for a field declared ``after`` another: right after it
+        moved = {f.name: f.metadata["after"] for f in declared if f.metadata.get("after")}
+        assert [n for n in order if n in {f.name for f in declared} - set(moved)] == [
+            f.name for f in declared if f.name not in moved]
+        assert all(order.index(name) == order.index(after) + 1 for name, after in moved.items())
+    own = {name for name, f in config_fields.items() if f.metadata["group"] not in ("model", "train")}
+    assert own == {"train_steps", "warmup", "seed"} | {f.name for group in ("search", "fidelity", "task", "execution")
+                                                      for f in Config.settings_of(group)}
+    assert [name for name in Config().to_dict() if name in STORED_KEY_ORDER] == list(STORED_KEY_ORDER)
+    # the task fields feed the TaskSpec; a trial gives back its config's settings
     task = Config(**TINY).task
     assert {f.name for f in Config.settings_of("task")} <= {"data", "tokenizer", "text_field", "data_dir", "eval_stride",
                                                              "recall", "plugins"}
     assert task.options_dict == TINY["recall"] and task.seq_len == 16
     config = Config(**TINY, block="llama", warmup_steps=3)
-    back = Config.from_trial(Trial.from_config("dot|softmax|none|fixed", config))
+    back = Config.from_dict(Trial.from_config("dot|softmax|none|fixed", config).config_dict())
     assert all(getattr(back, f.name) == getattr(config, f.name)
                for group in ("model", "train", "task", "trial") for f in Config.settings_of(group))
 
@@ -128,7 +156,7 @@ def test_a_llama_model_round_trips_through_save_and_load_pretrained(tmp_path):
     model.save_pretrained(tmp_path / "m")
     loaded = TinyTransformer.from_pretrained(tmp_path / "m")
     x = torch.randint(0, 50, (2, 12))
-    assert loaded.config.ffn_dim == model.config.ffn_dim == 88
+    assert loaded.spec == model.spec and loaded.spec.ffn_dim == 88
     assert torch.equal(model(x), loaded(x))
 
 

@@ -9,7 +9,8 @@ import torch
 from evo_attention import AttentionGene, Config, TinyTransformer
 from evo_attention.studies import ablation, maps
 from evo_attention.studies import validate as val  # the module
-from evo_attention.report.studies import ablation_markdown, validation_markdown
+from evo_attention.report.studies.ablation import ablation_markdown
+from evo_attention.report.studies.validation import validation_markdown
 from evo_attention.cli import main
 from evo_attention.util.errors import UserError
 from evo_attention import Evolution

@@ -15,7 +15,7 @@ from evo_attention.cli.validate import (add_analysis_flags, analysis_setup, grid
 
 
 def cmd_ablate(args) -> int:
-    from evo_attention.report.studies import contribution_lines
+    from evo_attention.report.studies.ablation import contribution_lines
     from evo_attention.studies.ablation import ablation_variants, run_ablation, write_ablation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log

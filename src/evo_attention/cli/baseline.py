@@ -45,8 +45,9 @@ def cmd_baseline(args) -> int:
     if data.vocab is not None:
         (out / "vocab.json").write_text(data.vocab.to_json())
     if args.save_model and trainer is not None and record["status"] == "ok":
-        save_model(trainer.model, out / "model", vocab=data.vocab, tokenizer=getattr(data, "tokenizer", None), extra={"result": {
-            k: record[k] for k in ("val_perplexity", "val_loss", "accuracy", "eval_split", "steps", "seed")}})
+        kept = {k: record[k] for k in ("val_perplexity", "val_loss", "accuracy", "eval_split", "steps", "seed")}
+        save_model(trainer.model, out / "model", vocab=data.vocab, tokenizer=getattr(data, "tokenizer", None),
+                   settings=trainer.settings, extra={"result": kept})
     split = args.eval_split
     if record["status"] != "ok":
         log(f"{gene}: {record['status']} ({record.get('error') or 'non-finite loss'}); record in {out / 'result.json'}")
@@ -69,7 +70,7 @@ def tune_rate(args, config, data, gene, out) -> dict:
     validation loss, kept in the run store in ``out``; draws ``lr_grid.png`` and logs the choice."""
     from evo_attention.cli.common import executor_from_args
     from evo_attention.report.figures import plot_lr_grid
-    from evo_attention.report.studies import edge_warnings
+    from evo_attention.report.studies.lr_grid import edge_warnings
     from evo_attention.studies.common import StudySetup, study_store, tuning_seeds
     from evo_attention.studies.lr_grid import panel, tune
     from evo_attention.util.progress import log

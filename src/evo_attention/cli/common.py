@@ -11,33 +11,26 @@ from evo_attention.util.plugins import load_plugins
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-def _vocab_size(text: str):
-    if text.lower() in ("full", "none", "all"):
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"vocab size {text!r} is not an integer (or 'full')") from None
-    return value
-
-
-def _eval_steps(text: str):
-    if text.lower() in ("all", "none", "full"):
-        return 0
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"eval steps {text!r} is not an integer (or 'all')") from None
+def _count_or_word(what: str, word: str):
+    """A parser of a whole number, or of 'full', 'all' or 'none' as 0 (which stands for None)."""
+    def parse(text: str) -> int:
+        if text.lower() in ("full", "none", "all"):
+            return 0
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not an integer (or '{word}')") from None
+    return parse
 
 
 def _name_list(text: str) -> list:
     return [part.strip() for part in text.split(",")]
 
 
-# how each kind of Config value (``train.config.setting(parse=...)``) is read from the command line;
+# how each kind of Config value (``nn.spec.setting(parse=...)``) is read from the command line;
 # ``vocab`` and ``count_or_all`` read a word such as 'full' or 'all' as 0, which stands for None
-PARSERS = {"int": int, "float": float, "str": str, "list": _name_list, "vocab": _vocab_size,
-           "count_or_all": _eval_steps}
+PARSERS = {"int": int, "float": float, "str": str, "list": _name_list, "vocab": _count_or_word("vocab size", "full"),
+           "count_or_all": _count_or_word("eval steps", "all")}
 # the help sections of the training flags: the Config groups each shows, in this order
 SECTIONS = (("data and model", ("task", "model")), ("training", ("train", "trial", "execution")),
             ("search", ("search",)))
@@ -88,7 +81,7 @@ def add_fidelity_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_config_flags(group, groups) -> None:
     for f in _flag_fields(groups):
-        meta = f.metadata
+        meta = {k: v() if callable(v) and k in ("help", "choices") else v for k, v in f.metadata.items()}
         options = {"type": PARSERS[meta["parse"]], "help": meta["help"]}
         if meta["choices"]:
             options["choices"] = list(meta["choices"])
@@ -114,11 +107,10 @@ def add_executor_flags(p: argparse.ArgumentParser, title: str = "execution") -> 
 def executor_from_args(args, config):
     """The executor that the flags of ``add_executor_flags`` name, running trials as ``config``'s
     execution settings say (``batch_models``)."""
-    from evo_attention.search.executors import make_executor
+    from evo_attention.search.executors import executor_for
 
-    return make_executor(args.executor, workers=args.workers, address=args.ray_address,
-                         cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
-                         batch_models=config.batch_models)
+    return executor_for(config, args.executor, workers=args.workers, address=args.ray_address,
+                        cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)
 
 
 def explicit_settings(args, extra: dict | None = None) -> dict:

@@ -24,7 +24,7 @@ def cmd_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     device = resolve_device(args.device)
     model = load_model(args.model, device=str(device))
-    check_sampling(args.temperature, args.top_k, model.config.vocab_size)
+    check_sampling(args.temperature, args.top_k, model.spec.vocab_size)
     tokenizer = load_tokenizer(args.model)
     if tokenizer is None:
         raise UserError(f"{args.model} holds no tokenizer.json, so a text prompt cannot be read: save the model with "
@@ -47,7 +47,7 @@ def cmd_generate(args) -> int:
     seconds = time.perf_counter() - start
     rate = f"{len(new) / seconds:,.1f} tokens/s" if seconds > 0 and new else "-"
     print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, key/value cache, {device}; "
-          f"prompt {len(ids)} tokens, window {model.config.max_seq_len})", file=sys.stderr)
+          f"prompt {len(ids)} tokens, window {model.spec.max_seq_len})", file=sys.stderr)
     return 0
 
 

@@ -74,13 +74,15 @@ def cmd_maps(args) -> int:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
     out = output_dir(args.out if args.out else Path(args.from_run) / "maps" if args.from_run else "runs/maps")
     model, tokenizer, data, source = _saved_model(args) if args.model else _trained_model(args)
-    max_len = model.config.max_seq_len
+    max_len = model.spec.max_seq_len
     if args.text is not None:
         ids = encode_text(args.text, tokenizer, max_len)
         text_source = "--text"
     else:
-        if data is None:
-            data = data_from_config(model.config)
+        if data is None:  # a saved model: the data of the Config it was trained with
+            from evo_attention.train.saving import load_config
+
+            data = data_from_config(load_config(args.model))
         length = min(args.length, data.seq_len, max_len)
         ids = validation_sample(data, length, args.sample)
         text_source = f"validation example {args.sample}, first {len(ids)} tokens"

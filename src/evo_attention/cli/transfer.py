@@ -56,7 +56,7 @@ def dry_run_transfer(args, genes, budget) -> int:
     """``--dry-run``: the ladder, its budgets and trainings, and the wall time estimated from step
     times measured here; nothing is trained or written."""
     from evo_attention.cli.validate import analysis_setup
-    from evo_attention.report.studies import schedule_text
+    from evo_attention.report.studies.common import schedule_text
     from evo_attention.studies.transfer import dry_run, plan
     from evo_attention.util.format import markdown_table
 

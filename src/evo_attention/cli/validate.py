@@ -78,7 +78,7 @@ def grid_text(args, config) -> str:
 
 
 def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
-    from evo_attention.report.studies import METRICS
+    from evo_attention.report.studies.common import METRICS
     from evo_attention.studies.common import DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS
     from evo_attention.cli.common import add_executor_flags, add_training_flags
 
@@ -236,7 +236,7 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
 
 def log_grid(result) -> None:
     """With a learning-rate grid: each gene's selected rate, and a warning per edge winner."""
-    from evo_attention.report.studies import edge_warnings
+    from evo_attention.report.studies.lr_grid import edge_warnings
     from evo_attention.util.progress import log
 
     grid = result.get("grid")

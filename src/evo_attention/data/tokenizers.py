@@ -216,7 +216,7 @@ class ByteTokenizer(Tokenizer):
         return json.dumps({"tokenizer": "byte"})
 
 
-def _byte_alphabet() -> dict[str, int]:
+def byte_alphabet() -> dict[str, int]:
     """Byte-level BPE writes byte b as one printable character: the inverse map, character -> byte.
 
     Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) are shifted to
@@ -240,7 +240,7 @@ class BPETokenizer(Tokenizer):
 
     def __init__(self, model):
         self.model = model
-        alphabet = _byte_alphabet()
+        alphabet = byte_alphabet()
         vocab = model.get_vocab()
         size = max(vocab.values()) + 1
         nbytes = torch.zeros(size, dtype=torch.int32)

@@ -156,6 +156,10 @@ class EvolvedAttention(nn.Module):
     ``kernel_features`` is the number of random features of ``favor``.
     """
 
+    # the attributes that hold a gene's registered components, and the gene field each one is
+    COMPONENTS = {"similarity": "similarity", "kernel": "normalization", "temperature": "temperature_mode",
+                  "gating": "gating"}
+
     def __init__(self, d_model: int, n_heads: int, gene: AttentionGene | str, *, fused: bool = True,
                  max_seq_len: int | None = None, kernel_features: int = 64):
         super().__init__()
@@ -332,7 +336,10 @@ class EvolvedAttention(nn.Module):
         if bias is not None:  # rows of the queries, columns of the band's keys (clamped ones are masked)
             pos_q = torch.arange(n * w, device=q.device).clamp(max=t - 1).view(n, w)
             pos_k = (torch.arange(n, device=q.device)[:, None] * w - w + j).clamp(0, t - 1)
-            bias = bias[:, pos_q[:, :, None], pos_k[:, None, :]].transpose(0, 1).repeat(b, 1, 1, 1)
+            if bias.dim() == 3:  # [H, T, T], the same for every row -> [B * n, H, W, 2W]
+                bias = bias[:, pos_q[:, :, None], pos_k[:, None, :]].transpose(0, 1).repeat(b, 1, 1, 1)
+            else:  # [B, H, T, T], a bias per row (models folded into one batch) -> [B * n, H, W, 2W]
+                bias = bias[:, :, pos_q[:, :, None], pos_k[:, None, :]].transpose(1, 2).reshape(b * n, h, w, 2 * w)
         if tau.shape[2] == t:  # per-query temperature [B, H, T, 1]
             tau = _blocks(tau.expand(b, -1, -1, -1), w, pad, fill=1.0)  # padded queries: no division by 0
         fused = self.fused and self.can_fuse and not dropout_p > 0

@@ -26,6 +26,10 @@ Contracts (tests hold every registered component to them):
 - Normalizations return non-negative weights whose rows sum to 1 over allowed keys, exactly zero
   weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
   all map to zero, which then gets all-zero weights).
+- Row independence: each batch row is computed from that row alone, so K models fold into one
+  batch (``nn.fold``). A component without weights folds as it is; one with weights declares its
+  folded form, a ``fold(self, folding)`` method next to its single form (``LearnedTemperature``
+  below); a component with weights and no ``fold`` trains one trial at a time.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch.nn.functional as F
 
 from evo_attention import genes
 from evo_attention.genes import OPTIONS
+from evo_attention.nn.fold import Folding, broadcast_rows, per_model
 from evo_attention.util.errors import UserError
 
 SIMILARITIES: Dict[str, Callable[..., nn.Module]] = {}
@@ -208,6 +213,38 @@ class AdditiveSimilarity(Similarity):
         c = torch.einsum("bhtd,hde->bhte", k, self.w_k)
         dtype = torch.promote_types(a.dtype, self.v.dtype)
         return _AdditiveScores.apply(a.to(dtype), c.to(dtype), self.v.to(dtype), self.block, causal)
+
+    def fold(self, folding: Folding) -> nn.Module:
+        return _StackedAdditive(folding.param("w_q"), folding.param("w_k"), folding.param("v"), self.block)
+
+
+class _StackedAdditive(nn.Module):
+    """K additive similarities; the models become heads of one ``_AdditiveScores`` call."""
+
+    causal_skip = True
+    dot_form = False
+
+    def __init__(self, w_q, w_k, v, block: int):
+        super().__init__()
+        self.w_q, self.w_k, self.v = w_q, w_k, v  # [K, H, d, d], [K, H, d, d], [K, H, d]
+        self.block = block
+
+    def prepare(self, q, k):
+        return q, k
+
+    def forward(self, q, k, causal: bool = False):
+        n_models, heads = self.w_q.shape[0], self.w_q.shape[1]
+        a = torch.einsum("kbhtd,khde->kbhte", per_model(q, n_models), self.w_q)
+        c = torch.einsum("kbhtd,khde->kbhte", per_model(k, n_models), self.w_k)
+        dtype = torch.promote_types(a.dtype, self.v.dtype)
+        m = a.shape[1]
+
+        def as_heads(z):  # [K, M, H, T, d] -> [M, K * H, T, d]
+            return z.transpose(0, 1).reshape(m, n_models * heads, *z.shape[3:]).to(dtype)
+
+        s = _AdditiveScores.apply(as_heads(a), as_heads(c), self.v.reshape(n_models * heads, -1).to(dtype),
+                                  self.block, causal)
+        return s.view(m, n_models, heads, *s.shape[2:]).transpose(0, 1).reshape(n_models * m, heads, *s.shape[2:])
 
 
 @register_similarity("cosine")
@@ -425,10 +462,40 @@ class FavorKernel(KernelNormalization):
         self.register_buffer("key_shift", w.square().sum(-1).amax(-1).div(2).view(1, n_heads, 1, 1))
 
     def feature_maps(self, q, k):
-        w = self.features.to(q.dtype).transpose(-2, -1)  # [H, d, m]
-        hq = q @ w - q.square().sum(-1, keepdim=True) / 2
-        hk = k @ w - k.square().sum(-1, keepdim=True) / 2 - self.key_shift.to(k.dtype)
-        return torch.exp(hq - hq.amax(-1, keepdim=True).detach()), torch.exp(hk)
+        return favor_features(q, k, self.features, self.key_shift)
+
+    def fold(self, folding: Folding) -> nn.Module:
+        return _StackedFavor(folding.buffers("features"), folding.buffers("key_shift"))
+
+
+def favor_features(q, k, features, key_shift):
+    """FAVOR+'s phi(q), phi(k) [..., T, m] of q, k [..., H, T, d] with ``features`` [..., H, m, d] and
+    ``key_shift`` [..., 1, H, 1, 1] (leading dimensions broadcast: one model, or K stacked)."""
+    w = features.to(q.dtype).transpose(-2, -1)  # [..., H, d, m]
+    hq = q @ w - q.square().sum(-1, keepdim=True) / 2
+    hk = k @ w - k.square().sum(-1, keepdim=True) / 2 - key_shift.to(k.dtype)
+    return torch.exp(hq - hq.amax(-1, keepdim=True).detach()), torch.exp(hk)
+
+
+class _StackedFavor(nn.Module):
+    """K FAVOR+ kernels, each with the random features its model drew."""
+
+    kernel = True
+
+    def __init__(self, features: torch.Tensor, key_shift: torch.Tensor):
+        super().__init__()
+        self.register_buffer("features", features)  # [K, H, m, d]
+        self.register_buffer("key_shift", key_shift)  # [K, 1, H, 1, 1]
+
+    def keep_models(self, index: torch.Tensor) -> None:
+        self.features = self.features.index_select(0, index)
+        self.key_shift = self.key_shift.index_select(0, index)
+
+    def feature_maps(self, q, k):
+        n_models = self.features.shape[0]
+        phi_q, phi_k = favor_features(per_model(q, n_models), per_model(k, n_models), self.features.unsqueeze(1),
+                                      self.key_shift)
+        return phi_q.reshape(*q.shape[:-1], phi_q.shape[-1]), phi_k.reshape(*k.shape[:-1], phi_k.shape[-1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,6 +526,24 @@ class LearnedTemperature(nn.Module):
 
     def forward(self, x):
         return self.log_tau.exp()
+
+    def fold(self, folding: Folding) -> nn.Module:
+        return _StackedLearnedTemperature(folding.param("log_tau"))
+
+
+class _StackedLearnedTemperature(nn.Module):
+    """K learned temperatures: each model's per-head scalar over its own rows."""
+
+    def __init__(self, log_tau):
+        super().__init__()
+        self.log_tau = log_tau  # [K, 1, H, 1, 1]
+
+    def forward(self, x):
+        k = self.log_tau.shape[0]
+        tau = self.log_tau.exp().squeeze(1)  # [K, H, 1, 1]
+        # per query position ([K * B, H, T, 1]): also right for the block-wise window path
+        tau = tau.expand(k, tau.shape[1], x.shape[1], 1)
+        return broadcast_rows(tau, x.shape[0] // k)
 
 
 @register_temperature("adaptive")

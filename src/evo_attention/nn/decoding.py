@@ -60,11 +60,11 @@ def generate(model, prompt: Sequence[int], max_new_tokens: int, *, temperature: 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise UserError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}",
                         setting="max_new_tokens")
-    check_sampling(temperature, top_k, model.config.vocab_size)
+    check_sampling(temperature, top_k, model.spec.vocab_size)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    window = model.config.max_seq_len
+    window = model.spec.max_seq_len
     tokens = [int(i) for i in prompt]
     new: list[int] = []
     caches, fed = None, 0  # the caches hold the keys and values of tokens[:fed]

@@ -16,9 +16,11 @@ with torch.profiler: ``aten::bernoulli_`` 72 ms of a 700 ms step). Here each 64-
 
 For p = 0 or eval mode this is ``torch.nn.functional.dropout``.
 
-A trainer that folds several models into one batch (``train.batched``) gives each model its own
-stream: inside ``mask_source(fn)``, ``dropout`` takes its keep mask from ``fn(shape, p)`` (on any
-device) instead of drawing it from the global generator; outside it nothing changes.
+The trainer gives each model its own stream (its generator starts at the global state right after
+the model is built, so a model alone draws what it would draw from the global generator, and K
+models folded into one batch each draw their own): inside ``mask_source(fn)``, ``dropout`` takes
+its keep mask from ``fn(shape, p)`` (on any device) instead of drawing it from the global
+generator; outside it (evaluation, a plain forward pass) nothing changes.
 """
 
 from __future__ import annotations

@@ -443,15 +443,15 @@ def export_attention(model, out: str | Path, *, source: str = "") -> dict:
         raise UserError(f"the model's layers use {len(genes)} different genes: export writes one attention module, "
                         "so export a model whose layers share a gene")
     gene = model.genes[0]
-    config = model.config
-    texts = export_sources(gene, config.d_model, config.n_heads, config.max_seq_len, source=source,
-                           kernel_features=getattr(config, "favor_features", 64))
+    spec = model.spec
+    texts = export_sources(gene, spec.d_model, spec.n_heads, spec.max_seq_len, source=source,
+                           kernel_features=spec.favor_features)
     from safetensors.torch import save
 
     state = {f"layers.{i}.{name}": tensor.detach().cpu().contiguous()
              for i, block in enumerate(model.blocks) for name, tensor in block.attn.state_dict().items()}
     weights = save(state, metadata={"gene": gene.key, "layers": str(len(model.blocks))})
-    readme = _readme(gene, config.d_model, config.n_heads, config.max_seq_len, len(model.blocks), source)
+    readme = _readme(gene, spec.d_model, spec.n_heads, spec.max_seq_len, len(model.blocks), source)
     out = output_dir(out)
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ import textwrap
 from pathlib import Path
 
 from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer,
-                                           _byte_alphabet, as_tokenizer)
+                                           byte_alphabet, as_tokenizer)
 from evo_attention.data.vocab import UNK
 from evo_attention.data.words import EOS
 from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
@@ -143,7 +143,7 @@ class EvoAttentionCache:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those fed so far, from the
         library's cached decoding. Past ``max_seq_len`` positions the caches are filled again from the
         last ``max_seq_len`` ids (the library's generate does the same)."""
-        window = model.config.max_seq_len
+        window = model.spec.max_seq_len
         if ids.shape[1] > window:
             raise ValueError(f"{{ids.shape[1]}} new tokens are more than the model's window of {{window}} positions")
         seen = ids if self.ids is None else torch.cat([self.ids, ids], dim=1)
@@ -190,9 +190,9 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         parts = name.split(".")[1:]  # inside self.model
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             if parts[:1] == ["blocks"]:  # one fresh layer is enough
-                fresh = Block(self.model.config, self.model.genes[int(parts[1])]).get_submodule(".".join(parts[2:]))
+                fresh = Block(self.model.spec, self.model.genes[int(parts[1])]).get_submodule(".".join(parts[2:]))
             else:
-                fresh = TinyTransformer(self.model.config, self.model.genes).get_submodule(".".join(parts))
+                fresh = TinyTransformer(self.model.spec, self.model.genes).get_submodule(".".join(parts))
         for buffer in module._non_persistent_buffers_set:
             getattr(module, buffer).copy_(fresh.get_buffer(buffer))
 
@@ -256,7 +256,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
         model = tk.Tokenizer(tk.models.BPE({c: i for i, c in enumerate(tokenizer.itos)}, [], unk_token=UNK))
         model.decoder = tk.decoders.Sequence([tk.decoders.Replace(UNK, "\ufffd"), tk.decoders.Fuse()])  # as decode
     elif isinstance(tokenizer, ByteTokenizer):  # the byte-level alphabet, one token per byte
-        model = tk.Tokenizer(tk.models.BPE({c: b for c, b in _byte_alphabet().items()}, []))
+        model = tk.Tokenizer(tk.models.BPE({c: b for c, b in byte_alphabet().items()}, []))
         model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         model.decoder = tk.decoders.ByteLevel()
     elif isinstance(tokenizer, BPETokenizer):
@@ -289,7 +289,7 @@ def model_sources() -> dict[str, str]:
 
 def hf_config(model, *, source: str = "", extra: dict | None = None) -> dict:
     """config.json of the export (what ``EvoAttentionConfig.to_dict`` holds, written without transformers)."""
-    spec = ModelSpec.from_mapping(model.config.to_dict() if hasattr(model.config, "to_dict") else vars(model.config))
+    spec = ModelSpec.from_mapping(model.spec.to_dict())
     return {
         "architectures": [MODEL_CLASS],
         "auto_map": {"AutoConfig": f"{CONFIG_MODULE}.{CONFIG_CLASS}",
@@ -356,13 +356,13 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
     for gene in dict.fromkeys(model.genes):
         check_exportable(gene)
     tokenizer = as_tokenizer(tokenizer)
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {model.config.vocab_size}: "
+    if tokenizer.vocab_size != model.spec.vocab_size:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {model.spec.vocab_size}: "
                         "export the tokenizer the model was trained with")
     tokenizer_json, special = hf_tokenizer(tokenizer)
     sources = model_sources()
     config = hf_config(model, source=source, extra=extra)
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.config.max_seq_len,
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.spec.max_seq_len,
                         "clean_up_tokenization_spaces": False, **special}
     weights = save(_state(model), metadata={"format": "pt"})
     spec = ModelSpec.from_mapping(config)

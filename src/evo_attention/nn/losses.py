@@ -45,6 +45,11 @@ def _chunk_stats(hidden, weight, targets, dtype):
 class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one pass over row chunks; backward only scales them.
 
+    One model: hidden [N, d], weight [V, d], targets [N] -> the mean loss; K models folded into one
+    batch: hidden [K, N, d], weight [K, V, d], targets [K, N] -> the K mean losses, with the same
+    chunks and the same operations as batched products (so each model's loss and gradients are
+    bitwise those of its own call).
+
     Per chunk: logits in the matmul precision, widened once to at least float32; softmax (one fused
     kernel); the NLL as ``max - picked - log(max softmax)``, exact for every row because the largest
     probability is at least 1/vocab and never underflows, where ``-log(p[target])`` would; then
@@ -56,50 +61,57 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk, dtype):
         acc = _acc(dtype)
+        lead, n_rows = targets.shape[:-1], targets.shape[-1]  # lead: () for one model, (K,) for K
+        vocab, dev = weight.shape[-2], hidden.device
         scored_all = targets != IGNORE_INDEX
-        n = scored_all.sum().clamp(min=1).to(acc)
+        n = scored_all.sum(-1).clamp(min=1).to(acc)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_grad = need_h or need_w
         w = weight.to(dtype)  # cast once per step, not per chunk
+        wt = w.transpose(-2, -1)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        total = torch.zeros((), dtype=acc, device=hidden.device)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=dev) if need_w else None
+        total = torch.zeros(lead, dtype=acc, device=dev)
         group = max(chunk, WEIGHT_GROUP)
-        rows = min(chunk, hidden.shape[0])
+        rows = min(chunk, n_rows)
         # the chunk's buffers are allocated once per call: a fresh 10 MB tensor per chunk comes
         # from fresh pages, and their page faults cost as much as the softmax itself on a CPU
-        narrow = torch.empty(rows, weight.shape[0], dtype=dtype, device=hidden.device)
-        logits = torch.empty(rows, weight.shape[0], dtype=acc, device=hidden.device) if acc != dtype else narrow
-        probs = torch.empty(rows, weight.shape[0], dtype=acc, device=hidden.device)
-        diff = torch.empty(min(group, hidden.shape[0]), weight.shape[0], dtype=dtype,
-                           device=hidden.device) if need_w else None
-        for g0 in range(0, hidden.shape[0], group):
-            hg, tg = hidden[g0:g0 + group].to(dtype), targets[g0:g0 + group]
-            for s in range(0, hg.shape[0], chunk):
-                h, t = hg[s:s + chunk], tg[s:s + chunk]
-                k = len(t)
+        narrow = torch.empty(*lead, rows, vocab, dtype=dtype, device=dev)
+        logits = torch.empty(*lead, rows, vocab, dtype=acc, device=dev) if acc != dtype else narrow
+        probs = torch.empty(*lead, rows, vocab, dtype=acc, device=dev)
+        diff = torch.empty(*lead, min(group, n_rows), vocab, dtype=dtype, device=dev) if need_w else None
+        models = [torch.arange(lead[0], device=dev)[:, None]] if lead else []
+        for g0 in range(0, n_rows, group):
+            hg, tg = hidden[..., g0:g0 + group, :].to(dtype), targets[..., g0:g0 + group]
+            for s in range(0, hg.shape[-2], chunk):
+                h, t = hg[..., s:s + chunk, :], tg[..., s:s + chunk]
+                k = t.shape[-1]
                 scored, safe = (t != IGNORE_INDEX).to(acc), t.clamp(min=0)
-                torch.mm(h, w.t(), out=narrow[:k])
-                z = logits[:k]
-                if logits is not narrow:  # widen to the accumulation precision
-                    z.copy_(narrow[:k])
+                full = k == rows  # the preallocated buffers; a shorter last chunk gets its own
+                zn = narrow if full else torch.empty(*lead, k, vocab, dtype=dtype, device=dev)
+                torch.matmul(h, wt, out=zn)
+                if acc != dtype:  # widen to the accumulation precision
+                    z = logits if full else torch.empty(*lead, k, vocab, dtype=acc, device=dev)
+                    z.copy_(zn)
+                else:
+                    z = zn
                 top = z.amax(dim=-1)
-                picked = z.gather(1, safe[:, None]).squeeze(1)
-                p = torch.softmax(z, dim=-1, out=probs[:k])
-                total += ((top - picked - p.amax(dim=-1).log()) * scored).sum()
-                if not need_grad:
+                picked = z.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+                p = torch.softmax(z, dim=-1, out=probs if full else torch.empty_like(z))
+                total += ((top - picked - p.amax(dim=-1).log()) * scored).sum(-1)
+                if not (need_h or need_w):
                     continue
-                p[torch.arange(k, device=t.device), safe] -= scored  # softmax - onehot
-                q = diff[s:s + k] if need_w else narrow[:k]
+                p[(*models, torch.arange(k, device=dev), safe)] -= scored  # softmax - onehot
+                q = diff[..., s:s + k, :] if need_w else zn
                 q.copy_(p)
                 if need_h:
                     at = g0 + s
-                    grad_h[at:at + k] = ((q @ w).to(acc) * (scored / n)[:, None]).to(hidden.dtype)
+                    grad_h[..., at:at + k, :] = ((q @ w).to(acc) * (scored / n.unsqueeze(-1)).unsqueeze(-1)).to(
+                        hidden.dtype)
             if need_w:
-                masked = hg * scored_all[g0:g0 + group, None].to(dtype)
-                grad_w += (diff[:hg.shape[0]].t() @ masked).to(acc)
+                masked = hg * scored_all[..., g0:g0 + group, None].to(dtype)
+                grad_w += (diff[..., :hg.shape[-2], :].transpose(-2, -1) @ masked).to(acc)
         if need_w:
-            grad_w /= n
+            grad_w /= n[..., None, None]
         ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
         ctx.has = (need_h, need_w)
         ctx.weight_dtype = weight.dtype
@@ -109,8 +121,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = list(ctx.saved_tensors)
         need_h, need_w = ctx.has
-        grad_h = saved.pop(0) * grad_out if need_h else None
-        grad_w = (saved.pop(0) * grad_out).to(ctx.weight_dtype) if need_w else None
+        scale = grad_out[..., None, None]
+        grad_h = saved.pop(0) * scale if need_h else None
+        grad_w = (saved.pop(0) * scale).to(ctx.weight_dtype) if need_w else None
         return grad_h, grad_w, None, None, None
 
 
@@ -118,11 +131,16 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          chunk: int = DEFAULT_CHUNK, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` over scored targets.
 
-    hidden [..., d], weight [vocab, d], targets [...]; ``dtype`` is the matmul precision (float32,
-    or bfloat16/float16 for mixed precision); log-sum-exp and the loss are always float32.
+    One model: hidden [..., d], weight [vocab, d], targets [...] -> a scalar. K models folded into
+    one batch (``nn.fold``): weight [K, vocab, d], hidden [K * B, ..., d] and targets [K * B, ...]
+    model-major -> the K means [K]. ``dtype`` is the matmul precision (float32, or bfloat16/float16
+    for mixed precision); log-sum-exp and the loss are always float32.
     """
-    h = hidden.reshape(-1, hidden.shape[-1])
-    return _LinearCrossEntropy.apply(h, weight, targets.reshape(-1), chunk, dtype)
+    if weight.dim() == 3:
+        k = weight.shape[0]
+        return _LinearCrossEntropy.apply(hidden.reshape(k, -1, hidden.shape[-1]), weight, targets.reshape(k, -1),
+                                         chunk, dtype)
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk, dtype)
 
 
 @torch.no_grad()

@@ -4,7 +4,9 @@ token (+ learned position) embeddings -> N x [x + Attn(Norm(x)); x + FFN(Norm(x)
 The embeddings and the model's own linear layers start at N(0, 0.02) (components keep their own
 initialisation). Each layer may use a different gene.
 
-Two blocks surround the attention (``Config.block``); the attention itself is the gene's in both:
+The model is built from a ``ModelSpec`` (``nn.spec``; nanoGPT's ``GPT`` takes a ``GPTConfig``), kept as
+``model.spec``. Two blocks surround the attention (``ModelSpec.block``); the attention itself is the
+gene's in both:
 
 - ``gpt2`` (the default, the seed's): LayerNorm (with bias), a GELU feed-forward 4 x d_model wide
   whose two linear layers have biases.
@@ -24,7 +26,7 @@ across layers is fine.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -38,20 +40,6 @@ from evo_attention.genes import AttentionGene, LayerGenes
 
 
 RMS_EPS = 1e-5  # the RMSNorm epsilon (LayerNorm's default too)
-
-
-class ModelSettings(Protocol):
-    """What the model reads from its settings: ``train.Config`` has these fields (and more)."""
-
-    block: str  # "gpt2" or "llama" (settings without it get gpt2)
-    vocab_size: int | None
-    d_model: int
-    n_heads: int
-    n_layers: int
-    max_seq_len: int
-    dropout: float
-    ffn_dim: int  # the feed-forward width
-    favor_features: int  # random features of the favor normalization
 
 
 class FeedForward(nn.Module):
@@ -80,9 +68,9 @@ class SwiGLU(nn.Module):
         return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))
 
 
-def block_kind(config: ModelSettings) -> str:
-    """The settings' block ("gpt2" for settings objects without the field)."""
-    kind = getattr(config, "block", "gpt2")
+def block_kind(spec: ModelSpec) -> str:
+    """The spec's block."""
+    kind = spec.block
     if kind not in BLOCKS:
         raise UserError(f"unknown block {kind!r}: valid options are {', '.join(BLOCKS)}", setting="block")
     return kind
@@ -93,16 +81,16 @@ def make_norm(kind: str, d_model: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelSettings, gene: AttentionGene):
+    def __init__(self, spec: ModelSpec, gene: AttentionGene):
         super().__init__()
-        kind = block_kind(config)
-        self.ln1 = make_norm(kind, config.d_model)
-        self.attn = EvolvedAttention(config.d_model, config.n_heads, gene, max_seq_len=config.max_seq_len,
-                                     kernel_features=config.favor_features)
-        self.drop = Dropout(config.dropout)
-        self.ln2 = make_norm(kind, config.d_model)
+        kind = block_kind(spec)
+        self.ln1 = make_norm(kind, spec.d_model)
+        self.attn = EvolvedAttention(spec.d_model, spec.n_heads, gene, max_seq_len=spec.max_seq_len,
+                                     kernel_features=spec.favor_features)
+        self.drop = Dropout(spec.dropout)
+        self.ln2 = make_norm(kind, spec.d_model)
         ffn = SwiGLU if kind == "llama" else FeedForward
-        self.ffn = ffn(config.d_model, config.ffn_dim, config.dropout)
+        self.ffn = ffn(spec.d_model, spec.ffn_dim, spec.dropout)
 
     def forward(self, x, need_weights: bool = False, cache=None):
         if cache is not None:  # incremental decoding: x holds only the new positions
@@ -131,21 +119,21 @@ def _as_gene_list(gene, n_layers: int) -> list:
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self, config: ModelSettings, gene: AttentionGene | str | Sequence[AttentionGene | str]):
+    def __init__(self, spec: ModelSpec, gene: AttentionGene | str | Sequence[AttentionGene | str]):
         super().__init__()
-        if config.vocab_size is None:
+        if spec.vocab_size is None:
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
-        self.config = config
-        self.genes = _as_gene_list(gene, config.n_layers)
+        self.spec = spec
+        self.genes = _as_gene_list(gene, spec.n_layers)
         LayerGenes(self.genes)  # refuses layers that disagree on learned absolute positions (the genes' rule)
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
         # absent (None) unless the genes use learned absolute positions (the layers agree on it)
         absolute = self.genes[0].uses_absolute_positions
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if absolute else None
-        self.drop = Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, g) for g in self.genes)
-        self.ln_f = make_norm(block_kind(config), config.d_model)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.pos_emb = nn.Embedding(spec.max_seq_len, spec.d_model) if absolute else None
+        self.drop = Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(Block(spec, g) for g in self.genes)
+        self.ln_f = make_norm(block_kind(spec), spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
         self._init_own_weights()
 
@@ -182,8 +170,8 @@ class TinyTransformer(nn.Module):
         """
         b, t = ids.shape
         start = 0 if caches is None else caches[0].length
-        if start + t > self.config.max_seq_len:
-            raise UserError(f"sequence of {start + t} tokens is longer than max_seq_len {self.config.max_seq_len}")
+        if start + t > self.spec.max_seq_len:
+            raise UserError(f"sequence of {start + t} tokens is longer than max_seq_len {self.spec.max_seq_len}")
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + t, device=ids.device))
@@ -210,20 +198,19 @@ class TinyTransformer(nn.Module):
         return self.head(x)
 
     # -- the save_pretrained / from_pretrained directory (nn/pretrained.py) ------------------------
-    def save_pretrained(self, directory, *, tokenizer=None, extra: dict | None = None):
-        """Write config.json, model.safetensors and (given one) tokenizer.json to ``directory``."""
+    def save_pretrained(self, directory, *, tokenizer=None, settings=None, extra: dict | None = None):
+        """Write config.json, model.safetensors and (given one) tokenizer.json to ``directory``;
+        config.json keeps ``settings`` (a mapping: the training's settings), else the spec."""
         from evo_attention.nn.pretrained import save_pretrained
 
-        return save_pretrained(self, directory, tokenizer=tokenizer, extra=extra)
+        return save_pretrained(self, directory, tokenizer=tokenizer, settings=settings, extra=extra)
 
     @classmethod
-    def from_pretrained(cls, directory, *, device: str = "cpu", settings=None) -> "TinyTransformer":
-        """The model saved in ``directory`` (every file checked against config.json), in eval mode.
-        ``settings`` builds the settings object from the stored mapping (``train.saving.load_model``
-        passes ``Config.from_dict``); by default the stored values are read as they are."""
+    def from_pretrained(cls, directory, *, device: str = "cpu") -> "TinyTransformer":
+        """The model saved in ``directory`` (every file checked against config.json), in eval mode."""
         from evo_attention.nn.pretrained import from_pretrained
 
-        return from_pretrained(cls, directory, device=device, settings=settings)
+        return from_pretrained(cls, directory, device=device)
 
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:

@@ -35,13 +35,10 @@ import torch
 import torch.nn as nn
 
 from evo_attention.genes import ATTN_BIASES, PositionSpec, parse_position
+from evo_attention.nn.fold import broadcast_rows
 from evo_attention.util.errors import UserError
 
 ROPE_BASE = 10000.0
-
-
-def uses_absolute_embeddings(position) -> bool:
-    return parse_position(position).kind == "learned"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,6 +136,23 @@ class RelativeBias(nn.Module):
         if start + t > self.max_seq_len:
             raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table ({self.max_seq_len})")
         return self.table[:, _offsets(t, device, start)]
+
+    def fold(self, folding):
+        return _StackedRelativeBias(folding.param("table"), self.max_seq_len, folding.rows)
+
+
+class _StackedRelativeBias(nn.Module):
+    """K relative biases: [K * B, H, T, start + T], each model's over its own rows."""
+
+    def __init__(self, table, max_seq_len: int, rows):
+        super().__init__()
+        self.table, self.max_seq_len, self.rows = table, max_seq_len, rows  # [K, H, max_seq_len]
+
+    def forward(self, t: int, device=None, start: int = 0):
+        if start + t > self.max_seq_len:
+            raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table "
+                            f"({self.max_seq_len})")
+        return broadcast_rows(self.table[:, :, _offsets(t, device, start)], self.rows.batch)
 
 
 def build_rotary(position, d_head: int) -> Rotary | None:

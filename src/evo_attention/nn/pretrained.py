@@ -4,8 +4,10 @@
     DIR/model.safetensors    the weights (safetensors: never pickle)
     DIR/tokenizer.json       the vocabulary or tokenizer (``Tokenizer.to_json``), when the data had one
 
-``TinyTransformer.save_pretrained(dir)`` and ``TinyTransformer.from_pretrained(dir)`` use this module;
-``train.saving`` adds the training ``Config`` (the layer below the trainer cannot know it).
+``TinyTransformer.save_pretrained(dir)`` and ``TinyTransformer.from_pretrained(dir)`` use this module.
+The settings (config.json's ``config``) are the mapping the caller gives (``train.saving`` gives the
+training ``Config``'s: the layer below the trainer cannot know it), else the model's ``ModelSpec``;
+the model is built from the ``ModelSpec`` fields of the mapping, whatever else it holds.
 
 Loading checks every file against the checksum ``config.json`` lists for it, so a missing, truncated,
 swapped or edited file is a one-line error naming it, before any tensor is read.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Mapping
 
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
@@ -28,36 +30,18 @@ TOKENIZER = "tokenizer.json"
 FORMAT = "evo-attention-model/2"
 
 
-class SavedSettings:
-    """The settings stored in a model's config.json, read as attributes (what ``TinyTransformer``
-    reads: ``vocab_size``, ``d_model``, ``n_heads``, ... and ``ffn_dim``). The training layer
-    builds its full ``Config`` from the same mapping instead."""
-
-    def __init__(self, values: Mapping[str, Any]):
-        self._values = dict(values)
-        for name, value in self._values.items():
-            setattr(self, name, value)
-
-    @property
-    def ffn_dim(self) -> int:
-        return ModelSpec.from_mapping(self._values).ffn_dim
-
-    def to_dict(self) -> dict:
-        return dict(self._values)
-
-    def __repr__(self) -> str:
-        return f"SavedSettings({self._values})"
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def model_files(model, *, tokenizer=None, extra: Mapping | None = None) -> dict[str, bytes]:
+def model_files(model, *, tokenizer=None, settings: Mapping | None = None,
+                extra: Mapping | None = None) -> dict[str, bytes]:
     """The files of ``model``'s directory as ``{name: bytes}`` (made where the model is, written
     wherever the bytes go: a worker process sends them to the driver).
 
     ``tokenizer``: a ``data.tokenizers.Tokenizer`` or a ``Vocab`` (saved as a word tokenizer), or None.
+    ``settings``: what config.json keeps as ``config`` (holding every field of ``model.spec``); by
+    default the spec's fields.
     """
     from safetensors.torch import save_model
     import tempfile
@@ -75,11 +59,10 @@ def model_files(model, *, tokenizer=None, extra: Mapping | None = None) -> dict[
         if not isinstance(tokenizer, Tokenizer):
             raise UserError(f"tokenizer must be a Tokenizer or a Vocab, got {type(tokenizer).__name__}")
         files[TOKENIZER] = tokenizer.to_json().encode("utf-8")
-    settings = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
     meta = {
         "format": FORMAT,
         "genes": [g.key for g in model.genes],
-        "config": settings,
+        "config": dict(settings) if settings is not None else model.spec.to_dict(),
         "params": model.num_parameters(),
         "files": {name: {"sha256": sha256(data), "bytes": len(data)} for name, data in files.items()},
         **dict(extra or {}),
@@ -88,9 +71,10 @@ def model_files(model, *, tokenizer=None, extra: Mapping | None = None) -> dict[
     return files
 
 
-def save_pretrained(model, directory: str | Path, *, tokenizer=None, extra: Mapping | None = None) -> Path:
-    """Write ``model`` (and its tokenizer) to ``directory``, replacing it as a whole."""
-    return write_directory(directory, model_files(model, tokenizer=tokenizer, extra=extra))
+def save_pretrained(model, directory: str | Path, *, tokenizer=None, settings: Mapping | None = None,
+                    extra: Mapping | None = None) -> Path:
+    """Write ``model`` (and its tokenizer) to ``directory``, replacing it as a whole (``model_files``)."""
+    return write_directory(directory, model_files(model, tokenizer=tokenizer, settings=settings, extra=extra))
 
 
 def read_config(directory: str | Path, *, verify: bool = True) -> dict:
@@ -132,13 +116,8 @@ def check_file(directory: Path, name: str, entry: Mapping) -> None:
                         "or save the model again")
 
 
-def from_pretrained(cls, directory: str | Path, *, device: str = "cpu",
-                    settings: Callable[[dict], Any] | None = None):
-    """Build ``cls`` (``TinyTransformer``) from ``directory`` and load its weights, in eval mode.
-
-    ``settings`` turns the stored settings mapping into the object the model is built with (the
-    training layer passes ``Config.from_dict``); by default a ``SavedSettings``.
-    """
+def from_pretrained(cls, directory: str | Path, *, device: str = "cpu"):
+    """Build ``cls`` (``TinyTransformer``) from ``directory``'s ``ModelSpec`` and load its weights, in eval mode."""
     from safetensors.torch import load_model
 
     from evo_attention.genes import AttentionGene
@@ -147,11 +126,11 @@ def from_pretrained(cls, directory: str | Path, *, device: str = "cpu",
     meta = read_config(directory)
     try:
         genes = [AttentionGene.parse(k) for k in meta["genes"]]
-        config = (settings or SavedSettings)(meta["config"])
+        spec = ModelSpec.from_mapping(meta["config"])
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{directory / CONFIG} does not describe a model this version can build "
                         f"({str(exc).splitlines()[0][:200]}): save the model again") from None
-    model = cls(config, genes)
+    model = cls(spec, genes)
     try:
         load_model(model, str(directory / WEIGHTS), device=str(device))
     except Exception as exc:  # safetensors' own errors, a size mismatch (RuntimeError)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from evo_attention.nn.model import ModelSettings
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.data.base import IGNORE_INDEX
 
 
@@ -41,13 +41,13 @@ class PlainAttention(nn.Module):
 
 
 class PlainBlock(nn.Module):
-    def __init__(self, config: ModelSettings, attention_dropout: float):
+    def __init__(self, spec: ModelSpec, attention_dropout: float):
         super().__init__()
-        d = config.d_model
+        d = spec.d_model
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = PlainAttention(d, config.n_heads, attention_dropout)
-        self.up, self.down = nn.Linear(d, config.ffn_dim), nn.Linear(config.ffn_dim, d)
-        self.drop = nn.Dropout(config.dropout)
+        self.attn = PlainAttention(d, spec.n_heads, attention_dropout)
+        self.up, self.down = nn.Linear(d, spec.ffn_dim), nn.Linear(spec.ffn_dim, d)
+        self.drop = nn.Dropout(spec.dropout)
 
     def forward(self, x):
         x = x + self.drop(self.attn(self.ln1(x)))
@@ -55,14 +55,14 @@ class PlainBlock(nn.Module):
 
 
 class PlainTransformer(nn.Module):
-    def __init__(self, config: ModelSettings, attention_dropout: float = 0.1):
+    def __init__(self, spec: ModelSpec, attention_dropout: float = 0.1):
         super().__init__()
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(PlainBlock(config, attention_dropout) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.pos_emb = nn.Embedding(spec.max_seq_len, spec.d_model)
+        self.drop = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(PlainBlock(spec, attention_dropout) for _ in range(spec.n_layers))
+        self.ln_f = nn.LayerNorm(spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
 
     def forward(self, ids):
@@ -74,7 +74,7 @@ class PlainTransformer(nn.Module):
     @classmethod
     def from_tiny(cls, model) -> "PlainTransformer":
         """A plain copy of a vanilla-gene TinyTransformer (same weights)."""
-        plain = cls(model.config, attention_dropout=model.gene.attention_dropout)
+        plain = cls(model.spec, attention_dropout=model.gene.attention_dropout)
         with torch.no_grad():
             for name in ("tok_emb", "pos_emb", "ln_f"):
                 getattr(plain, name).load_state_dict(getattr(model, name).state_dict())

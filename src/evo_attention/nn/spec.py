@@ -1,9 +1,11 @@
 """ModelSpec: the shape of one model, as a frozen value (nanoGPT's ``GPTConfig``).
 
-Everything that builds a ``TinyTransformer`` reads these fields: the training ``Config`` produces a
-ModelSpec (``Config.model``), a saved model directory stores one (``config.json``), and the trial
-of a training carries one (``train.spec.Trial``). Derived sizes are computed here and nowhere
-else: ``ffn_dim`` is ``d_ff`` when given, else the block's default width.
+A ``TinyTransformer`` is built from one: the training ``Config`` produces a ModelSpec
+(``Config.model``), a saved model directory stores one (``config.json``), and the trial of a
+training carries one (``train.spec.Trial``). Each field is declared once, here, with its default,
+its part in a trial's key and its flag (``setting``); the flat ``Config`` takes them from here.
+Derived sizes are computed here and nowhere else: ``ffn_dim`` is ``d_ff`` when given, else the
+block's default width.
 
 ``vocab_size`` is None until the data is known (a word-level corpus with its full vocabulary): the
 model is built with the data's size (``with_data``).
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 BLOCKS = ("gpt2", "llama")
 LLAMA_FFN_MULTIPLE = 8  # the SwiGLU width is rounded up to a multiple of this
@@ -38,17 +40,40 @@ def identity(*, key: bool = True, omit_default: bool = False) -> dict:
     return {"key": key, "omit_default": omit_default}
 
 
+def setting(default: Any = None, *, flag: str | None = None, help: Any = None, parse: str | None = None,
+            choices: Any = None, metavar: str | None = None, group: str | None = None, after: str | None = None,
+            factory: Callable | None = None, key: bool = True, omit_default: bool = False, compare: bool = True):
+    """A field of a spec or of ``train.config.Config`` (which takes the specs' fields, ``group`` the
+    spec's), declared once: its default, its part in a trial's key (``identity``) and how the front
+    door reads it. ``cli.common`` makes the flag ``--flag`` with ``help``, ``choices`` (either may be
+    a function: a table that grows), ``metavar`` and the parser ``parse`` (``int``, ``float``,
+    ``str``, ``list``, or ``count_or_all`` and ``vocab``: 0 and 'all'/'full' stand for None).
+    ``after``: the field the Config lists this one after (the key order of stored configs)."""
+    metadata = {**identity(key=key, omit_default=omit_default), "group": group, "flag": flag, "help": help,
+                "parse": parse, "choices": choices, "metavar": metavar, "after": after}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata, compare=compare)
+    return field(default=default, metadata=metadata, compare=compare)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    vocab_size: int | None = field(default=10000, metadata=identity(key=False))  # known through the data fingerprint
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 2
-    max_seq_len: int = 128
-    dropout: float = 0.1
-    d_ff: int | None = None  # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
-    block: str = field(default="gpt2", metadata=identity(omit_default=True))  # gpt2 or llama
-    favor_features: int = field(default=FAVOR_FEATURES_DEFAULT, metadata=identity(omit_default=True))
+    # key=False: known through the data fingerprint
+    vocab_size: int | None = setting(10000, flag="vocab-size", parse="vocab", key=False,
+                                     help="vocabulary size, or 'full' for every training word")
+    d_model: int = setting(128, flag="d-model", parse="int")
+    n_heads: int = setting(4, flag="heads", parse="int")
+    n_layers: int = setting(2, flag="layers", parse="int")
+    max_seq_len: int = setting(128, flag="seq-len", parse="int", help="tokens per window (max_seq_len)")
+    dropout: float = setting(0.1, flag="dropout", parse="float")
+    # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
+    d_ff: int | None = setting(None, flag="ffn", parse="int",
+                               help="feed-forward width (default 4 x d_model; about 8/3 x d_model with --block llama)")
+    block: str = setting("gpt2", flag="block", parse="str", choices=BLOCKS, omit_default=True,
+                         help="the block around the attention: gpt2 (LayerNorm + GELU, the default) or llama "
+                              "(RMSNorm + SwiGLU, no feed-forward biases)")
+    favor_features: int = setting(FAVOR_FEATURES_DEFAULT, flag="favor-features", parse="int", omit_default=True,
+                                  help="random features per head of normalization favor (default 64)")
 
     @property
     def ffn_dim(self) -> int:

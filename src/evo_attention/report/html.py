@@ -19,8 +19,9 @@ from typing import Mapping, Sequence
 
 from evo_attention.report import markdown as md
 from evo_attention.report.attachments import CURVE_FIGURE, Attachments
-from evo_attention.report.studies import comparison_note, contribution_lines, transfer_note, transfer_rule_lines
-from evo_attention.report.studies import recipe_mechanism_lines
+from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
+from evo_attention.report.studies.common import comparison_note
+from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
 
@@ -132,7 +133,7 @@ def _figure_in(run_dir: Path, subdir: str, name) -> Path | None:
 
 # -- the sections ---------------------------------------------------------------------------------
 def _summary_section(s: RunSummary, a: Attachments) -> tuple[str, str, str]:
-    lines = md._headline(s, a)
+    lines = md.headline_lines(s, a)
     statement, rest = lines[0], [line for line in lines[1:] if line]
     body = [f'<div class="headline">{inline(statement)}</div>']
     validated = [line for line in rest if line.startswith("Validated: ")]

@@ -23,18 +23,18 @@ from typing import Any, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
-from evo_attention.report.studies import ablation_table as _ablation_cells
-from evo_attention.report.studies import contribution_lines, transfer_note, transfer_rule_lines
-from evo_attention.report.studies import recipe_mechanism_lines
-from evo_attention.report.studies import recipe_mechanism_table as _recipe_mechanism_cells
-from evo_attention.report.studies import transfer_sizes_table as _transfer_sizes_cells
-from evo_attention.report.studies import transfer_table as _transfer_cells
-from evo_attention.report.studies import cost_table as _cost_cells
-from evo_attention.report.studies import curve_note
-from evo_attention.report.studies import curve_table as _curve_cells
-from evo_attention.report.studies import suite_cell, suite_points_lines
-from evo_attention.report.studies import suite_table as _suite_cells
-from evo_attention.report.studies import validation_table as _validation_cells
+from evo_attention.report.studies.ablation import ablation_table as _ablation_cells
+from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
+from evo_attention.report.studies.ablation import recipe_mechanism_table as _recipe_mechanism_cells
+from evo_attention.report.studies.cost import cost_table as _cost_cells
+from evo_attention.report.studies.curves import curve_note
+from evo_attention.report.studies.curves import curve_table as _curve_cells
+from evo_attention.report.studies.suite import suite_cell, suite_points_lines
+from evo_attention.report.studies.suite import suite_table as _suite_cells
+from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
+from evo_attention.report.studies.transfer import transfer_sizes_table as _transfer_sizes_cells
+from evo_attention.report.studies.transfer import transfer_table as _transfer_cells
+from evo_attention.report.studies.validation import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
 from evo_attention.util.format import code, finite_or_none, fmt, markdown_table, md_cell
@@ -300,7 +300,9 @@ def maps_caption(result: Mapping) -> str:
 
 
 # -- markdown sections ----------------------------------------------------------------------------
-def _headline(s: RunSummary, attachments: Attachments | None = None) -> list[str]:
+def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> list[str]:
+    """The report's opening lines: the run's statement, its validation, its progress and counts (the
+    markdown report's and the HTML report's summary)."""
     lines = [s.statement, ""]
     validation = attachments.validation if attachments else None
     if validation and validation.get("headline"):
@@ -505,7 +507,7 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
-        [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + _headline(s, attachments),
+        [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
         ["## Settings", ""] + _settings(s),
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
     ]

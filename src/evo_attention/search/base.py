@@ -212,7 +212,8 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
-def _as_rate(name: str, value: Any) -> float:
+def as_rate(name: str, value: Any) -> float:
+    """A strategy's probability setting ``name`` as a float in [0, 1] (else a UserError naming it)."""
     try:
         rate = float(value)
     except (TypeError, ValueError):
@@ -418,11 +419,6 @@ class Strategy(ABC):
         for gene in genes:
             unique.setdefault(gene.key, gene)
         self._warm = list(unique.values())[: self.population_size]
-
-    @property
-    def warm_genes(self) -> list:
-        """The genes ``warm_start`` put into generation 0."""
-        return list(self._warm)
 
     def _told_value(self, fitness: Any) -> float | tuple:
         """A told fitness in the form the subclasses receive: a float for one objective, a tuple

@@ -196,12 +196,10 @@ def gene_costs(trial, data, *, flops: bool) -> dict[str, int | None]:
     with torch.random.fork_rng(devices=[]):
         if not flops:
             from evo_attention.nn.model import TinyTransformer
-            from evo_attention.train.config import Config
 
-            spec = trial.model.with_data(data.vocab_size, data.seq_len)
-            model = TinyTransformer(Config.from_trial(counted, spec), trial.gene)
+            model = TinyTransformer(trial.model.with_data(data.vocab_size, data.seq_len), trial.gene)
             return {"params": int(model.num_parameters()), "flops": None}
         trainer = Trainer(counted, data, device="cpu")
         x, y = next(trainer.batches)
-        trainer._count_flops(x, y)  # the trainer's own FLOP count of its first step
+        trainer.count_flops(x, y)  # the trainer's own FLOP count of its first step
         return {"params": int(trainer.model.num_parameters()), "flops": int(trainer.flops_per_step)}

@@ -60,7 +60,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.search import constraints as caps
 from evo_attention.search import strategy_from_config
 from evo_attention.search.base import Individual, Strategy, best_member
-from evo_attention.search.executors import EvalTask, Executor, LocalExecutor
+from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.lock import RunLock
 from evo_attention.search.models import model_dir, prune as prune_models
 from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, fidelity_summary, schedule_from_config,
@@ -130,7 +130,7 @@ class Search:
         self.data = data
         self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None
                         else Path(tempfile.mkdtemp(prefix="evo-attention-")))
-        self.executor = executor or LocalExecutor(batch_models=config.batch_models)
+        self.executor = executor or executor_for(config)
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget

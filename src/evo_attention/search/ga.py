@@ -32,7 +32,7 @@ import dataclasses
 
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Strategy, _as_rate, rank_members
+from evo_attention.search.base import Strategy, as_rate, rank_members
 
 SCHEDULES = ("constant", "adaptive")
 DEDUPE_TRIES = 100
@@ -48,12 +48,12 @@ class GeneticAlgorithm(Strategy):
     def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, mutation_schedule: str = "constant",
                  mutation_rate_start: float = 0.6, dedupe: bool = False, **batches):
         super().__init__(**batches)
-        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
-        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
+        self.mutation_rate = as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = as_rate("crossover_rate", crossover_rate)
         if mutation_schedule not in SCHEDULES:
             raise UserError(f"unknown mutation_schedule {mutation_schedule!r}: valid schedules are {', '.join(SCHEDULES)}")
         self.mutation_schedule = mutation_schedule
-        self.mutation_rate_start = _as_rate("mutation_rate_start", mutation_rate_start)
+        self.mutation_rate_start = as_rate("mutation_rate_start", mutation_rate_start)
         self.dedupe = bool(dedupe)
 
     @property

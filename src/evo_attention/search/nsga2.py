@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Individual, Strategy, _as_rate, rank_members
+from evo_attention.search.base import Individual, Strategy, as_rate, rank_members
 
 DEDUPE_TRIES = 100
 
@@ -39,8 +39,8 @@ class NSGA2(Strategy):
 
     def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, dedupe: bool = True, **batches):
         super().__init__(**batches)
-        self.mutation_rate = _as_rate("mutation_rate", mutation_rate)
-        self.crossover_rate = _as_rate("crossover_rate", crossover_rate)
+        self.mutation_rate = as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = as_rate("crossover_rate", crossover_rate)
         self.dedupe = bool(dedupe)
 
     def _propose(self) -> list[AttentionGene]:

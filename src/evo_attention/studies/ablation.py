@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import KEY_PARTS, RECIPE_FIELDS, AttentionGene, mechanism_of, recipe_of, with_recipe
-from evo_attention.report.studies import FIELD_LABELS, ablation_markdown, metric_info
+from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown
+from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
@@ -294,9 +295,3 @@ def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
     if result.get("grid"):
         paths["grid"] = grids.write_grid_figure(result, "ablation", out_dir, [grids.panel(result["grid"]["genes"])])
     return paths
-
-
-def variants_summary(variants: Sequence[Variant]) -> list[dict]:
-    """JSON-able list of the variants (for a dry listing)."""
-    return [{"name": v.name, "kind": v.kind, "field": v.field, "gene": v.gene.key, "change": v.change}
-            for v in variants]

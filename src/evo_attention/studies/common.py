@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies import metric_info
-from evo_attention.search.executors import EvalTask, Executor, make_executor
+from evo_attention.report.studies.common import metric_info
+from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
@@ -298,8 +298,7 @@ class StudySetup:
         its dataset, e.g. the points of a suite; their trials may differ in anything else, e.g. the
         points of a learning-rate grid): from the store when there, else trained and stored at
         once, in one call of the runner."""
-        executor = (self.executor if self.executor is not None
-                    else make_executor("local", batch_models=self.config.batch_models))
+        executor = self.executor if self.executor is not None else executor_for(self.config)
         known = {**({self.config.task: self.data} if self.data is not None else {}), **(datasets or {})}
         try:
             with SearchView(len(tasks), enabled=not self.quiet) as view:

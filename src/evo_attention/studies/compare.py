@@ -11,7 +11,7 @@ of ``d_model`` so that a variant means the same thing at every size:
 
 ``run_compare`` trains every configuration with the seeds ``seed + 1 ... seed + N``
 (``common.StudySetup``, as the other seed-based studies) through the runner, an executor
-(``search.executors.make_executor``; parallel executors work too) and a run store (role
+(``search.executors.executor_for``; parallel executors work too) and a run store (role
 ``compare``): a search run's store, or one of its own in ``out_dir``, so a training stored already
 is never run again. It records failures (oom, diverged, error) as rows with their status and goes
 on, and writes its ``CompareResult`` as ``compare_results.json``, ``compare.md`` and
@@ -39,7 +39,7 @@ from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import VANILLA_KEY, AttentionGene
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
-from evo_attention.search.executors import Executor, make_executor
+from evo_attention.search.executors import Executor, executor_for
 from evo_attention.search.store import RunStore
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, parse_lr_grid,
@@ -241,7 +241,7 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     The trainings go through the runner and a run store (role ``compare``): ``store`` (a search
     run's, left open), else the store in ``out_dir`` (opened, or created with ``config``), else
     none (``out_dir`` None: nothing cached). A stored training is never run again, so a repeat
-    with the same settings trains nothing. ``executor``: a name for ``make_executor`` or an
+    with the same settings trains nothing. ``executor``: a name for ``executor_for`` or an
     Executor (left open).
 
     ``suite`` (a suite's name, YAML path or ``Suite``; default the config's ``suite``): every
@@ -264,7 +264,7 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
 
         data = data_from_config(config)
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
+    pool = executor_for(config, executor) if own else executor
     done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
 
@@ -310,7 +310,7 @@ def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, ex
     if out_dir is not None:
         output_dir(out_dir)
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
+    pool = executor_for(config, executor) if own else executor
     with ExitStack() as stack:
         if own:
             stack.enter_context(pool)
@@ -473,7 +473,7 @@ def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     """Write the JSON, the markdown table and the figure of a result (a ``CompareResult`` or its
     dict); returns name -> path."""
     from evo_attention.report.figures import plot_compare
-    from evo_attention.report.studies import compare_markdown
+    from evo_attention.report.studies.compare import compare_markdown
 
     payload = dict(payload)  # the report's renderers read plain dicts
     out = output_dir(out_dir)

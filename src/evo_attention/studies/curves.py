@@ -38,7 +38,7 @@ from evo_attention.data import data_from_config
 from evo_attention.data.synthetic import TASKS, data_name, given_knobs, is_synthetic, parse_data_name, resolve_knobs
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
-from evo_attention.search.executors import Executor, make_executor
+from evo_attention.search.executors import Executor, executor_for
 from evo_attention.studies.common import StudyResult, StudySetup, study_store, validation_seeds
 from evo_attention.studies.compare import resolve_configs
 from evo_attention.train.config import Config
@@ -243,7 +243,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     ``genes``: names and gene strings (a comma-separated text or a list, as compare takes them), or
     ``(name, gene)`` pairs. The trainings are kept in the run store in ``out_dir`` (opened, or
     created with ``config``), so a repeat trains nothing; ``out_dir`` None: nothing cached.
-    ``executor``: a name for ``make_executor`` or an Executor (left open).
+    ``executor``: a name for ``executor_for`` or an Executor (left open).
     """
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)
@@ -253,7 +253,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     if out_dir is not None:
         output_dir(out_dir)  # an unwritable place fails now, not after the work
     own = not isinstance(executor, Executor)
-    pool = make_executor(executor, batch_models=config.batch_models) if own else executor
+    pool = executor_for(config, executor) if own else executor
     done: dict[tuple[int, str, int], Any] = {}
     described: dict[int, dict] = {}
     first: StudySetup | None = None
@@ -307,7 +307,7 @@ def write_curve(out_dir: str | Path, result: Mapping) -> dict[str, Path]:
     """Write ``curve.json``, ``curve.md`` and ``curve.png`` of a result (a ``CurveResult`` or its
     dict) into ``out_dir``; returns name -> path."""
     from evo_attention.report.figures import plot_curve
-    from evo_attention.report.studies import curve_markdown
+    from evo_attention.report.studies.curves import curve_markdown
 
     payload = dict(result)
     out = output_dir(out_dir)

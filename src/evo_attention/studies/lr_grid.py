@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from evo_attention.genes import AttentionGene, recipe_of
-from evo_attention.report.studies import grid_figure_name, metric_info
+from evo_attention.report.studies.common import metric_info
+from evo_attention.report.studies.lr_grid import grid_figure_name
 from evo_attention.studies.common import Records, StudySetup, samples
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError

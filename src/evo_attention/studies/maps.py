@@ -24,7 +24,6 @@ characters, bytes, BPE tokens), and each axis label is the token's own text
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -139,7 +138,3 @@ def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tok
     })
     write_text(out / MAPS_FILE, dumps(result) + "\n")
     return result
-
-
-def figure_paths(result: Mapping, directory: str | os.PathLike) -> list[Path]:
-    return [Path(directory) / layer["figure"] for layer in result.get("layers", [])]

@@ -35,7 +35,8 @@ from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import VANILLA_KEY, AttentionGene
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies import headline, suite_heatmap_rows, suite_markdown
+from evo_attention.report.studies.suite import suite_heatmap_rows, suite_markdown
+from evo_attention.report.studies.validation import validation_headline
 from evo_attention.search.executors import EvalTask
 from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult
 from evo_attention.train.record import SUITE_OBJECTIVE
@@ -120,7 +121,7 @@ def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]],
         "baseline": rows[base_key],
         "genes": [{**rows[key], **compared.get(key, {})} for _, key in others],
     }
-    result["headline"] = headline(result)
+    result["headline"] = validation_headline(result)
     return to_jsonable(result)
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene, layers_of, size_problem
-from evo_attention.report.studies import metric_info, transfer_headline, transfer_markdown
+from evo_attention.report.studies.transfer import transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,

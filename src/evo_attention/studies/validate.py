@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene
-from evo_attention.report.studies import best_row, headline, metric_info, validation_markdown
+from evo_attention.report.studies.common import metric_info
+from evo_attention.report.studies.validation import validation_best_row, validation_headline, validation_markdown
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
@@ -50,7 +51,7 @@ class ValidationResult(VerdictResult):
     @property
     def best(self) -> dict | None:
         """The validated gene with the best mean (None if none has a value)."""
-        return best_row(self)
+        return validation_best_row(self)
 
 
 def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seeds: int = DEFAULT_SEEDS,
@@ -179,7 +180,7 @@ def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mappin
         "baseline": row(vanilla, base, {}),
         "genes": [row(k, per_gene[k], compared[k]) for k in per_gene],
     }
-    result["headline"] = headline(result)
+    result["headline"] = validation_headline(result)
     return to_jsonable(result)
 
 

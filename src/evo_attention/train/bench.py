@@ -1,7 +1,7 @@
 """Time the real training step, and what a search at this setting will cost here.
 
-``bench_gene`` builds the same ``Trainer`` a search uses (with ``models`` K > 1, the
-``BatchedTrainer`` of K same-gene trials that ``batch_models`` K gives), runs a few warm-up steps
+``bench_gene`` builds the same ``Trainer`` a search uses (with ``models`` K > 1, the trainer of
+K same-gene trials that ``batch_models`` K gives), runs a few warm-up steps
 (the first one also counts FLOPs with PyTorch's flop counter), times ``steps`` more, times one
 evaluation, and extrapolates to one evaluation at the configured budget and to trainings per hour
 (the CLI multiplies an evaluation by a search's planned evaluations, which the search layer knows).
@@ -20,10 +20,11 @@ import torch
 
 from evo_attention.data.base import TaskData, fingerprint_of
 from evo_attention.genes import AttentionGene
+from evo_attention.nn.fold import Unfoldable
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
-                                             reset_peak_memory, resolve_device, synchronize)
-from evo_attention.train.batched import models_per_batch, step_seconds
+                                             reset_peak_memory, synchronize)
+from evo_attention.train.batching import models_per_batch
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
@@ -85,7 +86,7 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     from torch.profiler import ProfilerActivity, profile
 
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    # compiled or not as a whole training (see _timed_steps)
+    # compiled or not as a whole training (see _timed)
     trainer = Trainer.from_config(gene, config.replace(train_steps=max(config.train_steps, warmup + 1),
                                                        log_every=warmup + 1), data, device=device)
     trainer.train(until_step=warmup)
@@ -103,7 +104,7 @@ def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
     from evo_attention.nn.decoding import generate
 
     device = next(model.parameters()).device
-    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, model.spec.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
     generate(model, prompt.tolist(), 2, temperature=0.0)  # warm-up
     synchronize(device)
     start = time.perf_counter()
@@ -112,15 +113,17 @@ def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
     return new_tokens / (time.perf_counter() - start)
 
 
-def _timed_steps(gene, config: Config, data: TaskData, *, steps: int, warmup: int, device=None,
-                 before_timing=None) -> tuple[Trainer, float]:
-    """A Trainer of ``gene`` after ``warmup`` untimed and ``steps`` timed training steps, and the
-    seconds per timed step. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
+def _timed(gene, config: Config, data: TaskData, *, steps: int, warmup: int, models: int = 1, device=None,
+           before_timing=None) -> tuple[Trainer, float]:
+    """A Trainer of ``models`` trials of ``gene`` (seeds ``config.seed`` on; K > 1 folded into one
+    batch) after ``warmup`` untimed and ``steps`` timed training steps, and the seconds per timed
+    step of all of them. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
     # the configured budget (at least the steps run), of which only the first steps run: the trainer
     # decides compiling (and the learning-rate schedule) as for a whole training; one log interval,
     # so one host sync
-    trainer = Trainer.from_config(gene, config.replace(train_steps=max(config.train_steps, warmup + steps),
-                                                       log_every=warmup + steps), data, device=device)
+    cfg = config.replace(train_steps=max(config.train_steps, warmup + steps), log_every=warmup + steps)
+    trainer = Trainer([Trial.from_config(gene, cfg, seed=cfg.seed + i, data=data) for i in range(models)], data,
+                      device=device)
     trainer.train(until_step=warmup)
     synchronize(trainer.device)
     if before_timing is not None:
@@ -139,7 +142,7 @@ def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, step
     compiles in the second), as a whole training of ``config.train_steps`` would run them.
     ``{"seconds_per_step", "flops_per_step", "device", "precision", "compiled", "threads"}``."""
     config = config.replace(train_steps=max(config.train_steps, warmup + steps))
-    trainer, first = _timed_steps(gene, config, data, steps=1, warmup=warmup, device=device)
+    trainer, first = _timed(gene, config, data, steps=1, warmup=warmup, device=device)
     times = [first]
     for _ in range(steps - 1):
         start = time.perf_counter()
@@ -151,35 +154,25 @@ def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, step
             "precision": trainer.precision, "compiled": trainer.compiled, "threads": torch.get_num_threads()}
 
 
-def _timed_batch(gene, config: Config, data: TaskData, models: int, *, steps: int, warmup: int, device=None):
-    """A BatchedTrainer of ``models`` trials of ``gene`` (seeds ``config.seed`` on) after ``warmup``
-    untimed and ``steps`` timed steps, and the seconds per timed step of the whole batch."""
-    cfg = config.replace(train_steps=max(config.train_steps, warmup + steps), log_every=warmup + steps)
-    trials = [Trial.from_config(gene, cfg, seed=cfg.seed + i, data=data) for i in range(models)]
-    return step_seconds(trials, data, device=resolve_device(device if device is not None else config.device),
-                        warmup=warmup, steps=steps)
-
-
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
                device: str | None = None, time_eval: bool = True, time_decode: bool = True,
                models: int = 1) -> dict:
     """Time the training step of ``gene`` under ``config`` and extrapolate to its budget; ``models``
-    K > 1 times one trainer of K same-gene models (``train.batched``: seeds ``config.seed`` on), whose
+    K > 1 times one trainer of K same-gene models folded into one batch (seeds ``config.seed`` on), whose
     step and FLOPs are all K models' and whose estimates are per evaluation (its share of the
     batch). ``auto_models``: the K ``batch_models auto`` takes for this shape here."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     if isinstance(models, bool) or not isinstance(models, int) or models < 1:
         raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")
     budget = config.train_steps
-    if models == 1:
-        trainer, seconds_per_step = _timed_steps(gene, config, data, steps=steps, warmup=warmup, device=device)
-        model, params, compiled = trainer.model, trainer.model.num_parameters(), trainer.compiled
-        single = trainer
-    else:
-        trainer, seconds_per_step = _timed_batch(gene, config, data, models, steps=steps, warmup=warmup,
-                                                 device=device)
-        single = trainer.members[0]
-        model, params, compiled = single.model, single.model.num_parameters(), False
+    try:
+        trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup,
+                                           device=device)
+    except Unfoldable as exc:
+        raise UserError(f"{gene.key} cannot train as {models} models in one batch: {exc}; time it with "
+                        "models 1", setting="models") from None
+    single = trainer.members[0]
+    model, params, compiled = single.model, single.model.num_parameters(), trainer.compiled
     eval_s = None
     if time_eval:  # each model evaluates alone, batched or not
         start = time.perf_counter()
@@ -188,8 +181,8 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         eval_s = time.perf_counter() - start
     decode = None
     if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
-        prompt_len = max(1, single.config.max_seq_len // 4)
-        decode = decode_speed(model, prompt_len, max(1, single.config.max_seq_len - prompt_len))
+        prompt_len = max(1, single.spec.max_seq_len // 4)
+        decode = decode_speed(model, prompt_len, max(1, single.spec.max_seq_len - prompt_len))
     tokens = models * config.batch_size * data.seq_len
     flops = None if trainer.flops_per_step is None else models * trainer.flops_per_step  # all K models'
     peak = matmul_peak(trainer.device, trainer.precision)
@@ -271,8 +264,8 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
                 before["mb"] = process_memory_mb("VmRSS") if trainer.device.type == "cpu" else 0.0
                 reset_peak_memory(trainer.device)
 
-            trainer, seconds = _timed_steps(gene, cfg, data, steps=steps, warmup=warmup, device=device,
-                                            before_timing=mark_memory)
+            trainer, seconds = _timed(gene, cfg, data, steps=steps, warmup=warmup, device=device,
+                                      before_timing=mark_memory)
             peak = peak_memory_mb(trainer.device)
             rows.append({"name": name, "gene": AttentionGene.parse(gene).key, "seq_len": t, "batch_size": batch,
                          "ms_per_step": seconds * 1e3, "tokens_per_s": batch * t / seconds,

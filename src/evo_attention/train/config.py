@@ -17,88 +17,61 @@ from typing import Any, Mapping
 
 from evo_attention.data import check_data_name
 from evo_attention.data.tokenizers import parse_tokenizer
-from evo_attention.nn.spec import BLOCKS, ModelSpec
+from evo_attention.nn.spec import BLOCKS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
-from evo_attention.train.spec import WARMUP_SCHEDULES, TaskSpec, TrainSpec, freeze, steps_of
+from evo_attention.train.schedules import SCHEDULES, takes_warmup, uses_decay
+from evo_attention.train.spec import COMPILE_MODES, PRECISIONS, TaskSpec, TrainSpec, freeze, steps_of
 from evo_attention.util.errors import UserError
 
-LR_SCHEDULES = ("constant", "cosine", "wsd")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-COMPILE_MODES = ("auto", "on", "off")
 FIDELITIES = ("full", "halving")
 GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
 MAX_STEPS = 10**9  # training steps of one model: beyond, a run could not end (docs/reliability.md)
+SPECS = {"model": ModelSpec, "train": TrainSpec}  # group -> the spec whose fields are the Config's of that group
 
 
-def setting(default=None, *, group: str, flag: str | None = None, help: str | None = None, parse: str | None = None,
-            choices: tuple | None = None, metavar: str | None = None, factory=None):
-    """A Config field, declared once: its group (which spec it feeds) and, for the fields the
-    command line sets, its flag (``--name``), help text, value parser (``int``, ``float``, ``str``,
-    ``list``, or ``count_or_all`` and ``vocab``: 0 and a word such as 'all'/'full' stand for None) and
-    choices. ``cli.common`` generates the training flags from these declarations."""
-    metadata = {"group": group, "flag": flag, "help": help, "parse": parse, "choices": choices, "metavar": metavar}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+def with_spec_settings(cls):
+    """Give ``cls`` every field of the specs (``SPECS``), as declared there, in its group, among the
+    class's own fields. The order is the key order of every config a run stores: the specs' fields
+    in their order, but a field declared ``after=NAME`` right after NAME, and an own field without
+    ``after`` right after the own field before it."""
+    layout = [(f.name, f.type, field(default=f.default, metadata={**f.metadata, "group": group}))
+              for group, spec in SPECS.items() for f in fields(spec)]
+    for entry in [e for e in layout if e[2].metadata.get("after")]:
+        layout.remove(entry)
+        layout.insert([e[0] for e in layout].index(entry[2].metadata["after"]) + 1, entry)
+    at = len(layout)
+    for name, kind in cls.__annotations__.items():
+        after = cls.__dict__[name].metadata.get("after")
+        at = [e[0] for e in layout].index(after) + 1 if after else at
+        layout.insert(at, (name, kind, cls.__dict__[name]))
+        at += 1
+    cls.__annotations__ = {name: kind for name, kind, _ in layout}
+    for name, _, declared in layout:
+        setattr(cls, name, declared)
+    return cls
 
 
 @dataclass
+@with_spec_settings
 class Config:
-    # model (-> ModelSpec)
-    vocab_size: int | None = setting(10000, group="model", flag="vocab-size", parse="vocab",
-                                     help="vocabulary size, or 'full' for every training word")
-    d_model: int = setting(128, group="model", flag="d-model", parse="int")
-    n_heads: int = setting(4, group="model", flag="heads", parse="int")
-    n_layers: int = setting(2, group="model", flag="layers", parse="int")
-    max_seq_len: int = setting(128, group="model", flag="seq-len", parse="int", help="tokens per window (max_seq_len)")
-    dropout: float = setting(0.1, group="model", flag="dropout", parse="float")
-    # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
-    d_ff: int | None = setting(None, group="model", flag="ffn", parse="int",
-                               help="feed-forward width (default 4 x d_model; about 8/3 x d_model with --block llama)")
-    block: str = setting("gpt2", group="model", flag="block", parse="str", choices=BLOCKS,
-                         help="the block around the attention: gpt2 (LayerNorm + GELU, the default) or llama "
-                              "(RMSNorm + SwiGLU, no feed-forward biases)")
-    favor_features: int = setting(64, group="model", flag="favor-features", parse="int",
-                                  help="random features per head of normalization favor (default 64)")
-    # training (-> TrainSpec)
-    batch_size: int = setting(32, group="train", flag="batch-size", parse="int")
-    eval_batch_size: int = setting(64, group="train", flag="eval-batch-size", parse="int")
-    learning_rate: float = setting(3e-4, group="train", flag="lr", parse="float", help="learning rate")
-    weight_decay: float = setting(0.01, group="train")
-    grad_clip: float = setting(1.0, group="train")
-    train_steps: int = setting(5000, group="trial", flag="steps", parse="int", help="training steps per model")
-    eval_steps: int | None = setting(200, group="train", flag="eval-steps", parse="count_or_all",
-                                     help="cap on evaluation batches, or 'all' for the whole split (the default of "
-                                          "the presets)")
-    # the warm-up of lr_schedule cosine and wsd, in steps or (warmup) as a fraction of the steps
-    warmup_steps: int = setting(500, group="train", flag="warmup-steps", parse="int", metavar="N",
-                                help="linear warm-up steps of --lr-schedule cosine or wsd (default 500)")
+    # The fields of ModelSpec (nn/spec.py: group model) and TrainSpec (train/spec.py: group train)
+    # are declared there, once, and placed here by ``with_spec_settings``; these are the Config's own.
+    train_steps: int = setting(5000, group="trial", after="grad_clip", flag="steps", parse="int",
+                               help="training steps per model")
     # group trial: the fraction reaches the TrainSpec (and the key) resolved into its warmup_steps,
     # so a warm-up given either way is one training with one key (Config.train_for)
-    warmup: float | None = setting(None, group="trial", flag="warmup-fraction", parse="float", metavar="F",
-                                   help="the warm-up as a fraction of the training steps, e.g. 0.05 (rounded to "
-                                        "whole steps; instead of --warmup-steps)")
-    lr_schedule: str = setting("constant", group="train", flag="lr-schedule", parse="str", choices=LR_SCHEDULES,
-                               help="constant (the original's; no warm-up), cosine (linear warm-up, then a cosine "
-                                    "decay to 0) or wsd (linear warm-up, stable, then a linear decay to 0 over the "
-                                    "last --decay-fraction of the steps)")
-    lr_decay_fraction: float = setting(0.2, group="train", flag="decay-fraction", parse="float", metavar="F",
-                                       help="--lr-schedule wsd: the fraction of the steps at the end over which the "
-                                            "rate decays to 0 (default 0.2)")
-    precision: str = setting("auto", group="train", flag="precision", parse="str", choices=PRECISIONS)
-    compile: str = setting("auto", group="train", flag="compile", parse="str", choices=COMPILE_MODES,
-                           help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
-    log_every: int = setting(50, group="train")  # learning-curve resolution (steps)
+    warmup: float | None = setting(None, group="trial", after="warmup_steps", flag="warmup-fraction", parse="float",
+                                   metavar="F", help="the warm-up as a fraction of the training steps, e.g. 0.05 "
+                                                     "(rounded to whole steps; instead of --warmup-steps)")
     # evolution
-    population_size: int = setting(12, group="search", flag="population", parse="int")
+    population_size: int = setting(12, group="search", after="log_every", flag="population", parse="int")
     n_generations: int = setting(10, group="search", flag="generations", parse="int")
     elite_size: int = setting(3, group="search", flag="elite", parse="int")
     mutation_rate: float = setting(0.3, group="search", flag="mutation-rate", parse="float")
     crossover_rate: float = setting(0.7, group="search", flag="crossover-rate", parse="float")
     seed: int = setting(42, group="trial", flag="seed", parse="int")
-    device: str = setting("auto", group="train", flag="device", parse="str", help="auto, cpu, cuda, cuda:N or mps")
-    strategy: str = setting("ga", group="search", flag="strategy", parse="str",
+    strategy: str = setting("ga", group="search", after="device", flag="strategy", parse="str",
                             help="search strategy: ga, random, nsga2 or tpe (tpe needs the [tpe] extra: Optuna), or "
                                  "one a plugin registers")  # a name from evo_attention.search.STRATEGIES
     # e.g. {"dedupe": True, "seed_vanilla": True}
@@ -226,7 +199,7 @@ class Config:
         values = {f.name: getattr(self, f.name) for f in fields(TrainSpec)}
         if self.warmup is not None:
             values["warmup_steps"] = steps_of(self.warmup, steps)
-        if self.lr_schedule != "wsd":
+        if not uses_decay(self.lr_schedule):
             values["lr_decay_fraction"] = _DEFAULT_DECAY_FRACTION
         spec = TrainSpec(**values)
         _check_schedule_fits(self, spec, steps)
@@ -242,16 +215,6 @@ class Config:
     def ffn_dim(self) -> int:
         """The feed-forward width: ``d_ff``, else the block's default."""
         return self.model.ffn_dim
-
-    @classmethod
-    def from_trial(cls, trial, model: ModelSpec | None = None) -> "Config":
-        """The Config of a trial's settings (search settings at their defaults): what a model trained
-        for the trial is saved with. ``model`` replaces the trial's spec (e.g. with the data's vocabulary)."""
-        task = trial.task
-        return cls(**(model or trial.model).to_dict(), **trial.train.to_dict(), seed=trial.seed,
-                   train_steps=trial.schedule_steps, data=task.data, tokenizer=task.tokenizer,
-                   text_field=task.text_field, data_dir=task.data_dir, eval_stride=task.eval_stride,
-                   recall=task.options_dict, plugins=list(task.plugins))
 
     @classmethod
     def settings_of(cls, group: str) -> list:
@@ -357,7 +320,7 @@ def _check_training(c: Config) -> None:
     _number(c, "learning_rate", 0.0, open_low=True)
     _number(c, "grad_clip", 0.0, open_low=True)
     _number(c, "weight_decay", 0.0)
-    _choice(c, "lr_schedule", LR_SCHEDULES)
+    _choice(c, "lr_schedule", tuple(SCHEDULES))
     _check_schedule(c)
     _choice(c, "precision", PRECISIONS)
     _choice(c, "compile", COMPILE_MODES)
@@ -394,7 +357,7 @@ def warmup_twice(fraction, steps) -> str:
 
 
 def _check_schedule_fits(c: Config, spec: TrainSpec, steps: int) -> None:
-    if spec.lr_schedule not in WARMUP_SCHEDULES:
+    if not takes_warmup(spec.lr_schedule):
         return
     warmup, decay = spec.warmup_steps, spec.decay_steps(steps)
     given = f"warmup {c.warmup:g} ({warmup} steps)" if c.warmup is not None else f"warmup_steps {warmup}"
@@ -405,8 +368,8 @@ def _check_schedule_fits(c: Config, spec: TrainSpec, steps: int) -> None:
                         "more train_steps or lr_schedule constant", setting=(*names, "train_steps", "lr_schedule"))
     if warmup + decay > steps:
         raise UserError(f"{given} + {decay} decay steps (lr_decay_fraction {spec.lr_decay_fraction:g} of {steps}) > "
-                        f"train_steps {steps}: the wsd schedule's warm-up and decay overlap; use a shorter warm-up, a "
-                        "smaller lr_decay_fraction or more train_steps",
+                        f"train_steps {steps}: the {spec.lr_schedule} schedule's warm-up and decay overlap; use a "
+                        "shorter warm-up, a smaller lr_decay_fraction or more train_steps",
                         setting=(*names, "lr_decay_fraction", "train_steps"))
 
 
@@ -414,28 +377,26 @@ def describe_schedule(settings, steps: int | None = None) -> str:
     """The learning-rate schedule of ``settings`` in words: a Config, the config dict a run stores
     (``warmup`` resolved against ``steps``, default its ``train_steps``) or a record's settings
     (give ``steps``: the record's budget, else its steps). E.g. ``lr 0.002, wsd: linear warm-up
-    over 20 steps, stable to step 320, linear decay to 0 over the last 80 steps (decay fraction 0.2)``."""
+    over 20 steps, stable to step 320, linear decay to 0 over the last 80 steps (decay fraction 0.2)``:
+    the warm-up of a schedule that takes one, then the schedule's own words (``train.schedules``)."""
     get = settings.get if isinstance(settings, Mapping) else (lambda name, default=None: getattr(settings, name,
                                                                                                   default))
     steps = get("train_steps") if steps is None else steps
-    rate, schedule = get("learning_rate"), get("lr_schedule") or "constant"
+    rate, name = get("learning_rate"), get("lr_schedule") or "constant"
     head = f"lr {rate:g}" if isinstance(rate, (int, float)) else "lr ?"
-    if schedule not in WARMUP_SCHEDULES:
-        return f"{head}, {schedule}"
+    schedule = SCHEDULES.get(name)
+    if schedule is None:
+        return f"{head}, {name}"
+    parts = []
     fraction = get("warmup")
-    if fraction is not None and steps is not None:
-        warmup = f"linear warm-up over {steps_of(fraction, steps)} steps ({fraction:g} of {steps})"
-    else:
-        warmup = f"linear warm-up over {get('warmup_steps', _DEFAULT_WARMUP_STEPS)} steps"
-    if schedule == "cosine":
-        return f"{head}, cosine: {warmup}, cosine decay to 0 at step {steps if steps is not None else 'the last'}"
+    if schedule.warmup and fraction is not None and steps is not None:
+        parts.append(f"linear warm-up over {steps_of(fraction, steps)} steps ({fraction:g} of {steps})")
+    elif schedule.warmup:
+        parts.append(f"linear warm-up over {get('warmup_steps', _DEFAULT_WARMUP_STEPS)} steps")
     decay_fraction = get("lr_decay_fraction")
-    decay_fraction = _DEFAULT_DECAY_FRACTION if decay_fraction is None else decay_fraction
-    if steps is None:
-        return f"{head}, wsd: {warmup}, stable, linear decay to 0 over the last {decay_fraction:g} of the steps"
-    decay = steps_of(decay_fraction, steps)
-    return (f"{head}, wsd: {warmup}, stable to step {steps - decay}, linear decay to 0 over the last {decay} steps "
-            f"(decay fraction {decay_fraction:g})")
+    parts.append(schedule.words(steps, _DEFAULT_DECAY_FRACTION if decay_fraction is None else decay_fraction))
+    parts = [part for part in parts if part]
+    return f"{head}, {name}: {', '.join(parts)}" if parts else f"{head}, {name}"
 
 
 def _check_search(c: Config) -> None:

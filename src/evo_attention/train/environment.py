@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
 import resource
 import sys
-import time
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
+from evo_attention.train.probe_cache import cpu_name, probe_path, probe_shape, read_probe, write_probe_once
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -54,12 +53,6 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
-def resolve_precision(precision: str, device: torch.device, spec=None, *, seq_len: int | None = None,
-                      batch_size: int | None = None) -> str:
-    """The precision a training runs in (``choose_precision`` without its reason)."""
-    return choose_precision(precision, device, spec, seq_len=seq_len, batch_size=batch_size)[0]
-
-
 # --- precision auto -------------------------------------------------------------------------------
 # On a CPU with native bf16 neither precision is faster everywhere: bf16 autocast pays where the step
 # is large matrix products (the seed config: 128 dims, 128 tokens, 10000 words) and costs where it is
@@ -84,14 +77,15 @@ _PRECISION_CHOICES: dict[str, tuple[str, str]] = {}  # cache file -> (precision,
 
 
 def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len: int | None = None,
-                     batch_size: int | None = None) -> tuple[str, str]:
+                     batch_size: int | None = None, timer=None) -> tuple[str, str]:
     """The precision a training runs in and why (a record keeps both).
 
     A set precision is taken as it is (fp16 refused on CPU). ``auto``: bf16 on CUDA GPUs that
     support it; fp32 on a CPU without native bf16 and on other devices; on a CPU with native bf16,
     the measured choice for this model shape on this machine (``probed_precision``; ``spec`` is a
-    ``ModelSpec`` with the data's vocabulary), or bf16 unmeasured where no shape is given or
-    ``EVO_ATTENTION_PRECISION_PROBE=off`` says so. The key of a trial holds "auto": on one machine
+    ``ModelSpec`` with the data's vocabulary; ``timer()`` times a training step of the shape in both
+    precisions: ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no
+    shape or timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so. The key of a trial holds "auto": on one machine
     the probe's kept answer makes it one precision; across machines "auto" is a different precision
     where the machines differ, as it always was between CPUs with and without bf16 (the record says
     which ran).
@@ -107,64 +101,33 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
         return "fp32", f"auto: fp32 on {device.type}"
     if not cpu_has_fast_bf16():
         return "fp32", "auto: this CPU has no native bf16"
-    if spec is None or seq_len is None or batch_size is None:
+    if spec is None or seq_len is None or batch_size is None or timer is None:
         return "bf16", "auto: native bf16 on this CPU (no model shape given to measure)"
     setting = os.environ.get(ENV_PRECISION_PROBE, "").strip().lower()
     if setting in ("0", "off", "no", "false"):
         return "bf16", f"auto: native bf16 on this CPU ({ENV_PRECISION_PROBE}={setting}: not measured)"
     if setting not in ("", "1", "on", "yes", "true"):
         raise UserError(f"{ENV_PRECISION_PROBE}={setting!r} is not a setting: use on or off")
-    return probed_precision(spec, seq_len, batch_size, device)
+    return probed_precision(spec, seq_len, batch_size, device, timer)
 
 
-def _probe_shape(spec, seq_len: int, batch_size: int) -> dict:
-    """What the probe of a shape depends on: the model's sizes, the tokens of a step, the batch."""
-    return {"d_model": spec.d_model, "n_heads": spec.n_heads, "n_layers": spec.n_layers, "ffn_dim": spec.ffn_dim,
-            "block": getattr(spec, "block", "gpt2"), "dropout": spec.dropout, "vocab_size": spec.vocab_size,
-            "max_seq_len": spec.max_seq_len, "seq_len": int(seq_len), "batch_size": int(batch_size)}
-
-
-def _probe_path(shape: dict, device: torch.device, *, kind: str = "precision", version: int = PROBE_VERSION):
-    """The cache file of a probe of ``kind`` (its file name's prefix) for ``shape`` on this machine:
-    one per device type, CPU model, thread count and torch version (``train.batched`` keeps its
-    ``batch-models`` probe here too)."""
-    from evo_attention.data.base import fingerprint_of
-    from evo_attention.data.cache import resolve_cache_dir
-
-    key = fingerprint_of({"v": version, "device": device.type, "cpu": cpu_name(),
-                          "threads": torch.get_num_threads(), "torch": torch.__version__, "shape": shape})
-    return resolve_cache_dir() / f"{kind}-{key[:16]}.json"
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device) -> tuple[str, str]:
+def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer) -> tuple[str, str]:
     """The measured precision of a shape on this machine: read from the probe's cache file, or
-    probed now (``probe_step_times``) and kept. Two processes probing at once keep the first
-    answer written (the file is created once, never replaced), and both use it."""
-    shape = _probe_shape(spec, seq_len, batch_size)
-    path = _probe_path(shape, device)
+    probed now (``timer()``: seconds per step in each precision) and kept. Two processes probing at
+    once keep the first answer written (the file is created once, never replaced), and both use it."""
+    shape = probe_shape(spec, seq_len, batch_size)
+    path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
     if key in _PRECISION_CHOICES:
         return _PRECISION_CHOICES[key]
-    found = _read_probe(path)
+    found = read_probe(path, _precision_entry)
     if found is None:
-        times = probe_step_times(spec, seq_len, batch_size, device)
+        times = timer()
         choice = "bf16" if times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"] else "fp32"
         entry = {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
                  "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "shape": shape}
-        found = _write_probe_once(path, entry)
+        found = write_probe_once(path, entry, _precision_entry)
     precision = found["precision"]
     reason = (f"auto: measured for this shape on this machine, fp32 {found['fp32_ms']:.1f} ms vs bf16 "
               f"{found['bf16_ms']:.1f} ms per step ({path.name})")
@@ -175,80 +138,6 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device) 
 def _precision_entry(entry: dict) -> bool:
     return (entry.get("precision") in ("fp32", "bf16")
             and all(isinstance(entry.get(k), (int, float)) for k in ("fp32_ms", "bf16_ms")))
-
-
-def _read_probe(path, valid=_precision_entry) -> dict | None:
-    """The entry a probe's cache file holds, or None where it is missing, unreadable or not ``valid``."""
-    try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return entry if isinstance(entry, dict) and valid(entry) else None
-
-
-def _write_probe_once(path, entry: dict, valid=_precision_entry) -> dict:
-    """Create ``path`` holding ``entry`` unless it exists; the entry the file holds afterwards."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
-        os.link(tmp, path)  # atomic, and fails where another process was first
-    except FileExistsError:
-        pass
-    except OSError:
-        return entry  # no cache here: this process keeps its own answer
-    finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-    return _read_probe(path, valid) or entry
-
-
-def probe_step_times(spec, seq_len: int, batch_size: int, device: torch.device, *, rounds: int = PROBE_ROUNDS,
-                     steps: int = PROBE_STEPS) -> dict:
-    """Seconds per training step of the vanilla model of ``spec`` in fp32 and in bf16, the fastest of
-    interleaved rounds (other work on the machine only ever slows a round down). A step is the work of
-    ``Trainer``'s: forward under autocast, the fused chunked loss, backward, gradient clipping and an
-    AdamW step, here on random tokens. Torch's global RNG is left as it was."""
-    from evo_attention.genes import AttentionGene
-    from evo_attention.nn.losses import linear_cross_entropy
-    from evo_attention.nn.model import TinyTransformer
-
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        torch.manual_seed(0)
-        if device.type == "cpu":
-            torch.set_flush_denormal(True)  # as the trainer trains
-        model = TinyTransformer(spec, AttentionGene.vanilla()).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
-        x = torch.randint(spec.vocab_size, (batch_size, seq_len), device=device)
-        y = torch.randint(spec.vocab_size, (batch_size, seq_len), device=device)
-
-        def step(precision: str) -> None:
-            with autocast(device, precision):
-                hidden, _ = model.hidden_states(x)
-            loss = linear_cross_entropy(hidden, model.head.weight, y, dtype=matmul_dtype(precision))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-
-        def timed(precision: str, n: int) -> float:
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(n):
-                step(precision)
-            synchronize(device)
-            return (time.perf_counter() - start) / n
-
-        warm = max(timed("fp32", 1), timed("bf16", 1))  # first steps: allocations, kernel choice
-        if warm > PROBE_SLOW_STEP_S:
-            rounds, steps = min(rounds, 2), 1
-        times = {"fp32": [], "bf16": []}
-        for r in range(rounds):
-            for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
-                times[precision].append(timed(precision, steps))
-    return {precision: min(values) for precision, values in times.items()}  # the least disturbed round
 
 
 def cpu_has_fast_bf16() -> bool:

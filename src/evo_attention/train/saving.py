@@ -1,9 +1,10 @@
 """Save a trained model with its training Config; load it back (the format: ``nn/pretrained.py``).
 
-    save_model(model, "out/model", vocab=data.vocab)   # -> config.json, model.safetensors, tokenizer.json
-    model = load_model("out/model")                    # a TinyTransformer whose .config is a Config
+    save_model(model, "out/model", vocab=data.vocab, settings=trial.config_dict(model.spec))
+    model = load_model("out/model")   # built from its ModelSpec; model.config: the training Config
 
-``config.json`` holds the per-layer gene keys, the Config, the checksum of every other file and
+``config.json`` holds the per-layer gene keys, the Config (the ``settings`` given, the others at
+their defaults; without settings, the model's ``ModelSpec``), the checksum of every other file and
 whatever ``extra`` the caller adds (a search's kept models add their evaluation), so a discovered
 mechanism is usable after the run without the search code that found it.
 """
@@ -11,10 +12,12 @@ mechanism is usable after the run without the search code that found it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
 from evo_attention.nn import pretrained
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
 
 
 def _tokenizer(vocab=None, tokenizer=None):
@@ -22,14 +25,24 @@ def _tokenizer(vocab=None, tokenizer=None):
     return tokenizer if tokenizer is not None else vocab
 
 
-def model_files(model: TinyTransformer, *, vocab=None, tokenizer=None, extra: dict | None = None) -> dict[str, bytes]:
+def saved_settings(settings: Config | Mapping[str, Any] | None) -> dict | None:
+    """The whole Config's dict of ``settings`` (a Config or some of its keys: ``Trial.config_dict``)."""
+    if settings is None:
+        return None
+    return (settings if isinstance(settings, Config) else Config.from_dict(settings, source="settings")).to_dict()
+
+
+def model_files(model: TinyTransformer, *, vocab=None, tokenizer=None, settings=None,
+                extra: dict | None = None) -> dict[str, bytes]:
     """The files of ``model``'s directory as bytes (see ``nn.pretrained.model_files``)."""
-    return pretrained.model_files(model, tokenizer=_tokenizer(vocab, tokenizer), extra=extra)
+    return pretrained.model_files(model, tokenizer=_tokenizer(vocab, tokenizer), settings=saved_settings(settings),
+                                  extra=extra)
 
 
-def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tokenizer=None,
+def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tokenizer=None, settings=None,
                extra: dict | None = None) -> Path:
-    return model.save_pretrained(directory, tokenizer=_tokenizer(vocab, tokenizer), extra=extra)
+    return model.save_pretrained(directory, tokenizer=_tokenizer(vocab, tokenizer), settings=saved_settings(settings),
+                                 extra=extra)
 
 
 def config_from_saved(values: dict) -> Config:
@@ -37,19 +50,27 @@ def config_from_saved(values: dict) -> Config:
     return Config.from_dict(values, source=f"a saved model's {pretrained.CONFIG}")
 
 
+def load_config(directory: str | Path, *, verify: bool = True) -> Config:
+    """The training Config a model directory was saved with (the settings it lacks at their defaults)."""
+    values = pretrained.read_config(directory, verify=verify)["config"]
+    try:
+        return config_from_saved(values)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{Path(directory) / pretrained.CONFIG} does not describe a model this version can build "
+                        f"({str(exc).splitlines()[0][:200]}): save the model again") from None
+
+
 def load_model(directory: str | Path, device: str = "cpu") -> TinyTransformer:
-    """The model saved in ``directory`` with its Config (UserError naming a missing or altered file)."""
-    return TinyTransformer.from_pretrained(directory, device=device, settings=config_from_saved)
+    """The model saved in ``directory`` (UserError naming a missing or altered file), built from its
+    ``ModelSpec``; its ``config`` is the training Config it was saved with (``load_config``)."""
+    model = TinyTransformer.from_pretrained(directory, device=device)
+    model.config = load_config(directory, verify=False)
+    return model
 
 
 def load_tokenizer(directory: str | Path):
     """The tokenizer saved with a model (a word tokenizer over its vocabulary), or None."""
     return pretrained.load_tokenizer(directory)
-
-
-def load_vocab(directory: str | Path):
-    """The word vocabulary saved with a model, or None (character, byte and BPE models have none)."""
-    return getattr(load_tokenizer(directory), "vocab", None)
 
 
 def saved_info(directory: str | Path) -> dict:

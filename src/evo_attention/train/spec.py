@@ -31,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from evo_attention.genes import KEY_PARTS, AttentionGene, layers_of, recipe_of
-from evo_attention.nn.spec import ModelSpec, identity
+from evo_attention.nn.spec import ModelSpec, identity, setting
+from evo_attention.train.schedules import (SCHEDULES, alternatives, schedules_help, steps_of, takes_warmup, uses_decay,
+                                           warmup_schedules)
 from evo_attention.util.errors import UserError
 
 
@@ -58,29 +59,42 @@ def thaw(value: Any) -> Any:
     return value
 
 
-WARMUP_SCHEDULES = ("cosine", "wsd")  # the schedules that use the warm-up (constant has none)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The recipe of one training, its step count aside (that is the trial's ``steps``)."""
+    """The recipe of one training, its step count aside (that is the trial's ``steps``). Each field
+    is declared once, here (``nn.spec.setting``); the flat ``Config`` takes them from here."""
 
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    eval_steps: int | None = 200  # cap on evaluation batches; None: the whole split
-    warmup_steps: int = 500  # used by lr_schedule cosine and wsd (a Config's warm-up fraction arrives resolved)
-    lr_schedule: str = "constant"  # constant, cosine or wsd (warm-up, stable, decay): train.trainer.scheduled_rate
-    precision: str = "auto"
-    # the learning-curve resolution; divergence is judged per interval, so it can change a result
-    log_every: int = field(default=50, metadata=identity(omit_default=True))
+    batch_size: int = setting(32, flag="batch-size", parse="int")
+    eval_batch_size: int = setting(64, flag="eval-batch-size", parse="int")
+    learning_rate: float = setting(3e-4, flag="lr", parse="float", help="learning rate")
+    weight_decay: float = setting(0.01)
+    grad_clip: float = setting(1.0)
+    eval_steps: int | None = setting(200, flag="eval-steps", parse="count_or_all",  # None: the whole split
+                                     help="cap on evaluation batches, or 'all' for the whole split (the default of "
+                                          "the presets)")
+    # used by the schedules that take a warm-up (a Config's warm-up fraction arrives resolved)
+    warmup_steps: int = setting(500, flag="warmup-steps", parse="int", metavar="N", help=lambda: (
+        f"linear warm-up steps of --lr-schedule {alternatives(warmup_schedules())} (default 500)"))
+    lr_schedule: str = setting("constant", flag="lr-schedule", parse="str", choices=lambda: tuple(SCHEDULES),
+                               help=schedules_help)  # train.schedules
+    precision: str = setting("auto", flag="precision", parse="str", choices=PRECISIONS)
+    # the learning-curve resolution (steps); divergence is judged per interval, so it can change a result
+    log_every: int = setting(50, omit_default=True, after="compile")
     # wsd: the last fraction of the schedule's steps decays linearly to 0; a Config gives the other
     # schedules the default, so it joins a key only for wsd (and a record's settings say it for wsd)
-    lr_decay_fraction: float = field(default=0.2, metadata=identity(omit_default=True))
-    compile: str = field(default="auto", metadata=identity(key=False), compare=False)  # same function, other speed
-    device: str = field(default="auto", metadata=identity(key=False), compare=False)  # same result anywhere
+    lr_decay_fraction: float = setting(0.2, flag="decay-fraction", parse="float", metavar="F", omit_default=True,
+                                       after="lr_schedule",
+                                       help="--lr-schedule wsd: the fraction of the steps at the end over which the "
+                                            "rate decays to 0 (default 0.2)")
+    # compile and device cannot change a result: the same function at another speed, anywhere
+    compile: str = setting("auto", flag="compile", parse="str", choices=COMPILE_MODES, key=False, compare=False,
+                           help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
+    device: str = setting("auto", flag="device", parse="str", key=False, compare=False,
+                          help="auto, cpu, cuda, cuda:N or mps")
 
     def replace(self, **changes: Any) -> "TrainSpec":
         return dataclasses.replace(self, **changes)
@@ -90,7 +104,7 @@ class TrainSpec:
 
     def decay_steps(self, total_steps: int) -> int:
         """The steps at the end of a ``total_steps``-step schedule over which wsd decays (0 otherwise)."""
-        return steps_of(self.lr_decay_fraction, total_steps) if self.lr_schedule == "wsd" else 0
+        return steps_of(self.lr_decay_fraction, total_steps) if uses_decay(self.lr_schedule) else 0
 
     def with_recipe(self, recipe: Mapping[str, Any], total_steps: int) -> "TrainSpec":
         """This recipe with a genome's recipe parts (``genes.recipe_of``: learning_rate, warmup,
@@ -103,9 +117,9 @@ class TrainSpec:
         warmup = recipe.get("warmup")
         if warmup is not None:
             part = f"{KEY_PARTS['warmup']}={warmup:g}"
-            if self.lr_schedule not in WARMUP_SCHEDULES:
+            if not takes_warmup(self.lr_schedule):
                 raise UserError(f"warm-up {part} does nothing under lr_schedule {self.lr_schedule}, which has "
-                                f"no warm-up: use lr_schedule {' or '.join(WARMUP_SCHEDULES)}, or drop the "
+                                f"no warm-up: use lr_schedule {alternatives(warmup_schedules())}, or drop the "
                                 f"{KEY_PARTS['warmup']}= part", setting=("lr_schedule", "search_space"))
             changes["warmup_steps"] = warmup if isinstance(warmup, int) else steps_of(warmup, total_steps)
         spec = self.replace(**changes)
@@ -116,12 +130,6 @@ class TrainSpec:
                             f"{total_steps} steps of the schedule: use a shorter warm-up or more train_steps",
                             setting=("train_steps", "search_space"))
         return spec
-
-
-def steps_of(fraction: float, steps: int) -> int:
-    """``fraction`` of ``steps`` as whole steps, rounded to the nearest (halves up): the warm-up of a
-    ``warmup`` fraction and the decay of wsd's ``lr_decay_fraction``."""
-    return int(math.floor(fraction * steps + 0.5))
 
 
 @dataclass(frozen=True)
@@ -245,7 +253,7 @@ class Trial:
             settings[name] = getattr(recipe, name)
         if any(g.normalization == "favor" for g in layers_of(self.gene)):
             settings["favor_features"] = self.model.favor_features
-        if self.train.lr_schedule == "wsd":  # the decay it ran with, its default included
+        if uses_decay(self.train.lr_schedule):  # the decay it ran with (wsd), its default included
             settings["lr_decay_fraction"] = self.train.lr_decay_fraction
         return settings
 
@@ -266,6 +274,17 @@ class Trial:
     def with_data(self, data) -> "Trial":
         """This trial with the fingerprint of ``data`` (a ``TaskData`` built for its task)."""
         return self.replace(task=self.task.replace(fingerprint=data.fingerprint))
+
+    def config_dict(self, model: ModelSpec | None = None) -> dict:
+        """This trial's settings by their ``Config`` names: its model (``model`` in its place: the
+        spec built for the data), its configured recipe, seed, the steps its schedule spans and its
+        data. ``Config.from_dict`` of it is the trial's Config (the search settings at their
+        defaults): what a model trained for the trial is saved with (``train.saving.save_model``)."""
+        task = self.task
+        return {**(model or self.model).to_dict(), **self.train.to_dict(), "seed": self.seed,
+                "train_steps": self.schedule_steps, "data": task.data, "tokenizer": task.tokenizer,
+                "text_field": task.text_field, "data_dir": task.data_dir, "eval_stride": task.eval_stride,
+                "recall": task.options_dict, "plugins": list(task.plugins)}
 
     def describe(self) -> dict:
         """Every field as plain JSON-able values (what a record or a log can keep)."""

@@ -1,57 +1,94 @@
-"""Train one gene on one dataset and measure it: the fitness function of the search.
+"""Train trials and measure them: the fitness function of the search. One engine for one or many.
 
-``train_and_evaluate(gene, config, data)`` returns an ``EvaluationRecord`` and never raises for a
-bad gene: a NaN/inf loss ends training early with status ``diverged``, running out of memory gives
-``oom``, any other exception ``error`` with its message. Only bad *input* (an unknown device, say)
-and KeyboardInterrupt propagate. ``run_training`` does the same and also hands back the Trainer
-(the model, to save or inspect) and, when asked, its state after training: they travel beside the
-record, never inside it.
+``run_training(trial, data)`` trains one trial and returns its ``EvaluationRecord`` (inside a
+``TrainingResult``, beside the trained ``Member``: its model, to save or inspect, and when asked its
+state after training); ``run_batched(trials, data)`` trains K same-shape trials as one. Neither
+raises for a bad gene: a NaN/inf loss ends a training early with status ``diverged``, running out of
+memory gives ``oom``, any other exception ``error`` with its message. Only bad *input* (an unknown
+device, trials that cannot share a batch) and KeyboardInterrupt propagate.
 
-The measurement:
+``Trainer(trials, data)`` is the engine behind both: K >= 1 ``Member``s (one per trial: its model,
+batches, dropout stream, recipe, learning curve, counters and divergence) stepped by one loop and
+one step. With K = 1 the member's own model trains (compiled where ``compile`` says), with
+PyTorch's AdamW (``optim.SingleAdamW``). With K > 1 the members' models are folded into one
+(``nn.fold``: parameters stacked [K, ...], activations [K * B, ...] model-major), the fused loss
+gives one mean per model, and ``optim.StackedAdamW`` steps each model with its own rate, decay and
+clipping; a member's parameters stay views of its slice, so its model is always its own. A model
+that diverges leaves the batch (its slices are dropped) and the others go on.
 
-- AdamW, gradient clipping, a fixed step budget, constant lr (the original's), linear warmup +
-  cosine decay, or wsd (linear warmup, stable, linear decay: ``scheduled_rate``); deterministic for
-  a seed (model init, dropout and batch order all derive from it). The recipe is the trial's
-  ``Trial.recipe``: the configured one, with the genome's own rate, warm-up and weight decay where
-  its key sets them (``lr=``, ``wu=``, ``wd=``).
+Same trial, same result, alone or in a batch:
+
+- Every member is built as a training of its trial alone builds it (``torch.manual_seed(seed)``,
+  then the model), draws its batches from its own seeded generator, and its dropout masks from its
+  own generator, which starts at the global RNG state right after its model was built
+  (``nn.dropout.mask_source``), on every device.
+- The folded parts, the loss and the optimizer repeat the single model's operations (``nn.fold``,
+  ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
+  same batched and alone on a CPU, and every gene of the tests' covering list stays within
+  ``SAME_RESULT_RTOL`` after 8 steps. What differs is floating-point reassociation (the weight
+  gradients of thin products: the adaptive temperature's projection, low-rank Q/K/V; the learned
+  temperature's summed gradient), which training amplifies like any rounding: measured on the 2-core
+  AMD EPYC, one thread, 300 steps, 10 genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative
+  in the final val_loss or a curve point, where the same fp32 trial alone with one thread and with
+  two differs by up to 2.8e-2. On an H100 (30 steps, four genes, K = 3) folded and alone agree
+  within 5.8e-7 fp32 and 3.3e-4 bf16 (``benchmarks/check_fold_device.py``,
+  docs/results/gpu/fold-h100-*.json).
+
+The measurement (the one record rule, alone or batched):
+
+- AdamW, gradient clipping, a fixed step budget, the recipe's learning-rate schedule
+  (``schedules``); deterministic for a seed. The recipe is ``Trial.recipe``: the configured one,
+  with the genome's own rate, warm-up and weight decay where its key sets them.
 - Evaluation is exact: the token-weighted mean NLL over every scored target of the split (the
   datasets never score padding), perplexity = exp of it, plus next-token accuracy; the record says
-  how many tokens were scored (``eval_tokens``), so a capped evaluation is visible as such.
-- The record also carries the learning curve, parameter count, FLOPs per training step (PyTorch's
-  flop counter on the first step), wall time, tokens/s, peak memory, device and versions.
+  how many tokens were scored (``eval_tokens``).
+- ``params`` and ``flops_per_step`` are per model (PyTorch's flop counter on the first step, divided
+  by K: every counted product is linear in the batch); ``train_time_s`` is the model's share of the
+  training's wall time (each step's time divided by the models that took it), so ``tokens_per_s``
+  is its share of the throughput; ``time_s`` its share of building and training plus its own
+  evaluation; a batched record also says ``batched: K`` and ``batch_time_s``. ``peak_memory_mb`` is
+  the process peak while the trials trained (a batch's: larger than one training's).
 - Inference latency (``latency_ms``): after a successful evaluation, the first evaluation batch is
-  run through the model in eval mode without gradients ``LATENCY_WARMUP`` times untimed, then
-  ``LATENCY_REPEATS`` times timed (the device synchronised around each pass); the record keeps the
-  median, the interquartile range (``latency_ms_iqr``) and torch's CPU thread count
-  (``latency_threads``). The same procedure for every gene; still a wall-clock time, so it moves
-  with the machine's load.
+  run through the model alone in eval mode ``LATENCY_WARMUP`` times untimed, then
+  ``LATENCY_REPEATS`` times timed; the record keeps the median, the interquartile range and
+  torch's CPU thread count. Still a wall-clock time: it moves with the machine's load.
 
-``Trainer`` is the stateful object behind it: it can train to a step, evaluate, and continue,
-which is what multi-fidelity schedules need.
+A genome whose parts do not all fold (``batch_problem`` says why: a component with weights and no
+folded form) trains one trial at a time, and so do the trials of a batch that fails as a whole (out
+of memory, say): a record never depends on the batch it was planned in (it says ``batch_fallback``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import io
 import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from evo_attention.data.base import TaskData
+from evo_attention.genes import mechanism_of
+from evo_attention.nn.attention import EvolvedAttention
+from evo_attention.nn.dropout import keep_mask, mask_source
+from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
-from evo_attention.train.spec import Trial, steps_of
-from evo_attention.train.environment import (autocast, is_oom, matmul_dtype, peak_memory_mb, reset_peak_memory,
-                                             resolve_compile, resolve_device, choose_precision, synchronize,
+from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PROBE_STEPS, autocast,
+                                             choose_precision, is_oom, matmul_dtype, peak_memory_mb,
+                                             reset_peak_memory, resolve_compile, resolve_device, synchronize,
                                              versions)
+from evo_attention.train.optim import SingleAdamW, StackedAdamW, adamw_state
 from evo_attention.train.record import EvaluationRecord, Status
+from evo_attention.train.schedules import scheduled_rate
+from evo_attention.train.spec import Trial
 from evo_attention.util.errors import UserError
 
 # nats above the uniform-guess loss ln(vocab) at which a finite loss still counts as diverged
@@ -59,39 +96,19 @@ ABSURD_MARGIN = 5.0
 # inference latency: untimed forward passes first (allocator, kernel selection, caches), then timed ones
 LATENCY_WARMUP = 2
 LATENCY_REPEATS = 7
-def scheduled_rate(recipe, step: int, total_steps: int) -> float:
-    """The learning rate of step ``step`` (0-based) of a ``total_steps``-step training (the steps
-    the schedule spans: a partial training's budget). With peak rate ``lr``, ``W = warmup_steps``
-    and ``T = total_steps``:
 
-    - ``constant``: ``lr`` at every step (no warm-up);
-    - ``cosine``: ``lr * (step + 1) / W`` for ``step < W``, then
-      ``lr * 0.5 * (1 + cos(pi * min(1, (step - W) / max(1, T - W))))``: 0 at ``T``;
-    - ``wsd`` (warm-up, stable, decay), with ``D = round(lr_decay_fraction * T)`` decay steps (halves
-      up): the same warm-up, then ``lr`` while ``step < T - D``, then ``lr * max(0, T - step) / D``:
-      ``lr`` at the decay's first step ``T - D``, ``lr / D`` at the last trained step, 0 at ``T``.
-    """
-    if recipe.lr_schedule == "constant":
-        return recipe.learning_rate
-    if step < recipe.warmup_steps:
-        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
-    if recipe.lr_schedule == "wsd":
-        decay = steps_of(recipe.lr_decay_fraction, total_steps)
-        if decay == 0 or step < total_steps - decay:
-            return recipe.learning_rate
-        return recipe.learning_rate * max(0, total_steps - step) / decay
-    progress = (step - recipe.warmup_steps) / max(1, total_steps - recipe.warmup_steps)
-    return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
+# TrainSpec fields the trials of one batch may differ in: they change no shape
+VARYING_TRAIN_FIELDS = ("learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "lr_decay_fraction",
+                        "grad_clip")
+# The bound the tests hold a batched trial to against the same trial alone (relative, final val_loss
+# and every loss-curve point) for short trainings (module docstring); genes whose parts all fold
+# exactly are bitwise equal.
+SAME_RESULT_RTOL = {"fp32": 5e-3, "bf16": 5e-3}
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mean loss)
 
 
-# ---------------------------------------------------------------------------------------------
-# The trainer
-# ---------------------------------------------------------------------------------------------
-
-def _sdpa_formulas() -> dict:
+def sdpa_flop_formulas() -> dict:
     """FLOP formulas for the fused attention kernels, priced as the explicit path computes.
 
     PyTorch's counter has no formula for the CPU kernel, so a gene on the fused path (no attention
@@ -119,41 +136,96 @@ def _sdpa_formulas() -> dict:
     return formulas
 
 
-class Trainer:
-    """Trains one TinyTransformer with one gene; ``train()`` may be called again to continue."""
+# ---------------------------------------------------------------------------------------------
+# Which trials train as one
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(self, trial: Trial, data: TaskData, *, device: str | torch.device | None = None):
-        self.trial = trial
-        self.gene = trial.gene
-        self.data = data
-        self.seed = trial.seed
+def _compared_fields(spec) -> list[str]:
+    return [f.name for f in dataclasses.fields(spec) if f.compare]
+
+
+def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
+    """``(field, message)`` for the first field in which a trial differs from the first one where the
+    trials of a batch must agree, or None when they can train as one batch."""
+    first = trials[0]
+    for i, trial in enumerate(trials[1:], 1):
+        for name in ("genome", "steps", "budget", "eval_split"):
+            mine, theirs = getattr(first, name), getattr(trial, name)
+            if name == "genome":  # the recipe parts (lr=, wu=, wd=) change no shape: the mechanism must agree
+                mine, theirs = mechanism_of(mine).key, mechanism_of(theirs).key
+            if mine != theirs:
+                return name, f"trial {i} has {name} {theirs!r} where trial 0 has {mine!r}"
+        for group in ("model", "task", "train"):
+            a, b = getattr(first, group), getattr(trial, group)
+            for name in _compared_fields(a):
+                if group == "train" and name in VARYING_TRAIN_FIELDS:
+                    continue
+                mine, theirs = getattr(a, name), getattr(b, name)
+                if mine != theirs:
+                    return name, f"trial {i} has {group}.{name} {theirs!r} where trial 0 has {mine!r}"
+    return None
+
+
+def check_batchable(trials: Sequence[Trial]) -> None:
+    """UserError naming the field in which the trials differ where one batch needs them equal."""
+    difference = shape_difference(trials)
+    if difference is not None:
+        name, message = difference
+        config_fields = {f.name for f in dataclasses.fields(Config)}
+        raise UserError(f"these trials cannot train as one batch: {message} (a batch shares everything but the "
+                        f"seed and {', '.join(VARYING_TRAIN_FIELDS)})",
+                        setting=name if name in config_fields else None)
+
+
+def batch_problem(trial: Trial) -> str | None:
+    """Why the genome of ``trial`` cannot be folded into a batch (its trials then train one by one),
+    naming the component, or None."""
+    return _fold_problem(mechanism_of(trial.gene).key, trial.model)
+
+
+@functools.lru_cache(maxsize=256)
+def _fold_problem(genome: str, model) -> str | None:
+    # folding depends on the parts of the model, not on its vocabulary or window: a small stand-in,
+    # built without touching the global random state
+    with torch.random.fork_rng(devices=[]):
+        built = TinyTransformer(model.with_data(2, 1), genome)
+    exc = fold_problem(built)
+    if exc is None:
+        return None
+    parts = exc.part.split(".")
+    if len(parts) >= 4 and parts[0] == "blocks" and parts[2] == "attn" and parts[3] in EvolvedAttention.COMPONENTS:
+        field = EvolvedAttention.COMPONENTS[parts[3]]
+        name = getattr(built.genes[int(parts[1])], field)
+        return f"{field} {name!r} cannot be folded into a batch: {exc}"
+    return f"cannot be folded into a batch: {exc}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One trial's training
+# ---------------------------------------------------------------------------------------------
+
+class Member:
+    """One trial of a ``Trainer``: its model (its own weights; views of the batch's stacked weights
+    while it trains folded), batches, dropout stream, recipe, curve, counters and divergence; its
+    evaluation and, for one trained alone or kept with its moments, its checkpoint."""
+
+    def __init__(self, trial: Trial, data: TaskData, *, device: torch.device, spec, precision: str,
+                 precision_reason: str):
+        self.trial, self.gene, self.data, self.seed = trial, trial.gene, data, trial.seed
         self.recipe = trial.recipe  # the configured recipe with the genome's own parts (lr=, wu=, wd=)
         self.train_steps = trial.schedule_steps  # the learning-rate schedule spans the budget
-        self.device = resolve_device(device if device is not None else self.recipe.device)
-        # the model's vocabulary and window come from the data
-        self.spec = trial.model.with_data(data.vocab_size, data.seq_len)
-        # auto: measured per model shape on this machine (environment.choose_precision); the record says why
-        self.precision, self.precision_reason = choose_precision(self.recipe.precision, self.device, self.spec,
-                                                                 seq_len=data.seq_len,
-                                                                 batch_size=self.recipe.batch_size)
-        self.config = Config.from_trial(trial, self.spec)  # what a saved model keeps
-        if self.device.type == "cpu":
-            torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
+        self.device, self.spec = device, spec
+        self.precision, self.precision_reason = precision, precision_reason
+        self.settings = trial.config_dict(spec)  # what a saved model keeps (train.saving.save_model)
         torch.manual_seed(self.seed)
-        self.model = TinyTransformer(self.config, self.gene).to(self.device)
-        self.compiled = resolve_compile(self.recipe.compile, self.device, self.model.genes, self.train_steps)
-        # the training forward; the FLOP count and evaluation stay eager (a frame first run under
-        # the flop counter's dispatch mode would never be compiled, and eval shapes would recompile)
-        self._forward = self.model.hidden_states
-        if self.compiled:
-            # a clean Dynamo cache per compiled model: a search trains many models in one process, and
-            # Dynamo gives up compiling a function (silently running it eager) after a few recompiles
-            torch._dynamo.reset()
-            self._forward = torch.compile(self.model.hidden_states)
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=self.recipe.learning_rate, betas=(0.9, 0.95),
-                                           **({"fused": True} if self.device.type == "cuda" else {}))
+        self.model = TinyTransformer(spec, self.gene).to(device)
+        # dropout: the global stream right after the model was built, drawn by this member alone
+        self.dropout_generator = torch.Generator()
+        self.dropout_generator.set_state(torch.get_rng_state())
         self.generator = torch.Generator().manual_seed(self.seed)
         self.batches = data.train_batches(self.recipe.batch_size, self.generator)
+        self.optimizer: torch.optim.Optimizer | None = None  # PyTorch's AdamW state, for state_dict
+        self.compiled = False
         self.step = 0
         self.curve: list = []  # [step, mean train loss over the last log interval]
         self.train_time = 0.0
@@ -162,19 +234,6 @@ class Trainer:
         self.diverged = False
         self.divergence: str | None = None  # why the training diverged
 
-    @classmethod
-    def from_config(cls, gene, config, data: TaskData, *, seed: int | None = None,
-                    device: str | torch.device | None = None) -> "Trainer":
-        """The trainer of ``gene`` under ``config`` (its seed unless given) on ``data``."""
-        return cls(Trial.from_config(gene, config, seed=seed, data=data), data, device=device)
-
-    def _param_groups(self):
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            (decay if p.dim() >= 2 and "emb" not in name else no_decay).append(p)
-        return [{"params": decay, "weight_decay": self.recipe.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0}]
-
     def lr_at(self, step: int) -> float:
         return scheduled_rate(self.recipe, step, self.train_steps)
 
@@ -182,91 +241,36 @@ class Trainer:
     def matmul_dtype(self) -> torch.dtype:
         return matmul_dtype(self.precision)
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step)
-        with autocast(self.device, self.precision):
-            hidden, _ = self._forward(x)
-        # the output projection and the loss, fused and chunked (see losses.py)
-        loss = linear_cross_entropy(hidden, self.model.head.weight, y, dtype=self.matmul_dtype)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.grad_clip)
-        self.optimizer.step()
-        return loss.detach()
-
-    def _count_flops(self, x, y) -> torch.Tensor:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
-        try:
-            with FlopCounterMode(display=False, custom_mapping=_sdpa_formulas()) as counter:
-                loss = self._step(x, y)
-        finally:
-            self._forward = compiled
-        self.flops_per_step = int(counter.get_total_flops())
-        return loss
-
     @property
     def absurd_loss(self) -> float:
         """A loss this far above a uniform guess over the vocabulary means the training diverged."""
         return math.log(self.spec.vocab_size) + ABSURD_MARGIN
 
-    def _weights_finite(self) -> bool:
+    def weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-
-    def train(self, until_step: int | None = None, progress: ProgressFn | None = None) -> str:
-        """Train up to ``until_step`` (default: the budget). Returns 'ok' or 'diverged' (the reason is
-        ``divergence``): a non-finite loss or weights, or a mean loss above ``absurd_loss``."""
-        until = self.train_steps if until_step is None else min(until_step, self.train_steps)
-        self.model.train()
-        every = self.recipe.log_every
-        window_sum = torch.zeros((), device=self.device)
-        window_n = 0
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
-        start = time.perf_counter()
-        try:
-            while self.step < until and not self.diverged:
-                x, y = next(self.batches)
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                try:
-                    loss = self._count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
-                except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
-                    if self._weights_finite():
-                        raise
-                    self._diverge(f"non-finite weights at step {self.step + 1} "
-                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
-                    break
-                self.step += 1
-                self.tokens_seen += x.numel()
-                window_sum += loss
-                window_n += 1
-                finite &= torch.isfinite(loss)
-                if self.step % every == 0 or self.step == until:
-                    mean = (window_sum / window_n).item()  # the one host sync, once per log interval
-                    self.close_interval(mean, bool(finite), self.step - window_n + 1, self.step)
-                    if progress is not None:
-                        progress(self.step, self.train_steps, mean)
-                    window_sum.zero_()
-                    window_n = 0
-        finally:
-            self.train_time += time.perf_counter() - start
-        return "diverged" if self.diverged else "ok"
 
     def close_interval(self, mean: float, finite: bool, first: int, step: int) -> None:
         """Judge the log interval of steps ``first``..``step`` from its mean training loss: a
         non-finite loss or one far above a uniform guess is divergence, else a point of the curve."""
         if not finite or not math.isfinite(mean):
-            self._diverge(f"non-finite training loss in steps {first}..{step}")
+            self.diverge(f"non-finite training loss in steps {first}..{step}")
         elif mean > self.absurd_loss:
-            self._diverge(f"training loss {mean:.4g} at step {step} is far above a uniform guess "
-                          f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
+            self.diverge(f"training loss {mean:.4g} at step {step} is far above a uniform guess "
+                         f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
         else:
             self.curve.append([step, mean])
 
-    def _diverge(self, reason: str) -> None:
+    def diverge(self, reason: str) -> None:
         self.diverged = True
         self.divergence = reason
+
+    def recent_train_loss(self) -> float:
+        return self.curve[-1][1] if self.curve else float("nan")
+
+    def detach_weights(self) -> None:
+        """Give the model weights of its own (they were views of a batch's stacked weights)."""
+        for p in self.model.parameters():
+            p.data = p.data.clone()
 
     @torch.no_grad()
     def evaluate(self, split: str = "valid") -> dict:
@@ -331,26 +335,26 @@ class Trainer:
         return {"latency_ms": statistics.median(times), "latency_ms_iqr": q3 - q1,
                 "latency_threads": torch.get_num_threads()}
 
-    def recent_train_loss(self) -> float:
-        return self.curve[-1][1] if self.curve else float("nan")
-
     # -- checkpoints (multi-fidelity schedules continue a training from one) ---------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue this training exactly: weights, optimizer, step, curve,
-        counters and the global RNG state (dropout). The batch stream is not saved: it is a
+        """Everything needed to continue this training exactly, alone: weights, PyTorch's AdamW
+        state, step, curve, counters and the dropout stream. The batch stream is not saved: it is a
         function of the seed, so ``load_state_dict`` replays it and skips ``step`` batches."""
+        if self.optimizer is None:
+            raise RuntimeError("this member trained in a batch that did not keep its optimizer moments "
+                               "(Trainer.train(keep_moments=True))")
         return {
             "gene": self.gene.key, "seed": self.seed, "train_steps": self.train_steps, "step": self.step,
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
             "curve": [list(point) for point in self.curve], "train_time": self.train_time,
             "tokens_seen": self.tokens_seen, "flops_per_step": self.flops_per_step, "diverged": self.diverged,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "rng": self.dropout_generator.get_state(), "cuda_rng": None,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (made by ``state_dict`` of a Trainer of the same gene, seed and
-        budget); training on gives exactly what an uninterrupted training gives."""
+        """Continue from ``state`` (made by ``state_dict`` of a member of the same gene, seed and
+        budget, alone or batched); training on gives exactly what an uninterrupted training gives."""
         for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.train_steps)):
             if state.get(name) != mine:
                 raise ValueError(f"checkpoint has {name} {state.get(name)!r}, this trainer {mine!r}")
@@ -366,13 +370,288 @@ class Trainer:
         self.batches = self.data.train_batches(self.recipe.batch_size, self.generator)
         for _ in range(self.step):  # one batch per step
             next(self.batches)
-        torch.set_rng_state(state["rng"].cpu())
-        if state.get("cuda_rng") is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+        self.dropout_generator.set_state(state["rng"].cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------------
+
+class Trainer:
+    """Trains K >= 1 trials as one (see the module docstring); ``train()`` may be called again to
+    continue. A trainer of one trial reads as its member: ``trainer.model``, ``.curve``,
+    ``.evaluate()``, ``.state_dict()`` are that trial's."""
+
+    def __init__(self, trials: Trial | Sequence[Trial], data: TaskData, *,
+                 device: str | torch.device | None = None):
+        trials = [trials] if isinstance(trials, Trial) else list(trials)
+        if len(trials) > 1:
+            check_batchable(trials)
+        first = trials[0]
+        self.trials, self.data = trials, data
+        self.device = resolve_device(device if device is not None else first.train.device)
+        # the model's vocabulary and window come from the data
+        self.spec = first.model.with_data(data.vocab_size, data.seq_len)
+        # auto: measured per model shape on this machine (environment.choose_precision); the record says why
+        self.precision, self.precision_reason = choose_precision(
+            first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,
+            timer=lambda: precision_step_times(first, data, self.device))
+        if self.device.type == "cpu":
+            torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
+        if len(trials) > 1:
+            problem = batch_problem(first)
+            if problem:
+                raise Unfoldable(problem)
+        self.members = [Member(t, data, device=self.device, spec=self.spec, precision=self.precision,
+                               precision_reason=self.precision_reason) for t in trials]
+        self.active = list(self.members)
+        self.step = 0
+        self.flops_per_step: int | None = None
+        # ``stepper``: the optimizer step of every member (``train.optim``): PyTorch's AdamW for one
+        # model (``trainer.optimizer`` of a one-trial trainer is that AdamW), a stacked one for K
+        if len(trials) == 1:
+            member = self.members[0]
+            self.rows, self.stacked = None, None
+            self.model = member.model
+            self.stepper = SingleAdamW(self.model, member.recipe.learning_rate, member.recipe.weight_decay,
+                                       self.device)
+            member.optimizer = self.stepper.torch
+            member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes,
+                                              member.train_steps)
+        else:
+            self.rows = Rows()
+            self.model, self.stacked = fold_models([m.model for m in self.members], self.rows)
+            self.stepper = StackedAdamW(self.stacked)
+        self.compiled = self.members[0].compiled
+        self.model.train()
+        # the training forward; the FLOP count and evaluation stay eager (a frame first run under
+        # the flop counter's dispatch mode would never be compiled, and eval shapes would recompile)
+        self._forward = self.model.hidden_states
+        if self.compiled:
+            # a clean Dynamo cache per compiled model: a search trains many models in one process, and
+            # Dynamo gives up compiling a function (silently running it eager) after a few recompiles
+            torch._dynamo.reset()
+            self._forward = torch.compile(self.model.hidden_states)
+
+    def __getattr__(self, name: str):
+        members = self.__dict__.get("members")
+        if members is not None and len(members) == 1 and not name.startswith("__"):
+            return getattr(members[0], name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    @classmethod
+    def from_config(cls, gene, config, data: TaskData, *, seed: int | None = None,
+                    device: str | torch.device | None = None) -> "Trainer":
+        """The trainer of ``gene`` under ``config`` (its seed unless given) on ``data``."""
+        return cls(Trial.from_config(gene, config, seed=seed, data=data), data, device=device)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    # -- one step ----------------------------------------------------------------------------
+    def _masks(self, shape: tuple, p: float) -> torch.Tensor:
+        """The dropout keep mask of the batch: model k's rows from model k's stream."""
+        gens = [m.dropout_generator for m in self.active]
+        if len(gens) == 1:
+            return keep_mask(shape, p, generator=gens[0])
+        if shape[0] % len(gens):
+            raise RuntimeError(f"a dropout site of {shape[0]} rows does not split over {len(gens)} models")
+        part = (shape[0] // len(gens), *shape[1:])
+        return torch.cat([keep_mask(part, p, generator=g) for g in gens])
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimisation step of every active model; their losses [K]."""
+        if self.rows is not None:
+            self.rows.batch = x.shape[0] // len(self.active)
+        with mask_source(self._masks), autocast(self.device, self.precision):
+            hidden, _ = self._forward(x)
+        weight = self.model.head.weight  # tied to the token table (stacked [K, vocab, d] when folded)
+        losses = linear_cross_entropy(hidden, weight, y, dtype=matmul_dtype(self.precision))
+        self.stepper.zero_grad()
+        losses.sum().backward()
+        self.stepper.step([m.lr_at(self.step) for m in self.active], [m.recipe.weight_decay for m in self.active],
+                            [m.recipe.grad_clip for m in self.active])
+        return losses.detach().reshape(len(self.active))
+
+    def count_flops(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step on ``x``, ``y`` under PyTorch's flop counter (eager); sets every active
+        member's ``flops_per_step`` (the batch's count divided by its models) and returns the losses."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
+        try:
+            with FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()) as counter:
+                loss = self._step(x, y)
+        finally:
+            self._forward = compiled
+        self.flops_per_step = int(round(counter.get_total_flops() / len(self.active)))
+        for m in self.active:
+            m.flops_per_step = self.flops_per_step
+        return loss
+
+    def _drop(self, keep: list[int]) -> None:
+        """Only the models at ``keep`` (indices into ``active``) train on."""
+        for i, m in enumerate(self.active):
+            if i not in keep and self.stacked is not None:
+                m.detach_weights()
+        self.active = [self.active[i] for i in keep]
+        if self.stacked is None or not self.active:
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        keep_models(self.model, self.stacked, index)
+        self.stepper.keep_models(index)
+        for k, m in enumerate(self.active):
+            for name, p in m.model.named_parameters():
+                p.data = self.stacked[name].data[k]
+
+    # -- training ------------------------------------------------------------------------------
+    def train(self, until_step: int | None = None,
+              progress: ProgressFn | Sequence[ProgressFn | None] | None = None) -> str:
+        """Train every model to its budget (or ``until_step``), or until it diverges: a non-finite
+        loss or weights, or a mean loss above its ``absurd_loss`` (the member's ``divergence`` says
+        which). ``progress``: a ``ProgressFn`` (one trial) or one per member, called after each log
+        interval. May be called again to continue. Returns 'ok' or 'diverged' (of the first member)."""
+        steps = self.members[0].train_steps
+        until = steps if until_step is None else min(until_step, steps)
+        fns = [progress] if callable(progress) else list(progress or [])
+        report = {id(m): fn for m, fn in zip(self.members, fns) if fn is not None}
+        every = self.members[0].recipe.log_every
+        self.model.train()
+        n = len(self.active)
+        window_sum = torch.zeros(n, device=self.device)
+        window_n = 0
+        finite = torch.ones(n, dtype=torch.bool, device=self.device)
+        pending = None
+        while self.step < until and self.active:
+            start = time.perf_counter()
+            if pending is None:
+                pairs = [next(m.batches) for m in self.active]
+                xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
+            else:
+                (xs, ys), pending = pending, None
+            x = (xs[0] if len(xs) == 1 else torch.cat(xs)).to(self.device, non_blocking=True)
+            y = (ys[0] if len(ys) == 1 else torch.cat(ys)).to(self.device, non_blocking=True)
+            streams = [m.dropout_generator.get_state() for m in self.active]
+            try:
+                loss = self.count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
+            except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
+                bad = [i for i, m in enumerate(self.active) if not m.weights_finite()]
+                if not bad:
+                    raise
+                text = str(exc).splitlines()[0][:200] if str(exc) else ""
+                for i in bad:
+                    self.active[i].diverge(f"non-finite weights at step {self.step + 1} "
+                                           f"({type(exc).__name__}: {text})")
+                keep = [i for i in range(len(self.active)) if i not in bad]
+                for i in keep:  # the step again for the others, with their batches and dropout masks
+                    self.active[i].dropout_generator.set_state(streams[i])
+                pending = ([xs[i] for i in keep], [ys[i] for i in keep])
+                window_sum, finite = window_sum[keep], finite[keep]
+                self._drop(keep)
+                continue
+            self.step += 1
+            window_sum += loss
+            window_n += 1
+            finite &= torch.isfinite(loss)
+            closing = self.step % every == 0 or self.step == until
+            means = (window_sum / window_n).tolist() if closing else None  # the one host sync per interval
+            elapsed = time.perf_counter() - start
+            for i, m in enumerate(self.active):
+                m.step += 1
+                m.tokens_seen += xs[i].numel()
+                m.train_time += elapsed / len(self.active)
+            if not closing:
+                continue
+            finites = finite.tolist()
+            for i, m in enumerate(self.active):  # each model by the single training's rule
+                m.close_interval(means[i], bool(finites[i]), self.step - window_n + 1, self.step)
+                if id(m) in report:
+                    report[id(m)](self.step, m.train_steps, means[i])
+            window_sum.zero_()
+            window_n = 0
+            keep = [i for i, m in enumerate(self.active) if not m.diverged]
+            if len(keep) < len(self.active):
+                window_sum, finite = window_sum[keep], finite[keep]
+                self._drop(keep)
+        return "diverged" if self.members[0].diverged else "ok"
+
+    def release(self, keep_moments: bool = False) -> None:
+        """End a folded training: each member gets weights of its own (they were views of the stacked
+        weights) and, with ``keep_moments``, its optimizer state (for ``state_dict``: to continue it
+        alone). A trainer of one trial has nothing to release."""
+        if self.stacked is None:
+            return
+        for k, m in enumerate(self.active):
+            if keep_moments:
+                m.optimizer = adamw_state(m.model, m.recipe.learning_rate, m.recipe.weight_decay, self.device,
+                                          self.stepper.steps, self.stepper.moments(k))
+                for group in m.optimizer.param_groups if m.step else ():  # the rate of its last step
+                    group["lr"] = m.lr_at(m.step - 1)
+            m.detach_weights()
+        self.active, self.stacked = [], None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the one trial of this trainer from ``state`` (``Member.state_dict``)."""
+        if len(self.members) != 1:
+            raise ValueError("only a trainer of one trial continues from a checkpoint")
+        self.members[0].load_state_dict(state)
+        self.step = self.members[0].step
+
+
+def step_seconds(trials: Sequence[Trial], data: TaskData, *, device: torch.device, warmup: int = 1, steps: int = 2,
+                 repeats: int = 1) -> tuple[Trainer, float]:
+    """``(trainer, seconds per step)`` of ``trials`` trained together by one ``Trainer``, after
+    ``warmup`` untimed steps: the fastest of ``repeats`` timings of ``steps`` steps (the trials must
+    span at least ``warmup + repeats * steps`` steps)."""
+    trainer = Trainer(trials, data, device=device)
+    trainer.train(until_step=warmup)
+    synchronize(device)
+    best, done = math.inf, warmup
+    for _ in range(repeats):
+        done += steps
+        start = time.perf_counter()
+        trainer.train(until_step=done)
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / steps)
+    return trainer, best
+
+
+def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, rounds: int = PROBE_ROUNDS,
+                         steps: int = PROBE_STEPS) -> dict:
+    """Seconds per training step of ``trial``'s shape (its vanilla gene, eager) in fp32 and in bf16:
+    two trainers, timed in interleaved rounds (fp32 first in even rounds), the fastest round of each
+    kept (other work on the machine only ever slows a round down). Torch's global RNG is left as it was."""
+    from evo_attention.genes import AttentionGene
+
+    warm_steps = 1
+    total = warm_steps + rounds * steps
+    base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
+                         train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
+    with torch.random.fork_rng(devices=[]):
+        trainers = {p: Trainer(base.replace(train=base.train.replace(precision=p)), data, device=device)
+                    for p in ("fp32", "bf16")}
+        times: dict[str, list[float]] = {p: [] for p in trainers}
+
+        def timed(precision: str, n: int) -> float:
+            trainer = trainers[precision]
+            synchronize(device)
+            start = time.perf_counter()
+            trainer.train(until_step=trainer.step + n)
+            synchronize(device)
+            return (time.perf_counter() - start) / n
+
+        warm = max(timed("fp32", warm_steps), timed("bf16", warm_steps))  # allocations, kernel choice
+        if warm > PROBE_SLOW_STEP_S:
+            rounds, steps = min(rounds, 2), 1
+        for r in range(rounds):
+            for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
+                times[precision].append(timed(precision, steps))
+    return {precision: min(values) for precision, values in times.items()}
 
 
 def state_to_bytes(state: dict) -> bytes:
-    """A trainer state (``Trainer.state_dict``) as bytes, to store or send to another process."""
+    """A trainer state (``Member.state_dict``) as bytes, to store or send to another process."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
@@ -384,12 +663,77 @@ def state_from_bytes(blob: bytes, device) -> dict:
 
 @dataclass
 class TrainingResult:
-    """What ``run_training`` gives: the record, and beside it the Trainer (None if it could not be
-    built) and the trainer state after training (bytes, when asked and the training succeeded)."""
+    """What ``run_training`` gives: the record, and beside it the trained ``Member`` (None if it could
+    not be built) and its state after training (bytes, when asked and the training succeeded)."""
 
     record: EvaluationRecord
-    trainer: "Trainer | None" = None
+    trainer: Member | None = None
     state: bytes | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry points and the one record rule
+# ---------------------------------------------------------------------------------------------
+
+def _new_record(trial: Trial, data: TaskData, device: torch.device, resumed: bool) -> EvaluationRecord:
+    return EvaluationRecord(
+        gene=trial.genome, seed=trial.seed, steps=trial.steps, data=data.name, data_fingerprint=data.fingerprint,
+        context=trial.context, eval_split=trial.eval_split, device=str(device), versions=versions(),
+        settings=trial.record_settings(), budget=trial.budget,
+        resumed_from=0 if (resumed or trial.budget is not None) else None)
+
+
+def _failed(record: EvaluationRecord, exc: BaseException) -> None:
+    """A failing gene never crashes a search: its record says how it failed."""
+    if isinstance(exc, SystemExit):  # a component (a plugin's) that calls sys.exit fails its gene, not the search
+        record.status = Status.ERROR
+        record.error = f"SystemExit: the gene's code called sys.exit({exc.code!r})"
+    else:
+        record.status = Status.OOM if is_oom(exc) else Status.ERROR
+        record.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+
+
+def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_state: bool, size: int, shared_s: float,
+            device: torch.device, failure: BaseException | None = None) -> TrainingResult:
+    """The record of ``member`` after its training (its share of ``shared_s``): evaluated, or with
+    the ``failure`` that ended the training."""
+    start = time.perf_counter()
+    record.precision = member.precision
+    record.extra["precision_reason"] = member.precision_reason
+    record.compiled = member.compiled
+    record.params = member.model.num_parameters()
+    blob = None
+    if failure is not None:
+        _failed(record, failure)
+    else:
+        try:
+            status = Status.DIVERGED if member.diverged else Status.OK
+            if keep_state and status == Status.OK:
+                blob = state_to_bytes(member.state_dict())
+            evaluate_into(record, member, status, trial.eval_split)
+        except (KeyboardInterrupt, UserError):
+            raise
+        except (Exception, SystemExit) as exc:
+            _failed(record, exc)
+            blob = None
+    record.train_loss = member.recent_train_loss()
+    record.trained_steps = member.step
+    record.curve = member.curve
+    record.flops_per_step = member.flops_per_step
+    record.train_time_s = member.train_time
+    record.tokens_per_s = member.tokens_seen / member.train_time if member.train_time > 0 else None
+    record.time_s = shared_s / size + (time.perf_counter() - start)
+    record.peak_memory_mb = peak_memory_mb(device)
+    if size > 1:
+        record.extra["batched"] = size
+        record.extra["batch_time_s"] = shared_s
+    return TrainingResult(record, member, blob)
+
+
+def _release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        gc.collect()  # cyclic garbage may hold tensors: drop it before giving cached blocks back
+        torch.cuda.empty_cache()
 
 
 def run_training(trial: Trial, data: TaskData, *, device: str | None = None, progress: ProgressFn | None = None,
@@ -404,84 +748,106 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     starts from scratch (the same result). ``keep_state`` returns the trainer state after training,
     taken before the evaluation.
     """
-    if trial.task.fingerprint is None:
-        trial = trial.with_data(data)
+    trial = trial if trial.task.fingerprint is not None else trial.with_data(data)
     dev = resolve_device(device if device is not None else trial.train.device)  # bad input: raise
-    partial = trial.budget is not None
-    record = EvaluationRecord(
-        gene=trial.genome, seed=trial.seed, steps=trial.steps, data=data.name, data_fingerprint=data.fingerprint,
-        context=trial.context, eval_split=trial.eval_split, device=str(dev), versions=versions(),
-        settings=trial.record_settings(), budget=trial.budget,
-        resumed_from=0 if (state is not None or partial) else None)
-    reset_peak_memory(dev)
-    start = time.perf_counter()
-    trainer, blob = None, None
+    return _train([trial], data, dev, [progress], keep_state, state)[0]
+
+
+def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None,
+                keep_state: bool = False,
+                progress: Sequence[ProgressFn | None] | None = None) -> list[TrainingResult]:
+    """Train ``trials`` (same genome, model, task, steps, split and batch recipe; seeds and rates may
+    differ: ``check_batchable``) as one batch on ``data``; one ``TrainingResult`` per trial, in order.
+
+    Never raises for a failing gene: a diverged model is recorded as diverged while the others
+    train on. UserError for trials that cannot share a batch (naming the field) and for bad input.
+    ``keep_state``: each successful trial's state, as ``run_training`` gives it (continued alone
+    exactly). Trials whose genome cannot be folded, and the trials of a batch that fails as a whole,
+    train alone through ``run_training`` (their records say ``batch_fallback``). ``progress``: one
+    ``ProgressFn`` (or None) per trial.
+    """
+    trials = [t if t.task.fingerprint is not None else t.with_data(data) for t in trials]
+    if not trials:
+        return []
+    check_batchable(trials)
+    progress = list(progress) if progress is not None else [None] * len(trials)
+    if len(progress) != len(trials):
+        raise ValueError(f"progress has {len(progress)} entries for {len(trials)} trials")
+    dev = resolve_device(device if device is not None else trials[0].train.device)
     try:
-        trainer = Trainer(trial, data, device=dev)
+        return _train(trials, data, dev, progress, keep_state)
+    except Unfoldable as exc:
+        note = f"not batched: {exc}"
+    except Exception as exc:  # the batch as a whole failed (out of memory, say): the trials alone
+        text = str(exc).splitlines()[0][:200] if str(exc) else ""
+        note = f"the batch of {len(trials)} failed ({type(exc).__name__}: {text}); trained alone"
+    results = []
+    for trial, report in zip(trials, progress):
+        result = run_training(trial, data, device=dev, keep_state=keep_state, progress=report)
+        result.record.extra["batch_fallback"] = note
+        results.append(result)
+    return results
+
+
+def _train(trials: list[Trial], data: TaskData, device: torch.device, progress: list, keep_state: bool,
+           state: bytes | None = None) -> list[TrainingResult]:
+    """The trainings of ``trials`` by one ``Trainer`` and their records. A failure of one trial's
+    training is its record's; a batch's that fails as a whole is raised (its trials train alone)."""
+    records = [_new_record(t, data, device, resumed=state is not None) for t in trials]
+    reset_peak_memory(device)
+    start = time.perf_counter()
+    trainer, failure = None, None
+    try:
+        trainer = Trainer(trials, data, device=device)
         if state is not None:
             try:
-                trainer.load_state_dict(state_from_bytes(state, dev))
-                record.resumed_from = trainer.step
+                trainer.load_state_dict(state_from_bytes(state, device))
+                records[0].resumed_from = trainer.step
             except Exception as exc:  # the tool's own file failed, not the gene: start afresh, as without one
-                warnings.warn(f"the trainer state given for {trial.genome} (seed {trial.seed}) cannot be used "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}): "
+                warnings.warn(f"the trainer state given for {trials[0].genome} (seed {trials[0].seed}) cannot be "
+                              f"used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}): "
                               "training it from scratch instead, which gives the same result")
-                trainer = Trainer(trial, data, device=dev)
-        record.precision = trainer.precision
-        record.extra["precision_reason"] = trainer.precision_reason
-        record.compiled = trainer.compiled
-        record.params = trainer.model.num_parameters()
-        status = Status(trainer.train(until_step=trial.steps, progress=progress))
-        if keep_state and status == Status.OK:
-            blob = state_to_bytes(trainer.state_dict())
-        evaluate_into(record, trainer, status, trial.eval_split)
-    except KeyboardInterrupt:
+                trainer = Trainer(trials, data, device=device)
+        trainer.train(until_step=trials[0].steps, progress=progress)
+        trainer.release(keep_moments=keep_state)
+    except (KeyboardInterrupt, UserError):
         raise
-    except UserError:
-        raise
-    except Exception as exc:  # a failing gene must never crash the search
-        record.status = Status.OOM if is_oom(exc) else Status.ERROR
-        record.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        blob = None
-    except SystemExit as exc:  # a component (a plugin's) that calls sys.exit fails its gene, not the search
-        record.status = Status.ERROR
-        record.error = f"SystemExit: the gene's code called sys.exit({exc.code!r})"
-        blob = None
-    finally:
-        if dev.type == "cuda":
-            gc.collect()  # cyclic garbage may hold tensors: drop it before giving cached blocks back
-            torch.cuda.empty_cache()
-    if trainer is not None:
-        record.train_loss = trainer.recent_train_loss()
-        record.trained_steps = trainer.step
-        record.curve = trainer.curve
-        record.flops_per_step = trainer.flops_per_step
-        record.train_time_s = trainer.train_time
-        record.tokens_per_s = trainer.tokens_seen / trainer.train_time if trainer.train_time > 0 else None
-    else:
-        record.train_time_s = 0.0
-    record.time_s = time.perf_counter() - start
-    record.peak_memory_mb = peak_memory_mb(dev)
-    return TrainingResult(record, trainer, blob)
+    except (Exception, SystemExit) as exc:
+        if len(trials) > 1:
+            raise
+        failure = exc
+    if trainer is None:  # one trial whose trainer could not even be built
+        _failed(records[0], failure)
+        records[0].train_time_s = 0.0
+        records[0].time_s = time.perf_counter() - start
+        records[0].peak_memory_mb = peak_memory_mb(device)
+        _release_memory(device)
+        return [TrainingResult(records[0], None, None)]
+    shared, members, size = time.perf_counter() - start, trainer.members, trainer.size
+    del trainer  # the members hold their own weights
+    results = [_finish(r, m, t, keep_state=keep_state, size=size, shared_s=shared, device=device, failure=failure)
+               for r, m, t in zip(records, members, trials)]
+    _release_memory(device)
+    return results
 
 
-def evaluate_into(record: EvaluationRecord, trainer: "Trainer", status: Status, eval_split: str) -> None:
+def evaluate_into(record: EvaluationRecord, member: Member, status: Status, eval_split: str) -> None:
     """Finish ``record`` of a training that ended with ``status``: on success, the evaluation over
     ``eval_split`` (a loss far above a uniform guess turns it into divergence) and the latency; a
-    divergence's reason as its error. The one rule for every trainer (alone or batched)."""
+    divergence's reason as its error."""
     record.status = status
     if status == Status.OK:
-        for name, value in trainer.evaluate(eval_split).items():
+        for name, value in member.evaluate(eval_split).items():
             setattr(record, name, value)
-        if record.val_loss > trainer.absurd_loss:
+        if record.val_loss > member.absurd_loss:
             record.status = Status.DIVERGED
-            trainer.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
-                                  f"(ln {trainer.spec.vocab_size} = {math.log(trainer.spec.vocab_size):.2f})")
+            member.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
+                                 f"(ln {member.spec.vocab_size} = {math.log(member.spec.vocab_size):.2f})")
         else:
-            for name, value in trainer.measure_latency(eval_split).items():
+            for name, value in member.measure_latency(eval_split).items():
                 setattr(record, name, value)
     if record.status == Status.DIVERGED:
-        record.error = trainer.divergence
+        record.error = member.divergence
 
 
 def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None, steps: int | None = None,

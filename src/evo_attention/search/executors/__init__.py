@@ -1,4 +1,5 @@
-"""Where evaluations run: ``make_executor`` picks one; see ``base`` for the interface.
+"""Where evaluations run: ``executor_for`` (a Config's) or ``make_executor`` (options alone) picks
+one; see ``base`` for the interface.
 
 - ``local``: ``LocalExecutor``, in this process, one task at a time (the default);
 - ``local`` with ``workers``: ``ProcessExecutor``, N worker processes on this machine;
@@ -15,7 +16,7 @@ import math
 from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, as_task, available_cores
 from evo_attention.search.executors.process import ProcessExecutor
 from evo_attention.search.executors.ray import RayExecutor
-from evo_attention.train.config import batch_models_value
+from evo_attention.train.config import Config, batch_models_value
 from evo_attention.util.errors import UserError
 
 EXECUTORS = ("local", "process", "ray")
@@ -24,17 +25,37 @@ EXECUTORS = ("local", "process", "ray")
 def make_executor(name: str = "local", *, workers: int | None = None, address: str | None = None,
                   cpus_per_trial: float | None = None, gpus_per_trial: float | None = None,
                   batch_models: str | int = "auto") -> Executor:
-    """The executor ``name`` with its options.
+    """The executor ``name`` with its options: the library's entry for an executor without a Config.
 
     ``local`` with ``workers`` is a ``ProcessExecutor`` (``cpus_per_trial``: threads per worker,
     default an even share of the cores); ``ray`` with ``workers`` sizes a local Ray instance to
-    ``workers x cpus_per_trial`` CPUs. ``batch_models`` (a Config's): how many same-shape trials
-    the local executors train as one batch (auto, off or K); Ray does not batch, so it takes
-    auto or off (or 1) only.
+    ``workers x cpus_per_trial`` CPUs. ``batch_models``: how many same-shape trials the local
+    executors train as one batch (auto, off or K; checked here as a Config checks it, the one check
+    outside a Config); Ray does not batch, so it takes auto or off (or 1) only. With a Config at
+    hand, ``executor_for`` gives the executor its execution settings.
     """
+    return _build(_known(name), workers=workers, address=address, cpus_per_trial=cpus_per_trial,
+                  gpus_per_trial=gpus_per_trial, batch_models=batch_models_value(batch_models))
+
+
+def executor_for(config: Config, name: str = "local", *, workers: int | None = None, address: str | None = None,
+                 cpus_per_trial: float | None = None, gpus_per_trial: float | None = None) -> Executor:
+    """The executor ``name`` (``make_executor``'s options) running trials as ``config``'s execution
+    settings say (``batch_models``, valid since the Config was made): the one place the driver, the
+    studies and the command line build an executor for a Config."""
+    return _build(_known(name), workers=workers, address=address, cpus_per_trial=cpus_per_trial,
+                  gpus_per_trial=gpus_per_trial, batch_models=config.batch_models)
+
+
+def _known(name: str) -> str:
     if name not in EXECUTORS:
         raise UserError(f"unknown executor {name!r}: valid executors are {', '.join(EXECUTORS)}")
-    batch_models = batch_models_value(batch_models)
+    return name
+
+
+def _build(name: str, *, workers: int | None, address: str | None, cpus_per_trial: float | None,
+           gpus_per_trial: float | None, batch_models: str | int) -> Executor:
+    """``make_executor`` and ``executor_for``: ``name`` a known executor, ``batch_models`` a valid setting."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
     if name == "ray":
@@ -68,4 +89,4 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
 
 
 __all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "as_task",
-           "available_cores", "make_executor"]
+           "available_cores", "executor_for", "make_executor"]

@@ -20,12 +20,12 @@ Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the t
 comparisons, so the yielded task equals the submitted one.
 
 Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
-can train as one batched model (``train.batched``: the same genome, model, task, steps, split and
+can train as one batched model (``train.trainer.shape_difference``: the same genome, model, task, steps, split and
 batch recipe; seeds and learning rates may differ) are planned into groups of at most K
 (``plan_batches``), and each group of two or more trains through ``run_batched``; every other task
 trains alone, as it would without batching. A batch gives each trial its own record under its own
 key, its own progress callbacks, and the result of the trial trained alone (bitwise for the genes
-whose parts fold exactly, within ``batched.SAME_RESULT_RTOL`` for the others); a record says
+whose parts fold exactly, within ``trainer.SAME_RESULT_RTOL`` for the others); a record says
 ``batched: K``. Tasks that need what a batch cannot give train alone: a checkpoint to continue from
 or to leave (multi-fidelity rungs), a kept model, an audit, a compiled trainer, a genome
 ``batch_problem`` refuses.
@@ -52,11 +52,10 @@ from typing import Callable, Iterator, Sequence
 
 from evo_attention.data.base import TaskData
 from evo_attention.genes import layers_of
-from evo_attention.train.config import batch_models_value
-from evo_attention.train.batched import batch_problem, models_per_batch, run_batched, shape_difference
+from evo_attention.train.batching import models_per_batch
 from evo_attention.train.record import EvaluationRecord, failed_record
 from evo_attention.train.spec import Trial, load_task
-from evo_attention.train.trainer import run_training
+from evo_attention.train.trainer import batch_problem, run_batched, run_training, shape_difference
 from evo_attention.train.environment import resolve_compile, resolve_device, versions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_bytes, write_directory
@@ -123,6 +122,7 @@ def execute(task: EvalTask, data: TaskData, *, device=None, progress=None,
 
         record = result.record
         model = model_files(result.trainer.model, tokenizer=getattr(data, "tokenizer", None), vocab=data.vocab,
+                            settings=result.trainer.settings,
                             extra={"evaluation": {name: record.get(name) for name in KEPT_FIELDS}})
     return result.record, result.state, model
 
@@ -177,7 +177,7 @@ def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers:
 
     Tasks whose trials can share a batch (``batch_models`` other than off and 1; same device and
     compile setting; ``alone_reason`` None) are gathered, and each gathering of n is split evenly
-    into ceil(n / K) groups, K being ``batch_models`` or, for auto, ``batched.models_per_batch``
+    into ceil(n / K) groups, K being ``batch_models`` or, for auto, ``batching.models_per_batch``
     for their shape (measured once per machine and shape; ``memory_share``: how many trainings
     share this machine's memory). Then, while there are fewer groups than ``workers``, the largest
     group is halved: a batch never leaves a worker idle.
@@ -344,6 +344,15 @@ def worker_devices(device: str, n: int) -> list[str]:
     return [device] * n
 
 
+def valid_batch_models(value: str | int) -> str | int:
+    """``value`` as given, asserted to be a ``batch_models`` setting as a Config keeps it (auto, off or
+    K >= 1). The check of what a user wrote is the Config's (or ``make_executor``'s:
+    ``train.config.batch_models_value``); an executor receives its result."""
+    assert value in ("auto", "off") or (type(value) is int and value >= 1), \
+        f"batch_models {value!r} is not a checked setting: take a Config's or make_executor's"
+    return value
+
+
 class Executor:
     """Runs evaluation tasks (each a trial, with its bookkeeping); subclasses may run them in
     parallel. The trials of one call may differ in any field: genome, seed, recipe, model, task.
@@ -383,7 +392,7 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, *, batch_models: str | int = "auto"):
-        self.batch_models = batch_models_value(batch_models)
+        self.batch_models = valid_batch_models(batch_models)
 
     def describe(self) -> dict:
         return {**super().describe(), "batch_models": self.batch_models}

@@ -26,8 +26,8 @@ from multiprocessing.connection import wait
 
 from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute,
                                                  execute_batch, failure_record, load_state, member_worker, plan_batches,
-                                                 store_model, store_state, worker_devices)
-from evo_attention.train.config import batch_models_value
+                                                 store_model, store_state, valid_batch_models,
+                                                 worker_devices)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 
@@ -185,7 +185,7 @@ class ProcessExecutor(Executor):
         self.workers = workers
         self.threads = threads or max(1, available_cores() // workers)
         self.max_attempts = max_attempts
-        self.batch_models = batch_models_value(batch_models)
+        self.batch_models = valid_batch_models(batch_models)
         self._context = multiprocessing.get_context("spawn")
         self._slots = [_Slot(self._context, i, self.threads) for i in range(workers)]
         self._parent_threads: int | None = None

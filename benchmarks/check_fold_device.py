@@ -1,0 +1,78 @@
+"""Same trial, same result on a device: trials trained folded into one batch against each alone.
+
+Trains K trials of each gene (seeds and rates differing, model dropout and attention dropout on)
+once through ``run_batched`` (one engine step for all K) and once each through ``run_training``, on
+the device given, and writes the largest relative difference of the final validation loss and of
+any point of the loss curve per gene, with the device, precision and torch version. On a CPU the
+tests hold these to bitwise equality (the vanilla gene) or ``trainer.SAME_RESULT_RTOL``; this
+script is how the claim is checked where the tests cannot run (a GPU).
+
+    python benchmarks/check_fold_device.py --device cuda --out docs/results/gpu/fold-h100.json
+    python benchmarks/check_fold_device.py --device cpu --steps 8 --out /tmp/fold-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from evo_attention import Config
+from evo_attention.data import data_from_config
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import SAME_RESULT_RTOL, run_batched, run_training
+
+GENES = ("dot|softmax|none|fixed|bias|0.10", "dot|softmax|output_gate|learned", "cosine|sigmoid|none|adaptive",
+         "dot|softmax|none|fixed|abias=rel|win=4")
+SMALL = dict(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 2000,
+                                                                   "eval_examples": 200},
+             d_model=32, n_heads=4, n_layers=2, dropout=0.1, batch_size=16, eval_batch_size=100, eval_steps=None,
+             learning_rate=2e-3, log_every=10)
+
+
+def gaps(batched, alone) -> dict:
+    val = abs(batched.val_loss - alone.val_loss) / abs(alone.val_loss)
+    curve = max((abs(x - y) / abs(y) for (_, x), (_, y) in zip(batched.curve, alone.curve)), default=0.0)
+    return {"val_loss_rel": val, "curve_rel": curve, "bitwise": batched.val_loss == alone.val_loss
+            and batched.curve == alone.curve, "batched": batched.extra.get("batched"),
+            "fallback": batched.extra.get("batch_fallback")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--models", type=int, default=3)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    config = Config(**SMALL, train_steps=args.steps, precision=args.precision, device=args.device)
+    data = data_from_config(config)
+    rows, start = [], time.perf_counter()
+    for gene in GENES:
+        trials = [Trial.from_config(gene, config.replace(seed=s, learning_rate=2e-3 * (1 + s)), data=data)
+                  for s in range(args.models)]
+        batched = run_batched(trials, data)
+        alone = [run_training(t, data) for t in trials]
+        for b, a in zip(batched, alone):
+            rows.append({"gene": gene, "seed": a.record.seed, **gaps(b.record, a.record)})
+    out = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+           "torch": torch.__version__, "precision": args.precision, "steps": args.steps, "models": args.models,
+           "rtol_of_the_tests": SAME_RESULT_RTOL[args.precision], "seconds": time.perf_counter() - start,
+           "command": " ".join(["python", *sys.argv]), "rows": rows,
+           "largest_rel": max(max(r["val_loss_rel"], r["curve_rel"]) for r in rows)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    for r in rows:
+        print(f"{r['gene']:40s} seed {r['seed']}: val {r['val_loss_rel']:.2e} curve {r['curve_rel']:.2e}"
+              f"{' bitwise' if r['bitwise'] else ''}{' (alone: ' + r['fallback'] + ')' if r['fallback'] else ''}")
+    print(f"largest relative difference {out['largest_rel']:.2e} (tests' bound on a CPU {out['rtol_of_the_tests']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

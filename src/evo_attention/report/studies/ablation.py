@@ -1,0 +1,217 @@
+"""An ablation: reads an ablation result (``variants`` with their comparisons ``vs_full`` and
+``vs_baseline``, ``total`` and ``contributions``, and for a gene that sets its own recipe the
+``recipe_vs_mechanism`` block of the 2x2) and renders the variants table, the contribution
+sentences, the recipe-or-mechanism section, and the whole ``ablation.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from evo_attention.report.attachments import output_stem
+from evo_attention.report.studies.common import change_text, ci_text, digits_for, p_text, seed_note, study_schedule
+from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.util import stats
+from evo_attention.util.format import code, fmt, markdown_table, md_cell
+
+
+# gene field -> how an ablation names it
+FIELD_LABELS = {"similarity": "similarity", "normalization": "normalization", "gating": "gating",
+                "temperature_mode": "temperature", "use_bias": "bias", "attention_dropout": "attention dropout",
+                "learning_rate": "learning rate", "warmup": "warm-up", "weight_decay": "weight decay"}
+
+
+def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the ablation table in plain text."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    rates = grid_rates(result)
+    headers = ["Variant", "What changed", "Key", "Seeds ok"] + (["lr"] if rates else []) + [
+        f"Mean [{conf} CI]", "Δ vs full gene", "p (Holm)", "Δ vs baseline", "p (Holm)"]
+    rows = []
+    for r in result.get("variants", []):
+        n = len(r.get("values") or [])
+        crossed = r.get("kind") in ("mechanism", "recipe")  # a cell of the recipe-or-mechanism 2x2
+        change = str(r.get("change")).split(": ", 1)[-1] if r.get("field") or crossed else "-"
+        cells = [str(r.get("name")), change, str(r.get("gene")), f"{n - (r.get('n_failed') or 0)}/{n}"]
+        cells += [grid_rate_cell(rates.get(r.get("gene")))] if rates else []
+        cells += [f"{fmt(r.get('mean'), d)} {ci_text(r.get('ci_low'), r.get('ci_high'), d)}"]
+        for key in ("vs_full", "vs_baseline"):
+            c = r.get(key)
+            if not c or c.get("difference") is None:
+                cells += ["-", "-"]
+            else:
+                cells += [change_text(c, result.get("metric", "")), p_text(c.get("p_holm"))]
+        rows.append(cells)
+    return headers, rows, "lllr" + ("r" if rates else "") + "rrrrr"
+
+
+def contribution_lines(result: Mapping) -> list[str]:
+    """Plain sentences: what each field contributes, strongest first."""
+    d = digits_for(result.get("metric", ""))
+    label = result.get("metric_label", "perplexity")
+    alpha = 1.0 - float(result.get("confidence", 0.95))
+    lines = []
+    relative = result.get("analysis") == stats.ANALYSIS and result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+
+    def amount(c: Mapping) -> str:
+        if relative:
+            span = "" if c.get("low") is None else f" [{100 * c['low']:+.2f}%, {100 * c['high']:+.2f}%]"
+            return f"{100 * c['value']:+.2f}%{span}"
+        return f"{c['value']:+.{d}f} {ci_text(c.get('low'), c.get('high'), d)}"
+
+    total = result.get("total") or {}
+    if total.get("value") is not None:
+        lines.append(f"Whole gene vs baseline: {label} improves by {amount(total)} "
+                     f"({_contribution_significance(total, alpha, result.get('confidence', 0.95))}).")
+    for kind, text in (("remove", "removing it from the gene costs"), ("add", "adding it alone to the baseline gains")):
+        items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("value") is not None]
+        for c in sorted(items, key=lambda c: -c["value"]):
+            significance = _contribution_significance(c, alpha, result.get('confidence', 0.95))
+            lines.append(f"{c['change']}: {text} {amount(c)} ({significance}).")
+    return lines
+
+
+def _contribution_significance(c: Mapping, alpha: float, confidence: float) -> str:
+    if c.get("p_holm") is not None and c["p_holm"] < alpha:
+        return f"significant at {stats.percent(confidence)} after Holm's correction"
+    if c.get("low") is not None and (c["low"] > 0 or c["high"] < 0):
+        return "its own interval excludes 0, but not significant after Holm's correction"
+    return "not distinguishable from 0"
+
+
+RECIPE_CELLS = (("neither", "baseline"), ("mechanism", "mechanism alone (the gene's mechanism, the baseline's recipe)"),
+                ("recipe", "recipe alone (the baseline, the gene's recipe)"), ("both", "the gene"))
+
+
+def recipe_mechanism_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
+    """(headers, rows, align) of the 2x2 (mean and interval of each cell), None without one."""
+    block = result.get("recipe_vs_mechanism")
+    if not block:
+        return None
+    d = digits_for(result.get("metric", ""))
+    cells = block.get("cells") or {}
+
+    def cell(name: str) -> str:
+        c = cells.get(name) or {}
+        return f"{fmt(c.get('mean'), d)} {ci_text(c.get('ci_low'), c.get('ci_high'), d)}"
+
+    headers = ["Mechanism (rows), recipe (columns)", "the baseline's recipe",
+               f"the gene's recipe ({block.get('parts_text')})"]
+    rows = [["the baseline's mechanism", cell("neither"), cell("recipe")],
+            ["the gene's mechanism", cell("mechanism"), cell("both")]]
+    return headers, rows, "lrr"
+
+
+def _recipe_share_text(share: Mapping, block: Mapping, metric: str) -> str:
+    """A share (positive = better) with its interval: in % on the log scale, else in the metric's units."""
+    if block.get("scale") == "log" and share.get("relative") is not None:
+        low, high = share.get("relative_ci_low"), share.get("relative_ci_high")
+        span = "" if low is None or high is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
+        return f"{100 * share['relative']:+.2f}%{span}"
+    if share.get("mean") is None:
+        return "-"
+    d = digits_for(metric)
+    return f"{share['mean']:+.{d}f} {ci_text(share.get('ci_low'), share.get('ci_high'), d)}"
+
+
+def _recipe_gain_text(value, block: Mapping, metric: str, lower: bool) -> str:
+    if value is None:
+        return "-"
+    if block.get("scale") == "log":
+        return f"{100 * (-math.expm1(-value) if lower else math.expm1(value)):+.2f}%"
+    return f"{value:+.{digits_for(metric)}f}"
+
+
+def recipe_mechanism_lines(result: Mapping) -> list[str]:
+    """Plain sentences: the gene's advantage, the recipe's share and the mechanism's (each with
+    its gain alone and with the other), the interaction test, and which share is the larger."""
+    block = result.get("recipe_vs_mechanism")
+    if not block:
+        return []
+    metric, lower = result.get("metric", ""), result.get("lower_is_better", True)
+    alpha = 1.0 - float(result.get("confidence", 0.95))
+    shares, label = block.get("shares") or {}, result.get("metric_label", "perplexity")
+
+    def p(value) -> str:
+        return "p -" if value is None else f"p {p_text(value)}"
+
+    total = shares.get("total") or {}
+    lines = [f"Whole advantage of the gene over the baseline: {label} improves by "
+             f"{_recipe_share_text(total, block, metric)} ({p(total.get('p_value'))}, {block.get('n')} paired seeds"
+             + (f", {block['n_dropped']} dropped for a failed cell" if block.get("n_dropped") else "") + ")."]
+    for name, what in (("recipe", f"the recipe ({block.get('parts_text')})"), ("mechanism", "the mechanism")):
+        share = shares.get(name) or {}
+        fraction = share.get("fraction")
+        of = f", {100 * fraction:.0f}% of the advantage" if fraction is not None else ""
+        other = "the gene's mechanism" if name == "recipe" else "the gene's recipe"
+        lines.append(f"Share of {what}: {_recipe_share_text(share, block, metric)} ({p(share.get('p_value'))}{of}); "
+                     f"its gain alone {_recipe_gain_text(share.get('alone'), block, metric, lower)}, with {other} "
+                     f"{_recipe_gain_text(share.get('with'), block, metric, lower)}.")
+    inter = block.get("interaction") or {}
+    if inter.get("change") is not None:
+        units = "log units" if block.get("scale") == "log" else "units"
+        span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
+        if inter.get("p_value") is not None and inter["p_value"] < alpha:
+            reading = ("the two reinforce each other (each share holds half of their joint gain)" if inter["change"] > 0
+                       else "the two overlap: part of what one does, the other does too")
+        else:
+            reading = "not distinguishable from 0: the two gains add up"
+        lines.append(f"Interaction (the mechanism's gain with the gene's recipe minus its gain with the baseline's, "
+                     f"{units}): {inter['change']:+.4f}{span} ({p(inter.get('p_value'))}): {reading}.")
+    larger = block.get("larger")
+    if larger:
+        share = shares.get(larger) or {}
+        decided = share.get("p_value") is not None and share["p_value"] < alpha
+        lines.append(f"The larger share is the {larger}'s" + (
+            "." if decided else ", but its own interval reaches 0: more seeds are needed to say it carries the advantage."))
+    return lines
+
+
+def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
+    """The markdown of an ablation's recipe-or-mechanism 2x2 (nothing for a gene without recipe parts)."""
+    table = recipe_mechanism_table(result)
+    if table is None:
+        return []
+    block = result["recipe_vs_mechanism"]
+    headers, rows, align = table
+    cells = block.get("cells") or {}
+    lines = [f"{level} Recipe or mechanism", "",
+             f"The gene sets its own training recipe ({md_cell(block.get('parts_text'))}) besides its mechanism, so "
+             "its advantage over the baseline may come from either. The four crossings were trained on the same "
+             f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "
+             "CI]:", "",
+             markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+             "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
+             "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
+             "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "
+             "with the gene's recipe against its gain with the baseline's.", ""]
+    lines += [f"- {md_cell(t)}" for t in recipe_mechanism_lines(result)] + [""]
+    lines += [f"- {md_cell(text.split(' (')[0])}: `{md_cell((cells.get(name) or {}).get('gene'))}`"
+              for name, text in RECIPE_CELLS] + [""]
+    return lines
+
+
+def ablation_markdown(result: Mapping) -> str:
+    """The text of ``ablation.md``."""
+    headers, rows, align = ablation_table(result)
+    md_rows = [[md_cell(c) if i != 2 else code(c) for i, c in enumerate(row)] for row in rows]
+    seeds = result.get("seeds") or []
+    label = result.get("metric_label", "perplexity")
+    lines = [
+        f"# Ablation of {md_cell(result.get('str'))} (`{md_cell(result.get('gene'))}`)", "",
+        f"Each variant was trained with seeds {', '.join(map(str, seeds))} ({seed_note(result)}), "
+        f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
+        f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
+        f"within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        f"Learning-rate schedule: {study_schedule(result)}.", "",
+        markdown_table(headers, md_rows, align).rstrip(), "",
+        "## Contributions", "",
+        f"Positive = the field makes the {label} better.", "",
+    ]
+    lines += [f"- {md_cell(t)}" for t in contribution_lines(result)] + [""]
+    lines += recipe_mechanism_section(result)
+    lines += [f"![Contributions]({output_stem('ablation', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "ablation", names={r["gene"]: r["name"] for r in reversed(result.get("variants", []))})
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""What every study's rendering shares: metric names and labels, the learning-rate schedule in
+words, and the cells of a paired comparison with the baseline (change, interval, p, verdict).
+
+Reads plain result mappings as the studies write them to JSON (a row of a validation-shaped result:
+``mean``, ``ci_low``/``ci_high``, ``difference`` or ``relative`` with their intervals, ``p_holm``,
+``verdict``...) and returns text; nothing here knows which study made the result.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from evo_attention.genes import AttentionGene, recipe_of
+from evo_attention.train.config import describe_schedule
+from evo_attention.util import stats
+from evo_attention.util.errors import UserError
+from evo_attention.util.format import fmt
+
+
+# metric -> (label, lower is better)
+METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "accuracy": ("accuracy", False),
+           "bits_per_byte": ("bits per byte", True), "bits_per_char": ("bits per character", True),
+           "suite_accuracy": ("suite accuracy", False)}  # the mean accuracy over a suite's points (train.suite)
+
+
+def schedule_text(config: Mapping | None, steps: int | None = None, *, grid: Sequence[float] = (),
+                  genes: Iterable[str] = ()) -> str:
+    """The learning-rate schedule a study's trainings ran, in words: ``train.config.describe_schedule``
+    of its stored config over ``steps`` (default its ``train_steps``). With a learning-rate ``grid``
+    the rate is each gene's own of it; when one of ``genes`` sets its own recipe parts (lr=, wu=,
+    wd=), the sentence says that they replace the run's for that gene."""
+    text = describe_schedule(config or {}, steps)
+    if grid:
+        text = f"lr each gene's own best of {', '.join(f'{r:g}' for r in grid)}, " + text.partition(", ")[2]
+    if any(recipe_of(key) for key in genes if _parses(key)):
+        text += "; a gene's own recipe parts (lr=, wu=, wd= in its key) replace these for that gene"
+    return text
+
+
+def _parses(key: str) -> bool:
+    try:
+        AttentionGene.parse(key)
+    except ValueError:  # a key naming a plugin's component that is not loaded here
+        return False
+    return True
+
+
+def metric_info(metric: str, eval_split: str = "valid") -> tuple[str, bool, str]:
+    """(label, lower_is_better, axis text) of a metric name."""
+    if metric not in METRICS:
+        raise UserError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    label, lower = METRICS[metric]
+    split = "validation" if eval_split == "valid" else eval_split
+    return label, lower, f"{split} {label} ({'lower' if lower else 'higher'} is better)"
+
+
+def ci_text(low, high, digits: int) -> str:
+    """An interval as a cell: ``[low, high]`` to ``digits`` decimals, ``-`` when an end is missing."""
+    return "-" if low is None or high is None else f"[{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+def digits_for(metric: str) -> int:
+    return 4 if metric in ("val_loss", "accuracy", "bits_per_byte", "bits_per_char", "suite_accuracy") else 3
+
+
+def p_text(value) -> str:
+    return "-" if value is None else ("< 0.0001" if value < 1e-4 else f"{value:.4f}")
+
+
+def change_text(row: Mapping, metric: str) -> str:
+    """A gene's paired change from the baseline with its interval: relative (in %) on a ratio
+    metric's log scale, else in the metric's units."""
+    if row.get("scale") == "log" and row.get("relative") is not None:
+        low, high = row.get("relative_ci_low"), row.get("relative_ci_high")
+        span = "" if low is None or high is None else f" [{100 * low:+.2f}, {100 * high:+.2f}]"
+        return f"{100 * row['relative']:+.2f}%{span}"
+    if row.get("difference") is None:
+        return "-"
+    d = digits_for(metric)
+    return f"{row['difference']:+.{d}f} {ci_text(row.get('diff_ci_low'), row.get('diff_ci_high'), d)}"
+
+
+def verdict_cell(row: Mapping) -> str:
+    """The verdict as a table shows it: the word with its margin, and for an undetermined one what
+    these seeds could detect and how many would decide it."""
+    label = str(row.get("verdict_label") or row.get("verdict") or "")
+    if row.get("verdict") != stats.UNDETERMINED:
+        return label
+    parts = []
+    if row.get("mde_relative") is not None:
+        parts.append(f"detects ±{100 * row['mde_relative']:.1f}%")
+    elif row.get("mde") is not None:
+        parts.append(f"detects ±{row['mde']:.3g}")
+    needed = row.get("seeds_for_equivalence")
+    parts.append(f"~{needed} seeds to decide" if needed is not None else "more seeds than planned to decide")
+    return f"{label} ({'; '.join(parts)})"
+
+
+def margin_text(result: Mapping) -> str:
+    margin = result.get("margin", stats.DEFAULT_MARGIN)
+    if result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS:
+        return f"±{100 * margin:g}%"
+    return f"±{margin:g}"
+
+
+def comparison_note(result: Mapping) -> str:
+    """How the comparisons of a validation-shaped result were made, in words."""
+    family = result.get("family_size") or len(result.get("genes", []))
+    log = result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+    scale = "of the log values (the change is relative)" if log else "of the values"
+    recomputed = (" These comparisons were recomputed by the current rule from the per-seed values of a result "
+                  "written by an earlier version." if result.get("recomputed") else "")
+    return (f"Each gene is compared with the baseline seed by seed (both trained on the same seeds): a paired "
+            f"t-test on the per-seed differences {scale}, with its t interval (a bootstrap interval is in the "
+            f"JSON); the unpaired Welch interval it replaces is shown beside it. p (Holm) is corrected over the "
+            f"{family} comparison{'s' if family != 1 else ''} made against these baseline trainings. The verdict: "
+            f"better or worse when the Holm p < {1 - result.get('confidence', 0.95):.2g}; else equivalent within "
+            f"{margin_text(result)} when the equivalence test (TOST, Holm-corrected) says so; else undetermined, with "
+            f"the effect these seeds could detect (power 0.8) and about how many seeds would decide it."
+            + recomputed)
+
+
+def seed_note(result: Mapping) -> str:
+    if result.get("search_seed") is not None:
+        return f"not the search seed {result['search_seed']}, on which the search picked its winners"
+    seed = (result.get("config") or {}).get("seed")
+    return f"seed + 1 ... seed + N of the configured seed {seed}, which itself is left out"
+
+
+def study_schedule(result: Mapping, steps: int | None = None) -> str:
+    """``schedule_text`` of a validation- or ablation-shaped result (its config, steps, grid and genes)."""
+    genes = [r.get("gene") for r in list(result.get("genes") or []) + list(result.get("variants") or [])]
+    steps = steps if steps is not None else result.get("steps") if isinstance(result.get("steps"), int) else None
+    return schedule_text(result.get("config"), steps, grid=(result.get("grid") or {}).get("rates") or (),
+                         genes=[str(g) for g in genes if g])

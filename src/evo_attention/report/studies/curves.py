@@ -1,0 +1,91 @@
+"""A difficulty curve: reads a curve result (the ``knob`` and its ``values``, per gene its
+``points`` with mean accuracy and interval and where it ``breaks_at``, the chance accuracy per
+point) and renders the curve table, the note on what its cells mean, and ``curve.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from evo_attention.report.attachments import CURVE_FIGURE
+from evo_attention.util import stats
+from evo_attention.util.format import code, markdown_table, md_cell, number
+
+
+BREAK_MARK = "↓"  # marks the cell of the value where a gene breaks
+
+
+def curve_knob_text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def curve_cell(row: Mapping, breaks: bool = False) -> str:
+    """A gene at one value: mean accuracy ± the half-width of its interval, the seeds that finished
+    when some did not, ``BREAK_MARK`` where the gene breaks."""
+    if row.get("mean") is None:
+        return "failed" if row.get("n_failed") else "-"
+    text = f"{row['mean']:.3f}" + (f" ± {row['half_width']:.3f}" if row.get("half_width") is not None else "")
+    if row.get("n_failed"):
+        text += f" ({row.get('n_ok')}/{row.get('n_ok', 0) + row['n_failed']})"
+    return f"{BREAK_MARK} {text}" if breaks else text
+
+
+def curve_breaks_text(gene: Mapping, knob: str) -> str:
+    if gene.get("breaks_at") is not None:
+        return f"{knob}={curve_knob_text(gene['breaks_at'])}"
+    return "holds" if gene.get("holds") else "-"
+
+
+def curve_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of a curve: a row per gene (the gene key in column 1), a column per
+    value of the knob, where it breaks; the last row is the chance accuracy."""
+    knob, values = result.get("knob", "knob"), result.get("values") or []
+    headers = (["Configuration", "Gene"] + [f"{knob}={curve_knob_text(v)}" for v in values]
+               + [f"Breaks at (mean < {result.get('break_at', 0.5):g})"])
+    rows = []
+    for gene in result.get("genes") or []:
+        cells = [curve_cell(row, gene.get("breaks_at") is not None and row.get("value") == gene["breaks_at"])
+                 for row in gene.get("points") or []]
+        rows.append([str(gene.get("name", "")), str(gene.get("gene", ""))] + cells + [curve_breaks_text(gene, knob)])
+    rows.append(["chance", None] + [number(p.get("chance_accuracy"), ".3f") for p in result.get("points") or []]
+                + [""])
+    return headers, rows, "ll" + "r" * len(values) + "l"
+
+
+def curve_note(result: Mapping) -> str:
+    """What a curve's cells and breakpoints mean."""
+    seeds = result.get("seeds") or []
+    conf = stats.percent(result.get("confidence", 0.95))
+    spread = (f"the mean over {len(seeds)} seeds ± the half-width of its {conf} t interval"
+              if len(seeds) > 1 else "one seed (no interval)")
+    return (f"Each cell: validation accuracy (the fraction of answers right), {spread}; (k/n) when only k of n seeds "
+            f"finished. A gene breaks at the first value, in the order given, where its mean accuracy falls below "
+            f"{result.get('break_at', 0.5):g} ({BREAK_MARK} marks that cell); it holds when its mean stays at or "
+            "above it at every value. The last row is chance accuracy.")
+
+
+def curve_markdown(result: Mapping) -> str:
+    """``curve.md``: what was swept and trained, then the table and the figure."""
+    m = result.get("model") or {}
+    knob, seeds = result.get("knob"), result.get("seeds") or []
+    values = ", ".join(curve_knob_text(v) for v in result.get("values") or [])
+    lines = [
+        f"# Difficulty curve: accuracy against {knob} ({result.get('task')})", "",
+        f"Data `{md_cell(result.get('base_data'))}` with {knob} = {values}; {m.get('d_model')}d x "
+        f"{m.get('n_layers')} layers x {m.get('n_heads')} heads (FFN {m.get('d_ff')}), {m.get('block', 'gpt2')} "
+        f"block; {result.get('steps')} steps of batch {m.get('batch_size')}, lr {number(m.get('learning_rate'), 'g')} "
+        f"({m.get('lr_schedule')}); seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}.", "",
+        curve_note(result), "",
+    ]
+    if result.get("interrupted"):
+        lines += ["**Interrupted**: the cells without a result did not finish; run the same command again to "
+                  "resume.", ""]
+    lines += [curve_table_markdown(result).rstrip(), "", f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
+    return "\n".join(lines)
+
+
+def curve_table_markdown(result: Mapping) -> str:
+    """A curve's table as ``curve.md`` (and the docs) show it."""
+    headers, rows, align = curve_table(result)
+    cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
+    return markdown_table(headers, cells, align).rstrip() + "\n"

@@ -1,0 +1,170 @@
+"""Transfer across scale: reads a transfer result (the ladder's ``sizes``, each with its shape,
+budget, Kendall's tau and the ``baseline`` and ``genes`` rows with their paired comparison,
+``advantage`` and its interval, ``interaction`` with the reference size and ``transfer`` verdict;
+an optional ``grid`` per size) and renders the ladder and gene tables, the headline, the note on
+how the numbers were made, and ``transfer.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from evo_attention.report.attachments import output_stem
+from evo_attention.report.studies.common import (change_text, ci_text, digits_for, p_text, schedule_text, seed_note,
+                                                 verdict_cell)
+from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.util import stats
+from evo_attention.util.format import code, fmt, markdown_table, md_cell
+
+
+def transfer_share(value, signed: bool = True) -> str:
+    """A fraction as a percentage: 0.031 -> '+3.1%' ('-' when missing)."""
+    return "-" if value is None else f"{100 * value:{'+' if signed else ''}.1f}%"
+
+
+def transfer_share_ci(low, high) -> str:
+    """An interval of two fractions as percentages: ``[+1.0%, +5.2%]`` (``-`` when an end is missing)."""
+    return "-" if low is None or high is None else f"[{transfer_share(low)}, {transfer_share(high)}]"
+
+
+def transfer_advantage_text(row: Mapping) -> str:
+    """A gene's advantage with its interval: '+3.1% [+1.0%, +5.2%]'."""
+    interval = transfer_share_ci(row.get("advantage_low"), row.get("advantage_high"))
+    return f"{transfer_share(row.get('advantage'))} {interval}"
+
+
+def _transfer_best(result: Mapping) -> dict | None:
+    """The gene with the largest advantage at the reference size (None if none has one)."""
+    sizes = result.get("sizes") or []
+    rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get("advantage") is not None]
+    return max(rows, key=lambda r: (r["advantage"], r["gene"])) if rows else None
+
+
+def transfer_headline(result: Mapping) -> str:
+    """One sentence: the gene best at the reference size, carried to the largest size, and its verdict."""
+    sizes = result.get("sizes") or []
+    best = _transfer_best(result)
+    if len(sizes) < 2 or best is None:
+        return "No gene finished enough trainings at the reference size to compare it across sizes."
+    top = next((s for s in sizes if s.get("size") == result.get("largest")), sizes[-1])
+    at_top = next((g for g in top.get("genes", []) if g.get("gene") == best["gene"]), {})
+    conf = stats.percent(result.get("confidence", 0.95))
+    verdict = at_top.get("transfer", stats.TOO_FEW)
+    said = {stats.HOLDS: "holds", stats.SHRINKS: "shrinks", stats.VANISHES: "vanishes", stats.REVERSES: "reverses"}
+    what = (f"its advantage over the baseline **{said[verdict]}**" if verdict in said
+            else f"**{verdict}**")
+    tau = top.get("kendall_tau")
+    return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
+            f"(advantage {transfer_advantage_text(best)} -> {transfer_advantage_text(at_top)}, {conf} intervals); "
+            f"Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) at the two "
+            f"sizes {fmt(tau, 2)}.")
+
+
+def transfer_sizes_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the ladder: shape, budget, the baseline's parameters, Kendall's tau."""
+    ref = result.get("reference", "")
+    headers = ["Size", "Heads", "FFN", "Steps", "Tokens", "Params (baseline)", f"Kendall's tau vs {ref}", "p", "n"]
+    rows = []
+    for s in result.get("sizes", []):
+        label = str(s.get("size")) + (" (reference)" if s.get("reference") else "")
+        rows.append([label, fmt(s.get("n_heads")), fmt(s.get("d_ff")), fmt(s.get("steps")), fmt(s.get("tokens")),
+                     fmt(s.get("params")), "reference" if s.get("reference") else fmt(s.get("kendall_tau"), 2),
+                     "-" if s.get("reference") else p_text(s.get("kendall_p")), fmt(s.get("kendall_n"))])
+    return headers, rows, "lrrrrrrrr"
+
+
+def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of every gene at every size (the baseline first at each); the gene key
+    is column 1."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    grid = bool(result.get("grid"))
+    headers = ["Size", "Gene", "Seeds ok"] + (["lr"] if grid else []) + [
+        f"Mean [{conf} CI]", f"Paired change [{conf} CI]", "p (Holm)", "Verdict",
+        "Advantage change vs reference (p Holm)", "Params", "Transfer"]
+    rows = []
+    for s in result.get("sizes", []):
+        rates = grid_rates(result, s.get("size"))
+        for r in [s.get("baseline") or {}] + list(s.get("genes", [])):
+            n = len(r.get("values") or [])
+            cells = [str(s.get("size")), str(r.get("gene", "")), f"{n - (r.get('n_failed') or 0)}/{n}"]
+            cells += [grid_rate_cell(rates.get(r.get("gene")))] if grid else []
+            cells += [f"{fmt(r.get('mean'), d)} {ci_text(r.get('ci_low'), r.get('ci_high'), d)}"]
+            if r is s.get("baseline"):
+                cells += ["-", "-", "-", "-", fmt(r.get("params")), "baseline"]
+            else:
+                cells += [change_text(r, result.get("metric", "")), p_text(r.get("p_holm")), verdict_cell(r),
+                          transfer_interaction_text(r.get("interaction")), fmt(r.get("params")), str(r.get("transfer", ""))]
+            rows.append(cells)
+    return headers, rows, "llr" + ("r" if grid else "") + "rrrlrrl"
+
+
+def transfer_interaction_text(inter: Mapping | None) -> str:
+    """The change of a gene's paired (log) advantage from the reference size, with its interval
+    and Holm p ('-' at the reference size)."""
+    if not inter or inter.get("change") is None:
+        return "-"
+    span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
+    return f"{inter['change']:+.4f}{span} (p {p_text(inter.get('p_holm'))})"
+
+
+def transfer_note(result: Mapping) -> str:
+    """How the numbers were made, in one paragraph."""
+    seeds = result.get("seeds") or []
+    conf = stats.percent(result.get("confidence", 0.95))
+    budget = (f"{result['tokens_per_param']:g} training tokens per baseline parameter at each size"
+              if result.get("tokens_per_param") else "the steps listed per size")
+    return (f"Every gene and the vanilla baseline were trained {len(seeds)} times at each size, with seeds "
+            f"{', '.join(map(str, seeds))} ({seed_note(result)}), in the {result.get('block', 'gpt2')} block, for "
+            f"{budget}, and measured on the {result.get('eval_split')} split. The reference is "
+            f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have "
+            f"{conf} t intervals. Each gene is compared with the baseline seed by seed at each size (a paired t-test "
+            f"on the per-seed log differences; the change is relative, so it reads the same at every size); p "
+            f"(Holm) is corrected over every comparison of the ladder and those the store holds against the same "
+            f"baseline trainings, and decides the verdict (better, worse, equivalent within the margin, or "
+            f"undetermined). The interaction test asks whether the advantage changes from the reference size: a "
+            f"paired t-test of the per-seed differences of log differences (Holm over genes and sizes). The transfer "
+            f"word reads the advantage's interval at each size against the reference (the rule below). Kendall's tau "
+            f"compares the ranking of the genes and the baseline by their means with the reference size's, when at "
+            f"least 4 are ranked.")
+
+
+def transfer_schedule_lines(result: Mapping) -> list[str]:
+    """``SIZE: schedule`` per size of a ladder (a warm-up fraction resolves to each size's steps)."""
+    grid = (result.get("grid") or {}).get("rates") or ()
+    genes = [str(g.get("gene")) for g in result.get("genes") or []]
+    return [f"{s.get('size')}: {schedule_text(result.get('config'), s.get('steps'), grid=grid, genes=genes)}"
+            for s in result.get("sizes") or []]
+
+
+def transfer_rule_lines() -> list[str]:
+    """The verdict rule, one line per verdict, in the order it is applied."""
+    return [f"**{verdict}**: {text}" for verdict, text in stats.TRANSFER_RULE]
+
+
+def transfer_markdown(result: Mapping) -> str:
+    """The text of ``transfer.md``."""
+    headers, rows, align = transfer_sizes_table(result)
+    genes_headers, gene_rows, genes_align = transfer_table(result)
+    gene_md = [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in gene_rows]
+    lines = [
+        "# Transfer across scale", "",
+        result.get("headline", ""), "",
+        transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
+        "",
+        markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+        "Learning-rate schedule at each size:", "",
+        *[f"- {md_cell(line)}" for line in transfer_schedule_lines(result)], "",
+        markdown_table(genes_headers, gene_md, genes_align).rstrip(), "",
+        "Verdicts (the first rule that applies, at each size against the reference):", "",
+    ]
+    lines += [f"- {line}" for line in transfer_rule_lines()] + [""]
+    failures = [(s.get("size"), r.get("gene"), e) for s in result.get("sizes", [])
+                for r in [s.get("baseline") or {}] + list(s.get("genes", [])) for e in r.get("errors", [])]
+    if failures:
+        lines += ["Failed trainings (left out of the statistics):", ""]
+        lines += [f"- {size} `{g}`: {md_cell(e)}" for size, g, e in failures] + [""]
+    lines += [f"![{result.get('metric_label', 'perplexity')} against parameters]"
+              f"({output_stem('transfer', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "transfer")
+    return "\n".join(lines)

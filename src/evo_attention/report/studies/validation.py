@@ -1,0 +1,124 @@
+"""A multi-seed validation: reads a validation result (``baseline`` and ``genes`` rows with their
+per-seed ``values``, mean, interval and paired comparison; ``seeds``, ``metric``, ``confidence``,
+``family_size``, an optional ``grid``) and renders its verdict table, the one-sentence headline, and
+the whole ``validation.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from evo_attention.report.attachments import output_stem
+from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, p_text,
+                                                 seed_note, study_schedule, verdict_cell)
+from evo_attention.report.studies.cost import cost_markdown
+from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.util import stats
+from evo_attention.util.format import code, fmt, markdown_table, md_cell
+
+
+def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of the validation table; cells are plain text, the first column the
+    gene key (the baseline first)."""
+    d = digits_for(result.get("metric", ""))
+    conf = stats.percent(result.get("confidence", 0.95))
+    search_seed = result.get("search_seed")
+    show_search = any(r.get("search_value") is not None for r in result.get("genes", []))
+    family = result.get("family_size") or len(result.get("genes", []))
+    rates = grid_rates(result)
+    headers = ["Gene", "Seeds ok"] + (["lr"] if rates else []) + ["Mean ± sd", f"{conf} CI"]
+    headers += ["Search" + (f" (seed {search_seed})" if search_seed is not None else "")] if show_search else []
+    headers += [f"Paired change [{conf} CI]", "Unpaired (Welch)", "p (paired)", f"p (Holm, {family})", "Verdict"]
+    rows = []
+    for r in [result.get("baseline") or {}] + list(result.get("genes", [])):
+        is_base = r is result.get("baseline")
+        n_ok = len(r.get("values") or []) - (r.get("n_failed") or 0)
+        cells = [str(r.get("gene", "")), f"{n_ok}/{len(r.get('values') or [])}"]
+        cells += [grid_rate_cell(rates.get(r.get("gene")))] if rates else []
+        cells += [f"{fmt(r.get('mean'), d)} ± {fmt(r.get('sd'), d)}", ci_text(r.get("ci_low"), r.get("ci_high"), d)]
+        cells += [fmt(r.get("search_value"), d)] if show_search else []
+        if is_base:
+            cells += ["-"] * 4 + ["baseline (reference)"]
+        else:
+            cells += [change_text(r, result.get("metric", "")), welch_change_text(r), p_text(r.get("p_value")),
+                      p_text(r.get("p_holm")), verdict_cell(r)]
+        rows.append(cells)
+    align = "l" + "r" * (len(headers) - 2) + "l"
+    return headers, rows, align
+
+
+def welch_change_text(row: Mapping) -> str:
+    """The unpaired (Welch) difference the paired one replaces, in % of the baseline's mean."""
+    w = row.get("welch") or {}
+    if w.get("difference_percent") is None:
+        return "-"
+    low, high = w.get("diff_ci_low_percent"), w.get("diff_ci_high_percent")
+    span = "" if low is None or high is None else f" [{low:+.2f}, {high:+.2f}]"
+    return f"{w['difference_percent']:+.2f}%{span}"
+
+
+def validation_best_row(result: Mapping) -> dict | None:
+    """The validated gene with the best mean (None if none has a value)."""
+    rows = [r for r in result.get("genes", []) if r.get("mean") is not None]
+    if not rows:
+        return None
+    sign = 1 if result.get("lower_is_better", True) else -1
+    return min(rows, key=lambda r: (sign * r["mean"], r["gene"]))
+
+
+def validation_headline(result: Mapping) -> str:
+    """One sentence: the best validated gene vs the baseline, its paired change with the interval,
+    and the verdict with its numbers."""
+    best, base = validation_best_row(result), result.get("baseline") or {}
+    label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
+        digits_for(result.get("metric", ""))
+    seeds = result.get("seeds") or []
+    split = "validation" if result.get("eval_split") == "valid" else str(result.get("eval_split"))
+    span = f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]})" if seeds else "no seeds"
+    if best is None:
+        return f"No validated gene finished a training ({span}, {split} split)."
+    text = (f"{best.get('str', best.get('gene'))} {split} {label} {fmt(best['mean'], d)} {conf} CI "
+            f"{ci_text(best.get('ci_low'), best.get('ci_high'), d)}"
+            f" vs baseline {fmt(base.get('mean'), d)} {ci_text(base.get('ci_low'), base.get('ci_high'), d)}")
+    if best.get("difference") is not None:
+        text += f"; paired change {change_text(best, result.get('metric', ''))}"
+    if best.get("p_holm") is not None:
+        family = result.get("family_size") or len(result.get("genes", []))
+        text += f", Holm p = {best['p_holm']:.3g} over {family} comparison{'s' if family != 1 else ''}"
+    return text + f" over {span}: **{verdict_cell(best)}**."
+
+
+def validation_table_markdown(result: Mapping) -> str:
+    """The verdict table of a validation result, as ``validation.md`` (and the docs) show it."""
+    headers, rows, align = validation_table(result)
+    md_rows = [[md_cell(c) if i != 0 else code(c) for i, c in enumerate(row)] for row in rows]
+    return markdown_table(headers, md_rows, align).rstrip() + "\n"
+
+
+def validation_markdown(result: Mapping) -> str:
+    """The text of ``validation.md``."""
+    seeds = result.get("seeds") or []
+    lines = [
+        "# Multi-seed validation", "",
+        result.get("headline", ""), "",
+        f"Every gene and the vanilla baseline were trained {len(seeds)} times, with seeds {', '.join(map(str, seeds))} "
+        f"({seed_note(result)}), "
+        f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
+        f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        f"Learning-rate schedule: {study_schedule(result)}.", "",
+        validation_table_markdown(result).rstrip(), "",
+    ]
+    costs = cost_markdown(result)
+    if costs:
+        lines += ["What each gene costs, the median over its seeds (in brackets: relative to the baseline). "
+                  "FLOPs count one training step's arithmetic; times are those of the machine and executor that "
+                  "trained it; latency is one eval-mode forward pass of an evaluation batch.", "",
+                  costs.rstrip(), ""]
+    failures = [(r["gene"], e) for r in [result.get("baseline") or {}] + list(result.get("genes", []))
+                for e in r.get("errors", [])]
+    if failures:
+        lines += ["Failed trainings (left out of the statistics):", ""]
+        lines += [f"- `{g}`: {md_cell(e)}" for g, e in failures] + [""]
+    lines += [f"![Per-seed values]({output_stem('validation', result.get('eval_split', 'valid'))}.png)", ""]
+    lines += grid_section(result, "validation")
+    return "\n".join(lines)

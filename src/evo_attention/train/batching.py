@@ -1,0 +1,173 @@
+"""How many trials train as one batch: the ``batch_models`` setting, measured per machine and shape.
+
+Which trials can share a batch, and how one trains, is the engine's (``train.trainer``:
+``shape_difference``, ``batch_problem``, ``run_batched``); this module answers how many. Whether
+batching pays depends on the machine and the model's shape: K folded models share every kernel
+launch, which pays where a step is many small operations and not where it is a few large matrix
+products that already fill the machine. So ``auto`` is measured per machine and shape, like
+``precision auto`` (``environment.choose_precision``), and kept in the same cache
+(``probe_cache``, ``batch-models-*.json``): a short probe times training steps of the shape's
+vanilla gene with K = 1, 2, 4, 8 through the engine, and ``auto`` takes the K of the most trainings
+per hour (K / seconds per step of the batch) if it beats K = 1 by at least BATCH_PROBE_GAIN, else 1
+(no batching). Memory bounds K: the peak memory of one model's training (measured with K = 1) times
+K must stay within MEMORY_FRACTION of the memory available (free device memory on CUDA, available
+RAM otherwise), shared by the trainings that run at once; a K beyond it is neither probed nor
+chosen. The file keeps the times and the memory of one model; the bound is applied with the memory
+available when a K is chosen. Per shape, not per genome (as the precision probe): every gene of a
+study at one size batches alike. A probe on a busy machine may choose wrongly, and its answer is
+kept: delete the ``batch-models-*.json`` files of the cache directory to measure again, or set
+batch_models (or EVO_ATTENTION_BATCH_MODELS, which decides what ``auto`` means: off, K, or auto to
+measure).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+from evo_attention.data.base import TaskData
+from evo_attention.train.config import batch_models_value
+from evo_attention.train.environment import (available_memory_mb, choose_precision, is_oom, memory_in_use_mb,
+                                             peak_memory_mb, reset_peak_memory, resolve_device)
+from evo_attention.train.probe_cache import probe_path, probe_shape, read_probe, write_probe_once
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import precision_step_times, step_seconds
+from evo_attention.util.errors import UserError
+
+BATCH_PROBE_VERSION = 1
+BATCH_PROBE_KS = (1, 2, 4, 8)
+BATCH_PROBE_GAIN = 0.10  # a batch must give 10% more trainings per hour than one model alone
+BATCH_PROBE_REPEATS = 2  # timed repeats per K, the fastest kept (other work only slows a repeat down)
+BATCH_PROBE_STEPS = 2  # timed steps per repeat, after one untimed step
+BATCH_PROBE_SLOW_STEP_S = 0.5  # building one model and its untimed step slower than this: 1 repeat of 1 step
+MEMORY_FRACTION = 0.5
+ENV_BATCH_MODELS = "EVO_ATTENTION_BATCH_MODELS"
+_BATCH_PROBES: dict[str, dict] = {}  # cache file -> its entry, per process
+
+
+def models_per_batch(setting: str | int, trial: Trial, data: TaskData, *, device: str | torch.device | None = None,
+                     share: int = 1) -> tuple[int, str]:
+    """How many trials of ``trial``'s shape (on ``data``) train as one batch, and why.
+
+    ``off``: 1; K: K; ``auto``: what ``EVO_ATTENTION_BATCH_MODELS`` says where it is set (off or
+    K), else the K measured for this shape on this machine (``probed_batch_times``, within the
+    memory bound; ``share``: how many trainings share the memory). Never raises for a failing
+    probe: auto is then 1, and nothing is kept."""
+    setting = batch_models_value(setting)
+    if setting != "auto":
+        return (1, "batch_models off") if setting == "off" else (setting, f"batch_models {setting}")
+    forced = os.environ.get(ENV_BATCH_MODELS, "").strip()
+    if forced and forced.lower() != "auto":
+        value = batch_models_value(forced, ENV_BATCH_MODELS)
+        return (1 if value == "off" else value), f"auto: {ENV_BATCH_MODELS}={forced}"
+    dev = resolve_device(device if device is not None else trial.train.device)
+    try:
+        entry, name = probed_batch_times(trial, data, dev, share=share)
+    except (KeyboardInterrupt, UserError):
+        raise
+    except Exception as exc:  # the trainings themselves will say what is wrong with the shape
+        return 1, f"auto: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+    return choose_models(entry, available_memory_mb(dev), share, source=name)
+
+
+def choose_models(entry: dict, available_mb: float | None, share: int = 1, *, source: str = "") -> tuple[int, str]:
+    """The K of a probe's ``entry`` (``{"seconds": {K: s per step of K models}, "step_memory_mb"}``):
+    the most trainings per hour within the memory bound, if at least BATCH_PROBE_GAIN above K = 1."""
+    seconds = {int(k): float(v) for k, v in entry["seconds"].items()}
+    memory = entry.get("step_memory_mb")
+    cap = MEMORY_FRACTION * available_mb / max(1, share) if available_mb is not None and memory else None
+    rates = {k: k / s for k, s in seconds.items() if k == 1 or cap is None or memory * k <= cap}
+    best = max(rates, key=lambda k: (rates[k], -k))
+    gain = rates[best] / rates[1]
+    measured = ", ".join(f"K={k} {1000 * s:.1f} ms" for k, s in sorted(seconds.items()))
+    where = f"; {source}" if source else ""
+    if best == 1 or gain < 1.0 + BATCH_PROBE_GAIN:
+        return 1, (f"auto: no batch pays here (best K={best}, {gain:.2f}x the trainings per hour; per step "
+                   f"{measured}{where})")
+    return best, f"auto: K={best} gives {gain:.2f}x the trainings per hour (per step {measured}{where})"
+
+
+def _batch_entry(entry: dict) -> bool:
+    seconds = entry.get("seconds")
+    return (isinstance(seconds, dict) and "1" in seconds
+            and all(k.isdigit() and isinstance(v, (int, float)) and v > 0 for k, v in seconds.items())
+            and (entry.get("step_memory_mb") is None or isinstance(entry.get("step_memory_mb"), (int, float))))
+
+
+def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
+    spec = trial.model.with_data(data.vocab_size, data.seq_len)
+    precision = choose_precision(trial.train.precision, device, spec, seq_len=data.seq_len,
+                                 batch_size=trial.train.batch_size,
+                                 timer=lambda: precision_step_times(trial, data, device))[0]
+    shape = {**probe_shape(spec, data.seq_len, trial.train.batch_size), "precision": precision}
+    if device.type == "cuda":
+        shape["gpu"] = torch.cuda.get_device_name(device)
+    return shape
+
+
+def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, share: int = 1) -> tuple[dict, str]:
+    """The probe's entry for ``trial``'s shape on this machine and the name of its cache file: read
+    from the cache, or probed now (``probe_batch_times``) and kept (the first answer written wins,
+    as for the precision probe)."""
+    path = probe_path(_batch_shape(trial, data, device), device, kind="batch-models", version=BATCH_PROBE_VERSION)
+    key = str(path)
+    if key not in _BATCH_PROBES:
+        found = read_probe(path, _batch_entry)
+        if found is None:
+            available = available_memory_mb(device)
+            budget = MEMORY_FRACTION * available / max(1, share) if available is not None else None
+            measured = probe_batch_times(trial, data, device, memory_budget_mb=budget)
+            entry = {"seconds": {str(k): v for k, v in measured["seconds"].items()},
+                     "step_memory_mb": measured["step_memory_mb"], "gain": BATCH_PROBE_GAIN,
+                     "threads": torch.get_num_threads(), "torch": torch.__version__}
+            found = write_probe_once(path, entry, _batch_entry)
+        _BATCH_PROBES[key] = found
+    return _BATCH_PROBES[key], path.name
+
+
+def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks: Sequence[int] = BATCH_PROBE_KS,
+                      repeats: int = BATCH_PROBE_REPEATS, steps: int = BATCH_PROBE_STEPS,
+                      memory_budget_mb: float | None = None) -> dict:
+    """Seconds per training step of K models of ``trial``'s shape (its vanilla gene, seeds 0..K-1,
+    eager) for each K of ``ks`` (1 first), and the peak memory in MB of one model's training (K = 1;
+    None where it cannot be measured). A K whose models would not fit in ``memory_budget_mb``, or
+    that runs out of memory, ends the probe. Torch's global RNG is left as it was."""
+    from evo_attention.genes import AttentionGene
+
+    slow = None
+    seconds: dict[int, float] = {}
+    memory = None
+    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+    devices = [index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for k in sorted(ks):
+            if k > 1 and memory is not None and memory_budget_mb is not None and memory * k > memory_budget_mb:
+                break
+            n_repeats, n_steps = (1, 1) if slow else (repeats, steps)
+            total = 1 + n_repeats * n_steps
+            base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
+                                 train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
+            trials = [base.replace(seed=i) for i in range(k)]
+            before = memory_in_use_mb(device)
+            reset_peak_memory(device)
+            try:
+                start = time.perf_counter()
+                trainer, per_step = step_seconds(trials, data, device=device, warmup=1, steps=n_steps,
+                                                 repeats=n_repeats)
+            except Exception as exc:
+                if k > 1 and is_oom(exc):
+                    break
+                raise
+            if trainer.step != total:
+                raise RuntimeError(f"the probe's training of {k} model(s) stopped at step {trainer.step} of {total}")
+            if k == 1:
+                if before is not None:
+                    memory = max(0.0, peak_memory_mb(device) - before)
+                slow = (time.perf_counter() - start) - n_repeats * n_steps * per_step > BATCH_PROBE_SLOW_STEP_S
+            seconds[k] = per_step
+            del trainer
+    return {"seconds": seconds, "step_memory_mb": memory}
+

@@ -1,0 +1,149 @@
+"""The optimizer rules of a training, written once for one model and for K folded models.
+
+The rules: AdamW with ``BETAS`` and ``ADAM_EPS``; weight decay on the matrices (``decays``: two or
+more dimensions, embeddings excepted), none on biases, norms, embeddings and scalars; gradients
+clipped to the recipe's ``grad_clip`` by their global norm. Both optimizers below follow them:
+
+- ``SingleAdamW``: one model, PyTorch's own ``AdamW`` (fused on CUDA) and ``clip_grad_norm_``;
+  its state is PyTorch's, so a checkpoint holds ``torch.optim.AdamW.state_dict()``.
+- ``StackedAdamW``: K models whose parameters are stacked [K, ...] (``nn.fold``), each with its
+  own rate, weight decay and clipping: the operations of PyTorch's single-tensor AdamW (decoupled
+  decay, then the moments, then ``param + (-step_size * exp_avg) / denom``) with each model's
+  scalars as a [K, 1, ...] tensor, and ``clip_grad_norm_``'s arithmetic per model slice, so a
+  model's update is bitwise the one its own ``SingleAdamW`` makes from the same gradient on a CPU.
+
+Both take ``step(rates, weight_decays, max_norms)`` with one entry per model, after the gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+
+BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+
+
+def decays(name: str, p: torch.Tensor) -> bool:
+    """Whether the parameter ``name`` is decayed: matrices, not embeddings (nor biases, norms, scalars)."""
+    return p.dim() >= 2 and "emb" not in name
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """``model``'s parameters in AdamW's two groups: decayed with ``weight_decay``, and undecayed."""
+    decayed, plain = [], []
+    for name, p in model.named_parameters():
+        (decayed if decays(name, p) else plain).append(p)
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def torch_adamw(model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device):
+    """PyTorch's AdamW over ``model`` under the rules (fused on CUDA)."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=BETAS, eps=ADAM_EPS,
+                             **({"fused": True} if device.type == "cuda" else {}))
+
+
+class SingleAdamW:
+    """One model: PyTorch's AdamW and ``clip_grad_norm_``."""
+
+    def __init__(self, model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device):
+        self.model = model
+        self.torch = torch_adamw(model, learning_rate, weight_decay, device)
+
+    def zero_grad(self) -> None:
+        self.torch.zero_grad(set_to_none=True)
+
+    def step(self, rates: Sequence[float], weight_decays: Sequence[float], max_norms: Sequence[float]) -> None:
+        (rate,), (max_norm,) = rates, max_norms  # the weight decay is the group's, set at construction
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        for group in self.torch.param_groups:
+            group["lr"] = rate
+        self.torch.step()
+
+
+class StackedAdamW:
+    """K AdamW optimizers over stacked parameters [K, ...] (see the module docstring)."""
+
+    def __init__(self, stacked: dict[str, nn.Parameter]):
+        self.names = list(stacked)
+        self.params = [stacked[n] for n in self.names]
+        self.decayed = [decays(n, p[0]) for n, p in zip(self.names, self.params)]
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def keep_models(self, index: torch.Tensor) -> None:
+        self.exp_avg = [m.index_select(0, index) for m in self.exp_avg]
+        self.exp_avg_sq = [v.index_select(0, index) for v in self.exp_avg_sq]
+
+    def moments(self, k: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Model k's AdamW moments by parameter name (copies)."""
+        return {name: (m[k].clone(), v[k].clone()) for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq)}
+
+    def step(self, rates: Sequence[float], weight_decays: Sequence[float], max_norms: Sequence[float]) -> None:
+        clip_per_model(self.params, max_norms)
+        self._adamw(rates, weight_decays)
+
+    @torch.no_grad()
+    def _adamw(self, rates: Sequence[float], weight_decays: Sequence[float]) -> None:
+        beta1, beta2 = BETAS
+        self.steps += 1
+        step = float(self.steps)
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+        k = len(rates)
+        first = self.params[0]
+        # each model's scalars, rounded to the parameters' dtype as torch rounds a Python scalar
+        step_size = torch.tensor([-(r / bias_correction1) for r in rates], dtype=first.dtype, device=first.device)
+        decay = None
+        if any(d != 0 for d in weight_decays):
+            decay = torch.tensor([1 - r * d for r, d in zip(rates, weight_decays)], dtype=first.dtype,
+                                 device=first.device)
+        for p, m, v, decayed in zip(self.params, self.exp_avg, self.exp_avg_sq, self.decayed):
+            if p.grad is None:
+                continue
+            g = p.grad
+            shape = (k,) + (1,) * (p.dim() - 1)
+            if decayed and decay is not None:
+                p.mul_(decay.view(shape))
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
+            p.add_(m * step_size.view(shape) / denom)  # addcdiv's (value * exp_avg) / denom
+
+
+@torch.no_grad()
+def clip_per_model(params: Sequence[nn.Parameter], max_norms: Sequence[float]) -> None:
+    """``clip_grad_norm_`` of each model separately: model k's gradients (slice k of every stacked
+    gradient) scaled by ``min(1, max_norm_k / (norm_k + 1e-6))``, where norm_k is the norm of its
+    parameters' norms in their order, as ``clip_grad_norm_`` computes it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    k = len(max_norms)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), 2.0, dim=1) for g in grads], dim=1)  # [K, P]
+    total = torch.linalg.vector_norm(norms, 2.0, dim=1)
+    limit = torch.tensor([float(n) for n in max_norms], dtype=total.dtype, device=total.device)
+    coef = torch.clamp((total + CLIP_EPS).reciprocal() * limit, max=1.0)  # max_norm / (total + eps), as torch does it
+    for g in grads:
+        g.mul_(coef.view((k,) + (1,) * (g.dim() - 1)))
+
+
+def adamw_state(model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device, steps: int,
+                moments: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.optim.AdamW:
+    """PyTorch's AdamW over ``model`` holding ``moments`` after ``steps`` steps: a folded model's
+    optimizer state as its own ``SingleAdamW`` would hold it (to continue it alone)."""
+    optimizer = torch_adamw(model, learning_rate, weight_decay, device)
+    for name, p in model.named_parameters():
+        if name in moments:
+            exp_avg, exp_avg_sq = moments[name]
+            optimizer.state[p] = {"step": torch.tensor(float(steps), dtype=torch.float32),
+                                  "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+    return optimizer
