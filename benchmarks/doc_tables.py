@@ -57,7 +57,7 @@ def _markdown(headers, rows, align) -> str:
 
 
 def _validation(payload: dict) -> dict:
-    from evo_attention.report.studies.read import current_validation
+    from evo_attention.report.studies.validation import current_validation
 
     return current_validation(payload)
 
@@ -141,7 +141,7 @@ def strategies(payload: dict) -> str:
 
 
 def costs(payload: dict) -> str:
-    from evo_attention.report.studies.cost import cost_markdown
+    from evo_attention.report.studies.validation import cost_markdown
 
     return cost_markdown(_validation(payload)) or ""
 

@@ -182,3 +182,29 @@ def test_a_plugin_normalization_and_similarity_train_folded(tmp_path, monkeypatc
         components.unregister("normalization", "squared_relu")
         components.unregister("similarity", "key_norm_dot")
         sys.modules.pop("folding_plugin", None)
+
+
+def test_timing_k_models_of_a_component_that_cannot_fold_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "weighted_plugin.py").write_text(textwrap.dedent('''
+        import torch
+        from evo_attention import register_similarity
+        from evo_attention.nn.components import Similarity
+
+        @register_similarity("unfolded_scale")
+        class UnfoldedScale(Similarity):
+            def __init__(self, d_head, n_heads):
+                super().__init__(d_head, n_heads)
+                self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+            def forward(self, q, k):
+                return self.scale * (q @ k.transpose(-2, -1))
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert main(["bench", "--plugin", "weighted_plugin", "--gene", "unfolded_scale|softmax|none|fixed",
+                     "--models", "2", "--steps", "1", "--warmup", "1", *TINY_FLAGS]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "similarity 'unfolded_scale' cannot be folded" in err and "--models" in err
+    finally:
+        components.unregister("similarity", "unfolded_scale")
+        sys.modules.pop("weighted_plugin", None)

@@ -8,7 +8,7 @@ import pytest
 
 from evo_attention import Config
 from evo_attention.data import data_from_config
-from evo_attention.report.studies.read import read_studies
+from evo_attention.report.studies.validation import read_studies
 from evo_attention.search.store import RunStore
 from evo_attention.studies.transfer import transfer_genes
 from evo_attention.studies.validate import validate_genes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from evo_attention.util.errors import UserError
 from evo_attention.cli.validate import (add_analysis_flags, analysis_setup, grid_text, log_grid, log_outputs,
-                                        study_setup)
+                                        run_study)
 
 
 def cmd_ablate(args) -> int:
@@ -19,7 +19,6 @@ def cmd_ablate(args) -> int:
     from evo_attention.studies.ablation import ablation_variants, run_ablation, write_ablation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
-    from evo_attention.cli.common import executor_from_args
     from evo_attention.report import load_run
 
     if args.gene is not None:
@@ -39,12 +38,7 @@ def cmd_ablate(args) -> int:
     log(f"ablating {gene} on {data.name}: {len(variants)} variants "
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
         f"{config.train_steps} steps{grid_text(args, config)}", args.quiet)
-    try:
-        with executor_from_args(args, config) as executor:
-            result = run_ablation(study_setup(args, "ablation", config, data, store, executor, search_seed), gene)
-    finally:
-        if store is not None:
-            store.close()
+    result = run_study(args, "ablation", config, data, store, search_seed, lambda setup: run_ablation(setup, gene))
     paths = write_ablation(result, out)
     for line in contribution_lines(result):
         log(line)

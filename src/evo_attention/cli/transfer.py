@@ -17,8 +17,7 @@ from __future__ import annotations
 
 
 def cmd_transfer(args) -> int:
-    from evo_attention.cli.common import executor_from_args
-    from evo_attention.cli.validate import analysis_setup, grid_text, log_grid, log_outputs, run_genes, study_setup
+    from evo_attention.cli.validate import analysis_setup, grid_text, log_grid, log_outputs, run_genes, run_study
     from evo_attention.report import load_run
     from evo_attention.studies.transfer import plan, run_transfer, write_transfer
     from evo_attention.util.progress import log
@@ -36,13 +35,8 @@ def cmd_transfer(args) -> int:
         f"({', '.join(r.label for r in rungs)}; reference {rungs[0].label}) on {data.name} in the {config.block} "
         f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}",
         args.quiet)
-    try:
-        with executor_from_args(args, config) as executor:
-            setup = study_setup(args, "transfer", config, data, store, executor, search_seed)
-            result = run_transfer(setup, genes, **budget)
-    finally:
-        if store is not None:
-            store.close()
+    result = run_study(args, "transfer", config, data, store, search_seed,
+                       lambda setup: run_transfer(setup, genes, **budget))
     paths = write_transfer(result, out)
     log(result.headline.replace("**", ""))
     for gene, verdict in result.verdicts.items():

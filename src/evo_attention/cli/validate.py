@@ -11,7 +11,7 @@ With ``--suite NAME|FILE`` (or a ``--from-run`` run made on a suite) every gene 
 train on every point of the suite and are compared by suite accuracy (``studies.suite``):
 validation_suite.json, .md and the heat map .png; the trainings are kept in the run's store, else
 in a store in the output directory, so a repeat trains nothing.
-``add_analysis_flags``, ``analysis_setup`` and ``study_setup`` are shared with ``ablate`` and
+``add_analysis_flags``, ``analysis_setup`` and ``run_study`` are shared with ``ablate`` and
 ``transfer``; ``add_grid_flags`` with ``compare`` and ``baseline`` too.
 """
 
@@ -191,6 +191,19 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
                               lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
 
 
+def run_study(args, role: str, config, data, store, search_seed, run):
+    """``run(setup)`` on the ``study_setup`` of an analysis command, inside its executor; the store
+    ``analysis_setup`` opened is closed afterwards, whatever happens."""
+    from evo_attention.cli.common import executor_from_args
+
+    try:
+        with executor_from_args(args, config) as executor:
+            return run(study_setup(args, role, config, data, store, executor, search_seed))
+    finally:
+        if store is not None:
+            store.close()
+
+
 def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
     """The genes to study: --genes, else the best ``top`` of the run (the baseline excluded)."""
     from evo_attention.genes import AttentionGene
@@ -262,7 +275,6 @@ def cmd_validate(args) -> int:
     from evo_attention.studies.validate import run_validation, write_validation
     from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
-    from evo_attention.cli.common import executor_from_args
     from evo_attention.report import load_run
 
     summary = load_run(args.from_run) if args.from_run else None
@@ -276,13 +288,8 @@ def cmd_validate(args) -> int:
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
         f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
-    try:
-        with executor_from_args(args, config) as executor:
-            setup = study_setup(args, "validate", config, data, store, executor, search_seed)
-            result = run_validation(setup, genes, search_values=known)
-    finally:
-        if store is not None:
-            store.close()
+    result = run_study(args, "validate", config, data, store, search_seed,
+                       lambda setup: run_validation(setup, genes, search_values=known))
     paths = write_validation(result, out)
     log(result.headline.replace("**", ""))
     for row in result.genes:
@@ -319,7 +326,7 @@ def log_suite_result(result, out: Path, quiet: bool) -> int:
 
 def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     """``validate`` on the config's suite (``studies.suite``): every gene and the baseline on every point."""
-    from evo_attention.cli.common import executor_from_args, suite_text
+    from evo_attention.cli.common import suite_text
     from evo_attention.data.suites import load_suite
     from evo_attention.genes import AttentionGene
     from evo_attention.studies.suite import run_suite, write_suite
@@ -331,13 +338,8 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene")
     log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
         f"({config.seed + 1}..{config.seed + args.seeds}), {args.eval_split} split", args.quiet)
-    try:
-        with executor_from_args(args, config) as executor:
-            setup = study_setup(args, "validate", config, None, store, executor, search_seed)
-            result = run_suite(setup, load_suite(config.suite), entries, study="validation")
-    finally:
-        if store is not None:
-            store.close()
+    result = run_study(args, "validate", config, None, store, search_seed,
+                       lambda setup: run_suite(setup, load_suite(config.suite), entries, study="validation"))
     write_suite(result, out)
     code = log_suite_result(result, out, args.quiet)
     if args.from_run:

@@ -192,16 +192,12 @@ def _folder(module: nn.Module, path: str):
 
 
 def fold_problem(model: nn.Module) -> Unfoldable | None:
-    """Why ``model`` cannot be folded (its first part without a folded form), or None."""
-    done: list[str] = []
-    for path, module in model.named_modules():
-        if any(path.startswith(p + ".") for p in done):
-            continue
-        try:
-            if _folder(module, path) is not None:
-                done.append(path)
-        except Unfoldable as exc:
-            return exc
+    """Why ``model`` cannot be folded (its first part without a folded form), or None. Folds it
+    alone: its parameters become views of their stacked copies, so give it a model to spare."""
+    try:
+        fold_models([model], Rows())
+    except Unfoldable as exc:
+        return exc
     return None
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
-from evo_attention.report.studies.read import read_studies
+from evo_attention.report.studies.validation import read_studies
 from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, load_run
 
 OUTPUTS = {

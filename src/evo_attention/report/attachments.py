@@ -96,7 +96,8 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
     found = Attachments()
     for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
                                 (ABLATION_FILES, found.ablations, "ablation"),
-                                (TRANSFER_FILES, found.transfers, "transfer")):
+                                (TRANSFER_FILES, found.transfers, "transfer"),
+                                (SUITE_FILES, found.suites, "suite")):
         for name in names:
             path = run_dir / name
             if path.is_file():
@@ -105,14 +106,6 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
                     target.append({**data, "_file": name})
                 elif data is not None:
                     found.problems.append(f"{name}: not a {kind} result")
-    for name in SUITE_FILES:
-        path = run_dir / name
-        if path.is_file():
-            data = _read_json(path, found.problems)
-            if isinstance(data, Mapping) and data.get("kind") == "suite":
-                found.suites.append({**data, "_file": name})
-            elif data is not None:
-                found.problems.append(f"{name}: not a suite result")
     for name in COMPARE_FILES:
         path = run_dir / name
         if path.is_file():

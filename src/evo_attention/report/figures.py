@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -52,6 +53,16 @@ TOKEN_LABELS_MAX = 40  # tokens are written on the heatmap axes up to this lengt
 # boxplot's ``vert`` became ``orientation`` in matplotlib 3.10
 _HORIZONTAL = ({"orientation": "horizontal"} if tuple(int(p) for p in matplotlib.__version__.split(".")[:2]) >= (3, 10)
                else {"vert": False})
+
+
+@contextmanager
+def _closing_on_error(fig):
+    """Close ``fig`` when drawing it fails (``save_figure`` closes it otherwise)."""
+    try:
+        yield
+    except BaseException:
+        plt.close(fig)
+        raise
 
 
 def _offsets(n: int, spread: float = 0.25) -> np.ndarray:
@@ -237,11 +248,8 @@ def _legend(ax) -> None:
 def plot_evolution(summary: RunSummary, path: str | os.PathLike) -> Path:
     """Draw the evolution figure of ``summary`` into the PNG ``path``."""
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         _draw(ax, summary)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path, dpi=110)
 
 
@@ -383,7 +391,7 @@ def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str |
     means = np.array([[np.nan if v is None else float(v) for v in r["means"]] for r in rows], dtype=float)
     width = max(6.0, 1.25 * len(columns) + 2.5)
     fig, ax = plt.subplots(figsize=(width, max(2.2, 0.55 * len(rows) + 1.6)), dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         for i, r in enumerate(rows):
             for j, mean in enumerate(r["means"]):
@@ -402,9 +410,6 @@ def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str |
             ax.axvline(len(columns) - 1.5, color="white", linewidth=2.5)  # the suite accuracy apart
         fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="accuracy")
         ax.set_title(title, fontsize=9)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -430,7 +435,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
     ok = [a for a in ranked if a["val_loss"] is not None]
     s = payload["settings"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9), dpi=110)
-    try:
+    with _closing_on_error(fig):
         ax = axes[0, 0]
         ys = list(range(len(ranked)))[::-1]  # best on top
         if ok:
@@ -482,9 +487,6 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
 
         fig.suptitle(f"{s['data']}: {s['d_model']}d x {s['n_layers']} layers x {s['n_heads']} heads, "
                      f"{s['steps']} steps, batch {s['batch_size']}, {s['seeds']} seed{'s' if s['seeds'] > 1 else ''}")
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path, dpi=110)
 
 
@@ -498,7 +500,7 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
         rows = [next((g for g in s.get("genes", []) if g.get("gene") == gene.get("gene")), {}) for s in sizes]
         series.append((_short(str(gene.get("str")), 48), False, rows))
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         drawn = 0
         for i, (label, is_base, rows) in enumerate(series):
             points = [(r.get("params"), r.get("mean"), r.get("ci_low"), r.get("ci_high")) for r in rows]
@@ -529,9 +531,6 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
         ax.set_title(f"Transfer across scale: {len(result.get('seeds') or [])} seeds per point, "
                      f"{result.get('block', 'gpt2')} block", fontsize=10)
         _grid_and_legend(ax, drawn)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -542,7 +541,7 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
     whose selected rate is an end of the grid says so in the legend."""
     n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), dpi=DPI, squeeze=False)
-    try:
+    with _closing_on_error(fig):
         for ax, panel in zip(axes[0], panels):
             drawn = 0
             rates = sorted({p["lr"] for g in panel.get("genes", []) for p in g.get("curve") or []})
@@ -571,9 +570,6 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
                 ax.set_title(str(panel["title"]), fontsize=10)
             _grid_and_legend(ax, drawn, "no finished tuning training")
         fig.suptitle(title, fontsize=10)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -590,7 +586,7 @@ def plot_curve(result: dict, path: str | os.PathLike) -> Path:
     values = list(result.get("values") or [])
     knob = str(result.get("knob", "knob"))
     fig, ax = plt.subplots(figsize=(8, 5.2), dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         drawn = 0
         for i, gene in enumerate(result.get("genes") or []):
             rows = [r for r in gene.get("points") or [] if finite_or_none(r.get("mean")) is not None]
@@ -628,9 +624,6 @@ def plot_curve(result: dict, path: str | os.PathLike) -> Path:
         ax.set_title(f"{result.get('task')}: accuracy against {knob} ({m.get('d_model')}d x {m.get('n_layers')} layers, "
                      f"{result.get('steps')} steps)", fontsize=10)
         _grid_and_legend(ax, drawn)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -657,7 +650,7 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
         if record is not None and record.get("curve"):
             lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-"))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         if lines:
             for label, curve, color, style in lines:
                 steps, losses = zip(*curve)
@@ -676,9 +669,6 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
         ax.set_ylabel("Training loss (mean over each log interval)")
         ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
         ax.grid(True, alpha=0.3)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -698,7 +688,7 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
     cpu = not str(rows[0].get("device", "cpu")).startswith("cuda") if rows else True
     memory_key = "step_memory_mb" if cpu else "peak_memory_mb"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
-    try:
+    with _closing_on_error(fig):
         for ax, key, label in ((axes[0], "ms_per_step", "ms per training step"),
                                (axes[1], memory_key, "memory the step adds (MB, resident set)" if cpu
                                 else "peak GPU memory allocated (MB)")):
@@ -716,9 +706,6 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
             r = rows[0]
             fig.suptitle(f"Long context on {r['device']} ({r['precision']}, {r['threads']} threads): "
                          f"{r['batch_size'] * r['seq_len']} tokens per step")
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path, dpi=110)
 
 
@@ -729,7 +716,7 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
     objectives = result.get("objectives")
     panels = 2 if objectives else 1
     fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), dpi=DPI, squeeze=False)
-    try:
+    with _closing_on_error(fig):
         ax = axes[0][0]
         for i, run in enumerate(result["runs"]):
             ys = run["anytime"]
@@ -756,9 +743,6 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
             ax.set_title("Pareto fronts", fontsize=10)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)
 
 
@@ -776,7 +760,7 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
     n_failed = len(summary.search_evaluations) - len(points) - len(over)
     never = len(summary.constraints["never_trained"]) if summary.constraints else 0
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    try:
+    with _closing_on_error(fig):
         ax.set_xlabel(f"{OBJECTIVE_LABELS.get(names[0], names[0])} (lower is better)")
         ax.set_ylabel(f"{OBJECTIVE_LABELS.get(names[-1], names[-1])} (lower is better)")
         ax.set_title("Pareto front: " + " vs ".join(names) + f" ({len(points)} "
@@ -814,7 +798,4 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
             if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
                 (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
-    except BaseException:
-        plt.close(fig)
-        raise
     return save_figure(fig, path)

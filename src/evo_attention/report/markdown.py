@@ -26,7 +26,7 @@ from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
 from evo_attention.report.studies.ablation import ablation_table as _ablation_cells
 from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
 from evo_attention.report.studies.ablation import recipe_mechanism_table as _recipe_mechanism_cells
-from evo_attention.report.studies.cost import cost_table as _cost_cells
+from evo_attention.report.studies.validation import cost_table as _cost_cells
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.curves import curve_table as _curve_cells
 from evo_attention.report.studies.suite import suite_cell, suite_points_lines
@@ -204,10 +204,7 @@ def versions_table(versions: Mapping) -> Table:
 
 # -- the tables of the attachments ----------------------------------------------------------------
 def validation_table(result: Mapping) -> Table:
-    build = _validation_cells
-
-    headers, rows, align = build(result)
-    return Table(headers, rows, align, (0,))
+    return Table(*_validation_cells(result), (0,))
 
 
 def cost_table(result: Mapping) -> Table | None:
@@ -217,10 +214,7 @@ def cost_table(result: Mapping) -> Table | None:
 
 
 def ablation_table(result: Mapping) -> Table:
-    build = _ablation_cells
-
-    headers, rows, align = build(result)
-    return Table(headers, rows, align, (2,))
+    return Table(*_ablation_cells(result), (2,))
 
 
 def recipe_mechanism_table(result: Mapping) -> Table | None:
@@ -234,14 +228,12 @@ def transfer_sizes_table(result: Mapping) -> Table:
 
 
 def transfer_table(result: Mapping) -> Table:
-    headers, rows, align = _transfer_cells(result)
-    return Table(headers, rows, align, (1,))
+    return Table(*_transfer_cells(result), (1,))
 
 
 def suite_table(result: Mapping) -> Table:
     """A suite study's table (``report.studies.suite_table``)."""
-    headers, rows, align = _suite_cells(result)
-    return Table(headers, rows, align, (1,))
+    return Table(*_suite_cells(result), (1,))
 
 
 def suite_title(result: Mapping) -> str:
@@ -254,9 +246,9 @@ def compare_table(rows: Sequence[Mapping]) -> Table:
     headers = ["Name", "Gene", "Seed", "Status", "Perplexity", "Loss", "Accuracy", "Time (s)", "Peak memory (MB)",
                "Params"]
     out = [[r.get("name"), r.get("gene"), fmt(_integer(r.get("seed"))), r.get("status"),
-            fmt(_number(r.get("val_perplexity")), 3),
-            fmt(_number(r.get("val_loss")), 4), fmt(_number(r.get("accuracy")), 4), fmt(_number(r.get("time_s")), 1),
-            fmt(_number(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
+            fmt(finite_or_none(r.get("val_perplexity")), 3), fmt(finite_or_none(r.get("val_loss")), 4),
+            fmt(finite_or_none(r.get("accuracy")), 4), fmt(finite_or_none(r.get("time_s")), 1),
+            fmt(finite_or_none(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
     return Table(headers, out, "llrlrrrrrr", (1,))
 
 
@@ -270,19 +262,14 @@ def maps_table(result: Mapping) -> Table:
     for layer in result.get("layers", []):
         for m in layer.get("heads", []):
             rows.append([fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
-                         f"{100 * m['sparsity']:.1f}%" if _number(m.get("sparsity")) is not None else "-",
-                         fmt(_number(m.get("entropy")), 3), fmt(_number(m.get("uniform_entropy")), 3),
-                         fmt(_number(m.get("mean_distance")), 2)])
+                         f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
+                         fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
+                         fmt(finite_or_none(m.get("mean_distance")), 2)])
     return Table(headers, rows, "rlrrrrr", (1,))
 
 
-def _number(value: Any) -> float | None:
-
-    return finite_or_none(value)
-
-
 def _integer(value: Any) -> int | None:
-    number = _number(value)
+    number = finite_or_none(value)
     return None if number is None else int(number)
 
 
@@ -293,7 +280,7 @@ def maps_caption(result: Mapping) -> str:
     else:
         origin = (f"{source.get('gene')} trained for {source.get('steps')} steps (seed {source.get('seed')}, "
                   f"{source.get('data')})")
-        if _number(source.get("val_perplexity")) is not None:
+        if finite_or_none(source.get("val_perplexity")) is not None:
             origin += f", validation perplexity {source['val_perplexity']:.3f}"
     return (f"Attention of {origin} over {result.get('text_source') or 'a sequence'} "
             f"({len(result.get('tokens') or [])} tokens). White cells are exact zeros.")

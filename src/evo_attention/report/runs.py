@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from evo_attention.report.studies.common import change_text, verdict_cell
-from evo_attention.report.studies.read import read_studies
+from evo_attention.report.studies.validation import read_studies
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, load_run, perplexity_of
 from evo_attention.search import pareto
 from evo_attention.util.errors import UserError

@@ -160,7 +160,7 @@ def _suite_lines(suite: dict) -> list[str]:
 def _validated(run_dir) -> list[dict]:
     """Every validated gene of the run's validations, with its paired change and verdict."""
     from evo_attention.report.studies.common import change_text, verdict_cell
-    from evo_attention.report.studies.read import read_studies
+    from evo_attention.report.studies.validation import read_studies
 
     out = []
     for v in read_studies(run_dir).validations:

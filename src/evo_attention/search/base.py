@@ -429,6 +429,23 @@ class Strategy(ABC):
             return fitness_value(fitness)
         return objective_vector(fitness, self.n_objectives)
 
+    def _children(self, parents, breed, dedupe: bool, tries: int) -> list[AttentionGene]:
+        """A generation's children, each ``breed(first, second)`` of a new ``parents()`` pair; with
+        ``dedupe``, a child that repeats one of the batch or one asked before is bred again from the
+        same parents (``tries`` breedings in all, then it is kept)."""
+        children: list[AttentionGene] = []
+        keys: set[str] = set()
+        for _ in range(self.batch_size(self.generation)):
+            first, second = parents()
+            child = breed(first, second)
+            bred = 1
+            while dedupe and bred < tries and (child.key in keys or child.key in self._asked_keys):
+                child = breed(first, second)
+                bred += 1
+            children.append(child)
+            keys.add(child.key)
+        return children
+
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
         """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws;
         with option ``seed_vanilla`` the vanilla transformer replaces the last of them (unless it is

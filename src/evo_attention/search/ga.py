@@ -78,19 +78,8 @@ class GeneticAlgorithm(Strategy):
             return self._initial_genes()
         rate = self.mutation_rate_at(self.generation)
         pool = [m.gene for m in self.population[: self.parent_pool_size]]
-        children: list[AttentionGene] = []
-        keys: set[str] = set()
-        for _ in range(self.batch_size(self.generation)):
-            first, second = self.rng.choice(pool), self.rng.choice(pool)
-            child = self._breed(first, second, rate)
-            if self.dedupe:
-                tries = 1
-                while tries < DEDUPE_TRIES and (child.key in keys or child.key in self._asked_keys):
-                    child = self._breed(first, second, rate)
-                    tries += 1
-            children.append(child)
-            keys.add(child.key)
-        return children
+        return self._children(lambda: (self.rng.choice(pool), self.rng.choice(pool)),
+                              lambda first, second: self._breed(first, second, rate), self.dedupe, DEDUPE_TRIES)
 
     def _breed(self, first: AttentionGene, second: AttentionGene, rate: float) -> AttentionGene:
         child = first.crossover(second, self.rng) if self.rng.random() < self.crossover_rate else first

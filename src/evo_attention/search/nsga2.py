@@ -46,18 +46,7 @@ class NSGA2(Strategy):
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             return self._initial_genes()
-        children: list[AttentionGene] = []
-        keys: set[str] = set()
-        for _ in range(self.batch_size(self.generation)):
-            first, second = self._tournament(), self._tournament()
-            child = self._breed(first, second)
-            tries = 1
-            while self.dedupe and tries < DEDUPE_TRIES and (child.key in keys or child.key in self._asked_keys):
-                child = self._breed(first, second)
-                tries += 1
-            children.append(child)
-            keys.add(child.key)
-        return children
+        return self._children(lambda: (self._tournament(), self._tournament()), self._breed, self.dedupe, DEDUPE_TRIES)
 
     def _tournament(self) -> AttentionGene:
         """The better (earlier in the ranked population) of two members drawn uniformly."""

@@ -169,8 +169,8 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup,
                                            device=device)
     except Unfoldable as exc:
-        raise UserError(f"{gene.key} cannot train as {models} models in one batch: {exc}; time it with "
-                        "models 1", setting="models") from None
+        raise UserError(f"{gene.key} does not fold into one batch: {exc}; time it with models 1",
+                        setting="models") from None
     single = trainer.members[0]
     model, params, compiled = single.model, single.model.num_parameters(), trainer.compiled
     eval_s = None

@@ -133,16 +133,13 @@ class SearchView:
 
     def __enter__(self):
         with best_effort():
-            self._enter()
+            if self.live:
+                columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
+                self._progress = Progress(*columns, console=console, transient=False)
+                self._progress.__enter__()
+                self._search = self._progress.add_task("search", total=self.planned, info="")
         return self
-
-    def _enter(self) -> None:
-        if self.live:
-            columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
-            self._progress = Progress(*columns, console=console, transient=False)
-            self._progress.__enter__()
-            self._search = self._progress.add_task("search", total=self.planned, info="")
 
     def __exit__(self, *exc):
         if self._progress is not None:
@@ -164,22 +161,16 @@ class SearchView:
 
     def start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
-            self._show_start(label, gene, total_steps, worker)
-
-    def _show_start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
-        if self._progress is not None:
-            prefix = f"[{worker}] " if worker and worker != "local" else ""
-            self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
-                                  total=total_steps, info="", visible=True)
-            self._progress.update(self._search, info=self._best_text())
+            if self._progress is not None:
+                prefix = f"[{worker}] " if worker and worker != "local" else ""
+                self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
+                                      total=total_steps, info="", visible=True)
+                self._progress.update(self._search, info=self._best_text())
 
     def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
-            self._show_step(step, total, loss, worker)
-
-    def _show_step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
-        if self._progress is not None:
-            self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
+            if self._progress is not None:
+                self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
     def refused(self, label: str, gene: str, reason: str) -> None:
         """A planned evaluation that will not run (a gene refused before training): the plan
@@ -195,20 +186,17 @@ class SearchView:
 
     def finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
-            self._show_finished(label, gene, record, cached, done, worker)
-
-    def _show_finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
-        status = record.get("status")
-        result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
-        budget = record.get("budget")
-        steps = f" at {record.get('steps')}/{budget} steps" if budget and record.get("steps") != budget else ""
-        where = f" [{worker}]" if worker and worker != "local" else ""
-        line = f"{label} {gene} {result}{steps}{' (cached)' if cached else ''}{where}"
-        if self._progress is not None:
-            if (worker or "") in self._workers and not cached:
-                self._progress.update(self._workers[worker or ""], visible=False)
-            self._progress.update(self._search, completed=min(done, self.planned), info=self._best_text())
-            self._progress.console.print(line, markup=False)
-        elif self.enabled:
-            elapsed = time.monotonic() - self._start
-            log(f"[{done}/{self.planned} {elapsed:.0f}s] {line}")
+            status = record.get("status")
+            result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
+            budget = record.get("budget")
+            steps = f" at {record.get('steps')}/{budget} steps" if budget and record.get("steps") != budget else ""
+            where = f" [{worker}]" if worker and worker != "local" else ""
+            line = f"{label} {gene} {result}{steps}{' (cached)' if cached else ''}{where}"
+            if self._progress is not None:
+                if (worker or "") in self._workers and not cached:
+                    self._progress.update(self._workers[worker or ""], visible=False)
+                self._progress.update(self._search, completed=min(done, self.planned), info=self._best_text())
+                self._progress.console.print(line, markup=False)
+            elif self.enabled:
+                elapsed = time.monotonic() - self._start
+                log(f"[{done}/{self.planned} {elapsed:.0f}s] {line}")

@@ -1,20 +1,22 @@
 """A multi-seed validation: reads a validation result (``baseline`` and ``genes`` rows with their
 per-seed ``values``, mean, interval and paired comparison; ``seeds``, ``metric``, ``confidence``,
 ``family_size``, an optional ``grid``) and renders its verdict table, the one-sentence headline, and
-the whole ``validation.md``.
+the whole ``validation.md``; what each validated gene costs (``cost``: the medians over its seeds,
+the baseline first and every gene relative to it; a result written before costs were kept has none,
+and both cost renderers give None); and a run directory's study results as the report reads them
+(``read_studies``: every validation read by the current rule, ``current_validation``).
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from evo_attention.report.attachments import output_stem
+from evo_attention.report.attachments import load_attachments, output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, p_text,
                                                  seed_note, study_schedule, verdict_cell)
-from evo_attention.report.studies.cost import cost_markdown
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import code, fmt, markdown_table, md_cell
+from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
 
 
 def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
@@ -122,3 +124,52 @@ def validation_markdown(result: Mapping) -> str:
     lines += [f"![Per-seed values]({output_stem('validation', result.get('eval_split', 'valid'))}.png)", ""]
     lines += grid_section(result, "validation")
     return "\n".join(lines)
+
+
+def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
+    """(headers, rows, align) of what each validated gene costs (medians over its seeds), or None
+    for a result without costs (one written before they were kept)."""
+    rows_in = [result.get("baseline") or {}] + list(result.get("genes", []))
+    if not any(r.get("cost") for r in rows_in):
+        return None
+    base = rows_in[0].get("cost") or {}
+    columns = {"params": ",.0f", "flops": ".3g", "train_ms_per_step": ".1f", "latency_ms": ".1f"}  # cost -> format
+    headers = ["Gene", "Params", "FLOPs / train step", "Train ms / step", "Latency ms"]
+    rows = []
+    for i, r in enumerate(rows_in):
+        cost = r.get("cost") or {}
+        cells = [str(r.get("gene", ""))]
+        for name, spec in columns.items():
+            value, ref = cost.get(name), base.get(name)
+            relative = i > 0 and value is not None and ref  # a gene's cost against the baseline's (row 0)
+            cells.append(number(value, spec) + (f" ({value / ref:.2f}x)" if relative else ""))
+        rows.append(cells)
+    return headers, rows, "l" + "r" * (len(headers) - 1)
+
+
+def cost_markdown(result: Mapping) -> str | None:
+    """The cost table of a validation result as markdown; None for a result without costs."""
+    costs = cost_table(result)
+    if not costs:
+        return None
+    headers, rows, align = costs
+    return markdown_table(headers, [[code(c) if i == 0 else c for i, c in enumerate(row)] for row in rows],
+                          align).rstrip() + "\n"
+
+
+def read_studies(run_dir):
+    """The study results in ``run_dir`` (``load_attachments``), each validation read by the current
+    rule: one made by an earlier version is recomputed from its per-seed values and marked so."""
+    found = load_attachments(run_dir)
+    found.validations[:] = [current_validation(v) for v in found.validations]
+    return found
+
+
+def current_validation(result: Mapping) -> dict:
+    """``result`` as the current rule reads it (``stats.recompute_validation``), headline included."""
+    if result.get("analysis") == stats.ANALYSIS:
+        return dict(result)
+    upgraded = stats.recompute_validation(result)
+    if upgraded.get("recomputed"):
+        upgraded["headline"] = validation_headline(upgraded) + " (recomputed from the stored per-seed values)"
+    return upgraded
