@@ -3,7 +3,7 @@
     python benchmarks/bench_speed.py [--data-dir ../shared/data/wikitext-2] [--steps 10] [--rounds 3]
 
 At the seed's config (vocab 10000, 128 dims, 2 layers, 4 heads, 128 tokens, batch 32) it times:
-the plain model (reference.py), and `evo-attention bench`'s path for the baseline gene, the seed's
+the plain model (reference_model.py, beside this script), and `evo-attention bench`'s path for the baseline gene, the seed's
 best gene (dot|sparsemax|output_gate|learned) and the slowest similarity (additive), each compiled
 or not as a 5000-step training would be (``compile: auto``). Rounds are interleaved so machine noise
 hits every candidate alike; the median of the rounds is reported, with each candidate's speed-up
@@ -22,7 +22,7 @@ import torch
 from evo_attention import AttentionGene, Config, TinyTransformer
 from evo_attention.train.bench import bench_gene
 from evo_attention.data import data_from_config
-from evo_attention.nn.reference import PlainTransformer, plain_train_step
+from reference_model import PlainTransformer, plain_train_step  # beside this script
 
 GENES = {
     "baseline": "dot|softmax|none|fixed",

@@ -1,6 +1,8 @@
 """The optimized training path computes what the plain implementation computes."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +12,14 @@ from evo_attention import AttentionGene, Config, TinyTransformer
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
-from evo_attention.nn.reference import PlainTransformer, plain_loss
 from evo_attention.train.trainer import Trainer
+
+# the plain eager model the benchmarks time the real step against (benchmarks/reference_model.py)
+_spec = importlib.util.spec_from_file_location(
+    "reference_model", Path(__file__).resolve().parents[1] / "benchmarks" / "reference_model.py")
+reference_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference_model)
+PlainTransformer, plain_loss = reference_model.PlainTransformer, reference_model.plain_loss
 
 
 @pytest.mark.parametrize("chunk", [7, 1024])

@@ -71,10 +71,6 @@ class Folding:
         self.path, self.copies, self.rows = path, list(copies), rows
         self._stacked, self._used = stacked, used
 
-    @property
-    def k(self) -> int:
-        return len(self.copies)
-
     def param(self, name: str) -> nn.Parameter:
         """The stacked [K, ...] parameter of this part's own parameter ``name``."""
         full = f"{self.path}.{name}" if self.path else name

@@ -4,8 +4,9 @@ Written the way a first implementation usually is: separate Q, K and V projectio
 materialised as [B, H, T, T], masked_fill(-inf) + softmax, full-vocabulary logits into
 ``F.cross_entropy``. Same architecture and parameters as ``TinyTransformer`` with the vanilla
 gene, so ``PlainTransformer.from_tiny(model)`` copies a model's weights and both must compute the
-same loss and gradients (tests hold the optimized path to that). Benchmarks time it next to the
-real training step in the same run.
+same loss and gradients (tests/test_speed.py holds the optimized path to that). Benchmarks time it
+next to the real training step in the same run (bench_speed.py). It lives beside the benchmarks, not
+in the package: the package has one implementation of the model.
 """
 
 from __future__ import annotations
