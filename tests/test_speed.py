@@ -203,3 +203,40 @@ def test_the_flop_count_prices_the_fused_and_the_explicit_attention_path_alike()
         forward, backward = formulas[name], formulas[f"{name}_backward"]
         assert forward(q, kv, kv) == 2 * (2 * 2 * 8 * 64 * 64 * 16)  # q k^T and p v: 2 flops per multiply-add
         assert backward(q, q, kv, kv) == 2 * forward(q, kv, kv)
+
+
+TINY_BENCH = dict(data="recall", vocab_size=16, max_seq_len=16, recall={"num_pairs": 2, "train_examples": 256,
+                                                                        "eval_examples": 64},
+                  d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, precision="fp32")
+
+
+def test_a_matmul_limit_below_what_a_step_achieved_is_measured_again(tmp_path, monkeypatch):
+    """A limit kept from a busy machine (here 1 FLOP/s) cannot be right once a training step beats
+    it: bench measures it again, keeps the new answer, and never reports an mfu above 1."""
+    from evo_attention.train import bench
+
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EVO_ATTENTION_BATCH_MODELS", "off")
+    bench.matmul_peak("cpu", "fp32", repeats=1)
+    path = next(tmp_path.glob("matmul-peak-*.json"))
+    path.write_text(json.dumps({"flops_per_s": 1.0}))
+    config = Config(**TINY_BENCH)
+    result = bench.bench_gene("dot|softmax|none|fixed", config, data_from_config(config), steps=2, warmup=1,
+                              time_eval=False, time_decode=False)
+    assert result["achieved_flops_per_s"] > 1.0 and result["peak_flops_per_s"] > 1.0
+    assert result["mfu"] is None or 0 < result["mfu"] <= 1
+    assert json.loads(path.read_text())["flops_per_s"] == result["peak_flops_per_s"]
+
+
+def test_bench_reprobe_forgets_the_kept_probe_answers(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EVO_ATTENTION_BATCH_MODELS", "off")
+    kept = ["precision-0000000000000000.json", "batch-models-0000000000000000.json",
+            "matmul-peak-0000000000000000.json"]
+    for name in kept + ["corpus-keep.json"]:
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "c.yaml").write_text(json.dumps(TINY_BENCH))
+    assert main(["bench", "--reprobe", "--config", str(tmp_path / "c.yaml"), "--steps", "1", "--warmup", "1",
+                 "--json"]) == 0
+    assert "forgot 3 kept probe answers" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in kept) and (tmp_path / "corpus-keep.json").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 DEFAULT_TOKENS_PER_STEP = 4096
 
@@ -19,6 +20,12 @@ def cmd_bench(args) -> int:
     from evo_attention.util.errors import UserError
 
     _check_bench_flags(args)
+    if args.reprobe:  # before anything reads a kept answer
+        from evo_attention.train.probe_cache import forget_probes
+
+        removed = forget_probes()
+        print(f"forgot {len(removed)} kept probe answer{'s' if len(removed) != 1 else ''}: measuring again",
+              file=sys.stderr)
     requested_steps = args.steps  # --steps: how many steps to time; --budget: steps per evaluation
     args.steps = args.budget
     try:
@@ -50,8 +57,10 @@ def cmd_bench(args) -> int:
           f"batch {result['batch_size']} x {result['seq_len']} tokens, {result['params']:,} parameters")
     print(f"  {result['ms_per_step']:.1f} ms/step, {result['tokens_per_s']:,.0f} tokens/s, "
           f"{flops / 1e9:.1f} GFLOP/step, {result['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s achieved")
-    print(f"  this machine's matmul limit at {result['precision']}: {result['peak_flops_per_s'] / 1e9:.0f} GFLOP/s "
-          f"(2048^3 product), so the step runs at {100 * result['mfu']:.0f}% of it (mfu {result['mfu']:.2f})")
+    limit = f"  this machine's matmul limit at {result['precision']}: {result['peak_flops_per_s'] / 1e9:.0f} GFLOP/s "
+    print(limit + (f"(2048^3 product), so the step runs at {100 * result['mfu']:.0f}% of it (mfu {result['mfu']:.2f})"
+                   if result["mfu"] is not None else "(2048^3 product), below what the step achieved even when "
+                   "measured again: the machine is too busy to measure it (mfu not reported)"))
     if result.get("decode_tokens_per_s"):
         print(f"  generation (batch 1, key/value cache, greedy): {result['decode_tokens_per_s']:,.0f} tokens/s")
     share = f", its share of a batch of {result['models']}" if result["models"] > 1 else ""
@@ -176,6 +185,8 @@ def register(sub) -> None:
                    help="time one trainer of K same-gene models trained as one batch (what --batch-models K runs; "
                         "default 1: one model)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--reprobe", action="store_true", help="forget this cache directory's kept probe answers "
+                   "(precision, models per batch, matmul limit) and measure them again")
     p.add_argument("--profile", action="store_true", help="print the top operators of one training step "
                    "(torch.profiler) instead of timing")
     p.add_argument("--seq-lens", metavar="T,T,...", help="long-context mode: time every family of --genes at these "

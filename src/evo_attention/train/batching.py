@@ -15,7 +15,7 @@ RAM otherwise), shared by the trainings that run at once; a K beyond it is neith
 chosen. The file keeps the times and the memory of one model; the bound is applied with the memory
 available when a K is chosen. Per shape, not per genome (as the precision probe): every gene of a
 study at one size batches alike. A probe on a busy machine may choose wrongly, and its answer is
-kept: delete the ``batch-models-*.json`` files of the cache directory to measure again, or set
+kept: ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``) measures again, or set
 batch_models (or EVO_ATTENTION_BATCH_MODELS, which decides what ``auto`` means: off, K, or auto to
 measure).
 """

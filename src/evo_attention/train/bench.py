@@ -12,54 +12,46 @@ model waits for.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import torch
 
-from evo_attention.data.base import TaskData, fingerprint_of
+from evo_attention.data.base import TaskData
 from evo_attention.genes import AttentionGene
 from evo_attention.nn.fold import Unfoldable
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
                                              reset_peak_memory, synchronize)
 from evo_attention.train.batching import models_per_batch
+from evo_attention.train.probe_cache import forget_probe, probe_path, read_probe, write_probe_once
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import write_text
 
 
 PROBE_SIZE = 2048  # the square matrix product that measures a machine's matmul limit
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
-def _probe_path(device: torch.device, dtype: torch.dtype, threads: int):
-    import platform
-
-    from evo_attention.data.cache import resolve_cache_dir
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    key = fingerprint_of({"v": PROBE_VERSION, "device": device.type, "name": name, "dtype": str(dtype),
-                          "threads": threads, "torch": torch.__version__, "size": PROBE_SIZE})
-    return resolve_cache_dir() / f"matmul-peak-{key[:16]}.json"
+def _peak_entry(entry: dict) -> bool:
+    return isinstance(entry.get("flops_per_s"), (int, float)) and entry["flops_per_s"] > 0
 
 
 def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, repeats: int = 5,
                 use_cache: bool = True) -> float:
     """FLOP/s of a 2048^3 matrix product at ``precision`` on ``device`` (best of ``repeats``): the
-    limit a training step's matrix products can reach here. Cached per machine, dtype and thread
-    count (``EVO_ATTENTION_CACHE_DIR``), since the probe takes a few seconds on a CPU."""
+    limit a training step's matrix products can reach here. Kept per machine, dtype and thread count
+    (``probe_cache``), since the probe takes a few seconds on a CPU; ``use_cache=False`` measures
+    again and replaces the kept answer."""
     device = torch.device(device)
     dtype = matmul_dtype(precision)
-    threads = torch.get_num_threads()
-    path = _probe_path(device, dtype, threads)
-    if use_cache and path.is_file():
-        try:
-            return float(json.loads(path.read_text())["flops_per_s"])
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable: measured again
+    shape = {"dtype": str(dtype), "size": PROBE_SIZE,
+             **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})}
+    path = probe_path(shape, device, kind="matmul-peak", version=PROBE_VERSION)
+    found = read_probe(path, _peak_entry) if use_cache else None
+    if found is not None:
+        return float(found["flops_per_s"])
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     a @ b  # warm-up (kernels, caches)
@@ -71,12 +63,10 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     flops = 2 * PROBE_SIZE ** 3 / best
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(path, json.dumps({"flops_per_s": flops, "device": str(device), "dtype": str(dtype),
-                                     "threads": threads}) + "\n")
-    except OSError:
-        pass  # no cache: the next bench measures again
+    if not use_cache:
+        forget_probe(path)
+    write_probe_once(path, {"flops_per_s": flops, "device": str(device), "dtype": str(dtype),
+                            "threads": torch.get_num_threads()}, _peak_entry)
     return flops
 
 
@@ -185,8 +175,11 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         decode = decode_speed(model, prompt_len, max(1, single.spec.max_seq_len - prompt_len))
     tokens = models * config.batch_size * data.seq_len
     flops = None if trainer.flops_per_step is None else models * trainer.flops_per_step  # all K models'
-    peak = matmul_peak(trainer.device, trainer.precision)
     achieved = flops / seconds_per_step if flops else None
+    peak = matmul_peak(trainer.device, trainer.precision)
+    if achieved and achieved > peak:  # impossible: the kept limit was measured while the cores were busy
+        peak = matmul_peak(trainer.device, trainer.precision, use_cache=False)
+    mfu = achieved / peak if achieved and achieved <= peak else None
     one_eval = budget * seconds_per_step / models + (eval_s or 0.0)  # one evaluation's share of its batch
     auto_models, auto_reason = models_per_batch("auto", Trial.from_config(gene, config, data=data), data,
                                                 device=trainer.device)
@@ -207,7 +200,9 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "flops_per_step": flops,
         "achieved_flops_per_s": achieved,
         "peak_flops_per_s": peak,  # a 2048^3 matrix product at the step's precision, on this machine
-        "mfu": achieved / peak if achieved else None,  # the fraction of that limit the step reaches
+        # the fraction of that limit the step reaches; None where even a fresh probe of the limit is
+        # below what the step achieved (the probe cannot be trusted here)
+        "mfu": mfu,
         "eval_time_s": eval_s,
         "decode_tokens_per_s": decode,  # greedy generation, batch 1, key/value cache (decode_speed)
         "train_steps": budget,

@@ -65,8 +65,8 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
 # gene with its precision). It times the fastest of its rounds, since other work only slows a round
-# down; still, a probe on a busy machine may choose wrongly, and its answer is kept: delete the
-# ``precision-*.json`` files of the cache directory to measure again, or set the precision.
+# down; still, a probe on a busy machine may choose wrongly, and its answer is kept:
+# ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)

@@ -5,6 +5,8 @@ A probe times the real training engine once per machine and shape and keeps its 
 on the machine resolves the same way. One file per probe kind, version, device type, CPU model,
 thread count, torch version and shape (``probe_path``); the file is created once and never replaced
 (``write_probe_once``), so two processes probing at once both use the first answer written.
+``forget_probes`` removes the kept answers (``evo-attention bench --reprobe``), so the next
+training of each shape measures again.
 """
 
 from __future__ import annotations
@@ -73,3 +75,20 @@ def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> 
         except OSError:
             pass
     return read_probe(path, valid) or entry
+
+
+PROBE_KINDS = ("precision", "batch-models", "matmul-peak")
+
+
+def forget_probe(path: Path) -> None:
+    """Remove one kept answer (nothing if there is none)."""
+    path.unlink(missing_ok=True)
+
+
+def forget_probes(kinds=PROBE_KINDS) -> list[Path]:
+    """Remove every kept answer of ``kinds`` from the cache directory; the files removed."""
+    root = resolve_cache_dir()
+    found = [p for kind in kinds for p in sorted(root.glob(f"{kind}-*.json"))] if root.is_dir() else []
+    for path in found:
+        forget_probe(path)
+    return found
