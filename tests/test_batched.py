@@ -366,6 +366,19 @@ def test_the_first_answer_written_wins(probe_env, tmp_path):
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
 
 
+def test_a_probe_whose_rounds_disagree_is_never_kept(probe_env, tmp_path):
+    """A busy machine disturbs some rounds: such an answer serves this process only, and the next
+    process measures again (here: a steady probe, which is kept)."""
+    cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
+    busy = {"fp32": 0.030, "bf16": 0.020, "spread": 3.0}
+    precision, reason = environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
+                                                     timer=lambda: busy)
+    assert precision == "bf16" and "not kept" in reason and not list(tmp_path.glob("precision-*.json"))
+    environment._PRECISION_CHOICES.clear()  # another process
+    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
+    assert len(list(tmp_path.glob("precision-*.json"))) == 1 and probe_env == [128]
+
+
 def test_auto_without_native_bf16_or_probe(probe_env, monkeypatch):
     cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
     monkeypatch.delenv(environment.ENV_PRECISION_PROBE)  # the probe is on by default
@@ -402,5 +415,6 @@ def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone(setup):
     torch.manual_seed(3)
     before = torch.get_rng_state()
     times = engine.precision_step_times(trial, data, torch.device("cpu"), rounds=2, steps=1)
-    assert set(times) == {"fp32", "bf16"} and all(t > 0 and math.isfinite(t) for t in times.values())
+    assert set(times) == {"fp32", "bf16", "spread"} and all(t > 0 and math.isfinite(t) for t in times.values())
+    assert times["spread"] >= 1.0
     assert torch.equal(torch.get_rng_state(), before)

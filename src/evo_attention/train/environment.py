@@ -65,13 +65,17 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
 # gene with its precision). It times the fastest of its rounds, since other work only slows a round
-# down; still, a probe on a busy machine may choose wrongly, and its answer is kept:
-# ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``) measures again, or set the precision.
+# down; a probe whose rounds disagree (PROBE_STABLE_SPREAD) is not kept; one on a lightly loaded
+# machine may still choose wrongly: ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``)
+# measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)
 PROBE_STEPS = 2  # timed steps per precision and round, after one untimed step each
 PROBE_SLOW_STEP_S = 1.0  # an untimed step slower than this: 2 rounds of 1 step
+# rounds that disagree by more than this (slowest / fastest of a precision) were disturbed by other
+# work: such an answer serves this process and is never kept, so a later process measures again
+PROBE_STABLE_SPREAD = 1.5
 ENV_PRECISION_PROBE = "EVO_ATTENTION_PRECISION_PROBE"  # "off": auto takes bf16 wherever the CPU has it, unmeasured
 _PRECISION_CHOICES: dict[str, tuple[str, str]] = {}  # cache file -> (precision, reason), per process
 
@@ -113,24 +117,30 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
 
 def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer) -> tuple[str, str]:
     """The measured precision of a shape on this machine: read from the probe's cache file, or
-    probed now (``timer()``: seconds per step in each precision) and kept. Two processes probing at
-    once keep the first answer written (the file is created once, never replaced), and both use it."""
+    probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
+    and kept, unless its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine): then
+    the answer is this process's alone and says so. Two processes probing at once keep the first
+    answer written (the file is created once, never replaced), and both use it."""
     shape = probe_shape(spec, seq_len, batch_size)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
     if key in _PRECISION_CHOICES:
         return _PRECISION_CHOICES[key]
-    found = read_probe(path, _precision_entry)
+    found, kept = read_probe(path, _precision_entry), True
     if found is None:
         times = timer()
         choice = "bf16" if times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"] else "fp32"
-        entry = {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
+        found = {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
                  "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "shape": shape}
-        found = write_probe_once(path, entry, _precision_entry)
+        kept = times.get("spread", 1.0) <= PROBE_STABLE_SPREAD
+        if kept:
+            found = write_probe_once(path, found, _precision_entry)
     precision = found["precision"]
+    where = path.name if kept else ("not kept: its rounds disagreed by more than "
+                                    f"{PROBE_STABLE_SPREAD:g}x, the machine was busy")
     reason = (f"auto: measured for this shape on this machine, fp32 {found['fp32_ms']:.1f} ms vs bf16 "
-              f"{found['bf16_ms']:.1f} ms per step ({path.name})")
+              f"{found['bf16_ms']:.1f} ms per step ({where})")
     _PRECISION_CHOICES[key] = (precision, reason)
     return precision, reason
 

@@ -621,7 +621,8 @@ def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, 
                          steps: int = PROBE_STEPS) -> dict:
     """Seconds per training step of ``trial``'s shape (its vanilla gene, eager) in fp32 and in bf16:
     two trainers, timed in interleaved rounds (fp32 first in even rounds), the fastest round of each
-    kept (other work on the machine only ever slows a round down). Torch's global RNG is left as it was."""
+    kept (other work on the machine only ever slows a round down), and ``spread``: the largest ratio
+    of a precision's slowest round to its fastest. Torch's global RNG is left as it was."""
     from evo_attention.genes import AttentionGene
 
     warm_steps = 1
@@ -647,7 +648,9 @@ def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, 
         for r in range(rounds):
             for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
                 times[precision].append(timed(precision, steps))
-    return {precision: min(values) for precision, values in times.items()}
+    # the least disturbed round of each, and how far its rounds disagree (the slowest over the fastest)
+    return {**{precision: min(values) for precision, values in times.items()},
+            "spread": max(max(values) / min(values) for values in times.values())}
 
 
 def state_to_bytes(state: dict) -> bytes:
