@@ -73,3 +73,25 @@ def covering_gene_keys(skip=frozenset()) -> list:
 @pytest.fixture
 def covering_genes():
     return covering_gene_keys
+
+
+UNFOLDABLE_SIMILARITY = "test_unfolded_scale"
+
+
+@pytest.fixture
+def unfoldable_similarity():
+    """A registered similarity with a weight of its own (a learned scale per head) and no folded
+    form: its trials cannot share a batch. Yields its name; unregistered afterwards."""
+    from evo_attention.nn import components
+
+    @components.register_similarity(UNFOLDABLE_SIMILARITY)
+    class UnfoldedScale(components.Similarity):
+        def __init__(self, d_head, n_heads):
+            super().__init__(d_head, n_heads)
+            self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+        def forward(self, q, k):
+            return self.scale * (q @ k.transpose(-2, -1))
+
+    yield UNFOLDABLE_SIMILARITY
+    components.unregister("similarity", UNFOLDABLE_SIMILARITY)

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from evo_attention import Config, components
+from evo_attention import Config
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.search.executors import EvalTask, LocalExecutor, ProcessExecutor, base, make_executor
@@ -24,22 +24,12 @@ TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
             learning_rate=3e-3, train_steps=6, log_every=3, precision="fp32", seed=7)
 VANILLA = "dot|softmax|none|fixed"
-UNFOLDABLE = "batch_models_scaled|softmax|none|fixed"  # a plugin similarity with weights and no folded form
 
 
 @pytest.fixture
-def unfoldable():
-    @components.register_similarity("batch_models_scaled")
-    class Scaled(components.Similarity):
-        def __init__(self, d_head, n_heads):
-            super().__init__(d_head, n_heads)
-            self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
-
-        def forward(self, q, k):
-            return self.scale * (q @ k.transpose(-2, -1))
-
-    yield UNFOLDABLE
-    components.unregister("similarity", "batch_models_scaled")
+def unfoldable(unfoldable_similarity):
+    """A gene with a plugin similarity that holds weights and declares no folded form."""
+    return f"{unfoldable_similarity}|softmax|none|fixed"
 
 
 @pytest.fixture(scope="module")

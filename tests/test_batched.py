@@ -158,7 +158,7 @@ def test_trials_that_differ_in_shape_are_refused_naming_the_field(setup):
     assert engine.shape_difference([trials[0], other]) is None
 
 
-def test_a_plugin_component_folds_or_is_refused_naming_it(setup):
+def test_a_plugin_component_folds_or_is_refused_naming_it(setup, unfoldable_similarity):
     """A plugin's parameter-free similarity folds with no declaration (bitwise the same here, as the
     built-in dot product); one with weights and no folded form is refused naming it, and trains alone."""
     config, data = setup
@@ -167,24 +167,15 @@ def test_a_plugin_component_folds_or_is_refused_naming_it(setup):
     class PluginDot(components.Similarity):
         dot_form = True
 
-    @components.register_similarity("batch_test_weighted")
-    class PluginWeighted(components.Similarity):
-        def __init__(self, d_head, n_heads):
-            super().__init__(d_head, n_heads)
-            self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
-
-        def forward(self, q, k):
-            return self.scale * (q @ k.transpose(-2, -1))
-
     try:
         trials = trials_of(config, data, gene="batch_test_dot|softmax|none|fixed", rates=RATES[:2])
         assert batch_problem(trials[0]) is None
         batch = run_batched(trials, data)
         alone = [run_training(t, data) for t in trials]
         assert_same_result(batch, alone, 0.0)
-        weighted = trials_of(config, data, gene="batch_test_weighted|softmax|none|fixed", rates=RATES[:2])
+        weighted = trials_of(config, data, gene=f"{unfoldable_similarity}|softmax|none|fixed", rates=RATES[:2])
         problem = batch_problem(weighted[0])
-        assert problem.startswith("similarity 'batch_test_weighted' cannot be folded") and "scale" in problem
+        assert problem.startswith(f"similarity '{unfoldable_similarity}' cannot be folded") and "scale" in problem
         batch = run_batched(weighted, data)
         alone = [run_training(t, data) for t in weighted]
         for b, a in zip(batch, alone):
@@ -192,13 +183,37 @@ def test_a_plugin_component_folds_or_is_refused_naming_it(setup):
             assert b.record.val_loss == a.record.val_loss
     finally:
         components.unregister("similarity", "batch_test_dot")
-        components.unregister("similarity", "batch_test_weighted")
     # a relative bias folds on the block-wise sliding-window path too
     window = trials_of(config.replace(train_steps=8, log_every=4), data, gene="dot|softmax|none|fixed|abias=rel|win=4",
                        rates=RATES[:2])
     assert batch_problem(window[0]) is None
     assert_same_result(run_batched(window, data), [run_training(t, data) for t in window],
                        engine.SAME_RESULT_RTOL["fp32"])
+
+
+def test_a_name_registered_again_is_judged_again(setup):
+    """Whether a genome folds is kept per registered component, not per name: a name unregistered
+    and registered again by another plugin (here with a weight and no folded form) is asked again."""
+    config, data = setup
+
+    @components.register_similarity("batch_test_again")
+    class Plain(components.Similarity):
+        pass
+
+    try:
+        trial = trials_of(config, data, gene="batch_test_again|softmax|none|fixed", rates=RATES[:1])[0]
+        assert batch_problem(trial) is None
+        components.unregister("similarity", "batch_test_again")
+
+        @components.register_similarity("batch_test_again")
+        class Weighted(components.Similarity):
+            def __init__(self, d_head, n_heads):
+                super().__init__(d_head, n_heads)
+                self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+        assert batch_problem(trial).startswith("similarity 'batch_test_again' cannot be folded")
+    finally:
+        components.unregister("similarity", "batch_test_again")
 
 
 def test_a_batch_that_fails_as_a_whole_trains_its_trials_alone(setup, monkeypatch):

@@ -99,6 +99,11 @@ register_gating = _registrar("gating")
 register_temperature = _registrar("temperature_mode")
 
 
+def factory(kind: str, name: str):
+    """The factory registered as ``name`` for gene field ``kind`` (e.g. ``"normalization"``), or None."""
+    return _REGISTRIES[kind].get(name)
+
+
 def unregister(kind: str, name: str) -> None:
     """Remove a registered component (``kind`` is a gene field, e.g. ``"normalization"``)."""
     _REGISTRIES[kind].pop(name, None)

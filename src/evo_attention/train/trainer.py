@@ -74,7 +74,8 @@ from dataclasses import dataclass
 import torch
 
 from evo_attention.data.base import TaskData
-from evo_attention.genes import mechanism_of
+from evo_attention.genes import layers_of, mechanism_of
+from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import keep_mask, mask_source
 from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
@@ -180,11 +181,16 @@ def check_batchable(trials: Sequence[Trial]) -> None:
 def batch_problem(trial: Trial) -> str | None:
     """Why the genome of ``trial`` cannot be folded into a batch (its trials then train one by one),
     naming the component, or None."""
-    return _fold_problem(mechanism_of(trial.gene).key, trial.model)
+    gene = mechanism_of(trial.gene)
+    # the registered factories are part of the answer's key: a name unregistered and registered
+    # again (another plugin's component) is another component
+    factories = tuple(components.factory(field, getattr(layer, field)) for layer in layers_of(gene)
+                      for field in EvolvedAttention.COMPONENTS.values())
+    return _fold_problem(gene.key, trial.model, factories)
 
 
 @functools.lru_cache(maxsize=256)
-def _fold_problem(genome: str, model) -> str | None:
+def _fold_problem(genome: str, model, factories: tuple) -> str | None:
     # folding depends on the parts of the model, not on its vocabulary or window: a small stand-in,
     # built without touching the global random state
     with torch.random.fork_rng(devices=[]):
