@@ -67,7 +67,17 @@ def covering_gene_keys(skip=frozenset()) -> list:
     # the kernel normalizations once more without a window: their running-sum paths
     keys += [f"cosine|{name}|highway|adaptive|bias|0.00|pos=rope|kvh=2" for name in options[1]
              if name in KERNEL_NORMALIZATIONS]
-    return keys
+    return keys + PROGRAM_KEYS
+
+
+# Programs whose ops, together, hold every op with weights and every path of nn.program (fused
+# softmax, explicit weights, kernel running sums, along-time ops, gates, the projection input).
+PROGRAM_KEYS = [
+    "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),lfeat(k)))),scale(v))))|pos=rope|kvh=2",
+    "prog=g.highway(o(add(decay(v),mix(w.none(sdecay(s.additive(q,k))),bias(shift(v))))))|nobias|0.00|pos=alibi",
+    "prog=pin(gi.input_gate(x),lin(o(kmix(elu1(dconv2(q)),sqrelu(k),cummean(v)))))|win=3",
+    "prog=o(kmix.favor(t.adaptive(l2n(q)),rmsn(k),dconv4(v)))|bias|0.00|pos=none|rank=4",
+]
 
 
 @pytest.fixture

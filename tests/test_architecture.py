@@ -25,16 +25,19 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "evo_attention"
 
 # part -> the parts it may import (itself always allowed)
+# ``programs`` (the program language's grammar) belongs to the genes layer: genes imports it, never
+# the other way round.
 LOWER = {
     "util": set(),
-    "genes": {"util"},
+    "programs": {"util"},
+    "genes": {"util", "programs"},
     "data": {"util"},
-    "nn": {"util", "genes", "data"},
-    "train": {"util", "genes", "data", "nn"},
-    "search": {"util", "genes", "data", "nn", "train"},
-    "report": {"util", "genes", "data", "nn", "train", "search"},
-    "studies": {"util", "genes", "data", "nn", "train", "search", "report"},
-    "cli": {"util", "genes", "data", "nn", "train", "search", "report", "studies"},
+    "nn": {"util", "genes", "programs", "data"},
+    "train": {"util", "genes", "programs", "data", "nn"},
+    "search": {"util", "genes", "programs", "data", "nn", "train"},
+    "report": {"util", "genes", "programs", "data", "nn", "train", "search"},
+    "studies": {"util", "genes", "programs", "data", "nn", "train", "search", "report"},
+    "cli": {"util", "genes", "programs", "data", "nn", "train", "search", "report", "studies"},
     "utils": {"util", "data", "train"},  # the original project's helper module (seed API)
 }
 FRONT_DOOR = "__init__"  # the package root may import every part; no part imports it

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from evo_attention.nn.attention import KernelState
+from evo_attention.nn.attention import InputCache, KernelState
 
 from evo_attention import Config, TinyTransformer
 from evo_attention.nn.decoding import generate, sample
@@ -37,13 +37,15 @@ def test_cached_decoding_equals_recomputation_for_every_option(covering_genes):
         if isinstance(caches[0], KernelState):  # the recurrent form: sums of a fixed size, whatever the length
             d_head = CONFIG.d_model // CONFIG.n_heads
             assert caches[0].s.shape[::2] == (2, caches[0].z.shape[-1]) and caches[0].s.shape[-1] == d_head
+        elif isinstance(caches[0], InputCache):  # a program: the inputs so far
+            assert caches[0].x.shape == (2, ids.shape[1], CONFIG.d_model)
         else:  # grouped K/V heads are stored once
             assert model.blocks[0].attn.kv_heads * CONFIG.d_model // CONFIG.n_heads == caches[0].k.shape[1] * caches[0].k.shape[3]
     assert any(isinstance(c, KernelState) for gene in covering_genes() for c in random_model(gene).new_caches())
 
 
 def test_decoding_runs_the_forward_passes_own_score_bias_and_weighing(monkeypatch):
-    """One implementation: decode takes its bias from score_bias and weighs with _attend, as forward does."""
+    """One implementation: decode takes its bias from score_bias and weighs with attend, as forward does."""
     from evo_attention.nn.attention import EvolvedAttention
 
     calls = []
@@ -56,13 +58,13 @@ def test_decoding_runs_the_forward_passes_own_score_bias_and_weighing(monkeypatc
             return original(self, *args, **kwargs)
         return method
 
-    for name in ("score_bias", "_attend"):
+    for name in ("score_bias", "attend"):
         monkeypatch.setattr(EvolvedAttention, name, counted(name))
     model = random_model("dot|sparsemax|none|fixed|pos=alibi|abias=rel", seed=1)
     ids = torch.randint(0, CONFIG.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         model.decode(ids, model.new_caches())
-    assert calls.count("score_bias") == CONFIG.n_layers and calls.count("_attend") == CONFIG.n_layers
+    assert calls.count("score_bias") == CONFIG.n_layers and calls.count("attend") == CONFIG.n_layers
 
 
 def test_the_cache_refuses_to_grow_past_the_window():

@@ -146,8 +146,8 @@ def test_the_shipped_modules_are_the_librarys_own_files(tmp_path):
 
 def test_module_sources_ship_the_import_closure_of_any_modules():
     sources = module_sources(["evo_attention.nn.positions"])
-    assert set(sources) == {"__init__.py", "genes.py", "nn/__init__.py", "nn/fold.py", "nn/positions.py",
-                            "util/__init__.py", "util/errors.py"}
+    assert set(sources) == {"__init__.py", "genes.py", "programs.py", "nn/__init__.py", "nn/fold.py",
+                            "nn/positions.py", "util/__init__.py", "util/errors.py"}
     assert "from ..genes import" in sources["nn/positions.py"] and "from .util.errors import" in sources["genes.py"]
     with pytest.raises(UserError, match="not a module of evo_attention"):
         module_sources(["torch.nn"])

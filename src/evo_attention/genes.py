@@ -78,12 +78,14 @@ this module alone gives the complete built-in grammar.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random as _random
 from dataclasses import dataclass, make_dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+from evo_attention import programs
 from evo_attention.util.errors import UserError
 
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
@@ -269,6 +271,34 @@ def _write_number(value: Any) -> str:
     return f"{value:g}"
 
 
+def _check_program(field: Field, value: Any) -> str | None:
+    """None (the four components), or a program's canonical text (``programs``)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return canonical_program(value).text
+
+
+def program_grammar() -> programs.Grammar:
+    """The program language over the components registered now (``OPTIONS``)."""
+    return _grammar(tuple(tuple(OPTIONS[name]) for name in CATEGORICAL_FIELDS), tuple(sorted(KERNEL_NORMALIZATIONS)))
+
+
+@functools.lru_cache(maxsize=8)
+def _grammar(options: tuple, kernels: tuple) -> programs.Grammar:
+    return programs.Grammar(dict(zip(CATEGORICAL_FIELDS, options)), kernels)
+
+
+def canonical_program(text: "str | programs.Program") -> programs.Program:
+    """A program (its text or itself) checked and in canonical form; ProgramError if it is none."""
+    grammar = program_grammar()
+    return _canonical_program(str(text), grammar)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_program(text: str, grammar: programs.Grammar) -> programs.Program:
+    return programs.canonical(programs.parse(text, grammar), grammar)
+
+
 # Every gene field, in key order: the six fixed parts, then the axes. The built-in names are
 # listed in the order nn.components registers them; seeded draws index into that order.
 GENE_FIELDS = (
@@ -290,6 +320,10 @@ GENE_FIELDS = (
     Field("window", 0, _check_count, space=(0,), part="win", help="use 0 (every earlier key) or a window W > 0"),
     Field("kv_heads", 0, _check_count, space=(0,), part="kvh",
           help="use 0 (one key/value head per head) or a K that divides the number of heads"),
+    # an attention program (``programs``) in place of the four components; a search space draws
+    # programs when it holds a ProgramSpace (``SearchSpace.program_space``)
+    Field("program", None, _check_program, space=(None,), part="prog", write=str,
+          help="write a program such as o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"),
     # the training recipe: None is the run's configured value (train.spec.Trial.recipe applies the others)
     Field("learning_rate", None, _check_rate, space=(None,), part="lr", write=_write_number, recipe=True,
           help="use a positive rate such as 1e-3, or default (the run's learning_rate)"),
@@ -353,6 +387,20 @@ def _kernel(values) -> bool:
     return values["normalization"] in KERNEL_NORMALIZATIONS
 
 
+CORE_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")  # what a program replaces
+
+
+def _program_with_core(values) -> bool:
+    return values.get("program") is not None and any(values[n] != FIELD[n].default for n in CORE_FIELDS)
+
+
+def _program_without_scores(values) -> bool:
+    """A program that forms no weights from scores (only kernel or along-time mixing) with a score bias."""
+    if values.get("program") is None or (str(values["position"]) != "alibi" and values["attn_bias"] == "none"):
+        return False
+    return not any(n.op.startswith("w.") for n in canonical_program(values["program"]).nodes())
+
+
 RULES = (
     Rule("kernel-needs-dot-similarity",
          lambda v: _kernel(v) and v["similarity"] not in DOT_FORM_SIMILARITIES,
@@ -365,6 +413,18 @@ RULES = (
                    f"{'pos=alibi' if str(v['position']) == 'alibi' else 'abias=' + v['attn_bias']}: use pos=learned, "
                    "rope or none with abias=none",
          fields=("normalization", "position", "attn_bias")),
+    Rule("program-replaces-components",
+         _program_with_core,
+         lambda v: "a gene with a program (prog=) computes what its program says, so its four components stay at "
+                   f"their defaults ({'|'.join(str(FIELD[n].default) for n in CORE_FIELDS)}): write them into the "
+                   "program instead",
+         fields=CORE_FIELDS + ("program",)),
+    Rule("program-score-bias-needs-weights",
+         _program_without_scores,
+         lambda v: "the program forms no weights from scores (no w.* op), so it cannot add the score bias of "
+                   f"{'pos=alibi' if str(v['position']) == 'alibi' else 'abias=' + v['attn_bias']}: use pos=learned, "
+                   "rope or none with abias=none",
+         fields=("program", "position", "attn_bias")),
 )
 
 
@@ -405,6 +465,23 @@ class SearchSpace(_SpaceFields):
     """
 
     def __post_init__(self):
+        drawn = self.program
+        if isinstance(drawn, tuple) and len(drawn) == 1 and isinstance(drawn[0], (Mapping, programs.ProgramSpace)):
+            drawn = drawn[0]
+        if isinstance(drawn, (Mapping, programs.ProgramSpace)) or drawn is True:
+            space = drawn if isinstance(drawn, programs.ProgramSpace) else programs.ProgramSpace.from_dict(
+                drawn, program_grammar())
+            listed = [n for n in CORE_FIELDS if getattr(self, n) not in ((), (FIELD[n].default,))]
+            if listed:
+                raise UserError(f"a program search space draws programs in place of the four components: leave "
+                                f"{listed[0]} out of the search space (or write it into the programs' ops)",
+                                setting="search_space")
+            object.__setattr__(self, "program_space", space)
+            object.__setattr__(self, "program", (programs.KNOWN_PROGRAMS["softmax attention"],))
+            for n in CORE_FIELDS:
+                object.__setattr__(self, n, (FIELD[n].default,))
+        else:
+            object.__setattr__(self, "program_space", None)
         for f in GENE_FIELDS:
             values = getattr(self, f.name)
             if f.part is None:
@@ -451,7 +528,10 @@ class SearchSpace(_SpaceFields):
             return [name for name in OPTIONS[fieldname] if name not in OPT_IN[fieldname]]
         return list(chosen)
 
-    def size(self) -> int:
+    def size(self) -> int | float:
+        """How many genomes the space holds (math.inf for a program space)."""
+        if self.program_space is not None:
+            return math.inf
         n = 1
         for name in ALL_FIELDS:
             n *= len(self.options(name))
@@ -479,7 +559,10 @@ class SearchSpace(_SpaceFields):
         return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in data.items()})
 
     def to_dict(self) -> dict:
-        return {name: self.options(name) for name in ALL_FIELDS}
+        values = {name: self.options(name) for name in ALL_FIELDS}
+        if self.program_space is not None:
+            values["program"] = self.program_space.to_dict()
+        return values
 
 
 LAYER_SEPARATOR = " / "
@@ -576,12 +659,15 @@ class AttentionGene(_Keyed):
         parts = [p.strip() for p in s.split("|")]
         named = _named_parts(text, [p for p in parts if "=" in p])
         parts = [p for p in parts if "=" not in p]
+        if len(parts) in (0, 2) and named.get("program") is not None:  # a program: the default components
+            parts = [str(FIELD[n].default) for n in CORE_FIELDS] + parts
         if len(parts) == 4:
             parts += ["bias", "0.10"]
         if len(parts) != 6:
             raise UserError(
                 f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, lr=, wu=, wd= parts)"
+                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, prog=, lr=, wu=, wd= "
+                "parts), or a program 'prog=...' with or without '|bias|0.10'"
             )
         return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
@@ -605,22 +691,33 @@ class AttentionGene(_Keyed):
                     values[name] = rng.choice(space.options(name))
             for name in AXIS_FIELDS:
                 options = space.options(name)
+                if name == "program" and space.program_space is not None:
+                    continue
                 if options == [values[name]]:
                     continue  # resampling could not change it: draw nothing
                 if rng.random() < mutation_rate:
                     values[name] = rng.choice(options)
+            if space.program_space is not None:  # in a program space every child is one program edit away
+                parent = canonical_program(values["program"] or programs.KNOWN_PROGRAMS["softmax attention"])
+                values["program"] = programs.mutate(parent, rng, space.program_space, program_grammar()).text
             if violation(values) is None:
                 return AttentionGene(gene_dict=values)
         return self
 
-    def crossover(self, other: "AttentionGene", rng: _random.Random | None = None) -> "AttentionGene":
-        """Uniform crossover: each field from self or other with probability 1/2."""
+    def crossover(self, other: "AttentionGene", rng: _random.Random | None = None,
+                  space: SearchSpace | None = None) -> "AttentionGene":
+        """Uniform crossover: each field from self or other with probability 1/2; two programs of a
+        program ``space`` cross by a subtree (``programs.crossover``)."""
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
         for _ in range(MAX_REDRAWS):  # an invalid child is drawn again (both parents are valid children)
             child = {n: mine[n] if rng.random() < 0.5 else theirs[n] for n in FIELDS}
             for n in AXIS_FIELDS:  # equal values need no draw
                 child[n] = mine[n] if mine[n] == theirs[n] or rng.random() < 0.5 else theirs[n]
+            if space is not None and space.program_space is not None and None not in (mine["program"], theirs["program"]):
+                child["program"] = programs.crossover(canonical_program(mine["program"]),
+                                                      canonical_program(theirs["program"]), rng,
+                                                      space.program_space, program_grammar()).text
             if violation(child) is None:
                 return AttentionGene(gene_dict=child)
         return self
@@ -628,8 +725,12 @@ class AttentionGene(_Keyed):
     # -- views ---------------------------------------------------------------------------------
     @property
     def short(self) -> str:
-        """The four components, plus the non-default axes (``dot|softmax|none|fixed|pos=rope``)."""
-        return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + _axis_parts(self.to_dict()))
+        """The four components, plus the non-default axes (``dot|softmax|none|fixed|pos=rope``); a
+        gene with a program: its axes alone (``prog=o(...)|pos=rope``), the program first."""
+        axes = _axis_parts(self.to_dict())
+        if self.program is not None:
+            return "|".join(sorted(axes, key=lambda part: not part.startswith("prog=")))
+        return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + axes)
 
     @property
     def uses_absolute_positions(self) -> bool:
@@ -690,12 +791,13 @@ class LayerGenes(_Keyed):
                 return LayerGenes(layers)
         return self
 
-    def crossover(self, other: "LayerGenes", rng: _random.Random | None = None) -> "LayerGenes":
+    def crossover(self, other: "LayerGenes", rng: _random.Random | None = None,
+                  space: SearchSpace | None = None) -> "LayerGenes":
         if not isinstance(other, LayerGenes) or len(other.layers) != len(self.layers):
             raise UserError(f"cannot cross {self.key!r} with {getattr(other, 'key', other)!r}: per-layer genomes "
                             "cross only with genomes of as many layers")
         for _ in range(MAX_REDRAWS):
-            layers = _share_recipe([a.crossover(b, rng) for a, b in zip(self.layers, other.layers)])
+            layers = _share_recipe([a.crossover(b, rng, space) for a, b in zip(self.layers, other.layers)])
             if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self
@@ -839,6 +941,8 @@ def _random_values(rng, space: SearchSpace) -> dict:
         for name in AXIS_FIELDS:  # a single option is taken without a draw
             options = space.options(name)
             values[name] = options[0] if len(options) == 1 else rng.choice(options)
+        if space.program_space is not None:
+            values["program"] = programs.random_program(rng, space.program_space, program_grammar()).text
         if violation(values) is None:
             return values
     raise UserError(f"no valid gene in {MAX_REDRAWS} draws from the search space: {violation(values)}",

@@ -42,7 +42,7 @@ generator; on a CPU it falls back to unfused math anyway).
 
 ``decode`` (incremental decoding with a key/value cache, or running sums for a kernel) computes the
 new positions' rows of the same function through the same pieces as ``forward``: the projection,
-``score_bias``, the weighing (``_attend``) and the output projection are each written once.
+``score_bias``, the weighing (``attend``) and the output projection are each written once.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ import torch.nn.functional as F
 
 from evo_attention.nn import components, positions
 from evo_attention.nn.dropout import dropout
+from evo_attention.nn.program import ProgramCore
 from evo_attention.util.errors import UserError
-from evo_attention.genes import AttentionGene, size_problem
+from evo_attention.genes import AttentionGene, canonical_program, program_grammar, size_problem
 
 
 def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
@@ -93,6 +94,23 @@ class KVCache:
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
+
+
+@dataclass
+class InputCache:
+    """One layer's inputs x [B, T, d_model] of the positions decoded so far. A program is decoded by
+    running its forward over every position so far and keeping the new rows: every op is causal, so
+    those rows are what the whole sequence gives them (O(T^2) per step; programs are small)."""
+
+    x: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.x is None else self.x.shape[1]
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        self.x = x if self.x is None else torch.cat((self.x, x), dim=1)
+        return self.x
 
 
 @dataclass
@@ -190,10 +208,20 @@ class EvolvedAttention(nn.Module):
         self.gating = components.GATINGS[self.gene.gating](d_model)
         self.dropout_p = self.gene.attention_dropout
         self.fused = fused
+        self.program = None  # a gene with a program computes it (nn.program) in place of the four components
+        if self.gene.program is not None:
+            self.program = ProgramCore(canonical_program(self.gene.program), program_grammar(), d_model=d_model,
+                                       n_heads=n_heads, d_head=self.d_head, kernel_features=kernel_features)
 
     @property
     def can_fuse(self) -> bool:
         return bool(getattr(self.similarity, "dot_form", False)) and self.gene.normalization == "softmax"
+
+    def allowed_keys(self, t: int, device=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Bool [T, T] (or broadcast with ``mask``): the keys each query may see, causal and within
+        the window, and where ``mask`` allows."""
+        allowed = causal_mask(t, device, self.window)
+        return allowed if mask is None else allowed & mask.bool()
 
     def score_bias(self, t: int, device=None, start: int = 0) -> torch.Tensor | None:
         """The float bias added to the logits of the T queries start..start+T-1 over the keys
@@ -207,11 +235,11 @@ class EvolvedAttention(nn.Module):
 
     def project(self, x: torch.Tensor):
         """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated)."""
-        q, k, v = self._rotated_heads(x)
-        k, v = self._share_kv(k, v)
+        q, k, v = self.rotated_heads(x)
+        k, v = self.share_kv(k, v)
         return q, k, v
 
-    def _rotated_heads(self, x: torch.Tensor, start: int = 0):
+    def rotated_heads(self, x: torch.Tensor, start: int = 0):
         """x [B, T, d_model] of positions start..start+T-1 -> q [B, H, T, d_head] and k, v
         [B, kv_heads, T, d_head] (grouped K/V heads not yet repeated), rotated for their positions."""
         b, t, _ = x.shape
@@ -245,10 +273,13 @@ class EvolvedAttention(nn.Module):
         runs in PyTorch's fused kernel.
         """
         b, t, _ = x.shape
-        q, k, v = self.project(x)
-        tau = self.temperature(x)
         if mask is not None and mask.dim() == 2 and mask.shape == (b, t):
             mask = mask[:, None, None, :]
+        if self.program is not None:
+            out, weights = self.program(self, x, mask, need_weights)
+            return (out, weights) if need_weights else out
+        q, k, v = self.project(x)
+        tau = self.temperature(x)
         with self._precision(x.device.type):
             y, weights = self._weigh(q, k, v, tau, mask, need_weights)
         out = self._output(x, y)
@@ -284,23 +315,23 @@ class EvolvedAttention(nn.Module):
             return components.causal_kernel_attention(q, k, v), None
         if windowed and 2 * self.window < t and mask is None and not need_weights:
             return self._banded(q, k, v, tau, bias, dropout_p), None
-        allowed = causal_mask(t, q.device, self.window)
-        if mask is not None:
-            allowed = allowed & mask.bool()
+        allowed = self.allowed_keys(t, q.device, mask)
         # attention dropout: the plain path's masks are the same on every device (module docstring)
         fused = self.fused and self.can_fuse and mask is None and not need_weights and not dropout_p > 0
-        return self._attend(q, k, v, tau, bias, allowed, dropout_p, fused=fused, full_causal=not windowed,
-                            aligned=True)
+        return self.attend(q, k, v, tau, bias, allowed, dropout_p, fused=fused, full_causal=not windowed,
+                           aligned=True)
 
-    def _attend(self, q, k, v, tau, bias, allowed, dropout_p: float, *, fused: bool, full_causal: bool,
-                aligned: bool):
+    def attend(self, q, k, v, tau, bias, allowed, dropout_p: float, *, fused: bool, full_causal: bool,
+               aligned: bool, similarity=None):
         """Weights of queries q over keys k where ``allowed``, applied to v: y [.., Tq, d], weights.
 
         ``full_causal``: allowed is exactly the causal mask; ``aligned``: query i and key i are the
-        same position (the similarity may then skip future keys).
+        same position (the similarity may then skip future keys); ``similarity``: another module
+        than the gene's (a program's dot-product score on the fused path).
         """
+        similarity = similarity or self.similarity
         if fused:
-            q, k = self.similarity.prepare(q, k)
+            q, k = similarity.prepare(q, k)
             q = q / tau.to(q.dtype)
             if bias is None and full_causal:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0), None
@@ -310,10 +341,10 @@ class EvolvedAttention(nn.Module):
         if self.kernel is not None:
             weights = components.kernel_weights(q, k, allowed)
         else:
-            if aligned and getattr(self.similarity, "causal_skip", False):  # may skip future keys: masked below
-                scores = self.similarity(q, k, causal=True)
+            if aligned and getattr(similarity, "causal_skip", False):  # may skip future keys: masked below
+                scores = similarity(q, k, causal=True)
             else:
-                scores = self.similarity(q, k)
+                scores = similarity(q, k)
             scores = scores / tau.to(scores.dtype)
             if bias is not None:
                 scores = scores + bias
@@ -343,8 +374,8 @@ class EvolvedAttention(nn.Module):
         if tau.shape[2] == t:  # per-query temperature [B, H, T, 1]
             tau = _blocks(tau.expand(b, -1, -1, -1), w, pad, fill=1.0)  # padded queries: no division by 0
         fused = self.fused and self.can_fuse and not dropout_p > 0
-        y, _ = self._attend(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed,
-                            dropout_p, fused=fused, full_causal=False, aligned=False)
+        y, _ = self.attend(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed,
+                           dropout_p, fused=fused, full_causal=False, aligned=False)
         return y.view(b, n, h, w, -1).transpose(1, 2).reshape(b, h, n * w, -1)[:, :, :t]
 
     # -- incremental decoding (inference only: no dropout, no extra mask) -------------------------
@@ -356,16 +387,18 @@ class EvolvedAttention(nn.Module):
         k, v = (z.view(b, t, self.kv_heads, self.d_head).transpose(1, 2) for z in (k, v))
         return q, k, v
 
-    def _share_kv(self, k: torch.Tensor, v: torch.Tensor):
+    def share_kv(self, k: torch.Tensor, v: torch.Tensor):
         """Each group of n_heads / kv_heads query heads shares one K/V head: repeat them per group."""
         if self.kv_heads == self.n_heads:
             return k, v
         group = self.n_heads // self.kv_heads
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
-    def new_cache(self) -> "KVCache | KernelState":
+    def new_cache(self) -> "KVCache | KernelState | InputCache":
         """An empty cache for ``decode``: running sums for a kernel normalization without a window,
-        keys and values otherwise."""
+        the inputs so far for a program, keys and values otherwise."""
+        if self.program is not None:
+            return InputCache()
         return KernelState() if self.kernel is not None and not self.window else KVCache()
 
     def decode(self, x: torch.Tensor, cache: "KVCache | KernelState") -> torch.Tensor:
@@ -379,19 +412,21 @@ class EvolvedAttention(nn.Module):
         keys (the cache's) and the mask (``decode_mask``) differ. Never fused, never dropped out:
         decoding is inference and forms the few new rows of weights explicitly."""
         t = x.shape[1]
+        if isinstance(cache, InputCache):  # a program: its forward over every position so far, new rows kept
+            return self.forward(cache.append(x))[:, -t:]
         start = cache.length
-        q, k, v = self._rotated_heads(x, start)
+        q, k, v = self.rotated_heads(x, start)
         if isinstance(cache, KVCache):
             k, v = cache.append(k, v)
-        k, v = self._share_kv(k, v)
+        k, v = self.share_kv(k, v)
         tau = self.temperature(x)
         with self._precision(x.device.type):
             q, k, v, bias = self._weighing_inputs(q, k, v, tau, start)
             if isinstance(cache, KernelState):
                 y = self._decode_running(q, k, v, cache)
             else:  # queries start.. over keys 0..: not aligned, so the similarity computes every score
-                y, _ = self._attend(q, k, v, tau, bias, decode_mask(start, t, x.device, self.window), 0.0,
-                                    fused=False, full_causal=False, aligned=False)
+                y, _ = self.attend(q, k, v, tau, bias, decode_mask(start, t, x.device, self.window), 0.0,
+                                   fused=False, full_causal=False, aligned=False)
         return self._output(x, y)
 
     @staticmethod

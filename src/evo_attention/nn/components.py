@@ -280,7 +280,7 @@ def _fill_masked(scores: torch.Tensor, mask: torch.Tensor | None, value: float) 
     return scores if mask is None else scores.masked_fill(~mask, value)
 
 
-def _zero_masked(weights: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def zero_masked(weights: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return weights if mask is None else weights.masked_fill(~mask, 0.0)
 
 
@@ -289,7 +289,7 @@ def row_normalize(weights: torch.Tensor, mask: torch.Tensor | None, eps: float =
 
     A row whose entries are all zero stays all zero (0 / eps), never NaN.
     """
-    weights = _zero_masked(weights, mask)
+    weights = zero_masked(weights, mask)
     return weights / (weights.sum(dim=-1, keepdim=True) + eps)
 
 
@@ -333,7 +333,7 @@ def sparsemax_norm(scores, mask):
     from entmax import sparsemax
 
     weights = sparsemax(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
-    return _zero_masked(weights, mask).to(scores.dtype)
+    return zero_masked(weights, mask).to(scores.dtype)
 
 
 @register_normalization("relu_norm")
@@ -354,7 +354,7 @@ def entmax15_norm(scores, mask):
     from entmax import entmax15
 
     weights = entmax15(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
-    return _zero_masked(weights, mask).to(scores.dtype)
+    return zero_masked(weights, mask).to(scores.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,15 +383,17 @@ class KernelNormalization(nn.Module):
 
 def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """numerator / denominator[..., None], and 0 (with zero gradient, never NaN) where the
-    denominator is not a normal positive number: a row whose allowed products all underflow."""
-    ok = denominator > torch.finfo(denominator.dtype).tiny
+    denominator is below finfo.max^(-1/2): there the gradient of 1 / denominator (1 / denominator^2)
+    would overflow, so the row counts as seeing no key (a row whose allowed products all underflow,
+    or nearly: about 5e-20 in float32, where a classic kernel's backward pass gave inf and NaN)."""
+    ok = denominator > torch.finfo(denominator.dtype).max ** -0.5
     return torch.where(ok, 1.0 / torch.where(ok, denominator, 1.0), 0.0).unsqueeze(-1) * numerator
 
 
 def kernel_weights(phi_q: torch.Tensor, phi_k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The explicit [B, H, T, T] weights of a kernel normalization: exactly zero on masked keys, rows
     summing to 1 (a row whose allowed products all vanish stays zero, never NaN)."""
-    weights = _zero_masked(phi_q @ phi_k.transpose(-2, -1), mask)
+    weights = zero_masked(phi_q @ phi_k.transpose(-2, -1), mask)
     return safe_ratio(weights, weights.sum(dim=-1))
 
 

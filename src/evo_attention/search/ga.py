@@ -82,7 +82,7 @@ class GeneticAlgorithm(Strategy):
                               lambda first, second: self._breed(first, second, rate), self.dedupe, DEDUPE_TRIES)
 
     def _breed(self, first: AttentionGene, second: AttentionGene, rate: float) -> AttentionGene:
-        child = first.crossover(second, self.rng) if self.rng.random() < self.crossover_rate else first
+        child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
         return child.mutate(rate, self.rng, self.space)
 
     def _update(self, told):

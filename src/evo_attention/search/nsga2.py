@@ -55,7 +55,7 @@ class NSGA2(Strategy):
         return self.population[min(a, b)].gene
 
     def _breed(self, first: AttentionGene, second: AttentionGene) -> AttentionGene:
-        child = first.crossover(second, self.rng) if self.rng.random() < self.crossover_rate else first
+        child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
         return child.mutate(self.mutation_rate, self.rng, self.space)
 
     def _update(self, told):

@@ -113,6 +113,9 @@ class TPE(Strategy):
         if self.space.layers:
             raise UserError("strategy tpe samples one gene shared by every layer: use genome shared, or ga, nsga2 or "
                             "random for per-layer genomes", setting="genome")
+        if self.space.program_space is not None:
+            raise UserError("strategy tpe samples categorical options and cannot encode programs: use ga, nsga2 or "
+                            "random for a program search space", setting="strategy")
         self.distributions = {name: CategoricalDistribution(self.space.options(name)) for name in ALL_FIELDS
                               if len(self.space.options(name)) > 1}
         optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -1,0 +1,635 @@
+"""Attention as programs: a small typed language for what one attention layer computes.
+
+A program is an expression over four inputs, written in one text syntax that round-trips
+(``parse(str(p)) == p``) and is the ``prog=`` part of a gene key::
+
+    o(mix(w.softmax(t.fixed(s.dot(q,k))),v))              softmax attention (the vanilla gene)
+    o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))       a sigmoid gate on each head's output
+    o(kmix(elu1(q),elu1(k),v))                            causal linear attention
+    o(mix(w.softmax(t.fixed(s.dot(dconv3(q),dconv3(k)))),dconv3(v)))   depthwise convolutions on q, k, v
+
+Types are shapes (one attention layer, B rows, T positions, H heads of d channels):
+
+====  ==========================  =========================================================
+type  shape                       what it is
+====  ==========================  =========================================================
+X     [B, T, d_model]             the block input ``x``; what a program returns
+H     [B, H, T, d]                per-head vectors: ``q``, ``k``, ``v`` and what is made of them
+F     [B, H, T, d], >= 0          non-negative features (an H; ``kmix`` needs them)
+S     [B, H, T, T]                scores of query i for key j
+W     [B, H, T, T]                weights: exactly zero on keys a query may not see
+C     a number                    a constant (``0.5``)
+====  ==========================  =========================================================
+
+Every op's signature is in ``OPS`` (built-in) or comes from a registered component (``Grammar``:
+``s.NAME`` a similarity (H, H) -> S, ``t.NAME`` a temperature dividing S or H, ``w.NAME`` a
+normalization S -> W, ``kmix.NAME`` a kernel normalization (H, H, H) -> H, ``g.NAME`` a gating's
+output side X -> X, ``gi.NAME`` its input side X -> X); ``nn.program`` computes them. A program
+that does not type-check never exists: ``parse`` and every operator here refuse it.
+
+Causality holds by construction: every op reads one position at a time except the ops along time
+(``shift``, ``dconvN``, ``cumsum``, ``cummean``, ``decay``, ``sdecay``: each reads only earlier
+positions) and the mixing ops (``w.*``, ``mix``, ``kmix``), which see only the keys a query may
+see (causal, and the gene's window). So every well-typed program is causal.
+
+``pin(P, Y)`` (only at the root) makes the projections read P instead of x: q, k and v are the
+gene's projections of P, and P is built from x alone (an input gate: ``pin(gi.input_gate(x),...)``).
+
+Identical subexpressions are one node: computed once, and a learned op has one set of weights
+however often it is written. ``canonical`` orders the arguments of commutative ops, folds
+constants, and drops what is never used; ``size`` counts op nodes (not inputs or constants).
+
+Search operators (``random_program``, ``mutate``, ``crossover``) draw from a ``ProgramSpace`` (its
+op names and node cap) with a given ``random.Random``: the same seed gives the same programs.
+This module imports no torch; ``genes`` builds the ``Grammar`` from the registered option names.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Mapping, Sequence
+
+from evo_attention.util.errors import UserError
+
+INPUTS = {"x": "X", "q": "H", "k": "H", "v": "H"}
+TYPES = ("X", "H", "F", "S", "W", "C")
+MAX_NODES = 12  # the default node cap of a program space
+
+
+class ProgramError(UserError):
+    """A text that is no well-typed program; the message says where and what to write."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node: an op over argument nodes, an input (``x``, ``q``, ``k``, ``v``; no args) or a
+    constant (op ``const`` and a ``value``). Equal nodes are equal texts."""
+
+    op: str
+    args: tuple = ()
+    value: float | None = None
+
+    @cached_property
+    def text(self) -> str:
+        if self.op == "const":
+            return _number(self.value)
+        if not self.args:
+            return self.op
+        return f"{self.op}({','.join(a.text for a in self.args)})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def walk(self):
+        """Every node under and including this one, children before parents (each distinct node once)."""
+        seen: dict[str, Node] = {}
+        _post_order(self, seen)
+        return list(seen.values())
+
+
+def _post_order(node: Node, seen: dict) -> None:
+    if node.text in seen:
+        return
+    for a in node.args:
+        _post_order(a, seen)
+    seen[node.text] = node
+
+
+def _number(value: float) -> str:
+    text = f"{value:.4g}"
+    return "0" if text == "-0" else text
+
+
+def const(value: float) -> Node:
+    return Node("const", value=float(_number(float(value))))
+
+
+# -- op signatures --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """An op name with its signatures (argument types -> result type) and what it is."""
+
+    name: str
+    signatures: tuple  # ((arg types...), result type) pairs, tried in order
+    kind: str  # elementwise, learned, feature, time, score, temperature, weight, mix, output, gate, root
+    commutative: bool = False
+
+    def result(self, types: Sequence[str]) -> str | None:
+        for args, result in self.signatures:
+            if len(args) == len(types) and all(_fits(t, a) for t, a in zip(types, args)):
+                return _result(result, types)
+        return None
+
+
+def _fits(actual: str, wanted: str) -> bool:
+    if wanted == "T":  # any value type (X, H, S): the elementwise ops
+        return actual in ("X", "H", "F", "S")
+    return actual == wanted or (actual == "F" and wanted == "H")
+
+
+def _result(result: str, types: Sequence[str]) -> str:
+    if result != "T":
+        return result
+    value = next(t for t in types if t != "C")
+    return "H" if value == "F" else value
+
+
+def _elementwise(name, arity, *, positive=False, commutative=False):
+    """An op applied entry by entry on X, H or S (binary: two of one type, or one and a constant);
+    ``positive``: on H its values are >= 0 (an F)."""
+    if arity == 1:
+        signatures = ((("H",), "F"),) if positive else ()
+        signatures += ((("T",), "T"),)
+    else:
+        signatures = tuple(((a, b), "T") for a, b in (("X", "X"), ("H", "H"), ("S", "S"), ("T", "C"), ("C", "T")))
+    return Op(name, signatures, "elementwise", commutative)
+
+
+def _sig(args: str, result: str):
+    return (tuple(args.split(",")) if args else (), result)
+
+
+BUILTIN_OPS = {op.name: op for op in (
+    # entry by entry (every result is clipped to +-CLIP in nn.program, so no chain overflows)
+    _elementwise("add", 2, commutative=True), _elementwise("sub", 2), _elementwise("mul", 2, commutative=True),
+    _elementwise("sdiv", 2), _elementwise("max", 2, commutative=True),
+    _elementwise("neg", 1), _elementwise("relu", 1, positive=True), _elementwise("sqrelu", 1, positive=True),
+    _elementwise("sigmoid", 1, positive=True), _elementwise("tanh", 1), _elementwise("exp", 1, positive=True),
+    _elementwise("softplus", 1, positive=True), _elementwise("abs", 1, positive=True),
+    _elementwise("square", 1, positive=True), _elementwise("ssqrt", 1), _elementwise("slog1p", 1),
+    # learned, per position
+    Op("scale", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
+    Op("bias", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
+    Op("sgate", (_sig("H", "H"), _sig("X", "X")), "learned"),
+    Op("lin", (_sig("X", "X"),), "learned"),
+    # feature maps over a head's channels
+    Op("l2n", (_sig("H", "H"),), "feature"), Op("rmsn", (_sig("H", "H"),), "feature"),
+    Op("elu1", (_sig("H", "F"),), "feature"), Op("lfeat", (_sig("H", "H"),), "feature"),
+    # along time: each reads only the positions up to its own
+    Op("shift", (_sig("H", "H"),), "time"), Op("dconv2", (_sig("H", "H"),), "time"),
+    Op("dconv3", (_sig("H", "H"),), "time"), Op("dconv4", (_sig("H", "H"),), "time"),
+    Op("cumsum", (_sig("H", "H"),), "time"), Op("cummean", (_sig("H", "H"),), "time"),
+    Op("decay", (_sig("H", "H"),), "time"), Op("sdecay", (_sig("S", "S"),), "time"),
+    # weights and mixing (over the keys a query may see only)
+    Op("w.none", (_sig("S", "W"),), "weight"),
+    Op("mix", (_sig("W,H", "H"),), "mix"),
+    Op("kmix", (_sig("F,F,H", "H"),), "mix"),
+    # output
+    Op("o", (_sig("H", "X"),), "output"),
+    Op("pin", (_sig("X,X", "X"),), "root"),
+)}
+
+# The prefixes of ops that registered components give, and the gene field each reads.
+COMPONENT_PREFIXES = {"s": "similarity", "t": "temperature_mode", "w": "normalization", "kmix": "normalization",
+                      "g": "gating", "gi": "gating"}
+# ops that read other positions than their own (a program needs one to mix tokens)
+MIXING_KINDS = ("time", "mix")
+
+
+class Grammar:
+    """The ops of the language: the built-in ones and those the registered components give.
+
+    ``options``: the registered option names by gene field (``genes.OPTIONS``); ``kernels``: the
+    normalizations that are kernel forms (``genes.KERNEL_NORMALIZATIONS``)."""
+
+    def __init__(self, options: Mapping[str, Sequence[str]], kernels: Iterable[str]):
+        kernels = set(kernels)
+        ops = dict(BUILTIN_OPS)
+        for name in options["similarity"]:
+            ops[f"s.{name}"] = Op(f"s.{name}", (_sig("H,H", "S"),), "score")
+        for name in options["temperature_mode"]:
+            ops[f"t.{name}"] = Op(f"t.{name}", (_sig("S", "S"), _sig("H", "H")), "temperature")
+        for name in options["normalization"]:
+            if name in kernels:
+                ops[f"kmix.{name}"] = Op(f"kmix.{name}", (_sig("H,H,H", "H"),), "mix")
+            else:
+                ops[f"w.{name}"] = Op(f"w.{name}", (_sig("S", "W"),), "weight")
+        for name in options["gating"]:
+            if name != "none":
+                ops[f"g.{name}"] = Op(f"g.{name}", (_sig("X", "X"),), "gate")
+                ops[f"gi.{name}"] = Op(f"gi.{name}", (_sig("X", "X"),), "gate")
+        self.ops = ops
+
+    def op(self, name: str) -> Op:
+        found = self.ops.get(name)
+        if found is None:
+            raise ProgramError(f"unknown program op {name!r}: valid ops are {', '.join(sorted(self.ops))}")
+        return found
+
+    def type_of(self, node: Node, memo: dict | None = None, *, projected: bool = True, root: bool = True) -> str:
+        """The type of ``node``; ProgramError naming the first node that does not type-check.
+        ``memo`` collects {(text, projected): type}; ``projected``: whether q, k, v exist here (not
+        inside pin's first argument); ``root``: whether ``node`` is a program's root (pin's place)."""
+        memo = {} if memo is None else memo
+        key = (node.text, projected)
+        if key in memo:
+            return memo[key]
+        if node.op == "const":
+            result = "C"
+        elif not node.args and node.op in INPUTS:
+            if not projected and node.op != "x":
+                raise ProgramError(f"{node.op} inside pin's first argument: the projections read that argument, so it "
+                                   "is built from x alone")
+            result = INPUTS[node.op]
+        else:
+            op = self.op(node.op)
+            if op.kind == "root" and not root:
+                raise ProgramError(f"pin(...) stands only at the root of a program, not inside {node.text}")
+            types = [self.type_of(a, memo, projected=projected and not (op.kind == "root" and i == 0), root=False)
+                     for i, a in enumerate(node.args)]
+            result = "C" if op.kind == "elementwise" and all(t == "C" for t in types) else op.result(types)
+            if result is None:
+                wanted = " or ".join("(" + ", ".join(a) + ")" for a, _ in op.signatures)
+                raise ProgramError(f"{node.op} takes {wanted}, not ({', '.join(types)}), in {node.text}")
+        memo[key] = result
+        return result
+
+    def check(self, program: "Program") -> None:
+        kind = self.type_of(program.root)
+        if kind != "X":
+            raise ProgramError(f"a program returns the block's output (type X, e.g. o(...)), not {kind}: "
+                               f"{program.root.text}")
+
+
+# -- programs -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Program:
+    """A program: its root node. Equal and hashed by its text."""
+
+    root: Node
+
+    @property
+    def text(self) -> str:
+        return self.root.text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def nodes(self) -> list:
+        """Each distinct node once, inputs first, the root last."""
+        return self.root.walk()
+
+    def ops(self) -> list:
+        """The op nodes (no inputs, no constants), children before parents."""
+        return [n for n in self.nodes() if n.args]
+
+    @property
+    def size(self) -> int:
+        return len(self.ops())
+
+
+_TOKEN = re.compile(r"\s*(?:(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<name>[A-Za-z_][\w.]*)|(?P<punct>[(),]))")
+
+
+def parse(text: str, grammar: Grammar) -> Program:
+    """Read a program from its text; ProgramError (one line) when it is no well-typed program."""
+    if isinstance(text, Program):
+        grammar.check(text)
+        return text
+    if not isinstance(text, str) or not text.strip():
+        raise ProgramError(f"cannot read a program from {text!r}: write one like o(mix(w.softmax(t.fixed(s.dot(q,k))),v))")
+    tokens, pos = [], 0
+    while pos < len(text.rstrip()):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ProgramError(f"cannot read program {text!r} at {text[pos:pos + 12]!r}: ops are names, arguments go in "
+                               "parentheses separated by commas")
+        tokens.append((m.lastgroup, m.group(m.lastgroup)))
+        pos = m.end()
+    node, i = _read(tokens, 0, text)
+    if i != len(tokens):
+        raise ProgramError(f"cannot read program {text!r}: unexpected {tokens[i][1]!r} after the root expression")
+    program = Program(node)
+    grammar.check(program)
+    return program
+
+
+def _read(tokens, i, text):
+    if i >= len(tokens):
+        raise ProgramError(f"cannot read program {text!r}: it ends in the middle of an expression")
+    kind, value = tokens[i]
+    if kind == "number":
+        return const(float(value)), i + 1
+    if kind != "name":
+        raise ProgramError(f"cannot read program {text!r}: expected an op or an input, found {value!r}")
+    if i + 1 < len(tokens) and tokens[i + 1] == ("punct", "("):
+        args, i = [], i + 2
+        while True:
+            arg, i = _read(tokens, i, text)
+            args.append(arg)
+            if i < len(tokens) and tokens[i] == ("punct", ","):
+                i += 1
+                continue
+            if i < len(tokens) and tokens[i] == ("punct", ")"):
+                return Node(value, tuple(args)), i + 1
+            raise ProgramError(f"cannot read program {text!r}: {value}( is not closed")
+    if value not in INPUTS:
+        raise ProgramError(f"unknown input {value!r} in program {text!r}: the inputs are x, q, k, v (an op needs "
+                           "parentheses)")
+    return Node(value), i + 1
+
+
+# -- canonical form -------------------------------------------------------------------------------
+_FOLD = {  # constant folding: the same formulas as nn.program (finite for every finite input)
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "sdiv": lambda a, b: a * b / (b * b + 1e-2), "max": max, "neg": lambda a: -a,
+    "relu": lambda a: max(a, 0.0), "sqrelu": lambda a: max(a, 0.0) ** 2,
+    "sigmoid": lambda a: 1 / (1 + math.exp(-max(min(a, 60.0), -60.0))), "tanh": math.tanh,
+    "exp": lambda a: math.exp(min(a, 20.0)), "softplus": lambda a: math.log1p(math.exp(min(a, 30.0))) if a < 30 else a,
+    "abs": abs, "square": lambda a: a * a, "ssqrt": lambda a: math.copysign(math.sqrt(abs(a) + 1e-4) - 1e-2, a),
+    "slog1p": lambda a: math.copysign(math.log1p(abs(a)), a),
+}
+CLIP = 1e4  # every elementwise result lies in [-CLIP, CLIP]
+
+
+def canonical(program: Program, grammar: Grammar) -> Program:
+    """The canonical form: constants folded, x+0, x*1, x-0 and x/1 dropped, double negation
+    cancelled, commutative arguments ordered by text, pin dropped when nothing reads q, k or v."""
+    memo: dict[str, Node] = {}
+    root = _canon(program.root, memo)
+    if root.op == "pin" and not _reads_projections(root.args[1]):
+        root = root.args[1]
+    result = Program(root)
+    grammar.check(result)
+    return result
+
+
+def _canon(node: Node, memo: dict) -> Node:
+    if node.text in memo:
+        return memo[node.text]
+    if not node.args:
+        memo[node.text] = node
+        return node
+    args = tuple(_canon(a, memo) for a in node.args)
+    out = _simplify(node.op, args)
+    memo[node.text] = out
+    return out
+
+
+def _simplify(op: str, args: tuple) -> Node:
+    values = [a.value for a in args]
+    if op in _FOLD and all(a.op == "const" for a in args):
+        return const(max(-CLIP, min(CLIP, _FOLD[op](*values))))
+    if op in ("add", "max", "mul") and args[0].op == "const" and args[1].op != "const":
+        args = (args[1], args[0])  # the constant second, then the identities below
+    if op in ("add", "sub") and args[1].op == "const" and args[1].value == 0:
+        return args[0]
+    if op == "mul" and args[1].op == "const" and args[1].value == 1:
+        return args[0]
+    if op == "neg" and args[0].op == "neg":
+        return args[0].args[0]
+    if BUILTIN_OPS.get(op) is not None and BUILTIN_OPS[op].commutative and args[1].op != "const":
+        args = tuple(sorted(args, key=lambda a: a.text))
+    return Node(op, args)
+
+
+def _reads_projections(node: Node) -> bool:
+    return any(n.op in ("q", "k", "v") and not n.args for n in node.walk())
+
+
+def mixes_tokens(program: Program, grammar: Grammar) -> bool:
+    """Whether the program reads another position than each query's own (an op along time or a mixing op)."""
+    return any(n.args and grammar.op(n.op).kind in MIXING_KINDS for n in program.nodes())
+
+
+# -- what the search draws from -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProgramSpace:
+    """The programs a search draws: at most ``max_nodes`` op nodes, built from ``ops`` (op names;
+    empty: every op of the grammar). Random programs must mix tokens (``mixes_tokens``)."""
+
+    max_nodes: int = MAX_NODES
+    ops: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or not 3 <= self.max_nodes <= 64:
+            raise UserError(f"program max_nodes {self.max_nodes!r} must be an integer in [3, 64]",
+                            setting="search_space")
+        object.__setattr__(self, "ops", tuple(dict.fromkeys(self.ops or ())))
+
+    @classmethod
+    def from_dict(cls, data, grammar: Grammar) -> "ProgramSpace":
+        if data in (None, True):
+            data = {}
+        if not isinstance(data, Mapping):
+            raise UserError(f"search_space program {data!r} must be a mapping such as {{max_nodes: 12, ops: [...]}}",
+                            setting="search_space")
+        unknown = sorted(set(data) - {"max_nodes", "ops"})
+        if unknown:
+            raise UserError(f"unknown program space key {unknown[0]!r}: valid keys are max_nodes, ops",
+                            setting="search_space")
+        ops = data.get("ops") or ()
+        if isinstance(ops, str):
+            ops = [o.strip() for o in ops.split(",") if o.strip()]
+        for name in ops:
+            grammar.op(name)
+        space = cls(max_nodes=data.get("max_nodes", MAX_NODES), ops=tuple(ops))
+        missing = [o for o in ("o", "mix") if space.ops and o not in space.ops and "kmix" not in space.ops]
+        if missing:
+            raise UserError(f"the program space's ops lack {', '.join(missing)}: a program needs o(...) and a mixing "
+                            "op (mix or kmix)", setting="search_space")
+        return space
+
+    def to_dict(self) -> dict:
+        return {"max_nodes": self.max_nodes, "ops": list(self.ops)}
+
+    def allowed(self, grammar: Grammar) -> dict:
+        names = self.ops or tuple(grammar.ops)
+        return {n: grammar.op(n) for n in names}
+
+    def admits(self, program: Program, grammar: Grammar) -> str | None:
+        """Why the space does not hold ``program`` (one line), or None."""
+        if program.size > self.max_nodes:
+            return f"program {program.text} has {program.size} op nodes, more than max_nodes {self.max_nodes}"
+        allowed = self.allowed(grammar)
+        outside = [n.op for n in program.ops() if n.op not in allowed]
+        if outside:
+            return f"program {program.text} uses {outside[0]}, which the space's ops do not list"
+        return None
+
+
+MAX_TRIES = 200  # draws and edits that fail a check are tried again with the same rng
+
+
+def random_program(rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
+    """A random well-typed program of the space that mixes tokens (deterministic for a seeded rng)."""
+    ops = space.allowed(grammar)
+    for _ in range(MAX_TRIES):
+        budget = rng.randint(3, space.max_nodes)
+        node = _grow(rng, "X", budget, ops, depth=0)
+        if node is None:
+            continue
+        program = _valid(Program(node), space, grammar)
+        if program is not None and mixes_tokens(program, grammar):
+            return program
+    raise UserError(f"no random program of at most {space.max_nodes} nodes from the space's ops in {MAX_TRIES} "
+                    "draws: allow more ops or nodes", setting="search_space")
+
+
+def _producers(ops: Mapping[str, Op], wanted: str):
+    out = []
+    for op in ops.values():
+        if op.kind == "root":
+            continue
+        for args, result in op.signatures:
+            if any(a == "C" for a in args) or (result == "T" and wanted not in ("X", "H", "S")):
+                continue
+            concrete = _result(result, [wanted if a == "T" else a for a in args]) if result == "T" else result
+            if _fits(concrete, wanted):
+                out.append((op.name, tuple(wanted if a == "T" else a for a in args)))
+                break
+    return out
+
+
+def _grow(rng, wanted: str, budget: int, ops, depth: int):
+    """A random node of type ``wanted`` with about ``budget`` op nodes (None when none fits)."""
+    leaves = [name for name, t in INPUTS.items() if _fits(t, wanted)]
+    if wanted == "C":
+        return const(rng.choice((-1.0, -0.5, 0.5, 1.0, 2.0)))
+    if budget <= 0 or depth > 8:
+        return Node(rng.choice(leaves)) if leaves else None
+    producers = _producers(ops, wanted)
+    if wanted == "X" and depth == 0:  # the root: the output of heads, possibly gated
+        producers = [p for p in producers if p[0] in ("o",) or ops[p[0]].kind in ("gate", "learned")] or producers
+    if wanted in ("W",):
+        producers = [p for p in producers if ops[p[0]].kind == "weight"]
+    if not producers:
+        return Node(rng.choice(leaves)) if leaves else None
+    if leaves and rng.random() < 0.25:
+        return Node(rng.choice(leaves))
+    name, args = rng.choice(producers)
+    rest = budget - 1
+    shares = [rest // len(args)] * len(args)
+    children = []
+    for a, share in zip(args, shares):
+        child = _grow(rng, a, share, ops, depth + 1)
+        if child is None:
+            return None
+        children.append(child)
+    return Node(name, tuple(children))
+
+
+def _valid(program: Program, space: ProgramSpace, grammar: Grammar) -> Program | None:
+    try:
+        program = canonical(program, grammar)
+    except ProgramError:
+        return None
+    return None if space.admits(program, grammar) else program
+
+
+def _replace(node: Node, target: str, new: Node) -> Node:
+    """``node`` with every occurrence of the subtree whose text is ``target`` replaced by ``new``."""
+    if node.text == target:
+        return new
+    if not node.args:
+        return node
+    return Node(node.op, tuple(_replace(a, target, new) for a in node.args), node.value)
+
+
+def _typed_nodes(program: Program, grammar: Grammar) -> list:
+    """(node, type) of every node of the program but the root's pin projection input."""
+    memo: dict = {}
+    grammar.type_of(program.root, memo)
+    types = {text: t for (text, projected), t in memo.items() if projected}
+    return [(n, types[n.text]) for n in program.nodes() if n.text in types]
+
+
+MUTATIONS = ("replace", "insert", "delete", "rewire", "constant")
+
+
+def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
+    """One edit of the program (replace an op, insert or delete a node, rewire an input, change a
+    constant), canonical and inside the space; tried again with the same rng until the result
+    differs from the parent (the parent itself after MAX_TRIES)."""
+    ops = space.allowed(grammar)
+    for _ in range(MAX_TRIES):
+        nodes = _typed_nodes(program, grammar)
+        kind = rng.choice(MUTATIONS)
+        node, wanted = rng.choice(nodes)
+        new = None
+        if kind == "replace" and node.args:
+            types = [grammar.type_of(a) for a in node.args]
+            same = [o.name for o in ops.values() if o.name != node.op and o.kind != "root" and o.result(types)
+                    and _fits(o.result(types), wanted)]
+            new = Node(rng.choice(same), node.args) if same else None
+        elif kind == "insert" and wanted != "C":
+            wrappers = [(name, args) for name, args in _producers(ops, wanted) if any(_fits(wanted, a) for a in args)]
+            if wrappers:
+                name, args = rng.choice(wrappers)
+                slot = rng.choice([i for i, a in enumerate(args) if _fits(wanted, a)])
+                children = [node if i == slot else _grow(rng, a, 1, ops, 1) for i, a in enumerate(args)]
+                new = None if any(c is None for c in children) else Node(name, tuple(children))
+        elif kind == "delete" and node.args:
+            same = [a for a in node.args if _fits(grammar.type_of(a), wanted)]
+            new = rng.choice(same) if same else None
+        elif kind == "rewire" and not node.args and node.op != "const":
+            others = [n for n, t in nodes if _fits(t, wanted) and n.text != node.text and "pin" not in n.text]
+            new = rng.choice(others) if others else None
+        elif kind == "constant" and node.op == "const":
+            new = const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
+        if new is None:
+            continue
+        try:
+            child = _valid(Program(_replace(program.root, node.text, new)), space, grammar)
+        except ProgramError:
+            child = None
+        if child is not None and child != program and mixes_tokens(child, grammar):
+            return child
+    return program
+
+
+def crossover(a: Program, b: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
+    """Subtree crossover: a node of ``a`` replaced by a subtree of ``b`` of the same type (tried
+    again with the same rng until the child is valid and new; ``a`` after MAX_TRIES)."""
+    mine, theirs = _typed_nodes(a, grammar), _typed_nodes(b, grammar)
+    for _ in range(MAX_TRIES):
+        node, wanted = rng.choice(mine)
+        donors = [n for n, t in theirs if _fits(t, wanted) and n.op != "pin"]
+        if not donors:
+            continue
+        try:
+            child = _valid(Program(_replace(a.root, node.text, rng.choice(donors))), space, grammar)
+        except ProgramError:
+            child = None
+        if child is not None and child not in (a, b) and mixes_tokens(child, grammar):
+            return child
+    return a
+
+
+# -- the named programs ------------------------------------------------------------------------------
+def classic_program(similarity: str, normalization: str, gating: str, temperature: str, *,
+                    kernels: Iterable[str] = ("linear", "favor")) -> str:
+    """The program text of a classic gene's four components (built-in similarities): what
+    ``nn.attention.EvolvedAttention`` computes for them, written in the language."""
+    prepared = {"dot": ("q", "k"), "cosine": ("l2n(q)", "l2n(k)")}
+    if normalization in set(kernels):
+        if similarity not in prepared:
+            raise ProgramError(f"kernel normalization {normalization} needs a dot-product similarity, not {similarity}")
+        q, k = prepared[similarity]
+        heads = f"kmix.{normalization}(t.{temperature}({q}),{k},v)"
+    else:
+        scores = f"s.{similarity}(q,k)"
+        heads = f"mix(w.{normalization}(t.{temperature}({scores})),v)"
+    out = f"o({heads})"
+    if gating == "input_gate":
+        return f"pin(gi.input_gate(x),{out})"
+    return out if gating == "none" else f"g.{gating}({out})"
+
+
+KNOWN_PROGRAMS = {  # named forms, documented in docs/programs.md (each parses with the built-in grammar)
+    "softmax attention": "o(mix(w.softmax(t.fixed(s.dot(q,k))),v))",
+    "gated attention (a sigmoid gate on each head's output, Qiu et al. 2025)":
+        "o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))",
+    "sigmoid attention (no row normalisation, a learned score bias)":
+        "o(mix(w.none(sigmoid(bias(t.fixed(s.dot(q,k))))),v))",
+    "causal linear attention (elu + 1 features, running sums)": "o(kmix(elu1(q),elu1(k),v))",
+    "depthwise-convolution attention (Primer's MDHA: width-3 convolutions on q, k, v)":
+        "o(mix(w.softmax(t.fixed(s.dot(dconv3(q),dconv3(k)))),dconv3(v)))",
+    "decayed attention (RetNet-like: scores decayed by a learned rate per head, no softmax)":
+        "o(mix(w.none(sdecay(t.fixed(s.dot(q,k)))),v))",
+    "squared-ReLU attention (row-normalised)": "o(mix(w.relu_norm(sqrelu(t.fixed(s.dot(q,k)))),v))",
+}

@@ -1,0 +1,248 @@
+"""Attention programs: the grammar (programs.py), what they compute (nn/program.py), and the gene part."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from evo_attention import AttentionGene, EvolvedAttention, programs
+from evo_attention.genes import (AXIS_DEFAULTS, CATEGORICAL_FIELDS, SearchSpace, canonical_program, program_grammar,
+                                 violation)
+from evo_attention.programs import ProgramError, ProgramSpace
+from evo_attention.util.errors import UserError
+
+GRAMMAR = program_grammar()
+N_RANDOM = 1000
+
+
+@pytest.fixture(scope="module")
+def random_programs():
+    rng = random.Random(0)
+    return [programs.random_program(rng, ProgramSpace(max_nodes=12), GRAMMAR) for _ in range(N_RANDOM)]
+
+
+def _perturbed(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every weight moved off its initial value (an identity-initialised convolution or a zero
+    gate would hide a leak)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return module
+
+
+# -- the language ------------------------------------------------------------------------------------
+
+def test_known_programs_parse_round_trip_and_run():
+    for name, text in programs.KNOWN_PROGRAMS.items():
+        program = programs.parse(text, GRAMMAR)
+        assert str(program) == text and programs.parse(str(program), GRAMMAR) == program, name
+        assert canonical_program(text).text == text, name  # written in canonical form
+        gene = AttentionGene.parse(f"prog={text}")
+        assert gene.program == text and AttentionGene.parse(gene.key) == gene
+        y = EvolvedAttention(16, 2, gene)(torch.randn(2, 6, 16))
+        assert y.shape == (2, 6, 16) and torch.isfinite(y).all()
+
+
+def test_random_programs_type_check_round_trip_and_stay_in_the_space(random_programs):
+    assert len(random_programs) == N_RANDOM
+    for program in random_programs:
+        assert 1 <= program.size <= 12
+        assert GRAMMAR.type_of(program.root) == "X"
+        assert programs.parse(program.text, GRAMMAR) == program
+        assert programs.canonical(program, GRAMMAR) == program
+        assert programs.mixes_tokens(program, GRAMMAR)
+    assert len(set(random_programs)) > 0.9 * N_RANDOM
+
+
+def test_random_programs_are_causal_exactly_zero_on_masked_keys_and_finite(random_programs):
+    """1,000 programs of up to 12 nodes, each in an attention layer with perturbed weights: rows
+    before a changed position do not change, weights on keys a query may not see are exactly 0,
+    and a training-mode forward and backward pass is finite."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    changed = x.clone()
+    changed[:, 5] += torch.randn(2, 16)
+    future = ~torch.ones(8, 8, dtype=torch.bool).tril()
+    for i, program in enumerate(random_programs):
+        torch.manual_seed(i)
+        attn = _perturbed(EvolvedAttention(16, 2, AttentionGene(program=program.text), max_seq_len=8), seed=i)
+        attn.eval()
+        with torch.no_grad():
+            a, b = attn(x), attn(changed)
+            _, weights = attn(x, need_weights=True)  # explicit weights (a kernel's running sum forms none)
+        assert torch.equal(a[:, :5], b[:, :5]), f"{program} leaks the future"
+        if weights is not None:
+            assert (weights[..., future] == 0).all(), f"{program} weighs a future key"
+        attn.train()
+        xg = x.clone().requires_grad_(True)
+        y = attn(xg)
+        assert torch.isfinite(y).all(), program
+        y.square().mean().backward()
+        assert torch.isfinite(xg.grad).all(), program
+        for name, p in attn.named_parameters():
+            assert p.grad is None or torch.isfinite(p.grad).all(), f"{program}: {name}"
+
+
+def every_classic_gene():
+    options = [AttentionGene.SIMILARITY_FUNCS, AttentionGene.NORMALIZATIONS, AttentionGene.GATING,
+               AttentionGene.TEMPERATURE_MODES]
+    for combo in itertools.product(*(o[:len(f.builtins)] for o, f in zip(options, _builtin_fields()))):
+        values = dict(zip(CATEGORICAL_FIELDS, combo))
+        if violation({**AXIS_DEFAULTS, **values, "program": None}) is None:
+            yield AttentionGene(gene_dict={**values, "attention_dropout": 0.0})
+
+
+def _builtin_fields():
+    from evo_attention.genes import FIELD
+    return [FIELD[name] for name in CATEGORICAL_FIELDS]
+
+
+def _load_classic_weights(program_attn: EvolvedAttention, classic: EvolvedAttention) -> None:
+    """The program's modules take the classic module's weights: its projections, and each
+    registered component from the attribute that holds it there."""
+    program_attn.qkv.load_state_dict(classic.qkv.state_dict())
+    program_attn.out.load_state_dict(classic.out.state_dict())
+    core = program_attn.program
+    for node in core.nodes:
+        name = f"n{core.index[node.text]}"
+        if name not in core.ops:
+            continue
+        source = {"s": classic.similarity, "t": classic.temperature, "g": classic.gating, "gi": classic.gating,
+                  "kmix": classic.kernel}[node.op.partition(".")[0]]
+        core.ops[name].load_state_dict(source.state_dict())
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_each_classic_gene_equals_its_program_on_the_same_weights(fused):
+    genes = list(every_classic_gene())
+    assert len(genes) == 288
+    x = torch.randn(2, 12, 32)
+    for i, gene in enumerate(genes):
+        text = programs.classic_program(gene.similarity, gene.normalization, gene.gating, gene.temperature_mode)
+        torch.manual_seed(i)
+        classic = EvolvedAttention(32, 4, gene, fused=fused).eval()
+        for part in (classic.similarity, classic.temperature, classic.gating):  # zero-initialised gates would agree
+            _perturbed(part, seed=i)
+        program_attn = EvolvedAttention(32, 4, gene.replace(similarity="dot", normalization="softmax", gating="none",
+                                                             temperature_mode="fixed", program=text), fused=fused).eval()
+        _load_classic_weights(program_attn, classic)
+        with torch.no_grad():
+            want, got = classic(x), program_attn(x)
+        assert torch.allclose(got, want, atol=1e-6, rtol=0), (gene.key, (got - want).abs().max().item())
+
+
+def test_a_program_decodes_as_its_forward_pass():
+    torch.manual_seed(0)
+    for text in list(programs.KNOWN_PROGRAMS.values()) + ["o(add(shift(v),mix(w.softmax(s.dot(dconv3(q),k)),v)))"]:
+        attn = _perturbed(EvolvedAttention(16, 2, f"prog={text}|win=4|pos=rope")).eval()
+        x = torch.randn(2, 9, 16)
+        with torch.no_grad():
+            whole = attn(x)
+            cache = attn.new_cache()
+            rows = [attn.decode(x[:, :5], cache)] + [attn.decode(x[:, i:i + 1], cache) for i in range(5, 9)]
+        assert torch.allclose(torch.cat(rows, dim=1), whole, atol=1e-6), text
+
+
+def test_the_fused_path_of_a_dot_softmax_program_equals_its_plain_path():
+    x = torch.randn(2, 10, 32)
+    for text in ("o(mix(w.softmax(t.learned(s.dot(dconv3(q),k))),v))", "o(mix(w.softmax(s.cosine(q,k)),sgate(v)))"):
+        torch.manual_seed(0)
+        fused = _perturbed(EvolvedAttention(32, 4, f"prog={text}|pos=alibi")).eval()
+        assert fused.program.fusable
+        plain = EvolvedAttention(32, 4, f"prog={text}|pos=alibi", fused=False).eval()
+        plain.load_state_dict(fused.state_dict())
+        with torch.no_grad():
+            assert torch.allclose(fused(x), plain(x), atol=1e-5)
+
+
+# -- syntax errors, canonical form, gene rules ---------------------------------------------------------
+
+@pytest.mark.parametrize("text, says", [
+    ("o(mix(w.softmax(s.dot(q,k)),v)", "is not closed"),
+    ("o(mix(w.softmax(s.dot(q,k)),v)))", "unexpected ')'"),
+    ("o(mix(s.dot(q,k),v))", "mix takes (W, H), not (S, H)"),
+    ("mix(w.softmax(s.dot(q,k)),v)", "not H"),
+    ("o(mix(w.softmax(s.dot(q,z)),v))", "unknown input 'z'"),
+    ("o(frob(q))", "unknown program op 'frob'"),
+    ("o(kmix(q,k,v))", "kmix takes (F, F, H)"),
+    ("pin(lin(q),o(v))", "inside pin's first argument"),
+    ("g.output_gate(pin(x,o(v)))", "stands only at the root"),
+])
+def test_a_bad_program_is_one_line_naming_what_is_wrong(text, says):
+    with pytest.raises(ProgramError) as error:
+        programs.parse(text, GRAMMAR)
+    assert says in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(UserError):
+        AttentionGene.parse(f"prog={text}")
+
+
+def test_canonical_form_orders_folds_and_drops():
+    canon = canonical_program
+    assert canon("o(mul(v,add(k,q)))").text == "o(mul(add(k,q),v))"
+    assert canon("o(add(v,mul(2,0.5)))").text == "o(add(v,1))"
+    assert canon("o(mul(add(v,0),1))").text == "o(v)"
+    assert canon("o(neg(neg(v)))").text == "o(v)"
+    assert canon("pin(lin(x),lin(x))").text == "lin(x)"  # nothing reads the projections
+    gene = AttentionGene.parse("prog=o(mix(w.softmax(s.dot(k,q)),add(v,0)))")
+    assert gene.program == "o(mix(w.softmax(s.dot(k,q)),v))"  # a score's arguments are not commutative
+
+
+def test_a_program_gene_keeps_default_components_and_its_score_bias_needs_weights():
+    gene = AttentionGene.parse("prog=o(mix(w.softmax(s.dot(q,k)),v))|pos=rope")
+    assert gene.key == "dot|softmax|none|fixed|bias|0.10|pos=rope|prog=o(mix(w.softmax(s.dot(q,k)),v))"
+    assert gene.short == "prog=o(mix(w.softmax(s.dot(q,k)),v))|pos=rope"
+    with pytest.raises(UserError, match="program-replaces-components"):
+        AttentionGene.parse("dot|sparsemax|none|fixed|prog=o(mix(w.softmax(s.dot(q,k)),v))")
+    with pytest.raises(UserError, match="program-score-bias-needs-weights"):
+        AttentionGene.parse("prog=o(kmix(elu1(q),elu1(k),v))|pos=alibi")
+    assert AttentionGene.parse("prog=o(mix(w.none(s.dot(q,k)),v))|abias=rel").attn_bias == "rel"
+    assert AttentionGene.parse("dot|softmax|none|fixed").program is None  # older keys unchanged
+
+
+# -- search operators -----------------------------------------------------------------------------
+
+def test_mutation_and_crossover_give_new_valid_programs_deterministically(random_programs):
+    space = ProgramSpace(max_nodes=12)
+
+    def children(seed):
+        rng = random.Random(seed)
+        out = []
+        for a, b in zip(random_programs[:100], random_programs[100:200]):
+            out.append(programs.mutate(a, rng, space, GRAMMAR))
+            out.append(programs.crossover(a, b, rng, space, GRAMMAR))
+        return out
+
+    first = children(1)
+    assert first == children(1)
+    assert sum(c not in random_programs[:200] for c in first) > 150
+    for child in first:
+        assert child.size <= 12 and programs.parse(child.text, GRAMMAR) == child
+
+
+def test_a_space_of_listed_ops_draws_only_those():
+    ops = ["o", "mix", "w.softmax", "s.dot", "t.fixed", "dconv3", "sgate", "shift", "add"]
+    space = ProgramSpace.from_dict({"max_nodes": 8, "ops": ops}, GRAMMAR)
+    rng = random.Random(3)
+    for _ in range(50):
+        program = programs.random_program(rng, space, GRAMMAR)
+        assert {n.op for n in program.ops()} <= set(ops) and program.size <= 8
+    with pytest.raises(UserError, match="unknown program op 'nope'"):
+        ProgramSpace.from_dict({"ops": ["o", "mix", "nope"]}, GRAMMAR)
+    with pytest.raises(UserError, match="max_nodes"):
+        ProgramSpace.from_dict({"max_nodes": 1}, GRAMMAR)
+
+
+def test_a_search_space_with_a_program_draws_and_breeds_program_genes():
+    space = SearchSpace.from_dict({"program": {"max_nodes": 10}, "position": ["learned", "rope"]})
+    assert space.program_space == ProgramSpace(max_nodes=10) and space.size() == float("inf")
+    rng = random.Random(0)
+    genes = [space.random(rng) for _ in range(20)]
+    assert all(g.program is not None and g.similarity == "dot" for g in genes)
+    assert len({g.program for g in genes}) > 15
+    child = genes[0].crossover(genes[1], rng, space).mutate(0.1, rng, space)
+    assert child.program is not None and child not in genes[:2]
+    assert space.to_dict()["program"] == {"max_nodes": 10, "ops": []}
+    with pytest.raises(UserError, match="leave normalization out"):
+        SearchSpace.from_dict({"program": {}, "normalization": ["sparsemax"]})
