@@ -246,3 +246,54 @@ def test_a_search_space_with_a_program_draws_and_breeds_program_genes():
     assert space.to_dict()["program"] == {"max_nodes": 10, "ops": []}
     with pytest.raises(UserError, match="leave normalization out"):
         SearchSpace.from_dict({"program": {}, "normalization": ["sparsemax"]})
+
+
+# -- functional-equivalence caching ----------------------------------------------------------------
+
+def test_equivalent_programs_share_a_fingerprint_and_different_ones_do_not():
+    from evo_attention.search.equivalence import fingerprint, functional_genome
+
+    assert fingerprint("o(mul(v,2))") == fingerprint("o(add(v,v))")
+    assert fingerprint("o(mix(w.softmax(s.dot(q,k)),sgate(v)))") == fingerprint("o(mix(w.softmax(s.dot(q,k)),sgate(v)))")
+    assert fingerprint("o(v)") != fingerprint("o(mul(v,2))") != fingerprint("o(mix(w.softmax(s.dot(q,k)),v))")
+    assert fingerprint("o(dconv3(v))") != fingerprint("o(v)")  # an identity-initialised op is not the identity
+    assert functional_genome("dot|softmax|none|fixed") is None
+    assert functional_genome("prog=o(mul(v,2))|pos=rope") == functional_genome("prog=o(add(v,v))|pos=rope")
+    assert functional_genome("prog=o(mul(v,2))|pos=rope") != functional_genome("prog=o(add(v,v))")
+
+
+def test_the_runner_answers_an_equivalent_program_from_the_store_without_training(tmp_path):
+    from evo_attention import Config
+    from evo_attention.data import data_from_config
+    from evo_attention.search.executors import EvalTask, LocalExecutor
+    from evo_attention.search.runner import Runner
+    from evo_attention.search.store import RunStore
+    from evo_attention.train.spec import Trial
+
+    config = Config(data="recall", vocab_size=16, max_seq_len=16, recall={"num_pairs": 2, "train_examples": 200,
+                                                                        "eval_examples": 40},
+                    d_model=16, n_heads=2, n_layers=1, batch_size=8, eval_batch_size=40, train_steps=3, log_every=1,
+                    precision="fp32")
+    data = data_from_config(config)
+    first, twin, other = (Trial.from_config(f"prog={p}", config)
+                          for p in ("o(mix(w.softmax(s.dot(q,k)),mul(v,2)))", "o(mix(w.softmax(s.dot(q,k)),add(v,v)))",
+                                    "o(mix(w.softmax(s.dot(q,k)),v))"))
+    trained = []
+
+    class Counting(LocalExecutor):
+        def run(self, tasks, **kw):
+            trained.extend(str(getattr(t.trial.genome, "key", t.trial.genome)) for t in tasks)
+            yield from super().run(tasks, **kw)
+
+    store = RunStore.create(tmp_path / "run", config.to_dict())
+    runner = Runner(Counting(), store=store, data={config.task: data}, equivalence=True)
+    records = runner.evaluate([first])
+    again = runner.evaluate([EvalTask(twin), EvalTask(other)])
+    assert trained == [str(first.genome), str(other.genome)] and runner.equivalent_answers == 1
+    copy = again[EvalTask(twin)]
+    assert copy.gene == str(twin.genome) and copy.extra["equivalent_to"] == str(first.genome)
+    assert copy.val_loss == records[first].val_loss
+    assert store.lookup(*twin.with_data(data).key()) is not None  # stored under its own key: later a plain hit
+    plain = Runner(Counting(), store=store, data={config.task: data})  # studies: no equivalence
+    assert plain.lookup(EvalTask(twin)) is not None
+    store.close()

@@ -133,6 +133,10 @@ def cmd_search(args) -> int:
         with RunStore.open(out, readonly=True) as store:
             for line in fidelity_lines(store.get_meta("fidelity") or {}):
                 log(line.strip())
+    if summary.counts.get("equivalent"):
+        n = summary.counts["equivalent"]
+        log(f"functional-equivalence cache: {n} evaluation{'s' if n != 1 else ''} answered by the training of a "
+            "program that computes the same function (no training)")
     if args.keep_models:
         from evo_attention.search.models import kept_models
 

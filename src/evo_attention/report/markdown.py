@@ -308,6 +308,9 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
     lines += [f"- {progress}", evaluated]
     if c.get("cache_hits"):
         lines.append(f"- Cache hits: {c['cache_hits']} requests answered from earlier evaluations.")
+    if c.get("equivalent"):
+        lines.append(f"- Functional-equivalence cache: {c['equivalent']} evaluations answered by the training of a "
+                     "program that computes the same function (same fingerprint), not trained again.")
     b = s.baseline
     if b is None:
         lines.append("- Baseline: none in this run (started with --no-baseline, or not trained yet).")

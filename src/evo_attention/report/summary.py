@@ -704,6 +704,8 @@ def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | No
         "planned": planned,
         "cache_hits": cache_hits(planned, trained + never, done),
         "by_role": dict(sorted(Counter(str(r.get("role")) for r in evaluations).items())),
+        # records answered by a functionally equivalent program's training (search.equivalence)
+        "equivalent": sum(1 for r in evaluations if r.get("equivalent_to")),
     }
     if constraints:
         counts["infeasible"] = {"never_trained": never, "trained": len(constraints["trained"])}

@@ -337,7 +337,8 @@ class Search:
             known = ({config.task: self.data} if self.suite is None else
                      {self.point_configs[label].task: data for label, data in self.point_data.items()})
             self._runner = Runner(self.executor, store=self.store, data=known, view=view,
-                                  on_finished=self._finished)
+                                  on_finished=self._finished,
+                                  equivalence=getattr(self.strategy.space, "program_space", None) is not None)
             if self.keep_models:
                 prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
             if config.baseline and self.suite is not None:

@@ -11,6 +11,11 @@ its ``EvalTask`` s (or bare ``Trial`` s) to a ``Runner``, which
 3. reports progress: a line per finished evaluation and a live bar per training worker
    (``util.progress.SearchView``), and the workers' activity in the store for ``status``.
 
+With ``equivalence=True`` (program searches) a trial that misses is also looked up by its
+functional key (``search.equivalence``): a stored record of a program that computes the same
+function answers it without training, copied under the trial's own key with ``equivalent_to``
+naming the trained genome; ``equivalent_answers`` counts them.
+
 Without a store (``store=None``) nothing is cached or kept: the records are only returned.
 """
 
@@ -20,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evo_attention.search.equivalence import functional_key
 from evo_attention.search.executors import EvalTask, Executor, as_task
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import EvaluationRecord
@@ -41,7 +47,8 @@ class Runner:
     """
 
     def __init__(self, executor: Executor, *, store: RunStore | None = None, data: dict | None = None,
-                 view: SearchView | None = None, activity: str = "", on_finished: FinishedFn | None = None):
+                 view: SearchView | None = None, activity: str = "", on_finished: FinishedFn | None = None,
+                 equivalence: bool = False):
         self.executor = executor
         for task, dataset in (data or {}).items():
             provide_task(task, dataset)
@@ -49,6 +56,9 @@ class Runner:
         self.activity = activity
         self.on_finished = on_finished
         self.done = 0
+        self.equivalence = equivalence and store is not None
+        self.equivalent_answers = 0
+        self._functional: dict | None = None  # functional key -> a stored record (built on first use)
 
     def lookup(self, task: "EvalTask | Trial") -> EvaluationRecord | None:
         """The stored record of ``task``'s trial, or None."""
@@ -69,6 +79,8 @@ class Runner:
         todo = []
         for task in tasks:
             hit = self.lookup(task)
+            if hit is None and self.equivalence:
+                hit = self._equivalent(task)
             if hit is not None:
                 records[task] = hit
                 self.announce(task, hit, cached=True)
@@ -80,11 +92,37 @@ class Runner:
                 if self.store is not None:
                     self.store.record(record, role=task.role, generation=task.generation)
                     self.store.clear_activity(self._worker(task))
+                    self._remember(record)
                 records[task] = record
                 self.announce(task, record, cached=False)
         finally:
             self._clear_activity()
         return records
+
+    # -- functional equivalence ------------------------------------------------------------------------
+    def _equivalent(self, task: EvalTask) -> EvaluationRecord | None:
+        """A stored record of a functionally equivalent trial, stored again under ``task``'s key."""
+        key = resolved(task).trial.key()
+        wanted = functional_key(*key)
+        if wanted is None:
+            return None
+        if self._functional is None:
+            self._functional = {}
+            for record in self.store.evaluations():
+                self._remember(record)
+        twin = self._functional.get(wanted)
+        if twin is None:
+            return None
+        copy = twin.replace(gene=getattr(key[0], "key", key[0]), extra={**twin.extra, "equivalent_to": twin.gene})
+        self.store.record(copy, role=task.role, generation=task.generation)
+        self.equivalent_answers += 1
+        return self.store.lookup(*key)
+
+    def _remember(self, record: EvaluationRecord) -> None:
+        if self._functional is None or record.status != "ok" or "prog=" not in str(record.gene):
+            return
+        key = functional_key(record.gene, record.seed, record.steps, record.data_fingerprint, record.context)
+        self._functional.setdefault(key, record)
 
     # -- internals ---------------------------------------------------------------------------------
     def _annotate(self, task: EvalTask, record: EvaluationRecord) -> EvaluationRecord:

@@ -1,0 +1,80 @@
+"""Functional-equivalence caching: programs that compute the same function train once.
+
+Two programs can differ in text and compute the same function (``mul(v,2)`` and ``add(v,v)``, or
+a reordering that canonical form does not catch). As in AutoML-Zero, a program's *fingerprint* is
+its output on a fixed probe: one attention layer (d_model 16, 2 heads, 8 positions, float64) with
+weights drawn from a generator seeded by each op's own text (so a shared subexpression gets the
+same weights in both programs), on a fixed input, rounded to ``DIGITS`` significant digits and
+hashed. A trial whose genome has programs has a *functional key*: its trial key with each program
+replaced by its fingerprint. The runner answers a trial from a stored record with the same
+functional key (the record is copied under the trial's own key and says ``equivalent_to``), and
+counts those answers.
+
+Rounding makes the fingerprint blind to float noise; two different functions that agree on the
+probe to ``DIGITS`` digits would be merged (none is known). The probe runs in evaluation mode
+(no dropout), so attention dropout, which is a gene field outside the program, stays in the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import zlib
+
+import torch
+
+from evo_attention.genes import AttentionGene, LayerGenes, canonical_program, layers_of
+from evo_attention.nn.attention import EvolvedAttention
+
+DIGITS = 6
+PROBE = dict(d_model=16, n_heads=2, length=8, batch=2)
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(program: str) -> str:
+    """The fingerprint of a program (its text): 16 hex digits."""
+    program = canonical_program(program).text
+    d, heads, t, b = PROBE["d_model"], PROBE["n_heads"], PROBE["length"], PROBE["batch"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        attn = EvolvedAttention(d, heads, AttentionGene(program=program, attention_dropout=0.0),
+                                max_seq_len=t).double().eval()
+        x = torch.randn(b, t, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        with torch.no_grad():
+            for name, p in attn.named_parameters():
+                p.copy_(torch.randn(p.shape, generator=_generator(attn, name), dtype=torch.float64) * 0.5
+                        + (1.0 if name.endswith("weight") and p.dim() == 1 else 0.0))
+            y = attn(x)
+    text = " ".join(f"{v:.{DIGITS}g}" for v in y.flatten().tolist())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _generator(attn: EvolvedAttention, name: str) -> torch.Generator:
+    """A generator for parameter ``name``, seeded by what it belongs to: a program op's text (the
+    same subexpression gets the same weights in any program), or its own name for the projections."""
+    owner = name
+    if name.startswith("program.ops."):
+        index = int(name.split(".")[2][1:])
+        owner = attn.program.nodes[index].text + name.split(".", 3)[3]
+    return torch.Generator().manual_seed(zlib.crc32(owner.encode()))
+
+
+def functional_genome(genome: "AttentionGene | LayerGenes | str") -> str | None:
+    """The genome's key with each program replaced by ``fp:<fingerprint>``; None without a program."""
+    genome = AttentionGene.parse(genome)
+    layers = layers_of(genome)
+    if all(g.program is None for g in layers):
+        return None
+    parts = []
+    for gene in layers:
+        key = gene.key
+        if gene.program is not None:
+            key = key.replace(f"prog={gene.program}", f"prog=fp:{fingerprint(gene.program)}")
+        parts.append(key)
+    return " / ".join(parts)
+
+
+def functional_key(gene: str, seed: int, steps: int, data: str, context: str) -> tuple | None:
+    """The functional key of a trial key's parts; None when its genome has no program."""
+    genome = functional_genome(gene)
+    return None if genome is None else (genome, int(seed), int(steps), str(data), str(context))
