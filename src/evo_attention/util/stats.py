@@ -30,19 +30,28 @@ stream, same batch order, so the i-th value of each side belongs to the same see
   the differences are ``log(candidate) - log(reference)``: differences of the loss, the scale on
   which perplexity's seed noise is additive; the mean is also given as the relative change of the
   geometric mean, ``exp(difference) - 1``, with the interval mapped the same way. With
-  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and the
-  p-value are those of ``scipy.stats.ttest_rel``; the bootstrap interval of the mean difference is
-  ``scipy.stats.bootstrap`` (BCa by default, seeded: the same seed gives the same interval), None
-  with fewer than 3 pairs or no spread. Differences without spread are decided exactly, like
-  Welch: all zero -> p = 1, all equal and not zero -> p = 0.
+  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and
+  ``p_t`` are those of ``scipy.stats.ttest_rel``; ``p_exact`` is the exact paired sign-flip
+  permutation test (``sign_flip``: every one of the 2^n sign patterns up to ``EXACT_MAX`` = 16
+  pairs, seeded Monte Carlo with its standard error beyond). The verdict rule (``exact_decides``)
+  picks the test whose p is ``p_value``: the exact test below ``EXACT_BELOW`` = 12 pairs (the
+  t-test's normality cannot be checked on fewer, and its p at 2-4 degrees of freedom is far below
+  what any distribution-free test allows), the t-test from 12. A degenerate spread (identical
+  differences, or a spread at rounding level: ``degenerate_spread``) has no t and is decided by the
+  exact test at any n: never p = 0. ``smallest_p``: the least p the exact test can give at n
+  (``2^(1-n)`` two-sided: 0.25 at 3 seeds), and ``cannot_decide`` says so in one line whenever it
+  (Holm-adjusted) does not reach alpha. The bootstrap interval of the mean difference is
+  ``scipy.stats.bootstrap`` (BCa by default, seeded), computed from ``BOOTSTRAP_MIN`` = 10 pairs
+  only: below, its coverage of a nominal 95% is 72-88%.
 - Margins. ``margin`` is relative on the log scale (0.01 = 1%) and becomes the symmetric bound
   ``±log(1 + margin)`` on the log differences (``margin_bound``): a ratio of geometric means within
   ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
   ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
-- ``tost``: two one-sided paired t-tests, ``H0: mean difference <= -bound`` (alternative
-  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each ``ttest_rel`` on the
-  data shifted by the bound; ``p_value = max`` of the two. Equivalent at ``alpha`` when it is below
-  ``alpha`` (the same as the ``1 - 2 alpha`` interval lying inside ``±bound``).
+- ``tost``: two one-sided paired tests, ``H0: mean difference <= -bound`` (alternative
+  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each on the data shifted
+  by the bound; ``p_value = max`` of the two. The same rule picks the test: exact sign-flip
+  (``sign_flip_tost``) below 12 pairs or with a degenerate spread, ``ttest_rel`` from 12 (then
+  equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside ``±bound``).
 - ``paired_verdict``: the first that applies of ``PAIRED_RULE``: p (Holm-adjusted when given) <
   alpha and the difference favours the candidate -> ``better``; disfavours it -> ``worse``; TOST p
   < alpha -> ``equivalent`` (within ±margin, said in the label); else ``undetermined``. It always
@@ -88,19 +97,40 @@ WORSE = "worse than baseline"
 SAME = "not distinguishable"
 TOO_FEW = "not enough seeds"
 
+# the two tests of a paired comparison; the verdict rule picks one (``exact_decides``)
+EXACT_TEST, T_TEST = "sign-flip", "t"
 # the four verdicts of a paired comparison (``paired_verdict``)
 PAIRED_BETTER, PAIRED_WORSE, EQUIVALENT, UNDETERMINED = "better", "worse", "equivalent", "undetermined"
 # the rule in words, in the order it is applied (reports show it next to the verdicts)
 PAIRED_RULE = (
-    (PAIRED_BETTER, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+    (PAIRED_BETTER, "the paired test's p-value (Holm-adjusted across the family) is below alpha and "
                     "the mean difference favours the gene"),
-    (PAIRED_WORSE, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+    (PAIRED_WORSE, "the paired test's p-value (Holm-adjusted across the family) is below alpha and "
                    "the mean difference favours the baseline"),
-    (EQUIVALENT, "the equivalence test (two one-sided paired t-tests against ±margin) has p below alpha"),
+    (EQUIVALENT, "the equivalence test (two one-sided paired tests against ±margin) has p below alpha"),
     (UNDETERMINED, "neither: more seeds are needed; the verdict says how many"),
 )
+# which paired test decides, in words (reports show it beside PAIRED_RULE)
+TEST_RULE = ("below 12 paired seeds, or when the per-seed differences have (almost) no spread, the exact "
+             "sign-flip permutation test decides (all 2^n sign patterns; the t-test's p is shown beside it); "
+             "from 12 seeds the paired t-test decides. Its equivalence test is the same test's two one-sided "
+             "versions against ±margin")
 # when no max_seeds is given, seed counts beyond this are reported as None (not attainable)
 SEEDS_CEILING = 10**6
+
+# the verdict rule's choice of test: below this many pairs the exact sign-flip test decides (the
+# t-test's normality cannot be checked on so few differences and its p is reported beside it); from
+# it on the t-test decides. A degenerate spread (``degenerate_spread``) is decided exactly at any n.
+EXACT_BELOW = 12
+# up to this many pairs the sign-flip test enumerates all 2^n sign patterns; beyond, Monte Carlo
+EXACT_MAX = 16
+# random sign patterns of the Monte Carlo sign-flip test (standard error at most 0.0016)
+SIGN_FLIP_RESAMPLES = 100_000
+# a spread of the differences at most this fraction of their largest magnitude is rounding noise
+DEGENERATE_SPREAD = 1e-9
+# bootstrap intervals are computed from this many pairs on: below, BCa's coverage of a nominal 95%
+# is 72-88% (n = 3-8), so no interval is given rather than a misleading one
+BOOTSTRAP_MIN = 10
 
 # how an advantage fares from a reference model size to another (``transfer_verdict``)
 REFERENCE = "reference"
@@ -285,12 +315,15 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     """The paired comparison of per-seed values aligned by seed (module docstring: conventions).
 
     Returns ``{"scale", "n", "n_dropped", "differences", "difference", "sd_diff", "t", "df",
-    "p_value", "diff_ci_low", "diff_ci_high", "boot_ci_low", "boot_ci_high", "relative",
-    "relative_ci_low", "relative_ci_high", "confidence"}``: the mean and sd of the per-seed
-    differences (log differences with ``log=True``), the ``ttest_rel`` statistic, degrees of
-    freedom, two-sided p-value and interval, the bootstrap interval (``bootstrap_resamples=0``
-    skips it), and with ``log=True`` the relative change ``exp(difference) - 1`` with the t interval
-    mapped by the same function (None with ``log=False``).
+    "p_value", "p_t", "p_exact", "p_exact_se", "smallest_p", "test", "diff_ci_low", "diff_ci_high",
+    "boot_ci_low", "boot_ci_high", "relative", "relative_ci_low", "relative_ci_high",
+    "confidence"}``: the mean and sd of the per-seed differences (log differences with
+    ``log=True``), the ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and
+    interval, the exact sign-flip p (``p_exact``, ``sign_flip``), the test the verdict rule uses
+    (``test``: ``exact_decides``) and its p (``p_value``), the bootstrap interval (from
+    ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and with ``log=True`` the
+    relative change ``exp(difference) - 1`` with the t interval mapped by the same function (None
+    with ``log=False``).
     """
     check_confidence(confidence)
     x, y, dropped = _aligned(candidate, reference, log)
@@ -298,7 +331,8 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     n = int(d.size)
     out = {"scale": "log" if log else "linear", "n": n, "n_dropped": dropped,
            "differences": [float(v) for v in d], "difference": None, "sd_diff": None, "t": None,
-           "df": None, "p_value": None, "diff_ci_low": None, "diff_ci_high": None,
+           "df": None, "p_value": None, "p_t": None, "p_exact": None, "p_exact_se": None, "smallest_p": None,
+           "test": None, "diff_ci_low": None, "diff_ci_high": None,
            "boot_ci_low": None, "boot_ci_high": None, "relative": None, "relative_ci_low": None,
            "relative_ci_high": None, "confidence": confidence}
     if n:
@@ -324,9 +358,12 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
     ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
     alternative="less")``, ``p_value`` the larger; the interval is the ``1 - 2 alpha`` t interval of
-    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None. Differences
-    without spread are decided exactly: each one-sided p is 0 when the common difference lies
-    strictly inside its bound's side, 1 otherwise.
+    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None.
+
+    The exact counterpart stands beside it (``sign_flip_tost``: ``p_exact``), and the verdict rule
+    picks the test as for the difference (``exact_decides``: the exact one below ``EXACT_BELOW``
+    pairs or with a degenerate spread): ``test`` names it, ``p_lower``/``p_upper``/``p_value`` and
+    ``equivalent`` are its; ``p_t`` is the t-test's (None with a degenerate spread).
     """
     check_alpha(alpha)
     bound = margin_bound(margin, log)
@@ -338,40 +375,46 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     d = x - y
     n = int(d.size)
     out = {"n": n, "margin": float(margin), "bound": bound, "p_lower": None, "p_upper": None,
-           "p_value": None, "ci_low": None, "ci_high": None, "alpha": alpha, "equivalent": None}
+           "p_value": None, "p_t": None, "p_exact": None, "test": None, "ci_low": None, "ci_high": None,
+           "alpha": alpha, "equivalent": None}
     if n < 2:
         return out
     mean = float(d.mean())
-    if np.ptp(d) == 0.0:
-        p_lower, p_upper = (0.0 if mean > -bound else 1.0), (0.0 if mean < bound else 1.0)
+    exact = sign_flip_tost(d, bound)
+    t_sides = None
+    if degenerate_spread(d):
         low = high = mean
     else:
         with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
             warnings.simplefilter("ignore", RuntimeWarning)
-            p_lower = float(_st.ttest_rel(x + bound, y, alternative="greater").pvalue)
-            p_upper = float(_st.ttest_rel(x - bound, y, alternative="less").pvalue)
+            t_sides = (float(_st.ttest_rel(x + bound, y, alternative="greater").pvalue),
+                       float(_st.ttest_rel(x - bound, y, alternative="less").pvalue))
         low, high = _st.t.interval(1.0 - 2.0 * alpha, n - 1, loc=mean, scale=d.std(ddof=1) / math.sqrt(n))
+    decides = exact_decides(n, d)
+    p_lower, p_upper = (exact["p_lower"], exact["p_upper"]) if decides else t_sides
     p = max(p_lower, p_upper)
-    out.update(p_lower=p_lower, p_upper=p_upper, p_value=p, ci_low=float(low), ci_high=float(high),
-               equivalent=p < alpha)
+    out.update(p_lower=p_lower, p_upper=p_upper, p_value=p, p_t=None if t_sides is None else max(t_sides),
+               p_exact=exact["p_value"], test=EXACT_TEST if decides else T_TEST, ci_low=float(low),
+               ci_high=float(high), equivalent=p < alpha)
     return out
 
 
 def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted: float | None = None, *,
                    lower_is_better: bool = True, power: float = 0.8, max_seeds: int | None = 1000,
-                   p_tost_adjusted: float | None = None) -> dict:
+                   p_tost_adjusted: float | None = None, family_size: int = 1) -> dict:
     """One of ``better``, ``worse``, ``equivalent``, ``undetermined`` for a ``paired`` result, by
     ``PAIRED_RULE``, with the numbers.
 
     ``p_adjusted`` replaces the result's p-value (Holm across the family: ``holm_family``);
     ``p_tost_adjusted`` likewise replaces the equivalence test's p-value, which is otherwise used
     as it is (one equivalence claim per comparison). ``margin`` follows ``margin_bound`` on the
-    result's scale.
+    result's scale. ``family_size``: the comparisons Holm's correction covers; ``cannot_decide``
+    says in one line when these seeds cannot reach alpha at that size (``cannot_decide``).
 
     Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
     "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
-    "p_adjusted", "p_tost", "margin", "bound", "power", "mde", "mde_relative",
-    "seeds_for_equivalence", "seeds_for_margin", "max_seeds"}``. ``label`` is the verdict with the
+    "p_adjusted", "p_t", "p_exact", "test", "cannot_decide", "p_tost", "margin", "bound", "power",
+    "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "max_seeds"}``. ``label`` is the verdict with the
     margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
     observed sd of the differences and ``power`` (None with fewer than two pairs):
 
@@ -409,6 +452,9 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
            "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
                                                        "relative_ci_low", "relative_ci_high")},
            "n": n, "sd_diff": sd, "alpha": alpha, "p_value": p, "p_adjusted": p_adjusted is not None,
+           "p_t": result.get("p_t"), "p_exact": result.get("p_exact"), "test": result.get("test"),
+           "cannot_decide": cannot_decide(n, alpha, family_size,
+                                          exact=None if result.get("test") is None else result["test"] == EXACT_TEST),
            "p_tost": p_tost, "margin": float(margin), "bound": bound, "power": power, **plan,
            "max_seeds": max_seeds}
     out["text"] = _verdict_text(out, result.get("confidence", 0.95), log)
@@ -427,7 +473,9 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     failed pairs dropped, lengths must match) unless ``shared_seeds=False`` (Welch).
 
     Returns ``{"test" ("paired" or "welch"), "n_a", "n_b", "change", "ci_low", "ci_high", "t",
-    "df", "p_value", "confidence"}`` (two-sided; None where fewer than two values allow no test).
+    "df", "p_value", "p_t", "confidence"}`` (two-sided; None where fewer than two values allow no
+    test). A paired ``p_value`` follows the verdict rule of ``paired`` (exact sign-flip below
+    ``EXACT_BELOW`` pairs), ``p_t`` is the t-test's; Welch's are the same.
     """
     from evo_attention.util.errors import UserError
 
@@ -447,11 +495,11 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
         r = paired(b, a, confidence, log=False, bootstrap_resamples=0)
         return {"test": "paired", "n_a": r["n"], "n_b": r["n"], "change": r["difference"],
                 "ci_low": r["diff_ci_low"], "ci_high": r["diff_ci_high"], "t": r["t"], "df": r["df"],
-                "p_value": r["p_value"], "confidence": confidence}
+                "p_value": r["p_value"], "p_t": r["p_t"], "confidence": confidence}
     w = welch(b, a, confidence)
     return {"test": "welch", "n_a": int(_clean(a).size), "n_b": int(_clean(b).size),
             "change": w["difference"], "ci_low": w["diff_ci_low"], "ci_high": w["diff_ci_high"],
-            "t": w["t"], "df": w["df"], "p_value": w["p_value"], "confidence": confidence}
+            "t": w["t"], "df": w["df"], "p_value": w["p_value"], "p_t": w["p_value"], "confidence": confidence}
 
 
 def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both: Sequence,
@@ -516,6 +564,140 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     out["total"]["fraction"] = 1.0 if advantage is not None and advantage > 0 else None
     out["interaction"] = paired_interaction(list(gains["first_alone"]), list(gains["first_with"]), confidence)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact paired sign-flip test (small samples, degenerate spreads)
+
+
+def degenerate_spread(differences: Sequence) -> bool:
+    """Whether the spread of ``differences`` is zero or rounding noise (at most
+    ``DEGENERATE_SPREAD`` of their largest magnitude): the t statistic then divides by noise and
+    its p-value means nothing, so the exact test decides. Fewer than two values: False."""
+    d = _clean(differences)
+    if d.size < 2:
+        return False
+    return float(np.ptp(d)) <= DEGENERATE_SPREAD * float(np.max(np.abs(d)))
+
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All 2^n patterns of n signs, as a (2^n, n) array of ±1."""
+    codes = np.arange(2 ** n, dtype=np.int64)[:, None]
+    return 1.0 - 2.0 * ((codes >> np.arange(n, dtype=np.int64)) & 1)
+
+
+def _count_as_extreme(sums: np.ndarray, observed: float, alternative: str, tolerance: float) -> np.ndarray:
+    """Per row of ``sums`` (the statistic under sign patterns, last axis), how many are at least as
+    extreme as ``observed``; ``tolerance`` counts sums equal up to rounding as ties (discrete
+    metrics make exact ties common)."""
+    if alternative == "two-sided":
+        hit = np.abs(sums) >= abs(observed) - tolerance
+    elif alternative == "greater":
+        hit = sums >= observed - tolerance
+    else:
+        hit = sums <= observed + tolerance
+    return hit.sum(axis=-1)
+
+
+def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resamples: int = SIGN_FLIP_RESAMPLES,
+              seed: int = 0) -> dict:
+    """The exact paired sign-flip permutation test of ``H0: the differences are symmetric about 0``.
+
+    The statistic is the sum of the differences (the mean, times n). Under H0 each difference's
+    sign is as likely as its opposite, so the statistic's null law is that of every one of the 2^n
+    sign patterns; the p-value is the fraction of patterns whose sum is at least as extreme as the
+    observed one (the observed pattern among them; sums equal to 1e-9 of ``sum |d|`` tie).
+    ``alternative``: 'two-sided' (``|sum|``), 'greater' or 'less'.
+
+    Up to ``EXACT_MAX`` differences every pattern is enumerated (``exact`` True, ``se`` 0). Beyond,
+    ``resamples`` random patterns from ``numpy.random.default_rng(seed)`` give the Monte Carlo p
+    ``(hits + 1) / (resamples + 1)`` (never 0) with its binomial standard error ``se``.
+
+    Returns ``{"n", "p_value", "exact", "patterns", "se", "smallest_p", "alternative"}``; with no
+    finite difference the p-value is None. ``smallest_p`` is the least p this n can give
+    (``smallest_p``).
+    """
+    from evo_attention.util.errors import UserError
+
+    if alternative not in ("two-sided", "greater", "less"):
+        raise UserError(f"alternative {alternative!r} is not one of two-sided, greater, less")
+    d = _clean(differences)
+    n = int(d.size)
+    out = {"n": n, "p_value": None, "exact": True, "patterns": 0, "se": None,
+           "smallest_p": smallest_p(n, alternative) if n else None, "alternative": alternative}
+    if n == 0:
+        return out
+    observed = float(d.sum())
+    tolerance = 1e-9 * float(np.abs(d).sum())
+    if n <= EXACT_MAX:
+        sums = _sign_patterns(n) @ d
+        hits = int(_count_as_extreme(sums, observed, alternative, tolerance))
+        out.update(p_value=hits / sums.size, patterns=int(sums.size), se=0.0)
+        return out
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise UserError(f"resamples must be a positive integer, got {resamples!r}")
+    rng = np.random.default_rng(seed)
+    hits, left = 0, resamples
+    while left:  # in chunks: memory stays at most 2^16 patterns of n signs
+        chunk = min(left, 2 ** 16)
+        signs = rng.integers(0, 2, size=(chunk, n)) * 2.0 - 1.0
+        hits += int(_count_as_extreme(signs @ d, observed, alternative, tolerance))
+        left -= chunk
+    p = (hits + 1) / (resamples + 1)
+    out.update(p_value=p, exact=False, patterns=resamples, se=math.sqrt(p * (1.0 - p) / resamples))
+    return out
+
+
+def sign_flip_tost(differences: Sequence, bound: float, **kwargs) -> dict:
+    """The exact equivalence test against ``±bound``: two one-sided sign-flip tests, ``H0: mean <=
+    -bound`` on ``d + bound`` ('greater') and ``H0: mean >= +bound`` on ``d - bound`` ('less');
+    ``p_value`` is the larger. ``kwargs`` go to ``sign_flip``. Returns ``{"n", "p_lower",
+    "p_upper", "p_value", "exact", "smallest_p"}`` (p-values None without a difference)."""
+    d = _clean(differences)
+    lower = sign_flip(d + bound, "greater", **kwargs)
+    upper = sign_flip(d - bound, "less", **kwargs)
+    p = None if lower["p_value"] is None else max(lower["p_value"], upper["p_value"])
+    return {"n": int(d.size), "p_lower": lower["p_value"], "p_upper": upper["p_value"], "p_value": p,
+            "exact": lower["exact"], "smallest_p": lower["smallest_p"]}
+
+
+def smallest_p(n: int, alternative: str = "two-sided") -> float:
+    """The least p-value the exact sign-flip test can give on ``n`` differences: the observed
+    pattern alone (one-sided, ``2^-n``) or with its mirror image (two-sided, ``2^(1-n)``), reached
+    when every difference has the same sign (3 seeds: 0.25 two-sided, 0.125 one-sided)."""
+    if n < 1:
+        return 1.0
+    return min(1.0, 2.0 ** (1 - n) if alternative == "two-sided" else 2.0 ** (-n))
+
+
+def exact_decides(n: int, differences: Sequence | None = None) -> bool:
+    """The verdict rule's choice of test: the exact sign-flip test decides below ``EXACT_BELOW``
+    pairs, and at any n when the spread is degenerate (``degenerate_spread``); else the t-test."""
+    return n < EXACT_BELOW or (differences is not None and degenerate_spread(differences))
+
+
+def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: bool | None = None) -> str | None:
+    """One line when ``n`` pairs cannot reach ``alpha`` with the exact test (the test the verdict
+    rule uses below ``EXACT_BELOW`` pairs; ``exact`` overrides that choice), Holm-adjusted over
+    ``family_size`` comparisons (its first step multiplies the smallest p by the family's size);
+    None when they can. It names what cannot be shown: a difference (two-sided smallest p),
+    equivalence (one-sided), or both ('cannot decide')."""
+    if n < 1:
+        return None
+    if not (n < EXACT_BELOW if exact is None else exact):
+        return None
+    m = max(1, int(family_size))
+    two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
+    no_difference, no_equivalence = min(1.0, m * two) >= alpha, min(1.0, m * one) >= alpha
+    holm_text = lambda p: f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""  # noqa: E731
+    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    if no_difference and no_equivalence:
+        return f"{seeds} cannot decide: the smallest possible p is {two:.3g}{holm_text(two)}"
+    if no_difference:
+        return f"{seeds} cannot show a difference: the smallest possible p is {two:.3g}{holm_text(two)}"
+    if no_equivalence:
+        return f"{seeds} cannot show equivalence: the smallest possible p is {one:.3g}{holm_text(one)}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -662,28 +844,34 @@ def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.nd
 
 
 def _paired_test(x: np.ndarray, y: np.ndarray, confidence: float) -> dict:
-    """sd, t, df, p-value and interval of the paired t-test of ``x - y`` (two pairs or more)."""
+    """sd, t, df, p-value (``p_t``) and interval of the paired t-test of ``x - y`` (two pairs or
+    more; no t without spread, ``degenerate_spread``), the exact sign-flip p beside it (``p_exact``,
+    ``p_exact_se``: 0 when enumerated), and the verdict rule's ``test`` and ``p_value``."""
     d = x - y
     n = d.size
-    out = {"sd_diff": float(d.std(ddof=1)), "df": n - 1}
-    if np.ptp(d) == 0.0:  # no spread: decided exactly, as for Welch
+    exact = sign_flip(d)
+    out = {"sd_diff": float(d.std(ddof=1)), "df": n - 1, "p_exact": exact["p_value"], "p_exact_se": exact["se"],
+           "smallest_p": exact["smallest_p"]}
+    if degenerate_spread(d):  # t would divide by rounding noise: no t, no t interval
         diff = float(d.mean())
-        out.update(t=None, p_value=1.0 if diff == 0.0 else 0.0, diff_ci_low=diff, diff_ci_high=diff)
-        return out
-    with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = _st.ttest_rel(x, y)
-        interval = result.confidence_interval(confidence_level=confidence)
-    out.update(t=float(result.statistic), p_value=float(result.pvalue), diff_ci_low=float(interval.low),
-               diff_ci_high=float(interval.high))
+        out.update(t=None, p_t=None, diff_ci_low=diff, diff_ci_high=diff)
+    else:
+        with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = _st.ttest_rel(x, y)
+            interval = result.confidence_interval(confidence_level=confidence)
+        out.update(t=float(result.statistic), p_t=float(result.pvalue), diff_ci_low=float(interval.low),
+                   diff_ci_high=float(interval.high))
+    decides = exact_decides(n, d)
+    out.update(test=EXACT_TEST if decides else T_TEST, p_value=out["p_exact"] if decides else out["p_t"])
     return out
 
 
 def _bootstrap_interval(d: np.ndarray, confidence: float, resamples: int, method: str,
                         seed: int) -> tuple[float | None, float | None]:
-    """The seeded bootstrap interval of the mean of ``d``; (None, None) with fewer than 3 values,
+    """The seeded bootstrap interval of the mean of ``d``; (None, None) with fewer than ``BOOTSTRAP_MIN`` values,
     no spread, no resamples, or a degenerate result (too few distinct resamples)."""
-    if resamples <= 0 or d.size < 3 or np.ptp(d) == 0.0:
+    if resamples <= 0 or d.size < BOOTSTRAP_MIN or np.ptp(d) == 0.0:
         return None, None
     with warnings.catch_warnings():  # small samples make scipy warn of degenerate resamples
         warnings.simplefilter("ignore")
@@ -754,10 +942,18 @@ def _verdict_text(v: dict, confidence: float, log: bool) -> str:
         return f"{v['label']}: fewer than 2 paired seeds ({v['n']})"
     p = "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}"
     p_tost = "n/a" if v["p_tost"] is None else f"{v['p_tost']:.3g}"
+    test = "exact sign-flip p" if v.get("test") == EXACT_TEST else "t-test p" if v.get("test") == T_TEST else "p"
+    beside = ""
+    if v.get("test") == EXACT_TEST:
+        beside = " (t-test p " + ("n/a: no spread" if v.get("p_t") is None else f"{v['p_t']:.3g}") + ")"
+    elif v.get("test") == T_TEST and v.get("p_exact") is not None:
+        beside = f" (exact sign-flip p {v['p_exact']:.3g})"
     text = (f"{v['label']}: {_effect_text(v['difference'], log)} ({percent(confidence)} CI "
             f"{_effect_text(v['diff_ci_low'], log)} to {_effect_text(v['diff_ci_high'], log)}), "
-            f"p = {p}{' (adjusted)' if v['p_adjusted'] else ''}, equivalence p = {p_tost} within "
+            f"{test} = {p}{' (adjusted)' if v['p_adjusted'] else ''}{beside}, equivalence p = {p_tost} within "
             f"{_margin_text(v['margin'], log)}, {v['n']} paired seeds")
+    if v.get("cannot_decide"):
+        text += f"; {v['cannot_decide']}"
     if v["verdict"] == UNDETERMINED and v["mde"] is not None:
         mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
         margin = _margin_text(v["margin"], log)
@@ -776,7 +972,14 @@ DEFAULT_MARGIN = 0.01
 # metrics compared on the log scale: ratios, whose seed noise is about constant in relative terms
 LOG_SCALE_METRICS = ("val_perplexity", "bits_per_byte", "bits_per_char")
 # how a study's comparisons are computed; a result without this mark was made by an earlier rule
-ANALYSIS = "paired-2"
+ANALYSIS = "paired-3"
+# the marks of earlier paired rules (paired-2: the t-test decided at any n, bootstrap from 3 pairs)
+PAIRED_ANALYSES = ("paired-2", ANALYSIS)
+
+
+def is_paired_analysis(result: Mapping) -> bool:
+    """Whether ``result`` was computed by a paired rule (this one or an earlier one)."""
+    return result.get("analysis") in PAIRED_ANALYSES
 
 
 def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dict:
@@ -801,8 +1004,8 @@ def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dic
 def paired_test_name(log: bool) -> str:
     """How ``versus_reference`` compares, in words (what a result file says of its test)."""
     scale = "log values (relative changes)" if log else "values"
-    return (f"paired t-test on per-seed differences of {scale}, bootstrap interval beside it; TOST for "
-            "equivalence; Holm over the family of comparisons that share the reference trainings")
+    return (f"paired test on per-seed differences of {scale}: {TEST_RULE}; bootstrap interval from "
+            f"{BOOTSTRAP_MIN} seeds; Holm over the family of comparisons that share the reference trainings")
 
 
 def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, confidence: float = 0.95,
@@ -828,7 +1031,8 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
     out = {}
     for key, row in rows.items():
         v = paired_verdict(row, margin, 1.0 - confidence, p_adjusted=p_holm[key], p_tost_adjusted=p_tost_holm[key],
-                           lower_is_better=lower_is_better, power=power, max_seeds=max_seeds)
+                           lower_is_better=lower_is_better, power=power, max_seeds=max_seeds,
+                           family_size=len(tests))
         w = welch(values[key], reference, confidence)
         base = _clean(reference)
         scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None
@@ -838,6 +1042,8 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
             "boot_ci_low": row["boot_ci_low"], "boot_ci_high": row["boot_ci_high"],
             "relative": row["relative"], "relative_ci_low": row["relative_ci_low"],
             "relative_ci_high": row["relative_ci_high"], "p_value": row["p_value"], "p_holm": p_holm[key],
+            "test": row["test"], "p_t": row["p_t"], "p_exact": row["p_exact"], "p_exact_se": row["p_exact_se"],
+            "smallest_p": row["smallest_p"], "cannot_decide": v["cannot_decide"],
             "p_tost": tests[key]["p_tost"], "p_tost_holm": p_tost_holm[key], "family_size": len(tests),
             "cohens_d": cohens_d(values[key], reference),
             "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
