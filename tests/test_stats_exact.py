@@ -115,3 +115,49 @@ def test_a_three_seed_comparison_says_it_cannot_reach_alpha():
     rows = stats.versus_reference({"g": [29.0, 30.1, 28.4]}, base, margin=0.01)
     assert rows["g"]["p_t"] < 0.05 and rows["g"]["verdict"] == "undetermined"
     assert rows["g"]["cannot_decide"] == "3 seeds cannot decide: the smallest possible p is 0.25"
+
+
+# --- seed plans at Holm's level, from the pilot's sd at an upper bound ---------------------------
+
+def _rule_power(n, sd, effect, alpha_holm, m, reps=3000, seed=7):
+    """Simulated power of the first member of a family of m comparisons (every one with the same
+    true effect) under Holm's procedure, each decided by the rule's test (exact below 12 pairs:
+    brute force over the sign patterns with itertools; t from 12: scipy)."""
+    rng = np.random.default_rng(seed)
+    d = rng.normal(effect, sd, size=(reps, m, n))
+    if n < stats.EXACT_BELOW:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
+        sums = d @ signs.T
+        observed = np.abs(d.sum(axis=2, keepdims=True))
+        p = (np.abs(sums) >= observed - 1e-12).mean(axis=2)
+    else:
+        p = st.ttest_1samp(d, 0.0, axis=2).pvalue
+    hits = 0
+    for row in p:
+        hits += stats.holm(list(row))[0] < alpha_holm * m
+    return hits / reps
+
+
+@pytest.mark.parametrize("sd, effect, m", [(0.01, 0.012, 3), (0.02, 0.012, 2), (0.01, 0.03, 6)])
+def test_a_planned_n_reaches_the_power_at_holms_level_in_simulation(sd, effect, m):
+    plan = stats.seed_plan(sd, 3, effect, power=0.8, alpha=0.05, family_size=m)
+    assert plan["alpha_holm"] == pytest.approx(0.05 / m) and plan["family_size"] == m
+    assert plan["sd_upper"] == pytest.approx(sd * np.sqrt(2 / st.chi2.ppf(0.2, 2)))
+    assert plan["n_point"] <= plan["n_upper"] == plan["seeds"]
+    assert f"{plan['n_point']}..{plan['n_upper']} paired seeds" in plan["text"] or plan["n_point"] == plan["n_upper"]
+    # the plan at the point estimate reaches 80% power when the pilot's sd is the truth, the plan at
+    # the bound when the truth is the bound (3000 runs: standard error 0.007)
+    assert _rule_power(plan["n_point"], sd, effect, 0.05 / m, m) >= 0.8 - 0.02
+    assert _rule_power(plan["n_upper"], plan["sd_upper"], effect, 0.05 / m, m) >= 0.8 - 0.02
+    # the plan asks more than the t-test alone would at the uncorrected level
+    assert plan["n_point"] >= stats.seeds_for_effect(sd, effect, 0.8, 0.05)
+
+
+def test_the_verdict_names_the_seed_range_at_holms_level():
+    rows = stats.versus_reference({"g": [31.0, 29.5, 30.2], "h": [30.1, 30.5, 29.9]}, [30.0, 30.4, 30.0], margin=0.01)
+    h = rows["h"]
+    low, high = h["seeds_for_equivalence_range"]
+    assert low < high == h["seeds_for_equivalence"]
+    sd = h["sd_diff"]
+    assert low == stats.seeds_for_verdict_equivalence(sd, np.log1p(0.01), alpha=0.025, max_seeds=1000)
+    assert f"{low}..{high} paired seeds would show equivalence" in h["verdict_text"]

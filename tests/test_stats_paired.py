@@ -268,11 +268,19 @@ def test_two_noisy_seeds_are_undetermined_with_seeds_needed():
     v = stats.paired_verdict(r, margin=0.01)
     assert v["verdict"] == "undetermined" and v["n"] == 2
     sd, bound = r["sd_diff"], math.log1p(0.01)
-    assert v["seeds_for_equivalence"] == stats.seeds_for_equivalence(sd, bound) > 2
-    assert v["seeds_for_margin"] == stats.seeds_for_effect(sd, bound) > 2
-    assert v["mde"] == pytest.approx(stats.minimal_detectable_effect(2, sd))
-    assert v["mde_relative"] == pytest.approx(math.expm1(v["mde"]))
-    assert f"{v['seeds_for_equivalence']} paired seeds would show equivalence within ±1%" in v["text"]
+    # at the observed sd the t-test would need 173 seeds; at the sd's 80% upper bound from 2 values
+    # (3.9x) the plan needs more than max_seeds (1000)
+    assert v["seeds_for_equivalence_range"] == [stats.seeds_for_equivalence(sd, bound), None]
+    assert v["seeds_for_margin_range"][0] == stats.seeds_for_effect(sd, bound) > 12
+    assert v["seeds_for_equivalence"] is None and v["seeds_for_margin"] is None
+    assert v["mde"] is None  # 2 seeds: the exact test's smallest p is 0.5
+    assert f"{v['seeds_for_equivalence_range'][0]}..more than 1000 paired seeds would show equivalence within ±1%" \
+        in v["text"]
+    # more pairs: the mde at Holm's level
+    r8 = stats.paired([31.0, 29.5, 30.5, 30.1, 29.9, 30.6, 30.2, 29.8], [30.0, 30.4, 30.1, 30.3, 30.0, 30.2, 29.9, 30.1])
+    v8 = stats.paired_verdict(r8, margin=0.01, family_size=2)
+    assert v8["mde"] == pytest.approx(stats.minimal_detectable_effect(8, r8["sd_diff"], alpha=0.025))
+    assert v8["mde_relative"] == pytest.approx(math.expm1(v8["mde"]))
     capped = stats.paired_verdict(r, margin=0.0001, max_seeds=50)
     assert capped["seeds_for_margin"] is None and "more than 50" in capped["text"]
     lone = stats.paired_verdict(stats.paired([31.0, None], [30.0, 30.4]), margin=0.01)

@@ -57,7 +57,11 @@ def test_seeds_auto_plans_fresh_seeds_from_a_pilot():
     plan = result["seed_plan"]
     assert plan["pilot_seeds"] == [8, 9, 10]
     assert result["seeds"][0] == 11 and not set(result["seeds"]) & set(plan["pilot_seeds"])  # fresh seeds
-    needed = stats.seeds_for_effect(plan["sd_used"], math.log(1.05), 0.8, 0.05, max_seeds=6)
+    expected = stats.seed_plan(plan["sd_used"], 3, math.log(1.05), power=0.8, alpha=0.05, family_size=1, max_seeds=6)
+    needed = expected["seeds"]
+    assert plan["family_size"] == 1 and plan["range"] == [expected["n_point"], expected["n_upper"]]
+    assert plan["sd_upper"] == pytest.approx(expected["sd_upper"]) and plan["sd_level"] == 0.8
+    assert needed is None or needed >= 6  # the exact test reaches 0.05 from 6 seeds (2^-5)
     assert plan["needed"] == needed and len(result["seeds"]) == (6 if needed is None else max(2, needed))
     assert plan["alpha_planned"] == pytest.approx(0.05) and plan["power"] == 0.8
 

@@ -79,6 +79,7 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
@@ -128,6 +129,10 @@ EXACT_MAX = 16
 SIGN_FLIP_RESAMPLES = 100_000
 # a spread of the differences at most this fraction of their largest magnitude is rounding noise
 DEGENERATE_SPREAD = 1e-9
+# seed plans take the pilot's sd at this one-sided upper confidence bound (``sd_upper_bound``)
+SD_BOUND_LEVEL = 0.8
+# draws of the simulated power of the exact test (``verdict_power``)
+EXACT_POWER_REPS = 2000
 # bootstrap intervals are computed from this many pairs on: below, BCa's coverage of a nominal 95%
 # is 72-88% (n = 3-8), so no interval is given rather than a misleading one
 BOOTSTRAP_MIN = 10
@@ -414,17 +419,20 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
     Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
     "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
     "p_adjusted", "p_t", "p_exact", "test", "cannot_decide", "p_tost", "margin", "bound", "power",
-    "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "max_seeds"}``. ``label`` is the verdict with the
+    "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "seeds_for_equivalence_range",
+    "seeds_for_margin_range", "seed_plan", "max_seeds"}``. ``label`` is the verdict with the
     margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
     observed sd of the differences and ``power`` (None with fewer than two pairs):
 
     - ``mde``: the smallest true mean difference (either sign, on the differences' scale) that a
-      two-sided paired t-test at ``alpha`` would detect with ``power`` at these seeds
-      (``minimal_detectable_effect``); ``mde_relative = exp(mde) - 1`` on the log scale;
-    - ``seeds_for_equivalence``: paired seeds for the equivalence test to conclude with ``power``
-      if the true difference were 0 (``seeds_for_equivalence``);
-    - ``seeds_for_margin``: paired seeds for the two-sided t-test to detect a true difference of
-      one bound with ``power`` (``seeds_for_effect``);
+      two-sided paired t-test at Holm's level ``alpha / family_size`` would detect with ``power``
+      at these seeds (``minimal_detectable_effect``; None when the exact test that decides at this
+      n cannot pass that level at all); ``mde_relative = exp(mde) - 1`` on the log scale;
+    - ``seeds_for_equivalence``: paired seeds for the rule's equivalence test to conclude with
+      ``power`` if the true difference were 0, ``seeds_for_margin``: for its two-sided test to
+      detect a true difference of one bound; both by ``seed_plan``: at Holm's level of the
+      family, under the verdict rule, at the 80% upper confidence bound of the observed sd, with
+      ``*_range`` = [n at the observed sd, n at its bound] and ``seed_plan`` the plan in words;
 
     both None when more than ``max_seeds`` would be needed (the text says 'more than max_seeds').
     """
@@ -442,12 +450,21 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
         word = EQUIVALENT
     else:
         word = UNDETERMINED
-    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None}
+    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None,
+            "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seed_plan": None}
     if n >= 2 and sd is not None:
-        mde = minimal_detectable_effect(n, sd, power, alpha)
-        plan = {"mde": mde, "mde_relative": math.expm1(mde) if log else None,
-                "seeds_for_equivalence": seeds_for_equivalence(sd, bound, power, alpha, max_seeds=max_seeds),
-                "seeds_for_margin": seeds_for_effect(sd, bound, power, alpha, max_seeds=max_seeds)}
+        m = max(1, int(family_size))
+        # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
+        mde = None if result.get("test") == EXACT_TEST and m * smallest_p(n) >= alpha \
+            else minimal_detectable_effect(n, sd, power, alpha / m)
+        equivalence = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, equivalence=True,
+                                max_seeds=max_seeds)
+        margin_plan = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
+        plan = {"mde": mde, "mde_relative": None if mde is None or not log else math.expm1(mde),
+                "seeds_for_equivalence": equivalence["seeds"], "seeds_for_margin": margin_plan["seeds"],
+                "seeds_for_equivalence_range": [equivalence["n_point"], equivalence["n_upper"]],
+                "seeds_for_margin_range": [margin_plan["n_point"], margin_plan["n_upper"]],
+                "seed_plan": equivalence["text"]}
     out = {"verdict": word, "label": f"{EQUIVALENT} within {_margin_text(margin, log)}" if word == EQUIVALENT else word,
            "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
                                                        "relative_ci_low", "relative_ci_high")},
@@ -810,6 +827,165 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     return _smallest_n(lambda n: power_tost(n, sd_diff, bound, alpha, true_difference), power, max_seeds)
 
 
+# -- planning under the verdict rule: the exact test below EXACT_BELOW pairs, Holm's level, the
+# -- pilot's spread taken at an upper confidence bound
+
+def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND_LEVEL) -> float:
+    """The one-sided ``level`` upper confidence bound of a standard deviation ``sd`` estimated from
+    ``n`` values: ``sd * sqrt((n - 1) / chi2.ppf(1 - level, n - 1))`` (the sample variance times
+    ``(n - 1) / sigma^2`` is chi-square with n - 1 degrees of freedom for normal values). With 3
+    pilot values the 80% bound is 2.1x the estimate."""
+    _check_sd(sd)
+    if n < 2:
+        from evo_attention.util.errors import UserError
+
+        raise UserError(f"an upper bound of the sd needs at least 2 values, got {n}")
+    return float(sd * math.sqrt((n - 1) / _st.chi2.ppf(1.0 - level, n - 1)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _exact_power(n: int, ratio: float, alpha: float, bound_ratio: float | None) -> float:
+    """The simulated power of the exact sign-flip test on ``n`` normal differences of sd 1 and mean
+    ``ratio`` (the true mean over the sd): two-sided against 0, or with ``bound_ratio`` the exact
+    equivalence test against ±that bound. ``EXACT_POWER_REPS`` draws from a fixed seed (standard
+    error at most 0.011); a zero sd is handled by the caller."""
+    if smallest_p(n, "two-sided" if bound_ratio is None else "greater") >= alpha:
+        return 0.0
+    rng = np.random.default_rng(20240)
+    signs = _sign_patterns(n).T  # (n, 2^n)
+    hits, left = 0, EXACT_POWER_REPS
+    while left:
+        chunk = min(left, 512)
+        d = rng.normal(ratio, 1.0, size=(chunk, n))
+        if bound_ratio is None:
+            p = _row_sign_flip(d, "two-sided", signs)
+        else:
+            p = np.maximum(_row_sign_flip(d + bound_ratio, "greater", signs),
+                           _row_sign_flip(d - bound_ratio, "less", signs))
+        hits += int(np.sum(p < alpha))
+        left -= chunk
+    return hits / EXACT_POWER_REPS
+
+
+def _row_sign_flip(d: np.ndarray, alternative: str, signs: np.ndarray) -> np.ndarray:
+    """``sign_flip``'s exact p of each row of ``d`` (``signs``: the (n, 2^n) patterns)."""
+    observed = d.sum(axis=1, keepdims=True)
+    tolerance = 1e-9 * np.abs(d).sum(axis=1, keepdims=True)
+    return _count_as_extreme(d @ signs, observed, alternative, tolerance) / signs.shape[1]
+
+
+def verdict_power(n: int, sd_diff: float, effect: float, alpha: float = 0.05) -> float:
+    """The power of the verdict rule's two-sided test on ``n`` pairs against a true mean difference
+    ``effect``: the exact sign-flip test's (simulated, ``_exact_power``) below ``EXACT_BELOW`` pairs,
+    the t-test's (``power_paired``, exact) from there. Without spread the exact test rejects a
+    nonzero effect whenever its smallest p is below alpha."""
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n >= EXACT_BELOW:
+        return power_paired(n, sd_diff, effect, alpha)
+    if n < 1:
+        return 0.0
+    if sd_diff == 0.0:
+        return float(effect != 0.0 and smallest_p(n) < alpha)
+    return _exact_power(n, round(abs(effect) / sd_diff, 6), alpha, None)
+
+
+def verdict_power_equivalence(n: int, sd_diff: float, bound: float, alpha: float = 0.05,
+                              true_difference: float = 0.0) -> float:
+    """The power of the verdict rule's equivalence test against ``±bound`` (exact sign-flip TOST
+    below ``EXACT_BELOW`` pairs, simulated; the t TOST's ``power_tost`` from there)."""
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n >= EXACT_BELOW:
+        return power_tost(n, sd_diff, bound, alpha, true_difference)
+    if n < 1:
+        return 0.0
+    if sd_diff == 0.0:
+        return float(abs(true_difference) < bound and smallest_p(n, "greater") < alpha)
+    return _exact_power(n, round(abs(true_difference) / sd_diff, 6), alpha, round(bound / sd_diff, 6))
+
+
+def _seeds_under_rule(t_seeds: int | None, power_at, power: float, max_seeds: int | None) -> int | None:
+    """The smallest n whose rule-power reaches ``power``, given ``t_seeds``, the t-test's answer.
+    For normal differences the t-test is the most powerful unbiased test, so the exact test needs
+    at least as many: the search starts at ``t_seeds``; at and beyond ``EXACT_BELOW`` the t-test
+    decides and its answer stands."""
+    if t_seeds is None:
+        return None
+    cap = SEEDS_CEILING if max_seeds is None else int(max_seeds)
+    for n in range(t_seeds, min(EXACT_BELOW, cap + 1)):
+        if power_at(n) >= power:
+            return n
+    n = max(t_seeds, EXACT_BELOW)
+    return n if n <= cap else None
+
+
+def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05,
+                      max_seeds: int | None = None) -> int | None:
+    """The paired seeds for the verdict rule's two-sided test (``verdict_power``) to detect a true
+    difference ``effect`` with ``power`` at ``alpha`` (pass Holm's level: ``seed_plan``). None when
+    more than ``max_seeds`` would be needed, or for ``effect`` 0."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    if effect == 0.0:
+        return None
+    if sd_diff == 0.0:
+        n = next(n for n in range(2, 64) if smallest_p(n) < alpha)
+        return n if max_seeds is None or n <= max_seeds else None
+    t_seeds = seeds_for_effect(sd_diff, effect, power, alpha, max_seeds=max_seeds)
+    return _seeds_under_rule(t_seeds, lambda n: verdict_power(n, sd_diff, effect, alpha), power, max_seeds)
+
+
+def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0.8, alpha: float = 0.05,
+                                  true_difference: float = 0.0, max_seeds: int | None = None) -> int | None:
+    """The paired seeds for the verdict rule's equivalence test (``verdict_power_equivalence``) to
+    conclude within ``±bound`` with ``power`` when the true difference is ``true_difference``."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    if abs(true_difference) >= bound:
+        return None
+    if sd_diff == 0.0:
+        n = next(n for n in range(1, 64) if smallest_p(n, "greater") < alpha)
+        n = max(n, 2)
+        return n if max_seeds is None or n <= max_seeds else None
+    t_seeds = seeds_for_equivalence(sd_diff, bound, power, alpha, true_difference, max_seeds=max_seeds)
+    return _seeds_under_rule(t_seeds, lambda n: verdict_power_equivalence(n, sd_diff, bound, alpha, true_difference),
+                             power, max_seeds)
+
+
+def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8, alpha: float = 0.05,
+              family_size: int = 1, equivalence: bool = False, level: float = SD_BOUND_LEVEL,
+              max_seeds: int | None = None) -> dict:
+    """How many paired seeds decide a comparison, planned honestly: at Holm's level of the family
+    the run will test (``alpha / family_size``, Holm's first and strictest step: every member then
+    has at least ``power``), under the verdict rule (exact test below ``EXACT_BELOW`` pairs), and
+    over the uncertainty of the pilot's spread: ``n_point`` at the sd estimated from ``pilot_n``
+    values, ``n_upper`` at its one-sided ``level`` upper confidence bound (``sd_upper_bound``).
+    ``seeds`` (the plan) is ``n_upper``; None when more than ``max_seeds`` would be needed.
+
+    ``effect``: the true difference to detect (two-sided), or with ``equivalence`` the bound to
+    show equivalence within at a true difference of 0. Returns ``{"seeds", "n_point", "n_upper",
+    "sd", "sd_upper", "level", "pilot_n", "alpha", "alpha_holm", "family_size", "power",
+    "equivalence", "text"}``."""
+    check_alpha(alpha)
+    m = max(1, int(family_size))
+    alpha_holm = alpha / m
+    upper = sd_upper_bound(sd_diff, pilot_n, level)
+    if equivalence:
+        at = lambda sd: seeds_for_verdict_equivalence(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
+    else:
+        at = lambda sd: seeds_for_verdict(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
+    n_point, n_upper = at(sd_diff), at(upper)
+    span = _seeds_text(n_point, max_seeds) if n_point == n_upper else \
+        f"{_seeds_text(n_point, max_seeds)}..{_seeds_text(n_upper, max_seeds)}"
+    text = (f"{span} paired seeds ({_seeds_text(n_point, max_seeds)} at the pilot's sd, "
+            f"{_seeds_text(n_upper, max_seeds)} at its {percent(level)} upper bound) for "
+            f"{percent(power)} power at Holm's level {alpha_holm:.3g} ({m} comparison{'s' if m != 1 else ''})")
+    return {"seeds": n_upper, "n_point": n_point, "n_upper": n_upper, "sd": float(sd_diff), "sd_upper": upper,
+            "level": level, "pilot_n": int(pilot_n), "alpha": alpha, "alpha_holm": alpha_holm, "family_size": m,
+            "power": power, "equivalence": equivalence, "text": text}
+
+
 def check_alpha(alpha: float) -> None:
     """UserError unless ``alpha`` is a significance level in (0, 0.5)."""
     from evo_attention.util.errors import UserError
@@ -936,6 +1112,14 @@ def _seeds_text(seeds: int | None, max_seeds: int | None) -> str:
     return str(seeds) if seeds is not None else f"more than {max_seeds or SEEDS_CEILING}"
 
 
+def _range_text(span: Sequence | None, max_seeds: int | None) -> str:
+    """[n at the point estimate, n at the bound] as '8' or '8..56'."""
+    low, high = span if span else (None, None)
+    if low == high:
+        return _seeds_text(low, max_seeds)
+    return f"{_seeds_text(low, max_seeds)}..{_seeds_text(high, max_seeds)}"
+
+
 def _verdict_text(v: dict, confidence: float, log: bool) -> str:
     """``paired_verdict``'s sentence: the label, then the numbers it rests on."""
     if v["n"] < 2:
@@ -954,13 +1138,15 @@ def _verdict_text(v: dict, confidence: float, log: bool) -> str:
             f"{_margin_text(v['margin'], log)}, {v['n']} paired seeds")
     if v.get("cannot_decide"):
         text += f"; {v['cannot_decide']}"
-    if v["verdict"] == UNDETERMINED and v["mde"] is not None:
-        mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
+    if v["verdict"] == UNDETERMINED and v["seed_plan"] is not None:
         margin = _margin_text(v["margin"], log)
-        text += (f"; with {percent(v['power'])} power these seeds detect {mde}; "
-                 f"{_seeds_text(v['seeds_for_equivalence'], v['max_seeds'])} paired seeds would show "
-                 f"equivalence within {margin}, {_seeds_text(v['seeds_for_margin'], v['max_seeds'])} "
-                 f"would detect a {margin} effect")
+        if v["mde"] is not None:
+            mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
+            text += f"; with {percent(v['power'])} power these seeds detect {mde}"
+        text += (f"; {_range_text(v['seeds_for_equivalence_range'], v['max_seeds'])} paired seeds would show "
+                 f"equivalence within {margin}, {_range_text(v['seeds_for_margin_range'], v['max_seeds'])} "
+                 f"would detect a {margin} effect (at Holm's level, the sd at its "
+                 f"{percent(SD_BOUND_LEVEL)} upper bound for the larger number)")
     return text
 
 
@@ -1048,7 +1234,8 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
             "cohens_d": cohens_d(values[key], reference),
             "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
             "mde": v["mde"], "mde_relative": v["mde_relative"], "seeds_for_equivalence": v["seeds_for_equivalence"],
-            "seeds_for_margin": v["seeds_for_margin"],
+            "seeds_for_margin": v["seeds_for_margin"], "seeds_for_equivalence_range": v["seeds_for_equivalence_range"],
+            "seeds_for_margin_range": v["seeds_for_margin_range"], "seed_plan": v["seed_plan"],
             "welch": {**{k: w.get(k) for k in ("difference", "diff_ci_low", "diff_ci_high", "p_value")},
                       # the unpaired difference relative to the reference's mean, in percent
                       **{f"{k}_percent": None if w.get(k) is None or scale is None else w[k] * scale

@@ -108,6 +108,8 @@ def validation_markdown(result: Mapping) -> str:
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         f"Learning-rate schedule: {study_schedule(result)}.", "",
+        *([f"Seeds planned from a pilot: {result['seed_plan']['plan']}.", ""]
+          if (result.get("seed_plan") or {}).get("plan") else []),
         validation_table_markdown(result).rstrip(), "",
     ]
     costs = cost_markdown(result)
