@@ -70,6 +70,12 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 - ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
   ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
   differences when both sizes have values for the same seeds, by Welch otherwise.
+- Solve rates (a seed solves a task point or stays at the plateau: a bimodal outcome no t-test
+  models): ``solve_rate`` counts with the exact Clopper-Pearson interval
+  (``binomtest(...).proportion_ci(method='exact')``), ``solve_rates_versus`` compares each count
+  with the reference's by Fisher's exact test (or Barnard's) with Holm over the family, and
+  ``seeds_for_solve_rates`` gives the seeds per arm for a stated difference of rates, by the exact
+  power of Fisher's test (every outcome table enumerated).
 - ``two_factor_shares``: a 2x2 on the same seeds (neither, first only, second only, both factors)
   splits the advantage of both over neither into each factor's share, per seed the mean of its gain
   without and with the other (the two orders of adding them; the shares add up to the advantage
@@ -984,6 +990,123 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     return {"seeds": n_upper, "n_point": n_point, "n_upper": n_upper, "sd": float(sd_diff), "sd_upper": upper,
             "level": level, "pilot_n": int(pilot_n), "alpha": alpha, "alpha_holm": alpha_holm, "family_size": m,
             "power": power, "equivalence": equivalence, "text": text}
+
+
+# ---------------------------------------------------------------------------------------------
+# solve rates: outcomes that are solved or not (a seed solves a task point or stays at the plateau)
+
+SOLVED_MORE, SOLVED_LESS = "solves more often", "solves less often"
+SOLVE_TESTS = ("fisher", "barnard")
+
+
+def solve_rate(solved: int, n: int, confidence: float = 0.95) -> dict:
+    """``{"solved", "n", "rate", "ci_low", "ci_high"}``: a count of solved seeds out of ``n`` with
+    its exact (Clopper-Pearson) interval, ``scipy.stats.binomtest(...).proportion_ci(method='exact')``.
+    With ``n`` 0 the rate and interval are None."""
+    check_confidence(confidence)
+    _check_counts(solved, n)
+    if n == 0:
+        return {"solved": 0, "n": 0, "rate": None, "ci_low": None, "ci_high": None}
+    ci = _st.binomtest(int(solved), int(n)).proportion_ci(confidence_level=confidence, method="exact")
+    return {"solved": int(solved), "n": int(n), "rate": solved / n, "ci_low": float(ci.low), "ci_high": float(ci.high)}
+
+
+def solve_rate_test(a: tuple[int, int], b: tuple[int, int], test: str = "fisher") -> float:
+    """The two-sided p-value that two solve rates ``(solved, n)`` are equal: Fisher's exact test
+    (``scipy.stats.fisher_exact``, conditional on the total solved) or Barnard's
+    (``scipy.stats.barnard_exact``, unconditional: more powerful, slower)."""
+    from evo_attention.util.errors import UserError
+
+    if test not in SOLVE_TESTS:
+        raise UserError(f"solve-rate test {test!r} is not one of {', '.join(SOLVE_TESTS)}")
+    for counts in (a, b):
+        _check_counts(*counts)
+    table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]
+    if test == "fisher":
+        return float(_st.fisher_exact(table).pvalue)
+    if 0 in (a[1], b[1]) or (a[0] + b[0]) in (0, a[1] + b[1]):
+        return 1.0  # one outcome only: nothing to compare (Barnard's statistic is undefined there)
+    return float(_st.barnard_exact(table).pvalue)
+
+
+def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]], reference: tuple[int, int], *, alpha: float = 0.05,
+                       test: str = "fisher", confidence: float = 0.95) -> dict[_Key, dict]:
+    """Each ``(solved, n)`` of ``counts`` against the reference's: both rates with exact intervals
+    (``solve_rate``), the difference of rates, the two-sided p (``solve_rate_test``), Holm over the
+    family (``family_size`` comparisons), and the verdict: ``solves more often`` / ``solves less
+    often`` when the Holm p is below ``alpha``, else ``undetermined``; ``cannot_decide`` says in
+    one line when these counts could not reach alpha whatever the outcomes (the most extreme
+    table's p, Holm-adjusted, is not below it)."""
+    check_alpha(alpha)
+    ref = solve_rate(*reference, confidence=confidence)
+    p = {key: solve_rate_test(c, reference, test) for key, c in counts.items()}
+    p_holm = holm_family(p)
+    m = len(p)
+    out = {}
+    for key, c in counts.items():
+        rate = solve_rate(*c, confidence=confidence)
+        diff = None if rate["rate"] is None or ref["rate"] is None else rate["rate"] - ref["rate"]
+        word = UNDETERMINED
+        if p_holm[key] < alpha and diff:
+            word = SOLVED_MORE if diff > 0 else SOLVED_LESS
+        floor = solve_rate_test((c[1], c[1]), (0, reference[1]), test) if c[1] and reference[1] else 1.0
+        note = None
+        if min(1.0, m * floor) >= alpha:
+            holm_note = f" ({min(1.0, m * floor):.3g} after Holm over {m} comparisons)" if m > 1 else ""
+            note = (f"{c[1]} against {reference[1]} seeds cannot decide: the smallest possible p is "
+                    f"{floor:.3g}{holm_note}")
+        out[key] = {"rate": rate, "reference": ref, "difference": diff, "test": test, "p_value": p[key],
+                    "p_holm": p_holm[key], "family_size": m, "verdict": word, "cannot_decide": note}
+    return out
+
+
+def _fisher_p_tables(n: int) -> np.ndarray:
+    """Fisher's two-sided p of every table with ``n`` seeds per arm: ``[a, b]`` for a solved of
+    the first arm's n and b of the second's. Given the total solved k, a is hypergeometric; the p
+    sums the probabilities of the tables no likelier than the observed one (scipy's definition,
+    with its relative tolerance 1 + 1e-7)."""
+    out = np.ones((n + 1, n + 1))
+    for k in range(2 * n + 1):
+        a = np.arange(max(0, k - n), min(k, n) + 1)
+        pmf = _st.hypergeom.pmf(a, 2 * n, k, n)
+        p = np.array([pmf[pmf <= q * (1 + 1e-7)].sum() for q in pmf])
+        out[a, k - a] = np.minimum(1.0, p)
+    return out
+
+
+def power_solve_rates(n: int, rate: float, reference_rate: float, alpha: float = 0.05) -> float:
+    """The exact power of Fisher's two-sided test at ``alpha`` with ``n`` seeds per arm when the
+    true solve rates are ``rate`` and ``reference_rate``: the probability, summed over every
+    outcome table (binomial counts in each arm), of a table whose p is below alpha."""
+    check_alpha(alpha)
+    if n < 1:
+        return 0.0
+    reject = _fisher_p_tables(n) < alpha
+    k = np.arange(n + 1)
+    weights = np.outer(_st.binom.pmf(k, n, rate), _st.binom.pmf(k, n, reference_rate))
+    return float(min(1.0, weights[reject].sum()))
+
+
+def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8, alpha: float = 0.05,
+                          family_size: int = 1, max_seeds: int = 200) -> int | None:
+    """The seeds per arm for Fisher's test at Holm's level ``alpha / family_size`` to tell solve
+    rates ``rate`` and ``reference_rate`` apart with ``power`` (``power_solve_rates``: exact, by
+    enumeration; Barnard's test needs at most as many). The power of a discrete test is not
+    monotone in n: this is the smallest n that reaches it. None beyond ``max_seeds`` or for equal
+    rates."""
+    _check_power(power)
+    if rate == reference_rate:
+        return None
+    level = alpha / max(1, int(family_size))
+    return next((n for n in range(1, int(max_seeds) + 1) if power_solve_rates(n, rate, reference_rate, level) >= power),
+                None)
+
+
+def _check_counts(solved, n) -> None:
+    from evo_attention.util.errors import UserError
+
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (solved, n)) or not 0 <= solved <= n:
+        raise UserError(f"a solve count needs integers 0 <= solved <= n, got {solved!r} of {n!r}")
 
 
 def check_alpha(alpha: float) -> None:
