@@ -269,7 +269,7 @@ def suite(payload: dict) -> str:
     from evo_attention.report.studies.suite import suite_table
     from evo_attention.util.format import code, md_cell
 
-    headers, rows, align = suite_table(payload)
+    headers, rows, align = suite_table(_validation(payload))
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
 
 

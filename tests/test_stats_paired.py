@@ -33,7 +33,9 @@ def test_paired_equals_ttest_rel_on_the_log_scale(confidence):
     assert r["scale"] == "log" and r["n"] == 6 and r["n_dropped"] == 0
     assert r["difference"] == pytest.approx(d.mean()) and r["sd_diff"] == pytest.approx(d.std(ddof=1))
     assert r["t"] == pytest.approx(ref.statistic) and r["df"] == 5
-    assert r["p_value"] == pytest.approx(ref.pvalue, rel=1e-12)
+    assert r["p_t"] == pytest.approx(ref.pvalue, rel=1e-12)
+    # below 12 pairs the exact sign-flip test decides; the t-test's p stands beside it
+    assert r["test"] == "sign-flip" and r["p_value"] == r["p_exact"] == pytest.approx(2 / 64)
     assert (r["diff_ci_low"], r["diff_ci_high"]) == pytest.approx((ci.low, ci.high))
     # the relative change of the geometric mean, interval mapped by the same function
     assert r["relative"] == pytest.approx(math.exp(d.mean()) - 1)
@@ -49,9 +51,9 @@ def test_paired_linear_scale_equals_ttest_rel_and_is_not_welch():
     ref = st.ttest_rel(bpb_c, bpb_b)
     assert r["scale"] == "linear" and r["relative"] is None and r["relative_ci_low"] is None
     assert r["difference"] == pytest.approx(np.mean(bpb_c - bpb_b))
-    assert r["p_value"] == pytest.approx(ref.pvalue, rel=1e-12)
+    assert r["p_t"] == pytest.approx(ref.pvalue, rel=1e-12)
     # the shared seed term hides the shift from an unpaired test; pairing finds it
-    assert r["p_value"] < 1e-4 < stats.welch(bpb_c, bpb_b)["p_value"]
+    assert r["p_t"] < 1e-4 < stats.welch(bpb_c, bpb_b)["p_value"]
 
 
 def test_failed_seeds_drop_their_pair():
@@ -62,7 +64,7 @@ def test_failed_seeds_drop_their_pair():
     keep = [0, 1, 3, 6]
     ref = st.ttest_rel(np.log(cand[keep]), np.log(base[keep]))
     assert r["n"] == 4 and r["n_dropped"] == 3 and len(r["differences"]) == 4
-    assert r["p_value"] == pytest.approx(ref.pvalue) and r["t"] == pytest.approx(ref.statistic)
+    assert r["p_t"] == pytest.approx(ref.pvalue) and r["t"] == pytest.approx(ref.statistic)
     with pytest.raises(UserError, match="one value per seed"):
         stats.paired([1.0, 2.0, 3.0], [1.0, 2.0])
     with pytest.raises(UserError, match="log=False"):
@@ -70,11 +72,13 @@ def test_failed_seeds_drop_their_pair():
     assert stats.paired([1.0, -2.0], [1.0, 2.0], log=False)["difference"] == -2.0
 
 
-def test_without_spread_decided_exactly_like_welch():
+def test_without_spread_decided_by_the_exact_test():
     same = stats.paired([10.0, 20.0, 30.0], [10.0, 20.0, 30.0])
     assert same["p_value"] == 1.0 and same["difference"] == 0.0 and same["boot_ci_low"] is None
     shifted = stats.paired([2.0, 3.0, 4.0], [1.0, 2.0, 3.0], log=False)
-    assert shifted["p_value"] == 0.0 and shifted["diff_ci_low"] == shifted["diff_ci_high"] == 1.0
+    # never p = 0 from a t without spread: the exact test's smallest p at 3 pairs
+    assert shifted["p_value"] == 0.25 and shifted["p_t"] is None
+    assert shifted["diff_ci_low"] == shifted["diff_ci_high"] == 1.0
     one = stats.paired([2.0, None], [1.0, 1.0])
     assert one["n"] == 1 and one["p_value"] is None and one["diff_ci_low"] is None
     assert one["difference"] == pytest.approx(math.log(2.0))
@@ -82,7 +86,7 @@ def test_without_spread_decided_exactly_like_welch():
 
 
 def test_bootstrap_interval_is_seeded_and_sensible():
-    cand, base = _perplexities(n=8)
+    cand, base = _perplexities(n=10)
     a = stats.paired(cand, base, seed=3)
     b = stats.paired(cand, base, seed=3)
     c = stats.paired(cand, base, seed=4)
@@ -95,6 +99,9 @@ def test_bootstrap_interval_is_seeded_and_sensible():
     assert percentile["boot_ci_low"] != a["boot_ci_low"]
     two = stats.paired(cand[:2], base[:2])
     assert two["p_value"] is not None and two["boot_ci_low"] is None and two["boot_ci_high"] is None
+    # below 10 pairs BCa covers 72-88% of a nominal 95%: no interval is given
+    nine = stats.paired(cand[:9], base[:9])
+    assert nine["diff_ci_low"] is not None and nine["boot_ci_low"] is None
     assert stats.paired(cand, base, bootstrap_resamples=0)["boot_ci_low"] is None
 
 
@@ -117,28 +124,38 @@ def test_tost_equals_two_one_sided_ttest_rel(shift, margin):
     upper = st.ttest_rel(x - bound, y, alternative="less").pvalue
     e = stats.tost(cand, base, margin=margin)
     assert e["bound"] == pytest.approx(bound)
-    assert e["p_lower"] == pytest.approx(lower, rel=1e-9) and e["p_upper"] == pytest.approx(upper, rel=1e-9)
-    assert e["p_value"] == pytest.approx(max(lower, upper), rel=1e-9)
+    assert e["p_t"] == pytest.approx(max(lower, upper), rel=1e-9)
+    # at 6 pairs the exact one-sided tests decide
+    assert e["test"] == "sign-flip" and e["p_value"] == e["p_exact"] == max(e["p_lower"], e["p_upper"])
     # the same from the per-seed differences of ``paired``
     from_diffs = stats.tost(stats.paired(cand, base)["differences"], margin=margin)
-    assert from_diffs["p_value"] == pytest.approx(e["p_value"], rel=1e-9)
-    # equivalent at alpha exactly when the 1 - 2 alpha interval lies inside the bounds
+    assert from_diffs["p_t"] == pytest.approx(e["p_t"], rel=1e-9) and from_diffs["p_value"] == e["p_value"]
+    # from 12 pairs the t-tests decide: equivalent exactly when the 1 - 2 alpha interval lies inside
+    cand, base = _perplexities(n=12, shift=shift)
+    x, y = np.log(cand), np.log(base)
+    lower = st.ttest_rel(x + bound, y, alternative="greater").pvalue
+    upper = st.ttest_rel(x - bound, y, alternative="less").pvalue
+    e = stats.tost(cand, base, margin=margin)
+    assert e["test"] == "t"
+    assert e["p_lower"] == pytest.approx(lower, rel=1e-9) and e["p_upper"] == pytest.approx(upper, rel=1e-9)
+    assert e["p_value"] == pytest.approx(max(lower, upper), rel=1e-9)
     inside = -bound < e["ci_low"] and e["ci_high"] < bound
     assert e["equivalent"] == inside == (e["p_value"] < 0.05)
 
 
 def test_tost_outcomes_and_linear_scale():
-    cand, base = _perplexities(n=6, shift=0.0, pair_noise=0.002)
+    cand, base = _perplexities(n=12, shift=0.0, pair_noise=0.002)
     assert stats.tost(cand, base, margin=0.02)["equivalent"] is True
-    shifted, base2 = _perplexities(n=6, shift=0.03, pair_noise=0.002)
+    shifted, base2 = _perplexities(n=12, shift=0.03, pair_noise=0.002)
     assert stats.tost(shifted, base2, margin=0.02)["equivalent"] is False
     x, y = [1.0, 1.2, 0.9, 1.1], [1.05, 1.18, 0.93, 1.12]
     e = stats.tost(x, y, margin=0.1, log=False)
     d = np.subtract(x, y)
-    assert e["p_lower"] == pytest.approx(st.ttest_1samp(d, -0.1, alternative="greater").pvalue)
-    assert e["p_upper"] == pytest.approx(st.ttest_1samp(d, 0.1, alternative="less").pvalue)
-    # no spread: decided exactly on each side
-    assert stats.tost([0.0, 0.0], margin=0.01, log=False)["p_value"] == 0.0
+    assert e["p_t"] == pytest.approx(max(st.ttest_1samp(d, -0.1, alternative="greater").pvalue,
+                                         st.ttest_1samp(d, 0.1, alternative="less").pvalue))
+    assert e["p_lower"] == e["p_upper"] == e["p_value"] == 1 / 16  # the exact tests' smallest p at 4 pairs
+    # no spread: the exact one-sided tests, whose smallest p at 2 pairs is 1/4
+    assert stats.tost([0.0, 0.0], margin=0.01, log=False)["p_value"] == 0.25
     assert stats.tost([0.02, 0.02], margin=0.01, log=False)["p_value"] == 1.0
     assert stats.tost([0.02], margin=0.01, log=False)["p_value"] is None
 
@@ -222,11 +239,11 @@ def test_seeds_for_equivalence_power_boundary():
 # --- the four verdicts ----------------------------------------------------------------------
 
 def test_clear_improvement_is_better_and_degradation_worse():
-    cand, base = _perplexities(shift=-0.03)
+    cand, base = _perplexities(n=12, shift=-0.03)
     v = stats.paired_verdict(stats.paired(cand, base), margin=0.01)
     assert v["verdict"] == v["label"] == "better" and v["p_value"] < 0.001
-    assert v["text"].startswith("better: -2.") and "6 paired seeds" in v["text"]
-    worse, base2 = _perplexities(shift=0.03)
+    assert v["text"].startswith("better: -3.") and "12 paired seeds" in v["text"] and "t-test p" in v["text"]
+    worse, base2 = _perplexities(n=12, shift=0.03)
     w = stats.paired_verdict(stats.paired(worse, base2), margin=0.01)
     assert w["verdict"] == "worse" and w["relative"] > 0
     # higher is better (accuracy): the same numbers read the other way round
@@ -251,11 +268,19 @@ def test_two_noisy_seeds_are_undetermined_with_seeds_needed():
     v = stats.paired_verdict(r, margin=0.01)
     assert v["verdict"] == "undetermined" and v["n"] == 2
     sd, bound = r["sd_diff"], math.log1p(0.01)
-    assert v["seeds_for_equivalence"] == stats.seeds_for_equivalence(sd, bound) > 2
-    assert v["seeds_for_margin"] == stats.seeds_for_effect(sd, bound) > 2
-    assert v["mde"] == pytest.approx(stats.minimal_detectable_effect(2, sd))
-    assert v["mde_relative"] == pytest.approx(math.expm1(v["mde"]))
-    assert f"{v['seeds_for_equivalence']} paired seeds would show equivalence within ±1%" in v["text"]
+    # at the observed sd the t-test would need 173 seeds; at the sd's 80% upper bound from 2 values
+    # (3.9x) the plan needs more than max_seeds (1000)
+    assert v["seeds_for_equivalence_range"] == [stats.seeds_for_equivalence(sd, bound), None]
+    assert v["seeds_for_margin_range"][0] == stats.seeds_for_effect(sd, bound) > 12
+    assert v["seeds_for_equivalence"] is None and v["seeds_for_margin"] is None
+    assert v["mde"] is None  # 2 seeds: the exact test's smallest p is 0.5
+    assert f"{v['seeds_for_equivalence_range'][0]}..more than 1000 paired seeds would show equivalence within ±1%" \
+        in v["text"]
+    # more pairs: the mde at Holm's level
+    r8 = stats.paired([31.0, 29.5, 30.5, 30.1, 29.9, 30.6, 30.2, 29.8], [30.0, 30.4, 30.1, 30.3, 30.0, 30.2, 29.9, 30.1])
+    v8 = stats.paired_verdict(r8, margin=0.01, family_size=2)
+    assert v8["mde"] == pytest.approx(stats.minimal_detectable_effect(8, r8["sd_diff"], alpha=0.025))
+    assert v8["mde_relative"] == pytest.approx(math.expm1(v8["mde"]))
     capped = stats.paired_verdict(r, margin=0.0001, max_seeds=50)
     assert capped["seeds_for_margin"] is None and "more than 50" in capped["text"]
     lone = stats.paired_verdict(stats.paired([31.0, None], [30.0, 30.4]), margin=0.01)
@@ -263,9 +288,9 @@ def test_two_noisy_seeds_are_undetermined_with_seeds_needed():
 
 
 def test_adjusted_p_value_decides():
-    base = [10.0, 11.0, 12.0, 13.0]
-    r = stats.paired(np.add(base, [-0.5, -0.3, -0.45, -0.2]), base, log=False)
-    assert 0.005 < r["p_value"] < 0.05  # t about -5.3 on 3 degrees of freedom
+    base = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
+    r = stats.paired(np.add(base, [-0.5, -0.3, -0.45, -0.2, -0.4, 0.1, -0.35]), base, log=False)
+    assert 0.005 < r["p_value"] < 0.05 and r["test"] == "sign-flip"  # 2 * 2 / 128 = 0.03125
     assert stats.paired_verdict(r, margin=0.01)["verdict"] == "better"
     adjusted = stats.paired_verdict(r, margin=0.01, p_adjusted=min(1.0, r["p_value"] * 6))
     assert adjusted["verdict"] == "undetermined" and adjusted["p_adjusted"] is True
@@ -293,10 +318,11 @@ def test_interaction_paired_when_seeds_match_welch_otherwise():
     a, b = np.array(list(small.values())), np.array(list(large.values()))
     ref = st.ttest_rel(b, a)
     assert r["test"] == "paired" and r["n_a"] == r["n_b"] == 4
-    assert r["change"] == pytest.approx(np.mean(b - a)) and r["p_value"] == pytest.approx(ref.pvalue)
+    assert r["change"] == pytest.approx(np.mean(b - a)) and r["p_t"] == pytest.approx(ref.pvalue)
     ci = ref.confidence_interval()
     assert (r["ci_low"], r["ci_high"]) == pytest.approx((ci.low, ci.high))
-    assert r["change"] > 0 and r["p_value"] < 0.05  # the advantage shrinks at the larger size
+    assert r["change"] > 0 and r["p_t"] < 0.05  # the advantage shrinks at the larger size
+    assert r["p_value"] == 0.125  # the exact test decides at 4 pairs: its smallest p
     # order of the mapping does not matter: pairs are matched by seed
     shuffled = {k: large[k] for k in (3, 1, 4, 2)}
     assert stats.paired_interaction(small, shuffled)["p_value"] == pytest.approx(r["p_value"])
@@ -308,7 +334,7 @@ def test_interaction_paired_when_seeds_match_welch_otherwise():
     failed = {**large, 4: None}
     assert stats.paired_interaction(small, failed)["test"] == "welch"
     # sequences are aligned by position unless told the seeds differ
-    assert stats.paired_interaction(list(a), list(b))["p_value"] == pytest.approx(ref.pvalue)
+    assert stats.paired_interaction(list(a), list(b))["p_t"] == pytest.approx(ref.pvalue)
     assert stats.paired_interaction(list(a), list(b), shared_seeds=False)["test"] == "welch"
     with pytest.raises(UserError, match="mappings"):
         stats.paired_interaction(small, list(b))

@@ -55,7 +55,10 @@ def test_strategies_pairs_the_validated_winners_by_search_seed(tmp_path):
     result = json.loads((tmp_path / "s.json").read_text())
     assert result["search_seeds"] == [1, 2, 3, 4] and result["means"]["ga"] == [3.00, 3.10, 2.95, 3.05]
     row = result["comparisons"]["ga"]
-    assert row["verdict"] == "better" and row["relative"] < -0.05 and row["family_size"] == 1
+    assert row["relative"] < -0.05 and row["family_size"] == 1 and row["p_t"] < 0.05
+    # 4 search seeds: the exact test decides, and its smallest p (0.125) cannot reach 0.05
+    assert row["verdict"] == "undetermined" and row["test"] == "sign-flip" and row["p_value"] == 0.125
+    assert row["cannot_decide"] == "4 seeds cannot decide: the smallest possible p is 0.125"
     with pytest.raises(SystemExit, match="reference strategy 'tpe'"):
         strategies.compare(strategies.collect(tmp_path), "tpe", 0.01)
     assert strategies.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.json")]) == 1
@@ -63,16 +66,17 @@ def test_strategies_pairs_the_validated_winners_by_search_seed(tmp_path):
 
 def _curve(genes: dict) -> dict:
     return {"task": "mqar", "knob": "pairs", "metric": "accuracy", "steps": 100,
-            "genes": [{"gene": name, "points": [{"value": v, "seeds": [43, 44, 45, 46], "accuracy": acc}
+            "genes": [{"gene": name, "points": [{"value": v, "seeds": list(range(43, 50)), "accuracy": acc}
                                                 for v, acc in points.items()]} for name, points in genes.items()]}
 
 
 def test_curve_verdicts_pair_each_gene_with_the_reference_by_seed_at_one_point(tmp_path):
     curve_verdicts = _script("curve_verdicts")
-    curve = _curve({"softmax": {2: [0.9, 0.9, 0.9, 0.9], 16: [0.30, 0.32, 0.31, 0.29]},
-                    "window": {2: [0.9] * 4, 16: [0.10, 0.12, 0.11, 0.09]},
-                    "gqa": {2: [0.9] * 4, 16: [0.301, 0.321, 0.309, 0.291]},
-                    "linear": {2: [0.9] * 4, 16: [0.1, None, 0.5, 0.3]}})
+    # 7 seeds: the exact test's smallest p (2^-6) passes Holm over 3 comparisons
+    curve = _curve({"softmax": {2: [0.9] * 7, 16: [0.30, 0.32, 0.31, 0.29, 0.33, 0.28, 0.30]},
+                    "window": {2: [0.9] * 7, 16: [0.10, 0.12, 0.11, 0.09, 0.13, 0.08, 0.10]},
+                    "gqa": {2: [0.9] * 7, 16: [0.301, 0.321, 0.309, 0.291, 0.331, 0.279, 0.301]},
+                    "linear": {2: [0.9] * 7, 16: [0.1, None, 0.5, 0.3, 0.2, 0.4, 0.6]}})
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(curve))
     assert curve_verdicts.main([str(path), "--at", "16", "--out", str(tmp_path / "v.json")]) == 0
@@ -81,7 +85,7 @@ def test_curve_verdicts_pair_each_gene_with_the_reference_by_seed_at_one_point(t
     assert result["reference"] == "softmax" and set(rows) == {"window", "gqa", "linear"}
     assert rows["window"]["verdict"] == "worse" and rows["window"]["difference"] == pytest.approx(-0.2)
     assert rows["gqa"]["verdict"] == "equivalent" and rows["gqa"]["family_size"] == 3
-    assert rows["linear"]["n_pairs"] == 3 and rows["linear"]["verdict"] == "undetermined"  # a failed seed drops out
+    assert rows["linear"]["n_pairs"] == 6 and rows["linear"]["verdict"] == "undetermined"  # a failed seed drops out
     assert result["devices"] == {"softmax": None, "window": None, "gqa": None, "linear": None}  # not recorded
     with pytest.raises(SystemExit, match="no point at"):
         curve_verdicts.verdicts(curve, 8, None, 0.02)

@@ -242,16 +242,17 @@ def test_validate_rejects_bad_input(tiny_run, capsys):
 
 
 def test_validation_summary_from_known_values(tmp_path):
-    seeds = [43, 44, 45, 46, 47]
-    noise = [0.0, 0.2, -0.2, 0.1, -0.1]
+    seeds = list(range(43, 52))  # 8 pairs after the failure: the exact test can pass Holm over 2
+    noise = [0.0, 0.2, -0.2, 0.1, -0.1, 0.3, -0.3, 0.15, -0.15]
     genes = {VANILLA.key: 10.0, SPARSE: 8.0, "dot|softmax|output_gate|fixed|bias|0.10": 10.0}
     records = _fake_records({k: [m + n for n in noise] for k, m in genes.items()}, seeds)
-    records[SPARSE, 47] = {"status": "diverged", "val_perplexity": math.inf, "error": None}
+    records[SPARSE, 51] = {"status": "diverged", "val_perplexity": math.inf, "error": None}
     result = val.validation_statistics(_setup(seeds), records, [SPARSE, "dot|softmax|output_gate|fixed|bias|0.10"],
                                        search_values={SPARSE: 7.5})
     sparse, gate = result["genes"]
-    assert sparse["n_failed"] == 1 and sparse["values"][-1] is None and sparse["n"] == 4
-    assert sparse["verdict"] == "better" and sparse["search_value"] == 7.5 and sparse["n_pairs"] == 4
+    assert sparse["n_failed"] == 1 and sparse["values"][-1] is None and sparse["n"] == 8
+    assert sparse["verdict"] == "better" and sparse["search_value"] == 7.5 and sparse["n_pairs"] == 8
+    assert sparse["test"] == "sign-flip" and sparse["p_value"] == pytest.approx(2 / 256)
     assert gate["verdict"] == "equivalent" and gate["difference"] == pytest.approx(0.0)
     assert gate["verdict_label"] == "equivalent within ±1%" and result["family_size"] == 2
     assert "**better**" in result["headline"]

@@ -57,7 +57,11 @@ def test_seeds_auto_plans_fresh_seeds_from_a_pilot():
     plan = result["seed_plan"]
     assert plan["pilot_seeds"] == [8, 9, 10]
     assert result["seeds"][0] == 11 and not set(result["seeds"]) & set(plan["pilot_seeds"])  # fresh seeds
-    needed = stats.seeds_for_effect(plan["sd_used"], math.log(1.05), 0.8, 0.05, max_seeds=6)
+    expected = stats.seed_plan(plan["sd_used"], 3, math.log(1.05), power=0.8, alpha=0.05, family_size=1, max_seeds=6)
+    needed = expected["seeds"]
+    assert plan["family_size"] == 1 and plan["range"] == [expected["n_point"], expected["n_upper"]]
+    assert plan["sd_upper"] == pytest.approx(expected["sd_upper"]) and plan["sd_level"] == 0.8
+    assert needed is None or needed >= 6  # the exact test reaches 0.05 from 6 seeds (2^-5)
     assert plan["needed"] == needed and len(result["seeds"]) == (6 if needed is None else max(2, needed))
     assert plan["alpha_planned"] == pytest.approx(0.05) and plan["power"] == 0.8
 
@@ -76,3 +80,23 @@ def test_a_validation_written_by_an_earlier_version_is_recomputed_and_marked(tmp
     assert v["recomputed"] and "recomputed" in v["headline"] and row["verdict"] in ("better", "undetermined")
     paired = stats.paired(old["genes"][0]["values"], old["baseline"]["values"], log=True)
     assert row["p_value"] == pytest.approx(paired["p_value"]) and row["welch"]["p_value"] > row["p_value"]
+
+
+def test_study_2_paired_results_are_recomputed_by_the_exact_rule_and_marked(tmp_path):
+    """A result written by the paired-2 rule (t-test at any n) is re-read by the current one: Q4's
+    3-seed validation said 'better' at t p 0.002; 3 seeds cannot reach 0.05 exactly."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "findings"
+    shutil.copy(root / "q4" / "ga-1" / "validation.json", tmp_path / "validation.json")
+    shutil.copy(root / "q2-suite" / "validation_suite.json", tmp_path / "validation_suite.json")
+    found = read_studies(tmp_path)
+    v, suite = found.validation, found.suites[0]
+    row = v["genes"][0]
+    assert v["analysis"] == stats.ANALYSIS and v["recomputed"] and v["recomputed_from"] == "paired-2"
+    assert row["verdict"] == "undetermined" and row["test"] == "sign-flip" and row["p_holm"] == 0.25
+    assert row["cannot_decide"] == "3 seeds cannot decide: the smallest possible p is 0.25"
+    assert "recomputed by the paired-3 rule" in v["headline"] and row["boot_ci_low"] is None
+    # the suite keeps its own margin (0.02 of accuracy) and is recomputed too
+    assert suite["recomputed"] and suite["margin"] == 0.02 and suite["genes"][0]["verdict"] == "undetermined"

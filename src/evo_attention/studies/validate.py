@@ -108,11 +108,15 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
                rates: Mapping[str, float] | None = None) -> tuple[StudySetup, dict]:
     """Seeds from a target (``--seeds auto``): train ``PILOT_SEEDS`` pilot seeds, estimate the spread
     of the per-seed differences (the largest over the genes, on the comparison's scale), and plan
-    the paired seeds that detect an effect of ``planned.mde`` with ``setup.power`` at the
-    Bonferroni level alpha / (genes compared): the first test Holm's procedure makes. The verdict is
-    measured on fresh seeds after the pilot's, so the plan never sees the data it is judged on and
-    alpha holds exactly (no optional stopping). With ``rates`` (gene key -> its selected rate of a
-    grid) the pilot trains each gene at its rate. Returns the setup with those seeds and the plan."""
+    the paired seeds that detect an effect of ``planned.mde`` with ``setup.power`` by
+    ``stats.seed_plan``: under the verdict rule (the exact test below 12 seeds), at Holm's level
+    alpha / m of the family the run will test (m: the genes compared plus the comparisons the
+    store already holds on the planned seeds, ``StudySetup.others``), and at the one-sided 80% upper
+    confidence bound of the pilot's sd (chi-square); the plan records the range from the sd's
+    estimate to that bound and trains the bound's number. The verdict is measured on fresh seeds
+    after the pilot's, so the plan never sees the data it is judged on and alpha holds exactly (no
+    optional stopping). With ``rates`` (gene key -> its selected rate of a grid) the pilot trains
+    each gene at its rate. Returns the setup with those seeds and the plan."""
     planned = setup.planned
     vanilla = AttentionGene.vanilla().key
     pilot = dataclasses.replace(setup, seeds=tuple(setup.config.seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
@@ -128,20 +132,31 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
         raise UserError(f"the pilot of {PILOT_SEEDS} seeds left no gene with a spread to plan from (failed or "
                         "identical trainings): give a number of seeds instead of auto", setting="n_seeds")
     effect = stats.margin_bound(planned.mde, pilot.log_scale)
-    alpha = pilot.alpha / max(1, len(genes) - 1)
-    needed = stats.seeds_for_effect(max(known), effect, setup.power, alpha, max_seeds=planned.max_seeds)
-    n = planned.max_seeds if needed is None else max(2, needed)
     first = pilot.seeds[-1] + 1
-    seeds = tuple(range(first, first + n))
+    family, seeds = max(1, len(genes) - 1), ()
+    for _ in range(3):  # the family on the planned seeds may hold earlier comparisons: plan again at its size
+        plan = stats.seed_plan(max(known), PILOT_SEEDS, effect, power=setup.power, alpha=pilot.alpha,
+                               family_size=family, max_seeds=planned.max_seeds)
+        needed = plan["seeds"]
+        n = planned.max_seeds if needed is None else max(2, needed)
+        seeds = tuple(range(first, first + n))
+        grown = max(1, len(genes) - 1) + len(dataclasses.replace(setup, seeds=seeds).others(genes))
+        if grown <= family:
+            break
+        family = grown
     if setup.search_seed is not None and setup.search_seed in seeds:
         raise UserError(f"the planned seeds {seeds[0]}..{seeds[-1]} include the search seed {setup.search_seed}: "
                         "use another seed", setting="seed")
     plan = {"pilot_seeds": list(pilot.seeds), "sd_diff": spreads, "sd_used": max(known),
-            "mde": planned.mde, "effect_on_scale": effect, "power": setup.power, "alpha_planned": alpha,
-            "needed": needed, "max_seeds": planned.max_seeds, "capped": needed is None or needed > planned.max_seeds,
+            "sd_upper": plan["sd_upper"], "sd_level": plan["level"], "family_size": plan["family_size"],
+            "mde": planned.mde, "effect_on_scale": effect, "power": setup.power, "alpha_planned": plan["alpha_holm"],
+            "needed": needed, "range": [plan["n_point"], plan["n_upper"]], "plan": plan["text"],
+            "max_seeds": planned.max_seeds, "capped": needed is None or needed > planned.max_seeds,
             "seeds": list(seeds),
-            "method": "pilot seeds estimate the sd of the paired differences; the verdict is measured on the fresh "
-                      "seeds that follow them (a fixed plan: the error rate stays alpha)"}
+            "method": "pilot seeds estimate the sd of the paired differences; the plan takes its one-sided "
+                      f"{stats.percent(plan['level'])} upper confidence bound (chi-square) at Holm's level of the "
+                      "family and the verdict rule's test; the verdict is measured on the fresh seeds that follow "
+                      "them (a fixed plan: the error rate stays alpha)"}
     return dataclasses.replace(setup, seeds=seeds, planned=None), plan
 
 

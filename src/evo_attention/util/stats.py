@@ -30,19 +30,28 @@ stream, same batch order, so the i-th value of each side belongs to the same see
   the differences are ``log(candidate) - log(reference)``: differences of the loss, the scale on
   which perplexity's seed noise is additive; the mean is also given as the relative change of the
   geometric mean, ``exp(difference) - 1``, with the interval mapped the same way. With
-  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and the
-  p-value are those of ``scipy.stats.ttest_rel``; the bootstrap interval of the mean difference is
-  ``scipy.stats.bootstrap`` (BCa by default, seeded: the same seed gives the same interval), None
-  with fewer than 3 pairs or no spread. Differences without spread are decided exactly, like
-  Welch: all zero -> p = 1, all equal and not zero -> p = 0.
+  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and
+  ``p_t`` are those of ``scipy.stats.ttest_rel``; ``p_exact`` is the exact paired sign-flip
+  permutation test (``sign_flip``: every one of the 2^n sign patterns up to ``EXACT_MAX`` = 16
+  pairs, seeded Monte Carlo with its standard error beyond). The verdict rule (``exact_decides``)
+  picks the test whose p is ``p_value``: the exact test below ``EXACT_BELOW`` = 12 pairs (the
+  t-test's normality cannot be checked on fewer, and its p at 2-4 degrees of freedom is far below
+  what any distribution-free test allows), the t-test from 12. A degenerate spread (identical
+  differences, or a spread at rounding level: ``degenerate_spread``) has no t and is decided by the
+  exact test at any n: never p = 0. ``smallest_p``: the least p the exact test can give at n
+  (``2^(1-n)`` two-sided: 0.25 at 3 seeds), and ``cannot_decide`` says so in one line whenever it
+  (Holm-adjusted) does not reach alpha. The bootstrap interval of the mean difference is
+  ``scipy.stats.bootstrap`` (BCa by default, seeded), computed from ``BOOTSTRAP_MIN`` = 10 pairs
+  only: below, its coverage of a nominal 95% is 72-88%.
 - Margins. ``margin`` is relative on the log scale (0.01 = 1%) and becomes the symmetric bound
   ``±log(1 + margin)`` on the log differences (``margin_bound``): a ratio of geometric means within
   ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
   ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
-- ``tost``: two one-sided paired t-tests, ``H0: mean difference <= -bound`` (alternative
-  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each ``ttest_rel`` on the
-  data shifted by the bound; ``p_value = max`` of the two. Equivalent at ``alpha`` when it is below
-  ``alpha`` (the same as the ``1 - 2 alpha`` interval lying inside ``±bound``).
+- ``tost``: two one-sided paired tests, ``H0: mean difference <= -bound`` (alternative
+  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each on the data shifted
+  by the bound; ``p_value = max`` of the two. The same rule picks the test: exact sign-flip
+  (``sign_flip_tost``) below 12 pairs or with a degenerate spread, ``ttest_rel`` from 12 (then
+  equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside ``±bound``).
 - ``paired_verdict``: the first that applies of ``PAIRED_RULE``: p (Holm-adjusted when given) <
   alpha and the difference favours the candidate -> ``better``; disfavours it -> ``worse``; TOST p
   < alpha -> ``equivalent`` (within ±margin, said in the label); else ``undetermined``. It always
@@ -61,6 +70,12 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 - ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
   ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
   differences when both sizes have values for the same seeds, by Welch otherwise.
+- Solve rates (a seed solves a task point or stays at the plateau: a bimodal outcome no t-test
+  models): ``solve_rate`` counts with the exact Clopper-Pearson interval
+  (``binomtest(...).proportion_ci(method='exact')``), ``solve_rates_versus`` compares each count
+  with the reference's by Fisher's exact test (or Barnard's) with Holm over the family, and
+  ``seeds_for_solve_rates`` gives the seeds per arm for a stated difference of rates, by the exact
+  power of Fisher's test (every outcome table enumerated).
 - ``two_factor_shares``: a 2x2 on the same seeds (neither, first only, second only, both factors)
   splits the advantage of both over neither into each factor's share, per seed the mean of its gain
   without and with the other (the two orders of adding them; the shares add up to the advantage
@@ -70,6 +85,7 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
@@ -88,19 +104,44 @@ WORSE = "worse than baseline"
 SAME = "not distinguishable"
 TOO_FEW = "not enough seeds"
 
+# the two tests of a paired comparison; the verdict rule picks one (``exact_decides``)
+EXACT_TEST, T_TEST = "sign-flip", "t"
 # the four verdicts of a paired comparison (``paired_verdict``)
 PAIRED_BETTER, PAIRED_WORSE, EQUIVALENT, UNDETERMINED = "better", "worse", "equivalent", "undetermined"
 # the rule in words, in the order it is applied (reports show it next to the verdicts)
 PAIRED_RULE = (
-    (PAIRED_BETTER, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+    (PAIRED_BETTER, "the paired test's p-value (Holm-adjusted across the family) is below alpha and "
                     "the mean difference favours the gene"),
-    (PAIRED_WORSE, "the paired t-test's p-value (Holm-adjusted across the family) is below alpha and "
+    (PAIRED_WORSE, "the paired test's p-value (Holm-adjusted across the family) is below alpha and "
                    "the mean difference favours the baseline"),
-    (EQUIVALENT, "the equivalence test (two one-sided paired t-tests against ±margin) has p below alpha"),
+    (EQUIVALENT, "the equivalence test (two one-sided paired tests against ±margin) has p below alpha"),
     (UNDETERMINED, "neither: more seeds are needed; the verdict says how many"),
 )
+# which paired test decides, in words (reports show it beside PAIRED_RULE)
+TEST_RULE = ("below 12 paired seeds, or when the per-seed differences have (almost) no spread, the exact "
+             "sign-flip permutation test decides (all 2^n sign patterns; the t-test's p is shown beside it); "
+             "from 12 seeds the paired t-test decides. Its equivalence test is the same test's two one-sided "
+             "versions against ±margin")
 # when no max_seeds is given, seed counts beyond this are reported as None (not attainable)
 SEEDS_CEILING = 10**6
+
+# the verdict rule's choice of test: below this many pairs the exact sign-flip test decides (the
+# t-test's normality cannot be checked on so few differences and its p is reported beside it); from
+# it on the t-test decides. A degenerate spread (``degenerate_spread``) is decided exactly at any n.
+EXACT_BELOW = 12
+# up to this many pairs the sign-flip test enumerates all 2^n sign patterns; beyond, Monte Carlo
+EXACT_MAX = 16
+# random sign patterns of the Monte Carlo sign-flip test (standard error at most 0.0016)
+SIGN_FLIP_RESAMPLES = 100_000
+# a spread of the differences at most this fraction of their largest magnitude is rounding noise
+DEGENERATE_SPREAD = 1e-9
+# seed plans take the pilot's sd at this one-sided upper confidence bound (``sd_upper_bound``)
+SD_BOUND_LEVEL = 0.8
+# draws of the simulated power of the exact test (``verdict_power``)
+EXACT_POWER_REPS = 2000
+# bootstrap intervals are computed from this many pairs on: below, BCa's coverage of a nominal 95%
+# is 72-88% (n = 3-8), so no interval is given rather than a misleading one
+BOOTSTRAP_MIN = 10
 
 # how an advantage fares from a reference model size to another (``transfer_verdict``)
 REFERENCE = "reference"
@@ -285,12 +326,15 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     """The paired comparison of per-seed values aligned by seed (module docstring: conventions).
 
     Returns ``{"scale", "n", "n_dropped", "differences", "difference", "sd_diff", "t", "df",
-    "p_value", "diff_ci_low", "diff_ci_high", "boot_ci_low", "boot_ci_high", "relative",
-    "relative_ci_low", "relative_ci_high", "confidence"}``: the mean and sd of the per-seed
-    differences (log differences with ``log=True``), the ``ttest_rel`` statistic, degrees of
-    freedom, two-sided p-value and interval, the bootstrap interval (``bootstrap_resamples=0``
-    skips it), and with ``log=True`` the relative change ``exp(difference) - 1`` with the t interval
-    mapped by the same function (None with ``log=False``).
+    "p_value", "p_t", "p_exact", "p_exact_se", "smallest_p", "test", "diff_ci_low", "diff_ci_high",
+    "boot_ci_low", "boot_ci_high", "relative", "relative_ci_low", "relative_ci_high",
+    "confidence"}``: the mean and sd of the per-seed differences (log differences with
+    ``log=True``), the ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and
+    interval, the exact sign-flip p (``p_exact``, ``sign_flip``), the test the verdict rule uses
+    (``test``: ``exact_decides``) and its p (``p_value``), the bootstrap interval (from
+    ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and with ``log=True`` the
+    relative change ``exp(difference) - 1`` with the t interval mapped by the same function (None
+    with ``log=False``).
     """
     check_confidence(confidence)
     x, y, dropped = _aligned(candidate, reference, log)
@@ -298,7 +342,8 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     n = int(d.size)
     out = {"scale": "log" if log else "linear", "n": n, "n_dropped": dropped,
            "differences": [float(v) for v in d], "difference": None, "sd_diff": None, "t": None,
-           "df": None, "p_value": None, "diff_ci_low": None, "diff_ci_high": None,
+           "df": None, "p_value": None, "p_t": None, "p_exact": None, "p_exact_se": None, "smallest_p": None,
+           "test": None, "diff_ci_low": None, "diff_ci_high": None,
            "boot_ci_low": None, "boot_ci_high": None, "relative": None, "relative_ci_low": None,
            "relative_ci_high": None, "confidence": confidence}
     if n:
@@ -324,9 +369,12 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
     ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
     alternative="less")``, ``p_value`` the larger; the interval is the ``1 - 2 alpha`` t interval of
-    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None. Differences
-    without spread are decided exactly: each one-sided p is 0 when the common difference lies
-    strictly inside its bound's side, 1 otherwise.
+    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None.
+
+    The exact counterpart stands beside it (``sign_flip_tost``: ``p_exact``), and the verdict rule
+    picks the test as for the difference (``exact_decides``: the exact one below ``EXACT_BELOW``
+    pairs or with a degenerate spread): ``test`` names it, ``p_lower``/``p_upper``/``p_value`` and
+    ``equivalent`` are its; ``p_t`` is the t-test's (None with a degenerate spread).
     """
     check_alpha(alpha)
     bound = margin_bound(margin, log)
@@ -338,50 +386,59 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     d = x - y
     n = int(d.size)
     out = {"n": n, "margin": float(margin), "bound": bound, "p_lower": None, "p_upper": None,
-           "p_value": None, "ci_low": None, "ci_high": None, "alpha": alpha, "equivalent": None}
+           "p_value": None, "p_t": None, "p_exact": None, "test": None, "ci_low": None, "ci_high": None,
+           "alpha": alpha, "equivalent": None}
     if n < 2:
         return out
     mean = float(d.mean())
-    if np.ptp(d) == 0.0:
-        p_lower, p_upper = (0.0 if mean > -bound else 1.0), (0.0 if mean < bound else 1.0)
+    exact = sign_flip_tost(d, bound)
+    t_sides = None
+    if degenerate_spread(d):
         low = high = mean
     else:
         with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
             warnings.simplefilter("ignore", RuntimeWarning)
-            p_lower = float(_st.ttest_rel(x + bound, y, alternative="greater").pvalue)
-            p_upper = float(_st.ttest_rel(x - bound, y, alternative="less").pvalue)
+            t_sides = (float(_st.ttest_rel(x + bound, y, alternative="greater").pvalue),
+                       float(_st.ttest_rel(x - bound, y, alternative="less").pvalue))
         low, high = _st.t.interval(1.0 - 2.0 * alpha, n - 1, loc=mean, scale=d.std(ddof=1) / math.sqrt(n))
+    decides = exact_decides(n, d)
+    p_lower, p_upper = (exact["p_lower"], exact["p_upper"]) if decides else t_sides
     p = max(p_lower, p_upper)
-    out.update(p_lower=p_lower, p_upper=p_upper, p_value=p, ci_low=float(low), ci_high=float(high),
-               equivalent=p < alpha)
+    out.update(p_lower=p_lower, p_upper=p_upper, p_value=p, p_t=None if t_sides is None else max(t_sides),
+               p_exact=exact["p_value"], test=EXACT_TEST if decides else T_TEST, ci_low=float(low),
+               ci_high=float(high), equivalent=p < alpha)
     return out
 
 
 def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted: float | None = None, *,
                    lower_is_better: bool = True, power: float = 0.8, max_seeds: int | None = 1000,
-                   p_tost_adjusted: float | None = None) -> dict:
+                   p_tost_adjusted: float | None = None, family_size: int = 1) -> dict:
     """One of ``better``, ``worse``, ``equivalent``, ``undetermined`` for a ``paired`` result, by
     ``PAIRED_RULE``, with the numbers.
 
     ``p_adjusted`` replaces the result's p-value (Holm across the family: ``holm_family``);
     ``p_tost_adjusted`` likewise replaces the equivalence test's p-value, which is otherwise used
     as it is (one equivalence claim per comparison). ``margin`` follows ``margin_bound`` on the
-    result's scale.
+    result's scale. ``family_size``: the comparisons Holm's correction covers; ``cannot_decide``
+    says in one line when these seeds cannot reach alpha at that size (``cannot_decide``).
 
     Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
     "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
-    "p_adjusted", "p_tost", "margin", "bound", "power", "mde", "mde_relative",
-    "seeds_for_equivalence", "seeds_for_margin", "max_seeds"}``. ``label`` is the verdict with the
+    "p_adjusted", "p_t", "p_exact", "test", "cannot_decide", "p_tost", "margin", "bound", "power",
+    "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "seeds_for_equivalence_range",
+    "seeds_for_margin_range", "seed_plan", "max_seeds"}``. ``label`` is the verdict with the
     margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
     observed sd of the differences and ``power`` (None with fewer than two pairs):
 
     - ``mde``: the smallest true mean difference (either sign, on the differences' scale) that a
-      two-sided paired t-test at ``alpha`` would detect with ``power`` at these seeds
-      (``minimal_detectable_effect``); ``mde_relative = exp(mde) - 1`` on the log scale;
-    - ``seeds_for_equivalence``: paired seeds for the equivalence test to conclude with ``power``
-      if the true difference were 0 (``seeds_for_equivalence``);
-    - ``seeds_for_margin``: paired seeds for the two-sided t-test to detect a true difference of
-      one bound with ``power`` (``seeds_for_effect``);
+      two-sided paired t-test at Holm's level ``alpha / family_size`` would detect with ``power``
+      at these seeds (``minimal_detectable_effect``; None when the exact test that decides at this
+      n cannot pass that level at all); ``mde_relative = exp(mde) - 1`` on the log scale;
+    - ``seeds_for_equivalence``: paired seeds for the rule's equivalence test to conclude with
+      ``power`` if the true difference were 0, ``seeds_for_margin``: for its two-sided test to
+      detect a true difference of one bound; both by ``seed_plan``: at Holm's level of the
+      family, under the verdict rule, at the 80% upper confidence bound of the observed sd, with
+      ``*_range`` = [n at the observed sd, n at its bound] and ``seed_plan`` the plan in words;
 
     both None when more than ``max_seeds`` would be needed (the text says 'more than max_seeds').
     """
@@ -399,16 +456,28 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
         word = EQUIVALENT
     else:
         word = UNDETERMINED
-    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None}
+    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None,
+            "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seed_plan": None}
     if n >= 2 and sd is not None:
-        mde = minimal_detectable_effect(n, sd, power, alpha)
-        plan = {"mde": mde, "mde_relative": math.expm1(mde) if log else None,
-                "seeds_for_equivalence": seeds_for_equivalence(sd, bound, power, alpha, max_seeds=max_seeds),
-                "seeds_for_margin": seeds_for_effect(sd, bound, power, alpha, max_seeds=max_seeds)}
+        m = max(1, int(family_size))
+        # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
+        mde = None if result.get("test") == EXACT_TEST and m * smallest_p(n) >= alpha \
+            else minimal_detectable_effect(n, sd, power, alpha / m)
+        equivalence = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, equivalence=True,
+                                max_seeds=max_seeds)
+        margin_plan = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
+        plan = {"mde": mde, "mde_relative": None if mde is None or not log else math.expm1(mde),
+                "seeds_for_equivalence": equivalence["seeds"], "seeds_for_margin": margin_plan["seeds"],
+                "seeds_for_equivalence_range": [equivalence["n_point"], equivalence["n_upper"]],
+                "seeds_for_margin_range": [margin_plan["n_point"], margin_plan["n_upper"]],
+                "seed_plan": equivalence["text"]}
     out = {"verdict": word, "label": f"{EQUIVALENT} within {_margin_text(margin, log)}" if word == EQUIVALENT else word,
            "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
                                                        "relative_ci_low", "relative_ci_high")},
            "n": n, "sd_diff": sd, "alpha": alpha, "p_value": p, "p_adjusted": p_adjusted is not None,
+           "p_t": result.get("p_t"), "p_exact": result.get("p_exact"), "test": result.get("test"),
+           "cannot_decide": cannot_decide(n, alpha, family_size,
+                                          exact=None if result.get("test") is None else result["test"] == EXACT_TEST),
            "p_tost": p_tost, "margin": float(margin), "bound": bound, "power": power, **plan,
            "max_seeds": max_seeds}
     out["text"] = _verdict_text(out, result.get("confidence", 0.95), log)
@@ -427,7 +496,9 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     failed pairs dropped, lengths must match) unless ``shared_seeds=False`` (Welch).
 
     Returns ``{"test" ("paired" or "welch"), "n_a", "n_b", "change", "ci_low", "ci_high", "t",
-    "df", "p_value", "confidence"}`` (two-sided; None where fewer than two values allow no test).
+    "df", "p_value", "p_t", "confidence"}`` (two-sided; None where fewer than two values allow no
+    test). A paired ``p_value`` follows the verdict rule of ``paired`` (exact sign-flip below
+    ``EXACT_BELOW`` pairs), ``p_t`` is the t-test's; Welch's are the same.
     """
     from evo_attention.util.errors import UserError
 
@@ -447,11 +518,11 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
         r = paired(b, a, confidence, log=False, bootstrap_resamples=0)
         return {"test": "paired", "n_a": r["n"], "n_b": r["n"], "change": r["difference"],
                 "ci_low": r["diff_ci_low"], "ci_high": r["diff_ci_high"], "t": r["t"], "df": r["df"],
-                "p_value": r["p_value"], "confidence": confidence}
+                "p_value": r["p_value"], "p_t": r["p_t"], "confidence": confidence}
     w = welch(b, a, confidence)
     return {"test": "welch", "n_a": int(_clean(a).size), "n_b": int(_clean(b).size),
             "change": w["difference"], "ci_low": w["diff_ci_low"], "ci_high": w["diff_ci_high"],
-            "t": w["t"], "df": w["df"], "p_value": w["p_value"], "confidence": confidence}
+            "t": w["t"], "df": w["df"], "p_value": w["p_value"], "p_t": w["p_value"], "confidence": confidence}
 
 
 def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both: Sequence,
@@ -516,6 +587,140 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     out["total"]["fraction"] = 1.0 if advantage is not None and advantage > 0 else None
     out["interaction"] = paired_interaction(list(gains["first_alone"]), list(gains["first_with"]), confidence)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact paired sign-flip test (small samples, degenerate spreads)
+
+
+def degenerate_spread(differences: Sequence) -> bool:
+    """Whether the spread of ``differences`` is zero or rounding noise (at most
+    ``DEGENERATE_SPREAD`` of their largest magnitude): the t statistic then divides by noise and
+    its p-value means nothing, so the exact test decides. Fewer than two values: False."""
+    d = _clean(differences)
+    if d.size < 2:
+        return False
+    return float(np.ptp(d)) <= DEGENERATE_SPREAD * float(np.max(np.abs(d)))
+
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All 2^n patterns of n signs, as a (2^n, n) array of ±1."""
+    codes = np.arange(2 ** n, dtype=np.int64)[:, None]
+    return 1.0 - 2.0 * ((codes >> np.arange(n, dtype=np.int64)) & 1)
+
+
+def _count_as_extreme(sums: np.ndarray, observed: float, alternative: str, tolerance: float) -> np.ndarray:
+    """Per row of ``sums`` (the statistic under sign patterns, last axis), how many are at least as
+    extreme as ``observed``; ``tolerance`` counts sums equal up to rounding as ties (discrete
+    metrics make exact ties common)."""
+    if alternative == "two-sided":
+        hit = np.abs(sums) >= abs(observed) - tolerance
+    elif alternative == "greater":
+        hit = sums >= observed - tolerance
+    else:
+        hit = sums <= observed + tolerance
+    return hit.sum(axis=-1)
+
+
+def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resamples: int = SIGN_FLIP_RESAMPLES,
+              seed: int = 0) -> dict:
+    """The exact paired sign-flip permutation test of ``H0: the differences are symmetric about 0``.
+
+    The statistic is the sum of the differences (the mean, times n). Under H0 each difference's
+    sign is as likely as its opposite, so the statistic's null law is that of every one of the 2^n
+    sign patterns; the p-value is the fraction of patterns whose sum is at least as extreme as the
+    observed one (the observed pattern among them; sums equal to 1e-9 of ``sum |d|`` tie).
+    ``alternative``: 'two-sided' (``|sum|``), 'greater' or 'less'.
+
+    Up to ``EXACT_MAX`` differences every pattern is enumerated (``exact`` True, ``se`` 0). Beyond,
+    ``resamples`` random patterns from ``numpy.random.default_rng(seed)`` give the Monte Carlo p
+    ``(hits + 1) / (resamples + 1)`` (never 0) with its binomial standard error ``se``.
+
+    Returns ``{"n", "p_value", "exact", "patterns", "se", "smallest_p", "alternative"}``; with no
+    finite difference the p-value is None. ``smallest_p`` is the least p this n can give
+    (``smallest_p``).
+    """
+    from evo_attention.util.errors import UserError
+
+    if alternative not in ("two-sided", "greater", "less"):
+        raise UserError(f"alternative {alternative!r} is not one of two-sided, greater, less")
+    d = _clean(differences)
+    n = int(d.size)
+    out = {"n": n, "p_value": None, "exact": True, "patterns": 0, "se": None,
+           "smallest_p": smallest_p(n, alternative) if n else None, "alternative": alternative}
+    if n == 0:
+        return out
+    observed = float(d.sum())
+    tolerance = 1e-9 * float(np.abs(d).sum())
+    if n <= EXACT_MAX:
+        sums = _sign_patterns(n) @ d
+        hits = int(_count_as_extreme(sums, observed, alternative, tolerance))
+        out.update(p_value=hits / sums.size, patterns=int(sums.size), se=0.0)
+        return out
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise UserError(f"resamples must be a positive integer, got {resamples!r}")
+    rng = np.random.default_rng(seed)
+    hits, left = 0, resamples
+    while left:  # in chunks: memory stays at most 2^16 patterns of n signs
+        chunk = min(left, 2 ** 16)
+        signs = rng.integers(0, 2, size=(chunk, n)) * 2.0 - 1.0
+        hits += int(_count_as_extreme(signs @ d, observed, alternative, tolerance))
+        left -= chunk
+    p = (hits + 1) / (resamples + 1)
+    out.update(p_value=p, exact=False, patterns=resamples, se=math.sqrt(p * (1.0 - p) / resamples))
+    return out
+
+
+def sign_flip_tost(differences: Sequence, bound: float, **kwargs) -> dict:
+    """The exact equivalence test against ``±bound``: two one-sided sign-flip tests, ``H0: mean <=
+    -bound`` on ``d + bound`` ('greater') and ``H0: mean >= +bound`` on ``d - bound`` ('less');
+    ``p_value`` is the larger. ``kwargs`` go to ``sign_flip``. Returns ``{"n", "p_lower",
+    "p_upper", "p_value", "exact", "smallest_p"}`` (p-values None without a difference)."""
+    d = _clean(differences)
+    lower = sign_flip(d + bound, "greater", **kwargs)
+    upper = sign_flip(d - bound, "less", **kwargs)
+    p = None if lower["p_value"] is None else max(lower["p_value"], upper["p_value"])
+    return {"n": int(d.size), "p_lower": lower["p_value"], "p_upper": upper["p_value"], "p_value": p,
+            "exact": lower["exact"], "smallest_p": lower["smallest_p"]}
+
+
+def smallest_p(n: int, alternative: str = "two-sided") -> float:
+    """The least p-value the exact sign-flip test can give on ``n`` differences: the observed
+    pattern alone (one-sided, ``2^-n``) or with its mirror image (two-sided, ``2^(1-n)``), reached
+    when every difference has the same sign (3 seeds: 0.25 two-sided, 0.125 one-sided)."""
+    if n < 1:
+        return 1.0
+    return min(1.0, 2.0 ** (1 - n) if alternative == "two-sided" else 2.0 ** (-n))
+
+
+def exact_decides(n: int, differences: Sequence | None = None) -> bool:
+    """The verdict rule's choice of test: the exact sign-flip test decides below ``EXACT_BELOW``
+    pairs, and at any n when the spread is degenerate (``degenerate_spread``); else the t-test."""
+    return n < EXACT_BELOW or (differences is not None and degenerate_spread(differences))
+
+
+def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: bool | None = None) -> str | None:
+    """One line when ``n`` pairs cannot reach ``alpha`` with the exact test (the test the verdict
+    rule uses below ``EXACT_BELOW`` pairs; ``exact`` overrides that choice), Holm-adjusted over
+    ``family_size`` comparisons (its first step multiplies the smallest p by the family's size);
+    None when they can. It names what cannot be shown: a difference (two-sided smallest p),
+    equivalence (one-sided), or both ('cannot decide')."""
+    if n < 1:
+        return None
+    if not (n < EXACT_BELOW if exact is None else exact):
+        return None
+    m = max(1, int(family_size))
+    two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
+    no_difference, no_equivalence = min(1.0, m * two) >= alpha, min(1.0, m * one) >= alpha
+    holm_text = lambda p: f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""  # noqa: E731
+    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    if no_difference and no_equivalence:
+        return f"{seeds} cannot decide: the smallest possible p is {two:.3g}{holm_text(two)}"
+    if no_difference:
+        return f"{seeds} cannot show a difference: the smallest possible p is {two:.3g}{holm_text(two)}"
+    if no_equivalence:
+        return f"{seeds} cannot show equivalence: the smallest possible p is {one:.3g}{holm_text(one)}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,6 +833,282 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     return _smallest_n(lambda n: power_tost(n, sd_diff, bound, alpha, true_difference), power, max_seeds)
 
 
+# -- planning under the verdict rule: the exact test below EXACT_BELOW pairs, Holm's level, the
+# -- pilot's spread taken at an upper confidence bound
+
+def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND_LEVEL) -> float:
+    """The one-sided ``level`` upper confidence bound of a standard deviation ``sd`` estimated from
+    ``n`` values: ``sd * sqrt((n - 1) / chi2.ppf(1 - level, n - 1))`` (the sample variance times
+    ``(n - 1) / sigma^2`` is chi-square with n - 1 degrees of freedom for normal values). With 3
+    pilot values the 80% bound is 2.1x the estimate."""
+    _check_sd(sd)
+    if n < 2:
+        from evo_attention.util.errors import UserError
+
+        raise UserError(f"an upper bound of the sd needs at least 2 values, got {n}")
+    return float(sd * math.sqrt((n - 1) / _st.chi2.ppf(1.0 - level, n - 1)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _exact_power(n: int, ratio: float, alpha: float, bound_ratio: float | None) -> float:
+    """The simulated power of the exact sign-flip test on ``n`` normal differences of sd 1 and mean
+    ``ratio`` (the true mean over the sd): two-sided against 0, or with ``bound_ratio`` the exact
+    equivalence test against ±that bound. ``EXACT_POWER_REPS`` draws from a fixed seed (standard
+    error at most 0.011); a zero sd is handled by the caller."""
+    if smallest_p(n, "two-sided" if bound_ratio is None else "greater") >= alpha:
+        return 0.0
+    rng = np.random.default_rng(20240)
+    signs = _sign_patterns(n).T  # (n, 2^n)
+    hits, left = 0, EXACT_POWER_REPS
+    while left:
+        chunk = min(left, 512)
+        d = rng.normal(ratio, 1.0, size=(chunk, n))
+        if bound_ratio is None:
+            p = _row_sign_flip(d, "two-sided", signs)
+        else:
+            p = np.maximum(_row_sign_flip(d + bound_ratio, "greater", signs),
+                           _row_sign_flip(d - bound_ratio, "less", signs))
+        hits += int(np.sum(p < alpha))
+        left -= chunk
+    return hits / EXACT_POWER_REPS
+
+
+def _row_sign_flip(d: np.ndarray, alternative: str, signs: np.ndarray) -> np.ndarray:
+    """``sign_flip``'s exact p of each row of ``d`` (``signs``: the (n, 2^n) patterns)."""
+    observed = d.sum(axis=1, keepdims=True)
+    tolerance = 1e-9 * np.abs(d).sum(axis=1, keepdims=True)
+    return _count_as_extreme(d @ signs, observed, alternative, tolerance) / signs.shape[1]
+
+
+def verdict_power(n: int, sd_diff: float, effect: float, alpha: float = 0.05) -> float:
+    """The power of the verdict rule's two-sided test on ``n`` pairs against a true mean difference
+    ``effect``: the exact sign-flip test's (simulated, ``_exact_power``) below ``EXACT_BELOW`` pairs,
+    the t-test's (``power_paired``, exact) from there. Without spread the exact test rejects a
+    nonzero effect whenever its smallest p is below alpha."""
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n >= EXACT_BELOW:
+        return power_paired(n, sd_diff, effect, alpha)
+    if n < 1:
+        return 0.0
+    if sd_diff == 0.0:
+        return float(effect != 0.0 and smallest_p(n) < alpha)
+    return _exact_power(n, round(abs(effect) / sd_diff, 6), alpha, None)
+
+
+def verdict_power_equivalence(n: int, sd_diff: float, bound: float, alpha: float = 0.05,
+                              true_difference: float = 0.0) -> float:
+    """The power of the verdict rule's equivalence test against ``±bound`` (exact sign-flip TOST
+    below ``EXACT_BELOW`` pairs, simulated; the t TOST's ``power_tost`` from there)."""
+    check_alpha(alpha)
+    _check_sd(sd_diff)
+    if n >= EXACT_BELOW:
+        return power_tost(n, sd_diff, bound, alpha, true_difference)
+    if n < 1:
+        return 0.0
+    if sd_diff == 0.0:
+        return float(abs(true_difference) < bound and smallest_p(n, "greater") < alpha)
+    return _exact_power(n, round(abs(true_difference) / sd_diff, 6), alpha, round(bound / sd_diff, 6))
+
+
+def _seeds_under_rule(t_seeds: int | None, power_at, power: float, max_seeds: int | None) -> int | None:
+    """The smallest n whose rule-power reaches ``power``, given ``t_seeds``, the t-test's answer.
+    For normal differences the t-test is the most powerful unbiased test, so the exact test needs
+    at least as many: the search starts at ``t_seeds``; at and beyond ``EXACT_BELOW`` the t-test
+    decides and its answer stands."""
+    if t_seeds is None:
+        return None
+    cap = SEEDS_CEILING if max_seeds is None else int(max_seeds)
+    for n in range(t_seeds, min(EXACT_BELOW, cap + 1)):
+        if power_at(n) >= power:
+            return n
+    n = max(t_seeds, EXACT_BELOW)
+    return n if n <= cap else None
+
+
+def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05,
+                      max_seeds: int | None = None) -> int | None:
+    """The paired seeds for the verdict rule's two-sided test (``verdict_power``) to detect a true
+    difference ``effect`` with ``power`` at ``alpha`` (pass Holm's level: ``seed_plan``). None when
+    more than ``max_seeds`` would be needed, or for ``effect`` 0."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    if effect == 0.0:
+        return None
+    if sd_diff == 0.0:
+        n = next(n for n in range(2, 64) if smallest_p(n) < alpha)
+        return n if max_seeds is None or n <= max_seeds else None
+    t_seeds = seeds_for_effect(sd_diff, effect, power, alpha, max_seeds=max_seeds)
+    return _seeds_under_rule(t_seeds, lambda n: verdict_power(n, sd_diff, effect, alpha), power, max_seeds)
+
+
+def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0.8, alpha: float = 0.05,
+                                  true_difference: float = 0.0, max_seeds: int | None = None) -> int | None:
+    """The paired seeds for the verdict rule's equivalence test (``verdict_power_equivalence``) to
+    conclude within ``±bound`` with ``power`` when the true difference is ``true_difference``."""
+    _check_power(power)
+    _check_sd(sd_diff)
+    if abs(true_difference) >= bound:
+        return None
+    if sd_diff == 0.0:
+        n = next(n for n in range(1, 64) if smallest_p(n, "greater") < alpha)
+        n = max(n, 2)
+        return n if max_seeds is None or n <= max_seeds else None
+    t_seeds = seeds_for_equivalence(sd_diff, bound, power, alpha, true_difference, max_seeds=max_seeds)
+    return _seeds_under_rule(t_seeds, lambda n: verdict_power_equivalence(n, sd_diff, bound, alpha, true_difference),
+                             power, max_seeds)
+
+
+def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8, alpha: float = 0.05,
+              family_size: int = 1, equivalence: bool = False, level: float = SD_BOUND_LEVEL,
+              max_seeds: int | None = None) -> dict:
+    """How many paired seeds decide a comparison, planned honestly: at Holm's level of the family
+    the run will test (``alpha / family_size``, Holm's first and strictest step: every member then
+    has at least ``power``), under the verdict rule (exact test below ``EXACT_BELOW`` pairs), and
+    over the uncertainty of the pilot's spread: ``n_point`` at the sd estimated from ``pilot_n``
+    values, ``n_upper`` at its one-sided ``level`` upper confidence bound (``sd_upper_bound``).
+    ``seeds`` (the plan) is ``n_upper``; None when more than ``max_seeds`` would be needed.
+
+    ``effect``: the true difference to detect (two-sided), or with ``equivalence`` the bound to
+    show equivalence within at a true difference of 0. Returns ``{"seeds", "n_point", "n_upper",
+    "sd", "sd_upper", "level", "pilot_n", "alpha", "alpha_holm", "family_size", "power",
+    "equivalence", "text"}``."""
+    check_alpha(alpha)
+    m = max(1, int(family_size))
+    alpha_holm = alpha / m
+    upper = sd_upper_bound(sd_diff, pilot_n, level)
+    if equivalence:
+        at = lambda sd: seeds_for_verdict_equivalence(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
+    else:
+        at = lambda sd: seeds_for_verdict(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
+    n_point, n_upper = at(sd_diff), at(upper)
+    span = _seeds_text(n_point, max_seeds) if n_point == n_upper else \
+        f"{_seeds_text(n_point, max_seeds)}..{_seeds_text(n_upper, max_seeds)}"
+    text = (f"{span} paired seeds ({_seeds_text(n_point, max_seeds)} at the pilot's sd, "
+            f"{_seeds_text(n_upper, max_seeds)} at its {percent(level)} upper bound) for "
+            f"{percent(power)} power at Holm's level {alpha_holm:.3g} ({m} comparison{'s' if m != 1 else ''})")
+    return {"seeds": n_upper, "n_point": n_point, "n_upper": n_upper, "sd": float(sd_diff), "sd_upper": upper,
+            "level": level, "pilot_n": int(pilot_n), "alpha": alpha, "alpha_holm": alpha_holm, "family_size": m,
+            "power": power, "equivalence": equivalence, "text": text}
+
+
+# ---------------------------------------------------------------------------------------------
+# solve rates: outcomes that are solved or not (a seed solves a task point or stays at the plateau)
+
+SOLVED_MORE, SOLVED_LESS = "solves more often", "solves less often"
+SOLVE_TESTS = ("fisher", "barnard")
+
+
+def solve_rate(solved: int, n: int, confidence: float = 0.95) -> dict:
+    """``{"solved", "n", "rate", "ci_low", "ci_high"}``: a count of solved seeds out of ``n`` with
+    its exact (Clopper-Pearson) interval, ``scipy.stats.binomtest(...).proportion_ci(method='exact')``.
+    With ``n`` 0 the rate and interval are None."""
+    check_confidence(confidence)
+    _check_counts(solved, n)
+    if n == 0:
+        return {"solved": 0, "n": 0, "rate": None, "ci_low": None, "ci_high": None}
+    ci = _st.binomtest(int(solved), int(n)).proportion_ci(confidence_level=confidence, method="exact")
+    return {"solved": int(solved), "n": int(n), "rate": solved / n, "ci_low": float(ci.low), "ci_high": float(ci.high)}
+
+
+def solve_rate_test(a: tuple[int, int], b: tuple[int, int], test: str = "fisher") -> float:
+    """The two-sided p-value that two solve rates ``(solved, n)`` are equal: Fisher's exact test
+    (``scipy.stats.fisher_exact``, conditional on the total solved) or Barnard's
+    (``scipy.stats.barnard_exact``, unconditional: more powerful, slower)."""
+    from evo_attention.util.errors import UserError
+
+    if test not in SOLVE_TESTS:
+        raise UserError(f"solve-rate test {test!r} is not one of {', '.join(SOLVE_TESTS)}")
+    for counts in (a, b):
+        _check_counts(*counts)
+    table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]
+    if test == "fisher":
+        return float(_st.fisher_exact(table).pvalue)
+    if 0 in (a[1], b[1]) or (a[0] + b[0]) in (0, a[1] + b[1]):
+        return 1.0  # one outcome only: nothing to compare (Barnard's statistic is undefined there)
+    return float(_st.barnard_exact(table).pvalue)
+
+
+def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]], reference: tuple[int, int], *, alpha: float = 0.05,
+                       test: str = "fisher", confidence: float = 0.95) -> dict[_Key, dict]:
+    """Each ``(solved, n)`` of ``counts`` against the reference's: both rates with exact intervals
+    (``solve_rate``), the difference of rates, the two-sided p (``solve_rate_test``), Holm over the
+    family (``family_size`` comparisons), and the verdict: ``solves more often`` / ``solves less
+    often`` when the Holm p is below ``alpha``, else ``undetermined``; ``cannot_decide`` says in
+    one line when these counts could not reach alpha whatever the outcomes (the most extreme
+    table's p, Holm-adjusted, is not below it)."""
+    check_alpha(alpha)
+    ref = solve_rate(*reference, confidence=confidence)
+    p = {key: solve_rate_test(c, reference, test) for key, c in counts.items()}
+    p_holm = holm_family(p)
+    m = len(p)
+    out = {}
+    for key, c in counts.items():
+        rate = solve_rate(*c, confidence=confidence)
+        diff = None if rate["rate"] is None or ref["rate"] is None else rate["rate"] - ref["rate"]
+        word = UNDETERMINED
+        if p_holm[key] < alpha and diff:
+            word = SOLVED_MORE if diff > 0 else SOLVED_LESS
+        floor = solve_rate_test((c[1], c[1]), (0, reference[1]), test) if c[1] and reference[1] else 1.0
+        note = None
+        if min(1.0, m * floor) >= alpha:
+            holm_note = f" ({min(1.0, m * floor):.3g} after Holm over {m} comparisons)" if m > 1 else ""
+            note = (f"{c[1]} against {reference[1]} seeds cannot decide: the smallest possible p is "
+                    f"{floor:.3g}{holm_note}")
+        out[key] = {"rate": rate, "reference": ref, "difference": diff, "test": test, "p_value": p[key],
+                    "p_holm": p_holm[key], "family_size": m, "verdict": word, "cannot_decide": note}
+    return out
+
+
+def _fisher_p_tables(n: int) -> np.ndarray:
+    """Fisher's two-sided p of every table with ``n`` seeds per arm: ``[a, b]`` for a solved of
+    the first arm's n and b of the second's. Given the total solved k, a is hypergeometric; the p
+    sums the probabilities of the tables no likelier than the observed one (scipy's definition,
+    with its relative tolerance 1 + 1e-7)."""
+    out = np.ones((n + 1, n + 1))
+    for k in range(2 * n + 1):
+        a = np.arange(max(0, k - n), min(k, n) + 1)
+        pmf = _st.hypergeom.pmf(a, 2 * n, k, n)
+        p = np.array([pmf[pmf <= q * (1 + 1e-7)].sum() for q in pmf])
+        out[a, k - a] = np.minimum(1.0, p)
+    return out
+
+
+def power_solve_rates(n: int, rate: float, reference_rate: float, alpha: float = 0.05) -> float:
+    """The exact power of Fisher's two-sided test at ``alpha`` with ``n`` seeds per arm when the
+    true solve rates are ``rate`` and ``reference_rate``: the probability, summed over every
+    outcome table (binomial counts in each arm), of a table whose p is below alpha."""
+    check_alpha(alpha)
+    if n < 1:
+        return 0.0
+    reject = _fisher_p_tables(n) < alpha
+    k = np.arange(n + 1)
+    weights = np.outer(_st.binom.pmf(k, n, rate), _st.binom.pmf(k, n, reference_rate))
+    return float(min(1.0, weights[reject].sum()))
+
+
+def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8, alpha: float = 0.05,
+                          family_size: int = 1, max_seeds: int = 200) -> int | None:
+    """The seeds per arm for Fisher's test at Holm's level ``alpha / family_size`` to tell solve
+    rates ``rate`` and ``reference_rate`` apart with ``power`` (``power_solve_rates``: exact, by
+    enumeration; Barnard's test needs at most as many). The power of a discrete test is not
+    monotone in n: this is the smallest n that reaches it. None beyond ``max_seeds`` or for equal
+    rates."""
+    _check_power(power)
+    if rate == reference_rate:
+        return None
+    level = alpha / max(1, int(family_size))
+    return next((n for n in range(1, int(max_seeds) + 1) if power_solve_rates(n, rate, reference_rate, level) >= power),
+                None)
+
+
+def _check_counts(solved, n) -> None:
+    from evo_attention.util.errors import UserError
+
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (solved, n)) or not 0 <= solved <= n:
+        raise UserError(f"a solve count needs integers 0 <= solved <= n, got {solved!r} of {n!r}")
+
+
 def check_alpha(alpha: float) -> None:
     """UserError unless ``alpha`` is a significance level in (0, 0.5)."""
     from evo_attention.util.errors import UserError
@@ -662,28 +1143,34 @@ def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.nd
 
 
 def _paired_test(x: np.ndarray, y: np.ndarray, confidence: float) -> dict:
-    """sd, t, df, p-value and interval of the paired t-test of ``x - y`` (two pairs or more)."""
+    """sd, t, df, p-value (``p_t``) and interval of the paired t-test of ``x - y`` (two pairs or
+    more; no t without spread, ``degenerate_spread``), the exact sign-flip p beside it (``p_exact``,
+    ``p_exact_se``: 0 when enumerated), and the verdict rule's ``test`` and ``p_value``."""
     d = x - y
     n = d.size
-    out = {"sd_diff": float(d.std(ddof=1)), "df": n - 1}
-    if np.ptp(d) == 0.0:  # no spread: decided exactly, as for Welch
+    exact = sign_flip(d)
+    out = {"sd_diff": float(d.std(ddof=1)), "df": n - 1, "p_exact": exact["p_value"], "p_exact_se": exact["se"],
+           "smallest_p": exact["smallest_p"]}
+    if degenerate_spread(d):  # t would divide by rounding noise: no t, no t interval
         diff = float(d.mean())
-        out.update(t=None, p_value=1.0 if diff == 0.0 else 0.0, diff_ci_low=diff, diff_ci_high=diff)
-        return out
-    with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = _st.ttest_rel(x, y)
-        interval = result.confidence_interval(confidence_level=confidence)
-    out.update(t=float(result.statistic), p_value=float(result.pvalue), diff_ci_low=float(interval.low),
-               diff_ci_high=float(interval.high))
+        out.update(t=None, p_t=None, diff_ci_low=diff, diff_ci_high=diff)
+    else:
+        with warnings.catch_warnings():  # scipy warns about nearly identical data; the numbers stand
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = _st.ttest_rel(x, y)
+            interval = result.confidence_interval(confidence_level=confidence)
+        out.update(t=float(result.statistic), p_t=float(result.pvalue), diff_ci_low=float(interval.low),
+                   diff_ci_high=float(interval.high))
+    decides = exact_decides(n, d)
+    out.update(test=EXACT_TEST if decides else T_TEST, p_value=out["p_exact"] if decides else out["p_t"])
     return out
 
 
 def _bootstrap_interval(d: np.ndarray, confidence: float, resamples: int, method: str,
                         seed: int) -> tuple[float | None, float | None]:
-    """The seeded bootstrap interval of the mean of ``d``; (None, None) with fewer than 3 values,
+    """The seeded bootstrap interval of the mean of ``d``; (None, None) with fewer than ``BOOTSTRAP_MIN`` values,
     no spread, no resamples, or a degenerate result (too few distinct resamples)."""
-    if resamples <= 0 or d.size < 3 or np.ptp(d) == 0.0:
+    if resamples <= 0 or d.size < BOOTSTRAP_MIN or np.ptp(d) == 0.0:
         return None, None
     with warnings.catch_warnings():  # small samples make scipy warn of degenerate resamples
         warnings.simplefilter("ignore")
@@ -748,23 +1235,41 @@ def _seeds_text(seeds: int | None, max_seeds: int | None) -> str:
     return str(seeds) if seeds is not None else f"more than {max_seeds or SEEDS_CEILING}"
 
 
+def _range_text(span: Sequence | None, max_seeds: int | None) -> str:
+    """[n at the point estimate, n at the bound] as '8' or '8..56'."""
+    low, high = span if span else (None, None)
+    if low == high:
+        return _seeds_text(low, max_seeds)
+    return f"{_seeds_text(low, max_seeds)}..{_seeds_text(high, max_seeds)}"
+
+
 def _verdict_text(v: dict, confidence: float, log: bool) -> str:
     """``paired_verdict``'s sentence: the label, then the numbers it rests on."""
     if v["n"] < 2:
         return f"{v['label']}: fewer than 2 paired seeds ({v['n']})"
     p = "n/a" if v["p_value"] is None else f"{v['p_value']:.3g}"
     p_tost = "n/a" if v["p_tost"] is None else f"{v['p_tost']:.3g}"
+    test = "exact sign-flip p" if v.get("test") == EXACT_TEST else "t-test p" if v.get("test") == T_TEST else "p"
+    beside = ""
+    if v.get("test") == EXACT_TEST:
+        beside = " (t-test p " + ("n/a: no spread" if v.get("p_t") is None else f"{v['p_t']:.3g}") + ")"
+    elif v.get("test") == T_TEST and v.get("p_exact") is not None:
+        beside = f" (exact sign-flip p {v['p_exact']:.3g})"
     text = (f"{v['label']}: {_effect_text(v['difference'], log)} ({percent(confidence)} CI "
             f"{_effect_text(v['diff_ci_low'], log)} to {_effect_text(v['diff_ci_high'], log)}), "
-            f"p = {p}{' (adjusted)' if v['p_adjusted'] else ''}, equivalence p = {p_tost} within "
+            f"{test} = {p}{' (adjusted)' if v['p_adjusted'] else ''}{beside}, equivalence p = {p_tost} within "
             f"{_margin_text(v['margin'], log)}, {v['n']} paired seeds")
-    if v["verdict"] == UNDETERMINED and v["mde"] is not None:
-        mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
+    if v.get("cannot_decide"):
+        text += f"; {v['cannot_decide']}"
+    if v["verdict"] == UNDETERMINED and v["seed_plan"] is not None:
         margin = _margin_text(v["margin"], log)
-        text += (f"; with {percent(v['power'])} power these seeds detect {mde}; "
-                 f"{_seeds_text(v['seeds_for_equivalence'], v['max_seeds'])} paired seeds would show "
-                 f"equivalence within {margin}, {_seeds_text(v['seeds_for_margin'], v['max_seeds'])} "
-                 f"would detect a {margin} effect")
+        if v["mde"] is not None:
+            mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
+            text += f"; with {percent(v['power'])} power these seeds detect {mde}"
+        text += (f"; {_range_text(v['seeds_for_equivalence_range'], v['max_seeds'])} paired seeds would show "
+                 f"equivalence within {margin}, {_range_text(v['seeds_for_margin_range'], v['max_seeds'])} "
+                 f"would detect a {margin} effect (at Holm's level, the sd at its "
+                 f"{percent(SD_BOUND_LEVEL)} upper bound for the larger number)")
     return text
 
 
@@ -776,7 +1281,14 @@ DEFAULT_MARGIN = 0.01
 # metrics compared on the log scale: ratios, whose seed noise is about constant in relative terms
 LOG_SCALE_METRICS = ("val_perplexity", "bits_per_byte", "bits_per_char")
 # how a study's comparisons are computed; a result without this mark was made by an earlier rule
-ANALYSIS = "paired-2"
+ANALYSIS = "paired-3"
+# the marks of earlier paired rules (paired-2: the t-test decided at any n, bootstrap from 3 pairs)
+PAIRED_ANALYSES = ("paired-2", ANALYSIS)
+
+
+def is_paired_analysis(result: Mapping) -> bool:
+    """Whether ``result`` was computed by a paired rule (this one or an earlier one)."""
+    return result.get("analysis") in PAIRED_ANALYSES
 
 
 def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dict:
@@ -801,8 +1313,8 @@ def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dic
 def paired_test_name(log: bool) -> str:
     """How ``versus_reference`` compares, in words (what a result file says of its test)."""
     scale = "log values (relative changes)" if log else "values"
-    return (f"paired t-test on per-seed differences of {scale}, bootstrap interval beside it; TOST for "
-            "equivalence; Holm over the family of comparisons that share the reference trainings")
+    return (f"paired test on per-seed differences of {scale}: {TEST_RULE}; bootstrap interval from "
+            f"{BOOTSTRAP_MIN} seeds; Holm over the family of comparisons that share the reference trainings")
 
 
 def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, confidence: float = 0.95,
@@ -828,7 +1340,8 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
     out = {}
     for key, row in rows.items():
         v = paired_verdict(row, margin, 1.0 - confidence, p_adjusted=p_holm[key], p_tost_adjusted=p_tost_holm[key],
-                           lower_is_better=lower_is_better, power=power, max_seeds=max_seeds)
+                           lower_is_better=lower_is_better, power=power, max_seeds=max_seeds,
+                           family_size=len(tests))
         w = welch(values[key], reference, confidence)
         base = _clean(reference)
         scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None
@@ -838,11 +1351,14 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
             "boot_ci_low": row["boot_ci_low"], "boot_ci_high": row["boot_ci_high"],
             "relative": row["relative"], "relative_ci_low": row["relative_ci_low"],
             "relative_ci_high": row["relative_ci_high"], "p_value": row["p_value"], "p_holm": p_holm[key],
+            "test": row["test"], "p_t": row["p_t"], "p_exact": row["p_exact"], "p_exact_se": row["p_exact_se"],
+            "smallest_p": row["smallest_p"], "cannot_decide": v["cannot_decide"],
             "p_tost": tests[key]["p_tost"], "p_tost_holm": p_tost_holm[key], "family_size": len(tests),
             "cohens_d": cohens_d(values[key], reference),
             "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
             "mde": v["mde"], "mde_relative": v["mde_relative"], "seeds_for_equivalence": v["seeds_for_equivalence"],
-            "seeds_for_margin": v["seeds_for_margin"],
+            "seeds_for_margin": v["seeds_for_margin"], "seeds_for_equivalence_range": v["seeds_for_equivalence_range"],
+            "seeds_for_margin_range": v["seeds_for_margin_range"], "seed_plan": v["seed_plan"],
             "welch": {**{k: w.get(k) for k in ("difference", "diff_ci_low", "diff_ci_high", "p_value")},
                       # the unpaired difference relative to the reference's mean, in percent
                       **{f"{k}_percent": None if w.get(k) is None or scale is None else w[k] * scale

@@ -53,7 +53,7 @@ def contribution_lines(result: Mapping) -> list[str]:
     label = result.get("metric_label", "perplexity")
     alpha = 1.0 - float(result.get("confidence", 0.95))
     lines = []
-    relative = result.get("analysis") == stats.ANALYSIS and result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+    relative = stats.is_paired_analysis(result) and result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
 
     def amount(c: Mapping) -> str:
         if relative:

@@ -86,13 +86,18 @@ def verdict_cell(row: Mapping) -> str:
     label = str(row.get("verdict_label") or row.get("verdict") or "")
     if row.get("verdict") != stats.UNDETERMINED:
         return label
-    parts = []
+    parts = [row["cannot_decide"]] if row.get("cannot_decide") else []
     if row.get("mde_relative") is not None:
         parts.append(f"detects ±{100 * row['mde_relative']:.1f}%")
     elif row.get("mde") is not None:
         parts.append(f"detects ±{row['mde']:.3g}")
-    needed = row.get("seeds_for_equivalence")
-    parts.append(f"~{needed} seeds to decide" if needed is not None else "more seeds than planned to decide")
+    needed, span = row.get("seeds_for_equivalence"), row.get("seeds_for_equivalence_range")
+    if needed is None:
+        parts.append("more seeds than planned to decide")
+    elif span and span[0] is not None and span[0] != needed:  # the plan's range: sd estimate .. its upper bound
+        parts.append(f"~{span[0]}..{needed} seeds to decide")
+    else:
+        parts.append(f"~{needed} seeds to decide")
     return f"{label} ({'; '.join(parts)})"
 
 
@@ -110,14 +115,18 @@ def comparison_note(result: Mapping) -> str:
     scale = "of the log values (the change is relative)" if log else "of the values"
     recomputed = (" These comparisons were recomputed by the current rule from the per-seed values of a result "
                   "written by an earlier version." if result.get("recomputed") else "")
+    n = len(result.get("seeds") or [])
+    floor = stats.cannot_decide(n, 1 - result.get("confidence", 0.95), family) if n else None
     return (f"Each gene is compared with the baseline seed by seed (both trained on the same seeds): a paired "
-            f"t-test on the per-seed differences {scale}, with its t interval (a bootstrap interval is in the "
-            f"JSON); the unpaired Welch interval it replaces is shown beside it. p (Holm) is corrected over the "
+            f"test on the per-seed differences {scale}, with the t interval ({stats.TEST_RULE}; a bootstrap "
+            f"interval, from {stats.BOOTSTRAP_MIN} seeds only, is in the JSON); the unpaired Welch interval it "
+            f"replaces is shown beside it. p (Holm) is corrected over the "
             f"{family} comparison{'s' if family != 1 else ''} made against these baseline trainings. The verdict: "
             f"better or worse when the Holm p < {1 - result.get('confidence', 0.95):.2g}; else equivalent within "
-            f"{margin_text(result)} when the equivalence test (TOST, Holm-corrected) says so; else undetermined, with "
-            f"the effect these seeds could detect (power 0.8) and about how many seeds would decide it."
-            + recomputed)
+            f"{margin_text(result)} when the equivalence test (Holm-corrected) says so; else undetermined, with "
+            f"the effect these seeds could detect (power 0.8) and how many seeds would decide it (at Holm's level; "
+            f"the range runs from the observed sd to its 80% upper confidence bound)."
+            + (f" {floor}." if floor else "") + recomputed)
 
 
 def seed_note(result: Mapping) -> str:

@@ -108,6 +108,8 @@ def validation_markdown(result: Mapping) -> str:
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         f"Learning-rate schedule: {study_schedule(result)}.", "",
+        *([f"Seeds planned from a pilot: {result['seed_plan']['plan']}.", ""]
+          if (result.get("seed_plan") or {}).get("plan") else []),
         validation_table_markdown(result).rstrip(), "",
     ]
     costs = cost_markdown(result)
@@ -158,18 +160,24 @@ def cost_markdown(result: Mapping) -> str | None:
 
 
 def read_studies(run_dir):
-    """The study results in ``run_dir`` (``load_attachments``), each validation read by the current
-    rule: one made by an earlier version is recomputed from its per-seed values and marked so."""
+    """The study results in ``run_dir`` (``load_attachments``), each validation and suite
+    validation read by the current rule: one made by an earlier version (an earlier ``analysis``
+    mark, or none) is recomputed from its per-seed values and marked so."""
     found = load_attachments(run_dir)
     found.validations[:] = [current_validation(v) for v in found.validations]
+    found.suites[:] = [current_validation(v) for v in found.suites]
     return found
 
 
 def current_validation(result: Mapping) -> dict:
-    """``result`` as the current rule reads it (``stats.recompute_validation``), headline included."""
+    """``result`` (a validation or a suite validation) as the current rule reads it
+    (``stats.recompute_validation``, with the file's own margin), headline included; a recomputed
+    result keeps the analysis it was written by in ``recomputed_from`` and says so in its headline."""
     if result.get("analysis") == stats.ANALYSIS:
         return dict(result)
-    upgraded = stats.recompute_validation(result)
+    upgraded = stats.recompute_validation(result, margin=result.get("margin") or stats.DEFAULT_MARGIN)
     if upgraded.get("recomputed"):
-        upgraded["headline"] = validation_headline(upgraded) + " (recomputed from the stored per-seed values)"
+        upgraded["recomputed_from"] = result.get("analysis") or "welch"
+        upgraded["headline"] = (validation_headline(upgraded) + f" (recomputed by the {stats.ANALYSIS} rule from "
+                                f"the stored per-seed values of a {upgraded['recomputed_from']} result)")
     return upgraded
