@@ -129,9 +129,10 @@ def test_evaluations_csv_has_one_row_per_evaluation(normal_run):
     with RunStore.open(normal_run, readonly=True) as store:
         assert len(rows) == len(store.evaluations()) == 11
     assert list(rows[0])[:5] == ["id", "role", "generation", "gene", "status"]
-    assert list(rows[0])[-14:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
+    assert list(rows[0])[-15:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
                                    "attention_dropout", "position", "qkv_rank", "attn_bias", "window", "kv_heads",
-                                   "learning_rate", "warmup", "weight_decay"]  # the recipe parts: empty = the run's
+                                   "program", "learning_rate", "warmup",
+                                   "weight_decay"]  # the program and recipe parts: empty = none, the run's
     assert rows[0]["position"] == "learned" and rows[0]["qkv_rank"] == "0" and rows[0]["attn_bias"] == "none"
     assert rows[0]["role"] == "baseline" and rows[0]["generation"] == "" and rows[0]["use_bias"] == "true"
     diverged = next(r for r in rows if r["status"] == "diverged")

@@ -600,6 +600,25 @@ def crossover(a: Program, b: Program, rng: _random.Random, space: ProgramSpace, 
     return a
 
 
+def deletions(program: Program, grammar: Grammar) -> list:
+    """Each way to remove one op node: the node replaced by one of its arguments of its own type
+    (``dconv3(q)`` -> ``q``; ``mix(W,v)`` -> ``v``), as ``(node, argument, program)`` in node order,
+    each resulting program once (an op with no argument of its type cannot be removed alone)."""
+    out, seen = [], {program.text}
+    for node, wanted in _typed_nodes(program, grammar):
+        for arg in node.args:
+            if arg.op == "const" or not _fits(grammar.type_of(arg, projected=True), wanted):
+                continue
+            try:
+                child = canonical(Program(_replace(program.root, node.text, arg)), grammar)
+            except ProgramError:
+                continue
+            if child.text not in seen:
+                seen.add(child.text)
+                out.append((node, arg, child))
+    return out
+
+
 # -- the named programs ------------------------------------------------------------------------------
 def classic_program(similarity: str, normalization: str, gating: str, temperature: str, *,
                     kernels: Iterable[str] = ("linear", "favor")) -> str:

@@ -122,9 +122,11 @@ def gene_info(key: Any) -> dict:
 
 def gene_fields(info: Mapping) -> dict:
     """The gene fields of ``gene_info`` as a JSON output names them: every mechanism field, and a
-    recipe field (learning_rate, warmup, weight_decay) only where the gene sets it (absent: the
-    run's configured value), so the outputs of a run without recipe axes read as before them."""
-    return {name: info.get(name) for name in ALL_FIELDS if name not in RECIPE_FIELDS or info.get(name) is not None}
+    recipe field (learning_rate, warmup, weight_decay) or the program only where the gene sets it
+    (absent: the run's configured value, the four components), so the outputs of a run without
+    them read as before them."""
+    optional = RECIPE_FIELDS + ("program",)
+    return {name: info.get(name) for name in ALL_FIELDS if name not in optional or info.get(name) is not None}
 
 
 def option_labels(key: Any) -> dict:
@@ -704,9 +706,10 @@ def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | No
         "planned": planned,
         "cache_hits": cache_hits(planned, trained + never, done),
         "by_role": dict(sorted(Counter(str(r.get("role")) for r in evaluations).items())),
-        # records answered by a functionally equivalent program's training (search.equivalence)
-        "equivalent": sum(1 for r in evaluations if r.get("equivalent_to")),
     }
+    equivalent = sum(1 for r in evaluations if r.get("equivalent_to"))
+    if equivalent:  # records answered by a functionally equivalent program's training (search.equivalence)
+        counts["equivalent"] = equivalent
     if constraints:
         counts["infeasible"] = {"never_trained": never, "trained": len(constraints["trained"])}
     return counts

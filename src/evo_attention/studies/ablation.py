@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
-from evo_attention.genes import KEY_PARTS, RECIPE_FIELDS, AttentionGene, mechanism_of, recipe_of, with_recipe
+from evo_attention import programs
+from evo_attention.genes import (KEY_PARTS, RECIPE_FIELDS, AttentionGene, canonical_program, mechanism_of,
+                                 program_grammar, recipe_of, with_recipe)
 from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown
 from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import Executor
@@ -108,6 +110,9 @@ def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None
     variants = [Variant("full gene", "full", None, gene, "the gene as found"),
                 Variant("baseline", "baseline", None, reference, "the vanilla transformer")]
     for name in fields:
+        if name == "program" and gene.program is not None:  # a program: one variant per removable op node
+            variants += program_variants(gene)
+            continue
         label = FIELD_LABELS.get(name, name)
         mine, theirs = option_text(gene, name), option_text(reference, name)
         variants.append(Variant(f"without {label}", "remove", name, gene.replace(**{name: getattr(reference, name)}),
@@ -122,6 +127,18 @@ def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None
                            f"the baseline with the gene's recipe ({recipe_text(gene)})")]
         known = {v.gene.key for v in variants}
         variants[2:2] = [v for v in crossed if v.gene.key not in known]
+    return variants
+
+
+def program_variants(gene: AttentionGene) -> list[Variant]:
+    """The ablation of a gene's program: the gene without each of its op nodes in turn (the node
+    replaced by an argument of its type, ``programs.deletions``), named by the node."""
+    variants = []
+    for node, argument, program in programs.deletions(canonical_program(gene.program), program_grammar()):
+        shown = node.text if len(node.text) <= 40 else node.text[:37] + "..."
+        name = f"without {node.op} in {shown}" + ("" if len(node.args) == 1 else f" (keeping {argument.text[:20]})")
+        variants.append(Variant(name, "remove", "program", gene.replace(program=program.text),
+                                f"program: {node.text} -> {argument.text}"))
     return variants
 
 
