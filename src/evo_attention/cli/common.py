@@ -205,7 +205,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
                   "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
                   "knob": "--knob", "values": "--knob", "break_at": "--break-at",
-                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds"}
+                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds",
+                  "optuna_journal": "--optuna-journal"}
 
 
 def flag_of(setting: str) -> str | None:

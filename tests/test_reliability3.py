@@ -1,0 +1,84 @@
+"""Reliability 3 (docs/reliability.md): no command writes over a store or a model, everything that
+decides a result is pinned by the run, every study store has one writer."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from evo_attention import Config, Evolution
+from evo_attention.cli import main
+from evo_attention.search.store import RunStore
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 128, "eval_examples": 32},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=32, eval_steps=None,
+            learning_rate=3e-3, train_steps=4, log_every=2, population_size=2, n_generations=1, elite_size=1)
+FLAGS = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
+         "--layers", "1", "--batch-size", "8", "--steps", "4", "--population", "2", "--generations", "1",
+         "--elite", "1", "--quiet"]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("evo-attention: error:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    assert main(["search", *FLAGS, "--out", str(out), "--keep-models", "1"]) == 0
+    return out
+
+
+def test_the_protected_names_are_those_of_their_homes():
+    from evo_attention.nn.pretrained import WEIGHTS
+    from evo_attention.search.lock import LOCK_NAME
+    from evo_attention.search.store import DB_NAME
+    from evo_attention.util.files import PROTECTED
+
+    assert {DB_NAME, LOCK_NAME, WEIGHTS} == set(PROTECTED)
+
+
+# -- item 1: report --optuna-journal writes only over a journal -------------------------------------
+def test_1_the_journal_never_replaces_a_store_or_any_other_file(finished_run, tmp_path, capsys):
+    pytest.importorskip("optuna")
+    store = finished_run / "run.db"
+    before = digest(store)
+    other = tmp_path / "notes.txt"
+    other.write_text("mine\n")
+    for target, fragment in ((store, "holds a run store"), (finished_run / "run.lock", "run directory"),
+                             (other, "is not an Optuna journal")):
+        assert main(["report", str(finished_run), "--optuna-journal", str(target)]) == 2
+        err = one_line_error(capsys)
+        assert fragment in err and str(target) in err and "--optuna-journal" in err
+    assert digest(store) == before and other.read_text() == "mine\n"
+    RunStore.open(finished_run, readonly=True).check_integrity()
+    journal = tmp_path / "study.log"
+    assert main(["report", str(finished_run), "--optuna-journal", str(journal)]) == 0
+    assert main(["report", str(finished_run), "--optuna-journal", str(journal)]) == 0  # its own kind: replaced
+    capsys.readouterr()
+    assert main(["report", str(finished_run), "--optuna-journal", ""]) == 2
+    assert "--optuna-journal is empty" in one_line_error(capsys)
+
+
+def test_1_a_live_runs_store_is_refused_and_the_search_ends_well(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    out = tmp_path / "live"
+    with Evolution(Config(**TINY), out_dir=out) as evo:
+        assert main(["report", str(out), "--optuna-journal", str(out / "run.db")]) == 2
+        one_line_error(capsys)
+        evo.run()
+    assert len(RunStore.open(out, readonly=True).evaluations()) >= 2
+
+
+def test_14_a_journal_under_a_file_is_one_line(finished_run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(["report", str(finished_run), "--optuna-journal", str(tmp_path / "afile" / "j.log")]) == 2
+    assert "is a file, not a directory" in one_line_error(capsys)
