@@ -82,3 +82,59 @@ def test_14_a_journal_under_a_file_is_one_line(finished_run, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["report", str(finished_run), "--optuna-journal", str(tmp_path / "afile" / "j.log")]) == 2
     assert "is a file, not a directory" in one_line_error(capsys)
+
+
+# -- item 2: export --out never replaces its source, a store or a model ----------------------------
+def test_2_export_refuses_its_source_a_run_and_any_model_directory(finished_run, tmp_path, capsys):
+    from evo_attention.search.models import kept_model
+
+    model = Path(kept_model(finished_run, 1))
+    before = {p.name: digest(p) for p in model.iterdir()}
+    for fmt in ("standalone", "hf"):
+        for source in (["--model", str(model)], ["--from-run", str(finished_run)]):
+            for out in (model, finished_run):
+                assert main(["export", *source, "--format", fmt, "--out", str(out)]) == 2
+                err = one_line_error(capsys)
+                assert str(out) in err and "--out" in err and "would destroy it" in err
+    assert {p.name: digest(p) for p in model.iterdir()} == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"someone's weights")
+    assert main(["export", "--model", str(model), "--out", str(other)]) == 2
+    assert "holds a saved model" in one_line_error(capsys)
+    assert (other / "model.safetensors").read_bytes() == b"someone's weights"
+    assert main(["export", "--model", str(model), "--out", str(tmp_path / "e")]) == 0
+    assert main(["export", "--model", str(model), "--out", str(tmp_path / "e")]) == 0  # its own kind: written again
+    capsys.readouterr()
+    assert main(["export", "--model", str(model), "--out", ""]) == 2
+    assert "--out is empty" in one_line_error(capsys)
+
+
+# -- item 3: --keep-models is part of the run ------------------------------------------------------
+KEEP_FLAGS = [*FLAGS[:-5], "--population", "4", "--generations", "2", "--quiet"]
+
+
+def test_3_a_resumed_run_keeps_what_the_uninterrupted_one_keeps(tmp_path, capsys, monkeypatch):
+    from evo_attention.search.driver import Search
+    from evo_attention.search.models import kept_models
+
+    whole = tmp_path / "whole"
+    assert main(["search", *KEEP_FLAGS, "--keep-models", "2", "--out", str(whole)]) == 0
+    cut = tmp_path / "cut"
+    calls = []
+    original = Search._after_generation
+
+    def stop_after_the_first(self):
+        original(self)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Search, "_after_generation", stop_after_the_first)
+        assert main(["search", *KEEP_FLAGS, "--keep-models", "2", "--out", str(cut)]) != 0
+    capsys.readouterr()
+    assert main(["search", *KEEP_FLAGS, "--resume", "--keep-models", "3", "--out", str(cut)]) == 2
+    assert "--keep-models 3 differs from the 2" in one_line_error(capsys)
+    assert main(["search", *KEEP_FLAGS, "--resume", "--out", str(cut)]) == 0
+    assert [m["gene"] for m in kept_models(cut)] == [m["gene"] for m in kept_models(whole)]

@@ -133,7 +133,7 @@ def cmd_search(args) -> int:
         with RunStore.open(out, readonly=True) as store:
             for line in fidelity_lines(store.get_meta("fidelity") or {}):
                 log(line.strip())
-    if args.keep_models:
+    if evolution.keep_models:
         from evo_attention.search.models import kept_models
 
         kept = kept_models(out)
@@ -156,9 +156,10 @@ def register(sub) -> None:
     p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--keep-models", type=int, default=0, metavar="K",
+    p.add_argument("--keep-models", type=int, metavar="K",
                    help="keep the K best trained models in OUT/models (weights, config, vocabulary) for export, "
-                        "generate and attention-maps; saved where they train, no retraining (default 0)")
+                        "generate and attention-maps; saved where they train, no retraining (default 0; part of "
+                        "the run: --resume keeps the run's K)")
     p.add_argument("--track", action="append", metavar="TRACKER",
                    help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)

@@ -129,7 +129,7 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
     out = Path(path)
     for name, source in (sources or {}).items():
         if source is not None and _same(out, Path(source)):
-            raise UserError(f"{setting} {out} is the {name} this command reads: writing the {kind} there would "
+            raise UserError(f"{setting} {out} is the {name} this command reads: writing {kind} there would "
                             f"destroy it; choose another {setting}", setting=setting)
     for parent in out.absolute().parents:
         if parent.exists():
