@@ -138,3 +138,69 @@ def test_3_a_resumed_run_keeps_what_the_uninterrupted_one_keeps(tmp_path, capsys
     assert "--keep-models 3 differs from the 2" in one_line_error(capsys)
     assert main(["search", *KEEP_FLAGS, "--resume", "--out", str(cut)]) == 0
     assert [m["gene"] for m in kept_models(cut)] == [m["gene"] for m in kept_models(whole)]
+
+
+# -- items 5, 6, 12: every study store has one writer and its own kind; one rule for --out ---------
+CURVE_DATA = "mqar:seq_len=16,vocab=16,train_examples=64,eval_examples=16,pairs=2"
+STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+               "--batch-size", "4", "--eval-batch-size", "16", "--quiet"]
+
+
+def _no_training(monkeypatch):
+    import evo_attention.search.executors.base as base
+
+    def fail(*a, **k):
+        pytest.fail("trained again")
+
+    monkeypatch.setattr(base, "execute", fail)
+    monkeypatch.setattr(base, "execute_batch", fail)
+
+
+def test_5_a_compare_store_has_one_writer_and_its_own_kind(tmp_path, capsys, monkeypatch):
+    from evo_attention.search.lock import RunLock
+
+    out = tmp_path / "cmp"
+    with RunLock(out):  # a compare running elsewhere holds its store
+        _no_training_ctx = monkeypatch.context()
+        with _no_training_ctx:
+            _no_training(monkeypatch)
+            assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 2
+            assert "is in use by process" in one_line_error(capsys)
+    monkeypatch.undo()
+    assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 0
+    assert RunStore.open(out, readonly=True).kind() == "compare"
+    capsys.readouterr()
+    assert main(["search", *FLAGS, "--resume", "--out", str(out)]) == 2
+    assert "holds the store of a compare, not of a search" in one_line_error(capsys)
+    assert main(["curve", "--genes", "baseline", "--knob", "queries=1,2", "--seeds", "1", "--out", str(out),
+                 *STUDY_FLAGS, "--data", CURVE_DATA]) == 2
+    assert "holds a run store" in one_line_error(capsys)
+    with monkeypatch.context() as patch:  # its own kind: continued, nothing trained again
+        _no_training(patch)
+        assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 0
+
+
+def test_6_a_validation_without_a_run_keeps_its_trainings_in_out(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "val"
+    command = ["validate", "--genes", "dot|softmax|none|fixed|nobias|0.00|pos=rope", "--seeds", "2", "--out", str(out),
+               *STUDY_FLAGS]
+    assert main(command) == 0
+    assert RunStore.open(out, readonly=True).kind() == "validate"
+    _no_training(monkeypatch)
+    assert main(command) == 0  # an interrupted or repeated validation trains no finished seed again
+
+
+@pytest.mark.parametrize("command", [
+    ["compare", "--configs", "baseline", "--seeds", "1", *STUDY_FLAGS],
+    ["curve", "--genes", "baseline", "--knob", "queries=1,2", "--seeds", "1", *STUDY_FLAGS, "--data", CURVE_DATA],
+    ["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", *STUDY_FLAGS],
+    ["ablate", "--gene", "dot|softmax|output_gate|fixed|nobias|0.00", "--seeds", "2", *STUDY_FLAGS],
+    ["attention-maps", "--gene", "dot|softmax|none|fixed", *STUDY_FLAGS],
+    ["baseline", *STUDY_FLAGS],
+])
+def test_12_an_empty_out_is_refused_everywhere(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _no_training(monkeypatch)
+    assert main([*command, "--out", ""]) == 2
+    assert "--out is empty" in one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []

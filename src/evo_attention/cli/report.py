@@ -10,13 +10,17 @@ from evo_attention.util.errors import UserError
 def cmd_report(args) -> int:
     from evo_attention.report import write_report
 
-    if len(args.run_dirs) > 1 and not args.out:
+    if len(args.run_dirs) > 1 and args.out is None:
         raise UserError("several runs are compared into a directory: name it with --out DIR")
-    if len(args.run_dirs) == 1 and args.out:
+    if len(args.run_dirs) == 1 and args.out is not None:
         raise UserError("--out names where several runs are compared: give two or more run directories, or "
                         "drop --out (a run's report goes into its own directory)")
     if args.optuna_journal and len(args.run_dirs) > 1:
         raise UserError("--optuna-journal writes one run as an Optuna study: give one run directory")
+    if args.out is not None:
+        from evo_attention.cli.common import out_arg
+
+        out_arg(args, kind="a comparison of runs")  # refused before any file is written
     if args.optuna_journal is not None:
         from evo_attention.report.optuna import journal_path
 
@@ -24,7 +28,7 @@ def cmd_report(args) -> int:
     for run_dir in args.run_dirs:
         for path in write_report(run_dir).values():
             print(path)
-    if args.out:
+    if args.out is not None:
         from evo_attention.report.runs import write_comparison
 
         for path in write_comparison(args.run_dirs, args.out).values():

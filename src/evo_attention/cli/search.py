@@ -37,7 +37,7 @@ def search_config(args):
     if not args.resume:
         return checked(Config.from_dict(settings, source="the command line"))
     with RunStore.open(args.out, readonly=True) as store:
-        stored = store.config()
+        stored = store.check_kind("search").config()
     from evo_attention.data import unused_settings
 
     for name in unused_settings(str(stored.get("data"))):  # kept by versions that ignored them: never applied

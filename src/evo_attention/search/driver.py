@@ -177,6 +177,7 @@ class Search:
         if resume:
             with RunStore.open(self.out_dir, readonly=True) as stored_run:  # refuse before writing anything
                 started = list((stored_run.config() or {}).get("objectives") or [PRIMARY_OBJECTIVE])
+                stored_run.check_kind("search")
             if started != list(self.config.objectives):
                 raise UserError(
                     f"objectives {','.join(self.config.objectives)} differ from those the run in {self.out_dir} "

@@ -88,7 +88,7 @@ def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
 # directory holds the lock file), a saved model's weights. Their homes are search/store.py
 # (DB_NAME), search/lock.py (LOCK_NAME) and nn/pretrained.py (WEIGHTS); tests/test_reliability.py
 # checks that these names agree with them.
-PROTECTED = {"run.db": "a run store", "run.lock": "a run directory (its lock)", "model.safetensors": "a saved model"}
+PROTECTED = {"run.db": "a run store", "run.lock": "a run directory", "model.safetensors": "a saved model"}
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
