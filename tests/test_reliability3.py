@@ -204,3 +204,66 @@ def test_12_an_empty_out_is_refused_everywhere(command, tmp_path, capsys, monkey
     assert main([*command, "--out", ""]) == 2
     assert "--out is empty" in one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- item 4: the probe answers that decide a result are pinned by the run ----------------------------
+@pytest.fixture
+def probing(tmp_path, monkeypatch):
+    """A CPU with native bf16 where bf16 measures faster, a fresh probe cache and pin table."""
+    from evo_attention.train import environment, probe_cache
+    from evo_attention.train import trainer as engine
+
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "on")
+    monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})
+    monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: True)
+    for name in ("_PINNED", "_USED"):
+        monkeypatch.setattr(probe_cache, name, {})
+    monkeypatch.setattr(probe_cache, "_WARNED", set())
+    monkeypatch.setattr(engine, "precision_step_times", lambda *a, **k: {"fp32": 0.030, "bf16": 0.010})
+    return tmp_path / "cache"
+
+
+def test_4_a_resume_after_a_changed_probe_file_keeps_the_runs_precision(probing, tmp_path, monkeypatch, recwarn):
+    from evo_attention.search.driver import Search
+    from evo_attention.search.runner import PROBES
+    from evo_attention.train import environment
+
+    out = tmp_path / "run"
+    calls = []
+    original = Search._after_generation
+
+    def stop_after_the_first(self):
+        original(self)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Search, "_after_generation", stop_after_the_first)
+        assert main(["search", *KEEP_FLAGS, "--batch-models", "off", "--out", str(out)]) != 0
+    [probe] = probing.glob("precision-*.json")
+    assert RunStore.open(out, readonly=True).get_meta(PROBES)[probe.name]["precision"] == "bf16"
+    probe.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 9.0}))  # another answer now
+    environment._PRECISION_CHOICES.clear()  # a new process
+    assert main(["search", *KEEP_FLAGS, "--batch-models", "off", "--resume", "--out", str(out)]) == 0
+    records = RunStore.open(out, readonly=True).evaluations()
+    assert len(records) > 4 and {r["precision"] for r in records} == {"bf16"}
+    said = [str(w.message) for w in recwarn if "differs from the one this run pinned" in str(w.message)]
+    assert len(said) == 1 and probe.name in said[0]
+
+
+def test_4_an_unwritable_probe_cache_is_said_once(probing, tmp_path, monkeypatch):
+    import torch
+
+    from evo_attention.train import environment
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    cpu = torch.device("cpu")
+    with pytest.warns(UserWarning, match="cannot keep probe answers") as said:
+        for d_model in (16, 32):
+            spec = Config(d_model=d_model, vocab_size=16).model
+            assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
+                                                timer=lambda: {"fp32": 0.03, "bf16": 0.01})[0] == "bf16"
+    assert len([w for w in said if "cannot keep probe answers" in str(w.message)]) == 1
