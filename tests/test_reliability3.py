@@ -267,3 +267,12 @@ def test_4_an_unwritable_probe_cache_is_said_once(probing, tmp_path, monkeypatch
             assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
                                                 timer=lambda: {"fp32": 0.03, "bf16": 0.01})[0] == "bf16"
     assert len([w for w in said if "cannot keep probe answers" in str(w.message)]) == 1
+
+
+# -- items 8 and 14 ------------------------------------------------------------------------------------
+def test_8_fp16_on_a_cpu_is_refused_before_the_run_is_created(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["search", *FLAGS, "--device", "cpu", "--precision", "fp16", "--out", str(out)]) == 2
+    assert "fp16 is not supported on CPU" in one_line_error(capsys)
+    assert not out.exists()
+    assert main(["search", *FLAGS, "--device", "cpu", "--out", str(out)]) == 0  # the place is free for a run

@@ -69,7 +69,7 @@ from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.search.warm_start import META_KEY as INIT_FROM, initial_genes
 from evo_attention.train.config import Config
-from evo_attention.train.environment import versions
+from evo_attention.train.environment import choose_precision, resolve_device, versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, failed_record, objective_values
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import SuiteScore, point_configs, suite_meta, suite_score
@@ -137,6 +137,8 @@ class Search:
         self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None
                         else Path(tempfile.mkdtemp(prefix="evo-attention-")))
         self.executor = executor or executor_for(config)
+        if self.executor.name in ("local", "process"):  # trains here: a precision this device lacks is refused
+            choose_precision(config.precision, resolve_device(config.device))  # before the run is created
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
