@@ -276,3 +276,27 @@ def test_8_fp16_on_a_cpu_is_refused_before_the_run_is_created(tmp_path, capsys):
     assert "fp16 is not supported on CPU" in one_line_error(capsys)
     assert not out.exists()
     assert main(["search", *FLAGS, "--device", "cpu", "--out", str(out)]) == 0  # the place is free for a run
+
+
+def test_14_sigterm_to_a_study_says_what_it_kept_and_how_to_go_on(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+    import time
+
+    import evo_attention.search.executors.base as base
+
+    def terminated(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        pytest.fail("SIGTERM did not stop the study")
+
+    monkeypatch.setattr(base, "execute", terminated)
+    monkeypatch.setattr(base, "execute_batch", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        out = tmp_path / "cmp"
+        assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("evo-attention: interrupted;") and str(out / "run.db") in err and "again" in err

@@ -134,6 +134,8 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
 # where each setting of the command being run came from, when not from one of its flags ("config file
 # PATH", "preset NAME"): ``user_message`` then names the key and its file rather than a flag not given
 SETTING_ORIGINS: dict[str, str] = {}
+# what an interrupted command says it kept (a study's store, set by ``out_arg``); cleared per command
+KEPT_ON_INTERRUPT: list[str] = []
 
 
 def _note_origins(preset_name, config_file, flags) -> None:
@@ -248,6 +250,9 @@ def out_arg(args, default=None, *, kind: str, study: str | None = None, also=())
     if value is None:
         return None
     mine = {Path(p).resolve() for p in also if p is not None}
+    if study is not None:
+        KEPT_ON_INTERRUPT[:] = [f"every finished training is kept in {Path(value) / 'run.db'}; run the same "
+                                "command again to go on (it trains only what is missing)"]
 
     def own(path) -> bool:
         if path.resolve() in mine:
