@@ -332,6 +332,9 @@ def probe_env(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "on")
     monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})
     monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: True)
+    for name in ("_PINNED", "_USED"):
+        monkeypatch.setattr(probe_cache, name, {})
+    monkeypatch.setattr(probe_cache, "_WARNED", set())
     calls = []
 
     def fake(trial, data, device, **_):
@@ -376,9 +379,12 @@ def test_the_first_answer_written_wins(probe_env, tmp_path):
     path.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 2.0}))
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "fp32"
     assert probe_env == []
-    path.write_text("not json")  # unreadable: probed again, and the file keeps what it holds
+    path.write_text("not json")  # damaged: probed again, the file repaired, said once
     environment._PRECISION_CHOICES.clear()
-    assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
+    with pytest.warns(UserWarning, match="is damaged: measured again and replaced"):
+        assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
+                                            timer=timer(spec))[0] == "bf16"
+    assert json.loads(path.read_text())["precision"] == "bf16" and probe_env == [128]
 
 
 def test_a_probe_whose_rounds_disagree_is_never_kept(probe_env, tmp_path):

@@ -11,7 +11,8 @@ import argparse
 import importlib
 import sys
 
-from evo_attention.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, SETTING_ORIGINS, user_message
+from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, KEPT_ON_INTERRUPT, SETTING_ORIGINS,
+                                      install_sigterm_handler, user_message)
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     SETTING_ORIGINS.clear()  # filled by the command as it reads its settings
+    KEPT_ON_INTERRUPT.clear()
+    install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
         with user_warnings():
             return int(args.func(args) or 0)
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
         print(f"evo-attention: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("evo-attention: interrupted", file=sys.stderr)
+        print("; ".join(["evo-attention: interrupted", *KEPT_ON_INTERRUPT]), file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit as exc:  # code run by the command (a plugin's) ended it: say so rather than exit silently
         if exc.code in (None, 0):

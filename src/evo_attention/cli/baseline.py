@@ -9,7 +9,7 @@ block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
-from evo_attention.cli.common import add_executor_flags, add_training_flags, config_from_args, number
+from evo_attention.cli.common import add_executor_flags, add_training_flags, config_from_args, number, out_arg
 from evo_attention.cli.validate import add_grid_flags
 from evo_attention.util.files import output_dir
 from evo_attention.util.jsonio import write_json
@@ -29,7 +29,7 @@ def cmd_baseline(args) -> int:
         from evo_attention.studies.common import tuning_seeds
 
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])  # before anything is written
-    out = output_dir(args.out)
+    out = output_dir(out_arg(args, kind="a baseline", study="baseline"))
     data = data_from_config(config)
     grid = None
     if args.lr_grid:

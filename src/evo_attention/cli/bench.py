@@ -101,6 +101,7 @@ def _long_context(args, config, steps: int) -> int:
     from evo_attention.report.figures import plot_long_context
     from evo_attention.train.bench import LONG_CONTEXT_GENES, bench_lengths
     from evo_attention.util.errors import UserError
+    from evo_attention.cli.common import out_arg
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.format import markdown_table
     from evo_attention.util.jsonio import dumps, write_json
@@ -131,7 +132,7 @@ def _long_context(args, config, steps: int) -> int:
     if args.tokens_per_step < max(lengths):
         raise UserError(f"--tokens-per-step {args.tokens_per_step} is below the longest length {max(lengths)}: each "
                         "step needs at least one sequence")
-    out = output_dir(args.out) if args.out else None
+    out = output_dir(out_arg(args, kind="a long-context benchmark")) if args.out is not None else None
 
     def progress(name, t):
         if not args.json:

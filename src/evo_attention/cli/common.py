@@ -134,6 +134,8 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
 # where each setting of the command being run came from, when not from one of its flags ("config file
 # PATH", "preset NAME"): ``user_message`` then names the key and its file rather than a flag not given
 SETTING_ORIGINS: dict[str, str] = {}
+# what an interrupted command says it kept (a study's store, set by ``out_arg``); cleared per command
+KEPT_ON_INTERRUPT: list[str] = []
 
 
 def _note_origins(preset_name, config_file, flags) -> None:
@@ -205,7 +207,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
                   "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
                   "knob": "--knob", "values": "--knob", "break_at": "--break-at",
-                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds"}
+                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds",
+                  "optuna_journal": "--optuna-journal"}
 
 
 def flag_of(setting: str) -> str | None:
@@ -226,8 +229,43 @@ def user_message(exc) -> str:
             continue
         flag = flag_of(setting)
         if flag:
-            message = re.sub(rf"(?<![\w-]){re.escape(setting)}(?![\w-])", flag, message)
+            # a word of its own, never part of a path (``runs/out``) or a name
+            message = re.sub(rf"(?<![\w\-/.]){re.escape(setting)}(?![\w\-/])", flag, message)
     return message + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def out_arg(args, default=None, *, kind: str, study: str | None = None, also=()):
+    """The one rule for a command's ``--out``: given (even ``""``), it is what is used, and it is
+    checked by ``util.files.check_output`` (never empty, never under a file, never a run store, a
+    locked or a model directory); only an absent ``--out`` takes the command's ``default`` (None:
+    no output). ``study``: a directory holding that study's own store is of the command's kind;
+    ``also``: other paths that are (the run a validation adds to). Returns a Path, or None."""
+    from pathlib import Path
+
+    from evo_attention.search.lock import LOCK_NAME, check_free
+    from evo_attention.search.store import RunStore
+    from evo_attention.util.files import check_output
+
+    value = args.out if args.out is not None else default
+    if value is None:
+        return None
+    mine = {Path(p).resolve() for p in also if p is not None}
+    if study is not None:
+        KEPT_ON_INTERRUPT[:] = [f"every finished training is kept in {Path(value) / 'run.db'}; run the same "
+                                "command again to go on (it trains only what is missing)"]
+
+    def own(path) -> bool:
+        if path.resolve() in mine:
+            return True
+        if study is None:
+            return False
+        check_free(path)  # a live writer is named as such
+        if not RunStore.exists(path):  # a lock without a store: a study stopped before it made one
+            return (path / LOCK_NAME).exists()
+        with RunStore.open(path, readonly=True) as store:
+            return store.kind() == study
+
+    return check_output(value, "out", kind=kind, own=own)
 
 
 def install_sigterm_handler(*, survive_hangup: bool = False) -> None:

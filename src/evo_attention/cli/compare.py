@@ -70,7 +70,7 @@ def compare_config(args):
 def cmd_compare(args) -> int:
     from contextlib import ExitStack
 
-    from evo_attention.cli.common import executor_from_args, suite_text
+    from evo_attention.cli.common import executor_from_args, out_arg, suite_text
     from evo_attention.cli.validate import grid_text, log_grid, log_suite_result
     from evo_attention.search.store import RunStore
     from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
@@ -87,7 +87,7 @@ def cmd_compare(args) -> int:
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args, config)
-    out = Path(args.out)
+    out = out_arg(args, kind="a comparison", study="compare", also=[args.from_run])
     budget = on_suite or f"{config.train_steps} steps, data {config.data}"
     log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) at {config.d_model}d x {config.n_layers} layers x "

@@ -55,7 +55,7 @@ def curve_config(args):
 
 
 def cmd_curve(args) -> int:
-    from evo_attention.cli.common import executor_from_args
+    from evo_attention.cli.common import executor_from_args, out_arg
     from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, gene_entries, parse_knob, plan_points,
                                               run_curve)
     from evo_attention.util.progress import log
@@ -67,7 +67,7 @@ def cmd_curve(args) -> int:
     knob, values = parse_knob(args.knob)
     entries = gene_entries(args.genes, config)
     task, points = plan_points(config, knob, values)  # every check before the executor starts
-    out = Path(args.out)
+    out = out_arg(args, kind="a curve", study="curve")
     log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)

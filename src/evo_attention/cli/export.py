@@ -18,9 +18,11 @@ from evo_attention.util.errors import UserError
 
 
 def cmd_export(args) -> int:
-    from evo_attention.nn.export import export_attention
+    from evo_attention.nn.export import export_attention, is_attention_export
+    from evo_attention.nn.hf import is_hf_export
     from evo_attention.search.models import kept_model
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info
+    from evo_attention.util.files import check_output
     from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
@@ -29,6 +31,9 @@ def cmd_export(args) -> int:
     if args.model and args.rank is not None:
         raise UserError("--rank picks among a run's kept models: use it with --from-run, not --model")
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
+    check_output(args.out, kind=f"{'a transformers' if args.format == 'hf' else 'an attention'} export",
+                 own=is_hf_export if args.format == "hf" else is_attention_export,
+                 sources={"model directory": directory, "run directory": args.from_run})  # before any loading
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
     if args.format == "hf":

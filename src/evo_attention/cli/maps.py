@@ -63,6 +63,7 @@ def _saved_model(args):
 
 
 def cmd_maps(args) -> int:
+    from evo_attention.cli.common import out_arg
     from evo_attention.studies.maps import attention_maps, encode_text, validation_sample
     from evo_attention.data import data_from_config
     from evo_attention.util.progress import log
@@ -72,7 +73,8 @@ def cmd_maps(args) -> int:
         raise UserError("give either --model DIR (a saved model) or --gene/--from-run (train one), not both")
     if not chosen and not args.from_run:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
-    out = output_dir(args.out if args.out else Path(args.from_run) / "maps" if args.from_run else "runs/maps")
+    out = output_dir(out_arg(args, Path(args.from_run) / "maps" if args.from_run else "runs/maps",
+                             kind="attention maps"))
     model, tokenizer, data, source = _saved_model(args) if args.model else _trained_model(args)
     max_len = model.spec.max_seq_len
     if args.text is not None:

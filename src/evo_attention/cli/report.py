@@ -10,22 +10,30 @@ from evo_attention.util.errors import UserError
 def cmd_report(args) -> int:
     from evo_attention.report import write_report
 
-    if len(args.run_dirs) > 1 and not args.out:
+    if len(args.run_dirs) > 1 and args.out is None:
         raise UserError("several runs are compared into a directory: name it with --out DIR")
-    if len(args.run_dirs) == 1 and args.out:
+    if len(args.run_dirs) == 1 and args.out is not None:
         raise UserError("--out names where several runs are compared: give two or more run directories, or "
                         "drop --out (a run's report goes into its own directory)")
     if args.optuna_journal and len(args.run_dirs) > 1:
         raise UserError("--optuna-journal writes one run as an Optuna study: give one run directory")
+    if args.out is not None:
+        from evo_attention.cli.common import out_arg
+
+        out_arg(args, kind="a comparison of runs")  # refused before any file is written
+    if args.optuna_journal is not None:
+        from evo_attention.report.optuna import journal_path
+
+        journal_path(args.optuna_journal)  # refused before any file is written
     for run_dir in args.run_dirs:
         for path in write_report(run_dir).values():
             print(path)
-    if args.out:
+    if args.out is not None:
         from evo_attention.report.runs import write_comparison
 
         for path in write_comparison(args.run_dirs, args.out).values():
             print(path)
-    if args.optuna_journal:
+    if args.optuna_journal is not None:
         from evo_attention.report.optuna import write_optuna_journal
 
         written = write_optuna_journal(args.run_dirs[0], args.optuna_journal)
@@ -42,6 +50,6 @@ def register(sub) -> None:
     p.add_argument("--out", help="with several runs: the directory for runs.md, runs.json and runs.png, the runs "
                                  "side by side (anytime curves, fronts in one box, validated winners)")
     p.add_argument("--optuna-journal", metavar="FILE",
-                   help="also write the run as an Optuna study into the journal file FILE (replaced if it exists), "
+                   help="also write the run as an Optuna study into the journal file FILE (an earlier journal there is replaced; any other existing file is refused), "
                         "for optuna-dashboard FILE; needs Optuna")
     p.set_defaults(func=cmd_report)

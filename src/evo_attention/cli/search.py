@@ -37,7 +37,7 @@ def search_config(args):
     if not args.resume:
         return checked(Config.from_dict(settings, source="the command line"))
     with RunStore.open(args.out, readonly=True) as store:
-        stored = store.config()
+        stored = store.check_kind("search").config()
     from evo_attention.data import unused_settings
 
     for name in unused_settings(str(stored.get("data"))):  # kept by versions that ignored them: never applied
@@ -137,7 +137,7 @@ def cmd_search(args) -> int:
         n = summary.counts["equivalent"]
         log(f"functional-equivalence cache: {n} evaluation{'s' if n != 1 else ''} answered by the training of a "
             "program that computes the same function (no training)")
-    if args.keep_models:
+    if evolution.keep_models:
         from evo_attention.search.models import kept_models
 
         kept = kept_models(out)
@@ -160,9 +160,10 @@ def register(sub) -> None:
     p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],
                    help="adaptive: mutation rate decays from 0.6 to --mutation-rate over the generations")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--keep-models", type=int, default=0, metavar="K",
+    p.add_argument("--keep-models", type=int, metavar="K",
                    help="keep the K best trained models in OUT/models (weights, config, vocabulary) for export, "
-                        "generate and attention-maps; saved where they train, no retraining (default 0)")
+                        "generate and attention-maps; saved where they train, no retraining (default 0; part of "
+                        "the run: --resume keeps the run's K)")
     p.add_argument("--track", action="append", metavar="TRACKER",
                    help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)

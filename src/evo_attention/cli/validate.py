@@ -160,7 +160,11 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     if not write:
         return config, data_from_config(config), None, None, search_seed
     # the output place exists (or the command fails) before any training
-    out = output_dir(args.out if args.out else args.from_run if args.from_run else default_out)
+    from evo_attention.cli.common import out_arg
+
+    study = Path(default_out).name
+    out = output_dir(out_arg(args, args.from_run or default_out, kind=f"the results of {study}", study=study,
+                             also=[args.from_run]))
     data = data_from_config(config) if config.suite is None else None
     if args.from_run:
         if data is not None and stored_data.get("fingerprint") not in (None, data.fingerprint):
@@ -169,10 +173,10 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
                 "the search",
                 args.quiet)
         store = RunStore.open(args.from_run)
-    elif getattr(args, "lr_grid", None) or config.suite is not None:  # many trainings: kept in a store in --out,
-        from evo_attention.studies.common import study_store  # so that a repeat or a resumed grid trains nothing
+    else:  # kept in a store of the study's own in --out, so that a repeat or an interrupted study trains nothing
+        from evo_attention.studies.common import study_store  # again (one writer: its lock)
 
-        store = study_store(out, config, Path(default_out).name)
+        store = study_store(out, config, study)
     return config, data, store, out, search_seed
 
 

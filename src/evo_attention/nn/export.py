@@ -45,7 +45,7 @@ from typing import Iterable, Mapping
 from evo_attention.genes import AttentionGene, parse_position
 from evo_attention.nn import components
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_bytes, write_text
+from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
 from evo_attention.util.version import __version__
 
 ATTENTION_FILE = "attention.py"
@@ -433,6 +433,11 @@ Positions: {wpe}. To train from scratch instead, skip the `load_state_dict` line
 """
 
 
+def is_attention_export(directory: str | Path) -> bool:
+    """Whether ``directory`` holds an export of this format (its ``attention.py``)."""
+    return (Path(directory) / ATTENTION_FILE).is_file()
+
+
 def export_attention(model, out: str | Path, *, source: str = "") -> dict:
     """Write ``attention.py``, the library's modules it runs (``evo_attention_export/``),
     ``attention.safetensors`` (every layer's attention weights) and ``README.md`` for ``model`` (a
@@ -452,7 +457,7 @@ def export_attention(model, out: str | Path, *, source: str = "") -> dict:
              for i, block in enumerate(model.blocks) for name, tensor in block.attn.state_dict().items()}
     weights = save(state, metadata={"gene": gene.key, "layers": str(len(model.blocks))})
     readme = _readme(gene, spec.d_model, spec.n_heads, spec.max_seq_len, len(model.blocks), source)
-    out = output_dir(out)
+    out = output_dir(check_output(out, kind="an attention export", own=is_attention_export))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         write_text(out / path, text)

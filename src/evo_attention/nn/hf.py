@@ -52,7 +52,7 @@ from evo_attention.data.words import EOS
 from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_bytes, write_text
+from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
 from evo_attention.util.version import __version__
 
 MODEL_ROOTS = ("evo_attention.nn.model",)  # what the model code ships (with every library module it imports)
@@ -287,6 +287,15 @@ def model_sources() -> dict[str, str]:
             **shipped}
 
 
+def is_hf_export(directory: str | Path) -> bool:
+    """Whether ``directory`` is an export of this format (its config.json names ``MODEL_TYPE``)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
+
+
 def hf_config(model, *, source: str = "", extra: dict | None = None) -> dict:
     """config.json of the export (what ``EvoAttentionConfig.to_dict`` holds, written without transformers)."""
     spec = ModelSpec.from_mapping(model.spec.to_dict())
@@ -373,7 +382,7 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
         n_layers=spec.n_layers, max_seq_len=spec.max_seq_len, vocab_size=spec.vocab_size, tokenizer=tokenizer.spec,
         gene_list="; ".join("`" + g.replace("|", "\\|") + "`" for g in config["genes"]),  # a table cell
         needs=textwrap.fill("Needs " + ", ".join(requirements(sources)) + ".", 100, break_on_hyphens=False))
-    out = output_dir(out)
+    out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export))
     files = {name: text for name, text in sources.items()}
     files.update({"config.json": json.dumps(config, indent=2) + "\n", "tokenizer.json": tokenizer_json,
                   "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",

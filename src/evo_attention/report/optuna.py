@@ -3,7 +3,9 @@
 ``write_optuna_journal(run_dir, path)`` writes one study (named after the run directory) into a
 new journal file (Optuna's ``JournalStorage`` over ``JournalFileBackend``), so that
 ``optuna-dashboard FILE`` shows the run. It is a view of the run store like every other output:
-written again from the store each time (an existing file is replaced), never read back by a search.
+written again from the store each time, never read back by a search. An existing file is replaced
+only if it is an Optuna journal (``is_journal``): a run store, a live run's file or any other file is
+refused, naming it (``util.files.check_output``, the rule of every output).
 
 - One trial per stored evaluation, in store order (search, baseline, validate, ...), then one per
   gene the search refused before training (a run with caps). Each trial's user attributes say its
@@ -41,6 +43,7 @@ from evo_attention.search.store import RunStore
 from evo_attention.search.tpe import constraint_attrs, import_optuna
 from evo_attention.train.record import objective_values, usable_metric
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_output
 from evo_attention.util.format import finite_or_none
 
 MEASURES = ("params", "flops_per_step", "latency_ms", "peak_memory_mb")
@@ -59,6 +62,25 @@ def journal_storage(path: str | os.PathLike):
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
+def is_journal(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an Optuna journal file: its first line is one of Optuna's journal
+    operations (a JSON object with an ``op_code``)."""
+    import json
+
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 16)
+        return isinstance(entry := json.loads(first), dict) and "op_code" in entry
+    except (OSError, ValueError):
+        return False
+
+
+def journal_path(path: str | os.PathLike) -> Path:
+    """``path`` if a journal may be written there (new, or an Optuna journal it replaces); else a
+    UserError naming ``optuna_journal`` and what is there."""
+    return check_output(path, "optuna_journal", kind="an Optuna journal", directory=False, own=is_journal)
+
+
 def _user_attrs(record, info: dict) -> dict:
     attrs = {"gene": info["key"], "str": info["str"], "role": record.get("role"), "generation": record.get("generation"),
              "id": record.get("id"), "status": str(record.get("status")), "steps": record.get("steps"),
@@ -73,16 +95,13 @@ def _user_attrs(record, info: dict) -> dict:
 
 
 def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) -> dict:
-    """Write the run in ``run_dir`` as an Optuna study into the journal file ``path`` (replaced if
-    it exists); returns ``{"path", "study", "trials", "states"}``."""
+    """Write the run in ``run_dir`` as an Optuna study into the journal file ``path`` (an
+    earlier journal there is replaced; anything else is refused); returns ``{"path", "study", "trials", "states"}``."""
     optuna = import_optuna()
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{path} is a directory: name the journal file to write, e.g. {path / 'optuna.log'}",
-                        setting="optuna_journal")
+    path = journal_path(path)
     with RunStore.open(run_dir, readonly=True) as store:
         config = store.config() or {}
         evaluations = store.evaluations()

@@ -69,7 +69,7 @@ from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.search.warm_start import META_KEY as INIT_FROM, initial_genes
 from evo_attention.train.config import Config
-from evo_attention.train.environment import versions
+from evo_attention.train.environment import choose_precision, resolve_device, versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord, failed_record, objective_values
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import SuiteScore, point_configs, suite_meta, suite_score
@@ -102,6 +102,9 @@ def _points(config: Config) -> int:
     return len(load_suite(config.suite).points)
 
 
+KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -115,10 +118,13 @@ class Search:
 
     def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
                  resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
-                 quiet: bool = True, trackers=(), keep_models: int = 0):
-        if isinstance(keep_models, bool) or not isinstance(keep_models, int) or keep_models < 0:
+                 quiet: bool = True, trackers=(), keep_models: int | None = None):
+        if keep_models is not None and (isinstance(keep_models, bool) or not isinstance(keep_models, int)
+                                        or keep_models < 0):
             raise UserError(f"keep_models must be a non-negative integer, got {keep_models!r}", setting="keep_models")
-        self.keep_models = keep_models  # the K best trained models stay in out_dir/models (search/models.py)
+        # the K best trained models stay in out_dir/models (search/models.py); K is part of the run (meta
+        # KEEP_MODELS): None takes the run's on a resume, 0 for a new run
+        self.keep_models = keep_models or 0
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         self.strategy = strategy_from_config(config)  # bad strategy settings fail before any data is read
         self.suite = self._load_suite(config, data, keep_models)  # None: one training per request, on ``data``
@@ -131,6 +137,8 @@ class Search:
         self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None
                         else Path(tempfile.mkdtemp(prefix="evo-attention-")))
         self.executor = executor or executor_for(config)
+        if self.executor.name in ("local", "process"):  # trains here: a precision this device lacks is refused
+            choose_precision(config.precision, resolve_device(config.device))  # before the run is created
         self.quiet = quiet
         self.trackers = list(trackers)  # search.trackers: views of the run, written by the driver only
         self.schedule = schedule_from_config(config)  # None: every evaluation at the full budget
@@ -142,6 +150,11 @@ class Search:
         self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
         try:
             self.store = self._open_store(resume, overwrite)
+            try:
+                self.keep_models = self._pinned_keep_models(keep_models)
+            except BaseException:
+                self.store.close()
+                raise
         except BaseException:
             self.lock.release()
             raise
@@ -166,6 +179,7 @@ class Search:
         if resume:
             with RunStore.open(self.out_dir, readonly=True) as stored_run:  # refuse before writing anything
                 started = list((stored_run.config() or {}).get("objectives") or [PRIMARY_OBJECTIVE])
+                stored_run.check_kind("search")
             if started != list(self.config.objectives):
                 raise UserError(
                     f"objectives {','.join(self.config.objectives)} differ from those the run in {self.out_dir} "
@@ -200,6 +214,19 @@ class Search:
         elif self.data.vocab is not None:
             meta["vocab"] = json.loads(self.data.vocab.to_json())
         return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
+
+    def _pinned_keep_models(self, given: int | None) -> int:
+        """The run's kept-models count: the one it started with (a resume without it takes it; another
+        one is refused, since the kept models would differ from the uninterrupted run's)."""
+        stored = self.store.get_meta(KEEP_MODELS)
+        if stored is None:  # a new run, or one stored before the count was kept: pinned from now on
+            self.store.set_meta(KEEP_MODELS, self.keep_models)
+            return self.keep_models
+        if given is not None and given != stored:
+            raise UserError(f"keep_models {given} differs from the {stored} the run in {self.out_dir} started with: "
+                            "drop keep_models to resume (the run keeps its count), or start a new run with overwrite",
+                            setting=("keep_models", "overwrite"))
+        return int(stored)
 
     # -- a suite ---------------------------------------------------------------------------------
     def _load_suite(self, config: Config, data, keep_models: int):

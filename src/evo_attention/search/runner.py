@@ -17,6 +17,10 @@ function answers it without training, copied under the trial's own key with ``eq
 naming the trained genome; ``equivalent_answers`` counts them.
 
 Without a store (``store=None``) nothing is cached or kept: the records are only returned.
+
+Probe answers (``train.probe_cache``): the Runner pins the run's answers (meta ``PROBES``) in its process
+and hands them to every worker with its tasks; the answers first used for a record are added to
+the meta, so a resume, and every worker, decide precision and models per batch as the run began.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from typing import Callable, Sequence
 from evo_attention.search.equivalence import functional_key
 from evo_attention.search.executors import EvalTask, Executor, as_task
 from evo_attention.search.store import RunStore
+from evo_attention.train.probe_cache import pin_probes, pinned_probes, used_probes
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.train.spec import Trial, load_task, provide_task
 from evo_attention.util.progress import SearchView
+
+PROBES = "probes"  # meta: the probe answers (precision per shape, models per batch) the run pinned at first use
 
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # (task, record, served from the store)
 
@@ -53,6 +60,8 @@ class Runner:
         for task, dataset in (data or {}).items():
             provide_task(task, dataset)
         self.store, self.view = store, view
+        if store is not None:  # the probe answers the run pinned decide its trainings here and in every worker
+            pin_probes(store.get_meta(PROBES) or {})
         self.activity = activity
         self.on_finished = on_finished
         self.done = 0
@@ -86,10 +95,13 @@ class Runner:
                 self.announce(task, hit, cached=True)
             else:
                 todo.append(task)
+        if self.store is not None:
+            todo = [replace(task, probes=pinned_probes()) for task in todo]
         try:
             for task, record in self.executor.run(todo, on_start=self._start, on_step=self._step):
                 record = self._annotate(task, record)
                 if self.store is not None:
+                    self._pin(record)
                     self.store.record(record, role=task.role, generation=task.generation)
                     self.store.clear_activity(self._worker(task))
                     self._remember(record)
@@ -133,6 +145,17 @@ class Runner:
         if task.audit:
             changes["audit"] = True
         return record.replace(**changes) if changes else record
+
+    def _pin(self, record: EvaluationRecord) -> None:
+        """Pin the probe answers first used for ``record`` (a worker's, or this process's batch
+        plan): the first answer of a probe file stays the run's (meta PROBES)."""
+        pinned = self.store.get_meta(PROBES) or {}
+        new = {name: entry for name, entry in {**used_probes(), **(record.extra.get("probes") or {})}.items()
+               if name not in pinned}
+        if new:
+            pinned.update(new)
+            self.store.set_meta(PROBES, pinned)
+        pin_probes(pinned)
 
     def _worker(self, task: EvalTask) -> str:
         return f"{self.activity}{task.worker or self.executor.name}"

@@ -46,6 +46,7 @@ from evo_attention.util.jsonio import store_dumps as dumps
 from evo_attention.util.jsonio import store_loads as loads
 
 DB_NAME = "run.db"
+STUDY = "study"  # meta: the study that writes the store (none: a search's)
 SCHEMA_VERSION = 1
 TIMEOUT_S = 30.0
 ROLES_HINT = ("search", "baseline", "validate")  # usual roles; any non-empty string is accepted
@@ -120,6 +121,7 @@ class RunStore:
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
+        self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
 
     # -- construction ---------------------------------------------------------------------------
     @staticmethod
@@ -331,6 +333,14 @@ class RunStore:
                         pass  # the log stays beside run.db and is replayed on the next open
                 self._conn.close()
                 self._conn = None
+            if self._held is not None:
+                held, self._held = self._held, None
+                held.release()
+
+    def hold(self, lock) -> "RunStore":
+        """Keep ``lock`` (a ``search.lock.RunLock`` held on this directory) for the life of the store."""
+        self._held = lock
+        return self
 
     def __enter__(self) -> "RunStore":
         return self
@@ -345,6 +355,18 @@ class RunStore:
     def config(self) -> dict:
         """The configuration the run was created with."""
         return self.get_meta("config", {})
+
+    def kind(self) -> str:
+        """What wrote this store: ``search``, or the study (meta ``STUDY``: compare, curve, validate, ...)."""
+        return str(self.get_meta(STUDY) or "search")
+
+    def check_kind(self, kind: str) -> "RunStore":
+        """This store, if ``kind`` wrote it; else a UserError: a store is continued only by its own kind."""
+        if self.kind() != kind:
+            raise UserError(f"{self.run_dir} holds the store of a {self.kind()}, not of a {kind}: a store is continued "
+                            f"only by its own kind (evo-attention {self.kind()} ...); choose another out",
+                            setting="out")
+        return self
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))

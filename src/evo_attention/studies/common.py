@@ -38,7 +38,7 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.runner import Runner
-from evo_attention.search.store import RunStore
+from evo_attention.search.store import STUDY, RunStore
 from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
 from evo_attention.train.spec import Trial
 from evo_attention.util import stats
@@ -346,11 +346,27 @@ def run_seeds(genes: Iterable[AttentionGene | str], config, data, seeds: Sequenc
 
 
 def study_store(directory: str | os.PathLike, config, study: str) -> RunStore:
-    """The run store that keeps a study's trainings in ``directory``: the one there (a run's, or
-    an earlier study's), else a new one holding ``config`` as its configuration."""
-    if RunStore.exists(directory):
-        return RunStore.open(directory)
-    return RunStore.create(directory, config=config.to_dict(), meta={"study": study})
+    """The run store that keeps a study's trainings in ``directory``, held by this process alone (the
+    directory's lock, ``search.lock``, released when the store closes): the one there if an earlier
+    ``study`` of the same kind wrote it, else a new one holding ``config`` as its configuration. A
+    store of another kind (a search's, another study's) is refused, as is a directory another process
+    writes."""
+    from evo_attention.search.lock import RunLock
+
+    lock = RunLock(directory).acquire()
+    try:
+        if not RunStore.exists(directory):
+            return RunStore.create(directory, config=config.to_dict(), meta={STUDY: study}).hold(lock)
+        store = RunStore.open(directory)
+        try:
+            store.check_kind(study)
+        except UserError:
+            store.close()
+            raise
+        return store.hold(lock)
+    except BaseException:
+        lock.release()
+        raise
 
 
 # -- the result -----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class Evolution(Search):
     def __init__(self, config: Config, train_loader=None, eval_loader=None, *, data: TaskData | None = None,
                  out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
                  executor: Executor | None = None, quiet: bool = True, report: bool = True, trackers=(),
-                 keep_models: int = 0):
+                 keep_models: int | None = None):
         if data is None and train_loader is not None and eval_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,

@@ -32,7 +32,7 @@ from evo_attention.data.base import TaskData
 from evo_attention.train.config import batch_models_value
 from evo_attention.train.environment import (available_memory_mb, choose_precision, is_oom, memory_in_use_mb,
                                              peak_memory_mb, reset_peak_memory, resolve_device)
-from evo_attention.train.probe_cache import probe_path, probe_shape, read_probe, write_probe_once
+from evo_attention.train.probe_cache import pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import precision_step_times, step_seconds
 from evo_attention.util.errors import UserError
@@ -114,17 +114,17 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
     as for the precision probe)."""
     path = probe_path(_batch_shape(trial, data, device), device, kind="batch-models", version=BATCH_PROBE_VERSION)
     key = str(path)
-    if key not in _BATCH_PROBES:
-        found = read_probe(path, _batch_entry)
-        if found is None:
+    if path.name in pinned_probes() or key not in _BATCH_PROBES:  # a run's pinned answer first
+
+        def measure() -> dict:
             available = available_memory_mb(device)
             budget = MEMORY_FRACTION * available / max(1, share) if available is not None else None
             measured = probe_batch_times(trial, data, device, memory_budget_mb=budget)
-            entry = {"seconds": {str(k): v for k, v in measured["seconds"].items()},
-                     "step_memory_mb": measured["step_memory_mb"], "gain": BATCH_PROBE_GAIN,
-                     "threads": torch.get_num_threads(), "torch": torch.__version__}
-            found = write_probe_once(path, entry, _batch_entry)
-        _BATCH_PROBES[key] = found
+            return {"seconds": {str(k): v for k, v in measured["seconds"].items()},
+                    "step_memory_mb": measured["step_memory_mb"], "gain": BATCH_PROBE_GAIN,
+                    "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure)[0]
     return _BATCH_PROBES[key], path.name
 
 

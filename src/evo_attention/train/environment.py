@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from evo_attention.train.probe_cache import cpu_name, probe_path, probe_shape, read_probe, write_probe_once
+from evo_attention.train.probe_cache import cpu_name, pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -120,22 +120,23 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
     probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
     and kept, unless its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine): then
     the answer is this process's alone and says so. Two processes probing at once keep the first
-    answer written (the file is created once, never replaced), and both use it."""
+    answer written (one measures while the other waits), and both use it. A run's pinned answer
+    comes first (``probe_cache.probe_answer``)."""
     shape = probe_shape(spec, seq_len, batch_size)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
-    if key in _PRECISION_CHOICES:
+    if key in _PRECISION_CHOICES and path.name not in pinned_probes():  # a run's pinned answer first
         return _PRECISION_CHOICES[key]
-    found, kept = read_probe(path, _precision_entry), True
-    if found is None:
+
+    def measure() -> dict:
         times = timer()
         choice = "bf16" if times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"] else "fp32"
-        found = {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
-                 "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                 "shape": shape}
-        kept = times.get("spread", 1.0) <= PROBE_STABLE_SPREAD
-        if kept:
-            found = write_probe_once(path, found, _precision_entry)
+        return {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
+                "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "shape": shape, "spread": times.get("spread", 1.0)}
+
+    found, kept = probe_answer(path, _precision_entry, measure,
+                               keep=lambda entry: entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD)
     precision = found["precision"]
     where = path.name if kept else ("not kept: its rounds disagreed by more than "
                                     f"{PROBE_STABLE_SPREAD:g}x, the machine was busy")

@@ -7,6 +7,15 @@ thread count, torch version and shape (``probe_path``); the file is created once
 (``write_probe_once``), so two processes probing at once both use the first answer written.
 ``forget_probes`` removes the kept answers (``evo-attention bench --reprobe``), so the next
 training of each shape measures again.
+
+An answer decides a result (the precision of a training, the models per batch), so a run pins the
+answers it used (``pin_probes``: the run store's meta, read back on resume and handed to every
+worker with its task): a pinned answer is used whatever the file says now, and a file that differs
+from it is reported once, never used. Processes measure a missing or damaged answer one at a time
+(an exclusive lock beside the file), so concurrent workers never measure two answers for one
+shape; a damaged file is replaced by the new measurement and reported once; a cache directory that
+cannot be written is reported once (every process then measures for itself). ``used_probes`` are
+the answers this process used, which the trainer adds to its records so the run can pin them.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import warnings
+from contextlib import contextmanager
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +60,32 @@ def probe_path(shape: dict, device: torch.device, *, kind: str, version: int) ->
     return resolve_cache_dir() / f"{kind}-{key[:16]}.json"
 
 
+_PINNED: dict[str, dict] = {}  # probe file name -> the answer the run in this process pinned
+_USED: dict[str, dict] = {}  # probe file name -> the answer this process used
+_WARNED: set[str] = set()
+
+
+def pin_probes(entries: dict | None) -> None:
+    """Make ``entries`` ({probe file name: answer}, a run's pinned answers) this process's answers."""
+    _PINNED.clear()
+    _PINNED.update(entries or {})
+
+
+def pinned_probes() -> dict:
+    return dict(_PINNED)
+
+
+def used_probes() -> dict:
+    """The answers this process used, by probe file name."""
+    return dict(_USED)
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
 def read_probe(path: Path, valid: Callable[[dict], bool]) -> dict | None:
     """The entry a probe's cache file holds, or None where it is missing, unreadable or not ``valid``."""
     try:
@@ -56,6 +93,76 @@ def read_probe(path: Path, valid: Callable[[dict], bool]) -> dict | None:
     except (OSError, ValueError):
         return None
     return entry if isinstance(entry, dict) and valid(entry) else None
+
+
+def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[], dict],
+                 keep: Callable[[dict], bool] = lambda entry: True) -> tuple[dict, bool]:
+    """The answer of the probe kept in ``path`` and whether it is kept: the run's pinned answer
+    where there is one; else the file's; else ``measure()``d now (one process at a time) and written
+    to the file if ``keep(entry)``. See the module docstring for what is reported."""
+    pinned = _PINNED.get(path.name)
+    if pinned is not None and valid(pinned):
+        there = read_probe(path, valid)
+        if there is not None and there != pinned:
+            warn_once(f"pinned:{path}", f"the probe answer in {path} differs from the one this run pinned at its "
+                      "first use: the run keeps its own answer (its results stay comparable)")
+        _USED[path.name] = pinned
+        return pinned, True
+    with _exclusive(path):
+        found = read_probe(path, valid)
+        if found is None:
+            if path.exists():
+                warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
+            entry = measure()
+            if not keep(entry):  # this process's alone (and its run's, which pins it)
+                _USED[path.name] = entry
+                return entry, False
+            found = _write(path, entry)
+    _USED[path.name] = found
+    return found, True
+
+
+@contextmanager
+def _exclusive(path: Path):
+    """Hold an exclusive lock beside ``path`` (nothing where the directory cannot be written)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        _unwritable(path, exc)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _unwritable(path: Path, exc: OSError) -> None:
+    warn_once(f"unwritable:{path.parent}", f"cannot keep probe answers in {path.parent} ({exc.strerror or exc}): "
+              "every process measures for itself; set EVO_ATTENTION_CACHE_DIR to a writable directory")
+
+
+def _write(path: Path, entry: dict) -> dict:
+    """Write ``entry`` to ``path`` in one step (the caller holds the lock); ``entry``."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unwritable(path, exc)
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+    return entry
 
 
 def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> dict:

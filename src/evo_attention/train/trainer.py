@@ -78,6 +78,7 @@ from evo_attention.genes import layers_of, mechanism_of
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import keep_mask, mask_source
+from evo_attention.train.probe_cache import used_probes
 from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
@@ -709,6 +710,8 @@ def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_stat
     start = time.perf_counter()
     record.precision = member.precision
     record.extra["precision_reason"] = member.precision_reason
+    if used_probes():  # the measured answers that decided it, for its run to pin (train.probe_cache)
+        record.extra["probes"] = used_probes()
     record.compiled = member.compiled
     record.params = member.model.num_parameters()
     blob = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from evo_attention.util.errors import UserError
 
@@ -81,3 +81,82 @@ def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
     except OSError as exc:
         raise UserError(f"cannot create output directory {out}: {exc.strerror}; pick a writable {setting}") from None
     return out
+
+
+# -- the one rule for what an output may replace ------------------------------------------------
+# Names that mark a path as something no output replaces: a run's store and its lock (a locked
+# directory holds the lock file), a saved model's weights. Their homes are search/store.py
+# (DB_NAME), search/lock.py (LOCK_NAME) and nn/pretrained.py (WEIGHTS); tests/test_reliability.py
+# checks that these names agree with them.
+PROTECTED = {"run.db": "a run store", "run.lock": "a run directory", "model.safetensors": "a saved model"}
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def protected_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` holds that no output may replace, in words (naming the file that says so), or None."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            for name, what in PROTECTED.items():
+                if (path / name).exists():
+                    return f"{what} ({path / name})"
+            return None
+        if path.name in PROTECTED or path.name.startswith(("run.db-", "run.db.")):
+            return PROTECTED.get(path.name, "a run store")
+        with open(path, "rb") as handle:
+            if handle.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                return "a SQLite database (a run store?)"
+    except OSError:
+        return None
+    return None
+
+
+def check_output(path, setting: str = "out", *, kind: str, directory: bool = True,
+                 own: Callable[[Path], bool] | None = None, sources: dict | None = None) -> Path:
+    """``path`` as a Path, if a command may write its output ``kind`` there; else a UserError
+    naming ``setting`` and what is there. The rule every command's output path follows:
+
+    - never empty (it would mean the current directory), never under a file;
+    - never one of the command's ``sources`` ({name of the input: its path}), what it reads;
+    - an existing path of the wrong sort (a file for a directory ``kind`` or the reverse) is refused;
+    - an existing file output is replaced only if ``own(path)`` says it is of its own kind (without
+      ``own``: never); an existing directory that holds a run store, a run's lock or a saved model
+      is refused unless ``own(path)`` says it is of its own kind.
+    """
+    if path is None or not str(os.fspath(path)).strip():
+        raise UserError(f"{setting} is empty: give the path of a {'directory' if directory else 'file'}",
+                        setting=setting)
+    out = Path(path)
+    for name, source in (sources or {}).items():
+        if source is not None and _same(out, Path(source)):
+            raise UserError(f"{setting} {out} is the {name} this command reads: writing {kind} there would "
+                            f"destroy it; choose another {setting}", setting=setting)
+    for parent in out.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{parent} is a file, not a directory: {setting} {out} cannot be created under it",
+                                setting=setting)
+            break
+    if not out.exists():
+        return out
+    if directory and not out.is_dir():
+        raise UserError(f"{out} is not a directory: give the path of a directory as {setting}", setting=setting)
+    if not directory and out.is_dir():
+        raise UserError(f"{out} is a directory: name the {kind} file to write as {setting}", setting=setting)
+    if own is not None and own(out):
+        return out
+    what = protected_kind(out)
+    if what is not None:
+        raise UserError(f"{setting} {out} holds {what}, not {kind}: writing there would destroy it; "
+                        f"choose another {setting}", setting=setting)
+    if not directory:
+        raise UserError(f"{setting} {out} exists and is not {kind} this tool wrote: it is never replaced; "
+                        f"remove it or choose another {setting}", setting=setting)
+    return out
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False

@@ -53,6 +53,7 @@ from typing import Callable, Iterator, Sequence
 from evo_attention.data.base import TaskData
 from evo_attention.genes import layers_of
 from evo_attention.train.batching import models_per_batch
+from evo_attention.train.probe_cache import pin_probes
 from evo_attention.train.record import EvaluationRecord, failed_record
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.trainer import batch_problem, run_batched, run_training, shape_difference
@@ -78,6 +79,7 @@ class EvalTask:
     save_to: str | None = None  # where to write the trainer state after training
     audit: bool = False  # multi-fidelity: trained to the full budget whatever its early loss
     keep_model: str | None = field(default=None, compare=False)  # a directory for the trained model
+    probes: dict | None = field(default=None, compare=False)  # the run's pinned probe answers (train.probe_cache)
     worker: str = field(default="", compare=False)  # set by the executor: who runs it
 
     # the trial's identity, as the progress lines and the store speak of it
@@ -114,6 +116,8 @@ def execute(task: EvalTask, data: TaskData, *, device=None, progress=None,
     state bytes or None, model files or None)``. The model files (``train.saving.model_files``:
     name -> bytes) come back when the task asks to keep its model and trained successfully to its
     full budget."""
+    if task.probes is not None:
+        pin_probes(task.probes)
     result = run_training(task.trial, data, device=device, progress=progress, state=state,
                           keep_state=task.save_to is not None)
     model = None
@@ -132,6 +136,8 @@ def execute_batch(tasks: Sequence[EvalTask], data: TaskData, *, device=None,
     """Run the tasks of one planned batch (``plan_batches``) as one batched model where the caller
     is, on ``data`` (their trials' dataset): one record per task, in order. ``progress``: one
     ``(step, total, loss)`` callback (or None) per task."""
+    if tasks and tasks[0].probes is not None:
+        pin_probes(tasks[0].probes)
     results = run_batched([task.trial for task in tasks], data, device=device, progress=progress)
     return [result.record for result in results]
 

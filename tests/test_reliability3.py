@@ -1,0 +1,302 @@
+"""Reliability 3 (docs/reliability.md): no command writes over a store or a model, everything that
+decides a result is pinned by the run, every study store has one writer."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from evo_attention import Config, Evolution
+from evo_attention.cli import main
+from evo_attention.search.store import RunStore
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 128, "eval_examples": 32},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=32, eval_steps=None,
+            learning_rate=3e-3, train_steps=4, log_every=2, population_size=2, n_generations=1, elite_size=1)
+FLAGS = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
+         "--layers", "1", "--batch-size", "8", "--steps", "4", "--population", "2", "--generations", "1",
+         "--elite", "1", "--quiet"]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("evo-attention: error:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    assert main(["search", *FLAGS, "--out", str(out), "--keep-models", "1"]) == 0
+    return out
+
+
+def test_the_protected_names_are_those_of_their_homes():
+    from evo_attention.nn.pretrained import WEIGHTS
+    from evo_attention.search.lock import LOCK_NAME
+    from evo_attention.search.store import DB_NAME
+    from evo_attention.util.files import PROTECTED
+
+    assert {DB_NAME, LOCK_NAME, WEIGHTS} == set(PROTECTED)
+
+
+# -- item 1: report --optuna-journal writes only over a journal -------------------------------------
+def test_1_the_journal_never_replaces_a_store_or_any_other_file(finished_run, tmp_path, capsys):
+    pytest.importorskip("optuna")
+    store = finished_run / "run.db"
+    before = digest(store)
+    other = tmp_path / "notes.txt"
+    other.write_text("mine\n")
+    for target, fragment in ((store, "holds a run store"), (finished_run / "run.lock", "run directory"),
+                             (other, "is not an Optuna journal")):
+        assert main(["report", str(finished_run), "--optuna-journal", str(target)]) == 2
+        err = one_line_error(capsys)
+        assert fragment in err and str(target) in err and "--optuna-journal" in err
+    assert digest(store) == before and other.read_text() == "mine\n"
+    RunStore.open(finished_run, readonly=True).check_integrity()
+    journal = tmp_path / "study.log"
+    assert main(["report", str(finished_run), "--optuna-journal", str(journal)]) == 0
+    assert main(["report", str(finished_run), "--optuna-journal", str(journal)]) == 0  # its own kind: replaced
+    capsys.readouterr()
+    assert main(["report", str(finished_run), "--optuna-journal", ""]) == 2
+    assert "--optuna-journal is empty" in one_line_error(capsys)
+
+
+def test_1_a_live_runs_store_is_refused_and_the_search_ends_well(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    out = tmp_path / "live"
+    with Evolution(Config(**TINY), out_dir=out) as evo:
+        assert main(["report", str(out), "--optuna-journal", str(out / "run.db")]) == 2
+        one_line_error(capsys)
+        evo.run()
+    assert len(RunStore.open(out, readonly=True).evaluations()) >= 2
+
+
+def test_14_a_journal_under_a_file_is_one_line(finished_run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(["report", str(finished_run), "--optuna-journal", str(tmp_path / "afile" / "j.log")]) == 2
+    assert "is a file, not a directory" in one_line_error(capsys)
+
+
+# -- item 2: export --out never replaces its source, a store or a model ----------------------------
+def test_2_export_refuses_its_source_a_run_and_any_model_directory(finished_run, tmp_path, capsys):
+    from evo_attention.search.models import kept_model
+
+    model = Path(kept_model(finished_run, 1))
+    before = {p.name: digest(p) for p in model.iterdir()}
+    for fmt in ("standalone", "hf"):
+        for source in (["--model", str(model)], ["--from-run", str(finished_run)]):
+            for out in (model, finished_run):
+                assert main(["export", *source, "--format", fmt, "--out", str(out)]) == 2
+                err = one_line_error(capsys)
+                assert str(out) in err and "--out" in err and "would destroy it" in err
+    assert {p.name: digest(p) for p in model.iterdir()} == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"someone's weights")
+    assert main(["export", "--model", str(model), "--out", str(other)]) == 2
+    assert "holds a saved model" in one_line_error(capsys)
+    assert (other / "model.safetensors").read_bytes() == b"someone's weights"
+    assert main(["export", "--model", str(model), "--out", str(tmp_path / "e")]) == 0
+    assert main(["export", "--model", str(model), "--out", str(tmp_path / "e")]) == 0  # its own kind: written again
+    capsys.readouterr()
+    assert main(["export", "--model", str(model), "--out", ""]) == 2
+    assert "--out is empty" in one_line_error(capsys)
+
+
+# -- item 3: --keep-models is part of the run ------------------------------------------------------
+KEEP_FLAGS = [*FLAGS[:-5], "--population", "4", "--generations", "2", "--quiet"]
+
+
+def test_3_a_resumed_run_keeps_what_the_uninterrupted_one_keeps(tmp_path, capsys, monkeypatch):
+    from evo_attention.search.driver import Search
+    from evo_attention.search.models import kept_models
+
+    whole = tmp_path / "whole"
+    assert main(["search", *KEEP_FLAGS, "--keep-models", "2", "--out", str(whole)]) == 0
+    cut = tmp_path / "cut"
+    calls = []
+    original = Search._after_generation
+
+    def stop_after_the_first(self):
+        original(self)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Search, "_after_generation", stop_after_the_first)
+        assert main(["search", *KEEP_FLAGS, "--keep-models", "2", "--out", str(cut)]) != 0
+    capsys.readouterr()
+    assert main(["search", *KEEP_FLAGS, "--resume", "--keep-models", "3", "--out", str(cut)]) == 2
+    assert "--keep-models 3 differs from the 2" in one_line_error(capsys)
+    assert main(["search", *KEEP_FLAGS, "--resume", "--out", str(cut)]) == 0
+    assert [m["gene"] for m in kept_models(cut)] == [m["gene"] for m in kept_models(whole)]
+
+
+# -- items 5, 6, 12: every study store has one writer and its own kind; one rule for --out ---------
+CURVE_DATA = "mqar:seq_len=16,vocab=16,train_examples=64,eval_examples=16,pairs=2"
+STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+               "--batch-size", "4", "--eval-batch-size", "16", "--quiet"]
+
+
+def _no_training(monkeypatch):
+    import evo_attention.search.executors.base as base
+
+    def fail(*a, **k):
+        pytest.fail("trained again")
+
+    monkeypatch.setattr(base, "execute", fail)
+    monkeypatch.setattr(base, "execute_batch", fail)
+
+
+def test_5_a_compare_store_has_one_writer_and_its_own_kind(tmp_path, capsys, monkeypatch):
+    from evo_attention.search.lock import RunLock
+
+    out = tmp_path / "cmp"
+    with RunLock(out):  # a compare running elsewhere holds its store
+        _no_training_ctx = monkeypatch.context()
+        with _no_training_ctx:
+            _no_training(monkeypatch)
+            assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 2
+            assert "is in use by process" in one_line_error(capsys)
+    monkeypatch.undo()
+    assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 0
+    assert RunStore.open(out, readonly=True).kind() == "compare"
+    capsys.readouterr()
+    assert main(["search", *FLAGS, "--resume", "--out", str(out)]) == 2
+    assert "holds the store of a compare, not of a search" in one_line_error(capsys)
+    assert main(["curve", "--genes", "baseline", "--knob", "queries=1,2", "--seeds", "1", "--out", str(out),
+                 *STUDY_FLAGS, "--data", CURVE_DATA]) == 2
+    assert "holds a run store" in one_line_error(capsys)
+    with monkeypatch.context() as patch:  # its own kind: continued, nothing trained again
+        _no_training(patch)
+        assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 0
+
+
+def test_6_a_validation_without_a_run_keeps_its_trainings_in_out(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "val"
+    command = ["validate", "--genes", "dot|softmax|none|fixed|nobias|0.00|pos=rope", "--seeds", "2", "--out", str(out),
+               *STUDY_FLAGS]
+    assert main(command) == 0
+    assert RunStore.open(out, readonly=True).kind() == "validate"
+    _no_training(monkeypatch)
+    assert main(command) == 0  # an interrupted or repeated validation trains no finished seed again
+
+
+@pytest.mark.parametrize("command", [
+    ["compare", "--configs", "baseline", "--seeds", "1", *STUDY_FLAGS],
+    ["curve", "--genes", "baseline", "--knob", "queries=1,2", "--seeds", "1", *STUDY_FLAGS, "--data", CURVE_DATA],
+    ["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", *STUDY_FLAGS],
+    ["ablate", "--gene", "dot|softmax|output_gate|fixed|nobias|0.00", "--seeds", "2", *STUDY_FLAGS],
+    ["attention-maps", "--gene", "dot|softmax|none|fixed", *STUDY_FLAGS],
+    ["baseline", *STUDY_FLAGS],
+])
+def test_12_an_empty_out_is_refused_everywhere(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _no_training(monkeypatch)
+    assert main([*command, "--out", ""]) == 2
+    assert "--out is empty" in one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- item 4: the probe answers that decide a result are pinned by the run ----------------------------
+@pytest.fixture
+def probing(tmp_path, monkeypatch):
+    """A CPU with native bf16 where bf16 measures faster, a fresh probe cache and pin table."""
+    from evo_attention.train import environment, probe_cache
+    from evo_attention.train import trainer as engine
+
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(environment.ENV_PRECISION_PROBE, "on")
+    monkeypatch.setattr(environment, "_PRECISION_CHOICES", {})
+    monkeypatch.setattr(environment, "cpu_has_fast_bf16", lambda: True)
+    for name in ("_PINNED", "_USED"):
+        monkeypatch.setattr(probe_cache, name, {})
+    monkeypatch.setattr(probe_cache, "_WARNED", set())
+    monkeypatch.setattr(engine, "precision_step_times", lambda *a, **k: {"fp32": 0.030, "bf16": 0.010})
+    return tmp_path / "cache"
+
+
+def test_4_a_resume_after_a_changed_probe_file_keeps_the_runs_precision(probing, tmp_path, monkeypatch, recwarn):
+    from evo_attention.search.driver import Search
+    from evo_attention.search.runner import PROBES
+    from evo_attention.train import environment
+
+    out = tmp_path / "run"
+    calls = []
+    original = Search._after_generation
+
+    def stop_after_the_first(self):
+        original(self)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Search, "_after_generation", stop_after_the_first)
+        assert main(["search", *KEEP_FLAGS, "--batch-models", "off", "--out", str(out)]) != 0
+    [probe] = probing.glob("precision-*.json")
+    assert RunStore.open(out, readonly=True).get_meta(PROBES)[probe.name]["precision"] == "bf16"
+    probe.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 9.0}))  # another answer now
+    environment._PRECISION_CHOICES.clear()  # a new process
+    assert main(["search", *KEEP_FLAGS, "--batch-models", "off", "--resume", "--out", str(out)]) == 0
+    records = RunStore.open(out, readonly=True).evaluations()
+    assert len(records) > 4 and {r["precision"] for r in records} == {"bf16"}
+    said = [str(w.message) for w in recwarn if "differs from the one this run pinned" in str(w.message)]
+    assert len(said) == 1 and probe.name in said[0]
+
+
+def test_4_an_unwritable_probe_cache_is_said_once(probing, tmp_path, monkeypatch):
+    import torch
+
+    from evo_attention.train import environment
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    cpu = torch.device("cpu")
+    with pytest.warns(UserWarning, match="cannot keep probe answers") as said:
+        for d_model in (16, 32):
+            spec = Config(d_model=d_model, vocab_size=16).model
+            assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
+                                                timer=lambda: {"fp32": 0.03, "bf16": 0.01})[0] == "bf16"
+    assert len([w for w in said if "cannot keep probe answers" in str(w.message)]) == 1
+
+
+# -- items 8 and 14 ------------------------------------------------------------------------------------
+def test_8_fp16_on_a_cpu_is_refused_before_the_run_is_created(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["search", *FLAGS, "--device", "cpu", "--precision", "fp16", "--out", str(out)]) == 2
+    assert "fp16 is not supported on CPU" in one_line_error(capsys)
+    assert not out.exists()
+    assert main(["search", *FLAGS, "--device", "cpu", "--out", str(out)]) == 0  # the place is free for a run
+
+
+def test_14_sigterm_to_a_study_says_what_it_kept_and_how_to_go_on(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+    import time
+
+    import evo_attention.search.executors.base as base
+
+    def terminated(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        pytest.fail("SIGTERM did not stop the study")
+
+    monkeypatch.setattr(base, "execute", terminated)
+    monkeypatch.setattr(base, "execute_batch", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        out = tmp_path / "cmp"
+        assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(out), *STUDY_FLAGS]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("evo-attention: interrupted;") and str(out / "run.db") in err and "again" in err
