@@ -297,3 +297,17 @@ def test_the_runner_answers_an_equivalent_program_from_the_store_without_trainin
     plain = Runner(Counting(), store=store, data={config.task: data})  # studies: no equivalence
     assert plain.lookup(EvalTask(twin)) is not None
     store.close()
+
+
+def test_the_step_time_benchmark_runs_at_tiny_sizes(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_programs.py"
+    spec = importlib.util.spec_from_file_location("bench_programs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke", "--out", str(tmp_path / "r.json")]) == 0
+    import json
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert set(result["pairs"]) == set(module.PAIRS) and all(p["ratio_median"] > 0 for p in result["pairs"].values())
