@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
@@ -799,3 +800,39 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
                 (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
     return save_figure(fig, path)
+
+
+def plot_program(text: str, path: str | os.PathLike, *, title: str = "") -> Path:
+    """A program (its canonical text) as a graph: each distinct node once, inputs at the bottom,
+    the root at the top, an arrow from each argument to the op that reads it (a shared
+    subexpression has several)."""
+    from evo_attention.genes import canonical_program
+
+    program = canonical_program(text)
+    nodes = program.nodes()  # children before parents
+    depth: dict[str, int] = {}
+    for node in nodes:
+        depth[node.text] = 0 if not node.args else 1 + max(depth[a.text] for a in node.args)
+    levels: dict[int, list] = {}
+    for node in nodes:
+        levels.setdefault(depth[node.text], []).append(node)
+    width = max(len(v) for v in levels.values())
+    where = {}
+    for level, row in levels.items():
+        for i, node in enumerate(row):
+            where[node.text] = ((i + 0.5) * width / len(row), level)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * width), 0.9 * (len(levels) + 1)))
+    with _closing_on_error(fig):
+        for node in nodes:
+            x, y = where[node.text]
+            for arg in node.args:
+                ax.annotate("", xy=(x, y - 0.18), xytext=where[arg.text], arrowprops=dict(arrowstyle="->", color="0.5"))
+            label = node.op if node.op != "const" else node.text
+            ax.text(x, y, label, ha="center", va="center", fontsize=9,
+                    bbox=dict(boxstyle="round,pad=0.3", fc="white" if node.args else "0.9", ec="0.3"))
+        ax.set_xlim(-0.2, width + 0.2)
+        ax.set_ylim(-0.6, len(levels) - 0.4)
+        ax.axis("off")
+        ax.set_title(title or "\n".join(textwrap.wrap(program.text, 70)), fontsize=8)
+        return save_figure(fig, path)
+

@@ -491,10 +491,11 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
 
 def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
                   attachments: Attachments | None = None, distribution: str | None = None,
-                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> str:
+                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
+                  program_figure: str | None = None) -> str:
     """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
-    ``distribution``, ``curves``, ``pareto`` and ``suite_figure`` those of the other figures
-    (omitted when None)."""
+    ``distribution``, ``curves``, ``pareto``, ``suite_figure`` and ``program_figure`` those of the
+    other figures (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
@@ -504,6 +505,9 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     if s.suite is not None:
         sections.append(["## Suite", ""] + suite_run_lines(s)
                         + ([] if suite_figure is None else ["", f"![Accuracy per gene and point]({suite_figure})"]))
+    if program_figure and s.best and s.best.get("program"):
+        sections.append(["## The best gene's program", "", f"`{s.best['program']}`", "",
+                         f"![The best gene's program as a graph, inputs at the bottom]({program_figure})"])
     if pareto and s.multi_objective:
         sections.append(["## Pareto front", ""] + _pareto(s, pareto))
     if distribution:
@@ -539,6 +543,8 @@ def components_note(s: RunSummary) -> str:
 
 def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
                     attachments: Attachments | None = None, distribution: str | None = None,
-                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> Path:
+                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
+                    program_figure: str | None = None) -> Path:
     return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
-                                          curves=curves, pareto=pareto, suite_figure=suite_figure))
+                                          curves=curves, pareto=pareto, suite_figure=suite_figure,
+                                          program_figure=program_figure))
