@@ -10,6 +10,7 @@ from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_exec
                                       install_sigterm_handler, number, suite_text, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import direction, signed_change
 from evo_attention.util.files import check_directory_path
 
 
@@ -114,18 +115,8 @@ def cmd_search(args) -> int:
 
     summary = load_run(out)
     log(summary.statement)
-    if summary.suite is not None and summary.best is not None:
-        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
-        if summary.suite.get("vs_baseline") is not None:
-            line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)} "
-                     f"({100 * summary.suite['vs_baseline']:+.1f} accuracy points)")
-        log(line)
-    elif summary.best_gene is not None:
-        line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
-        if summary.improvement:
-            line += (f"  vs baseline {number(summary.baseline['perplexity'])} "
-                     f"({summary.improvement['percent']:+.1f}%)")
-        log(line)
+    if best_line(summary):
+        log(best_line(summary))
     if evolution.schedule is not None:
         from evo_attention.search.fidelity import fidelity_lines
         from evo_attention.search.store import RunStore
@@ -143,6 +134,24 @@ def cmd_search(args) -> int:
     log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, "
         f"{'suite.png, ' if summary.suite is not None else ''}report.md")
     return 0 if summary.best_gene is not None else 1
+
+
+def best_line(summary) -> str | None:
+    """The search's best gene against the baseline: its change (best - baseline) with the metric's
+    direction, the one sign convention of every output (``util.format``)."""
+    if summary.suite is not None and summary.best is not None:
+        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
+        if summary.suite.get("vs_baseline") is not None:
+            line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)}: change "
+                     f"{100 * summary.suite['vs_baseline']:+.1f} accuracy points ({direction(False)})")
+        return line
+    if summary.best_gene is None:
+        return None
+    line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
+    if summary.change:
+        line += (f"  vs baseline {number(summary.baseline['perplexity'])}: change "
+                 f"{signed_change(summary.change['percent'])} ({direction(True)})")
+    return line
 
 
 def register(sub) -> None:
