@@ -45,6 +45,15 @@ def cmd_export(args) -> int:
                 f"trust_remote_code=True --tasks {task} --include_path {args.out}")
         log(f"load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
         return 0
+    if args.format == "hf-attention":
+        from evo_attention.nn.hf_attention import ENTRY_FILE, export_hf_attention
+
+        result = export_hf_attention(model, args.out, source=source)
+        log(f"exported {' / '.join(dict.fromkeys(result['genes']))} from {directory} as the transformers attention "
+            f"function {result['name']!r}")
+        log(f"use it: import {ENTRY_FILE[:-3]} (from {args.out}); LlamaConfig(..., attn_implementation="
+            f"{ENTRY_FILE[:-3]}.register()); {ENTRY_FILE[:-3]}.install(model)")
+        return 0
     result = export_attention(model, args.out, source=source)
     log(f"exported {result['gene']} ({result['layers']} layer(s)) from {directory}")
     log("wrote " + ", ".join(result["files"]))
@@ -78,9 +87,11 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="DIR", help="a saved model directory (baseline --save-model, search --keep-models)")
     p.add_argument("--from-run", metavar="DIR", help="a search run that kept its models (search --keep-models K)")
     p.add_argument("--rank", type=int, help="with --from-run: which kept model, 1 = the best (default 1)")
-    p.add_argument("--format", choices=("standalone", "hf"), default="standalone",
+    p.add_argument("--format", choices=("standalone", "hf", "hf-attention"), default="standalone",
                    help="standalone (default): the attention module with the library's modules it runs; hf: the "
-                   "whole model and its tokenizer as a transformers model directory (trust_remote_code)")
+                   "whole model and its tokenizer as a transformers model directory (trust_remote_code); "
+                   "hf-attention: the gene as a transformers attention function (AttentionInterface) for "
+                   "Llama-family and GPT-2 models (attn_implementation=...)")
     p.add_argument("--lm-eval-split", choices=("valid", "test"), default="valid",
                    help="with --format hf: the split of the training data that the lm-evaluation-harness task "
                    "it writes (lm_eval_task.yaml) scores (default valid)")
