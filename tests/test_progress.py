@@ -63,3 +63,39 @@ def test_an_interruption_leaves_one_clean_line():
     text = ANSI.sub("", out.getvalue())
     assert text.count("interrupted at 1/10 evaluations") == 1
     assert text.rstrip().endswith("evaluations in 0s") or "interrupted at 1/10 evaluations" in text.splitlines()[-1]
+
+
+TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
+            recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64},
+            d_model=16, n_heads=2, n_layers=1, dropout=0.0, batch_size=8, eval_batch_size=64, eval_steps=None,
+            learning_rate=3e-3, train_steps=4, log_every=2, population_size=2, n_generations=1, elite_size=1,
+            seed=7)
+
+
+def test_the_python_api_says_where_it_writes_and_each_trial_unless_quiet(tmp_path, capsys, monkeypatch):
+    from evo_attention import Config, Evolution
+
+    monkeypatch.setattr(progress, "is_interactive", lambda: False)
+    with Evolution(Config(**TINY), out_dir=tmp_path / "run") as evolution:
+        evolution.run()
+    err = capsys.readouterr().err
+    assert f"run directory {tmp_path / 'run'}" in err
+    assert err.count("] baseline ") == 1 and "[2/" in err and "ETA" in err  # a line per trial
+    assert f"report: {tmp_path / 'run' / 'report.html'}" in err and (tmp_path / "run" / "report.html").is_file()
+    assert f"evo-attention validate --from-run {tmp_path / 'run'}" in err
+    with Evolution(Config(**TINY), out_dir=tmp_path / "quiet", quiet=True) as evolution:
+        evolution.run()
+    assert capsys.readouterr().err == ""
+
+
+def test_the_cli_search_ends_with_the_report_and_the_next_commands(tmp_path, capsys, monkeypatch):
+    from evo_attention.cli import main
+
+    monkeypatch.setattr(progress, "is_interactive", lambda: False)
+    run = tmp_path / "run"
+    assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                 "--elite", "1", "--keep-models", "1", "--out", str(run)]) == 0
+    tail = capsys.readouterr().err.splitlines()[-5:]
+    assert tail[0].startswith(f"report: {run / 'report.html'}") and tail[1] == "next:"
+    assert f"evo-attention validate --from-run {run}" in tail[2]
+    assert f"evo-attention export --from-run {run} --rank 1 --format hf" in tail[3]

@@ -68,7 +68,7 @@ def _executor_text(executor) -> str:
 
 
 def cmd_search(args) -> int:
-    from evo_attention.studies.evolution import Evolution
+    from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
     if args.resume and args.overwrite:
@@ -83,7 +83,7 @@ def cmd_search(args) -> int:
 
     trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                          executor=executor, trackers=trackers, keep_models=args.keep_models)
+                          executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
@@ -131,8 +131,8 @@ def cmd_search(args) -> int:
         log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}"
             + "".join(f"\n  {m['rank']}. {m['gene']}  perplexity {number(m.get('val_perplexity'))}  {m['dir']}"
                       for m in kept))
-    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, "
-        f"{'suite.png, ' if summary.suite is not None else ''}report.md")
+    for line in end_of_run_lines(out, kept=args.keep_models, suite=summary.suite is not None):
+        log(line)
     return 0 if summary.best_gene is not None else 1
 
 

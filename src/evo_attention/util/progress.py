@@ -116,17 +116,17 @@ def training_bar(description: str, total: int, enabled: bool = True):
         yield update
 
 
-def search_columns() -> list:
-    """The columns of a search's bars, fitted to narrow terminals (80 columns): the count and the ETA
-    come first and keep their width; the description and the info (best so far, loss) share what is
-    left and are cut with an ellipsis."""
+def search_columns(width: int = 80) -> list:
+    """The columns of a search's bars on a terminal ``width`` columns wide (80 at least counts): the
+    count, a short bar and the ETA keep their width; the description and the info (best so far,
+    loss) share what is left (3 : 2) and are cut with an ellipsis."""
     def text(template: str, width: int) -> TextColumn:
         return TextColumn(template, markup=False,
                           table_column=Column(max_width=width, no_wrap=True, overflow="ellipsis"))
 
-    # 28 + 9 (count) + 10 (bar) + 9 (ETA) + 20 + 4 spaces <= 80
-    return [text("{task.description}", 28), MofNCompleteColumn(), BarColumn(bar_width=10),
-            TextColumn("{task.fields[eta]}", markup=False), text("{task.fields[info]}", 20)]
+    free = max(20, width - 33)  # 9 (count) + 10 (bar) + 9 (ETA) + 5 spaces
+    return [text("{task.description}", free * 3 // 5), MofNCompleteColumn(), BarColumn(bar_width=10),
+            TextColumn("{task.fields[eta]}", markup=False), text("{task.fields[info]}", free * 2 // 5)]
 
 
 class SearchView:
@@ -155,7 +155,7 @@ class SearchView:
     def __enter__(self):
         with best_effort():
             if self.live:
-                self._progress = Progress(*search_columns(), console=self.console, transient=True)
+                self._progress = Progress(*search_columns(self.console.width), console=self.console, transient=True)
                 self._progress.__enter__()
                 self._search = self._progress.add_task("search", total=self.planned, info="", eta="ETA -")
         return self
