@@ -32,15 +32,14 @@ def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
 def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False) -> list[str]:
     """What a finished search says last: where its report is, and the commands that come next."""
     run_dir = Path(run_dir)
-    export = (f"  evo-attention export --from-run {run_dir} --rank 1 --format hf --out {run_dir / 'hf'}"
+    export = (f"next: evo-attention export --from-run {run_dir} --rank 1 --format hf --out {run_dir / 'hf'}"
               "   # the best kept model for transformers" if kept else
-              "  (search with --keep-models K to keep the best models for evo-attention export)")
+              "next: search with --keep-models K to keep the best models for evo-attention export")
     return [f"report: {run_dir / 'report.html'} (and report.md, final_results.json, evaluations.csv, "
             f"evolution_progress.png{', suite.png' if suite else ''})",
-            "next:",
-            f"  evo-attention validate --from-run {run_dir}   # the best genes on fresh seeds against the baseline",
+            f"next: evo-attention validate --from-run {run_dir}   # the best genes on fresh seeds against the baseline",
             export,
-            f"  evo-attention report {run_dir} --optuna-journal {run_dir / 'optuna.log'}   # for optuna-dashboard"]
+            f"next: evo-attention report {run_dir} --optuna-journal {run_dir / 'optuna.log'}   # for optuna-dashboard"]
 
 
 class Evolution(Search):
