@@ -2,7 +2,7 @@
 
 ``write_report(run_dir)`` (re)writes into ``run_dir``:
 
-- ``final_results.json``: best gene, history, top 5, baseline, improvement, config, counts, ...
+- ``final_results.json``: best gene, history, top 5, baseline, change (vs the baseline), config, counts, ...
 - ``evaluations.csv``: one row per stored evaluation (all roles)
 - ``evolution_progress.png``: perplexity per generation (best, mean, best so far, all points)
 - ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option

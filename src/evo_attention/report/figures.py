@@ -633,9 +633,10 @@ CURVES_TOP = 5  # the best genes whose training curves are drawn (the baseline c
 
 
 def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int = CURVES_TOP) -> Path:
-    """``learning_curves.png``: the training-loss curve (mean over each log interval) of the best
-    ``top`` genes and of the baseline, on one axis; for a multi-fidelity run, a dotted line at every
-    rung where the schedule cut the other individuals short."""
+    """``learning_curves.png``: the training-loss curve (mean over each log interval, a marker at
+    every point, so a curve of one point still shows) and the validation-loss points (dashed, the
+    same colour) of the best ``top`` genes and of the baseline, on one axis; for a multi-fidelity
+    run, a dotted line at every rung where the schedule cut the other individuals short."""
     by_id = {r.get("id"): r for r in summary.evaluations}
     lines = []
     if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
@@ -644,30 +645,36 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
     if summary.baseline is not None:
         base = next((r for r in summary.evaluations if r.get("role") == "baseline" and r.get("curve")), None)
         if base is not None:
-            lines.append((f"baseline {summary.baseline['str']}", base["curve"], "black", ":"))
+            lines.append((f"baseline {summary.baseline['str']}", base["curve"], "black", ":", base.get("val_curve")))
     colors = plt.get_cmap("tab10").colors
     for i, row in enumerate(summary.top(top)):
         record = by_id.get(row["id"])
         if record is not None and record.get("curve"):
-            lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-"))
+            lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-",
+                          record.get("val_curve")))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     with _closing_on_error(fig):
         if lines:
-            for label, curve, color, style in lines:
+            for label, curve, color, style, val_curve in lines:
                 steps, losses = zip(*curve)
-                ax.plot(steps, losses, style, color=color, linewidth=1.6, label=label)
+                ax.plot(steps, losses, style, color=color, linewidth=1.6, marker="o", markersize=3, label=label)
+                if val_curve:
+                    steps, losses = zip(*val_curve)
+                    ax.plot(steps, losses, "--", color=color, linewidth=1.0, marker="s", markersize=4, alpha=0.8)
+            if any(line[4] for line in lines):  # one legend entry says what the dashed lines are
+                ax.plot([], [], "--", color="tab:gray", marker="s", markersize=4, label="validation loss (dashed)")
             rungs = (summary.fidelity or {}).get("rungs") or []
             for j, steps in enumerate(rungs[:-1]):
                 ax.axvline(steps, color="tab:gray", linestyle=":", linewidth=1,
                            label="rung cuts of the schedule" if j == 0 else None)
-            values = [loss for _, curve, _, _ in lines for _, loss in curve]
+            values = [loss for line in lines for curve in (line[1], line[4] or []) for _, loss in curve]
             if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
                 ax.set_yscale("log")
             ax.legend(loc="upper right", fontsize=7, framealpha=0.85)  # curves fall: the corner stays free
         else:
             ax.text(0.5, 0.5, "No training curve stored yet.", transform=ax.transAxes, ha="center", va="center")
         ax.set_xlabel("Training step")
-        ax.set_ylabel("Training loss (mean over each log interval)")
+        ax.set_ylabel("Loss (training: mean over each log interval)")
         ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
         ax.grid(True, alpha=0.3)
     return save_figure(fig, path)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
-from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
 from evo_attention.report.studies.ablation import ablation_table as _ablation_cells
 from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
 from evo_attention.report.studies.ablation import recipe_mechanism_table as _recipe_mechanism_cells
@@ -37,7 +37,7 @@ from evo_attention.report.studies.transfer import transfer_table as _transfer_ce
 from evo_attention.report.studies.validation import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
-from evo_attention.util.format import code, finite_or_none, fmt, markdown_table, md_cell
+from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
@@ -85,9 +85,9 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
     base = s.baseline["perplexity"] if s.baseline else None
     text = any(r.get("bits_per_byte") is not None for r in s.top(k))  # a text corpus: bits per byte too
     headers = ["Rank", "Gene", "Key", "Perplexity"] + (["Bits/byte"] if text else []) + [
-        "vs baseline", "Generation", "Params"]
+        change_header(), "Generation", "Params"]
     rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"])] + ([fmt(r.get("bits_per_byte"), 4)] if text else [])
-            + [f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-", fmt(r["generation"]),
+            + [signed_change((change_of(r["perplexity"], base) or {}).get("percent")), fmt(r["generation"]),
                fmt(r["params"])] for r in s.top(k)]
     return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
 
@@ -108,7 +108,7 @@ def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> Table:
         rows.append(["baseline" if is_base else fmt(r["rank"]), r["str"], r["gene"], fmt(acc, 4), change]
                     + [suite_cell(c["accuracy"]) if c["status"] == "ok" else c["status"] for c in cells]
                     + [fmt(r["generation"])])
-    return Table(["Rank", "Gene", "Key", "Suite accuracy", "vs baseline"] + labels + ["Generation"], rows,
+    return Table(["Rank", "Gene", "Key", "Suite accuracy", change_header(lower_is_better=False)] + labels + ["Generation"], rows,
                  "rllrr" + "r" * len(labels) + "r", (2,))
 
 
@@ -333,13 +333,12 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
         text = f"- Baseline {b['str']} `{b['gene']}`: perplexity {fmt(b['perplexity'])}"
         if b["n"] > 1:
             text += f" (mean of {b['n']} evaluations)"
-        imp = s.improvement
-        if imp is not None:
-            better = "lower (better)" if imp["absolute"] >= 0 else "higher (worse)"
-            text += (f"; the best gene is {fmt(abs(imp['absolute']))} {better}, "
-                     f"**{imp['percent']:+.1f}%** improvement")
+        change = s.change
+        if change is not None:
+            text += (f"; the best gene's change from it **{signed_change(change['percent'])}** "
+                     f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
-    if s.improvement is not None and not validation:
+    if s.change is not None and not validation:
         lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to see whether "
                      "the difference holds over several seeds.")
     return lines
