@@ -187,3 +187,25 @@ def test_cli_export_format_hf_attention_runs_without_the_library(tmp_path):
                                "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "OK" in done.stdout
+
+
+def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
+    from evo_attention.nn.hf_attention import core_attention, install, register
+
+    gene = "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),k))),v)))|nobias|0.00|pos=rope|kvh=2"
+    model = _llama(register("evo_test_program"))
+    install(model, gene)
+    assert any(".self_attn.evo_attention.program." in n for n, _ in model.named_parameters())
+    assert all(l == l for l in _train(model))
+    layer = model.model.layers[0].self_attn
+    ids = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(2))
+    x, y = _captured(layer, lambda: model(ids))
+    qkv = torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight])
+    attention = _library_attention(gene, layer, qkv, layer.o_proj.weight)
+    with torch.no_grad():
+        assert (y - attention(x)).abs().max() <= TOLERANCE
+        model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=False)
+        with pytest.raises(ValueError, match="use_cache=False"):
+            model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+    with pytest.raises(Exception, match="only a program o"):
+        core_attention("prog=g.output_gate(o(mix(w.softmax(s.dot(q,k)),v)))", 32, 4)

@@ -23,11 +23,11 @@ Contract:
 - One implementation: ``attention_forward`` runs the library's own pieces on the host's q, k, v:
   ``EvolvedAttention._weigh`` on a whole sequence (the paths the tool trains with: fused, banded,
   running sums), and on new positions after the host's cache the pieces of ``decode``
-  (``_weighing_inputs``, ``_attend`` with ``decode_mask``). A layer built this way computes, on the
+  (``_weighing_inputs``, ``attend`` with ``decode_mask``). A layer built this way computes, on the
   same weights, what the library's ``EvolvedAttention`` computes (a test trains a tiny
   ``LlamaForCausalLM`` and compares, fp32, within 1e-5). A later kind of gene that builds its own
   attention module plugs in through ``core_attention`` (what the function runs is that module's
-  ``_weigh`` / ``_attend``).
+  ``_weigh`` / ``attend``).
 - What the host decides: the projections (its ``qkv_rank``, ``kv_heads``, bias), and the word order
   of rotary or learned positions (Llama rotates q and k itself, GPT-2 adds learned positions to
   its input); the gene decides the rest, its window and score biases (ALiBi, ``abias=rel``)
@@ -58,6 +58,9 @@ def core_attention(gene: AttentionGene | str, d_model: int, n_heads: int, *, max
     output projections (removed) and its rotary embedding (the host's positions); grouped K/V
     heads and a low-rank projection are the host's too."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+    if gene.program is not None and not gene.program.startswith("o("):
+        raise UserError(f"program {gene.program} does more after its heads' output projection o(...): a "
+                        "transformers layer applies its own output projection, so only a program o(...) can be hosted")
     core = EvolvedAttention(d_model, n_heads, gene.replace(kv_heads=0, qkv_rank=0), max_seq_len=max_seq_len,
                             kernel_features=kernel_features)
     del core.qkv, core.out
@@ -80,8 +83,14 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         group = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     allowed = _allowed(attention_mask, query.shape[0], t, s)
-    tau = core.temperature(x)
     start = s - t
+    if core.program is not None:  # a program: its heads' value, the argument of its root o(...)
+        if start:
+            raise ValueError(f"a program gene ({core.gene.program}) runs on whole sequences: generate with "
+                             "use_cache=False (the host's cache keeps no earlier queries, which its ops may read)")
+        y = core.program.heads(core, x, {"q": query, "k": key, "v": value}, allowed)
+        return y.transpose(1, 2).contiguous(), None
+    tau = core.temperature(x)
     with core._precision(query.device.type):
         if start == 0:  # a whole sequence: the forward's own paths
             y, weights = core._weigh(query, key, value, tau, allowed, need_weights=False)
@@ -89,8 +98,8 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
             q, k, v, bias = core._weighing_inputs(query, key, value, tau, start)
             mask = decode_mask(start, t, query.device, core.window)
             mask = mask if allowed is None else mask & allowed
-            y, weights = core._attend(q, k, v, tau, bias, mask, core.dropout_p if core.training else 0.0,
-                                      fused=False, full_causal=False, aligned=False)
+            y, weights = core.attend(q, k, v, tau, bias, mask, core.dropout_p if core.training else 0.0,
+                                     fused=False, full_causal=False, aligned=False)
     return y.transpose(1, 2).contiguous(), weights
 
 

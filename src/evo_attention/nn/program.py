@@ -259,6 +259,14 @@ class ProgramCore(nn.Module):
         run = _Pass(attn, x, mask, need_weights)
         return self.value(self.program.root, run), run.weights
 
+    def heads(self, attn, x, projected: dict, mask=None):
+        """The value of the root ``o(...)``'s argument, [B, H, T, d], with the given projections
+        ({"q", "k", "v"} [B, H, T, d]) in place of the attention module's (a host model's own,
+        ``nn.hf_attention``)."""
+        run = _Pass(attn, x, mask, False)
+        run.projected = projected
+        return self.value(self.program.root.args[0], run)
+
     def value(self, node, run: _Pass):
         """The value of ``node`` in this pass: computed when first asked for, then kept (a node that
         only a fused path would have read is never computed)."""
