@@ -84,6 +84,11 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     allowed = _allowed(attention_mask, query.shape[0], t, s)
     start = s - t
+    if core.qkv_conv is not None:  # convolutions along time read earlier raw q, k, v: whole sequences only
+        if start:
+            raise ValueError(f"gene {core.gene.key} convolves q, k and v along time (dconv=): generate with "
+                             "use_cache=False (the host's cache keeps no earlier queries)")
+        query, key, value = core.qkv_conv(query, key, value)
     if core.program is not None:  # a program: its heads' value, the argument of its root o(...)
         if start:
             raise ValueError(f"a program gene ({core.gene.program}) runs on whole sequences: generate with "

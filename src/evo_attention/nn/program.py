@@ -199,6 +199,8 @@ class _Pass:
         if self.projected is None:
             q, k, v = self.attn.rotated_heads(h)
             k, v = self.attn.share_kv(k, v)
+            if self.attn.qkv_conv is not None:
+                q, k, v = self.attn.qkv_conv(q, k, v)
             self.projected = {"q": q, "k": k, "v": v}
         return self.projected
 
