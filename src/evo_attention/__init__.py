@@ -10,7 +10,11 @@ Extending the search space is public: ``register_similarity``, ``register_normal
 mutations at once); ``register_strategy`` adds a search strategy.
 """
 
-from evo_attention.genes import AttentionGene, SearchSpace
+from evo_attention.util import threads as _threads
+
+_threads.configure()  # how OpenMP threads wait, set before anything below imports torch (util/threads.py)
+
+from evo_attention.genes import AttentionGene, SearchSpace  # noqa: E402
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.components import (register_gating, register_normalization, register_similarity,
