@@ -192,7 +192,16 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
                               confidence=args.confidence, store=store, executor=executor,
                               search_seed=search_seed, source_run=args.from_run, quiet=args.quiet,
                               margin=args.margin, power=args.power, mde=args.mde, max_seeds=args.max_seeds,
-                              lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
+                              lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds,
+                              match_params=getattr(args, "match_params", False))
+
+
+def add_match_flag(p: argparse.ArgumentParser) -> None:
+    """--match-params (validate, compare)."""
+    p.add_argument("--match-params", action="store_true",
+                   help="also train a parameter-matched baseline per gene: the vanilla model with its feed-forward "
+                        "width set so that its parameters are within 0.5%% of the gene's; each verdict is then "
+                        "against it (the table shows both baselines)")
 
 
 def run_study(args, role: str, config, data, store, search_seed, run):
@@ -290,7 +299,8 @@ def cmd_validate(args) -> int:
     seeds = (f"seeds planned from a pilot ({config.seed + 1}..{config.seed + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})")
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
-        f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
+        f"{args.eval_split} split{grid_text(args, config)}"
+        f"{'; each against a parameter-matched baseline' if args.match_params else ''}", args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
     result = run_study(args, "validate", config, data, store, search_seed,
                        lambda setup: run_validation(setup, genes, search_values=known))
@@ -357,5 +367,6 @@ def register(subparsers) -> None:
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/validate")
+    add_match_flag(p)
     add_suite_flag(p, "gene")
     p.set_defaults(func=cmd_validate)

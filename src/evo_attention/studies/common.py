@@ -159,6 +159,7 @@ class StudySetup:
     planned: "SeedPlan | None" = None  # seeds from a target: the study plans them from a pilot
     lr_grid: tuple[float, ...] = ()  # each gene at its best of these rates (studies.lr_grid); () : the config's
     tuning_seeds: tuple[int, ...] = ()  # the seeds that select a rate of lr_grid (never a verdict seed)
+    match_params: bool = False  # each gene is judged against the baseline of its parameter count (nn.matching)
 
     @classmethod
     def resolve(cls, config, data, *, role: str, n_seeds: int = DEFAULT_SEEDS, min_seeds: int = 2,
@@ -168,14 +169,16 @@ class StudySetup:
                 seeds_setting: str = "n_seeds", margin: float = DEFAULT_MARGIN, power: float = DEFAULT_POWER,
                 mde: float | None = None, max_seeds: int = DEFAULT_MAX_SEEDS,
                 lr_grid: str | Sequence[float] | None = None,
-                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> "StudySetup":
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False) -> "StudySetup":
         """The setup of a study: seeds ``config.seed + 1 ... + n_seeds`` (at least ``min_seeds``,
         never ``search_seed``), ``steps`` (default ``config.train_steps``); UserError for a bad
         confidence, metric, margin, power or seed count (this one named ``seeds_setting``, the
         caller's name for it), before anything is trained. ``n_seeds="auto"`` plans the seeds from a
         pilot for an effect of ``mde`` (``SeedPlan``; the study runs the pilot). ``lr_grid`` (rates,
         or their text ``"5e-4,1e-3"``) trains each gene at its best rate of the grid, selected on
-        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``)."""
+        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``). ``match_params``:
+        each gene's verdict is against the vanilla baseline widened in its feed-forward to the gene's
+        parameter count (``matched_baselines``); not with a grid or planned seeds yet."""
         stats.check_confidence(confidence)
         metric_info(metric, eval_split)
         if metric in ("bits_per_byte", "bits_per_char") and getattr(data, "scored_text", None) is not None \
@@ -195,6 +198,11 @@ class StudySetup:
                 raise UserError(f"max_seeds must be an integer >= 2, got {max_seeds!r}", setting="max_seeds")
             planned = SeedPlan(float(mde), max_seeds)
             n_seeds = PILOT_SEEDS  # the pilot's; the plan replaces them
+        if match_params and (planned is not None or lr_grid is not None or data is None):
+            other = f"{seeds_setting} auto" if planned is not None else "lr_grid" if lr_grid is not None else "a suite"
+            raise UserError(f"match_params cannot be combined with {other} yet: drop one of them",
+                            setting=("match_params", seeds_setting if planned is not None else
+                                     "lr_grid" if lr_grid is not None else "suite"))
         seeds = validation_seeds(config.seed, n_seeds, search_seed, minimum=min_seeds, setting=seeds_setting)
         rates, tuning = (), ()
         if lr_grid is not None:
@@ -207,7 +215,7 @@ class StudySetup:
                    metric=metric, confidence=confidence, search_seed=search_seed,
                    source_run=None if source_run is None else str(source_run), store=store, executor=executor,
                    quiet=quiet, margin=float(margin), power=float(power), planned=planned, lr_grid=rates,
-                   tuning_seeds=tuning)
+                   tuning_seeds=tuning, match_params=bool(match_params))
 
     def at(self, config) -> "StudySetup":
         """This setup with another config (a rung of a ladder), trained for its ``train_steps``."""
@@ -244,6 +252,36 @@ class StudySetup:
         return stats.versus_reference(values, baseline, confidence=self.confidence, log=self.log_scale,
                                       margin=self.margin, lower_is_better=self.lower_is_better, power=self.power,
                                       others=self.others(values))
+
+    def versus_baselines(self, values: Mapping[str, Sequence], references: Mapping[str, Sequence],
+                         setups: Mapping[str, "StudySetup"]) -> dict[str, dict]:
+        """Each gene's per-seed values against its own baseline (``references[gene]``, trained by
+        ``setups[gene]``: a matched baseline), Holm's correction over one family: every comparison
+        here plus the comparisons the store holds against each of these baselines' trainings."""
+        stored: dict[str, dict] = {}
+        for setup in {id(s): s for s in setups.values()}.values():
+            for gene, other in setup.others(values).items():
+                stored[f"{gene} @ FFN {setup.config.ffn_dim}"] = other
+        out = {}
+        for key, sample in values.items():
+            family = {**{k: {"values": values[k], "reference": references[k]} for k in values if k != key}, **stored}
+            out[key] = stats.versus_reference({key: sample}, references[key], confidence=self.confidence,
+                                              log=self.log_scale, margin=self.margin,
+                                              lower_is_better=self.lower_is_better, power=self.power,
+                                              others=family)[key]
+        return out
+
+    def matched_baselines(self, genes: Iterable[str]) -> dict[str, dict]:
+        """By gene key: the vanilla baseline matched to its parameter count at this setup's model and
+        data (``nn.matching.matched_baseline``: ``d_ff``, ``params``, ``candidate_params``, ...)."""
+        from evo_attention.nn.matching import matched_baseline
+
+        spec = self.config.model.with_data(self.data.vocab_size, self.data.seq_len)
+        return {key: matched_baseline(spec, key) for key in genes}
+
+    def with_ffn(self, d_ff: int | None) -> "StudySetup":
+        """This setup with the model's feed-forward width ``d_ff`` (a matched baseline's trainings)."""
+        return dataclasses.replace(self, config=self.config.replace(d_ff=d_ff))
 
     def others(self, genes: Iterable[str]) -> dict[str, dict]:
         """The other comparisons against this study's baseline trainings, by gene: every gene (not
