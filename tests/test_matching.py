@@ -107,3 +107,24 @@ def test_validate_cli_match_params(tmp_path, capsys):
                  "--match-params", "--out", str(tmp_path / "w"), "--quiet"])
     assert code != 0
     assert "--match-params cannot be combined with --seeds auto" in capsys.readouterr().err
+
+
+def test_compare_with_matched_baselines(tmp_path):
+    from evo_attention.studies.compare import resolve_configs, run_compare
+
+    config = Config(**{**TINY, "d_ff": 32, "train_steps": 2})
+    entries = resolve_configs(["baseline", "bias_only", GATED, "dot|sparsemax|none|fixed|bias|0.10"], 16, 2, 16)
+    result = run_compare(config, entries, seeds=2, out_dir=tmp_path, quiet=True, match_params=True)
+    names = [a["name"] for a in result.aggregates]
+    matches = result.settings["match_params"]
+    assert set(matches) == {"bias_only", GATED, "dot|sparsemax|none|fixed|bias|0.10"}
+    wider = matches[GATED]["ffn_dim"]
+    assert wider > 32 and f"baseline (FFN {wider})" in names
+    assert matches["dot|sparsemax|none|fixed|bias|0.10"]["ffn_dim"] == 32  # its match is the plain baseline
+    assert "baseline (FFN 32)" not in names
+    params = {a["name"]: a["params"] for a in result.aggregates}
+    assert abs(params[f"baseline (FFN {wider})"] - params[GATED]) <= MATCH_TOLERANCE * params[GATED]
+    paired = result.summary["paired"]
+    assert paired[GATED]["versus"]["d_ff"] == wider and paired[GATED]["family_size"] == 3
+    text = (tmp_path / "compare.md").read_text()
+    assert f"[vs the matched baseline, FFN {wider}]" in text and "Parameter-matched baselines" in text
