@@ -128,3 +128,35 @@ def test_compare_with_matched_baselines(tmp_path):
     assert paired[GATED]["versus"]["d_ff"] == wider and paired[GATED]["family_size"] == 3
     text = (tmp_path / "compare.md").read_text()
     assert f"[vs the matched baseline, FFN {wider}]" in text and "Parameter-matched baselines" in text
+
+
+# -- seed blocks: the validations of several units never share a seed --------------------------------
+def test_seed_blocks_are_disjoint_and_recorded(tmp_path):
+    from evo_attention.studies.common import SEED_BLOCK_BASE, SEED_BLOCK_SIZE, StudySetup
+
+    config = Config(**TINY)
+    setups = [StudySetup.resolve(config, None, role="validate", n_seeds=5, seed_block=b, lr_grid="1e-3,2e-3")
+              for b in (0, 1, 2)]
+    used = [set(s.seeds) | set(s.tuning_seeds) for s in setups]
+    assert all(not (a & b) for i, a in enumerate(used) for b in used[i + 1:])
+    assert setups[1].seeds[0] == SEED_BLOCK_BASE + SEED_BLOCK_SIZE + 1
+    assert setups[1].provenance()["seed_block"]["block"] == 1
+    assert "seed_block" not in StudySetup.resolve(config, None, role="validate").provenance()
+    # seeds auto: the pilot and every seed the plan may reach stay in the block
+    planned = StudySetup.resolve(config, None, role="validate", n_seeds="auto", mde=0.01, seed_block=3)
+    assert planned.base_seed == SEED_BLOCK_BASE + 3 * SEED_BLOCK_SIZE
+    with pytest.raises(UserError, match="outside seed block 0.s verdict seeds") as err:
+        StudySetup.resolve(config, None, role="validate", n_seeds="auto", mde=0.01, max_seeds=1500, seed_block=0)
+    assert "seed_block" in err.value.settings
+    with pytest.raises(UserError, match="seed_block -1"):
+        StudySetup.resolve(config, None, role="validate", seed_block=-1)
+
+
+def test_validate_cli_seed_block(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seeds", "2", "--seed-block", "4", "--out",
+                 str(out)]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    assert result["seeds"] == [1_008_001, 1_008_002] and result["seed_block"]["block"] == 4
+    assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seed-block", "run", "--out", str(tmp_path / "w")]) != 0
+    assert "--seed-block run takes the block of the --from-run run's search seed" in capsys.readouterr().err

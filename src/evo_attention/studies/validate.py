@@ -61,7 +61,8 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                    source_run: str | os.PathLike | None = None, quiet: bool = True, margin: float = DEFAULT_MARGIN,
                    power: float = DEFAULT_POWER, mde: float | None = None,
                    max_seeds: int = DEFAULT_MAX_SEEDS, lr_grid=None,
-                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False) -> ValidationResult:
+                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
+                   seed_block: int | None = None) -> ValidationResult:
     """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
     (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each at its own best
     rate of the grid, see ``studies.lr_grid``; ``match_params``: each gene against the baseline of
@@ -73,7 +74,7 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                                metric=metric, confidence=confidence, store=store, executor=executor,
                                search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
                                power=power, mde=mde, max_seeds=max_seeds, lr_grid=lr_grid,
-                               n_tuning_seeds=n_tuning_seeds, match_params=match_params)
+                               n_tuning_seeds=n_tuning_seeds, match_params=match_params, seed_block=seed_block)
     return run_validation(setup, genes, search_values=search_values)
 
 
@@ -122,7 +123,7 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
     each gene at its rate. Returns the setup with those seeds and the plan."""
     planned = setup.planned
     vanilla = AttentionGene.vanilla().key
-    pilot = dataclasses.replace(setup, seeds=tuple(setup.config.seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
+    pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
     records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
     base = samples(records, vanilla, pilot.seeds, pilot.metric)["values"]
     spreads = {}
