@@ -329,6 +329,24 @@ def log_outputs(paths: dict, from_run: str | None) -> None:
         log(f"fold it into the run's report with: evo-attention report {from_run}")
 
 
+def apply_plan(args):
+    """With --plan FILE: the plan (``studies.plan``), its family set into the flags it fixes
+    (the genes, seeds, margin, confidence and seed block); None without one."""
+    if not getattr(args, "plan", None):
+        return None
+    from evo_attention.studies.plan import load_plan
+
+    if args.genes:
+        raise UserError("--plan names the genes it compares: drop --genes")
+    plan = load_plan(args.plan)
+    family = plan.family()
+    args.genes = ",".join(family["comparisons"])
+    args.seeds, args.margin, args.confidence = family["seeds"], family["margin"], 1.0 - family["alpha"]
+    if family.get("seed_block") is not None:
+        args.seed_block = family["seed_block"]
+    return plan
+
+
 def cmd_validate(args) -> int:
     from evo_attention.studies.validate import run_validation, write_validation
     from evo_attention.genes import AttentionGene
@@ -336,8 +354,20 @@ def cmd_validate(args) -> int:
     from evo_attention.report import load_run
 
     summary = load_run(args.from_run) if args.from_run else None
+    plan = apply_plan(args)
     genes = run_genes(args, summary, args.top)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
+    if plan is not None:
+        from evo_attention.studies.plan import check_registration
+
+        try:
+            if config.suite is not None:
+                raise UserError("--plan runs a validation without a suite: drop --suite")
+            check_registration(plan, out, args.eval_split)  # before anything trains
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
     if config.suite is not None:
         return _validate_on_suite(args, genes, config, store, out, search_seed)
     vanilla = AttentionGene.vanilla().key
@@ -350,6 +380,10 @@ def cmd_validate(args) -> int:
     known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
     result = run_study(args, "validate", config, data, store, search_seed,
                        lambda setup: run_validation(setup, genes, search_values=known))
+    if plan is not None:
+        from evo_attention.studies.validate import ValidationResult
+
+        result = ValidationResult({**result.statistics, "plan": plan.record()}, result.provenance)
     paths = write_validation(result, out)
     log(result.headline.replace("**", ""))
     for row in result.genes:
@@ -416,5 +450,10 @@ def register(subparsers) -> None:
     add_analysis_flags(p, "runs/validate")
     add_match_flag(p)
     add_seed_block_flag(p)
+    p.add_argument("--plan", metavar="FILE",
+                   help="run a registered study plan (YAML: comparisons, margin, alpha, test, seeds; see "
+                        "docs/validation.md); its values replace --genes, --seeds, --margin and --confidence, and a "
+                        "family change after results exist in --out is refused unless the plan records it as an "
+                        "amendment with its time")
     add_suite_flag(p, "gene")
     p.set_defaults(func=cmd_validate)
