@@ -43,8 +43,8 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 # Axes that, cycled beside the components, put every position option, rank, relative bias,
 # window and grouped-K/V setting into a short list of genes (heads: 4, so kvh 1 and 2 divide them);
 # one carries recipe parts, which the model ignores (the trainers apply them).
-COVERING_AXES = ("pos=learned|lr=0.002|wd=0.05", "pos=rope|kvh=1", "pos=rope:ntk:4|win=3", "pos=alibi|abias=rel",
-                 "pos=none|rank=4|kvh=2", "pos=rope:linear:2|rank=8|abias=rel|win=4", "pos=learned|abias=rel|win=2")
+COVERING_AXES = ("pos=learned|lr=0.002|wd=0.05", "pos=rope|kvh=1|dconv=3", "pos=rope:ntk:4|win=3", "pos=alibi|abias=rel",
+                 "pos=none|rank=4|kvh=2|dconv=2", "pos=rope:linear:2|rank=8|abias=rel|win=4", "pos=learned|abias=rel|win=2")
 
 
 def covering_gene_keys(skip=frozenset()) -> list:

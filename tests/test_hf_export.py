@@ -252,7 +252,7 @@ def test_auto_classes_load_the_export_in_a_fresh_interpreter(exported, tmp_path)
 
 
 @needs_transformers
-def test_the_wrapper_in_process_batches_pads_right_and_saves_again(exported, tmp_path, monkeypatch):
+def test_the_wrapper_in_process_batches_pads_and_saves_again(exported, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
@@ -269,9 +269,15 @@ def test_the_wrapper_in_process_batches_pads_right_and_saves_again(exported, tmp
         mask = torch.ones_like(ids)
         mask[1, 8:] = 0  # right padding leaves the real positions as they are
         assert torch.allclose(model(ids, attention_mask=mask).logits, io["logits"], atol=TOLERANCE, rtol=0)
-        mask[1, :3] = 0
-        with pytest.raises(ValueError, match="padding on the left"):
-            model(ids, attention_mask=mask)
+        # left padding: each row gives the numbers it gives alone on its real tokens
+        left = torch.ones_like(ids)
+        left[1, :3] = 0
+        padded = model(ids, attention_mask=left).logits
+        assert torch.allclose(padded[0], io["logits"][0], atol=TOLERANCE, rtol=0)
+        assert torch.allclose(padded[1, 3:], model(ids[1:, 3:]).logits[0], atol=TOLERANCE, rtol=0)
+        left[0, 5] = 0  # a hole inside a sequence
+        with pytest.raises(ValueError, match="inside a sequence"):
+            model(ids, attention_mask=left)
     model.save_pretrained(tmp_path / "again")  # transformers' own save copies the code and the weights
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
     with torch.no_grad():
@@ -366,3 +372,102 @@ def test_lm_evaluation_harness_scores_the_export_as_the_library_does(exported, t
     assert math.isclose(scores["word_perplexity,none"], math.exp(-total / words), rel_tol=1e-5)
     nbytes = sum(len(line.encode()) for line in lines)
     assert math.isclose(scores["bits_per_byte,none"], -total / nbytes / math.log(2), rel_tol=1e-5)
+
+
+# -- every dataset the tool trains on -----------------------------------------------------------
+@pytest.mark.parametrize("data,options", [
+    ("recall", {"num_pairs": 2, "train_examples": 8, "eval_examples": 4}),
+    ("mqar", {"pairs": 2, "train_examples": 8, "eval_examples": 4}),
+    ("mad:selective_copy", {"copy": 4, "train_examples": 8, "eval_examples": 4}),
+    ("mad:compression", {"train_examples": 8, "eval_examples": 4}),
+])
+def test_generated_tasks_export_a_tokenizer_and_an_lm_eval_task(tmp_path, data, options):
+    """A generated task's symbols (no <eos>) give a word-level tokenizer whose ids are the data's,
+    its filler (id 0) the padding token, and the harness task scores every scored target."""
+    from tokenizers import Tokenizer
+
+    from evo_attention import Config
+    from evo_attention.nn.hf import write_lm_eval_task
+    from evo_attention.train.spec import load_task
+
+    config = Config(data=data, vocab_size=16, max_seq_len=16, recall=options)
+    task = load_task(config.task)
+    text, special = hf_tokenizer(task.vocab)
+    fast = Tokenizer.from_str(text)
+    x, y = task.data["valid"]
+    words = " ".join(task.vocab.decode(x[0].tolist()))
+    assert fast.encode(words).ids == x[0].tolist() and special == {"pad_token": task.vocab.itos[0]}
+    name, paths = write_lm_eval_task(task, task.vocab, "valid", tmp_path)
+    docs = [json.loads(line) for line in Path(paths[0]).read_text().splitlines()]
+    assert len(docs) == int((y != -100).sum()) and name.endswith("_valid")
+    first = (y[0] != -100).nonzero()[0, 0]
+    assert fast.encode(docs[0]["context"]).ids == x[0, :first + 1].tolist()
+    assert fast.encode(docs[0]["target"]).ids == [int(y[0, first])]
+    assert "output_type: loglikelihood" in Path(paths[1]).read_text()
+
+
+@needs_transformers
+def test_a_quick_preset_run_exports_loads_and_generates(tmp_path, monkeypatch):
+    """The default preset (the recall task, whose vocabulary has no <eos>) exports with --format hf;
+    the directory loads with AutoModelForCausalLM and generates a left-padded batch as each prompt
+    alone, refuses a right-padded one in one sentence, and stops at the window without a cache."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                 "--elite", "1", "--keep-models", "1", "--out", str(run), "--quiet"]) == 0
+    assert main(["export", "--from-run", str(run), "--format", "hf", "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    assert tokenizer.pad_token == "<fill>" and (out / "lm_eval_task.yaml").is_file()
+    prompts = ["k1 v3 k2 v5 k1", "k0 v2 k3 v4 k5 v6 k0"]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        both = model.generate(**batch, max_new_tokens=4, do_sample=False)
+        for row, prompt in enumerate(prompts):
+            alone = model.generate(**tokenizer([prompt], return_tensors="pt"), max_new_tokens=4, do_sample=False)
+            assert both[row, -4:].tolist() == alone[0, -4:].tolist()
+        tokenizer.padding_side = "right"
+        with pytest.raises(ValueError, match="padded on the right.*padding_side = 'left'"):
+            model.generate(**tokenizer(prompts, return_tensors="pt", padding=True), max_new_tokens=2)
+        window = model.config.max_seq_len
+        plain = model.generate(**tokenizer(prompts[:1], return_tensors="pt"), max_new_tokens=2 * window,
+                               do_sample=False, use_cache=False)
+        assert plain.shape[1] == window  # stopped at the window, no error
+        cached = model.generate(**tokenizer(prompts[:1], return_tensors="pt"), max_new_tokens=2 * window,
+                                do_sample=False)
+        assert cached.shape[1] == len(prompts[0].split()) + 2 * window  # the cache slides the window
+    assert "the" not in tokenizer.decode(plain[0])  # the task's symbols, decoded as words
+
+
+HARNESS_TASK = r'''
+import json, sys
+import yaml
+import lm_eval
+from lm_eval.tasks import TaskManager
+name = yaml.safe_load(open(sys.argv[1] + "/lm_eval_task.yaml"))["task"]
+results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": sys.argv[1], "trust_remote_code": True},
+                                  tasks=[name], task_manager=TaskManager(include_path=sys.argv[1]),
+                                  batch_size=4, device="cpu", limit=8)
+print("RESULT", json.dumps(results["results"][name]))
+'''
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS or importlib.util.find_spec("lm_eval") is None,
+                    reason="lm-evaluation-harness (lm_eval) is not installed")
+def test_lm_evaluation_harness_runs_the_task_the_export_writes(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                 "--elite", "1", "--keep-models", "1", "--out", str(run), "--quiet"]) == 0
+    assert main(["export", "--from-run", str(run), "--format", "hf", "--out", str(out)]) == 0
+    done = subprocess.run([sys.executable, "-c", HARNESS_TASK, str(out)], capture_output=True, text=True,
+                          env={**_env(tmp_path), "HF_DATASETS_OFFLINE": "1",
+                               "HF_DATASETS_CACHE": str(tmp_path / "datasets")},
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores = json.loads(done.stdout.split("RESULT ")[-1])
+    assert 0.0 <= scores["acc,none"] <= 1.0 and scores["perplexity,none"] > 1.0

@@ -8,6 +8,7 @@ import pytest
 
 from evo_attention import Config, Evolution, components
 from evo_attention.cli import main
+from evo_attention.genes import OPT_IN, OPTIONS
 from evo_attention.report.optuna import journal_storage, write_optuna_journal
 from evo_attention.search.store import RunStore
 from evo_attention.util.errors import UserError
@@ -60,6 +61,20 @@ def test_the_journal_holds_every_evaluation(tmp_path, failing_normalization):
             assert trial.state == optuna.trial.TrialState.COMPLETE
             assert trial.values == [pytest.approx(record["val_perplexity"]), record["params"]]
             assert (max(trial.constraints.values()) > 0) == (record["params"] > 3824)
+    # real times from the store (optuna-dashboard's durations and timeline), curves as intermediate values
+    for record in evaluations:
+        trial = by_id[record["id"]]
+        assert trial.duration.total_seconds() == pytest.approx(record["time_s"], abs=1e-3) and record["time_s"] > 0
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert sorted(trial.intermediate_values) == [s for s, _ in record["val_curve"]]
+            assert trial.intermediate_values[record["val_curve"][-1][0]] == pytest.approx(record["val_perplexity"])
+    starts = sorted(t.datetime_start for t in study.trials if t.user_attrs.get("id") is not None)
+    assert starts[0] < starts[-1]
+    # the whole space's choices (not only those seen); axes the run never varied are left out
+    distribution = study.trials[0].distributions
+    assert distribution["normalization"].choices == ("softmax", "entmax15", failing_normalization)
+    assert set(distribution["similarity"].choices) == set(OPTIONS["similarity"]) - set(OPT_IN["similarity"])
+    assert "window" not in distribution and "kv_heads" not in distribution
     never = [t for t in study.trials if t.user_attrs.get("status") == "infeasible"]
     assert [t.user_attrs["gene"] for t in never] == [e["gene"] for e in refused]
     for trial in never:

@@ -311,3 +311,33 @@ def test_the_step_time_benchmark_runs_at_tiny_sizes(tmp_path, capsys):
     import json
     result = json.loads((tmp_path / "r.json").read_text())
     assert set(result["pairs"]) == set(module.PAIRS) and all(p["ratio_median"] > 0 for p in result["pairs"].values())
+
+
+def test_a_program_search_runs_from_the_cli_resumes_reports_and_ablates(tmp_path):
+    """A GA over programs end to end: its genes are programs, a resumed run replays it, the
+    report draws the best program, the TPE sampler refuses the space, and an ablation of the best
+    program trains one variant per removable node."""
+    import json
+
+    from evo_attention.cli import main
+
+    config = tmp_path / "programs.yaml"
+    config.write_text("search_space:\n  program: {max_nodes: 6}\n  use_bias: [true]\n  attention_dropout: [0.0]\n")
+    flags = ["--preset", "quick", "--config", str(config), "--vocab-size", "16", "--seq-len", "16", "--d-model", "16",
+             "--heads", "2", "--layers", "1", "--batch-size", "8", "--steps", "6", "--population", "4", "--elite", "1",
+             "--quiet", "--out", str(tmp_path / "run")]
+    assert main(["search", *flags, "--generations", "2"]) == 0
+    results = json.loads((tmp_path / "run" / "final_results.json").read_text())
+    assert main(["search", "--resume", "--quiet", "--out", str(tmp_path / "run")]) == 0  # replayed from the store
+    again = json.loads((tmp_path / "run" / "final_results.json").read_text())
+    assert again["best_gene"] == results["best_gene"] and again["history"] == results["history"]
+    assert results["best_gene"]["program"] and results["strategy"]["name"] == "ga"
+    assert (tmp_path / "run" / "best_program.png").stat().st_size > 0
+    assert "## The best gene's program" in (tmp_path / "run" / "report.md").read_text()
+    assert main(["search", *flags[:-2], "--strategy", "tpe", "--generations", "1", "--out", str(tmp_path / "t")]) == 2
+    best = results["best_gene"]["key"]
+    assert main(["ablate", "--gene", best, "--seeds", "2", *flags[:12], "--steps", "3", "--quiet",
+                 "--out", str(tmp_path / "ablation")]) == 0
+    ablation = json.loads((tmp_path / "ablation" / "ablation.json").read_text())
+    removals = [v for v in ablation["variants"] if v["kind"] == "remove" and v["field"] == "program"]
+    assert removals and all(v["gene"] != best for v in removals)

@@ -114,7 +114,7 @@ def test_final_results(normal_run):
         {"gene": "dot|relu_norm|none|fixed|bias|0.10", "perplexity": 170.0, "generation": 2},
     ]
     assert results["baseline"]["gene"] == VANILLA and results["baseline"]["perplexity"] == BASELINE_PPL
-    assert results["improvement"] == {"absolute": 40.0, "percent": 25.0}
+    assert results["change"] == {"absolute": -40.0, "percent": -25.0}
     assert results["counts"] == {"trained": 10, "ok": 8, "failed": {"diverged": 1, "oom": 1}, "planned": 10,
                                  "cache_hits": 0, "by_role": {"baseline": 1, "search": 10}}
     assert results["config"]["population_size"] == 4 and results["strategy"]["name"] == "ga"
@@ -186,7 +186,7 @@ def test_png_is_valid(normal_run):
 def test_report_md(normal_run):
     write_report(normal_run)
     text = (normal_run / "report.md").read_text()
-    for expected in ("Attn(dot|sparsemax|output_gate|fixed)", "120.00", "+25.0%", "## Settings",
+    for expected in ("Attn(dot|sparsemax|output_gate|fixed)", "120.00", "-25.0%", "## Settings",
                      "](evolution_progress.png)", "## Per generation", "## Top 10 genes", "## Component analysis",
                      "## Failures", "diverged", "oom", "wt2:abc123", f"evo-attention report {normal_run}",
                      "| torch | 2.13 |", "4 x 3 (elite 1)"):
@@ -227,7 +227,7 @@ def test_all_failed_run(tmp_path):
     results = json.loads(paths["final_results"].read_text())
     assert tuple(results) == FINAL_RESULTS_KEYS
     assert results["best_gene"] is None and results["best_perplexity"] is None and results["top_5"] == []
-    assert results["improvement"] is None and results["baseline"]["perplexity"] is None
+    assert results["change"] is None and results["baseline"]["perplexity"] is None
     assert results["history"] == [{"generation": 0, "best_perplexity": None, "mean_perplexity": None,
                                    "best_gene": None}]
     assert results["counts"]["failed"] == {"diverged": 1, "error": 1, "oom": 1}
@@ -268,7 +268,7 @@ def test_run_in_progress(tmp_path):
         summary = load_run(run_dir)
         assert [h["complete"] for h in summary.history] == [True, False]
         assert summary.history[1]["best_perplexity"] == 120.0 and summary.best_generation == 1
-        assert summary.baseline is None and summary.improvement is None
+        assert summary.baseline is None and summary.change is None
         paths = write_report(run_dir)
     text = paths["report"].read_text()
     assert "5 of 11 planned" in text and "1 (in progress)" in text and "--resume" in text
@@ -307,7 +307,7 @@ def test_baseline_only_run(tmp_path):
         store.record(record(VANILLA, "ok", BASELINE_PPL, seed=99), role="baseline")
     paths = write_report(run_dir)
     results = json.loads(paths["final_results"].read_text())
-    assert results["best_gene"] is None and results["improvement"] is None
+    assert results["best_gene"] is None and results["change"] is None
     assert results["baseline"]["perplexity"] == BASELINE_PPL
     assert "No search evaluation finished yet" in paths["report"].read_text()
     assert paths["evolution_progress"].read_bytes()[:8] == PNG_SIGNATURE

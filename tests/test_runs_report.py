@@ -61,7 +61,7 @@ def test_runs_side_by_side_with_anytime_curves_and_one_common_box(tmp_path):
     assert by["random"]["anytime"] == [145.0, 145.0, 135.0]
     assert (by["ga"]["search_trainings"], by["ga"]["failed"]) == (4, 1)
     assert by["ga"]["best_gene"] == "dot|softmax|input_gate|fixed|bias|0.10"
-    assert by["ga"]["improvement_percent"] == pytest.approx(100 * 25 / 155)
+    assert by["ga"]["change_percent"] == pytest.approx(-100 * 25 / 155)
     # the hypervolumes share one box: the bounds of both runs' finished evaluations together
     points = {s: [(p, float(n)) for _, p, n in RUNS[s] if p is not None] for s in RUNS}
     ideal, reference = pareto.bounds(points["ga"] + points["random"])

@@ -19,40 +19,61 @@ def _stored(run):
 def test_tensorboard_gets_every_evaluation_curve_and_generation(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from evo_attention.search.trackers import run_directory
 
     run = tmp_path / "run"
     assert main(["search", *FLAGS, "--track", f"tensorboard:{tmp_path / 'tb'}", "--out", str(run)]) == 0
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     evaluations, generations = _stored(run)
-    scalars = events.Tags()["scalars"]
     perplexities = [e.value for e in events.Scalars("evaluations/val_perplexity")]
     assert sorted(perplexities) == pytest.approx(sorted(r.val_perplexity for r in evaluations), rel=1e-6)
-    assert len([t for t in scalars if t.startswith("curves/")]) == len(evaluations)
     assert [e.step for e in events.Scalars("search/best_so_far")] == [g["generation"] for g in generations]
     assert {"config/text_summary", "evaluations/gene/text_summary"} <= set(events.Tags()["tensors"])
+    # one run directory per evaluation: its curves and its HParams row (the gene's parts as hparams)
+    for index, record in enumerate(evaluations):
+        trial = EventAccumulator(str(tmp_path / "tb" / run_directory(index, record.gene)),
+                                 size_guidance={"scalars": 0, "tensors": 0})
+        trial.Reload()
+        assert [(e.step, e.value) for e in trial.Scalars("curve/train_loss")] == \
+            [(s, pytest.approx(v, rel=1e-6)) for s, v in record.curve]
+        assert [e.step for e in trial.Scalars("curve/val_loss")] == [s for s, _ in record.val_curve]
+        content = trial.PluginTagToContent("hparams")
+        start = next(plugin_data_pb2.HParamsPluginData.FromString(c).session_start_info for c in content.values()
+                     if plugin_data_pb2.HParamsPluginData.FromString(c).HasField("session_start_info"))
+        gene = record.gene.split("|")
+        assert start.hparams["similarity"].string_value == gene[0] and start.hparams["role"].string_value == record.role
+        assert trial.Scalars("final/val_perplexity")[0].value == pytest.approx(record.val_perplexity, rel=1e-6)
 
 
-def test_mlflow_gets_a_run_with_a_child_per_evaluation(tmp_path):
+def test_mlflow_gets_a_run_with_a_child_per_evaluation(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     run = tmp_path / "run"
-    store = tmp_path / "mlruns"
-    assert main(["search", *FLAGS, "--track", f"mlflow:{store}", "--out", str(run)]) == 0
-    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    assert main(["search", *FLAGS, "--track", "mlflow", "--out", str(run)]) == 0
+    assert (run / "mlflow.db").is_file()  # the default store: SQLite in the run directory
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")  # read back with no extra settings
     experiment = client.get_experiment_by_name("evo-attention")
     runs = client.search_runs([experiment.experiment_id])
     parent = next(r for r in runs if r.data.tags.get("evo_attention.role") == "search")
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     evaluations, generations = _stored(run)
     assert parent.info.status == "FINISHED" and parent.data.params["population_size"] == "3"
-    assert sorted(c.data.tags["gene"] for c in children) == sorted(r.gene for r in evaluations)
-    child = next(c for c in children if c.data.tags["role"] == "baseline")
+    assert sorted(c.data.params["gene"] for c in children) == sorted(r.gene for r in evaluations)
+    child = next(c for c in children if c.data.params["role"] == "baseline")
     baseline = next(r for r in evaluations if r.role == "baseline")
+    parts = baseline.gene.split("|")
+    assert (child.data.params["similarity"], child.data.params["normalization"], child.data.params["gating"]) == \
+        tuple(parts[:3])
     assert child.data.metrics["val_perplexity"] == pytest.approx(baseline.val_perplexity)
     curve = client.get_metric_history(child.info.run_id, "curve_train_loss")
     assert [(m.step, m.value) for m in curve] == [tuple(p) for p in baseline.curve]
+    val = client.get_metric_history(child.info.run_id, "curve_val_loss")
+    assert [m.step for m in val] == [s for s, _ in baseline.val_curve]
     history = client.get_metric_history(parent.info.run_id, "best_so_far")
     assert [m.step for m in history] == [g["generation"] for g in generations]
 

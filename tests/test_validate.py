@@ -258,7 +258,7 @@ def test_validation_summary_from_known_values(tmp_path):
     assert "**better**" in result["headline"]
     paths = val.write_validation({**result, "steps": 10}, tmp_path)
     md = paths["md"].read_text()
-    assert "| Search | Paired change [95% CI] | Unpaired (Welch) |" in md and "| 7.500 |" in md and "diverged" in md
+    assert "| Search | Paired change [95% CI] (lower is better) | Unpaired (Welch) |" in md and "| 7.500 |" in md and "diverged" in md
     assert paths["png"].read_bytes()[:8] == PNG
     test_paths = val.write_validation({**result, "eval_split": "test"}, tmp_path)
     assert test_paths["json"].name == "validation_test.json"

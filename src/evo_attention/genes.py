@@ -6,7 +6,7 @@ the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its
 and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
 ``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
 
-Five further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
+Further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
 only when they differ from their default, as ``name=value`` parts after the six fixed ones, so a
 key without them names a gene with the default axes:
 
@@ -19,6 +19,9 @@ attn_bias      ``abias=``    ``none`` or ``rel`` (a learned bias per head and ca
 window         ``win=``      ``0`` (every earlier key) or W > 0 (each query sees its last W keys)
 kv_heads       ``kvh=``      ``0`` (a key/value head per head) or K dividing the heads (grouped-query
                              attention; K = 1 is multi-query attention)
+qkv_conv       ``dconv=``    ``0`` (off) or a width 2-4: a depthwise causal convolution along time of
+                             the rotated q and k and of v, per head and channel (Primer's MDHA)
+program        ``prog=``     None (the four components) or an attention program (``programs``)
 =============  ============  ================================================================
 
 e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
@@ -271,6 +274,16 @@ def _write_number(value: Any) -> str:
     return f"{value:g}"
 
 
+QKV_CONV_WIDTHS = (2, 3, 4)
+
+
+def _check_conv(field: Field, value: Any) -> int:
+    width = _check_count(field, value)
+    if width and width not in QKV_CONV_WIDTHS:
+        raise UserError(f"{field.name} {value!r} is not a convolution width: {field.help}")
+    return width
+
+
 def _check_program(field: Field, value: Any) -> str | None:
     """None (the four components), or a program's canonical text (``programs``)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
@@ -320,6 +333,8 @@ GENE_FIELDS = (
     Field("window", 0, _check_count, space=(0,), part="win", help="use 0 (every earlier key) or a window W > 0"),
     Field("kv_heads", 0, _check_count, space=(0,), part="kvh",
           help="use 0 (one key/value head per head) or a K that divides the number of heads"),
+    Field("qkv_conv", 0, _check_conv, space=(0,), part="dconv",
+          help="use 0 (off) or a width 2, 3 or 4 (a depthwise causal convolution of q, k and v along time)"),
     # an attention program (``programs``) in place of the four components; a search space draws
     # programs when it holds a ProgramSpace (``SearchSpace.program_space``)
     Field("program", None, _check_program, space=(None,), part="prog", write=str,

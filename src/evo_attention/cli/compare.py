@@ -23,6 +23,7 @@ import argparse
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import direction, signed_change
 
 
 def register(subparsers) -> None:
@@ -104,8 +105,10 @@ def cmd_compare(args) -> int:
     if config.suite is not None:
         return log_suite_result(result, out, args.quiet)
     summary = result.summary
+    if summary["ranking"]:
+        log(f"best (change of perplexity vs baseline; {direction(True)}):", args.quiet)
     for row in summary["ranking"][:3]:
-        change = "" if row["perplexity_change_pct"] is None else f" ({row['perplexity_change_pct']:+.1f}% ppl vs baseline)"
+        change = "" if row["perplexity_change_pct"] is None else f" (change {signed_change(row['perplexity_change_pct'])})"
         log(f"#{row['rank']} {row['name']}: loss {row['val_loss']:.4f}{change}", args.quiet)
     for failed in summary["failed"]:
         log(f"{failed['name']}: {failed['status']}", args.quiet)

@@ -44,12 +44,45 @@ def cmd_export(args) -> int:
                            extra={"evaluation": evaluation} if evaluation else None)
         genes = sorted(set(result["genes"]), key=result["genes"].index)
         log(f"exported {' / '.join(genes)} ({result['layers']} layer(s)) from {directory} as a transformers model")
+        task = _lm_eval_task(directory, args.out, args.lm_eval_split)
+        if task:
+            log(f"lm-evaluation-harness task: lm_eval --model hf --model_args pretrained={args.out},"
+                f"trust_remote_code=True --tasks {task} --include_path {args.out}")
         log(f"load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
+        return 0
+    if args.format == "hf-attention":
+        from evo_attention.nn.hf_attention import ENTRY_FILE, export_hf_attention
+
+        result = export_hf_attention(model, args.out, source=source)
+        log(f"exported {' / '.join(dict.fromkeys(result['genes']))} from {directory} as the transformers attention "
+            f"function {result['name']!r}")
+        log(f"use it: import {ENTRY_FILE[:-3]} (from {args.out}); LlamaConfig(..., attn_implementation="
+            f"{ENTRY_FILE[:-3]}.register()); {ENTRY_FILE[:-3]}.install(model)")
         return 0
     result = export_attention(model, args.out, source=source)
     log(f"exported {result['gene']} ({result['layers']} layer(s)) from {directory}")
     log("wrote " + ", ".join(result["files"]))
     return 0
+
+
+def _lm_eval_task(directory, out, split: str) -> str | None:
+    """Write the harness task for ``split`` of the data the saved model was trained on (its saved
+    settings build the data again); returns the task's name, or None (said in one line) when the
+    data cannot be built here."""
+    from evo_attention.nn.hf import write_lm_eval_task
+    from evo_attention.train.config import Config
+    from evo_attention.train.saving import load_tokenizer, saved_info
+    from evo_attention.train.spec import load_task
+    from evo_attention.util.progress import log
+
+    settings = saved_info(directory).get("config") or {}
+    try:
+        config = Config.from_dict({k: v for k, v in settings.items() if k in Config.field_names()})
+        data = load_task(config.task)
+    except UserError as exc:
+        log(f"no lm-evaluation-harness task: the training data cannot be built here ({exc})")
+        return None
+    return write_lm_eval_task(data, load_tokenizer(directory), split, out)[0]
 
 
 def register(sub) -> None:
@@ -59,9 +92,14 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="DIR", help="a saved model directory (baseline --save-model, search --keep-models)")
     p.add_argument("--from-run", metavar="DIR", help="a search run that kept its models (search --keep-models K)")
     p.add_argument("--rank", type=int, help="with --from-run: which kept model, 1 = the best (default 1)")
-    p.add_argument("--format", choices=("standalone", "hf"), default="standalone",
+    p.add_argument("--format", choices=("standalone", "hf", "hf-attention"), default="standalone",
                    help="standalone (default): the attention module with the library's modules it runs; hf: the "
-                   "whole model and its tokenizer as a transformers model directory (trust_remote_code)")
+                   "whole model and its tokenizer as a transformers model directory (trust_remote_code); "
+                   "hf-attention: the gene as a transformers attention function (AttentionInterface) for "
+                   "Llama-family and GPT-2 models (attn_implementation=...)")
+    p.add_argument("--lm-eval-split", choices=("valid", "test"), default="valid",
+                   help="with --format hf: the split of the training data that the lm-evaluation-harness task "
+                   "it writes (lm_eval_task.yaml) scores (default valid)")
     p.add_argument("--out", metavar="DIR", required=True,
                    help="directory for the export (standalone: attention.py, evo_attention_export/, "
                    "attention.safetensors, README.md; hf: config.json, the model code, model.safetensors, "

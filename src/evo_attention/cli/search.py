@@ -10,6 +10,7 @@ from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_exec
                                       install_sigterm_handler, number, suite_text, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import direction, signed_change
 from evo_attention.util.files import check_directory_path
 
 
@@ -67,7 +68,7 @@ def _executor_text(executor) -> str:
 
 
 def cmd_search(args) -> int:
-    from evo_attention.studies.evolution import Evolution
+    from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
     if args.resume and args.overwrite:
@@ -82,7 +83,7 @@ def cmd_search(args) -> int:
 
     trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                          executor=executor, trackers=trackers, keep_models=args.keep_models)
+                          executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
@@ -114,18 +115,8 @@ def cmd_search(args) -> int:
 
     summary = load_run(out)
     log(summary.statement)
-    if summary.suite is not None and summary.best is not None:
-        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
-        if summary.suite.get("vs_baseline") is not None:
-            line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)} "
-                     f"({100 * summary.suite['vs_baseline']:+.1f} accuracy points)")
-        log(line)
-    elif summary.best_gene is not None:
-        line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
-        if summary.improvement:
-            line += (f"  vs baseline {number(summary.baseline['perplexity'])} "
-                     f"({summary.improvement['percent']:+.1f}%)")
-        log(line)
+    if best_line(summary):
+        log(best_line(summary))
     if evolution.schedule is not None:
         from evo_attention.search.fidelity import fidelity_lines
         from evo_attention.search.store import RunStore
@@ -144,9 +135,27 @@ def cmd_search(args) -> int:
         log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}"
             + "".join(f"\n  {m['rank']}. {m['gene']}  perplexity {number(m.get('val_perplexity'))}  {m['dir']}"
                       for m in kept))
-    log(f"results in {out}: final_results.json, evaluations.csv, evolution_progress.png, "
-        f"{'suite.png, ' if summary.suite is not None else ''}report.md")
+    for line in end_of_run_lines(out, kept=args.keep_models, suite=summary.suite is not None):
+        log(line)
     return 0 if summary.best_gene is not None else 1
+
+
+def best_line(summary) -> str | None:
+    """The search's best gene against the baseline: its change (best - baseline) with the metric's
+    direction, the one sign convention of every output (``util.format``)."""
+    if summary.suite is not None and summary.best is not None:
+        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
+        if summary.suite.get("vs_baseline") is not None:
+            line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)}: change "
+                     f"{100 * summary.suite['vs_baseline']:+.1f} accuracy points ({direction(False)})")
+        return line
+    if summary.best_gene is None:
+        return None
+    line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
+    if summary.change:
+        line += (f"  vs baseline {number(summary.baseline['perplexity'])}: change "
+                 f"{signed_change(summary.change['percent'])} ({direction(True)})")
+    return line
 
 
 def register(sub) -> None:

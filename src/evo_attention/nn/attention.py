@@ -56,7 +56,7 @@ import torch.nn.functional as F
 
 from evo_attention.nn import components, positions
 from evo_attention.nn.dropout import dropout
-from evo_attention.nn.program import ProgramCore
+from evo_attention.nn.program import CausalConv, ProgramCore
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene, canonical_program, program_grammar, size_problem
 
@@ -94,6 +94,19 @@ class KVCache:
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
+
+
+class QKVConv(nn.Module):
+    """``qkv_conv`` W: a depthwise causal convolution of width W along time on each of q, k and v,
+    per head and channel (Primer's multi-DConv-head attention), each initialised to the identity
+    (``nn.program.CausalConv``, which also folds into batches)."""
+
+    def __init__(self, n_heads: int, d_head: int, width: int):
+        super().__init__()
+        self.q, self.k, self.v = (CausalConv(n_heads, d_head, width) for _ in range(3))
+
+    def forward(self, q, k, v):
+        return self.q(q), self.k(k), self.v(v)
 
 
 @dataclass
@@ -208,6 +221,8 @@ class EvolvedAttention(nn.Module):
         self.gating = components.GATINGS[self.gene.gating](d_model)
         self.dropout_p = self.gene.attention_dropout
         self.fused = fused
+        # qkv_conv W > 0: depthwise causal convolutions of the rotated q, k and of v (after grouped heads are shared)
+        self.qkv_conv = QKVConv(n_heads, self.d_head, self.gene.qkv_conv) if self.gene.qkv_conv else None
         self.program = None  # a gene with a program computes it (nn.program) in place of the four components
         if self.gene.program is not None:
             self.program = ProgramCore(canonical_program(self.gene.program), program_grammar(), d_model=d_model,
@@ -234,10 +249,11 @@ class EvolvedAttention(nn.Module):
         return bias
 
     def project(self, x: torch.Tensor):
-        """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated)."""
+        """x [B, T, d_model] -> q, k, v [B, H, T, d_head] (rotated; grouped K/V heads repeated;
+        convolved along time with ``qkv_conv``)."""
         q, k, v = self.rotated_heads(x)
         k, v = self.share_kv(k, v)
-        return q, k, v
+        return (q, k, v) if self.qkv_conv is None else self.qkv_conv(q, k, v)
 
     def rotated_heads(self, x: torch.Tensor, start: int = 0):
         """x [B, T, d_model] of positions start..start+T-1 -> q [B, H, T, d_head] and k, v
@@ -397,7 +413,7 @@ class EvolvedAttention(nn.Module):
     def new_cache(self) -> "KVCache | KernelState | InputCache":
         """An empty cache for ``decode``: running sums for a kernel normalization without a window,
         the inputs so far for a program, keys and values otherwise."""
-        if self.program is not None:
+        if self.program is not None or self.qkv_conv is not None:
             return InputCache()
         return KernelState() if self.kernel is not None and not self.window else KVCache()
 
@@ -412,7 +428,7 @@ class EvolvedAttention(nn.Module):
         keys (the cache's) and the mask (``decode_mask``) differ. Never fused, never dropped out:
         decoding is inference and forms the few new rows of weights explicitly."""
         t = x.shape[1]
-        if isinstance(cache, InputCache):  # a program: its forward over every position so far, new rows kept
+        if isinstance(cache, InputCache):  # a program or qkv_conv: the forward over every position so far, new rows
             return self.forward(cache.append(x))[:, -t:]
         start = cache.length
         q, k, v = self.rotated_heads(x, start)

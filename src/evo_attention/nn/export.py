@@ -296,6 +296,20 @@ _ABOUT = ("Made by `evo-attention export`{source}. The code that runs is evo-att
           "file only fixes the gene and the sizes. Input and output are [B, T, d_model], as nanoGPT's "
           "CausalSelfAttention; the module is causal. {position_note}\n\nNeeds {needs}.")
 
+# The entries' loader of the package beside them (an entry's template fills it in as {loader}).
+PACKAGE_LOADER = '''def _import_package():
+    """The package beside this file, imported under a name private to this module: nothing joins
+    sys.path, and two exports in one program do not share it."""
+    name = "_" + __name__.replace(".", "_") + "_" + PACKAGE
+    if name not in sys.modules:
+        init = Path(__file__).resolve().with_name(PACKAGE) / "__init__.py"
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return name
+'''
+
 _ENTRY = '''"""{gene}: an attention mechanism found by evo-attention, as a standalone PyTorch module.
 
 {about}
@@ -316,18 +330,7 @@ KERNEL_FEATURES = {kernel_features}  # random features per head (normalization f
 PACKAGE = "{package}"  # the library's modules, beside this file
 
 
-def _import_package():
-    """The package beside this file, imported under a name private to this module: nothing joins
-    sys.path, and two exports in one program do not share it."""
-    name = "_" + __name__.replace(".", "_") + "_" + PACKAGE
-    if name not in sys.modules:
-        init = Path(__file__).resolve().with_name(PACKAGE) / "__init__.py"
-        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return name
-
+{loader}
 
 _attention = importlib.import_module(_import_package() + ".nn.attention")
 
@@ -362,7 +365,8 @@ def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_
                           position_note=_POSITION_NOTES[parse_position(gene.position).kind],
                           needs=", ".join(requirements(_shipped())))
     about = "\n\n".join(textwrap.fill(paragraph, 100, break_on_hyphens=False) for paragraph in about.split("\n\n"))
-    return _ENTRY.format(gene=gene.key, about=about, package=PACKAGE, d_model=d_model, n_heads=n_heads,
+    return _ENTRY.format(loader=PACKAGE_LOADER, gene=gene.key, about=about, package=PACKAGE, d_model=d_model,
+                         n_heads=n_heads,
                          max_seq_len=max_seq_len, weights=WEIGHTS_FILE, kernel_features=kernel_features)
 
 

@@ -19,6 +19,8 @@ It holds:
     tokenizer.json                   the run's tokenizer as a ``tokenizers`` fast tokenizer, with
     tokenizer_config.json            ``tokenizer_class: PreTrainedTokenizerFast``
     README.md                        how to load it and what it needs
+    lm_eval_task.yaml, lm_eval_*.jsonl  an lm-evaluation-harness task over a split of the training
+                                     data (``write_lm_eval_task``; written by the CLI, which builds the data)
 
 Contract:
 
@@ -34,7 +36,11 @@ Contract:
   library's own ``tokenizers`` model). Word level follows ``encode_prompt``: ``<eos>`` ends every
   line that ends with a newline, so a text ending with one gets the ids of the library's ``encode``;
   ``<eos>`` is its ``eos_token`` and ``pad_token`` (the others have none: a special token is matched
-  before the model splits the text, so it would change the ids of text that contains it).
+  before the model splits the text, so it would change the ids of text that contains it). A generated
+  task's symbols (a word vocabulary without ``<eos>``: recall, mqar, the MAD tasks) are words split on
+  whitespace, id 0 (the task's filler) the ``pad_token``.
+- Batches: left padding runs row by row on each row's real tokens (what ``generate`` expects); right
+  padding only without a cache; without a cache generation stops at the window.
 - Writing needs no ``transformers`` (only ``tokenizers``); loading needs ``transformers``, ``torch``
   and what the shipped modules import (``entmax`` for the sparse normalizations).
 """
@@ -105,13 +111,16 @@ interface. ``model(input_ids)`` runs the library's forward pass; with ``use_cach
 ``generate`` passes) it runs the library's cached decoding instead and returns its caches as
 ``past_key_values``. A model sees at most ``max_seq_len`` positions; while generating past that the
 window slides (the caches are filled again from the last ``max_seq_len`` tokens), as the library's
-generate does. Padding is supported on the right only (a causal model's earlier positions do not
-see it).
+generate does; without the cache, generation stops at the window. A batch padded on the left (what
+``generate`` expects) runs row by row on each row's real tokens, so every row gives the numbers it
+gives alone; right padding is fine without a cache (a causal model's real positions do not see it)
+and refused for generation.
 """
 
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .{config_module} import {config_class}
@@ -127,17 +136,20 @@ LIBRARY_MODULES = ({names})
 
 class EvoAttentionCache:
     """``past_key_values``: the library's cache of every layer (``TinyTransformer.new_caches()``: keys
-    and values, or a kernel normalization's running sums) and the ids fed so far."""
+    and values, or a kernel normalization's running sums) and the ids fed so far; for a padded batch,
+    one such cache per row (``rows``), each fed only its row's real tokens."""
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, model: TinyTransformer):
+    def __init__(self, model: TinyTransformer, rows: int | None = None):
         self.caches = model.new_caches()
         self.ids = None
+        self.length = 0  # positions fed so far, padding included (what transformers counts)
+        self.rows = None if rows is None else [EvoAttentionCache(model) for _ in range(rows)]
 
     def get_seq_length(self, layer_idx=0) -> int:
-        return 0 if self.ids is None else self.ids.shape[1]
+        return self.length
 
     def extend(self, model: TinyTransformer, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those fed so far, from the
@@ -153,7 +165,30 @@ class EvoAttentionCache:
         else:
             logits = model.decode(ids, self.caches)
         self.ids = seen
+        self.length += ids.shape[1]
         return logits
+
+
+def _padding(attention_mask, length: int, cached: bool):
+    """None when ``attention_mask`` leaves every position in; else the mask of the ``length`` new
+    positions [B, length] (True = a real token) for a batch padded on the left, which runs row by
+    row on its real tokens. A right-padded batch needs nothing while no cache is kept (a causal
+    model's real positions never see the padding after them); generating from it is refused, since
+    the next token would be read at a padded position."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    mask = attention_mask.bool()
+    rises = mask[:, 1:] & ~mask[:, :-1]  # a real token after padding
+    if not bool(rises.any()):  # padding on the right only
+        if cached:
+            raise ValueError("this batch is padded on the right: generation would continue each row after its "
+                             "padding; pad on the left (tokenizer.padding_side = 'left'), as transformers' "
+                             "generate expects")
+        return None
+    if bool((rises.sum(dim=1) > 1).any()) or bool((mask[:, :-1] & ~mask[:, 1:]).any()):
+        raise ValueError("padding inside a sequence is not supported: pad on the left "
+                         "(tokenizer.padding_side = 'left')")
+    return mask[:, -length:]
 
 
 class {model_class}(PreTrainedModel, GenerationMixin):
@@ -196,20 +231,51 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         for buffer in module._non_persistent_buffers_set:
             getattr(module, buffer).copy_(fresh.get_buffer(buffer))
 
+    def _get_stopping_criteria(self, generation_config, *args, **kwargs):
+        """transformers' criteria, and without a cache a stop at the window: the model recomputes
+        the whole sequence each step and sees at most ``max_seq_len`` positions (with the cache the
+        window slides instead)."""
+        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)
+        if not generation_config.use_cache:
+            criteria.append(MaxLengthCriteria(max_length=self.model.spec.max_seq_len))
+        return criteria
+
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, labels=None, use_cache=None,
                 return_dict=None, **kwargs):
         if input_ids is None:
             raise ValueError("{model_class} reads input_ids (inputs_embeds are not supported)")
-        if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
-            raise ValueError("padding on the left or inside a sequence is not supported: pad on the right, or "
-                             "generate for one prompt (or prompts of one length) at a time")
         # transformers >= 5.24 passes the cache as ``cache`` (``past_key_values`` before)
         past_key_values = past_key_values if past_key_values is not None else kwargs.get("cache")
-        if past_key_values is None and not use_cache:
-            logits = self.model(input_ids)
-        else:
-            past_key_values = past_key_values if past_key_values is not None else EvoAttentionCache(self.model)
+        cached = past_key_values is not None or bool(use_cache)
+        window = self.model.spec.max_seq_len
+        if not cached and input_ids.shape[1] > window:
+            raise ValueError(f"{{input_ids.shape[1]}} positions are more than the model's window of {{window}}: "
+                             "crop the input, or generate with use_cache=True (the window slides)")
+        real = _padding(attention_mask, input_ids.shape[1], cached)
+        if cached and past_key_values is None:
+            past_key_values = EvoAttentionCache(self.model, rows=None if real is None else input_ids.shape[0])
+        if real is None and past_key_values is not None and past_key_values.rows is not None:
+            real = torch.ones_like(input_ids, dtype=torch.bool)
+        if real is not None:  # left padding: each row runs alone on its real tokens (the same numbers as alone)
+            logits = None
+            for row in range(input_ids.shape[0]):
+                keep = real[row]
+                ids = input_ids[row:row + 1, keep]
+                if ids.shape[1] == 0:
+                    continue
+                if cached:
+                    out = past_key_values.rows[row].extend(self.model, ids)
+                else:
+                    out = self.model(ids)
+                if logits is None:
+                    logits = out.new_zeros(*input_ids.shape, out.shape[-1])
+                logits[row, keep] = out[0]
+            if cached:
+                past_key_values.length += input_ids.shape[1]
+        elif cached:
             logits = past_key_values.extend(self.model, input_ids)
+        else:
+            logits = self.model(input_ids)
         loss = None
         if labels is not None:  # the next token's loss, as transformers' causal models compute it
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
@@ -233,10 +299,18 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
     tk = _tokenizers()
     tokenizer = as_tokenizer(tokenizer)
     special: dict[str, str] = {}
-    if isinstance(tokenizer, WordTokenizer):
+    if isinstance(tokenizer, WordTokenizer) and tokenizer.vocab.eos_id is None:
+        # a generated task's symbols (recall, mqar, the MAD tasks): words split on whitespace, id 0 the
+        # task's filler (its targets never scored), which serves as the padding token
         vocab = tokenizer.vocab
-        if vocab.eos_id is None:
-            raise UserError(f"the word vocabulary has no {EOS}: it cannot stand for the line ends")
+        model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK if UNK in vocab.stoi else None))
+        model.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
+        model.decoder = tk.decoders.Sequence([tk.decoders.WordPiece(prefix=" ", cleanup=False), tk.decoders.Fuse()])
+        pad = vocab.itos[0]
+        model.add_special_tokens([tk.AddedToken(pad, single_word=True, normalized=False, special=True)])
+        special.update(pad_token=pad)
+    elif isinstance(tokenizer, WordTokenizer):
+        vocab = tokenizer.vocab
         model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK))
         # the corpus recipe's lines: \\r\\n, \\r and \\n end a line, each becoming an <eos> word; the other
         # characters Python's str.split() splits on but Unicode's White_Space lacks become spaces
@@ -390,3 +464,68 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
     written = [str(write_text(out / name, text)) for name, text in files.items()]
     written.append(str(write_bytes(out / WEIGHTS_FILE, weights)))
     return {"genes": config["genes"], "files": sorted(written), "layers": len(model.genes)}
+
+
+# -- an lm-evaluation-harness task for the data the model was trained on ------------------------------
+LM_EVAL_TASK = "lm_eval_task.yaml"
+LM_EVAL_DOCS = "lm_eval_{split}.jsonl"
+
+_TASK_YAML = """# An lm-evaluation-harness task (written by `evo-attention export --format hf`): the {split} split
+# of {data}, which the model was trained on. Run it with
+#   lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True --tasks {name} --include_path DIR
+# (the data file's path below is where the export wrote it: export again after moving the directory).
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    {split}: {docs}
+output_type: {output_type}
+test_split: {split}
+doc_to_text: {doc_to_text}
+doc_to_target: {doc_to_target}
+metric_list:
+{metrics}"""
+
+
+def lm_eval_documents(data, tokenizer, split: str) -> tuple[str, list[dict]]:
+    """``(output_type, documents)`` of the harness task for ``split`` of ``data``: a generated task
+    (``ExampleData``: recall, mqar, the MAD tasks) gives one ``loglikelihood`` document per scored
+    target (``context``: the example up to it, ``target``: the token to predict), so the harness's
+    ``acc`` and ``perplexity`` are the library's accuracy and perplexity; a corpus gives the split's
+    text as one ``loglikelihood_rolling`` document (its every token scored, as the library scores it)."""
+    from evo_attention.data.base import IGNORE_INDEX, ExampleData
+
+    tokenizer = as_tokenizer(tokenizer)
+    split = data.check_split(split)
+    if isinstance(data, ExampleData):
+        x, y = data.data[split]
+        docs = []
+        for row in range(len(x)):
+            for t in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist():
+                docs.append({"context": tokenizer.decode(x[row, :t + 1].tolist()),
+                             "target": tokenizer.decode([int(y[row, t])])})
+        return "loglikelihood", docs
+    streams = getattr(data, "streams", None)
+    if streams is None:
+        raise UserError(f"no lm-evaluation-harness task for the {data.name!r} data: it holds neither examples nor "
+                        "a token stream")
+    return "loglikelihood_rolling", [{"text": tokenizer.decode(streams[split].tolist())}]
+
+
+def write_lm_eval_task(data, tokenizer, split: str, out: str | Path) -> tuple[str, list[str]]:
+    """Write ``lm_eval_task.yaml`` and its documents (``lm_eval_<split>.jsonl``) into ``out`` (see
+    ``lm_eval_documents``); returns the task's name and the paths written."""
+    output_type, docs = lm_eval_documents(data, tokenizer, split)
+    out = Path(out).resolve()
+    name = f"evo_attention_{''.join(c if c.isalnum() else '_' for c in str(data.name))}_{split}"
+    docs_path = out / LM_EVAL_DOCS.format(split=split)
+    if output_type == "loglikelihood":  # the target follows its context after one space (the harness's delimiter)
+        fields = dict(doc_to_text='"{{context}}"', doc_to_target='"{{target}}"',
+                      metrics="  - metric: acc\n  - metric: perplexity\n")
+    else:
+        fields = dict(doc_to_text='""', doc_to_target='"{{text}}"',
+                      metrics="  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    yaml = _TASK_YAML.format(name=name, split=split, data=data.name, docs=json.dumps(str(docs_path)),
+                             output_type=output_type, **fields)
+    lines = "".join(json.dumps(doc, ensure_ascii=False) + "\n" for doc in docs)
+    return name, [str(write_text(docs_path, lines)), str(write_text(out / LM_EVAL_TASK, yaml))]

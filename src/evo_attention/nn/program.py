@@ -199,6 +199,8 @@ class _Pass:
         if self.projected is None:
             q, k, v = self.attn.rotated_heads(h)
             k, v = self.attn.share_kv(k, v)
+            if self.attn.qkv_conv is not None:
+                q, k, v = self.attn.qkv_conv(q, k, v)
             self.projected = {"q": q, "k": k, "v": v}
         return self.projected
 
@@ -258,6 +260,14 @@ class ProgramCore(nn.Module):
     def forward(self, attn, x, mask=None, need_weights: bool = False):
         run = _Pass(attn, x, mask, need_weights)
         return self.value(self.program.root, run), run.weights
+
+    def heads(self, attn, x, projected: dict, mask=None):
+        """The value of the root ``o(...)``'s argument, [B, H, T, d], with the given projections
+        ({"q", "k", "v"} [B, H, T, d]) in place of the attention module's (a host model's own,
+        ``nn.hf_attention``)."""
+        run = _Pass(attn, x, mask, False)
+        run.projected = projected
+        return self.value(self.program.root.args[0], run)
 
     def value(self, node, run: _Pass):
         """The value of ``node`` in this pass: computed when first asked for, then kept (a node that

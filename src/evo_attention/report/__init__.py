@@ -2,7 +2,7 @@
 
 ``write_report(run_dir)`` (re)writes into ``run_dir``:
 
-- ``final_results.json``: best gene, history, top 5, baseline, improvement, config, counts, ...
+- ``final_results.json``: best gene, history, top 5, baseline, change (vs the baseline), config, counts, ...
 - ``evaluations.csv``: one row per stored evaluation (all roles)
 - ``evolution_progress.png``: perplexity per generation (best, mean, best so far, all points)
 - ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option
@@ -50,6 +50,7 @@ OUTPUTS = {
 # written only for a multi-objective run (a single-objective run's outputs are exactly OUTPUTS)
 PARETO_OUTPUT = ("pareto", "pareto.png")
 SUITE_OUTPUT = ("suite", "suite.png")  # written only for a suite run
+PROGRAM_OUTPUT = ("program", "best_program.png")  # written only when the best gene has a program
 
 
 def final_results_text(summary: RunSummary) -> str:
@@ -70,6 +71,8 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
         paths[PARETO_OUTPUT[0]] = run_dir / PARETO_OUTPUT[1]
     if summary.suite is not None:
         paths[SUITE_OUTPUT[0]] = run_dir / SUITE_OUTPUT[1]
+    if best_program(summary):
+        paths[PROGRAM_OUTPUT[0]] = run_dir / PROGRAM_OUTPUT[1]
     try:
         _write_all(summary, attachments, paths)
     except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost
@@ -91,19 +94,28 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
         figures.plot_pareto(summary, paths["pareto"])
     if "suite" in paths:
         plot_suite(summary, paths["suite"])
+    if "program" in paths:
+        figures.plot_program(best_program(summary), paths["program"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
     markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
                              attachments=attachments, distribution=OUTPUTS["evaluation_distribution"],
                              curves=OUTPUTS["learning_curves"],
                              pareto=PARETO_OUTPUT[1] if "pareto" in paths else None,
-                             suite_figure=SUITE_OUTPUT[1] if "suite" in paths else None)
+                             suite_figure=SUITE_OUTPUT[1] if "suite" in paths else None,
+                             program_figure=PROGRAM_OUTPUT[1] if "program" in paths else None)
     html.write_report_html(summary, paths["report_html"], attachments=attachments,
                            figures={"evolution": paths["evolution_progress"],
                                     "distribution": paths["evaluation_distribution"],
                                     "curves": paths["learning_curves"],
                                     **({"pareto": paths["pareto"]} if "pareto" in paths else {}),
-                                    **({"suite": paths["suite"]} if "suite" in paths else {})})
+                                    **({"suite": paths["suite"]} if "suite" in paths else {}),
+                                    **({"program": paths["program"]} if "program" in paths else {})})
+
+
+def best_program(summary: RunSummary) -> str | None:
+    """The program of the run's best gene (its first layer's), or None."""
+    return (summary.best or {}).get("program")
 
 
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:

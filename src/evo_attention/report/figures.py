@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
@@ -632,9 +633,10 @@ CURVES_TOP = 5  # the best genes whose training curves are drawn (the baseline c
 
 
 def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int = CURVES_TOP) -> Path:
-    """``learning_curves.png``: the training-loss curve (mean over each log interval) of the best
-    ``top`` genes and of the baseline, on one axis; for a multi-fidelity run, a dotted line at every
-    rung where the schedule cut the other individuals short."""
+    """``learning_curves.png``: the training-loss curve (mean over each log interval, a marker at
+    every point, so a curve of one point still shows) and the validation-loss points (dashed, the
+    same colour) of the best ``top`` genes and of the baseline, on one axis; for a multi-fidelity
+    run, a dotted line at every rung where the schedule cut the other individuals short."""
     by_id = {r.get("id"): r for r in summary.evaluations}
     lines = []
     if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
@@ -643,30 +645,36 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
     if summary.baseline is not None:
         base = next((r for r in summary.evaluations if r.get("role") == "baseline" and r.get("curve")), None)
         if base is not None:
-            lines.append((f"baseline {summary.baseline['str']}", base["curve"], "black", ":"))
+            lines.append((f"baseline {summary.baseline['str']}", base["curve"], "black", ":", base.get("val_curve")))
     colors = plt.get_cmap("tab10").colors
     for i, row in enumerate(summary.top(top)):
         record = by_id.get(row["id"])
         if record is not None and record.get("curve"):
-            lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-"))
+            lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-",
+                          record.get("val_curve")))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     with _closing_on_error(fig):
         if lines:
-            for label, curve, color, style in lines:
+            for label, curve, color, style, val_curve in lines:
                 steps, losses = zip(*curve)
-                ax.plot(steps, losses, style, color=color, linewidth=1.6, label=label)
+                ax.plot(steps, losses, style, color=color, linewidth=1.6, marker="o", markersize=3, label=label)
+                if val_curve:
+                    steps, losses = zip(*val_curve)
+                    ax.plot(steps, losses, "--", color=color, linewidth=1.0, marker="s", markersize=4, alpha=0.8)
+            if any(line[4] for line in lines):  # one legend entry says what the dashed lines are
+                ax.plot([], [], "--", color="tab:gray", marker="s", markersize=4, label="validation loss (dashed)")
             rungs = (summary.fidelity or {}).get("rungs") or []
             for j, steps in enumerate(rungs[:-1]):
                 ax.axvline(steps, color="tab:gray", linestyle=":", linewidth=1,
                            label="rung cuts of the schedule" if j == 0 else None)
-            values = [loss for _, curve, _, _ in lines for _, loss in curve]
+            values = [loss for line in lines for curve in (line[1], line[4] or []) for _, loss in curve]
             if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
                 ax.set_yscale("log")
             ax.legend(loc="upper right", fontsize=7, framealpha=0.85)  # curves fall: the corner stays free
         else:
             ax.text(0.5, 0.5, "No training curve stored yet.", transform=ax.transAxes, ha="center", va="center")
         ax.set_xlabel("Training step")
-        ax.set_ylabel("Training loss (mean over each log interval)")
+        ax.set_ylabel("Loss (training: mean over each log interval)")
         ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
         ax.grid(True, alpha=0.3)
     return save_figure(fig, path)
@@ -799,3 +807,39 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
                 (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
     return save_figure(fig, path)
+
+
+def plot_program(text: str, path: str | os.PathLike, *, title: str = "") -> Path:
+    """A program (its canonical text) as a graph: each distinct node once, inputs at the bottom,
+    the root at the top, an arrow from each argument to the op that reads it (a shared
+    subexpression has several)."""
+    from evo_attention.genes import canonical_program
+
+    program = canonical_program(text)
+    nodes = program.nodes()  # children before parents
+    depth: dict[str, int] = {}
+    for node in nodes:
+        depth[node.text] = 0 if not node.args else 1 + max(depth[a.text] for a in node.args)
+    levels: dict[int, list] = {}
+    for node in nodes:
+        levels.setdefault(depth[node.text], []).append(node)
+    width = max(len(v) for v in levels.values())
+    where = {}
+    for level, row in levels.items():
+        for i, node in enumerate(row):
+            where[node.text] = ((i + 0.5) * width / len(row), level)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * width), 0.9 * (len(levels) + 1)))
+    with _closing_on_error(fig):
+        for node in nodes:
+            x, y = where[node.text]
+            for arg in node.args:
+                ax.annotate("", xy=(x, y - 0.18), xytext=where[arg.text], arrowprops=dict(arrowstyle="->", color="0.5"))
+            label = node.op if node.op != "const" else node.text
+            ax.text(x, y, label, ha="center", va="center", fontsize=9,
+                    bbox=dict(boxstyle="round,pad=0.3", fc="white" if node.args else "0.9", ec="0.3"))
+        ax.set_xlim(-0.2, width + 0.2)
+        ax.set_ylim(-0.6, len(levels) - 0.4)
+        ax.axis("off")
+        ax.set_title(title or "\n".join(textwrap.wrap(program.text, 70)), fontsize=8)
+        return save_figure(fig, path)
+

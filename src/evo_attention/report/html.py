@@ -157,6 +157,11 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
             body.append(image(figures["suite"], "Accuracy per gene and point",
                               "Every gene's accuracy on every point (one seed) and its suite accuracy."))
         out.append(_section("suite", "Suite", body))
+    if "program" in figures and s.best and s.best.get("program"):
+        out.append(_section("program", "The best gene's program", [para(f"`{s.best['program']}`"),
+                            image(figures["program"], "The best gene's program",
+                                  "Each distinct node once, the inputs at the bottom, an arrow from each argument to "
+                                  "the op that reads it.")]))
     if "pareto" in figures and s.multi_objective:
         body = [image(figures["pareto"], "Pareto front",
                       "Every finished evaluation on the first two objectives, the Pareto front as a step line, the "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
-from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
 from evo_attention.report.studies.ablation import ablation_table as _ablation_cells
 from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
 from evo_attention.report.studies.ablation import recipe_mechanism_table as _recipe_mechanism_cells
@@ -37,7 +37,7 @@ from evo_attention.report.studies.transfer import transfer_table as _transfer_ce
 from evo_attention.report.studies.validation import validation_table as _validation_cells
 from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
-from evo_attention.util.format import code, finite_or_none, fmt, markdown_table, md_cell
+from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
@@ -85,9 +85,9 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
     base = s.baseline["perplexity"] if s.baseline else None
     text = any(r.get("bits_per_byte") is not None for r in s.top(k))  # a text corpus: bits per byte too
     headers = ["Rank", "Gene", "Key", "Perplexity"] + (["Bits/byte"] if text else []) + [
-        "vs baseline", "Generation", "Params"]
+        change_header(), "Generation", "Params"]
     rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"])] + ([fmt(r.get("bits_per_byte"), 4)] if text else [])
-            + [f"{100.0 * (base - r['perplexity']) / base:+.1f}%" if base else "-", fmt(r["generation"]),
+            + [signed_change((change_of(r["perplexity"], base) or {}).get("percent")), fmt(r["generation"]),
                fmt(r["params"])] for r in s.top(k)]
     return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
 
@@ -108,7 +108,7 @@ def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> Table:
         rows.append(["baseline" if is_base else fmt(r["rank"]), r["str"], r["gene"], fmt(acc, 4), change]
                     + [suite_cell(c["accuracy"]) if c["status"] == "ok" else c["status"] for c in cells]
                     + [fmt(r["generation"])])
-    return Table(["Rank", "Gene", "Key", "Suite accuracy", "vs baseline"] + labels + ["Generation"], rows,
+    return Table(["Rank", "Gene", "Key", "Suite accuracy", change_header(lower_is_better=False)] + labels + ["Generation"], rows,
                  "rllrr" + "r" * len(labels) + "r", (2,))
 
 
@@ -333,13 +333,12 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
         text = f"- Baseline {b['str']} `{b['gene']}`: perplexity {fmt(b['perplexity'])}"
         if b["n"] > 1:
             text += f" (mean of {b['n']} evaluations)"
-        imp = s.improvement
-        if imp is not None:
-            better = "lower (better)" if imp["absolute"] >= 0 else "higher (worse)"
-            text += (f"; the best gene is {fmt(abs(imp['absolute']))} {better}, "
-                     f"**{imp['percent']:+.1f}%** improvement")
+        change = s.change
+        if change is not None:
+            text += (f"; the best gene's change from it **{signed_change(change['percent'])}** "
+                     f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
-    if s.improvement is not None and not validation:
+    if s.change is not None and not validation:
         lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to see whether "
                      "the difference holds over several seeds.")
     return lines
@@ -491,10 +490,11 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
 
 def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
                   attachments: Attachments | None = None, distribution: str | None = None,
-                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> str:
+                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
+                  program_figure: str | None = None) -> str:
     """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
-    ``distribution``, ``curves``, ``pareto`` and ``suite_figure`` those of the other figures
-    (omitted when None)."""
+    ``distribution``, ``curves``, ``pareto``, ``suite_figure`` and ``program_figure`` those of the
+    other figures (omitted when None)."""
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
@@ -504,6 +504,9 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     if s.suite is not None:
         sections.append(["## Suite", ""] + suite_run_lines(s)
                         + ([] if suite_figure is None else ["", f"![Accuracy per gene and point]({suite_figure})"]))
+    if program_figure and s.best and s.best.get("program"):
+        sections.append(["## The best gene's program", "", f"`{s.best['program']}`", "",
+                         f"![The best gene's program as a graph, inputs at the bottom]({program_figure})"])
     if pareto and s.multi_objective:
         sections.append(["## Pareto front", ""] + _pareto(s, pareto))
     if distribution:
@@ -539,6 +542,8 @@ def components_note(s: RunSummary) -> str:
 
 def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
                     attachments: Attachments | None = None, distribution: str | None = None,
-                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None) -> Path:
+                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
+                    program_figure: str | None = None) -> Path:
     return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
-                                          curves=curves, pareto=pareto, suite_figure=suite_figure))
+                                          curves=curves, pareto=pareto, suite_figure=suite_figure,
+                                          program_figure=program_figure))

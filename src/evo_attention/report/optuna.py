@@ -11,9 +11,14 @@ refused, naming it (``util.files.check_output``, the rule of every output).
   gene the search refused before training (a run with caps). Each trial's user attributes say its
   ``gene`` (key and ``str``), ``role``, ``generation``, ``id``, ``status``, ``steps`` and ``error``,
   and the measures the caps read (``params``, ``flops_per_step``, ``latency_ms``, ``peak_memory_mb``).
-- Parameters: one categorical parameter per gene field, its choices the options seen in the run
-  (as the gene key writes them: ``bias``, ``0.10``, ``rope:ntk:4``); a per-layer genome has one per
-  layer and field (``L1.similarity``, ``L2.similarity``, ...).
+- Parameters: one categorical parameter per gene field, its choices the run's whole search space
+  (``search_space`` of its config) with any option seen beyond it, as the gene key writes them
+  (``bias``, ``0.10``, ``rope:ntk:4``); an axis the run never varied (one choice) is left out; a
+  per-layer genome has one per layer and field (``L1.similarity``, ``L2.similarity``, ...).
+- Times: each trial starts and completes when its training did (the record's ``created_at``, when
+  the store took it, less its ``time_s``), so the dashboard's durations and timeline are real.
+- Intermediate values: the trial's curve as perplexities, by step: its validation points where it
+  has them (``val_curve``), else its training curve (exp of the mean loss of each interval).
 - Values: the run's objectives (perplexity first), every direction minimize; the study's metric
   names are the objectives.
 - States: a finished full-budget training is COMPLETE; a failed one (diverged, out of memory, an
@@ -31,12 +36,14 @@ refused, naming it (``util.files.check_output``, the rule of every output).
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import warnings
 from pathlib import Path
 
-from evo_attention.report.summary import field_labels, gene_info, layer_keys, objectives_of, suite_view
+from evo_attention.genes import ALL_FIELDS, AXIS_FIELDS, AttentionGene, SearchSpace
+from evo_attention.report.summary import field_labels, gene_info, layer_keys, objectives_of, option_labels, suite_view
 from evo_attention.search import constraints as caps
 from evo_attention.search.fidelity import RUNG_ROLE
 from evo_attention.search.store import RunStore
@@ -116,13 +123,18 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
     keys = [str(r.get("gene")) for r in evaluations] + [str(e["gene"]) for e in never]
     n_layers = max((len(layer_keys(k)) for k in keys), default=1)
     labels = {key: field_labels(key, n_layers) for key in dict.fromkeys(keys)}
+    space = space_labels(config.get("search_space"))
     choices: dict[str, list] = {}
     for fields in labels.values():
         for name, value in fields.items():
-            choices.setdefault(name, [])
+            choices.setdefault(name, list(space.get(name.partition(".")[2] if name.startswith("L") else name, [])))
             if value not in choices[name]:
                 choices[name].append(value)
-    distributions = {name: CategoricalDistribution(tuple(options)) for name, options in choices.items()}
+    unused = {name for name, options in choices.items() if len(options) == 1
+              and name.rpartition(".")[2] in AXIS_FIELDS}  # an axis the run never varied
+    distributions = {name: CategoricalDistribution(tuple(options)) for name, options in choices.items()
+                     if name not in unused}
+    labels = {key: {k: v for k, v in fields.items() if k not in unused} for key, fields in labels.items()}
 
     trials, states = [], {}
     for record in evaluations:
@@ -145,6 +157,10 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         else:
             values = [v if math.isfinite(v) else math.inf for v in objective_values(record, objectives)]
             trial = create_trial(state=TrialState.COMPLETE, values=values, **common, **_merged(extra, attrs))
+        if not suite:
+            _timed(trial, record)
+            if trial.state == TrialState.COMPLETE:
+                trial.intermediate_values = curve_values(record)
         trials.append(trial)
     for entry in never:
         key = str(entry["gene"])
@@ -184,6 +200,47 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
     for trial in trials:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     return {"path": path, "study": study_name, "trials": len(trials), "states": states}
+
+
+def space_labels(search_space) -> dict[str, list[str]]:
+    """Each gene field's options in a run's search space, as the gene key writes them (a field whose
+    options cannot be read here, e.g. a plugin's not loaded, has none)."""
+    try:
+        space = SearchSpace.from_dict(search_space or {})
+    except (UserError, ValueError):
+        return {}
+    vanilla = AttentionGene.vanilla()
+    out: dict[str, list[str]] = {}
+    for name in ALL_FIELDS:
+        labels = []
+        for option in space.options(name):
+            try:
+                label = option_labels(vanilla.replace(**{name: option}).key)[name]
+            except (UserError, ValueError, TypeError):
+                continue
+            if label not in labels:
+                labels.append(label)
+        out[name] = labels
+    return out
+
+
+def _timed(trial, record) -> None:
+    """The trial's start and completion: when the store took the record, less its training time."""
+    try:
+        end = datetime.datetime.fromisoformat(str(record.get("created_at")))
+    except ValueError:
+        return
+    seconds = finite_or_none(record.get("time_s")) or 0.0
+    end = end.astimezone().replace(tzinfo=None)  # Optuna keeps naive local times
+    trial.datetime_start = end - datetime.timedelta(seconds=seconds)
+    trial.datetime_complete = end
+
+
+def curve_values(record) -> dict[int, float]:
+    """The intermediate values of a trial: its curve as perplexities by step (the validation points
+    where there are any, else the training curve)."""
+    curve = record.get("val_curve") or record.get("curve") or []
+    return {int(step): math.exp(min(float(loss), 700.0)) for step, loss in curve if math.isfinite(float(loss))}
 
 
 def _suite_trials(view: dict) -> list[dict]:

@@ -3,7 +3,7 @@
 ``write_comparison(run_dirs, out_dir)`` writes into ``out_dir``:
 
 - ``runs.json``: per run its strategy, objectives, search trainings, best gene and perplexity on
-  the search seed, baseline, improvement, the best perplexity after each search training (store
+  the search seed, baseline, change from it, the best perplexity after each search training (store
   order: the anytime curve), its Pareto front on the first two objectives and its hypervolume, and
   the run's own multi-seed validation of its best gene when ``evo-attention validate --from-run``
   left one; plus ``differences``, every setting in which the runs differ besides the strategy.
@@ -29,7 +29,7 @@ from evo_attention.report.studies.validation import read_studies
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, load_run, perplexity_of
 from evo_attention.search import pareto
 from evo_attention.util.errors import UserError
-from evo_attention.util.format import code, markdown_table, number
+from evo_attention.util.format import change_header, code, markdown_table, number, signed_change
 
 OUTPUTS = {"json": "runs.json", "md": "runs.md", "png": "runs.png"}
 # config keys that name the strategy itself: runs that differ only in these compare strategies
@@ -128,7 +128,7 @@ def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, b
         "best_gene": summary.best_gene, "best_perplexity": summary.best_perplexity,
         "best_generation": summary.best_generation,
         "baseline_perplexity": summary.baseline["perplexity"] if summary.baseline else None,
-        "improvement_percent": (summary.improvement or {}).get("percent"),
+        "change_percent": (summary.change or {}).get("percent"),
         "anytime": _anytime(summary),
         "validated": _validated(summary),
     }
@@ -156,16 +156,17 @@ def _differences(summaries: list[RunSummary]) -> dict:
 def comparison_markdown(result: dict, figure: str | None = None) -> str:
     runs = result["runs"]
     objectives = result.get("objectives")
-    headers = ["Run", "Strategy", "Search trainings", "Best gene (search seed)", "Perplexity", "Baseline", "Improvement"]
+    headers = ["Run", "Strategy", "Search trainings", "Best gene (search seed)", "Perplexity", "Baseline",
+               change_header("Change vs baseline")]
     if objectives:
         headers += ["Front size", "Hypervolume (common box)"]
-    headers += ["Validated mean [CI]", "Paired change vs baseline [CI]", "Verdict"]
+    headers += ["Validated mean [CI]", change_header("Paired change vs baseline [CI]"), "Verdict"]
     rows = []
     for run in runs:
         row = [run["name"], run["strategy"] or "-",
                f"{run['search_trainings']}" + (f" ({run['failed']} failed)" if run["failed"] else ""),
                code(run["best_gene"]), number(run["best_perplexity"], ".2f"), number(run["baseline_perplexity"], ".2f"),
-               "-" if run["improvement_percent"] is None else f"{run['improvement_percent']:+.1f}%"]
+               signed_change(run["change_percent"])]
         if objectives:
             row += [run.get("front_size", "-"), number(run.get("hypervolume"), ".3f")]
         v = run["validated"]
@@ -180,7 +181,7 @@ def comparison_markdown(result: dict, figure: str | None = None) -> str:
     lines = ["# Runs compared", "",
              markdown_table(headers, rows, align).rstrip("\n"),
              "",
-             "Perplexity and improvement are on the search seed (the best of many single trainings, so biased "
+             "Perplexity and its change are on the search seed (the best of many single trainings, so biased "
              "low). The validated columns come from each run's `evo-attention validate --from-run`: its best gene "
              "retrained on fresh seeds against the baseline on the same seeds."]
     if objectives:

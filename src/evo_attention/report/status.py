@@ -159,7 +159,7 @@ def _suite_lines(suite: dict) -> list[str]:
 
 def _validated(run_dir) -> list[dict]:
     """Every validated gene of the run's validations, with its paired change and verdict."""
-    from evo_attention.report.studies.common import change_text, verdict_cell
+    from evo_attention.report.studies.common import change_text, metric_direction, verdict_cell
     from evo_attention.report.studies.validation import read_studies
 
     out = []
@@ -167,6 +167,7 @@ def _validated(run_dir) -> list[dict]:
         for g in v.get("genes", []):
             out.append({"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
                         "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
+                        "direction": metric_direction(v.get("metric", "")),
                         "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
                         "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))})
     return out
@@ -229,7 +230,7 @@ def format_status(status: dict) -> str:
     for v in status.get("validated") or []:
         p = "" if v["p_holm"] is None else f", Holm p {v['p_holm']:.3g} over {v['family_size']}"
         lines.append(f"  validated ({v['split']} split, {v['seeds']} seeds): {v['gene']}  paired change "
-                     f"{v['change']}{p}: {v['verdict_label']}" + (" (recomputed)" if v["recomputed"] else ""))
+                     f"{v['change']} ({v['direction']}){p}: {v['verdict_label']}" + (" (recomputed)" if v["recomputed"] else ""))
     if status.get("executor"):
         e = status["executor"]
         details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)

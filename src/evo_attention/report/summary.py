@@ -64,7 +64,7 @@ EVALUATION_COLUMNS = (
 # The top-level keys of final_results.json, in order.
 FINAL_RESULTS_KEYS = (
     "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
-    "improvement", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
+    "change", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
 )
 # ... followed by these in a multi-objective run
 MULTI_OBJECTIVE_KEYS = ("objectives", "pareto_front", "hypervolume")
@@ -347,12 +347,13 @@ def baseline_of(records: list[Mapping]) -> dict | None:
     }
 
 
-def improvement_of(best: float | None, baseline: float | None) -> dict | None:
-    """``{"absolute", "percent"}``: how much lower the best perplexity is than the baseline's
-    (positive = better than the baseline), or None if either is missing."""
+def change_of(best: float | None, baseline: float | None) -> dict | None:
+    """``{"absolute", "percent"}``: the signed change of the perplexity from the baseline's to the
+    best gene's (best - baseline, and in % of the baseline; lower is better, so negative = better),
+    or None if either is missing. Every output shows a change with this sign (``util.format``: ``signed_change``, ``direction``)."""
     if best is None or baseline is None or baseline <= 0:
         return None
-    absolute = baseline - best
+    absolute = best - baseline
     return {"absolute": absolute, "percent": 100.0 * absolute / baseline}
 
 
@@ -467,7 +468,7 @@ class RunSummary:
     ranking: list[dict]  # unique search genes with a finite perplexity, best first
     best: dict | None  # gene_info of the best gene + perplexity, generation, id
     baseline: dict | None
-    improvement: dict | None
+    change: dict | None  # change_of: the best gene's perplexity vs the baseline's
     counts: dict
     components: list[dict]
     failures: list[dict]
@@ -520,8 +521,8 @@ class RunSummary:
             ranking=ranking,
             best=best,
             baseline=baseline,
-            improvement=improvement_of(best["perplexity"] if best else None,
-                                       baseline["perplexity"] if baseline else None),
+            change=change_of(best["perplexity"] if best else None,
+                             baseline["perplexity"] if baseline else None),
             counts=counts,
             components=component_analysis(search, top_n),
             failures=[_failure(r) for r in evaluations if failed(r)],
@@ -628,7 +629,7 @@ class RunSummary:
             "top_5": [{"gene": r["gene"], "perplexity": r["perplexity"], "generation": r["generation"]}
                       | {k: r[k] for k in value} for r in self.top(5)],
             "baseline": self.baseline,
-            "improvement": self.improvement,
+            "change": self.change,
             "config": self.config,
             "strategy": self.strategy,
             "data": self.data,
@@ -666,7 +667,7 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
                                              "suite_accuracy": top["suite_accuracy"],
                                              "generation": top["generation"], "id": None}
     summary.baseline = _suite_baseline(suite)
-    summary.improvement = None
+    summary.change = None
     summary.history = suite_history(table, suite)
     summary.components = []
     base = summary.baseline["suite_accuracy"] if summary.baseline else None

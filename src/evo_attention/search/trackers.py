@@ -1,10 +1,14 @@
 """Experiment trackers: a search's evaluations and generations, live in TensorBoard, MLflow or W&B.
 
-``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``), ``--track mlflow[:URI]`` (default a
-file store in ``RUN_DIR/mlruns``) and ``--track wandb`` (offline, files in ``RUN_DIR/wandb``);
-repeatable; the packages are the ``tracking`` extra. One tracker run per search, with the config as
-its parameters; per evaluation its learning curve, final metrics and cost, tagged with the gene;
-per generation the best and mean perplexity so far.
+``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``), ``--track mlflow[:URI]`` (default an
+SQLite store, ``RUN_DIR/mlflow.db``, which MLflow's own readers open without extra settings) and
+``--track wandb`` (offline, files in ``RUN_DIR/wandb``); repeatable; the packages are the
+``tracking`` extra. One tracker run per search, with the config as its parameters; per evaluation
+its gene's parts as parameters (``gene_params``), its learning curve (training loss, and the
+validation loss at a few steps), final metrics and cost; per generation the best and mean
+perplexity so far. TensorBoard: the search in DIR, each evaluation in a run directory of its own
+(``DIR/<index>_<gene>``) with HParams data (the gene's parts and role; its final metrics); MLflow:
+a child run per evaluation.
 
 Only the search driver writes (workers and Ray nodes need no access to a tracker). A tracker that
 fails (a server down, a full disk) is reported once and dropped: it never stops the search, whose
@@ -54,6 +58,34 @@ def _numbers(record, names) -> dict:
     return out
 
 
+def gene_params(key: str) -> dict:
+    """The gene's parts as tracker parameters: every gene field by its name (``L<i>.<field>`` for a
+    per-layer genome), the recipe parts only where the gene sets them, all as strings."""
+    from evo_attention.genes import ALL_FIELDS, RECIPE_FIELDS, AttentionGene, LayerGenes
+
+    try:
+        genome = AttentionGene.parse(key)
+    except (ValueError, UserError):  # a key naming a plugin's component that is not loaded here
+        return {"gene": str(key)}
+    layers = genome.layers if isinstance(genome, LayerGenes) else (genome,)
+    out = {"gene": str(key)}
+    for i, gene in enumerate(layers):
+        prefix = f"L{i}." if len(layers) > 1 else ""
+        for name in ALL_FIELDS:
+            value = getattr(gene, name, None)
+            if name in RECIPE_FIELDS and value is None:
+                continue
+            out[prefix + name] = str(value)
+    return out
+
+
+def _record_params(record) -> dict:
+    """What an evaluation's tracker run is: the gene's parts, its role, generation, seed and steps."""
+    return {**gene_params(record["gene"]), "role": str(record.get("role")),
+            "generation": str(record.get("generation")), "seed": str(record.get("seed")),
+            "steps": str(record.get("steps"))}
+
+
 def _flat(config: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in config.items():
@@ -81,14 +113,28 @@ class TensorBoardTracker(Tracker):
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in _flat(config).items()))
 
     def log_evaluation(self, index, record):
-        for name, value in _numbers(record, METRICS + COSTS).items():
+        from torch.utils.tensorboard.summary import hparams
+
+        numbers = _numbers(record, METRICS + COSTS)
+        for name, value in numbers.items():
             self.writer.add_scalar(f"evaluations/{name}", value, index)
         self.writer.add_text("evaluations/gene", f"{index}: {record['gene']} ({record.get('role')}, generation "
                              f"{record.get('generation')}, {record['status']})", index)
-        tag = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{index:04d}_{record['gene']}")
-        for step, loss in record.get("curve") or []:
-            self.writer.add_scalar(f"curves/{tag}", loss, step)
         self.writer.flush()
+        # the evaluation's own run: its curves and HParams data (the HParams dashboard's one row)
+        run = self._writer_class(str(self.directory / run_directory(index, record["gene"])))
+        try:
+            for step, loss in record.get("curve") or []:
+                run.add_scalar("curve/train_loss", loss, step)
+            for step, loss in record.get("val_curve") or []:
+                run.add_scalar("curve/val_loss", loss, step)
+            metrics = {f"final/{k}": v for k, v in numbers.items()}
+            for summary in hparams({**_record_params(record), "status": str(record["status"])}, metrics):
+                run.file_writer.add_summary(summary)
+            for name, value in metrics.items():
+                run.add_scalar(name, value, 0)
+        finally:
+            run.close()
 
     def log_generation(self, generation, best, mean):
         for name, value in (("best_so_far", best), ("mean", mean)):
@@ -102,8 +148,14 @@ class TensorBoardTracker(Tracker):
             self.writer.close()
 
 
+def run_directory(index: int, gene: str) -> str:
+    """The TensorBoard run directory of evaluation ``index`` (inside the tracker's directory)."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{index:04d}_{gene}")[:120]
+
+
 class MLflowTracker(Tracker):
-    """A parent run per search (the config as params), a child run per evaluation (the gene as tags)."""
+    """A parent run per search (the config as params), a child run per evaluation (the gene's parts,
+    role, generation, seed and steps as params; the same as tags, for search filters)."""
 
     name = "mlflow"
     EXPERIMENT = "evo-attention"
@@ -115,10 +167,10 @@ class MLflowTracker(Tracker):
         except ImportError:
             raise UserError(f"tracker mlflow needs the mlflow package (mlflow or mlflow-skinny): {EXTRA_HINT}",
                             setting="track") from None
-        if uri.startswith("file:") or "://" not in uri:
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # a local store needs no server
-            if "://" not in uri:
-                uri = Path(uri).expanduser().resolve().as_uri()
+        if "://" not in uri and not uri.startswith("file:"):  # a path: a file store there (a folder)
+            uri = Path(uri).expanduser().resolve().as_uri()
+        if uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads file stores only with it
         self.uri = uri
         self._client_class = MlflowClient
         self.client = self.run_id = None
@@ -138,12 +190,16 @@ class MLflowTracker(Tracker):
     def log_evaluation(self, index, record):
         from mlflow.entities import Metric
 
-        tags = {"mlflow.parentRunId": self.run_id, "gene": record["gene"], "role": str(record.get("role")),
-                "generation": str(record.get("generation")), "status": str(record["status"]),
-                "seed": str(record.get("seed")), "steps": str(record.get("steps"))}
+        from mlflow.entities import Param
+
+        params = _record_params(record)
+        tags = {"mlflow.parentRunId": self.run_id, "status": str(record["status"]),
+                **{k: params[k] for k in ("gene", "role", "generation", "seed", "steps")}}
         child = self.client.create_run(self.experiment_id, run_name=f"{index:04d} {record['gene']}", tags=tags)
         metrics = [Metric(k, v, 0, index) for k, v in _numbers(record, METRICS + COSTS).items()]
         metrics += [Metric("curve_train_loss", float(loss), 0, int(step)) for step, loss in record.get("curve") or []]
+        metrics += [Metric("curve_val_loss", float(loss), 0, int(step)) for step, loss in record.get("val_curve") or []]
+        self.client.log_batch(child.info.run_id, params=[Param(k, v[:500]) for k, v in params.items()])
         for start in range(0, len(metrics), 500):
             self.client.log_batch(child.info.run_id, metrics=metrics[start:start + 500])
         self.client.set_terminated(child.info.run_id)
@@ -225,7 +281,7 @@ def make_tracker(spec: str, run_dir: str | os.PathLike) -> Tracker:
     if name == "tensorboard":
         return Guarded(TensorBoardTracker(target or run_dir / "tensorboard"))
     if name == "mlflow":
-        return Guarded(MLflowTracker(target or str(run_dir / "mlruns")))
+        return Guarded(MLflowTracker(target or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"))
     if name == "wandb":
         if target:
             raise UserError("tracker wandb takes no target: it runs offline into RUN_DIR/wandb", setting="track")

@@ -2,6 +2,7 @@
 
     evolution = Evolution(config, train_loader, eval_loader)   # or data=..., out_dir=...
     best = evolution.run()                                     # the search, then every report file
+    # it prints its run directory, a line per trial and where the report is (quiet=True: nothing)
     evolution.population[0].perplexity; evolution.history
     evolution.save_results("results"); evolution.plot_history("results/evolution.png")
 
@@ -28,23 +29,47 @@ def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
     return LoaderData(train_loader, eval_loader, vocab_size=config.vocab_size, seq_len=config.max_seq_len)
 
 
+def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False) -> list[str]:
+    """What a finished search says last: where its report is, and the commands that come next."""
+    run_dir = Path(run_dir)
+    export = (f"next: evo-attention export --from-run {run_dir} --rank 1 --format hf --out {run_dir / 'hf'}"
+              "   # the best kept model for transformers" if kept else
+              "next: search with --keep-models K to keep the best models for evo-attention export")
+    return [f"report: {run_dir / 'report.html'} (and report.md, final_results.json, evaluations.csv, "
+            f"evolution_progress.png{', suite.png' if suite else ''})",
+            f"next: evo-attention validate --from-run {run_dir}   # the best genes on fresh seeds against the baseline",
+            export,
+            f"next: evo-attention report {run_dir} --optuna-journal {run_dir / 'optuna.log'}   # for optuna-dashboard"]
+
+
 class Evolution(Search):
-    """A ``Search`` that writes the run's report files when it finishes (unless ``report=False``)."""
+    """A ``Search`` that writes the run's report files when it finishes (unless ``report=False``).
+    Unless ``quiet``, it prints its run directory (``out_dir``, else a new temporary directory), a
+    line (or live bars) per trial, and at the end where the report is and the next commands
+    (``announce=False``: not the run directory and the end, for a caller that says them itself)."""
 
     def __init__(self, config: Config, train_loader=None, eval_loader=None, *, data: TaskData | None = None,
                  out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
-                 executor: Executor | None = None, quiet: bool = True, report: bool = True, trackers=(),
-                 keep_models: int | None = None):
+                 executor: Executor | None = None, quiet: bool = False, report: bool = True, trackers=(),
+                 keep_models: int | None = None, announce: bool = True):
         if data is None and train_loader is not None and eval_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
                          quiet=quiet, trackers=trackers, keep_models=keep_models)
         self.write_reports = report
+        self.announce = announce and not quiet
 
     def run(self):
+        from evo_attention.util.progress import log
+
+        if self.announce:
+            log(f"evo-attention: run directory {self.out_dir} ({self.planned} evaluations planned)")
         best = super().run()
         if self.write_reports:
             self.write_report()
+            if self.announce:
+                for line in end_of_run_lines(self.out_dir, kept=self.keep_models, suite=self.suite is not None):
+                    log(line)
         return best
 
     def write_report(self) -> dict:

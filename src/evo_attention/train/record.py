@@ -77,6 +77,7 @@ class EvaluationRecord(Mapping):
     train_loss: float = math.nan
     trained_steps: int = 0
     curve: list = field(default_factory=list)  # [step, mean train loss over the last log interval]
+    val_curve: list = field(default_factory=list)  # [step, validation loss] at a few steps (trainer.VAL_POINTS)
     params: int | None = None
     flops_per_step: int | None = None
     time_s: float | None = None

@@ -235,6 +235,7 @@ class Member:
         self.compiled = False
         self.step = 0
         self.curve: list = []  # [step, mean train loss over the last log interval]
+        self.val_curve: list = []  # [step, validation loss on VAL_BATCHES batches] at VAL_POINTS of the budget
         self.train_time = 0.0
         self.tokens_seen = 0
         self.flops_per_step: int | None = None
@@ -280,13 +281,22 @@ class Member:
             p.data = p.data.clone()
 
     @torch.no_grad()
-    def evaluate(self, split: str = "valid") -> dict:
-        """Exact token-weighted NLL, perplexity and accuracy over the split (eval_steps caps batches)."""
+    def validation_point(self) -> None:
+        """A point of the validation curve: the loss on the first VAL_BATCHES batches of the valid
+        split at this step (evaluation draws nothing: the training goes on as it would)."""
+        loss = self.evaluate("valid", max_batches=VAL_BATCHES)["val_loss"]
+        if math.isfinite(loss):
+            self.val_curve.append([self.step, loss])
+
+    def evaluate(self, split: str = "valid", max_batches: int | None = None) -> dict:
+        """Exact token-weighted NLL, perplexity and accuracy over the split (eval_steps caps batches;
+        ``max_batches``, smaller, caps them further)."""
+        cap = self.recipe.eval_steps if max_batches is None else min(max_batches, self.recipe.eval_steps or max_batches)
         self.model.eval()
         nll = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         tokens = torch.zeros((), dtype=torch.long, device=self.device)
-        for x, y in self.data.eval_batches(split, self.recipe.eval_batch_size, self.recipe.eval_steps):
+        for x, y in self.data.eval_batches(split, self.recipe.eval_batch_size, cap):
             x, y = x.to(self.device), y.to(self.device)
             with autocast(self.device, self.precision):
                 hidden, _ = self.model.hidden_states(x)
@@ -355,6 +365,7 @@ class Member:
             "model": {k: v.clone() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "curve": [list(point) for point in self.curve], "train_time": self.train_time,
+            "val_curve": [list(point) for point in self.val_curve],
             "tokens_seen": self.tokens_seen, "flops_per_step": self.flops_per_step, "diverged": self.diverged,
             "rng": self.dropout_generator.get_state(), "cuda_rng": None,
         }
@@ -369,6 +380,7 @@ class Member:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.curve = [list(point) for point in state["curve"]]
+        self.val_curve = [list(point) for point in state.get("val_curve", [])]
         self.train_time = float(state["train_time"])
         self.tokens_seen = int(state["tokens_seen"])
         self.flops_per_step = state["flops_per_step"]
@@ -523,7 +535,8 @@ class Trainer:
         until = steps if until_step is None else min(until_step, steps)
         fns = [progress] if callable(progress) else list(progress or [])
         report = {id(m): fn for m, fn in zip(self.members, fns) if fn is not None}
-        every = self.members[0].recipe.log_every
+        every = log_interval(self.members[0].recipe.log_every, steps)
+        checks = validation_steps(steps)
         self.model.train()
         n = len(self.active)
         window_sum = torch.zeros(n, device=self.device)
@@ -568,6 +581,9 @@ class Trainer:
                 m.step += 1
                 m.tokens_seen += xs[i].numel()
                 m.train_time += elapsed / len(self.active)
+            if self.step in checks:
+                for m in self.active:
+                    m.validation_point()
             if not closing:
                 continue
             finites = finite.tolist()
@@ -703,6 +719,22 @@ def _failed(record: EvaluationRecord, exc: BaseException) -> None:
         record.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
 
 
+MIN_CURVE_POINTS = 3  # a training's curve has at least this many points (fewer steps: one per step)
+VAL_POINTS = (0.25, 0.5, 0.75)  # where in the budget the validation curve gets a point (and at the end)
+VAL_BATCHES = 2  # evaluation batches per validation point (the end's evaluation is the whole one)
+
+
+def log_interval(log_every: int, steps: int) -> int:
+    """The log interval of a training of ``steps``: ``log_every``, shortened where the budget would
+    give fewer than MIN_CURVE_POINTS points, so a curve is never a single point."""
+    return max(1, min(log_every, steps // MIN_CURVE_POINTS))
+
+
+def validation_steps(steps: int) -> set[int]:
+    """The steps before the end at which each member measures a point of its validation curve."""
+    return {s for s in (round(steps * f) for f in VAL_POINTS) if 0 < s < steps}
+
+
 def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_state: bool, size: int, shared_s: float,
             device: torch.device, failure: BaseException | None = None) -> TrainingResult:
     """The record of ``member`` after its training (its share of ``shared_s``): evaluated, or with
@@ -731,6 +763,7 @@ def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_stat
     record.train_loss = member.recent_train_loss()
     record.trained_steps = member.step
     record.curve = member.curve
+    record.val_curve = member.val_curve + ([[member.step, record.val_loss]] if record.ok else [])
     record.flops_per_step = member.flops_per_step
     record.train_time_s = member.train_time
     record.tokens_per_s = member.tokens_seen / member.train_time if member.train_time > 0 else None

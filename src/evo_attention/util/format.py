@@ -75,3 +75,22 @@ def human_seconds(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+# The one sign convention of every change the outputs show: the gene's value minus the baseline's
+# (in the metric's units, or in % of the baseline's), so its sign says which way the metric moved;
+# whether that is better is stated once per table or sentence by ``direction``.
+def direction(lower_is_better: bool = True) -> str:
+    """``lower is better`` or ``higher is better``: said once wherever changes are shown."""
+    return "lower is better" if lower_is_better else "higher is better"
+
+
+def change_header(what: str = "Change vs baseline", lower_is_better: bool = True) -> str:
+    """A change column's header with the metric's direction: ``Change vs baseline (lower is better)``."""
+    return f"{what} ({direction(lower_is_better)})"
+
+
+def signed_change(percent: Any, digits: int = 1) -> str:
+    """A relative change in %, always signed: ``-3.1%`` (``-`` when missing)."""
+    value = finite_or_none(percent)
+    return "-" if value is None else f"{value:+.{digits}f}%"

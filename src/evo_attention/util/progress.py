@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 class _Console(Console):
     def on_broken_pipe(self) -> None:
@@ -115,37 +116,73 @@ def training_bar(description: str, total: int, enabled: bool = True):
         yield update
 
 
+def search_columns(width: int = 80) -> list:
+    """The columns of a search's bars on a terminal ``width`` columns wide (80 at least counts): the
+    count, a short bar and the ETA keep their width; the description and the info (best so far,
+    loss) share what is left (3 : 2) and are cut with an ellipsis."""
+    def text(template: str, width: int) -> TextColumn:
+        return TextColumn(template, markup=False,
+                          table_column=Column(max_width=width, no_wrap=True, overflow="ellipsis"))
+
+    free = max(20, width - 33)  # 9 (count) + 10 (bar) + 9 (ETA) + 5 spaces
+    return [text("{task.description}", free * 3 // 5), MofNCompleteColumn(), BarColumn(bar_width=10),
+            TextColumn("{task.fields[eta]}", markup=False), text("{task.fields[info]}", free * 2 // 5)]
+
+
 class SearchView:
     """Live view of a search: one bar for the evaluations, one per worker for its training run.
 
     ``worker`` names who trains (``"local"``, ``"w0"``, ``"ray:host:pid"``); each worker gets its
-    own line while it trains (one line for callers that give no worker).
+    own line while it trains (one line for callers that give no worker). The ETA counts only the
+    evaluations that trained here (a replay from the store is instant and says nothing of speed).
+    The live bars vanish when the view closes (one summary line stays), so an interruption (Ctrl-C)
+    leaves no half-drawn bar behind. ``console`` (default stderr's) is where it draws.
     """
 
-    def __init__(self, planned: int, enabled: bool = True):
+    def __init__(self, planned: int, enabled: bool = True, console: Console | None = None):
+        self.console = console or globals()["console"]
         self.enabled = enabled
-        self.live = enabled and is_interactive()
+        self.live = enabled and (self.console.is_terminal if console is not None else is_interactive())
         self.planned = planned
         self.best: tuple[str, float] | None = None
         self._progress = None
         self._workers: dict[str, int] = {}  # worker -> its bar
         self._start = time.monotonic()
+        self._done = 0
+        self._trained = 0  # evaluations finished by a training (not a replay from the store)
+        self._first_start: float | None = None
 
     def __enter__(self):
         with best_effort():
             if self.live:
-                columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
-                self._progress = Progress(*columns, console=console, transient=False)
+                self._progress = Progress(*search_columns(self.console.width), console=self.console, transient=True)
                 self._progress.__enter__()
-                self._search = self._progress.add_task("search", total=self.planned, info="")
+                self._search = self._progress.add_task("search", total=self.planned, info="", eta="ETA -")
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         if self._progress is not None:
             with best_effort():
-                self._progress.__exit__(*exc)
+                for bar in self._workers.values():
+                    self._progress.update(bar, visible=False)
+                self._progress.__exit__(exc_type, exc, tb)
+                elapsed = time.monotonic() - self._start
+                what = "interrupted at" if exc_type is KeyboardInterrupt else "search:"
+                self.console.print(f"{what} {self._done}/{self.planned} evaluations in {elapsed:.0f}s"
+                                   + (f", {self._best_text()}" if self.best else ""), markup=False)
         return False
+
+    def eta_text(self) -> str:
+        """``ETA 3m20s`` from the evaluations trained so far (cached ones excluded), ``ETA -`` before one."""
+        left = max(0, self.planned - self._done)
+        if left == 0:
+            return "ETA 0s"
+        if not self._trained or self._first_start is None:
+            return "ETA -"
+        seconds = (time.monotonic() - self._first_start) / self._trained * left
+        minutes, seconds = divmod(int(seconds), 60)
+        hours, minutes = divmod(minutes, 60)
+        return "ETA " + (f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s")
 
     def set_best(self, gene: str, perplexity: float) -> None:
         self.best = (gene, perplexity)
@@ -156,15 +193,17 @@ class SearchView:
     def _bar(self, worker: str | None) -> int:
         name = worker or ""
         if name not in self._workers:
-            self._workers[name] = self._progress.add_task("training", total=1, info="", visible=False)
+            self._workers[name] = self._progress.add_task("training", total=1, info="", eta="", visible=False)
         return self._workers[name]
 
     def start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
+        if self._first_start is None:
+            self._first_start = time.monotonic()
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
             if self._progress is not None:
                 prefix = f"[{worker}] " if worker and worker != "local" else ""
                 self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
-                                      total=total_steps, info="", visible=True)
+                                      total=total_steps, info="", eta="", visible=True)
                 self._progress.update(self._search, info=self._best_text())
 
     def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
@@ -185,6 +224,9 @@ class SearchView:
                 log(f"[{self.planned} planned {time.monotonic() - self._start:.0f}s] {line}")
 
     def finished(self, label: str, gene: str, record: dict, cached: bool, done: int, worker: str | None = None) -> None:
+        self._done = min(done, self.planned)
+        if not cached:
+            self._trained += 1
         with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
             status = record.get("status")
             result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
@@ -195,8 +237,9 @@ class SearchView:
             if self._progress is not None:
                 if (worker or "") in self._workers and not cached:
                     self._progress.update(self._workers[worker or ""], visible=False)
-                self._progress.update(self._search, completed=min(done, self.planned), info=self._best_text())
+                self._progress.update(self._search, completed=min(done, self.planned), info=self._best_text(),
+                                      eta=self.eta_text())
                 self._progress.console.print(line, markup=False)
             elif self.enabled:
                 elapsed = time.monotonic() - self._start
-                log(f"[{done}/{self.planned} {elapsed:.0f}s] {line}")
+                log(f"[{done}/{self.planned} {elapsed:.0f}s {self.eta_text()}] {line}")

@@ -10,10 +10,11 @@ import math
 from typing import Mapping
 
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies.common import change_text, ci_text, digits_for, p_text, seed_note, study_schedule
+from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, p_text, seed_note,
+                                                 study_schedule)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import code, fmt, markdown_table, md_cell
+from evo_attention.util.format import change_header, code, fmt, markdown_table, md_cell
 
 
 # gene field -> how an ablation names it
@@ -28,7 +29,8 @@ def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     conf = stats.percent(result.get("confidence", 0.95))
     rates = grid_rates(result)
     headers = ["Variant", "What changed", "Key", "Seeds ok"] + (["lr"] if rates else []) + [
-        f"Mean [{conf} CI]", "Δ vs full gene", "p (Holm)", "Δ vs baseline", "p (Holm)"]
+        f"Mean [{conf} CI]", change_header("Δ vs full gene", lower_is_better(result.get("metric", ""))), "p (Holm)",
+        "Δ vs baseline", "p (Holm)"]
     rows = []
     for r in result.get("variants", []):
         n = len(r.get("values") or [])

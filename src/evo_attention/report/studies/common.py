@@ -14,7 +14,7 @@ from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.train.config import describe_schedule
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
-from evo_attention.util.format import fmt
+from evo_attention.util.format import change_header, direction, fmt
 
 
 # metric -> (label, lower is better)
@@ -67,9 +67,25 @@ def p_text(value) -> str:
     return "-" if value is None else ("< 0.0001" if value < 1e-4 else f"{value:.4f}")
 
 
+def lower_is_better(metric: str) -> bool:
+    """Whether a lower value of ``metric`` is better (True for an unknown name, as for perplexity)."""
+    return METRICS.get(metric, ("", True))[1]
+
+
+def paired_change_header(metric: str, conf: str) -> str:
+    """The header of a paired-change column, with the metric's direction (said once per table)."""
+    return change_header(f"Paired change [{conf} CI]", lower_is_better(metric))
+
+
+def metric_direction(metric: str) -> str:
+    """``lower is better`` / ``higher is better`` for ``metric``."""
+    return direction(lower_is_better(metric))
+
+
 def change_text(row: Mapping, metric: str) -> str:
-    """A gene's paired change from the baseline with its interval: relative (in %) on a ratio
-    metric's log scale, else in the metric's units."""
+    """A gene's paired change from the baseline with its interval (gene minus baseline, the sign
+    convention of ``util.format``): relative (in %) on a ratio metric's log scale, else in the
+    metric's units."""
     if row.get("scale") == "log" and row.get("relative") is not None:
         low, high = row.get("relative_ci_low"), row.get("relative_ci_high")
         span = "" if low is None or high is None else f" [{100 * low:+.2f}, {100 * high:+.2f}]"

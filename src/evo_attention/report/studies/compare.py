@@ -9,7 +9,7 @@ from evo_attention.report.attachments import COMPARE_FIGURE
 from evo_attention.report.studies.common import change_text, schedule_text, verdict_cell
 from evo_attention.report.studies.lr_grid import grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import md_cell, number
+from evo_attention.util.format import md_cell, number, signed_change
 
 
 def compare_markdown(payload: dict) -> str:
@@ -31,7 +31,7 @@ def compare_markdown(payload: dict) -> str:
         f"{', '.join(map(str, s['seed_list']))}."
         + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
         "",
-        "| rank | name | gene | val loss | perplexity | vs baseline | accuracy | params | time (s) | peak MB | status |"
+        "| rank | name | gene | val loss | perplexity | change vs baseline (lower is better) | accuracy | params | time (s) | peak MB | status |"
         .replace("| accuracy |", "| accuracy | bits/byte |" if text else "| accuracy |"),
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + (" ---: |" if text else ""),
     ]
@@ -39,7 +39,7 @@ def compare_markdown(payload: dict) -> str:
     for row in summary["ranking"]:
         a = aggregates[row["name"]]
         loss = number(a["val_loss"], ".4f") + (f" ± {number(a['val_loss_sd'], '.4f')}" if seeds > 1 else "")
-        change = "-" if row["perplexity_change_pct"] is None else f"{row['perplexity_change_pct']:+.1f}%"
+        change = signed_change(row["perplexity_change_pct"])
         if row["name"] in paired:  # several seeds: the paired change with its interval and verdict
             change = f"{change_text(paired[row['name']], 'val_perplexity')}: {verdict_cell(paired[row['name']])}"
         lines.append(f"| {row['rank']} | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | {loss} | {number(a['val_perplexity'], '.2f')} | "
@@ -61,7 +61,7 @@ def compare_markdown(payload: dict) -> str:
                               f"({m['params']:,})" for name, m in s["match_params"].items()) + "."]
     if paired:
         family = max((p.get("family_size") or 0 for p in paired.values()), default=0)
-        lines += ["", f"vs baseline: the change of perplexity paired by seed (a paired t-test on the per-seed log "
+        lines += ["", f"change vs baseline: the change of perplexity paired by seed (a paired t-test on the per-seed log "
                   f"perplexities, its 95% interval), with the verdict (Holm over {family} comparisons; equivalence "
                   f"within ±{100 * (s.get('margin') or stats.DEFAULT_MARGIN):g}%; see docs/validation.md)."]
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "

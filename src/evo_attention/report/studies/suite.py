@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from evo_attention.report.studies.common import change_text, ci_text, comparison_note, p_text, verdict_cell
+from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, p_text, paired_change_header,
+                                                 verdict_cell)
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell
 
@@ -25,7 +26,7 @@ def suite_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     interval, and against the baseline the paired change with its interval, Holm's p and the verdict."""
     labels = [p["label"] for p in result["suite"]["points"]]
     conf = stats.percent(result.get("confidence", 0.95))
-    headers = ["Name", "Gene"] + labels + ["Suite accuracy", f"{conf} CI", f"Paired change [{conf} CI]",
+    headers = ["Name", "Gene"] + labels + ["Suite accuracy", f"{conf} CI", paired_change_header("suite_accuracy", conf),
                                            f"p (Holm, {result.get('family_size') or 0})", "Verdict"]
     rows = []
     for r in [result["baseline"]] + list(result.get("genes", [])):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies.common import (change_text, ci_text, digits_for, p_text, schedule_text, seed_note,
-                                                 verdict_cell)
+from evo_attention.report.studies.common import (change_text, ci_text, digits_for, p_text, paired_change_header,
+                                                 schedule_text, seed_note, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell
@@ -80,7 +80,7 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     conf = stats.percent(result.get("confidence", 0.95))
     grid = bool(result.get("grid"))
     headers = ["Size", "Gene", "Seeds ok"] + (["lr"] if grid else []) + [
-        f"Mean [{conf} CI]", f"Paired change [{conf} CI]", "p (Holm)", "Verdict",
+        f"Mean [{conf} CI]", paired_change_header(result.get("metric", ""), conf), "p (Holm)", "Verdict",
         "Advantage change vs reference (p Holm)", "Params", "Transfer"]
     rows = []
     for s in result.get("sizes", []):

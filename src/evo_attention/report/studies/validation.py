@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import load_attachments, output_stem
-from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, p_text,
-                                                 seed_note, study_schedule, verdict_cell)
+from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
+                                                 p_text, paired_change_header, seed_note, study_schedule,
+                                                 verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
@@ -30,7 +31,8 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     rates = grid_rates(result)
     headers = ["Gene", "Seeds ok"] + (["lr"] if rates else []) + ["Mean ± sd", f"{conf} CI"]
     headers += ["Search" + (f" (seed {search_seed})" if search_seed is not None else "")] if show_search else []
-    headers += [f"Paired change [{conf} CI]", "Unpaired (Welch)", "p (paired)", f"p (Holm, {family})", "Verdict"]
+    headers += [paired_change_header(result.get("metric", ""), conf), "Unpaired (Welch)", "p (paired)",
+                f"p (Holm, {family})", "Verdict"]
     matched = list(result.get("matched_baselines") or [])
     headers += ["Versus the plain baseline"] if matched else []
     rows = []
@@ -112,7 +114,8 @@ def validation_headline(result: Mapping) -> str:
             f" vs {'the matched baseline (FFN ' + str(base.get('d_ff')) + ')' if base.get('matched_to') else 'baseline'}"
             f" {fmt(base.get('mean'), d)} {ci_text(base.get('ci_low'), base.get('ci_high'), d)}")
     if best.get("difference") is not None:
-        text += f"; paired change {change_text(best, result.get('metric', ''))}"
+        text += (f"; paired change {change_text(best, result.get('metric', ''))} "
+                 f"({metric_direction(result.get('metric', ''))})")
     if best.get("p_holm") is not None:
         family = result.get("family_size") or len(result.get("genes", []))
         text += f", Holm p = {best['p_holm']:.3g} over {family} comparison{'s' if family != 1 else ''}"

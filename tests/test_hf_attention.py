@@ -1,0 +1,211 @@
+"""A gene as a transformers attention function (nn.hf_attention, export --format hf-attention):
+registered through AttentionInterface, installed into a tiny LlamaForCausalLM and a GPT-2 built from
+a config, trained a few steps, and compared with the library's own EvolvedAttention on the same
+weights (fp32, within 1e-5)."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evo_attention.cli import main
+from evo_attention.nn.attention import EvolvedAttention
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed")
+
+TOLERANCE = 1e-5
+
+
+def _llama(name, kv_heads=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=16,
+                         attn_implementation=name)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def _train(model, steps=4):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        ids = torch.randint(0, 32, (4, 12), generator=generator)
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def _captured(layer, run):
+    """The input and output of ``layer`` while ``run()`` runs."""
+    seen = {}
+
+    def before(module, args, kwargs):  # first: the layer's input before the gene's input gate
+        seen["x"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    def after(module, args, kwargs, output):  # last: after the gene's output gating
+        seen["y"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+    handles = [layer.register_forward_pre_hook(before, with_kwargs=True, prepend=True),
+               layer.register_forward_hook(after, with_kwargs=True)]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["x"], seen["y"]
+
+
+def _library_attention(gene, layer, qkv_weight, out_weight, max_seq_len=16):
+    """The library's EvolvedAttention of ``gene`` with the host layer's projections and the gene's
+    parameters the layer trained."""
+    attention = EvolvedAttention(32, 4, gene, max_seq_len=max_seq_len).eval()
+    state = {f"qkv.weight": qkv_weight, "out.weight": out_weight}
+    state.update(layer.evo_attention.state_dict())
+    missing, unexpected = attention.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("bias") or "inv_freq" in k for k in missing), missing
+    return attention
+
+
+@pytest.mark.parametrize("gene", [
+    "cosine|softmax|input_gate|adaptive|nobias|0.00|pos=rope|kvh=2",
+    "dot|entmax15|output_gate|learned|nobias|0.00|pos=rope|kvh=2|abias=rel",
+    "dot|linear|highway|fixed|nobias|0.00|pos=rope|kvh=2",
+    "dot|softmax|none|fixed|nobias|0.00|pos=rope|kvh=2|win=3",
+])
+def test_a_trained_llama_with_the_gene_matches_the_library_attention(gene):
+    from evo_attention.nn.hf_attention import install, register
+
+    name = register("evo_test")
+    model = _llama(name)
+    install(model, gene)
+    params = {n for n, _ in model.named_parameters()}
+    assert any(".self_attn.evo_attention." in n for n in params) or gene.split("|")[2] == "none"
+    losses = _train(model)
+    assert all(l == l for l in losses)  # finite: the gene trains inside the host
+    layer = model.model.layers[0].self_attn
+    ids = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(2))
+    x, y = _captured(layer, lambda: model(ids))
+    qkv = torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight])
+    attention = _library_attention(gene, layer, qkv, layer.o_proj.weight)
+    with torch.no_grad():
+        expected = attention(x)
+    assert (y - expected).abs().max() <= TOLERANCE
+    # generation with the host's cache runs the decode pieces: the same tokens as without it
+    with torch.no_grad():
+        cached = model.generate(ids[:1, :4], max_new_tokens=6, do_sample=False)
+        plain = model.generate(ids[:1, :4], max_new_tokens=6, do_sample=False, use_cache=False)
+    assert torch.equal(cached, plain)
+
+
+def test_gpt2_built_from_a_config_runs_the_gene():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from evo_attention.nn.hf_attention import install, register
+
+    gene = "additive|sigmoid|output_gate|learned|bias|0.00|pos=learned"
+    config = GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=register("evo_test_gpt2"))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    install(model, gene)
+    _train(model, steps=2)
+    layer = model.transformer.h[0].attn
+    ids = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(3))
+    x, y = _captured(layer, lambda: model(ids))
+    attention = _library_attention(gene, layer, layer.c_attn.weight.T, layer.c_proj.weight.T)
+    attention.qkv.bias.data.copy_(layer.c_attn.bias)
+    attention.out.bias.data.copy_(layer.c_proj.bias)
+    with torch.no_grad():
+        assert (y - attention(x)).abs().max() <= TOLERANCE
+
+
+def test_install_refuses_what_it_cannot_host():
+    from evo_attention.nn import hf_attention
+
+    model = _llama(hf_attention.register("evo_test_refuse"))
+    model.model.layers[0].self_attn.is_causal = False
+    with pytest.raises(ValueError, match="not causal"):
+        hf_attention.install(model, "dot|softmax|none|fixed|nobias|0.00|pos=rope")
+    # a function that reads later positions is caught on load
+    layer = _llama("evo_test_refuse").model.layers[1].self_attn
+    layer.register_module("evo_attention", hf_attention.core_attention("dot|softmax|none|fixed|nobias|0.00", 32, 4))
+    original = hf_attention.decode_mask
+    try:
+        hf_attention.decode_mask = lambda start, t, device=None, window=0: torch.ones(t, start + t, dtype=torch.bool)
+        layer.evo_attention.window = 0
+        layer.evo_attention._weigh = lambda q, k, v, tau, allowed, need_weights: (
+            torch.softmax(q @ k.transpose(-1, -2), -1) @ v, None)
+        with pytest.raises(ValueError, match="reads later positions"):
+            hf_attention.check_causal(layer)
+    finally:
+        hf_attention.decode_mask = original
+
+
+ENTRY_RUN = r'''
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "evo_attention":
+            raise ImportError("evo_attention must not be needed")
+sys.meta_path.insert(0, Block())
+import hf_attention
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, max_position_embeddings=16, attn_implementation=hf_attention.register())
+model = LlamaForCausalLM(config)
+hf_attention.install(model)
+print("OK", hf_attention.NAME, float(model(torch.randint(0, 32, (1, 8)), labels=torch.randint(0, 32, (1, 8))).loss))
+'''
+
+
+def test_cli_export_format_hf_attention_runs_without_the_library(tmp_path):
+    from evo_attention import TinyTransformer
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.saving import save_model
+
+    gene = "cosine|softmax|output_gate|learned|nobias|0.00|pos=rope"
+    model = TinyTransformer(ModelSpec(vocab_size=32, d_model=32, n_heads=4, n_layers=2, max_seq_len=16), [gene] * 2)
+    save_model(model, tmp_path / "model")
+    out = tmp_path / "hf-attention"
+    assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf-attention", "--out", str(out)]) == 0
+    assert (out / "hf_attention.py").is_file() and (out / "evo_attention_export" / "nn" / "hf_attention.py").is_file()
+    done = subprocess.run([sys.executable, "-c", ENTRY_RUN, str(out)], capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                               "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "OK" in done.stdout
+
+
+def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
+    from evo_attention.nn.hf_attention import core_attention, install, register
+
+    gene = "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),k))),v)))|nobias|0.00|pos=rope|kvh=2"
+    model = _llama(register("evo_test_program"))
+    install(model, gene)
+    assert any(".self_attn.evo_attention.program." in n for n, _ in model.named_parameters())
+    assert all(l == l for l in _train(model))
+    layer = model.model.layers[0].self_attn
+    ids = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(2))
+    x, y = _captured(layer, lambda: model(ids))
+    qkv = torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight])
+    attention = _library_attention(gene, layer, qkv, layer.o_proj.weight)
+    with torch.no_grad():
+        assert (y - attention(x)).abs().max() <= TOLERANCE
+        model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=False)
+        with pytest.raises(ValueError, match="use_cache=False"):
+            model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+    with pytest.raises(Exception, match="only a program o"):
+        core_attention("prog=g.output_gate(o(mix(w.softmax(s.dot(q,k)),v)))", 32, 4)
