@@ -9,6 +9,12 @@ seed is its winner's mean over those seeds. Each strategy is compared with the r
 paired by search seed, on the log scale (``stats.versus_reference``: paired t-test, TOST at the
 margin, Holm over the comparisons), and gets the tool's verdict word. Writes every search's winner,
 its search value, its validated values and the comparisons to ``--out``.
+
+The searches of different search seeds are independent units only when their validations share no
+seed (``validate --from-run DIR --seed-block run``: each search's seeds from a block of its own);
+``validation_seeds`` in the output records every search's seeds and any seed that served two search
+seeds, and a shared seed is warned about. Searches of the same search seed share their seeds: the
+pairing of the strategies.
 """
 
 from __future__ import annotations
@@ -56,8 +62,25 @@ def compare(found: dict[str, dict[int, dict]], reference: str, margin: float) ->
     others = {s: means[s] for s in found if s != reference}
     rows = stats.versus_reference(others, means[reference], margin=margin, log=lower, lower_is_better=lower)
     return {"reference": reference, "search_seeds": seeds, "metric": metric, "margin": margin,
-            "means": means, "comparisons": rows,
+            "means": means, "comparisons": rows, "validation_seeds": seed_use(found),
             "searches": {s: {str(seed): found[s][seed] for seed in sorted(found[s])} for s in found}}
+
+
+def seed_use(found: dict[str, dict[int, dict]]) -> dict:
+    """Which validation seeds served which search seeds: ``{"by_search_seed": search seed -> its
+    validation seeds, "shared": validation seed -> the search seeds it served (only those that
+    served more than one), "disjoint": no shared seed}``."""
+    by_search: dict[int, set] = {}
+    for searches in found.values():
+        for search_seed, row in searches.items():
+            by_search.setdefault(search_seed, set()).update(row.get("seeds") or [])
+    served: dict[int, list] = {}
+    for search_seed, seeds in sorted(by_search.items()):
+        for seed in seeds:
+            served.setdefault(seed, []).append(search_seed)
+    shared = {str(seed): units for seed, units in sorted(served.items()) if len(units) > 1}
+    return {"by_search_seed": {str(k): sorted(v) for k, v in sorted(by_search.items())}, "shared": shared,
+            "disjoint": not shared}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = compare(collect(root), args.reference, args.margin)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    shared = result["validation_seeds"]["shared"]
+    if shared:
+        print(f"warning: {len(shared)} validation seed(s) served several search seeds (e.g. seed "
+              f"{next(iter(shared))}: search seeds {next(iter(shared.values()))}); the searches are not independent "
+              "units: validate each with --seed-block run", file=sys.stderr)
     for name, row in result["comparisons"].items():
         print(f"{name} vs {args.reference}: {100 * row['relative']:+.2f}% [{100 * row['relative_ci_low']:+.2f}, "
               f"{100 * row['relative_ci_high']:+.2f}], Holm p {row['p_holm']:.3g}: {row['verdict_label']}")

@@ -37,11 +37,11 @@ def test_cost_rounds_calls_a_gene_faster_or_slower_only_where_every_round_agrees
         cost_rounds.summarise([_round({("a", 64): 1.0})])
 
 
-def _validation(folder: Path, mean: float, values: list) -> None:
+def _validation(folder: Path, mean: float, values: list, seeds=(2, 3, 4)) -> None:
     folder.mkdir(parents=True)
     folder.joinpath("validation.json").write_text(json.dumps({
         "metric": "val_perplexity", "baseline": {"mean": 4.0},
-        "genes": [{"gene": "dot|softmax|output_gate|fixed", "search_value": mean - 0.1, "seeds": [2, 3, 4],
+        "genes": [{"gene": "dot|softmax|output_gate|fixed", "search_value": mean - 0.1, "seeds": list(seeds),
                    "values": values, "mean": mean, "verdict": "better"}]}))
 
 
@@ -62,6 +62,24 @@ def test_strategies_pairs_the_validated_winners_by_search_seed(tmp_path):
     with pytest.raises(SystemExit, match="reference strategy 'tpe'"):
         strategies.compare(strategies.collect(tmp_path), "tpe", 0.01)
     assert strategies.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.json")]) == 1
+
+
+def test_strategies_records_the_validation_seeds_and_warns_of_seeds_shared_across_search_seeds(tmp_path, capsys):
+    strategies = _script("strategies")
+    for seed in (1, 2):  # seed+1 .. seed+3: search seeds 1 and 2 share validation seeds 3 and 4
+        for name, mean in (("ga", 3.0), ("random", 3.3)):
+            _validation(tmp_path / "shared" / f"{name}-{seed}", mean + seed / 10, [mean + seed / 10] * 3,
+                        seeds=range(seed + 1, seed + 4))
+            _validation(tmp_path / "blocks" / f"{name}-{seed}", mean + seed / 10, [mean + seed / 10] * 3,
+                        seeds=range(1_000_000 + 2000 * seed + 1, 1_000_000 + 2000 * seed + 4))
+    assert strategies.main([str(tmp_path / "shared"), "--out", str(tmp_path / "a.json")]) == 0
+    use = json.loads((tmp_path / "a.json").read_text())["validation_seeds"]
+    assert use["shared"] == {"3": [1, 2], "4": [1, 2]} and not use["disjoint"]
+    assert use["by_search_seed"]["1"] == [2, 3, 4]
+    assert "served several search seeds" in capsys.readouterr().err
+    assert strategies.main([str(tmp_path / "blocks"), "--out", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["validation_seeds"]["disjoint"]
+    assert "served several" not in capsys.readouterr().err
 
 
 def _curve(genes: dict) -> dict:

@@ -208,7 +208,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
                   "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
                   "knob": "--knob", "values": "--knob", "break_at": "--break-at",
                   "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds",
-                  "optuna_journal": "--optuna-journal"}
+                  "optuna_journal": "--optuna-journal", "match_params": "--match-params", "plan": "--plan",
+                  "solve_threshold": "--solve-threshold", "seed_block": "--seed-block", "solve_test": "--solve-test"}
 
 
 def flag_of(setting: str) -> str | None:

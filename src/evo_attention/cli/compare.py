@@ -42,9 +42,10 @@ def register(subparsers) -> None:
                    "--from-run it keeps the trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     from evo_attention.cli.common import add_executor_flags, add_training_flags
-    from evo_attention.cli.validate import add_grid_flags, add_suite_flag
+    from evo_attention.cli.validate import add_grid_flags, add_match_flag, add_suite_flag
 
     add_suite_flag(p, "configuration")
+    add_match_flag(p)
 
     add_grid_flags(p, "configuration")
     add_training_flags(p)
@@ -99,7 +100,8 @@ def cmd_compare(args) -> int:
         stack.enter_context(executor)
         store = stack.enter_context(RunStore.open(args.from_run)) if args.from_run else None
         result = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, store=store,
-                             quiet=args.quiet, lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
+                             quiet=args.quiet, lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds,
+                             match_params=args.match_params)
     if config.suite is not None:
         return log_suite_result(result, out, args.quiet)
     summary = result.summary

@@ -31,6 +31,12 @@ def register(subparsers) -> None:
                    help="train each gene at each value with N seeds (seed+1 .. seed+N); intervals need 2 (default 1)")
     p.add_argument("--break-at", type=float, metavar="ACC",
                    help="a gene breaks at the first value where its mean accuracy falls below ACC (default 0.5)")
+    p.add_argument("--solve-threshold", type=float, metavar="A",
+                   help="a seed solves a point when its accuracy is >= A (above 1/pairs): solve counts with exact "
+                        "intervals, Fisher's test against the baseline (or the first gene) with Holm, and where "
+                        "each gene's solve rate falls below one half")
+    p.add_argument("--solve-test", choices=["fisher", "barnard"], default="fisher",
+                   help="with --solve-threshold: the exact test of two solve rates (default fisher)")
     p.add_argument("--out", default="runs/curve", help="output directory (default runs/curve); it keeps the "
                    "trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -56,8 +62,8 @@ def curve_config(args):
 
 def cmd_curve(args) -> int:
     from evo_attention.cli.common import executor_from_args, out_arg
-    from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, gene_entries, parse_knob, plan_points,
-                                              run_curve)
+    from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, check_solve_threshold, gene_entries,
+                                              parse_knob, plan_points, run_curve)
     from evo_attention.util.progress import log
 
     config = curve_config(args)
@@ -67,17 +73,24 @@ def cmd_curve(args) -> int:
     knob, values = parse_knob(args.knob)
     entries = gene_entries(args.genes, config)
     task, points = plan_points(config, knob, values)  # every check before the executor starts
+    check_solve_threshold(args.solve_threshold, points, knob)
     out = out_arg(args, kind="a curve", study="curve")
     log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)
     with executor_from_args(args, config) as executor:
         result = run_curve(config, entries, knob, values, seeds=args.seeds, out_dir=out, break_at=break_at,
-                           executor=executor, quiet=args.quiet)
+                           executor=executor, quiet=args.quiet, solve_threshold=args.solve_threshold,
+                           solve_test=args.solve_test)
     for gene in result.genes:
         where = (f"breaks at {knob}={gene['breaks_at']}" if gene["breaks_at"] is not None
                  else "holds" if gene["holds"] else "no break among the values with a result")
         means = ", ".join("-" if r["mean"] is None else f"{r['mean']:.3f}" for r in gene["points"])
         log(f"{gene['name']}: {where} (mean accuracy {means})", args.quiet)
+        if result.solve is not None:
+            from evo_attention.report.studies.curves import solve_break_text
+
+            counts = ", ".join(f"{r['solve']['solved']}/{r['solve']['n']}" for r in gene["points"])
+            log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
     return 0 if any(r["mean"] is not None for g in result.genes for r in g["points"]) else 1

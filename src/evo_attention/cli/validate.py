@@ -139,10 +139,11 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     from evo_attention.studies.common import PILOT_SEEDS, tuning_seeds
 
     # fail before loading any data (seeds auto: the pilot's seeds come first)
-    seeds = validation_seeds(config.seed, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
+    base = seed_base(args, config, search_seed)
+    seeds = validation_seeds(base, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
     if getattr(args, "lr_grid", None):
         reach = seeds + (list(range(seeds[-1] + 1, seeds[-1] + args.max_seeds + 1)) if args.seeds == "auto" else [])
-        tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=reach, search_seed=search_seed)
+        tuning_seeds(base, args.tuning_seeds, verdict_seeds=reach, search_seed=search_seed)
     if check is not None:
         check(config)
     if config.suite is not None:
@@ -180,6 +181,49 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     return config, data, store, out, search_seed
 
 
+def seed_block_flag(text: str):
+    """--seed-block: a whole number >= 0, or 'run' (the --from-run run's search seed)."""
+    if text.strip().lower() == "run":
+        return "run"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a block number (a whole number >= 0) or 'run'")
+    return value
+
+
+def add_seed_block_flag(p: argparse.ArgumentParser) -> None:
+    from evo_attention.studies.common import SEED_BLOCK_BASE, SEED_BLOCK_SIZE
+
+    p.add_argument("--seed-block", type=seed_block_flag, metavar="K|run",
+                   help=f"draw the seeds from block K ({SEED_BLOCK_BASE}+K*{SEED_BLOCK_SIZE}+1 ..) instead of "
+                        "seed+1 ..: validations of several searches with different blocks never share a seed; 'run': "
+                        "the block of the --from-run run's search seed (recorded in the result)")
+
+
+def seed_block(args, search_seed):
+    """The seed block an analysis command's flags name (None: the seeds count from --seed)."""
+    block = getattr(args, "seed_block", None)
+    if block == "run":
+        if search_seed is None:
+            raise UserError("--seed-block run takes the block of the --from-run run's search seed: give --from-run, "
+                            "or a block number")
+        if search_seed < 0:
+            raise UserError(f"--seed-block run: the run's search seed {search_seed} is negative; give a block number")
+        return int(search_seed)
+    return block
+
+
+def seed_base(args, config, search_seed) -> int:
+    """The seed an analysis command's seeds count from (its block's base, else --seed)."""
+    from evo_attention.studies.common import seed_block_base
+
+    block = seed_block(args, search_seed)
+    return config.seed if block is None else seed_block_base(block)
+
+
 def study_setup(args, role: str, config, data, store, executor, search_seed):
     """The ``StudySetup`` of an analysis command: its flags (seeds, split, metric, confidence,
     --from-run, --quiet) with the config, data, store and executor ``analysis_setup`` gave."""
@@ -192,7 +236,17 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
                               confidence=args.confidence, store=store, executor=executor,
                               search_seed=search_seed, source_run=args.from_run, quiet=args.quiet,
                               margin=args.margin, power=args.power, mde=args.mde, max_seeds=args.max_seeds,
-                              lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds)
+                              lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds,
+                              match_params=getattr(args, "match_params", False),
+                              seed_block=seed_block(args, search_seed))
+
+
+def add_match_flag(p: argparse.ArgumentParser) -> None:
+    """--match-params (validate, compare)."""
+    p.add_argument("--match-params", action="store_true",
+                   help="also train a parameter-matched baseline per gene: the vanilla model with its feed-forward "
+                        "width set so that its parameters are within 0.5%% of the gene's; each verdict is then "
+                        "against it (the table shows both baselines)")
 
 
 def run_study(args, role: str, config, data, store, search_seed, run):
@@ -275,6 +329,24 @@ def log_outputs(paths: dict, from_run: str | None) -> None:
         log(f"fold it into the run's report with: evo-attention report {from_run}")
 
 
+def apply_plan(args):
+    """With --plan FILE: the plan (``studies.plan``), its family set into the flags it fixes
+    (the genes, seeds, margin, confidence and seed block); None without one."""
+    if not getattr(args, "plan", None):
+        return None
+    from evo_attention.studies.plan import load_plan
+
+    if args.genes:
+        raise UserError("--plan names the genes it compares: drop --genes")
+    plan = load_plan(args.plan)
+    family = plan.family()
+    args.genes = ",".join(family["comparisons"])
+    args.seeds, args.margin, args.confidence = family["seeds"], family["margin"], 1.0 - family["alpha"]
+    if family.get("seed_block") is not None:
+        args.seed_block = family["seed_block"]
+    return plan
+
+
 def cmd_validate(args) -> int:
     from evo_attention.studies.validate import run_validation, write_validation
     from evo_attention.genes import AttentionGene
@@ -282,18 +354,36 @@ def cmd_validate(args) -> int:
     from evo_attention.report import load_run
 
     summary = load_run(args.from_run) if args.from_run else None
+    plan = apply_plan(args)
     genes = run_genes(args, summary, args.top)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
+    if plan is not None:
+        from evo_attention.studies.plan import check_registration
+
+        try:
+            if config.suite is not None:
+                raise UserError("--plan runs a validation without a suite: drop --suite")
+            check_registration(plan, out, args.eval_split)  # before anything trains
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
     if config.suite is not None:
         return _validate_on_suite(args, genes, config, store, out, search_seed)
     vanilla = AttentionGene.vanilla().key
-    seeds = (f"seeds planned from a pilot ({config.seed + 1}..{config.seed + 3})" if args.seeds == "auto"
-             else f"{args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds})")
+    base = seed_base(args, config, search_seed)
+    seeds = (f"seeds planned from a pilot ({base + 1}..{base + 3})" if args.seeds == "auto"
+             else f"{args.seeds} seeds each ({base + 1}..{base + args.seeds})")
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
-        f"{args.eval_split} split{grid_text(args, config)}", args.quiet)
+        f"{args.eval_split} split{grid_text(args, config)}"
+        f"{'; each against a parameter-matched baseline' if args.match_params else ''}", args.quiet)
     known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
     result = run_study(args, "validate", config, data, store, search_seed,
                        lambda setup: run_validation(setup, genes, search_values=known))
+    if plan is not None:
+        from evo_attention.studies.validate import ValidationResult
+
+        result = ValidationResult({**result.statistics, "plan": plan.record()}, result.provenance)
     paths = write_validation(result, out)
     log(result.headline.replace("**", ""))
     for row in result.genes:
@@ -340,8 +430,9 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != vanilla]
     if not entries:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene")
+    base = seed_base(args, config, search_seed)
     log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
-        f"({config.seed + 1}..{config.seed + args.seeds}), {args.eval_split} split", args.quiet)
+        f"({base + 1}..{base + args.seeds}), {args.eval_split} split", args.quiet)
     result = run_study(args, "validate", config, None, store, search_seed,
                        lambda setup: run_suite(setup, load_suite(config.suite), entries, study="validation"))
     write_suite(result, out)
@@ -357,5 +448,12 @@ def register(subparsers) -> None:
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/validate")
+    add_match_flag(p)
+    add_seed_block_flag(p)
+    p.add_argument("--plan", metavar="FILE",
+                   help="run a registered study plan (YAML: comparisons, margin, alpha, test, seeds; see "
+                        "docs/validation.md); its values replace --genes, --seeds, --margin and --confidence, and a "
+                        "family change after results exist in --out is refused unless the plan records it as an "
+                        "amendment with its time")
     add_suite_flag(p, "gene")
     p.set_defaults(func=cmd_validate)

@@ -56,6 +56,12 @@ ANALYSIS = stats.ANALYSIS
 DEFAULT_TUNING_SEEDS = 2  # seeds per rate of a learning-rate grid
 TUNING_OFFSET = 1000  # the tuning seeds are seed + TUNING_OFFSET + 1 ...: a block no verdict seed reaches
 MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
+# Seed blocks: the studies of several units (the validations of several searches) each draw their
+# seeds from a block of their own, so no seed serves two units. Block K is the seeds
+# SEED_BLOCK_BASE + K * SEED_BLOCK_SIZE + 1 ... + SEED_BLOCK_SIZE; its first half holds the verdict
+# seeds (planned ones included), its second the tuning seeds of a grid (TUNING_OFFSET on).
+SEED_BLOCK_SIZE = 2 * TUNING_OFFSET
+SEED_BLOCK_BASE = 1_000_000
 
 Records = dict[tuple[str, int], EvaluationRecord]  # (gene key, seed) -> record
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # the runner's (task, record, cached)
@@ -75,6 +81,29 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
                         f"its winners: use seed {search_seed} (seeds {search_seed + 1}..) or leave seed unset",
                         setting="seed")
     return seeds
+
+
+def seed_block_base(block: int) -> int:
+    """The base seed of seed block ``block`` (its seeds are base + 1 ... base + SEED_BLOCK_SIZE);
+    UserError (naming ``seed_block``) for a block that is not a whole number >= 0."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise UserError(f"seed_block {block!r} must be a whole number >= 0 (a search seed, or a unit's index)",
+                        setting="seed_block")
+    return SEED_BLOCK_BASE + block * SEED_BLOCK_SIZE
+
+
+def check_in_block(block: int, verdict: Iterable[int], tuning: Iterable[int] = ()) -> None:
+    """UserError when the ``verdict`` seeds leave the first half of seed block ``block`` or the
+    ``tuning`` seeds its second half (they would reach the next unit's, or each other's)."""
+    base = seed_block_base(block)
+    halves = ((verdict, base, base + TUNING_OFFSET, "verdict"),
+              (tuning, base + TUNING_OFFSET, base + SEED_BLOCK_SIZE, "tuning"))
+    for seeds, low, high, what in halves:
+        outside = [s for s in seeds if not low < s <= high]
+        if outside:
+            raise UserError(f"{what} seed {outside[0]} lies outside seed block {block}'s {what} seeds "
+                            f"({low + 1}..{high}): give fewer seeds (at most {TUNING_OFFSET} per block, the planned "
+                            "ones of seeds auto included)", setting=("seed_block", "n_seeds", "max_seeds"))
 
 
 def parse_lr_grid(value) -> tuple[float, ...]:
@@ -159,6 +188,8 @@ class StudySetup:
     planned: "SeedPlan | None" = None  # seeds from a target: the study plans them from a pilot
     lr_grid: tuple[float, ...] = ()  # each gene at its best of these rates (studies.lr_grid); () : the config's
     tuning_seeds: tuple[int, ...] = ()  # the seeds that select a rate of lr_grid (never a verdict seed)
+    match_params: bool = False  # each gene is judged against the baseline of its parameter count (nn.matching)
+    seed_block: int | None = None  # the seeds come from this block (seed_block_base), not from config.seed
 
     @classmethod
     def resolve(cls, config, data, *, role: str, n_seeds: int = DEFAULT_SEEDS, min_seeds: int = 2,
@@ -168,14 +199,20 @@ class StudySetup:
                 seeds_setting: str = "n_seeds", margin: float = DEFAULT_MARGIN, power: float = DEFAULT_POWER,
                 mde: float | None = None, max_seeds: int = DEFAULT_MAX_SEEDS,
                 lr_grid: str | Sequence[float] | None = None,
-                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> "StudySetup":
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
+                seed_block: int | None = None) -> "StudySetup":
         """The setup of a study: seeds ``config.seed + 1 ... + n_seeds`` (at least ``min_seeds``,
         never ``search_seed``), ``steps`` (default ``config.train_steps``); UserError for a bad
         confidence, metric, margin, power or seed count (this one named ``seeds_setting``, the
         caller's name for it), before anything is trained. ``n_seeds="auto"`` plans the seeds from a
         pilot for an effect of ``mde`` (``SeedPlan``; the study runs the pilot). ``lr_grid`` (rates,
         or their text ``"5e-4,1e-3"``) trains each gene at its best rate of the grid, selected on
-        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``)."""
+        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``). ``match_params``:
+        each gene's verdict is against the vanilla baseline widened in its feed-forward to the gene's
+        parameter count (``matched_baselines``); not with a grid or planned seeds yet. ``seed_block``
+        K: the seeds (verdict, pilot, planned and tuning ones) are counted from the base of block K
+        (``seed_block_base``) instead of ``config.seed``, so that the studies of different units
+        (searches) never share a seed; all of them must lie in the block."""
         stats.check_confidence(confidence)
         metric_info(metric, eval_split)
         if metric in ("bits_per_byte", "bits_per_char") and getattr(data, "scored_text", None) is not None \
@@ -195,19 +232,32 @@ class StudySetup:
                 raise UserError(f"max_seeds must be an integer >= 2, got {max_seeds!r}", setting="max_seeds")
             planned = SeedPlan(float(mde), max_seeds)
             n_seeds = PILOT_SEEDS  # the pilot's; the plan replaces them
-        seeds = validation_seeds(config.seed, n_seeds, search_seed, minimum=min_seeds, setting=seeds_setting)
+        if match_params and (planned is not None or lr_grid is not None or data is None):
+            other = f"{seeds_setting} auto" if planned is not None else "lr_grid" if lr_grid is not None else "a suite"
+            raise UserError(f"match_params cannot be combined with {other} yet: drop one of them",
+                            setting=("match_params", seeds_setting if planned is not None else
+                                     "lr_grid" if lr_grid is not None else "suite"))
+        base = config.seed if seed_block is None else seed_block_base(seed_block)
+        seeds = validation_seeds(base, n_seeds, search_seed, minimum=min_seeds, setting=seeds_setting)
+        # every seed a verdict may use, the planned ones of seeds auto included
+        reach = seeds + ([] if planned is None else list(range(seeds[-1] + 1, seeds[-1] + planned.max_seeds + 1)))
         rates, tuning = (), ()
         if lr_grid is not None:
             rates = parse_lr_grid(lr_grid)
-            # every seed a verdict may use, the planned ones of seeds auto included
-            reach = seeds + ([] if planned is None else list(range(seeds[-1] + 1, seeds[-1] + planned.max_seeds + 1)))
-            tuning = tuple(tuning_seeds(config.seed, n_tuning_seeds, verdict_seeds=reach, search_seed=search_seed))
+            tuning = tuple(tuning_seeds(base, n_tuning_seeds, verdict_seeds=reach, search_seed=search_seed))
+        if seed_block is not None:
+            check_in_block(seed_block, reach, tuning)
         return cls(config=config, data=data, seeds=tuple(seeds),
                    steps=int(config.train_steps if steps is None else steps), role=role, eval_split=eval_split,
                    metric=metric, confidence=confidence, search_seed=search_seed,
                    source_run=None if source_run is None else str(source_run), store=store, executor=executor,
                    quiet=quiet, margin=float(margin), power=float(power), planned=planned, lr_grid=rates,
-                   tuning_seeds=tuning)
+                   tuning_seeds=tuning, match_params=bool(match_params), seed_block=seed_block)
+
+    @property
+    def base_seed(self) -> int:
+        """The seed the study's seeds count from: its block's base, else the config's seed."""
+        return self.config.seed if self.seed_block is None else seed_block_base(self.seed_block)
 
     def at(self, config) -> "StudySetup":
         """This setup with another config (a rung of a ladder), trained for its ``train_steps``."""
@@ -244,6 +294,37 @@ class StudySetup:
         return stats.versus_reference(values, baseline, confidence=self.confidence, log=self.log_scale,
                                       margin=self.margin, lower_is_better=self.lower_is_better, power=self.power,
                                       others=self.others(values))
+
+    def versus_baselines(self, values: Mapping[str, Sequence], references: Mapping[str, Sequence],
+                         setups: Mapping[str, "StudySetup"], genes: Iterable[str] = ()) -> dict[str, dict]:
+        """Each gene's per-seed values against its own baseline (``references[gene]``, trained by
+        ``setups[gene]``: a matched baseline), Holm's correction over one family: every comparison
+        here plus the comparisons the store holds against each of these baselines' trainings (but
+        those of ``genes``: the gene keys behind names that are not keys)."""
+        stored: dict[str, dict] = {}
+        for setup in {id(s): s for s in setups.values()}.values():
+            for gene, other in setup.others([*values, *genes]).items():
+                stored[f"{gene} @ FFN {setup.config.ffn_dim}"] = other
+        out = {}
+        for key, sample in values.items():
+            family = {**{k: {"values": values[k], "reference": references[k]} for k in values if k != key}, **stored}
+            out[key] = stats.versus_reference({key: sample}, references[key], confidence=self.confidence,
+                                              log=self.log_scale, margin=self.margin,
+                                              lower_is_better=self.lower_is_better, power=self.power,
+                                              others=family)[key]
+        return out
+
+    def matched_baselines(self, genes: Iterable[str]) -> dict[str, dict]:
+        """By gene key: the vanilla baseline matched to its parameter count at this setup's model and
+        data (``nn.matching.matched_baseline``: ``d_ff``, ``params``, ``candidate_params``, ...)."""
+        from evo_attention.nn.matching import matched_baseline
+
+        spec = self.config.model.with_data(self.data.vocab_size, self.data.seq_len)
+        return {key: matched_baseline(spec, key) for key in genes}
+
+    def with_ffn(self, d_ff: int | None) -> "StudySetup":
+        """This setup with the model's feed-forward width ``d_ff`` (a matched baseline's trainings)."""
+        return dataclasses.replace(self, config=self.config.replace(d_ff=d_ff))
 
     def others(self, genes: Iterable[str]) -> dict[str, dict]:
         """The other comparisons against this study's baseline trainings, by gene: every gene (not
@@ -324,6 +405,9 @@ class StudySetup:
             "eval_split": self.eval_split, "confidence": self.confidence, "seeds": list(self.seeds),
             "test": stats.paired_test_name(self.log_scale), "margin": self.margin, "power": self.power,
             "search_seed": self.search_seed, "steps": self.steps if steps is None else steps,
+            **({} if self.seed_block is None else {"seed_block": {
+                "block": self.seed_block, "first": self.base_seed + 1, "last": self.base_seed + SEED_BLOCK_SIZE,
+                "rule": "each unit (search) draws its seeds from a block of its own: no seed serves two units"}}),
             "source_run": self.source_run,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": self.config.to_dict(), "data": None if self.data is None else self.data.describe(),

@@ -233,7 +233,7 @@ class CompareResult(StudyResult):
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
                 out_dir: str | Path | None = "runs/compare", data=None, executor="local",
                 store: RunStore | None = None, quiet: bool = False, lr_grid=None,
-                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, suite=None):
+                n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, suite=None, match_params: bool = False):
     """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
     summarise; writes the outputs into ``out_dir`` (unless None). ``lr_grid``: each configuration
     at its own best rate of the grid (``studies.lr_grid``), tuned on ``n_tuning_seeds`` seeds.
@@ -246,11 +246,18 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
 
     ``suite`` (a suite's name, YAML path or ``Suite``; default the config's ``suite``): every
     configuration and the baseline on every point of it; returns a ``studies.suite.SuiteResult``.
+
+    ``match_params``: the vanilla baseline is also trained at each configuration's parameter count
+    (its feed-forward widened or narrowed, ``nn.matching``; a row ``baseline (FFN W)`` per width),
+    and each configuration's paired verdict is against its matched baseline (``versus`` names it).
     """
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
     suite = config.suite if suite is None else suite
     if suite is not None:
+        if match_params:
+            raise UserError("match_params cannot be combined with a suite yet: drop one of them",
+                            setting=("match_params", "suite"))
         return _compare_on_suite(config, entries, suite, seeds=seeds, out_dir=out_dir, executor=executor, store=store,
                                  quiet=quiet, lr_grid=lr_grid)
     validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
@@ -278,20 +285,24 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
             store = stack.enter_context(study_store(out_dir, config, "compare"))
         setup = StudySetup.resolve(config, data, role="compare", n_seeds=seeds, min_seeds=1, metric="val_loss",
                                    store=store, executor=pool, quiet=quiet, seeds_setting="seeds", lr_grid=lr_grid,
-                                   n_tuning_seeds=n_tuning_seeds)
+                                   n_tuning_seeds=n_tuning_seeds, match_params=match_params)
         genes, labels = [gene for _, gene in entries], {gene.key: name for name, gene in reversed(entries)}
         grid = grids.tune(setup, genes, labels=labels) if setup.lr_grid else None  # an interruption: kept in the store
+        matched = None
         try:
             if grid is None:
                 setup.train(genes, labels=labels, on_finished=finished)
             else:
                 grids.train_at_rates(setup, genes, grids.selected_rates(grid), labels=labels, on_finished=finished)
+            if setup.match_params:
+                matched = train_matched(setup, entries)
         except KeyboardInterrupt:
             if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
                 write_outputs(out_dir, _result_of(setup, pool, entries, done, time.perf_counter() - start,
                                                   interrupted=True, grid=grid))
             raise
-        result = _result_of(setup, pool, entries, done, time.perf_counter() - start, grid=grid)  # the store still open
+        result = _result_of(setup, pool, entries, done, time.perf_counter() - start, grid=grid,
+                            matched=matched)  # the store still open
     if out_dir is not None:
         write_outputs(out_dir, result)
     return result
@@ -324,25 +335,57 @@ def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, ex
     return result
 
 
+def matched_name(width: int) -> str:
+    """The name of the baseline matched at feed-forward width ``width``."""
+    return f"baseline (FFN {width})"
+
+
+def train_matched(setup: StudySetup, entries) -> dict:
+    """The parameter-matched baselines of ``entries`` (``StudySetup.matched_baselines``; the vanilla
+    gene and the plain width need none): ``{"matches": name -> match, "records": width -> (vanilla
+    key, seed) -> record, "setups": width -> setup}``; each width is trained once (the plain width's
+    are the baseline's own trainings)."""
+    names = {name: gene.key for name, gene in entries if gene.key != VANILLA_KEY}
+    by_key = setup.matched_baselines(dict.fromkeys(names.values()))
+    matches = {name: by_key[key] for name, key in names.items()}
+    records, setups = {}, {}
+    for match in matches.values():
+        width = match["ffn_dim"]
+        if width not in setups:
+            setups[width] = setup.with_ffn(match["d_ff"])  # the plain width: read from the store when trained
+            records[width] = setups[width].train([VANILLA_KEY], labels={VANILLA_KEY: matched_name(width)})
+    return {"matches": matches, "records": records, "setups": setups}
+
+
 def _result_of(setup: StudySetup, pool, entries, done: dict, elapsed: float,
-               interrupted: bool = False, grid: dict | None = None) -> CompareResult:
+               interrupted: bool = False, grid: dict | None = None, matched: dict | None = None) -> CompareResult:
     """One row per configuration and seed (in the order of ``entries``, then seeds), from the
     records by (gene, seed); a pair without a record did not run. With a learning-rate ``grid``
-    every row and aggregate says the rate it trained at."""
+    every row and aggregate says the rate it trained at; with ``matched`` (``train_matched``) a
+    row per matched baseline and seed follows, named ``baseline (FFN W)``."""
     results = [_result(name, done[gene.key, seed]) if (gene.key, seed) in done
                else _not_run(name, gene.key, seed, setup.steps, interrupted)
                for name, gene in entries for seed in setup.seeds]
-    aggregates = aggregate(results, entries)
+    extra = []
+    for width, records in (matched or {}).get("records", {}).items():
+        if width == setup.config.ffn_dim:
+            continue  # the plain baseline: its rows are those of "baseline" (or of no row, without one)
+        extra.append((matched_name(width), AttentionGene.vanilla()))
+        results += [_result(matched_name(width), records[VANILLA_KEY, seed]) for seed in setup.seeds]
+    aggregates = aggregate(results, list(entries) + extra)
     rates = None
     if grid is not None:
         rates = grids.selected_rates(grid)
         for row in results + aggregates:
             row["learning_rate"] = rates[row["gene"]]
     summary = rank_configs(aggregates, elapsed)
-    summary["paired"] = paired_with_baseline(setup, results, entries, rates=rates)
+    summary["paired"] = paired_with_baseline(setup, results, entries, rates=rates, matched=matched)
     if interrupted:
         summary["interrupted"] = True
     settings = _settings(setup, pool, entries)
+    if matched is not None:
+        settings["match_params"] = {name: {k: m[k] for k in ("ffn_dim", "params", "candidate_params", "off")}
+                                    for name, m in matched["matches"].items()}
     if grid is not None:
         settings["lr_grid"] = list(setup.lr_grid)
         grid = grids.with_verdict_seeds(grid, setup.seeds)
@@ -441,20 +484,33 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
 
 
 def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
-                         rates: Mapping[str, float] | None = None) -> dict:
+                         rates: Mapping[str, float] | None = None, matched: dict | None = None) -> dict:
     """Every configuration against the one named ``baseline`` (if any), paired by seed on the
     perplexity's log scale (``StudySetup.versus_baseline`` when the baseline is the vanilla gene, so
     its family spans the store; else ``stats.versus_reference`` over this comparison): by name, the
     paired change, p-values and verdict. Empty with one seed or without a baseline. ``rates``
     (gene key -> rate): each trained at its own rate of a learning-rate grid (the store's family
-    is then that of the baseline at its rate)."""
-    if len(setup.seeds) < 2 or "baseline" not in dict(entries):
+    is then that of the baseline at its rate). ``matched`` (``train_matched``): each configuration
+    against the baseline of its parameter count (the plain one where that is its match)."""
+    if len(setup.seeds) < 2 or ("baseline" not in dict(entries) and matched is None):
         return {}
     per_seed = {(r["name"], r["seed"]): usable_metric(r, "val_perplexity") for r in results}
     values = {name: [per_seed.get((name, s)) for s in setup.seeds] for name, _ in entries}
-    reference = values.pop("baseline")
+    reference = values.pop("baseline", None)
     perplexity = dataclasses.replace(setup, metric="val_perplexity")
-    if dict(entries)["baseline"].key == VANILLA_KEY:
+    if matched is not None:
+        refs, setups = {}, {}
+        for name, match in matched["matches"].items():
+            width = match["ffn_dim"]
+            refs[name] = [usable_metric(matched["records"][width][VANILLA_KEY, s], "val_perplexity")
+                          for s in setup.seeds]
+            setups[name] = dataclasses.replace(matched["setups"][width], metric="val_perplexity")
+        values = {name: v for name, v in values.items() if name in refs}
+        compared = perplexity.versus_baselines(values, refs, setups, genes=[gene.key for _, gene in entries])
+        for name, match in matched["matches"].items():
+            compared[name]["versus"] = {"baseline": "matched", "d_ff": match["ffn_dim"], "params": match["params"],
+                                        "candidate_params": match["candidate_params"], "off": match["off"]}
+    elif dict(entries)["baseline"].key == VANILLA_KEY:
         genes = {name: gene.key for name, gene in entries if name != "baseline"}
         by_key = {genes[n]: v for n, v in values.items()}
         by_gene = (perplexity.versus_baseline(by_key, reference) if rates is None
@@ -464,7 +520,8 @@ def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
         compared = stats.versus_reference(values, reference, confidence=setup.confidence, log=True,
                                           margin=setup.margin, power=setup.power)
     keys = ("relative", "relative_ci_low", "relative_ci_high", "scale", "difference", "diff_ci_low", "diff_ci_high",
-            "p_value", "p_holm", "family_size", "verdict", "verdict_label", "mde_relative", "seeds_for_equivalence")
+            "p_value", "p_holm", "family_size", "verdict", "verdict_label", "mde_relative", "seeds_for_equivalence",
+            "versus")
     return {name: {k: row.get(k) for k in keys} for name, row in compared.items()}
 
 

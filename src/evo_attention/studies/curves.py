@@ -24,6 +24,18 @@ the order given, where its mean accuracy falls below ``break_at`` (``first_break
 from easy to hard. The result is written as ``curve.json``, ``curve.md`` (genes as rows, values as
 columns, mean ± the interval's half-width) and ``curve.png`` (accuracy against the knob, one line
 per gene with its interval as a band, chance drawn; a log2 axis when the values are powers of two).
+
+Outcomes on recall tasks are bimodal: a seed solves a point or stays at the plateau, so a mean of
+a few such values is the wrong model. With ``solve_threshold`` A a seed *solves* a point when its
+accuracy is at least A (A must lie above the no-recall level 1/pairs of every point whose task has
+pairs); each gene at each point gets its solve count among the seeds that finished, with the exact
+(Clopper-Pearson) interval of the rate (``stats.solve_rate``); every other gene is compared with
+the reference gene (the one named ``baseline``, else the first) at the same point by Fisher's (or
+Barnard's) exact test, Holm over every gene and point of the curve (``stats.solve_rates_versus``);
+and a gene's *solve break* is the first value where its solve rate falls below one half, with its
+interval: from the first value whose rate's interval reaches below one half (it may break there)
+to the first whose interval lies wholly below it (it has broken by there; None: not among the
+values) (``solve_break``).
 """
 
 from __future__ import annotations
@@ -143,6 +155,75 @@ def first_break(values: Sequence, means: Sequence[float | None], threshold: floa
     return None
 
 
+SOLVE_HALF = 0.5  # a gene's solve break: where its solve rate falls below this
+
+
+def check_solve_threshold(value, points: Sequence[CurvePoint], knob: str) -> float | None:
+    """The solve threshold (None: none asked for); UserError (naming ``solve_threshold``) unless it
+    is an accuracy in (0, 1] above the no-recall level 1/pairs of every point with pairs."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UserError(f"solve_threshold must be an accuracy in (0, 1] such as 0.9, got {value!r}",
+                        setting="solve_threshold")
+    for point in points:
+        pairs = point.knobs.get("pairs")
+        if pairs and value <= 1.0 / pairs:
+            raise UserError(f"solve_threshold {value:g} is at or below the no-recall level 1/pairs = {1 / pairs:.3g} "
+                            f"at {knob}={point.value}: a seed that recalls nothing would count as solving; give a "
+                            "threshold above it, e.g. 0.9", setting="solve_threshold")
+    return float(value)
+
+
+def solve_count(row: Mapping, threshold: float, confidence: float) -> dict:
+    """A gene at one point: how many of its finished seeds reach ``threshold``, with the exact
+    interval of the rate (``stats.solve_rate``); failed seeds are left out of n."""
+    finished = [a for a in row.get("accuracy") or [] if a is not None]
+    return stats.solve_rate(sum(a >= threshold for a in finished), len(finished), confidence)
+
+
+def solve_break(values: Sequence, rates: Sequence[Mapping]) -> dict:
+    """Where a gene's solve rate falls below one half: ``{"at", "rate", "range"}``: ``at`` the first
+    value whose rate is below it (None: none), ``rate`` its count and interval, ``range`` [the first
+    value whose interval reaches below one half, the first whose interval lies below it] (either
+    None when no value is so). Values without a finished seed are passed over."""
+    at = first_break(values, [r.get("rate") for r in rates], SOLVE_HALF)
+    low = next((v for v, r in zip(values, rates) if r.get("ci_low") is not None and r["ci_low"] < SOLVE_HALF), None)
+    high = next((v for v, r in zip(values, rates) if r.get("ci_high") is not None and r["ci_high"] < SOLVE_HALF),
+                None)
+    rate = next((r for v, r in zip(values, rates) if v == at), None) if at is not None else None
+    return {"at": at, "rate": rate, "range": [low, high]}
+
+
+def solve_statistics(genes: list[dict], values: Sequence, threshold: float, confidence: float,
+                     test: str = "fisher") -> dict:
+    """Adds the solve counts, the verdicts against the reference gene and the solve break to the
+    gene rows of a curve (in place); returns the curve's ``solve`` block (threshold, reference,
+    test, alpha, family size)."""
+    for gene in genes:
+        for row in gene["points"]:
+            row["solve"] = solve_count(row, threshold, confidence)
+        gene["solve_break"] = solve_break(values, [r["solve"] for r in gene["points"]])
+    reference = next((g for g in genes if g["name"] == "baseline"), genes[0])
+    counts, refs = {}, {}
+    for gene in genes:
+        if gene is reference:
+            continue
+        for row, ref in zip(gene["points"], reference["points"]):
+            key = (gene["name"], row["value"])
+            counts[key] = (row["solve"]["solved"], row["solve"]["n"])
+            refs[key] = (ref["solve"]["solved"], ref["solve"]["n"])
+    compared = stats.solve_rates_versus(counts, refs, alpha=1.0 - confidence, test=test, confidence=confidence)
+    for gene in genes:
+        for row in gene["points"]:
+            versus = compared.get((gene["name"], row["value"]))
+            if versus is not None:
+                row["solve_versus"] = {k: versus[k] for k in ("difference", "p_value", "p_holm", "verdict",
+                                                              "cannot_decide")}
+    return {"threshold": threshold, "reference": reference["name"], "test": test, "alpha": 1.0 - confidence,
+            "family_size": len(compared), "half": SOLVE_HALF}
+
+
 def check_break_at(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise UserError(f"break_at must be an accuracy in (0, 1] such as 0.5, got {value!r}", setting="break_at")
@@ -187,6 +268,7 @@ class CurveResult(StudyResult):
     genes: list[dict]
     provenance: Mapping[str, Any]
     interrupted: bool = False
+    solve: Mapping[str, Any] | None = None  # the solve-rate block (``solve_statistics``) with a threshold
 
     kind: ClassVar[str] = "curve"
 
@@ -194,6 +276,8 @@ class CurveResult(StudyResult):
         out = {"kind": self.kind, "task": self.task, "knob": self.knob, "values": self.knob_values,
                "base_data": self.base_data, "metric": METRIC, "break_at": self.break_at,
                "confidence": self.confidence, "points": self.points, "genes": self.genes}
+        if self.solve is not None:
+            out["solve"] = self.solve
         if self.interrupted:
             out["interrupted"] = True
         return to_jsonable({**out, **self.provenance})
@@ -201,7 +285,8 @@ class CurveResult(StudyResult):
 
 def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Mapping[int, dict], entries,
                done: Mapping, seeds: Sequence[int], config: Config, provenance: Mapping, break_at: float,
-               confidence: float, interrupted: bool = False) -> CurveResult:
+               confidence: float, interrupted: bool = False, solve_threshold: float | None = None,
+               solve_test: str = "fisher") -> CurveResult:
     values = [p.value for p in points]
     genes = []
     for name, gene in entries:
@@ -215,8 +300,10 @@ def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Ma
     point_rows = [{"value": p.value, "data": p.data, "knobs": p.knobs,
                    "chance_accuracy": described[i]["chance_accuracy"] if i in described else p.chance_accuracy,
                    "description": described.get(i)} for i, p in enumerate(points)]
+    solve = None if solve_threshold is None else solve_statistics(genes, values, solve_threshold, confidence,
+                                                                     solve_test)
     return CurveResult(task, knob, values, config.data, break_at, confidence, point_rows, genes, provenance,
-                       interrupted)
+                       interrupted, solve)
 
 
 def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], pool) -> dict:
@@ -236,19 +323,25 @@ def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], 
 # -- running ----------------------------------------------------------------------------------------
 def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, seeds: int = 1,
               out_dir: str | Path | None = "runs/curve", break_at: float = DEFAULT_BREAK_AT,
-              confidence: float = 0.95, executor="local", quiet: bool = False) -> CurveResult:
+              confidence: float = 0.95, executor="local", quiet: bool = False,
+              solve_threshold: float | None = None, solve_test: str = "fisher") -> CurveResult:
     """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
     + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None).
 
     ``genes``: names and gene strings (a comma-separated text or a list, as compare takes them), or
     ``(name, gene)`` pairs. The trainings are kept in the run store in ``out_dir`` (opened, or
     created with ``config``), so a repeat trains nothing; ``out_dir`` None: nothing cached.
-    ``executor``: a name for ``executor_for`` or an Executor (left open).
+    ``executor``: a name for ``executor_for`` or an Executor (left open). ``solve_threshold``: solve
+    counts, solve-rate verdicts by ``solve_test`` (fisher or barnard) and solve breaks (module text).
     """
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)
     stats.check_confidence(confidence)
     task, points = plan_points(config, knob, values)
+    solve_threshold = check_solve_threshold(solve_threshold, points, knob)
+    if solve_test not in stats.SOLVE_TESTS:
+        raise UserError(f"solve_test {solve_test!r} is not one of {', '.join(stats.SOLVE_TESTS)}",
+                        setting="solve_test")
     seed_list = validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
     if out_dir is not None:
         output_dir(out_dir)  # an unwritable place fails now, not after the work
@@ -264,7 +357,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     def result(interrupted: bool = False) -> CurveResult:
         provenance = {**_provenance(config, first, seed_list, pool), "total_time_s": time.perf_counter() - start}
         return _result_of(task, knob, points, described, entries, done, seed_list, config, provenance, break_at,
-                          confidence, interrupted)
+                          confidence, interrupted, solve_threshold, solve_test)
 
     with ExitStack() as stack:
         if own:

@@ -61,10 +61,12 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                    source_run: str | os.PathLike | None = None, quiet: bool = True, margin: float = DEFAULT_MARGIN,
                    power: float = DEFAULT_POWER, mde: float | None = None,
                    max_seeds: int = DEFAULT_MAX_SEEDS, lr_grid=None,
-                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> ValidationResult:
+                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
+                   seed_block: int | None = None) -> ValidationResult:
     """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
     (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each at its own best
-    rate of the grid, see ``studies.lr_grid``).
+    rate of the grid, see ``studies.lr_grid``; ``match_params``: each gene against the baseline of
+    its parameter count, ``matched_statistics``).
 
     ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
     """
@@ -72,7 +74,7 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                                metric=metric, confidence=confidence, store=store, executor=executor,
                                search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
                                power=power, mde=mde, max_seeds=max_seeds, lr_grid=lr_grid,
-                               n_tuning_seeds=n_tuning_seeds)
+                               n_tuning_seeds=n_tuning_seeds, match_params=match_params, seed_block=seed_block)
     return run_validation(setup, genes, search_values=search_values)
 
 
@@ -97,6 +99,8 @@ def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
     else:
         records = grids.train_at_rates(setup, [vanilla] + keys, rates)
     numbers = validation_statistics(setup, records, keys, search_values=search_values, rates=rates)
+    if setup.match_params:
+        numbers = matched_statistics(setup, numbers, records, keys, search_values=search_values)
     if plan is not None:
         numbers["seed_plan"] = plan
     if grid is not None:
@@ -119,7 +123,7 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
     each gene at its rate. Returns the setup with those seeds and the plan."""
     planned = setup.planned
     vanilla = AttentionGene.vanilla().key
-    pilot = dataclasses.replace(setup, seeds=tuple(setup.config.seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
+    pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
     records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
     base = samples(records, vanilla, pilot.seeds, pilot.metric)["values"]
     spreads = {}
@@ -177,9 +181,54 @@ def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], M
     return comparison_result("validation", setup, base, per_gene, compared, search_values)
 
 
+def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[str, int], Mapping],
+                       keys: Sequence[str], *, search_values: Mapping[str, float] | None = None) -> dict:
+    """``numbers`` (a validation against the plain baseline) with each gene judged against the
+    baseline of its own parameter count instead (``StudySetup.matched_baselines``; trained here, a
+    trial like any other: its key differs by its ``d_ff``). The plain baseline's row stays; each
+    matched baseline gets a row in ``matched_baselines``; each gene row names the baseline its
+    verdict used (``versus``) and keeps its comparison with the plain one (``versus_plain``)."""
+    vanilla = AttentionGene.vanilla().key
+    seeds = list(setup.seeds)
+    matches = setup.matched_baselines(keys)
+    setups, references, rows = {}, {}, {}
+    for key, match in matches.items():
+        width = match["ffn_dim"]
+        if width not in rows:
+            at = setup.with_ffn(match["d_ff"])
+            sample = samples(records if match["d_ff"] == setup.config.d_ff else at.train([vanilla]), vanilla, seeds,
+                             setup.metric)
+            rows[width] = {"gene": vanilla, "str": f"baseline, FFN {width}", "d_ff": width, "params": match["params"],
+                           "matched_to": [], **sample, **stats.describe(sample["values"], setup.confidence)}
+            setups[width] = at
+        rows[width]["matched_to"].append(key)
+        references[key] = rows[width]["values"]
+    per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
+    compared = setup.versus_baselines({k: s["values"] for k, s in per_gene.items()}, references,
+                                      {k: setups[m["ffn_dim"]] for k, m in matches.items()})
+    plain = {g["gene"]: g for g in numbers["genes"]}
+    for key, match in matches.items():
+        compared[key]["versus"] = {"baseline": "matched", "d_ff": match["ffn_dim"], "params": match["params"],
+                                   "candidate_params": match["candidate_params"], "off": match["off"],
+                                   "label": f"matched baseline (FFN {match['ffn_dim']}, {match['params']:,} "
+                                            f"parameters; the gene {match['candidate_params']:,})"}
+        compared[key]["versus_plain"] = {k: plain[key].get(k) for k in
+                                         ("scale", "relative", "relative_ci_low", "relative_ci_high", "difference",
+                                          "diff_ci_low", "diff_ci_high", "p_value", "p_holm", "verdict", "verdict_label")}
+    base = {k: v for k, v in numbers["baseline"].items()}
+    base_sample = {k: base[k] for k in ("seeds", "values", "statuses", "devices", "n_failed", "errors", "cost")}
+    result = comparison_result("validation", setup, base_sample, per_gene, compared, search_values,
+                               matched=list(rows.values()))
+    result["plain_baseline"] = {"d_ff": setup.config.ffn_dim,
+                                "params": next(iter(matches.values()))["plain_params"] if matches else None}
+    return result
+
+
 def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mapping[str, dict],
-                      compared: Mapping[str, dict], search_values: Mapping[str, float] | None = None) -> dict:
-    """A validation-shaped result (baseline row, gene rows with their paired comparison, headline)."""
+                      compared: Mapping[str, dict], search_values: Mapping[str, float] | None = None, *,
+                      matched: Sequence[dict] | None = None) -> dict:
+    """A validation-shaped result (baseline row, gene rows with their paired comparison, headline);
+    ``matched``: the rows of parameter-matched baselines (``matched_statistics``)."""
     vanilla = AttentionGene.vanilla().key
     search_values = dict(search_values or {})
 
@@ -195,6 +244,8 @@ def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mappin
         "baseline": row(vanilla, base, {}),
         "genes": [row(k, per_gene[k], compared[k]) for k in per_gene],
     }
+    if matched:
+        result["matched_baselines"] = list(matched)
     result["headline"] = validation_headline(result)
     return to_jsonable(result)
 

@@ -1029,21 +1029,25 @@ def solve_rate_test(a: tuple[int, int], b: tuple[int, int], test: str = "fisher"
     return float(_st.barnard_exact(table).pvalue)
 
 
-def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]], reference: tuple[int, int], *, alpha: float = 0.05,
+def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]],
+                       reference: tuple[int, int] | Mapping[_Key, tuple[int, int]], *, alpha: float = 0.05,
                        test: str = "fisher", confidence: float = 0.95) -> dict[_Key, dict]:
-    """Each ``(solved, n)`` of ``counts`` against the reference's: both rates with exact intervals
+    """Each ``(solved, n)`` of ``counts`` against the reference's (one for all, or by key: e.g. the
+    reference gene at the same task point): both rates with exact intervals
     (``solve_rate``), the difference of rates, the two-sided p (``solve_rate_test``), Holm over the
     family (``family_size`` comparisons), and the verdict: ``solves more often`` / ``solves less
     often`` when the Holm p is below ``alpha``, else ``undetermined``; ``cannot_decide`` says in
     one line when these counts could not reach alpha whatever the outcomes (the most extreme
     table's p, Holm-adjusted, is not below it)."""
     check_alpha(alpha)
-    ref = solve_rate(*reference, confidence=confidence)
-    p = {key: solve_rate_test(c, reference, test) for key, c in counts.items()}
+    refs = dict(reference) if isinstance(reference, Mapping) else {key: reference for key in counts}
+    p = {key: solve_rate_test(c, refs[key], test) for key, c in counts.items()}
     p_holm = holm_family(p)
     m = len(p)
     out = {}
     for key, c in counts.items():
+        reference = refs[key]
+        ref = solve_rate(*reference, confidence=confidence)
         rate = solve_rate(*c, confidence=confidence)
         diff = None if rate["rate"] is None or ref["rate"] is None else rate["rate"] - ref["rate"]
         word = UNDETERMINED

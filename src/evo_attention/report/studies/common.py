@@ -100,6 +100,9 @@ def verdict_cell(row: Mapping) -> str:
     """The verdict as a table shows it: the word with its margin, and for an undetermined one what
     these seeds could detect and how many would decide it."""
     label = str(row.get("verdict_label") or row.get("verdict") or "")
+    versus = row.get("versus") or {}
+    if versus.get("baseline") == "matched":  # the verdict names the baseline it used
+        label += f" [vs the matched baseline, FFN {versus.get('d_ff')}]"
     if row.get("verdict") != stats.UNDETERMINED:
         return label
     parts = [row["cannot_decide"]] if row.get("cannot_decide") else []

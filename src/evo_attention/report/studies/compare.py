@@ -53,6 +53,12 @@ def compare_markdown(payload: dict) -> str:
                      f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | "
                      f"{a['status']}: {md_cell(why)} |")
+    if s.get("match_params"):
+        lines += ["", "Parameter-matched baselines: each configuration is judged against the vanilla model whose "
+                  "feed-forward width gives it the configuration's parameter count within 0.5% (rows "
+                  "`baseline (FFN W)`; the configuration's own width where that is the plain one): "
+                  + "; ".join(f"{md_cell(name)} {m['candidate_params']:,} parameters -> FFN {m['ffn_dim']} "
+                              f"({m['params']:,})" for name, m in s["match_params"].items()) + "."]
     if paired:
         family = max((p.get("family_size") or 0 for p in paired.values()), default=0)
         lines += ["", f"change vs baseline: the change of perplexity paired by seed (a paired t-test on the per-seed log "

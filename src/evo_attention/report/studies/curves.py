@@ -1,6 +1,8 @@
 """A difficulty curve: reads a curve result (the ``knob`` and its ``values``, per gene its
 ``points`` with mean accuracy and interval and where it ``breaks_at``, the chance accuracy per
-point) and renders the curve table, the note on what its cells mean, and ``curve.md``.
+point; with a solve threshold the ``solve`` block, per point the solve count and its verdict
+against the reference gene, per gene its ``solve_break``) and renders the curve table, the solve
+table, the notes on what their cells mean, and ``curve.md``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,58 @@ def curve_note(result: Mapping) -> str:
             "above it at every value. The last row is chance accuracy.")
 
 
+def solve_cell(row: Mapping, breaks: bool = False) -> str:
+    """A gene at one point: solved/n [exact interval of the rate], its verdict against the reference
+    (with the Holm p) when it has one, ``BREAK_MARK`` where its solve rate first falls below one half."""
+    solve = row.get("solve") or {}
+    if not solve.get("n"):
+        return "-"
+    text = f"{solve['solved']}/{solve['n']} [{solve['ci_low']:.2f}, {solve['ci_high']:.2f}]"
+    versus = row.get("solve_versus")
+    if versus and versus.get("verdict") != stats.UNDETERMINED:
+        text += f" {versus['verdict']} (Holm p {versus['p_holm']:.3g})"
+    return f"{BREAK_MARK} {text}" if breaks else text
+
+
+def solve_break_text(gene: Mapping, knob: str) -> str:
+    """Where a gene's solve rate falls below one half, with its range."""
+    found = gene.get("solve_break") or {}
+    low, high = (found.get("range") or [None, None])
+    span = (f"{knob}={curve_knob_text(low)}" if low is not None else "-") + " .. " + \
+        (f"{knob}={curve_knob_text(high)}" if high is not None else "beyond the values")
+    if found.get("at") is None:
+        return f"holds (could break: {span})" if low is not None else "holds"
+    return f"{knob}={curve_knob_text(found['at'])} ({span})"
+
+
+def solve_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
+    """(headers, rows, align) of a curve's solve counts (None without a solve threshold)."""
+    solve = result.get("solve")
+    if not solve:
+        return None
+    knob, values = result.get("knob", "knob"), result.get("values") or []
+    headers = (["Configuration", "Gene"] + [f"{knob}={curve_knob_text(v)}" for v in values]
+               + [f"Solve rate < {solve.get('half', 0.5):g} at (range)"])
+    rows = []
+    for gene in result.get("genes") or []:
+        at = (gene.get("solve_break") or {}).get("at")
+        cells = [solve_cell(row, at is not None and row.get("value") == at) for row in gene.get("points") or []]
+        rows.append([str(gene.get("name", "")), str(gene.get("gene", ""))] + cells + [solve_break_text(gene, knob)])
+    return headers, rows, "ll" + "r" * len(values) + "l"
+
+
+def solve_note(result: Mapping) -> str:
+    solve = result.get("solve") or {}
+    conf = stats.percent(result.get("confidence", 0.95))
+    return (f"A seed solves a point when its accuracy is at least {solve.get('threshold', 0):g}. Each cell: solved "
+            f"seeds / finished seeds [the exact (Clopper-Pearson) {conf} interval of the solve rate]; against "
+            f"{solve.get('reference')} at the same point by {str(solve.get('test', 'fisher')).capitalize()}'s exact "
+            f"test, Holm over {solve.get('family_size')} comparisons (a verdict is shown where the Holm p is below "
+            f"{solve.get('alpha', 0.05):g}). A gene's solve rate falls below {solve.get('half', 0.5):g} at the "
+            f"first value where it does ({BREAK_MARK}); the range runs from the first value whose interval reaches "
+            "below it to the first whose interval lies below it.")
+
+
 def curve_markdown(result: Mapping) -> str:
     """``curve.md``: what was swept and trained, then the table and the figure."""
     m = result.get("model") or {}
@@ -80,7 +134,13 @@ def curve_markdown(result: Mapping) -> str:
     if result.get("interrupted"):
         lines += ["**Interrupted**: the cells without a result did not finish; run the same command again to "
                   "resume.", ""]
-    lines += [curve_table_markdown(result).rstrip(), "", f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
+    lines += [curve_table_markdown(result).rstrip(), ""]
+    solved = solve_table(result)
+    if solved:
+        headers, rows, align = solved
+        cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
+        lines += ["## Solve rates", "", solve_note(result), "", markdown_table(headers, cells, align).rstrip(), ""]
+    lines += [f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
     return "\n".join(lines)
 
 

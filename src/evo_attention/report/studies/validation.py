@@ -31,23 +31,51 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     rates = grid_rates(result)
     headers = ["Gene", "Seeds ok"] + (["lr"] if rates else []) + ["Mean ± sd", f"{conf} CI"]
     headers += ["Search" + (f" (seed {search_seed})" if search_seed is not None else "")] if show_search else []
-    headers += [paired_change_header(result.get("metric", ""), conf), "Unpaired (Welch)", "p (paired)", f"p (Holm, {family})", "Verdict"]
+    headers += [paired_change_header(result.get("metric", ""), conf), "Unpaired (Welch)", "p (paired)",
+                f"p (Holm, {family})", "Verdict"]
+    matched = list(result.get("matched_baselines") or [])
+    headers += ["Versus the plain baseline"] if matched else []
     rows = []
-    for r in [result.get("baseline") or {}] + list(result.get("genes", [])):
-        is_base = r is result.get("baseline")
+    for r in [result.get("baseline") or {}] + matched + list(result.get("genes", [])):
+        is_base = r is result.get("baseline") or r in matched
         n_ok = len(r.get("values") or []) - (r.get("n_failed") or 0)
-        cells = [str(r.get("gene", "")), f"{n_ok}/{len(r.get('values') or [])}"]
+        name = str(r.get("gene", ""))
+        if r in matched:
+            name = f"{name} (FFN {r.get('d_ff')}, {r.get('params'):,} parameters)"
+        elif is_base and matched:
+            plain = result.get("plain_baseline") or {}
+            name = f"{name} (plain: FFN {plain.get('d_ff')}, {plain.get('params') or 0:,} parameters)"
+        cells = [name, f"{n_ok}/{len(r.get('values') or [])}"]
         cells += [grid_rate_cell(rates.get(r.get("gene")))] if rates else []
         cells += [f"{fmt(r.get('mean'), d)} ± {fmt(r.get('sd'), d)}", ci_text(r.get("ci_low"), r.get("ci_high"), d)]
         cells += [fmt(r.get("search_value"), d)] if show_search else []
         if is_base:
-            cells += ["-"] * 4 + ["baseline (reference)"]
+            role = ("matched baseline of " + ", ".join(str(k) for k in r.get("matched_to", [])) if r in matched
+                    else "plain baseline" if matched else "baseline (reference)")
+            cells += ["-"] * 4 + [role] + (["-"] if matched else [])
         else:
             cells += [change_text(r, result.get("metric", "")), welch_change_text(r), p_text(r.get("p_value")),
                       p_text(r.get("p_holm")), verdict_cell(r)]
+            cells += [plain_cell(r, result.get("metric", ""))] if matched else []
         rows.append(cells)
     align = "l" + "r" * (len(headers) - 2) + "l"
     return headers, rows, align
+
+
+def plain_cell(row: Mapping, metric: str) -> str:
+    """A gene's paired change and verdict against the plain baseline, beside a matched one's."""
+    plain = row.get("versus_plain") or {}
+    if not plain:
+        return "-"
+    return f"{change_text(plain, metric)}, {plain.get('verdict_label') or plain.get('verdict') or '-'}"
+
+
+def matched_reference(result: Mapping, row: Mapping) -> Mapping:
+    """The baseline row ``row``'s verdict used: its matched baseline, else the plain one."""
+    for base in result.get("matched_baselines") or []:
+        if row.get("gene") in base.get("matched_to", []):
+            return base
+    return result.get("baseline") or {}
 
 
 def welch_change_text(row: Mapping) -> str:
@@ -72,7 +100,8 @@ def validation_best_row(result: Mapping) -> dict | None:
 def validation_headline(result: Mapping) -> str:
     """One sentence: the best validated gene vs the baseline, its paired change with the interval,
     and the verdict with its numbers."""
-    best, base = validation_best_row(result), result.get("baseline") or {}
+    best = validation_best_row(result)
+    base = result.get("baseline") or {} if best is None else matched_reference(result, best)
     label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
         digits_for(result.get("metric", ""))
     seeds = result.get("seeds") or []
@@ -82,7 +111,8 @@ def validation_headline(result: Mapping) -> str:
         return f"No validated gene finished a training ({span}, {split} split)."
     text = (f"{best.get('str', best.get('gene'))} {split} {label} {fmt(best['mean'], d)} {conf} CI "
             f"{ci_text(best.get('ci_low'), best.get('ci_high'), d)}"
-            f" vs baseline {fmt(base.get('mean'), d)} {ci_text(base.get('ci_low'), base.get('ci_high'), d)}")
+            f" vs {'the matched baseline (FFN ' + str(base.get('d_ff')) + ')' if base.get('matched_to') else 'baseline'}"
+            f" {fmt(base.get('mean'), d)} {ci_text(base.get('ci_low'), base.get('ci_high'), d)}")
     if best.get("difference") is not None:
         text += (f"; paired change {change_text(best, result.get('metric', ''))} "
                  f"({metric_direction(result.get('metric', ''))})")

@@ -1,0 +1,74 @@
+"""Parameter-matched baselines: the vanilla model widened (or narrowed) in its feed-forward to the
+parameter count of a candidate.
+
+A gene with weights of its own (a gate, a learned temperature, a bias table) trains a larger model
+than the vanilla baseline at the same ``ModelSpec``; part of its gain may be the size. The matched
+baseline is the vanilla gene at the same spec but for the feed-forward width ``d_ff``, chosen so
+that its parameter count is the nearest to the candidate's (within ``MATCH_TOLERANCE``, relative).
+The count is that of the model the trainer builds (``TinyTransformer.num_parameters``: trainable
+parameters, the tied head once), built on the meta device (no memory, no random draws). The
+count grows with ``d_ff`` by the same amount per unit (``n_layers`` feed-forwards of linear layers),
+so the width is found by bisection over the integers.
+"""
+
+from __future__ import annotations
+
+from evo_attention.genes import AttentionGene
+from evo_attention.nn.spec import ModelSpec
+from evo_attention.util.errors import UserError
+
+MATCH_TOLERANCE = 0.005  # the matched baseline's parameters lie within 0.5% of the candidate's
+MAX_WIDTH_FACTOR = 64  # the search stops at 64 x d_model: a candidate beyond it is refused
+
+
+def parameter_count(spec: ModelSpec, genome) -> int:
+    """The trainable parameters of ``TinyTransformer(spec, genome)`` (``spec`` with its data's
+    vocabulary), counted on the meta device."""
+    import torch
+
+    from evo_attention.nn.model import TinyTransformer
+
+    with torch.device("meta"):
+        return int(TinyTransformer(spec, genome).num_parameters())
+
+
+def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLERANCE) -> int:
+    """The feed-forward width ``d_ff`` at which the vanilla model of ``spec`` has the parameter count
+    nearest ``target`` (ties: the narrower width); UserError (naming ``match_params``) when even the
+    nearest count lies more than ``tolerance`` (relative) from ``target``."""
+    vanilla = AttentionGene.vanilla()
+
+    def count(width: int) -> int:
+        return parameter_count(spec.replace(d_ff=width), vanilla)
+
+    low, high = 1, max(2, MAX_WIDTH_FACTOR * spec.d_model)
+    if count(high) < target:
+        raise UserError(f"no feed-forward width up to {high} gives the baseline the candidate's {target:,} parameters: "
+                        "drop match_params for this gene", setting="match_params")
+    while high - low > 1:  # invariant: count(low) < target <= count(high), or low = 1 already at or above it
+        middle = (low + high) // 2
+        if count(middle) < target:
+            low = middle
+        else:
+            high = middle
+    width = min((low, high), key=lambda w: (abs(count(w) - target), w))
+    off = abs(count(width) - target) / target
+    if off > tolerance:
+        raise UserError(f"the nearest baseline (feed-forward width {width}, {count(width):,} parameters) is "
+                        f"{100 * off:.2f}% from the candidate's {target:,}, beyond the {100 * tolerance:g}% a matched "
+                        "baseline must reach: drop match_params for this gene", setting="match_params")
+    return width
+
+
+def matched_baseline(spec: ModelSpec, genome) -> dict:
+    """The baseline matched to ``genome`` at ``spec`` (with its data's vocabulary):
+    ``{"d_ff", "params", "candidate_params", "plain_params", "plain_d_ff", "off"}`` (``off``: the
+    relative distance of the two counts). ``d_ff`` is ``spec.d_ff`` itself (None: the block's
+    default) when the plain width is already the matched one."""
+    target = parameter_count(spec, genome)
+    plain = parameter_count(spec, AttentionGene.vanilla())
+    width = matched_width(spec, target)
+    params = parameter_count(spec.replace(d_ff=width), AttentionGene.vanilla())
+    same = width == spec.ffn_dim
+    return {"d_ff": spec.d_ff if same else width, "ffn_dim": width, "params": params, "candidate_params": target,
+            "plain_params": plain, "plain_d_ff": spec.ffn_dim, "off": (params - target) / target}

@@ -1,0 +1,195 @@
+"""A registered family: a study plan, written before the study runs, that fixes what it will test.
+
+A plan file (YAML) names the comparisons (the genes compared with the baseline: Holm's family),
+the equivalence margin, alpha, the test and the seeds::
+
+    name: gated-vs-vanilla
+    comparisons:
+      - dot|softmax|output_gate|fixed|bias|0.10
+      - dot|sparsemax|none|fixed|bias|0.10
+    margin: 0.01          # relative on perplexity and bits, in units on loss and accuracy
+    alpha: 0.05
+    test: rule            # the verdict rule of util.stats (the exact sign-flip test below 12 seeds, else t)
+    seeds: 5              # optional: seed_block: K (studies.common.seed_block_base)
+    amendments:           # changes of the family after results exist, each with its time
+      - time: 2025-06-01T12:00:00+00:00
+        reason: the second comparison was a typo of the intended gene
+        comparisons: [dot|softmax|output_gate|fixed|bias|0.10, dot|entmax15|none|fixed|bias|0.10]
+
+``validate --plan FILE`` runs it (``load_plan``, then ``check_registration`` before anything
+trains) and records the plan in the result (``plan``: the family, its fingerprint, the number of
+amendments). Once a result exists in the output place, the family may change only by appending
+amendments: the family the earlier result recorded must be the plan's family before its new
+amendments (the history is append-only), and every new amendment must carry a time between the
+earlier result and now. Anything else is refused: a family chosen after seeing results is not the
+family the error rate was promised for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from evo_attention.genes import AttentionGene
+from evo_attention.report.attachments import output_stem
+from evo_attention.util.errors import UserError
+
+TESTS = ("rule",)  # the verdict rule of util.stats (stats.TEST_RULE)
+FAMILY_FIELDS = ("comparisons", "margin", "alpha", "test", "seeds", "seed_block")
+KNOWN = {"name", "description", "amendments", *FAMILY_FIELDS}
+
+
+def _fail(path, message: str) -> UserError:
+    return UserError(f"plan {path}: {message}", setting="plan")
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """A plan as loaded: its file, name, registered family (``base``) and the amendments in order."""
+
+    path: str
+    name: str
+    base: Mapping[str, Any]
+    amendments: tuple[Mapping[str, Any], ...] = ()
+
+    def family(self, amendments: int | None = None) -> dict:
+        """The family after the first ``amendments`` amendments (None: all of them)."""
+        family = dict(self.base)
+        for amendment in self.amendments[:amendments]:
+            family.update({k: v for k, v in amendment.items() if k in FAMILY_FIELDS})
+        return family
+
+    @property
+    def comparisons(self) -> list[str]:
+        return list(self.family()["comparisons"])
+
+    def record(self) -> dict:
+        """What a result keeps of its plan."""
+        family = self.family()
+        return {"file": self.path, "name": self.name, "family": family, "fingerprint": fingerprint(family),
+                "amendments": [dict(a) for a in self.amendments]}
+
+
+def fingerprint(family: Mapping) -> str:
+    return hashlib.sha256(json.dumps(family, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _time(value, path, i: int) -> str:
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value))
+        except ValueError:
+            raise _fail(path, f"amendment {i + 1} has time {value!r}: give an ISO time such as "
+                              "2025-06-01T12:00:00+00:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def _family_values(values: Mapping, path, where: str) -> dict:
+    """The checked family fields of ``values`` (the plan's or an amendment's)."""
+    out = {}
+    if "comparisons" in values:
+        items = values["comparisons"]
+        if not isinstance(items, list) or not items:
+            raise _fail(path, f"{where}comparisons must be a non-empty list of gene keys")
+        keys = []
+        for item in items:
+            try:
+                keys.append(AttentionGene.parse(str(item)).key)
+            except UserError as exc:
+                raise _fail(path, f"{where}comparison {item!r}: {exc}") from None
+        if len(set(keys)) != len(keys) or AttentionGene.vanilla().key in keys:
+            raise _fail(path, f"{where}comparisons must be distinct genes other than the baseline")
+        out["comparisons"] = keys
+    for name, low, high in (("margin", 0.0, 0.5), ("alpha", 0.0, 0.5)):
+        if name in values:
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+                raise _fail(path, f"{where}{name} {value!r} must be a number in ({low:g}, {high:g})")
+            out[name] = float(value)
+    if "test" in values:
+        if values["test"] not in TESTS:
+            raise _fail(path, f"{where}test {values['test']!r} is not known: use {', '.join(TESTS)} (the verdict rule)")
+        out["test"] = values["test"]
+    for name, low in (("seeds", 2), ("seed_block", 0)):
+        if name in values and values[name] is not None:
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise _fail(path, f"{where}{name} {value!r} must be a whole number >= {low}")
+            out[name] = value
+    return out
+
+
+def load_plan(path: str | os.PathLike) -> StudyPlan:
+    """The plan in ``path``; UserError (naming ``plan``) for a file that is missing, not YAML, or
+    holds an unknown key, a bad value, or an amendment without its time or reason."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise _fail(path, f"is not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise _fail(path, "must be a mapping with comparisons, margin, alpha, test and seeds")
+    unknown = sorted(set(raw) - KNOWN)
+    if unknown:
+        raise _fail(path, f"unknown key {unknown[0]!r}: a plan holds {', '.join(sorted(KNOWN))}")
+    missing = [k for k in ("comparisons", "margin", "alpha", "test", "seeds") if k not in raw]
+    if missing:
+        raise _fail(path, f"names no {missing[0]}: a plan fixes comparisons, margin, alpha, test and seeds "
+                          "before it runs")
+    base = {"seed_block": None, **_family_values(raw, path, "")}
+    amendments = []
+    for i, item in enumerate(raw.get("amendments") or []):
+        if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
+            raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
+        extra = sorted(set(item) - {"time", "reason", *FAMILY_FIELDS})
+        if extra:
+            raise _fail(path, f"amendment {i + 1}: unknown key {extra[0]!r}")
+        amendments.append({"time": _time(item["time"], path, i), "reason": str(item["reason"]).strip(),
+                           **_family_values(item, path, f"amendment {i + 1}: ")})
+    return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments))
+
+
+def check_registration(plan: StudyPlan, out_dir: str | os.PathLike, eval_split: str = "valid",
+                       now: datetime | None = None) -> None:
+    """Refuse to run ``plan`` into ``out_dir`` when results there were made under another family
+    that the plan does not amend (see the module's text); nothing there: nothing to check."""
+    earlier_file = Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+    if not earlier_file.exists():
+        return
+    try:
+        earlier = json.loads(earlier_file.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{earlier_file} cannot be read: a plan cannot be checked against it; use another out",
+                        setting=("plan", "out")) from None
+    recorded = earlier.get("plan")
+    if not recorded:
+        raise UserError(f"{earlier_file} holds results made without a plan: a registered family starts before "
+                        "its results; use another out", setting=("plan", "out"))
+    if recorded.get("fingerprint") == fingerprint(plan.family()):
+        return
+    done = len(recorded.get("amendments") or [])
+    change = ("the plan's family differs from the one its results in "
+              f"{earlier_file} were made under (fingerprint {recorded.get('fingerprint')})")
+    if len(plan.amendments) <= done or fingerprint(plan.family(done)) != recorded.get("fingerprint"):
+        raise UserError(f"{change}: a family changes after results exist only by a new amendment appended to the "
+                        "plan file (amendments: - time: ISO time, reason: why, and the changed fields); earlier "
+                        "amendments and the registered family stay as they were", setting="plan")
+    then = earlier.get("created_at")
+    now = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+    for amendment in plan.amendments[done:]:
+        if (then and amendment["time"] < datetime.fromisoformat(then).astimezone(timezone.utc).isoformat(
+                timespec="seconds")) or amendment["time"] > now:
+            raise UserError(f"{change}: its amendment of {amendment['time']} must be dated between those results "
+                            f"({then}) and now ({now})", setting="plan")

@@ -1,0 +1,97 @@
+"""A registered family: validate --plan FILE runs a study plan and refuses family changes after
+results exist unless the plan records them as amendments with their time."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import yaml
+
+from evo_attention.cli import main
+from evo_attention.studies.plan import check_registration, load_plan
+from evo_attention.util.errors import UserError
+
+GATED = "dot|softmax|output_gate|fixed|bias|0.10"
+SPARSE = "dot|sparsemax|none|fixed|bias|0.10"
+STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+               "--batch-size", "4", "--eval-batch-size", "16", "--quiet"]
+
+
+def _write(path, **plan):
+    path.write_text(yaml.safe_dump({"comparisons": [GATED], "margin": 0.02, "alpha": 0.05, "test": "rule",
+                                    "seeds": 2, **plan}))
+    return path
+
+
+def test_a_plan_fixes_the_family_and_its_changes_need_an_amendment(tmp_path, capsys):
+    plan, out = _write(tmp_path / "plan.yaml"), tmp_path / "out"
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    assert [g["gene"] for g in result["genes"]] == [GATED]
+    assert result["margin"] == 0.02 and result["confidence"] == pytest.approx(0.95) and len(result["seeds"]) == 2
+    assert result["plan"]["family"]["comparisons"] == [GATED] and result["plan"]["amendments"] == []
+    # the same plan again: the same family, nothing refused
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) == 0
+    # a changed margin without an amendment: refused before anything trains
+    _write(plan, margin=0.01)
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "only by a new amendment appended to the --plan file" in err
+    # an amendment dated before the results it amends: refused
+    _write(plan, amendments=[{"time": "2001-01-01T00:00:00+00:00", "reason": "tighter margin", "margin": 0.01}])
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) != 0
+    assert "must be dated between those results" in capsys.readouterr().err
+    # the amendment with its time: accepted and recorded
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    _write(plan, amendments=[{"time": now, "reason": "tighter margin", "margin": 0.01}])
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    assert result["margin"] == 0.01 and result["plan"]["amendments"][0]["reason"] == "tighter margin"
+    # rewriting the registered family under the amendment: refused (the history is append-only)
+    _write(plan, comparisons=[SPARSE], amendments=[{"time": now, "reason": "tighter margin", "margin": 0.01},
+                                                   {"time": now, "reason": "another gene",
+                                                    "comparisons": [GATED, SPARSE]}])
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, "--out", str(out)]) != 0
+    assert "earlier amendments and the registered family stay as they were" in capsys.readouterr().err
+
+
+def test_a_plan_is_refused_where_results_were_made_without_one(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "validation.json").write_text(json.dumps({"genes": [], "created_at": "2025-01-01T00:00:00+00:00"}))
+    with pytest.raises(UserError, match="made without a plan"):
+        check_registration(load_plan(_write(tmp_path / "p.yaml")), out)
+    assert main(["validate", "--plan", str(tmp_path / "p.yaml"), "--genes", GATED, *STUDY_FLAGS]) != 0
+    assert "--plan names the genes it compares: drop --genes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"test": "welch"}, "test 'welch' is not known"),
+    ({"margin": 0.7}, "margin 0.7 must be a number in"),
+    ({"seeds": 1}, "seeds 1 must be a whole number >= 2"),
+    ({"comparisons": []}, "comparisons must be a non-empty list"),
+    ({"comparisons": ["dot|softmax|none|fixed|bias|0.10"]}, "other than the baseline"),
+    ({"typo": 1}, "unknown key 'typo'"),
+    ({"amendments": [{"margin": 0.01, "reason": "x"}]}, "amendment 1 needs its time and its reason"),
+    ({"amendments": [{"time": "yesterday", "reason": "x"}]}, "amendment 1 has time 'yesterday'"),
+])
+def test_bad_plans_are_refused_in_one_line(tmp_path, change, message):
+    with pytest.raises(UserError, match=message) as err:
+        load_plan(_write(tmp_path / "p.yaml", **change))
+    assert err.value.settings == ("plan",)
+
+
+def test_a_plan_without_a_fixed_field_is_refused(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"comparisons": [GATED], "margin": 0.02, "alpha": 0.05, "test": "rule"}))
+    with pytest.raises(UserError, match="names no seeds"):
+        load_plan(path)
+
+
+def test_amendments_apply_in_order_and_keep_their_times(tmp_path):
+    later = datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
+    plan = load_plan(_write(tmp_path / "p.yaml", amendments=[
+        {"time": later, "reason": "a", "comparisons": [GATED, SPARSE]},
+        {"time": (later + timedelta(hours=1)).isoformat(), "reason": "b", "seeds": 4}]))
+    assert plan.family(0)["comparisons"] == [GATED] and plan.family()["comparisons"] == [GATED, SPARSE]
+    assert plan.family()["seeds"] == 4 and plan.amendments[0]["time"] == "2025-06-01T12:00:00+00:00"
