@@ -283,3 +283,32 @@ def test_cuda_memory_statistics_initialise_cuda_first(monkeypatch):
     environment.reset_peak_memory(torch.device("cuda", 0))
     environment.memory_in_use_mb(torch.device("cuda", 0))
     assert calls == ["init", "reset", "init", "allocated"]
+
+
+def test_a_probe_taken_on_a_busy_machine_is_not_kept_and_an_old_answer_is_measured_again(setup, probe, tmp_path,
+                                                                                        monkeypatch):
+    """Rounds more than PROBE_STABLE_SPREAD apart (other work on the cores): the answer serves this
+    process and is never written; a kept answer older than MAX_AGE_DAYS is measured again."""
+    import time as _time
+
+    from evo_attention.train import probe_cache
+
+    config, data = setup
+    trial = Trial.from_config(VANILLA, config, data=data)
+    busy = {"seconds": {1: 0.010, 2: 0.012}, "step_memory_mb": 100.0, "spread": 2.5}
+    monkeypatch.setattr(batching, "probe_batch_times", lambda *a, **k: busy)
+    assert batching.models_per_batch("auto", trial, data)[0] == 2
+    assert not list(tmp_path.glob("batch-models-*.json"))  # a busy probe is never kept
+    idle = {**busy, "spread": 1.05}
+    monkeypatch.setattr(batching, "probe_batch_times", lambda *a, **k: idle)
+    monkeypatch.setattr(batching, "_BATCH_PROBES", {})
+    batching.models_per_batch("auto", trial, data)
+    (path,) = tmp_path.glob("batch-models-*.json")
+    entry = json.loads(path.read_text())
+    assert abs(entry["measured_at"] - _time.time()) < 60 and not probe_cache.expired(entry)
+    entry["measured_at"] -= (probe_cache.MAX_AGE_DAYS + 1) * 86400
+    entry["seconds"] = {"1": 0.010, "2": 0.030}  # what the old answer said
+    path.write_text(json.dumps(entry))
+    monkeypatch.setattr(batching, "_BATCH_PROBES", {})
+    assert batching.models_per_batch("auto", trial, data)[0] == 2  # measured again: the new answer
+    assert json.loads(path.read_text())["seconds"]["2"] == 0.012

@@ -9,6 +9,7 @@ same result in fp32 and bf16: the tests hold those exactly.
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -376,7 +377,7 @@ def test_the_first_answer_written_wins(probe_env, tmp_path):
     spec = Config(d_model=128, vocab_size=100).model
     path = probe_cache.probe_path(probe_cache.probe_shape(spec, 16, 4), cpu, kind="precision",
                                   version=environment.PROBE_VERSION)
-    path.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 2.0}))
+    path.write_text(json.dumps({"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 2.0, "measured_at": time.time()}))
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "fp32"
     assert probe_env == []
     path.write_text("not json")  # damaged: probed again, the file repaired, said once

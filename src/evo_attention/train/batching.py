@@ -30,8 +30,8 @@ import torch
 
 from evo_attention.data.base import TaskData
 from evo_attention.train.config import batch_models_value
-from evo_attention.train.environment import (available_memory_mb, choose_precision, is_oom, memory_in_use_mb,
-                                             peak_memory_mb, reset_peak_memory, resolve_device)
+from evo_attention.train.environment import (PROBE_STABLE_SPREAD, available_memory_mb, choose_precision, is_oom,
+                                             memory_in_use_mb, peak_memory_mb, reset_peak_memory, resolve_device)
 from evo_attention.train.probe_cache import pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import precision_step_times, step_seconds
@@ -97,6 +97,13 @@ def _batch_entry(entry: dict) -> bool:
             and (entry.get("step_memory_mb") is None or isinstance(entry.get("step_memory_mb"), (int, float))))
 
 
+def _stable(entry: dict) -> bool:
+    """Whether a measured answer may be kept: its two timings of one model (first and last) agree
+    within ``PROBE_STABLE_SPREAD`` (rounds further apart: other work was on the cores, and the
+    answer serves this process and its run only)."""
+    return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
+
+
 def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
     spec = trial.model.with_data(data.vocab_size, data.seq_len)
     precision = choose_precision(trial.train.precision, device, spec, seq_len=data.seq_len,
@@ -121,10 +128,11 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
             budget = MEMORY_FRACTION * available / max(1, share) if available is not None else None
             measured = probe_batch_times(trial, data, device, memory_budget_mb=budget)
             return {"seconds": {str(k): v for k, v in measured["seconds"].items()},
-                    "step_memory_mb": measured["step_memory_mb"], "gain": BATCH_PROBE_GAIN,
+                    "step_memory_mb": measured["step_memory_mb"], "spread": measured.get("spread", 1.0),
+                    "gain": BATCH_PROBE_GAIN,
                     "threads": torch.get_num_threads(), "torch": torch.__version__}
 
-        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure)[0]
+        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure, keep=_stable)[0]
     return _BATCH_PROBES[key], path.name
 
 
@@ -169,5 +177,12 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
                 slow = (time.perf_counter() - start) - n_repeats * n_steps * per_step > BATCH_PROBE_SLOW_STEP_S
             seconds[k] = per_step
             del trainer
-    return {"seconds": seconds, "step_memory_mb": memory}
+        spread = 1.0
+        if not slow and len(seconds) > 1:  # one model timed again last: the rounds agree on an idle machine
+            base = trial.replace(genome=AttentionGene.vanilla().key, steps=1 + repeats * steps, budget=None,
+                                 train=trial.train.replace(compile="off", log_every=1 + repeats * steps,
+                                                           lr_schedule="constant"))
+            _, again = step_seconds([base], data, device=device, warmup=1, steps=steps, repeats=repeats)
+            spread = max(again, seconds[1]) / min(again, seconds[1])
+    return {"seconds": seconds, "step_memory_mb": memory, "spread": spread}
 

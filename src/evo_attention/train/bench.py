@@ -24,7 +24,7 @@ from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
                                              reset_peak_memory, synchronize)
 from evo_attention.train.batching import models_per_batch
-from evo_attention.train.probe_cache import forget_probe, probe_path, read_probe, write_probe_once
+from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, write_probe_once
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer
 from evo_attention.util.errors import UserError
@@ -50,8 +50,9 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
              **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})}
     path = probe_path(shape, device, kind="matmul-peak", version=PROBE_VERSION)
     found = read_probe(path, _peak_entry) if use_cache else None
-    if found is not None:
+    if found is not None and not expired(found):
         return float(found["flops_per_s"])
+    use_cache = use_cache and found is None  # an expired answer is replaced like a refused one
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     a @ b  # warm-up (kernels, caches)

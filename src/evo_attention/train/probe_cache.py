@@ -16,6 +16,11 @@ from it is reported once, never used. Processes measure a missing or damaged ans
 shape; a damaged file is replaced by the new measurement and reported once; a cache directory that
 cannot be written is reported once (every process then measures for itself). ``used_probes`` are
 the answers this process used, which the trainer adds to its records so the run can pin them.
+
+Answers expire: a kept answer carries the time it was measured (``measured_at``) and is measured
+again once it is ``MAX_AGE_DAYS`` old (or carries no time: written by an older version), so a
+machine that changed (a driver, a BIOS setting, other hardware behind the same CPU name) is
+measured again without ``--reprobe``. A run's pinned answers never expire within the run.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 import warnings
 from contextlib import contextmanager
 from collections.abc import Callable
@@ -110,9 +116,11 @@ def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[]
         return pinned, True
     with _exclusive(path):
         found = read_probe(path, valid)
+        if found is not None and expired(found):
+            found = None  # measured again below, and replaced
+        elif found is None and path.exists():
+            warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
         if found is None:
-            if path.exists():
-                warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
             entry = measure()
             if not keep(entry):  # this process's alone (and its run's, which pins it)
                 _USED[path.name] = entry
@@ -149,8 +157,21 @@ def _unwritable(path: Path, exc: OSError) -> None:
               "every process measures for itself; set EVO_ATTENTION_CACHE_DIR to a writable directory")
 
 
+MAX_AGE_DAYS = 30
+
+
+def expired(entry: dict, now: float | None = None) -> bool:
+    """Whether a kept answer is older than ``MAX_AGE_DAYS`` (or carries no ``measured_at``)."""
+    measured = entry.get("measured_at")
+    if not isinstance(measured, (int, float)) or isinstance(measured, bool):
+        return True
+    return ((time.time() if now is None else now) - measured) > MAX_AGE_DAYS * 86400
+
+
 def _write(path: Path, entry: dict) -> dict:
-    """Write ``entry`` to ``path`` in one step (the caller holds the lock); ``entry``."""
+    """Write ``entry`` (stamped with ``measured_at``) to ``path`` in one step (the caller holds the
+    lock); the entry written."""
+    entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
@@ -166,7 +187,9 @@ def _write(path: Path, entry: dict) -> dict:
 
 
 def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> dict:
-    """Create ``path`` holding ``entry`` unless it exists; the entry the file holds afterwards."""
+    """Create ``path`` holding ``entry`` (stamped with ``measured_at``) unless it exists; the entry
+    the file holds afterwards."""
+    entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
