@@ -312,3 +312,9 @@ def test_a_probe_taken_on_a_busy_machine_is_not_kept_and_an_old_answer_is_measur
     monkeypatch.setattr(batching, "_BATCH_PROBES", {})
     assert batching.models_per_batch("auto", trial, data)[0] == 2  # measured again: the new answer
     assert json.loads(path.read_text())["seconds"]["2"] == 0.012
+
+
+def test_the_probe_times_more_models_per_step_on_a_gpu():
+    assert batching.probe_ks(torch.device("cpu")) == batching.BATCH_PROBE_KS
+    assert batching.probe_ks(torch.device("cuda")) == batching.CUDA_BATCH_PROBE_KS
+    assert max(batching.CUDA_BATCH_PROBE_KS) >= 64 and batching.CUDA_BATCH_PROBE_KS[0] == 1

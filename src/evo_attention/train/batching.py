@@ -38,7 +38,10 @@ from evo_attention.train.trainer import precision_step_times, step_seconds
 from evo_attention.util.errors import UserError
 
 BATCH_PROBE_VERSION = 1
-BATCH_PROBE_KS = (1, 2, 4, 8)
+BATCH_PROBE_KS = (1, 2, 4, 8)  # a CPU: small models fill its cores at a few models per step
+# a GPU: a small model uses a sliver of the device; on an H100 64 quick-preset models per step gave 9.3x
+# the trainings per hour of one (docs/results/gpu/gpu-h100.json), so the probe goes on while memory lasts
+CUDA_BATCH_PROBE_KS = (1, 4, 16, 64, 256)
 BATCH_PROBE_GAIN = 0.10  # a batch must give 10% more trainings per hour than one model alone
 BATCH_PROBE_REPEATS = 2  # timed repeats per K, the fastest kept (other work only slows a repeat down)
 BATCH_PROBE_STEPS = 2  # timed steps per repeat, after one untimed step
@@ -97,6 +100,11 @@ def _batch_entry(entry: dict) -> bool:
             and (entry.get("step_memory_mb") is None or isinstance(entry.get("step_memory_mb"), (int, float))))
 
 
+def probe_ks(device: torch.device) -> tuple:
+    """The models per step the probe times on ``device`` (it stops at the first K beyond memory)."""
+    return CUDA_BATCH_PROBE_KS if torch.device(device).type == "cuda" else BATCH_PROBE_KS
+
+
 def _stable(entry: dict) -> bool:
     """Whether a measured answer may be kept: its two timings of one model (first and last) agree
     within ``PROBE_STABLE_SPREAD`` (rounds further apart: other work was on the cores, and the
@@ -126,7 +134,7 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
         def measure() -> dict:
             available = available_memory_mb(device)
             budget = MEMORY_FRACTION * available / max(1, share) if available is not None else None
-            measured = probe_batch_times(trial, data, device, memory_budget_mb=budget)
+            measured = probe_batch_times(trial, data, device, ks=probe_ks(device), memory_budget_mb=budget)
             return {"seconds": {str(k): v for k, v in measured["seconds"].items()},
                     "step_memory_mb": measured["step_memory_mb"], "spread": measured.get("spread", 1.0),
                     "gain": BATCH_PROBE_GAIN,
