@@ -87,7 +87,10 @@ def test_fingerprint_depends_on_every_knob_and_seed():
         seen = {base.fingerprint}
         for knob in TASKS[task].all_knobs:
             value = base.knobs[knob.name]
-            changed = value + 1 if knob.kind == "int" else (value / 2 if value else 0.1)
+            if knob.kind == "choice":
+                changed = next(c for c in knob.choices if c != value)
+            else:
+                changed = value + 1 if knob.kind == "int" else (value / 2 if value else 0.1)
             try:
                 other = build(task, **{knob.name: changed})
             except UserError:  # + 1 breaks a check between knobs: try - 1
@@ -130,6 +133,72 @@ def test_mqar_power_moves_queries_to_the_front():
     flat = build("mqar", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)
     mean_pos = [scored(d)[2].nonzero()[:, 1].float().mean() for d in (near, flat)]
     assert mean_pos[0] + 20 < mean_pos[1]
+
+
+def test_mqar_kv_layout_keeps_its_data_and_fingerprint():
+    """The layout and filler knobs came later: the default layout's tensors and fingerprint (and so
+    every cache key of a training on it) are the ones they were before."""
+    data = build("mqar")
+    assert data.fingerprint == "c5897a4f48113374ecf98adb3cfe3b1c2af6f9dc98e18fae35ccc97aac047fa5"
+    x, y = data.data["valid"]
+    assert int(x.sum()) == 62651 and int(y[y != IGNORE_INDEX].sum()) == 18656
+    assert "layout" not in data.settings and "filler" not in data.settings
+    assert build("mqar", layout="kv", filler="zero").fingerprint == data.fingerprint  # spelled out: the same
+    assert data.knobs["layout"] == "kv" and data.knobs["filler"] == "zero"
+
+
+@pytest.mark.parametrize("filler", ["zero", "random"])
+def test_mqar_zoology_layout(filler):
+    data = build("mqar", layout="zoology", filler=filler, eval_examples=300)
+    P, Q, V = 6, 4, 32
+    K = (V - 1) // 2
+    x, y, keep = scored(data)
+    n = len(x)
+    pair_keys, pair_values = x[:, : 2 * P: 2], x[:, 1: 2 * P: 2]
+    assert ((pair_keys >= 1) & (pair_keys <= K)).all() and (pair_values > K).all()  # disjoint halves
+    assert (pair_keys.sort(1).values.diff(1) != 0).all() and (pair_values.sort(1).values.diff(1) != 0).all()
+    rows, pos = keep.nonzero(as_tuple=True)
+    assert (keep.sum(1) == Q).all() and (pos >= 2 * P).all() and ((pos - 2 * P) % 2 == 0).all()
+    keys, answers = x[rows, pos], y[rows, pos]
+    j = (pair_keys[rows] == keys[:, None]).float().argmax(1)
+    assert (pair_keys[rows, j] == keys).all()  # the query shows a key of the pairs ...
+    assert torch.equal(pair_values[rows, j], answers)  # ... scored at its own position: the key's value
+    assert (keys <= K).all() and (answers > K).all()
+    # causal: the answer is in the input before the query position, never at or after it in a slot
+    # of its own (the value is not shown after the query key)
+    is_query = torch.zeros_like(keep)
+    is_query[:, 2 * P:] = keep[:, 2 * P:]
+    rest = torch.ones_like(keep)
+    rest[:, : 2 * P] = False
+    rest &= ~is_query
+    if filler == "zero":
+        assert (x[rest] == data.pad_id).all()  # everything but the pairs and the query keys is <fill>
+    else:
+        assert (x[rest] != data.pad_id).float().mean() > 0.9  # random ids, <fill> among them
+        assert len(set(x[rest].tolist())) > V // 2
+        zero = build("mqar", layout="zoology", filler="zero", eval_examples=300)
+        assert torch.equal(torch.where(rest, data.pad_id, x), zero.data["valid"][0])  # same pairs and queries
+        assert torch.equal(y, zero.data["valid"][1])
+    described = data.describe()
+    assert described["chance_accuracy"] == 1 / (V - 1 - K) and described["no_recall_accuracy"] == 1 / P
+    assert data.knobs["filler"] == filler and data.settings["layout"] == "zoology"
+    assert n == 300
+
+
+def test_mqar_levels_and_layout_defaults():
+    kv, zoo = build("mqar"), build("mqar", layout="zoology")
+    assert zoo.knobs["filler"] == "random"  # Zoology's own default
+    # the no-recall level: a uniform pick among the example's values; values repeat in kv
+    chance = kv.describe()["chance_accuracy"]
+    assert kv.describe()["no_recall_accuracy"] == pytest.approx((1 + 5 * chance) / 6)
+    assert zoo.fingerprint != build("mqar", layout="zoology", filler="zero").fingerprint != kv.fingerprint
+    assert "no_recall_accuracy" not in build("mad:selective_copy").describe()
+    # zoology's power law: queries crowd toward the pairs as in the kv layout
+    near = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=0.01, eval_examples=500)
+    flat = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)
+    assert scored(near)[2].nonzero()[:, 1].float().mean() + 20 < scored(flat)[2].nonzero()[:, 1].float().mean()
+    assert load_data("mqar:layout=zoology,filler=zero,vocab=32", seq_len=40, train_examples=5,
+                     eval_examples=5).knobs["layout"] == "zoology"
 
 
 def recall_check(data):
@@ -279,6 +348,8 @@ def test_errors_are_one_line():
     user_error(lambda: check_data_name("mad:selective_copy:copy=2.5"), "copy", "integer")
     user_error(lambda: check_data_name("mad:noisy_recall:noise=1.5"), "noise", "[0, 1)")
     user_error(lambda: check_data_name("mqar:power=0"), "power", "(0, 1]")
+    user_error(lambda: check_data_name("mqar:layout=zoo"), "layout", "one of kv, zoology")
+    user_error(lambda: load_data("mqar", filler=0), "filler", "one of zero, random")
     user_error(lambda: check_data_name("mad:copying"), "'copying'", "selective_copy", "memorization")
     user_error(lambda: check_data_name("mad"), "mad:TASK", "in_context_recall")
     user_error(lambda: check_data_name("mqar:pairs"), "knob=value")
