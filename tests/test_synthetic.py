@@ -105,6 +105,44 @@ def test_fingerprint_depends_on_every_knob_and_seed():
     assert a.name == "mqar:pairs=4,vocab=32" and b.name == "mqar"
 
 
+@pytest.mark.parametrize("task", ["mqar", "mad:memorization", "mad:selective_copy"])
+def test_train_examples_zero_is_a_fresh_stream(task):
+    stream, fixed = build(task, train_examples=0), build(task, train_examples=64)
+    assert stream.fingerprint != fixed.fingerprint and stream.describe()["train_stream"] is True
+    assert stream.num_train_items() == 0 and stream.scored_tokens("train") == 0
+    assert "train_stream" not in fixed.describe()
+    for split in ("valid", "test"):  # the evaluation splits do not depend on the train split
+        assert all(torch.equal(a, b) for a, b in zip(stream.data[split], fixed.data[split]))
+    take = lambda data, seed, n: [b for _, b in zip(range(n), data.train_batches(16, torch.Generator().manual_seed(seed)))]
+    first, again, other = take(stream, 1, 12), take(stream, 1, 12), take(stream, 2, 12)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))  # repeatable
+    assert not torch.equal(first[0][0], other[0][0])  # each training seed its own stream
+    rows = {tuple(r) for x, _ in first for r in x.tolist()}
+    assert len(rows) == 12 * 16  # 192 fresh examples: more than a 64-example split would hold
+    assert not torch.equal(take(build(task, seed=3, train_examples=0), 1, 1)[0][0], first[0][0])  # the data seed
+    for x, y in first:  # the task's own format
+        assert x.shape == y.shape == (16, stream.seq_len) and ((y != IGNORE_INDEX).sum(1) == stream.answers_per_example).all()
+    if task == "mad:memorization":  # one table for the stream and the evaluation splits
+        table = {}
+        for x, y in [*first, stream.data["valid"]]:
+            keep = y != IGNORE_INDEX
+            for key, value in zip(x[keep].tolist(), y[keep].tolist()):
+                assert table.setdefault(key, value) == value
+    user_error(lambda: build(task, train_examples=-1), "train_examples", "an integer >= 0")
+    user_error(lambda: build(task, eval_examples=0), "eval_examples", "an integer >= 1")
+
+
+def test_a_training_runs_on_a_stream():
+    from evo_attention.train.trainer import train_and_evaluate
+
+    name = "mqar:seq_len=16,vocab=16,pairs=2,train_examples=0,eval_examples=20"
+    config = Config(data=name, vocab_size=None, d_model=16, n_heads=2, n_layers=1, max_seq_len=16, dropout=0.0,
+                    batch_size=8, eval_batch_size=20, eval_steps=None, train_steps=3, precision="fp32",
+                    compile="off", device="cpu")
+    record = train_and_evaluate("dot|softmax|none|fixed|bias|0.00", config, load_data(name), seed=1)
+    assert record.status == "ok" and record.eval_tokens == 20 * 2
+
+
 # --- the formats: only answers are scored, and they are right ---------------------------------------
 
 def test_mqar_format():

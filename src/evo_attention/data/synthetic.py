@@ -20,6 +20,10 @@ data; it is not an inline knob.
 Common knobs: ``seq_len`` (the model's input window T; each example is T + 1 tokens, x = the first
 T, y = the next-token targets), ``vocab`` (token ids in all, special tokens included: the model's
 vocabulary), ``train_examples``, ``eval_examples`` (per evaluation split, valid and test).
+``train_examples=0`` trains on an endless stream instead of a fixed train split: every batch is
+freshly generated (``SyntheticData.train_batches``), from a generator seeded by the task, the data
+seed and a number drawn from the trainer's generator, so a training is repeatable and each training
+seed sees its own stream.
 ``describe()`` states the chance accuracy (a uniform guess among the symbols that can be answers)
 and, for MQAR, the no-recall accuracy (a uniform guess among the example's own values).
 
@@ -65,7 +69,7 @@ from typing import Any, Mapping
 
 import torch
 
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, fingerprint_of
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
 from evo_attention.data.recall import random_subsets
 from evo_attention.data.vocab import Vocab
 from evo_attention.util.errors import UserError
@@ -127,7 +131,8 @@ class Knob:
 COMMON_KNOBS = (
     Knob("seq_len", "int", "the model's input window T (each example is T + 1 tokens)", minimum=2),
     Knob("vocab", "int", "token ids in all, special tokens included (the model's vocabulary)", minimum=4),
-    Knob("train_examples", "int", "examples in the train split"),
+    Knob("train_examples", "int", "examples in the train split; 0: a fresh batch every step (an endless stream)",
+         minimum=0),
     Knob("eval_examples", "int", "examples in each evaluation split (valid, test)"),
 )
 COMMON_DEFAULTS = {"seq_len": 64, "train_examples": 10_000, "eval_examples": 1_000}
@@ -661,9 +666,32 @@ class SyntheticData(ExampleData):
         assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
         self.answers_per_example = self.task.answers_per_example(k)
         self.data = {}
+        self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
         for split in SPLITS:
+            if split == "train" and self.stream:
+                empty = torch.empty((0, self.seq_len), dtype=torch.long)
+                self.data[split] = (empty, empty.clone())
+                continue
             n = k["train_examples"] if split == "train" else k["eval_examples"]
             self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
+
+    def train_batches(self, batch_size: int, generator: torch.Generator):
+        """The fixed train split in shuffled batches (``TaskData.train_batches``), or, with
+        ``train_examples=0``, a fresh batch every step: an endless stream from a generator seeded by
+        (task, data seed, a number drawn from ``generator``), independent of the evaluation splits'
+        generators. Each batch depends only on that stream, so a resumed training that replays its
+        steps gets the same batches."""
+        if not self.stream:
+            return super().train_batches(batch_size, generator)
+        check_positive("batch_size", batch_size)
+        draw = int(torch.randint(2**62, (1,), generator=generator))
+        stream = split_generator(self.task.name, self.seed, f"stream-{draw}")
+
+        def batches():
+            while True:
+                yield self.task.generate(batch_size, self.knobs, stream, self.seed)
+
+        return batches()
 
     def scored_tokens(self, split: str) -> int:
         """Answers in ``split``: examples x answers per example (the generator scores exactly these)."""
@@ -675,6 +703,7 @@ class SyntheticData(ExampleData):
             "task": self.task.name,
             "capability": self.task.capability,
             "examples": {s: self.num_eval_items(s) for s in SPLITS},
+            **({"train_stream": True} if self.stream else {}),
             "answers_per_example": self.answers_per_example,
             "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
             "chance_accuracy": self.task.chance(self.knobs),
