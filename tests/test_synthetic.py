@@ -231,6 +231,9 @@ def test_mqar_levels_and_layout_defaults():
     assert kv.describe()["no_recall_accuracy"] == pytest.approx((1 + 5 * chance) / 6)
     assert zoo.fingerprint != build("mqar", layout="zoology", filler="zero").fingerprint != kv.fingerprint
     assert "no_recall_accuracy" not in build("mad:selective_copy").describe()
+    recall = build("mad:in_context_recall")  # 4 pairs, one-token values drawn with replacement
+    assert recall.describe()["no_recall_accuracy"] == pytest.approx((1 + 3 * recall.describe()["chance_accuracy"]) / 4)
+    assert "no_recall_accuracy" not in build("mad:fuzzy_recall").describe()  # value_len 2: no such level
     # zoology's power law: queries crowd toward the pairs as in the kv layout
     near = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=0.01, eval_examples=500)
     flat = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)

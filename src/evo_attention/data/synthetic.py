@@ -25,7 +25,9 @@ freshly generated (``SyntheticData.train_batches``), from a generator seeded by 
 seed and a number drawn from the trainer's generator, so a training is repeatable and each training
 seed sees its own stream.
 ``describe()`` states the chance accuracy (a uniform guess among the symbols that can be answers)
-and, for MQAR, the no-recall accuracy (a uniform guess among the example's own values).
+and, for MQAR and the recall tasks with one-token values, the no-recall accuracy (a uniform guess
+among the example's own values: what a model gets that has learned which tokens can be answers
+but looks nothing up).
 
 Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
 
@@ -361,6 +363,14 @@ class InContextRecall(Task):
 
     def chance(self, k):
         return 1 / self.alphabet(k)[1]
+
+    def no_recall(self, k):
+        # one-token values drawn with replacement: a uniform pick among the dictionary's P values is
+        # right with 1/P, plus the chance that another of them is the same value
+        if self.value_len(k) != 1:
+            return None
+        P = k["pairs"]
+        return (1 + (P - 1) * self.chance(k)) / P
 
     def generate(self, n, k, generator, seed):
         T, P = k["seq_len"], k["pairs"]
