@@ -50,7 +50,8 @@ def test_smoke_run_writes_every_point(tmp_path, capsys):
         b = point["baseline"]
         assert 0 <= b["mean"] <= 1 and b["sd"] is None and b["signal_over_noise"] is None
         assert b["in_band"] == (point["chance_accuracy"] < b["mean"] < 0.98)
-    assert result["points"]["mqar"]["no_recall_accuracy"] == pytest.approx((1 + 3 / 16) / 4)
+    assert result["points"]["mqar"]["no_recall_accuracy"] == pytest.approx(0.33716, abs=1e-4)  # 4 of 16 values
+    assert result["points"]["recall"]["no_recall_accuracy"] == pytest.approx(0.41211, abs=1e-4)  # 4 of 8
     assert result["points"]["selective-copy"]["no_recall_accuracy"] is None
     assert result["points_in_band"] == sum(p["baseline"]["in_band"] for p in result["points"].values())
     assert "points strictly between chance and 0.98" in capsys.readouterr().out

@@ -11,7 +11,8 @@ from evo_attention import Config
 from evo_attention.data import (IGNORE_INDEX, check_data_name, data_from_config, load_data, register_dataset,
                                 takes_options)
 from evo_attention.data.suites import load_suite, parse_suite, shipped_suites
-from evo_attention.data.synthetic import MAD_TASKS, TASKS, SyntheticData, data_name, is_synthetic, parse_data_name
+from evo_attention.data.synthetic import (MAD_TASKS, TASKS, SyntheticData, data_name, is_synthetic, no_lookup_accuracy,
+                                          parse_data_name)
 from evo_attention.util.errors import UserError
 
 SMALL = {"train_examples": 300, "eval_examples": 200}
@@ -223,16 +224,32 @@ def test_mqar_zoology_layout(filler):
     assert n == 300
 
 
+@pytest.mark.parametrize("pairs,values", [(1, 5), (2, 2), (3, 4), (4, 8), (5, 3), (6, 16)])
+def test_no_lookup_accuracy_is_the_mode_guess(pairs, values):
+    """Against every draw of the example's values: the most frequent value's count over pairs."""
+    import itertools
+    from collections import Counter
+
+    draws = list(itertools.product(range(values), repeat=pairs))
+    exact = sum(max(Counter(d).values()) for d in draws) / len(draws) / pairs
+    assert no_lookup_accuracy(pairs, values) == pytest.approx(exact, rel=1e-9)
+
+
+def test_no_lookup_accuracy_at_large_sizes():
+    assert no_lookup_accuracy(8, 4096) == pytest.approx(0.12586, abs=1e-4)  # Zoology's vocabulary: about 1/pairs
+    assert 1 / 64 < no_lookup_accuracy(64, 4096) < 1 / 32
+    assert no_lookup_accuracy(64, 1) == pytest.approx(1.0)
+
+
 def test_mqar_levels_and_layout_defaults():
     kv, zoo = build("mqar"), build("mqar", layout="zoology")
     assert zoo.knobs["filler"] == "random"  # Zoology's own default
-    # the no-recall level: a uniform pick among the example's values; values repeat in kv
-    chance = kv.describe()["chance_accuracy"]
-    assert kv.describe()["no_recall_accuracy"] == pytest.approx((1 + 5 * chance) / 6)
+    # the no-recall level: the example's most frequent value; values repeat in kv (6 of 16 here)
+    assert kv.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(6, 16))
     assert zoo.fingerprint != build("mqar", layout="zoology", filler="zero").fingerprint != kv.fingerprint
     assert "no_recall_accuracy" not in build("mad:selective_copy").describe()
-    recall = build("mad:in_context_recall")  # 4 pairs, one-token values drawn with replacement
-    assert recall.describe()["no_recall_accuracy"] == pytest.approx((1 + 3 * recall.describe()["chance_accuracy"]) / 4)
+    recall = build("mad:in_context_recall")  # 4 pairs, one-token values (8 of them) drawn with replacement
+    assert recall.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(4, 8))
     assert "no_recall_accuracy" not in build("mad:fuzzy_recall").describe()  # value_len 2: no such level
     # zoology's power law: queries crowd toward the pairs as in the kv layout
     near = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=0.01, eval_examples=500)

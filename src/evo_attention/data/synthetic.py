@@ -25,9 +25,9 @@ freshly generated (``SyntheticData.train_batches``), from a generator seeded by 
 seed and a number drawn from the trainer's generator, so a training is repeatable and each training
 seed sees its own stream.
 ``describe()`` states the chance accuracy (a uniform guess among the symbols that can be answers)
-and, for MQAR and the recall tasks with one-token values, the no-recall accuracy (a uniform guess
-among the example's own values: what a model gets that has learned which tokens can be answers
-but looks nothing up).
+and, for MQAR and the recall tasks with one-token values, the no-recall accuracy (answering the
+value the example's pairs hold most often: what a model gets that has learned which tokens are the
+example's answers but looks nothing up; ``no_lookup_accuracy``).
 
 Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
 
@@ -63,6 +63,7 @@ Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -185,9 +186,9 @@ class Task:
         raise NotImplementedError
 
     def no_recall(self, k: dict) -> float | None:
-        """The accuracy of answering with one of the example's own values at random (what a model
-        gets that knows which tokens can be answers but looks nothing up); None where the task has
-        no such level."""
+        """The accuracy of the best answer that looks nothing up: the value the example's pairs hold
+        most often (what a model gets that knows which tokens are the example's answers but not
+        which goes with the asked key); None where the task has no such level."""
         return None
 
     def identity(self, k: dict) -> dict:
@@ -206,6 +207,33 @@ def _split_alphabet(task: str, vocab: int, reserved: int, what: str) -> tuple[in
         raise _too_small(task, f"vocab {vocab} leaves no room for keys and values after {reserved} special tokens ({what})",
                          f"raise vocab to at least {reserved + 2}")
     return rest // 2, rest - rest // 2
+
+
+@functools.lru_cache(maxsize=256)
+def no_lookup_accuracy(pairs: int, values: int) -> float:
+    """The accuracy of the best answer that looks nothing up, when an example holds ``pairs`` values
+    drawn uniformly with replacement from ``values`` symbols and the asked pair is uniform among
+    them: answer the value the example holds most often, right with E[its count] / pairs.
+
+    E[max count] = sum over m >= 1 of P(max count >= m); P(max count <= m) is pairs! / values**pairs
+    times the coefficient of x**pairs in (sum_{j <= m} x**j / j!) ** values (balls into bins),
+    computed with x scaled by 1 / values so that the numbers that matter stay near 1 (terms too
+    small to matter may underflow to 0)."""
+    import numpy as np
+
+    P, V = pairs, values
+    j = np.arange(P + 1)
+    scaled = np.exp(-j * math.log(V) - np.array([math.lgamma(i + 1) for i in j]))  # (x / V) ** j / j!
+    expected = 0.0
+    for m in range(P):  # P(max count <= m) for m = 0 .. P - 1; P(max count <= P) = 1
+        power, result, n = np.where(j <= m, scaled, 0.0), np.eye(1, P + 1)[0], V
+        while n:  # power ** V by squaring, truncated at degree P
+            if n & 1:
+                result = np.convolve(result, power)[: P + 1]
+            power = np.convolve(power, power)[: P + 1]
+            n >>= 1
+        expected += 1.0 - result[P] * math.factorial(P)  # P(max count >= m + 1)
+    return float(expected / P)
 
 
 def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -266,10 +294,9 @@ class MQAR(Task):
         return 1 / (k["vocab"] - 1 - (k["vocab"] - 1) // 2)
 
     def no_recall(self, k):
-        # a uniform pick among the example's P value tokens: 1/P with distinct values; with values
-        # drawn with replacement the asked value is also among the other P - 1 with chance 1/values
+        # the most frequent of the example's values: 1/P when they are distinct
         P = k["pairs"]
-        return 1 / P if k["layout"] == "zoology" else (1 + (P - 1) * self.chance(k)) / P
+        return 1 / P if k["layout"] == "zoology" else no_lookup_accuracy(P, k["vocab"] - 1 - (k["vocab"] - 1) // 2)
 
     def generate(self, n, k, generator, seed):
         P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
@@ -365,12 +392,8 @@ class InContextRecall(Task):
         return 1 / self.alphabet(k)[1]
 
     def no_recall(self, k):
-        # one-token values drawn with replacement: a uniform pick among the dictionary's P values is
-        # right with 1/P, plus the chance that another of them is the same value
-        if self.value_len(k) != 1:
-            return None
-        P = k["pairs"]
-        return (1 + (P - 1) * self.chance(k)) / P
+        # one-token values drawn with replacement: the dictionary's most frequent value
+        return no_lookup_accuracy(k["pairs"], self.alphabet(k)[1]) if self.value_len(k) == 1 else None
 
     def generate(self, n, k, generator, seed):
         T, P = k["seq_len"], k["pairs"]
