@@ -8,9 +8,10 @@ with N seeds (default 3) at the point's steps (the suite's budget), with the qui
   defines it, the no-recall accuracy (a uniform guess among the example's own values);
 - per gene: the accuracy of every seed, their mean and sd;
 - the baseline's flags: ``saturated`` (mean >= the ceiling, 0.98), ``at_chance`` (mean <= chance),
-  ``in_band`` (chance < mean < ceiling: the point can rank mechanisms both ways),
-  ``near_no_recall`` (mean within max(0.02, 2 sd) of the no-recall level: the model guesses among
-  the example's values, it has not learned the lookup);
+  ``in_band`` (chance < mean < ceiling: issue 42's rule for a suite's points), ``no_lookup`` (mean
+  at most max(0.02, 2 sd) above the no-recall level, or below it: the model answers with the
+  example's likeliest value, it has not learned the lookup; None where the task has no such level)
+  and ``informative`` (in band and not ``no_lookup``);
 - ``signal_over_noise``: the baseline's headroom in units of its seed sd,
   min(mean - floor, ceiling - mean) / sd, with floor = the larger of chance and the no-recall level:
   how many seed-sds a gene could move above or below the baseline before it hits a level that says
@@ -51,13 +52,14 @@ SMOKE_STEPS = 2
 def flags(mean: float | None, sd: float | None, chance: float, no_recall: float | None) -> dict:
     """The baseline's flags and its signal over noise at one point (see the module docstring)."""
     if mean is None:
-        return {"in_band": False, "saturated": None, "at_chance": None, "near_no_recall": None,
-                "signal_over_noise": None}
+        return {"in_band": False, "saturated": None, "at_chance": None, "no_lookup": None, "informative": False,
+                "headroom": None, "signal_over_noise": None}
     floor = max(chance, no_recall or 0.0)
     headroom = min(mean - floor, CEILING - mean)
-    near = None if no_recall is None else abs(mean - no_recall) <= max(0.02, 2 * (sd or 0.0))
-    return {"in_band": chance < mean < CEILING, "saturated": mean >= CEILING, "at_chance": mean <= chance,
-            "near_no_recall": near, "headroom": headroom,
+    in_band = chance < mean < CEILING
+    no_lookup = None if no_recall is None else mean <= no_recall + max(0.02, 2 * (sd or 0.0))
+    return {"in_band": in_band, "saturated": mean >= CEILING, "at_chance": mean <= chance, "no_lookup": no_lookup,
+            "informative": in_band and not no_lookup, "headroom": headroom,
             "signal_over_noise": headroom / sd if sd else None}
 
 
@@ -109,16 +111,19 @@ def measure(args) -> dict:
         mean = "-" if b["mean"] is None else f"{b['mean']:.3f}"
         snr = "-" if b["signal_over_noise"] is None else f"{b['signal_over_noise']:.1f}"
         where = ("saturated" if b["saturated"] else "at chance" if b["at_chance"]
-                 else "near no-recall" if b["near_no_recall"] else "in band" if b["in_band"] else "-")
+                 else "no lookup (at the no-recall level)" if b["no_lookup"] else "informative" if b["informative"]
+                 else "-")
         print(f"{point.label}: {baseline} {mean} (chance {chance:.3f}"
               + (f", no-recall {no_recall:.3f}" if no_recall is not None else "")
               + f"): {where}, signal/noise {snr} ({entry['wall_s']} s)", flush=True)
     bands = [p["baseline"]["in_band"] for p in points.values()]
+    informative = [p["baseline"]["informative"] for p in points.values()]
     return {"suite": suite.name, "preset": args.preset, "smoke": args.smoke, "seeds": seeds, "genes": genes,
             "baseline": baseline, "ceiling": CEILING, "steps": "the suite's" if steps is None else steps,
             "model": {"d_model": base.d_model, "n_layers": base.n_layers, "n_heads": base.n_heads,
                       "batch_size": base.batch_size, "learning_rate": base.learning_rate},
-            "points": points, "every_point_in_band": all(bands), "points_in_band": sum(bands)}
+            "points": points, "every_point_in_band": all(bands), "points_in_band": sum(bands),
+            "points_informative": sum(informative)}
 
 
 def main(argv=None) -> int:
@@ -150,7 +155,7 @@ def main(argv=None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {args.json}: {result['points_in_band']} of {len(result['points'])} points strictly between chance "
-          f"and {CEILING}")
+          f"and {CEILING}, {result['points_informative']} of them above the no-recall level too")
     return 0
 
 

@@ -20,14 +20,19 @@ def load_script():
 def test_flags_place_the_baseline_between_the_levels():
     flags = load_script().flags
     inside = flags(0.6, 0.05, chance=0.1, no_recall=0.3)
-    assert inside["in_band"] and not inside["saturated"] and not inside["at_chance"] and not inside["near_no_recall"]
+    assert inside["in_band"] and not inside["saturated"] and not inside["at_chance"] and not inside["no_lookup"]
+    assert inside["informative"]
     assert inside["signal_over_noise"] == pytest.approx((0.6 - 0.3) / 0.05)  # the floor is the no-recall level
     top = flags(0.95, 0.01, chance=0.1, no_recall=None)
-    assert top["signal_over_noise"] == pytest.approx((0.98 - 0.95) / 0.01) and top["near_no_recall"] is None
+    assert top["signal_over_noise"] == pytest.approx((0.98 - 0.95) / 0.01) and top["no_lookup"] is None
+    assert top["informative"]
     assert flags(1.0, 0.0, chance=0.1, no_recall=None)["saturated"] is True
     assert flags(1.0, 0.0, chance=0.1, no_recall=None)["in_band"] is False
     assert flags(0.1, 0.01, chance=0.1, no_recall=None)["at_chance"] is True
-    assert flags(0.31, 0.02, chance=0.1, no_recall=0.3)["near_no_recall"] is True  # guesses among the values
+    guess = flags(0.31, 0.02, chance=0.1, no_recall=0.3)  # the example's likeliest value: no lookup learned
+    assert guess["no_lookup"] is True and guess["in_band"] and not guess["informative"]
+    below = flags(0.25, None, chance=0.1, no_recall=0.3)
+    assert below["no_lookup"] is True and below["headroom"] == pytest.approx(-0.05)
     assert flags(0.5, None, chance=0.1, no_recall=None)["signal_over_noise"] is None  # one seed: no sd
     assert flags(None, None, chance=0.1, no_recall=None)["in_band"] is False  # every seed failed
 
@@ -54,4 +59,5 @@ def test_smoke_run_writes_every_point(tmp_path, capsys):
     assert result["points"]["recall"]["no_recall_accuracy"] == pytest.approx(0.41211, abs=1e-4)  # 4 of 8
     assert result["points"]["selective-copy"]["no_recall_accuracy"] is None
     assert result["points_in_band"] == sum(p["baseline"]["in_band"] for p in result["points"].values())
+    assert result["points_informative"] == sum(p["baseline"]["informative"] for p in result["points"].values())
     assert "points strictly between chance and 0.98" in capsys.readouterr().out
