@@ -247,6 +247,10 @@ def test_mqar_levels_and_layout_defaults():
     # the no-recall level: the example's most frequent value; values repeat in kv (6 of 16 here)
     assert kv.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(6, 16))
     assert zoo.fingerprint != build("mqar", layout="zoology", filler="zero").fingerprint != kv.fingerprint
+    noisy = build("mqar", filler="random")  # the kv layout with random filler: the same pairs and queries
+    x, x0 = noisy.data["valid"][0], kv.data["valid"][0]
+    assert torch.equal(x[x0 != 0], x0[x0 != 0]) and torch.equal(noisy.data["valid"][1], kv.data["valid"][1])
+    assert (x[x0 == 0] != 0).float().mean() > 0.9
     assert "no_recall_accuracy" not in build("mad:selective_copy").describe()
     recall = build("mad:in_context_recall")  # 4 pairs, one-token values (8 of them) drawn with replacement
     assert recall.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(4, 8))
