@@ -90,6 +90,7 @@ def test_a_preset_never_drops_its_example_counts_silently(capsys):
     assert "train_examples 20000" in note and "mqar:train_examples=" in note
     partly = example_counts_note("quick", {"data": "mad:compression:train_examples=500", "recall": {"seed": 1}})
     assert "trains on 500 examples and evaluates 1000" in partly
+    assert "trains on fresh examples every step" in example_counts_note("quick", {"data": "mqar:train_examples=0"})
     assert example_counts_note("quick", {"data": "mqar:train_examples=5,eval_examples=5"}) is None  # its own
     assert example_counts_note("quick", {"data": "mqar", "recall": {"train_examples": 5, "eval_examples": 5}}) is None
     assert example_counts_note("quick", {"data": "recall"}) is None  # the preset's own data keeps them

@@ -239,6 +239,7 @@ def test_no_lookup_accuracy_at_large_sizes():
     assert no_lookup_accuracy(8, 4096) == pytest.approx(0.12586, abs=1e-4)  # Zoology's vocabulary: about 1/pairs
     assert 1 / 64 < no_lookup_accuracy(64, 4096) < 1 / 32
     assert no_lookup_accuracy(64, 1) == pytest.approx(1.0)
+    assert 2 / 300 < no_lookup_accuracy(300, 8192) < 2.2 / 300  # many pairs: no overflow (max count 2, at times 3)
 
 
 def test_mqar_levels_and_layout_defaults():

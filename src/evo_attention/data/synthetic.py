@@ -216,24 +216,26 @@ def no_lookup_accuracy(pairs: int, values: int) -> float:
     them: answer the value the example holds most often, right with E[its count] / pairs.
 
     E[max count] = sum over m >= 1 of P(max count >= m); P(max count <= m) is pairs! / values**pairs
-    times the coefficient of x**pairs in (sum_{j <= m} x**j / j!) ** values (balls into bins),
-    computed with x scaled by 1 / values so that the numbers that matter stay near 1 (terms too
-    small to matter may underflow to 0)."""
+    times the coefficient of x**pairs in (sum_{j <= m} x**j / j!) ** values (balls into bins). With
+    x = a * y, a = (pairs!) ** (1 / pairs) / values, it is the coefficient of y**pairs itself, a
+    number near 1; the largest intermediate one is about exp(pairs / e), finite for pairs up to
+    about 1900."""
     import numpy as np
 
     P, V = pairs, values
+    log_a = math.lgamma(P + 1) / P - math.log(V)
     j = np.arange(P + 1)
-    scaled = np.exp(-j * math.log(V) - np.array([math.lgamma(i + 1) for i in j]))  # (x / V) ** j / j!
+    base = np.exp(j * log_a - np.array([math.lgamma(i + 1) for i in j]))  # a ** j / j!
     expected = 0.0
     for m in range(P):  # P(max count <= m) for m = 0 .. P - 1; P(max count <= P) = 1
-        power, result, n = np.where(j <= m, scaled, 0.0), np.eye(1, P + 1)[0], V
+        power, result, n = np.where(j <= m, base, 0.0), np.eye(1, P + 1)[0], V
         while n:  # power ** V by squaring, truncated at degree P
             if n & 1:
                 result = np.convolve(result, power)[: P + 1]
             power = np.convolve(power, power)[: P + 1]
             n >>= 1
-        expected += 1.0 - result[P] * math.factorial(P)  # P(max count >= m + 1)
-    return float(expected / P)
+        expected += 1.0 - float(result[P])  # P(max count >= m + 1)
+    return expected / P
 
 
 def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

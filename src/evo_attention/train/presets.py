@@ -199,7 +199,9 @@ def example_counts_note(preset_name: str | None, settings: Mapping[str, Any]) ->
         return None
     used = {k: given.get(k, COMMON_DEFAULTS[k]) for k in EXAMPLE_COUNTS}
     preset_counts = ", ".join(f"{k} {v}" for k, v in counts.items())
-    return (f"note: {data} trains on {used['train_examples']} examples and evaluates {used['eval_examples']} per split "
+    trains = ("fresh examples every step" if str(used["train_examples"]) == "0"
+              else f"{used['train_examples']} examples")
+    return (f"note: {data} trains on {trains} and evaluates {used['eval_examples']} per split "
             f"(the task's train_examples and eval_examples), not the preset {preset_name}'s {preset_counts} (for its "
             f"data {layer.get('data')!r}); set them inline to choose, e.g. {task}:train_examples=20000")
 
