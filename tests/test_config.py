@@ -76,3 +76,29 @@ def test_task_options_belong_to_their_dataset():
     assert merged_settings("quick", None, {"data": "recall"})["recall"]["num_pairs"] == 4
     own = merged_settings("quick", None, {"data": "mqar", "recall": {"pairs": 8}})
     assert own["recall"] == {"pairs": 8}
+
+
+def test_a_preset_never_drops_its_example_counts_silently(capsys):
+    """The quick preset's options (20000 train examples) belong to its recall data: a generated task
+    named instead uses its own counts, and the command says so in one line."""
+    from evo_attention.cli import build_parser
+    from evo_attention.cli.common import config_from_args
+    from evo_attention.train.presets import example_counts_note
+
+    note = example_counts_note("quick", {"data": "mqar:seq_len=64"})
+    assert "\n" not in note and "mqar:seq_len=64 trains on 10000 examples and evaluates 1000" in note
+    assert "train_examples 20000" in note and "mqar:train_examples=" in note
+    partly = example_counts_note("quick", {"data": "mad:compression:train_examples=500", "recall": {"seed": 1}})
+    assert "trains on 500 examples and evaluates 1000" in partly
+    assert "trains on fresh examples every step" in example_counts_note("quick", {"data": "mqar:train_examples=0"})
+    assert example_counts_note("quick", {"data": "mqar:train_examples=5,eval_examples=5"}) is None  # its own
+    assert example_counts_note("quick", {"data": "mqar", "recall": {"train_examples": 5, "eval_examples": 5}}) is None
+    assert example_counts_note("quick", {"data": "recall"}) is None  # the preset's own data keeps them
+    assert example_counts_note("quick", {"data": "wikitext2"}) is None  # no example counts there
+    assert example_counts_note(None, {"data": "mqar"}) is None
+    args = build_parser().parse_args(["validate", "--preset", "quick", "--data", "mqar:vocab=32",
+                                      "--genes", "dot|softmax|none|fixed"])
+    config = config_from_args(args)
+    err = capsys.readouterr().err
+    assert "note: mqar:vocab=32 trains on 10000 examples" in err and len(err.strip().splitlines()) == 1
+    assert "recall" not in config.to_dict() or not config.recall

@@ -48,7 +48,7 @@ def test_points_set_the_knob_inline_and_keep_the_rest():
 
 @pytest.mark.parametrize("data, knob, values, words", [
     ("wikitext2", "pairs", [2, 4], "not a generated task"),
-    (DATA, "pairz", [2, 4], "its knobs: seq_len, vocab, train_examples, eval_examples, pairs, queries, power"),
+    (DATA, "pairz", [2, 4], "its knobs: seq_len, vocab, train_examples, eval_examples, pairs, queries, power, layout, filler"),
     (DATA, "seed", [1, 2], "its knobs:"),
     (DATA + ",pairs=2", "pairs", [2, 4], "also given in data"),
     (DATA, "pairs", ["2", "x"], "pairs=x: pairs must be an integer >= 1"),

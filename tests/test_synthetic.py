@@ -11,7 +11,8 @@ from evo_attention import Config
 from evo_attention.data import (IGNORE_INDEX, check_data_name, data_from_config, load_data, register_dataset,
                                 takes_options)
 from evo_attention.data.suites import load_suite, parse_suite, shipped_suites
-from evo_attention.data.synthetic import MAD_TASKS, TASKS, SyntheticData, data_name, is_synthetic, parse_data_name
+from evo_attention.data.synthetic import (MAD_TASKS, TASKS, SyntheticData, data_name, is_synthetic, no_lookup_accuracy,
+                                          parse_data_name)
 from evo_attention.util.errors import UserError
 
 SMALL = {"train_examples": 300, "eval_examples": 200}
@@ -87,7 +88,10 @@ def test_fingerprint_depends_on_every_knob_and_seed():
         seen = {base.fingerprint}
         for knob in TASKS[task].all_knobs:
             value = base.knobs[knob.name]
-            changed = value + 1 if knob.kind == "int" else (value / 2 if value else 0.1)
+            if knob.kind == "choice":
+                changed = next(c for c in knob.choices if c != value)
+            else:
+                changed = value + 1 if knob.kind == "int" else (value / 2 if value else 0.1)
             try:
                 other = build(task, **{knob.name: changed})
             except UserError:  # + 1 breaks a check between knobs: try - 1
@@ -100,6 +104,44 @@ def test_fingerprint_depends_on_every_knob_and_seed():
     b = load_data("mqar", seq_len=32, vocab_size=32, pairs=4, train_examples=50, eval_examples=20)
     assert a.fingerprint == b.fingerprint and torch.equal(a.data["valid"][0], b.data["valid"][0])
     assert a.name == "mqar:pairs=4,vocab=32" and b.name == "mqar"
+
+
+@pytest.mark.parametrize("task", ["mqar", "mad:memorization", "mad:selective_copy"])
+def test_train_examples_zero_is_a_fresh_stream(task):
+    stream, fixed = build(task, train_examples=0), build(task, train_examples=64)
+    assert stream.fingerprint != fixed.fingerprint and stream.describe()["train_stream"] is True
+    assert stream.num_train_items() == 0 and stream.scored_tokens("train") == 0
+    assert "train_stream" not in fixed.describe()
+    for split in ("valid", "test"):  # the evaluation splits do not depend on the train split
+        assert all(torch.equal(a, b) for a, b in zip(stream.data[split], fixed.data[split]))
+    take = lambda data, seed, n: [b for _, b in zip(range(n), data.train_batches(16, torch.Generator().manual_seed(seed)))]
+    first, again, other = take(stream, 1, 12), take(stream, 1, 12), take(stream, 2, 12)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))  # repeatable
+    assert not torch.equal(first[0][0], other[0][0])  # each training seed its own stream
+    rows = {tuple(r) for x, _ in first for r in x.tolist()}
+    assert len(rows) == 12 * 16  # 192 fresh examples: more than a 64-example split would hold
+    assert not torch.equal(take(build(task, seed=3, train_examples=0), 1, 1)[0][0], first[0][0])  # the data seed
+    for x, y in first:  # the task's own format
+        assert x.shape == y.shape == (16, stream.seq_len) and ((y != IGNORE_INDEX).sum(1) == stream.answers_per_example).all()
+    if task == "mad:memorization":  # one table for the stream and the evaluation splits
+        table = {}
+        for x, y in [*first, stream.data["valid"]]:
+            keep = y != IGNORE_INDEX
+            for key, value in zip(x[keep].tolist(), y[keep].tolist()):
+                assert table.setdefault(key, value) == value
+    user_error(lambda: build(task, train_examples=-1), "train_examples", "an integer >= 0")
+    user_error(lambda: build(task, eval_examples=0), "eval_examples", "an integer >= 1")
+
+
+def test_a_training_runs_on_a_stream():
+    from evo_attention.train.trainer import train_and_evaluate
+
+    name = "mqar:seq_len=16,vocab=16,pairs=2,train_examples=0,eval_examples=20"
+    config = Config(data=name, vocab_size=None, d_model=16, n_heads=2, n_layers=1, max_seq_len=16, dropout=0.0,
+                    batch_size=8, eval_batch_size=20, eval_steps=None, train_steps=3, precision="fp32",
+                    compile="off", device="cpu")
+    record = train_and_evaluate("dot|softmax|none|fixed|bias|0.00", config, load_data(name), seed=1)
+    assert record.status == "ok" and record.eval_tokens == 20 * 2
 
 
 # --- the formats: only answers are scored, and they are right ---------------------------------------
@@ -130,6 +172,96 @@ def test_mqar_power_moves_queries_to_the_front():
     flat = build("mqar", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)
     mean_pos = [scored(d)[2].nonzero()[:, 1].float().mean() for d in (near, flat)]
     assert mean_pos[0] + 20 < mean_pos[1]
+
+
+def test_mqar_kv_layout_keeps_its_data_and_fingerprint():
+    """The layout and filler knobs came later: the default layout's tensors and fingerprint (and so
+    every cache key of a training on it) are the ones they were before."""
+    data = build("mqar")
+    assert data.fingerprint == "c5897a4f48113374ecf98adb3cfe3b1c2af6f9dc98e18fae35ccc97aac047fa5"
+    x, y = data.data["valid"]
+    assert int(x.sum()) == 62651 and int(y[y != IGNORE_INDEX].sum()) == 18656
+    assert "layout" not in data.settings and "filler" not in data.settings
+    assert build("mqar", layout="kv", filler="zero").fingerprint == data.fingerprint  # spelled out: the same
+    assert data.knobs["layout"] == "kv" and data.knobs["filler"] == "zero"
+
+
+@pytest.mark.parametrize("filler", ["zero", "random"])
+def test_mqar_zoology_layout(filler):
+    data = build("mqar", layout="zoology", filler=filler, eval_examples=300)
+    P, Q, V = 6, 4, 32
+    K = (V - 1) // 2
+    x, y, keep = scored(data)
+    n = len(x)
+    pair_keys, pair_values = x[:, : 2 * P: 2], x[:, 1: 2 * P: 2]
+    assert ((pair_keys >= 1) & (pair_keys <= K)).all() and (pair_values > K).all()  # disjoint halves
+    assert (pair_keys.sort(1).values.diff(1) != 0).all() and (pair_values.sort(1).values.diff(1) != 0).all()
+    rows, pos = keep.nonzero(as_tuple=True)
+    assert (keep.sum(1) == Q).all() and (pos >= 2 * P).all() and ((pos - 2 * P) % 2 == 0).all()
+    keys, answers = x[rows, pos], y[rows, pos]
+    j = (pair_keys[rows] == keys[:, None]).float().argmax(1)
+    assert (pair_keys[rows, j] == keys).all()  # the query shows a key of the pairs ...
+    assert torch.equal(pair_values[rows, j], answers)  # ... scored at its own position: the key's value
+    assert (keys <= K).all() and (answers > K).all()
+    # causal: the answer is in the input before the query position, never at or after it in a slot
+    # of its own (the value is not shown after the query key)
+    is_query = torch.zeros_like(keep)
+    is_query[:, 2 * P:] = keep[:, 2 * P:]
+    rest = torch.ones_like(keep)
+    rest[:, : 2 * P] = False
+    rest &= ~is_query
+    if filler == "zero":
+        assert (x[rest] == data.pad_id).all()  # everything but the pairs and the query keys is <fill>
+    else:
+        assert (x[rest] != data.pad_id).float().mean() > 0.9  # random ids, <fill> among them
+        assert len(set(x[rest].tolist())) > V // 2
+        zero = build("mqar", layout="zoology", filler="zero", eval_examples=300)
+        assert torch.equal(torch.where(rest, data.pad_id, x), zero.data["valid"][0])  # same pairs and queries
+        assert torch.equal(y, zero.data["valid"][1])
+    described = data.describe()
+    assert described["chance_accuracy"] == 1 / (V - 1 - K) and described["no_recall_accuracy"] == 1 / P
+    assert data.knobs["filler"] == filler and data.settings["layout"] == "zoology"
+    assert n == 300
+
+
+@pytest.mark.parametrize("pairs,values", [(1, 5), (2, 2), (3, 4), (4, 8), (5, 3), (6, 16)])
+def test_no_lookup_accuracy_is_the_mode_guess(pairs, values):
+    """Against every draw of the example's values: the most frequent value's count over pairs."""
+    import itertools
+    from collections import Counter
+
+    draws = list(itertools.product(range(values), repeat=pairs))
+    exact = sum(max(Counter(d).values()) for d in draws) / len(draws) / pairs
+    assert no_lookup_accuracy(pairs, values) == pytest.approx(exact, rel=1e-9)
+
+
+def test_no_lookup_accuracy_at_large_sizes():
+    assert no_lookup_accuracy(8, 4096) == pytest.approx(0.12586, abs=1e-4)  # Zoology's vocabulary: about 1/pairs
+    assert 1 / 64 < no_lookup_accuracy(64, 4096) < 1 / 32
+    assert no_lookup_accuracy(64, 1) == pytest.approx(1.0)
+    assert 2 / 300 < no_lookup_accuracy(300, 8192) < 2.2 / 300  # many pairs: no overflow (max count 2, at times 3)
+
+
+def test_mqar_levels_and_layout_defaults():
+    kv, zoo = build("mqar"), build("mqar", layout="zoology")
+    assert zoo.knobs["filler"] == "random"  # Zoology's own default
+    # the no-recall level: the example's most frequent value; values repeat in kv (6 of 16 here)
+    assert kv.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(6, 16))
+    assert zoo.fingerprint != build("mqar", layout="zoology", filler="zero").fingerprint != kv.fingerprint
+    noisy = build("mqar", filler="random")  # the kv layout with random filler: the same pairs and queries
+    x, x0 = noisy.data["valid"][0], kv.data["valid"][0]
+    assert torch.equal(x[x0 != 0], x0[x0 != 0]) and torch.equal(noisy.data["valid"][1], kv.data["valid"][1])
+    assert (x[x0 == 0] != 0).float().mean() > 0.9
+    assert "no_recall_accuracy" not in build("mad:selective_copy").describe()
+    recall = build("mad:in_context_recall")  # 4 pairs, one-token values (8 of them) drawn with replacement
+    assert recall.describe()["no_recall_accuracy"] == pytest.approx(no_lookup_accuracy(4, 8))
+    assert "no_recall_accuracy" not in build("mad:fuzzy_recall").describe()  # value_len 2: no such level
+    # zoology's power law: queries crowd toward the pairs as in the kv layout
+    near = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=0.01, eval_examples=500)
+    flat = build("mqar", layout="zoology", seq_len=128, pairs=4, queries=2, power=1.0, eval_examples=500)
+    assert scored(near)[2].nonzero()[:, 1].float().mean() + 20 < scored(flat)[2].nonzero()[:, 1].float().mean()
+    assert load_data("mqar:layout=zoology,filler=zero,vocab=32", seq_len=40, train_examples=5,
+                     eval_examples=5).knobs["layout"] == "zoology"
 
 
 def recall_check(data):
@@ -279,6 +411,8 @@ def test_errors_are_one_line():
     user_error(lambda: check_data_name("mad:selective_copy:copy=2.5"), "copy", "integer")
     user_error(lambda: check_data_name("mad:noisy_recall:noise=1.5"), "noise", "[0, 1)")
     user_error(lambda: check_data_name("mqar:power=0"), "power", "(0, 1]")
+    user_error(lambda: check_data_name("mqar:layout=zoo"), "layout", "one of kv, zoology")
+    user_error(lambda: load_data("mqar", filler=0), "filler", "one of zero, random")
     user_error(lambda: check_data_name("mad:copying"), "'copying'", "selective_copy", "memorization")
     user_error(lambda: check_data_name("mad"), "mad:TASK", "in_context_recall")
     user_error(lambda: check_data_name("mqar:pairs"), "knob=value")

@@ -115,7 +115,8 @@ def executor_from_args(args, config):
 
 def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
-    from evo_attention.train.presets import merged_settings
+    from evo_attention.train.presets import example_counts_note, merged_settings
+    from evo_attention.util.progress import log
 
     flags = {}
     for flag, name in CONFIG_FLAGS.items():
@@ -124,6 +125,9 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
             flags[name] = None if (name in _ZERO_IS_NONE and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+    note = example_counts_note(getattr(args, "preset", None), settings)
+    if note:
+        log(note, getattr(args, "quiet", False))
     _note_origins(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if getattr(args, "plugin", None):
         settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))

@@ -20,13 +20,24 @@ data; it is not an inline knob.
 Common knobs: ``seq_len`` (the model's input window T; each example is T + 1 tokens, x = the first
 T, y = the next-token targets), ``vocab`` (token ids in all, special tokens included: the model's
 vocabulary), ``train_examples``, ``eval_examples`` (per evaluation split, valid and test).
+``train_examples=0`` trains on an endless stream instead of a fixed train split: every batch is
+freshly generated (``SyntheticData.train_batches``), from a generator seeded by the task, the data
+seed and a number drawn from the trainer's generator, so a training is repeatable and each training
+seed sees its own stream.
+``describe()`` states the chance accuracy (a uniform guess among the symbols that can be answers)
+and, for MQAR and the recall tasks with one-token values, the no-recall accuracy (answering the
+value the example's pairs hold most often: what a model gets that has learned which tokens are the
+example's answers but looks nothing up; ``no_lookup_accuracy``).
 
 Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
 
 * ``mqar`` -- multi-query associative recall (Arora et al. 2023): ``pairs`` key-value pairs, then
-  ``queries`` of those keys in two-token slots ("k v") placed among <fill> tokens; slot j of the query
-  region is drawn with weight (j + 1) ** (power - 1) (``power=1``: uniform; Zoology's 0.01 puts
-  queries near the pairs). Scored: the value after each query key. Isolates content-based lookup.
+  ``queries`` of those keys in two-token slots placed among filler; slot j of the query region is
+  drawn with weight (j + 1) ** (power - 1) (``power=1``: uniform; Zoology's 0.01 puts queries near
+  the pairs). ``layout=kv`` (the default): a slot shows "k v", values may repeat, <fill> filler;
+  ``layout=zoology``: a slot shows the key only, values are distinct per example, random filler
+  (``filler=zero`` for <fill>). Scored: each query key's value, predicted at the key's position.
+  Isolates content-based lookup.
 * ``mad:in_context_recall`` -- a dictionary of ``pairs`` distinct keys with their values, then
   query pairs of dictionary keys (drawn with replacement) that fill the window. Scored: the value of
   every query pair. Dense recall: every step is a lookup.
@@ -52,6 +63,7 @@ Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -60,7 +72,7 @@ from typing import Any, Mapping
 
 import torch
 
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, fingerprint_of
+from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
 from evo_attention.data.recall import random_subsets
 from evo_attention.data.vocab import Vocab
 from evo_attention.util.errors import UserError
@@ -72,22 +84,31 @@ PAD_ID = 0  # every task's id 0: padding / filler; its targets are never scored
 # -- knobs ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Knob:
-    """One setting of a task: its name, kind (``int``, ``fraction`` in [0, 1), ``power`` in (0, 1])
-    and, for ints, the least allowed value."""
+    """One setting of a task: its name, kind (``int``, ``fraction`` in [0, 1), ``power`` in (0, 1],
+    ``choice`` among ``choices``) and, for ints, the least allowed value."""
 
     name: str
     kind: str
     help: str
     minimum: int = 1
+    choices: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
         return {"int": f"an integer >= {self.minimum}", "fraction": "a number in [0, 1)",
                 "power": "a number in (0, 1]"}[self.kind]
 
     def convert(self, value: Any, task: str) -> int | float:
         """``value`` (a Python value, or the text of an inline knob) as this knob's type; UserError
         saying what is allowed otherwise."""
+        if self.kind == "choice":
+            out = value.strip() if isinstance(value, str) else None
+            if out not in self.choices:
+                raise UserError(f"{task} knob {self.name}={value!r} is not allowed: {self.name} must be {self.allowed}",
+                                setting="data")
+            return out
         out = value
         if isinstance(value, str):
             text = value.strip()
@@ -113,7 +134,8 @@ class Knob:
 COMMON_KNOBS = (
     Knob("seq_len", "int", "the model's input window T (each example is T + 1 tokens)", minimum=2),
     Knob("vocab", "int", "token ids in all, special tokens included (the model's vocabulary)", minimum=4),
-    Knob("train_examples", "int", "examples in the train split"),
+    Knob("train_examples", "int", "examples in the train split; 0: a fresh batch every step (an endless stream)",
+         minimum=0),
     Knob("eval_examples", "int", "examples in each evaluation split (valid, test)"),
 )
 COMMON_DEFAULTS = {"seq_len": 64, "train_examples": 10_000, "eval_examples": 1_000}
@@ -163,6 +185,17 @@ class Task:
     def chance(self, k: dict) -> float:
         raise NotImplementedError
 
+    def no_recall(self, k: dict) -> float | None:
+        """The accuracy of the best answer that looks nothing up: the value the example's pairs hold
+        most often (what a model gets that knows which tokens are the example's answers but not
+        which goes with the asked key); None where the task has no such level."""
+        return None
+
+    def identity(self, k: dict) -> dict:
+        """The knobs that make the data's identity (its settings and fingerprint): all of them,
+        except knobs added later at the value that gives the data they gave before."""
+        return k
+
     def generate(self, n: int, k: dict, generator: torch.Generator, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -176,6 +209,35 @@ def _split_alphabet(task: str, vocab: int, reserved: int, what: str) -> tuple[in
     return rest // 2, rest - rest // 2
 
 
+@functools.lru_cache(maxsize=256)
+def no_lookup_accuracy(pairs: int, values: int) -> float:
+    """The accuracy of the best answer that looks nothing up, when an example holds ``pairs`` values
+    drawn uniformly with replacement from ``values`` symbols and the asked pair is uniform among
+    them: answer the value the example holds most often, right with E[its count] / pairs.
+
+    E[max count] = sum over m >= 1 of P(max count >= m); P(max count <= m) is pairs! / values**pairs
+    times the coefficient of x**pairs in (sum_{j <= m} x**j / j!) ** values (balls into bins). With
+    x = a * y, a = (pairs!) ** (1 / pairs) / values, it is the coefficient of y**pairs itself, a
+    number near 1; the largest intermediate one is about exp(pairs / e), finite for pairs up to
+    about 1900."""
+    import numpy as np
+
+    P, V = pairs, values
+    log_a = math.lgamma(P + 1) / P - math.log(V)
+    j = np.arange(P + 1)
+    base = np.exp(j * log_a - np.array([math.lgamma(i + 1) for i in j]))  # a ** j / j!
+    expected = 0.0
+    for m in range(P):  # P(max count <= m) for m = 0 .. P - 1; P(max count <= P) = 1
+        power, result, n = np.where(j <= m, base, 0.0), np.eye(1, P + 1)[0], V
+        while n:  # power ** V by squaring, truncated at degree P
+            if n & 1:
+                result = np.convolve(result, power)[: P + 1]
+            power = np.convolve(power, power)[: P + 1]
+            n >>= 1
+        expected += 1.0 - float(result[P])  # P(max count >= m + 1)
+    return expected / P
+
+
 def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """y for x = full[:, :-1]: IGNORE_INDEX except at ``pos`` [B, n], where it is the next token."""
     y = torch.full((full.shape[0], full.shape[1] - 1), IGNORE_INDEX, dtype=torch.long)
@@ -184,26 +246,44 @@ def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 class MQAR(Task):
+    """Two layouts (``layout``): ``kv``, where a query shows its key and then its value (the value is
+    the scored answer, teacher-forced), values drawn with replacement; and ``zoology``, Zoology's
+    form, where a query shows its key only (the answer is scored at the key's position, the next
+    input is filler), every example has distinct values, and the filler is random ids by default.
+    Both place the queries in two-token slots after the pairs, slot j drawn with weight
+    (j + 1) ** (power - 1), and split the ids after <fill> into a lower half of keys and an upper
+    half of values (for an even vocab, Zoology's split)."""
+
     name = "mqar"
     capability = "content-based lookup of many associations at once (multi-query associative recall)"
     knobs = (Knob("pairs", "int", "key-value pairs at the start of each example"),
              Knob("queries", "int", "queried keys per example (each pair at most once; default: pairs)"),
-             Knob("power", "power", "query slot j is drawn with weight (j + 1) ** (power - 1); 1: uniform"))
-    defaults = {"vocab": 64, "pairs": 8, "queries": None, "power": 0.01}
+             Knob("power", "power", "query slot j is drawn with weight (j + 1) ** (power - 1); 1: uniform"),
+             Knob("layout", "choice", "kv: a query shows 'k v', values may repeat; zoology: a query shows the key "
+                                      "only, values distinct per example", choices=("kv", "zoology")),
+             Knob("filler", "choice", "what fills the rest of the window: zero (<fill>) or random ids "
+                                      "(default: zero for kv, random for zoology)", choices=("zero", "random")))
+    defaults = {"vocab": 64, "pairs": 8, "queries": None, "power": 0.01, "layout": "kv", "filler": None}
+    LEGACY = {"layout": "kv", "filler": "zero"}  # the data before these knobs existed: not in its identity
 
     def resolve(self, k):
         if k["queries"] is None:
             k["queries"] = k["pairs"]
+        if k["filler"] is None:
+            k["filler"] = "random" if k["layout"] == "zoology" else "zero"
         P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
         keys = (V - 1) // 2
         if Q > P:
             raise _too_small(self.name, f"queries {Q} exceeds pairs {P} (each query asks a different pair)", "lower queries")
-        if keys < P:
+        if keys < P:  # then values (V - 1 - keys >= keys) are enough for distinct values too
             raise _too_small(self.name, f"vocab {V} has only {keys} keys for pairs {P}", f"raise vocab to at least {2 * P + 1}")
         if 2 * P + 2 * Q > T + 1:
             raise _too_small(self.name, f"seq_len {T} is too short for pairs {P} and queries {Q}",
                              f"raise seq_len to at least {2 * P + 2 * Q - 1}")
         return k
+
+    def identity(self, k):
+        return {key: value for key, value in k.items() if self.LEGACY.get(key, object()) != value}
 
     def symbols(self, k):
         keys = (k["vocab"] - 1) // 2
@@ -215,23 +295,42 @@ class MQAR(Task):
     def chance(self, k):
         return 1 / (k["vocab"] - 1 - (k["vocab"] - 1) // 2)
 
+    def no_recall(self, k):
+        # the most frequent of the example's values: 1/P when they are distinct
+        P = k["pairs"]
+        return 1 / P if k["layout"] == "zoology" else no_lookup_accuracy(P, k["vocab"] - 1 - (k["vocab"] - 1) // 2)
+
     def generate(self, n, k, generator, seed):
         P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
+        zoology = k["layout"] == "zoology"
         num_keys = (V - 1) // 2
+        num_values = V - 1 - num_keys
         keys = random_subsets(n, num_keys, P, generator) + 1
-        values = torch.randint(V - 1 - num_keys, (n, P), generator=generator) + 1 + num_keys
+        if zoology:
+            values = random_subsets(n, num_values, P, generator) + 1 + num_keys
+        else:
+            values = torch.randint(num_values, (n, P), generator=generator) + 1 + num_keys
         asked = random_subsets(n, P, Q, generator)
         slots = (T + 1 - 2 * P) // 2
         weights = (torch.arange(slots, dtype=torch.float64) + 1) ** (k["power"] - 1)
         chunk = max(1, 2**20 // slots)  # bound the [chunk, slots] weights each draw expands
         slot = torch.cat([torch.multinomial(weights.expand(min(chunk, n - r), slots), Q, replacement=False,
                                             generator=generator) for r in range(0, n, chunk)])
-        pos = 2 * P + 2 * slot
+        pos = 2 * P + 2 * slot  # each query key's position; its answer is the target there
         full = torch.full((n, T + 1), PAD_ID, dtype=torch.long)
         full[:, 0: 2 * P: 2], full[:, 1: 2 * P: 2] = keys, values
         full.scatter_(1, pos, keys.gather(1, asked))
-        full.scatter_(1, pos + 1, values.gather(1, asked))
-        return full[:, :-1].contiguous(), _targets(full, pos)
+        if zoology:  # the input after a query key is filler; the value is only the target
+            x = full[:, :-1].contiguous()
+            y = torch.full((n, T), IGNORE_INDEX, dtype=torch.long)
+            y.scatter_(1, pos, values.gather(1, asked))
+        else:
+            full.scatter_(1, pos + 1, values.gather(1, asked))
+            x, y = full[:, :-1].contiguous(), _targets(full, pos)
+        if k["filler"] == "random":  # every id, <fill> and keys and values included, as Zoology draws it
+            noise = torch.randint(V, x.shape, generator=generator)
+            x = torch.where(x == PAD_ID, noise, x)
+        return x, y
 
 
 class InContextRecall(Task):
@@ -293,6 +392,10 @@ class InContextRecall(Task):
 
     def chance(self, k):
         return 1 / self.alphabet(k)[1]
+
+    def no_recall(self, k):
+        # one-token values drawn with replacement: the dictionary's most frequent value
+        return no_lookup_accuracy(k["pairs"], self.alphabet(k)[1]) if self.value_len(k) == 1 else None
 
     def generate(self, n, k, generator, seed):
         T, P = k["seq_len"], k["pairs"]
@@ -592,15 +695,38 @@ class SyntheticData(ExampleData):
         self.name = name or task
         self.seed = seed
         self.vocab_size, self.seq_len, self.pad_id = k["vocab"], k["seq_len"], PAD_ID
-        self.settings = {"task": task, **k, "seed": seed, "format_version": FORMAT_VERSION}
+        self.settings = {"task": task, **self.task.identity(k), "seed": seed, "format_version": FORMAT_VERSION}
         self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})
         self.vocab = Vocab(self.task.symbols(k))
         assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
         self.answers_per_example = self.task.answers_per_example(k)
         self.data = {}
+        self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
         for split in SPLITS:
+            if split == "train" and self.stream:
+                empty = torch.empty((0, self.seq_len), dtype=torch.long)
+                self.data[split] = (empty, empty.clone())
+                continue
             n = k["train_examples"] if split == "train" else k["eval_examples"]
             self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
+
+    def train_batches(self, batch_size: int, generator: torch.Generator):
+        """The fixed train split in shuffled batches (``TaskData.train_batches``), or, with
+        ``train_examples=0``, a fresh batch every step: an endless stream from a generator seeded by
+        (task, data seed, a number drawn from ``generator``), independent of the evaluation splits'
+        generators. Each batch depends only on that stream, so a resumed training that replays its
+        steps gets the same batches."""
+        if not self.stream:
+            return super().train_batches(batch_size, generator)
+        check_positive("batch_size", batch_size)
+        draw = int(torch.randint(2**62, (1,), generator=generator))
+        stream = split_generator(self.task.name, self.seed, f"stream-{draw}")
+
+        def batches():
+            while True:
+                yield self.task.generate(batch_size, self.knobs, stream, self.seed)
+
+        return batches()
 
     def scored_tokens(self, split: str) -> int:
         """Answers in ``split``: examples x answers per example (the generator scores exactly these)."""
@@ -612,8 +738,10 @@ class SyntheticData(ExampleData):
             "task": self.task.name,
             "capability": self.task.capability,
             "examples": {s: self.num_eval_items(s) for s in SPLITS},
+            **({"train_stream": True} if self.stream else {}),
             "answers_per_example": self.answers_per_example,
             "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
             "chance_accuracy": self.task.chance(self.knobs),
+            **({} if self.task.no_recall(self.knobs) is None else {"no_recall_accuracy": self.task.no_recall(self.knobs)}),
             "settings": self.settings,
         }

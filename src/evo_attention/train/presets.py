@@ -176,6 +176,36 @@ def overlay(settings: Mapping[str, Any], layer: Mapping[str, Any], source: str |
     return out
 
 
+EXAMPLE_COUNTS = ("train_examples", "eval_examples")
+
+
+def example_counts_note(preset_name: str | None, settings: Mapping[str, Any]) -> str | None:
+    """One line saying what a generated task uses when the preset's task options gave example
+    counts for the preset's own data and the run names other data without giving them (the options
+    belong to their dataset, ``overlay``, so the counts do not carry over); None otherwise."""
+    from evo_attention.data.synthetic import COMMON_DEFAULTS, is_synthetic, parse_data_name
+
+    layer = PRESETS.get(preset_name or "", {})
+    counts = {k: v for k, v in (layer.get("recall") or {}).items() if k in EXAMPLE_COUNTS}
+    data = settings.get("data")
+    if not counts or data == layer.get("data") or not is_synthetic(data):
+        return None
+    try:
+        task, inline = parse_data_name(data)
+    except UserError:
+        return None  # the Config names the bad data name
+    given = {**inline, **(settings.get("recall") or {})}
+    if all(k in given for k in counts):
+        return None
+    used = {k: given.get(k, COMMON_DEFAULTS[k]) for k in EXAMPLE_COUNTS}
+    preset_counts = ", ".join(f"{k} {v}" for k, v in counts.items())
+    trains = ("fresh examples every step" if str(used["train_examples"]) == "0"
+              else f"{used['train_examples']} examples")
+    return (f"note: {data} trains on {trains} and evaluates {used['eval_examples']} per split "
+            f"(the task's train_examples and eval_examples), not the preset {preset_name}'s {preset_counts} (for its "
+            f"data {layer.get('data')!r}); set them inline to choose, e.g. {task}:train_examples=20000")
+
+
 def build_config(preset_name: str | None = None, config_file: str | Path | None = None,
                  overrides: Mapping[str, Any] | None = None) -> Config:
     """Defaults < preset < file < overrides."""
