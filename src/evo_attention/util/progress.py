@@ -233,7 +233,9 @@ class SearchView:
             budget = record.get("budget")
             steps = f" at {record.get('steps')}/{budget} steps" if budget and record.get("steps") != budget else ""
             where = f" [{worker}]" if worker and worker != "local" else ""
-            line = f"{label} {gene} {result}{steps}{' (cached)' if cached else ''}{where}"
+            twin = record.get("equivalent_to") if cached else None
+            how = f" (equivalent to {twin}: not trained)" if twin else (" (cached)" if cached else "")
+            line = f"{label} {gene} {result}{steps}{how}{where}"
             if self._progress is not None:
                 if (worker or "") in self._workers and not cached:
                     self._progress.update(self._workers[worker or ""], visible=False)
