@@ -47,6 +47,9 @@ CASES = [
                                       "cosine|linear|highway|adaptive|bias|0.00|pos=rope|kvh=2",
                                       "additive|sigmoid|input_gate|learned|nobias|0.00|pos=alibi|abias=rel|win=3"]),
     ("gpt2_byte_favor", "byte", "gpt2", ["dot|favor|output_gate|fixed|bias|0.00|pos=none"] * 2),
+    ("llama_char_program", "char", "llama",  # a program, and the dconv axis: decoded by recomputation
+     ["prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),k))),v)))|nobias|0.00|pos=rope|kvh=2",
+      "dot|softmax|none|fixed|nobias|0.00|pos=rope|dconv=2"]),
 ]
 
 # Runs in a fresh interpreter with evo_attention blocked: everything comes from the directories.
