@@ -27,7 +27,7 @@ from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import run_training
 from evo_attention.util import stats
 
-GENES = {"softmax": "dot|softmax|none|fixed|bias|0.00", "softmax, dconv=3": "dot|softmax|none|fixed|bias|0.00|dconv=3"}
+GENES = {"softmax": "dot|softmax|none|fixed|bias|0.00", "softmax+dconv3": "dot|softmax|none|fixed|bias|0.00|dconv=3"}
 
 
 def main(argv=None) -> int:
