@@ -192,7 +192,7 @@ class EvolvedAttention(nn.Module):
                   "gating": "gating"}
 
     def __init__(self, d_model: int, n_heads: int, gene: AttentionGene | str, *, fused: bool = True,
-                 max_seq_len: int | None = None, kernel_features: int = 64):
+                 max_seq_len: int | None = None, kernel_features: int = 64, input_conv: int = 0):
         super().__init__()
         if d_model % n_heads:
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
@@ -221,6 +221,9 @@ class EvolvedAttention(nn.Module):
         self.gating = components.GATINGS[self.gene.gating](d_model)
         self.dropout_p = self.gene.attention_dropout
         self.fused = fused
+        # input_conv W > 0 (the model's short_conv): a depthwise causal convolution along time over the channels
+        # of what the projections read (Zoology's short convolution before attention)
+        self.input_conv = CausalConv(1, d_model, input_conv) if input_conv else None
         # qkv_conv W > 0: depthwise causal convolutions of the rotated q, k and of v (after grouped heads are shared)
         self.qkv_conv = QKVConv(n_heads, self.d_head, self.gene.qkv_conv) if self.gene.qkv_conv else None
         self.program = None  # a gene with a program computes it (nn.program) in place of the four components
@@ -260,6 +263,8 @@ class EvolvedAttention(nn.Module):
         [B, kv_heads, T, d_head] (grouped K/V heads not yet repeated), rotated for their positions."""
         b, t, _ = x.shape
         h = self.gating.gate_input(x)
+        if self.input_conv is not None:
+            h = self.input_conv(h.unsqueeze(1)).squeeze(1)
         if self.kv_heads == self.n_heads:  # one view of the fused projection, as the step has always taken
             q, k, v = self.qkv(h).view(b, t, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         else:
@@ -413,7 +418,7 @@ class EvolvedAttention(nn.Module):
     def new_cache(self) -> "KVCache | KernelState | InputCache":
         """An empty cache for ``decode``: running sums for a kernel normalization without a window,
         the inputs so far for a program, keys and values otherwise."""
-        if self.program is not None or self.qkv_conv is not None:
+        if self.program is not None or self.qkv_conv is not None or self.input_conv is not None:
             return InputCache()
         return KernelState() if self.kernel is not None and not self.window else KVCache()
 
@@ -428,7 +433,7 @@ class EvolvedAttention(nn.Module):
         keys (the cache's) and the mask (``decode_mask``) differ. Never fused, never dropped out:
         decoding is inference and forms the few new rows of weights explicitly."""
         t = x.shape[1]
-        if isinstance(cache, InputCache):  # a program or qkv_conv: the forward over every position so far, new rows
+        if isinstance(cache, InputCache):  # a program or a convolution: the forward over every position so far, new rows
             return self.forward(cache.append(x))[:, -t:]
         start = cache.length
         q, k, v = self.rotated_heads(x, start)

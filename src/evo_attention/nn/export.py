@@ -327,6 +327,7 @@ from pathlib import Path
 GENE = "{gene}"
 D_MODEL, N_HEADS, MAX_SEQ_LEN = {d_model}, {n_heads}, {max_seq_len}
 KERNEL_FEATURES = {kernel_features}  # random features per head (normalization favor only)
+INPUT_CONV = {input_conv}  # the model's short convolution before each attention (0: none)
 PACKAGE = "{package}"  # the library's modules, beside this file
 
 
@@ -339,9 +340,9 @@ class EvolvedAttention(_attention.EvolvedAttention):
     """The library's EvolvedAttention of GENE, with this export's sizes as its defaults."""
 
     def __init__(self, d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=MAX_SEQ_LEN, *, fused=True,
-                 kernel_features=KERNEL_FEATURES):
+                 kernel_features=KERNEL_FEATURES, input_conv=INPUT_CONV):
         super().__init__(d_model, n_heads, GENE, fused=fused, max_seq_len=max_seq_len,
-                         kernel_features=kernel_features)
+                         kernel_features=kernel_features, input_conv=input_conv)
 
 
 def layer_state(state, layer):
@@ -357,7 +358,7 @@ def _shipped() -> dict[str, str]:
 
 
 def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_seq_len: int, *,
-                     source: str = "", kernel_features: int = 64) -> str:
+                     source: str = "", kernel_features: int = 64, input_conv: int = 0) -> str:
     """The entry ``attention.py`` of ``gene`` at these sizes (see the module docstring)."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     check_exportable(gene)
@@ -367,14 +368,16 @@ def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_
     about = "\n\n".join(textwrap.fill(paragraph, 100, break_on_hyphens=False) for paragraph in about.split("\n\n"))
     return _ENTRY.format(loader=PACKAGE_LOADER, gene=gene.key, about=about, package=PACKAGE, d_model=d_model,
                          n_heads=n_heads,
-                         max_seq_len=max_seq_len, weights=WEIGHTS_FILE, kernel_features=kernel_features)
+                         max_seq_len=max_seq_len, weights=WEIGHTS_FILE, kernel_features=kernel_features,
+                         input_conv=input_conv)
 
 
 def export_sources(gene: AttentionGene | str, d_model: int, n_heads: int, max_seq_len: int, *,
-                   source: str = "", kernel_features: int = 64) -> dict[str, str]:
+                   source: str = "", kernel_features: int = 64, input_conv: int = 0) -> dict[str, str]:
     """Every source file of the export: {path in the export directory: text}, the entry
     ``attention.py`` and the library's modules under ``evo_attention_export/``."""
-    entry = attention_source(gene, d_model, n_heads, max_seq_len, source=source, kernel_features=kernel_features)
+    entry = attention_source(gene, d_model, n_heads, max_seq_len, source=source, kernel_features=kernel_features,
+                             input_conv=input_conv)
     return {ATTENTION_FILE: entry, **_shipped()}
 
 
@@ -454,7 +457,7 @@ def export_attention(model, out: str | Path, *, source: str = "") -> dict:
     gene = model.genes[0]
     spec = model.spec
     texts = export_sources(gene, spec.d_model, spec.n_heads, spec.max_seq_len, source=source,
-                           kernel_features=spec.favor_features)
+                           kernel_features=spec.favor_features, input_conv=spec.short_conv)
     from safetensors.torch import save
 
     state = {f"layers.{i}.{name}": tensor.detach().cpu().contiguous()

@@ -291,6 +291,10 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
     from evo_attention.util.version import __version__
 
     genes = [g.key for g in model.genes]
+    if model.spec.short_conv:
+        raise UserError(f"the model convolves each attention's input (short_conv {model.spec.short_conv}), which a "
+                        "transformers layer's own projections would skip: export it with --format hf or standalone",
+                        setting="short_conv")
     for gene in dict.fromkeys(model.genes):
         check_exportable(gene)
     shipped = {f"{PACKAGE}/{path}": text for path, text in module_sources(ROOTS).items()}

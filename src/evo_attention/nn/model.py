@@ -86,7 +86,7 @@ class Block(nn.Module):
         kind = block_kind(spec)
         self.ln1 = make_norm(kind, spec.d_model)
         self.attn = EvolvedAttention(spec.d_model, spec.n_heads, gene, max_seq_len=spec.max_seq_len,
-                                     kernel_features=spec.favor_features)
+                                     kernel_features=spec.favor_features, input_conv=spec.short_conv)
         self.drop = Dropout(spec.dropout)
         self.ln2 = make_norm(kind, spec.d_model)
         ffn = SwiGLU if kind == "llama" else FeedForward

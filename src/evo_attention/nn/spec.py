@@ -74,6 +74,10 @@ class ModelSpec:
                               "(RMSNorm + SwiGLU, no feed-forward biases)")
     favor_features: int = setting(FAVOR_FEATURES_DEFAULT, flag="favor-features", parse="int", omit_default=True,
                                   help="random features per head of normalization favor (default 64)")
+    short_conv: int = setting(0, flag="short-conv", parse="int", omit_default=True,
+                              help="width W (2-8) of a depthwise causal convolution along time over the channels "
+                                   "of each attention's input, before its projections (Zoology's short "
+                                   "convolution); 0: none (the default)")
 
     @property
     def ffn_dim(self) -> int:

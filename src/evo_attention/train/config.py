@@ -297,6 +297,10 @@ def _check_model(c: Config) -> None:
         _integer(c, name)
     _integer(c, "d_ff", allow_none=True)
     _integer(c, "favor_features")
+    _integer(c, "short_conv", minimum=0)
+    if c.short_conv and not 2 <= c.short_conv <= 8:
+        raise UserError(f"short_conv {c.short_conv} is not a convolution width: use 0 (none) or a width from 2 to 8",
+                        setting="short_conv")
     if c.vocab_size is not None:
         _integer(c, "vocab_size")
         if c.vocab_size < 2:
