@@ -57,7 +57,7 @@ def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
 
 
 # the older contributions' sign (``value``/``low``/``high``: positive = better), named in ``recomputed_from``
-OLDER_SIGN = "improvement (positive = better)"
+OLDER_SIGN = "contributions, positive = better"
 
 
 def _inverse(comparison: Mapping) -> dict:

@@ -44,7 +44,7 @@ def _transfer_best(result: Mapping) -> dict | None:
 
 
 # the older transfer results' field (positive = better), named in ``recomputed_from``
-OLDER_ADVANTAGE = "advantage (positive = better)"
+OLDER_ADVANTAGE = "advantage, positive = better"
 
 
 def current_transfer(result: Mapping) -> dict:
@@ -66,8 +66,8 @@ def current_transfer(result: Mapping) -> dict:
 
     out = {**result, "sizes": [{**s, "genes": [mapped(g) for g in s.get("genes", [])]} for s in sizes],
            "recomputed_from": OLDER_ADVANTAGE}
-    out["headline"] = (transfer_headline(out) + f" (read from the {OLDER_ADVANTAGE} of a result written by an "
-                       "earlier version)")
+    out["headline"] = transfer_headline(out) + f" (read in the current sign from a result written with the older " \
+                                               f"{OLDER_ADVANTAGE})"
     return out
 
 
