@@ -22,7 +22,10 @@ TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
 
 
 def adv(value, low, high):
-    return {"advantage": value, "advantage_low": low, "advantage_high": high}
+    """A relative change with its interval, given as the gain (positive = better) on a lower-is-better
+    metric: the verdict's cases read most easily as gains."""
+    flip = (lambda x: None if x is None else -x)
+    return {"relative_change": flip(value), "relative_change_low": flip(high), "relative_change_high": flip(low)}
 
 
 # -- the verdict rule -----------------------------------------------------------------------------
@@ -49,12 +52,23 @@ def test_transfer_verdict_without_an_advantage_at_the_reference():
                                                    stats.SHRINKS, stats.HOLDS]
 
 
-def test_advantage_is_a_share_of_the_baseline_with_the_improvement_positive():
+def test_relative_change_is_the_gene_minus_the_baseline_over_the_baseline():
     row = {"difference": -2.0, "diff_ci_low": -3.0, "diff_ci_high": -1.0}
-    assert tr.advantage(row, 20.0, lower_is_better=True) == pytest.approx(adv(0.10, 0.05, 0.15))
-    assert tr.advantage(row, 20.0, lower_is_better=False) == pytest.approx(adv(-0.10, -0.15, -0.05))
-    assert tr.advantage({"difference": None}, 20.0, True) == adv(None, None, None)
-    assert tr.advantage({"difference": 1.0}, 20.0, True)["advantage_low"] is None
+    change = {"relative_change": -0.10, "relative_change_low": -0.15, "relative_change_high": -0.05}
+    assert tr.relative_change(row, 20.0) == pytest.approx(change)
+    empty = {"relative_change": None, "relative_change_low": None, "relative_change_high": None}
+    assert tr.relative_change({"difference": None}, 20.0) == empty
+    assert tr.relative_change({"difference": 1.0}, 20.0)["relative_change_low"] is None
+    log = {"scale": "log", "relative": 0.04, "relative_ci_low": 0.01, "relative_ci_high": 0.07}
+    assert tr.relative_change(log, None) == {"relative_change": 0.04, "relative_change_low": 0.01,
+                                             "relative_change_high": 0.07}
+
+
+def test_transfer_verdict_reads_the_metrics_direction():
+    # accuracy: a positive change is better, so the same numbers as gains hold
+    up = {"relative_change": 0.10, "relative_change_low": 0.05, "relative_change_high": 0.15}
+    assert stats.transfer_verdict(up, up, lower_is_better=False) == stats.HOLDS
+    assert stats.transfer_verdict(up, up, lower_is_better=True) == stats.NO_ADVANTAGE
 
 
 def test_kendall_tau_of_two_rankings():
@@ -150,13 +164,13 @@ def test_transfer_from_run_end_to_end_and_cached(tiny_run, capsys):
     row = big["genes"][0]
     assert ref["genes"][0]["transfer"] == "reference"
     assert row["transfer"] == stats.transfer_verdict(ref["genes"][0], row) == result["verdicts"][SPARSE]
-    for key in ("mean", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "advantage",
-                "advantage_low", "advantage_high", "params"):
+    for key in ("mean", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "relative_change",
+                "relative_change_low", "relative_change_high", "params"):
         assert row[key] is not None, key
     assert big["kendall_n"] == 2 and big["kendall_tau"] is None  # two ranked genes say nothing
     inter = row["interaction"]
     assert inter["test"] == "paired" and inter["n_a"] == 2 and inter["p_holm"] is not None
-    # the change of the paired advantage: the difference of the two sizes' per-seed log differences
+    # the change of the paired change: the difference of the two sizes' per-seed log differences
     assert inter["change"] == pytest.approx(row["difference"] - ref["genes"][0]["difference"])
     assert result["headline"] in (tiny_run / "transfer.md").read_text()
     assert (tiny_run / "transfer.png").read_bytes()[:8] == PNG

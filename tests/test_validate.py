@@ -90,18 +90,20 @@ def test_ablation_contributions_from_known_values():
     records = _fake_records({k: [m + n for n in noise] for k, m in means.items()}, seeds)
     result = ablation.ablation_statistics(_setup(seeds, metric="val_loss"), variants, records_of_loss(records))
     contrib = {(c["kind"], c["field"]): c for c in result["contributions"]}
-    assert contrib["remove", "normalization"]["value"] == pytest.approx(2.5)
-    assert contrib["remove", "gating"]["value"] == pytest.approx(0.2)
-    assert contrib["add", "normalization"]["value"] == pytest.approx(8.0 - 5.2)
-    assert contrib["add", "gating"]["value"] == pytest.approx(0.5)
-    assert result["total"]["value"] == pytest.approx(3.0)
-    # on perplexity the contributions are paired relative changes: (without F) / full - 1, per seed
+    # each the change of the loss the field causes, with it minus without it: negative = it helps
+    assert contrib["remove", "normalization"]["metric_change"] == pytest.approx(-2.5)
+    assert contrib["remove", "gating"]["metric_change"] == pytest.approx(-0.2)
+    assert contrib["add", "normalization"]["metric_change"] == pytest.approx(5.2 - 8.0)
+    assert contrib["add", "gating"]["metric_change"] == pytest.approx(-0.5)
+    assert result["total"]["metric_change"] == pytest.approx(-3.0)
+    # on perplexity the contributions are paired relative changes: full / (without F) - 1, per seed
     relative = ablation.ablation_statistics(_setup(seeds), variants, records)
     by = {(c["kind"], c["field"]): c for c in relative["contributions"]}
-    expected = math.exp(sum(math.log((7.5 + n) / (5.0 + n)) for n in noise) / len(noise)) - 1
-    assert by["remove", "normalization"]["value"] == pytest.approx(expected)
+    expected = math.exp(sum(math.log((5.0 + n) / (7.5 + n)) for n in noise) / len(noise)) - 1
+    assert by["remove", "normalization"]["metric_change"] == pytest.approx(expected)
+    assert by["remove", "normalization"]["relative"] is True
     c = contrib["remove", "normalization"]
-    assert c["low"] == c["value"] == c["high"]  # the noise each seed shares cancels in the paired difference
+    assert c["metric_change_low"] == pytest.approx(c["metric_change"]) == c["metric_change_high"]  # shared noise cancels
     text = ablation_markdown(result)
     assert "without normalization" in text and "softmax -> sparsemax" in text and "| Variant |" in text
 

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 from evo_attention.report import markdown as md
 from evo_attention.report.attachments import CURVE_FIGURE, Attachments
-from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
+from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
 from evo_attention.report.studies.common import comparison_note
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
@@ -219,8 +219,7 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
         stem = str(ab["_file"]).rsplit(".", 1)[0]
         out.append(_section(f"ablation-{i}", f"Ablation of {ab.get('str')}", [
             para("Each field in which the gene differs from the baseline, set back to the baseline's value "
-                 "(without F) and added alone to the baseline (baseline + F). Positive contributions improve the "
-                 f"{ab.get('metric_label', 'perplexity')}.", "muted"),
+                 "(without F) and added alone to the baseline (baseline + F). " + contribution_sign(ab), "muted"),
             table(md.ablation_table(ab)), bullets(contribution_lines(ab), "contrib"),
             *([para("Recipe or mechanism: the gene sets its own training recipe, so the four crossings of its "
                     "mechanism and recipe with the baseline's were trained on the same seeds.", "muted"),

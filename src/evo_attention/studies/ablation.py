@@ -3,17 +3,18 @@
 For each field in which the gene differs from the baseline (``gene.differences(vanilla)``) two
 variants are trained, with the same seeds rule and statistics as ``validate``:
 
-- *without F*: the gene with just F set back to the vanilla value. ``mean(without F) - mean(gene)``
-  is what F contributes inside the gene;
-- *baseline + F*: the vanilla transformer with just F taken from the gene. ``mean(baseline) -
-  mean(baseline + F)`` is what F does on its own.
+- *without F*: the gene with just F set back to the vanilla value. The gene against it (``gene -
+  (without F)``) is what F changes inside the gene;
+- *baseline + F*: the vanilla transformer with just F taken from the gene. ``(baseline + F) -
+  baseline`` is what F changes on its own.
 
 Plus the gene itself and the baseline. When only one field differs, "without F" is the baseline
 and "baseline + F" the gene: each distinct gene is trained once per seed whatever its names.
 
-Contributions are written in the "better" direction of the metric: positive means the field
-improves the metric (for perplexity: lowers it). Interactions show as single contributions that
-do not add up to the whole gene's improvement.
+A contribution is the signed change of the metric that the field causes, with the field minus
+without it (``report.studies.ablation.field_changes``; the one sign convention: for perplexity a
+helpful field shows as a negative change, "lower is better" said with it). Interactions show as
+single contributions that do not add up to the whole gene's change.
 
 Recipe or mechanism. A gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``; a search
 over the recipe axes finds such genes) differs from the baseline in two ways at once. Its ablation
@@ -42,8 +43,8 @@ from typing import ClassVar, Mapping, Sequence
 from evo_attention import programs
 from evo_attention.genes import (KEY_PARTS, RECIPE_FIELDS, AttentionGene, canonical_program, mechanism_of,
                                  program_grammar, recipe_of, with_recipe)
-from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown
-from evo_attention.report.studies.common import metric_info
+from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown, field_changes
+from evo_attention.report.studies.common import metric_info, metric_direction
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
@@ -145,7 +146,7 @@ def program_variants(gene: AttentionGene) -> list[Variant]:
 @dataclass(frozen=True, eq=False)
 class AblationResult(SeedStudyResult):
     """An ablation: every variant's row, the per-field contributions and the whole gene's
-    improvement over the baseline (``total``), and the provenance."""
+    change from the baseline (``total``), and the provenance."""
 
     kind: ClassVar[str] = "ablation"
 
@@ -212,7 +213,6 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
                else grids.versus_baseline(setup, against, values[base]["values"], rates))  # is one comparison
     vs_base = {v.name: by_gene[v.gene.key] for v in variants if v.gene.key in by_gene}
     label, eval_split = setup.metric_label, setup.eval_split
-    sign = 1.0 if lower else -1.0
     rows = []
     for v in variants:
         rows.append({
@@ -220,12 +220,7 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
             "str": str(v.gene), **values[v.gene.key], **stats.describe(values[v.gene.key]["values"], confidence),
             "vs_full": _comparison(vs_full.get(v.name, {})), "vs_baseline": _comparison(vs_base.get(v.name, {})),
         })
-    contributions = []
-    for row in rows:
-        if row["kind"] == "remove":  # (without F) - full: positive when F helps (lower is better)
-            contributions.append(_contribution(row, row["vs_full"], sign, "remove"))
-        elif row["kind"] == "add":  # baseline - (baseline + F)
-            contributions.append(_contribution(row, row["vs_baseline"], -sign, "add"))
+    contributions, total = field_changes(rows)
     numbers = {
         "kind": "ablation", "analysis": stats.ANALYSIS, "margin": setup.margin,
         "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
@@ -233,7 +228,7 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
         "metric": metric, "metric_label": label, "lower_is_better": lower, "eval_split": eval_split,
         "confidence": confidence, "seeds": list(seeds),
         "variants": rows, "contributions": contributions,
-        "total": _contribution(rows[0], rows[0]["vs_baseline"], -sign, "total"),
+        "total": total,
     }
     cells = recipe_cells(variants[0].gene, variants[1].gene)
     if cells:
@@ -274,27 +269,18 @@ def _comparison(numbers: Mapping) -> dict | None:
     return {k: numbers.get(k) for k in keys}
 
 
-def _contribution(row: Mapping, comparison: Mapping | None, sign: float, kind: str) -> dict:
-    """The comparison's change turned into an improvement (positive = better): the relative change
-    on a ratio metric's log scale, else the difference in the metric's units."""
-    c = comparison or {}
-    names = ("relative", "relative_ci_low", "relative_ci_high") if c.get("scale") == "log" else \
-        ("difference", "diff_ci_low", "diff_ci_high")
-    diff, low, high = (c.get(n) for n in names)
-    value = None if diff is None else sign * diff
-    bounds = None if low is None or high is None else sorted((sign * low, sign * high))
-    return {"name": row["name"], "field": row.get("field"), "kind": kind, "change": row.get("change"),
-            "value": value, "low": bounds[0] if bounds else None, "high": bounds[1] if bounds else None,
-            "p_holm": c.get("p_holm")}
-
-
 # -- output ---------------------------------------------------------------------------------------
 def figure_items(result: Mapping) -> list[dict]:
-    items = [{**result["total"], "label": "whole gene vs baseline"}] if result.get("total") else []
+    """The bars of ``ablation.png``: each contribution's change (``value``, ``low``, ``high``)."""
+    def bar(c: Mapping, label: str) -> dict:
+        return {"kind": c.get("kind"), "label": label, "value": c.get("metric_change"),
+                "low": c.get("metric_change_low"), "high": c.get("metric_change_high")}
+
+    items = [bar(result["total"], "whole gene vs baseline")] if result.get("total") else []
     for c in result.get("contributions", []):
         field = FIELD_LABELS.get(c["field"], c["field"])
         label = f"without {field}" if c["kind"] == "remove" else f"baseline + {field}"
-        items.append({**c, "label": f"{label} ({str(c['change']).split(': ', 1)[-1]})"})
+        items.append(bar(c, f"{label} ({str(c['change']).split(': ', 1)[-1]})"))
     return items
 
 
@@ -304,10 +290,11 @@ def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
     from evo_attention.report.figures import plot_contributions
 
     paths = write_json_and_markdown("ablation", result, out_dir, ablation_markdown(result))
-    label, _, _ = metric_info(result.get("metric", "val_perplexity"))
+    metric = result.get("metric", "val_perplexity")
+    label, _, _ = metric_info(metric)
     plot_contributions(figure_items(result), paths["png"],
-                       xlabel=f"{label} improvement (positive = better): mean and "
-                              f"{stats.percent(result.get('confidence', 0.95))} CI",
+                       xlabel=f"change of {label} the field causes, with it minus without it ({metric_direction(metric)}):"
+                              f" mean and {stats.percent(result.get('confidence', 0.95))} CI",
                        title=f"Ablation of {result.get('str')}, {len(result.get('seeds') or [])} seeds")
     if result.get("grid"):
         paths["grid"] = grids.write_grid_figure(result, "ablation", out_dir, [grids.panel(result["grid"]["genes"])])

@@ -7,14 +7,15 @@ stored evaluation is never trained twice), and reports per size:
 
 - the mean and t interval of each gene and of the baseline, and each gene's difference to the
   baseline with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
-- the *advantage* of each gene: the improvement over the baseline as a fraction of the baseline's
-  mean at that size (``-Δ / baseline`` when lower is better, ``Δ / baseline`` when higher is), with
-  Welch's interval of Δ scaled the same way. A relative measure, because the metric itself moves
-  with size (a larger model has a lower perplexity, so the same relative gain is a smaller Δ);
+- the *relative change* of each gene: the gene minus the baseline as a fraction of the baseline
+  (the paired relative change on a ratio metric's log scale, else ``Δ / baseline mean``) with its
+  interval, signed like every change (for perplexity a better gene's is negative). A relative
+  measure, because the metric itself moves with size (a larger model has a lower perplexity, so
+  the same relative gain is a smaller Δ);
 - Kendall's tau (``scipy.stats.kendalltau``) between the ranking of the genes and the baseline by
   their means at the reference size and at this size;
 - a verdict in words against the reference size (``util.stats.transfer_verdict``: holds, shrinks,
-  vanishes or reverses, from the intervals of the advantage at both sizes).
+  vanishes or reverses, from the intervals of the relative change at both sizes).
 
 The ladder. The reference is the search size, the configured ``d_model x n_layers`` (a run's
 own with ``--from-run``); when the given sizes do not include it, it is added as the first rung,
@@ -191,27 +192,24 @@ def with_budgets(rungs: Sequence[Rung], data, tokens_per_param: float | None) ->
 
 
 # -- the statistics -------------------------------------------------------------------------------
-def advantage(row: Mapping, baseline_mean: float | None, lower_is_better: bool) -> dict:
-    """``{"advantage", "advantage_low", "advantage_high"}``: the improvement over the baseline as a
-    fraction: the paired relative change with its interval on a ratio metric's log scale, else the
-    difference and its interval over the baseline's mean (None where a number is missing)."""
-    none = {"advantage": None, "advantage_low": None, "advantage_high": None}
-    sign = -1.0 if lower_is_better else 1.0
+def relative_change(row: Mapping, baseline_mean: float | None) -> dict:
+    """``{"relative_change", "relative_change_low", "relative_change_high"}``: the gene minus the
+    baseline as a fraction of the baseline: the paired relative change with its interval on a ratio
+    metric's log scale, else the difference and its interval over the baseline's mean (None where a
+    number is missing)."""
+    none = {"relative_change": None, "relative_change_low": None, "relative_change_high": None}
     if row.get("scale") == "log":
-        if row.get("relative") is None:
-            return none
-        out = {"advantage": sign * row["relative"], "advantage_low": None, "advantage_high": None}
-        if row.get("relative_ci_low") is not None and row.get("relative_ci_high") is not None:
-            ends = sorted(sign * row[k] for k in ("relative_ci_low", "relative_ci_high"))
-            out.update(advantage_low=ends[0], advantage_high=ends[1])
-        return out
-    if baseline_mean is None or baseline_mean <= 0 or row.get("difference") is None:
+        names, scale = ("relative", "relative_ci_low", "relative_ci_high"), 1.0
+    elif baseline_mean is None or baseline_mean <= 0:
         return none
-    out = {"advantage": sign * row["difference"] / baseline_mean, "advantage_low": None, "advantage_high": None}
-    if row.get("diff_ci_low") is not None and row.get("diff_ci_high") is not None:
-        ends = sorted(sign * row[k] / baseline_mean for k in ("diff_ci_low", "diff_ci_high"))
-        out.update(advantage_low=ends[0], advantage_high=ends[1])
-    return out
+    else:
+        names, scale = ("difference", "diff_ci_low", "diff_ci_high"), 1.0 / baseline_mean
+    value, low, high = (row.get(n) for n in names)
+    if value is None:
+        return none
+    both = low is not None and high is not None
+    return {"relative_change": value * scale, "relative_change_low": low * scale if both else None,
+            "relative_change_high": high * scale if both else None}
 
 
 def kendall(reference_means: Mapping[str, float | None], means: Mapping[str, float | None]) -> dict:
@@ -239,7 +237,7 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
                     rates: Mapping[str, float] | None = None) -> dict:
     """One size's row: its shape and budget, the baseline's and every gene's statistics (paired
     with the baseline, Holm over ``others`` too: the transfer's comparisons at the other sizes) and
-    advantage. ``rates`` (gene key -> rate): each was trained at its own rate of a learning-rate
+    relative change. ``rates`` (gene key -> rate): each was trained at its own rate of a learning-rate
     grid; the store's family is then that of the baseline at its rate."""
     seeds, lower = list(setup.seeds), setup.lower_is_better
     vanilla = AttentionGene.vanilla().key
@@ -258,12 +256,13 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
         "search_size": rung.search_size, "steps": c.train_steps, "tokens": c.train_steps * tokens_per_step,
         "params": _params(records, vanilla, seeds) or baseline_parameters(c, vocab_size),
         "baseline": {**numbers["baseline"], "params": _params(records, vanilla, seeds)},
-        "genes": [{**row, "params": _params(records, row["gene"], seeds), **advantage(row, base_mean, lower)}
+        "genes": [{**row, "params": _params(records, row["gene"], seeds), **relative_change(row, base_mean)}
                   for row in numbers["genes"]],
     }
 
 
-def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log: bool = True) -> list[dict]:
+def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log: bool = True,
+                        lower_is_better: bool = True) -> list[dict]:
     """The size rows (the reference first) with Kendall's tau (from 4 ranked genes on), every gene's
     verdict, and the interaction test: does the gene's paired advantage change from the reference
     size to this one (``stats.paired_interaction`` on the per-seed differences, Holm over every
@@ -283,7 +282,8 @@ def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log
         means = {r["gene"]: r.get("mean") for r in [row["baseline"]] + row["genes"]}
         genes = []
         for g in row["genes"]:
-            extra = {"transfer": stats.REFERENCE if i == 0 else stats.transfer_verdict(ref_rows[g["gene"]], g)}
+            ref = ref_rows[g["gene"]]
+            extra = {"transfer": stats.REFERENCE if i == 0 else stats.transfer_verdict(ref, g, lower_is_better)}
             if i:
                 inter = interactions[i, g["gene"]]
                 extra["interaction"] = {**{k: inter.get(k) for k in ("change", "ci_low", "ci_high", "p_value", "test",
@@ -389,7 +389,7 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
         rates = grids.selected_rates(tuned[rung.label]) if tuned else None
         size_rows.append(size_statistics(at, rung, records, keys, tokens_per_step=rung.config.batch_size * data.seq_len,
                                          vocab_size=data.vocab_size, others=others, rates=rates))
-    rows = transfer_statistics(size_rows, setup.confidence, setup.log_scale)
+    rows = transfer_statistics(size_rows, setup.confidence, setup.log_scale, setup.lower_is_better)
     top = largest(rows[1:])
     numbers = {
         "kind": "transfer", "metric": setup.metric, "metric_label": setup.metric_label,

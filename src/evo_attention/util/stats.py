@@ -3,7 +3,7 @@ Holm's step-down correction, Cohen's d, and a verdict in words; and, for a gene 
 trained on the same seeds, the paired comparison, its equivalence test, a four-word verdict and
 the power calculations that say how many seeds would decide it.
 
-``transfer_verdict`` reads a gene's advantage over the baseline at two model sizes (see there).
+``transfer_verdict`` reads a gene's change from the baseline at two model sizes (see there).
 
 Every distribution comes from ``scipy.stats`` (``t.interval`` for the mean's interval,
 ``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence interval, ``ttest_rel`` for
@@ -143,18 +143,21 @@ EXACT_POWER_REPS = 2000
 # is 72-88% (n = 3-8), so no interval is given rather than a misleading one
 BOOTSTRAP_MIN = 10
 
-# how an advantage fares from a reference model size to another (``transfer_verdict``)
+# how a gene's change from the baseline fares from a reference model size to another
+# (``transfer_verdict``); "the better side" of 0 is below it when lower is better
 REFERENCE = "reference"
 HOLDS, SHRINKS, VANISHES, REVERSES = "holds", "shrinks", "vanishes", "reverses"
 NO_ADVANTAGE = "no advantage at the reference size"
 # the rule in words, in the order it is applied (reports show it next to the verdicts)
 TRANSFER_RULE = (
     (TOO_FEW, "an interval is missing at either size"),
-    (NO_ADVANTAGE, "at the reference size the advantage's interval reaches 0 or below: nothing to carry over"),
-    (REVERSES, "the interval at this size lies wholly below 0: the gene is worse than the baseline here"),
+    (NO_ADVANTAGE, "at the reference size the change's interval reaches 0 or the worse side: nothing to carry over"),
+    (REVERSES, "the interval at this size lies wholly on the worse side of 0: the gene is worse than the baseline here"),
     (VANISHES, "the interval at this size contains 0"),
-    (SHRINKS, "the interval at this size lies above 0 but wholly below the advantage at the reference size"),
-    (HOLDS, "the interval at this size lies above 0 and reaches the advantage at the reference size (or beyond)"),
+    (SHRINKS, "the interval at this size lies on the better side of 0 but wholly short of the change at the "
+              "reference size"),
+    (HOLDS, "the interval at this size lies on the better side of 0 and reaches the change at the reference size "
+            "(or beyond)"),
 )
 
 
@@ -253,12 +256,22 @@ def verdict(difference: float | None, p_adjusted: float | None, confidence: floa
     return f"{BETTER if improves else WORSE} at {percent(confidence)}"
 
 
-def transfer_verdict(reference: dict, current: dict) -> str:
-    """How a gene's advantage at a reference size fares at another size: ``TRANSFER_RULE``, the first
-    that applies, read from ``{"advantage", "advantage_low", "advantage_high"}`` at both sizes (the
-    improvement over the baseline in any unit where positive is better, and its interval)."""
-    ref_low, ref_value = reference.get("advantage_low"), reference.get("advantage")
-    low, high = current.get("advantage_low"), current.get("advantage_high")
+def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = True) -> str:
+    """How a gene's change from the baseline at a reference size fares at another size:
+    ``TRANSFER_RULE``, the first that applies, read from ``{"relative_change", "relative_change_low",
+    "relative_change_high"}`` at both sizes (the gene minus the baseline, as a fraction of the
+    baseline, and its interval; the better side of 0 is below it when ``lower_is_better``)."""
+    sign = -1.0 if lower_is_better else 1.0  # the gain: positive on the better side
+
+    def gain(row: dict) -> tuple:
+        value, low, high = (row.get(k) for k in ("relative_change", "relative_change_low", "relative_change_high"))
+        value = None if value is None else sign * value
+        if low is None or high is None:
+            return value, None, None
+        return (value, *sorted((sign * low, sign * high)))
+
+    ref_value, ref_low, _ = gain(reference)
+    _, low, high = gain(current)
     if None in (ref_low, ref_value, low, high):
         return TOO_FEW
     if ref_low <= 0:

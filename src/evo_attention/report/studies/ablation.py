@@ -2,19 +2,26 @@
 ``vs_baseline``, ``total`` and ``contributions``, and for a gene that sets its own recipe the
 ``recipe_vs_mechanism`` block of the 2x2) and renders the variants table, the contribution
 sentences, the recipe-or-mechanism section, and the whole ``ablation.md``.
+
+A contribution is the signed change of the metric that a field causes, with the field minus
+without it (``field_changes``: the one sign convention of ``util.format``, the metric's direction
+said with it): removing F from the gene is read as the full gene against the gene without F,
+adding F to the baseline as the baseline with F against the baseline, and the whole gene against
+the baseline (``total``). ``current_ablation`` reads a result written with the older contributions
+(``value``/``low``/``high``, positive = better) by recomputing them from its variants' comparisons.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, p_text, seed_note,
                                                  study_schedule)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import change_header, code, fmt, markdown_table, md_cell
+from evo_attention.util.format import change_header, code, direction, fmt, markdown_table, md_cell
 
 
 # gene field -> how an ablation names it
@@ -49,36 +56,116 @@ def ablation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     return headers, rows, "lllr" + ("r" if rates else "") + "rrrrr"
 
 
+# the older contributions' sign (``value``/``low``/``high``: positive = better), named in ``recomputed_from``
+OLDER_SIGN = "contributions, positive = better"
+
+
+def _inverse(comparison: Mapping) -> dict:
+    """A paired comparison of A against B seen as B against A: the difference negated, the paired
+    relative change r turned into 1 / (1 + r) - 1 (the ratio inverted), intervals swapped."""
+    def flip(x):
+        if x is None:
+            return None
+        return 1.0 / (1.0 + x) - 1.0 if comparison.get("scale") == "log" else -x
+    out = dict(comparison)
+    for value, low, high in (("difference", "diff_ci_low", "diff_ci_high"),
+                             ("relative", "relative_ci_low", "relative_ci_high")):
+        out[value], out[low], out[high] = flip(comparison.get(value)), flip(comparison.get(high)), \
+            flip(comparison.get(low))
+    if comparison.get("scale") != "log":  # a plain difference: negating it is its whole inverse
+        out["relative"] = out["relative_ci_low"] = out["relative_ci_high"] = None
+    return out
+
+
+def _field_change(row: Mapping, comparison: Mapping | None, kind: str) -> dict:
+    """One contribution: the comparison's change (the paired relative change on a ratio metric's log
+    scale, ``relative`` true; else the difference in the metric's units) with its interval and p."""
+    c = comparison or {}
+    relative = c.get("scale") == "log"
+    names = ("relative", "relative_ci_low", "relative_ci_high") if relative else \
+        ("difference", "diff_ci_low", "diff_ci_high")
+    value, low, high = (c.get(n) for n in names)
+    if low is None or high is None:
+        low = high = None
+    return {"name": row.get("name"), "field": row.get("field"), "kind": kind, "change": row.get("change"),
+            "relative": relative, "metric_change": value, "metric_change_low": low, "metric_change_high": high,
+            "p_holm": c.get("p_holm")}
+
+
+def field_changes(variants: Sequence[Mapping]) -> tuple[list[dict], dict | None]:
+    """(contributions, total) from an ablation's variant rows (the full gene first): per removed
+    field the full gene against the gene without it (the inverse of that variant's ``vs_full``),
+    per added field the baseline with it against the baseline (its ``vs_baseline``), and the whole
+    gene against the baseline. Every change is the one with the field minus the one without it."""
+    contributions = []
+    for row in variants:
+        if row.get("kind") == "remove":
+            contributions.append(_field_change(row, _inverse(row["vs_full"]) if row.get("vs_full") else None,
+                                               "remove"))
+        elif row.get("kind") == "add":
+            contributions.append(_field_change(row, row.get("vs_baseline"), "add"))
+    total = _field_change(variants[0], variants[0].get("vs_baseline"), "total") if variants else None
+    return contributions, total
+
+
+def current_ablation(result: Mapping) -> dict:
+    """``result`` with contributions in the current sign: one written with the older ones
+    (``value``, positive = better) gets them recomputed from its variants' comparisons, and keeps
+    the convention it was written with in ``recomputed_from``."""
+    older = [c for c in list(result.get("contributions") or []) + [result.get("total") or {}]
+             if "value" in c and "metric_change" not in c]
+    if not older:
+        return dict(result)
+    contributions, total = field_changes(result.get("variants") or [])
+    return {**result, "contributions": contributions, "total": total, "recomputed_from": OLDER_SIGN}
+
+
+def contribution_sign(result: Mapping) -> str:
+    """What a contribution's sign means, in one sentence with the metric's direction."""
+    label = result.get("metric_label", "perplexity")
+    return (f"Each contribution is the change of {label} the field causes, with the field minus without it "
+            f"({direction(lower_is_better(result.get('metric', 'val_perplexity')))}).")
+
+
 def contribution_lines(result: Mapping) -> list[str]:
-    """Plain sentences: what each field contributes, strongest first."""
+    """Plain sentences: the whole gene's change, then what each field causes, the most helpful first;
+    the first says the metric's direction."""
     d = digits_for(result.get("metric", ""))
     label = result.get("metric_label", "perplexity")
+    lower = lower_is_better(result.get("metric", "val_perplexity"))
     alpha = 1.0 - float(result.get("confidence", 0.95))
     lines = []
-    relative = stats.is_paired_analysis(result) and result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
 
     def amount(c: Mapping) -> str:
-        if relative:
-            span = "" if c.get("low") is None else f" [{100 * c['low']:+.2f}%, {100 * c['high']:+.2f}%]"
-            return f"{100 * c['value']:+.2f}%{span}"
-        return f"{c['value']:+.{d}f} {ci_text(c.get('low'), c.get('high'), d)}"
+        low, high = c.get("metric_change_low"), c.get("metric_change_high")
+        if c.get("relative"):
+            span = "" if low is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
+            return f"{100 * c['metric_change']:+.2f}%{span}"
+        return f"{c['metric_change']:+.{d}f} {ci_text(low, high, d)}"
 
+    conf = result.get("confidence", 0.95)
     total = result.get("total") or {}
-    if total.get("value") is not None:
-        lines.append(f"Whole gene vs baseline: {label} improves by {amount(total)} "
-                     f"({_contribution_significance(total, alpha, result.get('confidence', 0.95))}).")
-    for kind, text in (("remove", "removing it from the gene costs"), ("add", "adding it alone to the baseline gains")):
-        items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("value") is not None]
-        for c in sorted(items, key=lambda c: -c["value"]):
-            significance = _contribution_significance(c, alpha, result.get('confidence', 0.95))
-            lines.append(f"{c['change']}: {text} {amount(c)} ({significance}).")
+    if total.get("metric_change") is not None:
+        lines.append(f"Whole gene vs baseline: {label} change {amount(total)} ({direction(lower)}; "
+                     f"{_contribution_significance(total, alpha, conf)}).")
+    for kind, text in (("remove", "in the gene (the gene minus the gene without it)"),
+                       ("add", "alone on the baseline (the baseline with it minus the baseline)")):
+        items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("metric_change") is not None]
+        for c in sorted(items, key=lambda c: c["metric_change"] if lower else -c["metric_change"]):
+            lines.append(f"{c['change']}: {text} {amount(c)} ({_contribution_significance(c, alpha, conf)}).")
+    if lines and total.get("metric_change") is None:  # no whole-gene line to say the direction: say it first
+        lines.insert(0, contribution_sign(result))
+    if result.get("recomputed_from"):
+        lines.append(f"These contributions were recomputed from the variants' stored comparisons of a result "
+                     f"written with the older sign ({result['recomputed_from']}).")
     return lines
 
 
 def _contribution_significance(c: Mapping, alpha: float, confidence: float) -> str:
+    low, high = c.get("metric_change_low"), c.get("metric_change_high")
     if c.get("p_holm") is not None and c["p_holm"] < alpha:
         return f"significant at {stats.percent(confidence)} after Holm's correction"
-    if c.get("low") is not None and (c["low"] > 0 or c["high"] < 0):
+    if low is not None and (low > 0 or high < 0):
         return "its own interval excludes 0, but not significant after Holm's correction"
     return "not distinguishable from 0"
 
@@ -106,29 +193,43 @@ def recipe_mechanism_table(result: Mapping) -> tuple[list[str], list[list[str]],
     return headers, rows, "lrr"
 
 
-def _recipe_share_text(share: Mapping, block: Mapping, metric: str) -> str:
-    """A share (positive = better) with its interval: in % on the log scale, else in the metric's units."""
+def _as_change(value, low, high, lower: bool) -> tuple:
+    """A gain (positive = better, as ``stats.two_factor_shares`` gives it) as a signed change of the
+    metric: negated, its interval swapped, when lower is better."""
+    if not lower:
+        return value, low, high
+    return tuple(None if x is None else -x for x in (value, high, low))
+
+
+def _recipe_share_text(share: Mapping, block: Mapping, metric: str, lower: bool) -> str:
+    """A share as the change of the metric it causes, with its interval: in % on the log scale
+    (``1 - exp(-x)`` of a lower-is-better gain x is the change's negation), else in the metric's units."""
     if block.get("scale") == "log" and share.get("relative") is not None:
-        low, high = share.get("relative_ci_low"), share.get("relative_ci_high")
+        value, low, high = _as_change(share["relative"], share.get("relative_ci_low"), share.get("relative_ci_high"),
+                                      lower)
         span = "" if low is None or high is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
-        return f"{100 * share['relative']:+.2f}%{span}"
+        return f"{100 * value:+.2f}%{span}"
     if share.get("mean") is None:
         return "-"
     d = digits_for(metric)
-    return f"{share['mean']:+.{d}f} {ci_text(share.get('ci_low'), share.get('ci_high'), d)}"
+    value, low, high = _as_change(share["mean"], share.get("ci_low"), share.get("ci_high"), lower)
+    return f"{value:+.{d}f} {ci_text(low, high, d)}"
 
 
 def _recipe_gain_text(value, block: Mapping, metric: str, lower: bool) -> str:
+    """A gain (positive = better; log units on the log scale) as the signed change of the metric."""
     if value is None:
         return "-"
+    change = -value if lower else value
     if block.get("scale") == "log":
-        return f"{100 * (-math.expm1(-value) if lower else math.expm1(value)):+.2f}%"
-    return f"{value:+.{digits_for(metric)}f}"
+        return f"{100 * math.expm1(change):+.2f}%"
+    return f"{change:+.{digits_for(metric)}f}"
 
 
 def recipe_mechanism_lines(result: Mapping) -> list[str]:
-    """Plain sentences: the gene's advantage, the recipe's share and the mechanism's (each with
-    its gain alone and with the other), the interaction test, and which share is the larger."""
+    """Plain sentences, every number a signed change of the metric (the direction said in the first):
+    the gene's whole change, the recipe's share and the mechanism's (each with its change alone and
+    with the other), the interaction test, and which share is the larger."""
     block = result.get("recipe_vs_mechanism")
     if not block:
         return []
@@ -140,28 +241,29 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         return "p -" if value is None else f"p {p_text(value)}"
 
     total = shares.get("total") or {}
-    lines = [f"Whole advantage of the gene over the baseline: {label} improves by "
-             f"{_recipe_share_text(total, block, metric)} ({p(total.get('p_value'))}, {block.get('n')} paired seeds"
+    lines = [f"Whole gene vs baseline: {label} change {_recipe_share_text(total, block, metric, lower)} "
+             f"({direction(lower)}; {p(total.get('p_value'))}, {block.get('n')} paired seeds"
              + (f", {block['n_dropped']} dropped for a failed cell" if block.get("n_dropped") else "") + ")."]
     for name, what in (("recipe", f"the recipe ({block.get('parts_text')})"), ("mechanism", "the mechanism")):
         share = shares.get(name) or {}
         fraction = share.get("fraction")
-        of = f", {100 * fraction:.0f}% of the advantage" if fraction is not None else ""
+        of = f", {100 * fraction:.0f}% of the whole change" if fraction is not None else ""
         other = "the gene's mechanism" if name == "recipe" else "the gene's recipe"
-        lines.append(f"Share of {what}: {_recipe_share_text(share, block, metric)} ({p(share.get('p_value'))}{of}); "
-                     f"its gain alone {_recipe_gain_text(share.get('alone'), block, metric, lower)}, with {other} "
+        lines.append(f"Share of {what}: {_recipe_share_text(share, block, metric, lower)} "
+                     f"({p(share.get('p_value'))}{of}); its change alone {_recipe_gain_text(share.get('alone'), block, metric, lower)}, with {other} "
                      f"{_recipe_gain_text(share.get('with'), block, metric, lower)}.")
     inter = block.get("interaction") or {}
     if inter.get("change") is not None:
         units = "log units" if block.get("scale") == "log" else "units"
-        span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
-        if inter.get("p_value") is not None and inter["p_value"] < alpha:
+        shown, low, high = _as_change(inter["change"], inter.get("ci_low"), inter.get("ci_high"), lower)
+        span = "" if low is None or high is None else f" [{low:+.4f}, {high:+.4f}]"
+        if inter.get("p_value") is not None and inter["p_value"] < alpha:  # a positive gain change: reinforcing
             reading = ("the two reinforce each other (each share holds half of their joint gain)" if inter["change"] > 0
                        else "the two overlap: part of what one does, the other does too")
         else:
             reading = "not distinguishable from 0: the two gains add up"
-        lines.append(f"Interaction (the mechanism's gain with the gene's recipe minus its gain with the baseline's, "
-                     f"{units}): {inter['change']:+.4f}{span} ({p(inter.get('p_value'))}): {reading}.")
+        lines.append(f"Interaction (the mechanism's change of {label} with the gene's recipe minus its change with "
+                     f"the baseline's, {units}): {shown:+.4f}{span} ({p(inter.get('p_value'))}): {reading}.")
     larger = block.get("larger")
     if larger:
         share = shares.get(larger) or {}
@@ -210,7 +312,7 @@ def ablation_markdown(result: Mapping) -> str:
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         markdown_table(headers, md_rows, align).rstrip(), "",
         "## Contributions", "",
-        f"Positive = the field makes the {label} better.", "",
+        contribution_sign(result), "",
     ]
     lines += [f"- {md_cell(t)}" for t in contribution_lines(result)] + [""]
     lines += recipe_mechanism_section(result)

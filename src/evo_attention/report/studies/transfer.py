@@ -1,8 +1,10 @@
 """Transfer across scale: reads a transfer result (the ladder's ``sizes``, each with its shape,
 budget, Kendall's tau and the ``baseline`` and ``genes`` rows with their paired comparison,
-``advantage`` and its interval, ``interaction`` with the reference size and ``transfer`` verdict;
-an optional ``grid`` per size) and renders the ladder and gene tables, the headline, the note on
-how the numbers were made, and ``transfer.md``.
+``relative_change`` and its interval, ``interaction`` with the reference size and ``transfer``
+verdict; an optional ``grid`` per size) and renders the ladder and gene tables, the headline, the
+note on how the numbers were made, and ``transfer.md``. Every change is the gene's minus the
+baseline's, the metric's direction said with it; ``current_transfer`` reads a result written with
+the older ``advantage`` (positive = better) in this sign.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies.common import (change_text, ci_text, digits_for, p_text, paired_change_header,
-                                                 schedule_text, seed_note, verdict_cell)
+from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, metric_direction,
+                                                 p_text, paired_change_header, schedule_text, seed_note, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell
@@ -27,17 +29,46 @@ def transfer_share_ci(low, high) -> str:
     return "-" if low is None or high is None else f"[{transfer_share(low)}, {transfer_share(high)}]"
 
 
-def transfer_advantage_text(row: Mapping) -> str:
-    """A gene's advantage with its interval: '+3.1% [+1.0%, +5.2%]'."""
-    interval = transfer_share_ci(row.get("advantage_low"), row.get("advantage_high"))
-    return f"{transfer_share(row.get('advantage'))} {interval}"
+def transfer_change_text(row: Mapping) -> str:
+    """A gene's relative change from the baseline with its interval: '-3.1% [-5.2%, -1.0%]'."""
+    interval = transfer_share_ci(row.get("relative_change_low"), row.get("relative_change_high"))
+    return f"{transfer_share(row.get('relative_change'))} {interval}"
 
 
 def _transfer_best(result: Mapping) -> dict | None:
-    """The gene with the largest advantage at the reference size (None if none has one)."""
+    """The gene with the best relative change at the reference size (None if none has one)."""
     sizes = result.get("sizes") or []
-    rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get("advantage") is not None]
-    return max(rows, key=lambda r: (r["advantage"], r["gene"])) if rows else None
+    rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get("relative_change") is not None]
+    sign = -1.0 if lower_is_better(result.get("metric", "val_perplexity")) else 1.0
+    return max(rows, key=lambda r: (sign * r["relative_change"], r["gene"])) if rows else None
+
+
+# the older transfer results' field (positive = better), named in ``recomputed_from``
+OLDER_ADVANTAGE = "advantage, positive = better"
+
+
+def current_transfer(result: Mapping) -> dict:
+    """``result`` in the current sign: the older ``advantage``/``advantage_low``/``advantage_high``
+    of each gene row (positive = better) become ``relative_change``/``..._low``/``..._high`` (the
+    gene minus the baseline; the same number negated when lower is better), the headline is
+    written anew, and ``recomputed_from`` names the older field."""
+    sizes = result.get("sizes") or []
+    if not any("advantage" in g for s in sizes for g in s.get("genes", [])):
+        return dict(result)
+    sign = -1.0 if result.get("lower_is_better", lower_is_better(result.get("metric", "val_perplexity"))) else 1.0
+
+    def mapped(g: Mapping) -> dict:
+        row = {k: v for k, v in g.items() if not k.startswith("advantage")}
+        value, low, high = (g.get(k) for k in ("advantage", "advantage_low", "advantage_high"))
+        ends = sorted((sign * low, sign * high)) if low is not None and high is not None else (None, None)
+        return {**row, "relative_change": None if value is None else sign * value,
+                "relative_change_low": ends[0], "relative_change_high": ends[1]}
+
+    out = {**result, "sizes": [{**s, "genes": [mapped(g) for g in s.get("genes", [])]} for s in sizes],
+           "recomputed_from": OLDER_ADVANTAGE}
+    out["headline"] = transfer_headline(out) + f" (read in the current sign from a result written with the older " \
+                                               f"{OLDER_ADVANTAGE})"
+    return out
 
 
 def transfer_headline(result: Mapping) -> str:
@@ -53,9 +84,11 @@ def transfer_headline(result: Mapping) -> str:
     said = {stats.HOLDS: "holds", stats.SHRINKS: "shrinks", stats.VANISHES: "vanishes", stats.REVERSES: "reverses"}
     what = (f"its advantage over the baseline **{said[verdict]}**" if verdict in said
             else f"**{verdict}**")
+    direction = metric_direction(result.get("metric", "val_perplexity"))
     tau = top.get("kendall_tau")
     return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
-            f"(advantage {transfer_advantage_text(best)} -> {transfer_advantage_text(at_top)}, {conf} intervals); "
+            f"(change vs baseline {transfer_change_text(best)} -> {transfer_change_text(at_top)}, {conf} intervals, "
+            f"{direction}); "
             f"Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) at the two "
             f"sizes {fmt(tau, 2)}.")
 
@@ -81,7 +114,7 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     grid = bool(result.get("grid"))
     headers = ["Size", "Gene", "Seeds ok"] + (["lr"] if grid else []) + [
         f"Mean [{conf} CI]", paired_change_header(result.get("metric", ""), conf), "p (Holm)", "Verdict",
-        "Advantage change vs reference (p Holm)", "Params", "Transfer"]
+        "Change of the paired change vs reference (p Holm)", "Params", "Transfer"]
     rows = []
     for s in result.get("sizes", []):
         rates = grid_rates(result, s.get("size"))
@@ -100,8 +133,8 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
 
 
 def transfer_interaction_text(inter: Mapping | None) -> str:
-    """The change of a gene's paired (log) advantage from the reference size, with its interval
-    and Holm p ('-' at the reference size)."""
+    """The change of a gene's paired (log) change from the baseline, from the reference size to
+    this one, with its interval and Holm p ('-' at the reference size)."""
     if not inter or inter.get("change") is None:
         return "-"
     span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"
@@ -112,6 +145,7 @@ def transfer_note(result: Mapping) -> str:
     """How the numbers were made, in one paragraph."""
     seeds = result.get("seeds") or []
     conf = stats.percent(result.get("confidence", 0.95))
+    direction = metric_direction(result.get("metric", "val_perplexity"))
     budget = (f"{result['tokens_per_param']:g} training tokens per baseline parameter at each size"
               if result.get("tokens_per_param") else "the steps listed per size")
     return (f"Every gene and the vanilla baseline were trained {len(seeds)} times at each size, with seeds "
@@ -122,9 +156,10 @@ def transfer_note(result: Mapping) -> str:
             f"on the per-seed log differences; the change is relative, so it reads the same at every size); p "
             f"(Holm) is corrected over every comparison of the ladder and those the store holds against the same "
             f"baseline trainings, and decides the verdict (better, worse, equivalent within the margin, or "
-            f"undetermined). The interaction test asks whether the advantage changes from the reference size: a "
+            f"undetermined). Every change is the gene's minus the baseline's ({direction}). "
+            f"The interaction test asks whether the change from the baseline changes from the reference size: a "
             f"paired t-test of the per-seed differences of log differences (Holm over genes and sizes). The transfer "
-            f"word reads the advantage's interval at each size against the reference (the rule below). Kendall's tau "
+            f"word reads the relative change's interval at each size against the reference (the rule below). Kendall's tau "
             f"compares the ranking of the genes and the baseline by their means with the reference size's, when at "
             f"least 4 are ranked.")
 

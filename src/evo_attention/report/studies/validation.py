@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import load_attachments, output_stem
+from evo_attention.report.studies.ablation import current_ablation
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
                                                  p_text, paired_change_header, seed_note, study_schedule,
                                                  verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.report.studies.transfer import current_transfer
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
 
@@ -194,10 +196,14 @@ def cost_markdown(result: Mapping) -> str | None:
 def read_studies(run_dir):
     """The study results in ``run_dir`` (``load_attachments``), each validation and suite
     validation read by the current rule: one made by an earlier version (an earlier ``analysis``
-    mark, or none) is recomputed from its per-seed values and marked so."""
+    mark, or none) is recomputed from its per-seed values and marked so; ablations and transfers
+    written with the older sign (positive = better) are read in the current one
+    (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``)."""
     found = load_attachments(run_dir)
     found.validations[:] = [current_validation(v) for v in found.validations]
     found.suites[:] = [current_validation(v) for v in found.suites]
+    found.ablations[:] = [current_ablation(a) for a in found.ablations]
+    found.transfers[:] = [current_transfer(t) for t in found.transfers]
     return found
 
 
