@@ -94,7 +94,7 @@ def test_final_results(normal_run):
     assert results["best_gene"] == {
         "similarity": "dot", "normalization": "sparsemax", "gating": "output_gate", "temperature_mode": "fixed",
         "use_bias": True, "attention_dropout": 0.1, "position": "learned", "qkv_rank": 0, "attn_bias": "none",
-        "window": 0, "kv_heads": 0, "key": "dot|sparsemax|output_gate|fixed|bias|0.10",
+        "window": 0, "kv_heads": 0, "qkv_conv": 0, "key": "dot|sparsemax|output_gate|fixed|bias|0.10",
         "str": "Attn(dot|sparsemax|output_gate|fixed)",
     }
     assert results["best_perplexity"] == 120.0 and results["best_generation"] == 1
@@ -129,9 +129,9 @@ def test_evaluations_csv_has_one_row_per_evaluation(normal_run):
     with RunStore.open(normal_run, readonly=True) as store:
         assert len(rows) == len(store.evaluations()) == 11
     assert list(rows[0])[:5] == ["id", "role", "generation", "gene", "status"]
-    assert list(rows[0])[-15:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
+    assert list(rows[0])[-16:] == ["similarity", "normalization", "gating", "temperature_mode", "use_bias",
                                    "attention_dropout", "position", "qkv_rank", "attn_bias", "window", "kv_heads",
-                                   "program", "learning_rate", "warmup",
+                                   "qkv_conv", "program", "learning_rate", "warmup",
                                    "weight_decay"]  # the program and recipe parts: empty = none, the run's
     assert rows[0]["position"] == "learned" and rows[0]["qkv_rank"] == "0" and rows[0]["attn_bias"] == "none"
     assert rows[0]["role"] == "baseline" and rows[0]["generation"] == "" and rows[0]["use_bias"] == "true"
