@@ -160,3 +160,35 @@ def test_validate_cli_seed_block(tmp_path, capsys):
     assert result["seeds"] == [1_008_001, 1_008_002] and result["seed_block"]["block"] == 4
     assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seed-block", "run", "--out", str(tmp_path / "w")]) != 0
     assert "--seed-block run takes the block of the --from-run run's search seed" in capsys.readouterr().err
+
+
+# -- transfer and curve ------------------------------------------------------------------------------
+def test_transfer_with_matched_baselines_at_every_size(tmp_path, capsys):
+    out = tmp_path / "t"
+    flags = [f for f in STUDY_FLAGS if f != "--quiet"]
+    code = main(["transfer", "--genes", f"{GATED},dot|sparsemax|none|fixed|bias|0.10", *flags, "--sizes", "32x1",
+                 "--seeds", "2", "--match-params", "--out", str(out), "--quiet"])
+    assert code == 0
+    result = json.loads((out / "transfer.json").read_text())
+    assert result["match_params"] is True
+    for size in result["sizes"]:
+        gated = next(g for g in size["genes"] if g["gene"] == GATED)
+        rows = {b["d_ff"]: b for b in size["matched_baselines"]}
+        wide = rows[gated["versus"]["d_ff"]]
+        assert gated["versus"]["baseline"] == "matched" and wide["matched_to"] == [GATED]
+        assert wide["d_ff"] > size["d_ff"]  # wider than the plain baseline of this size
+        assert abs(wide["params"] - gated["params"]) <= MATCH_TOLERANCE * gated["params"]
+        assert gated["versus_plain"]["verdict"] is not None
+        assert gated["family_size"] == 4  # two genes at two sizes, against their matched baselines
+    # the matched widths follow each size (16x1 at FFN 32 and 32x1 at the block's default)
+    widths = [next(g for g in s["genes"] if g["gene"] == GATED)["versus"]["d_ff"] for s in result["sizes"]]
+    assert widths[0] != widths[1]
+    text = (out / "transfer.md").read_text()
+    assert "[vs the matched baseline, FFN" in text and "Versus the plain baseline" in text
+    assert "matched baseline of" in text and "Parameter-matched baselines" in text
+    capsys.readouterr()
+    assert main(["transfer", "--genes", GATED, *STUDY_FLAGS, "--sizes", "32x1", "--match-params", "--lr-grid",
+                 "1e-3,2e-3", "--out", str(tmp_path / "u")]) != 0
+    assert "--match-params cannot be combined with --lr-grid" in capsys.readouterr().err
+    assert main(["transfer", "--genes", GATED, *STUDY_FLAGS, "--sizes", "32x1", "--match-params", "--dry-run"]) != 0
+    assert "--dry-run does not time the matched baselines of --match-params" in capsys.readouterr().err
