@@ -316,13 +316,14 @@ class StudySetup:
                                               others=family)[key]
         return out
 
-    def matched_baselines(self, genes: Iterable[str]) -> dict[str, dict]:
-        """By gene key: the vanilla baseline matched to its parameter count at this setup's model and
-        data (``nn.matching.matched_baseline``: ``d_ff``, ``params``, ``candidate_params``, ...)."""
+    def matched_baselines(self, genes: Iterable[str], reference=None) -> dict[str, dict]:
+        """By gene key: the vanilla baseline (or the ``reference`` genome) matched to its parameter
+        count at this setup's model and data (``nn.matching.matched_baseline``: ``d_ff``,
+        ``params``, ``candidate_params``, ...)."""
         from evo_attention.nn.matching import matched_baseline
 
         spec = self.config.model.with_data(self.data.vocab_size, self.data.seq_len)
-        return {key: matched_baseline(spec, key) for key in genes}
+        return {key: matched_baseline(spec, key, reference) for key in genes}
 
     def with_ffn(self, d_ff: int | None) -> "StudySetup":
         """This setup with the model's feed-forward width ``d_ff`` (a matched baseline's trainings)."""
