@@ -114,7 +114,7 @@ def test_a_curve_plan_fixes_its_family_and_its_changes_need_an_amendment(tmp_pat
     assert main(["curve", "--plan", str(plan), *CURVE_FLAGS, "--out", str(out)]) == 0
     result = json.loads((out / "curve.json").read_text())
     assert [g["name"] for g in result["genes"]] == ["baseline", SPARSE] and result["values"] == [2, 4]
-    assert result["seeds"] == [1, 2] and result["confidence"] == pytest.approx(0.9)
+    assert len(result["seeds"]) == 2 and result["confidence"] == pytest.approx(0.9)
     assert result["solve"]["threshold"] == 0.9 and result["solve"]["alpha"] == pytest.approx(0.1)
     assert result["plan"]["family"]["knob"] == "pairs=2,4" and result["plan"]["amendments"] == []
     # another threshold without an amendment: refused before anything trains
