@@ -160,3 +160,66 @@ def test_validate_cli_seed_block(tmp_path, capsys):
     assert result["seeds"] == [1_008_001, 1_008_002] and result["seed_block"]["block"] == 4
     assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seed-block", "run", "--out", str(tmp_path / "w")]) != 0
     assert "--seed-block run takes the block of the --from-run run's search seed" in capsys.readouterr().err
+
+
+# -- transfer and curve ------------------------------------------------------------------------------
+def test_transfer_with_matched_baselines_at_every_size(tmp_path, capsys):
+    out = tmp_path / "t"
+    flags = [f for f in STUDY_FLAGS if f != "--quiet"]
+    code = main(["transfer", "--genes", f"{GATED},dot|sparsemax|none|fixed|bias|0.10", *flags, "--sizes", "32x1",
+                 "--seeds", "2", "--match-params", "--out", str(out), "--quiet"])
+    assert code == 0
+    result = json.loads((out / "transfer.json").read_text())
+    assert result["match_params"] is True
+    for size in result["sizes"]:
+        gated = next(g for g in size["genes"] if g["gene"] == GATED)
+        rows = {b["d_ff"]: b for b in size["matched_baselines"]}
+        wide = rows[gated["versus"]["d_ff"]]
+        assert gated["versus"]["baseline"] == "matched" and wide["matched_to"] == [GATED]
+        assert wide["d_ff"] > size["d_ff"]  # wider than the plain baseline of this size
+        assert abs(wide["params"] - gated["params"]) <= MATCH_TOLERANCE * gated["params"]
+        assert gated["versus_plain"]["verdict"] is not None
+        assert gated["family_size"] == 4  # two genes at two sizes, against their matched baselines
+    # the matched widths follow each size (16x1 at FFN 32 and 32x1 at the block's default)
+    widths = [next(g for g in s["genes"] if g["gene"] == GATED)["versus"]["d_ff"] for s in result["sizes"]]
+    assert widths[0] != widths[1]
+    text = (out / "transfer.md").read_text()
+    assert "[vs the matched baseline, FFN" in text and "Versus the plain baseline" in text
+    assert "matched baseline of" in text and "Parameter-matched baselines" in text
+    capsys.readouterr()
+    assert main(["transfer", "--genes", GATED, *STUDY_FLAGS, "--sizes", "32x1", "--match-params", "--lr-grid",
+                 "1e-3,2e-3", "--out", str(tmp_path / "u")]) != 0
+    assert "--match-params cannot be combined with --lr-grid" in capsys.readouterr().err
+    assert main(["transfer", "--genes", GATED, *STUDY_FLAGS, "--sizes", "32x1", "--match-params", "--dry-run"]) != 0
+    assert "--dry-run does not time the matched baselines of --match-params" in capsys.readouterr().err
+
+
+def test_curve_matches_its_reference_gene_to_each_other_gene_at_every_point(tmp_path):
+    from evo_attention.report.studies.curves import curve_markdown
+
+    out = tmp_path / "c"
+    flags = ["--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size", "4",
+             "--eval-batch-size", "16", "--quiet"]
+    sparse = "dot|sparsemax|none|fixed|bias|0.10"
+    code = main(["curve", "--genes", f"{GATED},baseline,{sparse}", "--data",
+                 "mqar:seq_len=16,vocab=16,train_examples=64,eval_examples=16", "--knob", "pairs=2,4", "--seeds", "2",
+                 "--solve-threshold", "0.9", "--match-params", *flags, "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "curve.json").read_text())
+    rows = {g["name"]: g for g in result["genes"]}
+    matched = [g for g in result["genes"] if g.get("matched_to")]
+    assert [g["matched_to"] for g in matched] == [[GATED]]  # sparsemax has the baseline's size: no row of its own
+    wide = matched[0]
+    assert wide["gene"] == AttentionGene.vanilla().key and all(w > 32 for w in wide["ffn"])
+    assert wide["name"] == f"baseline (FFN {wide['ffn'][0]})"
+    for params, gated in zip(wide["params"], wide["candidate_params"][GATED]):
+        assert gated > parameter_count(ModelSpec(vocab_size=16, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                                 max_seq_len=16), AttentionGene.vanilla())
+        assert abs(params - gated) <= MATCH_TOLERANCE * gated
+    assert all(p["n_ok"] == 2 for p in wide["points"])
+    # the verdicts: the gated gene against its matched baseline, sparsemax against the plain one
+    assert rows[GATED]["points"][0]["solve_versus"]["versus"] == wide["name"]
+    assert rows[sparse]["points"][0]["solve_versus"]["versus"] == "baseline"
+    assert rows[GATED]["points"][0]["solve_versus_plain"]["versus"] == "baseline"
+    assert result["solve"]["family_size"] == 4 and result["solve"]["matched"] is True
+    assert "Parameter-matched" in curve_markdown(result) and wide["name"] in curve_markdown(result)

@@ -95,3 +95,58 @@ def test_amendments_apply_in_order_and_keep_their_times(tmp_path):
         {"time": (later + timedelta(hours=1)).isoformat(), "reason": "b", "seeds": 4}]))
     assert plan.family(0)["comparisons"] == [GATED] and plan.family()["comparisons"] == [GATED, SPARSE]
     assert plan.family()["seeds"] == 4 and plan.amendments[0]["time"] == "2025-06-01T12:00:00+00:00"
+
+
+# -- a curve's registered family ---------------------------------------------------------------------
+CURVE_FLAGS = ["--data", "mqar:seq_len=16,vocab=16,train_examples=64,eval_examples=16", "--d-model", "16", "--heads",
+               "2", "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size", "4", "--eval-batch-size", "16",
+               "--quiet"]
+
+
+def _write_curve(path, **plan):
+    path.write_text(yaml.safe_dump({"genes": ["baseline", SPARSE], "knob": "pairs=2,4", "seeds": 2,
+                                    "solve_threshold": 0.9, "alpha": 0.1, "test": "fisher", **plan}))
+    return path
+
+
+def test_a_curve_plan_fixes_its_family_and_its_changes_need_an_amendment(tmp_path, capsys):
+    plan, out = _write_curve(tmp_path / "curve.yaml"), tmp_path / "out"
+    assert main(["curve", "--plan", str(plan), *CURVE_FLAGS, "--out", str(out)]) == 0
+    result = json.loads((out / "curve.json").read_text())
+    assert [g["name"] for g in result["genes"]] == ["baseline", SPARSE] and result["values"] == [2, 4]
+    assert len(result["seeds"]) == 2 and result["confidence"] == pytest.approx(0.9)
+    assert result["solve"]["threshold"] == 0.9 and result["solve"]["alpha"] == pytest.approx(0.1)
+    assert result["plan"]["family"]["knob"] == "pairs=2,4" and result["plan"]["amendments"] == []
+    # another threshold without an amendment: refused before anything trains
+    _write_curve(plan, solve_threshold=0.8)
+    assert main(["curve", "--plan", str(plan), *CURVE_FLAGS, "--out", str(out)]) != 0
+    assert "only by a new amendment appended to the --plan file" in capsys.readouterr().err
+    # with a dated amendment: accepted and recorded (the trainings come from the curve's store)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    _write_curve(plan, amendments=[{"time": now, "reason": "a stricter solve", "solve_threshold": 0.95}])
+    assert main(["curve", "--plan", str(plan), *CURVE_FLAGS, "--out", str(out)]) == 0
+    result = json.loads((out / "curve.json").read_text())
+    assert result["solve"]["threshold"] == 0.95 and result["plan"]["amendments"][0]["reason"] == "a stricter solve"
+    # the plan names the genes and the knob: a flag for either is refused
+    assert main(["curve", "--plan", str(plan), "--genes", "baseline,linear", *CURVE_FLAGS, "--out", str(out)]) != 0
+    assert "--plan names the genes and the knob it sweeps: drop --genes" in capsys.readouterr().err
+    assert main(["curve", *CURVE_FLAGS, "--out", str(out)]) != 0
+    assert "curve needs --genes LIST and --knob" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"genes": ["baseline"]}, "at least two names"),
+    ({"knob": "pairs"}, "is not NAME=V1,V2"),
+    ({"test": "rule"}, "use fisher, barnard"),
+    ({"solve_threshold": 1.5}, "an accuracy in (0, 1]"),
+    ({"margin": 0.01}, "unknown key 'margin': a curve plan holds"),
+])
+def test_bad_curve_plans_are_refused(tmp_path, change, words):
+    with pytest.raises(UserError, match=None) as err:
+        load_plan(_write_curve(tmp_path / "p.yaml", **change), study="curve")
+    assert words in str(err.value) and err.value.settings == ("plan",)
+    with pytest.raises(UserError, match="names no solve_threshold"):
+        path = tmp_path / "q.yaml"
+        path.write_text(yaml.safe_dump({"genes": ["baseline", SPARSE], "knob": "pairs=2,4", "seeds": 2, "alpha": 0.1,
+                                        "test": "fisher"}))
+        load_plan(path, study="curve")

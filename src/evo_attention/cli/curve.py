@@ -22,9 +22,10 @@ def register(subparsers) -> None:
                               description="Train each gene at every value of one knob of a generated task (the "
                                           "data name with the knob set inline), with seeds, and draw its accuracy "
                                           "against the knob: where each mechanism breaks.")
-    p.add_argument("--genes", required=True, metavar="LIST",
-                   help="comma-separated names (as compare --list shows them) and/or gene strings")
-    p.add_argument("--knob", required=True, metavar="NAME=V1,V2,...",
+    p.add_argument("--genes", metavar="LIST",
+                   help="comma-separated names (as compare --list shows them) and/or gene strings (required unless "
+                        "--plan names them)")
+    p.add_argument("--knob", metavar="NAME=V1,V2,...",
                    help="the knob to sweep and its values, from easy to hard, e.g. pairs=4,8,16,32 (not also inline "
                         "in --data)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
@@ -37,6 +38,14 @@ def register(subparsers) -> None:
                         "each gene's solve rate falls below one half")
     p.add_argument("--solve-test", choices=["fisher", "barnard"], default="fisher",
                    help="with --solve-threshold: the exact test of two solve rates (default fisher)")
+    from evo_attention.cli.validate import add_match_flag
+
+    add_match_flag(p, " at every point", "the reference gene (the one named baseline, else the first)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="run a registered curve plan (YAML: genes, knob, seeds, solve_threshold, alpha, test; see "
+                        "docs/validation.md); its values replace --seeds, --solve-threshold and --solve-test, and a "
+                        "family change after results exist in --out is refused unless the plan records it as an "
+                        "amendment with its time")
     p.add_argument("--out", default="runs/curve", help="output directory (default runs/curve); it keeps the "
                    "trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -60,12 +69,32 @@ def curve_config(args):
     return checked(Config.from_dict(settings, source="the command line"))
 
 
+def apply_curve_plan(args):
+    """With --plan FILE: the curve plan (``studies.plan``), its family set into the flags it fixes
+    (genes, knob, seeds, solve threshold and test); None without one."""
+    if not args.plan:
+        return None
+    from evo_attention.studies.plan import load_plan
+
+    for flag, value in (("--genes", args.genes), ("--knob", args.knob)):
+        if value:
+            raise UserError(f"--plan names the genes and the knob it sweeps: drop {flag}")
+    plan = load_plan(args.plan, study="curve")
+    family = plan.family()
+    args.genes, args.knob, args.seeds = ",".join(family["genes"]), family["knob"], family["seeds"]
+    args.solve_threshold, args.solve_test = family["solve_threshold"], family["test"]
+    return plan
+
+
 def cmd_curve(args) -> int:
     from evo_attention.cli.common import executor_from_args, out_arg
     from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, check_solve_threshold, gene_entries,
                                               parse_knob, plan_points, run_curve)
     from evo_attention.util.progress import log
 
+    plan = apply_curve_plan(args)
+    if not args.genes or not args.knob:
+        raise UserError("curve needs --genes LIST and --knob NAME=V1,V2,... (or --plan FILE naming them)")
     config = curve_config(args)
     if args.seeds < 1:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
@@ -75,13 +104,19 @@ def cmd_curve(args) -> int:
     task, points = plan_points(config, knob, values)  # every check before the executor starts
     check_solve_threshold(args.solve_threshold, points, knob)
     out = out_arg(args, kind="a curve", study="curve")
+    if plan is not None:
+        from evo_attention.studies.plan import check_registration
+
+        check_registration(plan, out)  # before anything trains
     log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)
     with executor_from_args(args, config) as executor:
         result = run_curve(config, entries, knob, values, seeds=args.seeds, out_dir=out, break_at=break_at,
                            executor=executor, quiet=args.quiet, solve_threshold=args.solve_threshold,
-                           solve_test=args.solve_test)
+                           solve_test=args.solve_test, match_params=args.match_params,
+                           confidence=0.95 if plan is None else 1.0 - plan.family()["alpha"],
+                           plan=None if plan is None else plan.record())
     for gene in result.genes:
         where = (f"breaks at {knob}={gene['breaks_at']}" if gene["breaks_at"] is not None
                  else "holds" if gene["holds"] else "no break among the values with a result")

@@ -15,6 +15,8 @@ and a wall-time estimate from step times measured here, and trains nothing.
 
 from __future__ import annotations
 
+from evo_attention.util.errors import UserError
+
 
 def cmd_transfer(args) -> int:
     from evo_attention.cli.validate import analysis_setup, grid_text, log_grid, log_outputs, run_genes, run_study
@@ -26,6 +28,8 @@ def cmd_transfer(args) -> int:
     genes = run_genes(args, summary, args.top, verb="transfer")
     budget = dict(sizes=args.sizes, steps=args.size_steps, tokens_per_param=args.tokens_per_param, heads=args.heads)
     if args.dry_run:
+        if args.match_params:
+            raise UserError("--dry-run does not time the matched baselines of --match-params: drop one of them")
         return dry_run_transfer(args, genes, budget)
     # every bad size, budget or head count is refused before any file is written or data loaded
     config, data, store, out, search_seed = analysis_setup(args, "runs/transfer",
@@ -33,7 +37,8 @@ def cmd_transfer(args) -> int:
     rungs = plan(config, genes, **budget)
     log(f"carrying {len(genes)} gene(s) and the baseline across {len(rungs)} sizes "
         f"({', '.join(r.label for r in rungs)}; reference {rungs[0].label}) on {data.name} in the {config.block} "
-        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}",
+        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}"
+        f"{'; each against a parameter-matched baseline at every size' if args.match_params else ''}",
         args.quiet)
     result = run_study(args, "transfer", config, data, store, search_seed,
                        lambda setup: run_transfer(setup, genes, **budget))
@@ -96,7 +101,7 @@ def _duration(seconds) -> str:
 
 
 def register(subparsers) -> None:
-    from evo_attention.cli.validate import add_analysis_flags
+    from evo_attention.cli.validate import add_analysis_flags, add_match_flag
     from evo_attention.studies.transfer import DEFAULT_SIZES, DEFAULT_TRANSFER_SEEDS, HEAD_DIM
 
     # "resolve": this command's --steps (a list) and --seeds (another default) replace the shared ones
@@ -106,6 +111,7 @@ def register(subparsers) -> None:
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/transfer")
+    add_match_flag(p, " at every size")
     s = p.add_argument_group("sizes and budgets")
     s.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"the ladder, D_MODELxLAYERS comma-separated (default {DEFAULT_SIZES}); the search size is "

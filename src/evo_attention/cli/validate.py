@@ -241,10 +241,10 @@ def study_setup(args, role: str, config, data, store, executor, search_seed):
                               seed_block=seed_block(args, search_seed))
 
 
-def add_match_flag(p: argparse.ArgumentParser) -> None:
-    """--match-params (validate, compare)."""
+def add_match_flag(p: argparse.ArgumentParser, where: str = "", model: str = "the vanilla model") -> None:
+    """--match-params (validate, compare, transfer, curve)."""
     p.add_argument("--match-params", action="store_true",
-                   help="also train a parameter-matched baseline per gene: the vanilla model with its feed-forward "
+                   help=f"also train a parameter-matched baseline per gene{where}: {model} with its feed-forward "
                         "width set so that its parameters are within 0.5%% of the gene's; each verdict is then "
                         "against it (the table shows both baselines)")
 

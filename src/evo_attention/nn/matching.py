@@ -9,6 +9,9 @@ The count is that of the model the trainer builds (``TinyTransformer.num_paramet
 parameters, the tied head once), built on the meta device (no memory, no random draws). The
 count grows with ``d_ff`` by the same amount per unit (``n_layers`` feed-forwards of linear layers),
 so the width is found by bisection over the integers.
+
+The matched model is the vanilla gene unless a ``reference`` genome is named (a curve's reference
+gene need not be vanilla): that genome, widened or narrowed in its feed-forward the same way.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ def parameter_count(spec: ModelSpec, genome) -> int:
         return int(TinyTransformer(spec, genome).num_parameters())
 
 
-def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLERANCE) -> int:
-    """The feed-forward width ``d_ff`` at which the vanilla model of ``spec`` has the parameter count
-    nearest ``target`` (ties: the narrower width); UserError (naming ``match_params``) when even the
-    nearest count lies more than ``tolerance`` (relative) from ``target``."""
-    vanilla = AttentionGene.vanilla()
+def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLERANCE, reference=None) -> int:
+    """The feed-forward width ``d_ff`` at which the vanilla model (or ``reference``) of ``spec`` has
+    the parameter count nearest ``target`` (ties: the narrower width); UserError (naming
+    ``match_params``) when even the nearest count lies more than ``tolerance`` (relative) from
+    ``target``."""
+    model = AttentionGene.vanilla() if reference is None else reference
 
     def count(width: int) -> int:
-        return parameter_count(spec.replace(d_ff=width), vanilla)
+        return parameter_count(spec.replace(d_ff=width), model)
 
     low, high = 1, max(2, MAX_WIDTH_FACTOR * spec.d_model)
     if count(high) < target:
@@ -60,15 +64,17 @@ def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLE
     return width
 
 
-def matched_baseline(spec: ModelSpec, genome) -> dict:
-    """The baseline matched to ``genome`` at ``spec`` (with its data's vocabulary):
+def matched_baseline(spec: ModelSpec, genome, reference=None) -> dict:
+    """The baseline (the vanilla gene, or ``reference``) matched to ``genome`` at ``spec`` (with its
+    data's vocabulary):
     ``{"d_ff", "params", "candidate_params", "plain_params", "plain_d_ff", "off"}`` (``off``: the
     relative distance of the two counts). ``d_ff`` is ``spec.d_ff`` itself (None: the block's
     default) when the plain width is already the matched one."""
+    model = AttentionGene.vanilla() if reference is None else reference
     target = parameter_count(spec, genome)
-    plain = parameter_count(spec, AttentionGene.vanilla())
-    width = matched_width(spec, target)
-    params = parameter_count(spec.replace(d_ff=width), AttentionGene.vanilla())
+    plain = parameter_count(spec, model)
+    width = matched_width(spec, target, reference=model)
+    params = parameter_count(spec.replace(d_ff=width), model)
     same = width == spec.ffn_dim
     return {"d_ff": spec.d_ff if same else width, "ffn_dim": width, "params": params, "candidate_params": target,
             "plain_params": plain, "plain_d_ff": spec.ffn_dim, "off": (params - target) / target}

@@ -296,12 +296,14 @@ class StudySetup:
                                       others=self.others(values))
 
     def versus_baselines(self, values: Mapping[str, Sequence], references: Mapping[str, Sequence],
-                         setups: Mapping[str, "StudySetup"], genes: Iterable[str] = ()) -> dict[str, dict]:
+                         setups: Mapping[str, "StudySetup"], genes: Iterable[str] = (),
+                         others: Mapping[str, dict] | None = None) -> dict[str, dict]:
         """Each gene's per-seed values against its own baseline (``references[gene]``, trained by
         ``setups[gene]``: a matched baseline), Holm's correction over one family: every comparison
         here plus the comparisons the store holds against each of these baselines' trainings (but
-        those of ``genes``: the gene keys behind names that are not keys)."""
-        stored: dict[str, dict] = {}
+        those of ``genes``: the gene keys behind names that are not keys), and ``others`` (name ->
+        values and reference: comparisons of the same study made elsewhere, a ladder's other sizes)."""
+        stored: dict[str, dict] = dict(others or {})
         for setup in {id(s): s for s in setups.values()}.values():
             for gene, other in setup.others([*values, *genes]).items():
                 stored[f"{gene} @ FFN {setup.config.ffn_dim}"] = other
@@ -314,13 +316,14 @@ class StudySetup:
                                               others=family)[key]
         return out
 
-    def matched_baselines(self, genes: Iterable[str]) -> dict[str, dict]:
-        """By gene key: the vanilla baseline matched to its parameter count at this setup's model and
-        data (``nn.matching.matched_baseline``: ``d_ff``, ``params``, ``candidate_params``, ...)."""
+    def matched_baselines(self, genes: Iterable[str], reference=None) -> dict[str, dict]:
+        """By gene key: the vanilla baseline (or the ``reference`` genome) matched to its parameter
+        count at this setup's model and data (``nn.matching.matched_baseline``: ``d_ff``,
+        ``params``, ``candidate_params``, ...)."""
         from evo_attention.nn.matching import matched_baseline
 
         spec = self.config.model.with_data(self.data.vocab_size, self.data.seq_len)
-        return {key: matched_baseline(spec, key) for key in genes}
+        return {key: matched_baseline(spec, key, reference) for key in genes}
 
     def with_ffn(self, d_ff: int | None) -> "StudySetup":
         """This setup with the model's feed-forward width ``d_ff`` (a matched baseline's trainings)."""

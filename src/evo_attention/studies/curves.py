@@ -36,6 +36,14 @@ and a gene's *solve break* is the first value where its solve rate falls below o
 interval: from the first value whose rate's interval reaches below one half (it may break there)
 to the first whose interval lies wholly below it (it has broken by there; None: not among the
 values) (``solve_break``).
+
+With ``match_params`` the reference gene is also trained, at every point, widened (or narrowed) in
+its feed-forward to each other gene's parameter count at that point (``nn.matching``, within 0.5%):
+a row per distinct set of widths, named ``REFERENCE (FFN W)``, with ``matched_to`` (the genes it
+serves), its widths (``ffn``) and ``params`` per point and each served gene's ``candidate_params``; a gene of the reference's size is matched by the
+reference itself. The solve-rate verdicts are then against each gene's matched reference
+(``solve_versus`` names it in ``versus``, Holm over those comparisons), and ``solve_versus_plain``
+keeps the comparison with the plain reference (its own Holm family).
 """
 
 from __future__ import annotations
@@ -204,24 +212,36 @@ def solve_statistics(genes: list[dict], values: Sequence, threshold: float, conf
         for row in gene["points"]:
             row["solve"] = solve_count(row, threshold, confidence)
         gene["solve_break"] = solve_break(values, [r["solve"] for r in gene["points"]])
-    reference = next((g for g in genes if g["name"] == "baseline"), genes[0])
-    counts, refs = {}, {}
-    for gene in genes:
-        if gene is reference:
-            continue
-        for row, ref in zip(gene["points"], reference["points"]):
-            key = (gene["name"], row["value"])
-            counts[key] = (row["solve"]["solved"], row["solve"]["n"])
-            refs[key] = (ref["solve"]["solved"], ref["solve"]["n"])
-    compared = stats.solve_rates_versus(counts, refs, alpha=1.0 - confidence, test=test, confidence=confidence)
-    for gene in genes:
-        for row in gene["points"]:
-            versus = compared.get((gene["name"], row["value"]))
-            if versus is not None:
-                row["solve_versus"] = {k: versus[k] for k in ("difference", "p_value", "p_holm", "verdict",
-                                                              "cannot_decide")}
+    reference = reference_gene(genes)
+    compared_genes = [g for g in genes if g is not reference and not g.get("matched_to")]
+    matched = {name: g for g in genes for name in g.get("matched_to") or []}
+
+    def versus(reference_of, field: str) -> int:
+        counts, refs = {}, {}
+        for gene in compared_genes:
+            for row, ref in zip(gene["points"], reference_of(gene)["points"]):
+                key = (gene["name"], row["value"])
+                counts[key] = (row["solve"]["solved"], row["solve"]["n"])
+                refs[key] = (ref["solve"]["solved"], ref["solve"]["n"])
+        compared = stats.solve_rates_versus(counts, refs, alpha=1.0 - confidence, test=test, confidence=confidence)
+        for gene in compared_genes:
+            for row in gene["points"]:
+                found = compared.get((gene["name"], row["value"]))
+                if found is not None:
+                    row[field] = {k: found[k] for k in ("difference", "p_value", "p_holm", "verdict", "cannot_decide")}
+                    row[field]["versus"] = reference_of(gene)["name"]
+        return len(compared)
+
+    family = versus(lambda gene: matched.get(gene["name"], reference), "solve_versus")
+    if matched:
+        versus(lambda gene: reference, "solve_versus_plain")
     return {"threshold": threshold, "reference": reference["name"], "test": test, "alpha": 1.0 - confidence,
-            "family_size": len(compared), "half": SOLVE_HALF}
+            "family_size": family, "half": SOLVE_HALF, **({"matched": True} if matched else {})}
+
+
+def reference_gene(genes: Sequence[Mapping]) -> Mapping:
+    """A curve's reference gene: the one named ``baseline``, else the first."""
+    return next((g for g in genes if g["name"] == "baseline"), genes[0])
 
 
 def check_break_at(value) -> float:
@@ -248,6 +268,36 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
             "devices": devices, "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
             "mean": acc["mean"], "sd": acc["sd"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
             "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"]}
+
+
+def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None, config: Config) -> list[tuple]:
+    """``(name, reference gene, d_ff per point, extra fields)`` of each matched reference row of a
+    curve: one per distinct widths across the points (``matches``: per point, gene name -> its
+    match); the plain width is ``None`` in ``d_ff`` (the reference's own trainings)."""
+    if not matches:
+        return []
+    ref_name = reference_gene([{"name": n} for n, _ in entries])["name"]
+    reference = dict(entries)[ref_name]
+    groups: dict[tuple, dict] = {}
+    for name, _ in entries:
+        if name == ref_name:
+            continue
+        per_point = [m[name] for m in matches]
+        widths = tuple(m["ffn_dim"] for m in per_point)
+        if all(m["ffn_dim"] == m["plain_d_ff"] for m in per_point):
+            continue  # the reference's size: the reference itself is its match
+        group = groups.setdefault(widths, {"d_ff": [None if m["ffn_dim"] == m["plain_d_ff"] else m["ffn_dim"]
+                                                    for m in per_point],
+                                           "extra": {"matched_to": [], "ffn": list(widths),
+                                                     "params": [m["params"] for m in per_point],
+                                                     "candidate_params": {}}})
+        group["extra"]["matched_to"].append(name)
+        group["extra"]["candidate_params"][name] = [m["candidate_params"] for m in per_point]
+    out = []
+    for widths, group in groups.items():
+        shown = "/".join(str(w) for w in dict.fromkeys(widths))
+        out.append((f"{ref_name} (FFN {shown})", reference, group["d_ff"], group["extra"]))
+    return out
 
 
 # -- the result -------------------------------------------------------------------------------------
@@ -286,17 +336,19 @@ class CurveResult(StudyResult):
 def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Mapping[int, dict], entries,
                done: Mapping, seeds: Sequence[int], config: Config, provenance: Mapping, break_at: float,
                confidence: float, interrupted: bool = False, solve_threshold: float | None = None,
-               solve_test: str = "fisher") -> CurveResult:
+               solve_test: str = "fisher", matches: Sequence[Mapping[str, dict]] | None = None) -> CurveResult:
     values = [p.value for p in points]
     genes = []
-    for name, gene in entries:
-        rows = [point_row(p.value, [done.get((i, gene.key, s)) for s in seeds], seeds, confidence, interrupted)
+    for name, gene, d_ff, extra in [(n, g, None, {}) for n, g in entries] + matched_rows(entries, matches, config):
+        rows = [point_row(p.value, [done.get((i, gene.key, s) if d_ff is None or d_ff[i] is None
+                                             else (i, gene.key, s, d_ff[i])) for s in seeds], seeds, confidence,
+                          interrupted)
                 for i, p in enumerate(points)]
         breaks = first_break(values, [r["mean"] for r in rows], break_at)
         for row in rows:
             row["below"] = None if row["mean"] is None else row["mean"] < break_at
         genes.append({"name": name, "gene": gene.key, "points": rows, "breaks_at": breaks,
-                      "holds": breaks is None and all(r["mean"] is not None for r in rows)})
+                      "holds": breaks is None and all(r["mean"] is not None for r in rows), **extra})
     point_rows = [{"value": p.value, "data": p.data, "knobs": p.knobs,
                    "chance_accuracy": described[i]["chance_accuracy"] if i in described else p.chance_accuracy,
                    "description": described.get(i)} for i, p in enumerate(points)]
@@ -324,7 +376,8 @@ def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], 
 def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, seeds: int = 1,
               out_dir: str | Path | None = "runs/curve", break_at: float = DEFAULT_BREAK_AT,
               confidence: float = 0.95, executor="local", quiet: bool = False,
-              solve_threshold: float | None = None, solve_test: str = "fisher") -> CurveResult:
+              solve_threshold: float | None = None, solve_test: str = "fisher",
+              match_params: bool = False, plan: Mapping | None = None) -> CurveResult:
     """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
     + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None).
 
@@ -333,6 +386,8 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     created with ``config``), so a repeat trains nothing; ``out_dir`` None: nothing cached.
     ``executor``: a name for ``executor_for`` or an Executor (left open). ``solve_threshold``: solve
     counts, solve-rate verdicts by ``solve_test`` (fisher or barnard) and solve breaks (module text).
+    ``match_params``: the reference gene also at each other gene's parameter count (module text).
+    ``plan``: the registered plan the curve runs (``studies.plan.StudyPlan.record``), kept in the result.
     """
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)
@@ -351,13 +406,17 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     described: dict[int, dict] = {}
     first: StudySetup | None = None
     labels = {gene.key: name for name, gene in reversed(entries)}
+    ref_name = reference_gene([{"name": n} for n, _ in entries])["name"]
+    reference = dict(entries)[ref_name]
+    matches: list[dict] | None = [] if match_params else None
 
     start = time.perf_counter()
 
     def result(interrupted: bool = False) -> CurveResult:
-        provenance = {**_provenance(config, first, seed_list, pool), "total_time_s": time.perf_counter() - start}
+        provenance = {**_provenance(config, first, seed_list, pool), "total_time_s": time.perf_counter() - start,
+                      **({"plan": dict(plan)} if plan is not None else {})}
         return _result_of(task, knob, points, described, entries, done, seed_list, config, provenance, break_at,
-                          confidence, interrupted, solve_threshold, solve_test)
+                          confidence, interrupted, solve_threshold, solve_test, matches)
 
     with ExitStack() as stack:
         if own:
@@ -380,9 +439,19 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
                                         labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()}):
                     point_of[work] = i  # (not ``task``: that is the curve's task name, which the result keeps)
                     tasks.append(work)
+                if matches is not None:  # the reference at each other gene's parameter count at this point
+                    by_key = setup.matched_baselines([g.key for n, g in entries if n != ref_name], reference.key)
+                    matches.append({n: by_key[g.key] for n, g in entries if n != ref_name})
+                    for width in sorted({m["ffn_dim"] for m in matches[-1].values()} - {setup.config.ffn_dim}):
+                        label = f"{ref_name} (FFN {width}), {knob}={point.value}"
+                        for work in setup.with_ffn(width).tasks([reference], labels={reference.key: label}):
+                            point_of[work] = (i, width)
+                            tasks.append(work)
 
             def finished(work, record, cached):
-                done[(point_of[work], work.gene, work.seed)] = record
+                where = point_of[work]
+                done[(where, work.gene, work.seed) if isinstance(where, int)
+                     else (where[0], work.gene, work.seed, where[1])] = record
 
             first.run(tasks, on_finished=finished, datasets=datasets)
         except KeyboardInterrupt:

@@ -16,7 +16,20 @@ the equivalence margin, alpha, the test and the seeds::
         reason: the second comparison was a typo of the intended gene
         comparisons: [dot|softmax|output_gate|fixed|bias|0.10, dot|entmax15|none|fixed|bias|0.10]
 
-``validate --plan FILE`` runs it (``load_plan``, then ``check_registration`` before anything
+A curve's plan (``load_plan(path, study="curve")``) names the genes (compare's names or gene
+strings; the reference is the one named ``baseline``, else the first), the knob and its values,
+the seeds, the solve threshold, alpha and the solve-rate test::
+
+    name: recall-by-pairs
+    genes: [baseline, linear, "dot|softmax|none|fixed|bias|0.10|win=8"]
+    knob: pairs=4,8,16,32
+    seeds: 8
+    solve_threshold: 0.9
+    alpha: 0.05
+    test: fisher          # or barnard
+    amendments: [...]     # as above
+
+``validate --plan FILE`` (``curve --plan FILE``) runs it (``load_plan``, then ``check_registration`` before anything
 trains) and records the plan in the result (``plan``: the family, its fingerprint, the number of
 amendments). Once a result exists in the output place, the family may change only by appending
 amendments: the family the earlier result recorded must be the plan's family before its new
@@ -40,8 +53,13 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.util.errors import UserError
 
 TESTS = ("rule",)  # the verdict rule of util.stats (stats.TEST_RULE)
-FAMILY_FIELDS = ("comparisons", "margin", "alpha", "test", "seeds", "seed_block")
-KNOWN = {"name", "description", "amendments", *FAMILY_FIELDS}
+CURVE_TESTS = ("fisher", "barnard")  # the exact tests of two solve rates (util.stats.SOLVE_TESTS)
+# per study: the family's fields (the first `required` of them must be given) and the result file
+STUDIES = {
+    "validation": {"fields": ("comparisons", "margin", "alpha", "test", "seeds", "seed_block"), "required": 5},
+    "curve": {"fields": ("genes", "knob", "seeds", "solve_threshold", "alpha", "test"), "required": 6},
+}
+FAMILY_FIELDS = tuple(dict.fromkeys(f for study in STUDIES.values() for f in study["fields"]))
 
 
 def _fail(path, message: str) -> UserError:
@@ -56,6 +74,7 @@ class StudyPlan:
     name: str
     base: Mapping[str, Any]
     amendments: tuple[Mapping[str, Any], ...] = ()
+    study: str = "validation"
 
     def family(self, amendments: int | None = None) -> dict:
         """The family after the first ``amendments`` amendments (None: all of them)."""
@@ -73,6 +92,14 @@ class StudyPlan:
         family = self.family()
         return {"file": self.path, "name": self.name, "family": family, "fingerprint": fingerprint(family),
                 "amendments": [dict(a) for a in self.amendments]}
+
+    def results_file(self, out_dir: str | os.PathLike, eval_split: str = "valid") -> Path:
+        """Where this plan's study writes its result in ``out_dir``."""
+        from evo_attention.report.attachments import CURVE_RESULTS
+
+        if self.study == "curve":
+            return Path(out_dir) / CURVE_RESULTS
+        return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
 
 
 def fingerprint(family: Mapping) -> str:
@@ -93,9 +120,30 @@ def _time(value, path, i: int) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
-def _family_values(values: Mapping, path, where: str) -> dict:
+def _family_values(values: Mapping, path, where: str, study: str = "validation") -> dict:
     """The checked family fields of ``values`` (the plan's or an amendment's)."""
     out = {}
+    if "genes" in values:
+        items = values["genes"]
+        if not isinstance(items, list) or len(items) < 2 or not all(isinstance(g, str) and g.strip() for g in items):
+            raise _fail(path, f"{where}genes must be a list of at least two names or gene strings (the reference: "
+                              "the one named baseline, else the first)")
+        if len(set(items)) != len(items):
+            raise _fail(path, f"{where}genes must be distinct")
+        out["genes"] = [g.strip() for g in items]
+    if "knob" in values:
+        from evo_attention.studies.curves import parse_knob
+
+        try:
+            name, knob_values = parse_knob(str(values["knob"]))
+        except UserError as exc:
+            raise _fail(path, f"{where}{exc}") from None
+        out["knob"] = f"{name}={','.join(knob_values)}"
+    if "solve_threshold" in values:
+        value = values["solve_threshold"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise _fail(path, f"{where}solve_threshold {value!r} must be an accuracy in (0, 1]")
+        out["solve_threshold"] = float(value)
     if "comparisons" in values:
         items = values["comparisons"]
         if not isinstance(items, list) or not items:
@@ -116,8 +164,10 @@ def _family_values(values: Mapping, path, where: str) -> dict:
                 raise _fail(path, f"{where}{name} {value!r} must be a number in ({low:g}, {high:g})")
             out[name] = float(value)
     if "test" in values:
-        if values["test"] not in TESTS:
-            raise _fail(path, f"{where}test {values['test']!r} is not known: use {', '.join(TESTS)} (the verdict rule)")
+        tests = CURVE_TESTS if study == "curve" else TESTS
+        if values["test"] not in tests:
+            what = "an exact test of two solve rates" if study == "curve" else "the verdict rule"
+            raise _fail(path, f"{where}test {values['test']!r} is not known: use {', '.join(tests)} ({what})")
         out["test"] = values["test"]
     for name, low in (("seeds", 2), ("seed_block", 0)):
         if name in values and values[name] is not None:
@@ -128,9 +178,10 @@ def _family_values(values: Mapping, path, where: str) -> dict:
     return out
 
 
-def load_plan(path: str | os.PathLike) -> StudyPlan:
-    """The plan in ``path``; UserError (naming ``plan``) for a file that is missing, not YAML, or
-    holds an unknown key, a bad value, or an amendment without its time or reason."""
+def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
+    """The plan of a ``study`` (validation or curve) in ``path``; UserError (naming ``plan``) for a
+    file that is missing, not YAML, or holds an unknown key, a bad value, or an amendment without
+    its time or reason."""
     import yaml
 
     try:
@@ -139,33 +190,35 @@ def load_plan(path: str | os.PathLike) -> StudyPlan:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
         raise _fail(path, f"is not YAML: {str(exc).splitlines()[0]}") from None
+    fields = STUDIES[study]["fields"]
+    required = fields[:STUDIES[study]["required"]]
     if not isinstance(raw, dict):
-        raise _fail(path, "must be a mapping with comparisons, margin, alpha, test and seeds")
-    unknown = sorted(set(raw) - KNOWN)
+        raise _fail(path, f"must be a mapping with {', '.join(required)}")
+    known = {"name", "description", "amendments", *fields}
+    unknown = sorted(set(raw) - known)
     if unknown:
-        raise _fail(path, f"unknown key {unknown[0]!r}: a plan holds {', '.join(sorted(KNOWN))}")
-    missing = [k for k in ("comparisons", "margin", "alpha", "test", "seeds") if k not in raw]
+        raise _fail(path, f"unknown key {unknown[0]!r}: a {study} plan holds {', '.join(sorted(known))}")
+    missing = [k for k in required if k not in raw]
     if missing:
-        raise _fail(path, f"names no {missing[0]}: a plan fixes comparisons, margin, alpha, test and seeds "
-                          "before it runs")
-    base = {"seed_block": None, **_family_values(raw, path, "")}
+        raise _fail(path, f"names no {missing[0]}: a {study} plan fixes {', '.join(required)} before it runs")
+    base = {**({"seed_block": None} if "seed_block" in fields else {}), **_family_values(raw, path, "", study)}
     amendments = []
     for i, item in enumerate(raw.get("amendments") or []):
         if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
             raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
-        extra = sorted(set(item) - {"time", "reason", *FAMILY_FIELDS})
+        extra = sorted(set(item) - {"time", "reason", *fields})
         if extra:
             raise _fail(path, f"amendment {i + 1}: unknown key {extra[0]!r}")
         amendments.append({"time": _time(item["time"], path, i), "reason": str(item["reason"]).strip(),
-                           **_family_values(item, path, f"amendment {i + 1}: ")})
-    return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments))
+                           **_family_values(item, path, f"amendment {i + 1}: ", study)})
+    return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments), study)
 
 
 def check_registration(plan: StudyPlan, out_dir: str | os.PathLike, eval_split: str = "valid",
                        now: datetime | None = None) -> None:
     """Refuse to run ``plan`` into ``out_dir`` when results there were made under another family
     that the plan does not amend (see the module's text); nothing there: nothing to check."""
-    earlier_file = Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+    earlier_file = plan.results_file(out_dir, eval_split)
     if not earlier_file.exists():
         return
     try:

@@ -39,6 +39,13 @@ With a learning-rate grid (``StudySetup.lr_grid``) the grid is tuned at every si
 moves with the size): each gene and the baseline are compared at their own best rate of the grid
 at that size (``studies.lr_grid``), and the result carries the ``grid`` block with one entry per
 size (``transfer_lr_grid.png``: a panel per size).
+
+With ``StudySetup.match_params`` every gene at every size is also judged against the vanilla
+baseline widened in its feed-forward to the gene's parameter count at that size
+(``validate.matched_statistics``): the size row keeps the plain baseline and adds the matched ones
+(``matched_baselines``); each gene's verdict, relative change and interaction test are against its
+matched baseline (``versus`` names it; ``versus_plain`` keeps the plain comparison), and Holm's
+family is that of the matched comparisons over the whole ladder.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
                                           write_json_and_markdown)
-from evo_attention.studies.validate import comparison_result
+from evo_attention.studies.validate import comparison_result, matched_baseline_rows, matched_statistics
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -234,11 +241,14 @@ def _params(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
 
 def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str],
                     *, tokens_per_step: int, vocab_size: int, others: Mapping[str, dict] | None = None,
-                    rates: Mapping[str, float] | None = None) -> dict:
+                    rates: Mapping[str, float] | None = None, matched: Mapping | None = None,
+                    matched_others: Mapping[str, dict] | None = None) -> dict:
     """One size's row: its shape and budget, the baseline's and every gene's statistics (paired
     with the baseline, Holm over ``others`` too: the transfer's comparisons at the other sizes) and
     relative change. ``rates`` (gene key -> rate): each was trained at its own rate of a learning-rate
-    grid; the store's family is then that of the baseline at its rate."""
+    grid; the store's family is then that of the baseline at its rate. ``matched``
+    (``validate.matched_baseline_rows`` at this size): each gene against its matched baseline, Holm
+    over ``matched_others`` (the matched comparisons at the other sizes)."""
     seeds, lower = list(setup.seeds), setup.lower_is_better
     vanilla = AttentionGene.vanilla().key
     base = samples(records, vanilla, seeds, setup.metric)
@@ -249,16 +259,27 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
                                       confidence=setup.confidence, log=setup.log_scale, margin=setup.margin,
                                       lower_is_better=lower, power=setup.power, others=family)
     numbers = comparison_result("transfer-size", setup, base, per_gene, compared)
-    base_mean = numbers["baseline"].get("mean")
+    if matched is not None:
+        numbers = matched_statistics(setup, numbers, records, keys, trained=matched, others=matched_others)
     c = rung.config
     return {
         "size": rung.label, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads, "d_ff": c.ffn_dim,
         "search_size": rung.search_size, "steps": c.train_steps, "tokens": c.train_steps * tokens_per_step,
         "params": _params(records, vanilla, seeds) or baseline_parameters(c, vocab_size),
         "baseline": {**numbers["baseline"], "params": _params(records, vanilla, seeds)},
-        "genes": [{**row, "params": _params(records, row["gene"], seeds), **relative_change(row, base_mean)}
-                  for row in numbers["genes"]],
+        "genes": [{**row, "params": _params(records, row["gene"], seeds),
+                   **relative_change(row, reference_of(numbers, row).get("mean"))} for row in numbers["genes"]],
+        **({"matched_baselines": numbers["matched_baselines"]} if matched is not None else {}),
     }
+
+
+def reference_of(size_row: Mapping, gene_row: Mapping) -> Mapping:
+    """The baseline row a gene's verdict at one size used: its matched baseline (``versus``), else
+    the plain one."""
+    versus = gene_row.get("versus") or {}
+    if versus.get("baseline") == "matched":
+        return next(b for b in size_row.get("matched_baselines") or [] if b.get("d_ff") == versus.get("d_ff"))
+    return size_row["baseline"]
 
 
 def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log: bool = True,
@@ -273,9 +294,10 @@ def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log
     interactions = {}
     for i, row in enumerate(size_rows[1:], 1):
         for g in row["genes"]:
+            ref = ref_rows[g["gene"]]
             interactions[i, g["gene"]] = stats.paired_interaction(
-                _differences(ref_rows[g["gene"]], reference["baseline"], log),
-                _differences(g, row["baseline"], log), confidence)
+                _differences(ref, reference_of(reference, ref), log),
+                _differences(g, reference_of(row, g), log), confidence)
     p_holm = stats.holm_family({k: v.get("p_value") for k, v in interactions.items()})
     out = []
     for i, row in enumerate(size_rows):
@@ -346,14 +368,16 @@ def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes:
                    metric: str = "val_perplexity", confidence: float = 0.95, store=None,
                    executor: Executor | None = None, search_seed: int | None = None,
                    source_run: str | os.PathLike | None = None, quiet: bool = True, lr_grid=None,
-                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> TransferResult:
+                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False) -> TransferResult:
     """Retrain ``genes`` and the baseline at every size of the ladder with seeds ``config.seed + 1
     ...`` and compare each size with the search size (``sizes``, ``steps``, ``tokens_per_param``
     and ``heads`` make the ladder, see ``plan``; the other keyword arguments are those of
-    ``StudySetup.resolve``; ``lr_grid``: each at its own best rate of the grid at every size)."""
+    ``StudySetup.resolve``; ``lr_grid``: each at its own best rate of the grid at every size;
+    ``match_params``: each against the baseline of its parameter count at every size)."""
     setup = StudySetup.resolve(config, data, role="transfer", n_seeds=n_seeds, eval_split=eval_split, metric=metric,
                                confidence=confidence, store=store, executor=executor, search_seed=search_seed,
-                               source_run=source_run, quiet=quiet, lr_grid=lr_grid, n_tuning_seeds=n_tuning_seeds)
+                               source_run=source_run, quiet=quiet, lr_grid=lr_grid, n_tuning_seeds=n_tuning_seeds,
+                               match_params=match_params)
     return run_transfer(setup, genes, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
 
 
@@ -375,20 +399,26 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
             records = grids.train_at_rates(at, [vanilla] + keys, grids.selected_rates(tuned[rung.label]))
         else:
             records = at.train([vanilla] + keys)
-        trained.append((rung, at, records))
+        trained.append((rung, at, records, matched_baseline_rows(at, records, keys) if setup.match_params else None))
     # one family over the whole ladder: every size's comparisons join Holm's correction at every size
-    pairs = {}
-    for i, (rung, at, records) in enumerate(trained):
+    # (with matched baselines: the matched comparisons form it, the plain ones one of their own)
+    pairs, matched_pairs = {}, {}
+    for i, (rung, at, records, matched) in enumerate(trained):
         base = samples(records, vanilla, list(at.seeds), at.metric)["values"]
         for k in keys:
-            pairs[f"{k} @ {rung.label}"] = {"values": samples(records, k, list(at.seeds), at.metric)["values"],
-                                            "reference": base}
+            values = samples(records, k, list(at.seeds), at.metric)["values"]
+            pairs[f"{k} @ {rung.label}"] = {"values": values, "reference": base}
+            if matched is not None:
+                matched_pairs[f"{k} @ {rung.label}"] = {"values": values, "reference": matched["references"][k]}
     size_rows = []
-    for rung, at, records in trained:
-        others = {name: pair for name, pair in pairs.items() if not name.endswith(f" @ {rung.label}")}
+    for rung, at, records, matched in trained:
+        def elsewhere(family: Mapping[str, dict]) -> dict:
+            return {name: pair for name, pair in family.items() if not name.endswith(f" @ {rung.label}")}
+
         rates = grids.selected_rates(tuned[rung.label]) if tuned else None
         size_rows.append(size_statistics(at, rung, records, keys, tokens_per_step=rung.config.batch_size * data.seq_len,
-                                         vocab_size=data.vocab_size, others=others, rates=rates))
+                                         vocab_size=data.vocab_size, others=elsewhere(pairs), rates=rates,
+                                         matched=matched, matched_others=elsewhere(matched_pairs) if matched else None))
     rows = transfer_statistics(size_rows, setup.confidence, setup.log_scale, setup.lower_is_better)
     top = largest(rows[1:])
     numbers = {
@@ -396,6 +426,7 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
         "lower_is_better": setup.lower_is_better, "reference": rows[0]["size"], "block": config.block,
         "tokens_per_param": tokens_per_param, "heads": heads,
         "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],
+        **({"match_params": True} if setup.match_params else {}),
         "sizes": rows, "verdicts": {g["gene"]: g["transfer"] for g in top["genes"]}, "largest": top["size"],
     }
     if tuned:

@@ -181,13 +181,12 @@ def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], M
     return comparison_result("validation", setup, base, per_gene, compared, search_values)
 
 
-def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[str, int], Mapping],
-                       keys: Sequence[str], *, search_values: Mapping[str, float] | None = None) -> dict:
-    """``numbers`` (a validation against the plain baseline) with each gene judged against the
-    baseline of its own parameter count instead (``StudySetup.matched_baselines``; trained here, a
-    trial like any other: its key differs by its ``d_ff``). The plain baseline's row stays; each
-    matched baseline gets a row in ``matched_baselines``; each gene row names the baseline its
-    verdict used (``versus``) and keeps its comparison with the plain one (``versus_plain``)."""
+def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str]) -> dict:
+    """The parameter-matched baselines of ``keys`` at ``setup`` (``StudySetup.matched_baselines``;
+    each trained here, a trial like any other: its key differs by its ``d_ff``; the plain width's
+    from ``records``): ``{"matches": key -> match, "rows": width -> baseline row (its samples,
+    description, ``d_ff``, ``params``, ``matched_to``), "setups": width -> the setup that trained it,
+    "references": key -> its baseline's per-seed values}``."""
     vanilla = AttentionGene.vanilla().key
     seeds = list(setup.seeds)
     matches = setup.matched_baselines(keys)
@@ -203,9 +202,24 @@ def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[
             setups[width] = at
         rows[width]["matched_to"].append(key)
         references[key] = rows[width]["values"]
+    return {"matches": matches, "rows": rows, "setups": setups, "references": references}
+
+
+def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[str, int], Mapping],
+                       keys: Sequence[str], *, search_values: Mapping[str, float] | None = None,
+                       trained: Mapping | None = None, others: Mapping[str, dict] | None = None) -> dict:
+    """``numbers`` (a validation against the plain baseline) with each gene judged against the
+    baseline of its own parameter count instead (``matched_baseline_rows``, or ``trained``: what it
+    returned already). The plain baseline's row stays; each matched baseline gets a row in
+    ``matched_baselines``; each gene row names the baseline its verdict used (``versus``) and keeps
+    its comparison with the plain one (``versus_plain``). ``others`` (name -> values and reference)
+    join Holm's family (a transfer's comparisons at its other sizes)."""
+    seeds = list(setup.seeds)
+    trained = trained or matched_baseline_rows(setup, records, keys)
+    matches, rows, setups, references = (trained[k] for k in ("matches", "rows", "setups", "references"))
     per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
     compared = setup.versus_baselines({k: s["values"] for k, s in per_gene.items()}, references,
-                                      {k: setups[m["ffn_dim"]] for k, m in matches.items()})
+                                      {k: setups[m["ffn_dim"]] for k, m in matches.items()}, others=others)
     plain = {g["gene"]: g for g in numbers["genes"]}
     for key, match in matches.items():
         compared[key]["versus"] = {"baseline": "matched", "d_ff": match["ffn_dim"], "params": match["params"],

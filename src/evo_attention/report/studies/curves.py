@@ -75,7 +75,8 @@ def solve_cell(row: Mapping, breaks: bool = False) -> str:
     text = f"{solve['solved']}/{solve['n']} [{solve['ci_low']:.2f}, {solve['ci_high']:.2f}]"
     versus = row.get("solve_versus")
     if versus and versus.get("verdict") != stats.UNDETERMINED:
-        text += f" {versus['verdict']} (Holm p {versus['p_holm']:.3g})"
+        named = f" vs {versus['versus']}" if row.get("solve_versus_plain") else ""  # a matched reference: named
+        text += f" {versus['verdict']}{named} (Holm p {versus['p_holm']:.3g})"
     return f"{BREAK_MARK} {text}" if breaks else text
 
 
@@ -115,7 +116,11 @@ def solve_note(result: Mapping) -> str:
             f"test, Holm over {solve.get('family_size')} comparisons (a verdict is shown where the Holm p is below "
             f"{solve.get('alpha', 0.05):g}). A gene's solve rate falls below {solve.get('half', 0.5):g} at the "
             f"first value where it does ({BREAK_MARK}); the range runs from the first value whose interval reaches "
-            "below it to the first whose interval lies below it.")
+            "below it to the first whose interval lies below it." + (
+                f" Parameter-matched: each gene is compared with {solve.get('reference')} widened in its "
+                "feed-forward to the gene's parameter count at that point (the rows named by their FFN width, within "
+                "0.5%; a gene of the reference's size with the reference itself), and a verdict names the row it used."
+                if solve.get("matched") else ""))
 
 
 def curve_markdown(result: Mapping) -> str:

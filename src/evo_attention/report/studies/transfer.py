@@ -15,6 +15,7 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, metric_direction,
                                                  p_text, paired_change_header, schedule_text, seed_note, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.report.studies.validation import plain_cell
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell
 
@@ -115,21 +116,28 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     headers = ["Size", "Gene", "Seeds ok"] + (["lr"] if grid else []) + [
         f"Mean [{conf} CI]", paired_change_header(result.get("metric", ""), conf), "p (Holm)", "Verdict",
         "Change of the paired change vs reference (p Holm)", "Params", "Transfer"]
+    matched_any = any(s.get("matched_baselines") for s in result.get("sizes", []))
+    headers += ["Versus the plain baseline"] if matched_any else []
     rows = []
     for s in result.get("sizes", []):
         rates = grid_rates(result, s.get("size"))
-        for r in [s.get("baseline") or {}] + list(s.get("genes", [])):
+        matched = list(s.get("matched_baselines") or [])
+        for r in [s.get("baseline") or {}] + matched + list(s.get("genes", [])):
             n = len(r.get("values") or [])
-            cells = [str(s.get("size")), str(r.get("gene", "")), f"{n - (r.get('n_failed') or 0)}/{n}"]
+            name = str(r.get("gene", "")) + (f" (FFN {r.get('d_ff')})" if r in matched else "")
+            cells = [str(s.get("size")), name, f"{n - (r.get('n_failed') or 0)}/{n}"]
             cells += [grid_rate_cell(rates.get(r.get("gene")))] if grid else []
             cells += [f"{fmt(r.get('mean'), d)} {ci_text(r.get('ci_low'), r.get('ci_high'), d)}"]
-            if r is s.get("baseline"):
-                cells += ["-", "-", "-", "-", fmt(r.get("params")), "baseline"]
+            if r is s.get("baseline") or r in matched:
+                role = ("matched baseline of " + ", ".join(r.get("matched_to", [])) if r in matched
+                        else "plain baseline" if matched_any else "baseline")
+                cells += ["-", "-", "-", "-", fmt(r.get("params")), role] + (["-"] if matched_any else [])
             else:
                 cells += [change_text(r, result.get("metric", "")), p_text(r.get("p_holm")), verdict_cell(r),
                           transfer_interaction_text(r.get("interaction")), fmt(r.get("params")), str(r.get("transfer", ""))]
+                cells += [plain_cell(r, result.get("metric", ""))] if matched_any else []
             rows.append(cells)
-    return headers, rows, "llr" + ("r" if grid else "") + "rrrlrrl"
+    return headers, rows, "llr" + ("r" if grid else "") + "rrrlrrl" + ("l" if matched_any else "")
 
 
 def transfer_interaction_text(inter: Mapping | None) -> str:
@@ -161,7 +169,13 @@ def transfer_note(result: Mapping) -> str:
             f"paired t-test of the per-seed differences of log differences (Holm over genes and sizes). The transfer "
             f"word reads the relative change's interval at each size against the reference (the rule below). Kendall's tau "
             f"compares the ranking of the genes and the baseline by their means with the reference size's, when at "
-            f"least 4 are ranked.")
+            f"least 4 are ranked." + (MATCHED_SENTENCE if result.get("match_params") else ""))
+
+
+MATCHED_SENTENCE = (" Parameter-matched baselines: at each size every gene is compared with the vanilla model whose "
+                    "feed-forward width gives it the gene's parameter count (within 0.5%), the row named by its FFN "
+                    "width; its verdict, advantage and interaction test are against that baseline, and the last "
+                    "column keeps its comparison with the plain baseline (Holm over the ladder's plain comparisons).")
 
 
 def transfer_schedule_lines(result: Mapping) -> list[str]:
