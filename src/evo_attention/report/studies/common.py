@@ -161,3 +161,11 @@ def study_schedule(result: Mapping, steps: int | None = None) -> str:
     steps = steps if steps is not None else result.get("steps") if isinstance(result.get("steps"), int) else None
     return schedule_text(result.get("config"), steps, grid=(result.get("grid") or {}).get("rates") or (),
                          genes=[str(g) for g in genes if g])
+
+
+def plain_cell(row: Mapping, metric: str) -> str:
+    """A gene's paired change and verdict against the plain baseline, beside a matched one's."""
+    plain = row.get("versus_plain") or {}
+    if not plain:
+        return "-"
+    return f"{change_text(plain, metric)}, {plain.get('verdict_label') or plain.get('verdict') or '-'}"

@@ -13,9 +13,9 @@ from typing import Mapping
 
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, metric_direction,
-                                                 p_text, paired_change_header, schedule_text, seed_note, verdict_cell)
+                                                 p_text, paired_change_header, plain_cell, schedule_text, seed_note,
+                                                 verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
-from evo_attention.report.studies.validation import plain_cell
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, markdown_table, md_cell
 

@@ -14,7 +14,7 @@ from typing import Mapping
 from evo_attention.report.attachments import load_attachments, output_stem
 from evo_attention.report.studies.ablation import current_ablation
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
-                                                 p_text, paired_change_header, seed_note, study_schedule,
+                                                 p_text, paired_change_header, plain_cell, seed_note, study_schedule,
                                                  verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.report.studies.transfer import current_transfer
@@ -62,14 +62,6 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
         rows.append(cells)
     align = "l" + "r" * (len(headers) - 2) + "l"
     return headers, rows, align
-
-
-def plain_cell(row: Mapping, metric: str) -> str:
-    """A gene's paired change and verdict against the plain baseline, beside a matched one's."""
-    plain = row.get("versus_plain") or {}
-    if not plain:
-        return "-"
-    return f"{change_text(plain, metric)}, {plain.get('verdict_label') or plain.get('verdict') or '-'}"
 
 
 def matched_reference(result: Mapping, row: Mapping) -> Mapping:
