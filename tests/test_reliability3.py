@@ -300,3 +300,62 @@ def test_14_sigterm_to_a_study_says_what_it_kept_and_how_to_go_on(tmp_path, caps
         signal.signal(signal.SIGTERM, before)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("evo-attention: interrupted;") and str(out / "run.db") in err and "again" in err
+
+
+# -- item 7: every generated dataset and every model is estimated against the memory before it is built --
+GB = 2**30
+GEN_FLAGS = [f for i, f in enumerate(FLAGS) if f not in ("--vocab-size", "--seq-len") and FLAGS[i - 1] not in
+             ("--vocab-size", "--seq-len")]
+
+
+@pytest.fixture
+def small_machine(monkeypatch):
+    """A machine with 2 GB available where building a vocabulary or generating a split fails the test."""
+    import evo_attention.data.recall as recall
+    import evo_attention.data.synthetic as synthetic
+    import evo_attention.util.memory as memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * GB)
+
+    def built(*a, **k):
+        pytest.fail("built before the memory was checked")
+
+    monkeypatch.setattr(recall, "Vocab", built)
+    monkeypatch.setattr(synthetic, "Vocab", built)
+    monkeypatch.setattr(recall, "generate", built)
+    for task in synthetic.TASKS.values():
+        monkeypatch.setattr(type(task), "generate", built)
+
+
+@pytest.mark.parametrize("data, fragments", [
+    (["--data", "mqar", "--seq-len", "2000000"], ["2,000,001 tokens", "--seq-len"]),
+    (["--data", "mqar:train_examples=100000000000"], ["100,000,002,000 examples", "train_examples"]),
+    (["--data", "mqar:vocab=99999999"], ["99,999,999 symbols", "mqar:vocab=N"]),
+    (["--data", "mad:selective_copy:seq_len=2000000"], ["2,000,001 tokens", "mad:selective_copy:seq_len=N"]),
+    (["--data", "recall", "--vocab-size", "99999999"], ["99,999,999 symbols", "lower --vocab-size"]),
+    (["--data", "recall", "--seq-len", "2000000"], ["2,000,001 tokens", "lower --seq-len"]),
+])
+def test_7_a_generated_task_beyond_memory_is_one_line_before_it_is_built(data, fragments, small_machine, tmp_path,
+                                                                         capsys):
+    out = tmp_path / "run"
+    assert main(["search", *GEN_FLAGS, *data, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "needs about" in err and "this machine has 2.0 GB available" in err, err
+    assert all(f in err for f in fragments), err
+    assert not out.exists()
+
+
+def test_7_a_model_beyond_memory_is_one_line_before_it_is_built(tmp_path, capsys, monkeypatch):
+    import evo_attention.train.trainer as engine
+    import evo_attention.util.memory as memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: GB // 2)
+
+    def built(*a, **k):
+        pytest.fail("a model was built before the memory was checked")
+
+    monkeypatch.setattr(engine, "Member", built)
+    assert main(["baseline", *STUDY_FLAGS, "--vocab-size", "100000", "--d-model", "512", "--heads", "8",
+                 "--out", str(tmp_path / "b")]) == 2
+    err = one_line_error(capsys)
+    assert "training a model of" in err and "0.5 GB available" in err and "--vocab-size" in err, err
