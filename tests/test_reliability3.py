@@ -359,3 +359,50 @@ def test_7_a_model_beyond_memory_is_one_line_before_it_is_built(tmp_path, capsys
                  "--out", str(tmp_path / "b")]) == 2
     err = one_line_error(capsys)
     assert "training a model of" in err and "0.5 GB available" in err and "--vocab-size" in err, err
+
+
+# -- item 15: the tool recognises its HF format; an HF export carries checksums checked on load ----------
+@pytest.fixture
+def hf_export(tmp_path):
+    from evo_attention.data.tokenizers import train_tokenizer
+    from evo_attention.nn.model import TinyTransformer
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.saving import save_model
+
+    tokenizer = train_tokenizer("word", "the cat sat on the mat .\na dog ran to the cat .\n" * 8, 16)
+    model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                                      max_seq_len=8, dropout=0.0), ["dot|softmax|none|fixed|nobias|0.00|pos=rope"])
+    save_model(model, tmp_path / "model", tokenizer=tokenizer)
+    assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    return tmp_path / "hf"
+
+
+def test_15_commands_that_load_a_model_name_the_hf_format(hf_export, tmp_path, capsys):
+    capsys.readouterr()
+    for command in (["generate", "--model", str(hf_export), "--prompt", "the"],
+                    ["attention-maps", "--model", str(hf_export), "--out", str(tmp_path / "maps")],
+                    ["export", "--model", str(hf_export), "--out", str(tmp_path / "e")]):
+        assert main(command) == 2
+        err = one_line_error(capsys)
+        assert "is a transformers export (export --format hf)" in err and "from_pretrained" in err, err
+        assert "damaged" not in err
+
+
+def test_15_a_flipped_bit_in_an_hf_export_is_refused_on_load(hf_export, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    listed = json.loads((hf_export / "config.json").read_text())["evo_attention"]["files"]
+    assert listed["model.safetensors"] == digest(hf_export / "model.safetensors") and "tokenizer.json" in listed
+    model = AutoModelForCausalLM.from_pretrained(hf_export, trust_remote_code=True)  # intact: loads
+    model.save_pretrained(tmp_path / "again")  # transformers' own files: no stale checksums
+    AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    weights = bytearray((hf_export / "model.safetensors").read_bytes())
+    weights[-10] ^= 0x40
+    (hf_export / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(OSError, match="model.safetensors was altered or damaged"):
+        AutoModelForCausalLM.from_pretrained(hf_export, trust_remote_code=True)
