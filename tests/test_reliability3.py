@@ -406,3 +406,60 @@ def test_15_a_flipped_bit_in_an_hf_export_is_refused_on_load(hf_export, tmp_path
     (hf_export / "model.safetensors").write_bytes(bytes(weights))
     with pytest.raises(OSError, match="model.safetensors was altered or damaged"):
         AutoModelForCausalLM.from_pretrained(hf_export, trust_remote_code=True)
+
+
+# -- item 16: report A B compares searches of one kind; attention-maps checks its input first; status ------
+SUITE_YAML = {"suite": "tiny", "steps": 2, "defaults": {"vocab": 12, "train_examples": 64, "eval_examples": 16},
+              "points": [{"label": "recall", "task": "mad:in_context_recall", "knobs": {"seq_len": 12, "pairs": 2}},
+                         {"label": "copy", "task": "mad:selective_copy", "knobs": {"seq_len": 12, "copy": 2}}]}
+
+
+def test_16_report_of_several_runs_refuses_to_mix_kinds(finished_run, tmp_path, capsys):
+    import yaml
+
+    study = tmp_path / "cmp"
+    assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(study), *STUDY_FLAGS]) == 0
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(SUITE_YAML))
+    suite = tmp_path / "suite"
+    assert main(["search", *GEN_FLAGS, "--suite", str(tmp_path / "tiny.yaml"), "--out", str(suite)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "both"
+    assert main(["report", str(finished_run), str(study), "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert f"{study} holds the store of a compare, not of a search" in err
+    assert main(["report", str(suite), str(finished_run), "--out", str(out)]) == 2
+    assert f"{suite} is a suite run (ranked by suite accuracy) and {finished_run} is not" in one_line_error(capsys)
+    assert not (out / "runs.json").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--length", "0"], "--length 0 is too short"),
+    (["--sample", "99999999"], "--sample 99999999 is out of range"),
+    (["--text", "k0 v0 nonsense"], "nonsense"),
+])
+def test_16_attention_maps_checks_its_input_before_training(flags, fragment, tmp_path, capsys, monkeypatch):
+    import evo_attention.train.trainer as engine
+
+    def trained(*a, **k):
+        pytest.fail("trained before the input was checked")
+
+    monkeypatch.setattr(engine, "run_training", trained)
+    assert main(["attention-maps", "--gene", "dot|softmax|none|fixed", *STUDY_FLAGS, *flags,
+                 "--out", str(tmp_path / "maps")]) == 2
+    assert fragment in one_line_error(capsys)
+
+
+def test_16_status_counts_study_trainings_apart_from_the_search_plan(tmp_path, capsys):
+    from evo_attention.report.status import run_status
+
+    out = tmp_path / "run"
+    assert main(["search", *FLAGS, "--out", str(out)]) == 0
+    before = run_status(out)
+    assert main(["validate", "--from-run", str(out), "--top", "1", "--seeds", "2", "--quiet"]) == 0
+    after = run_status(out)
+    assert after["trained"] == before["trained"] and after["cache_hits"] == before["cache_hits"]
+    assert sum(after["study_trainings"].values()) > 0
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"{before['trained']} trainings recorded" in text and "validate training" in text, text
