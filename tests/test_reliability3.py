@@ -414,14 +414,21 @@ SUITE_YAML = {"suite": "tiny", "steps": 2, "defaults": {"vocab": 12, "train_exam
                          {"label": "copy", "task": "mad:selective_copy", "knobs": {"seq_len": 12, "copy": 2}}]}
 
 
-def test_16_report_of_several_runs_refuses_to_mix_kinds(finished_run, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
     import yaml
 
+    root = tmp_path_factory.mktemp("suite")
+    (root / "tiny.yaml").write_text(yaml.safe_dump(SUITE_YAML))
+    assert main(["search", *GEN_FLAGS[:-5], "--population", "4", "--generations", "1", "--quiet", "--suite",
+                 str(root / "tiny.yaml"), "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+def test_16_report_of_several_runs_refuses_to_mix_kinds(finished_run, suite_run, tmp_path, capsys):
     study = tmp_path / "cmp"
     assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(study), *STUDY_FLAGS]) == 0
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(SUITE_YAML))
-    suite = tmp_path / "suite"
-    assert main(["search", *GEN_FLAGS, "--suite", str(tmp_path / "tiny.yaml"), "--out", str(suite)]) == 0
+    suite = suite_run
     capsys.readouterr()
     out = tmp_path / "both"
     assert main(["report", str(finished_run), str(study), "--out", str(out)]) == 2
@@ -463,3 +470,33 @@ def test_16_status_counts_study_trainings_apart_from_the_search_plan(tmp_path, c
     assert main(["status", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"{before['trained']} trainings recorded" in text and "validate training" in text, text
+
+
+# -- item 10: a suite run is read as one: its ranking, its data ------------------------------------------
+def test_10_init_from_a_suite_run_ranks_by_suite_accuracy(suite_run):
+    from evo_attention.report import load_run
+    from evo_attention.search.warm_start import ranked_genes
+
+    with RunStore.open(suite_run, readonly=True) as store:
+        ranked = ranked_genes(store, ["perplexity"])
+    by_suite = [r["gene"] for r in load_run(suite_run).suite["genes"] if r["rank"] is not None]
+    assert ranked == by_suite and len(ranked) == 4
+
+
+def test_10_compare_and_maps_from_a_suite_run_use_its_suite(suite_run, tmp_path, capsys, monkeypatch):
+    import evo_attention.data as data
+
+    def no_corpus(*a, **k):
+        pytest.fail("a corpus was loaded for a suite run")
+
+    monkeypatch.setattr(data, "load_corpus", no_corpus)
+    flags = STUDY_FLAGS[2:]  # no --data: the run's
+    out = tmp_path / "cmp"
+    assert main(["compare", "--from-run", str(suite_run), "--configs", "baseline", *flags, "--out", str(out)]) == 0
+    assert (out / "compare_suite.json").exists()
+    assert main(["attention-maps", "--from-run", str(suite_run), *flags, "--out", str(tmp_path / "maps")]) == 2
+    err = one_line_error(capsys)
+    assert "is a suite run" in err and "give --data" in err and "mad:selective_copy:" in err
+    point = "mad:selective_copy:copy=2,eval_examples=16,seq_len=12,train_examples=64,vocab=12"
+    assert main(["attention-maps", "--from-run", str(suite_run), *flags, "--data", point,
+                 "--out", str(tmp_path / "maps")]) == 0

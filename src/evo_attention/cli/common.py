@@ -166,6 +166,27 @@ def config_from_args(args, extra: dict | None = None):
     return checked(Config.from_dict(explicit_settings(args, extra), source="the command line"))
 
 
+def run_suite(run_dir) -> tuple[str | None, list[str]]:
+    """(the suite, its points' data names) of the suite run in ``run_dir``; (None, []) for any other run."""
+    from evo_attention.search.store import RunStore
+
+    with RunStore.open(run_dir, readonly=True) as store:
+        meta = store.get_meta("suite")
+        stored = (store.config() or {}).get("suite")
+    if not meta or not stored:
+        return None, []
+    return stored, [str(p.get("data")) for p in meta.get("points") or []]
+
+
+def with_run_suite(config, args, run_dir):
+    """``config`` on the suite of ``run_dir`` when that is a suite run and the command names neither
+    --data nor --suite: its genes were ranked on the suite's points, never on the default data."""
+    suite, _ = run_suite(run_dir)
+    if suite is None or config.suite is not None or getattr(args, "data", None):
+        return config
+    return config.replace(suite=suite)
+
+
 def suite_text(args, config) -> str:
     """A command's log words for its suite ('' without one): the suite, its points and their steps;
     UserError for --data beside --suite (the points name the data)."""

@@ -27,7 +27,7 @@ def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
 def _trained_model(args):
     """(model, tokenizer, ids, text source, source) for --gene / --from-run: trained here on the fly,
     after the input is checked."""
-    from evo_attention.cli.common import checked, explicit_settings
+    from evo_attention.cli.common import checked, explicit_settings, run_suite
     from evo_attention.train.config import Config
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
@@ -41,6 +41,12 @@ def _trained_model(args):
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
+        suite, points = run_suite(args.from_run)
+        if suite is not None:  # maps are drawn on one task: a point's data, named
+            if "data" not in settings:
+                raise UserError(f"the run in {args.from_run} is a suite run (suite {suite}): attention maps are drawn "
+                                f"on one task; give --data, e.g. one of its points: {', '.join(points)}")
+            stored = {k: v for k, v in stored.items() if k not in ("suite", "objectives", "recall")}  # the suite's own
         config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
         if args.gene is not None:
             gene = AttentionGene.parse(args.gene)
