@@ -500,3 +500,51 @@ def test_10_compare_and_maps_from_a_suite_run_use_its_suite(suite_run, tmp_path,
     point = "mad:selective_copy:copy=2,eval_examples=16,seq_len=12,train_examples=64,vocab=12"
     assert main(["attention-maps", "--from-run", str(suite_run), *flags, "--data", point,
                  "--out", str(tmp_path / "maps")]) == 0
+
+
+# -- item 11: a plugin's component is named by the genes of every command ------------------------------
+PLUGIN = """
+import torch
+from evo_attention import register_normalization, row_normalize
+from evo_attention.nn import components
+
+@register_normalization("r3_cubed")
+def cubed(scores, mask):
+    return row_normalize(torch.relu(scores.float()) ** 3, mask).to(scores.dtype)
+
+@components.register_similarity("r3_unfolded")
+class Unfolded(components.Similarity):
+    def __init__(self, d_head, n_heads):
+        super().__init__(d_head, n_heads)
+        self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+    def forward(self, q, k):
+        return self.scale * (q @ k.transpose(-2, -1))
+"""
+
+
+@pytest.fixture
+def r3_plugin(tmp_path, monkeypatch):
+    import sys
+
+    from evo_attention.nn import components
+
+    (tmp_path / "r3_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "r3_plugin"
+    components.unregister("normalization", "r3_cubed")
+    components.unregister("similarity", "r3_unfolded")
+    sys.modules.pop("r3_plugin", None)
+
+
+@pytest.mark.parametrize("command", [["validate", "--genes", "dot|r3_cubed|none|fixed", "--seeds", "2"],
+                                     ["ablate", "--gene", "dot|r3_cubed|none|fixed", "--seeds", "2"]])
+def test_11_a_study_takes_a_plugin_component_by_name(command, r3_plugin, tmp_path, capsys):
+    assert main([*command, "--plugin", r3_plugin, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0
+
+
+def test_11_bench_of_an_unfoldable_plugin_gene_is_one_line(r3_plugin, capsys):
+    assert main(["bench", "--plugin", r3_plugin, "--gene", "r3_unfolded|softmax|none|fixed", "--models", "4",
+                 *STUDY_FLAGS[:-1]]) == 2
+    err = one_line_error(capsys)
+    assert "cannot be folded into a batch" in err and "--models 1" in err

@@ -14,6 +14,7 @@ import sys
 from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, KEPT_ON_INTERRUPT, SETTING_ORIGINS,
                                       install_sigterm_handler, user_message)
 from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import load_plugins
 from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
@@ -42,6 +43,8 @@ def main(argv=None) -> int:
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
         with user_warnings():
+            if getattr(args, "plugin", None):  # before any flag names a gene of theirs (--genes, --gene, ...)
+                load_plugins(args.plugin)
             return int(args.func(args) or 0)
     except UserError as exc:
         print(f"evo-attention: error: {user_message(exc)}", file=sys.stderr)
