@@ -548,3 +548,46 @@ def test_11_bench_of_an_unfoldable_plugin_gene_is_one_line(r3_plugin, capsys):
                  *STUDY_FLAGS[:-1]]) == 2
     err = one_line_error(capsys)
     assert "cannot be folded into a batch" in err and "--models 1" in err
+
+
+# -- item 13: a setting the command does not use is said; one that contradicts is refused ------------------
+@pytest.mark.parametrize("command, said", [
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--tuning-seeds", "2"],
+     "--tuning-seeds is used only with --lr-grid"),
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--mde", "0.05", "--max-seeds", "9"],
+     "--mde is used only with --seeds auto"),
+    (["compare", "--configs", "baseline", "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "1", "--lr", "0.01"],
+     "--lr is not used with --lr-grid"),
+    (["baseline", "--lr-schedule", "cosine", "--warmup-steps", "0", "--decay-fraction", "0.3"],
+     "--decay-fraction is not used by --lr-schedule cosine"),
+])
+def test_13_an_unused_setting_is_one_warning_and_the_command_goes_on(command, said, tmp_path, recwarn):
+    assert main([*command, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0
+    notes = [str(w.message) for w in recwarn if said in str(w.message)]
+    assert len(notes) == 1 and notes[0].endswith("ignored"), notes
+
+
+def test_13_bench_says_the_search_settings_it_does_not_use(recwarn):
+    assert main(["bench", "--init-from", "runs/x", "--max-params", "100", "--budget", "2", *STUDY_FLAGS[:-1]]) == 0
+    said = " ".join(str(w.message) for w in recwarn)
+    assert "--init-from is a search setting that bench does not use" in said
+    assert "--max-params is a search setting that bench does not use" in said
+
+
+def test_13_a_contradicting_setting_is_refused(suite_run, tmp_path, capsys):
+    suite_file = suite_run.parent / "tiny.yaml"
+    cases = [
+        (["baseline", *STUDY_FLAGS, "--lr-schedule", "constant", "--warmup-steps", "5"],
+         "--warmup-steps does not apply to --lr-schedule constant"),
+        (["baseline", *STUDY_FLAGS, "--gene", "dot|softmax|none|fixed|lr="], "gene part lr= in"),
+        (["search", *GEN_FLAGS, "--suite", str(suite_file), "--objectives", "perplexity"],
+         "--objectives perplexity does not apply with --suite"),
+    ]
+    both = tmp_path / "both.yaml"
+    both.write_text(f"suite: {suite_file}\ndata: recall\n")
+    cases.append((["search", *GEN_FLAGS, "--config", str(both)], "data and suite both name the data (config file"))
+    for command, refused in cases:
+        out = tmp_path / "out"
+        assert main([*command, "--out", str(out)]) == 2
+        assert refused in one_line_error(capsys)
+        assert not (out / "run.db").exists()
