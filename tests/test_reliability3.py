@@ -591,3 +591,52 @@ def test_13_a_contradicting_setting_is_refused(suite_run, tmp_path, capsys):
         assert main([*command, "--out", str(out)]) == 2
         assert refused in one_line_error(capsys)
         assert not (out / "run.db").exists()
+
+
+# -- item 12: messages in the user's words, one warning format, duplicate keys in a suite refused ----------
+def test_12_a_suite_file_with_a_key_twice_or_no_name_is_one_line_in_its_own_words(tmp_path, capsys):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("suite: t\nsteps: 2\nsteps: 3\npoints:\n  - {label: a, task: mqar, knobs: {seq_len: 12}}\n")
+    assert main(["search", *GEN_FLAGS, "--suite", str(twice), "--out", str(tmp_path / "a")]) == 2
+    assert "sets steps twice (lines 2 and 3)" in one_line_error(capsys)
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("points: []\n")
+    assert main(["search", *GEN_FLAGS, "--suite", str(nameless), "--out", str(tmp_path / "b")]) == 2
+    err = one_line_error(capsys)
+    assert "'suite: my-tasks'" in err and "--suite:" not in err
+
+
+def test_12_a_resume_names_the_flags_the_user_typed(finished_run, suite_run, capsys):
+    for extra, typed in ((["--dedupe"], "--dedupe contradicts"), (["--no-baseline"], "--no-baseline contradicts"),
+                         (["--suite", str(suite_run.parent / "tiny.yaml")], "it was started without it")):
+        assert main(["search", *FLAGS, "--resume", *extra, "--out", str(finished_run)]) == 2
+        err = one_line_error(capsys)
+        assert typed in err and "strategy_options" not in err and "baseline False" not in err, err
+        assert "it has None" not in err
+
+
+@pytest.mark.parametrize("command, said, wrong", [
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--confidence", "0.5"],
+     "--confidence 0.5 is outside (0.5, 1)", "alpha"),
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--power", "2"], "such as 0.8 (80%)", "1%"),
+    (["transfer", "--gene", "dot|sparsemax|none|fixed", "--sizes", "16", "--seeds", "0"], "--seeds 0 is too few",
+     "5 is the default"),
+])
+def test_12_a_study_message_is_right(command, said, wrong, tmp_path, capsys):
+    assert main([*command, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 2
+    err = one_line_error(capsys)
+    assert said in err and wrong not in err, err
+
+
+def test_12_an_lr_grid_warning_has_the_tools_format(tmp_path, recwarn):
+    assert main(["baseline", *STUDY_FLAGS, "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "1",
+                 "--out", str(tmp_path / "b")]) == 0
+    edges = [str(w.message) for w in recwarn if "is the grid's" in str(w.message)]
+    assert len(edges) == 1 and issubclass(recwarn[0].category, UserWarning)
+
+
+def test_12_rays_own_log_lines_stay_out_of_a_search(tmp_path, capfd):
+    pytest.importorskip("ray")
+    assert main(["search", *FLAGS, "--executor", "ray", "--workers", "1", "--out", str(tmp_path / "r")]) == 0
+    err = capfd.readouterr().err
+    assert "WARNING" not in err and "INFO" not in err, err

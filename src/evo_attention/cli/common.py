@@ -160,7 +160,8 @@ def given(flag: str) -> bool:
 
 
 def note(message: str) -> None:
-    """A setting the command does not use: one warning line, once per command."""
+    """One warning line (``evo-attention: warning: ...``), said once per command: a setting the
+    command does not use, a result to read with care."""
     import warnings
 
     if message not in NOTED:
