@@ -640,3 +640,22 @@ def test_12_rays_own_log_lines_stay_out_of_a_search(tmp_path, capfd):
     assert main(["search", *FLAGS, "--executor", "ray", "--workers", "1", "--out", str(tmp_path / "r")]) == 0
     err = capfd.readouterr().err
     assert "WARNING" not in err and "INFO" not in err, err
+
+
+# -- item 14: a disk full before the first training: the message and what follows agree -------------------
+def test_14_a_disk_full_while_the_run_is_created_says_to_start_again(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    import evo_attention.search.store as store_module
+
+    def full(value):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(store_module, "dumps", full)
+        assert main(["search", *FLAGS, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "is full: free space, then start the run again with the same command" in err and "--resume" not in err
+    assert not (out / "run.db").exists()
+    assert main(["search", *FLAGS, "--out", str(out)]) == 0  # the same command, once there is space
