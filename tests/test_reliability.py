@@ -424,11 +424,12 @@ def test_5_deleting_run_lock_during_a_live_search_frees_nothing(tmp_path, capsys
 
 def test_6_a_sequence_length_beyond_memory_is_one_line(tmp_path, capsys, monkeypatch):
     import evo_attention.data.recall as recall
+    import evo_attention.util.memory as memory
 
     assert main(["search", *FLAGS, "--seq-len", "2000000000", "--out", str(tmp_path / "r")]) == 2
     err = one_line_error(capsys)
     assert "needs about" in err and "--seq-len" in err and not (tmp_path / "r").exists()
-    monkeypatch.setattr(recall, "available_memory", lambda: None)  # unknown: the allocation itself fails
+    monkeypatch.setattr(memory, "available_memory", lambda: None)  # unknown: the allocation itself fails
 
     def no_memory(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")

@@ -300,3 +300,362 @@ def test_14_sigterm_to_a_study_says_what_it_kept_and_how_to_go_on(tmp_path, caps
         signal.signal(signal.SIGTERM, before)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("evo-attention: interrupted;") and str(out / "run.db") in err and "again" in err
+
+
+# -- item 7: every generated dataset and every model is estimated against the memory before it is built --
+GB = 2**30
+GEN_FLAGS = [f for i, f in enumerate(FLAGS) if f not in ("--vocab-size", "--seq-len") and FLAGS[i - 1] not in
+             ("--vocab-size", "--seq-len")]
+
+
+@pytest.fixture
+def small_machine(monkeypatch):
+    """A machine with 2 GB available where building a vocabulary or generating a split fails the test."""
+    import evo_attention.data.recall as recall
+    import evo_attention.data.synthetic as synthetic
+    import evo_attention.util.memory as memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * GB)
+
+    def built(*a, **k):
+        pytest.fail("built before the memory was checked")
+
+    monkeypatch.setattr(recall, "Vocab", built)
+    monkeypatch.setattr(synthetic, "Vocab", built)
+    monkeypatch.setattr(recall, "generate", built)
+    for task in synthetic.TASKS.values():
+        monkeypatch.setattr(type(task), "generate", built)
+
+
+@pytest.mark.parametrize("data, fragments", [
+    (["--data", "mqar", "--seq-len", "2000000"], ["2,000,001 tokens", "--seq-len"]),
+    (["--data", "mqar:train_examples=100000000000"], ["100,000,002,000 examples", "train_examples"]),
+    (["--data", "mqar:vocab=99999999"], ["99,999,999 symbols", "mqar:vocab=N"]),
+    (["--data", "mad:selective_copy:seq_len=2000000"], ["2,000,001 tokens", "mad:selective_copy:seq_len=N"]),
+    (["--data", "recall", "--vocab-size", "99999999"], ["99,999,999 symbols", "lower --vocab-size"]),
+    (["--data", "recall", "--seq-len", "2000000"], ["2,000,001 tokens", "lower --seq-len"]),
+])
+def test_7_a_generated_task_beyond_memory_is_one_line_before_it_is_built(data, fragments, small_machine, tmp_path,
+                                                                         capsys):
+    out = tmp_path / "run"
+    assert main(["search", *GEN_FLAGS, *data, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "needs about" in err and "this machine has 2.0 GB available" in err, err
+    assert all(f in err for f in fragments), err
+    assert not out.exists()
+
+
+def test_7_a_model_beyond_memory_is_one_line_before_it_is_built(tmp_path, capsys, monkeypatch):
+    import evo_attention.train.trainer as engine
+    import evo_attention.util.memory as memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: GB // 2)
+
+    def built(*a, **k):
+        pytest.fail("a model was built before the memory was checked")
+
+    monkeypatch.setattr(engine, "Member", built)
+    assert main(["baseline", *STUDY_FLAGS, "--vocab-size", "100000", "--d-model", "512", "--heads", "8",
+                 "--out", str(tmp_path / "b")]) == 2
+    err = one_line_error(capsys)
+    assert "training a model of" in err and "0.5 GB available" in err and "--vocab-size" in err, err
+
+
+# -- item 15: the tool recognises its HF format; an HF export carries checksums checked on load ----------
+@pytest.fixture
+def hf_export(tmp_path):
+    from evo_attention.data.tokenizers import train_tokenizer
+    from evo_attention.nn.model import TinyTransformer
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.saving import save_model
+
+    tokenizer = train_tokenizer("word", "the cat sat on the mat .\na dog ran to the cat .\n" * 8, 16)
+    model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                                      max_seq_len=8, dropout=0.0), ["dot|softmax|none|fixed|nobias|0.00|pos=rope"])
+    save_model(model, tmp_path / "model", tokenizer=tokenizer)
+    assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    return tmp_path / "hf"
+
+
+def test_15_commands_that_load_a_model_name_the_hf_format(hf_export, tmp_path, capsys):
+    capsys.readouterr()
+    for command in (["generate", "--model", str(hf_export), "--prompt", "the"],
+                    ["attention-maps", "--model", str(hf_export), "--out", str(tmp_path / "maps")],
+                    ["export", "--model", str(hf_export), "--out", str(tmp_path / "e")]):
+        assert main(command) == 2
+        err = one_line_error(capsys)
+        assert "is a transformers export (export --format hf)" in err and "from_pretrained" in err, err
+        assert "damaged" not in err
+
+
+def test_15_a_flipped_bit_in_an_hf_export_is_refused_on_load(hf_export, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    listed = json.loads((hf_export / "config.json").read_text())["evo_attention"]["files"]
+    assert listed["model.safetensors"] == digest(hf_export / "model.safetensors") and "tokenizer.json" in listed
+    model = AutoModelForCausalLM.from_pretrained(hf_export, trust_remote_code=True)  # intact: loads
+    model.save_pretrained(tmp_path / "again")  # transformers' own files: no stale checksums
+    AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    weights = bytearray((hf_export / "model.safetensors").read_bytes())
+    weights[-10] ^= 0x40
+    (hf_export / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(OSError, match="model.safetensors was altered or damaged"):
+        AutoModelForCausalLM.from_pretrained(hf_export, trust_remote_code=True)
+
+
+# -- item 16: report A B compares searches of one kind; attention-maps checks its input first; status ------
+SUITE_YAML = {"suite": "tiny", "steps": 2, "defaults": {"vocab": 12, "train_examples": 64, "eval_examples": 16},
+              "points": [{"label": "recall", "task": "mad:in_context_recall", "knobs": {"seq_len": 12, "pairs": 2}},
+                         {"label": "copy", "task": "mad:selective_copy", "knobs": {"seq_len": 12, "copy": 2}}]}
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    import yaml
+
+    root = tmp_path_factory.mktemp("suite")
+    (root / "tiny.yaml").write_text(yaml.safe_dump(SUITE_YAML))
+    assert main(["search", *GEN_FLAGS[:-5], "--population", "4", "--generations", "1", "--quiet", "--suite",
+                 str(root / "tiny.yaml"), "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+def test_16_report_of_several_runs_refuses_to_mix_kinds(finished_run, suite_run, tmp_path, capsys):
+    study = tmp_path / "cmp"
+    assert main(["compare", "--configs", "baseline", "--seeds", "1", "--out", str(study), *STUDY_FLAGS]) == 0
+    suite = suite_run
+    capsys.readouterr()
+    out = tmp_path / "both"
+    assert main(["report", str(finished_run), str(study), "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert f"{study} holds the store of a compare, not of a search" in err
+    assert main(["report", str(suite), str(finished_run), "--out", str(out)]) == 2
+    assert f"{suite} is a suite run (ranked by suite accuracy) and {finished_run} is not" in one_line_error(capsys)
+    assert not (out / "runs.json").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--length", "0"], "--length 0 is too short"),
+    (["--sample", "99999999"], "--sample 99999999 is out of range"),
+    (["--text", "k0 v0 nonsense"], "nonsense"),
+])
+def test_16_attention_maps_checks_its_input_before_training(flags, fragment, tmp_path, capsys, monkeypatch):
+    import evo_attention.train.trainer as engine
+
+    def trained(*a, **k):
+        pytest.fail("trained before the input was checked")
+
+    monkeypatch.setattr(engine, "run_training", trained)
+    assert main(["attention-maps", "--gene", "dot|softmax|none|fixed", *STUDY_FLAGS, *flags,
+                 "--out", str(tmp_path / "maps")]) == 2
+    assert fragment in one_line_error(capsys)
+
+
+def test_16_status_counts_study_trainings_apart_from_the_search_plan(tmp_path, capsys):
+    from evo_attention.report.status import run_status
+
+    out = tmp_path / "run"
+    assert main(["search", *FLAGS, "--out", str(out)]) == 0
+    before = run_status(out)
+    assert main(["validate", "--from-run", str(out), "--top", "1", "--seeds", "2", "--quiet"]) == 0
+    after = run_status(out)
+    assert after["trained"] == before["trained"] and after["cache_hits"] == before["cache_hits"]
+    assert sum(after["study_trainings"].values()) > 0
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"{before['trained']} trainings recorded" in text and "validate training" in text, text
+
+
+# -- item 10: a suite run is read as one: its ranking, its data ------------------------------------------
+def test_10_init_from_a_suite_run_ranks_by_suite_accuracy(suite_run):
+    from evo_attention.report import load_run
+    from evo_attention.search.warm_start import ranked_genes
+
+    with RunStore.open(suite_run, readonly=True) as store:
+        ranked = ranked_genes(store, ["perplexity"])
+    by_suite = [r["gene"] for r in load_run(suite_run).suite["genes"] if r["rank"] is not None]
+    assert ranked == by_suite and len(ranked) == 4
+
+
+def test_10_compare_and_maps_from_a_suite_run_use_its_suite(suite_run, tmp_path, capsys, monkeypatch):
+    import evo_attention.data as data
+
+    def no_corpus(*a, **k):
+        pytest.fail("a corpus was loaded for a suite run")
+
+    monkeypatch.setattr(data, "load_corpus", no_corpus)
+    flags = STUDY_FLAGS[2:]  # no --data: the run's
+    out = tmp_path / "cmp"
+    assert main(["compare", "--from-run", str(suite_run), "--configs", "baseline", *flags, "--out", str(out)]) == 0
+    assert (out / "compare_suite.json").exists()
+    assert main(["attention-maps", "--from-run", str(suite_run), *flags, "--out", str(tmp_path / "maps")]) == 2
+    err = one_line_error(capsys)
+    assert "is a suite run" in err and "give --data" in err and "mad:selective_copy:" in err
+    point = "mad:selective_copy:copy=2,eval_examples=16,seq_len=12,train_examples=64,vocab=12"
+    assert main(["attention-maps", "--from-run", str(suite_run), *flags, "--data", point,
+                 "--out", str(tmp_path / "maps")]) == 0
+
+
+# -- item 11: a plugin's component is named by the genes of every command ------------------------------
+PLUGIN = """
+import torch
+from evo_attention import register_normalization, row_normalize
+from evo_attention.nn import components
+
+@register_normalization("r3_cubed")
+def cubed(scores, mask):
+    return row_normalize(torch.relu(scores.float()) ** 3, mask).to(scores.dtype)
+
+@components.register_similarity("r3_unfolded")
+class Unfolded(components.Similarity):
+    def __init__(self, d_head, n_heads):
+        super().__init__(d_head, n_heads)
+        self.scale = torch.nn.Parameter(torch.ones(n_heads, 1, 1))
+
+    def forward(self, q, k):
+        return self.scale * (q @ k.transpose(-2, -1))
+"""
+
+
+@pytest.fixture
+def r3_plugin(tmp_path, monkeypatch):
+    import sys
+
+    from evo_attention.nn import components
+
+    (tmp_path / "r3_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "r3_plugin"
+    components.unregister("normalization", "r3_cubed")
+    components.unregister("similarity", "r3_unfolded")
+    sys.modules.pop("r3_plugin", None)
+
+
+@pytest.mark.parametrize("command", [["validate", "--genes", "dot|r3_cubed|none|fixed", "--seeds", "2"],
+                                     ["ablate", "--gene", "dot|r3_cubed|none|fixed", "--seeds", "2"]])
+def test_11_a_study_takes_a_plugin_component_by_name(command, r3_plugin, tmp_path, capsys):
+    assert main([*command, "--plugin", r3_plugin, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0
+
+
+def test_11_bench_of_an_unfoldable_plugin_gene_is_one_line(r3_plugin, capsys):
+    assert main(["bench", "--plugin", r3_plugin, "--gene", "r3_unfolded|softmax|none|fixed", "--models", "4",
+                 *STUDY_FLAGS[:-1]]) == 2
+    err = one_line_error(capsys)
+    assert "cannot be folded into a batch" in err and "--models 1" in err
+
+
+# -- item 13: a setting the command does not use is said; one that contradicts is refused ------------------
+@pytest.mark.parametrize("command, said", [
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--tuning-seeds", "2"],
+     "--tuning-seeds is used only with --lr-grid"),
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--mde", "0.05", "--max-seeds", "9"],
+     "--mde is used only with --seeds auto"),
+    (["compare", "--configs", "baseline", "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "1", "--lr", "0.01"],
+     "--lr is not used with --lr-grid"),
+    (["baseline", "--lr-schedule", "cosine", "--warmup-steps", "0", "--decay-fraction", "0.3"],
+     "--decay-fraction is not used by --lr-schedule cosine"),
+])
+def test_13_an_unused_setting_is_one_warning_and_the_command_goes_on(command, said, tmp_path, recwarn):
+    assert main([*command, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0
+    notes = [str(w.message) for w in recwarn if said in str(w.message)]
+    assert len(notes) == 1 and notes[0].endswith("ignored"), notes
+
+
+def test_13_bench_says_the_search_settings_it_does_not_use(recwarn):
+    assert main(["bench", "--init-from", "runs/x", "--max-params", "100", "--budget", "2", *STUDY_FLAGS[:-1]]) == 0
+    said = " ".join(str(w.message) for w in recwarn)
+    assert "--init-from is a search setting that bench does not use" in said
+    assert "--max-params is a search setting that bench does not use" in said
+
+
+def test_13_a_contradicting_setting_is_refused(suite_run, tmp_path, capsys):
+    suite_file = suite_run.parent / "tiny.yaml"
+    cases = [
+        (["baseline", *STUDY_FLAGS, "--lr-schedule", "constant", "--warmup-steps", "5"],
+         "--warmup-steps does not apply to --lr-schedule constant"),
+        (["baseline", *STUDY_FLAGS, "--gene", "dot|softmax|none|fixed|lr="], "gene part lr= in"),
+        (["search", *GEN_FLAGS, "--suite", str(suite_file), "--objectives", "perplexity"],
+         "--objectives perplexity does not apply with --suite"),
+    ]
+    both = tmp_path / "both.yaml"
+    both.write_text(f"suite: {suite_file}\ndata: recall\n")
+    cases.append((["search", *GEN_FLAGS, "--config", str(both)], "data and suite both name the data (config file"))
+    for command, refused in cases:
+        out = tmp_path / "out"
+        assert main([*command, "--out", str(out)]) == 2
+        assert refused in one_line_error(capsys)
+        assert not (out / "run.db").exists()
+
+
+# -- item 12: messages in the user's words, one warning format, duplicate keys in a suite refused ----------
+def test_12_a_suite_file_with_a_key_twice_or_no_name_is_one_line_in_its_own_words(tmp_path, capsys):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("suite: t\nsteps: 2\nsteps: 3\npoints:\n  - {label: a, task: mqar, knobs: {seq_len: 12}}\n")
+    assert main(["search", *GEN_FLAGS, "--suite", str(twice), "--out", str(tmp_path / "a")]) == 2
+    assert "sets steps twice (lines 2 and 3)" in one_line_error(capsys)
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("points: []\n")
+    assert main(["search", *GEN_FLAGS, "--suite", str(nameless), "--out", str(tmp_path / "b")]) == 2
+    err = one_line_error(capsys)
+    assert "'suite: my-tasks'" in err and "--suite:" not in err
+
+
+def test_12_a_resume_names_the_flags_the_user_typed(finished_run, suite_run, capsys):
+    for extra, typed in ((["--dedupe"], "--dedupe contradicts"), (["--no-baseline"], "--no-baseline contradicts"),
+                         (["--suite", str(suite_run.parent / "tiny.yaml")], "it was started without it")):
+        assert main(["search", *FLAGS, "--resume", *extra, "--out", str(finished_run)]) == 2
+        err = one_line_error(capsys)
+        assert typed in err and "strategy_options" not in err and "baseline False" not in err, err
+        assert "it has None" not in err
+
+
+@pytest.mark.parametrize("command, said, wrong", [
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--confidence", "0.5"],
+     "--confidence 0.5 is outside (0.5, 1)", "alpha"),
+    (["validate", "--genes", "dot|sparsemax|none|fixed", "--seeds", "2", "--power", "2"], "such as 0.8 (80%)", "1%"),
+    (["transfer", "--gene", "dot|sparsemax|none|fixed", "--sizes", "16", "--seeds", "0"], "--seeds 0 is too few",
+     "5 is the default"),
+])
+def test_12_a_study_message_is_right(command, said, wrong, tmp_path, capsys):
+    assert main([*command, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 2
+    err = one_line_error(capsys)
+    assert said in err and wrong not in err, err
+
+
+def test_12_an_lr_grid_warning_has_the_tools_format(tmp_path, recwarn):
+    assert main(["baseline", *STUDY_FLAGS, "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "1",
+                 "--out", str(tmp_path / "b")]) == 0
+    edges = [str(w.message) for w in recwarn if "is the grid's" in str(w.message)]
+    assert len(edges) == 1 and issubclass(recwarn[0].category, UserWarning)
+
+
+def test_12_rays_own_log_lines_stay_out_of_a_search(tmp_path, capfd):
+    pytest.importorskip("ray")
+    assert main(["search", *FLAGS, "--executor", "ray", "--workers", "1", "--out", str(tmp_path / "r")]) == 0
+    err = capfd.readouterr().err
+    assert "WARNING" not in err and "INFO" not in err, err
+
+
+# -- item 14: a disk full before the first training: the message and what follows agree -------------------
+def test_14_a_disk_full_while_the_run_is_created_says_to_start_again(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    import evo_attention.search.store as store_module
+
+    def full(value):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(store_module, "dumps", full)
+        assert main(["search", *FLAGS, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "is full: free space, then start the run again with the same command" in err and "--resume" not in err
+    assert not (out / "run.db").exists()
+    assert main(["search", *FLAGS, "--out", str(out)]) == 0  # the same command, once there is space

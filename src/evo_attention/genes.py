@@ -976,5 +976,8 @@ def _named_parts(text: str, parts: list) -> dict:
                             "wu=0.05, wd=0.1)")
         if fieldname in named:
             raise UserError(f"gene {text!r} gives {KEY_PARTS[fieldname]}= twice: keep one")
+        if not value.strip():
+            raise UserError(f"gene part {KEY_PARTS[fieldname]}= in {text!r} has no value: give one "
+                            f"(e.g. {KEY_PARTS[fieldname]}=...) or leave the part out")
         named[fieldname] = value.strip()
     return named

@@ -11,9 +11,10 @@ import argparse
 import importlib
 import sys
 
-from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, KEPT_ON_INTERRUPT, SETTING_ORIGINS,
-                                      install_sigterm_handler, user_message)
+from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED,
+                                      SETTING_ORIGINS, install_sigterm_handler, note_unused_flags, user_message)
 from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import load_plugins
 from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
@@ -39,9 +40,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     SETTING_ORIGINS.clear()  # filled by the command as it reads its settings
     KEPT_ON_INTERRUPT.clear()
+    NOTED.clear()
+    GIVEN_FLAGS.clear()
+    GIVEN_FLAGS.update(token.split("=", 1)[0] for token in (sys.argv[1:] if argv is None else argv)
+                       if str(token).startswith("--"))
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
         with user_warnings():
+            if getattr(args, "plugin", None):  # before any flag names a gene of theirs (--genes, --gene, ...)
+                load_plugins(args.plugin)
+            note_unused_flags(args)
             return int(args.func(args) or 0)
     except UserError as exc:
         print(f"evo-attention: error: {user_message(exc)}", file=sys.stderr)

@@ -70,6 +70,7 @@ def tune_rate(args, config, data, gene, out) -> dict:
     validation loss, kept in the run store in ``out``; draws ``lr_grid.png`` and logs the choice."""
     from evo_attention.cli.common import executor_from_args
     from evo_attention.report.figures import plot_lr_grid
+    from evo_attention.cli.common import note
     from evo_attention.report.studies.lr_grid import edge_warnings
     from evo_attention.studies.common import StudySetup, study_store, tuning_seeds
     from evo_attention.studies.lr_grid import panel, tune
@@ -86,7 +87,7 @@ def tune_rate(args, config, data, gene, out) -> dict:
     plot_lr_grid([panel(grid["genes"])], out / GRID_FIGURE, ylabel=f"validation loss, mean over {len(seeds)} "
                  f"tuning seed{'s' if len(seeds) != 1 else ''}", title=f"Learning-rate grid of {gene}; ringed: selected")
     for line in edge_warnings(grid["genes"], grid["rates"]):
-        log(f"warning: {line.replace('`', '')}")
+        note(line.replace('`', ''))  # evo-attention: warning: ...
     return grid
 
 

@@ -77,8 +77,12 @@ LONG_CONTEXT_FLAGS = (("genes", "--genes"), ("tokens_per_step", "--tokens-per-st
 
 def _check_bench_flags(args) -> None:
     """Refuse counts that make no sense and long-context flags without long-context mode, before any work."""
+    from evo_attention.cli.common import given, note
     from evo_attention.util.errors import UserError
 
+    for flag in ("--init-from", "--max-params"):
+        if given(flag):
+            note(f"{flag} is a search setting that bench does not use (it times one training of --gene): ignored")
     for value, flag, minimum in ((args.budget, "--budget", 1), (args.steps, "--steps", 1), (args.warmup, "--warmup", 0),
                                  (args.tokens_per_step, "--tokens-per-step", 1), (args.models, "--models", 1)):
         if value is not None and value < minimum:

@@ -7,6 +7,7 @@ import argparse
 
 from evo_attention.util.format import number as fmt_number
 from evo_attention.util.plugins import load_plugins
+from evo_attention.util.errors import UserError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -140,6 +141,9 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
 SETTING_ORIGINS: dict[str, str] = {}
 # what an interrupted command says it kept (a study's store, set by ``out_arg``); cleared per command
 KEPT_ON_INTERRUPT: list[str] = []
+# the flags the command line typed (``given``), and the notes said (``note``: each once); set per command
+GIVEN_FLAGS: set[str] = set()
+NOTED: set[str] = set()
 
 
 def _note_origins(preset_name, config_file, flags) -> None:
@@ -154,10 +158,63 @@ def _note_origins(preset_name, config_file, flags) -> None:
         SETTING_ORIGINS.pop(name, None)
 
 
+def given(flag: str) -> bool:
+    """Whether the command line typed ``flag`` (``--flag VALUE`` or ``--flag=VALUE``)."""
+    return flag in GIVEN_FLAGS
+
+
+def note(message: str) -> None:
+    """One warning line (``evo-attention: warning: ...``), said once per command: a setting the
+    command does not use, a result to read with care."""
+    import warnings
+
+    if message not in NOTED:
+        NOTED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def note_unused_flags(args) -> None:
+    """Notes for flags typed where the command does not use them (its exit code is unchanged); a
+    refusal for one that contradicts another."""
+    objectives = getattr(args, "objectives", None)
+    objectives = ",".join(objectives) if isinstance(objectives, (list, tuple)) else str(objectives or "")
+    if getattr(args, "suite", None) and given("--objectives") and objectives.strip() != "suite_accuracy":
+        raise UserError(f"--objectives {objectives} does not apply with --suite: a suite run ranks genes by their "
+                        "suite accuracy; leave --objectives out")
+    grid = getattr(args, "lr_grid", None)
+    if given("--tuning-seeds") and not grid:
+        note("--tuning-seeds is used only with --lr-grid (the rates are tuned on those seeds): ignored")
+    if given("--lr") and grid:
+        note("--lr is not used with --lr-grid (each gene trains at its own best rate of the grid): ignored")
+    for flag in ("--mde", "--max-seeds"):
+        if given(flag) and hasattr(args, "seeds") and args.seeds != "auto":
+            note(f"{flag} is used only with --seeds auto (it shapes the seed plan): ignored")
+
+
+def check_schedule_and_suite(config) -> None:
+    """Refuse what contradicts the chosen schedule or suite; note what it does not use."""
+    from evo_attention.train.schedules import SCHEDULES, alternatives, takes_warmup, uses_decay
+
+    schedule = config.lr_schedule
+    for flag in ("--warmup-steps", "--warmup-fraction"):
+        if given(flag) and not takes_warmup(schedule):
+            raise UserError(f"{flag} does not apply to --lr-schedule {schedule} (it has no warm-up): leave it out "
+                            f"or choose a schedule with a warm-up ({alternatives(filter(takes_warmup, SCHEDULES))})")
+    if given("--decay-fraction") and not uses_decay(schedule):
+        note(f"--decay-fraction is not used by --lr-schedule {schedule} (only a schedule with a decay phase reads "
+             f"it: {alternatives(filter(uses_decay, SCHEDULES))}): ignored")
+    if config.suite is not None:
+        origin = SETTING_ORIGINS.get("data", "")
+        if origin.startswith("config file"):
+            raise UserError(f"data and suite both name the data ({origin}): a suite trains on its points' data; "
+                            "give one of them")
+
+
 def checked(config):
     """Fail fast on settings that would otherwise surface only after the data is loaded."""
     from evo_attention.train.environment import resolve_device
 
+    check_schedule_and_suite(config)
     resolve_device(config.device)
     load_plugins(config.plugins)  # a stored run's plugins (a resume) before its search space is read
     config.space()
@@ -168,6 +225,27 @@ def config_from_args(args, extra: dict | None = None):
     from evo_attention.train.config import Config
 
     return checked(Config.from_dict(explicit_settings(args, extra), source="the command line"))
+
+
+def run_suite(run_dir) -> tuple[str | None, list[str]]:
+    """(the suite, its points' data names) of the suite run in ``run_dir``; (None, []) for any other run."""
+    from evo_attention.search.store import RunStore
+
+    with RunStore.open(run_dir, readonly=True) as store:
+        meta = store.get_meta("suite")
+        stored = (store.config() or {}).get("suite")
+    if not meta or not stored:
+        return None, []
+    return stored, [str(p.get("data")) for p in meta.get("points") or []]
+
+
+def with_run_suite(config, args, run_dir):
+    """``config`` on the suite of ``run_dir`` when that is a suite run and the command names neither
+    --data nor --suite: its genes were ranked on the suite's points, never on the default data."""
+    suite, _ = run_suite(run_dir)
+    if suite is None or config.suite is not None or getattr(args, "data", None):
+        return config
+    return config.replace(suite=suite)
 
 
 def suite_text(args, config) -> str:

@@ -72,7 +72,7 @@ def compare_config(args):
 def cmd_compare(args) -> int:
     from contextlib import ExitStack
 
-    from evo_attention.cli.common import executor_from_args, out_arg, suite_text
+    from evo_attention.cli.common import executor_from_args, out_arg, suite_text, with_run_suite
     from evo_attention.cli.validate import grid_text, log_grid, log_suite_result
     from evo_attention.search.store import RunStore
     from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
@@ -84,6 +84,8 @@ def cmd_compare(args) -> int:
         return 0
     if args.seeds < 1:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
+    if args.from_run:
+        config = with_run_suite(config, args, args.from_run)
     on_suite = suite_text(args, config)
     entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len)
     if args.from_run:

@@ -13,9 +13,21 @@ from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 
 
+def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
+    """(ids, where they come from): --text read by the model's tokenizer, else a validation example
+    of ``data``; checked before any model trains."""
+    from evo_attention.studies.maps import encode_text, validation_sample
+
+    if args.text is not None:
+        return encode_text(args.text, tokenizer, max_len), "--text"
+    ids = validation_sample(data, min(args.length, data.seq_len, max_len), args.sample)
+    return ids, f"validation example {args.sample}, first {len(ids)} tokens"
+
+
 def _trained_model(args):
-    """(model, tokenizer, data, source) for --gene / --from-run: trained here on the fly."""
-    from evo_attention.cli.common import checked, explicit_settings
+    """(model, tokenizer, ids, text source, source) for --gene / --from-run: trained here on the fly,
+    after the input is checked."""
+    from evo_attention.cli.common import checked, explicit_settings, run_suite
     from evo_attention.train.config import Config
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
@@ -29,6 +41,12 @@ def _trained_model(args):
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
+        suite, points = run_suite(args.from_run)
+        if suite is not None:  # maps are drawn on one task: a point's data, named
+            if "data" not in settings:
+                raise UserError(f"the run in {args.from_run} is a suite run (suite {suite}): attention maps are drawn "
+                                f"on one task; give --data, e.g. one of its points: {', '.join(points)}")
+            stored = {k: v for k, v in stored.items() if k not in ("suite", "objectives", "recall")}  # the suite's own
         config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
         if args.gene is not None:
             gene = AttentionGene.parse(args.gene)
@@ -41,6 +59,8 @@ def _trained_model(args):
         config = checked(Config.from_dict(settings, source="the command line"))
         gene = AttentionGene.parse(args.gene)
     data = data_from_config(config)
+    tokenizer = data.tokenizer or data.vocab
+    ids, text_source = _input(args, tokenizer, data, config.model.with_data(data.vocab_size, data.seq_len).max_seq_len)
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}) to draw its maps",
         args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
@@ -52,20 +72,24 @@ def _trained_model(args):
     source = {"gene": gene.key, "steps": config.train_steps, "seed": config.seed, "data": data.name,
               "val_perplexity": record.get("val_perplexity"), "accuracy": record.get("accuracy"),
               "run": args.from_run}
-    return trainer.model.eval(), data.tokenizer or data.vocab, data, source
+    return trainer.model.eval(), tokenizer, ids, text_source, source
 
 
 def _saved_model(args):
-    """(model, tokenizer, None, source) for --model: the tokenizer is the one saved with it."""
-    from evo_attention.train.saving import load_model, load_tokenizer
+    """(model, tokenizer, ids, text source, source) for --model: the tokenizer is the one saved with it;
+    without --text the example comes from the data of the Config it was trained with."""
+    from evo_attention.data import data_from_config
+    from evo_attention.train.saving import load_config, load_model, load_tokenizer
 
-    return load_model(args.model), load_tokenizer(args.model), None, {"model": str(args.model)}
+    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    data = None if args.text is not None else data_from_config(load_config(args.model))
+    ids, text_source = _input(args, tokenizer, data, model.spec.max_seq_len)
+    return model, tokenizer, ids, text_source, {"model": str(args.model)}
 
 
 def cmd_maps(args) -> int:
     from evo_attention.cli.common import out_arg
-    from evo_attention.studies.maps import attention_maps, encode_text, validation_sample
-    from evo_attention.data import data_from_config
+    from evo_attention.studies.maps import attention_maps
     from evo_attention.util.progress import log
 
     chosen = [name for name in ("model", "gene") if getattr(args, name) is not None]
@@ -75,19 +99,7 @@ def cmd_maps(args) -> int:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
     out = output_dir(out_arg(args, Path(args.from_run) / "maps" if args.from_run else "runs/maps",
                              kind="attention maps"))
-    model, tokenizer, data, source = _saved_model(args) if args.model else _trained_model(args)
-    max_len = model.spec.max_seq_len
-    if args.text is not None:
-        ids = encode_text(args.text, tokenizer, max_len)
-        text_source = "--text"
-    else:
-        if data is None:  # a saved model: the data of the Config it was trained with
-            from evo_attention.train.saving import load_config
-
-            data = data_from_config(load_config(args.model))
-        length = min(args.length, data.seq_len, max_len)
-        ids = validation_sample(data, length, args.sample)
-        text_source = f"validation example {args.sample}, first {len(ids)} tokens"
+    model, tokenizer, ids, text_source, source = _saved_model(args) if args.model else _trained_model(args)
     result = attention_maps(model, ids, out, tokenizer=tokenizer, source=source, text_source=text_source)
     for layer in result["layers"]:
         heads = ", ".join(f"h{m['head']} {100 * m['sparsity']:.0f}% zeros / H {m['entropy']:.2f} / "

@@ -47,11 +47,31 @@ def search_config(args):
     for name, value in settings.items():
         if name in CAP_FIELDS:  # a cap as the config keeps it: "50000" is 50000, "1.2X" is "1.2x"
             value = cap_value(value, name)
-        if name not in RESUMABLE_CHANGES and stored.get(name, defaults.get(name)) != value:
-            raise UserError(f"{flag_of(name) or name} {_shown(value)} contradicts the run in {args.out} (it has "
-                            f"{_shown(stored.get(name))}): drop the setting to resume, or start a new run with --overwrite")
+        had = stored.get(name, defaults.get(name))
+        if name not in RESUMABLE_CHANGES and had != value:
+            has = ("it was started without it" if had in (None, {}, []) else
+                   f"it has {_typed(name, had) if name in ('baseline', 'strategy_options') else _shown(had)}")
+            raise UserError(f"{_typed(name, value)} contradicts the run in {args.out} ({has}): drop the setting to "
+                            "resume, or start a new run with --overwrite")
     merged = {**stored, **{k: settings[k] for k in RESUMABLE_CHANGES if k in settings}}
     return checked(Config.from_dict(merged, source=f"the run in {args.out}"))
+
+
+def _typed(name: str, value) -> str:
+    """A setting in the words the user typed it: its flag(s) and value, or its config-file key."""
+    from evo_attention.cli.common import SETTING_ORIGINS
+
+    if name == "baseline":
+        return "--no-baseline" if value is False else "the baseline"
+    if name == "strategy_options" and isinstance(value, dict):  # --dedupe, --seed-vanilla, --mutation-schedule
+        flags = [flag_of(k) for k in value]
+        if value and all(flags):
+            return " ".join(f if v is True else f"{f} {v}" for f, v in zip(flags, value.values()))
+    flag = flag_of(name)
+    if flag and name not in SETTING_ORIGINS:
+        return f"{flag} {_shown(value)}"
+    where = f" ({SETTING_ORIGINS[name]})" if name in SETTING_ORIGINS else ""
+    return f"{name}: {_shown(value)}{where}"
 
 
 def _shown(value) -> str:

@@ -307,6 +307,7 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
 
 def log_grid(result) -> None:
     """With a learning-rate grid: each gene's selected rate, and a warning per edge winner."""
+    from evo_attention.cli.common import note
     from evo_attention.report.studies.lr_grid import edge_warnings
     from evo_attention.util.progress import log
 
@@ -317,7 +318,7 @@ def log_grid(result) -> None:
                          else [("", grid["genes"])]):
         log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}" for g in genes.values()))
         for line in edge_warnings(genes, grid["rates"], where=where):
-            log(f"warning: {line.replace('`', '')}")
+            note(line.replace('`', ''))  # evo-attention: warning: ...
 
 
 def log_outputs(paths: dict, from_run: str | None) -> None:

@@ -31,7 +31,8 @@ import torch
 
 from evo_attention.util.errors import UserError
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
-from evo_attention.data.vocab import Vocab
+from evo_attention.data.vocab import BYTES_PER_SYMBOL, Vocab
+from evo_attention.util.memory import check_memory
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
 FILL_ID = 0
@@ -81,26 +82,19 @@ def generate(examples: int, *, vocab_size: int, seq_len: int, num_pairs: int, nu
 GENERATION_BYTES_PER_TOKEN = 3 * 8
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation here (Linux ``MemAvailable``), None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _gb(n: int) -> str:
-    return f"{n / 2**30:,.1f} GB"
-
-
-def _too_big(examples: int, seq_len: int, needed: int, why: str) -> UserError:
-    return UserError(f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens needs about {_gb(needed)} of "
-                     f"memory to generate, and {why}: lower max_seq_len or the recall example counts "
-                     "(train_examples, eval_examples)", setting="max_seq_len")
+def check_recall_memory(examples: int, seq_len: int, vocab_size: int) -> None:
+    """UserError when the recall task's splits and vocabulary, estimated before anything is built,
+    would not fit in this machine's memory, naming the setting that takes most of it."""
+    tokens = GENERATION_BYTES_PER_TOKEN * examples * (seq_len + 1)
+    symbols = BYTES_PER_SYMBOL * vocab_size
+    if symbols > tokens:
+        what = f"the recall task's vocabulary of {vocab_size:,} symbols"
+        fix, setting = "lower vocab_size", "vocab_size"
+    else:
+        what = f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens"
+        fix = "lower max_seq_len or the recall example counts (train_examples, eval_examples)"
+        setting = "max_seq_len"
+    check_memory(tokens + symbols, what, fix, setting=setting)
 
 
 class RecallData(ExampleData):
@@ -128,6 +122,8 @@ class RecallData(ExampleData):
             raise UserError(f"recall seq_len {seq_len} is too short for num_pairs {num_pairs} and num_queries {num_queries}; "
                             f"raise seq_len to at least {2 * num_pairs + 2 * num_queries - 1} or lower num_pairs")
 
+        examples = train_examples + 2 * eval_examples
+        check_recall_memory(examples, seq_len, vocab_size)  # before the vocabulary or any split is built
         self.name = "recall"
         self.vocab_size, self.seq_len, self.pad_id = vocab_size, seq_len, FILL_ID
         self.settings = {"vocab_size": vocab_size, "seq_len": seq_len, "num_pairs": num_pairs,
@@ -139,11 +135,6 @@ class RecallData(ExampleData):
         self.vocab = Vocab(["<fill>"] + [f"k{i}" for i in range(self.num_keys)]
                            + [f"v{i}" for i in range(self.num_values)])
         self.data = {}
-        examples = train_examples + 2 * eval_examples
-        needed = GENERATION_BYTES_PER_TOKEN * examples * (seq_len + 1)
-        available = available_memory()
-        if available is not None and needed > available:
-            raise _too_big(examples, seq_len, needed, f"this machine has {_gb(available)} available")
         for split in SPLITS:
             n = train_examples if split == "train" else eval_examples
             try:
@@ -152,7 +143,9 @@ class RecallData(ExampleData):
             except (MemoryError, RuntimeError) as exc:
                 if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
                     raise
-                raise _too_big(examples, seq_len, needed, "the allocation failed") from None
+                raise UserError(f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens could not be "
+                                "generated (the allocation failed): lower max_seq_len or the recall example counts "
+                                "(train_examples, eval_examples)", setting="max_seq_len") from None
 
     def scored_tokens(self, split: str) -> int:
         return self.num_eval_items(self.check_split(split)) * self.num_queries

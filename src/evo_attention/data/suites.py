@@ -41,6 +41,7 @@ from typing import Any
 
 from evo_attention.data.synthetic import TASKS, SyntheticData, data_name, resolve_knobs, synthetic_data
 from evo_attention.util.errors import UserError
+from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 SUITE_KEYS = ("suite", "description", "budget", "steps", "defaults", "points")
@@ -122,7 +123,10 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
             raise UserError(f"unknown suite {text!r}: shipped suites are {', '.join(shipped)}, or give the path of a "
                             "YAML file in the format of docs/tasks.md", setting="suite")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
+    except DuplicateKey as dup:
+        raise UserError(f"suite {path.name} sets {dup.key} twice (lines {dup.first} and {dup.second}): keep one of "
+                        "them (YAML would silently take the last)", setting="suite") from None
     except yaml.YAMLError as error:
         raise UserError(f"suite {path.name}: not valid YAML: {' '.join(str(error).split())}", setting="suite") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -144,7 +148,9 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         raise fail(f"unknown key {unknown[0]!r}; valid keys: {', '.join(SUITE_KEYS)}")
     name = raw.get("suite")
     if not isinstance(name, str) or not name.strip():
-        raise fail("give the suite's name as 'suite: NAME'")
+        # no setting: the words are the file's key, never a flag
+        raise UserError(f"suite file {where} has no name: add a line 'suite: my-tasks' (the name its results are "
+                        "shown under)")
     for key in ("description", "budget"):
         if not isinstance(raw.get(key, ""), str):
             raise fail(f"{key} must be text, got {raw[key]!r}")

@@ -74,8 +74,9 @@ import torch
 
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
 from evo_attention.data.recall import random_subsets
-from evo_attention.data.vocab import Vocab
+from evo_attention.data.vocab import BYTES_PER_SYMBOL, Vocab
 from evo_attention.util.errors import UserError
+from evo_attention.util.memory import check_memory
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
 PAD_ID = 0  # every task's id 0: padding / filler; its targets are never scored
@@ -160,6 +161,9 @@ class Task:
     capability: str = ""
     knobs: tuple[Knob, ...] = ()
     defaults: dict = {}  # None: derived from the other knobs by ``resolve``
+    # peak memory while the splits are generated, per token of every example (measured ~23 bytes:
+    # the examples, their targets and the generator's scratch); tasks with more scratch say so
+    bytes_per_token: int = 24
 
     @property
     def all_knobs(self) -> tuple[Knob, ...]:
@@ -344,6 +348,7 @@ class InContextRecall(Task):
                                   "half of the pairs that fit))"),)
     defaults = {"vocab": 16, "pairs": None}
     noise_vocab_default = 0
+    bytes_per_token = 64  # measured ~59: the query region is drawn whole
 
     # the settings the generator reads (overridden by the noisy and fuzzy variants)
     def key_len(self, k):
@@ -675,6 +680,22 @@ def data_name(task: str, knobs: Mapping[str, Any]) -> str:
 
 
 # -- the dataset ----------------------------------------------------------------------------------
+def check_task_memory(name: str, task: Task, k: dict) -> None:
+    """UserError when the splits and the vocabulary of ``task`` at knobs ``k``, estimated before
+    anything is built, would not fit in this machine's memory, naming the knob that takes most."""
+    examples = k["train_examples"] + 2 * k["eval_examples"]
+    tokens = task.bytes_per_token * examples * (k["seq_len"] + 1)
+    symbols = BYTES_PER_SYMBOL * k["vocab"]
+    if symbols > tokens:
+        what = f"the generated task {name} with a vocabulary of {k['vocab']:,} symbols"
+        fix = f"lower its vocab (the knob {task.name}:vocab=N, or vocab_size where the knob is not given)"
+    else:
+        what = f"the generated task {name} of {examples:,} examples x {k['seq_len'] + 1:,} tokens"
+        fix = (f"lower its seq_len (the knob {task.name}:seq_len=N, or max_seq_len where the knob is not given) "
+               "or its train_examples / eval_examples knobs")
+    check_memory(tokens + symbols, what, fix, setting=("max_seq_len", "vocab_size"))
+
+
 class SyntheticData(ExampleData):
     """A generated task as a TaskData; all splits are generated on construction.
 
@@ -694,6 +715,7 @@ class SyntheticData(ExampleData):
         k = self.knobs
         self.name = name or task
         self.seed = seed
+        check_task_memory(self.name, self.task, k)  # before the vocabulary or any split is built
         self.vocab_size, self.seq_len, self.pad_id = k["vocab"], k["seq_len"], PAD_ID
         self.settings = {"task": task, **self.task.identity(k), "seed": seed, "format_version": FORMAT_VERSION}
         self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})

@@ -55,6 +55,7 @@ from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharToke
                                            byte_alphabet, as_tokenizer)
 from evo_attention.data.vocab import UNK
 from evo_attention.data.words import EOS
+from evo_attention.nn.pretrained import MODEL_TYPE, sha256
 from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
@@ -62,7 +63,6 @@ from evo_attention.util.files import check_output, output_dir, write_bytes, writ
 from evo_attention.util.version import __version__
 
 MODEL_ROOTS = ("evo_attention.nn.model",)  # what the model code ships (with every library module it imports)
-MODEL_TYPE = "evo_attention"
 CONFIG_MODULE = "configuration_evo_attention"
 MODELING_MODULE = "modeling_evo_attention"
 CONFIG_CLASS = "EvoAttentionConfig"
@@ -116,6 +116,10 @@ generate does; without the cache, generation stops at the window. A batch padded
 gives alone; right padding is fine without a cache (a causal model's real positions do not see it)
 and refused for generation.
 """
+
+import hashlib
+import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -191,6 +195,29 @@ def _padding(attention_mask, length: int, cached: bool):
     return mask[:, -length:]
 
 
+def check_files(path, kwargs) -> None:
+    """Every file that the export's config.json lists (``evo_attention.files``: its sha256 when it was
+    exported) checked before the model loads: an altered or damaged file is refused, naming it."""
+    def local(name):
+        if os.path.isdir(path):
+            return os.path.join(path, kwargs.get("subfolder") or "", name)
+        from transformers.utils import cached_file
+
+        hub = ("cache_dir", "revision", "token", "local_files_only", "subfolder", "force_download", "proxies")
+        return cached_file(path, name, **{{k: kwargs[k] for k in hub if k in kwargs}})
+
+    with open(local("config.json"), encoding="utf-8") as f:
+        listed = (json.load(f).get("evo_attention") or {{}}).get("files") or {{}}
+    for name, expected in listed.items():
+        digest = hashlib.sha256()
+        with open(local(name), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            raise OSError(f"{{local(name)}} was altered or damaged (its sha256 differs from the one config.json lists): "
+                          "restore it or export the model again (evo-attention export --format hf)")
+
+
 class {model_class}(PreTrainedModel, GenerationMixin):
     config_class = {config_class}
     base_model_prefix = "model"
@@ -202,6 +229,18 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = TinyTransformer(config.spec(), [AttentionGene.parse(key) for key in config.genes])
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        check_files(os.fspath(pretrained_model_name_or_path), kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # the checksums are those of the exported files; transformers writes its own
+        exported = getattr(self.config, "evo_attention", None)
+        if isinstance(exported, dict) and "files" in exported:
+            self.config.evo_attention = {{k: v for k, v in exported.items() if k != "files"}}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -458,9 +497,13 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
         needs=textwrap.fill("Needs " + ", ".join(requirements(sources)) + ".", 100, break_on_hyphens=False))
     out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export))
     files = {name: text for name, text in sources.items()}
-    files.update({"config.json": json.dumps(config, indent=2) + "\n", "tokenizer.json": tokenizer_json,
+    files.update({"tokenizer.json": tokenizer_json,
                   "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",
                   "README.md": readme})
+    # the sha256 of every other file, checked when the model loads (``check_files`` of the modeling file)
+    config["evo_attention"]["files"] = {**{name: sha256(text.encode("utf-8")) for name, text in files.items()},
+                                        WEIGHTS_FILE: sha256(weights)}
+    files["config.json"] = json.dumps(config, indent=2) + "\n"
     written = [str(write_text(out / name, text)) for name, text in files.items()]
     written.append(str(write_bytes(out / WEIGHTS_FILE, weights)))
     return {"genes": config["genes"], "files": sorted(written), "layers": len(model.genes)}

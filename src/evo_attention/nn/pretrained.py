@@ -26,6 +26,7 @@ from evo_attention.util.files import write_directory
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+MODEL_TYPE = "evo_attention"  # config.json's model_type in the other format: a transformers export (nn.hf)
 TOKENIZER = "tokenizer.json"
 FORMAT = "evo-attention-model/2"
 
@@ -88,15 +89,22 @@ def read_config(directory: str | Path, *, verify: bool = True) -> dict:
     if not path.is_file():
         older = " (it holds model.json: save the model again with this version)" if (directory / "model.json").is_file() else ""
         raise UserError(f"{path} is missing{older}: a model directory holds {CONFIG}, {WEIGHTS} and {TOKENIZER}")
+    def damaged(reason: str) -> UserError:
+        return UserError(f"{path} is damaged ({reason.splitlines()[0][:160]}): restore the directory or save the "
+                         "model again")
+
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict) or not isinstance(meta.get("genes"), list) or \
-                not isinstance(meta.get("config"), dict) or not isinstance(meta.get("files"), dict) or \
-                WEIGHTS not in meta["files"]:
-            raise ValueError("not an evo-attention model config (genes, config and files expected)")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path} is damaged ({str(exc).splitlines()[0][:160]}): restore the directory or save the "
-                        "model again") from None
+        raise damaged(str(exc)) from None
+    if isinstance(meta, dict) and meta.get("model_type") == MODEL_TYPE:
+        raise UserError(f"{directory} is a transformers export (export --format hf), not a model directory of "
+                        "evo-attention: load it with transformers' AutoModelForCausalLM.from_pretrained("
+                        f"{str(directory)!r}, trust_remote_code=True), or give the model directory it was exported from")
+    if not isinstance(meta, dict) or not isinstance(meta.get("genes"), list) or \
+            not isinstance(meta.get("config"), dict) or not isinstance(meta.get("files"), dict) or \
+            WEIGHTS not in meta["files"]:
+        raise damaged("not an evo-attention model config (genes, config and files expected)")
     if verify:
         for name, entry in meta["files"].items():
             check_file(directory, name, entry)

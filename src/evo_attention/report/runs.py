@@ -41,6 +41,7 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
     if len(run_dirs) < 2:
         raise UserError(f"comparing runs needs at least two run directories, got {len(run_dirs)}", setting="run_dirs")
     summaries = [load_run(d) for d in run_dirs]
+    _check_one_kind(run_dirs, summaries)
     names = _names(summaries)
     objectives = summaries[0].objectives
     shared = all(s.objectives == objectives for s in summaries) and len(objectives) > 1
@@ -76,6 +77,25 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.Pa
         raise UserError(f"cannot write the comparison into {out} ({exc.strerror or exc}): free space or make the "
                         "directory writable; the run stores are unchanged", setting="out") from None
     return paths
+
+
+def _check_one_kind(run_dirs: Sequence, summaries: list[RunSummary]) -> None:
+    """UserError unless every store is a search's and all rank by the same measure (a suite run by
+    suite accuracy, any other search by its objectives): rows of other kinds would not compare."""
+    from evo_attention.search.store import RunStore
+
+    for run_dir in run_dirs:
+        with RunStore.open(run_dir, readonly=True) as store:
+            kind = store.kind()
+        if kind != "search":
+            raise UserError(f"{run_dir} holds the store of a {kind}, not of a search: report A B compares searches; "
+                            f"report it alone (evo-attention report {run_dir})", setting="run_dirs")
+    suites = {d: s.suite is not None for d, s in zip(run_dirs, summaries)}
+    if len(set(suites.values())) > 1:
+        suite = next(d for d, is_suite in suites.items() if is_suite)
+        other = next(d for d, is_suite in suites.items() if not is_suite)
+        raise UserError(f"{suite} is a suite run (ranked by suite accuracy) and {other} is not: compare suite runs "
+                        "with suite runs, other searches with other searches", setting="run_dirs")
 
 
 # -- one run ----------------------------------------------------------------------------------------

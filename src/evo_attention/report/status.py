@@ -22,10 +22,14 @@ run again, continues it (finished trainings are kept).
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from evo_attention.search.store import RunStore
 from evo_attention.util.format import finite_or_none
+
+
+SEARCH_ROLES = ("search", "baseline")  # the trainings of a search's own plan
 
 
 def run_status(run_dir: str | Path) -> dict:
@@ -58,7 +62,9 @@ def run_status(run_dir: str | Path) -> dict:
     per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request
     total_planned = None if planned is None else planned + (per_request if config.get("baseline", True) else 0)
     rungs = [e for e in evaluations if e.get("role") == RUNG_ROLE]
-    evaluations = [e for e in evaluations if e.get("role") != RUNG_ROLE]
+    # the search's plan counts its own trainings; studies that add theirs (validate --from-run, ...) are said apart
+    studies = Counter(e.get("role") for e in evaluations if e.get("role") not in (*SEARCH_ROLES, RUNG_ROLE))
+    evaluations = [e for e in evaluations if e.get("role") in SEARCH_ROLES]
     constraints = constraint_view(limits_meta, infeasible_meta, [e for e in evaluations if e.get("role") == "search"])
     never_trained = len(constraints["never_trained"]) if constraints else 0
     ok = [e for e in evaluations if e.metric() is not None]
@@ -98,6 +104,7 @@ def run_status(run_dir: str | Path) -> dict:
         "trained": len(evaluations),
         "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
         "planned": total_planned,
+        "study_trainings": dict(sorted(studies.items(), key=lambda kv: str(kv[0]))),
         "cache_hits": cache_hits(total_planned, len(evaluations) + never_trained, done),
         "done": done,
         "best": None if best is None else {"gene": best["gene"], "perplexity": best["val_perplexity"],
@@ -196,6 +203,9 @@ def format_status(status: dict) -> str:
         state += f" (process {w.get('pid')} on {w.get('host')}, since {w.get('started_at')})"
     elif status.get("resume_command"):
         state += f": no process is writing it; continue with {status['resume_command']}"
+    if status.get("study_trainings"):
+        counts += ("; beside them " + ", ".join(f"{n} {role} training{'s' * (n != 1)}"
+                                                for role, n in status["study_trainings"].items()))
     lines = [f"run {status['run_dir']}: {state}",
              f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
     if status.get("schedule"):

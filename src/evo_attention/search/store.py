@@ -108,6 +108,10 @@ def _gene_key(gene: Any) -> str:
 
 
 # -- the store ----------------------------------------------------------------------------------
+
+class DiskFull(UserError):
+    """The disk under a store is full (its message says how to go on)."""
+
 class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
 
@@ -161,14 +165,25 @@ class RunStore:
         except OSError as exc:
             raise UserError(f"cannot create run directory {run_dir}: {exc.strerror}; pick a writable out",
                             setting="out") from None
-        store = cls(path, cls._connect(path, readonly=False))
-        with store._transaction() as conn:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            rows = {"schema_version": SCHEMA_VERSION, "created_at": _now(), **meta, "config": dict(config)}
-            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                             [(k, dumps(v)) for k, v in rows.items()])
+        store = None
+        try:
+            store = cls(path, cls._connect(path, readonly=False))
+            with store._transaction() as conn:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                rows = {"schema_version": SCHEMA_VERSION, "created_at": _now(), **meta, "config": dict(config)}
+                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                 [(k, dumps(v)) for k, v in rows.items()])
+        except DiskFull:
+            # nothing of the run was stored (one transaction): no half store is left, and the line says to
+            # start again, since there is nothing a resume could continue
+            if store is not None:
+                store.close()
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            raise DiskFull(f"the disk holding {run_dir} is full: free space, then start the run again with the same "
+                           "command (nothing of it was stored, so there is nothing to resume)") from None
         return store
 
     @classmethod
@@ -254,6 +269,8 @@ class RunStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
+            if "full" in str(exc).lower():
+                raise DiskFull(f"the disk holding {path} is full: free space, then run the command again") from None
             raise UserError(f"{path} cannot be opened as a run store ({exc}): if it is a damaged run, restore a copy "
                             "or save what is readable with `sqlite3 run.db .recover`") from None
         return conn
@@ -262,7 +279,7 @@ class RunStore:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
         if "full" in text.lower():
-            return UserError(f"the disk holding {self.path} is full: free space, then resume the run; every "
+            return DiskFull(f"the disk holding {self.path} is full: free space, then resume the run; every "
                              "evaluation that finished is kept in the store", setting="resume")
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
             return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")

@@ -1,8 +1,9 @@
 """Warm start: a search's first generation from the best genes of an earlier run (``init_from``).
 
 ``init_from: RUN[:K]`` (``--init-from``) reads the run store in directory ``RUN``, ranks its
-finished search genes the way this run ranks (by perplexity; with several objectives by Pareto
-front, crowding distance, then perplexity; genes over the earlier run's own caps after the others)
+finished search genes the way that run ranked them (by perplexity; with several objectives by Pareto
+front, crowding distance, then perplexity; genes over the earlier run's own caps after the others;
+a suite run by suite accuracy, highest first, over the genes that trained on every point)
 and takes the best ``K`` (default: this run's population size). A gene that does not fit this run
 is skipped with one warning line naming it and why:
 
@@ -29,9 +30,11 @@ from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpa
 from evo_attention.search import constraints, pareto
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
+from evo_attention.train.suite import scores_from_records
 from evo_attention.util.errors import UserError
 
 META_KEY = "init_from"
+SUITE_META = "suite"  # a suite run's meta (search.driver): its points
 
 
 def parse_init_from(text: str) -> tuple[str, int | None]:
@@ -69,6 +72,12 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
 def ranked_genes(store: RunStore, objectives) -> list[str]:
     """The keys of the finished search genes of a run, best first (see the module docstring)."""
     config = store.config() or {}
+    suite = store.get_meta(SUITE_META)
+    if suite:  # a suite run ranks by suite accuracy, the genes that trained on every point
+        scores = scores_from_records(store.evaluations(role="search"), suite, seed=config.get("seed"))
+        ranked = sorted((-score.aggregate, key) for key, score in scores.items()
+                        if score.aggregate is not None and not score.all_failed)
+        return [key for _, key in ranked]
     limits = (store.get_meta(constraints.META_LIMITS) or {}).get("limits") or {}
     records: dict[str, dict] = {}
     for record in store.evaluations(role="search"):

@@ -72,7 +72,7 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
     """``base_seed + 1 ... base_seed + n``; refuses fewer than ``minimum`` seeds (a spread and an
     interval need 2) and a list that holds ``search_seed``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-        why = ("a spread and a confidence interval need at least 2 seeds (5 is the default)" if minimum >= 2
+        why = ("a spread and a confidence interval need at least 2 seeds" if minimum >= 2
                else "give a positive number of seeds")
         raise UserError(f"{setting} {n!r} is too few: {why}", setting=setting)
     seeds = list(range(int(base_seed) + 1, int(base_seed) + n + 1))
@@ -148,9 +148,9 @@ def tuning_seeds(base_seed: int, n: int, *, verdict_seeds: Iterable[int] = (),
     return seeds
 
 
-def _check_fraction(value, name: str, high: float = 0.5) -> None:
+def _check_fraction(value, name: str, high: float = 0.5, example: str = "0.01 (1%)") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < high:
-        raise UserError(f"{name} must be a fraction in (0, {high}) such as 0.01 (1%), got {value!r}", setting=name)
+        raise UserError(f"{name} must be a fraction in (0, {high:g}) such as {example}, got {value!r}", setting=name)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class StudySetup:
                             "not text, so there are no bytes or characters to score; use val_perplexity, val_loss or "
                             "accuracy", setting="metric")
         _check_fraction(margin, "margin")
-        _check_fraction(power, "power", high=1.0)
+        _check_fraction(power, "power", high=1.0, example="0.8 (80%)")
         planned = None
         if n_seeds == "auto":
             if mde is None:

@@ -14,6 +14,7 @@ import torch
 
 from evo_attention.train.probe_cache import cpu_name, pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.util.errors import UserError
+from evo_attention.util import memory
 from evo_attention.util.version import __version__
 
 
@@ -291,23 +292,11 @@ def memory_in_use_mb(device: torch.device) -> float | None:
 
 def available_memory_mb(device: torch.device) -> float | None:
     """Memory a training could still take here: on CUDA the device's free memory; else the
-    machine's available RAM (psutil where installed, else Linux's /proc/meminfo); None if unknown."""
+    machine's available RAM (``util.memory.available_memory``); None if unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] / 2**20
-    try:
-        import psutil
-
-        return psutil.virtual_memory().available / 2**20
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    available = memory.available_memory()
+    return None if available is None else available / 2**20
 
 
 def is_oom(exc: BaseException) -> bool:

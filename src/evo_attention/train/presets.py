@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from evo_attention.train.config import Config, warmup_twice
 from evo_attention.util.errors import UserError
+from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
 PRESETS: dict[str, dict[str, Any]] = {
     "seed": {},
@@ -81,8 +82,8 @@ def read_config_file(path: str | Path) -> dict:
         raise UserError(f"config file {path} does not exist: check the path given to config_file",
                         setting="config_file")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())
-    except _DuplicateKey as exc:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
+    except DuplicateKey as exc:
         raise UserError(f"config file {path} sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one "
                         "of them (YAML would silently take the last)", setting="config_file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -97,35 +98,6 @@ def read_config_file(path: str | Path) -> dict:
         raise UserError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
     Config.check_keys(data, source=str(path))
     return _yaml_numbers(data)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key, first: int, second: int):
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-
-def _unique_key_loader():
-    """A safe YAML loader that refuses a key given twice in one mapping (plain YAML keeps the last)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            try:
-                if key in seen:
-                    raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
-                seen[key] = key_node.start_mark.line + 1
-            except TypeError:  # an unhashable key: the default constructor names it
-                pass
-        return loader.construct_mapping(node, deep=deep)
-
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return UniqueKeyLoader
 
 
 def _yaml_numbers(data: dict) -> dict:

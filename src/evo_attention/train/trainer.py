@@ -84,7 +84,8 @@ from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PROBE_STEPS, autocast,
-                                             choose_precision, is_oom, matmul_dtype, peak_memory_mb,
+                                             available_memory_mb, choose_precision, is_oom, matmul_dtype,
+                                             peak_memory_mb,
                                              reset_peak_memory, resolve_compile, resolve_device, synchronize,
                                              versions)
 from evo_attention.train.optim import SingleAdamW, StackedAdamW, adamw_state
@@ -92,6 +93,7 @@ from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.schedules import scheduled_rate
 from evo_attention.train.spec import Trial
 from evo_attention.util.errors import UserError
+from evo_attention.util.memory import check_memory
 
 # nats above the uniform-guess loss ln(vocab) at which a finite loss still counts as diverged
 ABSURD_MARGIN = 5.0
@@ -396,6 +398,33 @@ class Member:
 # The engine
 # ---------------------------------------------------------------------------------------------
 
+# bytes per parameter of a training: the fp32 weight, its gradient and AdamW's two moments
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(genome: str, spec) -> int:
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, no random draws
+        return TinyTransformer(spec, genome).num_parameters()
+
+
+def check_training_memory(spec, genome, models: int, device: torch.device) -> None:
+    """UserError when the weights, gradients and optimizer moments of ``models`` models of ``genome``
+    at ``spec`` would not fit in the memory available to ``device``, estimated before any is built
+    (activations come on top: a training that still runs out is recorded ``oom``)."""
+    params = _parameters(mechanism_of(genome).key, spec)
+    needed = TRAINING_BYTES_PER_PARAMETER * params * models
+    embedding = spec.vocab_size * spec.d_model
+    if 2 * embedding > params:
+        fix, setting = "lower vocab_size (the vocabulary sets the embedding) or d_model", ("vocab_size", "d_model")
+    else:
+        fix, setting = "lower d_model or n_layers", ("d_model", "n_layers")
+    what = f"training {'a model' if models == 1 else f'{models} models'} of {params:,} parameters"
+    available = available_memory_mb(device)
+    check_memory(needed, what, fix, setting=setting, available=None if available is None else available * 2**20,
+                 where="this machine" if device.type == "cpu" else str(device))
+
+
 class Trainer:
     """Trains K >= 1 trials as one (see the module docstring); ``train()`` may be called again to
     continue. A trainer of one trial reads as its member: ``trainer.model``, ``.curve``,
@@ -411,6 +440,7 @@ class Trainer:
         self.device = resolve_device(device if device is not None else first.train.device)
         # the model's vocabulary and window come from the data
         self.spec = first.model.with_data(data.vocab_size, data.seq_len)
+        check_training_memory(self.spec, first.gene, len(trials), self.device)  # before any model is built
         # auto: measured per model shape on this machine (environment.choose_precision); the record says why
         self.precision, self.precision_reason = choose_precision(
             first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,

@@ -304,11 +304,12 @@ def compare(samples: dict[str, Iterable], reference: Iterable, confidence: float
 
 
 def check_confidence(confidence: float) -> None:
-    """UserError unless ``confidence`` is a level in [0.5, 1)."""
+    """UserError unless ``confidence`` is a level in (0.5, 1): a verdict tests at 1 - confidence, a
+    significance level below 0.5 (``check_alpha``)."""
     from evo_attention.util.errors import UserError
 
-    if not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1.0:
-        raise UserError(f"confidence {confidence!r} is outside [0.5, 1): use e.g. 0.95")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1.0:
+        raise UserError(f"confidence {confidence!r} is outside (0.5, 1): use e.g. 0.95", setting="confidence")
 
 
 def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | None]:

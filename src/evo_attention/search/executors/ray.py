@@ -3,6 +3,8 @@ existing cluster (``address``). See docs/scaling.md."""
 
 from __future__ import annotations
 
+import logging
+
 import os
 from dataclasses import replace
 
@@ -123,10 +125,13 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             handler = _sigterm_handler()
             try:
+                # Ray's own INFO/WARNING lines (its start, its token setup) are not the tool's: only errors show
+                logging.getLogger("ray").setLevel(logging.ERROR)
+                quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
                 if self.address:
-                    ray.init(address=self.address, log_to_driver=False)
+                    ray.init(address=self.address, **quiet)
                 else:
-                    ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
+                    ray.init(num_cpus=self.num_cpus, include_dashboard=False, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
                 raise UserError(f"cannot start or reach {where} ({str(exc).splitlines()[0][:200]}): start a cluster "
