@@ -498,7 +498,7 @@ points:
 @pytest.mark.parametrize("text, needles", [
     ("[1, 2]", ["mapping"]),
     ("suite: x\n", ["points"]),
-    ("points: [{task: mqar}]\n", ["suite: NAME"]),
+    ("points: [{task: mqar}]\n", ["suite: my-tasks"]),
     ("suite: x\nbudgett: 3\npoints: [{task: mqar}]\n", ["'budgett'", "budget"]),
     ("suite: x\npoints: []\n", ["non-empty"]),
     ("suite: x\npoints: [{task: mad:copy, knobs: {seq_len: 32, vocab: 16}}]\n", ["point 1", "'mad:copy'", "mad:compression"]),
