@@ -1,14 +1,15 @@
 """Study 2's committed verdicts re-read by the current verdict rule (docs/findings.md, "Study 2's
 verdicts under the exact-test rule").
 
-    python benchmarks/rule_changes.py [docs/findings]
+    python benchmarks/rule_changes.py [docs/findings] [--out docs/findings/rule-changes.json]
 
 Reads every committed result of study 2 that holds paired comparisons (validations, the suite
 validation, the transfer ladder, the curve verdicts, the strategy comparison), recomputes each
 family with ``util.stats.versus_reference`` from the per-seed values the file stores (its own
 margin, Holm over the same family as the file), and prints one row per comparison: the verdict
 the file states, the verdict now, the test that decides now with its p, and the one-line
-'cannot decide' message where these seeds cannot reach alpha. Nothing is trained; nothing is written.
+'cannot decide' message where these seeds cannot reach alpha. Nothing is trained; with ``--out``
+the rows are also written as JSON (the committed docs/findings/rule-changes.json).
 """
 
 from __future__ import annotations
@@ -90,7 +91,12 @@ def _p(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        out = Path(argv[at + 1])
+        del argv[at:at + 2]
     root = Path(argv[0]) if argv else ROOT / "docs" / "findings"
     found = rows(root)
     changed = [r for r in found if r["before"] != r["now"]]
@@ -101,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['file']} | `{r['gene']}` | {r['n']} | {r['before']} | {_p(r['p_before'])} | "
               f"{mark}{r['now']}{mark} | {r['test']} | {_p(r['p_now'])} | {r['note'] or ''} |")
     print(f"\n{len(changed)} of {len(found)} verdicts change.")
+    if out is not None:
+        out.write_text(json.dumps({"kind": "rule-changes", "rule": stats.ANALYSIS, "changed": len(changed),
+                                   "total": len(found), "rows": found}, indent=2, default=str) + "\n")
     return 0
 
 
