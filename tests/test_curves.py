@@ -207,3 +207,64 @@ def test_an_interrupted_curve_keeps_what_finished_and_resumes(tmp_path):
     resumed = run_curve(config, "baseline", "pairs", [2, 4], seeds=1, out_dir=tmp_path, executor=executor, quiet=True)
     assert [d for d, _, _ in executor.trained] == [resumed["points"][1]["data"]]  # only the one that had not finished
     assert "interrupted" not in resumed.to_dict()
+
+
+# -- each gene at its best rate; no attention dropout on a generated task -----------------------------
+def test_named_configurations_train_without_attention_dropout_on_a_generated_task():
+    from evo_attention.studies.curves import gene_entries
+
+    entries = dict(gene_entries(f"baseline,linear,{WINDOWED}", Config(**TINY)))
+    assert entries["baseline"].attention_dropout == 0.0 and entries["linear"].attention_dropout == 0.0
+    assert entries[WINDOWED].attention_dropout == 0.1  # a gene string is used as written: it asked for dropout
+    text = dict(gene_entries("baseline", Config(**{**TINY, "data": "wikitext2"})))
+    assert text["baseline"].attention_dropout == 0.1  # text keeps the named configuration's dropout
+
+
+def test_a_curve_with_a_learning_rate_grid(tmp_path, capsys):
+    class RateExecutor(CountingExecutor):
+        rates = []
+
+        def run(self, tasks, **kw):
+            for task, record in super().run(tasks, **kw):
+                self.rates.append((task.trial.task.data, task.gene, task.seed, task.trial.train.learning_rate))
+                yield task, record
+
+    config = Config(**TINY)
+    executor = RateExecutor()
+    run_curve(config, f"baseline,{WINDOWED}", "pairs", [2, 4], seeds=2, out_dir=tmp_path,
+              executor=executor, quiet=True, lr_grid=[1e-3, 1e-2], n_tuning_seeds=1)
+    tuning = [t for t in executor.trained if t[2] == 1043]  # seed + 1001: the one tuning seed
+    assert len(tuning) == 2 * 2 * 2  # genes x rates x points
+    assert len(executor.trained) == len(tuning) + 2 * 2 * 2  # and genes x seeds x points on the curve's seeds
+    written = json.loads((tmp_path / CURVE_RESULTS).read_text())
+    assert [g["value"] for g in written["grids"]] == [2, 4]
+    for grid in written["grids"]:
+        assert grid["rates"] == [1e-3, 1e-2] and grid["tuning_seeds"] == [1043] and grid["metric"] == "accuracy"
+        assert grid["lower_is_better"] is False  # the best rate is the one of the highest accuracy
+    for gene in written["genes"]:
+        assert gene["lr"] == [written["grids"][i]["genes"][gene["gene"]]["selected"] for i in range(2)]
+    with RunStore.open(tmp_path, readonly=True) as store:
+        records = store.evaluations()
+    assert {r["role"] for r in records} == {"curve", "lr-grid"}
+    rate_of = {(d, g, s): r for d, g, s, r in executor.rates}
+    for gene in written["genes"]:  # each curve training ran at its gene's rate at that point
+        for i, point in enumerate(written["points"]):
+            assert {rate_of[(point["data"], gene["gene"], s)] for s in (43, 44)} == {gene["lr"][i]}
+    assert "## Learning rates" in (tmp_path / CURVE_TABLE).read_text()
+
+    executor.trained.clear()  # a repeat trains nothing, the grid included
+    run_curve(config, f"baseline,{WINDOWED}", "pairs", [2, 4], seeds=2, out_dir=tmp_path, executor=executor,
+              quiet=True, lr_grid=[1e-3, 1e-2], n_tuning_seeds=1)
+    assert executor.trained == []
+
+
+def test_the_command_takes_a_grid_and_refuses_it_with_match_params(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert main(["curve", "--genes", "baseline", "--data", DATA, "--knob", "pairs=2,4", "--lr-grid", "1e-3,1e-2",
+                 "--tuning-seeds", "1", "--out", str(out)] + TINY_FLAGS) == 0
+    assert "selected learning rates at pairs=2:" in capsys.readouterr().err
+    assert main(["curve", "--genes", "baseline,linear", "--data", DATA, "--knob", "pairs=2,4", "--lr-grid",
+                 "1e-3,1e-2", "--match-params", "--out", str(tmp_path / "m")] + TINY_FLAGS) == 2
+    err = capsys.readouterr().err
+    assert "match_params cannot be combined with lr_grid" in err or "--match-params" in err
+    assert "Traceback" not in err

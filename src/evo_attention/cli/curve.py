@@ -6,7 +6,10 @@
 For every value of ``--knob`` the data is ``--data`` with the knob set inline; every gene (compare's
 names or gene strings) is trained on it with the seeds ``seed + 1 ... seed + N``. The trainings are
 kept in a run store in ``--out``, so a repeat trains nothing and an interrupted curve resumes.
-Writes curve.json, curve.md and curve.png into ``--out`` (see ``studies.curves``). Without
+Writes curve.json, curve.md and curve.png into ``--out`` (see ``studies.curves``). With ``--lr-grid``
+each gene trains at each point at its own best rate of the grid, chosen by accuracy on the tuning
+seeds ``seed + 1001 ...``. On a generated task the named configurations train without attention
+dropout; a gene string is used as written. Without
 ``--vocab-size`` (from a flag, a preset or a config file) a task's vocabulary is its own default.
 """
 
@@ -38,9 +41,10 @@ def register(subparsers) -> None:
                         "each gene's solve rate falls below one half")
     p.add_argument("--solve-test", choices=["fisher", "barnard"], default="fisher",
                    help="with --solve-threshold: the exact test of two solve rates (default fisher)")
-    from evo_attention.cli.validate import add_match_flag
+    from evo_attention.cli.validate import add_grid_flags, add_match_flag
 
     add_match_flag(p, " at every point", "the reference gene (the one named baseline, else the first)")
+    add_grid_flags(p, "gene at every point")
     p.add_argument("--plan", metavar="FILE",
                    help="run a registered curve plan (YAML: genes, knob, seeds, solve_threshold, alpha, test; see "
                         "docs/validation.md); its values replace --seeds, --solve-threshold and --solve-test, and a "
@@ -116,7 +120,9 @@ def cmd_curve(args) -> int:
                            executor=executor, quiet=args.quiet, solve_threshold=args.solve_threshold,
                            solve_test=args.solve_test, match_params=args.match_params,
                            confidence=0.95 if plan is None else 1.0 - plan.family()["alpha"],
-                           plan=None if plan is None else plan.record())
+                           plan=None if plan is None else plan.record(), lr_grid=args.lr_grid,
+                           n_tuning_seeds=args.tuning_seeds)
+    log_curve_rates(result, knob, args.quiet)
     for gene in result.genes:
         where = (f"breaks at {knob}={gene['breaks_at']}" if gene["breaks_at"] is not None
                  else "holds" if gene["holds"] else "no break among the values with a result")
@@ -129,3 +135,19 @@ def cmd_curve(args) -> int:
             log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
     return 0 if any(r["mean"] is not None for g in result.genes for r in g["points"]) else 1
+
+
+def log_curve_rates(result, knob: str, quiet: bool) -> None:
+    """With a learning-rate grid: each gene's selected rate per point, and a warning per edge winner."""
+    from evo_attention.cli.common import note
+    from evo_attention.report.studies.lr_grid import edge_warnings
+    from evo_attention.util.progress import log
+
+    for grid in result.grids or []:
+        if not grid.get("genes"):
+            continue
+        where = f" at {knob}={grid['value']}"
+        log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}"
+                                                            for g in grid["genes"].values()), quiet)
+        for line in edge_warnings(grid["genes"], grid["rates"], where=where):
+            note(line.replace('`', ''))

@@ -99,11 +99,14 @@ class NamedConfig:
             return 1
         return 0 if not self.kv_groups else max(1, n_heads // self.kv_groups)
 
-    def gene(self, d_model: int, n_heads: int = 4, max_seq_len: int = 128) -> AttentionGene:
-        return AttentionGene.parse(VANILLA_KEY).replace(position=self.position, qkv_rank=self.rank(d_model),
+    def gene(self, d_model: int, n_heads: int = 4, max_seq_len: int = 128,
+             attention_dropout: float | None = None) -> AttentionGene:
+        """The configuration's gene at this size; ``attention_dropout`` (not None) replaces the vanilla one."""
+        gene = AttentionGene.parse(VANILLA_KEY).replace(position=self.position, qkv_rank=self.rank(d_model),
                                                         attn_bias=self.attn_bias, window=self.window(max_seq_len),
                                                         kv_heads=self.kv_heads(n_heads),
                                                         normalization=self.normalization)
+        return gene if attention_dropout is None else gene.replace(attention_dropout=float(attention_dropout))
 
 
 # The one table of named configurations (docs/compare.md shows the same).
@@ -138,11 +141,13 @@ EVOLVED_NAME = "evolved"
 
 # -- choosing the configurations ---------------------------------------------------------------
 def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int = 4,
-                    max_seq_len: int = 128) -> list[tuple[str, AttentionGene]]:
+                    max_seq_len: int = 128, attention_dropout: float | None = None) -> list[tuple[str, AttentionGene]]:
     """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
 
     ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
     named by its key. Repeats are dropped; an unknown name is a UserError listing the valid ones.
+    ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
+    generated task the studies give 0: see ``named_dropout``); gene strings stay as written.
     """
     if spec is None:
         items = ["all"]
@@ -157,12 +162,12 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     for item in items:
         if item == "all":
             for named in NAMED_CONFIGS:
-                entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len))
+                entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len, attention_dropout))
         elif "|" in item:
             gene = AttentionGene.parse(item)
             entries.setdefault(gene.key, gene)
         elif item in CONFIGS_BY_NAME:
-            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model, n_heads, max_seq_len))
+            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model, n_heads, max_seq_len, attention_dropout))
         else:
             raise UserError(f"unknown configuration {item!r}: valid names are all, {', '.join(CONFIGS_BY_NAME)} "
                             "(or a gene string like 'dot|softmax|none|fixed|pos=rope')")

@@ -44,6 +44,19 @@ serves), its widths (``ffn``) and ``params`` per point and each served gene's ``
 reference itself. The solve-rate verdicts are then against each gene's matched reference
 (``solve_versus`` names it in ``versus``, Holm over those comparisons), and ``solve_versus_plain``
 keeps the comparison with the plain reference (its own Holm family).
+
+With ``lr_grid`` each gene is trained, at each point, at its own best rate of the grid, as
+Zoology reports the best rate per mixer and point and the other studies do (``studies.lr_grid``):
+every gene at every rate on the tuning seeds (``seed + 1001 ...``, never a curve seed), measured
+on the validation split by accuracy; its rate at that point is the best mean accuracy among the
+rates at which every tuning seed finished (ties to the smaller rate); the curve's seeds then train
+at that rate. The tuning trainings of every point run in one runner call, then the curve's. The
+result keeps each point's ``grid`` block (``grids``) and each gene row its rate per point (``lr``).
+Not with ``match_params`` (``StudySetup.resolve`` says so).
+
+On a generated task the named configurations (``baseline``, ``linear``, ...) train without
+attention dropout (their gene's ``0.00``; dropout only slows a recall task's escape from its
+plateau); a gene string is used as written, so ``...|bias|0.10`` asks for dropout.
 """
 
 from __future__ import annotations
@@ -59,8 +72,9 @@ from evo_attention.data.synthetic import TASKS, data_name, given_knobs, is_synth
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
 from evo_attention.search.executors import Executor, executor_for
-from evo_attention.studies.common import StudyResult, StudySetup, study_store, validation_seeds
+from evo_attention.studies.common import DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_store, validation_seeds
 from evo_attention.studies.compare import resolve_configs
+from evo_attention.studies.lr_grid import grid_of, selected_rates, tuning_tasks
 from evo_attention.train.config import Config
 from evo_attention.train.record import usable_metric
 from evo_attention.util import stats
@@ -150,7 +164,7 @@ def gene_entries(genes, config: Config) -> list[tuple[str, AttentionGene]]:
     if not any(str(g).strip(", ") for g in items):
         raise UserError("genes is empty: give names such as baseline,linear or gene strings", setting="genes")
     return resolve_configs(items[0] if len(items) == 1 else [str(g) for g in items], config.d_model, config.n_heads,
-                           config.max_seq_len)
+                           config.max_seq_len, attention_dropout=0.0 if is_synthetic(config.data) else None)
 
 
 # -- the statistics ---------------------------------------------------------------------------------
@@ -319,6 +333,7 @@ class CurveResult(StudyResult):
     provenance: Mapping[str, Any]
     interrupted: bool = False
     solve: Mapping[str, Any] | None = None  # the solve-rate block (``solve_statistics``) with a threshold
+    grids: list[dict] | None = None  # with a learning-rate grid: each point's ``grid`` block (``lr_grid.grid_of``)
 
     kind: ClassVar[str] = "curve"
 
@@ -328,6 +343,8 @@ class CurveResult(StudyResult):
                "confidence": self.confidence, "points": self.points, "genes": self.genes}
         if self.solve is not None:
             out["solve"] = self.solve
+        if self.grids is not None:
+            out["grids"] = self.grids
         if self.interrupted:
             out["interrupted"] = True
         return to_jsonable({**out, **self.provenance})
@@ -336,7 +353,8 @@ class CurveResult(StudyResult):
 def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Mapping[int, dict], entries,
                done: Mapping, seeds: Sequence[int], config: Config, provenance: Mapping, break_at: float,
                confidence: float, interrupted: bool = False, solve_threshold: float | None = None,
-               solve_test: str = "fisher", matches: Sequence[Mapping[str, dict]] | None = None) -> CurveResult:
+               solve_test: str = "fisher", matches: Sequence[Mapping[str, dict]] | None = None,
+               grids: Mapping[int, dict] | None = None) -> CurveResult:
     values = [p.value for p in points]
     genes = []
     for name, gene, d_ff, extra in [(n, g, None, {}) for n, g in entries] + matched_rows(entries, matches, config):
@@ -347,15 +365,19 @@ def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Ma
         breaks = first_break(values, [r["mean"] for r in rows], break_at)
         for row in rows:
             row["below"] = None if row["mean"] is None else row["mean"] < break_at
+        rates = {} if not grids else {"lr": [grids[i]["genes"][gene.key]["selected"] if i in grids else None
+                                              for i in range(len(points))]}
         genes.append({"name": name, "gene": gene.key, "points": rows, "breaks_at": breaks,
-                      "holds": breaks is None and all(r["mean"] is not None for r in rows), **extra})
+                      "holds": breaks is None and all(r["mean"] is not None for r in rows), **rates, **extra})
     point_rows = [{"value": p.value, "data": p.data, "knobs": p.knobs,
                    "chance_accuracy": described[i]["chance_accuracy"] if i in described else p.chance_accuracy,
                    "description": described.get(i)} for i, p in enumerate(points)]
     solve = None if solve_threshold is None else solve_statistics(genes, values, solve_threshold, confidence,
                                                                      solve_test)
+    grid_rows = None if grids is None else [{"value": p.value, **grids[i]} if i in grids else {"value": p.value}
+                                            for i, p in enumerate(points)]
     return CurveResult(task, knob, values, config.data, break_at, confidence, point_rows, genes, provenance,
-                       interrupted, solve)
+                       interrupted, solve, grid_rows)
 
 
 def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], pool) -> dict:
@@ -377,7 +399,8 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
               out_dir: str | Path | None = "runs/curve", break_at: float = DEFAULT_BREAK_AT,
               confidence: float = 0.95, executor="local", quiet: bool = False,
               solve_threshold: float | None = None, solve_test: str = "fisher",
-              match_params: bool = False, plan: Mapping | None = None) -> CurveResult:
+              match_params: bool = False, plan: Mapping | None = None,
+              lr_grid: str | Sequence[float] | None = None, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> CurveResult:
     """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
     + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None).
 
@@ -388,6 +411,8 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     counts, solve-rate verdicts by ``solve_test`` (fisher or barnard) and solve breaks (module text).
     ``match_params``: the reference gene also at each other gene's parameter count (module text).
     ``plan``: the registered plan the curve runs (``studies.plan.StudyPlan.record``), kept in the result.
+    ``lr_grid``: each gene at its best rate of these at each point, tuned on ``n_tuning_seeds`` seeds
+    (module text).
     """
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)
@@ -409,6 +434,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     ref_name = reference_gene([{"name": n} for n, _ in entries])["name"]
     reference = dict(entries)[ref_name]
     matches: list[dict] | None = [] if match_params else None
+    grids: dict[int, dict] | None = {} if lr_grid else None
 
     start = time.perf_counter()
 
@@ -416,7 +442,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
         provenance = {**_provenance(config, first, seed_list, pool), "total_time_s": time.perf_counter() - start,
                       **({"plan": dict(plan)} if plan is not None else {})}
         return _result_of(task, knob, points, described, entries, done, seed_list, config, provenance, break_at,
-                          confidence, interrupted, solve_threshold, solve_test, matches)
+                          confidence, interrupted, solve_threshold, solve_test, matches, grids)
 
     with ExitStack() as stack:
         if own:
@@ -424,21 +450,32 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
         store = stack.enter_context(study_store(out_dir, config, "curve")) if out_dir is not None else None
         try:
             # every point's tasks in one runner call (module docstring)
-            tasks, point_of, datasets = [], {}, {}
+            tasks, point_of, datasets, setups = [], {}, {}, []
             for i, point in enumerate(points):
                 at = config.replace(data=point.data)
                 data = data_from_config(at)
                 described[i] = data.describe()
-                setup = StudySetup.resolve(at, data, role="curve", n_seeds=seeds, min_seeds=1, metric=METRIC,
-                                           confidence=confidence, store=store, executor=pool, quiet=quiet,
-                                           seeds_setting="seeds")
-                if first is None:
-                    first = setup
-                datasets[setup.config.task] = data
-                for work in setup.tasks([gene for _, gene in entries],
-                                        labels={key: f"{name}, {knob}={point.value}" for key, name in labels.items()}):
-                    point_of[work] = i  # (not ``task``: that is the curve's task name, which the result keeps)
-                    tasks.append(work)
+                setups.append(StudySetup.resolve(at, data, role="curve", n_seeds=seeds, min_seeds=1, metric=METRIC,
+                                                 confidence=confidence, store=store, executor=pool, quiet=quiet,
+                                                 seeds_setting="seeds", lr_grid=lr_grid or None,
+                                                 n_tuning_seeds=n_tuning_seeds, match_params=match_params))
+                datasets[setups[-1].config.task] = data
+            first = setups[0]
+            point_labels = [{key: f"{name}, {knob}={p.value}" for key, name in labels.items()} for p in points]
+            keys = list(dict.fromkeys(gene.key for _, gene in entries))
+            if grids is not None:  # every point's tuning trainings in one runner call, then the curve's
+                tuning = [t for setup, names in zip(setups, point_labels) for t in tuning_tasks(setup, keys,
+                                                                                                   labels=names)]
+                tuned = first.run(tuning, datasets=datasets)
+                for i, setup in enumerate(setups):
+                    grids[i] = grid_of(setup, keys, tuned)
+            for i, (point, setup) in enumerate(zip(points, setups)):
+                rates = selected_rates(grids[i]) if grids is not None else {}
+                for key in keys:
+                    at_rate = setup.at_rate(rates[key]) if key in rates else setup
+                    for work in at_rate.tasks([key], labels=point_labels[i]):
+                        point_of[work] = i  # (not ``task``: that is the curve's task name, which the result keeps)
+                        tasks.append(work)
                 if matches is not None:  # the reference at each other gene's parameter count at this point
                     by_key = setup.matched_baselines([g.key for n, g in entries if n != ref_name], reference.key)
                     matches.append({n: by_key[g.key] for n, g in entries if n != ref_name})

@@ -57,13 +57,35 @@ def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Map
     split; from the store where there) in one call of the runner, and select each gene's rate:
     the ``grid`` block (see ``grid_block``)."""
     keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    tasks = tuning_tasks(setup, keys, labels=labels)
+    return grid_of(setup, keys, tuning_setup(setup).run(tasks))
+
+
+def tuning_setup(setup: StudySetup) -> StudySetup:
+    """The setup of the tuning trainings: the tuning seeds, the validation split, role ``lr-grid``."""
+    return dataclasses.replace(setup, seeds=tuple(setup.tuning_seeds), eval_split="valid", role=TUNING_ROLE,
+                               planned=None)
+
+
+def tuning_tasks(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
+                 labels: Mapping[str, str] | None = None) -> list:
+    """Every gene at every rate of ``setup.lr_grid`` on the tuning seeds: the tasks of step 1, for
+    a caller that runs them together with other tasks (``grid_of`` reads their records)."""
+    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
     check_rates_free(keys)
-    tuning = dataclasses.replace(setup, seeds=tuple(setup.tuning_seeds), eval_split="valid", role=TUNING_ROLE,
-                                 planned=None)
-    tasks = [task for rate in setup.lr_grid for task in tuning.at_rate(rate).tasks(keys, _at(keys, rate, labels))]
+    tuning = tuning_setup(setup)
+    return [task for rate in setup.lr_grid for task in tuning.at_rate(rate).tasks(keys, _at(keys, rate, labels))]
+
+
+def grid_of(setup: StudySetup, genes: Sequence[AttentionGene | str], results: Mapping) -> dict:
+    """The ``grid`` block (step 2) from the records of ``tuning_tasks`` (task -> record; tasks of
+    other setups are ignored)."""
+    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    mine = {task.trial for task in tuning_tasks(setup, keys)}
     records: dict[float, Records] = {rate: {} for rate in setup.lr_grid}
-    for task, record in tuning.run(tasks).items():
-        records[task.trial.train.learning_rate][task.gene, task.seed] = record
+    for task, record in results.items():
+        if task.trial in mine:
+            records[task.trial.train.learning_rate][task.gene, task.seed] = record
     return grid_block(setup, keys, records)
 
 

@@ -145,8 +145,42 @@ def curve_markdown(result: Mapping) -> str:
         headers, rows, align = solved
         cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
         lines += ["## Solve rates", "", solve_note(result), "", markdown_table(headers, cells, align).rstrip(), ""]
+    rates = rate_table(result)
+    if rates:
+        headers, rows, align = rates
+        lines += ["## Learning rates", "", rate_note(result), "",
+                  markdown_table(headers, [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)]
+                                           for row in rows], align).rstrip(), ""]
     lines += [f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
     return "\n".join(lines)
+
+
+def rate_table(result: Mapping):
+    """``(headers, rows, align)`` of each gene's selected rate per point (a learning-rate grid's
+    curve; ``*`` marks an end of the grid), or None without a grid."""
+    grids = result.get("grids")
+    if not grids:
+        return None
+    knob = result.get("knob")
+    headers = ["gene", "key"] + [f"{knob}={curve_knob_text(g['value'])}" for g in grids]
+    rows = []
+    for gene in result.get("genes") or []:
+        cells = []
+        for grid in grids:
+            row = (grid.get("genes") or {}).get(gene["gene"])
+            cells.append("-" if row is None else f"{row['selected']:g}" + ("*" if row.get("at_edge") else ""))
+        rows.append([gene["name"], gene["gene"], *cells])
+    return headers, rows, ["l", "l"] + ["r"] * len(grids)
+
+
+def rate_note(result: Mapping) -> str:
+    """What the rate table shows."""
+    grids = result.get("grids") or [{}]
+    rates = ", ".join(f"{r:g}" for r in grids[0].get("rates") or [])
+    seeds = ", ".join(str(s) for s in grids[0].get("tuning_seeds") or [])
+    return (f"Each gene at each point trained at its best rate of {rates}, chosen by mean accuracy on the validation "
+            f"split over the tuning seeds {seeds} (never a curve seed); `*`: an end of the grid, which should then "
+            "be widened.")
 
 
 def curve_table_markdown(result: Mapping) -> str:
