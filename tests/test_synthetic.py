@@ -516,9 +516,26 @@ points:
      ["same data"]),
     ("suite: x\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}, label: two words}]\n", ["label"]),
     ("suite: x\npoints: {task: mqar\n", ["not valid YAML"]),
+    ("suite: x\nmodel: {d_model: 8}\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n",
+     ["'d_model'", "short_conv"]),
+    ("suite: x\nmodel: {short_conv: 9}\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n",
+     ["short_conv", "2 to 8"]),
+    ("suite: x\nmodel: 3\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n", ["model must be a mapping"]),
 ])
 def test_suite_validation(tmp_path, text, needles):
     user_error(lambda: load_suite(write_suite(tmp_path, text)), "suite.yaml", *needles)
+
+
+def test_a_suite_fixes_its_model_settings(tmp_path):
+    from evo_attention import Config
+    from evo_attention.train.suite import point_config
+
+    suite = load_suite(write_suite(tmp_path, "suite: x\nmodel: {short_conv: 3}\n"
+                                             "points: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n"))
+    point = suite.points[0]
+    assert point.settings()["short_conv"] == 3
+    assert point_config(Config(short_conv=0), point).short_conv == 3  # the suite's value wins over the run's
+    assert point_config(Config(), point).data == point.data
 
 
 def test_unknown_suite():

@@ -265,6 +265,14 @@ def suite_text(args, config) -> str:
             f"{'/'.join(map(str, steps))} steps per point)")
     if getattr(args, "steps", None) is not None and all(p.steps is not None for p in suite.points):
         text += f"; --steps {args.steps} does not apply: every point trains for the suite's steps (docs/tasks.md)"
+    model = suite.points[0].model
+    if model:
+        text += "; the suite's model: " + ", ".join(f"{k} {v}" for k, v in model.items())
+        for key, value in model.items():
+            flag = "--" + key.replace("_", "-")
+            given_value = getattr(args, key, None)
+            if given_value is not None and given_value != value:
+                text += f" ({flag} {given_value} does not apply: the suite fixes it)"
     return text
 
 

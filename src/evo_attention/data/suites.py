@@ -12,6 +12,8 @@ A suite file (every key but ``suite`` and ``points`` optional):
     description: what it is for
     budget: what one gene's pass over the suite costs (text)
     steps: 600                     # training steps of a point that gives none
+    model:                         # model settings every training on the suite uses (MODEL_KEYS)
+      short_conv: 3
     defaults:                      # knobs of every point whose task has them (a point's own win)
       vocab: 16
       train_examples: 4000
@@ -23,7 +25,10 @@ A suite file (every key but ``suite`` and ``points`` optional):
         seed: 0                    # the data seed (default 0; goes to the options as ``seed``)
 
 A point names its data completely: after the defaults, ``seq_len`` and ``vocab`` must be set, so a
-point means the same data whatever the run's Config. Loading checks everything a point's data
+point means the same data whatever the run's Config. ``model`` fixes the few model settings that
+make a suite's tasks learnable at its budget (today ``short_conv``: Zoology's short causal
+convolution before attention, without which recall needs thousands of steps at CPU sizes); like
+the steps, the suite's value wins over a run's. Loading checks everything a point's data
 needs (names, values, the checks between knobs) without generating data; errors are one line
 naming the file and the point.
 
@@ -44,7 +49,8 @@ from evo_attention.util.errors import UserError
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
-SUITE_KEYS = ("suite", "description", "budget", "steps", "defaults", "points")
+SUITE_KEYS = ("suite", "description", "budget", "steps", "model", "defaults", "points")
+MODEL_KEYS = ("short_conv",)  # model settings a suite may fix for its trainings
 POINT_KEYS = ("label", "task", "knobs", "steps", "seed")
 REQUIRED_KNOBS = ("seq_len", "vocab")
 
@@ -63,6 +69,7 @@ class SuitePoint:
     knobs: dict = field(hash=False)  # as the suite gives them (defaults included), checked
     steps: int | None = None  # training steps the suite gives this point
     seed: int | None = None  # data seed, when the suite gives one
+    model: dict = field(default_factory=dict, hash=False)  # the suite's model settings (MODEL_KEYS)
 
     @property
     def data(self) -> str:
@@ -76,10 +83,10 @@ class SuitePoint:
 
     def settings(self) -> dict:
         """The Config settings that make a training on this point (over a run's other settings):
-        its data name, its task options (only these: a run's own options belong to its own data)
-        and, when the suite gives them, its steps. Every training on a point is a Trial of the
-        Config these give, so it is cached like any other."""
-        out = {"data": self.data, "recall": dict(self.options)}
+        its data name, its task options (only these: a run's own options belong to its own data),
+        the suite's model settings and, when the suite gives them, its steps. Every training on a
+        point is a Trial of the Config these give, so it is cached like any other."""
+        out = {"data": self.data, "recall": dict(self.options), **self.model}
         if self.steps is not None:
             out["train_steps"] = self.steps
         return out
@@ -155,6 +162,15 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if not isinstance(raw.get(key, ""), str):
             raise fail(f"{key} must be text, got {raw[key]!r}")
     default_steps = _steps(raw.get("steps"), fail, "steps")
+    model = raw.get("model") or {}
+    if not isinstance(model, dict):
+        raise fail(f"model must be a mapping of setting: value ({', '.join(MODEL_KEYS)}), got {model!r}")
+    bad = [k for k in model if k not in MODEL_KEYS]
+    if bad:
+        raise fail(f"model: {bad[0]!r} is not a setting a suite may fix; valid: {', '.join(MODEL_KEYS)}")
+    conv = model.get("short_conv")
+    if conv is not None and (isinstance(conv, bool) or not isinstance(conv, int) or not (conv == 0 or 2 <= conv <= 8)):
+        raise fail(f"model short_conv must be 0 (none) or a convolution width from 2 to 8, got {conv!r}")
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail(f"defaults must be a mapping of knob: value, got {defaults!r}")
@@ -202,7 +218,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if label in labels:
             raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
         point = SuitePoint(label=label, task=task, knobs=knobs, steps=steps if steps is not None else default_steps,
-                           seed=seed)
+                           seed=seed, model=dict(model))
         key = (task, tuple(sorted(resolved.items())), seed or 0)  # the same data, however spelled
         if key in datas:
             raise fail(f"points {datas[key]} and {i} are the same data ({point.data}): remove one")
