@@ -4,10 +4,11 @@
 psutil is installed, else Linux's ``MemAvailable`` (/proc/meminfo), else the free physical pages
 (``os.sysconf``); None when none of them answers. A limit on this process (``ulimit -v``, ``-d``:
 ``RLIMIT_AS``, ``RLIMIT_DATA``) lowers it to what the limit leaves above the process's current size
-(``VmSize``, ``VmData``): beyond that an allocation fails however much the machine has free. ``check_memory`` compares an estimate made before
-anything is built with it, so a task or model that cannot fit is refused in one line naming the
-setting and what to do, never a raw allocator error or the OOM killer minutes later. An unknown
-amount refuses nothing: the allocation itself then fails, and the caller names it.
+(``VmSize``, ``VmData``): beyond that an allocation fails however much the machine has free.
+``check_memory`` compares an estimate made before anything is built with it, so a task or model
+that cannot fit is refused in one line naming the setting and what to do, never a raw allocator
+error or the OOM killer minutes later. An unknown amount refuses nothing: the allocation itself
+then fails, and the caller names it (``refuse_failed_allocation``).
 """
 
 from __future__ import annotations
