@@ -14,7 +14,8 @@ from evo_attention.cli import main
 from evo_attention.data import data_from_config
 from evo_attention.genes import (RECIPE_FIELDS, VANILLA_KEY, LayerGenes, SearchSpace, mechanism_of, recipe_of,
                                  with_recipe)
-from evo_attention.report.studies.ablation import ablation_markdown
+from evo_attention.report.studies.ablation import (OLDER_RECIPE_SIGN, ablation_markdown, current_ablation,
+                                                   recipe_changes, recipe_mechanism_lines)
 from evo_attention.search import make_strategy
 from evo_attention.studies.ablation import ablate, ablation_variants, recipe_cells, write_ablation
 from evo_attention.studies.transfer import dry_run, plan, with_budgets
@@ -177,7 +178,12 @@ def test_ablating_a_gene_with_a_recipe_separates_recipe_and_mechanism(tiny, tmp_
     assert {k: c["gene"] for k, c in block["cells"].items()} == {
         "neither": VANILLA_KEY, "mechanism": SPARSE, "recipe": f"{VANILLA_KEY}|lr=0.006", "both": gene}
     shares = block["shares"]
-    assert shares["mechanism"]["mean"] + shares["recipe"]["mean"] == pytest.approx(shares["total"]["mean"])
+    # stored in the one sign convention: changes of the metric (the gene's minus the baseline's), never gains
+    assert all("mean" not in share for share in shares.values())
+    assert shares["mechanism"]["change"] + shares["recipe"]["change"] == pytest.approx(shares["total"]["change"])
+    both, neither = block["cells"]["both"]["values"], block["cells"]["neither"]["values"]
+    geometric = math.exp(sum(math.log(b / a) for a, b in zip(neither, both)) / len(both)) - 1
+    assert shares["total"]["relative"] and shares["total"]["metric_change"] == pytest.approx(geometric)
     assert block["parts_text"] == "lr=0.006" and block["larger"] in ("mechanism", "recipe")
     assert block["interaction"]["test"] == "paired" and block["n"] == 2
     text = ablation_markdown(result)
@@ -189,6 +195,34 @@ def test_ablating_a_gene_with_a_recipe_separates_recipe_and_mechanism(tiny, tmp_
     with pytest.raises(UserError, match="sets its own learning rate") as info:
         ablate(gene, config, data, n_seeds=2, lr_grid="1e-3,2e-3")
     assert info.value.settings == ("lr_grid",)
+
+
+def test_the_recipe_or_mechanism_block_stores_changes_and_an_older_one_of_gains_reads_the_same():
+    base = [100.0, 110.0, 95.0, 105.0, 98.0, 102.0, 107.0, 99.0]
+    jitter = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.995]
+    mechanism, recipe = [b * 0.9 for b in base], [b * 0.8 for b in base]
+    both = [b * 0.6 * j for b, j in zip(base, jitter)]  # better than 0.9 x 0.8: the two reinforce each other
+    gains = stats.two_factor_shares(base, mechanism, recipe, both)
+    older = {"total": gains["total"], "mechanism": gains["first"], "recipe": gains["second"]}
+    shares, interaction = recipe_changes(older, gains["interaction"], gains["scale"], lower=True)
+    geometric = math.exp(sum(math.log(b / a) for a, b in zip(base, both)) / len(base)) - 1
+    assert shares["total"]["metric_change"] == pytest.approx(geometric) and geometric < -0.39
+    assert shares["mechanism"]["alone"] == pytest.approx(math.log(0.9))  # a change: negative = lower perplexity
+    assert shares["mechanism"]["change"] + shares["recipe"]["change"] == pytest.approx(shares["total"]["change"])
+    low, high = shares["recipe"]["metric_change_low"], shares["recipe"]["metric_change_high"]
+    assert low < shares["recipe"]["metric_change"] < high < 0
+    assert interaction["change"] == pytest.approx(-gains["interaction"]["change"]) and interaction["change"] < 0
+    block = {"parts_text": "lr=0.006", "cells": {}, "scale": "log", "n": 8, "n_dropped": 0, "larger": "recipe"}
+    result = {"metric": "val_perplexity", "metric_label": "perplexity", "lower_is_better": True, "confidence": 0.95,
+              "recipe_vs_mechanism": {**block, "shares": shares, "interaction": interaction}}
+    lines = recipe_mechanism_lines(result)
+    assert f"perplexity change {100 * geometric:+.2f}%" in lines[0] and "reinforce each other" in lines[3], lines
+    # a block an earlier version wrote (the gains, positive = better) is converted when read
+    written = {**result, "recipe_vs_mechanism": {**block, "shares": older, "interaction": gains["interaction"]}}
+    read = current_ablation(written)["recipe_vs_mechanism"]
+    assert read["shares"] == shares and read["interaction"] == interaction
+    assert read["recomputed_from"] == OLDER_RECIPE_SIGN
+    assert recipe_mechanism_lines(written)[:-1] == lines and "older sign" in recipe_mechanism_lines(written)[-1]
 
 
 # -- the schedule in the outputs, the search over the recipe, status ------------------------------

@@ -106,6 +106,27 @@ def test_bad_comparisons_get_one_line(tmp_path, capsys, args, message):
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("out, message", [
+    ("{tmp}/notes.txt", "is not a directory: give the path of a directory as --out"),
+    ("{ga}", "--out {ga} is the input run 1 of 2 this command reads"),
+    ("{rnd}", "--out {rnd} is the input run 2 of 2 this command reads"),
+    ("{other}", "--out {other} holds a run store ({other}/run.db), not a comparison of runs"),
+    ("{tmp}/notes.txt/cmp", "is a file, not a directory"),
+    ("", "--out is empty"),
+])
+def test_the_comparison_follows_the_one_output_rule_before_anything_is_written(tmp_path, capsys, out, message):
+    ga, rnd, other = _run(tmp_path, "ga"), _run(tmp_path, "random"), _run(tmp_path / "other", "ga")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    names = dict(ga=ga, rnd=rnd, other=other, tmp=tmp_path)
+    assert main(["report", str(ga), str(rnd), "--out", out.format(**names)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message.format(**names) in err and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # not even a run's report
+    with pytest.raises(UserError, match="is the input run 1 of 2"):  # the library follows the same rule
+        write_comparison([ga, rnd], ga)
+
+
 def test_one_run_is_not_a_comparison(tmp_path):
     with pytest.raises(UserError, match="at least two"):
         compare_runs([_run(tmp_path, "ga")])

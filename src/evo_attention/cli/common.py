@@ -325,12 +325,13 @@ def user_message(exc) -> str:
     return message + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def out_arg(args, default=None, *, kind: str, study: str | None = None, also=()):
+def out_arg(args, default=None, *, kind: str, study: str | None = None, also=(), sources: dict | None = None):
     """The one rule for a command's ``--out``: given (even ``""``), it is what is used, and it is
     checked by ``util.files.check_output`` (never empty, never under a file, never a run store, a
-    locked or a model directory); only an absent ``--out`` takes the command's ``default`` (None:
-    no output). ``study``: a directory holding that study's own store is of the command's kind;
-    ``also``: other paths that are (the run a validation adds to). Returns a Path, or None."""
+    locked or a model directory, never one of ``sources``, what the command reads); only an absent
+    ``--out`` takes the command's ``default`` (None: no output). ``study``: a directory holding that
+    study's own store is of the command's kind; ``also``: other paths that are (the run a validation
+    adds to). Returns a Path, or None."""
     from pathlib import Path
 
     from evo_attention.search.lock import LOCK_NAME, check_free
@@ -356,7 +357,7 @@ def out_arg(args, default=None, *, kind: str, study: str | None = None, also=())
         with RunStore.open(path, readonly=True) as store:
             return store.kind() == study
 
-    return check_output(value, "out", kind=kind, own=own)
+    return check_output(value, "out", kind=kind, own=own, sources=sources)
 
 
 def install_sigterm_handler(*, survive_hangup: bool = False) -> None:

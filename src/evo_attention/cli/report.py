@@ -19,8 +19,9 @@ def cmd_report(args) -> int:
         raise UserError("--optuna-journal writes one run as an Optuna study: give one run directory")
     if args.out is not None:
         from evo_attention.cli.common import out_arg
+        from evo_attention.report.runs import OUTPUT_KIND, input_runs
 
-        out_arg(args, kind="a comparison of runs")  # refused before any file is written
+        out_arg(args, kind=OUTPUT_KIND, sources=input_runs(args.run_dirs))  # refused before any file is written
     if args.optuna_journal is not None:
         from evo_attention.report.optuna import journal_path
 

@@ -25,12 +25,33 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from evo_attention.data.vocab import BYTES_PER_SYMBOL
 from evo_attention.util.errors import UserError
+from evo_attention.util.memory import check_memory
 
 IGNORE_INDEX = -100  # target value that is never scored (torch's cross_entropy default)
 SPLITS = ("train", "valid", "test")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def check_generated_memory(task: str, *, examples: int, seq_len: int, vocab: int, bytes_per_token: int,
+                           length_fix: tuple, vocab_fix: tuple) -> tuple:
+    """The memory check of a generated task (the recall task, MQAR, the MAD tasks), made before its
+    vocabulary or any split is built: ``examples`` examples of ``seq_len + 1`` tokens, each token
+    taking ``bytes_per_token`` while the splits are generated, and a vocabulary of ``vocab`` symbol
+    names (``BYTES_PER_SYMBOL`` each). UserError when the sum is beyond the memory available
+    (``util.memory``), naming the larger part: ``length_fix`` / ``vocab_fix`` are (what to do, the
+    setting(s) named) for the splits and for the vocabulary. Returns (what, fix, setting) of the
+    larger part, for ``util.memory.refuse_failed_allocation`` around the building."""
+    tokens = bytes_per_token * examples * (seq_len + 1)
+    symbols = BYTES_PER_SYMBOL * vocab
+    if symbols > tokens:
+        what, (fix, setting) = f"{task} with a vocabulary of {vocab:,} symbols", vocab_fix
+    else:
+        what, (fix, setting) = f"{task} of {examples:,} examples x {seq_len + 1:,} tokens", length_fix
+    check_memory(tokens + symbols, what, fix, setting=setting)
+    return what, fix, setting
 
 
 def fingerprint_of(obj) -> str:

@@ -30,9 +30,10 @@ import hashlib
 import torch
 
 from evo_attention.util.errors import UserError
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
-from evo_attention.data.vocab import BYTES_PER_SYMBOL, Vocab
-from evo_attention.util.memory import check_memory
+from evo_attention.data.base import (IGNORE_INDEX, SPLITS, ExampleData, check_generated_memory, check_positive,
+                                     fingerprint_of)
+from evo_attention.data.vocab import Vocab
+from evo_attention.util.memory import refuse_failed_allocation
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
 FILL_ID = 0
@@ -82,19 +83,12 @@ def generate(examples: int, *, vocab_size: int, seq_len: int, num_pairs: int, nu
 GENERATION_BYTES_PER_TOKEN = 3 * 8
 
 
-def check_recall_memory(examples: int, seq_len: int, vocab_size: int) -> None:
-    """UserError when the recall task's splits and vocabulary, estimated before anything is built,
-    would not fit in this machine's memory, naming the setting that takes most of it."""
-    tokens = GENERATION_BYTES_PER_TOKEN * examples * (seq_len + 1)
-    symbols = BYTES_PER_SYMBOL * vocab_size
-    if symbols > tokens:
-        what = f"the recall task's vocabulary of {vocab_size:,} symbols"
-        fix, setting = "lower vocab_size", "vocab_size"
-    else:
-        what = f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens"
-        fix = "lower max_seq_len or the recall example counts (train_examples, eval_examples)"
-        setting = "max_seq_len"
-    check_memory(tokens + symbols, what, fix, setting=setting)
+def check_recall_memory(examples: int, seq_len: int, vocab_size: int) -> tuple:
+    """``check_generated_memory`` of the recall task, in its settings' names."""
+    return check_generated_memory(
+        "the recall task", examples=examples, seq_len=seq_len, vocab=vocab_size,
+        bytes_per_token=GENERATION_BYTES_PER_TOKEN, vocab_fix=("lower vocab_size", "vocab_size"),
+        length_fix=("lower max_seq_len or the recall example counts (train_examples, eval_examples)", "max_seq_len"))
 
 
 class RecallData(ExampleData):
@@ -123,7 +117,7 @@ class RecallData(ExampleData):
                             f"raise seq_len to at least {2 * num_pairs + 2 * num_queries - 1} or lower num_pairs")
 
         examples = train_examples + 2 * eval_examples
-        check_recall_memory(examples, seq_len, vocab_size)  # before the vocabulary or any split is built
+        refused = check_recall_memory(examples, seq_len, vocab_size)  # before the vocabulary or any split is built
         self.name = "recall"
         self.vocab_size, self.seq_len, self.pad_id = vocab_size, seq_len, FILL_ID
         self.settings = {"vocab_size": vocab_size, "seq_len": seq_len, "num_pairs": num_pairs,
@@ -132,20 +126,13 @@ class RecallData(ExampleData):
         self.fingerprint = fingerprint_of({"name": "recall", **self.settings})
         self.num_keys, self.num_values = num_keys, vocab_size - 1 - num_keys
         self.num_queries = num_queries
-        self.vocab = Vocab(["<fill>"] + [f"k{i}" for i in range(self.num_keys)]
-                           + [f"v{i}" for i in range(self.num_values)])
-        self.data = {}
-        for split in SPLITS:
-            n = train_examples if split == "train" else eval_examples
-            try:
-                self.data[split] = generate(n, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs,
-                                            num_queries=num_queries, generator=split_generator(seed, split))
-            except (MemoryError, RuntimeError) as exc:
-                if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
-                    raise
-                raise UserError(f"the recall task of {examples:,} examples x {seq_len + 1:,} tokens could not be "
-                                "generated (the allocation failed): lower max_seq_len or the recall example counts "
-                                "(train_examples, eval_examples)", setting="max_seq_len") from None
+        with refuse_failed_allocation(*refused):
+            self.vocab = Vocab(["<fill>"] + [f"k{i}" for i in range(self.num_keys)]
+                               + [f"v{i}" for i in range(self.num_values)])
+            self.data = {split: generate(train_examples if split == "train" else eval_examples, vocab_size=vocab_size,
+                                         seq_len=seq_len, num_pairs=num_pairs, num_queries=num_queries,
+                                         generator=split_generator(seed, split))
+                         for split in SPLITS}
 
     def scored_tokens(self, split: str) -> int:
         return self.num_eval_items(self.check_split(split)) * self.num_queries

@@ -72,11 +72,12 @@ from typing import Any, Mapping
 
 import torch
 
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, ExampleData, check_positive, fingerprint_of
+from evo_attention.data.base import (IGNORE_INDEX, SPLITS, ExampleData, check_generated_memory, check_positive,
+                                     fingerprint_of)
 from evo_attention.data.recall import random_subsets
-from evo_attention.data.vocab import BYTES_PER_SYMBOL, Vocab
+from evo_attention.data.vocab import Vocab
 from evo_attention.util.errors import UserError
-from evo_attention.util.memory import check_memory
+from evo_attention.util.memory import refuse_failed_allocation
 
 FORMAT_VERSION = 1  # bump when the generated data changes: it is part of the fingerprint
 PAD_ID = 0  # every task's id 0: padding / filler; its targets are never scored
@@ -680,20 +681,15 @@ def data_name(task: str, knobs: Mapping[str, Any]) -> str:
 
 
 # -- the dataset ----------------------------------------------------------------------------------
-def check_task_memory(name: str, task: Task, k: dict) -> None:
-    """UserError when the splits and the vocabulary of ``task`` at knobs ``k``, estimated before
-    anything is built, would not fit in this machine's memory, naming the knob that takes most."""
-    examples = k["train_examples"] + 2 * k["eval_examples"]
-    tokens = task.bytes_per_token * examples * (k["seq_len"] + 1)
-    symbols = BYTES_PER_SYMBOL * k["vocab"]
-    if symbols > tokens:
-        what = f"the generated task {name} with a vocabulary of {k['vocab']:,} symbols"
-        fix = f"lower its vocab (the knob {task.name}:vocab=N, or vocab_size where the knob is not given)"
-    else:
-        what = f"the generated task {name} of {examples:,} examples x {k['seq_len'] + 1:,} tokens"
-        fix = (f"lower its seq_len (the knob {task.name}:seq_len=N, or max_seq_len where the knob is not given) "
-               "or its train_examples / eval_examples knobs")
-    check_memory(tokens + symbols, what, fix, setting=("max_seq_len", "vocab_size"))
+def check_task_memory(name: str, task: Task, k: dict) -> tuple:
+    """``data.base.check_generated_memory`` of ``task`` at knobs ``k``, in its knobs' names."""
+    knob = f"the knob {task.name}:{{}}=N, or {{}} where the knob is not given"
+    return check_generated_memory(
+        f"the generated task {name}", examples=k["train_examples"] + 2 * k["eval_examples"], seq_len=k["seq_len"],
+        vocab=k["vocab"], bytes_per_token=task.bytes_per_token,
+        vocab_fix=(f"lower its vocab ({knob.format('vocab', 'vocab_size')})", "vocab_size"),
+        length_fix=(f"lower its seq_len ({knob.format('seq_len', 'max_seq_len')}) or its train_examples / "
+                    "eval_examples knobs", "max_seq_len"))
 
 
 class SyntheticData(ExampleData):
@@ -715,22 +711,23 @@ class SyntheticData(ExampleData):
         k = self.knobs
         self.name = name or task
         self.seed = seed
-        check_task_memory(self.name, self.task, k)  # before the vocabulary or any split is built
+        refused = check_task_memory(self.name, self.task, k)  # before the vocabulary or any split is built
         self.vocab_size, self.seq_len, self.pad_id = k["vocab"], k["seq_len"], PAD_ID
         self.settings = {"task": task, **self.task.identity(k), "seed": seed, "format_version": FORMAT_VERSION}
         self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})
-        self.vocab = Vocab(self.task.symbols(k))
-        assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
         self.answers_per_example = self.task.answers_per_example(k)
-        self.data = {}
         self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
-        for split in SPLITS:
-            if split == "train" and self.stream:
-                empty = torch.empty((0, self.seq_len), dtype=torch.long)
-                self.data[split] = (empty, empty.clone())
-                continue
-            n = k["train_examples"] if split == "train" else k["eval_examples"]
-            self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
+        with refuse_failed_allocation(*refused):
+            self.vocab = Vocab(self.task.symbols(k))
+            assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
+            self.data = {}
+            for split in SPLITS:
+                if split == "train" and self.stream:
+                    empty = torch.empty((0, self.seq_len), dtype=torch.long)
+                    self.data[split] = (empty, empty.clone())
+                    continue
+                n = k["train_examples"] if split == "train" else k["eval_examples"]
+                self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
 
     def train_batches(self, batch_size: int, generator: torch.Generator):
         """The fixed train split in shuffled batches (``TaskData.train_batches``), or, with

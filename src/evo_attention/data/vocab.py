@@ -17,6 +17,7 @@ import torch
 
 from evo_attention.data.words import EOS, prompt_words
 from evo_attention.util.errors import UserError
+from evo_attention.util.memory import check_memory, refuse_failed_allocation
 
 UNK = "<unk>"  # the word every word outside the vocabulary becomes
 FORMAT = "evo-attention-vocab"
@@ -43,6 +44,14 @@ class Vocab:
     def from_counts(cls, counts: Mapping[str, int], size: int | None = None) -> "Vocab":
         """The vocabulary of a corpus: <unk>, <eos>, then words by (count desc, word asc), cut to ``size``."""
         check_vocab_size(size)
+        symbols = max(len(counts), size or 0)
+        what, fix = f"a vocabulary of {symbols:,} words", "lower vocab_size"
+        check_memory(BYTES_PER_SYMBOL * symbols, what, fix, setting="vocab_size")  # before the names are made
+        with refuse_failed_allocation(what, fix, setting="vocab_size"):
+            return cls._from_counts(counts, size)
+
+    @classmethod
+    def _from_counts(cls, counts: Mapping[str, int], size: int | None) -> "Vocab":
         words = sorted((w for w in counts if w not in (UNK, EOS)), key=lambda w: (-counts[w], w))
         itos = [UNK, EOS] + words
         if size is not None:

@@ -32,6 +32,7 @@ from evo_attention.util.errors import UserError
 from evo_attention.util.format import change_header, code, markdown_table, number, signed_change
 
 OUTPUTS = {"json": "runs.json", "md": "runs.md", "png": "runs.png"}
+OUTPUT_KIND = "a comparison of runs"  # what --out holds, in the output rule's messages
 # config keys that name the strategy itself: runs that differ only in these compare strategies
 STRATEGY_KEYS = ("strategy", "strategy_options")
 
@@ -59,11 +60,19 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
     }
 
 
+def input_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
+    """The runs a comparison reads, named for ``util.files.check_output``'s ``sources``."""
+    return {f"input run {i + 1} of {len(run_dirs)}": run_dir for i, run_dir in enumerate(run_dirs)}
+
+
 def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``runs.json``, ``runs.md`` and ``runs.png`` for ``run_dirs`` into ``out_dir``."""
-    from evo_attention.util.files import output_dir, write_text
+    """Write ``runs.json``, ``runs.md`` and ``runs.png`` for ``run_dirs`` into ``out_dir``, which
+    follows the one output rule (``util.files.check_output``: never one of the runs, never a run
+    store, a locked or a model directory, never a file), checked before anything is read or written."""
+    from evo_attention.util.files import check_output, output_dir, write_text
     from evo_attention.util.jsonio import write_json
 
+    check_output(out_dir, "out", kind=OUTPUT_KIND, sources=input_runs(run_dirs))
     result = compare_runs(run_dirs)
     out = output_dir(out_dir)
     paths = {key: out / name for key, name in OUTPUTS.items()}

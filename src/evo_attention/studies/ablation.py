@@ -43,7 +43,7 @@ from typing import ClassVar, Mapping, Sequence
 from evo_attention import programs
 from evo_attention.genes import (KEY_PARTS, RECIPE_FIELDS, AttentionGene, canonical_program, mechanism_of,
                                  program_grammar, recipe_of, with_recipe)
-from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown, field_changes
+from evo_attention.report.studies.ablation import FIELD_LABELS, ablation_markdown, field_changes, recipe_changes
 from evo_attention.report.studies.common import metric_info, metric_direction
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
@@ -239,9 +239,10 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
 def recipe_vs_mechanism(setup: StudySetup, cells: Mapping[str, AttentionGene], values: Mapping[str, Mapping]) -> dict:
     """The 2x2 of a gene with recipe parts (``recipe_cells``): the parts, each cell's key, values
     and mean, then ``stats.two_factor_shares`` with the mechanism as the first factor and the recipe
-    as the second (``shares``: ``total``, ``mechanism``, ``recipe``; ``interaction``: the
-    mechanism's gain at the gene's recipe minus its gain at the baseline's), and which share is the
-    larger (``larger``)."""
+    as the second, stored in the one sign convention (``report.studies.ablation.recipe_changes``:
+    ``shares``: ``total``, ``mechanism``, ``recipe``, each a change of the metric; ``interaction``:
+    the mechanism's change at the gene's recipe minus its change at the baseline's), and which share
+    carries more of the advantage (``larger``)."""
     keys = {name: gene.key for name, gene in cells.items()}
     per_cell = {name: values[key]["values"] for name, key in keys.items()}
     shares = stats.two_factor_shares(per_cell["neither"], per_cell["mechanism"], per_cell["recipe"],
@@ -250,14 +251,15 @@ def recipe_vs_mechanism(setup: StudySetup, cells: Mapping[str, AttentionGene], v
     mechanism, recipe = shares["first"], shares["second"]
     larger = None
     if mechanism["mean"] is not None and recipe["mean"] is not None and mechanism["mean"] != recipe["mean"]:
-        larger = "mechanism" if mechanism["mean"] > recipe["mean"] else "recipe"
+        larger = "mechanism" if mechanism["mean"] > recipe["mean"] else "recipe"  # gains: the larger benefit
+    changes, interaction = recipe_changes({"total": shares["total"], "mechanism": mechanism, "recipe": recipe},
+                                          shares["interaction"], shares["scale"], lower=setup.lower_is_better)
     return {
         "parts": recipe_of(cells["both"]), "parts_text": recipe_text(cells["both"]),
         "cells": {name: {"gene": keys[name], "values": per_cell[name], **stats.describe(per_cell[name], setup.confidence)}
                   for name in ("neither", "mechanism", "recipe", "both")},
         "scale": shares["scale"], "n": shares["n"], "n_dropped": shares["n_dropped"],
-        "shares": {"total": shares["total"], "mechanism": mechanism, "recipe": recipe},
-        "interaction": shares["interaction"], "larger": larger,
+        "shares": changes, "interaction": interaction, "larger": larger,
     }
 
 

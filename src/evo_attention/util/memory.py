@@ -2,20 +2,73 @@
 
 ``available_memory()`` is what a new allocation could still take here: psutil's ``available`` where
 psutil is installed, else Linux's ``MemAvailable`` (/proc/meminfo), else the free physical pages
-(``os.sysconf``); None when none of them answers. ``check_memory`` compares an estimate made before
-anything is built with it, so a task or model that cannot fit is refused in one line naming the
-setting and what to do, never a raw allocator error or the OOM killer minutes later. An unknown
-amount refuses nothing: the allocation itself then fails, and the caller names it.
+(``os.sysconf``); None when none of them answers. A limit on this process (``ulimit -v``, ``-d``:
+``RLIMIT_AS``, ``RLIMIT_DATA``) lowers it to what the limit leaves above the process's current size
+(``VmSize``, ``VmData``): beyond that an allocation fails however much the machine has free.
+``check_memory`` compares an estimate made before anything is built with it, so a task or model
+that cannot fit is refused in one line naming the setting and what to do, never a raw allocator
+error or the OOM killer minutes later. An unknown amount refuses nothing: the allocation itself
+then fails, and the caller names it (``refuse_failed_allocation``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from evo_attention.util.errors import UserError
 
+# each resource limit of a process's memory, with the /proc/self/status field it is measured against
+PROCESS_LIMITS = (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData"))
+
 
 def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation in this process: the machine's available
+    memory, lowered to what a process limit leaves; None if neither is known."""
+    machine, limit = machine_memory(), limit_headroom()
+    if machine is None or limit is None:
+        return limit if machine is None else machine
+    return min(machine, limit)
+
+
+def limit_headroom() -> int | None:
+    """Bytes the tightest of this process's memory limits (``PROCESS_LIMITS``) leaves above what the
+    process already uses; None when no limit is set (or this platform has none)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    used = process_status()
+    headroom = None
+    for name, field in PROCESS_LIMITS:
+        number = getattr(resource, name, None)
+        if number is None:
+            continue
+        soft, _ = resource.getrlimit(number)
+        if soft == resource.RLIM_INFINITY or soft < 0:
+            continue
+        left = max(0, soft - used.get(field, 0))  # unknown use: the whole limit, an upper bound
+        headroom = left if headroom is None else min(headroom, left)
+    return headroom
+
+
+def process_status() -> dict[str, int]:
+    """This process's sizes from /proc/self/status in bytes (``VmSize``, ``VmData``, ...); empty where
+    the file cannot be read."""
+    sizes = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    sizes[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return sizes
+
+
+def machine_memory() -> int | None:
     """Bytes of memory available to a new allocation on this machine, None if unknown."""
     try:
         import psutil
@@ -44,9 +97,25 @@ def check_memory(needed: float, what: str, fix: str, setting=None, *, available:
                  where: str = "this machine") -> None:
     """UserError when ``needed`` bytes (an estimate) exceed the memory available: ``what`` needs about
     N GB and ``where`` has M GB available: ``fix``. ``available``: bytes (another device's free
-    memory); by default this machine's. Nothing when the amount is unknown."""
+    memory); by default this process's (``available_memory``; ``where`` then says when a process
+    limit is what binds). Nothing when the amount is unknown."""
     if available == "machine":
-        available = available_memory()
+        available, limit = available_memory(), limit_headroom()
+        if limit is not None and available == limit and where == "this machine":
+            where = "this process (under its memory limit, ulimit)"
     if available is not None and needed > available:
         raise UserError(f"{what} needs about {gigabytes(needed)} of memory and {where} has {gigabytes(available)} "
                         f"available: {fix}", setting=setting)
+
+
+@contextlib.contextmanager
+def refuse_failed_allocation(what: str, fix: str, setting=None):
+    """Turns an allocation that fails inside the block (``MemoryError``, PyTorch's "can't allocate")
+    into the one-line UserError ``what`` could not be built: ``fix``; for work whose estimate passed
+    but whose memory still ran out (an estimate is approximate; an unknown amount refuses nothing)."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise UserError(f"{what} could not be built (the allocation failed): {fix}", setting=setting) from None

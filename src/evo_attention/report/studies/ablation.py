@@ -7,8 +7,11 @@ A contribution is the signed change of the metric that a field causes, with the 
 without it (``field_changes``: the one sign convention of ``util.format``, the metric's direction
 said with it): removing F from the gene is read as the full gene against the gene without F,
 adding F to the baseline as the baseline with F against the baseline, and the whole gene against
-the baseline (``total``). ``current_ablation`` reads a result written with the older contributions
-(``value``/``low``/``high``, positive = better) by recomputing them from its variants' comparisons.
+the baseline (``total``). The recipe-or-mechanism block follows the same sign (``recipe_changes``):
+each share, gain and the interaction is a change of the metric, never a gain. ``current_ablation``
+reads a result written with the older contributions (``value``/``low``/``high``, positive = better)
+by recomputing them from its variants' comparisons, and an older ``recipe_vs_mechanism`` (the gains
+of ``stats.two_factor_shares``, positive = better) by converting it.
 """
 
 from __future__ import annotations
@@ -109,15 +112,24 @@ def field_changes(variants: Sequence[Mapping]) -> tuple[list[dict], dict | None]
 
 
 def current_ablation(result: Mapping) -> dict:
-    """``result`` with contributions in the current sign: one written with the older ones
-    (``value``, positive = better) gets them recomputed from its variants' comparisons, and keeps
-    the convention it was written with in ``recomputed_from``."""
+    """``result`` in the current sign: one written with the older contributions (``value``, positive
+    = better) gets them recomputed from its variants' comparisons, and keeps the convention it was
+    written with in ``recomputed_from``; an older ``recipe_vs_mechanism`` block (gains) is converted
+    by ``recipe_changes``, marked in the block's own ``recomputed_from``."""
+    out = dict(result)
     older = [c for c in list(result.get("contributions") or []) + [result.get("total") or {}]
              if "value" in c and "metric_change" not in c]
-    if not older:
-        return dict(result)
-    contributions, total = field_changes(result.get("variants") or [])
-    return {**result, "contributions": contributions, "total": total, "recomputed_from": OLDER_SIGN}
+    if older:
+        contributions, total = field_changes(result.get("variants") or [])
+        out.update(contributions=contributions, total=total, recomputed_from=OLDER_SIGN)
+    block = result.get("recipe_vs_mechanism")
+    total = ((block or {}).get("shares") or {}).get("total") or {}
+    if "mean" in total and "metric_change" not in total:  # the gains of two_factor_shares
+        shares, interaction = recipe_changes(block["shares"], block.get("interaction") or {}, block.get("scale"),
+                                             lower=result.get("lower_is_better", True))
+        out["recipe_vs_mechanism"] = {**block, "shares": shares, "interaction": interaction,
+                                      "recomputed_from": OLDER_RECIPE_SIGN}
+    return out
 
 
 def contribution_sign(result: Mapping) -> str:
@@ -193,6 +205,10 @@ def recipe_mechanism_table(result: Mapping) -> tuple[list[str], list[list[str]],
     return headers, rows, "lrr"
 
 
+# the older recipe_vs_mechanism's sign (``stats.two_factor_shares``' gains), named in its ``recomputed_from``
+OLDER_RECIPE_SIGN = "recipe_vs_mechanism gains, positive = better"
+
+
 def _as_change(value, low, high, lower: bool) -> tuple:
     """A gain (positive = better, as ``stats.two_factor_shares`` gives it) as a signed change of the
     metric: negated, its interval swapped, when lower is better."""
@@ -201,26 +217,57 @@ def _as_change(value, low, high, lower: bool) -> tuple:
     return tuple(None if x is None else -x for x in (value, high, low))
 
 
-def _recipe_share_text(share: Mapping, block: Mapping, metric: str, lower: bool) -> str:
-    """A share as the change of the metric it causes, with its interval: in % on the log scale
-    (``1 - exp(-x)`` of a lower-is-better gain x is the change's negation), else in the metric's units."""
-    if block.get("scale") == "log" and share.get("relative") is not None:
-        value, low, high = _as_change(share["relative"], share.get("relative_ci_low"), share.get("relative_ci_high"),
-                                      lower)
+def recipe_changes(shares: Mapping[str, Mapping], interaction: Mapping, scale: str | None, *,
+                   lower: bool) -> tuple[dict, dict]:
+    """(shares, interaction) of ``stats.two_factor_shares`` (gains, positive = better; shares named
+    ``total``, ``mechanism``, ``recipe``) in the one sign convention, as ``recipe_vs_mechanism``
+    stores them. A share: ``change`` [``change_low``, ``change_high``], the signed change of the
+    metric on the analysis scale (log units on the log scale, where the mechanism's and the recipe's
+    add up to the total exactly), ``metric_change`` [``_low``, ``_high``] the same as the
+    contributions show it (``relative``: on the log scale a relative change, ``exp(change) - 1``;
+    else the change in the metric's units), ``p_value``, ``fraction`` (of the whole change), and for
+    the two factors ``alone`` and ``with`` (the factor's change without and with the other, on the
+    analysis scale). The interaction: ``paired_interaction``'s fields with ``change`` [``ci_low``,
+    ``ci_high``] and ``t`` the mechanism's change with the gene's recipe minus its change with the
+    baseline's (negative, for a lower-is-better metric: the two reinforce each other)."""
+    log = scale == "log"
+
+    def metric(x):
+        return None if x is None else (math.expm1(x) if log else x)
+
+    out = {}
+    for name, gain in shares.items():
+        change, low, high = _as_change(gain.get("mean"), gain.get("ci_low"), gain.get("ci_high"), lower)
+        out[name] = {"change": change, "change_low": low, "change_high": high, "relative": log,
+                     "metric_change": metric(change), "metric_change_low": metric(low),
+                     "metric_change_high": metric(high), "p_value": gain.get("p_value"), "fraction": gain.get("fraction")}
+        for key in ("alone", "with"):
+            if key in gain:
+                out[name][key] = _as_change(gain[key], None, None, lower)[0]
+    inter = dict(interaction)
+    if inter:
+        inter["change"], inter["ci_low"], inter["ci_high"] = _as_change(inter.get("change"), inter.get("ci_low"),
+                                                                        inter.get("ci_high"), lower)
+        inter["t"] = _as_change(inter.get("t"), None, None, lower)[0]
+    return out, inter
+
+
+def _recipe_share_text(share: Mapping, metric: str) -> str:
+    """A share's change of the metric with its interval: in % on the log scale, else in the metric's units."""
+    value, low, high = share.get("metric_change"), share.get("metric_change_low"), share.get("metric_change_high")
+    if value is None:
+        return "-"
+    if share.get("relative"):
         span = "" if low is None or high is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
         return f"{100 * value:+.2f}%{span}"
-    if share.get("mean") is None:
-        return "-"
     d = digits_for(metric)
-    value, low, high = _as_change(share["mean"], share.get("ci_low"), share.get("ci_high"), lower)
     return f"{value:+.{d}f} {ci_text(low, high, d)}"
 
 
-def _recipe_gain_text(value, block: Mapping, metric: str, lower: bool) -> str:
-    """A gain (positive = better; log units on the log scale) as the signed change of the metric."""
-    if value is None:
+def _recipe_change_text(change, block: Mapping, metric: str) -> str:
+    """A change on the analysis scale (log units on the log scale) as the signed change of the metric."""
+    if change is None:
         return "-"
-    change = -value if lower else value
     if block.get("scale") == "log":
         return f"{100 * math.expm1(change):+.2f}%"
     return f"{change:+.{digits_for(metric)}f}"
@@ -230,6 +277,7 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
     """Plain sentences, every number a signed change of the metric (the direction said in the first):
     the gene's whole change, the recipe's share and the mechanism's (each with its change alone and
     with the other), the interaction test, and which share is the larger."""
+    result = current_ablation(result)  # an older block (gains) in the current sign
     block = result.get("recipe_vs_mechanism")
     if not block:
         return []
@@ -241,7 +289,7 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         return "p -" if value is None else f"p {p_text(value)}"
 
     total = shares.get("total") or {}
-    lines = [f"Whole gene vs baseline: {label} change {_recipe_share_text(total, block, metric, lower)} "
+    lines = [f"Whole gene vs baseline: {label} change {_recipe_share_text(total, metric)} "
              f"({direction(lower)}; {p(total.get('p_value'))}, {block.get('n')} paired seeds"
              + (f", {block['n_dropped']} dropped for a failed cell" if block.get("n_dropped") else "") + ")."]
     for name, what in (("recipe", f"the recipe ({block.get('parts_text')})"), ("mechanism", "the mechanism")):
@@ -249,16 +297,18 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         fraction = share.get("fraction")
         of = f", {100 * fraction:.0f}% of the whole change" if fraction is not None else ""
         other = "the gene's mechanism" if name == "recipe" else "the gene's recipe"
-        lines.append(f"Share of {what}: {_recipe_share_text(share, block, metric, lower)} "
-                     f"({p(share.get('p_value'))}{of}); its change alone {_recipe_gain_text(share.get('alone'), block, metric, lower)}, with {other} "
-                     f"{_recipe_gain_text(share.get('with'), block, metric, lower)}.")
+        lines.append(f"Share of {what}: {_recipe_share_text(share, metric)} "
+                     f"({p(share.get('p_value'))}{of}); its change alone "
+                     f"{_recipe_change_text(share.get('alone'), block, metric)}, with {other} "
+                     f"{_recipe_change_text(share.get('with'), block, metric)}.")
     inter = block.get("interaction") or {}
     if inter.get("change") is not None:
         units = "log units" if block.get("scale") == "log" else "units"
-        shown, low, high = _as_change(inter["change"], inter.get("ci_low"), inter.get("ci_high"), lower)
+        shown, low, high = inter["change"], inter.get("ci_low"), inter.get("ci_high")
         span = "" if low is None or high is None else f" [{low:+.4f}, {high:+.4f}]"
-        if inter.get("p_value") is not None and inter["p_value"] < alpha:  # a positive gain change: reinforcing
-            reading = ("the two reinforce each other (each share holds half of their joint gain)" if inter["change"] > 0
+        if inter.get("p_value") is not None and inter["p_value"] < alpha:
+            better = shown < 0 if lower else shown > 0  # the mechanism helps more with the gene's recipe
+            reading = ("the two reinforce each other (each share holds half of their joint gain)" if better
                        else "the two overlap: part of what one does, the other does too")
         else:
             reading = "not distinguishable from 0: the two gains add up"
@@ -270,6 +320,9 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         decided = share.get("p_value") is not None and share["p_value"] < alpha
         lines.append(f"The larger share is the {larger}'s" + (
             "." if decided else ", but its own interval reaches 0: more seeds are needed to say it carries the advantage."))
+    if block.get("recomputed_from"):
+        lines.append(f"These shares were converted from a result written with the older sign "
+                     f"({block['recomputed_from']}).")
     return lines
 
 

@@ -1,0 +1,87 @@
+"""A process memory limit (ulimit -v / -d) counts as the memory available (util/memory.py): a generated
+task's vocabulary or splits, or a corpus's vocabulary, beyond it are refused in one line before they
+are built, and an allocation that still fails while a task is built is one line too."""
+
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evo_attention.data.recall import RecallData
+from evo_attention.data.synthetic import TASKS, SyntheticData
+from evo_attention.data.vocab import Vocab
+from evo_attention.util import memory
+from evo_attention.util.errors import UserError
+
+GB = 2**30
+
+
+@contextlib.contextmanager
+def address_space_limit(extra: int):
+    """This process limited (RLIMIT_AS, soft) to ``extra`` bytes above its current size; restored after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (memory.process_status()["VmSize"] + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_a_process_limit_lowers_the_available_memory_to_what_it_leaves():
+    unlimited = memory.available_memory()
+    with address_space_limit(GB):
+        limited = memory.available_memory()
+        assert memory.limit_headroom() == limited
+    assert 0.9 * GB < limited <= GB and (unlimited is None or limited <= unlimited)
+    assert memory.limit_headroom() is None or memory.limit_headroom() > limited
+
+
+@pytest.mark.parametrize("build, fragment", [
+    (lambda: SyntheticData("mqar", vocab=99_999_999), "99,999,999 symbols"),
+    (lambda: SyntheticData("mad:in_context_recall", vocab=99_999_999), "99,999,999 symbols"),
+    (lambda: SyntheticData("mad:memorization", vocab=99_999_999), "99,999,999 symbols"),
+    (lambda: SyntheticData("mad:selective_copy", seq_len=20_000), "20,001 tokens"),
+    (lambda: RecallData(vocab_size=99_999_999), "99,999,999 symbols"),
+    (lambda: Vocab.from_counts({"a": 1}, 99_999_999), "99,999,999 words"),  # a corpus's, padded to vocab_size
+], ids=["mqar-vocab", "in_context_recall-vocab", "memorization-vocab", "selective_copy-seq_len", "recall-vocab",
+        "corpus-vocab"])
+def test_a_dataset_beyond_the_process_limit_is_refused_before_it_is_built(build, fragment):
+    # each needs several GB: within many machines' free memory, beyond the 1 GB the limit leaves
+    start = time.monotonic()
+    with address_space_limit(GB), pytest.raises(UserError) as refused:
+        build()
+    assert time.monotonic() - start < 5
+    message = str(refused.value)
+    assert fragment in message and "this process (under its memory limit, ulimit) has" in message, message
+
+
+def test_the_command_under_a_ulimit_is_one_line_and_quick(tmp_path):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "evo_attention.cli", "baseline", "--preset", "quick", "--data",
+                           "mqar:vocab=99999999", "--steps", "1", "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True, env=env, preexec_fn=limit, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and lines[-1].startswith("evo-attention: error:"), done.stderr
+    assert "99,999,999 symbols" in lines[-1] and "mqar:vocab=N" in lines[-1], lines[-1]
+    assert time.monotonic() - start < 120
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # nothing written
+
+
+def test_an_allocation_that_fails_while_a_generated_task_is_built_is_one_line(monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda: None)  # unknown: the estimate refuses nothing
+
+    def no_memory(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(type(TASKS["mad:selective_copy"]), "generate", no_memory)
+    with pytest.raises(UserError, match="could not be built \\(the allocation failed\\): lower its seq_len"):
+        SyntheticData("mad:selective_copy", seq_len=64)
