@@ -2,6 +2,7 @@
 against a plain-Python reference, its statistics, its keys, and trainings that use it (folded equals
 alone, a seed reproduces, the step and call it hashes, CPU == CUDA)."""
 
+import json
 import math
 
 import pytest
@@ -199,3 +200,22 @@ def test_a_partial_training_continues_exactly(setup):
     resumed = run_training(trial.replace(budget=12), data, state=first.state).record
     straight = run_training(trial, data).record
     assert resumed.resumed_from == 8 and resumed.val_loss == straight.val_loss and resumed.curve == straight.curve
+
+
+def test_the_cpu_benchmark_runs_both_streams_and_writes_its_json(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dropout.py"
+    spec = importlib.util.spec_from_file_location("bench_dropout", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--smoke", "--out", str(tmp_path / "d.json")])
+    assert json.loads((tmp_path / "d.json").read_text()) == result
+    assert result["machine"]["torch"] == torch.__version__ and result["settings"]["smoke"] is True
+    for row in [*result["masks"].values(), result["step"]]:
+        assert set(row) >= {"cpu", "counter", "ratio_counter_vs_cpu"}
+        assert all(row[arm]["ms_median"] > 0 and len(row[arm]["ms_rounds"]) == 1 for arm in ("cpu", "counter"))
+    assert "| quick preset training step |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a real run takes the median of at least 5 rounds
+        bench.main(["--rounds", "3", "--out", str(tmp_path / "x.json")])
