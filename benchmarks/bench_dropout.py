@@ -1,6 +1,6 @@
 """The CPU cost of the two dropout streams: today's mask (``dropout_stream: cpu``, drawn from a seeded
 CPU generator, four 16-bit lanes per 64-bit draw) against the counter mask (``counter``: a hash of
-seed, step, call and element computed with integer tensor ops), in interleaved rounds.
+seed, step, call and element: numpy uint32 arithmetic on the CPU), in interleaved rounds.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_dropout.py --out docs/results/dropout/cpu.json
 

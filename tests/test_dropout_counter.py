@@ -12,6 +12,7 @@ from evo_attention import Config
 from evo_attention.cli import build_parser
 from evo_attention.cli.common import config_from_args
 from evo_attention.data import data_from_config
+import evo_attention.nn.dropout as dropout_module
 from evo_attention.nn.dropout import counter_key, counter_keep_mask, drop_threshold, dropout, mask_source
 from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
@@ -66,6 +67,21 @@ def test_the_tensor_mask_is_the_reference_bit_for_bit(shape, p, seed, step, call
     mask = counter_keep_mask(shape, p, [counter_key(seed, step, call)])
     assert mask.dtype == torch.bool and mask.shape == shape
     assert mask.flatten().tolist() == ref_keep(seed, step, call, math.prod(shape), p)
+
+
+def test_the_device_form_and_the_cpu_form_are_the_same_function(monkeypatch):
+    """The int64 tensor ops a GPU runs, run here on the CPU, against the CPU's numpy form, and both
+    against the reference where a mask crosses the CPU form's blocks."""
+    keys = [counter_key(s, 3, 1) for s in (0, 1, 2)]
+    for pairs in (1, 2, 1000, dropout_module._CPU_BLOCK + 5):
+        assert torch.equal(dropout_module._counter_lanes_torch(pairs, keys, "cpu"),
+                           dropout_module._counter_lanes_numpy(pairs, keys))
+        assert torch.equal(dropout_module._counter_lanes_torch(pairs, keys[:1], None),
+                           dropout_module._counter_lanes_numpy(pairs, keys[:1]))
+    monkeypatch.setattr(dropout_module, "_CPU_BLOCK", 4)
+    for n in (7, 8, 9, 33):  # blocks of 4 pairs: whole and partial blocks, odd and even sizes
+        mask = counter_keep_mask((2, n), 0.4, [counter_key(0, 1, 2), counter_key(1, 1, 2)])
+        assert mask[0].tolist() == ref_keep(0, 1, 2, n, 0.4) and mask[1].tolist() == ref_keep(1, 1, 2, n, 0.4)
 
 
 def test_folded_models_each_get_the_mask_they_get_alone():

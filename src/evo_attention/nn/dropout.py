@@ -44,16 +44,21 @@ Every step is exact in int64 on every device, with no overflow: values stay in [
 steps; ``a * j + b < 2^31 * 2^31 + 2^32 < 2^63`` (a mask part holds fewer than 2^32 elements); a
 32-bit multiplier c >= 2^31 is applied as ``c - 2^32`` (negative, |c - 2^32| < 2^31), so every
 product has magnitude below 2^63 and is congruent to ``x * c`` mod 2^32, and ``& (2^32 - 1)`` of a
-two's-complement integer is its residue mod 2^32; the shifts are of non-negative values.
+two's-complement integer is its residue mod 2^32; the shifts are of non-negative values. On the
+CPU the same function runs as numpy uint32 arithmetic (unsigned, so it wraps modulo 2^32 by
+definition: no masks, half the memory traffic), in cache-sized blocks; the tests hold both forms to
+a plain-Python reference.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
+import sys
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -118,24 +123,12 @@ def _lowbias32_(x: torch.Tensor) -> torch.Tensor:
     return x.bitwise_xor_(torch.bitwise_right_shift(x, _HASH_SHIFTS[-1], out=tmp))
 
 
-def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[int, int]],
-                      device: torch.device | str | None = None) -> torch.Tensor:
-    """A bool tensor of ``shape`` on ``device``, True (keep) with probability 1 - q: the counter
-    stream (module docstring). Its rows (dimension 0) split model-major into ``len(keys)`` equal
-    parts; part k is hashed with ``keys[k]`` (``counter_key``) and counts its elements from 0."""
-    shape = tuple(shape)
-    models = len(keys)
-    if models < 1 or (shape[0] if shape else 1) % models:
-        raise RuntimeError(f"a dropout site of shape {shape} does not split over {models} models")
-    n = math.prod(shape) // models  # elements per model
-    if n >= MAX_COUNTER_ELEMENTS:
-        raise RuntimeError(f"a dropout site of {n:,} elements per model is beyond the counter stream's "
-                           f"{MAX_COUNTER_ELEMENTS:,}")
-    pairs = (n + 1) // 2
+def _counter_lanes_torch(pairs: int, keys: Sequence[tuple[int, int]], device) -> torch.Tensor:
+    """The lanes [K, 2 * pairs] (int16) of ``h(j)``, j < pairs, per key: int64 tensor ops on ``device``."""
     x = torch.arange(pairs, dtype=torch.int64, device=device)
-    if models == 1:
+    if len(keys) == 1:
         (a, b), = keys
-        x.mul_(a).add_(b)
+        x = x.mul_(a).add_(b).unsqueeze(0)
     else:
         ab = torch.tensor(keys, dtype=torch.int64)  # [K, 2]
         if x.device.type == "cuda":  # copied without waiting for the device
@@ -145,9 +138,56 @@ def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[
         x = torch.addcmul(ab[:, 1:], x, ab[:, :1])  # [K, pairs]: a_k * j + b_k
     h = _lowbias32_(x.bitwise_and_(_MASK32))
     # little-endian int16 view: lane 0 is bits 0-15, lane 1 bits 16-31 (2 and 3 are zero)
-    lanes = h.view(torch.int16).unflatten(-1, (pairs, 4))[..., :2]
-    keep = (lanes >= drop_threshold(p) - (1 << (LANE_BITS - 1))).flatten(-2)
-    return keep[..., :n].reshape(shape)
+    return h.view(torch.int16).unflatten(-1, (pairs, 4))[..., :2].flatten(-2)
+
+
+# the CPU computes h in blocks of this many pairs: the block's two uint32 arrays stay in the core's cache
+_CPU_BLOCK = 1 << 15
+
+
+def _counter_lanes_numpy(pairs: int, keys: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """The same lanes as ``_counter_lanes_torch``, on the CPU: numpy's uint32 arithmetic is exact
+    modulo 2^32 (unsigned: defined to wrap), so no masking is needed, and half the bytes of int64."""
+    out = np.empty((len(keys), 2 * pairs), dtype=np.int16)
+    lanes = out.view(np.uint32)  # [K, pairs]: each uint32 is a hash, read back as two int16 lanes
+    tmp = np.empty(min(pairs, _CPU_BLOCK), dtype=np.uint32)
+    multipliers = [np.uint32(c) for c in _HASH_MULTIPLIERS]
+    shifts = [np.uint32(s) for s in _HASH_SHIFTS]
+    for k, (a, b) in enumerate(keys):
+        for start in range(0, pairs, _CPU_BLOCK):
+            x = lanes[k, start:start + _CPU_BLOCK]
+            t = tmp[:len(x)]
+            np.multiply(np.arange(start, start + len(x), dtype=np.uint32), np.uint32(a), out=x)
+            np.add(x, np.uint32(b), out=x)
+            for shift, factor in zip(shifts, multipliers):
+                np.bitwise_xor(x, np.right_shift(x, shift, out=t), out=x)
+                np.multiply(x, factor, out=x)
+            np.bitwise_xor(x, np.right_shift(x, shifts[-1], out=t), out=x)
+    if sys.byteorder != "little":  # lane 0 is bits 0-15 of the hash on every machine
+        out.byteswap(inplace=True)
+    return torch.from_numpy(out)
+
+
+def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[int, int]],
+                      device: torch.device | str | None = None) -> torch.Tensor:
+    """A bool tensor of ``shape`` on ``device``, True (keep) with probability 1 - q: the counter
+    stream (module docstring). Its rows (dimension 0) split model-major into ``len(keys)`` equal
+    parts; part k is hashed with ``keys[k]`` (``counter_key``) and counts its elements from 0.
+    On the CPU the hashes are numpy uint32 arithmetic, elsewhere int64 tensor ops on the device:
+    the same function, the same bits."""
+    shape = tuple(shape)
+    models = len(keys)
+    if models < 1 or (shape[0] if shape else 1) % models:
+        raise RuntimeError(f"a dropout site of shape {shape} does not split over {models} models")
+    n = math.prod(shape) // models  # elements per model
+    if n >= MAX_COUNTER_ELEMENTS:
+        raise RuntimeError(f"a dropout site of {n:,} elements per model is beyond the counter stream's "
+                           f"{MAX_COUNTER_ELEMENTS:,}")
+    pairs = (n + 1) // 2
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    lanes = _counter_lanes_numpy(pairs, keys) if on_cpu else _counter_lanes_torch(pairs, keys, device)
+    keep = lanes >= drop_threshold(p) - (1 << (LANE_BITS - 1))
+    return (keep if 2 * pairs == n else keep[:, :n]).reshape(shape)
 
 
 @contextmanager
