@@ -8,8 +8,8 @@ What it times, each arm in every round (the arms' order alternating between roun
 ``--rounds`` (at least 5) reported:
 
 - one keep mask (``nn.dropout.keep_mask`` from a generator, as the trainer draws it for one model;
-  ``nn.dropout.counter_keep_mask`` with a fresh key per call, as the trainer computes it), p = 0.1,
-  at the shapes of the presets' dropout sites: the attention-dropout mask [B*H, T, T] of the quick
+  ``nn.dropout_counter.counter_keep_mask`` with a fresh key per call, as the trainer computes it),
+  p = 0.1, at the shapes of the presets' dropout sites: the attention-dropout mask [B*H, T, T] of the quick
   preset (B 32, H 4, T 32: the recall task's windows) and of the seed config (B 32, H 4, T 128),
   and the seed config's model-dropout mask [B, T, d] (d 128); ``--calls`` masks per timing,
   milliseconds per mask;
@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 
 from evo_attention.data import data_from_config
-from evo_attention.nn.dropout import counter_key, counter_keep_mask, keep_mask
+from evo_attention.nn.dropout import keep_mask
+from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train.environment import cpu_name
 from evo_attention.train.presets import build_config
 from evo_attention.train.spec import Trial

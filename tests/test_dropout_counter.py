@@ -1,4 +1,4 @@
-"""The counter dropout stream (nn.dropout.counter_keep_mask, ``dropout_stream: counter``): its bits
+"""The counter dropout stream (nn.dropout_counter, ``dropout_stream: counter``): its bits
 against a plain-Python reference, its statistics, its keys, and trainings that use it (folded equals
 alone, a seed reproduces, the step and call it hashes, CPU == CUDA)."""
 
@@ -12,14 +12,15 @@ from evo_attention import Config
 from evo_attention.cli import build_parser
 from evo_attention.cli.common import config_from_args
 from evo_attention.data import data_from_config
-import evo_attention.nn.dropout as dropout_module
-from evo_attention.nn.dropout import counter_key, counter_keep_mask, drop_threshold, dropout, mask_source
+import evo_attention.nn.dropout_counter as counter_module
+from evo_attention.nn.dropout import drop_threshold, dropout, mask_source
+from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer, run_batched, run_training
 from evo_attention.util.errors import UserError
 
-# -- a plain-Python reference, written from the definition in nn/dropout.py's docstring -------------------
+# -- a plain-Python reference, written from the definition in nn/dropout_counter.py's docstring ------
 
 M32, M64 = 2**32 - 1, 2**64 - 1
 
@@ -73,12 +74,12 @@ def test_the_device_form_and_the_cpu_form_are_the_same_function(monkeypatch):
     """The int64 tensor ops a GPU runs, run here on the CPU, against the CPU's numpy form, and both
     against the reference where a mask crosses the CPU form's blocks."""
     keys = [counter_key(s, 3, 1) for s in (0, 1, 2)]
-    for pairs in (1, 2, 1000, dropout_module._CPU_BLOCK + 5):
-        assert torch.equal(dropout_module._counter_lanes_torch(pairs, keys, "cpu"),
-                           dropout_module._counter_lanes_numpy(pairs, keys))
-        assert torch.equal(dropout_module._counter_lanes_torch(pairs, keys[:1], None),
-                           dropout_module._counter_lanes_numpy(pairs, keys[:1]))
-    monkeypatch.setattr(dropout_module, "_CPU_BLOCK", 4)
+    for pairs in (1, 2, 1000, counter_module._CPU_BLOCK + 5):
+        assert torch.equal(counter_module._counter_lanes_torch(pairs, keys, "cpu"),
+                           counter_module._counter_lanes_numpy(pairs, keys))
+        assert torch.equal(counter_module._counter_lanes_torch(pairs, keys[:1], None),
+                           counter_module._counter_lanes_numpy(pairs, keys[:1]))
+    monkeypatch.setattr(counter_module, "_CPU_BLOCK", 4)
     for n in (7, 8, 9, 33):  # blocks of 4 pairs: whole and partial blocks, odd and even sizes
         mask = counter_keep_mask((2, n), 0.4, [counter_key(0, 1, 2), counter_key(1, 1, 2)])
         assert mask[0].tolist() == ref_keep(0, 1, 2, n, 0.4) and mask[1].tolist() == ref_keep(1, 1, 2, n, 0.4)

@@ -23,7 +23,7 @@ Same trial, same result, alone or in a batch:
   own stream (``nn.dropout.mask_source``), on every device: with ``dropout_stream: cpu`` its own
   generator, which starts at the global RNG state right after its model was built; with
   ``counter`` the hash of its seed, its step and the call's number within the step
-  (``nn.dropout.counter_keep_mask``, on the training's device), its rows counted from 0.
+  (``nn.dropout_counter``, on the training's device), its rows counted from 0.
 - The folded parts, the loss and the optimizer repeat the single model's operations (``nn.fold``,
   ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
   same batched and alone on a CPU, and every gene of the tests' covering list stays within
@@ -79,7 +79,8 @@ from evo_attention.data.base import TaskData
 from evo_attention.genes import layers_of, mechanism_of
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
-from evo_attention.nn.dropout import counter_key, counter_keep_mask, keep_mask, mask_source
+from evo_attention.nn.dropout import keep_mask, mask_source
+from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train.probe_cache import used_probes
 from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
