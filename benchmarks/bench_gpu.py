@@ -27,9 +27,11 @@ skipped, with a note in the JSON, without it):
   drawn on the CPU from each model's seeded generator and copied to the device: nn/dropout.py), and,
   when the gene has attention dropout (the vanilla gene's is 0.10, which also draws its [K*B, H, T,
   T] masks on the CPU and keeps attention off the fused kernel), no dropout at all (the gene's
-  attention dropout 0 as well), at K = 1 and the largest K that fit (``--dropout-ks``, ``max``: the
-  largest K measured without running out of memory), at bf16 where it was measured, else the first
-  precision; interleaved rounds as above.
+  attention dropout 0 as well); beside them the same arms on the counter stream (``dropout 0.1
+  counter``, ``dropout 0 counter``: ``dropout_stream: counter``, every mask a hash computed on the
+  device, nothing drawn on the CPU or copied); at K = 1 and the largest K that fit
+  (``--dropout-ks``, ``max``: the largest K measured without running out of memory), at bf16 where
+  it was measured, else the first precision; interleaved rounds as above.
 - the device (``torch.cuda.get_device_name``), torch, CUDA and cuDNN versions, threads, and the
   command line.
 
@@ -39,7 +41,8 @@ measured; ``--time-limit S`` stops starting new measurements after S seconds and
 ``skipped: time limit``. A short table is printed at the end.
 
 The K sweep trains each config as it is: its own model dropout (quick and wikitext_small 0, seed
-0.1) and the gene's attention dropout (0.10 for the vanilla gene), masks drawn on the CPU.
+0.1) and the gene's attention dropout (0.10 for the vanilla gene), masks from ``--dropout-stream``
+(default cpu: drawn on the CPU; counter: computed on the device).
 
 JSON layout: ``command``, ``started``, ``updated``, ``elapsed_s``, ``complete`` (false while running
 and after the time limit), ``device`` (``name``, ``device``, ``type``, ``torch``, ``cuda``,
@@ -48,7 +51,8 @@ and after the time limit), ``device`` (``name``, ``device``, ``type``, ``torch``
 ``evo_attention``), ``settings`` (the options), ``notes`` (what each number is), ``configs`` (name ->
 ``status`` and the config's shape and budget), ``rows`` (the K sweep: one per config, K and
 precision), ``dropout_rows`` (one per config, K and ``arm``) and ``dropout`` (per config and K: the
-arms' ``seconds_per_step`` and ``ratio_dropout_vs_0``, ``ratio_attention_dropout_vs_none``). A row:
+arms' ``seconds_per_step`` and ``ratio_dropout_vs_0``, ``ratio_attention_dropout_vs_none``, and
+``ratio_counter_vs_cpu``: per arm with masks, the counter arm's time over the CPU-drawn one's). A row:
 ``config``, ``k``, ``precision``, ``status`` (``ok``, ``oom``, ``error``, ``pending``, ``skipped:
 ...``), ``rounds``, ``round_seconds``, ``seconds_per_step``, ``ms_per_step``,
 ``trainings_per_hour``, ``tokens_per_s``, ``peak_memory_mb``, ``dropout``.
@@ -91,7 +95,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.train.environment import (cpu_has_fast_bf16, cpu_name, is_oom, peak_memory_mb, release_free_memory,
                                              reset_peak_memory, resolve_device)
 from evo_attention.train.presets import build_config
-from evo_attention.train.spec import Trial
+from evo_attention.train.spec import DROPOUT_STREAMS, Trial
 from evo_attention.train.trainer import step_seconds
 from evo_attention.util.version import __version__
 
@@ -138,6 +142,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "skipped)")
     parser.add_argument("--dropout-ks", type=csv_list, default=["1", "max"],
                         help="the K of the dropout comparison: numbers or max, the largest K that fit (default 1,max)")
+    parser.add_argument("--dropout-stream", choices=DROPOUT_STREAMS, default="cpu",
+                        help="the dropout stream of the K sweep (default cpu: masks drawn on the CPU and copied; "
+                             "counter: computed on the device); the dropout comparison times both")
     parser.add_argument("--gene", default=VANILLA, help=f"the gene every model trains (default {VANILLA})")
     parser.add_argument("--rounds", type=int, help="interleaved rounds, median reported (default 3; --smoke: 1)")
     parser.add_argument("--steps", type=int, help="timed steps per measurement (default 5; --smoke: 1)")
@@ -318,6 +325,9 @@ def compare(config: str, k: int, precision: str, arms: dict) -> dict:
            "ratio_dropout_vs_0": with_dropout / base if base and with_dropout else None}
     if "no dropout" in arms:  # the gene's attention dropout (model dropout 0) against no dropout at all
         out["ratio_attention_dropout_vs_none"] = base / none if base and none else None
+    out["ratio_counter_vs_cpu"] = {  # the same arm with masks computed on the device / drawn on the CPU
+        arm: (seconds[f"{arm} counter"] / seconds[arm] if seconds[f"{arm} counter"] and seconds[arm] else None)
+        for arm in seconds if f"{arm} counter" in seconds}
     return out
 
 
@@ -378,7 +388,7 @@ def run(argv: list[str] | None) -> dict:
                                             if unsupported(p, device)},
                      "dropout_ks": args.dropout_ks, "dropout": DROPOUT, "gene": args.gene.key, "rounds": args.rounds,
                      "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke, "time_limit_s": args.time_limit,
-                     "data_dir": args.data_dir, "compile": "off"},
+                     "data_dir": args.data_dir, "compile": "off", "dropout_stream": args.dropout_stream},
         "notes": {
             "seconds_per_step": "one training step of all K models (median over the rounds of the mean of --steps "
                                 "timed steps, after --warmup untimed ones, each measurement a fresh trainer)",
@@ -389,7 +399,9 @@ def run(argv: list[str] | None) -> dict:
                                "the process's resident-set peak (VmHWM) after a reset right before the trainer was "
                                "built, baseline of the process included (max over the rounds)"),
             "dropout": "model dropout masks are drawn on the CPU from each model's seeded generator and copied to "
-                       "the device (nn/dropout.py); so are attention-dropout masks (the gene's last field)",
+                       "the device (nn/dropout.py); so are attention-dropout masks (the gene's last field); the "
+                       "arms named 'counter' (and the K sweep with --dropout-stream counter) compute every mask "
+                       "on the device instead (dropout_stream: counter)",
         },
         "configs": {}, "rows": [], "dropout_rows": [], "dropout": [],
     })
@@ -420,7 +432,7 @@ def run(argv: list[str] | None) -> dict:
             entry["status"] = "running"
             loaded = time.perf_counter()
             try:
-                config = make_config(name, args.data_dir, args.smoke)
+                config = make_config(name, args.data_dir, args.smoke).replace(dropout_stream=args.dropout_stream)
                 data = data_from_config(config)
             except Exception as exc:  # noqa: BLE001 - a missing corpus, say: the other configs still run
                 entry["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
@@ -461,16 +473,20 @@ def run(argv: list[str] | None) -> dict:
             dp = "bf16" if "bf16" in precisions else precisions[0]
             fit = [k for k in args.ks if rows[(dp, k)]["status"] == "ok"]
             dks = sorted({(max(fit) if fit else None) if k == "max" else int(k) for k in args.dropout_ks} - {None})
-            arms = {"dropout 0": (config.replace(dropout=0.0, precision=dp), args.gene),
-                    f"dropout {DROPOUT}": (config.replace(dropout=DROPOUT, precision=dp), args.gene)}
+            cpu, counter = config.replace(dropout_stream="cpu"), config.replace(dropout_stream="counter")
+            arms = {"dropout 0": (cpu.replace(dropout=0.0, precision=dp), args.gene),
+                    f"dropout {DROPOUT}": (cpu.replace(dropout=DROPOUT, precision=dp), args.gene),
+                    f"dropout {DROPOUT} counter": (counter.replace(dropout=DROPOUT, precision=dp), args.gene)}
             if args.gene.attention_dropout > 0:
-                arms["no dropout"] = (config.replace(dropout=0.0, precision=dp),
+                arms["dropout 0 counter"] = (counter.replace(dropout=0.0, precision=dp), args.gene)
+                arms["no dropout"] = (cpu.replace(dropout=0.0, precision=dp),
                                       args.gene.replace(attention_dropout=0.0))
             drows = {}
             for k in dks:
                 for arm, (cfg, gene) in arms.items():
                     row = drows[(arm, k)] = new_row(name, k, dp, arm=arm)
-                    row.update(dropout=cfg.dropout, attention_dropout=gene.attention_dropout, gene=gene.key)
+                    row.update(dropout=cfg.dropout, attention_dropout=gene.attention_dropout, gene=gene.key,
+                               dropout_stream=cfg.dropout_stream)
                     res["dropout_rows"].append(row)
             save()
             jobs = [(arm, drows[(arm, k)], [drows[(arm, j)] for j in dks if j > k]) for arm in arms for k in dks]
@@ -516,6 +532,10 @@ def print_table(res: dict) -> None:
         print(f"{c['config']} K={c['k']} {c['precision']}: dropout {DROPOUT} / dropout 0 = "
               f"{fmt(ratio, '.2f') or '?'}x" + (f"; attention dropout only / none = {fmt(extra, '.2f') or '?'}x"
                                                 if "ratio_attention_dropout_vs_none" in c else ""))
+        counter = {arm: r for arm, r in c.get("ratio_counter_vs_cpu", {}).items() if r is not None}
+        if counter:
+            print(f"{c['config']} K={c['k']} {c['precision']}: counter / cpu stream = "
+                  + ", ".join(f"{r:.2f}x ({arm})" for arm, r in counter.items()))
 
 
 if __name__ == "__main__":

@@ -66,12 +66,14 @@ def assert_same_result(batch, alone, rtol, size=None):
 
 # -- same trial, same result -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("stream", ["cpu", "counter"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_batched_trial_gives_what_it_gives_alone(setup, precision):
+def test_a_batched_trial_gives_what_it_gives_alone(setup, precision, stream):
     """Seeds and rates differ, dropout and attention dropout on: each model its own batches and
-    dropout stream. The vanilla gene is bitwise the same here; the stated bound covers every gene."""
+    dropout stream (either kind). The vanilla gene is bitwise the same here; the stated bound covers
+    every gene."""
     config, data = setup
-    trials = trials_of(config.replace(precision=precision), data)
+    trials = trials_of(config.replace(precision=precision, dropout_stream=stream), data)
     batch = run_batched(trials, data)
     alone = [run_training(t, data) for t in trials]
     assert_same_result(batch, alone, engine.SAME_RESULT_RTOL[precision])
@@ -110,8 +112,10 @@ def test_every_gene_either_folds_within_the_bound_or_trains_alone(setup, coverin
     assert folded >= 2 * (len(covering_genes()) - 2)
 
 
-def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup):
+@pytest.mark.parametrize("stream", ["cpu", "counter"])
+def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup, stream):
     config, data = setup
+    config = config.replace(dropout_stream=stream)  # the step retried without it: the others' masks again
     gene = "dot|relu_norm|none|fixed"
     trials = [Trial.from_config(gene, config.replace(seed=0, learning_rate=1e6, grad_clip=1e9), data=data),
               Trial.from_config(gene, config.replace(seed=1), data=data),

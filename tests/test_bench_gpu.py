@@ -63,8 +63,13 @@ def test_smoke_run_writes_every_row(tmp_path):
         assert row["trainings_per_hour"] == pytest.approx(k * 3600 / (row["seconds_per_step"] * 400))
 
     arms = {(r["k"], r["arm"]): r for r in result["dropout_rows"]}
-    assert set(arms) == {(k, a) for k in (1, 2) for a in ("dropout 0", "dropout 0.1", "no dropout")}
+    assert set(arms) == {(k, a) for k in (1, 2) for a in ("dropout 0", "dropout 0.1", "no dropout",
+                                                         "dropout 0 counter", "dropout 0.1 counter")}
     assert arms[(1, "dropout 0.1")]["dropout"] == 0.1 and arms[(1, "dropout 0")]["dropout"] == 0.0
+    assert {a: r["dropout_stream"] for (k, a), r in arms.items() if k == 1} == {
+        "dropout 0": "cpu", "dropout 0.1": "cpu", "no dropout": "cpu", "dropout 0 counter": "counter",
+        "dropout 0.1 counter": "counter"}
+    assert arms[(1, "dropout 0.1 counter")]["dropout"] == 0.1 and arms[(1, "dropout 0 counter")]["dropout"] == 0.0
     assert arms[(1, "no dropout")]["attention_dropout"] == 0.0
     assert all(r["status"] == "ok" and r["seconds_per_step"] > 0 for r in arms.values())
     compared = {c["k"]: c for c in result["dropout"]}
@@ -72,6 +77,9 @@ def test_smoke_run_writes_every_row(tmp_path):
     for c in compared.values():
         assert c["precision"] == "bf16" and c["ratio_dropout_vs_0"] > 0 and c["ratio_attention_dropout_vs_none"] > 0
         assert all(s > 0 for s in c["seconds_per_step"].values())
+        assert set(c["ratio_counter_vs_cpu"]) == {"dropout 0", "dropout 0.1"}
+        assert all(r > 0 for r in c["ratio_counter_vs_cpu"].values())
+    assert "counter / cpu stream" in done.stdout and result["settings"]["dropout_stream"] == "cpu"
 
 
 def fake_step_seconds(oom_from: int):

@@ -21,6 +21,10 @@ the model is built, so a model alone draws what it would draw from the global ge
 models folded into one batch each draw their own): inside ``mask_source(fn)``, ``dropout`` takes
 its keep mask from ``fn(shape, p)`` (on any device) instead of drawing it from the global
 generator; outside it (evaluation, a plain forward pass) nothing changes.
+
+The counter stream (``nn.dropout_counter``; a training's ``dropout_stream: counter``) is a source
+for ``mask_source`` that gives lanes like these without a generator: a hash of (seed, step, call,
+element) computed on the device of the activations, the same bits on every device.
 """
 
 from __future__ import annotations

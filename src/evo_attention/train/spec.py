@@ -61,6 +61,9 @@ def thaw(value: Any) -> Any:
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPILE_MODES = ("auto", "on", "off")
+# where dropout masks come from (nn.dropout): cpu, each model's seeded CPU generator (masks copied to
+# the device); counter, a hash of (seed, step, call, element) computed on the device
+DROPOUT_STREAMS = ("cpu", "counter")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ class TrainSpec:
     lr_schedule: str = setting("constant", flag="lr-schedule", parse="str", choices=lambda: tuple(SCHEDULES),
                                help=schedules_help)  # train.schedules
     precision: str = setting("auto", flag="precision", parse="str", choices=PRECISIONS)
+    # another stream is another training (other masks): it joins a key, but only when not the default
+    dropout_stream: str = setting("cpu", flag="dropout-stream", parse="str", choices=DROPOUT_STREAMS,
+                                  omit_default=True, after="precision",
+                                  help="where dropout masks come from: cpu (the default: each model's seeded CPU "
+                                       "generator, masks copied to the device) or counter (a hash of seed, step, "
+                                       "site and element computed on the device: the same bits on every device, "
+                                       "nothing copied)")
     # the learning-curve resolution (steps); divergence is judged per interval, so it can change a result
     log_every: int = setting(50, omit_default=True, after="compile")
     # wsd: the last fraction of the schedule's steps decays linearly to 0; a Config gives the other

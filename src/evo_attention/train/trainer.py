@@ -20,8 +20,10 @@ Same trial, same result, alone or in a batch:
 
 - Every member is built as a training of its trial alone builds it (``torch.manual_seed(seed)``,
   then the model), draws its batches from its own seeded generator, and its dropout masks from its
-  own generator, which starts at the global RNG state right after its model was built
-  (``nn.dropout.mask_source``), on every device.
+  own stream (``nn.dropout.mask_source``), on every device: with ``dropout_stream: cpu`` its own
+  generator, which starts at the global RNG state right after its model was built; with
+  ``counter`` the hash of its seed, its step and the call's number within the step
+  (``nn.dropout_counter``, on the training's device), its rows counted from 0.
 - The folded parts, the loss and the optimizer repeat the single model's operations (``nn.fold``,
   ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
   same batched and alone on a CPU, and every gene of the tests' covering list stays within
@@ -78,6 +80,7 @@ from evo_attention.genes import layers_of, mechanism_of
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import keep_mask, mask_source
+from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train.probe_cache import used_probes
 from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
@@ -472,6 +475,11 @@ class Trainer:
             self.model, self.stacked = fold_models([m.model for m in self.members], self.rows)
             self.stepper = StackedAdamW(self.stacked)
         self.compiled = self.members[0].compiled
+        self.dropout_stream = first.train.dropout_stream
+        self._dropout_calls = 0  # dropout calls so far in the current step (the counter stream's ``call``)
+        # a compiled forward runs the counter's mask eagerly: traced, its step and call (Python
+        # integers) would be guards that recompile the graph every step
+        self._mask_fn = torch.compiler.disable(self._masks) if self.compiled else self._masks
         self.model.train()
         # the training forward; the FLOP count and evaluation stay eager (a frame first run under
         # the flop counter's dispatch mode would never be compiled, and eval shapes would recompile)
@@ -501,6 +509,10 @@ class Trainer:
     # -- one step ----------------------------------------------------------------------------
     def _masks(self, shape: tuple, p: float) -> torch.Tensor:
         """The dropout keep mask of the batch: model k's rows from model k's stream."""
+        if self.dropout_stream == "counter":
+            call, self._dropout_calls = self._dropout_calls, self._dropout_calls + 1
+            return counter_keep_mask(shape, p, [counter_key(m.seed, m.step, call) for m in self.active],
+                                     device=self.device)
         gens = [m.dropout_generator for m in self.active]
         if len(gens) == 1:
             return keep_mask(shape, p, generator=gens[0])
@@ -513,7 +525,8 @@ class Trainer:
         """One optimisation step of every active model; their losses [K]."""
         if self.rows is not None:
             self.rows.batch = x.shape[0] // len(self.active)
-        with mask_source(self._masks), autocast(self.device, self.precision):
+        self._dropout_calls = 0
+        with mask_source(self._mask_fn), autocast(self.device, self.precision):
             hidden, _ = self._forward(x)
         weight = self.model.head.weight  # tied to the token table (stacked [K, vocab, d] when folded)
         losses = linear_cross_entropy(hidden, weight, y, dtype=matmul_dtype(self.precision))
