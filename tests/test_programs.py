@@ -341,3 +341,31 @@ def test_a_program_search_runs_from_the_cli_resumes_reports_and_ablates(tmp_path
     ablation = json.loads((tmp_path / "ablation" / "ablation.json").read_text())
     removals = [v for v in ablation["variants"] if v["kind"] == "remove" and v["field"] == "program"]
     assert removals and all(v["gene"] != best for v in removals)
+
+
+# -- programs in lists of genes -------------------------------------------------------------------------
+PROGRAM_ITEM = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))"
+
+
+def test_a_list_of_genes_splits_only_at_commas_outside_a_program():
+    from evo_attention.genes import is_gene_text, split_genes
+
+    text = f" baseline, {PROGRAM_ITEM} ,dot|softmax|none|fixed|prog=mix(w.softmax(s.dot(q,k)),v),, linear"
+    assert split_genes(text) == ["baseline", PROGRAM_ITEM, "dot|softmax|none|fixed|prog=mix(w.softmax(s.dot(q,k)),v)",
+                                 "linear"]
+    assert is_gene_text(PROGRAM_ITEM) and not is_gene_text("baseline")
+
+
+def test_compare_curve_and_validate_take_programs_in_their_gene_lists(tmp_path):
+    from evo_attention.cli import main
+    from evo_attention.studies.compare import resolve_configs
+
+    entries = resolve_configs(f"baseline,{PROGRAM_ITEM}", d_model=32, n_heads=2)
+    assert [name for name, _ in entries][0] == "baseline" and len(entries) == 2
+    assert entries[1][1].program is not None
+    out = tmp_path / "v"
+    rc = main(["validate", "--genes", f"{PROGRAM_ITEM},dot|softmax|none|fixed", "--seeds", "2", "--out", str(out),
+               "--data", "mqar:seq_len=16,vocab=16,pairs=2,train_examples=64,eval_examples=16", "--vocab-size", "16",
+               "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size", "4",
+               "--eval-batch-size", "16", "--quiet"])
+    assert rc == 0 and (out / "validation.json").is_file()

@@ -837,6 +837,28 @@ class LayerGenes(_Keyed):
         return f"Layers({self.short})"
 
 
+def split_genes(text: str) -> list[str]:
+    """A comma-separated list of genes and names -> its items, stripped, empty ones dropped. A comma
+    inside parentheses belongs to a program (``prog=o(mix(w.softmax(s.dot(q,k)),v))``), so only the
+    commas outside every pair of parentheses separate items."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def is_gene_text(item: str) -> bool:
+    """Whether a list item is a gene string (``a|b|c|d...`` or a bare ``prog=...``) rather than a name."""
+    return "|" in item or item.strip().startswith("prog=")
+
+
 def layers_of(genome: "AttentionGene | LayerGenes") -> list:
     """The genes of a genome's layers ([gene] for a shared gene)."""
     return list(genome.layers) if isinstance(genome, LayerGenes) else [genome]

@@ -118,7 +118,9 @@ def _long_context(args, config, steps: int) -> int:
     genes = dict(LONG_CONTEXT_GENES)
     if args.genes:
         genes = {}
-        for item in (s.strip() for s in args.genes.split(",") if s.strip()):
+        from evo_attention.genes import split_genes
+
+        for item in split_genes(args.genes):
             name, equals, key = (part.strip() for part in item.partition("="))
             if not equals:
                 if name not in LONG_CONTEXT_GENES:

@@ -264,10 +264,10 @@ def run_study(args, role: str, config, data, store, search_seed, run):
 
 def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
     """The genes to study: --genes, else the best ``top`` of the run (the baseline excluded)."""
-    from evo_attention.genes import AttentionGene
+    from evo_attention.genes import AttentionGene, split_genes
 
     if args.genes:
-        genes = [g for g in (t.strip() for t in args.genes.split(",")) if g]
+        genes = split_genes(args.genes)
         if not genes:
             raise UserError(f"--genes {args.genes!r} names no gene: give keys like 'dot|sparsemax|output_gate|learned'")
         return [AttentionGene.parse(g).key for g in genes]

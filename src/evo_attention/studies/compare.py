@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
-from evo_attention.genes import VANILLA_KEY, AttentionGene
+from evo_attention.genes import VANILLA_KEY, AttentionGene, is_gene_text, split_genes
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
 from evo_attention.search.executors import Executor, executor_for
 from evo_attention.search.store import RunStore
@@ -152,7 +152,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     if spec is None:
         items = ["all"]
     elif isinstance(spec, str):
-        items = [s.strip() for s in spec.split(",")]
+        items = split_genes(spec)
     else:
         items = [str(s).strip() for s in spec]
     items = [s for s in items if s]
@@ -163,7 +163,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
         if item == "all":
             for named in NAMED_CONFIGS:
                 entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len, attention_dropout))
-        elif "|" in item:
+        elif is_gene_text(item):
             gene = AttentionGene.parse(item)
             entries.setdefault(gene.key, gene)
         elif item in CONFIGS_BY_NAME:
