@@ -265,6 +265,24 @@ def curve_seeds(payload: dict) -> str:
     return _markdown(headers, rows, "l" + "r" * len(values))
 
 
+def suite_signal(payload: dict) -> str:
+    """benchmarks/suite_signal.py: per point the baseline's seeds, mean and sd against chance, the
+    no-recall level and the ceiling, its flags and signal over noise."""
+    headers = ["Point", "Steps", "Chance", "No-recall", "Baseline per seed", "Mean (sd)", "In band", "Informative",
+               "Signal/noise", "Wall s"]
+    rows = []
+    for label, point in payload["points"].items():
+        base = point["baseline"]
+        seeds = point["genes"][base["name"]]["accuracy"]
+        sd = "-" if base["sd"] is None else f"{base['sd']:.3f}"
+        rows.append([label, str(point["steps"]), _num(point["chance_accuracy"]),
+                     _num(point.get("no_recall_accuracy")), _per_seed(seeds.values()),
+                     f"{_num(base['mean'])} ({sd})", "yes" if base["in_band"] else "no",
+                     "yes" if base["informative"] else "no", _num(base["signal_over_noise"], 1),
+                     f"{point['wall_s']:.0f}"])
+    return _markdown(headers, rows, "lrrrlrllrr")
+
+
 def suite(payload: dict) -> str:
     from evo_attention.report.studies.suite import suite_table
     from evo_attention.util.format import code, md_cell
@@ -313,7 +331,7 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
-TABLES = {"verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 
