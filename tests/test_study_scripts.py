@@ -1,5 +1,5 @@
 """The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
-benchmarks/curve_verdicts.py): the rules they apply to result files, on small made-up files."""
+benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py): the rules they apply to result files, on small made-up files."""
 
 import importlib.util
 import json
@@ -80,6 +80,54 @@ def test_strategies_records_the_validation_seeds_and_warns_of_seeds_shared_acros
     assert strategies.main([str(tmp_path / "blocks"), "--out", str(tmp_path / "b.json")]) == 0
     assert json.loads((tmp_path / "b.json").read_text())["validation_seeds"]["disjoint"]
     assert "served several" not in capsys.readouterr().err
+
+
+def test_strategies_reads_suite_validations_with_higher_accuracy_better(tmp_path):
+    strategies = _script("strategies")
+    for seed in range(1, 7):  # 6 search seeds, GA ahead on every one: the exact p 2/64 passes alone
+        for name, mean in (("ga", 0.60 + seed / 1000), ("random", 0.55 + seed / 1000)):
+            folder = tmp_path / f"{name}-{seed}"
+            folder.mkdir()
+            folder.joinpath("validation_suite.json").write_text(json.dumps({
+                "metric": "suite_accuracy", "lower_is_better": False, "baseline": {"mean": 0.5},
+                "genes": [{"gene": "g", "seeds": [seed], "values": [mean], "mean": mean}]}))
+    assert strategies.main([str(tmp_path), "--reference", "random", "--margin", "0.02",
+                            "--out", str(tmp_path / "s.json")]) == 0
+    row = json.loads((tmp_path / "s.json").read_text())["comparisons"]["ga"]
+    assert row["scale"] == "linear" and row["difference"] == pytest.approx(0.05)
+    assert row["verdict"] == "better" and row["p_value"] == pytest.approx(2 / 64)
+    (tmp_path / "ga-1" / "validation.json").write_text(  # a second file for one search is refused
+        (tmp_path / "ga-1" / "validation_suite.json").read_text())
+    with pytest.raises(SystemExit, match="keep one"):
+        strategies.collect(tmp_path)
+
+
+def _suite_validation(path: Path, genes: dict, baseline=(0.50, 0.52, 0.51, 0.49, 0.50, 0.53)) -> None:
+    seeds = list(range(1_204_001, 1_204_001 + len(baseline)))
+    path.write_text(json.dumps({
+        "metric": "suite_accuracy", "lower_is_better": False,
+        "baseline": {"gene": "vanilla", "seeds": seeds, "values": list(baseline)},
+        "genes": [{"gene": g, "seeds": seeds, "values": v} for g, v in genes.items()]}))
+
+
+def test_findings3_versus_pairs_each_gene_with_a_gene_of_another_file(tmp_path):
+    versus = _script("findings3_versus")
+    _suite_validation(tmp_path / "programs.json", {
+        "p1": [0.70, 0.72, 0.71, 0.69, 0.70, 0.73],    # above the gate on every seed
+        "p2": [0.600, 0.621, 0.610, 0.590, 0.600, 0.631]})  # the gate's values, +0.001 at most
+    _suite_validation(tmp_path / "gate.json", {"gate": [0.60, 0.62, 0.61, 0.59, 0.60, 0.63]})
+    assert versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "gate.json"),
+                        "--reference", "gate", "--margin", "0.02", "--out", str(tmp_path / "v.json")]) == 0
+    out = json.loads((tmp_path / "v.json").read_text())
+    p1, p2 = out["genes"]["p1"], out["genes"]["p2"]
+    assert p1["family_size"] == 2 and p1["difference"] == pytest.approx(0.10)
+    # 6 pairs, all positive: exact p 2/64, Holm over 2 gives 0.0625: the exact test cannot decide
+    assert p1["test"] == "sign-flip" and p1["verdict"] == "undetermined" and p1["p_holm"] == pytest.approx(0.0625)
+    assert p2["verdict"] == "equivalent" and abs(p2["difference"]) < 0.002
+    _suite_validation(tmp_path / "other.json", {"gate": [0.6] * 6}, baseline=(0.4,) * 6)
+    with pytest.raises(SystemExit, match="not paired"):
+        versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "other.json"),
+                     "--reference", "gate", "--out", str(tmp_path / "x.json")])
 
 
 def _curve(genes: dict) -> dict:
