@@ -38,6 +38,22 @@ expand() {
 STAGES=$(expand "${@:-all}")
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
+# --smoke over several stages: each stage in a process of its own, then one line per stage (ok, or
+# the command's last line: a stage the product refuses today says so here, and the plan says why)
+if (( SMOKE )) && [[ -z "${FINDINGS3_STAGE:-}" ]]; then
+  mkdir -p /tmp/findings3-smoke
+  summary=()
+  for s in $STAGES; do
+    if FINDINGS3_STAGE=1 bash "$0" --smoke "$s" > "/tmp/findings3-smoke/$s.log" 2>&1; then
+      summary+=("$s: ok")
+    else
+      summary+=("$s: FAILED: $(grep -v '^\[' "/tmp/findings3-smoke/$s.log" | tail -1)")
+    fi
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
 OUT=${OUT:-runs/findings3}
 DATA=${DATA:-../shared/data}
 WORKERS=${WORKERS:-2}

@@ -33,11 +33,13 @@ def versus(first: dict, second: dict, reference: str, margin: float) -> dict:
             first["baseline"]["values"] != second["baseline"]["values"]:
         raise SystemExit("the two files do not share their baseline trainings (seeds and values differ): "
                          "they are not paired")
-    ref = next((g for g in second["genes"] if g["gene"] == reference), None)
+    # the reference by its key, or by its key with recipe parts (GENE|lr=R: a gene at its selected rate)
+    ref = next((g for g in second["genes"] if g["gene"] == reference), None) or \
+        next((g for g in second["genes"] if g["gene"].startswith(reference + "|lr=")), None)
     if ref is None:
         raise SystemExit(f"{reference} is not a gene of the reference file")
     ref_values = by_seed(ref)
-    genes = [g for g in first["genes"] if g["gene"] != reference]
+    genes = [g for g in first["genes"] if g["gene"] != ref["gene"]]
     seeds = sorted(set(ref_values).intersection(*(by_seed(g) for g in genes)))
     lower = bool(first.get("lower_is_better", True))
     log = lower and first.get("metric") not in ("val_loss",)

@@ -124,6 +124,14 @@ def test_findings3_versus_pairs_each_gene_with_a_gene_of_another_file(tmp_path):
     # 6 pairs, all positive: exact p 2/64, Holm over 2 gives 0.0625: the exact test cannot decide
     assert p1["test"] == "sign-flip" and p1["verdict"] == "undetermined" and p1["p_holm"] == pytest.approx(0.0625)
     assert p2["verdict"] == "equivalent" and abs(p2["difference"]) < 0.002
+    # one file holding both, the reference at its selected rate (a recipe part)
+    _suite_validation(tmp_path / "both.json", {"p1": [0.70, 0.72, 0.71, 0.69, 0.70, 0.73],
+                                               "gate|lr=0.008": [0.60, 0.62, 0.61, 0.59, 0.60, 0.63]})
+    assert versus.main([str(tmp_path / "both.json"), "--reference-file", str(tmp_path / "both.json"),
+                        "--reference", "gate", "--out", str(tmp_path / "b.json")]) == 0
+    both = json.loads((tmp_path / "b.json").read_text())
+    assert list(both["genes"]) == ["p1"] and both["genes"]["p1"]["family_size"] == 1
+    assert both["genes"]["p1"]["verdict"] == "better"  # exact p 2/64 alone
     _suite_validation(tmp_path / "other.json", {"gate": [0.6] * 6}, baseline=(0.4,) * 6)
     with pytest.raises(SystemExit, match="not paired"):
         versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "other.json"),
