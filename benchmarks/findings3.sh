@@ -350,6 +350,11 @@ if stage d4-verdict; then
       --lr "$(cat "$PLANS/d4-$c.lr")" --match-params --workers "$WORKERS" --quiet --out "$OUT/d4/$c" \
       "${TINY[@]}" $(cell_train "$cell")
   done
+  # the family (Holm over the 4 cells) and the trend over tokens per parameter (block 201's seeds)
+  python3 benchmarks/findings3_family.py --gene "$GATE" --cell "tpp2=$OUT/d4/tpp2/validation_test.json" \
+    --cell "tpp6=$OUT/d4/tpp6/validation_test.json" --cell "tpp12=$OUT/d4/tpp12/validation_test.json" \
+    --cell "seed=$OUT/d4/seed/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01 \
+    --out "$OUT/d4/family.json"
 fi
 
 if stage collect; then

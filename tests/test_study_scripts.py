@@ -1,8 +1,9 @@
 """The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
-benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py): the rules they apply to result files, on small made-up files."""
+benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py, benchmarks/findings3_family.py): the rules they apply to result files, on small made-up files."""
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,41 @@ def test_findings3_versus_pairs_each_gene_with_a_gene_of_another_file(tmp_path):
     with pytest.raises(SystemExit, match="not paired"):
         versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "other.json"),
                      "--reference", "gate", "--out", str(tmp_path / "x.json")])
+
+
+def _matched_validation(path: Path, gene: str, changes: list, seeds=range(1_402_001, 1_402_009)) -> None:
+    """A validate --match-params file: the gene's perplexity is the matched model's times exp(change)."""
+    base = [100.0 + i for i in range(len(changes))]
+    path.write_text(json.dumps({
+        "genes": [{"gene": gene, "seeds": list(seeds), "values": [b * math.exp(c) for b, c in zip(base, changes)]}],
+        "matched_baselines": [{"gene": "vanilla", "d_ff": 288, "matched_to": [gene], "seeds": list(seeds),
+                               "values": base}]}))
+
+
+def test_findings3_family_holds_the_cells_to_holm_and_tests_the_trend_by_seed(tmp_path):
+    family = _script("findings3_family")
+    gate = "dot|softmax|output_gate|fixed|bias|0.10"
+    jitter = [0.001, -0.002, 0.0015, 0.0, -0.001, 0.002, -0.0005, 0.0005]
+    # the advantage grows on every seed: -1%, -2%, -3% at 2, 6, 12 tokens per parameter
+    for name, change in (("tpp2", -0.01), ("tpp6", -0.02), ("tpp12", -0.03)):
+        _matched_validation(tmp_path / f"{name}.json", f"{gate}|lr=0.008", [change + j for j in jitter])
+    _matched_validation(tmp_path / "seed.json", f"{gate}|lr=0.004", [0.0 + j for j in jitter],
+                        seeds=range(1_404_001, 1_404_009))
+    cells = [f"--cell={n}={tmp_path / n}.json" for n in ("tpp2", "tpp6", "tpp12", "seed")]
+    assert family.main(["--gene", gate, *cells, "--trend", "tpp2=2,tpp6=6,tpp12=12",
+                        "--out", str(tmp_path / "f.json")]) == 0
+    out = json.loads((tmp_path / "f.json").read_text())
+    rows = out["family"]
+    assert all(row["family_size"] == 4 for row in rows.values())
+    # 8 negative pairs: exact p 2/256, times 4 (Holm's first step) is 0.03125: better
+    assert rows["tpp12"]["verdict"] == "better" and rows["tpp12"]["p_holm"] == pytest.approx(4 * 2 / 256)
+    assert rows["seed"]["verdict"] != "better"
+    trend = out["trend"]
+    assert trend["seeds"] == list(range(1_402_001, 1_402_009)) and trend["mean_slope"] < 0
+    assert trend["p_exact"] == pytest.approx(2 / 256) and trend["words"].startswith("the gene's advantage grows")
+    with pytest.raises(SystemExit, match="no parameter-matched baseline"):
+        (tmp_path / "plain.json").write_text(json.dumps({"genes": [{"gene": gate, "seeds": [1], "values": [1.0]}]}))
+        family.main(["--gene", gate, f"--cell=a={tmp_path / 'plain.json'}", "--out", str(tmp_path / "x.json")])
 
 
 def _curve(genes: dict) -> dict:
