@@ -291,14 +291,9 @@ fi
 
 # ---------------------------------------------------------------- D3: rediscovery (no training)
 if stage d3; then
-  # counts, per search of D1 and D2, whether its programs hold the output gate (sgate, g.output_gate),
-  # the squared ReLU (sqrelu) or a depthwise convolution (dconv2-4): benchmarks/rediscovery.py is
-  # registered in docs/findings.md and not written yet
-  if [[ -e benchmarks/rediscovery.py ]]; then
-    python3 benchmarks/rediscovery.py "$OUT/d1-search" "$OUT"/d2/*-* --out "$OUT/d3/rediscovery.json"
-  else
-    echo "D3: benchmarks/rediscovery.py does not exist yet: nothing counted (docs/findings.md, study 3, D3)" >&2
-  fi
+  # per search of D1 and D2: does its winner (its top 5) hold the output gate (sgate, g.output_gate),
+  # the squared ReLU (sqrelu) or a depthwise convolution (dconv2-4), and after how many evaluations
+  python3 benchmarks/rediscovery.py "$OUT/d1-search" "$OUT"/d2/*-*/ --reference random --out "$OUT/d3/rediscovery.json"
 fi
 
 # ---------------------------------------------------------------- D4: the gate, properly

@@ -1,5 +1,6 @@
 """The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
-benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py, benchmarks/findings3_family.py): the rules they apply to result files, on small made-up files."""
+benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py, benchmarks/findings3_family.py,
+benchmarks/rediscovery.py): the rules they apply to result files, on small made-up files."""
 
 import importlib.util
 import json
@@ -172,6 +173,47 @@ def test_findings3_family_holds_the_cells_to_holm_and_tests_the_trend_by_seed(tm
     with pytest.raises(SystemExit, match="no parameter-matched baseline"):
         (tmp_path / "plain.json").write_text(json.dumps({"genes": [{"gene": gate, "seeds": [1], "values": [1.0]}]}))
         family.main(["--gene", gate, f"--cell=a={tmp_path / 'plain.json'}", "--out", str(tmp_path / "x.json")])
+
+
+def _search_run(folder: Path, strategy: str, genes: list, top: list) -> None:
+    """A suite search's files: evaluations in order (generation 0 first), its top table, its history."""
+    folder.mkdir(parents=True)
+    with open(folder / "evaluations.csv", "w") as f:
+        f.write("id,role,generation,gene\n1,baseline,,vanilla\n")
+        for i, (generation, gene) in enumerate(genes, start=2):
+            f.write(f'{i},search,{generation},"{gene}"\n')
+    folder.joinpath("final_results.json").write_text(json.dumps({
+        "strategy": {"name": strategy, "options": {}}, "config": {"seed": 1}, "suite": {"name": "s"},
+        "top_5": [{"gene": g, "suite_accuracy": 0.5} for g in top],
+        "history": [{"generation": 0, "best_gene": genes[0][1], "best_suite_accuracy": 0.4},
+                    {"generation": 1, "best_gene": top[0], "best_suite_accuracy": 0.5}]}))
+
+
+def test_rediscovery_counts_winners_holding_each_feature_and_compares_strategies(tmp_path):
+    rediscovery = _script("rediscovery")
+    plain = "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"
+    gated = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(dconv3(q),k))),v)))"
+    squared = "prog=o(mix(w.relu_norm(sqrelu(t.fixed(s.dot(q,k)))),v))"
+    assert rediscovery.ops(gated) == {"o", "sgate", "mix", "w.softmax", "t.fixed", "s.dot", "dconv3"}
+    assert rediscovery.holds("dot|softmax|output_gate|fixed|bias|0.10|" + gated, "output gate")
+    assert not rediscovery.holds("dot|softmax|output_gate|fixed|bias|0.10", "output gate")  # programs only
+    runs = []
+    for seed in range(1, 9):  # the GA's winners are gated on every seed, random's never
+        for strategy, winner in (("ga", gated), ("random", plain)):
+            run = tmp_path / f"{strategy}-{seed}"
+            _search_run(run, strategy, [(0, plain), (0, squared), (1, winner)], [winner, squared])
+            runs.append(str(run))
+    assert rediscovery.main([*runs, "--out", str(tmp_path / "r.json")]) == 0
+    out = json.loads((tmp_path / "r.json").read_text())
+    ga, rnd = out["strategies"]["ga"], out["strategies"]["random"]
+    assert ga["output gate"]["solved"] == 8 and rnd["output gate"]["solved"] == 0
+    assert ga["squared ReLU"]["solved"] == 0 and ga["squared ReLU"]["in_top_5"] == 8
+    assert ga["output gate"]["base_rate"] == 0 and ga["squared ReLU"]["base_rate"] == 0.5
+    first = out["searches"][0]["features"]
+    assert first["output gate"]["first_evaluation"] == 3 and first["output gate"]["first_generation_best"] == 1
+    row = out["comparisons"]["ga"]["output gate"]
+    assert row["family_size"] == 3 and row["words"] == "rediscovered more often"  # 8/8 against 0/8
+    assert out["comparisons"]["ga"]["squared ReLU"]["words"] == "no difference shown"
 
 
 def _curve(genes: dict) -> dict:
