@@ -136,10 +136,13 @@ EOF
 # selected rate as its own recipe part (gene|lr=R); prints the baseline's selected rate
 tuned_plan() {
   local tuned=$1 name=$2 file=$3 block=$4
-  py "$tuned" "$name" "$file" "$block" "$SEEDS" <<'EOF'
+  py "$tuned" "$name" "$file" "$block" "$SEEDS" "$SMOKE" <<'EOF'
 import json, sys, yaml
-tuned, name, file, block, seeds = sys.argv[1:]
+tuned, name, file, block, seeds, smoke = sys.argv[1:]
 grid = json.load(open(tuned))["grid"]
+if grid.get("at_edge") and smoke != "1":
+    sys.exit(f"{tuned}: selected rates at an edge of the grid ({', '.join(grid['at_edge'])}): the edge rule asks for "
+             "a dated amendment that widens the grid (GRID) and a new tuning stage before this plan")
 genes = {g: v for g, v in grid["genes"].items()}
 base = next(g for g, v in genes.items() if v.get("baseline"))
 comparisons = [f"{g}|lr={v['selected']:g}" for g, v in genes.items() if not v.get("baseline")]
@@ -150,9 +153,12 @@ open(file, "w").write(yaml.safe_dump(plan, sort_keys=False, width=1000))
 print(f"{genes[base]['selected']:g}")
 EOF
 }
-baseline_rate() { py "$1" <<'EOF'
+baseline_rate() { py "$1" "$SMOKE" <<'EOF'
 import json, sys
 grid = json.load(open(sys.argv[1]))["grid"]
+if grid.get("at_edge") and sys.argv[2] != "1":
+    sys.exit(f"{sys.argv[1]}: the matched model's rate is at an edge of the grid: the edge rule asks for a dated "
+             "amendment that widens the grid (GRID) and a new tuning stage before this plan")
 print(next(f"{v['selected']:g}" for v in grid["genes"].values() if v.get("baseline")))
 EOF
 }
@@ -179,17 +185,31 @@ print(best)
 EOF
   echo "D1's suite rate: $(cat "$OUT/d1-rate/selected.txt")"
 fi
-D1_RATE=$( [[ -e "$OUT/d1-rate/selected.txt" ]] && cat "$OUT/d1-rate/selected.txt" || echo 2e-3 )
+# the suite's rate for D1's search and validation and D2; refused before d1-rate ran, and at an edge of
+# the grid (the edge rule: a dated amendment widens the grid first)
+suite_rate() {
+  [[ -e "$OUT/d1-rate/selected.json" ]] || { echo "no suite rate yet: run the d1-rate stage first" >&2; exit 2; }
+  py "$OUT/d1-rate/selected.json" "$SMOKE" <<'EOF'
+import json, sys
+selected = json.load(open(sys.argv[1]))
+if selected["at_edge"] and sys.argv[2] != "1":
+    sys.exit(f"the suite rate {selected['selected']} is at an edge of the grid {selected['rates']}: the edge rule "
+             "asks for a dated amendment that widens the grid (GRID) before the search")
+print(selected["selected"])
+EOF
+}
 
 if stage d1-search; then
+  RATE=$(suite_rate)
   # a GA over programs on the suite, search seed 101, at the suite's rate; functional-equivalence
   # caching is on in every program search; hurdles are not (refused with a suite)
   # shellcheck disable=SC2086
   search "$OUT/d1-search" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" --config docs/findings3/plans/programs.yaml \
-    --strategy ga "${D1_SEARCH[@]}" --seed 101 --lr "$D1_RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
+    --strategy ga "${D1_SEARCH[@]}" --seed 101 --lr "$RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
 fi
 
 if stage d1-validate; then
+  RATE=$(suite_rate)
   # the search's top 3 (its ranking, as validate --from-run --top 3 takes it) against the vanilla gene
   # on fresh seeds (block 102) and data seed 1 (mad-cpu-data1); then the gate on the same seeds and
   # suite (its own test; the programs against the gate: benchmarks/findings3_versus.py). --plan is
@@ -200,7 +220,7 @@ if stage d1-validate; then
     if [[ $what == programs ]]; then GENES=(--top 3); else GENES=(--genes "$GATE"); fi
     # shellcheck disable=SC2086
     evo-attention validate --from-run "$OUT/d1-search" "${GENES[@]}" --suite "$SUITE_FRESH" "${BACKBONE[@]}" \
-      --lr "$D1_RATE" --seeds "$SEEDS" --seed-block 102 --margin 0.02 --workers "$WORKERS" --quiet \
+      --lr "$RATE" --seeds "$SEEDS" --seed-block 102 --margin 0.02 --workers "$WORKERS" --quiet \
       --out "$OUT/d1-validate/$what" "${TINY[@]}" $TRAIN $GPU_TRAIN
   done
   python3 benchmarks/findings3_versus.py "$OUT/d1-validate/programs/validation_suite.json" \
@@ -270,6 +290,7 @@ fi
 
 # ---------------------------------------------------------------- D2: evolution or random search
 if stage d2; then
+  RATE=$(suite_rate)
   # GA and random program search at one budget on the suite, search seeds 1-10; each winner on 3
   # seeds of its search seed's block (GA and random of one search seed share theirs: the pairing)
   for strategy in ga random; do
@@ -277,7 +298,7 @@ if stage d2; then
       # shellcheck disable=SC2086
       search "$OUT/d2/$strategy-$seed" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" \
         --config docs/findings3/plans/programs.yaml --strategy "$strategy" "${D2_SEARCH[@]}" --seed "$seed" \
-        --lr "$D1_RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
+        --lr "$RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
       # shellcheck disable=SC2086
       evo-attention validate --from-run "$OUT/d2/$strategy-$seed" --top 1 --seeds "$D2_VALIDATE_SEEDS" --seed-block run \
         --margin 0.02 --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
