@@ -3,7 +3,7 @@
 # product's own commands only. Every stage writes into its own directory under OUT (a run store and
 # the study's JSON files); `collect` copies the small result files into docs/findings3/.
 #
-#   bash benchmarks/findings3.sh d1 | d2 | d3 | d4 | all      # a question (all: d1 d2 d3 d4 collect)
+#   bash benchmarks/findings3.sh d1 | d2 | d3 | d4 | all      # a question, then collect (all: every one)
 #   bash benchmarks/findings3.sh d1-rate d1-search            # or single stages, in this order
 #   bash benchmarks/findings3.sh --smoke [QUESTIONS]          # every registered command once, tiny
 #
@@ -28,8 +28,9 @@ expand() {
   for name in "$@"; do
     case $name in
       all) out+=(d1-rate d1-search d1-validate d1-plan d1-lm-tune d1-lm-plan d1-lm d2 d3 d4-tune d4-plan d4-verdict collect) ;;
-      d1) out+=(d1-rate d1-search d1-validate d1-plan d1-lm-tune d1-lm-plan d1-lm) ;;
-      d4) out+=(d4-tune d4-plan d4-verdict) ;;
+      d1) out+=(d1-rate d1-search d1-validate d1-plan d1-lm-tune d1-lm-plan d1-lm collect) ;;
+      d2|d3) out+=("$name" collect) ;;
+      d4) out+=(d4-tune d4-plan d4-verdict collect) ;;
       *) out+=("$name") ;;
     esac
   done
