@@ -285,6 +285,10 @@ if stage d1-lm; then
       evo-attention validate --plan "$PLANS/d1-$corpus-$s.yaml" --preset quick "${DATAFLAGS[@]}" "${BACKBONE[@]}" \
         "${RECIPE[@]}" "${TEST[@]}" --lr "$(cat "$PLANS/d1-$corpus-$s.lr")" --match-params ${size#*:} \
         --workers "$WORKERS" --quiet --out "$OUT/d1-$corpus/$s" "${TINY[@]}" $TRAIN
+      # the programs against the gate on the same trainings (Holm over the 3 programs)
+      python3 benchmarks/findings3_versus.py "$OUT/d1-$corpus/$s/validation_test.json" \
+        --reference-file "$OUT/d1-$corpus/$s/validation_test.json" --reference "$GATE" --margin 0.01 \
+        --out "$OUT/d1-$corpus/$s/versus-gate.json"
     done
   done
 fi
