@@ -4,7 +4,8 @@
         [--margin 0.01]
 
 Reads ``DIR/STRATEGY-SEED/validation.json`` (``evo-attention validate --from-run`` of each search,
-``--top 1``): the winner of each search re-measured on fresh seeds. A strategy's value for a search
+``--top 1``; ``validation_suite.json`` for a search on a suite, its value the suite accuracy, higher
+is better): the winner of each search re-measured on fresh seeds. A strategy's value for a search
 seed is its winner's mean over those seeds. Each strategy is compared with the reference strategy
 paired by search seed, on the log scale (``stats.versus_reference``: paired t-test, TOST at the
 margin, Holm over the comparisons), and gets the tool's verdict word. Writes every search's winner,
@@ -33,7 +34,7 @@ NAME = re.compile(r"^(?P<strategy>[a-z0-9_]+)-(?P<seed>\d+)$")
 def collect(root: Path) -> dict[str, dict[int, dict]]:
     """strategy -> search seed -> that search's validated winner."""
     found: dict[str, dict[int, dict]] = {}
-    for path in sorted(root.glob("*/validation.json")):
+    for path in sorted([*root.glob("*/validation.json"), *root.glob("*/validation_suite.json")]):
         match = NAME.match(path.parent.name)
         if not match:
             continue
@@ -42,6 +43,8 @@ def collect(root: Path) -> dict[str, dict[int, dict]]:
         if not genes:
             raise SystemExit(f"{path}: no validated gene (was it validated with --top 1?)")
         winner = genes[0]
+        if int(match["seed"]) in found.get(match["strategy"], {}):
+            raise SystemExit(f"{path.parent}: a validation and a suite validation of one search: keep one")
         found.setdefault(match["strategy"], {})[int(match["seed"])] = {
             "gene": winner["gene"], "search_value": winner.get("search_value"), "seeds": winner.get("seeds"),
             "values": winner.get("values"), "mean": winner.get("mean"),
@@ -102,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{next(iter(shared))}: search seeds {next(iter(shared.values()))}); the searches are not independent "
               "units: validate each with --seed-block run", file=sys.stderr)
     for name, row in result["comparisons"].items():
-        print(f"{name} vs {args.reference}: {100 * row['relative']:+.2f}% [{100 * row['relative_ci_low']:+.2f}, "
-              f"{100 * row['relative_ci_high']:+.2f}], Holm p {row['p_holm']:.3g}: {row['verdict_label']}")
+        if row.get("relative") is not None:  # a log scale: the relative change
+            change = (f"{100 * row['relative']:+.2f}% [{100 * row['relative_ci_low']:+.2f}, "
+                      f"{100 * row['relative_ci_high']:+.2f}]")
+        else:  # accuracy: the difference in its units
+            change = f"{row['difference']:+.4f} [{row['diff_ci_low']:+.4f}, {row['diff_ci_high']:+.4f}]"
+        print(f"{name} vs {args.reference}: {change}, Holm p {row['p_holm']:.3g}: {row['verdict_label']}")
     print(f"wrote {args.out}")
     return 0
 

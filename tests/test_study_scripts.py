@@ -1,8 +1,10 @@
 """The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
-benchmarks/curve_verdicts.py): the rules they apply to result files, on small made-up files."""
+benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py, benchmarks/findings3_family.py,
+benchmarks/rediscovery.py): the rules they apply to result files, on small made-up files."""
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,138 @@ def test_strategies_records_the_validation_seeds_and_warns_of_seeds_shared_acros
     assert strategies.main([str(tmp_path / "blocks"), "--out", str(tmp_path / "b.json")]) == 0
     assert json.loads((tmp_path / "b.json").read_text())["validation_seeds"]["disjoint"]
     assert "served several" not in capsys.readouterr().err
+
+
+def test_strategies_reads_suite_validations_with_higher_accuracy_better(tmp_path):
+    strategies = _script("strategies")
+    for seed in range(1, 7):  # 6 search seeds, GA ahead on every one: the exact p 2/64 passes alone
+        for name, mean in (("ga", 0.60 + seed / 1000), ("random", 0.55 + seed / 1000)):
+            folder = tmp_path / f"{name}-{seed}"
+            folder.mkdir()
+            folder.joinpath("validation_suite.json").write_text(json.dumps({
+                "metric": "suite_accuracy", "lower_is_better": False, "baseline": {"mean": 0.5},
+                "genes": [{"gene": "g", "seeds": [seed], "values": [mean], "mean": mean}]}))
+    assert strategies.main([str(tmp_path), "--reference", "random", "--margin", "0.02",
+                            "--out", str(tmp_path / "s.json")]) == 0
+    row = json.loads((tmp_path / "s.json").read_text())["comparisons"]["ga"]
+    assert row["scale"] == "linear" and row["difference"] == pytest.approx(0.05)
+    assert row["verdict"] == "better" and row["p_value"] == pytest.approx(2 / 64)
+    (tmp_path / "ga-1" / "validation.json").write_text(  # a second file for one search is refused
+        (tmp_path / "ga-1" / "validation_suite.json").read_text())
+    with pytest.raises(SystemExit, match="keep one"):
+        strategies.collect(tmp_path)
+
+
+def _suite_validation(path: Path, genes: dict, baseline=(0.50, 0.52, 0.51, 0.49, 0.50, 0.53)) -> None:
+    seeds = list(range(1_204_001, 1_204_001 + len(baseline)))
+    path.write_text(json.dumps({
+        "metric": "suite_accuracy", "lower_is_better": False,
+        "baseline": {"gene": "vanilla", "seeds": seeds, "values": list(baseline)},
+        "genes": [{"gene": g, "seeds": seeds, "values": v} for g, v in genes.items()]}))
+
+
+def test_findings3_versus_pairs_each_gene_with_a_gene_of_another_file(tmp_path):
+    versus = _script("findings3_versus")
+    _suite_validation(tmp_path / "programs.json", {
+        "p1": [0.70, 0.72, 0.71, 0.69, 0.70, 0.73],    # above the gate on every seed
+        "p2": [0.600, 0.621, 0.610, 0.590, 0.600, 0.631]})  # the gate's values, +0.001 at most
+    _suite_validation(tmp_path / "gate.json", {"gate": [0.60, 0.62, 0.61, 0.59, 0.60, 0.63]})
+    assert versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "gate.json"),
+                        "--reference", "gate", "--margin", "0.02", "--out", str(tmp_path / "v.json")]) == 0
+    out = json.loads((tmp_path / "v.json").read_text())
+    p1, p2 = out["genes"]["p1"], out["genes"]["p2"]
+    assert p1["family_size"] == 2 and p1["difference"] == pytest.approx(0.10)
+    # 6 pairs, all positive: exact p 2/64, Holm over 2 gives 0.0625: the exact test cannot decide
+    assert p1["test"] == "sign-flip" and p1["verdict"] == "undetermined" and p1["p_holm"] == pytest.approx(0.0625)
+    assert p2["verdict"] == "equivalent" and abs(p2["difference"]) < 0.002
+    # one file holding both, the reference at its selected rate (a recipe part)
+    _suite_validation(tmp_path / "both.json", {"p1": [0.70, 0.72, 0.71, 0.69, 0.70, 0.73],
+                                               "gate|lr=0.008": [0.60, 0.62, 0.61, 0.59, 0.60, 0.63]})
+    assert versus.main([str(tmp_path / "both.json"), "--reference-file", str(tmp_path / "both.json"),
+                        "--reference", "gate", "--out", str(tmp_path / "b.json")]) == 0
+    both = json.loads((tmp_path / "b.json").read_text())
+    assert list(both["genes"]) == ["p1"] and both["genes"]["p1"]["family_size"] == 1
+    assert both["genes"]["p1"]["verdict"] == "better"  # exact p 2/64 alone
+    _suite_validation(tmp_path / "other.json", {"gate": [0.6] * 6}, baseline=(0.4,) * 6)
+    with pytest.raises(SystemExit, match="not paired"):
+        versus.main([str(tmp_path / "programs.json"), "--reference-file", str(tmp_path / "other.json"),
+                     "--reference", "gate", "--out", str(tmp_path / "x.json")])
+
+
+def _matched_validation(path: Path, gene: str, changes: list, seeds=range(1_402_001, 1_402_009)) -> None:
+    """A validate --match-params file: the gene's perplexity is the matched model's times exp(change)."""
+    base = [100.0 + i for i in range(len(changes))]
+    path.write_text(json.dumps({
+        "genes": [{"gene": gene, "seeds": list(seeds), "values": [b * math.exp(c) for b, c in zip(base, changes)]}],
+        "matched_baselines": [{"gene": "vanilla", "d_ff": 288, "matched_to": [gene], "seeds": list(seeds),
+                               "values": base}]}))
+
+
+def test_findings3_family_holds_the_cells_to_holm_and_tests_the_trend_by_seed(tmp_path):
+    family = _script("findings3_family")
+    gate = "dot|softmax|output_gate|fixed|bias|0.10"
+    jitter = [0.001, -0.002, 0.0015, 0.0, -0.001, 0.002, -0.0005, 0.0005]
+    # the advantage grows on every seed: -1%, -2%, -3% at 2, 6, 12 tokens per parameter
+    for name, change in (("tpp2", -0.01), ("tpp6", -0.02), ("tpp12", -0.03)):
+        _matched_validation(tmp_path / f"{name}.json", f"{gate}|lr=0.008", [change + j for j in jitter])
+    _matched_validation(tmp_path / "seed.json", f"{gate}|lr=0.004", [0.0 + j for j in jitter],
+                        seeds=range(1_404_001, 1_404_009))
+    cells = [f"--cell={n}={tmp_path / n}.json" for n in ("tpp2", "tpp6", "tpp12", "seed")]
+    assert family.main(["--gene", gate, *cells, "--trend", "tpp2=2,tpp6=6,tpp12=12",
+                        "--out", str(tmp_path / "f.json")]) == 0
+    out = json.loads((tmp_path / "f.json").read_text())
+    rows = out["family"]
+    assert all(row["family_size"] == 4 for row in rows.values())
+    # 8 negative pairs: exact p 2/256, times 4 (Holm's first step) is 0.03125: better
+    assert rows["tpp12"]["verdict"] == "better" and rows["tpp12"]["p_holm"] == pytest.approx(4 * 2 / 256)
+    assert rows["seed"]["verdict"] != "better"
+    trend = out["trend"]
+    assert trend["seeds"] == list(range(1_402_001, 1_402_009)) and trend["mean_slope"] < 0
+    assert trend["p_exact"] == pytest.approx(2 / 256) and trend["words"].startswith("the gene's advantage grows")
+    with pytest.raises(SystemExit, match="no parameter-matched baseline"):
+        (tmp_path / "plain.json").write_text(json.dumps({"genes": [{"gene": gate, "seeds": [1], "values": [1.0]}]}))
+        family.main(["--gene", gate, f"--cell=a={tmp_path / 'plain.json'}", "--out", str(tmp_path / "x.json")])
+
+
+def _search_run(folder: Path, strategy: str, genes: list, top: list) -> None:
+    """A suite search's files: evaluations in order (generation 0 first), its top table, its history."""
+    folder.mkdir(parents=True)
+    with open(folder / "evaluations.csv", "w") as f:
+        f.write("id,role,generation,gene\n1,baseline,,vanilla\n")
+        for i, (generation, gene) in enumerate(genes, start=2):
+            f.write(f'{i},search,{generation},"{gene}"\n')
+    folder.joinpath("final_results.json").write_text(json.dumps({
+        "strategy": {"name": strategy, "options": {}}, "config": {"seed": 1}, "suite": {"name": "s"},
+        "top_5": [{"gene": g, "suite_accuracy": 0.5} for g in top],
+        "history": [{"generation": 0, "best_gene": genes[0][1], "best_suite_accuracy": 0.4},
+                    {"generation": 1, "best_gene": top[0], "best_suite_accuracy": 0.5}]}))
+
+
+def test_rediscovery_counts_winners_holding_each_feature_and_compares_strategies(tmp_path):
+    rediscovery = _script("rediscovery")
+    plain = "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"
+    gated = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(dconv3(q),k))),v)))"
+    squared = "prog=o(mix(w.relu_norm(sqrelu(t.fixed(s.dot(q,k)))),v))"
+    assert rediscovery.ops(gated) == {"o", "sgate", "mix", "w.softmax", "t.fixed", "s.dot", "dconv3"}
+    assert rediscovery.holds("dot|softmax|output_gate|fixed|bias|0.10|" + gated, "output gate")
+    assert not rediscovery.holds("dot|softmax|output_gate|fixed|bias|0.10", "output gate")  # programs only
+    runs = []
+    for seed in range(1, 9):  # the GA's winners are gated on every seed, random's never
+        for strategy, winner in (("ga", gated), ("random", plain)):
+            run = tmp_path / f"{strategy}-{seed}"
+            _search_run(run, strategy, [(0, plain), (0, squared), (1, winner)], [winner, squared])
+            runs.append(str(run))
+    assert rediscovery.main([*runs, "--out", str(tmp_path / "r.json")]) == 0
+    out = json.loads((tmp_path / "r.json").read_text())
+    ga, rnd = out["strategies"]["ga"], out["strategies"]["random"]
+    assert ga["output gate"]["solved"] == 8 and rnd["output gate"]["solved"] == 0
+    assert ga["squared ReLU"]["solved"] == 0 and ga["squared ReLU"]["in_top_5"] == 8
+    assert ga["output gate"]["base_rate"] == 0 and ga["squared ReLU"]["base_rate"] == 0.5
+    first = out["searches"][0]["features"]
+    assert first["output gate"]["first_evaluation"] == 3 and first["output gate"]["first_generation_best"] == 1
+    row = out["comparisons"]["ga"]["output gate"]
+    assert row["family_size"] == 3 and row["words"] == "rediscovered more often"  # 8/8 against 0/8
+    assert out["comparisons"]["ga"]["squared ReLU"]["words"] == "no difference shown"
 
 
 def _curve(genes: dict) -> dict:
