@@ -399,7 +399,8 @@ def test_generated_tasks_export_a_tokenizer_and_an_lm_eval_task(tmp_path, data, 
     fast = Tokenizer.from_str(text)
     x, y = task.data["valid"]
     words = " ".join(task.vocab.decode(x[0].tolist()))
-    assert fast.encode(words).ids == x[0].tolist() and special == {"pad_token": task.vocab.itos[0]}
+    assert fast.encode(words).ids == x[0].tolist() and special == {"pad_token": task.vocab.itos[0],
+                                                                   "bos_token": task.vocab.itos[0]}
     name, paths = write_lm_eval_task(task, task.vocab, "valid", tmp_path)
     docs = [json.loads(line) for line in Path(paths[0]).read_text().splitlines()]
     assert len(docs) == int((y != -100).sum()) and name.endswith("_valid")

@@ -38,7 +38,8 @@ Contract:
   ``<eos>`` is its ``eos_token`` and ``pad_token`` (the others have none: a special token is matched
   before the model splits the text, so it would change the ids of text that contains it). A generated
   task's symbols (a word vocabulary without ``<eos>``: recall, mqar, the MAD tasks) are words split on
-  whitespace, id 0 (the task's filler) the ``pad_token``.
+  whitespace, id 0 (the task's filler) the ``pad_token`` and the ``bos_token`` (lm-evaluation-harness
+  needs one; nothing adds it to encoded text).
 - Batches: left padding runs row by row on each row's real tokens (what ``generate`` expects); right
   padding only without a cache; without a cache generation stops at the window.
 - Writing needs no ``transformers`` (only ``tokenizers``); loading needs ``transformers``, ``torch``
@@ -347,7 +348,9 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
         model.decoder = tk.decoders.Sequence([tk.decoders.WordPiece(prefix=" ", cleanup=False), tk.decoders.Fuse()])
         pad = vocab.itos[0]
         model.add_special_tokens([tk.AddedToken(pad, single_word=True, normalized=False, special=True)])
-        special.update(pad_token=pad)
+        # ... and the beginning-of-sequence token: a harness (lm-evaluation-harness) reads it as the
+        # prefix of an empty context and fails without one; no template adds it to encoded text
+        special.update(pad_token=pad, bos_token=pad)
     elif isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK))
@@ -526,6 +529,7 @@ output_type: {output_type}
 test_split: {split}
 doc_to_text: {doc_to_text}
 doc_to_target: {doc_to_target}
+target_delimiter: " "
 metric_list:
 {metrics}"""
 
@@ -562,8 +566,10 @@ def write_lm_eval_task(data, tokenizer, split: str, out: str | Path) -> tuple[st
     out = Path(out).resolve()
     name = f"evo_attention_{''.join(c if c.isalnum() else '_' for c in str(data.name))}_{split}"
     docs_path = out / LM_EVAL_DOCS.format(split=split)
-    if output_type == "loglikelihood":  # the target follows its context after one space (the harness's delimiter)
-        fields = dict(doc_to_text='"{{context}}"', doc_to_target='"{{target}}"',
+    # the target follows its context after a space, which the target itself carries: harness versions
+    # differ in whether they put the delimiter between them (an extra space splits the same words)
+    if output_type == "loglikelihood":
+        fields = dict(doc_to_text='"{{context}}"', doc_to_target='" {{target}}"',
                       metrics="  - metric: acc\n  - metric: perplexity\n")
     else:
         fields = dict(doc_to_text='""', doc_to_target='"{{text}}"',
