@@ -42,6 +42,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # --smoke over several stages: each stage in a process of its own, then one line per stage (ok, or
 # the command's last line: a stage the product refuses today says so here, and the plan says why)
 if (( SMOKE )) && [[ -z "${FINDINGS3_STAGE:-}" ]]; then
+  rm -rf /tmp/findings3-smoke  # a fresh scratch: the stages build on each other's outputs
   mkdir -p /tmp/findings3-smoke
   summary=()
   for s in $STAGES; do
