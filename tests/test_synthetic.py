@@ -518,8 +518,6 @@ points:
     ("suite: x\npoints: {task: mqar\n", ["not valid YAML"]),
     ("suite: x\nmodel: {d_model: 8}\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n",
      ["'d_model'", "short_conv"]),
-    ("suite: x\nmodel: {short_conv: 9}\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n",
-     ["short_conv", "2 to 8"]),
     ("suite: x\nmodel: 3\npoints: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n", ["model must be a mapping"]),
 ])
 def test_suite_validation(tmp_path, text, needles):
@@ -536,6 +534,9 @@ def test_a_suite_fixes_its_model_settings(tmp_path):
     assert point.settings()["short_conv"] == 3
     assert point_config(Config(short_conv=0), point).short_conv == 3  # the suite's value wins over the run's
     assert point_config(Config(), point).data == point.data
+    bad = load_suite(write_suite(tmp_path, "suite: x\nmodel: {short_conv: 9}\n"
+                                           "points: [{task: mqar, knobs: {seq_len: 32, vocab: 32}}]\n"))
+    user_error(lambda: point_config(Config(), bad.points[0]), "suite point mqar", "short_conv 9", "2 to 8")
 
 
 def test_unknown_suite():

@@ -168,9 +168,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
     bad = [k for k in model if k not in MODEL_KEYS]
     if bad:
         raise fail(f"model: {bad[0]!r} is not a setting a suite may fix; valid: {', '.join(MODEL_KEYS)}")
-    conv = model.get("short_conv")
-    if conv is not None and (isinstance(conv, bool) or not isinstance(conv, int) or not (conv == 0 or 2 <= conv <= 8)):
-        raise fail(f"model short_conv must be 0 (none) or a convolution width from 2 to 8, got {conv!r}")
+    # the values are checked where the settings live, when a point's Config is built (train.suite)
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail(f"defaults must be a mapping of knob: value, got {defaults!r}")
