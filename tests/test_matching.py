@@ -167,7 +167,7 @@ def test_transfer_with_matched_baselines_at_every_size(tmp_path, capsys):
     out = tmp_path / "t"
     flags = [f for f in STUDY_FLAGS if f != "--quiet"]
     code = main(["transfer", "--genes", f"{GATED},dot|sparsemax|none|fixed|bias|0.10", *flags, "--sizes", "32x1",
-                 "--seeds", "2", "--match-params", "--out", str(out), "--quiet"])
+                 "--seeds", "2", "--match-params", "--eval-steps", "2", "--out", str(out), "--quiet"])
     assert code == 0
     result = json.loads((out / "transfer.json").read_text())
     assert result["match_params"] is True

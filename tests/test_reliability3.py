@@ -3,6 +3,7 @@ decides a result is pinned by the run, every study store has one writer."""
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from evo_attention import Config, Evolution
 from evo_attention.cli import main
 from evo_attention.search.store import RunStore
+from evo_attention.util.errors import UserError
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
             recall={"num_pairs": 2, "num_queries": 2, "train_examples": 128, "eval_examples": 32},
@@ -362,8 +364,9 @@ def test_7_a_model_beyond_memory_is_one_line_before_it_is_built(tmp_path, capsys
 
 
 # -- item 15: the tool recognises its HF format; an HF export carries checksums checked on load ----------
-@pytest.fixture
-def hf_export(tmp_path):
+@pytest.fixture(scope="module")
+def hf_export(tmp_path_factory):
+    """One export for the module's tests (a test that changes it works on its own copy)."""
     from evo_attention.data.tokenizers import train_tokenizer
     from evo_attention.nn.model import TinyTransformer
     from evo_attention.nn.spec import ModelSpec
@@ -372,6 +375,7 @@ def hf_export(tmp_path):
     tokenizer = train_tokenizer("word", "the cat sat on the mat .\na dog ran to the cat .\n" * 8, 16)
     model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
                                       max_seq_len=8, dropout=0.0), ["dot|softmax|none|fixed|nobias|0.00|pos=rope"])
+    tmp_path = tmp_path_factory.mktemp("hf-export")
     save_model(model, tmp_path / "model", tokenizer=tokenizer)
     assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     return tmp_path / "hf"
@@ -390,6 +394,7 @@ def test_15_commands_that_load_a_model_name_the_hf_format(hf_export, tmp_path, c
 
 def test_15_a_flipped_bit_in_an_hf_export_is_refused_on_load(hf_export, tmp_path, monkeypatch):
     pytest.importorskip("transformers")
+    hf_export = Path(shutil.copytree(hf_export, tmp_path / "hf"))  # this test damages its copy
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
@@ -659,3 +664,32 @@ def test_14_a_disk_full_while_the_run_is_created_says_to_start_again(tmp_path, c
     assert "is full: free space, then start the run again with the same command" in err and "--resume" not in err
     assert not (out / "run.db").exists()
     assert main(["search", *FLAGS, "--out", str(out)]) == 0  # the same command, once there is space
+
+
+def test_15_the_hf_export_builds_its_harness_task_from_local_data_only(tmp_path, monkeypatch):
+    """The lm-evaluation-harness task is an extra of the export: its data is never downloaded (offline a
+    download attempt waited about 20 s for the network before failing)."""
+    import os
+
+    from evo_attention.data.tokenizers import train_tokenizer
+    from evo_attention.nn.model import TinyTransformer
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train import spec
+    from evo_attention.train.saving import save_model
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    seen = []
+
+    def load_task(task):
+        seen.append((os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE")))
+        raise UserError("not here")
+
+    monkeypatch.setattr(spec, "load_task", load_task)
+    tokenizer = train_tokenizer("word", "the cat sat on the mat .\n" * 8, 16)
+    model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                                      max_seq_len=8, dropout=0.0), ["dot|softmax|none|fixed|nobias|0.00"])
+    save_model(model, tmp_path / "model", tokenizer=tokenizer)
+    assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert seen == [("1", "1")]  # offline while the data was built ...
+    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ  # ... and as before after

@@ -14,6 +14,8 @@ directory (``nn/hf.py``: config, modelling code wrapping the library's model, we
 
 from __future__ import annotations
 
+import os
+
 from evo_attention.util.errors import UserError
 
 
@@ -76,12 +78,22 @@ def _lm_eval_task(directory, out, split: str) -> str | None:
     from evo_attention.util.progress import log
 
     settings = saved_info(directory).get("config") or {}
+    # the task is an extra of the export: it is built from data already here, never downloaded (offline,
+    # a download attempt would wait about 20 s for the network before failing)
+    offline = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    os.environ.update({name: "1" for name in offline})
     try:
         config = Config.from_dict({k: v for k, v in settings.items() if k in Config.field_names()})
         data = load_task(config.task)
     except UserError as exc:
         log(f"no lm-evaluation-harness task: the training data cannot be built here ({exc})")
         return None
+    finally:
+        for name, value in offline.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return write_lm_eval_task(data, load_tokenizer(directory), split, out)[0]
 
 
