@@ -152,10 +152,5 @@ if stage q5; then
 fi
 
 if stage collect; then
-  mkdir -p docs/findings
-  find "$OUT" -name '*.json' -not -path '*/models/*' -not -path '*/checkpoints/*' -size -2M | while read -r f; do
-    dest="docs/findings/${f#"$OUT"/}"
-    mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
-  done
-  python3 benchmarks/doc_tables.py
+  bash benchmarks/collect_results.sh "$OUT" docs/findings
 fi

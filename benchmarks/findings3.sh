@@ -399,10 +399,5 @@ fi
 
 if stage collect; then
   (( SMOKE )) && { echo "--smoke: nothing collected"; exit 0; }
-  mkdir -p docs/findings3
-  find "$OUT" -name '*.json' -not -path '*/models/*' -not -path '*/checkpoints/*' -size -2M | while read -r f; do
-    dest="docs/findings3/${f#"$OUT"/}"
-    mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
-  done
-  python3 benchmarks/doc_tables.py
+  bash benchmarks/collect_results.sh "$OUT" docs/findings3
 fi
