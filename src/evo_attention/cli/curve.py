@@ -139,15 +139,8 @@ def cmd_curve(args) -> int:
 
 def log_curve_rates(result, knob: str, quiet: bool) -> None:
     """With a learning-rate grid: each gene's selected rate per point, and a warning per edge winner."""
-    from evo_attention.cli.common import note
-    from evo_attention.report.studies.lr_grid import edge_warnings
-    from evo_attention.util.progress import log
+    from evo_attention.cli.validate import log_selected_rates
 
     for grid in result.grids or []:
-        if not grid.get("genes"):
-            continue
-        where = f" at {knob}={grid['value']}"
-        log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}"
-                                                            for g in grid["genes"].values()), quiet)
-        for line in edge_warnings(grid["genes"], grid["rates"], where=where):
-            note(line.replace('`', ''))
+        if grid.get("genes"):
+            log_selected_rates(grid["genes"], grid["rates"], f" at {knob}={grid['value']}", quiet)

@@ -14,8 +14,6 @@ directory (``nn/hf.py``: config, modelling code wrapping the library's model, we
 
 from __future__ import annotations
 
-import os
-
 from evo_attention.util.errors import UserError
 
 
@@ -71,6 +69,9 @@ def _lm_eval_task(directory, out, split: str) -> str | None:
     """Write the harness task for ``split`` of the data the saved model was trained on (its saved
     settings build the data again); returns the task's name, or None (said in one line) when the
     data cannot be built here."""
+    import os
+    from unittest.mock import patch
+
     from evo_attention.nn.hf import write_lm_eval_task
     from evo_attention.train.config import Config
     from evo_attention.train.saving import load_tokenizer, saved_info
@@ -80,20 +81,13 @@ def _lm_eval_task(directory, out, split: str) -> str | None:
     settings = saved_info(directory).get("config") or {}
     # the task is an extra of the export: it is built from data already here, never downloaded (offline,
     # a download attempt would wait about 20 s for the network before failing)
-    offline = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update({name: "1" for name in offline})
     try:
-        config = Config.from_dict({k: v for k, v in settings.items() if k in Config.field_names()})
-        data = load_task(config.task)
+        with patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}):
+            config = Config.from_dict({k: v for k, v in settings.items() if k in Config.field_names()})
+            data = load_task(config.task)
     except UserError as exc:
         log(f"no lm-evaluation-harness task: the training data cannot be built here ({exc})")
         return None
-    finally:
-        for name, value in offline.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return write_lm_eval_task(data, load_tokenizer(directory), split, out)[0]
 
 

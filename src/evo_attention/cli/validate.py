@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Mapping
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
@@ -307,18 +308,24 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
 
 def log_grid(result) -> None:
     """With a learning-rate grid: each gene's selected rate, and a warning per edge winner."""
-    from evo_attention.cli.common import note
-    from evo_attention.report.studies.lr_grid import edge_warnings
-    from evo_attention.util.progress import log
-
     grid = result.get("grid")
     if not grid:
         return
     for where, genes in ([(f" at {s['size']}", s["genes"]) for s in grid["sizes"]] if "sizes" in grid
                          else [("", grid["genes"])]):
-        log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}" for g in genes.values()))
-        for line in edge_warnings(genes, grid["rates"], where=where):
-            note(line.replace('`', ''))  # evo-attention: warning: ...
+        log_selected_rates(genes, grid["rates"], where)
+
+
+def log_selected_rates(genes: Mapping, rates, where: str = "", quiet: bool = False) -> None:
+    """One line of each gene's selected rate (a ``grid`` block's ``genes``), and a warning per edge winner."""
+    from evo_attention.cli.common import note
+    from evo_attention.report.studies.lr_grid import edge_warnings
+    from evo_attention.util.progress import log
+
+    log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}" for g in genes.values()),
+        quiet)
+    for line in edge_warnings(genes, rates, where=where):
+        note(line.replace('`', ''))  # evo-attention: warning: ...
 
 
 def log_outputs(paths: dict, from_run: str | None) -> None:

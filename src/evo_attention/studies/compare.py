@@ -147,7 +147,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
     named by its key. Repeats are dropped; an unknown name is a UserError listing the valid ones.
     ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
-    generated task the studies give 0: see ``named_dropout``); gene strings stay as written.
+    generated task a curve gives 0: ``studies.curves.gene_entries``); gene strings stay as written.
     """
     if spec is None:
         items = ["all"]

@@ -464,11 +464,10 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
             point_labels = [{key: f"{name}, {knob}={p.value}" for key, name in labels.items()} for p in points]
             keys = list(dict.fromkeys(gene.key for _, gene in entries))
             if grids is not None:  # every point's tuning trainings in one runner call, then the curve's
-                tuning = [t for setup, names in zip(setups, point_labels) for t in tuning_tasks(setup, keys,
-                                                                                                   labels=names)]
-                tuned = first.run(tuning, datasets=datasets)
-                for i, setup in enumerate(setups):
-                    grids[i] = grid_of(setup, keys, tuned)
+                tuning = [tuning_tasks(setup, keys, labels=names) for setup, names in zip(setups, point_labels)]
+                tuned = first.run([task for point_tasks in tuning for task in point_tasks], datasets=datasets)
+                for i, (setup, point_tasks) in enumerate(zip(setups, tuning)):
+                    grids[i] = grid_of(setup, keys, {task: tuned[task] for task in point_tasks})
             for i, (point, setup) in enumerate(zip(points, setups)):
                 rates = selected_rates(grids[i]) if grids is not None else {}
                 for key in keys:

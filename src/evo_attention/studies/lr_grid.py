@@ -57,8 +57,7 @@ def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Map
     split; from the store where there) in one call of the runner, and select each gene's rate:
     the ``grid`` block (see ``grid_block``)."""
     keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
-    tasks = tuning_tasks(setup, keys, labels=labels)
-    return grid_of(setup, keys, tuning_setup(setup).run(tasks))
+    return grid_of(setup, keys, tuning_setup(setup).run(tuning_tasks(setup, keys, labels=labels)))
 
 
 def tuning_setup(setup: StudySetup) -> StudySetup:
@@ -78,14 +77,11 @@ def tuning_tasks(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
 
 
 def grid_of(setup: StudySetup, genes: Sequence[AttentionGene | str], results: Mapping) -> dict:
-    """The ``grid`` block (step 2) from the records of ``tuning_tasks`` (task -> record; tasks of
-    other setups are ignored)."""
+    """The ``grid`` block (step 2) from the records of this setup's ``tuning_tasks`` (task -> record)."""
     keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
-    mine = {task.trial for task in tuning_tasks(setup, keys)}
     records: dict[float, Records] = {rate: {} for rate in setup.lr_grid}
     for task, record in results.items():
-        if task.trial in mine:
-            records[task.trial.train.learning_rate][task.gene, task.seed] = record
+        records[task.trial.train.learning_rate][task.gene, task.seed] = record
     return grid_block(setup, keys, records)
 
 

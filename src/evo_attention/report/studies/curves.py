@@ -143,14 +143,11 @@ def curve_markdown(result: Mapping) -> str:
     solved = solve_table(result)
     if solved:
         headers, rows, align = solved
-        cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
-        lines += ["## Solve rates", "", solve_note(result), "", markdown_table(headers, cells, align).rstrip(), ""]
+        lines += ["## Solve rates", "", solve_note(result), "", _markdown(headers, rows, align), ""]
     rates = rate_table(result)
     if rates:
         headers, rows, align = rates
-        lines += ["## Learning rates", "", rate_note(result), "",
-                  markdown_table(headers, [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)]
-                                           for row in rows], align).rstrip(), ""]
+        lines += ["## Learning rates", "", rate_note(result), "", _markdown(headers, rows, align), ""]
     lines += [f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
     return "\n".join(lines)
 
@@ -185,6 +182,10 @@ def rate_note(result: Mapping) -> str:
 
 def curve_table_markdown(result: Mapping) -> str:
     """A curve's table as ``curve.md`` (and the docs) show it."""
-    headers, rows, align = curve_table(result)
+    return _markdown(*curve_table(result)) + "\n"
+
+
+def _markdown(headers, rows, align) -> str:
+    """A curve table's rows as markdown: the second column (the gene's key) as code."""
     cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
-    return markdown_table(headers, cells, align).rstrip() + "\n"
+    return markdown_table(headers, cells, align).rstrip()
