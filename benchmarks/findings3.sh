@@ -81,6 +81,9 @@ GATE="dot|softmax|output_gate|fixed|bias|0.10"
 BACKBONE=(--short-conv 3)
 SUITE_BASE=$OUT/suites/mad-cpu.yaml          # mad-cpu as committed (data seed 0)
 SUITE_FRESH=$OUT/suites/mad-cpu-data1.yaml   # the same points with data seed 1: D1's validation
+# amendment 1 (2026-11-26, docs/findings.md): on a suite the tool's default baseline became the vanilla
+# gene without attention dropout; the study keeps its registered baseline, the vanilla gene (0.10)
+VERSUS=(--baseline-gene "dot|softmax|none|fixed|bias|0.10")
 LM=(--config benchmarks/wikitext_small.yaml --data-dir "$DATA/wikitext-2")
 BYTES=(--config benchmarks/wikitext_small.yaml --data text --data-dir "$DATA/shakespeare" --tokenizer byte
        --vocab-size full --metric bits_per_byte)
@@ -172,7 +175,7 @@ if stage d1-rate; then
   IFS=, read -r -a RATES <<< "$GRID"
   for rate in "${RATES[@]}"; do
     # shellcheck disable=SC2086
-    evo-attention validate --suite "$SUITE_BASE" --preset quick "${BACKBONE[@]}" --genes "$GATE" --seeds "$TUNE_SEEDS" \
+    evo-attention validate --suite "$SUITE_BASE" --preset quick "${BACKBONE[@]}" "${VERSUS[@]}" --genes "$GATE" --seeds "$TUNE_SEEDS" \
       --seed-block 100 --lr "$rate" --margin 0.02 --workers "$WORKERS" --quiet --out "$OUT/d1-rate/$rate" \
       "${TINY[@]}" $TRAIN
   done
@@ -206,7 +209,7 @@ if stage d1-search; then
   # a GA over programs on the suite, search seed 101, at the suite's rate; functional-equivalence
   # caching is on in every program search; hurdles are not (refused with a suite)
   # shellcheck disable=SC2086
-  search "$OUT/d1-search" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" --config docs/findings3/plans/programs.yaml \
+  search "$OUT/d1-search" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" "${VERSUS[@]}" --config docs/findings3/plans/programs.yaml \
     --strategy ga "${D1_SEARCH[@]}" --seed 101 --lr "$RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
 fi
 
@@ -221,7 +224,7 @@ if stage d1-validate; then
   for what in programs gate; do
     if [[ $what == programs ]]; then GENES=(--top 3); else GENES=(--genes "$GATE"); fi
     # shellcheck disable=SC2086
-    evo-attention validate --from-run "$OUT/d1-search" "${GENES[@]}" --suite "$SUITE_FRESH" "${BACKBONE[@]}" \
+    evo-attention validate --from-run "$OUT/d1-search" "${GENES[@]}" --suite "$SUITE_FRESH" "${BACKBONE[@]}" "${VERSUS[@]}" \
       --lr "$RATE" --seeds "$SEEDS" --seed-block 102 --margin 0.02 --workers "$WORKERS" --quiet \
       --out "$OUT/d1-validate/$what" "${TINY[@]}" $TRAIN $GPU_TRAIN
   done
@@ -319,11 +322,11 @@ if stage d2; then
   for strategy in ga random; do
     for seed in $D2_SEEDS; do
       # shellcheck disable=SC2086
-      search "$OUT/d2/$strategy-$seed" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" \
+      search "$OUT/d2/$strategy-$seed" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" "${VERSUS[@]}" \
         --config docs/findings3/plans/programs.yaml --strategy "$strategy" "${D2_SEARCH[@]}" --seed "$seed" \
         --lr "$RATE" --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
       # shellcheck disable=SC2086
-      evo-attention validate --from-run "$OUT/d2/$strategy-$seed" --top 1 --seeds "$D2_VALIDATE_SEEDS" --seed-block run \
+      evo-attention validate --from-run "$OUT/d2/$strategy-$seed" "${VERSUS[@]}" --top 1 --seeds "$D2_VALIDATE_SEEDS" --seed-block run \
         --margin 0.02 --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
     done
   done

@@ -73,14 +73,17 @@ def summary(values: list) -> dict:
 def measure(args) -> dict:
     from evo_attention.data import data_from_config
     from evo_attention.data.suites import load_suite
-    from evo_attention.studies.compare import resolve_configs
+    from evo_attention.studies.compare import named_dropout, resolve_configs
     from evo_attention.train.presets import build_config
     from evo_attention.train.suite import point_config
 
     suite = load_suite(args.suite)
     overrides = {"seed": args.seed, "eval_steps": None, **(SMOKE if args.smoke else {})}
     base = build_config(args.preset, None, overrides)
-    genes = {name: gene.key for name, gene in resolve_configs(args.genes, base.d_model, base.n_heads, base.max_seq_len)}
+    # names resolve as compare --suite resolves them: on a generated task without attention dropout
+    dropout = named_dropout(point_config(base, suite.points[0]))
+    genes = {name: gene.key for name, gene in resolve_configs(args.genes, base.d_model, base.n_heads, base.max_seq_len,
+                                                              attention_dropout=dropout)}
     baseline = next(iter(genes))
     seeds = [args.seed + i for i in range(1, args.seeds + 1)]
     steps = SMOKE_STEPS if args.smoke else args.steps

@@ -17,12 +17,13 @@ from evo_attention.search.driver import Search
 from evo_attention.search.executors import LocalExecutor
 from evo_attention.search.store import RunStore
 from evo_attention.studies.common import StudySetup
-from evo_attention.studies.compare import resolve_configs, run_compare
+from evo_attention.studies.compare import named_dropout, resolve_configs, run_compare
 from evo_attention.studies.suite import run_suite
 from evo_attention.train.suite import FAILED_ACCURACY, point_config, suite_score
 from evo_attention.util.errors import UserError
 
 VANILLA = AttentionGene.vanilla().key
+BASELINE = AttentionGene.vanilla().replace(attention_dropout=0.0).key  # the baseline of a generated task
 ROPE = AttentionGene.vanilla().replace(position="rope").key
 TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "dropout": 0.0, "batch_size": 4,
         "eval_batch_size": 16, "eval_steps": None, "learning_rate": 2e-3, "log_every": 1, "max_seq_len": 12,
@@ -119,13 +120,15 @@ def test_config_objectives_and_what_a_suite_does_not_take(tiny_suite):
 # -- compare and validate -----------------------------------------------------------------------------
 def test_compare_on_a_suite_writes_its_table_and_heat_map_and_a_repeat_trains_nothing(tmp_path, tiny_suite):
     config = Config(**TINY)
-    entries = resolve_configs("rope_only", config.d_model)  # the baseline joins by itself
+    # the named configuration without attention dropout, like the baseline (which joins by itself)
+    entries = resolve_configs("rope_only", config.d_model, attention_dropout=named_dropout(config.replace(suite=tiny_suite)))
     executor = CountingExecutor()
     out = tmp_path / "cmp"
     result = run_compare(config, entries, seeds=2, out_dir=out, executor=executor, quiet=True, suite=tiny_suite)
     assert len(executor.trained) == 2 * 2 * 2  # genes x points x seeds
     assert {seed for *_, seed in executor.trained} == {43, 44}
     assert result.baseline["name"] == "baseline" and [g["name"] for g in result.genes] == ["rope_only"]
+    assert result.baseline["gene"] == BASELINE and result.genes[0]["gene"].endswith("|0.00|pos=rope")
     row = result.genes[0]
     for r in (result.baseline, row):  # the aggregate is the mean of the point means, per seed too
         assert r["mean"] == pytest.approx(sum(r["points"][p]["mean"] for p in ("recall", "copy")) / 2)
@@ -154,7 +157,7 @@ def test_validate_on_a_suite_gives_paired_verdicts_and_failed_points_score_zero(
     with RunStore.create(tmp_path / "store", config=config.to_dict()) as store:
         setup = StudySetup.resolve(config, None, role="validate", n_seeds=3, metric="suite_accuracy", store=store,
                                    margin=0.05)
-        result = run_suite(setup, load_suite(tiny_suite), [("rope", ROPE), ("boom", boom), ("base", VANILLA)],
+        result = run_suite(setup, load_suite(tiny_suite), [("rope", ROPE), ("boom", boom), ("base", BASELINE)],
                            study="validation")
     assert result.seeds == [11, 12, 13] and result["family_size"] == 2
     assert result.baseline["name"] == "base" and [g["name"] for g in result.genes] == ["rope", "boom"]
@@ -167,6 +170,49 @@ def test_validate_on_a_suite_gives_paired_verdicts_and_failed_points_score_zero(
     assert broken["difference"] == pytest.approx(-result.baseline["mean"])
     assert result["metric"] == "suite_accuracy" and result["lower_is_better"] is False
     assert "suite accuracy" in result.headline
+
+
+def test_generated_tasks_compare_against_a_baseline_without_attention_dropout_unless_a_gene_asks(tmp_path, tiny_suite,
+                                                                                                capsys):
+    text = Config(**TINY, data="recall")
+    assert text.resolved_baseline().key == VANILLA and not text.generated_task and named_dropout(text) is None
+    for generated in (Config(**TINY, data="mqar"), Config(**TINY, data="mad:selective_copy"),
+                      Config(**TINY, suite=tiny_suite)):
+        assert generated.generated_task and generated.resolved_baseline().key == BASELINE
+        assert named_dropout(generated) == 0.0
+    # compare --suite through the CLI: the named baseline and rope_only train without attention
+    # dropout; a gene string that asks for it (|0.10) trains as written, against that baseline
+    out = tmp_path / "cmp"
+    argv = ["compare", "--suite", tiny_suite, "--configs", f"baseline,rope_only,{VANILLA}", "--seeds", "2",
+            "--out", str(out), "--quiet"] + TINY_FLAGS
+    assert main(argv) == 0
+    written = json.loads((out / "compare_suite.json").read_text())
+    assert written["baseline"]["name"] == "baseline" and written["baseline"]["gene"] == BASELINE
+    genes = {g["name"]: g["gene"] for g in written["genes"]}
+    assert genes == {"rope_only": BASELINE + "|pos=rope", VANILLA: VANILLA}
+    assert all(g["verdict"] for g in written["genes"])
+    with RunStore.open(out, readonly=True) as store:
+        assert {r["gene"] for r in store.evaluations()} == {BASELINE, BASELINE + "|pos=rope", VANILLA}
+    # validate --suite: a gene equal to the baseline is not validated against itself; the vanilla
+    # gene (with dropout) is a gene like any other there
+    capsys.readouterr()
+    assert main(["validate", "--suite", tiny_suite, "--genes", BASELINE, "--out", str(tmp_path / "v")]
+                + TINY_FLAGS) == 2
+    assert "no gene to validate other than the baseline" in capsys.readouterr().err
+    # --baseline-gene names the baseline (here the vanilla gene with dropout): the named
+    # configurations follow its attention dropout; the earlier trainings are served from the store
+    argv = ["compare", "--suite", tiny_suite, "--configs", "rope_only", "--baseline-gene", VANILLA, "--seeds", "2",
+            "--out", str(out), "--quiet"] + TINY_FLAGS
+    assert main(argv) == 0
+    written = json.loads((out / "compare_suite.json").read_text())
+    assert written["baseline"]["gene"] == VANILLA and [g["gene"] for g in written["genes"]] == [ROPE]
+    assert Config(**TINY, suite=tiny_suite, baseline_gene=VANILLA).resolved_baseline().key == VANILLA
+    with pytest.raises(UserError, match="baseline_gene") as info:
+        Config(**TINY, baseline_gene="dot|nope|none|fixed")
+    assert info.value.settings == ("baseline_gene",)
+    assert main(["compare", "--suite", tiny_suite, "--baseline-gene", "dot|nope", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "baseline" in err and "\n" not in err and "Traceback" not in err
 
 
 def test_validate_from_a_suite_run_and_bad_suites_through_the_cli(tmp_path, tiny_suite, capsys):
@@ -214,7 +260,7 @@ def test_search_on_a_suite_end_to_end_and_a_resume_trains_nothing(tmp_path, tiny
         points = row["points"]
         assert row["suite_accuracy"] == pytest.approx((points["recall"]["accuracy"] + points["copy"]["accuracy"]) / 2)
     assert [r["suite_accuracy"] for r in ranked] == sorted((r["suite_accuracy"] for r in ranked), reverse=True)
-    assert summary.baseline["gene"] == VANILLA and summary.baseline["suite_accuracy"] is not None
+    assert summary.baseline["gene"] == BASELINE and summary.baseline["suite_accuracy"] is not None
     assert summary.history[-1]["best_so_far"] == pytest.approx(ranked[0]["suite_accuracy"])
     with RunStore.open(out, readonly=True) as store:
         assert [p["label"] for p in store.get_meta("suite")["points"]] == ["recall", "copy"]

@@ -75,7 +75,7 @@ def cmd_compare(args) -> int:
     from evo_attention.cli.common import executor_from_args, out_arg, suite_text, with_run_suite
     from evo_attention.cli.validate import grid_text, log_grid, log_suite_result
     from evo_attention.search.store import RunStore
-    from evo_attention.studies.compare import evolved_entry, list_table, resolve_configs, run_compare
+    from evo_attention.studies.compare import evolved_entry, list_table, named_dropout, resolve_configs, run_compare
     from evo_attention.util.progress import log
 
     config = compare_config(args)
@@ -87,7 +87,8 @@ def cmd_compare(args) -> int:
     if args.from_run:
         config = with_run_suite(config, args, args.from_run)
     on_suite = suite_text(args, config)
-    entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len)
+    entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len,
+                              attention_dropout=named_dropout(config))
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args, config)

@@ -264,7 +264,8 @@ def run_study(args, role: str, config, data, store, search_seed, run):
 
 
 def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
-    """The genes to study: --genes, else the best ``top`` of the run (the baseline excluded)."""
+    """The genes to study: --genes, else the best ``top`` of the run (the vanilla gene and the run's
+    baseline excluded)."""
     from evo_attention.genes import AttentionGene, split_genes
 
     if args.genes:
@@ -276,8 +277,9 @@ def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
         raise UserError(f"nothing to {verb}: give --genes KEY[,KEY...] or --from-run DIR")
     if top < 1:
         raise UserError(f"--top {top} must be at least 1")
-    vanilla = AttentionGene.vanilla().key
-    ranked = [r["gene"] for r in summary.ranking if r["gene"] != vanilla]
+    # the vanilla gene and the run's own baseline (on generated tasks without attention dropout)
+    left_out = {AttentionGene.vanilla().key, (summary.baseline or {}).get("gene")}
+    ranked = [r["gene"] for r in summary.ranking if r["gene"] not in left_out]
     if not ranked:
         raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to {verb}: let it run, "
                         "or give --genes")
@@ -357,7 +359,6 @@ def apply_plan(args):
 
 def cmd_validate(args) -> int:
     from evo_attention.studies.validate import run_validation, write_validation
-    from evo_attention.genes import AttentionGene
     from evo_attention.util.progress import log
     from evo_attention.report import load_run
 
@@ -378,7 +379,7 @@ def cmd_validate(args) -> int:
             raise
     if config.suite is not None:
         return _validate_on_suite(args, genes, config, store, out, search_seed)
-    vanilla = AttentionGene.vanilla().key
+    vanilla = config.resolved_baseline().key
     base = seed_base(args, config, search_seed)
     seeds = (f"seeds planned from a pilot ({base + 1}..{base + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({base + 1}..{base + args.seeds})")
@@ -402,11 +403,14 @@ def cmd_validate(args) -> int:
 
 
 def add_suite_flag(p: argparse.ArgumentParser, what: str) -> None:
-    """--suite of compare and validate (a Config setting that only search's flags carry)."""
+    """--suite and --baseline-gene of compare and validate (Config settings that only search's flags carry)."""
     p.add_argument("--suite", metavar="NAME|FILE",
                    help=f"train each {what} and the baseline on every point of this suite of tasks (mad-cpu, "
                         "mad-paper or a suite YAML file), each point for the suite's steps, and compare their "
                         "accuracy per point and their suite accuracy (the mean over the points); see docs/tasks.md")
+    p.add_argument("--baseline-gene", metavar="GENE",
+                   help="the gene every verdict compares against (default: the vanilla transformer; on a generated "
+                        "task or suite without attention dropout, dot|softmax|none|fixed|bias|0.00)")
 
 
 def log_suite_result(result, out: Path, quiet: bool) -> int:
@@ -434,8 +438,8 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     from evo_attention.studies.suite import run_suite, write_suite
     from evo_attention.util.progress import log
 
-    vanilla = AttentionGene.vanilla().key
-    entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != vanilla]
+    baseline = config.resolved_baseline().key  # a suite's points are generated tasks: no attention dropout
+    entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != baseline]
     if not entries:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene")
     base = seed_base(args, config, search_seed)

@@ -368,14 +368,15 @@ class Search:
                                   equivalence=getattr(self.strategy.space, "program_space", None) is not None)
             if self.keep_models:
                 prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
+            # the vanilla transformer; on generated tasks without attention dropout (Config.resolved_baseline)
             if config.baseline and self.suite is not None:
-                vanilla = AttentionGene.vanilla()
-                self._suite_scores([vanilla.key], role="baseline", generation=None)
-                self.baseline = self._suite_individual(vanilla, generation=0)
+                base = config.resolved_baseline()
+                self._suite_scores([base.key], role="baseline", generation=None)
+                self.baseline = self._suite_individual(base, generation=0)
             elif config.baseline:
-                vanilla = AttentionGene.vanilla()
-                record = self._evaluate([self._task(vanilla.key, role="baseline", generation=None)])[vanilla.key]
-                self.baseline = self._individual(vanilla, record, generation=0)
+                base = config.resolved_baseline()
+                record = self._evaluate([self._task(base.key, role="baseline", generation=None)])[base.key]
+                self.baseline = self._individual(base, record, generation=0)
             self._resolve_limits()
             while not self.strategy.done:
                 generation = self.strategy.generation
@@ -440,7 +441,7 @@ class Search:
             return
         baseline: dict = {}
         if any(caps.cap_factor(v) is not None for v in given.values()):
-            vanilla = AttentionGene.vanilla().key
+            vanilla = self.config.resolved_baseline().key
             record = self._records.get(vanilla) if self.baseline is not None else None
             baseline = caps.record_values(record) if record is not None else {}
             need = [n for n in caps.before_training(given) if caps.cap_factor(given[n]) is not None]

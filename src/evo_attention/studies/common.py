@@ -317,13 +317,20 @@ class StudySetup:
         return out
 
     def matched_baselines(self, genes: Iterable[str], reference=None) -> dict[str, dict]:
-        """By gene key: the vanilla baseline (or the ``reference`` genome) matched to its parameter
+        """By gene key: the study's baseline (or the ``reference`` genome) matched to its parameter
         count at this setup's model and data (``nn.matching.matched_baseline``: ``d_ff``,
         ``params``, ``candidate_params``, ...)."""
         from evo_attention.nn.matching import matched_baseline
 
         spec = self.config.model.with_data(self.data.vocab_size, self.data.seq_len)
+        reference = self.baseline if reference is None else reference
         return {key: matched_baseline(spec, key, reference) for key in genes}
+
+    @property
+    def baseline(self) -> str:
+        """The key of the baseline gene this study compares against (``Config.resolved_baseline``: the
+        vanilla transformer, without attention dropout on a generated task)."""
+        return self.config.resolved_baseline().key
 
     def with_ffn(self, d_ff: int | None) -> "StudySetup":
         """This setup with the model's feed-forward width ``d_ff`` (a matched baseline's trainings)."""
@@ -336,7 +343,7 @@ class StudySetup:
         its per-seed values and the baseline's, recomputed from the stored records."""
         if self.store is None:
             return {}
-        vanilla, skip = AttentionGene.vanilla().key, set(genes)
+        vanilla, skip = self.baseline, set(genes)
         trials = {seed: Trial.from_config(vanilla, self.config, seed=seed, steps=self.steps,
                                           eval_split=self.eval_split, data=self.data) for seed in self.seeds}
         keys = {seed: t.key()[2:] for seed, t in trials.items()}  # (steps, fingerprint, context) per seed

@@ -140,6 +140,12 @@ EVOLVED_NAME = "evolved"
 
 
 # -- choosing the configurations ---------------------------------------------------------------
+def named_dropout(config: Config) -> float | None:
+    """The attention dropout of the named configurations under ``config``: none (0) on a generated
+    task, where the baseline has none either (``Config.resolved_baseline``); None (their own, 0.10) elsewhere."""
+    return config.resolved_baseline().attention_dropout if config.generated_task else None
+
+
 def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int = 4,
                     max_seq_len: int = 128, attention_dropout: float | None = None) -> list[tuple[str, AttentionGene]]:
     """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
@@ -147,7 +153,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
     named by its key. Repeats are dropped; an unknown name is a UserError listing the valid ones.
     ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
-    generated task a curve gives 0: ``studies.curves.gene_entries``); gene strings stay as written.
+    generated task the studies give 0: ``named_dropout``); gene strings stay as written.
     """
     if spec is None:
         items = ["all"]
@@ -346,11 +352,12 @@ def matched_name(width: int) -> str:
 
 
 def train_matched(setup: StudySetup, entries) -> dict:
-    """The parameter-matched baselines of ``entries`` (``StudySetup.matched_baselines``; the vanilla
-    gene and the plain width need none): ``{"matches": name -> match, "records": width -> (vanilla
+    """The parameter-matched baselines of ``entries`` (``StudySetup.matched_baselines``; the
+    baseline gene and the plain width need none): ``{"matches": name -> match, "records": width -> (baseline
     key, seed) -> record, "setups": width -> setup}``; each width is trained once (the plain width's
     are the baseline's own trainings)."""
-    names = {name: gene.key for name, gene in entries if gene.key != VANILLA_KEY}
+    base = setup.baseline
+    names = {name: gene.key for name, gene in entries if gene.key != base}
     by_key = setup.matched_baselines(dict.fromkeys(names.values()))
     matches = {name: by_key[key] for name, key in names.items()}
     records, setups = {}, {}
@@ -358,7 +365,7 @@ def train_matched(setup: StudySetup, entries) -> dict:
         width = match["ffn_dim"]
         if width not in setups:
             setups[width] = setup.with_ffn(match["d_ff"])  # the plain width: read from the store when trained
-            records[width] = setups[width].train([VANILLA_KEY], labels={VANILLA_KEY: matched_name(width)})
+            records[width] = setups[width].train([base], labels={base: matched_name(width)})
     return {"matches": matches, "records": records, "setups": setups}
 
 
@@ -375,8 +382,8 @@ def _result_of(setup: StudySetup, pool, entries, done: dict, elapsed: float,
     for width, records in (matched or {}).get("records", {}).items():
         if width == setup.config.ffn_dim:
             continue  # the plain baseline: its rows are those of "baseline" (or of no row, without one)
-        extra.append((matched_name(width), AttentionGene.vanilla()))
-        results += [_result(matched_name(width), records[VANILLA_KEY, seed]) for seed in setup.seeds]
+        extra.append((matched_name(width), AttentionGene.parse(setup.baseline)))
+        results += [_result(matched_name(width), records[setup.baseline, seed]) for seed in setup.seeds]
     aggregates = aggregate(results, list(entries) + extra)
     rates = None
     if grid is not None:
@@ -491,7 +498,7 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
 def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
                          rates: Mapping[str, float] | None = None, matched: dict | None = None) -> dict:
     """Every configuration against the one named ``baseline`` (if any), paired by seed on the
-    perplexity's log scale (``StudySetup.versus_baseline`` when the baseline is the vanilla gene, so
+    perplexity's log scale (``StudySetup.versus_baseline`` when the baseline is the study's baseline gene, so
     its family spans the store; else ``stats.versus_reference`` over this comparison): by name, the
     paired change, p-values and verdict. Empty with one seed or without a baseline. ``rates``
     (gene key -> rate): each trained at its own rate of a learning-rate grid (the store's family
@@ -507,7 +514,7 @@ def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
         refs, setups = {}, {}
         for name, match in matched["matches"].items():
             width = match["ffn_dim"]
-            refs[name] = [usable_metric(matched["records"][width][VANILLA_KEY, s], "val_perplexity")
+            refs[name] = [usable_metric(matched["records"][width][setup.baseline, s], "val_perplexity")
                           for s in setup.seeds]
             setups[name] = dataclasses.replace(matched["setups"][width], metric="val_perplexity")
         values = {name: v for name, v in values.items() if name in refs}
@@ -515,7 +522,7 @@ def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
         for name, match in matched["matches"].items():
             compared[name]["versus"] = {"baseline": "matched", "d_ff": match["ffn_dim"], "params": match["params"],
                                         "candidate_params": match["candidate_params"], "off": match["off"]}
-    elif dict(entries)["baseline"].key == VANILLA_KEY:
+    elif dict(entries)["baseline"].key == setup.baseline:
         genes = {name: gene.key for name, gene in entries if name != "baseline"}
         by_key = {genes[n]: v for n, v in values.items()}
         by_gene = (perplexity.versus_baseline(by_key, reference) if rates is None

@@ -73,7 +73,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
 from evo_attention.search.executors import Executor, executor_for
 from evo_attention.studies.common import DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_store, validation_seeds
-from evo_attention.studies.compare import resolve_configs
+from evo_attention.studies.compare import named_dropout, resolve_configs
 from evo_attention.studies.lr_grid import grid_of, selected_rates, tuning_tasks
 from evo_attention.train.config import Config
 from evo_attention.train.record import usable_metric
@@ -164,7 +164,7 @@ def gene_entries(genes, config: Config) -> list[tuple[str, AttentionGene]]:
     if not any(str(g).strip(", ") for g in items):
         raise UserError("genes is empty: give names such as baseline,linear or gene strings", setting="genes")
     return resolve_configs(items[0] if len(items) == 1 else [str(g) for g in items], config.d_model, config.n_heads,
-                           config.max_seq_len, attention_dropout=0.0 if is_synthetic(config.data) else None)
+                           config.max_seq_len, attention_dropout=named_dropout(config))
 
 
 # -- the statistics ---------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, R
     and failures), ``selected`` rate and ``at_edge``; ``at_edge`` also lists the genes whose rate
     is an end of the grid."""
     rates, seeds = list(setup.lr_grid), list(setup.tuning_seeds)
-    vanilla = AttentionGene.vanilla().key
+    vanilla = setup.baseline
     genes = {}
     for key in keys:
         curve = []
@@ -161,7 +161,7 @@ def versus_baseline(setup: StudySetup, values: Mapping[str, Sequence], baseline:
     """``StudySetup.versus_baseline`` for genes at their own rates: each gene's per-seed values
     against the baseline's at the baseline's rate, Holm over the family of the baseline trainings
     at that rate (``store_family``)."""
-    at = setup.at_rate(rates[AttentionGene.vanilla().key])
+    at = setup.at_rate(rates[setup.baseline])
     return stats.versus_reference(values, baseline, confidence=at.confidence, log=at.log_scale, margin=at.margin,
                                   lower_is_better=at.lower_is_better, power=at.power,
                                   others=store_family(setup, values, rates))
@@ -173,7 +173,7 @@ def store_family(setup: StudySetup, genes: Sequence[str] | Mapping[str, object],
     (``StudySetup.others`` of the setup at that rate). A gene of ``genes`` whose rate differs from
     the baseline's and that the store also holds at the baseline's rate (an earlier comparison at
     that rate) joins as a comparison of its own, named ``GENE @ lr RATE``."""
-    base_rate = rates[AttentionGene.vanilla().key]
+    base_rate = rates[setup.baseline]
     keys = list(genes)
     same = [k for k in keys if rates.get(k) == base_rate]
     return {(k if k not in keys else f"{k} @ lr {rate_text(base_rate)}"): pair

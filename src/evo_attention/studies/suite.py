@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
-from evo_attention.genes import VANILLA_KEY, AttentionGene
+from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.suite import suite_heatmap_rows, suite_markdown
 from evo_attention.report.studies.validation import validation_headline
@@ -58,18 +58,18 @@ class SuiteResult(VerdictResult):
     kind: ClassVar[str] = "suite"
 
 
-def with_baseline(entries: Sequence[tuple[str, AttentionGene | str]]) -> list[tuple[str, str]]:
-    """``(name, gene key)`` of ``entries`` (repeats dropped), the vanilla baseline first (named
+def with_baseline(entries: Sequence[tuple[str, AttentionGene | str]], baseline: str) -> list[tuple[str, str]]:
+    """``(name, gene key)`` of ``entries`` (repeats dropped), the ``baseline`` gene key first (named
     ``baseline`` unless an entry names it)."""
     out: dict[str, str] = {}
     for name, gene in entries:
         key = AttentionGene.parse(gene).key
         if key not in out.values():
             out[str(name)] = key
-    base = next((n for n, k in out.items() if k == VANILLA_KEY), None)
+    base = next((n for n, k in out.items() if k == baseline), None)
     if base is None:
-        return [("baseline", VANILLA_KEY)] + list(out.items())
-    return [(base, VANILLA_KEY)] + [(n, k) for n, k in out.items() if k != VANILLA_KEY]
+        return [("baseline", baseline)] + list(out.items())
+    return [(base, baseline)] + [(n, k) for n, k in out.items() if k != baseline]
 
 
 def run_suite(setup: StudySetup, suite, entries: Sequence[tuple[str, AttentionGene | str]], *,
@@ -81,8 +81,9 @@ def run_suite(setup: StudySetup, suite, entries: Sequence[tuple[str, AttentionGe
     if setup.lr_grid:
         raise UserError(f"lr_grid cannot be combined with suite {suite.name}: a rate per gene and point is not "
                         "defined yet; drop one of them", setting=("lr_grid", "suite"))
-    named = with_baseline(entries)
     configs = point_configs(setup.config, suite)
+    # every point is a generated task: the baseline of its config (no attention dropout)
+    named = with_baseline(entries, next(iter(configs.values())).resolved_baseline().key)
     datasets = {label: load_task(c.task) for label, c in configs.items()}
     tasks, index = [], []
     for point in suite.points:  # point by point: a point's data is built once per worker process

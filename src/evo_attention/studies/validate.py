@@ -80,8 +80,8 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
 
 def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
                    search_values: Mapping[str, float] | None = None) -> ValidationResult:
-    """The validation of ``genes`` against the vanilla baseline with a resolved ``setup``."""
-    vanilla = AttentionGene.vanilla().key
+    """The validation of ``genes`` against the baseline (``StudySetup.baseline``) with a resolved ``setup``."""
+    vanilla = setup.baseline
     keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != vanilla]
     if not keys:
         raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene",
@@ -122,7 +122,7 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
     optional stopping). With ``rates`` (gene key -> its selected rate of a grid) the pilot trains
     each gene at its rate. Returns the setup with those seeds and the plan."""
     planned = setup.planned
-    vanilla = AttentionGene.vanilla().key
+    vanilla = setup.baseline
     pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
     records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
     base = samples(records, vanilla, pilot.seeds, pilot.metric)["values"]
@@ -171,7 +171,7 @@ def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], M
     baseline's included): ``{"kind", "baseline", "genes", "headline", ...}`` (no provenance).
     ``rates`` (gene key -> rate, the baseline's included): each gene was trained at its own rate
     (a learning-rate grid), and Holm's family is that of the baseline at its rate."""
-    vanilla = AttentionGene.vanilla().key
+    vanilla = setup.baseline
     seeds = list(setup.seeds)
     base = samples(records, vanilla, seeds, setup.metric)
     per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
@@ -187,7 +187,7 @@ def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], M
     from ``records``): ``{"matches": key -> match, "rows": width -> baseline row (its samples,
     description, ``d_ff``, ``params``, ``matched_to``), "setups": width -> the setup that trained it,
     "references": key -> its baseline's per-seed values}``."""
-    vanilla = AttentionGene.vanilla().key
+    vanilla = setup.baseline
     seeds = list(setup.seeds)
     matches = setup.matched_baselines(keys)
     setups, references, rows = {}, {}, {}
@@ -243,7 +243,7 @@ def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mappin
                       matched: Sequence[dict] | None = None) -> dict:
     """A validation-shaped result (baseline row, gene rows with their paired comparison, headline);
     ``matched``: the rows of parameter-matched baselines (``matched_statistics``)."""
-    vanilla = AttentionGene.vanilla().key
+    vanilla = setup.baseline
     search_values = dict(search_values or {})
 
     def row(key: str, sample: dict, numbers: dict) -> dict:

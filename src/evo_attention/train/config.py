@@ -86,7 +86,13 @@ class Config:
     objectives: list = setting(group="search", factory=lambda: [PRIMARY_OBJECTIVE], flag="objectives", parse="list",
                                help="what the search minimises, comma-separated: perplexity first, then any of "
                                     "params, flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
-    baseline: bool = setting(True, group="search")  # also train the vanilla transformer under the same budget
+    baseline: bool = setting(True, group="search")  # also train the baseline gene under the same budget
+    # the gene every verdict is against (None: the vanilla transformer, without attention dropout on a
+    # generated task: ``resolved_baseline()``); never part of a trial, only of what it is compared with
+    baseline_gene: str | None = setting(None, group="search", flag="baseline-gene", parse="str", metavar="GENE",
+                                        help="the gene the verdicts compare against (default: the vanilla "
+                                             "transformer; on a generated task without attention dropout, "
+                                             "dot|softmax|none|fixed|bias|0.00)")
     # a suite of task points (data.suites: a shipped name or a YAML file): each gene trains on every point
     # and is scored by its mean accuracy over them (train.suite); the points' data replaces ``data``
     suite: str | None = setting(None, group="search", flag="suite", parse="str", metavar="NAME|FILE",
@@ -215,6 +221,27 @@ class Config:
     def ffn_dim(self) -> int:
         """The feed-forward width: ``d_ff``, else the block's default."""
         return self.model.ffn_dim
+
+    @property
+    def generated_task(self) -> bool:
+        """Whether this config trains on generated synthetic tasks: a suite, or a task such as
+        ``mqar`` or ``mad:...`` (``data.synthetic``; not the quick preset's embedded ``recall``)."""
+        from evo_attention.data.synthetic import is_synthetic
+
+        return self.suite is not None or is_synthetic(self.data)
+
+    def resolved_baseline(self):
+        """The gene the studies and searches of this config compare against: the ``baseline_gene``
+        setting, else the vanilla transformer, on a generated task without attention dropout (there
+        it is no regulariser worth its cost: it slows learning and blurs solve rates, docs/tasks.md).
+        The named configurations resolve the same way (``studies.compare.named_dropout``); a gene
+        string is trained as written, so a gene with ``|0.10`` asks for dropout."""
+        from evo_attention.genes import AttentionGene
+
+        if self.baseline_gene is not None:
+            return AttentionGene.parse(self.baseline_gene)
+        gene = AttentionGene.vanilla()
+        return gene.replace(attention_dropout=0.0) if self.generated_task else gene
 
     @classmethod
     def settings_of(cls, group: str) -> list:
@@ -421,6 +448,7 @@ def _check_search(c: Config) -> None:
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
     _check_suite_name(c)
+    _check_baseline_gene(c)
     _check_objectives(c)
     _check_init_from(c)
     _check_caps(c)
@@ -495,6 +523,21 @@ def _check_suite_name(c: Config) -> None:
     if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
         raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
                         f"{c.suite!r}", setting="suite")
+
+
+def _check_baseline_gene(c: Config) -> None:
+    if c.baseline_gene is None:
+        return
+    from evo_attention.genes import AttentionGene
+
+    if not isinstance(c.baseline_gene, str):
+        raise UserError(f"baseline_gene must be a gene string such as 'dot|softmax|none|fixed|bias|0.10', got "
+                        f"{c.baseline_gene!r}", setting="baseline_gene")
+    try:
+        AttentionGene.parse(c.baseline_gene)
+    except (UserError, ValueError) as exc:
+        raise UserError(f"baseline_gene {c.baseline_gene!r} is not a gene: {str(exc).splitlines()[0]}",
+                        setting="baseline_gene") from None
 
 
 def _check_suite_search(c: Config) -> None:
