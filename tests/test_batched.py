@@ -370,9 +370,15 @@ def test_auto_precision_is_measured_per_shape_and_kept(probe_env, tmp_path, monk
     assert probe_env == [64, 128]
     files = sorted(tmp_path.glob("precision-*.json"))
     assert len(files) == 2 and {json.loads(f.read_text())["precision"] for f in files} == {"fp32", "bf16"}
-    # another batch size is another shape; a set precision is never probed
+    # another batch size is another shape; so is another dropout stream (its masks cost other time),
+    # while the default stream keeps the file names probes had before streams existed
     environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=8, timer=timer(large))
     assert probe_env == [64, 128, 128]
+    environment.choose_precision("auto", cpu, large, seq_len=128, batch_size=8, timer=timer(large),
+                                 dropout_stream="counter")
+    assert probe_env == [64, 128, 128, 128] and len(list(tmp_path.glob("precision-*.json"))) == 4
+    assert probe_cache.probe_shape(large, 128, 8, "cpu") == probe_cache.probe_shape(large, 128, 8)
+    assert "dropout_stream" not in probe_cache.probe_shape(large, 128, 8)
     assert environment.choose_precision("bf16", cpu, small, seq_len=32, batch_size=32) == ("bf16", "set to bf16")
 
 

@@ -114,10 +114,11 @@ def _stable(entry: dict) -> bool:
 
 def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
     spec = trial.model.with_data(data.vocab_size, data.seq_len)
+    stream = trial.train.dropout_stream
     precision = choose_precision(trial.train.precision, device, spec, seq_len=data.seq_len,
-                                 batch_size=trial.train.batch_size,
+                                 batch_size=trial.train.batch_size, dropout_stream=stream,
                                  timer=lambda: precision_step_times(trial, data, device))[0]
-    shape = {**probe_shape(spec, data.seq_len, trial.train.batch_size), "precision": precision}
+    shape = {**probe_shape(spec, data.seq_len, trial.train.batch_size, stream), "precision": precision}
     if device.type == "cuda":
         shape["gpu"] = torch.cuda.get_device_name(device)
     return shape

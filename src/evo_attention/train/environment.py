@@ -82,7 +82,7 @@ _PRECISION_CHOICES: dict[str, tuple[str, str]] = {}  # cache file -> (precision,
 
 
 def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len: int | None = None,
-                     batch_size: int | None = None, timer=None) -> tuple[str, str]:
+                     batch_size: int | None = None, timer=None, dropout_stream: str = "cpu") -> tuple[str, str]:
     """The precision a training runs in and why (a record keeps both).
 
     A set precision is taken as it is (fp16 refused on CPU). ``auto``: bf16 on CUDA GPUs that
@@ -90,7 +90,8 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
     the measured choice for this model shape on this machine (``probed_precision``; ``spec`` is a
     ``ModelSpec`` with the data's vocabulary; ``timer()`` times a training step of the shape in both
     precisions: ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no
-    shape or timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so. The key of a trial holds "auto": on one machine
+    shape or timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so; ``dropout_stream``:
+    the stream the timed steps draw their masks from (part of the probe's shape). The key of a trial holds "auto": on one machine
     the probe's kept answer makes it one precision; across machines "auto" is a different precision
     where the machines differ, as it always was between CPUs with and without bf16 (the record says
     which ran).
@@ -113,17 +114,18 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
         return "bf16", f"auto: native bf16 on this CPU ({ENV_PRECISION_PROBE}={setting}: not measured)"
     if setting not in ("", "1", "on", "yes", "true"):
         raise UserError(f"{ENV_PRECISION_PROBE}={setting!r} is not a setting: use on or off")
-    return probed_precision(spec, seq_len, batch_size, device, timer)
+    return probed_precision(spec, seq_len, batch_size, device, timer, dropout_stream)
 
 
-def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer) -> tuple[str, str]:
+def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer,
+                     dropout_stream: str = "cpu") -> tuple[str, str]:
     """The measured precision of a shape on this machine: read from the probe's cache file, or
     probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
     and kept, unless its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine): then
     the answer is this process's alone and says so. Two processes probing at once keep the first
     answer written (one measures while the other waits), and both use it. A run's pinned answer
     comes first (``probe_cache.probe_answer``)."""
-    shape = probe_shape(spec, seq_len, batch_size)
+    shape = probe_shape(spec, seq_len, batch_size, dropout_stream)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
     if key in _PRECISION_CHOICES and path.name not in pinned_probes():  # a run's pinned answer first

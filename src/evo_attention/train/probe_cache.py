@@ -52,11 +52,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def probe_shape(spec, seq_len: int, batch_size: int) -> dict:
-    """What a probe of a shape depends on: the model's sizes, the tokens of a step, the batch."""
-    return {"d_model": spec.d_model, "n_heads": spec.n_heads, "n_layers": spec.n_layers, "ffn_dim": spec.ffn_dim,
-            "block": getattr(spec, "block", "gpt2"), "dropout": spec.dropout, "vocab_size": spec.vocab_size,
-            "max_seq_len": spec.max_seq_len, "seq_len": int(seq_len), "batch_size": int(batch_size)}
+def probe_shape(spec, seq_len: int, batch_size: int, dropout_stream: str = "cpu") -> dict:
+    """What a probe of a shape depends on: the model's sizes, the tokens of a step, the batch, and
+    the dropout stream whose masks its steps draw (named only when not the default ``cpu``, so the
+    default's cache files keep their names)."""
+    shape = {"d_model": spec.d_model, "n_heads": spec.n_heads, "n_layers": spec.n_layers, "ffn_dim": spec.ffn_dim,
+             "block": getattr(spec, "block", "gpt2"), "dropout": spec.dropout, "vocab_size": spec.vocab_size,
+             "max_seq_len": spec.max_seq_len, "seq_len": int(seq_len), "batch_size": int(batch_size)}
+    if dropout_stream != "cpu":
+        shape["dropout_stream"] = dropout_stream
+    return shape
 
 
 def probe_path(shape: dict, device: torch.device, *, kind: str, version: int) -> Path:

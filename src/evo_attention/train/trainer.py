@@ -447,7 +447,7 @@ class Trainer:
         # auto: measured per model shape on this machine (environment.choose_precision); the record says why
         self.precision, self.precision_reason = choose_precision(
             first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,
-            timer=lambda: precision_step_times(first, data, self.device))
+            dropout_stream=first.train.dropout_stream, timer=lambda: precision_step_times(first, data, self.device))
         if self.device.type == "cpu":
             torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
         if len(trials) > 1:
