@@ -230,3 +230,31 @@ def test_the_cpu_benchmark_runs_both_streams_and_writes_its_json(tmp_path, capsy
     assert "| quick preset training step |" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # a real run takes the median of at least 5 rounds
         bench.main(["--rounds", "3", "--out", str(tmp_path / "x.json")])
+
+
+def test_a_compiled_training_draws_the_counter_masks_eagerly_without_recompiling():
+    """A compiled forward calls the counter's mask function outside the graph
+    (``torch.compiler.disable``): its step and call would otherwise be guards that recompile every
+    step. The graphs made for 4 steps serve 8 as well, and the compiled training draws the same
+    masks as the eager one (the same loss to rounding)."""
+    from torch._dynamo.utils import counters
+
+    from evo_attention.train.environment import cpp_compiler
+
+    if cpp_compiler() is None:
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler")
+    data_name = "mad:selective_copy:seq_len=12,copy=2,vocab=12,train_examples=64,eval_examples=16"
+    config = Config(d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=4, eval_batch_size=16, eval_steps=1,
+                    max_seq_len=12, log_every=2, data=data_name, compile="on", dropout_stream="counter",
+                    precision="fp32")
+    data = data_from_config(config)
+    graphs, losses = {}, {}
+    for steps in (4, 8):
+        counters.clear()
+        result = run_training(Trial.from_config(VANILLA, config.replace(train_steps=steps), data=data), data)
+        record = result.record
+        assert record.status == "ok" and record.compiled is True
+        graphs[steps], losses[steps] = counters["stats"]["unique_graphs"], record.val_loss
+    assert graphs[8] == graphs[4] > 0
+    eager = run_training(Trial.from_config(VANILLA, config.replace(train_steps=8, compile="off"), data=data), data).record
+    assert eager.compiled is False and losses[8] == pytest.approx(eager.val_loss, rel=1e-5)
