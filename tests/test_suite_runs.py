@@ -215,6 +215,24 @@ def test_generated_tasks_compare_against_a_baseline_without_attention_dropout_un
     assert "baseline" in err and "\n" not in err and "Traceback" not in err
 
 
+def test_an_ablation_on_a_generated_task_is_against_the_baseline_without_dropout(tmp_path, capsys):
+    data = ["--data", "mad:selective_copy:seq_len=12,copy=2,vocab=12,train_examples=64,eval_examples=16"]
+    out = tmp_path / "abl"
+    sparse = "dot|sparsemax|none|fixed|bias|0.00"
+    assert main(["ablate", "--gene", sparse, "--seeds", "2", "--steps", "2", "--out", str(out), "--quiet"]
+                + data + TINY_FLAGS) == 0
+    written = json.loads((out / "ablation.json").read_text())
+    assert written["baseline_gene"] == BASELINE and written["fields"] == ["normalization"]  # dropout is not one
+    capsys.readouterr()
+    assert main(["ablate", "--gene", BASELINE, "--out", str(tmp_path / "none")] + data + TINY_FLAGS) == 2
+    assert "is the baseline itself" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # --baseline-gene asks for another baseline: against the vanilla gene, dropout is a difference too
+    assert main(["ablate", "--gene", sparse, "--baseline-gene", VANILLA, "--seeds", "2", "--steps", "2",
+                 "--out", str(tmp_path / "vs-vanilla"), "--quiet"] + data + TINY_FLAGS) == 0
+    written = json.loads((tmp_path / "vs-vanilla" / "ablation.json").read_text())
+    assert written["baseline_gene"] == VANILLA and written["fields"] == ["normalization", "attention_dropout"]
+
+
 def test_validate_from_a_suite_run_and_bad_suites_through_the_cli(tmp_path, tiny_suite, capsys):
     out = tmp_path / "val"
     argv = ["validate", "--suite", tiny_suite, "--genes", ROPE, "--seeds", "2", "--out", str(out), "--quiet",

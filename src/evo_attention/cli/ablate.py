@@ -10,8 +10,8 @@ With ``--lr-grid`` every variant (the baseline included) is trained at its own b
 from __future__ import annotations
 
 from evo_attention.util.errors import UserError
-from evo_attention.cli.validate import (add_analysis_flags, analysis_setup, grid_text, log_grid, log_outputs,
-                                        run_study)
+from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
+                                        log_outputs, run_study)
 
 
 def cmd_ablate(args) -> int:
@@ -30,10 +30,11 @@ def cmd_ablate(args) -> int:
         gene = AttentionGene.parse(summary.best_gene)
     else:
         raise UserError("nothing to ablate: give --gene KEY or --from-run DIR (its best gene)")
-    variants = ablation_variants(gene)  # fails fast on the vanilla gene
     if args.seeds == "auto":
         raise UserError("--seeds auto plans the seeds of a validation; give ablate a number of seeds")
-    config, data, store, out, search_seed = analysis_setup(args, "runs/ablate")
+    variants = []  # against the config's baseline; fails fast (nothing written) on the baseline gene itself
+    config, data, store, out, search_seed = analysis_setup(
+        args, "runs/ablate", check=lambda c: variants.extend(ablation_variants(gene, c.resolved_baseline())))
     distinct = len({v.gene.key for v in variants})
     log(f"ablating {gene} on {data.name}: {len(variants)} variants "
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
@@ -52,4 +53,5 @@ def register(subparsers) -> None:
                               "alone to the baseline) over several seeds: what each component contributes")
     p.add_argument("--gene", help="the gene to ablate (default with --from-run: the run's best gene)")
     add_analysis_flags(p, "runs/ablate")
+    add_baseline_flag(p)
     p.set_defaults(func=cmd_ablate)

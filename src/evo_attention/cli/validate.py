@@ -408,6 +408,11 @@ def add_suite_flag(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"train each {what} and the baseline on every point of this suite of tasks (mad-cpu, "
                         "mad-paper or a suite YAML file), each point for the suite's steps, and compare their "
                         "accuracy per point and their suite accuracy (the mean over the points); see docs/tasks.md")
+    add_baseline_flag(p)
+
+
+def add_baseline_flag(p: argparse.ArgumentParser) -> None:
+    """--baseline-gene (Config ``baseline_gene``, a setting that only search's flags carry)."""
     p.add_argument("--baseline-gene", metavar="GENE",
                    help="the gene every verdict compares against (default: the vanilla transformer; on a generated "
                         "task or suite without attention dropout, dot|softmax|none|fixed|bias|0.00)")

@@ -96,7 +96,7 @@ def recipe_text(gene: AttentionGene) -> str:
 
 
 def ablation_variants(gene: AttentionGene | str, reference: AttentionGene | None = None) -> list[Variant]:
-    """The full gene, the reference (default: vanilla), the crossed cells of a gene with recipe
+    """The full gene, the reference (default: the vanilla gene), the crossed cells of a gene with recipe
     parts (``recipe_cells``) that no field's variant already is, then per differing field its
     removal from the gene and its addition to the reference. Raises UserError if nothing differs."""
     gene = AttentionGene.parse(gene)
@@ -183,8 +183,8 @@ def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SE
 
 
 def run_ablation(setup: StudySetup, gene: AttentionGene | str) -> AblationResult:
-    """The ablation of ``gene`` with a resolved ``setup``."""
-    variants = ablation_variants(gene)
+    """The ablation of ``gene`` with a resolved ``setup``, against its baseline (``StudySetup.baseline``)."""
+    variants = ablation_variants(gene, AttentionGene.parse(setup.baseline))
     genes = [v.gene for v in variants]
     if not setup.lr_grid:
         return AblationResult(ablation_statistics(setup, variants, setup.train(genes)), setup.provenance())
