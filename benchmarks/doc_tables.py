@@ -27,6 +27,8 @@ Tables (``table=``):
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``curve-seeds``: a difficulty curve's per-seed accuracies, every gene at every value;
 - ``suite``: a suite validation's table (``validation_suite.json``: the study's own renderer);
+- ``suite-rate``: study 3's suite rate (``d1-rate/selected.json``: each rate's baseline mean, the
+  selected one);
 - ``search-top``: a search's best genes (``final_results.json``: its top 5 and the baseline, by the
   search's own metric on the search's one seed);
 - ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
@@ -291,6 +293,15 @@ def suite(payload: dict) -> str:
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
 
 
+def suite_rate(payload: dict) -> str:
+    """Study 3's suite rate (findings3.sh d1-rate's selected.json): each rate's baseline mean suite
+    accuracy on the tuning seeds, the selected one marked."""
+    headers = ["Learning rate", "Baseline mean suite accuracy", "Selected"]
+    rows = [[r, _num(payload["baseline_mean"][r], 4), "**yes**" if r == payload["selected"] else ""]
+            for r in payload["rates"]]
+    return _markdown(headers, rows, "lrl")
+
+
 def search_top(payload: dict) -> str:
     from evo_attention.util.format import code
 
@@ -331,7 +342,7 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
-TABLES = {"suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 
