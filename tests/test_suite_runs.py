@@ -233,6 +233,17 @@ def test_an_ablation_on_a_generated_task_is_against_the_baseline_without_dropout
     assert written["baseline_gene"] == VANILLA and written["fields"] == ["normalization", "attention_dropout"]
 
 
+def test_compare_without_a_suite_judges_against_the_baseline_gene_it_is_given(tmp_path):
+    data = ["--data", "mad:selective_copy:seq_len=12,copy=2,vocab=12,train_examples=64,eval_examples=16"]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--configs", "baseline,rope_only", "--baseline-gene", VANILLA, "--seeds", "2",
+                 "--out", str(out), "--quiet"] + data + TINY_FLAGS) == 0
+    written = json.loads((out / "compare_results.json").read_text())
+    genes = {a["name"]: a["gene"] for a in written["aggregates"]}
+    assert genes == {"baseline": VANILLA, "rope_only": ROPE}  # named configurations follow its dropout
+    assert set(written["summary"]["paired"]) == {"rope_only"}
+
+
 def test_validate_from_a_suite_run_and_bad_suites_through_the_cli(tmp_path, tiny_suite, capsys):
     out = tmp_path / "val"
     argv = ["validate", "--suite", tiny_suite, "--genes", ROPE, "--seeds", "2", "--out", str(out), "--quiet",
