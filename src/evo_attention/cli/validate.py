@@ -379,14 +379,14 @@ def cmd_validate(args) -> int:
             raise
     if config.suite is not None:
         return _validate_on_suite(args, genes, config, store, out, search_seed)
-    vanilla = config.resolved_baseline().key
+    base_key = config.resolved_baseline().key
     base = seed_base(args, config, search_seed)
     seeds = (f"seeds planned from a pilot ({base + 1}..{base + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({base + 1}..{base + args.seeds})")
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
         f"{args.eval_split} split{grid_text(args, config)}"
         f"{'; each against a parameter-matched baseline' if args.match_params else ''}", args.quiet)
-    known = search_values(summary, genes + [vanilla], args.metric or "val_perplexity", config, data, args.eval_split)
+    known = search_values(summary, genes + [base_key], args.metric or "val_perplexity", config, data, args.eval_split)
     result = run_study(args, "validate", config, data, store, search_seed,
                        lambda setup: run_validation(setup, genes, search_values=known))
     if plan is not None:
@@ -446,7 +446,7 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     baseline = config.resolved_baseline().key  # a suite's points are generated tasks: no attention dropout
     entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != baseline]
     if not entries:
-        raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene")
+        raise UserError(f"no gene to validate other than the baseline: give at least one gene other than {baseline}")
     base = seed_base(args, config, search_seed)
     log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
         f"({base + 1}..{base + args.seeds}), {args.eval_split} split", args.quiet)

@@ -368,13 +368,12 @@ class Search:
                                   equivalence=getattr(self.strategy.space, "program_space", None) is not None)
             if self.keep_models:
                 prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
-            # the vanilla transformer; on generated tasks without attention dropout (Config.resolved_baseline)
+            # the baseline gene (Config.resolved_baseline: vanilla, without attention dropout on generated tasks)
+            base = config.resolved_baseline()
             if config.baseline and self.suite is not None:
-                base = config.resolved_baseline()
                 self._suite_scores([base.key], role="baseline", generation=None)
                 self.baseline = self._suite_individual(base, generation=0)
             elif config.baseline:
-                base = config.resolved_baseline()
                 record = self._evaluate([self._task(base.key, role="baseline", generation=None)])[base.key]
                 self.baseline = self._individual(base, record, generation=0)
             self._resolve_limits()
@@ -441,12 +440,12 @@ class Search:
             return
         baseline: dict = {}
         if any(caps.cap_factor(v) is not None for v in given.values()):
-            vanilla = self.config.resolved_baseline().key
-            record = self._records.get(vanilla) if self.baseline is not None else None
+            base_key = self.config.resolved_baseline().key
+            record = self._records.get(base_key) if self.baseline is not None else None
             baseline = caps.record_values(record) if record is not None else {}
             need = [n for n in caps.before_training(given) if caps.cap_factor(given[n]) is not None]
             if any(baseline.get(caps.CAP[n].measure) is None for n in need):
-                costs = self._gene_costs(vanilla, flops="max_flops" in need)
+                costs = self._gene_costs(base_key, flops="max_flops" in need)
                 baseline.update({"params": costs.get("params"), "flops": costs.get("flops")})
         self._limits = caps.resolve_limits(given, baseline)
         for name, limit in self._limits.items():

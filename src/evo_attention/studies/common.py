@@ -343,8 +343,8 @@ class StudySetup:
         its per-seed values and the baseline's, recomputed from the stored records."""
         if self.store is None:
             return {}
-        vanilla, skip = self.baseline, set(genes)
-        trials = {seed: Trial.from_config(vanilla, self.config, seed=seed, steps=self.steps,
+        base_key, skip = self.baseline, set(genes)
+        trials = {seed: Trial.from_config(base_key, self.config, seed=seed, steps=self.steps,
                                           eval_split=self.eval_split, data=self.data) for seed in self.seeds}
         keys = {seed: t.key()[2:] for seed, t in trials.items()}  # (steps, fingerprint, context) per seed
         found: dict[str, dict[int, Any]] = {}
@@ -354,7 +354,7 @@ class StudySetup:
             if seed not in keys or (int(record["steps"]), record["data_fingerprint"], record["context"]) != keys[seed]:
                 continue
             value = usable_metric(record, self.metric)
-            if record.get("gene") == vanilla:
+            if record.get("gene") == base_key:
                 baseline[seed] = value
             elif record.get("gene") not in skip:
                 found.setdefault(record["gene"], {})[seed] = value

@@ -264,6 +264,9 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     """
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
+    if config.baseline_gene is not None:  # the configuration named baseline is the one the setting names
+        base = config.resolved_baseline()
+        entries = [("baseline", base)] + [(n, g) for n, g in entries if n != "baseline" and g.key != base.key]
     suite = config.suite if suite is None else suite
     if suite is not None:
         if match_params:
@@ -272,9 +275,6 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
         return _compare_on_suite(config, entries, suite, seeds=seeds, out_dir=out_dir, executor=executor, store=store,
                                  quiet=quiet, lr_grid=lr_grid)
     validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
-    if config.baseline_gene is not None:  # the configuration named baseline is the one the setting names
-        base = config.resolved_baseline()
-        entries = [("baseline", base)] + [(n, g) for n, g in entries if n != "baseline" and g.key != base.key]
     if lr_grid is not None:  # the grid's checks, before anything is written or loaded
         parse_lr_grid(lr_grid)
         tuning_seeds(config.seed, n_tuning_seeds, verdict_seeds=range(config.seed + 1, config.seed + seeds + 1))

@@ -108,7 +108,7 @@ def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, R
     and failures), ``selected`` rate and ``at_edge``; ``at_edge`` also lists the genes whose rate
     is an end of the grid."""
     rates, seeds = list(setup.lr_grid), list(setup.tuning_seeds)
-    vanilla = setup.baseline
+    base_key = setup.baseline
     genes = {}
     for key in keys:
         curve = []
@@ -118,7 +118,7 @@ def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, R
             curve.append({"lr": rate, "mean": sum(finished) / len(finished) if finished else None,
                           "values": sample["values"], "n_failed": sample["n_failed"]})
         chosen = select(curve, setup.lower_is_better)
-        genes[key] = {"str": str(AttentionGene.parse(key)), "baseline": key == vanilla, "curve": curve,
+        genes[key] = {"str": str(AttentionGene.parse(key)), "baseline": key == base_key, "curve": curve,
                       "selected": chosen, "at_edge": chosen in (rates[0], rates[-1])}
     return {"rates": rates, "tuning_seeds": seeds, "verdict_seeds": list(setup.seeds), "tuning_split": "valid",
             "metric": setup.metric, "metric_label": setup.metric_label, "lower_is_better": setup.lower_is_better,

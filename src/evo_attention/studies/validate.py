@@ -81,23 +81,23 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
 def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
                    search_values: Mapping[str, float] | None = None) -> ValidationResult:
     """The validation of ``genes`` against the baseline (``StudySetup.baseline``) with a resolved ``setup``."""
-    vanilla = setup.baseline
-    keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != vanilla]
+    base_key = setup.baseline
+    keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != base_key]
     if not keys:
-        raise UserError("no gene to validate other than the baseline: give at least one non-vanilla gene",
+        raise UserError(f"no gene to validate other than the baseline: give at least one gene other than {base_key}",
                         setting="genes")
     plan = grid = rates = None
     if setup.lr_grid:
-        grid = grids.tune(setup, [vanilla] + keys)
+        grid = grids.tune(setup, [base_key] + keys)
         rates = grids.selected_rates(grid)
         # the search trained at the configured rate: its value measured the same thing only there
         search_values = {k: v for k, v in (search_values or {}).items() if rates.get(k) == setup.config.learning_rate}
     if setup.planned is not None:
-        setup, plan = plan_seeds(setup, [vanilla] + keys, rates=rates)
+        setup, plan = plan_seeds(setup, [base_key] + keys, rates=rates)
     if rates is None:
-        records = setup.train([vanilla] + keys)
+        records = setup.train([base_key] + keys)
     else:
-        records = grids.train_at_rates(setup, [vanilla] + keys, rates)
+        records = grids.train_at_rates(setup, [base_key] + keys, rates)
     numbers = validation_statistics(setup, records, keys, search_values=search_values, rates=rates)
     if setup.match_params:
         numbers = matched_statistics(setup, numbers, records, keys, search_values=search_values)
@@ -122,10 +122,10 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
     optional stopping). With ``rates`` (gene key -> its selected rate of a grid) the pilot trains
     each gene at its rate. Returns the setup with those seeds and the plan."""
     planned = setup.planned
-    vanilla = setup.baseline
+    base_key = setup.baseline
     pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
     records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
-    base = samples(records, vanilla, pilot.seeds, pilot.metric)["values"]
+    base = samples(records, base_key, pilot.seeds, pilot.metric)["values"]
     spreads = {}
     for key in genes[1:]:
         row = stats.paired(samples(records, key, pilot.seeds, pilot.metric)["values"], base, pilot.confidence,
@@ -171,9 +171,9 @@ def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], M
     baseline's included): ``{"kind", "baseline", "genes", "headline", ...}`` (no provenance).
     ``rates`` (gene key -> rate, the baseline's included): each gene was trained at its own rate
     (a learning-rate grid), and Holm's family is that of the baseline at its rate."""
-    vanilla = setup.baseline
+    base_key = setup.baseline
     seeds = list(setup.seeds)
-    base = samples(records, vanilla, seeds, setup.metric)
+    base = samples(records, base_key, seeds, setup.metric)
     per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
     values = {k: s["values"] for k, s in per_gene.items()}
     compared = (setup.versus_baseline(values, base["values"]) if rates is None
@@ -187,7 +187,7 @@ def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], M
     from ``records``): ``{"matches": key -> match, "rows": width -> baseline row (its samples,
     description, ``d_ff``, ``params``, ``matched_to``), "setups": width -> the setup that trained it,
     "references": key -> its baseline's per-seed values}``."""
-    vanilla = setup.baseline
+    base_key = setup.baseline
     seeds = list(setup.seeds)
     matches = setup.matched_baselines(keys)
     setups, references, rows = {}, {}, {}
@@ -195,9 +195,9 @@ def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], M
         width = match["ffn_dim"]
         if width not in rows:
             at = setup.with_ffn(match["d_ff"])
-            sample = samples(records if match["d_ff"] == setup.config.d_ff else at.train([vanilla]), vanilla, seeds,
+            sample = samples(records if match["d_ff"] == setup.config.d_ff else at.train([base_key]), base_key, seeds,
                              setup.metric)
-            rows[width] = {"gene": vanilla, "str": f"baseline, FFN {width}", "d_ff": width, "params": match["params"],
+            rows[width] = {"gene": base_key, "str": f"baseline, FFN {width}", "d_ff": width, "params": match["params"],
                            "matched_to": [], **sample, **stats.describe(sample["values"], setup.confidence)}
             setups[width] = at
         rows[width]["matched_to"].append(key)
@@ -243,7 +243,7 @@ def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mappin
                       matched: Sequence[dict] | None = None) -> dict:
     """A validation-shaped result (baseline row, gene rows with their paired comparison, headline);
     ``matched``: the rows of parameter-matched baselines (``matched_statistics``)."""
-    vanilla = setup.baseline
+    base_key = setup.baseline
     search_values = dict(search_values or {})
 
     def row(key: str, sample: dict, numbers: dict) -> dict:
@@ -255,7 +255,7 @@ def comparison_result(kind: str, setup: StudySetup, base: dict, per_gene: Mappin
         "lower_is_better": setup.lower_is_better, "eval_split": setup.eval_split, "confidence": setup.confidence,
         "seeds": list(setup.seeds), "margin": setup.margin,
         "family_size": max((c["family_size"] for c in compared.values()), default=0),
-        "baseline": row(vanilla, base, {}),
+        "baseline": row(base_key, base, {}),
         "genes": [row(k, per_gene[k], compared[k]) for k in per_gene],
     }
     if matched:

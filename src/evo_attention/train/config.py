@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from evo_attention.data import check_data_name
+from evo_attention.data import check_data_name, is_synthetic
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
@@ -226,8 +226,6 @@ class Config:
     def generated_task(self) -> bool:
         """Whether this config trains on generated synthetic tasks: a suite, or a task such as
         ``mqar`` or ``mad:...`` (``data.synthetic``; not the quick preset's embedded ``recall``)."""
-        from evo_attention.data.synthetic import is_synthetic
-
         return self.suite is not None or is_synthetic(self.data)
 
     def resolved_baseline(self):
