@@ -206,6 +206,14 @@ def test_generated_tasks_compare_against_a_baseline_without_attention_dropout_un
     assert main(argv) == 0
     written = json.loads((out / "compare_suite.json").read_text())
     assert written["baseline"]["gene"] == VANILLA and [g["gene"] for g in written["genes"]] == [ROPE]
+    # a baseline of another mechanism replaces the configuration named baseline: one entry of that name
+    sparse = "dot|sparsemax|none|fixed|bias|0.10"
+    argv = ["compare", "--suite", tiny_suite, "--configs", "baseline,rope_only", "--baseline-gene", sparse,
+            "--seeds", "2", "--out", str(out), "--quiet"] + TINY_FLAGS
+    assert main(argv) == 0
+    written = json.loads((out / "compare_suite.json").read_text())
+    assert written["baseline"]["name"] == "baseline" and written["baseline"]["gene"] == sparse
+    assert [(g["name"], g["gene"]) for g in written["genes"]] == [("rope_only", ROPE)]
     assert Config(**TINY, suite=tiny_suite, baseline_gene=VANILLA).resolved_baseline().key == VANILLA
     with pytest.raises(UserError, match="baseline_gene") as info:
         Config(**TINY, baseline_gene="dot|nope|none|fixed")
