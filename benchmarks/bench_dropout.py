@@ -43,7 +43,7 @@ from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train.environment import cpu_name
 from evo_attention.train.presets import build_config
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import Trainer
+from evo_attention.train.trainer import Trainer, timing_budget
 from evo_attention.util.version import __version__
 
 P = 0.1
@@ -97,7 +97,7 @@ def step_timer(arm: str, steps: int, rounds: int, smoke: bool):
     config = build_config("quick", overrides=overrides)
     data = data_from_config(config)
     total = 1 + steps * rounds
-    config = config.replace(train_steps=total, log_every=total)
+    config = config.replace(train_steps=timing_budget(total), log_every=total)  # no validation point timed
     trainer = Trainer(Trial.from_config(VANILLA, config, data=data), data)
     trainer.train(until_step=1)  # untimed: allocations
 

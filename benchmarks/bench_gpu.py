@@ -49,7 +49,9 @@ and after the time limit), ``device`` (``name``, ``device``, ``type``, ``torch``
 ``cudnn``, ``capability``, ``total_memory_mb``, ``bf16_supported``, ``threads``,
 ``interop_threads``, ``omp_num_threads``, ``cores``, ``cpu``, ``cpu_bf16_native``, ``python``,
 ``evo_attention``), ``settings`` (the options), ``notes`` (what each number is), ``configs`` (name ->
-``status`` and the config's shape and budget), ``rows`` (the K sweep: one per config, K and
+``status``, the config's shape and budget, and with ``--auto`` ``batch_models_auto``: the K that
+``batch_models auto`` chose on this device, its reason with the probe's times, and the probe's
+seconds), ``rows`` (the K sweep: one per config, K and
 precision), ``dropout_rows`` (one per config, K and ``arm``) and ``dropout`` (per config and K: the
 arms' ``seconds_per_step`` and ``ratio_dropout_vs_0``, ``ratio_attention_dropout_vs_none``, and
 ``ratio_counter_vs_cpu``: per arm with masks, the counter arm's time over the CPU-drawn one's). A row:
@@ -92,6 +94,7 @@ import torch
 
 from evo_attention.data import data_from_config
 from evo_attention.genes import AttentionGene
+from evo_attention.train.batching import models_per_batch
 from evo_attention.train.environment import (cpu_has_fast_bf16, cpu_name, is_oom, peak_memory_mb, release_free_memory,
                                              reset_peak_memory, resolve_device)
 from evo_attention.train.presets import build_config
@@ -155,6 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true",
                         help="a CPU smoke run of seconds: d_model 16, 1 layer, K 1,2, 1 round of 1 step after 1, quick "
                              "only (options given explicitly still apply)")
+    parser.add_argument("--auto", action="store_true",
+                        help="also record, per config, the K that batch_models auto chooses on this device (its "
+                             "probe, run once per config before the sweep, kept in EVO_ATTENTION_CACHE_DIR)")
     parser.add_argument("--out", default="gpu.json", help="the JSON result file (default gpu.json)")
     args = parser.parse_args(argv)
     defaults = SMOKE_DEFAULTS if args.smoke else DEFAULTS
@@ -388,7 +394,8 @@ def run(argv: list[str] | None) -> dict:
                                             if unsupported(p, device)},
                      "dropout_ks": args.dropout_ks, "dropout": DROPOUT, "gene": args.gene.key, "rounds": args.rounds,
                      "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke, "time_limit_s": args.time_limit,
-                     "data_dir": args.data_dir, "compile": "off", "dropout_stream": args.dropout_stream},
+                     "data_dir": args.data_dir, "compile": "off", "dropout_stream": args.dropout_stream,
+                     "auto": args.auto},
         "notes": {
             "seconds_per_step": "one training step of all K models (median over the rounds of the mean of --steps "
                                 "timed steps, after --warmup untimed ones, each measurement a fresh trainer)",
@@ -449,6 +456,15 @@ def run(argv: list[str] | None) -> dict:
                   f"{config.n_layers} layers, batch {config.batch_size}, dropout {config.dropout}, budget {budget} "
                   "steps", flush=True)
             save()
+
+            if args.auto:  # what a user's run with batch_models auto would fold here, and the probe's times
+                check_time()
+                probed = time.perf_counter()
+                trial = Trial.from_config(args.gene, config, seed=0, data=data)
+                k, why = models_per_batch("auto", trial, data, device=device)
+                entry["batch_models_auto"] = {"k": k, "why": why, "probe_s": round(time.perf_counter() - probed, 2)}
+                print(f"  {name} batch_models auto: {why}", flush=True)
+                save()
 
             # the K sweep, per precision
             rows = {(p, k): new_row(name, k, p) for p in precisions for k in args.ks}

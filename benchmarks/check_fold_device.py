@@ -5,9 +5,14 @@ once through ``run_batched`` (one engine step for all K) and once each through `
 the device given, and writes the largest relative difference of the final validation loss and of
 any point of the loss curve per gene, with the device, precision and torch version. On a CPU the
 tests hold these to bitwise equality (the vanilla gene) or ``trainer.SAME_RESULT_RTOL``; this
-script is how the claim is checked where the tests cannot run (a GPU).
+script is how the claim is checked where the tests cannot run (a GPU). ``--dropout-stream counter``
+computes every mask on the device (``dropout_stream: counter``). ``--against-cpu`` also trains each
+trial alone on the CPU and writes the device's difference from it (``cpu_val_loss_rel``,
+``cpu_curve_rel``): the same trial gets the same masks on both (drawn on the CPU, or the counter
+stream's same bits), so what differs is the devices' rounding.
 
     python benchmarks/check_fold_device.py --device cuda --out docs/results/gpu/fold-h100.json
+    python benchmarks/check_fold_device.py --device cuda --dropout-stream counter --against-cpu --out fold.json
     python benchmarks/check_fold_device.py --device cpu --steps 8 --out /tmp/fold-cpu.json
 """
 
@@ -48,9 +53,12 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--models", type=int, default=3)
+    p.add_argument("--dropout-stream", default="cpu", choices=["cpu", "counter"])
+    p.add_argument("--against-cpu", action="store_true", help="also train each trial alone on the CPU")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    config = Config(**SMALL, train_steps=args.steps, precision=args.precision, device=args.device)
+    config = Config(**SMALL, train_steps=args.steps, precision=args.precision, device=args.device,
+                    dropout_stream=args.dropout_stream)
     data = data_from_config(config)
     rows, start = [], time.perf_counter()
     for gene in GENES:
@@ -60,17 +68,27 @@ def main(argv=None) -> int:
         alone = [run_training(t, data) for t in trials]
         for b, a in zip(batched, alone):
             rows.append({"gene": gene, "seed": a.record.seed, **gaps(b.record, a.record)})
+        if args.against_cpu:
+            for row, t, a in zip(rows[-len(trials):], trials, alone):
+                cpu = run_training(t.replace(train=t.train.replace(device="cpu")), data).record
+                versus = gaps(a.record, cpu)
+                row.update(cpu_val_loss_rel=versus["val_loss_rel"], cpu_curve_rel=versus["curve_rel"],
+                           cpu_bitwise=versus["bitwise"])
     out = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
            "torch": torch.__version__, "precision": args.precision, "steps": args.steps, "models": args.models,
            "rtol_of_the_tests": SAME_RESULT_RTOL[args.precision], "seconds": time.perf_counter() - start,
-           "command": " ".join(["python", *sys.argv]), "rows": rows,
+           "dropout_stream": args.dropout_stream, "command": " ".join(["python", *sys.argv]), "rows": rows,
            "largest_rel": max(max(r["val_loss_rel"], r["curve_rel"]) for r in rows)}
+    if args.against_cpu:
+        out["largest_cpu_rel"] = max(max(r["cpu_val_loss_rel"], r["cpu_curve_rel"]) for r in rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     for r in rows:
         print(f"{r['gene']:40s} seed {r['seed']}: val {r['val_loss_rel']:.2e} curve {r['curve_rel']:.2e}"
               f"{' bitwise' if r['bitwise'] else ''}{' (alone: ' + r['fallback'] + ')' if r['fallback'] else ''}")
     print(f"largest relative difference {out['largest_rel']:.2e} (tests' bound on a CPU {out['rtol_of_the_tests']})")
+    if args.against_cpu:
+        print(f"largest relative difference from the CPU {out['largest_cpu_rel']:.2e}")
     return 0
 
 

@@ -44,10 +44,13 @@ def trials_of(config, data, gene=VANILLA, rates=RATES, **changes):
 
 
 def relative_gaps(a, b) -> tuple[float, float]:
-    """(val_loss, worst curve point) relative differences of two records of one trial."""
+    """(val_loss, worst point of the loss and validation curves) relative differences of two records
+    of one trial."""
     assert [s for s, _ in a.curve] == [s for s, _ in b.curve]
+    assert [s for s, _ in a.val_curve] == [s for s, _ in b.val_curve]
     val = abs(a.val_loss - b.val_loss) / abs(b.val_loss)
-    curve = max((abs(x - y) / abs(y) for (_, x), (_, y) in zip(a.curve, b.curve)), default=0.0)
+    points = list(zip(a.curve, b.curve)) + list(zip(a.val_curve, b.val_curve))
+    curve = max((abs(x - y) / abs(y) for (_, x), (_, y) in points), default=0.0)
     return val, curve
 
 
@@ -79,6 +82,7 @@ def test_a_batched_trial_gives_what_it_gives_alone(setup, precision, stream):
     assert_same_result(batch, alone, engine.SAME_RESULT_RTOL[precision])
     for b, a in zip(batch, alone):
         assert b.record.val_loss == a.record.val_loss and b.record.curve == a.record.curve
+        assert b.record.val_curve == a.record.val_curve and len(a.record.val_curve) == 4  # three folded points
         for (name, x), y in zip(b.trainer.model.state_dict().items(), a.trainer.model.state_dict().values()):
             assert torch.equal(x, y), name
 
@@ -441,12 +445,18 @@ def test_records_say_which_precision_ran_and_why(setup, probe_env):
     assert run_batched([trial, trial.replace(seed=5)], data)[0].record.precision == "fp32"
 
 
-def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone(setup):
+def test_the_real_probe_times_both_precisions_and_leaves_the_rng_alone(setup, monkeypatch):
     config, data = setup
     trial = Trial.from_config(VANILLA, config.replace(d_model=16, n_heads=2, n_layers=1), data=data)
+    evaluated = []  # a validation point is K evaluations, not a training step: never among the timed steps
+    monkeypatch.setattr(Member, "validation_point", lambda self: evaluated.append(self.step))
+    assert all(min(engine.validation_steps(engine.timing_budget(n))) > n for n in range(1, 200))
     torch.manual_seed(3)
     before = torch.get_rng_state()
     times = engine.precision_step_times(trial, data, torch.device("cpu"), rounds=2, steps=1)
     assert set(times) == {"fp32", "bf16", "spread"} and all(t > 0 and math.isfinite(t) for t in times.values())
     assert times["spread"] >= 1.0
     assert torch.equal(torch.get_rng_state(), before)
+    _, seconds = engine.step_seconds([trial.replace(steps=7), trial.replace(seed=1, steps=7)], data,
+                                     device=torch.device("cpu"), warmup=2, steps=5)
+    assert evaluated == [] and seconds > 0

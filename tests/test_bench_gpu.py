@@ -39,8 +39,9 @@ def load_script():
 def test_smoke_run_writes_every_row(tmp_path):
     out = tmp_path / "tmp" / "x.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", WITHOUT, str(SCRIPT), "--smoke", "--out", str(out)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    env.update(EVO_ATTENTION_CACHE_DIR=str(tmp_path / "cache"), EVO_ATTENTION_BATCH_MODELS="auto")  # --auto: measured
+    done = subprocess.run([sys.executable, "-c", WITHOUT, str(SCRIPT), "--smoke", "--auto", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| config | K | precision |" in done.stdout
     result = json.loads(out.read_text())
@@ -52,6 +53,8 @@ def test_smoke_run_writes_every_row(tmp_path):
     assert "evaluation excluded" in result["notes"]["trainings_per_hour"]
     quick = result["configs"]["quick"]
     assert quick["status"] == "ok" and quick["budget_steps"] == 400
+    auto = quick["batch_models_auto"]  # what batch_models auto chose here, with the probe's times
+    assert auto["k"] in (1, 2, 4, 8) and auto["why"].startswith("auto: ") and "K=1 " in auto["why"]
     for name in ("wikitext_small", "seed"):  # quick only in a smoke run
         assert name not in result["configs"]
 

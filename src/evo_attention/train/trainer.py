@@ -289,7 +289,9 @@ class Member:
     def validation_point(self) -> None:
         """A point of the validation curve: the loss on the first VAL_BATCHES batches of the valid
         split at this step (evaluation draws nothing: the training goes on as it would)."""
-        loss = self.evaluate("valid", max_batches=VAL_BATCHES)["val_loss"]
+        self.add_validation_point(self.evaluate("valid", max_batches=VAL_BATCHES)["val_loss"])
+
+    def add_validation_point(self, loss: float) -> None:
         if math.isfinite(loss):
             self.val_curve.append([self.step, loss])
 
@@ -552,6 +554,35 @@ class Trainer:
             m.flops_per_step = self.flops_per_step
         return loss
 
+    @torch.no_grad()
+    def _validation_points(self) -> None:
+        """Every active member's point of its validation curve (``Member.validation_point``). Folded,
+        one forward pass of all K models per batch (each model's rows the same batch), each model's
+        rows scored with its own head: the sums each would make alone, in one pass instead of K."""
+        if self.stacked is None:
+            self.members[0].validation_point()
+            return
+        first, k = self.active[0], len(self.active)
+        cap = min(VAL_BATCHES, first.recipe.eval_steps or VAL_BATCHES)
+        nll = torch.zeros(k, dtype=torch.float64, device=self.device)
+        tokens = torch.zeros(k, dtype=torch.long, device=self.device)
+        weight = self.model.head.weight  # [K, vocab, d]
+        self.model.eval()
+        for x, y in self.data.eval_batches("valid", first.recipe.eval_batch_size, cap):
+            x, y = x.to(self.device), y.to(self.device)
+            self.rows.batch = x.shape[0]
+            with autocast(self.device, self.precision):
+                hidden, _ = self.model.hidden_states(x.repeat(k, *([1] * (x.dim() - 1))))  # [K * B, T, d]
+            for i, h in enumerate(hidden.split(x.shape[0])):
+                batch_nll, _, batch_tokens = linear_nll_stats(h, weight[i], y, dtype=first.matmul_dtype)
+                nll[i] += batch_nll
+                tokens[i] += batch_tokens
+        self.model.train()
+        if int(tokens.min()) == 0:  # as Member.evaluate: every model sees the same batches
+            raise UserError("the valid split has no scored tokens: check the dataset settings")
+        for m, loss in zip(self.active, (nll / tokens).tolist()):
+            m.add_validation_point(loss)
+
     def _drop(self, keep: list[int]) -> None:
         """Only the models at ``keep`` (indices into ``active``) train on."""
         for i, m in enumerate(self.active):
@@ -625,8 +656,7 @@ class Trainer:
                 m.tokens_seen += xs[i].numel()
                 m.train_time += elapsed / len(self.active)
             if self.step in checks:
-                for m in self.active:
-                    m.validation_point()
+                self._validation_points()
             if not closing:
                 continue
             finites = finite.tolist()
@@ -668,8 +698,11 @@ class Trainer:
 def step_seconds(trials: Sequence[Trial], data: TaskData, *, device: torch.device, warmup: int = 1, steps: int = 2,
                  repeats: int = 1) -> tuple[Trainer, float]:
     """``(trainer, seconds per step)`` of ``trials`` trained together by one ``Trainer``, after
-    ``warmup`` untimed steps: the fastest of ``repeats`` timings of ``steps`` steps (the trials must
-    span at least ``warmup + repeats * steps`` steps)."""
+    ``warmup`` untimed steps: the fastest of ``repeats`` timings of ``steps`` steps. A trial whose
+    budget is shorter than ``timing_budget`` of those steps gets that budget, so that no validation
+    point (K evaluations) falls among the timed steps: they time training alone."""
+    budget = timing_budget(warmup + repeats * steps)
+    trials = [t if t.schedule_steps >= budget else t.replace(steps=budget, budget=None) for t in trials]
     trainer = Trainer(trials, data, device=device)
     trainer.train(until_step=warmup)
     synchronize(device)
@@ -693,7 +726,7 @@ def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, 
 
     warm_steps = 1
     total = warm_steps + rounds * steps
-    base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
+    base = trial.replace(genome=AttentionGene.vanilla().key, steps=timing_budget(total), budget=None,
                          train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
     with torch.random.fork_rng(devices=[]):
         trainers = {p: Trainer(base.replace(train=base.train.replace(precision=p)), data, device=device)
@@ -776,6 +809,12 @@ def log_interval(log_every: int, steps: int) -> int:
 def validation_steps(steps: int) -> set[int]:
     """The steps before the end at which each member measures a point of its validation curve."""
     return {s for s in (round(steps * f) for f in VAL_POINTS) if 0 < s < steps}
+
+
+def timing_budget(steps: int) -> int:
+    """A budget whose first ``steps`` steps hold no validation point (the first is at a quarter of
+    it: round((4 s + 4) / 4) = s + 1): a timing of those steps times training steps alone."""
+    return 4 * steps + 4
 
 
 def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_state: bool, size: int, shared_s: float,

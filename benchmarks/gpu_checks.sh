@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 44 in one call of a lent CUDA machine (about 6 minutes on one H100):
+#   bits   the counter dropout stream's masks, the same bits on the CPU and the device
+#          (tests/test_dropout_counter.py; its CUDA test runs only where a device is);
+#   fold   the same trial on the device and on the CPU, alone and folded, both dropout streams, fp32
+#          (benchmarks/check_fold_device.py --against-cpu: what differs is the devices' rounding);
+#   bench  throughput with every mask computed on the device, and the K that batch_models auto picks
+#          there (benchmarks/bench_gpu.py --dropout-stream counter --auto);
+#   procs  PROCS processes (default 16) training one seed-config model each on the device at once,
+#          as a search's workers do (MPS started where the machine has it): each one's seconds per
+#          step over STEPS steps, their sum of steps per second, and what that makes of the seed
+#          study's 94 trainings of 5000 steps (training steps only).
+#
+#   OUT=DIR NAME=h100 DATA=DIR/wikitext-2 [PARTS="bits fold bench procs"] bash benchmarks/gpu_checks.sh
+#
+# Every file lands in OUT: NAME-counter-bits.log, fold-NAME-counter.json, fold-NAME-cpu-stream.json,
+# gpu-NAME-counter.json, gpu-NAME-procs.json, gpu-checks.log. A part that fails is logged and the
+# next one still runs; the exit status says whether all passed. Probes run in a fresh cache
+# directory (nothing measured elsewhere or under load is read). DEVICE=cpu runs the script itself
+# on a machine without a GPU (its numbers mean nothing).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-checks}
+NAME=${NAME:-gpu}
+DATA=${DATA:-../shared/data/wikitext-2}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+BENCH_LIMIT=${BENCH_LIMIT:-240}  # seconds after which bench_gpu.py starts no new measurement
+PARTS=${PARTS:-bits fold bench procs}
+PROCS=${PROCS:-16}
+STEPS=${STEPS:-300}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+EVO_ATTENTION_CACHE_DIR=$(mktemp -d)
+export EVO_ATTENTION_CACHE_DIR
+exec > >(tee -a "$OUT/gpu-checks.log") 2>&1
+failed=0
+part() {  # part TITLE COMMAND...: run one check, log its time and status, go on either way
+  local title=$1 start=$SECONDS
+  shift
+  echo "== $title ($(date -u +%H:%M:%S))"
+  "$@" || { echo "!! $title failed (exit $?)"; failed=1; }
+  echo "== $title: $((SECONDS - start)) s"
+}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+
+procs() {  # PROCS concurrent one-model trainings of the seed config; the sum of their steps per second
+  local dir i pids=()
+  dir=$(mktemp -d)
+  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d; then echo "MPS started"; fi
+  for i in $(seq "$PROCS"); do
+    OMP_NUM_THREADS=1 "$PY" benchmarks/bench_gpu.py --device "$DEVICE" --data-dir "$DATA" --configs seed --ks 1 \
+      --precisions bf16 --dropout-ks "" --dropout-stream counter --rounds 1 --warmup 20 --steps "$STEPS" \
+      --out "$dir/p$i.json" > "$dir/p$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"  # these alone: a bare wait would wait for the log's tee too
+  "$PY" benchmarks/gpu_procs_summary.py "$dir" --processes "$PROCS" --out "$OUT/gpu-$NAME-procs.json"
+}
+
+command -v nvidia-smi > /dev/null && nvidia-smi -L
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"
+want bits && part "counter bits, CPU and CUDA" bash -c "'$PY' -m pytest -q -p no:cacheprovider -rA tests/test_dropout_counter.py \
+  > '$OUT/$NAME-counter-bits.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-counter-bits.log'; exit \$status"
+if want fold; then
+  for stream in counter cpu; do
+    part "fold and CPU, $stream stream" "$PY" benchmarks/check_fold_device.py --device "$DEVICE" --precision fp32 \
+      --dropout-stream "$stream" --against-cpu --out "$OUT/fold-$NAME-${stream/cpu/cpu-stream}.json"
+  done
+fi
+want bench && part "bench_gpu, counter stream" "$PY" benchmarks/bench_gpu.py --data-dir "$DATA" --configs quick,seed \
+  --device "$DEVICE" --dropout-stream counter --ks 1,16,64,256 --precisions bf16 --dropout-ks 1,64 --rounds 2 --auto \
+  --time-limit "$BENCH_LIMIT" --out "$OUT/gpu-$NAME-counter.json"
+want procs && part "$PROCS processes, seed config" procs
+exit $failed
