@@ -37,7 +37,7 @@ from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import precision_step_times, step_seconds
 from evo_attention.util.errors import UserError
 
-BATCH_PROBE_VERSION = 2  # raised when the measurement changes (as environment.PROBE_VERSION)
+BATCH_PROBE_VERSION = 2  # raised when the measurement changes: cached answers of another version are measured again
 BATCH_PROBE_KS = (1, 2, 4, 8)  # a CPU: small models fill its cores at a few models per step
 # a GPU: a small model uses a sliver of the device; on an H100 64 quick-preset models per step gave 9.3x
 # the trainings per hour of one (docs/results/gpu/gpu-h100.json), so the probe goes on while memory lasts

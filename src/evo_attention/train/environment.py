@@ -69,7 +69,7 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # down; a probe whose rounds disagree (PROBE_STABLE_SPREAD) is not kept; one on a lightly loaded
 # machine may still choose wrongly: ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``)
 # measures again, or set the precision.
-PROBE_VERSION = 3  # raised when the measurement changes: cached answers of another version are measured again
+PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)
 PROBE_STEPS = 2  # timed steps per precision and round, after one untimed step each
