@@ -36,7 +36,9 @@ Tables (``table=``):
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
-- ``signal-noise-genes``: the same result's per-gene means per point.
+- ``signal-noise-genes``: the same result's per-gene means per point;
+- ``versus``: a ``benchmarks/findings3_versus.py`` result: genes of one validation against a
+  reference gene of another, paired by seed.
 """
 
 from __future__ import annotations
@@ -342,7 +344,29 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
-TABLES = {"suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+def versus(payload: dict) -> str:
+    """A ``benchmarks/findings3_versus.py`` result: each gene of the first file against the reference
+    gene of the second, paired by seed (mean, paired change with its interval, test, Holm p, the
+    equivalence test's Holm p at the margin, verdict)."""
+    from evo_attention.util.format import code
+
+    def mean(values) -> str:
+        kept = [v for v in values if v is not None]
+        return _num(sum(kept) / len(kept), 4) if kept else "-"
+
+    headers = ["Gene", f"Mean {(payload.get('metric') or 'value').replace('_', ' ')} ({len(payload['seeds'])} seeds)",
+               "vs the reference: paired change [95% CI]", "Test", "p (Holm)",
+               f"Equivalence p (Holm, margin {payload['margin']:g})", "Verdict"]
+    rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]]
+    for name, c in payload["genes"].items():
+        change = ("-" if c["diff_ci_low"] is None else
+                  f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
+        rows.append([code(name), mean(c["values"]), change, str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
+                     c["verdict_label"]])
+    return _markdown(headers, rows, "lrrlrrl")
+
+
+TABLES = {"versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 
