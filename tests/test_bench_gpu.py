@@ -115,3 +115,20 @@ def test_time_limit_marks_the_rest(tmp_path, monkeypatch, capsys):
     assert result["configs"] == {"quick": {"status": "skipped: time limit"},
                                  "seed": {"status": "skipped: no --data-dir given (WikiText-2)"}}
     assert json.loads((tmp_path / "r.json").read_text())["complete"] is False
+
+
+def test_the_processes_summary_sums_steps_per_second_and_states_the_seed_study(tmp_path):
+    """benchmarks/gpu_procs_summary.py (gpu_checks.sh's procs part): N processes' bench files -> their
+    summed steps per second and the seed study's training minutes at that rate; a failed one is left out."""
+    spec = importlib.util.spec_from_file_location("gpu_procs_summary", REPO / "benchmarks" / "gpu_procs_summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    for i, (seconds, status) in enumerate([(0.02, "ok"), (0.04, "ok"), (None, "oom")]):
+        row = {"status": status, "seconds_per_step": seconds, "ms_per_step": seconds and 1e3 * seconds}
+        (tmp_path / f"p{i}.json").write_text(json.dumps({"device": {"name": "X"}, "settings": {"configs": ["seed"]},
+                                                         "started": "t0", "updated": "t1", "rows": [row]}))
+    out = tmp_path / "procs.json"
+    result = summary.main([str(tmp_path), "--processes", "3", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and result["ok"] == 2 and result["processes"] == 3
+    assert result["steps_per_s_total"] == pytest.approx(1 / 0.02 + 1 / 0.04)
+    assert result["seed_study_training_minutes"] == pytest.approx(94 * 5000 / 75 / 60)
