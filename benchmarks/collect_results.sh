@@ -5,7 +5,9 @@
 set -euo pipefail
 out=$1 dest=$2
 mkdir -p "$dest"
-find "$out" -name '*.json' -not -path '*/models/*' -not -path '*/checkpoints/*' -size -2M | while read -r f; do
+# results only: no saved model (its config and the vocabulary beside it are built from a corpus)
+find "$out" -name '*.json' -not -path '*/models/*' -not -path '*/model/*' -not -path '*/checkpoints/*' \
+  -not -name vocab.json -not -name tokenizer.json -size -2M | while read -r f; do
   target="$dest/${f#"$out"/}"
   mkdir -p "$(dirname "$target")" && cp "$f" "$target"
 done
