@@ -216,6 +216,35 @@ def _fold_problem(genome: str, model, factories: tuple) -> str | None:
 # One trial's training
 # ---------------------------------------------------------------------------------------------
 
+@torch.no_grad()
+def evaluation_sums(model, data: TaskData, split: str, batch_size: int, cap: int | None, *, device: torch.device,
+                    precision: str, models: int = 1, rows: Rows | None = None):
+    """(summed NLL as float64, correct next-token predictions, scored tokens), each [models], over
+    the first ``cap`` evaluation batches of ``split``: of one model, or of ``models`` folded ones
+    (``rows``: their batch rows), each model's rows the same batch scored with its own head, so each
+    gets the sums it gets alone. UserError where the batches hold no scored token."""
+    nll = torch.zeros(models, dtype=torch.float64, device=device)
+    correct = torch.zeros(models, dtype=torch.long, device=device)
+    tokens = torch.zeros(models, dtype=torch.long, device=device)
+    heads = [model.head.weight] if models == 1 else model.head.weight  # [vocab, d]; folded [K, vocab, d]
+    model.eval()
+    for x, y in data.eval_batches(split, batch_size, cap):
+        x, y = x.to(device), y.to(device)
+        if rows is not None:
+            rows.batch = x.shape[0]
+        with autocast(device, precision):
+            hidden, _ = model.hidden_states(x if models == 1 else x.repeat(models, *([1] * (x.dim() - 1))))
+        for i, h in enumerate(hidden.split(x.shape[0])):  # [B, T, d] per model
+            batch_nll, batch_correct, batch_tokens = linear_nll_stats(h, heads[i], y, dtype=matmul_dtype(precision))
+            nll[i] += batch_nll
+            correct[i] += batch_correct
+            tokens[i] += batch_tokens
+    model.train()
+    if int(tokens.min()) == 0:  # every model sees the same batches
+        raise UserError(f"the {split} split has no scored tokens: check the dataset settings")
+    return nll, correct, tokens
+
+
 class Member:
     """One trial of a ``Trainer``: its model (its own weights; views of the batch's stacked weights
     while it trains folded), batches, dropout stream, recipe, curve, counters and divergence; its
@@ -249,10 +278,6 @@ class Member:
 
     def lr_at(self, step: int) -> float:
         return scheduled_rate(self.recipe, step, self.train_steps)
-
-    @property
-    def matmul_dtype(self) -> torch.dtype:
-        return matmul_dtype(self.precision)
 
     @property
     def absurd_loss(self) -> float:
@@ -295,31 +320,20 @@ class Member:
         if math.isfinite(loss):
             self.val_curve.append([self.step, loss])
 
+    def eval_cap(self, max_batches: int | None = None) -> int | None:
+        """The evaluation batches to score: eval_steps, or ``max_batches`` where that is smaller."""
+        return self.recipe.eval_steps if max_batches is None else min(max_batches, self.recipe.eval_steps or max_batches)
+
     def evaluate(self, split: str = "valid", max_batches: int | None = None) -> dict:
         """Exact token-weighted NLL, perplexity and accuracy over the split (eval_steps caps batches;
         ``max_batches``, smaller, caps them further)."""
-        cap = self.recipe.eval_steps if max_batches is None else min(max_batches, self.recipe.eval_steps or max_batches)
-        self.model.eval()
-        nll = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
-        tokens = torch.zeros((), dtype=torch.long, device=self.device)
-        for x, y in self.data.eval_batches(split, self.recipe.eval_batch_size, cap):
-            x, y = x.to(self.device), y.to(self.device)
-            with autocast(self.device, self.precision):
-                hidden, _ = self.model.hidden_states(x)
-            batch_nll, batch_correct, batch_tokens = linear_nll_stats(hidden, self.model.head.weight, y,
-                                                                      dtype=self.matmul_dtype)
-            nll += batch_nll
-            correct += batch_correct
-            tokens += batch_tokens
-        self.model.train()
-        n = int(tokens)
-        if n == 0:
-            raise UserError(f"the {split} split has no scored tokens: check the dataset settings")
-        mean = float(nll) / n
+        sums = evaluation_sums(self.model, self.data, split, self.recipe.eval_batch_size, self.eval_cap(max_batches),
+                               device=self.device, precision=self.precision)
+        nll, correct, n = float(sums[0][0]), int(sums[1][0]), int(sums[2][0])
+        mean = nll / n
         total = n if self.recipe.eval_steps is None else self.data.scored_tokens(split)
         text = self.data.scored_text(split, self.recipe.eval_batch_size, self.recipe.eval_steps)
-        bits = float(nll) / math.log(2)
+        bits = nll / math.log(2)
         per_text = {} if not text else {
             "eval_bytes": text["bytes"], "eval_chars": text["chars"],
             "bits_per_byte": bits / text["bytes"] if text["bytes"] else None,
@@ -328,7 +342,7 @@ class Member:
             **per_text,
             "val_loss": mean,
             "val_perplexity": math.exp(mean) if mean < 700 else float("inf"),
-            "accuracy": int(correct) / n,
+            "accuracy": correct / n,
             "eval_tokens": n,
             "eval_split": split,
             "eval_tokens_total": total,  # scored targets in the whole split
@@ -562,24 +576,10 @@ class Trainer:
         if self.stacked is None:
             self.members[0].validation_point()
             return
-        first, k = self.active[0], len(self.active)
-        cap = min(VAL_BATCHES, first.recipe.eval_steps or VAL_BATCHES)
-        nll = torch.zeros(k, dtype=torch.float64, device=self.device)
-        tokens = torch.zeros(k, dtype=torch.long, device=self.device)
-        weight = self.model.head.weight  # [K, vocab, d]
-        self.model.eval()
-        for x, y in self.data.eval_batches("valid", first.recipe.eval_batch_size, cap):
-            x, y = x.to(self.device), y.to(self.device)
-            self.rows.batch = x.shape[0]
-            with autocast(self.device, self.precision):
-                hidden, _ = self.model.hidden_states(x.repeat(k, *([1] * (x.dim() - 1))))  # [K * B, T, d]
-            for i, h in enumerate(hidden.split(x.shape[0])):
-                batch_nll, _, batch_tokens = linear_nll_stats(h, weight[i], y, dtype=first.matmul_dtype)
-                nll[i] += batch_nll
-                tokens[i] += batch_tokens
-        self.model.train()
-        if int(tokens.min()) == 0:  # as Member.evaluate: every model sees the same batches
-            raise UserError("the valid split has no scored tokens: check the dataset settings")
+        first = self.active[0]
+        nll, _, tokens = evaluation_sums(self.model, self.data, "valid", first.recipe.eval_batch_size,
+                                         first.eval_cap(VAL_BATCHES), device=self.device, precision=self.precision,
+                                         models=len(self.active), rows=self.rows)
         for m, loss in zip(self.active, (nll / tokens).tolist()):
             m.add_validation_point(loss)
 
