@@ -317,6 +317,13 @@ def search_top(payload: dict) -> str:
     return _markdown(headers, rows, "llrr")
 
 
+def _change(c: dict) -> str:
+    """A paired comparison's change with its 95% interval ("-" where it has none)."""
+    if c["diff_ci_low"] is None:
+        return "-"
+    return f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]"
+
+
 def _devices(devices) -> str:
     """Where a gene's seeds trained: each device once, in seed order ("-" where not recorded)."""
     if not devices:
@@ -333,9 +340,7 @@ def curve_verdicts(payload: dict) -> str:
                "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]
     rows = [[code(reference), _per_seed(payload["values"][reference]), "reference", "", "", "", ""]]
     for name, c in payload["comparisons"].items():
-        change = ("-" if c["diff_ci_low"] is None else
-                  f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
-        rows.append([code(name), _per_seed(payload["values"][name]), change, str(c["n_pairs"]), _p(c["p_holm"]),
+        rows.append([code(name), _per_seed(payload["values"][name]), _change(c), str(c["n_pairs"]), _p(c["p_holm"]),
                      c["verdict_label"], "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
     if devices:
         headers.append("Trained on")
@@ -359,9 +364,7 @@ def versus(payload: dict) -> str:
                f"Equivalence p (Holm, margin {payload['margin']:g})", "Verdict"]
     rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]]
     for name, c in payload["genes"].items():
-        change = ("-" if c["diff_ci_low"] is None else
-                  f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]")
-        rows.append([code(name), mean(c["values"]), change, str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
+        rows.append([code(name), mean(c["values"]), _change(c), str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
                      c["verdict_label"]])
     return _markdown(headers, rows, "lrrlrrl")
 
