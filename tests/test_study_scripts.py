@@ -263,3 +263,23 @@ def test_curve_verdicts_say_where_each_seed_trained(tmp_path):
     assert reference.rstrip(" |").endswith("cuda:0") and sparsemax.rstrip(" |").endswith("cpu, -")
     del result["devices"]  # a result written before devices were recorded: no column
     assert "Trained on" not in doc_tables.curve_verdicts(result)
+
+
+def test_store_times_counts_each_role_and_reports_gaps_without_a_stored_training():
+    """benchmarks/store_times.py: per role the trainings, first and last stored, the summed time, and
+    the stretches longer than the gap in which no training was stored (a stop and resume)."""
+    from types import SimpleNamespace
+
+    times = _script("store_times")
+    at = ["2026-11-26T08:00:00+00:00", "2026-11-26T08:01:00+00:00", "2026-11-26T08:30:00+00:00"]
+    records = [SimpleNamespace(role="search", created_at=t, time_s=60.0) for t in at]
+    records.append(SimpleNamespace(role="baseline", created_at=at[0], time_s=None))
+    out = times.store_times(records, gap_s=600)
+    search = out["search"]
+    assert search["trainings"] == 3 and search["summed_time_s"] == 180.0 and search["span_s"] == 1800
+    assert search["gaps"] == [{"from": "2026-11-26T08:01:00+00:00", "to": "2026-11-26T08:30:00+00:00",
+                               "seconds": 1740}]
+    assert search["span_without_gaps_s"] == 60
+    assert out["baseline"] == {"trainings": 1, "first_stored": "2026-11-26T08:00:00+00:00",
+                               "last_stored": "2026-11-26T08:00:00+00:00", "span_s": 0, "gaps": [],
+                               "span_without_gaps_s": 0, "summed_time_s": 0.0}
