@@ -7,7 +7,7 @@ fresh process with its own environment: ``evo-attention bench --preset quick --p
 --steps N --json`` (the product's own timing), with
 
 - ``today``: the settings of evo-attention 0.4 (``EVO_ATTENTION_THREADS=off``: OpenMP's defaults);
-- ``product``: what the CLI chooses now (``util.threads``);
+- ``product``: what the CLI chooses now (``util.threads``: the load watch);
 - any ``NAME=ENV`` given with ``--arm`` (e.g. ``--arm passive=OMP_WAIT_POLICY=PASSIVE``).
 
 Each round times every arm idle and beside the competitor (a separate process running 2-thread
@@ -15,7 +15,9 @@ PyTorch matrix products with OpenMP's default spinning, as a second training or 
 would), arms in an order that alternates between rounds. The competitor starts a second before
 the arm and stops after it. Every arm gets a fresh probe cache directory (a probe taken under load
 is never kept, but a fresh one keeps the arms alike). The result keeps each arm's ms per step per
-round and condition, the median over rounds, and the ratios busy / idle and idle / today's idle.
+round and condition, what each measurement's watch saw (``thread_waits``: short or long waits, the
+other processes' load, switches), the median over rounds, and the ratios busy / idle and idle /
+today's idle. The competitor runs before the arm starts, so the watch's first sample sees it.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def competitor(seconds: float) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def time_arm(env_changes: dict, steps: int, smoke: bool) -> float:
-    """ms per step of the quick preset in a fresh process with ``env_changes``."""
+def time_arm(env_changes: dict, steps: int, smoke: bool) -> tuple[float, str | None]:
+    """ms per step of the quick preset in a fresh process with ``env_changes``, and how its OpenMP
+    threads waited (``thread_waits``: what its load watch saw)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "EVO_ATTENTION_THREADS"))}
     env.update(env_changes)
     with tempfile.TemporaryDirectory() as cache:
@@ -65,7 +68,7 @@ def time_arm(env_changes: dict, steps: int, smoke: bool) -> float:
     if out.returncode != 0:
         raise SystemExit(f"bench failed ({' '.join(command)}): {out.stderr.strip()[-400:]}")
     payload = json.loads(out.stdout)
-    return float(payload["ms_per_step"])
+    return float(payload["ms_per_step"]), payload.get("thread_waits")
 
 
 def main(argv=None) -> int:
@@ -83,17 +86,22 @@ def main(argv=None) -> int:
         arms[name] = dict(part.split("=", 1) for part in env.split(",") if part)
     rounds = 1 if args.smoke else args.rounds
     times = {name: {"idle": [], "busy": []} for name in arms}
+    waits = {name: {"idle": [], "busy": []} for name in arms}
     for r in range(rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
-            times[name]["idle"].append(time_arm(arms[name], args.steps, args.smoke))
-            job = competitor(600)
-            try:
-                time.sleep(1.0)
-                times[name]["busy"].append(time_arm(arms[name], args.steps, args.smoke))
-            finally:
-                job.kill()
-                job.wait()
+            for condition in ("idle", "busy"):
+                job = competitor(600) if condition == "busy" else None
+                try:
+                    if job is not None:
+                        time.sleep(1.0)
+                    ms, wait = time_arm(arms[name], args.steps, args.smoke)
+                finally:
+                    if job is not None:
+                        job.kill()
+                        job.wait()
+                times[name][condition].append(ms)
+                waits[name][condition].append(wait)
     today_idle = statistics.median(times["today"]["idle"])
     summary = {}
     for name, t in times.items():
@@ -102,7 +110,7 @@ def main(argv=None) -> int:
                          "busy_over_today_idle": busy / today_idle, "idle_over_today_idle": idle / today_idle}
     result = {"kind": "busy-machine", "preset": "quick", "precision": "fp32", "rounds": rounds, "steps": args.steps,
               "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-              "arms": arms, "ms_per_step": times, "summary": summary,
+              "arms": arms, "ms_per_step": times, "thread_waits": waits, "summary": summary,
               "command": "python benchmarks/bench_busy.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,12 @@ def test_the_device_form_and_the_cpu_form_are_the_same_function(monkeypatch):
                            counter_module._counter_lanes_numpy(pairs, keys))
         assert torch.equal(counter_module._counter_lanes_torch(pairs, keys[:1], None),
                            counter_module._counter_lanes_numpy(pairs, keys[:1]))
+        table = torch.tensor(keys, dtype=torch.int64)  # keys already in a tensor (a CUDA graph's form)
+        assert torch.equal(counter_module._counter_lanes_torch(pairs, table, "cpu"),
+                           counter_module._counter_lanes_numpy(pairs, keys))
+        assert torch.equal(counter_module._counter_lanes_torch(pairs, table[1:2], "cpu"),
+                           counter_module._counter_lanes_numpy(pairs, keys[1:2]))
+    assert torch.equal(counter_keep_mask((3, 7), 0.3, torch.tensor(keys)), counter_keep_mask((3, 7), 0.3, keys))
     monkeypatch.setattr(counter_module, "_CPU_BLOCK", 4)
     for n in (7, 8, 9, 33):  # blocks of 4 pairs: whole and partial blocks, odd and even sizes
         mask = counter_keep_mask((2, n), 0.4, [counter_key(0, 1, 2), counter_key(1, 1, 2)])

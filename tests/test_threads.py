@@ -1,27 +1,133 @@
-"""How OpenMP threads wait (util/threads.py): set before torch loads, never over the user's choice."""
+"""How OpenMP threads wait (util/threads.py): they follow the other processes' load, never over the
+user's choice, and never change a result."""
 
+import os
 import subprocess
 import sys
+import time
+
+import pytest
+import torch
 
 from evo_attention.util import threads
 
 
-def test_configure_sets_the_wait_settings_unless_the_user_chose():
+def test_configure_watches_the_load_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr(threads, "_state", threads._state)  # restored after the test
+    monkeypatch.setattr(threads, "_mode", threads._mode)
     env = {}
-    assert threads.configure(env) == "GOMP_SPINCOUNT=1000" and env == threads.SETTINGS
+    assert threads.configure(env).startswith("OpenMP's defaults, short waits while other processes use the cores")
+    assert env == {}  # the watch needs no setting before torch loads
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
     assert "the user's settings (OMP_WAIT_POLICY=PASSIVE)" == threads.configure(env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
     env = {threads.OFF: "off"}
     assert threads.configure(env).startswith("OpenMP's defaults") and env == {threads.OFF: "off"}
+    monkeypatch.setattr(threads, "PROC_STAT", "/nonexistent/stat")  # no load to read: a fixed short spin
+    env = {}
+    assert threads.configure(env) == "GOMP_SPINCOUNT=1000" and env == threads.FALLBACK
 
 
-def test_importing_the_library_sets_them_before_torch_loads():
+def test_importing_the_library_leaves_the_waits_to_the_watch():
     code = ("import os, sys; import evo_attention; from evo_attention.util import threads; "
-            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules, threads.state())")
+            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules, threads.watch(), threads.state())")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.split()[:2] == ["1000", "True"], out.stderr
-    late = subprocess.run([sys.executable, "-c", "import torch; " + code], capture_output=True, text=True, env=env,
-                          timeout=120)
-    assert late.stdout.startswith("None True OpenMP's defaults (torch was imported before"), late.stderr
+    assert out.stdout.split()[:3] == ["None", "True", "True"], out.stderr
+    assert "(now long waits, others used" in out.stdout
+    user = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "GOMP_SPINCOUNT": "5000"}, timeout=120)
+    assert user.stdout.split()[:3] == ["5000", "True", "False"], user.stderr  # the user's choice: no watch
+    one = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert one.stdout.split()[2] == "False", one.stderr  # one torch thread: no parallel region to wait in
+
+
+def test_others_cores_is_the_busy_time_this_process_did_not_use():
+    assert threads.others_cores((0.0, 10.0, 1.0), (0.5, 11.5, 1.5)) == pytest.approx(2.0)  # 1.5 s busy, 0.5 ours
+    assert threads.others_cores((0.0, 10.0, 1.0), (0.5, 10.5, 1.6)) == 0.0  # tick rounding never goes below 0
+    assert threads.others_cores((1.0, 0.0, 0.0), (1.0, 5.0, 0.0)) == 0.0
+    before = threads.sample()
+    assert len(before) == 3 and before[1] > 0
+
+
+def test_the_hysteresis_goes_busy_at_once_and_idle_after_quiet_samples():
+    h = threads.Hysteresis()
+    assert [h.update(x) for x in (0.1, 0.49, 0.6, 0.3, 0.2, 0.6, 0.1, 0.1, 0.1)] == \
+        [False, False, True, True, True, True, True, False, False]
+    # 0.3 is not quiet (above IDLE_CORES): it restarts the count
+    h = threads.Hysteresis()
+    assert [h.update(x) for x in (0.9, 0.1, 0.3, 0.1, 0.1)] == [True, True, True, True, False]
+
+
+def _train_and_sum(throttled: bool) -> list[torch.Tensor]:
+    from evo_attention.genes import AttentionGene
+    from evo_attention.train.presets import build_config
+    from evo_attention.data import data_from_config
+    from evo_attention.train.trainer import Trainer
+
+    config = build_config("quick", overrides={"train_steps": 12, "log_every": 4, "precision": "fp32",
+                                              "compile": "off", "d_model": 32, "batch_size": 8})
+    throttle = threads.Throttle()
+    if throttled:
+        throttle.engage()
+    try:
+        trainer = Trainer.from_config(AttentionGene.vanilla(), config, data_from_config(config), device="cpu")
+        trainer.train()
+    finally:
+        throttle.release()
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not threads.libgomp_loaded() or torch.get_num_threads() < 2,
+                    reason="the throttle is GNU OpenMP's, with more than one thread")
+def test_the_throttle_holds_a_team_of_threads_while_on():
+    throttle = threads.Throttle()
+    before = _os_threads()
+    throttle.engage()
+    try:
+        assert throttle.on and _os_threads() >= before + torch.get_num_threads()  # the helper and its team
+    finally:
+        throttle.release()
+    deadline = time.monotonic() + 5  # the team's threads end a moment after the helper
+    while _os_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not throttle.on and _os_threads() == before  # libgomp freed the team with its thread
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one torch thread: no parallel region to wait in")
+def test_short_waits_change_no_result():
+    plain, short = _train_and_sum(False), _train_and_sum(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, short))
+
+
+BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+@pytest.mark.skipif(not threads.libgomp_loaded() or torch.get_num_threads() < 2,
+                    reason="the throttle is GNU OpenMP's, with more than one thread")
+def test_the_watch_follows_a_competing_process(monkeypatch):
+    monkeypatch.setattr(threads, "INTERVAL", 0.2)
+    watch = threads.Watch()
+    try:
+        assert not watch.throttle.on, watch.summary()  # the test process alone
+        job = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            deadline = time.monotonic() + 10
+            while not watch.throttle.on and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert watch.throttle.on, watch.summary()
+        finally:
+            job.kill()
+            job.wait()
+        deadline = time.monotonic() + 10
+        while watch.throttle.on and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not watch.throttle.on and watch.switches == 2, watch.summary()
+    finally:
+        watch.stop()
+    assert not watch.alive and not watch.throttle.on

@@ -75,10 +75,13 @@ def _lowbias32_(x: torch.Tensor) -> torch.Tensor:
     return x.bitwise_xor_(torch.bitwise_right_shift(x, _HASH_SHIFTS[-1], out=tmp))
 
 
-def _counter_lanes_torch(pairs: int, keys: Sequence[tuple[int, int]], device) -> torch.Tensor:
-    """The lanes [K, 2 * pairs] (int16) of ``h(j)``, j < pairs, per key: int64 tensor ops on ``device``."""
+def _counter_lanes_torch(pairs: int, keys: Sequence[tuple[int, int]] | torch.Tensor, device) -> torch.Tensor:
+    """The lanes [K, 2 * pairs] (int16) of ``h(j)``, j < pairs, per key: int64 tensor ops on ``device``.
+    ``keys`` may be an int64 tensor [K, 2] on the device already (a CUDA graph reads them there)."""
     x = torch.arange(pairs, dtype=torch.int64, device=device)
-    if len(keys) == 1:
+    if isinstance(keys, torch.Tensor):
+        x = torch.addcmul(keys[:, 1:], x, keys[:, :1])  # [K, pairs]: a_k * j + b_k, exact in int64
+    elif len(keys) == 1:
         (a, b), = keys
         x = x.mul_(a).add_(b).unsqueeze(0)
     else:
@@ -120,13 +123,13 @@ def _counter_lanes_numpy(pairs: int, keys: Sequence[tuple[int, int]]) -> torch.T
     return torch.from_numpy(out)
 
 
-def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[int, int]],
+def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[int, int]] | torch.Tensor,
                       device: torch.device | str | None = None) -> torch.Tensor:
     """A bool tensor of ``shape`` on ``device``, True (keep) with probability 1 - q: the counter
     stream (module docstring). Its rows (dimension 0) split model-major into ``len(keys)`` equal
-    parts; part k is hashed with ``keys[k]`` (``counter_key``) and counts its elements from 0.
-    On the CPU the hashes are numpy uint32 arithmetic, elsewhere int64 tensor ops on the device:
-    the same function, the same bits."""
+    parts; part k is hashed with ``keys[k]`` (``counter_key``; or row k of an int64 tensor [K, 2]
+    of them on ``device``) and counts its elements from 0. On the CPU the hashes are numpy uint32
+    arithmetic, elsewhere int64 tensor ops on the device: the same function, the same bits."""
     shape = tuple(shape)
     models = len(keys)
     if models < 1 or (shape[0] if shape else 1) % models:
@@ -137,6 +140,8 @@ def counter_keep_mask(shape: torch.Size | tuple, p: float, keys: Sequence[tuple[
                            f"{MAX_COUNTER_ELEMENTS:,}")
     pairs = (n + 1) // 2
     on_cpu = device is None or torch.device(device).type == "cpu"
+    if on_cpu and isinstance(keys, torch.Tensor):
+        keys = [tuple(k) for k in keys.tolist()]
     lanes = _counter_lanes_numpy(pairs, keys) if on_cpu else _counter_lanes_torch(pairs, keys, device)
     keep = lanes >= drop_threshold(p) - (1 << (LANE_BITS - 1))
     return (keep if 2 * pairs == n else keep[:, :n]).reshape(shape)

@@ -27,6 +27,7 @@ from evo_attention.train.batching import models_per_batch
 from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, write_probe_once
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer
+from evo_attention.util import threads
 from evo_attention.util.errors import UserError
 
 
@@ -191,6 +192,7 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
         "precision": trainer.precision,
         "compiled": compiled,
         "threads": torch.get_num_threads(),
+        "thread_waits": threads.state(),  # how OpenMP's threads wait, and what the load watch saw (util/threads.py)
         "models": models,  # models trained by one trainer (batched when more than one)
         "batch_size": config.batch_size,
         "seq_len": data.seq_len,

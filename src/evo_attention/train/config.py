@@ -20,7 +20,8 @@ from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
 from evo_attention.train.schedules import SCHEDULES, takes_warmup, uses_decay
-from evo_attention.train.spec import COMPILE_MODES, DROPOUT_STREAMS, PRECISIONS, TaskSpec, TrainSpec, freeze, steps_of
+from evo_attention.train.spec import (COMPILE_MODES, CUDA_GRAPH_MODES, DROPOUT_STREAMS, PRECISIONS, TaskSpec, TrainSpec,
+                                      freeze, steps_of)
 from evo_attention.util.errors import UserError
 
 FIDELITIES = ("full", "halving")
@@ -354,6 +355,7 @@ def _check_training(c: Config) -> None:
     _choice(c, "precision", PRECISIONS)
     _choice(c, "dropout_stream", DROPOUT_STREAMS)
     _choice(c, "compile", COMPILE_MODES)
+    _choice(c, "cuda_graph", CUDA_GRAPH_MODES)
     if not isinstance(c.device, str) and isinstance(getattr(c.device, "type", None), str):
         c.device = str(c.device)  # a torch.device (e.g. the original's get_device()) is kept as its name
     if not isinstance(c.device, str) or not c.device:

@@ -202,11 +202,13 @@ def matmul_dtype(precision: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
-def autocast(device: torch.device, precision: str):
-    """The mixed-precision context of ``precision`` on ``device`` (a no-op for fp32)."""
+def autocast(device: torch.device, precision: str, cache: bool = True):
+    """The mixed-precision context of ``precision`` on ``device`` (a no-op for fp32). ``cache``:
+    keep each weight's cast for the context's life (a CUDA graph's capture needs it off: the same
+    casts, recomputed, so the same values)."""
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=matmul_dtype(precision))
+    return torch.autocast(device_type=device.type, dtype=matmul_dtype(precision), cache_enabled=cache)
 
 
 def versions() -> dict:

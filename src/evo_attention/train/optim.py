@@ -40,28 +40,48 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decayed, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def torch_adamw(model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device):
-    """PyTorch's AdamW over ``model`` under the rules (fused on CUDA)."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=BETAS, eps=ADAM_EPS,
-                             **({"fused": True} if device.type == "cuda" else {}))
+def torch_adamw(model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device, *,
+                graphable: bool = False):
+    """PyTorch's AdamW over ``model`` under the rules (fused on CUDA). ``graphable`` (CUDA): its
+    rate a tensor on the device and ``capturable``, so that a CUDA graph can replay its step; the
+    fused kernel reads the same float32 rate either way."""
+    options = {"fused": True} if device.type == "cuda" else {}
+    lr = learning_rate
+    if graphable:
+        lr, options["capturable"] = torch.tensor(learning_rate, dtype=torch.float32, device=device), True
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=BETAS, eps=ADAM_EPS, **options)
 
 
 class SingleAdamW:
-    """One model: PyTorch's AdamW and ``clip_grad_norm_``."""
+    """One model: PyTorch's AdamW and ``clip_grad_norm_``. ``graphable``: see ``torch_adamw``;
+    ``set_rate`` then writes the rate into the device tensor a CUDA graph's ``update`` reads."""
 
-    def __init__(self, model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device):
-        self.model = model
-        self.torch = torch_adamw(model, learning_rate, weight_decay, device)
+    def __init__(self, model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device, *,
+                 graphable: bool = False):
+        self.model, self.device, self.graphable = model, device, graphable
+        self.torch = torch_adamw(model, learning_rate, weight_decay, device, graphable=graphable)
 
     def zero_grad(self) -> None:
         self.torch.zero_grad(set_to_none=True)
 
+    def set_rate(self, rate: float) -> None:
+        for group in self.torch.param_groups:
+            if not self.graphable:
+                group["lr"] = rate
+            elif isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(rate)  # in place: a captured step reads this tensor
+            else:  # a loaded state_dict's float rate: a tensor again, before any capture
+                group["lr"] = torch.tensor(rate, dtype=torch.float32, device=self.device)
+
+    def update(self, max_norm: float) -> None:
+        """Clip the gradients and take AdamW's step at the rate set last (what a CUDA graph captures)."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.torch.step()
+
     def step(self, rates: Sequence[float], weight_decays: Sequence[float], max_norms: Sequence[float]) -> None:
         (rate,), (max_norm,) = rates, max_norms  # the weight decay is the group's, set at construction
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        for group in self.torch.param_groups:
-            group["lr"] = rate
-        self.torch.step()
+        self.set_rate(rate)
+        self.update(max_norm)
 
 
 class StackedAdamW:

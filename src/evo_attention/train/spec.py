@@ -61,6 +61,7 @@ def thaw(value: Any) -> Any:
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPILE_MODES = ("auto", "on", "off")
+CUDA_GRAPH_MODES = ("auto", "off")
 # where dropout masks come from (nn.dropout): cpu, each model's seeded CPU generator (masks copied to
 # the device); counter, a hash of (seed, step, call, element) computed on the device
 DROPOUT_STREAMS = ("cpu", "counter")
@@ -105,6 +106,11 @@ class TrainSpec:
                            help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
     device: str = setting("auto", flag="device", parse="str", key=False, compare=False,
                           help="auto, cpu, cuda, cuda:N or mps")
+    # a CUDA graph replays the step's kernels: the same operations without their launch overhead
+    cuda_graph: str = setting("auto", flag="cuda-graph", parse="str", choices=CUDA_GRAPH_MODES, key=False,
+                              compare=False,
+                              help="on a CUDA device, capture one training step as a CUDA graph and replay it "
+                                   "(auto: one model, not compiled, no dropout mask drawn on the CPU; off: eager)")
 
     def replace(self, **changes: Any) -> "TrainSpec":
         return dataclasses.replace(self, **changes)

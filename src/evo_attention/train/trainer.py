@@ -91,10 +91,13 @@ from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PR
                                              peak_memory_mb,
                                              reset_peak_memory, resolve_compile, resolve_device, synchronize,
                                              versions)
+from evo_attention.train import graph
+from evo_attention.train.graph import CAPTURE_AFTER, StepGraph
 from evo_attention.train.optim import SingleAdamW, StackedAdamW, adamw_state
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.schedules import scheduled_rate
 from evo_attention.train.spec import Trial
+from evo_attention.util import threads
 from evo_attention.util.errors import UserError
 from evo_attention.util.memory import check_memory
 
@@ -267,6 +270,7 @@ class Member:
         self.batches = data.train_batches(self.recipe.batch_size, self.generator)
         self.optimizer: torch.optim.Optimizer | None = None  # PyTorch's AdamW state, for state_dict
         self.compiled = False
+        self.cuda_graph: str | None = None  # on CUDA: how its steps ran (train.graph)
         self.step = 0
         self.curve: list = []  # [step, mean train loss over the last log interval]
         self.val_curve: list = []  # [step, validation loss on VAL_BATCHES batches] at VAL_POINTS of the budget
@@ -449,6 +453,8 @@ class Trainer:
     continue. A trainer of one trial reads as its member: ``trainer.model``, ``.curve``,
     ``.evaluate()``, ``.state_dict()`` are that trial's."""
 
+    graph_class = StepGraph  # how a step is captured and replayed on CUDA (train.graph)
+
     def __init__(self, trials: Trial | Sequence[Trial], data: TaskData, *,
                  device: str | torch.device | None = None):
         trials = [trials] if isinstance(trials, Trial) else list(trials)
@@ -457,6 +463,8 @@ class Trainer:
         first = trials[0]
         self.trials, self.data = trials, data
         self.device = resolve_device(device if device is not None else first.train.device)
+        if self.device.type == "cpu":
+            threads.watch()  # OpenMP's waits follow the other processes' load (util/threads.py)
         # the model's vocabulary and window come from the data
         self.spec = first.model.with_data(data.vocab_size, data.seq_len)
         check_training_memory(self.spec, first.gene, len(trials), self.device)  # before any model is built
@@ -477,22 +485,29 @@ class Trainer:
         self.flops_per_step: int | None = None
         # ``stepper``: the optimizer step of every member (``train.optim``): PyTorch's AdamW for one
         # model (``trainer.optimizer`` of a one-trial trainer is that AdamW), a stacked one for K
+        self.graph: StepGraph | None = None
+        self.graph_problem: str | None = None
         if len(trials) == 1:
             member = self.members[0]
             self.rows, self.stacked = None, None
             self.model = member.model
-            self.stepper = SingleAdamW(self.model, member.recipe.learning_rate, member.recipe.weight_decay,
-                                       self.device)
-            member.optimizer = self.stepper.torch
             member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes,
                                               member.train_steps)
+            self.graph_problem = graph.graph_problem(first.train.cuda_graph, self.device, 1, member.compiled)
+            self.stepper = SingleAdamW(self.model, member.recipe.learning_rate, member.recipe.weight_decay,
+                                       self.device, graphable=self.graph_problem is None and self.device.type == "cuda")
+            member.optimizer = self.stepper.torch
+            if self.graph_problem is None:
+                self.graph = self.graph_class(self.device, self._graph_body, self.stepper.zero_grad)
         else:
             self.rows = Rows()
             self.model, self.stacked = fold_models([m.model for m in self.members], self.rows)
             self.stepper = StackedAdamW(self.stacked)
+            self.graph_problem = graph.graph_problem(first.train.cuda_graph, self.device, len(trials), False)
         self.compiled = self.members[0].compiled
         self.dropout_stream = first.train.dropout_stream
         self._dropout_calls = 0  # dropout calls so far in the current step (the counter stream's ``call``)
+        self._graph_keys = False  # in _graph_body: masks read their keys from the graph's input
         # a compiled forward runs the counter's mask eagerly: traced, its step and call (Python
         # integers) would be guards that recompile the graph every step
         self._mask_fn = torch.compiler.disable(self._masks) if self.compiled else self._masks
@@ -525,8 +540,10 @@ class Trainer:
     # -- one step ----------------------------------------------------------------------------
     def _masks(self, shape: tuple, p: float) -> torch.Tensor:
         """The dropout keep mask of the batch: model k's rows from model k's stream."""
+        call, self._dropout_calls = self._dropout_calls, self._dropout_calls + 1
         if self.dropout_stream == "counter":
-            call, self._dropout_calls = self._dropout_calls, self._dropout_calls + 1
+            if self._graph_keys:  # in the captured step: its keys are an input of the graph
+                return counter_keep_mask(shape, p, self.graph.keys[call:call + 1], device=self.device)
             return counter_keep_mask(shape, p, [counter_key(m.seed, m.step, call) for m in self.active],
                                      device=self.device)
         gens = [m.dropout_generator for m in self.active]
@@ -537,20 +554,68 @@ class Trainer:
         part = (shape[0] // len(gens), *shape[1:])
         return torch.cat([keep_mask(part, p, generator=g) for g in gens])
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimisation step of every active model; their losses [K]."""
+    def _losses(self, x: torch.Tensor, y: torch.Tensor, cache: bool = True) -> torch.Tensor:
+        """The forward pass and loss of every active model: their losses [K] (with their graph)."""
         if self.rows is not None:
             self.rows.batch = x.shape[0] // len(self.active)
         self._dropout_calls = 0
-        with mask_source(self._mask_fn), autocast(self.device, self.precision):
+        with mask_source(self._mask_fn), autocast(self.device, self.precision, cache):
             hidden, _ = self._forward(x)
         weight = self.model.head.weight  # tied to the token table (stacked [K, vocab, d] when folded)
-        losses = linear_cross_entropy(hidden, weight, y, dtype=matmul_dtype(self.precision))
+        return linear_cross_entropy(hidden, weight, y, dtype=matmul_dtype(self.precision))
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimisation step of every active model; their losses [K]."""
+        losses = self._losses(x, y)
         self.stepper.zero_grad()
         losses.sum().backward()
         self.stepper.step([m.lr_at(self.step) for m in self.active], [m.recipe.weight_decay for m in self.active],
                             [m.recipe.grad_clip for m in self.active])
         return losses.detach().reshape(len(self.active))
+
+    def _graph_body(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step ``StepGraph`` captures (one model): ``_step`` with the rate read from the
+        optimizer's tensor and the gradients written, not zeroed (the capture starts with none)."""
+        self._graph_keys = True
+        try:
+            losses = self._losses(x, y, cache=False)
+        finally:
+            self._graph_keys = False
+        losses.sum().backward()
+        self.stepper.update(self.active[0].recipe.grad_clip)
+        return losses.detach().reshape(1)
+
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One step by the fastest path that gives the same numbers: the FLOP count first, then eager
+        steps, on CUDA a captured graph from ``CAPTURE_AFTER`` steps on (``train.graph``)."""
+        if self.flops_per_step is None:
+            return self.count_flops(x, y)
+        g = self.graph
+        if g is None or not self.active:
+            return self._step(x, y)
+        m = self.active[0]
+        if g.graph is not None:
+            self.stepper.set_rate(m.lr_at(self.step))
+            return g.replay(x, y, [counter_key(m.seed, m.step, c) for c in range(g.calls)])
+        losses = g.warm(lambda: self._step(x, y))
+        if self.step + 1 < CAPTURE_AFTER:
+            return losses
+        if self.dropout_stream == "cpu" and self._dropout_calls:
+            self.graph, self.graph_problem = None, "dropout masks drawn on the CPU (dropout_stream cpu)"
+            return losses
+        if not g.capture(x, y, self._dropout_calls, self.step + 1):  # eager from here on: the same numbers
+            self.graph, self.graph_problem = None, g.describe()
+        return losses
+
+    def graph_state(self) -> str | None:
+        """How the steps ran on CUDA (None elsewhere): a captured graph, or eager and why."""
+        if self.device.type != "cuda":
+            return None
+        if self.graph is None:
+            return f"eager: {self.graph_problem}"
+        if self.graph.graph is None:
+            return f"eager: the training ended before step {CAPTURE_AFTER}, where its step is captured"
+        return self.graph.describe()
 
     def count_flops(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One training step on ``x``, ``y`` under PyTorch's flop counter (eager); sets every active
@@ -628,7 +693,7 @@ class Trainer:
             y = (ys[0] if len(ys) == 1 else torch.cat(ys)).to(self.device, non_blocking=True)
             streams = [m.dropout_generator.get_state() for m in self.active]
             try:
-                loss = self.count_flops(x, y) if self.flops_per_step is None else self._step(x, y)
+                loss = self._train_step(x, y)
             except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
                 bad = [i for i, m in enumerate(self.active) if not m.weights_finite()]
                 if not bad:
@@ -827,6 +892,8 @@ def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_stat
     if used_probes():  # the measured answers that decided it, for its run to pin (train.probe_cache)
         record.extra["probes"] = used_probes()
     record.compiled = member.compiled
+    if member.cuda_graph is not None:
+        record.extra["cuda_graph"] = member.cuda_graph
     record.params = member.model.num_parameters()
     blob = None
     if failure is not None:
@@ -951,6 +1018,8 @@ def _train(trials: list[Trial], data: TaskData, device: torch.device, progress: 
         _release_memory(device)
         return [TrainingResult(records[0], None, None)]
     shared, members, size = time.perf_counter() - start, trainer.members, trainer.size
+    for m in members:
+        m.cuda_graph = trainer.graph_state()
     del trainer  # the members hold their own weights
     results = [_finish(r, m, t, keep_state=keep_state, size=size, shared_s=shared, device=device, failure=failure)
                for r, m, t in zip(records, members, trials)]

@@ -1,50 +1,228 @@
-"""How PyTorch's CPU threads wait: chosen before torch loads its OpenMP runtime.
+"""How PyTorch's CPU threads wait: long spins on idle cores, short ones while others want them.
 
-PyTorch's CPU wheels use GNU OpenMP, whose threads spin for a while before they sleep between
-parallel regions. Alone on the cores that is fast; beside any other busy process a spinning thread
-burns the time slice its partner needs, and a training step slowed 35-120x on a 2-core machine
-(``benchmarks/bench_busy.py``). OpenMP reads its wait settings once, when the library loads (at
-``import torch``), so ``configure`` sets them in the environment first: importing
-``evo_attention`` calls it, and worker processes inherit the environment.
+PyTorch's CPU wheels on Linux use GNU OpenMP (libgomp), whose threads spin for a while (300,000
+iterations by default) before they sleep between parallel regions. Alone on the cores that is
+fast; beside any other busy process a spinning thread burns the time slice its partner needs, and a
+training step slowed 35-120x on a 2-core machine (``benchmarks/bench_busy.py``). No fixed setting
+serves both: a short spin count survives a competitor but costs 1.2x idle, since every parallel
+region then wakes its sleeping partner (docs/results/busy/).
 
-The choice (``SETTINGS``) changes how threads wait, never how many there are or how sums are
-split, so results are bitwise those of OpenMP's defaults. Nothing is changed when the user set any
-of the variables, when torch was imported before (too late: reported by ``state``), or with
-``EVO_ATTENTION_THREADS=off``. The measurement behind the choice is docs/results/busy/.
+So the wait follows the load (``watch``): a daemon thread samples, every ``INTERVAL`` seconds, how
+much CPU time *other* processes took (``/proc/stat``'s busy time minus this process's own). From
+``BUSY_CORES`` of a core on, it makes libgomp spin briefly; below ``IDLE_CORES`` for
+``IDLE_SAMPLES`` samples in a row, it lets libgomp spin long again. The lever is libgomp's own rule
+for oversubscription: when it manages more threads than there are CPUs, every wait spins only a
+short "throttled" count (100 iterations by default). A helper thread that ran one parallel region
+keeps that region's team of threads (asleep, using no CPU) alive in libgomp's books while the
+machine is busy; when the helper ends, libgomp frees its team and waits spin long again.
+
+Only how threads *wait* changes: their number, and so how every sum is split, stays what torch
+chose, so results are bitwise those without the watch (``tests/test_threads.py``). Nothing is
+watched when the user set any of ``USER_VARIABLES``, with ``EVO_ATTENTION_THREADS=off``, with one
+torch thread (no parallel regions), or where there is no ``/proc/stat`` or libgomp is not the
+runtime: there ``configure`` falls back to a fixed short spin (``FALLBACK``), set before torch
+loads its OpenMP runtime, which reads it once.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 OFF = "EVO_ATTENTION_THREADS"  # =off: leave OpenMP's defaults
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-# Spin about a microsecond, then sleep. Measured (docs/results/busy/, 2-core AMD EPYC, quick preset):
-# beside a 2-thread job 37 ms per step (OpenMP's defaults: 69 ms, tails to 286 ms; larger spin
-# counts 10k-100k: tails to 117-337 ms), but idle 1.24x the defaults' 17.4 ms (a known cost).
-SETTINGS = {"GOMP_SPINCOUNT": "1000"}
+# Without a watch: spin about a microsecond, then sleep (docs/results/busy/cpu-rounds7.json, 2-core
+# AMD EPYC, quick preset: beside a 2-thread job 37 ms a step against OpenMP's defaults' 69 ms with
+# tails to 286 ms, but idle 1.24x the defaults' 17.4 ms).
+FALLBACK = {"GOMP_SPINCOUNT": "1000"}
+PROC_STAT = "/proc/stat"
+INTERVAL = 0.5  # seconds between samples of the other processes' load
+FIRST_SAMPLE = 0.2  # seconds of the first sample, taken when the watch starts
+BUSY_CORES = 0.5  # others use half a core or more: short waits
+IDLE_CORES = 0.25  # ... below a quarter of a core ...
+IDLE_SAMPLES = 2  # ... this many samples in a row: long waits again
 
 _state = "not configured"
+_mode = "off"  # watch | fixed | off
 
 
 def configure(environ=None) -> str:
-    """Set ``SETTINGS`` in ``environ`` (default ``os.environ``) unless the user chose otherwise or
-    torch is loaded already; returns what was done (also kept for ``state``)."""
-    global _state
+    """Choose how this process's OpenMP threads wait (before torch loads, when ``environ`` is
+    ``os.environ``): ``watch`` where it can work, else ``FALLBACK``; nothing when the user chose
+    (``USER_VARIABLES``, ``EVO_ATTENTION_THREADS=off``). Returns what was done (kept for ``state``)."""
+    global _state, _mode
     environ = os.environ if environ is None else environ
     if str(environ.get(OFF, "")).strip().lower() in ("off", "0", "false", "no"):
-        _state = f"OpenMP's defaults ({OFF}=off)"
+        _state, _mode = f"OpenMP's defaults ({OFF}=off)", "off"
     elif any(name in environ for name in USER_VARIABLES):
         _state = "the user's settings (" + ", ".join(f"{n}={environ[n]}" for n in USER_VARIABLES if n in environ) + ")"
+        _mode = "off"
+    elif sys.platform.startswith("linux") and os.path.exists(PROC_STAT):
+        _state, _mode = "OpenMP's defaults, short waits while other processes use the cores", "watch"
     elif "torch" in sys.modules and environ is os.environ:
-        _state = "OpenMP's defaults (torch was imported before evo_attention)"
+        _state, _mode = "OpenMP's defaults (torch was imported before evo_attention)", "off"
     else:
-        environ.update(SETTINGS)
-        _state = ", ".join(f"{k}={v}" for k, v in SETTINGS.items())
+        environ.update(FALLBACK)
+        _state, _mode = ", ".join(f"{k}={v}" for k, v in FALLBACK.items()), "fixed"
     return _state
 
 
 def state() -> str:
-    """How this process's OpenMP threads wait (what ``configure`` did)."""
-    return _state
+    """How this process's OpenMP threads wait (what ``configure`` did, and what the watch saw)."""
+    watch = _watch
+    if watch is None or not watch.alive:
+        return _state
+    return f"{_state} ({watch.summary()})"
+
+
+def others_cores(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """Cores' worth of CPU time other processes took between two ``sample``s."""
+    wall = after[0] - before[0]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after[1] - before[1]) - (after[2] - before[2])) / wall)
+
+
+def sample() -> tuple[float, float, float]:
+    """(monotonic time, CPU-seconds all processes were busy, CPU-seconds this process used)."""
+    with open(PROC_STAT) as f:
+        fields = f.readline().split()[1:]
+    ticks = [int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8]))
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = ticks  # steal: not a process of this machine
+    own = os.times()
+    return (time.monotonic(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system)
+
+
+class Hysteresis:
+    """Busy from ``BUSY_CORES`` on; idle again after ``IDLE_SAMPLES`` samples below ``IDLE_CORES``."""
+
+    def __init__(self):
+        self.busy = False
+        self._quiet = 0
+
+    def update(self, others: float) -> bool:
+        if others >= BUSY_CORES:
+            self.busy, self._quiet = True, 0
+        elif self.busy:
+            self._quiet = self._quiet + 1 if others < IDLE_CORES else 0
+            if self._quiet >= IDLE_SAMPLES:
+                self.busy, self._quiet = False, 0
+        return self.busy
+
+
+class Throttle:
+    """libgomp's short waits while ``on``: a helper thread holds one extra OpenMP team (see the
+    module docstring); ``off`` ends the helper, and libgomp frees its team."""
+
+    def __init__(self):
+        self._release = threading.Event()
+        self._helper: threading.Thread | None = None
+
+    @property
+    def on(self) -> bool:
+        return self._helper is not None
+
+    def engage(self) -> None:
+        if self._helper is not None:
+            return
+        self._release.clear()
+        ready = threading.Event()
+        self._helper = threading.Thread(target=self._hold, args=(ready,), name="evo-attention-throttle", daemon=True)
+        self._helper.start()
+        ready.wait(5.0)
+
+    def release(self) -> None:
+        if self._helper is None:
+            return
+        self._release.set()
+        self._helper.join(5.0)
+        self._helper = None
+
+    def _hold(self, ready: threading.Event) -> None:
+        import torch
+
+        torch.zeros(1 << 20).add_(1.0)  # one parallel region: this thread's own team, kept while it lives
+        ready.set()
+        self._release.wait()
+
+
+class Watch:
+    """The daemon thread that follows the other processes' load (``Hysteresis``) with ``Throttle``."""
+
+    def __init__(self):
+        self.throttle = Throttle()
+        self.hysteresis = Hysteresis()
+        self.switches = 0
+        self.last_others = 0.0
+        # the first decision before the training starts: it should not begin beside a spinner
+        before = sample()
+        time.sleep(FIRST_SAMPLE)
+        self._before = self._decide(before)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="evo-attention-load-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def summary(self) -> str:
+        now = "short" if self.throttle.on else "long"
+        return f"now {now} waits, others used {self.last_others:.2f} cores, {self.switches} switches"
+
+    def _decide(self, before: tuple[float, float, float]) -> tuple[float, float, float]:
+        """Short or long waits from the load since ``before``; returns the new sample."""
+        import torch
+
+        after = sample()
+        self.last_others = others_cores(before, after)
+        wanted = self.hysteresis.update(self.last_others) and torch.get_num_threads() > 1
+        if wanted != self.throttle.on:
+            (self.throttle.engage if wanted else self.throttle.release)()
+            self.switches += 1
+        return after
+
+    def stop(self) -> None:
+        """End the watch; waits spin long again."""
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(INTERVAL):
+                self._before = self._decide(self._before)
+        except OSError:  # /proc/stat unreadable: leave the waits as they were before the watch
+            pass
+        self.throttle.release()
+
+
+_watch: Watch | None = None
+_watch_lock = threading.Lock()
+
+
+def libgomp_loaded() -> bool:
+    """Whether this process's OpenMP runtime is GNU's (the throttle is libgomp's rule)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return False
+
+
+def watch() -> bool:
+    """Start following the load (once per process) where ``configure`` chose it, torch trains with
+    more than one thread and libgomp is the runtime; returns whether a watch runs."""
+    global _watch
+    if _mode != "watch":
+        return False
+    with _watch_lock:
+        if _watch is None or not _watch.alive:
+            import torch
+
+            if torch.get_num_threads() <= 1 or not libgomp_loaded():
+                return False
+            _watch = Watch()
+    return True
