@@ -236,7 +236,8 @@ def free_memory(device: torch.device) -> None:
 
 def measure(gene: AttentionGene, config, data, k: int, *, device: torch.device, warmup: int, steps: int) -> dict:
     """One fresh trainer of ``k`` trials of ``gene`` (seeds 0..k-1): ``warmup`` untimed steps, then
-    ``steps`` timed. ``{"seconds", "peak_memory_mb", "precision", "compiled"}``, or ``{"oom": text}``
+    ``steps`` timed. ``{"seconds", "peak_memory_mb", "precision", "compiled", "cuda_graph"}`` (how its
+    steps ran on CUDA, None elsewhere: ``Trainer.graph_state``), or ``{"oom": text}``
     (out of memory), or ``{"error": text}`` (any other failure; its traceback goes to stderr)."""
     cfg = config.replace(train_steps=warmup + steps, log_every=warmup + steps)
     free_memory(device)
@@ -246,7 +247,7 @@ def measure(gene: AttentionGene, config, data, k: int, *, device: torch.device, 
         trials = [Trial.from_config(gene, cfg, seed=s, data=data) for s in range(k)]
         trainer, seconds = step_seconds(trials, data, device=device, warmup=warmup, steps=steps)
         out = {"seconds": seconds, "peak_memory_mb": peak_memory_mb(device), "precision": trainer.precision,
-               "compiled": bool(trainer.compiled)}
+               "compiled": bool(trainer.compiled), "cuda_graph": trainer.graph_state()}
     except Exception as exc:  # noqa: BLE001 - out of memory is a result; any other failure is kept, not fatal
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         if is_oom(exc):
@@ -306,7 +307,8 @@ def record(row: dict, measured: dict, *, budget: int, tokens_per_step: int) -> N
     row.update(status="ok", seconds_per_step=seconds, ms_per_step=1e3 * seconds,
                trainings_per_hour=row["k"] * 3600.0 / (seconds * budget), tokens_per_s=tokens_per_step / seconds,
                peak_memory_mb=max(row["peak_memory_mb"] or 0.0, measured["peak_memory_mb"]),
-               precision_run=measured["precision"], compiled=measured["compiled"])
+               precision_run=measured["precision"], compiled=measured["compiled"],
+               cuda_graph=measured.get("cuda_graph"))
 
 
 def skip_pending(result: dict, why: str) -> None:

@@ -9,12 +9,19 @@
 #   procs  PROCS processes (default 16) training one seed-config model each on the device at once,
 #          as a search's workers do (MPS started where the machine has it): each one's seconds per
 #          step over STEPS steps, their sum of steps per second, and what that makes of the seed
-#          study's 94 trainings of 5000 steps (training steps only).
+#          study's 94 trainings of 5000 steps (training steps only);
+#   graph  a training step replayed as a CUDA graph: tests/test_cuda_graph.py (the same weights as
+#          the eager training) and benchmarks/bench_graph.py (its seconds per step against eager);
+#   study  the seed study itself: search --preset seed on the device, STUDY_WORKERS worker processes
+#          (default 12, the population) sharing it under MPS, bf16, the counter stream, stopped after
+#          STUDY_LIMIT seconds (default 420; it resumes from its store with the same command), then
+#          its stored times (benchmarks/store_times.py).
 #
 #   OUT=DIR NAME=h100 DATA=DIR/wikitext-2 [PARTS="bits fold bench procs"] bash benchmarks/gpu_checks.sh
 #
 # Every file lands in OUT: NAME-counter-bits.log, fold-NAME-counter.json, fold-NAME-cpu-stream.json,
-# gpu-NAME-counter.json, gpu-NAME-procs.json, gpu-checks.log. A part that fails is logged and the
+# gpu-NAME-counter.json, gpu-NAME-procs.json, NAME-graph-tests.log, graph-NAME.json,
+# seed-study-NAME/ with seed-study-NAME-times.json, gpu-checks.log. A part that fails is logged and the
 # next one still runs; the exit status says whether all passed. Probes run in a fresh cache
 # directory (nothing measured elsewhere or under load is read). DEVICE=cpu runs the script itself
 # on a machine without a GPU (its numbers mean nothing).
@@ -28,6 +35,9 @@ BENCH_LIMIT=${BENCH_LIMIT:-240}  # seconds after which bench_gpu.py starts no ne
 PARTS=${PARTS:-bits fold bench procs}
 PROCS=${PROCS:-16}
 STEPS=${STEPS:-300}
+STUDY_WORKERS=${STUDY_WORKERS:-12}
+STUDY_LIMIT=${STUDY_LIMIT:-420}
+STUDY_DIR=${STUDY_DIR:-$OUT/seed-study-$NAME}  # a directory outside OUT outlives the call on a warm machine
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 EVO_ATTENTION_CACHE_DIR=$(mktemp -d)
@@ -57,6 +67,20 @@ procs() {  # PROCS concurrent one-model trainings of the seed config; the sum of
   "$PY" benchmarks/gpu_procs_summary.py "$dir" --processes "$PROCS" --out "$OUT/gpu-$NAME-procs.json"
 }
 
+study() {  # the seed study on the device, stopped after STUDY_LIMIT seconds; its stored times either way
+  local start=$SECONDS rc
+  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d; then echo "MPS started"; fi
+  local resume=()
+  [[ -e "$STUDY_DIR/run.db" ]] && resume=(--resume)  # the store of an earlier call: go on from it
+  timeout "$STUDY_LIMIT" "$PY" -m evo_attention.cli search --preset seed --data-dir "$DATA" --device "$DEVICE" \
+    --precision bf16 --dropout-stream counter --workers "$STUDY_WORKERS" --quiet "${resume[@]}" --out "$STUDY_DIR"
+  rc=$?
+  echo "seed study: exit $rc after $((SECONDS - start)) s (124: stopped by the limit)"
+  "$PY" benchmarks/store_times.py "$STUDY_DIR" --out "$OUT/seed-study-$NAME-times.json"
+  [[ "$STUDY_DIR" -ef "$OUT/seed-study-$NAME" ]] || cp -r "$STUDY_DIR" "$OUT/seed-study-$NAME"
+  return $rc
+}
+
 command -v nvidia-smi > /dev/null && nvidia-smi -L
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"
 want bits && part "counter bits, CPU and CUDA" bash -c "'$PY' -m pytest -q -p no:cacheprovider -rA tests/test_dropout_counter.py \
@@ -71,4 +95,9 @@ want bench && part "bench_gpu, counter stream" "$PY" benchmarks/bench_gpu.py --d
   --device "$DEVICE" --dropout-stream counter --ks 1,16,64,256 --precisions bf16 --dropout-ks 1,64 --rounds 2 --auto \
   --time-limit "$BENCH_LIMIT" --out "$OUT/gpu-$NAME-counter.json"
 want procs && part "$PROCS processes, seed config" procs
+want graph && part "CUDA graph: same weights" bash -c "'$PY' -m pytest -q -p no:cacheprovider -rA -s tests/test_cuda_graph.py \
+  > '$OUT/$NAME-graph-tests.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-graph-tests.log'; exit \$status"
+want graph && part "CUDA graph: seconds per step" "$PY" benchmarks/bench_graph.py --data-dir "$DATA" --configs quick,seed \
+  --device "$DEVICE" --precisions bf16,fp32 --rounds 3 --out "$OUT/graph-$NAME.json"
+want study && part "seed study, $STUDY_WORKERS workers" study
 exit $failed

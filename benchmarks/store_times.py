@@ -3,7 +3,11 @@ trainings, when the first and the last were stored, the summed time of their tra
 gaps (no training stored for longer than ``--gap`` seconds: a run stopped and resumed, or trainings
 that took that long).
 
-    python benchmarks/store_times.py RUN_DIR [--gap 600] --out times.json
+    python benchmarks/store_times.py RUN_DIR [--gap 600] [--trainings] --out times.json
+
+``--trainings`` adds one row per training in the order stored: its role, generation, gene, when it
+was stored, its times, milliseconds per training step (its training time over its steps), device,
+precision, how its steps ran on CUDA (``cuda_graph``), status and validation loss.
 
 ``created_at`` is when a training's record was stored (its end); ``time_s`` is what the record says
 it took (building, training and evaluation; a folded training's share of its batch). With several
@@ -43,15 +47,32 @@ def store_times(records: list, gap_s: float) -> dict:
     return out
 
 
+def training_rows(records: list) -> list[dict]:
+    """One row per training (``--trainings``), in the order they were stored."""
+    rows = []
+    for r in sorted(records, key=lambda r: _at(r.created_at)):
+        steps = r.trained_steps or 0
+        rows.append({"role": r.role, "generation": r.generation, "gene": r.gene,
+                     "stored": _at(r.created_at).isoformat(timespec="seconds"), "time_s": r.time_s,
+                     "train_time_s": r.train_time_s, "trained_steps": steps,
+                     "ms_per_step": 1e3 * r.train_time_s / steps if steps and r.train_time_s else None,
+                     "device": r.device, "precision": r.precision, "cuda_graph": r.extra.get("cuda_graph"),
+                     "status": str(r.status), "val_loss": r.val_loss})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--gap", type=float, default=600.0, help="report stretches longer than this (seconds) in "
                                                                  "which no training was stored")
+    parser.add_argument("--trainings", action="store_true", help="also one row per training")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    store = RunStore.open(args.run_dir, readonly=True)
-    result = {"run": args.run_dir, "gap_s": args.gap, "roles": store_times(store.evaluations(), args.gap)}
+    records = RunStore.open(args.run_dir, readonly=True).evaluations()
+    result = {"run": args.run_dir, "gap_s": args.gap, "roles": store_times(records, args.gap)}
+    if args.trainings:
+        result["trainings"] = training_rows(records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for role, r in result["roles"].items():

@@ -90,7 +90,7 @@ def fake_step_seconds(oom_from: int):
     def step_seconds(trials, data, *, device, warmup, steps):
         if len(trials) >= oom_from:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return SimpleNamespace(precision=trials[0].train.precision, compiled=False), 0.01 * len(trials)
+        return SimpleNamespace(precision=trials[0].train.precision, compiled=False, graph_state=lambda: None), 0.01 * len(trials)
     return step_seconds
 
 

@@ -210,3 +210,11 @@ def test_blocked_additive_scores_and_gradients_match_the_direct_form(causal):
     for e, g in zip(expected, grads):
         assert torch.allclose(e, g, atol=1e-10)
     assert torch.autograd.gradcheck(lambda q, k: sim(q, k, causal=causal), (q[:1, :1, :5], k[:1, :1, :5]))
+
+
+def test_sparse_normalizations_sort_partially_only_on_the_cpu():
+    """Off the CPU a full sort: the partial sort's 'sort further?' check waits for the device every
+    step and keeps the step from being captured as a CUDA graph (train/graph.py)."""
+    assert components._partial_k(torch.empty(2, 128)) == components.PARTIAL_SORT_K
+    assert components._partial_k(torch.empty(2, 128, device="meta")) is None
+    assert components._partial_k(torch.empty(2, 8)) is None  # a row no longer than k: one sort anyway

@@ -117,7 +117,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @needs_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("gene", ["dot|softmax|none|fixed|bias|0.10", "multiplicative|entmax15|output_gate|adaptive|bias|0.10|pos=rope|kvh=2",
+@pytest.mark.parametrize("gene", ["dot|softmax|none|fixed|bias|0.10",
+                                  "multiplicative|entmax15|output_gate|adaptive|bias|0.10|pos=rope|kvh=2",
+                                  "additive|sparsemax|input_gate|learned|bias|0.00",
                                   "dot|softmax|none|fixed|bias|0.10|prog=o(kmix(sqrelu(q),exp(v),k))"])
 def test_cuda_graph_training_is_the_eager_training(precision, gene):
     config = _config(precision=precision, train_steps=30, log_every=10)
@@ -140,3 +142,21 @@ def test_a_cuda_record_says_how_its_steps_ran():
         data = data_from_config(config)
         record = run_training(Trial.from_config(gene, config, data=data), data, device="cuda").record
         assert record.ok and record.extra["cuda_graph"] == said
+
+
+def test_a_batch_of_another_shape_ends_the_graph_and_training_goes_on(monkeypatch):
+    monkeypatch.setattr(graph, "graph_problem", lambda *args: None)
+    monkeypatch.setattr(Trainer, "graph_class", EagerGraph)
+    config = _config()
+    data = data_from_config(config)
+    trainer = Trainer.from_config(AttentionGene.parse("dot|softmax|none|fixed|bias|0.10"), config, data, device="cpu")
+    member, batches = trainer.members[0], trainer.members[0].batches
+
+    def odd():  # a loader's short last batch at step 6
+        for step, (x, y) in enumerate(batches, start=1):
+            yield (x[:-1], y[:-1]) if step == 6 else (x, y)
+
+    member.batches = odd()
+    trainer.train()
+    assert trainer.step == config.train_steps and trainer.graph is None
+    assert trainer.graph_problem == f"a batch of another shape ({(config.batch_size - 1, data.seq_len)}) at step 6"

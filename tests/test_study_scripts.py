@@ -283,3 +283,11 @@ def test_store_times_counts_each_role_and_reports_gaps_without_a_stored_training
     assert out["baseline"] == {"trainings": 1, "first_stored": "2026-11-26T08:00:00+00:00",
                                "last_stored": "2026-11-26T08:00:00+00:00", "span_s": 0, "gaps": [],
                                "span_without_gaps_s": 0, "summed_time_s": 0.0}
+    one = SimpleNamespace(role="search", generation=0, gene="g", created_at=at[1], time_s=12.0, train_time_s=10.0,
+                          trained_steps=5000, device="cuda:0", precision="bf16", status="ok", val_loss=4.5,
+                          extra={"cuda_graph": "captured at step 3"})
+    first = SimpleNamespace(**{**vars(one), "created_at": at[0], "trained_steps": 0, "extra": {}})
+    rows = times.training_rows([one, first])
+    assert [r["stored"] for r in rows] == at[:2]  # in the order stored
+    assert rows[0]["ms_per_step"] is None and rows[0]["cuda_graph"] is None
+    assert rows[1]["ms_per_step"] == 2.0 and rows[1]["cuda_graph"] == "captured at step 3"

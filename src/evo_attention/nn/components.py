@@ -319,12 +319,15 @@ def softmax_norm(scores, mask):
 
 # Partial sort: entmax's exact algorithms look at the k largest scores first and double k while the
 # support is larger, so the result is exact for any k. k=16 made sparsemax 2.2x and 1.5-entmax 3x
-# faster than a full sort at the seed's shape (T=128); attention supports are typically a few keys.
+# faster than a full sort at the seed's shape (T=128) on a CPU; attention supports are typically a
+# few keys. Off the CPU a full sort: whether to double k is a question the host asks the device
+# (``torch.any``), which waits for it every step and keeps the step from being captured as a CUDA
+# graph (train/graph.py), while sorting a row of a few hundred keys there costs little.
 PARTIAL_SORT_K = 16
 
 
 def _partial_k(scores: torch.Tensor) -> int | None:
-    return PARTIAL_SORT_K if scores.shape[-1] > PARTIAL_SORT_K else None
+    return PARTIAL_SORT_K if scores.shape[-1] > PARTIAL_SORT_K and scores.device.type == "cpu" else None
 
 
 @register_normalization("sparsemax")

@@ -594,6 +594,9 @@ class Trainer:
         if g is None or not self.active:
             return self._step(x, y)
         m = self.active[0]
+        if g.graph is not None and (x.shape, y.shape) != (g.x.shape, g.y.shape):  # a loader's odd batch
+            self.graph, self.graph_problem = None, f"a batch of another shape ({tuple(x.shape)}) at step {self.step + 1}"
+            return self._step(x, y)  # eager from here on; the graph and its buffers are freed
         if g.graph is not None:
             self.stepper.set_rate(m.lr_at(self.step))
             return g.replay(x, y, [counter_key(m.seed, m.step, c) for c in range(g.calls)])
