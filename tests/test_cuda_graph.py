@@ -61,7 +61,8 @@ def _train(config, gene, device="cpu"):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("gene", ["dot|softmax|none|fixed|bias|0.10", "multiplicative|entmax15|output_gate|adaptive|bias|0.10|pos=rope|kvh=2"])
+@pytest.mark.parametrize("gene", ["dot|softmax|none|fixed|bias|0.10",
+                                  "multiplicative|entmax15|output_gate|adaptive|bias|0.10|pos=rope|kvh=2"])
 def test_the_replayed_body_is_the_eager_step(monkeypatch, precision, gene):
     config = _config(precision=precision)
     _, plain, plain_curve = _train(config, gene)

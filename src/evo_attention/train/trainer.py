@@ -10,10 +10,11 @@ device, trials that cannot share a batch) and KeyboardInterrupt propagate.
 ``Trainer(trials, data)`` is the engine behind both: K >= 1 ``Member``s (one per trial: its model,
 batches, dropout stream, recipe, learning curve, counters and divergence) stepped by one loop and
 one step. With K = 1 the member's own model trains (compiled where ``compile`` says), with
-PyTorch's AdamW (``optim.SingleAdamW``). With K > 1 the members' models are folded into one
-(``nn.fold``: parameters stacked [K, ...], activations [K * B, ...] model-major), the fused loss
-gives one mean per model, and ``optim.StackedAdamW`` steps each model with its own rate, decay and
-clipping; a member's parameters stay views of its slice, so its model is always its own. A model
+PyTorch's AdamW (``optim.SingleAdamW``); on CUDA its step is captured once as a CUDA graph and
+replayed (``train.graph``: the same kernels, so the same numbers, without their launch cost).
+With K > 1 the members' models are folded into one (``nn.fold``: parameters stacked [K, ...],
+activations [K * B, ...] model-major), the fused loss gives one mean per model, and
+``optim.StackedAdamW`` steps each model with its own rate, decay and clipping; a member's parameters stay views of its slice, so its model is always its own. A model
 that diverges leaves the batch (its slices are dropped) and the others go on.
 
 Same trial, same result, alone or in a batch:
@@ -92,7 +93,6 @@ from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PR
                                              reset_peak_memory, resolve_compile, resolve_device, synchronize,
                                              versions)
 from evo_attention.train import graph
-from evo_attention.train.graph import CAPTURE_AFTER, StepGraph
 from evo_attention.train.optim import SingleAdamW, StackedAdamW, adamw_state
 from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.schedules import scheduled_rate
@@ -453,7 +453,7 @@ class Trainer:
     continue. A trainer of one trial reads as its member: ``trainer.model``, ``.curve``,
     ``.evaluate()``, ``.state_dict()`` are that trial's."""
 
-    graph_class = StepGraph  # how a step is captured and replayed on CUDA (train.graph)
+    graph_class = graph.StepGraph  # how a step is captured and replayed on CUDA (train.graph)
 
     def __init__(self, trials: Trial | Sequence[Trial], data: TaskData, *,
                  device: str | torch.device | None = None):
@@ -485,7 +485,7 @@ class Trainer:
         self.flops_per_step: int | None = None
         # ``stepper``: the optimizer step of every member (``train.optim``): PyTorch's AdamW for one
         # model (``trainer.optimizer`` of a one-trial trainer is that AdamW), a stacked one for K
-        self.graph: StepGraph | None = None
+        self.graph: graph.StepGraph | None = None
         self.graph_problem: str | None = None
         if len(trials) == 1:
             member = self.members[0]
@@ -587,7 +587,7 @@ class Trainer:
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step by the fastest path that gives the same numbers: the FLOP count first, then eager
-        steps, on CUDA a captured graph from ``CAPTURE_AFTER`` steps on (``train.graph``)."""
+        steps, on CUDA a captured graph from ``graph.CAPTURE_AFTER`` steps on (``train.graph``)."""
         if self.flops_per_step is None:
             return self.count_flops(x, y)
         g = self.graph
@@ -595,13 +595,14 @@ class Trainer:
             return self._step(x, y)
         m = self.active[0]
         if g.graph is not None and (x.shape, y.shape) != (g.x.shape, g.y.shape):  # a loader's odd batch
-            self.graph, self.graph_problem = None, f"a batch of another shape ({tuple(x.shape)}) at step {self.step + 1}"
-            return self._step(x, y)  # eager from here on; the graph and its buffers are freed
+            self.graph = None  # eager from here on; the graph and its buffers are freed
+            self.graph_problem = f"a batch of another shape ({tuple(x.shape)}) at step {self.step + 1}"
+            return self._step(x, y)
         if g.graph is not None:
             self.stepper.set_rate(m.lr_at(self.step))
             return g.replay(x, y, [counter_key(m.seed, m.step, c) for c in range(g.calls)])
         losses = g.warm(lambda: self._step(x, y))
-        if self.step + 1 < CAPTURE_AFTER:
+        if self.step + 1 < graph.CAPTURE_AFTER:
             return losses
         if self.dropout_stream == "cpu" and self._dropout_calls:
             self.graph, self.graph_problem = None, "dropout masks drawn on the CPU (dropout_stream cpu)"
@@ -617,7 +618,7 @@ class Trainer:
         if self.graph is None:
             return f"eager: {self.graph_problem}"
         if self.graph.graph is None:
-            return f"eager: the training ended before step {CAPTURE_AFTER}, where its step is captured"
+            return f"eager: the training ended before step {graph.CAPTURE_AFTER}, where its step is captured"
         return self.graph.describe()
 
     def count_flops(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

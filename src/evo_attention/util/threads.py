@@ -10,18 +10,18 @@ region then wakes its sleeping partner (docs/results/busy/).
 So the wait follows the load (``watch``): a daemon thread samples, every ``INTERVAL`` seconds, how
 much CPU time *other* processes took (``/proc/stat``'s busy time minus this process's own). From
 ``BUSY_CORES`` of a core on, it makes libgomp spin briefly; below ``IDLE_CORES`` for
-``IDLE_SAMPLES`` samples in a row, it lets libgomp spin long again. The lever is libgomp's own rule
-for oversubscription: when it manages more threads than there are CPUs, every wait spins only a
-short "throttled" count (100 iterations by default). A helper thread that ran one parallel region
+``IDLE_SAMPLES`` samples in a row, it lets libgomp spin long again. The lever is libgomp's own documented rule
+for oversubscription (its manual, ``GOMP_SPINCOUNT``): when there are more OpenMP threads than
+available CPUs, every wait spins only 100 iterations (without a wait policy set). A helper thread that ran one parallel region
 keeps that region's team of threads (asleep, using no CPU) alive in libgomp's books while the
 machine is busy; when the helper ends, libgomp frees its team and waits spin long again.
 
 Only how threads *wait* changes: their number, and so how every sum is split, stays what torch
 chose, so results are bitwise those without the watch (``tests/test_threads.py``). Nothing is
 watched when the user set any of ``USER_VARIABLES``, with ``EVO_ATTENTION_THREADS=off``, with one
-torch thread (no parallel regions), or where there is no ``/proc/stat`` or libgomp is not the
-runtime: there ``configure`` falls back to a fixed short spin (``FALLBACK``), set before torch
-loads its OpenMP runtime, which reads it once.
+torch thread (no parallel regions), or where libgomp is not the loaded runtime (OpenMP's defaults
+then). Where there is no ``/proc/stat`` to read the load from, ``configure`` sets a fixed short
+spin instead (``FALLBACK``), before torch loads its OpenMP runtime, which reads it once.
 """
 
 from __future__ import annotations
