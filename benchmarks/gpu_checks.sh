@@ -12,6 +12,8 @@
 #          study's 94 trainings of 5000 steps (training steps only);
 #   graph  a training step replayed as a CUDA graph: tests/test_cuda_graph.py (the same weights as
 #          the eager training) and benchmarks/bench_graph.py (its seconds per step against eager);
+#   profile  where a seed-config step spends its device time: `evo-attention bench --profile` (eager
+#          operators by their CUDA time, bf16, counter stream) for each gene of PROFILE_GENES;
 #   study  the seed study itself: search --preset seed on the device, STUDY_WORKERS worker processes
 #          (default 12, the population) sharing it under MPS, bf16, the counter stream, stopped after
 #          STUDY_LIMIT seconds (default 420; it resumes from its store with the same command), then
@@ -20,7 +22,7 @@
 #   OUT=DIR NAME=h100 DATA=DIR/wikitext-2 [PARTS="bits fold bench procs"] bash benchmarks/gpu_checks.sh
 #
 # Every file lands in OUT: NAME-counter-bits.log, fold-NAME-counter.json, fold-NAME-cpu-stream.json,
-# gpu-NAME-counter.json, gpu-NAME-procs.json, NAME-graph-tests.log, graph-NAME.json,
+# gpu-NAME-counter.json, gpu-NAME-procs.json, NAME-graph-tests.log, graph-NAME.json, profile-NAME.log,
 # seed-study-NAME/ with seed-study-NAME-times.json, gpu-checks.log. A part that fails is logged and the
 # next one still runs; the exit status says whether all passed. Probes run in a fresh cache
 # directory (nothing measured elsewhere or under load is read). DEVICE=cpu runs the script itself
@@ -35,6 +37,7 @@ BENCH_LIMIT=${BENCH_LIMIT:-240}  # seconds after which bench_gpu.py starts no ne
 PARTS=${PARTS:-bits fold bench procs}
 PROCS=${PROCS:-16}
 STEPS=${STEPS:-300}
+PROFILE_GENES=${PROFILE_GENES:-"dot|softmax|none|fixed|bias|0.10;dot|softmax|output_gate|fixed|bias|0.05;additive|softmax|input_gate|adaptive|nobias|0.10;additive|sparsemax|output_gate|learned|bias|0.25"}
 STUDY_WORKERS=${STUDY_WORKERS:-12}
 STUDY_LIMIT=${STUDY_LIMIT:-420}
 STUDY_DIR=${STUDY_DIR:-$OUT/seed-study-$NAME}  # a directory outside OUT outlives the call on a warm machine
@@ -65,6 +68,17 @@ procs() {  # PROCS concurrent one-model trainings of the seed config; the sum of
   done
   wait "${pids[@]}"  # these alone: a bare wait would wait for the log's tee too
   "$PY" benchmarks/gpu_procs_summary.py "$dir" --processes "$PROCS" --out "$OUT/gpu-$NAME-procs.json"
+}
+
+profile() {  # the operators of one eager seed-config step by device time, per gene (profile-NAME.log)
+  local gene genes
+  IFS=';' read -ra genes <<< "$PROFILE_GENES"
+  for gene in "${genes[@]}"; do
+    echo "-- $gene"
+    "$PY" -m evo_attention.cli bench --preset seed --data-dir "$DATA" --device "$DEVICE" --precision bf16 \
+      --dropout-stream counter --gene "$gene" --profile || return 1
+  done >> "$OUT/profile-$NAME.log" 2>&1
+  tail -20 "$OUT/profile-$NAME.log"
 }
 
 study() {  # the seed study on the device, stopped after STUDY_LIMIT seconds; its stored times either way
@@ -99,5 +113,6 @@ want graph && part "CUDA graph: same weights" bash -c "'$PY' -m pytest -q -p no:
   > '$OUT/$NAME-graph-tests.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-graph-tests.log'; exit \$status"
 want graph && part "CUDA graph: seconds per step" "$PY" benchmarks/bench_graph.py --data-dir "$DATA" --configs quick,seed \
   --device "$DEVICE" --precisions bf16,fp32 --rounds 3 --out "$OUT/graph-$NAME.json"
+want profile && part "device time of a seed-config step" profile
 want study && part "seed study, $STUDY_WORKERS workers" study
 exit $failed

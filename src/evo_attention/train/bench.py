@@ -78,9 +78,10 @@ def profile_step(gene: AttentionGene | str, config: Config, data: TaskData, *, w
     from torch.profiler import ProfilerActivity, profile
 
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    # compiled or not as a whole training (see _timed)
+    # compiled or not as a whole training (see _timed); eager steps on CUDA: a replayed CUDA graph
+    # would show as one launch, not as the operators whose time it spends
     trainer = Trainer.from_config(gene, config.replace(train_steps=max(config.train_steps, warmup + 1),
-                                                       log_every=warmup + 1), data, device=device)
+                                                       log_every=warmup + 1, cuda_graph="off"), data, device=device)
     trainer.train(until_step=warmup)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
