@@ -135,6 +135,24 @@ def test_cuda_graph_training_is_the_eager_training(precision, gene):
 
 
 @needs_cuda
+def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_why(monkeypatch):
+    config = _config(train_steps=12, log_every=4)
+    gene = "dot|softmax|none|fixed|bias|0.10"
+    _, plain, _ = _train(config.replace(cuda_graph="off"), gene, device="cuda")
+    body = Trainer._graph_body
+
+    def reads_the_host(self, x, y):
+        float(x.sum())  # waits for the device: not allowed while a stream is captured
+        return body(self, x, y)
+
+    monkeypatch.setattr(Trainer, "_graph_body", reads_the_host)
+    trainer, eager, _ = _train(config, gene, device="cuda")
+    state = trainer.graph_state()
+    assert state.startswith("eager: capture failed (") and "previous error" not in state, state
+    assert all(torch.equal(a, b) for a, b in zip(plain, eager))
+
+
+@needs_cuda
 def test_a_cuda_record_says_how_its_steps_ran():
     gene = AttentionGene.parse("dot|softmax|none|fixed|bias|0.10")
     for stream, said in (("counter", f"captured at step {graph.CAPTURE_AFTER}"),

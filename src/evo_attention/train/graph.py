@@ -83,7 +83,9 @@ class StepGraph:
             with torch.cuda.graph(graph, stream=self.stream):
                 self.losses = self.body(self.x, self.y)
         except Exception as exc:  # noqa: BLE001 - any failure to capture leaves the step eager
-            self.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            # the first error: ending a capture an operator broke raises one that only says "a previous error"
+            first = exc.__context__ if exc.__context__ is not None else exc
+            self.failure = f"{type(first).__name__}: {str(first).splitlines()[0][:160] if str(first) else ''}"
             self.x = self.y = self.keys = self.losses = None
             self.before_capture()
             torch.cuda.synchronize(self.device)
@@ -105,4 +107,4 @@ class StepGraph:
     def describe(self) -> str:
         if self.graph is not None:
             return f"captured at step {self.captured_at}"
-        return f"capture failed ({self.failure}): eager" if self.failure else "not captured"
+        return f"capture failed ({self.failure})" if self.failure else "not captured"
