@@ -10,8 +10,10 @@ measurement with ``cuda_graph auto`` (the step captured after ``CAPTURE_AFTER`` 
 replayed) and ``off`` (eager): ``--warmup`` untimed steps (at least the capture's), then ``--steps``
 timed ones; the arms alternate in ``--rounds`` interleaved rounds; the median over rounds is kept,
 with each arm's ``graph_state`` (how its steps ran) and the ratio graphed / eager, and trainings per
-hour at the config's budget (training steps only). On a CPU both arms run eagerly (``graph_state``
-says so): ``--smoke`` checks that the script runs. One JSON file (``--out``).
+hour at the config's budget (training steps only). ``--loss-chunk N`` trains both arms with the
+fused loss in chunks of N rows instead of ``nn.losses.DEFAULT_CHUNK`` (256, measured on a CPU), to
+measure what a larger chunk does on a GPU. On a CPU both arms run eagerly (``graph_state`` says so):
+``--smoke`` checks that the script runs. One JSON file (``--out``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench_gpu import device_info, free_memory, make_config  # noqa: E402 - the 
 
 from evo_attention.data import data_from_config  # noqa: E402
 from evo_attention.genes import AttentionGene  # noqa: E402
+from evo_attention.nn import losses  # noqa: E402
 from evo_attention.train.graph import CAPTURE_AFTER  # noqa: E402
 from evo_attention.train.spec import Trial  # noqa: E402
 from evo_attention.train.trainer import step_seconds  # noqa: E402
@@ -59,6 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=CAPTURE_AFTER + 2)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--loss-chunk", type=int, help="rows per chunk of the fused loss (default: the product's)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, one round, 2 steps")
     parser.add_argument("--out", default="graph.json")
     args = parser.parse_args(argv)
@@ -66,12 +70,17 @@ def main(argv=None) -> int:
         parser.error(f"--warmup must be at least {CAPTURE_AFTER}: the steps before the capture")
     if args.smoke:
         args.rounds, args.steps = 1, 2
+    if args.loss_chunk is not None:
+        if args.loss_chunk < 1:
+            parser.error("--loss-chunk must be a whole number of rows >= 1")
+        losses.DEFAULT_CHUNK = args.loss_chunk
     device = torch.device(args.device)
     gene = AttentionGene.parse(args.gene)
     result = {"benchmark": "bench_graph", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device_info(device), "gene": gene.key,
               "settings": {"rounds": args.rounds, "warmup": args.warmup, "steps": args.steps,
-                           "capture_after": CAPTURE_AFTER, "dropout_stream": "counter", "models": 1},
+                           "capture_after": CAPTURE_AFTER, "dropout_stream": "counter", "models": 1,
+                           "loss_chunk": losses.DEFAULT_CHUNK},
               "rows": []}
     for name in args.configs.split(","):
         if name == "seed" and not args.data_dir:

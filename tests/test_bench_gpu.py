@@ -132,3 +132,23 @@ def test_the_processes_summary_sums_steps_per_second_and_states_the_seed_study(t
     assert json.loads(out.read_text()) == result and result["ok"] == 2 and result["processes"] == 3
     assert result["steps_per_s_total"] == pytest.approx(1 / 0.02 + 1 / 0.04)
     assert result["seed_study_training_minutes"] == pytest.approx(94 * 5000 / 75 / 60)
+
+
+def test_the_graph_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/bench_graph.py: both arms eager on a CPU (it says so), the result file written."""
+    spec = importlib.util.spec_from_file_location("bench_graph", REPO / "benchmarks" / "bench_graph.py")
+    bench_graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_graph)
+    from evo_attention.nn import losses
+
+    chunk = losses.DEFAULT_CHUNK
+    try:
+        assert bench_graph.main(["--smoke", "--configs", "quick,seed", "--device", "cpu", "--loss-chunk", "64",
+                                 "--out", str(tmp_path / "g.json")]) == 0
+    finally:
+        losses.DEFAULT_CHUNK = chunk
+    result = json.loads((tmp_path / "g.json").read_text())
+    quick, seed = result["rows"]
+    assert seed == {"config": "seed", "status": "skipped: needs --data-dir"}
+    assert quick["graph"]["graph_state"] == quick["eager"]["graph_state"] == "eager: not on CUDA"
+    assert quick["graph"]["ms_per_step"] > 0 and result["settings"]["loss_chunk"] == 64

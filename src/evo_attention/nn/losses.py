@@ -128,14 +128,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         chunk: int = DEFAULT_CHUNK, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` over scored targets.
+                         chunk: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` over scored targets, in
+    chunks of ``chunk`` rows (default ``DEFAULT_CHUNK``, read at each call: a benchmark may set it).
 
     One model: hidden [..., d], weight [vocab, d], targets [...] -> a scalar. K models folded into
     one batch (``nn.fold``): weight [K, vocab, d], hidden [K * B, ..., d] and targets [K * B, ...]
     model-major -> the K means [K]. ``dtype`` is the matmul precision (float32, or bfloat16/float16
     for mixed precision); log-sum-exp and the loss are always float32.
     """
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
     if weight.dim() == 3:
         k = weight.shape[0]
         return _LinearCrossEntropy.apply(hidden.reshape(k, -1, hidden.shape[-1]), weight, targets.reshape(k, -1),
