@@ -106,7 +106,7 @@ def test_short_waits_change_no_result():
 
 
 class FakeLoad:
-    """``threads.sample`` with the other processes' load given, one value per sample."""
+    """A ``Watch``'s sampler with the other processes' load given, one value per sample."""
 
     def __init__(self, loads):
         self.loads, self.t, self.busy = list(loads), 0.0, 0.0
@@ -122,11 +122,11 @@ class FakeLoad:
                     reason="the throttle is GNU OpenMP's, with more than one thread")
 def test_the_watch_follows_the_load(monkeypatch):
     fake = FakeLoad([0.0, 0.1, 0.9, 1.0, 0.6, 0.1, 0.1, 0.0])  # before, then one value per decision
-    monkeypatch.setattr(threads, "sample", fake)
     monkeypatch.setattr(threads, "INTERVAL", 0.05)
     monkeypatch.setattr(threads, "FIRST_SAMPLE", 0.0)
     seen = []
-    watch = threads.Watch()  # its first decision (0.1 cores) before it returns
+    watch = threads.Watch(sampler=fake)  # its first decision (0.1 cores) before it returns; the
+    # process's own watch, if a trainer started one, keeps reading the real load
     try:
         seen.append(watch.throttle.on)
         deadline = time.monotonic() + 10

@@ -75,22 +75,26 @@ def _lowbias32_(x: torch.Tensor) -> torch.Tensor:
     return x.bitwise_xor_(torch.bitwise_right_shift(x, _HASH_SHIFTS[-1], out=tmp))
 
 
+def keys_tensor(keys: Sequence[tuple[int, int]], device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``keys`` (``counter_key`` pairs) as an int64 tensor [K, 2] on ``device`` (or copied into
+    ``out`` there). To a GPU from pinned memory, so the copy does not wait for the device; PyTorch
+    keeps the host block until the copy is done."""
+    ab = torch.tensor(keys, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        ab = ab.pin_memory()
+    return ab.to(device, non_blocking=True) if out is None else out.copy_(ab, non_blocking=True)
+
+
 def _counter_lanes_torch(pairs: int, keys: Sequence[tuple[int, int]] | torch.Tensor, device) -> torch.Tensor:
     """The lanes [K, 2 * pairs] (int16) of ``h(j)``, j < pairs, per key: int64 tensor ops on ``device``.
     ``keys`` may be an int64 tensor [K, 2] on the device already (a CUDA graph reads them there)."""
     x = torch.arange(pairs, dtype=torch.int64, device=device)
-    if isinstance(keys, torch.Tensor):
-        x = torch.addcmul(keys[:, 1:], x, keys[:, :1])  # [K, pairs]: a_k * j + b_k, exact in int64
-    elif len(keys) == 1:
+    if not isinstance(keys, torch.Tensor) and len(keys) == 1:
         (a, b), = keys
         x = x.mul_(a).add_(b).unsqueeze(0)
     else:
-        ab = torch.tensor(keys, dtype=torch.int64)  # [K, 2]
-        if x.device.type == "cuda":  # copied without waiting for the device
-            ab = ab.pin_memory().to(x.device, non_blocking=True)
-        else:
-            ab = ab.to(x.device)
-        x = torch.addcmul(ab[:, 1:], x, ab[:, :1])  # [K, pairs]: a_k * j + b_k
+        ab = keys if isinstance(keys, torch.Tensor) else keys_tensor(keys, x.device)
+        x = torch.addcmul(ab[:, 1:], x, ab[:, :1])  # [K, pairs]: a_k * j + b_k, exact in int64
     h = _lowbias32_(x.bitwise_and_(_MASK32))
     # little-endian int16 view: lane 0 is bits 0-15, lane 1 bits 16-31 (2 and 3 are zero)
     return h.view(torch.int16).unflatten(-1, (pairs, 4))[..., :2].flatten(-2)

@@ -32,6 +32,8 @@ from collections.abc import Callable
 
 import torch
 
+from evo_attention.nn.dropout_counter import keys_tensor
+
 CAPTURE_AFTER = 3  # eager steps before the capture: the FLOP count, then two on the side stream
 
 
@@ -99,8 +101,7 @@ class StepGraph:
         self.x.copy_(x, non_blocking=True)
         self.y.copy_(y, non_blocking=True)
         if self.keys is not None:
-            # pinned, so the copy does not wait for the device; PyTorch keeps the host block until it is done
-            self.keys.copy_(torch.tensor(keys, dtype=torch.int64).pin_memory(), non_blocking=True)
+            keys_tensor(keys, self.device, out=self.keys)
         self.graph.replay()
         return self.losses
 

@@ -494,6 +494,7 @@ class Trainer:
             member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes,
                                               member.train_steps)
             self.graph_problem = graph.graph_problem(first.train.cuda_graph, self.device, 1, member.compiled)
+            # a rate tensor is for CUDA's fused AdamW only (the tests' CPU stand-in graph keeps the float)
             self.stepper = SingleAdamW(self.model, member.recipe.learning_rate, member.recipe.weight_decay,
                                        self.device, graphable=self.graph_problem is None and self.device.type == "cuda")
             member.optimizer = self.stepper.torch

@@ -26,10 +26,12 @@ spin instead (``FALLBACK``), before torch loads its OpenMP runtime, which reads 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 OFF = "EVO_ATTENTION_THREADS"  # =off: leave OpenMP's defaults
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -114,8 +116,8 @@ class Hysteresis:
 
 
 class Throttle:
-    """libgomp's short waits while ``on``: a helper thread holds one extra OpenMP team (see the
-    module docstring); ``off`` ends the helper, and libgomp frees its team."""
+    """libgomp's short waits while ``on``: ``engage`` starts a helper thread that holds one extra
+    OpenMP team (see the module docstring); ``release`` ends it, and libgomp frees its team."""
 
     def __init__(self):
         self._release = threading.Event()
@@ -150,19 +152,21 @@ class Throttle:
 
 
 class Watch:
-    """The daemon thread that follows the other processes' load (``Hysteresis``) with ``Throttle``."""
+    """The daemon thread that follows the other processes' load (``Hysteresis``) with ``Throttle``;
+    ``sampler``: where the load is read (``sample``)."""
 
-    def __init__(self):
+    def __init__(self, sampler: Callable[[], tuple[float, float, float]] | None = None):
+        self.sampler = sample if sampler is None else sampler
         self.throttle = Throttle()
         self.hysteresis = Hysteresis()
         self.switches = 0
         self.last_others = 0.0
         # the first decision before the training starts: it should not begin beside a spinner
-        before = sample()
+        before = self.sampler()
         time.sleep(FIRST_SAMPLE)
-        self._before = self._decide(before)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="evo-attention-load-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._decide(before),),
+                                        name="evo-attention-load-watch", daemon=True)
         self._thread.start()
 
     @property
@@ -177,7 +181,7 @@ class Watch:
         """Short or long waits from the load since ``before``; returns the new sample."""
         import torch
 
-        after = sample()
+        after = self.sampler()
         self.last_others = others_cores(before, after)
         wanted = self.hysteresis.update(self.last_others) and torch.get_num_threads() > 1
         if wanted != self.throttle.on:
@@ -190,10 +194,10 @@ class Watch:
         self._stop.set()
         self._thread.join(5.0)
 
-    def _run(self) -> None:
+    def _run(self, before: tuple[float, float, float]) -> None:
         try:
             while not self._stop.wait(INTERVAL):
-                self._before = self._decide(self._before)
+                before = self._decide(before)
         except OSError:  # /proc/stat unreadable: leave the waits as they were before the watch
             pass
         self.throttle.release()
@@ -203,6 +207,7 @@ _watch: Watch | None = None
 _watch_lock = threading.Lock()
 
 
+@functools.cache  # a loaded library stays loaded: read the process's maps once, not per trainer
 def libgomp_loaded() -> bool:
     """Whether this process's OpenMP runtime is GNU's (the throttle is libgomp's rule)."""
     try:
