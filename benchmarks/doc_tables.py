@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -317,10 +318,14 @@ def search_top(payload: dict) -> str:
     return _markdown(headers, rows, "llrr")
 
 
-def _change(c: dict) -> str:
-    """A paired comparison's change with its 95% interval ("-" where it has none)."""
+def _change(c: dict, log: bool = False) -> str:
+    """A paired comparison's change with its 95% interval ("-" where it has none); a difference of
+    logs as the relative change it is (exp(d) - 1, in percent)."""
     if c["diff_ci_low"] is None:
         return "-"
+    if log:
+        low, mid, high = (100 * math.expm1(c[k]) for k in ("diff_ci_low", "difference", "diff_ci_high"))
+        return f"{mid:+.2f}% [{low:+.2f}, {high:+.2f}]"
     return f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]"
 
 
@@ -359,12 +364,16 @@ def versus(payload: dict) -> str:
         kept = [v for v in values if v is not None]
         return _num(sum(kept) / len(kept), 4) if kept else "-"
 
-    headers = ["Gene", f"Mean {(payload.get('metric') or 'value').replace('_', ' ')} ({len(payload['seeds'])} seeds)",
+    # the scored split and the metric's name where the file records them ("val_perplexity" is the
+    # metric's name on any split)
+    metric = (f"{payload['eval_split']} {payload['metric_label']}" if payload.get("metric_label") and payload.get("eval_split")
+              else (payload.get("metric") or "value").replace("_", " "))
+    headers = ["Gene", f"Mean {metric} ({len(payload['seeds'])} seeds)",
                "vs the reference: paired change [95% CI]", "Test", "p (Holm)",
                f"Equivalence p (Holm, margin {payload['margin']:g})", "Verdict"]
     rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]]
     for name, c in payload["genes"].items():
-        rows.append([code(name), mean(c["values"]), _change(c), str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
+        rows.append([code(name), mean(c["values"]), _change(c, payload.get("log", False)), str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
                      c["verdict_label"]])
     return _markdown(headers, rows, "lrrlrrl")
 

@@ -16,7 +16,10 @@
 # Settings: OUT (default runs/findings3), DATA (default ../shared/data), WORKERS (default 2), TRAIN
 # (training flags added to every training command, e.g. TRAIN="--device cuda --precision fp32";
 # GPU_TRAIN: added only to D1's suite validation and D4's seed-config cell, the stages the CUDA rule
-# names). --smoke: OUT=/tmp/findings3-smoke, a 16-dim 1-layer model, 2 steps (the suite's points
+# names), D4_CELLS (D4's cells this invocation runs, default "tpp2 tpp6 tpp12 seed": the registered
+# cells are the same, a session runs those its time allows; the family and trend are computed once
+# all four verdict files exist), D2_RUN_SEEDS (D2's search seeds this invocation runs, default all
+# ten; strategies.py runs once every search has its validation). --smoke: OUT=/tmp/findings3-smoke, a 16-dim 1-layer model, 2 steps (the suite's points
 # too), 2 seeds, a 2-rate grid, searches of 4 x 2, two search seeds per strategy in D2, nothing
 # copied into docs/: it checks that every flag combination parses and runs, not what it finds.
 set -euo pipefail
@@ -319,8 +322,9 @@ if stage d2; then
   RATE=$(suite_rate)
   # GA and random program search at one budget on the suite, search seeds 1-10; each winner on 3
   # seeds of its search seed's block (GA and random of one search seed share theirs: the pairing)
-  for strategy in ga random; do
-    for seed in $D2_SEEDS; do
+  for seed in ${D2_RUN_SEEDS:-$D2_SEEDS}; do
+    [[ " $D2_SEEDS " == *" $seed "* ]] || { echo "D2_RUN_SEEDS: $seed is not a registered search seed ($D2_SEEDS)" >&2; exit 2; }
+    for strategy in ga random; do
       # shellcheck disable=SC2086
       search "$OUT/d2/$strategy-$seed" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" "${VERSUS[@]}" \
         --config docs/findings3/plans/programs.yaml --strategy "$strategy" "${D2_SEARCH[@]}" --seed "$seed" \
@@ -330,10 +334,16 @@ if stage d2; then
         --margin 0.02 --workers "$WORKERS" --quiet "${TINY[@]}" $TRAIN
     done
   done
-  # the registered test (exact sign-flip over search seeds, TOST at 0.02) needs strategies.py to
-  # read suite validations (validation_suite.json): not yet, see the plan
-  if python3 benchmarks/strategies.py "$OUT/d2" --reference random --margin 0.02 --out "$OUT/d2/strategies.json"; then :; else
-    echo "D2: benchmarks/strategies.py could not read the suite validations (see docs/findings.md, study 3, D2)" >&2
+  # the registered test (exact sign-flip over the search seeds, TOST at 0.02), once every search of
+  # both strategies has its validation
+  missing=0
+  for strategy in ga random; do
+    for seed in $D2_SEEDS; do [[ -f $OUT/d2/$strategy-$seed/validation_suite.json ]] || missing=$((missing + 1)); done
+  done
+  if (( missing == 0 )); then
+    python3 benchmarks/strategies.py "$OUT/d2" --reference random --margin 0.02 --out "$OUT/d2/strategies.json"
+  else
+    echo "D2: the test waits for $missing of the searches' validations" >&2
   fi
 fi
 
@@ -350,11 +360,17 @@ fi
 # config (128x2, 10,000 words, 128 tokens, batch 32, 5000 steps: 12.1 tokens per parameter; block 202)
 CELLS=("tpp2:201:${LM[*]} --steps 828" "tpp6:201:${LM[*]} --steps 2485" "tpp12:201:${LM[*]} --steps 4971"
        "seed:202:--data-dir $DATA/wikitext-2")
+D4_CELLS=${D4_CELLS:-tpp2 tpp6 tpp12 seed}
+for c in $D4_CELLS; do
+  [[ " tpp2 tpp6 tpp12 seed " == *" $c "* ]] || { echo "D4_CELLS: unknown cell $c (take tpp2, tpp6, tpp12, seed)" >&2; exit 2; }
+done
+run_cell() { [[ " $D4_CELLS " == *" ${1%%:*} "* ]]; }
 cell_flags() { local rest=${1#*:}; echo "${rest#*:}"; }
 cell_block() { local rest=${1#*:}; echo "${rest%%:*}"; }
 cell_train() { [[ ${1%%:*} == seed ]] && echo "$TRAIN $GPU_TRAIN" || echo "$TRAIN"; }
 if stage d4-tune; then
   for cell in "${CELLS[@]}"; do
+    run_cell "$cell" || continue
     c=${cell%%:*}; block=$(cell_block "$cell")
     # the gate and the vanilla gene on the grid (tuning seeds of the block; 2 verdict seeds, not reported)
     # shellcheck disable=SC2046,SC2086
@@ -375,6 +391,7 @@ if stage d4-plan; then
   # the verdict plan of each cell: the gate at its selected rate (gate|lr=R); the vanilla models at
   # the matched model's selected rate (--lr)
   for cell in "${CELLS[@]}"; do
+    run_cell "$cell" || continue
     c=${cell%%:*}
     tuned_plan "$OUT/d4-tune/$c/validation.json" "d4-$c" "$PLANS/d4-$c.yaml" "$(cell_block "$cell")" > /dev/null
     baseline_rate "$OUT/d4-tune/$c-matched/result.json" > "$PLANS/d4-$c.lr"
@@ -386,6 +403,7 @@ if stage d4-verdict; then
   # the gate against the parameter-matched vanilla model (and, beside it, the plain one), 8 verdict
   # seeds of the cell's block, the whole test split
   for cell in "${CELLS[@]}"; do
+    run_cell "$cell" || continue
     c=${cell%%:*}
     committed "$PLANS/d4-$c.yaml"; committed "$PLANS/d4-$c.lr"
     # shellcheck disable=SC2046
@@ -393,11 +411,17 @@ if stage d4-verdict; then
       --lr "$(cat "$PLANS/d4-$c.lr")" --match-params --workers "$WORKERS" --quiet --out "$OUT/d4/$c" \
       "${TINY[@]}" $(cell_train "$cell")
   done
-  # the family (Holm over the 4 cells) and the trend over tokens per parameter (block 201's seeds)
-  python3 benchmarks/findings3_family.py --gene "$GATE" --cell "tpp2=$OUT/d4/tpp2/validation_test.json" \
-    --cell "tpp6=$OUT/d4/tpp6/validation_test.json" --cell "tpp12=$OUT/d4/tpp12/validation_test.json" \
-    --cell "seed=$OUT/d4/seed/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01 \
-    --out "$OUT/d4/family.json"
+  # the family (Holm over the 4 cells) and the trend over tokens per parameter (block 201's seeds),
+  # once every cell's verdict file exists
+  if [[ -f $OUT/d4/tpp2/validation_test.json && -f $OUT/d4/tpp6/validation_test.json && \
+        -f $OUT/d4/tpp12/validation_test.json && -f $OUT/d4/seed/validation_test.json ]]; then
+    python3 benchmarks/findings3_family.py --gene "$GATE" --cell "tpp2=$OUT/d4/tpp2/validation_test.json" \
+      --cell "tpp6=$OUT/d4/tpp6/validation_test.json" --cell "tpp12=$OUT/d4/tpp12/validation_test.json" \
+      --cell "seed=$OUT/d4/seed/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01 \
+      --out "$OUT/d4/family.json"
+  else
+    echo "D4: the family and the trend wait for every cell's verdict file (cells run: $D4_CELLS)" >&2
+  fi
 fi
 
 if stage collect; then

@@ -10,7 +10,7 @@ settings and data (here ``validate --from-run RUN --top 3 --suite S`` and ``vali
 the genes of the first with the reference gene of the second. Each comparison is paired by seed with
 the tool's rule (``stats.versus_reference``: the exact sign-flip test below 12 pairs, TOST at the
 margin, Holm over the genes of the first file), on the raw scale for accuracy (suite accuracy), on
-the log scale otherwise. The two files must name the same seeds and the same vanilla values (the
+the log scale otherwise (its changes then relative: the file says ``log``). The two files must name the same seeds and the same vanilla values (the
 same baseline trainings); anything else is refused.
 """
 
@@ -45,7 +45,9 @@ def versus(first: dict, second: dict, reference: str, margin: float) -> dict:
     log = lower and first.get("metric") not in ("val_loss",)
     rows = stats.versus_reference({g["gene"]: [by_seed(g)[s] for s in seeds] for g in genes},
                                   [ref_values[s] for s in seeds], margin=margin, log=log, lower_is_better=lower)
-    return {"reference": reference, "metric": first.get("metric"), "margin": margin, "seeds": seeds,
+    # the metric as the files name it ("val_perplexity" names the metric whatever split was scored)
+    return {"reference": reference, "metric": first.get("metric"), "metric_label": first.get("metric_label"),
+            "eval_split": first.get("eval_split"), "log": log, "margin": margin, "seeds": seeds,
             "reference_values": [ref_values[s] for s in seeds],
             "genes": {g["gene"]: {"values": [by_seed(g)[s] for s in seeds], **rows[g["gene"]]} for g in genes}}
 
