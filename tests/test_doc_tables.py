@@ -4,6 +4,7 @@ regenerating the doc, fails here."""
 
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -36,3 +37,19 @@ def test_a_number_changed_by_hand_is_found(tmp_path):
     assert tables.run(check=True, root=tmp_path) == ["docs/x.md: docs/results/v.json table=verdicts"]
     tables.run(check=False, root=tmp_path)  # regenerating restores the file's numbers
     assert tables.run(check=True, root=tmp_path) == [] and number in doc.read_text()
+
+
+def test_the_versus_table_shows_a_difference_of_logs_as_a_relative_change_on_the_scored_split():
+    versus = _doc_tables().versus
+    row = {"values": [110.0, 111.0], "difference": math.log(1.1), "diff_ci_low": math.log(1.05),
+           "diff_ci_high": math.log(1.15), "test": "sign-flip", "p_holm": 0.5, "p_tost_holm": 1.0,
+           "verdict_label": "undetermined"}
+    payload = {"reference": "gate", "metric": "val_perplexity", "metric_label": "perplexity",
+               "eval_split": "test", "log": True, "margin": 0.01, "seeds": [1, 2],
+               "reference_values": [100.0, 101.0], "genes": {"p": row}}
+    table = versus(payload)
+    assert "Mean test perplexity (2 seeds)" in table and "+10.00% [+5.00, +15.00]" in table
+    # an accuracy file (raw scale, no split recorded) keeps its differences in units
+    raw = {**payload, "metric": "accuracy", "log": False, "metric_label": None, "eval_split": None,
+           "genes": {"p": {**row, "difference": 0.1, "diff_ci_low": 0.05, "diff_ci_high": 0.15}}}
+    assert "Mean accuracy (2 seeds)" in versus(raw) and "+0.100 [+0.050, +0.150]" in versus(raw)

@@ -122,6 +122,7 @@ def test_findings3_versus_pairs_each_gene_with_a_gene_of_another_file(tmp_path):
                         "--reference", "gate", "--margin", "0.02", "--out", str(tmp_path / "v.json")]) == 0
     out = json.loads((tmp_path / "v.json").read_text())
     p1, p2 = out["genes"]["p1"], out["genes"]["p2"]
+    assert out["log"] is False  # suite accuracy: raw differences
     assert p1["family_size"] == 2 and p1["difference"] == pytest.approx(0.10)
     # 6 pairs, all positive: exact p 2/64, Holm over 2 gives 0.0625: the exact test cannot decide
     assert p1["test"] == "sign-flip" and p1["verdict"] == "undetermined" and p1["p_holm"] == pytest.approx(0.0625)
