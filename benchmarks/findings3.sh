@@ -426,10 +426,10 @@ fi
 
 if stage collect; then
   (( SMOKE )) && { echo "--smoke: nothing collected"; exit 0; }
-  # each search's and tuning's store: its machine time (its trainings' stored times; the validations
-  # trained into a search's store too)
-  for run in "$OUT"/d1-search "$OUT"/d2/*/ "$OUT"/d1-*-tune/*/; do
-    if [[ -f $run/run.db ]]; then python3 benchmarks/store_times.py "$run" --out "$run/times.json" > /dev/null; fi
+  # every store's machine time (its trainings' stored times; the validations trained into a search's
+  # store too), beside its store
+  find "$OUT" -name run.db | while read -r db; do
+    run=$(dirname "$db"); python3 benchmarks/store_times.py "$run" --out "$run/times.json" > /dev/null
   done
   bash benchmarks/collect_results.sh "$OUT" docs/findings3
 fi
