@@ -19,9 +19,10 @@
 # names), D4_CELLS (D4's cells this invocation runs, default "tpp2 tpp6 tpp12 seed": the registered
 # cells are the same, a session runs those its time allows; the family and trend are computed once
 # all four verdict files exist), D2_RUN_SEEDS (D2's search seeds this invocation runs, default all
-# ten; strategies.py runs once every search has its validation). --smoke: OUT=/tmp/findings3-smoke, a 16-dim 1-layer model, 2 steps (the suite's points
-# too), 2 seeds, a 2-rate grid, searches of 4 x 2, two search seeds per strategy in D2, nothing
-# copied into docs/: it checks that every flag combination parses and runs, not what it finds.
+# ten; strategies.py runs once every search has its validation). --smoke: OUT=/tmp/findings3-smoke,
+# a 16-dim 1-layer model, 2 steps (the suite's points too), 2 seeds, a 2-rate grid, searches of
+# 4 x 2, two search seeds per strategy in D2, nothing copied into docs/: it checks that every flag
+# combination parses and runs, not what it finds.
 set -euo pipefail
 
 SMOKE=0
