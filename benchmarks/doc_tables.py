@@ -38,7 +38,10 @@ Tables (``table=``):
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
 - ``signal-noise-genes``: the same result's per-gene means per point;
 - ``versus``: a ``benchmarks/findings3_versus.py`` result: genes of one validation against a
-  reference gene of another, paired by seed.
+  reference gene of another, paired by seed;
+- ``d4-family``: a ``benchmarks/findings3_family.py`` result: each cell's gene against its matched
+  model with Holm over the cells (where the file has the family), then the trend over tokens per
+  parameter.
 """
 
 from __future__ import annotations
@@ -378,7 +381,32 @@ def versus(payload: dict) -> str:
     return _markdown(headers, rows, "lrrlrrl")
 
 
-TABLES = {"versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+def d4_family(payload: dict) -> str:
+    """The cells (paired change of the gene against its matched model, exact and t p, Holm over the
+    cells, the equivalence test's Holm p, verdict), then the trend: the mean per-seed slope of the log
+    change on log2 of tokens per parameter (as a relative change per doubling) and its tests."""
+    parts = []
+    if "family" in payload:
+        size = len(payload["family"])
+        headers = ["Cell", "Matched FFN", "Pairs", "Paired change [95% CI]", "p (exact)", "p (t)",
+                   f"p (Holm, {size})", f"Equivalence p (Holm, ±{100 * payload['margin']:g}%)", "Verdict"]
+        rows = [[name, str(c.get("d_ff") or "-"), str(c["n_pairs"]), _change(c, log=True), _p(c["p_exact"]),
+                 _p(c["p_t"]), _p(c["p_holm"]), _p(c["p_tost_holm"]), c["verdict_label"]]
+                for name, c in payload["family"].items()]
+        parts.append(_markdown(headers, rows, "lrrrrrrrl"))
+    if "trend" in payload:
+        t = payload["trend"]
+        cells = ", ".join(f"{name} ({level:g})" for name, level in t["cells"].items())
+        per_doubling = "-" if t["mean_slope"] is None else f"{100 * math.expm1(t['mean_slope']):+.2f}%"
+        headers = ["Trend cells (tokens per parameter)", "Seeds", "Slopes per seed (log change per doubling)",
+                   "Mean slope", "Per doubling", "p (exact sign-flip)", "p (t)", "Words"]
+        rows = [[cells, str(len(t["seeds"])), ", ".join(f"{v:+.4f}" for v in t["slopes"]),
+                 _num(t["mean_slope"], 4), per_doubling, _p(t["p_exact"]), _p(t["p_t"]), t["words"]]]
+        parts.append(_markdown(headers, rows, "lrlrrrrl"))
+    return "\n".join(parts)
+
+
+TABLES = {"d4-family": d4_family, "versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

@@ -17,12 +17,12 @@
 # (training flags added to every training command, e.g. TRAIN="--device cuda --precision fp32";
 # GPU_TRAIN: added only to D1's suite validation and D4's seed-config cell, the stages the CUDA rule
 # names), D4_CELLS (D4's cells this invocation runs, default "tpp2 tpp6 tpp12 seed": the registered
-# cells are the same, a session runs those its time allows; the family and trend are computed once
-# all four verdict files exist), D2_RUN_SEEDS (D2's search seeds this invocation runs, default all
-# ten; strategies.py runs once every search has its validation). --smoke: OUT=/tmp/findings3-smoke,
-# a 16-dim 1-layer model, 2 steps (the suite's points too), 2 seeds, a 2-rate grid, searches of
-# 4 x 2, two search seeds per strategy in D2, nothing copied into docs/: it checks that every flag
-# combination parses and runs, not what it finds.
+# cells are the same, a session runs those its time allows; the family is computed once all four
+# verdict files exist, the trend alone once tpp2's, tpp6's and tpp12's do), D2_RUN_SEEDS (D2's
+# search seeds this invocation runs, default all ten; strategies.py runs once every search has its
+# validation). --smoke: OUT=/tmp/findings3-smoke, a 16-dim 1-layer model, 2 steps (the suite's
+# points too), 2 seeds, a 2-rate grid, searches of 4 x 2, two search seeds per strategy in D2,
+# nothing copied into docs/: it checks that every flag combination parses and runs, not what it finds.
 set -euo pipefail
 
 SMOKE=0
@@ -414,14 +414,19 @@ if stage d4-verdict; then
       "${TINY[@]}" $(cell_train "$cell")
   done
   # the family (Holm over the 4 cells) and the trend over tokens per parameter (block 201's seeds),
-  # once every cell's verdict file exists
+  # once every cell's verdict file exists; the trend (a family of its own, the seed config not in it)
+  # alone once its three cells' files exist
   missing=0
   for c in $CELL_NAMES; do [[ -f $OUT/d4/$c/validation_test.json ]] || missing=$((missing + 1)); done
+  TREND_CELLS=(--cell "tpp2=$OUT/d4/tpp2/validation_test.json" --cell "tpp6=$OUT/d4/tpp6/validation_test.json"
+               --cell "tpp12=$OUT/d4/tpp12/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01)
   if (( missing == 0 )); then
-    python3 benchmarks/findings3_family.py --gene "$GATE" --cell "tpp2=$OUT/d4/tpp2/validation_test.json" \
-      --cell "tpp6=$OUT/d4/tpp6/validation_test.json" --cell "tpp12=$OUT/d4/tpp12/validation_test.json" \
-      --cell "seed=$OUT/d4/seed/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01 \
-      --out "$OUT/d4/family.json"
+    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_CELLS[@]}" \
+      --cell "seed=$OUT/d4/seed/validation_test.json" --out "$OUT/d4/family.json"
+  elif [[ -f $OUT/d4/tpp2/validation_test.json && -f $OUT/d4/tpp6/validation_test.json
+          && -f $OUT/d4/tpp12/validation_test.json ]]; then
+    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_CELLS[@]}" --trend-only --out "$OUT/d4/trend.json"
+    echo "D4: the family waits for $missing of the cells' verdict files (cells run: $D4_CELLS); the trend is in $OUT/d4/trend.json" >&2
   else
     echo "D4: the family and the trend wait for $missing of the cells' verdict files (cells run: $D4_CELLS)" >&2
   fi

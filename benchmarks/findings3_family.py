@@ -13,6 +13,9 @@ Holm-corrected over all the cells. The trend: for each seed shared by the trend'
 squares slope of the log difference (gene minus matched) on log2 of the cell's tokens per parameter;
 the mean slope is tested against 0 by the exact sign-flip test (two-sided, its own family of one),
 the one-sample t-test beside it. Negative: the gene's advantage grows with tokens per parameter.
+``--trend-only`` writes the trend without the family: the trend is a family of its own and reads only
+its cells' files, so it can be reported while a cell outside it (D4's seed config) has not run; the
+cells' Holm words wait for every cell.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--gene", required=True)
     p.add_argument("--cell", action="append", required=True, metavar="NAME=FILE")
     p.add_argument("--trend", metavar="NAME=TPP,...", help="the cells of the trend and their tokens per parameter")
+    p.add_argument("--trend-only", action="store_true",
+                   help="the trend alone (its own family of one), without the Holm family of the cells")
     p.add_argument("--margin", type=float, default=0.01)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -85,7 +90,11 @@ def main(argv=None) -> int:
     for item in args.cell:
         name, _, path = item.partition("=")
         cells[name] = pair_of(json.loads(Path(path).read_text()), args.gene, path)
-    out = {"gene": args.gene, "margin": args.margin, "files": args.cell, "family": family(cells, args.margin)}
+    if args.trend_only and not args.trend:
+        raise SystemExit("--trend-only needs --trend NAME=TPP,...")
+    out = {"gene": args.gene, "margin": args.margin, "files": args.cell}
+    if not args.trend_only:
+        out["family"] = family(cells, args.margin)
     if args.trend:
         levels = {n: float(v) for n, v in (part.split("=") for part in args.trend.split(","))}
         missing = sorted(set(levels) - set(cells))
@@ -94,7 +103,7 @@ def main(argv=None) -> int:
         out["trend"] = trend(cells, levels)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=float))
-    for name, row in out["family"].items():
+    for name, row in out.get("family", {}).items():
         print(f"{name}: {row['verdict_text']}")
     if "trend" in out:
         print(f"trend: {out['trend']['words']} (mean slope {out['trend']['mean_slope']:+.4f}, exact p {out['trend']['p_exact']:.3g})")

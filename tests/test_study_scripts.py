@@ -171,6 +171,20 @@ def test_findings3_family_holds_the_cells_to_holm_and_tests_the_trend_by_seed(tm
     trend = out["trend"]
     assert trend["seeds"] == list(range(1_402_001, 1_402_009)) and trend["mean_slope"] < 0
     assert trend["p_exact"] == pytest.approx(2 / 256) and trend["words"].startswith("the gene's advantage grows")
+    # the trend alone, before the seed config's cell exists: the same trend, no Holm family
+    assert family.main(["--gene", gate, *cells[:3], "--trend", "tpp2=2,tpp6=6,tpp12=12", "--trend-only",
+                        "--out", str(tmp_path / "t.json")]) == 0
+    alone = json.loads((tmp_path / "t.json").read_text())
+    assert "family" not in alone and alone["trend"] == trend
+    # the docs' table of each: the cells with Holm over 4, the trend as a relative change per doubling
+    tables = _script("doc_tables")
+    rendered = tables.d4_family(out)
+    assert "p (Holm, 4)" in rendered and all(f"\n| {c} |" in rendered for c in ("tpp6", "tpp12", "seed"))
+    assert "| tpp2 (2), tpp6 (6), tpp12 (12) | 8 |" in rendered
+    assert f"{100 * math.expm1(trend['mean_slope']):+.2f}%" in rendered
+    assert "Holm" not in tables.d4_family(alone) and "no trend shown" not in tables.d4_family(alone)
+    with pytest.raises(SystemExit, match="--trend-only needs --trend"):
+        family.main(["--gene", gate, *cells[:3], "--trend-only", "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="no parameter-matched baseline"):
         (tmp_path / "plain.json").write_text(json.dumps({"genes": [{"gene": gate, "seeds": [1], "values": [1.0]}]}))
         family.main(["--gene", gate, f"--cell=a={tmp_path / 'plain.json'}", "--out", str(tmp_path / "x.json")])
