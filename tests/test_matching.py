@@ -15,7 +15,7 @@ from evo_attention.report.studies.validation import validation_markdown
 from evo_attention.util.errors import UserError
 
 STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
-               "--batch-size", "4", "--eval-batch-size", "16", "--quiet"]
+               "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]
 PROGRAM = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(dconv3(q),k))),v)))"
 GATED = "dot|softmax|output_gate|fixed|bias|0.10"
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
@@ -167,7 +167,7 @@ def test_transfer_with_matched_baselines_at_every_size(tmp_path, capsys):
     out = tmp_path / "t"
     flags = [f for f in STUDY_FLAGS if f != "--quiet"]
     code = main(["transfer", "--genes", f"{GATED},dot|sparsemax|none|fixed|bias|0.10", *flags, "--sizes", "32x1",
-                 "--seeds", "2", "--match-params", "--eval-steps", "2", "--out", str(out), "--quiet"])
+                 "--seeds", "2", "--match-params", "--out", str(out), "--quiet"])
     assert code == 0
     result = json.loads((out / "transfer.json").read_text())
     assert result["match_params"] is True

@@ -245,7 +245,7 @@ def test_compare_without_a_suite_judges_against_the_baseline_gene_it_is_given(tm
     data = ["--data", "mad:selective_copy:seq_len=12,copy=2,vocab=12,train_examples=64,eval_examples=16"]
     out = tmp_path / "cmp"
     assert main(["compare", "--configs", "baseline,rope_only", "--baseline-gene", VANILLA, "--seeds", "2",
-                 "--out", str(out), "--quiet"] + data + TINY_FLAGS) == 0
+                 "--steps", "2", "--out", str(out), "--quiet"] + data + TINY_FLAGS) == 0
     written = json.loads((out / "compare_results.json").read_text())
     genes = {a["name"]: a["gene"] for a in written["aggregates"]}
     assert genes == {"baseline": VANILLA, "rope_only": ROPE}  # named configurations follow its dropout
