@@ -418,14 +418,14 @@ if stage d4-verdict; then
   # alone once its three cells' files exist
   missing=0
   for c in $CELL_NAMES; do [[ -f $OUT/d4/$c/validation_test.json ]] || missing=$((missing + 1)); done
-  TREND_CELLS=(--cell "tpp2=$OUT/d4/tpp2/validation_test.json" --cell "tpp6=$OUT/d4/tpp6/validation_test.json"
+  TREND_ARGS=(--cell "tpp2=$OUT/d4/tpp2/validation_test.json" --cell "tpp6=$OUT/d4/tpp6/validation_test.json"
                --cell "tpp12=$OUT/d4/tpp12/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01)
   if (( missing == 0 )); then
-    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_CELLS[@]}" \
+    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_ARGS[@]}" \
       --cell "seed=$OUT/d4/seed/validation_test.json" --out "$OUT/d4/family.json"
   elif [[ -f $OUT/d4/tpp2/validation_test.json && -f $OUT/d4/tpp6/validation_test.json
           && -f $OUT/d4/tpp12/validation_test.json ]]; then
-    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_CELLS[@]}" --trend-only --out "$OUT/d4/trend.json"
+    python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_ARGS[@]}" --trend-only --out "$OUT/d4/trend.json"
     echo "D4: the family waits for $missing of the cells' verdict files (cells run: $D4_CELLS); the trend is in $OUT/d4/trend.json" >&2
   else
     echo "D4: the family and the trend wait for $missing of the cells' verdict files (cells run: $D4_CELLS)" >&2
