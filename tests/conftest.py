@@ -39,6 +39,11 @@ def wikitext_dir():
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
+# The CLI flags of a study test (validate, ablate, compare, baseline, ...): a 16-dim 1-layer model on
+# the recall task, 2 training steps and 2 evaluation batches, so a study's test trains in seconds.
+STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+               "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]
+
 
 # Axes that, cycled beside the components, put every position option, rank, relative bias,
 # window and grouped-K/V setting into a short list of genes (heads: 4, so kvh 1 and 2 divide them);

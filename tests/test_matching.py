@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import covering_gene_keys
+from conftest import STUDY_FLAGS, covering_gene_keys
 from evo_attention import AttentionGene, Config
 from evo_attention.cli import main
 from evo_attention.nn.matching import MATCH_TOLERANCE, matched_baseline, parameter_count
@@ -14,8 +14,6 @@ from evo_attention.studies.validate import validate_genes
 from evo_attention.report.studies.validation import validation_markdown
 from evo_attention.util.errors import UserError
 
-STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
-               "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]
 PROGRAM = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(dconv3(q),k))),v)))"
 GATED = "dot|softmax|output_gate|fixed|bias|0.10"
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,

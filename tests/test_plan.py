@@ -7,14 +7,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
+from conftest import STUDY_FLAGS
 from evo_attention.cli import main
 from evo_attention.studies.plan import check_registration, load_plan
 from evo_attention.util.errors import UserError
 
 GATED = "dot|softmax|output_gate|fixed|bias|0.10"
 SPARSE = "dot|sparsemax|none|fixed|bias|0.10"
-STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
-               "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]
 
 
 def _write(path, **plan):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import STUDY_FLAGS
 from evo_attention import Config, Evolution
 from evo_attention.cli import main
 from evo_attention.search.store import RunStore
@@ -144,8 +145,6 @@ def test_3_a_resumed_run_keeps_what_the_uninterrupted_one_keeps(tmp_path, capsys
 
 # -- items 5, 6, 12: every study store has one writer and its own kind; one rule for --out ---------
 CURVE_DATA = "mqar:seq_len=16,vocab=16,train_examples=64,eval_examples=16,pairs=2"
-STUDY_FLAGS = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
-               "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]
 
 
 def _no_training(monkeypatch):
