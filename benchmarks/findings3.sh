@@ -416,19 +416,18 @@ if stage d4-verdict; then
   # the family (Holm over the 4 cells) and the trend over tokens per parameter (block 201's seeds),
   # once every cell's verdict file exists; the trend (a family of its own, the seed config not in it)
   # alone once its three cells' files exist
-  missing=0
-  for c in $CELL_NAMES; do [[ -f $OUT/d4/$c/validation_test.json ]] || missing=$((missing + 1)); done
+  missing=()
+  for c in $CELL_NAMES; do [[ -f $OUT/d4/$c/validation_test.json ]] || missing+=("$c"); done
   TREND_ARGS=(--cell "tpp2=$OUT/d4/tpp2/validation_test.json" --cell "tpp6=$OUT/d4/tpp6/validation_test.json"
-               --cell "tpp12=$OUT/d4/tpp12/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01)
-  if (( missing == 0 )); then
+              --cell "tpp12=$OUT/d4/tpp12/validation_test.json" --trend tpp2=2,tpp6=6,tpp12=12 --margin 0.01)
+  if (( ${#missing[@]} == 0 )); then
     python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_ARGS[@]}" \
       --cell "seed=$OUT/d4/seed/validation_test.json" --out "$OUT/d4/family.json"
-  elif [[ -f $OUT/d4/tpp2/validation_test.json && -f $OUT/d4/tpp6/validation_test.json
-          && -f $OUT/d4/tpp12/validation_test.json ]]; then
+  elif [[ ${missing[*]} == seed ]]; then  # every cell of the trend has its file
     python3 benchmarks/findings3_family.py --gene "$GATE" "${TREND_ARGS[@]}" --trend-only --out "$OUT/d4/trend.json"
-    echo "D4: the family waits for $missing of the cells' verdict files (cells run: $D4_CELLS); the trend is in $OUT/d4/trend.json" >&2
+    echo "D4: the family waits for the verdict file of cell seed; the trend is in $OUT/d4/trend.json" >&2
   else
-    echo "D4: the family and the trend wait for $missing of the cells' verdict files (cells run: $D4_CELLS)" >&2
+    echo "D4: the family and the trend wait for the verdict files of cells ${missing[*]} (cells run: $D4_CELLS)" >&2
   fi
 fi
 
