@@ -100,6 +100,19 @@ base() { echo $((1000000 + 2000 * $1)); }
 
 # a search into DIR, resumed where its store exists (a finished one then trains nothing)
 search() { local dir=$1; shift; evo-attention search $([[ -e "$dir/run.db" ]] && echo --resume) --out "$dir" "$@"; }
+# a finished search's committed results (collect copies them to docs/findings3/PATH) into OUT/PATH where
+# OUT lacks it: a later session, its stores gone, reads and tests every finished search and trains none
+# of it again (not in --smoke)
+restore() {
+  (( SMOKE )) && return 0
+  local path
+  for path in "$@"; do
+    [[ -d docs/findings3/$path && ! -e $OUT/$path ]] || continue
+    mkdir -p "$(dirname "$OUT/$path")" && cp -r "docs/findings3/$path" "$OUT/$path"
+    echo "$OUT/$path: restored from its committed results" >&2
+  done
+}
+d2_searches() { local seed; for seed in $D2_SEEDS; do echo "d2/ga-$seed d2/random-$seed"; done; }
 # refuse a generated plan that is not committed as it is (not in --smoke)
 committed() {
   (( SMOKE )) && return 0
@@ -323,9 +336,13 @@ if stage d2; then
   RATE=$(suite_rate)
   # GA and random program search at one budget on the suite, search seeds 1-10; each winner on 3
   # seeds of its search seed's block (GA and random of one search seed share theirs: the pairing)
+  # shellcheck disable=SC2046
+  restore $(d2_searches)
   for seed in ${D2_RUN_SEEDS:-$D2_SEEDS}; do
     [[ " $D2_SEEDS " == *" $seed "* ]] || { echo "D2_RUN_SEEDS: $seed is not a registered search seed ($D2_SEEDS)" >&2; exit 2; }
     for strategy in ga random; do
+      # a validated search is finished (its validation is written last)
+      [[ -f $OUT/d2/$strategy-$seed/validation_suite.json ]] && { echo "D2: $strategy-$seed is finished" >&2; continue; }
       # shellcheck disable=SC2086
       search "$OUT/d2/$strategy-$seed" --preset quick --suite "$SUITE_BASE" "${BACKBONE[@]}" "${VERSUS[@]}" \
         --config docs/findings3/plans/programs.yaml --strategy "$strategy" "${D2_SEARCH[@]}" --seed "$seed" \
@@ -352,7 +369,11 @@ fi
 if stage d3; then
   # per search of D1 and D2: does its winner (its top 5) hold the output gate (sgate, g.output_gate),
   # the squared ReLU (sqrelu) or a depthwise convolution (dconv2-4), and after how many evaluations
-  python3 benchmarks/rediscovery.py "$OUT/d1-search" "$OUT"/d2/*-*/ --reference random --out "$OUT/d3/rediscovery.json"
+  # (D2's 20 searches compared, GA against random at one budget; D1's, another budget, described)
+  # shellcheck disable=SC2046
+  restore d1-search $(d2_searches)
+  python3 benchmarks/rediscovery.py "$OUT"/d2/*-*/ --describe "$OUT/d1-search" --reference random \
+    --out "$OUT/d3/rediscovery.json"
 fi
 
 # ---------------------------------------------------------------- D4: the gate, properly

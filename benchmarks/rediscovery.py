@@ -2,9 +2,13 @@
 ingredients of attention, and at what budget.
 
     python benchmarks/rediscovery.py RUN_DIR [RUN_DIR ...] --out rediscovery.json [--reference random]
+        [--describe RUN_DIR ...]
 
 Reads each search's ``final_results.json`` (its strategy, its top 5, the best gene of every
-generation) and ``evaluations.csv`` (every evaluation in order). A program **holds** a feature when
+generation) and ``evaluations.csv`` (every evaluation in order). The positional searches are the
+compared ones (one budget, one row per strategy); a ``--describe`` search (another budget, such as
+D1's) is reported on its own and enters no count or test, and may lack ``evaluations.csv`` (then
+its evaluation budget and generation-0 draws are unknown: null). A program **holds** a feature when
 one of the feature's ops appears in it (an op is a name followed by "("):
 
 - the output gate: ``sgate`` or ``g.output_gate`` (gated attention, Qiu et al. 2025);
@@ -47,10 +51,18 @@ def holds(gene: str, feature: str) -> bool:
     return bool(ops(gene) & FEATURES[feature])
 
 
-def search(run: Path) -> dict:
+def search(run: Path, need_evaluations: bool = True) -> dict:
+    if not (run / "final_results.json").is_file():
+        raise SystemExit(f"rediscovery: {run / 'final_results.json'} is missing: pass the folder of a finished search")
     final = json.loads((run / "final_results.json").read_text())
-    with open(run / "evaluations.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("role") == "search"]
+    recorded = (run / "evaluations.csv").is_file()
+    if not recorded and need_evaluations:
+        raise SystemExit(f"rediscovery: {run / 'evaluations.csv'} is missing: a compared search needs every "
+                         "evaluation (pass a search without it with --describe)")
+    rows = []
+    if recorded:
+        with open(run / "evaluations.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("role") == "search"]
     order, generation0 = [], []
     for row in sorted(rows, key=lambda r: int(r["id"])):
         if row["gene"] not in order:
@@ -68,14 +80,17 @@ def search(run: Path) -> dict:
     strategy = final.get("strategy")
     out = {"run": str(run), "strategy": strategy.get("name") if isinstance(strategy, dict) else strategy, "seed": (final.get("config") or {}).get("seed"),
            "winner": top[0] if top else None, "top_5": top, "evaluated": len(order),
-           "generation0": len(generation0), "features": {}}
+           "generation0": len(generation0) if recorded else None, "evaluations_recorded": recorded,
+           "features": {}}
+    if not recorded:
+        out["evaluated"] = None
     for feature in FEATURES:
         first = next((i + 1 for i, g in enumerate(order) if holds(g, feature)), None)
         first_best = next((i for i, g in enumerate(running) if g and holds(g, feature)), None)
         out["features"][feature] = {
             "found": bool(top) and holds(top[0], feature), "in_top_5": any(holds(g, feature) for g in top),
             "first_evaluation": first, "first_generation_best": first_best,
-            "generation0_holding": sum(holds(g, feature) for g in generation0)}
+            "generation0_holding": sum(holds(g, feature) for g in generation0) if recorded else None}
     return out
 
 
@@ -119,13 +134,19 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--reference", default="random")
     p.add_argument("--out", required=True)
+    p.add_argument("--describe", nargs="+", default=[], metavar="RUN_DIR",
+                   help="searches reported on their own: in no count or test (another budget)")
     args = p.parse_args(argv)
     searches = [search(Path(r)) for r in args.runs]
-    out = {"searches": searches, **summarise(searches, args.reference)}
+    described = [search(Path(r), need_evaluations=False) for r in args.describe]
+    out = {"searches": searches, **summarise(searches, args.reference), "described": described}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=float))
     for strategy, rows in out["strategies"].items():
         print(strategy + ": " + "; ".join(f"{f} {r['solved']}/{r['n']}" for f, r in rows.items()))
+    for run in described:
+        print(f"{run['run']} (described): winner holds " +
+              (", ".join(f for f, r in run["features"].items() if r["found"]) or "none of the features"))
     return 0
 
 

@@ -218,10 +218,20 @@ def test_rediscovery_counts_winners_holding_each_feature_and_compares_strategies
             run = tmp_path / f"{strategy}-{seed}"
             _search_run(run, strategy, [(0, plain), (0, squared), (1, winner)], [winner, squared])
             runs.append(str(run))
-    assert rediscovery.main([*runs, "--out", str(tmp_path / "r.json")]) == 0
+    # a search of another budget (D1's), its evaluations.csv not kept: described, in no count
+    other = tmp_path / "d1-search"
+    _search_run(other, "ga", [(0, gated)], [gated])
+    (other / "evaluations.csv").unlink()
+    with pytest.raises(SystemExit, match="evaluations.csv is missing"):
+        rediscovery.main([*runs, str(other), "--out", str(tmp_path / "r.json")])
+    assert rediscovery.main([*runs, "--describe", str(other), "--out", str(tmp_path / "r.json")]) == 0
     out = json.loads((tmp_path / "r.json").read_text())
+    (described,) = out["described"]
+    assert described["features"]["output gate"]["found"] and described["evaluated"] is None
+    assert described["features"]["output gate"]["first_evaluation"] is None
+    assert described["features"]["output gate"]["first_generation_best"] == 0
     ga, rnd = out["strategies"]["ga"], out["strategies"]["random"]
-    assert ga["output gate"]["solved"] == 8 and rnd["output gate"]["solved"] == 0
+    assert ga["output gate"]["solved"] == 8 and ga["output gate"]["n"] == 8 and rnd["output gate"]["solved"] == 0
     assert ga["squared ReLU"]["solved"] == 0 and ga["squared ReLU"]["in_top_5"] == 8
     assert ga["output gate"]["base_rate"] == 0 and ga["squared ReLU"]["base_rate"] == 0.5
     first = out["searches"][0]["features"]
