@@ -416,6 +416,7 @@ if stage d4-plan; then
   for cell in "${CELLS[@]}"; do
     run_cell "$cell" || continue
     c=${cell%%:*}
+    restore "d4-tune/$c" "d4-tune/$c-matched"
     tuned_plan "$OUT/d4-tune/$c/validation.json" "d4-$c" "$PLANS/d4-$c.yaml" "$(cell_block "$cell")" > /dev/null
     baseline_rate "$OUT/d4-tune/$c-matched/result.json" > "$PLANS/d4-$c.lr"
   done
@@ -424,10 +425,14 @@ fi
 
 if stage d4-verdict; then
   # the gate against the parameter-matched vanilla model (and, beside it, the plain one), 8 verdict
-  # seeds of the cell's block, the whole test split
+  # seeds of the cell's block, the whole test split; a cell whose verdict file exists (or is committed)
+  # is finished
+  # shellcheck disable=SC2086
+  restore $(printf 'd4/%s ' $CELL_NAMES)
   for cell in "${CELLS[@]}"; do
     run_cell "$cell" || continue
     c=${cell%%:*}
+    [[ -f $OUT/d4/$c/validation_test.json ]] && { echo "D4: cell $c is finished" >&2; continue; }
     committed "$PLANS/d4-$c.yaml"; committed "$PLANS/d4-$c.lr"
     # shellcheck disable=SC2046
     evo-attention validate --plan "$PLANS/d4-$c.yaml" $(cell_flags "$cell") "${RECIPE[@]}" "${TEST[@]}" \
