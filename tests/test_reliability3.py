@@ -254,6 +254,33 @@ def test_4_a_resume_after_a_changed_probe_file_keeps_the_runs_precision(probing,
     assert len(said) == 1 and probe.name in said[0]
 
 
+def test_4_a_probe_file_with_other_timings_but_the_same_answer_is_not_reported(probing, recwarn):
+    import torch
+
+    from evo_attention.nn.model import ModelSpec
+    from evo_attention.train import environment, probe_cache
+
+    spec = ModelSpec(vocab_size=16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    cpu = torch.device("cpu")
+
+    def probe():
+        environment._PRECISION_CHOICES.clear()  # as in a new process of the same run
+        return environment.probed_precision(spec, 8, 4, cpu, timer=lambda: {"fp32": 0.030, "bf16": 0.010})[0]
+
+    assert probe() == "bf16"
+    [path] = probing.glob("precision-*.json")
+    probe_cache.pin_probes(probe_cache.used_probes())  # the run pins what it used
+    # re-measured since (other timings, the same precision): nothing to report
+    path.write_text(json.dumps({**json.loads(path.read_text()), "fp32_ms": 31.0, "bf16_ms": 12.0}))
+    assert probe() == "bf16"
+    assert not [w for w in recwarn if "differs from the one this run pinned" in str(w.message)]
+    # another precision: reported once, and the pinned answer still decides
+    path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "fp32"}))
+    assert probe() == "bf16" and probe() == "bf16"
+    said = [str(w.message) for w in recwarn if "differs from the one this run pinned" in str(w.message)]
+    assert len(said) == 1 and path.name in said[0]
+
+
 def test_4_an_unwritable_probe_cache_is_said_once(probing, tmp_path, monkeypatch):
     import torch
 

@@ -141,7 +141,9 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
                     "gain": BATCH_PROBE_GAIN,
                     "threads": torch.get_num_threads(), "torch": torch.__version__}
 
-        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure, keep=_stable)[0]
+        # an answer decides its K (here without the memory bound, which is the machine's, not the file's)
+        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure, keep=_stable,
+                                          decides=lambda entry: choose_models(entry, None)[0])[0]
     return _BATCH_PROBES[key], path.name
 
 

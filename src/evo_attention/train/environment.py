@@ -139,7 +139,8 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
                 "shape": shape, "spread": times.get("spread", 1.0)}
 
     found, kept = probe_answer(path, _precision_entry, measure,
-                               keep=lambda entry: entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD)
+                               keep=lambda entry: entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD,
+                               decides=lambda entry: entry["precision"])
     precision = found["precision"]
     where = path.name if kept else ("not kept: its rounds disagreed by more than "
                                     f"{PROBE_STABLE_SPREAD:g}x, the machine was busy")

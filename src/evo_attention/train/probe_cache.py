@@ -10,8 +10,9 @@ training of each shape measures again.
 
 An answer decides a result (the precision of a training, the models per batch), so a run pins the
 answers it used (``pin_probes``: the run store's meta, read back on resume and handed to every
-worker with its task): a pinned answer is used whatever the file says now, and a file that differs
-from it is reported once, never used. Processes measure a missing or damaged answer one at a time
+worker with its task): a pinned answer is used whatever the file says now, and a file whose answer
+decides otherwise (another precision, another K; not merely other timings) is reported once, never
+used. Processes measure a missing or damaged answer one at a time
 (an exclusive lock beside the file), so concurrent workers never measure two answers for one
 shape; a damaged file is replaced by the new measurement and reported once; a cache directory that
 cannot be written is reported once (every process then measures for itself). ``used_probes`` are
@@ -107,14 +108,17 @@ def read_probe(path: Path, valid: Callable[[dict], bool]) -> dict | None:
 
 
 def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[], dict],
-                 keep: Callable[[dict], bool] = lambda entry: True) -> tuple[dict, bool]:
+                 keep: Callable[[dict], bool] = lambda entry: True,
+                 decides: Callable[[dict], object] = lambda entry: entry) -> tuple[dict, bool]:
     """The answer of the probe kept in ``path`` and whether it is kept: the run's pinned answer
     where there is one; else the file's; else ``measure()``d now (one process at a time) and written
-    to the file if ``keep(entry)``. See the module docstring for what is reported."""
+    to the file if ``keep(entry)``. ``decides(entry)``: what of an entry decides a result (a file
+    that differs from the pinned answer only elsewhere is not reported). See the module docstring
+    for what is reported."""
     pinned = _PINNED.get(path.name)
     if pinned is not None and valid(pinned):
         there = read_probe(path, valid)
-        if there is not None and there != pinned:
+        if there is not None and decides(there) != decides(pinned):
             warn_once(f"pinned:{path}", f"the probe answer in {path} differs from the one this run pinned at its "
                       "first use: the run keeps its own answer (its results stay comparable)")
         _USED[path.name] = pinned
