@@ -259,6 +259,8 @@ def test_validate_from_a_suite_run_and_bad_suites_through_the_cli(tmp_path, tiny
     assert main(argv) == 0
     written = json.loads((out / "validation_suite.json").read_text())
     assert written["study"] == "validation" and written["genes"][0]["gene"] == ROPE
+    # how its 8 trainings ran, kept in the file (the resolved precision of precision auto)
+    assert sum(written["trained_as"].values()) == 8 and all(k.startswith("cpu ") for k in written["trained_as"])
     assert (out / "validation_suite.png").is_file() and (out / "validation_suite.md").is_file()
     with RunStore.open(out, readonly=True) as store:  # kept in a store of its own: a repeat trains nothing
         n = len(store.evaluations())

@@ -179,6 +179,8 @@ def test_validate_from_run_end_to_end(tiny_run, capsys):
     assert result["baseline"]["gene"] == VANILLA.key and [g["gene"] for g in result["genes"]] == [SPARSE]
     row = result["genes"][0]
     assert len(row["values"]) == 2 and row["verdict"] in ("better", "worse", "equivalent", "undetermined")
+    for sample in (result["baseline"], row):  # where and in which precision each seed trained
+        assert sample["devices"] == ["cpu", "cpu"] and sample["precisions"][0] in ("fp32", "bf16")
     for key in ("mean", "sd", "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "p_value", "p_holm",
                 "cohens_d"):
         assert key in row

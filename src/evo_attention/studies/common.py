@@ -541,9 +541,22 @@ class VerdictResult(SeedStudyResult):
 COSTS = ("params", "flops", "train_ms_per_step", "latency_ms")
 
 
+def trained_as(records) -> dict[str, int]:
+    """How many of ``records`` trained on each device in each precision (``"cpu bf16": 28``), as the
+    records say: what a result file keeps of ``precision auto``'s per-machine choice once its store is
+    gone."""
+    counts: dict[str, int] = {}
+    for r in records:
+        device, precision = r.get("device"), r.get("precision")
+        label = f"{device} {precision}" if device and precision else "unrecorded"
+        counts[label] = counts.get(label, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
-    """``{"seeds", "values", "statuses", "devices", "n_failed", "errors", "cost"}`` of one gene (values
-    None where failed; ``devices``: where each seed trained, as its record says); ``cost``: each of
+    """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost"}`` of
+    one gene (values None where failed; ``devices``, ``precisions``: where and in which precision each
+    seed trained, as its record says); ``cost``: each of
     ``COSTS``, the median over the finished trainings (timings are the machine's where they trained,
     so the median damps one slow neighbour)."""
     rows = [records[key, s] for s in seeds]
@@ -554,7 +567,8 @@ def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
         measured = [v for v in (objective_value(r, name) for r in rows) if v is not None]
         cost[name] = statistics.median(measured) if measured else None
     return {"seeds": list(seeds), "values": values, "statuses": [str(r.get("status")) for r in rows],
-            "devices": [r.get("device") for r in rows], "n_failed": sum(v is None for v in values),
+            "devices": [r.get("device") for r in rows], "precisions": [r.get("precision") for r in rows],
+            "n_failed": sum(v is None for v in values),
             "errors": errors, "cost": cost}
 
 

@@ -38,7 +38,7 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.suite import suite_heatmap_rows, suite_markdown
 from evo_attention.report.studies.validation import validation_headline
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult
+from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult, trained_as
 from evo_attention.train.record import SUITE_OBJECTIVE
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, suite_score
@@ -121,6 +121,7 @@ def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]],
                               "steps": configs[p.label].train_steps} for p in suite.points]},
         "baseline": rows[base_key],
         "genes": [{**rows[key], **compared.get(key, {})} for _, key in others],
+        "trained_as": trained_as(records.values()),
     }
     result["headline"] = validation_headline(result)
     return to_jsonable(result)
