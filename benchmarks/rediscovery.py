@@ -79,11 +79,9 @@ def search(run: Path, need_evaluations: bool = True) -> dict:
         running.append(None if best is None else best[1])
     strategy = final.get("strategy")
     out = {"run": str(run), "strategy": strategy.get("name") if isinstance(strategy, dict) else strategy, "seed": (final.get("config") or {}).get("seed"),
-           "winner": top[0] if top else None, "top_5": top, "evaluated": len(order),
+           "winner": top[0] if top else None, "top_5": top, "evaluated": len(order) if recorded else None,
            "generation0": len(generation0) if recorded else None, "evaluations_recorded": recorded,
            "features": {}}
-    if not recorded:
-        out["evaluated"] = None
     for feature in FEATURES:
         first = next((i + 1 for i, g in enumerate(order) if holds(g, feature)), None)
         first_best = next((i for i, g in enumerate(running) if g and holds(g, feature)), None)
