@@ -26,6 +26,7 @@ import dataclasses
 import math
 import os
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -545,11 +546,8 @@ def trained_as(records) -> dict[str, int]:
     """How many of ``records`` trained on each device in each precision (``"cpu bf16": 28``), as the
     records say: what a result file keeps of ``precision auto``'s per-machine choice once its store is
     gone."""
-    counts: dict[str, int] = {}
-    for r in records:
-        device, precision = r.get("device"), r.get("precision")
-        label = f"{device} {precision}" if device and precision else "unrecorded"
-        counts[label] = counts.get(label, 0) + 1
+    counts = Counter(f"{r['device']} {r['precision']}" if r.get("device") and r.get("precision") else "unrecorded"
+                     for r in records)
     return dict(sorted(counts.items()))
 
 
