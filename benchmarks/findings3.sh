@@ -20,7 +20,9 @@
 # GPU_TRAIN: added only to D1's suite validation and D4's seed-config cell, the stages the CUDA rule
 # names), D4_CELLS (D4's cells this invocation runs, default "tpp2 tpp6 tpp12 seed": the registered
 # cells are the same, a session runs those its time allows; the family is computed once all four
-# verdict files exist, the trend alone once tpp2's, tpp6's and tpp12's do), D2_RUN_SEEDS (D2's
+# verdict files exist, the trend alone once tpp2's, tpp6's and tpp12's do), TUNE_TOGETHER=1 (d4-tune
+# runs a cell's two grids, the gate's and the matched model's, at once: the same commands and trainings,
+# for a machine whose cores outnumber one command's workers, such as a GPU machine's), D2_RUN_SEEDS (D2's
 # search seeds this invocation runs, default all ten; strategies.py runs once every search has its
 # validation). --smoke: OUT=/tmp/findings3-smoke, a 16-dim 1-layer model, 2 steps (the suite's
 # points too), 2 seeds, a 2-rate grid, searches of 4 x 2, two search seeds per strategy in D2,
@@ -67,6 +69,7 @@ DATA=${DATA:-../shared/data}
 WORKERS=${WORKERS:-2}
 TRAIN=${TRAIN:-}
 GPU_TRAIN=${GPU_TRAIN:-}
+TUNE_TOGETHER=${TUNE_TOGETHER:-0}
 PLANS=docs/findings3/plans
 # every registered number that --smoke shrinks
 SEEDS=8; D2_SEEDS="1 2 3 4 5 6 7 8 9 10"; D2_VALIDATE_SEEDS=3; TUNE_SEEDS=2
@@ -382,9 +385,10 @@ fi
 # ---------------------------------------------------------------- D4: the gate, properly
 # cells: 64x2 at 2, 6 and 12 tokens per parameter of the plain baseline (424,192 parameters, 1,024
 # tokens per step: 828, 2485, 4971 steps; block 201, the same seeds in the three cells), and the seed
-# config (128x2, 10,000 words, 128 tokens, batch 32, 5000 steps: 12.1 tokens per parameter; block 202)
+# config (128x2, 10,000 words, 128 tokens, batch 32, 5000 steps: 12.1 tokens per parameter; block 202;
+# the counter dropout stream, amendment 4: masks computed on the device, so a GPU step can be a CUDA graph)
 CELLS=("tpp2:201:${LM[*]} --steps 828" "tpp6:201:${LM[*]} --steps 2485" "tpp12:201:${LM[*]} --steps 4971"
-       "seed:202:--data-dir $DATA/wikitext-2")
+       "seed:202:--data-dir $DATA/wikitext-2 --dropout-stream counter")
 CELL_NAMES="${CELLS[*]%%:*}"
 D4_CELLS=${D4_CELLS:-$CELL_NAMES}
 for c in $D4_CELLS; do
@@ -402,7 +406,9 @@ if stage d4-tune; then
     # shellcheck disable=SC2046,SC2086
     evo-attention validate --genes "$GATE" $(cell_flags "$cell") "${RECIPE[@]}" --lr-grid "$GRID" \
       --tuning-seeds "$TUNE_SEEDS" --seeds 2 --seed-block "$block" --eval-steps all --workers "$WORKERS" --quiet \
-      --out "$OUT/d4-tune/$c" "${TINY[@]}" $(cell_train "$cell")
+      --out "$OUT/d4-tune/$c" "${TINY[@]}" $(cell_train "$cell") &
+    gate_grid=$!
+    (( TUNE_TOGETHER )) || wait "$gate_grid"
     # the parameter-matched vanilla gene (the width nn.matching gives the gate) on the same grid and seeds
     # shellcheck disable=SC2046
     width=$(python3 benchmarks/findings3_width.py --gene "$GATE" -- $(cell_flags "$cell") "${TINY[@]}")
@@ -410,6 +416,7 @@ if stage d4-tune; then
     evo-attention baseline --ffn "$width" $(cell_flags "$cell") "${RECIPE[@]}" --lr-grid "$GRID" \
       --tuning-seeds "$TUNE_SEEDS" --seed "$(base "$block")" --eval-steps all --workers "$WORKERS" --quiet \
       --out "$OUT/d4-tune/$c-matched" "${TINY[@]}" $(cell_train "$cell")
+    (( ! TUNE_TOGETHER )) || wait "$gate_grid"
   done
 fi
 

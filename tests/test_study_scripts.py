@@ -1,6 +1,7 @@
 """The study's summary scripts (benchmarks/cost_rounds.py, benchmarks/strategies.py,
 benchmarks/curve_verdicts.py, benchmarks/findings3_versus.py, benchmarks/findings3_family.py,
-benchmarks/rediscovery.py): the rules they apply to result files, on small made-up files."""
+benchmarks/rediscovery.py): the rules they apply to result files, on small made-up files; and
+benchmarks/detached.sh, how a job that outlives its starter is started and collected."""
 
 import importlib.util
 import json
@@ -316,3 +317,31 @@ def test_store_times_counts_each_role_and_reports_gaps_without_a_stored_training
     assert [r["stored"] for r in rows] == at[:2]  # in the order stored
     assert rows[0]["ms_per_step"] is None and rows[0]["cuda_graph"] is None
     assert rows[1]["ms_per_step"] == 2.0 and rows[1]["cuda_graph"] == "captured at step 3"
+
+
+def test_detached_job_outlives_its_starter_and_a_later_wait_collects_it(tmp_path):
+    """benchmarks/detached.sh: `start` returns at once; a `wait` shorter than the job says it still
+    runs (exit 3, its log copied); a later one collects the exit status and a tar of the named paths;
+    a second job in the same JOB is refused."""
+    import subprocess
+    import tarfile
+
+    job, out, made = tmp_path / "job", tmp_path / "out", tmp_path / "made"
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "JOB": str(job), "OUT": str(out)}
+    script = str(REPO / "benchmarks" / "detached.sh")
+    command = f"echo begun; sleep 3; mkdir -p {made}; echo x > {made}/a; exit 4"
+    run = lambda *args: subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True,  # noqa: E731
+                                       cwd=tmp_path, timeout=60)
+    started = run("start", "bash", "-c", command)
+    assert started.returncode == 0 and "started" in started.stdout
+    early = run("wait", "0", "made")
+    assert early.returncode == 3 and "still running" in early.stdout
+    assert not (out / "results.tar.gz").exists()
+    late = run("wait", "30", "made")
+    assert late.returncode == 4 and "ended with status 4" in late.stdout
+    assert (out / "job.log").read_text() == "begun\n"
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert tar.getnames() == ["made", "made/a"]
+    again = run("start", "true")
+    assert again.returncode == 2 and "already holds a job" in again.stderr

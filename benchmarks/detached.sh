@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A stage longer than one call of a lent GPU machine (at most 10 minutes a call): `start` runs the
+# command in a process session of its own, which outlives the call while the machine stays warm;
+# `wait` waits for it at most SECONDS, then copies its log into OUT and, once it has ended, a tar of
+# the named paths. A second `wait`, called at once, picks the same job up where the first left it.
+#
+#   JOB=DIR bash benchmarks/detached.sh start COMMAND...
+#   JOB=DIR OUT=DIR bash benchmarks/detached.sh wait SECONDS [PATH...]
+#
+# `wait` exits 0 when the command ended with status 0, 3 while it still runs, else the command's status.
+# The command's own output must lie outside the device tool's $OUT, which each call empties (a
+# store there is unlinked under the running job): findings3.sh reads OUT as its own setting, so give
+# it OUT=runs/findings3 explicitly. A lent machine's recipe for D4's seed-config cell:
+#
+#   export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 EVO_ATTENTION_CACHE_DIR=$(mktemp -d)
+#   mkdir -p /tmp/bin; printf '#!/bin/sh\nexec python3 -m evo_attention.cli "$@"\n' > /tmp/bin/evo-attention
+#   chmod +x /tmp/bin/evo-attention; export PATH=/tmp/bin:$PATH; nvidia-cuda-mps-control -d
+#   JOB=/tmp/d4 bash benchmarks/detached.sh start env OUT=runs/findings3 GPU_TRAIN="--device cuda --precision fp32" \
+#     WORKERS=16 TUNE_TOGETHER=1 D4_CELLS=seed DATA=.devdata bash benchmarks/findings3.sh d4-tune
+#   JOB=/tmp/d4 bash benchmarks/detached.sh wait 540 runs/findings3/d4-tune   # again in the next call if 3
+set -uo pipefail
+JOB=${JOB:?JOB: the job directory (its log and exit status)}
+verb=${1:?start or wait}
+shift
+mkdir -p "$JOB"
+case $verb in
+  start)
+    (( $# )) || { echo "detached.sh start: name the command to run" >&2; exit 2; }
+    [[ -e $JOB/pid ]] && { echo "detached.sh: $JOB already holds a job: wait for it or use another JOB" >&2; exit 2; }
+    setsid bash -c '"$@"; echo $? > "$0/rc"' "$JOB" "$@" > "$JOB/log" 2>&1 < /dev/null &
+    echo $! > "$JOB/pid"
+    echo "started $* (pid $!)" ;;
+  wait)
+    limit=${1:?wait SECONDS}
+    shift
+    OUT=${OUT:?OUT: where the log and the results go}
+    end=$((SECONDS + limit))
+    while [[ ! -e $JOB/rc ]] && (( SECONDS < end )); do sleep 5; done
+    cp "$JOB/log" "$OUT/job.log"
+    if [[ ! -e $JOB/rc ]]; then echo "still running after ${limit} s (log: job.log)"; exit 3; fi
+    rc=$(cat "$JOB/rc")
+    (( $# )) && tar czf "$OUT/results.tar.gz" "$@"
+    echo "ended with status $rc"
+    exit "$rc" ;;
+  *) echo "detached.sh: unknown verb $verb (start or wait)" >&2; exit 2 ;;
+esac
