@@ -15,8 +15,12 @@
 #   export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 EVO_ATTENTION_CACHE_DIR=$(mktemp -d)
 #   mkdir -p /tmp/bin; printf '#!/bin/sh\nexec python3 -m evo_attention.cli "$@"\n' > /tmp/bin/evo-attention
 #   chmod +x /tmp/bin/evo-attention; export PATH=/tmp/bin:$PATH; nvidia-cuda-mps-control -d
-#   JOB=/tmp/d4 bash benchmarks/detached.sh start env OUT=runs/findings3 GPU_TRAIN="--device cuda --precision fp32" \
-#     WORKERS=16 TUNE_TOGETHER=1 D4_CELLS=seed DATA=.devdata bash benchmarks/findings3.sh d4-tune
+#   JOB=/tmp/d4 bash benchmarks/detached.sh start env OUT=runs/findings3 WORKERS=24 TUNE_TOGETHER=1 \
+#     GPU_TRAIN="--device cuda --precision fp32 --batch-models off" D4_CELLS=seed DATA=.devdata \
+#     bash benchmarks/findings3.sh d4-tune
+#
+# (DATA: a copy of ../shared/data/wikitext-2 under .devdata/, which the call carries; one model per
+# process, so each step replays as a CUDA graph; 24 + 12 processes train both grids in one wave.)
 #   JOB=/tmp/d4 bash benchmarks/detached.sh wait 540 runs/findings3/d4-tune   # again in the next call if 3
 set -uo pipefail
 JOB=${JOB:?JOB: the job directory (its log and exit status)}
