@@ -226,7 +226,7 @@ def versions() -> dict:
 def machine() -> dict:
     """The machine a measurement came from: CPU model, cores, native bf16, GPU if any, and
     ``torch_threads``, the threads of the process that calls this (the one writing the file; a
-    training in a worker process runs with its own: its record's ``latency_threads``, where measured)"""
+    training in a worker process runs with its own: its record's ``latency_threads``, where measured)."""
     out = {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": cpu_has_fast_bf16(),
            "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
