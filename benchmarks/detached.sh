@@ -18,10 +18,10 @@
 #   JOB=/tmp/d4 bash benchmarks/detached.sh start env OUT=runs/findings3 WORKERS=24 TUNE_TOGETHER=1 \
 #     GPU_TRAIN="--device cuda --precision fp32 --batch-models off" D4_CELLS=seed DATA=.devdata \
 #     bash benchmarks/findings3.sh d4-tune
+#   JOB=/tmp/d4 bash benchmarks/detached.sh wait 540 runs/findings3/d4-tune   # again in the next call if 3
 #
 # (DATA: a copy of ../shared/data/wikitext-2 under .devdata/, which the call carries; one model per
 # process, so each step replays as a CUDA graph; 24 + 12 processes train both grids in one wave.)
-#   JOB=/tmp/d4 bash benchmarks/detached.sh wait 540 runs/findings3/d4-tune   # again in the next call if 3
 set -uo pipefail
 JOB=${JOB:?JOB: the job directory (its log and exit status)}
 verb=${1:?start or wait}
