@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A stage longer than one call of a lent GPU machine (at most 10 minutes a call): `start` runs the
 # command in a process session of its own, which outlives the call while the machine stays warm;
-# `wait` waits for it at most SECONDS, then copies its log into OUT and, once it has ended, a tar of
-# the named paths. A second `wait`, called at once, picks the same job up where the first left it.
+# `wait` waits for it at most SECONDS, then copies its log into OUT with a tar of the named paths
+# (results.tar.gz; each SQLite store in it copied through SQLite's backup, so a store a live job writes
+# arrives whole, holding every training finished so far: running the stage again trains only the
+# rest) and progress.txt (each store's finished trainings and its workers' steps). A second `wait`,
+# called at once, picks the same job up where the first left it.
 #
 #   JOB=DIR bash benchmarks/detached.sh start COMMAND...
 #   JOB=DIR OUT=DIR bash benchmarks/detached.sh wait SECONDS [PATH...]
@@ -27,6 +30,49 @@ JOB=${JOB:?JOB: the job directory (its log and exit status)}
 verb=${1:?start or wait}
 shift
 mkdir -p "$JOB"
+
+# results.tar.gz and progress.txt of the named paths (see the header); a path that does not exist yet
+# is left out
+snapshot() {
+  local copy
+  copy=$(mktemp -d)
+  python3 - "$copy" "$OUT/progress.txt" "$@" <<'PY'
+import shutil, sqlite3, sys, time
+from pathlib import Path
+
+copy, progress, paths = Path(sys.argv[1]), Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
+lines = [time.strftime("at %Y-%m-%dT%H:%M:%SZ", time.gmtime())]
+for top in paths:
+    if top.is_absolute():
+        sys.exit(f"detached.sh wait: {top} is absolute: name the paths relative to the working directory")
+    for src in ([top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []):
+        if src.is_dir() or src.name.endswith(("-wal", "-shm")):
+            continue
+        dst = copy / src
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix != ".db":
+            shutil.copy2(src, dst)
+            continue
+        live, kept = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=60), sqlite3.connect(dst)
+        live.backup(kept)
+        live.close()
+        try:
+            done = kept.execute("select count(*) from evaluations").fetchone()[0]
+            steps = kept.execute("select worker, step, total, updated_at from activity order by worker").fetchall()
+        except sqlite3.DatabaseError:  # not a run store: copied, not described
+            continue
+        finally:
+            kept.close()
+        lines.append(f"{src}: {done} trainings finished")
+        lines += [f"  {w} step {s}/{t} at {at}" for w, s, t, at in steps]
+progress.write_text("\n".join(lines) + "\n")
+PY
+  local kept=()
+  for p in "$@"; do [[ -e $copy/$p ]] && kept+=("$p"); done
+  (( ${#kept[@]} )) && tar czf "$OUT/results.tar.gz" -C "$copy" "${kept[@]}"
+  rm -rf "$copy"
+}
+
 case $verb in
   start)
     (( $# )) || { echo "detached.sh start: name the command to run" >&2; exit 2; }
@@ -41,9 +87,9 @@ case $verb in
     end=$((SECONDS + limit))
     while [[ ! -e $JOB/rc ]] && (( SECONDS < end )); do sleep 5; done
     cp "$JOB/log" "$OUT/job.log"
+    (( $# )) && snapshot "$@"
     if [[ ! -e $JOB/rc ]]; then echo "still running after ${limit} s (log: job.log)"; exit 3; fi
     rc=$(cat "$JOB/rc")
-    (( $# )) && tar czf "$OUT/results.tar.gz" "$@"
     echo "ended with status $rc"
     exit "$rc" ;;
   *) echo "detached.sh: unknown verb $verb (start or wait)" >&2; exit 2 ;;

@@ -6,6 +6,10 @@ benchmarks/detached.sh, how a job that outlives its starter is started and colle
 import importlib.util
 import json
 import math
+import os
+import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -345,3 +349,46 @@ def test_detached_job_outlives_its_starter_and_a_later_wait_collects_it(tmp_path
         assert tar.getnames() == ["made", "made/a"]
     again = run("start", "true")
     assert again.returncode == 2 and "already holds a job" in again.stderr
+
+
+def test_detached_wait_brings_a_live_store_back_whole(tmp_path):
+    """benchmarks/detached.sh: a `wait` that ends before its job copies the run store the job is
+    writing through SQLite's backup (its WAL held open, uncheckpointed), so the tar holds every
+    training finished so far, and progress.txt names them and the workers' steps."""
+    import sqlite3
+    import subprocess
+    import tarfile
+
+    from evo_attention.search.store import RunStore
+
+    job, out, run_dir = tmp_path / "job", tmp_path / "out", tmp_path / "runs" / "cell"
+    out.mkdir()
+    RunStore.create(run_dir, {}).close()
+    writer = ("import sqlite3, sys, time\n"
+              "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "db.execute('pragma wal_autocheckpoint=0')\n"
+              "db.execute(\"insert into activity values ('w0', 'g', 7, 10, 1.5, 'now')\")\n"
+              "print('written', flush=True)\n"
+              "time.sleep(30)\n")
+    env = {"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "JOB": str(job), "OUT": str(out)}
+    script = str(REPO / "benchmarks" / "detached.sh")
+    run = lambda *args: subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True,  # noqa: E731
+                                       cwd=tmp_path, timeout=60)
+    assert run("start", sys.executable, "-c", writer, str(run_dir / "run.db")).returncode == 0
+    for _ in range(100):
+        if "written" in (job / "log").read_text():
+            break
+        time.sleep(0.1)
+    try:
+        early = run("wait", "0", "runs")
+        assert early.returncode == 3, early.stderr
+        with tarfile.open(out / "results.tar.gz") as tar:
+            assert "runs/cell/run.db" in tar.getnames()
+            assert not any(n.endswith("-wal") for n in tar.getnames())
+            tar.extractall(tmp_path / "back", filter="data")
+        back = sqlite3.connect(tmp_path / "back" / "runs" / "cell" / "run.db")
+        assert back.execute("select worker, step from activity").fetchall() == [("w0", 7)]
+        text = (out / "progress.txt").read_text()
+        assert "runs/cell/run.db: 0 trainings finished" in text and "w0 step 7/10" in text
+    finally:
+        os.killpg(int((job / "pid").read_text()), signal.SIGTERM)  # `start` made the job a session of its own
