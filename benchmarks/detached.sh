@@ -26,7 +26,7 @@
 # (DATA: a copy of ../shared/data/wikitext-2 under .devdata/, which the call carries; one model per
 # process, so each step replays as a CUDA graph; 24 + 12 processes train both grids in one wave.)
 # The cell's verdict, once its plan is committed: d4-verdict checks that with git, and the device
-# tool carries no .git, so carry a copy (`cp -r .git .devgit`, `/.devgit/` in .git/info/exclude;
+# tool's carry refuses .git, so carry a copy (`cp -r .git .devgit`, `/.devgit/` in .git/info/exclude;
 # carry [".devdata", ".devgit"]) and, with the exports above, export GIT_DIR=$PWD/.devgit GIT_WORK_TREE=$PWD:
 #
 #   JOB=/tmp/d4v bash benchmarks/detached.sh start env OUT=runs/findings3 WORKERS=24 \
