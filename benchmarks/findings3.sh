@@ -469,10 +469,13 @@ fi
 
 if stage collect; then
   (( SMOKE )) && { echo "--smoke: nothing collected"; exit 0; }
-  # every store's machine time (its trainings' stored times; the validations trained into a search's
-  # store too), beside its store
+  # every store's machine time (its trainings' stored times, one row per training; the validations
+  # trained into a search's store too), beside its store; one written after the store's last change
+  # is kept as it is (so a finished store's file, once committed, does not churn)
   find "$OUT" -name run.db | while read -r db; do
-    run=$(dirname "$db"); python3 benchmarks/store_times.py "$run" --out "$run/times.json" > /dev/null
+    run=$(dirname "$db")
+    [[ -e $run/times.json && $run/times.json -nt $db && ! ( -e $db-wal && $db-wal -nt $run/times.json ) ]] && continue
+    python3 benchmarks/store_times.py "$run" --trainings --out "$run/times.json" > /dev/null
   done
   bash benchmarks/collect_results.sh "$OUT" docs/findings3
 fi
