@@ -2,7 +2,7 @@
 # A stage longer than one call of a lent GPU machine (at most 10 minutes a call): `start` runs the
 # command in a process session of its own, which outlives the call while the machine stays warm;
 # `wait` waits for it at most SECONDS, then copies its log into OUT with a tar of the named paths
-# (results.tar.gz; each SQLite store in it copied through SQLite's backup, so a store a live job writes
+# (results.tar.gz; each run store in it copied through SQLite's backup, so a store a live job writes
 # arrives whole, holding every training finished so far: running the stage again trains only the
 # rest) and progress.txt (each store's finished trainings and its workers' steps). A second `wait`,
 # called at once, picks the same job up where the first left it.
@@ -45,8 +45,13 @@ snapshot() {
   local copy
   copy=$(mktemp -d)
   python3 - "$copy" "$OUT/progress.txt" "$@" <<'PY'
-import shutil, sqlite3, sys, time
+import shutil, sys, time
 from pathlib import Path
+
+try:
+    from evo_attention.search.store import RunStore
+except ImportError:
+    sys.exit("detached.sh wait: evo_attention cannot be imported: install the package or set PYTHONPATH=src")
 
 copy, progress, paths = Path(sys.argv[1]), Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
 lines = [time.strftime("at %Y-%m-%dT%H:%M:%SZ", time.gmtime())]
@@ -56,25 +61,18 @@ for top in paths:
     for src in ([top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []):
         if src.is_dir() or src.name.endswith(("-wal", "-shm")):
             continue
-        dst = copy / src
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.suffix != ".db":
-            shutil.copy2(src, dst)
+        if src != RunStore.db_path(src.parent):  # not a run store: copied as it is
+            (copy / src).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, copy / src)
             continue
-        live, kept = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=60), sqlite3.connect(dst)
-        live.backup(kept)
-        live.close()
-        try:
-            done = kept.execute("select count(*) from evaluations").fetchone()[0]
-            steps = kept.execute("select worker, step, total, updated_at from activity order by worker").fetchall()
-        except sqlite3.DatabaseError:  # not a run store: copied, not described
-            continue
-        finally:
-            kept.close()
-        lines.append(f"{src}: {done} trainings finished")
-        lines += [f"  {w} step {s}/{t} at {at}" for w, s, t, at in steps]
+        with RunStore.open(src.parent, readonly=True) as live:
+            live.backup(copy / src.parent)
+        with RunStore.open(copy / src.parent, readonly=True) as kept:
+            lines.append(f"{src}: {len(kept.evaluations())} trainings finished")
+            lines += [f"  {a['worker']} step {a['step']}/{a['total']} at {a['updated_at']}" for a in kept.activity()]
 progress.write_text("\n".join(lines) + "\n")
 PY
+  [[ $? == 0 ]] || { rm -rf "$copy"; echo "detached.sh wait: no snapshot of $* (the error above)" >&2; return 2; }
   local kept=()
   for p in "$@"; do [[ -e $copy/$p ]] && kept+=("$p"); done
   (( ${#kept[@]} )) && tar czf "$OUT/results.tar.gz" -C "$copy" "${kept[@]}"
@@ -95,7 +93,7 @@ case $verb in
     end=$((SECONDS + limit))
     while [[ ! -e $JOB/rc ]] && (( SECONDS < end )); do sleep 5; done
     cp "$JOB/log" "$OUT/job.log"
-    (( $# )) && snapshot "$@"
+    if (( $# )); then snapshot "$@" || exit 2; fi
     if [[ ! -e $JOB/rc ]]; then echo "still running after ${limit} s (log: job.log)"; exit 3; fi
     rc=$(cat "$JOB/rc")
     echo "ended with status $rc"

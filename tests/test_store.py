@@ -234,6 +234,26 @@ def test_reader_sees_committed_rows_while_the_writer_is_open(store):
     other.close()
 
 
+
+def test_backup_copies_a_live_store_whole(tmp_path, store):
+    """A reader's backup holds every committed row, the part still in the writer's log too, none of
+    a transaction not yet committed, and is a store of its own (no log file beside it)."""
+    store.record(make_record(seed=1))
+    store.set_activity("w0", GENE, 7, 10, 1.5)
+    store._conn.execute("BEGIN IMMEDIATE")
+    store._conn.execute("INSERT INTO meta (key, value) VALUES ('pending', '1')")
+    try:
+        with RunStore.open(store.run_dir, readonly=True) as reader:
+            path = reader.backup(tmp_path / "copy")
+    finally:
+        store._conn.execute("COMMIT")
+    assert path == RunStore.db_path(tmp_path / "copy") and not path.with_name("run.db-wal").exists()
+    with RunStore.open(tmp_path / "copy", readonly=True) as copy:
+        assert [r["seed"] for r in copy.evaluations()] == [1] and copy.get_meta("pending") is None
+        assert [(a["worker"], a["step"]) for a in copy.activity()] == [("w0", 7)]
+        assert copy.config() == store.config()
+    assert not path.with_name("run.db-wal").exists()  # reading the copy made no log
+
 CRASH_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from evo_attention.search.store import RunStore

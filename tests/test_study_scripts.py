@@ -332,7 +332,7 @@ def test_detached_job_outlives_its_starter_and_a_later_wait_collects_it(tmp_path
 
     job, out, made = tmp_path / "job", tmp_path / "out", tmp_path / "made"
     out.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "JOB": str(job), "OUT": str(out)}
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "JOB": str(job), "OUT": str(out)}  # python3: ours
     script = str(REPO / "benchmarks" / "detached.sh")
     command = f"echo begun; sleep 3; mkdir -p {made}; echo x > {made}/a; exit 4"
     run = lambda *args: subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True,  # noqa: E731
@@ -364,17 +364,17 @@ def test_detached_wait_brings_a_live_store_back_whole(tmp_path):
     job, out, run_dir = tmp_path / "job", tmp_path / "out", tmp_path / "runs" / "cell"
     out.mkdir()
     RunStore.create(run_dir, {}).close()
-    writer = ("import sqlite3, sys, time\n"
-              "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-              "db.execute('pragma wal_autocheckpoint=0')\n"
-              "db.execute(\"insert into activity values ('w0', 'g', 7, 10, 1.5, 'now')\")\n"
+    writer = ("import sys, time\n"
+              "from evo_attention.search.store import RunStore\n"
+              "store = RunStore.open(sys.argv[1])\n"  # held open: its write stays in the WAL until it closes
+              "store.set_activity('w0', 'g', 7, 10, 1.5)\n"
               "print('written', flush=True)\n"
               "time.sleep(30)\n")
-    env = {"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "JOB": str(job), "OUT": str(out)}
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "JOB": str(job), "OUT": str(out)}
     script = str(REPO / "benchmarks" / "detached.sh")
     run = lambda *args: subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True,  # noqa: E731
                                        cwd=tmp_path, timeout=60)
-    assert run("start", sys.executable, "-c", writer, str(run_dir / "run.db")).returncode == 0
+    assert run("start", sys.executable, "-c", writer, str(run_dir)).returncode == 0
     for _ in range(100):
         if "written" in (job / "log").read_text():
             break

@@ -249,6 +249,21 @@ class RunStore:
         if not self.readonly:
             self._run(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
 
+    def backup(self, run_dir: str | os.PathLike) -> Path:
+        """Copy the store, whole, to ``run_dir/run.db`` (created) through SQLite's backup, also while
+        another process writes it: the copy holds every transaction committed when it was taken, in
+        rollback-journal mode, so that reading it makes no log beside it (a writer opening it turns
+        WAL on again). Returns the copy's path."""
+        path = self.db_path(run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = sqlite3.connect(path)
+        try:
+            self._run(lambda conn: conn.backup(target))
+            target.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            target.close()
+        return path
+
     @staticmethod
     def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
         writable_dir = os.access(path.parent, os.W_OK)
