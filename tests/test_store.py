@@ -234,7 +234,6 @@ def test_reader_sees_committed_rows_while_the_writer_is_open(store):
     other.close()
 
 
-
 def test_backup_copies_a_live_store_whole(tmp_path, store):
     """A reader's backup holds every committed row, the part still in the writer's log too, none of
     a transaction not yet committed, and is a store of its own (no log file beside it)."""
@@ -253,6 +252,7 @@ def test_backup_copies_a_live_store_whole(tmp_path, store):
         assert [(a["worker"], a["step"]) for a in copy.activity()] == [("w0", 7)]
         assert copy.config() == store.config()
     assert not path.with_name("run.db-wal").exists()  # reading the copy made no log
+
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, signal, sys
