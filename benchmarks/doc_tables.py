@@ -39,6 +39,9 @@ Tables (``table=``):
 - ``signal-noise-genes``: the same result's per-gene means per point;
 - ``versus``: a ``benchmarks/findings3_versus.py`` result: genes of one validation against a
   reference gene of another, paired by seed;
+- ``rediscovery``: a ``benchmarks/rediscovery.py`` result: per feature and strategy, the searches whose
+  winner (top 5) holds it, the evaluations until the first program holding it, the base rate; then
+  each strategy against the reference;
 - ``d4-family``: a ``benchmarks/findings3_family.py`` result: each cell's gene against its matched
   model with Holm over the cells (where the file has the family), then the trend over tokens per
   parameter.
@@ -142,10 +145,42 @@ def strategies(payload: dict) -> str:
     rows = []
     for n in names[1:]:
         c = payload["comparisons"][n]
-        mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
-        rows.append([n, f"{100 * c['relative']:+.2f}% [{100 * c['relative_ci_low']:+.2f}, {100 * c['relative_ci_high']:+.2f}]",
-                     _p(c["p_holm"]), c["verdict_label"], mde])
+        if c.get("relative") is None:  # a linear-scale metric (suite accuracy): a difference in its units
+            change = f"{c['difference']:+.4f} [{c['diff_ci_low']:+.4f}, {c['diff_ci_high']:+.4f}]"
+            mde = "-" if c.get("mde") is None else f"{c['mde']:.4f}"
+        else:
+            change = f"{100 * c['relative']:+.2f}% [{100 * c['relative_ci_low']:+.2f}, {100 * c['relative_ci_high']:+.2f}]"
+            mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
+        rows.append([n, change, _p(c["p_holm"]), c["verdict_label"], mde])
     return first + "\n" + _markdown(headers, rows, "lrrlr")
+
+
+def rediscovery(payload: dict) -> str:
+    """Per feature: each strategy's searches whose winner holds it (Clopper-Pearson interval), whose
+    top 5 does, the evaluations until the first program holding it, and the base rate of generation 0;
+    then each strategy against the reference (Fisher, Holm over the features; Barnard beside)."""
+    ref = payload["reference"]
+    names = [ref] + sorted(n for n in payload["strategies"] if n != ref)
+    headers = ["Feature", "Strategy", "Winner holds it", "Rate [95% CI]", "Top 5 holds it",
+               "First evaluation holding it: median (range)", "Base rate (generation 0)"]
+    rows = []
+    for feature in payload["features"]:
+        for n in names:
+            r = payload["strategies"][n][feature]
+            first = ("-" if r["first_evaluation_median"] is None else
+                     f"{r['first_evaluation_median']:g} ({r['first_evaluation_range'][0]}-{r['first_evaluation_range'][1]})")
+            base = "-" if r["base_rate"] is None else f"{r['base_rate']:.3f}"
+            rows.append([feature, n, f"{r['solved']}/{r['n']}", f"{r['rate']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+                         f"{r['in_top_5']}/{r['n']}", first, base])
+    first_table = _markdown(headers, rows, "llrrrrr")
+    headers = ["Feature", "Strategy", f"Difference in rate vs {ref}", "p (Fisher)", f"p (Holm, {len(payload['features'])})",
+               "p (Barnard, Holm)", "Words"]
+    rows = []
+    for n in names[1:]:
+        for feature, c in payload["comparisons"][n].items():
+            rows.append([feature, n, f"{c['difference']:+.2f}", _p(c["p_value"]), _p(c["p_holm"]),
+                         _p(c["p_barnard_holm"]), c["words"]])
+    return first_table + "\n" + _markdown(headers, rows, "llrrrrl")
 
 
 def costs(payload: dict) -> str:
@@ -406,7 +441,7 @@ def d4_family(payload: dict) -> str:
     return "\n".join(parts)
 
 
-TABLES = {"d4-family": d4_family, "versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {"d4-family": d4_family, "rediscovery": rediscovery, "versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

@@ -53,3 +53,29 @@ def test_the_versus_table_shows_a_difference_of_logs_as_a_relative_change_on_the
     raw = {**payload, "metric": "accuracy", "log": False, "metric_label": None, "eval_split": None,
            "genes": {"p": {**row, "difference": 0.1, "diff_ci_low": 0.05, "diff_ci_high": 0.15}}}
     assert "Mean accuracy (2 seeds)" in versus(raw) and "+0.100 [+0.050, +0.150]" in versus(raw)
+
+
+def test_the_strategies_table_keeps_a_suite_accuracy_difference_in_units():
+    comparison = {"difference": -0.0245, "diff_ci_low": -0.1174, "diff_ci_high": 0.0683, "relative": None,
+                  "relative_ci_low": None, "relative_ci_high": None, "p_holm": 0.578, "verdict_label": "undetermined",
+                  "mde": 0.1284, "mde_relative": None}
+    winner = {"gene": "g", "mean": 0.5}
+    payload = {"reference": "random", "search_seeds": [1], "comparisons": {"ga": comparison},
+               "searches": {"ga": {"1": winner}, "random": {"1": winner}}}
+    table = _doc_tables().strategies(payload)
+    assert "| ga | -0.0245 [-0.1174, +0.0683] | 0.578 | undetermined | 0.1284 |" in table.splitlines()
+
+
+def test_the_rediscovery_table_counts_each_feature_per_strategy_and_tests_it_against_the_reference():
+    def row(solved, n, low, high):
+        return {"solved": solved, "n": n, "rate": solved / n, "ci_low": low, "ci_high": high, "in_top_5": n - 1,
+                "first_evaluation_median": 3.5, "first_evaluation_range": [2, 16], "base_rate": 0.21875}
+    payload = {"reference": "random", "features": {"output gate": ["sgate"]},
+               "strategies": {"ga": {"output gate": row(3, 8, 0.085, 0.755)},
+                              "random": {"output gate": row(1, 8, 0.003, 0.527)}},
+               "comparisons": {"ga": {"output gate": {"difference": 0.25, "p_value": 0.569, "p_holm": 1.0,
+                                                      "p_barnard_holm": 0.648, "words": "no difference shown"}}}}
+    lines = _doc_tables().rediscovery(payload).splitlines()
+    assert "| output gate | random | 1/8 | 0.12 [0.00, 0.53] | 7/8 | 3.5 (2-16) | 0.219 |" in lines
+    assert "| output gate | ga | 3/8 | 0.38 [0.09, 0.76] | 7/8 | 3.5 (2-16) | 0.219 |" in lines
+    assert "| output gate | ga | +0.25 | 0.569 | 1.000 | 0.648 | no difference shown |" in lines
