@@ -126,11 +126,16 @@ def cost_rounds(payload: dict) -> str:
     return _markdown(headers, rows, "lrrrrlr")
 
 
+def _reference_first(reference: str, names) -> list[str]:
+    """The reference strategy, then the others in name order."""
+    return [reference] + sorted(n for n in names if n != reference)
+
+
 def strategies(payload: dict) -> str:
     from evo_attention.util.format import code
 
     seeds = payload["search_seeds"]
-    names = [payload["reference"]] + sorted(n for n in payload["searches"] if n != payload["reference"])
+    names = _reference_first(payload["reference"], payload["searches"])
     headers = ["Search seed"] + [f"{n}: validated winner (mean of its fresh seeds)" for n in names]
     rows = []
     for seed in seeds:
@@ -145,13 +150,12 @@ def strategies(payload: dict) -> str:
     rows = []
     for n in names[1:]:
         c = payload["comparisons"][n]
-        if c.get("relative") is None:  # a linear-scale metric (suite accuracy): a difference in its units
-            change = f"{c['difference']:+.4f} [{c['diff_ci_low']:+.4f}, {c['diff_ci_high']:+.4f}]"
-            mde = "-" if c.get("mde") is None else f"{c['mde']:.4f}"
-        else:
-            change = f"{100 * c['relative']:+.2f}% [{100 * c['relative_ci_low']:+.2f}, {100 * c['relative_ci_high']:+.2f}]"
+        log = c.get("relative") is not None  # a linear-scale metric (suite accuracy) has none: units
+        if log:
             mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
-        rows.append([n, change, _p(c["p_holm"]), c["verdict_label"], mde])
+        else:
+            mde = "-" if c.get("mde") is None else f"{c['mde']:.4f}"
+        rows.append([n, _change(c, log, digits=4), _p(c["p_holm"]), c["verdict_label"], mde])
     return first + "\n" + _markdown(headers, rows, "lrrlr")
 
 
@@ -160,7 +164,7 @@ def rediscovery(payload: dict) -> str:
     top 5 does, the evaluations until the first program holding it, and the base rate of generation 0;
     then each strategy against the reference (Fisher, Holm over the features; Barnard beside)."""
     ref = payload["reference"]
-    names = [ref] + sorted(n for n in payload["strategies"] if n != ref)
+    names = _reference_first(ref, payload["strategies"])
     headers = ["Feature", "Strategy", "Winner holds it", "Rate [95% CI]", "Top 5 holds it",
                "First evaluation holding it: median (range)", "Base rate (generation 0)"]
     rows = []
@@ -356,15 +360,16 @@ def search_top(payload: dict) -> str:
     return _markdown(headers, rows, "llrr")
 
 
-def _change(c: dict, log: bool = False) -> str:
+def _change(c: dict, log: bool = False, digits: int = 3) -> str:
     """A paired comparison's change with its 95% interval ("-" where it has none); a difference of
-    logs as the relative change it is (exp(d) - 1, in percent)."""
+    logs as the relative change it is (exp(d) - 1, in percent); else the difference in the metric's
+    units, to ``digits`` decimals."""
     if c["diff_ci_low"] is None:
         return "-"
     if log:
         low, mid, high = (100 * math.expm1(c[k]) for k in ("diff_ci_low", "difference", "diff_ci_high"))
         return f"{mid:+.2f}% [{low:+.2f}, {high:+.2f}]"
-    return f"{c['difference']:+.3f} [{c['diff_ci_low']:+.3f}, {c['diff_ci_high']:+.3f}]"
+    return f"{c['difference']:+.{digits}f} [{c['diff_ci_low']:+.{digits}f}, {c['diff_ci_high']:+.{digits}f}]"
 
 
 def _devices(devices) -> str:
