@@ -75,8 +75,9 @@ def covering_gene_keys(skip=frozenset()) -> list:
     return keys + PROGRAM_KEYS
 
 
-# Programs whose ops, together, hold every op with weights and every path of nn.program (fused
-# softmax, explicit weights, kernel running sums, along-time ops, gates, the projection input).
+# Programs that, together, take every path of the engine (nn.program: fused softmax, explicit
+# weights, kernel running sums, along-time ops, gates, the projection input) beside the axes; every
+# op itself is held to the contracts by tests/test_programs.py without a list.
 PROGRAM_KEYS = [
     "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),lfeat(k)))),scale(v))))|pos=rope|kvh=2",
     "prog=g.highway(o(add(decay(v),mix(w.none(sdecay(s.additive(q,k))),bias(shift(v))))))|nobias|0.00|pos=alibi",

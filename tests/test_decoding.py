@@ -45,26 +45,30 @@ def test_cached_decoding_equals_recomputation_for_every_option(covering_genes):
 
 
 def test_decoding_runs_the_forward_passes_own_score_bias_and_weighing(monkeypatch):
-    """One implementation: decode takes its bias from score_bias and weighs with attend, as forward does."""
+    """One implementation: decode evaluates the gene's program, taking its bias from score_bias and
+    weighing with the registered normalization, as forward does."""
+    from evo_attention.nn import components
     from evo_attention.nn.attention import EvolvedAttention
 
     calls = []
+    score_bias = EvolvedAttention.score_bias
+    sparsemax = components.NORMALIZATIONS["sparsemax"]
 
-    def counted(name):
-        original = getattr(EvolvedAttention, name)
+    def counted_bias(self, *args, **kwargs):
+        calls.append("score_bias")
+        return score_bias(self, *args, **kwargs)
 
-        def method(self, *args, **kwargs):
-            calls.append(name)
-            return original(self, *args, **kwargs)
-        return method
+    def counted_sparsemax(scores, mask):
+        calls.append("sparsemax")
+        return sparsemax(scores, mask)
 
-    for name in ("score_bias", "attend"):
-        monkeypatch.setattr(EvolvedAttention, name, counted(name))
+    monkeypatch.setattr(EvolvedAttention, "score_bias", counted_bias)
+    monkeypatch.setitem(components.NORMALIZATIONS, "sparsemax", counted_sparsemax)
     model = random_model("dot|sparsemax|none|fixed|pos=alibi|abias=rel", seed=1)
     ids = torch.randint(0, CONFIG.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         model.decode(ids, model.new_caches())
-    assert calls.count("score_bias") == CONFIG.n_layers and calls.count("attend") == CONFIG.n_layers
+    assert calls.count("score_bias") == CONFIG.n_layers and calls.count("sparsemax") == CONFIG.n_layers
 
 
 def test_the_cache_refuses_to_grow_past_the_window():

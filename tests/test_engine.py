@@ -17,8 +17,11 @@ def test_every_gene_computes_what_the_pinned_engine_computed(classic):
     for key in keys:
         got, want = ref.compute(key, classic), PINNED[key]
         assert str(got["state_keys"]) == want["state_keys"], (key, "state-dict names changed")
-        for q in ("out", "x_grad", "decode", "train_out"):
+        # a windowed program's kmix now runs block by block, as the classic genes' always did: the same
+        # function, but its attention dropout draws masks of the blocks' shape, so training differs
+        banded_now = key.startswith("prog=") and "|win=" in key
+        for q in ("out", "x_grad", "decode") + (() if banded_now else ("train_out",)):
             diff = np.abs(np.asarray(got[q], dtype=np.float32).ravel() - want[q]).max()
-            assert diff <= 1e-6, (key, q, diff)
+            assert diff <= 1e-6 * max(1.0, np.abs(want[q]).max()), (key, q, diff)  # float32 rounding at its scale
         grads = np.asarray(got["param_grads"], dtype=np.float32)
         assert np.allclose(grads, want["param_grads"], rtol=1e-5, atol=1e-6), (key, "param_grads")

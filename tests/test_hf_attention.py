@@ -140,16 +140,10 @@ def test_install_refuses_what_it_cannot_host():
     # a function that reads later positions is caught on load
     layer = _llama("evo_test_refuse").model.layers[1].self_attn
     layer.register_module("evo_attention", hf_attention.core_attention("dot|softmax|none|fixed|nobias|0.00", 32, 4))
-    original = hf_attention.decode_mask
-    try:
-        hf_attention.decode_mask = lambda start, t, device=None, window=0: torch.ones(t, start + t, dtype=torch.bool)
-        layer.evo_attention.window = 0
-        layer.evo_attention._weigh = lambda q, k, v, tau, allowed, need_weights: (
-            torch.softmax(q @ k.transpose(-1, -2), -1) @ v, None)
-        with pytest.raises(ValueError, match="reads later positions"):
-            hf_attention.check_causal(layer)
-    finally:
-        hf_attention.decode_mask = original
+    layer.evo_attention.program.heads = lambda attn, x, p, mask=None, start=0: (
+        torch.softmax(p["q"] @ p["k"].transpose(-1, -2), -1) @ p["v"])
+    with pytest.raises(ValueError, match="reads later positions"):
+        hf_attention.check_causal(layer)
 
 
 ENTRY_RUN = r'''

@@ -7,19 +7,24 @@ The front door; everything else lives in the layers below (see docs/architecture
 
 Extending the search space is public: ``register_similarity``, ``register_normalization``,
 ``register_gating`` and ``register_temperature`` add a component (it joins random draws and
-mutations at once); ``register_strategy`` adds a search strategy.
+mutations at once); ``register_op`` adds an op to the program language (grammar, random programs,
+mutation and the engine at once); ``register_strategy`` adds a search strategy; ``register_task`` adds a generated
+task (a ``data.synthetic.Task`` subclass: a data name, suite point and curve task at once) and
+``register_dataset`` any other dataset.
 """
 
 from evo_attention.util import threads as _threads
 
 _threads.configure()  # how OpenMP threads wait, set before anything below imports torch (util/threads.py)
 
+from evo_attention.data import register_dataset, register_task  # noqa: E402
 from evo_attention.genes import AttentionGene, SearchSpace  # noqa: E402
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.components import (register_gating, register_normalization, register_similarity,
                                          register_temperature, row_normalize)
 from evo_attention.nn.model import TinyTransformer
+from evo_attention.nn.program import register_op
 from evo_attention.search import Individual, Strategy, register_strategy
 from evo_attention.search.driver import Search
 from evo_attention.studies.evolution import Evolution
@@ -44,10 +49,13 @@ __all__ = [
     "UserError",
     "__version__",
     "components",
+    "register_dataset",
     "register_gating",
     "register_normalization",
+    "register_op",
     "register_similarity",
     "register_strategy",
+    "register_task",
     "register_temperature",
     "row_normalize",
     "train_and_evaluate",

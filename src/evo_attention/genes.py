@@ -293,11 +293,12 @@ def _check_program(field: Field, value: Any) -> str | None:
 
 def program_grammar() -> programs.Grammar:
     """The program language over the components registered now (``OPTIONS``)."""
-    return _grammar(tuple(tuple(OPTIONS[name]) for name in CATEGORICAL_FIELDS), tuple(sorted(KERNEL_NORMALIZATIONS)))
+    return _grammar(tuple(tuple(OPTIONS[name]) for name in CATEGORICAL_FIELDS), tuple(sorted(KERNEL_NORMALIZATIONS)),
+                    programs.generation())
 
 
 @functools.lru_cache(maxsize=8)
-def _grammar(options: tuple, kernels: tuple) -> programs.Grammar:
+def _grammar(options: tuple, kernels: tuple, generation: int) -> programs.Grammar:
     return programs.Grammar(dict(zip(CATEGORICAL_FIELDS, options)), kernels)
 
 

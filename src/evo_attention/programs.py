@@ -21,7 +21,7 @@ W     [B, H, T, T]                weights: exactly zero on keys a query may not 
 C     a number                    a constant (``0.5``)
 ====  ==========================  =========================================================
 
-Every op's signature is in ``OPS`` (built-in) or comes from a registered component (``Grammar``:
+Every op's signature is in ``OPS`` (built in, or added by ``nn.program.register_op``) or comes from a registered component (``Grammar``:
 ``s.NAME`` a similarity (H, H) -> S, ``t.NAME`` a temperature dividing S or H, ``w.NAME`` a
 normalization S -> W, ``kmix.NAME`` a kernel normalization (H, H, H) -> H, ``g.NAME`` a gating's
 output side X -> X, ``gi.NAME`` its input side X -> X); ``nn.program`` computes them. A program
@@ -51,7 +51,7 @@ import random as _random
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
 
@@ -117,6 +117,7 @@ class Op:
     signatures: tuple  # ((arg types...), result type) pairs, tried in order
     kind: str  # elementwise, learned, feature, time, score, temperature, weight, mix, output, gate, root
     commutative: bool = False
+    fold: Callable | None = None  # an elementwise op's value on numbers (constant folding), finite for finite input
 
     def result(self, types: Sequence[str]) -> str | None:
         for args, result in self.signatures:
@@ -138,29 +139,51 @@ def _result(result: str, types: Sequence[str]) -> str:
     return "H" if value == "F" else value
 
 
-def _elementwise(name, arity, *, positive=False, commutative=False):
+def _elementwise(name, arity, fold, *, positive=False, commutative=False):
     """An op applied entry by entry on X, H or S (binary: two of one type, or one and a constant);
-    ``positive``: on H its values are >= 0 (an F)."""
+    ``positive``: on H its values are >= 0 (an F); ``fold``: its value on numbers."""
     if arity == 1:
         signatures = ((("H",), "F"),) if positive else ()
         signatures += ((("T",), "T"),)
     else:
         signatures = tuple(((a, b), "T") for a, b in (("X", "X"), ("H", "H"), ("S", "S"), ("T", "C"), ("C", "T")))
-    return Op(name, signatures, "elementwise", commutative)
+    return Op(name, signatures, "elementwise", commutative, fold)
+
+
+def signature(text: str):
+    """``"H,H->S"`` -> (("H", "H"), "S"): one signature of an op (argument types, result type)."""
+    args, arrow, result = str(text).partition("->")
+    types = tuple(a.strip() for a in args.split(",") if a.strip())
+    if not arrow or result.strip() not in TYPES + ("T",) or any(t not in TYPES + ("T",) for t in types):
+        raise ProgramError(f"op signature {text!r} must read like 'H,H->S' over the types {', '.join(TYPES)} "
+                           "(T: any of X, H, S)")
+    return (types, result.strip())
 
 
 def _sig(args: str, result: str):
-    return (tuple(args.split(",")) if args else (), result)
+    return signature(f"{args}->{result}")
 
 
-BUILTIN_OPS = {op.name: op for op in (
+def _sigmoid(a: float) -> float:
+    return 1 / (1 + math.exp(-max(min(a, 60.0), -60.0)))
+
+
+# Every op of the language but those the registered components give: the built-ins below, and those
+# ``nn.program.register_op`` adds (``add_op``). The grammar, random programs, mutation, the docs'
+# table and the tests read this one table.
+OPS: dict = {op.name: op for op in (
     # entry by entry (every result is clipped to +-CLIP in nn.program, so no chain overflows)
-    _elementwise("add", 2, commutative=True), _elementwise("sub", 2), _elementwise("mul", 2, commutative=True),
-    _elementwise("sdiv", 2), _elementwise("max", 2, commutative=True),
-    _elementwise("neg", 1), _elementwise("relu", 1, positive=True), _elementwise("sqrelu", 1, positive=True),
-    _elementwise("sigmoid", 1, positive=True), _elementwise("tanh", 1), _elementwise("exp", 1, positive=True),
-    _elementwise("softplus", 1, positive=True), _elementwise("abs", 1, positive=True),
-    _elementwise("square", 1, positive=True), _elementwise("ssqrt", 1), _elementwise("slog1p", 1),
+    _elementwise("add", 2, lambda a, b: a + b, commutative=True), _elementwise("sub", 2, lambda a, b: a - b),
+    _elementwise("mul", 2, lambda a, b: a * b, commutative=True),
+    _elementwise("sdiv", 2, lambda a, b: a * b / (b * b + 1e-2)), _elementwise("max", 2, max, commutative=True),
+    _elementwise("neg", 1, lambda a: -a), _elementwise("relu", 1, lambda a: max(a, 0.0), positive=True),
+    _elementwise("sqrelu", 1, lambda a: max(a, 0.0) ** 2, positive=True),
+    _elementwise("sigmoid", 1, _sigmoid, positive=True), _elementwise("tanh", 1, math.tanh),
+    _elementwise("exp", 1, lambda a: math.exp(min(a, 20.0)), positive=True),
+    _elementwise("softplus", 1, lambda a: math.log1p(math.exp(min(a, 30.0))) if a < 30 else a, positive=True),
+    _elementwise("abs", 1, abs, positive=True), _elementwise("square", 1, lambda a: a * a, positive=True),
+    _elementwise("ssqrt", 1, lambda a: math.copysign(math.sqrt(abs(a) + 1e-4) - 1e-2, a)),
+    _elementwise("slog1p", 1, lambda a: math.copysign(math.log1p(abs(a)), a)),
     # learned, per position
     Op("scale", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
     Op("bias", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
@@ -182,6 +205,34 @@ BUILTIN_OPS = {op.name: op for op in (
     Op("o", (_sig("H", "X"),), "output"),
     Op("pin", (_sig("X,X", "X"),), "root"),
 )}
+STRUCTURAL = frozenset(OPS)  # the ops above: never removed; a plugin adds ops beside them
+PLUGIN_KINDS = ("elementwise", "learned", "feature", "time")  # what a registered op may be
+_generation = [0]  # bumped by every change of OPS: part of the grammar's cache key (genes.program_grammar)
+
+
+def add_op(op: Op) -> None:
+    """Add an op to the language (``nn.program.register_op`` calls this with its implementation)."""
+    if op.name in OPS and OPS[op.name] != op:
+        raise ProgramError(f"program op {op.name!r} exists already: choose another name, or unregister it first")
+    if op.kind not in PLUGIN_KINDS:
+        raise ProgramError(f"program op kind {op.kind!r} is not one a plugin may add: {', '.join(PLUGIN_KINDS)}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", op.name) or op.name in INPUTS:
+        raise ProgramError(f"program op name {op.name!r} must be a plain identifier (letters, digits, _), not an input")
+    OPS[op.name] = op
+    _generation[0] += 1
+
+
+def remove_op(name: str) -> None:
+    """Remove an op a plugin added (the built-ins stay)."""
+    if name in STRUCTURAL:
+        raise ProgramError(f"program op {name!r} is built in and cannot be removed")
+    if OPS.pop(name, None) is not None:
+        _generation[0] += 1
+
+
+def generation() -> int:
+    return _generation[0]
+
 
 # The prefixes of ops that registered components give, and the gene field each reads.
 COMPONENT_PREFIXES = {"s": "similarity", "t": "temperature_mode", "w": "normalization", "kmix": "normalization",
@@ -198,7 +249,7 @@ class Grammar:
 
     def __init__(self, options: Mapping[str, Sequence[str]], kernels: Iterable[str]):
         kernels = set(kernels)
-        ops = dict(BUILTIN_OPS)
+        ops = dict(OPS)
         for name in options["similarity"]:
             ops[f"s.{name}"] = Op(f"s.{name}", (_sig("H,H", "S"),), "score")
         for name in options["temperature_mode"]:
@@ -241,7 +292,7 @@ class Grammar:
                 raise ProgramError(f"pin(...) stands only at the root of a program, not inside {node.text}")
             types = [self.type_of(a, memo, projected=projected and not (op.kind == "root" and i == 0), root=False)
                      for i, a in enumerate(node.args)]
-            result = "C" if op.kind == "elementwise" and all(t == "C" for t in types) else op.result(types)
+            result = "C" if op.fold is not None and all(t == "C" for t in types) else op.result(types)
             if result is None:
                 wanted = " or ".join("(" + ", ".join(a) + ")" for a, _ in op.signatures)
                 raise ProgramError(f"{node.op} takes {wanted}, not ({', '.join(types)}), in {node.text}")
@@ -334,15 +385,6 @@ def _read(tokens, i, text):
 
 
 # -- canonical form -------------------------------------------------------------------------------
-_FOLD = {  # constant folding: the same formulas as nn.program (finite for every finite input)
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "sdiv": lambda a, b: a * b / (b * b + 1e-2), "max": max, "neg": lambda a: -a,
-    "relu": lambda a: max(a, 0.0), "sqrelu": lambda a: max(a, 0.0) ** 2,
-    "sigmoid": lambda a: 1 / (1 + math.exp(-max(min(a, 60.0), -60.0))), "tanh": math.tanh,
-    "exp": lambda a: math.exp(min(a, 20.0)), "softplus": lambda a: math.log1p(math.exp(min(a, 30.0))) if a < 30 else a,
-    "abs": abs, "square": lambda a: a * a, "ssqrt": lambda a: math.copysign(math.sqrt(abs(a) + 1e-4) - 1e-2, a),
-    "slog1p": lambda a: math.copysign(math.log1p(abs(a)), a),
-}
 CLIP = 1e4  # every elementwise result lies in [-CLIP, CLIP]
 
 
@@ -372,8 +414,9 @@ def _canon(node: Node, memo: dict) -> Node:
 
 def _simplify(op: str, args: tuple) -> Node:
     values = [a.value for a in args]
-    if op in _FOLD and all(a.op == "const" for a in args):
-        return const(max(-CLIP, min(CLIP, _FOLD[op](*values))))
+    fold = OPS[op].fold if op in OPS else None
+    if fold is not None and all(a.op == "const" for a in args):
+        return const(max(-CLIP, min(CLIP, fold(*values))))
     if op in ("add", "max", "mul") and args[0].op == "const" and args[1].op != "const":
         args = (args[1], args[0])  # the constant second, then the identities below
     if op in ("add", "sub") and args[1].op == "const" and args[1].value == 0:
@@ -382,7 +425,7 @@ def _simplify(op: str, args: tuple) -> Node:
         return args[0]
     if op == "neg" and args[0].op == "neg":
         return args[0].args[0]
-    if BUILTIN_OPS.get(op) is not None and BUILTIN_OPS[op].commutative and args[1].op != "const":
+    if OPS.get(op) is not None and OPS[op].commutative and args[1].op != "const":
         args = tuple(sorted(args, key=lambda a: a.text))
     return Node(op, args)
 
@@ -425,6 +468,9 @@ class ProgramSpace:
         ops = data.get("ops") or ()
         if isinstance(ops, str):
             ops = [o.strip() for o in ops.split(",") if o.strip()]
+        if not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):
+            raise UserError(f"search_space program ops {data.get('ops')!r} must be a list of op names such as "
+                            "[o, mix, w.softmax, s.dot, dconv3]", setting="search_space")
         for name in ops:
             grammar.op(name)
         space = cls(max_nodes=data.get("max_nodes", MAX_NODES), ops=tuple(ops))
@@ -432,6 +478,7 @@ class ProgramSpace:
         if missing:
             raise UserError(f"the program space's ops lack {', '.join(missing)}: a program needs o(...) and a mixing "
                             "op (mix or kmix)", setting="search_space")
+        random_program(_random.Random(0), space, grammar)  # a space that cannot draw is refused now, not mid-search
         return space
 
     def to_dict(self) -> dict:
@@ -452,25 +499,43 @@ class ProgramSpace:
         return None
 
 
-MAX_TRIES = 200  # draws and edits that fail a check are tried again with the same rng
+MAX_TRIES = 200  # edits that fail a check are tried again with the same rng
+# a draw of the default space mixes tokens about 1 time in 25; 5,000 tries fail with probability
+# below 1e-80 there, and a space that cannot draw at all is refused when it is read (from_dict)
+DRAW_TRIES = 5000
 
 
 def random_program(rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
     """A random well-typed program of the space that mixes tokens (deterministic for a seeded rng)."""
-    ops = space.allowed(grammar)
-    for _ in range(MAX_TRIES):
+    ops = _OpTable(space.allowed(grammar))
+    for _ in range(DRAW_TRIES):
         budget = rng.randint(3, space.max_nodes)
         node = _grow(rng, "X", budget, ops, depth=0)
-        if node is None:
+        # canonical form never adds a mixing op: a draw without one is refused before the costly checks
+        if node is None or not any(n.args and ops[n.op].kind in MIXING_KINDS for n in node.walk()):
             continue
         program = _valid(Program(node), space, grammar)
         if program is not None and mixes_tokens(program, grammar):
             return program
-    raise UserError(f"no random program of at most {space.max_nodes} nodes from the space's ops in {MAX_TRIES} "
-                    "draws: allow more ops or nodes", setting="search_space")
+    raise UserError(f"the program space (at most {space.max_nodes} nodes, ops {', '.join(space.ops) or 'all'}) draws no "
+                    f"program that mixes tokens in {DRAW_TRIES} tries: allow a mixing op (mix with a w.* op, kmix) or "
+                    "an op along time, or more nodes", setting="search_space")
+
+
+class _OpTable(dict):
+    """A space's ops by name, with the producers of each type kept (``_producers``)."""
+
+    def __init__(self, ops: Mapping[str, Op]):
+        super().__init__(ops)
+        self.producers: dict = {}
 
 
 def _producers(ops: Mapping[str, Op], wanted: str):
+    """(op name, argument types) of every op that can give a ``wanted`` value, in table order
+    (kept per table: a draw asks this thousands of times)."""
+    cache = getattr(ops, "producers", None)
+    if cache is not None and wanted in cache:
+        return cache[wanted]
     out = []
     for op in ops.values():
         if op.kind == "root":
@@ -482,6 +547,8 @@ def _producers(ops: Mapping[str, Op], wanted: str):
             if _fits(concrete, wanted):
                 out.append((op.name, tuple(wanted if a == "T" else a for a in args)))
                 break
+    if cache is not None:
+        cache[wanted] = out
     return out
 
 
@@ -545,7 +612,7 @@ def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: 
     """One edit of the program (replace an op, insert or delete a node, rewire an input, change a
     constant), canonical and inside the space; tried again with the same rng until the result
     differs from the parent (the parent itself after MAX_TRIES)."""
-    ops = space.allowed(grammar)
+    ops = _OpTable(space.allowed(grammar))
     for _ in range(MAX_TRIES):
         nodes = _typed_nodes(program, grammar)
         kind = rng.choice(MUTATIONS)

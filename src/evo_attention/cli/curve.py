@@ -21,7 +21,7 @@ from evo_attention.util.errors import UserError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("curve", help="accuracy against a knob of a generated task (mqar, mad:TASK) per gene",
+    p = subparsers.add_parser("curve", help="accuracy against a knob of a generated task (mqar, mad:TASK, a registered one) per gene",
                               description="Train each gene at every value of one knob of a generated task (the "
                                           "data name with the knob set inline), with seeds, and draw its accuracy "
                                           "against the knob: where each mechanism breaks.")

@@ -7,32 +7,34 @@
 
 * ``wikitext2`` / ``text``: word-level corpora (``corpus.py``), tokenization cached on disk (``cache.py``)
 * ``recall``: a generated associative-recall task (``recall.py``)
-* ``mqar[:knobs]``, ``mad:TASK[:knobs]``: generated tasks that separate mechanisms (``synthetic.py``)
+* ``mqar[:knobs]``, ``mad:TASK[:knobs]``, ``NAME[:knobs]``: generated tasks (``synthetic.py``): the
+  built-in ones separate mechanisms; a plugin adds one with ``register_task`` (one ``Task`` subclass)
 * ``LoaderData``: a user's own DataLoaders (``base.py``)
 """
 
 import os
 
 from evo_attention.util.errors import UserError
-from evo_attention.data.base import IGNORE_INDEX, SPLITS, LoaderData, TaskData
+from evo_attention.data.base import (DATASET_FACTORIES, DATASETS, IGNORE_INDEX, SPLITS, LoaderData, TaskData,
+                                     name_taken)
 from evo_attention.data.corpus import ENV_DATA_DIR, CorpusData, corpus_from_texts, load_corpus
 from evo_attention.data.cache import ENV_CACHE_DIR
 from evo_attention.data.recall import RecallData
-from evo_attention.data.synthetic import SyntheticData, check_synthetic_name, is_synthetic, synthetic_data
+from evo_attention.data.synthetic import (SyntheticData, Task, check_synthetic_name, is_synthetic, register_task,
+                                          synthetic_data, task_names, unregister_task)
 from evo_attention.data.hf import is_hf, read_hf
 from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.data.vocab import Vocab
 
-DATASETS = ("wikitext2", "text", "recall", "mqar")  # and mad:TASK (data.synthetic.MAD_TASKS)
-# datasets added by plugins: name -> factory(settings) -> TaskData, where settings holds data_dir,
-# vocab_size, seq_len, eval_stride, cache_dir, tokenizer, text_field, seed and the options
-DATASET_FACTORIES: dict = {}
-
 
 def register_dataset(name: str):
-    """Decorator: make ``factory(settings: dict) -> TaskData`` available as ``data: name``."""
-    if not isinstance(name, str) or not name or name in DATASETS or name.startswith("hf:") or is_synthetic(name):
-        raise UserError(f"dataset name {name!r} is empty or taken by a built-in dataset: choose another name")
+    """Decorator: make ``factory(settings: dict) -> TaskData`` available as ``data: name``. A
+    generated task is better a ``Task`` registered with ``register_task``: that also makes it a suite
+    point and a curve's task."""
+    if (not isinstance(name, str) or not name or is_synthetic(name)
+            or (name_taken(name) and name not in DATASET_FACTORIES)):  # a plugin's own name: below
+        raise UserError(f"dataset name {name!r} is empty or taken by a built-in dataset or a generated task: choose "
+                        "another name")
 
     def decorator(factory):
         if name in DATASET_FACTORIES and DATASET_FACTORIES[name] is not factory:
@@ -44,13 +46,13 @@ def register_dataset(name: str):
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
 
 __all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",
-           "LoaderData", "RecallData", "SyntheticData", "TaskData", "Vocab", "load_corpus", "load_data",
-           "takes_options"]
+           "LoaderData", "RecallData", "SyntheticData", "Task", "TaskData", "Vocab", "load_corpus", "load_data",
+           "register_dataset", "register_task", "takes_options", "unregister_task"]
 
 
 def takes_options(name) -> bool:
     """Whether dataset ``name`` reads the task options mapping (Config ``recall``, ``TaskSpec.options``):
-    the recall task, the generated tasks (``mqar``, ``mad:TASK``) and plugin datasets."""
+    the recall task, the generated tasks (``mqar``, ``mad:TASK``, registered ones) and plugin datasets."""
     return name == "recall" or is_synthetic(name) or name in DATASET_FACTORIES
 
 
@@ -68,7 +70,7 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
     num_queries, train_examples, eval_examples) go to ``RecallData``; ``cache_dir`` is not used, and a
     ``data_dir``, ``text_field`` or ``tokenizer`` is refused (``check_applicable``): nothing is ignored
     silently.
-    Generated tasks (``mqar[:knob=value,...]``, ``mad:TASK[:knob=value,...]``, see ``synthetic.py``):
+    Generated tasks (``TASK[:knob=value,...]``: ``mqar``, ``mad:TASK``, registered ones; ``synthetic.py``):
     the knobs come inline and from ``recall_options``; ``seq_len`` and ``vocab_size`` (None = the
     task's default) fill the ``seq_len`` and ``vocab`` knobs when those are not given.
     """
@@ -107,7 +109,8 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
         source, texts = read_hf(name, text_field)
         return corpus_from_texts(name, texts, source, vocab_size=vocab_size, seq_len=seq_len,
                                  eval_stride=eval_stride, cache_dir=cache_dir, tokenizer=tokenizer)
-    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, mad:TASK or hf:NAME", setting="data")
+    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, a generated task ({task_names()}) or "
+                    "hf:NAME", setting="data")
 
 
 # settings a built-in dataset has no use for: named, they are refused rather than silently ignored
@@ -137,14 +140,14 @@ def check_applicable(name: str, **settings) -> None:
 
 
 def check_data_name(name) -> None:
-    """UserError unless ``name`` is a dataset (one of ``DATASETS``, ``mqar:...``, ``mad:TASK[:...]`` with
-    valid inline knobs, or ``hf:...``)."""
+    """UserError unless ``name`` is a dataset (one of ``DATASETS``, a plugin's, a generated task
+    ``TASK[:...]`` with valid inline knobs, or ``hf:...``)."""
     if is_synthetic(name):
         check_synthetic_name(name)
         return
     if not (name in DATASETS or name in DATASET_FACTORIES or is_hf(name)):
-        raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)}, mqar:knob=value,..., "
-                        "mad:TASK[:knob=value,...], hf:NAME[:CONFIG] or hf:/path/to/saved", setting="data")
+        raise UserError(f"unknown data {name!r}: valid options are {', '.join(DATASETS)}, a generated task "
+                        f"({task_names()})[:knob=value,...], hf:NAME[:CONFIG] or hf:/path/to/saved", setting="data")
 
 
 def data_from_config(config, data_dir: str | os.PathLike | None = None) -> TaskData:

@@ -16,6 +16,11 @@ inherit the batching loops below:
 * evaluation: items in fixed order; the last batch may be smaller than ``batch_size``.
 
 ``LoaderData`` adapts a user's own torch DataLoaders to the same interface.
+
+Data names: ``DATASETS`` are the datasets ``load_data`` builds itself (and ``hf:`` names Hugging Face
+data); ``DATASET_FACTORIES`` holds those plugins add (``data.register_dataset``); the generated tasks
+are ``data.synthetic.TASKS`` (``register_task``). ``name_taken`` is the one rule that keeps the three
+apart: no name means two datasets.
 """
 
 import hashlib
@@ -33,6 +38,16 @@ IGNORE_INDEX = -100  # target value that is never scored (torch's cross_entropy 
 SPLITS = ("train", "valid", "test")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+DATASETS = ("wikitext2", "text", "recall")  # built by load_data itself; generated tasks: synthetic.TASKS
+# datasets added by plugins: name -> factory(settings) -> TaskData, where settings holds data_dir,
+# vocab_size, seq_len, eval_stride, cache_dir, tokenizer, text_field, seed and the options
+DATASET_FACTORIES: dict = {}
+
+
+def name_taken(name: str) -> bool:
+    """Whether ``name`` (or the ``hf:`` prefix) names a built-in or plugin dataset (not a generated task)."""
+    return name in DATASETS or name in DATASET_FACTORIES or name == "hf" or name.startswith("hf:")
 
 
 def check_generated_memory(task: str, *, examples: int, seq_len: int, vocab: int, bytes_per_token: int,

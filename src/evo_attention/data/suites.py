@@ -19,7 +19,7 @@ A suite file (every key but ``suite`` and ``points`` optional):
       train_examples: 4000
     points:
       - label: recall              # unique; default: the task's short name, numbered if repeated
-        task: mad:in_context_recall
+        task: mad:in_context_recall  # any registered task (data.synthetic.TASKS)
         knobs: {seq_len: 32}
         steps: 800                 # this point's training steps
         seed: 0                    # the data seed (default 0; goes to the options as ``seed``)
@@ -65,7 +65,7 @@ class SuitePoint:
     """One task x difficulty point of a suite."""
 
     label: str
-    task: str  # 'mqar' or 'mad:TASK'
+    task: str  # a registered task: 'mqar', 'mad:TASK' or a plugin's (data.synthetic.register_task)
     knobs: dict = field(hash=False)  # as the suite gives them (defaults included), checked
     steps: int | None = None  # training steps the suite gives this point
     seed: int | None = None  # data seed, when the suite gives one

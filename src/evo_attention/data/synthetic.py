@@ -6,10 +6,11 @@ process (each split draws from its own generator, seeded by sha256 of task, seed
 answers per example follows from the knobs (``answers_per_example``), so ``scored_tokens`` and the
 trainer's ``eval_tokens`` say how many answers a full evaluation scores.
 
-Data names (``load_data`` / ``--data``):
+Data names (``load_data`` / ``--data``): a registered task's name, then its knobs inline:
 
     mqar                      mqar:pairs=8,queries=4,seq_len=64
     mad:TASK                  mad:selective_copy:seq_len=64,copy=16
+    NAME                      a plugin's task: delayed_copy:delay=2 (its name as registered)
 
 Knobs come inline (``NAME:knob=value,...``) and/or from the task options mapping (Config ``recall``,
 ``TaskSpec.options``); a knob given in both places must agree. ``seq_len`` and ``vocab`` not given
@@ -59,6 +60,19 @@ Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
   the seed); each example lists ``pairs`` distinct keys, each followed by its value. Scored: the
   value after each key. Keys never repeat within an example, so context does not help: rewards
   what the parameters store, not mixing.
+
+Adding a task: one ``Task`` subclass (``capability``, ``knobs``, ``defaults`` giving every knob,
+``vocab`` included, a default; ``symbols``, ``answers_per_example``, ``chance``, ``generate``;
+optionally ``resolve``, ``no_recall``, ``bytes_per_token``) registered with
+``@register_task("name")``. ``TASKS`` is that registry and nothing else lists tasks: the built-in
+tasks above are registered the same way, so a registered task is at once a data name (``load_data``,
+``--data``, ``Config``), a suite point's ``task:``, a ``curve`` task whose knobs can be swept, and
+gets the memory check, ``describe()`` with its chance level and a fingerprint. A name is a lower-case
+word (``delayed_copy``) or ``FAMILY:WORD`` (the built-ins' ``mad:TASK``); it may not be a dataset's
+name (``base.name_taken``), and a word may not also be a family. Registering a name again with
+another class, or a class under a second name, is a one-line UserError; ``unregister_task`` undoes
+a registration (for tests). Registering changes no existing data: a shipped suite is a pinned list
+of points, not "every task".
 """
 
 from __future__ import annotations
@@ -73,7 +87,7 @@ from typing import Any, Mapping
 import torch
 
 from evo_attention.data.base import (IGNORE_INDEX, SPLITS, ExampleData, check_generated_memory, check_positive,
-                                     fingerprint_of)
+                                     fingerprint_of, name_taken)
 from evo_attention.data.recall import random_subsets
 from evo_attention.data.vocab import Vocab
 from evo_attention.util.errors import UserError
@@ -156,9 +170,14 @@ def _too_small(task: str, what: str, fix: str) -> UserError:
 # -- the tasks ------------------------------------------------------------------------------------
 class Task:
     """A generated task: its knobs, their defaults, the checks between them, the token layout and
-    the generator. ``k`` is always the full dict of resolved knob values."""
+    the generator. ``k`` is always the full dict of resolved knob values.
 
-    name: str = ""
+    A subclass defines ``symbols(k)`` (``k["vocab"]`` names; id 0 is padding, never scored),
+    ``answers_per_example(k)``, ``chance(k)`` and ``generate(n, k, generator, seed)`` -> ``(x, y)``,
+    two int64 tensors ``[n, k["seq_len"]]`` drawn from ``generator`` alone, ``y`` IGNORE_INDEX but at
+    the ``answers_per_example`` answer positions of each row."""
+
+    name: str = ""  # set by register_task
     capability: str = ""
     knobs: tuple[Knob, ...] = ()
     defaults: dict = {}  # None: derived from the other knobs by ``resolve``
@@ -203,6 +222,61 @@ class Task:
 
     def generate(self, n: int, k: dict, generator: torch.Generator, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+
+TASKS: dict[str, Task] = {}  # every generated task by name, in registration order (register_task)
+TASK_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z][a-z0-9_]*)?")
+HOOKS = ("symbols", "answers_per_example", "chance", "generate")  # what a Task subclass must define
+
+
+def is_family(word: str) -> bool:
+    """Whether ``word`` is the FAMILY of registered ``FAMILY:WORD`` tasks (``mad``)."""
+    return any(task.startswith(word + ":") for task in TASKS)
+
+
+def register_task(name: str, task: type[Task] | None = None):
+    """Make the ``Task`` subclass ``task`` the generated task ``name`` (setting its ``name``):
+    ``@register_task("name")`` on the class or ``register_task("name", cls)``; returns the class.
+    Registering the same class under the same name again does nothing."""
+    if task is None:
+        return lambda cls: register_task(name, cls)
+
+    def refuse(why: str) -> UserError:
+        return UserError(f"register_task({name!r}): {why}")
+
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
+        raise refuse("a task name is a lower-case word of letters, digits and _ (delayed_copy), or FAMILY:WORD")
+    head = name.split(":")[0]
+    if name_taken(head):
+        raise refuse(f"{head!r} is taken by a dataset: choose another name")
+    if (":" in name and head in TASKS) or (":" not in name and is_family(name)):
+        raise refuse(f"{head!r} would be both a task and a family of tasks (FAMILY:WORD): choose another name")
+    if not (isinstance(task, type) and issubclass(task, Task)):
+        raise refuse(f"{task!r} is not a subclass of evo_attention.data.synthetic.Task")
+    if name in TASKS:
+        if type(TASKS[name]) is task:
+            return task
+        raise refuse(f"the name is registered already by {type(TASKS[name]).__name__}: choose another name")
+    other = [n for n, t in TASKS.items() if type(t) is task]
+    if other:
+        raise refuse(f"{task.__name__} is registered already as {other[0]!r}: register a subclass")
+    missing = [hook for hook in HOOKS if getattr(task, hook) is getattr(Task, hook)]
+    if missing:
+        raise refuse(f"{task.__name__} does not define {', '.join(missing)}")
+    knobs = [knob.name for knob in COMMON_KNOBS + tuple(task.knobs)]
+    defaults = {**COMMON_DEFAULTS, **task.defaults}
+    bad = [k for k in knobs if k not in defaults] or [k for k in defaults if k not in knobs]
+    if bad:
+        raise refuse(f"knob {bad[0]!r} of {task.__name__} needs both a Knob in knobs and an entry in defaults "
+                     "(None: derived in resolve)")
+    task.name = name
+    TASKS[name] = task()
+    return task
+
+
+def unregister_task(name: str) -> None:
+    """Remove the generated task ``name`` (for tests); nothing when it is not registered."""
+    TASKS.pop(name, None)
 
 
 def _split_alphabet(task: str, vocab: int, reserved: int, what: str) -> tuple[int, int]:
@@ -250,6 +324,7 @@ def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@register_task("mqar")
 class MQAR(Task):
     """Two layouts (``layout``): ``kv``, where a query shows its key and then its value (the value is
     the scored answer, teacher-forced), values drawn with replacement; and ``zoology``, Zoology's
@@ -259,7 +334,6 @@ class MQAR(Task):
     (j + 1) ** (power - 1), and split the ids after <fill> into a lower half of keys and an upper
     half of values (for an even vocab, Zoology's split)."""
 
-    name = "mqar"
     capability = "content-based lookup of many associations at once (multi-query associative recall)"
     knobs = (Knob("pairs", "int", "key-value pairs at the start of each example"),
              Knob("queries", "int", "queried keys per example (each pair at most once; default: pairs)"),
@@ -338,12 +412,12 @@ class MQAR(Task):
         return x, y
 
 
+@register_task("mad:in_context_recall")
 class InContextRecall(Task):
     """The recall family: a dictionary of ``pairs`` distinct keys with values, then query pairs of
     dictionary keys (with replacement) up to the end of the window; noise tokens between items
     (noisy) and keys/values of several tokens (fuzzy) are settings of the same generator."""
 
-    name = "mad:in_context_recall"
     capability = "in-context recall: look up the value of a key given earlier in the sequence"
     knobs = (Knob("pairs", "int", "distinct keys in each example's dictionary (default: min(possible keys, "
                                   "half of the pairs that fit))"),)
@@ -435,8 +509,8 @@ class InContextRecall(Task):
         return full[:, :-1].contiguous(), _targets(full, pos)
 
 
+@register_task("mad:noisy_recall")
 class NoisyRecall(InContextRecall):
-    name = "mad:noisy_recall"
     capability = "in-context recall among irrelevant tokens: look up keys while ignoring noise"
     knobs = InContextRecall.knobs + (
         Knob("noise", "fraction", "fraction of each example's T + 1 tokens that are noise (rounded)"),
@@ -444,8 +518,8 @@ class NoisyRecall(InContextRecall):
     defaults = {"vocab": 16, "pairs": None, "noise": 0.2, "noise_vocab": 4}
 
 
+@register_task("mad:fuzzy_recall")
 class FuzzyRecall(InContextRecall):
-    name = "mad:fuzzy_recall"
     capability = "in-context recall with multi-token keys and values: match a key spread over several tokens"
     knobs = InContextRecall.knobs + (Knob("key_len", "int", "tokens per key"),
                                      Knob("value_len", "int", "tokens per value (every one is scored)"))
@@ -477,8 +551,8 @@ class ContentTask(Task):
         return 1 / (k["vocab"] - len(self.SPECIALS))
 
 
+@register_task("mad:selective_copy")
 class SelectiveCopy(ContentTask):
-    name = "mad:selective_copy"
     capability = "selective copying: keep the content tokens among noise and reproduce them in order"
     knobs = (Knob("copy", "int", "content tokens to copy (the rest of the first seq_len - copy positions is noise)"),)
     defaults = {"vocab": 16, "copy": 16}
@@ -507,8 +581,8 @@ class SelectiveCopy(ContentTask):
         return x, y
 
 
+@register_task("mad:compression")
 class Compression(ContentTask):
-    name = "mad:compression"
     capability = "compression: carry a whole sequence and decode it, in order, at the final positions"
     knobs = (Knob("tokens", "int", "tokens to compress and reproduce (default: seq_len // 2)"),)
     defaults = {"vocab": 16, "tokens": None}
@@ -536,8 +610,8 @@ class Compression(ContentTask):
         return x, y
 
 
+@register_task("mad:memorization")
 class Memorization(Task):
-    name = "mad:memorization"
     capability = "memorization: a fixed key -> value table learned into the parameters (context cannot help)"
     knobs = (Knob("pairs", "int", "distinct keys per example (default: min(keys, (seq_len + 1) // 2))"),)
     defaults = {"vocab": 64, "pairs": None}
@@ -580,31 +654,37 @@ class Memorization(Task):
         return full[:, :-1].contiguous(), _targets(full, torch.arange(0, 2 * P, 2).expand(n, P))
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (
-    MQAR(), InContextRecall(), NoisyRecall(), FuzzyRecall(), SelectiveCopy(), Compression(), Memorization())}
-MAD_TASKS = tuple(name.split(":", 1)[1] for name in TASKS if name.startswith("mad:"))
-
-
 # -- data names -----------------------------------------------------------------------------------
+def task_names() -> str:
+    """The registered tasks as a data name starts, for messages: ``mqar, mad:TASK, ...``."""
+    return ", ".join(dict.fromkeys(t.split(":")[0] + ":TASK" if ":" in t else t for t in TASKS))
+
+
 def is_synthetic(name) -> bool:
-    """Whether ``name`` names a generated task of this module (``mqar[:...]``, ``mad[:...]``)."""
-    return isinstance(name, str) and (name in ("mqar", "mad") or name.startswith(("mqar:", "mad:")))
+    """Whether ``name`` names a generated task (``TASK[:...]`` for a registered TASK, ``FAMILY[:...]``
+    for a family of them, such as ``mad``)."""
+    head = name.split(":")[0] if isinstance(name, str) else None
+    return head is not None and (head in TASKS or is_family(head))
 
 
 def parse_data_name(name: str) -> tuple[str, dict[str, str]]:
     """``(task, inline knobs as text)`` of a data name; UserError for a malformed one."""
-    if name == "mqar" or name.startswith("mqar:"):
-        task, rest = "mqar", name[len("mqar:"):] if name.startswith("mqar:") else None
+    head, sep, rest = name.partition(":")
+    if head in TASKS:
+        task, rest = head, rest if sep else None
+    elif not is_family(head):
+        raise UserError(f"unknown generated task {head!r} in data {name!r}; valid tasks: {task_names()}", setting="data")
     else:
-        parts = name.split(":", 2)
-        if len(parts) < 2 or not parts[1].strip():
-            raise UserError(f"data {name!r} names no MAD task: use mad:TASK[:knob=value,...] with TASK one of "
-                            f"{', '.join(MAD_TASKS)}", setting="data")
-        task = f"mad:{parts[1].strip()}"
+        family = [t.split(":", 1)[1] for t in TASKS if t.startswith(head + ":")]
+        word, sep, rest = rest.partition(":")
+        if not word.strip():
+            raise UserError(f"data {name!r} names no {head.upper()} task: use {head}:TASK[:knob=value,...] with TASK "
+                            f"one of {', '.join(family)}", setting="data")
+        task = f"{head}:{word.strip()}"
         if task not in TASKS:
-            raise UserError(f"unknown MAD task {parts[1].strip()!r} in data {name!r}; valid tasks: {', '.join(MAD_TASKS)}",
-                            setting="data")
-        rest = parts[2] if len(parts) == 3 else None
+            raise UserError(f"unknown {head.upper()} task {word.strip()!r} in data {name!r}; valid tasks: "
+                            f"{', '.join(family)}", setting="data")
+        rest = rest if sep else None
     knobs: dict[str, str] = {}
     if rest is None:
         return task, knobs

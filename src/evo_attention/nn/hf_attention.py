@@ -20,14 +20,13 @@ temperature reads x too.
 
 Contract:
 
-- One implementation: ``attention_forward`` runs the library's own pieces on the host's q, k, v:
-  ``EvolvedAttention._weigh`` on a whole sequence (the paths the tool trains with: fused, banded,
-  running sums), and on new positions after the host's cache the pieces of ``decode``
-  (``_weighing_inputs``, ``attend`` with ``decode_mask``). A layer built this way computes, on the
-  same weights, what the library's ``EvolvedAttention`` computes (a test trains a tiny
-  ``LlamaForCausalLM`` and compares, fp32, within 1e-5). A later kind of gene that builds its own
-  attention module plugs in through ``core_attention`` (what the function runs is that module's
-  ``_weigh`` / ``attend``).
+- One implementation: ``attention_forward`` runs the gene's program (``nn.program``, the one
+  engine) on the host's q, k, v: ``ProgramCore.heads``, on a whole sequence with the paths the tool
+  trains with (fused, banded, running sums), and on new positions after the host's cache with the
+  rows of its decoding (a program whose q, k, v reach only its attention pattern; others generate
+  with ``use_cache=False``). A layer built this way computes, on the same weights, what the
+  library's ``EvolvedAttention`` computes (a test trains a tiny ``LlamaForCausalLM`` and compares,
+  fp32, within 1e-5).
 - What the host decides: the projections (its ``qkv_rank``, ``kv_heads``, bias), and the word order
   of rotary or learned positions (Llama rotates q and k itself, GPT-2 adds learned positions to
   its input); the gene decides the rest, its window and score biases (ALiBi, ``abias=rel``)
@@ -43,7 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, canonical_program
 from evo_attention.nn.attention import EvolvedAttention, decode_mask
 from evo_attention.util.errors import UserError
 
@@ -58,7 +57,7 @@ def core_attention(gene: AttentionGene | str, d_model: int, n_heads: int, *, max
     output projections (removed) and its rotary embedding (the host's positions); grouped K/V
     heads and a low-rank projection are the host's too."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    if gene.program is not None and not gene.program.startswith("o("):
+    if gene.program is not None and not canonical_program(gene.program).text.startswith("o("):
         raise UserError(f"program {gene.program} does more after its heads' output projection o(...): a "
                         "transformers layer applies its own output projection, so only a program o(...) can be hosted")
     core = EvolvedAttention(d_model, n_heads, gene.replace(kv_heads=0, qkv_rank=0), max_seq_len=max_seq_len,
@@ -84,28 +83,13 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     allowed = _allowed(attention_mask, query.shape[0], t, s)
     start = s - t
+    if start and (core.qkv_conv is not None or not core.program.cacheable):
+        raise ValueError(f"gene {core.gene.key} reads earlier queries or inputs along time, which the host's "
+                         "cache does not keep: generate with use_cache=False")
     if core.qkv_conv is not None:  # convolutions along time read earlier raw q, k, v: whole sequences only
-        if start:
-            raise ValueError(f"gene {core.gene.key} convolves q, k and v along time (dconv=): generate with "
-                             "use_cache=False (the host's cache keeps no earlier queries)")
         query, key, value = core.qkv_conv(query, key, value)
-    if core.program is not None:  # a program: its heads' value, the argument of its root o(...)
-        if start:
-            raise ValueError(f"a program gene ({core.gene.program}) runs on whole sequences: generate with "
-                             "use_cache=False (the host's cache keeps no earlier queries, which its ops may read)")
-        y = core.program.heads(core, x, {"q": query, "k": key, "v": value}, allowed)
-        return y.transpose(1, 2).contiguous(), None
-    tau = core.temperature(x)
-    with core._precision(query.device.type):
-        if start == 0:  # a whole sequence: the forward's own paths
-            y, weights = core._weigh(query, key, value, tau, allowed, need_weights=False)
-        else:  # new positions after the host's cache: the pieces of decode
-            q, k, v, bias = core._weighing_inputs(query, key, value, tau, start)
-            mask = decode_mask(start, t, query.device, core.window)
-            mask = mask if allowed is None else mask & allowed
-            y, weights = core.attend(q, k, v, tau, bias, mask, core.dropout_p if core.training else 0.0,
-                                     fused=False, full_causal=False, aligned=False)
-    return y.transpose(1, 2).contiguous(), weights
+    y = core.program.heads(core, x, {"q": query, "k": key, "v": value}, allowed, start)
+    return y.transpose(1, 2).contiguous(), None
 
 
 def _allowed(mask: torch.Tensor | None, b: int, t: int, s: int) -> torch.Tensor | None:

@@ -1,32 +1,50 @@
-"""What an attention program computes (``evo_attention.programs`` is its grammar).
+"""The attention engine: what a program computes (``evo_attention.programs`` is its grammar).
 
-``ProgramCore`` runs one program inside an ``EvolvedAttention``: the attention module gives the
-inputs (x, the gene's projections q, k, v with their rotary angles and grouped heads), the score
-bias of its positions (alibi, ``abias=rel``), the keys each query may see (causal, the gene's
-window, an external mask), its attention dropout and its output projection ``o``. Each op is
-written once here, for one model and for K folded ones (``nn.fold``): ops with weights keep them
-with a leading model dimension (``_PerModel``) or in PyTorch layers, and the registered components
-(``s.*``, ``t.*``, ``w.*``, ``kmix.*``, ``g.*``, ``gi.*``) are the very modules and functions of
-``nn.components``, so a classic gene and its program compute the same function.
+Every gene is a program (a classic gene is ``programs.classic_program`` of its four components),
+and ``ProgramCore`` is the only thing that computes attention. The attention module
+(``nn.attention.EvolvedAttention``) is its frame: it gives the block input x, the projections q, k,
+v (rotated, grouped K/V heads shared, convolved with ``dconv=``), the score bias of the positions
+(alibi, ``abias=rel``), the window, the attention dropout and the output projection ``o``. A classic
+gene's components live on the frame under their names of old (``similarity``, ``temperature``,
+``gating``, ``kernel``: checkpoints keep their keys); a program's ops with weights live here.
 
-Contracts (tests hold random programs to them):
+Ops are registered, not listed: ``register_op(name, signatures, kind, apply=..., build=...)``
+puts an op into the grammar (``programs.OPS``: parsing, type checking, random programs, mutation,
+the docs' table) and gives its computation here, for one model and for K folded ones (an op's
+module folds by ``nn.fold``'s rules: ``PerModel`` below, or a ``fold`` method). The registered
+components give the ops ``s.*``, ``t.*``, ``w.*``, ``kmix.*``, ``g.*``, ``gi.*`` by being registered.
+
+Contracts (tests hold every registered op to them through random programs):
 
 - Each distinct subexpression is computed once per forward pass (nodes are keyed by their text).
 - Causal: ops along time read only earlier positions (shifts and convolutions pad the past with
   zeros); weights are formed over the keys a query may see and are exactly zero elsewhere (``mix``
-  masks them again, so no op between a weighting and ``mix`` can leak a future key).
+  masks them again unless they come straight from a ``w.*``, which zeroes them itself).
 - No NaN: every elementwise result is clipped to +-``programs.CLIP``; exp is taken of at most 20;
   divisions are safe (``sdiv``: a b / (b^2 + 0.01)); a kernel's ratio is ``components.safe_ratio``.
-- Fast paths: ``mix(w.softmax(t.T(s.S(A,B))),C)`` with a dot-product similarity S runs in
-  ``scaled_dot_product_attention`` (the attention module's own ``attend``) where the classic gene
-  would; ``kmix`` runs as a running sum (``components.causal_kernel_attention``) unless explicit
-  weights are needed (maps, a mask, a window, attention dropout in training).
+
+Fast paths are patterns the engine recognises, each computing the same function as the plain one:
+
+- ``mix(w.softmax(t.T(s.S(A,B))),C)`` with a dot-product similarity S: PyTorch's fused
+  ``scaled_dot_product_attention`` (the temperature divides the prepared queries; a score bias goes
+  in as a float mask), unless weights are needed (maps, a mask, attention dropout in training:
+  ``nn.dropout`` draws its masks the same on every device, SDPA's dropout would not).
+- ``mix(w.N(t.T(s.S(A,B))),C)`` and ``kmix.N(...)`` with a window W, 2W < T: block by block, each
+  block of W queries meeting the 2W keys of its own and the previous block (O(T W)).
+- ``kmix``: running sums over positions (``components.causal_kernel_attention``, O(T)) unless
+  explicit weights are needed (maps, a mask, a window, attention dropout in training).
+- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form)
+  decodes with a key/value cache (running sums for a kernel without a window); any other program
+  recomputes its forward over the positions so far and keeps the new rows (every op is causal, so
+  those rows are what the whole sequence gives them).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -40,29 +58,73 @@ from evo_attention.nn.fold import Folding, per_model
 CLIP = programs.CLIP
 EPS_DIV = 1e-2  # sdiv(a, b) = a b / (b^2 + EPS_DIV): |result| <= |a| / (2 sqrt(EPS_DIV))
 
-UNARY = {
-    "neg": torch.neg, "relu": F.relu, "sqrelu": lambda z: F.relu(z).square(), "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh, "exp": lambda z: torch.exp(z.clamp(max=20.0)), "softplus": F.softplus,
-    "abs": torch.abs, "square": torch.square,
-    "ssqrt": lambda z: torch.sign(z) * (torch.sqrt(z.abs() + 1e-4) - 1e-2),
-    "slog1p": lambda z: torch.sign(z) * torch.log1p(z.abs()),
-}
+
+# -- the op registry -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shapes:
+    """What ``build`` reads: the layer's sizes and the op node's argument and result types."""
+
+    d_model: int
+    n_heads: int
+    d_head: int
+    kernel_features: int
+    arg_types: tuple
+    result_type: str
 
 
-def _maximum(a, b):
-    if not torch.is_tensor(a):
-        a, b = b, a
-    return a.clamp(min=b) if not torch.is_tensor(b) else torch.maximum(a, b)
+@dataclass(frozen=True)
+class Call:
+    """What ``apply`` reads besides its arguments: the op's module (None without ``build``), the
+    block input x [B, T, d_model] and the attention frame (its ``out`` projection, sizes)."""
+
+    module: nn.Module | None
+    x: torch.Tensor
+    attn: nn.Module
 
 
-BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "sdiv": lambda a, b: a * b / (b * b + EPS_DIV), "max": _maximum,
-}
+@dataclass(frozen=True)
+class Implementation:
+    apply: Callable  # (Call, *argument values) -> value
+    build: Callable | None = None  # (Shapes) -> nn.Module with the op's weights, or None
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {}
+
+
+def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Callable | None = None,
+                commutative: bool = False, fold: Callable | None = None) -> None:
+    """Add the op ``name`` to the program language, everywhere at once.
+
+    ``signatures``: one or more of ``"H->H"``, ``"H,H->S"`` (argument types -> result type; the
+    types are ``programs.TYPES``, ``T`` any of X, H, S); ``kind``: ``elementwise`` (entry by entry;
+    results are clipped to +-CLIP; ``fold`` gives its value on numbers for constant folding),
+    ``learned`` (per position, with weights), ``feature`` (over a head's channels) or ``time``
+    (reads earlier positions only: it makes a program mix tokens; it must never read a later one).
+    ``apply(call, *args)`` computes it on tensors of any leading batch size (K folded models are
+    one batch of K * B rows, model-major); ``build(shapes)`` returns the module holding its weights
+    (subclass ``PerModel`` or give it a ``fold`` method so that it folds), as ``call.module``."""
+    sigs = [signatures] if isinstance(signatures, str) else list(signatures)
+    op = programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold)
+    programs.add_op(op)
+    impl = Implementation(_clipped(apply) if kind == "elementwise" else apply, build)
+    IMPLEMENTATIONS[name] = impl
+
+
+def unregister_op(name: str) -> None:
+    """Remove an op ``register_op`` added."""
+    programs.remove_op(name)
+    IMPLEMENTATIONS.pop(name, None)
+
+
+def _clipped(apply: Callable) -> Callable:
+    def clipped(call, *args):
+        value = apply(call, *args)
+        return value.clamp(-CLIP, CLIP) if torch.is_tensor(value) else value
+    return clipped
 
 
 # -- ops with weights ------------------------------------------------------------------------------
-class _PerModel(nn.Module):
+class PerModel(nn.Module):
     """An op whose parameters carry a leading model dimension M: 1 alone, K once folded (the
     stacked [K, 1, ...] parameters are read as [K, ...]). Activations [M * B, ...] are viewed per
     model, [M, B, ...], so each model's rows meet its own parameters."""
@@ -81,13 +143,14 @@ class _PerModel(nn.Module):
         return clone
 
 
-def _shape_of(kind: str, n_heads: int, d_head: int, d_model: int) -> tuple:
+def _shape_of(kind: str, s: Shapes) -> tuple:
     """The per-model parameter shape of a scale or bias on a value of type ``kind``, broadcasting
     against its per-model view ([M, B, H, T, d], [M, B, T, D] or [M, B, H, T, T])."""
-    return {"H": (1, n_heads, 1, d_head), "X": (1, 1, d_model), "S": (1, n_heads, 1, 1)}[kind]
+    return {"H": (1, s.n_heads, 1, s.d_head), "F": (1, s.n_heads, 1, s.d_head), "X": (1, 1, s.d_model),
+            "S": (1, s.n_heads, 1, 1)}[kind]
 
 
-class Affine(_PerModel):
+class Affine(PerModel):
     """``scale`` (init 1) or ``bias`` (init 0): a learned factor or offset per channel (per head
     for scores)."""
 
@@ -103,7 +166,7 @@ class Affine(_PerModel):
         return out.reshape(z.shape)
 
 
-class HeadMap(_PerModel):
+class HeadMap(PerModel):
     """``lfeat``: a learned d x d map of each head's channels (init identity)."""
 
     def __init__(self, n_heads: int, d_head: int):
@@ -116,7 +179,7 @@ class HeadMap(_PerModel):
         return torch.einsum("mbhtd,mhde->mbhte", zm, w.to(zm.dtype)).reshape(z.shape)
 
 
-class CausalConv(_PerModel):
+class CausalConv(PerModel):
     """``dconvN``: a depthwise causal convolution of width N along time, per head and channel:
     y_t = sum_i w_i z_(t-i), positions before 0 read as zeros (init: y = z)."""
 
@@ -135,7 +198,7 @@ class CausalConv(_PerModel):
         return out.reshape(z.shape)
 
 
-class Decay(_PerModel):
+class Decay(PerModel):
     """``decay`` (on vectors: y_t = (1 - l) sum_(j<=t) l^(t-j) z_j, an exponential moving average)
     or ``sdecay`` (on scores: s_ij l^(i-j) for j <= i), with a learned rate l = sigmoid(a) per head
     (init 0.9)."""
@@ -181,97 +244,310 @@ class XGate(nn.Module):
         return z * g.to(z.dtype)
 
 
-# -- one program ---------------------------------------------------------------------------------------
-class _Pass:
-    """What one forward pass of a program reads from its attention module, computed when first needed."""
+# -- the built-in ops --------------------------------------------------------------------------------
+def _maximum(a, b):
+    if not torch.is_tensor(a):
+        a, b = b, a
+    return a.clamp(min=b) if not torch.is_tensor(b) else torch.maximum(a, b)
 
-    def __init__(self, attn, x, mask, need_weights):
-        self.attn, self.x, self.mask, self.need_weights = attn, x, mask, need_weights
+
+def _own(name: str, apply: Callable, build: Callable | None = None) -> None:
+    """The computation of a built-in op (its signature is in ``programs.OPS`` already)."""
+    kind = programs.OPS[name].kind
+    IMPLEMENTATIONS[name] = Implementation(_clipped(apply) if kind == "elementwise" else apply, build)
+
+
+for _name, _fn in {
+    "neg": torch.neg, "relu": F.relu, "sqrelu": lambda z: F.relu(z).square(), "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "exp": lambda z: torch.exp(z.clamp(max=20.0)), "softplus": F.softplus,
+    "abs": torch.abs, "square": torch.square,
+    "ssqrt": lambda z: torch.sign(z) * (torch.sqrt(z.abs() + 1e-4) - 1e-2),
+    "slog1p": lambda z: torch.sign(z) * torch.log1p(z.abs()),
+}.items():
+    _own(_name, lambda call, a, fn=_fn: fn(a))
+for _name, _fn in {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "sdiv": lambda a, b: a * b / (b * b + EPS_DIV), "max": _maximum,
+}.items():
+    _own(_name, lambda call, a, b, fn=_fn: fn(a, b))
+for _name in ("scale", "bias"):
+    _own(_name, lambda call, z: call.module(z),
+         lambda s, multiply=_name == "scale": Affine(_shape_of(s.arg_types[0], s), multiply=multiply))
+for _width in (2, 3, 4):
+    _own(f"dconv{_width}", lambda call, z: call.module(z), lambda s, w=_width: CausalConv(s.n_heads, s.d_head, w))
+_own("lfeat", lambda call, z: call.module(z), lambda s: HeadMap(s.n_heads, s.d_head))
+_own("decay", lambda call, z: call.module(z), lambda s: Decay(s.n_heads, scores=False))
+_own("sdecay", lambda call, z: call.module(z), lambda s: Decay(s.n_heads, scores=True))
+_own("sgate", lambda call, z: call.module(z, call.x),
+     lambda s: XGate(s.d_model, s.n_heads, s.d_head, heads=s.result_type == "H"))
+_own("lin", lambda call, z: call.module(z), lambda s: nn.Linear(s.d_model, s.d_model))
+_own("l2n", lambda call, z: F.normalize(z, dim=-1) * math.sqrt(z.shape[-1]))
+_own("rmsn", lambda call, z: F.rms_norm(z, (z.shape[-1],), eps=1e-6))
+_own("elu1", lambda call, z: F.elu(z) + 1.0)
+_own("shift", lambda call, z: F.pad(z, (0, 0, 1, 0))[:, :, :-1])
+_own("cumsum", lambda call, z: z.cumsum(dim=2).clamp(-CLIP, CLIP))
+_own("cummean", lambda call, z: z.cumsum(dim=2) / torch.arange(1, z.shape[2] + 1, device=z.device,
+                                                                   dtype=z.dtype)[:, None])
+_own("o", lambda call, y: call.attn.out(y.transpose(1, 2).reshape(*call.x.shape[:2], call.attn.d_model)))
+_own("pin", lambda call, projected_input, out: out)
+# the engine computes mix, kmix and w.* itself (its fast paths); the component ops build from their registries
+_COMPONENT_BUILDS = {
+    "s": lambda name, s: components.SIMILARITIES[name](s.d_head, s.n_heads),
+    "t": lambda name, s: components.TEMPERATURES[name](s.d_model, s.n_heads, s.d_head),
+    "kmix": lambda name, s: components.NORMALIZATIONS[name](s.d_head, s.n_heads, s.kernel_features),
+    "g": lambda name, s: components.GATINGS[name](s.d_model),
+    "gi": lambda name, s: components.GATINGS[name](s.d_model),
+}
+
+
+# -- caches for decoding -----------------------------------------------------------------------------
+@dataclass
+class KVCache:
+    """One layer's keys and values of the positions decoded so far, [B, kv_heads, T, d_head] each
+    (keys after the rotary rotation; grouped K/V heads are stored once, not repeated per group)."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions' keys and values; the keys and values of every position so far."""
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
+        return self.k, self.v
+
+
+@dataclass
+class KernelState:
+    """One layer's running sums for a kernel without a window: s = sum phi(k) v^T [B, H, m, d_head]
+    and z = sum phi(k) [B, H, m] over the positions decoded so far. Its size does not grow with the
+    sequence (the recurrent form of linear attention)."""
+
+    s: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    length: int = 0
+
+
+@dataclass
+class InputCache:
+    """One layer's inputs x [B, T, d_model] of the positions decoded so far (a program decoded by
+    recomputation)."""
+
+    x: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.x is None else self.x.shape[1]
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        self.x = x if self.x is None else torch.cat((self.x, x), dim=1)
+        return self.x
+
+
+# -- the attention kernels ------------------------------------------------------------------------------
+def fused_attention(q, k, v, tau, bias, allowed, dropout_p: float, similarity, *, full_causal: bool):
+    """softmax(prepare(q) prepare(k)^T / tau + bias) v over the ``allowed`` keys in PyTorch's
+    fused kernel: y [.., Tq, d]."""
+    q, k = similarity.prepare(q, k)
+    q = q / tau.to(q.dtype)
+    if bias is None and full_causal:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0)
+    base = bias if bias is not None else torch.zeros((), device=q.device)
+    float_mask = torch.where(allowed, base, float("-inf")).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=1.0)
+
+
+def _blocks(z: torch.Tensor, w: int, pad: int, fill: float = 0.0) -> torch.Tensor:
+    """[B, X, T, e] -> [B * n, X, W, e]: the sequence cut into n blocks of W positions (the last one
+    padded with ``fill``)."""
+    z = F.pad(z, (0, 0, 0, pad), value=fill) if pad else z
+    b, x, t, e = z.shape
+    return z.view(b, x, t // w, w, e).transpose(1, 2).reshape(b * (t // w), x, w, e)
+
+
+def _bands(z: torch.Tensor, w: int, pad: int) -> torch.Tensor:
+    """[B, X, T, e] -> [B * n, X, 2W, e]: for each block, the W positions before it and its own."""
+    z = F.pad(z, (0, 0, 0, pad)) if pad else z
+    b, x, t, e = z.shape
+    z = z.view(b, x, t // w, w, e)
+    z = torch.cat((F.pad(z[:, :, :-1], (0, 0, 0, 0, 1, 0)), z), dim=3)  # the first block's "before" is zeros
+    return z.transpose(1, 2).reshape(b * (t // w), x, 2 * w, e)
+
+
+def banded(q, k, v, w: int, tau, bias, weigh: Callable) -> torch.Tensor:
+    """Sliding-window attention in blocks: the queries of block c (positions cW .. cW + W - 1)
+    meet the keys of blocks c - 1 and c, of which query cW + a may see keys a + 1 .. a + W of the
+    band. ``weigh(q, k, v, tau, bias, allowed)`` -> y on the blocks; returns y [B, H, T, d]."""
+    b, h, t, d = q.shape
+    n = -(-t // w)
+    pad = n * w - t
+    a = torch.arange(w, device=q.device)[:, None]
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    allowed = ((j > a) & (j <= a + w)).expand(n, w, 2 * w).clone()
+    allowed[0, :, :w] = False  # the first block's band starts before position 0
+    allowed = allowed.unsqueeze(1).repeat(b, 1, 1, 1)  # [B * n, 1, W, 2W], b-major like _blocks
+    if bias is not None:  # rows of the queries, columns of the band's keys (clamped ones are masked)
+        pos_q = torch.arange(n * w, device=q.device).clamp(max=t - 1).view(n, w)
+        pos_k = (torch.arange(n, device=q.device)[:, None] * w - w + j).clamp(0, t - 1)
+        if bias.dim() == 3:  # [H, T, T], the same for every row -> [B * n, H, W, 2W]
+            bias = bias[:, pos_q[:, :, None], pos_k[:, None, :]].transpose(0, 1).repeat(b, 1, 1, 1)
+        else:  # [B, H, T, T], a bias per row (models folded into one batch) -> [B * n, H, W, 2W]
+            bias = bias[:, :, pos_q[:, :, None], pos_k[:, None, :]].transpose(1, 2).reshape(b * n, h, w, 2 * w)
+    if tau is not None and tau.dim() == 4 and tau.shape[2] == t:  # per-query temperature [B, H, T, 1]
+        tau = _blocks(tau.expand(b, -1, -1, -1), w, pad, fill=1.0)  # padded queries: no division by 0
+    y = weigh(_blocks(q, w, pad), _bands(k, w, pad), _bands(v, w, pad), tau, bias, allowed)
+    return y.view(b, n, h, w, -1).transpose(1, 2).reshape(b, h, n * w, -1)[:, :, :t]
+
+
+def decode_running(phi_q, phi_k, v, state: KernelState) -> torch.Tensor:
+    """The new positions' outputs from the running sums of the earlier ones plus their own causal
+    triangle; the sums then take the new positions in."""
+    local = (phi_q @ phi_k.transpose(-2, -1)).tril()
+    numerator, denominator = local @ v, local.sum(dim=-1)
+    if state.s is not None:
+        numerator = numerator + phi_q @ state.s
+        denominator = denominator + (phi_q @ state.z.unsqueeze(-1)).squeeze(-1)
+    kv, ks = phi_k.transpose(-2, -1) @ v, phi_k.sum(dim=-2)
+    state.s, state.z = (kv, ks) if state.s is None else (state.s + kv, state.z + ks)
+    state.length += phi_q.shape[2]
+    return components.safe_ratio(numerator, denominator)
+
+
+# -- one forward pass ---------------------------------------------------------------------------------
+class _Pass:
+    """What one pass of a program reads from its frame, computed when first needed. Decoding
+    (``cache`` a KVCache or KernelState): x holds the new positions start..start+T-1 only, and the
+    keys are the cache's."""
+
+    def __init__(self, attn, x, mask, need_weights, cache=None):
+        self.attn, self.x, self.mask, self.need_weights, self.cache = attn, x, mask, need_weights, cache
         self.t = x.shape[1]
-        self.dropout_p = attn.dropout_p if attn.training else 0.0
+        self.start = cache.length if cache is not None else 0
+        self.dropout_p = attn.dropout_p if attn.training and cache is None else 0.0
         self.projected = None
         self.values: dict = {}
         self.weights = None
         self._allowed = None
         self._bias = False
 
+    @property
+    def decoding(self) -> bool:
+        return self.cache is not None
+
     def qkv(self, h):
         if self.projected is None:
-            q, k, v = self.attn.rotated_heads(h)
-            k, v = self.attn.share_kv(k, v)
-            if self.attn.qkv_conv is not None:
-                q, k, v = self.attn.qkv_conv(q, k, v)
+            attn = self.attn
+            q, k, v = attn.rotated_heads(h, self.start)
+            if isinstance(self.cache, KVCache):
+                k, v = self.cache.append(k, v)
+            k, v = attn.share_kv(k, v)
+            if attn.qkv_conv is not None:  # never while decoding (such a gene recomputes)
+                q, k, v = attn.qkv_conv(q, k, v)
             self.projected = {"q": q, "k": k, "v": v}
         return self.projected
 
     @property
     def windowed(self) -> bool:
-        return 0 < self.attn.window < self.t
+        return 0 < self.attn.window < self.t and not self.decoding
 
     @property
     def allowed(self) -> torch.Tensor:
         if self._allowed is None:
-            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask)
+            if self.decoding:
+                allowed = self.attn.decode_mask(self.start, self.t, self.x.device)
+                self._allowed = allowed if self.mask is None else allowed & self.mask
+            else:
+                self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask)
         return self._allowed
 
     @property
     def bias(self):
         if self._bias is False:
-            self._bias = self.attn.score_bias(self.t, self.x.device)
+            self._bias = self.attn.score_bias(self.t, self.x.device, self.start)
         return self._bias
+
+    @property
+    def explicit(self) -> bool:
+        """Whether weights must be formed as a matrix (maps, a mask, attention dropout)."""
+        return self.need_weights or self.mask is not None or self.dropout_p > 0
+
+    def banded(self) -> bool:
+        """Whether a windowed mixing op runs block by block (2W < T, no [T, T] form needed)."""
+        return self.windowed and 2 * self.attn.window < self.t and self.mask is None and not self.need_weights
 
 
 class ProgramCore(nn.Module):
-    """One program's ops and weights; ``forward(attn, x, mask, need_weights)`` -> (out, weights)."""
+    """One program's ops and weights. ``bound``: {op name: attribute of the frame} for component
+    ops whose modules the frame holds (a classic gene's); every other op with weights has its
+    module here, ``ops.n<i>``."""
 
     def __init__(self, program: programs.Program, grammar: programs.Grammar, *, d_model: int, n_heads: int,
-                 d_head: int, kernel_features: int = 64):
+                 d_head: int, kernel_features: int = 64, bound: dict | None = None):
         super().__init__()
         self.program = program
         self.nodes = program.nodes()
+        self.bound = dict(bound or {})
         memo: dict = {}
         grammar.type_of(program.root, memo)
         types = {text: t for (text, _), t in memo.items()}
         self.ops = nn.ModuleDict()
         for i, node in enumerate(self.nodes):
-            module = _build(node, types, grammar, d_model, n_heads, d_head, kernel_features)
-            if module is not None:
-                self.ops[f"n{i}"] = module
+            if node.args and node.op not in self.bound:
+                shapes = Shapes(d_model, n_heads, d_head, kernel_features,
+                                tuple(types[a.text] for a in node.args), types[node.text])
+                module = _build(node.op, shapes)
+                if module is not None:
+                    self.ops[f"n{i}"] = module
         self.index = {node.text: i for i, node in enumerate(self.nodes)}
-        self.fusable = {node.text: pattern for node in self.nodes if (pattern := self._fused_form(node))}
+        self.forms = {node.text: form for node in self.nodes if (form := _attention_form(node))}
+        self.heads_node = _heads_node(program.root)
+        self.cacheable = _cacheable(program.root, self.heads_node, self.forms)
 
-    def _module(self, node):
-        return self.ops[f"n{self.index[node.text]}"]
+    def _module(self, node, run: _Pass):
+        attr = self.bound.get(node.op)
+        if attr is not None:
+            return getattr(run.attn, attr)
+        return self.ops[f"n{self.index[node.text]}"] if f"n{self.index[node.text]}" in self.ops else None
 
-    def _fused_form(self, node):
-        """(similarity node, temperature node or None) when ``node`` is mix(w.softmax(t(s(A,B))),C)
-        with a dot-product similarity."""
-        if node.op != "mix" or node.args[0].op != "w.softmax":
-            return None
-        scores, temperature = node.args[0].args[0], None
-        if scores.op.startswith("t."):
-            scores, temperature = scores.args[0], scores
-        if not scores.op.startswith("s."):
-            return None
-        if not getattr(components.factory("similarity", scores.op[2:]), "dot_form", False):
-            return None
-        return scores, temperature
-
+    # -- entry points -----------------------------------------------------------------------------------
     def forward(self, attn, x, mask=None, need_weights: bool = False):
+        """(out [B, T, d_model], the first mixing op's weights when ``need_weights``)."""
         run = _Pass(attn, x, mask, need_weights)
         return self.value(self.program.root, run), run.weights
 
-    def heads(self, attn, x, projected: dict, mask=None):
-        """The value of the root ``o(...)``'s argument, [B, H, T, d], with the given projections
-        ({"q", "k", "v"} [B, H, T, d]) in place of the attention module's (a host model's own,
-        ``nn.hf_attention``)."""
-        run = _Pass(attn, x, mask, False)
+    def heads(self, attn, x, projected: dict, mask=None, start: int = 0):
+        """The value of the heads node (the argument of ``o``), [B, H, T, d], with the given
+        projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``nn.hf_attention``).
+        ``start`` > 0: T new queries after ``start`` positions whose keys and values ``projected``
+        holds too (the host's cache); only a ``cacheable`` program can do that."""
+        cache = _HostCache(start) if start else None
+        run = _Pass(attn, x, mask, False, cache)
         run.projected = projected
-        return self.value(self.program.root.args[0], run)
+        return self.value(self.heads_node, run)
 
+    def new_cache(self, attn):
+        """An empty cache for ``decode``: running sums for a kernel without a window, keys and
+        values for another cacheable program, the inputs so far otherwise."""
+        if not self.cacheable or attn.qkv_conv is not None or attn.input_conv is not None:
+            return InputCache()
+        kernel = self.forms[self.heads_node.text][0] == "kmix"
+        return KernelState() if kernel and not attn.window else KVCache()
+
+    def decode(self, attn, x, cache):
+        """x [B, T, d_model] of T new positions after ``cache.length`` -> their rows of the forward
+        on the whole sequence (module docstring, Decoding)."""
+        t = x.shape[1]
+        if isinstance(cache, InputCache):
+            return self.forward(attn, cache.append(x))[0][:, -t:]
+        return self.value(self.program.root, _Pass(attn, x, None, False, cache))
+
+    # -- evaluation -------------------------------------------------------------------------------------
     def value(self, node, run: _Pass):
         """The value of ``node`` in this pass: computed when first asked for, then kept (a node that
-        only a fused path would have read is never computed)."""
+        only a fast path would have read is never computed)."""
         found = run.values.get(node.text)
         if found is None:
             found = run.values[node.text] = self._value(node, run)
@@ -286,128 +562,162 @@ class ProgramCore(nn.Module):
                 return run.x
             root = self.program.root
             return run.qkv(self.value(root.args[0], run) if root.op == "pin" else run.x)[op]
-        if op == "mix" and node.text in self.fusable and self._fuses(run):
-            return self._fused_mix(node, run)
-        args = [self.value(a, run) for a in node.args]
-        if op in UNARY:
-            return UNARY[op](args[0]).clamp(-CLIP, CLIP)
-        if op in BINARY:
-            value = BINARY[op](*args)
-            return value.clamp(-CLIP, CLIP) if torch.is_tensor(value) else value
-        if op in ("scale", "bias", "lfeat", "dconv2", "dconv3", "dconv4", "decay", "sdecay"):
-            return self._module(node)(args[0])
-        if op == "sgate":
-            return self._module(node)(args[0], run.x)
-        if op == "lin":
-            return self._module(node)(args[0])
-        if op == "l2n":
-            return F.normalize(args[0], dim=-1) * math.sqrt(args[0].shape[-1])
-        if op == "rmsn":
-            return F.rms_norm(args[0], (args[0].shape[-1],), eps=1e-6)
-        if op == "elu1":
-            return F.elu(args[0]) + 1.0
-        if op == "shift":
-            return F.pad(args[0], (0, 0, 1, 0))[:, :, :-1]
-        if op == "cumsum":
-            return args[0].cumsum(dim=2).clamp(-CLIP, CLIP)
-        if op == "cummean":
-            n = torch.arange(1, args[0].shape[2] + 1, device=args[0].device, dtype=args[0].dtype)
-            return args[0].cumsum(dim=2) / n[:, None]
-        if op == "o":
-            b, t, _ = run.x.shape
-            return run.attn.out(args[0].transpose(1, 2).reshape(b, t, run.attn.d_model))
-        if op == "pin":
-            return args[1]
+        form = self.forms.get(node.text)
+        if form is not None and form[0] == "mix" and (run.banded() or self._fuses(form, run)):
+            return self._attention(node, form, run)
+        if form is not None and form[0] == "kmix":
+            return self._kernel_mix(node, form, run)
         prefix, _, name = op.partition(".")
+        if op == "mix":
+            weights, v = self.value(node.args[0], run), self.value(node.args[1], run)
+            return self._mix(weights, v, run, masked=node.args[0].op.startswith("w.") and node.args[0].op != "w.none")
+        if op == "kmix":
+            return self._kernel_mix(node, None, run)
+        args = [self.value(a, run) for a in node.args]
         if prefix == "s":
-            similarity = self._module(node)
-            if getattr(similarity, "causal_skip", False):  # scores of future keys may stay 0: masked later
-                return similarity(*args, causal=True)
-            return similarity(*args)
+            return _scores(self._module(node, run), args[0], args[1], aligned=not run.decoding)
         if prefix == "t":
-            tau = self._module(node)(run.x)
-            return args[0] / tau.to(args[0].dtype)
+            return args[0] / self._module(node, run)(run.x).to(args[0].dtype)
         if prefix == "w":
             scores = args[0] if run.bias is None else args[0] + run.bias
             if name == "none":
                 return components.zero_masked(scores, run.allowed)
             return components.NORMALIZATIONS[name](scores, run.allowed)
-        if op == "mix":
-            return self._mix(node, args, run)
-        if prefix == "kmix":
-            return self._kernel_mix(node, args, run)
         if prefix == "g":
-            return self._module(node)(run.x, args[0])
+            return self._module(node, run)(run.x, args[0])
         if prefix == "gi":
-            return self._module(node).gate_input(args[0])
-        raise ValueError(f"program op {op!r} has no implementation")  # the grammar admits no such op
+            return self._module(node, run).gate_input(args[0])
+        impl = IMPLEMENTATIONS.get(op)
+        if impl is None:
+            raise ValueError(f"program op {op!r} has no implementation (register it with register_op)")
+        return impl.apply(Call(self._module(node, run), run.x, run.attn), *args)
 
     @staticmethod
-    def _fuses(run: _Pass) -> bool:
-        """Whether this pass may take the fused path (as the classic gene would: no maps, no
-        external mask, no attention dropout)."""
-        return run.attn.fused and run.mask is None and not run.need_weights and not run.dropout_p > 0
+    def _fuses(form, run: _Pass) -> bool:
+        """Whether a softmax over a dot-product similarity may run fused in this pass: no maps, no
+        external mask, no attention dropout, not decoding."""
+        return (form[1] == "softmax" and form[4] and run.attn.fused and not run.explicit and not run.decoding)
 
-    def _fused_mix(self, node, run: _Pass):
-        """mix(w.softmax(t(s(A,B))),C) in ``scaled_dot_product_attention``: the temperature divides
-        the prepared queries, the score bias goes in as a float mask (``EvolvedAttention.attend``)."""
-        scores, temperature = self.fusable[node.text]
-        a, b = (self.value(arg, run) for arg in scores.args)
-        tau = self._module(temperature)(run.x) if temperature is not None else torch.ones((), device=a.device)
-        y, _ = run.attn.attend(a, b, self.value(node.args[1], run), tau, run.bias, run.allowed, 0.0, fused=True,
-                               full_causal=not run.windowed, aligned=True, similarity=self._module(scores))
-        return y
-
-    def _mix(self, node, args, run: _Pass):
-        weights = components.zero_masked(args[0], run.allowed)
+    def _mix(self, weights, v, run: _Pass, masked: bool):
+        """weights @ v, the weights exactly zero on keys a query may not see (``masked``: already)."""
+        if not masked:
+            weights = components.zero_masked(weights, run.allowed)
         if run.weights is None and run.need_weights:
             run.weights = weights
-        return dropout(weights, run.dropout_p, run.attn.training).to(args[1].dtype) @ args[1]
+        return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
 
-    def _kernel_mix(self, node, args, run: _Pass):
-        """kmix.NAME(A, B, C): the registered kernel's features of A d^(1/4) and B / d^(1/4); kmix(F, F, C):
-        the features as given. Weights phi(a_i) . phi(b_j) over the keys a query may see, in at least float32."""
-        a, b, v = args
-        with torch.autocast(a.device.type, enabled=False):
+    def _attention(self, node, form, run: _Pass):
+        """mix(w.N(t.T(s.S(A,B))),C) fused, or block by block under a window (module docstring)."""
+        _, normalization, scores, temperature, _ = form
+        a, b = (self.value(arg, run) for arg in scores.args)
+        c = self.value(node.args[1], run)
+        similarity = self._module(scores, run)
+        tau = self._module(temperature, run)(run.x) if temperature is not None else torch.ones((), device=a.device)
+        fused = self._fuses(form, run)
+        if not run.banded():
+            return fused_attention(a, b, c, tau, run.bias, run.allowed, 0.0, similarity, full_causal=not run.windowed)
+        normalize = components.NORMALIZATIONS[normalization]
+
+        def weigh(q, k, v, tau, bias, allowed):
+            if fused:
+                return fused_attention(q, k, v, tau, bias, allowed, run.dropout_p, similarity, full_causal=False)
+            s = _scores(similarity, q, k, aligned=False) / tau.to(q.dtype)
+            weights = normalize(s if bias is None else s + bias, allowed)
+            return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
+
+        return banded(a, b, c, run.attn.window, tau, run.bias, weigh)
+
+    def _kernel_mix(self, node, form, run: _Pass):
+        """kmix.NAME(t.T(A), B, C): the registered kernel's features of A d^(1/4) / tau and B / d^(1/4)
+        (kmix(F, F, C): the features as given). Weights phi(a_i) . phi(b_j) over the keys a query may
+        see, in at least float32 (a kernel's sums must not lose precision to bf16)."""
+        with torch.autocast(run.x.device.type, enabled=False):
+            first = node.args[0]
+            temperature = first if first.op.startswith("t.") and node.op != "kmix" else None
+            a = self.value(temperature.args[0] if temperature is not None else first, run)
+            b, v = self.value(node.args[1], run), self.value(node.args[2], run)
             dtype = torch.promote_types(a.dtype, torch.float32)
-            a, b, v = a.to(dtype), b.to(dtype), v.to(dtype)
             if node.op != "kmix":
                 s = a.shape[-1] ** 0.25
-                a, b = self._module(node).feature_maps(a * s, b / s)
-            explicit = run.need_weights or run.mask is not None or run.windowed or run.dropout_p > 0
-            if not explicit:
+                a = a.to(dtype) * s
+                if temperature is not None:
+                    a = a / self._module(temperature, run)(run.x).to(dtype)
+                a, b = self._module(node, run).feature_maps(a, b.to(dtype) / s)
+            a, b, v = a.to(dtype), b.to(dtype), v.to(dtype)
+            if isinstance(run.cache, KernelState):
+                return decode_running(a, b, v, run.cache)
+            if not (run.explicit or run.windowed or run.decoding):
                 return components.causal_kernel_attention(a, b, v)
+            if run.banded():
+                def weigh(q, k, v, tau, bias, allowed):
+                    weights = components.kernel_weights(q, k, allowed)
+                    return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
+                return banded(a, b, v, run.attn.window, None, None, weigh)
             weights = components.kernel_weights(a, b, run.allowed)
             if run.weights is None and run.need_weights:
                 run.weights = weights
             return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
 
 
-def _build(node, types, grammar, d_model: int, n_heads: int, d_head: int, kernel_features: int):
+class _HostCache:
+    """A host model's cache (``heads`` with ``start``): the keys are given, nothing is stored."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+
+def _scores(similarity, a, b, aligned: bool):
+    """similarity(a, b); with ``aligned`` (query i and key i are one position) it may skip future keys."""
+    if aligned and getattr(similarity, "causal_skip", False):  # scores of future keys may stay 0: masked later
+        return similarity(a, b, causal=True)
+    return similarity(a, b)
+
+
+def _build(op: str, shapes: Shapes):
     """The module of an op with weights or a registered component (None for the others)."""
-    op = node.op
-    if not node.args:
-        return None
-    if op in ("scale", "bias"):
-        return Affine(_shape_of(types[node.args[0].text] if types[node.args[0].text] != "F" else "H",
-                                n_heads, d_head, d_model), multiply=op == "scale")
-    if op == "lfeat":
-        return HeadMap(n_heads, d_head)
-    if op.startswith("dconv"):
-        return CausalConv(n_heads, d_head, int(op[5:]))
-    if op in ("decay", "sdecay"):
-        return Decay(n_heads, scores=op == "sdecay")
-    if op == "sgate":
-        return XGate(d_model, n_heads, d_head, heads=types[node.text] == "H")
-    if op == "lin":
-        return nn.Linear(d_model, d_model)
+    impl = IMPLEMENTATIONS.get(op)
+    if impl is not None:
+        return impl.build(shapes) if impl.build is not None else None
     prefix, _, name = op.partition(".")
-    if prefix == "s":
-        return components.SIMILARITIES[name](d_head, n_heads)
-    if prefix == "t":
-        return components.TEMPERATURES[name](d_model, n_heads, d_head)
-    if prefix == "kmix" and name:
-        return components.NORMALIZATIONS[name](d_head, n_heads, kernel_features)
-    if prefix in ("g", "gi"):
-        return components.GATINGS[name](d_model)
-    return None
+    build = _COMPONENT_BUILDS.get(prefix)
+    if build is None or not name or (prefix in ("g", "gi") and name == "none"):
+        return None
+    return build(name, shapes)
+
+
+def _attention_form(node):
+    """For ``mix(w.N(t.T(s.S(A,B))),C)`` (the temperature optional): ("mix", N, the s node, the t
+    node or None, whether S is a dot product); for ``kmix.N(...)``: ("kmix", N, ...); else None."""
+    if node.op.startswith("kmix."):
+        return ("kmix", node.op[5:], None, None, False)
+    if node.op != "mix" or not node.args[0].op.startswith("w.") or node.args[0].op == "w.none":
+        return None
+    scores, temperature = node.args[0].args[0], None
+    if scores.op.startswith("t."):
+        scores, temperature = scores.args[0], scores
+    if not scores.op.startswith("s."):
+        return None
+    dot = bool(getattr(components.factory("similarity", scores.op[2:]), "dot_form", False))
+    return ("mix", node.args[0].op[2:], scores, temperature, dot)
+
+
+def _heads_node(root):
+    """The argument of the program's ``o`` under its gates: pin(P, g.G(o(Y))) -> Y (None when the
+    root is something else)."""
+    node = root.args[1] if root.op == "pin" else root
+    while node.op.startswith("g.") and node.args:
+        node = node.args[0]
+    return node.args[0] if node.op == "o" else None
+
+
+def _cacheable(root, heads, forms) -> bool:
+    """Whether the program decodes with a key/value cache: its heads are one attention form over
+    q, k, v themselves (``kmix``: t.T(q) or q, l2n allowed on both) under o and gates."""
+    if heads is None or heads.text not in forms:
+        return False
+    form = forms[heads.text]
+    if form[0] == "mix":
+        scores = form[2]
+        return [a.text for a in scores.args] == ["q", "k"] and heads.args[1].text == "v"
+    first = heads.args[0].args[0] if heads.args[0].op.startswith("t.") else heads.args[0]
+    return (first.text, heads.args[1].text, heads.args[2].text) in (("q", "k", "v"), ("l2n(q)", "l2n(k)", "v"))

@@ -10,9 +10,14 @@ replaced by its fingerprint. The runner answers a trial from a stored record wit
 functional key (the record is copied under the trial's own key and says ``equivalent_to``), and
 counts those answers.
 
-Rounding makes the fingerprint blind to float noise; two different functions that agree on the
-probe to ``DIGITS`` digits would be merged (none is known). The probe runs in evaluation mode
-(no dropout), so attention dropout, which is a gene field outside the program, stays in the key.
+The probe is longer than the program's reach into the past (``reach``: the positions its chains of
+shifts and convolutions look back, each of the probe's first 8 positions kept beyond it), so no
+program fingerprints as the zero function by shifting its input out of the probe (``shift`` eight
+times on 8 positions did in 0.5). Rounding makes the fingerprint blind to float noise; two different
+functions that agree on the probe to ``DIGITS`` digits would be merged (none is known; a test
+enumerates small programs and compares every merged pair on long random inputs). The probe runs in
+evaluation mode (no dropout), so attention dropout, which is a gene field outside the program,
+stays in the key.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 
 from evo_attention.genes import AttentionGene, LayerGenes, canonical_program, layers_of
 from evo_attention.nn.attention import EvolvedAttention
+from evo_attention.programs import OPS
 
 DIGITS = 6
 PROBE = dict(d_model=16, n_heads=2, length=8, batch=2)
@@ -33,20 +39,44 @@ PROBE = dict(d_model=16, n_heads=2, length=8, batch=2)
 @functools.lru_cache(maxsize=4096)
 def fingerprint(program: str) -> str:
     """The fingerprint of a program (its text): 16 hex digits."""
-    program = canonical_program(program).text
-    d, heads, t, b = PROBE["d_model"], PROBE["n_heads"], PROBE["length"], PROBE["batch"]
+    parsed = canonical_program(program)
+    y = probe_output(parsed.text, PROBE["length"] + reach(parsed.root))
+    text = " ".join(f"{v:.{DIGITS}g}" for v in y.flatten().tolist())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def probe_output(program: str, length: int) -> torch.Tensor:
+    """The program's output [batch, length, d_model] in the probe layer (float64, eval mode), its
+    weights drawn by what they belong to, on a fixed input of ``length`` positions."""
+    d, heads, b = PROBE["d_model"], PROBE["n_heads"], PROBE["batch"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         attn = EvolvedAttention(d, heads, AttentionGene(program=program, attention_dropout=0.0),
-                                max_seq_len=t).double().eval()
-        x = torch.randn(b, t, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+                                max_seq_len=length).double().eval()
+        x = torch.randn(b, length, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         with torch.no_grad():
             for name, p in attn.named_parameters():
                 p.copy_(torch.randn(p.shape, generator=_generator(attn, name), dtype=torch.float64) * 0.5
                         + (1.0 if name.endswith("weight") and p.dim() == 1 else 0.0))
-            y = attn(x)
-    text = " ".join(f"{v:.{DIGITS}g}" for v in y.flatten().tolist())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+            return attn(x)
+
+
+# how far back one application of an op along time shifts what a position sees (its own position:
+# 0); ops that read every earlier position (cumsum, decay, mixing) keep the nearest ones in reach
+SHIFTS = {"shift": 1, "dconv2": 1, "dconv3": 2, "dconv4": 3}
+READS_ALL = ("cumsum", "cummean", "decay", "sdecay")
+UNKNOWN_SHIFT = 8  # an op along time a plugin registered: assumed to look this far back
+
+
+def reach(root) -> int:
+    """The most positions a program's chains of shifts and convolutions look back."""
+    memo: dict = {}
+    for node in root.walk():  # children before parents
+        below = max((memo[a.text] for a in node.args), default=0)
+        kind = OPS[node.op].kind if node.op in OPS else None
+        step = SHIFTS.get(node.op, UNKNOWN_SHIFT if kind == "time" and node.op not in READS_ALL else 0)
+        memo[node.text] = below + step
+    return memo[root.text]
 
 
 def _generator(attn: EvolvedAttention, name: str) -> torch.Generator:

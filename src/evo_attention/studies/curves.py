@@ -12,10 +12,10 @@ repeat trains nothing and an interrupted curve resumes where it stopped. The tra
 go to the executor in one call, so no worker waits for a value's last training before the next.
 The genes are resolved once, at the config's size: a gene is the same mechanism at every value.
 
-Every check runs before anything trains: the data must be a generated task; the knob one of its
-knobs, not also given inline in the data name or in the task options; each value allowed for the
-knob and, with the other knobs, a task that can be built (the task's own checks, ``resolve_knobs``);
-at least two distinct values.
+Every check runs before anything trains: the data must be a generated task (any registered one,
+``data.synthetic.TASKS``); the knob one of its knobs, not also given inline in the data name or in
+the task options; each value allowed for the knob and, with the other knobs, a task that can be
+built (the task's own checks, ``resolve_knobs``); at least two distinct values.
 
 Per gene and value the result holds the per-seed accuracy and validation loss, their mean and sd,
 the t interval of the mean accuracy over the seeds (``stats.describe``), the seeds that finished or
@@ -68,7 +68,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from evo_attention.data import data_from_config
-from evo_attention.data.synthetic import TASKS, data_name, given_knobs, is_synthetic, parse_data_name, resolve_knobs
+from evo_attention.data.synthetic import (TASKS, data_name, given_knobs, is_synthetic, parse_data_name, resolve_knobs,
+                                          task_names)
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
 from evo_attention.search.executors import Executor, executor_for
@@ -113,8 +114,8 @@ def plan_points(config: Config, knob: str, values: Sequence[Any] | str) -> tuple
     """``(task, points)`` of a curve over ``knob`` at ``values`` on ``config.data``; every check of
     the module docstring, so that a bad knob or value fails before anything trains."""
     if not is_synthetic(config.data):
-        raise UserError(f"data {config.data!r} is not a generated task: a curve sets a knob of mqar[:knob=value,...] "
-                        "or mad:TASK[:knob=value,...] (see docs/tasks.md)", setting="data")
+        raise UserError(f"data {config.data!r} is not a generated task: a curve sets a knob of one of {task_names()} "
+                        "(TASK[:knob=value,...], see docs/tasks.md)", setting="data")
     task, inline = parse_data_name(config.data)
     definition = TASKS[task]
     valid = [k.name for k in definition.all_knobs]

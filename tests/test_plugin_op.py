@@ -1,0 +1,88 @@
+"""A plugin that registers a program op and a generated task, with no edit anywhere else, gives a
+program search whose programs use the op, the op folded equal to alone, and the task as a suite
+point and a curve's task (tests/plugins/example_plugin.py)."""
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from evo_attention import Config, programs
+from evo_attention.cli import main
+from evo_attention.data import data_from_config, unregister_task
+from evo_attention.data.suites import parse_suite
+from evo_attention.genes import program_grammar
+from evo_attention.nn.program import unregister_op
+from evo_attention.report.attachments import CURVE_RESULTS
+from evo_attention.train import trainer as engine
+from evo_attention.train.spec import Trial
+from evo_attention.train.trainer import run_batched, run_training
+from test_programs import assert_contracts, programs_using
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import example_plugin  # noqa: F401  (registers hgate and shifted_copy)
+    yield
+    unregister_op("hgate")
+    unregister_task("shifted_copy")
+    sys.modules.pop("example_plugin", None)
+
+
+def test_the_op_joins_the_language_and_every_contract(plugin):
+    grammar = program_grammar()
+    assert "hgate" in grammar.ops and programs.OPS["hgate"].kind == "learned"
+    program = programs.parse("o(hgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))", grammar)
+    assert str(program) == "o(hgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))"
+    with pytest.raises(programs.ProgramError, match="exists already"):
+        programs.add_op(programs.Op("hgate", (programs.signature("X->X"),), "learned"))
+    drawn = programs_using("hgate", grammar)  # the same contracts as every built-in op
+    assert drawn
+    for i, program in enumerate(drawn):
+        assert_contracts(program, seed=i)
+
+
+def test_a_program_search_uses_the_op(plugin, tmp_path):
+    (tmp_path / "space.yaml").write_text(
+        "search_space:\n  program: {max_nodes: 7, ops: [o, mix, w.softmax, s.dot, t.fixed, hgate, shift]}\n")
+    run = tmp_path / "run"
+    assert main(["search", "--preset", "quick", "--steps", "3", "--population", "4", "--generations", "2",
+                 "--elite", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet",
+                 "--plugin", "example_plugin", "--config", str(tmp_path / "space.yaml"), "--out", str(run)]) == 0
+    with sqlite3.connect(run / "run.db") as conn:
+        rows = conn.execute("SELECT gene, status FROM evaluations WHERE role = 'search'").fetchall()
+    assert rows and all(status == "ok" for _, status in rows)
+    assert any("hgate(" in gene for gene, _ in rows)
+
+
+def test_the_op_folded_equals_it_alone(plugin):
+    config = Config(data="recall", vocab_size=32, max_seq_len=16, recall={"num_pairs": 4, "train_examples": 500,
+                                                                         "eval_examples": 100},
+                    d_model=16, n_heads=2, n_layers=1, batch_size=8, eval_batch_size=50, eval_steps=None,
+                    train_steps=6, log_every=3, precision="fp32")
+    data = data_from_config(config)
+    gene = "prog=o(hgate(mix(w.softmax(t.fixed(s.dot(q,hgate(k)))),v)))"
+    trials = [Trial.from_config(gene, config.replace(seed=s, learning_rate=lr), data=data)
+              for s, lr in ((0, 3e-2), (1, 1e-2))]
+    batch, alone = run_batched(trials, data), [run_training(t, data) for t in trials]
+    for b, a in zip(batch, alone):
+        assert b.record.extra["batched"] == 2 and "batch_fallback" not in b.record.extra
+        assert abs(b.record.val_loss - a.record.val_loss) <= engine.SAME_RESULT_RTOL["fp32"] * a.record.val_loss
+        logits = [dict(r.trainer.model.named_parameters()) for r in (b, a)]
+        assert any("logit" in name for name in logits[0])
+
+
+def test_the_task_is_a_suite_point_and_a_curve_task(plugin, tmp_path):
+    suite = parse_suite({"suite": "mine", "points": [{"task": "shifted_copy", "knobs": {"seq_len": 16, "vocab": 8}}]})
+    assert suite.points[0].task == "shifted_copy"
+    out = tmp_path / "curve"
+    assert main(["curve", "--genes", "baseline", "--data", "shifted_copy:seq_len=16", "--knob", "delay=1,2",
+                 "--plugin", "example_plugin", "--out", str(out), "--quiet", "--d-model", "16", "--heads", "2",
+                 "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size", "4", "--eval-batch-size", "16"]) == 0
+    written = json.loads((out / CURVE_RESULTS).read_text())
+    assert [p["knobs"]["delay"] for p in written["points"]] == [1, 2]
