@@ -89,7 +89,7 @@ from dataclasses import dataclass, make_dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from evo_attention import programs
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 
 DROPOUT_CHOICES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 MAX_DROPOUT = 0.3
@@ -280,7 +280,7 @@ QKV_CONV_WIDTHS = (2, 3, 4)
 def _check_conv(field: Field, value: Any) -> int:
     width = _check_count(field, value)
     if width and width not in QKV_CONV_WIDTHS:
-        raise UserError(f"{field.name} {value!r} is not a convolution width: {field.help}")
+        raise UserError(f"{field.part}={value} is not a convolution width ({field.name}): {field.help}")
     return width
 
 
@@ -288,6 +288,9 @@ def _check_program(field: Field, value: Any) -> str | None:
     """None (the four components), or a program's canonical text (``programs``)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
+    if not isinstance(value, (str, programs.Program)):
+        raise UserError(f"program {value!r} must be a program's text such as o(mix(w.softmax(t.fixed(s.dot(q,k))),v)), "
+                        f"not a {type(value).__name__}", setting="program")
     return canonical_program(value).text
 
 
@@ -696,6 +699,7 @@ class AttentionGene(_Keyed):
     def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
                space: SearchSpace | None = None) -> "AttentionGene":
         """Resample each field with probability ``mutation_rate``; returns a new gene."""
+        check_argument("mutation_rate", mutation_rate, (int, float), "a number in [0, 1]")
         if not 0.0 <= mutation_rate <= 1.0:
             raise UserError(f"mutation_rate {mutation_rate!r} is outside [0, 1]")
         rng = rng or _random
@@ -724,6 +728,7 @@ class AttentionGene(_Keyed):
                   space: SearchSpace | None = None) -> "AttentionGene":
         """Uniform crossover: each field from self or other with probability 1/2; two programs of a
         program ``space`` cross by a subtree (``programs.crossover``)."""
+        check_argument("other", other, AttentionGene, "an AttentionGene (AttentionGene.parse(key))")
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
         for _ in range(MAX_REDRAWS):  # an invalid child is drawn again (both parents are valid children)

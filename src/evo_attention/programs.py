@@ -58,6 +58,7 @@ from evo_attention.util.errors import UserError
 INPUTS = {"x": "X", "q": "H", "k": "H", "v": "H"}
 TYPES = ("X", "H", "F", "S", "W", "C")
 MAX_NODES = 12  # the default node cap of a program space
+MAX_DEPTH, MAX_TEXT = 128, 20_000  # program text a parser reads at all (a space's programs are far smaller)
 
 
 class ProgramError(UserError):
@@ -343,13 +344,25 @@ def parse(text: str, grammar: Grammar) -> Program:
         return text
     if not isinstance(text, str) or not text.strip():
         raise ProgramError(f"cannot read a program from {text!r}: write one like o(mix(w.softmax(t.fixed(s.dot(q,k))),v))")
+    depth = deepest = 0
+    for char in text:  # nesting is checked before the recursive reader: a deep program is one line
+        depth += (char == "(") - (char == ")")
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH or len(text) > MAX_TEXT:
+        raise ProgramError(f"program of {len(text)} characters nested {deepest} deep: programs nest at most "
+                           f"{MAX_DEPTH} deep in at most {MAX_TEXT} characters")
     tokens, pos = [], 0
     while pos < len(text.rstrip()):
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             raise ProgramError(f"cannot read program {text!r} at {text[pos:pos + 12]!r}: ops are names, arguments go in "
                                "parentheses separated by commas")
-        tokens.append((m.lastgroup, m.group(m.lastgroup)))
+        kind, value = m.lastgroup, m.group(m.lastgroup)
+        if kind == "number" and (not math.isfinite(float(value)) or re.match(r"[A-Za-z_]", text[m.end():m.end() + 1])):
+            word = re.match(r"\s*[^(),\s]*", text[m.start():]).group().strip()
+            raise ProgramError(f"cannot read the constant {word!r} in program {text!r}: "
+                               "constants are finite decimal numbers such as 0.5, -2 or 1e-3")
+        tokens.append((kind, value))
         pos = m.end()
     node, i = _read(tokens, 0, text)
     if i != len(tokens):

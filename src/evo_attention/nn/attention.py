@@ -38,7 +38,7 @@ from evo_attention import programs
 from evo_attention.genes import KERNEL_NORMALIZATIONS, AttentionGene, canonical_program, program_grammar, size_problem
 from evo_attention.nn import components, positions
 from evo_attention.nn.program import CausalConv, InputCache, KernelState, KVCache, ProgramCore
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 
 
 def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
@@ -111,6 +111,10 @@ class EvolvedAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, gene: AttentionGene | str, *, fused: bool = True,
                  max_seq_len: int | None = None, kernel_features: int = 64, input_conv: int = 0):
         super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+            check_argument(name, value, int, "a positive integer")
+            if value < 1:
+                raise UserError(f"{name} {value} must be a positive integer")
         if d_model % n_heads:
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import Dropout
 from evo_attention.nn.spec import BLOCKS, LLAMA_FFN_MULTIPLE, ModelSpec, llama_ffn_dim  # noqa: F401 (re-exported)
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 from evo_attention.genes import AttentionGene, LayerGenes
 
 
@@ -105,6 +105,8 @@ class Block(nn.Module):
 
 
 def _as_gene_list(gene, n_layers: int) -> list:
+    check_argument("gene", gene, (AttentionGene, LayerGenes, str, list, tuple),
+                   "an AttentionGene, a gene key, or one of those per layer")
     if isinstance(gene, str):
         gene = AttentionGene.parse(gene)  # a per-layer key becomes LayerGenes
     if isinstance(gene, LayerGenes):
@@ -168,6 +170,10 @@ class TinyTransformer(nn.Module):
         ``caches`` (``new_caches()``, one cache per layer: ``KVCache`` or ``KernelState``): ``ids`` are the next positions
         after those already in the caches, whose keys and values are reused and extended.
         """
+        check_argument("ids", ids, torch.Tensor, "a tensor of token ids [batch, time]")
+        if ids.dim() != 2:
+            raise UserError(f"ids must be token ids of shape [batch, time], not of shape {tuple(ids.shape)}: add a "
+                            "batch dimension with ids.unsqueeze(0)")
         b, t = ids.shape
         start = 0 if caches is None else caches[0].length
         if start + t > self.spec.max_seq_len:

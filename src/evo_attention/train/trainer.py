@@ -98,7 +98,7 @@ from evo_attention.train.record import EvaluationRecord, Status
 from evo_attention.train.schedules import scheduled_rate
 from evo_attention.train.spec import Trial
 from evo_attention.util import threads
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.memory import check_memory
 
 # nats above the uniform-guess loss ln(vocab) at which a finite loss still counts as diverged
@@ -1056,5 +1056,7 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
                        progress: ProgressFn | None = None) -> EvaluationRecord:
     """Train ``gene`` with ``config`` (its seed and train_steps unless given) on ``data``, evaluate
     it, return its record: the trial ``Trial.from_config`` makes of these, trained."""
+    check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...) or "
+                   "data_from_config(config))")
     trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
     return run_training(trial, data, device=device, progress=progress).record

@@ -24,3 +24,11 @@ class UserError(ValueError):
     @property
     def setting(self) -> str | None:
         return self.settings[0] if self.settings else None
+
+
+def check_argument(name: str, value, kinds, wanted: str) -> None:
+    """TypeError naming the argument ``name`` unless ``value`` is an instance of ``kinds`` (a bool
+    is never taken for a number): the library's front door checks its arguments here."""
+    numbers = kinds in (int, float) or (isinstance(kinds, tuple) and set(kinds) <= {int, float})
+    if not isinstance(value, kinds) or (numbers and isinstance(value, bool)):
+        raise TypeError(f"{name} must be {wanted}, not {value!r} ({type(value).__name__})")
