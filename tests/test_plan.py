@@ -73,11 +73,32 @@ def test_a_plan_is_refused_where_results_were_made_without_one(tmp_path, capsys)
     ({"typo": 1}, "unknown key 'typo'"),
     ({"amendments": [{"margin": 0.01, "reason": "x"}]}, "amendment 1 needs its time and its reason"),
     ({"amendments": [{"time": "yesterday", "reason": "x"}]}, "amendment 1 has time 'yesterday'"),
+    ({"amendments": 5}, "amendments 5 must be a list"),
+    ({"amendments": [{"time": "2099-01-01T00:00:00+00:00", "reason": "x", "margin": 0.01}]}, "in the future"),
 ])
 def test_bad_plans_are_refused_in_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message) as err:
         load_plan(_write(tmp_path / "p.yaml", **change))
     assert err.value.settings == ("plan",)
+
+
+def test_a_plan_file_with_a_key_twice_or_a_directory_is_refused(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"comparisons: [{GATED}]\nmargin: 0.02\nmargin: 0.05\nalpha: 0.05\ntest: rule\nseeds: 2\n")
+    with pytest.raises(UserError, match="sets margin twice"):
+        load_plan(path)
+    with pytest.raises(UserError, match="is a directory"):
+        load_plan(tmp_path)
+
+
+def test_an_earlier_amendment_cannot_be_edited(tmp_path):
+    out, now = tmp_path / "out", datetime.now(timezone.utc).isoformat(timespec="seconds")
+    plan = _write(tmp_path / "p.yaml", amendments=[{"time": now, "reason": "tighter margin", "margin": 0.01}])
+    out.mkdir()
+    (out / "validation.json").write_text(json.dumps({"plan": load_plan(plan).record(), "created_at": now}))
+    _write(plan, amendments=[{"time": now, "reason": "tighter margin, on second thought", "margin": 0.01}])
+    with pytest.raises(UserError, match="earlier amendments stay as they were"):
+        check_registration(load_plan(plan), out)
 
 
 def test_a_plan_without_a_fixed_field_is_refused(tmp_path):

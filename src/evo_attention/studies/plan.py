@@ -51,6 +51,7 @@ from typing import Any, Mapping
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import output_stem
 from evo_attention.util.errors import UserError
+from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
 TESTS = ("rule",)  # the verdict rule of util.stats (stats.TEST_RULE)
 CURVE_TESTS = ("fisher", "barnard")  # the exact tests of two solve rates (util.stats.SOLVE_TESTS)
@@ -117,6 +118,9 @@ def _time(value, path, i: int) -> str:
                               "2025-06-01T12:00:00+00:00") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
+    if moment > datetime.now(timezone.utc):
+        raise _fail(path, f"amendment {i + 1} is dated {moment.isoformat(timespec='seconds')}, in the future: an "
+                          "amendment carries the time it was written")
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -184,8 +188,12 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     its time or reason."""
     import yaml
 
+    if Path(path).is_dir():
+        raise _fail(path, "is a directory: give the path of the plan's YAML file")
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.load(Path(path).read_text(), Loader=unique_key_loader())
+    except DuplicateKey as exc:
+        raise _fail(path, f"sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one of them") from None
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
@@ -203,6 +211,9 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
         raise _fail(path, f"names no {missing[0]}: a {study} plan fixes {', '.join(required)} before it runs")
     base = {**({"seed_block": None} if "seed_block" in fields else {}), **_family_values(raw, path, "", study)}
     amendments = []
+    if not isinstance(raw.get("amendments") or [], list):
+        raise _fail(path, f"amendments {raw['amendments']!r} must be a list of amendments (each: time, reason, and "
+                          "the changed fields)")
     for i, item in enumerate(raw.get("amendments") or []):
         if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
             raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
@@ -230,9 +241,12 @@ def check_registration(plan: StudyPlan, out_dir: str | os.PathLike, eval_split: 
     if not recorded:
         raise UserError(f"{earlier_file} holds results made without a plan: a registered family starts before "
                         "its results; use another out", setting=("plan", "out"))
+    done = len(recorded.get("amendments") or [])
+    if [dict(a) for a in plan.amendments[:done]] != list(recorded.get("amendments") or []):
+        raise UserError(f"the plan's first {done} amendment(s) differ from those its results in {earlier_file} were "
+                        "made under: earlier amendments stay as they were; append a new one", setting="plan")
     if recorded.get("fingerprint") == fingerprint(plan.family()):
         return
-    done = len(recorded.get("amendments") or [])
     change = ("the plan's family differs from the one its results in "
               f"{earlier_file} were made under (fingerprint {recorded.get('fingerprint')})")
     if len(plan.amendments) <= done or fingerprint(plan.family(done)) != recorded.get("fingerprint"):
