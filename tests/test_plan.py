@@ -170,3 +170,28 @@ def test_bad_curve_plans_are_refused(tmp_path, change, words):
         path.write_text(yaml.safe_dump({"genes": ["baseline", SPARSE], "knob": "pairs=2,4", "seeds": 2, "alpha": 0.1,
                                         "test": "fisher"}))
         load_plan(path, study="curve")
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--seeds", "5"], "--plan fixes --seeds"),
+    (["--margin", "5%"], "--plan fixes --margin"),
+])
+def test_flags_a_validation_plan_fixes_are_refused(tmp_path, capsys, flags, says):
+    plan = _write(tmp_path / "p.yaml")
+    assert main(["validate", "--plan", str(plan), *STUDY_FLAGS, *flags, "--out", str(tmp_path / "out")]) != 0
+    assert says in capsys.readouterr().err and not (tmp_path / "out" / "validation.json").exists()
+
+
+def test_a_curve_flag_that_needs_another_says_so(tmp_path, capsys):
+    assert main(["curve", "--genes", "baseline", "--knob", "pairs=2,4", "--solve-test", "barnard", *CURVE_FLAGS,
+                 "--out", str(tmp_path / "out")]) != 0
+    assert "--solve-test compares solve rates, which need --solve-threshold" in capsys.readouterr().err
+    plan = _write_curve(tmp_path / "c.yaml")
+    assert main(["curve", "--plan", str(plan), "--seeds", "3", *CURVE_FLAGS, "--out", str(tmp_path / "o2")]) != 0
+    assert "--plan fixes --seeds" in capsys.readouterr().err
+
+
+def test_a_seed_block_past_a_64_bit_seed_is_refused(tmp_path, capsys):
+    assert main(["validate", "--genes", GATED, "--seed-block", "9999999999999999", *STUDY_FLAGS,
+                 "--out", str(tmp_path / "out")]) != 0
+    assert "seed_block" in capsys.readouterr().err.replace("--seed-block", "seed_block")

@@ -80,9 +80,14 @@ def apply_curve_plan(args):
         return None
     from evo_attention.studies.plan import load_plan
 
+    from evo_attention.cli.common import given
+
     for flag, value in (("--genes", args.genes), ("--knob", args.knob)):
         if value:
             raise UserError(f"--plan names the genes and the knob it sweeps: drop {flag}")
+    fixed = [flag for flag in ("--seeds", "--solve-threshold", "--solve-test") if given(flag)]
+    if fixed:
+        raise UserError(f"--plan fixes {fixed[0]}: drop {fixed[0]}, or amend the plan", setting="plan")
     plan = load_plan(args.plan, study="curve")
     family = plan.family()
     args.genes, args.knob, args.seeds = ",".join(family["genes"]), family["knob"], family["seeds"]
@@ -97,6 +102,11 @@ def cmd_curve(args) -> int:
     from evo_attention.util.progress import log
 
     plan = apply_curve_plan(args)
+    from evo_attention.cli.common import given
+
+    if plan is None and given("--solve-test") and args.solve_threshold is None:
+        raise UserError("--solve-test compares solve rates, which need --solve-threshold (the accuracy that counts "
+                        "as solved, e.g. 0.9)", setting="solve_test")
     if not args.genes or not args.knob:
         raise UserError("curve needs --genes LIST and --knob NAME=V1,V2,... (or --plan FILE naming them)")
     config = curve_config(args)

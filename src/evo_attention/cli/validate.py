@@ -344,10 +344,15 @@ def apply_plan(args):
     (the genes, seeds, margin, confidence and seed block); None without one."""
     if not getattr(args, "plan", None):
         return None
+    from evo_attention.cli.common import given
     from evo_attention.studies.plan import load_plan
 
     if args.genes:
         raise UserError("--plan names the genes it compares: drop --genes")
+    fixed = [flag for flag in ("--seeds", "--margin", "--confidence", "--seed-block") if given(flag)]
+    if fixed:
+        raise UserError(f"--plan fixes {fixed[0]} (its seeds, margin, alpha and seed block): drop {fixed[0]}, or "
+                        "amend the plan", setting="plan")
     plan = load_plan(args.plan)
     family = plan.family()
     args.genes = ",".join(family["comparisons"])

@@ -63,6 +63,7 @@ MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
 # seeds (planned ones included), its second the tuning seeds of a grid (TUNING_OFFSET on).
 SEED_BLOCK_SIZE = 2 * TUNING_OFFSET
 SEED_BLOCK_BASE = 1_000_000
+MAX_SEED_BLOCK = 10 ** 12  # its seeds stay far inside a 64-bit integer (a store's column, a generator's seed)
 
 Records = dict[tuple[str, int], EvaluationRecord]  # (gene key, seed) -> record
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # the runner's (task, record, cached)
@@ -87,9 +88,9 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
 def seed_block_base(block: int) -> int:
     """The base seed of seed block ``block`` (its seeds are base + 1 ... base + SEED_BLOCK_SIZE);
     UserError (naming ``seed_block``) for a block that is not a whole number >= 0."""
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        raise UserError(f"seed_block {block!r} must be a whole number >= 0 (a search seed, or a unit's index)",
-                        setting="seed_block")
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block <= MAX_SEED_BLOCK:
+        raise UserError(f"seed_block {block!r} must be a whole number in 0..{MAX_SEED_BLOCK} (a search seed, or a "
+                        "unit's index)", setting="seed_block")
     return SEED_BLOCK_BASE + block * SEED_BLOCK_SIZE
 
 
