@@ -87,6 +87,9 @@ def _executor_text(executor) -> str:
     return f"{executor.name} ({details})" if details else executor.name
 
 
+KEEPS_WINNER = ("quick", "shakespeare-char")  # presets whose first run keeps its best model for export
+
+
 def cmd_search(args) -> int:
     from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
@@ -102,6 +105,8 @@ def cmd_search(args) -> int:
     from evo_attention.search.trackers import make_tracker
 
     trackers = [make_tracker(spec, out) for spec in args.track or []]  # a missing package fails before training
+    if args.keep_models is None and not args.resume and not on_suite and getattr(args, "preset", None) in KEEPS_WINNER:
+        args.keep_models = 1  # a first run keeps its winner, so `export --from-run` works on it
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                           executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False)
     resume_cmd = f"evo-attention search --resume --out {out}"
@@ -191,8 +196,8 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--keep-models", type=int, metavar="K",
                    help="keep the K best trained models in OUT/models (weights, config, vocabulary) for export, "
-                        "generate and attention-maps; saved where they train, no retraining (default 0; part of "
-                        "the run: --resume keeps the run's K)")
+                        "generate and attention-maps; saved where they train, no retraining (default 1 for the "
+                        f"{' and '.join(KEEPS_WINNER)} presets, else 0; part of the run: --resume keeps the run's K)")
     p.add_argument("--track", action="append", metavar="TRACKER",
                    help="also log the search to tensorboard[:DIR], mlflow[:URI] or wandb (offline); repeatable")
     add_training_flags(p, search=True)

@@ -1,0 +1,28 @@
+"""The documentation: the README is a front door that fits on a few screens, and docs/ builds as a
+site with MkDocs in strict mode (no broken page, link or nav entry)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_is_a_front_door():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert "pip install torch==2.13.0" in text and "python3 -m pytest -q" in text  # what CI runs
+    for link in ("docs/guide.md", "docs/programs.md", "docs/findings.md"):
+        assert link in text and (REPO / link).is_file()
+
+
+def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "site" / "index.html").is_file() and (tmp_path / "site" / "programs" / "index.html").is_file()
