@@ -5,10 +5,18 @@ the power calculations that say how many seeds would decide it.
 
 ``transfer_verdict`` reads a gene's change from the baseline at two model sizes (see there).
 
-Every distribution comes from ``scipy.stats`` (``t.interval`` for the mean's interval,
-``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence interval, ``ttest_rel`` for
-the paired test and the equivalence test, ``bootstrap`` for the bootstrap interval, ``nct`` for
-power); only Holm's correction, a few lines, is written here.
+Which library computes what: ``scipy.stats`` gives every distribution and test (``t.interval``
+for the mean's interval, ``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence
+interval, ``ttest_rel`` for the paired test, ``bootstrap`` for the bootstrap interval, ``nct`` and
+``chi2`` for power, ``binomtest``, ``fisher_exact`` and ``barnard_exact`` for solve rates), and
+each one-sided test of the t TOST is ``ttest_rel``. Written here, where no library gives the same
+numbers at the same cost: Holm's correction (``holm``: statsmodels' ``multipletests(method="holm")``
+gives the same numbers but calls ``gc.collect()`` on every call, 0.1-0.2 s with torch loaded, and
+simulations call Holm thousands of times), the exact sign-flip test (``sign_flip``: scipy's
+``permutation_test`` counts ties differently, see there), the power of the t-test
+(``power_paired``: statsmodels' ``ttest_power`` takes the lower tail from ``nct.cdf``, NaN far in
+the tail), the power of the TOST and of the exact test, Fisher's p of every table at once
+(``_fisher_p_tables``: one ``fisher_exact`` call per table is too slow for seed plans), Cohen's d.
 
 Conventions:
 
@@ -48,8 +56,8 @@ stream, same batch order, so the i-th value of each side belongs to the same see
   ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
   ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
 - ``tost``: two one-sided paired tests, ``H0: mean difference <= -bound`` (alternative
-  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'), each on the data shifted
-  by the bound; ``p_value = max`` of the two. The same rule picks the test: exact sign-flip
+  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'); ``p_value = max`` of the
+  two, each on the data shifted by the bound. The same rule picks the test: exact sign-flip
   (``sign_flip_tost``) below 12 pairs or with a degenerate spread, ``ttest_rel`` from 12 (then
   equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside ``±bound``).
 - ``paired_verdict``: the first that applies of ``PAIRED_RULE``: p (Holm-adjusted when given) <
@@ -233,6 +241,10 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
 
     Sorted ascending, the i-th smallest of m p-values becomes ``min(1, (m - i) * p)`` (i from 0),
     made non-decreasing along the order; reject where the adjusted value is below alpha.
+
+    Not ``statsmodels.stats.multitest.multipletests(method="holm")``: the same numbers, but its
+    Holm branch calls ``gc.collect()`` every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call
+    with torch loaded; the seed-plan simulations in the tests call this thousands of times.
     """
     present = [(p, i) for i, p in enumerate(p_values) if p is not None]
     m = len(present)
@@ -382,8 +394,9 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     scale ``log`` names (``paired(...)["differences"]``). Returns ``{"n", "margin", "bound",
     "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
     ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
-    alternative="less")``, ``p_value`` the larger; the interval is the ``1 - 2 alpha`` t interval of
-    the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None.
+    alternative="less")``, ``p_value`` the larger (statsmodels' ``ttost_paired(x, y, -bound,
+    bound)`` gives the same to 3e-15: it would replace two scipy calls, no code of ours); the
+    interval is the ``1 - 2 alpha`` t interval of the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None.
 
     The exact counterpart stands beside it (``sign_flip_tost``: ``p_exact``), and the verdict rule
     picks the test as for the difference (``exact_decides``: the exact one below ``EXACT_BELOW``
@@ -653,6 +666,16 @@ def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resample
     Returns ``{"n", "p_value", "exact", "patterns", "se", "smallest_p", "alternative"}``; with no
     finite difference the p-value is None. ``smallest_p`` is the least p this n can give
     (``smallest_p``).
+
+    Why not ``scipy.stats.permutation_test((d,), sum, permutation_type="samples")``: it does
+    enumerate all 2^n sign patterns when ``n_resamples >= 2^n``, and counts the observed pattern,
+    without the +1 when exact, but it does not give these numbers. Its ties are sums within
+    ``100 eps |observed|`` of the observed one, a tolerance that vanishes when the observed sum is
+    about 0 (frequent after the TOST's shift by the bound, or with ties of a discrete metric): on
+    ``[0.1, 0.2, 0.3, -0.6]`` its 'greater' p is 0.5 where counting the rounding-split ties gives
+    0.5625; its two-sided p is twice the smaller one-sided p, not the count of ``|sum|`` at least
+    ``|observed|`` (equal in exact arithmetic, not with ties split by rounding); it refuses one
+    difference; and its Monte Carlo draws are not ``default_rng(seed).integers`` sign patterns.
     """
     from evo_attention.util.errors import UserError
 
@@ -758,7 +781,7 @@ def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two
     if two_sided:
         critical = _st.t.ppf(1.0 - alpha / 2.0, df)
         # the lower tail as the upper tail of the mirrored law: scipy's nct.cdf far in the left tail
-        # can return NaN, its sf at -ncp is stable
+        # can return NaN, its sf at -ncp is stable (statsmodels' ttest_power takes the cdf: not used)
         return float(_st.nct.sf(critical, df, ncp) + _st.nct.sf(critical, df, -ncp))
     return float(_st.nct.sf(_st.t.ppf(1.0 - alpha, df), df, ncp))
 
