@@ -15,48 +15,40 @@ task (a ``data.synthetic.Task`` subclass: a data name, suite point and curve tas
 
 from evo_attention.util import threads as _threads
 
-_threads.configure()  # how OpenMP threads wait, set before anything below imports torch (util/threads.py)
+_threads.configure()  # how OpenMP threads wait, set before anything imports torch (util/threads.py)
 
-from evo_attention.data import register_dataset, register_task  # noqa: E402
-from evo_attention.genes import AttentionGene, SearchSpace  # noqa: E402
-from evo_attention.nn import components
-from evo_attention.nn.attention import EvolvedAttention
-from evo_attention.nn.components import (register_gating, register_normalization, register_similarity,
-                                         register_temperature, row_normalize)
-from evo_attention.nn.model import TinyTransformer
-from evo_attention.nn.program import register_op
-from evo_attention.search import Individual, Strategy, register_strategy
-from evo_attention.search.driver import Search
-from evo_attention.studies.evolution import Evolution
-from evo_attention.train.config import Config
-from evo_attention.train.record import EvaluationRecord, Status
-from evo_attention.train.trainer import train_and_evaluate
-from evo_attention.util.errors import UserError
-from evo_attention.util.version import __version__
+from evo_attention.util.version import __version__  # noqa: E402
 
-__all__ = [
-    "AttentionGene",
-    "Config",
-    "EvaluationRecord",
-    "Evolution",
-    "EvolvedAttention",
-    "Individual",
-    "Search",
-    "SearchSpace",
-    "Status",
-    "Strategy",
-    "TinyTransformer",
-    "UserError",
-    "__version__",
-    "components",
-    "register_dataset",
-    "register_gating",
-    "register_normalization",
-    "register_op",
-    "register_similarity",
-    "register_strategy",
-    "register_task",
-    "register_temperature",
-    "row_normalize",
-    "train_and_evaluate",
-]
+# Each name is imported from its home when first used (``evo_attention.X``, ``from evo_attention import X``),
+# so a command that needs none of them (``--version``, ``status``) starts without importing torch.
+_HOMES = {
+    "AttentionGene": "evo_attention.genes", "SearchSpace": "evo_attention.genes",
+    "Config": "evo_attention.train.config", "EvaluationRecord": "evo_attention.train.record",
+    "Status": "evo_attention.train.record", "train_and_evaluate": "evo_attention.train.trainer",
+    "Evolution": "evo_attention.studies.evolution", "EvolvedAttention": "evo_attention.nn.attention",
+    "TinyTransformer": "evo_attention.nn.model", "Individual": "evo_attention.search",
+    "Strategy": "evo_attention.search", "register_strategy": "evo_attention.search",
+    "Search": "evo_attention.search.driver", "UserError": "evo_attention.util.errors",
+    "register_dataset": "evo_attention.data", "register_task": "evo_attention.data",
+    "register_op": "evo_attention.nn.program", "register_gating": "evo_attention.nn.components",
+    "register_normalization": "evo_attention.nn.components", "register_similarity": "evo_attention.nn.components",
+    "register_temperature": "evo_attention.nn.components", "row_normalize": "evo_attention.nn.components",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    elif name == "components":
+        value = importlib.import_module("evo_attention.nn.components")
+    elif name == "programs":
+        value = importlib.import_module("evo_attention.programs")
+    else:
+        raise AttributeError(f"module 'evo_attention' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted([*_HOMES, "__version__", "components"])

@@ -11,10 +11,7 @@ import argparse
 import importlib
 import sys
 
-from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED,
-                                      SETTING_ORIGINS, install_sigterm_handler, note_unused_flags, user_message)
 from evo_attention.util.errors import UserError
-from evo_attention.util.plugins import load_plugins
 from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
@@ -34,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered before any command module loads
+        print(f"evo-attention {__version__}")
+        return 0
+    from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED,
+                                          SETTING_ORIGINS, install_sigterm_handler, note_unused_flags, user_message)
+    from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import user_warnings  # warnings as one line each
 
     parser = build_parser()
