@@ -17,15 +17,18 @@ from evo_attention.util.version import __version__
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
 COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "transfer", "maps", "bench",
                    "compare", "curve", "generate", "export")
+COMMAND_NAMES = {**{name: name for name in COMMAND_MODULES}, "attention-maps": "maps", "train": "baseline"}  # command -> module
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: register just that command (what it runs needs no other
+    command's module, and each one imported costs start-up time)."""
     parser = argparse.ArgumentParser(prog="evo-attention",
                                      description="Evolve attention mechanisms for small transformer language models.")
     parser.add_argument("--version", action="version", version=f"evo-attention {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if only not in COMMAND_NAMES else (COMMAND_NAMES[only],):
         importlib.import_module(f"evo_attention.cli.{name}").register(sub)
     return parser
 
@@ -39,14 +42,14 @@ def main(argv=None) -> int:
     from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import user_warnings  # warnings as one line each
 
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)
     SETTING_ORIGINS.clear()  # filled by the command as it reads its settings
     KEPT_ON_INTERRUPT.clear()
     NOTED.clear()
     GIVEN_FLAGS.clear()
-    GIVEN_FLAGS.update(token.split("=", 1)[0] for token in (sys.argv[1:] if argv is None else argv)
-                       if str(token).startswith("--"))
+    GIVEN_FLAGS.update(token.split("=", 1)[0] for token in argv if str(token).startswith("--"))
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
         with user_warnings():
