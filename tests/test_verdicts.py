@@ -100,3 +100,21 @@ def test_study_2_paired_results_are_recomputed_by_the_exact_rule_and_marked(tmp_
     assert "recomputed by the paired-3 rule" in v["headline"] and row["boot_ci_low"] is None
     # the suite keeps its own margin (0.02 of accuracy) and is recomputed too
     assert suite["recomputed"] and suite["margin"] == 0.02 and suite["genes"][0]["verdict"] == "undetermined"
+
+
+def test_the_advice_of_an_undetermined_verdict_follows_the_effect_and_the_exact_floor():
+    """A gene +95% worse on every one of 5 seeds, Holm over 3 genes: the exact test cannot decide (its
+    smallest p 0.0625, times 3), and the advice is the few seeds that show such a difference, not the
+    hundreds an equivalence test would need (0.5 said ~209..502)."""
+    from evo_attention.report.studies.common import verdict_cell
+    from evo_attention.util import stats
+
+    base = [100.0, 101.0, 99.0, 100.5, 100.2]
+    gene = [b * f for b, f in zip(base, (1.93, 1.97, 1.95, 1.90, 1.99))]
+    result = stats.paired(gene, base)
+    v = stats.paired_verdict(result, margin=0.01, alpha=0.05, p_adjusted=min(1.0, 3 * result["p_value"]),
+                             family_size=3)
+    assert v["verdict"] == stats.UNDETERMINED and "cannot" in v["cannot_decide"]
+    assert v["seeds_to_decide"] == stats.decisive_seeds(3) == 7
+    assert "~7 seeds to decide" in verdict_cell({**v, "verdict_label": v["label"]})
+    assert stats.decisive_seeds(1) == 6 and stats.cannot_decide(5, 0.05, 1)

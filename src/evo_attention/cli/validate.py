@@ -86,8 +86,10 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
                    "its store caches and keeps the trainings, and the outputs go into it")
     p.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS,
-                   help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; never the "
-                        "search seed); validate takes 'auto': plan them from a pilot for --mde")
+                   help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; validate: the "
+                        "fewest at which the exact test can decide after Holm over the compared genes, 6 for one "
+                        "gene, 7 for three; never the search seed); validate takes 'auto': plan them from a pilot "
+                        "for --mde")
     p.add_argument("--margin", type=_fraction, default=DEFAULT_MARGIN, metavar="M",
                    help="equivalence margin, e.g. 1%% (the default): a gene within it of the baseline, by the "
                         "equivalence test, is 'equivalent within ±M' (relative for perplexity and bits, in units "
@@ -362,6 +364,24 @@ def apply_plan(args):
     return plan
 
 
+def _decisive_seeds(args, family_size: int, planned: bool) -> None:
+    """Without --seeds: the fewest seeds at which the exact test can decide after Holm over the
+    compared genes (at least the default); a requested count that cannot decide is said before training."""
+    from evo_attention.cli.common import given, note
+    from evo_attention.studies.common import DEFAULT_SEEDS
+    from evo_attention.util import stats
+
+    alpha = 1.0 - args.confidence
+    needed = stats.decisive_seeds(family_size, alpha)
+    if not planned and not given("--seeds"):
+        args.seeds = max(DEFAULT_SEEDS, needed)
+    elif isinstance(args.seeds, int) and args.seeds >= 2:  # fewer is refused by the study itself
+        why = stats.cannot_decide(args.seeds, alpha, family_size)
+        if why and args.seeds < needed:
+            note(f"{why}: with {family_size} gene{'s' if family_size != 1 else ''} compared, {needed} seeds are the "
+                 "fewest that can show a difference (the verdicts will be undetermined or equivalent at best)")
+
+
 def cmd_validate(args) -> int:
     from evo_attention.studies.validate import run_validation, write_validation
     from evo_attention.util.progress import log
@@ -370,6 +390,7 @@ def cmd_validate(args) -> int:
     summary = load_run(args.from_run) if args.from_run else None
     plan = apply_plan(args)
     genes = run_genes(args, summary, args.top)
+    _decisive_seeds(args, len(genes), plan is not None)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
     if plan is not None:
         from evo_attention.studies.plan import check_registration

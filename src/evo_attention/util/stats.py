@@ -453,7 +453,10 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
     "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
     "p_adjusted", "p_t", "p_exact", "test", "cannot_decide", "p_tost", "margin", "bound", "power",
     "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "seeds_for_equivalence_range",
-    "seeds_for_margin_range", "seed_plan", "max_seeds"}``. ``label`` is the verdict with the
+    "seeds_for_margin_range", "seeds_to_decide", "seeds_to_decide_range", "seed_plan", "max_seeds"}``.
+    ``seeds_to_decide`` is the advice for an undetermined verdict: where the observed difference lies
+    at or beyond a bound, the seeds for the rule's two-sided test to detect that difference (Holm's
+    level, the sd's bound), else ``seeds_for_equivalence``. ``label`` is the verdict with the
     margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
     observed sd of the differences and ``power`` (None with fewer than two pairs):
 
@@ -484,7 +487,8 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
     else:
         word = UNDETERMINED
     plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None,
-            "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seed_plan": None}
+            "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seeds_to_decide": None,
+            "seeds_to_decide_range": None, "seed_plan": None}
     if n >= 2 and sd is not None:
         m = max(1, int(family_size))
         # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
@@ -498,6 +502,10 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
                 "seeds_for_equivalence_range": [equivalence["n_point"], equivalence["n_upper"]],
                 "seeds_for_margin_range": [margin_plan["n_point"], margin_plan["n_upper"]],
                 "seed_plan": equivalence["text"]}
+        decide = equivalence
+        if diff is not None and abs(diff) >= bound:  # a large difference: seeds to show it, not equivalence
+            decide = seed_plan(sd, n, abs(diff), power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
+        plan.update(seeds_to_decide=decide["seeds"], seeds_to_decide_range=[decide["n_point"], decide["n_upper"]])
     out = {"verdict": word, "label": f"{EQUIVALENT} within {_margin_text(margin, log)}" if word == EQUIVALENT else word,
            "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
                                                        "relative_ci_low", "relative_ci_high")},
@@ -728,6 +736,14 @@ def smallest_p(n: int, alternative: str = "two-sided") -> float:
     if n < 1:
         return 1.0
     return min(1.0, 2.0 ** (1 - n) if alternative == "two-sided" else 2.0 ** (-n))
+
+
+def decisive_seeds(family_size: int = 1, alpha: float = 0.05) -> int:
+    """The fewest paired seeds at which the verdict rule's exact test can show a difference at all
+    after Holm over ``family_size`` comparisons (its smallest two-sided p, times the family's size,
+    below ``alpha``): 6 for one comparison, 7 for three, at alpha 0.05."""
+    m = max(1, int(family_size))
+    return next(n for n in range(2, 64) if m * smallest_p(n) < alpha)
 
 
 def exact_decides(n: int, differences: Sequence | None = None) -> bool:

@@ -110,7 +110,8 @@ def verdict_cell(row: Mapping) -> str:
         parts.append(f"detects ±{100 * row['mde_relative']:.1f}%")
     elif row.get("mde") is not None:
         parts.append(f"detects ±{row['mde']:.3g}")
-    needed, span = row.get("seeds_for_equivalence"), row.get("seeds_for_equivalence_range")
+    advice = "seeds_to_decide" if "seeds_to_decide" in row else "seeds_for_equivalence"  # older files: the latter
+    needed, span = row.get(advice), row.get(f"{advice}_range")
     if needed is None:
         parts.append("more seeds than planned to decide")
     elif span and span[0] is not None and span[0] != needed:  # the plan's range: sd estimate .. its upper bound
