@@ -108,3 +108,37 @@ def test_per_layer_genomes_have_a_parameter_per_layer_and_the_cli_writes_it(tmp_
     assert "one run directory" in capsys.readouterr().err
     with pytest.raises(UserError, match="is a directory"):
         write_optuna_journal(tmp_path / "run", tmp_path)
+
+
+def test_each_role_is_a_study_of_its_own_and_a_read_only_run_still_gives_its_journal(tmp_path, capsys):
+    """The search's study holds the search alone (its best trial is a search trial), a validation of
+    the run is a study of its own, program genes carry no component parameters they do not use,
+    and a read-only run gives its journal without rewriting its report."""
+    config = Config(**{**TINY, "n_generations": 1, "search_space": {"program": {"max_nodes": 6}}})
+    with Evolution(config, out_dir=tmp_path / "run") as evo:
+        evo.run()
+    from conftest import STUDY_FLAGS  # noqa: F401  (the study sizes used across the tests)
+
+    gene = next(r["gene"] for r in RunStore.open(tmp_path / "run", readonly=True).evaluations()
+                if r["role"] == "search" and r["status"] == "ok")
+    assert main(["validate", "--from-run", str(tmp_path / "run"), "--genes", gene, "--seeds", "2", "--quiet"]) == 0
+    written = write_optuna_journal(tmp_path / "run", tmp_path / "j.log")
+    assert set(written["studies"]) == {"run", "run:validate"}
+    storage = journal_storage(tmp_path / "j.log")
+    search = optuna.load_study(study_name="run", storage=storage)
+    assert {t.user_attrs["role"] for t in search.trials} <= {"search", "baseline"}
+    assert all("similarity" not in t.params for t in search.trials if "prog=" in t.user_attrs["gene"])
+    validate = optuna.load_study(study_name="run:validate", storage=storage)
+    assert {t.user_attrs["role"] for t in validate.trials} == {"validate"}
+    import os
+    import stat
+
+    mode = os.stat(tmp_path / "run").st_mode
+    os.chmod(tmp_path / "run", stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(tmp_path / "run", os.W_OK):  # root writes anyway: nothing to test here
+            return
+        assert main(["report", str(tmp_path / "run"), "--optuna-journal", str(tmp_path / "j2.log")]) == 0
+        assert "read-only" in capsys.readouterr().err and (tmp_path / "j2.log").exists()
+    finally:
+        os.chmod(tmp_path / "run", mode)

@@ -8,6 +8,9 @@ from evo_attention.util.errors import UserError
 
 
 def cmd_report(args) -> int:
+    import os
+
+    from evo_attention.cli.common import note
     from evo_attention.report import write_report
 
     if len(args.run_dirs) > 1 and args.out is None:
@@ -27,6 +30,9 @@ def cmd_report(args) -> int:
 
         journal_path(args.optuna_journal)  # refused before any file is written
     for run_dir in args.run_dirs:
+        if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
+            note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
+            continue
         for path in write_report(run_dir).values():
             print(path)
     if args.out is not None:
@@ -39,7 +45,8 @@ def cmd_report(args) -> int:
 
         written = write_optuna_journal(args.run_dirs[0], args.optuna_journal)
         states = ", ".join(f"{n} {state}" for state, n in sorted(written["states"].items()))
-        print(f"{written['path']}  (Optuna study {written['study']!r}: {written['trials']} trials, {states}; "
+        others = "".join(f", {name!r}: {n} trials" for name, n in written["studies"].items() if name != written["study"])
+        print(f"{written['path']}  (Optuna study {written['study']!r}: {written['trials']} trials, {states}{others}; "
               f"view with: optuna-dashboard {written['path']})")
     return 0
 

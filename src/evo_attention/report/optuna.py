@@ -1,7 +1,10 @@
 """A run as an Optuna study in a journal file, for optuna-dashboard (``report RUN --optuna-journal FILE``).
 
-``write_optuna_journal(run_dir, path)`` writes one study (named after the run directory) into a
-new journal file (Optuna's ``JournalStorage`` over ``JournalFileBackend``), so that
+``write_optuna_journal(run_dir, path)`` writes one study per role into a new journal file: the
+search (named after the run directory: its trainings, the baseline's, a multi-fidelity run's rungs
+and the genes refused before training), and each study the run holds besides (``RUN:validate``,
+``RUN:ablate``, ...), so a study's best trial and best-so-far line are the search's own. It is
+written into a new journal file (Optuna's ``JournalStorage`` over ``JournalFileBackend``), so that
 ``optuna-dashboard FILE`` shows the run. It is a view of the run store like every other output:
 written again from the store each time, never read back by a search. An existing file is replaced
 only if it is an Optuna journal (``is_journal``): a run store, a live run's file or any other file is
@@ -11,7 +14,8 @@ refused, naming it (``util.files.check_output``, the rule of every output).
   gene the search refused before training (a run with caps). Each trial's user attributes say its
   ``gene`` (key and ``str``), ``role``, ``generation``, ``id``, ``status``, ``steps`` and ``error``,
   and the measures the caps read (``params``, ``flops_per_step``, ``latency_ms``, ``peak_memory_mb``).
-- Parameters: one categorical parameter per gene field, its choices the run's whole search space
+- Parameters: one categorical parameter per gene field (a program gene's four components, which
+  it does not use, are left out: its program is the parameter ``program``), its choices the run's whole search space
   (``search_space`` of its config) with any option seen beyond it, as the gene key writes them
   (``bias``, ``0.10``, ``rope:ntk:4``); an axis the run never varied (one choice) is left out; a
   per-layer genome has one per layer and field (``L1.similarity``, ``L2.similarity``, ...).
@@ -122,7 +126,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
     budget = int(config.get("train_steps") or 0)
     keys = [str(r.get("gene")) for r in evaluations] + [str(e["gene"]) for e in never]
     n_layers = max((len(layer_keys(k)) for k in keys), default=1)
-    labels = {key: field_labels(key, n_layers) for key in dict.fromkeys(keys)}
+    labels = {key: _used_fields(key, field_labels(key, n_layers)) for key in dict.fromkeys(keys)}
     space = space_labels(config.get("search_space"))
     choices: dict[str, list] = {}
     for fields in labels.values():
@@ -136,7 +140,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                      if name not in unused}
     labels = {key: {k: v for k, v in fields.items() if k not in unused} for key, fields in labels.items()}
 
-    trials, states = [], {}
+    trials, states, roles = [], {}, []
     for record in evaluations:
         key = str(record.get("gene"))
         info = gene_info(key)
@@ -144,7 +148,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         excess = caps.record_excess(record, limits) if names else {}
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names]) if names else {}
         perplexity = usable_metric(record)
-        common = {"params": labels[key], "distributions": distributions}
+        common = {"params": labels[key], "distributions": {n: distributions[n] for n in labels[key]}}
         if suite:
             state = TrialState.FAIL if record["suite_accuracy"] is None else TrialState.COMPLETE
             values = None if record["suite_accuracy"] is None else [record["suite_accuracy"]]
@@ -162,6 +166,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
             if trial.state == TrialState.COMPLETE:
                 trial.intermediate_values = curve_values(record)
         trials.append(trial)
+        roles.append(SEARCH_ROLES.get(record.get("role") or "search", record.get("role")))
     for entry in never:
         key = str(entry["gene"])
         info = gene_info(key)
@@ -172,34 +177,58 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                     if v is not None}}
         excess = caps.excess(entry, limits)
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])
-        trials.append(create_trial(state=TrialState.FAIL, params=labels[key], distributions=distributions,
+        trials.append(create_trial(state=TrialState.FAIL, params=labels[key],
+                                   distributions={n: distributions[n] for n in labels[key]},
                                    **_merged(extra, {k: v for k, v in attrs.items() if v is not None})))
+        roles.append("search")
 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.unlink(missing_ok=True)
     study_name = Path(run_dir).resolve().name or "evo-attention"
+    studies: dict[str, int] = {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # metric names are experimental in some versions
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study = optuna.create_study(storage=journal_storage(partial), study_name=study_name,
-                                        directions=["maximize" if suite else "minimize"] * len(objectives))
-            if hasattr(study, "set_metric_names"):
-                study.set_metric_names(list(objectives))
-            study.set_user_attr("run_dir", str(Path(run_dir).resolve()))
-            study.set_user_attr("objectives", list(objectives))
-            study.set_user_attr("strategy", config.get("strategy"))
-            if names:
-                study.set_user_attr("constraints", {n: limits[n].get("limit") for n in names})
-            study.add_trials(trials)
+            storage = journal_storage(partial)
+            for role in dict.fromkeys(["search", *roles]):
+                mine = [t for t, r in zip(trials, roles) if r == role]
+                if role != "search" and not mine:
+                    continue
+                study = optuna.create_study(storage=storage, study_name=study_name if role == "search" else
+                                            f"{study_name}:{role}",
+                                            directions=["maximize" if suite else "minimize"] * len(objectives))
+                if hasattr(study, "set_metric_names"):
+                    study.set_metric_names(list(objectives))
+                study.set_user_attr("run_dir", str(Path(run_dir).resolve()))
+                study.set_user_attr("role", role)
+                study.set_user_attr("objectives", list(objectives))
+                study.set_user_attr("strategy", config.get("strategy"))
+                if names:
+                    study.set_user_attr("constraints", {n: limits[n].get("limit") for n in names})
+                study.add_trials(mine)
+                studies[study.study_name] = len(mine)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
         Path(f"{partial}.lock").unlink(missing_ok=True)
-    for trial in trials:
-        states[trial.state.name] = states.get(trial.state.name, 0) + 1
-    return {"path": path, "study": study_name, "trials": len(trials), "states": states}
+    for trial, role in zip(trials, roles):
+        if role == "search":
+            states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    return {"path": path, "study": study_name, "studies": studies, "trials": studies.get(study_name, 0),
+            "states": states}
+
+
+SEARCH_ROLES = {"search": "search", "baseline": "search", RUNG_ROLE: "search"}  # the roles of the search's study
+
+
+def _used_fields(key: str, fields: dict) -> dict:
+    """A gene's parameters less the components a program gene does not use (per layer too)."""
+    if "prog=" not in key:
+        return fields
+    unused = {"similarity", "normalization", "gating", "temperature_mode"}
+    return {name: value for name, value in fields.items() if name.rpartition(".")[2] not in unused}
 
 
 def space_labels(search_space) -> dict[str, list[str]]:
