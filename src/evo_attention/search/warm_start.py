@@ -34,7 +34,7 @@ from evo_attention.train.suite import scores_from_records
 from evo_attention.util.errors import UserError
 
 META_KEY = "init_from"
-SUITE_META = "suite"  # a suite run's meta (search.driver): its points
+SUITE_META = "suite"  # a suite run's meta (search.evaluation.Suite): its points
 
 
 def parse_init_from(text: str) -> tuple[str, int | None]:

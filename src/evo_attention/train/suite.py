@@ -26,7 +26,7 @@ The contract every user of a suite shares (``search --suite``, ``compare --suite
   dropped. A point without a record yet is ``missing``, and the aggregate is then None: a score is
   over the whole suite or it is not given.
 - **Higher is better.** The aggregate is maximised (``SUITE_OBJECTIVE``, ``suite_accuracy``); a
-  strategy, which minimises, is told its negative (``search.driver``).
+  strategy, which minimises, is told its negative (``search.evaluation.Suite``).
 
 ``suite_meta`` is what a run store keeps of its suite (labels, data names, steps, and the data
 fingerprint and context of every point's trainings), so the report and ``status`` rebuild every
