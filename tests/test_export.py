@@ -17,10 +17,11 @@ import evo_attention
 from evo_attention import TinyTransformer
 from evo_attention.cli import main
 from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS, AttentionGene
+from evo_attention.interop.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
+                                          check_exportable, export_attention, export_sources, module_sources,
+                                          shipped_modules)
+from evo_attention.interop.pretrained import save_pretrained
 from evo_attention.nn import components
-from evo_attention.nn.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
-                                     check_exportable, export_attention, export_sources, module_sources,
-                                     shipped_modules)
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 
@@ -171,7 +172,7 @@ def test_a_plugin_component_is_named_and_nothing_is_written(tmp_path):
 
 def test_export_command_from_a_model_directory(tmp_path, capsys):
     model = random_model("cosine|sparsemax|output_gate|learned|pos=rope|win=4").float()
-    model.save_pretrained(tmp_path / "m")
+    save_pretrained(model, tmp_path / "m")
     assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e")]) == 0
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["README.md", ATTENTION_FILE, WEIGHTS_FILE, PACKAGE]
     readme = (tmp_path / "e" / "README.md").read_text()

@@ -8,8 +8,8 @@
 ``evo_attention_export/`` (the library's own modules it runs: torch, and ``entmax`` for the sparse
 normalizations), ``attention.safetensors`` (every layer's trained attention weights) and ``README.md``
 (how to drop it into a nanoGPT-style block). ``--format hf`` writes a Hugging Face transformers model
-directory (``nn/hf.py``: config, modelling code wrapping the library's model, weights, tokenizer) that
-``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads; see docs/export.md.
+directory (``interop/hf.py``: config, modelling code wrapping the library's model, weights, tokenizer)
+that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads; see docs/export.md.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from evo_attention.util.errors import UserError
 
 
 def cmd_export(args) -> int:
-    from evo_attention.nn.export import export_attention, is_attention_export
-    from evo_attention.nn.hf import is_hf_export
+    from evo_attention.interop.export import export_attention, is_attention_export
+    from evo_attention.interop.hf import is_hf_export
     from evo_attention.search.models import kept_model
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info
     from evo_attention.util.files import check_output
@@ -37,7 +37,7 @@ def cmd_export(args) -> int:
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
     if args.format == "hf":
-        from evo_attention.nn.hf import export_hf
+        from evo_attention.interop.hf import export_hf
 
         evaluation = saved_info(directory).get("evaluation")
         result = export_hf(model, load_tokenizer(directory), args.out, source=source,
@@ -51,7 +51,7 @@ def cmd_export(args) -> int:
         log(f"load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
         return 0
     if args.format == "hf-attention":
-        from evo_attention.nn.hf_attention import ENTRY_FILE, export_hf_attention
+        from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention
 
         result = export_hf_attention(model, args.out, source=source)
         log(f"exported {' / '.join(dict.fromkeys(result['genes']))} from {directory} as the transformers attention "
@@ -72,7 +72,7 @@ def _lm_eval_task(directory, out, split: str) -> str | None:
     import os
     from unittest.mock import patch
 
-    from evo_attention.nn.hf import write_lm_eval_task
+    from evo_attention.interop.hf import write_lm_eval_task
     from evo_attention.train.config import Config
     from evo_attention.train.saving import load_tokenizer, saved_info
     from evo_attention.train.spec import load_task

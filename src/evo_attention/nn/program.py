@@ -520,7 +520,7 @@ class ProgramCore(nn.Module):
 
     def heads(self, attn, x, projected: dict, mask=None, start: int = 0):
         """The value of the heads node (the argument of ``o``), [B, H, T, d], with the given
-        projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``nn.hf_attention``).
+        projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``interop.hf_attention``).
         ``start`` > 0: T new queries after ``start`` positions whose keys and values ``projected``
         holds too (the host's cache); only a ``cacheable`` program can do that."""
         cache = _HostCache(start) if start else None

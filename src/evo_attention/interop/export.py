@@ -5,9 +5,9 @@ An export directory holds:
     attention.py            the entry users import: the gene and the sizes as constants,
                             ``EvolvedAttention`` (the library's class with those as its defaults) and
                             ``layer_state`` (one layer's weights from the safetensors file)
-    evo_attention_export/   the library modules the attention needs (``nn/attention.py``,
-                            ``nn/components.py``, ``nn/positions.py``, ``nn/dropout.py``, ``genes.py``,
-                            ``util/errors.py``: the import closure of ``nn.attention``)
+    evo_attention_export/   the library modules the attention needs (the import closure of
+                            ``nn.attention``: ``nn/attention.py``, ``nn/program.py``, ``nn/components.py``,
+                            ``genes.py``, ``programs.py``, ...)
     attention.safetensors   the trained attention weights of every layer (``layers.<i>.<name>``)
     README.md               how to put it into a nanoGPT-style block
 
@@ -215,7 +215,7 @@ def module_sources(roots: Iterable[str], *, flat: bool = False) -> dict[str, str
 
     ``flat``: every module as one file of a single folder, named ``flat_name(module) + ".py"``
     (``evo_attention_nn_attention.py``), and no ``__init__.py``: for loaders that copy only the files
-    beside an entry module, such as Hugging Face's remote code (``nn/hf.py``)."""
+    beside an entry module, such as Hugging Face's remote code (``interop/hf.py``)."""
     modules = shipped_modules(roots)
     if flat:
         sources = {f"{flat_name(name)}.py": relative_imports(name, _library_text(name), flat=True) for name in modules}

@@ -211,7 +211,7 @@ def register(name: str = DEFAULT_NAME) -> str:
 
 # -- export --format hf-attention ---------------------------------------------------------------------
 ENTRY_FILE = "hf_attention.py"
-ROOTS = ("evo_attention.nn.hf_attention",)  # what the export ships (with every library module it imports)
+ROOTS = ("evo_attention.interop.hf_attention",)  # what the export ships (with every library module it imports)
 
 _ENTRY = '''"""{genes_text}: an attention found by evo-attention, as a transformers attention function.
 
@@ -241,7 +241,7 @@ PACKAGE = "{package}"  # the library's modules, beside this file
 
 {loader}
 
-_module = importlib.import_module(_import_package() + ".nn.hf_attention")
+_module = importlib.import_module(_import_package() + ".interop.hf_attention")
 attention_forward = _module.attention_forward
 
 
@@ -270,7 +270,7 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
     is checked and built before anything is written. Returns ``{"genes", "name", "files"}``."""
     import hashlib
 
-    from evo_attention.nn.export import PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, requirements
+    from evo_attention.interop.export import PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, requirements
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.version import __version__
 

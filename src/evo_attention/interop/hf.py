@@ -56,8 +56,8 @@ from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharToke
                                            byte_alphabet, as_tokenizer)
 from evo_attention.data.vocab import UNK
 from evo_attention.data.words import EOS
-from evo_attention.nn.pretrained import MODEL_TYPE, sha256
-from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
+from evo_attention.interop.pretrained import MODEL_TYPE, sha256
+from evo_attention.interop.export import check_exportable, flat_name, module_sources, requirements
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
