@@ -42,6 +42,7 @@ Fast paths are patterns the engine recognises, each computing the same function 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -117,6 +118,7 @@ def unregister_op(name: str) -> None:
 
 
 def _clipped(apply: Callable) -> Callable:
+    @functools.wraps(apply)  # keeps apply's __module__: an export finds the plugin that defines it there
     def clipped(call, *args):
         value = apply(call, *args)
         return value.clamp(-CLIP, CLIP) if torch.is_tensor(value) else value
