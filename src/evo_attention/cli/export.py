@@ -21,8 +21,9 @@ def cmd_export(args) -> int:
     from evo_attention.interop.export import export_attention, is_attention_export
     from evo_attention.interop.hf import is_hf_export
     from evo_attention.search.models import kept_model
-    from evo_attention.train.saving import load_model, load_tokenizer, saved_info
+    from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
     from evo_attention.util.files import check_output
+    from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
@@ -34,6 +35,8 @@ def cmd_export(args) -> int:
     check_output(args.out, kind=f"{'a transformers' if args.format == 'hf' else 'an attention'} export",
                  own=is_hf_export if args.format == "hf" else is_attention_export,
                  sources={"model directory": directory, "run directory": args.from_run})  # before any loading
+    # the plugins the model was trained with (its genes may use their ops and components), and --plugin's
+    load_plugins(list(dict.fromkeys(saved_plugins(directory) + list(args.plugin or []))))
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
     if args.format == "hf":
@@ -103,6 +106,10 @@ def register(sub) -> None:
                    "whole model and its tokenizer as a transformers model directory (trust_remote_code); "
                    "hf-attention: the gene as a transformers attention function (AttentionInterface) for "
                    "Llama-family and GPT-2 models (attn_implementation=...)")
+    p.add_argument("--plugin", action="append", metavar="MODULE",
+                   help="import this module or .py file first (repeatable): the plugins a saved model's config "
+                   "names are imported anyway; an export ships the module of each plugin whose ops or components "
+                   "the genes use")
     p.add_argument("--lm-eval-split", choices=("valid", "test"), default="valid",
                    help="with --format hf: the split of the training data that the lm-evaluation-harness task "
                    "it writes (lm_eval_task.yaml) scores (default valid)")

@@ -76,3 +76,10 @@ def load_tokenizer(directory: str | Path):
 def saved_info(directory: str | Path) -> dict:
     """config.json of a saved model (checked), e.g. its ``genes``, ``config`` and ``result``."""
     return pretrained.read_config(directory)
+
+
+def saved_plugins(directory: str | Path) -> list[str]:
+    """The plugins of the training a model directory was saved from (its Config's ``plugins``): load
+    them (``util.plugins.load_plugins``) before the model, whose genes may name their ops and components."""
+    plugins = pretrained.read_config(directory, verify=False)["config"].get("plugins") or []
+    return [p for p in plugins if isinstance(p, str)] if isinstance(plugins, list) else []
