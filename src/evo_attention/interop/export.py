@@ -274,7 +274,8 @@ def _plugin_error(module: str, why: str, used_for: str = "") -> UserError:
 def _defined_in(package: str, name: str) -> tuple[str, str] | None:
     """``(module or package, name)`` that ``from <package> import <name>`` reads in the end: a module
     of the package, or where the package's ``__init__`` imports the name from (followed through
-    packages); None for a name the ``__init__`` defines itself (or imports from outside the library)."""
+    packages, or its ``_HOMES`` table of names imported when first used); None for a name the
+    ``__init__`` defines itself (or imports from outside the library)."""
     if _spec(f"{package}.{name}") is not None:  # a module of the package
         return package, name
     for node in ast.walk(ast.parse(_library_text(package))):
@@ -285,6 +286,9 @@ def _defined_in(package: str, name: str) -> tuple[str, str] | None:
                     if not _in_library(source):
                         return None
                     return _defined_in(source, alias.name) if _is_package(source) else (source, alias.name)
+    source = getattr(importlib.import_module(package), "_HOMES", {}).get(name)  # a front door that imports lazily
+    if source is not None and _in_library(source):
+        return _defined_in(source, name) if _is_package(source) else (source, name)
     return None
 
 
