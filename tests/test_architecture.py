@@ -1,6 +1,6 @@
 """The layers of the package and the direction of its imports (docs/architecture.md).
 
-    cli -> studies -> report -> search -> train -> nn -> data -> genes -> util
+    cli -> studies -> report -> search -> train -> interop -> nn -> data -> genes -> util
 
 Every ``import`` statement counts, wherever it stands in a module (module level, inside a function,
 a method, a ``try`` or an ``if``): the checks read each module's whole syntax tree with ``ast``.
@@ -33,11 +33,12 @@ LOWER = {
     "genes": {"util", "programs"},
     "data": {"util"},
     "nn": {"util", "genes", "programs", "data"},
-    "train": {"util", "genes", "programs", "data", "nn"},
-    "search": {"util", "genes", "programs", "data", "nn", "train"},
-    "report": {"util", "genes", "programs", "data", "nn", "train", "search"},
-    "studies": {"util", "genes", "programs", "data", "nn", "train", "search", "report"},
-    "cli": {"util", "genes", "programs", "data", "nn", "train", "search", "report", "studies"},
+    "interop": {"util", "genes", "programs", "data", "nn"},
+    "train": {"util", "genes", "programs", "data", "nn", "interop"},
+    "search": {"util", "genes", "programs", "data", "nn", "interop", "train"},
+    "report": {"util", "genes", "programs", "data", "nn", "interop", "train", "search"},
+    "studies": {"util", "genes", "programs", "data", "nn", "interop", "train", "search", "report"},
+    "cli": {"util", "genes", "programs", "data", "nn", "interop", "train", "search", "report", "studies"},
     "utils": {"util", "data", "train"},  # the original project's helper module (seed API)
 }
 FRONT_DOOR = "__init__"  # the package root may import every part; no part imports it

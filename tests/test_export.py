@@ -17,10 +17,11 @@ import evo_attention
 from evo_attention import TinyTransformer
 from evo_attention.cli import main
 from evo_attention.genes import CATEGORICAL_FIELDS, OPTIONS, AttentionGene
+from evo_attention.interop.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
+                                          check_exportable, export_attention, export_sources, module_sources,
+                                          shipped_modules)
+from evo_attention.interop.pretrained import save_pretrained
 from evo_attention.nn import components
-from evo_attention.nn.export import (ATTENTION_FILE, ATTENTION_ROOTS, PACKAGE, WEIGHTS_FILE, attention_source,
-                                     check_exportable, export_attention, export_sources, module_sources,
-                                     shipped_modules)
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 
@@ -153,25 +154,29 @@ def test_module_sources_ship_the_import_closure_of_any_modules():
         module_sources(["torch.nn"])
 
 
-def test_a_plugin_component_is_named_and_nothing_is_written(tmp_path):
+def test_a_plugin_component_that_cannot_be_shipped_is_named_and_nothing_is_written(tmp_path):
+    """A component registered here, in this test module: its module imports the library with 'import'
+    (and the cli layer), so the export cannot ship it (tests/test_plugin_export.py ships plugins that it can)."""
     @components.register_gating("test_plugin_gate", default_space=False)
     class PluginGate(components.Gating):
         pass
 
     try:
         model = random_model("dot|softmax|test_plugin_gate|fixed")
-        with pytest.raises(UserError, match="gating 'test_plugin_gate' cannot be exported") as info:
+        with pytest.raises(UserError, match=r"^plugin test_export \(gating 'test_plugin_gate' of gene dot\|softmax\|"
+                                            r"test_plugin_gate\|fixed\|.*\) cannot be exported: line \d+ imports the "
+                                            r"library with 'import'") as info:
             export_attention(model, tmp_path / "out")
-        assert "\n" not in str(info.value) and "built-in gating" in str(info.value)
+        assert "\n" not in str(info.value)
         assert not (tmp_path / "out").exists()
-        check_exportable(AttentionGene.parse("dot|softmax|highway|fixed"))  # a built-in one passes
+        assert check_exportable(AttentionGene.parse("dot|softmax|highway|fixed")) == []  # a built-in one: no plugin
     finally:
         components.unregister("gating", "test_plugin_gate")
 
 
 def test_export_command_from_a_model_directory(tmp_path, capsys):
     model = random_model("cosine|sparsemax|output_gate|learned|pos=rope|win=4").float()
-    model.save_pretrained(tmp_path / "m")
+    save_pretrained(model, tmp_path / "m")
     assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e")]) == 0
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["README.md", ATTENTION_FILE, WEIGHTS_FILE, PACKAGE]
     readme = (tmp_path / "e" / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""A gene as a transformers attention function (nn.hf_attention, export --format hf-attention):
+"""A gene as a transformers attention function (interop.hf_attention, export --format hf-attention):
 registered through AttentionInterface, installed into a tiny LlamaForCausalLM and a GPT-2 built from
 a config, trained a few steps, and compared with the library's own EvolvedAttention on the same
 weights (fp32, within 1e-5)."""
@@ -84,7 +84,7 @@ def _library_attention(gene, layer, qkv_weight, out_weight, max_seq_len=16):
     "dot|softmax|none|fixed|nobias|0.00|pos=rope|kvh=2|win=3",
 ])
 def test_a_trained_llama_with_the_gene_matches_the_library_attention(gene):
-    from evo_attention.nn.hf_attention import install, register
+    from evo_attention.interop.hf_attention import install, register
 
     name = register("evo_test")
     model = _llama(name)
@@ -111,7 +111,7 @@ def test_a_trained_llama_with_the_gene_matches_the_library_attention(gene):
 def test_gpt2_built_from_a_config_runs_the_gene():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from evo_attention.nn.hf_attention import install, register
+    from evo_attention.interop.hf_attention import install, register
 
     gene = "additive|sigmoid|output_gate|learned|bias|0.00|pos=learned"
     config = GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=16, resid_pdrop=0.0,
@@ -131,7 +131,7 @@ def test_gpt2_built_from_a_config_runs_the_gene():
 
 
 def test_install_refuses_what_it_cannot_host():
-    from evo_attention.nn import hf_attention
+    from evo_attention.interop import hf_attention
 
     model = _llama(hf_attention.register("evo_test_refuse"))
     model.model.layers[0].self_attn.is_causal = False
@@ -175,7 +175,7 @@ def test_cli_export_format_hf_attention_runs_without_the_library(tmp_path):
     save_model(model, tmp_path / "model")
     out = tmp_path / "hf-attention"
     assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf-attention", "--out", str(out)]) == 0
-    assert (out / "hf_attention.py").is_file() and (out / "evo_attention_export" / "nn" / "hf_attention.py").is_file()
+    assert (out / "hf_attention.py").is_file() and (out / "evo_attention_export" / "interop" / "hf_attention.py").is_file()
     done = subprocess.run([sys.executable, "-c", ENTRY_RUN, str(out)], capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                                "HOME": str(tmp_path)})
@@ -184,7 +184,7 @@ def test_cli_export_format_hf_attention_runs_without_the_library(tmp_path):
 
 
 def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
-    from evo_attention.nn.hf_attention import core_attention, install, register
+    from evo_attention.interop.hf_attention import core_attention, install, register
 
     gene = "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),k))),v)))|nobias|0.00|pos=rope|kvh=2"
     model = _llama(register("evo_test_program"))

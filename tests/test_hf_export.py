@@ -23,9 +23,9 @@ import torch
 from evo_attention import TinyTransformer
 from evo_attention.cli import main
 from evo_attention.data.tokenizers import encode_prompt, train_tokenizer
+from evo_attention.interop.export import module_sources, shipped_modules
+from evo_attention.interop.hf import MODEL_ROOTS, export_hf, hf_tokenizer, model_sources
 from evo_attention.nn.decoding import generate
-from evo_attention.nn.export import module_sources, shipped_modules
-from evo_attention.nn.hf import MODEL_ROOTS, export_hf, hf_tokenizer, model_sources
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.train.saving import save_model
 from evo_attention.util.errors import UserError
@@ -390,7 +390,7 @@ def test_generated_tasks_export_a_tokenizer_and_an_lm_eval_task(tmp_path, data, 
     from tokenizers import Tokenizer
 
     from evo_attention import Config
-    from evo_attention.nn.hf import write_lm_eval_task
+    from evo_attention.interop.hf import write_lm_eval_task
     from evo_attention.train.spec import load_task
 
     config = Config(data=data, vocab_size=16, max_seq_len=16, recall=options)

@@ -41,7 +41,7 @@ def finished_run(tmp_path_factory):
 
 
 def test_the_protected_names_are_those_of_their_homes():
-    from evo_attention.nn.pretrained import WEIGHTS
+    from evo_attention.interop.pretrained import WEIGHTS
     from evo_attention.search.lock import LOCK_NAME
     from evo_attention.search.store import DB_NAME
     from evo_attention.util.files import PROTECTED

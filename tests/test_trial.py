@@ -13,6 +13,7 @@ import torch
 from evo_attention import Config, TinyTransformer
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
+from evo_attention.interop.pretrained import from_pretrained, save_pretrained
 from evo_attention.nn.spec import ModelSpec, identity
 from evo_attention.search.executors import EvalTask, LocalExecutor, ProcessExecutor
 from evo_attention.search.runner import Runner
@@ -153,8 +154,8 @@ def test_a_llama_model_round_trips_through_save_and_load_pretrained(tmp_path):
     torch.manual_seed(0)
     model = TinyTransformer(ModelSpec(vocab_size=50, d_model=32, n_heads=4, n_layers=2, max_seq_len=16, block="llama"),
                             "dot|softmax|output_gate|learned").eval()
-    model.save_pretrained(tmp_path / "m")
-    loaded = TinyTransformer.from_pretrained(tmp_path / "m")
+    save_pretrained(model, tmp_path / "m")
+    loaded = from_pretrained(tmp_path / "m")
     x = torch.randint(0, 50, (2, 12))
     assert loaded.spec == model.spec and loaded.spec.ffn_dim == 88
     assert torch.equal(model(x), loaded(x))

@@ -8,8 +8,8 @@
 ``evo_attention_export/`` (the library's own modules it runs: torch, and ``entmax`` for the sparse
 normalizations), ``attention.safetensors`` (every layer's trained attention weights) and ``README.md``
 (how to drop it into a nanoGPT-style block). ``--format hf`` writes a Hugging Face transformers model
-directory (``nn/hf.py``: config, modelling code wrapping the library's model, weights, tokenizer) that
-``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads; see docs/export.md.
+directory (``interop/hf.py``: config, modelling code wrapping the library's model, weights, tokenizer)
+that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads; see docs/export.md.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from evo_attention.util.errors import UserError
 
 
 def cmd_export(args) -> int:
-    from evo_attention.nn.export import export_attention, is_attention_export
-    from evo_attention.nn.hf import is_hf_export
+    from evo_attention.interop.export import export_attention, is_attention_export
+    from evo_attention.interop.hf import is_hf_export
     from evo_attention.search.models import kept_model
-    from evo_attention.train.saving import load_model, load_tokenizer, saved_info
+    from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
     from evo_attention.util.files import check_output
+    from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
@@ -34,10 +35,12 @@ def cmd_export(args) -> int:
     check_output(args.out, kind=f"{'a transformers' if args.format == 'hf' else 'an attention'} export",
                  own=is_hf_export if args.format == "hf" else is_attention_export,
                  sources={"model directory": directory, "run directory": args.from_run})  # before any loading
+    # the plugins the model was trained with (its genes may use their ops and components), and --plugin's
+    load_plugins(list(dict.fromkeys(saved_plugins(directory) + list(args.plugin or []))))
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
     if args.format == "hf":
-        from evo_attention.nn.hf import export_hf
+        from evo_attention.interop.hf import export_hf
 
         evaluation = saved_info(directory).get("evaluation")
         result = export_hf(model, load_tokenizer(directory), args.out, source=source,
@@ -51,7 +54,7 @@ def cmd_export(args) -> int:
         log(f"load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
         return 0
     if args.format == "hf-attention":
-        from evo_attention.nn.hf_attention import ENTRY_FILE, export_hf_attention
+        from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention
 
         result = export_hf_attention(model, args.out, source=source)
         log(f"exported {' / '.join(dict.fromkeys(result['genes']))} from {directory} as the transformers attention "
@@ -72,7 +75,7 @@ def _lm_eval_task(directory, out, split: str) -> str | None:
     import os
     from unittest.mock import patch
 
-    from evo_attention.nn.hf import write_lm_eval_task
+    from evo_attention.interop.hf import write_lm_eval_task
     from evo_attention.train.config import Config
     from evo_attention.train.saving import load_tokenizer, saved_info
     from evo_attention.train.spec import load_task
@@ -103,6 +106,10 @@ def register(sub) -> None:
                    "whole model and its tokenizer as a transformers model directory (trust_remote_code); "
                    "hf-attention: the gene as a transformers attention function (AttentionInterface) for "
                    "Llama-family and GPT-2 models (attn_implementation=...)")
+    p.add_argument("--plugin", action="append", metavar="MODULE",
+                   help="import this module or .py file first (repeatable): the plugins a saved model's config "
+                   "names are imported anyway; an export ships the module of each plugin whose ops or components "
+                   "the genes use")
     p.add_argument("--lm-eval-split", choices=("valid", "test"), default="valid",
                    help="with --format hf: the split of the training data that the lm-evaluation-harness task "
                    "it writes (lm_eval_task.yaml) scores (default valid)")

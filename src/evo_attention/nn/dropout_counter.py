@@ -25,7 +25,7 @@ CPU the same function runs as numpy uint32 arithmetic (unsigned, so it wraps mod
 definition: no masks, half the memory traffic, 32-bit multiplies), in cache-sized blocks; the tests
 hold both forms to a plain-Python reference.
 
-This module is not part of an exported model (``nn.export`` ships ``nn.dropout``, which imports
+This module is not part of an exported model (``interop.export`` ships ``nn.dropout``, which imports
 only torch); the trainer hands ``counter_keep_mask`` to ``nn.dropout.mask_source``.
 """
 

@@ -203,21 +203,6 @@ class TinyTransformer(nn.Module):
         x, _ = self.hidden_states(ids)
         return self.head(x)
 
-    # -- the save_pretrained / from_pretrained directory (nn/pretrained.py) ------------------------
-    def save_pretrained(self, directory, *, tokenizer=None, settings=None, extra: dict | None = None):
-        """Write config.json, model.safetensors and (given one) tokenizer.json to ``directory``;
-        config.json keeps ``settings`` (a mapping: the training's settings), else the spec."""
-        from evo_attention.nn.pretrained import save_pretrained
-
-        return save_pretrained(self, directory, tokenizer=tokenizer, settings=settings, extra=extra)
-
-    @classmethod
-    def from_pretrained(cls, directory, *, device: str = "cpu") -> "TinyTransformer":
-        """The model saved in ``directory`` (every file checked against config.json), in eval mode."""
-        from evo_attention.nn.pretrained import from_pretrained
-
-        return from_pretrained(cls, directory, device=device)
-
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:
         """One [B, H, T, T] weight tensor per layer, computed in eval mode (no dropout)."""

@@ -42,6 +42,7 @@ Fast paths are patterns the engine recognises, each computing the same function 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -117,6 +118,7 @@ def unregister_op(name: str) -> None:
 
 
 def _clipped(apply: Callable) -> Callable:
+    @functools.wraps(apply)  # keeps apply's __module__: an export finds the plugin that defines it there
     def clipped(call, *args):
         value = apply(call, *args)
         return value.clamp(-CLIP, CLIP) if torch.is_tensor(value) else value
@@ -520,7 +522,7 @@ class ProgramCore(nn.Module):
 
     def heads(self, attn, x, projected: dict, mask=None, start: int = 0):
         """The value of the heads node (the argument of ``o``), [B, H, T, d], with the given
-        projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``nn.hf_attention``).
+        projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``interop.hf_attention``).
         ``start`` > 0: T new queries after ``start`` positions whose keys and values ``projected``
         holds too (the host's cache); only a ``cacheable`` program can do that."""
         cache = _HostCache(start) if start else None

@@ -1,4 +1,4 @@
-"""Save a trained model with its training Config; load it back (the format: ``nn/pretrained.py``).
+"""Save a trained model with its training Config; load it back (the format: ``interop/pretrained.py``).
 
     save_model(model, "out/model", vocab=data.vocab, settings=trial.config_dict(model.spec))
     model = load_model("out/model")   # built from its ModelSpec; model.config: the training Config
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from evo_attention.nn import pretrained
+from evo_attention.interop import pretrained
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
@@ -34,15 +34,15 @@ def saved_settings(settings: Config | Mapping[str, Any] | None) -> dict | None:
 
 def model_files(model: TinyTransformer, *, vocab=None, tokenizer=None, settings=None,
                 extra: dict | None = None) -> dict[str, bytes]:
-    """The files of ``model``'s directory as bytes (see ``nn.pretrained.model_files``)."""
+    """The files of ``model``'s directory as bytes (see ``interop.pretrained.model_files``)."""
     return pretrained.model_files(model, tokenizer=_tokenizer(vocab, tokenizer), settings=saved_settings(settings),
                                   extra=extra)
 
 
 def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tokenizer=None, settings=None,
                extra: dict | None = None) -> Path:
-    return model.save_pretrained(directory, tokenizer=_tokenizer(vocab, tokenizer), settings=saved_settings(settings),
-                                 extra=extra)
+    return pretrained.save_pretrained(model, directory, tokenizer=_tokenizer(vocab, tokenizer),
+                                      settings=saved_settings(settings), extra=extra)
 
 
 def config_from_saved(values: dict) -> Config:
@@ -63,7 +63,7 @@ def load_config(directory: str | Path, *, verify: bool = True) -> Config:
 def load_model(directory: str | Path, device: str = "cpu") -> TinyTransformer:
     """The model saved in ``directory`` (UserError naming a missing or altered file), built from its
     ``ModelSpec``; its ``config`` is the training Config it was saved with (``load_config``)."""
-    model = TinyTransformer.from_pretrained(directory, device=device)
+    model = pretrained.from_pretrained(directory, device=device)
     model.config = load_config(directory, verify=False)
     return model
 
@@ -76,3 +76,10 @@ def load_tokenizer(directory: str | Path):
 def saved_info(directory: str | Path) -> dict:
     """config.json of a saved model (checked), e.g. its ``genes``, ``config`` and ``result``."""
     return pretrained.read_config(directory)
+
+
+def saved_plugins(directory: str | Path) -> list[str]:
+    """The plugins of the training a model directory was saved from (its Config's ``plugins``): load
+    them (``util.plugins.load_plugins``) before the model, whose genes may name their ops and components."""
+    plugins = pretrained.read_config(directory, verify=False)["config"].get("plugins") or []
+    return [p for p in plugins if isinstance(p, str)] if isinstance(plugins, list) else []

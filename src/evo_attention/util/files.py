@@ -86,7 +86,7 @@ def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
 # -- the one rule for what an output may replace ------------------------------------------------
 # Names that mark a path as something no output replaces: a run's store and its lock (a locked
 # directory holds the lock file), a saved model's weights. Their homes are search/store.py
-# (DB_NAME), search/lock.py (LOCK_NAME) and nn/pretrained.py (WEIGHTS); tests/test_reliability.py
+# (DB_NAME), search/lock.py (LOCK_NAME) and interop/pretrained.py (WEIGHTS); tests/test_reliability.py
 # checks that these names agree with them.
 PROTECTED = {"run.db": "a run store", "run.lock": "a run directory", "model.safetensors": "a saved model"}
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -211,7 +211,7 @@ def register(name: str = DEFAULT_NAME) -> str:
 
 # -- export --format hf-attention ---------------------------------------------------------------------
 ENTRY_FILE = "hf_attention.py"
-ROOTS = ("evo_attention.nn.hf_attention",)  # what the export ships (with every library module it imports)
+ROOTS = ("evo_attention.interop.hf_attention",)  # what the export ships (with every library module it imports)
 
 _ENTRY = '''"""{genes_text}: an attention found by evo-attention, as a transformers attention function.
 
@@ -237,11 +237,14 @@ GENES = {genes!r}  # one per layer of the model it was found in
 NAME = "{name}"  # the attn_implementation it registers as
 KERNEL_FEATURES = {kernel_features}  # random features per head (normalization favor only)
 PACKAGE = "{package}"  # the library's modules, beside this file
+PLUGINS = {plugins!r}  # the plugin modules whose ops and components GENES use (in PACKAGE)
 
 
 {loader}
 
-_module = importlib.import_module(_import_package() + ".nn.hf_attention")
+for _plugin in PLUGINS:  # imported first: their registrations run before any attention is built
+    importlib.import_module(_import_package() + "." + _plugin)
+_module = importlib.import_module(_import_package() + ".interop.hf_attention")
 attention_forward = _module.attention_forward
 
 
@@ -270,7 +273,8 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
     is checked and built before anything is written. Returns ``{"genes", "name", "files"}``."""
     import hashlib
 
-    from evo_attention.nn.export import PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, requirements
+    from evo_attention.interop.export import (PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, plugin_names,
+                                              requirements)
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.version import __version__
 
@@ -279,15 +283,15 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
         raise UserError(f"the model convolves each attention's input (short_conv {model.spec.short_conv}), which a "
                         "transformers layer's own projections would skip: export it with --format hf or standalone",
                         setting="short_conv")
-    for gene in dict.fromkeys(model.genes):
-        check_exportable(gene)
-    shipped = {f"{PACKAGE}/{path}": text for path, text in module_sources(ROOTS).items()}
+    plugins = check_exportable(model.genes)
+    shipped = {f"{PACKAGE}/{path}": text for path, text in module_sources(ROOTS, plugins=plugins).items()}
     unique = list(dict.fromkeys(genes))
     name = "evo_" + hashlib.sha256("\n".join(genes).encode()).hexdigest()[:10]
     entry = _ENTRY.format(genes_text=unique[0] if len(unique) == 1 else f"{len(unique)} genes",
                           source=f" from {source}" if source else "", version=__version__, package=PACKAGE,
                           needs=", ".join(["transformers"] + requirements(shipped)), genes=genes, name=name,
-                          kernel_features=model.spec.favor_features, loader=PACKAGE_LOADER)
+                          kernel_features=model.spec.favor_features, loader=PACKAGE_LOADER,
+                          plugins=tuple(plugin_names(plugins)))
     out = output_dir(out)
     for path, text in {ENTRY_FILE: entry, **shipped}.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@
     DIR/model.safetensors    the weights (safetensors: never pickle)
     DIR/tokenizer.json       the vocabulary or tokenizer (``Tokenizer.to_json``), when the data had one
 
-``TinyTransformer.save_pretrained(dir)`` and ``TinyTransformer.from_pretrained(dir)`` use this module.
+``save_pretrained(model, dir)`` writes one and ``from_pretrained(dir)`` loads it (``train.saving``
+adds the training Config: ``save_model``, ``load_model``).
 The settings (config.json's ``config``) are the mapping the caller gives (``train.saving`` gives the
 training ``Config``'s: the layer below the trainer cannot know it), else the model's ``ModelSpec``;
 the model is built from the ``ModelSpec`` fields of the mapping, whatever else it holds.
@@ -20,13 +21,14 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from evo_attention.nn.model import TinyTransformer
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_directory
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
-MODEL_TYPE = "evo_attention"  # config.json's model_type in the other format: a transformers export (nn.hf)
+MODEL_TYPE = "evo_attention"  # config.json's model_type in the other format: a transformers export (interop.hf)
 TOKENIZER = "tokenizer.json"
 FORMAT = "evo-attention-model/2"
 
@@ -124,8 +126,9 @@ def check_file(directory: Path, name: str, entry: Mapping) -> None:
                         "or save the model again")
 
 
-def from_pretrained(cls, directory: str | Path, *, device: str = "cpu"):
-    """Build ``cls`` (``TinyTransformer``) from ``directory``'s ``ModelSpec`` and load its weights, in eval mode."""
+def from_pretrained(directory: str | Path, *, device: str = "cpu") -> TinyTransformer:
+    """The ``TinyTransformer`` saved in ``directory`` (every file checked against config.json): built
+    from its ``ModelSpec``, its weights loaded, in eval mode."""
     from safetensors.torch import load_model
 
     from evo_attention.genes import AttentionGene
@@ -138,7 +141,7 @@ def from_pretrained(cls, directory: str | Path, *, device: str = "cpu"):
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{directory / CONFIG} does not describe a model this version can build "
                         f"({str(exc).splitlines()[0][:200]}): save the model again") from None
-    model = cls(spec, genes)
+    model = TinyTransformer(spec, genes)
     try:
         load_model(model, str(directory / WEIGHTS), device=str(device))
     except Exception as exc:  # safetensors' own errors, a size mismatch (RuntimeError)

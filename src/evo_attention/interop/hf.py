@@ -14,7 +14,10 @@ It holds:
     modeling_evo_attention.py        ``EvoAttentionForCausalLM`` (``PreTrainedModel`` + ``GenerationMixin``),
                                      which wraps the library's ``TinyTransformer``
     evo_attention_*.py               the library's own modules that the model runs, flat (``nn/model.py``
-                                     is ``evo_attention_nn_model.py``), their imports made relative
+                                     is ``evo_attention_nn_model.py``), their imports made relative, and
+                                     ``evo_attention_plugins_<module>.py``: the module of each plugin whose
+                                     ops or components the genes use (``export.plugin_source``), which the
+                                     modeling file imports before it builds a model
     model.safetensors                the library's state dict, keys prefixed ``model.`` (the tied head once)
     tokenizer.json                   the run's tokenizer as a ``tokenizers`` fast tokenizer, with
     tokenizer_config.json            ``tokenizer_class: PreTrainedTokenizerFast``
@@ -56,8 +59,8 @@ from evo_attention.data.tokenizers import (BPETokenizer, ByteTokenizer, CharToke
                                            byte_alphabet, as_tokenizer)
 from evo_attention.data.vocab import UNK
 from evo_attention.data.words import EOS
-from evo_attention.nn.pretrained import MODEL_TYPE, sha256
-from evo_attention.nn.export import check_exportable, flat_name, module_sources, requirements
+from evo_attention.interop.export import check_exportable, flat_name, module_sources, plugin_names, requirements
+from evo_attention.interop.pretrained import MODEL_TYPE, sha256
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
@@ -137,7 +140,7 @@ from .{model_module} import Block, TinyTransformer
 # also import each other as "from . import <module>", which it does not follow, so each is named here.
 {listing}
 LIBRARY_MODULES = ({names})
-
+{plugins}
 
 class EvoAttentionCache:
     """``past_key_values``: the library's cache of every layer (``TinyTransformer.new_caches()``: keys
@@ -390,15 +393,25 @@ def _listing(shipped: list[str]) -> tuple[str, str]:
     return lines, "".join(f"\n    _{m}," for m in modules) + "\n"
 
 
-def model_sources() -> dict[str, str]:
+def _plugin_listing(names: list[str]) -> str:
+    if not names:
+        return ""
+    lines = "\n".join(f"from .{m} import __name__ as _{m}" for m in names)
+    return ("\n# The plugins whose ops and components the genes use (the plugin's module, its imports of the library\n"
+            "# made relative), imported here so that their registrations run before a model is built.\n"
+            f"{lines}\nPLUGIN_MODULES = ({''.join(f'_{m}, ' for m in names).rstrip()})\n")
+
+
+def model_sources(plugins=()) -> dict[str, str]:
     """The python files of an HF export: {file name: text}, the configuration and modeling files
-    and the library's modules they run (flat)."""
-    shipped = module_sources(MODEL_ROOTS, flat=True)
-    listing, names = _listing(list(shipped))
+    and the library's modules they run (flat), with the modules of ``plugins`` (``check_exportable``)."""
+    shipped = module_sources(MODEL_ROOTS, flat=True, plugins=plugins)
+    plugin_files = {f"{name}.py" for name in plugin_names(plugins, flat=True)}
+    listing, names = _listing([path for path in shipped if path not in plugin_files])
     fill = dict(version=__version__, config_class=CONFIG_CLASS, model_class=MODEL_CLASS, model_type=MODEL_TYPE,
                 config_module=CONFIG_MODULE, spec_module=flat_name("evo_attention.nn.spec"),
                 genes_module=flat_name("evo_attention.genes"), model_module=flat_name("evo_attention.nn.model"),
-                listing=listing, names=names)
+                listing=listing, names=names, plugins=_plugin_listing(plugin_names(plugins, flat=True)))
     return {f"{CONFIG_MODULE}.py": _CONFIGURATION.format(**fill), f"{MODELING_MODULE}.py": _MODELING.format(**fill),
             **shipped}
 
@@ -478,14 +491,13 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
     if tokenizer is None:
         raise UserError("no tokenizer (the model directory has no tokenizer.json): an HF export needs the tokenizer "
                         "the model was trained with")
-    for gene in dict.fromkeys(model.genes):
-        check_exportable(gene)
+    plugins = check_exportable(model.genes)
     tokenizer = as_tokenizer(tokenizer)
     if tokenizer.vocab_size != model.spec.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {model.spec.vocab_size}: "
                         "export the tokenizer the model was trained with")
     tokenizer_json, special = hf_tokenizer(tokenizer)
-    sources = model_sources()
+    sources = model_sources(plugins)
     config = hf_config(model, source=source, extra=extra)
     tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.spec.max_seq_len,
                         "clean_up_tokenization_spaces": False, **special}

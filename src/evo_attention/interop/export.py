@@ -5,9 +5,9 @@ An export directory holds:
     attention.py            the entry users import: the gene and the sizes as constants,
                             ``EvolvedAttention`` (the library's class with those as its defaults) and
                             ``layer_state`` (one layer's weights from the safetensors file)
-    evo_attention_export/   the library modules the attention needs (``nn/attention.py``,
-                            ``nn/components.py``, ``nn/positions.py``, ``nn/dropout.py``, ``genes.py``,
-                            ``util/errors.py``: the import closure of ``nn.attention``)
+    evo_attention_export/   the library modules the attention needs (the import closure of
+                            ``nn.attention``: ``nn/attention.py``, ``nn/program.py``, ``nn/components.py``,
+                            ``genes.py``, ``programs.py``, ...)
     attention.safetensors   the trained attention weights of every layer (``layers.<i>.<name>``)
     README.md               how to put it into a nanoGPT-style block
 
@@ -27,9 +27,16 @@ Contract:
   however ``attention.py`` is imported, also for several exports in one program.
 - It needs PyTorch, plus any other package the shipped modules import (``third_party_imports``;
   the README names them and the functions that import them lazily, e.g. ``entmax`` for sparsemax).
-- A component registered from outside the shipped modules (a plugin's) cannot be exported: its
-  source may import anything. ``check_exportable`` refuses it with a line naming the option,
-  before anything is written.
+- A component or program op registered by a plugin ships with the plugin's module: ``check_exportable``
+  finds the module that defines what a gene uses (the ``__module__`` of a component's registered
+  class or function, of an op's ``apply``, ``build`` and ``fold``), and ``plugin_source`` ships it as
+  ``plugins/<module>.py`` with its ``from evo_attention... import`` statements pointed at the modules
+  that define the names (``from evo_attention import register_op`` reads ``nn.program``) and made
+  relative like the library's; the entry imports it before it builds anything, so its registrations
+  run. A plugin that cannot be shipped (not a ``.py`` file, ``__main__``, a relative import, a
+  library import of a layer above ``nn`` or of a name only a package's ``__init__`` defines) is a
+  one-line UserError naming the plugin and why, before anything is written. Its other imports are
+  listed as requirements, like the library's.
 """
 
 from __future__ import annotations
@@ -39,11 +46,13 @@ import importlib.util
 import re
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from evo_attention.genes import AttentionGene, parse_position
-from evo_attention.nn import components
+from evo_attention import programs
+from evo_attention.genes import AttentionGene, canonical_program, parse_position
+from evo_attention.nn import components, program
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
 from evo_attention.util.version import __version__
@@ -54,6 +63,8 @@ README_FILE = "README.md"
 PACKAGE = "evo_attention_export"  # the folder beside attention.py holding the library's modules
 LIBRARY = "evo_attention"
 ATTENTION_ROOTS = ("evo_attention.nn.attention",)  # what the attention export ships (with its imports)
+PLUGINS = "plugins"  # the sub-package (flat: the name part) of the shipped plugin modules
+PLUGIN_PARTS = ("util", "programs", "genes", "data", "nn")  # the library layers a shipped plugin may import
 
 # the registries a gene's categorical fields pick from
 _REGISTRIES = {"similarity": components.SIMILARITIES, "normalization": components.NORMALIZATIONS,
@@ -207,7 +218,7 @@ def _package_init(package: str) -> str:
     return f'"""{package.partition(".")[2]}: modules of {LIBRARY} {__version__} (see the package\'s docstring)."""\n'
 
 
-def module_sources(roots: Iterable[str], *, flat: bool = False) -> dict[str, str]:
+def module_sources(roots: Iterable[str], *, flat: bool = False, plugins: Iterable[str] = ()) -> dict[str, str]:
     """The library's own source of ``roots`` and of every library module they import, ready to
     ship as one package: {path inside the package: text}, e.g. ``nn/attention.py``, ``genes.py``,
     and a generated ``__init__.py`` for each package on the way (``__init__.py``, ``nn/__init__.py``).
@@ -215,17 +226,150 @@ def module_sources(roots: Iterable[str], *, flat: bool = False) -> dict[str, str
 
     ``flat``: every module as one file of a single folder, named ``flat_name(module) + ".py"``
     (``evo_attention_nn_attention.py``), and no ``__init__.py``: for loaders that copy only the files
-    beside an entry module, such as Hugging Face's remote code (``nn/hf.py``)."""
-    modules = shipped_modules(roots)
+    beside an entry module, such as Hugging Face's remote code (``interop/hf.py``).
+
+    ``plugins``: plugin modules (``check_exportable`` names them) shipped beside the library's, each
+    with the library modules it imports (``plugin_source``): ``plugins/<name>.py``, flat
+    ``evo_attention_plugins_<name>.py``."""
+    shipped_plugins = [plugin_source(name, flat=flat) for name in dict.fromkeys(plugins)]
+    modules = sorted(set(shipped_modules(roots)).union(*(p.modules for p in shipped_plugins)))
     if flat:
         sources = {f"{flat_name(name)}.py": relative_imports(name, _library_text(name), flat=True) for name in modules}
-        if len(sources) != len(modules):
-            raise UserError(f"two of the modules {', '.join(modules)} have the same flat name: rename one")
+        sources.update({p.path: p.text for p in shipped_plugins})
+        if len(sources) != len(modules) + len(shipped_plugins):
+            raise UserError(f"two of the modules {', '.join(modules + [p.module for p in shipped_plugins])} have the "
+                            "same flat name: rename one")
         return dict(sorted(sources.items()))
     sources = {_relative_path(p): _package_init(p) for name in modules for p in _packages(name)}
     for name in modules:
         sources[_relative_path(name)] = relative_imports(name, _library_text(name))
+    if shipped_plugins:
+        sources[f"{PLUGINS}/__init__.py"] = (f'"""{PLUGINS}: the plugin modules whose ops and components the exported '
+                                             'genes use, their imports of the library made relative."""\n')
+        if len({p.path for p in shipped_plugins}) != len(shipped_plugins):
+            raise UserError(f"two of the plugins {', '.join(p.module for p in shipped_plugins)} have the same shipped "
+                            "name: rename one")
+        sources.update({p.path: p.text for p in shipped_plugins})
     return dict(sorted(sources.items()))
+
+
+# -- shipping a plugin's module ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShippedPlugin:
+    """A plugin module as an export ships it: ``name`` (what the entry imports, relative to the shipped
+    package: ``plugins.my_plugin``; flat: ``evo_attention_plugins_my_plugin``), ``path`` and ``text``
+    (its source, its library imports rewritten), ``modules`` (the library modules it needs)."""
+
+    module: str
+    name: str
+    path: str
+    text: str
+    modules: frozenset
+
+
+def _plugin_error(module: str, why: str, used_for: str = "") -> UserError:
+    return UserError(f"plugin {module}{f' ({used_for})' if used_for else ''} cannot be exported: {why}")
+
+
+def _defined_in(package: str, name: str) -> tuple[str, str] | None:
+    """``(module or package, name)`` that ``from <package> import <name>`` reads in the end: a module
+    of the package, or where the package's ``__init__`` imports the name from (followed through
+    packages, or its ``_HOMES`` table of names imported when first used); None for a name the
+    ``__init__`` defines itself (or imports from outside the library)."""
+    if _spec(f"{package}.{name}") is not None:  # a module of the package
+        return package, name
+    for node in ast.walk(ast.parse(_library_text(package))):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = _absolute(node, package)
+                    if not _in_library(source):
+                        return None
+                    return _defined_in(source, alias.name) if _is_package(source) else (source, alias.name)
+    source = getattr(importlib.import_module(package), "_HOMES", {}).get(name)  # a front door that imports lazily
+    if source is not None and _in_library(source):
+        return _defined_in(source, name) if _is_package(source) else (source, name)
+    return None
+
+
+def _plugin_imports(module: str, text: str, used_for: str = "") -> tuple[str, set[str]]:
+    """``text`` (the source of plugin ``module``) with each ``from evo_attention... import`` statement
+    importing from the modules that define the names (a name from a package's ``__init__``, such as
+    ``from evo_attention import register_op``, from ``evo_attention.nn.program``), on one line (the
+    line count kept), and the library modules it imports. UserError naming the plugin when an import
+    cannot be shipped."""
+    def refuse(why):
+        return _plugin_error(module, why, used_for)
+
+    lines = text.splitlines(keepends=True)
+    edits, imported = [], set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import) and any(_in_library(a.name) for a in node.names):
+            raise refuse(f"line {node.lineno} imports the library with 'import': write 'from {LIBRARY}... import ...'")
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            raise refuse(f"line {node.lineno} is a relative import, and an export ships the plugin's module alone")
+        if not _in_library(node.module):
+            continue
+        if _spec(node.module) is None:
+            raise refuse(f"line {node.lineno} imports {node.module}, which is no module of this version of {LIBRARY}")
+        names: dict[str, list[str]] = {}
+        for alias in node.names:
+            found = _defined_in(node.module, alias.name) if _is_package(node.module) else (node.module, alias.name)
+            if found is None:
+                raise refuse(f"line {node.lineno} imports {alias.name} from {node.module}, whose __init__ defines it, "
+                             f"and an export ships no package's __init__: import it from the module that defines it")
+            target, name = found
+            needed = f"{target}.{name}" if _is_package(target) else target
+            part = needed.split(".")[1]
+            if part not in PLUGIN_PARTS:
+                resolved = _is_package(node.module) and not needed.endswith(f".{alias.name}")  # (through an __init__)
+                shown = f"{alias.name} from {needed}" if resolved else needed
+                raise refuse(f"line {node.lineno} imports {shown}, of the library's {part} layer, and an export ships "
+                             f"only the layers a model is made of ({', '.join(PLUGIN_PARTS)})")
+            imported.add(needed)
+            names.setdefault(target, []).append(name if (alias.asname or name) == name else f"{name} as {alias.asname}")
+        edits.append((node, "; ".join(f"from {target} import {', '.join(n)}" for target, n in names.items())))
+    for node, statement in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):  # right to left
+        first, last = lines[node.lineno - 1], lines[node.end_lineno - 1]
+        joined = first[:_column(first, node.col_offset)] + statement + last[_column(last, node.end_col_offset):]
+        lines[node.lineno - 1:node.end_lineno] = [joined] + ["\n"] * (node.end_lineno - node.lineno)
+    return "".join(lines), imported
+
+
+def plugin_source(module: str, *, flat: bool = False, used_for: str = "") -> ShippedPlugin:
+    """Plugin ``module`` (imported, a ``.py`` file) as an export ships it: its source with its library
+    imports resolved (``_plugin_imports``) and made relative as the library's own modules are
+    (``relative_imports``, as if it were ``evo_attention.plugins.<name>``), and the library modules it
+    needs (their import closure). Its other imports stay (``requirements`` lists them). A plugin that
+    is not a file, imports the library other than by ``from evo_attention... import``, imports a name
+    that only a package's ``__init__`` defines, a layer above ``nn`` or relatively is a UserError naming
+    it and why; ``used_for`` (e.g. ``program op 'hgate' of gene ...``) joins the message."""
+    loaded = sys.modules.get(module)
+    path = getattr(loaded, "__file__", None)
+    if module == "__main__":
+        raise _plugin_error(module, "it is the script that runs, not a module an export can ship: move the "
+                            "registration into a plugin file", used_for)
+    if loaded is None:
+        raise _plugin_error(module, "it is not imported", used_for)
+    if not path or not str(path).endswith(".py") or not Path(path).is_file():
+        raise _plugin_error(module, f"it is not a .py file ({path or 'no file'}), and an export ships a plugin's "
+                            "source", used_for)
+    try:
+        text, imported = _plugin_imports(module, Path(path).read_text(encoding="utf-8"), used_for)
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        raise _plugin_error(module, f"its file {path} cannot be read ({type(exc).__name__})", used_for) from None
+    name = re.sub(r"\W", "_", module.replace(".", "_"))
+    virtual = f"{LIBRARY}.{PLUGINS}.{name}"  # where it lies in the shipped package
+    try:
+        needed = shipped_modules(imported)
+        text = relative_imports(virtual, text, flat=flat)
+    except UserError as exc:
+        raise _plugin_error(module, str(exc), used_for) from None
+    if flat:
+        return ShippedPlugin(module, flat_name(virtual), f"{flat_name(virtual)}.py", text, frozenset(needed))
+    return ShippedPlugin(module, f"{PLUGINS}.{name}", f"{PLUGINS}/{name}.py", text, frozenset(needed))
 
 
 def _imports_by_scope(tree: ast.AST, scope: str = ""):
@@ -268,17 +412,48 @@ def requirements(sources: Mapping[str, str]) -> list[str]:
 
 
 # -- what can be exported ----------------------------------------------------------------------
-def check_exportable(gene: AttentionGene) -> None:
-    """UserError naming the first option of ``gene`` whose component is defined outside the modules
-    an export ships (a plugin's component: the export cannot ship its module)."""
-    shipped = shipped_modules(ATTENTION_ROOTS)
+def _uses(gene: AttentionGene):
+    """(what, the objects that implement it) for each component and registered op ``gene`` uses."""
     for field, registry in _REGISTRIES.items():
         option = getattr(gene, field)
-        module = getattr(registry.get(option), "__module__", None)
-        if module not in shipped:
-            raise UserError(f"gene {gene.key}: {field} {option!r} cannot be exported: it is defined in {module}, and "
-                            f"an export ships only the library's own modules; export a gene with a built-in {field}, "
-                            f"or add {option!r} to {LIBRARY}/nn/components.py")
+        yield f"{field} {option!r}", [registry.get(option)]
+    if gene.program is None:
+        return
+    for node in canonical_program(gene.program).ops():
+        prefix, dot, name = node.op.partition(".")
+        if dot and prefix in programs.COMPONENT_PREFIXES:
+            field = programs.COMPONENT_PREFIXES[prefix]
+            yield f"{field} {name!r}", [_REGISTRIES[field].get(name)]  # None: the engine's own (w.none)
+        elif node.op not in programs.STRUCTURAL:  # registered with register_op
+            impl = program.IMPLEMENTATIONS.get(node.op)
+            yield f"program op {node.op!r}", [impl.apply, impl.build, programs.OPS[node.op].fold] if impl else []
+
+
+def check_exportable(genes: AttentionGene | Iterable[AttentionGene]) -> list[str]:
+    """The plugin modules an export of ``genes`` ships (sorted): the modules outside the library that
+    define a component (its registered class or function) or a registered op (its ``apply``,
+    ``build`` or ``fold``) the genes use. UserError, one line naming the plugin and why, when one
+    cannot be shipped (``plugin_source``), or naming the option when its module is not found."""
+    genes = [genes] if isinstance(genes, AttentionGene) else list(genes)
+    shipped = shipped_modules(ATTENTION_ROOTS)
+    plugins: dict[str, str] = {}
+    for gene in dict.fromkeys(genes):
+        for what, objects in _uses(gene):
+            modules = {m for m in (getattr(o, "__module__", None) for o in objects if o is not None)
+                       if m and m.split(".")[0] not in sys.stdlib_module_names}  # (e.g. fold=math.tanh: everywhere)
+            outside = sorted(m for m in modules if not _in_library(m))
+            for module in sorted(modules - set(outside)):
+                if module not in shipped:
+                    raise UserError(f"gene {gene.key}: {what} cannot be exported: it is defined in {module}, which an "
+                                    "export does not ship")
+            if not outside and what.startswith("program op"):
+                raise UserError(f"gene {gene.key}: {what} cannot be exported: its apply and build are the library's, so "
+                                "the plugin that registers it is unknown; give register_op an apply defined in the plugin")
+            for module in outside:
+                plugins.setdefault(module, f"{what} of gene {gene.key}")
+    for module, used_for in plugins.items():
+        plugin_source(module, used_for=used_for)  # checked before anything is written
+    return sorted(plugins)
 
 
 # -- the export's files ------------------------------------------------------------------------
@@ -329,10 +504,13 @@ D_MODEL, N_HEADS, MAX_SEQ_LEN = {d_model}, {n_heads}, {max_seq_len}
 KERNEL_FEATURES = {kernel_features}  # random features per head (normalization favor only)
 INPUT_CONV = {input_conv}  # the model's short convolution before each attention (0: none)
 PACKAGE = "{package}"  # the library's modules, beside this file
+PLUGINS = {plugins!r}  # the plugin modules whose ops and components GENE uses (in PACKAGE)
 
 
 {loader}
 
+for _plugin in PLUGINS:  # imported first: their registrations run before any attention is built
+    importlib.import_module(_import_package() + "." + _plugin)
 _attention = importlib.import_module(_import_package() + ".nn.attention")
 
 
@@ -352,22 +530,27 @@ def layer_state(state, layer):
 '''
 
 
-def _shipped() -> dict[str, str]:
-    """The library's modules as they lie in an export: {``evo_attention_export/<path>``: text}."""
-    return {f"{PACKAGE}/{path}": text for path, text in module_sources(ATTENTION_ROOTS).items()}
+def _shipped(plugins: Iterable[str] = ()) -> dict[str, str]:
+    """The library's modules (and ``plugins``) as they lie in an export: {``evo_attention_export/<path>``: text}."""
+    return {f"{PACKAGE}/{path}": text for path, text in module_sources(ATTENTION_ROOTS, plugins=plugins).items()}
+
+
+def plugin_names(plugins: Iterable[str], *, flat: bool = False) -> list[str]:
+    """What an export's entry imports for each plugin module, relative to the shipped package."""
+    return [plugin_source(module, flat=flat).name for module in plugins]
 
 
 def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_seq_len: int, *,
                      source: str = "", kernel_features: int = 64, input_conv: int = 0) -> str:
     """The entry ``attention.py`` of ``gene`` at these sizes (see the module docstring)."""
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    check_exportable(gene)
+    plugins = check_exportable(gene)
     about = _ABOUT.format(source=f" from {source}" if source else "", package=PACKAGE,
                           position_note=_POSITION_NOTES[parse_position(gene.position).kind],
-                          needs=", ".join(requirements(_shipped())))
+                          needs=", ".join(requirements(_shipped(plugins))))
     about = "\n\n".join(textwrap.fill(paragraph, 100, break_on_hyphens=False) for paragraph in about.split("\n\n"))
     return _ENTRY.format(loader=PACKAGE_LOADER, gene=gene.key, about=about, package=PACKAGE, d_model=d_model,
-                         n_heads=n_heads,
+                         n_heads=n_heads, plugins=tuple(plugin_names(plugins)),
                          max_seq_len=max_seq_len, weights=WEIGHTS_FILE, kernel_features=kernel_features,
                          input_conv=input_conv)
 
@@ -375,10 +558,11 @@ def attention_source(gene: AttentionGene | str, d_model: int, n_heads: int, max_
 def export_sources(gene: AttentionGene | str, d_model: int, n_heads: int, max_seq_len: int, *,
                    source: str = "", kernel_features: int = 64, input_conv: int = 0) -> dict[str, str]:
     """Every source file of the export: {path in the export directory: text}, the entry
-    ``attention.py`` and the library's modules under ``evo_attention_export/``."""
+    ``attention.py`` and the library's modules (and the gene's plugins) under ``evo_attention_export/``."""
+    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     entry = attention_source(gene, d_model, n_heads, max_seq_len, source=source, kernel_features=kernel_features,
                              input_conv=input_conv)
-    return {ATTENTION_FILE: entry, **_shipped()}
+    return {ATTENTION_FILE: entry, **_shipped(check_exportable(gene))}
 
 
 def _readme(gene: AttentionGene, d_model: int, n_heads: int, max_seq_len: int, n_layers: int, source: str) -> str:
@@ -386,7 +570,7 @@ def _readme(gene: AttentionGene, d_model: int, n_heads: int, max_seq_len: int, n
     wpe = ("keep `wpe`: this gene relies on learned absolute positions at the input" if kind == "learned"
            else "remove `wpe` (and its addition in `GPT.forward`): the attention brings its own position signal"
            if kind in ("rope", "alibi") else "remove `wpe`: this gene uses no positions")
-    shipped = _shipped()
+    shipped = _shipped(check_exportable(gene))
     needs = "\n".join(f"- {need}" for need in requirements(shipped))
     modules = ", ".join(f"`{path.partition('/')[2]}`" for path in shipped if not path.endswith("__init__.py"))
     return f"""# Exported attention: `{gene.key}`
@@ -397,7 +581,7 @@ sees at most {max_seq_len} positions.
 | file | what |
 | --- | --- |
 | `{ATTENTION_FILE}` | what you import: `EvolvedAttention` (this gene, these sizes as defaults) and `layer_state` |
-| `{PACKAGE}/` | evo-attention {__version__}'s own modules that run it ({modules}): the library's files with their package imports made relative |
+| `{PACKAGE}/` | evo-attention {__version__}'s own modules that run it ({modules}): the library's files with their package imports made relative (a plugin's module under `{PLUGINS}/`, its imports of the library made relative the same way) |
 | `{WEIGHTS_FILE}` | the trained weights of all {n_layers} layer(s) (keys `layers.<i>.<name>`, read with `safetensors`) |
 
 Keep `{ATTENTION_FILE}` and `{PACKAGE}/` side by side: `{ATTENTION_FILE}` loads the folder beside it
