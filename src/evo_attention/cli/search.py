@@ -157,9 +157,9 @@ def cmd_search(args) -> int:
         from evo_attention.search.models import kept_models
 
         kept = kept_models(out)
-        log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}"
-            + "".join(f"\n  {m['rank']}. {m['gene']}  perplexity {number(m.get('val_perplexity'))}  {m['dir']}"
-                      for m in kept))
+        log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}: "
+            + "; ".join(f"{m['rank']}. {m['gene']} (perplexity {number(m.get('val_perplexity'))}, {m['dir']})"
+                        for m in kept))
     for line in end_of_run_lines(out, kept=args.keep_models, suite=summary.suite is not None):
         log(line)
     return 0 if summary.best_gene is not None else 1
