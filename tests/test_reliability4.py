@@ -45,3 +45,30 @@ def test_gene_fields_are_refused_in_the_users_words():
         AttentionGene(program=False)
     with pytest.raises(UserError, match=r"dconv=5 is not a convolution width"):
         AttentionGene.parse("dot|softmax|none|fixed|dconv=5")
+
+
+def test_search_overwrite_never_deletes_another_commands_store(tmp_path, capsys):
+    """0.5: `validate --out D` then `search --out D --overwrite` exited 0 and deleted the validation's
+    trainings; a search's --overwrite now replaces only a search's store, and says what it deletes."""
+    import sqlite3
+
+    from conftest import STUDY_FLAGS
+    from evo_attention.cli import main
+
+    out = tmp_path / "d"
+    assert main(["validate", "--genes", "dot|softmax|output_gate|fixed", "--seeds", "2", *STUDY_FLAGS,
+                 "--out", str(out)]) == 0
+    with sqlite3.connect(out / "run.db") as conn:
+        before = conn.execute("SELECT count(*) FROM evaluations").fetchone()[0]
+    search = ["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+              "--elite", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet"]
+    capsys.readouterr()
+    assert main([*search, "--out", str(out), "--overwrite"]) != 0
+    err = capsys.readouterr().err
+    assert "holds the store of a validate, not of a search" in err and "--resume" not in err
+    with sqlite3.connect(out / "run.db") as conn:
+        assert conn.execute("SELECT count(*) FROM evaluations").fetchone()[0] == before > 0
+    run = tmp_path / "run"
+    assert main([*search, "--out", str(run)]) == 0
+    with pytest.warns(UserWarning, match=r"overwrite: the search in .* \(\d+ trainings\) is deleted"):
+        assert main([*search, "--out", str(run), "--overwrite"]) == 0

@@ -142,19 +142,19 @@ class RunStore:
                overwrite: bool = False) -> "RunStore":
         """Start a new run in ``run_dir`` (created if needed) with its ``config`` and ``meta``.
 
-        Refuses a directory that holds a run already unless ``overwrite``, which deletes it.
-        ``meta`` rows are stored next to ``config``, ``created_at`` (now, unless given) and
-        ``schema_version``.
+        Refuses a directory that holds a run already unless ``overwrite``, which deletes it (saying
+        so) when it is a store of the same kind (meta ``STUDY``, else a search): another command's
+        store is never deleted. ``meta`` rows are stored next to ``config``, ``created_at`` (now,
+        unless given) and ``schema_version``.
         """
         run_dir = Path(run_dir)
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a directory: pass a directory as out", setting="out")
         path = cls.db_path(run_dir)
-        if path.exists() and not overwrite and cls._holds_run(path):
-            raise UserError(
-                f"{run_dir} holds a run already: add resume to continue it or overwrite to start over",
-                setting=("resume", "overwrite"))
         meta = dict(meta or {})
+        if path.exists() and cls._holds_run(path):
+            cls._check_replaceable(run_dir, str(meta.get(STUDY) or "search"), overwrite)
+
         clash = sorted(set(meta) & {"config", "schema_version"})
         if clash:
             raise ValueError(f"meta key {clash[0]!r} is reserved by the run store")
@@ -222,6 +222,27 @@ class RunStore:
             raise UserError(f"{self.path} holds no run yet: a search may be creating it at this moment (try again "
                             "shortly), else start the run again with overwrite", setting="overwrite")
         return version
+
+    @classmethod
+    def _check_replaceable(cls, run_dir: Path, kind: str, overwrite: bool) -> None:
+        """UserError unless the store in ``run_dir`` may be replaced by a new ``kind`` store: only with
+        ``overwrite``, and only a store of that kind (a warning says what is deleted)."""
+        try:
+            with cls.open(run_dir, readonly=True) as old:
+                stored, trainings = old.kind(), len(old.evaluations())
+        except UserError:  # unreadable or damaged: never deleted for another command, only by overwrite
+            stored, trainings = kind, None
+        if stored != kind:
+            raise UserError(f"{run_dir} holds the store of a {stored}, not of a {kind}: a command replaces only a "
+                            f"store of its own kind (evo-attention {stored} ... --overwrite); choose another out",
+                            setting="out")
+        if not overwrite:
+            raise UserError(f"{run_dir} holds a {kind} already: add resume to continue it or overwrite to start over",
+                            setting=("resume", "overwrite"))
+        import warnings
+
+        count = "" if trainings is None else f" ({trainings} training{'s' if trainings != 1 else ''})"
+        warnings.warn(f"overwrite: the {kind} in {run_dir}{count} is deleted and started over", stacklevel=3)
 
     @staticmethod
     def _holds_run(path: Path) -> bool:
