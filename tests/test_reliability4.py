@@ -72,3 +72,28 @@ def test_search_overwrite_never_deletes_another_commands_store(tmp_path, capsys)
     assert main([*search, "--out", str(run)]) == 0
     with pytest.warns(UserWarning, match=r"overwrite: the search in .* \(\d+ trainings\) is deleted"):
         assert main([*search, "--out", str(run), "--overwrite"]) == 0
+
+
+def test_init_from_carries_program_genes_and_classic_genes_into_a_program_search(tmp_path):
+    """0.5 skipped every program gene of a program run ('not an option of this run's search space'),
+    so the warm start did nothing; a classic run's genes now enter a program search as their programs."""
+    from evo_attention import Evolution
+    from evo_attention.search.store import RunStore
+
+    tiny = dict(data="recall", vocab_size=16, max_seq_len=16, recall={"num_pairs": 2, "train_examples": 64,
+                                                                     "eval_examples": 16},
+                d_model=16, n_heads=2, n_layers=1, train_steps=2, batch_size=4, eval_batch_size=16,
+                population_size=3, n_generations=1, elite_size=1)
+    programs_space = {"program": {"max_nodes": 8}}
+    with Evolution(Config(**tiny, search_space=programs_space), out_dir=tmp_path / "a") as evo:
+        evo.run()
+    with Evolution(Config(**tiny), out_dir=tmp_path / "c") as evo:  # a classic run
+        evo.run()
+    for source in ("a", "c"):
+        with Evolution(Config(**tiny, search_space=programs_space, init_from=f"{tmp_path / source}:2"),
+                       out_dir=tmp_path / f"from-{source}") as evo:
+            evo.run()
+        with RunStore.open(tmp_path / f"from-{source}", readonly=True) as store:
+            start = store.get_meta("init_from")
+        assert len(start["genes"]) == 2 and not start["skipped"], (source, start)
+        assert all("prog=" in key for key in start["genes"])

@@ -26,7 +26,9 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace
+from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, FIELD, KERNEL_NORMALIZATIONS, AttentionGene, LayerGenes,
+                                 SearchSpace, canonical_program, program_grammar)
+from evo_attention.programs import classic_program
 from evo_attention.search import constraints, pareto
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
@@ -58,15 +60,40 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
         return f"it is a per-layer genome of {len(layers)} layers; this run searches one gene shared by every layer"
     if layers is not None and len(layers) != space.layers:
         return f"it is a per-layer genome of {len(layers)} layers; this run's genomes have {space.layers}"
+    programs_space = getattr(space, "program_space", None)
     for i, gene in enumerate(layers or [genome], 1):
         values = gene.to_dict()
+        where = f"layer {i}: " if layers is not None else ""
+        if programs_space is not None and gene.program is not None:  # a program: the space's rule, not a list
+            problem = programs_space.admits(canonical_program(gene.program), program_grammar())
+            if problem:
+                return f"{where}{problem}"
         for name in ALL_FIELDS:
+            if programs_space is not None and gene.program is not None and name in ("program", *CORE_FIELDS):
+                continue
             options = space.options(name)
             if values[name] not in options:
-                where = f"layer {i}: " if layers is not None else ""
                 shown = ", ".join(str(o) for o in options)
                 return f"{where}{name} {values[name]} is not an option of this run's search space ({shown})"
     return None
+
+
+def in_program_form(key: str, space: SearchSpace) -> str:
+    """A classic gene's key as its program gene when ``space`` searches programs (every classic gene
+    is a program, ``programs.classic_program``), so a warm start from a classic run enters a program
+    search; any other key as it is."""
+    if getattr(space, "program_space", None) is None:
+        return key
+    try:
+        genome = AttentionGene.parse(key)
+    except (ValueError, UserError):
+        return key  # outside_space says why it cannot be read
+    if isinstance(genome, LayerGenes) or genome.program is not None:
+        return key
+    text = classic_program(genome.similarity, genome.normalization, genome.gating, genome.temperature_mode,
+                           kernels=KERNEL_NORMALIZATIONS)
+    defaults = {name: FIELD[name].default for name in CORE_FIELDS}
+    return genome.replace(program=text, **defaults).key
 
 
 def ranked_genes(store: RunStore, objectives) -> list[str]:
@@ -114,6 +141,7 @@ def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
                         setting="init_from")
     genes, skipped = [], []
     for key in ranked[:k]:
+        key = in_program_form(key, space)
         reason = outside_space(key, space)
         if reason is None:
             genes.append(AttentionGene.parse(key).key)
