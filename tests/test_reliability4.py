@@ -97,3 +97,24 @@ def test_init_from_carries_program_genes_and_classic_genes_into_a_program_search
             start = store.get_meta("init_from")
         assert len(start["genes"]) == 2 and not start["skipped"], (source, start)
         assert all("prog=" in key for key in start["genes"])
+
+
+def test_an_export_never_goes_into_another_formats_directory_or_a_runs_own(tmp_path, capsys):
+    """0.5 wrote hf over standalone (and the reverse) and into a run's models/ without a word."""
+    from evo_attention.cli import main
+
+    run = tmp_path / "run"
+    assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                 "--elite", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet", "--out", str(run)]) == 0
+    assert (run / "models").is_dir()  # the quick preset keeps its winner
+    export = ["export", "--from-run", str(run), "--rank", "1"]
+    assert main([*export, "--out", str(tmp_path / "s")]) == 0
+    capsys.readouterr()
+    for fmt, target, says in (("hf", tmp_path / "s", "holds an attention export, not a transformers export"),
+                              ("hf-attention", tmp_path / "s", "not a transformers attention export"),
+                              ("standalone", run / "models", "is the models directory of the run")):
+        assert main([*export, "--format", fmt, "--out", str(target)]) != 0
+        assert says in capsys.readouterr().err, fmt
+    assert main([*export, "--format", "hf-attention", "--out", str(tmp_path / "a")]) == 0
+    assert main([*export, "--out", str(tmp_path / "a")]) != 0
+    assert "holds a transformers attention export" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from evo_attention.util.errors import UserError
 def cmd_export(args) -> int:
     from evo_attention.interop.export import export_attention, is_attention_export
     from evo_attention.interop.hf import is_hf_export
+    from evo_attention.interop.hf_attention import is_hf_attention_export
     from evo_attention.search.models import kept_model
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
     from evo_attention.util.files import check_output
@@ -32,8 +33,10 @@ def cmd_export(args) -> int:
     if args.model and args.rank is not None:
         raise UserError("--rank picks among a run's kept models: use it with --from-run, not --model")
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
-    check_output(args.out, kind=f"{'a transformers' if args.format == 'hf' else 'an attention'} export",
-                 own=is_hf_export if args.format == "hf" else is_attention_export,
+    kind, own = {"hf": ("a transformers export", is_hf_export),
+                 "hf-attention": ("a transformers attention export", is_hf_attention_export)}.get(
+        args.format, ("an attention export", is_attention_export))
+    check_output(args.out, kind=kind, own=own,
                  sources={"model directory": directory, "run directory": args.from_run})  # before any loading
     # the plugins the model was trained with (its genes may use their ops and components), and --plugin's
     load_plugins(list(dict.fromkeys(saved_plugins(directory) + list(args.plugin or []))))

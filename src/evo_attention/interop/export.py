@@ -54,7 +54,7 @@ from evo_attention import programs
 from evo_attention.genes import AttentionGene, canonical_program, parse_position
 from evo_attention.nn import components, program
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
+from evo_attention.util.files import check_output, output_dir, register_output_kind, write_bytes, write_text
 from evo_attention.util.version import __version__
 
 ATTENTION_FILE = "attention.py"
@@ -627,6 +627,9 @@ Positions: {wpe}. To train from scratch instead, skip the `load_state_dict` line
 def is_attention_export(directory: str | Path) -> bool:
     """Whether ``directory`` holds an export of this format (its ``attention.py``)."""
     return (Path(directory) / ATTENTION_FILE).is_file()
+
+
+register_output_kind("an attention export", is_attention_export)
 
 
 def export_attention(model, out: str | Path, *, source: str = "") -> dict:

@@ -63,7 +63,7 @@ from evo_attention.interop.export import check_exportable, flat_name, module_sou
 from evo_attention.interop.pretrained import MODEL_TYPE, sha256
 from evo_attention.nn.spec import ModelSpec
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import check_output, output_dir, write_bytes, write_text
+from evo_attention.util.files import check_output, output_dir, register_output_kind, write_bytes, write_text
 from evo_attention.util.version import __version__
 
 MODEL_ROOTS = ("evo_attention.nn.model",)  # what the model code ships (with every library module it imports)
@@ -423,6 +423,9 @@ def is_hf_export(directory: str | Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
+
+
+register_output_kind("a transformers export", is_hf_export)
 
 
 def hf_config(model, *, source: str = "", extra: dict | None = None) -> dict:

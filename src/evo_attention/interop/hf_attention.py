@@ -45,6 +45,7 @@ import torch.nn as nn
 from evo_attention.genes import AttentionGene, canonical_program
 from evo_attention.nn.attention import EvolvedAttention, decode_mask
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_output, register_output_kind
 
 ATTRIBUTE = "evo_attention"  # the submodule of a host attention layer holding the gene's parameters
 DEFAULT_NAME = "evo_attention"
@@ -267,6 +268,16 @@ def install(model, genes=None):
 '''
 
 
+def is_hf_attention_export(directory) -> bool:
+    """Whether ``directory`` holds an export of this format (its ``hf_attention.py``)."""
+    from pathlib import Path
+
+    return (Path(directory) / ENTRY_FILE).is_file()
+
+
+register_output_kind("a transformers attention export", is_hf_attention_export)
+
+
 def export_hf_attention(model, out, *, source: str = "") -> dict:
     """Write ``hf_attention.py`` (the entry: ``register``, ``install``, the genes of ``model``'s
     layers) and the library's modules it runs (``evo_attention_export/``) into ``out``. Everything
@@ -292,7 +303,7 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
                           needs=", ".join(["transformers"] + requirements(shipped)), genes=genes, name=name,
                           kernel_features=model.spec.favor_features, loader=PACKAGE_LOADER,
                           plugins=tuple(plugin_names(plugins)))
-    out = output_dir(out)
+    out = output_dir(check_output(out, kind="a transformers attention export", own=is_hf_attention_export))
     for path, text in {ENTRY_FILE: entry, **shipped}.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         write_text(out / path, text)

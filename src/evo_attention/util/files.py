@@ -89,6 +89,15 @@ def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
 # (DB_NAME), search/lock.py (LOCK_NAME) and interop/pretrained.py (WEIGHTS); tests/test_reliability.py
 # checks that these names agree with them.
 PROTECTED = {"run.db": "a run store", "run.lock": "a run directory", "model.safetensors": "a saved model"}
+RUN_OWN = ("models", "checkpoints")  # a run's own subdirectories (its kept models, its generation snapshots)
+# output kinds that recognise their own directories (registered where each is written: interop/): an
+# output of one kind never goes into another's directory, where its files would mix
+OUTPUT_KINDS: dict[str, Callable[[Path], bool]] = {}
+
+
+def register_output_kind(kind: str, recognizer: Callable[[Path], bool]) -> None:
+    """Make ``check_output`` refuse to write any other kind into a directory ``recognizer`` claims."""
+    OUTPUT_KINDS[kind] = recognizer
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -145,6 +154,13 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
         raise UserError(f"{out} is a directory: name the {kind} file to write as {setting}", setting=setting)
     if own is not None and own(out):
         return out
+    if out.is_dir() and out.name in RUN_OWN and (out.parent / "run.db").is_file():
+        raise UserError(f"{setting} {out} is the {out.name} directory of the run in {out.parent}: the run writes it; "
+                        f"choose another {setting}", setting=setting)
+    other = next((name for name, claims in OUTPUT_KINDS.items() if name != kind and claims(out)), None)
+    if other is not None:
+        raise UserError(f"{setting} {out} holds {other}, not {kind}: their files would mix; choose another {setting} "
+                        "(or remove that export)", setting=setting)
     what = protected_kind(out)
     if what is not None:
         raise UserError(f"{setting} {out} holds {what}, not {kind}: writing there would destroy it; "
