@@ -118,3 +118,11 @@ def test_an_export_never_goes_into_another_formats_directory_or_a_runs_own(tmp_p
     assert main([*export, "--format", "hf-attention", "--out", str(tmp_path / "a")]) == 0
     assert main([*export, "--out", str(tmp_path / "a")]) != 0
     assert "holds a transformers attention export" in capsys.readouterr().err
+
+
+def test_a_directory_given_for_a_file_is_named_in_plain_words(tmp_path):
+    from evo_attention.report.optuna import journal_path
+
+    with pytest.raises(UserError) as error:
+        journal_path(tmp_path)
+    assert "the file to write (an Optuna journal)" in str(error.value) and "the an" not in str(error.value)

@@ -151,7 +151,7 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
     if directory and not out.is_dir():
         raise UserError(f"{out} is not a directory: give the path of a directory as {setting}", setting=setting)
     if not directory and out.is_dir():
-        raise UserError(f"{out} is a directory: name the {kind} file to write as {setting}", setting=setting)
+        raise UserError(f"{out} is a directory: give the path of the file to write ({kind}) as {setting}", setting=setting)
     if own is not None and own(out):
         return out
     if out.is_dir() and out.name in RUN_OWN and (out.parent / "run.db").is_file():
