@@ -65,7 +65,7 @@ def _cuda() -> bool:
         return False
 
 
-def _resolver(study: Study, runs: Runs, combo: dict, own: str):
+def _resolver(study: Study, runs: Runs, combo: dict):
     def resolve(kind: str, target: str) -> str:
         stage = study.stage(target)
         if runs.state(stage)[0] != "done" and kind != "out":
@@ -96,34 +96,41 @@ def _resolver(study: Study, runs: Runs, combo: dict, own: str):
     return resolve
 
 
+def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = False) -> list[tuple[dict, list, Path]]:
+    """The ``evo-attention`` command lines of one sub-run of a training stage (with the plan's
+    gpu_flags on a ``device: gpu`` stage where ``gpu``), each with its command's entry."""
+    env = {**runs.env, **combo}
+    env["out"] = own = study.rel(study.raw["out"], run_dir(stage, combo, runs.env))
+    resolve = _resolver(study, runs, combo)
+    device = substitute(str(stage.spec.get("device", "cpu")), env)
+    out = []
+    for c in stage_commands(stage):
+        argv = [str(a) for a in flatten(substitute(c["run"], env, resolve))]
+        if device == "gpu" and gpu and argv[0] in TRAINING:
+            argv += [str(a) for a in study.raw.get("gpu_flags") or []]
+        out.append((c, argv, Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path(own)))
+    return out
+
+
 def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
     gpu = _cuda()
     for combo in runs.combos(stage):
         if runs.done(stage, combo):
             continue
-        env = {**runs.env, **combo}
-        own = study.rel(study.raw["out"], run_dir(stage, combo, runs.env))
-        env["out"] = own
-        resolve = _resolver(study, runs, combo, own)
-        device = substitute(str(stage.spec.get("device", "cpu")), env)
-        for c in stage_commands(stage):
-            argv = [str(a) for a in flatten(substitute(c["run"], env, resolve))]
-            target = Path(own) if "--out" not in argv else Path(argv[argv.index("--out") + 1])
+        for c, argv, target in commands(study, runs, stage, combo, gpu):
             if c["done"] and target.is_dir() and any(fnmatch.fnmatch(p.name, c["done"]) for p in target.iterdir()):
                 continue  # finished before a kill: its store and files are there
             if c["done"] is None and argv[0] == "export" and target.exists():
                 continue
             if argv[0] == "search" and (target / "run.db").exists() and "--resume" not in argv:
                 argv.insert(1, "--resume")
-            if device == "gpu" and gpu and argv[0] in TRAINING:
-                argv += [str(a) for a in study.raw.get("gpu_flags") or []]
             log(f"  evo-attention {' '.join(argv)}")
             code = command(argv)
             if code == 130:
                 raise KeyboardInterrupt
             if code:
-                raise UserError(f"stage {stage.name}: `evo-attention {' '.join(argv[:2])} ...` ended with status {code}; "
-                                "its finished trainings are kept: fix the cause and run the study again")
+                raise UserError(f"stage {stage.name}: `evo-attention {' '.join(argv[:2])} ...` ended with status "
+                                f"{code}; its finished trainings are kept: fix the cause and run the study again")
         _collect(study, stage, combo, runs.env)
     if stage.kind == "tune":
         means, lower = {}, True
