@@ -88,6 +88,16 @@ def test_every_command_of_study3_is_one_the_cli_takes():
     assert count == 6 + 1 + 2 + 3 * 2 + 4 + 4 + 20 * 2 + 4 * 3
 
 
+def test_the_example_plan_of_docs_studies_md_keeps_its_rules_and_its_commands_parse():
+    plan, parser = load_study(REPO / "docs" / "study-example.yaml"), build_parser()
+    assert [s.name for s in plan.stages] == ["tune", "plan", "verdict", "cells", "family"]
+    runs = Runs(plan)
+    for stage in (s for s in plan.stages if s.trains and s.name != "verdict"):  # the verdict reads a written plan
+        for combo in runs.combos(stage):
+            for _, argv, _ in commands(plan, runs, stage, combo):
+                parser.parse_args(argv)
+
+
 def test_study_check_finds_a_table_edited_by_hand_and_one_left_out(tmp_path, capsys):
     plan = load_study(STUDY3)
     text = FINDINGS.read_text(encoding="utf-8")
@@ -306,3 +316,19 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
     assert "**Q1, answer: " in text and "**Q2, answer: " in text
     assert "<!-- generated: results/family/family.json table=d4-family -->" in text
     assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 0
+
+
+def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives_it(tmp_path, capsys):
+    from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene
+    from evo_attention.nn.matching import matched_baseline
+    from evo_attention.train.config import Config
+
+    assert main(["baseline", "--matched-to", GATE, *TINY, "--out", str(tmp_path / "x")]) == 2  # --ffn: one width
+    assert "--matched-to sets the feed-forward width: drop --ffn" in capsys.readouterr().err
+    flags = [f for i, f in enumerate(TINY) if f != "--ffn" and (i == 0 or TINY[i - 1] != "--ffn")]
+    assert main(["baseline", "--matched-to", GATE, *flags, "--out", str(tmp_path / "m")]) == 0
+    config = Config.from_dict(json.loads((tmp_path / "m" / "result.json").read_text())["config"])
+    data = data_from_config(config)
+    spec = config.replace(d_ff=None).model.with_data(data.vocab_size, data.seq_len)
+    assert config.d_ff == matched_baseline(spec, AttentionGene.parse(GATE))["ffn_dim"] != spec.ffn_dim
