@@ -149,7 +149,8 @@ def _study(questions: dict, **more) -> dict:
      "'a stage reads only earlier stages' results': stage a reads b"),
     ({"Q1": _question([_command("a", "--seed-block", 1), _command("b", "--seed-block", 1, dir="a")])},
      "each stage writes its own folder or file"),
-    ({"Q1": {**_question([_command("a", "--seed-block", 1)]), "answers": {"answer": [{"say": "x", "if": ["v is better"]}]}}},
+    ({"Q1": {**_question([_command("a", "--seed-block", 1)]),
+             "answers": {"answer": [{"say": "x", "if": ["v is better"]}]}}},
      "a decision always answers"),
 ])
 def test_a_plan_that_breaks_its_own_rules_is_refused_in_one_line_naming_the_rule(tmp_path, capsys, questions, rule):

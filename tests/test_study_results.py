@@ -47,7 +47,8 @@ def test_strategies_record_the_validation_seeds_shared_across_search_seeds(tmp_p
                         seeds=range(seed + 1, seed + 4))
             _validation(tmp_path / "blocks" / f"{name}-{seed}", mean + seed / 10, [mean + seed / 10] * 3,
                         seeds=range(1_000_000 + 2000 * seed + 1, 1_000_000 + 2000 * seed + 4))
-    use = results.compare_strategies(results.collect_strategies(tmp_path / "shared"), "random", 0.01)["validation_seeds"]
+    found = results.collect_strategies(tmp_path / "shared")
+    use = results.compare_strategies(found, "random", 0.01)["validation_seeds"]
     assert use["shared"] == {"3": [1, 2], "4": [1, 2]} and not use["disjoint"]
     assert use["by_search_seed"]["1"] == [2, 3, 4]
     assert results.compare_strategies(results.collect_strategies(tmp_path / "blocks"), "random",
@@ -114,7 +115,8 @@ def test_the_versus_table_shows_a_difference_of_logs_as_a_relative_change_on_the
     # an accuracy file (raw scale, no split recorded) keeps its differences in units
     raw = {**payload, "metric": "accuracy", "log": False, "metric_label": None, "eval_split": None,
            "genes": {"p": {**row, "difference": 0.1, "diff_ci_low": 0.05, "diff_ci_high": 0.15}}}
-    assert "Mean accuracy (2 seeds)" in study_tables.versus(raw) and "+0.100 [+0.050, +0.150]" in study_tables.versus(raw)
+    assert "Mean accuracy (2 seeds)" in study_tables.versus(raw)
+    assert "+0.100 [+0.050, +0.150]" in study_tables.versus(raw)
 
 
 def _matched_validation(gene: str, changes: list, seeds=range(1_402_001, 1_402_009)) -> dict:

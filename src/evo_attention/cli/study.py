@@ -78,7 +78,8 @@ def cmd_study(args) -> int:
 
         unknown = [n for n in _settings(args.set) if n not in (plan.raw.get("settings") or {})]
         if unknown:
-            raise UserError(f"--set {unknown[0]}: not a setting of the plan ({', '.join(plan.raw.get('settings') or {})})")
+            names = ", ".join(plan.raw.get("settings") or {}) or "none"
+            raise UserError(f"--set {unknown[0]}: not a setting of the plan (its settings: {names})")
         ran = sr.run_study(plan, main, stages=args.stage, log=lambda line: log(line, args.quiet))
         log(f"study {plan.name}: {'ran ' + ', '.join(ran) if ran else 'every stage is done'}", args.quiet)
     elif args.action == "status":

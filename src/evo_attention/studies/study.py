@@ -61,7 +61,6 @@ TRAINING = ("validate", "baseline", "train", "search", "curve", "compare", "tran
 DONE = {"validate": "validation*.json", "search": "final_results.json", "baseline": "result.json",
         "train": "result.json", "curve": "curve.json", "compare": "compare*.json", "transfer": "transfer*.json",
         "ablate": "ablation*.json"}
-SEED_BLOCK_BASE, SEED_BLOCK_SIZE = 1_000_000, 2_000  # studies.common's blocks: K -> 1,000,000 + 2,000 K + 1 ...
 _REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
 CONDITION = re.compile(r"^(?:(all|some|no)\s+)?(\S+)\s+is\s+(not\s+)?(.+)$")
 
@@ -330,7 +329,7 @@ def _prefix(p: str) -> str:
 
 def _check_rules(study: Study) -> None:
     path, env = study.path, {**study.settings}
-    owners: dict[str, tuple[str, str]] = {}  # block/search seed -> question
+    owners: dict[tuple[str, int], str] = {}  # (blocks or search_seeds, value) -> question
     for qname, q in study.questions.items():
         for key, what in (("blocks", "two questions may not share a seed block"),
                           ("search_seeds", "two questions may not share a search seed")):
@@ -389,7 +388,7 @@ def _check_rules(study: Study) -> None:
                 if unknown:
                     raise _fail(path, f"stage {stage.name}: {{{unknown[0]}}} is not a variable of the plan (vars, "
                                       "settings, each)")
-                _check_seeds(path, stage, q, argv)
+                _check_seeds(study, stage, q, argv)
         # what a stage reads comes from earlier stages
         earlier = {s.name: s for s in study.stages[:stage.index]}
         for kind, target in _refs(stage) if stage.trains else []:
@@ -419,9 +418,10 @@ def _check_rules(study: Study) -> None:
     _check_decisions(study)
 
 
-def _check_seeds(path, stage: Stage, q: dict, argv: list) -> None:
+def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
     if not argv or argv[0] not in TRAINING:
         return
+    path = study.path
     blocks, searches = q.get("blocks") or [], q.get("search_seeds") or []
 
     def value(flag):
@@ -432,8 +432,15 @@ def _check_seeds(path, stage: Stage, q: dict, argv: list) -> None:
                 return a.split("=", 1)[1]
         return None
 
-    block, seed = value("--seed-block"), value("--seed")
+    block, seed, plan = value("--seed-block"), value("--seed"), value("--plan")
     rule = "seeds come from the question's blocks"
+    if plan is not None and block is None and not plan.startswith("{plan:"):  # a plan file of the user's: its block
+        from evo_attention.studies.plan import load_plan
+
+        block = load_plan(study.root / plan).family().get("seed_block")
+        block = None if block is None else str(block)
+        if block is None:
+            raise _rule(path, rule, f"stage {stage.name}: the plan {plan} names no seed_block")
     if block is not None:
         if block == "run":
             if not set(searches) <= set(blocks) or not searches:
@@ -443,11 +450,14 @@ def _check_seeds(path, stage: Stage, q: dict, argv: list) -> None:
             raise _rule(path, rule, f"stage {stage.name} takes block {block}, not one of {stage.question}'s "
                                     f"({', '.join(map(str, blocks)) or 'none'})")
     elif seed is not None:
-        bases = {SEED_BLOCK_BASE + SEED_BLOCK_SIZE * b for b in blocks}
-        if not seed.lstrip("-").isdigit() or (int(seed) not in searches and (argv[0] == "search" or int(seed) not in bases)):
+        from evo_attention.studies.common import seed_block_base
+
+        bases = {seed_block_base(b) for b in blocks}
+        if not seed.lstrip("-").isdigit() or (int(seed) not in searches
+                                              and (argv[0] == "search" or int(seed) not in bases)):
             raise _rule(path, rule, f"stage {stage.name} takes --seed {seed}, neither a search seed of "
                                     f"{stage.question} nor the base of one of its blocks")
-    elif "--plan" not in argv:
+    elif plan is None:
         raise _rule(path, rule, f"stage {stage.name}: `{' '.join(map(str, argv[:2]))} ...` draws the default seeds: "
                                 "give --seed-block K (or --seed S) of the question's")
 
@@ -562,7 +572,8 @@ class Runs:
         if combos is None:
             return "waiting", 0, 0
         n = sum(self.done(stage, c) for c in combos)
-        whole = n == len(combos) and (stage.kind != "tune" or self.study.results(stage_file(stage, {}, self.env)).is_file())
+        selection = stage.kind != "tune" or self.study.results(stage_file(stage, {}, self.env)).is_file()
+        whole = n == len(combos) and selection
         return ("done" if whole else "partly" if n or self.started(stage) else "not started"), n, len(combos)
 
     def started(self, stage: Stage) -> bool:

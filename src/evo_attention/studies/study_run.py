@@ -81,9 +81,9 @@ def _resolver(study: Study, runs: Runs, combo: dict):
         if kind == "rate":
             selected = read_json(study.results(file))
             if selected["at_edge"] and edge == "refuse":
-                raise UserError(f"the rate {selected['selected']} that stage {stage.name} selected is at an edge of its "
-                                f"grid {selected['rates']}: the edge rule asks for an amendment that widens the grid "
-                                "(a new tuning stage) first")
+                raise UserError(f"the rate {selected['selected']} that stage {stage.name} selected is at an edge of "
+                                f"its grid {selected['rates']}: the edge rule asks for an amendment that widens the "
+                                "grid (a new tuning stage) first")
             return selected["selected"]
         if kind == "plan":
             return study.rel(study.raw["results"], file)
@@ -149,7 +149,8 @@ def _collect(study: Study, stage: Stage, combo: dict, env: dict) -> None:
     for db in source.rglob("run.db"):
         write_result(db.parent / "times.json", res.run_times(db.parent))
     files = [p for p in source.rglob("*") if p.is_file() and (p.suffix == ".json" or p.name == "evaluations.csv")
-             and not SKIP_DIRS & set(p.relative_to(source).parts[:-1]) and p.name not in ("vocab.json", "tokenizer.json")
+             and not SKIP_DIRS & set(p.relative_to(source).parts[:-1])
+             and p.name not in ("vocab.json", "tokenizer.json")
              and p.stat().st_size < 2_000_000]
     glob = done_glob(stage)
     for p in sorted(files, key=lambda p: fnmatch.fnmatch(p.name, glob) and p.parent == source):
@@ -191,8 +192,8 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             if s.get("trend"):
                 out["trend"] = res.trend(cells, {n: float(v) for n, v in s["trend"].items()})
         elif stage.kind == "strategies":
-            out = res.compare_strategies(res.collect_strategies(study.results(s["searches"])), s.get("reference", "random"),
-                                         float(s.get("margin", 0.01)))
+            found = res.collect_strategies(study.results(s["searches"]))
+            out = res.compare_strategies(found, s.get("reference", "random"), float(s.get("margin", 0.01)))
         elif stage.kind == "rediscovery":
             found = [res.search_features(p) for g in s["searches"] for p in sorted(study.results().glob(g))
                      if p.is_dir()]
@@ -208,7 +209,8 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             source = SUITE_DIR / f"{name}.yaml" if name in shipped_suites() else Path(name)
             suite = yaml.safe_load(source.read_text())
             seed = int(s.get("data_seed", 1))
-            suite = dict(suite, suite=f"{suite['suite']}-data{seed}", points=[dict(p, seed=seed) for p in suite["points"]])
+            suite = dict(suite, suite=f"{suite['suite']}-data{seed}",
+                         points=[dict(p, seed=seed) for p in suite["points"]])
             study.results(file).parent.mkdir(parents=True, exist_ok=True)
             study.results(file).write_text(yaml.safe_dump(suite, sort_keys=False))
             continue
@@ -362,7 +364,8 @@ def report(study: Study) -> str:
         for a in record["amendments"]:
             lines.append(f"- amendment of {a['time']}: {a['note']} (changes {', '.join(a['changed'])})")
     for a in study.raw.get("amendments") or []:
-        lines.append(f"- amendment of {amendment_time(a['time'], study.path, 0)} (in the plan): {' '.join(str(a['reason']).split())}")
+        reason = " ".join(str(a["reason"]).split())
+        lines.append(f"- amendment of {amendment_time(a['time'], study.path, 0)} (in the plan): {reason}")
     lines += ["", "Every table is generated from the file it names (`evo-attention study check PLAN DOC` compares a "
               "document's tables with their files); every answer follows from the plan's decision rules.", ""]
     for qname, q in study.questions.items():
@@ -385,7 +388,8 @@ def report(study: Study) -> str:
         if decision["words"]:
             names = list(word_rules(q))
             rows = [[code(e)] + [row[n] for n in names] for e, row in decision["words"].items()]
-            lines += [markdown_table([(q.get("words") or {}).get("over", "")] + names, rows, "l" * (len(names) + 1)), ""]
+            over = (q.get("words") or {}).get("over", "")
+            lines += [markdown_table([over] + names, rows, "l" * (len(names) + 1)), ""]
         for name, word in decision["answers"].items():
             lines += [f"**{qname}, {name}: {word}.**", ""]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -28,8 +28,8 @@ import re
 
 from evo_attention.util.format import code, markdown_table
 
-BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- end generated -->)", re.S)
 
 
 def num(value, digits: int = 3) -> str:
