@@ -12,27 +12,20 @@
 #
 # `wait` exits 0 when the command ended with status 0, 3 while it still runs, else the command's status.
 # The command's own output must lie outside the device tool's $OUT, which each call empties (a
-# store there is unlinked under the running job): findings3.sh reads OUT as its own setting, so give
-# it OUT=runs/findings3 explicitly. A lent machine's recipe for D4's seed-config cell:
+# store there is unlinked under the running job): give a study its own out (the plan's `out`, e.g.
+# runs/findings3). A lent machine's recipe for one of study 3's GPU stages (docs/findings3/study3.yaml;
+# the plan adds its gpu_flags to a `device: gpu` stage where CUDA is present):
 #
 #   export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 EVO_ATTENTION_CACHE_DIR=$(mktemp -d)
 #   mkdir -p /tmp/bin; printf '#!/bin/sh\nexec python3 -m evo_attention.cli "$@"\n' > /tmp/bin/evo-attention
 #   chmod +x /tmp/bin/evo-attention; export PATH=/tmp/bin:$PATH; nvidia-cuda-mps-control -d
-#   JOB=/tmp/d4 bash benchmarks/detached.sh start env OUT=runs/findings3 WORKERS=24 TUNE_TOGETHER=1 \
-#     GPU_TRAIN="--device cuda --precision fp32 --batch-models off" D4_CELLS=seed DATA=.devdata \
-#     bash benchmarks/findings3.sh d4-tune
+#   JOB=/tmp/d4 bash benchmarks/detached.sh start evo-attention study run docs/findings3/study3.yaml \
+#     --stage d4-tune --stage d4-tune-matched --set data=.devdata --set workers=24
 #   JOB=/tmp/d4 bash benchmarks/detached.sh wait 540 runs/findings3/d4-tune   # again in the next call if 3
 #
-# (DATA: a copy of ../shared/data/wikitext-2 under .devdata/, which the call carries; one model per
-# process, so each step replays as a CUDA graph; 24 + 12 processes train both grids in one wave.)
-# The cell's verdict, once its plan is committed: d4-verdict checks that with git, and the device
-# tool's carry refuses .git, so carry a copy (`cp -r .git .devgit`, `/.devgit/` in .git/info/exclude;
-# carry [".devdata", ".devgit"]) and, with the exports above, export GIT_DIR=$PWD/.devgit GIT_WORK_TREE=$PWD:
-#
-#   JOB=/tmp/d4v bash benchmarks/detached.sh start env OUT=runs/findings3 WORKERS=24 \
-#     GPU_TRAIN="--device cuda --precision fp32 --batch-models off" D4_CELLS=seed DATA=.devdata \
-#     bash benchmarks/findings3.sh d4-verdict
-#   JOB=/tmp/d4v bash benchmarks/detached.sh wait 540 runs/findings3/d4   # its 24 trainings in one wave
+# (DATA: a copy of ../shared/data/wikitext-2 under .devdata/, which the call carries.) The results
+# come back in the tar; `study run` again on this machine copies them into docs/findings3/ and trains
+# nothing that finished (its stores resume).
 set -uo pipefail
 JOB=${JOB:?JOB: the job directory (its log and exit status)}
 verb=${1:?start or wait}

@@ -11,40 +11,27 @@ from its file; ``--check`` changes nothing and exits 1 naming each block that di
 its file gives (``tests/test_doc_tables.py`` runs it, so a number edited by hand, or a result file
 changed without regenerating the doc, fails the tests). Paths are relative to the repository root.
 
-Tables (``table=``):
+Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``suite-rate``,
+``search-top``, ``versus``, ``strategies``, ``rediscovery``, ``d4-family``) are
+``evo_attention.report.studies.study_tables``'s, the renderers of ``evo-attention study report``
+(``study check PLAN DOC`` checks a document's blocks of a plan's files); and these:
 
-- ``verdicts``: a validation result's verdict table (``validation.json``: the study's own renderer);
-- ``grid``: its learning-rate grid table (each gene's mean per rate, the selected rate, edges);
-- ``costs``: its cost table;
+- ``costs``: a validation result's cost table;
 - ``transfer``: a transfer ladder's table (``transfer.json``: every gene at every size, its rate,
   paired change, Holm p and verdict; the study's own renderer);
 - ``transfer-grid``: a transfer ladder's learning-rate grid tables, one per size;
 - ``cost-rounds``: a ``benchmarks/cost_rounds.py`` summary (ms per step and step memory per gene
   and context length over interleaved rounds, the ratio to softmax and its call);
-- ``strategies``: a ``benchmarks/strategies.py`` result: each strategy's validated winner per
-  search seed, then each strategy against the reference strategy, paired by search seed;
 - ``batched``: a ``benchmarks/bench_batched.py`` result (trainings per hour per arm);
 - ``curve``: a difficulty curve's table (``curve.json``);
 - ``curve-seeds``: a difficulty curve's per-seed accuracies, every gene at every value;
-- ``suite``: a suite validation's table (``validation_suite.json``: the study's own renderer);
-- ``suite-rate``: study 3's suite rate (``d1-rate/selected.json``: each rate's baseline mean, the
-  selected one);
-- ``search-top``: a search's best genes (``final_results.json``: its top 5 and the baseline, by the
-  search's own metric on the search's one seed);
 - ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
   one point of a curve, paired by seed (and the devices its seeds trained on, where the file has them);
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
 - ``signal-noise-genes``: the same result's per-gene means per point;
-- ``versus``: a ``benchmarks/findings3_versus.py`` result: genes of one validation against a
-  reference gene of another, paired by seed;
-- ``rediscovery``: a ``benchmarks/rediscovery.py`` result: per feature and strategy, the searches whose
-  winner (top 5) holds it, the evaluations until the first program holding it, the base rate; then
-  each strategy against the reference;
-- ``d4-family``: a ``benchmarks/findings3_family.py`` result: each cell's gene against its matched
-  model with Holm over the cells (where the file has the family), then the trend over tokens per
-  parameter.
+- ``suite-signal``: a ``benchmarks/suite_signal.py`` result.
 """
 
 from __future__ import annotations
@@ -56,9 +43,11 @@ import re
 import sys
 from pathlib import Path
 
+# a registered study's tables (evo-attention study report) are the package's: one renderer each
+from evo_attention.report.studies.study_tables import BLOCK, change_text as _change, num as _num, p_text as _p
+from evo_attention.report.studies.study_tables import TABLES as STUDY_TABLES
+
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
-                   re.S)
 
 
 def _markdown(headers, rows, align) -> str:
@@ -71,19 +60,6 @@ def _validation(payload: dict) -> dict:
     from evo_attention.report.studies.validation import current_validation
 
     return current_validation(payload)
-
-
-def verdicts(payload: dict) -> str:
-    from evo_attention.report.studies.validation import validation_table_markdown
-
-    return validation_table_markdown(_validation(payload))
-
-
-def grid(payload: dict) -> str:
-    from evo_attention.report.studies.lr_grid import grid_section
-
-    lines = grid_section(_validation(payload), "validation")
-    return "\n".join(line for line in lines if line.startswith("|")) + "\n"
 
 
 def transfer(payload: dict) -> str:
@@ -126,75 +102,10 @@ def cost_rounds(payload: dict) -> str:
     return _markdown(headers, rows, "lrrrrlr")
 
 
-def _reference_first(reference: str, names) -> list[str]:
-    """The reference strategy, then the others in name order."""
-    return [reference] + sorted(n for n in names if n != reference)
-
-
-def strategies(payload: dict) -> str:
-    from evo_attention.util.format import code
-
-    seeds = payload["search_seeds"]
-    names = _reference_first(payload["reference"], payload["searches"])
-    headers = ["Search seed"] + [f"{n}: validated winner (mean of its fresh seeds)" for n in names]
-    rows = []
-    for seed in seeds:
-        cells = [str(seed)]
-        for n in names:
-            w = payload["searches"][n][str(seed)]
-            cells.append(f"{code(w['gene'])} {w['mean']:.3f}")
-        rows.append(cells)
-    first = _markdown(headers, rows, "l" + "r" * len(names))
-    headers = ["Strategy", f"vs {payload['reference']}: paired change [95% CI]", "p (Holm)", "Verdict",
-               "Detectable effect"]
-    rows = []
-    for n in names[1:]:
-        c = payload["comparisons"][n]
-        log = c.get("relative") is not None  # a linear-scale metric (suite accuracy) has none: units
-        if log:
-            mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
-        else:
-            mde = "-" if c.get("mde") is None else f"{c['mde']:.4f}"
-        rows.append([n, _change(c, log, digits=4), _p(c["p_holm"]), c["verdict_label"], mde])
-    return first + "\n" + _markdown(headers, rows, "lrrlr")
-
-
-def rediscovery(payload: dict) -> str:
-    """Per feature: each strategy's searches whose winner holds it (Clopper-Pearson interval), whose
-    top 5 does, the evaluations until the first program holding it, and the base rate of generation 0;
-    then each strategy against the reference (Fisher, Holm over the features; Barnard beside)."""
-    ref = payload["reference"]
-    names = _reference_first(ref, payload["strategies"])
-    headers = ["Feature", "Strategy", "Winner holds it", "Rate [95% CI]", "Top 5 holds it",
-               "First evaluation holding it: median (range)", "Base rate (generation 0)"]
-    rows = []
-    for feature in payload["features"]:
-        for n in names:
-            r = payload["strategies"][n][feature]
-            first = ("-" if r["first_evaluation_median"] is None else
-                     f"{r['first_evaluation_median']:g} ({r['first_evaluation_range'][0]}-{r['first_evaluation_range'][1]})")
-            base = "-" if r["base_rate"] is None else f"{r['base_rate']:.3f}"
-            rows.append([feature, n, f"{r['solved']}/{r['n']}", f"{r['rate']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
-                         f"{r['in_top_5']}/{r['n']}", first, base])
-    first_table = _markdown(headers, rows, "llrrrrr")
-    headers = ["Feature", "Strategy", f"Difference in rate vs {ref}", "p (Fisher)", f"p (Holm, {len(payload['features'])})",
-               "p (Barnard, Holm)", "Words"]
-    rows = []
-    for n in names[1:]:
-        for feature, c in payload["comparisons"][n].items():
-            rows.append([feature, n, f"{c['difference']:+.2f}", _p(c["p_value"]), _p(c["p_holm"]),
-                         _p(c["p_barnard_holm"]), c["words"]])
-    return first_table + "\n" + _markdown(headers, rows, "llrrrrl")
-
-
 def costs(payload: dict) -> str:
     from evo_attention.report.studies.validation import cost_markdown
 
     return cost_markdown(_validation(payload)) or ""
-
-
-def _num(value, digits: int = 3) -> str:
-    return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
 def _ratio(s: dict) -> str:
@@ -202,12 +113,6 @@ def _ratio(s: dict) -> str:
     if s["between_sd"] == 0 and s["within_sd"] == 0:
         return "undefined (all equal)"
     return _num(s["ratio"], 1)
-
-
-def _p(value) -> str:
-    if value is not None and value != value:  # NaN: the test is undefined
-        return "-"
-    return "-" if value is None else (f"{value:.1e}" if value < 1e-3 else f"{value:.3f}")
 
 
 def signal_noise(payload: dict) -> str:
@@ -330,48 +235,6 @@ def suite_signal(payload: dict) -> str:
     return _markdown(headers, rows, "lrrrlrllrr")
 
 
-def suite(payload: dict) -> str:
-    from evo_attention.report.studies.suite import suite_table
-    from evo_attention.util.format import code, md_cell
-
-    headers, rows, align = suite_table(_validation(payload))
-    return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
-
-
-def suite_rate(payload: dict) -> str:
-    """Study 3's suite rate (findings3.sh d1-rate's selected.json): each rate's baseline mean suite
-    accuracy on the tuning seeds, the selected one marked."""
-    headers = ["Learning rate", "Baseline mean suite accuracy", "Selected"]
-    rows = [[r, _num(payload["baseline_mean"][r], 4), "**yes**" if r == payload["selected"] else ""]
-            for r in payload["rates"]]
-    return _markdown(headers, rows, "lrl")
-
-
-def search_top(payload: dict) -> str:
-    from evo_attention.util.format import code
-
-    metric = "suite_accuracy" if payload.get("suite") else "perplexity"
-    headers = ["Rank", "Gene", "Generation", "Suite accuracy" if metric == "suite_accuracy" else "Perplexity"]
-    rows = [[str(i), code(g["gene"]), str(g["generation"]), _num(g[metric], 4)]
-            for i, g in enumerate(payload["top_5"], start=1)]
-    base = payload.get("baseline") or {}
-    if base:
-        rows.append(["baseline", code(base["gene"]), "-", _num(base.get(metric), 4)])
-    return _markdown(headers, rows, "llrr")
-
-
-def _change(c: dict, log: bool = False, digits: int = 3) -> str:
-    """A paired comparison's change with its 95% interval ("-" where it has none); a difference of
-    logs as the relative change it is (exp(d) - 1, in percent); else the difference in the metric's
-    units, to ``digits`` decimals."""
-    if c["diff_ci_low"] is None:
-        return "-"
-    if log:
-        low, mid, high = (100 * math.expm1(c[k]) for k in ("diff_ci_low", "difference", "diff_ci_high"))
-        return f"{mid:+.2f}% [{low:+.2f}, {high:+.2f}]"
-    return f"{c['difference']:+.{digits}f} [{c['diff_ci_low']:+.{digits}f}, {c['diff_ci_high']:+.{digits}f}]"
-
-
 def _devices(devices) -> str:
     """Where a gene's seeds trained: each device once, in seed order ("-" where not recorded)."""
     if not devices:
@@ -397,56 +260,9 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
-def versus(payload: dict) -> str:
-    """A ``benchmarks/findings3_versus.py`` result: each gene of the first file against the reference
-    gene of the second, paired by seed (mean, paired change with its interval, test, Holm p, the
-    equivalence test's Holm p at the margin, verdict)."""
-    from evo_attention.util.format import code
-
-    def mean(values) -> str:
-        kept = [v for v in values if v is not None]
-        return _num(sum(kept) / len(kept), 4) if kept else "-"
-
-    # the scored split and the metric's name where the file records them ("val_perplexity" is the
-    # metric's name on any split)
-    metric = (f"{payload['eval_split']} {payload['metric_label']}" if payload.get("metric_label") and payload.get("eval_split")
-              else (payload.get("metric") or "value").replace("_", " "))
-    headers = ["Gene", f"Mean {metric} ({len(payload['seeds'])} seeds)",
-               "vs the reference: paired change [95% CI]", "Test", "p (Holm)",
-               f"Equivalence p (Holm, margin {payload['margin']:g})", "Verdict"]
-    rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]]
-    for name, c in payload["genes"].items():
-        rows.append([code(name), mean(c["values"]), _change(c, payload.get("log", False)), str(c["test"]), _p(c["p_holm"]), _p(c["p_tost_holm"]),
-                     c["verdict_label"]])
-    return _markdown(headers, rows, "lrrlrrl")
-
-
-def d4_family(payload: dict) -> str:
-    """The cells (paired change of the gene against its matched model, exact and t p, Holm over the
-    cells, the equivalence test's Holm p, verdict), then the trend: the mean per-seed slope of the log
-    change on log2 of tokens per parameter (as a relative change per doubling) and its tests."""
-    parts = []
-    if "family" in payload:
-        size = len(payload["family"])
-        headers = ["Cell", "Matched FFN", "Pairs", "Paired change [95% CI]", "p (exact)", "p (t)",
-                   f"p (Holm, {size})", f"Equivalence p (Holm, ±{100 * payload['margin']:g}%)", "Verdict"]
-        rows = [[name, str(c.get("d_ff") or "-"), str(c["n_pairs"]), _change(c, log=True), _p(c["p_exact"]),
-                 _p(c["p_t"]), _p(c["p_holm"]), _p(c["p_tost_holm"]), c["verdict_label"]]
-                for name, c in payload["family"].items()]
-        parts.append(_markdown(headers, rows, "lrrrrrrrl"))
-    if "trend" in payload:
-        t = payload["trend"]
-        cells = ", ".join(f"{name} ({level:g})" for name, level in t["cells"].items())
-        per_doubling = "-" if t["mean_slope"] is None else f"{100 * math.expm1(t['mean_slope']):+.2f}%"
-        headers = ["Trend cells (tokens per parameter)", "Seeds", "Slopes per seed (log change per doubling)",
-                   "Mean slope", "Per doubling", "p (exact sign-flip)", "p (t)", "Words"]
-        rows = [[cells, str(len(t["seeds"])), ", ".join(f"{v:+.4f}" for v in t["slopes"]),
-                 _num(t["mean_slope"], 4), per_doubling, _p(t["p_exact"]), _p(t["p_t"]), t["words"]]]
-        parts.append(_markdown(headers, rows, "lrlrrrrl"))
-    return "\n".join(parts)
-
-
-TABLES = {"d4-family": d4_family, "rediscovery": rediscovery, "versus": versus, "suite-signal": suite_signal, "verdicts": verdicts, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds, "suite": suite, "search-top": search_top, "suite-rate": suite_rate, "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "strategies": strategies, "curve": curve, "batched": batched, "signal-noise-full": signal_noise_full, "grid": grid, "costs": costs, "signal-noise": signal_noise,
+TABLES = {**STUDY_TABLES, "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
+          "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "curve": curve,
+          "batched": batched, "signal-noise-full": signal_noise_full, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}
 
 

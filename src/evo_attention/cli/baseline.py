@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from evo_attention.cli.common import add_executor_flags, add_training_flags, config_from_args, number, out_arg
 from evo_attention.cli.validate import add_grid_flags
+from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.jsonio import write_json
 
@@ -31,6 +32,15 @@ def cmd_baseline(args) -> int:
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])  # before anything is written
     out = output_dir(out_arg(args, kind="a baseline", study="baseline"))
     data = data_from_config(config)
+    if args.matched_to:  # the width validate --match-params gives the model matched to that gene
+        from evo_attention.nn.matching import matched_baseline
+
+        if getattr(args, "ffn", None) is not None:
+            raise UserError("--matched-to sets the feed-forward width: drop --ffn")
+        spec = config.model.with_data(data.vocab_size, data.seq_len)
+        width = matched_baseline(spec, AttentionGene.parse(args.matched_to), reference=gene)["ffn_dim"]
+        config = config.replace(d_ff=width)
+        log(f"feed-forward width {width}: {gene}'s parameters match {args.matched_to}'s", args.quiet)
     grid = None
     if args.lr_grid:
         grid = tune_rate(args, config, data, gene, out)
@@ -99,6 +109,9 @@ def register(sub) -> None:
         p.add_argument("--out", default="runs/baseline", help="directory for result.json (default runs/baseline)")
         p.add_argument("--eval-split", choices=["valid", "test"], default="valid")
         p.add_argument("--save-model", action="store_true", help="also save the trained weights (safetensors)")
+        p.add_argument("--matched-to", metavar="GENE",
+                       help="widen the feed-forward to the width that matches GENE's parameter count (the model "
+                            "validate --match-params trains), e.g. to tune the matched model on --lr-grid")
         p.add_argument("--quiet", action="store_true", help="no progress output")
         add_grid_flags(p)
         add_executor_flags(p, "execution of the grid's trainings")

@@ -10,6 +10,10 @@
 - ``curves``: each gene's accuracy against a knob of a generated task (``run_curve``): where it breaks
 - ``lr_grid``: each gene at its own best learning rate of a grid (``lr_grid=`` of every study above
   but maps), selected on tuning seeds of their own, measured on the study's seeds
+- ``plan``: a registered family (``validate --plan``, ``curve --plan``) and its amendments
+- ``study`` and ``study_run``: a registered study as one plan file (questions, stages, seed blocks,
+  families, decision words), registered, run stage by stage, amended and reported (docs/studies.md);
+  ``results``: what its computed stages compute from result files
 - ``evolution``: ``Evolution``, a search that writes its report (the original project's API)
 
     from evo_attention.studies import validate_genes, write_validation

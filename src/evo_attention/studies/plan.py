@@ -107,7 +107,7 @@ def fingerprint(family: Mapping) -> str:
     return hashlib.sha256(json.dumps(family, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _time(value, path, i: int) -> str:
+def amendment_time(value, path, i: int) -> str:
     if isinstance(value, datetime):
         moment = value
     else:
@@ -124,7 +124,7 @@ def _time(value, path, i: int) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
-def _family_values(values: Mapping, path, where: str, study: str = "validation") -> dict:
+def family_values(values: Mapping, path, where: str, study: str = "validation") -> dict:
     """The checked family fields of ``values`` (the plan's or an amendment's)."""
     out = {}
     if "genes" in values:
@@ -209,7 +209,7 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     missing = [k for k in required if k not in raw]
     if missing:
         raise _fail(path, f"names no {missing[0]}: a {study} plan fixes {', '.join(required)} before it runs")
-    base = {**({"seed_block": None} if "seed_block" in fields else {}), **_family_values(raw, path, "", study)}
+    base = {**({"seed_block": None} if "seed_block" in fields else {}), **family_values(raw, path, "", study)}
     amendments = []
     if not isinstance(raw.get("amendments") or [], list):
         raise _fail(path, f"amendments {raw['amendments']!r} must be a list of amendments (each: time, reason, and "
@@ -220,8 +220,8 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
         extra = sorted(set(item) - {"time", "reason", *fields})
         if extra:
             raise _fail(path, f"amendment {i + 1}: unknown key {extra[0]!r}")
-        amendments.append({"time": _time(item["time"], path, i), "reason": str(item["reason"]).strip(),
-                           **_family_values(item, path, f"amendment {i + 1}: ", study)})
+        amendments.append({"time": amendment_time(item["time"], path, i), "reason": str(item["reason"]).strip(),
+                           **family_values(item, path, f"amendment {i + 1}: ", study)})
     return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments), study)
 
 

@@ -1,0 +1,105 @@
+"""``evo-attention study``: a registered study, one plan file (``studies.study``; docs/studies.md).
+
+    evo-attention study register PLAN [--allow-dirty] [--after-results REASON]
+    evo-attention study run PLAN [--stage S ...] [--set NAME=VALUE ...]
+    evo-attention study status PLAN
+    evo-attention study amend PLAN --note TEXT
+    evo-attention study report PLAN [--out FILE]
+    evo-attention study check PLAN DOC
+
+``register`` records the plan before any result (beside it: ``PLAN.registration.json``); ``run``
+runs every stage that is not done, in order, each in its own folder, resuming after a kill;
+``amend`` records a change of the plan, refused once the results it would change exist; ``report``
+writes the tables and the answers from the result files alone; ``check`` exits 1 where a document's
+generated table of the plan's files differs from what its file gives.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from evo_attention.util.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("study", help="a registered study: one plan file, run stage by stage and reported",
+                              description="A study as one plan file (YAML: questions, stages, seed blocks, families, "
+                                          "decision words; docs/studies.md): register it before any result, run it "
+                                          "(resumable), amend it, report it from its result files.")
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+    r = sub.add_parser("register", help="record the plan's hash, the tool's version and the commit, before any result")
+    r.add_argument("plan")
+    r.add_argument("--allow-dirty", action="store_true", help="register a plan with uncommitted changes")
+    r.add_argument("--after-results", metavar="REASON",
+                   help="register a plan written after some of its results exist (the report says so, and why)")
+    r = sub.add_parser("run", help="run every stage that is not done, in order (resumes after a kill)")
+    r.add_argument("plan")
+    r.add_argument("--stage", action="append", metavar="S", help="run only this stage (repeatable); its inputs must "
+                                                                 "be done")
+    r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting of the plan for this run (settings: where the data lies, workers, ...)")
+    r.add_argument("--quiet", action="store_true", help="no progress output of the study (its commands keep theirs)")
+    r = sub.add_parser("status", help="the registration and each stage's state")
+    r.add_argument("plan")
+    r = sub.add_parser("amend", help="record a change of the plan with its time (refused after the results it changes)")
+    r.add_argument("plan")
+    r.add_argument("--note", required=True, help="what changed and why")
+    r = sub.add_parser("report", help="the tables and the answers, from the result files alone, as markdown")
+    r.add_argument("plan")
+    r.add_argument("--out", metavar="FILE", help="where to write it (default: the plan's report:, else "
+                                                 "RESULTS/report.md)")
+    r = sub.add_parser("check", help="exit 1 where a document's generated table of the plan's files differs from them")
+    r.add_argument("plan")
+    r.add_argument("doc")
+    p.set_defaults(func=cmd_study)
+
+
+def _settings(items) -> dict:
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--set {item!r}: give NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def cmd_study(args) -> int:
+    from evo_attention.studies import study as st, study_run as sr
+    from evo_attention.util.progress import log
+
+    plan = st.load_study(args.plan, settings=_settings(getattr(args, "set", None)))
+    if args.action == "register":
+        record = st.register(plan, allow_dirty=args.allow_dirty, after_results=args.after_results)
+        print(f"registered {args.plan} at commit {record['commit'] or '(none)'}: {st.registration_path(plan)}")
+    elif args.action == "run":
+        from evo_attention.cli import main
+
+        unknown = [n for n in _settings(args.set) if n not in (plan.raw.get("settings") or {})]
+        if unknown:
+            names = ", ".join(plan.raw.get("settings") or {}) or "none"
+            raise UserError(f"--set {unknown[0]}: not a setting of the plan (its settings: {names})")
+        ran = sr.run_study(plan, main, stages=args.stage, log=lambda line: log(line, args.quiet))
+        log(f"study {plan.name}: {'ran ' + ', '.join(ran) if ran else 'every stage is done'}", args.quiet)
+    elif args.action == "status":
+        print("\n".join(sr.status(plan)))
+    elif args.action == "amend":
+        record = st.amend(plan, args.note)
+        print(f"amendment {len(record['amendments'])} recorded: {', '.join(record['amendments'][-1]['changed'])}")
+    elif args.action == "report":
+        from pathlib import Path
+
+        out = Path(args.out) if args.out else plan.root / (plan.raw.get("report")
+                                                           or f"{plan.raw['results']}/report.md")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(sr.report(plan), encoding="utf-8")
+        print(f"wrote {out}")
+    else:
+        differ = sr.check_document(plan, args.doc)
+        for line in differ:
+            print(line, file=sys.stderr)
+        if differ:
+            return 1
+        print(f"{args.doc}: every table of {args.plan}'s files equals what its file gives")
+    return 0

@@ -1,0 +1,755 @@
+"""A registered study: one plan file (YAML) that names its questions, their stages, seed blocks,
+budgets, margins, families and decision words; registered before any result, run stage by stage,
+amended only before the results an amendment changes, and reported from its result files alone.
+
+The plan (docs/studies.md has the whole schema and an example)::
+
+    study: NAME
+    root: ../..            # paths below are relative to it (default: the plan's folder); commands run there
+    out: runs/NAME         # run stores and every file a command writes (one folder per stage)
+    results: docs/NAME     # the small result files (JSON, evaluations.csv), copied from out: what report reads
+    vars: {...}            # {name} in stages: fixed values (flag lists spliced in), part of the registration
+    settings: {...}        # {name} too, but where and how it runs (data folders, workers): `run --set`
+    gpu_flags: [--device, cuda]   # added to a `device: gpu` stage's trainings where a CUDA device is present
+    questions:
+      Q1:
+        blocks: [1]        # seed blocks (validate --seed-block K); no two questions share one
+        search_seeds: []   # search seeds (search --seed S); no two questions share one
+        stages: [...]      # in order: kind command | tune | plan | versus | family | strategies |
+                           # rediscovery | suite, each in its own folder or file
+        tables: [{file: ..., table: verdicts, title: ...}]   # what report shows
+        sources: {name: file}                                # the verdicts the decision reads
+        words: {over: SOURCE, TABLE: [{say: ..., if: [NAME is WORD]}]}   # per entity, first rule that holds
+        answers: {answer: [{say: ..., if: [all|some|no TABLE is WORD]}, {say: ...}]}
+
+The registration (``PLAN.registration.json`` beside the plan, committed with it) records the plan's
+hash, a fingerprint of every stage and question, the tool's version and the repository's commit;
+``amend`` appends the changed fingerprints with the time and a note, and refuses a change to a stage
+(or a question's decision) whose results exist. ``run`` refuses a plan whose stages or decisions
+differ from the last recorded ones, and an amendment dated after the results it changes. Amendment
+times follow ``studies.plan``'s rule (an ISO time, never in the future).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from evo_attention.studies.plan import amendment_time, family_values, fingerprint
+from evo_attention.util.errors import UserError
+from evo_attention.util.version import __version__
+
+KINDS = ("command", "tune", "plan", "versus", "family", "strategies", "rediscovery", "suite")
+STAGE_KEYS = {"name", "kind", "dir", "each", "device", "note", "done", "file"}
+KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
+             "plan": {"genes_of", "genes", "rate_of", "margin", "alpha", "seeds", "seed_block"},
+             "versus": {"genes_of", "reference_file", "reference", "margin"},
+             "family": {"gene", "cells", "against", "margin", "trend", "trend_only"},
+             "strategies": {"searches", "reference", "margin"},
+             "rediscovery": {"searches", "describe", "reference"}, "suite": {"suite", "data_seed"}}
+TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
+            "edge_rule", "amendments", "questions"}
+QUESTION_KEYS = {"title", "blocks", "search_seeds", "stages", "tables", "sources", "words", "answers"}
+TRAINING = ("validate", "baseline", "train", "search", "curve", "compare", "transfer", "ablate")
+DONE = {"validate": "validation*.json", "search": "final_results.json", "baseline": "result.json",
+        "train": "result.json", "curve": "curve.json", "compare": "compare*.json", "transfer": "transfer*.json",
+        "ablate": "ablation*.json"}
+_REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
+CONDITION = re.compile(r"^(?:(all|some|no)\s+)?(\S+)\s+is\s+(not\s+)?(.+)$")
+
+
+def _rule(path, rule: str, what: str) -> UserError:
+    return UserError(f"study plan {path} breaks the rule '{rule}': {what}")
+
+
+def _fail(path, what: str) -> UserError:
+    return UserError(f"study plan {path}: {what}")
+
+
+@dataclass
+class Stage:
+    name: str
+    question: str
+    index: int
+    spec: dict  # as written, the plan's vars substituted
+
+    @property
+    def kind(self) -> str:
+        return self.spec.get("kind", "command")
+
+    @property
+    def trains(self) -> bool:
+        return self.kind in ("command", "tune")
+
+
+@dataclass
+class Study:
+    path: Path
+    root: Path
+    raw: dict
+    stages: list[Stage] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.raw["study"])
+
+    @property
+    def questions(self) -> dict:
+        return self.raw["questions"]
+
+    def rel(self, *parts) -> str:
+        """A path relative to the root, as commands and documents name it."""
+        return "/".join(str(p).strip("/") for p in parts if str(p) not in ("", "."))
+
+    def out(self, rel: str = "") -> Path:
+        return self.root / self.raw["out"] / rel
+
+    def results(self, rel: str = "") -> Path:
+        return self.root / self.raw["results"] / rel
+
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise UserError(f"study {self.name} has no stage {name!r}: its stages are "
+                        f"{', '.join(s.name for s in self.stages)}")
+
+
+# ------------------------------------------------------------------------------------------ values
+
+
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def substitute(value, env: dict, resolve: Callable | None = None):
+    """``{name}`` replaced from ``env`` in strings, lists (a list value, alone in its string, becomes
+    that list) and mappings; ``{kind:arg}`` by ``resolve`` (left as written without one, as is an
+    unknown name)."""
+    if isinstance(value, dict):
+        return {k: substitute(v, env, resolve) for k, v in value.items()}
+    if isinstance(value, list):  # a list value stays a nested list: flatten splices it into a command
+        return [substitute(item, env, resolve) for item in value]
+    if not isinstance(value, str):
+        return value
+    whole = _REF.fullmatch(value)
+    if whole and not whole[2] and isinstance(env.get(whole[1]), list):
+        return substitute(env[whole[1]], env, resolve)
+
+    def one(m: re.Match) -> str:
+        if m[2] is None:
+            return _text(env[m[1]]) if m[1] in env and not isinstance(env[m[1]], (list, dict)) else m[0]
+        return resolve(m[1], m[2]) if resolve else m[0]
+
+    return _REF.sub(one, value)
+
+
+def _number(value):
+    """A number written as text (a substituted ``{block}``) as the number it is."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                return float(value)
+            except ValueError:
+                return value
+    return value
+
+
+def flatten(args) -> list:
+    out = []
+    for a in args:
+        out.extend(flatten(a) if isinstance(a, list) else [a])
+    return out
+
+
+def _load_yaml(path: Path):
+    import yaml
+
+    from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
+
+    if path.is_dir():
+        raise _fail(path, "is a directory: give the plan's YAML file")
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
+    except DuplicateKey as exc:
+        raise _fail(path, f"sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one of them") from None
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise _fail(path, f"is not YAML: {str(exc).splitlines()[0]}") from None
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def load_study(path, settings: dict | None = None) -> Study:
+    """The study plan in ``path``, checked against its own rules (one-line UserError naming the rule)."""
+    path = Path(path)
+    raw = _load_yaml(path)
+    if not isinstance(raw, dict) or not raw.get("study"):
+        raise _fail(path, "must be a mapping that names its study (study: NAME), out, results and questions")
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise _fail(path, f"unknown key {unknown[0]!r}: a study plan holds {', '.join(sorted(TOP_KEYS))}")
+    for key in ("out", "results", "questions"):
+        if not raw.get(key):
+            raise _fail(path, f"names no {key}")
+    if not isinstance(raw["questions"], dict):
+        raise _fail(path, "questions must be a mapping: name -> question")
+    for i, item in enumerate(raw.get("amendments") or []):  # amendments written in the plan: notes with their time
+        if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
+            raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
+        amendment_time(item["time"], path, i)
+    if raw.get("edge_rule", "refuse") not in ("refuse", "note"):
+        raise _fail(path, "edge_rule is refuse (a rate selected at an edge of its grid stops what reads it) or note")
+    vars_ = raw.get("vars") or {}
+    given = {**(raw.get("settings") or {}), **(settings or {})}
+    study = Study(path, (path.parent / str(raw.get("root", "."))).resolve(), raw, settings=given)
+    for qname, q in raw["questions"].items():
+        if not isinstance(q, dict) or not isinstance(q.get("stages"), list) or not q["stages"]:
+            raise _fail(path, f"question {qname} needs its stages (a list)")
+        bad = sorted(set(q) - QUESTION_KEYS)
+        if bad:
+            raise _fail(path, f"question {qname}: unknown key {bad[0]!r} (a question holds "
+                              f"{', '.join(sorted(QUESTION_KEYS))})")
+        for spec in q["stages"]:
+            if not isinstance(spec, dict) or not spec.get("name"):
+                raise _fail(path, f"question {qname}: every stage is a mapping with its name")
+            study.stages.append(Stage(str(spec["name"]), str(qname), len(study.stages), substitute(spec, vars_)))
+    _check_rules(study)
+    return study
+
+
+def _combos(stage: Stage, reader: Callable | None = None) -> list[dict] | None:
+    """The sub-runs of a stage: one mapping of values per combination of its ``each`` (None while a
+    ``genes_of`` it expands over does not exist yet)."""
+    each = dict(stage.spec.get("each") or {})
+    if stage.kind == "tune":
+        each = {"rate": [_text(r) for r in stage.spec["grid"]], **each}
+    combos = [{}]
+    for var, values in each.items():
+        if isinstance(values, dict):
+            genes = reader(values["genes_of"]) if reader else ["GENE"]
+            if genes is None:
+                return None
+            items = [{var: g, "index": i} for i, g in enumerate(genes)]
+        else:
+            items = [dict(v) if isinstance(v, dict) else {var: v} for v in values]
+        combos = [{**c, **item} for c in combos for item in items]
+    return combos
+
+
+def run_dir(stage: Stage, combo: dict, env: dict) -> str:
+    if stage.kind == "tune":  # a rate's run in the stage's folder, beside the selection
+        return substitute(str(stage.spec.get("dir", stage.name)) + "/{rate}", {**env, **combo})
+    default = stage.name
+    if stage.spec.get("each") and "dir" not in stage.spec:
+        default += "/" + "-".join("{" + v + "}" for v in stage.spec["each"])
+    return substitute(str(stage.spec.get("dir", default)), {**env, **combo})
+
+
+def stage_file(stage: Stage, combo: dict, env: dict) -> str:
+    default = {"plan": "plans/{stage}.yaml", "suite": "{stage}.yaml", "tune": "{dir}/selected.json"}.get(
+        stage.kind, "{dir}/" + stage.kind + ".json")
+    if stage.kind == "plan" and stage.spec.get("each"):
+        default = "plans/{stage}-" + "-".join("{" + v + "}" for v in stage.spec["each"]) + ".yaml"
+    base = str(stage.spec.get("dir", stage.name))
+    return substitute(str(stage.spec.get("file", default)), {**env, **combo, "stage": stage.name, "dir": base})
+
+
+def stage_commands(stage: Stage) -> list[dict]:
+    """The stage's commands, each ``{"run": argv template, "done": glob or None}``."""
+    items = stage.spec.get("commands") or ([stage.spec["command"]] if "command" in stage.spec else [])
+    out = []
+    for item in items:
+        run = item.get("run") if isinstance(item, dict) else item
+        if not isinstance(run, list) or not run:
+            raise UserError(f"stage {stage.name}: a command is a list of words (evo-attention's subcommand first)")
+        name = str(run[0])
+        done = item.get("done") if isinstance(item, dict) else None
+        out.append({"run": run, "name": name, "done": done or DONE.get(name)})
+    return out
+
+
+def done_glob(stage: Stage) -> str:
+    """What marks a sub-run of a training stage done in the results (its last collected command's file)."""
+    if stage.spec.get("done"):
+        return str(stage.spec["done"])
+    kept = [c["done"] for c in stage_commands(stage) if c["done"] and c["done"].endswith((".json", ".csv"))]
+    return kept[-1] if kept else "*.json"
+
+
+def _inputs(stage: Stage, combo: dict, env: dict) -> list[str]:
+    """The result files (globs) a computed stage reads, relative to the results."""
+    s = {k: substitute(v, {**env, **combo}) for k, v in stage.spec.items()}
+    found = []
+    for key in ("genes_of", "reference_file", "rate_of"):
+        if s.get(key):
+            found.append(s[key])
+    if stage.kind == "family":
+        found += list((s.get("cells") or {}).values())
+    if stage.kind == "strategies":
+        found.append(s["searches"].rstrip("/") + "/*")
+    if stage.kind == "rediscovery":
+        found += list(s.get("searches") or []) + list(s.get("describe") or [])
+    for var, values in (stage.spec.get("each") or {}).items():
+        if isinstance(values, dict):
+            found.append(values["genes_of"])
+    return found
+
+
+def _refs(stage: Stage) -> list[tuple[str, str]]:
+    """The ``{kind:stage}`` references of a training stage's commands."""
+    text = json.dumps([c["run"] for c in stage_commands(stage)])
+    return [(m[1], m[2]) for m in _REF.finditer(text) if m[2]]
+
+
+def _outputs(study: Study, stage: Stage, env: dict) -> list[str]:
+    combos = _combos(stage) or []
+    if stage.trains:
+        outs = [run_dir(stage, c, env) for c in combos]
+        return outs + ([stage_file(stage, {}, env)] if stage.kind == "tune" else [])
+    files = [stage_file(stage, c, env) for c in combos]
+    return files + [str(Path(f).with_suffix(".lr")) for f in files if stage.kind == "plan"]
+
+
+def _prefix(p: str) -> str:
+    return re.split(r"[*?\[{]", p, maxsplit=1)[0]
+
+
+def _check_rules(study: Study) -> None:
+    path, env = study.path, {**study.settings}
+    owners: dict[tuple[str, int], str] = {}  # (blocks or search_seeds, value) -> question
+    for qname, q in study.questions.items():
+        for key, what in (("blocks", "two questions may not share a seed block"),
+                          ("search_seeds", "two questions may not share a search seed")):
+            values = q.get(key) or []
+            if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                       for v in values):
+                raise _fail(path, f"question {qname}: {key} must be a list of whole numbers >= 0")
+            for v in values:
+                if (key, v) in owners:
+                    raise _rule(path, what, f"{key[:-1].replace('_', ' ')} {v} is {owners[(key, v)]}'s and {qname}'s")
+                owners[(key, v)] = qname
+    names: set[str] = set()
+    written: dict[str, str] = {}
+    for stage in study.stages:
+        spec, q = stage.spec, study.questions[stage.question]
+        if stage.name in names:
+            raise _rule(path, "one name per stage", f"two stages are named {stage.name}")
+        names.add(stage.name)
+        if stage.kind not in KINDS:
+            raise _fail(path, f"stage {stage.name}: kind {stage.kind!r} is not known: use {', '.join(KINDS)}")
+        bad = sorted(set(spec) - STAGE_KEYS - KIND_KEYS[stage.kind])
+        if bad:
+            raise _fail(path, f"stage {stage.name}: unknown key {bad[0]!r} for a {stage.kind} stage (it takes "
+                              f"{', '.join(sorted(STAGE_KEYS | KIND_KEYS[stage.kind]))})")
+        if spec.get("device", "cpu") not in ("cpu", "gpu") and "{" not in str(spec.get("device")):
+            raise _rule(path, "a stage runs on cpu, or gpu where present", f"stage {stage.name} asks for "
+                                                                           f"{spec.get('device')!r}")
+        each = spec.get("each") or {}
+        if not isinstance(each, dict) or not all(isinstance(v, list) and v or isinstance(v, dict) and "genes_of" in v
+                                                 for v in each.values()):
+            raise _fail(path, f"stage {stage.name}: each is a mapping of name -> a list of values (or "
+                              "{genes_of: FILE})")
+        for var, values in each.items():
+            if isinstance(values, list) and any(isinstance(v, dict) and var not in v for v in values):
+                raise _fail(path, f"stage {stage.name}: each {var}: a mapping among its values names its own {var}")
+        if stage.kind == "tune" and not (isinstance(spec.get("grid"), list) and len(spec["grid"]) >= 2):
+            raise _fail(path, f"stage {stage.name}: a tune stage needs its grid (a list of at least 2 rates)")
+        if stage.trains and not stage_commands(stage):
+            raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
+        if stage.kind == "plan" and ("seeds" not in spec or "margin" not in spec):
+            raise _fail(path, f"stage {stage.name}: a plan stage fixes its seeds and margin")
+        # seeds come from the question's blocks and search seeds
+        for combo in _combos(stage) or []:
+            local = {**env, **combo}
+            if stage.kind == "plan":
+                family = {k: _number(substitute(spec[k], local)) for k in ("margin", "alpha", "seeds", "seed_block")
+                          if spec.get(k) is not None}
+                family_values(family, path, f"stage {stage.name}: ")  # studies.plan's checks of a family
+                if family.get("seed_block") is not None and family["seed_block"] not in (q.get("blocks") or []):
+                    raise _rule(path, "seeds come from the question's blocks",
+                                f"stage {stage.name} takes block {family['seed_block']}, not one of "
+                                f"{stage.question}'s")
+            for c in stage_commands(stage) if stage.trains else []:
+                argv = [_text(a) for a in flatten(substitute(c["run"], {**local, "out": "OUT"}))]
+                unknown = [m[1] for a in argv for m in _REF.finditer(str(a)) if not m[2]]
+                if unknown:
+                    raise _fail(path, f"stage {stage.name}: {{{unknown[0]}}} is not a variable of the plan (vars, "
+                                      "settings, each)")
+                _check_seeds(study, stage, q, argv)
+        # what a stage reads comes from earlier stages
+        earlier = {s.name: s for s in study.stages[:stage.index]}
+        for kind, target in _refs(stage) if stage.trains else []:
+            if kind not in ("out", "results", "rate", "plan", "lr"):
+                raise _fail(path, f"stage {stage.name}: {{{kind}:{target}}} is not a reference (out, results, rate, "
+                                  "plan, lr)")
+            if target not in earlier:
+                raise _rule(path, "a stage reads only earlier stages' results",
+                            f"stage {stage.name} reads {target}, which is not an earlier stage")
+        owned = [_prefix(p).rstrip("/") for s in earlier.values() for p in _outputs(study, s, env)]
+        for combo in _combos(stage) or []:
+            for p in _inputs(stage, combo, env):
+                pre = _prefix(p.split("#")[0])
+                if not pre or not any(pre == o or pre.startswith(o + "/") or (p != pre and o.startswith(pre))
+                                      for o in owned):
+                    raise _rule(path, "a stage reads only earlier stages' results",
+                                f"stage {stage.name} reads {p}, which no earlier stage writes")
+        for out in _outputs(study, stage, env):
+            for other, owner in written.items():
+                nested = stage.trains and study.stage(owner).trains and (
+                    _prefix(out).startswith(_prefix(other).rstrip("/") + "/")
+                    or _prefix(other).startswith(_prefix(out).rstrip("/") + "/"))
+                if out == other or nested:
+                    raise _rule(path, "each stage writes its own folder or file",
+                                f"stages {owner} and {stage.name} both write {out}")
+            written[out] = stage.name
+    _check_decisions(study)
+
+
+def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
+    if not argv or argv[0] not in TRAINING:
+        return
+    path = study.path
+    blocks, searches = q.get("blocks") or [], q.get("search_seeds") or []
+
+    def value(flag):
+        for i, a in enumerate(argv):
+            if a == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if isinstance(a, str) and a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    block, seed, plan = value("--seed-block"), value("--seed"), value("--plan")
+    rule = "seeds come from the question's blocks"
+    if plan is not None and block is None and not plan.startswith("{plan:"):  # a plan file of the user's: its block
+        from evo_attention.studies.plan import load_plan
+
+        block = load_plan(study.root / plan).family().get("seed_block")
+        block = None if block is None else str(block)
+        if block is None:
+            raise _rule(path, rule, f"stage {stage.name}: the plan {plan} names no seed_block")
+    if block is not None:
+        if block == "run":
+            if not set(searches) <= set(blocks) or not searches:
+                raise _rule(path, rule, f"stage {stage.name} takes --seed-block run, but {stage.question}'s search "
+                                        "seeds are not all among its blocks")
+        elif not block.isdigit() or int(block) not in blocks:
+            raise _rule(path, rule, f"stage {stage.name} takes block {block}, not one of {stage.question}'s "
+                                    f"({', '.join(map(str, blocks)) or 'none'})")
+    elif seed is not None:
+        from evo_attention.studies.common import seed_block_base
+
+        bases = {seed_block_base(b) for b in blocks}
+        if not seed.lstrip("-").isdigit() or (int(seed) not in searches
+                                              and (argv[0] == "search" or int(seed) not in bases)):
+            raise _rule(path, rule, f"stage {stage.name} takes --seed {seed}, neither a search seed of "
+                                    f"{stage.question} nor the base of one of its blocks")
+    elif plan is None:
+        raise _rule(path, rule, f"stage {stage.name}: `{' '.join(map(str, argv[:2]))} ...` draws the default seeds: "
+                                "give --seed-block K (or --seed S) of the question's")
+
+
+def word_rules(q: dict) -> dict:
+    return {k: v for k, v in (q.get("words") or {}).items() if k != "over"}
+
+
+def _check_decisions(study: Study) -> None:
+    path = study.path
+    rule = "a decision reads its question's sources"
+    for qname, q in study.questions.items():
+        sources = q.get("sources") or {}
+        stage_outputs = [o for s in study.stages for o in _outputs(study, s, study.settings)]
+        for name, file in list(sources.items()) + [(t.get("file"), t.get("file")) for t in q.get("tables") or []]:
+            file = str(file or "").split("#")[0]
+            if not any(file == o or file.startswith(_prefix(o).rstrip("/") + "/") for o in stage_outputs):
+                raise _rule(path, "tables and sources are stage results", f"question {qname} reads {file}, which no "
+                                                                         "stage writes")
+        for t in q.get("tables") or []:
+            from evo_attention.report.studies.study_tables import TABLES
+
+            if t.get("table") not in TABLES:
+                raise _fail(path, f"question {qname}: table {t.get('table')!r} is not known: use {', '.join(TABLES)}")
+        words = q.get("words") or {}
+        if words and words.get("over") not in sources:
+            raise _rule(path, rule, f"question {qname}: words are over {words.get('over')!r}, not one of its sources")
+        known = set(sources)
+        groups = [(f"words {t}", rules, False) for t, rules in word_rules(q).items()]
+        groups += [(f"answer {a}", rules, True) for a, rules in (q.get("answers") or {}).items()]
+        if not q.get("answers"):
+            raise _fail(path, f"question {qname} gives no answers (answers: name -> rules, the last without if)")
+        for where, rules, answer in groups:
+            if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) and "say" in r for r in rules):
+                raise _fail(path, f"question {qname}, {where}: a list of rules, each with its say")
+            if rules[-1].get("if"):
+                raise _rule(path, "a decision always answers", f"question {qname}, {where}: the last rule has no if")
+            for r in rules:
+                for cond in r.get("if") or []:
+                    m = CONDITION.match(str(cond))
+                    if not m or m[2] not in known or (m[1] and not answer):
+                        raise _rule(path, rule, f"question {qname}, {where}: {cond!r} is not NAME is [not] WORD "
+                                                f"(NAME: {', '.join(sorted(known))}; all/some/no in answers)")
+            if not answer:
+                known.add(where.split(" ", 1)[1])
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def genes_of(payload: dict, where: str, edge_rule: str = "refuse") -> list[str]:
+    """The genes a validation file validated, each at its selected rate (``GENE|lr=R``) where the
+    file has a learning-rate grid; a selection at an edge of the grid is refused (the edge rule)."""
+    grid = payload.get("grid")
+    if not grid:
+        return [g["gene"] for g in payload["genes"]]
+    if grid.get("at_edge") and edge_rule == "refuse":
+        raise UserError(f"{where}: selected rates at an edge of the grid ({', '.join(grid['at_edge'])}): the edge rule "
+                        "asks for an amendment that widens the grid (a new tuning stage) first")
+    return [f"{g}|lr={v['selected']:g}" for g, v in grid["genes"].items() if not v.get("baseline")]
+
+
+def baseline_rate(payload: dict, where: str, edge_rule: str = "refuse") -> str:
+    grid = payload.get("grid") or {}
+    row = next((v for v in (grid.get("genes") or {}).values() if v.get("baseline")), None)
+    if row is None:
+        raise UserError(f"{where}: no baseline on a learning-rate grid")
+    if row.get("at_edge") and edge_rule == "refuse":
+        raise UserError(f"{where}: the baseline's selected rate is at an edge of the grid: the edge rule asks for an "
+                        "amendment that widens the grid (a new tuning stage) first")
+    return f"{row['selected']:g}"
+
+
+class Runs:
+    """The sub-runs of a study's stages, where their files lie, and whether they are done."""
+
+    def __init__(self, study: Study):
+        self.study, self.env = study, dict(study.settings)
+
+    def genes(self, file: str):
+        payload = read_json(self.study.results(file))
+        return None if payload is None else genes_of(payload, file, self.study.raw.get("edge_rule", "refuse"))
+
+    def combos(self, stage: Stage):
+        return _combos(stage, self.genes)
+
+    def match(self, stage: Stage, combo: dict) -> dict:
+        """The sub-run of ``stage`` that agrees with ``combo`` on the values they share."""
+        found = [c for c in self.combos(stage) or []
+                 if all(c[k] == combo[k] for k in c if k in combo and k != "index")]
+        if len(found) != 1:
+            raise UserError(f"stage {stage.name}: {len(found)} of its runs match {_text(combo) or 'this one'}: name "
+                            "one by the values the two stages share")
+        return found[0]
+
+    def done(self, stage: Stage, combo: dict) -> bool:
+        if stage.trains:
+            folder = self.study.results(run_dir(stage, combo, self.env))
+            return folder.is_dir() and any(fnmatch.fnmatch(p.name, done_glob(stage)) for p in folder.iterdir())
+        return self.study.results(stage_file(stage, combo, self.env)).is_file()
+
+    def state(self, stage: Stage) -> tuple[str, int, int]:
+        """``(state, done, total)``: done, partly, not started or waiting (its sub-runs not known yet)."""
+        combos = self.combos(stage)
+        if combos is None:
+            return "waiting", 0, 0
+        n = sum(self.done(stage, c) for c in combos)
+        selection = stage.kind != "tune" or self.study.results(stage_file(stage, {}, self.env)).is_file()
+        whole = n == len(combos) and selection
+        return ("done" if whole else "partly" if n or self.started(stage) else "not started"), n, len(combos)
+
+    def started(self, stage: Stage) -> bool:
+        return any(self.study.out(run_dir(stage, c, self.env)).exists() for c in self.combos(stage) or []) \
+            if stage.trains else False
+
+    def results_time(self, stage: Stage) -> str | None:
+        """When the stage's earliest result (or its first training's folder) was made; None: none yet."""
+        paths = []
+        for c in self.combos(stage) or []:
+            if stage.trains:
+                paths += [self.study.results(run_dir(stage, c, self.env)), self.study.out(run_dir(stage, c, self.env))]
+            else:
+                paths.append(self.study.results(stage_file(stage, c, self.env)))
+        times = []
+        for p in paths:
+            for f in ([p] if p.is_file() else list(p.rglob("*")) if p.is_dir() else []):
+                if f.is_file():
+                    times.append(datetime.fromtimestamp(f.stat().st_mtime, timezone.utc))
+        return min(times).isoformat(timespec="seconds") if times else None
+
+
+# ------------------------------------------------------------------------------------------ registration
+
+
+def registration_path(study: Study) -> Path:
+    return study.path.with_name(study.path.stem + ".registration.json")
+
+
+def parts(study: Study) -> dict:
+    """A fingerprint of every part a registration fixes: each stage, each question's decision, the places."""
+    out = {"study": fingerprint({k: study.raw.get(k) for k in ("out", "results", "gpu_flags", "edge_rule")})}
+    for stage in study.stages:
+        out[f"stage {stage.name}"] = fingerprint(stage.spec)
+    for qname, q in study.questions.items():
+        decision = {k: v for k, v in q.items() if k not in ("stages", "title", "tables")}
+        out[f"question {qname}"] = fingerprint(substitute(decision, study.raw.get("vars") or {}))
+    return out
+
+
+def _git(study: Study, *args) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=study.path.parent, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def read_registration(study: Study) -> dict | None:
+    path = registration_path(study)
+    if not path.is_file():
+        return None
+    payload = read_json(path)
+    if not isinstance(payload, dict) or "parts" not in payload:
+        raise UserError(f"{path} is not a study registration: restore it from the repository")
+    return payload
+
+
+def _now(now: datetime | None) -> str:
+    return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def register(study: Study, *, allow_dirty: bool = False, after_results: str | None = None,
+             now: datetime | None = None) -> dict:
+    """Record the plan before any result: its hash, its parts' fingerprints, the tool's version and the
+    repository's commit (refused for a plan with uncommitted changes unless ``allow_dirty``, and where
+    a stage already has results unless ``after_results`` says why)."""
+    if read_registration(study) is not None:
+        raise UserError(f"{study.path} is registered already ({registration_path(study).name}): change it with "
+                        "study amend")
+    commit = _git(study, "rev-parse", "HEAD")
+    dirty = commit is None or bool(_git(study, "status", "--porcelain", "--", study.path.name))
+    if dirty and not allow_dirty:
+        raise UserError(f"{study.path} has changes that are not committed (or lies outside a git repository): commit "
+                        "the plan first, or register it with --allow-dirty")
+    runs = Runs(study)
+    started = [s.name for s in study.stages if runs.results_time(s)]
+    if started and not after_results:
+        raise UserError(f"stage {started[0]} has results already: a study is registered before its results (say why "
+                        "with --after-results REASON for a plan written after them)")
+    record = {"plan": study.path.name, "registered": _now(now), "sha256": _sha(study), "version": __version__,
+              "commit": commit, "dirty": dirty, "after_results": after_results or None, "parts": parts(study),
+              "outputs": _outputs_record(study), "amendments": []}
+    write_result(registration_path(study), record)
+    return record
+
+
+def _sha(study: Study) -> str:
+    return hashlib.sha256(study.path.read_bytes()).hexdigest()
+
+
+def write_result(path: Path, payload) -> None:
+    from evo_attention.util.jsonio import write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, payload)
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def _touches(study: Study, part: str, runs: Runs) -> str | None:
+    """When the results a changed part would change were made (None: none yet)."""
+    kind, _, name = part.partition(" ")
+    if kind == "stage":
+        return runs.results_time(study.stage(name)) if any(s.name == name for s in study.stages) else None
+    stages = [s for s in study.stages if s.question == name] if kind == "question" else study.stages
+    times = [t for s in stages if (t := runs.results_time(s))]
+    return min(times) if times else None
+
+
+def amend(study: Study, note: str, now: datetime | None = None) -> dict:
+    """Record a change of the plan (the parts that differ from the last recorded ones) with its time
+    and ``note``; refused where the change would change results that exist."""
+    record = read_registration(study)
+    if record is None:
+        raise UserError(f"{study.path} is not registered: register it first (study register)")
+    if not str(note or "").strip():
+        raise UserError("an amendment needs its note: what changed and why (--note)")
+    last = (record["amendments"][-1] if record["amendments"] else record)["parts"]
+    current = parts(study)
+    changed = _changed(last, current)
+    if not changed:
+        raise UserError(f"{study.path} has not changed since its last record: nothing to amend")
+    time = _now(now)
+    runs = Runs(study)
+    for part in changed:
+        made = _touches(study, part, runs) or _removed(study, record, part)
+        if made:
+            raise UserError(f"the amendment changes {part}, whose results exist (since {made}): an amendment comes "
+                            "before the results it changes; add a new stage instead")
+    record["amendments"].append({"time": time, "note": str(note).strip(), "sha256": _sha(study), "parts": current,
+                                 "outputs": _outputs_record(study), "changed": changed})
+    write_result(registration_path(study), record)
+    return record
+
+
+def _removed(study: Study, record: dict, part: str) -> str | None:
+    """A stage removed since the last record: whether the folders and files it wrote exist."""
+    last = (record["amendments"][-1] if record["amendments"] else record).get("outputs") or {}
+    name = part.partition(" ")[2]
+    if not part.startswith("stage ") or any(s.name == name for s in study.stages):
+        return None
+    found = [study.root / p for p in last.get(name, []) if (study.root / p).exists()]
+    return min(datetime.fromtimestamp(p.stat().st_mtime, timezone.utc) for p in found).isoformat(
+        timespec="seconds") if found else None
+
+
+def _outputs_record(study: Study) -> dict:
+    """Where each stage writes (results and out, relative to the root): a removed stage's results are found."""
+    out = {}
+    for s in study.stages:
+        paths = [_prefix(p).rstrip("/") for p in _outputs(study, s, study.settings)]
+        out[s.name] = [study.rel(study.raw[k], p) for p in paths if p for k in ("results", "out")]
+    return out
+
+
+def check_registered(study: Study) -> dict:
+    """Refuse an unregistered plan, a plan whose parts differ from the last recorded ones, and an
+    amendment dated after the results it changes."""
+    record = read_registration(study)
+    if record is None:
+        raise UserError(f"{study.path} is not registered: run study register {study.path} first (it records the "
+                        "plan before any result)")
+    last = (record["amendments"][-1] if record["amendments"] else record)["parts"]
+    changed = _changed(last, parts(study))
+    if changed:
+        raise UserError(f"the plan differs from its registration in {changed[0]} and no amendment records it: run "
+                        "study amend PLAN --note WHY (refused once its results exist)")
+    runs = Runs(study)
+    for i, amendment in enumerate(record["amendments"]):
+        amendment_time(amendment["time"], registration_path(study), i)  # an ISO time, never in the future
+        for part in amendment["changed"]:
+            made = _touches(study, part, runs)
+            if made and made < amendment["time"]:
+                raise UserError(f"amendment {i + 1} ({amendment['time']}) changes {part}, whose results were made "
+                                f"before it ({made}): an amendment comes before the results it changes")
+    return record

@@ -1,0 +1,335 @@
+"""``evo-attention study``: a registered study as one plan file (studies.study, studies.study_run).
+
+Study 3 (docs/findings3/study3.yaml) reproduces every generated table and answer of docs/findings.md
+from its committed files without training; plans that break their own rules are refused in one line
+naming the rule; a plan changed after results without an amendment, and an amendment after the
+results it changes, are refused; a tiny plan runs end to end, resumes after a kill without training
+anything twice, is amended and reported."""
+
+import json
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evo_attention.cli import build_parser, main
+from evo_attention.report.studies.study_tables import BLOCK
+from evo_attention.search.store import RunStore
+from evo_attention.studies.study import Runs, amend, check_registered, load_study, parts, register
+from evo_attention.studies.study_run import check_document, commands, decide, report, run_study, status
+from evo_attention.util.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY3 = REPO / "docs" / "findings3" / "study3.yaml"
+FINDINGS = REPO / "docs" / "findings.md"
+GATE = "dot|softmax|output_gate|fixed|bias|0.10"
+TINY = ["--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+        "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--quiet"]  # conftest's STUDY_FLAGS
+
+
+def _blocks(text: str) -> set:
+    return {(m["file"], m["table"], m["body"]) for m in BLOCK.finditer(text) if m["file"].startswith("docs/findings3/")}
+
+
+def test_study3_report_reproduces_every_table_and_answer_of_findings_md():
+    plan = load_study(STUDY3)
+    text = report(plan)
+    findings = FINDINGS.read_text(encoding="utf-8")
+    assert len(_blocks(findings)) == 21 and _blocks(text) == _blocks(findings)
+    assert check_document(plan, FINDINGS) == []
+    assert (REPO / "docs" / "findings3" / "report.md").read_text(encoding="utf-8") == text  # committed: current
+    decision = decide(plan)
+    assert decision["D1"]["answers"] == {"answer": "not shown"} and len(decision["D1"]["words"]) == 3
+    for words in decision["D1"]["words"].values():  # each of the 3 programs
+        assert words == {"on-the-suite": "not shown better than softmax (worse)", "wikitext": "does not carry (worse)",
+                         "wikitext-gate": "does not beat the gate", "shakespeare": "does not carry (worse)",
+                         "shakespeare-gate": "does not beat the gate", "d1": "not shown"}
+    assert decision["D2"]["answers"] == {"answer": "undetermined"}
+    assert decision["D3"]["answers"] == {"answer": "no difference shown"}
+    assert {w["feature"] for w in decision["D3"]["words"].values()} == {"no difference shown"}
+    assert {c: w["gate"] for c, w in decision["D4"]["words"].items()} == {
+        "tpp2": "helps", "tpp6": "undetermined", "tpp12": "undetermined", "seed": "undetermined"}
+    trend = "the gate's advantage shrinks with tokens per parameter"
+    assert decision["D4"]["answers"] == {"answer": "undetermined", "trend": trend}
+    # the same words as the study's answers in docs/findings.md
+    answers = {line[4:6]: line for line in findings.split("## Study 3: the answers")[1].splitlines()
+               if line.startswith("- **D")}
+    for q in ("D1", "D2", "D3", "D4"):
+        assert f": {decision[q]['answers']['answer']}" in answers[q] and f"**{q}, answer: " in text
+    assert f"**{trend}**" in findings and "each is not shown better\nthan softmax (`worse`)" in findings
+    assert "no program carries to either corpus; each does not carry\n(worse)" in findings
+
+
+def test_study3_runs_as_one_command_and_trains_nothing_its_files_hold_every_result():
+    plan = load_study(STUDY3)
+
+    def never(argv):
+        raise AssertionError(f"trained: {argv}")
+
+    assert run_study(plan, never, log=lambda line: None) == []
+    assert all(line.endswith(("done", "done (2/2)", "done (3/3)", "done (4/4)", "done (6/6)", "done (20/20)"))
+               for line in status(plan)[2:] if line.startswith("  "))
+
+
+def test_every_command_of_study3_is_one_the_cli_takes():
+    plan, parser = load_study(STUDY3), build_parser()
+    runs, count = Runs(plan), 0
+    for stage in (s for s in plan.stages if s.trains):
+        for combo in runs.combos(stage):
+            for _, argv, _ in commands(plan, runs, stage, combo, gpu=True):
+                parser.parse_args(argv)
+                count += 1
+                on_gpu = stage.name.startswith("d1-validate") or combo.get("cell") == "seed"
+                assert ("--device" in argv) == on_gpu, argv  # the CUDA rule: gpu_flags where a GPU is present
+    assert count == 6 + 1 + 2 + 3 * 2 + 4 + 4 + 20 * 2 + 4 * 3
+
+
+def test_the_example_plan_of_docs_studies_md_keeps_its_rules_and_its_commands_parse():
+    plan, parser = load_study(REPO / "docs" / "study-example.yaml"), build_parser()
+    assert [s.name for s in plan.stages] == ["tune", "plan", "verdict", "cells", "family"]
+    runs = Runs(plan)
+    for stage in (s for s in plan.stages if s.trains and s.name != "verdict"):  # the verdict reads a written plan
+        for combo in runs.combos(stage):
+            for _, argv, _ in commands(plan, runs, stage, combo):
+                parser.parse_args(argv)
+
+
+def test_study_check_finds_a_table_edited_by_hand_and_one_left_out(tmp_path, capsys):
+    plan = load_study(STUDY3)
+    text = FINDINGS.read_text(encoding="utf-8")
+    doc = tmp_path / "findings.md"
+    doc.write_text(text.replace("| 4e-3 | 0.9235 | **yes** |", "| 4e-3 | 0.9236 | **yes** |"))
+    assert check_document(plan, doc) == [f"{doc}: docs/findings3/d1-rate/selected.json table=suite-rate differs from "
+                                         "its file"]
+    start = text.index("<!-- generated: docs/findings3/d3/rediscovery.json")
+    doc.write_text(text[:start] + text[text.index("<!-- end generated -->", start) + 22:])
+    assert check_document(plan, doc) == [f"{doc}: no table rediscovery of docs/findings3/d3/rediscovery.json"]
+    assert main(["study", "check", str(STUDY3), str(doc)]) == 1
+    assert "no table rediscovery" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ rules
+
+
+def _write(path: Path, plan: dict) -> Path:
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))
+    return path
+
+
+def _command(name: str, *args, dir=None, **more) -> dict:
+    return {"name": name, **({"dir": dir} if dir else {}), **more,
+            "command": ["validate", "--genes", GATE, *TINY, *args, "--out", "{out}"]}
+
+
+def _question(stages: list, blocks=(1,), **more) -> dict:
+    return {"blocks": list(blocks), "stages": stages, "sources": {"v": f"{stages[-1].get('dir', stages[-1]['name'])}"
+                                                                        "/validation.json"},
+            "answers": {"answer": [{"say": "the gate helps", "if": ["v is better"]}, {"say": "undetermined"}]}, **more}
+
+
+def _study(questions: dict, **more) -> dict:
+    return {"study": "tiny", "out": "runs", "results": "results", "edge_rule": "note", **more, "questions": questions}
+
+
+@pytest.mark.parametrize("questions, rule", [
+    ({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 1)]),
+      "Q2": _question([_command("b", "--seeds", 2, "--seed-block", 1)], blocks=(1, 2))},
+     "the rule 'two questions may not share a seed block': block 1 is Q1's and Q2's"),
+    ({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 1)], search_seeds=[7]),
+      "Q2": _question([_command("b", "--seeds", 2, "--seed-block", 2)], blocks=(2,), search_seeds=[7])},
+     "two questions may not share a search seed"),
+    ({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 3)])}, "seeds come from the question's blocks"),
+    ({"Q1": _question([_command("a", "--seeds", 2)])}, "draws the default seeds"),
+    ({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 1, "--lr", "{rate:b}"),
+                       _command("b", "--seeds", 2, "--seed-block", 1)])},
+     "'a stage reads only earlier stages' results': stage a reads b"),
+    ({"Q1": _question([_command("a", "--seed-block", 1), _command("b", "--seed-block", 1, dir="a")])},
+     "each stage writes its own folder or file"),
+    ({"Q1": {**_question([_command("a", "--seed-block", 1)]),
+             "answers": {"answer": [{"say": "x", "if": ["v is better"]}]}}},
+     "a decision always answers"),
+])
+def test_a_plan_that_breaks_its_own_rules_is_refused_in_one_line_naming_the_rule(tmp_path, capsys, questions, rule):
+    path = _write(tmp_path / "plan.yaml", _study(questions))
+    with pytest.raises(UserError, match="breaks the rule") as caught:
+        load_study(path)
+    assert rule in str(caught.value) and "\n" not in str(caught.value)
+    assert main(["study", "status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("evo-attention: error: study plan") and rule in err
+
+
+def _git(root: Path, *args) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=root, check=True,
+                   capture_output=True)
+
+
+def _committed(root: Path, plan: dict) -> Path:
+    path = _write(root / "plan.yaml", plan)
+    _git(root, "init", "-q")
+    _git(root, "add", "plan.yaml")
+    _git(root, "commit", "-qm", "the plan")
+    return path
+
+
+def test_registration_before_results_a_change_without_amendment_and_a_late_amendment_are_refused(tmp_path):
+    stages = [_command("a", "--seeds", 2, "--seed-block", 1), _command("b", "--seeds", 2, "--seed-block", 1)]
+    plan = _study({"Q1": _question(stages)})
+    path = _write(tmp_path / "plan.yaml", plan)
+    with pytest.raises(UserError, match="not committed"):  # outside a repository
+        register(load_study(path))
+    path = _committed(tmp_path, plan)
+    (tmp_path / "results" / "a").mkdir(parents=True)
+    (tmp_path / "results" / "a" / "validation.json").write_text("{}")  # stage a's result, made before registering
+    os.utime(tmp_path / "results" / "a" / "validation.json", (time.time() - 3600, time.time() - 3600))
+    with pytest.raises(UserError, match="stage a has results already"):
+        register(load_study(path))
+    record = register(load_study(path), after_results="a test: its result was there first")
+    assert record["commit"] and not record["dirty"] and record["version"]
+    with pytest.raises(UserError, match="registered already"):
+        register(load_study(path))
+    assert check_registered(load_study(path))
+    # stage b has no results: changed without an amendment, refused; with one, taken
+    plan["questions"]["Q1"]["stages"][1]["command"][-5] = 3
+    _write(path, plan)
+    with pytest.raises(UserError, match="differs from its registration in stage b and no amendment records it"):
+        run_study(load_study(path), lambda argv: 0)
+    assert amend(load_study(path), "three seeds for b")["amendments"][0]["changed"] == ["stage b"]
+    assert check_registered(load_study(path))
+    # stage a has results: an amendment of it comes after them, refused
+    plan["questions"]["Q1"]["stages"][0]["command"][-5] = 3
+    _write(path, plan)
+    with pytest.raises(UserError, match="changes stage a, whose results exist"):
+        amend(load_study(path), "three seeds for a")
+    with pytest.raises(UserError, match="no amendment records it"):
+        report(load_study(path))
+    # an amendment recorded by hand, dated after the results it changes
+    ledger = path.with_name("plan.registration.json")
+    record = json.loads(ledger.read_text())
+    record["amendments"].append({"time": "2099-01-01T00:00:00+00:00", "note": "late", "parts": parts(load_study(path)),
+                                 "changed": ["stage a"]})
+    ledger.write_text(json.dumps(record))
+    with pytest.raises(UserError, match="in the future"):
+        check_registered(load_study(path))
+    record["amendments"][-1]["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    ledger.write_text(json.dumps(record))
+    with pytest.raises(UserError, match="changes stage a, whose results were made before it"):
+        check_registered(load_study(path))
+
+
+def test_a_rate_selected_at_an_edge_of_its_grid_stops_what_reads_it(tmp_path):
+    plan = _study({"Q1": {"blocks": [1], "stages": [
+        {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],
+         "command": ["validate", "--genes", GATE, *TINY, "--seed-block", 1, "--lr", "{rate}", "--out", "{out}"]},
+        _command("cells", "--seed-block", 1, "--lr", "{rate:rate}")],
+        "answers": {"answer": [{"say": "nothing to say"}]}}}, edge_rule="refuse")
+    path = _committed(tmp_path, plan)
+    register(load_study(path))
+    for rate in ("1e-3", "2e-3"):
+        (tmp_path / "results" / "rate" / rate).mkdir(parents=True)
+        (tmp_path / "results" / "rate" / rate / "validation.json").write_text("{}")
+    (tmp_path / "results" / "rate" / "selected.json").write_text(json.dumps(
+        {"rates": ["1e-3", "2e-3"], "baseline_mean": {"1e-3": 3.0, "2e-3": 2.0}, "selected": "2e-3", "at_edge": True}))
+    with pytest.raises(UserError, match="the edge rule asks for an amendment that widens the grid"):
+        run_study(load_study(path), lambda argv: pytest.fail(f"ran {argv}"), log=lambda line: None)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def _tiny_plan() -> dict:
+    tiny = {"Q1": {"title": "does the gate help on recall, each gene at its own rate?", "blocks": [1], "stages": [
+        {"name": "tune", "command": ["validate", "--genes", GATE, "{tiny}", "--lr-grid", "1e-3,2e-3", "--tuning-seeds",
+                                     2, "--seeds", 2, "--seed-block", 1, "--out", "{out}"]},
+        {"name": "plan", "kind": "plan", "genes_of": "tune/validation.json", "rate_of": "tune/validation.json",
+         "seeds": 2, "seed_block": 1, "margin": 0.01},
+        {"name": "verdict", "command": ["validate", "--plan", "{plan:plan}", "--lr", "{lr:plan}", "{tiny}",
+                                        "--out", "{out}"]}],
+        "tables": [{"file": "verdict/validation.json", "table": "verdicts"}],
+        "sources": {"verdict": "verdict/validation.json"},
+        "answers": {"answer": [{"say": "the gate helps", "if": ["verdict is better"]}, {"say": "undetermined"}]}},
+        "Q2": {"title": "does the gate help at two budgets (Holm over both)?", "blocks": [2], "stages": [
+            {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],
+             "command": ["validate", "--genes", GATE, "{tiny}", "--seeds", 2, "--seed-block", 2, "--lr", "{rate}",
+                         "--out", "{out}"]},
+            {"name": "cells", "each": {"steps": [2, 3]}, "dir": "cells/{steps}",
+             "command": ["validate", "--genes", GATE, "{tiny}", "--steps", "{steps}", "--seeds", 2, "--seed-block", 2,
+                         "--lr", "{rate:rate}", "--out", "{out}"]},
+            {"name": "family", "kind": "family", "gene": GATE, "against": "baseline", "margin": 0.01,
+             "cells": {"short": "cells/2/validation.json", "long": "cells/3/validation.json"}}],
+            "tables": [{"file": "family/family.json", "table": "d4-family"}],
+            "sources": {"cells": "family/family.json"},
+            "words": {"over": "cells", "gate": [{"say": "helps", "if": ["cells is better"]}, {"say": "undetermined"}]},
+            "answers": {"answer": [{"say": "the gate helps", "if": ["all gate is helps"]}, {"say": "undetermined"}]}}}
+    return _study(tiny, vars={"tiny": TINY})
+
+
+def _trainings(folder: Path) -> int:
+    with RunStore.open(folder, readonly=True) as store:
+        return len(store.evaluations())
+
+
+def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_reported(tmp_path, capsys):
+    plan = _tiny_plan()
+    path = _committed(tmp_path, plan)
+    assert main(["study", "run", str(path)]) == 2  # not registered yet
+    assert "is not registered" in capsys.readouterr().err
+    assert main(["study", "register", str(path)]) == 0
+    # one stage, then a kill after its trainings and before its results were kept
+    assert main(["study", "run", str(path), "--stage", "tune", "--quiet"]) == 0
+    trained = _trainings(tmp_path / "runs" / "tune")
+    assert trained == 2 * 2 * 2 + 2 * 2  # 2 genes x 2 rates x 2 tuning seeds, then 2 genes x 2 seeds
+    assert (tmp_path / "results" / "tune" / "validation.json").is_file()
+    for f in (tmp_path / "results" / "tune").iterdir():
+        f.unlink()
+    assert "tune [command]: partly" in "\n".join(status(load_study(path)))
+    assert main(["study", "run", str(path), "--quiet"]) == 0
+    assert _trainings(tmp_path / "runs" / "tune") == trained  # no finished training repeated
+    assert all(line.endswith(("done", "done (2/2)")) for line in status(load_study(path)) if line.startswith("  "))
+    written = yaml.safe_load((tmp_path / "results" / "plans" / "plan.yaml").read_text())
+    assert written["seed_block"] == 1 and written["comparisons"][0].startswith(GATE + "|lr=")
+    assert json.loads((tmp_path / "results" / "rate" / "selected.json").read_text())["rates"] == ["1e-3", "2e-3"]
+    assert (tmp_path / "results" / "cells" / "3" / "times.json").is_file()
+    # run again: nothing left to do
+    before = {d: _trainings(d.parent) for d in (tmp_path / "runs").rglob("run.db")}
+    assert run_study(load_study(path), lambda argv: pytest.fail(f"ran {argv}"), log=lambda line: None) == []
+    assert before == {d: _trainings(d.parent) for d in (tmp_path / "runs").rglob("run.db")}
+    # amend: a new cell is taken (no results of it yet); a change of the cells that ran is refused
+    plan["questions"]["Q2"]["stages"].insert(2, {**plan["questions"]["Q2"]["stages"][1], "name": "more",
+                                                 "each": {"steps": [4]}, "dir": "more/{steps}"})
+    _write(path, plan)
+    assert main(["study", "amend", str(path), "--note", "a cell at 4 steps"]) == 0
+    cells = plan["questions"]["Q2"]["stages"][1]["command"]
+    cells[cells.index("--seeds") + 1] = 3
+    _write(path, plan)
+    capsys.readouterr()
+    assert main(["study", "amend", str(path), "--note", "3 seeds, not 2"]) == 2
+    assert "changes stage cells, whose results exist" in capsys.readouterr().err
+    cells[cells.index("--seeds") + 1] = 2
+    _write(path, plan)
+    assert main(["study", "report", str(path)]) == 0
+    text = (tmp_path / "results" / "report.md").read_text()
+    assert "1 amendment(s)" in text and "a cell at 4 steps" in text and "more (not started)" in text
+    assert "**Q1, answer: " in text and "**Q2, answer: " in text
+    assert "<!-- generated: results/family/family.json table=d4-family -->" in text
+    assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 0
+
+
+def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives_it(tmp_path, capsys):
+    from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene
+    from evo_attention.nn.matching import matched_baseline
+    from evo_attention.train.config import Config
+
+    assert main(["baseline", "--matched-to", GATE, *TINY, "--out", str(tmp_path / "x")]) == 2  # --ffn: one width
+    assert "--matched-to sets the feed-forward width: drop --ffn" in capsys.readouterr().err
+    flags = [f for i, f in enumerate(TINY) if f != "--ffn" and (i == 0 or TINY[i - 1] != "--ffn")]
+    assert main(["baseline", "--matched-to", GATE, *flags, "--out", str(tmp_path / "m")]) == 0
+    config = Config.from_dict(json.loads((tmp_path / "m" / "result.json").read_text())["config"])
+    data = data_from_config(config)
+    spec = config.replace(d_ff=None).model.with_data(data.vocab_size, data.seq_len)
+    assert config.d_ff == matched_baseline(spec, AttentionGene.parse(GATE))["ffn_dim"] != spec.ffn_dim
