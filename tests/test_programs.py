@@ -88,7 +88,7 @@ def assert_contracts(program, seed: int) -> None:
 def programs_using(op: str, grammar, n: int = 3) -> list:
     """``n`` random programs that use ``op``, drawn from a small space around it."""
     rng = random.Random(op)
-    base = ("o", "mix", "kmix", "w.softmax", "s.dot", "t.fixed")
+    base = ("o", "mix", "kmix", "elu1", "w.softmax", "s.dot", "t.fixed")  # elu1: the features plain kmix reads
     space = ProgramSpace(max_nodes=8, ops=tuple(dict.fromkeys((op,) + base)))
     found = []
     for _ in range(2000):
