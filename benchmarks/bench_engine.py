@@ -95,8 +95,11 @@ def main(argv=None) -> int:
                          "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
     reference_commit = subprocess.run(["git", "-C", args.reference, "rev-parse", "HEAD"], capture_output=True,
                                       text=True).stdout.strip()
+    models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+              if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
     result = {"kind": "engine-step-time", "reference_commit": reference_commit, "rounds": args.rounds,
-              "steps": args.steps, "repeats": args.repeats, "machine": platform.processor() or platform.machine(),
+              "steps": args.steps, "repeats": args.repeats,
+              "machine": f"{models[0]}, {os.cpu_count()} cores" if models else platform.machine(),
               "cells": {c: list(v) for c, v in named.items()}, "ms_per_step": times, "summary": summary,
               "command": "python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if args.out:
