@@ -297,6 +297,8 @@ def test_cli_export_format_hf_from_a_saved_model(tmp_path, capsys):
     assert {"config.json", "configuration_evo_attention.py", "modeling_evo_attention.py", "model.safetensors",
             "tokenizer.json", "tokenizer_config.json", "README.md", "evo_attention_nn_model.py"} <= files
     assert not any(p.is_dir() for p in (tmp_path / "hf").iterdir())  # flat: transformers copies no folders
+    card = (tmp_path / "hf" / "README.md").read_text()  # the card says what the code does: left padding generates
+    assert "padded on the left" in card and "Padding on the right only" not in card
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["model_type"] == "evo_attention" and config["block"] == "llama" and config["n_layers"] == 2
     assert config["genes"] == [g.key for g in model.genes]

@@ -478,8 +478,9 @@ print(tokenizer.decode(out[0]))
 | genes (per layer) | {gene_list} |
 
 It sees at most {max_seq_len} positions (generation slides the window past that); `generate` runs the
-library's cached decoding (keys and values, or a kernel normalization's running sums). Padding on
-the right only.
+library's cached decoding (keys and values, or a kernel normalization's running sums). Batches are
+padded on the left for `generate` (`tokenizer.padding_side = "left"`: each row runs on its real
+tokens); a batch padded on the right is scored without a cache, and generating from it is refused.
 
 {needs}
 """
