@@ -177,9 +177,15 @@ def best_line(summary) -> str | None:
     if summary.best_gene is None:
         return None
     line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
+    accuracy = {r.get("role"): r.get("accuracy") for r in summary.evaluations
+                if r.get("id") == summary.best.get("id") or (r.get("role") == "baseline" and r.get("status") == "ok")}
+    if accuracy.get("search") is not None:  # a task scored at its answers (recall): the accuracy beside it
+        line += f", accuracy {number(accuracy['search'], 3)}"
     if summary.change:
-        line += (f"  vs baseline {number(summary.baseline['perplexity'])}: change "
-                 f"{signed_change(summary.change['percent'])} ({direction(True)})")
+        line += (f"  vs baseline {number(summary.baseline['perplexity'])}"
+                 + (f", accuracy {number(accuracy['baseline'], 3)}" if accuracy.get("baseline") is not None else "")
+                 + f": change {signed_change(summary.change['percent'])} ({direction(True)}; one seed: "
+                 "validate to test it)")
     return line
 
 
