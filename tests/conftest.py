@@ -91,6 +91,23 @@ def covering_genes():
     return covering_gene_keys
 
 
+@pytest.fixture
+def plugin(monkeypatch):
+    """tests/plugins/example_plugin.py imported as a user's plugin (it registers the op hgate and the
+    task shifted_copy); unregistered afterwards."""
+    import sys
+
+    from evo_attention.data import unregister_task
+    from evo_attention.nn.program import unregister_op
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "plugins"))
+    import example_plugin  # noqa: F401
+    yield
+    unregister_op("hgate")
+    unregister_task("shifted_copy")
+    sys.modules.pop("example_plugin", None)
+
+
 UNFOLDABLE_SIMILARITY = "test_unfolded_scale"
 
 

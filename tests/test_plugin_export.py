@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import save_file
 
 from evo_attention.cli import main
-from evo_attention.data import unregister_task
 from evo_attention.interop.export import export_attention, module_sources, plugin_source
 from evo_attention.interop.hf import export_hf
 from evo_attention.nn import components
@@ -76,16 +75,6 @@ out = model.generate(io["ids"][:1, :4], max_new_tokens=6, do_sample=False)[0, 4:
 assert "evo_attention" not in sys.modules
 print("RESULT", json.dumps({"error": error, "generated": out.tolist(), "genes": model.config.genes}))
 '''
-
-
-@pytest.fixture
-def plugin(monkeypatch):
-    monkeypatch.syspath_prepend(str(PLUGINS))
-    import example_plugin  # noqa: F401  (registers hgate and shifted_copy)
-    yield
-    unregister_op("hgate")
-    unregister_task("shifted_copy")
-    sys.modules.pop("example_plugin", None)
 
 
 def _env(tmp_path) -> dict:

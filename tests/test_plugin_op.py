@@ -4,34 +4,19 @@ point and a curve's task (tests/plugins/example_plugin.py)."""
 
 import json
 import sqlite3
-import sys
-from pathlib import Path
 
 import pytest
 
 from evo_attention import Config, programs
 from evo_attention.cli import main
-from evo_attention.data import data_from_config, unregister_task
+from evo_attention.data import data_from_config
 from evo_attention.data.suites import parse_suite
 from evo_attention.genes import program_grammar
-from evo_attention.nn.program import unregister_op
 from evo_attention.report.attachments import CURVE_RESULTS
 from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import run_batched, run_training
 from test_programs import assert_contracts, programs_using
-
-PLUGINS = Path(__file__).resolve().parent / "plugins"
-
-
-@pytest.fixture
-def plugin(monkeypatch):
-    monkeypatch.syspath_prepend(str(PLUGINS))
-    import example_plugin  # noqa: F401  (registers hgate and shifted_copy)
-    yield
-    unregister_op("hgate")
-    unregister_task("shifted_copy")
-    sys.modules.pop("example_plugin", None)
 
 
 def test_the_op_joins_the_language_and_every_contract(plugin):
