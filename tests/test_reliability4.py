@@ -126,3 +126,16 @@ def test_a_directory_given_for_a_file_is_named_in_plain_words(tmp_path):
     with pytest.raises(UserError) as error:
         journal_path(tmp_path)
     assert "the file to write (an Optuna journal)" in str(error.value) and "the an" not in str(error.value)
+
+
+def test_a_vocabulary_set_by_the_data_is_blamed_on_the_data_not_the_preset():
+    """0.5: `--preset quick --data mqar:vocab=99999999` blamed 'vocab_size is set in preset quick'."""
+    import torch
+
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.trainer import check_training_memory
+
+    spec = ModelSpec(vocab_size=99_999_999, d_model=64, n_heads=4, n_layers=2, max_seq_len=32)
+    with pytest.raises(UserError) as error:
+        check_training_memory(spec, "dot|softmax|none|fixed", 1, torch.device("cpu"), "mqar:vocab=99999999")
+    assert "vocab knob of data mqar:vocab=99999999" in str(error.value) and error.value.settings == ("data", "d_model")

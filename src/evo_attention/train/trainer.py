@@ -68,6 +68,7 @@ import functools
 import gc
 import io
 import math
+import re
 import statistics
 import time
 import warnings
@@ -431,14 +432,18 @@ def _parameters(genome: str, spec) -> int:
         return TinyTransformer(spec, genome).num_parameters()
 
 
-def check_training_memory(spec, genome, models: int, device: torch.device) -> None:
+def check_training_memory(spec, genome, models: int, device: torch.device, vocab_from: str | None = None) -> None:
     """UserError when the weights, gradients and optimizer moments of ``models`` models of ``genome``
     at ``spec`` would not fit in the memory available to ``device``, estimated before any is built
-    (activations come on top: a training that still runs out is recorded ``oom``)."""
+    (activations come on top: a training that still runs out is recorded ``oom``). ``vocab_from``:
+    the data name whose inline knob set the vocabulary (the fix names it, not ``vocab_size``)."""
     params = _parameters(mechanism_of(genome).key, spec)
     needed = TRAINING_BYTES_PER_PARAMETER * params * models
     embedding = spec.vocab_size * spec.d_model
-    if 2 * embedding > params:
+    if 2 * embedding > params and vocab_from is not None:
+        fix, setting = (f"lower the vocab knob of data {vocab_from} (the vocabulary sets the embedding) or d_model",
+                        ("data", "d_model"))
+    elif 2 * embedding > params:
         fix, setting = "lower vocab_size (the vocabulary sets the embedding) or d_model", ("vocab_size", "d_model")
     else:
         fix, setting = "lower d_model or n_layers", ("d_model", "n_layers")
@@ -467,7 +472,9 @@ class Trainer:
             threads.watch()  # OpenMP's waits follow the other processes' load (util/threads.py)
         # the model's vocabulary and window come from the data
         self.spec = first.model.with_data(data.vocab_size, data.seq_len)
-        check_training_memory(self.spec, first.gene, len(trials), self.device)  # before any model is built
+        knobs = str(first.task.data).partition(":")[2]
+        vocab_from = first.task.data if re.search(r"(^|[:,])vocab=", knobs) else None  # the data set the vocabulary
+        check_training_memory(self.spec, first.gene, len(trials), self.device, vocab_from)  # before any model is built
         # auto: measured per model shape on this machine (environment.choose_precision); the record says why
         self.precision, self.precision_reason = choose_precision(
             first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,
