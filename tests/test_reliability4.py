@@ -139,3 +139,20 @@ def test_a_vocabulary_set_by_the_data_is_blamed_on_the_data_not_the_preset():
     with pytest.raises(UserError) as error:
         check_training_memory(spec, "dot|softmax|none|fixed", 1, torch.device("cpu"), "mqar:vocab=99999999")
     assert "vocab knob of data mqar:vocab=99999999" in str(error.value) and error.value.settings == ("data", "d_model")
+
+
+def test_a_new_search_never_starts_beside_another_commands_results(tmp_path, capsys):
+    """A hostile rerun found `validate --from-run RUN --out D` then `search --out D --overwrite` mixing
+    a search into D beside the validation's files (its trainings live in RUN's store)."""
+    from evo_attention.cli import main
+
+    search = ["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+              "--elite", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet"]
+    assert main([*search, "--out", str(tmp_path / "run")]) == 0
+    out = tmp_path / "d"
+    assert main(["validate", "--from-run", str(tmp_path / "run"), "--genes", "dot|softmax|output_gate|fixed",
+                 "--seeds", "2", "--steps", "2", "--quiet", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*search, "--out", str(out), "--overwrite"]) != 0
+    assert "holds validation.json, the result of another command" in capsys.readouterr().err
+    assert not (out / "run.db").exists()

@@ -56,6 +56,10 @@ from evo_attention.util.plugins import load_plugins
 from evo_attention.util.progress import SearchView
 
 
+# the result files of the studies (report.attachments names them): a new run is never started beside them
+STUDY_RESULTS = ("validation*.json", "ablation*.json", "compare*.json", "curve.json", "transfer*.json")
+
+
 def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int:
     """Fitness requests a search at ``config`` makes (at most, with a multi-fidelity schedule),
     the baseline included; on a suite, the trainings (one per request and point)."""
@@ -149,6 +153,11 @@ class Search:
                 raise UserError(f"the run in {self.out_dir} was made with plugin {missing[0]}, which is not loaded: add "
                                 f"it to plugins to resume", setting="plugins")
             return store
+        if not RunStore.exists(self.out_dir) and self.out_dir.is_dir():
+            found = sorted(p.name for pattern in STUDY_RESULTS for p in self.out_dir.glob(pattern))
+            if found:  # another command's results (a study run --from-run elsewhere): never mixed into a run
+                raise UserError(f"{self.out_dir} holds {found[0]}, the result of another command: a search writes "
+                                "into a directory of its own; choose another out", setting="out")
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
