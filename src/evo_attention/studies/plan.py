@@ -182,22 +182,28 @@ def family_values(values: Mapping, path, where: str, study: str = "validation") 
     return out
 
 
+def read_plan_yaml(path: str | os.PathLike, fail) -> Any:
+    """The YAML of a plan file (a key given twice refused); ``fail(why)`` makes the UserError of each
+    fault (a directory, a duplicate key, an unreadable file, not YAML), in the caller's words."""
+    import yaml
+
+    if Path(path).is_dir():
+        raise fail("is a directory: give the path of the plan's YAML file")
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=unique_key_loader())
+    except DuplicateKey as exc:
+        raise fail(f"sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one of them") from None
+    except OSError as exc:
+        raise fail(f"cannot be read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise fail(f"is not YAML: {str(exc).splitlines()[0]}") from None
+
+
 def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     """The plan of a ``study`` (validation or curve) in ``path``; UserError (naming ``plan``) for a
     file that is missing, not YAML, or holds an unknown key, a bad value, or an amendment without
     its time or reason."""
-    import yaml
-
-    if Path(path).is_dir():
-        raise _fail(path, "is a directory: give the path of the plan's YAML file")
-    try:
-        raw = yaml.load(Path(path).read_text(), Loader=unique_key_loader())
-    except DuplicateKey as exc:
-        raise _fail(path, f"sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one of them") from None
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise _fail(path, f"is not YAML: {str(exc).splitlines()[0]}") from None
+    raw = read_plan_yaml(path, lambda why: _fail(path, why))
     fields = STUDIES[study]["fields"]
     required = fields[:STUDIES[study]["required"]]
     if not isinstance(raw, dict):

@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from evo_attention.studies.plan import amendment_time, family_values, fingerprint
+from evo_attention.studies.plan import amendment_time, family_values, fingerprint, read_plan_yaml
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -173,20 +173,7 @@ def flatten(args) -> list:
 
 
 def _load_yaml(path: Path):
-    import yaml
-
-    from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
-
-    if path.is_dir():
-        raise _fail(path, "is a directory: give the plan's YAML file")
-    try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
-    except DuplicateKey as exc:
-        raise _fail(path, f"sets {exc.key} twice (lines {exc.first} and {exc.second}): keep one of them") from None
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise _fail(path, f"is not YAML: {str(exc).splitlines()[0]}") from None
+    return read_plan_yaml(path, lambda why: _fail(path, why))
 
 
 # ------------------------------------------------------------------------------------------ loading
