@@ -504,6 +504,7 @@ class ProgramCore(nn.Module):
                 if module is not None:
                     self.ops[f"n{i}"] = module
         self.index = {node.text: i for i, node in enumerate(self.nodes)}
+        self.module_keys = {node.text: f"n{i}" for i, node in enumerate(self.nodes) if f"n{i}" in self.ops}
         self.forms = {node.text: form for node in self.nodes if (form := _attention_form(node))}
         self.heads_node = _heads_node(program.root)
         self.cacheable = _cacheable(program.root, self.heads_node, self.forms)
@@ -512,7 +513,8 @@ class ProgramCore(nn.Module):
         attr = self.bound.get(node.op)
         if attr is not None:
             return getattr(run.attn, attr)
-        return self.ops[f"n{self.index[node.text]}"] if f"n{self.index[node.text]}" in self.ops else None
+        key = self.module_keys.get(node.text)  # an op with weights of its own (decided when built)
+        return None if key is None else self.ops[key]
 
     # -- entry points -----------------------------------------------------------------------------------
     def forward(self, attn, x, mask=None, need_weights: bool = False):
