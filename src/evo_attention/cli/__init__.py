@@ -16,8 +16,9 @@ from evo_attention.util.version import __version__
 
 # The subcommands, in the order ``--help`` lists them: evo_attention/cli/<module>.py each.
 COMMAND_MODULES = ("baseline", "search", "status", "report", "validate", "ablate", "transfer", "maps", "bench",
-                   "compare", "curve", "generate", "export", "study")
-COMMAND_NAMES = {**{name: name for name in COMMAND_MODULES}, "attention-maps": "maps", "train": "baseline"}  # command -> module
+                   "compare", "curve", "fitness", "generate", "export", "study")
+COMMAND_NAMES = {**{name: name for name in COMMAND_MODULES}, "attention-maps": "maps", "train": "baseline",
+                 "fitness-check": "fitness"}  # command -> module
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

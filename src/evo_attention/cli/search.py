@@ -121,6 +121,11 @@ def cmd_search(args) -> int:
         from evo_attention.report.summary import init_from_text
 
         log(f"warm start from {init_from_text(evolution.init_from)}", args.quiet)
+    from evo_attention.cli.common import note
+    from evo_attention.studies.fitness import check_lines
+
+    for line, warning in check_lines(config, None if on_suite else evolution.data):
+        note(line) if warning else log(line, args.quiet)
     from evo_attention.train.config import CAP_FIELDS
 
     caps = {name: getattr(config, name) for name in CAP_FIELDS if getattr(config, name) is not None}
