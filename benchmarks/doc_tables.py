@@ -31,7 +31,9 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
 - ``signal-noise-genes``: the same result's per-gene means per point;
-- ``suite-signal``: a ``benchmarks/suite_signal.py`` result.
+- ``suite-signal``: a ``benchmarks/suite_signal.py`` result;
+- ``fitness-points``, ``fitness-improvements``: a fitness check's verdicts and per-point table, and
+  its improvements' table (``evo-attention fitness-check``; ``report.studies.fitness``).
 """
 
 from __future__ import annotations
@@ -260,7 +262,22 @@ def curve_verdicts(payload: dict) -> str:
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 
 
-TABLES = {**STUDY_TABLES, "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
+def fitness_points(payload: dict) -> str:
+    """A fitness check (``fitness_check.json``): the vanilla gene per point, with its verdicts above."""
+    from evo_attention.report.studies.fitness import points_table
+
+    return "".join(f"- {v}\n" for v in payload["verdicts"]) + "\n" + points_table(payload)
+
+
+def fitness_improvements(payload: dict) -> str:
+    """A fitness check: each known improvement's effect and the probability one evaluation ranks it right."""
+    from evo_attention.report.studies.fitness import improvements_table
+
+    return improvements_table(payload)
+
+
+TABLES = {**STUDY_TABLES, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
+          "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
           "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "curve": curve,
           "batched": batched, "signal-noise-full": signal_noise_full, "costs": costs, "signal-noise": signal_noise,
           "signal-noise-genes": signal_noise_genes}

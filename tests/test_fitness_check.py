@@ -153,3 +153,31 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, flags, message):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# -- the committed checks of the fitness presets ------------------------------------------------------
+def test_the_committed_recall_check_is_the_check_of_its_preset_and_meets_its_targets():
+    from evo_attention.studies.fitness import COMMITTED, Fitness, check_lines, fitness_id
+    from evo_attention.data.suites import load_suite
+
+    found = json.loads((COMMITTED / "fitness-recall.json").read_text())
+    config = build_config("quick", overrides={"suite": "fitness-recall"})
+    assert fitness_id(Fitness.of(config, suite=load_suite("fitness-recall"))) == found["fitness"]["id"]
+    assert found["lr"] == config.learning_rate and len(found["seeds"]) >= 10
+    assert all(p["no_recall"] < p["mean"] <= 0.95 and p["variance_share"] < 0.75 for p in found["points"].values())
+    assert all(row["p_one"] >= 0.9 for row in found["improvements"])  # dconv=3, and softmax over linear
+    assert any("can see dconv=3 in one evaluation" in line for line, _ in check_lines(config))
+
+
+def test_the_committed_language_check_is_the_check_of_its_preset(monkeypatch):
+    from tests.conftest import REPO
+    from evo_attention.studies.fitness import COMMITTED, Fitness, fitness_id
+
+    shakespeare = REPO.parent / "shared" / "data" / "shakespeare"
+    if not (shakespeare / "valid.txt").exists():
+        pytest.skip(f"shared Shakespeare corpus not found at {shakespeare}")
+    found = json.loads((COMMITTED / "fitness-lm.json").read_text())
+    config = build_config("fitness-lm", overrides={"data_dir": str(shakespeare)})
+    assert fitness_id(Fitness.of(config)) == found["fitness"]["id"] and found["lr"] == config.learning_rate
+    (gate,) = found["improvements"]
+    assert gate["name"] == "output gate" and gate["p_one"] >= 0.9 and len(found["seeds"]) >= 10

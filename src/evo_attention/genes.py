@@ -1009,3 +1009,21 @@ def _named_parts(text: str, parts: list) -> dict:
                             f"(e.g. {KEY_PARTS[fieldname]}=...) or leave the part out")
         named[fieldname] = value.strip()
     return named
+
+
+def in_program_form(key: str, space: SearchSpace) -> str:
+    """A classic gene's key as its program gene when ``space`` searches programs (every classic gene
+    is a program, ``programs.classic_program``), so a warm start from a classic run enters a program
+    search; any other key as it is."""
+    if getattr(space, "program_space", None) is None:
+        return key
+    try:
+        genome = AttentionGene.parse(key)
+    except (ValueError, UserError):
+        return key  # outside_space says why it cannot be read
+    if isinstance(genome, LayerGenes) or genome.program is not None:
+        return key
+    text = programs.classic_program(genome.similarity, genome.normalization, genome.gating, genome.temperature_mode,
+                                    kernels=KERNEL_NORMALIZATIONS)
+    defaults = {name: FIELD[name].default for name in CORE_FIELDS}
+    return genome.replace(program=text, **defaults).key

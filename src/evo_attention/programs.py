@@ -456,16 +456,29 @@ def mixes_tokens(program: Program, grammar: Grammar) -> bool:
 @dataclass(frozen=True)
 class ProgramSpace:
     """The programs a search draws: at most ``max_nodes`` op nodes, built from ``ops`` (op names;
-    empty: every op of the grammar). Random programs must mix tokens (``mixes_tokens``)."""
+    empty: every op of the grammar). Random programs must mix tokens (``mixes_tokens``). ``edits``:
+    the weight of each edit kind a mutation draws (``EDITS``; empty: ``DEFAULT_EDITS``)."""
 
     max_nodes: int = MAX_NODES
     ops: tuple = ()
+    edits: tuple = ()  # (kind, weight) pairs
 
     def __post_init__(self):
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or not 3 <= self.max_nodes <= 64:
             raise UserError(f"program max_nodes {self.max_nodes!r} must be an integer in [3, 64]",
                             setting="search_space")
         object.__setattr__(self, "ops", tuple(dict.fromkeys(self.ops or ())))
+        edits = dict(self.edits or DEFAULT_EDITS)
+        for kind, weight in edits.items():
+            if kind not in EDITS:
+                raise UserError(f"unknown program edit {kind!r}: valid edits are {', '.join(EDITS)}",
+                                setting="search_space")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
+                raise UserError(f"program edit {kind} has weight {weight!r}: give a number >= 0", setting="search_space")
+        if not any(edits.values()):
+            raise UserError("every program edit has weight 0: give at least one a positive weight, e.g. "
+                            "edits: {time: 3, any: 1}", setting="search_space")
+        object.__setattr__(self, "edits", tuple(edits.items()))
 
     @classmethod
     def from_dict(cls, data, grammar: Grammar) -> "ProgramSpace":
@@ -474,10 +487,14 @@ class ProgramSpace:
         if not isinstance(data, Mapping):
             raise UserError(f"search_space program {data!r} must be a mapping such as {{max_nodes: 12, ops: [...]}}",
                             setting="search_space")
-        unknown = sorted(set(data) - {"max_nodes", "ops"})
+        unknown = sorted(set(data) - {"max_nodes", "ops", "edits"})
         if unknown:
-            raise UserError(f"unknown program space key {unknown[0]!r}: valid keys are max_nodes, ops",
+            raise UserError(f"unknown program space key {unknown[0]!r}: valid keys are max_nodes, ops, edits",
                             setting="search_space")
+        edits = data.get("edits") or {}
+        if not isinstance(edits, Mapping):
+            raise UserError(f"search_space program edits {edits!r} must be a mapping of edit kind: weight such as "
+                            "{time: 3, gate: 2, any: 1}", setting="search_space")
         ops = data.get("ops") or ()
         if isinstance(ops, str):
             ops = [o.strip() for o in ops.split(",") if o.strip()]
@@ -486,7 +503,7 @@ class ProgramSpace:
                             "[o, mix, w.softmax, s.dot, dconv3]", setting="search_space")
         for name in ops:
             grammar.op(name)
-        space = cls(max_nodes=data.get("max_nodes", MAX_NODES), ops=tuple(ops))
+        space = cls(max_nodes=data.get("max_nodes", MAX_NODES), ops=tuple(ops), edits=tuple(edits.items()))
         missing = [o for o in ("o", "mix") if space.ops and o not in space.ops and "kmix" not in space.ops]
         if missing:
             raise UserError(f"the program space's ops lack {', '.join(missing)}: a program needs o(...) and a mixing "
@@ -495,7 +512,8 @@ class ProgramSpace:
         return space
 
     def to_dict(self) -> dict:
-        return {"max_nodes": self.max_nodes, "ops": list(self.ops)}
+        edits = dict(self.edits)
+        return {"max_nodes": self.max_nodes, "ops": list(self.ops), **({} if edits == DEFAULT_EDITS else {"edits": edits})}
 
     def allowed(self, grammar: Grammar) -> dict:
         names = self.ops or tuple(grammar.ops)
@@ -618,48 +636,156 @@ def _typed_nodes(program: Program, grammar: Grammar) -> list:
     return [(n, types[n.text]) for n in program.nodes() if n.text in types]
 
 
-MUTATIONS = ("replace", "insert", "delete", "rewire", "constant")
+MUTATIONS = ("replace", "insert", "delete", "rewire", "constant")  # what the generic edit ("any") does
 
 
-def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
-    """One edit of the program (replace an op, insert or delete a node, rewire an input, change a
-    constant), canonical and inside the space; tried again with the same rng until the result
-    differs from the parent (the parent itself after MAX_TRIES)."""
+def _any_edit(program: Program, rng, ops, grammar: Grammar):
+    """The generic edit: replace an op, insert or delete a node, rewire an input or change a
+    constant, at a uniformly drawn node: ``(node, new subtree)`` or None when the draw does not apply."""
+    nodes = _typed_nodes(program, grammar)
+    kind = rng.choice(MUTATIONS)
+    node, wanted = rng.choice(nodes)
+    new = None
+    if kind == "replace" and node.args:
+        types = [grammar.type_of(a) for a in node.args]
+        same = [o.name for o in ops.values() if o.name != node.op and o.kind != "root" and o.result(types)
+                and _fits(o.result(types), wanted)]
+        new = Node(rng.choice(same), node.args) if same else None
+    elif kind == "insert" and wanted != "C":
+        wrappers = [(name, args) for name, args in _producers(ops, wanted) if any(_fits(wanted, a) for a in args)]
+        if wrappers:
+            name, args = rng.choice(wrappers)
+            slot = rng.choice([i for i, a in enumerate(args) if _fits(wanted, a)])
+            children = [node if i == slot else _grow(rng, a, 1, ops, 1) for i, a in enumerate(args)]
+            new = None if any(c is None for c in children) else Node(name, tuple(children))
+    elif kind == "delete" and node.args:
+        same = [a for a in node.args if _fits(grammar.type_of(a), wanted)]
+        new = rng.choice(same) if same else None
+    elif kind == "rewire" and not node.args and node.op != "const":
+        others = [n for n, t in nodes if _fits(t, wanted) and n.text != node.text and "pin" not in n.text]
+        new = rng.choice(others) if others else None
+    elif kind == "constant" and node.op == "const":
+        new = const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
+    return None if new is None else (node, new)
+
+
+def _wrap(program: Program, rng, ops, names: Sequence[str], wrappers: Sequence[str]):
+    """Wrap one of the nodes whose op is in ``names`` (present in the program) in one of ``wrappers``
+    (allowed by the space): ``(node, wrapped)`` or None."""
+    targets = [n for n in program.nodes() if n.op in names]
+    choices = [w for w in wrappers if w in ops]
+    if not targets or not choices:
+        return None
+    node = rng.choice(targets)
+    return node, Node(rng.choice(choices), (node,))
+
+
+def _swap(program: Program, rng, ops, prefix: str):
+    """Replace one op named ``prefix``* by another such op the space allows: ``(node, new)`` or None."""
+    targets = [n for n in program.nodes() if n.op.startswith(prefix)]
+    if not targets:
+        return None
+    node = rng.choice(targets)
+    others = [name for name in ops if name.startswith(prefix) and name != node.op]
+    return (node, Node(rng.choice(others), node.args)) if others else None
+
+
+def _second_path(program: Program, rng, ops, grammar: Grammar):
+    """Mix two attention paths: the heads' value under ``o`` added to a second, standard path
+    (softmax attention, or causal linear attention where softmax is there already)."""
+    heads = [n.args[0] for n in program.nodes() if n.op == "o"]
+    if not heads or "add" not in ops:
+        return None
+    node = rng.choice(heads)
+    paths = [parse(text, grammar).root for text, needs in (
+        ("o(mix(w.softmax(t.fixed(s.dot(q,k))),v))", ("mix", "w.softmax", "t.fixed", "s.dot")),
+        ("o(kmix(elu1(q),elu1(k),v))", ("kmix", "elu1"))) if all(o in ops for o in needs)]
+    paths = [p.args[0] for p in paths if p.args[0].text not in node.text]
+    return (node, Node("add", (node, rng.choice(paths)))) if paths else None
+
+
+def _delete(program: Program, rng, grammar: Grammar):
+    options = deletions(program, grammar)
+    if not options:
+        return None
+    node, arg, _ = rng.choice(options)
+    return node, arg
+
+
+def _constant(program: Program, rng):
+    constants = [n for n in program.nodes() if n.op == "const"]
+    if not constants:
+        return None
+    node = rng.choice(constants)
+    return node, const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
+
+
+# The edit kinds a mutation draws, by name (docs/programs.md): each gives (node, its replacement), or
+# None where it does not apply to the program. All are checked the same way after (canonical form,
+# the space, tokens mixed), so every edit is well-typed and causal by construction.
+TIME_OPS = ("shift", "dconv2", "dconv3", "dconv4", "decay")
+EDITS = {
+    "time": lambda p, rng, ops, g: _wrap(p, rng, ops, ("q", "k", "v"), TIME_OPS),  # token mixing on q, k or v
+    "gate": lambda p, rng, ops, g: _wrap(p, rng, ops, ("mix", "kmix", "v"), ("sgate",)),  # a sigmoid gate on heads or v
+    "weighting": lambda p, rng, ops, g: _swap(p, rng, ops, "w."),  # softmax -> sparsemax, sigmoid, ...
+    "qk": lambda p, rng, ops, g: _wrap(p, rng, ops, ("q", "k"), ("scale", "bias", "l2n", "rmsn")),
+    "temperature": lambda p, rng, ops, g: _swap(p, rng, ops, "t."),
+    "paths": lambda p, rng, ops, g: _second_path(p, rng, ops, g),
+    "delete": lambda p, rng, ops, g: _delete(p, rng, g),
+    "constant": lambda p, rng, ops, g: _constant(p, rng),
+    "any": lambda p, rng, ops, g: _any_edit(p, rng, ops, g),
+}
+DEFAULT_EDITS = {"time": 3, "gate": 2, "weighting": 1, "qk": 1, "temperature": 1, "paths": 1, "delete": 1,
+                 "constant": 1, "any": 2}
+
+
+def edit(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> tuple[str, Program]:
+    """One edit of the program, its kind drawn by the space's ``edits`` weights: ``(kind, child)``,
+    the child canonical, inside the space, mixing tokens and other than the parent; tried again with
+    the same rng until one is (``("none", program)`` after MAX_TRIES). A space whose only edit is
+    ``any`` draws exactly what 0.5's mutation drew."""
     ops = _OpTable(space.allowed(grammar))
+    kinds = [(k, w) for k, w in space.edits if w > 0]
     for _ in range(MAX_TRIES):
-        nodes = _typed_nodes(program, grammar)
-        kind = rng.choice(MUTATIONS)
-        node, wanted = rng.choice(nodes)
-        new = None
-        if kind == "replace" and node.args:
-            types = [grammar.type_of(a) for a in node.args]
-            same = [o.name for o in ops.values() if o.name != node.op and o.kind != "root" and o.result(types)
-                    and _fits(o.result(types), wanted)]
-            new = Node(rng.choice(same), node.args) if same else None
-        elif kind == "insert" and wanted != "C":
-            wrappers = [(name, args) for name, args in _producers(ops, wanted) if any(_fits(wanted, a) for a in args)]
-            if wrappers:
-                name, args = rng.choice(wrappers)
-                slot = rng.choice([i for i, a in enumerate(args) if _fits(wanted, a)])
-                children = [node if i == slot else _grow(rng, a, 1, ops, 1) for i, a in enumerate(args)]
-                new = None if any(c is None for c in children) else Node(name, tuple(children))
-        elif kind == "delete" and node.args:
-            same = [a for a in node.args if _fits(grammar.type_of(a), wanted)]
-            new = rng.choice(same) if same else None
-        elif kind == "rewire" and not node.args and node.op != "const":
-            others = [n for n, t in nodes if _fits(t, wanted) and n.text != node.text and "pin" not in n.text]
-            new = rng.choice(others) if others else None
-        elif kind == "constant" and node.op == "const":
-            new = const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
-        if new is None:
+        kind = kinds[0][0] if len(kinds) == 1 else rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+        found = EDITS[kind](program, rng, ops, grammar)
+        if found is None:
             continue
+        node, new = found
         try:
             child = _valid(Program(_replace(program.root, node.text, new)), space, grammar)
         except ProgramError:
             child = None
         if child is not None and child != program and mixes_tokens(child, grammar):
-            return child
-    return program
+            return kind, child
+    return "none", program
+
+
+def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
+    """One edit of the program (``edit``), the child alone."""
+    return edit(program, rng, space, grammar)[1]
+
+
+def _softmax_over_dot(program: Program) -> bool:
+    return any(n.op == "w.softmax" and any(m.op == "s.dot" for m in n.walk()) for n in program.nodes())
+
+
+FEATURES = {  # what ``census`` counts, each a test of one program
+    "softmax over a dot product": _softmax_over_dot,
+    "token-by-token weights (mix)": lambda p: any(n.op == "mix" for n in p.nodes()),
+    "kernel form (kmix)": lambda p: any(n.op.startswith("kmix") for n in p.nodes()),
+    "an op along time": lambda p: any(n.op in TIME_OPS or n.op in ("cumsum", "cummean", "sdecay") for n in p.nodes()),
+    "a gate": lambda p: any(n.op in ("sgate",) or n.op.startswith(("g.", "gi.")) for n in p.nodes()),
+}
+
+
+def census(drawn: Iterable[Program]) -> dict:
+    """The share of ``drawn`` programs with each of ``FEATURES`` and their mean size: what a
+    generator or a mutation produces (``benchmarks/program_census.py``)."""
+    drawn = list(drawn)
+    n = len(drawn) or 1
+    return {"n": len(drawn), "mean_op_nodes": sum(p.size for p in drawn) / n,
+            **{name: sum(map(test, drawn)) / n for name, test in FEATURES.items()}}
 
 
 def crossover(a: Program, b: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:

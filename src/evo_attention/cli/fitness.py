@@ -77,10 +77,14 @@ def cmd_fitness_check(args) -> int:
     log(f"fitness check: {on}; {args.seeds} seeds at " + (f"lr {lr:g}" if lr is not None else
         f"the vanilla gene's best of {','.join(f'{r:g}' for r in grid)} on {args.tuning_seeds} tuning seeds"),
         args.quiet)
+    import shlex
+    import sys
+
+    command = shlex.join(["evo-attention", *sys.argv[1:]]) if sys.argv[1:2] == ["fitness-check"] else None
     with executor_from_args(args, config) as executor:
         result = run_fitness_check(config, seeds=args.seeds, lr=lr, lr_grid=grid, n_tuning_seeds=args.tuning_seeds,
                                    improvements=args.improvement, evaluations=args.evaluations, out_dir=out,
-                                   executor=executor, quiet=args.quiet)
+                                   executor=executor, quiet=args.quiet, command=command)
     if not args.quiet:
         print(points_table(result))
     for verdict in result.verdicts:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 
 from evo_attention.search.base import Individual, Strategy, fitness_value, rank_members, ranking_key
+from evo_attention.search.climb import HillClimb
 from evo_attention.search.ga import GeneticAlgorithm
 from evo_attention.search.nsga2 import NSGA2
 from evo_attention.search.random_search import RandomSearch
@@ -49,6 +50,7 @@ def register_strategy(name: str):
 register_strategy("ga")(GeneticAlgorithm)
 register_strategy("random")(RandomSearch)
 register_strategy("nsga2")(NSGA2)
+register_strategy("climb")(HillClimb)
 register_strategy("tpe")(TPE)  # needs Optuna (the [tpe] extra), imported only when a TPE is built
 
 
@@ -79,5 +81,5 @@ def strategy_from_config(config) -> Strategy:
     return strategy_class(config.strategy).from_config(config)
 
 
-__all__ = ["GeneticAlgorithm", "Individual", "NSGA2", "RandomSearch", "TPE", "STRATEGIES", "Strategy", "fitness_value",
+__all__ = ["GeneticAlgorithm", "HillClimb", "Individual", "NSGA2", "RandomSearch", "TPE", "STRATEGIES", "Strategy", "fitness_value",
            "make_strategy", "rank_members", "ranking_key", "register_strategy", "strategy_from_config"]

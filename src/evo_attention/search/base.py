@@ -43,7 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
-from evo_attention.genes import ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, violation
+from evo_attention import programs
+from evo_attention.genes import (ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program, in_program_form,
+                                 program_grammar, violation)
 from evo_attention.search.constraints import violation as total_violation
 from evo_attention.search.pareto import pareto_order
 from evo_attention.train.config import CAP_FIELDS
@@ -182,6 +184,27 @@ def enumerate_space(space: SearchSpace) -> list[AttentionGene]:
     return list(genes.values())
 
 
+NEIGHBOUR_TRIES = 20  # draws per wanted neighbour before random genes fill generation 0
+
+
+def neighbour(gene: AttentionGene, rng: random.Random, space: SearchSpace) -> AttentionGene:
+    """One edit of ``gene``: in a program space its program edited once (``programs.edit``, a
+    classic gene in its program form), else one field that the space varies set to another of its
+    options; ``gene`` itself when no edit applies."""
+    if space.program_space is not None:
+        parsed = AttentionGene.parse(in_program_form(gene.key, space))
+        child = programs.mutate(canonical_program(parsed.program), rng, space.program_space, program_grammar())
+        return parsed.replace(program=child.text)
+    values = gene.to_dict()
+    names = [n for n in ALL_FIELDS if n != "program" and [o for o in space.options(n) if o != values[n]]]
+    for _ in range(NEIGHBOUR_TRIES if names else 0):
+        name = rng.choice(names)
+        changed = {**values, name: rng.choice([o for o in space.options(name) if o != values[name]])}
+        if violation(changed) is None:
+            return AttentionGene(gene_dict=changed)
+    return gene
+
+
 def draw_new_gene(rng: random.Random, space: SearchSpace, exclude: set[str]) -> AttentionGene:
     """A gene drawn uniformly from the genes of ``space`` whose key is not in ``exclude``.
 
@@ -289,6 +312,7 @@ class Strategy(ABC):
         self._asked_keys: set[str] = set()
         self._first_generation: dict[str, int] = {}
         self._warm: list = []  # warm_start genes: the first of generation 0
+        self._neighbours = False  # whether one-edit neighbours of the warm genes fill generation 0
         self._excess: dict[str, dict] = {}  # gene key -> its told excess over each cap
 
     @classmethod
@@ -410,15 +434,17 @@ class Strategy(ABC):
         key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else str(gene)
         return dict(self._excess.get(key) or {})
 
-    def warm_start(self, genes: Iterable[AttentionGene | LayerGenes]) -> None:
+    def warm_start(self, genes: Iterable[AttentionGene | LayerGenes], *, neighbours: bool = False) -> None:
         """Start generation 0 with ``genes`` (at most ``population_size``, repeats dropped) before
-        random draws fill the rest (``_initial_genes``). Call it before the first ``ask``."""
+        random draws fill the rest (``_initial_genes``); with ``neighbours`` (a seeded start), the
+        rest are one-edit neighbours of them instead (``neighbour``). Call it before the first ``ask``."""
         if self.generation > 0 or self._pending is not None:
             raise RuntimeError("warm_start must come before the first ask")
         unique: dict[str, Any] = {}
         for gene in genes:
             unique.setdefault(gene.key, gene)
         self._warm = list(unique.values())[: self.population_size]
+        self._neighbours = bool(neighbours)
 
     def _told_value(self, fitness: Any) -> float | tuple:
         """A told fitness in the form the subclasses receive: a float for one objective, a tuple
@@ -452,6 +478,14 @@ class Strategy(ABC):
         among them anyway)."""
         genes = [g for g in self._warm if g.key not in exclude]
         taken = set(exclude) | {g.key for g in genes}
+        starts = [g for g in genes if isinstance(g, AttentionGene)] if self._neighbours else []
+        for i in range(NEIGHBOUR_TRIES * self.population_size if starts else 0):
+            if len(genes) >= self.population_size:
+                break
+            child = neighbour(starts[i % len(starts)], self.rng, self.space)
+            if child.key not in taken:
+                genes.append(child)
+                taken.add(child.key)
         for _ in range(self.population_size - len(genes)):
             gene = draw_new_gene(self.rng, self.space, taken)
             genes.append(gene)

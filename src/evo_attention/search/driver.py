@@ -44,7 +44,7 @@ from evo_attention.search.lock import RunLock
 from evo_attention.search.models import prune as prune_models
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
-from evo_attention.search.warm_start import META_KEY as INIT_FROM, initial_genes
+from evo_attention.search.warm_start import META_KEY as INIT_FROM, START_META, initial_genes, starting_genes
 from evo_attention.train.config import Config
 from evo_attention.train.environment import choose_precision, resolve_device, versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord
@@ -132,6 +132,9 @@ class Search:
             self.init_from = self._initial_genes()
         if self.init_from is not None:
             self.strategy.warm_start([AttentionGene.parse(key) for key in self.init_from["genes"]])
+        self.start_from: dict | None = self.store.get_meta(START_META)  # resolved once, when the run was made
+        if self.start_from is not None:
+            self.strategy.warm_start([AttentionGene.parse(key) for key in self.start_from["genes"]], neighbours=True)
 
     # -- the store -----------------------------------------------------------------------------
     def _open_store(self, resume: bool, overwrite: bool) -> RunStore:
@@ -161,6 +164,7 @@ class Search:
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
+                **({START_META: started} if (started := self._starting_genes()) is not None else {}),
                 # trainings of the search itself (a request per gene, times the suite's points); the baseline
                 # (config.baseline) comes on top
                 "planned": self.strategy.total_evaluations() * _points(self.config),
@@ -184,6 +188,15 @@ class Search:
         """The warm start ``init_from`` names (read from the earlier run; its skips are warned)."""
         return initial_genes(self.config.init_from, space=self.strategy.space,
                              population_size=self.config.population_size, objectives=self.config.objectives)
+
+    def _starting_genes(self) -> dict | None:
+        """The seeded start ``start_from`` names (the climb starts from the vanilla gene unless told
+        otherwise); None for random draws."""
+        text = self.config.start_from or ("vanilla" if self.config.strategy == "climb" else None)
+        if text is None or self.config.init_from is not None:
+            return None
+        return starting_genes(text, space=self.strategy.space, population_size=self.config.population_size,
+                              vanilla=self.config.resolved_baseline().key, objectives=self.config.objectives)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> Individual | None:

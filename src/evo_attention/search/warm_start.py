@@ -26,9 +26,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, FIELD, KERNEL_NORMALIZATIONS, AttentionGene, LayerGenes,
-                                 SearchSpace, canonical_program, program_grammar)
-from evo_attention.programs import classic_program
+from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
+                                 in_program_form, program_grammar)
 from evo_attention.search import constraints, pareto
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
@@ -76,24 +75,6 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
                 shown = ", ".join(str(o) for o in options)
                 return f"{where}{name} {values[name]} is not an option of this run's search space ({shown})"
     return None
-
-
-def in_program_form(key: str, space: SearchSpace) -> str:
-    """A classic gene's key as its program gene when ``space`` searches programs (every classic gene
-    is a program, ``programs.classic_program``), so a warm start from a classic run enters a program
-    search; any other key as it is."""
-    if getattr(space, "program_space", None) is None:
-        return key
-    try:
-        genome = AttentionGene.parse(key)
-    except (ValueError, UserError):
-        return key  # outside_space says why it cannot be read
-    if isinstance(genome, LayerGenes) or genome.program is not None:
-        return key
-    text = classic_program(genome.similarity, genome.normalization, genome.gating, genome.temperature_mode,
-                           kernels=KERNEL_NORMALIZATIONS)
-    defaults = {name: FIELD[name].default for name in CORE_FIELDS}
-    return genome.replace(program=text, **defaults).key
 
 
 def ranked_genes(store: RunStore, objectives) -> list[str]:
@@ -151,3 +132,45 @@ def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
             warnings.warn(f"init_from {run}: skipping gene {key}: {reason}", stacklevel=2)
     return {"run": str(Path(run)), "k": k, "genes": genes[:population_size], "skipped": skipped,
             "available": len(ranked)}
+
+
+START_META = "start_from"  # the store's meta of a seeded start: the text and the genes it resolved to
+RANDOM_START = "random"
+
+
+def starting_genes(start_from: str, *, space: SearchSpace, population_size: int, vanilla: str,
+                   objectives=(PRIMARY_OBJECTIVE,)) -> dict | None:
+    """The genes a seeded start names (``start_from``): ``vanilla`` (the run's baseline gene),
+    genes (``split_genes``: gene strings or program genes), or an earlier run's best (``RUN[:K]``,
+    as ``init_from`` reads it); each in its program form in a program space. Returns
+    ``{"start_from", "genes", "skipped"}``, or None for ``random`` (random draws, no seeded start).
+    Generation 0 is these genes and one-edit neighbours of them (``Strategy.warm_start``)."""
+    from evo_attention.genes import split_genes
+
+    text = str(start_from).strip()
+    if text == RANDOM_START:
+        return None
+    if text == "vanilla":
+        keys, skipped = [vanilla], []
+    elif Path(text.rpartition(":")[0] or text).is_dir() and "|" not in text:
+        found = initial_genes(text, space=space, population_size=population_size, objectives=objectives)
+        keys, skipped = found["genes"], found["skipped"]
+    else:
+        keys, skipped = [], []
+        for item in split_genes(text):
+            try:
+                keys.append(AttentionGene.parse(item).key)
+            except (ValueError, UserError) as exc:
+                raise UserError(f"start_from {item!r} is not a gene, 'vanilla', 'random' or a run directory: {exc}",
+                                setting="start_from") from None
+    genes = []
+    for key in keys:
+        key = in_program_form(key, space)
+        reason = outside_space(key, space)
+        if reason is not None:
+            raise UserError(f"start_from gene {key} is outside this run's search space: {reason}",
+                            setting="start_from")
+        genes.append(AttentionGene.parse(key).key)
+    if not genes:
+        raise UserError(f"start_from {text!r} names no gene to start from", setting="start_from")
+    return {"start_from": text, "genes": list(dict.fromkeys(genes))[:population_size], "skipped": skipped}

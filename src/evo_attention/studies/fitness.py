@@ -286,12 +286,14 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
                       lr_grid: Sequence[float] = DEFAULT_GRID, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS,
                       improvements: Sequence[Improvement | str] | None = None,
                       evaluations: Sequence[int] = DEFAULT_EVALUATIONS, out_dir: str | os.PathLike | None = None,
-                      executor="local", store=None, quiet: bool = True) -> FitnessCheckResult:
+                      executor="local", store=None, quiet: bool = True,
+                      command: str | None = None) -> FitnessCheckResult:
     """Check the fitness of ``config`` (its data, or ``suite``'s points; default the config's
     ``suite``): see the module docstring. ``improvements``: ``Improvement``s or their text
     (``parse_improvement``); None: the defaults. The trainings are kept in ``store``, else in a
     store of ``out_dir`` (role ``fitness-check``; a repeat trains nothing); ``out_dir`` also receives
-    the result (``write_fitness_check``). ``executor``: a name for ``executor_for`` or an Executor."""
+    the result (``write_fitness_check``). ``executor``: a name for ``executor_for`` or an Executor;
+    ``command``: the command line that asked for the check, kept in the result."""
     from contextlib import ExitStack
 
     from evo_attention.data.suites import Suite, load_suite
@@ -323,14 +325,14 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
         setup = StudySetup.resolve(first, None if suite is not None else fitness.datasets[str(config.data)],
                                    role=ROLE, n_seeds=seeds, metric=fitness.metric, store=store, executor=executor,
                                    quiet=quiet)
-        result = _check(setup, fitness, chosen, lr, lr_grid, n_tuning_seeds, ks, config.seed)
+        result = _check(setup, fitness, chosen, lr, lr_grid, n_tuning_seeds, ks, config.seed, command)
     if out_dir is not None:
         write_fitness_check(result, out_dir)
     return result
 
 
 def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], lr, lr_grid, n_tuning_seeds: int,
-           ks: Sequence[int], base_seed: int) -> FitnessCheckResult:
+           ks: Sequence[int], base_seed: int, command: str | None) -> FitnessCheckResult:
     first = fitness.first
     vanilla = first.resolved_baseline().key
     labels = {vanilla: "vanilla"}
@@ -387,7 +389,7 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
         "points": points, "saturated": bool(points) and len(saturated) == len(points) and accuracy,
         "saturated_points": saturated, "ceiling": CEILING, "headroom_ceiling": HEADROOM, "see": SEE,
         "improvements": rows, "genes": {key: {"name": labels[key], "values": scores[key]} for key in keys},
-        "trained_as": trained_as(fitness.records),
+        "trained_as": trained_as(fitness.records), "command": command,
     }
     numbers["verdicts"] = [points_verdict(numbers)] + [improvement_verdict(row, ks) for row in rows]
     return FitnessCheckResult(to_jsonable(numbers), setup.provenance())

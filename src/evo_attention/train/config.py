@@ -73,7 +73,8 @@ class Config:
     crossover_rate: float = setting(0.7, group="search", flag="crossover-rate", parse="float")
     seed: int = setting(42, group="trial", flag="seed", parse="int")
     strategy: str = setting("ga", group="search", after="device", flag="strategy", parse="str",
-                            help="search strategy: ga, random, nsga2 or tpe (tpe needs the [tpe] extra: Optuna), or "
+                            help="search strategy: ga, random, climb (a hill climb from start_from), nsga2 or tpe "
+                                 "(tpe needs the [tpe] extra: Optuna), or "
                                  "one a plugin registers")  # a name from evo_attention.search.STRATEGIES
     # e.g. {"dedupe": True, "seed_vanilla": True}
     strategy_options: dict = setting(group="search", factory=dict)
@@ -105,6 +106,13 @@ class Config:
                                     help="start the first generation from the best K genes (default: the population "
                                          "size) of the earlier run in directory RUN; genes outside this run's search "
                                          "space are skipped with a warning")
+    # a seeded start (search/warm_start.py): generation 0 is these genes and one-edit neighbours of them
+    start_from: str | None = setting(None, group="search", flag="start-from", parse="str",
+                                     metavar="vanilla|GENES|RUN[:K]|random",
+                                     help="start generation 0 from these genes and their one-edit neighbours: vanilla "
+                                          "(the run's baseline gene), gene strings, or the best K genes of the run in "
+                                          "RUN; random draws random genes (the default, but for the climb strategy, "
+                                          "which starts from vanilla)")
     # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
     # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
     # memory are measured, so a gene over their cap is marked infeasible after its training
@@ -498,8 +506,14 @@ def cap_factor(value: Any) -> float | None:
 
 
 def _check_init_from(c: Config) -> None:
+    if c.start_from is not None and (not isinstance(c.start_from, str) or not c.start_from.strip()):
+        raise UserError(f"start_from must be vanilla, random, gene strings or a run directory, got {c.start_from!r}",
+                        setting="start_from")
     if c.init_from is None:
         return
+    if c.start_from is not None:
+        raise UserError("init_from and start_from both name generation 0: give one (start_from RUN:K also adds "
+                        "one-edit neighbours of the run's best)", setting=("init_from", "start_from"))
     if not isinstance(c.init_from, str) or not c.init_from.strip():
         raise UserError(f"init_from must be the directory of an earlier run, optionally with :K (its best K genes), "
                         f"got {c.init_from!r}", setting="init_from")

@@ -11,6 +11,10 @@ Precedence: built-in defaults < preset < YAML config file < command-line flags.
 - ``shakespeare-char``: a text corpus (give ``data_dir``, e.g. ../shared/data/shakespeare) at the
   character level, 128 characters of context, a 64-dim 2-layer model, 600 steps with a cosine
   schedule, the same GA sizes as ``quick``; results in bits per character/byte.
+- ``fitness-lm``: the language fitness for searches (give ``data_dir``, e.g.
+  ../shared/data/shakespeare): Shakespeare bytes, a 64-dim 2-layer model with a width-3 short
+  convolution, 64 bytes of context, 828 steps of a wsd schedule at the vanilla gene's tuned rate;
+  its fitness check (docs/tasks.md) says how reliably one training sees the output gate.
 """
 
 from __future__ import annotations
@@ -58,6 +62,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_schedule": "cosine",
         "warmup_steps": 50,
         "train_steps": 600,
+        "population_size": 8,
+        "n_generations": 4,
+        "elite_size": 2,
+    },
+    "fitness-lm": {  # give --data-dir ../shared/data/shakespeare; measured by fitness-check (docs/tasks.md)
+        "data": "text",
+        "tokenizer": "byte",
+        "vocab_size": None,
+        "max_seq_len": 64,
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "dropout": 0.0,
+        "short_conv": 3,
+        "batch_size": 16,
+        "eval_batch_size": 64,
+        "eval_steps": None,
+        "learning_rate": 4e-3,  # the vanilla gene's best of 2e-3..1.6e-2 (the committed fitness check)
+        "lr_schedule": "wsd",
+        "warmup": 0.05,
+        "lr_decay_fraction": 0.2,
+        "train_steps": 828,
         "population_size": 8,
         "n_generations": 4,
         "elite_size": 2,

@@ -26,8 +26,8 @@ def points_verdict(result: Mapping) -> str:
     parts = [f"{PHRASES[status]} on {', '.join(labels)}" for status, labels in by_status.items()
              if status != "headroom"]
     if not parts:
-        return (f"every point has headroom at {lr}: the vanilla gene lies between its floor and "
-                f"{result['headroom_ceiling']} on each of the {len(points)}")
+        return (f"every point has headroom at {lr}: the vanilla gene's mean lies between its floor and "
+                f"{result['headroom_ceiling']} on each of the {len(points)} points")
     return f"at {lr} the vanilla gene is " + "; ".join(parts) + f" ({len(by_status.get('headroom', []))} of " \
            f"{len(points)} points with headroom)"
 
@@ -61,7 +61,7 @@ def points_table(result: Mapping) -> str:
             cells += [fmt(row["chance"], 3), fmt(row["no_recall"], 3), fmt(row["saturated_share"], 2),
                       fmt(row["variance_share"], 2), row["status"]]
         rows.append(cells)
-    return markdown_table(headers, rows, "lr" + "r" * (len(headers) - 3) + "l")
+    return markdown_table(headers, rows, "l" + "r" * (len(headers) - 2) + ("l" if accuracy else "r"))
 
 
 def improvements_table(result: Mapping) -> str:

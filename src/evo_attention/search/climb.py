@@ -1,0 +1,67 @@
+"""A (1 + lambda) hill climb: mutate the incumbent, replace it only when a child is better.
+
+Generation 0 is the start: the seeded genes (``start_from``; the vanilla gene unless a start is
+given) and one-edit neighbours of them to fill ``population_size``; its best is the incumbent. Each
+later generation asks ``population_size`` distinct one-edit neighbours of the incumbent
+(``search.base.neighbour``: in a program space, ``programs.edit``), never one asked before; the best
+of them replaces the incumbent only when its told fitness beats the incumbent's by more than
+``min_gain`` (option, default 0; in the told units: perplexity, or minus the suite accuracy).
+Every candidate of a search trains on the run's seed, so the comparison is paired by seed.
+
+``population`` is everything evaluated, best first (what the report ranks); ``incumbent`` is the
+member the climb stands on. ``elite_size`` is not used: nothing is carried over but the incumbent,
+which is never trained again. One objective only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from evo_attention.genes import AttentionGene
+from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, Strategy, neighbour, rank_members
+from evo_attention.util.errors import UserError
+
+
+class HillClimb(Strategy):
+    """(1 + lambda) hill climbing from a seeded start."""
+
+    name = "climb"
+    OPTIONS = {**Strategy.OPTIONS, "min_gain": 0.0}
+
+    def __init__(self, *, min_gain: float = 0.0, **settings):
+        super().__init__(**settings)
+        if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < math.inf:
+            raise UserError(f"min_gain {min_gain!r} must be a number >= 0", setting="min_gain")
+        if self.n_objectives > 1:
+            raise UserError("the climb strategy takes one objective: drop the others, or use nsga2",
+                            setting="objectives")
+        self.min_gain = float(min_gain)
+        self.incumbent: Individual | None = None
+
+    def batch_size(self, generation: int) -> int:
+        return self.population_size
+
+    def _propose(self) -> list[AttentionGene]:
+        if self.generation == 0:
+            return self._initial_genes()
+        taken, children = set(self._asked_keys), []
+        for _ in range(NEIGHBOUR_TRIES * self.population_size):
+            if len(children) == self.population_size:
+                break
+            child = neighbour(self.incumbent.gene, self.rng, self.space)
+            if child.key not in taken:
+                children.append(child)
+                taken.add(child.key)
+        while len(children) < self.population_size:  # the incumbent's neighbourhood is spent: a repeat
+            children.append(neighbour(self.incumbent.gene, self.rng, self.space))
+        return children
+
+    def _update(self, told):
+        self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
+        self.population = rank_members(self.population + self._batch)
+        best = self._batch[0]
+        if self.incumbent is None or best.perplexity < self.incumbent.perplexity - self.min_gain:
+            self.incumbent = best
+
+    def _history_members(self, told) -> list[Individual]:
+        return self._batch

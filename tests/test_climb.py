@@ -1,0 +1,162 @@
+"""A search that starts from what works: program edits that matter (programs.edit), seeded starts
+(start_from), and the (1 + lambda) hill climb (strategy climb)."""
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from evo_attention import Evolution, programs
+from evo_attention.cli import main
+from evo_attention.genes import AttentionGene, SearchSpace, program_grammar
+from evo_attention.search import make_strategy
+from evo_attention.search.base import neighbour
+from evo_attention.search.executors import LocalExecutor
+from evo_attention.search.warm_start import starting_genes
+from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
+
+VANILLA_PROGRAM = "o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"
+KEEPS_SOFTMAX = ("time", "gate", "qk", "temperature", "paths")  # edits that never replace the weighting
+
+
+def vanilla():
+    return programs.parse(VANILLA_PROGRAM, program_grammar())
+
+
+def test_edits_of_vanilla_keep_softmax_over_a_dot_product_unless_they_replace_it():
+    grammar, space, rng = program_grammar(), programs.ProgramSpace(), random.Random(0)
+    kinds = Counter()
+    for _ in range(300):
+        kind, child = programs.edit(vanilla(), rng, space, grammar)
+        kinds[kind] += 1
+        assert child != vanilla() and programs.mixes_tokens(child, grammar)
+        if kind in KEEPS_SOFTMAX:
+            assert programs.FEATURES["softmax over a dot product"](child), (kind, child.text)
+        if kind == "weighting":
+            assert not any(n.op == "w.softmax" for n in child.nodes())
+    assert set(kinds) >= set(KEEPS_SOFTMAX) | {"weighting"}
+    assert kinds["time"] > kinds["weighting"]  # the default weights favour token mixing
+    assert census_share([programs.mutate(vanilla(), rng, space, grammar) for _ in range(200)]) > 0.8
+
+
+def census_share(drawn) -> float:
+    return programs.census(drawn)["softmax over a dot product"]
+
+
+def test_random_programs_rarely_hold_softmax_and_census_counts_them():
+    grammar, space, rng = program_grammar(), programs.ProgramSpace(), random.Random(1)
+    drawn = [programs.random_program(rng, space, grammar) for _ in range(100)]
+    found = programs.census(drawn)
+    assert found["n"] == 100 and found["softmax over a dot product"] < 0.05
+    assert 0 < found["kernel form (kmix)"] < 1 and found["mean_op_nodes"] >= 1
+
+
+def test_edit_weights_are_a_space_setting():
+    grammar = program_grammar()
+    only_time = programs.ProgramSpace.from_dict({"edits": {"time": 1}}, grammar)
+    rng = random.Random(2)
+    for _ in range(20):
+        kind, child = programs.edit(vanilla(), rng, only_time, grammar)
+        assert kind == "time" and any(n.op in programs.TIME_OPS for n in child.nodes())
+    assert only_time.to_dict()["edits"] == {"time": 1}
+    legacy = programs.ProgramSpace.from_dict({"edits": {"any": 1}}, grammar)  # the generic edit alone
+    a, b = random.Random(3), random.Random(3)
+    assert programs.edit(vanilla(), a, legacy, grammar) == programs.edit(vanilla(), b, legacy, grammar)
+    assert programs.edit(vanilla(), a, legacy, grammar)[0] == "any"
+    for bad in ({"edits": {"teleport": 1}}, {"edits": {"time": -1}}, {"edits": {"time": 0}}, {"edits": [1]}):
+        with pytest.raises(UserError):
+            programs.ProgramSpace.from_dict(bad, grammar)
+
+
+def test_neighbour_is_one_edit_in_either_space():
+    rng = random.Random(4)
+    gene = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00")
+    program_space = SearchSpace.from_dict({"program": {"max_nodes": 8}})
+    child = neighbour(gene, rng, program_space)
+    assert child.program is not None and child.program != VANILLA_PROGRAM and child.attention_dropout == 0.0
+    classic = neighbour(gene, rng, SearchSpace())
+    changed = [k for k, v in classic.to_dict().items() if v != gene.to_dict()[k]]
+    assert len(changed) == 1
+
+
+def test_starting_genes_forms_and_refusals(tmp_path):
+    space = SearchSpace.from_dict({"program": {"max_nodes": 8}})
+    base = "dot|softmax|none|fixed|bias|0.00"
+    start = starting_genes("vanilla", space=space, population_size=4, vanilla=base)
+    assert start["genes"] == [AttentionGene.parse(base).replace(program=VANILLA_PROGRAM).key]
+    assert starting_genes("random", space=space, population_size=4, vanilla=base) is None
+    two = starting_genes(f"{base},dot|sparsemax|none|fixed|bias|0.00", space=space, population_size=4, vanilla=base)
+    assert len(two["genes"]) == 2
+    with pytest.raises(UserError, match="not a gene"):
+        starting_genes("nonsense", space=space, population_size=4, vanilla=base)
+    with pytest.raises(UserError, match="init_from and start_from"):
+        Config(start_from="vanilla", init_from=str(tmp_path))
+
+
+def test_climb_starts_from_neighbours_and_keeps_its_incumbent():
+    strategy = make_strategy("climb", population_size=3, n_generations=3, elite_size=1, seed=5,
+                             space={"program": {"max_nodes": 8}}, min_gain=0.5)
+    start = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00").replace(program=VANILLA_PROGRAM)
+    strategy.warm_start([start], neighbours=True)
+    first = strategy.ask()
+    assert first[0] == start and len({g.key for g in first}) == 3
+    strategy.tell({g: 10.0 if g == start else 11.0 for g in first})
+    assert strategy.incumbent.gene == start
+    second = strategy.ask()
+    assert len(second) == 3 and not {g.key for g in second} & {g.key for g in first}
+    # a child better by less than min_gain does not replace the incumbent; one better by more does
+    strategy.tell({g: 9.8 for g in second})
+    assert strategy.incumbent.gene == start and strategy.population[0].gene != start
+    third = strategy.ask()
+    strategy.tell({g: 9.0 if i == 0 else 12.0 for i, g in enumerate(third)})
+    assert strategy.incumbent.gene == third[0] and strategy.done
+
+
+def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("search_space:\n  program: {max_nodes: 8}\n")
+    assert main(["search", "--preset", "quick", "--config", str(space), "--d-model", "16", "--heads", "2", "--layers",
+                 "1", "--steps", "3", "--strategy", "climb", "--population", "2", "--generations", "2", "--elite",
+                 "1", "--no-baseline", "--quiet", "--keep-models", "0", "--out", str(tmp_path / "run")]) == 0
+    from evo_attention.search.store import RunStore
+
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        assert store.get_meta("start_from")["start_from"] == "vanilla"
+        trained = [e["gene"] for e in store.evaluations(role="search")]
+    assert trained[0].endswith("|prog=" + VANILLA_PROGRAM) and len(set(trained)) == 4
+
+
+class Stopping(LocalExecutor):
+    """Trains, and stops the run (as Ctrl-C does) after ``stop_after`` trainings."""
+
+    def __init__(self, stop_after=None):
+        self.trained, self.stop_after = [], stop_after
+
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
+            self.trained.append(task.gene)
+            yield task, record
+            if self.stop_after is not None and len(self.trained) >= self.stop_after:
+                raise KeyboardInterrupt
+
+
+def test_a_seeded_climb_resumes_to_the_uninterrupted_result(tmp_path):
+    config = Config(data="recall", vocab_size=16, max_seq_len=16, d_model=16,
+                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64}, n_heads=2, n_layers=1, train_steps=3,
+                    batch_size=4, eval_batch_size=16, eval_steps=2, population_size=3, n_generations=3,
+                    elite_size=1, strategy="climb", start_from="dot|softmax|none|fixed|bias|0.10",
+                    search_space={"program": {"max_nodes": 8}}, baseline=False, seed=7)
+    with Evolution(config, out_dir=tmp_path / "full") as evo:
+        evo.run()
+    with Evolution(config, out_dir=tmp_path / "cut", executor=Stopping(stop_after=4)) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    resumed = Stopping()
+    with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
+        evo.run()
+    assert len(resumed.trained) == 9 - 4
+    full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
+    for key in ["best_gene", "best_perplexity", "history", "top_5"]:
+        assert full[key] == cut[key], key
