@@ -17,6 +17,9 @@ WIKITEXT_DIR = REPO.parent / "shared" / "data" / "wikitext-2"
 # changes the variable with monkeypatch, which restores it.
 os.environ["EVO_ATTENTION_BATCH_MODELS"] = "off"
 os.environ["EVO_ATTENTION_PRECISION_PROBE"] = "off"
+# A search's fresh-seed check (studies.fresh_check) trains 4 genes on 2 more seeds: off for the many tiny
+# searches of the suite, on in the tests of the check itself (test_climb.py), which delete this variable.
+os.environ["EVO_ATTENTION_FRESH_CHECK"] = "off"
 
 
 @pytest.fixture(autouse=True)

@@ -160,3 +160,22 @@ def test_a_seeded_climb_resumes_to_the_uninterrupted_result(tmp_path):
     full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
     for key in ["best_gene", "best_perplexity", "history", "top_5"]:
         assert full[key] == cut[key], key
+
+
+def test_a_search_ends_with_a_fresh_seed_check_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("EVO_ATTENTION_FRESH_CHECK")
+    flags = ["search", "--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "3",
+             "--population", "3", "--generations", "1", "--elite", "1", "--keep-models", "0"]
+    assert main([*flags, "--out", str(tmp_path / "run")]) == 0
+    said = capsys.readouterr().err
+    found = json.loads((tmp_path / "run" / "fresh_check.json").read_text())
+    assert found["seeds"] == [43, 44] and len(found["genes"]) == 3 and found["vanilla"]["fresh"] is not None
+    assert all(row["fresh"] is not None and row["search"] is not None for row in found["genes"])
+    assert f"fresh-seed check: {found['line']}" in said and ("held" in found["line"])
+    assert "Fitness reliability:" in (tmp_path / "run" / "report.md").read_text()
+    from evo_attention.search.store import RunStore
+
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        assert len(store.evaluations(role="check")) == 2 * 4  # the top 3 and the vanilla gene, 2 seeds each
+    assert main([*flags, "--no-check", "--out", str(tmp_path / "unchecked")]) == 0
+    assert not (tmp_path / "unchecked" / "fresh_check.json").exists()

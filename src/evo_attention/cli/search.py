@@ -108,7 +108,8 @@ def cmd_search(args) -> int:
     if args.keep_models is None and not args.resume and not on_suite and getattr(args, "preset", None) in KEEPS_WINNER:
         args.keep_models = 1  # a first run keeps its winner, so `export --from-run` works on it
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                          executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False)
+                          executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False,
+                          check=0 if args.no_check else None)
     resume_cmd = f"evo-attention search --resume --out {out}"
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
@@ -154,6 +155,8 @@ def cmd_search(args) -> int:
         with RunStore.open(out, readonly=True) as store:
             for line in fidelity_lines(store.get_meta("fidelity") or {}):
                 log(line.strip())
+    if evolution.checked is not None:
+        log(f"fresh-seed check: {evolution.checked['line']} ({out / 'fresh_check.md'})")
     if summary.counts.get("equivalent"):
         n = summary.counts["equivalent"]
         log(f"functional-equivalence cache: {n} evaluation{'s' if n != 1 else ''} answered by the training of a "
@@ -200,6 +203,8 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-baseline", action="store_true", help="do not train the vanilla transformer for comparison")
+    p.add_argument("--no-check", action="store_true", help="skip the fresh-seed check at the end (the top 3 genes and "
+                   "the vanilla gene trained on 2 fresh seeds: does the winner hold?)")
     p.add_argument("--dedupe", action="store_true", help="re-draw offspring that repeat an evaluated gene")
     p.add_argument("--seed-vanilla", action="store_true", help="put the vanilla transformer into generation 0")
     p.add_argument("--mutation-schedule", choices=["constant", "adaptive"],

@@ -13,6 +13,7 @@ The file names are defined here once: the studies write under these names, the r
 - ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
   ``evo-attention attention-maps``
 - ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``): ``evo-attention curve``
+- ``fresh_check.json`` with ``fresh_check.md``: a search's fresh-seed check of its top genes
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ VALIDATION_FILES = ("validation.json", "validation_test.json")
 ABLATION_FILES = ("ablation.json", "ablation_test.json")
 TRANSFER_FILES = ("transfer.json", "transfer_test.json")
 COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
+FRESH_CHECK_FILE = "fresh_check.json"  # a search's fresh-seed check of its top genes (studies.fresh_check)
 CURVE_DIRS = (".", "curve")  # where the report looks for a curve (its figure lies beside it)
 SUITE_FILES = ("validation_suite.json", "validation_suite_test.json", "compare_suite.json", "compare_suite_test.json",
                "compare/compare_suite.json", "compare/compare_suite_test.json")
@@ -62,6 +64,7 @@ class Attachments:
     curves: list[dict] = field(default_factory=list)
     maps: list[dict] = field(default_factory=list)
     suites: list[dict] = field(default_factory=list)
+    fresh_check: dict | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -106,6 +109,12 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
                     target.append({**data, "_file": name})
                 elif data is not None:
                     found.problems.append(f"{name}: not a {kind} result")
+    if (run_dir / FRESH_CHECK_FILE).is_file():
+        data = _read_json(run_dir / FRESH_CHECK_FILE, found.problems)
+        if isinstance(data, Mapping) and data.get("kind") == "fresh_check":
+            found.fresh_check = data
+        elif data is not None:
+            found.problems.append(f"{FRESH_CHECK_FILE}: not a fresh-seed check")
     for name in COMPARE_FILES:
         path = run_dir / name
         if path.is_file():

@@ -294,6 +294,9 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
     validation = attachments.validation if attachments else None
     if validation and validation.get("headline"):
         lines += [f"Validated: {validation['headline']}", ""]
+    check = attachments.fresh_check if attachments else None
+    if check and check.get("line"):
+        lines += [f"Fitness reliability: {check['line']}.", ""]
     c = s.counts
     if s.done:
         progress = "The run is finished."

@@ -11,13 +11,18 @@ The search itself is ``search.driver.Search``; this adds what needs the report l
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
 from evo_attention.search.driver import Search
 from evo_attention.search.executors import Executor
+from evo_attention.studies.fresh_check import DEFAULT_TOP
 from evo_attention.train.config import Config
+from evo_attention.util.errors import UserError
+
+CHECK_ENV = "EVO_ATTENTION_FRESH_CHECK"
 
 
 def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
@@ -43,7 +48,9 @@ def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False)
 
 
 class Evolution(Search):
-    """A ``Search`` that writes the run's report files when it finishes (unless ``report=False``).
+    """A ``Search`` that writes the run's report files when it finishes (unless ``report=False``),
+    after training its ``check`` best genes (default 3; 0: none) and the vanilla gene on 2 fresh
+    seeds (``studies.fresh_check``; ``checked`` holds the result).
     Unless ``quiet``, it prints its run directory (``out_dir``, else a new temporary directory), a
     line (or live bars) per trial, and at the end where the report is and the next commands
     (``announce=False``: not the run directory and the end, for a caller that says them itself)."""
@@ -51,13 +58,21 @@ class Evolution(Search):
     def __init__(self, config: Config, train_loader=None, eval_loader=None, *, data: TaskData | None = None,
                  out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
                  executor: Executor | None = None, quiet: bool = False, report: bool = True, trackers=(),
-                 keep_models: int | None = None, announce: bool = True):
+                 keep_models: int | None = None, announce: bool = True, check: int | None = None):
         if data is None and train_loader is not None and eval_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
                          quiet=quiet, trackers=trackers, keep_models=keep_models)
         self.write_reports = report
         self.announce = announce and not quiet
+        # the fresh-seed check of the top genes (studies.fresh_check); None: the default, off only where
+        # EVO_ATTENTION_FRESH_CHECK=off (the test suite's setting: a check per tiny search would double its time)
+        if check is None:
+            check = 0 if os.environ.get(CHECK_ENV, "").lower() == "off" else DEFAULT_TOP
+        if isinstance(check, bool) or not isinstance(check, int) or check < 0:
+            raise UserError(f"check {check!r} must be a whole number >= 0 (the top genes to train on fresh seeds; "
+                            "0: no check)", setting="check")
+        self.check, self.checked = check, None
 
     def run(self):
         from evo_attention.util.progress import log
@@ -65,6 +80,10 @@ class Evolution(Search):
         if self.announce:
             log(f"evo-attention: run directory {self.out_dir} ({self.planned} evaluations planned)")
         best = super().run()
+        if self.check:
+            from evo_attention.studies.fresh_check import fresh_check
+
+            self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
         if self.write_reports:
             self.write_report()
             if self.announce:

@@ -173,16 +173,16 @@ class Fitness:
         return statistics.fmean(point_accuracy(r) for r in records)
 
     def train(self, setup: StudySetup, keys: Sequence[str], seeds: Sequence[int], rate: float,
-              labels: Mapping[str, str]) -> dict:
+              labels: Mapping[str, str], role: str = ROLE) -> dict:
         """(gene key, point label, seed) -> the record, every training at ``rate`` through
-        the setup's runner and store (one call)."""
+        the setup's runner and store (one call), stored with ``role``."""
         tasks, index = [], []
         for label, config in self.points.items():
             at_rate = config.replace(learning_rate=float(rate))
             for key in keys:
                 for seed in seeds:
                     trial = Trial.from_config(key, at_rate, seed=seed, data=self.datasets[label])
-                    tasks.append(EvalTask(trial, role=ROLE, label=f"{labels.get(key, key)} {label} at lr {rate:g}, "
+                    tasks.append(EvalTask(trial, role=role, label=f"{labels.get(key, key)} {label} at lr {rate:g}, "
                                                                   f"seed {seed}"))
                     index.append((key, label, seed))
         done = setup.run(tasks, datasets={self.points[label].task: d for label, d in self.datasets.items()})

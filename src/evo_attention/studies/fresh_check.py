@@ -1,0 +1,112 @@
+"""The fitness reliability of a finished search: its top genes trained again on fresh seeds.
+
+    from evo_attention.studies.fresh_check import fresh_check
+    result = fresh_check(store, executor, top=3, n_seeds=2)   # the run's own store and an executor
+    result["line"]    # "the winner held: best of the top 3 on 2 fresh seeds, ahead of the vanilla gene ..."
+
+A search ranks its genes by one training each, on the run's seed. The check trains the search's
+``top`` genes and the run's vanilla gene again on ``n_seeds`` fresh seeds (the seeds ``validate
+--from-run`` starts with: ``seed + 1 ...``, so a later validation reuses them) at the run's
+settings, scores them on the search's own fitness (``studies.fitness.Fitness``: the validation
+loss, or the suite's mean accuracy), and reports each gene's search and fresh score, the rank
+correlation between the two (Spearman, over the top genes), and whether the winner **held**: it
+is the best of the top genes on the fresh seeds and better than the vanilla gene there. With two
+seeds this is a check, not a verdict: ``validate`` gives the verdict.
+
+The trainings are stored in the run's store with the role ``check``; the result is written as
+``fresh_check.json`` and ``fresh_check.md`` in the run directory (the report shows its line).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from evo_attention.report.attachments import FRESH_CHECK_FILE
+from evo_attention.studies.common import StudySetup
+from evo_attention.studies.fitness import Fitness
+from evo_attention.util.files import write_text
+from evo_attention.util.format import code, fmt, markdown_table
+from evo_attention.util.jsonio import dumps, to_jsonable
+
+ROLE = "check"
+DEFAULT_TOP = 3
+DEFAULT_SEEDS = 2
+
+
+def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAULT_SEEDS, quiet: bool = True,
+                data=None) -> dict | None:
+    """Check the search in ``store`` (see the module docstring); None when it has no ranked gene."""
+    from evo_attention.data.suites import load_suite
+    from evo_attention.report import load_run
+    from evo_attention.train.config import Config
+
+    config = Config.from_dict(store.config())
+    run = load_run(store.run_dir)
+    suite = run.suite is not None
+    ranked = ([(row["gene"], row["suite_accuracy"]) for row in run.suite["genes"] if row.get("rank")] if suite
+              else [(row["gene"], math.log(row["perplexity"])) for row in run.ranking])[:top]
+    if not ranked:
+        return None
+    fitness = Fitness.of(config, data, load_suite(config.suite) if suite else None)
+    setup = StudySetup.resolve(fitness.first, None if suite else fitness.datasets[str(config.data)], role=ROLE,
+                               n_seeds=n_seeds, min_seeds=1, metric=fitness.metric, store=store, executor=executor,
+                               search_seed=config.seed, quiet=quiet)
+    vanilla = config.resolved_baseline().key
+    keys = list(dict.fromkeys([key for key, _ in ranked] + [vanilla]))
+    records = fitness.train(setup, keys, setup.seeds, config.learning_rate, {vanilla: "vanilla"}, role=ROLE)
+    fresh = {}
+    for key in keys:
+        scores = [fitness.score([records[key, label, s] for label in fitness.points]) for s in setup.seeds]
+        finished = [v for v in scores if v is not None]
+        fresh[key] = statistics.fmean(finished) if len(finished) == len(scores) else None
+    sign = -1.0 if fitness.lower_is_better else 1.0
+    rows = [{"rank": i + 1, "gene": key, "search": value, "fresh": fresh[key]} for i, (key, value) in enumerate(ranked)]
+    winner = rows[0]
+    finished = [r for r in rows if r["fresh"] is not None]
+    best_fresh = max(finished, key=lambda r: sign * r["fresh"]) if finished else None
+    held = (winner["fresh"] is not None and best_fresh is winner and fresh[vanilla] is not None
+            and sign * (winner["fresh"] - fresh[vanilla]) > 0)
+    result = {"kind": "fresh_check", "metric": fitness.metric, "lower_is_better": fitness.lower_is_better,
+              "seeds": list(setup.seeds), "search_seed": config.seed, "genes": rows,
+              "vanilla": {"gene": vanilla, "fresh": fresh[vanilla]},
+              "rank_correlation": _spearman([r["search"] for r in finished], [r["fresh"] for r in finished]),
+              "held": held}
+    result["line"] = check_line(result)
+    write_text(Path(store.run_dir) / FRESH_CHECK_FILE, dumps(to_jsonable(result)) + "\n")
+    write_text(Path(store.run_dir) / "fresh_check.md", check_markdown(result))
+    return result
+
+
+def _spearman(a, b) -> float | None:
+    if len(a) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    value = float(spearmanr(a, b).statistic)
+    return value if math.isfinite(value) else None
+
+
+def check_line(result) -> str:
+    """The end-of-run line: whether the winner held, and the rank correlation."""
+    name = "val loss" if result["metric"] == "val_loss" else "suite accuracy"
+    winner, vanilla, n = result["genes"][0], result["vanilla"], len(result["seeds"])
+    scores = f"{name} {fmt(winner['fresh'], 4)} vs the vanilla gene's {fmt(vanilla['fresh'], 4)}"
+    corr = result["rank_correlation"]
+    tail = "" if corr is None else f"; rank correlation of search and fresh scores over the top " \
+                                   f"{len(result['genes'])}: {corr:+.2f}"
+    if result["held"]:
+        return (f"the winner held on {n} fresh seeds: the best of the top {len(result['genes'])} there, and ahead "
+                f"of the vanilla gene ({scores}){tail}; a check, not a verdict: validate for that")
+    return f"the winner did not hold on {n} fresh seeds ({scores}){tail}"
+
+
+def check_markdown(result) -> str:
+    rows = [[r["rank"], code(r["gene"]), fmt(r["search"], 4), fmt(r["fresh"], 4)] for r in result["genes"]]
+    rows.append(["-", code(result["vanilla"]["gene"]) + " (vanilla)", "-", fmt(result["vanilla"]["fresh"], 4)])
+    return "\n".join([f"# Fresh-seed check of the search's top {len(result['genes'])}", "", result["line"], "",
+                      f"Search: one training on seed {result['search_seed']}; fresh: the mean over seeds "
+                      f"{', '.join(map(str, result['seeds']))} ({result['metric']}, "
+                      f"{'lower' if result['lower_is_better'] else 'higher'} is better).", "",
+                      markdown_table(["rank", "gene", "search", "fresh"], rows, "rlrr")])
