@@ -36,7 +36,7 @@ def search(out: Path, seed: int, args) -> None:
                "--vocab-size", "64", "--steps", str(args.steps), "--strategy", "climb", "--start-from", "vanilla",
                "--population", str(args.population), "--generations", str(args.generations), "--elite", "1",
                "--config", str(args.space), "--no-baseline", "--seed", str(seed), "--workers", str(args.workers),
-               "--keep-models", "0", "--quiet", "--out", str(out)]
+               "--keep-models", "0", "--no-check", "--quiet", "--out", str(out)]
     if args.smoke:
         command += ["--d-model", "16", "--heads", "2", "--layers", "1", "--eval-batch-size", "500"]
     if (out / "run.db").exists():
