@@ -179,3 +179,14 @@ def test_a_search_ends_with_a_fresh_seed_check_unless_told_not_to(tmp_path, monk
         assert len(store.evaluations(role="check")) == 2 * 4  # the top 3 and the vanilla gene, 2 seeds each
     assert main([*flags, "--no-check", "--out", str(tmp_path / "unchecked")]) == 0
     assert not (tmp_path / "unchecked" / "fresh_check.json").exists()
+
+
+def test_a_rate_axis_is_edited_beside_the_program():
+    space = SearchSpace.from_dict({"program": {"max_nodes": 8}, "learning_rate": [1e-3, 2e-3, 4e-3]})
+    gene = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00|lr=0.002")
+    rng = random.Random(6)
+    children = [neighbour(gene, rng, space) for _ in range(200)]
+    rates = [c for c in children if c.learning_rate != 0.002]
+    assert rates and all(c.program == VANILLA_PROGRAM for c in rates)  # a rate edit leaves the program
+    assert all(c.learning_rate == 0.002 for c in children if c.program != VANILLA_PROGRAM)  # one edit at a time
+    assert 0.02 < len(rates) / len(children) < 0.2  # the program weighs 13 (its edit weights), the rate 1

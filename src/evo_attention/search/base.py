@@ -44,8 +44,8 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.util.errors import UserError
 from evo_attention import programs
-from evo_attention.genes import (ALL_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program, in_program_form,
-                                 program_grammar, violation)
+from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
+                                 in_program_form, program_grammar, violation)
 from evo_attention.search.constraints import violation as total_violation
 from evo_attention.search.pareto import pareto_order
 from evo_attention.train.config import CAP_FIELDS
@@ -188,16 +188,21 @@ NEIGHBOUR_TRIES = 20  # draws per wanted neighbour before random genes fill gene
 
 
 def neighbour(gene: AttentionGene, rng: random.Random, space: SearchSpace) -> AttentionGene:
-    """One edit of ``gene``: in a program space its program edited once (``programs.edit``, a
-    classic gene in its program form), else one field that the space varies set to another of its
-    options; ``gene`` itself when no edit applies."""
-    if space.program_space is not None:
-        parsed = AttentionGene.parse(in_program_form(gene.key, space))
-        child = programs.mutate(canonical_program(parsed.program), rng, space.program_space, program_grammar())
-        return parsed.replace(program=child.text)
+    """One edit of ``gene``: one field that the space varies set to another of its options, or in a
+    program space (a classic gene in its program form) its program edited once (``programs.edit``),
+    the program weighing as much as its edit weights sum to and every other varied field (a rate
+    axis, ``learning_rate: [...]``, say) as 1; ``gene`` itself when no edit applies."""
+    programs_space = space.program_space
+    if programs_space is not None:
+        gene = AttentionGene.parse(in_program_form(gene.key, space))
     values = gene.to_dict()
-    names = [n for n in ALL_FIELDS if n != "program" and [o for o in space.options(n) if o != values[n]]]
-    for _ in range(NEIGHBOUR_TRIES if names else 0):
+    names = [n for n in ALL_FIELDS if n != "program" and not (programs_space is not None and n in CORE_FIELDS)
+             and [o for o in space.options(n) if o != values[n]]]
+    program_weight = sum(w for _, w in programs_space.edits) if programs_space is not None else 0
+    for _ in range(NEIGHBOUR_TRIES if names or program_weight else 0):
+        if program_weight and rng.random() * (program_weight + len(names)) < program_weight:
+            child = programs.mutate(canonical_program(gene.program), rng, programs_space, program_grammar())
+            return gene.replace(program=child.text)
         name = rng.choice(names)
         changed = {**values, name: rng.choice([o for o in space.options(name) if o != values[name]])}
         if violation(changed) is None:
