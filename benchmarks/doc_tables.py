@@ -32,6 +32,7 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
 - ``signal-noise-genes``: the same result's per-gene means per point;
 - ``suite-signal``: a ``benchmarks/suite_signal.py`` result;
+- ``census``: a ``benchmarks/program_census.py`` result;
 - ``fitness-points``, ``fitness-improvements``: a fitness check's verdicts and per-point table, and
   its improvements' table (``evo-attention fitness-check``; ``report.studies.fitness``).
 """
@@ -276,7 +277,19 @@ def fitness_improvements(payload: dict) -> str:
     return improvements_table(payload)
 
 
-TABLES = {**STUDY_TABLES, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
+def census(payload: dict) -> str:
+    """benchmarks/program_census.py: the share of random programs and of edits of the vanilla program
+    with each feature, and the edit kinds drawn."""
+    from evo_attention.util.format import markdown_table
+
+    features = [k for k in payload["random_programs"] if k != "n"]
+    rows = [[f, f"{payload['random_programs'][f]:.3f}", f"{payload['edits_of_vanilla'][f]:.3f}"] for f in features]
+    kinds = ", ".join(f"{kind} {n}" for kind, n in payload["edit_kinds"].items())
+    return (markdown_table([f"of {payload['n']} programs", "random draws", "one edit of vanilla"], rows, "lrr")
+            + f"\nEdit kinds drawn: {kinds}.\n")
+
+
+TABLES = {**STUDY_TABLES, "census": census, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
           "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
           "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "curve": curve,
           "batched": batched, "signal-noise-full": signal_noise_full, "costs": costs, "signal-noise": signal_noise,

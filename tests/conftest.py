@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from evo_attention import Config
+from evo_attention.search.executors import LocalExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT_DIR = REPO.parent / "shared" / "data" / "wikitext-2"
@@ -20,6 +21,22 @@ os.environ["EVO_ATTENTION_PRECISION_PROBE"] = "off"
 # A search's fresh-seed check (studies.fresh_check) trains 4 genes on 2 more seeds: off for the many tiny
 # searches of the suite, on in the tests of the check itself (test_climb.py), which delete this variable.
 os.environ["EVO_ATTENTION_FRESH_CHECK"] = "off"
+
+
+class CountingExecutor(LocalExecutor):
+    """The local executor, counting what it trains; it stops the run (as Ctrl-C does) after
+    ``stop_after`` trainings."""
+
+    def __init__(self, stop_after=None):
+        self.trained = []
+        self.stop_after = stop_after
+
+    def run(self, tasks, **kw):
+        for task, record in super().run(tasks, **kw):
+            self.trained.append(task.gene)
+            yield task, record
+            if self.stop_after is not None and len(self.trained) >= self.stop_after:
+                raise KeyboardInterrupt
 
 
 @pytest.fixture(autouse=True)

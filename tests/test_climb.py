@@ -7,12 +7,13 @@ from collections import Counter
 
 import pytest
 
+from tests.conftest import CountingExecutor
+
 from evo_attention import Evolution, programs
 from evo_attention.cli import main
 from evo_attention.genes import AttentionGene, SearchSpace, program_grammar
 from evo_attention.search import make_strategy
 from evo_attention.search.base import neighbour
-from evo_attention.search.executors import LocalExecutor
 from evo_attention.search.warm_start import starting_genes
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
@@ -128,20 +129,6 @@ def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):
     assert trained[0].endswith("|prog=" + VANILLA_PROGRAM) and len(set(trained)) == 4
 
 
-class Stopping(LocalExecutor):
-    """Trains, and stops the run (as Ctrl-C does) after ``stop_after`` trainings."""
-
-    def __init__(self, stop_after=None):
-        self.trained, self.stop_after = [], stop_after
-
-    def run(self, tasks, **kw):
-        for task, record in super().run(tasks, **kw):
-            self.trained.append(task.gene)
-            yield task, record
-            if self.stop_after is not None and len(self.trained) >= self.stop_after:
-                raise KeyboardInterrupt
-
-
 def test_a_seeded_climb_resumes_to_the_uninterrupted_result(tmp_path):
     config = Config(data="recall", vocab_size=16, max_seq_len=16, d_model=16,
                     recall={"num_pairs": 2, "num_queries": 2, "train_examples": 256, "eval_examples": 64}, n_heads=2, n_layers=1, train_steps=3,
@@ -150,10 +137,10 @@ def test_a_seeded_climb_resumes_to_the_uninterrupted_result(tmp_path):
                     search_space={"program": {"max_nodes": 8}}, baseline=False, seed=7)
     with Evolution(config, out_dir=tmp_path / "full") as evo:
         evo.run()
-    with Evolution(config, out_dir=tmp_path / "cut", executor=Stopping(stop_after=4)) as evo:
+    with Evolution(config, out_dir=tmp_path / "cut", executor=CountingExecutor(stop_after=4)) as evo:
         with pytest.raises(KeyboardInterrupt):
             evo.run()
-    resumed = Stopping()
+    resumed = CountingExecutor()
     with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
         evo.run()
     assert len(resumed.trained) == 9 - 4

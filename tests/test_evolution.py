@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CountingExecutor
+
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
 from evo_attention import Evolution, Individual
-from evo_attention.search.executors import LocalExecutor
 from evo_attention.search.store import RunStore
 from evo_attention.util.errors import UserError
 from evo_attention.report.status import format_status
@@ -26,19 +27,6 @@ TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
 TINY_FLAGS = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
               "--layers", "1", "--batch-size", "8", "--steps", "6", "--population", "4", "--generations", "3",
               "--elite", "1", "--quiet"]
-
-
-class CountingExecutor(LocalExecutor):
-    def __init__(self, stop_after=None):
-        self.trained = []
-        self.stop_after = stop_after
-
-    def run(self, tasks, **kw):
-        for task, record in super().run(tasks, **kw):
-            self.trained.append(task.gene)
-            yield task, record
-            if self.stop_after is not None and len(self.trained) >= self.stop_after:
-                raise KeyboardInterrupt
 
 
 def _final(run_dir):

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CountingExecutor
+
 from evo_attention import AttentionGene, Config, Evolution
 from evo_attention.cli import main
 from evo_attention.report import load_run
 from evo_attention.report.status import format_status, run_status
 from evo_attention.search import make_strategy
-from evo_attention.search.executors import LocalExecutor
 from evo_attention.search.store import RunStore
 from evo_attention.search.warm_start import outside_space, parse_init_from, ranked_genes
 from evo_attention.util.errors import UserError
@@ -27,19 +28,6 @@ TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
 TINY_FLAGS = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",
               "--layers", "1", "--batch-size", "8", "--steps", "6", "--population", "4", "--generations", "2",
               "--elite", "1", "--quiet", "--no-baseline"]
-
-
-class CountingExecutor(LocalExecutor):
-    def __init__(self, stop_after=None):
-        self.trained = []
-        self.stop_after = stop_after
-
-    def run(self, tasks, **kw):
-        for task, record in super().run(tasks, **kw):
-            self.trained.append(task.gene)
-            yield task, record
-            if self.stop_after is not None and len(self.trained) >= self.stop_after:
-                raise KeyboardInterrupt
 
 
 @pytest.fixture(scope="module")
