@@ -183,6 +183,25 @@ def test_cli_export_format_hf_attention_runs_without_the_library(tmp_path):
     assert "OK" in done.stdout
 
 
+def test_hf_attention_from_a_run_that_kept_no_model_needs_only_its_gene(tmp_path):
+    run = tmp_path / "run"
+    assert main(["search", "--preset", "quick", "--d-model", "32", "--heads", "4", "--layers", "1", "--steps", "2",
+                 "--population", "3", "--generations", "1", "--elite", "1", "--keep-models", "0", "--quiet",
+                 "--out", str(run)]) == 0
+    from evo_attention.report import load_run
+
+    best = load_run(run).ranking[0]["gene"]
+    out = tmp_path / "hf-attention"
+    assert main(["export", "--from-run", str(run), "--format", "hf-attention", "--out", str(out)]) == 0
+    assert repr([best]) in (out / "hf_attention.py").read_text()  # the run's best gene, no weights
+    done = subprocess.run([sys.executable, "-c", ENTRY_RUN, str(out)], capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                               "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the standalone and hf formats carry trained weights: they still need a kept model
+    assert main(["export", "--from-run", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+
+
 def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
     from evo_attention.interop.hf_attention import core_attention, install, register
 

@@ -21,7 +21,7 @@ def cmd_export(args) -> int:
     from evo_attention.interop.export import export_attention, is_attention_export
     from evo_attention.interop.hf import is_hf_export
     from evo_attention.interop.hf_attention import is_hf_attention_export
-    from evo_attention.search.models import kept_model
+    from evo_attention.search.models import kept_model, kept_models
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
     from evo_attention.util.files import check_output
     from evo_attention.util.plugins import load_plugins
@@ -32,6 +32,8 @@ def cmd_export(args) -> int:
                         "with --keep-models), one of them")
     if args.model and args.rank is not None:
         raise UserError("--rank picks among a run's kept models: use it with --from-run, not --model")
+    if args.format == "hf-attention" and args.from_run and not kept_models(args.from_run):
+        return _hf_attention_from_run(args)  # an attention function needs the gene, not trained weights
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
     kind, own = {"hf": ("a transformers export", is_hf_export),
                  "hf-attention": ("a transformers attention export", is_hf_attention_export)}.get(
@@ -68,6 +70,42 @@ def cmd_export(args) -> int:
     result = export_attention(model, args.out, source=source)
     log(f"exported {result['gene']} ({result['layers']} layer(s)) from {directory}")
     log("wrote " + ", ".join(result["files"]))
+    return 0
+
+
+def _hf_attention_from_run(args) -> int:
+    """``--format hf-attention`` of the ``--rank``-th gene of a run that kept no model: the run's
+    ranking names the gene, its config the model's settings (no weights are needed)."""
+    from pathlib import Path
+
+    from evo_attention.genes import AttentionGene, layers_of
+    from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention
+    from evo_attention.report import load_run
+    from evo_attention.train.config import Config
+    from evo_attention.util.plugins import load_plugins
+    from evo_attention.util.progress import log
+
+    if not Path(args.from_run).is_dir():
+        raise UserError(f"no run directory {args.from_run}: give the --out directory of a search")
+    run = load_run(args.from_run)
+    rank = 1 if args.rank is None else args.rank
+    ranked = [row["gene"] for row in (run.suite["genes"] if run.suite is not None else run.ranking) if row.get("rank")]
+    if isinstance(rank, bool) or rank < 1 or rank > len(ranked):
+        raise UserError(f"--rank {rank} is beyond the {len(ranked)} ranked gene(s) of the run in {args.from_run}")
+    config = Config.from_dict({k: v for k, v in run.config.items() if k in Config.field_names()})
+    from evo_attention.interop.hf_attention import is_hf_attention_export
+    from evo_attention.util.files import check_output
+
+    check_output(args.out, kind="a transformers attention export", own=is_hf_attention_export,
+                 sources={"run directory": args.from_run})
+    load_plugins(list(dict.fromkeys(list(config.plugins) + list(args.plugin or []))))
+    genes = layers_of(AttentionGene.parse(ranked[rank - 1]))
+    result = export_hf_attention(None, args.out, genes=genes, spec=config.model,
+                                 source=f"rank {rank} of the run in {args.from_run} (its gene; no weights needed)")
+    log(f"exported {' / '.join(dict.fromkeys(result['genes']))} (rank {rank} of the run in {args.from_run}) as the "
+        f"transformers attention function {result['name']!r}")
+    log(f"use it: import {ENTRY_FILE[:-3]} (from {args.out}); LlamaConfig(..., attn_implementation="
+        f"{ENTRY_FILE[:-3]}.register()); {ENTRY_FILE[:-3]}.install(model)")
     return 0
 
 

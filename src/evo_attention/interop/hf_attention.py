@@ -278,10 +278,12 @@ def is_hf_attention_export(directory) -> bool:
 register_output_kind("a transformers attention export", is_hf_attention_export)
 
 
-def export_hf_attention(model, out, *, source: str = "") -> dict:
+def export_hf_attention(model, out, *, source: str = "", genes=None, spec=None) -> dict:
     """Write ``hf_attention.py`` (the entry: ``register``, ``install``, the genes of ``model``'s
-    layers) and the library's modules it runs (``evo_attention_export/``) into ``out``. Everything
-    is checked and built before anything is written. Returns ``{"genes", "name", "files"}``."""
+    layers) and the library's modules it runs (``evo_attention_export/``) into ``out``. The function
+    needs no weights: without a ``model`` (None), ``genes`` (a genome's genes, one per layer or one)
+    and the model's ``spec`` (``nn.spec.ModelSpec``) say the same. Everything is checked and built
+    before anything is written. Returns ``{"genes", "name", "files"}``."""
     import hashlib
 
     from evo_attention.interop.export import (PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, plugin_names,
@@ -289,19 +291,21 @@ def export_hf_attention(model, out, *, source: str = "") -> dict:
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.version import __version__
 
-    genes = [g.key for g in model.genes]
-    if model.spec.short_conv:
-        raise UserError(f"the model convolves each attention's input (short_conv {model.spec.short_conv}), which a "
+    if model is not None:
+        genes, spec = model.genes, model.spec
+    genes = [g.key for g in genes]
+    if spec.short_conv:
+        raise UserError(f"the model convolves each attention's input (short_conv {spec.short_conv}), which a "
                         "transformers layer's own projections would skip: export it with --format hf or standalone",
                         setting="short_conv")
-    plugins = check_exportable(model.genes)
+    plugins = check_exportable([AttentionGene.parse(g) for g in genes])
     shipped = {f"{PACKAGE}/{path}": text for path, text in module_sources(ROOTS, plugins=plugins).items()}
     unique = list(dict.fromkeys(genes))
     name = "evo_" + hashlib.sha256("\n".join(genes).encode()).hexdigest()[:10]
     entry = _ENTRY.format(genes_text=unique[0] if len(unique) == 1 else f"{len(unique)} genes",
                           source=f" from {source}" if source else "", version=__version__, package=PACKAGE,
                           needs=", ".join(["transformers"] + requirements(shipped)), genes=genes, name=name,
-                          kernel_features=model.spec.favor_features, loader=PACKAGE_LOADER,
+                          kernel_features=spec.favor_features, loader=PACKAGE_LOADER,
                           plugins=tuple(plugin_names(plugins)))
     out = output_dir(check_output(out, kind="a transformers attention export", own=is_hf_attention_export))
     for path, text in {ENTRY_FILE: entry, **shipped}.items():
