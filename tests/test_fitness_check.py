@@ -103,6 +103,9 @@ def test_parse_improvement_forms_and_refusals():
 
 # -- end to end --------------------------------------------------------------------------------------
 def test_a_planted_improvement_is_found_and_the_rate_is_tuned(tmp_path):
+    import evo_attention
+
+    assert evo_attention.run_fitness_check is run_fitness_check  # the Python API's front door
     planted = Improvement("learning at all", VANILLA, FROZEN)
     result = run_fitness_check(tiny(), seeds=3, lr_grid=(1e-3, 1e-2), n_tuning_seeds=1, improvements=[planted],
                                evaluations=(1, 2), out_dir=tmp_path)

@@ -33,6 +33,7 @@ _HOMES = {
     "register_op": "evo_attention.nn.program", "register_gating": "evo_attention.nn.components",
     "register_normalization": "evo_attention.nn.components", "register_similarity": "evo_attention.nn.components",
     "register_temperature": "evo_attention.nn.components", "row_normalize": "evo_attention.nn.components",
+    "run_fitness_check": "evo_attention.studies.fitness",
 }
 
 
