@@ -459,6 +459,10 @@ SHIPPED_POINTS = {
         ("compression", f"mad:compression:{E},seq_len=32,tokens=12,{T},vocab=16", 35),
         ("memorization", f"mad:memorization:{E},pairs=16,seq_len=32,{T},vocab=2048", 30),
     ],
+    "fitness-recall": [  # measured by its committed fitness check: changing a point voids it
+        ("mqar-3", "mqar:eval_examples=500,pairs=3,queries=3,seq_len=24,train_examples=20000,vocab=32", 500),
+        ("mqar-4", "mqar:eval_examples=500,pairs=4,queries=4,seq_len=32,train_examples=20000,vocab=32", 600),
+    ],
     "mad-paper": [
         ("mqar-128", "mqar:eval_examples=3000,pairs=8,power=0.01,seq_len=128,train_examples=100000,vocab=8192", None),
         ("mqar-256", "mqar:eval_examples=3000,pairs=16,power=0.01,seq_len=256,train_examples=100000,vocab=8192", None),
