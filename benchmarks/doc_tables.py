@@ -33,6 +33,7 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
 - ``signal-noise-genes``: the same result's per-gene means per point;
 - ``suite-signal``: a ``benchmarks/suite_signal.py`` result;
 - ``census``: a ``benchmarks/program_census.py`` result;
+- ``climb``: a ``benchmarks/climb_mqar.py`` result (a search from the vanilla gene on MQAR);
 - ``fitness-points``, ``fitness-improvements``: a fitness check's verdicts and per-point table, and
   its improvements' table (``evo-attention fitness-check``; ``report.studies.fitness``).
 """
@@ -277,6 +278,24 @@ def fitness_improvements(payload: dict) -> str:
     return improvements_table(payload)
 
 
+def climb(payload: dict) -> str:
+    """benchmarks/climb_mqar.py: per search seed the winner, its search and fresh accuracies, the
+    training at which a program first reached the threshold, and whether the search solved the task."""
+    from evo_attention.util.format import markdown_table
+
+    rows = []
+    for seed, row in payload["searches"].items():
+        program = row["winner"].split("prog=", 1)[-1]
+        fresh = ", ".join(f"{v:.3f}" for v in row["fresh_accuracy"].values())
+        rows.append([seed, f"`{program}`", f"{row['search_accuracy']:.3f}", fresh,
+                     row["first_training_at_threshold"] or "-", f"{row['trainings']}", "yes" if row["solved"] else "no"])
+    rate = payload["solve_rate"]
+    return (markdown_table(["search seed", "winner (program)", "search accuracy", "fresh accuracy (2 seeds)",
+                            f"first training >= {payload['threshold']}", "trainings", "solved"], rows, "llrrrrl")
+            + f"\nSolved in {payload['solved']} of {len(rows)} searches (exact 95% interval "
+              f"{rate['ci_low']:.2f}-{rate['ci_high']:.2f}).\n")
+
+
 def census(payload: dict) -> str:
     """benchmarks/program_census.py: the share of random programs and of edits of the vanilla program
     with each feature, and the edit kinds drawn."""
@@ -289,7 +308,7 @@ def census(payload: dict) -> str:
             + f"\nEdit kinds drawn: {kinds}.\n")
 
 
-TABLES = {**STUDY_TABLES, "census": census, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
+TABLES = {**STUDY_TABLES, "census": census, "climb": climb, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
           "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
           "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "curve": curve,
           "batched": batched, "signal-noise-full": signal_noise_full, "costs": costs, "signal-noise": signal_noise,

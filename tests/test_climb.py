@@ -177,3 +177,19 @@ def test_a_rate_axis_is_edited_beside_the_program():
     assert rates and all(c.program == VANILLA_PROGRAM for c in rates)  # a rate edit leaves the program
     assert all(c.learning_rate == 0.002 for c in children if c.program != VANILLA_PROGRAM)  # one edit at a time
     assert 0.02 < len(rates) / len(children) < 0.2  # the program weighs 13 (its edit weights), the rate 1
+
+
+@pytest.mark.parametrize("name", ["ga", "random", "nsga2", "climb"])
+def test_every_strategy_starts_from_a_seeded_start_and_its_neighbours(name):
+    strategy = make_strategy(name, population_size=4, n_generations=2, elite_size=1, seed=8,
+                             space={"program": {"max_nodes": 8}})
+    start = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00").replace(program=VANILLA_PROGRAM)
+    strategy.warm_start([start], neighbours=True)
+    first = strategy.ask()
+    assert first[0] == start and len({g.key for g in first}) == 4
+    from evo_attention.search.warm_start import outside_space
+
+    for child in first[1:]:  # each one edit from the start: its program, or one other field
+        assert outside_space(child.key, strategy.space) is None
+        fields = [k for k, v in child.to_dict().items() if k != "program" and v != start.to_dict()[k]]
+        assert (child.program != VANILLA_PROGRAM) + len(fields) == 1, child.key
