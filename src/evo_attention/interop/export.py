@@ -471,7 +471,8 @@ _ABOUT = ("Made by `evo-attention export`{source}. The code that runs is evo-att
           "file only fixes the gene and the sizes. Input and output are [B, T, d_model], as nanoGPT's "
           "CausalSelfAttention; the module is causal. {position_note}\n\nNeeds {needs}.")
 
-# The entries' loader of the package beside them (an entry's template fills it in as {loader}).
+# The entries' loader of the package beside them, then of the plugins it ships (PLUGINS, set above it): an
+# entry's template fills it in as {loader}.
 PACKAGE_LOADER = '''def _import_package():
     """The package beside this file, imported under a name private to this module: nothing joins
     sys.path, and two exports in one program do not share it."""
@@ -483,6 +484,9 @@ PACKAGE_LOADER = '''def _import_package():
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return name
+
+for _plugin in PLUGINS:  # imported first: their registrations run before any attention is built
+    importlib.import_module(_import_package() + "." + _plugin)
 '''
 
 _ENTRY = '''"""{gene}: an attention mechanism found by evo-attention, as a standalone PyTorch module.
@@ -508,9 +512,6 @@ PLUGINS = {plugins!r}  # the plugin modules whose ops and components GENE uses (
 
 
 {loader}
-
-for _plugin in PLUGINS:  # imported first: their registrations run before any attention is built
-    importlib.import_module(_import_package() + "." + _plugin)
 _attention = importlib.import_module(_import_package() + ".nn.attention")
 
 

@@ -242,9 +242,6 @@ PLUGINS = {plugins!r}  # the plugin modules whose ops and components GENES use (
 
 
 {loader}
-
-for _plugin in PLUGINS:  # imported first: their registrations run before any attention is built
-    importlib.import_module(_import_package() + "." + _plugin)
 _module = importlib.import_module(_import_package() + ".interop.hf_attention")
 attention_forward = _module.attention_forward
 
