@@ -56,7 +56,7 @@ from evo_attention.studies.compare import resolve_configs
 from evo_attention.studies.lr_grid import select
 from evo_attention.train.record import usable_metric
 from evo_attention.train.spec import Trial, load_task
-from evo_attention.train.suite import FAILED_ACCURACY, point_configs
+from evo_attention.train.suite import point_configs, point_result, suite_score
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import dumps, to_jsonable
@@ -170,7 +170,7 @@ class Fitness:
         """The fitness of one seed from its records on the points (see the class)."""
         if self.metric == "val_loss":
             return usable_metric(records[0], "val_loss")
-        return statistics.fmean(point_accuracy(r) for r in records)
+        return suite_score(tuple(self.points), dict(zip(self.points, records))).aggregate
 
     def train(self, setup: StudySetup, keys: Sequence[str], seeds: Sequence[int], rate: float,
               labels: Mapping[str, str], role: str = ROLE) -> dict:
@@ -191,9 +191,8 @@ class Fitness:
 
 
 def point_accuracy(record) -> float:
-    """A point's accuracy in a record, a failed training scoring 0 (the suite's rule)."""
-    value = usable_metric(record, "accuracy")
-    return FAILED_ACCURACY if value is None else value
+    """A point's accuracy in a record, a failed training scoring 0 (the suite's rule, ``train.suite``)."""
+    return point_result("", record).scored
 
 
 def fitness_id(fitness: Fitness) -> str:
