@@ -18,15 +18,17 @@ from __future__ import annotations
 import math
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, Strategy, neighbour, rank_members
+from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, neighbour
+from evo_attention.search.random_search import RandomSearch
 from evo_attention.util.errors import UserError
 
 
-class HillClimb(Strategy):
-    """(1 + lambda) hill climbing from a seeded start."""
+class HillClimb(RandomSearch):
+    """(1 + lambda) hill climbing from a seeded start: random search's bookkeeping (everything
+    evaluated, ranked; each batch its history), other proposals, and an incumbent."""
 
     name = "climb"
-    OPTIONS = {**Strategy.OPTIONS, "min_gain": 0.0}
+    OPTIONS = {**RandomSearch.OPTIONS, "min_gain": 0.0}
 
     def __init__(self, *, min_gain: float = 0.0, **settings):
         super().__init__(**settings)
@@ -57,11 +59,7 @@ class HillClimb(Strategy):
         return children
 
     def _update(self, told):
-        self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
-        self.population = rank_members(self.population + self._batch)
+        super()._update(told)
         best = self._batch[0]
         if self.incumbent is None or best.perplexity < self.incumbent.perplexity - self.min_gain:
             self.incumbent = best
-
-    def _history_members(self, told) -> list[Individual]:
-        return self._batch
