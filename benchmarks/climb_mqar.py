@@ -8,9 +8,13 @@ neighbours) with ``--population`` x ``--generations`` trainings (default 5 x 6 =
 search's winner is trained on 2 fresh seeds, and the search *solves* the task when the winner's
 accuracy is >= 0.9 on both. The result keeps, per search seed, the winner, its search and fresh
 accuracies and the training at which a program first reached 0.9 in the search; and the count of
-solving searches with its exact (Clopper-Pearson) interval.
+solving searches with its exact (Clopper-Pearson) interval. With ``--elite-seeds K`` the climb races
+(``search.racing``): a child that would replace the incumbent is first measured on K seeds, and
+``trainings`` counts those re-measurements too.
 
     python benchmarks/climb_mqar.py --out runs/climb-mqar --json docs/results/climb-mqar/climb-mqar.json
+    python benchmarks/climb_mqar.py --population 4 --generations 6 --elite-seeds 2 --out runs/climb-mqar-race \
+        --json docs/results/climb-mqar/climb-mqar-race.json
     python benchmarks/climb_mqar.py --smoke --out /tmp/climb --json /tmp/climb.json   # seconds: it runs
 
 Each search is one ``evo-attention search`` run in ``--out/seed-N`` (a repeat resumes or reuses it).
@@ -37,6 +41,8 @@ def search(out: Path, seed: int, args) -> None:
                "--population", str(args.population), "--generations", str(args.generations), "--elite", "1",
                "--config", str(args.space), "--no-baseline", "--seed", str(seed), "--workers", str(args.workers),
                "--keep-models", "0", "--no-check", "--quiet", "--out", str(out)]
+    if args.elite_seeds > 1:
+        command += ["--elite-seeds", str(args.elite_seeds)]
     if args.smoke:
         command += ["--d-model", "16", "--heads", "2", "--layers", "1", "--eval-batch-size", "500"]
     if (out / "run.db").exists():
@@ -66,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--elite-seeds", type=int, default=1,
+                        help="race a would-be incumbent on K seeds first (search --elite-seeds; default 1: no racing)")
     parser.add_argument("--space", default=str(Path(__file__).with_name("climb_space.yaml")),
                         help="a config file with the program search space")
     parser.add_argument("--smoke", action="store_true", help="a 16-dim model, 5 steps, 1 seed, 2 x 2: it runs")
@@ -84,21 +92,25 @@ def main(argv=None) -> int:
         search(out, seed, args)
         winner = json.loads((out / "final_results.json").read_text())["best_gene"]["key"]
         with open(out / "evaluations.csv", newline="") as handle:  # in training order
-            trained = [row for row in csv.DictReader(handle) if row["role"] == "search"]
+            rows_read = list(csv.DictReader(handle))
+        trained = [row for row in rows_read if row["role"] == "search"]
+        raced = [row for row in rows_read if row["role"] == "race"]
         accuracy_of = {row["gene"]: float(row["accuracy"]) for row in trained if row["accuracy"]}
-        first = next((i + 1 for i, row in enumerate(trained)
-                      if row["accuracy"] and float(row["accuracy"]) >= THRESHOLD), None)
+        first = next((i + 1 for i, row in enumerate(r for r in rows_read if r["role"] in ("search", "race"))
+                      if row["role"] == "search" and row["accuracy"] and float(row["accuracy"]) >= THRESHOLD), None)
         accuracy = fresh(winner, args)
         rows[str(seed)] = {"winner": winner, "search_accuracy": accuracy_of.get(winner),
                            "fresh_accuracy": dict(zip(map(str, FRESH_SEEDS), accuracy)),
                            "solved": all(a is not None and a >= THRESHOLD for a in accuracy),
-                           "first_training_at_threshold": first, "trainings": len(trained),
+                           "first_training_at_threshold": first, "trainings": len(trained) + len(raced),
+                           "racing_trainings": len(raced),
                            "wall_s": round(time.perf_counter() - started, 1)}
         print(f"search seed {seed}: winner {winner}, search accuracy {rows[str(seed)]['search_accuracy']}, fresh "
               f"{accuracy}: {'solved' if rows[str(seed)]['solved'] else 'not solved'}", flush=True)
     solved = sum(r["solved"] for r in rows.values())
     result = {"kind": "climb-mqar", "task": TASK, "steps": args.steps, "threshold": THRESHOLD,
               "fresh_seeds": list(FRESH_SEEDS), "population": args.population, "generations": args.generations,
+              "elite_seeds": args.elite_seeds,
               "space": Path(args.space).read_text(), "smoke": args.smoke, "searches": rows, "solved": solved,
               "solve_rate": stats.solve_rate(solved, len(rows)), "machine": machine(), "versions": versions(),
               "command": "python benchmarks/climb_mqar.py " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -196,6 +196,8 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
         lines = md.infeasible_lines(s)
         body = [para(lines[0])] + ([table(md.infeasible_table(s))] if len(lines) > 1 else [])
         out.append(_section("infeasible", "Infeasible genes", body))
+    if s.racing:  # a raced run: every raced gene's seeds
+        out.append(_section("racing", "Re-measured elites", [para(md.racing_lines(s)[0]), table(md.racing_table(s))]))
     return out
 
 

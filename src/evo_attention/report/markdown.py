@@ -180,6 +180,31 @@ def infeasible_lines(s: RunSummary) -> list[str]:
     return lines
 
 
+def racing_table(s: RunSummary) -> Table:
+    """Every raced gene (and the baseline): its value on each seed and the lower bound it ranks by."""
+    r = s.racing or {}
+    seeds = list(r.get("seeds") or [])
+    suite = s.suite is not None  # told values are minus the suite accuracy: shown as accuracies
+    shown = (lambda v: None if v is None else -v) if suite else (lambda v: v)  # noqa: E731
+    raced = ([{**r["baseline"], "generation": "baseline"}] if r.get("baseline") else []) + list(r.get("genes") or [])
+    rows = [[e["gene"], fmt(e["generation"]), *[fmt(shown(v), 4) for v in e["values"]], fmt(shown(e["told"]), 4)]
+            for e in raced]
+    bound = "mean - standard error" if suite else "mean + standard error"
+    return Table(["Gene", "Generation", *[f"Seed {x}" for x in seeds], bound.capitalize()], rows,
+                 "lr" + "r" * (len(seeds) + 1), (0,))
+
+
+def racing_lines(s: RunSummary) -> list[str]:
+    """The section on a raced run (``search.racing``): the rule, then every raced gene's seeds."""
+    r = s.racing or {}
+    what = "suite accuracy" if s.suite is not None else "perplexity"
+    bound = "mean minus its standard error" if s.suite is not None else "mean plus its standard error"
+    return [f"Racing: a gene that would take one of the strategy's {fmt(r.get('places'))} elite place(s) was trained "
+            f"on {len(r.get('seeds') or [])} seeds first (the same seeds for every gene, so comparisons are paired) and "
+            f"ranked by its {bound} ({what}); a failure on any seed fails it. Every other gene ranks by its one seed. "
+            "The baseline is raced the same way.", "", to_markdown(racing_table(s))]
+
+
 def failures_table(s: RunSummary) -> Table:
     rows = []
     for f in s.failures:
@@ -307,7 +332,9 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
     failed = ", ".join(f"{status} {n}" for status, n in c["failed"].items())
     unit = "trainings (one per gene and point)" if s.suite is not None else "evaluations"
     evaluated = f"- Evaluated: {c['trained']} search {unit}, {c['ok']} finished"
-    evaluated += f", {sum(c['failed'].values())} failed ({failed})." if failed else ", none failed."
+    evaluated += f", {sum(c['failed'].values())} failed ({failed})" if failed else ", none failed"
+    raced = c.get("by_role", {}).get("race")
+    evaluated += f"; {raced} more trainings re-measured the elite (racing)." if raced else "."
     lines += [f"- {progress}", evaluated]
     if c.get("cache_hits"):
         lines.append(f"- Cache hits: {c['cache_hits']} requests answered from earlier evaluations.")
@@ -326,15 +353,17 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                          + ("" if change is None else f"; the best gene is **{100 * change:+.1f} accuracy points** "
                                                       "from it") + ".")
         if s.suite.get("vs_baseline") is not None and not validation:
-            lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to compare the "
-                         "best genes with the baseline on the suite over several seeds.")
+            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {s.run_dir}` to compare the "
+                         "best genes with the baseline on the suite over fresh seeds.")
         return lines
     elif b["perplexity"] is None:
         lines.append(f"- Baseline {b['str']} `{b['gene']}` failed "
                      f"({b['status']}): no comparison possible.")
     else:
         text = f"- Baseline {b['str']} `{b['gene']}`: perplexity {fmt(b['perplexity'])}"
-        if b["n"] > 1:
+        if s.racing and s.racing.get("baseline"):
+            text += f" (mean + standard error over {b['n']} seeds)"
+        elif b["n"] > 1:
             text += f" (mean of {b['n']} evaluations)"
         change = s.change
         if change is not None:
@@ -342,9 +371,17 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                      f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
     if s.change is not None and not validation:
-        lines.append(f"- One seed per gene: run `evo-attention validate --from-run {s.run_dir}` to see whether "
-                     "the difference holds over several seeds.")
+        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {s.run_dir}` to see whether "
+                     "the difference holds over fresh seeds.")
     return lines
+
+
+def _selection_seeds(s: RunSummary) -> str:
+    """On how many seeds the run ranked its genes (the seeds it selected on)."""
+    if not s.racing:
+        return "One seed per gene"
+    return (f"One seed per gene, {len(s.racing.get('seeds') or [])} for the re-measured elite (ranked by a bound "
+            "over them; see Re-measured elites)")
 
 
 def _settings(s: RunSummary) -> list[str]:
@@ -528,6 +565,8 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
         sections += _attachment_sections(attachments)
     if s.constraints:
         sections.append(["## Infeasible genes", ""] + infeasible_lines(s))
+    if s.racing:
+        sections.append(["## Re-measured elites", ""] + racing_lines(s))
     sections += [
         ["## Failures", ""] + _failures(s),
         ["## Reproducibility", ""] + _reproducibility(s, run_dir, attachments),

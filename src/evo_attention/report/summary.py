@@ -44,6 +44,7 @@ from evo_attention.genes import (ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS,
 from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
+from evo_attention.search.racing import RACING_META
 from evo_attention.search.store import RunStore
 from evo_attention.train.config import describe_schedule
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
@@ -483,6 +484,7 @@ class RunSummary:
     constraints: dict | None = None  # runs with caps: search.constraints.constraint_view
     init_from: dict | None = None  # warm-started runs: the store's meta init_from
     suite: dict | None = None  # suite runs: suite_view (the gene x point table, ranked by suite accuracy)
+    racing: dict | None = None  # raced runs: the store's meta racing (search.racing)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -493,11 +495,7 @@ class RunSummary:
                                            search)
         feasible = feasible_only(search, constraints)
         ranking = rank_genes(feasible)
-        best = None
-        if ranking:
-            top = ranking[0]
-            best = {**gene_info(top["gene"]), "perplexity": top["perplexity"],
-                    "generation": top["generation"], "id": top["id"]}
+        best = _best_of(ranking)
         baseline = baseline_of([r for r in evaluations if r.get("role") == "baseline"])
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
@@ -540,6 +538,8 @@ class RunSummary:
         suite_meta = store.get_meta("suite")
         if suite_meta:
             _as_suite_run(summary, suite_meta, store.generations())
+        if store.get_meta(RACING_META):
+            _as_raced(summary, store.get_meta(RACING_META))
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
         return summary
@@ -661,17 +661,59 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
     docstring); the counts, failures and evaluations stay per training."""
     suite = suite_view(meta, summary.evaluations, summary.config.get("seed"))
     summary.suite = suite
+    _suite_results(summary)
+    summary.change = None
+    summary.history = suite_history(table, suite)
+    summary.components = []
+
+
+def _suite_results(summary: RunSummary) -> None:
+    """The ranking, best, baseline and its difference of a suite run, from ``summary.suite``."""
+    suite = summary.suite
     summary.ranking = _suite_ranking(suite)
     top = summary.ranking[0] if summary.ranking else None
     summary.best = None if top is None else {**gene_info(top["gene"]), "perplexity": None,
                                              "suite_accuracy": top["suite_accuracy"],
                                              "generation": top["generation"], "id": None}
     summary.baseline = _suite_baseline(suite)
-    summary.change = None
-    summary.history = suite_history(table, suite)
-    summary.components = []
     base = summary.baseline["suite_accuracy"] if summary.baseline else None
     suite["vs_baseline"] = None if top is None or base is None else top["suite_accuracy"] - base
+
+
+def _best_of(ranking: list[dict]) -> dict | None:
+    top = ranking[0] if ranking else None
+    return None if top is None else {**gene_info(top["gene"]), "perplexity": top["perplexity"],
+                                     "generation": top["generation"], "id": top["id"],
+                                     **({"seeds": top["seeds"]} if "seeds" in top else {})}
+
+
+def _as_raced(summary: RunSummary, racing: Mapping) -> None:
+    """Rank a raced run (``search.racing``) as its strategy was told: a raced gene, and the baseline,
+    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed."""
+    summary.racing = dict(racing)
+    seeds = len(racing.get("seeds") or [])
+    bounds = {gene_info(r["gene"])["key"]: r["told"] for r in racing.get("genes") or []}
+    base = (racing.get("baseline") or {}).get("told")
+    if summary.suite is None:
+        rows = [{**r, "perplexity": bounds.get(r["gene"], r["perplexity"]), "seeds": seeds if r["gene"] in bounds
+                 else 1} for r in summary.ranking]
+        rows = sorted((r for r in rows if r["perplexity"] is not None), key=lambda r: (r["perplexity"], r["gene"]))
+        summary.ranking = [{**r, "rank": i + 1} for i, r in enumerate(rows)]
+        summary.best = _best_of(summary.ranking)
+        if summary.baseline is not None and racing.get("baseline"):
+            summary.baseline = {**summary.baseline, "perplexity": base, "n": seeds}
+        summary.change = change_of(summary.best_perplexity, summary.baseline["perplexity"] if summary.baseline else None)
+        return
+    suite = summary.suite
+    rows = [{**r, "suite_accuracy": -bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
+             "seeds": seeds} if r["gene"] in bounds else {**r, "seeds": 1} for r in suite["genes"]]
+    ranked = sorted((r for r in rows if r["rank"] is not None and r["suite_accuracy"] is not None),
+                    key=lambda r: (-r["suite_accuracy"], r["gene"]))
+    suite["genes"] = [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [
+        {**r, "rank": None} for r in rows if r not in ranked]
+    if suite.get("baseline") is not None and racing.get("baseline"):
+        suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else -base, "seeds": seeds}
+    _suite_results(summary)
 
 
 def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
@@ -752,8 +794,9 @@ def _outcome(s: RunSummary) -> tuple[str, str]:
     if s.best is None:
         failures = ", ".join(f"{status}: {n}" for status, n in s.counts["failed"].items())
         return "all_failed", f"All {_plural(n_search, 'evaluation')} failed ({failures})."
+    raced = f" (mean + standard error over {s.best['seeds']} seeds)" if s.best.get("seeds", 1) > 1 else ""
     text = (f"Best gene {s.best['str']} (`{s.best['key']}`): validation perplexity "
-            f"{s.best['perplexity']:.2f}, found in generation {s.best['generation']}.")
+            f"{s.best['perplexity']:.2f}{raced}, found in generation {s.best['generation']}.")
     return "ok", text
 
 
@@ -764,8 +807,10 @@ def _suite_outcome(s: RunSummary) -> tuple[str, str]:
             return "empty", f"No gene has trained on all {n} points of suite {suite['name']} yet."
         return "all_failed", f"Every gene failed on every point of suite {suite['name']}."
     failed = f"; it failed on {', '.join(s.best_row['failed'])} (scored 0)" if s.best_row["failed"] else ""
+    seeds = s.best_row.get("seeds", 1)
+    raced = f"; mean - standard error over {seeds} seeds" if seeds > 1 else ""
     return "ok", (f"Best gene {s.best['str']} (`{s.best['key']}`): suite accuracy {s.best['suite_accuracy']:.4f} "
-                  f"(the mean accuracy over the {n} points of suite {suite['name']}), found in generation "
+                  f"(the mean accuracy over the {n} points of suite {suite['name']}{raced}), found in generation "
                   f"{s.best['generation']}{failed}.")
 
 

@@ -402,6 +402,11 @@ class Strategy(ABC):
         return len(self.objectives)
 
     @property
+    def elite_places(self) -> int:
+        """How many of the best members this strategy builds on (what racing re-measures first)."""
+        return max(1, self.elite_size)
+
+    @property
     def best(self) -> Individual | None:
         """The member with the lowest perplexity so far (None before the first ``tell``); with one
         objective that is ``population[0]``."""

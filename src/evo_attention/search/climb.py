@@ -10,7 +10,9 @@ Every candidate of a search trains on the run's seed, so the comparison is paire
 
 ``population`` is everything evaluated, best first (what the report ranks); ``incumbent`` is the
 member the climb stands on. ``elite_size`` is not used: nothing is carried over but the incumbent,
-which is never trained again. One objective only.
+which is never trained again. One objective only. With racing (``elite_seeds`` K, ``search.racing``)
+a child that beats the incumbent on the run's seed is measured on the K seeds the incumbent was,
+and the climb compares their lower bounds: it moves only on a gain that holds over paired seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class HillClimb(RandomSearch):
                             setting="objectives")
         self.min_gain = float(min_gain)
         self.incumbent: Individual | None = None
+
+    elite_places = 1  # the incumbent
 
     def batch_size(self, generation: int) -> int:
         return self.population_size

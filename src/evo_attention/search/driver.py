@@ -99,7 +99,7 @@ class Search:
         self.keep_models = keep_models or 0
         self.plugins = load_plugins(config.plugins)  # before the strategy, the space or the data are built
         self.strategy = strategy_from_config(config)  # bad strategy settings fail before any data is read
-        self.evaluation = evaluation_for(config, data, keep_models)  # the run's data (or suite's) read here
+        self.evaluation = evaluation_for(config, data, keep_models, self.strategy.elite_places)  # the run's data (or suite's) read here
         self.suite, self.data, self.schedule = self.evaluation.suite, self.evaluation.data, self.evaluation.schedule
         self.config = config
         self.out_dir = (check_directory_path(out_dir, "out_dir") if out_dir is not None

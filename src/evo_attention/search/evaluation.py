@@ -21,6 +21,7 @@ from evo_attention.search.executors import EvalTask
 from evo_attention.search.fidelity import (RUNG_ROLE, STATE_DIR, Schedule, fidelity_summary, schedule_from_config,
                                            state_file_name, told_fitness)
 from evo_attention.search.models import model_dir
+from evo_attention.search.racing import Racing
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.train.config import Config
@@ -30,14 +31,17 @@ from evo_attention.train.suite import point_configs, suite_meta, suite_score
 from evo_attention.util.errors import UserError
 
 
-def evaluation_for(config: Config, data: TaskData | None, keep_models: int | None):
-    """The evaluation ``config`` asks for, its data (unless given) or its suite's points read."""
+def evaluation_for(config: Config, data: TaskData | None, keep_models: int | None, elite_places: int = 1):
+    """The evaluation ``config`` asks for, its data (unless given) or its suite's points read; with
+    ``elite_seeds`` > 1 the strategy's ``elite_places`` are raced (``search.racing``)."""
     if config.suite is not None:
-        return Suite(config, data, keep_models)
-    data = data_from_config(config) if data is None else data
-    schedule = schedule_from_config(config)
-    evaluation = (Plain if schedule is None else Halving)(config, data, schedule)
-    return Capped(evaluation) if caps.settings_of(config) else evaluation
+        evaluation = Suite(config, data, keep_models)
+    else:
+        data = data_from_config(config) if data is None else data
+        schedule = schedule_from_config(config)
+        evaluation = (Plain if schedule is None else Halving)(config, data, schedule)
+        evaluation = Capped(evaluation) if caps.settings_of(config) else evaluation
+    return Racing(evaluation, config.elite_seeds, elite_places) if config.elite_seeds > 1 else evaluation
 
 
 class Evaluation:
@@ -102,8 +106,14 @@ class Plain(Evaluation):
         return self.individual(Individual(gene, math.inf if value is None else value))
 
     def fitness(self, keys: list, generation: int) -> dict:
-        records = self.evaluate([self.task(k, role="search", generation=generation) for k in keys])
-        return {k: self.told(records[k]) for k in keys}
+        told = self.scores([(k, self.config.seed) for k in keys], generation)
+        return {k: told[k, self.config.seed] for k in keys}
+
+    def scores(self, pairs: list, generation: int | None, role: str = "search") -> dict:
+        """What the strategy would be told of each ``(gene key, seed)`` pair, trained at the full budget."""
+        tasks = {(key, seed): self.task(key, role=role, generation=generation, seed=seed) for key, seed in pairs}
+        done = self.runner.evaluate(list(tasks.values()))
+        return {pair: self.told(done[task]) for pair, task in tasks.items()}
 
     def individual(self, member: Individual) -> Individual:
         record = self.records[member.gene.key]
@@ -111,21 +121,24 @@ class Plain(Evaluation):
                        steps=record.steps)
 
     def finished(self, task: EvalTask, record: EvaluationRecord) -> None:
+        if task.seed != self.config.seed:  # a re-measurement (racing): the individual shows its run-seed record
+            return
         self.records[task.gene] = record
         value = record.metric() if int(record.steps) >= self.config.train_steps else None
         view = self.runner.view
         if value is not None and view is not None and (view.best is None or value < view.best[1]):
             view.set_best(task.gene, value)
 
-    def trial(self, key: str, steps: int | None = None, budget: int | None = None) -> Trial:
-        return Trial.from_config(key, self.config, steps=steps, budget=budget, data=self.data)
+    def trial(self, key: str, steps: int | None = None, budget: int | None = None, seed: int | None = None) -> Trial:
+        return Trial.from_config(key, self.config, seed=seed, steps=steps, budget=budget, data=self.data)
 
     def task(self, key: str, *, role: str, generation: int | None, steps: int | None = None,
-             budget: int | None = None, label: str | None = None, **fidelity) -> EvalTask:
+             budget: int | None = None, label: str | None = None, seed: int | None = None, **fidelity) -> EvalTask:
         steps = self.config.train_steps if steps is None else steps
         keep = self.keep_models and role == "search" and steps == self.config.train_steps
-        label = label or ("baseline" if role == "baseline" else f"gen {generation}")
-        return EvalTask(self.trial(key, steps, budget), role=role, generation=generation, label=label,
+        label = label or ("baseline" if role == "baseline" else f"gen {generation}") + (
+            f" seed {seed}" if seed not in (None, self.config.seed) else "")
+        return EvalTask(self.trial(key, steps, budget, seed), role=role, generation=generation, label=label,
                         keep_model=str(model_dir(self.store.run_dir, key)) if keep else None, **fidelity)
 
     def evaluate(self, tasks: list) -> dict[str, EvaluationRecord]:  # by gene key (one task per gene)
@@ -223,8 +236,8 @@ class Suite(Evaluation):
         return {"data": {"name": f"suite {suite.name}", "suite": suite.name, "points": len(suite.points)},
                 "context": None, "suite": suite_meta(suite, trials)}
 
-    def _point_trial(self, key: str, label: str) -> Trial:
-        return Trial.from_config(key, self.point_configs[label], data=self.point_data[label])
+    def _point_trial(self, key: str, label: str, seed: int | None = None) -> Trial:
+        return Trial.from_config(key, self.point_configs[label], seed=seed, data=self.point_data[label])
 
     def baseline(self, gene: AttentionGene) -> Individual:
         told = self.fitness([gene.key], None, role="baseline")[gene.key]
@@ -232,14 +245,22 @@ class Suite(Evaluation):
 
     def fitness(self, keys: list, generation: int | None, role: str = "search") -> dict:
         """Minus each gene's suite accuracy (None: every point failed), from its trainings on every
-        point through the runner (stored ones are cache hits); point by point, so that a point's
-        data is built once per worker process."""
+        point through the runner (stored ones are cache hits)."""
+        told = self.scores([(k, self.config.seed) for k in keys], generation, role)
+        return {k: told[k, self.config.seed] for k in keys}
+
+    def scores(self, pairs: list, generation: int | None, role: str = "search") -> dict:
+        """Minus the suite accuracy of each ``(gene key, seed)`` pair (None: every point failed); point
+        by point, so that a point's data is built once per worker process."""
         name, labels = "baseline" if role == "baseline" else f"gen {generation}", self.suite.labels
-        tasks = {(label, key): EvalTask(self._point_trial(key, label), role=role, generation=generation,
-                                        label=f"{name} {label}") for label in labels for key in keys}
+        seeds = lambda seed: "" if seed == self.config.seed else f" seed {seed}"  # noqa: E731
+        tasks = {(label, key, seed): EvalTask(self._point_trial(key, label, seed), role=role, generation=generation,
+                                              label=f"{name}{seeds(seed)} {label}")
+                 for label in labels for key, seed in pairs}
         done = self.runner.evaluate(list(tasks.values()))
-        scores = {key: suite_score(labels, {label: done[tasks[label, key]] for label in labels}) for key in keys}
-        return {key: None if score.all_failed else -score.aggregate for key, score in scores.items()}
+        scores = {(key, seed): suite_score(labels, {label: done[tasks[label, key, seed]] for label in labels})
+                  for key, seed in pairs}
+        return {pair: None if score.all_failed else -score.aggregate for pair, score in scores.items()}
 
     def individual(self, member: Individual) -> Individual:
         return replace(member, status="failed" if member.failed else "ok")

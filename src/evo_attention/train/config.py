@@ -113,6 +113,10 @@ class Config:
                                           "(the run's baseline gene), gene strings, or the best K genes of the run in "
                                           "RUN; random draws random genes (the default, but for the climb strategy, "
                                           "which starts from vanilla)")
+    # racing (search/racing.py): a gene that would enter the elite is measured on this many seeds first
+    elite_seeds: int = setting(1, group="search", flag="elite-seeds", parse="int", metavar="K",
+                               help="measure a gene that would enter the elite (the climb's incumbent) on K seeds "
+                                    "first and rank it by mean + standard error over them (default 1: one seed)")
     # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
     # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
     # memory are measured, so a gene over their cap is marked infeasible after its training
@@ -471,6 +475,25 @@ def _check_search(c: Config) -> None:
         raise UserError(f"halving_audit {c.halving_audit} needs fidelity halving or a hurdle: at full fidelity every "
                         "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
     _check_suite_search(c)
+    _check_racing(c)
+
+
+def _check_racing(c: Config) -> None:
+    _integer(c, "elite_seeds")
+    if c.elite_seeds == 1:
+        return
+    if len(c.objectives) > 1:
+        raise UserError(f"elite_seeds {c.elite_seeds} races one objective: drop the other objectives or elite_seeds",
+                        setting=("elite_seeds", "objectives"))
+    if c.fidelity != "full" or c.hurdle is not None:
+        raise UserError(f"elite_seeds {c.elite_seeds} races genes at the full budget: drop fidelity/hurdle or "
+                        "elite_seeds", setting=("elite_seeds", "fidelity", "hurdle"))
+    if c.elite_seeds > 1000:
+        raise UserError(f"elite_seeds {c.elite_seeds} is more than the 1000 seeds racing has: give fewer",
+                        setting="elite_seeds")
+    if c.seed > MAX_SEED - 2000:
+        raise UserError(f"seed {c.seed} leaves no room for the racing seeds (up to seed + 2000): give a smaller seed "
+                        "or drop elite_seeds", setting=("seed", "elite_seeds"))
 
 
 # the constraints a search may set (search/constraints.py): Config field -> what it caps

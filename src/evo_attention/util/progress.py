@@ -211,6 +211,13 @@ class SearchView:
             if self._progress is not None:
                 self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
+    def extend(self, more: int) -> None:
+        """Trainings the plan could not foresee (racing re-measures a would-be elite): the plan grows."""
+        self.planned += more
+        with best_effort():
+            if self._progress is not None:
+                self._progress.update(self._search, total=self.planned)
+
     def refused(self, label: str, gene: str, reason: str) -> None:
         """A planned evaluation that will not run (a gene refused before training): the plan
         shrinks by one, so the counter ends at its total, and the refusal is printed."""
