@@ -217,8 +217,10 @@ def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
     attention = _library_attention(gene, layer, qkv, layer.o_proj.weight)
     with torch.no_grad():
         assert (y - attention(x)).abs().max() <= TOLERANCE
-        model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=False)
+        recomputed = model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=False)
+        assert not model.generation_config.use_cache  # install() made recomputation the default
+        assert torch.equal(model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False), recomputed)
         with pytest.raises(ValueError, match="use_cache=False"):
-            model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+            model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=True)
     with pytest.raises(Exception, match="only a program o"):
         core_attention("prog=g.output_gate(o(mix(w.softmax(s.dot(q,k)),v)))", 32, 4)

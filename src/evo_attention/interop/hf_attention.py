@@ -23,8 +23,9 @@ Contract:
 - One implementation: ``attention_forward`` runs the gene's program (``nn.program``, the one
   engine) on the host's q, k, v: ``ProgramCore.heads``, on a whole sequence with the paths the tool
   trains with (fused, banded, running sums), and on new positions after the host's cache with the
-  rows of its decoding (a program whose q, k, v reach only its attention pattern; others generate
-  with ``use_cache=False``). A layer built this way computes, on the same weights, what the
+  rows of its decoding (a program whose q, k, v reach only its attention pattern; for others
+  ``install`` sets the host's ``generation_config.use_cache = False``, so a plain ``generate()``
+  recomputes the whole sequence at each new token, and a cached call is refused in one line). A layer built this way computes, on the same weights, what the
   library's ``EvolvedAttention`` computes (a test trains a tiny ``LlamaForCausalLM`` and compares,
   fp32, within 1e-5).
 - What the host decides: the projections (its ``qkv_rank``, ``kv_heads``, bias), and the word order
@@ -84,7 +85,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     allowed = _allowed(attention_mask, query.shape[0], t, s)
     start = s - t
-    if start and (core.qkv_conv is not None or not core.program.cacheable):
+    if start and not cacheable(core):
         raise ValueError(f"gene {core.gene.key} reads earlier queries or inputs along time, which the host's "
                          "cache does not keep: generate with use_cache=False")
     if core.qkv_conv is not None:  # convolutions along time read earlier raw q, k, v: whole sequences only
@@ -162,7 +163,15 @@ def install(model: nn.Module, gene: AttentionGene | str | list, *, kernel_featur
         layer.register_forward_pre_hook(_before, with_kwargs=True)
         layer.register_forward_hook(_after, with_kwargs=True)
         check_causal(layer)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and not all(cacheable(getattr(layer, ATTRIBUTE)) for layer in layers):
+        generation.use_cache = False  # so that a plain generate() recomputes each step instead of failing
     return layers
+
+
+def cacheable(core: EvolvedAttention) -> bool:
+    """Whether the host's KV cache holds all the gene reads when decoding (else: recompute)."""
+    return core.qkv_conv is None and core.program.cacheable
 
 
 def check_causal(layer: nn.Module, t: int = 6) -> None:
