@@ -401,6 +401,13 @@ def test_4_a_gpu_request_that_cannot_be_met_is_refused_before_ray_starts(tmp_pat
     executor = ray_executor.RayExecutor("10.0.0.1:6379", gpus_per_trial=1)
     with pytest.raises(UserError, match="gpus_per_trial 1 cannot be met: the Ray cluster at 10.0.0.1:6379 has no GPU"):
         executor._open()
+    # a cluster with GPUs and trials that ask for none: said in one line, not silently trained on CPUs
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    with pytest.warns(UserWarning, match="has 2 GPUs and gpus_per_trial is 0: every trial trains on CPUs"):
+        ray_executor.RayExecutor("10.0.0.1:6379")._check_resources(ray.cluster_resources(), "the Ray cluster")
+    monkeypatch.setattr(ray_executor, "local_gpus", lambda: 1, raising=False)
+    with pytest.warns(UserWarning, match="this machine has 1 GPU and gpus_per_trial is 0"):
+        ray_executor.RayExecutor()
 
 
 def test_5_deleting_run_lock_during_a_live_search_frees_nothing(tmp_path, capsys):

@@ -4,6 +4,7 @@ existing cluster (``address``). See docs/scaling.md."""
 from __future__ import annotations
 
 import logging
+import warnings
 
 import os
 from dataclasses import replace
@@ -145,7 +146,13 @@ class RayExecutor(Executor):
         self._sink = ray.remote(num_cpus=0)(_ProgressSink).remote()
 
     def _check_resources(self, resources, where: str) -> None:
-        """Refuse a per-trial request that ``resources`` can never meet: Ray would wait for it forever."""
+        """Refuse a per-trial request that ``resources`` can never meet: Ray would wait for it forever;
+        say in one line when GPUs are there and the trials ask for none (they train on CPUs)."""
+        gpus = float(resources.get("GPU", 0.0) or 0.0)
+        if gpus and not self.gpus_per_trial:
+            warnings.warn(f"{where} has {gpus:g} GPU{'s' if gpus != 1 else ''} and gpus_per_trial is 0: every trial "
+                          "trains on CPUs; set gpus_per_trial (e.g. 1, or 0.25 to share a GPU among 4 trials) to "
+                          "train on them")
         for kind, wanted, setting in (("GPU", self.gpus_per_trial, "gpus_per_trial"),
                                       ("CPU", self.cpus_per_trial, "cpus_per_trial")):
             have = float(resources.get(kind, 0.0) or 0.0)
