@@ -265,3 +265,15 @@ def test_a_compiled_training_draws_the_counter_masks_eagerly_without_recompiling
     assert graphs[8] == graphs[4] > 0
     eager = run_training(Trial.from_config(VANILLA, config.replace(train_steps=8, compile="off"), data=data), data).record
     assert eager.compiled is False and losses[8] == pytest.approx(eager.val_loss, rel=1e-5)
+
+
+def test_device_cuda_draws_masks_on_the_device_unless_told_otherwise(capsys):
+    from argparse import Namespace
+
+    from evo_attention.cli.common import explicit_settings
+
+    assert explicit_settings(Namespace(device="cuda"))["dropout_stream"] == "counter"
+    assert "--dropout-stream counter, the GPU default" in capsys.readouterr().err
+    assert explicit_settings(Namespace(device="cuda:1", dropout_stream="cpu"))["dropout_stream"] == "cpu"
+    assert "dropout_stream" not in explicit_settings(Namespace(device="cuda", resume=True))  # keeps its stream
+    assert "dropout_stream" not in explicit_settings(Namespace(device="cpu"))

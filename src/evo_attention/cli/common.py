@@ -126,6 +126,11 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
             flags[name] = None if (name in _ZERO_IS_NONE and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
+    if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \
+            and not getattr(args, "resume", False):  # a resumed run keeps the stream its trials were keyed with
+        settings["dropout_stream"] = "counter"  # the GPU-fast default: masks drawn on the device (docs/scaling.md)
+        log("--device cuda: dropout masks are drawn on the device (--dropout-stream counter, the GPU default); "
+            "give --dropout-stream cpu for the CPU's masks", getattr(args, "quiet", False))
     note = example_counts_note(getattr(args, "preset", None), settings)
     if note:
         log(note, getattr(args, "quiet", False))

@@ -870,6 +870,8 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
         values = sorted({str(r[key]) for r in s.evaluations if r.get(key)})
         if values:
             rows.append((label, ", ".join(values)))
+    if c.get("dropout_stream") == "counter":
+        rows.append(("Dropout masks", "drawn on the device (dropout_stream counter)"))
     return rows
 
 
