@@ -338,7 +338,7 @@ def _draw(ax, summary: RunSummary) -> None:
     if summary.best is not None:
         ax.annotate(f"best {summary.best['perplexity']:.2f}",
                     (summary.best["generation"] or 0, summary.best["perplexity"]),
-                    textcoords="offset points", xytext=(6, -12), fontsize=8, color="tab:blue")
+                    textcoords="offset points", xytext=(6, 6), fontsize=8, color="tab:blue")  # above: never clipped by the axis floor
     _legend(ax)
 
 
@@ -670,7 +670,7 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
             values = [loss for line in lines for curve in (line[1], line[4] or []) for _, loss in curve]
             if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
                 ax.set_yscale("log")
-            ax.legend(loc="upper right", fontsize=7, framealpha=0.85)  # curves fall: the corner stays free
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7, frameon=False)  # below: hides no curve
         else:
             ax.text(0.5, 0.5, "No training curve stored yet.", transform=ax.transAxes, ha="center", va="center")
         ax.set_xlabel("Training step")

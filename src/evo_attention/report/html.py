@@ -181,8 +181,9 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
     if "curves" in figures and s.suite is None:  # a suite run has a curve per gene and point, none per gene
         out.append(_section("curves", "Learning curves", [image(
             figures["curves"], "Learning curves",
-            "Training loss of the best genes and the baseline; dotted lines mark the rungs of a multi-fidelity "
-            "schedule.")]))
+            "Training loss (solid) and validation loss (dashed) of the best genes and the baseline"
+            + ("; dotted lines mark the rungs of the multi-fidelity schedule." if (s.fidelity or {}).get("rungs")
+               else "."))]))
     gens = ([para("Best and mean are over the population after the generation (carried-over elites included)."),
              table(md.generations_table(s))] if s.history else [para("No generation finished yet.")])
     out.append(_section("generations", "Per generation", gens))

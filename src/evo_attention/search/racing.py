@@ -28,10 +28,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Individual
-from evo_attention.search.runner import Runner
+if TYPE_CHECKING:  # the report reads RACING_META: no training machinery imported with it
+    from evo_attention.genes import AttentionGene
+    from evo_attention.search.base import Individual
+    from evo_attention.search.runner import Runner
 
 RACE_ROLE = "race"
 RACING_META = "racing"

@@ -19,6 +19,7 @@ the single source of truth.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import warnings
@@ -167,6 +168,8 @@ class MLflowTracker(Tracker):
         except ImportError:
             raise UserError(f"tracker mlflow needs the mlflow package (mlflow or mlflow-skinny): {EXTRA_HINT}",
                             setting="track") from None
+        for name in ("mlflow", "alembic"):  # their INFO lines (creating a store's tables) are not the tool's output
+            logging.getLogger(name).setLevel(logging.WARNING)
         if "://" not in uri and not uri.startswith("file:"):  # a path: a file store there (a folder)
             uri = Path(uri).expanduser().resolve().as_uri()
         if uri.startswith("file:"):

@@ -98,12 +98,25 @@ import math
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
+import importlib
+
 import numpy as np
-from scipy import integrate as _integrate
-from scipy import optimize as _optimize
-from scipy import stats as _st
 
 from evo_attention.util.format import finite_or_none
+
+
+class _Lazy:
+    """A scipy module imported on its first use: a command that reads results without computing a
+    test (``status``, ``report``) never pays scipy's start-up (about a second)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+_integrate, _optimize, _st = _Lazy("scipy.integrate"), _Lazy("scipy.optimize"), _Lazy("scipy.stats")
 
 _Key = TypeVar("_Key", bound=Hashable)
 
