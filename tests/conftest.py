@@ -57,6 +57,14 @@ def wikitext_dir():
     return WIKITEXT_DIR
 
 
+@pytest.fixture
+def shakespeare_dir():
+    found = REPO.parent / "shared" / "data" / "shakespeare"
+    if not (found / "valid.txt").exists():
+        pytest.skip(f"shared Shakespeare corpus not found at {found}")
+    return found
+
+
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 # The CLI flags of a study test (validate, ablate, compare, baseline, ...): a 16-dim 1-layer model on

@@ -9,7 +9,7 @@ import yaml
 
 from evo_attention import AttentionGene, Config, components
 from evo_attention.cli import main
-from evo_attention.data.suites import load_suite
+from evo_attention.data.suites import load_suite, parse_suite
 from evo_attention.report import load_run, write_report
 from evo_attention.report.attachments import load_attachments
 from evo_attention.report.status import format_status, run_status
@@ -333,3 +333,38 @@ def test_search_on_a_suite_end_to_end_and_a_resume_trains_nothing(tmp_path, tiny
         yaml.safe_dump(changed, f)
     assert main(["search", "--resume", "--out", str(out)]) == 2
     assert "whose points differ" in capsys.readouterr().err
+
+
+MIXED = {"suite": "mixed", "steps": 2, "defaults": {"vocab": 12, "train_examples": 64, "eval_examples": 16},
+         "points": [{"label": "recall", "task": "mad:in_context_recall", "knobs": {"seq_len": 12, "pairs": 2},
+                     "weight": 3},
+                    {"label": "language", "task": "text", "tokenizer": "byte", "knobs": {"seq_len": 12}}]}
+
+
+def test_a_suite_mixes_language_and_task_points_with_stated_weights(tmp_path, shakespeare_dir):
+    raw = {**MIXED, "points": [MIXED["points"][0], {**MIXED["points"][1], "data_dir": str(shakespeare_dir)}]}
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    suite = load_suite(str(path))
+    assert suite.weights == (3.0, 1.0) and suite.point("language").language
+    assert point_config(Config(**TINY), suite.point("language")).tokenizer == "byte"
+    config = Config(**TINY, suite=str(path), population_size=2, n_generations=1, elite_size=1, seed=3)
+    with Search(config, out_dir=tmp_path / "run") as search:
+        search.run()
+    summary = load_run(tmp_path / "run")
+    for row in [summary.suite["baseline"]] + summary.suite["genes"]:  # the search reports each part
+        points = row["points"]
+        assert 0 <= points["language"]["accuracy"] <= 1  # next-token accuracy
+        assert row["suite_accuracy"] == pytest.approx((3 * points["recall"]["accuracy"]
+                                                       + points["language"]["accuracy"]) / 4)
+    assert "weight 3" in write_report(tmp_path / "run")["report"].read_text()
+    for bad, match in [({"weight": 0}, "weight must be a positive number"),
+                       ({"weight": True}, "weight must be a positive number"),
+                       ({"data_dir": None}, "data_dir must name the corpus"),
+                       ({"knobs": {"pairs": 2, "seq_len": 12}}, "not a knob of a corpus"),
+                       ({"knobs": {}}, "set knobs: {seq_len: N}"),
+                       ({"seed": 1}, "a corpus has no data seed")]:
+        with pytest.raises(UserError, match=match):
+            parse_suite({**MIXED, "points": [MIXED["points"][0], {**raw["points"][1], **bad}]})
+    with pytest.raises(UserError, match="tokenizer applies to a language point"):
+        parse_suite({**MIXED, "points": [{**MIXED["points"][0], "tokenizer": "byte"}]})

@@ -23,6 +23,15 @@ A suite file (every key but ``suite`` and ``points`` optional):
         knobs: {seq_len: 32}
         steps: 800                 # this point's training steps
         seed: 0                    # the data seed (default 0; goes to the options as ``seed``)
+        weight: 2                  # its weight in the suite's score (default 1)
+      - label: language            # a language point: a corpus instead of a generated task
+        task: text                 # text (any plain-text corpus) or wikitext2
+        data_dir: ../shared/data/shakespeare
+        tokenizer: byte            # default word
+        knobs: {seq_len: 64}       # its context (and vocab: the vocabulary of a word tokenizer)
+
+A gene's score is the weighted mean of its points' accuracies (a language point's is its
+next-token accuracy); the weights are stated in the file and kept with the run.
 
 A point names its data completely: after the defaults, ``seq_len`` and ``vocab`` must be set, so a
 point means the same data whatever the run's Config. ``model`` fixes the few model settings that
@@ -44,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import math
+
 from evo_attention.data.synthetic import TASKS, SyntheticData, data_name, resolve_knobs, synthetic_data
 from evo_attention.util.errors import UserError
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
@@ -51,8 +62,11 @@ from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 SUITE_KEYS = ("suite", "description", "budget", "steps", "model", "defaults", "points")
 MODEL_KEYS = ("short_conv",)  # model settings a suite may fix for its trainings
-POINT_KEYS = ("label", "task", "knobs", "steps", "seed")
+POINT_KEYS = ("label", "task", "knobs", "steps", "seed", "weight", "data_dir", "tokenizer")
 REQUIRED_KNOBS = ("seq_len", "vocab")
+CORPORA = ("text", "wikitext2")  # a language point's task: a corpus (data.corpus)
+CORPUS_KNOBS = ("seq_len", "vocab")  # a language point's knobs: its context, the vocabulary of a word tokenizer
+CORPUS_KEYS = ("data_dir", "tokenizer")  # what only a language point takes
 
 
 def shipped_suites() -> tuple[str, ...]:
@@ -65,16 +79,23 @@ class SuitePoint:
     """One task x difficulty point of a suite."""
 
     label: str
-    task: str  # a registered task: 'mqar', 'mad:TASK' or a plugin's (data.synthetic.register_task)
+    task: str  # a registered task: 'mqar', 'mad:TASK' or a plugin's (data.synthetic.register_task); or a corpus
     knobs: dict = field(hash=False)  # as the suite gives them (defaults included), checked
     steps: int | None = None  # training steps the suite gives this point
     seed: int | None = None  # data seed, when the suite gives one
     model: dict = field(default_factory=dict, hash=False)  # the suite's model settings (MODEL_KEYS)
+    weight: float = 1.0  # its weight in the suite's score
+    data_dir: str | None = None  # a language point's corpus directory
+    tokenizer: str | None = None  # a language point's tokenizer (None: word)
+
+    @property
+    def language(self) -> bool:
+        return self.task in CORPORA
 
     @property
     def data(self) -> str:
-        """The data name (``load_data`` / ``--data``) with every knob inline."""
-        return data_name(self.task, self.knobs)
+        """The data name (``load_data`` / ``--data``) with every knob inline; a corpus's name."""
+        return self.task if self.language else data_name(self.task, self.knobs)
 
     @property
     def options(self) -> dict:
@@ -87,12 +108,20 @@ class SuitePoint:
         the suite's model settings and, when the suite gives them, its steps. Every training on a
         point is a Trial of the Config these give, so it is cached like any other."""
         out = {"data": self.data, "recall": dict(self.options), **self.model}
+        if self.language:
+            out.update(data_dir=self.data_dir, tokenizer=self.tokenizer or "word", max_seq_len=self.knobs["seq_len"],
+                       vocab_size=self.knobs.get("vocab"))
         if self.steps is not None:
             out["train_steps"] = self.steps
         return out
 
-    def load(self) -> SyntheticData:
-        """This point's dataset."""
+    def load(self):
+        """This point's dataset (a language point's corpus is read, or taken from the cache)."""
+        if self.language:
+            from evo_attention.data import load_data
+
+            return load_data(self.task, data_dir=self.data_dir, tokenizer=self.tokenizer or "word",
+                             seq_len=self.knobs["seq_len"], vocab_size=self.knobs.get("vocab"))
         return synthetic_data(self.data, seed=0 if self.seed is None else self.seed)
 
 
@@ -107,6 +136,10 @@ class Suite:
     @property
     def labels(self) -> tuple[str, ...]:
         return tuple(p.label for p in self.points)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        return tuple(p.weight for p in self.points)
 
     def point(self, label: str) -> SuitePoint:
         for p in self.points:
@@ -185,11 +218,23 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if bad:
             raise fail(f"point {i}: unknown key {bad[0]!r}; valid keys: {', '.join(POINT_KEYS)}")
         task = item.get("task")
-        if task not in TASKS:
-            raise fail(f"point {i}: task {task!r} is not a task; valid tasks: {', '.join(TASKS)}")
+        if task not in TASKS and task not in CORPORA:
+            raise fail(f"point {i}: task {task!r} is not a task; valid tasks: {', '.join(TASKS)}, or a corpus: "
+                       f"{', '.join(CORPORA)}")
         own = item.get("knobs") or {}
         if not isinstance(own, dict):
             raise fail(f"point {i} ({task}): knobs must be a mapping of knob: value, got {own!r}")
+        weight = item.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise fail(f"point {i} ({task}): weight must be a positive number, got {weight!r}")
+        if task in CORPORA:
+            points.append(_language_point(i, item, own, float(weight), model, labels, datas, _steps(
+                item.get("steps"), fail, f"point {i} steps") or default_steps, fail))
+            continue
+        stray = [k for k in CORPUS_KEYS if k in item]
+        if stray:
+            raise fail(f"point {i} ({task}): {stray[0]} applies to a language point (task {' or '.join(CORPORA)}), "
+                       "not to a generated task")
         names = {k.name for k in TASKS[task].all_knobs}
         applied = {k: v for k, v in defaults.items() if k in names}
         used_defaults.update(applied)
@@ -216,7 +261,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if label in labels:
             raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
         point = SuitePoint(label=label, task=task, knobs=knobs, steps=steps if steps is not None else default_steps,
-                           seed=seed, model=dict(model))
+                           seed=seed, model=dict(model), weight=float(weight))
         key = (task, tuple(sorted(resolved.items())), seed or 0)  # the same data, however spelled
         if key in datas:
             raise fail(f"points {datas[key]} and {i} are the same data ({point.data}): remove one")
@@ -227,6 +272,42 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         raise fail(f"default knob {unused[0]!r} is a knob of no point's task")
     return Suite(name=name.strip(), points=tuple(points), description=raw.get("description", "").strip(),
                  budget=raw.get("budget", "").strip(), source=source)
+
+
+def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict, labels: dict, datas: dict,
+                    steps: int | None, fail) -> SuitePoint:
+    """Point ``i``, a corpus (``CORPORA``): its directory, tokenizer, context and vocabulary; checked
+    here as far as can be without reading the corpus (its reading says the rest, in one line)."""
+    task = item["task"]
+    bad = [k for k in knobs if k not in CORPUS_KNOBS]
+    if bad:
+        raise fail(f"point {i} ({task}): knob {bad[0]!r} is not a knob of a corpus; valid: {', '.join(CORPUS_KNOBS)}")
+    for knob in knobs:
+        value = knobs[knob]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise fail(f"point {i} ({task}): {knob} must be an integer >= 2, got {value!r}")
+    if "seq_len" not in knobs:
+        raise fail(f"point {i} ({task}): set knobs: {{seq_len: N}}, the point's context: a point names its data "
+                   "completely")
+    data_dir = item.get("data_dir")
+    if task == "text" and not isinstance(data_dir, str) or data_dir is not None and not isinstance(data_dir, str):
+        raise fail(f"point {i} ({task}): data_dir must name the corpus directory, got {data_dir!r}")
+    tokenizer = item.get("tokenizer")
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        raise fail(f"point {i} ({task}): tokenizer must be a name such as byte or word, got {tokenizer!r}")
+    if item.get("seed") is not None:
+        raise fail(f"point {i} ({task}): a corpus has no data seed; leave seed out")
+    label = item.get("label") or (task if task not in labels else f"{task}-{i}")
+    if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
+        raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
+    if label in labels:
+        raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
+    key = (task, data_dir, tokenizer or "word", tuple(sorted(knobs.items())))
+    if key in datas:
+        raise fail(f"points {datas[key]} and {i} are the same data ({task} in {data_dir}): remove one")
+    labels[label], datas[key] = i, i
+    return SuitePoint(label=label, task=task, knobs=dict(knobs), steps=steps, model=dict(model), weight=weight,
+                      data_dir=data_dir, tokenizer=tokenizer)
 
 
 def _steps(value, fail, what: str) -> int | None:

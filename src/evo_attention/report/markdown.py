@@ -29,7 +29,7 @@ from evo_attention.report.studies.ablation import recipe_mechanism_table as _rec
 from evo_attention.report.studies.validation import cost_table as _cost_cells
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.curves import curve_table as _curve_cells
-from evo_attention.report.studies.suite import suite_cell, suite_points_lines
+from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.suite import suite_table as _suite_cells
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
 from evo_attention.report.studies.transfer import transfer_sizes_table as _transfer_sizes_cells
@@ -116,8 +116,8 @@ def suite_run_lines(s: RunSummary) -> list[str]:
     """The suite section of a suite run: what the score is, and its points."""
     suite = s.suite
     return [f"Each gene trains on every point of suite {md_cell(suite['name'])} (`{md_cell(suite.get('source'))}`) "
-            "with the run's seed; its fitness is its suite accuracy, the mean accuracy over the points (a failed "
-            "point counts 0; higher is better). The top genes table ranks the genes that trained on every point; the "
+            f"with the run's seed; its fitness is its suite accuracy, the {mean_words(suite)} over the points (a "
+            "failed point counts 0; higher is better). The top genes table ranks the genes that trained on every point; the "
             "heat map shows every gene's accuracy per point."] + [""] + suite_points_lines(suite)
 
 

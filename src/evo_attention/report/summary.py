@@ -389,8 +389,8 @@ def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None =
     rest = [r for r in genes if r not in ranked]
     baseline = next(iter(rows("baseline")), None)
     return {"name": meta.get("name"), "source": meta.get("source"), "description": meta.get("description"),
-            "points": [{"label": p.get("label"), "data": p.get("data"), "steps": p.get("steps")}
-                       for p in meta.get("points") or []],
+            "points": [{"label": p.get("label"), "data": p.get("data"), "steps": p.get("steps"),
+                        **({"weight": p["weight"]} if "weight" in p else {})} for p in meta.get("points") or []],
             "genes": [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rest],
             "baseline": baseline}
 

@@ -258,7 +258,8 @@ class Suite(Evaluation):
                                               label=f"{name}{seeds(seed)} {label}")
                  for label in labels for key, seed in pairs}
         done = self.runner.evaluate(list(tasks.values()))
-        scores = {(key, seed): suite_score(labels, {label: done[tasks[label, key, seed]] for label in labels})
+        scores = {(key, seed): suite_score(labels, {label: done[tasks[label, key, seed]] for label in labels},
+                                           self.suite.weights)
                   for key, seed in pairs}
         return {pair: None if score.all_failed else -score.aggregate for pair, score in scores.items()}
 

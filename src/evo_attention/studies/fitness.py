@@ -137,13 +137,14 @@ class Fitness:
     points: Mapping[str, object]
     datasets: Mapping[str, object]
     suite: str | None = None
+    weights: tuple | None = None  # a suite's point weights
     records: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # every record, for trained_as
 
     @classmethod
     def of(cls, config, data=None, suite=None) -> "Fitness":
         if suite is not None:
             configs = point_configs(config, suite)
-            return cls(configs, {label: load_task(c.task) for label, c in configs.items()}, suite.name)
+            return cls(configs, {label: load_task(c.task) for label, c in configs.items()}, suite.name, suite.weights)
         label = str(config.data)
         return cls({label: config}, {label: data if data is not None else load_task(config.task)})
 
@@ -155,6 +156,11 @@ class Fitness:
     def language(self) -> bool:
         """Whether the fitness is language modelling: its data has no answer positions (no chance level)."""
         return all(d.describe().get("chance_accuracy") is None for d in self.datasets.values())
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the fitness has both language points and points with answers (a mixed suite)."""
+        return not self.language and any(d.describe().get("chance_accuracy") is None for d in self.datasets.values())
 
     @property
     def metric(self) -> str:
@@ -170,7 +176,7 @@ class Fitness:
         """The fitness of one seed from its records on the points (see the class)."""
         if self.metric == "val_loss":
             return usable_metric(records[0], "val_loss")
-        return suite_score(tuple(self.points), dict(zip(self.points, records))).aggregate
+        return suite_score(tuple(self.points), dict(zip(self.points, records)), self.weights).aggregate
 
     def train(self, setup: StudySetup, keys: Sequence[str], seeds: Sequence[int], rate: float,
               labels: Mapping[str, str], role: str = ROLE) -> dict:
@@ -312,8 +318,11 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     fitness = Fitness.of(config, data, suite)
     first = fitness.first
     language = fitness.language
+    known = known_improvements(first, language)
+    if fitness.mixed:  # language and task points: the defaults of both
+        known = known_improvements(first, True) + [i for i in known if i.name != "output gate"]
     chosen = [i if isinstance(i, Improvement) else parse_improvement(i, first, language)
-              for i in (known_improvements(first, language) if improvements is None else improvements)]
+              for i in (known if improvements is None else improvements)]
     if not chosen:
         raise UserError("no improvement to check: give at least one (NAME=GENE)", setting="improvements")
     with ExitStack() as stack:
@@ -367,7 +376,8 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
             raise UserError(f"the vanilla gene finished on {label} on only {len(losses)} of the seeds at lr {lr:g}: "
                             "the fitness cannot be measured there; check the rate (lr) and the point's settings",
                             setting="lr")
-        answers = described.get("chance_accuracy") is not None
+        # a suite scores every point by its accuracy (a language point: next-token accuracy, no chance level)
+        answers = described.get("chance_accuracy") is not None or fitness.suite is not None
         points[label] = point_row([point_accuracy(r) for r in mine] if answers else losses,
                                   described.get("chance_accuracy"), described.get("no_recall_accuracy"), answers)
     total = sum(p["sd"] ** 2 for p in points.values())

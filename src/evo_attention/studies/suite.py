@@ -103,7 +103,7 @@ def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]],
                      configs: Mapping) -> dict:
     """The numbers of a suite study from its records ((gene key, point label, seed) -> record)."""
     labels, seeds = suite.labels, list(setup.seeds)
-    scores = {(key, seed): suite_score(labels, {label: records[key, label, seed] for label in labels})
+    scores = {(key, seed): suite_score(labels, {label: records[key, label, seed] for label in labels}, suite.weights)
               for _, key in named for seed in seeds}
     rows = {key: gene_row(name, key, [scores[key, s] for s in seeds], seeds, setup.confidence) for name, key in named}
     (_, base_key), others = named[0], named[1:]
@@ -118,7 +118,8 @@ def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]],
         "margin": setup.margin, "family_size": len(compared),
         "suite": {"name": suite.name, "source": suite.source, "description": suite.description,
                   "points": [{"label": p.label, "data": p.data, "options": dict(p.options),
-                              "steps": configs[p.label].train_steps} for p in suite.points]},
+                              "steps": configs[p.label].train_steps, **({} if p.weight == 1 else {"weight": p.weight})}
+                             for p in suite.points]},
         "baseline": rows[base_key],
         "genes": [{**rows[key], **compared.get(key, {})} for _, key in others],
         "trained_as": trained_as(records.values()),

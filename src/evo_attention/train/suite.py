@@ -20,8 +20,9 @@ The contract every user of a suite shares (``search --suite``, ``compare --suite
   applies only to the points the suite gives none. To train a suite's points for other steps, write
   a suite file (``steps:`` at the top or per point); the commands say which steps each point gets.
 - **The score of a gene on one seed** (``SuiteScore``): per point, the accuracy over the answer
-  positions and the validation loss of its training; the **aggregate is the mean accuracy over all
-  points**. A point whose training failed (diverged, out of memory, an error, or finished without a
+  positions (a language point: next-token accuracy) and the validation loss of its training; the
+  **aggregate is the mean accuracy over all points**, weighted by the points' stated weights where
+  the suite gives any. A point whose training failed (diverged, out of memory, an error, or finished without a
   finite accuracy) scores **0 accuracy** in the aggregate and is listed in ``failed``: it is never
   dropped. A point without a record yet is ``missing``, and the aggregate is then None: a score is
   over the whole suite or it is not given.
@@ -113,6 +114,7 @@ class SuiteScore:
     """A gene's score on a suite for one seed: a ``PointResult`` per point, in the suite's order."""
 
     points: tuple[PointResult, ...]
+    weights: tuple[float, ...] | None = None  # one per point (the suite's); None: all 1
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -136,10 +138,13 @@ class SuiteScore:
 
     @property
     def aggregate(self) -> float | None:
-        """The mean accuracy over all points (a failed point counts 0); None while a point is missing."""
+        """The weighted mean accuracy over all points (a failed point counts 0); None while a point is
+        missing."""
         if not self.points or self.missing:
             return None
-        return math.fsum(p.scored for p in self.points) / len(self.points)
+        if self.weights is None:
+            return math.fsum(p.scored for p in self.points) / len(self.points)
+        return math.fsum(w * p.scored for w, p in zip(self.weights, self.points)) / math.fsum(self.weights)
 
     @property
     def all_failed(self) -> bool:
@@ -152,9 +157,12 @@ class SuiteScore:
                                      "error": p.error} for p in self.points}}
 
 
-def suite_score(labels: Sequence[str], records: Mapping[str, Mapping | None]) -> SuiteScore:
-    """The score from the record of each point (by label; an absent label is a missing point)."""
-    return SuiteScore(tuple(point_result(label, records.get(label)) for label in labels))
+def suite_score(labels: Sequence[str], records: Mapping[str, Mapping | None],
+                weights: Sequence[float] | None = None) -> SuiteScore:
+    """The score from the record of each point (by label; an absent label is a missing point),
+    with the points' ``weights`` (a suite's ``weights``; None or all 1: the plain mean)."""
+    weights = None if weights is None or all(w == 1 for w in weights) else tuple(float(w) for w in weights)
+    return SuiteScore(tuple(point_result(label, records.get(label)) for label in labels), weights)
 
 
 # -- what a run store keeps of its suite -----------------------------------------------------------
@@ -165,9 +173,15 @@ def suite_meta(suite, trials: Mapping[str, object]) -> dict:
     return {
         "name": suite.name, "source": suite.source, "description": suite.description,
         "points": [{"label": p.label, "data": p.data, "options": dict(p.options), "steps": trials[p.label].steps,
-                    "fingerprint": trials[p.label].task.fingerprint, "context": trials[p.label].context}
+                    "fingerprint": trials[p.label].task.fingerprint, "context": trials[p.label].context,
+                    **({} if p.weight == 1 else {"weight": p.weight})}
                    for p in suite.points],
     }
+
+
+def weights_of(meta: Mapping) -> tuple[float, ...]:
+    """The points' weights a run store kept (1 where none is kept)."""
+    return tuple(float(p.get("weight", 1.0)) for p in meta.get("points") or [])
 
 
 def labels_of(meta: Mapping) -> tuple[str, ...]:
@@ -196,5 +210,5 @@ def scores_from_records(records: Iterable[Mapping], meta: Mapping, *,
         label = point_of(record, meta)
         if label is not None:
             found.setdefault(str(record.get("gene")), {}).setdefault(label, record)
-    return {gene: suite_score(labels, by_label) for gene, by_label in found.items()}
+    return {gene: suite_score(labels, by_label, weights_of(meta)) for gene, by_label in found.items()}
 

@@ -44,9 +44,16 @@ def suite_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     return headers, rows, "ll" + "r" * (len(labels) + 4) + "l"
 
 
+def mean_words(suite: Mapping) -> str:
+    """How a suite's score averages its points' accuracies."""
+    weighted = any(p.get("weight", 1) != 1 for p in suite.get("points") or [])
+    return "mean accuracy (weighted by the points' weights below)" if weighted else "mean accuracy"
+
+
 def suite_points_lines(suite: Mapping) -> list[str]:
-    """The points of a suite as markdown bullets: label, data and steps."""
-    return [f"- `{md_cell(p['label'])}`: `{md_cell(p['data'])}`, {p.get('steps')} steps" for p in suite["points"]]
+    """The points of a suite as markdown bullets: label, data, steps and (where not 1) weight."""
+    return [f"- `{md_cell(p['label'])}`: `{md_cell(p['data'])}`, {p.get('steps')} steps"
+            + ("" if p.get("weight", 1) == 1 else f", weight {p['weight']:g}") for p in suite["points"]]
 
 
 def suite_markdown(result: Mapping, figure: str | None = None) -> str:
@@ -59,7 +66,7 @@ def suite_markdown(result: Mapping, figure: str | None = None) -> str:
              f"Every gene and the vanilla baseline were trained on every point of suite {md_cell(suite['name'])} "
              f"({md_cell(suite.get('source') or '')}) with seed{'s' if len(seeds) != 1 else ''} "
              f"{', '.join(map(str, seeds))}, and measured by accuracy over the answer positions on the "
-             f"{result.get('eval_split')} split. A gene's suite accuracy is the mean accuracy over the points on one "
+             f"{result.get('eval_split')} split. A gene's suite accuracy is the {mean_words(suite)} over the points on one "
              "seed, a failed training counting 0 on its point; the cells are the mean ± sd over the seeds of the "
              "same accuracies. " + (comparison_note(result) if result.get("family_size") else
                                "With one seed there is no paired comparison."), "",
