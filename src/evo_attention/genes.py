@@ -754,6 +754,17 @@ class AttentionGene(_Keyed):
         return "|".join([getattr(self, n) for n in CATEGORICAL_FIELDS] + axes)
 
     @property
+    def label(self) -> str:
+        """The key as shown: a program gene's program first, then what applies besides it (its four
+        components are the defaults a program ignores, so they are left out); ``parse(label)`` gives
+        the same gene. Any other gene: its key."""
+        if self.program is None:
+            return self.key
+        values = self.to_dict()
+        return "|".join([f"prog={self.program}"] + [FIELD[n].write(values[n]) for n in FIELDS[len(CORE_FIELDS):]]
+                        + [p for p in _axis_parts(values) if not p.startswith("prog=")])
+
+    @property
     def uses_absolute_positions(self) -> bool:
         """Whether the model adds learned absolute position embeddings at its input."""
         return self.position == "learned"
@@ -826,6 +837,10 @@ class LayerGenes(_Keyed):
     @property
     def short(self) -> str:
         return LAYER_SEPARATOR.join(g.short for g in self.layers)
+
+    @property
+    def label(self) -> str:
+        return LAYER_SEPARATOR.join(g.label for g in self.layers)
 
     @property
     def uses_absolute_positions(self) -> bool:
@@ -1027,3 +1042,13 @@ def in_program_form(key: str, space: SearchSpace) -> str:
                                     kernels=KERNEL_NORMALIZATIONS)
     defaults = {name: FIELD[name].default for name in CORE_FIELDS}
     return genome.replace(program=text, **defaults).key
+
+
+@functools.lru_cache(maxsize=4096)
+def gene_label(key: str) -> str:
+    """How a gene key is shown in progress lines and summaries (``AttentionGene.label``); a key that
+    does not parse (a plugin not loaded here) is shown as it is."""
+    try:
+        return (LayerGenes if LAYER_SEPARATOR in key else AttentionGene).parse(key).label
+    except Exception:  # noqa: BLE001 - a display helper never fails on what it shows
+        return key

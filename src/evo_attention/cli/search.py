@@ -176,15 +176,17 @@ def cmd_search(args) -> int:
 def best_line(summary) -> str | None:
     """The search's best gene against the baseline: its change (best - baseline) with the metric's
     direction, the one sign convention of every output (``util.format``)."""
+    from evo_attention.genes import gene_label
+
     if summary.suite is not None and summary.best is not None:
-        line = f"best: {summary.best_gene}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
+        line = f"best: {gene_label(summary.best_gene)}  suite accuracy {number(summary.best['suite_accuracy'], 4)}"
         if summary.suite.get("vs_baseline") is not None:
             line += (f"  vs baseline {number(summary.baseline['suite_accuracy'], 4)}: change "
                      f"{100 * summary.suite['vs_baseline']:+.1f} accuracy points ({direction(False)})")
         return line
     if summary.best_gene is None:
         return None
-    line = f"best: {summary.best_gene}  perplexity {number(summary.best_perplexity)}"
+    line = f"best: {gene_label(summary.best_gene)}  perplexity {number(summary.best_perplexity)}"
     accuracy = {r.get("role"): r.get("accuracy") for r in summary.evaluations
                 if r.get("id") == summary.best.get("id") or (r.get("role") == "baseline" and r.get("status") == "ok")}
     if accuracy.get("search") is not None:  # a task scored at its answers (recall): the accuracy beside it

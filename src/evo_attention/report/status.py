@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from evo_attention.genes import gene_label
 from evo_attention.search.store import RunStore
 from evo_attention.util.format import finite_or_none
 
@@ -152,7 +153,7 @@ def _suite_lines(suite: dict) -> list[str]:
         lines.append("  best: none yet")
     else:
         failed = f", failed on {', '.join(b['failed'])}" if b["failed"] else ""
-        lines.append(f"  best: {b['gene']}  suite accuracy {b['suite_accuracy']:.4f} (generation {b['generation']}"
+        lines.append(f"  best: {gene_label(b['gene'])}  suite accuracy {b['suite_accuracy']:.4f} (generation {b['generation']}"
                      f"{failed})")
     base = suite["baseline"]
     if base is not None:
@@ -222,7 +223,7 @@ def format_status(status: dict) -> str:
     elif status["best"]:
         b = status["best"]
         bpb = "" if b.get("bits_per_byte") is None else f", {b['bits_per_byte']:.4f} bits per byte"
-        lines.append(f"  best: {b['gene']}  perplexity {b['perplexity']:.3f}{bpb} (generation {b['generation']})")
+        lines.append(f"  best: {gene_label(b['gene'])}  perplexity {b['perplexity']:.3f}{bpb} (generation {b['generation']})")
     elif status.get("constraints") and status["trained"]:
         lines.append("  best: no feasible gene yet")
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 from evo_attention.data import data_from_config
 from evo_attention.data.base import TaskData
 from evo_attention.data.suites import load_suite
-from evo_attention.genes import AttentionGene
+from evo_attention.genes import AttentionGene, gene_label
 from evo_attention.search import constraints as caps
 from evo_attention.search.base import Individual
 from evo_attention.search.executors import EvalTask
@@ -127,7 +127,7 @@ class Plain(Evaluation):
         value = record.metric() if int(record.steps) >= self.config.train_steps else None
         view = self.runner.view
         if value is not None and view is not None and (view.best is None or value < view.best[1]):
-            view.set_best(task.gene, value)
+            view.set_best(gene_label(task.gene), value)
 
     def trial(self, key: str, steps: int | None = None, budget: int | None = None, seed: int | None = None) -> Trial:
         return Trial.from_config(key, self.config, seed=seed, steps=steps, budget=budget, data=self.data)

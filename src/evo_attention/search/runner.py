@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evo_attention.genes import gene_label
 from evo_attention.search.equivalence import functional_key
 from evo_attention.search.executors import EvalTask, Executor, as_task
 from evo_attention.search.store import RunStore
@@ -163,7 +164,7 @@ class Runner:
     def _start(self, task: EvalTask) -> None:
         total = task.budget or task.steps
         if self.view is not None:
-            self.view.start(task.label, task.gene, total, worker=task.worker or None)
+            self.view.start(task.label, gene_label(task.gene), total, worker=task.worker or None)
         if self.store is not None:
             self.store.set_activity(self._worker(task), task.gene, 0, total, None)
 
@@ -179,7 +180,7 @@ class Runner:
         if self.on_finished is not None:
             self.on_finished(task, record, cached)
         if self.view is not None:
-            self.view.finished(task.label, task.gene, record, cached, self.done, worker=task.worker or None)
+            self.view.finished(task.label, gene_label(task.gene), record, cached, self.done, worker=task.worker or None)
 
     def _clear_activity(self) -> None:
         if self.store is None:
