@@ -265,6 +265,21 @@ def test_the_wrapper_in_process_batches_pads_and_saves_again(exported, tmp_path,
     model = AutoModelForCausalLM.from_pretrained(cases[1]["dir"], trust_remote_code=True)
     io = torch.load(Path(cases[1]["dir"]) / "io.pt")
     ids = io["ids"]
+    import logging as std_logging
+
+    said = []
+    handler = std_logging.Handler(std_logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.set_verbosity_warning()
+    std_logging.Logger.warning_once.cache_clear()  # a warning said earlier in this process is said again
+    logging.get_logger().addHandler(handler)
+    try:
+        with torch.no_grad():
+            model.generate(ids[:1, :5], max_new_tokens=3, do_sample=False)
+    finally:
+        logging.get_logger().removeHandler(handler)
+        logging.set_verbosity_error()
+    assert not [line for line in said if "deprecat" in line], said  # the export speaks transformers' current API
     with torch.no_grad():  # a batch of two prompts, greedy, with the cache: each row as alone
         both = model.generate(ids[:, :5], max_new_tokens=3, do_sample=False)
         for row in range(2):

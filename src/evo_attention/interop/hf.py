@@ -135,6 +135,9 @@ from .{config_module} import {config_class}
 from .{genes_module} import AttentionGene
 from .{model_module} import Block, TinyTransformer
 
+# transformers >= 5.24 names an output's cache ``cache`` (``past_key_values`` still works, with a warning)
+_CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {{}}) else "past_key_values"
+
 # The library's modules shipped beside this file. transformers copies into its module cache the files
 # that this file reaches through "from .<module> import" lines (and theirs); the library's modules
 # also import each other as "from . import <module>", which it does not follow, so each is named here.
@@ -322,7 +325,7 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:  # the next token's loss, as transformers' causal models compute it
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{{_CACHE_FIELD: past_key_values}})
         return output if return_dict is not False else output.to_tuple()
 '''
 
