@@ -78,9 +78,11 @@ def test_elite_seeds_settings_are_checked():
             Config(**bad)
 
 
-def test_a_racing_climb_ranks_by_the_bound_reports_every_seed_and_resumes_to_the_uninterrupted_result(tmp_path):
-    config = Config(**RECALL, population_size=3, n_generations=3, elite_size=1, strategy="climb", elite_seeds=3,
-                    search_space={"program": {"max_nodes": 8}}, seed=7)
+@pytest.mark.parametrize("strategy", ["climb", "ga"])
+def test_a_racing_search_ranks_by_the_bound_reports_every_seed_and_resumes_to_the_uninterrupted_result(tmp_path,
+                                                                                                         strategy):
+    config = Config(**RECALL, population_size=3, n_generations=3, elite_size=1, strategy=strategy, elite_seeds=3,
+                    start_from="vanilla", search_space={"program": {"max_nodes": 8}}, seed=7)
     with Evolution(config, out_dir=tmp_path / "full") as evo:
         best = evo.run()
     with RunStore.open(tmp_path / "full", readonly=True) as store:
