@@ -156,3 +156,17 @@ def test_a_new_search_never_starts_beside_another_commands_results(tmp_path, cap
     assert main([*search, "--out", str(out), "--overwrite"]) != 0
     assert "holds validation.json, the result of another command" in capsys.readouterr().err
     assert not (out / "run.db").exists()
+
+
+def test_a_model_too_large_for_memory_is_refused_before_its_task_is_generated(tmp_path, capsys, monkeypatch):
+    """0.5: a 10^7-symbol task was generated for minutes before the training's memory check refused the model."""
+    from evo_attention.cli import main
+    from evo_attention.data import synthetic
+    from evo_attention.train import trainer
+
+    monkeypatch.setattr(trainer, "available_memory_mb", lambda device: 8 * 1024)  # the data (4.5 GB) would fit
+    monkeypatch.setattr(synthetic.SyntheticData, "__init__", lambda *a, **k: pytest.fail("the task was generated"))
+    assert main(["search", "--preset", "quick", "--data", "mqar:vocab=30000000", "--steps", "3", "--population", "2",
+                 "--generations", "1", "--elite", "1", "--no-check", "--out", str(tmp_path / "run")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "training a model of 1,920,102,144 parameters needs about 28.6 GB" in said and "vocab knob" in said

@@ -220,10 +220,27 @@ def checked(config):
     from evo_attention.train.environment import resolve_device
 
     check_schedule_and_suite(config)
-    resolve_device(config.device)
+    device = resolve_device(config.device)
+    check_model_memory(config, device)
     load_plugins(config.plugins)  # a stored run's plugins (a resume) before its search space is read
     config.space()
     return config
+
+
+def check_model_memory(config, device) -> None:
+    """A generated task's vocabulary is known from its knobs: a model whose weights could not fit is
+    refused before the task is generated (a large vocabulary takes minutes to build)."""
+    if config.suite is not None or not config.generated_task:
+        return
+    import dataclasses
+
+    from evo_attention.data.synthetic import given_knobs, resolve_knobs
+    from evo_attention.train.trainer import check_training_memory
+
+    options = {k: v for k, v in (config.recall or {}).items() if k != "seed"}
+    task, knobs = given_knobs(config.data, seq_len=config.max_seq_len, vocab_size=config.vocab_size, options=options)
+    spec = dataclasses.replace(config.model, vocab_size=resolve_knobs(task, knobs)["vocab"])
+    check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
 
 
 def config_from_args(args, extra: dict | None = None):
