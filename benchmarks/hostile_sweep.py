@@ -62,8 +62,9 @@ def prog_with_v(v_expr: str) -> str:
 
 class Case:
     def __init__(self, name, area, *, cmd=None, py=None, expect="refused", setup=None, post=(), names=(),
-                 why="", special=None, timeout=TIMEOUT):
+                 why="", special=None, timeout=TIMEOUT, ulimit_kb=None):
         self.name, self.area, self.cmd, self.py, self.expect = name, area, cmd, py, expect
+        self.ulimit_kb = ulimit_kb  # run under ulimit -v (kB): cases that could take the machine's memory
         self.setup, self.post, self.names, self.why, self.special = setup, list(post), tuple(names), why, special
         self.timeout = timeout
 
@@ -167,6 +168,13 @@ def stderr_has(*words: str, label: str = ""):
         text = (res["stderr"] + res["stdout"]).lower()
         return None if any(w.lower() in text for w in words) else \
             f"output does not say {label or ' / '.join(words)}"
+    return check
+
+
+def not_in_message(text: str, why: str):
+    """The error line must not contain ``text`` (a wrong flag, an internal value, advice the docs rule out)."""
+    def check(ctx, res):
+        return f"the message contains {text!r}: {why}" if text in (res.get("last_line") or "") else None
     return check
 
 
@@ -279,7 +287,8 @@ try:
 {body}
     print("RESULT NOEXC")
 except BaseException as exc:
-    print("RESULT EXC", type(exc).__name__, "::", str(exc).replace("\\n", " ")[:600])
+    kind = "api-error" if isinstance(exc, (TypeError, ValueError)) else "other"
+    print("RESULT EXC", type(exc).__name__, kind, "::", str(exc).replace("\\n", " ")[:600])
 """
 
 
@@ -306,16 +315,18 @@ def judge(c: Case, res: dict) -> tuple[str, str, str]:
             if c.expect == "api-ok-or-refused":
                 return "pass", "no exception (accepted)", outcome
             return "fail", "accepted: no exception raised", outcome
-        _, _, etype, _, msg = line.split(" ", 4) if line.count(" ") >= 4 else (None, None, "?", None, line)
+        parts = line.split(" ", 5)
+        etype, kind, msg = (parts[2], parts[3], parts[5]) if len(parts) == 6 else ("?", "other", line)
         outcome = f"api-{etype}"
         res["exception"] = f"{etype}: {msg}"
         if c.expect == "api-ok":
             return "fail", f"raised {etype}: {msg[:200]}", outcome
-        if etype not in API_ERRORS:
+        if etype not in API_ERRORS and kind != "api-error":
             return "fail", f"raised {etype} (expected TypeError/ValueError/UserError): {msg[:200]}", outcome
         if c.names and not any(n.lower() in msg.lower() for n in c.names):
             return "fail", f"{etype} does not name {' / '.join(c.names)}: {msg[:200]}", outcome
-        return "pass", f"{etype}: {msg[:160]}", outcome
+        subclass = "" if etype in API_ERRORS else " (a ValueError/TypeError subclass)"
+        return "pass", f"{etype}{subclass}: {msg[:160]}", outcome
     tb = "Traceback (most recent call last)" in text
     leaked = [l for l in res["stderr"].splitlines() if re.search(r"\.py:\d+: \w*Warning", l)]
     if leaked and not res["timed_out"]:
@@ -363,6 +374,9 @@ def run_case(c: Case, ctx: Ctx, cwd: Path) -> dict:
         else:
             argv = [EXE, *[fmt(ctx, a) for a in (c.cmd(ctx) if callable(c.cmd) else c.cmd)]]
             record["command"] = ["evo-attention", *argv[1:]]
+        if c.ulimit_kb:
+            argv = ["bash", "-c", f'ulimit -v {c.ulimit_kb}; exec "$@"', "bash", *argv]
+            record["command"] = [f"(ulimit -v {c.ulimit_kb};", *record["command"], ")"]
         res = run_process(argv, cwd, c.timeout)
         verdict, why, outcome = judge(c, res)
         problems = []
@@ -382,6 +396,8 @@ def run_case(c: Case, ctx: Ctx, cwd: Path) -> dict:
         if "exception" in res:
             record["exception"] = res["exception"]
     finally:
+        for cleanup in ctx.get("cleanups", []):
+            cleanup()
         unfreeze(case_dir)
     return record
 
@@ -402,31 +418,35 @@ def unfreeze(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------- kill/resume
 
-def kill_resume(extra: list[str], label: str):
+def kill_resume(extra: list[str], label: str, population: int = 2, kill_at: int = 3, kills: int = 1):
     """An uninterrupted search against the same search SIGKILLed mid-run and resumed: equal results."""
     def special(ctx, cwd):
-        base = [*STUDY[:-1], "--steps", "20", "--population", "2", "--generations", "3", "--elite", "1",
+        base = [*STUDY[:-1], "--steps", "20", "--population", str(population), "--generations", "3", "--elite", "1",
                 "--keep-models", "0", "--no-check", "--quiet", *extra]
         case_dir = Path(ctx["case"])
         full, killed = case_dir / "full", case_dir / "killed"
         t0 = time.monotonic()
         cmd_full = [EXE, "search", *base, "--out", str(full)]
         r_full = run_process(cmd_full, cwd, TIMEOUT)
-        proc = subprocess.Popen([EXE, "search", *base, "--out", str(killed)], cwd=cwd,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
         planned = store_rows(full / "run.db") if (full / "run.db").exists() else None
-        killed_at = None
-        deadline = time.monotonic() + TIMEOUT
-        while proc.poll() is None and time.monotonic() < deadline:
-            rows = store_rows(killed / "run.db") if (killed / "run.db").exists() else 0
-            if isinstance(rows, int) and rows >= 3:
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed_at = rows
-                break
-            time.sleep(0.2)
-        proc.wait()
-        cmd_resume = [EXE, "search", "--resume", "--out", str(killed), "--quiet"]
+        kill_rows = []
+        for k in range(kills):  # the first start, then (kills > 1) resumes that are killed too
+            argv = [EXE, "search", *base, "--out", str(killed)] if k == 0 else \
+                [EXE, "search", "--resume", "--no-check", "--out", str(killed), "--quiet"]
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+            deadline = time.monotonic() + TIMEOUT
+            target = kill_at * (k + 1)
+            while proc.poll() is None and time.monotonic() < deadline:
+                rows = store_rows(killed / "run.db") if (killed / "run.db").exists() else 0
+                if isinstance(rows, int) and rows >= target:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    kill_rows.append(rows)
+                    break
+                time.sleep(0.2)
+            proc.wait()
+        killed_at = kill_rows[0] if len(kill_rows) == kills else None
+        cmd_resume = [EXE, "search", "--resume", "--no-check", "--out", str(killed), "--quiet"]
         r_resume = run_process(cmd_resume, cwd, TIMEOUT)
         verdict, why = "pass", ""
         problems = []
@@ -453,17 +473,53 @@ def kill_resume(extra: list[str], label: str):
         if problems:
             verdict, why = "fail", "; ".join(problems)
         else:
-            why = f"killed after {killed_at} of {planned} evaluations; resumed result equals the uninterrupted one " \
+            why = f"killed after {' and '.join(map(str, kill_rows))} of {planned} stored rows; resumed result equals " \
+                  f"the uninterrupted one " \
                   f"({', '.join(compared)})"
-        return {"command": ["evo-attention", "search", *base, "--out", "DIR", "; kill -9 after >= 3 stored rows; ",
-                            "evo-attention", "search", "--resume", "--out", "DIR"],
+        return {"command": ["evo-attention", "search", *base, "--out", "DIR",
+                            f"; kill -9 at >= {kill_at} stored rows (x{kills}, resuming between); ",
+                            "evo-attention", "search", "--resume", "--no-check", "--out", "DIR", "--quiet"],
                 "exit_code": r_resume["rc"], "seconds": round(time.monotonic() - t0, 2),
                 "stderr_tail": tail_lines(r_resume["stderr"], 3), "outcome": label, "verdict": verdict, "why": why,
-                "killed_after_rows": killed_at, "planned_rows_uninterrupted": planned}
+                "killed_after_rows": kill_rows, "rows_uninterrupted": planned}
     return special
 
 
 # ---------------------------------------------------------------------------------------- the cases
+
+def live_search(ctx):
+    """A setup step: a slow search running in {case}/run (ended by the case's cleanup, by its pid)."""
+    run = Path(ctx["case"]) / "run"
+    argv = [EXE, "search", *STUDY[:-1], "--steps", "400", "--population", "4", "--generations", "3", "--elite", "1",
+            "--keep-models", "0", "--no-check", "--quiet", "--out", str(run)]
+    proc = subprocess.Popen(argv, cwd=ctx["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def stop():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ctx.setdefault("cleanups", []).append(stop)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rows = store_rows(run / "run.db") if (run / "run.db").exists() else 0
+        if isinstance(rows, int) and rows >= 1:
+            break
+        time.sleep(0.3)
+    ctx["live_rows"] = store_rows(run / "run.db")
+    ctx["live_proc"] = proc
+
+
+def live_rows_kept(ctx, res):
+    rows = store_rows(Path(ctx["case"]) / "run" / "run.db")
+    alive = ctx["live_proc"].poll() is None
+    problems = []
+    if not isinstance(rows, int) or rows < ctx["live_rows"]:
+        problems.append(f"the live run's store went from {ctx['live_rows']} rows to {rows}")
+    if not alive:
+        problems.append("the live search is no longer running")
+    return "; ".join(problems) or None
+
 
 def setup_files(**files):
     """A setup step writing {case}/NAME files (text may use {case} and fixtures)."""
@@ -486,9 +542,24 @@ def define_cases() -> None:
          setup=[lambda ctx: copy_fixture(ctx, "validate"), snapshot("r", "run")], post=[unchanged("r", "run")])
     case("ow-search-resume-validate-dir", area, cmd=["search", "--resume", "--out", "{case}/run", "--quiet"],
          setup=[lambda ctx: copy_fixture(ctx, "validate"), snapshot("r", "run")], post=[unchanged("r", "run")])
-    case("ow-search-overwrite-saved-model", area, cmd=["search", *S, "--out", "{case}/run", "--overwrite"],
+    case("ow-search-overwrite-saved-model", area, cmd=["search", *S, "--out", "{case}/run/model", "--overwrite"],
          setup=[lambda ctx: copy_fixture(ctx, "model"), snapshot("r", "run")], post=[unchanged("r", "run")],
-         why="a saved model directory is never replaced by a search")
+         why="a saved model directory (baseline --save-model's OUT/model) is never replaced by a search")
+    case("ow-search-into-saved-model", area, cmd=["search", *S, "--out", "{case}/run/model"],
+         setup=[lambda ctx: copy_fixture(ctx, "model"), snapshot("r", "run")], post=[unchanged("r", "run")],
+         why="documented: no output goes into a directory that holds a saved model (model.safetensors)")
+    case("ow-search-into-hf-export", area, cmd=["search", *S, "--out", "{case}/run"],
+         setup=[lambda ctx: copy_fixture(ctx, "exp_hf"), snapshot("r", "run")], post=[unchanged("r", "run")],
+         why="documented: no output goes into a directory that holds a saved model (model.safetensors)")
+    case("ow-validate-into-saved-model", area,
+         cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--out", "{case}/run/model"],
+         setup=[lambda ctx: copy_fixture(ctx, "model"), snapshot("r", "run")], post=[unchanged("r", "run")])
+    case("ow-curve-into-hf-export", area,
+         cmd=["curve", *CURVE, "--genes", "baseline,linear", "--knob", "pairs=2,4", "--out", "{case}/run"],
+         setup=[lambda ctx: copy_fixture(ctx, "exp_hf"), snapshot("r", "run")], post=[unchanged("r", "run")])
+    case("ow-search-overwrite-baseline-out", area, cmd=["search", *S, "--out", "{case}/run", "--overwrite"],
+         setup=[lambda ctx: copy_fixture(ctx, "model"), snapshot("r", "run")], post=[unchanged("r", "run")],
+         expect="ok-or-refused", why="a baseline's output (result.json, model/): refused or left intact")
     case("ow-search-overwrite-hf-export", area, cmd=["search", *S, "--out", "{case}/run", "--overwrite"],
          setup=[lambda ctx: copy_fixture(ctx, "exp_hf"), snapshot("r", "run")], post=[unchanged("r", "run")],
          why="an export (model.safetensors) is never replaced by a search")
@@ -519,10 +590,17 @@ def define_cases() -> None:
          setup=[lambda ctx: copy_fixture(ctx, "search")], expect="ok",
          post=[stderr_has("deleted", label="that the earlier search is deleted"), rows_are("run/run.db", 3)],
          why="replacing a search by a search is allowed and says what it deletes")
+    def no_stale_validation(ctx, res):
+        run = Path(ctx["case"]) / "run"
+        if res["rc"] != 0:
+            return None
+        stale = (run / "validation.json").exists() and "Validated:" in (run / "report.md").read_text()
+        return ("the old run's validation.json (its trainings deleted with the old store) is left in the new run, "
+                "and the new run's report.md presents it as this run's validation ('Validated: ...')") if stale else None
     case("ow-search-overwrite-search-with-validation", area, cmd=["search", *S, "--out", "{case}/run", "--overwrite"],
-         setup=[lambda ctx: copy_fixture(ctx, "searchv")], expect="ok-or-refused",
-         post=[stderr_has("validat", "delete", label="that a validation is deleted too")],
-         why="the store also holds a validate --from-run's trainings and validation.json: say so, or refuse")
+         setup=[lambda ctx: copy_fixture(ctx, "searchv")], expect="ok-or-refused", post=[no_stale_validation],
+         why="the store also holds a validate --from-run's trainings and validation.json: the new run must not "
+             "report the old run's validation as its own")
     case("ow-search-no-overwrite-on-search", area, cmd=["search", *S, "--out", "{case}/run"],
          setup=[lambda ctx: copy_fixture(ctx, "search"), snapshot("r", "run")], post=[unchanged("r", "run")],
          names=("resume", "overwrite"))
@@ -534,12 +612,20 @@ def define_cases() -> None:
                              ("exp_hf", "hf-attention", "hf-attention-over-hf"),
                              ("exp_sa", "hf-attention", "hf-attention-over-standalone"),
                              ("validate", "standalone", "standalone-over-validate"),
-                             ("model", "hf", "hf-over-saved-model"),
+
                              ("search", "standalone", "standalone-over-search-run")):
         case(f"ow-export-{label}", area,
              cmd=["export", "--from-run", "{fix_searchk}", "--format", fmt_, "--out", "{case}/out"],
              setup=[lambda ctx, s=src: copy_fixture(ctx, s, "out"), snapshot("o", "out")],
              post=[unchanged("o", "out")], why="an export replaces only an earlier export of its own format")
+    case("ow-export-hf-over-saved-model", area,
+         cmd=["export", "--from-run", "{fix_searchk}", "--format", "hf", "--out", "{case}/out/model"],
+         setup=[lambda ctx: copy_fixture(ctx, "model", "out"), snapshot("o", "out")],
+         post=[unchanged("o", "out")], why="export refuses any other model directory (documented)")
+    case("ow-export-hf-into-baseline-out", area,
+         cmd=["export", "--from-run", "{fix_searchk}", "--format", "hf", "--out", "{case}/out"],
+         setup=[lambda ctx: copy_fixture(ctx, "model", "out"), snapshot("o", "out")], expect="ok-or-refused",
+         post=[unchanged("o", "out")], why="a baseline's output folder (result.json, model/): refused or left intact")
     case("ow-export-same-format-again", area,
          cmd=["export", "--from-run", "{fix_searchk}", "--format", "hf", "--out", "{case}/out"],
          setup=[lambda ctx: copy_fixture(ctx, "exp_hf", "out")], expect="ok",
@@ -582,6 +668,26 @@ def define_cases() -> None:
     case("ow-optuna-journal-onto-results-json", area,
          cmd=["report", "{case}/run", "--optuna-journal", "{case}/run/final_results.json"],
          setup=[lambda ctx: copy_fixture(ctx, "search"), snapshot("r", "run")], post=[exists("run/final_results.json")])
+    case("ow-live-run-overwrite", area, cmd=["search", *S, "--out", "{case}/run", "--overwrite"], setup=[live_search],
+         post=[live_rows_kept], names=("process", "in use"),
+         why="documented: --overwrite of a live run is refused naming the holder")
+    case("ow-live-run-resume", area, cmd=["search", "--resume", "--out", "{case}/run", "--quiet"], setup=[live_search],
+         post=[live_rows_kept], names=("process", "in use"))
+    case("ow-live-run-status", area, cmd=["status", "{case}/run"], setup=[live_search], expect="ok",
+         post=[live_rows_kept, stderr_has("running", label="that the run is running")])
+    case("ow-export-rank-zero", area, cmd=["export", "--from-run", "{fix_searchk}", "--rank", "0", "--out", "{case}/out"],
+         names=("rank",))
+    case("ow-export-rank-beyond-kept", area,
+         cmd=["export", "--from-run", "{fix_searchk}", "--rank", "9", "--out", "{case}/out"], names=("rank", "9"))
+    case("ow-export-from-run-without-models", area,
+         cmd=["export", "--from-run", "{fix_search}", "--out", "{case}/out"], names=("keep-models", "model"))
+    case("ow-validate-from-run-validate-dir", area,
+         cmd=["validate", "--from-run", "{case}/run", "--seeds", "2", "--quiet"],
+         setup=[lambda ctx: copy_fixture(ctx, "validate"), snapshot("r", "run")], post=[unchanged("r", "run")],
+         names=("search", "validate"))
+    case("ow-optuna-journal-is-directory", area, cmd=["report", "{case}/run", "--optuna-journal", "{case}/jdir"],
+         setup=[lambda ctx: copy_fixture(ctx, "search"), lambda ctx: write(Path(ctx["case"]) / "jdir" / "keep.txt", "k\n")],
+         post=[exists("jdir/keep.txt")], names=("jdir", "journal"))
     case("ow-out-empty-string", area, cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--out", ""])
     case("ow-out-is-a-file", area, cmd=["search", *S, "--out", "{case}/file.txt"],
          setup=[setup_files(file__txt="keep me\n"), snapshot("c", ".")], post=[unchanged("c", ".")])
@@ -603,6 +709,13 @@ def define_cases() -> None:
     case("prog-huge-add-chain", area,
          cmd=[*B, prog_with_v("add(shift(" * 400 + "v" + "),v)" * 400)],
          expect="ok-or-refused", why="a 800-op program: a size limit or a training, in one piece")
+    long_list = ",".join([GATE, SPARSE, "dot|softmax|none|learned|bias|0.10", "dot|entmax15|none|fixed|bias|0.10",
+                          "cosine|softmax|none|fixed|bias|0.10", "dot|relu_norm|none|fixed|bias|0.10",
+                          "dot|sigmoid|none|fixed|bias|0.10", "dot|softmax|highway|fixed|bias|0.10"])
+    case("prog-start-from-long-gene-list", area, cmd=["search", *S, "--out", "{case}/run", "--start-from", long_list],
+         expect="ok", why=f"eight valid gene strings ({len(long_list)} characters) through --start-from")
+    case("prog-init-from-long-text", area, cmd=["search", *S, "--out", "{case}/run", "--init-from", "x" * 300],
+         names=("init-from",), why="a 300-character --init-from that is no directory: one line")
     case("prog-unclosed-paren", area, cmd=[*B, "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v)"], names=("prog", "paren", ")"))
     case("prog-extra-close-paren", area, cmd=[*B, "prog=" + VANILLA_PROG + ")"])
     case("prog-const-1e400", area, cmd=[*B, prog_with_v("mul(v,1e400)")],
@@ -676,7 +789,6 @@ def define_cases() -> None:
         ("init-from-nonexistent", ["--init-from", "{case}/nope"], "refused", ("init-from", "nope")),
         ("strategy-unknown", ["--strategy", "annealing"], "refused", ("strategy", "annealing")),
         ("data-unknown", ["--data", "imagenet"], "refused", ("data", "imagenet")),
-        ("data-mqar-vocab-huge", ["--data", "mqar:vocab=99999999"], "refused", ("vocab",)),
         ("data-mqar-pairs-negative", ["--data", "mqar:pairs=-1"], "refused", ("pairs",)),
         ("data-mqar-pairs-text", ["--data", "mqar:pairs=abc"], "refused", ("pairs",)),
         ("data-mqar-unknown-knob", ["--data", "mqar:bogus=3"], "refused", ("bogus",)),
@@ -715,11 +827,33 @@ def define_cases() -> None:
         ("precision-fp16-on-cpu", ["--precision", "fp16"], "refused", ("fp16",)),
         ("data-dir-on-recall", ["--data-dir", "{case}"], "refused", ("data-dir",)),
     ]
+    wrong_flag = {"start-from-empty-dir": "--init-from", "start-from-validate-dir": "--init-from"}
     for label, flags, exp, names in flag_cases:
         post = [absent("run/run.db")] if exp == "refused" else []
+        if label in wrong_flag:
+            post.append(not_in_message(wrong_flag[label], "the user typed --start-from, not that flag "
+                                                          "(reliability.md: messages speak in the words the user wrote)"))
         setup = [lambda ctx: (Path(ctx["case"]) / "empty").mkdir()] if "{case}/empty" in flags else None
         case(f"flag-{label}", area, cmd=["search", *S, *O, *flags], expect=exp, names=names if exp == "refused" else (),
              post=post, setup=setup)
+    vocab_huge = ["search", *S, *O, "--data", "mqar:vocab=99999999"]
+    case("flag-data-mqar-vocab-huge-ulimit-4g", area, cmd=vocab_huge, ulimit_kb=4_000_000, names=("vocab",),
+         post=[absent("run/run.db")], why="documented: refused by the memory estimate, also under ulimit -v 4000000")
+    case("flag-data-mqar-vocab-huge-ulimit-17g", area, cmd=vocab_huge, ulimit_kb=17_000_000, names=("vocab",),
+         post=[stderr_has("needs about", label="a refusal by the estimate before the build ('needs about ...'), "
+                                                "not a failed allocation after it"), absent("run/run.db")],
+         why="the memory estimate must refuse before the build whatever the limit. Before commit cb623c6 the same "
+             "command without a limit grew to 23 GB RSS on this 23 GB machine and was killed by the kernel's OOM "
+             "killer after 198 s (exit -9, no message, run/run.db left behind), and under a 17 GB limit it failed "
+             "after 102 s ('could not be built (the allocation failed)'); the limit keeps the sweep safe should it "
+             "regress")
+    case("flag-validate-seed-at-max", area,
+         cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--seed", str(2**63 - 1), *O],
+         expect="ok-or-refused", why="seeds seed+1 .. seed+N pass 2^63-1: a one-line refusal or a run, no traceback")
+    case("flag-search-seed-at-max-with-check", area,
+         cmd=["search", *STUDY, "--population", "2", "--generations", "1", "--elite", "1", "--keep-models", "0", *O,
+              "--seed", str(2**63 - 1)],
+         expect="ok-or-refused", why="the fresh-seed check at the end trains seeds above the search seed")
     case("flag-precision-fp16-nothing-created", area, cmd=["search", *S, "--out", "{case}/new/run", "--precision", "fp16"],
          post=[absent("new")], why="documented: refused before the run directory is created")
     case("flag-validate-seed-block-huge", area,
@@ -739,6 +873,9 @@ def define_cases() -> None:
          cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--confidence", "1", *O], names=("confidence",))
     case("flag-validate-margin-negative", area,
          cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--margin", "-1%", *O], names=("margin",))
+    case("flag-validate-margin-negative-equals", area,
+         cmd=["validate", *STUDY, "--genes", SPARSE, "--seeds", "2", "--margin=-1%", *O], names=("margin",),
+         why="the same value as --margin=-1% (argparse reads '--margin -1%' as a missing value)")
     case("flag-validate-genes-empty-entry", area, cmd=["validate", *STUDY, "--genes", f"{SPARSE},,", "--seeds", "2", *O],
          expect="ok-or-refused")
     case("flag-curve-knob-malformed", area, cmd=["curve", *CURVE, "--genes", "baseline", "--knob", "pairs", *O],
@@ -752,7 +889,7 @@ def define_cases() -> None:
     for label, text, exp, names in (
             ("unknown-key", "populaton_size: 4\n", "refused", ("populaton_size",)),
             ("duplicate-key", "population_size: 2\npopulation_size: 3\n", "refused", ("population_size",)),
-            ("float-population", "population_size: 4.5\n", "refused", ("population_size", "c.yaml")),
+            ("float-population-overridden", "population_size: 4.5\n", "ok-or-refused", ()),
             ("list-not-mapping", "- population_size\n- 3\n", "refused", ("c.yaml", "mapping")),
             ("yaml-syntax", "population_size: [2\n", "refused", ("c.yaml",)),
             ("empty-file", "", "ok-or-refused", ()),
@@ -762,6 +899,11 @@ def define_cases() -> None:
             ("search-space-empty-list", "search_space: {normalization: []}\n", "refused", ("normalization",))):
         case(f"config-{label}", area, cmd=["search", *S, *O, "--config", "{case}/c.yaml"],
              setup=[setup_files(c__yaml=text)], expect=exp, names=names if exp == "refused" else ())
+    case("config-float-population", area,
+         cmd=["search", *STUDY, "--generations", "1", "--elite", "1", "--keep-models", "0", "--no-check", *O,
+              "--config", "{case}/c.yaml"],
+         setup=[setup_files(c__yaml="population_size: 4.5\n")], names=("population_size", "c.yaml"),
+         why="documented example: 'population_size must be a positive integer, got 4.5 (... config file c.yaml)'")
     case("config-missing-file", area, cmd=["search", *S, *O, "--config", "{case}/nope.yaml"], names=("nope.yaml",))
     case("config-is-directory", area, cmd=["search", *S, *O, "--config", "{case}"], names=("config",))
 
@@ -781,16 +923,25 @@ def define_cases() -> None:
             ("language-weight-zero", "suite: tiny\nsteps: 3\npoints:\n" + good_point +
              "  - task: text\n    data_dir: /work/shared/data/shakespeare\n    tokenizer: byte\n"
              "    knobs: {seq_len: 16}\n    weight: 0\n", ("weight",)),
-            ("bad-knob", "suite: tiny\nsteps: 3\npoints:\n  - task: mqar\n    knobs: {pairs: -4}\n", ("pairs",)),
-            ("unknown-knob", "suite: tiny\nsteps: 3\npoints:\n  - task: mqar\n    knobs: {colour: 3}\n", ("colour",)),
+            ("bad-knob", "suite: tiny\nsteps: 3\npoints:\n  - task: mqar\n    knobs: {seq_len: 16, vocab: 16, pairs: -4}\n",
+             ("pairs",)),
+            ("unknown-knob", "suite: tiny\nsteps: 3\npoints:\n  - task: mqar\n"
+                             "    knobs: {seq_len: 16, vocab: 16, colour: 3}\n", ("colour",)),
             ("unknown-task", "suite: tiny\nsteps: 3\npoints:\n  - task: chess\n", ("chess",)),
             ("no-points", "suite: tiny\nsteps: 3\npoints: []\n", ("points",)),
             ("no-name", f"steps: 3\npoints:\n{good_point}", ("suite",)),
             ("steps-zero", f"suite: tiny\nsteps: 0\npoints:\n{good_point}", ("steps",)),
-            ("duplicate-labels", f"suite: tiny\nsteps: 3\npoints:\n{good_point}{good_point}", ("label",)),
+            ("duplicate-labels", "suite: tiny\nsteps: 3\npoints:\n" + good_point + "    label: a\n"
+             + good_point.replace("pairs: 2", "pairs: 3") + "    label: a\n", ("label",)),
             ("not-yaml", "suite: [tiny\n", ("s.yaml",))):
+        extra = {"unknown-key": [not_in_message("valid keys: --suite", "the file's key is 'suite'; the list names a "
+                                                                       "flag in its place")],
+                 "not-yaml": [not_in_message("--suite: [tiny", "the file holds 'suite: [tiny': the quoted YAML text "
+                                                               "is rewritten with a flag's name")],
+                 "language-no-data-dir": [not_in_message("got None", "the key is missing; say so, not 'None' "
+                                                                     "(reliability.md: never 'it has None')")]}
         case(f"suite-{label}", "suite files", cmd=SU, setup=[setup_files(s__yaml=text)], names=names,
-             post=[absent("run/run.db")])
+             post=[absent("run/run.db"), *extra.get(label, [])])
     case("suite-is-directory", "suite files", cmd=["search", *S, *O, "--suite", "{case}"], names=("suite",))
     case("suite-with-data", "suite files", cmd=["search", *S, *O, "--suite", "mad-cpu", "--data", "mqar"],
          names=("data", "suite"))
@@ -903,7 +1054,10 @@ def define_cases() -> None:
         case(f"store-report-{mode}", area, cmd=["report", "{case}/run"], setup=[damaged(mode)], expect=exp,
              post=[file_size_is("run/run.db", "db_size")])
     case("store-search-no-flag-on-damaged", area, cmd=["search", *S, "--out", "{case}/run"],
-         setup=[damaged("garbage-all")], post=[file_size_is("run/run.db", "db_size")])
+         setup=[damaged("garbage-all")],
+         post=[file_size_is("run/run.db", "db_size"),
+               not_in_message("--overwrite", "reliability.md, run.db damaged: 'Nothing advises deleting it', and "
+                                             "--overwrite deletes it (--resume, also advised, is refused as damaged)")])
     case("store-validate-from-damaged-run", area,
          cmd=["validate", "--from-run", "{case}/run", "--top", "1", "--seeds", "2", "--quiet"],
          setup=[damaged("garbage-middle")], post=[file_size_is("run/run.db", "db_size")])
@@ -914,7 +1068,11 @@ def define_cases() -> None:
          expect="ok-or-refused", post=[exists("run/validation.json")],
          why="a validate directory whose store is damaged: --overwrite of a search must not delete the validation")
     case("store-run-db-is-directory", area, cmd=["search", "--resume", "--out", "{case}/run", "--quiet"],
-         setup=[lambda ctx: (Path(ctx["case"]) / "run" / "run.db").mkdir(parents=True)], names=("run.db",))
+         setup=[lambda ctx: (Path(ctx["case"]) / "run" / "run.db").mkdir(parents=True)], names=("run.db",),
+         why="run.db is a folder: the message should name it (not advise a search that is then refused)")
+    case("store-run-db-is-directory-new-search", area, cmd=["search", *S, "--out", "{case}/run"],
+         setup=[lambda ctx: (Path(ctx["case"]) / "run" / "run.db").mkdir(parents=True)], names=("run.db",),
+         why="run.db is a folder: the message should name it (not advise --resume, which says there is no run)")
     case("resume-empty-dir", area, cmd=["search", "--resume", "--out", "{case}/run", "--quiet"],
          setup=[lambda ctx: (Path(ctx["case"]) / "run").mkdir()], names=("resume", "run"))
     case("resume-nonexistent-dir", area, cmd=["search", "--resume", "--out", "{case}/nope", "--quiet"],
@@ -929,10 +1087,16 @@ def define_cases() -> None:
          post=[unchanged("r", "run")], why="documented: another K on --resume is refused")
     case("resume-finished-run", area, cmd=["search", "--resume", "--out", "{case}/run", "--quiet"],
          setup=[lambda ctx: copy_fixture(ctx, "search")], expect="ok-or-refused", post=[rows_are("run/run.db", 3)],
-         why="resuming a finished run trains nothing")
+         why="the run finished (started with --no-check): resuming it trains nothing, and ends with the "
+             "uninterrupted run's result")
+    case("resume-finished-run-no-check", area, cmd=["search", "--resume", "--no-check", "--out", "{case}/run", "--quiet"],
+         setup=[lambda ctx: copy_fixture(ctx, "search")], expect="ok-or-refused", post=[rows_are("run/run.db", 3)],
+         why="control for resume-finished-run: the same with --no-check repeated")
     case("status-nonexistent", area, cmd=["status", "{case}/nope"], names=("nope",))
     case("status-no-store", area, cmd=["status", "{case}"], names=("run", "store", "case"))
-    case("status-a-file", area, cmd=["status", "{case}/f.txt"], setup=[setup_files(f__txt="x\n")], names=("f.txt",))
+    case("status-a-file", area, cmd=["status", "{case}/f.txt"], setup=[setup_files(f__txt="x\n")],
+         names=("not a directory", "is a file"),
+         why="f.txt is a file: say so (advising 'search --out f.txt' leads to a refusal: not a directory)")
     case("status-validate-dir", area, cmd=["status", "{case}/run"], setup=[lambda ctx: copy_fixture(ctx, "validate")],
          expect="ok-or-refused")
     case("status-json-damaged", area, cmd=["status", "--json", "{case}/run"], setup=[damaged("garbage-middle")],
@@ -997,7 +1161,7 @@ def define_cases() -> None:
         ("api-attention-not-divisible", "EvolvedAttention(30, 4, gene)", "api-refused", ("d_model", "n_heads")),
         ("api-attention-float-dmodel", "EvolvedAttention(32.0, 4, gene)", "api-refused", ("d_model",)),
         ("api-attention-2d-input", "a = EvolvedAttention(32, 4, gene)\na(torch.randn(2, 32))", "api-refused",
-         ("shape", "dim", "x", "input")),
+         ("shape", "dimension", "input", "[B, T")),
         ("api-attention-wrong-width", "a = EvolvedAttention(32, 4, gene)\na(torch.randn(2, 8, 16))", "api-refused",
          ("d_model", "32", "16", "shape", "width")),
         ("api-train-data-string", "train_and_evaluate(gene, cfg, 'recall')", "api-refused", ("data",)),
@@ -1005,6 +1169,7 @@ def define_cases() -> None:
         ("api-train-gene-int", "train_and_evaluate(7, cfg, tiny_data())", "api-refused", ("gene",)),
         ("api-train-seed-string", "train_and_evaluate(gene, cfg, tiny_data(), seed='1')", "api-refused", ("seed",)),
         ("api-train-steps-zero", "train_and_evaluate(gene, cfg, tiny_data(), steps=0)", "api-refused", ("steps",)),
+        ("api-train-steps-negative", "train_and_evaluate(gene, cfg, tiny_data(), steps=-5)", "api-refused", ("steps",)),
         ("api-train-eval-split", "train_and_evaluate(gene, cfg, tiny_data(), eval_split='train')", "api-refused",
          ("eval_split", "train")),
         ("api-train-vocab-mismatch", "train_and_evaluate(gene, tiny_config(vocab_size=4), tiny_data())", "api-ok-or-refused",
@@ -1053,6 +1218,8 @@ def define_cases() -> None:
     area = "kill / resume"
     case("kill-resume-ga", area, special=kill_resume([], "kill-resume"),
          why="SIGKILL mid-run, --resume: final_results equal to an uninterrupted run")
+    case("kill-resume-ga-population-4-twice", area, special=kill_resume([], "kill-resume", population=4, kill_at=3, kills=2),
+         why="population 4 x 3 generations, SIGKILLed twice (the start and the first resume), then resumed")
     case("kill-resume-climb-racing", area, special=kill_resume(["--strategy", "climb", "--elite-seeds", "2"], "kill-resume"),
          why="the same with the climb strategy and racing (--elite-seeds 2)")
 
@@ -1083,6 +1250,8 @@ def main(argv=None) -> int:
         unfreeze(scratch)
         shutil.rmtree(scratch)
     (scratch / "cwd").mkdir(parents=True, exist_ok=True)
+    # a cache of its own (tokenizations, probes, fitness checks): the sweep leaves the user's cache as it was
+    os.environ["EVO_ATTENTION_CACHE_DIR"] = str(scratch / "cache")
     cwd = scratch / "cwd"
     t0 = time.monotonic()
     fixtures = build_fixtures(scratch / "fix", cwd, args.keep_fixtures)
