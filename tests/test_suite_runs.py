@@ -360,7 +360,8 @@ def test_a_suite_mixes_language_and_task_points_with_stated_weights(tmp_path, sh
     assert "weight 3" in write_report(tmp_path / "run")["report"].read_text()
     for bad, match in [({"weight": 0}, "weight must be a positive number"),
                        ({"weight": True}, "weight must be a positive number"),
-                       ({"data_dir": None}, "data_dir must name the corpus"),
+                       ({"data_dir": None}, "add data_dir, the directory of the corpus"),
+                       ({"data_dir": 5}, "data_dir must name the corpus"),
                        ({"knobs": {"pairs": 2, "seq_len": 12}}, "not a knob of a corpus"),
                        ({"knobs": {}}, "set knobs: {seq_len: N}"),
                        ({"seed": 1}, "a corpus has no data seed")]:

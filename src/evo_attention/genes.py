@@ -652,6 +652,10 @@ class AttentionGene(_Keyed):
     @classmethod
     def random(cls, rng: _random.Random | None = None, space: SearchSpace | None = None) -> "AttentionGene":
         """A random gene from ``rng`` (default: the module RNG) over ``space``."""
+        if rng is not None:
+            check_argument("rng", rng, _random.Random, "a random.Random")
+        if space is not None:
+            check_argument("space", space, SearchSpace, "a SearchSpace (SearchSpace.from_dict({...}))")
         return cls(rng=rng, space=space)
 
     @classmethod
@@ -702,6 +706,10 @@ class AttentionGene(_Keyed):
         check_argument("mutation_rate", mutation_rate, (int, float), "a number in [0, 1]")
         if not 0.0 <= mutation_rate <= 1.0:
             raise UserError(f"mutation_rate {mutation_rate!r} is outside [0, 1]")
+        if rng is not None:
+            check_argument("rng", rng, _random.Random, "a random.Random")
+        if space is not None:
+            check_argument("space", space, SearchSpace, "a SearchSpace (SearchSpace.from_dict({...}))")
         rng = rng or _random
         space = space or SearchSpace()
         for _ in range(MAX_REDRAWS):  # an invalid result is mutated again from self, with the same rng

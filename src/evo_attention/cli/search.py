@@ -11,7 +11,6 @@ from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_exec
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
-from evo_attention.util.files import check_directory_path
 
 
 # settings that may differ when a run is resumed (where it runs, where its data lies, how its trials
@@ -90,13 +89,29 @@ def _executor_text(executor) -> str:
 KEEPS_WINNER = ("quick", "shakespeare-char")  # presets whose first run keeps its best model for export
 
 
+def check_search_out(out) -> None:
+    """The output rule (``util.files.check_output``) for a search's directory: a run store (of any
+    kind: the store decides) or a stopped run's lock is its own; a saved model or an export is never
+    written into."""
+    from pathlib import Path
+
+    import evo_attention.interop.export  # noqa: F401 - the export formats register their output kinds
+    import evo_attention.interop.hf  # noqa: F401
+    import evo_attention.interop.hf_attention  # noqa: F401
+    from evo_attention.search.lock import LOCK_NAME
+    from evo_attention.search.store import RunStore
+    from evo_attention.util.files import check_output
+
+    check_output(out, "out", kind="a search run", own=lambda p: RunStore.exists(p) or (Path(p) / LOCK_NAME).exists())
+
+
 def cmd_search(args) -> int:
     from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other: choose one")
-    check_directory_path(args.out)  # not "" (the current directory), not a file
+    check_search_out(args.out)
     check_free(args.out)  # a run another process writes is refused before its settings are compared
     config = search_config(args)
     on_suite = suite_text(args, config)  # --data beside --suite is refused before anything is written

@@ -153,6 +153,9 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
     UserError for anything malformed."""
     import yaml
 
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"suite must be a shipped suite's name or the path of a suite file, not {name_or_path!r} "
+                        f"({type(name_or_path).__name__})")
     text = str(name_or_path)
     shipped = shipped_suites()
     if text in shipped:
@@ -165,10 +168,13 @@ def load_suite(name_or_path: str | os.PathLike) -> Suite:
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
     except DuplicateKey as dup:
-        raise UserError(f"suite {path.name} sets {dup.key} twice (lines {dup.first} and {dup.second}): keep one of "
-                        "them (YAML would silently take the last)", setting="suite") from None
+        raise UserError(f"suite file {path.name} sets {dup.key} twice (lines {dup.first} and {dup.second}): keep one "
+                        "of them (YAML would silently take the last)") from None
     except yaml.YAMLError as error:
-        raise UserError(f"suite {path.name}: not valid YAML: {' '.join(str(error).split())}", setting="suite") from None
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise UserError(f"suite file {path.name} is not valid YAML{where}: {problem or ' '.join(str(error).split())}"
+                        ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"suite {path}: cannot be read ({error})", setting="suite") from None
     return parse_suite(raw, source=str(path))
@@ -178,8 +184,8 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
     """A ``Suite`` from the parsed YAML ``raw`` (checked as ``load_suite`` describes)."""
     where = Path(source).name
 
-    def fail(message: str) -> UserError:
-        return UserError(f"suite {where}: {message}", setting="suite")
+    def fail(message: str) -> UserError:  # no setting: the words are the file's own keys, never flags
+        return UserError(f"suite file {where}: {message}")
 
     if not isinstance(raw, dict):
         raise fail(f"the file must be a mapping with keys {', '.join(SUITE_KEYS)}, got {type(raw).__name__}")
@@ -290,7 +296,9 @@ def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict,
         raise fail(f"point {i} ({task}): set knobs: {{seq_len: N}}, the point's context: a point names its data "
                    "completely")
     data_dir = item.get("data_dir")
-    if task == "text" and not isinstance(data_dir, str) or data_dir is not None and not isinstance(data_dir, str):
+    if task == "text" and data_dir is None:
+        raise fail(f"point {i} ({task}): add data_dir, the directory of the corpus's text files")
+    if data_dir is not None and (not isinstance(data_dir, str) or not data_dir.strip()):
         raise fail(f"point {i} ({task}): data_dir must name the corpus directory, got {data_dir!r}")
     tokenizer = item.get("tokenizer")
     if tokenizer is not None and not isinstance(tokenizer, str):

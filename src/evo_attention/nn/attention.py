@@ -229,6 +229,8 @@ class EvolvedAttention(nn.Module):
 
         ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
         where attention is allowed; it is combined with the causal mask, never replaces it."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be [batch, time, d_model={self.d_model}], not of shape {tuple(x.shape)}")
         b, t, _ = x.shape
         if mask is not None and mask.dim() == 2 and mask.shape == (b, t):
             mask = mask[:, None, None, :]

@@ -71,6 +71,9 @@ def _registrar(kind: str):
             raise UserError(f"component name {name!r} must be a non-empty string without '|', '=' or '/'")
 
         def decorator(factory):
+            if not callable(factory):
+                raise TypeError(f"register_{kind.split('_')[0]}({name!r}) decorates a class or function that builds "
+                                f"the component, not {factory!r} ({type(factory).__name__})")
             if name in _REGISTRIES[kind] and _REGISTRIES[kind][name] is not factory:
                 where = getattr(_REGISTRIES[kind][name], "__module__", "?")
                 raise UserError(f"{kind} {name!r} is registered already (by {where}): choose another name, or "

@@ -123,6 +123,9 @@ def _as_gene_list(gene, n_layers: int) -> list:
 class TinyTransformer(nn.Module):
     def __init__(self, spec: ModelSpec, gene: AttentionGene | str | Sequence[AttentionGene | str]):
         super().__init__()
+        if not isinstance(spec, ModelSpec) and isinstance(getattr(spec, "model", None), ModelSpec):
+            spec = spec.model  # a Config: its model settings
+        check_argument("spec", spec, ModelSpec, "a ModelSpec or a Config")
         if spec.vocab_size is None:
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
         self.spec = spec
@@ -171,6 +174,8 @@ class TinyTransformer(nn.Module):
         after those already in the caches, whose keys and values are reused and extended.
         """
         check_argument("ids", ids, torch.Tensor, "a tensor of token ids [batch, time]")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be integer token ids (torch.long), not a {ids.dtype} tensor")
         if ids.dim() != 2:
             raise UserError(f"ids must be token ids of shape [batch, time], not of shape {tuple(ids.shape)}: add a "
                             "batch dimension with ids.unsqueeze(0)")

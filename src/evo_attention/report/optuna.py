@@ -182,9 +182,13 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                                    **_merged(extra, {k: v for k, v in attrs.items() if v is not None})))
         roles.append("search")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.unlink(missing_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
+    except PermissionError as exc:
+        raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror}): choose a writable place for "
+                        "optuna_journal", setting="optuna_journal") from None
     study_name = Path(run_dir).resolve().name or "evo-attention"
     studies: dict[str, int] = {}
     try:
@@ -210,9 +214,15 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                 study.add_trials(mine)
                 studies[study.study_name] = len(mine)
         os.replace(partial, path)
+    except PermissionError as exc:
+        raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror}): choose a writable place for "
+                        "optuna_journal", setting="optuna_journal") from None
     finally:
-        partial.unlink(missing_ok=True)
-        Path(f"{partial}.lock").unlink(missing_ok=True)
+        try:
+            partial.unlink(missing_ok=True)
+            Path(f"{partial}.lock").unlink(missing_ok=True)
+        except OSError:  # a read-only place: nothing was written there
+            pass
     for trial, role in zip(trials, roles):
         if role == "search":
             states[trial.state.name] = states.get(trial.state.name, 0) + 1

@@ -58,6 +58,9 @@ from evo_attention.util.progress import SearchView
 
 # the result files of the studies (report.attachments names them): a new run is never started beside them
 STUDY_RESULTS = ("validation*.json", "ablation*.json", "compare*.json", "curve.json", "transfer*.json")
+# the files other commands write into a search's directory from its store (their results, tables, figures)
+STALE_RESULTS = tuple(f"{stem}*.{ext}" for stem in ("validation", "ablation", "compare", "curve", "transfer",
+                                                    "fresh_check", "attention_maps") for ext in ("json", "md", "png", "csv"))
 
 
 def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int:
@@ -161,6 +164,7 @@ class Search:
             if found:  # another command's results (a study run --from-run elsewhere): never mixed into a run
                 raise UserError(f"{self.out_dir} holds {found[0]}, the result of another command: a search writes "
                                 "into a directory of its own; choose another out", setting="out")
+        replaced = overwrite and RunStore.exists(self.out_dir)
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
@@ -169,7 +173,21 @@ class Search:
                 # (config.baseline) comes on top
                 "planned": self.strategy.total_evaluations() * _points(self.config),
                 "plugins": self.plugins, **self.evaluation.meta()}  # data, context, and vocab or suite
-        return RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
+        store = RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
+        if replaced:
+            self._delete_stale_results()
+        return store
+
+    def _delete_stale_results(self) -> None:
+        """The results other commands built on the search just deleted (a validation, a fresh check,
+        ...) go with it: the new run's report never shows them as its own."""
+        stale = sorted({p for pattern in STALE_RESULTS for where in ("", "compare/", "curve/")
+                        for p in self.out_dir.glob(where + pattern) if p.is_file()})
+        for path in stale:
+            path.unlink()
+        if stale:
+            warnings.warn(f"overwrite: the results built on the deleted run are deleted too: "
+                          f"{', '.join(str(p.relative_to(self.out_dir)) for p in stale)}", stacklevel=3)
 
     def _pinned_keep_models(self, given: int | None) -> int:
         """The run's kept-models count: the one it started with (a resume without it takes it; another

@@ -134,8 +134,12 @@ class RunStore:
 
     @classmethod
     def exists(cls, run_dir: str | os.PathLike) -> bool:
-        """True if ``run_dir`` holds a run database."""
-        return cls.db_path(run_dir).is_file()
+        """True if ``run_dir`` holds a run database (False for a path the system cannot even look at,
+        such as a name too long for it)."""
+        try:
+            return cls.db_path(run_dir).is_file()
+        except OSError:
+            return False
 
     @classmethod
     def create(cls, run_dir: str | os.PathLike, config: Mapping, meta: Mapping | None = None, *,
@@ -233,9 +237,8 @@ class RunStore:
         except UserError:  # unreadable or damaged: never deleted for another command, only by overwrite
             stored, trainings = kind, None
         if stored != kind:
-            raise UserError(f"{run_dir} holds the store of a {stored}, not of a {kind}: a command replaces only a "
-                            f"store of its own kind (evo-attention {stored} ... --overwrite); choose another out",
-                            setting="out")
+            raise UserError(f"{run_dir} holds the store of a {stored}, not of a {kind}: a command never replaces "
+                            f"another command's store; choose another out", setting="out")
         if not overwrite:
             raise UserError(f"{run_dir} holds a {kind} already: add resume to continue it or overwrite to start over",
                             setting=("resume", "overwrite"))

@@ -106,20 +106,27 @@ def ranked_genes(store: RunStore, objectives) -> list[str]:
     return order([k for k in keys if k not in over]) + order([k for k in keys if k in over])
 
 
+def _is_dir(text: str) -> bool:
+    try:
+        return Path(text).is_dir()
+    except OSError:  # e.g. a gene list too long to be a file name
+        return False
+
+
 def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
-                  objectives=(PRIMARY_OBJECTIVE,), warn: bool = True) -> dict:
+                  objectives=(PRIMARY_OBJECTIVE,), warn: bool = True, setting: str = "init_from") -> dict:
     """The warm start ``init_from`` names: ``{"run", "k", "genes" (keys, best first), "skipped"
     ([{"gene", "reason"}])}``; each skipped gene is one warning line (``warn``)."""
     run, k = parse_init_from(init_from)
     k = population_size if k is None else k
     if not RunStore.exists(run):
-        raise UserError(f"init_from {init_from}: no run in {run} (a directory an earlier search wrote its run.db into)",
-                        setting="init_from")
+        raise UserError(f"{setting} {init_from}: no run in {run} (a directory an earlier search wrote its run.db into)",
+                        setting=setting)
     with RunStore.open(run, readonly=True) as store:
         ranked = ranked_genes(store, objectives)
     if not ranked:
-        raise UserError(f"init_from {init_from}: the run in {run} has no finished search evaluation to start from",
-                        setting="init_from")
+        raise UserError(f"{setting} {init_from}: the run in {run} has no finished search evaluation to start from",
+                        setting=setting)
     genes, skipped = [], []
     for key in ranked[:k]:
         key = in_program_form(key, space)
@@ -152,8 +159,9 @@ def starting_genes(start_from: str, *, space: SearchSpace, population_size: int,
         return None
     if text == "vanilla":
         keys, skipped = [vanilla], []
-    elif Path(text.rpartition(":")[0] or text).is_dir() and "|" not in text:
-        found = initial_genes(text, space=space, population_size=population_size, objectives=objectives)
+    elif "|" not in text and _is_dir(text.rpartition(":")[0] or text):
+        found = initial_genes(text, space=space, population_size=population_size, objectives=objectives,
+                              setting="start_from")
         keys, skipped = found["genes"], found["skipped"]
     else:
         keys, skipped = [], []

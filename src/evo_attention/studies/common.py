@@ -40,6 +40,7 @@ from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import STUDY, RunStore
+from evo_attention.train.config import MAX_SEED
 from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
 from evo_attention.train.spec import Trial
 from evo_attention.util import stats
@@ -78,6 +79,9 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
                else "give a positive number of seeds")
         raise UserError(f"{setting} {n!r} is too few: {why}", setting=setting)
     seeds = list(range(int(base_seed) + 1, int(base_seed) + n + 1))
+    if seeds and seeds[-1] > MAX_SEED:
+        raise UserError(f"the validation seeds {seeds[0]}..{seeds[-1]} pass 2^63-1: give a smaller "
+                        "seed", setting="seed")
     if search_seed is not None and search_seed in seeds:
         raise UserError(f"the validation seeds {seeds[0]}..{seeds[-1]} include {search_seed}, on which the search picked "
                         f"its winners: use seed {search_seed} (seeds {search_seed + 1}..) or leave seed unset",

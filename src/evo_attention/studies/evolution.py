@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
@@ -23,6 +24,7 @@ from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
 
 CHECK_ENV = "EVO_ATTENTION_FRESH_CHECK"
+CHECK_META = "fresh_check_top"  # the store's meta: how many top genes the run's fresh-seed check trains (0: none)
 
 
 def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
@@ -67,11 +69,13 @@ class Evolution(Search):
         self.announce = announce and not quiet
         # the fresh-seed check of the top genes (studies.fresh_check); None: the default, off only where
         # EVO_ATTENTION_FRESH_CHECK=off (the test suite's setting: a check per tiny search would double its time)
+        stored = self.store.get_meta(CHECK_META)  # a resumed run keeps the check it started with
         if check is None:
-            check = 0 if os.environ.get(CHECK_ENV, "").lower() == "off" else DEFAULT_TOP
+            check = stored if stored is not None else 0 if os.environ.get(CHECK_ENV, "").lower() == "off" else DEFAULT_TOP
         if isinstance(check, bool) or not isinstance(check, int) or check < 0:
             raise UserError(f"check {check!r} must be a whole number >= 0 (the top genes to train on fresh seeds; "
                             "0: no check)", setting="check")
+        self.store.set_meta(CHECK_META, check)
         self.check, self.checked = check, None
 
     def run(self):
@@ -83,7 +87,11 @@ class Evolution(Search):
         if self.check:
             from evo_attention.studies.fresh_check import fresh_check
 
-            self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
+            try:
+                self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
+            except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
+                warnings.warn(f"the fresh-seed check was not run: {exc}")
+                self.checked = None
         if self.write_reports:
             self.write_report()
             if self.announce:

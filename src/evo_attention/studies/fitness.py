@@ -46,7 +46,7 @@ import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Mapping, Sequence
+from typing import ClassVar, Iterable, Mapping, Sequence
 
 from evo_attention.data.cache import resolve_cache_dir
 from evo_attention.report.studies.fitness import fitness_markdown, improvement_verdict, points_verdict
@@ -57,7 +57,7 @@ from evo_attention.studies.lr_grid import select
 from evo_attention.train.record import usable_metric
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, point_result, suite_score
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import dumps, to_jsonable
 
@@ -120,10 +120,14 @@ def parse_improvement(text: str, config, language: bool | None = None) -> Improv
                             setting="improvements")
         return found[0][1].key
 
-    if not name.strip() or not better.strip():
-        raise UserError(f"improvement {text!r} needs a name and a gene: NAME=GENE or NAME=GENE>GENE",
-                        setting="improvements")
-    return Improvement(name.strip(), gene(better), gene(worse) if worse.strip() else config.resolved_baseline().key)
+    if not name.strip() or not better.strip() or (">" in genes and not worse.strip()):
+        raise UserError(f"improvement {text!r} needs a name and a gene on each side it names: NAME=GENE or "
+                        "NAME=GENE>GENE", setting="improvements")
+    found = Improvement(name.strip(), gene(better), gene(worse) if worse.strip() else config.resolved_baseline().key)
+    if found.better == found.worse:
+        raise UserError(f"improvement {text!r} compares gene {found.better} with itself: name a better and a worse "
+                        "gene", setting="improvements")
+    return found
 
 
 # -- what is measured ------------------------------------------------------------------------------
@@ -305,6 +309,18 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     from evo_attention.search.executors import Executor, executor_for
     from evo_attention.studies.common import study_store
 
+    from evo_attention.data.base import TaskData
+    from evo_attention.train.config import Config
+
+    check_argument("config", config, Config, "a Config")
+    if data is not None:
+        check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...)) or None")
+    if isinstance(evaluations, (str, bytes)) or not isinstance(evaluations, Iterable) or not all(
+            isinstance(k, int) and not isinstance(k, bool) for k in evaluations):
+        raise TypeError(f"evaluations must be a list of whole numbers such as [1, 3, 5], not {evaluations!r}")
+    if isinstance(lr_grid, (str, bytes)) or not isinstance(lr_grid, Iterable) or not all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) for r in lr_grid):
+        raise TypeError(f"lr_grid must be a list of rates such as [1e-3, 2e-3, 4e-3], not {lr_grid!r}")
     suite = config.suite if suite is None else suite
     suite = suite if suite is None or isinstance(suite, Suite) else load_suite(suite)
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)

@@ -1063,7 +1063,19 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
                        progress: ProgressFn | None = None) -> EvaluationRecord:
     """Train ``gene`` with ``config`` (its seed and train_steps unless given) on ``data``, evaluate
     it, return its record: the trial ``Trial.from_config`` makes of these, trained."""
+    from evo_attention.genes import AttentionGene, LayerGenes
+    from evo_attention.train.config import Config
+
+    check_argument("gene", gene, (AttentionGene, LayerGenes, str), "an AttentionGene or a gene key")
+    check_argument("config", config, Config, "a Config")
     check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...) or "
                    "data_from_config(config))")
+    for name, value in (("seed", seed), ("steps", steps)):
+        if value is not None:
+            check_argument(name, value, int, "a whole number")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
+    if eval_split not in ("valid", "test"):
+        raise ValueError(f"eval_split must be 'valid' or 'test', not {eval_split!r}")
     trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
     return run_training(trial, data, device=device, progress=progress).record

@@ -756,6 +756,7 @@ def decisive_seeds(family_size: int = 1, alpha: float = 0.05) -> int:
     after Holm over ``family_size`` comparisons (its smallest two-sided p, times the family's size,
     below ``alpha``): 6 for one comparison, 7 for three, at alpha 0.05."""
     m = max(1, int(family_size))
+    check_confidence(1.0 - alpha)  # an alpha of 0 (confidence 1) has no such count
     return next(n for n in range(2, 64) if m * smallest_p(n) < alpha)
 
 

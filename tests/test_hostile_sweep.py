@@ -1,0 +1,140 @@
+"""The defects the hostile sweep of this version found (benchmarks/hostile_sweep.py,
+docs/results/hostile/hostile-sweep.json), each held to its fix: no data loss, no silent change, no
+traceback, and messages in the user's words."""
+
+import json
+import random
+
+import pytest
+import torch
+import yaml
+
+from evo_attention import AttentionGene, Config, EvolvedAttention, TinyTransformer, train_and_evaluate
+from evo_attention.cli import main
+from evo_attention.data import load_data
+from evo_attention.data.suites import load_suite
+from evo_attention.nn.components import register_normalization
+from evo_attention.studies.fitness import run_fitness_check
+from evo_attention.util.errors import UserError
+
+TINY = ["--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "3", "--quiet"]
+SEARCH = [*TINY, "--population", "2", "--generations", "1", "--elite", "1", "--keep-models", "0"]
+CFG = Config(d_model=16, n_heads=2, n_layers=1, vocab_size=16, max_seq_len=16, train_steps=3)
+
+
+def last_error(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines and "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+def test_search_overwrite_deletes_the_results_built_on_the_run_it_replaces(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 0
+    assert main(["validate", "--from-run", str(out), "--top", "1", "--seeds", "2", "--steps", "3", "--quiet"]) == 0
+    assert (out / "validation.json").is_file()
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="the results built on the deleted run are deleted too: validation.json"):
+        assert main(["search", *SEARCH, "--no-check", "--out", str(out), "--overwrite"]) == 0
+    assert not list(out.glob("validation*")) and "Validated:" not in (out / "report.md").read_text()
+
+
+def test_search_never_writes_into_a_saved_model_or_an_export(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    for flags in ([], ["--overwrite"]):
+        assert main(["search", *SEARCH, "--no-check", "--out", str(model), *flags]) == 2
+        assert "holds a saved model" in last_error(capsys)
+    assert sorted(p.name for p in model.iterdir()) == ["model.safetensors"]
+
+
+def test_gene_lists_too_long_for_a_file_name_are_read_as_genes(tmp_path, capsys):
+    genes = ",".join(["dot|softmax|output_gate|fixed|bias|0.10", "dot|sparsemax|none|fixed|bias|0.10"] * 4)
+    assert len(genes) > 255
+    assert main(["search", *SEARCH, "--no-check", "--start-from", genes, "--out", str(tmp_path / "a")]) == 0
+    assert main(["search", *SEARCH, "--no-check", "--init-from", "x" * 300, "--out", str(tmp_path / "b")]) == 2
+    assert "--init-from xxx" in last_error(capsys)
+    assert main(["search", *SEARCH, "--no-check", "--start-from", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    said = last_error(capsys)
+    assert said.startswith("evo-attention: error: --start-from") and "--init-from" not in said
+
+
+def test_seeds_past_the_largest_and_a_confidence_of_one_are_refused_in_one_line(tmp_path, capsys):
+    gene = ["--genes", "dot|sparsemax|none|fixed|bias|0.10"]
+    assert main(["validate", *TINY, *gene, "--seeds", "2", "--seed", str(2**63 - 1), "--out", str(tmp_path / "v")]) == 2
+    assert "pass 2^63-1: give a smaller --seed" in last_error(capsys)
+    assert main(["validate", *TINY, *gene, "--confidence", "1", "--out", str(tmp_path / "w")]) == 2
+    assert "--confidence 1.0 is outside (0.5, 1)" in last_error(capsys)
+
+
+def test_a_resumed_run_keeps_the_fresh_check_it_started_with(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVO_ATTENTION_FRESH_CHECK")
+    out = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 0
+    assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0  # no --no-check: the run's own setting
+    assert not (out / "fresh_check.json").exists()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("x=dot|softmax|output_gate|fixed|bias|0.10>", "a gene on each side"),
+    ("x=dot|softmax|output_gate|fixed|bias|0.10>dot|softmax|output_gate|fixed|bias|0.10", "with itself"),
+])
+def test_a_known_improvement_needs_two_different_genes(tmp_path, capsys, text, says):
+    assert main(["fitness-check", *TINY, "--seeds", "2", "--lr", "1e-3", "--improvement", text,
+                 "--out", str(tmp_path / "f")]) == 2
+    assert says in last_error(capsys)
+
+
+def test_suite_files_are_spoken_of_in_their_own_words(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("suite: [tiny\n")
+    (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({"suite": "t", "stepz": 3, "points": []}))
+    assert main(["search", *SEARCH, "--suite", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "a")]) == 2
+    said = last_error(capsys)
+    assert "is not valid YAML at line 2" in said and "--suite:" not in said and "unicode string" not in said
+    assert main(["search", *SEARCH, "--suite", str(tmp_path / "unknown.yaml"), "--out", str(tmp_path / "b")]) == 2
+    assert "valid keys: suite, description" in last_error(capsys)
+
+
+def test_an_optuna_journal_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 0
+    from evo_attention.report import optuna as journal
+
+    def refuse(path):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(journal, "journal_storage", refuse)
+    capsys.readouterr()
+    assert main(["report", str(out), "--optuna-journal", str(out / "optuna.log")]) == 2
+    assert "cannot write the Optuna journal" in last_error(capsys)
+
+
+def _data():
+    return load_data("recall", vocab_size=16, seq_len=16, num_pairs=2, num_queries=2, train_examples=64,
+                     eval_examples=16)
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda: AttentionGene.vanilla().mutate(0.3, rng=5), TypeError, "rng must be a random.Random"),
+    (lambda: AttentionGene.random(space="big"), TypeError, "space must be a SearchSpace"),
+    (lambda: TinyTransformer("cfg", AttentionGene.vanilla()), TypeError, "spec must be a ModelSpec or a Config"),
+    (lambda: TinyTransformer(CFG, AttentionGene.vanilla())(torch.rand(2, 8)), TypeError, "ids must be integer"),
+    (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 32)), ValueError, "x must be"),
+    (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 16)), ValueError, "d_model=32"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), "cfg", _data()), TypeError, "config must be a Config"),
+    (lambda: train_and_evaluate(7, CFG, _data()), TypeError, "gene must be an AttentionGene"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed="1"), TypeError, "seed must be"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), steps=0), ValueError, "steps must be at"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), eval_split="train"), ValueError,
+     "eval_split must be"),
+    (lambda: run_fitness_check("cfg"), TypeError, "config must be a Config"),
+    (lambda: run_fitness_check(CFG, "recall"), TypeError, "data must be a TaskData"),
+    (lambda: run_fitness_check(CFG, None, evaluations=5), TypeError, "evaluations must be a list"),
+    (lambda: run_fitness_check(CFG, None, lr_grid="1e-3"), TypeError, "lr_grid must be a list"),
+    (lambda: load_suite(5), TypeError, "suite must be a shipped suite's name"),
+    (lambda: register_normalization("zz_hostile")(5), TypeError, "decorates a class or function"),
+])
+def test_the_front_door_names_the_argument(call, error, says):
+    with pytest.raises(error, match=says):
+        call()
