@@ -238,8 +238,13 @@ def check_model_memory(config, device) -> None:
     from evo_attention.train.trainer import check_training_memory
 
     options = {k: v for k, v in (config.recall or {}).items() if k != "seed"}
-    task, knobs = given_knobs(config.data, seq_len=config.max_seq_len, vocab_size=config.vocab_size, options=options)
-    spec = dataclasses.replace(config.model, vocab_size=resolve_knobs(task, knobs)["vocab"])
+    try:
+        task, knobs = given_knobs(config.data, seq_len=config.max_seq_len, vocab_size=config.vocab_size,
+                                  options=options)
+        vocab = resolve_knobs(task, knobs)["vocab"]
+    except UserError:  # knobs a command varies (curve) may complete them: the data's own checks say the rest
+        return
+    spec = dataclasses.replace(config.model, vocab_size=vocab)
     check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
 
 
