@@ -234,16 +234,18 @@ def check_model_memory(config, device) -> None:
         return
     import dataclasses
 
-    from evo_attention.data.synthetic import given_knobs, resolve_knobs
+    from evo_attention.data.synthetic import TASKS, check_task_memory, given_knobs, resolve_knobs
     from evo_attention.train.trainer import check_training_memory
 
     options = {k: v for k, v in (config.recall or {}).items() if k != "seed"}
     try:
         task, knobs = given_knobs(config.data, seq_len=config.max_seq_len, vocab_size=config.vocab_size,
                                   options=options)
-        vocab = resolve_knobs(task, knobs)["vocab"]
+        resolved = resolve_knobs(task, knobs)
     except UserError:  # knobs a command varies (curve) may complete them: the data's own checks say the rest
         return
+    check_task_memory(config.data, TASKS[task], resolved)  # data that cannot fit is said first, in its words
+    vocab = resolved["vocab"]
     spec = dataclasses.replace(config.model, vocab_size=vocab)
     check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
 

@@ -123,9 +123,8 @@ def _as_gene_list(gene, n_layers: int) -> list:
 class TinyTransformer(nn.Module):
     def __init__(self, spec: ModelSpec, gene: AttentionGene | str | Sequence[AttentionGene | str]):
         super().__init__()
-        if not isinstance(spec, ModelSpec) and isinstance(getattr(spec, "model", None), ModelSpec):
-            spec = spec.model  # a Config: its model settings
-        check_argument("spec", spec, ModelSpec, "a ModelSpec or a Config")
+        if not all(hasattr(spec, name) for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len")):
+            raise TypeError(f"spec must be a ModelSpec or a Config, not {spec!r} ({type(spec).__name__})")
         if spec.vocab_size is None:
             raise UserError("the model needs a concrete vocab_size: build it with the data's vocab_size")
         self.spec = spec
