@@ -138,3 +138,10 @@ def _data():
 def test_the_front_door_names_the_argument(call, error, says):
     with pytest.raises(error, match=says):
         call()
+
+
+def test_status_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x")
+    assert main(["status", str(tmp_path / "f.txt")]) == 2
+    said = last_error(capsys)
+    assert "is a file, not a run directory" in said and "search --out" not in said

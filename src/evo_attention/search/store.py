@@ -194,6 +194,8 @@ class RunStore:
     def open(cls, run_dir: str | os.PathLike, *, readonly: bool = False) -> "RunStore":
         """Open the run in ``run_dir``; ``readonly`` for a reader such as a status command."""
         path = cls.db_path(run_dir)
+        if Path(run_dir).is_file():
+            raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
         if not path.is_file():
             raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {run_dir}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
