@@ -120,6 +120,8 @@ def _data():
     (lambda: AttentionGene.random(space="big"), TypeError, "space must be a SearchSpace"),
     (lambda: TinyTransformer("cfg", AttentionGene.vanilla()), TypeError, "spec must be a ModelSpec or a Config"),
     (lambda: TinyTransformer(CFG, AttentionGene.vanilla())(torch.rand(2, 8)), TypeError, "ids must be integer"),
+    (lambda: TinyTransformer(CFG, AttentionGene.vanilla())(torch.full((2, 8), 99)), ValueError,
+     r"ids must be token ids in \[0, 16\)"),
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 32)), ValueError, "x must be"),
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 16)), ValueError, "d_model=32"),
     (lambda: train_and_evaluate(AttentionGene.vanilla(), "cfg", _data()), TypeError, "config must be a Config"),
@@ -145,3 +147,23 @@ def test_status_of_a_file_says_it_is_a_file(tmp_path, capsys):
     assert main(["status", str(tmp_path / "f.txt")]) == 2
     said = last_error(capsys)
     assert "is a file, not a run directory" in said and "search --out" not in said
+
+
+def test_a_damaged_store_is_never_advised_deleted(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.db").write_bytes(random.Random(0).randbytes(5000))
+    assert main(["search", *SEARCH, "--out", str(tmp_path / "run")]) == 2
+    said = last_error(capsys)
+    assert "cannot be opened as a run store" in said and "overwrite" not in said
+    assert (tmp_path / "run" / "run.db").stat().st_size == 5000
+
+
+def test_a_vocabulary_of_zero_and_a_program_space_of_no_ops_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["search", *SEARCH, "--vocab-size", "0", "--out", str(tmp_path / "a")])
+    assert "vocab size '0' must be a positive integer (or 'full')" in capsys.readouterr().err
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"search_space": {"program": {"ops": []}}}))
+    assert main(["search", *SEARCH, "--config", str(config), "--out", str(tmp_path / "b")]) == 2
+    assert "lists no program ops (ops: [])" in last_error(capsys)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

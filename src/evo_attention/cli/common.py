@@ -13,14 +13,17 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 def _count_or_word(what: str, word: str):
-    """A parser of a whole number, or of 'full', 'all' or 'none' as 0 (which stands for None)."""
+    """A parser of a positive whole number, or of 'full', 'all' or 'none' as 0 (which stands for None)."""
     def parse(text: str) -> int:
         if text.lower() in ("full", "none", "all"):
             return 0
         try:
-            return int(text)
+            count = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} {text!r} is not an integer (or '{word}')") from None
+        if count < 1:  # 0 would silently mean '{word}'
+            raise argparse.ArgumentTypeError(f"{what} {text!r} must be a positive integer (or '{word}')")
+        return count
     return parse
 
 

@@ -179,6 +179,11 @@ class TinyTransformer(nn.Module):
             raise UserError(f"ids must be token ids of shape [batch, time], not of shape {tuple(ids.shape)}: add a "
                             "batch dimension with ids.unsqueeze(0)")
         b, t = ids.shape
+        if ids.device.type == "cpu" and ids.numel():  # on an accelerator this check would cost a sync every step
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.spec.vocab_size:
+                raise ValueError(f"ids must be token ids in [0, {self.spec.vocab_size}) (the model's vocab_size), "
+                                 f"got ids from {low} to {high}")
         start = 0 if caches is None else caches[0].length
         if start + t > self.spec.max_seq_len:
             raise UserError(f"sequence of {start + t} tokens is longer than max_seq_len {self.spec.max_seq_len}")

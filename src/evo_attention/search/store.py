@@ -237,6 +237,8 @@ class RunStore:
             with cls.open(run_dir, readonly=True) as old:
                 stored, trainings = old.kind(), len(old.evaluations())
         except UserError:  # unreadable or damaged: never deleted for another command, only by overwrite
+            if not overwrite:  # its own message says how to recover it; nothing advises deleting it
+                raise
             stored, trainings = kind, None
         if stored != kind:
             raise UserError(f"{run_dir} holds the store of a {stored}, not of a {kind}: a command never replaces "

@@ -123,6 +123,11 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
     Config.check_keys(data, source=str(path))
+    space = data.get("search_space")
+    program = space.get("program") if isinstance(space, dict) else None
+    if isinstance(program, dict) and program.get("ops") == []:  # stored configs write [] for every op
+        raise UserError(f"config file {path} lists no program ops (ops: []): name the ops the programs may use, "
+                        "or leave ops out for every op", setting="search_space")
     return _yaml_numbers(data)
 
 
