@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from evo_attention.util.format import number as fmt_number
 from evo_attention.util.plugins import load_plugins
@@ -53,13 +54,23 @@ def _config_flags(groups) -> dict:
     return {f.metadata["flag"].replace("-", "_"): f.name for f in _flag_fields(groups)}
 
 
-# flag -> Config field, generated from the Config's declarations: the flags every training command
-# shares, and the search's multi-fidelity flags (they change results: stored)
-CONFIG_FLAGS = _config_flags([group for _, groups in SECTIONS for group in groups])
-FIDELITY_FLAGS = _config_flags(["fidelity"])
-# flags whose value 0 stands for None ("full" vocabulary, "all" evaluation batches)
-_ZERO_IS_NONE = tuple(f.name for _, groups in SECTIONS for f in _flag_fields(groups)
-                      if f.metadata["parse"] in ("vocab", "count_or_all"))
+@functools.cache
+def _generated_flags() -> dict:
+    """flag -> Config field, generated from the Config's declarations (on first use: reading them
+    imports the training layer, which commands such as status never need): ``CONFIG_FLAGS``, the flags
+    every training command shares; ``FIDELITY_FLAGS``, the search's multi-fidelity flags (they change
+    results: stored); ``ZERO_IS_NONE``, the fields whose flag value 0 stands for None ("full"
+    vocabulary, "all" evaluation batches)."""
+    return {"CONFIG_FLAGS": _config_flags([group for _, groups in SECTIONS for group in groups]),
+            "FIDELITY_FLAGS": _config_flags(["fidelity"]),
+            "ZERO_IS_NONE": tuple(f.name for _, groups in SECTIONS for f in _flag_fields(groups)
+                                  if f.metadata["parse"] in ("vocab", "count_or_all"))}
+
+
+def __getattr__(name: str):
+    if name in ("CONFIG_FLAGS", "FIDELITY_FLAGS"):
+        return _generated_flags()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
@@ -123,10 +134,10 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     from evo_attention.util.progress import log
 
     flags = {}
-    for flag, name in CONFIG_FLAGS.items():
+    for flag, name in _generated_flags()["CONFIG_FLAGS"].items():
         value = getattr(args, flag, None)
         if value is not None:
-            flags[name] = None if (name in _ZERO_IS_NONE and value == 0) else value
+            flags[name] = None if (name in _generated_flags()["ZERO_IS_NONE"] and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \
@@ -336,7 +347,8 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
 
 def flag_of(setting: str) -> str | None:
     """The command-line flag of a Config field or library argument, if it has one."""
-    fields = {name: "--" + flag.replace("_", "-") for flag, name in {**CONFIG_FLAGS, **FIDELITY_FLAGS}.items()}
+    fields = {name: "--" + flag.replace("_", "-") for flag, name in {**_generated_flags()["CONFIG_FLAGS"],
+                                                                      **_generated_flags()["FIDELITY_FLAGS"]}.items()}
     return fields.get(setting) or ARGUMENT_FLAGS.get(setting)
 
 

@@ -15,8 +15,6 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from evo_attention.data import check_data_name, is_synthetic
-from evo_attention.data.tokenizers import parse_tokenizer
 from evo_attention.nn.spec import BLOCKS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
 from evo_attention.train.schedules import SCHEDULES, takes_warmup, uses_decay
@@ -239,6 +237,8 @@ class Config:
     def generated_task(self) -> bool:
         """Whether this config trains on generated synthetic tasks: a suite, or a task such as
         ``mqar`` or ``mad:...`` (``data.synthetic``; not the quick preset's embedded ``recall``)."""
+        from evo_attention.data import is_synthetic  # the data layer imports torch: only when a config asks
+
         return self.suite is not None or is_synthetic(self.data)
 
     def resolved_baseline(self):
@@ -626,6 +626,8 @@ def _check_objectives(c: Config) -> None:
 
 
 def _check_data(c: Config) -> None:
+    from evo_attention.data import check_data_name, parse_tokenizer  # imports torch: only to check a config
+
     check_data_name(c.data)
     parse_tokenizer(c.tokenizer)
     if not isinstance(c.text_field, str) or not c.text_field:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene, recipe_of
-from evo_attention.train.config import describe_schedule
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import change_header, direction, fmt
@@ -29,6 +28,8 @@ def schedule_text(config: Mapping | None, steps: int | None = None, *, grid: Seq
     of its stored config over ``steps`` (default its ``train_steps``). With a learning-rate ``grid``
     the rate is each gene's own of it; when one of ``genes`` sets its own recipe parts (lr=, wu=,
     wd=), the sentence says that they replace the run's for that gene."""
+    from evo_attention.train.config import describe_schedule  # imports torch: only where a schedule is told
+
     text = describe_schedule(config or {}, steps)
     if grid:
         text = f"lr each gene's own best of {', '.join(f'{r:g}' for r in grid)}, " + text.partition(", ")[2]
