@@ -46,6 +46,7 @@ from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.racing import RACING_META
 from evo_attention.search.store import RunStore
+from evo_attention.search.tuning import TUNING_FROM
 from evo_attention.train.config import describe_schedule
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
@@ -879,6 +880,9 @@ def run_schedule_text(config: Mapping) -> str:
     """A run's learning-rate schedule in words (``train.config.describe_schedule`` of its config),
     and the recipe axes its search varies per gene (``lr=``, ``wu=``, ``wd=``), where it does."""
     text = describe_schedule(config)
+    if config.get("rate_grid"):  # search.tuning: the configured rate is replaced by each gene's own
+        text = (f"lr each gene's own best of {', '.join(f'{r:g}' for r in config['rate_grid'])} on the tuning seed "
+                f"{int(config.get('seed') or 0) + TUNING_FROM}, " + text.partition(", ")[2])
     try:
         space = SearchSpace.from_dict(config.get("search_space") or {})
     except ValueError:  # a plugin's option that is not loaded here: the schedule alone

@@ -24,6 +24,7 @@ from evo_attention.search.models import model_dir
 from evo_attention.search.racing import Racing
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
+from evo_attention.search.tuning import Tuned
 from evo_attention.train.config import Config
 from evo_attention.train.record import EvaluationRecord, failed_record, objective_values
 from evo_attention.train.spec import Trial, load_task
@@ -33,7 +34,8 @@ from evo_attention.util.errors import UserError
 
 def evaluation_for(config: Config, data: TaskData | None, keep_models: int | None, elite_places: int = 1):
     """The evaluation ``config`` asks for, its data (unless given) or its suite's points read; with
-    ``elite_seeds`` > 1 the strategy's ``elite_places`` are raced (``search.racing``)."""
+    ``rate_grid`` every gene at its best rate of the grid (``search.tuning``); with ``elite_seeds`` > 1
+    the strategy's ``elite_places`` are raced (``search.racing``)."""
     if config.suite is not None:
         evaluation = Suite(config, data, keep_models)
     else:
@@ -41,6 +43,7 @@ def evaluation_for(config: Config, data: TaskData | None, keep_models: int | Non
         schedule = schedule_from_config(config)
         evaluation = (Plain if schedule is None else Halving)(config, data, schedule)
         evaluation = Capped(evaluation) if caps.settings_of(config) else evaluation
+    evaluation = Tuned(evaluation, config.rate_grid) if config.rate_grid else evaluation
     return Racing(evaluation, config.elite_seeds, elite_places) if config.elite_seeds > 1 else evaluation
 
 
@@ -49,7 +52,8 @@ class Evaluation:
     ``check_resumed(store)``, ``datasets`` (the runner's, by task), ``start(runner, keep_models,
     baseline)`` (evaluate through ``runner`` from now on; the baseline gene's individual or None),
     ``fitness(keys, generation)`` (what to tell the strategy by key; keys unique, in asked order),
-    ``violations(told)`` (each key's excess over the caps; None: no caps), ``individual(member)`` (a
+    ``violations(told)`` (each key's excess over the caps; None: no caps), ``shown(key)`` (the key an
+    asked gene trains as), ``individual(member)`` (a
     population member as shown), ``finished(task, record)`` (every task the runner answers); ``config``,
     ``suite``, ``data``, ``schedule`` (or None); ``generation_lines`` (trackers get perplexity lines)."""
 
@@ -84,6 +88,10 @@ class Evaluation:
 
     def violations(self, told: dict) -> None:
         return None
+
+    def shown(self, key: str) -> str:
+        """The key a gene the strategy asked for is trained and shown as (``Tuned``: with its rate)."""
+        return key
 
     def finished(self, task: EvalTask, record: EvaluationRecord) -> None:
         pass

@@ -104,7 +104,8 @@ class Racing:
         out = {}
         for key, value in first.items():
             values = [value] + [extra[key, s] for s in self.seeds[1:]]
-            out[key] = {"gene": key, "generation": generation, "values": values, "told": lower_bound(values)}
+            out[key] = {"gene": self.inner.shown(key), "generation": generation, "values": values,
+                        "told": lower_bound(values)}
         return out
 
     def _write(self) -> None:

@@ -40,10 +40,10 @@ from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import STUDY, RunStore
-from evo_attention.train.config import MAX_SEED
 from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
 from evo_attention.train.spec import Trial
 from evo_attention.util import stats
+from evo_attention.train.config import MAX_SEED, MIN_RATES, parse_lr_grid  # noqa: F401  (the grids' home)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import dumps, to_jsonable
@@ -57,7 +57,6 @@ DEFAULT_MAX_SEEDS = 30
 ANALYSIS = stats.ANALYSIS
 DEFAULT_TUNING_SEEDS = 2  # seeds per rate of a learning-rate grid
 TUNING_OFFSET = 1000  # the tuning seeds are seed + TUNING_OFFSET + 1 ...: a block no verdict seed reaches
-MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
 # Seed blocks: the studies of several units (the validations of several searches) each draw their
 # seeds from a block of their own, so no seed serves two units. Block K is the seeds
 # SEED_BLOCK_BASE + K * SEED_BLOCK_SIZE + 1 ... + SEED_BLOCK_SIZE; its first half holds the verdict
@@ -110,29 +109,6 @@ def check_in_block(block: int, verdict: Iterable[int], tuning: Iterable[int] = (
             raise UserError(f"{what} seed {outside[0]} lies outside seed block {block}'s {what} seeds "
                             f"({low + 1}..{high}): give fewer seeds (at most {TUNING_OFFSET} per block, the planned "
                             "ones of seeds auto included)", setting=("seed_block", "n_seeds", "max_seeds"))
-
-
-def parse_lr_grid(value) -> tuple[float, ...]:
-    """A learning-rate grid: ``"5e-4,1e-3,2e-3"`` or a sequence of numbers -> the distinct rates in
-    increasing order; UserError (naming ``lr_grid``) for a rate that is not a positive finite number
-    or a grid of fewer than two rates."""
-    items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
-    rates = []
-    for item in items:
-        try:
-            rate = float(item) if not isinstance(item, bool) else math.nan
-        except (TypeError, ValueError):
-            rate = math.nan
-        if not math.isfinite(rate) or rate <= 0:
-            raise UserError(f"lr_grid {value!r}: {item!r} is not a learning rate: give positive numbers separated by "
-                            "commas, e.g. 5e-4,1e-3,2e-3,4e-3", setting="lr_grid")
-        rates.append(rate)
-    rates = sorted(set(rates))
-    if len(rates) < MIN_RATES:
-        raise UserError(f"lr_grid {value!r} holds {len(rates)} distinct rate{'s' if len(rates) != 1 else ''}: a grid "
-                        f"needs at least {MIN_RATES} (e.g. 5e-4,1e-3,2e-3,4e-3); for one rate set learning_rate",
-                        setting="lr_grid")
-    return tuple(rates)
 
 
 def tuning_seeds(base_seed: int, n: int, *, verdict_seeds: Iterable[int] = (),

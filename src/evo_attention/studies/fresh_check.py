@@ -53,7 +53,8 @@ def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAU
     setup = StudySetup.resolve(fitness.first, None if suite else fitness.datasets[str(config.data)], role=ROLE,
                                n_seeds=n_seeds, min_seeds=1, metric=fitness.metric, store=store, executor=executor,
                                search_seed=config.seed, quiet=quiet)
-    vanilla = config.resolved_baseline().key
+    # the baseline as the search trained it (with rate_grid: at its own best rate)
+    vanilla = (run.baseline or {}).get("gene") or config.resolved_baseline().key
     keys = list(dict.fromkeys([key for key, _ in ranked] + [vanilla]))
     records = fitness.train(setup, keys, setup.seeds, config.learning_rate, {vanilla: "vanilla"}, role=ROLE)
     fresh = {}

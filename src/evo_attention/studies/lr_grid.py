@@ -29,7 +29,6 @@ reads the rates from it; ``train_at_rates`` and ``versus_baseline`` make step 3.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -37,6 +36,7 @@ from typing import Mapping, Sequence
 from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.report.studies.common import metric_info
 from evo_attention.report.studies.lr_grid import grid_figure_name
+from evo_attention.search.tuning import select_rate as select
 from evo_attention.studies.common import Records, StudySetup, samples
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -123,18 +123,6 @@ def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, R
     return {"rates": rates, "tuning_seeds": seeds, "verdict_seeds": list(setup.seeds), "tuning_split": "valid",
             "metric": setup.metric, "metric_label": setup.metric_label, "lower_is_better": setup.lower_is_better,
             "rule": RULE, "genes": genes, "at_edge": [k for k, g in genes.items() if g["at_edge"]]}
-
-
-def select(curve: Sequence[Mapping], lower_is_better: bool = True) -> float:
-    """The selected rate of a curve: fewest failed tuning seeds, then the best mean, then the smaller rate."""
-    sign = 1.0 if lower_is_better else -1.0
-
-    def order(point: Mapping):
-        mean = point.get("mean")
-        known = mean is not None and math.isfinite(mean)
-        return point.get("n_failed") or 0, 0 if known else 1, sign * mean if known else 0.0, point["lr"]
-
-    return min(curve, key=order)["lr"]
 
 
 def selected_rates(grid: Mapping) -> dict[str, float]:

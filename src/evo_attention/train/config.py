@@ -115,6 +115,11 @@ class Config:
     elite_seeds: int = setting(1, group="search", flag="elite-seeds", parse="int", metavar="K",
                                help="measure a gene that would enter the elite (the climb's incumbent) on K seeds "
                                     "first and rank it by mean + standard error over them (default 1: one seed)")
+    # a rate per candidate (search/tuning.py): each gene at its best rate of this grid on a tuning seed
+    rate_grid: tuple | None = setting(None, group="search", flag="rate-grid", parse="str", metavar="R1,R2,...",
+                                      help="give every candidate (and the baseline) its own learning rate: the best "
+                                           "of these rates on a tuning seed (seed + 1001), then its search training "
+                                           "at that rate; costs one training per rate per candidate")
     # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
     # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
     # memory are measured, so a gene over their cap is marked infeasible after its training
@@ -476,6 +481,7 @@ def _check_search(c: Config) -> None:
                         "individual trains on the full budget anyway", setting=("halving_audit", "fidelity", "hurdle"))
     _check_suite_search(c)
     _check_racing(c)
+    _check_rate_grid(c)
 
 
 def _check_racing(c: Config) -> None:
@@ -494,6 +500,54 @@ def _check_racing(c: Config) -> None:
     if c.seed > MAX_SEED - 2000:
         raise UserError(f"seed {c.seed} leaves no room for the racing seeds (up to seed + 2000): give a smaller seed "
                         "or drop elite_seeds", setting=("seed", "elite_seeds"))
+
+
+def _check_rate_grid(c: Config) -> None:
+    if c.rate_grid is None:
+        return
+    c.rate_grid = parse_lr_grid(c.rate_grid, "rate_grid")
+    space = c.search_space if isinstance(c.search_space, dict) else {}
+    given = [n for n in ("learning_rate", "lr") if n in space]
+    caps = [n for n in CAP_FIELDS if getattr(c, n) is not None]
+    clash = (("objectives", len(c.objectives) > 1, "tunes by one objective"),
+             ("fidelity", c.fidelity != "full" or c.hurdle is not None, "tunes at the full budget"),
+             ("search_space", bool(given), f"chooses each gene's rate itself, which {''.join(given[:1])} in the "
+                                           "search space would set"),
+             (caps[0] if caps else "", bool(caps), "does not combine with caps"))
+    for name, clashes, why in clash:
+        if clashes:
+            raise UserError(f"rate_grid {why}: drop {name} or rate_grid", setting=("rate_grid", name))
+    if c.seed > MAX_SEED - 1001:
+        raise UserError(f"seed {c.seed} leaves no room for the tuning seed (seed + 1001): give a smaller seed",
+                        setting=("seed", "rate_grid"))
+
+
+
+MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
+
+
+def parse_lr_grid(value, setting: str = "lr_grid") -> tuple[float, ...]:
+    """A learning-rate grid: ``"5e-4,1e-3,2e-3"`` or a sequence of numbers -> the distinct rates in
+    increasing order; UserError naming ``setting`` for a rate that is not a positive finite number or
+    a grid of fewer than two rates."""
+    items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
+    rates = []
+    for item in items:
+        try:
+            rate = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not math.isfinite(rate) or rate <= 0:
+            raise UserError(f"{setting} {value!r}: {item!r} is not a learning rate: give positive numbers separated by "
+                            "commas, e.g. 5e-4,1e-3,2e-3,4e-3", setting=setting)
+        rates.append(rate)
+    rates = sorted(set(rates))
+    if len(rates) < MIN_RATES:
+        raise UserError(f"{setting} {value!r} holds {len(rates)} distinct rate{'s' if len(rates) != 1 else ''}: a grid "
+                        f"needs at least {MIN_RATES} (e.g. 5e-4,1e-3,2e-3,4e-3); for one rate set learning_rate",
+                        setting=setting)
+    return tuple(rates)
+
 
 
 # the constraints a search may set (search/constraints.py): Config field -> what it caps
