@@ -16,6 +16,11 @@ it holds trivially, and the row says so; its program form, which the climb start
     python benchmarks/climb_lm.py --smoke --data-dir ../shared/data/shakespeare --out /tmp/cl --json /tmp/cl.json
 
 Each search is one ``evo-attention search`` run in ``--out/seed-N`` (a repeat resumes or reuses it).
+
+How a candidate gets its learning rate, the two ways measured side by side (each in its own ``--out``):
+``--rate-grid R1,R2,R3`` (each candidate at its best rate on a tuning seed, ``search --rate-grid``) or
+``--rate-axis default,R1,R2`` (the rate a gene part the climb edits, starting at the preset's); neither: the preset's rate. The
+result keeps every search's trainings by role (what the way cost).
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ def main(argv=None) -> int:
     parser.add_argument("--validate-seeds", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--space", default=str(Path(__file__).with_name("climb_lm_space.yaml")))
+    rates = parser.add_mutually_exclusive_group()  # how a candidate gets its learning rate (default: the preset's)
+    rates.add_argument("--rate-grid", metavar="R1,R2,...", help="each candidate at its best of these rates on a "
+                                                                "tuning seed (search --rate-grid)")
+    rates.add_argument("--rate-axis", metavar="default,R1,...", help="the rate as a gene part the climb edits "
+                                                                     "(search_space lr: [...]; 'default', the "
+                                                                     "preset's rate, is where the climb starts)")
     parser.add_argument("--smoke", action="store_true", help="a 16-dim model, 6 steps, 1 seed, 2 x 2: it runs")
     parser.add_argument("--out", required=True, help="directory of the search runs")
     parser.add_argument("--json", required=True, help="the result file")
@@ -55,6 +66,15 @@ def main(argv=None) -> int:
     from evo_attention.genes import SearchSpace, in_program_form
     from evo_attention.train.environment import machine, versions
 
+    space_file, arm = Path(args.space), []
+    if args.rate_axis:  # the space with the rate as an axis, beside the runs
+        space = yaml.safe_load(space_file.read_text())
+        space["search_space"]["lr"] = [r if r == "default" else float(r) for r in args.rate_axis.split(",")]
+        space_file = Path(args.out) / "space.yaml"
+        space_file.parent.mkdir(parents=True, exist_ok=True)
+        space_file.write_text(yaml.safe_dump(space))
+    if args.rate_grid:
+        arm = ["--rate-grid", args.rate_grid]
     rows = {}
     for seed in range(1, args.seeds + 1):
         out = Path(args.out) / f"seed-{seed}"
@@ -62,14 +82,14 @@ def main(argv=None) -> int:
         search = ["search", "--preset", "fitness-lm", "--data-dir", args.data_dir, "--strategy", "climb",
                   "--start-from", "vanilla", "--population", str(args.population), "--generations",
                   str(args.generations), "--elite", "1", "--elite-seeds", str(args.elite_seeds), "--config",
-                  args.space, "--seed", str(seed), "--workers", str(args.workers), "--keep-models", "0", "--quiet",
+                  str(space_file), *arm, "--seed", str(seed), "--workers", str(args.workers), "--keep-models", "0", "--quiet",
                   "--out", str(out), *(SMOKE if args.smoke else [])]
         if not (out / "fresh_check.json").exists():
             run(search + (["--resume"] if (out / "run.db").exists() else []))
         final = json.loads((out / "final_results.json").read_text())
         winner, vanilla = final["best_gene"]["key"], final["baseline"]["gene"]
         check = json.loads((out / "fresh_check.json").read_text())
-        start = in_program_form(vanilla, SearchSpace.from_dict(yaml.safe_load(Path(args.space).read_text())["search_space"]))
+        start = in_program_form(vanilla, SearchSpace.from_dict(yaml.safe_load(space_file.read_text())["search_space"]))
         row = {"winner": winner, "is_vanilla": winner in (vanilla, start), "fresh_check": check["line"],
                "search_s": round(time.perf_counter() - started, 1)}
         if not row["is_vanilla"]:
@@ -86,13 +106,23 @@ def main(argv=None) -> int:
     held = sum(r["holds"] for r in rows.values())
     result = {"kind": "climb-lm", "preset": "fitness-lm", "population": args.population,
               "generations": args.generations, "elite_seeds": args.elite_seeds,
-              "validate_seeds": args.validate_seeds, "space": Path(args.space).read_text(), "smoke": args.smoke,
+              "validate_seeds": args.validate_seeds, "space": space_file.read_text(), "smoke": args.smoke,
+              "rates": {"grid": args.rate_grid, "axis": args.rate_axis},
+              "trainings": {seed: _trainings(Path(args.out) / f"seed-{seed}") for seed in rows},
               "searches": rows, "held": held, "of": len(rows), "machine": machine(), "versions": versions(),
               "command": "python benchmarks/climb_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{held} of {len(rows)} climbs ended no worse than the vanilla gene on fresh seeds; wrote {args.json}")
     return 0
+
+
+def _trainings(run: Path) -> dict:
+    """A search's trainings by role, from its store (what each way of choosing the rate cost)."""
+    import sqlite3
+
+    with sqlite3.connect(f"{(run / 'run.db').resolve().as_uri()}?mode=ro", uri=True) as db:
+        return dict(db.execute("SELECT role, count(*) FROM evaluations GROUP BY role").fetchall())
 
 
 if __name__ == "__main__":
