@@ -167,3 +167,15 @@ def test_a_vocabulary_of_zero_and_a_program_space_of_no_ops_are_refused(tmp_path
     assert main(["search", *SEARCH, "--config", str(config), "--out", str(tmp_path / "b")]) == 2
     assert "lists no program ops (ops: [])" in last_error(capsys)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_overwrite_never_deletes_results_beside_a_store_it_cannot_read(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["validate", "--genes", "dot|sparsemax|none|fixed", *TINY, "--seeds", "2", "--out", str(out)]) == 0
+    (out / "run.db").write_bytes(random.Random(1).randbytes(8192))
+    for side in ("run.db-wal", "run.db-shm"):
+        (out / side).unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(["search", *SEARCH, "--out", str(out), "--overwrite"]) == 2
+    assert "cannot be read beside validation.json" in last_error(capsys)
+    assert (out / "validation.json").is_file() and (out / "run.db").stat().st_size == 8192

@@ -165,6 +165,8 @@ class Search:
                 raise UserError(f"{self.out_dir} holds {found[0]}, the result of another command: a search writes "
                                 "into a directory of its own; choose another out", setting="out")
         replaced = overwrite and RunStore.exists(self.out_dir)
+        if replaced:
+            self._check_unreadable_beside_results()
         meta = {"strategy": {"name": self.config.strategy, "options": self.config.strategy_options},
                 "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
@@ -177,6 +179,19 @@ class Search:
         if replaced:
             self._delete_stale_results()
         return store
+
+    def _check_unreadable_beside_results(self) -> None:
+        """A store that cannot be read may be another command's (a validation's, say): overwrite deletes
+        it only where no other command's results lie beside it."""
+        try:
+            with RunStore.open(self.out_dir, readonly=True):
+                return
+        except UserError:
+            found = sorted(p.name for pattern in STUDY_RESULTS for p in self.out_dir.glob(pattern))
+            if found:
+                raise UserError(f"{self.out_dir} holds a run store that cannot be read beside {found[0]}, which may be "
+                                "its results: a search never deletes what it cannot tell is its own; restore the "
+                                "store, or choose another out", setting="out") from None
 
     def _delete_stale_results(self) -> None:
         """The results other commands built on the search just deleted (a validation, a fresh check,
