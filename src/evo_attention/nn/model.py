@@ -179,11 +179,6 @@ class TinyTransformer(nn.Module):
             raise UserError(f"ids must be token ids of shape [batch, time], not of shape {tuple(ids.shape)}: add a "
                             "batch dimension with ids.unsqueeze(0)")
         b, t = ids.shape
-        if ids.device.type == "cpu" and ids.numel():  # on an accelerator this check would cost a sync every step
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= self.spec.vocab_size:
-                raise ValueError(f"ids must be token ids in [0, {self.spec.vocab_size}) (the model's vocab_size), "
-                                 f"got ids from {low} to {high}")
         start = 0 if caches is None else caches[0].length
         if start + t > self.spec.max_seq_len:
             raise UserError(f"sequence of {start + t} tokens is longer than max_seq_len {self.spec.max_seq_len}")
@@ -204,13 +199,25 @@ class TinyTransformer(nn.Module):
     def decode(self, ids: torch.Tensor, caches: Sequence) -> torch.Tensor:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those in ``caches`` (which
         grow by T): equal to the last T rows of ``forward`` on the whole sequence."""
-        x, _ = self.hidden_states(ids, caches=caches)
+        x, _ = self.hidden_states(self._in_vocabulary(ids), caches=caches)
         return self.head(x)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> logits [B, T, vocab]."""
-        x, _ = self.hidden_states(ids)
+        x, _ = self.hidden_states(self._in_vocabulary(ids))
         return self.head(x)
+
+    def _in_vocabulary(self, ids):
+        """``ids``, or a ValueError for a token id outside the vocabulary: the public calls' front door
+        (the trainer's compiled ``hidden_states`` never reads a value back). On a CPU tensor only: on an
+        accelerator reading the range back would cost a sync per call."""
+        if isinstance(ids, torch.Tensor) and ids.device.type == "cpu" and ids.numel() and \
+                not ids.is_floating_point() and not torch.compiler.is_compiling():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.spec.vocab_size:
+                raise ValueError(f"ids must be token ids in [0, {self.spec.vocab_size}) (the model's vocab_size), "
+                                 f"got ids from {low} to {high}")
+        return ids
 
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:
