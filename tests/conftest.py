@@ -1,5 +1,6 @@
 """Shared fixtures: small configs, the path of the shared WikiText-2 corpus."""
 
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +38,23 @@ class CountingExecutor(LocalExecutor):
             yield task, record
             if self.stop_after is not None and len(self.trained) >= self.stop_after:
                 raise KeyboardInterrupt
+
+
+def assert_resume_is_uninterrupted(config, tmp_path, stop_after: int, trainings: int) -> None:
+    """The search of ``config`` stopped after ``stop_after`` trainings and resumed retrains only the
+    ``trainings - stop_after`` missing ones and ends as the uninterrupted run in ``tmp_path / "full"``."""
+    from evo_attention import Evolution
+
+    with Evolution(config, out_dir=tmp_path / "cut", executor=CountingExecutor(stop_after=stop_after)) as evo:
+        with pytest.raises(KeyboardInterrupt):
+            evo.run()
+    resumed = CountingExecutor()
+    with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
+        evo.run()
+    assert len(resumed.trained) == trainings - stop_after
+    full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
+    for key in ["best_gene", "best_perplexity", "history", "top_5"]:
+        assert full[key] == cut[key], key
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import CountingExecutor
+from tests.conftest import assert_resume_is_uninterrupted
 
 from evo_attention import Evolution, programs
 from evo_attention.cli import main
@@ -137,16 +137,7 @@ def test_a_seeded_climb_resumes_to_the_uninterrupted_result(tmp_path):
                     search_space={"program": {"max_nodes": 8}}, baseline=False, seed=7)
     with Evolution(config, out_dir=tmp_path / "full") as evo:
         evo.run()
-    with Evolution(config, out_dir=tmp_path / "cut", executor=CountingExecutor(stop_after=4)) as evo:
-        with pytest.raises(KeyboardInterrupt):
-            evo.run()
-    resumed = CountingExecutor()
-    with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
-        evo.run()
-    assert len(resumed.trained) == 9 - 4
-    full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
-    for key in ["best_gene", "best_perplexity", "history", "top_5"]:
-        assert full[key] == cut[key], key
+    assert_resume_is_uninterrupted(config, tmp_path, 4, 9)
 
 
 def test_a_search_ends_with_a_fresh_seed_check_unless_told_not_to(tmp_path, monkeypatch, capsys):

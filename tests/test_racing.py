@@ -1,14 +1,13 @@
 """Racing (elite_seeds): a gene that would enter the elite is measured on more seeds first and
 ranked by a lower bound over them; the climb moves only on gains that hold on paired seeds."""
 
-import json
 import math
 import statistics
 
 import pytest
 import yaml
 
-from tests.conftest import CountingExecutor
+from tests.conftest import assert_resume_is_uninterrupted
 
 from evo_attention import Evolution
 from evo_attention.cli import main
@@ -104,16 +103,7 @@ def test_a_racing_search_ranks_by_the_bound_reports_every_seed_and_resumes_to_th
     assert "mean + standard error over 3 seeds" in text and "Re-measured elites" in paths["report_html"].read_text()
 
     total = sum(1 for _ in RunStore.open(tmp_path / "full", readonly=True).evaluations())
-    with Evolution(config, out_dir=tmp_path / "cut", executor=CountingExecutor(stop_after=7)) as evo:
-        with pytest.raises(KeyboardInterrupt):
-            evo.run()
-    resumed = CountingExecutor()
-    with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
-        evo.run()
-    assert len(resumed.trained) == total - 7
-    full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
-    for key in ["best_gene", "best_perplexity", "history", "top_5"]:
-        assert full[key] == cut[key], key
+    assert_resume_is_uninterrupted(config, tmp_path, 7, total)
 
 
 def test_a_racing_suite_search_from_the_cli(tmp_path):

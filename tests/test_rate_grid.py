@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import CountingExecutor
+from tests.conftest import assert_resume_is_uninterrupted
 
 from evo_attention import Evolution
 from evo_attention.cli import main
@@ -70,16 +70,7 @@ def test_a_tuned_racing_climb_measures_every_gene_at_its_best_rate_and_resumes_t
     assert "each gene's own best of 0.001, 0.008 on the tuning seed" in (tmp_path / "full" / "report.md").read_text()
 
     total = len(rows)
-    with Evolution(config, out_dir=tmp_path / "cut", executor=CountingExecutor(stop_after=9)) as evo:
-        with pytest.raises(KeyboardInterrupt):
-            evo.run()
-    resumed = CountingExecutor()
-    with Evolution(config, out_dir=tmp_path / "cut", resume=True, executor=resumed) as evo:
-        evo.run()
-    assert len(resumed.trained) == total - 9
-    full, cut = (json.loads((tmp_path / d / "final_results.json").read_text()) for d in ("full", "cut"))
-    for key in ["best_gene", "best_perplexity", "history", "top_5"]:
-        assert full[key] == cut[key], key
+    assert_resume_is_uninterrupted(config, tmp_path, 9, total)
 
 
 def test_the_fresh_check_compares_with_the_baseline_at_its_tuned_rate(tmp_path, monkeypatch):
