@@ -15,6 +15,8 @@ solving searches with its exact (Clopper-Pearson) interval. With ``--elite-seeds
     python benchmarks/climb_mqar.py --out runs/climb-mqar --json docs/results/climb-mqar/climb-mqar.json
     python benchmarks/climb_mqar.py --population 4 --generations 6 --elite-seeds 2 --out runs/climb-mqar-race \
         --json docs/results/climb-mqar/climb-mqar-race.json
+    python benchmarks/climb_mqar.py --population 15 --generations 2 --out runs/climb-mqar-wide \
+        --json docs/results/climb-mqar/climb-mqar-wide.json      # a wide first generation
     python benchmarks/climb_mqar.py --smoke --out /tmp/climb --json /tmp/climb.json   # seconds: it runs
 
 Each search is one ``evo-attention search`` run in ``--out/seed-N`` (a repeat resumes or reuses it).
