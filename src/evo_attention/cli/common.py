@@ -22,7 +22,7 @@ def _count_or_word(what: str, word: str):
             count = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} {text!r} is not an integer (or '{word}')") from None
-        if count < 1:  # 0 would silently mean '{word}'
+        if count < 1:  # 0 would silently stand for the word
             raise argparse.ArgumentTypeError(f"{what} {text!r} must be a positive integer (or '{word}')")
         return count
     return parse
@@ -54,23 +54,25 @@ def _config_flags(groups) -> dict:
     return {f.metadata["flag"].replace("-", "_"): f.name for f in _flag_fields(groups)}
 
 
+# flag -> Config field, generated from the Config's declarations on first use (reading them imports
+# the training layer, which commands such as status never need)
 @functools.cache
-def _generated_flags() -> dict:
-    """flag -> Config field, generated from the Config's declarations (on first use: reading them
-    imports the training layer, which commands such as status never need): ``CONFIG_FLAGS``, the flags
-    every training command shares; ``FIDELITY_FLAGS``, the search's multi-fidelity flags (they change
-    results: stored); ``ZERO_IS_NONE``, the fields whose flag value 0 stands for None ("full"
-    vocabulary, "all" evaluation batches)."""
-    return {"CONFIG_FLAGS": _config_flags([group for _, groups in SECTIONS for group in groups]),
-            "FIDELITY_FLAGS": _config_flags(["fidelity"]),
-            "ZERO_IS_NONE": tuple(f.name for _, groups in SECTIONS for f in _flag_fields(groups)
-                                  if f.metadata["parse"] in ("vocab", "count_or_all"))}
+def config_flags() -> dict:
+    """The flags every training command shares."""
+    return _config_flags([group for _, groups in SECTIONS for group in groups])
 
 
-def __getattr__(name: str):
-    if name in ("CONFIG_FLAGS", "FIDELITY_FLAGS"):
-        return _generated_flags()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@functools.cache
+def fidelity_flags() -> dict:
+    """The search's multi-fidelity flags (they change results: stored)."""
+    return _config_flags(["fidelity"])
+
+
+@functools.cache
+def _zero_is_none() -> tuple:
+    """The fields whose flag value 0 stands for None ("full" vocabulary, "all" evaluation batches)."""
+    return tuple(f.name for _, groups in SECTIONS for f in _flag_fields(groups)
+                 if f.metadata["parse"] in ("vocab", "count_or_all"))
 
 
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
@@ -134,10 +136,10 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     from evo_attention.util.progress import log
 
     flags = {}
-    for flag, name in _generated_flags()["CONFIG_FLAGS"].items():
+    for flag, name in config_flags().items():
         value = getattr(args, flag, None)
         if value is not None:
-            flags[name] = None if (name in _generated_flags()["ZERO_IS_NONE"] and value == 0) else value
+            flags[name] = None if (name in _zero_is_none() and value == 0) else value
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \
@@ -347,8 +349,7 @@ ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_
 
 def flag_of(setting: str) -> str | None:
     """The command-line flag of a Config field or library argument, if it has one."""
-    fields = {name: "--" + flag.replace("_", "-") for flag, name in {**_generated_flags()["CONFIG_FLAGS"],
-                                                                      **_generated_flags()["FIDELITY_FLAGS"]}.items()}
+    fields = {name: "--" + flag.replace("_", "-") for flag, name in {**config_flags(), **fidelity_flags()}.items()}
     return fields.get(setting) or ARGUMENT_FLAGS.get(setting)
 
 

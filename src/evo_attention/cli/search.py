@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from evo_attention.cli.common import (EXIT_INTERRUPTED, FIDELITY_FLAGS, add_executor_flags, add_fidelity_flags,
-                                      add_training_flags, checked, executor_from_args, explicit_settings, flag_of,
+from evo_attention.cli.common import (EXIT_INTERRUPTED, add_executor_flags, add_fidelity_flags, add_training_flags,
+                                      checked, executor_from_args, explicit_settings, fidelity_flags, flag_of,
                                       install_sigterm_handler, number, suite_text, user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
@@ -27,7 +27,7 @@ def search_config(args):
     extra = {}
     if args.no_baseline:
         extra["baseline"] = False
-    extra.update({name: getattr(args, flag) for flag, name in FIDELITY_FLAGS.items()
+    extra.update({name: getattr(args, flag) for flag, name in fidelity_flags().items()
                   if getattr(args, flag, None) is not None})
     options = {name: value for name, value in (("dedupe", args.dedupe or None), ("seed_vanilla", args.seed_vanilla or None),
                                                ("mutation_schedule", args.mutation_schedule)) if value is not None}
