@@ -13,10 +13,11 @@ from evo_attention.report.studies.validation import validation_markdown
 from evo_attention.search.executors import Executor, LocalExecutor
 from evo_attention.studies import lr_grid
 from evo_attention.studies.ablation import ablate, write_ablation
-from evo_attention.studies.common import StudySetup, parse_lr_grid, study_store, tuning_seeds
+from evo_attention.studies.common import StudySetup, study_store, tuning_seeds
 from evo_attention.studies.compare import resolve_configs, run_compare
 from evo_attention.studies.transfer import transfer_genes, write_transfer
 from evo_attention.studies.validate import validate_genes, write_validation
+from evo_attention.train.config import parse_lr_grid
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.util.errors import UserError
 

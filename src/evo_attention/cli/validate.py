@@ -45,7 +45,7 @@ def _fraction(text: str) -> float:
 
 def lr_grid_flag(text: str) -> tuple[float, ...]:
     """'5e-4,1e-3,2e-3' -> (0.0005, 0.001, 0.002): the rates of --lr-grid."""
-    from evo_attention.studies.common import parse_lr_grid
+    from evo_attention.train.config import parse_lr_grid
 
     try:
         return parse_lr_grid(text)

@@ -41,13 +41,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from evo_attention.genes import (ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, RECIPE_FIELDS,
                                  AttentionGene, SearchSpace)
+from evo_attention.report.studies.common import schedule_text
 from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.racing import RACING_META
 from evo_attention.search.store import RunStore
-from evo_attention.search.tuning import TUNING_FROM
-from evo_attention.train.config import describe_schedule
+from evo_attention.train.config import TUNING_FROM
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
 from evo_attention.util.format import finite_or_none
@@ -879,10 +879,9 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
 def run_schedule_text(config: Mapping) -> str:
     """A run's learning-rate schedule in words (``train.config.describe_schedule`` of its config),
     and the recipe axes its search varies per gene (``lr=``, ``wu=``, ``wd=``), where it does."""
-    text = describe_schedule(config)
-    if config.get("rate_grid"):  # search.tuning: the configured rate is replaced by each gene's own
-        text = (f"lr each gene's own best of {', '.join(f'{r:g}' for r in config['rate_grid'])} on the tuning seed "
-                f"{int(config.get('seed') or 0) + TUNING_FROM}, " + text.partition(", ")[2])
+    # with rate_grid (search.tuning) the configured rate is replaced by each gene's own
+    text = schedule_text(config, grid=config.get("rate_grid") or (),
+                         chosen_on=f"on the tuning seed {int(config.get('seed') or 0) + TUNING_FROM}")
     try:
         space = SearchSpace.from_dict(config.get("search_space") or {})
     except ValueError:  # a plugin's option that is not loaded here: the schedule alone

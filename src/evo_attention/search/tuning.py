@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene, recipe_of, with_recipe
+from evo_attention.train.config import TUNING_FROM
 
 if TYPE_CHECKING:
     from evo_attention.search.base import Individual
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 TUNE_ROLE = "tune"
 RATE_META = "rate_grid"
-TUNING_FROM = 1001  # = studies.common.TUNING_OFFSET + 1: the run seed's first tuning seed (tested)
 RULE = "each gene at every rate on the tuning seed; its rate: no failure, then the best value, then the smaller rate"
 
 

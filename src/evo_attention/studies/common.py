@@ -23,7 +23,6 @@ reaches; the study then measures each gene at its selected rate on its usual see
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import statistics
 from collections import Counter
@@ -40,10 +39,10 @@ from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import STUDY, RunStore
+from evo_attention.train.config import MAX_SEED, parse_lr_grid
 from evo_attention.train.record import EvaluationRecord, objective_value, usable_metric
 from evo_attention.train.spec import Trial
 from evo_attention.util import stats
-from evo_attention.train.config import MAX_SEED, MIN_RATES, parse_lr_grid  # noqa: F401  (the grids' home)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
 from evo_attention.util.jsonio import dumps, to_jsonable

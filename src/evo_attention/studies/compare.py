@@ -42,9 +42,9 @@ from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, CO
 from evo_attention.search.executors import Executor, executor_for
 from evo_attention.search.store import RunStore
 from evo_attention.studies import lr_grid as grids
-from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, parse_lr_grid,
-                                          study_store, tuning_seeds, validation_seeds)
-from evo_attention.train.config import Config
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_store, tuning_seeds,
+                                          validation_seeds)
+from evo_attention.train.config import Config, parse_lr_grid
 from evo_attention.train.presets import overlay
 from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError

@@ -25,6 +25,9 @@ from evo_attention.util.errors import UserError
 FIDELITIES = ("full", "halving")
 GENOMES = ("shared", "per_layer")
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; validation seeds count up from the seed
+# the first tuning seed of a run seed's block (studies.common: seed + TUNING_OFFSET + 1 ...), on which
+# rate_grid chooses each gene's rate (search.tuning)
+TUNING_FROM = 1001
 MAX_STEPS = 10**9  # training steps of one model: beyond, a run could not end (docs/reliability.md)
 SPECS = {"model": ModelSpec, "train": TrainSpec}  # group -> the spec whose fields are the Config's of that group
 
@@ -118,8 +121,8 @@ class Config:
     # a rate per candidate (search/tuning.py): each gene at its best rate of this grid on a tuning seed
     rate_grid: tuple | None = setting(None, group="search", flag="rate-grid", parse="str", metavar="R1,R2,...",
                                       help="give every candidate (and the baseline) its own learning rate: the best "
-                                           "of these rates on a tuning seed (seed + 1001), then its search training "
-                                           "at that rate; costs one training per rate per candidate")
+                                           f"of these rates on a tuning seed (seed + {TUNING_FROM}), then its search "
+                                           "training at that rate; costs one training per rate per candidate")
     # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
     # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
     # memory are measured, so a gene over their cap is marked infeasible after its training
@@ -517,10 +520,9 @@ def _check_rate_grid(c: Config) -> None:
     for name, clashes, why in clash:
         if clashes:
             raise UserError(f"rate_grid {why}: drop {name} or rate_grid", setting=("rate_grid", name))
-    if c.seed > MAX_SEED - 1001:
-        raise UserError(f"seed {c.seed} leaves no room for the tuning seed (seed + 1001): give a smaller seed",
+    if c.seed > MAX_SEED - TUNING_FROM:
+        raise UserError(f"seed {c.seed} leaves no room for the tuning seed (seed + {TUNING_FROM}): give a smaller seed",
                         setting=("seed", "rate_grid"))
-
 
 
 MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
@@ -547,7 +549,6 @@ def parse_lr_grid(value, setting: str = "lr_grid") -> tuple[float, ...]:
                         f"needs at least {MIN_RATES} (e.g. 5e-4,1e-3,2e-3,4e-3); for one rate set learning_rate",
                         setting=setting)
     return tuple(rates)
-
 
 
 # the constraints a search may set (search/constraints.py): Config field -> what it caps

@@ -23,16 +23,18 @@ METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "
 
 
 def schedule_text(config: Mapping | None, steps: int | None = None, *, grid: Sequence[float] = (),
-                  genes: Iterable[str] = ()) -> str:
+                  genes: Iterable[str] = (), chosen_on: str = "") -> str:
     """The learning-rate schedule a study's trainings ran, in words: ``train.config.describe_schedule``
     of its stored config over ``steps`` (default its ``train_steps``). With a learning-rate ``grid``
-    the rate is each gene's own of it; when one of ``genes`` sets its own recipe parts (lr=, wu=,
-    wd=), the sentence says that they replace the run's for that gene."""
+    the rate is each gene's own of it (chosen where ``chosen_on`` says, if given); when one of ``genes``
+    sets its own recipe parts (lr=, wu=, wd=), the sentence says that they replace the run's for that
+    gene."""
     from evo_attention.train.config import describe_schedule  # imports torch: only where a schedule is told
 
     text = describe_schedule(config or {}, steps)
     if grid:
-        text = f"lr each gene's own best of {', '.join(f'{r:g}' for r in grid)}, " + text.partition(", ")[2]
+        text = (f"lr each gene's own best of {', '.join(f'{r:g}' for r in grid)}{chosen_on and ' ' + chosen_on}, "
+                + text.partition(", ")[2])
     if any(recipe_of(key) for key in genes if _parses(key)):
         text += "; a gene's own recipe parts (lr=, wu=, wd= in its key) replace these for that gene"
     return text
