@@ -160,7 +160,7 @@ class Search:
                                 f"it to plugins to resume", setting="plugins")
             return store
         if not RunStore.exists(self.out_dir) and self.out_dir.is_dir():
-            found = sorted(p.name for pattern in STUDY_RESULTS for p in self.out_dir.glob(pattern))
+            found = self._other_results()
             if found:  # another command's results (a study run --from-run elsewhere): never mixed into a run
                 raise UserError(f"{self.out_dir} holds {found[0]}, the result of another command: a search writes "
                                 "into a directory of its own; choose another out", setting="out")
@@ -180,6 +180,10 @@ class Search:
             self._delete_stale_results()
         return store
 
+    def _other_results(self) -> list[str]:
+        """The result files of other commands (``STUDY_RESULTS``) in the run directory, by name."""
+        return sorted(p.name for pattern in STUDY_RESULTS for p in self.out_dir.glob(pattern))
+
     def _check_unreadable_beside_results(self) -> None:
         """A store that cannot be read may be another command's (a validation's, say): overwrite deletes
         it only where no other command's results lie beside it."""
@@ -187,7 +191,7 @@ class Search:
             with RunStore.open(self.out_dir, readonly=True):
                 return
         except UserError:
-            found = sorted(p.name for pattern in STUDY_RESULTS for p in self.out_dir.glob(pattern))
+            found = self._other_results()
             if found:
                 raise UserError(f"{self.out_dir} holds a run store that cannot be read beside {found[0]}, which may be "
                                 "its results: a search never deletes what it cannot tell is its own; restore the "
