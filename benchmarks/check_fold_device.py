@@ -9,10 +9,13 @@ script is how the claim is checked where the tests cannot run (a GPU). ``--dropo
 computes every mask on the device (``dropout_stream: counter``). ``--against-cpu`` also trains each
 trial alone on the CPU and writes the device's difference from it (``cpu_val_loss_rel``,
 ``cpu_curve_rel``): the same trial gets the same masks on both (drawn on the CPU, or the counter
-stream's same bits), so what differs is the devices' rounding.
+stream's same bits), so what differs is the devices' rounding. ``--mixed`` adds one batch of
+different genes (four classic genes and two programs, one gene twice: ``nn.fold.Split``), each
+against its training alone.
 
     python benchmarks/check_fold_device.py --device cuda --out docs/results/gpu/fold-h100.json
     python benchmarks/check_fold_device.py --device cuda --dropout-stream counter --against-cpu --out fold.json
+    python benchmarks/check_fold_device.py --device cuda --mixed --out fold-mixed.json
     python benchmarks/check_fold_device.py --device cpu --steps 8 --out /tmp/fold-cpu.json
 """
 
@@ -33,6 +36,14 @@ from evo_attention.train.trainer import SAME_RESULT_RTOL, run_batched, run_train
 
 GENES = ("dot|softmax|none|fixed|bias|0.10", "dot|softmax|output_gate|learned", "cosine|sigmoid|none|adaptive",
          "dot|softmax|none|fixed|abias=rel|win=4")
+# one batch of different attentions around the same model (no learned position table)
+MIXED = ("multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3",
+         "additive|relu_norm|output_gate|adaptive|bias|0.10|pos=rope:ntk:4|win=3",
+         "cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel",
+         "dot|entmax15|none|learned|bias|0.10|pos=none|rank=4|kvh=2|dconv=2",
+         "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),lfeat(k)))),scale(v))))|pos=rope|kvh=2",
+         "prog=g.highway(o(add(decay(v),mix(w.none(sdecay(s.additive(q,k))),bias(shift(v))))))|nobias|0.00|pos=alibi",
+         "multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3")
 SMALL = dict(data="recall", vocab_size=32, max_seq_len=32, recall={"num_pairs": 4, "train_examples": 2000,
                                                                    "eval_examples": 200},
              d_model=32, n_heads=4, n_layers=2, dropout=0.1, batch_size=16, eval_batch_size=100, eval_steps=None,
@@ -55,19 +66,23 @@ def main(argv=None) -> int:
     p.add_argument("--models", type=int, default=3)
     p.add_argument("--dropout-stream", default="cpu", choices=["cpu", "counter"])
     p.add_argument("--against-cpu", action="store_true", help="also train each trial alone on the CPU")
+    p.add_argument("--mixed", action="store_true", help="also one batch of different genes (MIXED)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     config = Config(**SMALL, train_steps=args.steps, precision=args.precision, device=args.device,
                     dropout_stream=args.dropout_stream)
     data = data_from_config(config)
     rows, start = [], time.perf_counter()
-    for gene in GENES:
-        trials = [Trial.from_config(gene, config.replace(seed=s, learning_rate=2e-3 * (1 + s)), data=data)
-                  for s in range(args.models)]
+    batches = [[Trial.from_config(gene, config.replace(seed=s, learning_rate=2e-3 * (1 + s)), data=data)
+                for s in range(args.models)] for gene in GENES]
+    if args.mixed:
+        batches.append([Trial.from_config(gene, config.replace(seed=s, learning_rate=2e-3 * (1 + s % 3)), data=data)
+                        for s, gene in enumerate(MIXED)])
+    for trials in batches:
         batched = run_batched(trials, data)
         alone = [run_training(t, data) for t in trials]
         for b, a in zip(batched, alone):
-            rows.append({"gene": gene, "seed": a.record.seed, **gaps(b.record, a.record)})
+            rows.append({"gene": a.record.gene, "seed": a.record.seed, **gaps(b.record, a.record)})
         if args.against_cpu:
             for row, t, a in zip(rows[-len(trials):], trials, alone):
                 cpu = run_training(t.replace(train=t.train.replace(device="cpu")), data).record

@@ -3,7 +3,8 @@
 #   bits   the counter dropout stream's masks, the same bits on the CPU and the device
 #          (tests/test_dropout_counter.py; its CUDA test runs only where a device is);
 #   fold   the same trial on the device and on the CPU, alone and folded, both dropout streams, fp32
-#          (benchmarks/check_fold_device.py --against-cpu: what differs is the devices' rounding);
+#          (benchmarks/check_fold_device.py --against-cpu --mixed: what differs is the devices' rounding;
+#          --mixed adds one batch of different genes);
 #   bench  throughput with every mask computed on the device, and the K that batch_models auto picks
 #          there (benchmarks/bench_gpu.py --dropout-stream counter --auto);
 #   procs  PROCS processes (default 16) training one seed-config model each on the device at once,
@@ -101,7 +102,7 @@ want bits && part "counter bits, CPU and CUDA" bash -c "'$PY' -m pytest -q -p no
   > '$OUT/$NAME-counter-bits.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-counter-bits.log'; exit \$status"
 if want fold; then
   for stream in counter cpu; do
-    part "fold and CPU, $stream stream" "$PY" benchmarks/check_fold_device.py --device "$DEVICE" --precision fp32 \
+    part "fold and CPU, $stream stream" "$PY" benchmarks/check_fold_device.py --mixed --device "$DEVICE" --precision fp32 \
       --dropout-stream "$stream" --against-cpu --out "$OUT/fold-$NAME-${stream/cpu/cpu-stream}.json"
   done
 fi

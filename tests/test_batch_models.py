@@ -123,8 +123,11 @@ def test_what_a_batch_cannot_give_trains_alone(setup, batches, tmp_path, unfolda
                    {"keep_model": str(tmp_path / "m")}, {"audit": True}):
         assert [len(g) for g in plan_batches(tasks_of(config, data, **fields), 4)] == [1, 1, 1, 1]
     mixed = tasks_of(config, data, n=3) + tasks_of(config.replace(d_model=32), data, n=2)
-    mixed.insert(1, tasks_of(config, data, gene="dot|sigmoid|none|fixed", n=1)[0])
-    assert [[t.seed for t in g] for g in plan_batches(mixed, 4)] == [[0, 1, 2], [0], [0, 1]]
+    mixed.insert(1, tasks_of(config, data, gene="dot|sigmoid|none|fixed", n=1)[0])  # another attention: it joins
+    mixed.insert(2, tasks_of(config, data, gene="dot|softmax|none|fixed|pos=rope", n=1)[0])  # no position table
+    plan = plan_batches(mixed, 4)
+    assert [[t.seed for t in g] for g in plan] == [[0, 0, 1, 2], [0], [0, 1]]
+    assert plan[0][1].trial.gene.normalization == "sigmoid" and plan[1][0].trial.gene.position == "rope"
     assert [len(g) for g in plan_batches(tasks_of(config, data, n=5), 4)] == [3, 2]  # even sizes
     assert [len(g) for g in plan_batches(tasks_of(config, data, n=4), 4, workers=2)] == [2, 2]  # no idle worker
 

@@ -132,6 +132,70 @@ def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup, stream):
     assert_same_result(batch[1:], alone[1:], engine.SAME_RESULT_RTOL["fp32"], size=3)
 
 
+# genes of one frame (no learned position table) whose attentions differ: four classic genes and two
+# programs, the first gene twice (a group of two, not side by side in the batch)
+DIFFERENT = ["multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3",
+             "additive|relu_norm|output_gate|adaptive|bias|0.10|pos=rope:ntk:4|win=3",
+             "cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel",
+             "dot|entmax15|none|learned|bias|0.10|pos=none|rank=4|kvh=2|dconv=2",
+             "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),lfeat(k)))),scale(v))))|pos=rope|kvh=2",
+             "prog=g.highway(o(add(decay(v),mix(w.none(sdecay(s.additive(q,k))),bias(shift(v))))))|nobias|0.00|pos=alibi",
+             "multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3"]
+
+
+@pytest.mark.parametrize("stream", ["cpu", "counter"])
+def test_different_genes_fold_and_each_gives_what_it_gives_alone(setup, stream):
+    """One batch of different attentions (nn.fold.Split): each trial its own record (FLOPs and
+    parameters its own), within the engine's bound of its training alone."""
+    config, data = setup
+    config = config.replace(train_steps=12, log_every=4, dropout_stream=stream)
+    trials = [Trial.from_config(g, config.replace(seed=i, learning_rate=RATES[i % 3][1]), data=data)
+              for i, g in enumerate(DIFFERENT)]
+    assert engine.shape_difference(trials) is None
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    assert_same_result(batch, alone, engine.SAME_RESULT_RTOL["fp32"])
+    assert len({r.record.flops_per_step for r in batch}) >= 5 and len({r.record.params for r in batch}) >= 5
+
+
+def test_a_diverging_model_leaves_its_group_and_the_others_go_on(setup):
+    config, data = setup
+    a, b, c = ("dot|relu_norm|none|fixed|pos=rope", "cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel",
+               "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),sgate(v)))|pos=rope")
+    bad = dict(learning_rate=1e6, grad_clip=1e9)
+    trials = [Trial.from_config(a, config.replace(seed=0, **bad), data=data),  # its group goes on with seed 2
+              Trial.from_config(b, config.replace(seed=1), data=data),
+              Trial.from_config(a, config.replace(seed=2, learning_rate=1e-3), data=data),
+              Trial.from_config(c, config.replace(seed=3), data=data)]
+    trials.append(Trial.from_config(b.replace("pos=alibi", "pos=rope"), config.replace(seed=4, **bad), data=data))  # a group of one
+    batch = run_batched(trials, data)
+    alone = [run_training(t, data) for t in trials]
+    for i in (0, 4):
+        assert batch[i].record.status == alone[i].record.status == "diverged"
+        assert batch[i].record.trained_steps == alone[i].record.trained_steps < config.train_steps
+    assert_same_result(batch[1:4], alone[1:4], engine.SAME_RESULT_RTOL["fp32"], size=5)
+
+
+def test_a_state_from_a_batch_of_different_genes_continues_alone(setup):
+    """Each model's moments come from its own slices (a group's parameters hold only its models')."""
+    config, data = setup
+    genes = ["cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel", "dot|relu_norm|none|fixed|pos=rope",
+             "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),sgate(v)))|pos=rope"]
+    full = [Trial.from_config(g, config.replace(seed=s, lr_schedule="cosine", warmup_steps=5), data=data)
+            for s, g in enumerate(genes)]
+    partial = [t.replace(steps=3, budget=30) for t in full]
+    for result, alone, trial in zip(run_batched(partial, data, keep_state=True),
+                                    [run_training(t, data, keep_state=True) for t in partial], full):
+        mine, theirs = (state_from_bytes(r.state, torch.device("cpu"))["optimizer"]["state"] for r in (result, alone))
+        assert len(mine) == len(theirs)
+        for i, moments in theirs.items():
+            for name in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(mine[i][name], moments[name], rtol=1e-4, atol=1e-9)
+        resumed = run_training(trial, data, state=result.state).record
+        straight = run_training(trial, data).record
+        assert abs(resumed.val_loss - straight.val_loss) <= engine.SAME_RESULT_RTOL["fp32"] * straight.val_loss
+
+
 def test_a_batched_state_continues_alone_exactly(setup):
     """keep_state gives the single trainer's state: a partial training (budget) batched, continued alone."""
     config, data = setup
@@ -157,8 +221,8 @@ def test_trials_that_differ_in_shape_are_refused_naming_the_field(setup):
     assert info.value.setting == "d_model"
     with pytest.raises(UserError, match="batch_size"):
         run_batched([trials[0], trials[1].replace(train=trials[1].train.replace(batch_size=8))], data)
-    with pytest.raises(UserError, match="genome"):
-        run_batched([trials[0], Trial.from_config("dot|sigmoid|none|fixed", config, data=data)], data)
+    with pytest.raises(UserError, match="genome .*no learned position table"):  # the model around the attention differs
+        run_batched([trials[0], Trial.from_config("dot|sigmoid|none|fixed|pos=rope", config, data=data)], data)
     with pytest.raises(UserError, match="steps"):
         run_batched([trials[0], trials[1].replace(steps=10)], data)
     # what may differ: seed, rate, decay, warm-up, schedule, clipping

@@ -35,7 +35,8 @@ import torch
 import torch.nn as nn
 
 from evo_attention import programs
-from evo_attention.genes import KERNEL_NORMALIZATIONS, AttentionGene, canonical_program, program_grammar, size_problem
+from evo_attention.genes import (KERNEL_NORMALIZATIONS, AttentionGene, canonical_program, mechanism_of, program_grammar,
+                                 size_problem)
 from evo_attention.nn import components, positions
 from evo_attention.nn.program import CausalConv, InputCache, KernelState, KVCache, ProgramCore
 from evo_attention.util.errors import UserError, check_argument
@@ -166,6 +167,12 @@ class EvolvedAttention(nn.Module):
         bound = {f"s.{gene.similarity}": "similarity", f"t.{gene.temperature_mode}": "temperature",
                  f"g.{gene.gating}": "gating", f"gi.{gene.gating}": "gating", f"kmix.{gene.normalization}": "kernel"}
         return canonical_program(text), bound
+
+    @property
+    def fold_key(self) -> str:
+        """What folding tells attentions apart by (``nn.fold``): the mechanism of the gene (its recipe
+        parts change no computation)."""
+        return mechanism_of(self.gene).key
 
     @property
     def can_fuse(self) -> bool:

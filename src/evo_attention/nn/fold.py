@@ -24,6 +24,15 @@ Anything else (a part with weights and no ``fold``, or buffers that differ betwe
 refused with ``Unfoldable`` naming the part and why; the trainer then trains those trials one by
 one. Contract of a folded form: given [K * B, ...] rows it computes for rows of model k exactly what
 model k's part computes (the tests hold every registered component to it).
+
+Models that differ in a part (another gene's attention) fold too: where the copies of a part differ
+(``fold_key``, a part's declaration of what it computes, e.g. the attention's gene; else its type
+and its own weights' shapes) the part becomes a ``Split``: the models in groups of equal parts, each
+group's part folded among its own models by these rules and run on their rows only. Every other
+part must be the same in all models (the same parameters and shapes), or the fold is refused. A
+group's stacked parameters hold only its models' slices: ``Fold.owners`` says whose, and the
+optimizer, the clipping and the dropout masks (``Rows.members``: the models whose rows a part is
+computing) follow it.
 """
 
 from __future__ import annotations
@@ -46,10 +55,13 @@ class Unfoldable(Exception):
 
 class Rows:
     """The batch rows per model of the current step (set by the trainer before each forward pass):
-    what the folded parts that never see an activation (position tables, biases) broadcast to."""
+    what the folded parts that never see an activation (position tables, biases) broadcast to; and
+    inside a ``Split``'s group, ``members``: the models (positions in the fold) whose rows run (None:
+    every model's)."""
 
     def __init__(self):
         self.batch = 1
+        self.members: list[int] | None = None
 
 
 def per_model(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -187,6 +199,118 @@ def _folder(module: nn.Module, path: str):
     return None
 
 
+def fold_key(module: nn.Module):
+    """What ``module`` computes, as far as folding tells parts apart: its ``fold_key`` where it
+    declares one (the attention: its gene), else its type and its own weights' and buffers' shapes."""
+    key = getattr(module, "fold_key", None)
+    if key is not None:
+        return key
+    own = tuple((n, tuple(p.shape)) for n, p in module.named_parameters(recurse=False) if p is not None)
+    buffers = tuple((n, tuple(b.shape)) for n, b in module.named_buffers(recurse=False) if b is not None)
+    return type(module).__name__, own, buffers
+
+
+class Split(nn.Module):
+    """A part that differs between the folded models: one folded part per group of models with equal
+    parts (``members``: their positions, ascending), each run on its own models' rows only."""
+
+    def __init__(self, groups: Sequence[tuple[list[int], nn.Module]], rows: Rows):
+        super().__init__()
+        self.parts = nn.ModuleList(part for _, part in groups)
+        self.members = [list(members) for members, _ in groups]
+        self.rows = rows
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        k = sum(len(m) for m in self.members)
+        per = per_model(x, k)
+        outs, order = [], []
+        for members, part in zip(self.members, self.parts):
+            first = members[0]
+            if members == list(range(first, first + len(members))):
+                rows = per[first:first + len(members)]
+            else:
+                rows = per.index_select(0, torch.tensor(members, device=x.device))
+            self.rows.members = members  # the dropout masks of these models' rows
+            try:
+                y = part(rows.flatten(0, 1), *args, **kwargs)
+            finally:
+                self.rows.members = None
+            if not isinstance(y, torch.Tensor):
+                raise TypeError("a part that differs between folded models gives one tensor: attention weights "
+                                "are read from one model at a time")
+            outs.append(per_model(y, len(members)))
+            order += members
+        out = torch.cat(outs) if len(outs) > 1 else outs[0]
+        if order != sorted(order):  # back into the models' order
+            out = out.index_select(0, torch.tensor(sorted(range(k), key=order.__getitem__), device=x.device))
+        return out.flatten(0, 1)
+
+    def keep_models(self, index: list[int], device) -> None:
+        groups = []
+        for members, part in zip(self.members, self.parts):
+            local = [j for j, m in enumerate(members) if m in index]
+            if local:
+                _keep_parts(part, local, device)
+                groups.append(([index.index(members[j]) for j in local], part))
+        self.parts = nn.ModuleList(part for _, part in groups)
+        self.members = [members for members, _ in groups]
+
+
+def _keep_parts(module: nn.Module, index: list[int], device) -> None:
+    """The folded parts' own ``keep_models`` (stacked buffers), outside and inside splits."""
+    if isinstance(module, Split):
+        module.keep_models(index, device)
+        return
+    if callable(getattr(module, "keep_models", None)):
+        module.keep_models(torch.tensor(index, dtype=torch.long, device=device))
+    for child in module.children():
+        _keep_parts(child, index, device)
+
+
+class Fold:
+    """K models folded into ``model``. ``stacked``: its parameters by name, [K, ...], or for a
+    group's part [K_g, ...] holding the slices of ``owners[name]`` (positions, ascending); ``slots``:
+    for each model, its own parameter names -> stacked names."""
+
+    def __init__(self, model: nn.Module, stacked: dict[str, nn.Parameter], owners: dict[str, list[int]],
+                 slots: list[dict[str, str]]):
+        self.model, self.stacked, self.owners, self.slots = model, stacked, owners, slots
+
+    def slice_of(self, k: int, name: str) -> tuple[str, int]:
+        """Where model k's parameter ``name`` lives: (stacked name, slice)."""
+        key = self.slots[k][name]
+        owners = self.owners.get(key)
+        return key, k if owners is None else owners.index(k)
+
+    def bind(self, models: Sequence[nn.Module]) -> None:
+        """Every parameter of model k becomes a view of its slice."""
+        for k, m in enumerate(models):
+            for name, p in m.named_parameters():
+                key, j = self.slice_of(k, name)
+                p.data = self.stacked[key].data[j]
+
+    def keep(self, index: list[int]) -> dict[str, torch.Tensor]:
+        """Only the models at ``index`` (positions, ascending) stay. Returns each remaining stacked
+        parameter's kept slices (the optimizer keeps the same moments); a group's parameters whose
+        models all left are gone."""
+        device = next(iter(self.stacked.values())).device
+        kept = {}
+        for name, p in list(self.stacked.items()):
+            owners = self.owners.get(name)
+            local = index if owners is None else [j for j, m in enumerate(owners) if m in index]
+            if not local:
+                del self.stacked[name], self.owners[name]
+                continue
+            if owners is not None:
+                self.owners[name] = [index.index(owners[j]) for j in local]
+            kept[name] = torch.tensor(local, dtype=torch.long, device=device)
+            p.grad = None
+            p.data = p.data.index_select(0, kept[name])
+        self.slots = [self.slots[i] for i in index]
+        _keep_parts(self.model, index, device)
+        return kept
+
+
 def fold_problem(model: nn.Module) -> Unfoldable | None:
     """Why ``model`` cannot be folded (its first part without a folded form), or None. Folds it
     alone: its parameters become views of their stacked copies, so give it a model to spare."""
@@ -197,22 +321,63 @@ def fold_problem(model: nn.Module) -> Unfoldable | None:
     return None
 
 
-def fold_models(models: Sequence[nn.Module], rows: Rows) -> tuple[nn.Module, dict[str, nn.Parameter]]:
-    """One model running all of ``models`` (same genome and shape) on a [K * B, ...] batch, and its
-    stacked parameters by the models' parameter names (tied parameters share one). Afterwards every
-    parameter of model k is a view of slice k of its stacked parameter. Raises ``Unfoldable``."""
-    named = [dict(m.named_parameters()) for m in models]
-    stacked = {name: nn.Parameter(torch.stack([n[name].detach() for n in named])) for name in named[0]}
-    # a tied parameter (the head's weight is the token table) folds to the same stacked tensor
-    first = {id(p): name for name, p in named[0].items()}
-    aliases = {name: first[id(p)] for name, p in models[0].named_parameters(remove_duplicate=False)}
-    by_path = {name: stacked[source] for name, source in aliases.items()}
+def _inside(name: str, paths) -> str | None:
+    return next((p for p in paths if name.startswith(p + ".")), None)
+
+
+def fold_models(models: Sequence[nn.Module], rows: Rows) -> Fold:
+    """One model running all of ``models`` (the same shape; parts may differ where their
+    ``fold_key`` says so) on a [K * B, ...] batch. Afterwards every parameter of model k is a view of
+    its slice of the fold's stacked parameters (tied parameters share one). Raises ``Unfoldable``."""
     copies = [dict(m.named_modules()) for m in models]
     skeleton = copy.deepcopy(models[0])
+    splits: list[str] = []  # the outermost parts that differ between the models
+    for path, _ in skeleton.named_modules():
+        if _inside(path, splits):
+            continue
+        absent = next((k for k, c in enumerate(copies) if path not in c), None)
+        if absent is not None:
+            raise Unfoldable(f"model {absent} has no {path} (folded models differ only in parts that declare it)", path)
+        keys = [fold_key(c[path]) for c in copies]
+        if any(key != keys[0] for key in keys[1:]):
+            if not path:
+                raise Unfoldable("the models differ as a whole")
+            splits.append(path)
+    named = [dict(m.named_parameters()) for m in models]
+    shared = [name for name in named[0] if not _inside(name, splits)]
+    for k, n in enumerate(named[1:], 1):
+        theirs = [name for name in n if not _inside(name, splits)]
+        if theirs != shared or any(n[name].shape != named[0][name].shape for name in shared):
+            raise Unfoldable(f"model {k} has other parameters than model 0 outside the parts that differ "
+                             f"({', '.join(splits) or 'none'})")
+    stacked = {name: nn.Parameter(torch.stack([n[name].detach() for n in named])) for name in shared}
+    owners: dict[str, list[int]] = {}
+    # a tied parameter (the head's weight is the token table) folds to the same stacked tensor
+    first = {id(p): name for name, p in named[0].items()}
+    aliases = {name: first[id(p)] for name, p in models[0].named_parameters(remove_duplicate=False)
+               if not _inside(name, splits)}
+    by_path = {name: stacked[source] for name, source in aliases.items()}
+    slots = [{name: aliases.get(name, name) for name in shared} for _ in models]
     used: set[str] = set()
     replacements = []
+    for path in splits:
+        groups: dict = {}
+        for k, c in enumerate(copies):
+            groups.setdefault(fold_key(c[path]), []).append(k)
+        parts = []
+        for g, members in enumerate(groups.values()):
+            inner = fold_models([copies[k][path] for k in members], rows)
+            prefix = f"{path}.parts.{g}."
+            for name, p in inner.stacked.items():
+                stacked[prefix + name] = p
+                inner_owners = inner.owners.get(name)
+                owners[prefix + name] = members if inner_owners is None else [members[j] for j in inner_owners]
+            for j, k in enumerate(members):
+                slots[k].update({f"{path}.{name}": prefix + key for name, key in inner.slots[j].items()})
+            parts.append((members, inner.model))
+        replacements.append((path, Split(parts, rows)))
     for path, module in skeleton.named_modules():
-        if any(path.startswith(done + ".") for done, _ in replacements):
+        if path in splits or _inside(path, splits) or any(path.startswith(done + ".") for done, _ in replacements):
             continue  # inside a folded part
         fold = _folder(module, path)
         if fold is not None:
@@ -227,21 +392,20 @@ def fold_models(models: Sequence[nn.Module], rows: Rows) -> tuple[nn.Module, dic
         parent_path, _, attr = path.rpartition(".")
         parent = skeleton.get_submodule(parent_path) if parent_path else skeleton
         setattr(parent, attr, new)
-    missing = sorted(set(stacked) - {aliases[name] for name in used})
+    missing = sorted(set(shared) - {aliases[name] for name in used})
     if missing:
         raise Unfoldable(f"parameters without a folded form: {', '.join(missing)}")
-    for k, n in enumerate(named):
-        for name, p in n.items():
-            p.data = stacked[name].data[k]
-    return skeleton, stacked
-
-
-def keep_models(model: nn.Module, stacked: dict[str, nn.Parameter], index: torch.Tensor) -> None:
-    """Only the models at ``index`` stay in the folded ``model``: every stacked parameter (and the
-    stacked buffers of folded parts, through their ``keep_models``) keeps those slices."""
-    for p in stacked.values():
-        p.grad = None
-        p.data = p.data.index_select(0, index)
-    for module in model.modules():
-        if callable(getattr(module, "keep_models", None)):
-            module.keep_models(index)
+    # the stacked parameters in model 0's order, every group's at the place of its part (the order of
+    # each model's own parameters, as its clipping alone sums their norms)
+    ordered, placed = [], set()
+    for name in named[0]:
+        path = _inside(name, splits)
+        if path is None:
+            ordered.append(name)
+        elif path not in placed:
+            placed.add(path)
+            ordered += [key for key in stacked if key.startswith(f"{path}.parts.")]
+    ordered += [key for key in stacked if key not in set(ordered)]
+    fold = Fold(skeleton, {key: stacked[key] for key in ordered}, owners, slots)
+    fold.bind(models)
+    return fold

@@ -6,8 +6,9 @@ clipped to the recipe's ``grad_clip`` by their global norm. Both optimizers belo
 
 - ``SingleAdamW``: one model, PyTorch's own ``AdamW`` (fused on CUDA) and ``clip_grad_norm_``;
   its state is PyTorch's, so a checkpoint holds ``torch.optim.AdamW.state_dict()``.
-- ``StackedAdamW``: K models whose parameters are stacked [K, ...] (``nn.fold``), each with its
-  own rate, weight decay and clipping: the operations of PyTorch's single-tensor AdamW (decoupled
+- ``StackedAdamW``: K models whose parameters are stacked [K, ...] (``nn.fold``; a part that differs
+  between the models stacks only its group's slices, ``owners``), each with its own rate, weight
+  decay and clipping: the operations of PyTorch's single-tensor AdamW (decoupled
   decay, then the moments, then ``param + (-step_size * exp_avg) / denom``) with each model's
   scalars as a [K, 1, ...] tensor, and ``clip_grad_norm_``'s arithmetic per model slice, so a
   model's update is bitwise the one its own ``SingleAdamW`` makes from the same gradient on a CPU.
@@ -87,28 +88,39 @@ class SingleAdamW:
 class StackedAdamW:
     """K AdamW optimizers over stacked parameters [K, ...] (see the module docstring)."""
 
-    def __init__(self, stacked: dict[str, nn.Parameter]):
-        self.names = list(stacked)
-        self.params = [stacked[n] for n in self.names]
-        self.decayed = [decays(n, p[0]) for n, p in zip(self.names, self.params)]
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+    def __init__(self, stacked: dict[str, nn.Parameter], owners: dict[str, list[int]] | None = None):
+        self.stacked, self.owner_lists = stacked, owners if owners is not None else {}
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in stacked.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in stacked.items()}
         self.steps = 0
+        self._index()
+
+    def _index(self) -> None:
+        self.names = list(self.stacked)
+        self.params = [self.stacked[n] for n in self.names]
+        self.decayed = [decays(n, p[0]) for n, p in zip(self.names, self.params)]
+        self.owners = [None if n not in self.owner_lists else
+                       torch.tensor(self.owner_lists[n], dtype=torch.long, device=p.device)
+                       for n, p in zip(self.names, self.params)]
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
-    def keep_models(self, index: torch.Tensor) -> None:
-        self.exp_avg = [m.index_select(0, index) for m in self.exp_avg]
-        self.exp_avg_sq = [v.index_select(0, index) for v in self.exp_avg_sq]
+    def keep_models(self, kept: dict[str, torch.Tensor]) -> None:
+        """Keep each remaining parameter's moments of its kept slices (``nn.fold.Fold.keep``)."""
+        self.exp_avg = {n: self.exp_avg[n].index_select(0, index) for n, index in kept.items()}
+        self.exp_avg_sq = {n: self.exp_avg_sq[n].index_select(0, index) for n, index in kept.items()}
+        self._index()
 
-    def moments(self, k: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Model k's AdamW moments by parameter name (copies)."""
-        return {name: (m[k].clone(), v[k].clone()) for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq)}
+    def moments(self, slots: dict[str, tuple[str, int]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """One model's AdamW moments by its parameter names (copies); ``slots``: its parameter names
+        -> (stacked name, slice)."""
+        return {name: (self.exp_avg[key][j].clone(), self.exp_avg_sq[key][j].clone())
+                for name, (key, j) in slots.items()}
 
     def step(self, rates: Sequence[float], weight_decays: Sequence[float], max_norms: Sequence[float]) -> None:
-        clip_per_model(self.params, max_norms)
+        clip_per_model(self.params, max_norms, self.owners)
         self._adamw(rates, weight_decays)
 
     @torch.no_grad()
@@ -118,7 +130,6 @@ class StackedAdamW:
         step = float(self.steps)
         bias_correction1 = 1 - beta1 ** step
         bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
-        k = len(rates)
         first = self.params[0]
         # each model's scalars, rounded to the parameters' dtype as torch rounds a Python scalar
         step_size = torch.tensor([-(r / bias_correction1) for r in rates], dtype=first.dtype, device=first.device)
@@ -126,34 +137,42 @@ class StackedAdamW:
         if any(d != 0 for d in weight_decays):
             decay = torch.tensor([1 - r * d for r, d in zip(rates, weight_decays)], dtype=first.dtype,
                                  device=first.device)
-        for p, m, v, decayed in zip(self.params, self.exp_avg, self.exp_avg_sq, self.decayed):
+        for name, p, owners, decayed in zip(self.names, self.params, self.owners, self.decayed):
             if p.grad is None:
                 continue
-            g = p.grad
-            shape = (k,) + (1,) * (p.dim() - 1)
+            g, m, v = p.grad, self.exp_avg[name], self.exp_avg_sq[name]
+            shape = (p.shape[0],) + (1,) * (p.dim() - 1)
+            size = step_size if owners is None else step_size.index_select(0, owners)
             if decayed and decay is not None:
-                p.mul_(decay.view(shape))
+                p.mul_((decay if owners is None else decay.index_select(0, owners)).view(shape))
             m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = (v.sqrt() / bias_correction2_sqrt).add_(ADAM_EPS)
-            p.add_(m * step_size.view(shape) / denom)  # addcdiv's (value * exp_avg) / denom
+            p.add_(m * size.view(shape) / denom)  # addcdiv's (value * exp_avg) / denom
 
 
 @torch.no_grad()
-def clip_per_model(params: Sequence[nn.Parameter], max_norms: Sequence[float]) -> None:
-    """``clip_grad_norm_`` of each model separately: model k's gradients (slice k of every stacked
+def clip_per_model(params: Sequence[nn.Parameter], max_norms: Sequence[float],
+                   owners: Sequence[torch.Tensor | None] | None = None) -> None:
+    """``clip_grad_norm_`` of each model separately: model k's gradients (its slice of every stacked
     gradient) scaled by ``min(1, max_norm_k / (norm_k + 1e-6))``, where norm_k is the norm of its
-    parameters' norms in their order, as ``clip_grad_norm_`` computes it."""
-    grads = [p.grad for p in params if p.grad is not None]
+    parameters' norms in their order, as ``clip_grad_norm_`` computes it. ``owners``: per parameter,
+    the models whose slices it holds (None: every model's); a model owns no slice of the others'."""
+    owners = owners if owners is not None else [None] * len(params)
+    grads = [(p.grad, index) for p, index in zip(params, owners) if p.grad is not None]
     if not grads:
         return
     k = len(max_norms)
-    norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), 2.0, dim=1) for g in grads], dim=1)  # [K, P]
+    columns = []
+    for g, index in grads:
+        norm = torch.linalg.vector_norm(g.reshape(g.shape[0], -1), 2.0, dim=1)
+        columns.append(norm if index is None else norm.new_zeros(k).index_copy_(0, index, norm))
+    norms = torch.stack(columns, dim=1)  # [K, P]
     total = torch.linalg.vector_norm(norms, 2.0, dim=1)
     limit = torch.tensor([float(n) for n in max_norms], dtype=total.dtype, device=total.device)
     coef = torch.clamp((total + CLIP_EPS).reciprocal() * limit, max=1.0)  # max_norm / (total + eps), as torch does it
-    for g in grads:
-        g.mul_(coef.view((k,) + (1,) * (g.dim() - 1)))
+    for g, index in grads:
+        g.mul_((coef if index is None else coef.index_select(0, index)).view((g.shape[0],) + (1,) * (g.dim() - 1)))
 
 
 def adamw_state(model: nn.Module, learning_rate: float, weight_decay: float, device: torch.device, steps: int,

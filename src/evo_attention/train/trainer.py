@@ -15,7 +15,9 @@ replayed (``train.graph``: the same kernels, so the same numbers, without their 
 With K > 1 the members' models are folded into one (``nn.fold``: parameters stacked [K, ...],
 activations [K * B, ...] model-major), the fused loss gives one mean per model, and
 ``optim.StackedAdamW`` steps each model with its own rate, decay and clipping; a member's parameters stay views of its slice, so its model is always its own. A model
-that diverges leaves the batch (its slices are dropped) and the others go on.
+that diverges leaves the batch (its slices are dropped) and the others go on. The members' genes may
+differ in their attention (``nn.fold.Split``: each group of equal attentions on its own models'
+rows); each member's FLOPs are then counted on its own model.
 
 Same trial, same result, alone or in a batch:
 
@@ -84,7 +86,7 @@ from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import keep_mask, mask_source
 from evo_attention.nn.dropout_counter import counter_key, counter_keep_mask
 from evo_attention.train.probe_cache import used_probes
-from evo_attention.nn.fold import Rows, Unfoldable, fold_models, fold_problem, keep_models
+from evo_attention.nn.fold import Rows, Split, Unfoldable, fold_models, fold_problem
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import Config
@@ -162,8 +164,8 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
     for i, trial in enumerate(trials[1:], 1):
         for name in ("genome", "steps", "budget", "eval_split"):
             mine, theirs = getattr(first, name), getattr(trial, name)
-            if name == "genome":  # the recipe parts (lr=, wu=, wd=) change no shape: the mechanism must agree
-                mine, theirs = mechanism_of(mine).key, mechanism_of(theirs).key
+            if name == "genome":  # the attentions may differ (nn.fold splits them): the model around them may not
+                mine, theirs = _model_frame(mine), _model_frame(theirs)
             if mine != theirs:
                 return name, f"trial {i} has {name} {theirs!r} where trial 0 has {mine!r}"
         for group in ("model", "task", "train"):
@@ -175,6 +177,14 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
                 if mine != theirs:
                     return name, f"trial {i} has {group}.{name} {theirs!r} where trial 0 has {mine!r}"
     return None
+
+
+def _model_frame(genome) -> str:
+    """What a genome decides outside its attention: its layers, and whether the model has a learned
+    position table."""
+    layers = layers_of(mechanism_of(genome))
+    table = "a learned position table" if layers[0].uses_absolute_positions else "no learned position table"
+    return table if len(layers) == 1 else f"{len(layers)} layer genes, {table}"
 
 
 def check_batchable(trials: Sequence[Trial]) -> None:
@@ -474,7 +484,8 @@ class Trainer:
         self.spec = first.model.with_data(data.vocab_size, data.seq_len)
         knobs = str(first.task.data).partition(":")[2]
         vocab_from = first.task.data if re.search(r"(^|[:,])vocab=", knobs) else None  # the data set the vocabulary
-        check_training_memory(self.spec, first.gene, len(trials), self.device, vocab_from)  # before any model is built
+        largest = max({mechanism_of(t.gene).key for t in trials}, key=lambda key: _parameters(key, self.spec))
+        check_training_memory(self.spec, largest, len(trials), self.device, vocab_from)  # before any model is built
         # auto: measured per model shape on this machine (environment.choose_precision); the record says why
         self.precision, self.precision_reason = choose_precision(
             first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,
@@ -482,7 +493,7 @@ class Trainer:
         if self.device.type == "cpu":
             torch.set_flush_denormal(True)  # subnormal floats make CPU kernels up to 10x slower
         if len(trials) > 1:
-            problem = batch_problem(first)
+            problem = next(filter(None, map(batch_problem, trials)), None)
             if problem:
                 raise Unfoldable(problem)
         self.members = [Member(t, data, device=self.device, spec=self.spec, precision=self.precision,
@@ -496,7 +507,7 @@ class Trainer:
         self.graph_problem: str | None = None
         if len(trials) == 1:
             member = self.members[0]
-            self.rows, self.stacked = None, None
+            self.rows, self.fold = None, None
             self.model = member.model
             member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes,
                                               member.train_steps)
@@ -509,12 +520,13 @@ class Trainer:
                 self.graph = self.graph_class(self.device, self._graph_body, self.stepper.zero_grad)
         else:
             self.rows = Rows()
-            self.model, self.stacked = fold_models([m.model for m in self.members], self.rows)
-            self.stepper = StackedAdamW(self.stacked)
+            self.fold = fold_models([m.model for m in self.members], self.rows)
+            self.model = self.fold.model
+            self.stepper = StackedAdamW(self.fold.stacked, self.fold.owners)
             self.graph_problem = graph.graph_problem(first.train.cuda_graph, self.device, len(trials), False)
         self.compiled = self.members[0].compiled
         self.dropout_stream = first.train.dropout_stream
-        self._dropout_calls = 0  # dropout calls so far in the current step (the counter stream's ``call``)
+        self._dropout_calls = [0]  # each model's dropout calls so far in the current step (the counter's ``call``)
         self._graph_keys = False  # in _graph_body: masks read their keys from the graph's input
         # a compiled forward runs the counter's mask eagerly: traced, its step and call (Python
         # integers) would be guards that recompile the graph every step
@@ -547,14 +559,18 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
     def _masks(self, shape: tuple, p: float) -> torch.Tensor:
-        """The dropout keep mask of the batch: model k's rows from model k's stream."""
-        call, self._dropout_calls = self._dropout_calls, self._dropout_calls + 1
+        """The dropout keep mask of the rows computing (every active model's, or inside a folded
+        ``Split`` its group's): model k's rows from model k's stream, its k-th call its own."""
+        running = range(len(self.active)) if self.rows is None or self.rows.members is None else self.rows.members
+        calls = [self._dropout_calls[i] for i in running]
+        for i in running:
+            self._dropout_calls[i] += 1
         if self.dropout_stream == "counter":
             if self._graph_keys:  # in the captured step: its keys are an input of the graph
-                return counter_keep_mask(shape, p, self.graph.keys[call:call + 1], device=self.device)
-            return counter_keep_mask(shape, p, [counter_key(m.seed, m.step, call) for m in self.active],
-                                     device=self.device)
-        gens = [m.dropout_generator for m in self.active]
+                return counter_keep_mask(shape, p, self.graph.keys[calls[0]:calls[0] + 1], device=self.device)
+            return counter_keep_mask(shape, p, [counter_key(self.active[i].seed, self.active[i].step, call)
+                                                for i, call in zip(running, calls)], device=self.device)
+        gens = [self.active[i].dropout_generator for i in running]
         if len(gens) == 1:
             return keep_mask(shape, p, generator=gens[0])
         if shape[0] % len(gens):
@@ -566,7 +582,7 @@ class Trainer:
         """The forward pass and loss of every active model: their losses [K] (with their graph)."""
         if self.rows is not None:
             self.rows.batch = x.shape[0] // len(self.active)
-        self._dropout_calls = 0
+        self._dropout_calls = [0] * len(self.active)
         with mask_source(self._mask_fn), autocast(self.device, self.precision, cache):
             hidden, _ = self._forward(x)
         weight = self.model.head.weight  # tied to the token table (stacked [K, vocab, d] when folded)
@@ -612,10 +628,10 @@ class Trainer:
         losses = g.warm(lambda: self._step(x, y))
         if self.step + 1 < graph.CAPTURE_AFTER:
             return losses
-        if self.dropout_stream == "cpu" and self._dropout_calls:
+        if self.dropout_stream == "cpu" and self._dropout_calls[0]:
             self.graph, self.graph_problem = None, "dropout masks drawn on the CPU (dropout_stream cpu)"
             return losses
-        if not g.capture(x, y, self._dropout_calls, self.step + 1):  # eager from here on: the same numbers
+        if not g.capture(x, y, self._dropout_calls[0], self.step + 1):  # eager from here on: the same numbers
             self.graph, self.graph_problem = None, g.describe()
         return losses
 
@@ -641,16 +657,39 @@ class Trainer:
         finally:
             self._forward = compiled
         self.flops_per_step = int(round(counter.get_total_flops() / len(self.active)))
+        split = self.fold is not None and any(isinstance(part, Split) for part in self.model.modules())
+        counts: dict[str, int] = {}  # a batch of different attentions: each model's own count, once per mechanism
         for m in self.active:
-            m.flops_per_step = self.flops_per_step
+            key = mechanism_of(m.gene).key
+            if split and key not in counts:
+                counts[key] = self._flops_alone(m, x[:x.shape[0] // len(self.active)], y[:y.shape[0] // len(self.active)])
+            m.flops_per_step = counts.get(key, self.flops_per_step)
         return loss
+
+    def _flops_alone(self, member: Member, x: torch.Tensor, y: torch.Tensor) -> int:
+        """The FLOPs of one training step of ``member``'s model alone on rows like ``x``, ``y``: its
+        forward and backward pass (the optimizer's arithmetic is not counted), with masks that keep
+        everything, drawn from no stream."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        model = member.model
+        try:
+            with FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()) as counter, \
+                    mask_source(lambda shape, p: torch.ones(shape, dtype=torch.bool)), \
+                    autocast(self.device, self.precision, True):
+                hidden, _ = model.hidden_states(x)
+                linear_cross_entropy(hidden, model.head.weight, y, dtype=matmul_dtype(self.precision)).sum().backward()
+        finally:
+            for p in model.parameters():
+                p.grad = None
+        return counter.get_total_flops()
 
     @torch.no_grad()
     def _validation_points(self) -> None:
         """Every active member's point of its validation curve (``Member.validation_point``). Folded,
         one forward pass of all K models per batch (each model's rows the same batch), each model's
         rows scored with its own head: the sums each would make alone, in one pass instead of K."""
-        if self.stacked is None:
+        if self.fold is None:
             self.members[0].validation_point()
             return
         first = self.active[0]
@@ -663,17 +702,13 @@ class Trainer:
     def _drop(self, keep: list[int]) -> None:
         """Only the models at ``keep`` (indices into ``active``) train on."""
         for i, m in enumerate(self.active):
-            if i not in keep and self.stacked is not None:
+            if i not in keep and self.fold is not None:
                 m.detach_weights()
         self.active = [self.active[i] for i in keep]
-        if self.stacked is None or not self.active:
+        if self.fold is None or not self.active:
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        keep_models(self.model, self.stacked, index)
-        self.stepper.keep_models(index)
-        for k, m in enumerate(self.active):
-            for name, p in m.model.named_parameters():
-                p.data = self.stacked[name].data[k]
+        self.stepper.keep_models(self.fold.keep(list(keep)))
+        self.fold.bind([m.model for m in self.active])
 
     # -- training ------------------------------------------------------------------------------
     def train(self, until_step: int | None = None,
@@ -753,16 +788,17 @@ class Trainer:
         """End a folded training: each member gets weights of its own (they were views of the stacked
         weights) and, with ``keep_moments``, its optimizer state (for ``state_dict``: to continue it
         alone). A trainer of one trial has nothing to release."""
-        if self.stacked is None:
+        if self.fold is None:
             return
         for k, m in enumerate(self.active):
             if keep_moments:
+                slots = {name: self.fold.slice_of(k, name) for name, _ in m.model.named_parameters()}
                 m.optimizer = adamw_state(m.model, m.recipe.learning_rate, m.recipe.weight_decay, self.device,
-                                          self.stepper.steps, self.stepper.moments(k))
+                                          self.stepper.steps, self.stepper.moments(slots))
                 for group in m.optimizer.param_groups if m.step else ():  # the rate of its last step
                     group["lr"] = m.lr_at(m.step - 1)
             m.detach_weights()
-        self.active, self.stacked = [], None
+        self.active, self.fold = [], None
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the one trial of this trainer from ``state`` (``Member.state_dict``)."""
@@ -962,8 +998,9 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
 def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None,
                 keep_state: bool = False,
                 progress: Sequence[ProgressFn | None] | None = None) -> list[TrainingResult]:
-    """Train ``trials`` (same genome, model, task, steps, split and batch recipe; seeds and rates may
-    differ: ``check_batchable``) as one batch on ``data``; one ``TrainingResult`` per trial, in order.
+    """Train ``trials`` (the same model, task, steps, split and batch recipe; seeds, rates and the
+    attentions of their genes may differ: ``check_batchable``) as one batch on ``data``; one
+    ``TrainingResult`` per trial, in order.
 
     Never raises for a failing gene: a diverged model is recorded as diverged while the others
     train on. UserError for trials that cannot share a batch (naming the field) and for bad input.

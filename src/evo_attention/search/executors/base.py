@@ -20,8 +20,8 @@ Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the t
 comparisons, so the yielded task equals the submitted one.
 
 Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
-can train as one batched model (``train.trainer.shape_difference``: the same genome, model, task, steps, split and
-batch recipe; seeds and learning rates may differ) are planned into groups of at most K
+can train as one batched model (``train.trainer.shape_difference``: the same model, task, steps, split and
+batch recipe; seeds, learning rates and the genes' attentions may differ, so a whole generation folds) are planned into groups of at most K
 (``plan_batches``), and each group of two or more trains through ``run_batched``; every other task
 trains alone, as it would without batching. A batch gives each trial its own record under its own
 key, its own progress callbacks, and the result of the trial trained alone (bitwise for the genes
