@@ -321,3 +321,18 @@ def test_the_probe_times_more_models_per_step_on_a_gpu():
     assert batching.probe_ks(torch.device("cpu")) == batching.BATCH_PROBE_KS
     assert batching.probe_ks(torch.device("cuda")) == batching.CUDA_BATCH_PROBE_KS
     assert max(batching.CUDA_BATCH_PROBE_KS) >= 64 and batching.CUDA_BATCH_PROBE_KS[0] == 1
+
+
+def test_a_search_generation_of_different_genes_trains_as_one_batch(tmp_path):
+    """A climb's first generation (the vanilla program and its one-edit neighbours: different
+    attentions around one model) is one folded training."""
+    space = tmp_path / "space.yaml"
+    space.write_text("search_space:\n  program: {max_nodes: 8}\n")
+    assert main(["search", "--preset", "quick", "--config", str(space), "--d-model", "16", "--heads", "2", "--layers",
+                 "1", "--steps", "3", "--strategy", "climb", "--population", "4", "--generations", "1", "--elite",
+                 "1", "--no-baseline", "--no-check", "--quiet", "--keep-models", "0", "--workers", "1",
+                 "--batch-models", "4", "--out", str(tmp_path / "run")]) == 0
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        records = store.evaluations(role="search")
+    assert len({r.gene for r in records}) == 4
+    assert all(r.extra.get("batched") == 4 and "batch_fallback" not in r.extra for r in records)
