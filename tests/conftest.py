@@ -22,6 +22,9 @@ os.environ["EVO_ATTENTION_PRECISION_PROBE"] = "off"
 # A search's fresh-seed check (studies.fresh_check) trains 4 genes on 2 more seeds: off for the many tiny
 # searches of the suite, on in the tests of the check itself (test_climb.py), which delete this variable.
 os.environ["EVO_ATTENTION_FRESH_CHECK"] = "off"
+# A training that starts beside other busy processes takes the cores they leave free (util.threads):
+# results would then depend on what else runs on the machine; the test of it sets the variable.
+os.environ["EVO_ATTENTION_SHARE_CORES"] = "off"
 
 
 class CountingExecutor(LocalExecutor):

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -166,3 +167,40 @@ def test_a_competing_process_turns_short_waits_on(monkeypatch):
     finally:
         watch.stop()
     assert not watch.alive and not watch.throttle.on
+
+
+class BusyWatch:
+    """A stand-in for the process's watch, having seen ``others`` cores of other processes' load."""
+
+    alive = True
+
+    def __init__(self, others: float, busy: bool = True):
+        self.last_others, self.hysteresis = others, SimpleNamespace(busy=busy)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one torch thread: nothing to share")
+def test_a_training_that_starts_beside_busy_processes_takes_the_cores_they_leave(monkeypatch):
+    from evo_attention import Config
+    from evo_attention.data import data_from_config
+    from evo_attention.train.spec import Trial
+    from evo_attention.train.trainer import run_training
+
+    monkeypatch.delenv(threads.SHARE, raising=False)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads, "watch", lambda: True)
+    config = Config(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, train_steps=3,
+                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 32},
+                    batch_size=4, eval_batch_size=16, eval_steps=1, precision="fp32")
+    trial = Trial.from_config("dot|softmax|none|fixed", config, data=data_from_config(config))
+    for others, busy in ((0.3, False), (0.4, True)):  # idle, or the others leave both cores: torch's count
+        monkeypatch.setattr(threads, "_watch", BusyWatch(others, busy))
+        assert threads.shared_threads() is None
+    monkeypatch.setattr(threads, "_watch", BusyWatch(1.9))  # a 2-thread job beside it: one core is its share
+    assert threads.shared_threads()[0] == 1
+    before = torch.get_num_threads()
+    record = run_training(trial, data_from_config(config)).record
+    assert record.ok and record.extra["threads"] == (f"1 of {before} threads: other processes used 1.9 of 2 cores "
+                                                     "when it started")
+    assert torch.get_num_threads() == before  # torch's count again after the training
+    monkeypatch.setenv(threads.SHARE, "off")
+    assert threads.shared_threads() is None

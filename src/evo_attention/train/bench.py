@@ -22,7 +22,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.nn.fold import Unfoldable
 from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
-                                             reset_peak_memory, synchronize)
+                                             reset_peak_memory, resolve_device, synchronize)
 from evo_attention.train.batching import models_per_batch
 from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, write_probe_once
 from evo_attention.train.spec import Trial
@@ -153,7 +153,19 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
     """Time the training step of ``gene`` under ``config`` and extrapolate to its budget; ``models``
     K > 1 times one trainer of K same-gene models folded into one batch (seeds ``config.seed`` on), whose
     step and FLOPs are all K models' and whose estimates are per evaluation (its share of the
-    batch). ``auto_models``: the K ``batch_models auto`` takes for this shape here."""
+    batch). ``auto_models``: the K ``batch_models auto`` takes for this shape here. Beside other
+    busy processes it times what a training would take then: the threads they leave free
+    (``util.threads.sharing``; ``threads_shared`` says so)."""
+    with threads.sharing(resolve_device(device if device is not None else config.device).type) as shared:
+        result = _bench_gene(gene, config, data, steps=steps, warmup=warmup, device=device, time_eval=time_eval,
+                             time_decode=time_decode, models=models)
+    if shared:
+        result["threads_shared"] = shared
+    return result
+
+
+def _bench_gene(gene, config: Config, data: TaskData, *, steps: int, warmup: int, device, time_eval: bool,
+                time_decode: bool, models: int) -> dict:
     gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
     if isinstance(models, bool) or not isinstance(models, int) or models < 1:
         raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")

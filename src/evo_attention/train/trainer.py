@@ -1035,7 +1035,18 @@ def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None =
 def _train(trials: list[Trial], data: TaskData, device: torch.device, progress: list, keep_state: bool,
            state: bytes | None = None) -> list[TrainingResult]:
     """The trainings of ``trials`` by one ``Trainer`` and their records. A failure of one trial's
-    training is its record's; a batch's that fails as a whole is raised (its trials train alone)."""
+    training is its record's; a batch's that fails as a whole is raised (its trials train alone).
+    On a CPU that other processes keep busy when it starts, with the threads they leave free
+    (``util.threads.shared_threads``), which each record says (``threads``)."""
+    with threads.sharing(device.type) as shared:
+        results = _train_together(trials, data, device, progress, keep_state, state)
+    for result in results if shared else ():
+        result.record.extra["threads"] = shared
+    return results
+
+
+def _train_together(trials: list[Trial], data: TaskData, device: torch.device, progress: list, keep_state: bool,
+                    state: bytes | None) -> list[TrainingResult]:
     records = [_new_record(t, data, device, resumed=state is not None) for t in trials]
     reset_peak_memory(device)
     start = time.perf_counter()

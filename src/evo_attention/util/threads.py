@@ -16,8 +16,14 @@ available CPUs, every wait spins only 100 iterations (without a wait policy set)
 keeps that region's team of threads (asleep, using no CPU) alive in libgomp's books while the
 machine is busy; when the helper ends, libgomp frees its team and waits spin long again.
 
-Only how threads *wait* changes: their number, and so how every sum is split, stays what torch
-chose, so results are bitwise those without the watch (``tests/test_threads.py``). Nothing is
+Waits alone do not give a fair share: beside a 2-thread job a 2-thread training still runs four
+threads on two cores. So a CPU training that *starts* while other processes use the cores takes
+the threads they leave free, at least one (``shared_threads``; ``train.trainer`` applies it for the
+whole training and restores torch's count after it, and the record says ``threads``: how many, of
+how many, and the load that chose them). Results then differ from an idle run's by the rounding
+of another split of the sums (as a worker's one thread does); ``EVO_ATTENTION_SHARE_CORES=off``
+keeps torch's count whatever the load (the tests run so). The waits themselves change no result:
+the thread count, and so how every sum is split, stays what it is (``tests/test_threads.py``). Nothing is
 watched when the user set any of ``USER_VARIABLES``, with ``EVO_ATTENTION_THREADS=off``, with one
 torch thread (no parallel regions), or where libgomp is not the loaded runtime (OpenMP's defaults
 then). Where there is no ``/proc/stat`` to read the load from, ``configure`` sets a fixed short
@@ -32,8 +38,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 OFF = "EVO_ATTENTION_THREADS"  # =off: leave OpenMP's defaults
+SHARE = "EVO_ATTENTION_SHARE_CORES"  # =off: the load never changes a training's thread count
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # Without a watch: spin about a microsecond, then sleep (docs/results/busy/cpu-rounds7.json, 2-core
 # AMD EPYC, quick preset: beside a 2-thread job 37 ms a step against OpenMP's defaults' 69 ms with
@@ -231,3 +239,54 @@ def watch() -> bool:
                 return False
             _watch = Watch()
     return True
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def shared_threads() -> tuple[int, str] | None:
+    """``(threads, why)`` for a CPU training starting now while other processes use the cores (the
+    watch says busy): the cores they leave free, at least one, where that is fewer than torch's
+    threads; None to keep torch's count (no watch, idle, or ``EVO_ATTENTION_SHARE_CORES=off``)."""
+    watch = _watch
+    if watch is None or not watch.alive or not watch.hysteresis.busy:
+        return None
+    if str(os.environ.get(SHARE, "")).strip().lower() in ("off", "0", "false", "no"):
+        return None
+    import torch
+
+    have, total, others = torch.get_num_threads(), cores(), watch.last_others
+    free = max(1, round(total - others))
+    if free >= have:
+        return None
+    return free, f"{free} of {have} threads: other processes used {others:.1f} of {total} cores when it started"
+
+
+@contextmanager
+def using(count: int | None):
+    """torch's CPU threads set to ``count`` within (None: unchanged), torch's count again after."""
+    if count is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def sharing(device_type: str):
+    """Within: on a CPU, the threads ``shared_threads`` gives (torch's count again after); yields
+    why (None where nothing changed)."""
+    shared = shared_threads() if device_type == "cpu" and watch() else None
+    with using(shared[0] if shared else None):
+        yield shared[1] if shared else None
