@@ -7,7 +7,8 @@ engine folds models whose attentions differ: ``nn.fold.Split``) against one trai
 
 The generation is what a climb from the vanilla gene trains first: the vanilla gene's program and
 ``--population - 1`` distinct one-edit neighbours of it (``programs.edit``, seeded), at the quick
-preset (``--config quick``) or CPU-sized WikiText-2 (``wikitext_small``, with ``--data-dir``).
+preset (``--config quick``), CPU-sized WikiText-2 (``wikitext_small``, with ``--data-dir``) or the
+seed config (``seed``, with ``--data-dir``; ``benchmarks/gpu_checks.sh`` runs it on a lent GPU).
 Arms: ``K=1``, every trial alone; ``K>1``, the generation in ceil(n / K) folded batches of different
 genes; and, for scale, ``same K``: K trials of the vanilla gene folded (what folding gave before).
 Each measurement trains ``--steps`` steps per trial and evaluates as the config says, timed as a
@@ -70,8 +71,8 @@ def measure(trials: list, k: int, data, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="quick", choices=["quick", "wikitext_small"])
-    parser.add_argument("--data-dir", help="WikiText-2 directory (wikitext_small)")
+    parser.add_argument("--config", default="quick", choices=["quick", "wikitext_small", "seed"])
+    parser.add_argument("--data-dir", help="WikiText-2 directory (wikitext_small, seed)")
     parser.add_argument("--population", type=int, default=8)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=30)

@@ -15,6 +15,9 @@
 #          the eager training) and benchmarks/bench_graph.py (its seconds per step against eager);
 #   profile  where a seed-config step spends its device time: `evo-attention bench --profile` (eager
 #          operators by their CUDA time, bf16, counter stream) for each gene of PROFILE_GENES;
+#   generation  a climb's first generation of different genes (nn.fold.Split) folded in batches of K
+#          against one trainer per trial, at the quick preset and the seed config
+#          (benchmarks/bench_generation.py: trainings per hour, extrapolated to each budget);
 #   study  the seed study itself: search --preset seed on the device, STUDY_WORKERS worker processes
 #          (default 12, the population) sharing it under MPS, bf16, the counter stream, stopped after
 #          STUDY_LIMIT seconds (default 420; it resumes from its store with the same command), then
@@ -115,5 +118,9 @@ want graph && part "CUDA graph: same weights" bash -c "'$PY' -m pytest -q -p no:
 want graph && part "CUDA graph: seconds per step" "$PY" benchmarks/bench_graph.py --data-dir "$DATA" --configs quick,seed \
   --device "$DEVICE" --precisions bf16,fp32 --rounds 3 --out "$OUT/graph-$NAME.json"
 want profile && part "device time of a seed-config step" profile
+want generation && part "a generation of different genes folded, quick preset" "$PY" benchmarks/bench_generation.py \
+  --config quick --population 16 --ks 1 4 16 --steps 30 --rounds 2 --out "$OUT/generation-$NAME-quick.json"
+want generation && part "a generation of different genes folded, seed config" "$PY" benchmarks/bench_generation.py \
+  --config seed --data-dir "$DATA" --population 12 --ks 1 12 --steps 10 --rounds 1 --out "$OUT/generation-$NAME-seed.json"
 want study && part "seed study, $STUDY_WORKERS workers" study
 exit $failed
