@@ -34,6 +34,7 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
 - ``suite-signal``: a ``benchmarks/suite_signal.py`` result;
 - ``census``: a ``benchmarks/program_census.py`` result;
 - ``climb``: a ``benchmarks/climb_mqar.py`` result (a search from the vanilla gene on MQAR);
+- ``climb-lm``: a ``benchmarks/climb_lm.py`` result (searches from the vanilla gene on language);
 - ``fitness-points``, ``fitness-improvements``: a fitness check's verdicts and per-point table, and
   its improvements' table (``evo-attention fitness-check``; ``report.studies.fitness``).
 """
@@ -296,6 +297,22 @@ def climb(payload: dict) -> str:
               f"{rate['ci_low']:.2f}-{rate['ci_high']:.2f}).\n")
 
 
+def climb_lm(payload: dict) -> str:
+    """benchmarks/climb_lm.py: per search seed the winner, its paired change against the vanilla gene
+    on fresh seeds, the test's p, its verdict, and the search's fitness reliability (its fresh check)."""
+    from evo_attention.util.format import markdown_table
+
+    rows = []
+    for seed, row in payload["searches"].items():
+        program = row["winner"].split("prog=", 1)[-1]
+        check = re.search(r"rank correlation[^:]*:\s*(\S+)", row.get("fresh_check") or "")
+        held = "held" if (row.get("fresh_check") or "").startswith("the winner held") else "did not hold"
+        rows.append([seed, f"`{program}`", f"{100 * row['relative']:+.2f}%", f"{row['p_holm']:.3f}", row["verdict"],
+                     f"{held}; rank correlation {check.group(1) if check else '-'}"])
+    return (markdown_table(["search seed", "winner (program)", f"paired change ({payload['validate_seeds']} fresh seeds)", "p", "verdict", "fresh check of the search (top 3)"], rows, "llrrll")
+            + f"\nNot worse than the vanilla gene in {payload['held']} of {payload['of']} searches.\n")
+
+
 def census(payload: dict) -> str:
     """benchmarks/program_census.py: the share of random programs and of edits of the vanilla program
     with each feature, and the edit kinds drawn."""
@@ -308,7 +325,7 @@ def census(payload: dict) -> str:
             + f"\nEdit kinds drawn: {kinds}.\n")
 
 
-TABLES = {**STUDY_TABLES, "census": census, "climb": climb, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
+TABLES = {**STUDY_TABLES, "census": census, "climb": climb, "climb-lm": climb_lm, "fitness-points": fitness_points, "fitness-improvements": fitness_improvements,
           "suite-signal": suite_signal, "curve-verdicts": curve_verdicts, "curve-seeds": curve_seeds,
           "transfer": transfer, "transfer-grid": transfer_grid, "cost-rounds": cost_rounds, "curve": curve,
           "batched": batched, "signal-noise-full": signal_noise_full, "costs": costs, "signal-noise": signal_noise,
