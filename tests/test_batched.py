@@ -132,14 +132,17 @@ def test_a_diverging_model_leaves_the_batch_and_the_others_go_on(setup, stream):
     assert_same_result(batch[1:], alone[1:], engine.SAME_RESULT_RTOL["fp32"], size=3)
 
 
-# genes of one frame (no learned position table) whose attentions differ: four classic genes and two
-# programs, the first gene twice (a group of two, not side by side in the batch)
+# genes of one frame (no learned position table) whose attentions differ: four classic genes, two
+# programs and a genome of one gene per layer, the first gene twice (a group of two, not side by side)
 DIFFERENT = ["multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3",
              "additive|relu_norm|output_gate|adaptive|bias|0.10|pos=rope:ntk:4|win=3",
              "cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel",
              "dot|entmax15|none|learned|bias|0.10|pos=none|rank=4|kvh=2|dconv=2",
              "prog=o(sgate(mix(w.softmax(t.learned(s.dot(dconv3(q),lfeat(k)))),scale(v))))|pos=rope|kvh=2",
              "prog=g.highway(o(add(decay(v),mix(w.none(sdecay(s.additive(q,k))),bias(shift(v))))))|nobias|0.00|pos=alibi",
+             "multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3",
+             # a gene per layer: its first layer groups with the third gene's, its second with the first's
+             "cosine|sigmoid|highway|fixed|nobias|0.00|pos=alibi|abias=rel / "
              "multiplicative|sparsemax|input_gate|learned|nobias|0.00|pos=rope|kvh=1|dconv=3"]
 
 

@@ -180,11 +180,10 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
 
 
 def _model_frame(genome) -> str:
-    """What a genome decides outside its attention: its layers, and whether the model has a learned
+    """What a genome decides outside its attentions (one per layer): whether the model has a learned
     position table."""
-    layers = layers_of(mechanism_of(genome))
-    table = "a learned position table" if layers[0].uses_absolute_positions else "no learned position table"
-    return table if len(layers) == 1 else f"{len(layers)} layer genes, {table}"
+    first = layers_of(mechanism_of(genome))[0]
+    return "a learned position table" if first.uses_absolute_positions else "no learned position table"
 
 
 def check_batchable(trials: Sequence[Trial]) -> None:
