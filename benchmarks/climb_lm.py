@@ -84,23 +84,25 @@ def main(argv=None) -> int:
                   str(args.generations), "--elite", "1", "--elite-seeds", str(args.elite_seeds), "--config",
                   str(space_file), *arm, "--seed", str(seed), "--workers", str(args.workers), "--keep-models", "0", "--quiet",
                   "--out", str(out), *(SMOKE if args.smoke else [])]
-        if not (out / "fresh_check.json").exists():
+        timed = not (out / "fresh_check.json").exists()  # a finished search is read back, not timed
+        if timed:
             run(search + (["--resume"] if (out / "run.db").exists() else []))
         final = json.loads((out / "final_results.json").read_text())
         winner, vanilla = final["best_gene"]["key"], final["baseline"]["gene"]
         check = json.loads((out / "fresh_check.json").read_text())
         start = in_program_form(vanilla, SearchSpace.from_dict(yaml.safe_load(space_file.read_text())["search_space"]))
         row = {"winner": winner, "is_vanilla": winner in (vanilla, start), "fresh_check": check["line"],
-               "search_s": round(time.perf_counter() - started, 1)}
+               "search_s": round(time.perf_counter() - started, 1) if timed else None}
         if not row["is_vanilla"]:
             run(["validate", "--from-run", str(out), "--top", "1", "--seeds", str(args.validate_seeds),
                  "--workers", str(args.workers), "--quiet", *(SMOKE if args.smoke else [])])
             validation = json.loads((out / "validation.json").read_text())
             found = next(g for g in validation["genes"] if g["gene"] == winner)
             row.update(verdict=found["verdict"], relative=found["relative"], p_holm=found["p_holm"],
-                       test=found["test"], seeds=args.validate_seeds)
+                       test=found["test"], seeds=args.validate_seeds,
+                       params_ratio=found["cost"]["params"] / validation["baseline"]["cost"]["params"])
         row["holds"] = row["is_vanilla"] or row["verdict"] != "worse"
-        row["wall_s"] = round(time.perf_counter() - started, 1)
+        row["wall_s"] = round(time.perf_counter() - started, 1) if timed else None
         rows[str(seed)] = row
         print(f"search seed {seed}: winner {winner}: {row.get('verdict', 'the vanilla gene itself')}", flush=True)
     held = sum(r["holds"] for r in rows.values())

@@ -306,9 +306,12 @@ def climb_lm(payload: dict) -> str:
         program = row["winner"].split("prog=", 1)[-1]
         check = re.search(r"rank correlation[^:]*:\s*(\S+)", row.get("fresh_check") or "")
         held = "held" if (row.get("fresh_check") or "").startswith("the winner held") else "did not hold"
-        rows.append([seed, f"`{program}`", f"{100 * row['relative']:+.2f}%", f"{row['p_holm']:.3f}", row["verdict"],
+        ratio = f"{row['params_ratio']:.2f}x" if row.get("params_ratio") else "-"
+        rows.append([seed, f"`{program}`", f"{100 * row['relative']:+.2f}%", f"{row['p_holm']:.3f}", row["verdict"], ratio,
                      f"{held}; rank correlation {check.group(1) if check else '-'}"])
-    return (markdown_table(["search seed", "winner (program)", f"paired change ({payload['validate_seeds']} fresh seeds)", "p", "verdict", "fresh check of the search (top 3)"], rows, "llrrll")
+    return (markdown_table(["search seed", "winner (program)", f"paired change ({payload['validate_seeds']} fresh seeds)",
+                            "p", "verdict", "parameters vs the vanilla gene", "fresh check of the search (top 3)"],
+                           rows, "llrrlrl")
             + f"\nNot worse than the vanilla gene in {payload['held']} of {payload['of']} searches.\n")
 
 
