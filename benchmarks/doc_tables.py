@@ -304,7 +304,7 @@ def climb_lm(payload: dict) -> str:
     rows = []
     for seed, row in payload["searches"].items():
         program = row["winner"].split("prog=", 1)[-1]
-        check = re.search(r"rank correlation[^:]*:\s*(\S+)", row.get("fresh_check") or "")
+        check = re.search(r"rank correlation[^:]*:\s*([+-]?[0-9.]+|n/a)", row.get("fresh_check") or "")
         held = "held" if (row.get("fresh_check") or "").startswith("the winner held") else "did not hold"
         ratio = f"{row['params_ratio']:.2f}x" if row.get("params_ratio") else "-"
         rows.append([seed, f"`{program}`", f"{100 * row['relative']:+.2f}%", f"{row['p_holm']:.3f}", row["verdict"], ratio,
