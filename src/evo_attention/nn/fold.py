@@ -377,8 +377,8 @@ def fold_models(models: Sequence[nn.Module], rows: Rows) -> Fold:
             parts.append((members, inner.model))
         replacements.append((path, Split(parts, rows)))
     for path, module in skeleton.named_modules():
-        if path in splits or _inside(path, splits) or any(path.startswith(done + ".") for done, _ in replacements):
-            continue  # inside a folded part
+        if path in splits or any(path.startswith(done + ".") for done, _ in replacements):
+            continue  # a split (replaced below) or inside a folded part
         fold = _folder(module, path)
         if fold is not None:
             folding = Folding(path, [c[path] for c in copies], by_path, used, rows)
@@ -405,7 +405,8 @@ def fold_models(models: Sequence[nn.Module], rows: Rows) -> Fold:
         elif path not in placed:
             placed.add(path)
             ordered += [key for key in stacked if key.startswith(f"{path}.parts.")]
-    ordered += [key for key in stacked if key not in set(ordered)]
+    placed_keys = set(ordered)
+    ordered += [key for key in stacked if key not in placed_keys]
     fold = Fold(skeleton, {key: stacked[key] for key in ordered}, owners, slots)
     fold.bind(models)
     return fold

@@ -58,13 +58,18 @@ _state = "not configured"
 _mode = "off"  # watch | fixed | off
 
 
+def turned_off(environ, name: str) -> bool:
+    """Whether the environment variable ``name`` says off (off, 0, false, no)."""
+    return str(environ.get(name, "")).strip().lower() in ("off", "0", "false", "no")
+
+
 def configure(environ=None) -> str:
     """Choose how this process's OpenMP threads wait (before torch loads, when ``environ`` is
     ``os.environ``): ``watch`` where it can work, else ``FALLBACK``; nothing when the user chose
     (``USER_VARIABLES``, ``EVO_ATTENTION_THREADS=off``). Returns what was done (kept for ``state``)."""
     global _state, _mode
     environ = os.environ if environ is None else environ
-    if str(environ.get(OFF, "")).strip().lower() in ("off", "0", "false", "no"):
+    if turned_off(environ, OFF):
         _state, _mode = f"OpenMP's defaults ({OFF}=off)", "off"
     elif any(name in environ for name in USER_VARIABLES):
         _state = "the user's settings (" + ", ".join(f"{n}={environ[n]}" for n in USER_VARIABLES if n in environ) + ")"
@@ -256,7 +261,7 @@ def shared_threads() -> tuple[int, str] | None:
     watch = _watch
     if watch is None or not watch.alive or not watch.hysteresis.busy:
         return None
-    if str(os.environ.get(SHARE, "")).strip().lower() in ("off", "0", "false", "no"):
+    if turned_off(os.environ, SHARE):
         return None
     import torch
 
