@@ -333,3 +333,79 @@ def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives
     data = data_from_config(config)
     spec = config.replace(d_ff=None).model.with_data(data.vocab_size, data.seq_len)
     assert config.d_ff == matched_baseline(spec, AttentionGene.parse(GATE))["ffn_dim"] != spec.ffn_dim
+
+
+STUDY4 = REPO / "docs" / "findings4" / "study4.yaml"
+
+
+def test_study4_keeps_its_rules_and_every_command_is_one_the_cli_takes():
+    plan, parser = load_study(STUDY4), build_parser()
+    runs, count = Runs(plan), 0
+    for stage in (s for s in plan.stages if s.trains and s.name not in ("e2-tune", "e2-lm")):  # these read written plans
+        for combo in runs.combos(stage):
+            for _, argv, _ in commands(plan, runs, stage, combo):
+                parser.parse_args(argv)
+                count += 1
+                if argv[0] == "search":  # every search starts from the vanilla gene
+                    assert argv[argv.index("--start-from") + 1] == "vanilla", argv
+    assert count == 10 * 2 + 10 * 2 + 30 * 2 + 10
+    # E3's arms train the same number of genes: the climb 4 per generation, the GA and the sampler 4 then 3
+    arms = next(s for s in plan.stages if s.name == "e3").spec["each"]["strategy"]
+    sizes = {a["strategy"]: dict(zip(a["budget"][::2], a["budget"][1::2])) for a in arms}
+    budget = {n: s["--population"] * s["--generations"] if n == "climb"
+              else s["--population"] + (s["--generations"] - 1) * (s["--population"] - s["--elite"])
+              for n, s in sizes.items()}
+    assert budget == {"ga": 16, "climb": 16, "neighbours": 16}
+
+
+def test_an_answer_may_name_one_entry_of_a_source(tmp_path):
+    files = tmp_path / "results" / "arms"
+    files.mkdir(parents=True)
+    files.joinpath("strategies.json").write_text(json.dumps({"search_seeds": [1, 2], "comparisons": {
+        "climb": {"verdict": "better"}, "neighbours": {"verdict": "worse"}}}))
+    plan = {"study": "s", "out": "runs", "results": "results", "questions": {"E3": {
+        "blocks": [1], "search_seeds": [1],
+        "stages": [{"name": "e3", "dir": "e3/{strategy}-1", "each": {"strategy": ["ga", "climb", "neighbours"]},
+                    "command": ["search", "--strategy", "{strategy}", "--seed", 1, *TINY, "--out", "{out}"]},
+                   {"name": "arms", "kind": "strategies", "searches": "e3", "reference": "ga",
+                    "file": "arms/strategies.json"}],
+        "sources": {"arms": "arms/strategies.json"},
+        "answers": {"evolution": [{"say": "helps", "if": ["arms[neighbours] is worse"]}, {"say": "undetermined"}],
+                    "population": [{"say": "the GA is better", "if": ["arms[climb] is worse"]}, {"say": "no"}]}}}}
+    study = load_study(_write(tmp_path / "plan.yaml", plan))
+    assert decide(study)["E3"]["answers"] == {"evolution": "helps", "population": "no"}
+    plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["arms[ga] is worse"]
+    with pytest.raises(UserError, match="arms has no entry 'ga'"):
+        decide(load_study(_write(tmp_path / "plan.yaml", plan)))
+    plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["some arms[climb] is worse"]
+    with pytest.raises(UserError, match=r"is not NAME\[ENTITY\] is \[not\] WORD"):
+        load_study(_write(tmp_path / "plan.yaml", plan))
+
+
+def test_a_plan_stage_picks_the_best_validated_winners_of_a_rediscovery_and_absolute_folders_stay_absolute(tmp_path):
+    picks = tmp_path / "results" / "e1"
+    picks.mkdir(parents=True)
+    searches = [{"winner": w, "validated": {"verdict": v, "relative": r, "metric": "val_perplexity"}}
+                for w, v, r in (("a", "better", -0.02), ("b", "worse", 0.01), ("c", "better", -0.05), ("d", "better", -0.01))]
+    picks.joinpath("rediscovery.json").write_text(json.dumps({"features": {}, "searches": searches}))
+    plan = {"study": "s", "out": str(tmp_path / "runs"), "results": "results", "questions": {"E2": {
+        "blocks": [3], "search_seeds": [3], "stages": [
+            {"name": "x", "dir": "x/climb-3", "command": ["search", "--seed", 3, *TINY, "--out", "{out}"]},
+            {"name": "e1", "kind": "rediscovery", "searches": ["x/*"], "file": "e1/rediscovery.json"},
+                                  {"name": "pick", "kind": "plan", "genes_of": "e1/rediscovery.json", "top": 2,
+                                   "genes": [GATE], "seeds": 2, "seed_block": 3, "margin": 0.01}],
+        "sources": {"e1": "e1/rediscovery.json"}, "answers": {"answer": [{"say": "-"}]}}}}
+    study = load_study(_write(tmp_path / "plan.yaml", plan))
+    assert study.rel(study.raw["out"], "a/b") == f"{tmp_path}/runs/a/b"  # not made relative to the root
+    register(study, allow_dirty=True, after_results="a made-up rediscovery file")
+    assert run_study(study, lambda argv: pytest.fail(f"ran {argv}"), stages=["pick"], log=lambda line: None) == ["pick"]
+    written = yaml.safe_load((tmp_path / "results" / "plans" / "pick.yaml").read_text())
+    assert written["comparisons"] == ["c", "a", GATE]  # better only, the largest improvement first, then the gate
+
+
+def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):
+    plan = _study({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 1, dir="a/{k}",
+                                             each={"k": [{"k": 1, "size": [1]}]})])})
+    plan["vars"] = {"size": [2]}
+    with pytest.raises(UserError, match="each names 'size', which is also a var of the plan"):
+        load_study(_write(tmp_path / "plan.yaml", plan))

@@ -231,3 +231,77 @@ def test_store_times_count_each_role_and_report_gaps_without_a_stored_training()
     assert [r["stored"] for r in rows] == at[:2]  # in the order stored
     assert rows[0]["ms_per_step"] is None and rows[1]["ms_per_step"] == 2.0
     assert rows[1]["cuda_graph"] == "captured at step 3"
+
+
+def _validated_run(folder: Path, winner: str, verdict: str, values: list, relative: float, seed: int,
+                   metric: str = "val_perplexity", name: str = "validation.json") -> dict:
+    """A climb's files and the validation of its winner beside them (``validate --from-run --top 1``)."""
+    _search_run(folder, "climb", [(0, winner)], [winner])
+    folder.joinpath(name).write_text(json.dumps({"metric": metric, "genes": [
+        {"gene": winner, "verdict": verdict, "relative": relative, "values": values,
+         "versus": {"baseline": "matched"}}]}))
+    found = results.search_features(folder)
+    found["seed"] = seed
+    return found
+
+
+def test_a_registered_rediscovery_rule_counts_searches_and_sets_the_rate_against_its_bar(tmp_path):
+    gated = "prog=o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))"
+    mixed = "prog=o(mix(w.softmax(t.fixed(s.dot(shift(q),k))),v))"
+    plain = "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"
+    # 9 of 10 searches rediscover: 5 hold the gate (whatever their verdict), 4 others are validated better
+    searches = [_validated_run(tmp_path / f"g{i}", gated, "undetermined", [2.0], 0.0, i) for i in range(5)]
+    searches += [_validated_run(tmp_path / f"m{i}", mixed, "better", [1.9], -0.03 - i / 100, 5 + i) for i in range(4)]
+    searches += [_validated_run(tmp_path / "p", plain, "worse", [2.1], 0.02, 9)]
+    assert searches[5]["validated"] == {"verdict": "better", "relative": -0.03, "difference": None, "values": [1.9],
+                                        "against": "matched",
+                                        "metric": "val_perplexity", "file": "validation.json"}
+    rule = [["holds output gate"], ["validated better"]]
+    out = results.rediscovered(searches, rule, bar=0.5)
+    rate = out["rates"]["climb"]
+    assert (rate["solved"], rate["n"], rate["verdict"]) == (9, 10, "above")  # [0.555, 0.997]: above one half
+    assert [s["rediscovered"] for s in searches] == [True] * 9 + [False]
+    assert results.rediscovered(searches[4:], rule, 0.5)["rates"]["climb"]["verdict"] == "undetermined"  # 5/6
+    assert results.rediscovered(searches[9:] * 10, rule, 0.5)["rates"]["climb"]["verdict"] == "below"  # 0/10
+    # both facts of an alternative must hold: token mixing and solving (every fresh value >= 0.9)
+    recall = [_validated_run(tmp_path / "r1", mixed, "better", [0.95, 0.91], 0.4, 1, "suite_accuracy",
+                             "validation_suite.json"),
+              _validated_run(tmp_path / "r2", mixed, "better", [0.95, 0.85], 0.4, 2, "suite_accuracy",
+                             "validation_suite.json")]
+    out = results.rediscovered(recall, [["holds token mixing", "solves"]], bar=0.5, solve_at=0.9)
+    assert [s["rediscovered"] for s in recall] == [True, False] and out["rates"]["climb"]["solved"] == 1
+    payload = {**results.rediscovery(recall, "climb", ["token mixing"]), "searches": recall, "outcome": out}
+    text = study_tables.rediscovery(payload)
+    assert "Rediscovered: (holds token mixing and solves) (solves: every fresh value >= 0.9)." in text
+    assert "| climb | 1/2 | 0.50 [0.01, 0.99] | 0.5 | undetermined |" in text
+    for bad, bar, match in (([["holds a wish"]], 0.5, "'holds a wish' is not a fact"), ([], 0.5, "list of alternatives"),
+                            (rule, 1.5, "not a rate between 0 and 1")):
+        with pytest.raises(UserError, match=match):
+            results.check_rule(bad, bar)
+    with pytest.raises(UserError, match="rediscovery features"):
+        results.rediscovery(recall, "climb", ["a wish"])
+
+
+def test_a_validation_beside_a_search_must_hold_its_winner(tmp_path):
+    run = tmp_path / "climb-1"
+    _search_run(run, "climb", [(0, "prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v))")],
+                ["prog=o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"])
+    assert results.search_features(run)["validated"] is None  # not validated: no facts of a validation
+    run.joinpath("validation.json").write_text(json.dumps({"genes": [{"gene": "another", "verdict": "better"}]}))
+    with pytest.raises(UserError, match="does not validate the search's winner"):
+        results.search_features(run)
+
+
+def test_reliability_pools_each_searchs_rank_correlation_with_its_interval():
+    def validation(seed, pairs):
+        return {"search_seed": seed, "genes": [{"search_value": a, "mean": b} for a, b in pairs]}
+
+    agree = validation(1, [(1.0, 2.0), (2.0, 3.0), (3.0, 5.0), (4.0, 4.5)])  # rho 0.8
+    exact = validation(2, [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)])  # rho 1
+    short = validation(3, [(1.0, 1.0), (2.0, 2.0)])  # two genes: no correlation
+    out = results.reliability([agree, exact, short])
+    assert [r["rho"] for r in out["searches"]] == [pytest.approx(0.8), pytest.approx(1.0), None]
+    assert out["pooled"]["n"] == 2 and out["pooled"]["mean"] == pytest.approx(0.9)
+    assert out["pooled"]["ci_low"] < 0.9 < out["pooled"]["ci_high"]
+    text = study_tables.reliability(out)
+    assert "| **pooled (2 searches)** |  | 0.90 [" in text and "| 3 | 2 | - |" in text

@@ -9,7 +9,8 @@ Strategies (ask/tell, never train anything): ``make_strategy(name, **settings)``
         def _propose(self): ...          # the genes of generation self.generation
         def _update(self, told): ...     # fold [(gene, perplexity)] into self.population
 
-Built in: ``ga`` (the original's genetic algorithm), ``random``, ``nsga2`` (non-dominated sorting
+Built in: ``ga`` (the original's genetic algorithm), ``random``, ``neighbours`` (random one-edit
+neighbours of a seeded start), ``climb`` (a hill climb), ``nsga2`` (non-dominated sorting
 and crowding distance) and ``tpe`` (Optuna's TPE; the ``[tpe]`` extra). All of them accept several
 ``objectives`` (see docs/search.md).
 """
@@ -22,7 +23,7 @@ from evo_attention.search.base import Individual, Strategy, fitness_value, rank_
 from evo_attention.search.climb import HillClimb
 from evo_attention.search.ga import GeneticAlgorithm
 from evo_attention.search.nsga2 import NSGA2
-from evo_attention.search.random_search import RandomSearch
+from evo_attention.search.random_search import NeighbourSearch, RandomSearch
 from evo_attention.search.tpe import TPE
 from evo_attention.util.errors import UserError
 
@@ -49,6 +50,7 @@ def register_strategy(name: str):
 
 register_strategy("ga")(GeneticAlgorithm)
 register_strategy("random")(RandomSearch)
+register_strategy("neighbours")(NeighbourSearch)
 register_strategy("nsga2")(NSGA2)
 register_strategy("climb")(HillClimb)
 register_strategy("tpe")(TPE)  # needs Optuna (the [tpe] extra), imported only when a TPE is built
@@ -81,5 +83,6 @@ def strategy_from_config(config) -> Strategy:
     return strategy_class(config.strategy).from_config(config)
 
 
-__all__ = ["GeneticAlgorithm", "HillClimb", "Individual", "NSGA2", "RandomSearch", "TPE", "STRATEGIES", "Strategy", "fitness_value",
-           "make_strategy", "rank_members", "ranking_key", "register_strategy", "strategy_from_config"]
+__all__ = ["GeneticAlgorithm", "HillClimb", "Individual", "NeighbourSearch", "NSGA2", "RandomSearch", "TPE",
+           "STRATEGIES", "Strategy", "fitness_value", "make_strategy", "rank_members", "ranking_key",
+           "register_strategy", "strategy_from_config"]

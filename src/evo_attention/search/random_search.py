@@ -9,12 +9,22 @@ generation 0, so the two start from the same point.
 ``population`` is everything evaluated so far, best first; each ``history`` entry lists that
 batch's members and the best result so far. ``seed_vanilla`` is honoured as in the GA; it takes no
 other option (asking never repeats a gene, so there is nothing to dedupe).
+
+``NeighbourSearch`` (strategy ``neighbours``) is the control arm for "does evolution help": random
+one-edit sampling at the GA's budget. Generation 0 is random search's (the start and its one-edit
+neighbours, so with one seed and start it equals the GA's and the climb's); every later gene is one
+edit (``search.base.neighbour``) of a start gene drawn uniformly with the strategy's generator,
+never a key asked before (``NEIGHBOUR_TRIES`` draws per gene; once the neighbourhood is spent,
+random genes not asked before fill the batch). It needs a start: the driver starts it from vanilla
+unless ``start_from`` says otherwise, as the climb; without one (``start_from: random``, or no
+``warm_start``) it refuses.
 """
 
 from __future__ import annotations
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Individual, Strategy, draw_new_gene, rank_members
+from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, Strategy, draw_new_gene, neighbour, rank_members
+from evo_attention.util.errors import UserError
 
 
 class RandomSearch(Strategy):
@@ -39,3 +49,28 @@ class RandomSearch(Strategy):
 
     def _history_members(self, told) -> list[Individual]:
         return self._batch
+
+
+class NeighbourSearch(RandomSearch):
+    """Random one-edit neighbours of the start, in GA-sized batches (see the module docstring)."""
+
+    name = "neighbours"
+
+    def _propose(self) -> list[AttentionGene]:
+        if not self._warm:
+            raise UserError("the neighbours strategy samples one-edit neighbours of a start: set start_from to "
+                            "vanilla, gene strings or a run", setting="start_from")
+        if self.generation == 0:
+            return self._initial_genes()
+        taken, genes, size = set(self._asked_keys), [], self.batch_size(self.generation)
+        for _ in range(NEIGHBOUR_TRIES * size):
+            if len(genes) == size:
+                break
+            child = neighbour(self.rng.choice(self._warm), self.rng, self.space)
+            if child.key not in taken:
+                genes.append(child)
+                taken.add(child.key)
+        while len(genes) < size:  # the neighbourhood is spent: random genes not asked before
+            genes.append(draw_new_gene(self.rng, self.space, taken))
+            taken.add(genes[-1].key)
+        return genes

@@ -8,7 +8,12 @@
 - ``collect_strategies`` and ``compare_strategies``: search strategies over several search seeds,
   each search's validated winner, paired by search seed;
 - ``search_features`` and ``rediscovery``: how often searches' winners hold known ingredients (solve
-  rates with exact intervals, Fisher's test against a reference strategy, Barnard's beside it);
+  rates with exact intervals, Fisher's test against a reference strategy, Barnard's beside it), and
+  how often a search *rediscovers* by a registered rule (``rediscovered_if``: alternatives of facts
+  about its winner, each fact an ingredient held, ``validated better`` or ``solves``), its rate
+  against a registered ``bar`` by the exact interval;
+- ``reliability``: the rank correlation of search scores and fresh-seed scores over each search's
+  top genes, pooled over the searches with its interval (a quantity, not a test);
 - ``select_rate``: a rate of a grid by the baseline's mean (ties to the smaller rate), and whether
   it lies at an edge of the grid;
 - ``store_times``, ``training_rows`` and ``run_times``: a run store's machine time per role.
@@ -197,7 +202,9 @@ def seed_use(found: dict[str, dict[int, dict]]) -> dict:
 
 # a program holds a feature when one of the feature's ops appears in it (an op: a name before "(")
 FEATURES = {"output gate": {"sgate", "g.output_gate"}, "squared ReLU": {"sqrelu"},
-            "depthwise convolution": {"dconv2", "dconv3", "dconv4"}}
+            "depthwise convolution": {"dconv2", "dconv3", "dconv4"},
+            "token mixing": {"shift", "dconv2", "dconv3", "dconv4", "decay"}}  # programs.TIME_OPS
+TESTED = ("output gate", "squared ReLU", "depthwise convolution")  # a rediscovery stage's default family
 _OP = re.compile(r"([A-Za-z_][\w.]*)\(")
 REDISCOVERY_WORDS = {stats.SOLVED_MORE: "rediscovered more often", stats.SOLVED_LESS: "rediscovered less often",
                      stats.UNDETERMINED: "no difference shown"}
@@ -248,6 +255,7 @@ def search_features(run: Path, need_evaluations: bool = True) -> dict:
            "seed": (final.get("config") or {}).get("seed"), "winner": top[0] if top else None, "top_5": top,
            "evaluated": len(order) if recorded else None, "generation0": len(generation0) if recorded else None,
            "evaluations_recorded": recorded, "features": {}}
+    out["validated"] = _validated(run, out["winner"])
     for feature in FEATURES:
         first = next((i + 1 for i, g in enumerate(order) if holds(g, feature)), None)
         first_best = next((i for i, g in enumerate(running) if g and holds(g, feature)), None)
@@ -258,17 +266,106 @@ def search_features(run: Path, need_evaluations: bool = True) -> dict:
     return out
 
 
-def rediscovery(searches: list[dict], reference: str) -> dict:
-    """Per strategy and feature the searches whose winner holds it (``stats.solve_rate``), in the top
-    5, the evaluations until the first holding it and the base rate of generation 0; each other
-    strategy against ``reference`` by Fisher's exact test, Holm over the features, Barnard's beside."""
+def _validated(run: Path, winner: str | None) -> dict | None:
+    """The winner's row of the validation beside its search (``validate --from-run``: ``validation.json``
+    or ``validation_suite.json`` in the run's folder): its verdict (against its parameter-matched model
+    where the validation matched parameters), relative change and fresh-seed values; None without one."""
+    for name in ("validation.json", "validation_suite.json"):
+        if (run / name).is_file() and winner is not None:
+            payload = json.loads((run / name).read_text())
+            row = next((g for g in payload.get("genes") or [] if g["gene"].split("|lr=")[0] == winner), None)
+            if row is None:
+                raise UserError(f"{run / name} does not validate the search's winner {winner}: validate it with "
+                                "--from-run and --top 1")
+            return {"verdict": row.get("verdict"), "relative": row.get("relative"),
+                    "difference": row.get("difference"), "values": row.get("values"),
+                    "against": (row.get("versus") or {}).get("baseline", "baseline"), "metric": payload.get("metric"),
+                    "file": name}
+    return None
+
+
+def _facts(search: dict, solve_at: float | None) -> dict[str, bool]:
+    """What a rule may ask of one search: ``holds FEATURE``, ``validated better``, ``solves`` (every
+    fresh-seed value of its validated winner at or above ``solve_at``)."""
+    v = search.get("validated") or {}
+    values = [x for x in v.get("values") or [] if x is not None]
+    facts = {f"holds {f}": row["found"] for f, row in search["features"].items()}
+    facts["validated better"] = v.get("verdict") == "better"
+    facts["solves"] = solve_at is not None and bool(values) and min(values) >= solve_at
+    return facts
+
+
+def check_rule(rule, bar) -> None:
+    """A rediscovery rule: a list of alternatives, each a list of facts (``_facts``), and its bar in (0, 1)."""
+    known = {f"holds {f}" for f in FEATURES} | {"validated better", "solves"}
+    if not (isinstance(rule, list) and rule and all(isinstance(a, list) and a for a in rule)):
+        raise UserError("rediscovered_if is a list of alternatives, each a list of facts, e.g. "
+                        "[[holds output gate], [validated better]]")
+    for fact in (f for a in rule for f in a):
+        if fact not in known:
+            raise UserError(f"rediscovered_if: {fact!r} is not a fact: use one of {', '.join(sorted(known))}")
+    if not isinstance(bar, (int, float)) or isinstance(bar, bool) or not 0 < bar < 1:
+        raise UserError(f"bar {bar!r} is not a rate between 0 and 1: give the registered rate to beat, e.g. 0.5")
+
+
+def rediscovered(searches: list[dict], rule: list, bar: float, solve_at: float | None = None) -> dict:
+    """Per strategy: the searches for which one alternative of ``rule`` holds in full, the count with
+    its exact interval and the verdict against ``bar``: ``above`` when the interval lies above it,
+    ``below`` when it lies below, else ``undetermined``."""
+    check_rule(rule, bar)
+    out = {}
+    for s in searches:
+        facts = _facts(s, solve_at)
+        s["rediscovered"] = any(all(facts[f] for f in alt) for alt in rule)
+        out.setdefault(str(s["strategy"]), []).append(s["rediscovered"])
+    rates = {}
+    for strategy, hits in out.items():
+        r = stats.solve_rate(sum(hits), len(hits))
+        r["verdict"] = "above" if r["ci_low"] > bar else "below" if r["ci_high"] < bar else "undetermined"
+        rates[strategy] = r
+    return {"rule": rule, "bar": bar, "solve_at": solve_at, "rates": rates}
+
+
+def reliability(payloads: list[dict], confidence: float = 0.95) -> dict:
+    """Per validation of a search's top genes (``validate --from-run --top K``): Spearman's rank
+    correlation of the genes' search scores and their fresh-seed means (positive: the search ranked
+    them as fresh seeds do); pooled as the mean over searches with its t interval (searches are the
+    units). A search with fewer than 3 scored genes, or ties throughout, has no correlation."""
+    from scipy.stats import spearmanr
+
+    rows = []
+    for p in payloads:
+        pairs = [(g["search_value"], g["mean"]) for g in p.get("genes") or []
+                 if g.get("search_value") is not None and g.get("mean") is not None]
+        rho = None
+        if len(pairs) >= 3 and len({a for a, _ in pairs}) > 1 and len({b for _, b in pairs}) > 1:
+            rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic)
+        rows.append({"run": p.get("source_run"), "search_seed": p.get("search_seed"), "genes": len(pairs),
+                     "rho": rho, "search": [a for a, _ in pairs], "fresh": [b for _, b in pairs]})
+    pooled = stats.describe([r["rho"] for r in rows if r["rho"] is not None], confidence)
+    if pooled["ci_low"] is not None:  # a t interval may pass the bounds of a correlation: cut at them
+        pooled["ci_low"], pooled["ci_high"] = max(pooled["ci_low"], -1.0), min(pooled["ci_high"], 1.0)
+    return {"searches": rows, "pooled": pooled, "confidence": confidence,
+            "note": "the mean of the per-search Spearman correlations, with the t interval over searches (an "
+                    "approximation: cut at -1 and 1)"}
+
+
+def rediscovery(searches: list[dict], reference: str, features=TESTED) -> dict:
+    """Per strategy and feature (of ``features``) the searches whose winner holds it
+    (``stats.solve_rate``), in the top 5, the evaluations until the first holding it and the base
+    rate of generation 0; each other strategy against ``reference`` by Fisher's exact test, Holm over
+    the features, Barnard's beside."""
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown or not features:
+        raise UserError(f"rediscovery features {unknown or features}: use some of {', '.join(FEATURES)}")
+    tested = {f: FEATURES[f] for f in features}
     by_strategy: dict[str, list] = {}
     for s in searches:
         by_strategy.setdefault(str(s["strategy"]), []).append(s)
     summary = {}
     for strategy, runs in by_strategy.items():
         rows = {}
-        for feature in FEATURES:
+        for feature in tested:
             found = sum(r["features"][feature]["found"] for r in runs)
             firsts = [r["features"][feature]["first_evaluation"] for r in runs
                       if r["features"][feature]["first_evaluation"] is not None]
@@ -282,17 +379,17 @@ def rediscovery(searches: list[dict], reference: str) -> dict:
         summary[strategy] = rows
     comparisons = {}
     if reference in summary:
-        ref = {f: (summary[reference][f]["solved"], summary[reference][f]["n"]) for f in FEATURES}
+        ref = {f: (summary[reference][f]["solved"], summary[reference][f]["n"]) for f in tested}
         for strategy in summary:
             if strategy == reference:
                 continue
-            counts = {f: (summary[strategy][f]["solved"], summary[strategy][f]["n"]) for f in FEATURES}
+            counts = {f: (summary[strategy][f]["solved"], summary[strategy][f]["n"]) for f in tested}
             fisher = stats.solve_rates_versus(counts, ref, test="fisher")
             barnard = stats.solve_rates_versus(counts, ref, test="barnard")
             comparisons[strategy] = {f: {**fisher[f], "p_barnard_holm": barnard[f].get("p_holm"),
                                          "words": REDISCOVERY_WORDS.get(fisher[f]["verdict"], fisher[f]["verdict"])}
-                                     for f in FEATURES}
-    return {"features": {f: sorted(o) for f, o in FEATURES.items()}, "reference": reference,
+                                     for f in tested}
+    return {"features": {f: sorted(o) for f, o in tested.items()}, "reference": reference,
             "strategies": summary, "comparisons": comparisons}
 
 

@@ -46,14 +46,16 @@ from evo_attention.studies.plan import amendment_time, family_values, fingerprin
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
-KINDS = ("command", "tune", "plan", "versus", "family", "strategies", "rediscovery", "suite")
+KINDS = ("command", "tune", "plan", "versus", "family", "strategies", "rediscovery", "reliability", "suite")
 STAGE_KEYS = {"name", "kind", "dir", "each", "device", "note", "done", "file"}
 KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
-             "plan": {"genes_of", "genes", "rate_of", "margin", "alpha", "seeds", "seed_block"},
+             "plan": {"genes_of", "genes", "top", "rate_of", "margin", "alpha", "seeds", "seed_block"},
              "versus": {"genes_of", "reference_file", "reference", "margin"},
              "family": {"gene", "cells", "against", "margin", "trend", "trend_only"},
              "strategies": {"searches", "reference", "margin"},
-             "rediscovery": {"searches", "describe", "reference"}, "suite": {"suite", "data_seed"}}
+             "rediscovery": {"searches", "describe", "reference", "features", "rediscovered_if", "bar",
+                             "solve_at"},
+             "reliability": {"validations"}, "suite": {"suite", "data_seed"}}
 TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
             "edge_rule", "amendments", "questions"}
 QUESTION_KEYS = {"title", "blocks", "search_seeds", "stages", "tables", "sources", "words", "answers"}
@@ -62,7 +64,8 @@ DONE = {"validate": "validation*.json", "search": "final_results.json", "baselin
         "train": "result.json", "curve": "curve.json", "compare": "compare*.json", "transfer": "transfer*.json",
         "ablate": "ablation*.json"}
 _REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
-CONDITION = re.compile(r"^(?:(all|some|no)\s+)?(\S+)\s+is\s+(not\s+)?(.+)$")
+# [all|some|no] NAME[ENTITY] is [not] WORD: NAME a source or a table of words; [ENTITY] one of its entries
+CONDITION = re.compile(r"^(?:(all|some|no)\s+)?([^\s\[]+)(?:\[([^\]]+)\])?\s+is\s+(not\s+)?(.+)$")
 
 
 def _rule(path, rule: str, what: str) -> UserError:
@@ -106,8 +109,11 @@ class Study:
         return self.raw["questions"]
 
     def rel(self, *parts) -> str:
-        """A path relative to the root, as commands and documents name it."""
-        return "/".join(str(p).strip("/") for p in parts if str(p) not in ("", "."))
+        """A path relative to the root, as commands and documents name it (an absolute ``out`` or
+        ``results`` stays absolute)."""
+        kept = [str(p) for p in parts if str(p) not in ("", ".")]
+        joined = "/".join(p.strip("/") for p in kept)
+        return "/" + joined if kept and kept[0].startswith("/") else joined
 
     def out(self, rel: str = "") -> Path:
         return self.root / self.raw["out"] / rel
@@ -289,6 +295,8 @@ def _inputs(stage: Stage, combo: dict, env: dict) -> list[str]:
         found.append(s["searches"].rstrip("/") + "/*")
     if stage.kind == "rediscovery":
         found += list(s.get("searches") or []) + list(s.get("describe") or [])
+    if stage.kind == "reliability":
+        found += list(s.get("validations") or [])
     for var, values in (stage.spec.get("each") or {}).items():
         if isinstance(values, dict):
             found.append(values["genes_of"])
@@ -352,8 +360,22 @@ def _check_rules(study: Study) -> None:
         for var, values in each.items():
             if isinstance(values, list) and any(isinstance(v, dict) and var not in v for v in values):
                 raise _fail(path, f"stage {stage.name}: each {var}: a mapping among its values names its own {var}")
+            names = {var} | {k for v in values if isinstance(v, dict) for k in v} if isinstance(values, list) else {var}
+            shadowed = sorted(names & set(study.raw.get("vars") or {}))
+            if shadowed:  # vars are substituted first: the each value would never be used
+                raise _fail(path, f"stage {stage.name}: each names {shadowed[0]!r}, which is also a var of the plan: "
+                                  "rename one of them")
         if stage.kind == "tune" and not (isinstance(spec.get("grid"), list) and len(spec["grid"]) >= 2):
             raise _fail(path, f"stage {stage.name}: a tune stage needs its grid (a list of at least 2 rates)")
+        if stage.kind == "rediscovery" and spec.get("rediscovered_if") is not None:
+            try:
+                from evo_attention.studies.results import check_rule
+
+                check_rule(spec["rediscovered_if"], spec.get("bar"))
+            except UserError as exc:
+                raise _fail(path, f"stage {stage.name}: {exc}") from None
+        if stage.kind == "reliability" and not (isinstance(spec.get("validations"), list) and spec["validations"]):
+            raise _fail(path, f"stage {stage.name}: a reliability stage names its validations (a list of globs)")
         if stage.trains and not stage_commands(stage):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
         if stage.kind == "plan" and ("seeds" not in spec or "margin" not in spec):
@@ -485,9 +507,10 @@ def _check_decisions(study: Study) -> None:
             for r in rules:
                 for cond in r.get("if") or []:
                     m = CONDITION.match(str(cond))
-                    if not m or m[2] not in known or (m[1] and not answer):
-                        raise _rule(path, rule, f"question {qname}, {where}: {cond!r} is not NAME is [not] WORD "
-                                                f"(NAME: {', '.join(sorted(known))}; all/some/no in answers)")
+                    if not m or m[2] not in known or (m[1] and not answer) or (m[1] and m[3]):
+                        raise _rule(path, rule, f"question {qname}, {where}: {cond!r} is not NAME[ENTITY] is [not] WORD "
+                                                f"(NAME: {', '.join(sorted(known))}; all/some/no in answers, "
+                                                "without [ENTITY])")
             if not answer:
                 known.add(where.split(" ", 1)[1])
 
@@ -506,6 +529,11 @@ def genes_of(payload: dict, where: str, edge_rule: str = "refuse") -> list[str]:
     """The genes a validation file validated, each at its selected rate (``GENE|lr=R``) where the
     file has a learning-rate grid; a selection at an edge of the grid is refused (the edge rule)."""
     grid = payload.get("grid")
+    if "features" in payload and "searches" in payload:  # a rediscovery file: its validated-better winners, best first
+        better = [s for s in payload["searches"] if (s.get("validated") or {}).get("verdict") == "better"]
+        lower = not str((better[0]["validated"] if better else {}).get("metric")).endswith("accuracy")
+        better.sort(key=lambda s: s["validated"]["relative"] * (1 if lower else -1))
+        return list(dict.fromkeys(s["winner"] for s in better))
     if not grid:
         return [g["gene"] for g in payload["genes"]]
     if grid.get("at_edge") and edge_rule == "refuse":

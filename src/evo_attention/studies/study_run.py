@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import re
 import shutil
 import subprocess
@@ -168,8 +169,9 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
         file = stage_file(stage, combo, runs.env)
         read = _reader(study, stage)
         if stage.kind == "plan":
-            genes = (genes_of(read(s["genes_of"]), s["genes_of"], edge) if s.get("genes_of") else []) + \
-                list(s.get("genes") or [])
+            picked = genes_of(read(s["genes_of"]), s["genes_of"], edge) if s.get("genes_of") else []
+            genes = picked[:int(s["top"])] if s.get("top") is not None else picked
+            genes += [g for g in s.get("genes") or [] if g not in genes]
             plan = {"name": Path(file).stem, "description": f"study {study.name}: written by stage {stage.name} by its "
                     "registered rule", "comparisons": genes, "margin": float(s.get("margin", 0.01)),
                     "alpha": float(s.get("alpha", 0.05)), "test": "rule", "seeds": int(s["seeds"]),
@@ -199,7 +201,16 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
                      if p.is_dir()]
             described = [res.search_features(p, need_evaluations=False) for g in s.get("describe") or []
                          for p in sorted(study.results().glob(g)) if p.is_dir()]
-            out = {"searches": found, **res.rediscovery(found, s.get("reference", "random")), "described": described}
+            out = {"searches": found, **res.rediscovery(found, s.get("reference", "random"), s.get("features") or res.TESTED),
+                   "described": described}
+            if s.get("rediscovered_if") is not None:
+                out["outcome"] = res.rediscovered(found, s["rediscovered_if"], s.get("bar"), s.get("solve_at"))
+        elif stage.kind == "reliability":
+            files = [p for g in s["validations"] for p in sorted(study.results().glob(g)) if p.is_file()]
+            if not files:
+                raise UserError(f"stage {stage.name}: no validation matches {', '.join(s['validations'])}")
+            out = {**res.reliability([json.loads(p.read_text()) for p in files]),
+                   "files": [str(p.relative_to(study.results())) for p in files]}
         else:  # suite: a suite with a data seed on every point (its other examples)
             import yaml
 
@@ -274,21 +285,33 @@ def verdicts(payload: dict, part: str = "") -> dict[str, str]:
         return {"trend": res.trend_verdict(payload["trend"])}
     if "family" in payload:
         return {cell: row["verdict"] for cell, row in payload["family"].items()}
+    if "pooled" in payload:  # a reliability file: the side of zero its interval lies on
+        low, high = payload["pooled"]["ci_low"], payload["pooled"]["ci_high"]
+        return {"rank correlation": "positive" if low is not None and low > 0 else
+                "negative" if high is not None and high < 0 else "undetermined"}
     if "search_seeds" in payload:
         return {name: row["verdict"] for name, row in payload["comparisons"].items()}
     if "features" in payload:
         words = {"solves more often": "better", "solves less often": "worse"}
         rows = payload["comparisons"]
-        return {(f if len(rows) == 1 else f"{n}: {f}"): words.get(c["verdict"], "undetermined")
-                for n, cs in rows.items() for f, c in cs.items()}
+        out = {(f if len(rows) == 1 else f"{n}: {f}"): words.get(c["verdict"], "undetermined")
+               for n, cs in rows.items() for f, c in cs.items()}
+        rates = (payload.get("outcome") or {}).get("rates") or {}
+        out.update({("rediscovered" if len(rates) == 1 else f"{n}: rediscovered"): r["verdict"]
+                    for n, r in rates.items()})
+        return out
     genes = payload["genes"]
     rows = genes.items() if isinstance(genes, dict) else ((g["gene"], g) for g in genes)
     return {_entity(name): row.get("verdict") for name, row in rows}
 
 
 def _holds(cond: str, tables: dict, entity: str | None) -> bool:
-    quant, name, negate, word = CONDITION.match(cond).groups()
+    quant, name, named, negate, word = CONDITION.match(cond).groups()
     values = tables[name]
+    if named is not None:
+        if named not in values:
+            raise UserError(f"{cond!r}: {name} has no entry {named!r}: its entries are {', '.join(values) or 'none'}")
+        return (values[named] == word.strip()) != bool(negate)
     if quant is None:
         if entity is None and len(values) != 1:
             raise UserError(f"{cond!r}: {name} has {len(values)} entries: say all, some or no")

@@ -74,7 +74,8 @@ class Config:
     crossover_rate: float = setting(0.7, group="search", flag="crossover-rate", parse="float")
     seed: int = setting(42, group="trial", flag="seed", parse="int")
     strategy: str = setting("ga", group="search", after="device", flag="strategy", parse="str",
-                            help="search strategy: ga, random, climb (a hill climb from start_from), nsga2 or tpe "
+                            help="search strategy: ga, random, neighbours (random one-edit neighbours of start_from), "
+                                 "climb (a hill climb from start_from), nsga2 or tpe "
                                  "(tpe needs the [tpe] extra: Optuna), or "
                                  "one a plugin registers")  # a name from evo_attention.search.STRATEGIES
     # e.g. {"dedupe": True, "seed_vanilla": True}
@@ -112,8 +113,8 @@ class Config:
                                      metavar="vanilla|GENES|RUN[:K]|random",
                                      help="start generation 0 from these genes and their one-edit neighbours: vanilla "
                                           "(the run's baseline gene), gene strings, or the best K genes of the run in "
-                                          "RUN; random draws random genes (the default, but for the climb strategy, "
-                                          "which starts from vanilla)")
+                                          "RUN; random draws random genes (the default, but for the climb and "
+                                          "neighbours strategies, which start from vanilla)")
     # racing (search/racing.py): a gene that would enter the elite is measured on this many seeds first
     elite_seeds: int = setting(1, group="search", flag="elite-seeds", parse="int", metavar="K",
                                help="measure a gene that would enter the elite (the climb's incumbent) on K seeds "
@@ -587,6 +588,9 @@ def _check_init_from(c: Config) -> None:
     if c.start_from is not None and (not isinstance(c.start_from, str) or not c.start_from.strip()):
         raise UserError(f"start_from must be vanilla, random, gene strings or a run directory, got {c.start_from!r}",
                         setting="start_from")
+    if c.strategy == "neighbours" and c.start_from is not None and c.start_from.strip() == "random":
+        raise UserError("the neighbours strategy samples one-edit neighbours of a start: set start_from to "
+                        "vanilla, gene strings or a run", setting=("strategy", "start_from"))
     if c.init_from is None:
         return
     if c.start_from is not None:

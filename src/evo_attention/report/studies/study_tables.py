@@ -16,7 +16,10 @@ A document marks a generated table with the file it comes from and the table it 
 - ``strategies``: each strategy's validated winner per search seed, then each strategy against the
   reference strategy, paired by search seed;
 - ``rediscovery``: per feature and strategy the searches whose winner (top 5) holds it, the
-  evaluations until the first program holding it, the base rate; then each strategy against the reference;
+  evaluations until the first program holding it, the base rate; where the file has a registered
+  rediscovery rule, each search's winner and the rate of searches rediscovering against the bar;
+  then each strategy against the reference;
+- ``reliability``: each search's rank correlation of search and fresh scores, and the pooled mean;
 - ``d4-family``: each cell's gene against its matched model with Holm over the cells (where the
   file has the family), then the trend over tokens per parameter.
 """
@@ -166,6 +169,10 @@ def rediscovery(payload: dict) -> str:
             rows.append([feature, n, f"{r['solved']}/{r['n']}", f"{r['rate']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
                          f"{r['in_top_5']}/{r['n']}", first, base])
     first_table = markdown_table(headers, rows, "llrrrrr")
+    if payload.get("outcome"):
+        first_table += "\n" + _rediscovered(payload)
+    if not any(payload["comparisons"].values()):
+        return first_table
     headers = ["Feature", "Strategy", f"Difference in rate vs {ref}", "p (Fisher)",
                f"p (Holm, {len(payload['features'])})", "p (Barnard, Holm)", "Words"]
     rows = []
@@ -174,6 +181,43 @@ def rediscovery(payload: dict) -> str:
             rows.append([feature, n, f"{c['difference']:+.2f}", p_text(c["p_value"]), p_text(c["p_holm"]),
                          p_text(c["p_barnard_holm"]), c["words"]])
     return first_table + "\n" + markdown_table(headers, rows, "llrrrrl")
+
+
+def _rediscovered(payload: dict) -> str:
+    """Each search's winner, its validated verdict and whether the registered rule holds; then the
+    rate per strategy with its exact interval against the bar."""
+    o = payload["outcome"]
+    rule = " or ".join("(" + " and ".join(alt) + ")" for alt in o["rule"])
+    rows = []
+    for s in payload["searches"]:
+        v = s.get("validated") or {}
+        change = (f"{100 * v['relative']:+.2f}%" if v.get("relative") is not None else
+                  "-" if v.get("difference") is None else f"{v['difference']:+.3f}")  # accuracy: in units
+        values = [x for x in v.get("values") or [] if x is not None]
+        rows.append([str(s.get("seed")), s["strategy"], code(s["winner"] or "-"),
+                     ", ".join(f for f, r in s["features"].items() if r["found"]) or "-",
+                     f"{v.get('verdict', '-')} vs {v.get('against', '-')} ({change})" if v else "not validated",
+                     "-" if not values else f"{min(values):.3f}", "yes" if s.get("rediscovered") else "no"])
+    parts = [markdown_table(["Search seed", "Strategy", "Winner", "Holds", "Validated", "Lowest fresh value",
+                             "Rediscovered"], rows, "lllllrl")]
+    rows = [[n, f"{r['solved']}/{r['n']}", f"{r['rate']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]", f"{o['bar']:g}",
+             r["verdict"]] for n, r in o["rates"].items()]
+    parts.append(f"Rediscovered: {rule}" + (f" (solves: every fresh value >= {o['solve_at']:g})" if o.get("solve_at")
+                                             is not None else "") + ".\n")
+    parts.append(markdown_table(["Strategy", "Searches rediscovering", "Rate [95% exact CI]", "Bar", "Against the bar"],
+                                rows, "lrrrl"))
+    return "\n".join(parts)
+
+
+def reliability(payload: dict) -> str:
+    """Per search: its top genes' search scores against their fresh-seed means and Spearman's rho;
+    then the pooled mean with its interval."""
+    rows = [[str(r.get("search_seed") or "-"), str(r["genes"]), "-" if r["rho"] is None else f"{r['rho']:+.2f}"]
+            for r in payload["searches"]]
+    p = payload["pooled"]
+    ci = "-" if p["ci_low"] is None else f"[{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"
+    rows.append([f"**pooled ({p['n']} searches)**", "", f"{num(p['mean'], 2)} {ci}"])
+    return markdown_table(["Search seed", "Genes", "Spearman rho (search score vs fresh mean)"], rows, "lrr")
 
 
 def d4_family(payload: dict) -> str:
@@ -202,7 +246,8 @@ def d4_family(payload: dict) -> str:
 
 
 TABLES = {"verdicts": verdicts, "suite": suite, "grid": grid, "suite-rate": suite_rate, "search-top": search_top,
-          "versus": versus, "strategies": strategies, "rediscovery": rediscovery, "d4-family": d4_family}
+          "versus": versus, "strategies": strategies, "rediscovery": rediscovery, "d4-family": d4_family,
+          "reliability": reliability}
 
 
 def render(table: str, payload: dict) -> str:
