@@ -290,6 +290,10 @@ def test_a_validation_beside_a_search_must_hold_its_winner(tmp_path):
     run.joinpath("validation.json").write_text(json.dumps({"genes": [{"gene": "another", "verdict": "better"}]}))
     with pytest.raises(UserError, match="does not validate the search's winner"):
         results.search_features(run)
+    # a search whose winner is its baseline: validate leaves it out, and it is no validated improvement
+    run.joinpath("validation.json").write_text(json.dumps({"baseline": {"gene": "prog=o(mix(w.softmax(t.fixed("
+                                                                        "s.dot(q,k))),v))"}, "genes": []}))
+    assert results.search_features(run)["validated"]["verdict"] == "the baseline itself"
 
 
 def test_reliability_pools_each_searchs_rank_correlation_with_its_interval():

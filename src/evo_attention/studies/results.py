@@ -31,6 +31,7 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
+from evo_attention.genes import AttentionGene
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 
@@ -274,6 +275,9 @@ def _validated(run: Path, winner: str | None) -> dict | None:
         if (run / name).is_file() and winner is not None:
             payload = json.loads((run / name).read_text())
             row = next((g for g in payload.get("genes") or [] if g["gene"].split("|lr=")[0] == winner), None)
+            if row is None and winner in (AttentionGene.vanilla().key, (payload.get("baseline") or {}).get("gene")):
+                return {"verdict": "the baseline itself", "relative": None, "difference": None, "values": None,
+                        "against": "baseline", "metric": payload.get("metric"), "file": name}  # validate leaves it out
             if row is None:
                 raise UserError(f"{run / name} does not validate the search's winner {winner}: validate it with "
                                 "--from-run and --top 1")
