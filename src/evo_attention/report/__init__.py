@@ -108,9 +108,7 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
                            figures={"evolution": paths["evolution_progress"],
                                     "distribution": paths["evaluation_distribution"],
                                     "curves": paths["learning_curves"],
-                                    **({"pareto": paths["pareto"]} if "pareto" in paths else {}),
-                                    **({"suite": paths["suite"]} if "suite" in paths else {}),
-                                    **({"program": paths["program"]} if "program" in paths else {})})
+                                    **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}})
 
 
 def best_program(summary: RunSummary) -> str | None:

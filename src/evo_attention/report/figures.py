@@ -1,26 +1,7 @@
 """Every figure of the product, drawn with matplotlib's Agg backend (no display needed).
 
-- ``plot_evolution``: perplexity per generation of a run (``evolution_progress.png``).
-- ``plot_samples``: per-seed values of each gene as a box with every point on it, the baseline
-  first and its mean as a dotted line (``validation.png``).
-- ``plot_contributions``: horizontal bars with confidence-interval error bars (``ablation.png``).
-- ``plot_distribution``: the histogram of every finished search evaluation, with the baseline and
-  the best value marked (``evaluation_distribution.png`` of the report).
-- ``plot_head_grid``: one layer's attention weights, a heatmap per head (``attention_layerN.png``).
-- ``plot_compare``: the ranking, loss vs parameters and time, and memory of a comparison (``compare.png``).
-- ``plot_transfer``: each gene's mean against its parameters across model sizes, log axes, with
-  interval bars (``transfer.png``).
-- ``plot_lr_grid``: each gene's mean over its tuning seeds against the learning rate (log x), its
-  selected rate ringed, a panel per size of a ladder (``validation_lr_grid.png`` and the like).
-- ``plot_curve``: each gene's mean accuracy against a task's knob, its interval as a band, the chance
-  level and the break threshold drawn, a log2 axis for powers of two (``curve.png``).
-- ``plot_long_context``: ms per step and memory against the sequence length per family (``long_context.png``).
-- ``plot_pareto``: every evaluation of a multi-objective run on its first two objectives, the
-  Pareto front as a step line and the baseline marked (``pareto.png``).
-- ``plot_suite_heatmap``: genes x points of a suite, each cell's mean accuracy (± sd) written in it,
-  the suite accuracy as the last column (``compare_suite.png``, ``validation_suite.png``, a suite
-  run's ``suite.png``). A suite run's ``evolution_progress.png`` draws suite accuracy (higher is
-  better) instead of perplexity.
+One ``plot_*`` function per figure (each says which file it draws); a suite run's
+``evolution_progress.png`` draws suite accuracy (higher is better) instead of perplexity.
 
 Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
 same input draws the same figure.
@@ -41,9 +22,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, failed, perplexity_of  # noqa: E402
+from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, perplexity_of  # noqa: E402
 from evo_attention.search.pareto import front  # noqa: E402
 from evo_attention.util.files import atomic_target  # noqa: E402
 from evo_attention.util.format import finite_or_none, number  # noqa: E402
@@ -67,6 +48,7 @@ def _closing_on_error(fig):
 
 
 def _offsets(n: int, spread: float = 0.25) -> np.ndarray:
+    """Fixed (not random) offsets of ``n`` points, so the figure is reproducible."""
     return np.zeros(n) if n < 2 else (np.arange(n) / (n - 1) - 0.5) * spread
 
 
@@ -228,9 +210,9 @@ LOG_RATIO = 10.0  # the evolution figure's y axis is logarithmic above this rati
 JITTER = 0.3  # total horizontal spread of the points of one generation
 
 
-def _jitter(i: int, n: int) -> float:
-    """A fixed (not random) offset of point ``i`` of ``n``, so the figure is reproducible."""
-    return 0.0 if n < 2 else (i / (n - 1) - 0.5) * JITTER
+def _wide(values) -> bool:
+    """Whether positive ``values`` span more than ``LOG_RATIO`` (their axis is then logarithmic)."""
+    return min(values) > 0 and max(values) / min(values) > LOG_RATIO
 
 
 def _title(summary: RunSummary) -> str:
@@ -267,41 +249,42 @@ def save_figure(fig, path: str | os.PathLike, tight: bool = True, dpi: int = DPI
 
 
 def _draw(ax, summary: RunSummary) -> None:
-    if summary.suite is not None:
-        _draw_suite(ax, summary)
-        return
+    """Every search evaluation (a suite run: every gene's suite accuracy, where it was first trained), the
+    best and mean of each generation's population, the best so far and the baseline."""
+    suite = summary.suite is not None
+    key = "suite_accuracy" if suite else "perplexity"
     ax.set_title(_title(summary))
     ax.set_xlabel("Generation")
-    ax.set_ylabel("Validation perplexity (lower is better)")
+    ax.set_ylabel(f"Suite accuracy over {len(summary.suite['points'])} points (higher is better)" if suite
+                  else "Validation perplexity (lower is better)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-
     by_generation: dict[int, list] = {}
-    for record in summary.evaluations:
-        if record.get("role") == "search" and record.get("generation") is not None:
-            by_generation.setdefault(int(record["generation"]), []).append(record)
+    for row in summary.suite["genes"] if suite else summary.search_evaluations:
+        value = row["suite_accuracy"] if suite else perplexity_of(row)
+        if row.get("generation") is not None and value is not None:
+            by_generation.setdefault(int(row["generation"]), []).append(value)
     ok_x, ok_y, fail_x = [], [], []
-    for generation, records in sorted(by_generation.items()):
-        for i, record in enumerate(records):
-            x = generation + _jitter(i, len(records))
-            if failed(record):
+    for generation, values in sorted(by_generation.items()):
+        for x, value in zip(generation + _offsets(len(values), JITTER), values):
+            if math.isinf(value):
                 fail_x.append(x)
             else:
                 ok_x.append(x)
-                ok_y.append(perplexity_of(record))
+                ok_y.append(value)
 
     generations = sorted(set(by_generation) | {h["generation"] for h in summary.history})
     if generations:
         ax.set_xlim(generations[0] - 0.5, generations[-1] + 0.5)
-        if generations[-1] - generations[0] <= 20:
+        if generations[-1] - generations[0] <= 20 and not suite:
             ax.set_xticks(range(generations[0], generations[-1] + 1))
-    history = [h for h in summary.history if h["best_perplexity"] is not None]
-    baseline = summary.baseline["perplexity"] if summary.baseline else None
-    values = ok_y + [h["best_perplexity"] for h in history] + ([baseline] if baseline else [])
+    history = [h for h in summary.history if h[f"best_{key}"] is not None]
+    baseline = summary.baseline[key] if summary.baseline else None
+    baseline = baseline if suite else baseline or None  # a perplexity baseline is drawn when truthy
     if summary.outcome != "ok":  # say plainly why there is no curve
         ax.text(0.5, 0.5, summary.statement, transform=ax.transAxes, ha="center", va="center",
                 fontsize=12, wrap=True)
-    if not values:
+    if not (ok_y or history or baseline is not None) and not suite:
         ax.set_yticks([])
         if not generations:
             ax.set_xticks([])
@@ -313,76 +296,37 @@ def _draw(ax, summary: RunSummary) -> None:
 
     if ok_x:
         ax.scatter(ok_x, ok_y, s=14, color="tab:gray", alpha=0.35, linewidths=0,
-                   label=f"evaluations ({len(ok_x)})", zorder=2)
+                   label=f"{'genes' if suite else 'evaluations'} ({len(ok_x)})", zorder=2)
     if history:
         gens = [h["generation"] for h in history]
-        ax.plot(gens, [h["best_perplexity"] for h in history], "o-", color="tab:blue",
+        ax.plot(gens, [h[f"best_{key}"] for h in history], "o-", color="tab:blue",
                 label="best of population", zorder=4)
-        means = [(h["generation"], h["mean_perplexity"]) for h in history if h["mean_perplexity"] is not None]
+        means = [(h["generation"], h[f"mean_{key}"]) for h in history if h[f"mean_{key}"] is not None]
         if means:
             ax.plot(*zip(*means), "s--", color="tab:orange", markersize=4, label="mean of population", zorder=3)
         ax.step(gens, [h["best_so_far"] for h in history], where="post", color="tab:green",
                 linewidth=2.5, alpha=0.6, label="best so far", zorder=3)
-    if baseline:
+    if baseline is not None:
         ax.axhline(baseline, color="black", linestyle=":", linewidth=1.5,
-                   label=f"baseline {summary.baseline['str']}: {baseline:.2f}", zorder=1)
+                   label=f"baseline {summary.baseline['str']}: {baseline:.{3 if suite else 2}f}", zorder=1)
+    if suite:
+        if ok_x or history or baseline is not None:
+            ax.set_ylim(-0.02, 1.02)
+            _legend(ax)
+        return
     if fail_x:
         ax.scatter(fail_x, [0.97] * len(fail_x), transform=ax.get_xaxis_transform(), marker="x",
                    color="tab:red", alpha=0.8, label=f"failed ({len(fail_x)}, drawn at the top)", zorder=5)
-    low, high = min(values), max(values)
-    if low > 0 and high / low > LOG_RATIO:
+    if _wide(ok_y + [h["best_perplexity"] for h in history] + ([baseline] if baseline else [])):
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_major_formatter("{x:g}")
         ax.yaxis.set_minor_formatter(NullFormatter())
     if summary.best is not None:
         ax.annotate(f"best {summary.best['perplexity']:.2f}",
                     (summary.best["generation"] or 0, summary.best["perplexity"]),
                     textcoords="offset points", xytext=(6, 6), fontsize=8, color="tab:blue")  # above: never clipped by the axis floor
     _legend(ax)
-
-
-def _draw_suite(ax, summary: RunSummary) -> None:
-    """The evolution of a suite run: every gene's suite accuracy where it was first trained, the best
-    and mean of each generation's population, the best so far and the baseline (higher is better)."""
-    suite = summary.suite
-    ax.set_title(_title(summary))
-    ax.set_xlabel("Generation")
-    ax.set_ylabel(f"Suite accuracy over {len(suite['points'])} points (higher is better)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(True, alpha=0.3)
-    by_generation: dict[int, list] = {}
-    for row in suite["genes"]:
-        if row.get("generation") is not None and row["suite_accuracy"] is not None:
-            by_generation.setdefault(int(row["generation"]), []).append(row["suite_accuracy"])
-    xs, ys = [], []
-    for generation, values in sorted(by_generation.items()):
-        xs += [generation + _jitter(i, len(values)) for i in range(len(values))]
-        ys += values
-    history = [h for h in summary.history if h["best_suite_accuracy"] is not None]
-    generations = sorted(set(by_generation) | {h["generation"] for h in summary.history})
-    if generations:
-        ax.set_xlim(generations[0] - 0.5, generations[-1] + 0.5)
-    if summary.outcome != "ok":
-        ax.text(0.5, 0.5, summary.statement, transform=ax.transAxes, ha="center", va="center", fontsize=12, wrap=True)
-    if xs:
-        ax.scatter(xs, ys, s=14, color="tab:gray", alpha=0.35, linewidths=0, label=f"genes ({len(xs)})", zorder=2)
-    if history:
-        gens = [h["generation"] for h in history]
-        ax.plot(gens, [h["best_suite_accuracy"] for h in history], "o-", color="tab:blue", label="best of population",
-                zorder=4)
-        ax.plot(gens, [h["mean_suite_accuracy"] for h in history], "s--", color="tab:orange", markersize=4,
-                label="mean of population", zorder=3)
-        ax.step(gens, [h["best_so_far"] for h in history], where="post", color="tab:green", linewidth=2.5,
-                alpha=0.6, label="best so far", zorder=3)
-    base = summary.baseline["suite_accuracy"] if summary.baseline else None
-    if base is not None:
-        ax.axhline(base, color="black", linestyle=":", linewidth=1.5,
-                   label=f"baseline {summary.baseline['str']}: {base:.3f}", zorder=1)
-    if xs or history or base is not None:
-        ax.set_ylim(-0.02, 1.02)
-        _legend(ax)
-
 
 def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str | os.PathLike, *,
                        title: str) -> Path:
@@ -517,9 +461,8 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
             drawn += 1
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.yaxis.set_major_formatter("{x:g}")
+        ax.yaxis.set_minor_formatter("{x:g}")
         ax.tick_params(axis="y", which="minor", labelsize=7)
         for s in sizes:
             if finite_or_none(s.get("params")):
@@ -563,7 +506,7 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
             ax.set_xscale("log")
             if rates:
                 ax.set_xticks(rates)
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_major_formatter("{x:g}")
                 ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("learning rate")
             ax.set_ylabel(ylabel, fontsize=8)
@@ -614,7 +557,7 @@ def plot_curve(result: dict, path: str | os.PathLike) -> Path:
             ax.set_xscale("log", base=2)
         if values:
             ax.set_xticks(sorted(values))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_major_formatter("{x:g}")
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel(knob)
@@ -668,7 +611,7 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
                 ax.axvline(steps, color="tab:gray", linestyle=":", linewidth=1,
                            label="rung cuts of the schedule" if j == 0 else None)
             values = [loss for line in lines for curve in (line[1], line[4] or []) for _, loss in curve]
-            if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
+            if _wide(values):
                 ax.set_yscale("log")
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7, frameon=False)  # below: hides no curve
         else:
@@ -803,7 +746,7 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
                        label=f"baseline {summary.baseline['str'] if summary.baseline else ''}".rstrip())
             xs, ys = xs + (base[names[0]],), ys + (base[names[1]],)
         for axis, values in (("x", xs), ("y", ys)):
-            if min(values) > 0 and max(values) / min(values) > LOG_RATIO:
+            if _wide(values):
                 (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
     return save_figure(fig, path)

@@ -73,11 +73,7 @@ def inline(text: str) -> str:
 
 
 def _verdict_class(text: str) -> str:
-    if text.startswith("better"):
-        return "good"
-    if text.startswith("worse"):
-        return "bad"
-    return ""
+    return next((cls for word, cls in (("better", "good"), ("worse", "bad")) if text.startswith(word)), "")
 
 
 def table(t: md.Table) -> str:

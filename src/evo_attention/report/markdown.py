@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
@@ -35,7 +35,6 @@ from evo_attention.report.studies.transfer import transfer_note, transfer_rule_l
 from evo_attention.report.studies.transfer import transfer_sizes_table as _transfer_sizes_cells
 from evo_attention.report.studies.transfer import transfer_table as _transfer_cells
 from evo_attention.report.studies.validation import validation_table as _validation_cells
-from evo_attention.report.tables import component_table
 from evo_attention.util.files import write_text
 from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
 
@@ -65,16 +64,13 @@ def settings_table(s: RunSummary) -> Table:
 
 
 def generations_table(s: RunSummary) -> Table:
-    if s.suite is not None:
-        headers = ["Generation", "Best suite acc", "Mean suite acc", "Best so far", "Members", "Genes trained",
-                   "Failed on every point", "Best gene"]
-        rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_suite_accuracy"], 4),
-                 fmt(h["mean_suite_accuracy"], 4), fmt(h["best_so_far"], 4), fmt(h["n_members"]),
-                 fmt(h["n_evaluated"]), fmt(h["n_failed"]), h["best_gene"]] for h in s.history]
-        return Table(headers, rows, "lrrrrrrl", (7,))
-    headers = ["Generation", "Best ppl", "Mean ppl", "Best so far", "Members", "Evaluated", "Failed", "Best gene"]
-    rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h["best_perplexity"]),
-             fmt(h["mean_perplexity"]), fmt(h["best_so_far"]), fmt(h["n_members"]), fmt(h["n_evaluated"]),
+    suite = s.suite is not None
+    key, digits = ("suite_accuracy", 4) if suite else ("perplexity", 2)
+    headers = ["Generation", *(("Best suite acc", "Mean suite acc") if suite else ("Best ppl", "Mean ppl")),
+               "Best so far", "Members",
+               *(("Genes trained", "Failed on every point") if suite else ("Evaluated", "Failed")), "Best gene"]
+    rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h[f"best_{key}"], digits),
+             fmt(h[f"mean_{key}"], digits), fmt(h["best_so_far"], digits), fmt(h["n_members"]), fmt(h["n_evaluated"]),
              fmt(h["n_failed"]), h["best_gene"]] for h in s.history]
     return Table(headers, rows, "lrrrrrrl", (7,))
 
@@ -228,37 +224,23 @@ def versions_table(versions: Mapping) -> Table:
 
 
 # -- the tables of the attachments ----------------------------------------------------------------
-def validation_table(result: Mapping) -> Table:
-    return Table(*_validation_cells(result), (0,))
+def _study_table(cells: Callable[[Mapping], tuple | None], code: tuple[int, ...] = ()) -> Callable:
+    """A study's table as a ``Table``: its (headers, rows, align) from ``report.studies``, the columns
+    in ``code`` holding gene keys; None where the study has no such table."""
+    def table(result: Mapping) -> Table | None:
+        found = cells(result)
+        return None if found is None else Table(*found, code)
+    return table
 
 
-def cost_table(result: Mapping) -> Table | None:
-    """What each validated gene costs (None for a validation without costs)."""
-    cells = _cost_cells(result)
-    return None if cells is None else Table(*cells, (0,))
-
-
-def ablation_table(result: Mapping) -> Table:
-    return Table(*_ablation_cells(result), (2,))
-
-
-def recipe_mechanism_table(result: Mapping) -> Table | None:
-    """The 2x2 of an ablated gene that sets its own recipe (None for one that does not)."""
-    cells = _recipe_mechanism_cells(result)
-    return None if cells is None else Table(*cells)
-
-
-def transfer_sizes_table(result: Mapping) -> Table:
-    return Table(*_transfer_sizes_cells(result))
-
-
-def transfer_table(result: Mapping) -> Table:
-    return Table(*_transfer_cells(result), (1,))
-
-
-def suite_table(result: Mapping) -> Table:
-    """A suite study's table (``report.studies.suite_table``)."""
-    return Table(*_suite_cells(result), (1,))
+validation_table = _study_table(_validation_cells, (0,))
+cost_table = _study_table(_cost_cells, (0,))  # what each validated gene costs (None: a validation without costs)
+ablation_table = _study_table(_ablation_cells, (2,))
+recipe_mechanism_table = _study_table(_recipe_mechanism_cells)  # the 2x2 of a gene that sets its own recipe, or None
+transfer_sizes_table = _study_table(_transfer_sizes_cells)
+transfer_table = _study_table(_transfer_cells, (1,))
+suite_table = _study_table(_suite_cells, (1,))  # a suite study's table (report.studies.suite_table)
+curve_table = _study_table(_curve_cells, (1,))
 
 
 def suite_title(result: Mapping) -> str:
@@ -275,10 +257,6 @@ def compare_table(rows: Sequence[Mapping]) -> Table:
             fmt(finite_or_none(r.get("accuracy")), 4), fmt(finite_or_none(r.get("time_s")), 1),
             fmt(finite_or_none(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
     return Table(headers, out, "llrlrrrrrr", (1,))
-
-
-def curve_table(result: Mapping) -> Table:
-    return Table(*_curve_cells(result), (1,))
 
 
 def maps_table(result: Mapping) -> Table:
@@ -382,31 +360,6 @@ def _selection_seeds(s: RunSummary) -> str:
         return "One seed per gene"
     return (f"One seed per gene, {len(s.racing.get('seeds') or [])} for the re-measured elite (ranked by a bound "
             "over them; see Re-measured elites)")
-
-
-def _settings(s: RunSummary) -> list[str]:
-    if not s.settings:
-        return ["No configuration stored."]
-    return [to_markdown(settings_table(s))]
-
-
-def _generations(s: RunSummary) -> list[str]:
-    if not s.history:
-        return ["No generation finished yet."]
-    note = "Best and mean are over the population after the generation (carried-over elites included)."
-    return [note, "", to_markdown(generations_table(s))]
-
-
-def _top(s: RunSummary) -> list[str]:
-    if not s.top(TOP_ROWS):
-        return [f"{s.statement} No gene to rank."]
-    return [to_markdown(top_table(s))]
-
-
-def _failures(s: RunSummary) -> list[str]:
-    if not s.failures:
-        return ["No evaluation failed."]
-    return [to_markdown(failures_table(s))]
 
 
 def full_config_json(s: RunSummary) -> str:
@@ -538,7 +491,7 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     run_dir = run_dir if run_dir is not None else str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
-        ["## Settings", ""] + _settings(s),
+        ["## Settings", "", to_markdown(settings_table(s)) if s.settings else "No configuration stored."],
         ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
     ]
     if s.suite is not None:
@@ -556,10 +509,13 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
         sections.append(["## Learning curves", "",
                          f"![Training loss of the best genes and the baseline over the steps]({curves})"])
     sections += [
-        ["## Per generation", ""] + _generations(s),
-        [f"## Top {TOP_ROWS} genes", ""] + _top(s),
-        ["## Component analysis", "", components_note(s)]
-        + ([] if s.suite is not None else ["", component_table(s).rstrip() or f"{s.statement} Nothing to analyse."]),
+        ["## Per generation", ""] + (["Best and mean are over the population after the generation (carried-over "
+                                      "elites included).", "", to_markdown(generations_table(s))] if s.history
+                                     else ["No generation finished yet."]),
+        [f"## Top {TOP_ROWS} genes", "", to_markdown(top_table(s)) if s.top(TOP_ROWS)
+         else f"{s.statement} No gene to rank."],
+        ["## Component analysis", "", components_note(s)] + ([] if s.suite is not None else [
+            "", to_markdown(components_table(s)) if s.components else f"{s.statement} Nothing to analyse."]),
     ]
     if attachments is not None:
         sections += _attachment_sections(attachments)
@@ -568,7 +524,7 @@ def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir
     if s.racing:
         sections.append(["## Re-measured elites", ""] + racing_lines(s))
     sections += [
-        ["## Failures", ""] + _failures(s),
+        ["## Failures", "", to_markdown(failures_table(s)) if s.failures else "No evaluation failed."],
         ["## Reproducibility", ""] + _reproducibility(s, run_dir, attachments),
     ]
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"

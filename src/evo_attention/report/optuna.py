@@ -44,6 +44,7 @@ import datetime
 import math
 import os
 import warnings
+from collections import Counter
 from pathlib import Path
 
 from evo_attention.genes import ALL_FIELDS, AXIS_FIELDS, AttentionGene, SearchSpace
@@ -140,7 +141,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                      if name not in unused}
     labels = {key: {k: v for k, v in fields.items() if k not in unused} for key, fields in labels.items()}
 
-    trials, states, roles = [], {}, []
+    trials, roles = [], []
     for record in evaluations:
         key = str(record.get("gene"))
         info = gene_info(key)
@@ -183,15 +184,11 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         roles.append("search")
 
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.unlink(missing_ok=True)
-    except PermissionError as exc:
-        raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror}): choose a writable place for "
-                        "optuna_journal", setting="optuna_journal") from None
     study_name = Path(run_dir).resolve().name or "evo-attention"
     studies: dict[str, int] = {}
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # metric names are experimental in some versions
             optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -205,10 +202,9 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                                             directions=["maximize" if suite else "minimize"] * len(objectives))
                 if hasattr(study, "set_metric_names"):
                     study.set_metric_names(list(objectives))
-                study.set_user_attr("run_dir", str(Path(run_dir).resolve()))
-                study.set_user_attr("role", role)
-                study.set_user_attr("objectives", list(objectives))
-                study.set_user_attr("strategy", config.get("strategy"))
+                for key, value in (("run_dir", str(Path(run_dir).resolve())), ("role", role),
+                                   ("objectives", list(objectives)), ("strategy", config.get("strategy"))):
+                    study.set_user_attr(key, value)
                 if names:
                     study.set_user_attr("constraints", {n: limits[n].get("limit") for n in names})
                 study.add_trials(mine)
@@ -223,9 +219,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
             Path(f"{partial}.lock").unlink(missing_ok=True)
         except OSError:  # a read-only place: nothing was written there
             pass
-    for trial, role in zip(trials, roles):
-        if role == "search":
-            states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    states = dict(Counter(trial.state.name for trial, role in zip(trials, roles) if role == "search"))
     return {"path": path, "study": study_name, "studies": studies, "trials": studies.get(study_name, 0),
             "states": states}
 

@@ -63,17 +63,12 @@ EVALUATION_COLUMNS = (
     "steps", "eval_tokens", "error", "created_at", "feasible",
 ) + ALL_FIELDS
 
-# The top-level keys of final_results.json, in order.
+# The top-level keys of final_results.json, in order; a multi-objective run adds "objectives",
+# "pareto_front" and "hypervolume", a run with caps "constraints", a warm-started run "init_from", a suite run "suite".
 FINAL_RESULTS_KEYS = (
     "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
     "change", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
 )
-# ... followed by these in a multi-objective run
-MULTI_OBJECTIVE_KEYS = ("objectives", "pareto_front", "hypervolume")
-# ... and these in a run with caps and a warm-started run
-CONSTRAINT_KEYS = ("constraints",)
-INIT_FROM_KEYS = ("init_from",)
-SUITE_KEYS = ("suite",)  # ... and in a suite run
 # how the reports name each objective (all are minimised)
 OBJECTIVE_LABELS = {"perplexity": "validation perplexity", "params": "parameters", "flops": "FLOPs per training step",
                     "train_ms_per_step": "training ms per step", "latency_ms": "inference latency (ms, median)",
@@ -140,13 +135,10 @@ def option_labels(key: Any) -> dict:
     if len(parts) >= len(FIELDS) and "=" not in "".join(parts[: len(FIELDS)]):
         labels.update(zip(FIELDS, parts))  # the six leading parts
     axes = dict(p.split("=", 1) for p in parts[len(FIELDS):] if "=" in p)
-    labels.update({name: axes.get(KEY_PARTS[name], _default_label(name)) for name in AXIS_FIELDS})
+    # an axis the key does not name: its default (a recipe part's is the run's configured value)
+    labels.update({name: axes.get(KEY_PARTS[name], "default" if name in RECIPE_FIELDS else str(AXIS_DEFAULTS[name]))
+                   for name in AXIS_FIELDS})
     return labels
-
-
-def _default_label(name: str) -> str:
-    """An axis the key does not name: its default (a recipe part's is the run's configured value)."""
-    return "default" if name in RECIPE_FIELDS else str(AXIS_DEFAULTS[name])
 
 
 def layer_keys(key: Any) -> list[str]:
@@ -240,17 +232,11 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
     has best and mean None. Genes in ``infeasible`` (keys of genes over a cap) are neither best nor
     in the mean.
     """
-    recorded = {g["generation"]: g["members"] for g in table}
-    evaluated: dict[int, list[Mapping]] = {}
-    for record in search:
-        if record.get("generation") is not None:
-            evaluated.setdefault(int(record["generation"]), []).append(record)
     history = []
     best_so_far: float | None = None
-    for generation in sorted(set(recorded) | set(evaluated)):
-        records = evaluated.get(generation, [])
-        if generation in recorded:
-            members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded[generation]]
+    for generation, records, recorded in _generations(table, search):
+        if recorded is not None:
+            members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded]
         else:
             members = [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
         finite = sorted((p, k) for k, p in members if p is not None and k not in infeasible)
@@ -266,9 +252,21 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
             "n_evaluated": len(records),
             "n_failed": sum(1 for r in records if failed(r)),
             "best_so_far": best_so_far,
-            "complete": generation in recorded,
+            "complete": recorded is not None,
         })
     return history
+
+
+def _generations(table: list[dict], rows: Iterable[Mapping]) -> Iterable[tuple[int, list, list | None]]:
+    """``(generation, its rows, its members in the generations table or None while in progress)`` for
+    every generation of ``table`` or of ``rows`` (records or suite rows with a generation), in order."""
+    recorded = {g["generation"]: g["members"] for g in table}
+    evaluated: dict[int, list[Mapping]] = {}
+    for row in rows:
+        if row.get("generation") is not None:
+            evaluated.setdefault(int(row["generation"]), []).append(row)
+    for generation in sorted(set(recorded) | set(evaluated)):
+        yield generation, evaluated.get(generation, []), recorded.get(generation)
 
 
 def objectives_of(config: Mapping) -> list[str]:
@@ -403,17 +401,11 @@ def suite_history(table: list[dict], suite: Mapping) -> list[dict]:
     ``best_perplexity`` and ``mean_perplexity`` (None). A recorded generation is described by its
     population (the strategy was told minus each member's suite accuracy), one in progress by the
     genes trained in it so far."""
-    recorded = {g["generation"]: g["members"] for g in table}
-    evaluated: dict[int, list[dict]] = {}
-    for row in suite["genes"]:
-        if row.get("generation") is not None:
-            evaluated.setdefault(int(row["generation"]), []).append(row)
     history, best_so_far = [], None
-    for generation in sorted(set(recorded) | set(evaluated)):
-        rows = evaluated.get(generation, [])
-        if generation in recorded:
+    for generation, rows, recorded in _generations(table, suite["genes"]):
+        if recorded is not None:
             members = [(str(m["gene"]), None if finite_or_none(m["perplexity"]) is None else -m["perplexity"])
-                       for m in recorded[generation]]
+                       for m in recorded]
         else:
             members = [(r["gene"], r["suite_accuracy"]) for r in rows if not r["all_failed"]]
         finite = sorted((-a, k) for k, a in members if a is not None)
@@ -423,7 +415,7 @@ def suite_history(table: list[dict], suite: Mapping) -> list[dict]:
         history.append({"generation": generation, "best_suite_accuracy": best,
                         "mean_suite_accuracy": _mean(-a for a, _ in finite), "best_so_far": best_so_far,
                         "best_gene": best_gene, "n_members": len(members), "n_evaluated": len(rows),
-                        "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": generation in recorded,
+                        "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": recorded is not None,
                         "best_perplexity": None, "mean_perplexity": None})
     return history
 
@@ -928,11 +920,9 @@ def infeasible_rows(constraints: Mapping | None) -> list[dict]:
     """One row per infeasible gene: ``{"gene", "generation", "trained", "why"}`` (refused first)."""
     if not constraints:
         return []
-    rows = [{"gene": e["gene"], "generation": e.get("generation"), "trained": False,
-             "why": caps.violations_text(e.get("violations") or {})} for e in constraints.get("never_trained") or []]
-    rows += [{"gene": t["gene"], "generation": t.get("generation"), "trained": True,
-              "why": caps.violations_text(t.get("violations") or {})} for t in constraints.get("trained") or []]
-    return rows
+    return [{"gene": e["gene"], "generation": e.get("generation"), "trained": trained,
+             "why": caps.violations_text(e.get("violations") or {})}
+            for kind, trained in (("never_trained", False), ("trained", True)) for e in constraints.get(kind) or []]
 
 
 def init_from_text(info: Mapping) -> str:

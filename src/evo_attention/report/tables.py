@@ -1,7 +1,8 @@
 """The run's CSV files and the component-analysis table.
 
-Thin: the rows come from ``RunSummary``; this module only formats cells (``util.format``). Files
-are written atomically (``util.files``), so a reader never sees a half-written report.
+Thin: the rows come from ``RunSummary``; this module only formats cells (``util.format``; the
+component table is ``markdown.components_table``, the one the reports show). Files are written
+atomically (``util.files``), so a reader never sees a half-written report.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from evo_attention.report.markdown import components_table, to_markdown
 from evo_attention.report.summary import EVALUATION_COLUMNS, RunSummary
 from evo_attention.util.files import write_text
-from evo_attention.util.format import code, csv_cell, fmt, markdown_table, md_cell
+from evo_attention.util.format import csv_cell
 
 COMPONENT_COLUMNS = ("field", "option", "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top")
 
@@ -47,13 +49,7 @@ def write_component_csv(summary: RunSummary, path: str | os.PathLike) -> Path:
 
 def component_table(summary: RunSummary) -> str:
     """The component analysis as a markdown table (empty string when nothing was evaluated)."""
-    if not summary.components:
-        return ""
-    headers = ["Field", "Option", "OK runs", "Failed", "Best ppl", "Mean ppl", f"In top {summary.top_n}"]
-    rows = [[md_cell(r["field"]), code(r["option"]), fmt(r["n_ok"]), fmt(r["n_failed"]),
-             fmt(r["best_perplexity"]), fmt(r["mean_perplexity"]), fmt(r["in_top"])]
-            for r in summary.components]
-    return markdown_table(headers, rows, "llrrrrr")
+    return to_markdown(components_table(summary)) + "\n" if summary.components else ""
 
 
 def component_markdown(summary: RunSummary) -> str:

@@ -70,9 +70,7 @@ def ranking_key(gene: AttentionGene | str, fitness: Any) -> tuple:
     """Sort key: finite fitness ascending, then failures; ties broken by the gene key."""
     key = gene.key if isinstance(gene, AttentionGene) else str(gene)
     value = fitness_value(fitness)
-    if math.isinf(value):
-        return (1, 0.0, key)
-    return (0, value, key)
+    return (1, 0.0, key) if math.isinf(value) else (0, value, key)
 
 
 def objective_vector(value: Any, n: int) -> tuple[float, ...]:
@@ -216,13 +214,10 @@ def draw_new_gene(rng: random.Random, space: SearchSpace, exclude: set[str]) -> 
     Redraws a repeated key a few times; if that keeps failing (a nearly exhausted space) it picks
     uniformly among the remaining genes; if none remain it returns a repeat.
     """
-    gene = space.random(rng)
-    for _ in range(_REDRAW_TRIES):
+    for _ in range(1 + _REDRAW_TRIES):
+        gene = space.random(rng)
         if gene.key not in exclude:
             return gene
-        gene = space.random(rng)
-    if gene.key not in exclude:
-        return gene
     remaining = [g for g in enumerate_space(space) if g.key not in exclude]
     return rng.choice(remaining) if remaining else gene
 
@@ -268,11 +263,10 @@ class Strategy(ABC):
     ``population_size - elite_size``, for ``n_generations`` generations), so strategies compared at
     one config spend the same budget. ``constraints`` names the caps of the run (``max_params``,
     ...; empty without any): ``tell`` is then given each gene's excess over them. Subclasses set
-    ``name``, take their own settings as keyword
-    arguments, name the Config fields they read in ``CONFIG_FIELDS`` and the keys of
-    ``strategy_options`` they accept in ``OPTIONS`` (with defaults), and implement ``_propose``
-    (the genes of the current generation) and ``_update`` (fold the told results into
-    ``population``). ``register_strategy`` makes one known by name.
+    ``name``, take their own settings as keyword arguments, name the Config fields they read in
+    ``CONFIG_FIELDS`` and the keys of ``strategy_options`` they accept in ``OPTIONS`` (with
+    defaults), and implement ``_propose`` (the genes of the current generation) and ``_update``
+    (fold the told results into ``population``). ``register_strategy`` makes one known by name.
     """
 
     name: ClassVar[str] = ""
@@ -433,11 +427,10 @@ class Strategy(ABC):
     def _member(self, gene: AttentionGene, fitness: float | tuple, is_elite: bool = False) -> Individual:
         """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives),
         with its told violation of the run's caps."""
+        objectives = fitness if isinstance(fitness, tuple) else ()
         generation = self._first_generation.get(gene.key, self.generation)
-        violation = total_violation(self._excess.get(gene.key))
-        if isinstance(fitness, tuple):
-            return Individual(gene, fitness[0], generation, is_elite, objectives=fitness, violation=violation)
-        return Individual(gene, fitness, generation, is_elite, violation=violation)
+        return Individual(gene, fitness[0] if objectives else fitness, generation, is_elite, objectives=objectives,
+                          violation=total_violation(self._excess.get(gene.key)))
 
     def excess_of(self, gene: AttentionGene | str) -> dict:
         """The told excess of ``gene`` over each cap (``{}``: feasible, or nothing told)."""

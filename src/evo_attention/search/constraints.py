@@ -124,11 +124,6 @@ def violation(excesses: Mapping[str, float] | float | None) -> float:
     return 0.0 if math.isnan(value) else max(0.0, value)
 
 
-def broken(excesses: Mapping[str, float]) -> dict[str, float]:
-    """The caps of ``excesses`` that are broken."""
-    return {name: e for name, e in excesses.items() if e > 0}
-
-
 def record_values(record: Mapping) -> dict[str, float | None]:
     """The measures of a trained gene's record that caps read (None where unknown or failed)."""
     return {cap.measure: objective_value(record, cap.measure) for cap in CAPS}
@@ -140,20 +135,15 @@ def record_excess(record: Mapping, limits: Mapping[str, Mapping]) -> dict[str, f
 
 def violations_text(violations: Mapping[str, Mapping]) -> str:
     """``params 61,000 > max_params 50,000; latency_ms 4.1 > max_latency_ms 1.2x (3.41)``."""
-    parts = []
-    for name, v in violations.items():
-        parts.append(f"{CAP[name].measure} {_number(v['value'])} > {describe_limit(name, v)}")
-    return "; ".join(parts)
+    return "; ".join(f"{CAP[name].measure} {_number(v['value'])} > {describe_limit(name, v)}"
+                     for name, v in violations.items())
 
 
 def violations_of(values: Mapping[str, float | None], limits: Mapping[str, Mapping]) -> dict[str, dict]:
     """``{cap: {"value", "limit", "given", "factor", "excess"}}`` of the caps ``values`` breaks."""
-    out = {}
-    for name, e in broken(excess(values, limits)).items():
-        limit = limits[name]
-        out[name] = {"value": values[CAP[name].measure], "limit": limit["limit"], "given": limit["given"],
-                     "factor": limit.get("factor"), "excess": e}
-    return out
+    return {name: {"value": values[CAP[name].measure], "limit": limits[name]["limit"], "given": limits[name]["given"],
+                   "factor": limits[name].get("factor"), "excess": e}
+            for name, e in excess(values, limits).items() if e > 0}
 
 
 # -- what the reports read -------------------------------------------------------------------------

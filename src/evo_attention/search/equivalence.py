@@ -95,13 +95,9 @@ def functional_genome(genome: "AttentionGene | LayerGenes | str") -> str | None:
     layers = layers_of(genome)
     if all(g.program is None for g in layers):
         return None
-    parts = []
-    for gene in layers:
-        key = gene.key
-        if gene.program is not None:
-            key = key.replace(f"prog={gene.program}", f"prog=fp:{fingerprint(gene.program)}")
-        parts.append(key)
-    return " / ".join(parts)
+    return " / ".join(gene.key if gene.program is None
+                      else gene.key.replace(f"prog={gene.program}", f"prog=fp:{fingerprint(gene.program)}")
+                      for gene in layers)
 
 
 def functional_key(gene: str, seed: int, steps: int, data: str, context: str) -> tuple | None:

@@ -86,6 +86,11 @@ class Evaluation:
                 f"{fingerprint[:12]} vs {self.data.fingerprint[:12]}): point data_dir at the original data, or start "
                 "a new run with overwrite", setting=("data_dir", "overwrite"))
 
+    def fitness(self, keys: list, generation: int | None, role: str = "search") -> dict:
+        """What to tell the strategy of each gene (by key): its ``scores`` on the run's seed."""
+        told = self.scores([(k, self.config.seed) for k in keys], generation, role)
+        return {k: told[k, self.config.seed] for k in keys}
+
     def violations(self, told: dict) -> None:
         return None
 
@@ -112,10 +117,6 @@ class Plain(Evaluation):
     def baseline(self, gene: AttentionGene) -> Individual:
         value = self.evaluate([self.task(gene.key, role="baseline", generation=None)])[gene.key].metric()
         return self.individual(Individual(gene, math.inf if value is None else value))
-
-    def fitness(self, keys: list, generation: int) -> dict:
-        told = self.scores([(k, self.config.seed) for k in keys], generation)
-        return {k: told[k, self.config.seed] for k in keys}
 
     def scores(self, pairs: list, generation: int | None, role: str = "search") -> dict:
         """What the strategy would be told of each ``(gene key, seed)`` pair, trained at the full budget."""
@@ -250,12 +251,6 @@ class Suite(Evaluation):
     def baseline(self, gene: AttentionGene) -> Individual:
         told = self.fitness([gene.key], None, role="baseline")[gene.key]
         return self.individual(Individual(gene, math.inf if told is None else told))
-
-    def fitness(self, keys: list, generation: int | None, role: str = "search") -> dict:
-        """Minus each gene's suite accuracy (None: every point failed), from its trainings on every
-        point through the runner (stored ones are cache hits)."""
-        told = self.scores([(k, self.config.seed) for k in keys], generation, role)
-        return {k: told[k, self.config.seed] for k in keys}
 
     def scores(self, pairs: list, generation: int | None, role: str = "search") -> dict:
         """Minus the suite accuracy of each ``(gene key, seed)`` pair (None: every point failed); point

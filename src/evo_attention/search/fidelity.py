@@ -95,14 +95,12 @@ class Schedule:
         of the finite losses.
         """
         results = list(results)
-        ranked = sorted((loss, key) for key, record in results if (loss := usable_metric(record, "val_loss")) is not None)
-        if self.halving:
-            ranked = ranked[: math.ceil(len(results) / self.eta)]
+        finite = sorted((loss, key) for key, record in results if (loss := usable_metric(record, "val_loss")) is not None)
+        ranked = finite[: math.ceil(len(results) / self.eta)] if self.halving else finite
         if self.hurdle is not None and rung == 0 and ranked:
             import numpy as np
 
-            losses = [loss for key, record in results if (loss := usable_metric(record, "val_loss")) is not None]
-            threshold = float(np.quantile(losses, self.hurdle))
+            threshold = float(np.quantile([loss for loss, _ in finite], self.hurdle))
             ranked = [(loss, key) for loss, key in ranked if loss <= threshold]
         return [key for _, key in ranked]
 
@@ -185,13 +183,12 @@ def fidelity_summary(evaluations: Iterable[Mapping], schedule: Schedule) -> dict
     both). Computed from the run's records, so it is the same after a resume."""
     records = [r for r in evaluations if r.get("role") in ("search", RUNG_ROLE, "baseline")]
     spent = sum(max(0, int(r.get("trained_steps") or 0) - int(r.get("resumed_from") or 0)) for r in records)
-    individuals = {r["gene"] for r in records if r.get("role") in ("search", RUNG_ROLE)}
-    baseline_steps = sum(int(r.get("steps") or 0) for r in records if r.get("role") == "baseline")
-    equivalent = schedule.budget * len(individuals) + baseline_steps
-    highest: dict[str, int] = {}
+    highest: dict[str, int] = {}  # each individual's highest rung
     for r in records:
         if r.get("role") in ("search", RUNG_ROLE):
             highest[r["gene"]] = max(highest.get(r["gene"], 0), int(r["steps"]))
+    baseline_steps = sum(int(r.get("steps") or 0) for r in records if r.get("role") == "baseline")
+    equivalent = schedule.budget * len(highest) + baseline_steps
     full = {r["gene"]: loss for r in records
             if r.get("role") == "search" and int(r["steps"]) == schedule.budget and (loss := usable_metric(r, "val_loss")) is not None}
     audited = {r["gene"] for r in records if r.get("audit")}

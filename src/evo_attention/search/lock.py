@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import time
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -110,12 +111,9 @@ class RunLock:
         directory lock never lapsed; this restores the holder's name for readers)."""
         if self._fd is None:
             return
-        try:
-            mine, there = os.fstat(self._fd), os.stat(self.path)
-            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+        with suppress(OSError):  # gone: put back below
+            if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
                 return
-        except OSError:
-            pass  # gone
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
@@ -132,12 +130,9 @@ class RunLock:
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
-                mine, there = os.fstat(fd), os.stat(self.path)
-                if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            with suppress(OSError):
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
                     os.ftruncate(fd, 0)  # no holder any more (the lock file itself stays)
-            except OSError:
-                pass
             os.close(fd)  # closing releases the flock
         if self._dir_fd is not None:
             fd, self._dir_fd = self._dir_fd, None
@@ -227,7 +222,7 @@ def holder(run_dir: str | os.PathLike) -> dict | None:
 def _kernel_holder(run_dir: Path) -> dict | None:
     """The process holding a flock on ``run_dir``, from the kernel's lock table (Linux): the name of
     a writer whose ``run.lock`` was deleted."""
-    try:
+    with suppress(OSError, ValueError):
         st = os.stat(run_dir)
         wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
         with open("/proc/locks", encoding="ascii", errors="replace") as table:
@@ -235,6 +230,4 @@ def _kernel_holder(run_dir: Path) -> dict | None:
                 parts = line.split()
                 if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == wanted and parts[4].isdigit():
                     return {"pid": int(parts[4]), "host": socket.gethostname(), "started_at": None}
-    except (OSError, ValueError):
-        pass
     return None

@@ -50,9 +50,8 @@ class NSGA2(Strategy):
 
     def _tournament(self) -> AttentionGene:
         """The better (earlier in the ranked population) of two members drawn uniformly."""
-        a = self.rng.randrange(len(self.population))
-        b = self.rng.randrange(len(self.population))
-        return self.population[min(a, b)].gene
+        n = len(self.population)
+        return self.population[min(self.rng.randrange(n), self.rng.randrange(n))].gene
 
     def _breed(self, first: AttentionGene, second: AttentionGene) -> AttentionGene:
         child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first

@@ -77,12 +77,8 @@ def front(points: Sequence[Point]) -> list[int]:
 def crowding(points: Sequence[Point], members: Sequence[int]) -> dict[int, float]:
     """Crowding distance of each index in ``members`` (one front) within that front."""
     distance = {i: 0.0 for i in members}
-    if not members:
-        return distance
-    dims = len(points[members[0]])
-    if dims < 2:
-        return distance
-    for d in range(dims):
+    dims = len(points[members[0]]) if members else 0
+    for d in range(dims if dims >= 2 else 0):
         ordered = sorted(members, key=lambda i: (points[i][d], i))
         low, high = points[ordered[0]][d], points[ordered[-1]][d]
         distance[ordered[0]] = distance[ordered[-1]] = math.inf

@@ -80,8 +80,9 @@ class Racing:
     def fitness(self, keys: list, generation: int) -> dict:
         told = self.inner.fitness(keys, generation)
         told.update({k: self.raced[k]["told"] for k in keys if k in self.raced})
-        while True:
-            threshold = self._threshold()
+        while True:  # the threshold: the ``places``-th best lower bound so far
+            bounds = sorted(math.inf if r["told"] is None else r["told"] for r in self.raced.values())
+            threshold = bounds[self.places - 1] if len(bounds) >= self.places else math.inf
             queue = sorted((told[k], k) for k in keys if k not in self.raced and told[k] is not None
                            and told[k] < threshold)[: self.places]
             if not queue:
@@ -90,10 +91,6 @@ class Racing:
             told.update({k: self.raced[k]["told"] for _, k in queue})
         self._write()
         return told
-
-    def _threshold(self) -> float:
-        bounds = sorted(math.inf if r["told"] is None else r["told"] for r in self.raced.values())
-        return bounds[self.places - 1] if len(bounds) >= self.places else math.inf
 
     def _race(self, first: dict, generation: int | None) -> dict:
         """Each gene of ``first`` (key -> its told value on the run's seed) measured on the other seeds."""

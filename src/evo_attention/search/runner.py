@@ -72,9 +72,7 @@ class Runner:
 
     def lookup(self, task: "EvalTask | Trial") -> EvaluationRecord | None:
         """The stored record of ``task``'s trial, or None."""
-        if self.store is None:
-            return None
-        return self.store.lookup(*resolved(as_task(task)).trial.key())
+        return None if self.store is None else self.store.lookup(*resolved(as_task(task)).trial.key())
 
     def evaluate(self, tasks: Sequence["EvalTask | Trial"]) -> dict:
         """The record of every task, by the task as given (a task repeated in ``tasks`` is evaluated

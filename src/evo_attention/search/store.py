@@ -34,7 +34,7 @@ import math
 import os
 import sqlite3
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -307,7 +307,6 @@ class RunStore:
                                        isolation_level=None, check_same_thread=False)
             else:
                 conn = sqlite3.connect(str(path), timeout=TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            if not readonly:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -355,24 +354,18 @@ class RunStore:
                 raise self._fault(exc) from None
             try:
                 yield conn
+                conn.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
                 self._rollback(conn)
                 raise self._fault(exc) from None
             except BaseException:
                 self._rollback(conn)
                 raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                self._rollback(conn)
-                raise self._fault(exc) from None
 
     @staticmethod
     def _rollback(conn) -> None:
-        try:
+        with suppress(sqlite3.DatabaseError):  # the transaction is gone already (SQLite rolls back on some errors)
             conn.execute("ROLLBACK")
-        except sqlite3.DatabaseError:
-            pass  # the transaction is gone already (SQLite rolls back on some errors itself)
 
     def _query(self, sql: str, params: tuple = ()) -> list[dict]:
         def work(conn):
@@ -387,10 +380,8 @@ class RunStore:
         with self._lock:
             if self._conn is not None:
                 if not self.readonly:
-                    try:
+                    with suppress(sqlite3.DatabaseError):  # the log stays beside run.db, replayed on the next open
                         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                    except sqlite3.DatabaseError:
-                        pass  # the log stays beside run.db and is replayed on the next open
                 self._conn.close()
                 self._conn = None
             if self._held is not None:

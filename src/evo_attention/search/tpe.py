@@ -139,14 +139,12 @@ class TPE(Strategy):
             warm = {g.key for g in self._warm}
             self._trials = [self._enqueued(g) if g.key in warm else None for g in genes]
             return genes
-        genes, trials = [], []
-        taken = set(self._asked_keys)
+        genes, self._trials, taken = [], [], set(self._asked_keys)
         for _ in range(self.batch_size(self.generation)):
             gene, trial = self._ask_one(taken)
             genes.append(gene)
-            trials.append(trial)
+            self._trials.append(trial)
             taken.add(gene.key)
-        self._trials = trials
         return genes
 
     def _ask_one(self, taken: set[str]):

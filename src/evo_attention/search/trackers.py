@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -51,12 +52,9 @@ class Tracker:
 
 
 def _numbers(record, names) -> dict:
-    out = {}
-    for name in names:
-        value = record.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
-            out[name] = float(value)
-    return out
+    values = {name: record.get(name) for name in names}
+    return {name: float(v) for name, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def gene_params(key: str) -> dict:
@@ -125,10 +123,9 @@ class TensorBoardTracker(Tracker):
         # the evaluation's own run: its curves and HParams data (the HParams dashboard's one row)
         run = self._writer_class(str(self.directory / run_directory(index, record["gene"])))
         try:
-            for step, loss in record.get("curve") or []:
-                run.add_scalar("curve/train_loss", loss, step)
-            for step, loss in record.get("val_curve") or []:
-                run.add_scalar("curve/val_loss", loss, step)
+            for curve, tag in (("curve", "curve/train_loss"), ("val_curve", "curve/val_loss")):
+                for step, loss in record.get(curve) or []:
+                    run.add_scalar(tag, loss, step)
             metrics = {f"final/{k}": v for k, v in numbers.items()}
             for summary in hparams({**_record_params(record), "status": str(record["status"])}, metrics):
                 run.file_writer.add_summary(summary)
@@ -191,9 +188,7 @@ class MLflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 
     def log_evaluation(self, index, record):
-        from mlflow.entities import Metric
-
-        from mlflow.entities import Param
+        from mlflow.entities import Metric, Param
 
         params = _record_params(record)
         tags = {"mlflow.parentRunId": self.run_id, "status": str(record["status"]),
@@ -247,13 +242,9 @@ class WandbTracker(Tracker):
             self.run.finish(exit_code=0 if state == "finished" else 1)
 
 
-class Guarded(Tracker):
-    """A tracker whose failures are reported once and then ignored: a tracker never stops a search."""
-
-    def __init__(self, tracker: Tracker):
-        self.tracker, self.name, self.failed = tracker, tracker.name, False
-
-    def _call(self, method: str, *args) -> None:
+def _guarded(method: str):
+    """``Guarded``'s ``method``: the tracker's, unless the tracker failed before; a failure is reported once."""
+    def call(self, *args) -> None:
         if self.failed:
             return
         try:
@@ -263,17 +254,17 @@ class Guarded(Tracker):
             warnings.warn(f"tracker {self.name} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                           "the search goes on without it (its results are in the run store)", stacklevel=2)
 
-    def start(self, run_name, config):
-        self._call("start", run_name, config)
+    return call
 
-    def log_evaluation(self, index, record):
-        self._call("log_evaluation", index, record)
 
-    def log_generation(self, generation, best, mean):
-        self._call("log_generation", generation, best, mean)
+class Guarded(Tracker):
+    """A tracker whose failures are reported once and then ignored: a tracker never stops a search."""
 
-    def finish(self, state):
-        self._call("finish", state)
+    def __init__(self, tracker: Tracker):
+        self.tracker, self.name, self.failed = tracker, tracker.name, False
+
+    start, finish = _guarded("start"), _guarded("finish")
+    log_evaluation, log_generation = _guarded("log_evaluation"), _guarded("log_generation")
 
 
 def make_tracker(spec: str, run_dir: str | os.PathLike) -> Tracker:

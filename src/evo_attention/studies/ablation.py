@@ -48,7 +48,7 @@ from evo_attention.report.studies.common import metric_info, metric_direction
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
-                                          write_json_and_markdown)
+                                          write_json_and_markdown, written)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -150,21 +150,10 @@ class AblationResult(SeedStudyResult):
 
     kind: ClassVar[str] = "ablation"
 
-    @property
-    def gene(self) -> str:
-        return self["gene"]
-
-    @property
-    def variants(self) -> list[dict]:
-        return self["variants"]
-
-    @property
-    def contributions(self) -> list[dict]:
-        return self["contributions"]
-
-    @property
-    def total(self) -> dict:
-        return self["total"]
+    gene = written("gene")
+    variants = written("variants")
+    contributions = written("contributions")
+    total = written("total")
 
 
 def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SEEDS, steps: int | None = None,
@@ -205,9 +194,8 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
     seeds, metric, confidence, lower = list(setup.seeds), setup.metric, setup.confidence, setup.lower_is_better
     values = {v.gene.key: samples(records, v.gene.key, seeds, metric) for v in variants}
     full, base = variants[0].gene.key, variants[1].gene.key
-    vs_full = stats.versus_reference({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
-                                     values[full]["values"], confidence=confidence, log=setup.log_scale,
-                                     margin=setup.margin, lower_is_better=lower, power=setup.power)
+    vs_full = setup.versus({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
+                           values[full]["values"])
     against = {v.gene.key: values[v.gene.key]["values"] for v in variants if v.gene.key != base}
     by_gene = (setup.versus_baseline(against, values[base]["values"]) if rates is None  # a gene two variants share
                else grids.versus_baseline(setup, against, values[base]["values"], rates))  # is one comparison

@@ -27,6 +27,7 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -268,13 +269,19 @@ class StudySetup:
         return 1.0 - self.confidence
 
     # -- the paired comparison with the baseline ----------------------------------------------------
+    def versus(self, values: Mapping[str, Sequence], reference: Sequence,
+               others: Mapping[str, dict] | None = None) -> dict[str, dict]:
+        """``stats.versus_reference`` at this setup's confidence, scale, margin, direction and power,
+        Holm's correction over ``values`` and ``others``."""
+        return stats.versus_reference(values, reference, confidence=self.confidence, log=self.log_scale,
+                                      margin=self.margin, lower_is_better=self.lower_is_better, power=self.power,
+                                      others=others)
+
     def versus_baseline(self, values: Mapping[str, Sequence], baseline: Sequence) -> dict[str, dict]:
         """Each gene's per-seed values (aligned with ``self.seeds``) against the baseline's
-        (``stats.versus_reference``), Holm's correction over the whole family of comparisons that
-        share these baseline trainings in the store (``others``)."""
-        return stats.versus_reference(values, baseline, confidence=self.confidence, log=self.log_scale,
-                                      margin=self.margin, lower_is_better=self.lower_is_better, power=self.power,
-                                      others=self.others(values))
+        (``versus``), Holm's correction over the whole family of comparisons that share these
+        baseline trainings in the store (``others``)."""
+        return self.versus(values, baseline, self.others(values))
 
     def versus_baselines(self, values: Mapping[str, Sequence], references: Mapping[str, Sequence],
                          setups: Mapping[str, "StudySetup"], genes: Iterable[str] = (),
@@ -291,10 +298,7 @@ class StudySetup:
         out = {}
         for key, sample in values.items():
             family = {**{k: {"values": values[k], "reference": references[k]} for k in values if k != key}, **stored}
-            out[key] = stats.versus_reference({key: sample}, references[key], confidence=self.confidence,
-                                              log=self.log_scale, margin=self.margin,
-                                              lower_is_better=self.lower_is_better, power=self.power,
-                                              others=family)[key]
+            out[key] = self.versus({key: sample}, references[key], family)[key]
         return out
 
     def matched_baselines(self, genes: Iterable[str], reference=None) -> dict[str, dict]:
@@ -444,6 +448,20 @@ def study_store(directory: str | os.PathLike, config, study: str) -> RunStore:
         raise
 
 
+@contextmanager
+def study_resources(config, executor: Executor | str, store: RunStore | None, out_dir: str | os.PathLike | None,
+                    study: str) -> Iterator[tuple[Executor, RunStore | None]]:
+    """The executor and the run store a study trains with, closed when it ends unless they are the
+    caller's: ``executor`` (an Executor, left open, or a name for ``executor_for``) and ``store``
+    (left open), else the store of ``study`` in ``out_dir`` (``study_store``; None without one)."""
+    with ExitStack() as stack:
+        if not isinstance(executor, Executor):
+            executor = stack.enter_context(executor_for(config, executor))
+        if store is None and out_dir is not None:
+            store = stack.enter_context(study_store(out_dir, config, study))
+        yield executor, store
+
+
 # -- the result -----------------------------------------------------------------------------------
 class StudyResult(Mapping):
     """A study's result: typed fields (in subclasses), read also as the mapping of ``to_dict()``.
@@ -483,37 +501,23 @@ class SeedStudyResult(StudyResult):
     def to_dict(self) -> dict:
         return to_jsonable({**self.statistics, **self.provenance})
 
-    @property
-    def seeds(self) -> list[int]:
-        return list(self.provenance["seeds"])
+    seeds = property(lambda self: list(self.provenance["seeds"]))
+    metric = property(lambda self: self.provenance["metric"])
+    eval_split = property(lambda self: self.provenance["eval_split"])
+    confidence = property(lambda self: self.provenance["confidence"])
 
-    @property
-    def metric(self) -> str:
-        return self.provenance["metric"]
 
-    @property
-    def eval_split(self) -> str:
-        return self.provenance["eval_split"]
-
-    @property
-    def confidence(self) -> float:
-        return self.provenance["confidence"]
+def written(key: str) -> property:
+    """A result's property that reads ``key`` of what it writes (``result.genes`` is ``result["genes"]``)."""
+    return property(lambda self: self[key])
 
 
 class VerdictResult(SeedStudyResult):
     """A seed study whose result is the baseline's row, a row per gene with its verdict, and a headline."""
 
-    @property
-    def baseline(self) -> dict:
-        return self["baseline"]
-
-    @property
-    def genes(self) -> list[dict]:
-        return self["genes"]
-
-    @property
-    def headline(self) -> str:
-        return self["headline"]
+    baseline = written("baseline")
+    genes = written("genes")
+    headline = written("headline")
 
 
 # -- per-gene samples -----------------------------------------------------------------------------
@@ -550,12 +554,21 @@ def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
             "errors": errors, "cost": cost}
 
 
+def write_files(out_dir: str | os.PathLike, names: Mapping[str, str], result: Mapping,
+                markdown: str) -> dict[str, Path]:
+    """Write ``result`` as JSON and its ``markdown`` into ``out_dir`` (created), under the first and
+    the second of ``names`` (key -> file name; any further one, e.g. the caller's figure, is left to
+    the caller); returns key -> path."""
+    out = output_dir(out_dir)
+    paths = {key: out / name for key, name in names.items()}
+    json_key, md_key = list(names)[:2]
+    write_text(paths[json_key], dumps(result) + "\n")
+    write_text(paths[md_key], markdown)
+    return paths
+
+
 def write_json_and_markdown(kind: str, result: Mapping, out_dir: str | os.PathLike, markdown: str) -> dict[str, Path]:
     """Write ``KIND.json`` and ``KIND.md`` (``KIND_test.*`` for the test split) into ``out_dir``;
     returns their paths and the path the caller's figure goes to (``png``)."""
-    out = output_dir(out_dir)
     stem = output_stem(kind, result.get("eval_split", "valid"))
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
-    write_text(paths["json"], dumps(result) + "\n")
-    write_text(paths["md"], markdown)
-    return paths
+    return write_files(out_dir, {"json": f"{stem}.json", "md": f"{stem}.md", "png": f"{stem}.png"}, result, markdown)

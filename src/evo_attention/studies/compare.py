@@ -32,24 +32,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from evo_attention.genes import VANILLA_KEY, AttentionGene, is_gene_text, split_genes
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
-from evo_attention.search.executors import Executor, executor_for
 from evo_attention.search.store import RunStore
 from evo_attention.studies import lr_grid as grids
-from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_store, tuning_seeds,
-                                          validation_seeds)
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
+                                          tuning_seeds, validation_seeds, write_files)
 from evo_attention.train.config import Config, parse_lr_grid
 from evo_attention.train.presets import overlay
 from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import to_jsonable, write_json
+from evo_attention.util.files import output_dir
+from evo_attention.util.jsonio import to_jsonable
 from evo_attention.util import stats
 from evo_attention.util.stats import describe
 
@@ -249,11 +247,8 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     summarise; writes the outputs into ``out_dir`` (unless None). ``lr_grid``: each configuration
     at its own best rate of the grid (``studies.lr_grid``), tuned on ``n_tuning_seeds`` seeds.
 
-    The trainings go through the runner and a run store (role ``compare``): ``store`` (a search
-    run's, left open), else the store in ``out_dir`` (opened, or created with ``config``), else
-    none (``out_dir`` None: nothing cached). A stored training is never run again, so a repeat
-    with the same settings trains nothing. ``executor``: a name for ``executor_for`` or an
-    Executor (left open).
+    ``executor`` and ``store`` (role ``compare``): as ``common.study_resources`` takes them; a
+    stored training is never run again, so a repeat with the same settings trains nothing.
 
     ``suite`` (a suite's name, YAML path or ``Suite``; default the config's ``suite``): every
     configuration and the baseline on every point of it; returns a ``studies.suite.SuiteResult``.
@@ -284,19 +279,13 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
         from evo_attention.data import data_from_config
 
         data = data_from_config(config)
-    own = not isinstance(executor, Executor)
-    pool = executor_for(config, executor) if own else executor
     done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
 
     def finished(task, record, cached):
         done[(task.gene, task.seed)] = record
 
-    with ExitStack() as stack:
-        if own:
-            stack.enter_context(pool)
-        if store is None and out_dir is not None:
-            store = stack.enter_context(study_store(out_dir, config, "compare"))
+    with study_resources(config, executor, store, out_dir, "compare") as (pool, store):
         setup = StudySetup.resolve(config, data, role="compare", n_seeds=seeds, min_seeds=1, metric="val_loss",
                                    store=store, executor=pool, quiet=quiet, seeds_setting="seeds", lr_grid=lr_grid,
                                    n_tuning_seeds=n_tuning_seeds, match_params=match_params)
@@ -334,13 +323,7 @@ def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, ex
                         "not defined yet; drop one of them", setting=("lr_grid", "suite"))
     if out_dir is not None:
         output_dir(out_dir)
-    own = not isinstance(executor, Executor)
-    pool = executor_for(config, executor) if own else executor
-    with ExitStack() as stack:
-        if own:
-            stack.enter_context(pool)
-        if store is None and out_dir is not None:
-            store = stack.enter_context(study_store(out_dir, config, "compare"))
+    with study_resources(config, executor, store, out_dir, "compare") as (pool, store):
         setup = StudySetup.resolve(config, None, role="compare", n_seeds=seeds, min_seeds=1, metric="suite_accuracy",
                                    store=store, executor=pool, quiet=quiet, seeds_setting="seeds")
         result = run_suite(setup, suite, entries, study="compare")
@@ -548,13 +531,12 @@ def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     from evo_attention.report.studies.compare import compare_markdown
 
     payload = dict(payload)  # the report's renderers read plain dicts
-    out = output_dir(out_dir)
-    paths = {"results": out / COMPARE_RESULTS, "table": out / COMPARE_TABLE, "figure": out / COMPARE_FIGURE}
-    write_json(paths["results"], payload)
-    write_text(paths["table"], compare_markdown(payload))
+    paths = write_files(out_dir, {"results": COMPARE_RESULTS, "table": COMPARE_TABLE, "figure": COMPARE_FIGURE},
+                        payload, compare_markdown(payload))
     plot_compare(payload, paths["figure"])
     if payload.get("grid"):
-        paths["grid"] = grids.write_grid_figure(payload, "compare", out, [grids.panel(_named(payload))])
+        paths["grid"] = grids.write_grid_figure(payload, "compare", paths["figure"].parent,
+                                                [grids.panel(_named(payload))])
     return paths
 
 

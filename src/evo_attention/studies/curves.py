@@ -62,7 +62,6 @@ plateau); a gene string is used as written, so ``...|bias|0.10`` asks for dropou
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -72,16 +71,16 @@ from evo_attention.data.synthetic import (TASKS, data_name, given_knobs, is_synt
                                           task_names)
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
-from evo_attention.search.executors import Executor, executor_for
-from evo_attention.studies.common import DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_store, validation_seeds
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
+                                          validation_seeds, write_files)
 from evo_attention.studies.compare import named_dropout, resolve_configs
 from evo_attention.studies.lr_grid import grid_of, selected_rates, tuning_tasks
 from evo_attention.train.config import Config
 from evo_attention.train.record import usable_metric
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import to_jsonable, write_json
+from evo_attention.util.files import output_dir
+from evo_attention.util.jsonio import to_jsonable
 
 DEFAULT_BREAK_AT = 0.5  # a gene breaks where its mean accuracy falls below this
 MIN_VALUES = 2
@@ -426,8 +425,6 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     seed_list = validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
     if out_dir is not None:
         output_dir(out_dir)  # an unwritable place fails now, not after the work
-    own = not isinstance(executor, Executor)
-    pool = executor_for(config, executor) if own else executor
     done: dict[tuple[int, str, int], Any] = {}
     described: dict[int, dict] = {}
     first: StudySetup | None = None
@@ -445,10 +442,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
         return _result_of(task, knob, points, described, entries, done, seed_list, config, provenance, break_at,
                           confidence, interrupted, solve_threshold, solve_test, matches, grids)
 
-    with ExitStack() as stack:
-        if own:
-            stack.enter_context(pool)
-        store = stack.enter_context(study_store(out_dir, config, "curve")) if out_dir is not None else None
+    with study_resources(config, executor, None, out_dir, "curve") as (pool, store):
         try:
             # every point's tasks in one runner call (module docstring)
             tasks, point_of, datasets, setups = [], {}, {}, []
@@ -509,9 +503,7 @@ def write_curve(out_dir: str | Path, result: Mapping) -> dict[str, Path]:
     from evo_attention.report.studies.curves import curve_markdown
 
     payload = dict(result)
-    out = output_dir(out_dir)
-    paths = {"results": out / CURVE_RESULTS, "table": out / CURVE_TABLE, "figure": out / CURVE_FIGURE}
-    write_json(paths["results"], payload)
-    write_text(paths["table"], curve_markdown(payload))
+    paths = write_files(out_dir, {"results": CURVE_RESULTS, "table": CURVE_TABLE, "figure": CURVE_FIGURE}, payload,
+                        curve_markdown(payload))
     plot_curve(payload, paths["figure"])
     return paths

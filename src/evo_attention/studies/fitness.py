@@ -51,7 +51,8 @@ from typing import ClassVar, Iterable, Mapping, Sequence
 from evo_attention.data.cache import resolve_cache_dir
 from evo_attention.report.studies.fitness import fitness_markdown, improvement_verdict, points_verdict
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import SeedStudyResult, StudySetup, trained_as, tuning_seeds
+from evo_attention.studies.common import (SeedStudyResult, StudySetup, study_resources, trained_as, tuning_seeds,
+                                          write_files)
 from evo_attention.studies.compare import resolve_configs
 from evo_attention.studies.lr_grid import select
 from evo_attention.train.record import usable_metric
@@ -282,13 +283,8 @@ class FitnessCheckResult(SeedStudyResult):
 
     kind: ClassVar[str] = "fitness_check"
 
-    @property
-    def verdicts(self) -> list[str]:
-        return list(self["verdicts"])
-
-    @property
-    def saturated(self) -> bool:
-        return bool(self["saturated"])
+    verdicts = property(lambda self: list(self["verdicts"]))
+    saturated = property(lambda self: bool(self["saturated"]))
 
 
 def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEEDS, lr: float | None = None,
@@ -303,13 +299,8 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     store of ``out_dir`` (role ``fitness-check``; a repeat trains nothing); ``out_dir`` also receives
     the result (``write_fitness_check``). ``executor``: a name for ``executor_for`` or an Executor;
     ``command``: the command line that asked for the check, kept in the result."""
-    from contextlib import ExitStack
-
-    from evo_attention.data.suites import Suite, load_suite
-    from evo_attention.search.executors import Executor, executor_for
-    from evo_attention.studies.common import study_store
-
     from evo_attention.data.base import TaskData
+    from evo_attention.data.suites import Suite, load_suite
     from evo_attention.train.config import Config
 
     check_argument("config", config, Config, "a Config")
@@ -341,11 +332,7 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
               for i in (known if improvements is None else improvements)]
     if not chosen:
         raise UserError("no improvement to check: give at least one (NAME=GENE)", setting="improvements")
-    with ExitStack() as stack:
-        if not isinstance(executor, Executor):
-            executor = stack.enter_context(executor_for(config, executor))
-        if store is None and out_dir is not None:
-            store = stack.enter_context(study_store(out_dir, config, ROLE))
+    with study_resources(config, executor, store, out_dir, ROLE) as (executor, store):
         setup = StudySetup.resolve(first, None if suite is not None else fitness.datasets[str(config.data)],
                                    role=ROLE, n_seeds=seeds, metric=fitness.metric, store=store, executor=executor,
                                    quiet=quiet)
@@ -423,15 +410,12 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
 def write_fitness_check(result: Mapping, out_dir: str | os.PathLike, *, cache: bool = True) -> dict[str, Path]:
     """``fitness_check.json`` and ``fitness_check.md`` into ``out_dir``; with ``cache``, a copy of
     the JSON in the cache directory under the fitness's id, where a search finds it (``find_check``)."""
-    out = output_dir(out_dir)
-    paths = {"json": out / RESULT_FILE, "md": out / "fitness_check.md"}
-    text = dumps(dict(result)) + "\n"
-    write_text(paths["json"], text)
-    write_text(paths["md"], fitness_markdown(result))
+    paths = write_files(out_dir, {"json": RESULT_FILE, "md": "fitness_check.md"}, dict(result),
+                        fitness_markdown(result))
     if cache:
         where = resolve_cache_dir() / CACHED
         where.mkdir(parents=True, exist_ok=True)
-        write_text(where / f"{result['fitness']['id']}.json", text)
+        write_text(where / f"{result['fitness']['id']}.json", dumps(dict(result)) + "\n")
     return paths
 
 

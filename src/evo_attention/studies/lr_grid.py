@@ -38,7 +38,6 @@ from evo_attention.report.studies.common import metric_info
 from evo_attention.report.studies.lr_grid import grid_figure_name
 from evo_attention.search.tuning import select_rate as select
 from evo_attention.studies.common import Records, StudySetup, samples
-from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 
 TUNING_ROLE = "lr-grid"  # the role the tuning trainings are stored with
@@ -149,10 +148,7 @@ def versus_baseline(setup: StudySetup, values: Mapping[str, Sequence], baseline:
     """``StudySetup.versus_baseline`` for genes at their own rates: each gene's per-seed values
     against the baseline's at the baseline's rate, Holm over the family of the baseline trainings
     at that rate (``store_family``)."""
-    at = setup.at_rate(rates[setup.baseline])
-    return stats.versus_reference(values, baseline, confidence=at.confidence, log=at.log_scale, margin=at.margin,
-                                  lower_is_better=at.lower_is_better, power=at.power,
-                                  others=store_family(setup, values, rates))
+    return setup.at_rate(rates[setup.baseline]).versus(values, baseline, store_family(setup, values, rates))
 
 
 def store_family(setup: StudySetup, genes: Sequence[str] | Mapping[str, object],

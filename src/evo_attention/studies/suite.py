@@ -38,14 +38,13 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.suite import suite_heatmap_rows, suite_markdown
 from evo_attention.report.studies.validation import validation_headline
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult, trained_as
+from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult, trained_as, write_json_and_markdown
 from evo_attention.train.record import SUITE_OBJECTIVE
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, suite_score
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import dumps, to_jsonable
+from evo_attention.util.jsonio import to_jsonable
 
 STUDIES = ("compare", "validation")
 
@@ -150,11 +149,9 @@ def write_suite(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``compare_suite.*`` or ``validation_suite.*`` (json, md, png: the heat map) into ``out_dir``."""
     from evo_attention.report.figures import plot_suite_heatmap
 
-    out = output_dir(out_dir)
     stem = output_stem(f"{result['study']}_suite", result.get("eval_split", "valid"))
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
-    write_text(paths["json"], dumps(result) + "\n")
-    write_text(paths["md"], suite_markdown(result, figure=paths["png"].name))
+    paths = write_json_and_markdown(f"{result['study']}_suite", result, out_dir,
+                                    suite_markdown(result, figure=f"{stem}.png"))
     columns, rows = suite_heatmap_rows(result)
     seeds = result.get("seeds") or []
     plot_suite_heatmap(columns, rows, paths["png"],

@@ -62,7 +62,7 @@ from evo_attention.report.studies.transfer import transfer_headline, transfer_ma
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
-                                          write_json_and_markdown)
+                                          write_json_and_markdown, written)
 from evo_attention.studies.validate import comparison_result, matched_baseline_rows, matched_statistics
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
@@ -249,15 +249,13 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
     grid; the store's family is then that of the baseline at its rate. ``matched``
     (``validate.matched_baseline_rows`` at this size): each gene against its matched baseline, Holm
     over ``matched_others`` (the matched comparisons at the other sizes)."""
-    seeds, lower = list(setup.seeds), setup.lower_is_better
+    seeds = list(setup.seeds)
     vanilla = AttentionGene.vanilla().key
     base = samples(records, vanilla, seeds, setup.metric)
     per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
     stored = setup.others(keys) if rates is None else grids.store_family(setup, keys, rates)
     family = {**stored, **(others or {})}
-    compared = stats.versus_reference({k: s["values"] for k, s in per_gene.items()}, base["values"],
-                                      confidence=setup.confidence, log=setup.log_scale, margin=setup.margin,
-                                      lower_is_better=lower, power=setup.power, others=family)
+    compared = setup.versus({k: s["values"] for k, s in per_gene.items()}, base["values"], family)
     numbers = comparison_result("transfer-size", setup, base, per_gene, compared)
     if matched is not None:
         numbers = matched_statistics(setup, numbers, records, keys, trained=matched, others=matched_others)
@@ -345,21 +343,10 @@ class TransferResult(SeedStudyResult):
     def to_dict(self) -> dict:
         return to_jsonable({**self.statistics, **self.provenance, "headline": self.headline})
 
-    @property
-    def sizes(self) -> list[dict]:
-        return self["sizes"]
-
-    @property
-    def reference(self) -> str:
-        return self["reference"]
-
-    @property
-    def largest(self) -> str:
-        return self["largest"]
-
-    @property
-    def verdicts(self) -> dict[str, str]:
-        return self["verdicts"]
+    sizes = written("sizes")
+    reference = written("reference")
+    largest = written("largest")
+    verdicts = written("verdicts")
 
 
 def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes: str | Sequence[tuple[int, int]] =

@@ -229,9 +229,8 @@ def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[
         compared[key]["versus_plain"] = {k: plain[key].get(k) for k in
                                          ("scale", "relative", "relative_ci_low", "relative_ci_high", "difference",
                                           "diff_ci_low", "diff_ci_high", "p_value", "p_holm", "verdict", "verdict_label")}
-    base = {k: v for k, v in numbers["baseline"].items()}
-    base_sample = {k: base[k] for k in ("seeds", "values", "statuses", "devices", "precisions", "n_failed",
-                                         "errors", "cost")}
+    base_sample = {k: numbers["baseline"][k] for k in ("seeds", "values", "statuses", "devices", "precisions",
+                                                       "n_failed", "errors", "cost")}
     result = comparison_result("validation", setup, base_sample, per_gene, compared, search_values,
                                matched=list(rows.values()))
     result["plain_baseline"] = {"d_ff": setup.config.ffn_dim,

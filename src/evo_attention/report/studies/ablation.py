@@ -21,10 +21,10 @@ from typing import Mapping, Sequence
 
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, p_text, seed_note,
-                                                 study_schedule)
+                                                 study_schedule, table_markdown)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import change_header, code, direction, fmt, markdown_table, md_cell
+from evo_attention.util.format import change_header, direction, fmt, md_cell
 
 
 # gene field -> how an ablation names it
@@ -142,29 +142,21 @@ def contribution_sign(result: Mapping) -> str:
 def contribution_lines(result: Mapping) -> list[str]:
     """Plain sentences: the whole gene's change, then what each field causes, the most helpful first;
     the first says the metric's direction."""
-    d = digits_for(result.get("metric", ""))
-    label = result.get("metric_label", "perplexity")
+    metric, label = result.get("metric", ""), result.get("metric_label", "perplexity")
     lower = lower_is_better(result.get("metric", "val_perplexity"))
     alpha = 1.0 - float(result.get("confidence", 0.95))
     lines = []
-
-    def amount(c: Mapping) -> str:
-        low, high = c.get("metric_change_low"), c.get("metric_change_high")
-        if c.get("relative"):
-            span = "" if low is None else f" [{100 * low:+.2f}%, {100 * high:+.2f}%]"
-            return f"{100 * c['metric_change']:+.2f}%{span}"
-        return f"{c['metric_change']:+.{d}f} {ci_text(low, high, d)}"
-
     conf = result.get("confidence", 0.95)
     total = result.get("total") or {}
     if total.get("metric_change") is not None:
-        lines.append(f"Whole gene vs baseline: {label} change {amount(total)} ({direction(lower)}; "
+        lines.append(f"Whole gene vs baseline: {label} change {_change_text(total, metric)} ({direction(lower)}; "
                      f"{_contribution_significance(total, alpha, conf)}).")
     for kind, text in (("remove", "in the gene (the gene minus the gene without it)"),
                        ("add", "alone on the baseline (the baseline with it minus the baseline)")):
         items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("metric_change") is not None]
         for c in sorted(items, key=lambda c: c["metric_change"] if lower else -c["metric_change"]):
-            lines.append(f"{c['change']}: {text} {amount(c)} ({_contribution_significance(c, alpha, conf)}).")
+            lines.append(f"{c['change']}: {text} {_change_text(c, metric)} "
+                         f"({_contribution_significance(c, alpha, conf)}).")
     if lines and total.get("metric_change") is None:  # no whole-gene line to say the direction: say it first
         lines.insert(0, contribution_sign(result))
     if result.get("recomputed_from"):
@@ -252,8 +244,9 @@ def recipe_changes(shares: Mapping[str, Mapping], interaction: Mapping, scale: s
     return out, inter
 
 
-def _recipe_share_text(share: Mapping, metric: str) -> str:
-    """A share's change of the metric with its interval: in % on the log scale, else in the metric's units."""
+def _change_text(share: Mapping, metric: str) -> str:
+    """A contribution's or a share's change of the metric with its interval: in % on the log scale,
+    else in the metric's units."""
     value, low, high = share.get("metric_change"), share.get("metric_change_low"), share.get("metric_change_high")
     if value is None:
         return "-"
@@ -289,7 +282,7 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         return "p -" if value is None else f"p {p_text(value)}"
 
     total = shares.get("total") or {}
-    lines = [f"Whole gene vs baseline: {label} change {_recipe_share_text(total, metric)} "
+    lines = [f"Whole gene vs baseline: {label} change {_change_text(total, metric)} "
              f"({direction(lower)}; {p(total.get('p_value'))}, {block.get('n')} paired seeds"
              + (f", {block['n_dropped']} dropped for a failed cell" if block.get("n_dropped") else "") + ")."]
     for name, what in (("recipe", f"the recipe ({block.get('parts_text')})"), ("mechanism", "the mechanism")):
@@ -297,7 +290,7 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
         fraction = share.get("fraction")
         of = f", {100 * fraction:.0f}% of the whole change" if fraction is not None else ""
         other = "the gene's mechanism" if name == "recipe" else "the gene's recipe"
-        lines.append(f"Share of {what}: {_recipe_share_text(share, metric)} "
+        lines.append(f"Share of {what}: {_change_text(share, metric)} "
                      f"({p(share.get('p_value'))}{of}); its change alone "
                      f"{_recipe_change_text(share.get('alone'), block, metric)}, with {other} "
                      f"{_recipe_change_text(share.get('with'), block, metric)}.")
@@ -339,7 +332,7 @@ def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
              "its advantage over the baseline may come from either. The four crossings were trained on the same "
              f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "
              "CI]:", "",
-             markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+             table_markdown(headers, rows, align), "",
              "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
              "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
              "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "
@@ -352,8 +345,6 @@ def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
 
 def ablation_markdown(result: Mapping) -> str:
     """The text of ``ablation.md``."""
-    headers, rows, align = ablation_table(result)
-    md_rows = [[md_cell(c) if i != 2 else code(c) for i, c in enumerate(row)] for row in rows]
     seeds = result.get("seeds") or []
     label = result.get("metric_label", "perplexity")
     lines = [
@@ -363,7 +354,7 @@ def ablation_markdown(result: Mapping) -> str:
         f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
         f"within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         f"Learning-rate schedule: {study_schedule(result)}.", "",
-        markdown_table(headers, md_rows, align).rstrip(), "",
+        table_markdown(*ablation_table(result), code_column=2), "",
         "## Contributions", "",
         contribution_sign(result), "",
     ]

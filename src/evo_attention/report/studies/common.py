@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
-from evo_attention.util.format import change_header, direction, fmt
+from evo_attention.util.format import change_header, code, direction, fmt, markdown_table, md_cell
 
 
 # metric -> (label, lower is better)
@@ -165,6 +165,13 @@ def study_schedule(result: Mapping, steps: int | None = None) -> str:
     steps = steps if steps is not None else result.get("steps") if isinstance(result.get("steps"), int) else None
     return schedule_text(result.get("config"), steps, grid=(result.get("grid") or {}).get("rates") or (),
                          genes=[str(g) for g in genes if g])
+
+
+def table_markdown(headers: Sequence[str], rows: Sequence[Sequence], align, code_column: int | None = None) -> str:
+    """A table of plain-text cells as markdown, each cell escaped (``md_cell``) but those of
+    ``code_column`` (a gene key's), which are code; no trailing newline."""
+    return markdown_table(headers, [[code(c) if i == code_column else md_cell(c) for i, c in enumerate(row)]
+                                    for row in rows], align).rstrip()
 
 
 def plain_cell(row: Mapping, metric: str) -> str:

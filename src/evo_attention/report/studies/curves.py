@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import CURVE_FIGURE
+from evo_attention.report.studies.common import table_markdown
 from evo_attention.util import stats
-from evo_attention.util.format import code, markdown_table, md_cell, number
+from evo_attention.util.format import md_cell, number
 
 
 BREAK_MARK = "↓"  # marks the cell of the value where a gene breaks
@@ -142,12 +143,10 @@ def curve_markdown(result: Mapping) -> str:
     lines += [curve_table_markdown(result).rstrip(), ""]
     solved = solve_table(result)
     if solved:
-        headers, rows, align = solved
-        lines += ["## Solve rates", "", solve_note(result), "", _markdown(headers, rows, align), ""]
+        lines += ["## Solve rates", "", solve_note(result), "", table_markdown(*solved, code_column=1), ""]
     rates = rate_table(result)
     if rates:
-        headers, rows, align = rates
-        lines += ["## Learning rates", "", rate_note(result), "", _markdown(headers, rows, align), ""]
+        lines += ["## Learning rates", "", rate_note(result), "", table_markdown(*rates, code_column=1), ""]
     lines += [f"![accuracy against {knob}]({CURVE_FIGURE})", ""]
     return "\n".join(lines)
 
@@ -182,10 +181,4 @@ def rate_note(result: Mapping) -> str:
 
 def curve_table_markdown(result: Mapping) -> str:
     """A curve's table as ``curve.md`` (and the docs) show it."""
-    return _markdown(*curve_table(result)) + "\n"
-
-
-def _markdown(headers, rows, align) -> str:
-    """A curve table's rows as markdown: the second column (the gene's key) as code."""
-    cells = [[md_cell(c) if i != 1 else code(c) for i, c in enumerate(row)] for row in rows]
-    return markdown_table(headers, cells, align).rstrip()
+    return table_markdown(*curve_table(result), code_column=1) + "\n"

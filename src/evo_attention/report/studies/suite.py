@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, p_text, paired_change_header,
-                                                 verdict_cell)
+                                                 table_markdown, verdict_cell)
 from evo_attention.util import stats
-from evo_attention.util.format import code, fmt, markdown_table, md_cell
+from evo_attention.util.format import fmt, md_cell
 
 
 def suite_cell(mean, sd=None, failed: int = 0, digits: int = 3) -> str:
@@ -58,8 +58,6 @@ def suite_points_lines(suite: Mapping) -> list[str]:
 
 def suite_markdown(result: Mapping, figure: str | None = None) -> str:
     """The text of ``compare_suite.md`` / ``validation_suite.md``."""
-    headers, rows, align = suite_table(result)
-    md_rows = [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows]
     suite, seeds = result["suite"], result.get("seeds") or []
     title = "Genes compared on a suite" if result.get("study") == "compare" else "Multi-seed validation on a suite"
     lines = [f"# {title}: {md_cell(suite['name'])}", "", result.get("headline", ""), "",
@@ -70,7 +68,8 @@ def suite_markdown(result: Mapping, figure: str | None = None) -> str:
              "seed, a failed training counting 0 on its point; the cells are the mean ± sd over the seeds of the "
              "same accuracies. " + (comparison_note(result) if result.get("family_size") else
                                "With one seed there is no paired comparison."), "",
-             markdown_table(headers, md_rows, align).rstrip(), "", "The points:", ""] + suite_points_lines(suite) + [""]
+             table_markdown(*suite_table(result), code_column=1), "",
+             "The points:", ""] + suite_points_lines(suite) + [""]
     failures = [(r.get("name"), f) for r in [result["baseline"]] + list(result.get("genes", []))
                 for f in r.get("failures", [])]
     if failures:

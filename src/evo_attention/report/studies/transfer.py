@@ -14,10 +14,10 @@ from typing import Mapping
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, metric_direction,
                                                  p_text, paired_change_header, plain_cell, schedule_text, seed_note,
-                                                 verdict_cell)
+                                                 table_markdown, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import code, fmt, markdown_table, md_cell
+from evo_attention.util.format import fmt, md_cell
 
 
 def transfer_share(value, signed: bool = True) -> str:
@@ -193,18 +193,15 @@ def transfer_rule_lines() -> list[str]:
 
 def transfer_markdown(result: Mapping) -> str:
     """The text of ``transfer.md``."""
-    headers, rows, align = transfer_sizes_table(result)
-    genes_headers, gene_rows, genes_align = transfer_table(result)
-    gene_md = [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in gene_rows]
     lines = [
         "# Transfer across scale", "",
         result.get("headline", ""), "",
         transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
         "",
-        markdown_table(headers, [[md_cell(c) for c in row] for row in rows], align).rstrip(), "",
+        table_markdown(*transfer_sizes_table(result)), "",
         "Learning-rate schedule at each size:", "",
         *[f"- {md_cell(line)}" for line in transfer_schedule_lines(result)], "",
-        markdown_table(genes_headers, gene_md, genes_align).rstrip(), "",
+        table_markdown(*transfer_table(result), code_column=1), "",
         "Verdicts (the first rule that applies, at each size against the reference):", "",
     ]
     lines += [f"- {line}" for line in transfer_rule_lines()] + [""]

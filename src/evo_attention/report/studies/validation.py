@@ -15,7 +15,7 @@ from evo_attention.report.attachments import load_attachments, output_stem
 from evo_attention.report.studies.ablation import current_ablation
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
                                                  p_text, paired_change_header, plain_cell, seed_note, study_schedule,
-                                                 verdict_cell)
+                                                 table_markdown, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.report.studies.transfer import current_transfer
 from evo_attention.util import stats
@@ -118,9 +118,7 @@ def validation_headline(result: Mapping) -> str:
 
 def validation_table_markdown(result: Mapping) -> str:
     """The verdict table of a validation result, as ``validation.md`` (and the docs) show it."""
-    headers, rows, align = validation_table(result)
-    md_rows = [[md_cell(c) if i != 0 else code(c) for i, c in enumerate(row)] for row in rows]
-    return markdown_table(headers, md_rows, align).rstrip() + "\n"
+    return table_markdown(*validation_table(result), code_column=0) + "\n"
 
 
 def validation_markdown(result: Mapping) -> str:

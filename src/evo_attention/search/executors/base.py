@@ -46,7 +46,10 @@ import hashlib
 import json
 import os
 import warnings
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -60,6 +63,7 @@ from evo_attention.train.trainer import batch_problem, run_batched, run_training
 from evo_attention.train.environment import resolve_compile, resolve_device, versions
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import write_bytes, write_directory
+from evo_attention.util.threads import cores as available_cores  # noqa: F401 - the cores this process may use
 
 StartFn = Callable[["EvalTask"], None]
 StepFn = Callable[["EvalTask", int, int, float], None]
@@ -83,25 +87,11 @@ class EvalTask:
     worker: str = field(default="", compare=False)  # set by the executor: who runs it
 
     # the trial's identity, as the progress lines and the store speak of it
-    @property
-    def gene(self) -> str:
-        return self.trial.genome
-
-    @property
-    def seed(self) -> int:
-        return self.trial.seed
-
-    @property
-    def steps(self) -> int:
-        return self.trial.steps
-
-    @property
-    def eval_split(self) -> str:
-        return self.trial.eval_split
-
-    @property
-    def budget(self) -> int | None:
-        return self.trial.budget
+    gene = property(attrgetter("trial.genome"))
+    seed = property(attrgetter("trial.seed"))
+    steps = property(attrgetter("trial.steps"))
+    eval_split = property(attrgetter("trial.eval_split"))
+    budget = property(attrgetter("trial.budget"))
 
 
 def as_task(work: "EvalTask | Trial") -> EvalTask:
@@ -142,6 +132,18 @@ def execute_batch(tasks: Sequence[EvalTask], data: TaskData, *, device=None,
     return [result.record for result in results]
 
 
+def execute_group(tasks: Sequence[EvalTask], data: TaskData, *, device=None, report=None,
+                  state: bytes | None = None) -> tuple[list[EvaluationRecord], bytes | None, dict | None]:
+    """Run one planned group (``plan_batches``) where the caller is: ``(records, trainer state, model
+    files)``, by ``execute`` for a task alone, by ``execute_batch`` for several (no state, no model).
+    ``report(i, step, total, loss)`` (or None) hears of the i-th task's progress."""
+    progress = [None if report is None else partial(report, i) for i in range(len(tasks))]
+    if len(tasks) > 1:
+        return execute_batch(tasks, data, device=device, progress=progress), None, None
+    record, state, model = execute(tasks[0], data, device=device, progress=progress[0], state=state)
+    return [record], state, model
+
+
 # -- planning batches ----------------------------------------------------------------------------------
 def alone_reason(task: EvalTask) -> str | None:
     """Why ``task`` trains alone whatever ``batch_models`` says (None: it may join a batch)."""
@@ -169,11 +171,9 @@ def _compiles(task: EvalTask) -> bool:
 
 def _split(tasks: list, k: int) -> list[list]:
     """``tasks`` in ceil(n / k) consecutive groups of sizes differing by at most one."""
-    n = len(tasks)
-    groups = -(-n // k)
-    sizes = [n // groups + (1 if i < n % groups else 0) for i in range(groups)]
-    starts = [sum(sizes[:i]) for i in range(groups)]
-    return [tasks[start:start + size] for start, size in zip(starts, sizes)]
+    groups = -(-len(tasks) // k)
+    size, extra = divmod(len(tasks), groups)  # the first ``extra`` groups take one more
+    return [tasks[i * size + min(i, extra):(i + 1) * size + min(i + 1, extra)] for i in range(groups)]
 
 
 def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers: int = 1,
@@ -234,9 +234,8 @@ KEPT_FIELDS = ("gene", "seed", "steps", "data", "data_fingerprint", "context", "
 
 def store_model(task: EvalTask, files: dict | None) -> None:
     """Write a task's trained model into ``task.keep_model`` (the driver side: atomically, as a whole)."""
-    if task.keep_model is None or files is None:
-        return
-    write_directory(task.keep_model, files)
+    if task.keep_model is not None and files is not None:
+        write_directory(task.keep_model, files)
 
 
 def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
@@ -256,14 +255,11 @@ def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
 STATE_MAGIC = b"evo-attention-state 1 "
 
 
-def state_header(trial: Trial, payload: bytes) -> dict:
-    return {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "genome": trial.genome,
-            "seed": trial.seed, "steps": trial.steps, "budget": trial.budget, "context": trial.context}
-
-
 def frame_state(trial: Trial, payload: bytes) -> bytes:
     """The file ``store_state`` writes for the state ``payload`` left by a training of ``trial``."""
-    return STATE_MAGIC + json.dumps(state_header(trial, payload), sort_keys=True).encode() + b"\n" + payload
+    header = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "genome": trial.genome,
+              "seed": trial.seed, "steps": trial.steps, "budget": trial.budget, "context": trial.context}
+    return STATE_MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
 
 
 def verified_state(trial: Trial, blob: bytes) -> tuple[bytes | None, str]:
@@ -305,18 +301,15 @@ def load_state(task: EvalTask) -> bytes | None:
     if payload is None:
         warnings.warn(f"rung state {path.name} is not usable ({why}): training {task.gene} (seed {task.seed}) "
                       f"from scratch to {task.steps} steps instead, which gives the same result")
-        try:
+        with suppress(OSError):
             path.unlink()
-        except OSError:
-            pass
     return payload
 
 
 def store_state(task: EvalTask, state: bytes | None) -> None:
     """Write a task's checkpoint with its header (atomically: a reader never sees half a file)."""
-    if task.save_to is None or state is None:
-        return
-    write_bytes(task.save_to, frame_state(task.trial, state))
+    if task.save_to is not None and state is not None:
+        write_bytes(task.save_to, frame_state(task.trial, state))
 
 
 def check_rebuildable(tasks: Sequence[EvalTask]) -> None:
@@ -330,13 +323,6 @@ def check_rebuildable(tasks: Sequence[EvalTask]) -> None:
                 f"parallel executors rebuild the dataset from the config in every worker, but this search trains on "
                 f"{data.name!r} data that the config does not name (config data {spec.data!r}): name the dataset in "
                 "the config (data, data_dir) or use the local executor")
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def worker_devices(device: str, n: int) -> list[str]:
@@ -410,27 +396,15 @@ class LocalExecutor(Executor):
 
     def run(self, tasks, *, on_start=None, on_step=None):
         for group in plan_batches([as_task(task) for task in tasks], self.batch_models):
-            if len(group) > 1:
-                yield from self._run_batch(group, on_start, on_step)
-                continue
-            task = replace(group[0], worker="local")
-            if on_start is not None:
+            members = ([replace(group[0], worker="local")] if len(group) == 1 else
+                       [replace(task, worker=member_worker("local", i)) for i, task in enumerate(group)])
+            for task in members if on_start is not None else ():
                 on_start(task)
-            progress = None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
-            record, state, model = execute(task, load_task(task.trial.task), progress=progress,
-                                           state=load_state(task))
-            store_state(task, state)
-            store_model(task, model)
-            yield task, record
-
-    def _run_batch(self, group, on_start, on_step):
-        members = [replace(task, worker=member_worker("local", i)) for i, task in enumerate(group)]
-        if on_start is not None:
-            for task in members:
-                on_start(task)
-        progress = [None if on_step is None else (lambda s, n, loss, t=task: on_step(t, s, n, loss))
-                    for task in members]
-        records = execute_batch(members, load_task(members[0].trial.task), progress=progress)
-        yield from zip(members, records)
+            report = None if on_step is None else (lambda i, s, n, loss, m=members: on_step(m[i], s, n, loss))
+            records, state, model = execute_group(members, load_task(members[0].trial.task), report=report,
+                                                  state=load_state(members[0]))  # a batch leaves no state, no model
+            store_state(members[0], state)
+            store_model(members[0], model)
+            yield from zip(members, records)
 
 

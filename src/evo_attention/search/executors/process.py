@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import replace
 from multiprocessing.connection import wait
 
-from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute,
-                                                 execute_batch, failure_record, load_state, member_worker, plan_batches,
-                                                 store_model, store_state, valid_batch_models,
-                                                 worker_devices)
+from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute_group,
+                                                 failure_record, load_state, member_worker, plan_batches, store_model,
+                                                 store_state, valid_batch_models, worker_devices)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 
@@ -36,13 +36,11 @@ START_TIMEOUT_S = 300.0  # a worker imports torch and evo_attention before it is
 
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this worker when the driver dies (even by SIGKILL)."""
-    try:
-        import ctypes
-        import signal
+    import ctypes
+    import signal
 
+    with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _worker_main(worker: str, threads: int, conn) -> None:
@@ -70,13 +68,8 @@ def _worker_main(worker: str, threads: int, conn) -> None:
         token, tasks, device, state = message  # one task, or the tasks of one planned batch
         try:
             data = load_task(tasks[0].trial.task)  # its plugins first; checked against the driver's fingerprint
-            if len(tasks) == 1:
-                progress = lambda s, n, loss: conn.send(("step", token, 0, s, n, loss))  # noqa: E731
-                record, blob, model = execute(tasks[0], data, device=device, progress=progress, state=state)
-                conn.send(("done", token, [record], blob, model))
-            else:
-                reports = [lambda s, n, loss, i=i: conn.send(("step", token, i, s, n, loss)) for i in range(len(tasks))]
-                conn.send(("done", token, execute_batch(tasks, data, device=device, progress=reports), None, None))
+            report = lambda i, s, n, loss: conn.send(("step", token, i, s, n, loss))  # noqa: E731
+            conn.send(("done", token, *execute_group(tasks, data, device=device, report=report, state=state)))
         except KeyboardInterrupt:
             return
         except UserError as exc:
@@ -141,10 +134,8 @@ class _Slot:
         if self.process is None:
             return
         if not kill and self.conn is not None:
-            try:
+            with suppress(OSError, ValueError):
                 self.conn.send(None)
-            except (OSError, ValueError):
-                pass
             self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
@@ -192,8 +183,7 @@ class ProcessExecutor(Executor):
         self._tokens = 0
 
     def describe(self) -> dict:
-        return {"name": self.name, "workers": self.workers, "threads_per_worker": self.threads,
-                "batch_models": self.batch_models}
+        return {**super().describe(), "threads_per_worker": self.threads, "batch_models": self.batch_models}
 
     def training_threads(self) -> int | None:
         return self.threads
@@ -305,10 +295,8 @@ class ProcessExecutor(Executor):
     def close(self) -> None:
         for slot in self._slots:
             if slot.process is not None and slot.job is None:
-                try:
+                with suppress(OSError, ValueError):
                     slot.conn.send(None)  # idle workers: ask all to exit first, then wait for each
-                except (OSError, ValueError):
-                    pass
         for slot in self._slots:
             slot.stop(kill=slot.job is not None)  # a worker still busy (interrupted run) is killed
         if self._parent_threads is not None:

@@ -4,18 +4,17 @@ existing cluster (``address``). See docs/scaling.md."""
 from __future__ import annotations
 
 import logging
-import warnings
-
 import os
+import signal
+import threading
+import warnings
+from contextlib import suppress
 from dataclasses import replace
 
 from evo_attention.search.executors.base import (EvalTask, Executor, as_task, available_cores, check_rebuildable,
                                                  execute, failure_record, load_state, store_model, store_state)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
-
-RAY_EXTRA_HINT = 'install it with pip install -e ".[distributed]"'
-
 
 class _ProgressSink:
     """A Ray actor collecting progress messages of the remote tasks for the driver."""
@@ -53,37 +52,6 @@ def local_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _sigterm_handler():
-    """The Python-level SIGTERM handler now (None off the main thread, where it cannot be changed)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.getsignal(signal.SIGTERM)
-
-
-def _restore_sigterm(handler) -> None:
-    """Put ``handler`` back as SIGTERM's handler: ``ray.init`` installs a native one that prints a C
-    stack dump and aborts, so a terminated search would never print its resume command."""
-    import signal
-
-    if handler is None:
-        return
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except (ValueError, TypeError, OSError):
-        pass
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError(f"the ray executor needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
-    return ray
-
-
 class RayExecutor(Executor):
     """Evaluations as Ray remote tasks (see the module docstring and docs/scaling.md)."""
 
@@ -92,7 +60,12 @@ class RayExecutor(Executor):
 
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None, cpus_per_trial: float = 1.0,
                  gpus_per_trial: float = 0.0, max_retries: int = 1):
-        self.ray = import_ray()
+        try:
+            import ray
+        except ImportError:
+            raise UserError('the ray executor needs Ray, which is not installed: install it with pip install -e '
+                            '".[distributed]"') from None
+        self.ray = ray
         for name, value in (("cpus_per_trial", cpus_per_trial), ("gpus_per_trial", gpus_per_trial)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
                     (name == "cpus_per_trial" and value <= 0):
@@ -124,7 +97,10 @@ class RayExecutor(Executor):
             return
         ray = self.ray
         if not ray.is_initialized():
-            handler = _sigterm_handler()
+            # ``ray.init`` installs a native SIGTERM handler that prints a C stack dump and aborts, so a terminated
+            # search would never print its resume command: the Python one (main thread only) is put back after it
+            main = threading.current_thread() is threading.main_thread()
+            handler = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 # Ray's own INFO/WARNING lines (its start, its token setup) are not the tool's: only errors show
                 logging.getLogger("ray").setLevel(logging.ERROR)
@@ -138,7 +114,9 @@ class RayExecutor(Executor):
                 raise UserError(f"cannot start or reach {where} ({str(exc).splitlines()[0][:200]}): start a cluster "
                                 "with `ray start --head` and pass its address, or leave the address unset", setting="address") from None
             finally:
-                _restore_sigterm(handler)  # Ray's native handler would dump a C stack and abort instead
+                if handler is not None:
+                    with suppress(ValueError, TypeError, OSError):
+                        signal.signal(signal.SIGTERM, handler)
             self._owner = True
             if self.address:  # a cluster: ask it (an unmet request would wait forever)
                 self._check_resources(ray.cluster_resources(), f"the Ray cluster at {self.address}")
@@ -213,10 +191,8 @@ class RayExecutor(Executor):
                     yield task, record
         finally:
             for ref in pending:  # abandoned (interrupted): cancel what is left
-                try:
+                with suppress(Exception):  # best effort
                     ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
 
     def _progress(self, pending, started, on_start, on_step) -> None:
         tasks = {token: task for token, task in pending.values()}
@@ -233,10 +209,8 @@ class RayExecutor(Executor):
 
     def close(self) -> None:
         if self._sink is not None:
-            try:
+            with suppress(Exception):  # best effort
                 self.ray.kill(self._sink)
-            except Exception:  # noqa: BLE001 - best effort
-                pass
         if self._owner and self.ray.is_initialized():
             self.ray.shutdown()
         self._owner = False
