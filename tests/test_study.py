@@ -19,7 +19,7 @@ import yaml
 from evo_attention.cli import build_parser, main
 from evo_attention.report.studies.study_tables import BLOCK
 from evo_attention.search.store import RunStore
-from evo_attention.studies.study import Runs, amend, check_registered, load_study, parts, register
+from evo_attention.studies.study import Runs, amend, check_registered, genes_of, load_study, parts, register
 from evo_attention.studies.study_run import check_document, commands, decide, report, run_study, status
 from evo_attention.util.errors import UserError
 
@@ -401,6 +401,10 @@ def test_a_plan_stage_picks_the_best_validated_winners_of_a_rediscovery_and_abso
     assert run_study(study, lambda argv: pytest.fail(f"ran {argv}"), stages=["pick"], log=lambda line: None) == ["pick"]
     written = yaml.safe_load((tmp_path / "results" / "plans" / "pick.yaml").read_text())
     assert written["comparisons"] == ["c", "a", GATE]  # better only, the largest improvement first, then the gate
+    # on an accuracy the relative change is not computed: the largest difference comes first
+    accuracy = [{"winner": w, "validated": {"verdict": "better", "relative": None, "difference": d,
+                                            "metric": "suite_accuracy"}} for w, d in (("x", 0.1), ("y", 0.3))]
+    assert genes_of({"features": {}, "searches": accuracy}, "e1") == ["y", "x"]
 
 
 def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):

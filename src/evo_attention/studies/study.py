@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from evo_attention.studies.plan import amendment_time, family_values, fingerprint, read_plan_yaml
+from evo_attention.studies.results import check_rule
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
 
@@ -369,8 +370,6 @@ def _check_rules(study: Study) -> None:
             raise _fail(path, f"stage {stage.name}: a tune stage needs its grid (a list of at least 2 rates)")
         if stage.kind == "rediscovery" and spec.get("rediscovered_if") is not None:
             try:
-                from evo_attention.studies.results import check_rule
-
                 check_rule(spec["rediscovered_if"], spec.get("bar"))
             except UserError as exc:
                 raise _fail(path, f"stage {stage.name}: {exc}") from None
@@ -530,10 +529,11 @@ def genes_of(payload: dict, where: str, edge_rule: str = "refuse") -> list[str]:
     file has a learning-rate grid; a selection at an edge of the grid is refused (the edge rule)."""
     grid = payload.get("grid")
     if "features" in payload and "searches" in payload:  # a rediscovery file: its validated-better winners, best first
-        better = [s for s in payload["searches"] if (s.get("validated") or {}).get("verdict") == "better"]
-        lower = not str((better[0]["validated"] if better else {}).get("metric")).endswith("accuracy")
-        better.sort(key=lambda s: s["validated"]["relative"] * (1 if lower else -1))
-        return list(dict.fromkeys(s["winner"] for s in better))
+        better = [s["validated"] | {"winner": s["winner"]} for s in payload["searches"]
+                  if (s.get("validated") or {}).get("verdict") == "better"]
+        # the largest improvement first: a loss's relative change (most negative), an accuracy's difference (largest)
+        better.sort(key=lambda v: -v["difference"] if str(v.get("metric")).endswith("accuracy") else v["relative"])
+        return list(dict.fromkeys(v["winner"] for v in better))
     if not grid:
         return [g["gene"] for g in payload["genes"]]
     if grid.get("at_edge") and edge_rule == "refuse":
