@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evo_attention.studies.results import matched_pair
 from evo_attention.util import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,13 +38,6 @@ def var(values) -> float:  # the sample variance
     return stats.describe(values)["sd"] ** 2
 
 
-def matched(result: dict, gene: dict) -> dict:
-    """The parameter-matched model ``gene`` was compared with (same seeds)."""
-    model = next(m for m in result["matched_baselines"] if gene["gene"] in m["matched_to"])
-    assert model["seeds"] == gene["seeds"], gene["gene"]
-    return model
-
-
 def d4_steps() -> dict:
     cells = ("tpp2", "tpp6", "tpp12")
     paths = [STUDY / "d4" / cell / "validation_test.json" for cell in cells]
@@ -51,9 +45,11 @@ def d4_steps() -> dict:
     for cell, path in zip(cells, paths):
         result = read(path)
         gate = result["genes"][0]
-        r = stats.paired(gate["values"], matched(result, gate)["values"], log=True, bootstrap_resamples=0)
+        pair = matched_pair(result, gate["gene"], rel(path))
+        assert pair["seeds"] == gate["seeds"], path
+        r = stats.paired(pair["values"], pair["matched_values"], log=True, bootstrap_resamples=0)
         assert abs(r["difference"] - gate["difference"]) < 1e-12
-        per_seed[cell] = dict(zip(gate["seeds"], r["differences"]))
+        per_seed[cell] = dict(zip(pair["seeds"], r["differences"]))
     steps = {}
     for a, b in (("tpp2", "tpp6"), ("tpp6", "tpp12"), ("tpp2", "tpp12")):
         change = [per_seed[b][seed] - per_seed[a][seed] for seed in per_seed[a]]
@@ -139,7 +135,9 @@ def d1_interval() -> dict:
     path = STUDY / "d1-wikitext" / "96x2" / "validation_test.json"
     result = read(path)
     gene = result["genes"][2]  # D1's third program
-    r = stats.paired(gene["values"], matched(result, gene)["values"], log=True)
+    pair = matched_pair(result, gene["gene"], rel(path))
+    assert pair["seeds"] == gene["seeds"], path
+    r = stats.paired(pair["values"], pair["matched_values"], log=True)
     assert abs(r["diff_ci_low"] - gene["diff_ci_low"]) < 1e-12 and gene["boot_ci_low"] is None
     return {"description": "D1's third program against its matched model, test perplexity at 96x2 on WikiText-2: "
                            "the t interval of stats.paired (no bootstrap interval below BOOTSTRAP_MIN pairs)",

@@ -43,6 +43,24 @@ class CountingExecutor(LocalExecutor):
                 raise KeyboardInterrupt
 
 
+def train_a_few(model, loss_of, vocab: int, steps: int = 4, length: int = 12) -> list[float]:
+    """``steps`` AdamW steps (lr 1e-2) on random ids (4 x ``length``, a fixed generator) of a model
+    whose loss on ids is ``loss_of(ids)``; the losses, the model left in eval mode."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (4, length), generator=generator)
+        loss = loss_of(ids)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
 def assert_resume_is_uninterrupted(config, tmp_path, stop_after: int, trainings: int) -> None:
     """The search of ``config`` stopped after ``stop_after`` trainings and resumed retrains only the
     ``trainings - stop_after`` missing ones and ends as the uninterrupted run in ``tmp_path / "full"``."""

@@ -12,6 +12,7 @@ import torch
 
 from evo_attention.cli import main
 from evo_attention.nn.attention import EvolvedAttention
+from tests.conftest import train_a_few
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="transformers is not installed")
@@ -30,19 +31,7 @@ def _llama(name, kv_heads=2):
 
 
 def _train(model, steps=4):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(1)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        ids = torch.randint(0, 32, (4, 12), generator=generator)
-        loss = model(ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
+    return train_a_few(model, lambda ids: model(ids, labels=ids).loss, 32, steps)
 
 
 def _captured(layer, run):

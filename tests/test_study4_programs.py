@@ -20,6 +20,7 @@ from evo_attention import TinyTransformer
 from evo_attention.data.tokenizers import train_tokenizer
 from evo_attention.genes import AttentionGene
 from evo_attention.nn.spec import ModelSpec
+from tests.conftest import train_a_few
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="transformers is not installed")
@@ -34,22 +35,6 @@ def reported() -> list[str]:
     for plan in sorted((RESULTS / "plans").glob("*.yaml")):
         genes += [g.split("|lr=")[0] for g in yaml.safe_load(plan.read_text())["comparisons"]]
     return [g for g in dict.fromkeys(genes) if "prog=" in g]
-
-
-def _train(model, forward, vocab: int, steps: int = 3) -> list[float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(1)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        ids = torch.randint(0, vocab, (4, 10), generator=generator)
-        loss = forward(ids)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
 
 
 def test_every_program_study4_reports_loads_from_its_key_trains_and_exports_both_ways(tmp_path, monkeypatch):
@@ -74,8 +59,8 @@ def test_every_program_study4_reports_loads_from_its_key_trains_and_exports_both
         torch.manual_seed(i)
         model = TinyTransformer(ModelSpec(vocab_size=vocab, d_model=32, n_heads=4, n_layers=2, max_seq_len=12,
                                           dropout=0.0), [key] * 2)
-        losses = _train(model, lambda ids: torch.nn.functional.cross_entropy(
-            model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()), vocab)
+        losses = train_a_few(model, lambda ids: torch.nn.functional.cross_entropy(
+            model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()), vocab, steps=3, length=10)
         assert all(loss == loss for loss in losses), key
         out = tmp_path / f"hf-{i}"
         export_hf(model, tokenizer, out)
@@ -92,7 +77,8 @@ def test_every_program_study4_reports_loads_from_its_key_trains_and_exports_both
                                              max_position_embeddings=12,
                                              attn_implementation=register(f"evo_study4_{i}")))
         install(llama, key)
-        assert all(loss == loss for loss in _train(llama, lambda ids: llama(ids, labels=ids).loss, vocab)), key
+        losses = train_a_few(llama, lambda ids: llama(ids, labels=ids).loss, vocab, steps=3, length=10)
+        assert all(loss == loss for loss in losses), key
         with torch.no_grad():
             new = llama.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         assert new.shape[1] == len(prompt) + 3, key

@@ -270,6 +270,8 @@ class Strategy(ABC):
     """
 
     name: ClassVar[str] = ""
+    # the seeded start the driver gives it when ``start_from`` names none (None: random draws)
+    default_start: ClassVar[str | None] = None
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("population_size", "n_generations", "elite_size", "seed", "objectives")
     OPTIONS: ClassVar[dict[str, Any]] = {"seed_vanilla": False}
 

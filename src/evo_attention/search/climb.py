@@ -30,6 +30,7 @@ class HillClimb(RandomSearch):
     evaluated, ranked; each batch its history), other proposals, and an incumbent."""
 
     name = "climb"
+    default_start = "vanilla"
     OPTIONS = {**RandomSearch.OPTIONS, "min_gain": 0.0}
 
     def __init__(self, *, min_gain: float = 0.0, **settings):

@@ -227,9 +227,9 @@ class Search:
                              population_size=self.config.population_size, objectives=self.config.objectives)
 
     def _starting_genes(self) -> dict | None:
-        """The seeded start ``start_from`` names (the climb and the neighbours strategy start from the
-        vanilla gene unless told otherwise); None for random draws."""
-        text = self.config.start_from or ("vanilla" if self.config.strategy in ("climb", "neighbours") else None)
+        """The seeded start ``start_from`` names, else the strategy's ``default_start`` (the climb's and
+        the neighbours strategy's: the vanilla gene); None for random draws."""
+        text = self.config.start_from or self.strategy.default_start
         if text is None or self.config.init_from is not None:
             return None
         return starting_genes(text, space=self.strategy.space, population_size=self.config.population_size,

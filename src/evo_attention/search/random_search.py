@@ -55,6 +55,7 @@ class NeighbourSearch(RandomSearch):
     """Random one-edit neighbours of the start, in GA-sized batches (see the module docstring)."""
 
     name = "neighbours"
+    default_start = "vanilla"
 
     def _propose(self) -> list[AttentionGene]:
         if not self._warm:

@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 
 from evo_attention.genes import AttentionGene
+from evo_attention.programs import TIME_OPS
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 
@@ -204,7 +205,7 @@ def seed_use(found: dict[str, dict[int, dict]]) -> dict:
 # a program holds a feature when one of the feature's ops appears in it (an op: a name before "(")
 FEATURES = {"output gate": {"sgate", "g.output_gate"}, "squared ReLU": {"sqrelu"},
             "depthwise convolution": {"dconv2", "dconv3", "dconv4"},
-            "token mixing": {"shift", "dconv2", "dconv3", "dconv4", "decay"}}  # programs.TIME_OPS
+            "token mixing": set(TIME_OPS)}  # the ops of the program edit "time"
 TESTED = ("output gate", "squared ReLU", "depthwise convolution")  # a rediscovery stage's default family
 _OP = re.compile(r"([A-Za-z_][\w.]*)\(")
 REDISCOVERY_WORDS = {stats.SOLVED_MORE: "rediscovered more often", stats.SOLVED_LESS: "rediscovered less often",
