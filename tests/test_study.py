@@ -20,7 +20,8 @@ from evo_attention.cli import build_parser, main
 from evo_attention.report.studies.study_tables import BLOCK
 from evo_attention.search.store import RunStore
 from evo_attention.studies.study import Runs, amend, check_registered, genes_of, load_study, parts, register
-from evo_attention.studies.study_run import check_document, commands, decide, report, run_study, status
+from evo_attention.studies.study_run import (check_document, commands, decide, report, run_study, status,
+                                             unwritten_tables)
 from evo_attention.util.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -356,6 +357,21 @@ def test_study4_keeps_its_rules_and_every_command_is_one_the_cli_takes():
               else s["--population"] + (s["--generations"] - 1) * (s["--population"] - s["--elite"])
               for n, s in sizes.items()}
     assert budget == {"ga": 16, "climb": 16, "neighbours": 16}
+
+
+def test_study4_tables_in_findings_md_equal_their_files_and_only_unwritten_ones_may_be_absent(tmp_path):
+    """Study 4 is checked as it runs: every table its written files give is in findings.md, equal to
+    them; a table whose file its stages have not written yet may be absent, and no other."""
+    plan = load_study(STUDY4)
+    assert check_document(plan, FINDINGS) == []
+    unwritten = unwritten_tables(plan)
+    assert all(not (REPO / f).exists() for f, _ in unwritten)
+    doc = tmp_path / "findings.md"
+    doc.write_text("no tables\n")
+    written = sorted(set((study_file, table) for study_file, table in
+                         ((plan.rel(plan.raw["results"], t["file"]), t["table"])
+                          for q in plan.raw["questions"].values() for t in q.get("tables", []))) - set(unwritten))
+    assert check_document(plan, doc) == [f"{doc}: no table {t} of {f}" for f, t in written]
 
 
 def test_an_answer_may_name_one_entry_of_a_source(tmp_path):

@@ -102,4 +102,8 @@ def cmd_study(args) -> int:
         if differ:
             return 1
         print(f"{args.doc}: every table of {args.plan}'s files equals what its file gives")
+        pending = sr.unwritten_tables(plan)
+        if pending:
+            print(f"{len(pending)} of the plan's tables have no file yet (their stages have not run): "
+                  + ", ".join(f"{f} ({t})" for f, t in pending))
     return 0

@@ -420,11 +420,12 @@ def report(study: Study) -> str:
 
 def check_document(study: Study, doc) -> list[str]:
     """Where ``doc``'s generated tables of the plan's files differ from what the files give, and the
-    plan's tables ``doc`` lacks."""
+    plan's tables of written files ``doc`` lacks (a study still running has files not written yet:
+    ``unwritten_tables``; a table ``doc`` shows of such a file differs)."""
     from evo_attention.report.studies.study_tables import BLOCK, render
 
     text = Path(doc).read_text(encoding="utf-8")
-    wanted = {(study.rel(study.raw["results"], t["file"]), t["table"]) for _, t in _tables(study)}
+    wanted = set(_plan_tables(study)) - set(unwritten_tables(study))
     seen, differ = set(), []
     for m in BLOCK.finditer(text):
         key = (m["file"], m["table"])
@@ -436,3 +437,13 @@ def check_document(study: Study, doc) -> list[str]:
             differ.append(f"{doc}: {m['file']} table={m['table']} differs from its file")
     differ += [f"{doc}: no table {t} of {f}" for f, t in sorted(wanted - seen)]
     return differ
+
+
+def _plan_tables(study: Study) -> list[tuple[str, str]]:
+    """(file, table) of each table the plan's questions show, the file relative to the root."""
+    return [(study.rel(study.raw["results"], t["file"]), t["table"]) for _, t in _tables(study)]
+
+
+def unwritten_tables(study: Study) -> list[tuple[str, str]]:
+    """The plan's tables whose result file is not written yet (their stages have not run)."""
+    return [(f, t) for f, t in _plan_tables(study) if not (study.root / f).is_file()]
