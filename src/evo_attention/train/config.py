@@ -295,16 +295,16 @@ class Config:
         known = set(cls.field_names())
         for key in data:
             if key not in known:
-                close = _closest(str(key), known)
-                hint = f" (did you mean {close!r}?)" if close else ""
-                raise UserError(f"unknown key {key!r} in {source}{hint}: valid keys are {', '.join(sorted(known))}")
+                raise UserError(f"unknown key {key!r} in {source}{_did_you_mean(str(key), known)}: valid keys are "
+                                f"{', '.join(sorted(known))}")
 
 
-def _closest(word: str, options) -> str | None:
+def _did_you_mean(word: str, options) -> str:
+    """`` (did you mean 'x'?)`` for the option closest to ``word``; "" where none is close."""
     import difflib
 
     match = difflib.get_close_matches(word, list(options), n=1)
-    return match[0] if match else None
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 # -- validation, one group of fields at a time; every error names its field -----------------------
@@ -536,11 +536,8 @@ def parse_lr_grid(value, setting: str = "lr_grid") -> tuple[float, ...]:
     items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
     rates = []
     for item in items:
-        try:
-            rate = float(item) if not isinstance(item, bool) else math.nan
-        except (TypeError, ValueError):
-            rate = math.nan
-        if not math.isfinite(rate) or rate <= 0:
+        rate = _positive(item)
+        if rate is None:
             raise UserError(f"{setting} {value!r}: {item!r} is not a learning rate: give positive numbers separated by "
                             "commas, e.g. 5e-4,1e-3,2e-3,4e-3", setting=setting)
         rates.append(rate)
@@ -564,19 +561,22 @@ def cap_value(value: Any, name: str = "cap") -> int | float | str | None:
     if value is None:
         return None
     relative = isinstance(value, str) and value.strip().lower().endswith("x")
-    text = value.strip()[:-1] if relative else value
-    number = None
-    if not isinstance(text, bool):
-        try:
-            number = float(text)
-        except (TypeError, ValueError):
-            number = None
-    if number is None or not math.isfinite(number) or number <= 0:
+    number = _positive(value.strip()[:-1] if relative else value)
+    if number is None:
         raise UserError(f"{name} must be a positive number such as 50000, or a factor of the baseline's value such "
                         f"as 1.2x, got {value!r}", setting=name)
     if relative:
         return f"{number:g}x"
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def _positive(value: Any) -> float | None:
+    """``value`` (a number or its text) as a positive finite float, else None."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def cap_factor(value: Any) -> float | None:
@@ -661,9 +661,8 @@ def _check_objectives(c: Config) -> None:
                         setting="objectives")
     for name in c.objectives:
         if name not in OBJECTIVES and name != SUITE_OBJECTIVE:
-            close = _closest(name, OBJECTIVES)
-            hint = f" (did you mean {close!r}?)" if close else ""
-            raise UserError(f"unknown objective {name!r}{hint}: valid objectives are {valid}", setting="objectives")
+            raise UserError(f"unknown objective {name!r}{_did_you_mean(name, OBJECTIVES)}: valid objectives are "
+                            f"{valid}", setting="objectives")
     repeated = next((name for i, name in enumerate(c.objectives) if name in c.objectives[:i]), None)
     if repeated is not None:
         raise UserError(f"objective {repeated!r} is named twice in objectives: name each objective once",
