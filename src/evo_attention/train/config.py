@@ -468,11 +468,19 @@ def _check_search(c: Config) -> None:
         raise UserError(f"strategy must be a name such as 'ga' or 'random', got {c.strategy!r}", setting="strategy")
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
-    _check_suite_name(c)
+    if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
+        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
+                        f"{c.suite!r}", setting="suite")
     _check_baseline_gene(c)
     _check_objectives(c)
     _check_init_from(c)
-    _check_caps(c)
+    for name in CAP_FIELDS:
+        setattr(c, name, cap_value(getattr(c, name), name))
+    relative = [name for name in MEASURED_CAPS if cap_factor(getattr(c, name)) is not None]
+    if relative and not c.baseline:
+        raise UserError(f"{relative[0]} {getattr(c, relative[0])} is relative to the baseline's measured value, but "
+                        "the run trains no baseline: give an absolute cap, or train the baseline",
+                        setting=(relative[0], "baseline"))
     _choice(c, "fidelity", FIDELITIES)
     _integer(c, "halving_eta", minimum=2)
     _integer(c, "halving_rungs", minimum=2)
@@ -603,22 +611,6 @@ def _check_init_from(c: Config) -> None:
     if sep and head and tail.strip().lstrip("+-").isdigit() and int(tail) < 1:
         raise UserError(f"init_from {c.init_from!r}: K must be a whole number >= 1 (the best K genes of the run)",
                         setting="init_from")
-
-
-def _check_caps(c: Config) -> None:
-    for name in CAP_FIELDS:
-        setattr(c, name, cap_value(getattr(c, name), name))
-    relative = [name for name in MEASURED_CAPS if cap_factor(getattr(c, name)) is not None]
-    if relative and not c.baseline:
-        raise UserError(f"{relative[0]} {getattr(c, relative[0])} is relative to the baseline's measured value, but "
-                        "the run trains no baseline: give an absolute cap, or train the baseline",
-                        setting=(relative[0], "baseline"))
-
-
-def _check_suite_name(c: Config) -> None:
-    if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
-        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
-                        f"{c.suite!r}", setting="suite")
 
 
 def _check_baseline_gene(c: Config) -> None:

@@ -20,6 +20,7 @@ Precedence: built-in defaults < preset < YAML config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -124,12 +125,9 @@ def _yaml_numbers(data: dict) -> dict:
     float_fields = {f.name for f in dataclasses.fields(Config) if "float" in str(f.type)}
     out = dict(data)
     for name in float_fields & set(out):
-        value = out[name]
-        if isinstance(value, str):
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass  # left as it is: Config names the field and the bad value
+        if isinstance(out[name], str):
+            with suppress(ValueError):  # else left as it is: Config names the field and the bad value
+                out[name] = float(out[name])
     return out
 
 
