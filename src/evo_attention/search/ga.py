@@ -76,8 +76,7 @@ class GeneticAlgorithm(Breeding):
                               lambda first, second: self._breed(first, second, rate), self.dedupe, self.DEDUPE_TRIES)
 
     def _update(self, told):
-        elites = []
-        if self.generation > 0:
-            elites = [dataclasses.replace(m, is_elite=True) for m in self.population[: self.elite_size]]
+        # the elites carried over (none before generation 0 was told)
+        elites = [dataclasses.replace(m, is_elite=True) for m in self.population[: self.elite_size]]
         newcomers = [self._member(gene, fitness) for gene, fitness in told]
         self.population = rank_members(elites + newcomers)
