@@ -484,21 +484,34 @@ class Strategy(ABC):
         genes = [g for g in self._warm if g.key not in exclude]
         taken = set(exclude) | {g.key for g in genes}
         starts = [g for g in genes if isinstance(g, AttentionGene)] if self._neighbours else []
-        for i in range(NEIGHBOUR_TRIES * self.population_size if starts else 0):
-            if len(genes) >= self.population_size:
-                break
-            child = neighbour(starts[i % len(starts)], self.rng, self.space)
-            if child.key not in taken:
-                genes.append(child)
-                taken.add(child.key)
-        for _ in range(self.population_size - len(genes)):
-            gene = draw_new_gene(self.rng, self.space, taken)
-            genes.append(gene)
-            taken.add(gene.key)
+        if starts:
+            self._add_neighbours(genes, taken, self.population_size,
+                                 lambda i: neighbour(starts[i % len(starts)], self.rng, self.space))
+        self._add_draws(genes, taken, self.population_size)
         if self.seed_vanilla:
             vanilla = self.space.vanilla()
             if vanilla not in genes:
                 genes = [vanilla] + genes[:-1]
+        return genes
+
+    def _add_neighbours(self, genes: list, taken: set[str], size: int, edit) -> list[AttentionGene]:
+        """``genes`` filled up to ``size`` with the one-edit neighbours ``edit(i)`` (the i-th try) whose
+        keys are not ``taken``, in ``NEIGHBOUR_TRIES * size`` tries at most; each key added is taken."""
+        for i in range(NEIGHBOUR_TRIES * size):
+            if len(genes) >= size:
+                break
+            child = edit(i)
+            if child.key not in taken:
+                genes.append(child)
+                taken.add(child.key)
+        return genes
+
+    def _add_draws(self, genes: list, taken: set[str], size: int) -> list[AttentionGene]:
+        """``genes`` filled up to ``size`` with random draws (``draw_new_gene``) whose keys are not
+        ``taken``; each key added is taken."""
+        while len(genes) < size:
+            genes.append(draw_new_gene(self.rng, self.space, taken))
+            taken.add(genes[-1].key)
         return genes
 
     # -- internals ------------------------------------------------------------------------------
@@ -533,3 +546,23 @@ class Strategy(ABC):
             pairs.append((gene, values[min(used[gene.key], len(values) - 1)]))
             used[gene.key] += 1
         return pairs
+
+
+class Breeding(Strategy):
+    """A strategy that breeds its children (GA, NSGA-II): ``mutation_rate``, ``crossover_rate``, and
+    with ``dedupe`` a child that repeats a key is bred again (``_children``, ``DEDUPE_TRIES`` in all)."""
+
+    CONFIG_FIELDS = Strategy.CONFIG_FIELDS + ("mutation_rate", "crossover_rate")
+    DEDUPE_TRIES = 100
+
+    def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, dedupe: bool = False, **batches):
+        super().__init__(**batches)
+        self.mutation_rate = as_rate("mutation_rate", mutation_rate)
+        self.crossover_rate = as_rate("crossover_rate", crossover_rate)
+        self.dedupe = bool(dedupe)
+
+    def _breed(self, first: AttentionGene, second: AttentionGene, rate: float | None = None) -> AttentionGene:
+        """With probability ``crossover_rate`` the crossover of the parents, else a copy of the first;
+        then mutated at ``rate`` (default ``mutation_rate``)."""
+        child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
+        return child.mutate(self.mutation_rate if rate is None else rate, self.rng, self.space)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, neighbour
+from evo_attention.search.base import Individual, neighbour
 from evo_attention.search.random_search import RandomSearch
 from evo_attention.util.errors import UserError
 
@@ -51,14 +51,8 @@ class HillClimb(RandomSearch):
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             return self._initial_genes()
-        taken, children = set(self._asked_keys), []
-        for _ in range(NEIGHBOUR_TRIES * self.population_size):
-            if len(children) == self.population_size:
-                break
-            child = neighbour(self.incumbent.gene, self.rng, self.space)
-            if child.key not in taken:
-                children.append(child)
-                taken.add(child.key)
+        children = self._add_neighbours([], set(self._asked_keys), self.population_size,
+                                        lambda i: neighbour(self.incumbent.gene, self.rng, self.space))
         while len(children) < self.population_size:  # the incumbent's neighbourhood is spent: a repeat
             children.append(neighbour(self.incumbent.gene, self.rng, self.space))
         return children

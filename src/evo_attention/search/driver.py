@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -115,17 +116,13 @@ class Search:
         self.planned = planned_evaluations(config, self.strategy)
         if resume and not RunStore.exists(self.out_dir):
             RunStore.open(self.out_dir)  # "no run in ...": said before a lock file is made there
-        self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
-        try:
+        with ExitStack() as undo:  # a failure lets go of the store and the lock again
+            self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
+            undo.callback(self.lock.release)
             self.store = self._open_store(resume, overwrite)
-            try:
-                self.keep_models = self._pinned_keep_models(keep_models)
-            except BaseException:
-                self.store.close()
-                raise
-        except BaseException:
-            self.lock.release()
-            raise
+            undo.callback(self.store.close)
+            self.keep_models = self._pinned_keep_models(keep_models)
+            undo.pop_all()
         self.population: list[Individual] = []
         self.history: list[dict] = []
         self.baseline: Individual | None = None

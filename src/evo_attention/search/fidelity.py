@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from evo_attention.train.config import Config
-from evo_attention.train.record import EvaluationRecord, usable_metric
+from evo_attention.train.record import usable_metric
 from evo_attention.util.errors import UserError
 
 RUNG_ROLE = "rung"

@@ -32,29 +32,23 @@ import dataclasses
 
 from evo_attention.util.errors import UserError
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Strategy, as_rate, rank_members
+from evo_attention.search.base import Breeding, as_rate, rank_members
 
 SCHEDULES = ("constant", "adaptive")
-DEDUPE_TRIES = 100
 
 
-class GeneticAlgorithm(Strategy):
+class GeneticAlgorithm(Breeding):
     """Elitist genetic algorithm with uniform crossover and per-field mutation."""
 
     name = "ga"
-    CONFIG_FIELDS = Strategy.CONFIG_FIELDS + ("mutation_rate", "crossover_rate")
-    OPTIONS = {**Strategy.OPTIONS, "mutation_schedule": "constant", "mutation_rate_start": 0.6, "dedupe": False}
+    OPTIONS = {**Breeding.OPTIONS, "mutation_schedule": "constant", "mutation_rate_start": 0.6, "dedupe": False}
 
-    def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, mutation_schedule: str = "constant",
-                 mutation_rate_start: float = 0.6, dedupe: bool = False, **batches):
-        super().__init__(**batches)
-        self.mutation_rate = as_rate("mutation_rate", mutation_rate)
-        self.crossover_rate = as_rate("crossover_rate", crossover_rate)
+    def __init__(self, *, mutation_schedule: str = "constant", mutation_rate_start: float = 0.6, **settings):
+        super().__init__(**settings)
         if mutation_schedule not in SCHEDULES:
             raise UserError(f"unknown mutation_schedule {mutation_schedule!r}: valid schedules are {', '.join(SCHEDULES)}")
         self.mutation_schedule = mutation_schedule
         self.mutation_rate_start = as_rate("mutation_rate_start", mutation_rate_start)
-        self.dedupe = bool(dedupe)
 
     @property
     def parent_pool_size(self) -> int:
@@ -79,15 +73,10 @@ class GeneticAlgorithm(Strategy):
         rate = self.mutation_rate_at(self.generation)
         pool = [m.gene for m in self.population[: self.parent_pool_size]]
         return self._children(lambda: (self.rng.choice(pool), self.rng.choice(pool)),
-                              lambda first, second: self._breed(first, second, rate), self.dedupe, DEDUPE_TRIES)
-
-    def _breed(self, first: AttentionGene, second: AttentionGene, rate: float) -> AttentionGene:
-        child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
-        return child.mutate(rate, self.rng, self.space)
+                              lambda first, second: self._breed(first, second, rate), self.dedupe, self.DEDUPE_TRIES)
 
     def _update(self, told):
-        elites = []
-        if self.generation > 0:
-            elites = [dataclasses.replace(m, is_elite=True) for m in self.population[: self.elite_size]]
+        # the elites carried over (none before generation 0 was told)
+        elites = [dataclasses.replace(m, is_elite=True) for m in self.population[: self.elite_size]]
         newcomers = [self._member(gene, fitness) for gene, fitness in told]
         self.population = rank_members(elites + newcomers)

@@ -26,7 +26,7 @@ import json
 import os
 import socket
 import time
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -76,20 +76,15 @@ class RunLock:
         except OSError as exc:
             raise UserError(f"cannot take the lock of {self.run_dir}: {exc.strerror}; pick a writable out",
                             setting="out") from None
-        try:
+        with ExitStack() as undo:  # a failure closes what was opened
+            undo.callback(os.close, dir_fd)
             if not _lock(dir_fd, self.path, self.run_dir, directory=True):
-                os.close(dir_fd)  # no locks on directories here (some network file systems): the file's alone
+                undo.close()  # no locks on directories here (some network file systems): the file's alone
                 dir_fd = None
             fd = self._open_file()
-            try:  # a holder of an earlier version locks the file only
-                _lock(fd, self.path, self.run_dir)
-            except BaseException:
-                os.close(fd)
-                raise
-        except BaseException:
-            if dir_fd is not None:
-                os.close(dir_fd)
-            raise
+            undo.callback(os.close, fd)
+            _lock(fd, self.path, self.run_dir)  # a holder of an earlier version locks the file only
+            undo.pop_all()
         self._info = {**_this_process(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         self._write(fd)
         self._dir_fd, self._fd = dir_fd, fd

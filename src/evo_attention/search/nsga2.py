@@ -25,37 +25,28 @@ from __future__ import annotations
 import dataclasses
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import Individual, Strategy, as_rate, rank_members
-
-DEDUPE_TRIES = 100
+from evo_attention.search.base import Breeding, Individual, rank_members
 
 
-class NSGA2(Strategy):
+class NSGA2(Breeding):
     """NSGA-II: (mu + lambda) survival by non-dominated front and crowding distance."""
 
     name = "nsga2"
-    CONFIG_FIELDS = Strategy.CONFIG_FIELDS + ("mutation_rate", "crossover_rate")
-    OPTIONS = {**Strategy.OPTIONS, "dedupe": True}
+    OPTIONS = {**Breeding.OPTIONS, "dedupe": True}
 
-    def __init__(self, *, mutation_rate: float = 0.3, crossover_rate: float = 0.7, dedupe: bool = True, **batches):
-        super().__init__(**batches)
-        self.mutation_rate = as_rate("mutation_rate", mutation_rate)
-        self.crossover_rate = as_rate("crossover_rate", crossover_rate)
-        self.dedupe = bool(dedupe)
+    def __init__(self, *, dedupe: bool = True, **settings):
+        super().__init__(dedupe=dedupe, **settings)
 
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             return self._initial_genes()
-        return self._children(lambda: (self._tournament(), self._tournament()), self._breed, self.dedupe, DEDUPE_TRIES)
+        return self._children(lambda: (self._tournament(), self._tournament()), self._breed, self.dedupe,
+                              self.DEDUPE_TRIES)
 
     def _tournament(self) -> AttentionGene:
         """The better (earlier in the ranked population) of two members drawn uniformly."""
         n = len(self.population)
         return self.population[min(self.rng.randrange(n), self.rng.randrange(n))].gene
-
-    def _breed(self, first: AttentionGene, second: AttentionGene) -> AttentionGene:
-        child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
-        return child.mutate(self.mutation_rate, self.rng, self.space)
 
     def _update(self, told):
         survivors = [dataclasses.replace(m, is_elite=True) for m in self.population]  # carried over, not re-asked

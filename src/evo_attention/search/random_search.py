@@ -23,7 +23,7 @@ unless ``start_from`` says otherwise, as the climb; without one (``start_from: r
 from __future__ import annotations
 
 from evo_attention.genes import AttentionGene
-from evo_attention.search.base import NEIGHBOUR_TRIES, Individual, Strategy, draw_new_gene, neighbour, rank_members
+from evo_attention.search.base import Individual, Strategy, neighbour, rank_members
 from evo_attention.util.errors import UserError
 
 
@@ -35,13 +35,7 @@ class RandomSearch(Strategy):
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             return self._initial_genes()
-        taken = set(self._asked_keys)
-        genes = []
-        for _ in range(self.batch_size(self.generation)):
-            gene = draw_new_gene(self.rng, self.space, taken)
-            genes.append(gene)
-            taken.add(gene.key)
-        return genes
+        return self._add_draws([], set(self._asked_keys), self.batch_size(self.generation))
 
     def _update(self, told):
         self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
@@ -63,15 +57,7 @@ class NeighbourSearch(RandomSearch):
                             "vanilla, gene strings or a run", setting="start_from")
         if self.generation == 0:
             return self._initial_genes()
-        taken, genes, size = set(self._asked_keys), [], self.batch_size(self.generation)
-        for _ in range(NEIGHBOUR_TRIES * size):
-            if len(genes) == size:
-                break
-            child = neighbour(self.rng.choice(self._warm), self.rng, self.space)
-            if child.key not in taken:
-                genes.append(child)
-                taken.add(child.key)
-        while len(genes) < size:  # the neighbourhood is spent: random genes not asked before
-            genes.append(draw_new_gene(self.rng, self.space, taken))
-            taken.add(genes[-1].key)
-        return genes
+        taken, size = set(self._asked_keys), self.batch_size(self.generation)
+        genes = self._add_neighbours([], taken, size, lambda i: neighbour(self.rng.choice(self._warm), self.rng,
+                                                                          self.space))
+        return self._add_draws(genes, taken, size)  # the neighbourhood is spent: random genes not asked before

@@ -53,6 +53,8 @@ ROLES_HINT = ("search", "baseline", "validate")  # usual roles; any non-empty st
 KEY_FIELDS = ("gene", "seed", "steps", "data_fingerprint", "context")
 METRICS = ("val_perplexity", "val_loss", "accuracy", "train_loss", "time_s")
 _RESERVED = ("id", "role", "generation", "created_at")
+_SELECT = "SELECT id, role, generation, record, created_at FROM evaluations"  # what a stored record is read from
+_KEY_MATCH = "gene = ? AND seed = ? AND steps = ? AND data = ? AND context = ?"  # one evaluation, by its key
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -439,11 +441,8 @@ class RunStore:
     # -- evaluations ----------------------------------------------------------------------------
     def lookup(self, gene_key: Any, seed: int, steps: int, data: str, context: str) -> EvaluationRecord | None:
         """The stored record of exactly this evaluation, or None (a cache miss)."""
-        rows = self._query(
-            "SELECT id, role, generation, record, created_at FROM evaluations "
-            "WHERE gene = ? AND seed = ? AND steps = ? AND data = ? AND context = ?",
-            (_gene_key(gene_key), int(seed), int(steps), str(data), str(context)),
-        )
+        rows = self._query(f"{_SELECT} WHERE {_KEY_MATCH}",
+                           (_gene_key(gene_key), int(seed), int(steps), str(data), str(context)))
         return self._full_record(rows[0]) if rows else None
 
     def record(self, record: EvaluationRecord | Mapping, *, role: str = "search", generation: int | None = None) -> int:
@@ -485,17 +484,13 @@ class RunStore:
             )
             if cursor.rowcount == 1:
                 return cursor.lastrowid
-            return conn.execute(
-                "SELECT id FROM evaluations WHERE gene = ? AND seed = ? AND steps = ? AND data = ? AND context = ?",
-                key,
-            ).fetchone()[0]
+            return conn.execute(f"SELECT id FROM evaluations WHERE {_KEY_MATCH}", key).fetchone()[0]
 
     def evaluations(self, role: str | None = None) -> list[EvaluationRecord]:
         """Stored records in insertion order (optionally of one role), each the full record plus
         ``id``, ``role``, ``generation`` and ``created_at``."""
-        sql = "SELECT id, role, generation, record, created_at FROM evaluations"
-        rows = (self._query(sql + " ORDER BY id") if role is None
-                else self._query(sql + " WHERE role = ? ORDER BY id", (role,)))
+        rows = (self._query(f"{_SELECT} ORDER BY id") if role is None
+                else self._query(f"{_SELECT} WHERE role = ? ORDER BY id", (role,)))
         return [self._full_record(row) for row in rows]
 
     @staticmethod

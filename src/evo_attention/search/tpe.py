@@ -41,7 +41,8 @@ import warnings
 from typing import Any
 
 from evo_attention.genes import ALL_FIELDS, AttentionGene, SearchSpace, violation
-from evo_attention.search.base import Individual, Strategy, draw_new_gene, rank_members
+from evo_attention.search.base import Strategy, draw_new_gene
+from evo_attention.search.random_search import RandomSearch
 from evo_attention.util.errors import UserError
 
 DEDUPE_TRIES = 20
@@ -94,8 +95,9 @@ def constraint_attrs(names, values, *, named: bool = False) -> dict:
     return attrs
 
 
-class TPE(Strategy):
-    """Optuna's multivariate TPE sampler, asked in the GA's batch sizes."""
+class TPE(RandomSearch):
+    """Optuna's multivariate TPE sampler, asked in the GA's batch sizes, with random search's
+    bookkeeping (everything evaluated, ranked; each batch its history)."""
 
     name = "tpe"
     OPTIONS = {**Strategy.OPTIONS, "n_ei_candidates": 24, "dedupe": True}
@@ -130,7 +132,6 @@ class TPE(Strategy):
                                                  n_ei_candidates=self.n_ei_candidates, seed=self.seed % 2**32, **extra)
         self.study = optuna.create_study(directions=["minimize"] * self.n_objectives, sampler=sampler)
         self._trials: list = []  # the open trial of each asked gene (None: added to the study when told)
-        self._batch: list[Individual] = []
 
     # -- ask/tell hooks ---------------------------------------------------------------------------
     def _propose(self) -> list[AttentionGene]:
@@ -204,11 +205,7 @@ class TPE(Strategy):
                             params=params, distributions=self.distributions, values=values,
                             **constraint_attrs(self.constraints, constraints, named=self._set_constraints)))
         self._trials = []
-        self._batch = rank_members(self._member(gene, fitness) for gene, fitness in told)
-        self.population = rank_members(self.population + self._batch)
-
-    def _history_members(self, told) -> list[Individual]:
-        return self._batch
+        super()._update(told)
 
     def _params(self, gene: AttentionGene) -> dict | None:
         """The trial parameters of ``gene``; None if a field's value is not an option of the space."""

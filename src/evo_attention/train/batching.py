@@ -34,7 +34,7 @@ from evo_attention.train.environment import (PROBE_STABLE_SPREAD, available_memo
                                              memory_in_use_mb, peak_memory_mb, reset_peak_memory, resolve_device)
 from evo_attention.train.probe_cache import pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import precision_step_times, step_seconds
+from evo_attention.train.trainer import precision_step_times, probe_trial, step_seconds
 from evo_attention.util.errors import UserError
 
 BATCH_PROBE_VERSION = 2  # raised when the measurement changes: cached answers of another version are measured again
@@ -154,8 +154,6 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
     eager) for each K of ``ks`` (1 first), and the peak memory in MB of one model's training (K = 1;
     None where it cannot be measured). A K whose models would not fit in ``memory_budget_mb``, or
     that runs out of memory, ends the probe. Torch's global RNG is left as it was."""
-    from evo_attention.genes import AttentionGene
-
     slow = None
     seconds: dict[int, float] = {}
     memory = None
@@ -167,9 +165,7 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
                 break
             n_repeats, n_steps = (1, 1) if slow else (repeats, steps)
             total = 1 + n_repeats * n_steps
-            base = trial.replace(genome=AttentionGene.vanilla().key, steps=total, budget=None,
-                                 train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
-            trials = [base.replace(seed=i) for i in range(k)]
+            trials = [probe_trial(trial, total, total).replace(seed=i) for i in range(k)]
             before = memory_in_use_mb(device)
             reset_peak_memory(device)
             try:
@@ -190,9 +186,7 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
             del trainer
         spread = 1.0
         if not slow and len(seconds) > 1:  # one model timed again last: the rounds agree on an idle machine
-            base = trial.replace(genome=AttentionGene.vanilla().key, steps=1 + repeats * steps, budget=None,
-                                 train=trial.train.replace(compile="off", log_every=1 + repeats * steps,
-                                                           lr_schedule="constant"))
+            base = probe_trial(trial, 1 + repeats * steps, 1 + repeats * steps)
             _, again = step_seconds([base], data, device=device, warmup=1, steps=steps, repeats=repeats)
             spread = max(again, seconds[1]) / min(again, seconds[1])
     return {"seconds": seconds, "step_memory_mb": memory, "spread": spread}

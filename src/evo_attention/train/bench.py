@@ -26,7 +26,7 @@ from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, proce
 from evo_attention.train.batching import models_per_batch
 from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, write_probe_once
 from evo_attention.train.spec import Trial
-from evo_attention.train.trainer import Trainer
+from evo_attention.train.trainer import Trainer, timed_training
 from evo_attention.util import threads
 from evo_attention.util.errors import UserError
 
@@ -121,10 +121,7 @@ def _timed(gene, config: Config, data: TaskData, *, steps: int, warmup: int, mod
     synchronize(trainer.device)
     if before_timing is not None:
         before_timing(trainer)
-    start = time.perf_counter()
-    trainer.train(until_step=warmup + steps)
-    synchronize(trainer.device)
-    return trainer, (time.perf_counter() - start) / steps
+    return trainer, timed_training(trainer, warmup + steps) / steps
 
 
 def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 3, warmup: int = 2,
@@ -136,12 +133,7 @@ def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, step
     ``{"seconds_per_step", "flops_per_step", "device", "precision", "compiled", "threads"}``."""
     config = config.replace(train_steps=max(config.train_steps, warmup + steps))
     trainer, first = _timed(gene, config, data, steps=1, warmup=warmup, device=device)
-    times = [first]
-    for _ in range(steps - 1):
-        start = time.perf_counter()
-        trainer.train(until_step=trainer.step + 1)
-        synchronize(trainer.device)
-        times.append(time.perf_counter() - start)
+    times = [first] + [timed_training(trainer, trainer.step + 1) for _ in range(steps - 1)]
     seconds = statistics.median(times)
     return {"seconds_per_step": seconds, "flops_per_step": trainer.flops_per_step, "device": str(trainer.device),
             "precision": trainer.precision, "compiled": trainer.compiled, "threads": torch.get_num_threads()}

@@ -295,16 +295,16 @@ class Config:
         known = set(cls.field_names())
         for key in data:
             if key not in known:
-                close = _closest(str(key), known)
-                hint = f" (did you mean {close!r}?)" if close else ""
-                raise UserError(f"unknown key {key!r} in {source}{hint}: valid keys are {', '.join(sorted(known))}")
+                raise UserError(f"unknown key {key!r} in {source}{_did_you_mean(str(key), known)}: valid keys are "
+                                f"{', '.join(sorted(known))}")
 
 
-def _closest(word: str, options) -> str | None:
+def _did_you_mean(word: str, options) -> str:
+    """`` (did you mean 'x'?)`` for the option closest to ``word``; "" where none is close."""
     import difflib
 
     match = difflib.get_close_matches(word, list(options), n=1)
-    return match[0] if match else None
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 # -- validation, one group of fields at a time; every error names its field -----------------------
@@ -468,11 +468,19 @@ def _check_search(c: Config) -> None:
         raise UserError(f"strategy must be a name such as 'ga' or 'random', got {c.strategy!r}", setting="strategy")
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
-    _check_suite_name(c)
+    if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
+        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
+                        f"{c.suite!r}", setting="suite")
     _check_baseline_gene(c)
     _check_objectives(c)
     _check_init_from(c)
-    _check_caps(c)
+    for name in CAP_FIELDS:
+        setattr(c, name, cap_value(getattr(c, name), name))
+    relative = [name for name in MEASURED_CAPS if cap_factor(getattr(c, name)) is not None]
+    if relative and not c.baseline:
+        raise UserError(f"{relative[0]} {getattr(c, relative[0])} is relative to the baseline's measured value, but "
+                        "the run trains no baseline: give an absolute cap, or train the baseline",
+                        setting=(relative[0], "baseline"))
     _choice(c, "fidelity", FIDELITIES)
     _integer(c, "halving_eta", minimum=2)
     _integer(c, "halving_rungs", minimum=2)
@@ -536,11 +544,8 @@ def parse_lr_grid(value, setting: str = "lr_grid") -> tuple[float, ...]:
     items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
     rates = []
     for item in items:
-        try:
-            rate = float(item) if not isinstance(item, bool) else math.nan
-        except (TypeError, ValueError):
-            rate = math.nan
-        if not math.isfinite(rate) or rate <= 0:
+        rate = _positive(item)
+        if rate is None:
             raise UserError(f"{setting} {value!r}: {item!r} is not a learning rate: give positive numbers separated by "
                             "commas, e.g. 5e-4,1e-3,2e-3,4e-3", setting=setting)
         rates.append(rate)
@@ -564,19 +569,22 @@ def cap_value(value: Any, name: str = "cap") -> int | float | str | None:
     if value is None:
         return None
     relative = isinstance(value, str) and value.strip().lower().endswith("x")
-    text = value.strip()[:-1] if relative else value
-    number = None
-    if not isinstance(text, bool):
-        try:
-            number = float(text)
-        except (TypeError, ValueError):
-            number = None
-    if number is None or not math.isfinite(number) or number <= 0:
+    number = _positive(value.strip()[:-1] if relative else value)
+    if number is None:
         raise UserError(f"{name} must be a positive number such as 50000, or a factor of the baseline's value such "
                         f"as 1.2x, got {value!r}", setting=name)
     if relative:
         return f"{number:g}x"
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def _positive(value: Any) -> float | None:
+    """``value`` (a number or its text) as a positive finite float, else None."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def cap_factor(value: Any) -> float | None:
@@ -603,22 +611,6 @@ def _check_init_from(c: Config) -> None:
     if sep and head and tail.strip().lstrip("+-").isdigit() and int(tail) < 1:
         raise UserError(f"init_from {c.init_from!r}: K must be a whole number >= 1 (the best K genes of the run)",
                         setting="init_from")
-
-
-def _check_caps(c: Config) -> None:
-    for name in CAP_FIELDS:
-        setattr(c, name, cap_value(getattr(c, name), name))
-    relative = [name for name in MEASURED_CAPS if cap_factor(getattr(c, name)) is not None]
-    if relative and not c.baseline:
-        raise UserError(f"{relative[0]} {getattr(c, relative[0])} is relative to the baseline's measured value, but "
-                        "the run trains no baseline: give an absolute cap, or train the baseline",
-                        setting=(relative[0], "baseline"))
-
-
-def _check_suite_name(c: Config) -> None:
-    if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
-        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
-                        f"{c.suite!r}", setting="suite")
 
 
 def _check_baseline_gene(c: Config) -> None:
@@ -661,9 +653,8 @@ def _check_objectives(c: Config) -> None:
                         setting="objectives")
     for name in c.objectives:
         if name not in OBJECTIVES and name != SUITE_OBJECTIVE:
-            close = _closest(name, OBJECTIVES)
-            hint = f" (did you mean {close!r}?)" if close else ""
-            raise UserError(f"unknown objective {name!r}{hint}: valid objectives are {valid}", setting="objectives")
+            raise UserError(f"unknown objective {name!r}{_did_you_mean(name, OBJECTIVES)}: valid objectives are "
+                            f"{valid}", setting="objectives")
     repeated = next((name for i, name in enumerate(c.objectives) if name in c.objectives[:i]), None)
     if repeated is not None:
         raise UserError(f"objective {repeated!r} is named twice in objectives: name each objective once",

@@ -7,7 +7,7 @@ import platform
 import random
 import resource
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import numpy as np
 import torch
@@ -214,12 +214,10 @@ def autocast(device: torch.device, precision: str, cache: bool = True):
 
 def versions() -> dict:
     out = {"evo_attention": __version__, "torch": torch.__version__, "python": platform.python_version()}
-    try:
+    with suppress(ImportError):  # a declared dependency
         import entmax
 
         out["entmax"] = getattr(entmax, "__version__", "unknown")
-    except ImportError:  # pragma: no cover - a declared dependency
-        pass
     return out
 
 
@@ -241,11 +239,8 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        try:  # Linux: writing 5 resets the process's peak resident set size (VmHWM)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        with suppress(OSError), open("/proc/self/clear_refs", "w") as f:  # Linux: 5 resets the peak RSS (VmHWM)
+            f.write("5")
 
 
 def synchronize(device: torch.device) -> None:
@@ -257,13 +252,10 @@ def synchronize(device: torch.device) -> None:
 def process_memory_mb(field: str) -> float | None:
     """A memory line of Linux's /proc/self/status in MB (``VmRSS``: resident now, ``VmHWM``: its
     peak); None where there is none."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
+    with suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
     return None
 
 
@@ -281,10 +273,8 @@ def release_free_memory() -> None:
     """Hand the C heap's free pages back to the OS (glibc), so the resident set counts live memory."""
     import ctypes
 
-    try:
+    with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def memory_in_use_mb(device: torch.device) -> float | None:

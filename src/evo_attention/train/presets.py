@@ -20,6 +20,7 @@ Precedence: built-in defaults < preset < YAML config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +28,9 @@ from evo_attention.train.config import Config, warmup_twice
 from evo_attention.util.errors import UserError
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
+# the small model and search of the quick presets (each spliced in where its settings stand)
+_SMALL_MODEL = {"d_model": 64, "n_heads": 4, "n_layers": 2, "dropout": 0.0}
+_SMALL_SEARCH = {"population_size": 8, "n_generations": 4, "elite_size": 2}
 PRESETS: dict[str, dict[str, Any]] = {
     "seed": {},
     "quick": {
@@ -34,27 +38,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 32,
         "max_seq_len": 32,
         "recall": {"num_pairs": 4, "train_examples": 20000, "eval_examples": 500},
-        "d_model": 64,
-        "n_heads": 4,
-        "n_layers": 2,
-        "dropout": 0.0,
+        **_SMALL_MODEL,
         "batch_size": 32,
         "eval_batch_size": 250,
         "eval_steps": None,
         "learning_rate": 2e-3,
         "train_steps": 400,
-        "population_size": 8,
-        "n_generations": 4,
-        "elite_size": 2,
+        **_SMALL_SEARCH,
     },
     "shakespeare-char": {  # give --data-dir ../shared/data/shakespeare (or any text corpus)
         "data": "text",
         "tokenizer": "char",
         "max_seq_len": 128,
-        "d_model": 64,
-        "n_heads": 4,
-        "n_layers": 2,
-        "dropout": 0.0,
+        **_SMALL_MODEL,
         "batch_size": 32,
         "eval_batch_size": 128,
         "eval_steps": None,
@@ -62,19 +58,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_schedule": "cosine",
         "warmup_steps": 50,
         "train_steps": 600,
-        "population_size": 8,
-        "n_generations": 4,
-        "elite_size": 2,
+        **_SMALL_SEARCH,
     },
     "fitness-lm": {  # give --data-dir ../shared/data/shakespeare; measured by fitness-check (docs/tasks.md)
         "data": "text",
         "tokenizer": "byte",
         "vocab_size": None,
         "max_seq_len": 64,
-        "d_model": 64,
-        "n_heads": 4,
-        "n_layers": 2,
-        "dropout": 0.0,
+        **_SMALL_MODEL,
         "short_conv": 3,
         "batch_size": 16,
         "eval_batch_size": 64,
@@ -84,9 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "warmup": 0.05,
         "lr_decay_fraction": 0.2,
         "train_steps": 828,
-        "population_size": 8,
-        "n_generations": 4,
-        "elite_size": 2,
+        **_SMALL_SEARCH,
     },
 }
 
@@ -136,12 +125,9 @@ def _yaml_numbers(data: dict) -> dict:
     float_fields = {f.name for f in dataclasses.fields(Config) if "float" in str(f.type)}
     out = dict(data)
     for name in float_fields & set(out):
-        value = out[name]
-        if isinstance(value, str):
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass  # left as it is: Config names the field and the bad value
+        if isinstance(out[name], str):
+            with suppress(ValueError):  # else left as it is: Config names the field and the bad value
+                out[name] = float(out[name])
     return out
 
 

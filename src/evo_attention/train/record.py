@@ -150,8 +150,7 @@ class EvaluationRecord(Mapping):
         gene = known.get("gene")
         if gene is not None and not isinstance(gene, str):
             known["gene"] = gene.key
-        known.setdefault("audit", False)
-        known["audit"] = bool(known["audit"])
+        known["audit"] = bool(known.get("audit", False))
         return cls(**known, extra=dict(data.get("extra") or {}, **extra) if "extra" in data else extra)
 
     def replace(self, **changes: Any) -> "EvaluationRecord":
@@ -161,12 +160,9 @@ class EvaluationRecord(Mapping):
     def __getitem__(self, name: str) -> Any:
         if name in self.extra:
             return self.extra[name]
-        if name != "extra" and name in _FIELD_NAMES:
-            value = getattr(self, name)
-            if self._absent(name, value):
-                raise KeyError(name)
-            return value
-        raise KeyError(name)
+        if name == "extra" or name not in _FIELD_NAMES or self._absent(name, getattr(self, name)):
+            raise KeyError(name)
+        return getattr(self, name)
 
     def _absent(self, name: str, value: Any) -> bool:
         if name in _OPTIONAL:

@@ -45,16 +45,11 @@ def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tok
                                       settings=saved_settings(settings), extra=extra)
 
 
-def config_from_saved(values: dict) -> Config:
-    """The training Config of a saved model's stored settings."""
-    return Config.from_dict(values, source=f"a saved model's {pretrained.CONFIG}")
-
-
 def load_config(directory: str | Path, *, verify: bool = True) -> Config:
     """The training Config a model directory was saved with (the settings it lacks at their defaults)."""
     values = pretrained.read_config(directory, verify=verify)["config"]
     try:
-        return config_from_saved(values)
+        return Config.from_dict(values, source=f"a saved model's {pretrained.CONFIG}")
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{Path(directory) / pretrained.CONFIG} does not describe a model this version can build "
                         f"({str(exc).splitlines()[0][:200]}): save the model again") from None

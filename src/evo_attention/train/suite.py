@@ -179,15 +179,6 @@ def suite_meta(suite, trials: Mapping[str, object]) -> dict:
     }
 
 
-def weights_of(meta: Mapping) -> tuple[float, ...]:
-    """The points' weights a run store kept (1 where none is kept)."""
-    return tuple(float(p.get("weight", 1.0)) for p in meta.get("points") or [])
-
-
-def labels_of(meta: Mapping) -> tuple[str, ...]:
-    return tuple(str(p["label"]) for p in meta.get("points") or [])
-
-
 def point_of(record: Mapping, meta: Mapping) -> str | None:
     """The label of the point ``record`` trained on (by data fingerprint, steps and context), else None."""
     for p in meta.get("points") or []:
@@ -201,8 +192,9 @@ def scores_from_records(records: Iterable[Mapping], meta: Mapping, *,
                         seed: int | None = None) -> dict[str, SuiteScore]:
     """The suite score of every gene among ``records`` (one seed: ``seed``, else each record's own;
     the first record of a (gene, point) counts), by gene key in order of first appearance; records
-    of no point of the suite are left out."""
-    labels = labels_of(meta)
+    of no point of the suite are left out. The points' weights are the kept ones (1 where none is)."""
+    labels = tuple(str(p["label"]) for p in meta.get("points") or [])
+    weights = tuple(float(p.get("weight", 1.0)) for p in meta.get("points") or [])
     found: dict[str, dict[str, Mapping]] = {}
     for record in records:
         if seed is not None and record.get("seed") != seed:
@@ -210,5 +202,5 @@ def scores_from_records(records: Iterable[Mapping], meta: Mapping, *,
         label = point_of(record, meta)
         if label is not None:
             found.setdefault(str(record.get("gene")), {}).setdefault(label, record)
-    return {gene: suite_score(labels, by_label, weights_of(meta)) for gene, by_label in found.items()}
+    return {gene: suite_score(labels, by_label, weights) for gene, by_label in found.items()}
 

@@ -80,7 +80,7 @@ from dataclasses import dataclass
 import torch
 
 from evo_attention.data.base import TaskData
-from evo_attention.genes import layers_of, mechanism_of
+from evo_attention.genes import AttentionGene, LayerGenes, layers_of, mechanism_of
 from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention
 from evo_attention.nn.dropout import keep_mask, mask_source
@@ -153,10 +153,6 @@ def sdpa_flop_formulas() -> dict:
 # Which trials train as one
 # ---------------------------------------------------------------------------------------------
 
-def _compared_fields(spec) -> list[str]:
-    return [f.name for f in dataclasses.fields(spec) if f.compare]
-
-
 def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
     """``(field, message)`` for the first field in which a trial differs from the first one where the
     trials of a batch must agree, or None when they can train as one batch."""
@@ -170,7 +166,7 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
                 return name, f"trial {i} has {name} {theirs!r} where trial 0 has {mine!r}"
         for group in ("model", "task", "train"):
             a, b = getattr(first, group), getattr(trial, group)
-            for name in _compared_fields(a):
+            for name in (f.name for f in dataclasses.fields(a) if f.compare):
                 if group == "train" and name in VARYING_TRAIN_FIELDS:
                     continue
                 mine, theirs = getattr(a, name), getattr(b, name)
@@ -298,9 +294,6 @@ class Member:
         """A loss this far above a uniform guess over the vocabulary means the training diverged."""
         return math.log(self.spec.vocab_size) + ABSURD_MARGIN
 
-    def weights_finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-
     def close_interval(self, mean: float, finite: bool, first: int, step: int) -> None:
         """Judge the log interval of steps ``first``..``step`` from its mean training loss: a
         non-finite loss or one far above a uniform guess is divergence, else a point of the curve."""
@@ -315,9 +308,6 @@ class Member:
     def diverge(self, reason: str) -> None:
         self.diverged = True
         self.divergence = reason
-
-    def recent_train_loss(self) -> float:
-        return self.curve[-1][1] if self.curve else float("nan")
 
     def detach_weights(self) -> None:
         """Give the model weights of its own (they were views of a batch's stacked weights)."""
@@ -741,7 +731,8 @@ class Trainer:
             try:
                 loss = self._train_step(x, y)
             except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
-                bad = [i for i, m in enumerate(self.active) if not m.weights_finite()]
+                bad = [i for i, m in enumerate(self.active)
+                       if not all(bool(torch.isfinite(p).all()) for p in m.model.parameters())]
                 if not bad:
                     raise
                 text = str(exc).splitlines()[0][:200] if str(exc) else ""
@@ -817,15 +808,24 @@ def step_seconds(trials: Sequence[Trial], data: TaskData, *, device: torch.devic
     trials = [t if t.schedule_steps >= budget else t.replace(steps=budget, budget=None) for t in trials]
     trainer = Trainer(trials, data, device=device)
     trainer.train(until_step=warmup)
-    synchronize(device)
-    best, done = math.inf, warmup
-    for _ in range(repeats):
-        done += steps
-        start = time.perf_counter()
-        trainer.train(until_step=done)
-        synchronize(device)
-        best = min(best, (time.perf_counter() - start) / steps)
+    best = min((timed_training(trainer, warmup + r * steps) / steps for r in range(1, repeats + 1)), default=math.inf)
     return trainer, best
+
+
+def timed_training(trainer: Trainer, until_step: int) -> float:
+    """The seconds of ``trainer.train(until_step=...)``, from and to an idle device."""
+    synchronize(trainer.device)
+    start = time.perf_counter()
+    trainer.train(until_step=until_step)
+    synchronize(trainer.device)
+    return time.perf_counter() - start
+
+
+def probe_trial(trial: Trial, steps: int, log_every: int) -> Trial:
+    """What a probe of ``trial``'s shape trains: its vanilla gene, eager, at a constant rate for
+    ``steps`` steps (a whole training of them), logged every ``log_every``."""
+    return trial.replace(genome=AttentionGene.vanilla().key, steps=steps, budget=None,
+                         train=trial.train.replace(compile="off", log_every=log_every, lr_schedule="constant"))
 
 
 def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, rounds: int = PROBE_ROUNDS,
@@ -834,24 +834,16 @@ def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, 
     two trainers, timed in interleaved rounds (fp32 first in even rounds), the fastest round of each
     kept (other work on the machine only ever slows a round down), and ``spread``: the largest ratio
     of a precision's slowest round to its fastest. Torch's global RNG is left as it was."""
-    from evo_attention.genes import AttentionGene
-
     warm_steps = 1
     total = warm_steps + rounds * steps
-    base = trial.replace(genome=AttentionGene.vanilla().key, steps=timing_budget(total), budget=None,
-                         train=trial.train.replace(compile="off", log_every=total, lr_schedule="constant"))
+    base = probe_trial(trial, timing_budget(total), total)
     with torch.random.fork_rng(devices=[]):
         trainers = {p: Trainer(base.replace(train=base.train.replace(precision=p)), data, device=device)
                     for p in ("fp32", "bf16")}
         times: dict[str, list[float]] = {p: [] for p in trainers}
 
         def timed(precision: str, n: int) -> float:
-            trainer = trainers[precision]
-            synchronize(device)
-            start = time.perf_counter()
-            trainer.train(until_step=trainer.step + n)
-            synchronize(device)
-            return (time.perf_counter() - start) / n
+            return timed_training(trainers[precision], trainers[precision].step + n) / n
 
         warm = max(timed("fp32", warm_steps), timed("bf16", warm_steps))  # allocations, kernel choice
         if warm > PROBE_SLOW_STEP_S:
@@ -956,7 +948,7 @@ def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_stat
         except (Exception, SystemExit) as exc:
             _failed(record, exc)
             blob = None
-    record.train_loss = member.recent_train_loss()
+    record.train_loss = member.curve[-1][1] if member.curve else float("nan")
     record.trained_steps = member.step
     record.curve = member.curve
     record.val_curve = member.val_curve + ([[member.step, record.val_loss]] if record.ok else [])
@@ -1110,9 +1102,6 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
                        progress: ProgressFn | None = None) -> EvaluationRecord:
     """Train ``gene`` with ``config`` (its seed and train_steps unless given) on ``data``, evaluate
     it, return its record: the trial ``Trial.from_config`` makes of these, trained."""
-    from evo_attention.genes import AttentionGene, LayerGenes
-    from evo_attention.train.config import Config
-
     check_argument("gene", gene, (AttentionGene, LayerGenes, str), "an AttentionGene or a gene key")
     check_argument("config", config, Config, "a Config")
     check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...) or "

@@ -34,28 +34,9 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
     outside a Config); Ray does not batch, so it takes auto or off (or 1) only. With a Config at
     hand, ``executor_for`` gives the executor its execution settings.
     """
-    return _build(_known(name), workers=workers, address=address, cpus_per_trial=cpus_per_trial,
-                  gpus_per_trial=gpus_per_trial, batch_models=batch_models_value(batch_models))
-
-
-def executor_for(config: Config, name: str = "local", *, workers: int | None = None, address: str | None = None,
-                 cpus_per_trial: float | None = None, gpus_per_trial: float | None = None) -> Executor:
-    """The executor ``name`` (``make_executor``'s options) running trials as ``config``'s execution
-    settings say (``batch_models``, valid since the Config was made): the one place the driver, the
-    studies and the command line build an executor for a Config."""
-    return _build(_known(name), workers=workers, address=address, cpus_per_trial=cpus_per_trial,
-                  gpus_per_trial=gpus_per_trial, batch_models=config.batch_models)
-
-
-def _known(name: str) -> str:
     if name not in EXECUTORS:
         raise UserError(f"unknown executor {name!r}: valid executors are {', '.join(EXECUTORS)}")
-    return name
-
-
-def _build(name: str, *, workers: int | None, address: str | None, cpus_per_trial: float | None,
-           gpus_per_trial: float | None, batch_models: str | int) -> Executor:
-    """``make_executor`` and ``executor_for``: ``name`` a known executor, ``batch_models`` a valid setting."""
+    batch_models = batch_models_value(batch_models)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
     if name == "ray":
@@ -86,6 +67,15 @@ def _build(name: str, *, workers: int | None, address: str | None, cpus_per_tria
             raise UserError("cpus_per_trial needs workers N (or executor ray)", setting=("cpus_per_trial", "workers", "executor"))
         return LocalExecutor(batch_models=batch_models)
     return ProcessExecutor(workers or 2, threads=threads, batch_models=batch_models)
+
+
+def executor_for(config: Config, name: str = "local", *, workers: int | None = None, address: str | None = None,
+                 cpus_per_trial: float | None = None, gpus_per_trial: float | None = None) -> Executor:
+    """The executor ``name`` (``make_executor``'s options) running trials as ``config``'s execution
+    settings say (``batch_models``, valid since the Config was made): the one place the driver, the
+    studies and the command line build an executor for a Config."""
+    return make_executor(name, workers=workers, address=address, cpus_per_trial=cpus_per_trial,
+                         gpus_per_trial=gpus_per_trial, batch_models=config.batch_models)
 
 
 __all__ = ["EXECUTORS", "EvalTask", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "as_task",

@@ -227,6 +227,14 @@ def member_worker(worker: str, index: int) -> str:
     return f"{worker}#{index + 1}"
 
 
+def named(group: Sequence[EvalTask], worker: str) -> list[EvalTask]:
+    """The tasks of a planned group as ``worker`` runs them: a task alone as ``worker``, the i-th of a
+    batch as ``member_worker(worker, i)``."""
+    if len(group) == 1:
+        return [replace(group[0], worker=worker)]
+    return [replace(task, worker=member_worker(worker, i)) for i, task in enumerate(group)]
+
+
 # what a kept model's config.json says of the evaluation that trained it
 KEPT_FIELDS = ("gene", "seed", "steps", "data", "data_fingerprint", "context", "eval_split", "val_loss",
                "val_perplexity", "accuracy", "bits_per_byte", "params", "versions")
@@ -396,8 +404,7 @@ class LocalExecutor(Executor):
 
     def run(self, tasks, *, on_start=None, on_step=None):
         for group in plan_batches([as_task(task) for task in tasks], self.batch_models):
-            members = ([replace(group[0], worker="local")] if len(group) == 1 else
-                       [replace(task, worker=member_worker("local", i)) for i, task in enumerate(group)])
+            members = named(group, "local")
             for task in members if on_start is not None else ():
                 on_start(task)
             report = None if on_step is None else (lambda i, s, n, loss, m=members: on_step(m[i], s, n, loss))

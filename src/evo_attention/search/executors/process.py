@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import wait
 
 from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute_group,
-                                                 failure_record, load_state, member_worker, plan_batches, store_model,
+                                                 failure_record, load_state, named, plan_batches, store_model,
                                                  store_state, valid_batch_models, worker_devices)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
@@ -226,9 +226,7 @@ class ProcessExecutor(Executor):
                     while slot.job is None and queue:
                         group, attempts = queue.popleft()
                         self._tokens += 1
-                        named = ([replace(group[0], worker=slot.id)] if len(group) == 1 else
-                                 [replace(task, worker=member_worker(slot.id, i)) for i, task in enumerate(group)])
-                        job = (self._tokens, named, attempts)
+                        job = (self._tokens, named(group, slot.id), attempts)
                         state = load_state(group[0]) if len(group) == 1 else None
                         try:
                             slot.conn.send((job[0], group, devices[slot.index], state))
@@ -238,9 +236,8 @@ class ProcessExecutor(Executor):
                             slot.start()
                             continue
                         slot.job = job
-                        if on_start is not None:
-                            for task in named:
-                                on_start(task)
+                        for task in job[1] if on_start is not None else ():
+                            on_start(task)
                 busy = [slot for slot in self._slots if slot.job is not None]
                 ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0))
                 for slot in busy:
