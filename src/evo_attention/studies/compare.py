@@ -153,12 +153,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
     generated task the studies give 0: ``named_dropout``); gene strings stay as written.
     """
-    if spec is None:
-        items = ["all"]
-    elif isinstance(spec, str):
-        items = split_genes(spec)
-    else:
-        items = [str(s).strip() for s in spec]
+    items = ["all"] if spec is None else split_genes(spec) if isinstance(spec, str) else [str(s).strip() for s in spec]
     items = [s for s in items if s]
     if not items:
         raise UserError("configs is empty: give names such as baseline,rope_only or gene strings", setting="configs")
@@ -232,11 +227,8 @@ class CompareResult(StudyResult):
     kind: ClassVar[str] = "compare"
 
     def to_dict(self) -> dict:
-        out = {"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
-               "summary": self.summary}
-        if self.grid is not None:
-            out["grid"] = self.grid
-        return to_jsonable(out)
+        return to_jsonable({"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
+                            "summary": self.summary, **({} if self.grid is None else {"grid": self.grid})})
 
 
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
@@ -534,9 +526,7 @@ def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     paths = write_files(out_dir, {"results": COMPARE_RESULTS, "table": COMPARE_TABLE, "figure": COMPARE_FIGURE},
                         payload, compare_markdown(payload))
     plot_compare(payload, paths["figure"])
-    if payload.get("grid"):
-        paths["grid"] = grids.write_grid_figure(payload, "compare", paths["figure"].parent,
-                                                [grids.panel(_named(payload))])
+    grids.add_grid_figure(paths, payload, "compare", paths["figure"].parent, lambda _: [grids.panel(_named(payload))])
     return paths
 
 

@@ -513,7 +513,6 @@ def write_transfer(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
 
     paths = write_json_and_markdown("transfer", result, out_dir, transfer_markdown(result))
     plot_transfer(result, paths["png"])
-    if result.get("grid"):
-        panels = [grids.panel(s["genes"], title=str(s["size"])) for s in result["grid"]["sizes"]]
-        paths["grid"] = grids.write_grid_figure(result, "transfer", out_dir, panels)
+    grids.add_grid_figure(paths, result, "transfer", out_dir,
+                          lambda grid: [grids.panel(s["genes"], title=str(s["size"])) for s in grid["sizes"]])
     return paths
