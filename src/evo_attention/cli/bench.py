@@ -99,13 +99,12 @@ def _long_context(args, config, steps: int) -> int:
     from pathlib import Path
 
     from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene, split_genes
     from evo_attention.report.figures import plot_long_context
     from evo_attention.train.bench import LONG_CONTEXT_GENES, bench_lengths
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.format import markdown_table
     from evo_attention.util.jsonio import dumps, write_json
-
-    from evo_attention.genes import AttentionGene
 
     lengths = _positive_list(args.seq_lens, "--seq-lens")
     if args.tokens_per_step is None:
@@ -113,8 +112,6 @@ def _long_context(args, config, steps: int) -> int:
     genes = dict(LONG_CONTEXT_GENES)
     if args.genes:
         genes = {}
-        from evo_attention.genes import split_genes
-
         for item in split_genes(args.genes):
             name, equals, key = (part.strip() for part in item.partition("="))
             if not equals:

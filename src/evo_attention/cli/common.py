@@ -9,6 +9,7 @@ import functools
 import re
 import signal
 import warnings
+from contextlib import suppress
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
@@ -398,11 +399,9 @@ def install_sigterm_handler(*, survive_hangup: bool = False) -> None:
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    try:
+    with suppress(ValueError):  # not the main thread (e.g. called from a library)
         signal.signal(signal.SIGTERM, handler)
         if survive_hangup and hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    except ValueError:  # not the main thread (e.g. called from a library)
-        pass
 
 

@@ -91,6 +91,7 @@ def apply_curve_plan(args):
 
 
 def cmd_curve(args) -> int:
+    from evo_attention.report.studies.curves import solve_break_text
     from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, check_solve_threshold, gene_entries,
                                               parse_knob, plan_points, run_curve)
 
@@ -130,8 +131,6 @@ def cmd_curve(args) -> int:
         means = ", ".join("-" if r["mean"] is None else f"{r['mean']:.3f}" for r in gene["points"])
         log(f"{gene['name']}: {where} (mean accuracy {means})", args.quiet)
         if result.solve is not None:
-            from evo_attention.report.studies.curves import solve_break_text
-
             counts = ", ".join(f"{r['solve']['solved']}/{r['solve']['n']}" for r in gene["points"])
             log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)

@@ -127,9 +127,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     from evo_attention.studies.common import PILOT_SEEDS, study_store, tuning_seeds, validation_seeds
     from evo_attention.train.config import Config
 
-    settings = explicit_settings(args)
-    search_seed = None
-    store = None
+    settings, study = explicit_settings(args), Path(default_out).name
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
@@ -138,7 +136,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         search_seed = stored.get("seed")
     else:
         config = checked(Config.from_dict(settings, source="the command line"))
-        stored_data = {}
+        search_seed, stored_data = None, {}
     # fail before loading any data (seeds auto: the pilot's seeds come first)
     base = seed_base(args, config, search_seed)
     seeds = validation_seeds(base, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
@@ -148,9 +146,8 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     if check is not None:
         check(config)
     if config.suite is not None:
-        command = Path(default_out).name
         if not suite:
-            raise UserError(f"{command} does not take a suite yet (the run's config names suite {config.suite}): "
+            raise UserError(f"{study} does not take a suite yet (the run's config names suite {config.suite}): "
                             "use validate or compare --suite")
         if args.seeds == "auto":
             raise UserError("--seeds auto cannot be combined with --suite: give a number of seeds")
@@ -160,7 +157,6 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     if not write:
         return config, data_from_config(config), None, None, search_seed
     # the output place exists (or the command fails) before any training
-    study = Path(default_out).name
     out = output_dir(out_arg(args, args.from_run or default_out, kind=f"the results of {study}", study=study,
                              also=[args.from_run]))
     data = data_from_config(config) if config.suite is None else None
@@ -168,8 +164,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         if data is not None and stored_data.get("fingerprint") not in (None, data.fingerprint):
             log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
                 f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
-                "the search",
-                args.quiet)
+                "the search", args.quiet)
         store = RunStore.open(args.from_run)
     else:  # kept in a store of the study's own in --out, so that a repeat or an interrupted study trains nothing
         store = study_store(out, config, study)  # again (one writer: its lock)

@@ -36,13 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
+from evo_attention.data import data_from_config
 from evo_attention.genes import VANILLA_KEY, AttentionGene, is_gene_text, split_genes
+from evo_attention.report import load_run
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
 from evo_attention.search.store import RunStore
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
                                           tuning_seeds, validation_seeds, write_files)
 from evo_attention.train.config import Config, parse_lr_grid
+from evo_attention.train.environment import resolve_device
 from evo_attention.train.presets import overlay
 from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError
@@ -175,8 +178,6 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
 
 def evolved_entry(run_dir: str | Path) -> tuple[str, AttentionGene]:
     """``("evolved", best gene)`` of the finished search in ``run_dir``."""
-    from evo_attention.report import load_run
-
     best = load_run(run_dir).best_gene
     if best is None:
         raise UserError(f"the run in {run_dir} has no successful evaluation yet: no evolved gene to compare")
@@ -268,8 +269,6 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     if out_dir is not None:
         output_dir(out_dir)  # before any training: an unwritable place fails now, not after the work
     if data is None:
-        from evo_attention.data import data_from_config
-
         data = data_from_config(config)
     done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
@@ -394,8 +393,6 @@ def _not_run(name: str, gene: str, seed: int, steps: int, interrupted: bool) -> 
 
 
 def _settings(setup: StudySetup, pool, entries) -> dict:
-    from evo_attention.train.environment import resolve_device
-
     config, data = setup.config, setup.data
     return {
         "d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
