@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from contextlib import suppress
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.version import __version__
@@ -67,19 +69,13 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # code run by the command (a plugin's) ended it: say so rather than exit silently
         if exc.code in (None, 0):
             raise
-        try:
+        with suppress(OSError):
             print(f"evo-attention: error: the command was ended by sys.exit({exc.code!r}) in code it ran (a plugin?)",
                   file=sys.stderr)
-        except OSError:
-            pass
         return EXIT_USAGE
     except BrokenPipeError:  # the reader of our output went away (e.g. `status | head`): nothing to say
-        import os
-
-        try:
+        with suppress(OSError, ValueError):  # stdout not a file (captured): nothing will be flushed to a closed pipe
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        except (OSError, ValueError):
-            pass  # stdout is not a file (captured): nothing will be flushed to a closed pipe
         return 0
 
 

@@ -10,6 +10,7 @@ With ``--lr-grid`` every variant (the baseline included) is trained at its own b
 from __future__ import annotations
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.progress import log
 from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
                                         log_outputs, run_study)
 
@@ -18,7 +19,6 @@ def cmd_ablate(args) -> int:
     from evo_attention.report.studies.ablation import contribution_lines
     from evo_attention.studies.ablation import ablation_variants, run_ablation, write_ablation
     from evo_attention.genes import AttentionGene
-    from evo_attention.util.progress import log
     from evo_attention.report import load_run
 
     if args.gene is not None:

@@ -9,11 +9,13 @@ block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
-from evo_attention.cli.common import add_executor_flags, add_training_flags, config_from_args, number, out_arg
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
+                                      note, number, out_arg)
 from evo_attention.cli.validate import add_grid_flags
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.jsonio import write_json
+from evo_attention.util.progress import log, training_bar
 
 
 def cmd_baseline(args) -> int:
@@ -22,7 +24,6 @@ def cmd_baseline(args) -> int:
     from evo_attention.train.saving import save_model
     from evo_attention.train.spec import Trial
     from evo_attention.train.trainer import run_training
-    from evo_attention.util.progress import log, training_bar
 
     config = config_from_args(args)
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
@@ -78,13 +79,10 @@ GRID_FIGURE = "lr_grid.png"
 def tune_rate(args, config, data, gene, out) -> dict:
     """The grid block of ``gene`` (``studies.lr_grid.tune``): every rate on the tuning seeds, by
     validation loss, kept in the run store in ``out``; draws ``lr_grid.png`` and logs the choice."""
-    from evo_attention.cli.common import executor_from_args
     from evo_attention.report.figures import plot_lr_grid
-    from evo_attention.cli.common import note
     from evo_attention.report.studies.lr_grid import edge_warnings
     from evo_attention.studies.common import StudySetup, study_store, tuning_seeds
     from evo_attention.studies.lr_grid import panel, tune
-    from evo_attention.util.progress import log
 
     seeds = tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])
     log(f"tuning the learning rate of {gene} over {', '.join(f'{r:g}' for r in args.lr_grid)} with seeds "

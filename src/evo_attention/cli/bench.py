@@ -5,19 +5,19 @@ from __future__ import annotations
 import re
 import sys
 
+from evo_attention.cli.common import add_training_flags, config_from_args, given, note, out_arg
+from evo_attention.util.errors import UserError
+
 DEFAULT_TOKENS_PER_STEP = 4096
 
 
 def cmd_bench(args) -> int:
-    from evo_attention.cli.common import config_from_args
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
     from evo_attention.search.driver import planned_evaluations
     from evo_attention.train.bench import bench_gene
     from evo_attention.util.format import human_seconds
     from evo_attention.util.jsonio import dumps
-
-    from evo_attention.util.errors import UserError
 
     _check_bench_flags(args)
     if args.reprobe:  # before anything reads a kept answer
@@ -77,9 +77,6 @@ LONG_CONTEXT_FLAGS = (("genes", "--genes"), ("tokens_per_step", "--tokens-per-st
 
 def _check_bench_flags(args) -> None:
     """Refuse counts that make no sense and long-context flags without long-context mode, before any work."""
-    from evo_attention.cli.common import given, note
-    from evo_attention.util.errors import UserError
-
     for flag in ("--init-from", "--max-params"):
         if given(flag):
             note(f"{flag} is a search setting that bench does not use (it times one training of --gene): ignored")
@@ -92,9 +89,9 @@ def _check_bench_flags(args) -> None:
         raise UserError(f"--models times the training step of K batched models: drop "
                         f"{'--seq-lens' if args.seq_lens is not None else '--profile'} or --models")
     if args.seq_lens is None:
-        given = [flag for name, flag in LONG_CONTEXT_FLAGS if getattr(args, name) is not None]
-        if given:
-            raise UserError(f"{given[0]} applies to long-context mode only: add --seq-lens T,T,... or drop {given[0]}")
+        named = [flag for name, flag in LONG_CONTEXT_FLAGS if getattr(args, name) is not None]
+        if named:
+            raise UserError(f"{named[0]} applies to long-context mode only: add --seq-lens T,T,... or drop {named[0]}")
 
 
 def _long_context(args, config, steps: int) -> int:
@@ -102,15 +99,12 @@ def _long_context(args, config, steps: int) -> int:
     from pathlib import Path
 
     from evo_attention.data import data_from_config
+    from evo_attention.genes import AttentionGene, split_genes
     from evo_attention.report.figures import plot_long_context
     from evo_attention.train.bench import LONG_CONTEXT_GENES, bench_lengths
-    from evo_attention.util.errors import UserError
-    from evo_attention.cli.common import out_arg
     from evo_attention.util.files import output_dir, write_text
     from evo_attention.util.format import markdown_table
     from evo_attention.util.jsonio import dumps, write_json
-
-    from evo_attention.genes import AttentionGene
 
     lengths = _positive_list(args.seq_lens, "--seq-lens")
     if args.tokens_per_step is None:
@@ -118,8 +112,6 @@ def _long_context(args, config, steps: int) -> int:
     genes = dict(LONG_CONTEXT_GENES)
     if args.genes:
         genes = {}
-        from evo_attention.genes import split_genes
-
         for item in split_genes(args.genes):
             name, equals, key = (part.strip() for part in item.partition("="))
             if not equals:
@@ -170,8 +162,6 @@ def _long_context(args, config, steps: int) -> int:
 
 
 def _positive_list(text: str, flag: str) -> list[int]:
-    from evo_attention.util.errors import UserError
-
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -182,8 +172,6 @@ def _positive_list(text: str, flag: str) -> list[int]:
 
 
 def register(sub) -> None:
-    from evo_attention.cli.common import add_training_flags
-
     p = sub.add_parser("bench", help="time the training step and estimate the cost of a search on this machine")
     p.add_argument("--gene", help="gene to time (default: the vanilla transformer)")
     p.add_argument("--budget", type=int, help="training steps per evaluation for the estimates (default: the config's)")

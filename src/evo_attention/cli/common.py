@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import re
+import signal
+import warnings
+from contextlib import suppress
+from pathlib import Path
 
+from evo_attention.util.errors import UserError
 from evo_attention.util.format import number as fmt_number
 from evo_attention.util.plugins import load_plugins
-from evo_attention.util.errors import UserError
+from evo_attention.util.progress import log
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -42,11 +49,9 @@ SECTIONS = (("data and model", ("task", "model")), ("training", ("train", "trial
 
 
 def _flag_fields(groups) -> list:
-    from dataclasses import fields
-
     from evo_attention.train.config import Config
 
-    return [f for group in groups for f in fields(Config) if f.metadata.get("group") == group and f.metadata.get("flag")]
+    return [f for group in groups for f in dataclasses.fields(Config) if f.metadata.get("group") == group and f.metadata.get("flag")]
 
 
 def _config_flags(groups) -> dict:
@@ -133,7 +138,6 @@ def executor_from_args(args, config):
 def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
     from evo_attention.train.presets import example_counts_note, merged_settings
-    from evo_attention.util.progress import log
 
     flags = {}
     for flag, name in config_flags().items():
@@ -187,8 +191,6 @@ def given(flag: str) -> bool:
 def note(message: str) -> None:
     """One warning line (``evo-attention: warning: ...``), said once per command: a setting the
     command does not use, a result to read with care."""
-    import warnings
-
     if message not in NOTED:
         NOTED.add(message)
         warnings.warn(message, UserWarning, stacklevel=2)
@@ -248,8 +250,6 @@ def check_model_memory(config, device) -> None:
     refused before the task is generated (a large vocabulary takes minutes to build)."""
     if config.suite is not None or not config.generated_task:
         return
-    import dataclasses
-
     from evo_attention.data.synthetic import TASKS, check_task_memory, given_knobs, resolve_knobs
     from evo_attention.train.trainer import check_training_memory
 
@@ -299,7 +299,6 @@ def suite_text(args, config) -> str:
     if config.suite is None:
         return ""
     from evo_attention.data.suites import load_suite
-    from evo_attention.util.errors import UserError
 
     if getattr(args, "data", None):
         raise UserError(f"--data {args.data} and --suite {config.suite} both name the data: a suite trains on its "
@@ -326,25 +325,17 @@ def number(value, digits=3) -> str:
     return fmt_number(value, f".{digits}f")
 
 
-# Settings that are not Config fields but arguments of library calls, named by their flags.
-ARGUMENT_FLAGS = {"workers": "--workers", "address": "--ray-address", "cpus_per_trial": "--cpus-per-trial",
-                  "gpus_per_trial": "--gpus-per-trial", "n_seeds": "--seeds", "seeds": "--seeds",
-                  "genes": "--genes", "configs": "--configs", "out": "--out", "out_dir": "--out",
-                  "data_dir": "--data-dir",
-                  "overwrite": "--overwrite", "executor": "--executor", "resume": "--resume",
-                  "text": "--text", "length": "--length", "sample": "--sample", "save_model": "--save-model",
-                  "config_file": "--config", "dedupe": "--dedupe", "seed_vanilla": "--seed-vanilla",
-                  "mutation_schedule": "--mutation-schedule", "plugins": "--plugin", "track": "--track",
-                  "prompt": "--prompt", "temperature": "--temperature", "top_k": "--top-k",
-                  "max_new_tokens": "--max-new-tokens", "keep_models": "--keep-models", "rank": "--rank",
-                  "model": "--model", "sizes": "--sizes", "steps": "--steps", "tokens_per_param": "--tokens-per-param",
-                  "models": "--models",
-                  "margin": "--margin", "mde": "--mde", "power": "--power", "max_seeds": "--max-seeds",
-                  "metric": "--metric", "eval_split": "--eval-split", "confidence": "--confidence",
-                  "knob": "--knob", "values": "--knob", "break_at": "--break-at",
-                  "lr_grid": "--lr-grid", "tuning_seeds": "--tuning-seeds",
-                  "optuna_journal": "--optuna-journal", "match_params": "--match-params", "plan": "--plan",
-                  "solve_threshold": "--solve-threshold", "seed_block": "--seed-block", "solve_test": "--solve-test"}
+# Settings that are not Config fields but arguments of library calls, named by their flags: each name's own
+# flag (``cpus_per_trial``: ``--cpus-per-trial``), but for the few whose flag has another name.
+ARGUMENT_FLAGS = {**{name: "--" + name.replace("_", "-") for name in (
+    "workers", "cpus_per_trial", "gpus_per_trial", "seeds", "genes", "configs", "out", "data_dir", "overwrite",
+    "executor", "resume", "text", "length", "sample", "save_model", "dedupe", "seed_vanilla", "mutation_schedule",
+    "track", "prompt", "temperature", "top_k", "max_new_tokens", "keep_models", "rank", "model", "sizes", "steps",
+    "tokens_per_param", "models", "margin", "mde", "power", "max_seeds", "metric", "eval_split", "confidence", "knob",
+    "break_at", "lr_grid", "tuning_seeds", "optuna_journal", "match_params", "plan", "solve_threshold", "seed_block",
+    "solve_test")},
+    "address": "--ray-address", "n_seeds": "--seeds", "out_dir": "--out", "config_file": "--config",
+    "plugins": "--plugin", "values": "--knob"}
 
 
 def flag_of(setting: str) -> str | None:
@@ -355,8 +346,6 @@ def flag_of(setting: str) -> str | None:
 
 def user_message(exc) -> str:
     """A library error in the words of the command line: the setting it names becomes its flag."""
-    import re
-
     message = str(exc)
     notes = []
     for setting in getattr(exc, "settings", ()):
@@ -377,8 +366,6 @@ def out_arg(args, default=None, *, kind: str, study: str | None = None, also=(),
     ``--out`` takes the command's ``default`` (None: no output). ``study``: a directory holding that
     study's own store is of the command's kind; ``also``: other paths that are (the run a validation
     adds to). Returns a Path, or None."""
-    from pathlib import Path
-
     from evo_attention.search.lock import LOCK_NAME, check_free
     from evo_attention.search.store import RunStore
     from evo_attention.util.files import check_output
@@ -409,16 +396,12 @@ def install_sigterm_handler(*, survive_hangup: bool = False) -> None:
     """Turn SIGTERM into KeyboardInterrupt, so a terminated command stops cleanly. With
     ``survive_hangup`` a closed terminal (SIGHUP) does not stop the command either: its progress
     output is best-effort (``util.progress``), the work goes on, as under ``nohup``."""
-    import signal
-
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    try:
+    with suppress(ValueError):  # not the main thread (e.g. called from a library)
         signal.signal(signal.SIGTERM, handler)
         if survive_hangup and hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    except ValueError:  # not the main thread (e.g. called from a library)
-        pass
 
 

@@ -20,10 +20,14 @@ compare_suite.md and the heat map compare_suite.png (``studies.suite``).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
+                                      explicit_settings, out_arg, suite_text, with_run_suite)
+from evo_attention.cli.validate import (add_grid_flags, add_match_flag, add_suite_flag, grid_text, log_grid,
+                                        log_suite_result)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
+from evo_attention.util.progress import log
 
 
 def register(subparsers) -> None:
@@ -41,12 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare); without "
                    "--from-run it keeps the trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    from evo_attention.cli.common import add_executor_flags, add_training_flags
-    from evo_attention.cli.validate import add_grid_flags, add_match_flag, add_suite_flag
-
     add_suite_flag(p, "configuration")
     add_match_flag(p)
-
     add_grid_flags(p, "configuration")
     add_training_flags(p)
     add_executor_flags(p)
@@ -55,7 +55,6 @@ def register(subparsers) -> None:
 
 def compare_config(args):
     """Config: defaults < the study's size < --preset (small, quick or seed) < --config < flags."""
-    from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.studies.compare import COMPARE_PRESETS, settings_for
     from evo_attention.train.config import Config
     from evo_attention.train.presets import PRESETS
@@ -72,11 +71,8 @@ def compare_config(args):
 def cmd_compare(args) -> int:
     from contextlib import ExitStack
 
-    from evo_attention.cli.common import executor_from_args, out_arg, suite_text, with_run_suite
-    from evo_attention.cli.validate import grid_text, log_grid, log_suite_result
     from evo_attention.search.store import RunStore
     from evo_attention.studies.compare import evolved_entry, list_table, named_dropout, resolve_configs, run_compare
-    from evo_attention.util.progress import log
 
     config = compare_config(args)
     if args.list:

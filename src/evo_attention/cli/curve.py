@@ -15,9 +15,11 @@ dropout; a gene string is used as written. Without
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
+                                      explicit_settings, given, out_arg)
+from evo_attention.cli.validate import add_grid_flags, add_match_flag, log_selected_rates
 from evo_attention.util.errors import UserError
+from evo_attention.util.progress import log
 
 
 def register(subparsers) -> None:
@@ -41,8 +43,6 @@ def register(subparsers) -> None:
                         "each gene's solve rate falls below one half")
     p.add_argument("--solve-test", choices=["fisher", "barnard"], default="fisher",
                    help="with --solve-threshold: the exact test of two solve rates (default fisher)")
-    from evo_attention.cli.validate import add_grid_flags, add_match_flag
-
     add_match_flag(p, " at every point", "the reference gene (the one named baseline, else the first)")
     add_grid_flags(p, "gene at every point")
     p.add_argument("--plan", metavar="FILE",
@@ -53,8 +53,6 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs/curve", help="output directory (default runs/curve); it keeps the "
                    "trainings in a store of its own (run.db), so a repeat trains nothing")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    from evo_attention.cli.common import add_executor_flags, add_training_flags
-
     add_training_flags(p)
     add_executor_flags(p)
     p.set_defaults(func=cmd_curve)
@@ -63,7 +61,6 @@ def register(subparsers) -> None:
 def curve_config(args):
     """Config: defaults < --preset < --config < flags; a generated task's own vocabulary unless one
     of them sets vocab_size (the default 10000 would be a needlessly large one)."""
-    from evo_attention.cli.common import checked, explicit_settings
     from evo_attention.data import is_synthetic
     from evo_attention.train.config import Config
 
@@ -80,8 +77,6 @@ def apply_curve_plan(args):
         return None
     from evo_attention.studies.plan import load_plan
 
-    from evo_attention.cli.common import given
-
     for flag, value in (("--genes", args.genes), ("--knob", args.knob)):
         if value:
             raise UserError(f"--plan names the genes and the knob it sweeps: drop {flag}")
@@ -96,14 +91,11 @@ def apply_curve_plan(args):
 
 
 def cmd_curve(args) -> int:
-    from evo_attention.cli.common import executor_from_args, out_arg
+    from evo_attention.report.studies.curves import solve_break_text
     from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, check_solve_threshold, gene_entries,
                                               parse_knob, plan_points, run_curve)
-    from evo_attention.util.progress import log
 
     plan = apply_curve_plan(args)
-    from evo_attention.cli.common import given
-
     if plan is None and given("--solve-test") and args.solve_threshold is None:
         raise UserError("--solve-test compares solve rates, which need --solve-threshold (the accuracy that counts "
                         "as solved, e.g. 0.9)", setting="solve_test")
@@ -139,8 +131,6 @@ def cmd_curve(args) -> int:
         means = ", ".join("-" if r["mean"] is None else f"{r['mean']:.3f}" for r in gene["points"])
         log(f"{gene['name']}: {where} (mean accuracy {means})", args.quiet)
         if result.solve is not None:
-            from evo_attention.report.studies.curves import solve_break_text
-
             counts = ", ".join(f"{r['solve']['solved']}/{r['solve']['n']}" for r in gene["points"])
             log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
@@ -149,8 +139,6 @@ def cmd_curve(args) -> int:
 
 def log_curve_rates(result, knob: str, quiet: bool) -> None:
     """With a learning-rate grid: each gene's selected rate per point, and a warning per edge winner."""
-    from evo_attention.cli.validate import log_selected_rates
-
     for grid in result.grids or []:
         if grid.get("genes"):
             log_selected_rates(grid["genes"], grid["rates"], f" at {knob}={grid['value']}", quiet)

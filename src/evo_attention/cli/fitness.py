@@ -15,12 +15,18 @@ fitness prints the verdict of the newest check.
 
 from __future__ import annotations
 
+import argparse
+import shlex
+import sys
+
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
+                                      given, out_arg, suite_text)
+from evo_attention.cli.validate import add_grid_flags, add_suite_flag
 from evo_attention.util.errors import UserError
+from evo_attention.util.progress import log
 
 
 def evaluations_flag(text: str) -> tuple[int, ...]:
-    import argparse
-
     try:
         values = tuple(int(v) for v in str(text).split(",") if v.strip())
     except ValueError:
@@ -31,8 +37,6 @@ def evaluations_flag(text: str) -> tuple[int, ...]:
 
 
 def register(subparsers) -> None:
-    from evo_attention.cli.common import add_executor_flags, add_training_flags
-    from evo_attention.cli.validate import add_grid_flags, add_suite_flag
     from evo_attention.studies.fitness import DEFAULT_EVALUATIONS, DEFAULT_GRID, DEFAULT_SEEDS
 
     p = subparsers.add_parser("fitness-check", help="measure whether a fitness can see known improvements",
@@ -62,10 +66,8 @@ def register(subparsers) -> None:
 
 
 def cmd_fitness_check(args) -> int:
-    from evo_attention.cli.common import config_from_args, executor_from_args, given, out_arg, suite_text
     from evo_attention.report.studies.fitness import points_table
     from evo_attention.studies.fitness import DEFAULT_GRID, run_fitness_check
-    from evo_attention.util.progress import log
 
     if args.seeds < 2:
         raise UserError(f"--seeds must be at least 2 (a spread needs two), got {args.seeds}")
@@ -77,9 +79,6 @@ def cmd_fitness_check(args) -> int:
     log(f"fitness check: {on}; {args.seeds} seeds at " + (f"lr {lr:g}" if lr is not None else
         f"the vanilla gene's best of {','.join(f'{r:g}' for r in grid)} on {args.tuning_seeds} tuning seeds"),
         args.quiet)
-    import shlex
-    import sys
-
     command = shlex.join(["evo-attention", *sys.argv[1:]]) if sys.argv[1:2] == ["fitness-check"] else None
     with executor_from_args(args, config) as executor:
         result = run_fitness_check(config, seeds=args.seeds, lr=lr, lr_grid=grid, n_tuning_seeds=args.tuning_seeds,

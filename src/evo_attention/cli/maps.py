@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evo_attention.cli.common import add_training_flags, checked, explicit_settings, out_arg, run_suite
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
+from evo_attention.util.progress import log, training_bar
 
 
 def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
@@ -27,11 +29,9 @@ def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
 def _trained_model(args):
     """(model, tokenizer, ids, text source, source) for --gene / --from-run: trained here on the fly,
     after the input is checked."""
-    from evo_attention.cli.common import checked, explicit_settings, run_suite
     from evo_attention.train.config import Config
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
-    from evo_attention.util.progress import log, training_bar
     from evo_attention.report import load_run
     from evo_attention.train.spec import Trial
     from evo_attention.search.store import RunStore
@@ -88,9 +88,7 @@ def _saved_model(args):
 
 
 def cmd_maps(args) -> int:
-    from evo_attention.cli.common import out_arg
     from evo_attention.studies.maps import attention_maps
-    from evo_attention.util.progress import log
 
     chosen = [name for name in ("model", "gene") if getattr(args, name) is not None]
     if args.model and (args.gene is not None or args.from_run):
@@ -110,8 +108,6 @@ def cmd_maps(args) -> int:
 
 
 def register(subparsers) -> None:
-    from evo_attention.cli.common import add_training_flags
-
     p = subparsers.add_parser("attention-maps", help="draw a model's attention weights per layer and head, and "
                               "measure their sparsity, entropy and distance")
     p.add_argument("--model", metavar="DIR", help="a saved model (baseline --save-model writes DIR/model)")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from evo_attention.cli.common import (EXIT_INTERRUPTED, add_executor_flags, add_fidelity_flags, add_training_flags,
-                                      checked, executor_from_args, explicit_settings, fidelity_flags, flag_of,
-                                      install_sigterm_handler, number, suite_text, user_message)
+from evo_attention.cli.common import (EXIT_INTERRUPTED, SETTING_ORIGINS, add_executor_flags, add_fidelity_flags,
+                                      add_training_flags, checked, executor_from_args, explicit_settings,
+                                      fidelity_flags, flag_of, install_sigterm_handler, note, number, suite_text,
+                                      user_message)
 from evo_attention.search.lock import check_free
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
@@ -58,8 +59,6 @@ def search_config(args):
 
 def _typed(name: str, value) -> str:
     """A setting in the words the user typed it: its flag(s) and value, or its config-file key."""
-    from evo_attention.cli.common import SETTING_ORIGINS
-
     if name == "baseline":
         return "--no-baseline" if value is False else "the baseline"
     if name == "strategy_options" and isinstance(value, dict):  # --dedupe, --seed-vanilla, --mutation-schedule
@@ -93,8 +92,6 @@ def check_search_out(out) -> None:
     """The output rule (``util.files.check_output``) for a search's directory: a run store (of any
     kind: the store decides) or a stopped run's lock is its own; a saved model or an export is never
     written into."""
-    from pathlib import Path
-
     import evo_attention.interop.export  # noqa: F401 - the export formats register their output kinds
     import evo_attention.interop.hf  # noqa: F401
     import evo_attention.interop.hf_attention  # noqa: F401
@@ -137,7 +134,6 @@ def cmd_search(args) -> int:
         from evo_attention.report.summary import init_from_text
 
         log(f"warm start from {init_from_text(evolution.init_from)}", args.quiet)
-    from evo_attention.cli.common import note
     from evo_attention.studies.fitness import check_lines
 
     for line, warning in check_lines(config, None if on_suite else evolution.data):

@@ -15,14 +15,16 @@ and a wall-time estimate from step times measured here, and trains nothing.
 
 from __future__ import annotations
 
+from evo_attention.cli.validate import (add_analysis_flags, add_match_flag, analysis_setup, grid_text, log_grid,
+                                        log_outputs, run_genes, run_study)
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import human_seconds, markdown_table
+from evo_attention.util.progress import log
 
 
 def cmd_transfer(args) -> int:
-    from evo_attention.cli.validate import analysis_setup, grid_text, log_grid, log_outputs, run_genes, run_study
     from evo_attention.report import load_run
     from evo_attention.studies.transfer import plan, run_transfer, write_transfer
-    from evo_attention.util.progress import log
 
     summary = load_run(args.from_run) if args.from_run else None
     genes = run_genes(args, summary, args.top, verb="transfer")
@@ -54,10 +56,8 @@ def cmd_transfer(args) -> int:
 def dry_run_transfer(args, genes, budget) -> int:
     """``--dry-run``: the ladder, its budgets and trainings, and the wall time estimated from step
     times measured here; nothing is trained or written."""
-    from evo_attention.cli.validate import analysis_setup
     from evo_attention.report.studies.common import schedule_text
     from evo_attention.studies.transfer import dry_run, plan
-    from evo_attention.util.format import markdown_table
 
     config, data, _, _, _ = analysis_setup(args, "runs/transfer", check=lambda c: plan(c, genes, **budget), write=False)
     grid = tuple(args.lr_grid or ())
@@ -91,17 +91,10 @@ def dry_run_transfer(args, genes, budget) -> int:
 
 
 def _duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    return "-" if seconds is None else human_seconds(seconds)
 
 
 def register(subparsers) -> None:
-    from evo_attention.cli.validate import add_analysis_flags, add_match_flag
     from evo_attention.studies.transfer import DEFAULT_SIZES, DEFAULT_TRANSFER_SEEDS, HEAD_DIM
 
     # "resolve": this command's --steps (a list) and --seeds (another default) replace the shared ones

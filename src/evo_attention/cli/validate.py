@@ -21,8 +21,11 @@ import argparse
 from pathlib import Path
 from typing import Mapping
 
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
+                                      explicit_settings, given, note, out_arg, suite_text)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
+from evo_attention.util.progress import log
 
 
 def _seeds(text: str):
@@ -81,7 +84,6 @@ def grid_text(args, config) -> str:
 def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
     from evo_attention.report.studies.common import METRICS
     from evo_attention.studies.common import DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS
-    from evo_attention.cli.common import add_executor_flags, add_training_flags
 
     p.add_argument("--from-run", metavar="DIR", help="a search run: its config is the default (flags override it), "
                    "its store caches and keeps the trainings, and the outputs go into it")
@@ -120,16 +122,12 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     (``run.db``). ``suite``: the command takes a suite (its config's ``suite``; data is then None,
     the points name theirs); a command that does not refuses a config with one. ``write=False`` (a
     dry run): no output directory and no store (both None), the data loaded."""
-    from evo_attention.studies.common import validation_seeds
-    from evo_attention.cli.common import checked, explicit_settings
-    from evo_attention.train.config import Config
     from evo_attention.data import data_from_config
-    from evo_attention.util.progress import log
     from evo_attention.search.store import RunStore
+    from evo_attention.studies.common import PILOT_SEEDS, study_store, tuning_seeds, validation_seeds
+    from evo_attention.train.config import Config
 
-    settings = explicit_settings(args)
-    search_seed = None
-    store = None
+    settings, study = explicit_settings(args), Path(default_out).name
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
@@ -138,9 +136,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         search_seed = stored.get("seed")
     else:
         config = checked(Config.from_dict(settings, source="the command line"))
-        stored_data = {}
-    from evo_attention.studies.common import PILOT_SEEDS, tuning_seeds
-
+        search_seed, stored_data = None, {}
     # fail before loading any data (seeds auto: the pilot's seeds come first)
     base = seed_base(args, config, search_seed)
     seeds = validation_seeds(base, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
@@ -150,23 +146,17 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     if check is not None:
         check(config)
     if config.suite is not None:
-        command = Path(default_out).name
         if not suite:
-            raise UserError(f"{command} does not take a suite yet (the run's config names suite {config.suite}): "
+            raise UserError(f"{study} does not take a suite yet (the run's config names suite {config.suite}): "
                             "use validate or compare --suite")
         if args.seeds == "auto":
             raise UserError("--seeds auto cannot be combined with --suite: give a number of seeds")
         if args.metric not in (None, "suite_accuracy"):
             raise UserError(f"--metric {args.metric} does not apply with --suite: a suite compares suite accuracy")
-        from evo_attention.cli.common import suite_text
-
         suite_text(args, config)  # --data beside --suite, and the suite itself, checked before anything is written
     if not write:
         return config, data_from_config(config), None, None, search_seed
     # the output place exists (or the command fails) before any training
-    from evo_attention.cli.common import out_arg
-
-    study = Path(default_out).name
     out = output_dir(out_arg(args, args.from_run or default_out, kind=f"the results of {study}", study=study,
                              also=[args.from_run]))
     data = data_from_config(config) if config.suite is None else None
@@ -174,13 +164,10 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         if data is not None and stored_data.get("fingerprint") not in (None, data.fingerprint):
             log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
                 f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
-                "the search",
-                args.quiet)
+                "the search", args.quiet)
         store = RunStore.open(args.from_run)
     else:  # kept in a store of the study's own in --out, so that a repeat or an interrupted study trains nothing
-        from evo_attention.studies.common import study_store  # again (one writer: its lock)
-
-        store = study_store(out, config, study)
+        store = study_store(out, config, study)  # again (one writer: its lock)
     return config, data, store, out, search_seed
 
 
@@ -255,8 +242,6 @@ def add_match_flag(p: argparse.ArgumentParser, where: str = "", model: str = "th
 def run_study(args, role: str, config, data, store, search_seed, run):
     """``run(setup)`` on the ``study_setup`` of an analysis command, inside its executor; the store
     ``analysis_setup`` opened is closed afterwards, whatever happens."""
-    from evo_attention.cli.common import executor_from_args
-
     try:
         with executor_from_args(args, config) as executor:
             return run(study_setup(args, role, config, data, store, executor, search_seed))
@@ -292,8 +277,8 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
     """Each gene's value in the search (its search-seed training; the baseline's too), where it
     measured the same thing: the same data, steps and settings (a search on another corpus, or one
     that scored fewer evaluation batches, shows no value here)."""
-    from evo_attention.train.record import usable_metric
     from evo_attention.genes import AttentionGene
+    from evo_attention.train.record import usable_metric
     from evo_attention.train.spec import Trial
 
     if summary is None or eval_split != "valid" or config.train_steps != summary.config.get("train_steps"):
@@ -322,9 +307,7 @@ def log_grid(result) -> None:
 
 def log_selected_rates(genes: Mapping, rates, where: str = "", quiet: bool = False) -> None:
     """One line of each gene's selected rate (a ``grid`` block's ``genes``), and a warning per edge winner."""
-    from evo_attention.cli.common import note
     from evo_attention.report.studies.lr_grid import edge_warnings
-    from evo_attention.util.progress import log
 
     log(f"selected learning rates{where}: " + ", ".join(f"{g['str']} {g['selected']:g}" for g in genes.values()),
         quiet)
@@ -334,8 +317,6 @@ def log_selected_rates(genes: Mapping, rates, where: str = "", quiet: bool = Fal
 
 def log_outputs(paths: dict, from_run: str | None) -> None:
     """Say which files an analysis wrote and, for a run's analysis, how to fold them into its report."""
-    from evo_attention.util.progress import log
-
     log(f"wrote {', '.join(str(p) for p in paths.values())}")
     if from_run:
         log(f"fold it into the run's report with: evo-attention report {from_run}")
@@ -346,7 +327,6 @@ def apply_plan(args):
     (the genes, seeds, margin, confidence and seed block); None without one."""
     if not getattr(args, "plan", None):
         return None
-    from evo_attention.cli.common import given
     from evo_attention.studies.plan import load_plan
 
     if args.genes:
@@ -367,7 +347,6 @@ def apply_plan(args):
 def _decisive_seeds(args, family_size: int, planned: bool) -> None:
     """Without --seeds: the fewest seeds at which the exact test can decide after Holm over the
     compared genes (at least the default); a requested count that cannot decide is said before training."""
-    from evo_attention.cli.common import given, note
     from evo_attention.studies.common import DEFAULT_SEEDS
     from evo_attention.util import stats
 
@@ -383,9 +362,8 @@ def _decisive_seeds(args, family_size: int, planned: bool) -> None:
 
 
 def cmd_validate(args) -> int:
-    from evo_attention.studies.validate import run_validation, write_validation
-    from evo_attention.util.progress import log
     from evo_attention.report import load_run
+    from evo_attention.studies.validate import run_validation, write_validation
 
     summary = load_run(args.from_run) if args.from_run else None
     plan = apply_plan(args)
@@ -446,8 +424,6 @@ def add_baseline_flag(p: argparse.ArgumentParser) -> None:
 
 def log_suite_result(result, out: Path, quiet: bool) -> int:
     """What compare and validate say of a suite result; 1 when no gene has a suite accuracy."""
-    from evo_attention.util.progress import log
-
     log(result.headline.replace("**", ""), quiet)
     for row in [result.baseline] + list(result.genes):
         verdict = f": {row['verdict_label']}" if row.get("verdict_label") else ""
@@ -463,11 +439,9 @@ def log_suite_result(result, out: Path, quiet: bool) -> int:
 
 def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     """``validate`` on the config's suite (``studies.suite``): every gene and the baseline on every point."""
-    from evo_attention.cli.common import suite_text
     from evo_attention.data.suites import load_suite
     from evo_attention.genes import AttentionGene
     from evo_attention.studies.suite import run_suite, write_suite
-    from evo_attention.util.progress import log
 
     baseline = config.resolved_baseline().key  # a suite's points are generated tasks: no attention dropout
     entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != baseline]

@@ -201,13 +201,10 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
                else grids.versus_baseline(setup, against, values[base]["values"], rates))  # is one comparison
     vs_base = {v.name: by_gene[v.gene.key] for v in variants if v.gene.key in by_gene}
     label, eval_split = setup.metric_label, setup.eval_split
-    rows = []
-    for v in variants:
-        rows.append({
-            "name": v.name, "kind": v.kind, "field": v.field, "change": v.change, "gene": v.gene.key,
-            "str": str(v.gene), **values[v.gene.key], **stats.describe(values[v.gene.key]["values"], confidence),
-            "vs_full": _comparison(vs_full.get(v.name, {})), "vs_baseline": _comparison(vs_base.get(v.name, {})),
-        })
+    rows = [{"name": v.name, "kind": v.kind, "field": v.field, "change": v.change, "gene": v.gene.key,
+             "str": str(v.gene), **values[v.gene.key], **stats.describe(values[v.gene.key]["values"], confidence),
+             "vs_full": _comparison(vs_full.get(v.name, {})), "vs_baseline": _comparison(vs_base.get(v.name, {}))}
+            for v in variants]
     contributions, total = field_changes(rows)
     numbers = {
         "kind": "ablation", "analysis": stats.ANALYSIS, "margin": setup.margin,
@@ -286,6 +283,5 @@ def write_ablation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
                        xlabel=f"change of {label} the field causes, with it minus without it ({metric_direction(metric)}):"
                               f" mean and {stats.percent(result.get('confidence', 0.95))} CI",
                        title=f"Ablation of {result.get('str')}, {len(result.get('seeds') or [])} seeds")
-    if result.get("grid"):
-        paths["grid"] = grids.write_grid_figure(result, "ablation", out_dir, [grids.panel(result["grid"]["genes"])])
+    grids.add_grid_figure(paths, result, "ablation", out_dir)
     return paths

@@ -38,6 +38,7 @@ from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import metric_info
 from evo_attention.search.executors import EvalTask, Executor, executor_for
+from evo_attention.search.lock import RunLock
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import STUDY, RunStore
 from evo_attention.train.config import MAX_SEED, parse_lr_grid
@@ -430,8 +431,6 @@ def study_store(directory: str | os.PathLike, config, study: str) -> RunStore:
     ``study`` of the same kind wrote it, else a new one holding ``config`` as its configuration. A
     store of another kind (a search's, another study's) is refused, as is a directory another process
     writes."""
-    from evo_attention.search.lock import RunLock
-
     lock = RunLock(directory).acquire()
     try:
         if not RunStore.exists(directory):

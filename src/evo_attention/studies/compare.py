@@ -36,13 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
+from evo_attention.data import data_from_config
 from evo_attention.genes import VANILLA_KEY, AttentionGene, is_gene_text, split_genes
+from evo_attention.report import load_run
 from evo_attention.report.attachments import COMPARE_FIGURE, COMPARE_RESULTS, COMPARE_TABLE
 from evo_attention.search.store import RunStore
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
                                           tuning_seeds, validation_seeds, write_files)
 from evo_attention.train.config import Config, parse_lr_grid
+from evo_attention.train.environment import resolve_device
 from evo_attention.train.presets import overlay
 from evo_attention.train.record import EvaluationRecord, usable_metric
 from evo_attention.util.errors import UserError
@@ -153,12 +156,7 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
     generated task the studies give 0: ``named_dropout``); gene strings stay as written.
     """
-    if spec is None:
-        items = ["all"]
-    elif isinstance(spec, str):
-        items = split_genes(spec)
-    else:
-        items = [str(s).strip() for s in spec]
+    items = ["all"] if spec is None else split_genes(spec) if isinstance(spec, str) else [str(s).strip() for s in spec]
     items = [s for s in items if s]
     if not items:
         raise UserError("configs is empty: give names such as baseline,rope_only or gene strings", setting="configs")
@@ -180,8 +178,6 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
 
 def evolved_entry(run_dir: str | Path) -> tuple[str, AttentionGene]:
     """``("evolved", best gene)`` of the finished search in ``run_dir``."""
-    from evo_attention.report import load_run
-
     best = load_run(run_dir).best_gene
     if best is None:
         raise UserError(f"the run in {run_dir} has no successful evaluation yet: no evolved gene to compare")
@@ -232,11 +228,8 @@ class CompareResult(StudyResult):
     kind: ClassVar[str] = "compare"
 
     def to_dict(self) -> dict:
-        out = {"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
-               "summary": self.summary}
-        if self.grid is not None:
-            out["grid"] = self.grid
-        return to_jsonable(out)
+        return to_jsonable({"settings": self.settings, "results": self.results, "aggregates": self.aggregates,
+                            "summary": self.summary, **({} if self.grid is None else {"grid": self.grid})})
 
 
 def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *, seeds: int = 1,
@@ -276,8 +269,6 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
     if out_dir is not None:
         output_dir(out_dir)  # before any training: an unwritable place fails now, not after the work
     if data is None:
-        from evo_attention.data import data_from_config
-
         data = data_from_config(config)
     done: dict[tuple[str, int], EvaluationRecord] = {}
     start = time.perf_counter()
@@ -402,8 +393,6 @@ def _not_run(name: str, gene: str, seed: int, steps: int, interrupted: bool) -> 
 
 
 def _settings(setup: StudySetup, pool, entries) -> dict:
-    from evo_attention.train.environment import resolve_device
-
     config, data = setup.config, setup.data
     return {
         "d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
@@ -534,9 +523,7 @@ def write_outputs(out_dir: str | Path, payload: Mapping) -> dict[str, Path]:
     paths = write_files(out_dir, {"results": COMPARE_RESULTS, "table": COMPARE_TABLE, "figure": COMPARE_FIGURE},
                         payload, compare_markdown(payload))
     plot_compare(payload, paths["figure"])
-    if payload.get("grid"):
-        paths["grid"] = grids.write_grid_figure(payload, "compare", paths["figure"].parent,
-                                                [grids.panel(_named(payload))])
+    grids.add_grid_figure(paths, payload, "compare", paths["figure"].parent, lambda _: [grids.panel(_named(payload))])
     return paths
 
 

@@ -185,16 +185,14 @@ def check_solve_threshold(value, points: Sequence[CurvePoint], knob: str) -> flo
     is an accuracy in (0, 1] above the no-recall level 1/pairs of every point with pairs."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise UserError(f"solve_threshold must be an accuracy in (0, 1] such as 0.9, got {value!r}",
-                        setting="solve_threshold")
+    value = check_break_at(value, "solve_threshold", "0.9")
     for point in points:
         pairs = point.knobs.get("pairs")
         if pairs and value <= 1.0 / pairs:
             raise UserError(f"solve_threshold {value:g} is at or below the no-recall level 1/pairs = {1 / pairs:.3g} "
                             f"at {knob}={point.value}: a seed that recalls nothing would count as solving; give a "
                             "threshold above it, e.g. 0.9", setting="solve_threshold")
-    return float(value)
+    return value
 
 
 def solve_count(row: Mapping, threshold: float, confidence: float) -> dict:
@@ -258,9 +256,10 @@ def reference_gene(genes: Sequence[Mapping]) -> Mapping:
     return next((g for g in genes if g["name"] == "baseline"), genes[0])
 
 
-def check_break_at(value) -> float:
+def check_break_at(value, name: str = "break_at", example: str = "0.5") -> float:
+    """``value`` as an accuracy in (0, 1]; UserError naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise UserError(f"break_at must be an accuracy in (0, 1] such as 0.5, got {value!r}", setting="break_at")
+        raise UserError(f"{name} must be an accuracy in (0, 1] such as {example}, got {value!r}", setting=name)
     return float(value)
 
 
@@ -338,16 +337,12 @@ class CurveResult(StudyResult):
     kind: ClassVar[str] = "curve"
 
     def to_dict(self) -> dict:
-        out = {"kind": self.kind, "task": self.task, "knob": self.knob, "values": self.knob_values,
-               "base_data": self.base_data, "metric": METRIC, "break_at": self.break_at,
-               "confidence": self.confidence, "points": self.points, "genes": self.genes}
-        if self.solve is not None:
-            out["solve"] = self.solve
-        if self.grids is not None:
-            out["grids"] = self.grids
-        if self.interrupted:
-            out["interrupted"] = True
-        return to_jsonable({**out, **self.provenance})
+        return to_jsonable({"kind": self.kind, "task": self.task, "knob": self.knob, "values": self.knob_values,
+                            "base_data": self.base_data, "metric": METRIC, "break_at": self.break_at,
+                            "confidence": self.confidence, "points": self.points, "genes": self.genes,
+                            **({} if self.solve is None else {"solve": self.solve}),
+                            **({} if self.grids is None else {"grids": self.grids}),
+                            **({"interrupted": True} if self.interrupted else {}), **self.provenance})
 
 
 def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Mapping[int, dict], entries,

@@ -16,20 +16,21 @@ import shutil
 import warnings
 from pathlib import Path
 
+from evo_attention.data import LoaderData
 from evo_attention.data.base import TaskData
+from evo_attention.report import load_run, write_report
 from evo_attention.search.driver import Search
 from evo_attention.search.executors import Executor
-from evo_attention.studies.fresh_check import DEFAULT_TOP
+from evo_attention.studies.fresh_check import DEFAULT_TOP, fresh_check
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
+from evo_attention.util.progress import log
 
 CHECK_ENV = "EVO_ATTENTION_FRESH_CHECK"
 CHECK_META = "fresh_check_top"  # the store's meta: how many top genes the run's fresh-seed check trains (0: none)
 
 
 def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
-    from evo_attention.data import LoaderData
-
     task = getattr(train_loader, "task_data", None)
     if task is not None and getattr(eval_loader, "task_data", None) is task:
         return task  # loaders made by utils.get_dataloaders: use the dataset behind them
@@ -79,14 +80,10 @@ class Evolution(Search):
         self.check, self.checked = check, None
 
     def run(self):
-        from evo_attention.util.progress import log
-
         if self.announce:
             log(f"evo-attention: run directory {self.out_dir} ({self.planned} evaluations planned)")
         best = super().run()
         if self.check:
-            from evo_attention.studies.fresh_check import fresh_check
-
             try:
                 self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
             except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
@@ -100,8 +97,6 @@ class Evolution(Search):
         return best
 
     def write_report(self) -> dict:
-        from evo_attention.report import write_report
-
         return write_report(self.out_dir)
 
     def save_results(self, directory: str | Path) -> Path:
@@ -115,7 +110,6 @@ class Evolution(Search):
         return directory
 
     def plot_history(self, path: str | Path) -> Path:
-        from evo_attention.report import load_run
         from evo_attention.report.figures import plot_evolution
 
         path = Path(path)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Iterable, Mapping, Sequence
 
+from evo_attention.data.base import TaskData
 from evo_attention.data.cache import resolve_cache_dir
 from evo_attention.report.studies.fitness import fitness_markdown, improvement_verdict, points_verdict
 from evo_attention.search.executors import EvalTask
@@ -55,6 +56,7 @@ from evo_attention.studies.common import (SeedStudyResult, StudySetup, study_res
                                           write_files)
 from evo_attention.studies.compare import resolve_configs
 from evo_attention.studies.lr_grid import select
+from evo_attention.train.config import Config
 from evo_attention.train.record import usable_metric
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, point_result, suite_score
@@ -299,9 +301,7 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     store of ``out_dir`` (role ``fitness-check``; a repeat trains nothing); ``out_dir`` also receives
     the result (``write_fitness_check``). ``executor``: a name for ``executor_for`` or an Executor;
     ``command``: the command line that asked for the check, kept in the result."""
-    from evo_attention.data.base import TaskData
     from evo_attention.data.suites import Suite, load_suite
-    from evo_attention.train.config import Config
 
     check_argument("config", config, Config, "a Config")
     if data is not None:

@@ -23,9 +23,11 @@ import math
 import statistics
 from pathlib import Path
 
+from evo_attention.report import load_run
 from evo_attention.report.attachments import FRESH_CHECK_FILE
 from evo_attention.studies.common import StudySetup
 from evo_attention.studies.fitness import Fitness
+from evo_attention.train.config import Config
 from evo_attention.util.files import write_text
 from evo_attention.util.format import code, fmt, markdown_table
 from evo_attention.util.jsonio import dumps, to_jsonable
@@ -39,8 +41,6 @@ def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAU
                 data=None) -> dict | None:
     """Check the search in ``store`` (see the module docstring); None when it has no ranked gene."""
     from evo_attention.data.suites import load_suite
-    from evo_attention.report import load_run
-    from evo_attention.train.config import Config
 
     config = Config.from_dict(store.config())
     run = load_run(store.run_dir)

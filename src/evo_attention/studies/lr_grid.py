@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.report.studies.common import metric_info
@@ -174,13 +174,18 @@ def panel(grid_genes: Mapping[str, Mapping], title: str = "") -> dict:
                                       for k, g in rows]}
 
 
-def write_grid_figure(result: Mapping, kind: str, out_dir: str | os.PathLike, panels: Sequence[dict]) -> Path:
-    """Draw the grid's curves (``panels``) as ``<kind>_lr_grid.png`` (``grid_figure_name``) in ``out_dir``."""
+def add_grid_figure(paths: dict, result: Mapping, kind: str, out_dir: str | os.PathLike,
+                    panels: Callable[[Mapping], Sequence[dict]] | None = None) -> None:
+    """With a ``grid`` block in ``result``: draw its curves (``panels(grid)``, default one panel of its
+    genes) as ``<kind>_lr_grid.png`` (``grid_figure_name``) in ``out_dir``, its path as ``paths["grid"]``."""
     from evo_attention.report.figures import plot_lr_grid
 
-    grid = result["grid"]
+    grid = result.get("grid")
+    if not grid:
+        return
     _, _, axis = metric_info(grid.get("metric", "val_perplexity"), "valid")
-    seeds = grid.get("tuning_seeds") or []
-    return plot_lr_grid(panels, Path(out_dir) / grid_figure_name(kind, result.get("eval_split", "valid")),
-                        ylabel=f"{axis}, mean over {len(seeds)} tuning seed{'s' if len(seeds) != 1 else ''}",
-                        title=f"Learning-rate grid: tuning seeds {', '.join(map(str, seeds))}; ringed: selected")
+    seeds, name = grid.get("tuning_seeds") or [], grid_figure_name(kind, result.get("eval_split", "valid"))
+    paths["grid"] = plot_lr_grid([panel(grid["genes"])] if panels is None else panels(grid), Path(out_dir) / name,
+                                 ylabel=f"{axis}, mean over {len(seeds)} tuning seed{'s' if len(seeds) != 1 else ''}",
+                                 title=f"Learning-rate grid: tuning seeds {', '.join(map(str, seeds))}; ringed: "
+                                       "selected")

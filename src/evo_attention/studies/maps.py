@@ -24,6 +24,7 @@ characters, bytes, BPE tokens), and each axis label is the token's own text
 from __future__ import annotations
 
 import os
+from itertools import islice
 from typing import Mapping, Sequence
 
 import torch
@@ -88,11 +89,7 @@ def validation_sample(data, length: int, index: int = 0) -> list[int]:
         n = None
     if index < 0 or (n is not None and index >= n):
         raise UserError(f"sample {index} is out of range: the validation split has {n} examples", setting="sample")
-    x = None
-    for batch_index, (xb, _) in enumerate(data.eval_batches("valid", 1)):
-        if batch_index == index:
-            x = xb
-            break
+    x = next(islice(data.eval_batches("valid", 1), index, None), (None, None))[0]  # the index-th batch of one
     if x is None:
         raise UserError(f"sample {index} is out of range for the validation split", setting="sample")
     return x[0, :length].tolist()

@@ -29,12 +29,6 @@ or ``tokens_per_param`` R: ``round(R * P / (batch_size * seq_len))`` steps, P th
 model's parameters at that size (the tied embedding counted once); else the configured
 ``train_steps`` everywhere.
 
-``transfer_genes`` resolves a ``common.StudySetup`` (``run_transfer`` takes one), trains each rung
-with it at the rung's config (``StudySetup.at``) and returns a ``TransferResult``;
-``write_transfer`` writes it as ``transfer.{json,md,png}``. ``dry_run`` gives the ladder without
-training it: per size the parameters, steps, tokens and trainings, and the wall time estimated
-from each genome's step time measured here (``train.bench.step_time``).
-
 With a learning-rate grid (``StudySetup.lr_grid``) the grid is tuned at every size (the best rate
 moves with the size): each gene and the baseline are compared at their own best rate of the grid
 at that size (``studies.lr_grid``), and the result carries the ``grid`` block with one entry per
@@ -57,7 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
+import torch
+
 from evo_attention.genes import AttentionGene, layers_of, size_problem
+from evo_attention.nn.model import TinyTransformer
 from evo_attention.report.studies.transfer import transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
@@ -178,10 +175,6 @@ _SIZE_FIXES = {"kv_heads": ("choose sizes or n_heads that it divides", ("sizes",
 
 def baseline_parameters(config, vocab_size: int) -> int:
     """The vanilla model's parameters at ``config``'s size (built on the meta device: no memory)."""
-    import torch
-
-    from evo_attention.nn.model import TinyTransformer
-
     with torch.device("meta"):
         return TinyTransformer(config.replace(vocab_size=vocab_size), AttentionGene.vanilla()).num_parameters()
 
@@ -513,7 +506,6 @@ def write_transfer(result: Mapping, out_dir: str | os.PathLike) -> dict[str, Pat
 
     paths = write_json_and_markdown("transfer", result, out_dir, transfer_markdown(result))
     plot_transfer(result, paths["png"])
-    if result.get("grid"):
-        panels = [grids.panel(s["genes"], title=str(s["size"])) for s in result["grid"]["sizes"]]
-        paths["grid"] = grids.write_grid_figure(result, "transfer", out_dir, panels)
+    grids.add_grid_figure(paths, result, "transfer", out_dir,
+                          lambda grid: [grids.panel(s["genes"], title=str(s["size"])) for s in grid["sizes"]])
     return paths

@@ -94,10 +94,8 @@ def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
         search_values = {k: v for k, v in (search_values or {}).items() if rates.get(k) == setup.config.learning_rate}
     if setup.planned is not None:
         setup, plan = plan_seeds(setup, [base_key] + keys, rates=rates)
-    if rates is None:
-        records = setup.train([base_key] + keys)
-    else:
-        records = grids.train_at_rates(setup, [base_key] + keys, rates)
+    records = (setup.train([base_key] + keys) if rates is None
+               else grids.train_at_rates(setup, [base_key] + keys, rates))
     numbers = validation_statistics(setup, records, keys, search_values=search_values, rates=rates)
     if setup.match_params:
         numbers = matched_statistics(setup, numbers, records, keys, search_values=search_values)
@@ -283,6 +281,5 @@ def write_validation(result: Mapping, out_dir: str | os.PathLike) -> dict[str, P
     plot_samples(figure_groups(result), paths["png"], xlabel=axis.capitalize(),
                  title=f"{len(seeds)} seeds per gene, {result.get('steps')} steps each",
                  ci_label=f"{stats.percent(result.get('confidence', 0.95))} confidence interval of the mean")
-    if result.get("grid"):
-        paths["grid"] = grids.write_grid_figure(result, "validation", out_dir, [grids.panel(result["grid"]["genes"])])
+    grids.add_grid_figure(paths, result, "validation", out_dir)
     return paths
