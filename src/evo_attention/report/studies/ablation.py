@@ -325,14 +325,13 @@ def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
     if table is None:
         return []
     block = result["recipe_vs_mechanism"]
-    headers, rows, align = table
     cells = block.get("cells") or {}
     lines = [f"{level} Recipe or mechanism", "",
              f"The gene sets its own training recipe ({md_cell(block.get('parts_text'))}) besides its mechanism, so "
              "its advantage over the baseline may come from either. The four crossings were trained on the same "
              f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "
              "CI]:", "",
-             table_markdown(headers, rows, align), "",
+             table_markdown(*table), "",
              "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
              "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
              "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "
