@@ -199,7 +199,6 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
 
 
 def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, str]]:
-
     run_dir = Path(s.run_dir)
     out = []
     for i, v in enumerate(a.validations):
