@@ -99,10 +99,7 @@ def _user_attrs(record, info: dict) -> dict:
              "seed": record.get("seed")}
     if record.get("error"):
         attrs["error"] = str(record["error"])[:500]
-    for name in MEASURES:
-        value = finite_or_none(record.get(name))
-        if value is not None:
-            attrs[name] = value
+    attrs.update({name: finite_or_none(record.get(name)) for name in MEASURES})
     return {k: v for k, v in attrs.items() if v is not None}
 
 
