@@ -123,8 +123,7 @@ def _figure_in(run_dir: Path, subdir: str, name) -> Path | None:
     """A figure named in an attachment: a plain ``*.png`` file name inside the run directory."""
     if not isinstance(name, str) or Path(name).name != name or not name.endswith(".png"):
         return None
-    base = run_dir if subdir in (".", "") else run_dir / subdir
-    return base / name
+    return run_dir / subdir / name  # pathlib drops a "." or "" subdir
 
 
 # -- the sections ---------------------------------------------------------------------------------
