@@ -255,13 +255,11 @@ def compare_table(rows: Sequence[Mapping]) -> Table:
 
 def maps_table(result: Mapping) -> Table:
     headers = ["Layer", "Gene", "Head", "Sparsity (exact zeros)", "Entropy (nats)", "Uniform entropy", "Mean distance"]
-    rows = []
-    for layer in result.get("layers", []):
-        for m in layer.get("heads", []):
-            rows.append([fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
-                         f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
-                         fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
-                         fmt(finite_or_none(m.get("mean_distance")), 2)])
+    rows = [[fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
+             f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
+             fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
+             fmt(finite_or_none(m.get("mean_distance")), 2)]
+            for layer in result.get("layers", []) for m in layer.get("heads", [])]
     return Table(headers, rows, "rlrrrrr", (1,))
 
 

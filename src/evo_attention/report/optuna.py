@@ -171,8 +171,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         attrs = {"gene": info["key"], "str": info["str"], "role": "search", "generation": entry.get("generation"),
                  "status": "infeasible", "error": "refused before training: "
                  + caps.violations_text(entry.get("violations") or {}),
-                 **{k: v for k, v in (("params", entry.get("params")), ("flops_per_step", entry.get("flops")))
-                    if v is not None}}
+                 "params": entry.get("params"), "flops_per_step": entry.get("flops")}  # None ones: left out below
         excess = caps.excess(entry, limits)
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])
         trials.append(create_trial(state=TrialState.FAIL, params=labels[key],

@@ -163,15 +163,12 @@ def _validated(run_dir) -> list[dict]:
     from evo_attention.report.studies.common import change_text, metric_direction, verdict_cell
     from evo_attention.report.studies.validation import read_studies
 
-    out = []
-    for v in read_studies(run_dir).validations:
-        for g in v.get("genes", []):
-            out.append({"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
-                        "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
-                        "direction": metric_direction(v.get("metric", "")),
-                        "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
-                        "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))})
-    return out
+    return [{"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
+             "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
+             "direction": metric_direction(v.get("metric", "")),
+             "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
+             "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))}
+            for v in read_studies(run_dir).validations for g in v.get("genes", [])]
 
 
 def format_status(status: dict) -> str:
