@@ -67,12 +67,9 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     summary = load_run(run_dir)
     attachments = read_studies(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
-    if summary.multi_objective:
-        paths[PARETO_OUTPUT[0]] = run_dir / PARETO_OUTPUT[1]
-    if summary.suite is not None:
-        paths[SUITE_OUTPUT[0]] = run_dir / SUITE_OUTPUT[1]
-    if best_program(summary):
-        paths[PROGRAM_OUTPUT[0]] = run_dir / PROGRAM_OUTPUT[1]
+    extra = ((PARETO_OUTPUT, summary.multi_objective), (SUITE_OUTPUT, summary.suite is not None),
+             (PROGRAM_OUTPUT, best_program(summary)))  # each written only for the runs that have it
+    paths.update({name: run_dir / filename for (name, filename), written in extra if written})
     try:
         _write_all(summary, attachments, paths)
     except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost

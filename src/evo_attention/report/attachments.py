@@ -97,24 +97,24 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
     ``run_dir/curve``)."""
     run_dir = Path(run_dir)
     found = Attachments()
+
+    def read(name: str, what: str, kind: str | None = None) -> Mapping | None:
+        """The result in the file ``name`` (relative to ``run_dir``): one of ``kind`` (no kind: attention
+        maps, a ``layers`` list); None where there is no such file, or it is not ``what`` (said in
+        ``problems``)."""
+        data = _read_json(run_dir / name, found.problems) if (run_dir / name).is_file() else None
+        if isinstance(data, Mapping) and (data.get("kind") == kind if kind else isinstance(data.get("layers"), list)):
+            return data
+        if data is not None:
+            found.problems.append(f"{name}: not {what}")
+        return None
+
     for names, target, kind in ((VALIDATION_FILES, found.validations, "validation"),
                                 (ABLATION_FILES, found.ablations, "ablation"),
                                 (TRANSFER_FILES, found.transfers, "transfer"),
                                 (SUITE_FILES, found.suites, "suite")):
-        for name in names:
-            path = run_dir / name
-            if path.is_file():
-                data = _read_json(path, found.problems)
-                if isinstance(data, Mapping) and data.get("kind") == kind:
-                    target.append({**data, "_file": name})
-                elif data is not None:
-                    found.problems.append(f"{name}: not a {kind} result")
-    if (run_dir / FRESH_CHECK_FILE).is_file():
-        data = _read_json(run_dir / FRESH_CHECK_FILE, found.problems)
-        if isinstance(data, Mapping) and data.get("kind") == "fresh_check":
-            found.fresh_check = data
-        elif data is not None:
-            found.problems.append(f"{FRESH_CHECK_FILE}: not a fresh-seed check")
+        target += [{**data, "_file": name} for name in names if (data := read(name, f"a {kind} result", kind))]
+    found.fresh_check = read(FRESH_CHECK_FILE, "a fresh-seed check", "fresh_check")
     for name in COMPARE_FILES:
         path = run_dir / name
         if path.is_file():
@@ -122,24 +122,12 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
             if data is not None:
                 found.compare = _compare_rows(data, path, found.problems)
             break
-    for where in CURVE_DIRS:
-        path = run_dir / where / CURVE_RESULTS
-        if path.is_file():
-            data = _read_json(path, found.problems)
-            if isinstance(data, Mapping) and data.get("kind") == "curve":
-                found.curves.append({**data, "_dir": where})
-            elif data is not None:
-                found.problems.append(f"{path.relative_to(run_dir)}: not a curve result")
+    found.curves = [{**data, "_dir": where} for where in CURVE_DIRS
+                    if (data := read(str(Path(where) / CURVE_RESULTS), "a curve result", "curve"))]
     candidates = [run_dir, run_dir / "maps"]
     if (run_dir / "maps").is_dir():
         candidates += sorted(p for p in (run_dir / "maps").iterdir() if p.is_dir())
-    for directory in candidates:
-        path = directory / MAPS_FILE
-        if path.is_file():
-            data = _read_json(path, found.problems)
-            if isinstance(data, Mapping) and isinstance(data.get("layers"), list):
-                where = str(directory.relative_to(run_dir)) if directory != run_dir else "."
-                found.maps.append({**data, "_dir": where})
-            elif data is not None:
-                found.problems.append(f"{path.relative_to(run_dir)}: not an attention-maps result")
+    for where in (str(directory.relative_to(run_dir)) for directory in candidates):  # "." for run_dir itself
+        if data := read(str(Path(where) / MAPS_FILE), "an attention-maps result"):
+            found.maps.append({**data, "_dir": where})
     return found

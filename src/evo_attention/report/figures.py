@@ -77,10 +77,8 @@ def plot_samples(groups: Sequence[dict], path: str | os.PathLike, *, xlabel: str
                 ax.axvline(np.mean(values), color="black", linestyle=":", linewidth=1.2, zorder=1)
         failed = group.get("failed") or 0
         labels.append(group["label"] + (f"  ({failed} failed)" if failed else ""))
-    ax.set_yticks(ys)
-    ax.set_yticklabels(labels, fontsize=8)
-    ax.set_ylim(0.4, n + 0.6)
-    ax.set_xlabel(xlabel)
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set(ylim=(0.4, n + 0.6), xlabel=xlabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     ax.plot([], [], "D", color="tab:orange", label="mean")
@@ -107,8 +105,7 @@ def plot_contributions(items: Sequence[dict], path: str | os.PathLike, *, xlabel
         ax.barh(y, value, height=0.6, color=colors.get(item.get("kind"), "tab:gray"), alpha=0.8,
                 xerr=err, capsize=3, error_kw={"elinewidth": 1})
     ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_yticks(ys)
-    ax.set_yticklabels([item["label"] for item in items], fontsize=8)
+    ax.set_yticks(ys, [item["label"] for item in items], fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
@@ -147,14 +144,11 @@ def plot_distribution(values: Sequence[float], path: str | os.PathLike, *, faile
         if best is not None:
             ax.axvline(best, color="tab:blue", linewidth=1.5, label=f"best {best:.3g}")
         ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "No finished evaluation.", transform=ax.transAxes, ha="center", va="center")
-        ax.set_xticks([])
-    if values:
         ax.set_ylabel("Evaluations")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
-        ax.set_yticks([])
+        ax.text(0.5, 0.5, "No finished evaluation.", transform=ax.transAxes, ha="center", va="center")
+        ax.set(xticks=[], yticks=[])
     ax.set_xlabel(xlabel)
     ax.set_title(title + (f" ({failed} failed, not shown)" if failed else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -190,10 +184,8 @@ def plot_head_grid(weights: np.ndarray, path: str | os.PathLike, *, title: str,
         ax.set_title(head_titles[h] if head_titles else f"head {h}", fontsize=8)
         if tokens is not None and len(tokens) <= TOKEN_LABELS_MAX:
             font = 7 if t <= 16 else 5
-            ax.set_xticks(range(t))
-            ax.set_yticks(range(t))
-            ax.set_xticklabels(tokens, rotation=90, fontsize=font)
-            ax.set_yticklabels(tokens, fontsize=font)
+            ax.set_xticks(range(t), tokens, rotation=90, fontsize=font)
+            ax.set_yticks(range(t), tokens, fontsize=font)
         else:
             ax.set_xlabel("key position", fontsize=7)
             ax.set_ylabel("query position", fontsize=7)
@@ -347,10 +339,8 @@ def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str |
                                                                                if failed_here else "")
                 ax.text(j, i, text, ha="center", va="center", fontsize=7,
                         color="white" if mean < 0.6 else "black")
-        ax.set_xticks(range(len(columns)))
-        ax.set_xticklabels(columns, rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([_short(str(r["name"]), 40) for r in rows], fontsize=8)
+        ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), [_short(str(r["name"]), 40) for r in rows], fontsize=8)
         if len(columns) > 1:
             ax.axvline(len(columns) - 1.5, color="white", linewidth=2.5)  # the suite accuracy apart
         fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="accuracy")
@@ -400,8 +390,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
         for y, a in zip(ys[len(ok):], ranked[len(ok):]):
             ax.text(0.02, y, f"{a['status']}", transform=ax.get_yaxis_transform(), va="center", color="#d62728",
                     fontsize=8)
-        ax.set_yticks(ys)
-        ax.set_yticklabels([_short(a["name"]) for a in ranked], fontsize=8)
+        ax.set_yticks(ys, [_short(a["name"]) for a in ranked], fontsize=8)
         ax.set_xlabel("validation loss" + (f" (mean ± sd, {s['seeds']} seeds)" if s["seeds"] > 1 else ""))
         ax.set_title("Ranking (lower is better)")
 
@@ -413,9 +402,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
                             color=_color(a["name"]), capsize=3)
                 ax.annotate(_short(a["name"], 18), (a[key], a["val_loss"]), fontsize=7, xytext=(4, 3),
                             textcoords="offset points")
-            ax.set_xlabel(label)
-            ax.set_ylabel("validation loss")
-            ax.set_title(title)
+            ax.set(xlabel=label, ylabel="validation loss", title=title)
             ax.grid(alpha=0.3)
             if not points:
                 ax.text(0.5, 0.5, "no finished configuration", ha="center", transform=ax.transAxes)
@@ -424,8 +411,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
         mem = [a for a in ranked if finite_or_none(a["peak_memory_mb"]) is not None]
         ax.barh(list(range(len(mem)))[::-1], [a["peak_memory_mb"] for a in mem], color=[_color(a["name"]) for a in mem],
                 alpha=0.85)
-        ax.set_yticks(list(range(len(mem)))[::-1])
-        ax.set_yticklabels([_short(a["name"]) for a in mem], fontsize=8)
+        ax.set_yticks(list(range(len(mem)))[::-1], [_short(a["name"]) for a in mem], fontsize=8)
         ax.set_xlabel("peak memory (MB" + (", GPU allocated)" if str(s.get("device", "")).startswith("cuda")
                                            else ", process)"))
         ax.set_title("Peak memory")
@@ -459,8 +445,7 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
             ax.errorbar(xs, ys, yerr=err, fmt="o-" if not is_base else "s--", capsize=3, markersize=4,
                         color="black" if is_base else f"C{i % 10}", label=label, linewidth=1.2)
             drawn += 1
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set(xscale="log", yscale="log")
         ax.yaxis.set_major_formatter("{x:g}")
         ax.yaxis.set_minor_formatter("{x:g}")
         ax.tick_params(axis="y", which="minor", labelsize=7)
@@ -616,8 +601,7 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7, frameon=False)  # below: hides no curve
         else:
             ax.text(0.5, 0.5, "No training curve stored yet.", transform=ax.transAxes, ha="center", va="center")
-        ax.set_xlabel("Training step")
-        ax.set_ylabel("Loss (training: mean over each log interval)")
+        ax.set(xlabel="Training step", ylabel="Loss (training: mean over each log interval)")
         ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
         ax.grid(True, alpha=0.3)
     return save_figure(fig, path)
@@ -648,9 +632,7 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
                 if points:
                     ax.plot(*zip(*points), marker="o", label=name)
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length T (tokens per step fixed)")
-            ax.set_ylabel(label)
+            ax.set(yscale="log", xlabel="sequence length T (tokens per step fixed)", ylabel=label)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
         if rows:
@@ -677,8 +659,7 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
         bases = {run["baseline_perplexity"] for run in result["runs"] if run["baseline_perplexity"] is not None}
         for base in sorted(bases):
             ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline" if base == min(bases) else None)
-        ax.set_xlabel("search trainings spent")
-        ax.set_ylabel("best validation perplexity so far (search seed)")
+        ax.set(xlabel="search trainings spent", ylabel="best validation perplexity so far (search seed)")
         ax.set_title("Best found against budget", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
@@ -689,8 +670,8 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
                 members = run.get("front") or []
                 ax.step([p[x] for p in members], [p[y] for p in members], where="post", color=f"C{i}", marker="o",
                         markersize=4, label=f"{run['name']} (hv {number(run.get('hypervolume'), '.3f')})")
-            ax.set_xlabel(f"{OBJECTIVE_LABELS.get(x, x)} (lower is better)")
-            ax.set_ylabel(f"{OBJECTIVE_LABELS.get(y, y)} (lower is better)")
+            ax.set(xlabel=f"{OBJECTIVE_LABELS.get(x, x)} (lower is better)",
+                   ylabel=f"{OBJECTIVE_LABELS.get(y, y)} (lower is better)")
             ax.set_title("Pareto fronts", fontsize=10)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)

@@ -123,8 +123,7 @@ def _figure_in(run_dir: Path, subdir: str, name) -> Path | None:
     """A figure named in an attachment: a plain ``*.png`` file name inside the run directory."""
     if not isinstance(name, str) or Path(name).name != name or not name.endswith(".png"):
         return None
-    base = run_dir if subdir in (".", "") else run_dir / subdir
-    return base / name
+    return run_dir / subdir / name  # pathlib drops a "." or "" subdir
 
 
 # -- the sections ---------------------------------------------------------------------------------
@@ -133,8 +132,7 @@ def _summary_section(s: RunSummary, a: Attachments) -> tuple[str, str, str]:
     statement, rest = lines[0], [line for line in lines[1:] if line]
     body = [f'<div class="headline">{inline(statement)}</div>']
     validated = [line for line in rest if line.startswith("Validated: ")]
-    for line in validated:
-        body.append(f'<div class="headline validated">{inline(line)}</div>')
+    body += [f'<div class="headline validated">{inline(line)}</div>' for line in validated]
     body.append(bullets([line[2:] if line.startswith("- ") else line for line in rest if line not in validated]))
     return _section("summary", "Summary", body)
 
@@ -199,7 +197,6 @@ def _run_sections(s: RunSummary, figures: Mapping[str, Path]) -> list[tuple[str,
 
 
 def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, str]]:
-
     run_dir = Path(s.run_dir)
     out = []
     for i, v in enumerate(a.validations):
@@ -249,11 +246,8 @@ def _attachment_sections(s: RunSummary, a: Attachments) -> list[tuple[str, str, 
                   "Each gene's mean accuracy at every value, its interval as a band; chance dashed, the break "
                   "threshold dotted.")]))
     for i, m in enumerate(a.maps):
-        figures = []
-        for layer in m.get("layers", []):
-            path = _figure_in(run_dir, m["_dir"], layer.get("figure"))
-            if path is not None:
-                figures.append(image(path, f"Attention maps of layer {layer.get('layer')}"))
+        figures = [image(path, f"Attention maps of layer {layer.get('layer')}") for layer in m.get("layers", [])
+                   if (path := _figure_in(run_dir, m["_dir"], layer.get("figure"))) is not None]
         title = "Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else "")
         out.append(_section(f"maps-{i}", title, [para(md.maps_caption(m)), table(md.maps_table(m))] + figures))
     if a.problems:

@@ -23,18 +23,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
-from evo_attention.report.studies.ablation import ablation_table as _ablation_cells
+from evo_attention.report.studies import ablation as _ablation, curves as _curves, suite as _suite
+from evo_attention.report.studies import transfer as _transfer, validation as _validation
 from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
-from evo_attention.report.studies.ablation import recipe_mechanism_table as _recipe_mechanism_cells
-from evo_attention.report.studies.validation import cost_table as _cost_cells
 from evo_attention.report.studies.curves import curve_note
-from evo_attention.report.studies.curves import curve_table as _curve_cells
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
-from evo_attention.report.studies.suite import suite_table as _suite_cells
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
-from evo_attention.report.studies.transfer import transfer_sizes_table as _transfer_sizes_cells
-from evo_attention.report.studies.transfer import transfer_table as _transfer_cells
-from evo_attention.report.studies.validation import validation_table as _validation_cells
 from evo_attention.util.files import write_text
 from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
 
@@ -233,14 +227,14 @@ def _study_table(cells: Callable[[Mapping], tuple | None], code: tuple[int, ...]
     return table
 
 
-validation_table = _study_table(_validation_cells, (0,))
-cost_table = _study_table(_cost_cells, (0,))  # what each validated gene costs (None: a validation without costs)
-ablation_table = _study_table(_ablation_cells, (2,))
-recipe_mechanism_table = _study_table(_recipe_mechanism_cells)  # the 2x2 of a gene that sets its own recipe, or None
-transfer_sizes_table = _study_table(_transfer_sizes_cells)
-transfer_table = _study_table(_transfer_cells, (1,))
-suite_table = _study_table(_suite_cells, (1,))  # a suite study's table (report.studies.suite_table)
-curve_table = _study_table(_curve_cells, (1,))
+validation_table = _study_table(_validation.validation_table, (0,))
+cost_table = _study_table(_validation.cost_table, (0,))  # what each validated gene costs (None: without costs)
+ablation_table = _study_table(_ablation.ablation_table, (2,))
+recipe_mechanism_table = _study_table(_ablation.recipe_mechanism_table)  # a gene that sets its own recipe, or None
+transfer_sizes_table = _study_table(_transfer.transfer_sizes_table)
+transfer_table = _study_table(_transfer.transfer_table, (1,))
+suite_table = _study_table(_suite.suite_table, (1,))  # a suite study's table (report.studies.suite_table)
+curve_table = _study_table(_curves.curve_table, (1,))
 
 
 def suite_title(result: Mapping) -> str:
@@ -261,13 +255,11 @@ def compare_table(rows: Sequence[Mapping]) -> Table:
 
 def maps_table(result: Mapping) -> Table:
     headers = ["Layer", "Gene", "Head", "Sparsity (exact zeros)", "Entropy (nats)", "Uniform entropy", "Mean distance"]
-    rows = []
-    for layer in result.get("layers", []):
-        for m in layer.get("heads", []):
-            rows.append([fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
-                         f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
-                         fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
-                         fmt(finite_or_none(m.get("mean_distance")), 2)])
+    rows = [[fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
+             f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
+             fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
+             fmt(finite_or_none(m.get("mean_distance")), 2)]
+            for layer in result.get("layers", []) for m in layer.get("heads", [])]
     return Table(headers, rows, "rlrrrrr", (1,))
 
 
@@ -431,7 +423,6 @@ def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str
                         + (["Cost, the median over the seeds:", "", to_markdown(costs), ""] if costs else [])
                         + [f"![Per-seed values]({stem}.png)", "", f"Details: `{v['_file']}`, `{stem}.md`."])
     for ab in a.ablations:
-
         stem = ab["_file"].rsplit(".", 1)[0]
         crossed = recipe_mechanism_table(ab)
         recipe = (["", "Recipe or mechanism (the gene sets its own recipe; every crossing on the same seeds):", "",

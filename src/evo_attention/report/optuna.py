@@ -99,10 +99,7 @@ def _user_attrs(record, info: dict) -> dict:
              "seed": record.get("seed")}
     if record.get("error"):
         attrs["error"] = str(record["error"])[:500]
-    for name in MEASURES:
-        value = finite_or_none(record.get(name))
-        if value is not None:
-            attrs[name] = value
+    attrs.update({name: finite_or_none(record.get(name)) for name in MEASURES})
     return {k: v for k, v in attrs.items() if v is not None}
 
 
@@ -174,8 +171,7 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         attrs = {"gene": info["key"], "str": info["str"], "role": "search", "generation": entry.get("generation"),
                  "status": "infeasible", "error": "refused before training: "
                  + caps.violations_text(entry.get("violations") or {}),
-                 **{k: v for k, v in (("params", entry.get("params")), ("flops_per_step", entry.get("flops")))
-                    if v is not None}}
+                 "params": entry.get("params"), "flops_per_step": entry.get("flops")}  # None ones: left out below
         excess = caps.excess(entry, limits)
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])
         trials.append(create_trial(state=TrialState.FAIL, params=labels[key],

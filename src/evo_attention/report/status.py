@@ -35,21 +35,14 @@ SEARCH_ROLES = ("search", "baseline")  # the trainings of a search's own plan
 
 def run_status(run_dir: str | Path) -> dict:
     with RunStore.open(run_dir, readonly=True) as store:
-        evaluations = store.evaluations()
-        generations = store.generations()
-        planned = store.get_meta("planned")
+        evaluations, generations, activity, config = (store.evaluations(), store.generations(), store.activity(),
+                                                      store.config())
         done = bool(store.get_meta("done", False))
-        activity = store.activity()
-        config = store.config()
-        fidelity = store.get_meta("fidelity")
-        executor = store.get_meta("executor")
-        limits_meta = store.get_meta("constraints")
-        infeasible_meta = store.get_meta("infeasible")
-        init_from = store.get_meta("init_from")
-        suite_meta = store.get_meta("suite")
-        study = store.get_meta("study")
-    if study:
-        return {"run_dir": str(run_dir), "study": study, "trained": len(evaluations),
+        meta = {key: store.get_meta(key) for key in ("planned", "fidelity", "executor", "constraints", "infeasible",
+                                                     "init_from", "suite", "study")}
+    planned, suite_meta, init_from = meta["planned"], meta["suite"], meta["init_from"]
+    if meta["study"]:
+        return {"run_dir": str(run_dir), "study": meta["study"], "trained": len(evaluations),
                 "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
                 "schedule": _schedule_text(config), "workers": _workers(activity)}
     from evo_attention.search.fidelity import RUNG_ROLE
@@ -66,7 +59,8 @@ def run_status(run_dir: str | Path) -> dict:
     # the search's plan counts its own trainings; studies that add theirs (validate --from-run, ...) are said apart
     studies = Counter(e.get("role") for e in evaluations if e.get("role") not in (*SEARCH_ROLES, RUNG_ROLE))
     evaluations = [e for e in evaluations if e.get("role") in SEARCH_ROLES]
-    constraints = constraint_view(limits_meta, infeasible_meta, [e for e in evaluations if e.get("role") == "search"])
+    constraints = constraint_view(meta["constraints"], meta["infeasible"],
+                                  [e for e in evaluations if e.get("role") == "search"])
     never_trained = len(constraints["never_trained"]) if constraints else 0
     ok = [e for e in evaluations if e.metric() is not None]
     search = feasible_only([e for e in ok if e.get("role") == "search"], constraints)
@@ -114,7 +108,7 @@ def run_status(run_dir: str | Path) -> dict:
                                                    "perplexity": baseline.get("val_perplexity"),
                                                    "status": baseline.get("status")},
         "low_fidelity": len(rungs),
-        "fidelity": fidelity,
+        "fidelity": meta["fidelity"],
         "pareto": front,
         "validated": validated,
         "constraints": None if constraints is None else {
@@ -123,14 +117,13 @@ def run_status(run_dir: str | Path) -> dict:
             "genes": [e["gene"] for e in constraints["never_trained"]] + [t["gene"] for t in constraints["trained"]]},
         "init_from": None if not init_from else {**init_from, "text": init_from_text(init_from)},
         "suite": suite,
-        "executor": executor,
+        "executor": meta["executor"],
         "workers": _workers(activity),
     }
 
 
 def _workers(activity) -> list[dict]:
-    return [{"worker": a["worker"], "gene": a["gene"], "step": a["step"], "total": a["total"], "loss": a["loss"],
-             "updated_at": a["updated_at"]} for a in activity]
+    return [{k: a[k] for k in ("worker", "gene", "step", "total", "loss", "updated_at")} for a in activity]
 
 
 def _schedule_text(config) -> str | None:
@@ -170,15 +163,12 @@ def _validated(run_dir) -> list[dict]:
     from evo_attention.report.studies.common import change_text, metric_direction, verdict_cell
     from evo_attention.report.studies.validation import read_studies
 
-    out = []
-    for v in read_studies(run_dir).validations:
-        for g in v.get("genes", []):
-            out.append({"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
-                        "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
-                        "direction": metric_direction(v.get("metric", "")),
-                        "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
-                        "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))})
-    return out
+    return [{"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
+             "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
+             "direction": metric_direction(v.get("metric", "")),
+             "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
+             "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))}
+            for v in read_studies(run_dir).validations for g in v.get("genes", [])]
 
 
 def format_status(status: dict) -> str:

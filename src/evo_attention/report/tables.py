@@ -38,18 +38,10 @@ def write_evaluations_csv(summary: RunSummary, path: str | os.PathLike) -> Path:
     return write_csv(path, EVALUATION_COLUMNS, summary.evaluation_rows())
 
 
-def _component_header(summary: RunSummary) -> list[str]:
-    return [c if c != "in_top" else f"in_top_{summary.top_n}" for c in COMPONENT_COLUMNS]
-
-
 def write_component_csv(summary: RunSummary, path: str | os.PathLike) -> Path:
     """``component_analysis.csv``: one row per (gene field, option)."""
-    return write_csv(path, COMPONENT_COLUMNS, summary.components, header=_component_header(summary))
-
-
-def component_table(summary: RunSummary) -> str:
-    """The component analysis as a markdown table (empty string when nothing was evaluated)."""
-    return to_markdown(components_table(summary)) + "\n" if summary.components else ""
+    return write_csv(path, COMPONENT_COLUMNS, summary.components,
+                     header=[c if c != "in_top" else f"in_top_{summary.top_n}" for c in COMPONENT_COLUMNS])
 
 
 def component_markdown(summary: RunSummary) -> str:
@@ -58,11 +50,10 @@ def component_markdown(summary: RunSummary) -> str:
              f"finished (OK runs) or failed, the best and mean validation perplexity of the finished "
              f"ones, and how many of the best {summary.top_n} distinct genes use the option. "
              f"Lower perplexity is better.\n")
-    table = component_table(summary)
-    if not table:
+    if not summary.components:
         return f"# Component analysis\n\n{intro}\n{summary.statement} Nothing to analyse.\n"
     note = "" if summary.outcome == "ok" else f"{summary.statement}\n\n"
-    return f"# Component analysis\n\n{intro}\n{note}{table}"
+    return f"# Component analysis\n\n{intro}\n{note}{to_markdown(components_table(summary))}\n"
 
 
 def write_component_markdown(summary: RunSummary, path: str | os.PathLike) -> Path:

@@ -144,19 +144,17 @@ def contribution_lines(result: Mapping) -> list[str]:
     the first says the metric's direction."""
     metric, label = result.get("metric", ""), result.get("metric_label", "perplexity")
     lower = lower_is_better(result.get("metric", "val_perplexity"))
-    alpha = 1.0 - float(result.get("confidence", 0.95))
-    lines = []
-    conf = result.get("confidence", 0.95)
+    lines, conf = [], result.get("confidence", 0.95)
     total = result.get("total") or {}
     if total.get("metric_change") is not None:
         lines.append(f"Whole gene vs baseline: {label} change {_change_text(total, metric)} ({direction(lower)}; "
-                     f"{_contribution_significance(total, alpha, conf)}).")
+                     f"{_contribution_significance(total, conf)}).")
     for kind, text in (("remove", "in the gene (the gene minus the gene without it)"),
                        ("add", "alone on the baseline (the baseline with it minus the baseline)")):
         items = [c for c in result.get("contributions", []) if c["kind"] == kind and c.get("metric_change") is not None]
         for c in sorted(items, key=lambda c: c["metric_change"] if lower else -c["metric_change"]):
             lines.append(f"{c['change']}: {text} {_change_text(c, metric)} "
-                         f"({_contribution_significance(c, alpha, conf)}).")
+                         f"({_contribution_significance(c, conf)}).")
     if lines and total.get("metric_change") is None:  # no whole-gene line to say the direction: say it first
         lines.insert(0, contribution_sign(result))
     if result.get("recomputed_from"):
@@ -165,9 +163,9 @@ def contribution_lines(result: Mapping) -> list[str]:
     return lines
 
 
-def _contribution_significance(c: Mapping, alpha: float, confidence: float) -> str:
+def _contribution_significance(c: Mapping, confidence: float) -> str:
     low, high = c.get("metric_change_low"), c.get("metric_change_high")
-    if c.get("p_holm") is not None and c["p_holm"] < alpha:
+    if c.get("p_holm") is not None and c["p_holm"] < 1.0 - float(confidence):
         return f"significant at {stats.percent(confidence)} after Holm's correction"
     if low is not None and (low > 0 or high < 0):
         return "its own interval excludes 0, but not significant after Holm's correction"
@@ -325,14 +323,13 @@ def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
     if table is None:
         return []
     block = result["recipe_vs_mechanism"]
-    headers, rows, align = table
     cells = block.get("cells") or {}
     lines = [f"{level} Recipe or mechanism", "",
              f"The gene sets its own training recipe ({md_cell(block.get('parts_text'))}) besides its mechanism, so "
              "its advantage over the baseline may come from either. The four crossings were trained on the same "
              f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "
              "CI]:", "",
-             table_markdown(headers, rows, align), "",
+             table_markdown(*table), "",
              "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
              "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
              "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "

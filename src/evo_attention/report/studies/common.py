@@ -124,18 +124,13 @@ def verdict_cell(row: Mapping) -> str:
     return f"{label} ({'; '.join(parts)})"
 
 
-def margin_text(result: Mapping) -> str:
-    margin = result.get("margin", stats.DEFAULT_MARGIN)
-    if result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS:
-        return f"±{100 * margin:g}%"
-    return f"±{margin:g}"
-
-
 def comparison_note(result: Mapping) -> str:
     """How the comparisons of a validation-shaped result were made, in words."""
     family = result.get("family_size") or len(result.get("genes", []))
     log = result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
     scale = "of the log values (the change is relative)" if log else "of the values"
+    margin = result.get("margin", stats.DEFAULT_MARGIN)
+    margin = f"±{100 * margin:g}%" if log else f"±{margin:g}"  # the equivalence margin, relative on the log scale
     recomputed = (" These comparisons were recomputed by the current rule from the per-seed values of a result "
                   "written by an earlier version." if result.get("recomputed") else "")
     n = len(result.get("seeds") or [])
@@ -146,7 +141,7 @@ def comparison_note(result: Mapping) -> str:
             f"replaces is shown beside it. p (Holm) is corrected over the "
             f"{family} comparison{'s' if family != 1 else ''} made against these baseline trainings. The verdict: "
             f"better or worse when the Holm p < {1 - result.get('confidence', 0.95):.2g}; else equivalent within "
-            f"{margin_text(result)} when the equivalence test (Holm-corrected) says so; else undetermined, with "
+            f"{margin} when the equivalence test (Holm-corrected) says so; else undetermined, with "
             f"the effect these seeds could detect (power 0.8) and how many seeds would decide it (at Holm's level; "
             f"the range runs from the observed sd to its 80% upper confidence bound)."
             + (f" {floor}." if floor else "") + recomputed)

@@ -25,14 +25,11 @@ def transfer_share(value, signed: bool = True) -> str:
     return "-" if value is None else f"{100 * value:{'+' if signed else ''}.1f}%"
 
 
-def transfer_share_ci(low, high) -> str:
-    """An interval of two fractions as percentages: ``[+1.0%, +5.2%]`` (``-`` when an end is missing)."""
-    return "-" if low is None or high is None else f"[{transfer_share(low)}, {transfer_share(high)}]"
-
-
 def transfer_change_text(row: Mapping) -> str:
-    """A gene's relative change from the baseline with its interval: '-3.1% [-5.2%, -1.0%]'."""
-    interval = transfer_share_ci(row.get("relative_change_low"), row.get("relative_change_high"))
+    """A gene's relative change from the baseline with its interval: '-3.1% [-5.2%, -1.0%]' (the
+    interval '-' when an end is missing)."""
+    low, high = row.get("relative_change_low"), row.get("relative_change_high")
+    interval = "-" if low is None or high is None else f"[{transfer_share(low)}, {transfer_share(high)}]"
     return f"{transfer_share(row.get('relative_change'))} {interval}"
 
 

@@ -19,7 +19,7 @@ from evo_attention.report.studies.common import (change_text, ci_text, compariso
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.report.studies.transfer import current_transfer
 from evo_attention.util import stats
-from evo_attention.util.format import code, fmt, markdown_table, md_cell, number
+from evo_attention.util.format import fmt, md_cell, number
 
 
 def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
@@ -176,11 +176,7 @@ def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None
 def cost_markdown(result: Mapping) -> str | None:
     """The cost table of a validation result as markdown; None for a result without costs."""
     costs = cost_table(result)
-    if not costs:
-        return None
-    headers, rows, align = costs
-    return markdown_table(headers, [[code(c) if i == 0 else c for i, c in enumerate(row)] for row in rows],
-                          align).rstrip() + "\n"
+    return None if costs is None else table_markdown(*costs, code_column=0) + "\n"  # cells hold no | or newline
 
 
 def read_studies(run_dir):
