@@ -366,6 +366,7 @@ def test_study4_tables_in_findings_md_equal_their_files_and_only_unwritten_ones_
     them; a table whose file its stages have not written yet may be absent, and no other."""
     plan = load_study(STUDY4)
     assert check_document(plan, FINDINGS) == []
+    assert (REPO / "docs" / "findings4" / "report.md").read_text(encoding="utf-8") == report(plan)  # current
     unwritten = unwritten_tables(plan)
     assert all(not (REPO / f).exists() for f, _ in unwritten)
     doc = tmp_path / "findings.md"
