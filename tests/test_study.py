@@ -432,3 +432,13 @@ def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):
     plan["vars"] = {"size": [2]}
     with pytest.raises(UserError, match="each names 'size', which is also a var of the plan"):
         load_study(_write(tmp_path / "plan.yaml", plan))
+
+
+def test_a_report_reads_stage_states_from_the_result_files_alone(tmp_path):
+    """A run folder under ``out`` (only the training machine has one) makes ``status`` say partly; the
+    report, which a fresh clone must rebuild the same, still says not started."""
+    study = load_study(_write(tmp_path / "plan.yaml", _study({"Q1": _question([_command(
+        "a", "--seeds", 2, "--seed-block", 1)])})))
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    assert "  a [command]: partly" in status(study)
+    assert "Stages: a (not started)." in report(study)

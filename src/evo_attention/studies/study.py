@@ -581,15 +581,18 @@ class Runs:
             return folder.is_dir() and any(fnmatch.fnmatch(p.name, done_glob(stage)) for p in folder.iterdir())
         return self.study.results(stage_file(stage, combo, self.env)).is_file()
 
-    def state(self, stage: Stage) -> tuple[str, int, int]:
-        """``(state, done, total)``: done, partly, not started or waiting (its sub-runs not known yet)."""
+    def state(self, stage: Stage, files_only: bool = False) -> tuple[str, int, int]:
+        """``(state, done, total)``: done, partly, not started or waiting (its sub-runs not known yet).
+        ``files_only``: from the result files alone (a report), not also from the run folders under
+        ``out``, which only the machine that trains has."""
         combos = self.combos(stage)
         if combos is None:
             return "waiting", 0, 0
         n = sum(self.done(stage, c) for c in combos)
         selection = stage.kind != "tune" or self.study.results(stage_file(stage, {}, self.env)).is_file()
         whole = n == len(combos) and selection
-        return ("done" if whole else "partly" if n or self.started(stage) else "not started"), n, len(combos)
+        begun = n or (not files_only and self.started(stage))
+        return ("done" if whole else "partly" if begun else "not started"), n, len(combos)
 
     def started(self, stage: Stage) -> bool:
         return any(self.study.out(run_dir(stage, c, self.env)).exists() for c in self.combos(stage) or []) \

@@ -395,7 +395,7 @@ def report(study: Study) -> str:
         lines += [f"## {qname}" + (f": {q['title']}" if q.get("title") else ""), ""]
         states = []
         for stage in (s for s in study.stages if s.question == qname):
-            state, n, total = runs.state(stage)
+            state, n, total = runs.state(stage, files_only=True)
             states.append(f"{stage.name} ({state}{f', {n}/{total}' if total > 1 and state != 'done' else ''})")
         lines += ["Stages: " + ", ".join(states) + ".", ""]
         for _, t in ((n, t) for n, t in _tables(study) if n == qname):
