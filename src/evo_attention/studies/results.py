@@ -316,7 +316,8 @@ def check_rule(rule, bar) -> None:
 def rediscovered(searches: list[dict], rule: list, bar: float, solve_at: float | None = None) -> dict:
     """Per strategy: the searches for which one alternative of ``rule`` holds in full, the count with
     its exact interval and the verdict against ``bar``: ``above`` when the interval lies above it,
-    ``below`` when it lies below, else ``undetermined``."""
+    ``below`` when it lies below, else ``undetermined``. Each search dict gains ``rediscovered`` (its
+    row of the written file says whether it counts)."""
     check_rule(rule, bar)
     out = {}
     for s in searches:
