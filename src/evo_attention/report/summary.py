@@ -232,38 +232,41 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
     has best and mean None. Genes in ``infeasible`` (keys of genes over a cap) are neither best nor
     in the mean.
     """
-    def members(records: list[Mapping], recorded: list | None) -> list[tuple]:
+    history = []
+    best_so_far: float | None = None
+    for generation, records, recorded in _generations(table, search):
         if recorded is not None:
-            return [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded]
-        return [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
+            members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded]
+        else:
+            members = [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
+        finite = sorted((p, k) for k, p in members if p is not None and k not in infeasible)
+        best_ppl, best_gene = finite[0] if finite else (None, None)
+        if best_ppl is not None and (best_so_far is None or best_ppl < best_so_far):
+            best_so_far = best_ppl
+        history.append({
+            "generation": generation,
+            "best_perplexity": best_ppl,
+            "mean_perplexity": _mean(p for p, _ in finite),
+            "best_gene": best_gene,
+            "n_members": len(members),
+            "n_evaluated": len(records),
+            "n_failed": sum(1 for r in records if failed(r)),
+            "best_so_far": best_so_far,
+            "complete": recorded is not None,
+        })
+    return history
 
-    return [{"generation": generation, "best_perplexity": finite[0][0] if finite else None,
-             "mean_perplexity": _mean(p for p, _ in finite), "best_gene": finite[0][1] if finite else None,
-             "n_members": len(pairs), "n_evaluated": len(records), "n_failed": sum(1 for r in records if failed(r)),
-             "best_so_far": best_so_far, "complete": complete}
-            for generation, records, complete, pairs, finite, best_so_far
-            in _told_history(table, search, members, infeasible)]
 
-
-def _told_history(table: list[dict], rows: Iterable[Mapping], members, infeasible=frozenset()) -> Iterable[tuple]:
-    """Per generation of ``table`` or of ``rows`` (records or suite rows with a generation), in order:
-    ``(generation, its rows, complete, its members, the finite ones best first, the best so far)``.
-    ``members(its rows, its members in the generations table or None while in progress)`` gives (gene,
-    told value or None) pairs; told values are minimised. The finite ones are (value, gene) pairs of
-    genes not in ``infeasible``; the best so far is the lowest finite told value up to the generation."""
+def _generations(table: list[dict], rows: Iterable[Mapping]) -> Iterable[tuple[int, list, list | None]]:
+    """``(generation, its rows, its members in the generations table or None while in progress)`` for
+    every generation of ``table`` or of ``rows`` (records or suite rows with a generation), in order."""
     recorded = {g["generation"]: g["members"] for g in table}
     evaluated: dict[int, list[Mapping]] = {}
     for row in rows:
         if row.get("generation") is not None:
             evaluated.setdefault(int(row["generation"]), []).append(row)
-    best_so_far = None
     for generation in sorted(set(recorded) | set(evaluated)):
-        mine, population = evaluated.get(generation, []), recorded.get(generation)
-        pairs = members(mine, population)
-        finite = sorted((v, k) for k, v in pairs if v is not None and k not in infeasible)
-        if finite and (best_so_far is None or finite[0][0] < best_so_far):
-            best_so_far = finite[0][0]
-        yield generation, mine, population is not None, pairs, finite, best_so_far
+        yield generation, evaluated.get(generation, []), recorded.get(generation)
 
 
 def objectives_of(config: Mapping) -> list[str]:
@@ -398,19 +401,23 @@ def suite_history(table: list[dict], suite: Mapping) -> list[dict]:
     ``best_perplexity`` and ``mean_perplexity`` (None). A recorded generation is described by its
     population (the strategy was told minus each member's suite accuracy), one in progress by the
     genes trained in it so far."""
-    def members(rows: list[Mapping], recorded: list | None) -> list[tuple]:  # told: minus the suite accuracy
+    history, best_so_far = [], None
+    for generation, rows, recorded in _generations(table, suite["genes"]):
         if recorded is not None:
-            return [(str(m["gene"]), None if finite_or_none(m["perplexity"]) is None else m["perplexity"])
-                    for m in recorded]
-        return [(r["gene"], None if r["suite_accuracy"] is None else -r["suite_accuracy"])
-                for r in rows if not r["all_failed"]]
-
-    return [{"generation": generation, "best_suite_accuracy": -finite[0][0] if finite else None,
-             "mean_suite_accuracy": _mean(-a for a, _ in finite), "best_so_far": None if best is None else -best,
-             "best_gene": finite[0][1] if finite else None, "n_members": len(pairs), "n_evaluated": len(rows),
-             "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": complete,
-             "best_perplexity": None, "mean_perplexity": None}
-            for generation, rows, complete, pairs, finite, best in _told_history(table, suite["genes"], members)]
+            members = [(str(m["gene"]), None if finite_or_none(m["perplexity"]) is None else -m["perplexity"])
+                       for m in recorded]
+        else:
+            members = [(r["gene"], r["suite_accuracy"]) for r in rows if not r["all_failed"]]
+        finite = sorted((-a, k) for k, a in members if a is not None)
+        best, best_gene = (-finite[0][0], finite[0][1]) if finite else (None, None)
+        if best is not None and (best_so_far is None or best > best_so_far):
+            best_so_far = best
+        history.append({"generation": generation, "best_suite_accuracy": best,
+                        "mean_suite_accuracy": _mean(-a for a, _ in finite), "best_so_far": best_so_far,
+                        "best_gene": best_gene, "n_members": len(members), "n_evaluated": len(rows),
+                        "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": recorded is not None,
+                        "best_perplexity": None, "mean_perplexity": None})
+    return history
 
 
 def _suite_ranking(suite: Mapping) -> list[dict]:

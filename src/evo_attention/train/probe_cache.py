@@ -131,7 +131,7 @@ def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[]
             if not keep(entry):  # this process's alone (and its run's, which pins it)
                 _USED[path.name] = entry
                 return entry, False
-            found = _write(path, entry)[0]
+            found = _write(path, entry)
     _USED[path.name] = found
     return found, True
 
@@ -174,33 +174,43 @@ def expired(entry: dict, now: float | None = None) -> bool:
     return ((time.time() if now is None else now) - measured) > MAX_AGE_DAYS * 86400
 
 
-def _write(path: Path, entry: dict, *, once: bool = False) -> tuple[dict, bool]:
-    """Write ``entry`` (stamped with ``measured_at``) to ``path`` in one step: replacing the file
-    (the caller holds the lock; a directory that cannot be written is reported once), or with
-    ``once`` creating it unless it exists. The entry, and whether the file holds an answer now."""
+def _write(path: Path, entry: dict) -> dict:
+    """Write ``entry`` (stamped with ``measured_at``) to ``path`` in one step (the caller holds the
+    lock); the entry written."""
     entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
-        (os.link if once else os.replace)(tmp, path)  # a link is atomic, and fails where another process was first
-    except FileExistsError:
-        pass
+        os.replace(tmp, path)
     except OSError as exc:
-        if not once:  # once: no cache here, this process keeps its own answer
-            _unwritable(path, exc)
-        return entry, False
+        _unwritable(path, exc)
     finally:
-        with suppress(OSError):
+        try:
             tmp.unlink()
-    return entry, True
+        except OSError:
+            pass
+    return entry
 
 
 def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> dict:
     """Create ``path`` holding ``entry`` (stamped with ``measured_at``) unless it exists; the entry
     the file holds afterwards."""
-    entry, written = _write(path, entry, once=True)
-    return (read_probe(path, valid) if written else None) or entry
+    entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+        os.link(tmp, path)  # atomic, and fails where another process was first
+    except FileExistsError:
+        pass
+    except OSError:
+        return entry  # no cache here: this process keeps its own answer
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+    return read_probe(path, valid) or entry
 
 
 PROBE_KINDS = ("precision", "batch-models", "matmul-peak")
