@@ -442,3 +442,15 @@ def test_a_report_reads_stage_states_from_the_result_files_alone(tmp_path):
     (tmp_path / "runs" / "a").mkdir(parents=True)
     assert "  a [command]: partly" in status(study)
     assert "Stages: a (not started)." in report(study)
+
+
+def test_a_done_file_inside_a_sub_folder_marks_its_run_done(tmp_path):
+    """``done: hf-model/result.json`` (study 4's export stage) names a file one folder down: the run is
+    done once that file is in the results, not before (a name alone would never match it)."""
+    stage = _command("a", "--seeds", 2, "--seed-block", 1, done="hf-model/result.json")
+    study = load_study(_write(tmp_path / "plan.yaml", _study({"Q1": _question([stage])})))
+    runs, stage = Runs(study), study.stages[0]
+    (tmp_path / "results" / "a" / "hf-model").mkdir(parents=True)
+    assert runs.state(stage, files_only=True) == ("not started", 0, 1)
+    (tmp_path / "results" / "a" / "hf-model" / "result.json").write_text("{}")
+    assert runs.state(stage, files_only=True) == ("done", 1, 1)

@@ -82,3 +82,25 @@ def test_every_program_study4_reports_loads_from_its_key_trains_and_exports_both
         with torch.no_grad():
             new = llama.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         assert new.shape[1] == len(prompt) + 3, key
+
+
+@pytest.mark.parametrize("short_conv, positions", [(3, 13), (0, 9)])
+def test_study4s_discovery_reads_only_the_last_positions_of_its_window(short_conv, positions):
+    """docs/findings.md reads climb 402's program as attention-free local mixing: the output at the last of
+    64 positions of a two-layer model depends on the last 13 inputs with E2's width-3 short convolution
+    (shift: 1 back, dconv4: 3 back, the short convolution 2 back, per layer) and on the last 9 without it.
+    Random weights, so that no convolution tap is zero as at its initialisation."""
+    torch.manual_seed(0)
+    model = TinyTransformer(ModelSpec(vocab_size=16, d_model=16, n_heads=2, n_layers=2, max_seq_len=64,
+                                      dropout=0.0, short_conv=short_conv),
+                            ["dot|softmax|none|fixed|bias|0.10|prog=o(dconv4(sgate(shift(v))))"] * 2).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    embedding = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.num_embeddings == 16)
+    inputs = embedding(torch.randint(0, 16, (1, 64))).detach().requires_grad_(True)
+    hook = embedding.register_forward_hook(lambda *_: inputs)
+    model(torch.zeros(1, 64, dtype=torch.long))[0, -1].sum().backward()
+    hook.remove()
+    read = (inputs.grad[0].abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert read == list(range(64 - positions, 64))

@@ -32,7 +32,6 @@ times follow ``studies.plan``'s rule (an ISO time, never in the future).
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import re
@@ -578,7 +577,7 @@ class Runs:
     def done(self, stage: Stage, combo: dict) -> bool:
         if stage.trains:
             folder = self.study.results(run_dir(stage, combo, self.env))
-            return folder.is_dir() and any(fnmatch.fnmatch(p.name, done_glob(stage)) for p in folder.iterdir())
+            return folder.is_dir() and any(folder.glob(done_glob(stage)))  # a glob may name a sub-folder's file
         return self.study.results(stage_file(stage, combo, self.env)).is_file()
 
     def state(self, stage: Stage, files_only: bool = False) -> tuple[str, int, int]:

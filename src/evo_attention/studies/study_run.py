@@ -11,7 +11,6 @@ result file is in the results folder, a computed stage when its file is.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import re
 import shutil
@@ -119,7 +118,7 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
         if runs.done(stage, combo):
             continue
         for c, argv, target in commands(study, runs, stage, combo, gpu):
-            if c["done"] and target.is_dir() and any(fnmatch.fnmatch(p.name, c["done"]) for p in target.iterdir()):
+            if c["done"] and target.is_dir() and any(target.glob(c["done"])):
                 continue  # finished before a kill: its store and files are there
             if c["done"] is None and argv[0] == "export" and target.exists():
                 continue
@@ -137,7 +136,7 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
         means, lower = {}, True
         for combo in runs.combos(stage):
             folder = study.results(run_dir(stage, combo, runs.env))
-            payload = read_json(next(p for p in sorted(folder.iterdir()) if fnmatch.fnmatch(p.name, done_glob(stage))))
+            payload = read_json(sorted(folder.glob(done_glob(stage)))[0])
             means[combo["rate"]], lower = payload["baseline"]["mean"], payload.get("lower_is_better", True)
         write_result(study.results(stage_file(stage, {}, runs.env)), res.select_rate(means, lower))
 
@@ -153,8 +152,8 @@ def _collect(study: Study, stage: Stage, combo: dict, env: dict) -> None:
              and not SKIP_DIRS & set(p.relative_to(source).parts[:-1])
              and p.name not in ("vocab.json", "tokenizer.json")
              and p.stat().st_size < 2_000_000]
-    glob = done_glob(stage)
-    for p in sorted(files, key=lambda p: fnmatch.fnmatch(p.name, glob) and p.parent == source):
+    done = set(source.glob(done_glob(stage)))
+    for p in sorted(files, key=lambda p: p in done):
         target = dest / p.relative_to(source)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, target)
