@@ -174,42 +174,47 @@ def expired(entry: dict, now: float | None = None) -> bool:
     return ((time.time() if now is None else now) - measured) > MAX_AGE_DAYS * 86400
 
 
-def _write(path: Path, entry: dict) -> dict:
-    """Write ``entry`` (stamped with ``measured_at``) to ``path`` in one step (the caller holds the
-    lock); the entry written."""
-    entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
+def _stamped(entry: dict) -> dict:
+    return {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
+
+
+@contextmanager
+def _temporary(path: Path, entry: dict):
+    """``entry`` written to a temporary file beside ``path``, removed afterwards whatever happened: a
+    file that appears at ``path`` in one step (``os.replace`` or ``os.link``) is whole."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        yield tmp
+    finally:
+        with suppress(OSError):
+            tmp.unlink()
+
+
+def _write(path: Path, entry: dict) -> dict:
+    """Write ``entry`` (stamped with ``measured_at``) to ``path`` in one step (the caller holds the
+    lock); the entry written."""
+    entry = _stamped(entry)
+    try:
+        with _temporary(path, entry) as tmp:
+            os.replace(tmp, path)
     except OSError as exc:
         _unwritable(path, exc)
-    finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
     return entry
 
 
 def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> dict:
     """Create ``path`` holding ``entry`` (stamped with ``measured_at``) unless it exists; the entry
     the file holds afterwards."""
-    entry = {**entry, "measured_at": entry.get("measured_at", round(time.time()))}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    entry = _stamped(entry)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
-        os.link(tmp, path)  # atomic, and fails where another process was first
+        with _temporary(path, entry) as tmp:
+            os.link(tmp, path)  # atomic, and fails where another process was first
     except FileExistsError:
         pass
     except OSError:
         return entry  # no cache here: this process keeps its own answer
-    finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
     return read_probe(path, valid) or entry
 
 
