@@ -454,3 +454,41 @@ def test_a_done_file_inside_a_sub_folder_marks_its_run_done(tmp_path):
     assert runs.state(stage, files_only=True) == ("not started", 0, 1)
     (tmp_path / "results" / "a" / "hf-model" / "result.json").write_text("{}")
     assert runs.state(stage, files_only=True) == ("done", 1, 1)
+
+
+def test_a_store_that_is_not_on_this_machine_is_rebuilt_by_its_search_and_must_equal_its_results(tmp_path):
+    """A fresh clone has the results, not the stores: a stage that reads an earlier search's store
+    (``validate --from-run {out:s}``) first runs that search again with its seeds; the rebuilt
+    trainings equal the committed ones, or the stage stops and says where they differ."""
+    search = ["search", "--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32",
+              "--steps", "2", "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--strategy",
+              "climb", "--start-from", "vanilla", "--population", "2", "--generations", "2", "--elite", "1",
+              "--keep-models", "0", "--no-check", "--seed", 1, "--quiet", "--out", "{out}"]
+    later = ["validate", "--from-run", "{out:s}", "--top", 1, "--seeds", 2, "--seed-block", 2, "--quiet",
+             "--out", "{out}"]
+    questions = {"Q1": _question([{"name": "s", "command": search}], search_seeds=[1]),
+                 "Q2": _question([{"name": "v", "command": later}], blocks=(2,))}
+    questions["Q1"]["sources"] = {"v": "s/final_results.json"}
+    path = _committed(tmp_path, _study(questions))
+    register(load_study(path))
+    assert run_study(load_study(path), stages=["s"], log=lambda line: None) == ["s"]
+    committed = (tmp_path / "results" / "s" / "evaluations.csv").read_text()
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")  # another machine: the results only
+    said = []
+    assert run_study(load_study(path), stages=["v"], log=said.append) == ["v"]
+    n = len(committed.splitlines()) - 1
+    assert n >= 3 and f"  rebuilt s: its {n} trainings equal the committed ones" in said
+    assert (tmp_path / "results" / "v" / "validation.json").is_file()
+    assert (tmp_path / "results" / "s" / "evaluations.csv").read_text() == committed  # the results untouched
+    # a committed value the trainings do not repeat: the stage stops, naming the run
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "results" / "v" / "validation.json").unlink()
+    lines = committed.splitlines()
+    header = lines[0].split(",")
+    row = lines[1].split(",")
+    row[header.index("val_loss")] = "9.0"
+    (tmp_path / "results" / "s" / "evaluations.csv").write_text("\n".join([lines[0], ",".join(row), *lines[2:]]))
+    with pytest.raises(UserError, match="the rebuilt store of s differs from its committed evaluations"):
+        run_study(load_study(path), stages=["v"], log=lambda line: None)

@@ -6,11 +6,18 @@ report, from the result files alone; and the check of a document's generated tab
 passes its own ``main`` (one process); the default starts ``python -m evo_attention.cli``. Every
 command resumes from its run store, so a killed run trains nothing twice; a sub-run is done when its
 result file is in the results folder, a computed stage when its file is.
+
+The stores stay on the machine that trained (only the results are committed). A stage that reads an
+earlier run's store (``{out:STAGE}``, e.g. ``validate --from-run``) on a machine without it first
+rebuilds it: that run's search commands again, the same seeds, so the same trainings; the rebuilt
+evaluations must equal the committed ones, value for value, or the stage stops (never a silent
+substitute).
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import re
 import shutil
@@ -65,7 +72,9 @@ def _cuda() -> bool:
         return False
 
 
-def _resolver(study: Study, runs: Runs, combo: dict):
+def _resolver(study: Study, runs: Runs, combo: dict, reads: list | None = None):
+    """``{kind:stage}`` references; each other run's store read through ``{out:stage}`` is added to
+    ``reads`` as (stage, its combo)."""
     def resolve(kind: str, target: str) -> str:
         stage = study.stage(target)
         if runs.state(stage)[0] != "done" and kind != "out":
@@ -73,6 +82,8 @@ def _resolver(study: Study, runs: Runs, combo: dict):
         other = runs.match(stage, combo) if stage.spec.get("each") else {}
         edge = study.raw.get("edge_rule", "refuse")
         if kind == "out":
+            if reads is not None and stage.trains:
+                reads.append((stage, other))
             return study.rel(study.raw["out"], run_dir(stage, other, runs.env))
         if kind == "results":
             name = run_dir(stage, other, runs.env) if stage.trains else stage_file(stage, other, runs.env)
@@ -96,12 +107,14 @@ def _resolver(study: Study, runs: Runs, combo: dict):
     return resolve
 
 
-def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = False) -> list[tuple[dict, list, Path]]:
+def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = False,
+             reads: list | None = None) -> list[tuple[dict, list, Path]]:
     """The ``evo-attention`` command lines of one sub-run of a training stage (with the plan's
-    gpu_flags on a ``device: gpu`` stage where ``gpu``), each with its command's entry."""
+    gpu_flags on a ``device: gpu`` stage where ``gpu``), each with its command's entry; the other
+    runs whose stores they read are added to ``reads``."""
     env = {**runs.env, **combo}
     env["out"] = own = study.rel(study.raw["out"], run_dir(stage, combo, runs.env))
-    resolve = _resolver(study, runs, combo)
+    resolve = _resolver(study, runs, combo, reads)
     device = substitute(str(stage.spec.get("device", "cpu")), env)
     out = []
     for c in stage_commands(stage):
@@ -117,7 +130,11 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
     for combo in runs.combos(stage):
         if runs.done(stage, combo):
             continue
-        for c, argv, target in commands(study, runs, stage, combo, gpu):
+        reads: list = []
+        lines = commands(study, runs, stage, combo, gpu, reads)
+        for other, other_combo in reads:
+            _rebuild(study, runs, other, other_combo, command, log)
+        for c, argv, target in lines:
             if c["done"] and target.is_dir() and any(target.glob(c["done"])):
                 continue  # finished before a kill: its store and files are there
             if c["done"] is None and argv[0] == "export" and target.exists():
@@ -139,6 +156,49 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             payload = read_json(sorted(folder.glob(done_glob(stage)))[0])
             means[combo["rate"]], lower = payload["baseline"]["mean"], payload.get("lower_is_better", True)
         write_result(study.results(stage_file(stage, {}, runs.env)), res.select_rate(means, lower))
+
+
+# what a training's record holds that the same trial gives again anywhere (times and ids do not)
+SAME = ("role", "generation", "gene", "seed", "status", "steps", "val_loss", "val_perplexity", "eval_tokens")
+
+
+def _rebuild(study: Study, runs: Runs, stage: Stage, combo: dict, command, log) -> None:
+    """The store of a done run of ``stage`` that is not on this machine (a fresh clone has the
+    results, not the stores), rebuilt by its search commands; its evaluations must equal the
+    committed ones on ``SAME`` (trainings in any order), else a UserError says where they differ."""
+    rel = run_dir(stage, combo, runs.env)
+    folder = study.out(rel)
+    if (folder / "run.db").exists() or not runs.done(stage, combo):
+        return
+    searches = [(argv, target) for c, argv, target in commands(study, runs, stage, combo) if argv[0] == "search"]
+    committed = study.results(rel) / "evaluations.csv"
+    if not searches or not committed.is_file():
+        raise UserError(f"the store of stage {stage.name}'s run {rel} is not on this machine and no search of the "
+                        f"stage with its committed evaluations.csv rebuilds it: run the study where it was trained")
+    log(f"  the store of {rel} is not on this machine: its search again, the same seeds (the same trainings)")
+    for argv, target in searches:
+        if (target / "run.db").exists() and "--resume" not in argv:
+            argv.insert(1, "--resume")  # a rebuild killed part way resumes
+        log(f"  evo-attention {' '.join(argv)}")
+        code = command(argv)
+        if code == 130:
+            raise KeyboardInterrupt
+        if code:
+            raise UserError(f"rebuilding the store of {rel}: `evo-attention {' '.join(argv[:2])} ...` ended with "
+                            f"status {code}; fix the cause and run the study again")
+    rebuilt = [target / "evaluations.csv" for _, target in searches]
+
+    def rows(path: Path) -> list:
+        with open(path, newline="") as f:
+            return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f))
+
+    old, new = rows(committed), sorted(r for p in rebuilt if p.is_file() for r in rows(p))
+    if old != new:
+        diff = next((f"{a} against {b}" for a, b in zip(old, new) if a != b), f"{len(old)} against {len(new)} rows")
+        raise UserError(f"the rebuilt store of {rel} differs from its committed evaluations ({', '.join(SAME)}: "
+                        f"{diff}): its trainings do not repeat on this machine; the stages that read it need the "
+                        "machine that trained it, or the stage again from its start (remove its results)")
+    log(f"  rebuilt {rel}: its {len(new)} trainings equal the committed ones")
 
 
 def _collect(study: Study, stage: Stage, combo: dict, env: dict) -> None:
