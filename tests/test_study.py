@@ -482,6 +482,14 @@ def test_a_store_that_is_not_on_this_machine_is_rebuilt_by_its_search_and_must_e
     assert n >= 3 and f"  rebuilt s: its {n} trainings equal the committed ones" in said
     assert (tmp_path / "results" / "v" / "validation.json").is_file()
     assert (tmp_path / "results" / "s" / "evaluations.csv").read_text() == committed  # the results untouched
+    # a rebuild killed before its search ended (the store there, its result not yet): it resumes
+    trained = _trainings(tmp_path / "runs" / "s")
+    (tmp_path / "runs" / "s" / "final_results.json").unlink()
+    shutil.rmtree(tmp_path / "results" / "v")
+    said.clear()
+    assert run_study(load_study(path), stages=["v"], log=said.append) == ["v"]
+    assert any(" search --resume " in line for line in said) and f"  rebuilt s: its {n} trainings equal the committed ones" in said
+    assert _trainings(tmp_path / "runs" / "s") == trained  # none again: v's are in s's store too
     # a committed value the trainings do not repeat: the stage stops, naming the run
     shutil.rmtree(tmp_path / "runs")
     (tmp_path / "results" / "v" / "validation.json").unlink()
@@ -490,5 +498,5 @@ def test_a_store_that_is_not_on_this_machine_is_rebuilt_by_its_search_and_must_e
     row = lines[1].split(",")
     row[header.index("val_loss")] = "9.0"
     (tmp_path / "results" / "s" / "evaluations.csv").write_text("\n".join([lines[0], ",".join(row), *lines[2:]]))
-    with pytest.raises(UserError, match="the rebuilt store of s differs from its committed evaluations"):
+    with pytest.raises(UserError, match="the store of s differs from its committed evaluations"):
         run_study(load_study(path), stages=["v"], log=lambda line: None)

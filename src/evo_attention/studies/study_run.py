@@ -139,15 +139,7 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
                 continue  # finished before a kill: its store and files are there
             if c["done"] is None and argv[0] == "export" and target.exists():
                 continue
-            if argv[0] == "search" and (target / "run.db").exists() and "--resume" not in argv:
-                argv.insert(1, "--resume")
-            log(f"  evo-attention {' '.join(argv)}")
-            code = command(argv)
-            if code == 130:
-                raise KeyboardInterrupt
-            if code:
-                raise UserError(f"stage {stage.name}: `evo-attention {' '.join(argv[:2])} ...` ended with status "
-                                f"{code}; its finished trainings are kept: fix the cause and run the study again")
+            _call(command, argv, target, log, f"stage {stage.name}")
         _collect(study, stage, combo, runs.env)
     if stage.kind == "tune":
         means, lower = {}, True
@@ -158,47 +150,61 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
         write_result(study.results(stage_file(stage, {}, runs.env)), res.select_rate(means, lower))
 
 
+def _call(command, argv: list, target: Path, log, where: str) -> None:
+    """One command (a search whose store is there resumes it); a failure stops the run in one line."""
+    if argv[0] == "search" and (target / "run.db").exists() and "--resume" not in argv:
+        argv.insert(1, "--resume")
+    log(f"  evo-attention {' '.join(argv)}")
+    code = command(argv)
+    if code == 130:
+        raise KeyboardInterrupt
+    if code:
+        raise UserError(f"{where}: `evo-attention {' '.join(argv[:2])} ...` ended with status {code}; its finished "
+                        "trainings are kept: fix the cause and run the study again")
+
+
 # what a training's record holds that the same trial gives again anywhere (times and ids do not)
 SAME = ("role", "generation", "gene", "seed", "status", "steps", "val_loss", "val_perplexity", "eval_tokens")
 
 
 def _rebuild(study: Study, runs: Runs, stage: Stage, combo: dict, command, log) -> None:
-    """The store of a done run of ``stage`` that is not on this machine (a fresh clone has the
-    results, not the stores), rebuilt by its search commands; its evaluations must equal the
-    committed ones on ``SAME`` (trainings in any order), else a UserError says where they differ."""
+    """The store of a done run of ``stage`` that a later stage reads: where its searches did not
+    finish on this machine (a fresh clone has the results, not the stores), they run again (or
+    resume); either way its evaluations must equal the committed ones on ``SAME`` (trainings in
+    any order), else a UserError says where they differ."""
     rel = run_dir(stage, combo, runs.env)
-    folder = study.out(rel)
-    if (folder / "run.db").exists() or not runs.done(stage, combo):
+    if not runs.done(stage, combo):
         return
-    searches = [(argv, target) for c, argv, target in commands(study, runs, stage, combo) if argv[0] == "search"]
+    searches = [(c, argv, target) for c, argv, target in commands(study, runs, stage, combo) if argv[0] == "search"]
     committed = study.results(rel) / "evaluations.csv"
     if not searches or not committed.is_file():
+        if (study.out(rel) / "run.db").exists():
+            return  # nothing committed to hold it to: the store that trained it
         raise UserError(f"the store of stage {stage.name}'s run {rel} is not on this machine and no search of the "
                         f"stage with its committed evaluations.csv rebuilds it: run the study where it was trained")
-    log(f"  the store of {rel} is not on this machine: its search again, the same seeds (the same trainings)")
-    for argv, target in searches:
-        if (target / "run.db").exists() and "--resume" not in argv:
-            argv.insert(1, "--resume")  # a rebuild killed part way resumes
-        log(f"  evo-attention {' '.join(argv)}")
-        code = command(argv)
-        if code == 130:
-            raise KeyboardInterrupt
-        if code:
-            raise UserError(f"rebuilding the store of {rel}: `evo-attention {' '.join(argv[:2])} ...` ended with "
-                            f"status {code}; fix the cause and run the study again")
-    rebuilt = [target / "evaluations.csv" for _, target in searches]
+    ran = False
+    for c, argv, target in searches:
+        if not any(target.glob(c["done"])):
+            if not ran:
+                log(f"  the store of {rel} is not on this machine: its search again, the same seeds")
+            _call(command, argv, target, log, f"rebuilding the store of {rel}")
+            ran = True
 
-    def rows(path: Path) -> list:
+    def rows(path: Path, roles=None) -> list:
         with open(path, newline="") as f:
-            return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f))
+            return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f) if not roles or r["role"] in roles)
 
-    old, new = rows(committed), sorted(r for p in rebuilt if p.is_file() for r in rows(p))
+    old = rows(committed)  # the search's roles (a later validation's trainings join the store, not the file)
+    roles = {r[0] for r in old}
+    new = sorted(r for _, _, target in searches if (target / "evaluations.csv").is_file()
+                 for r in rows(target / "evaluations.csv", roles))
     if old != new:
         diff = next((f"{a} against {b}" for a, b in zip(old, new) if a != b), f"{len(old)} against {len(new)} rows")
-        raise UserError(f"the rebuilt store of {rel} differs from its committed evaluations ({', '.join(SAME)}: "
-                        f"{diff}): its trainings do not repeat on this machine; the stages that read it need the "
-                        "machine that trained it, or the stage again from its start (remove its results)")
-    log(f"  rebuilt {rel}: its {len(new)} trainings equal the committed ones")
+        raise UserError(f"the store of {rel} differs from its committed evaluations ({', '.join(SAME)}: {diff}): "
+                        "its trainings do not repeat on this machine; the stages that read it need the machine that "
+                        "trained it, or the stage again from its start (remove its results)")
+    if ran:
+        log(f"  rebuilt {rel}: its {len(new)} trainings equal the committed ones")
 
 
 def _collect(study: Study, stage: Stage, combo: dict, env: dict) -> None:
