@@ -192,7 +192,8 @@ def _rebuild(study: Study, runs: Runs, stage: Stage, combo: dict, command, log) 
 
     def rows(path: Path, roles=None) -> list:
         with open(path, newline="") as f:
-            return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f) if not roles or r["role"] in roles)
+            return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f)
+                          if not roles or r["role"] in roles)
 
     old = rows(committed)  # the search's roles (a later validation's trainings join the store, not the file)
     roles = {r[0] for r in old}
