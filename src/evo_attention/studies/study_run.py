@@ -195,7 +195,7 @@ def _rebuild(study: Study, runs: Runs, stage: Stage, combo: dict, command, log) 
             return sorted(tuple(r.get(k, "") for k in SAME) for r in csv.DictReader(f)
                           if not roles or r["role"] in roles)
 
-    old = rows(committed)  # the search's roles (a later validation's trainings join the store, not the file)
+    old = rows(committed)  # on the search's roles: a later validation's trainings join the store (and its file)
     roles = {r[0] for r in old}
     new = sorted(r for _, _, target in searches if (target / "evaluations.csv").is_file()
                  for r in rows(target / "evaluations.csv", roles))
