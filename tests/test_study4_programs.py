@@ -1,7 +1,8 @@
 """Every program study 4 reports loads from its committed key, trains and exports both ways.
 
 The programs are read from study 4's committed result files (docs/findings4): each search's
-winner (``final_results.json``) and every gene of a plan the study wrote (``plans/*.yaml``). Each is
+winner (``final_results.json``), every gene a validation trained (``validation*.json``: E4's top 5 of each
+climb among them) and every gene of a plan the study wrote (``plans/*.yaml``). Each is
 parsed from its key, built into a tiny two-layer model, trained a few steps, exported with
 ``export_hf`` (loaded back with ``AutoModelForCausalLM`` from the directory and generating as the
 library's model does) and installed as a transformers attention function (``--format hf-attention``)
@@ -32,6 +33,7 @@ TEXT = "".join(f"the {a} sat on the {b} , and a {b} ran to the {a} .\n"
 
 def reported() -> list[str]:
     genes = [json.loads(p.read_text())["top_5"][0]["gene"] for p in sorted(RESULTS.rglob("final_results.json"))]
+    genes += [g["gene"] for p in sorted(RESULTS.rglob("validation*.json")) for g in json.loads(p.read_text())["genes"]]
     for plan in sorted((RESULTS / "plans").glob("*.yaml")):
         genes += [g.split("|lr=")[0] for g in yaml.safe_load(plan.read_text())["comparisons"]]
     return [g for g in dict.fromkeys(genes) if "prog=" in g]

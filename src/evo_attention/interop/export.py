@@ -42,6 +42,7 @@ Contract:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import sys
@@ -104,13 +105,13 @@ def _absolute(node: ast.ImportFrom, name: str) -> str:
     return importlib.util.resolve_name("." * node.level + (node.module or ""), package)
 
 
-def _library_imports(name: str, tree: ast.Module) -> set[str]:
+def _library_imports(name: str, text: str) -> set[str]:
     """The library modules that module ``name`` imports anywhere (lazily too: what ships must
     import nothing outside it). A name imported from a package's ``__init__`` cannot be shipped (the
     shipped ``__init__`` files are docstrings only), nor can an ``import evo_attention...`` statement
     be made relative: both are UserErrors naming the module and line."""
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node, _ in _import_statements(text):
         if isinstance(node, ast.Import) and any(_in_library(a.name) for a in node.names):
             raise UserError(f"{name} (line {node.lineno}) imports the library with 'import': an export ships modules "
                             f"whose library imports read 'from {LIBRARY}... import ...'; write it that way")
@@ -148,7 +149,7 @@ def shipped_modules(roots: Iterable[str]) -> list[str]:
         if not _in_library(name) or _spec(name) is None or _is_package(name):
             raise UserError(f"{name!r} is not a module of {LIBRARY}: name modules such as {ATTENTION_ROOTS[0]!r}")
         seen.add(name)
-        todo.extend(_library_imports(name, ast.parse(_library_text(name))) - seen)
+        todo.extend(_library_imports(name, _library_text(name)) - seen)
     return sorted(seen)
 
 
@@ -183,7 +184,7 @@ def relative_imports(name: str, text: str, *, flat: bool = False) -> str:
     dots = "." * name.count(".")  # from the module's package up to the library's root
     lines = text.splitlines(keepends=True)
     nodes = []
-    for node in ast.walk(ast.parse(text)):
+    for node, _ in _import_statements(text):
         if not isinstance(node, ast.ImportFrom):
             continue
         if flat and node.level and _in_library(_absolute(node, name)):
@@ -278,7 +279,7 @@ def _defined_in(package: str, name: str) -> tuple[str, str] | None:
     ``__init__`` defines itself (or imports from outside the library)."""
     if _spec(f"{package}.{name}") is not None:  # a module of the package
         return package, name
-    for node in ast.walk(ast.parse(_library_text(package))):
+    for node, _ in _import_statements(_library_text(package)):
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if (alias.asname or alias.name) == name:
@@ -303,7 +304,7 @@ def _plugin_imports(module: str, text: str, used_for: str = "") -> tuple[str, se
 
     lines = text.splitlines(keepends=True)
     edits, imported = [], set()
-    for node in ast.walk(ast.parse(text)):
+    for node, _ in _import_statements(text):
         if isinstance(node, ast.Import) and any(_in_library(a.name) for a in node.names):
             raise refuse(f"line {node.lineno} imports the library with 'import': write 'from {LIBRARY}... import ...'")
         if not isinstance(node, ast.ImportFrom):
@@ -372,6 +373,16 @@ def plugin_source(module: str, *, flat: bool = False, used_for: str = "") -> Shi
     return ShippedPlugin(module, f"{PLUGINS}.{name}", f"{PLUGINS}/{name}.py", text, frozenset(needed))
 
 
+@functools.lru_cache(maxsize=1024)
+def _import_statements(text: str) -> tuple[tuple[ast.Import | ast.ImportFrom, str], ...]:
+    """Every import statement of source ``text``, in ``ast.walk`` order, with the name of the innermost
+    function around it ("" at a module's top level). Parsed once per text: an export reads the same
+    library files many times, and a process may export many models."""
+    tree = ast.parse(text)
+    scopes = {id(node): scope for node, scope in _imports_by_scope(tree)}
+    return tuple((node, scopes[id(node)]) for node in ast.walk(tree) if id(node) in scopes)
+
+
 def _imports_by_scope(tree: ast.AST, scope: str = ""):
     """(import node, name of the innermost function around it, "" at a module's top level)."""
     for node in ast.iter_child_nodes(tree):
@@ -386,7 +397,7 @@ def third_party_imports(sources: Mapping[str, str]) -> dict[str, dict[str, set[s
     {package: {path: names of the functions importing it when they run, "" for a top-level import}}."""
     found: dict[str, dict[str, set[str]]] = {}
     for path, text in sources.items():
-        for node, scope in _imports_by_scope(ast.parse(text)):
+        for node, scope in _import_statements(text):
             if isinstance(node, ast.ImportFrom):
                 names = [] if node.level else [node.module]
             else:
