@@ -1353,13 +1353,6 @@ DEFAULT_MARGIN = 0.01
 LOG_SCALE_METRICS = ("val_perplexity", "bits_per_byte", "bits_per_char")
 # how a study's comparisons are computed; a result without this mark was made by an earlier rule
 ANALYSIS = "paired-3"
-# the marks of earlier paired rules (paired-2: the t-test decided at any n, bootstrap from 3 pairs)
-PAIRED_ANALYSES = ("paired-2", ANALYSIS)
-
-
-def is_paired_analysis(result: Mapping) -> bool:
-    """Whether ``result`` was computed by a paired rule (this one or an earlier one)."""
-    return result.get("analysis") in PAIRED_ANALYSES
 
 
 def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dict:
