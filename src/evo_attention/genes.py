@@ -923,12 +923,7 @@ def recipe_of(genome: "AttentionGene | LayerGenes | str") -> dict:
 def mechanism_of(genome: "AttentionGene | LayerGenes | str") -> "AttentionGene | LayerGenes":
     """The genome without its recipe parts: the same mechanism, trained with the run's recipe."""
     genome = AttentionGene.parse(genome)
-    if not recipe_of(genome):
-        return genome
-    cleared = dict.fromkeys(RECIPE_FIELDS)
-    if isinstance(genome, LayerGenes):
-        return LayerGenes([g.replace(**cleared) for g in genome.layers])
-    return genome.replace(**cleared)
+    return with_recipe(genome, dict.fromkeys(RECIPE_FIELDS)) if recipe_of(genome) else genome
 
 
 def with_recipe(genome: "AttentionGene | LayerGenes | str", recipe: Mapping[str, Any]) -> "AttentionGene | LayerGenes":

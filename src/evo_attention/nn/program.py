@@ -657,10 +657,7 @@ class ProgramCore(nn.Module):
                     weights = components.kernel_weights(q, k, allowed)
                     return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
                 return banded(a, b, v, run.attn.window, None, None, weigh)
-            weights = components.kernel_weights(a, b, run.allowed)
-            if run.weights is None and run.need_weights:
-                run.weights = weights
-            return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
+            return self._mix(components.kernel_weights(a, b, run.allowed), v, run, masked=True)
 
 
 class _HostCache:

@@ -95,17 +95,12 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
         figures.plot_program(best_program(summary), paths["program"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
     tables.write_component_markdown(summary, paths["component_analysis_md"])
-    markdown.write_report_md(summary, paths["report"], figure=OUTPUTS["evolution_progress"],
-                             attachments=attachments, distribution=OUTPUTS["evaluation_distribution"],
-                             curves=OUTPUTS["learning_curves"],
-                             pareto=PARETO_OUTPUT[1] if "pareto" in paths else None,
-                             suite_figure=SUITE_OUTPUT[1] if "suite" in paths else None,
-                             program_figure=PROGRAM_OUTPUT[1] if "program" in paths else None)
-    html.write_report_html(summary, paths["report_html"], attachments=attachments,
-                           figures={"evolution": paths["evolution_progress"],
-                                    "distribution": paths["evaluation_distribution"],
-                                    "curves": paths["learning_curves"],
-                                    **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}})
+    figure_paths = {"evolution": paths["evolution_progress"], "distribution": paths["evaluation_distribution"],
+                    "curves": paths["learning_curves"],
+                    **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}}
+    write_text(paths["report"], markdown.render_report(summary, attachments,
+                                                       {k: p.name for k, p in figure_paths.items()}))
+    write_text(paths["report_html"], html.render_html(summary, attachments, figure_paths))
 
 
 def best_program(summary: RunSummary) -> str | None:

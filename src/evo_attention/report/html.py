@@ -23,7 +23,6 @@ from evo_attention.report.studies.ablation import contribution_lines, contributi
 from evo_attention.report.studies.common import comparison_note
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
 from evo_attention.report.summary import RunSummary
-from evo_attention.util.files import write_text
 
 STYLE = """
 :root { color-scheme: light; }
@@ -288,7 +287,3 @@ def render_html(s: RunSummary, attachments: Attachments | None = None,
             f"<body><main><h1>Evolution report: {esc(name)}</h1><nav class=\"toc\">{toc}</nav>{body}"
             "</main></body></html>\n")
 
-
-def write_report_html(s: RunSummary, path: str | os.PathLike, *, attachments: Attachments | None = None,
-                      figures: Mapping[str, str | os.PathLike] | None = None) -> Path:
-    return write_text(path, render_html(s, attachments, figures))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -29,7 +28,6 @@ from evo_attention.report.studies.ablation import contribution_lines, recipe_mec
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
-from evo_attention.util.files import write_text
 from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
 
 TOP_ROWS = 10
@@ -472,14 +470,15 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
     return lines
 
 
-def render_report(s: RunSummary, figure: str = "evolution_progress.png", run_dir: str | None = None,
-                  attachments: Attachments | None = None, distribution: str | None = None,
-                  curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
-                  program_figure: str | None = None) -> str:
-    """The text of ``report.md``; ``figure`` is the figure's path relative to the report,
-    ``distribution``, ``curves``, ``pareto``, ``suite_figure`` and ``program_figure`` those of the
-    other figures (omitted when None)."""
-    run_dir = run_dir if run_dir is not None else str(s.run_dir)
+def render_report(s: RunSummary, attachments: Attachments | None = None,
+                  figures: Mapping[str, str] | None = None) -> str:
+    """The text of ``report.md``. ``figures`` maps a figure's kind (``evolution``, ``distribution``,
+    ``curves``, ``pareto``, ``suite``, ``program``: ``html.render_html``'s keys) to its path relative
+    to the report; a figure not named is omitted (the evolution figure defaults to its usual name)."""
+    figures = {"evolution": "evolution_progress.png", **(figures or {})}
+    figure, distribution, curves, pareto, suite_figure, program_figure = (
+        figures.get(k) for k in ("evolution", "distribution", "curves", "pareto", "suite", "program"))
+    run_dir = str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
         ["## Settings", "", to_markdown(settings_table(s)) if s.settings else "No configuration stored."],
@@ -527,12 +526,3 @@ def components_note(s: RunSummary) -> str:
                 "perplexity (the suite table and `evaluations.csv` give every training).")
     return (f"Per gene field and option: finished and failed evaluations, best and mean perplexity, and how many "
             f"of the best {s.top_n} distinct genes use it (also in `component_analysis.csv`).")
-
-
-def write_report_md(s: RunSummary, path: str | os.PathLike, figure: str = "evolution_progress.png",
-                    attachments: Attachments | None = None, distribution: str | None = None,
-                    curves: str | None = None, pareto: str | None = None, suite_figure: str | None = None,
-                    program_figure: str | None = None) -> Path:
-    return write_text(path, render_report(s, figure, attachments=attachments, distribution=distribution,
-                                          curves=curves, pareto=pareto, suite_figure=suite_figure,
-                                          program_figure=program_figure))

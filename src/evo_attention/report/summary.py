@@ -221,7 +221,8 @@ def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]
     return rows
 
 
-def generation_history(table: list[dict], search: list[Mapping], infeasible=frozenset()) -> list[dict]:
+def generation_history(table: list[dict], search: list[Mapping], infeasible=frozenset(), *,
+                       suite: bool = False) -> list[dict]:
     """Per generation: ``{"generation", "best_perplexity", "mean_perplexity", "best_gene",
     "n_members", "n_evaluated", "n_failed", "best_so_far", "complete"}``.
 
@@ -231,28 +232,38 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
     requested in that generation. The mean is over finite perplexities; a generation without any
     has best and mean None. Genes in ``infeasible`` (keys of genes over a cap) are neither best nor
     in the mean.
+
+    ``suite=True`` (``search``: a suite view's genes): in suite accuracy, higher is better, as
+    ``best_suite_accuracy`` and ``mean_suite_accuracy`` (``best_perplexity`` and
+    ``mean_perplexity`` None). A recorded population was told minus each member's suite accuracy;
+    in progress, the members are the genes first trained in the generation that did not fail on
+    every point; ``n_evaluated`` counts those genes and ``n_failed`` the ones that failed on every point.
     """
+    sign, metric = (-1, "suite_accuracy") if suite else (1, "perplexity")
     history = []
     best_so_far: float | None = None
     for generation, records, recorded in _generations(table, search):
         if recorded is not None:
             members = [(str(m["gene"]), finite_or_none(m["perplexity"])) for m in recorded]
+        elif suite:
+            members = [(r["gene"], -r["suite_accuracy"]) for r in records if not r["all_failed"]]
         else:
             members = [(gene_info(r.get("gene"))["key"], finite_or_none(perplexity_of(r))) for r in records]
         finite = sorted((p, k) for k, p in members if p is not None and k not in infeasible)
-        best_ppl, best_gene = finite[0] if finite else (None, None)
-        if best_ppl is not None and (best_so_far is None or best_ppl < best_so_far):
-            best_so_far = best_ppl
+        best, best_gene = (sign * finite[0][0], finite[0][1]) if finite else (None, None)
+        if best is not None and (best_so_far is None or sign * best < sign * best_so_far):
+            best_so_far = best
         history.append({
             "generation": generation,
-            "best_perplexity": best_ppl,
-            "mean_perplexity": _mean(p for p, _ in finite),
+            f"best_{metric}": best,
+            f"mean_{metric}": _mean(sign * p for p, _ in finite),
             "best_gene": best_gene,
             "n_members": len(members),
             "n_evaluated": len(records),
-            "n_failed": sum(1 for r in records if failed(r)),
+            "n_failed": sum(1 for r in records if (r["all_failed"] if suite else failed(r))),
             "best_so_far": best_so_far,
             "complete": recorded is not None,
+            **({"best_perplexity": None, "mean_perplexity": None} if suite else {}),
         })
     return history
 
@@ -392,32 +403,6 @@ def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None =
                         **({"weight": p["weight"]} if "weight" in p else {})} for p in meta.get("points") or []],
             "genes": [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rest],
             "baseline": baseline}
-
-
-def suite_history(table: list[dict], suite: Mapping) -> list[dict]:
-    """Per generation, in suite accuracy (higher is better): ``{"generation", "best_suite_accuracy",
-    "mean_suite_accuracy", "best_so_far", "best_gene", "n_members", "n_evaluated" (genes first
-    trained in it), "n_failed" (of those, genes whose every point failed), "complete"}``, plus
-    ``best_perplexity`` and ``mean_perplexity`` (None). A recorded generation is described by its
-    population (the strategy was told minus each member's suite accuracy), one in progress by the
-    genes trained in it so far."""
-    history, best_so_far = [], None
-    for generation, rows, recorded in _generations(table, suite["genes"]):
-        if recorded is not None:
-            members = [(str(m["gene"]), None if finite_or_none(m["perplexity"]) is None else -m["perplexity"])
-                       for m in recorded]
-        else:
-            members = [(r["gene"], r["suite_accuracy"]) for r in rows if not r["all_failed"]]
-        finite = sorted((-a, k) for k, a in members if a is not None)
-        best, best_gene = (-finite[0][0], finite[0][1]) if finite else (None, None)
-        if best is not None and (best_so_far is None or best > best_so_far):
-            best_so_far = best
-        history.append({"generation": generation, "best_suite_accuracy": best,
-                        "mean_suite_accuracy": _mean(-a for a, _ in finite), "best_so_far": best_so_far,
-                        "best_gene": best_gene, "n_members": len(members), "n_evaluated": len(rows),
-                        "n_failed": sum(1 for r in rows if r["all_failed"]), "complete": recorded is not None,
-                        "best_perplexity": None, "mean_perplexity": None})
-    return history
 
 
 def _suite_ranking(suite: Mapping) -> list[dict]:
@@ -656,7 +641,7 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
     summary.suite = suite
     _suite_results(summary)
     summary.change = None
-    summary.history = suite_history(table, suite)
+    summary.history = generation_history(table, suite["genes"], suite=True)
     summary.components = []
 
 

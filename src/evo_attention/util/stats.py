@@ -1,6 +1,6 @@
 """The statistics of a multi-seed comparison: means with t confidence intervals, Welch's t-test,
-Holm's step-down correction, Cohen's d, and a verdict in words; and, for a gene and a baseline
-trained on the same seeds, the paired comparison, its equivalence test, a four-word verdict and
+Holm's step-down correction and Cohen's d; and, for a gene and a baseline trained on the same
+seeds, the paired comparison, its equivalence test, a four-word verdict and
 the power calculations that say how many seeds would decide it.
 
 ``transfer_verdict`` reads a gene's change from the baseline at two model sizes (see there).
@@ -120,9 +120,6 @@ _integrate, _optimize, _st = _Lazy("scipy.integrate"), _Lazy("scipy.optimize"), 
 
 _Key = TypeVar("_Key", bound=Hashable)
 
-BETTER = "better than baseline"
-WORSE = "worse than baseline"
-SAME = "not distinguishable"
 TOO_FEW = "not enough seeds"
 
 # the two tests of a paired comparison; the verdict rule picks one (``exact_decides``)
@@ -269,18 +266,6 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
     return adjusted
 
 
-def verdict(difference: float | None, p_adjusted: float | None, confidence: float = 0.95,
-            lower_is_better: bool = True) -> str:
-    """The comparison in words: 'better than baseline at 95%', 'worse than baseline at 95%',
-    'not distinguishable' or 'not enough seeds'."""
-    if p_adjusted is None or difference is None:
-        return TOO_FEW
-    if p_adjusted >= 1.0 - confidence or difference == 0.0:
-        return SAME
-    improves = difference < 0 if lower_is_better else difference > 0
-    return f"{BETTER if improves else WORSE} at {percent(confidence)}"
-
-
 def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = True) -> str:
     """How a gene's change from the baseline at a reference size fares at another size:
     ``TRANSFER_RULE``, the first that applies, read from ``{"relative_change", "relative_change_low",
@@ -313,19 +298,6 @@ def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = Tru
 def percent(confidence: float) -> str:
     """0.95 -> '95%', 0.995 -> '99.5%'."""
     return f"{100 * confidence:g}%"
-
-
-def compare(samples: dict[str, Iterable], reference: Iterable, confidence: float = 0.95,
-            lower_is_better: bool = True) -> dict[str, dict]:
-    """Every sample against the reference: ``describe`` + ``welch`` + Holm-adjusted p-value
-    (``p_holm``, over the samples that have a p-value) + ``verdict``; keyed like ``samples``."""
-    rows = {name: {**describe(values, confidence), **welch(values, reference, confidence)}
-            for name, values in samples.items()}
-    names = list(rows)
-    for name, p in zip(names, holm([rows[n]["p_value"] for n in names])):
-        rows[name]["p_holm"] = p
-        rows[name]["verdict"] = verdict(rows[name]["difference"], p, confidence, lower_is_better)
-    return rows
 
 
 def check_confidence(confidence: float) -> None:
