@@ -236,8 +236,9 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
     ``suite=True`` (``search``: a suite view's genes): in suite accuracy, higher is better, as
     ``best_suite_accuracy`` and ``mean_suite_accuracy`` (``best_perplexity`` and
     ``mean_perplexity`` None). A recorded population was told minus each member's suite accuracy;
-    in progress, the members are the genes first trained in the generation that did not fail on
-    every point; ``n_evaluated`` counts those genes and ``n_failed`` the ones that failed on every point.
+    a generation in progress has as members the genes first trained in it that did not fail on
+    every point. ``n_evaluated`` counts the genes first trained in the generation, ``n_failed``
+    those of them that failed on every point.
     """
     sign, metric = (-1, "suite_accuracy") if suite else (1, "perplexity")
     history = []

@@ -1,7 +1,7 @@
 """The statistics of a multi-seed comparison: means with t confidence intervals, Welch's t-test,
 Holm's step-down correction and Cohen's d; and, for a gene and a baseline trained on the same
-seeds, the paired comparison, its equivalence test, a four-word verdict and
-the power calculations that say how many seeds would decide it.
+seeds, the paired comparison, its equivalence test, a four-word verdict and the power
+calculations that say how many seeds would decide it.
 
 ``transfer_verdict`` reads a gene's change from the baseline at two model sizes (see there).
 
