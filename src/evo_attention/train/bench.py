@@ -12,6 +12,7 @@ model waits for.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -245,8 +246,6 @@ def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LE
     after freed heap pages went back to the OS (``step_memory_mb``): what a step holds at its peak
     beyond the model, optimizer and data.
     """
-    import gc
-
     rows = []
     for t in lengths:
         batch = max(1, tokens_per_step // t)

@@ -82,7 +82,6 @@ class Config:
     strategy_options: dict = setting(group="search", factory=dict)
     # field -> allowed options; {} = everything registered
     search_space: dict = setting(group="search", factory=dict)
-    # shared: one gene for every layer; per_layer: one gene per layer
     genome: str = setting("shared", group="search", flag="genome", parse="str",
                           help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
     # what the search minimises: perplexity first (the primary objective), then any cost measures
@@ -150,14 +149,11 @@ class Config:
     hurdle: float | None = setting(None, group="fidelity", flag="hurdle", parse="float", metavar="Q",
                                    help="stop individuals whose loss at the first rung is worse than the generation's "
                                         "Q-quantile")
-    # per generation, this many random new individuals skip the stopping rules, so the rank correlation
-    # between low and full fidelity is measured on an unselected sample
     halving_audit: int = setting(0, group="fidelity", flag="halving-audit", parse="int", metavar="N",
                                  help="per generation, train N randomly chosen new individuals to the full budget "
                                       "whatever their early loss, to measure on them how well early losses predict "
                                       "final ones (default 0)")
     # data (-> TaskSpec)
-    # wikitext2, text, recall, or hf:NAME[:CONFIG] / hf:/path (Hugging Face datasets)
     data: str = setting("wikitext2", group="task", flag="data", parse="str",
                         help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
     # word, char, byte or bpe:N (corpora only; vocab_size applies to word)

@@ -128,14 +128,9 @@ class EvaluationRecord(Mapping):
     # -- conversion ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """The record as a dict: every field (``extra`` merged in), optional ones only when set."""
-        out = {}
-        for f in dataclasses.fields(self):
-            if f.name == "extra":
-                continue
-            value = getattr(self, f.name)
-            if self._absent(f.name, value):
-                continue
-            out[f.name] = value.value if isinstance(value, Status) else value
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extra")
+        out = {name: value.value if isinstance(value, Status) else value
+               for name, value in values if not self._absent(name, value)}
         out.update(self.extra)
         return out
 

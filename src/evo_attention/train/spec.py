@@ -188,16 +188,9 @@ class TaskSpec:
 
 def key_settings(*specs) -> dict:
     """The fields of ``specs`` that join a key (see the module docstring), by name."""
-    out = {}
-    for spec in specs:
-        for f in dataclasses.fields(spec):
-            if not f.metadata.get("key", True):
-                continue
-            value = getattr(spec, f.name)
-            if f.metadata.get("omit_default") and value == f.default:
-                continue
-            out[f.name] = value
-    return out
+    return {f.name: getattr(spec, f.name) for spec in specs for f in dataclasses.fields(spec)
+            if f.metadata.get("key", True)
+            and not (f.metadata.get("omit_default") and getattr(spec, f.name) == f.default)}
 
 
 def context_hash(settings: Mapping[str, Any], eval_split: str) -> str:

@@ -35,9 +35,7 @@ Same trial, same result, alone or in a batch:
   temperature's summed gradient), which training amplifies like any rounding: measured on the 2-core
   AMD EPYC, one thread, 300 steps, 10 genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative
   in the final val_loss or a curve point, where the same fp32 trial alone with one thread and with
-  two differs by up to 2.8e-2. On an H100 (30 steps, four genes, K = 3) folded and alone agree
-  within 5.8e-7 fp32 and 3.3e-4 bf16 (``benchmarks/check_fold_device.py``,
-  docs/results/gpu/fold-h100-*.json).
+  two differs by up to 2.8e-2. On an H100 they agree far more closely (docs/speed.md).
 
 The measurement (the one record rule, alone or batched):
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -44,8 +45,6 @@ def write_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
     The files are written into a sibling temporary directory that is then renamed into place, so a
     reader sees the old directory, no directory, or the complete new one; never half of it.
     """
-    import shutil
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -25,10 +25,7 @@ PROCESS_LIMITS = (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData"))
 def available_memory() -> int | None:
     """Bytes of memory available to a new allocation in this process: the machine's available
     memory, lowered to what a process limit leaves; None if neither is known."""
-    machine, limit = machine_memory(), limit_headroom()
-    if machine is None or limit is None:
-        return limit if machine is None else machine
-    return min(machine, limit)
+    return min((n for n in (machine_memory(), limit_headroom()) if n is not None), default=None)
 
 
 def limit_headroom() -> int | None:

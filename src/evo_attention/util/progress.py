@@ -12,8 +12,10 @@ as one line each (``user_warnings``: ``evo-attention: warning: ...``, no source 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -39,8 +41,6 @@ def is_interactive() -> bool:
 def output_gone() -> None:
     """The reader of our stderr went away (a closed pipe, a closed terminal): the rest of the output
     goes to /dev/null, so no later write fails and the work goes on (progress is best-effort)."""
-    import os
-
     devnull = open(os.devnull, "w")
     try:
         if sys.stderr is sys.__stderr__ and sys.stderr is not None:
@@ -80,8 +80,6 @@ def user_warnings():
     """Within: every warning shown prints as one ``warning_line`` on stderr (never Python's
     ``file:line: UserWarning`` form with a source line). Python's own writer ignores a stderr that
     is gone; code that records warnings (``catch_warnings(record=True)``) still gets them."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.formatwarning = format_warning
         yield

@@ -102,6 +102,7 @@ import importlib
 
 import numpy as np
 
+from evo_attention.util.errors import UserError
 from evo_attention.util.format import finite_or_none
 
 
@@ -303,8 +304,6 @@ def percent(confidence: float) -> str:
 def check_confidence(confidence: float) -> None:
     """UserError unless ``confidence`` is a level in (0.5, 1): a verdict tests at 1 - confidence, a
     significance level below 0.5 (``check_alpha``)."""
-    from evo_attention.util.errors import UserError
-
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1.0:
         raise UserError(f"confidence {confidence!r} is outside (0.5, 1): use e.g. 0.95", setting="confidence")
 
@@ -324,8 +323,6 @@ def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | 
 def margin_bound(margin: float, log: bool = True) -> float:
     """The equivalence bound on the scale of the differences: ``log(1 + margin)`` on the log scale
     (``margin`` relative, 0.01 = 1%), ``margin`` itself otherwise (metric units)."""
-    from evo_attention.util.errors import UserError
-
     if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin > 0 \
             or not math.isfinite(margin):
         raise UserError(f"margin {margin!r} must be a positive number: use e.g. 0.01 for 1%")
@@ -351,12 +348,11 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     x, y, dropped = _aligned(candidate, reference, log)
     d = x - y
     n = int(d.size)
-    out = {"scale": "log" if log else "linear", "n": n, "n_dropped": dropped,
-           "differences": [float(v) for v in d], "difference": None, "sd_diff": None, "t": None,
-           "df": None, "p_value": None, "p_t": None, "p_exact": None, "p_exact_se": None, "smallest_p": None,
-           "test": None, "diff_ci_low": None, "diff_ci_high": None,
-           "boot_ci_low": None, "boot_ci_high": None, "relative": None, "relative_ci_low": None,
-           "relative_ci_high": None, "confidence": confidence}
+    out = {"scale": "log" if log else "linear", "n": n, "n_dropped": dropped, "differences": [float(v) for v in d],
+           **dict.fromkeys(("difference", "sd_diff", "t", "df", "p_value", "p_t", "p_exact", "p_exact_se",
+                            "smallest_p", "test", "diff_ci_low", "diff_ci_high", "boot_ci_low", "boot_ci_high",
+                            "relative", "relative_ci_low", "relative_ci_high")),
+           "confidence": confidence}
     if n:
         out["difference"] = float(d.mean())
     if n >= 2:
@@ -520,8 +516,6 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     test). A paired ``p_value`` follows the verdict rule of ``paired`` (exact sign-flip below
     ``EXACT_BELOW`` pairs), ``p_t`` is the t-test's; Welch's are the same.
     """
-    from evo_attention.util.errors import UserError
-
     check_confidence(confidence)
     if isinstance(diffs_a, Mapping) != isinstance(diffs_b, Mapping):
         raise UserError("paired_interaction needs two mappings {seed: difference} or two sequences, not one of each")
@@ -566,8 +560,6 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     check_confidence(confidence)
     cells = [list(neither), list(first), list(second), list(both)]
     if len({len(c) for c in cells}) != 1:
-        from evo_attention.util.errors import UserError
-
         raise UserError("the four cells of a 2x2 need one value per seed each (use None for a failed seed)")
     rows = []
     for values in zip(*cells):
@@ -670,8 +662,6 @@ def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resample
     ``|observed|`` (equal in exact arithmetic, not with ties split by rounding); it refuses one
     difference; and its Monte Carlo draws are not ``default_rng(seed).integers`` sign patterns.
     """
-    from evo_attention.util.errors import UserError
-
     if alternative not in ("two-sided", "greater", "less"):
         raise UserError(f"alternative {alternative!r} is not one of two-sided, greater, less")
     d = _clean(differences)
@@ -861,8 +851,6 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     equivalence with at least ``power`` when the true difference is ``true_difference``
     (``power_tost``). None when more than ``max_seeds`` (default ``SEEDS_CEILING``) would be
     needed, which is always the case when ``|true_difference| >= bound``."""
-    from evo_attention.util.errors import UserError
-
     _check_power(power)
     _check_sd(sd_diff)
     if not bound > 0:
@@ -882,8 +870,6 @@ def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND_LEVEL) -> float:
     pilot values the 80% bound is 2.1x the estimate."""
     _check_sd(sd)
     if n < 2:
-        from evo_attention.util.errors import UserError
-
         raise UserError(f"an upper bound of the sd needs at least 2 values, got {n}")
     return float(sd * math.sqrt((n - 1) / _st.chi2.ppf(1.0 - level, n - 1)))
 
@@ -990,8 +976,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
     if abs(true_difference) >= bound:
         return None
     if sd_diff == 0.0:
-        n = next(n for n in range(1, 64) if smallest_p(n, "greater") < alpha)
-        n = max(n, 2)
+        n = max(2, next(n for n in range(1, 64) if smallest_p(n, "greater") < alpha))
         return n if max_seeds is None or n <= max_seeds else None
     t_seeds = seeds_for_equivalence(sd_diff, bound, power, alpha, true_difference, max_seeds=max_seeds)
     return _seeds_under_rule(t_seeds, lambda n: verdict_power_equivalence(n, sd_diff, bound, alpha, true_difference),
@@ -1021,9 +1006,7 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     else:
         at = lambda sd: seeds_for_verdict(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
     n_point, n_upper = at(sd_diff), at(upper)
-    span = _seeds_text(n_point, max_seeds) if n_point == n_upper else \
-        f"{_seeds_text(n_point, max_seeds)}..{_seeds_text(n_upper, max_seeds)}"
-    text = (f"{span} paired seeds ({_seeds_text(n_point, max_seeds)} at the pilot's sd, "
+    text = (f"{_range_text([n_point, n_upper], max_seeds)} paired seeds ({_seeds_text(n_point, max_seeds)} at the pilot's sd, "
             f"{_seeds_text(n_upper, max_seeds)} at its {percent(level)} upper bound) for "
             f"{percent(power)} power at Holm's level {alpha_holm:.3g} ({m} comparison{'s' if m != 1 else ''})")
     return {"seeds": n_upper, "n_point": n_point, "n_upper": n_upper, "sd": float(sd_diff), "sd_upper": upper,
@@ -1054,8 +1037,6 @@ def solve_rate_test(a: tuple[int, int], b: tuple[int, int], test: str = "fisher"
     """The two-sided p-value that two solve rates ``(solved, n)`` are equal: Fisher's exact test
     (``scipy.stats.fisher_exact``, conditional on the total solved) or Barnard's
     (``scipy.stats.barnard_exact``, unconditional: more powerful, slower)."""
-    from evo_attention.util.errors import UserError
-
     if test not in SOLVE_TESTS:
         raise UserError(f"solve-rate test {test!r} is not one of {', '.join(SOLVE_TESTS)}")
     for counts in (a, b):
@@ -1146,16 +1127,12 @@ def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8
 
 
 def _check_counts(solved, n) -> None:
-    from evo_attention.util.errors import UserError
-
     if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (solved, n)) or not 0 <= solved <= n:
         raise UserError(f"a solve count needs integers 0 <= solved <= n, got {solved!r} of {n!r}")
 
 
 def check_alpha(alpha: float) -> None:
     """UserError unless ``alpha`` is a significance level in (0, 0.5)."""
-    from evo_attention.util.errors import UserError
-
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.0 < alpha < 0.5:
         raise UserError(f"alpha {alpha!r} is outside (0, 0.5): use e.g. 0.05")
 
@@ -1168,8 +1145,6 @@ def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.nd
     """The two sides of the pairs where both values are finite (logged with ``log``), and how many
     pairs were dropped. Unequal lengths, or a value <= 0 on the log scale, are a UserError: the
     pairing by seed, or the scale, would be wrong."""
-    from evo_attention.util.errors import UserError
-
     candidate, reference = list(candidate), list(reference)
     if len(candidate) != len(reference):
         raise UserError(f"paired values need one value per seed on each side: got {len(candidate)} "
@@ -1250,15 +1225,11 @@ def _smallest_n(power_at, target: float, max_seeds: int | None) -> int | None:
 
 
 def _check_power(power: float) -> None:
-    from evo_attention.util.errors import UserError
-
     if not isinstance(power, (int, float)) or isinstance(power, bool) or not 0.0 < power < 1.0:
         raise UserError(f"power {power!r} is outside (0, 1): use e.g. 0.8")
 
 
 def _check_sd(sd: float) -> None:
-    from evo_attention.util.errors import UserError
-
     if sd is None or not math.isfinite(sd) or sd < 0.0:
         raise UserError(f"the standard deviation of the differences must be finite and >= 0, not {sd!r}")
 
@@ -1382,19 +1353,16 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
         base = _clean(reference)
         scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None
         out[key] = {
-            "scale": row["scale"], "n_pairs": row["n"], "difference": row["difference"], "sd_diff": row["sd_diff"],
-            "diff_ci_low": row["diff_ci_low"], "diff_ci_high": row["diff_ci_high"],
-            "boot_ci_low": row["boot_ci_low"], "boot_ci_high": row["boot_ci_high"],
-            "relative": row["relative"], "relative_ci_low": row["relative_ci_low"],
-            "relative_ci_high": row["relative_ci_high"], "p_value": row["p_value"], "p_holm": p_holm[key],
-            "test": row["test"], "p_t": row["p_t"], "p_exact": row["p_exact"], "p_exact_se": row["p_exact_se"],
-            "smallest_p": row["smallest_p"], "cannot_decide": v["cannot_decide"],
+            "scale": row["scale"], "n_pairs": row["n"],
+            **{k: row[k] for k in ("difference", "sd_diff", "diff_ci_low", "diff_ci_high", "boot_ci_low",
+                                   "boot_ci_high", "relative", "relative_ci_low", "relative_ci_high", "p_value")},
+            "p_holm": p_holm[key], **{k: row[k] for k in ("test", "p_t", "p_exact", "p_exact_se", "smallest_p")},
+            "cannot_decide": v["cannot_decide"],
             "p_tost": tests[key]["p_tost"], "p_tost_holm": p_tost_holm[key], "family_size": len(tests),
             "cohens_d": cohens_d(values[key], reference),
             "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
-            "mde": v["mde"], "mde_relative": v["mde_relative"], "seeds_for_equivalence": v["seeds_for_equivalence"],
-            "seeds_for_margin": v["seeds_for_margin"], "seeds_for_equivalence_range": v["seeds_for_equivalence_range"],
-            "seeds_for_margin_range": v["seeds_for_margin_range"], "seed_plan": v["seed_plan"],
+            **{k: v[k] for k in ("mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin",
+                                 "seeds_for_equivalence_range", "seeds_for_margin_range", "seed_plan")},
             "welch": {**{k: w.get(k) for k in ("difference", "diff_ci_low", "diff_ci_high", "p_value")},
                       # the unpaired difference relative to the reference's mean, in percent
                       **{f"{k}_percent": None if w.get(k) is None or scale is None else w[k] * scale
