@@ -91,10 +91,9 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
     ``ModelSpec`` with the data's vocabulary; ``timer()`` times a training step of the shape in both
     precisions: ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no
     shape or timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so; ``dropout_stream``:
-    the stream the timed steps draw their masks from (part of the probe's shape). The key of a trial holds "auto": on one machine
-    the probe's kept answer makes it one precision; across machines "auto" is a different precision
-    where the machines differ, as it always was between CPUs with and without bf16 (the record says
-    which ran).
+    the stream the timed steps draw their masks from (part of the probe's shape). A trial's key holds
+    "auto": one precision on one machine (the probe's kept answer), maybe another on another machine
+    (the record says which ran).
     """
     if precision != "auto":
         if precision == "fp16" and device.type == "cpu":

@@ -226,8 +226,7 @@ def welch(candidate: Iterable, reference: Iterable, confidence: float = 0.95) ->
     """
     check_confidence(confidence)
     a, b = _clean(candidate), _clean(reference)
-    out = {"difference": None, "diff_ci_low": None, "diff_ci_high": None, "t": None, "df": None,
-           "p_value": None, "cohens_d": None}
+    out = dict.fromkeys(("difference", "diff_ci_low", "diff_ci_high", "t", "df", "p_value", "cohens_d"))
     if a.size and b.size:
         out["difference"] = float(a.mean() - b.mean())
     if a.size < 2 or b.size < 2:
