@@ -55,40 +55,23 @@ stream, same batch order, so the i-th value of each side belongs to the same see
   ``±log(1 + margin)`` on the log differences (``margin_bound``): a ratio of geometric means within
   ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
   ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
-- ``tost``: two one-sided paired tests, ``H0: mean difference <= -bound`` (alternative
-  'greater') and ``H0: mean difference >= +bound`` (alternative 'less'); ``p_value = max`` of the
-  two, each on the data shifted by the bound. The same rule picks the test: exact sign-flip
-  (``sign_flip_tost``) below 12 pairs or with a degenerate spread, ``ttest_rel`` from 12 (then
-  equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside ``±bound``).
-- ``paired_verdict``: the first that applies of ``PAIRED_RULE``: p (Holm-adjusted when given) <
-  alpha and the difference favours the candidate -> ``better``; disfavours it -> ``worse``; TOST p
-  < alpha -> ``equivalent`` (within ±margin, said in the label); else ``undetermined``. It always
-  carries the numbers, and (with two pairs or more) the planning numbers at the observed sd of the
-  differences: the minimal detectable effect at these seeds and the paired seeds that would
-  decide it (see there).
-- Power is exact for the paired t-test: the test statistic follows a noncentral t with n - 1
-  degrees of freedom and noncentrality ``effect * sqrt(n) / sd_diff`` (``scipy.stats.nct``); the
-  two-sided power counts both rejection tails. The TOST's power integrates, over the chi-square
-  law of the sample variance, the normal probability that the mean falls inside the window where
-  both one-sided tests reject (``scipy.integrate.quad``). Seed counts are the smallest n >= 2 with
-  at least the asked power (power grows with n: doubling, then bisection), None when more than
-  ``max_seeds`` (or 10**6) would be needed or the effect can never be detected. The minimal
-  detectable effect solves ``power_paired(n, sd, effect) = power`` for the effect with
-  ``scipy.optimize.brentq``.
+- ``tost``: the two one-sided paired tests against ``±bound`` (see there), picked by the same rule;
+  with the t-test, equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside
+  ``±bound``.
+- ``paired_verdict``: the first of ``PAIRED_RULE`` that applies (better, worse, equivalent,
+  undetermined), with the numbers and, from two pairs on, the planning numbers at the observed sd
+  of the differences (see there).
+- Power is exact for the paired t-test (``power_paired``: a noncentral t) and for the TOST
+  (``power_tost``); seed counts are the smallest n >= 2 with at least the asked power, None beyond
+  ``max_seeds`` (or 10**6) or for an effect that can never be detected (see each).
 - ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
   ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
   differences when both sizes have values for the same seeds, by Welch otherwise.
 - Solve rates (a seed solves a task point or stays at the plateau: a bimodal outcome no t-test
-  models): ``solve_rate`` counts with the exact Clopper-Pearson interval
-  (``binomtest(...).proportion_ci(method='exact')``), ``solve_rates_versus`` compares each count
-  with the reference's by Fisher's exact test (or Barnard's) with Holm over the family, and
-  ``seeds_for_solve_rates`` gives the seeds per arm for a stated difference of rates, by the exact
-  power of Fisher's test (every outcome table enumerated).
-- ``two_factor_shares``: a 2x2 on the same seeds (neither, first only, second only, both factors)
-  splits the advantage of both over neither into each factor's share, per seed the mean of its gain
-  without and with the other (the two orders of adding them; the shares add up to the advantage
-  exactly), each with a one-sample t interval; the interaction is ``paired_interaction`` of the
-  first factor's gain without and with the second.
+  models): exact intervals (``solve_rate``), Fisher's or Barnard's test with Holm
+  (``solve_rates_versus``) and the seeds per arm for a stated difference (``seeds_for_solve_rates``).
+- ``two_factor_shares``: a 2x2 on the same seeds split into each factor's share of the advantage of
+  both over neither (the shares add up to it exactly), and their interaction (see there).
 """
 
 from __future__ import annotations
