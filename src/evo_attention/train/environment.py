@@ -32,9 +32,7 @@ def set_seed(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and CUDA) random number generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)  # numpy only takes 32-bit seeds
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device (torch.cuda.manual_seed_all)
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
