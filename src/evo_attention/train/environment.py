@@ -63,17 +63,15 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # resolves the same way in every later training on the machine: deterministic for a trial there.
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
-# gene with its precision). It times the fastest of its rounds, since other work only slows a round
-# down; a probe whose rounds disagree (PROBE_STABLE_SPREAD) is not kept; one on a lightly loaded
-# machine may still choose wrongly: ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``)
-# measures again, or set the precision.
+# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) is not kept; one on
+# a lightly loaded machine may still choose wrongly: ``evo-attention bench --reprobe``
+# (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)
 PROBE_STEPS = 2  # timed steps per precision and round, after one untimed step each
 PROBE_SLOW_STEP_S = 1.0  # an untimed step slower than this: 2 rounds of 1 step
-# rounds that disagree by more than this (slowest / fastest of a precision) were disturbed by other
-# work: such an answer serves this process and is never kept, so a later process measures again
+# rounds further apart (slowest / fastest of a precision) were disturbed: the answer serves this process only
 PROBE_STABLE_SPREAD = 1.5
 ENV_PRECISION_PROBE = "EVO_ATTENTION_PRECISION_PROBE"  # "off": auto takes bf16 wherever the CPU has it, unmeasured
 _PRECISION_CHOICES: dict[str, tuple[str, str]] = {}  # cache file -> (precision, reason), per process
