@@ -111,8 +111,8 @@ LATENCY_REPEATS = 7
 # TrainSpec fields the trials of one batch may differ in: they change no shape
 VARYING_TRAIN_FIELDS = ("learning_rate", "weight_decay", "warmup_steps", "lr_schedule", "lr_decay_fraction",
                         "grad_clip")
-# the tests' bound on a batched trial against the same trial alone, relative, on the final val_loss and
-# every loss-curve point of a short training (module docstring)
+# the tests' bound on a batched trial against the same trial alone (relative, final val_loss and every
+# curve point of a short training; module docstring); genes whose parts all fold exactly are bitwise equal
 SAME_RESULT_RTOL = {"fp32": 5e-3, "bf16": 5e-3}
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mean loss)
