@@ -35,6 +35,7 @@ _HOMES = {
     "register_temperature": "evo_attention.nn.components", "row_normalize": "evo_attention.nn.components",
     "run_fitness_check": "evo_attention.studies.fitness",
 }
+_MODULES = {"components": "evo_attention.nn.components", "programs": "evo_attention.programs"}
 
 
 def __getattr__(name: str):
@@ -42,10 +43,8 @@ def __getattr__(name: str):
 
     if name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)
-    elif name == "components":
-        value = importlib.import_module("evo_attention.nn.components")
-    elif name == "programs":
-        value = importlib.import_module("evo_attention.programs")
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
     else:
         raise AttributeError(f"module 'evo_attention' has no attribute {name!r}")
     globals()[name] = value

@@ -37,7 +37,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered before any command module loads
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:  # answered before any command module loads
         print(f"evo-attention {__version__}")
         return 0
     from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED,
@@ -45,7 +46,6 @@ def main(argv=None) -> int:
     from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import user_warnings  # warnings as one line each
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)
     SETTING_ORIGINS.clear()  # filled by the command as it reads its settings

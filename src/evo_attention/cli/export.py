@@ -50,8 +50,8 @@ def cmd_export(args) -> int:
         evaluation = saved_info(directory).get("evaluation")
         result = export_hf(model, load_tokenizer(directory), args.out, source=source,
                            extra={"evaluation": evaluation} if evaluation else None)
-        genes = sorted(set(result["genes"]), key=result["genes"].index)
-        log(f"exported {' / '.join(genes)} ({result['layers']} layer(s)) from {directory} as a transformers model")
+        log(f"exported {' / '.join(dict.fromkeys(result['genes']))} ({result['layers']} layer(s)) from {directory} as a "
+            "transformers model")
         task = _lm_eval_task(directory, args.out, args.lm_eval_split)
         if task:
             log(f"lm-evaluation-harness task: lm_eval --model hf --model_args pretrained={args.out},"
@@ -79,9 +79,10 @@ def _hf_attention_from_run(args) -> int:
     from pathlib import Path
 
     from evo_attention.genes import AttentionGene, layers_of
-    from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention
+    from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention, is_hf_attention_export
     from evo_attention.report import load_run
     from evo_attention.train.config import Config
+    from evo_attention.util.files import check_output
     from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import log
 
@@ -93,9 +94,6 @@ def _hf_attention_from_run(args) -> int:
     if isinstance(rank, bool) or rank < 1 or rank > len(ranked):
         raise UserError(f"--rank {rank} is beyond the {len(ranked)} ranked gene(s) of the run in {args.from_run}")
     config = Config.from_dict({k: v for k, v in run.config.items() if k in Config.field_names()})
-    from evo_attention.interop.hf_attention import is_hf_attention_export
-    from evo_attention.util.files import check_output
-
     check_output(args.out, kind="a transformers attention export", own=is_hf_attention_export,
                  sources={"run directory": args.from_run})
     load_plugins(list(dict.fromkeys(list(config.plugins) + list(args.plugin or []))))

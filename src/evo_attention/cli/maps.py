@@ -90,10 +90,9 @@ def _saved_model(args):
 def cmd_maps(args) -> int:
     from evo_attention.studies.maps import attention_maps
 
-    chosen = [name for name in ("model", "gene") if getattr(args, name) is not None]
     if args.model and (args.gene is not None or args.from_run):
         raise UserError("give either --model DIR (a saved model) or --gene/--from-run (train one), not both")
-    if not chosen and not args.from_run:
+    if args.model is None and args.gene is None and not args.from_run:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
     out = output_dir(out_arg(args, Path(args.from_run) / "maps" if args.from_run else "runs/maps",
                              kind="attention maps"))

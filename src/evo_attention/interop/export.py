@@ -279,18 +279,14 @@ def _defined_in(package: str, name: str) -> tuple[str, str] | None:
     ``__init__`` defines itself (or imports from outside the library)."""
     if _spec(f"{package}.{name}") is not None:  # a module of the package
         return package, name
-    for node, _ in _import_statements(_library_text(package)):
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    source = _absolute(node, package)
-                    if not _in_library(source):
-                        return None
-                    return _defined_in(source, alias.name) if _is_package(source) else (source, alias.name)
-    source = getattr(importlib.import_module(package), "_HOMES", {}).get(name)  # a front door that imports lazily
-    if source is not None and _in_library(source):
-        return _defined_in(source, name) if _is_package(source) else (source, name)
-    return None
+    imported = ((_absolute(node, package), alias.name) for node, _ in _import_statements(_library_text(package))
+                if isinstance(node, ast.ImportFrom) for alias in node.names if (alias.asname or alias.name) == name)
+    source, name = next(imported, (None, name))
+    if source is None:
+        source = getattr(importlib.import_module(package), "_HOMES", {}).get(name)  # a front door that imports lazily
+    if source is None or not _in_library(source):
+        return None
+    return _defined_in(source, name) if _is_package(source) else (source, name)
 
 
 def _plugin_imports(module: str, text: str, used_for: str = "") -> tuple[str, set[str]]:

@@ -390,19 +390,21 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
 
 
 # -- the export's files -------------------------------------------------------------------------
+def _imports(modules: list[str]) -> str:
+    return "\n".join(f"from .{m} import __name__ as _{m}" for m in modules)
+
+
 def _listing(shipped: list[str]) -> tuple[str, str]:
     modules = [path[:-3] for path in shipped]
-    lines = "\n".join(f"from .{m} import __name__ as _{m}" for m in modules)
-    return lines, "".join(f"\n    _{m}," for m in modules) + "\n"
+    return _imports(modules), "".join(f"\n    _{m}," for m in modules) + "\n"
 
 
 def _plugin_listing(names: list[str]) -> str:
     if not names:
         return ""
-    lines = "\n".join(f"from .{m} import __name__ as _{m}" for m in names)
     return ("\n# The plugins whose ops and components the genes use (the plugin's module, its imports of the library\n"
             "# made relative), imported here so that their registrations run before a model is built.\n"
-            f"{lines}\nPLUGIN_MODULES = ({''.join(f'_{m}, ' for m in names).rstrip()})\n")
+            f"{_imports(names)}\nPLUGIN_MODULES = ({''.join(f'_{m}, ' for m in names).rstrip()})\n")
 
 
 def model_sources(plugins=()) -> dict[str, str]:
@@ -518,10 +520,9 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
         gene_list="; ".join("`" + g.replace("|", "\\|") + "`" for g in config["genes"]),  # a table cell
         needs=textwrap.fill("Needs " + ", ".join(requirements(sources)) + ".", 100, break_on_hyphens=False))
     out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export))
-    files = {name: text for name, text in sources.items()}
-    files.update({"tokenizer.json": tokenizer_json,
-                  "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",
-                  "README.md": readme})
+    files = {**sources, "tokenizer.json": tokenizer_json,
+             "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",
+             "README.md": readme}
     # the sha256 of every other file, checked when the model loads (``check_files`` of the modeling file)
     config["evo_attention"]["files"] = {**{name: sha256(text.encode("utf-8")) for name, text in files.items()},
                                         WEIGHTS_FILE: sha256(weights)}
@@ -565,12 +566,9 @@ def lm_eval_documents(data, tokenizer, split: str) -> tuple[str, list[dict]]:
     split = data.check_split(split)
     if isinstance(data, ExampleData):
         x, y = data.data[split]
-        docs = []
-        for row in range(len(x)):
-            for t in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist():
-                docs.append({"context": tokenizer.decode(x[row, :t + 1].tolist()),
-                             "target": tokenizer.decode([int(y[row, t])])})
-        return "loglikelihood", docs
+        scored = [(row, t) for row in range(len(x)) for t in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()]
+        return "loglikelihood", [{"context": tokenizer.decode(x[row, :t + 1].tolist()),
+                                  "target": tokenizer.decode([int(y[row, t])])} for row, t in scored]
     streams = getattr(data, "streams", None)
     if streams is None:
         raise UserError(f"no lm-evaluation-harness task for the {data.name!r} data: it holds neither examples nor "

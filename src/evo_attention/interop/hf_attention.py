@@ -40,13 +40,17 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 
 from evo_attention.genes import AttentionGene, canonical_program
 from evo_attention.nn.attention import EvolvedAttention, decode_mask
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import check_output, register_output_kind
+from evo_attention.util.files import check_output, output_dir, register_output_kind, write_text
+from evo_attention.util.version import __version__
 
 ATTRIBUTE = "evo_attention"  # the submodule of a host attention layer holding the gene's parameters
 DEFAULT_NAME = "evo_attention"
@@ -276,8 +280,6 @@ def install(model, genes=None):
 
 def is_hf_attention_export(directory) -> bool:
     """Whether ``directory`` holds an export of this format (its ``hf_attention.py``)."""
-    from pathlib import Path
-
     return (Path(directory) / ENTRY_FILE).is_file()
 
 
@@ -290,12 +292,8 @@ def export_hf_attention(model, out, *, source: str = "", genes=None, spec=None) 
     needs no weights: without a ``model`` (None), ``genes`` (a genome's genes, one per layer or one)
     and the model's ``spec`` (``nn.spec.ModelSpec``) say the same. Everything is checked and built
     before anything is written. Returns ``{"genes", "name", "files"}``."""
-    import hashlib
-
     from evo_attention.interop.export import (PACKAGE, PACKAGE_LOADER, check_exportable, module_sources, plugin_names,
                                               requirements)
-    from evo_attention.util.files import output_dir, write_text
-    from evo_attention.util.version import __version__
 
     if model is not None:
         genes, spec = model.genes, model.spec
