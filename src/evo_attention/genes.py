@@ -29,8 +29,7 @@ named parts in any order (also after the 4-part short form).
 
 Three more named parts are the training *recipe* (``RECIPE_FIELDS``), so that a search can tune the
 recipe jointly with the mechanism; their default, ``None``, means "the run's configured value", so a
-key without them names the gene trained with the run's recipe (and every key written before they
-existed stays as it was):
+key without them names the gene trained with the run's recipe:
 
 =============  ============  ================================================================
 field          key part      values (default first)
@@ -46,11 +45,9 @@ model whatever they say. A model has one recipe, so the layers of a per-layer ge
 (``layers_violation``; the genetic operators give every layer the first layer's recipe).
 ``mechanism_of`` drops the recipe parts, ``recipe_of`` gives them.
 
-Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order): its key part,
-its default (the vanilla transformer's value), a search space's default options, how a value is
-checked, canonicalised and written, and for a registered field its built-in option names. The
-older names (``FIELDS``, ``AXIS_FIELDS``, ``ALL_FIELDS``, ``AXIS_DEFAULTS``, ``KEY_PARTS``, ...)
-are derived from that table.
+Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order); the older
+names (``FIELDS``, ``AXIS_FIELDS``, ``ALL_FIELDS``, ``AXIS_DEFAULTS``, ``KEY_PARTS``, ...) are
+derived from that table.
 
 The search space is ``SearchSpace``: the options of each field. By default it is ``OPTIONS``, the
 option names of each registered field: the built-in names, known here (the names are grammar;
@@ -138,11 +135,6 @@ def parse_position(value) -> PositionSpec:
     return PositionSpec("rope", parts[1], factor)
 
 
-def normalize_position(value) -> str:
-    """The canonical spelling of a position option (e.g. 'rope:ntk:4.0' -> 'rope:ntk:4')."""
-    return str(parse_position(value))
-
-
 # -- the fields ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Field:
@@ -206,7 +198,7 @@ def _check_dropout(field: Field, value: Any) -> float:
 
 
 def _check_position(field: Field, value: Any) -> str:
-    return normalize_position(value)
+    return str(parse_position(value))  # the canonical spelling: 'rope:ntk:4.0' -> 'rope:ntk:4'
 
 
 def _check_attn_bias(field: Field, value: Any) -> str:
@@ -243,21 +235,21 @@ def _recipe_number(field: Field, value: Any) -> float:
 
 
 def _check_rate(field: Field, value: Any) -> float | None:
-    if _recipe_default(value):
-        return None
-    rate = _recipe_number(field, value)
-    if rate <= 0:
-        raise UserError(f"{field.name} {value!r} is not a positive number: {field.help}")
-    return rate
+    return _recipe_bounded(field, value, lambda rate: rate > 0, "is not a positive number")
 
 
 def _check_weight_decay(field: Field, value: Any) -> float | None:
+    return _recipe_bounded(field, value, lambda decay: decay >= 0, "is negative")
+
+
+def _recipe_bounded(field: Field, value: Any, fits: Callable[[float], bool], problem: str) -> float | None:
+    """None for the run's value, else the recipe number if ``fits`` it (UserError saying ``problem``)."""
     if _recipe_default(value):
         return None
-    decay = _recipe_number(field, value)
-    if decay < 0:
-        raise UserError(f"{field.name} {value!r} is negative: {field.help}")
-    return decay
+    number = _recipe_number(field, value)
+    if not fits(number):
+        raise UserError(f"{field.name} {value!r} {problem}: {field.help}")
+    return number
 
 
 def _check_warmup(field: Field, value: Any) -> int | float | None:
@@ -307,8 +299,7 @@ def _grammar(options: tuple, kernels: tuple, generation: int) -> programs.Gramma
 
 def canonical_program(text: "str | programs.Program") -> programs.Program:
     """A program (its text or itself) checked and in canonical form; ProgramError if it is none."""
-    grammar = program_grammar()
-    return _canonical_program(str(text), grammar)
+    return _canonical_program(str(text), program_grammar())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -379,9 +370,7 @@ def _key_of(values: Mapping[str, Any]) -> str:
 
 VANILLA_KEY = _key_of({f.name: f.default for f in GENE_FIELDS})  # dot|softmax|none|fixed|bias|0.10
 
-# The option names of each registered field: the built-in ones, then those a ``register_*``
-# decorator of ``nn.components`` adds, in registration order. Every gene and search space is
-# checked against them.
+# The option names of each registered field (module docstring); every gene and search space is checked against them.
 OPTIONS: dict[str, list] = {name: list(FIELD[name].builtins) for name in CATEGORICAL_FIELDS}
 # What the validity rules need to know of the options: similarities whose score is a dot product
 # of transformed q and k, and normalizations computed from feature maps phi(q) . phi(k) (kernel
@@ -551,10 +540,7 @@ class SearchSpace(_SpaceFields):
         """How many genomes the space holds (math.inf for a program space)."""
         if self.program_space is not None:
             return math.inf
-        n = 1
-        for name in ALL_FIELDS:
-            n *= len(self.options(name))
-        return n
+        return math.prod(len(self.options(name)) for name in ALL_FIELDS)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "SearchSpace":
@@ -626,8 +612,6 @@ class AttentionGene(_Keyed):
     NORMALIZATIONS = OPTIONS["normalization"]
     GATING = OPTIONS["gating"]
     TEMPERATURE_MODES = OPTIONS["temperature_mode"]
-    POSITION_KINDS = POSITION_KINDS  # rope also takes a scaling: rope:linear:F, rope:ntk:F
-    ATTN_BIASES = ATTN_BIASES
 
     __slots__ = ALL_FIELDS + ("_key",)
 
@@ -652,10 +636,7 @@ class AttentionGene(_Keyed):
     @classmethod
     def random(cls, rng: _random.Random | None = None, space: SearchSpace | None = None) -> "AttentionGene":
         """A random gene from ``rng`` (default: the module RNG) over ``space``."""
-        if rng is not None:
-            check_argument("rng", rng, _random.Random, "a random.Random")
-        if space is not None:
-            check_argument("space", space, SearchSpace, "a SearchSpace (SearchSpace.from_dict({...}))")
+        _check_rng_space(rng, space)
         return cls(rng=rng, space=space)
 
     @classmethod
@@ -706,10 +687,7 @@ class AttentionGene(_Keyed):
         check_argument("mutation_rate", mutation_rate, (int, float), "a number in [0, 1]")
         if not 0.0 <= mutation_rate <= 1.0:
             raise UserError(f"mutation_rate {mutation_rate!r} is outside [0, 1]")
-        if rng is not None:
-            check_argument("rng", rng, _random.Random, "a random.Random")
-        if space is not None:
-            check_argument("space", space, SearchSpace, "a SearchSpace (SearchSpace.from_dict({...}))")
+        _check_rng_space(rng, space)
         rng = rng or _random
         space = space or SearchSpace()
         for _ in range(MAX_REDRAWS):  # an invalid result is mutated again from self, with the same rng
@@ -719,10 +697,8 @@ class AttentionGene(_Keyed):
                     values[name] = rng.choice(space.options(name))
             for name in AXIS_FIELDS:
                 options = space.options(name)
-                if name == "program" and space.program_space is not None:
-                    continue
-                if options == [values[name]]:
-                    continue  # resampling could not change it: draw nothing
+                if (name == "program" and space.program_space is not None) or options == [values[name]]:
+                    continue  # a program space edits the program below; a single option could not change: no draw
                 if rng.random() < mutation_rate:
                     values[name] = rng.choice(options)
             if space.program_space is not None:  # in a program space every child is one program edit away
@@ -788,14 +764,18 @@ class AttentionGene(_Keyed):
         return f"Attn({self.short})"
 
 
+def _check_rng_space(rng, space) -> None:
+    if rng is not None:
+        check_argument("rng", rng, _random.Random, "a random.Random")
+    if space is not None:
+        check_argument("space", space, SearchSpace, "a SearchSpace (SearchSpace.from_dict({...}))")
+
+
 class LayerGenes(_Keyed):
     """A per-layer genome: one ``AttentionGene`` per layer, first layer first. Immutable; its key
     joins the layer keys with `` / ``. Mutation and crossover act layer by layer (layer i of a
-    child comes from layer i of its parents). The layers must agree on whether the model adds
-    learned absolute positions (rule layers-share-absolute-positions, ``layers_violation``):
-    draws redraw and the operators try again, as for a gene's own rules. They must agree on the
-    recipe parts too (rule layers-share-recipe): draws and operators give every layer the first
-    layer's recipe."""
+    child comes from layer i of its parents). The layers obey ``layers_violation``: draws redraw and
+    the operators try again, as for a gene's own rules, and give every layer the first layer's recipe."""
 
     __slots__ = ("layers", "_key")
 
@@ -825,19 +805,20 @@ class LayerGenes(_Keyed):
 
     def mutate(self, mutation_rate: float, rng: _random.Random | None = None,
                space: SearchSpace | None = None) -> "LayerGenes":
-        for _ in range(MAX_REDRAWS):
-            layers = _share_recipe([g.mutate(mutation_rate, rng, space) for g in self.layers])
-            if layers_violation(layers) is None:
-                return LayerGenes(layers)
-        return self
+        return self._first_valid(lambda: [g.mutate(mutation_rate, rng, space) for g in self.layers])
 
     def crossover(self, other: "LayerGenes", rng: _random.Random | None = None,
                   space: SearchSpace | None = None) -> "LayerGenes":
         if not isinstance(other, LayerGenes) or len(other.layers) != len(self.layers):
             raise UserError(f"cannot cross {self.key!r} with {getattr(other, 'key', other)!r}: per-layer genomes "
                             "cross only with genomes of as many layers")
+        return self._first_valid(lambda: [a.crossover(b, rng, space) for a, b in zip(self.layers, other.layers)])
+
+    def _first_valid(self, draw: Callable[[], list]) -> "LayerGenes":
+        """The first valid genome of ``draw``'s layers (given the first layer's recipe) in MAX_REDRAWS
+        draws; self when none is."""
         for _ in range(MAX_REDRAWS):
-            layers = _share_recipe([a.crossover(b, rng, space) for a, b in zip(self.layers, other.layers)])
+            layers = _share_recipe(draw())
             if layers_violation(layers) is None:
                 return LayerGenes(layers)
         return self

@@ -561,12 +561,11 @@ class _OpTable(dict):
         self.producers: dict = {}
 
 
-def _producers(ops: Mapping[str, Op], wanted: str):
+def _producers(ops: _OpTable, wanted: str):
     """(op name, argument types) of every op that can give a ``wanted`` value, in table order
     (kept per table: a draw asks this thousands of times)."""
-    cache = getattr(ops, "producers", None)
-    if cache is not None and wanted in cache:
-        return cache[wanted]
+    if wanted in ops.producers:
+        return ops.producers[wanted]
     out = []
     for op in ops.values():
         if op.kind == "root":
@@ -578,8 +577,7 @@ def _producers(ops: Mapping[str, Op], wanted: str):
             if _fits(concrete, wanted):
                 out.append((op.name, tuple(wanted if a == "T" else a for a in args)))
                 break
-    if cache is not None:
-        cache[wanted] = out
+    ops.producers[wanted] = out
     return out
 
 
@@ -593,17 +591,16 @@ def _grow(rng, wanted: str, budget: int, ops, depth: int):
     producers = _producers(ops, wanted)
     if wanted == "X" and depth == 0:  # the root: the output of heads, possibly gated
         producers = [p for p in producers if p[0] in ("o",) or ops[p[0]].kind in ("gate", "learned")] or producers
-    if wanted in ("W",):
+    if wanted == "W":
         producers = [p for p in producers if ops[p[0]].kind == "weight"]
     if not producers:
         return Node(rng.choice(leaves)) if leaves else None
     if leaves and rng.random() < 0.25:
         return Node(rng.choice(leaves))
     name, args = rng.choice(producers)
-    rest = budget - 1
-    shares = [rest // len(args)] * len(args)
+    share = (budget - 1) // len(args)
     children = []
-    for a, share in zip(args, shares):
+    for a in args:
         child = _grow(rng, a, share, ops, depth + 1)
         if child is None:
             return None
@@ -665,7 +662,7 @@ def _any_edit(program: Program, rng, ops, grammar: Grammar):
         others = [n for n, t in nodes if _fits(t, wanted) and n.text != node.text and "pin" not in n.text]
         new = rng.choice(others) if others else None
     elif kind == "constant" and node.op == "const":
-        new = const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
+        new = _nudged(node, rng)
     return None if new is None else (node, new)
 
 
@@ -706,10 +703,7 @@ def _second_path(program: Program, rng, ops, grammar: Grammar):
 
 def _delete(program: Program, rng, grammar: Grammar):
     options = deletions(program, grammar)
-    if not options:
-        return None
-    node, arg, _ = rng.choice(options)
-    return node, arg
+    return rng.choice(options)[:2] if options else None
 
 
 def _constant(program: Program, rng):
@@ -717,7 +711,12 @@ def _constant(program: Program, rng):
     if not constants:
         return None
     node = rng.choice(constants)
-    return node, const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
+    return node, _nudged(node, rng)
+
+
+def _nudged(node: Node, rng) -> Node:
+    """A constant's new value: halved, doubled or negated, or a fresh draw in [-2, 2]."""
+    return const(node.value * rng.choice((0.5, 2.0, -1.0)) if rng.random() < 0.5 else rng.uniform(-2, 2))
 
 
 # The edit kinds a mutation draws, by name (docs/programs.md): each gives (node, its replacement), or
@@ -751,14 +750,19 @@ def edit(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Gr
         found = EDITS[kind](program, rng, ops, grammar)
         if found is None:
             continue
-        node, new = found
-        try:
-            child = _valid(Program(_replace(program.root, node.text, new)), space, grammar)
-        except ProgramError:
-            child = None
-        if child is not None and child != program and mixes_tokens(child, grammar):
+        child = _child(program, *found, space, grammar)
+        if child is not None and child != program:
             return kind, child
     return "none", program
+
+
+def _child(program: Program, node: Node, new: Node, space: ProgramSpace, grammar: Grammar) -> Program | None:
+    """``program`` with ``node`` replaced by ``new``, canonical, if it is in the space and mixes tokens."""
+    try:
+        child = _valid(Program(_replace(program.root, node.text, new)), space, grammar)
+    except ProgramError:
+        return None
+    return child if child is not None and mixes_tokens(child, grammar) else None
 
 
 def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
@@ -797,11 +801,8 @@ def crossover(a: Program, b: Program, rng: _random.Random, space: ProgramSpace, 
         donors = [n for n, t in theirs if _fits(t, wanted) and n.op != "pin"]
         if not donors:
             continue
-        try:
-            child = _valid(Program(_replace(a.root, node.text, rng.choice(donors))), space, grammar)
-        except ProgramError:
-            child = None
-        if child is not None and child not in (a, b) and mixes_tokens(child, grammar):
+        child = _child(a, node, rng.choice(donors), space, grammar)
+        if child is not None and child not in (a, b):
             return child
     return a
 

@@ -75,6 +75,12 @@ def fingerprint_of(obj) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def seeded_generator(text: str) -> torch.Generator:
+    """A CPU generator seeded by the sha256 of ``text``: one independent stream per text."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
 def check_positive(name: str, value, minimum: int = 1) -> int:
     """Return ``value`` as an int, or raise UserError unless it is an integer >= minimum."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -128,12 +134,10 @@ class TaskData:
         """Finite, deterministic iterator over ``split``; at most ``max_batches`` batches if given."""
         split = self.check_split(split)
         check_positive("batch_size", batch_size)
-        if max_batches is not None:
-            check_positive("max_batches", max_batches, minimum=0)
         n = self.num_eval_items(split)
         starts = range(0, n, batch_size)
         if max_batches is not None:
-            starts = starts[:max_batches]
+            starts = starts[:check_positive("max_batches", max_batches, minimum=0)]
         return (self.eval_items(split, torch.arange(s, min(s + batch_size, n))) for s in starts)
 
     def scored_tokens(self, split: str) -> int:
@@ -171,11 +175,10 @@ class ExampleData(TaskData):
     data: dict
 
     def num_train_items(self) -> int:
-        return len(self.data["train"][0])
+        return self.num_eval_items("train")
 
     def train_items(self, idx: torch.Tensor) -> Batch:
-        x, y = self.data["train"]
-        return x[idx], y[idx]
+        return self.eval_items("train", idx)
 
     def num_eval_items(self, split: str) -> int:
         return len(self.data[split][0])
@@ -218,8 +221,7 @@ class LoaderData(TaskData):
         return loader
 
     def _batches(self, loader) -> Iterator[Batch]:
-        for batch in loader:
-            yield self._as_xy(batch)
+        return (self._as_xy(batch) for batch in loader)
 
     def _as_xy(self, batch) -> Batch:
         if isinstance(batch, Mapping):

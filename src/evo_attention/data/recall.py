@@ -25,13 +25,11 @@ The train, valid and test sets are independent draws from generators seeded from
 the same settings give the same data in every process.
 """
 
-import hashlib
-
 import torch
 
 from evo_attention.util.errors import UserError
 from evo_attention.data.base import (IGNORE_INDEX, SPLITS, ExampleData, check_generated_memory, check_positive,
-                                     fingerprint_of)
+                                     fingerprint_of, seeded_generator)
 from evo_attention.data.vocab import Vocab
 from evo_attention.util.memory import refuse_failed_allocation
 
@@ -41,8 +39,7 @@ FILL_ID = 0
 
 def split_generator(seed: int, split: str) -> torch.Generator:
     """A CPU generator seeded from (seed, split) by sha256: independent streams per split."""
-    digest = hashlib.sha256(f"evo-attention/recall/v{FORMAT_VERSION}/{seed}/{split}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return seeded_generator(f"evo-attention/recall/v{FORMAT_VERSION}/{seed}/{split}")
 
 
 def random_subsets(rows: int, n: int, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -98,11 +95,9 @@ class RecallData(ExampleData):
                  num_queries: int | None = None, train_examples: int = 20_000,
                  eval_examples: int = 1_000, seed: int = 0):
         num_queries = num_pairs if num_queries is None else num_queries
-        check_positive("seq_len", seq_len)
-        check_positive("num_pairs", num_pairs)
-        check_positive("num_queries", num_queries)
-        check_positive("train_examples", train_examples)
-        check_positive("eval_examples", eval_examples)
+        for name, value in (("seq_len", seq_len), ("num_pairs", num_pairs), ("num_queries", num_queries),
+                            ("train_examples", train_examples), ("eval_examples", eval_examples)):
+            check_positive(name, value)
         check_positive("vocab_size", vocab_size, minimum=4)  # <fill>, a key, two values
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise UserError(f"seed must be an integer, got {seed!r}")

@@ -194,7 +194,6 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         raise fail(f"unknown key {unknown[0]!r}; valid keys: {', '.join(SUITE_KEYS)}")
     name = raw.get("suite")
     if not isinstance(name, str) or not name.strip():
-        # no setting: the words are the file's key, never a flag
         raise UserError(f"suite file {where} has no name: add a line 'suite: my-tasks' (the name its results are "
                         "shown under)")
     for key in ("description", "budget"):
@@ -262,10 +261,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if label is None:
             short = task.split(":")[-1]
             label = short if short not in labels else f"{short}-{i}"
-        if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
-            raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
-        if label in labels:
-            raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
+        _check_label(i, task, label, labels, fail)
         point = SuitePoint(label=label, task=task, knobs=knobs, steps=steps if steps is not None else default_steps,
                            seed=seed, model=dict(model), weight=float(weight))
         key = (task, tuple(sorted(resolved.items())), seed or 0)  # the same data, however spelled
@@ -306,16 +302,21 @@ def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict,
     if item.get("seed") is not None:
         raise fail(f"point {i} ({task}): a corpus has no data seed; leave seed out")
     label = item.get("label") or (task if task not in labels else f"{task}-{i}")
-    if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
-        raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
-    if label in labels:
-        raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
+    _check_label(i, task, label, labels, fail)
     key = (task, data_dir, tokenizer or "word", tuple(sorted(knobs.items())))
     if key in datas:
         raise fail(f"points {datas[key]} and {i} are the same data ({task} in {data_dir}): remove one")
     labels[label], datas[key] = i, i
     return SuitePoint(label=label, task=task, knobs=dict(knobs), steps=steps, model=dict(model), weight=weight,
                       data_dir=data_dir, tokenizer=tokenizer)
+
+
+def _check_label(i: int, task: str, label, labels: dict, fail) -> None:
+    """Point ``i``'s label must be a word without spaces that no earlier point has (``labels``)."""
+    if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
+        raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
+    if label in labels:
+        raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
 
 
 def _steps(value, fail, what: str) -> int | None:

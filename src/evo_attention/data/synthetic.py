@@ -61,24 +61,19 @@ Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
   value after each key. Keys never repeat within an example, so context does not help: rewards
   what the parameters store, not mixing.
 
-Adding a task: one ``Task`` subclass (``capability``, ``knobs``, ``defaults`` giving every knob,
-``vocab`` included, a default; ``symbols``, ``answers_per_example``, ``chance``, ``generate``;
-optionally ``resolve``, ``no_recall``, ``bytes_per_token``) registered with
-``@register_task("name")``. ``TASKS`` is that registry and nothing else lists tasks: the built-in
-tasks above are registered the same way, so a registered task is at once a data name (``load_data``,
-``--data``, ``Config``), a suite point's ``task:``, a ``curve`` task whose knobs can be swept, and
-gets the memory check, ``describe()`` with its chance level and a fingerprint. A name is a lower-case
-word (``delayed_copy``) or ``FAMILY:WORD`` (the built-ins' ``mad:TASK``); it may not be a dataset's
-name (``base.name_taken``), and a word may not also be a family. Registering a name again with
-another class, or a class under a second name, is a one-line UserError; ``unregister_task`` undoes
-a registration (for tests). Registering changes no existing data: a shipped suite is a pinned list
-of points, not "every task".
+Adding a task: one ``Task`` subclass registered with ``@register_task("name")`` (``docs/tasks.md``).
+``TASKS`` is that registry and nothing else lists tasks: the built-in tasks above are registered the
+same way, so a registered task is at once a data name (``load_data``, ``--data``, ``Config``), a
+suite point's ``task:``, a ``curve`` task whose knobs can be swept, and gets the memory check,
+``describe()`` with its chance level and a fingerprint. A name is a lower-case word
+(``delayed_copy``) or ``FAMILY:WORD`` (the built-ins' ``mad:TASK``), never a dataset's name
+(``base.name_taken``) nor both a word and a family. Registering changes no existing data: a shipped
+suite is a pinned list of points, not "every task".
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -87,7 +82,7 @@ from typing import Any, Mapping
 import torch
 
 from evo_attention.data.base import (IGNORE_INDEX, SPLITS, ExampleData, check_generated_memory, check_positive,
-                                     fingerprint_of, name_taken)
+                                     fingerprint_of, name_taken, seeded_generator)
 from evo_attention.data.recall import random_subsets
 from evo_attention.data.vocab import Vocab
 from evo_attention.util.errors import UserError
@@ -159,8 +154,7 @@ COMMON_DEFAULTS = {"seq_len": 64, "train_examples": 10_000, "eval_examples": 1_0
 
 def split_generator(task: str, seed: int, split: str) -> torch.Generator:
     """A CPU generator seeded from (task, seed, split) by sha256: independent streams."""
-    digest = hashlib.sha256(f"evo-attention/synthetic/v{FORMAT_VERSION}/{task}/{seed}/{split}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return seeded_generator(f"evo-attention/synthetic/v{FORMAT_VERSION}/{task}/{seed}/{split}")
 
 
 def _too_small(task: str, what: str, fix: str) -> UserError:
@@ -169,8 +163,9 @@ def _too_small(task: str, what: str, fix: str) -> UserError:
 
 # -- the tasks ------------------------------------------------------------------------------------
 class Task:
-    """A generated task: its knobs, their defaults, the checks between them, the token layout and
-    the generator. ``k`` is always the full dict of resolved knob values.
+    """A generated task: its knobs, their defaults (``defaults`` gives every knob one, ``vocab``
+    included), the checks between them (``resolve``), the token layout and the generator. ``k`` is
+    always the full dict of resolved knob values.
 
     A subclass defines ``symbols(k)`` (``k["vocab"]`` names; id 0 is padding, never scored),
     ``answers_per_example(k)``, ``chance(k)`` and ``generate(n, k, generator, seed)`` -> ``(x, y)``,
@@ -326,13 +321,8 @@ def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 @register_task("mqar")
 class MQAR(Task):
-    """Two layouts (``layout``): ``kv``, where a query shows its key and then its value (the value is
-    the scored answer, teacher-forced), values drawn with replacement; and ``zoology``, Zoology's
-    form, where a query shows its key only (the answer is scored at the key's position, the next
-    input is filler), every example has distinct values, and the filler is random ids by default.
-    Both place the queries in two-token slots after the pairs, slot j drawn with weight
-    (j + 1) ** (power - 1), and split the ids after <fill> into a lower half of keys and an upper
-    half of values (for an even vocab, Zoology's split)."""
+    """The layouts are the module docstring's; both split the ids after <fill> into a lower half of
+    keys and an upper half of values (for an even vocab, Zoology's split)."""
 
     capability = "content-based lookup of many associations at once (multi-query associative recall)"
     knobs = (Knob("pairs", "int", "key-value pairs at the start of each example"),
@@ -414,15 +404,13 @@ class MQAR(Task):
 
 @register_task("mad:in_context_recall")
 class InContextRecall(Task):
-    """The recall family: a dictionary of ``pairs`` distinct keys with values, then query pairs of
-    dictionary keys (with replacement) up to the end of the window; noise tokens between items
-    (noisy) and keys/values of several tokens (fuzzy) are settings of the same generator."""
+    """The recall family (module docstring): the noisy and fuzzy variants are settings of this
+    generator."""
 
     capability = "in-context recall: look up the value of a key given earlier in the sequence"
     knobs = (Knob("pairs", "int", "distinct keys in each example's dictionary (default: min(possible keys, "
                                   "half of the pairs that fit))"),)
     defaults = {"vocab": 16, "pairs": None}
-    noise_vocab_default = 0
     bytes_per_token = 64  # measured ~59: the query region is drawn whole
 
     # the settings the generator reads (overridden by the noisy and fuzzy variants)
@@ -616,9 +604,12 @@ class Memorization(Task):
     knobs = (Knob("pairs", "int", "distinct keys per example (default: min(keys, (seq_len + 1) // 2))"),)
     defaults = {"vocab": 64, "pairs": None}
 
+    def alphabet(self, k) -> tuple[int, int]:
+        return _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+
     def resolve(self, k):
         T, V = k["seq_len"], k["vocab"]
-        keys, _ = _split_alphabet(self.name, V, 1, "<pad>")
+        keys, _ = self.alphabet(k)
         if k["pairs"] is None:
             k["pairs"] = min(keys, (T + 1) // 2)
         P = k["pairs"]
@@ -630,23 +621,23 @@ class Memorization(Task):
         return k
 
     def symbols(self, k):
-        keys, values = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        keys, values = self.alphabet(k)
         return ["<pad>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
 
     def answers_per_example(self, k):
         return k["pairs"]
 
     def chance(self, k):
-        return 1 / _split_alphabet(self.name, k["vocab"], 1, "<pad>")[1]
+        return 1 / self.alphabet(k)[1]
 
     def table(self, k, seed: int) -> torch.Tensor:
         """The value id of every key id (index: key id - 1); the same in every split."""
-        keys, values = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        keys, values = self.alphabet(k)
         return torch.randint(values, (keys,), generator=split_generator(self.name, seed, "table")) + 1 + keys
 
     def generate(self, n, k, generator, seed):
         T, P = k["seq_len"], k["pairs"]
-        keys, _ = _split_alphabet(self.name, k["vocab"], 1, "<pad>")
+        keys, _ = self.alphabet(k)
         chosen = random_subsets(n, keys, P, generator)
         full = torch.full((n, T + 1), PAD_ID, dtype=torch.long)
         full[:, 0: 2 * P: 2] = chosen + 1

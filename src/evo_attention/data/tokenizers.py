@@ -222,15 +222,9 @@ def byte_alphabet() -> dict[str, int]:
     Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) are shifted to
     code points 256 and up, in byte order. This is the convention of the ``ByteLevel`` pre-tokenizer.
     """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
+    shifted = iter(range(256, 512))  # the next code point for a byte that is not printable
+    return {chr(b if b in printable else next(shifted)): b for b in range(256)}
 
 
 class BPETokenizer(Tokenizer):

@@ -33,11 +33,7 @@ def line_words(line: str) -> list[str]:
 
 def corpus_words(text: str) -> list[str]:
     """Every line's words, each line followed by ``EOS``; ``[]`` for an empty text."""
-    words: list[str] = []
-    for line in text_lines(text):
-        words += line_words(line)
-        words.append(EOS)
-    return words
+    return [word for line in text_lines(text) for word in (*line_words(line), EOS)]
 
 
 def prompt_words(text: str) -> list[str]:

@@ -51,10 +51,8 @@ NORMALIZATIONS: Dict[str, Callable[[torch.Tensor, torch.Tensor | None], torch.Te
 TEMPERATURES: Dict[str, Callable[..., nn.Module]] = {}
 GATINGS: Dict[str, Callable[..., nn.Module]] = {}
 
-# The search space's option names live in ``genes.OPTIONS`` (the grammar of a gene), which knows the
-# built-in names below without importing this module. Registering a new name adds it there, so it
-# joins random draws and mutations at once; registering a built-in adds nothing (its place in
-# OPTIONS, which seeded draws index into, stays), and tests hold the two to the same names.
+# The option names live in ``genes.OPTIONS`` (the grammar, which knows the built-in names below without
+# importing this module; see its module docstring): registering a new name adds it there.
 
 _REGISTRIES = {
     "similarity": SIMILARITIES,
@@ -279,10 +277,6 @@ def wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def _fill_masked(scores: torch.Tensor, mask: torch.Tensor | None, value: float) -> torch.Tensor:
-    return scores if mask is None else scores.masked_fill(~mask, value)
-
-
 def zero_masked(weights: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return weights if mask is None else weights.masked_fill(~mask, 0.0)
 
@@ -314,7 +308,8 @@ def _shift_for_sparse(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
 @register_normalization("softmax")
 def softmax_norm(scores, mask):
     """Softmax over allowed keys (masked keys get exactly 0)."""
-    weights = torch.softmax(_fill_masked(wide(scores), mask, float("-inf")), dim=-1)
+    wide_scores = wide(scores)
+    weights = torch.softmax(wide_scores if mask is None else wide_scores.masked_fill(~mask, float("-inf")), dim=-1)
     # A row with no allowed key is all -inf and softmax gives NaN there: make it zeros.
     weights = torch.nan_to_num(weights, nan=0.0)
     return weights.to(scores.dtype)
@@ -336,10 +331,7 @@ def _partial_k(scores: torch.Tensor) -> int | None:
 @register_normalization("sparsemax")
 def sparsemax_norm(scores, mask):
     """Exact sparsemax (Martins & Astudillo, 2016): Euclidean projection onto the simplex."""
-    from entmax import sparsemax
-
-    weights = sparsemax(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
-    return zero_masked(weights, mask).to(scores.dtype)
+    return _entmax("sparsemax", scores, mask)
 
 
 @register_normalization("relu_norm")
@@ -357,9 +349,14 @@ def sigmoid_norm(scores, mask):
 @register_normalization("entmax15")
 def entmax15_norm(scores, mask):
     """Exact 1.5-entmax (Peters et al., 2019), by sorting."""
-    from entmax import entmax15
+    return _entmax("entmax15", scores, mask)
 
-    weights = entmax15(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
+
+def _entmax(name: str, scores, mask):
+    """The ``entmax`` package's ``name`` (sparsemax, entmax15) over the allowed keys."""
+    import entmax
+
+    weights = getattr(entmax, name)(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
     return zero_masked(weights, mask).to(scores.dtype)
 
 
@@ -445,10 +442,7 @@ def orthogonal_features(n_features: int, d: int) -> torch.Tensor:
     """[m, d] random features for FAVOR+: blocks of d orthogonal directions (QR of a Gaussian
     matrix), each row scaled to the length of an independent Gaussian vector, so every row is
     marginally N(0, I) while rows within a block are orthogonal. Drawn from torch's global RNG."""
-    blocks = []
-    for _ in range(-(-n_features // d)):
-        q, _ = torch.linalg.qr(torch.randn(d, d))
-        blocks.append(q.T)
+    blocks = [torch.linalg.qr(torch.randn(d, d))[0].T for _ in range(-(-n_features // d))]
     directions = torch.cat(blocks)[:n_features]
     return directions * torch.randn(n_features, d).norm(dim=1, keepdim=True)
 

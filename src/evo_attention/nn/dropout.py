@@ -23,8 +23,7 @@ its keep mask from ``fn(shape, p)`` (on any device) instead of drawing it from t
 generator; outside it (evaluation, a plain forward pass) nothing changes.
 
 The counter stream (``nn.dropout_counter``; a training's ``dropout_stream: counter``) is a source
-for ``mask_source`` that gives lanes like these without a generator: a hash of (seed, step, call,
-element) computed on the device of the activations, the same bits on every device.
+for ``mask_source`` that gives lanes like these without a generator.
 """
 
 from __future__ import annotations

@@ -161,23 +161,15 @@ class StackedEmbedding(nn.Module):
         return F.embedding(flat, self.weight.view(k * n, d)).view(*ids.shape, d)
 
 
-def _linear(module: nn.Linear, f: Folding) -> nn.Module:
-    return StackedLinear(f.param("weight"), f.param("bias") if module.bias is not None else None)
-
-
-def _layer_norm(module: nn.LayerNorm, f: Folding) -> nn.Module:
-    return StackedLayerNorm(f.param("weight"), f.param("bias") if module.bias is not None else None,
-                            module.normalized_shape, module.eps)
-
-
-def _rms_norm(module: nn.RMSNorm, f: Folding) -> nn.Module:
-    return StackedRMSNorm(f.param("weight"), module.normalized_shape, module.eps)
+def _bias(module: nn.Module, f: Folding) -> nn.Parameter | None:
+    return f.param("bias") if module.bias is not None else None
 
 
 TORCH_FOLDS: dict[type, Callable[[nn.Module, Folding], nn.Module]] = {
-    nn.Linear: _linear,
-    nn.LayerNorm: _layer_norm,
-    nn.RMSNorm: _rms_norm,
+    nn.Linear: lambda module, f: StackedLinear(f.param("weight"), _bias(module, f)),
+    nn.LayerNorm: lambda module, f: StackedLayerNorm(f.param("weight"), _bias(module, f), module.normalized_shape,
+                                                     module.eps),
+    nn.RMSNorm: lambda module, f: StackedRMSNorm(f.param("weight"), module.normalized_shape, module.eps),
     nn.Embedding: lambda module, f: StackedEmbedding(f.param("weight"), f.rows),
 }
 

@@ -33,15 +33,6 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_stats(hidden, weight, targets, dtype):
-    """Per chunk: logits (at least float32), log-sum-exp, the scored mask and the clamped targets."""
-    logits = (hidden.to(dtype) @ weight.to(dtype).t()).to(_acc(dtype))
-    lse = torch.logsumexp(logits, dim=-1)
-    scored = targets != IGNORE_INDEX
-    safe = targets.clamp(min=0)
-    return logits, lse, scored, safe
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one pass over row chunks; backward only scales them.
 
@@ -154,8 +145,10 @@ def linear_nll_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     nll = torch.zeros((), dtype=torch.float64, device=h.device)
     correct = torch.zeros((), dtype=torch.long, device=h.device)
     for start in range(0, h.shape[0], chunk):
-        logits, lse, scored, safe = _chunk_stats(h[start:start + chunk], weight, t[start:start + chunk], dtype)
-        picked = logits.gather(1, safe[:, None]).squeeze(1)
-        nll += ((lse - picked) * scored).sum().double()
-        correct += ((logits.argmax(-1) == t[start:start + chunk]) & scored).sum()
+        wanted = t[start:start + chunk]
+        logits = (h[start:start + chunk].to(dtype) @ weight.to(dtype).t()).to(_acc(dtype))  # at least float32
+        scored = wanted != IGNORE_INDEX
+        picked = logits.gather(1, wanted.clamp(min=0)[:, None]).squeeze(1)
+        nll += ((torch.logsumexp(logits, dim=-1) - picked) * scored).sum().double()
+        correct += ((logits.argmax(-1) == wanted) & scored).sum()
     return nll, correct, (t != IGNORE_INDEX).sum()

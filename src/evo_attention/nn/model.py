@@ -18,10 +18,8 @@ gene's in both:
 
 The learned absolute position table exists only when the genes' ``position`` is ``learned`` (the
 default); with ``rope``, ``alibi`` or ``none`` each attention layer handles word order itself
-and the model has no position table. Per-layer genes must agree on whether the table is used:
-a mix (say ``learned`` and ``rope``) is an error, since the input embedding is shared by every
-layer and "learned" would silently leak into the others. Mixing ``rope``, ``alibi`` and ``none``
-across layers is fine.
+and the model has no position table. Per-layer genes agree on whether the table is used
+(``genes.layers_violation``); mixing ``rope``, ``alibi`` and ``none`` across layers is fine.
 """
 
 from __future__ import annotations

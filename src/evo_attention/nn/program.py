@@ -105,10 +105,8 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
     one batch of K * B rows, model-major); ``build(shapes)`` returns the module holding its weights
     (subclass ``PerModel`` or give it a ``fold`` method so that it folds), as ``call.module``."""
     sigs = [signatures] if isinstance(signatures, str) else list(signatures)
-    op = programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold)
-    programs.add_op(op)
-    impl = Implementation(_clipped(apply) if kind == "elementwise" else apply, build)
-    IMPLEMENTATIONS[name] = impl
+    programs.add_op(programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold))
+    _own(name, apply, build)
 
 
 def unregister_op(name: str) -> None:
@@ -254,7 +252,7 @@ def _maximum(a, b):
 
 
 def _own(name: str, apply: Callable, build: Callable | None = None) -> None:
-    """The computation of a built-in op (its signature is in ``programs.OPS`` already)."""
+    """The computation of an op whose signature is in ``programs.OPS`` already."""
     kind = programs.OPS[name].kind
     IMPLEMENTATIONS[name] = Implementation(_clipped(apply) if kind == "elementwise" else apply, build)
 
