@@ -94,7 +94,7 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
     if "program" in paths:
         figures.plot_program(best_program(summary), paths["program"])
     tables.write_component_csv(summary, paths["component_analysis_csv"])
-    tables.write_component_markdown(summary, paths["component_analysis_md"])
+    write_text(paths["component_analysis_md"], tables.component_markdown(summary))
     figure_paths = {"evolution": paths["evolution_progress"], "distribution": paths["evaluation_distribution"],
                     "curves": paths["learning_curves"],
                     **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}}
@@ -146,5 +146,4 @@ def plot_suite(summary: RunSummary, path: str | os.PathLike) -> Path:
 
 
 __all__ = ["FINAL_RESULTS_KEYS", "OUTPUTS", "PARETO_OUTPUT", "SUITE_OUTPUT", "Attachments", "RunSummary",
-           "final_results_text", "load_attachments",
-           "load_run", "write_report"]
+           "final_results_text", "load_attachments", "load_run", "write_report"]

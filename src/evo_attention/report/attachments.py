@@ -49,12 +49,11 @@ class Attachments:
 
     ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
     ``ablation*.json`` / ``transfer*.json``; ``suites``: the parsed ``*_suite*.json`` (each with
-    ``"_file"``, its path relative to the run directory);
-    ``compare``: rows of ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None
-    where the file lacks it); ``curves``: each ``curve.json`` with ``"_dir"``, the directory its
-    figure lies in; ``maps``: each ``attention_maps.json`` with ``"_dir"``, the directory
-    its figures lie in; ``problems``: one line per file that exists but could not be read (the
-    report says so instead of failing).
+    ``"_file"``, its path relative to the run directory); ``compare``: rows of
+    ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None where the file lacks it);
+    ``curves``: each ``curve.json`` with ``"_dir"``, the directory its figure lies in; ``maps``:
+    each ``attention_maps.json`` with ``"_dir"``, the directory its figures lie in; ``problems``:
+    one line per file that exists but could not be read (the report says so instead of failing).
     """
 
     validations: list[dict] = field(default_factory=list)

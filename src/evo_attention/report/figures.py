@@ -256,14 +256,10 @@ def _draw(ax, summary: RunSummary) -> None:
         value = row["suite_accuracy"] if suite else perplexity_of(row)
         if row.get("generation") is not None and value is not None:
             by_generation.setdefault(int(row["generation"]), []).append(value)
-    ok_x, ok_y, fail_x = [], [], []
-    for generation, values in sorted(by_generation.items()):
-        for x, value in zip(generation + _offsets(len(values), JITTER), values):
-            if math.isinf(value):
-                fail_x.append(x)
-            else:
-                ok_x.append(x)
-                ok_y.append(value)
+    points = [(x, value) for generation, values in sorted(by_generation.items())
+              for x, value in zip(generation + _offsets(len(values), JITTER), values)]
+    ok_x, ok_y = [x for x, v in points if not math.isinf(v)], [v for _, v in points if not math.isinf(v)]
+    fail_x = [x for x, v in points if math.isinf(v)]
 
     generations = sorted(set(by_generation) | {h["generation"] for h in summary.history})
     if generations:
@@ -366,7 +362,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
     """``compare.png``: (a) the loss ranking with error bars (sd over seeds), (b) loss vs
     parameters, (c) loss vs training time, (d) peak memory; failed configurations are marked."""
     aggregates = payload["aggregates"]
-    ranked = [a for a in sorted(aggregates, key=lambda a: (a["val_loss"] is None, a["val_loss"] or 0.0, a["name"]))]
+    ranked = sorted(aggregates, key=lambda a: (a["val_loss"] is None, a["val_loss"] or 0.0, a["name"]))
     ok = [a for a in ranked if a["val_loss"] is not None]
     s = payload["settings"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9), dpi=110)
@@ -427,7 +423,7 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
     (the lines are moved sideways by under 1% each, so that equal sizes do not hide each other)."""
     sizes = result.get("sizes") or []
     series = [("baseline", True, [s.get("baseline") or {} for s in sizes])]
-    for i, gene in enumerate(result.get("genes") or []):
+    for gene in result.get("genes") or []:
         rows = [next((g for g in s.get("genes", []) if g.get("gene") == gene.get("gene")), {}) for s in sizes]
         series.append((_short(str(gene.get("str")), 48), False, rows))
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)
@@ -565,11 +561,14 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
     every point, so a curve of one point still shows) and the validation-loss points (dashed, the
     same colour) of the best ``top`` genes and of the baseline, on one axis; for a multi-fidelity
     run, a dotted line at every rung where the schedule cut the other individuals short."""
+    if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
+        fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+        ax.text(0.5, 0.5, "A suite run trains each gene once per point: its curves are per point (evaluations.csv "
+                "lists every training).", transform=ax.transAxes, ha="center", va="center", wrap=True)
+        ax.set(xticks=[], yticks=[])
+        return save_figure(fig, path)
     by_id = {r.get("id"): r for r in summary.evaluations}
     lines = []
-    if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
-        return _no_curves(path, "A suite run trains each gene once per point: its curves are per point "
-                                "(evaluations.csv lists every training).")
     if summary.baseline is not None:
         base = next((r for r in summary.evaluations if r.get("role") == "baseline" and r.get("curve")), None)
         if base is not None:
@@ -604,14 +603,6 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
         ax.set(xlabel="Training step", ylabel="Loss (training: mean over each log interval)")
         ax.set_title(f"Learning curves: the best {min(top, len(summary.ranking))} genes and the baseline", fontsize=10)
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, path)
-
-
-def _no_curves(path: str | os.PathLike, text: str) -> Path:
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
     return save_figure(fig, path)
 
 
@@ -748,10 +739,8 @@ def plot_program(text: str, path: str | os.PathLike, *, title: str = "") -> Path
     for node in nodes:
         levels.setdefault(depth[node.text], []).append(node)
     width = max(len(v) for v in levels.values())
-    where = {}
-    for level, row in levels.items():
-        for i, node in enumerate(row):
-            where[node.text] = ((i + 0.5) * width / len(row), level)
+    where = {node.text: ((i + 0.5) * width / len(row), level) for level, row in levels.items()
+             for i, node in enumerate(row)}
     fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * width), 0.9 * (len(levels) + 1)))
     with _closing_on_error(fig):
         for node in nodes:

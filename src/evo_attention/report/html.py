@@ -75,19 +75,18 @@ def _verdict_class(text: str) -> str:
     return next((cls for word, cls in (("better", "good"), ("worse", "bad")) if text.startswith(word)), "")
 
 
+def _cell(t: md.Table, i: int, cell) -> str:
+    align = t.align[i] if i < len(t.align) else "l"
+    classes = [c for c in ("r" if align == "r" else "", _verdict_class(str(cell or ""))) if c]
+    attr = f' class="{" ".join(classes)}"' if classes else ""
+    text = f"<code>{esc(cell)}</code>" if i in t.code and cell is not None else esc(cell)
+    return f"<td{attr}>{text}</td>"
+
+
 def table(t: md.Table) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in t.headers)
-    body = []
-    for row in t.rows:
-        cells = []
-        for i, cell in enumerate(row):
-            align = t.align[i] if i < len(t.align) else "l"
-            classes = [c for c in ("r" if align == "r" else "", _verdict_class(str(cell or ""))) if c]
-            attr = f' class="{" ".join(classes)}"' if classes else ""
-            text = f"<code>{esc(cell)}</code>" if i in t.code and cell is not None else esc(cell)
-            cells.append(f"<td{attr}>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    body = "".join("<tr>" + "".join(_cell(t, i, cell) for i, cell in enumerate(row)) + "</tr>" for row in t.rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def image(path: str | os.PathLike, alt: str, caption: str | None = None) -> str:

@@ -1,11 +1,10 @@
 """``report.md``: the human summary of a run, rendered from a ``RunSummary``.
 
 Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only),
-the distribution of every evaluation,
-per-generation table, top genes, component analysis, then what analyses left in the run
-directory (multi-seed validation, ablation, compare, difficulty curves, attention maps; see ``Attachments``),
-failures and reproducibility. A run with nothing finished (or only failures) still gets a complete
-report that says so in its first lines.
+the distribution of every evaluation, per-generation table, top genes, component analysis, then what
+analyses left in the run directory (multi-seed validation, ablation, compare, difficulty curves,
+attention maps; see ``Attachments``), failures and reproducibility. A run with nothing finished (or
+only failures) still gets a complete report that says so in its first lines.
 
 The tables are built once as ``Table`` values (plain-text cells) by the ``*_table`` functions
 below; this module renders them as markdown and ``html`` renders the same values as HTML, so the
@@ -110,9 +109,7 @@ def suite_run_lines(s: RunSummary) -> list[str]:
 
 
 def _objective_cell(name: str, value) -> str:
-    if name in ("params", "flops"):
-        return fmt(None if value is None else int(value))
-    return fmt(value)
+    return fmt(int(value) if name in ("params", "flops") and value is not None else value)
 
 
 def pareto_table(s: RunSummary) -> Table:
@@ -409,7 +406,7 @@ def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | Non
     return lines
 
 
-def _attachment_sections(a: Attachments, figure_dir: str = ".") -> list[list[str]]:
+def _attachment_sections(a: Attachments) -> list[list[str]]:
     """The markdown sections of the analyses (none when the run directory holds none)."""
     sections = []
     for v in a.validations:

@@ -1,14 +1,13 @@
 """A run as an Optuna study in a journal file, for optuna-dashboard (``report RUN --optuna-journal FILE``).
 
-``write_optuna_journal(run_dir, path)`` writes one study per role into a new journal file: the
-search (named after the run directory: its trainings, the baseline's, a multi-fidelity run's rungs
-and the genes refused before training), and each study the run holds besides (``RUN:validate``,
-``RUN:ablate``, ...), so a study's best trial and best-so-far line are the search's own. It is
-written into a new journal file (Optuna's ``JournalStorage`` over ``JournalFileBackend``), so that
-``optuna-dashboard FILE`` shows the run. It is a view of the run store like every other output:
-written again from the store each time, never read back by a search. An existing file is replaced
-only if it is an Optuna journal (``is_journal``): a run store, a live run's file or any other file is
-refused, naming it (``util.files.check_output``, the rule of every output).
+``write_optuna_journal(run_dir, path)`` writes one study per role into a new journal file (Optuna's
+``JournalStorage`` over ``JournalFileBackend``, which ``optuna-dashboard FILE`` shows): the search
+(named after the run directory: its trainings, the baseline's, a multi-fidelity run's rungs and the
+genes refused before training), and each study the run holds besides (``RUN:validate``, ``RUN:ablate``,
+...), so a study's best trial and best-so-far line are the search's own. It is a view of the run store
+like every other output: written again from the store each time, never read back by a search. An
+existing file is replaced only if it is an Optuna journal (``is_journal``): a run store, a live run's
+file or any other file is refused, naming it (``util.files.check_output``, the rule of every output).
 
 - One trial per stored evaluation, in store order (search, baseline, validate, ...), then one per
   gene the search refused before training (a run with caps). Each trial's user attributes say its
@@ -288,6 +287,4 @@ def _suite_trials(view: dict) -> list[dict]:
 
 def _merged(extra: dict, attrs: dict) -> dict:
     """``create_trial`` keywords: the constraint attributes with the trial's own user attributes."""
-    out = dict(extra)
-    out["user_attrs"] = {**attrs, **extra.get("user_attrs", {})}
-    return out
+    return {**extra, "user_attrs": {**attrs, **extra.get("user_attrs", {})}}

@@ -46,9 +46,7 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
     names = _names(summaries)
     objectives = summaries[0].objectives
     shared = all(s.objectives == objectives for s in summaries) and len(objectives) > 1
-    box = None
-    if shared:
-        box = pareto.bounds([p for s in summaries for p in s.search_points(objectives)])
+    box = pareto.bounds([p for s in summaries for p in s.search_points(objectives)]) if shared else None
     runs = [_run_row(name, s, objectives if shared else None, box) for name, s in zip(names, summaries)]
     return {
         "kind": "runs",

@@ -50,7 +50,7 @@ def run_status(run_dir: str | Path) -> dict:
 
     live = holder(run_dir)  # a process holding the run's lock is writing it now
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
-                                              pareto_summary)
+                                              pareto_summary, suite_view)
     from evo_attention.search.constraints import constraint_view
 
     per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request
@@ -75,8 +75,6 @@ def run_status(run_dir: str | Path) -> dict:
         front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
     suite = None
     if suite_meta:
-        from evo_attention.report.summary import suite_view
-
         view = suite_view(suite_meta, evaluations, config.get("seed"))
         ranked = [r for r in view["genes"] if r["rank"] is not None]
         base_row = view["baseline"]

@@ -314,8 +314,7 @@ def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: S
                       **dict(zip(objectives, points[i])), "generation": records[keys[i]].get("generation"),
                       "id": records[keys[i]].get("id")})
     history = []
-    generations = sorted({int(r["generation"]) for r in records.values() if r.get("generation") is not None})
-    for generation in generations:
+    for generation in sorted({int(r["generation"]) for r in records.values() if r.get("generation") is not None}):
         upto = [p for k, p in zip(keys, points)
                 if records[k].get("generation") is not None and int(records[k]["generation"]) <= generation]
         history.append({"generation": generation, "front_size": len(pareto.front(upto)),
@@ -712,11 +711,9 @@ def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | No
             constraints: Mapping | None = None) -> dict:
     """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
 
-    ``cache_hits``: fitness requests answered from the store instead of by training. It is only
-    derivable once the run is done, as planned requests minus trained search evaluations (minus
-    the genes refused before training, in a run with caps). A run with caps also counts
-    ``infeasible``: ``never_trained`` (refused before training) and ``trained`` (over a cap measured
-    after training).
+    ``cache_hits`` (see ``cache_hits``) counts the genes refused before training, in a run with
+    caps, as trained. A run with caps also counts ``infeasible``: ``never_trained`` (refused before
+    training) and ``trained`` (over a cap measured after training).
     """
     failures = Counter(failure_label(r) for r in search if failed(r))
     trained = len(search)

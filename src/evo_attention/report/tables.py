@@ -54,7 +54,3 @@ def component_markdown(summary: RunSummary) -> str:
         return f"# Component analysis\n\n{intro}\n{summary.statement} Nothing to analyse.\n"
     note = "" if summary.outcome == "ok" else f"{summary.statement}\n\n"
     return f"# Component analysis\n\n{intro}\n{note}{to_markdown(components_table(summary))}\n"
-
-
-def write_component_markdown(summary: RunSummary, path: str | os.PathLike) -> Path:
-    return write_text(path, component_markdown(summary))

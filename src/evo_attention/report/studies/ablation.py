@@ -9,9 +9,7 @@ said with it): removing F from the gene is read as the full gene against the gen
 adding F to the baseline as the baseline with F against the baseline, and the whole gene against
 the baseline (``total``). The recipe-or-mechanism block follows the same sign (``recipe_changes``):
 each share, gain and the interaction is a change of the metric, never a gain. ``current_ablation``
-reads a result written with the older contributions (``value``/``low``/``high``, positive = better)
-by recomputing them from its variants' comparisons, and an older ``recipe_vs_mechanism`` (the gains
-of ``stats.two_factor_shares``, positive = better) by converting it.
+reads a result written with the older sign (positive = better) in this one.
 """
 
 from __future__ import annotations
@@ -317,14 +315,14 @@ def recipe_mechanism_lines(result: Mapping) -> list[str]:
     return lines
 
 
-def recipe_mechanism_section(result: Mapping, level: str = "##") -> list[str]:
+def recipe_mechanism_section(result: Mapping) -> list[str]:
     """The markdown of an ablation's recipe-or-mechanism 2x2 (nothing for a gene without recipe parts)."""
     table = recipe_mechanism_table(result)
     if table is None:
         return []
     block = result["recipe_vs_mechanism"]
     cells = block.get("cells") or {}
-    lines = [f"{level} Recipe or mechanism", "",
+    lines = ["## Recipe or mechanism", "",
              f"The gene sets its own training recipe ({md_cell(block.get('parts_text'))}) besides its mechanism, so "
              "its advantage over the baseline may come from either. The four crossings were trained on the same "
              f"seeds; mean {result.get('metric_label', 'perplexity')} [{stats.percent(result.get('confidence', 0.95))} "

@@ -27,8 +27,7 @@ def compare_markdown(payload: dict) -> str:
         + (f"{schedule_text(s.get('config') or s, s.get('steps'))}; " if not s.get("lr_grid") else
            f"lr: each configuration at its own best of {', '.join(f'{r:g}' for r in s['lr_grid'])} "
            f"({schedule_text(s.get('config') or s, s.get('steps')).partition(', ')[2]}; see below); ")
-        + f"seed{'s' if seeds > 1 else ''} "
-        f"{', '.join(map(str, s['seed_list']))}."
+        + f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, s['seed_list']))}."
         + (f" Loss is the mean ± sd over {seeds} seeds." if seeds > 1 else ""),
         "",
         "| rank | name | gene | val loss | perplexity | change vs baseline (lower is better) | accuracy | params | time (s) | peak MB | status |"
@@ -50,9 +49,8 @@ def compare_markdown(payload: dict) -> str:
         a = aggregates[failed["name"]]
         why = "; ".join(failed["errors"]) or failed["status"]
         lines.append(f"| - | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | - | - | - | - | {'- | ' if text else ''}"
-                     f"{number(a['params'], ',.0f')} | "
-                     f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | "
-                     f"{a['status']}: {md_cell(why)} |")
+                     f"{number(a['params'], ',.0f')} | {number(a['time_s'], '.1f')} | "
+                     f"{number(a['peak_memory_mb'], '.0f')} | {a['status']}: {md_cell(why)} |")
     if s.get("match_params"):
         lines += ["", "Parameter-matched baselines: each configuration is judged against the vanilla model whose "
                   "feed-forward width gives it the configuration's parameter count within 0.5% (rows "

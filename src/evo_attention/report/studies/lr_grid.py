@@ -72,9 +72,8 @@ def grid_table(genes: Mapping[str, Mapping], rates, metric: str,
     for key, row in _grid_order(genes):
         label = _grid_label(key, row, names)
         cells = [f"{label}: {key}" if label else key]
-        for point in row.get("curve") or []:
-            failed = point.get("n_failed") or 0
-            cells.append(fmt(point.get("mean"), d) + (f" ({failed} failed)" if failed else ""))
+        cells += [fmt(point.get("mean"), d) + (f" ({point['n_failed']} failed)" if point.get("n_failed") else "")
+                  for point in row.get("curve") or []]
         cells += [grid_rate_cell(row.get("selected")), "yes" if row.get("at_edge") else "no"]
         rows.append(cells)
     return headers, rows, "l" + "r" * (len(rates) + 1) + "l"

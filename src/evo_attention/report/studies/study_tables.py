@@ -117,10 +117,9 @@ def versus(payload: dict) -> str:
     headers = ["Gene", f"Mean {metric} ({len(payload['seeds'])} seeds)",
                "vs the reference: paired change [95% CI]", "Test", "p (Holm)",
                f"Equivalence p (Holm, margin {payload['margin']:g})", "Verdict"]
-    rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]]
-    for name, c in payload["genes"].items():
-        rows.append([code(name), mean(c["values"]), change_text(c, payload.get("log", False)), str(c["test"]),
-                     p_text(c["p_holm"]), p_text(c["p_tost_holm"]), c["verdict_label"]])
+    rows = [[code(payload["reference"]), mean(payload["reference_values"]), "reference", "", "", "", ""]] + [
+        [code(name), mean(c["values"]), change_text(c, payload.get("log", False)), str(c["test"]),
+         p_text(c["p_holm"]), p_text(c["p_tost_holm"]), c["verdict_label"]] for name, c in payload["genes"].items()]
     return markdown_table(headers, rows, "lrrlrrl")
 
 
@@ -175,11 +174,9 @@ def rediscovery(payload: dict) -> str:
         return first_table
     headers = ["Feature", "Strategy", f"Difference in rate vs {ref}", "p (Fisher)",
                f"p (Holm, {len(payload['features'])})", "p (Barnard, Holm)", "Words"]
-    rows = []
-    for n in names[1:]:
-        for feature, c in payload["comparisons"][n].items():
-            rows.append([feature, n, f"{c['difference']:+.2f}", p_text(c["p_value"]), p_text(c["p_holm"]),
-                         p_text(c["p_barnard_holm"]), c["words"]])
+    rows = [[feature, n, f"{c['difference']:+.2f}", p_text(c["p_value"]), p_text(c["p_holm"]),
+             p_text(c["p_barnard_holm"]), c["words"]]
+            for n in names[1:] for feature, c in payload["comparisons"][n].items()]
     return first_table + "\n" + markdown_table(headers, rows, "llrrrrl")
 
 

@@ -20,9 +20,9 @@ from evo_attention.util import stats
 from evo_attention.util.format import fmt, md_cell
 
 
-def transfer_share(value, signed: bool = True) -> str:
+def transfer_share(value) -> str:
     """A fraction as a percentage: 0.031 -> '+3.1%' ('-' when missing)."""
-    return "-" if value is None else f"{100 * value:{'+' if signed else ''}.1f}%"
+    return "-" if value is None else f"{100 * value:+.1f}%"
 
 
 def transfer_change_text(row: Mapping) -> str:
@@ -80,27 +80,24 @@ def transfer_headline(result: Mapping) -> str:
     conf = stats.percent(result.get("confidence", 0.95))
     verdict = at_top.get("transfer", stats.TOO_FEW)
     said = {stats.HOLDS: "holds", stats.SHRINKS: "shrinks", stats.VANISHES: "vanishes", stats.REVERSES: "reverses"}
-    what = (f"its advantage over the baseline **{said[verdict]}**" if verdict in said
-            else f"**{verdict}**")
+    what = f"its advantage over the baseline **{said[verdict]}**" if verdict in said else f"**{verdict}**"
     direction = metric_direction(result.get("metric", "val_perplexity"))
     tau = top.get("kendall_tau")
     return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
             f"(change vs baseline {transfer_change_text(best)} -> {transfer_change_text(at_top)}, {conf} intervals, "
-            f"{direction}); "
-            f"Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) at the two "
-            f"sizes {fmt(tau, 2)}.")
+            f"{direction}); Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) "
+            f"at the two sizes {fmt(tau, 2)}.")
 
 
 def transfer_sizes_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     """(headers, rows, align) of the ladder: shape, budget, the baseline's parameters, Kendall's tau."""
     ref = result.get("reference", "")
     headers = ["Size", "Heads", "FFN", "Steps", "Tokens", "Params (baseline)", f"Kendall's tau vs {ref}", "p", "n"]
-    rows = []
-    for s in result.get("sizes", []):
-        label = str(s.get("size")) + (" (reference)" if s.get("reference") else "")
-        rows.append([label, fmt(s.get("n_heads")), fmt(s.get("d_ff")), fmt(s.get("steps")), fmt(s.get("tokens")),
-                     fmt(s.get("params")), "reference" if s.get("reference") else fmt(s.get("kendall_tau"), 2),
-                     "-" if s.get("reference") else p_text(s.get("kendall_p")), fmt(s.get("kendall_n"))])
+    rows = [[str(s.get("size")) + (" (reference)" if s.get("reference") else ""), fmt(s.get("n_heads")),
+             fmt(s.get("d_ff")), fmt(s.get("steps")), fmt(s.get("tokens")), fmt(s.get("params")),
+             "reference" if s.get("reference") else fmt(s.get("kendall_tau"), 2),
+             "-" if s.get("reference") else p_text(s.get("kendall_p")), fmt(s.get("kendall_n"))]
+            for s in result.get("sizes", [])]
     return headers, rows, "lrrrrrrrr"
 
 

@@ -60,8 +60,7 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
                       p_text(r.get("p_holm")), verdict_cell(r)]
             cells += [plain_cell(r, result.get("metric", ""))] if matched else []
         rows.append(cells)
-    align = "l" + "r" * (len(headers) - 2) + "l"
-    return headers, rows, align
+    return headers, rows, "l" + "r" * (len(headers) - 2) + "l"
 
 
 def matched_reference(result: Mapping, row: Mapping) -> Mapping:
