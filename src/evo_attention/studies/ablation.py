@@ -212,8 +212,7 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
         "fields": [v.field for v in variants if v.kind == "remove"],
         "metric": metric, "metric_label": label, "lower_is_better": lower, "eval_split": eval_split,
         "confidence": confidence, "seeds": list(seeds),
-        "variants": rows, "contributions": contributions,
-        "total": total,
+        "variants": rows, "contributions": contributions, "total": total,
     }
     cells = recipe_cells(variants[0].gene, variants[1].gene)
     if cells:

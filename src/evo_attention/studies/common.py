@@ -549,8 +549,7 @@ def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
         cost[name] = statistics.median(measured) if measured else None
     return {"seeds": list(seeds), "values": values, "statuses": [str(r.get("status")) for r in rows],
             "devices": [r.get("device") for r in rows], "precisions": [r.get("precision") for r in rows],
-            "n_failed": sum(v is None for v in values),
-            "errors": errors, "cost": cost}
+            "n_failed": sum(v is None for v in values), "errors": errors, "cost": cost}
 
 
 def write_files(out_dir: str | os.PathLike, names: Mapping[str, str], result: Mapping,

@@ -66,9 +66,8 @@ COMPARE_PRESETS = {
     },
 }
 RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perplexity", "accuracy", "bits_per_byte",
-               "train_loss",
-               "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "eval_tokens", "steps",
-               "trained_steps", "device")
+               "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "eval_tokens",
+               "steps", "trained_steps", "device")
 
 
 @dataclass(frozen=True)
@@ -386,10 +385,9 @@ def _result(name: str, record) -> dict:
 
 
 def _not_run(name: str, gene: str, seed: int, steps: int, interrupted: bool) -> dict:
-    out = {k: None for k in RESULT_KEYS}
-    out.update(name=name, gene=gene, seed=seed, steps=steps, status="interrupted" if interrupted else "error",
-               error="interrupted before it finished" if interrupted else "the executor returned no result")
-    return out
+    return {**dict.fromkeys(RESULT_KEYS), "name": name, "gene": gene, "seed": seed, "steps": steps,
+            "status": "interrupted" if interrupted else "error",
+            "error": "interrupted before it finished" if interrupted else "the executor returned no result"}
 
 
 def _settings(setup: StudySetup, pool, entries) -> dict:
@@ -457,13 +455,9 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
             row["z"] = (a["val_loss"] - loss_mean) / loss_sd  # distance from the mean in sds across configs
         ranking.append(row)
     return {
-        "n_configs": len(aggregates),
-        "n_ok": len(ranked),
-        "val_loss_mean": loss_mean,
-        "val_loss_sd": loss_sd,
+        "n_configs": len(aggregates), "n_ok": len(ranked), "val_loss_mean": loss_mean, "val_loss_sd": loss_sd,
         "per_config": {a["name"]: {"mean": a["val_loss"], "sd": a["val_loss_sd"], "n": a["n_ok"]} for a in aggregates},
-        "ranking": ranking,
-        "best": ranking[0]["name"] if ranking else None,
+        "ranking": ranking, "best": ranking[0]["name"] if ranking else None,
         "failed": [{"name": a["name"], "status": a["status"], "errors": a["errors"]}
                    for a in aggregates if a["val_loss"] is None],
         "total_time_s": total_time_s,

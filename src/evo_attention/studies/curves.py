@@ -171,10 +171,7 @@ def gene_entries(genes, config: Config) -> list[tuple[str, AttentionGene]]:
 def first_break(values: Sequence, means: Sequence[float | None], threshold: float) -> Any:
     """The first of ``values`` (in their order) whose mean is below ``threshold``; None when no
     mean is (a value without a mean, every seed failed, is passed over)."""
-    for value, mean in zip(values, means):
-        if mean is not None and mean < threshold:
-            return value
-    return None
+    return next((value for value, mean in zip(values, means) if mean is not None and mean < threshold), None)
 
 
 SOLVE_HALF = 0.5  # a gene's solve break: where its solve rate falls below this
@@ -306,11 +303,8 @@ def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None, config: 
                                                      "candidate_params": {}}})
         group["extra"]["matched_to"].append(name)
         group["extra"]["candidate_params"][name] = [m["candidate_params"] for m in per_point]
-    out = []
-    for widths, group in groups.items():
-        shown = "/".join(str(w) for w in dict.fromkeys(widths))
-        out.append((f"{ref_name} (FFN {shown})", reference, group["d_ff"], group["extra"]))
-    return out
+    return [(f"{ref_name} (FFN {'/'.join(str(w) for w in dict.fromkeys(widths))})", reference, group["d_ff"],
+             group["extra"]) for widths, group in groups.items()]
 
 
 # -- the result -------------------------------------------------------------------------------------

@@ -86,9 +86,6 @@ class Improvement:
     better: str
     worse: str
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "better": self.better, "worse": self.worse}
-
 
 def known_improvements(config, language: bool | None = None) -> list[Improvement]:
     """The defaults for a fitness of ``config`` (a point's Config): on language (default: unless
@@ -201,11 +198,6 @@ class Fitness:
         done = setup.run(tasks, datasets={self.points[label].task: d for label, d in self.datasets.items()})
         self.records.extend(done[t] for t in tasks)
         return {where: done[t] for where, t in zip(index, tasks)}
-
-
-def point_accuracy(record) -> float:
-    """A point's accuracy in a record, a failed training scoring 0 (the suite's rule, ``train.suite``)."""
-    return point_result("", record).scored
 
 
 def fitness_id(fitness: Fitness) -> str:
@@ -379,16 +371,17 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
             raise UserError(f"the vanilla gene finished on {label} on only {len(losses)} of the seeds at lr {lr:g}: "
                             "the fitness cannot be measured there; check the rate (lr) and the point's settings",
                             setting="lr")
-        # a suite scores every point by its accuracy (a language point: next-token accuracy, no chance level)
+        # a suite scores every point by its accuracy (a language point: next-token accuracy, no chance level),
+        # a failed training scoring 0 (the suite's rule, ``train.suite``)
         answers = described.get("chance_accuracy") is not None or fitness.suite is not None
-        points[label] = point_row([point_accuracy(r) for r in mine] if answers else losses,
+        points[label] = point_row([point_result("", r).scored for r in mine] if answers else losses,
                                   described.get("chance_accuracy"), described.get("no_recall_accuracy"), answers)
     total = sum(p["sd"] ** 2 for p in points.values())
     for row in points.values():
         row["variance_share"] = row["sd"] ** 2 / total if total else None
     saturated = [label for label, p in points.items() if p["status"] == "saturated"]
     accuracy = all(p["status"] is not None for p in points.values())
-    rows = [{**i.to_dict(), **ranking(scores[i.better], scores[i.worse], fitness.lower_is_better, ks)}
+    rows = [{**dataclasses.asdict(i), **ranking(scores[i.better], scores[i.worse], fitness.lower_is_better, ks)}
             for i in chosen]
     base = [v for v in scores[vanilla] if v is not None]
     numbers = {

@@ -46,11 +46,6 @@ RULE = ("each gene trained at every rate on the tuning seeds, measured on the va
         "the verdict is measured at that rate on the study's seeds, disjoint from the tuning seeds")
 
 
-def rate_text(rate: float) -> str:
-    """A rate as the outputs write it: ``0.001``, ``0.0005``."""
-    return f"{rate:g}"
-
-
 def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Mapping[str, str] | None = None) -> dict:
     """Train every gene at every rate of ``setup.lr_grid`` on ``setup.tuning_seeds`` (validation
     split; from the store where there) in one call of the runner, and select each gene's rate:
@@ -98,7 +93,7 @@ def check_rates_free(genes: Sequence[AttentionGene | str]) -> None:
 def _at(keys: Sequence[str], rate: float, labels: Mapping[str, str] | None) -> dict[str, str]:
     """Progress labels that say the rate: ``NAME at lr RATE`` (``lr RATE`` for a gene without a name)."""
     labels = labels or {}
-    return {k: f"{labels[k]} at lr {rate_text(rate)}" if k in labels else f"lr {rate_text(rate)}" for k in keys}
+    return {k: f"{labels[k]} at lr {rate:g}" if k in labels else f"lr {rate:g}" for k in keys}
 
 
 def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, Records]) -> dict:
@@ -160,7 +155,7 @@ def store_family(setup: StudySetup, genes: Sequence[str] | Mapping[str, object],
     base_rate = rates[setup.baseline]
     keys = list(genes)
     same = [k for k in keys if rates.get(k) == base_rate]
-    return {(k if k not in keys else f"{k} @ lr {rate_text(base_rate)}"): pair
+    return {(k if k not in keys else f"{k} @ lr {base_rate:g}"): pair
             for k, pair in setup.at_rate(base_rate).others(same).items()}
 
 

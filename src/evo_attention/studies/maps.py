@@ -95,13 +95,6 @@ def validation_sample(data, length: int, index: int = 0) -> list[int]:
     return x[0, :length].tolist()
 
 
-def token_names(ids: Sequence[int], tokenizer=None) -> list[str]:
-    """The axis label of every token: its own text with ``tokenizer`` (a ``Tokenizer`` or a
-    ``Vocab``), else its id."""
-    tokenizer = as_tokenizer(tokenizer)
-    return [str(i) for i in ids] if tokenizer is None else tokenizer.token_texts(ids)
-
-
 def compute_maps(model, ids: Sequence[int]) -> list[torch.Tensor]:
     """Per layer the ``[H, T, T]`` weights of ``ids`` (fp32, on the CPU)."""
     device = next(model.parameters()).device
@@ -116,7 +109,8 @@ def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tok
     from evo_attention.report.figures import plot_head_grid
 
     out = output_dir(out_dir)
-    tokens = token_names(ids, tokenizer)
+    tokenizer = as_tokenizer(tokenizer)  # each axis label: the token's own text, else its id
+    tokens = [str(i) for i in ids] if tokenizer is None else tokenizer.token_texts(ids)
     maps = compute_maps(model, ids)
     layers = []
     for layer, (weights, gene) in enumerate(zip(maps, model.genes)):

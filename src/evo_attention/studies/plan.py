@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from evo_attention.genes import AttentionGene
-from evo_attention.report.attachments import output_stem
+from evo_attention.report.attachments import CURVE_RESULTS, output_stem
 from evo_attention.util.errors import UserError
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
@@ -96,8 +96,6 @@ class StudyPlan:
 
     def results_file(self, out_dir: str | os.PathLike, eval_split: str = "valid") -> Path:
         """Where this plan's study writes its result in ``out_dir``."""
-        from evo_attention.report.attachments import CURVE_RESULTS
-
         if self.study == "curve":
             return Path(out_dir) / CURVE_RESULTS
         return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"

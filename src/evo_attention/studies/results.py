@@ -324,11 +324,9 @@ def rediscovered(searches: list[dict], rule: list, bar: float, solve_at: float |
         facts = _facts(s, solve_at)
         s["rediscovered"] = any(all(facts[f] for f in alt) for alt in rule)
         out.setdefault(str(s["strategy"]), []).append(s["rediscovered"])
-    rates = {}
-    for strategy, hits in out.items():
-        r = stats.solve_rate(sum(hits), len(hits))
+    rates = {strategy: stats.solve_rate(sum(hits), len(hits)) for strategy, hits in out.items()}
+    for r in rates.values():
         r["verdict"] = "above" if r["ci_low"] > bar else "below" if r["ci_high"] < bar else "undetermined"
-        rates[strategy] = r
     return {"rule": rule, "bar": bar, "solve_at": solve_at, "rates": rates}
 
 

@@ -41,9 +41,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from evo_attention.studies.plan import amendment_time, family_values, fingerprint, read_plan_yaml
+from evo_attention.studies.plan import amendment_time, family_values, fingerprint, load_plan, read_plan_yaml
 from evo_attention.studies.results import check_rule
 from evo_attention.util.errors import UserError
+from evo_attention.util.jsonio import write_json
 from evo_attention.util.version import __version__
 
 KINDS = ("command", "tune", "plan", "versus", "family", "strategies", "rediscovery", "reliability", "suite")
@@ -160,26 +161,16 @@ def substitute(value, env: dict, resolve: Callable | None = None):
 
 def _number(value):
     """A number written as text (a substituted ``{block}``) as the number it is."""
-    if isinstance(value, str):
+    for kind in (int, float) if isinstance(value, str) else ():
         try:
-            return int(value)
+            return kind(value)
         except ValueError:
-            try:
-                return float(value)
-            except ValueError:
-                return value
+            pass
     return value
 
 
 def flatten(args) -> list:
-    out = []
-    for a in args:
-        out.extend(flatten(a) if isinstance(a, list) else [a])
-    return out
-
-
-def _load_yaml(path: Path):
-    return read_plan_yaml(path, lambda why: _fail(path, why))
+    return [x for a in args for x in (flatten(a) if isinstance(a, list) else [a])]
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -188,7 +179,7 @@ def _load_yaml(path: Path):
 def load_study(path, settings: dict | None = None) -> Study:
     """The study plan in ``path``, checked against its own rules (one-line UserError naming the rule)."""
     path = Path(path)
-    raw = _load_yaml(path)
+    raw = read_plan_yaml(path, lambda why: _fail(path, why))
     if not isinstance(raw, dict) or not raw.get("study"):
         raise _fail(path, "must be a mapping that names its study (study: NAME), out, results and questions")
     unknown = sorted(set(raw) - TOP_KEYS)
@@ -285,10 +276,7 @@ def done_glob(stage: Stage) -> str:
 def _inputs(stage: Stage, combo: dict, env: dict) -> list[str]:
     """The result files (globs) a computed stage reads, relative to the results."""
     s = {k: substitute(v, {**env, **combo}) for k, v in stage.spec.items()}
-    found = []
-    for key in ("genes_of", "reference_file", "rate_of"):
-        if s.get(key):
-            found.append(s[key])
+    found = [s[key] for key in ("genes_of", "reference_file", "rate_of") if s.get(key)]
     if stage.kind == "family":
         found += list((s.get("cells") or {}).values())
     if stage.kind == "strategies":
@@ -297,10 +285,7 @@ def _inputs(stage: Stage, combo: dict, env: dict) -> list[str]:
         found += list(s.get("searches") or []) + list(s.get("describe") or [])
     if stage.kind == "reliability":
         found += list(s.get("validations") or [])
-    for var, values in (stage.spec.get("each") or {}).items():
-        if isinstance(values, dict):
-            found.append(values["genes_of"])
-    return found
+    return found + [v["genes_of"] for v in (stage.spec.get("each") or {}).values() if isinstance(v, dict)]
 
 
 def _refs(stage: Stage) -> list[tuple[str, str]]:
@@ -442,8 +427,6 @@ def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
     block, seed, plan = value("--seed-block"), value("--seed"), value("--plan")
     rule = "seeds come from the question's blocks"
     if plan is not None and block is None and not plan.startswith("{plan:"):  # a plan file of the user's: its block
-        from evo_attention.studies.plan import load_plan
-
         block = load_plan(study.root / plan).family().get("seed_block")
         block = None if block is None else str(block)
         if block is None:
@@ -594,8 +577,8 @@ class Runs:
         return ("done" if whole else "partly" if begun else "not started"), n, len(combos)
 
     def started(self, stage: Stage) -> bool:
-        return any(self.study.out(run_dir(stage, c, self.env)).exists() for c in self.combos(stage) or []) \
-            if stage.trains else False
+        return stage.trains and any(self.study.out(run_dir(stage, c, self.env)).exists()
+                                    for c in self.combos(stage) or [])
 
     def results_time(self, stage: Stage) -> str | None:
         """When the stage's earliest result (or its first training's folder) was made; None: none yet."""
@@ -605,11 +588,8 @@ class Runs:
                 paths += [self.study.results(run_dir(stage, c, self.env)), self.study.out(run_dir(stage, c, self.env))]
             else:
                 paths.append(self.study.results(stage_file(stage, c, self.env)))
-        times = []
-        for p in paths:
-            for f in ([p] if p.is_file() else list(p.rglob("*")) if p.is_dir() else []):
-                if f.is_file():
-                    times.append(datetime.fromtimestamp(f.stat().st_mtime, timezone.utc))
+        times = [datetime.fromtimestamp(f.stat().st_mtime, timezone.utc) for p in paths
+                 for f in ([p] if p.is_file() else list(p.rglob("*")) if p.is_dir() else []) if f.is_file()]
         return min(times).isoformat(timespec="seconds") if times else None
 
 
@@ -683,8 +663,6 @@ def _sha(study: Study) -> str:
 
 
 def write_result(path: Path, payload) -> None:
-    from evo_attention.util.jsonio import write_json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, payload)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -422,13 +423,7 @@ def decide(study: Study) -> dict:
 # ------------------------------------------------------------------------------------------ report
 
 
-def _tables(study: Study) -> list[tuple[str, dict]]:
-    return [(qname, t) for qname, q in study.questions.items() for t in q.get("tables") or []]
-
-
 def _relpath(study: Study) -> str:
-    import os
-
     return Path(os.path.relpath(study.path.resolve(), study.root)).as_posix()
 
 
@@ -464,7 +459,7 @@ def report(study: Study) -> str:
             state, n, total = runs.state(stage, files_only=True)
             states.append(f"{stage.name} ({state}{f', {n}/{total}' if total > 1 and state != 'done' else ''})")
         lines += ["Stages: " + ", ".join(states) + ".", ""]
-        for _, t in ((n, t) for n, t in _tables(study) if n == qname):
+        for t in q.get("tables") or []:
             path = study.rel(study.raw["results"], t["file"])
             payload = read_json(study.results(t["file"]))
             if t.get("title"):
@@ -507,7 +502,8 @@ def check_document(study: Study, doc) -> list[str]:
 
 def _plan_tables(study: Study) -> list[tuple[str, str]]:
     """(file, table) of each table the plan's questions show, the file relative to the root."""
-    return [(study.rel(study.raw["results"], t["file"]), t["table"]) for _, t in _tables(study)]
+    return [(study.rel(study.raw["results"], t["file"]), t["table"]) for q in study.questions.values()
+            for t in q.get("tables") or []]
 
 
 def unwritten_tables(study: Study) -> list[tuple[str, str]]:

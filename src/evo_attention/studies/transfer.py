@@ -87,8 +87,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     """``"128x2,256x4"`` -> ``[(128, 2), (256, 4)]`` (d_model x layers); a malformed entry, a zero
     or a repeated size is a UserError."""
     sizes = []
-    items = [t.strip() for t in str(text).split(",")]
-    for item in items:
+    for item in (t.strip() for t in str(text).split(",")):
         match = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", item)
         if not match or int(match[1]) < 1 or int(match[2]) < 1:
             raise UserError(f"sizes {text!r}: {item!r} is not a size: write D_MODELxLAYERS with positive integers, "
@@ -309,12 +308,9 @@ def transfer_statistics(size_rows: Sequence[dict], confidence: float = 0.95, log
 
 def _differences(row: Mapping, baseline: Mapping, log: bool) -> dict:
     """seed -> the gene's per-seed difference from the baseline (log values on a ratio metric)."""
-    out = {}
-    for seed, value, base in zip(row.get("seeds") or [], row.get("values") or [], baseline.get("values") or []):
-        if value is None or base is None or (log and (value <= 0 or base <= 0)):
-            continue
-        out[seed] = math.log(value) - math.log(base) if log else value - base
-    return out
+    return {seed: math.log(value) - math.log(base) if log else value - base
+            for seed, value, base in zip(row.get("seeds") or [], row.get("values") or [], baseline.get("values") or [])
+            if not (value is None or base is None or (log and (value <= 0 or base <= 0)))}
 
 
 def largest(size_rows: Sequence[Mapping]) -> Mapping:

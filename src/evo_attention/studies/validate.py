@@ -124,11 +124,8 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
     pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
     records = pilot.train(genes) if rates is None else grids.train_at_rates(pilot, genes, rates)
     base = samples(records, base_key, pilot.seeds, pilot.metric)["values"]
-    spreads = {}
-    for key in genes[1:]:
-        row = stats.paired(samples(records, key, pilot.seeds, pilot.metric)["values"], base, pilot.confidence,
-                           log=pilot.log_scale, bootstrap_resamples=0)
-        spreads[key] = row["sd_diff"]
+    spreads = {key: stats.paired(samples(records, key, pilot.seeds, pilot.metric)["values"], base, pilot.confidence,
+                                 log=pilot.log_scale, bootstrap_resamples=0)["sd_diff"] for key in genes[1:]}
     known = [v for v in spreads.values() if v is not None]
     if not known:
         raise UserError(f"the pilot of {PILOT_SEEDS} seeds left no gene with a spread to plan from (failed or "
