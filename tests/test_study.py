@@ -156,6 +156,10 @@ def _study(questions: dict, **more) -> dict:
     ({"Q1": {**_question([_command("a", "--seed-block", 1)]),
              "answers": {"answer": [{"say": "x", "if": ["v is better"]}]}}},
      "a decision always answers"),
+    ({"Q1": _question([_command("a", "--seed-block", 1),
+                       _command("b", "--seed-block", 1, dir="b/{k}", each={"k": [1, 2]}),
+                       _command("a", "--seed-block", 1, dir="c")])},
+     "'one name per stage': two stages are named a"),
 ])
 def test_a_plan_that_breaks_its_own_rules_is_refused_in_one_line_naming_the_rule(tmp_path, capsys, questions, rule):
     path = _write(tmp_path / "plan.yaml", _study(questions))

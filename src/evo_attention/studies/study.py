@@ -345,8 +345,9 @@ def _check_rules(study: Study) -> None:
         for var, values in each.items():
             if isinstance(values, list) and any(isinstance(v, dict) and var not in v for v in values):
                 raise _fail(path, f"stage {stage.name}: each {var}: a mapping among its values names its own {var}")
-            names = {var} | {k for v in values if isinstance(v, dict) for k in v} if isinstance(values, list) else {var}
-            shadowed = sorted(names & set(study.raw.get("vars") or {}))
+            each_names = {var} | {k for v in values if isinstance(v, dict) for k in v} if isinstance(values, list) \
+                else {var}
+            shadowed = sorted(each_names & set(study.raw.get("vars") or {}))
             if shadowed:  # vars are substituted first: the each value would never be used
                 raise _fail(path, f"stage {stage.name}: each names {shadowed[0]!r}, which is also a var of the plan: "
                                   "rename one of them")
