@@ -66,11 +66,9 @@ def strategy_class(name: str) -> type[Strategy]:
 def make_strategy(name: str, **settings) -> Strategy:
     """A new strategy ``name`` built with ``settings`` (population_size, seed, its own options)."""
     cls = strategy_class(name)
-    accepted = set()
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            accepted |= {p for p, v in inspect.signature(klass.__init__).parameters.items()
-                         if v.kind == inspect.Parameter.KEYWORD_ONLY}
+    accepted = {p for klass in cls.__mro__ if "__init__" in vars(klass)
+                for p, v in inspect.signature(klass.__init__).parameters.items()
+                if v.kind == inspect.Parameter.KEYWORD_ONLY}
     for key in settings:
         if key not in accepted:
             raise UserError(f"unknown option {key!r} for strategy {cls.name!r}: valid options are "

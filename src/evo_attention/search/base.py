@@ -22,9 +22,6 @@ Constraints: ``tell`` may also say how far each gene breaks the run's caps (``vi
 infeasible ones after them by total violation (Deb's constrained domination), and ``best`` is the
 feasible member with the lowest perplexity (if there is one).
 
-Warm start: ``warm_start(genes)`` before the first ``ask`` puts the given genes (an earlier run's
-best, say) into generation 0 in place of random draws (``_initial_genes``).
-
 Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
 proposals depend only on the seed and on the fitness values it was told. A run is resumed by
 replaying: a fresh strategy with the same seed, told the stored results generation by
@@ -539,13 +536,8 @@ class Strategy(ABC):
                 raise ValueError(f"gene {key} was asked {wanted[key]} time(s) but told {len(values)} times")
             values.sort(key=lambda v: (ranking_key(key, v[0]), v) if isinstance(v, tuple)
                         else ranking_key(key, v))  # independent of the told order
-        used: Counter = Counter()
-        pairs = []
-        for gene in asked:
-            values = told[gene.key]
-            pairs.append((gene, values[min(used[gene.key], len(values) - 1)]))
-            used[gene.key] += 1
-        return pairs
+            values *= wanted[key] // len(values)  # one value told for every copy
+        return [(gene, told[gene.key].pop(0)) for gene in asked]
 
 
 class Breeding(Strategy):

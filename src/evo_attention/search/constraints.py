@@ -60,11 +60,6 @@ def settings_of(config) -> dict:
     return {name: get(name) for name in CAP_FIELDS if get(name) is not None}
 
 
-def before_training(caps: Iterable[str]) -> list[str]:
-    """The caps of ``caps`` that are checked before training."""
-    return [name for name in caps if CAP[name].before_training]
-
-
 # -- limits ----------------------------------------------------------------------------------------
 def resolve_limits(caps: Mapping, baseline: Mapping[str, float | None]) -> dict:
     """``{cap: {"given", "limit", "factor", "baseline", "measure"}}``: each cap's limit in its measure's

@@ -18,10 +18,8 @@ is told the results in the order of the asked genes, whatever order they finishe
 
 With several ``objectives`` (perplexity first, then costs such as ``params``) the strategy is told
 each gene's objective vector (``Plain``); a resumed run must have the objectives it started with.
-
-Warm start (``init_from``, ``warm_start.py``): generation 0 starts from the best genes of an
-earlier run; which ones is decided once, when the run is created, and kept in the store's meta
-``init_from``, so a resume replays the same first generation.
+A warm start (``init_from``, ``warm_start.py``) or seeded start (``start_from``) is resolved once,
+when the run is created, and kept in the store's meta, so a resume replays the same first generation.
 """
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ class Capped:
             base_key = self.config.resolved_baseline().key
             record = self.records.get(base_key)  # the baseline's (nothing else is trained yet), if it was
             baseline = caps.record_values(record) if record is not None else {}
-            need = [n for n in caps.before_training(given) if caps.cap_factor(given[n]) is not None]
+            need = [n for n in given if caps.CAP[n].before_training and caps.cap_factor(given[n]) is not None]
             if any(baseline.get(caps.CAP[n].measure) is None for n in need):
                 costs = self._gene_costs(base_key, flops="max_flops" in need)
                 baseline.update({"params": costs.get("params"), "flops": costs.get("flops")})

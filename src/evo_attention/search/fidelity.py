@@ -68,8 +68,7 @@ def rung_steps(budget: int, eta: int, rungs: int, log_every: int = 1) -> tuple[i
     a multiple of ``log_every`` (and kept below the budget); duplicates dropped."""
     steps = []
     for k in range(rungs - 1, 0, -1):
-        raw = budget / eta ** k
-        value = max(log_every, math.ceil(raw / log_every) * log_every)
+        value = max(log_every, math.ceil(budget / eta ** k / log_every) * log_every)
         if value < budget and (not steps or value > steps[-1]):
             steps.append(value)
     return tuple(steps) + (budget,)

@@ -50,11 +50,6 @@ class GeneticAlgorithm(Breeding):
         self.mutation_schedule = mutation_schedule
         self.mutation_rate_start = as_rate("mutation_rate_start", mutation_rate_start)
 
-    @property
-    def parent_pool_size(self) -> int:
-        """How many of the best members of a population may become parents."""
-        return max(2 * self.elite_size, 2)
-
     def mutation_rate_at(self, generation: int) -> float:
         """The mutation rate used to breed generation ``generation`` (see the module doc)."""
         if self.mutation_schedule == "constant":
@@ -71,7 +66,7 @@ class GeneticAlgorithm(Breeding):
         if self.generation == 0:
             return self._initial_genes()
         rate = self.mutation_rate_at(self.generation)
-        pool = [m.gene for m in self.population[: self.parent_pool_size]]
+        pool = [m.gene for m in self.population[: max(2 * self.elite_size, 2)]]  # the parents are drawn from these
         return self._children(lambda: (self.rng.choice(pool), self.rng.choice(pool)),
                               lambda first, second: self._breed(first, second, rate), self.dedupe, self.DEDUPE_TRIES)
 

@@ -144,10 +144,10 @@ class RunLock:
         self.release()
 
 
-def _lock(fd: int, path: Path, run_dir: Path, retry: float = RETRY_S, directory: bool = False) -> bool:
-    """Take an exclusive flock on ``fd`` (retrying ``retry`` seconds: readers probe it briefly).
+def _lock(fd: int, path: Path, run_dir: Path, directory: bool = False) -> bool:
+    """Take an exclusive flock on ``fd`` (retrying ``RETRY_S`` seconds: readers probe it briefly).
     A file system that cannot lock a ``directory`` gives False; for a file it is refused."""
-    deadline = time.monotonic() + retry
+    deadline = time.monotonic() + RETRY_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

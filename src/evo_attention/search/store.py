@@ -11,17 +11,10 @@ free in comparison. Readers in other processes (``evo-attention status``) can re
 while the driver writes: WAL readers never block the writer nor wait for it, and connections wait
 up to ``TIMEOUT_S`` for a lock instead of failing.
 
-Schema::
-
-    meta(key TEXT PRIMARY KEY, value TEXT)            -- JSON values: 'config', 'created_at',
-                                                      -- 'schema_version', and the caller's meta
-    evaluations(id INTEGER PRIMARY KEY, gene, seed, steps, data, context,  -- the cache key
-                role, generation, status, val_perplexity, val_loss, accuracy, train_loss,
-                params, time_s, record /*full JSON*/, created_at,
-                UNIQUE(gene, seed, steps, data, context))
-    generations(generation, position, gene, perplexity, is_elite,
-                PRIMARY KEY(generation, position))
-    activity(worker TEXT PRIMARY KEY, gene, step, total, loss, updated_at)
+Schema (``_SCHEMA``): ``meta`` holds JSON values ('config', 'created_at', 'schema_version', and the
+caller's meta); an evaluation's cache key is (gene, seed, steps, data, context), its ``record`` the
+full JSON next to the metric columns; ``generations`` keeps each generation's members by position,
+and ``activity`` each worker's latest progress.
 
 Records go in and come out as ``EvaluationRecord`` s; the ``record`` column holds the record's JSON
 (``util.jsonio.store_dumps``: non-finite floats as ``"NaN"``/``"Infinity"`` strings, read back as

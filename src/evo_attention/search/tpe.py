@@ -36,7 +36,6 @@ so the same seed and the same told values give the same proposals.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -123,9 +122,7 @@ class TPE(RandomSearch):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # how constraints reach the sampler: set on each trial (Optuna 5 on), else a constraints_func
         self._set_constraints = bool(self.constraints) and sets_constraints(optuna)
-        extra = {}
-        if self.constraints and not self._set_constraints:
-            extra["constraints_func"] = _constraints_of
+        extra = {"constraints_func": _constraints_of} if self.constraints and not self._set_constraints else {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # multivariate TPE is marked experimental
             sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=0,
@@ -186,8 +183,7 @@ class TPE(RandomSearch):
 
     def _update(self, told):
         for (gene, fitness), trial in zip(told, self._trials):
-            values = list(fitness) if isinstance(fitness, tuple) else [fitness]
-            values = [v if math.isfinite(v) else math.inf for v in values]
+            values = list(fitness) if isinstance(fitness, tuple) else [fitness]  # finite or inf (Strategy.tell)
             constraints = self._constraint_values(gene)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -70,11 +70,9 @@ def gene_params(key: str) -> dict:
     out = {"gene": str(key)}
     for i, gene in enumerate(layers):
         prefix = f"L{i}." if len(layers) > 1 else ""
-        for name in ALL_FIELDS:
-            value = getattr(gene, name, None)
-            if name in RECIPE_FIELDS and value is None:
-                continue
-            out[prefix + name] = str(value)
+        values = {name: getattr(gene, name, None) for name in ALL_FIELDS}
+        out.update({prefix + name: str(v) for name, v in values.items()
+                    if not (name in RECIPE_FIELDS and v is None)})
     return out
 
 

@@ -63,13 +63,13 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
     for i, gene in enumerate(layers or [genome], 1):
         values = gene.to_dict()
         where = f"layer {i}: " if layers is not None else ""
+        fields = ALL_FIELDS
         if programs_space is not None and gene.program is not None:  # a program: the space's rule, not a list
             problem = programs_space.admits(canonical_program(gene.program), program_grammar())
             if problem:
                 return f"{where}{problem}"
-        for name in ALL_FIELDS:
-            if programs_space is not None and gene.program is not None and name in ("program", *CORE_FIELDS):
-                continue
+            fields = [name for name in ALL_FIELDS if name not in ("program", *CORE_FIELDS)]
+        for name in fields:
             options = space.options(name)
             if values[name] not in options:
                 shown = ", ".join(str(o) for o in options)

@@ -1,13 +1,6 @@
 """Where evaluations run: ``executor_for`` (a Config's) or ``make_executor`` (options alone) picks
-one; see ``base`` for the interface.
-
-- ``local``: ``LocalExecutor``, in this process, one task at a time (the default);
-- ``local`` with ``workers``: ``ProcessExecutor``, N worker processes on this machine;
-- ``ray``: ``RayExecutor``, Ray remote tasks on a local instance or a cluster.
-
-The local executors train the trials that can share one batched model together (``batch_models``,
-see ``base.plan_batches``); Ray runs every trial as its own task.
-"""
+one: ``local`` (``LocalExecutor``; with ``workers``, ``ProcessExecutor``) or ``ray``
+(``RayExecutor``). ``base`` describes the interface, each executor and batching."""
 
 from __future__ import annotations
 

@@ -34,10 +34,10 @@ Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a c
 (``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
 side of the executor and travel to the worker as bytes, so workers need no shared file system; a
 checkpoint is verified (size, checksum, the training it belongs to) before it is used, and one that
-fails the check is treated as missing (``load_state``). A
-task with ``keep_model`` (a search's ``keep_models``) has the worker send back the trained model's
-files (safetensors weights, config.json, tokenizer.json) as bytes, and the driver side writes them
-into that directory: the kept model is the very one the record measured, wherever it trained.
+fails the check is treated as missing (``load_state``). A task with ``keep_model`` (a search's
+``keep_models``) has the worker send back the trained model's files (safetensors weights,
+config.json, tokenizer.json) as bytes, and the driver side writes them into that directory: the kept
+model is the very one the record measured, wherever it trained.
 """
 
 from __future__ import annotations
@@ -90,7 +90,6 @@ class EvalTask:
     gene = property(attrgetter("trial.genome"))
     seed = property(attrgetter("trial.seed"))
     steps = property(attrgetter("trial.steps"))
-    eval_split = property(attrgetter("trial.eval_split"))
     budget = property(attrgetter("trial.budget"))
 
 
@@ -222,17 +221,12 @@ def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers:
     return groups
 
 
-def member_worker(worker: str, index: int) -> str:
-    """The worker name of the ``index``-th task (from 0) of a batch that ``worker`` trains."""
-    return f"{worker}#{index + 1}"
-
-
 def named(group: Sequence[EvalTask], worker: str) -> list[EvalTask]:
     """The tasks of a planned group as ``worker`` runs them: a task alone as ``worker``, the i-th of a
-    batch as ``member_worker(worker, i)``."""
+    batch (from 1) as ``worker#i``."""
     if len(group) == 1:
         return [replace(group[0], worker=worker)]
-    return [replace(task, worker=member_worker(worker, i)) for i, task in enumerate(group)]
+    return [replace(task, worker=f"{worker}#{i}") for i, task in enumerate(group, 1)]
 
 
 # what a kept model's config.json says of the evaluation that trained it
@@ -257,9 +251,8 @@ def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
 
 
 # A rung state file: one header line (the magic, then JSON: the payload's size and sha256 and the
-# identity of the partial training that left it), then the trainer state's bytes. ``load_state``
-# checks all of it before a single byte reaches torch: a damaged, truncated, overwritten or foreign
-# file is treated exactly as a missing one (the training starts from scratch, with the same result).
+# identity of the partial training that left it), then the trainer state's bytes, all of it checked
+# (``load_state``) before a single byte reaches torch.
 STATE_MAGIC = b"evo-attention-state 1 "
 
 

@@ -43,7 +43,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def _worker_main(worker: str, threads: int, conn) -> None:
+def _worker_main(threads: int, conn) -> None:
     """A worker process: take tasks from ``conn``, send progress and results back."""
     _die_with_parent()
     import warnings
@@ -102,7 +102,7 @@ class _Slot:
 
     def launch(self) -> None:
         parent, child = self.context.Pipe(duplex=True)
-        self.process = self.context.Process(target=_worker_main, args=(self.id, self.threads, child),
+        self.process = self.context.Process(target=_worker_main, args=(self.threads, child),
                                             name=f"evo-attention-{self.id}", daemon=True)
         self.process.start()
         child.close()
