@@ -161,11 +161,12 @@ def substitute(value, env: dict, resolve: Callable | None = None):
 
 def _number(value):
     """A number written as text (a substituted ``{block}``) as the number it is."""
-    for kind in (int, float) if isinstance(value, str) else ():
-        try:
-            return kind(value)
-        except ValueError:
-            pass
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
     return value
 
 
@@ -589,8 +590,8 @@ class Runs:
                 paths += [self.study.results(run_dir(stage, c, self.env)), self.study.out(run_dir(stage, c, self.env))]
             else:
                 paths.append(self.study.results(stage_file(stage, c, self.env)))
-        times = [datetime.fromtimestamp(f.stat().st_mtime, timezone.utc) for p in paths
-                 for f in ([p] if p.is_file() else list(p.rglob("*")) if p.is_dir() else []) if f.is_file()]
+        files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else [])]
+        times = [datetime.fromtimestamp(f.stat().st_mtime, timezone.utc) for f in files if f.is_file()]
         return min(times).isoformat(timespec="seconds") if times else None
 
 
