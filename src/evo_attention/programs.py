@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import random as _random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterable, Mapping, Sequence
 

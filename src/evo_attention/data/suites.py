@@ -55,7 +55,7 @@ from typing import Any
 
 import math
 
-from evo_attention.data.synthetic import TASKS, SyntheticData, data_name, resolve_knobs, synthetic_data
+from evo_attention.data.synthetic import TASKS, data_name, resolve_knobs, synthetic_data
 from evo_attention.util.errors import UserError
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
