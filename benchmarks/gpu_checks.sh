@@ -29,7 +29,8 @@
 # gpu-NAME-counter.json, gpu-NAME-procs.json, NAME-graph-tests.log, graph-NAME.json, profile-NAME.log,
 # seed-study-NAME/ with seed-study-NAME-times.json, gpu-checks.log. A part that fails is logged and the
 # next one still runs; the exit status says whether all passed. Probes run in a fresh cache
-# directory (nothing measured elsewhere or under load is read). DEVICE=cpu runs the script itself
+# directory (nothing measured elsewhere or under load is read); the tests run in one process
+# (`-o addopts=`: no worker processes, their printed lines in the log). DEVICE=cpu runs the script itself
 # on a machine without a GPU (its numbers mean nothing).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-checks}
@@ -101,7 +102,7 @@ study() {  # the seed study on the device, stopped after STUDY_LIMIT seconds; it
 
 command -v nvidia-smi > /dev/null && nvidia-smi -L
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"
-want bits && part "counter bits, CPU and CUDA" bash -c "'$PY' -m pytest -q -p no:cacheprovider -rA tests/test_dropout_counter.py \
+want bits && part "counter bits, CPU and CUDA" bash -c "'$PY' -m pytest -q -p no:cacheprovider -o addopts= -rA tests/test_dropout_counter.py \
   > '$OUT/$NAME-counter-bits.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-counter-bits.log'; exit \$status"
 if want fold; then
   for stream in counter cpu; do
@@ -113,7 +114,7 @@ want bench && part "bench_gpu, counter stream" "$PY" benchmarks/bench_gpu.py --d
   --device "$DEVICE" --dropout-stream counter --ks 1,16,64,256 --precisions bf16 --dropout-ks 1,64 --rounds 2 --auto \
   --time-limit "$BENCH_LIMIT" --out "$OUT/gpu-$NAME-counter.json"
 want procs && part "$PROCS processes, seed config" procs
-want graph && part "CUDA graph: same weights" bash -c "'$PY' -m pytest -q -p no:cacheprovider -rA -s tests/test_cuda_graph.py \
+want graph && part "CUDA graph: same weights" bash -c "'$PY' -m pytest -q -p no:cacheprovider -o addopts= -rA -s tests/test_cuda_graph.py \
   > '$OUT/$NAME-graph-tests.log' 2>&1; status=\$?; tail -30 '$OUT/$NAME-graph-tests.log'; exit \$status"
 want graph && part "CUDA graph: seconds per step" "$PY" benchmarks/bench_graph.py --data-dir "$DATA" --configs quick,seed \
   --device "$DEVICE" --precisions bf16,fp32 --rounds 3 --out "$OUT/graph-$NAME.json"
