@@ -359,7 +359,8 @@ def test_2_a_metric_the_data_cannot_give_is_refused_before_training(finished_run
 @pytest.mark.parametrize("flags, fragment", [
     (["--data-dir", "/somewhere"], "--data-dir '/somewhere' does not apply to data 'recall'"),
     (["--text-field", "body"], "--text-field 'body' does not apply to data 'recall'"),
-    (["--tokenizer", "char"], "--tokenizer 'char' applies to text corpora")])
+    (["--tokenizer", "char"], "--tokenizer 'char' applies to text corpora"),
+    (["--eval-stride", "8"], "--eval-stride 8 does not apply to the recall task")])
 def test_3_settings_the_recall_data_does_not_use_are_refused(flags, fragment, tmp_path, capsys, monkeypatch):
     _no_training(monkeypatch)
     assert main(["search", *FLAGS, *flags, "--out", str(tmp_path / "run")]) == 2

@@ -76,10 +76,10 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
     """
     check_applicable(name, data_dir=data_dir, text_field=text_field)
     if is_synthetic(name):
-        _refuse_text_settings(f"the generated task {name!r}", tokenizer, eval_stride, stride_setting="eval_stride")
+        _refuse_text_settings(f"the generated task {name!r}", tokenizer, eval_stride)
         return synthetic_data(name, seq_len=seq_len, vocab_size=vocab_size, seed=seed, options=recall_options)
     if name == "recall":
-        _refuse_text_settings("the recall task", tokenizer, eval_stride, stride_setting=None)
+        _refuse_text_settings("the recall task", tokenizer, eval_stride)
         unknown = sorted(set(recall_options) - set(RECALL_OPTIONS))
         if unknown:
             raise UserError(f"unknown recall option(s) {unknown}; valid ones: {', '.join(RECALL_OPTIONS)}")
@@ -104,14 +104,14 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
                     "hf:NAME", setting="data")
 
 
-def _refuse_text_settings(task: str, tokenizer: str, eval_stride: int | None, *, stride_setting: str | None) -> None:
+def _refuse_text_settings(task: str, tokenizer: str, eval_stride: int | None) -> None:
     """UserError for a tokenizer or an eval_stride given to a generated ``task``."""
     if parse_tokenizer(tokenizer)[0] != "word":
         raise UserError(f"tokenizer {tokenizer!r} applies to text corpora; {task} has its own symbols: leave tokenizer "
                         "unset", setting="tokenizer")
     if eval_stride is not None:
         raise UserError(f"eval_stride {eval_stride} does not apply to {task} (its examples are independent); leave it "
-                        "unset", setting=stride_setting)
+                        "unset", setting="eval_stride")
 
 
 # settings a built-in dataset has no use for: named, they are refused rather than silently ignored
