@@ -394,6 +394,22 @@ def test_loader_data_adapter():
     user_error(lambda: next(bad.train_batches(1, None)), "labels")
 
 
+def test_loader_data_opens_a_loader_only_when_its_batches_are_read():
+    """Iterating a DataLoader draws from torch's global generator: asking for the batches without
+    reading them must leave that generator where it was (the same seed, the same later draws)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.arange(24).view(4, 6)
+    loader = DataLoader(TensorDataset(x, x + 1), batch_size=2)
+    task = LoaderData(loader, loader, vocab_size=30, seq_len=6)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    batches = task.eval_batches("valid")
+    assert torch.equal(torch.rand(3), expected)
+    assert [b[0].tolist() for b in batches] == [x[:2].tolist(), x[2:].tolist()]
+
+
 @needs_wt2
 def test_get_dataloaders_wikitext(monkeypatch, wt2_cache):
     monkeypatch.setenv(ENV_CACHE_DIR, str(wt2_cache))

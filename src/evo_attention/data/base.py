@@ -221,7 +221,10 @@ class LoaderData(TaskData):
         return loader
 
     def _batches(self, loader) -> Iterator[Batch]:
-        return (self._as_xy(batch) for batch in loader)
+        # a generator function, not a generator expression: the loader is opened (which draws from
+        # torch's global generator) at the first batch read, not when the batches are asked for
+        for batch in loader:
+            yield self._as_xy(batch)
 
     def _as_xy(self, batch) -> Batch:
         if isinstance(batch, Mapping):
