@@ -139,7 +139,7 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
     paths = write_report(run_dir)
     page = paths["report_html"].read_text()
     assert "Unreadable analysis files" in page and "validation.json: cannot be read" in page
-    assert "compare_results.json: has no &#x27;results&#x27; list" in page
+    assert "compare_results.json: has no 'results' list" in page
     assert "Unreadable analysis files" in paths["report"].read_text()
 
 

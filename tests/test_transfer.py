@@ -205,7 +205,7 @@ def test_transfer_from_run_end_to_end_and_cached(tiny_run, capsys):
                      "Repeat the transfer study", "--sizes 16x1,32x1 --steps 6,6 --seeds 2"):
         assert expected in text, expected
     page = (tiny_run / "report.html").read_text()
-    assert 'id="transfer-0"' in page and "Transfer across scale" in page
+    assert 'id="transfer-across-scale"' in page and "Transfer across scale" in page
     capsys.readouterr()
 
 

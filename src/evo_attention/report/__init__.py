@@ -98,9 +98,9 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
     figure_paths = {"evolution": paths["evolution_progress"], "distribution": paths["evaluation_distribution"],
                     "curves": paths["learning_curves"],
                     **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}}
-    write_text(paths["report"], markdown.render_report(summary, attachments,
-                                                       {k: p.name for k, p in figure_paths.items()}))
-    write_text(paths["report_html"], html.render_html(summary, attachments, figure_paths))
+    text = markdown.render_report(summary, attachments, {k: p.name for k, p in figure_paths.items()})
+    write_text(paths["report"], text)
+    write_text(paths["report_html"], html.render_html(text, paths["report"].parent))
 
 
 def best_program(summary: RunSummary) -> str | None:

@@ -7,8 +7,8 @@ attention maps; see ``Attachments``), failures and reproducibility. A run with n
 only failures) still gets a complete report that says so in its first lines.
 
 The tables are built once as ``Table`` values (plain-text cells) by the ``*_table`` functions
-below; this module renders them as markdown and ``html`` renders the same values as HTML, so the
-two reports always agree.
+below. ``report.html`` is this text rendered (``html.render_html``), so the two reports always
+agree; an image's alt text is the figure's caption there.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
 from evo_attention.report.studies import ablation as _ablation, curves as _curves, suite as _suite
 from evo_attention.report.studies import transfer as _transfer, validation as _validation
-from evo_attention.report.studies.ablation import contribution_lines, recipe_mechanism_lines
+from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
+from evo_attention.report.studies.common import comparison_note
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
@@ -278,8 +279,7 @@ def maps_caption(result: Mapping) -> str:
 
 # -- markdown sections ----------------------------------------------------------------------------
 def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> list[str]:
-    """The report's opening lines: the run's statement, its validation, its progress and counts (the
-    markdown report's and the HTML report's summary)."""
+    """The report's opening lines: the run's statement, its validation, its progress and counts."""
     lines = [s.statement, ""]
     validation = attachments.validation if attachments else None
     if validation and validation.get("headline"):
@@ -400,9 +400,11 @@ def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | Non
     lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
     versions = all_versions(s, attachments)
     if versions:
-        lines += ["", to_markdown(versions_table(versions))]
+        lines += ["", "Package versions:", "", to_markdown(versions_table(versions))]
     if s.config:
         lines += ["", "Full configuration of the run:", "", "```json", full_config_json(s), "```"]
+    if isinstance(s.data, Mapping) and s.data:
+        lines += ["", "The data:", "", "```json", json.dumps(s.data, indent=2, sort_keys=True, default=str), "```"]
     return lines
 
 
@@ -412,17 +414,23 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
     for v in a.validations:
         split = "test split" if v.get("eval_split") == "test" else "validation split"
         stem = v["_file"].rsplit(".", 1)[0]
-        costs = cost_table(v)
-        sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "",
+        costs, seeds = cost_table(v), v.get("seeds") or []
+        note = (f"{len(seeds)} trainings per gene with seeds {', '.join(map(str, seeds))} (never the search seed), "
+                f"{v.get('steps')} steps each. {comparison_note(v)}")
+        sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "", md_cell(note), "",
                          to_markdown(validation_table(v)), ""]
                         + (["Cost, the median over the seeds:", "", to_markdown(costs), ""] if costs else [])
-                        + [f"![Per-seed values]({stem}.png)", "", f"Details: `{v['_file']}`, `{stem}.md`."])
+                        + [f"![Every seed's value (points), box, mean (diamond) and its confidence interval (bar); the "
+                           f"dotted line is the baseline mean]({stem}.png)", "",
+                           f"Details: `{v['_file']}`, `{stem}.md`."])
     for ab in a.ablations:
         stem = ab["_file"].rsplit(".", 1)[0]
         crossed = recipe_mechanism_table(ab)
         recipe = (["", "Recipe or mechanism (the gene sets its own recipe; every crossing on the same seeds):", "",
                    to_markdown(crossed), ""] + [f"- {md_cell(t)}" for t in recipe_mechanism_lines(ab)]) if crossed else []
         sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",
+                         "Each field in which the gene differs from the baseline, set back to the baseline's value "
+                         f"(without F) and added alone to the baseline (baseline + F). {contribution_sign(ab)}", "",
                          to_markdown(ablation_table(ab)), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
                         + recipe + ["", f"![Contributions]({stem}.png)"])
     for t in a.transfers:
@@ -430,11 +438,13 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         sections.append(["## Transfer across scale", "", t.get("headline", ""), "", md_cell(transfer_note(t)), "",
                          to_markdown(transfer_sizes_table(t)), "", to_markdown(transfer_table(t)), ""]
                         + [f"- {line}" for line in transfer_rule_lines()]
-                        + ["", f"![Transfer across scale]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
+                        + ["", f"![Each gene's mean against its parameters at every size (log axes), with the interval "
+                              f"of the mean; the baseline is black]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
     for r in a.suites:
         stem = r["_file"].rsplit(".", 1)[0]
         sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", to_markdown(suite_table(r)), "",
-                         f"![Accuracy per gene and point]({stem}.png)", "", f"Details: `{r['_file']}`, `{stem}.md`."])
+                         f"![Mean accuracy over the seeds per gene and point (± sd), the suite accuracy last]({stem}.png)",
+                         "", f"Details: `{r['_file']}`, `{stem}.md`."])
     if a.compare is not None:
         body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
@@ -442,11 +452,13 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         prefix = "" if c["_dir"] == "." else c["_dir"].rstrip("/") + "/"
         sections.append([f"## Difficulty curve: accuracy against {md_cell(c.get('knob'))} ({md_cell(c.get('task'))})",
                          "", md_cell(curve_note(c)), "", to_markdown(curve_table(c)), "",
-                         f"![Accuracy against {md_cell(c.get('knob'))}]({prefix}{CURVE_FIGURE})", "",
+                         f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
+                         f"dashed, the break threshold dotted]({prefix}{CURVE_FIGURE})", "",
                          f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
     for m in a.maps:
         prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
-        figures = [f"![Layer {layer.get('layer')}]({prefix}{layer.get('figure')})" for layer in m.get("layers", [])]
+        figures = [f"![Attention maps of layer {layer.get('layer')}]({prefix}{layer.get('figure')})"
+                   for layer in m.get("layers", [])]
         sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
                          md_cell(maps_caption(m)), "", to_markdown(maps_table(m)), ""] + figures)
     if a.problems:
@@ -470,7 +482,7 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
 def render_report(s: RunSummary, attachments: Attachments | None = None,
                   figures: Mapping[str, str] | None = None) -> str:
     """The text of ``report.md``. ``figures`` maps a figure's kind (``evolution``, ``distribution``,
-    ``curves``, ``pareto``, ``suite``, ``program``: ``html.render_html``'s keys) to its path relative
+    ``curves``, ``pareto``, ``suite``, ``program``) to its path relative
     to the report; a figure not named is omitted (the evolution figure defaults to its usual name)."""
     figures = {"evolution": "evolution_progress.png", **(figures or {})}
     figure, distribution, curves, pareto, suite_figure, program_figure = (
@@ -479,22 +491,27 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
         ["## Settings", "", to_markdown(settings_table(s)) if s.settings else "No configuration stored."],
-        ["## Evolution", "", f"![Evolution progress: best, mean and every evaluation per generation]({figure})"],
+        ["## Evolution", "", f"![Best and mean {'suite accuracy' if s.suite is not None else 'perplexity'} per "
+                             f"generation, the best so far, every evaluation (grey) and the baseline]({figure})"],
     ]
     if s.suite is not None:
         sections.append(["## Suite", ""] + suite_run_lines(s)
-                        + ([] if suite_figure is None else ["", f"![Accuracy per gene and point]({suite_figure})"]))
+                        + ([] if suite_figure is None else ["", f"![Every gene's accuracy on every point (one seed) and its suite "
+                                                               f"accuracy]({suite_figure})"]))
     if program_figure and s.best and s.best.get("program"):
         sections.append(["## The best gene's program", "", f"`{s.best['program']}`", "",
-                         f"![The best gene's program as a graph, inputs at the bottom]({program_figure})"])
+                         f"![Each distinct node once, the inputs at the bottom, an arrow from each argument to the op "
+                         f"that reads it]({program_figure})"])
     if pareto and s.multi_objective:
         sections.append(["## Pareto front", ""] + _pareto(s, pareto))
     if distribution:
-        what = "suite accuracy of every search gene" if s.suite is not None else "perplexity of every search evaluation"
-        sections.append(["## Distribution of all evaluations", "", f"![Histogram of the {what}]({distribution})"])
+        what = "search gene's suite accuracy" if s.suite is not None else "search evaluation's perplexity"
+        sections.append(["## Distribution of all evaluations", "", f"![Every finished {what}, not just the best: "
+                                                                  f"where the baseline and the winner lie]({distribution})"])
     if curves and s.suite is None:  # a suite run has a curve per gene and point, none per gene
-        sections.append(["## Learning curves", "",
-                         f"![Training loss of the best genes and the baseline over the steps]({curves})"])
+        rungs = "; dotted lines mark the rungs of the multi-fidelity schedule" if (s.fidelity or {}).get("rungs") else ""
+        sections.append(["## Learning curves", "", f"![Training loss (solid) and validation loss (dashed) of the best "
+                                                   f"genes and the baseline{rungs}]({curves})"])
     sections += [
         ["## Per generation", ""] + (["Best and mean are over the population after the generation (carried-over "
                                       "elites included).", "", to_markdown(generations_table(s))] if s.history
