@@ -143,6 +143,16 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
     assert "Unreadable analysis files" in paths["report"].read_text()
 
 
+def test_figures_in_a_directory_whose_name_has_spaces_are_embedded(tmp_path):
+    run_dir = _run(tmp_path / "plain")
+    model = TinyTransformer(Config(vocab_size=16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0),
+                            "dot|softmax|none|fixed")
+    maps.attention_maps(model, [1, 2, 3, 4], run_dir / "maps" / "two (words)", source={"gene": GENE, "steps": 5})
+    paths = write_report(run_dir)
+    assert "](maps/two%20%28words%29/attention_layer0.png)" in paths["report"].read_text()
+    assert paths["report_html"].read_text().count("data:image/png;base64,") == 4  # the three of the run, the map
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_html_renders_in_headless_chromium_without_console_errors(full_run, tmp_path):
     page = write_report(full_run)["report_html"]

@@ -17,6 +17,7 @@ import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote  # a directory the user named may hold a space: the image stays an image
 from typing import Any, Callable, Mapping, Sequence
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
@@ -453,11 +454,11 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         sections.append([f"## Difficulty curve: accuracy against {md_cell(c.get('knob'))} ({md_cell(c.get('task'))})",
                          "", md_cell(curve_note(c)), "", to_markdown(curve_table(c)), "",
                          f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
-                         f"dashed, the break threshold dotted]({prefix}{CURVE_FIGURE})", "",
+                         f"dashed, the break threshold dotted]({quote(prefix + CURVE_FIGURE)})", "",
                          f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
     for m in a.maps:
         prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
-        figures = [f"![Attention maps of layer {layer.get('layer')}]({prefix}{layer.get('figure')})"
+        figures = [f"![Attention maps of layer {layer.get('layer')}]({quote(prefix + str(layer.get('figure')))})"
                    for layer in m.get("layers", [])]
         sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
                          md_cell(maps_caption(m)), "", to_markdown(maps_table(m)), ""] + figures)
