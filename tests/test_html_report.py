@@ -143,6 +143,17 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
     assert "Unreadable analysis files" in paths["report"].read_text()
 
 
+def test_markdown_in_a_compare_entry_links_nothing_and_loads_nothing(tmp_path):
+    run_dir = _run(tmp_path / "plain")
+    hostile = "[click](https://example.com) <https://example.com> ![x](https://example.com/a.png) ![y](../a.png)"
+    (run_dir / "compare_results.json").write_text(json.dumps({"results": [{"name": hostile, "gene": GENE}]}))
+    checker = _Checker()
+    checker.feed(write_report(run_dir)["report_html"].read_text())
+    assert checker.errors == [] and "a" in checker.tags  # the table of contents
+    assert all(value.startswith(("#", "data:")) for _, _, value in checker.links), checker.links
+    assert sum(value.startswith("data:image/png;base64,") for _, _, value in checker.links) == 3
+
+
 def test_figures_in_a_directory_whose_name_has_spaces_are_embedded(tmp_path):
     run_dir = _run(tmp_path / "plain")
     model = TinyTransformer(Config(vocab_size=16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0),

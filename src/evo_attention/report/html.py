@@ -2,8 +2,8 @@
 
 The page is the text of ``report.md`` rendered by markdown-it-py (CommonMark with tables), so the
 two reports cannot disagree: a section is written once, in ``markdown.render_report``. Raw HTML in
-the text (a gene name, a compare entry) is escaped, never passed through. Every figure the markdown
-names is embedded as a base64 ``data:`` URI (a note stands in for a missing one) and the style sheet
+the text (a gene name, a compare entry) is escaped, never passed through, and a link in it stays
+text (the report writes none). Every figure the markdown names is embedded as a base64 ``data:`` URI (a note stands in for a missing one) and the style sheet
 is inline, so the file opens in any browser straight from the disk, with no server, no network and
 no JavaScript. Each ``##`` section gets an anchor and an entry in the table of contents; a table
 cell that opens with a verdict ("better", "worse") is coloured.
@@ -52,7 +52,7 @@ def render_html(markdown_text: str, run_dir: str | Path) -> str:
     """The text of ``report.html`` for ``report.md``'s text; its figures are read from ``run_dir``."""
     from markdown_it import MarkdownIt  # imported when a report is written, like matplotlib
 
-    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md = MarkdownIt("commonmark", {"html": False}).enable("table").disable(["link", "autolink"])  # the report has none
     md.add_render_rule("image", _image)
     env = {"run_dir": Path(run_dir)}
     tokens = md.parse(markdown_text, env)
