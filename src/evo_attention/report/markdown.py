@@ -6,8 +6,8 @@ analyses left in the run directory (multi-seed validation, ablation, compare, di
 attention maps; see ``Attachments``), failures and reproducibility. A run with nothing finished (or
 only failures) still gets a complete report that says so in its first lines.
 
-The tables are built once as ``Table`` values (plain-text cells) by the ``*_table`` functions
-below. ``report.html`` is this text rendered (``html.render_html``), so the two reports always
+The ``*_table`` functions build each table from plain-text cells (``studies.common.table_markdown``
+escapes them). ``report.html`` is this text rendered (``html.render_html``), so the two reports always
 agree; an image's alt text is the figure's caption there.
 """
 
@@ -15,48 +15,31 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote  # a directory the user named may hold a space: the image stays an image
 from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import quote  # a directory the user named may hold a space: the image stays an image
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
 from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
 from evo_attention.report.studies import ablation as _ablation, curves as _curves, suite as _suite
 from evo_attention.report.studies import transfer as _transfer, validation as _validation
 from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
-from evo_attention.report.studies.common import comparison_note
+from evo_attention.report.studies.common import comparison_note, table_markdown
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
-from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, markdown_table, md_cell, signed_change
+from evo_attention.util.format import change_header, direction, finite_or_none, fmt, md_cell, signed_change
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
 
 
-@dataclass
-class Table:
-    """A table of plain-text cells (None shows as '-'); columns in ``code`` hold gene keys."""
-
-    headers: list[str]
-    rows: list[list[Any]]
-    align: str
-    code: tuple[int, ...] = field(default_factory=tuple)
-
-
-def to_markdown(table: Table) -> str:
-    rows = [[code(c) if i in table.code else md_cell("-" if c is None else c) for i, c in enumerate(row)]
-            for row in table.rows]
-    return markdown_table(table.headers, rows, table.align).rstrip()
-
-
 # -- the tables of the run ------------------------------------------------------------------------
-def settings_table(s: RunSummary) -> Table:
-    return Table(["Setting", "Value"], [[k, v] for k, v in s.settings], "ll")
+def settings_table(s: RunSummary) -> str:
+    return table_markdown(["Setting", "Value"], [[k, v] for k, v in s.settings], "ll")
 
 
-def generations_table(s: RunSummary) -> Table:
+def generations_table(s: RunSummary) -> str:
     suite = s.suite is not None
     key, digits = ("suite_accuracy", 4) if suite else ("perplexity", 2)
     headers = ["Generation", *(("Best suite acc", "Mean suite acc") if suite else ("Best ppl", "Mean ppl")),
@@ -65,10 +48,10 @@ def generations_table(s: RunSummary) -> Table:
     rows = [[f"{h['generation']}" + ("" if h["complete"] else " (in progress)"), fmt(h[f"best_{key}"], digits),
              fmt(h[f"mean_{key}"], digits), fmt(h["best_so_far"], digits), fmt(h["n_members"]), fmt(h["n_evaluated"]),
              fmt(h["n_failed"]), h["best_gene"]] for h in s.history]
-    return Table(headers, rows, "lrrrrrrl", (7,))
+    return table_markdown(headers, rows, "lrrrrrrl", code_column=7)
 
 
-def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
+def top_table(s: RunSummary, k: int = TOP_ROWS) -> str:
     if s.suite is not None:
         return suite_run_table(s, k)
     base = s.baseline["perplexity"] if s.baseline else None
@@ -78,10 +61,10 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> Table:
     rows = [[fmt(r["rank"]), r["str"], r["gene"], fmt(r["perplexity"])] + ([fmt(r.get("bits_per_byte"), 4)] if text else [])
             + [signed_change((change_of(r["perplexity"], base) or {}).get("percent")), fmt(r["generation"]),
                fmt(r["params"])] for r in s.top(k)]
-    return Table(headers, rows, "rllr" + ("r" if text else "") + "rrr", (2,))
+    return table_markdown(headers, rows, "rllr" + ("r" if text else "") + "rrr", code_column=2)
 
 
-def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> Table:
+def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> str:
     """A suite run's genes (the best ``k`` ranked ones, None: all of them, unranked ones too) and the
     baseline: suite accuracy, its change from the baseline in accuracy points, every point's accuracy."""
     suite = s.suite
@@ -97,8 +80,8 @@ def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> Table:
         rows.append(["baseline" if is_base else fmt(r["rank"]), r["str"], r["gene"], fmt(acc, 4), change]
                     + [suite_cell(c["accuracy"]) if c["status"] == "ok" else c["status"] for c in cells]
                     + [fmt(r["generation"])])
-    return Table(["Rank", "Gene", "Key", "Suite accuracy", change_header(lower_is_better=False)] + labels + ["Generation"], rows,
-                 "rllrr" + "r" * len(labels) + "r", (2,))
+    return table_markdown(["Rank", "Gene", "Key", "Suite accuracy", change_header(lower_is_better=False)] + labels
+                          + ["Generation"], rows, "rllrr" + "r" * len(labels) + "r", code_column=2)
 
 
 def suite_run_lines(s: RunSummary) -> list[str]:
@@ -114,19 +97,19 @@ def _objective_cell(name: str, value) -> str:
     return fmt(int(value) if name in ("params", "flops") and value is not None else value)
 
 
-def pareto_table(s: RunSummary) -> Table:
+def pareto_table(s: RunSummary) -> str:
     """The Pareto front of a multi-objective run: gene, key, each objective, generation."""
     names = s.objectives
     headers = ["Gene", "Key"] + [OBJECTIVE_LABELS.get(n, n).capitalize() for n in names] + ["Generation"]
     rows = [[m["str"], m["key"]] + [_objective_cell(n, m.get(n)) for n in names] + [fmt(m.get("generation"))]
             for m in (s.pareto or {}).get("front", [])]
-    return Table(headers, rows, "ll" + "r" * len(names) + "r", (1,))
+    return table_markdown(headers, rows, "ll" + "r" * len(names) + "r", code_column=1)
 
 
-def hypervolume_table(s: RunSummary) -> Table:
+def hypervolume_table(s: RunSummary) -> str:
     rows = [[fmt(h["generation"]), fmt(h["front_size"]), fmt(h["hypervolume"], 4)]
             for h in (s.pareto or {}).get("history", [])]
-    return Table(["Generation", "Front size", "Hypervolume"], rows, "rrr")
+    return table_markdown(["Generation", "Front size", "Hypervolume"], rows, "rrr")
 
 
 def pareto_lines(s: RunSummary) -> list[str]:
@@ -144,13 +127,13 @@ def pareto_lines(s: RunSummary) -> list[str]:
     return lines
 
 
-def infeasible_table(s: RunSummary) -> Table:
+def infeasible_table(s: RunSummary) -> str:
     """The genes that break a cap of the run: refused before training, or trained over a measured cap."""
     from evo_attention.report.summary import infeasible_rows
 
     rows = [[r["gene"], fmt(r["generation"]), "yes" if r["trained"] else "no (refused)", r["why"]]
             for r in infeasible_rows(s.constraints)]
-    return Table(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", (0,))
+    return table_markdown(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", code_column=0)
 
 
 def infeasible_lines(s: RunSummary) -> list[str]:
@@ -163,11 +146,11 @@ def infeasible_lines(s: RunSummary) -> list[str]:
              f"so a gene over their caps is marked after its training. {infeasible_text(c)}. Infeasible genes take no "
              "part in the best gene, the ranking or the Pareto front."]
     if c.get("never_trained") or c.get("trained"):
-        lines += ["", to_markdown(infeasible_table(s))]
+        lines += ["", infeasible_table(s)]
     return lines
 
 
-def racing_table(s: RunSummary) -> Table:
+def racing_table(s: RunSummary) -> str:
     """Every raced gene (and the baseline): its value on each seed and the lower bound it ranks by."""
     r = s.racing or {}
     seeds = list(r.get("seeds") or [])
@@ -177,8 +160,8 @@ def racing_table(s: RunSummary) -> Table:
     rows = [[e["gene"], fmt(e["generation"]), *[fmt(shown(v), 4) for v in e["values"]], fmt(shown(e["told"]), 4)]
             for e in raced]
     bound = "mean - standard error" if suite else "mean + standard error"
-    return Table(["Gene", "Generation", *[f"Seed {x}" for x in seeds], bound.capitalize()], rows,
-                 "lr" + "r" * (len(seeds) + 1), (0,))
+    return table_markdown(["Gene", "Generation", *[f"Seed {x}" for x in seeds], bound.capitalize()], rows,
+                          "lr" + "r" * (len(seeds) + 1), code_column=0)
 
 
 def racing_lines(s: RunSummary) -> list[str]:
@@ -189,49 +172,49 @@ def racing_lines(s: RunSummary) -> list[str]:
     return [f"Racing: a gene that would take one of the strategy's {fmt(r.get('places'))} elite place(s) was trained "
             f"on {len(r.get('seeds') or [])} seeds first (the same seeds for every gene, so comparisons are paired) and "
             f"ranked by its {bound} ({what}); a failure on any seed fails it. Every other gene ranks by its one seed. "
-            "The baseline is raced the same way.", "", to_markdown(racing_table(s))]
+            "The baseline is raced the same way.", "", racing_table(s)]
 
 
-def failures_table(s: RunSummary) -> Table:
+def failures_table(s: RunSummary) -> str:
     rows = []
     for f in s.failures:
         error = f["error"] or "-"
         if len(error) > ERROR_CHARS:
             error = error[: ERROR_CHARS - 3] + "..."
         rows.append([f["gene"], f["role"], fmt(f["generation"]), f["status"], error])
-    return Table(["Gene", "Role", "Generation", "Status", "Error"], rows, "llrll", (0,))
+    return table_markdown(["Gene", "Role", "Generation", "Status", "Error"], rows, "llrll", code_column=0)
 
 
-def components_table(s: RunSummary) -> Table:
+def components_table(s: RunSummary) -> str:
     """The component analysis (the same columns as ``tables.component_table``)."""
     headers = ["Field", "Option", "OK runs", "Failed", "Best ppl", "Mean ppl", f"In top {s.top_n}"]
     rows = [[r["field"], r["option"], fmt(r["n_ok"]), fmt(r["n_failed"]), fmt(r["best_perplexity"]),
              fmt(r["mean_perplexity"]), fmt(r["in_top"])] for r in s.components]
-    return Table(headers, rows, "llrrrrr", (1,))
+    return table_markdown(headers, rows, "llrrrrr", code_column=1)
 
 
-def versions_table(versions: Mapping) -> Table:
-    return Table(["Package", "Version"], [[k, v] for k, v in versions.items()], "ll")
+def versions_table(versions: Mapping) -> str:
+    return table_markdown(["Package", "Version"], [[k, v] for k, v in versions.items()], "ll")
 
 
 # -- the tables of the attachments ----------------------------------------------------------------
-def _study_table(cells: Callable[[Mapping], tuple | None], code: tuple[int, ...] = ()) -> Callable:
-    """A study's table as a ``Table``: its (headers, rows, align) from ``report.studies``, the columns
-    in ``code`` holding gene keys; None where the study has no such table."""
-    def table(result: Mapping) -> Table | None:
+def _study_table(cells: Callable[[Mapping], tuple | None], code_column: int | None = None) -> Callable:
+    """A study's table in markdown: its (headers, rows, align) from ``report.studies``, the column
+    ``code_column`` holding gene keys; None where the study has no such table."""
+    def table(result: Mapping) -> str | None:
         found = cells(result)
-        return None if found is None else Table(*found, code)
+        return None if found is None else table_markdown(*found, code_column=code_column)
     return table
 
 
-validation_table = _study_table(_validation.validation_table, (0,))
-cost_table = _study_table(_validation.cost_table, (0,))  # what each validated gene costs (None: without costs)
-ablation_table = _study_table(_ablation.ablation_table, (2,))
+validation_table = _study_table(_validation.validation_table, 0)
+cost_table = _study_table(_validation.cost_table, 0)  # what each validated gene costs (None: without costs)
+ablation_table = _study_table(_ablation.ablation_table, 2)
 recipe_mechanism_table = _study_table(_ablation.recipe_mechanism_table)  # a gene that sets its own recipe, or None
 transfer_sizes_table = _study_table(_transfer.transfer_sizes_table)
-transfer_table = _study_table(_transfer.transfer_table, (1,))
-suite_table = _study_table(_suite.suite_table, (1,))  # a suite study's table (report.studies.suite_table)
-curve_table = _study_table(_curves.curve_table, (1,))
+transfer_table = _study_table(_transfer.transfer_table, 1)
+suite_table = _study_table(_suite.suite_table, 1)  # a suite study's table (report.studies.suite_table)
+curve_table = _study_table(_curves.curve_table, 1)
 
 
 def suite_title(result: Mapping) -> str:
@@ -240,24 +223,24 @@ def suite_title(result: Mapping) -> str:
     return f"{study} on suite {(result.get('suite') or {}).get('name')}{split}"
 
 
-def compare_table(rows: Sequence[Mapping]) -> Table:
+def compare_table(rows: Sequence[Mapping]) -> str:
     headers = ["Name", "Gene", "Seed", "Status", "Perplexity", "Loss", "Accuracy", "Time (s)", "Peak memory (MB)",
                "Params"]
     out = [[r.get("name"), r.get("gene"), fmt(_integer(r.get("seed"))), r.get("status"),
             fmt(finite_or_none(r.get("val_perplexity")), 3), fmt(finite_or_none(r.get("val_loss")), 4),
             fmt(finite_or_none(r.get("accuracy")), 4), fmt(finite_or_none(r.get("time_s")), 1),
             fmt(finite_or_none(r.get("peak_memory_mb")), 0), fmt(_integer(r.get("params")))] for r in rows]
-    return Table(headers, out, "llrlrrrrrr", (1,))
+    return table_markdown(headers, out, "llrlrrrrrr", code_column=1)
 
 
-def maps_table(result: Mapping) -> Table:
+def maps_table(result: Mapping) -> str:
     headers = ["Layer", "Gene", "Head", "Sparsity (exact zeros)", "Entropy (nats)", "Uniform entropy", "Mean distance"]
     rows = [[fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
              f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
              fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
              fmt(finite_or_none(m.get("mean_distance")), 2)]
             for layer in result.get("layers", []) for m in layer.get("heads", [])]
-    return Table(headers, rows, "rlrrrrr", (1,))
+    return table_markdown(headers, rows, "rlrrrrr", code_column=1)
 
 
 def _integer(value: Any) -> int | None:
@@ -401,7 +384,7 @@ def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | Non
     lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
     versions = all_versions(s, attachments)
     if versions:
-        lines += ["", "Package versions:", "", to_markdown(versions_table(versions))]
+        lines += ["", "Package versions:", "", versions_table(versions)]
     if s.config:
         lines += ["", "Full configuration of the run:", "", "```json", full_config_json(s), "```"]
     if isinstance(s.data, Mapping) and s.data:
@@ -419,8 +402,8 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         note = (f"{len(seeds)} trainings per gene with seeds {', '.join(map(str, seeds))} (never the search seed), "
                 f"{v.get('steps')} steps each. {comparison_note(v)}")
         sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "", md_cell(note), "",
-                         to_markdown(validation_table(v)), ""]
-                        + (["Cost, the median over the seeds:", "", to_markdown(costs), ""] if costs else [])
+                         validation_table(v), ""]
+                        + (["Cost, the median over the seeds:", "", costs, ""] if costs else [])
                         + [f"![Every seed's value (points), box, mean (diamond) and its confidence interval (bar); the "
                            f"dotted line is the baseline mean]({stem}.png)", "",
                            f"Details: `{v['_file']}`, `{stem}.md`."])
@@ -428,31 +411,31 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         stem = ab["_file"].rsplit(".", 1)[0]
         crossed = recipe_mechanism_table(ab)
         recipe = (["", "Recipe or mechanism (the gene sets its own recipe; every crossing on the same seeds):", "",
-                   to_markdown(crossed), ""] + [f"- {md_cell(t)}" for t in recipe_mechanism_lines(ab)]) if crossed else []
+                   crossed, ""] + [f"- {md_cell(t)}" for t in recipe_mechanism_lines(ab)]) if crossed else []
         sections.append([f"## Ablation of {md_cell(ab.get('str'))}", "",
                          "Each field in which the gene differs from the baseline, set back to the baseline's value "
                          f"(without F) and added alone to the baseline (baseline + F). {contribution_sign(ab)}", "",
-                         to_markdown(ablation_table(ab)), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
+                         ablation_table(ab), ""] + [f"- {md_cell(t)}" for t in contribution_lines(ab)]
                         + recipe + ["", f"![Contributions]({stem}.png)"])
     for t in a.transfers:
         stem = t["_file"].rsplit(".", 1)[0]
         sections.append(["## Transfer across scale", "", t.get("headline", ""), "", md_cell(transfer_note(t)), "",
-                         to_markdown(transfer_sizes_table(t)), "", to_markdown(transfer_table(t)), ""]
+                         transfer_sizes_table(t), "", transfer_table(t), ""]
                         + [f"- {line}" for line in transfer_rule_lines()]
                         + ["", f"![Each gene's mean against its parameters at every size (log axes), with the interval "
                               f"of the mean; the baseline is black]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
     for r in a.suites:
         stem = r["_file"].rsplit(".", 1)[0]
-        sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", to_markdown(suite_table(r)), "",
+        sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", suite_table(r), "",
                          f"![Mean accuracy over the seeds per gene and point (± sd), the suite accuracy last]({stem}.png)",
                          "", f"Details: `{r['_file']}`, `{stem}.md`."])
     if a.compare is not None:
-        body = to_markdown(compare_table(a.compare)) if a.compare else "The compare results list no entry."
+        body = compare_table(a.compare) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
     for c in a.curves:
         prefix = "" if c["_dir"] == "." else c["_dir"].rstrip("/") + "/"
         sections.append([f"## Difficulty curve: accuracy against {md_cell(c.get('knob'))} ({md_cell(c.get('task'))})",
-                         "", md_cell(curve_note(c)), "", to_markdown(curve_table(c)), "",
+                         "", md_cell(curve_note(c)), "", curve_table(c), "",
                          f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
                          f"dashed, the break threshold dotted]({quote(prefix + CURVE_FIGURE)})", "",
                          f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
@@ -461,7 +444,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
         figures = [f"![Attention maps of layer {layer.get('layer')}]({quote(prefix + str(layer.get('figure')))})"
                    for layer in m.get("layers", [])]
         sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
-                         md_cell(maps_caption(m)), "", to_markdown(maps_table(m)), ""] + figures)
+                         md_cell(maps_caption(m)), "", maps_table(m), ""] + figures)
     if a.problems:
         sections.append(["## Unreadable analysis files", ""] + [f"- {md_cell(p)}" for p in a.problems])
     return sections
@@ -473,10 +456,10 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
     for line in pareto_lines(s):
         lines += ["", line]
     if s.pareto and s.pareto["front"]:
-        lines += ["", to_markdown(pareto_table(s))]
+        lines += ["", pareto_table(s)]
     if s.pareto and s.pareto["history"]:
         lines += ["", "Hypervolume after each generation (the evaluations of that generation and the ones before):",
-                  "", to_markdown(hypervolume_table(s))]
+                  "", hypervolume_table(s)]
     return lines
 
 
@@ -491,7 +474,7 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
     run_dir = str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
-        ["## Settings", "", to_markdown(settings_table(s)) if s.settings else "No configuration stored."],
+        ["## Settings", "", settings_table(s) if s.settings else "No configuration stored."],
         ["## Evolution", "", f"![Best and mean {'suite accuracy' if s.suite is not None else 'perplexity'} per "
                              f"generation, the best so far, every evaluation (grey) and the baseline]({figure})"],
     ]
@@ -515,12 +498,12 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
                                                    f"genes and the baseline{rungs}]({curves})"])
     sections += [
         ["## Per generation", ""] + (["Best and mean are over the population after the generation (carried-over "
-                                      "elites included).", "", to_markdown(generations_table(s))] if s.history
+                                      "elites included).", "", generations_table(s)] if s.history
                                      else ["No generation finished yet."]),
-        [f"## Top {TOP_ROWS} genes", "", to_markdown(top_table(s)) if s.top(TOP_ROWS)
+        [f"## Top {TOP_ROWS} genes", "", top_table(s) if s.top(TOP_ROWS)
          else f"{s.statement} No gene to rank."],
         ["## Component analysis", "", components_note(s)] + ([] if s.suite is not None else [
-            "", to_markdown(components_table(s)) if s.components else f"{s.statement} Nothing to analyse."]),
+            "", components_table(s) if s.components else f"{s.statement} Nothing to analyse."]),
     ]
     if attachments is not None:
         sections += _attachment_sections(attachments)
@@ -529,7 +512,7 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
     if s.racing:
         sections.append(["## Re-measured elites", ""] + racing_lines(s))
     sections += [
-        ["## Failures", "", to_markdown(failures_table(s)) if s.failures else "No evaluation failed."],
+        ["## Failures", "", failures_table(s) if s.failures else "No evaluation failed."],
         ["## Reproducibility", ""] + _reproducibility(s, run_dir, attachments),
     ]
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"

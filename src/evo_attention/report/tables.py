@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from evo_attention.report.markdown import components_table, to_markdown
+from evo_attention.report.markdown import components_table
 from evo_attention.report.summary import EVALUATION_COLUMNS, RunSummary
 from evo_attention.util.files import write_text
 from evo_attention.util.format import csv_cell
@@ -53,4 +53,4 @@ def component_markdown(summary: RunSummary) -> str:
     if not summary.components:
         return f"# Component analysis\n\n{intro}\n{summary.statement} Nothing to analyse.\n"
     note = "" if summary.outcome == "ok" else f"{summary.statement}\n\n"
-    return f"# Component analysis\n\n{intro}\n{note}{to_markdown(components_table(summary))}\n"
+    return f"# Component analysis\n\n{intro}\n{note}{components_table(summary)}\n"

@@ -163,10 +163,10 @@ def study_schedule(result: Mapping, steps: int | None = None) -> str:
 
 
 def table_markdown(headers: Sequence[str], rows: Sequence[Sequence], align, code_column: int | None = None) -> str:
-    """A table of plain-text cells as markdown, each cell escaped (``md_cell``) but those of
-    ``code_column`` (a gene key's), which are code; no trailing newline."""
-    return markdown_table(headers, [[code(c) if i == code_column else md_cell(c) for i, c in enumerate(row)]
-                                    for row in rows], align).rstrip()
+    """A table of plain-text cells as markdown, each cell escaped (``md_cell``; None shows as '-') but
+    those of ``code_column`` (a gene key's), which are code; no trailing newline."""
+    return markdown_table(headers, [[code(c) if i == code_column else md_cell("-" if c is None else c)
+                                     for i, c in enumerate(row)] for row in rows], align).rstrip()
 
 
 def plain_cell(row: Mapping, metric: str) -> str:
