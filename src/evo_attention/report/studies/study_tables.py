@@ -76,12 +76,10 @@ def grid(payload: dict) -> str:
 
 
 def suite(payload: dict) -> str:
+    from evo_attention.report.studies.common import table_markdown
     from evo_attention.report.studies.suite import suite_table
-    from evo_attention.util.format import md_cell
 
-    headers, rows, align = suite_table(_validation(payload))
-    return markdown_table(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows],
-                          align)
+    return table_markdown(*suite_table(_validation(payload)), code_column=1) + "\n"
 
 
 def suite_rate(payload: dict) -> str:
