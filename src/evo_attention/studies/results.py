@@ -453,7 +453,8 @@ def run_times(run_dir, gap_s: float = 600.0, trainings: bool = True) -> dict:
     """The machine time of the run store in ``run_dir`` (``times.json``)."""
     from evo_attention.search.store import RunStore
 
-    records = RunStore.open(run_dir, readonly=True).evaluations()
+    with RunStore.open(run_dir, readonly=True) as store:
+        records = store.evaluations()
     out = {"run": str(run_dir), "gap_s": gap_s, "roles": store_times(records, gap_s)}
     if trainings:
         out["trainings"] = training_rows(records)
