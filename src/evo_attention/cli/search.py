@@ -9,7 +9,7 @@ from evo_attention.cli.common import (EXIT_INTERRUPTED, SETTING_ORIGINS, add_exe
                                       add_training_flags, checked, executor_from_args, explicit_settings,
                                       fidelity_flags, flag_of, install_sigterm_handler, note, number, suite_text,
                                       user_message)
-from evo_attention.search.lock import check_free
+from evo_attention.search.lock import LOCK_NAME, check_free
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
 
@@ -95,7 +95,6 @@ def check_search_out(out) -> None:
     import evo_attention.interop.export  # noqa: F401 - the export formats register their output kinds
     import evo_attention.interop.hf  # noqa: F401
     import evo_attention.interop.hf_attention  # noqa: F401
-    from evo_attention.search.lock import LOCK_NAME
     from evo_attention.search.store import RunStore
     from evo_attention.util.files import check_output
 

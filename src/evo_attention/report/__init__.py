@@ -34,7 +34,7 @@ from pathlib import Path
 from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
 from evo_attention.report.studies.validation import read_studies
-from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, load_run
+from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, failed, load_run, perplexity_of
 
 OUTPUTS = {
     "final_results": "final_results.json",
@@ -111,7 +111,6 @@ def best_program(summary: RunSummary) -> str | None:
 def plot_distribution(summary: RunSummary, path: str | os.PathLike) -> Path:
     """``evaluation_distribution.png``: every finished search evaluation's perplexity."""
     from evo_attention.report.figures import plot_distribution as draw
-    from evo_attention.report.summary import failed, perplexity_of
 
     if summary.suite is not None:  # one value per gene: its suite accuracy
         rows = [r for r in summary.suite["genes"] if r["rank"] is not None]
