@@ -45,8 +45,7 @@ from evo_attention.util.errors import UserError, check_argument
 def causal_mask(t: int, device=None, window: int = 0) -> torch.Tensor:
     """Bool [T, T], True where query i may attend key j: j <= i, and with a ``window`` W > 0 also
     i - j < W (the query's last W keys, itself included)."""
-    allowed = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    return allowed.triu(-(window - 1)) if 0 < window < t else allowed
+    return decode_mask(0, t, device, window)
 
 
 def decode_mask(start: int, t: int, device=None, window: int = 0) -> torch.Tensor:
@@ -180,15 +179,11 @@ class EvolvedAttention(nn.Module):
         form = self.program.forms.get(getattr(self.program.heads_node, "text", None))
         return form is not None and form[0] == "mix" and form[1] == "softmax" and form[4]
 
-    def allowed_keys(self, t: int, device=None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Bool [T, T] (or broadcast with ``mask``): the keys each query may see, causal and within
-        the window, and where ``mask`` allows."""
-        allowed = causal_mask(t, device, self.window)
+    def allowed_keys(self, t: int, device=None, mask: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        """Bool [T, start + T] (or broadcast with ``mask``): the keys each of the T queries after
+        ``start`` positions may see, causal and within the window, and where ``mask`` allows."""
+        allowed = decode_mask(start, t, device, self.window)
         return allowed if mask is None else allowed & mask.bool()
-
-    def decode_mask(self, start: int, t: int, device=None) -> torch.Tensor:
-        """Bool [T, start + T]: the keys the T queries after ``start`` positions may see."""
-        return decode_mask(start, t, device, self.window)
 
     def score_bias(self, t: int, device=None, start: int = 0) -> torch.Tensor | None:
         """The float bias added to the logits of the T queries start..start+T-1 over the keys

@@ -456,11 +456,8 @@ class _Pass:
     @property
     def allowed(self) -> torch.Tensor:
         if self._allowed is None:
-            if self.decoding:
-                allowed = self.attn.decode_mask(self.start, self.t, self.x.device)
-                self._allowed = allowed if self.mask is None else allowed & self.mask
-            else:
-                self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask)
+            start = self.start if self.decoding else 0
+            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask, start)
         return self._allowed
 
     @property
