@@ -207,14 +207,11 @@ def _study_table(cells: Callable[[Mapping], tuple | None], code_column: int | No
     return table
 
 
-validation_table = _study_table(_validation.validation_table, 0)
-cost_table = _study_table(_validation.cost_table, 0)  # what each validated gene costs (None: without costs)
 ablation_table = _study_table(_ablation.ablation_table, 2)
 recipe_mechanism_table = _study_table(_ablation.recipe_mechanism_table)  # a gene that sets its own recipe, or None
 transfer_sizes_table = _study_table(_transfer.transfer_sizes_table)
 transfer_table = _study_table(_transfer.transfer_table, 1)
 suite_table = _study_table(_suite.suite_table, 1)  # a suite study's table (report.studies.suite_table)
-curve_table = _study_table(_curves.curve_table, 1)
 
 
 def suite_title(result: Mapping) -> str:
@@ -398,12 +395,12 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
     for v in a.validations:
         split = "test split" if v.get("eval_split") == "test" else "validation split"
         stem = v["_file"].rsplit(".", 1)[0]
-        costs, seeds = cost_table(v), v.get("seeds") or []
+        costs, seeds = _validation.cost_markdown(v), v.get("seeds") or []  # costs: None without them
         note = (f"{len(seeds)} trainings per gene with seeds {', '.join(map(str, seeds))} (never the search seed), "
                 f"{v.get('steps')} steps each. {comparison_note(v)}")
         sections.append([f"## Multi-seed validation ({split})", "", v.get("headline", ""), "", md_cell(note), "",
-                         validation_table(v), ""]
-                        + (["Cost, the median over the seeds:", "", costs, ""] if costs else [])
+                         _validation.validation_table_markdown(v).rstrip(), ""]
+                        + (["Cost, the median over the seeds:", "", costs.rstrip(), ""] if costs else [])
                         + [f"![Every seed's value (points), box, mean (diamond) and its confidence interval (bar); the "
                            f"dotted line is the baseline mean]({stem}.png)", "",
                            f"Details: `{v['_file']}`, `{stem}.md`."])
@@ -435,7 +432,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
     for c in a.curves:
         prefix = "" if c["_dir"] == "." else c["_dir"].rstrip("/") + "/"
         sections.append([f"## Difficulty curve: accuracy against {md_cell(c.get('knob'))} ({md_cell(c.get('task'))})",
-                         "", md_cell(curve_note(c)), "", curve_table(c), "",
+                         "", md_cell(curve_note(c)), "", _curves.curve_table_markdown(c).rstrip(), "",
                          f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
                          f"dashed, the break threshold dotted]({quote(prefix + CURVE_FIGURE)})", "",
                          f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
