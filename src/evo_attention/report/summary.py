@@ -711,9 +711,10 @@ def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | No
             constraints: Mapping | None = None) -> dict:
     """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
 
-    ``cache_hits`` (``cache_hits``): the planned requests that were neither trained nor refused
-    before training (a run with caps refuses some). A run with caps also counts ``infeasible``:
-    ``never_trained`` (refused before training) and ``trained`` (over a cap measured after training).
+    ``cache_hits``: the planned requests that were neither trained nor refused before training (a
+    run with caps refuses some), known once the run is done (the function ``cache_hits``). A run
+    with caps also counts ``infeasible``: ``never_trained`` (refused before training) and
+    ``trained`` (over a cap measured after training).
     """
     failures = Counter(failure_label(r) for r in search if failed(r))
     trained = len(search)
