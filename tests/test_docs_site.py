@@ -1,5 +1,5 @@
 """The documentation: the README is a front door that fits on a few screens, and docs/ builds as a
-site with MkDocs in strict mode (no broken page, link or nav entry)."""
+site with MkDocs in strict mode (no broken page, link, anchor or nav entry; no link to a folder)."""
 
 import os
 import subprocess
@@ -26,6 +26,8 @@ def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
                           cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "site" / "index.html").is_file() and (tmp_path / "site" / "programs" / "index.html").is_file()
+    # headings get GitHub's anchors, so one link to a section works on GitHub and on the site
+    assert 'id="evo-attention-export---format-hf"' in (tmp_path / "site" / "export" / "index.html").read_text()
 
 
 def test_version_starts_without_importing_torch():
