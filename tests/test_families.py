@@ -135,6 +135,23 @@ def test_kernel_path_runs_in_float32_under_bf16_autocast():
     assert (low.float() - exact).abs().max() < 0.05
 
 
+@pytest.mark.parametrize("gene", ["dot|linear|none|fixed", "dot|favor|none|fixed|win=4",
+                                  "prog=o(tanh(kmix(elu1(q),elu1(k),v)))"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_kernel_gene_runs_in_a_model_cast_to_half_precision(gene, dtype):
+    """Without autocast the kernel's float32 sums return in the model's dtype (a bf16 or fp16 model,
+    e.g. a Hugging Face export loaded so): forward and decoding both run and stay close."""
+    from evo_attention.nn.decoding import generate
+
+    torch.manual_seed(0)
+    model = TinyTransformer(Config(d_model=16, n_heads=2, n_layers=1, vocab_size=32, max_seq_len=16), gene).eval()
+    ids = torch.randint(0, 32, (2, 9))
+    exact = model(ids)
+    low = model.to(dtype)(ids)
+    assert low.dtype == dtype and (low.float() - exact).abs().max() < 0.05
+    assert len(generate(model, [1, 2, 3], 5, temperature=0)) == 5
+
+
 # -- sliding windows in blocks --------------------------------------------------------------------
 @pytest.mark.parametrize("key", [
     "dot|softmax|none|fixed|bias|0.00|win=4",

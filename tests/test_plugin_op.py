@@ -32,6 +32,23 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
         assert_contracts(program, seed=i)
 
 
+@pytest.mark.parametrize("name,signature,apply,problem", [
+    ("shift", "H->H", lambda call, z: z, "exists already"),  # a built-in: same signature and kind, still refused
+    ("mix", "H->H", lambda call, z: z, "exists already"),
+    ("const", "H->H", lambda call, z: z, "not an input or 'const'"),
+    ("zeroh", "->H", lambda call: None, "at least one argument"),
+    ("notfn", "H->H", 3, "must be functions"),
+])
+def test_a_registration_that_would_change_or_break_the_language_is_refused(name, signature, apply, problem):
+    from evo_attention import register_op
+
+    before = dict(programs.OPS)
+    kind = "time" if name in ("shift", "zeroh") else "elementwise"
+    with pytest.raises(programs.ProgramError, match=problem):
+        register_op(name, signature, kind, apply=apply)
+    assert programs.OPS == before
+
+
 def test_a_program_search_uses_the_op(plugin, tmp_path):
     (tmp_path / "space.yaml").write_text(
         "search_space:\n  program: {max_nodes: 7, ops: [o, mix, w.softmax, s.dot, t.fixed, hgate, shift]}\n")

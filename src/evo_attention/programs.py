@@ -155,9 +155,10 @@ def signature(text: str):
     """``"H,H->S"`` -> (("H", "H"), "S"): one signature of an op (argument types, result type)."""
     args, arrow, result = str(text).partition("->")
     types = tuple(a.strip() for a in args.split(",") if a.strip())
-    if not arrow or result.strip() not in TYPES + ("T",) or any(t not in TYPES + ("T",) for t in types):
+    if (not arrow or not types or result.strip() not in TYPES + ("T",)
+            or any(t not in TYPES + ("T",) for t in types)):
         raise ProgramError(f"op signature {text!r} must read like 'H,H->S' over the types {', '.join(TYPES)} "
-                           "(T: any of X, H, S)")
+                           "(T: any of X, H, S; at least one argument)")
     return (types, result.strip())
 
 
@@ -213,12 +214,14 @@ _generation = [0]  # bumped by every change of OPS: part of the grammar's cache 
 
 def add_op(op: Op) -> None:
     """Add an op to the language (``nn.program.register_op`` calls this with its implementation)."""
-    if op.name in OPS and OPS[op.name] != op:
+    # the same op again is harmless (a plugin imported again, e.g. from an export); a built-in never is
+    if op.name in STRUCTURAL or (op.name in OPS and OPS[op.name] != op):
         raise ProgramError(f"program op {op.name!r} exists already: choose another name, or unregister it first")
     if op.kind not in PLUGIN_KINDS:
         raise ProgramError(f"program op kind {op.kind!r} is not one a plugin may add: {', '.join(PLUGIN_KINDS)}")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", op.name) or op.name in INPUTS:
-        raise ProgramError(f"program op name {op.name!r} must be a plain identifier (letters, digits, _), not an input")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", op.name) or op.name in INPUTS or op.name == "const":
+        raise ProgramError(f"program op name {op.name!r} must be a plain identifier (letters, digits, _), not an "
+                           "input or 'const'")
     OPS[op.name] = op
     _generation[0] += 1
 

@@ -104,6 +104,8 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
     ``apply(call, *args)`` computes it on tensors of any leading batch size (K folded models are
     one batch of K * B rows, model-major); ``build(shapes)`` returns the module holding its weights
     (subclass ``PerModel`` or give it a ``fold`` method so that it folds), as ``call.module``."""
+    if not callable(apply) or (build is not None and not callable(build)):
+        raise programs.ProgramError(f"program op {name!r}: apply (and build, if given) must be functions")
     sigs = [signatures] if isinstance(signatures, str) else list(signatures)
     programs.add_op(programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold))
     _own(name, apply, build)
@@ -629,7 +631,13 @@ class ProgramCore(nn.Module):
     def _kernel_mix(self, node, form, run: _Pass):
         """kmix.NAME(t.T(A), B, C): the registered kernel's features of A d^(1/4) / tau and B / d^(1/4)
         (kmix(F, F, C): the features as given). Weights phi(a_i) . phi(b_j) over the keys a query may
-        see, in at least float32 (a kernel's sums must not lose precision to bf16)."""
+        see, in at least float32 (a kernel's sums must not lose precision to bf16); the result in
+        the dtype of the values where no autocast chooses (a model cast to bf16 or fp16)."""
+        kept = torch.is_autocast_enabled(run.x.device.type)
+        mixed = self._kernel_sums(node, run)
+        return mixed if kept else mixed.to(self.value(node.args[2], run).dtype)
+
+    def _kernel_sums(self, node, run: _Pass):
         with torch.autocast(run.x.device.type, enabled=False):
             first = node.args[0]
             temperature = first if first.op.startswith("t.") and node.op != "kmix" else None
