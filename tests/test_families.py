@@ -152,6 +152,18 @@ def test_a_kernel_gene_runs_in_a_model_cast_to_half_precision(gene, dtype):
     assert len(generate(model, [1, 2, 3], 5, temperature=0)) == 5
 
 
+def test_an_elementwise_program_in_a_model_cast_to_fp16_stays_finite():
+    """Its intermediates are computed in float32 (sdiv's b * b overflows fp16 at |b| = 1e4)."""
+    torch.manual_seed(0)
+    attn = EvolvedAttention(16, 2, "prog=o(sdiv(v,exp(v)))")
+    with torch.no_grad():
+        attn.qkv.weight.mul_(10)
+    x = torch.randn(2, 12, 16)
+    exact = attn(x)
+    low = attn.half()(x.half())
+    assert torch.isfinite(low).all() and (low.float() - exact).abs().max() < 0.05
+
+
 # -- sliding windows in blocks --------------------------------------------------------------------
 @pytest.mark.parametrize("key", [
     "dot|softmax|none|fixed|bias|0.00|win=4",

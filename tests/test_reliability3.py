@@ -298,10 +298,17 @@ def test_4_an_unwritable_probe_cache_is_said_once(probing, tmp_path, monkeypatch
 
 
 # -- items 8 and 14 ------------------------------------------------------------------------------------
-def test_8_fp16_on_a_cpu_is_refused_before_the_run_is_created(tmp_path, capsys):
+def test_8_fp16_is_refused_before_the_run_is_created(tmp_path, capsys):
+    """fp16 on any device (no loss scaling: its small gradients would vanish); shown on the CPU."""
     out = tmp_path / "run"
-    assert main(["search", *FLAGS, "--device", "cpu", "--precision", "fp16", "--out", str(out)]) == 2
-    assert "fp16 is not supported on CPU" in one_line_error(capsys)
+    with pytest.raises(SystemExit) as exit_:
+        main(["search", *FLAGS, "--device", "cpu", "--precision", "fp16", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "\n" not in err and "invalid choice: 'fp16'" in err, err
+    config = tmp_path / "fp16.yaml"
+    config.write_text("precision: fp16\n")
+    assert main(["search", *FLAGS, "--config", str(config), "--out", str(out)]) == 2
+    assert "unknown precision 'fp16'" in one_line_error(capsys)
     assert not out.exists()
     assert main(["search", *FLAGS, "--device", "cpu", "--out", str(out)]) == 0  # the place is free for a run
 

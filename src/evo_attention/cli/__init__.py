@@ -23,10 +23,17 @@ COMMAND_NAMES = {**{name: name for name in COMMAND_MODULES}, "attention-maps": "
                  "fitness-check": "fitness"}  # command -> module
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag said in one line that points at --help (not the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``only``: register just that command (what it runs needs no other
     command's module, and each one imported costs start-up time)."""
-    parser = argparse.ArgumentParser(prog="evo-attention",
+    parser = _Parser(prog="evo-attention",
                                      description="Evolve attention mechanisms for small transformer language models.")
     parser.add_argument("--version", action="version", version=f"evo-attention {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

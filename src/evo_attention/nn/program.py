@@ -118,10 +118,16 @@ def unregister_op(name: str) -> None:
 
 
 def _clipped(apply: Callable) -> Callable:
+    """An elementwise op clipped to +-CLIP; on fp16 values (a model cast to fp16) computed in float32
+    first, as fp16's range (65504) holds the clipped result but not every intermediate (b * b)."""
     @functools.wraps(apply)  # keeps apply's __module__: an export finds the plugin that defines it there
     def clipped(call, *args):
-        value = apply(call, *args)
-        return value.clamp(-CLIP, CLIP) if torch.is_tensor(value) else value
+        half = any(torch.is_tensor(a) and a.dtype == torch.float16 for a in args)
+        value = apply(call, *(a.float() if half and torch.is_tensor(a) else a for a in args))
+        if not torch.is_tensor(value):
+            return value
+        value = value.clamp(-CLIP, CLIP)
+        return value.half() if half else value
     return clipped
 
 

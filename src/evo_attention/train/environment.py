@@ -81,7 +81,7 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
                      batch_size: int | None = None, timer=None, dropout_stream: str = "cpu") -> tuple[str, str]:
     """The precision a training runs in and why (a record keeps both).
 
-    A set precision is taken as it is (fp16 refused on CPU). ``auto``: bf16 on CUDA GPUs that
+    A set precision is taken as it is. ``auto``: bf16 on CUDA GPUs that
     support it; fp32 on a CPU without native bf16 and on other devices; on a CPU with native bf16,
     the measured choice for this model shape on this machine (``probed_precision``; ``spec`` is a
     ``ModelSpec`` with the data's vocabulary; ``timer()`` times a training step of the shape in both
@@ -92,8 +92,6 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
     (the record says which ran).
     """
     if precision != "auto":
-        if precision == "fp16" and device.type == "cpu":
-            raise UserError("precision fp16 is not supported on CPU: use bf16 or fp32")
         return precision, f"set to {precision}"
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
@@ -195,7 +193,7 @@ def resolve_compile(setting: str, device: torch.device, genes, steps: int) -> bo
 
 
 def matmul_dtype(precision: str) -> torch.dtype:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return {"bf16": torch.bfloat16}.get(precision, torch.float32)
 
 
 def autocast(device: torch.device, precision: str, cache: bool = True):

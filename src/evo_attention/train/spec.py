@@ -59,7 +59,7 @@ def thaw(value: Any) -> Any:
     return value
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16")  # no fp16: the engine has no loss scaling, and programs overflow its range
 COMPILE_MODES = ("auto", "on", "off")
 CUDA_GRAPH_MODES = ("auto", "off")
 # where dropout masks come from (nn.dropout): cpu, each model's seeded CPU generator (masks copied to
