@@ -104,7 +104,7 @@ from evo_attention.util.version import __version__
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ("quick", "wikitext_small", "seed")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16")
 VANILLA = "dot|softmax|none|fixed"
 DROPOUT = 0.1  # the model dropout the dropout path is timed at
 FORMAT = 1  # the JSON layout's version
@@ -141,7 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                            "are skipped without it")
     parser.add_argument("--ks", type=csv_ints, help="models per step (default 1,4,16,64; --smoke: 1,2)")
     parser.add_argument("--precisions", type=csv_list, default=["fp32", "bf16"],
-                        help="comma-separated, of fp32,bf16,fp16 (default fp32,bf16; those the device lacks are "
+                        help="comma-separated, of fp32,bf16 (default fp32,bf16; those the device lacks are "
                              "skipped)")
     parser.add_argument("--dropout-ks", type=csv_list, default=["1", "max"],
                         help="the K of the dropout comparison: numbers or max, the largest K that fit (default 1,max)")
@@ -218,8 +218,6 @@ def device_info(device: torch.device) -> dict:
 
 def unsupported(precision: str, device: torch.device) -> str | None:
     """Why ``device`` cannot train at ``precision`` (None: it can)."""
-    if precision == "fp16" and device.type != "cuda":
-        return "fp16 runs on CUDA only"
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU does not support bf16"
     return None
