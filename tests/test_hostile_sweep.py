@@ -122,6 +122,8 @@ def _data():
     (lambda: TinyTransformer(CFG, AttentionGene.vanilla())(torch.rand(2, 8)), TypeError, "ids must be integer"),
     (lambda: TinyTransformer(CFG, AttentionGene.vanilla())(torch.full((2, 8), 99)), ValueError,
      r"ids must be token ids in \[0, 16\)"),
+    (lambda: TinyTransformer(CFG, "dot|sparsemax|none|fixed")(torch.zeros(2, 0, dtype=torch.long)), ValueError,
+     r"ids of shape \(2, 0\) hold no positions"),  # one answer for every gene (sparsemax's was torch's)
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 32)), ValueError, "x must be"),
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 16)), ValueError, "d_model=32"),
     (lambda: train_and_evaluate(AttentionGene.vanilla(), "cfg", _data()), TypeError, "config must be a Config"),

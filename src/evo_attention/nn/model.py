@@ -206,9 +206,11 @@ class TinyTransformer(nn.Module):
         return self.head(x)
 
     def _in_vocabulary(self, ids):
-        """``ids``, or a ValueError for a token id outside the vocabulary: the public calls' front door
-        (the trainer's compiled ``hidden_states`` never reads a value back). On a CPU tensor only: on an
-        accelerator reading the range back would cost a sync per call."""
+        """``ids``, or a ValueError for a sequence of no positions or a token id outside the vocabulary:
+        the public calls' front door (the trainer's compiled ``hidden_states`` never reads a value
+        back). The ids' range on a CPU tensor only: on an accelerator reading it would cost a sync."""
+        if isinstance(ids, torch.Tensor) and ids.dim() > 0 and ids.shape[-1] == 0:
+            raise ValueError(f"ids of shape {tuple(ids.shape)} hold no positions: give at least one token")
         if isinstance(ids, torch.Tensor) and ids.device.type == "cpu" and ids.numel() and \
                 not ids.is_floating_point() and not torch.compiler.is_compiling():
             low, high = int(ids.min()), int(ids.max())
