@@ -6,16 +6,19 @@ import json
 import sqlite3
 
 import pytest
+import torch
 
 from evo_attention import Config, programs
 from evo_attention.cli import main
 from evo_attention.data import data_from_config
+from evo_attention.data.base import IGNORE_INDEX
 from evo_attention.data.suites import parse_suite
 from evo_attention.genes import program_grammar
 from evo_attention.report.attachments import CURVE_RESULTS
 from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import run_batched, run_training
+from evo_attention.util.errors import UserError
 from test_programs import assert_contracts, programs_using
 
 
@@ -47,6 +50,29 @@ def test_a_registration_that_would_change_or_break_the_language_is_refused(name,
     with pytest.raises(programs.ProgramError, match=problem):
         register_op(name, signature, kind, apply=apply)
     assert programs.OPS == before
+
+
+@pytest.mark.parametrize("broken, says", [
+    (lambda x, y: (x[:, :-3], y[:, :-3]), "not int64 (16, 12)"),
+    (lambda x, y: (x, y.masked_fill(y >= 0, 99)), "ids or targets outside [0, 8)"),
+    (lambda x, y: (x, torch.full_like(y, IGNORE_INDEX)), "rows without exactly 10 scored target(s)"),
+    (lambda x, y: None, "not a pair (x, y) of tensors"),
+])
+def test_a_task_whose_generate_breaks_the_contract_is_one_line_naming_it(plugin, broken, says):
+    """Caught when the data is built, before any training could record it against a gene."""
+    from evo_attention.data.synthetic import TASKS, SyntheticData, register_task, unregister_task
+
+    class Broken(type(TASKS["shifted_copy"])):
+        def generate(self, n, k, generator, seed):
+            return broken(*super().generate(n, k, generator, seed))
+
+    register_task("broken_copy", Broken)
+    try:
+        with pytest.raises(UserError, match=r"^task broken_copy: generate\(16, \.\.\.\) returned ") as info:
+            SyntheticData("broken_copy", seq_len=12, train_examples=16, eval_examples=16)
+        assert says in str(info.value) and "\n" not in str(info.value)
+    finally:
+        unregister_task("broken_copy")
 
 
 def test_a_program_search_uses_the_op(plugin, tmp_path):

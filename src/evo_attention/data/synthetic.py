@@ -798,7 +798,31 @@ class SyntheticData(ExampleData):
                     self.data[split] = (empty, empty.clone())
                     continue
                 n = k["train_examples"] if split == "train" else k["eval_examples"]
-                self.data[split] = self.task.generate(n, k, split_generator(task, seed, split), seed)
+                self.data[split] = self._checked(self.task.generate(n, k, split_generator(task, seed, split), seed), n)
+
+    def _checked(self, made, n: int):
+        """``made``, or a UserError naming the task where its ``generate`` broke the contract of ``Task``
+        (a plugin's bug would otherwise be recorded against every gene that trains on it)."""
+        x, y = made if isinstance(made, tuple) and len(made) == 2 else (None, None)
+        shape, answers, vocab = (n, self.seq_len), self.answers_per_example, self.vocab_size
+        if not (torch.is_tensor(x) and torch.is_tensor(y)):
+            problem = "not a pair (x, y) of tensors"
+        elif x.dtype != torch.long or y.dtype != torch.long or x.shape != shape or y.shape != shape:
+            problem = f"x {x.dtype} {tuple(x.shape)} and y {y.dtype} {tuple(y.shape)}, not int64 {shape}"
+        elif n == 0:
+            problem = None
+        else:
+            scored = y != IGNORE_INDEX
+            targets = y[scored]
+            low, high = torch.aminmax(x)
+            problem = (f"ids or targets outside [0, {vocab}) (targets elsewhere are IGNORE_INDEX, {IGNORE_INDEX})"
+                       if low < 0 or high >= vocab or (targets.numel() and (targets.min() < 0 or targets.max() >= vocab))
+                       else f"rows without exactly {answers} scored target(s) (answers_per_example)"
+                       if bool((scored.sum(1) != answers).any()) else None)
+        if problem is not None:
+            raise UserError(f"task {self.task.name}: generate({n}, ...) returned {problem}: see the contract of "
+                            "evo_attention.data.synthetic.Task", setting="data")
+        return x, y
 
     def train_batches(self, batch_size: int, generator: torch.Generator):
         """The fixed train split in shuffled batches (``TaskData.train_batches``), or, with
