@@ -126,6 +126,12 @@ def _data():
      r"ids of shape \(2, 0\) hold no positions"),  # one answer for every gene (sparsemax's was torch's)
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 32)), ValueError, "x must be"),
     (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 16)), ValueError, "d_model=32"),
+    (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.ones(2, 8, 32, dtype=torch.long)), ValueError,
+     "x must be floating-point"),
+    (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 32), mask=torch.ones(2, 8)), ValueError,
+     r"mask must be a bool tensor .* not torch.float32 of shape \(2, 8\)"),
+    (lambda: EvolvedAttention(32, 4, AttentionGene.vanilla())(torch.randn(2, 8, 32), mask=torch.ones(2, 3).bool()),
+     ValueError, r"broadcastable to \[batch=2, heads=4, time=8, time=8\]"),
     (lambda: train_and_evaluate(AttentionGene.vanilla(), "cfg", _data()), TypeError, "config must be a Config"),
     (lambda: train_and_evaluate(7, CFG, _data()), TypeError, "gene must be an AttentionGene"),
     (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed="1"), TypeError, "seed must be"),

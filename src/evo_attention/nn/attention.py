@@ -231,11 +231,17 @@ class EvolvedAttention(nn.Module):
 
         ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
         where attention is allowed; it is combined with the causal mask, never replaces it."""
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must be [batch, time, d_model={self.d_model}], not of shape {tuple(x.shape)}")
+        if x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
+            raise ValueError(f"x must be floating-point [batch, time, d_model={self.d_model}], not {x.dtype} of shape "
+                             f"{tuple(x.shape)}")
         b, t, _ = x.shape
+        given = mask
         if mask is not None and mask.dim() == 2 and mask.shape == (b, t):
             mask = mask[:, None, None, :]
+        if mask is not None and (mask.dtype != torch.bool or mask.dim() > 4 or any(
+                m not in (1, n) for m, n in zip(reversed(mask.shape), (t, t, self.n_heads, b)))):
+            raise ValueError(f"mask must be a bool tensor [batch, time] or broadcastable to [batch={b}, heads="
+                             f"{self.n_heads}, time={t}, time={t}], not {given.dtype} of shape {tuple(given.shape)}")
         out, weights = self.program(self, x, mask, need_weights)
         return (out, weights) if need_weights else out
 
