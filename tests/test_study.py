@@ -406,6 +406,16 @@ def test_an_answer_may_name_one_entry_of_a_source(tmp_path):
     plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["some arms[climb] is worse"]
     with pytest.raises(UserError, match=r"is not NAME\[ENTITY\] is \[not\] WORD"):
         load_study(_write(tmp_path / "plan.yaml", plan))
+    plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["arms[climb] is wrose"]  # would never hold
+    with pytest.raises(UserError, match=r"'arms\[climb\] is wrose': arms never says 'wrose'; it says above, .*worse$"):
+        load_study(_write(tmp_path / "plan.yaml", plan))
+    plan["questions"]["E3"]["words"] = {"over": "arms", "side": [{"say": "ahead", "if": ["arms is better"]},
+                                                                 {"say": "not ahead"}]}
+    plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["some side is ahaed"]
+    with pytest.raises(UserError, match=r"side never says 'ahaed'; it says ahead, not ahead$"):
+        load_study(_write(tmp_path / "plan.yaml", plan))
+    plan["questions"]["E3"]["answers"]["evolution"][0]["if"] = ["some side is ahead"]
+    assert decide(load_study(_write(tmp_path / "plan.yaml", plan)))["E3"]["answers"]["evolution"] == "helps"
 
 
 def test_a_plan_stage_picks_the_best_validated_winners_of_a_rediscovery_and_absolute_folders_stay_absolute(tmp_path):
@@ -507,3 +517,18 @@ def test_a_store_that_is_not_on_this_machine_is_rebuilt_by_its_search_and_must_e
         writer.writerows(rows)
     with pytest.raises(UserError, match="the store of s differs from its committed evaluations"):
         run_study(load_study(path), stages=["v"], log=lambda line: None)
+
+
+@pytest.mark.parametrize("plan", ["docs/findings3/study3.yaml", "docs/findings4/study4.yaml"])
+def test_every_word_the_committed_studies_sources_say_is_one_a_rule_may_name(plan):
+    """SOURCE_WORDS, against which a plan's conditions are checked, holds every word real result files give."""
+    from evo_attention.studies.study import SOURCE_WORDS
+    from evo_attention.studies.study_run import verdicts
+
+    study = load_study(REPO / plan)
+    said = set()
+    for q in study.questions.values():
+        for file in (q.get("sources") or {}).values():
+            path, _, part = file.partition("#")
+            said |= set(verdicts(json.loads(study.results(path).read_text()), part).values())
+    assert said and said <= SOURCE_WORDS, said - SOURCE_WORDS

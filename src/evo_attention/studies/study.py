@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Callable
 
 from evo_attention.studies.plan import amendment_time, family_values, fingerprint, load_plan, read_plan_yaml
-from evo_attention.studies.results import check_rule
+from evo_attention.studies.results import TREND_WORDS, check_rule
+from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.version import __version__
@@ -66,6 +67,12 @@ DONE = {"validate": "validation*.json", "search": "final_results.json", "baselin
         "ablate": "ablation*.json"}
 _REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
 # [all|some|no] NAME[ENTITY] is [not] WORD: NAME a source or a table of words; [ENTITY] one of its entries
+# every word an entry of a source can be (``study_run.verdicts``): a paired or solve-rate verdict, a
+# transfer's, a trend, a reliability's side of 0, a rediscovery rate against its bar
+SOURCE_WORDS = frozenset({stats.PAIRED_BETTER, stats.PAIRED_WORSE, stats.EQUIVALENT, stats.UNDETERMINED, stats.TOO_FEW,
+                          stats.SOLVED_MORE, stats.SOLVED_LESS, stats.REFERENCE, stats.NO_ADVANTAGE, stats.HOLDS,
+                          stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, "positive", "negative", "above",
+                          "below", "the baseline itself"})
 CONDITION = re.compile(r"^(?:(all|some|no)\s+)?([^\s\[]+)(?:\[([^\]]+)\])?\s+is\s+(not\s+)?(.+)$")
 
 
@@ -477,7 +484,7 @@ def _check_decisions(study: Study) -> None:
         words = q.get("words") or {}
         if words and words.get("over") not in sources:
             raise _rule(path, rule, f"question {qname}: words are over {words.get('over')!r}, not one of its sources")
-        known = set(sources)
+        says = {name: SOURCE_WORDS for name in sources}  # name -> the words it can say (None: any)
         groups = [(f"words {t}", rules, False) for t, rules in word_rules(q).items()]
         groups += [(f"answer {a}", rules, True) for a, rules in (q.get("answers") or {}).items()]
         if not q.get("answers"):
@@ -490,12 +497,16 @@ def _check_decisions(study: Study) -> None:
             for r in rules:
                 for cond in r.get("if") or []:
                     m = CONDITION.match(str(cond))
-                    if not m or m[2] not in known or (m[1] and not answer) or (m[1] and m[3]):
+                    if not m or m[2] not in says or (m[1] and not answer) or (m[1] and m[3]):
                         raise _rule(path, rule, f"question {qname}, {where}: {cond!r} is not NAME[ENTITY] is [not] WORD "
-                                                f"(NAME: {', '.join(sorted(known))}; all/some/no in answers, "
+                                                f"(NAME: {', '.join(sorted(says))}; all/some/no in answers, "
                                                 "without [ENTITY])")
+                    if says[m[2]] is not None and m[5].strip() not in says[m[2]]:  # a misspelt word never holds
+                        raise _rule(path, rule, f"question {qname}, {where}: {cond!r}: {m[2]} never says "
+                                                f"{m[5].strip()!r}; it says {', '.join(sorted(says[m[2]]))}")
             if not answer:
-                known.add(where.split(" ", 1)[1])
+                said = {str(r["say"]) for r in rules}
+                says[where.split(" ", 1)[1]] = None if any("{" in w for w in said) else said
 
 
 # ------------------------------------------------------------------------------------------ results
