@@ -187,3 +187,20 @@ def test_overwrite_never_deletes_results_beside_a_store_it_cannot_read(tmp_path,
     assert main(["search", *SEARCH, "--out", str(out), "--overwrite"]) == 2
     assert "cannot be read beside validation.json" in last_error(capsys)
     assert (out / "validation.json").is_file() and (out / "run.db").stat().st_size == 8192
+
+
+def test_a_baseline_never_replaces_another_trainings_result_or_leaves_its_model(tmp_path, capsys):
+    out = tmp_path / "b"
+    sparse = "dot|sparsemax|output_gate|learned"
+    assert main(["baseline", *TINY, "--gene", sparse, "--save-model", "--out", str(out)]) == 0
+    saved = (out / "model" / "config.json").read_text()
+    assert main(["baseline", *TINY, "--gene", sparse, "--compile", "off", "--out", str(out)]) == 0  # the same again
+    assert (out / "model" / "config.json").read_text() == saved
+    for other in (["--gene", "dot|softmax|none|fixed"], ["--gene", sparse, "--seed", "5"], ["--gene", sparse, "--lr", "1e-3"]):
+        capsys.readouterr()
+        assert main(["baseline", *TINY, *other, "--out", str(out)]) == 2
+        assert "holds the result of another training" in last_error(capsys)
+        assert json.loads((out / "result.json").read_text())["gene"].startswith(sparse)
+    assert main(["baseline", *TINY, "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "result.json").read_text())["gene"].startswith("dot|softmax|none|fixed")
+    assert not (out / "model").exists()  # the replaced result's model went with it

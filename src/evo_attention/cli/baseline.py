@@ -42,6 +42,7 @@ def cmd_baseline(args) -> int:
         width = matched_baseline(spec, AttentionGene.parse(args.matched_to), reference=gene)["ffn_dim"]
         config = config.replace(d_ff=width)
         log(f"feed-forward width {width}: {gene}'s parameters match {args.matched_to}'s", args.quiet)
+    _replace_earlier(out, gene, config, data, args)
     grid = None
     if args.lr_grid:
         grid = tune_rate(args, config, data, gene, out)
@@ -76,6 +77,42 @@ def cmd_baseline(args) -> int:
 GRID_FIGURE = "lr_grid.png"
 
 
+def _replace_earlier(out, gene, config, data, args) -> None:
+    """Refuse to replace the result of another training in ``out`` (another trial: gene, seed, steps,
+    data or a setting that shapes it; the rate aside where a grid chooses it) unless --overwrite,
+    which also removes its model and grid figure: a result.json and a model/ of two trainings never stand together."""
+    import json
+    import shutil
+
+    from evo_attention.train.config import Config
+    from evo_attention.train.spec import Trial
+
+    try:
+        earlier = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    rate = config.learning_rate if args.lr_grid or earlier.get("grid") else None
+
+    def identity(genome, cfg, split):
+        key = Trial.from_config(genome, cfg if rate is None else cfg.replace(learning_rate=rate), eval_split=split,
+                                data=data).key()
+        return key[:3] + key[4:]  # the data's fingerprint is compared on its own
+
+    try:
+        same = (earlier.get("data_fingerprint") == data.fingerprint and identity(gene, config, args.eval_split)
+                == identity(earlier["gene"], Config.from_dict(earlier["config"]), earlier["eval_split"]))
+    except (KeyError, TypeError, ValueError, UserError):  # a result this version cannot read: another training
+        same = False
+    if same:
+        return  # the same training again
+    if not args.overwrite:
+        raise UserError(f"{out} holds the result of another training (of {earlier.get('gene')}, seed "
+                        f"{earlier.get('seed')}, {earlier.get('steps')} steps, or other data or settings): choose "
+                        "another --out, or add --overwrite to replace it (and its saved model)")
+    shutil.rmtree(out / "model", ignore_errors=True)
+    (out / GRID_FIGURE).unlink(missing_ok=True)
+
+
 def tune_rate(args, config, data, gene, out) -> dict:
     """The grid block of ``gene`` (``studies.lr_grid.tune``): every rate on the tuning seeds, by
     validation loss, kept in the run store in ``out``; draws ``lr_grid.png`` and logs the choice."""
@@ -107,6 +144,8 @@ def register(sub) -> None:
         p.add_argument("--out", default="runs/baseline", help="directory for result.json (default runs/baseline)")
         p.add_argument("--eval-split", choices=["valid", "test"], default="valid")
         p.add_argument("--save-model", action="store_true", help="also save the trained weights (safetensors)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace the result (and saved model) of another training in --out")
         p.add_argument("--matched-to", metavar="GENE",
                        help="widen the feed-forward to the width that matches GENE's parameter count (the model "
                             "validate --match-params trains), e.g. to tune the matched model on --lr-grid")
