@@ -101,13 +101,15 @@ def test_an_optuna_journal_that_cannot_be_written_is_one_line(tmp_path, capsys, 
     assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 0
     from evo_attention.report import optuna as journal
 
-    def refuse(path):
-        raise PermissionError(1, "Operation not permitted", str(path))
+    for error in (PermissionError(1, "Operation not permitted"), OSError(30, "Read-only file system"),
+                  FileNotFoundError(2, "No such file or directory")):  # the last: a place like /proc
+        def refuse(path, error=error):
+            raise error
 
-    monkeypatch.setattr(journal, "journal_storage", refuse)
-    capsys.readouterr()
-    assert main(["report", str(out), "--optuna-journal", str(out / "optuna.log")]) == 2
-    assert "cannot write the Optuna journal" in last_error(capsys)
+        monkeypatch.setattr(journal, "journal_storage", refuse)
+        capsys.readouterr()
+        assert main(["report", str(out), "--optuna-journal", str(out / "optuna.log")]) == 2
+        assert f"cannot write the Optuna journal {out / 'optuna.log'} ({error.strerror})" in last_error(capsys)
 
 
 def _data():
@@ -204,3 +206,20 @@ def test_a_baseline_never_replaces_another_trainings_result_or_leaves_its_model(
     assert main(["baseline", *TINY, "--out", str(out), "--overwrite"]) == 0
     assert json.loads((out / "result.json").read_text())["gene"].startswith("dot|softmax|none|fixed")
     assert not (out / "model").exists()  # the replaced result's model went with it
+
+
+@pytest.mark.parametrize("value", ["5", "mymod", "{a: 1}"])
+def test_plugins_in_a_config_file_must_be_a_list(tmp_path, capsys, value):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"plugins: {value}\n")
+    assert main(["search", *SEARCH, "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    assert "plugins must be a list of module names or .py files" in last_error(capsys)
+
+
+def test_study_check_of_a_document_that_is_missing_or_a_folder_is_one_line(tmp_path, capsys):
+    from pathlib import Path
+
+    plan = Path(__file__).resolve().parents[1] / "docs" / "study-example.yaml"
+    for doc in (tmp_path / "missing.md", tmp_path):
+        assert main(["study", "check", str(plan), str(doc)]) == 2
+        assert f"cannot read the document {doc}" in last_error(capsys)

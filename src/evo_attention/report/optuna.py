@@ -205,8 +205,8 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                 study.add_trials(mine)
                 studies[study.study_name] = len(mine)
         os.replace(partial, path)
-    except PermissionError as exc:
-        raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror}): choose a writable place for "
+    except OSError as exc:  # no permission, a read-only file system, a place like /proc that takes no new file
+        raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror or exc}): choose a writable place for "
                         "optuna_journal", setting="optuna_journal") from None
     finally:
         try:

@@ -485,7 +485,12 @@ def check_document(study: Study, doc) -> list[str]:
     ``unwritten_tables``; a table ``doc`` shows of such a file differs)."""
     from evo_attention.report.studies.study_tables import BLOCK, render
 
-    text = Path(doc).read_text(encoding="utf-8")
+    try:
+        text = Path(doc).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise UserError(f"cannot read the document {doc} ({reason}): give the markdown file whose tables to check") \
+            from None
     wanted = set(_plan_tables(study)) - set(unwritten_tables(study))
     seen, differ = set(), []
     for m in BLOCK.finditer(text):

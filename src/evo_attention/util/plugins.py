@@ -55,6 +55,8 @@ def _import(name: str):
 
 def load_plugins(names=()) -> list[dict]:
     """Import the plugins ``names`` and every entry-point plugin; ``[{"module", "version"}]``."""
+    if not isinstance(names, (list, tuple)):  # a config file's `plugins: mymod` would be read letter by letter
+        raise UserError(f"plugins must be a list of module names or .py files, got {names!r}", setting="plugins")
     loaded = []
     for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         loaded.append(_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None))
