@@ -532,3 +532,19 @@ def test_every_word_the_committed_studies_sources_say_is_one_a_rule_may_name(pla
             path, _, part = file.partition("#")
             said |= set(verdicts(json.loads(study.results(path).read_text()), part).values())
     assert said and said <= SOURCE_WORDS, said - SOURCE_WORDS
+
+
+@pytest.mark.parametrize("command, says", [
+    (["validat", "--seed-block", 1, "--out", "{out}"], "invalid choice: 'validat'"),
+    (["search", "--stepz", 2, "--seed", 1, "--out", "{out}"], "unrecognized arguments: --stepz 2"),
+    (["search", "--lr", "fast", "--seed", 1, "--out", "{out}"], "argument --lr: invalid"),
+])
+def test_a_command_the_command_line_cannot_read_is_refused_at_registration_and_run(tmp_path, capsys, command, says):
+    plan = _write(tmp_path / "plan.yaml", {"study": "s", "out": "runs", "results": "results", "questions": {"Q": {
+        "blocks": [1], "search_seeds": [1], "stages": [{"name": "a", "dir": "a", "command": command}],
+        "answers": {"a": [{"say": "x"}]}}}})
+    for action in ("register", "run"):
+        assert main(["study", action, *(["--allow-dirty"] if action == "register" else []), str(plan)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("evo-attention: error: stage a: `evo-attention ") and says in err and "\n" not in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "plan.registration.json").exists()

@@ -65,11 +65,32 @@ def _settings(items) -> dict:
     return out
 
 
+def _check_commands(plan) -> None:
+    """Every command of the plan parses as this version's command line reads it (a misspelt command
+    or flag is refused when the plan is registered or run, not when its stage comes)."""
+    import contextlib
+    import io
+
+    from evo_attention.cli import build_parser
+    from evo_attention.studies.study import command_lines
+
+    for stage, argv in command_lines(plan):
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                build_parser(only=argv[0] if argv else None).parse_args(argv)
+        except SystemExit:
+            why = (said.getvalue().strip().splitlines() or ["it cannot be parsed"])[-1].split("error: ", 1)[-1]
+            raise UserError(f"stage {stage}: `evo-attention {' '.join(argv[:2])} ...`: {why}") from None
+
+
 def cmd_study(args) -> int:
     from evo_attention.studies import study as st, study_run as sr
     from evo_attention.util.progress import log
 
     plan = st.load_study(args.plan, settings=_settings(getattr(args, "set", None)))
+    if args.action in ("register", "run"):
+        _check_commands(plan)
     if args.action == "register":
         record = st.register(plan, allow_dirty=args.allow_dirty, after_results=args.after_results)
         print(f"registered {args.plan} at commit {record['commit'] or '(none)'}: {st.registration_path(plan)}")
@@ -80,7 +101,13 @@ def cmd_study(args) -> int:
         if unknown:
             names = ", ".join(plan.raw.get("settings") or {}) or "none"
             raise UserError(f"--set {unknown[0]}: not a setting of the plan (its settings: {names})")
-        ran = sr.run_study(plan, main, stages=args.stage, log=lambda line: log(line, args.quiet))
+        def command(argv) -> int:  # the exit status of a stage's command, also where argparse exits
+            try:
+                return main(argv)
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else 2
+
+        ran = sr.run_study(plan, command, stages=args.stage, log=lambda line: log(line, args.quiet))
         log(f"study {plan.name}: {'ran ' + ', '.join(ran) if ran else 'every stage is done'}", args.quiet)
     elif args.action == "status":
         print("\n".join(sr.status(plan)))

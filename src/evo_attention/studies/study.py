@@ -302,6 +302,23 @@ def _refs(stage: Stage) -> list[tuple[str, str]]:
     return [(m[1], m[2]) for m in _REF.finditer(text) if m[2]]
 
 
+# what a reference stands for when a command is checked before its stage ran: a rate, or a path
+_STAND_INS = {"lr": "0.001", "rate": "0.001"}
+
+
+def command_lines(study: Study) -> list[tuple[str, list[str]]]:
+    """``(stage, argv)`` of every command the plan runs, its references replaced by stand-ins (a
+    rate, a path): what the command line parses when the plan is registered or run."""
+    lines = []
+    for stage in (s for s in study.stages if s.trains):
+        for combo in _combos(stage) or []:  # None: a genes_of file not written yet
+            for c in stage_commands(stage):
+                argv = flatten(substitute(c["run"], {**study.settings, **combo, "out": "OUT"}))
+                lines.append((stage.name, [_REF.sub(lambda m: _STAND_INS.get(m[1], "REF") if m[2] else m[0], _text(a))
+                                           for a in argv]))
+    return lines
+
+
 def _outputs(study: Study, stage: Stage, env: dict) -> list[str]:
     combos = _combos(stage) or []
     if stage.trains:
