@@ -223,3 +223,23 @@ def test_study_check_of_a_document_that_is_missing_or_a_folder_is_one_line(tmp_p
     for doc in (tmp_path / "missing.md", tmp_path):
         assert main(["study", "check", str(plan), str(doc)]) == 2
         assert f"cannot read the document {doc}" in last_error(capsys)
+
+
+def test_flags_a_saved_models_maps_and_export_do_not_use_are_said(tmp_path, capsys, recwarn):
+    model = tmp_path / "b" / "model"
+    assert main(["baseline", *TINY, "--save-model", "--out", str(tmp_path / "b")]) == 0
+    assert main(["attention-maps", "--model", str(model), "--lr", "5", "--data", "recall", "--length", "999",
+                 "--out", str(tmp_path / "maps"), "--quiet"]) == 0
+    assert main(["attention-maps", "--model", str(model), "--text", "k1 k2", "--sample", "3",
+                 "--out", str(tmp_path / "maps2"), "--quiet"]) == 0
+    assert main(["export", "--model", str(model), "--lm-eval-split", "test", "--out", str(tmp_path / "ex")]) == 0
+    said = [str(w.message) for w in recwarn]
+    for flag in ("--lr", "--data"):
+        assert f"{flag} is not used with --model (a saved model is drawn as it was trained, on its own data): " \
+               "ignored" in said
+    assert any(s.startswith("--length 999 is beyond the example's") for s in said)
+    assert "--sample picks the validation example drawn without --text: ignored" in said
+    assert any(s.startswith("--lm-eval-split names the split of an hf export's") for s in said)
+    capsys.readouterr()
+    assert main(["bench", "--gene", "dot|softmax|none|fixed", "--seq-lens", "32"]) == 2
+    assert "--gene times one gene; long-context mode (--seq-lens)" in last_error(capsys)

@@ -88,6 +88,9 @@ def _check_bench_flags(args) -> None:
     if args.models != 1 and (args.seq_lens is not None or args.profile):
         raise UserError(f"--models times the training step of K batched models: drop "
                         f"{'--seq-lens' if args.seq_lens is not None else '--profile'} or --models")
+    if args.seq_lens is not None and args.gene is not None:
+        raise UserError("--gene times one gene; long-context mode (--seq-lens) times the families of --genes: give "
+                        "the gene as --genes NAME=GENE, or drop --seq-lens")
     if args.seq_lens is None:
         named = [flag for name, flag in LONG_CONTEXT_FLAGS if getattr(args, name) is not None]
         if named:

@@ -14,6 +14,7 @@ that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads
 
 from __future__ import annotations
 
+from evo_attention.cli.common import given, note
 from evo_attention.util.errors import UserError
 
 
@@ -32,6 +33,9 @@ def cmd_export(args) -> int:
                         "with --keep-models), one of them")
     if args.model and args.rank is not None:
         raise UserError("--rank picks among a run's kept models: use it with --from-run, not --model")
+    if given("--lm-eval-split") and args.format != "hf":
+        note(f"--lm-eval-split names the split of an hf export's lm-evaluation-harness task, not of --format "
+             f"{args.format}: ignored")
     if args.format == "hf-attention" and args.from_run and not kept_models(args.from_run):
         return _hf_attention_from_run(args)  # an attention function needs the gene, not trained weights
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)

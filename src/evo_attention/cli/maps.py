@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evo_attention.cli.common import add_training_flags, checked, explicit_settings, out_arg, run_suite
+from evo_attention.cli.common import (GIVEN_FLAGS, add_training_flags, checked, explicit_settings, given, note, out_arg,
+                                      run_suite)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.progress import log, training_bar
@@ -21,7 +22,13 @@ def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
     from evo_attention.studies.maps import encode_text, validation_sample
 
     if args.text is not None:
+        for flag in ("--sample", "--length"):
+            if given(flag):
+                note(f"{flag} picks the validation example drawn without --text: ignored")
         return encode_text(args.text, tokenizer, max_len), "--text"
+    if args.length > min(data.seq_len, max_len):
+        note(f"--length {args.length} is beyond the example's {min(data.seq_len, max_len)} tokens: all of them are "
+             "drawn")
     ids = validation_sample(data, min(args.length, data.seq_len, max_len), args.sample)
     return ids, f"validation example {args.sample}, first {len(ids)} tokens"
 
@@ -96,6 +103,10 @@ def cmd_maps(args) -> int:
         raise UserError("no model: give --model DIR (saved with --save-model), --gene KEY or --from-run DIR")
     out = output_dir(out_arg(args, Path(args.from_run) / "maps" if args.from_run else "runs/maps",
                              kind="attention maps"))
+    if args.model:
+        for flag in sorted(GIVEN_FLAGS - OWN_FLAGS):
+            note(f"{flag} is not used with --model (a saved model is drawn as it was trained, on its own data): "
+                 "ignored")
     model, tokenizer, ids, text_source, source = _saved_model(args) if args.model else _trained_model(args)
     result = attention_maps(model, ids, out, tokenizer=tokenizer, source=source, text_source=text_source)
     for layer in result["layers"]:
@@ -104,6 +115,10 @@ def cmd_maps(args) -> int:
         log(f"layer {layer['layer']} {layer['str']}: {heads}")
     log(f"wrote {out / 'attention_maps.json'} and {len(result['layers'])} figure(s) in {out}")
     return 0
+
+
+# the flags that apply to a saved model (--model); the training and data flags apply to --gene/--from-run
+OWN_FLAGS = {"--model", "--text", "--sample", "--length", "--out", "--quiet", "--plugin"}
 
 
 def register(subparsers) -> None:
