@@ -243,3 +243,14 @@ def test_flags_a_saved_models_maps_and_export_do_not_use_are_said(tmp_path, caps
     capsys.readouterr()
     assert main(["bench", "--gene", "dot|softmax|none|fixed", "--seq-lens", "32"]) == 2
     assert "--gene times one gene; long-context mode (--seq-lens)" in last_error(capsys)
+
+
+def test_report_reads_every_run_before_it_writes_and_takes_each_run_once(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(run)]) == 0
+    (run / "report.md").unlink()
+    assert main(["report", str(run), str(tmp_path / "nothing"), "--out", str(tmp_path / "cmp")]) == 2
+    assert "no run in" in last_error(capsys)
+    assert main(["report", str(run), str(tmp_path / "." / "run"), "--out", str(tmp_path / "cmp")]) == 2
+    assert "names a run given before: give each run once" in last_error(capsys)
+    assert not (run / "report.md").exists() and not (tmp_path / "cmp").exists()

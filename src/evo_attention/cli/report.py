@@ -9,9 +9,11 @@ from evo_attention.util.errors import UserError
 
 def cmd_report(args) -> int:
     import os
+    from pathlib import Path
 
     from evo_attention.cli.common import note
     from evo_attention.report import write_report
+    from evo_attention.search.store import RunStore
 
     if len(args.run_dirs) > 1 and args.out is None:
         raise UserError("several runs are compared into a directory: name it with --out DIR")
@@ -20,6 +22,10 @@ def cmd_report(args) -> int:
                         "drop --out (a run's report goes into its own directory)")
     if args.optuna_journal and len(args.run_dirs) > 1:
         raise UserError("--optuna-journal writes one run as an Optuna study: give one run directory")
+    resolved = [Path(run_dir).resolve() for run_dir in args.run_dirs]
+    twice = [run_dir for run_dir, path in zip(args.run_dirs, resolved) if resolved.count(path) > 1]
+    if twice:
+        raise UserError(f"{twice[-1]} names a run given before: give each run once")
     if args.out is not None:
         from evo_attention.cli.common import out_arg
         from evo_attention.report.runs import OUTPUT_KIND, input_runs
@@ -29,6 +35,9 @@ def cmd_report(args) -> int:
         from evo_attention.report.optuna import journal_path
 
         journal_path(args.optuna_journal)  # refused before any file is written
+    for run_dir in args.run_dirs:  # every run opens before any file is written
+        with RunStore.open(run_dir, readonly=True):
+            pass
     for run_dir in args.run_dirs:
         if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
             note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
