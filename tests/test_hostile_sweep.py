@@ -254,3 +254,15 @@ def test_report_reads_every_run_before_it_writes_and_takes_each_run_once(tmp_pat
     assert main(["report", str(run), str(tmp_path / "." / "run"), "--out", str(tmp_path / "cmp")]) == 2
     assert "names a run given before: give each run once" in last_error(capsys)
     assert not (run / "report.md").exists() and not (tmp_path / "cmp").exists()
+
+
+def test_a_resumed_finished_run_names_its_kept_models_as_next(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["search", *TINY, "--population", "2", "--generations", "1", "--elite", "1", "--no-check",
+                 "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["search", "--resume", "--out", str(run)]) == 0
+    said = capsys.readouterr()
+    said = said.out + said.err
+    assert "kept 1 trained model" in said and f"export --from-run {run} --rank 1" in said
+    assert "--keep-models K" not in said

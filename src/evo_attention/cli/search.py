@@ -178,7 +178,7 @@ def cmd_search(args) -> int:
         log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}: "
             + "; ".join(f"{m['rank']}. {m['gene']} (perplexity {number(m.get('val_perplexity'))}, {m['dir']})"
                         for m in kept))
-    for line in end_of_run_lines(out, kept=args.keep_models, suite=summary.suite is not None):
+    for line in end_of_run_lines(out, kept=evolution.keep_models, suite=summary.suite is not None):
         log(line)
     return 0 if summary.best_gene is not None else 1
 
