@@ -266,3 +266,18 @@ def test_a_resumed_finished_run_names_its_kept_models_as_next(tmp_path, capsys):
     said = said.out + said.err
     assert "kept 1 trained model" in said and f"export --from-run {run} --rank 1" in said
     assert "--keep-models K" not in said
+
+
+def test_status_names_workers_only_while_a_process_writes_the_run(tmp_path):
+    from evo_attention.report.status import format_status, run_status
+    from evo_attention.search.lock import RunLock
+    from evo_attention.search.store import RunStore
+
+    run = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(run)]) == 0
+    with RunStore.open(run) as store:
+        store.set_activity("local", "dot|softmax|none|fixed", 0, 3, None)
+    assert "worker local" not in format_status(run_status(run))  # killed: its last activity is no training
+    with RunLock(run):
+        said = format_status(run_status(run))
+    assert "  worker local: dot|softmax|none|fixed step 0/3" in said and "loss" not in said.split("worker local")[1]

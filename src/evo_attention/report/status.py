@@ -6,7 +6,7 @@ process holds the lock (``search.lock``), ``finished`` once the search recorded 
 
 Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search
 varies per gene), the best result so far, one line per worker that is
-training right now (from the store's activity table), the executor of the last session and, for a
+training right now (from the store's activity table, while a process holds the lock), the executor of the last session and, for a
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
 predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
 multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
@@ -40,15 +40,17 @@ def run_status(run_dir: str | Path) -> dict:
         done = bool(store.get_meta("done", False))
         meta = {key: store.get_meta(key) for key in ("planned", "fidelity", "executor", "constraints", "infeasible",
                                                      "init_from", "suite", "study")}
+    from evo_attention.search.lock import holder
+
     planned, suite_meta, init_from = meta["planned"], meta["suite"], meta["init_from"]
+    live = holder(run_dir)  # a process holding the run's lock is writing it now
+    activity = activity if live else []  # a killed run's last activity is no training going on
     if meta["study"]:
         return {"run_dir": str(run_dir), "study": meta["study"], "trained": len(evaluations),
                 "failed": sum(1 for e in evaluations if e.get("status") != "ok"),
                 "schedule": _schedule_text(config), "workers": _workers(activity)}
     from evo_attention.search.fidelity import RUNG_ROLE
-    from evo_attention.search.lock import holder
 
-    live = holder(run_dir)  # a process holding the run's lock is writing it now
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
                                               pareto_summary, suite_view)
     from evo_attention.search.constraints import constraint_view
@@ -131,8 +133,8 @@ def _schedule_text(config) -> str | None:
 
 
 def _worker_lines(status: dict) -> list[str]:
-    return [f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']} loss "
-            f"{w['loss'] if w['loss'] is None else round(w['loss'], 4)}" for w in status["workers"]]
+    return [f"  worker {w['worker']}: {w['gene']} step {w['step']}/{w['total']}"
+            + ("" if w["loss"] is None else f" loss {round(w['loss'], 4)}") for w in status["workers"]]
 
 
 def _suite_lines(suite: dict) -> list[str]:
