@@ -102,3 +102,12 @@ def test_a_preset_never_drops_its_example_counts_silently(capsys):
     err = capsys.readouterr().err
     assert "note: mqar:vocab=32 trains on 10000 examples" in err and len(err.strip().splitlines()) == 1
     assert "recall" not in config.to_dict() or not config.recall
+
+
+def test_a_config_file_takes_the_words_the_flags_take_for_all():
+    from evo_attention.util.errors import UserError
+
+    config = Config.from_dict({"vocab_size": "full", "eval_steps": "All"})
+    assert config.vocab_size is None and config.eval_steps is None
+    with pytest.raises(UserError, match="vocab_size must be a positive integer, got 'lots'"):
+        Config.from_dict({"vocab_size": "lots"})

@@ -282,9 +282,12 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "Config":
-        """Build from a mapping; an unknown key is an error that names it."""
+        """Build from a mapping; an unknown key is an error that names it. A field whose None means
+        "all of it" also takes the word its flag takes (``vocab_size: full``, ``eval_steps: all``)."""
         cls.check_keys(data, source)
-        return cls(**dict(data))
+        words = {f.name for f in dataclasses.fields(cls) if f.metadata.get("parse") in ("vocab", "count_or_all")}
+        return cls(**{k: None if k in words and isinstance(v, str) and v.strip().lower() in ("full", "all", "none")
+                      else v for k, v in data.items()})
 
     @classmethod
     def check_keys(cls, data: Mapping[str, Any], source: str = "config") -> None:
