@@ -198,7 +198,8 @@ def test_a_baseline_never_replaces_another_trainings_result_or_leaves_its_model(
     saved = (out / "model" / "config.json").read_text()
     assert main(["baseline", *TINY, "--gene", sparse, "--compile", "off", "--out", str(out)]) == 0  # the same again
     assert (out / "model" / "config.json").read_text() == saved
-    for other in (["--gene", "dot|softmax|none|fixed"], ["--gene", sparse, "--seed", "5"], ["--gene", sparse, "--lr", "1e-3"]):
+    for other in (["--gene", "dot|softmax|none|fixed"], ["--gene", sparse, "--seed", "5"],
+                  ["--gene", sparse, "--lr", "1e-3"]):
         capsys.readouterr()
         assert main(["baseline", *TINY, *other, "--out", str(out)]) == 2
         assert "holds the result of another training" in last_error(capsys)

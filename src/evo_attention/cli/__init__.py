@@ -33,8 +33,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``only``: register just that command (what it runs needs no other
     command's module, and each one imported costs start-up time)."""
-    parser = _Parser(prog="evo-attention",
-                                     description="Evolve attention mechanisms for small transformer language models.")
+    parser = _Parser(prog="evo-attention", description="Evolve attention mechanisms for small transformer language "
+                                                       "models.")
     parser.add_argument("--version", action="version", version=f"evo-attention {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -80,7 +80,8 @@ GRID_FIGURE = "lr_grid.png"
 def _replace_earlier(out, gene, config, data, args) -> None:
     """Refuse to replace the result of another training in ``out`` (another trial: gene, seed, steps,
     data or a setting that shapes it; the rate aside where a grid chooses it) unless --overwrite,
-    which also removes its model and grid figure: a result.json and a model/ of two trainings never stand together."""
+    which also removes its model and grid figure: a result.json and a model/ of two trainings never
+    stand side by side."""
     import json
     import shutil
 

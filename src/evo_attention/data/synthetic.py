@@ -815,9 +815,9 @@ class SyntheticData(ExampleData):
             scored = y != IGNORE_INDEX
             targets = y[scored]
             low, high = torch.aminmax(x)
+            outside = low < 0 or high >= vocab or (targets.numel() and (targets.min() < 0 or targets.max() >= vocab))
             problem = (f"ids or targets outside [0, {vocab}) (targets elsewhere are IGNORE_INDEX, {IGNORE_INDEX})"
-                       if low < 0 or high >= vocab or (targets.numel() and (targets.min() < 0 or targets.max() >= vocab))
-                       else f"rows without exactly {answers} scored target(s) (answers_per_example)"
+                       if outside else f"rows without exactly {answers} scored target(s) (answers_per_example)"
                        if bool((scored.sum(1) != answers).any()) else None)
         if problem is not None:
             raise UserError(f"task {self.task.name}: generate({n}, ...) returned {problem}: see the contract of "

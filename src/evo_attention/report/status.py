@@ -5,8 +5,8 @@ process holds the lock (``search.lock``), ``finished`` once the search recorded 
 ``interrupted`` otherwise (killed, crashed, stopped: the resume command continues it).
 
 Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search
-varies per gene), the best result so far, one line per worker that is
-training right now (from the store's activity table, while a process holds the lock), the executor of the last session and, for a
+varies per gene), the best result so far, one line per worker that is training right now (from the
+store's activity table, while a process holds the lock), the executor of the last session and, for a
 multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
 predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
 multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
