@@ -282,3 +282,13 @@ def test_status_names_workers_only_while_a_process_writes_the_run(tmp_path):
     with RunLock(run):
         said = format_status(run_status(run))
     assert "  worker local: dot|softmax|none|fixed step 0/3" in said and "loss" not in said.split("worker local")[1]
+
+
+def test_a_search_refused_before_its_store_leaves_no_directory(tmp_path, capsys):
+    for flags in (["--start-from", "foo"], ["--init-from", str(tmp_path / "nothing")]):
+        assert main(["search", *SEARCH, *flags, "--out", str(tmp_path / "new")]) == 2
+        last_error(capsys)
+        assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a directory the user made stays, even empty
+    assert main(["search", *SEARCH, "--start-from", "foo", "--out", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()

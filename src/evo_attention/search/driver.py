@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from evo_attention.search.base import Individual, Strategy, best_member
 from evo_attention.search.evaluation import evaluation_for
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.fidelity import schedule_from_config
-from evo_attention.search.lock import RunLock
+from evo_attention.search.lock import LOCK_NAME, RunLock
 from evo_attention.search.models import prune as prune_models
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
@@ -114,9 +114,12 @@ class Search:
         self.planned = planned_evaluations(config, self.strategy)
         if resume and not RunStore.exists(self.out_dir):
             RunStore.open(self.out_dir)  # "no run in ...": said before a lock file is made there
+        fresh = not self.out_dir.exists()
         with ExitStack() as undo:  # a failure lets go of the store and the lock again
             self.lock = RunLock(self.out_dir).acquire()  # one writer per run directory, before any change to it
             undo.callback(self.lock.release)
+            if fresh:  # a run refused before its store was made leaves no directory (removed under the lock)
+                undo.callback(_remove_if_only_lock, self.out_dir)
             self.store = self._open_store(resume, overwrite)
             undo.callback(self.store.close)
             self.keep_models = self._pinned_keep_models(keep_models)
@@ -367,3 +370,11 @@ class Search:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _remove_if_only_lock(run_dir: Path) -> None:
+    """Remove ``run_dir`` if it holds nothing but its lock file (a directory this search made)."""
+    with suppress(OSError):
+        if [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+            (run_dir / LOCK_NAME).unlink()
+            run_dir.rmdir()
