@@ -292,3 +292,15 @@ def test_a_search_refused_before_its_store_leaves_no_directory(tmp_path, capsys)
     (tmp_path / "mine").mkdir()  # a directory the user made stays, even empty
     assert main(["search", *SEARCH, "--start-from", "foo", "--out", str(tmp_path / "mine")]) == 2
     assert (tmp_path / "mine").is_dir()
+
+
+@pytest.mark.parametrize("scale, words", [("log", "the relative change of perplexity in %"),
+                                          ("linear", "the difference in accuracy")])
+def test_the_ablation_page_says_the_paired_change_it_shows(scale, words):
+    from evo_attention.report.studies.ablation import ablation_markdown
+
+    label = "perplexity" if scale == "log" else "accuracy"
+    row = {"scale": scale, "difference": 0.1, "relative": 0.1, "diff_ci_low": 0.0, "diff_ci_high": 0.2}
+    text = ablation_markdown({"gene": "g", "str": "g", "seeds": [43, 44], "metric_label": label,
+                              "variants": [{"name": "full gene", "gene": "g", "values": [1.0, 2.0], "vs_full": row}]})
+    assert f"seed by seed: {words}" in text and "paired t interval" in text and "Welch" not in text

@@ -338,6 +338,14 @@ def recipe_mechanism_section(result: Mapping) -> list[str]:
     return lines
 
 
+def _change_words(result: Mapping, label: str) -> str:
+    """What a Δ cell measures: a relative change on a ratio metric's log scale, else a difference."""
+    log = any((r.get(key) or {}).get("scale") == "log" for r in result.get("variants", [])
+              for key in ("vs_full", "vs_baseline"))
+    return (f"the relative change of {label} in % (from per-seed differences of log values)" if log
+            else f"the difference in {label}")
+
+
 def ablation_markdown(result: Mapping) -> str:
     """The text of ``ablation.md``."""
     seeds = result.get("seeds") or []
@@ -346,8 +354,11 @@ def ablation_markdown(result: Mapping) -> str:
         f"# Ablation of {md_cell(result.get('str'))} (`{md_cell(result.get('gene'))}`)", "",
         f"Each variant was trained with seeds {', '.join(map(str, seeds))} ({seed_note(result)}), "
         f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
-        f"Δ is mean(variant) − mean(reference) in {label}, with Welch's interval; p-values are Holm-corrected "
-        f"within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        f"Δ is the variant's paired change from the full gene and from the baseline, seed by seed: "
+        f"{_change_words(result, label)}, with its {stats.percent(result.get('confidence', 0.95))} paired t "
+        f"interval; the exact sign-flip test decides below {stats.EXACT_BELOW} seeds, the paired t-test from "
+        f"{stats.EXACT_BELOW}; "
+        "p-values are Holm-corrected within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         table_markdown(*ablation_table(result), code_column=2), "",
         "## Contributions", "",
