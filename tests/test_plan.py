@@ -64,6 +64,17 @@ def test_a_plan_is_refused_where_results_were_made_without_one(tmp_path, capsys)
     assert "--plan names the genes it compares: drop --genes" in capsys.readouterr().err
 
 
+def test_a_plans_result_is_never_replaced_by_a_validation_without_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    recorded = {"genes": [], "plan": {"name": "p1", "fingerprint": "x"}}
+    (out / "validation.json").write_text(json.dumps(recorded))
+    assert main(["validate", "--genes", SPARSE, "--seeds", "2", *STUDY_FLAGS, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds the result of the registered family 'p1': run it with its --plan" in err and "\n" not in err
+    assert json.loads((out / "validation.json").read_text()) == recorded
+
+
 @pytest.mark.parametrize("change, message", [
     ({"test": "welch"}, "test 'welch' is not known"),
     ({"margin": 0.7}, "margin 0.7 must be a number in"),

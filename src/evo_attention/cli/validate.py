@@ -370,17 +370,19 @@ def cmd_validate(args) -> int:
     genes = run_genes(args, summary, args.top)
     _decisive_seeds(args, len(genes), plan is not None)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
-    if plan is not None:
-        from evo_attention.studies.plan import check_registration
+    from evo_attention.studies.plan import check_registration, check_unplanned
 
-        try:
+    try:  # before anything trains: a plan's result is replaced only by its plan, as it allows
+        if plan is not None:
             if config.suite is not None:
                 raise UserError("--plan runs a validation without a suite: drop --suite")
-            check_registration(plan, out, args.eval_split)  # before anything trains
-        except BaseException:
-            if store is not None:
-                store.close()
-            raise
+            check_registration(plan, out, args.eval_split)
+        elif config.suite is None:
+            check_unplanned(out, args.eval_split)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
     if config.suite is not None:
         return _validate_on_suite(args, genes, config, store, out, search_seed)
     base_key = config.resolved_baseline().key

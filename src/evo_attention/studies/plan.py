@@ -229,6 +229,20 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments), study)
 
 
+def check_unplanned(out_dir: str | os.PathLike, eval_split: str = "valid") -> None:
+    """Refuse a validation without a plan into ``out_dir`` where a registered plan's result lies: it
+    would replace that result, a change the plan allows only by an amendment."""
+    earlier_file = Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+    try:
+        recorded = json.loads(earlier_file.read_text()).get("plan")
+    except (OSError, ValueError, AttributeError):
+        return
+    if recorded:
+        raise UserError(f"{earlier_file} holds the result of the registered family {recorded.get('name')!r}: run "
+                        "it with its plan (the family changes only by an amendment), or use another out",
+                        setting=("plan", "out"))
+
+
 def check_registration(plan: StudyPlan, out_dir: str | os.PathLike, eval_split: str = "valid",
                        now: datetime | None = None) -> None:
     """Refuse to run ``plan`` into ``out_dir`` when results there were made under another family
