@@ -146,6 +146,8 @@ def test_cli_check_then_search_prints_its_verdict(tmp_path, capsys):
     (["--evaluations", "0,2"], "not a list of positive integers"),
     (["--improvement", "no-such-thing"], "is not a known one here"),
     (["--improvement", "x=not_a_config"], "unknown configuration"),
+    (["--improvement", f"a={VANILLA}|dconv=2", "--improvement", "a=dot|softmax|output_gate|fixed|bias|0.10"],
+     "improvement 'a' is named twice"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, capsys, flags, message):
     code = None

@@ -304,3 +304,26 @@ def test_the_ablation_page_says_the_paired_change_it_shows(scale, words):
     text = ablation_markdown({"gene": "g", "str": "g", "seeds": [43, 44], "metric_label": label,
                               "variants": [{"name": "full gene", "gene": "g", "values": [1.0, 2.0], "vs_full": row}]})
     assert f"seed by seed: {words}" in text and "paired t interval" in text and "Welch" not in text
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda: AttentionGene("dot|softmax|none|fixed"), TypeError, r"a gene key .* is read by AttentionGene.parse"),
+    (lambda: AttentionGene(5), TypeError, "gene_dict must be a mapping"),
+    (lambda: AttentionGene(rng=5), TypeError, "rng must be a random.Random"),
+    (lambda: __import__("evo_attention").Search({"d_model": 16}), TypeError, "config must be a Config"),
+    (lambda: __import__("evo_attention").Search(CFG, data="recall"), TypeError, "data must be a TaskData"),
+    (lambda: __import__("evo_attention").Search(CFG, executor="local"), TypeError, "executor must be an Executor"),
+    (lambda: __import__("evo_attention").Search(CFG, out_dir=5), TypeError, "out_dir must be a directory path"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed=-1), ValueError, "seed must be a whole"),
+    (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), progress=3), TypeError, "progress must be"),
+    (lambda: run_fitness_check(CFG, None, improvements="dconv=3"), TypeError, "improvements must be a list"),
+])
+def test_the_front_door_names_the_argument_too(call, error, says):
+    with pytest.raises(error, match=says):
+        call()
+
+
+def test_one_bare_option_of_a_component_is_a_list_of_one():
+    from evo_attention import SearchSpace
+
+    assert SearchSpace(similarity="dot").options("similarity") == ["dot"]

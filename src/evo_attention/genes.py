@@ -492,8 +492,8 @@ class SearchSpace(_SpaceFields):
             object.__setattr__(self, "program_space", None)
         for f in GENE_FIELDS:
             values = getattr(self, f.name)
-            if f.part is None:
-                values = tuple(f.canonical(v) for v in values)
+            if f.part is None:  # one bare option is a list of one (a string is never read letter by letter)
+                values = tuple(f.canonical(v) for v in ((values,) if isinstance(values, str) else values))
             else:  # an axis may be given as one bare value; canonical spellings, duplicates dropped
                 single = values is None or isinstance(values, (str, int, float))
                 values = (values,) if single else values  # (rope and rope:none are one)
@@ -617,6 +617,12 @@ class AttentionGene(_Keyed):
 
     def __init__(self, gene_dict: Mapping[str, Any] | None = None, *, rng: _random.Random | None = None,
                  space: SearchSpace | None = None, **fields: Any):
+        _check_rng_space(rng, space)
+        if isinstance(gene_dict, str):
+            raise TypeError(f"gene_dict must be a mapping of gene fields; a gene key such as {gene_dict!r} is read by "
+                            "AttentionGene.parse(key)")
+        if gene_dict is not None:
+            check_argument("gene_dict", gene_dict, Mapping, "a mapping of gene fields (or None)")
         if gene_dict is not None and fields:
             raise UserError("give a gene either as gene_dict or as keyword fields, not both")
         values = dict(gene_dict) if gene_dict is not None else fields

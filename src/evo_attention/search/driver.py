@@ -47,7 +47,7 @@ from evo_attention.search.warm_start import META_KEY as INIT_FROM, START_META, i
 from evo_attention.train.config import Config
 from evo_attention.train.environment import choose_precision, resolve_device, versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.files import check_directory_path
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
@@ -93,6 +93,13 @@ class Search:
     def __init__(self, config: Config, data: TaskData | None = None, *, out_dir: str | Path | None = None,
                  resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
                  quiet: bool = True, trackers=(), keep_models: int | None = None):
+        check_argument("config", config, Config, "a Config")
+        if data is not None:
+            check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...)) or None")
+        if executor is not None:
+            check_argument("executor", executor, Executor, "an Executor (search.executors) or None")
+        if out_dir is not None:
+            check_argument("out_dir", out_dir, (str, Path), "a directory path or None")
         if keep_models is not None and (isinstance(keep_models, bool) or not isinstance(keep_models, int)
                                         or keep_models < 0):
             raise UserError(f"keep_models must be a non-negative integer, got {keep_models!r}", setting="keep_models")

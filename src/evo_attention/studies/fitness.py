@@ -304,6 +304,8 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     if isinstance(lr_grid, (str, bytes)) or not isinstance(lr_grid, Iterable) or not all(
             isinstance(r, (int, float)) and not isinstance(r, bool) for r in lr_grid):
         raise TypeError(f"lr_grid must be a list of rates such as [1e-3, 2e-3, 4e-3], not {lr_grid!r}")
+    if isinstance(improvements, (str, bytes)):  # one text would be read letter by letter
+        raise TypeError(f"improvements must be a list of Improvements or their texts, not {improvements!r}")
     suite = config.suite if suite is None else suite
     suite = suite if suite is None or isinstance(suite, Suite) else load_suite(suite)
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)
@@ -324,6 +326,11 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
               for i in (known if improvements is None else improvements)]
     if not chosen:
         raise UserError("no improvement to check: give at least one (NAME=GENE)", setting="improvements")
+    names = [i.name for i in chosen]
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise UserError(f"improvement {twice!r} is named twice: give each improvement its own name",
+                        setting="improvements")
     with study_resources(config, executor, store, out_dir, ROLE) as (executor, store):
         setup = StudySetup.resolve(first, None if suite is not None else fitness.datasets[str(config.data)],
                                    role=ROLE, n_seeds=seeds, metric=fitness.metric, store=store, executor=executor,

@@ -1108,6 +1108,10 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
             check_argument(name, value, int, "a whole number")
     if steps is not None and steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0 (as the config's seed), not {seed}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a function (step, total, loss) or None, not {progress!r}")
     if eval_split not in ("valid", "test"):
         raise ValueError(f"eval_split must be 'valid' or 'test', not {eval_split!r}")
     trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
