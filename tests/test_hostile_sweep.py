@@ -327,3 +327,11 @@ def test_one_bare_option_of_a_component_is_a_list_of_one():
     from evo_attention import SearchSpace
 
     assert SearchSpace(similarity="dot").options("similarity") == ["dot"]
+
+
+@pytest.mark.parametrize("kwargs, says", [({"max_seq_len": -1}, "max_seq_len must be a whole number >= 1"),
+                                          ({"input_conv": -1}, "input_conv must be a whole number >= 0"),
+                                          ({"input_conv": 20}, "input_conv 20 is not a convolution width")])
+def test_an_attention_of_impossible_sizes_is_one_line(kwargs, says):
+    with pytest.raises(UserError, match=says):
+        EvolvedAttention(16, 2, "dot|softmax|none|fixed|abias=rel", **kwargs)

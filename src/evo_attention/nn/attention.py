@@ -117,6 +117,12 @@ class EvolvedAttention(nn.Module):
                 raise UserError(f"{name} {value} must be a positive integer")
         if d_model % n_heads:
             raise UserError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        for name, value, low in (("max_seq_len", max_seq_len, 1), ("kernel_features", kernel_features, 1),
+                                 ("input_conv", input_conv, 0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise UserError(f"{name} must be a whole number >= {low}, not {value!r}")
+        if input_conv and not 2 <= input_conv <= 8:  # the widths Config.short_conv allows
+            raise UserError(f"input_conv {input_conv} is not a convolution width: use 0 (none) or 2 to 8")
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
         problem = size_problem(self.gene, d_model=d_model, n_heads=n_heads)  # kv_heads, qkv_rank
         if problem:
