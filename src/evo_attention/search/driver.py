@@ -96,8 +96,8 @@ class Search:
         check_argument("config", config, Config, "a Config")
         if data is not None:
             check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...)) or None")
-        if executor is not None:
-            check_argument("executor", executor, Executor, "an Executor (search.executors) or None")
+        if executor is not None and not callable(getattr(executor, "run", None)):  # the interface, not the class
+            raise TypeError(f"executor must be an Executor (search.executors: it runs tasks) or None, not {executor!r}")
         if out_dir is not None:
             check_argument("out_dir", out_dir, (str, Path), "a directory path or None")
         if keep_models is not None and (isinstance(keep_models, bool) or not isinstance(keep_models, int)
