@@ -39,6 +39,7 @@ from evo_attention.genes import (KERNEL_NORMALIZATIONS, AttentionGene, canonical
                                  size_problem)
 from evo_attention.nn import components, positions
 from evo_attention.nn.program import CausalConv, InputCache, KernelState, KVCache, ProgramCore
+from evo_attention.nn.spec import SHORT_CONV_WIDTHS
 from evo_attention.util.errors import UserError, check_argument
 
 
@@ -121,8 +122,9 @@ class EvolvedAttention(nn.Module):
                                  ("input_conv", input_conv, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise UserError(f"{name} must be a whole number >= {low}, not {value!r}")
-        if input_conv and not 2 <= input_conv <= 8:  # the widths Config.short_conv allows
-            raise UserError(f"input_conv {input_conv} is not a convolution width: use 0 (none) or 2 to 8")
+        if input_conv and input_conv not in SHORT_CONV_WIDTHS:
+            raise UserError(f"input_conv {input_conv} is not a convolution width: use 0 (none) or "
+                            f"{SHORT_CONV_WIDTHS[0]} to {SHORT_CONV_WIDTHS[-1]}")
         self.gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
         problem = size_problem(self.gene, d_model=d_model, n_heads=n_heads)  # kv_heads, qkv_rank
         if problem:

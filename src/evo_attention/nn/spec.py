@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 BLOCKS = ("gpt2", "llama")
 LLAMA_FFN_MULTIPLE = 8  # the SwiGLU width is rounded up to a multiple of this
 FAVOR_FEATURES_DEFAULT = 64
+SHORT_CONV_WIDTHS = range(2, 9)  # the widths of a causal convolution of the attention input (short_conv)
 
 
 def llama_ffn_dim(d_model: int) -> int:

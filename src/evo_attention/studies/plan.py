@@ -96,9 +96,7 @@ class StudyPlan:
 
     def results_file(self, out_dir: str | os.PathLike, eval_split: str = "valid") -> Path:
         """Where this plan's study writes its result in ``out_dir``."""
-        if self.study == "curve":
-            return Path(out_dir) / CURVE_RESULTS
-        return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+        return Path(out_dir) / CURVE_RESULTS if self.study == "curve" else validation_file(out_dir, eval_split)
 
 
 def fingerprint(family: Mapping) -> str:
@@ -229,10 +227,15 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments), study)
 
 
+def validation_file(out_dir: str | os.PathLike, eval_split: str = "valid") -> Path:
+    """Where a validation on ``eval_split`` writes its result in ``out_dir``."""
+    return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+
+
 def check_unplanned(out_dir: str | os.PathLike, eval_split: str = "valid") -> None:
     """Refuse a validation without a plan into ``out_dir`` where a registered plan's result lies: it
     would replace that result, a change the plan allows only by an amendment."""
-    earlier_file = Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+    earlier_file = validation_file(out_dir, eval_split)
     try:
         recorded = json.loads(earlier_file.read_text()).get("plan")
     except (OSError, ValueError, AttributeError):

@@ -106,6 +106,8 @@ def family(cells: dict[str, dict], margin: float) -> dict:
     return out
 
 
+ABOVE, BELOW = "above", "below"  # a rediscovery rate's side of its bar (else undetermined)
+BASELINE_ITSELF = "the baseline itself"  # the verdict of a winner that is the baseline gene
 TREND_WORDS = {"grows": "the gene's advantage grows with tokens per parameter",
                "shrinks": "the gene's advantage shrinks with tokens per parameter", "none": "no trend shown"}
 
@@ -277,7 +279,7 @@ def _validated(run: Path, winner: str | None) -> dict | None:
             payload = json.loads((run / name).read_text())
             row = next((g for g in payload.get("genes") or [] if g["gene"].split("|lr=")[0] == winner), None)
             if row is None and winner in (AttentionGene.vanilla().key, (payload.get("baseline") or {}).get("gene")):
-                return {"verdict": "the baseline itself", "relative": None, "difference": None, "values": None,
+                return {"verdict": BASELINE_ITSELF, "relative": None, "difference": None, "values": None,
                         "against": "baseline", "metric": payload.get("metric"), "file": name}  # validate leaves it out
             if row is None:
                 raise UserError(f"{run / name} does not validate the search's winner {winner}: validate it with "
@@ -326,7 +328,7 @@ def rediscovered(searches: list[dict], rule: list, bar: float, solve_at: float |
         out.setdefault(str(s["strategy"]), []).append(s["rediscovered"])
     rates = {strategy: stats.solve_rate(sum(hits), len(hits)) for strategy, hits in out.items()}
     for r in rates.values():
-        r["verdict"] = "above" if r["ci_low"] > bar else "below" if r["ci_high"] < bar else "undetermined"
+        r["verdict"] = ABOVE if r["ci_low"] > bar else BELOW if r["ci_high"] < bar else stats.UNDETERMINED
     return {"rule": rule, "bar": bar, "solve_at": solve_at, "rates": rates}
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from evo_attention.studies.plan import amendment_time, family_values, fingerprint, load_plan, read_plan_yaml
-from evo_attention.studies.results import TREND_WORDS, check_rule
+from evo_attention.studies.results import ABOVE, BASELINE_ITSELF, BELOW, TREND_WORDS, check_rule
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import write_json
@@ -69,10 +69,11 @@ _REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
 # [all|some|no] NAME[ENTITY] is [not] WORD: NAME a source or a table of words; [ENTITY] one of its entries
 # every word an entry of a source can be (``study_run.verdicts``): a paired or solve-rate verdict, a
 # transfer's, a trend, a reliability's side of 0, a rediscovery rate against its bar
+POSITIVE, NEGATIVE = "positive", "negative"  # a reliability file's pooled interval beyond 0 (else undetermined)
 SOURCE_WORDS = frozenset({stats.PAIRED_BETTER, stats.PAIRED_WORSE, stats.EQUIVALENT, stats.UNDETERMINED, stats.TOO_FEW,
                           stats.SOLVED_MORE, stats.SOLVED_LESS, stats.REFERENCE, stats.NO_ADVANTAGE, stats.HOLDS,
-                          stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, "positive", "negative", "above",
-                          "below", "the baseline itself"})
+                          stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, POSITIVE, NEGATIVE, ABOVE, BELOW,
+                          BASELINE_ITSELF})
 CONDITION = re.compile(r"^(?:(all|some|no)\s+)?([^\s\[]+)(?:\[([^\]]+)\])?\s+is\s+(not\s+)?(.+)$")
 
 

@@ -29,9 +29,9 @@ from typing import Callable
 
 from evo_attention.studies import results as res
 from evo_attention.studies.plan import amendment_time
-from evo_attention.studies.study import (CONDITION, TRAINING, Runs, Stage, Study, baseline_rate, check_registered,
-                                         done_glob, flatten, genes_of, read_json, read_registration, run_dir,
-                                         stage_commands, stage_file, substitute, word_rules, write_result)
+from evo_attention.studies.study import (CONDITION, NEGATIVE, POSITIVE, TRAINING, Runs, Stage, Study, baseline_rate,
+                                         check_registered, done_glob, flatten, genes_of, read_json, read_registration,
+                                         run_dir, stage_commands, stage_file, substitute, word_rules, write_result)
 from evo_attention.util.errors import UserError
 
 SKIP_DIRS = {"model", "models", "checkpoints", "export"}  # saved weights and exports stay in out
@@ -354,8 +354,8 @@ def verdicts(payload: dict, part: str = "") -> dict[str, str]:
         return {cell: row["verdict"] for cell, row in payload["family"].items()}
     if "pooled" in payload:  # a reliability file: the side of zero its interval lies on
         low, high = payload["pooled"]["ci_low"], payload["pooled"]["ci_high"]
-        return {"rank correlation": "positive" if low is not None and low > 0 else
-                "negative" if high is not None and high < 0 else "undetermined"}
+        return {"rank correlation": POSITIVE if low is not None and low > 0 else
+                NEGATIVE if high is not None and high < 0 else "undetermined"}
     if "search_seeds" in payload:
         return {name: row["verdict"] for name, row in payload["comparisons"].items()}
     if "features" in payload:

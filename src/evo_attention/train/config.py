@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from evo_attention.nn.spec import BLOCKS, ModelSpec, setting
+from evo_attention.nn.spec import BLOCKS, SHORT_CONV_WIDTHS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
 from evo_attention.train.schedules import SCHEDULES, takes_warmup, uses_decay
 from evo_attention.train.spec import (COMPILE_MODES, CUDA_GRAPH_MODES, DROPOUT_STREAMS, PRECISIONS, TaskSpec, TrainSpec,
@@ -344,8 +344,9 @@ def _check_model(c: Config) -> None:
     _integer(c, "d_ff", allow_none=True)
     _integer(c, "favor_features")
     _integer(c, "short_conv", minimum=0)
-    if c.short_conv and not 2 <= c.short_conv <= 8:
-        raise UserError(f"short_conv {c.short_conv} is not a convolution width: use 0 (none) or a width from 2 to 8",
+    if c.short_conv and c.short_conv not in SHORT_CONV_WIDTHS:
+        raise UserError(f"short_conv {c.short_conv} is not a convolution width: use 0 (none) or a width from "
+                        f"{SHORT_CONV_WIDTHS[0]} to {SHORT_CONV_WIDTHS[-1]}",
                         setting="short_conv")
     if c.vocab_size is not None:
         _integer(c, "vocab_size")
