@@ -641,8 +641,7 @@ class AttentionGene(_Keyed):
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def random(cls, rng: _random.Random | None = None, space: SearchSpace | None = None) -> "AttentionGene":
-        """A random gene from ``rng`` (default: the module RNG) over ``space``."""
-        _check_rng_space(rng, space)
+        """A random gene from ``rng`` (default: the module RNG) over ``space`` (the constructor checks both)."""
         return cls(rng=rng, space=space)
 
     @classmethod

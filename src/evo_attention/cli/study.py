@@ -74,11 +74,15 @@ def _check_commands(plan) -> None:
     from evo_attention.cli import build_parser
     from evo_attention.studies.study import command_lines
 
+    parsers = {}  # one per command: a plan runs the same few commands many times
     for stage, argv in command_lines(plan):
+        command = argv[0] if argv else None
+        if command not in parsers:
+            parsers[command] = build_parser(only=command)
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-                build_parser(only=argv[0] if argv else None).parse_args(argv)
+                parsers[command].parse_args(argv)
         except SystemExit:
             why = (said.getvalue().strip().splitlines() or ["it cannot be parsed"])[-1].split("error: ", 1)[-1]
             raise UserError(f"stage {stage}: `evo-attention {' '.join(argv[:2])} ...`: {why}") from None

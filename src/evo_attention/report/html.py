@@ -3,10 +3,11 @@
 The page is the text of ``report.md`` rendered by markdown-it-py (CommonMark with tables), so the
 two reports cannot disagree: a section is written once, in ``markdown.render_report``. Raw HTML in
 the text (a gene name, a compare entry) is escaped, never passed through, and a link in it stays
-text (the report writes none). Every figure the markdown names is embedded as a base64 ``data:`` URI (a note stands in for a missing one) and the style sheet
-is inline, so the file opens in any browser straight from the disk, with no server, no network and
-no JavaScript. Each ``##`` section gets an anchor and an entry in the table of contents; a table
-cell that opens with a verdict ("better", "worse") is coloured.
+text (the report writes none). Every figure the markdown names is embedded as a base64 ``data:``
+URI (a note stands in for a missing one) and the style sheet is inline, so the file opens in any
+browser straight from the disk, with no server, no network and no JavaScript. Each ``##`` section
+gets an anchor and an entry in the table of contents; a table cell that opens with a verdict
+("better", "worse") is coloured.
 """
 
 from __future__ import annotations
