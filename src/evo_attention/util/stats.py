@@ -77,11 +77,10 @@ stream, same batch order, so the i-th value of each side belongs to the same see
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
-
-import importlib
 
 import numpy as np
 
@@ -294,8 +293,7 @@ def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | 
     """``holm`` over a family given as ``{key: p-value}``: ``{key: adjusted p-value}``, same keys
     (None stays None and is no member of the family). The caller builds the family, e.g. every
     comparison recorded in one store against the same baseline trainings."""
-    keys = list(comparisons)
-    return dict(zip(keys, holm([comparisons[k] for k in keys])))
+    return dict(zip(comparisons, holm(list(comparisons.values()))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,9 +714,7 @@ def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: b
     ``family_size`` comparisons (its first step multiplies the smallest p by the family's size);
     None when they can. It names what cannot be shown: a difference (two-sided smallest p),
     equivalence (one-sided), or both ('cannot decide')."""
-    if n < 1:
-        return None
-    if not (n < EXACT_BELOW if exact is None else exact):
+    if n < 1 or not (n < EXACT_BELOW if exact is None else exact):
         return None
     m = max(1, int(family_size))
     two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
@@ -983,11 +979,8 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     m = max(1, int(family_size))
     alpha_holm = alpha / m
     upper = sd_upper_bound(sd_diff, pilot_n, level)
-    if equivalence:
-        at = lambda sd: seeds_for_verdict_equivalence(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
-    else:
-        at = lambda sd: seeds_for_verdict(sd, effect, power, alpha_holm, max_seeds=max_seeds)  # noqa: E731
-    n_point, n_upper = at(sd_diff), at(upper)
+    seeds = seeds_for_verdict_equivalence if equivalence else seeds_for_verdict
+    n_point, n_upper = (seeds(sd, effect, power, alpha_holm, max_seeds=max_seeds) for sd in (sd_diff, upper))
     text = (f"{_range_text([n_point, n_upper], max_seeds)} paired seeds ({_seeds_text(n_point, max_seeds)} at the pilot's sd, "
             f"{_seeds_text(n_upper, max_seeds)} at its {percent(level)} upper bound) for "
             f"{percent(power)} power at Holm's level {alpha_holm:.3g} ({m} comparison{'s' if m != 1 else ''})")
@@ -1299,6 +1292,8 @@ def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dic
     rows = [{**g, **compared[g["gene"]]} for g in genes]
     return {**result, "genes": rows, "analysis": ANALYSIS, "recomputed": True, "margin": margin,
             "family_size": len(rows)}
+
+
 def paired_test_name(log: bool) -> str:
     """How ``versus_reference`` compares, in words (what a result file says of its test)."""
     scale = "log values (relative changes)" if log else "values"
@@ -1326,14 +1321,14 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
                                              bootstrap_resamples=0), margin, log, 1.0 - confidence)
     p_holm = holm_family({k: t["p_value"] for k, t in tests.items()})
     p_tost_holm = holm_family({k: t["p_tost"] for k, t in tests.items()})
+    base = _clean(reference)
+    scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None  # units -> % of the reference
     out = {}
     for key, row in rows.items():
         v = paired_verdict(row, margin, 1.0 - confidence, p_adjusted=p_holm[key], p_tost_adjusted=p_tost_holm[key],
                            lower_is_better=lower_is_better, power=power, max_seeds=max_seeds,
                            family_size=len(tests))
         w = welch(values[key], reference, confidence)
-        base = _clean(reference)
-        scale = 100.0 / float(base.mean()) if base.size and base.mean() != 0 else None
         out[key] = {
             "scale": row["scale"], "n_pairs": row["n"],
             **{k: row[k] for k in ("difference", "sd_diff", "diff_ci_low", "diff_ci_high", "boot_ci_low",
