@@ -197,14 +197,6 @@ def _check_dropout(field: Field, value: Any) -> float:
     return round(p, 2)
 
 
-def _check_position(field: Field, value: Any) -> str:
-    return str(parse_position(value))  # the canonical spelling: 'rope:ntk:4.0' -> 'rope:ntk:4'
-
-
-def _check_attn_bias(field: Field, value: Any) -> str:
-    return _check_choice(field.name, value, ATTN_BIASES)
-
-
 def _check_count(field: Field, value: Any) -> int:
     """A non-negative integer (qkv_rank, window, kv_heads)."""
     if isinstance(value, bool):
@@ -322,9 +314,11 @@ GENE_FIELDS = (
           help="use true/false (or 'bias'/'nobias' in a key)"),
     Field("attention_dropout", 0.1, _check_dropout, space=DROPOUT_CHOICES, write=lambda p: f"{p:.2f}",
           help=f"use a float in [0, {MAX_DROPOUT}]"),
-    Field("position", "learned", _check_position, space=("learned",), part="pos"),
+    # a position in its canonical spelling: 'rope:ntk:4.0' -> 'rope:ntk:4'
+    Field("position", "learned", lambda field, value: str(parse_position(value)), space=("learned",), part="pos"),
     Field("qkv_rank", 0, _check_count, space=(0,), part="rank", help="use 0 (full projections) or a rank r > 0"),
-    Field("attn_bias", "none", _check_attn_bias, space=("none",), part="abias"),
+    Field("attn_bias", "none", lambda field, value: _check_choice(field.name, value, ATTN_BIASES), space=("none",),
+          part="abias"),
     Field("window", 0, _check_count, space=(0,), part="win", help="use 0 (every earlier key) or a window W > 0"),
     Field("kv_heads", 0, _check_count, space=(0,), part="kvh",
           help="use 0 (one key/value head per head) or a K that divides the number of heads"),
@@ -398,10 +392,6 @@ def _kernel(values) -> bool:
 CORE_FIELDS = ("similarity", "normalization", "gating", "temperature_mode")  # what a program replaces
 
 
-def _program_with_core(values) -> bool:
-    return values.get("program") is not None and any(values[n] != FIELD[n].default for n in CORE_FIELDS)
-
-
 def _program_without_scores(values) -> bool:
     """A program that forms no weights from scores (only kernel or along-time mixing) with a score bias."""
     if values.get("program") is None or (str(values["position"]) != "alibi" and values["attn_bias"] == "none"):
@@ -422,7 +412,7 @@ RULES = (
                    "rope or none with abias=none",
          fields=("normalization", "position", "attn_bias")),
     Rule("program-replaces-components",
-         _program_with_core,
+         lambda v: v.get("program") is not None and any(v[n] != FIELD[n].default for n in CORE_FIELDS),
          lambda v: "a gene with a program (prog=) computes what its program says, so its four components stay at "
                    f"their defaults ({'|'.join(str(FIELD[n].default) for n in CORE_FIELDS)}): write them into the "
                    "program instead",
@@ -556,12 +546,11 @@ class SearchSpace(_SpaceFields):
                 raise UserError(f"the search space names {field} twice (as {KEY_PARTS[field]} and {field}): keep one",
                                 setting="search_space")
             named[field] = value
-        data = named
-        for name, value in data.items():
+        for name, value in named.items():
             if isinstance(value, (list, tuple)) and not value:
                 raise UserError(f"search space option list for {name} is empty: give at least one option, or leave "
                                 f"{name} out to search every registered option", setting="search_space")
-        return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in data.items()})
+        return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in named.items()})
 
     def to_dict(self) -> dict:
         values = {name: self.options(name) for name in ALL_FIELDS}
@@ -623,11 +612,11 @@ class AttentionGene(_Keyed):
                             "AttentionGene.parse(key)")
         if gene_dict is not None:
             check_argument("gene_dict", gene_dict, Mapping, "a mapping of gene fields (or None)")
-        if gene_dict is not None and fields:
-            raise UserError("give a gene either as gene_dict or as keyword fields, not both")
-        values = dict(gene_dict) if gene_dict is not None else fields
-        if gene_dict is None and not fields:
-            values = _random_values(rng or _random, space or SearchSpace())
+            if fields:
+                raise UserError("give a gene either as gene_dict or as keyword fields, not both")
+            values = dict(gene_dict)
+        else:  # keyword fields, or none: a random gene
+            values = fields or _random_values(rng or _random, space or SearchSpace())
         unknown = sorted(set(values) - set(ALL_FIELDS))
         if unknown:
             raise UserError(f"unknown gene field {unknown[0]!r}: valid fields are {', '.join(ALL_FIELDS)}")
@@ -1029,8 +1018,7 @@ def in_program_form(key: str, space: SearchSpace) -> str:
         return key
     text = programs.classic_program(genome.similarity, genome.normalization, genome.gating, genome.temperature_mode,
                                     kernels=KERNEL_NORMALIZATIONS)
-    defaults = {name: FIELD[name].default for name in CORE_FIELDS}
-    return genome.replace(program=text, **defaults).key
+    return genome.replace(program=text, **{name: FIELD[name].default for name in CORE_FIELDS}).key
 
 
 @functools.lru_cache(maxsize=4096)

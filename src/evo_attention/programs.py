@@ -409,7 +409,7 @@ def canonical(program: Program, grammar: Grammar) -> Program:
     cancelled, commutative arguments ordered by text, pin dropped when nothing reads q, k or v."""
     memo: dict[str, Node] = {}
     root = _canon(program.root, memo)
-    if root.op == "pin" and not _reads_projections(root.args[1]):
+    if root.op == "pin" and not any(n.op in ("q", "k", "v") and not n.args for n in root.args[1].walk()):
         root = root.args[1]
     result = Program(root)
     grammar.check(result)
@@ -417,15 +417,9 @@ def canonical(program: Program, grammar: Grammar) -> Program:
 
 
 def _canon(node: Node, memo: dict) -> Node:
-    if node.text in memo:
-        return memo[node.text]
-    if not node.args:
-        memo[node.text] = node
-        return node
-    args = tuple(_canon(a, memo) for a in node.args)
-    out = _simplify(node.op, args)
-    memo[node.text] = out
-    return out
+    if node.text not in memo:
+        memo[node.text] = _simplify(node.op, tuple(_canon(a, memo) for a in node.args)) if node.args else node
+    return memo[node.text]
 
 
 def _simplify(op: str, args: tuple) -> Node:
@@ -444,10 +438,6 @@ def _simplify(op: str, args: tuple) -> Node:
     if OPS.get(op) is not None and OPS[op].commutative and args[1].op != "const":
         args = tuple(sorted(args, key=lambda a: a.text))
     return Node(op, args)
-
-
-def _reads_projections(node: Node) -> bool:
-    return any(n.op in ("q", "k", "v") and not n.args for n in node.walk())
 
 
 def mixes_tokens(program: Program, grammar: Grammar) -> bool:
@@ -732,10 +722,10 @@ EDITS = {
     "weighting": lambda p, rng, ops, g: _swap(p, rng, ops, "w."),  # softmax -> sparsemax, sigmoid, ...
     "qk": lambda p, rng, ops, g: _wrap(p, rng, ops, ("q", "k"), ("scale", "bias", "l2n", "rmsn")),
     "temperature": lambda p, rng, ops, g: _swap(p, rng, ops, "t."),
-    "paths": lambda p, rng, ops, g: _second_path(p, rng, ops, g),
+    "paths": _second_path,
     "delete": lambda p, rng, ops, g: _delete(p, rng, g),
     "constant": lambda p, rng, ops, g: _constant(p, rng),
-    "any": lambda p, rng, ops, g: _any_edit(p, rng, ops, g),
+    "any": _any_edit,
 }
 DEFAULT_EDITS = {"time": 3, "gate": 2, "weighting": 1, "qk": 1, "temperature": 1, "paths": 1, "delete": 1,
                  "constant": 1, "any": 2}
