@@ -43,6 +43,8 @@ def register_dataset(name: str):
         return factory
 
     return decorator
+
+
 RECALL_OPTIONS = ("num_pairs", "num_queries", "train_examples", "eval_examples")
 
 __all__ = ["data_from_config", "DATASETS", "ENV_CACHE_DIR", "ENV_DATA_DIR", "IGNORE_INDEX", "SPLITS", "CorpusData",

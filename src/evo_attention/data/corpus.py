@@ -136,7 +136,7 @@ def load_corpus(name: str = "wikitext2", data_dir: str | os.PathLike | None = No
                 cache_dir: str | os.PathLike | None = None, tokenizer: str = "word") -> CorpusData:
     """Load (tokenizing, or from the cache) corpus ``name`` ('wikitext2' or 'text') with ``tokenizer``
     (``word``, ``char``, ``byte`` or ``bpe:N``; ``vocab_size`` applies to ``word`` only)."""
-    kind, _ = parse_tokenizer(tokenizer)
+    parse_tokenizer(tokenizer)  # a bad tokenizer is refused before any file is read
     if name not in FILE_NAMES:
         raise UserError(f"unknown corpus {name!r}; use one of {', '.join(FILE_NAMES)}")
     check_settings(seq_len, eval_stride)
@@ -199,7 +199,7 @@ def _warn_if_small(data: "CorpusData", tokenizer: str) -> None:
 
 def _tokenize_splits(texts: dict, vocab_size: int | None, tokenizer: str):
     """(streams, the tokenizer fitted to the train split, split -> (bytes, chars) per token)."""
-    for split, (text, _, where) in texts.items():
+    for text, _, where in texts.values():
         if not text.strip():  # whitespace only
             raise UserError(f"{where} has no tokens (only blank lines); fill it with text")
     tok = train_tokenizer(tokenizer, texts["train"][0], vocab_size)

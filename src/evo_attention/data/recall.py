@@ -80,14 +80,6 @@ def generate(examples: int, *, vocab_size: int, seq_len: int, num_pairs: int, nu
 GENERATION_BYTES_PER_TOKEN = 3 * 8
 
 
-def check_recall_memory(examples: int, seq_len: int, vocab_size: int) -> tuple:
-    """``check_generated_memory`` of the recall task, in its settings' names."""
-    return check_generated_memory(
-        "the recall task", examples=examples, seq_len=seq_len, vocab=vocab_size,
-        bytes_per_token=GENERATION_BYTES_PER_TOKEN, vocab_fix=("lower vocab_size", "vocab_size"),
-        length_fix=("lower max_seq_len or the recall example counts (train_examples, eval_examples)", "max_seq_len"))
-
-
 class RecallData(ExampleData):
     """The MQAR task as a TaskData; all splits are generated on construction (well under a second)."""
 
@@ -111,8 +103,10 @@ class RecallData(ExampleData):
             raise UserError(f"recall seq_len {seq_len} is too short for num_pairs {num_pairs} and num_queries {num_queries}; "
                             f"raise seq_len to at least {2 * num_pairs + 2 * num_queries - 1} or lower num_pairs")
 
-        examples = train_examples + 2 * eval_examples
-        refused = check_recall_memory(examples, seq_len, vocab_size)  # before the vocabulary or any split is built
+        refused = check_generated_memory(  # before the vocabulary or any split is built
+            "the recall task", examples=train_examples + 2 * eval_examples, seq_len=seq_len, vocab=vocab_size,
+            bytes_per_token=GENERATION_BYTES_PER_TOKEN, vocab_fix=("lower vocab_size", "vocab_size"),
+            length_fix=("lower max_seq_len or the recall example counts (train_examples, eval_examples)", "max_seq_len"))
         self.name = "recall"
         self.vocab_size, self.seq_len, self.pad_id = vocab_size, seq_len, FILL_ID
         self.settings = {"vocab_size": vocab_size, "seq_len": seq_len, "num_pairs": num_pairs,

@@ -48,12 +48,11 @@ task options (the data seed, when given).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import math
 
 from evo_attention.data.synthetic import TASKS, data_name, resolve_knobs, synthetic_data
 from evo_attention.util.errors import UserError
@@ -284,8 +283,7 @@ def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict,
     bad = [k for k in knobs if k not in CORPUS_KNOBS]
     if bad:
         raise fail(f"point {i} ({task}): knob {bad[0]!r} is not a knob of a corpus; valid: {', '.join(CORPUS_KNOBS)}")
-    for knob in knobs:
-        value = knobs[knob]
+    for knob, value in knobs.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise fail(f"point {i} ({task}): {knob} must be an integer >= 2, got {value!r}")
     if "seq_len" not in knobs:

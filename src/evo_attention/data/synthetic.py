@@ -114,20 +114,17 @@ class Knob:
     def convert(self, value: Any, task: str) -> int | float:
         """``value`` (a Python value, or the text of an inline knob) as this knob's type; UserError
         saying what is allowed otherwise."""
+        out = value
         if self.kind == "choice":
             out = value.strip() if isinstance(value, str) else None
-            if out not in self.choices:
-                raise UserError(f"{task} knob {self.name}={value!r} is not allowed: {self.name} must be {self.allowed}",
-                                setting="data")
-            return out
-        out = value
-        if isinstance(value, str):
+        elif isinstance(value, str):
             text = value.strip()
             try:
                 out = int(text) if self.kind == "int" and re.fullmatch(r"[+-]?\d+", text) else float(text)
             except ValueError:
                 out = None
-        ok = out is not None and not isinstance(out, bool) and isinstance(out, (int, float))
+        number = isinstance(out, (int, float)) and not isinstance(out, bool)
+        ok = out in self.choices if self.kind == "choice" else number
         if ok and self.kind == "int":
             if isinstance(out, float) and out.is_integer() and not isinstance(value, str):
                 out = int(out)  # YAML 16.0
@@ -341,7 +338,7 @@ class MQAR(Task):
         if k["filler"] is None:
             k["filler"] = "random" if k["layout"] == "zoology" else "zero"
         P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
-        keys = (V - 1) // 2
+        keys, _ = self.alphabet(k)
         if Q > P:
             raise _too_small(self.name, f"queries {Q} exceeds pairs {P} (each query asks a different pair)", "lower queries")
         if keys < P:  # then values (V - 1 - keys >= keys) are enough for distinct values too
@@ -354,26 +351,27 @@ class MQAR(Task):
     def identity(self, k):
         return {key: value for key, value in k.items() if self.LEGACY.get(key, object()) != value}
 
+    def alphabet(self, k) -> tuple[int, int]:
+        return _split_alphabet(self.name, k["vocab"], 1, "<fill>")
+
     def symbols(self, k):
-        keys = (k["vocab"] - 1) // 2
-        return ["<fill>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(k["vocab"] - 1 - keys)]
+        keys, values = self.alphabet(k)
+        return ["<fill>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
 
     def answers_per_example(self, k):
         return k["queries"]
 
     def chance(self, k):
-        return 1 / (k["vocab"] - 1 - (k["vocab"] - 1) // 2)
+        return 1 / self.alphabet(k)[1]
 
     def no_recall(self, k):
         # the most frequent of the example's values: 1/P when they are distinct
-        P = k["pairs"]
-        return 1 / P if k["layout"] == "zoology" else no_lookup_accuracy(P, k["vocab"] - 1 - (k["vocab"] - 1) // 2)
+        return 1 / k["pairs"] if k["layout"] == "zoology" else no_lookup_accuracy(k["pairs"], self.alphabet(k)[1])
 
     def generate(self, n, k, generator, seed):
         P, Q, T, V = k["pairs"], k["queries"], k["seq_len"], k["vocab"]
         zoology = k["layout"] == "zoology"
-        num_keys = (V - 1) // 2
-        num_values = V - 1 - num_keys
+        num_keys, num_values = self.alphabet(k)
         keys = random_subsets(n, num_keys, P, generator) + 1
         if zoology:
             values = random_subsets(n, num_values, P, generator) + 1 + num_keys

@@ -110,12 +110,6 @@ def readable(raw: bytes | None) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _counts(pieces: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    nbytes = torch.tensor([len(p.encode("utf-8")) for p in pieces], dtype=torch.int32)
-    nchars = torch.tensor([len(p) for p in pieces], dtype=torch.int32)
-    return nbytes, nchars
-
-
 class WordTokenizer(Tokenizer):
     """The word-level recipe over a ``Vocab`` (``words.corpus_words``)."""
 
@@ -141,8 +135,9 @@ class WordTokenizer(Tokenizer):
             parts = line_words(line)
             words += parts + [EOS]
             pieces += [w + " " for w in parts[:-1]] + parts[-1:] + ["\n"]
-        nbytes, nchars = _counts(pieces)
-        return Encoded(torch.tensor(self.vocab.encode(words), dtype=torch.long), nbytes, nchars)
+        return Encoded(torch.tensor(self.vocab.encode(words), dtype=torch.long),
+                       torch.tensor([len(p.encode("utf-8")) for p in pieces], dtype=torch.int32),
+                       torch.tensor([len(p) for p in pieces], dtype=torch.int32))
 
     def decode(self, ids) -> str:
         return " ".join(self.vocab.decode(list(ids))).replace(f" {EOS} ", "\n").replace(EOS, "\n")

@@ -48,21 +48,16 @@ class Vocab:
         what, fix = f"a vocabulary of {symbols:,} words", "lower vocab_size"
         check_memory(BYTES_PER_SYMBOL * symbols, what, fix, setting="vocab_size")  # before the names are made
         with refuse_failed_allocation(what, fix, setting="vocab_size"):
-            return cls._from_counts(counts, size)
-
-    @classmethod
-    def _from_counts(cls, counts: Mapping[str, int], size: int | None) -> "Vocab":
-        words = sorted((w for w in counts if w not in (UNK, EOS)), key=lambda w: (-counts[w], w))
-        itos = [UNK, EOS] + words
-        if size is not None:
-            itos = itos[:size]
-            taken, i = set(itos), 0
-            while len(itos) < size:  # fewer words than requested: name the spare ids
-                name = f"<unused-{i}>"
-                if name not in taken:
-                    itos.append(name)
-                i += 1
-        return cls(itos)
+            itos = [UNK, EOS] + sorted((w for w in counts if w not in (UNK, EOS)), key=lambda w: (-counts[w], w))
+            if size is not None:
+                itos = itos[:size]
+                taken, i = set(itos), 0
+                while len(itos) < size:  # fewer words than requested: name the spare ids
+                    name = f"<unused-{i}>"
+                    if name not in taken:
+                        itos.append(name)
+                    i += 1
+            return cls(itos)
 
     def __len__(self) -> int:
         return len(self.itos)

@@ -97,6 +97,8 @@ OUTPUT_KINDS: dict[str, Callable[[Path], bool]] = {}
 def register_output_kind(kind: str, recognizer: Callable[[Path], bool]) -> None:
     """Make ``check_output`` refuse to write any other kind into a directory ``recognizer`` claims."""
     OUTPUT_KINDS[kind] = recognizer
+
+
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 

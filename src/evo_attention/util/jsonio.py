@@ -26,10 +26,6 @@ from evo_attention.util.files import write_text
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _nonfinite_text(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
 def to_jsonable(obj: Any, *, nonfinite: str = "null", strict: bool = False) -> Any:
     """``obj`` as plain JSON values. ``nonfinite``: ``"null"`` (outputs) or ``"string"`` (the store).
 
@@ -39,7 +35,9 @@ def to_jsonable(obj: Any, *, nonfinite: str = "null", strict: bool = False) -> A
         if isinstance(value, float):
             if math.isfinite(value):
                 return value
-            return None if nonfinite == "null" else _nonfinite_text(value)
+            if nonfinite == "null":
+                return None
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
         if isinstance(value, enum.Enum):
             return walk(value.value)
         if value is None or isinstance(value, (str, bool, int)):

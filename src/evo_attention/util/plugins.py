@@ -11,6 +11,7 @@ it). A plugin that cannot be imported is a one-line error naming it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -22,12 +23,8 @@ from evo_attention.util.errors import UserError
 ENTRY_POINT_GROUP = "evo_attention.plugins"
 
 
-def _is_file(name: str) -> bool:
-    return name.endswith(".py") or "/" in name or "\\" in name
-
-
 def _import(name: str):
-    if _is_file(name):
+    if name.endswith(".py") or "/" in name or "\\" in name:  # a file, not a module
         path = Path(name).expanduser().resolve()
         if not path.is_file():
             raise UserError(f"plugin file {name} does not exist: give the path of a .py file or a module name",
@@ -57,9 +54,8 @@ def load_plugins(names=()) -> list[dict]:
     """Import the plugins ``names`` and every entry-point plugin; ``[{"module", "version"}]``."""
     if not isinstance(names, (list, tuple)):  # a config file's `plugins: mymod` would be read letter by letter
         raise UserError(f"plugins must be a list of module names or .py files, got {names!r}", setting="plugins")
-    loaded = []
-    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        loaded.append(_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None))
+    loaded = [_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None)
+              for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
     for name in names or ():
         if not isinstance(name, str) or not name.strip():
             raise UserError(f"plugin {name!r} is not a module name or a .py file", setting="plugins")
@@ -81,10 +77,7 @@ def _load(name: str, load, version: str | None) -> dict:
                         "installed or that the path is right, in every worker too", setting="plugins") from None
     if version is None:
         version = getattr(module, "__version__", None)
-        top = getattr(module, "__name__", name).split(".")[0]
-        if version is None:
-            try:
-                version = metadata.version(top)
-            except metadata.PackageNotFoundError:
-                version = None
+    if version is None:  # the version of the distribution the module's top-level package comes from
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            version = metadata.version(getattr(module, "__name__", name).split(".")[0])
     return {"module": name, "version": version}

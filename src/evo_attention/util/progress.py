@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         """Rich exits the program when its reader goes away; here the output stops, the work goes on."""
@@ -197,7 +198,7 @@ class SearchView:
     def start(self, label: str, gene: str, total_steps: int, worker: str | None = None) -> None:
         if self._first_start is None:
             self._first_start = time.monotonic()
-        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+        with best_effort():
             if self._progress is not None:
                 prefix = f"[{worker}] " if worker and worker != "local" else ""
                 self._progress.update(self._bar(worker), description=f"{prefix}{label} {gene}", completed=0,
@@ -205,7 +206,7 @@ class SearchView:
                 self._progress.update(self._search, info=self._best_text())
 
     def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
-        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+        with best_effort():
             if self._progress is not None:
                 self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
 
@@ -232,7 +233,7 @@ class SearchView:
         self._done = min(done, self.planned)
         if not cached:
             self._trained += 1
-        with best_effort():  # progress is best-effort: a closed pipe or terminal never stops the work
+        with best_effort():
             status = record.get("status")
             result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
             budget = record.get("budget")
