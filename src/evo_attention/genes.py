@@ -199,12 +199,12 @@ def _check_dropout(field: Field, value: Any) -> float:
 
 def _check_count(field: Field, value: Any) -> int:
     """A non-negative integer (qkv_rank, window, kv_heads)."""
-    if isinstance(value, bool):
-        raise UserError(f"{field.name} {value!r} is not an integer: {field.help}")
     try:
-        number = int(value)
+        number = None if isinstance(value, bool) else int(value)
     except (TypeError, ValueError):
-        raise UserError(f"{field.name} {value!r} is not an integer: {field.help}") from None
+        number = None
+    if number is None:
+        raise UserError(f"{field.name} {value!r} is not an integer: {field.help}")
     if number < 0 or (isinstance(value, float) and value != number):
         raise UserError(f"{field.name} {value!r} is not a non-negative integer: {field.help}")
     return number

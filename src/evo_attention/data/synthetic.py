@@ -724,10 +724,9 @@ def given_knobs(name: str, *, seq_len: int | None = None, vocab_size: int | None
             raise UserError(f"knob {key} is given twice for {name!r}: {knobs[key]} in the data name and {value} in the "
                             "task options; give it once", setting="data")
         knobs[key] = value
-    if "seq_len" not in knobs and seq_len is not None:
-        knobs["seq_len"] = seq_len
-    if "vocab" not in knobs and vocab_size is not None:
-        knobs["vocab"] = vocab_size
+    for key, value in (("seq_len", seq_len), ("vocab", vocab_size)):
+        if key not in knobs and value is not None:
+            knobs[key] = value
     return task, knobs
 
 
