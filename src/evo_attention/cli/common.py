@@ -139,11 +139,8 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
     from evo_attention.train.presets import example_counts_note, merged_settings
 
-    flags = {}
-    for flag, name in config_flags().items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            flags[name] = None if (name in _zero_is_none() and value == 0) else value
+    flags = {name: None if (name in _zero_is_none() and value == 0) else value
+             for flag, name in config_flags().items() if (value := getattr(args, flag, None)) is not None}
     flags.update(extra or {})
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \

@@ -47,7 +47,7 @@ from evo_attention.train.spec import Trial
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import dumps, to_jsonable
+from evo_attention.util.jsonio import to_jsonable, write_json
 from evo_attention.util.progress import SearchView
 
 DEFAULT_SEEDS = 5
@@ -68,6 +68,11 @@ MAX_SEED_BLOCK = 10 ** 12  # its seeds stay far inside a 64-bit integer (a store
 
 Records = dict[tuple[str, int], EvaluationRecord]  # (gene key, seed) -> record
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # the runner's (task, record, cached)
+
+
+def gene_keys(genes: Iterable[AttentionGene | str]) -> list[str]:
+    """The distinct keys of ``genes`` (genes or their texts), in the order given."""
+    return list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
 
 
 def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, minimum: int = 2,
@@ -354,7 +359,7 @@ class StudySetup:
     def tasks(self, genes: Iterable[AttentionGene | str], labels: Mapping[str, str] | None = None) -> list[EvalTask]:
         """One task per distinct gene and seed (genes in the given order, then seeds); ``labels``
         (gene key -> name) names them in progress lines, else ``seed N``."""
-        keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+        keys = gene_keys(genes)
         labels = labels or {}
         return [EvalTask(Trial.from_config(key, self.config, seed=seed, steps=self.steps, eval_split=self.eval_split,
                                            data=self.data),
@@ -560,7 +565,7 @@ def write_files(out_dir: str | os.PathLike, names: Mapping[str, str], result: Ma
     out = output_dir(out_dir)
     paths = {key: out / name for key, name in names.items()}
     json_key, md_key = list(names)[:2]
-    write_text(paths[json_key], dumps(result) + "\n")
+    write_json(paths[json_key], result)
     write_text(paths[md_key], markdown)
     return paths
 

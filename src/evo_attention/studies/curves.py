@@ -280,7 +280,7 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
             "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"]}
 
 
-def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None, config: Config) -> list[tuple]:
+def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None) -> list[tuple]:
     """``(name, reference gene, d_ff per point, extra fields)`` of each matched reference row of a
     curve: one per distinct widths across the points (``matches``: per point, gene name -> its
     match); the plain width is ``None`` in ``d_ff`` (the reference's own trainings)."""
@@ -346,7 +346,7 @@ def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Ma
                grids: Mapping[int, dict] | None = None) -> CurveResult:
     values = [p.value for p in points]
     genes = []
-    for name, gene, d_ff, extra in [(n, g, None, {}) for n, g in entries] + matched_rows(entries, matches, config):
+    for name, gene, d_ff, extra in [(n, g, None, {}) for n, g in entries] + matched_rows(entries, matches):
         rows = [point_row(p.value, [done.get((i, gene.key, s) if d_ff is None or d_ff[i] is None
                                              else (i, gene.key, s, d_ff[i])) for s in seeds], seeds, confidence,
                           interrupted)

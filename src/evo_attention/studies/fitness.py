@@ -61,8 +61,8 @@ from evo_attention.train.record import usable_metric
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, point_result, suite_score
 from evo_attention.util.errors import UserError, check_argument
-from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import dumps, to_jsonable
+from evo_attention.util.files import output_dir
+from evo_attention.util.jsonio import dumps, to_jsonable, write_json
 
 ROLE = "fitness-check"
 CEILING = 0.98  # a seed at or above it has no room left above it
@@ -415,7 +415,7 @@ def write_fitness_check(result: Mapping, out_dir: str | os.PathLike, *, cache: b
     if cache:
         where = resolve_cache_dir() / CACHED
         where.mkdir(parents=True, exist_ok=True)
-        write_text(where / f"{result['fitness']['id']}.json", dumps(dict(result)) + "\n")
+        write_json(where / f"{result['fitness']['id']}.json", dict(result))
     return paths
 
 

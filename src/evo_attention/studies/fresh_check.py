@@ -30,7 +30,7 @@ from evo_attention.studies.fitness import Fitness
 from evo_attention.train.config import Config
 from evo_attention.util.files import write_text
 from evo_attention.util.format import code, fmt, markdown_table
-from evo_attention.util.jsonio import dumps, to_jsonable
+from evo_attention.util.jsonio import write_json
 
 ROLE = "check"
 DEFAULT_TOP = 3
@@ -75,7 +75,7 @@ def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAU
               "rank_correlation": _spearman([r["search"] for r in finished], [r["fresh"] for r in finished]),
               "held": held}
     result["line"] = check_line(result)
-    write_text(Path(store.run_dir) / FRESH_CHECK_FILE, dumps(to_jsonable(result)) + "\n")
+    write_json(Path(store.run_dir) / FRESH_CHECK_FILE, result)
     write_text(Path(store.run_dir) / "fresh_check.md", check_markdown(result))
     return result
 

@@ -37,7 +37,7 @@ from evo_attention.genes import AttentionGene, recipe_of
 from evo_attention.report.studies.common import metric_info
 from evo_attention.report.studies.lr_grid import grid_figure_name
 from evo_attention.search.tuning import select_rate as select
-from evo_attention.studies.common import Records, StudySetup, samples
+from evo_attention.studies.common import Records, StudySetup, gene_keys, samples
 from evo_attention.util.errors import UserError
 
 TUNING_ROLE = "lr-grid"  # the role the tuning trainings are stored with
@@ -50,7 +50,7 @@ def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Map
     """Train every gene at every rate of ``setup.lr_grid`` on ``setup.tuning_seeds`` (validation
     split; from the store where there) in one call of the runner, and select each gene's rate:
     the ``grid`` block (see ``grid_block``)."""
-    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    keys = gene_keys(genes)
     return grid_of(setup, keys, tuning_setup(setup).run(tuning_tasks(setup, keys, labels=labels)))
 
 
@@ -64,7 +64,7 @@ def tuning_tasks(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
                  labels: Mapping[str, str] | None = None) -> list:
     """Every gene at every rate of ``setup.lr_grid`` on the tuning seeds: the tasks of step 1, for
     a caller that runs them together with other tasks (``grid_of`` reads their records)."""
-    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    keys = gene_keys(genes)
     check_rates_free(keys)
     tuning = tuning_setup(setup)
     return [task for rate in setup.lr_grid for task in tuning.at_rate(rate).tasks(keys, _at(keys, rate, labels))]
@@ -72,7 +72,7 @@ def tuning_tasks(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
 
 def grid_of(setup: StudySetup, genes: Sequence[AttentionGene | str], results: Mapping) -> dict:
     """The ``grid`` block (step 2) from the records of this setup's ``tuning_tasks`` (task -> record)."""
-    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    keys = gene_keys(genes)
     records: dict[float, Records] = {rate: {} for rate in setup.lr_grid}
     for task, record in results.items():
         records[task.trial.train.learning_rate][task.gene, task.seed] = record
@@ -133,7 +133,7 @@ def train_at_rates(setup: StudySetup, genes: Sequence[AttentionGene | str], rate
                    labels: Mapping[str, str] | None = None, on_finished=None) -> Records:
     """The record of every (gene, seed) of ``setup.seeds``, each gene trained at its rate of
     ``rates`` (one call of the runner; from the store where there)."""
-    keys = list(dict.fromkeys(AttentionGene.parse(g).key for g in genes))
+    keys = gene_keys(genes)
     tasks = [task for key in keys for task in setup.at_rate(rates[key]).tasks([key], _at([key], rates[key], labels))]
     return {(task.gene, task.seed): record for task, record in setup.run(tasks, on_finished=on_finished).items()}
 

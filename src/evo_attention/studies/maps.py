@@ -32,8 +32,8 @@ import torch
 from evo_attention.data.tokenizers import as_tokenizer, encode_prompt
 from evo_attention.report.attachments import MAPS_FILE
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import output_dir, write_text
-from evo_attention.util.jsonio import dumps, to_jsonable
+from evo_attention.util.files import output_dir
+from evo_attention.util.jsonio import to_jsonable, write_json
 
 
 def head_metrics(weights: torch.Tensor) -> list[dict]:
@@ -127,5 +127,5 @@ def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tok
         "kind": "attention_maps", "source": dict(source or {}), "text_source": text_source,
         "tokens": tokens, "token_ids": list(ids), "genes": [g.key for g in model.genes], "layers": layers,
     })
-    write_text(out / MAPS_FILE, dumps(result) + "\n")
+    write_json(out / MAPS_FILE, result)
     return result

@@ -660,6 +660,11 @@ def read_registration(study: Study) -> dict | None:
     return payload
 
 
+def _last(record: dict) -> dict:
+    """What a registration recorded last: its last amendment, else the registration itself."""
+    return record["amendments"][-1] if record["amendments"] else record
+
+
 def _now(now: datetime | None) -> str:
     return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat(timespec="seconds")
 
@@ -720,9 +725,8 @@ def amend(study: Study, note: str, now: datetime | None = None) -> dict:
         raise UserError(f"{study.path} is not registered: register it first (study register)")
     if not str(note or "").strip():
         raise UserError("an amendment needs its note: what changed and why (--note)")
-    last = (record["amendments"][-1] if record["amendments"] else record)["parts"]
     current = parts(study)
-    changed = _changed(last, current)
+    changed = _changed(_last(record)["parts"], current)
     if not changed:
         raise UserError(f"{study.path} has not changed since its last record: nothing to amend")
     time = _now(now)
@@ -740,11 +744,10 @@ def amend(study: Study, note: str, now: datetime | None = None) -> dict:
 
 def _removed(study: Study, record: dict, part: str) -> str | None:
     """A stage removed since the last record: whether the folders and files it wrote exist."""
-    last = (record["amendments"][-1] if record["amendments"] else record).get("outputs") or {}
     name = part.partition(" ")[2]
     if not part.startswith("stage ") or any(s.name == name for s in study.stages):
         return None
-    found = [study.root / p for p in last.get(name, []) if (study.root / p).exists()]
+    found = [study.root / p for p in (_last(record).get("outputs") or {}).get(name, []) if (study.root / p).exists()]
     return min(datetime.fromtimestamp(p.stat().st_mtime, timezone.utc) for p in found).isoformat(
         timespec="seconds") if found else None
 
@@ -765,8 +768,7 @@ def check_registered(study: Study) -> dict:
     if record is None:
         raise UserError(f"{study.path} is not registered: run study register {study.path} first (it records the "
                         "plan before any result)")
-    last = (record["amendments"][-1] if record["amendments"] else record)["parts"]
-    changed = _changed(last, parts(study))
+    changed = _changed(_last(record)["parts"], parts(study))
     if changed:
         raise UserError(f"the plan differs from its registration in {changed[0]} and no amendment records it: run "
                         "study amend PLAN --note WHY (refused once its results exist)")

@@ -58,7 +58,7 @@ from evo_attention.nn.model import TinyTransformer
 from evo_attention.report.studies.transfer import transfer_headline, transfer_markdown
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
-from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, samples,
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, SeedStudyResult, StudySetup, gene_keys, samples,
                                           write_json_and_markdown, written)
 from evo_attention.studies.validate import comparison_result, matched_baseline_rows, matched_statistics
 from evo_attention.util import stats
@@ -425,7 +425,7 @@ def grid_by_size(tuned: Mapping[str, dict], seeds: Sequence[int]) -> dict:
 def transfer_keys(genes: Sequence[AttentionGene | str]) -> list[str]:
     """The distinct gene keys to carry over, the vanilla baseline left out (it always comes along)."""
     vanilla = AttentionGene.vanilla().key
-    keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != vanilla]
+    keys = [k for k in gene_keys(genes) if k != vanilla]
     if not keys:
         raise UserError("no gene to transfer other than the baseline: give at least one non-vanilla gene",
                         setting="genes")

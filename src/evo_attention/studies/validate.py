@@ -34,8 +34,8 @@ from evo_attention.report.studies.validation import validation_best_row, validat
 from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
 from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
-                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, StudySetup, VerdictResult, samples,
-                                          write_json_and_markdown)
+                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, StudySetup, VerdictResult, gene_keys,
+                                          samples, write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -82,7 +82,7 @@ def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
                    search_values: Mapping[str, float] | None = None) -> ValidationResult:
     """The validation of ``genes`` against the baseline (``StudySetup.baseline``) with a resolved ``setup``."""
     base_key = setup.baseline
-    keys = [k for k in dict.fromkeys(AttentionGene.parse(g).key for g in genes) if k != base_key]
+    keys = [k for k in gene_keys(genes) if k != base_key]
     if not keys:
         raise UserError(f"no gene to validate other than the baseline: give at least one gene other than {base_key}",
                         setting="genes")
