@@ -243,7 +243,7 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
                     "registered rule", "comparisons": genes, "margin": float(s.get("margin", 0.01)),
                     "alpha": float(s.get("alpha", 0.05)), "test": "rule", "seeds": int(s["seeds"]),
                     "seed_block": None if s.get("seed_block") is None else int(s["seed_block"]), "amendments": []}
-            _write_yaml(study.results(file), plan)
+            _write_yaml(study.results(file), plan, width=1000)
             if s.get("rate_of"):
                 study.results(file).with_suffix(".lr").write_text(baseline_rate(read(s["rate_of"]), s["rate_of"], edge)
                                                                   + "\n")
@@ -289,8 +289,7 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             seed = int(s.get("data_seed", 1))
             suite = dict(suite, suite=f"{suite['suite']}-data{seed}",
                          points=[dict(p, seed=seed) for p in suite["points"]])
-            study.results(file).parent.mkdir(parents=True, exist_ok=True)
-            study.results(file).write_text(yaml.safe_dump(suite, sort_keys=False))
+            _write_yaml(study.results(file), suite)
             continue
         write_result(study.results(file), out)
 
@@ -305,11 +304,11 @@ def _reader(study: Study, stage: Stage):
     return read
 
 
-def _write_yaml(path: Path, payload: dict) -> None:
+def _write_yaml(path: Path, payload: dict, **options) -> None:
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(payload, sort_keys=False, width=1000))
+    path.write_text(yaml.safe_dump(payload, sort_keys=False, **options))
 
 
 # ------------------------------------------------------------------------------------------ status
@@ -341,10 +340,6 @@ def status(study: Study) -> list[str]:
 # ------------------------------------------------------------------------------------------ decision
 
 
-def _entity(gene: str) -> str:
-    return re.sub(r"\|lr=[^|]*", "", gene)
-
-
 def verdicts(payload: dict, part: str = "") -> dict[str, str]:
     """entity -> verdict of a result file: a validation's or a versus file's genes (recipe parts left
     out), a family's cells, a trend (``#trend``: grows, shrinks or none), strategies, solve rates."""
@@ -369,7 +364,7 @@ def verdicts(payload: dict, part: str = "") -> dict[str, str]:
         return out
     genes = payload["genes"]
     rows = genes.items() if isinstance(genes, dict) else ((g["gene"], g) for g in genes)
-    return {_entity(name): row.get("verdict") for name, row in rows}
+    return {re.sub(r"\|lr=[^|]*", "", name): row.get("verdict") for name, row in rows}
 
 
 def _holds(cond: str, tables: dict, entity: str | None) -> bool:
