@@ -151,10 +151,7 @@ def _long_context(args, config, steps: int) -> int:
         table.append([str(t), str(first["batch_size"])] + [f"{at[n]['ms_per_step']:.0f}" for n in genes]
                      + [f"{at[n][memory]:.0f}" if at[n][memory] is not None else "-" for n in genes])
     text = markdown_table(header, table)
-    if args.json:
-        print(dumps(rows))
-    else:
-        print(text)
+    print(dumps(rows) if args.json else text)
     if out is not None:
         write_json(out / "long_context.json", {"rows": rows, "genes": genes, "tokens_per_step": args.tokens_per_step})
         write_text(out / "long_context.md", text + "\n")

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 def cmd_status(args) -> int:
     from evo_attention.report.status import format_status, run_status
+    from evo_attention.util.jsonio import dumps
 
     status = run_status(args.run_dir)
-    if args.json:
-        from evo_attention.util.jsonio import dumps
-
-        print(dumps(status))
-    else:
-        print(format_status(status))
+    print(dumps(status) if args.json else format_status(status))
     return 0
 
 
