@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import quote  # a directory the user named may hold a space: the image stays an image
 
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE, Attachments
-from evo_attention.report.summary import OBJECTIVE_LABELS, RunSummary, change_of
+from evo_attention.report.summary import (OBJECTIVE_LABELS, RunSummary, caps_text, change_of, infeasible_rows,
+                                          infeasible_text)
 from evo_attention.report.studies import ablation as _ablation, curves as _curves, suite as _suite
 from evo_attention.report.studies import transfer as _transfer, validation as _validation
 from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
@@ -129,8 +130,6 @@ def pareto_lines(s: RunSummary) -> list[str]:
 
 def infeasible_table(s: RunSummary) -> str:
     """The genes that break a cap of the run: refused before training, or trained over a measured cap."""
-    from evo_attention.report.summary import infeasible_rows
-
     rows = [[r["gene"], fmt(r["generation"]), "yes" if r["trained"] else "no (refused)", r["why"]]
             for r in infeasible_rows(s.constraints)]
     return table_markdown(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", code_column=0)
@@ -138,8 +137,6 @@ def infeasible_table(s: RunSummary) -> str:
 
 def infeasible_lines(s: RunSummary) -> list[str]:
     """The section on a run's caps: the limits, what they did, the table of infeasible genes."""
-    from evo_attention.report.summary import caps_text, infeasible_text
-
     c = s.constraints or {}
     lines = [f"Caps: {caps_text(c)} (a factor such as 1.2x is of the baseline's value). Parameters and FLOPs are "
              f"counted before training, so a gene over their caps is never trained; latency and memory are measured, "
@@ -176,12 +173,9 @@ def racing_lines(s: RunSummary) -> list[str]:
 
 
 def failures_table(s: RunSummary) -> str:
-    rows = []
-    for f in s.failures:
-        error = f["error"] or "-"
-        if len(error) > ERROR_CHARS:
-            error = error[: ERROR_CHARS - 3] + "..."
-        rows.append([f["gene"], f["role"], fmt(f["generation"]), f["status"], error])
+    rows = [[f["gene"], f["role"], fmt(f["generation"]), f["status"],
+             error if len(error) <= ERROR_CHARS else error[: ERROR_CHARS - 3] + "..."]
+            for f in s.failures for error in [f["error"] or "-"]]
     return table_markdown(["Gene", "Role", "Generation", "Status", "Error"], rows, "llrll", code_column=0)
 
 

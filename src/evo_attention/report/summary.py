@@ -171,10 +171,11 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
         ppl = perplexity_of(record)
         if math.isinf(ppl):
             continue
-        key = gene_info(record.get("gene"))["key"]
+        info = gene_info(record.get("gene"))
+        key = info["key"]
         n[key] += 1
         if key not in best or ppl < best[key]["perplexity"]:  # ties keep the earliest
-            best[key] = {"gene": key, "str": gene_info(key)["str"], "perplexity": ppl,
+            best[key] = {"gene": key, "str": info["str"], "perplexity": ppl,
                          "generation": record.get("generation"), "id": record.get("id"),
                          "params": record.get("params"), "bits_per_byte": record.get("bits_per_byte")}
     ranked = sorted(best.values(), key=lambda r: (r["perplexity"], r["gene"]))
@@ -307,16 +308,13 @@ def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: S
     box = pareto.bounds(points)
     ideal, reference = box if box else (None, None)
     members = sorted(pareto.front(points), key=lambda i: (points[i], keys[i]))
-    front = []
-    for i in members:
-        info = gene_info(keys[i])
-        front.append({"key": info["key"], "str": info["str"], "gene": gene_fields(info),
-                      **dict(zip(objectives, points[i])), "generation": records[keys[i]].get("generation"),
-                      "id": records[keys[i]].get("id")})
+    front = [{"key": info["key"], "str": info["str"], "gene": gene_fields(info), **dict(zip(objectives, points[i])),
+              "generation": records[keys[i]].get("generation"), "id": records[keys[i]].get("id")}
+             for i in members for info in [gene_info(keys[i])]]
+    generations = [None if r.get("generation") is None else int(r["generation"]) for r in records.values()]
     history = []
-    for generation in sorted({int(r["generation"]) for r in records.values() if r.get("generation") is not None}):
-        upto = [p for k, p in zip(keys, points)
-                if records[k].get("generation") is not None and int(records[k]["generation"]) <= generation]
+    for generation in sorted({g for g in generations if g is not None}):
+        upto = [p for g, p in zip(generations, points) if g is not None and g <= generation]
         history.append({"generation": generation, "front_size": len(pareto.front(upto)),
                         "hypervolume": pareto.hypervolume_share(upto, ideal, reference) if box else None})
     base = next((objective_values(r, objectives) for r in baseline if usable_metric(r) is not None), None)
@@ -405,13 +403,6 @@ def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None =
             "baseline": baseline}
 
 
-def _suite_ranking(suite: Mapping) -> list[dict]:
-    """The ranking of a suite run: its ranked genes in the shape of ``rank_genes`` (perplexity None)."""
-    return [{"rank": r["rank"], "gene": r["gene"], "str": r["str"], "perplexity": None,
-             "suite_accuracy": r["suite_accuracy"], "generation": r["generation"], "id": None, "params": None,
-             "bits_per_byte": None, "n": len(r["points"])} for r in suite["genes"] if r["rank"] is not None]
-
-
 def _suite_baseline(suite: Mapping) -> dict | None:
     row = suite.get("baseline")
     if row is None:
@@ -474,7 +465,8 @@ class RunSummary:
         feasible = feasible_only(search, constraints)
         ranking = rank_genes(feasible)
         best = _best_of(ranking)
-        baseline = baseline_of([r for r in evaluations if r.get("role") == "baseline"])
+        baselines = [r for r in evaluations if r.get("role") == "baseline"]
+        baseline = baseline_of(baselines)
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
@@ -508,8 +500,7 @@ class RunSummary:
             fidelity=store.get_meta("fidelity"),
             writer=_other_writer(store.run_dir, done),
             objectives=objectives,
-            pareto=pareto_summary(feasible, objectives, [r for r in evaluations if r.get("role") == "baseline"])
-            if len(objectives) > 1 else None,
+            pareto=pareto_summary(feasible, objectives, baselines) if len(objectives) > 1 else None,
             constraints=constraints,
             init_from=store.get_meta("init_from"),
         )
@@ -646,9 +637,13 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
 
 
 def _suite_results(summary: RunSummary) -> None:
-    """The ranking, best, baseline and its difference of a suite run, from ``summary.suite``."""
+    """The ranking (the ranked genes in the shape of ``rank_genes``, perplexity None), best, baseline and
+    its difference of a suite run, from ``summary.suite``."""
     suite = summary.suite
-    summary.ranking = _suite_ranking(suite)
+    summary.ranking = [{"rank": r["rank"], "gene": r["gene"], "str": r["str"], "perplexity": None,
+                        "suite_accuracy": r["suite_accuracy"], "generation": r["generation"], "id": None,
+                        "params": None, "bits_per_byte": None, "n": len(r["points"])}
+                       for r in suite["genes"] if r["rank"] is not None]
     top = summary.ranking[0] if summary.ranking else None
     summary.best = None if top is None else {**gene_info(top["gene"]), "perplexity": None,
                                              "suite_accuracy": top["suite_accuracy"],
@@ -876,11 +871,8 @@ def _fidelity_rows(f: Mapping) -> list[tuple[str, str]]:
     rows = [("Multi-fidelity", f"{describe_schedule(f)}: {describe_cost(f)}")]
     for key, label in (("rank_correlation", "Rank correlation with the full budget"),
                        ("rank_correlation_audited", "Rank correlation, audited genes only")):
-        parts = []
-        for c in f.get(key) or []:
-            rho = finite_or_none(c.get("spearman"))
-            parts.append(f"{c.get('steps')} steps: " + (f"Spearman {rho:+.2f}" if rho is not None else "n/a")
-                         + f" over {c.get('n')} genes")
+        parts = [f"{c.get('steps')} steps: " + ("n/a" if rho is None else f"Spearman {rho:+.2f}")
+                 + f" over {c.get('n')} genes" for c in f.get(key) or [] for rho in [finite_or_none(c.get("spearman"))]]
         if parts:
             rows.append((label, "; ".join(parts)))
     return rows

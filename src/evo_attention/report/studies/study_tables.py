@@ -40,9 +40,9 @@ def num(value, digits: int = 3) -> str:
 
 
 def p_text(value) -> str:
-    if value is not None and value != value:  # NaN: the test is undefined
+    if value is None or value != value:  # NaN: the test is undefined
         return "-"
-    return "-" if value is None else (f"{value:.1e}" if value < 1e-3 else f"{value:.3f}")
+    return f"{value:.1e}" if value < 1e-3 else f"{value:.3f}"
 
 
 def change_text(c: dict, log: bool = False, digits: int = 3) -> str:
@@ -126,16 +126,11 @@ def _reference_first(reference: str, names) -> list[str]:
 
 
 def strategies(payload: dict) -> str:
-    seeds = payload["search_seeds"]
     names = _reference_first(payload["reference"], payload["searches"])
     headers = ["Search seed"] + [f"{n}: validated winner (mean of its fresh seeds)" for n in names]
-    rows = []
-    for seed in seeds:
-        cells = [str(seed)]
-        for n in names:
-            w = payload["searches"][n][str(seed)]
-            cells.append(f"{code(w['gene'])} {w['mean']:.3f}")
-        rows.append(cells)
+    searches = payload["searches"]
+    rows = [[str(seed)] + [f"{code(w['gene'])} {w['mean']:.3f}" for w in (searches[n][str(seed)] for n in names)]
+            for seed in payload["search_seeds"]]
     first = markdown_table(headers, rows, "l" + "r" * len(names))
     headers = ["Strategy", f"vs {payload['reference']}: paired change [95% CI]", "p (Holm)", "Verdict",
                "Detectable effect"]
