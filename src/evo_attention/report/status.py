@@ -61,8 +61,8 @@ def run_status(run_dir: str | Path) -> dict:
     # the search's plan counts its own trainings; studies that add theirs (validate --from-run, ...) are said apart
     studies = Counter(e.get("role") for e in evaluations if e.get("role") not in (*SEARCH_ROLES, RUNG_ROLE))
     evaluations = [e for e in evaluations if e.get("role") in SEARCH_ROLES]
-    constraints = constraint_view(meta["constraints"], meta["infeasible"],
-                                  [e for e in evaluations if e.get("role") == "search"])
+    searched = [e for e in evaluations if e.get("role") == "search"]
+    constraints = constraint_view(meta["constraints"], meta["infeasible"], searched)
     never_trained = len(constraints["never_trained"]) if constraints else 0
     ok = [e for e in evaluations if e.metric() is not None]
     search = feasible_only([e for e in ok if e.get("role") == "search"], constraints)
@@ -72,8 +72,7 @@ def run_status(run_dir: str | Path) -> dict:
     validated = _validated(run_dir)
     front = None
     if len(objectives) > 1:
-        view = pareto_summary(feasible_only([e for e in evaluations if e.get("role") == "search"], constraints),
-                              objectives)
+        view = pareto_summary(feasible_only(searched, constraints), objectives)
         front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
     suite = None
     if suite_meta:

@@ -98,12 +98,9 @@ class Racing:
         if self.runner.view is not None:
             self.runner.view.extend(len(pairs))
         extra = self.inner.scores(pairs, generation, role=RACE_ROLE)
-        out = {}
-        for key, value in first.items():
-            values = [value] + [extra[key, s] for s in self.seeds[1:]]
-            out[key] = {"gene": self.inner.shown(key), "generation": generation, "values": values,
-                        "told": lower_bound(values)}
-        return out
+        return {key: {"gene": self.inner.shown(key), "generation": generation, "values": values,
+                      "told": lower_bound(values)}
+                for key, value in first.items() for values in [[value] + [extra[key, s] for s in self.seeds[1:]]]}
 
     def _write(self) -> None:
         self.store.set_meta(RACING_META, {"seeds": self.seeds, "places": self.places, "rule": RULE,
