@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from contextlib import suppress
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
@@ -89,10 +90,8 @@ def _image(renderer, tokens, idx, options, env) -> str:
     name = PurePosixPath(unquote(token.attrGet("src") or ""))
     data = None
     if not name.is_absolute() and ".." not in name.parts and name.suffix == ".png":
-        try:
+        with suppress(OSError):
             data = base64.b64encode((env["run_dir"] / name).read_bytes()).decode("ascii")
-        except OSError:
-            pass
     if data is None:
         return f'<span class="muted">Figure {html.escape(name.name)} is missing.</span>'
     return f'<img alt="{alt}" src="data:image/png;base64,{data}"><span class="caption">{alt}</span>'

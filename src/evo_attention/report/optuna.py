@@ -44,6 +44,7 @@ import math
 import os
 import warnings
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 
 from evo_attention.genes import ALL_FIELDS, AXIS_FIELDS, AttentionGene, SearchSpace
@@ -209,11 +210,9 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         raise UserError(f"cannot write the Optuna journal {path} ({exc.strerror or exc}): choose a writable place for "
                         "optuna_journal", setting="optuna_journal") from None
     finally:
-        try:
+        with suppress(OSError):  # a read-only place: nothing was written there
             partial.unlink(missing_ok=True)
             Path(f"{partial}.lock").unlink(missing_ok=True)
-        except OSError:  # a read-only place: nothing was written there
-            pass
     states = dict(Counter(trial.state.name for trial, role in zip(trials, roles) if role == "search"))
     return {"path": path, "study": study_name, "studies": studies, "trials": studies.get(study_name, 0),
             "states": states}
