@@ -568,16 +568,11 @@ class RunSummary:
     def evaluation_rows(self) -> list[dict]:
         """One dict per evaluation with exactly ``EVALUATION_COLUMNS`` (gene fields split out).
         ``feasible``: in a run with caps, whether the gene breaks none of them; empty without caps."""
-        rows = []
-        infeasible = self.infeasible_keys
-        for record in self.evaluations:
-            info = gene_info(record.get("gene"))
-            row = {name: record.get(name) for name in EVALUATION_COLUMNS if name not in ALL_FIELDS}
-            row["gene"] = info["key"]
-            row["feasible"] = (str(record.get("gene")) not in infeasible) if self.constraints else None
-            row.update({name: info.get(name) for name in ALL_FIELDS})
-            rows.append(row)
-        return rows
+        infeasible, columns = self.infeasible_keys, [name for name in EVALUATION_COLUMNS if name not in ALL_FIELDS]
+        return [{**{name: record.get(name) for name in columns}, "gene": info["key"],
+                 "feasible": (str(record.get("gene")) not in infeasible) if self.constraints else None,
+                 **{name: info.get(name) for name in ALL_FIELDS}}
+                for record in self.evaluations for info in [gene_info(record.get("gene"))]]
 
     def final_results(self) -> dict:
         """The content of ``final_results.json`` (JSON-safe: no NaN or inf)."""

@@ -68,14 +68,11 @@ def grid_table(genes: Mapping[str, Mapping], rates, metric: str,
     (with the failed tuning seeds), the selected rate and whether it is an end of the grid."""
     d = digits_for(metric)
     headers = ["Gene"] + [f"lr {r:g}" for r in rates] + ["Selected", "At an edge"]
-    rows = []
-    for key, row in _grid_order(genes):
-        label = _grid_label(key, row, names)
-        cells = [f"{label}: {key}" if label else key]
-        cells += [fmt(point.get("mean"), d) + (f" ({point['n_failed']} failed)" if point.get("n_failed") else "")
-                  for point in row.get("curve") or []]
-        cells += [grid_rate_cell(row.get("selected")), "yes" if row.get("at_edge") else "no"]
-        rows.append(cells)
+    rows = [[f"{label}: {key}" if label else key]
+            + [fmt(point.get("mean"), d) + (f" ({point['n_failed']} failed)" if point.get("n_failed") else "")
+               for point in row.get("curve") or []]
+            + [grid_rate_cell(row.get("selected")), "yes" if row.get("at_edge") else "no"]
+            for key, row in _grid_order(genes) for label in [_grid_label(key, row, names)]]
     return headers, rows, "l" + "r" * (len(rates) + 1) + "l"
 
 
