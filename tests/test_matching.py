@@ -152,10 +152,13 @@ def test_seed_blocks_are_disjoint_and_recorded(tmp_path):
 
 def test_validate_cli_seed_block(tmp_path, capsys):
     out = tmp_path / "v"
-    assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seeds", "2", "--seed-block", "4", "--out",
-                 str(out)]) == 0
+    loud = [flag for flag in STUDY_FLAGS if flag != "--quiet"]
+    assert main(["validate", "--genes", GATED, *loud, "--seeds", "2", "--seed-block", "4", "--lr-grid",
+                 "1e-3,2e-3", "--tuning-seeds", "1", "--out", str(out)]) == 0
     result = json.loads((out / "validation.json").read_text())
     assert result["seeds"] == [1_008_001, 1_008_002] and result["seed_block"]["block"] == 4
+    # the log line names the tuning seeds the block trains (its base + 1001), not --seed's
+    assert "tuned on seed 1009001 " in capsys.readouterr().err
     assert main(["validate", "--genes", GATED, *STUDY_FLAGS, "--seed-block", "run", "--out", str(tmp_path / "w")]) != 0
     assert "--seed-block run takes the block of the --from-run run's search seed" in capsys.readouterr().err
 

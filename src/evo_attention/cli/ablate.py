@@ -38,7 +38,7 @@ def cmd_ablate(args) -> int:
     distinct = len({v.gene.key for v in variants})
     log(f"ablating {gene} on {data.name}: {len(variants)} variants "
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "
-        f"{config.train_steps} steps{grid_text(args, config)}", args.quiet)
+        f"{config.train_steps} steps{grid_text(args, config.seed)}", args.quiet)
     result = run_study(args, "ablation", config, data, store, search_seed, lambda setup: run_ablation(setup, gene))
     paths = write_ablation(result, out)
     for line in contribution_lines(result):

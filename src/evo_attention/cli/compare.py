@@ -93,7 +93,7 @@ def cmd_compare(args) -> int:
     log(f"comparing {len(entries)} configuration(s) x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) at {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads (FFN {config.ffn_dim}), batch {config.batch_size}, {budget}"
-        f"{grid_text(args, config)}", args.quiet)
+        f"{grid_text(args, config.seed)}", args.quiet)
     # with --from-run the trainings are kept in (and served from) that run's store, else in --out's own
     with ExitStack() as stack:
         stack.enter_context(executor)

@@ -39,7 +39,7 @@ def cmd_transfer(args) -> int:
     rungs = plan(config, genes, **budget)
     log(f"carrying {len(genes)} gene(s) and the baseline across {len(rungs)} sizes "
         f"({', '.join(r.label for r in rungs)}; reference {rungs[0].label}) on {data.name} in the {config.block} "
-        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config)}"
+        f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config.seed)}"
         f"{'; each against a parameter-matched baseline at every size' if args.match_params else ''}",
         args.quiet)
     result = run_study(args, "transfer", config, data, store, search_seed,

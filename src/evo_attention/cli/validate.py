@@ -69,13 +69,14 @@ def add_grid_flags(p: argparse.ArgumentParser, what: str = "gene") -> None:
                         f"(default {DEFAULT_TUNING_SEEDS}; never a seed the result is measured on)")
 
 
-def grid_text(args, config) -> str:
-    """What a command's log line says about its grid ('' without one)."""
+def grid_text(args, base: int) -> str:
+    """What a command's log line says about its grid ('' without one); ``base``: the seed its seeds count
+    from (``seed_base``: --seed, or the --seed-block's base)."""
     from evo_attention.studies.common import TUNING_OFFSET
 
     if not getattr(args, "lr_grid", None):
         return ""
-    first, last = config.seed + TUNING_OFFSET + 1, config.seed + TUNING_OFFSET + args.tuning_seeds
+    first, last = base + TUNING_OFFSET + 1, base + TUNING_OFFSET + args.tuning_seeds
     seeds = f"seed {first}" if first == last else f"seeds {first}..{last}"
     return (f"; each at its best of the learning rates {', '.join(f'{r:g}' for r in args.lr_grid)}, tuned on {seeds} "
             "(validation split)")
@@ -390,7 +391,7 @@ def cmd_validate(args) -> int:
     seeds = (f"seeds planned from a pilot ({base + 1}..{base + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({base + 1}..{base + args.seeds})")
     log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
-        f"{args.eval_split} split{grid_text(args, config)}"
+        f"{args.eval_split} split{grid_text(args, base)}"
         f"{'; each against a parameter-matched baseline' if args.match_params else ''}", args.quiet)
     known = search_values(summary, genes + [base_key], args.metric or "val_perplexity", config, data, args.eval_split)
     result = run_study(args, "validate", config, data, store, search_seed,
