@@ -223,6 +223,9 @@ def test_vocab_json_round_trip():
     assert Vocab.from_json(v.to_json()) == v
     assert Vocab.from_json(json.loads(v.to_json())) == v
     assert v.encode("c zzz a") == [2, 0, 3] and len(v) == 5
+    # without <unk>, an unknown word is one line naming it, whether the words come as a list or a generator
+    for words in (["a", "zz"], (w for w in ["a", "zz"])):
+        user_error(lambda: Vocab(["a", "b"]).encode(words), "word 'zz' is not in the vocabulary")
     user_error(lambda: Vocab.from_json('{"itos": 3}'), "vocabulary")
 
 

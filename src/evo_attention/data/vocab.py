@@ -73,8 +73,7 @@ class Vocab:
     def encode(self, words: str | Iterable[str]) -> list[int]:
         """Ids of ``words``; unknown words become <unk>. A string is read as a prompt
         (``words.prompt_words``): its words, ``<eos>`` between its lines."""
-        if isinstance(words, str):
-            words = prompt_words(words)
+        words = prompt_words(words) if isinstance(words, str) else list(words)  # read twice when one is unknown
         unk, get = self.unk_id, self.stoi.get
         ids = [get(w, unk) for w in words]
         if unk is None and None in ids:
