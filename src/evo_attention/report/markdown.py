@@ -336,12 +336,12 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
     if not s.done:
         lines.append(f"Continue the run: `evo-attention search --out {run_dir} --resume`")
     for v in (attachments.validations if attachments else []):
-        split = "" if v.get("eval_split") == "valid" else f" --eval-split {v.get('eval_split')}"
+        split = "" if v.get("eval_split", "valid") == "valid" else f" --eval-split {v.get('eval_split')}"
         genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))
         lines.append(f"Repeat the validation (cached in the run store): `evo-attention validate --from-run {run_dir} "
                      f"--genes '{genes}' --seeds {len(v.get('seeds') or [])} --steps {v.get('steps')}{split}`")
     for ab in (attachments.ablations if attachments else []):
-        split = "" if ab.get("eval_split") == "valid" else f" --eval-split {ab.get('eval_split')}"
+        split = "" if ab.get("eval_split", "valid") == "valid" else f" --eval-split {ab.get('eval_split')}"
         lines.append(f"Repeat the ablation: `evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' "
                      f"--seeds {len(ab.get('seeds') or [])} --steps {ab.get('steps')}{split}`")
     for t in (attachments.transfers if attachments else []):

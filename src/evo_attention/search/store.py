@@ -248,7 +248,7 @@ class RunStore:
 
     @staticmethod
     def _holds_run(path: Path) -> bool:
-        """Whether the database file at ``path`` holds a run (any readable meta row)."""
+        """Whether the database file at ``path`` holds a run (any table; an unreadable file counts as one)."""
         try:
             conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S)
             try:
