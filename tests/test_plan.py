@@ -163,6 +163,12 @@ def test_a_curve_plan_fixes_its_family_and_its_changes_need_an_amendment(tmp_pat
     assert "--plan names the genes and the knob it sweeps: drop --genes" in capsys.readouterr().err
     assert main(["curve", *CURVE_FLAGS, "--out", str(out)]) != 0
     assert "curve needs --genes LIST and --knob" in capsys.readouterr().err
+    # a curve without the plan into its out would replace the registered family's result: refused
+    before = (out / "curve.json").read_text()
+    assert main(["curve", "--genes", "baseline,linear", "--knob", "pairs=2,4", *CURVE_FLAGS, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "holds the result of the registered family" in err and "\n" not in err.strip()
+    assert (out / "curve.json").read_text() == before
 
 
 @pytest.mark.parametrize("change, words", [

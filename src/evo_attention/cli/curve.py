@@ -15,9 +15,12 @@ dropout; a gene string is used as written. Without
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
                                       explicit_settings, given, out_arg)
 from evo_attention.cli.validate import add_grid_flags, add_match_flag, log_selected_rates
+from evo_attention.report.attachments import CURVE_RESULTS
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
 
@@ -110,10 +113,12 @@ def cmd_curve(args) -> int:
     task, points = plan_points(config, knob, values)  # every check before the executor starts
     check_solve_threshold(args.solve_threshold, points, knob)
     out = out_arg(args, kind="a curve", study="curve")
-    if plan is not None:
-        from evo_attention.studies.plan import check_registration
+    from evo_attention.studies.plan import check_registration, check_unplanned
 
-        check_registration(plan, out)  # before anything trains
+    if plan is not None:  # before anything trains: a plan's result is replaced only by its plan, as it allows
+        check_registration(plan, out)
+    else:
+        check_unplanned(Path(out) / CURVE_RESULTS)
     log(f"curve of {len(entries)} gene(s) x {len(points)} values of {knob} x {args.seeds} seed(s) "
         f"({config.seed + 1}..{config.seed + args.seeds}) on {task}, {config.d_model}d x {config.n_layers} layers x "
         f"{config.n_heads} heads, {config.train_steps} steps of batch {config.batch_size}", args.quiet)

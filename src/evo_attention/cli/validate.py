@@ -371,7 +371,7 @@ def cmd_validate(args) -> int:
     genes = run_genes(args, summary, args.top)
     _decisive_seeds(args, len(genes), plan is not None)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
-    from evo_attention.studies.plan import check_registration, check_unplanned
+    from evo_attention.studies.plan import check_registration, check_unplanned, validation_file
 
     try:  # before anything trains: a plan's result is replaced only by its plan, as it allows
         if plan is not None:
@@ -379,7 +379,7 @@ def cmd_validate(args) -> int:
                 raise UserError("--plan runs a validation without a suite: drop --suite")
             check_registration(plan, out, args.eval_split)
         elif config.suite is None:
-            check_unplanned(out, args.eval_split)
+            check_unplanned(validation_file(out, args.eval_split))
     except BaseException:
         if store is not None:
             store.close()

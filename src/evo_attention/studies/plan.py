@@ -232,10 +232,10 @@ def validation_file(out_dir: str | os.PathLike, eval_split: str = "valid") -> Pa
     return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
 
 
-def check_unplanned(out_dir: str | os.PathLike, eval_split: str = "valid") -> None:
-    """Refuse a validation without a plan into ``out_dir`` where a registered plan's result lies: it
-    would replace that result, a change the plan allows only by an amendment."""
-    earlier_file = validation_file(out_dir, eval_split)
+def check_unplanned(earlier_file: Path) -> None:
+    """Refuse a study without a plan whose result would replace ``earlier_file`` (a validation's
+    ``validation_file``, a curve's ``CURVE_RESULTS``) where that holds a registered plan's result: the
+    plan allows that change only by an amendment."""
     try:
         recorded = json.loads(earlier_file.read_text()).get("plan")
     except (OSError, ValueError, AttributeError):
