@@ -15,6 +15,7 @@ from evo_attention.data import load_data
 from evo_attention.data.suites import load_suite
 from evo_attention.nn.components import register_normalization
 from evo_attention.studies.fitness import run_fitness_check
+from evo_attention.studies.validate import validate_genes
 from evo_attention.util.errors import UserError
 
 TINY = ["--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "3", "--quiet"]
@@ -317,6 +318,9 @@ def test_the_ablation_page_says_the_paired_change_it_shows(scale, words):
     (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed=-1), ValueError, "seed must be a whole"),
     (lambda: train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), progress=3), TypeError, "progress must be"),
     (lambda: run_fitness_check(CFG, None, improvements="dconv=3"), TypeError, "improvements must be a list"),
+    (lambda: run_fitness_check(CFG, None, lr_grid=[1e-3]), ValueError, "lr_grid .* holds 1 distinct rate"),
+    (lambda: run_fitness_check(CFG, None, seeds="2"), TypeError, "seeds must be a whole number of seeds"),
+    (lambda: validate_genes(["dot|sparsemax|none|fixed"], CFG, _data(), n_seeds="2"), ValueError, "n_seeds '2' is not a number of seeds"),
 ])
 def test_the_front_door_names_the_argument_too(call, error, says):
     with pytest.raises(error, match=says):

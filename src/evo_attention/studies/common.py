@@ -79,7 +79,9 @@ def validation_seeds(base_seed: int, n: int, search_seed: int | None = None, *, 
                      setting: str = "n_seeds") -> list[int]:
     """``base_seed + 1 ... base_seed + n``; refuses fewer than ``minimum`` seeds (a spread and an
     interval need 2) and a list that holds ``search_seed``."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise UserError(f"{setting} {n!r} is not a number of seeds: give a whole number such as 5", setting=setting)
+    if n < minimum:
         why = ("a spread and a confidence interval need at least 2 seeds" if minimum >= 2
                else "give a positive number of seeds")
         raise UserError(f"{setting} {n!r} is too few: {why}", setting=setting)

@@ -56,7 +56,7 @@ from evo_attention.studies.common import (SeedStudyResult, StudySetup, study_res
                                           write_files)
 from evo_attention.studies.compare import resolve_configs
 from evo_attention.studies.lr_grid import select
-from evo_attention.train.config import Config
+from evo_attention.train.config import Config, parse_lr_grid
 from evo_attention.train.record import usable_metric
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, point_result, suite_score
@@ -296,6 +296,7 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     from evo_attention.data.suites import Suite, load_suite
 
     check_argument("config", config, Config, "a Config")
+    check_argument("seeds", seeds, int, "a whole number of seeds such as 5")
     if data is not None:
         check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...)) or None")
     if isinstance(evaluations, (str, bytes)) or not isinstance(evaluations, Iterable) or not all(
@@ -306,6 +307,8 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
         raise TypeError(f"lr_grid must be a list of rates such as [1e-3, 2e-3, 4e-3], not {lr_grid!r}")
     if isinstance(improvements, (str, bytes)):  # one text would be read letter by letter
         raise TypeError(f"improvements must be a list of Improvements or their texts, not {improvements!r}")
+    if lr is None:
+        lr_grid = parse_lr_grid(lr_grid)  # a grid of one rate is a rate: lr
     suite = config.suite if suite is None else suite
     suite = suite if suite is None or isinstance(suite, Suite) else load_suite(suite)
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)
@@ -333,8 +336,8 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
                         setting="improvements")
     with study_resources(config, executor, store, out_dir, ROLE) as (executor, store):
         setup = StudySetup.resolve(first, None if suite is not None else fitness.datasets[str(config.data)],
-                                   role=ROLE, n_seeds=seeds, metric=fitness.metric, store=store, executor=executor,
-                                   quiet=quiet)
+                                   role=ROLE, n_seeds=seeds, seeds_setting="seeds", metric=fitness.metric, store=store,
+                                   executor=executor, quiet=quiet)
         result = _check(setup, fitness, chosen, lr, lr_grid, n_tuning_seeds, ks, config.seed, command)
     if out_dir is not None:
         write_fitness_check(result, out_dir)
@@ -351,9 +354,7 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
         labels.setdefault(i.worse, f"{i.name} (reference)")
     grid = None
     if lr is None:
-        rates = sorted({float(r) for r in lr_grid})
-        if not rates or rates[0] <= 0:
-            raise UserError(f"lr_grid must hold positive rates, got {list(lr_grid)}", setting="lr_grid")
+        rates = list(lr_grid)  # parse_lr_grid's: distinct, increasing, at least two
         tuning = tuning_seeds(base_seed, n_tuning_seeds, verdict_seeds=setup.seeds)
         curve = []
         for rate in rates:
