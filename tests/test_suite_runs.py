@@ -364,7 +364,9 @@ def test_a_suite_mixes_language_and_task_points_with_stated_weights(tmp_path, sh
                        ({"data_dir": 5}, "data_dir must name the corpus"),
                        ({"knobs": {"pairs": 2, "seq_len": 12}}, "not a knob of a corpus"),
                        ({"knobs": {}}, "set knobs: {seq_len: N}"),
-                       ({"seed": 1}, "a corpus has no data seed")]:
+                       ({"seed": 1}, "a corpus has no data seed"),
+                       ({"knobs": {"seq_len": 12, "vocab": 50}}, "knob vocab is the vocabulary of the word tokenizer"),
+                       ({"task": ["text"]}, r"task \['text'\] is not a task")]:
         with pytest.raises(UserError, match=match):
             parse_suite({**MIXED, "points": [MIXED["points"][0], {**raw["points"][1], **bad}]})
     with pytest.raises(UserError, match="tokenizer applies to a language point"):

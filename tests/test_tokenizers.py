@@ -135,6 +135,22 @@ def test_recall_refuses_a_tokenizer():
         data_from_config(Config(data="recall", vocab_size=32, max_seq_len=32, tokenizer="byte"))
 
 
+def test_a_corpus_refuses_the_settings_it_would_ignore():
+    # a word vocabulary size with another tokenizer, and task options, would be dropped (yet keyed)
+    with pytest.raises(UserError, match=r"task options \(pairs\) apply to a generated task"):
+        Config(data="text", recall={"pairs": 4})
+    assert Config(data="recall", recall={"num_pairs": 4}).recall == {"num_pairs": 4}
+
+
+def test_vocab_size_beside_another_tokenizer_is_refused(corpus_dir, tmp_path, capsys):
+    flags = ["--data", "text", "--data-dir", str(corpus_dir), "--seq-len", "16", "--d-model", "16", "--heads", "2",
+             "--layers", "1", "--steps", "1", "--batch-size", "4", "--quiet"]
+    assert main(["baseline", *flags, "--tokenizer", "byte", "--vocab-size", "50", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--vocab-size is the vocabulary of the word tokenizer; --tokenizer byte makes its own" in err
+    assert "\n" not in err and not (tmp_path / "b").exists()
+
+
 # -- Hugging Face datasets -------------------------------------------------------------------------
 @pytest.fixture
 def saved_dataset(tmp_path):

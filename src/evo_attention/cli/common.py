@@ -232,9 +232,14 @@ def check_schedule_and_suite(config) -> None:
 
 def checked(config):
     """Fail fast on settings that would otherwise surface only after the data is loaded."""
+    from evo_attention.data import parse_tokenizer, takes_options
     from evo_attention.train.environment import resolve_device
 
     check_schedule_and_suite(config)
+    if given("--vocab-size") and config.vocab_size is not None and config.suite is None \
+            and not takes_options(config.data) and parse_tokenizer(config.tokenizer)[0] != "word":  # a corpus's other tokenizers make their own
+        raise UserError(f"--vocab-size is the vocabulary of the word tokenizer; --tokenizer {config.tokenizer} makes "
+                        "its own: drop --vocab-size (or give full)")
     device = resolve_device(config.device)
     check_model_memory(config, device)
     load_plugins(config.plugins)  # a stored run's plugins (a resume) before its search space is read

@@ -127,13 +127,14 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     from evo_attention.search.store import RunStore
     from evo_attention.studies.common import PILOT_SEEDS, study_store, tuning_seeds, validation_seeds
     from evo_attention.train.config import Config
+    from evo_attention.train.presets import overlay
 
     settings, study = explicit_settings(args), Path(default_out).name
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
             stored_data = run.get_meta("data") or {}
-        config = checked(Config.from_dict({**stored, **settings}, source=f"the run in {args.from_run} with the flags"))
+        config = checked(Config.from_dict(overlay(stored, settings), source=f"the run in {args.from_run} with the flags"))
         search_seed = stored.get("seed")
     else:
         config = checked(Config.from_dict(settings, source="the command line"))

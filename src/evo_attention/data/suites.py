@@ -222,7 +222,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if bad:
             raise fail(f"point {i}: unknown key {bad[0]!r}; valid keys: {', '.join(POINT_KEYS)}")
         task = item.get("task")
-        if task not in TASKS and task not in CORPORA:
+        if not isinstance(task, str) or (task not in TASKS and task not in CORPORA):
             raise fail(f"point {i}: task {task!r} is not a task; valid tasks: {', '.join(TASKS)}, or a corpus: "
                        f"{', '.join(CORPORA)}")
         own = item.get("knobs") or {}
@@ -297,6 +297,9 @@ def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict,
     tokenizer = item.get("tokenizer")
     if tokenizer is not None and not isinstance(tokenizer, str):
         raise fail(f"point {i} ({task}): tokenizer must be a name such as byte or word, got {tokenizer!r}")
+    if "vocab" in knobs and tokenizer is not None and tokenizer.strip().lower() != "word":
+        raise fail(f"point {i} ({task}): knob vocab is the vocabulary of the word tokenizer; tokenizer {tokenizer} "
+                   "makes its own: drop vocab")
     if item.get("seed") is not None:
         raise fail(f"point {i} ({task}): a corpus has no data seed; leave seed out")
     label = item.get("label") or (task if task not in labels else f"{task}-{i}")

@@ -676,7 +676,7 @@ def _check_objectives(c: Config) -> None:
 
 
 def _check_data(c: Config) -> None:
-    from evo_attention.data import check_data_name, parse_tokenizer  # imports torch: only to check a config
+    from evo_attention.data import check_data_name, parse_tokenizer, takes_options  # imports torch: only to check
 
     check_data_name(c.data)
     parse_tokenizer(c.tokenizer)
@@ -687,6 +687,9 @@ def _check_data(c: Config) -> None:
         raise UserError(f"eval_stride {c.eval_stride} is larger than max_seq_len {c.max_seq_len}",
                         setting=("eval_stride", "max_seq_len"))
     _mapping(c, "recall")
+    if c.recall and not takes_options(c.data):  # options the data would ignore (yet they would join the key)
+        raise UserError(f"task options ({', '.join(map(str, c.recall))}) apply to a generated task (recall, mqar, "
+                        f"mad:TASK, a registered one), not to data {c.data}: remove them", setting=("recall", "data"))
     if not isinstance(c.plugins, list) or not all(isinstance(p, str) and p.strip() for p in c.plugins):
         raise UserError(f"plugins must be a list of module names or .py files, got {c.plugins!r}", setting="plugins")
 
