@@ -184,6 +184,24 @@ def test_hf_errors_name_the_split_and_the_field(saved_dataset, tmp_path):
         load_data(f"hf:{tmp_path / 'missing'}", seq_len=4)
 
 
+def test_hf_rows_are_one_line_each_and_text(tmp_path):
+    datasets = pytest.importorskip("datasets")
+
+    def saved(name, rows):
+        path = tmp_path / name
+        datasets.DatasetDict({split: datasets.Dataset.from_dict({"text": rows, "n": list(range(len(rows)))})
+                              for split in ("train", "validation", "test")}).save_to_disk(str(path))
+        return f"hf:{path}"
+
+    # a row that ends its line (as the hub's WikiText rows do) is one line, not a line and an empty one
+    ended, bare = load_data(saved("ended", ["a b\n", "c d\n"] * 4), seq_len=4), load_data(
+        saved("bare", ["a b", "c d"] * 4), seq_len=4)
+    assert ended.fingerprint == bare.fingerprint and ended.streams["valid"].tolist() == bare.streams["valid"].tolist()
+    for name, rows, column in (("none", ["a b", None, "c d"], "text"), ("ints", ["a b"] * 3, "n")):
+        with pytest.raises(UserError, match=r"split train row \d: .* not text"):
+            load_data(saved(name, rows), seq_len=4, text_field=column)
+
+
 def test_a_run_is_validated_on_another_corpus_and_tokenizer(shakespeare, tmp_path, capsys):
     run = tmp_path / "run"
     flags = ["--preset", "quick", "--vocab-size", "16", "--seq-len", "16", "--d-model", "16", "--heads", "2",

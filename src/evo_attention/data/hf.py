@@ -66,6 +66,11 @@ def read_hf(spec: str, text_field: str = "text") -> tuple[str, dict]:
         if text_field not in columns:
             raise UserError(f"{spec} split {found} has no text field {text_field!r} (its columns are "
                             f"{', '.join(columns)}): choose one with text_field", setting="text_field")
-        text = "".join(f"{row}\n" for row in loaded[found][text_field])
+        rows = loaded[found][text_field]
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, str)), None)
+        if bad is not None:
+            raise UserError(f"{spec} split {found} row {bad}: {text_field} is {rows[bad]!r}, not text: choose a text "
+                            "column with text_field, or drop the rows without text", setting="text_field")
+        text = "".join(row if row.endswith("\n") else f"{row}\n" for row in rows)  # one line per row
         texts[split] = (text, hashlib.sha256(text.encode("utf-8")).hexdigest(), f"{spec} {found}")
     return spec, texts
