@@ -229,6 +229,12 @@ def test_vocab_json_round_trip():
     user_error(lambda: Vocab.from_json('{"itos": 3}'), "vocabulary")
 
 
+def test_an_eval_split_with_nothing_to_score_is_refused_when_loaded(tmp_path):
+    corpus = write_corpus(tmp_path / "c", valid="a")  # one character: no token has one before it
+    user_error(lambda: load_data("text", data_dir=corpus, seq_len=4, tokenizer="char"),
+               "the valid split of", "has no token to score", "use a bigger valid file")
+
+
 def test_eval_padding_and_coverage_small(tmp_path):
     corpus = write_corpus(tmp_path / "c", valid="a b c d e f g\n")  # 8 tokens, 7 targets
     for stride in (None, 1, 2, 3):

@@ -183,7 +183,8 @@ MIN_EVAL_TOKENS = 100  # a split scored over fewer tokens gives a perplexity tha
 
 def _warn_if_small(data: "CorpusData", tokenizer: str) -> None:
     """Say what the user did not get: a BPE vocabulary smaller than asked for (the text ran out of
-    pairs to merge), an evaluation split too small to score anything."""
+    pairs to merge), an evaluation split too small for a perplexity that is more than noise; refuse
+    one with nothing to score (before any training)."""
     import warnings
 
     kind, size = parse_tokenizer(tokenizer)
@@ -192,6 +193,9 @@ def _warn_if_small(data: "CorpusData", tokenizer: str) -> None:
                       f"only {data.vocab_size:,} (no pair of tokens is left to merge): the model uses {data.vocab_size:,}")
     for split in ("valid", "test"):
         n = data.scored_tokens(split)
+        if n == 0:
+            raise UserError(f"the {split} split of {data.source} has no token to score (a prediction needs one "
+                            f"before it): use a bigger {split} file")
         if n < MIN_EVAL_TOKENS:
             warnings.warn(f"the {split} split of {data.source} has only {n:,} scored token{'s' if n != 1 else ''}: a "
                           f"perplexity over fewer than {MIN_EVAL_TOKENS} is mostly noise; use a bigger {split} file")
