@@ -82,3 +82,7 @@ def test_the_fresh_check_compares_with_the_baseline_at_its_tuned_rate(tmp_path, 
     check = json.loads((out / "fresh_check.json").read_text())
     assert check["vanilla"]["gene"] == load_run(out).baseline["gene"]
     assert recipe_of(check["vanilla"]["gene"])["learning_rate"] in GRID
+    # the grid given again, in another spelling, resumes the run (it was compared as typed: 'contradicts')
+    assert main(["search", "--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "4",
+                 "--quiet", "--population", "2", "--generations", "1", "--elite", "1", "--keep-models", "0",
+                 "--rate-grid", "0.008,1e-3", "--resume", "--out", str(out)]) == 0

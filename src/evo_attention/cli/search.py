@@ -23,7 +23,7 @@ RESUMABLE_CHANGES = ("device", "data_dir", "batch_models")
 def search_config(args):
     """The config of a new run, or the stored config of a resumed one (checked against the flags)."""
     from evo_attention.search.store import RunStore
-    from evo_attention.train.config import CAP_FIELDS, Config, cap_value
+    from evo_attention.train.config import CAP_FIELDS, Config, cap_value, parse_lr_grid
 
     extra = {}
     if args.no_baseline:
@@ -47,6 +47,8 @@ def search_config(args):
     for name, value in settings.items():
         if name in CAP_FIELDS:  # a cap as the config keeps it: "50000" is 50000, "1.2X" is "1.2x"
             value = cap_value(value, name)
+        elif name == "rate_grid" and value is not None:  # "1e-3,3e-3" is [0.001, 0.003]
+            value = list(parse_lr_grid(value, name))
         had = stored.get(name, defaults.get(name))
         if name not in RESUMABLE_CHANGES and had != value:
             has = ("it was started without it" if had in (None, {}, []) else
