@@ -339,3 +339,15 @@ def test_one_bare_option_of_a_component_is_a_list_of_one():
 def test_an_attention_of_impossible_sizes_is_one_line(kwargs, says):
     with pytest.raises(UserError, match=says):
         EvolvedAttention(16, 2, "dot|softmax|none|fixed|abias=rel", **kwargs)
+
+
+@pytest.mark.parametrize("strategy, flag", [("tpe", "--mutation-rate"), ("random", "--crossover-rate"),
+                                            ("climb", "--mutation-rate")])
+def test_a_breeding_rate_for_a_strategy_that_does_not_breed_is_refused(tmp_path, capsys, strategy, flag):
+    if strategy == "tpe":
+        pytest.importorskip("optuna")
+    out = tmp_path / "run"
+    assert main(["search", "--data", "recall", "--strategy", strategy, flag, "0.9", "--out", str(out), "--quiet"]) == 2
+    said = last_error(capsys)
+    assert f"{flag} is read only by the strategies that breed children (ga, nsga2)" in said
+    assert f"--strategy {strategy} does not use it" in said and not out.exists()

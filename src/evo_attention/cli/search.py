@@ -7,7 +7,7 @@ from pathlib import Path
 
 from evo_attention.cli.common import (EXIT_INTERRUPTED, SETTING_ORIGINS, add_executor_flags, add_fidelity_flags,
                                       add_training_flags, checked, executor_from_args, explicit_settings,
-                                      fidelity_flags, flag_of, install_sigterm_handler, note, number, suite_text,
+                                      fidelity_flags, flag_of, given, install_sigterm_handler, note, number, suite_text,
                                       user_message)
 from evo_attention.search.lock import LOCK_NAME, check_free
 from evo_attention.util.errors import UserError
@@ -36,7 +36,17 @@ def search_config(args):
     if options:
         settings["strategy_options"] = {**settings.get("strategy_options", {}), **options}
     if not args.resume:
-        return checked(Config.from_dict(settings, source="the command line"))
+        config = checked(Config.from_dict(settings, source="the command line"))
+        from evo_attention.search import STRATEGIES
+
+        fields = STRATEGIES[config.strategy].CONFIG_FIELDS  # what the strategy reads of the config
+        unread = [flag for flag in ("--mutation-rate", "--crossover-rate") if given(flag)
+                  and flag[2:].replace("-", "_") not in fields]
+        if unread:
+            readers = ", ".join(name for name, cls in STRATEGIES.items() if "mutation_rate" in cls.CONFIG_FIELDS)
+            raise UserError(f"{unread[0]} is read only by the strategies that breed children ({readers}); "
+                            f"--strategy {config.strategy} does not use it: drop it")
+        return config
     with RunStore.open(args.out, readonly=True) as store:
         stored = store.check_kind("search").config()
     from evo_attention.data import unused_settings
