@@ -288,6 +288,26 @@ def test_attention_maps_of_a_saved_model(tmp_path):
                  "--quiet"]) == 2
 
 
+def test_attention_maps_of_a_layer_that_forms_no_weights(tmp_path, capsys):
+    from evo_attention.data import data_from_config
+    from evo_attention.report.markdown import maps_table
+    from evo_attention.train.saving import save_model
+
+    config = Config(**TINY)
+    data = data_from_config(config)
+    torch.manual_seed(0)
+    genes = [SPARSE, "prog=o(shift(v))"]  # the second layer mixes along time without weights
+    model = TinyTransformer(config.replace(vocab_size=data.vocab_size, n_layers=2), genes)
+    assert model.attention_maps(torch.tensor([[1, 2, 3]]))[1] is None
+    save_model(model, tmp_path / "model", vocab=data.vocab)
+    out = tmp_path / "maps"
+    assert main(["attention-maps", "--model", str(tmp_path / "model"), "--length", "6", "--out", str(out)]) == 0
+    assert "layer 1 " in capsys.readouterr().err  # its line says it has no weights
+    saved = json.loads((out / "attention_maps.json").read_text())
+    assert [layer["figure"] for layer in saved["layers"]] == ["attention_layer0.png", None]
+    assert saved["layers"][1]["heads"] == [] and "no weights" in maps_table(saved)
+
+
 def test_validation_carries_each_genes_cost_as_the_median_over_its_seeds(tmp_path):
     seeds = [43, 44, 45]
     records = _fake_records({VANILLA.key: [10.0, 10.2, 9.8], SPARSE: [9.0, 9.1, 8.9]}, seeds)

@@ -111,10 +111,15 @@ def cmd_maps(args) -> int:
     model, tokenizer, ids, text_source, source = _saved_model(args) if args.model else _trained_model(args)
     result = attention_maps(model, ids, out, tokenizer=tokenizer, source=source, text_source=text_source)
     for layer in result["layers"]:
+        if not layer["heads"]:
+            log(f"layer {layer['layer']} {layer['str']}: no attention weights (its program mixes along time without "
+                "forming any)")
+            continue
         heads = ", ".join(f"h{m['head']} {100 * m['sparsity']:.0f}% zeros / H {m['entropy']:.2f} / "
                           f"d {m['mean_distance']:.1f}" for m in layer["heads"])
         log(f"layer {layer['layer']} {layer['str']}: {heads}")
-    log(f"wrote {out / 'attention_maps.json'} and {len(result['layers'])} figure(s) in {out}")
+    log(f"wrote {out / 'attention_maps.json'} and {sum(bool(layer['figure']) for layer in result['layers'])} "
+        f"figure(s) in {out}")
     return 0
 
 

@@ -221,11 +221,12 @@ class TinyTransformer(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, ids: torch.Tensor) -> list:
-        """One [B, H, T, T] weight tensor per layer, computed in eval mode (no dropout)."""
+        """One [B, H, T, T] weight tensor per layer, computed in eval mode (no dropout); None for a
+        layer whose program forms no weights (it mixes along time only, e.g. ``o(shift(v))``)."""
         was_training = self.training
         self.eval()
         try:
             _, maps = self.hidden_states(ids, need_weights=True)
         finally:
             self.train(was_training)
-        return [m.float() for m in maps]
+        return [None if m is None else m.float() for m in maps]

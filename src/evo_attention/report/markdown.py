@@ -231,6 +231,8 @@ def maps_table(result: Mapping) -> str:
              fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
              fmt(finite_or_none(m.get("mean_distance")), 2)]
             for layer in result.get("layers", []) for m in layer.get("heads", [])]
+    rows += [[fmt(layer.get("layer")), layer.get("gene"), "-", "no weights (a program that forms none)", "-", "-", "-"]
+             for layer in result.get("layers", []) if not layer.get("heads")]
     return table_markdown(headers, rows, "rlrrrrr", code_column=1)
 
 
@@ -433,7 +435,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
     for m in a.maps:
         prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
         figures = [f"![Attention maps of layer {layer.get('layer')}]({quote(prefix + str(layer.get('figure')))})"
-                   for layer in m.get("layers", [])]
+                   for layer in m.get("layers", []) if layer.get("figure")]
         sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
                          md_cell(maps_caption(m)), "", maps_table(m), ""] + figures)
     if a.problems:

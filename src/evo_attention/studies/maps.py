@@ -1,6 +1,7 @@
 """Attention maps: what a trained model's heads attend to, drawn and measured.
 
-``model.attention_maps(ids)`` gives per layer the ``[B, H, T, T]`` weights (eval mode). For one
+``model.attention_maps(ids)`` gives per layer the ``[B, H, T, T]`` weights (eval mode; None for a
+layer whose program forms none: it has no figure, and ``heads`` is empty). For one
 sequence this module measures per head, over the causally allowed entries (key j <= query i):
 
 - ``sparsity``: the fraction of those entries that are exactly 0 (softmax: 0; sparsemax and
@@ -96,10 +97,10 @@ def validation_sample(data, length: int, index: int = 0) -> list[int]:
 
 
 def compute_maps(model, ids: Sequence[int]) -> list[torch.Tensor]:
-    """Per layer the ``[H, T, T]`` weights of ``ids`` (fp32, on the CPU)."""
+    """Per layer the ``[H, T, T]`` weights of ``ids`` (fp32, on the CPU), or None (no weights)."""
     device = next(model.parameters()).device
     x = torch.tensor([list(ids)], dtype=torch.long, device=device)
-    return [m[0].float().cpu() for m in model.attention_maps(x)]
+    return [None if m is None else m[0].float().cpu() for m in model.attention_maps(x)]
 
 
 def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tokenizer=None,
@@ -114,6 +115,10 @@ def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tok
     maps = compute_maps(model, ids)
     layers = []
     for layer, (weights, gene) in enumerate(zip(maps, model.genes)):
+        if weights is None:
+            layers.append({"layer": layer, "gene": gene.key, "str": str(gene), "figure": None, "heads": [],
+                           "mean": None})
+            continue
         metrics = head_metrics(weights)
         figure = f"attention_layer{layer}.png"
         titles = [f"head {m['head']}: {100 * m['sparsity']:.0f}% zeros, H {m['entropy']:.2f}, "
