@@ -95,6 +95,8 @@ def test_sampling_rules():
     assert sample(logits, 0.0) == 1
     drawn = {sample(logits, 1.0, top_k=2, generator=torch.Generator().manual_seed(s)) for s in range(40)}
     assert drawn == {1, 3}  # only the two most likely tokens
+    for tiny in (1e-45, 1e-320):  # a tiny positive temperature is the arg max, never an overflow to inf / inf
+        assert sample(logits * 100, tiny, generator=torch.Generator().manual_seed(0)) == 1
     model = random_model("dot|softmax|none|fixed")
     for kwargs, setting in (({"temperature": -1.0}, "temperature"), ({"temperature": float("nan")}, "temperature"),
                             ({"top_k": 0}, "top_k"), ({"top_k": CONFIG.vocab_size + 1}, "top_k")):

@@ -40,7 +40,9 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     logits = logits.float()
     if temperature == 0:
         return int(logits.argmax())
-    logits = logits / temperature
+    # shifted to <= 0 and divided in float64 (where a temperature down to 5e-324 is not 0): a tiny
+    # temperature sends every token but the most likely to -inf, never to inf or 0 / 0
+    logits = ((logits - logits.max()).double() / temperature).float()
     if top_k is not None and top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
