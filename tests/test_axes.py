@@ -310,7 +310,8 @@ def test_window_and_kv_heads_keys_and_bad_values():
     g = AttentionGene.parse("dot|softmax|none|fixed|kvh=1|win=16")
     assert g.key == "dot|softmax|none|fixed|bias|0.10|win=16|kvh=1" and (g.window, g.kv_heads) == (16, 1)
     assert AttentionGene.parse("dot|softmax|none|fixed|win=0|kvh=0") == AttentionGene.parse("dot|softmax|none|fixed")
-    for text, fragment in (("win=-1", "window '-1' is not a non-negative integer"), ("kvh=x", "kv_heads 'x'")):
+    for text, fragment in (("win=-1", "window '-1' is not a non-negative integer"), ("kvh=x", "kv_heads 'x'"),
+                           (f"win={10**20}", "window '100000000000000000000' is too large")):
         with pytest.raises(ValueError, match=fragment):
             AttentionGene.parse(f"dot|softmax|none|fixed|{text}")
     with pytest.raises(ValueError, match="kv_heads 3 does not divide the 4 heads"):

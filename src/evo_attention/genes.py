@@ -197,8 +197,11 @@ def _check_dropout(field: Field, value: Any) -> float:
     return round(p, 2)
 
 
+MAX_COUNT = 2**62  # a count the engine's int64 position arithmetic holds (a window past any sequence is full)
+
+
 def _check_count(field: Field, value: Any) -> int:
-    """A non-negative integer (qkv_rank, window, kv_heads)."""
+    """A non-negative integer (qkv_rank, window, kv_heads) below ``MAX_COUNT``."""
     try:
         number = None if isinstance(value, bool) else int(value)
     except (TypeError, ValueError):
@@ -207,6 +210,8 @@ def _check_count(field: Field, value: Any) -> int:
         raise UserError(f"{field.name} {value!r} is not an integer: {field.help}")
     if number < 0 or (isinstance(value, float) and value != number):
         raise UserError(f"{field.name} {value!r} is not a non-negative integer: {field.help}")
+    if number >= MAX_COUNT:
+        raise UserError(f"{field.name} {value!r} is too large (at most 2^62 - 1): {field.help}")
     return number
 
 
