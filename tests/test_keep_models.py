@@ -103,3 +103,19 @@ def test_an_unknown_prompt_reads_as_unk_said_once(tmp_path, capsys):
     out = capsys.readouterr()
     assert out.err.count("<unk>") == 1 and "no word of the prompt" in out.err
     assert out.out.startswith("<unk> <unk>")
+
+
+def test_generate_says_how_the_layers_decode(tmp_path, capsys):
+    from evo_attention import TinyTransformer
+    from evo_attention.data import load_data
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.saving import save_model
+
+    data = load_data("recall", vocab_size=16, seq_len=16, num_pairs=2, num_queries=2, train_examples=64,
+                     eval_examples=16)
+    spec = ModelSpec(vocab_size=data.vocab_size, d_model=16, n_heads=2, n_layers=2, max_seq_len=16)
+    for genes, words in ((["dot|softmax|none|fixed"] * 2, "key/value cache,"),
+                         (["dot|softmax|none|fixed", "prog=o(shift(v))"], "key/value cache + recomputed per token,")):
+        save_model(TinyTransformer(spec, genes), tmp_path / "m", vocab=data.vocab)
+        assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "k1 v2", "--max-new-tokens", "2"]) == 0
+        assert words in capsys.readouterr().err

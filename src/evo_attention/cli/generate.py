@@ -1,5 +1,5 @@
 """``evo-attention generate``: continue a prompt with a saved model, one sampled token at a time
-(key/value cache), and say how fast.
+(a key/value cache where the attention allows one), and say how fast.
 
     evo-attention generate --model runs/quick/models/01 --prompt "k3 v7 k5" --max-new-tokens 20 --seed 0
 """
@@ -46,7 +46,10 @@ def cmd_generate(args) -> int:
         stream.close()
     seconds = time.perf_counter() - start
     rate = f"{len(new) / seconds:,.1f} tokens/s" if seconds > 0 and new else "-"
-    print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, key/value cache, {device}; "
+    # how the layers decode (nn.program): cached keys and values, a kernel's running sums, or recomputation
+    words = {"KVCache": "key/value cache", "KernelState": "running sums", "InputCache": "recomputed per token"}
+    how = " + ".join(dict.fromkeys(words.get(type(c).__name__, type(c).__name__) for c in model.new_caches()))
+    print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, {how}, {device}; "
           f"prompt {len(ids)} tokens, window {model.spec.max_seq_len})", file=sys.stderr)
     return 0
 
