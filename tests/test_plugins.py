@@ -6,7 +6,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
+from evo_attention import EvolvedAttention
 from evo_attention.cli import main
 from evo_attention.nn import components
 from evo_attention.util.errors import UserError
@@ -208,3 +210,20 @@ def test_timing_k_models_of_a_component_that_cannot_fold_is_one_line(tmp_path, m
     finally:
         components.unregister("similarity", "unfolded_scale")
         sys.modules.pop("weighted_plugin", None)
+
+
+
+def test_a_plugin_normalization_that_weighs_or_reads_masked_keys_is_refused():
+    def forgets_mask(scores, mask):  # weighs every key, the future ones too
+        return torch.softmax(scores, dim=-1)
+
+    def reads_mask(scores, mask):  # zero on masked keys, but its rows are normalized over them
+        return components.zero_masked(torch.softmax(scores, dim=-1), mask)
+
+    for fn in (forgets_mask, reads_mask):
+        with pytest.raises(UserError, match="normalization 'bad_mask' weighs masked keys or reads their scores"):
+            components.register_normalization("bad_mask")(fn)
+        assert "bad_mask" not in components.NORMALIZATIONS
+    components.register_normalization("good_mask")(lambda scores, mask: components.row_normalize(
+        torch.relu(scores), mask))  # the documented way passes
+    components.unregister("normalization", "good_mask")

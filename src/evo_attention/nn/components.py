@@ -25,7 +25,8 @@ Contracts (tests hold every registered component to them):
   keys before normalizing.
 - Normalizations return non-negative weights whose rows sum to 1 over allowed keys, exactly zero
   weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
-  all map to zero, which then gets all-zero weights).
+  all map to zero, which then gets all-zero weights). ``register_normalization`` probes a
+  function for the mask part (``check_masking``) and refuses one that reads or weighs masked keys.
 - Row independence: each batch row is computed from that row alone, so K models fold into one
   batch (``nn.fold``). A component without weights folds as it is; one with weights declares its
   folded form, a ``fold(self, folding)`` method next to its single form (``LearnedTemperature``
@@ -76,6 +77,8 @@ def _registrar(kind: str):
                 where = getattr(_REGISTRIES[kind][name], "__module__", "?")
                 raise UserError(f"{kind} {name!r} is registered already (by {where}): choose another name, or "
                                 "unregister the existing one first")
+            if kind == "normalization" and _PROBED and not getattr(factory, "kernel", False):
+                check_masking(name, factory)  # before it joins the registry
             _REGISTRIES[kind][name] = factory
             if name not in OPTIONS[kind]:
                 OPTIONS[kind].append(name)
@@ -95,6 +98,26 @@ def _registrar(kind: str):
 
 
 register_similarity = _registrar("similarity")
+_PROBED = False  # the built-ins below are held to the contracts by the tests; a plugin's are probed
+
+
+def check_masking(name: str, normalize: Callable) -> None:
+    """UserError unless ``normalize`` gives masked keys exactly zero weight and does not read their
+    scores (a probe: causal [4, 4] scores, then the same with the masked ones changed): a model with
+    it would otherwise read future positions. One that raises on the probe is left to fail in use."""
+    scores = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    try:
+        weights, moved = normalize(scores, mask), normalize(torch.where(mask, scores, scores + 3.0), mask)
+        fine = weights.shape == scores.shape and bool((weights.masked_select(~mask) == 0).all()) and torch.equal(
+            weights, moved)
+    except Exception:  # its own error: a training with it fails and is recorded so (status error)
+        return
+    if not fine:
+        raise UserError(f"normalization {name!r} weighs masked keys or reads their scores: give them exactly zero "
+                        "weight from the allowed scores alone (mask the scores, or zero_masked / row_normalize)")
+
+
 register_normalization = _registrar("normalization")
 register_gating = _registrar("gating")
 register_temperature = _registrar("temperature_mode")
@@ -632,3 +655,6 @@ class HighwayGate(Gating):
     def forward(self, x, y):
         g = torch.sigmoid(self.gate(x))
         return g * y + (1.0 - g) * x
+
+
+_PROBED = True
