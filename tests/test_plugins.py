@@ -227,3 +227,40 @@ def test_a_plugin_normalization_that_weighs_or_reads_masked_keys_is_refused():
     components.register_normalization("good_mask")(lambda scores, mask: components.row_normalize(
         torch.relu(scores), mask))  # the documented way passes
     components.unregister("normalization", "good_mask")
+
+
+def test_a_model_trained_with_a_plugin_file_generates_and_exports_from_any_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "saved_norm.py").write_text(PLUGIN.replace("cubed_relu", "saved_cubed"))
+    monkeypatch.chdir(tmp_path / "a")
+
+    def forget():  # a fresh process: neither the component nor the module is known
+        components.unregister("normalization", "saved_cubed")
+        sys.modules.pop("evo_attention_plugin_saved_norm", None)
+
+    try:
+        assert main(["baseline", "--plugin", "saved_norm.py", "--gene", "dot|saved_cubed|none|fixed", "--data",
+                     "recall", "--vocab-size", "32", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps",
+                     "2", "--batch-size", "4", "--eval-steps", "1", "--save-model", "--out", "run", "--quiet"]) == 0
+        forget()  # generate and attention-maps import the model's own plugins (a relative path, here)
+        assert main(["generate", "--model", "run/model", "--prompt", "k1 v2", "--max-new-tokens", "2"]) == 0
+        forget()
+        assert main(["attention-maps", "--model", "run/model", "--length", "4", "--out", "maps", "--quiet"]) == 0
+        forget()
+        monkeypatch.chdir(tmp_path)  # elsewhere the saved relative path is nothing; --plugin stands in for it
+        assert main(["export", "--model", "a/run/model", "--out", "x"]) == 2
+        assert "saved_norm.py does not exist" in capsys.readouterr().err
+        for command in (["export", "--model", "a/run/model", "--out", "x"],
+                        ["generate", "--model", "a/run/model", "--prompt", "k1", "--max-new-tokens", "1"]):
+            forget()
+            assert main([*command, "--plugin", str(tmp_path / "a" / "saved_norm.py")]) == 0
+    finally:
+        forget()
+
+
+def test_two_plugin_files_of_one_name_are_refused(tmp_path, capsys):
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "same_name.py").write_text("VALUE = 1\n")
+    with pytest.raises(UserError, match="plugin files .*one/same_name.py and .*two/same_name.py have the same name"):
+        load_plugins([str(tmp_path / "one" / "same_name.py"), str(tmp_path / "two" / "same_name.py")])

@@ -14,7 +14,7 @@ that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads
 
 from __future__ import annotations
 
-from evo_attention.cli.common import given, note
+from evo_attention.cli.common import given, load_with_plugins, note
 from evo_attention.util.errors import UserError
 
 
@@ -25,7 +25,6 @@ def cmd_export(args) -> int:
     from evo_attention.search.models import kept_model, kept_models
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
     from evo_attention.util.files import check_output
-    from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
@@ -45,7 +44,7 @@ def cmd_export(args) -> int:
     check_output(args.out, kind=kind, own=own,
                  sources={"model directory": directory, "run directory": args.from_run})  # before any loading
     # the plugins the model was trained with (its genes may use their ops and components), and --plugin's
-    load_plugins(list(dict.fromkeys(saved_plugins(directory) + list(args.plugin or []))))
+    load_with_plugins(saved_plugins(directory), args.plugin)
     model = load_model(directory)
     source = f"{directory}" + (f" (rank {args.rank or 1} of the run in {args.from_run})" if args.from_run else "")
     if args.format == "hf":
@@ -87,7 +86,6 @@ def _hf_attention_from_run(args) -> int:
     from evo_attention.report import load_run
     from evo_attention.train.config import Config
     from evo_attention.util.files import check_output
-    from evo_attention.util.plugins import load_plugins
     from evo_attention.util.progress import log
 
     if not Path(args.from_run).is_dir():
@@ -100,7 +98,7 @@ def _hf_attention_from_run(args) -> int:
     config = Config.from_dict({k: v for k, v in run.config.items() if k in Config.field_names()})
     check_output(args.out, kind="a transformers attention export", own=is_hf_attention_export,
                  sources={"run directory": args.from_run})
-    load_plugins(list(dict.fromkeys(list(config.plugins) + list(args.plugin or []))))
+    load_with_plugins(config.plugins, args.plugin)
     genes = layers_of(AttentionGene.parse(ranked[rank - 1]))
     result = export_hf_attention(None, args.out, genes=genes, spec=config.model,
                                  source=f"rank {rank} of the run in {args.from_run} (its gene; no weights needed)")

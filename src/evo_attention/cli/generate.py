@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from evo_attention.cli.common import load_with_plugins
 from evo_attention.util.errors import UserError
 
 
@@ -18,11 +19,12 @@ def cmd_generate(args) -> int:
     from evo_attention.data.tokenizers import encode_prompt
     from evo_attention.nn.decoding import check_sampling, generate
     from evo_attention.train.environment import resolve_device
-    from evo_attention.train.saving import load_model, load_tokenizer
+    from evo_attention.train.saving import load_model, load_tokenizer, saved_plugins
 
     if args.max_new_tokens < 0:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     device = resolve_device(args.device)
+    load_with_plugins(saved_plugins(args.model), args.plugin)  # its genes may use their ops and components
     model = load_model(args.model, device=str(device))
     check_sampling(args.temperature, args.top_k, model.spec.vocab_size)
     tokenizer = load_tokenizer(args.model)
@@ -101,4 +103,7 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, help="sample only among the K most likely tokens (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    p.add_argument("--plugin", action="append", metavar="MODULE",
+                   help="import this module or .py file first (repeatable): the plugins the model was trained with "
+                        "are imported anyway; a file given here stands in for a saved one of the same name")
     p.set_defaults(func=cmd_generate)

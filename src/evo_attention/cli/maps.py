@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evo_attention.cli.common import (GIVEN_FLAGS, add_training_flags, checked, explicit_settings, given, note, out_arg,
-                                      run_suite)
+from evo_attention.cli.common import (GIVEN_FLAGS, add_training_flags, checked, explicit_settings, given,
+                                      load_with_plugins, note, out_arg, run_suite)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.progress import log, training_bar
@@ -87,8 +87,9 @@ def _saved_model(args):
     """(model, tokenizer, ids, text source, source) for --model: the tokenizer is the one saved with it;
     without --text the example comes from the data of the Config it was trained with."""
     from evo_attention.data import data_from_config
-    from evo_attention.train.saving import load_config, load_model, load_tokenizer
+    from evo_attention.train.saving import load_config, load_model, load_tokenizer, saved_plugins
 
+    load_with_plugins(saved_plugins(args.model), args.plugin)  # its genes may use their ops and components
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     data = None if args.text is not None else data_from_config(load_config(args.model))
     ids, text_source = _input(args, tokenizer, data, model.spec.max_seq_len)

@@ -23,8 +23,12 @@ from evo_attention.util.errors import UserError
 ENTRY_POINT_GROUP = "evo_attention.plugins"
 
 
+def _is_file(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name  # a file, not a module
+
+
 def _import(name: str):
-    if name.endswith(".py") or "/" in name or "\\" in name:  # a file, not a module
+    if _is_file(name):
         path = Path(name).expanduser().resolve()
         if not path.is_file():
             raise UserError(f"plugin file {name} does not exist: give the path of a .py file or a module name",
@@ -56,9 +60,15 @@ def load_plugins(names=()) -> list[dict]:
         raise UserError(f"plugins must be a list of module names or .py files, got {names!r}", setting="plugins")
     loaded = [_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None)
               for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
+    files = {}  # a file's module is named by its stem: two files of one name would be one module
     for name in names or ():
         if not isinstance(name, str) or not name.strip():
             raise UserError(f"plugin {name!r} is not a module name or a .py file", setting="plugins")
+        if _is_file(name.strip()):
+            path = Path(name.strip()).expanduser().resolve()
+            if files.setdefault(path.stem, path) != path:
+                raise UserError(f"plugin files {files[path.stem]} and {path} have the same name: rename one",
+                                setting="plugins")
         loaded.append(_load(name.strip(), lambda n=name.strip(): _import(n), None))
     return loaded
 
