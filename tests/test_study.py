@@ -325,6 +325,12 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
     assert "**Q1, answer: " in text and "**Q2, answer: " in text
     assert "<!-- generated: results/family/family.json table=d4-family -->" in text
     assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 0
+    (tmp_path / "a_file").write_text("")  # --out a folder, or under a file: one line each, nothing written
+    for out, says in ((tmp_path / "results", "is a folder: give the file the report goes to"),
+                      (tmp_path / "a_file" / "report.md", "a_file is not a directory")):
+        assert main(["study", "report", str(path), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and "\n" not in err
 
 
 def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives_it(tmp_path, capsys):

@@ -121,10 +121,14 @@ def cmd_study(args) -> int:
     elif args.action == "report":
         from pathlib import Path
 
+        from evo_attention.util.files import output_dir, write_text
+
         out = Path(args.out) if args.out else plan.root / (plan.raw.get("report")
                                                            or f"{plan.raw['results']}/report.md")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(sr.report(plan), encoding="utf-8")
+        if out.is_dir():
+            raise UserError(f"--out {out} is a folder: give the file the report goes to, e.g. {out / 'report.md'}")
+        output_dir(out.parent, "--out's folder")
+        write_text(out, sr.report(plan))
         print(f"wrote {out}")
     else:
         differ = sr.check_document(plan, args.doc)
