@@ -39,9 +39,9 @@ def search_config(args):
         config = checked(Config.from_dict(settings, source="the command line"))
         from evo_attention.search import STRATEGIES
 
-        fields = STRATEGIES[config.strategy].CONFIG_FIELDS  # what the strategy reads of the config
-        unread = [flag for flag in ("--mutation-rate", "--crossover-rate") if given(flag)
-                  and flag[2:].replace("-", "_") not in fields]
+        strategy = STRATEGIES.get(config.strategy)  # an unknown one is named when the search starts
+        unread = [flag for flag in ("--mutation-rate", "--crossover-rate") if given(flag) and strategy is not None
+                  and flag[2:].replace("-", "_") not in strategy.CONFIG_FIELDS]  # what it reads of the config
         if unread:
             readers = ", ".join(name for name, cls in STRATEGIES.items() if "mutation_rate" in cls.CONFIG_FIELDS)
             raise UserError(f"{unread[0]} is read only by the strategies that breed children ({readers}); "
