@@ -161,3 +161,19 @@ def test_the_verdict_names_the_seed_range_at_holms_level():
     sd = h["sd_diff"]
     assert low == stats.seeds_for_verdict_equivalence(sd, np.log1p(0.01), alpha=0.025, max_seeds=1000)
     assert f"{low}..{high} paired seeds would show equivalence" in h["verdict_text"]
+
+
+def test_a_verdict_says_when_its_t_interval_disagrees_with_the_exact_test_that_decides():
+    import math
+
+    from evo_attention.util.stats import versus_reference
+
+    def text(differences):
+        return versus_reference({"g": [10 * math.exp(x) for x in differences]}, [10.0] * 6,
+                               margin=0.01)["g"]["verdict_text"]
+
+    note = "the t interval is not the deciding test's"
+    far = text([-0.002, -0.002, -0.003, -0.002, -0.002, -0.6])  # every sign down, one far seed
+    assert far.startswith("better: -9.68% (95% CI -30.1% to +16.7%)") and note in far
+    assert text([0.009] * 5 + [-0.009]).startswith("equivalent within ±1%") and note in text([0.009] * 5 + [-0.009])
+    assert note not in text([-0.02, -0.03, -0.025, -0.02, -0.03, -0.02])  # the interval agrees: nothing to say

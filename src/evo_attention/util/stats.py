@@ -1248,6 +1248,13 @@ def _verdict_text(v: dict, confidence: float, log: bool) -> str:
             f"{_effect_text(v['diff_ci_low'], log)} to {_effect_text(v['diff_ci_high'], log)}), "
             f"{test} = {p}{' (adjusted)' if v['p_adjusted'] else ''}{beside}, equivalence p = {p_tost} within "
             f"{_margin_text(v['margin'], log)}, {v['n']} paired seeds")
+    # the interval printed is the t interval; where the exact test decides, the two may disagree
+    low, high, bound = v["diff_ci_low"], v["diff_ci_high"], v.get("bound")
+    if v.get("test") == EXACT_TEST and low is not None and high is not None and (
+            (v["verdict"] in (PAIRED_BETTER, PAIRED_WORSE) and low <= 0 <= high)
+            or (v["verdict"] == EQUIVALENT and bound is not None and not -bound < low <= high < bound)):
+        text += ("; the t interval is not the deciding test's: the exact sign-flip test weighs each seed's sign, so "
+                 "a far seed widens the interval, not the p")
     if v.get("cannot_decide"):
         text += f"; {v['cannot_decide']}"
     if v["verdict"] == UNDETERMINED and v["seed_plan"] is not None:
