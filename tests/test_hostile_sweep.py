@@ -351,3 +351,15 @@ def test_a_breeding_rate_for_a_strategy_that_does_not_breed_is_refused(tmp_path,
     said = last_error(capsys)
     assert f"{flag} is read only by the strategies that breed children (ga, nsga2)" in said
     assert f"--strategy {strategy} does not use it" in said and not out.exists()
+
+
+def test_validate_says_which_of_its_flags_it_does_not_use(tmp_path, recwarn):
+    gated = "dot|softmax|output_gate|fixed"
+    assert main(["validate", "--genes", f"{gated},{gated}|bias|0.10", *TINY, "--seeds", "2", "--top", "3",
+                 "--seed", "5", "--seed-block", "3", "--out", str(tmp_path / "v")]) == 0
+    said = [str(w.message) for w in recwarn]
+    assert "--top is used only without --genes (the best of the --from-run run): ignored" in said
+    assert any(s.startswith("--genes names dot|softmax|output_gate|fixed|bias|0.10 more than once") for s in said)
+    assert "--seed is not used with --seed-block (every seed comes from the block): ignored" in said
+    result = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert len(result["genes"]) == 1

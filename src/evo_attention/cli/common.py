@@ -209,6 +209,8 @@ def note_unused_flags(args) -> None:
     for flag in ("--mde", "--max-seeds"):
         if given(flag) and hasattr(args, "seeds") and args.seeds != "auto":
             note(f"{flag} is used only with --seeds auto (it shapes the seed plan): ignored")
+    if given("--seed") and getattr(args, "seed_block", None) is not None:
+        note("--seed is not used with --seed-block (every seed comes from the block): ignored")
 
 
 def check_schedule_and_suite(config) -> None:

@@ -261,7 +261,13 @@ def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
         genes = split_genes(args.genes)
         if not genes:
             raise UserError(f"--genes {args.genes!r} names no gene: give keys like 'dot|sparsemax|output_gate|learned'")
-        return [AttentionGene.parse(g).key for g in genes]
+        if given("--top"):
+            note("--top is used only without --genes (the best of the --from-run run): ignored")
+        keys = [AttentionGene.parse(g).key for g in genes]
+        twice = next((k for k in keys if keys.count(k) > 1), None)
+        if twice is not None:
+            note(f"--genes names {twice} more than once (spelt alike or not): it is studied once")
+        return list(dict.fromkeys(keys))
     if summary is None:
         raise UserError(f"nothing to {verb}: give --genes KEY[,KEY...] or --from-run DIR")
     if top < 1:
