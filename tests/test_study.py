@@ -331,6 +331,10 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
         assert main(["study", "report", str(path), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and "\n" not in err
+    (tmp_path / "results" / "family" / "family.json").unlink()  # a table shown whose file is gone: no file gives it
+    assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 1
+    assert "results/family/family.json table=d4-family is shown, but that file is not written" in \
+        capsys.readouterr().err
 
 
 def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives_it(tmp_path, capsys):

@@ -486,10 +486,13 @@ def check_document(study: Study, doc) -> list[str]:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise UserError(f"cannot read the document {doc} ({reason}): give the markdown file whose tables to check") \
             from None
-    wanted = set(_plan_tables(study)) - set(unwritten_tables(study))
+    unwritten = set(unwritten_tables(study))
+    wanted = set(_plan_tables(study)) - unwritten
     seen, differ = set(), []
     for m in BLOCK.finditer(text):
         key = (m["file"], m["table"])
+        if key in unwritten:  # numbers no file gives
+            differ.append(f"{doc}: {m['file']} table={m['table']} is shown, but that file is not written")
         if key not in wanted:
             continue
         seen.add(key)
