@@ -558,3 +558,23 @@ def test_a_command_the_command_line_cannot_read_is_refused_at_registration_and_r
         err = capsys.readouterr().err.strip()
         assert err.startswith("evo-attention: error: stage a: `evo-attention ") and says in err and "\n" not in err, err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "plan.registration.json").exists()
+
+
+def test_a_stage_sees_only_its_own_plugins(tmp_path, capfd):
+    (tmp_path / "plug.py").write_text("import torch\nfrom evo_attention import register_normalization, row_normalize\n"
+                                      "@register_normalization('study_plug')\ndef plug(scores, mask):\n"
+                                      "    return row_normalize(torch.relu(scores.float()), mask).to(scores.dtype)\n")
+    gene = "dot|study_plug|none|fixed"
+    stages = [{**_command("with", "--seeds", 2, "--seed-block", 1, "--plugin", "plug.py")},
+              {**_command("without", "--seeds", 2, "--seed-block", 1)}]
+    for stage in stages:
+        stage["command"][stage["command"].index("--genes") + 1] = gene
+    path = _committed(tmp_path, _study({"Q1": _question(stages)}))
+    _git(tmp_path, "add", "plug.py")
+    _git(tmp_path, "commit", "-qm", "the plugin")
+    assert main(["study", "register", str(path)]) == 0
+    # each stage runs in a process of its own: the second, which names no plugin, cannot use the first's
+    assert main(["study", "run", str(path), "--quiet"]) != 0
+    assert (tmp_path / "results" / "with" / "validation.json").is_file()
+    assert not (tmp_path / "results" / "without" / "validation.json").exists()
+    assert "unknown normalization 'study_plug'" in capfd.readouterr().err  # the stage's own process said it

@@ -111,7 +111,12 @@ def cmd_study(args) -> int:
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else 2
 
-        ran = sr.run_study(plan, command, stages=args.stage, log=lambda line: log(line, args.quiet))
+        # a plugin registers for the whole process: where a stage names one, each stage runs in a process of
+        # its own, so that no stage sees another's ops and components (its result would depend on the order)
+        from evo_attention.studies.study import command_lines
+
+        alone = any(a == "--plugin" or a.startswith("--plugin=") for _, argv in command_lines(plan) for a in argv)
+        ran = sr.run_study(plan, None if alone else command, stages=args.stage, log=lambda line: log(line, args.quiet))
         log(f"study {plan.name}: {'ran ' + ', '.join(ran) if ran else 'every stage is done'}", args.quiet)
     elif args.action == "status":
         print("\n".join(sr.status(plan)))
