@@ -130,3 +130,15 @@ def test_the_comparison_follows_the_one_output_rule_before_anything_is_written(t
 def test_one_run_is_not_a_comparison(tmp_path):
     with pytest.raises(UserError, match="at least two"):
         compare_runs([_run(tmp_path, "ga")])
+
+
+def test_a_comparison_with_a_store_that_is_no_search_writes_nothing(tmp_path, capsys):
+    ga = _run(tmp_path, "ga")
+    RunStore.create(tmp_path / "v", config=Config().to_dict(), meta={"study": "validate"}).close()
+    def written():  # the stores' SQLite side files aside
+        return {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith("run.db")}
+
+    before = written()
+    assert main(["report", str(ga), str(tmp_path / "v"), "--out", str(tmp_path / "cmp")]) == 2
+    assert "holds the store of a validate, not of a search" in capsys.readouterr().err
+    assert written() == before  # not even ga's report

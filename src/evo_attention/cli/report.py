@@ -35,9 +35,10 @@ def cmd_report(args) -> int:
         from evo_attention.report.optuna import journal_path
 
         journal_path(args.optuna_journal)  # refused before any file is written
-    for run_dir in args.run_dirs:  # every run opens before any file is written
-        with RunStore.open(run_dir, readonly=True):
-            pass
+    for run_dir in args.run_dirs:  # every run opens (and is a search, to be compared) before any file is written
+        with RunStore.open(run_dir, readonly=True) as store:
+            if args.out is not None:
+                store.check_kind("search")
     for run_dir in args.run_dirs:
         if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
             note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
