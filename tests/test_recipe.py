@@ -280,3 +280,22 @@ def test_transfer_dry_run_prints_the_ladder_and_trains_and_writes_nothing(tiny, 
     assert main(["transfer", "--genes", f"{SPARSE}|lr=0.002", *TINY_FLAGS, "--sizes", "32x1", "--lr-grid",
                  "1e-3,2e-3", "--dry-run"]) == 2
     assert "--lr-grid" in capsys.readouterr().err
+
+
+def test_an_ablation_counts_a_gene_two_variants_share_once_in_each_holm_family():
+    from evo_attention.studies.ablation import ablation_statistics
+    from evo_attention.studies.common import StudySetup
+
+    gene = "dot|sparsemax|output_gate|fixed|bias|0.10"  # two fields: 'baseline + F' is 'without G'
+    variants = ablation_variants(gene)
+    keys = {v.gene.key for v in variants}
+    assert len(variants) > len(keys)  # the variants share genes
+    seeds = [8, 9, 10, 11, 12, 13]
+    records = {(k, s): {"status": "ok", "val_perplexity": 7.0 + i + 0.1 * j}
+               for i, k in enumerate(sorted(keys)) for j, s in enumerate(seeds)}
+    setup = StudySetup(config=Config(), data=None, seeds=tuple(seeds), steps=50, role="ablation")
+    rows = ablation_statistics(setup, variants, records)["variants"]
+    full = variants[0].gene.key
+    for column, left_out in (("vs_full", full), ("vs_baseline", variants[1].gene.key)):
+        sizes = {r[column]["family_size"] for r in rows if r[column]}
+        assert sizes == {len(keys - {left_out})}, column  # distinct genes, not variants

@@ -194,11 +194,14 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
     seeds, metric, confidence, lower = list(setup.seeds), setup.metric, setup.confidence, setup.lower_is_better
     values = {v.gene.key: samples(records, v.gene.key, seeds, metric) for v in variants}
     full, base = variants[0].gene.key, variants[1].gene.key
-    vs_full = setup.versus({v.name: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
-                           values[full]["values"])
+    # a gene two variants share (baseline + F is the gene without G when it differs in F and G alone) is one
+    # comparison, in each Holm family
+    by_key = setup.versus({v.gene.key: values[v.gene.key]["values"] for v in variants if v.gene.key != full},
+                          values[full]["values"])
+    vs_full = {v.name: by_key[v.gene.key] for v in variants if v.gene.key in by_key}
     against = {v.gene.key: values[v.gene.key]["values"] for v in variants if v.gene.key != base}
-    by_gene = (setup.versus_baseline(against, values[base]["values"]) if rates is None  # a gene two variants share
-               else grids.versus_baseline(setup, against, values[base]["values"], rates))  # is one comparison
+    by_gene = (setup.versus_baseline(against, values[base]["values"]) if rates is None
+               else grids.versus_baseline(setup, against, values[base]["values"], rates))
     vs_base = {v.name: by_gene[v.gene.key] for v in variants if v.gene.key in by_gene}
     label, eval_split = setup.metric_label, setup.eval_split
     rows = [{"name": v.name, "kind": v.kind, "field": v.field, "change": v.change, "gene": v.gene.key,
