@@ -288,3 +288,22 @@ def test_the_commands_take_a_grid_and_a_repeat_trains_nothing(tiny, tmp_path, ca
     assert main(["validate", "--genes", SPARSE, "--config", str(path), "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "0",
                  "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "tuning seeds" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_an_lr_beside_a_grid_changes_nothing(tmp_path, recwarn):
+    run = tmp_path / "run"
+    tiny = ["--preset", "quick", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "3", "--quiet"]
+    assert main(["search", *tiny, "--population", "2", "--generations", "1", "--elite", "1", "--keep-models", "0",
+                 "--out", str(run)]) == 0
+    rate = json.loads((run / "final_results.json").read_text())["config"]["learning_rate"]
+    flags = ["validate", "--from-run", str(run), "--top", "1", "--seeds", "2", "--lr-grid", f"1e-9,{rate}",
+             "--tuning-seeds", "1", "--quiet"]
+    results = []
+    for extra, out in (([], "a"), (["--lr", "0.5"], "b")):
+        assert main([*flags, *extra, "--out", str(tmp_path / out)]) == 0
+        results.append(json.loads((tmp_path / out / "validation.json").read_text()))
+    assert "--lr is not used with --lr-grid (each gene trains at its own best rate of the grid): ignored" in \
+        [str(w.message) for w in recwarn]
+    assert results[0]["genes"][0]["search_value"] is not None  # the run's rate wins: the search measured the same
+    assert [g.get("search_value") for g in results[0]["genes"]] == [g.get("search_value") for g in results[1]["genes"]]
+    assert [g["values"] for g in results[0]["genes"]] == [g["values"] for g in results[1]["genes"]]

@@ -130,6 +130,8 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     from evo_attention.train.presets import overlay
 
     settings, study = explicit_settings(args), Path(default_out).name
+    if given("--lr") and getattr(args, "lr_grid", None):  # noted as ignored: it must change nothing, not even a key
+        settings.pop("learning_rate", None)
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
