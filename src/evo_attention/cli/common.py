@@ -238,8 +238,9 @@ def checked(config):
     from evo_attention.train.environment import resolve_device
 
     check_schedule_and_suite(config)
+    # a corpus's other tokenizers make their own vocabulary: a word vocabulary size would be ignored
     if given("--vocab-size") and config.vocab_size is not None and config.suite is None \
-            and not takes_options(config.data) and parse_tokenizer(config.tokenizer)[0] != "word":  # a corpus's other tokenizers make their own
+            and not takes_options(config.data) and parse_tokenizer(config.tokenizer)[0] != "word":
         raise UserError(f"--vocab-size is the vocabulary of the word tokenizer; --tokenizer {config.tokenizer} makes "
                         "its own: drop --vocab-size (or give full)")
     device = resolve_device(config.device)
