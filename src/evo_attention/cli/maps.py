@@ -55,7 +55,8 @@ def _trained_model(args):
                 raise UserError(f"the run in {args.from_run} is a suite run (suite {suite}): attention maps are drawn "
                                 f"on one task; give --data, e.g. one of its points: {', '.join(points)}")
             stored = {k: v for k, v in stored.items() if k not in ("suite", "objectives", "recall")}  # the suite's own
-        config = checked(Config.from_dict(overlay(stored, settings), source=f"the run in {args.from_run} with the flags"))
+        config = checked(Config.from_dict(overlay(stored, settings),
+                                          source=f"the run in {args.from_run} with the flags"))
         if args.gene is not None:
             gene = AttentionGene.parse(args.gene)
         else:

@@ -136,7 +136,8 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
             stored_data = run.get_meta("data") or {}
-        config = checked(Config.from_dict(overlay(stored, settings), source=f"the run in {args.from_run} with the flags"))
+        config = checked(Config.from_dict(overlay(stored, settings),
+                                          source=f"the run in {args.from_run} with the flags"))
         search_seed = stored.get("seed")
     else:
         config = checked(Config.from_dict(settings, source="the command line"))
