@@ -106,7 +106,8 @@ class RecallData(ExampleData):
         refused = check_generated_memory(  # before the vocabulary or any split is built
             "the recall task", examples=train_examples + 2 * eval_examples, seq_len=seq_len, vocab=vocab_size,
             bytes_per_token=GENERATION_BYTES_PER_TOKEN, vocab_fix=("lower vocab_size", "vocab_size"),
-            length_fix=("lower max_seq_len or the recall example counts (train_examples, eval_examples)", "max_seq_len"))
+            length_fix=("lower max_seq_len or the recall example counts (train_examples, eval_examples)",
+                        "max_seq_len"))
         self.name = "recall"
         self.vocab_size, self.seq_len, self.pad_id = vocab_size, seq_len, FILL_ID
         self.settings = {"vocab_size": vocab_size, "seq_len": seq_len, "num_pairs": num_pairs,
