@@ -70,6 +70,8 @@ def test_resolve_names_and_gene_strings():
     assert [name for name, _ in entries] == ["baseline", "dot|sparsemax|none|fixed|bias|0.10|pos=alibi", "rope_only"]
     assert entries[1][1].position == "alibi"
     assert [n for n, _ in resolve_configs("all", 64)] == NAMES
+    baseline_gene = dict(resolve_configs("baseline", 64))["baseline"].key  # never a gene compared with itself
+    assert [n for n, _ in resolve_configs(f"baseline,{baseline_gene},rope_only", 64)] == ["baseline", "rope_only"]
 
 
 @pytest.mark.parametrize("spec, bad", [("baseline,lora_tiny", "lora_tiny"), (" , ", "empty"),

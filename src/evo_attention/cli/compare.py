@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
-                                      explicit_settings, out_arg, suite_text, with_run_suite)
+                                      explicit_settings, note, out_arg, suite_text, with_run_suite)
 from evo_attention.cli.validate import (add_grid_flags, add_match_flag, add_suite_flag, grid_text, log_grid,
                                         log_suite_result)
 from evo_attention.util.errors import UserError
@@ -72,6 +72,7 @@ def cmd_compare(args) -> int:
     from contextlib import ExitStack
 
     from evo_attention.search.store import RunStore
+    from evo_attention.genes import split_genes
     from evo_attention.studies.compare import evolved_entry, list_table, named_dropout, resolve_configs, run_compare
 
     config = compare_config(args)
@@ -85,6 +86,10 @@ def cmd_compare(args) -> int:
     on_suite = suite_text(args, config)
     entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len,
                               attention_dropout=named_dropout(config))
+    named = [c for c in dict.fromkeys(split_genes(args.configs or "")) if c != "all"]
+    if len(named) > len(entries):
+        note(f"--configs names {len(named)} configurations of {len(entries)} distinct gene(s): each gene is "
+             "compared once")
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
     executor = executor_from_args(args, config)

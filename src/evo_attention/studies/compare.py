@@ -151,7 +151,8 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
     """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
 
     ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
-    named by its key. Repeats are dropped; an unknown name is a UserError listing the valid ones.
+    named by its key. Repeats are dropped, and a gene string whose gene is already listed (the
+    baseline's gene beside ``baseline``); an unknown name is a UserError listing the valid ones.
     ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
     generated task the studies give 0: ``named_dropout``); gene strings stay as written.
     """
@@ -166,7 +167,8 @@ def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int
                 entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len, attention_dropout))
         elif is_gene_text(item):
             gene = AttentionGene.parse(item)
-            entries.setdefault(gene.key, gene)
+            if all(g.key != gene.key for g in entries.values()):  # never a gene compared with itself
+                entries[gene.key] = gene
         elif item in CONFIGS_BY_NAME:
             entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model, n_heads, max_seq_len, attention_dropout))
         else:
