@@ -335,6 +335,15 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
     assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 1
     assert "results/family/family.json table=d4-family is shown, but that file is not written" in \
         capsys.readouterr().err
+    # a new question whose decision reads results that exist (another question's) is no amendment
+    plan["questions"]["Q3"] = {"blocks": [3], "stages": [
+        {"name": "later", "command": ["validate", "--genes", GATE, "{tiny}", "--seeds", 2, "--seed-block", 3,
+                                      "--out", "{out}"]}],
+        "sources": {"v": "tune/validation.json"},
+        "answers": {"answer": [{"say": "the gate helps", "if": ["v is better"]}, {"say": "undetermined"}]}}
+    _write(path, plan)
+    assert main(["study", "amend", str(path), "--note", "a question over the tuning"]) == 2
+    assert "the amendment changes question Q3, whose results exist" in capsys.readouterr().err
 
 
 def test_baseline_matched_to_a_gene_trains_the_width_validate_match_params_gives_it(tmp_path, capsys):
