@@ -144,6 +144,7 @@ def test_cli_check_then_search_prints_its_verdict(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--seeds", "1"], "--seeds must be at least 2"),
     (["--evaluations", "0,2"], "not a list of positive integers"),
+    (["--evaluations", "1,3,1"], "names a number twice"),
     (["--improvement", "no-such-thing"], "is not a known one here"),
     (["--improvement", "x=not_a_config"], "unknown configuration"),
     (["--improvement", f"a={VANILLA}|dconv=2", "--improvement", "a=dot|softmax|output_gate|fixed|bias|0.10"],

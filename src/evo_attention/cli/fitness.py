@@ -33,6 +33,8 @@ def evaluations_flag(text: str) -> tuple[int, ...]:
         values = ()
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive integers such as 1,2,3,5")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} names a number twice: give each number of evaluations once")
     return values
 
 
