@@ -363,3 +363,13 @@ def test_validate_says_which_of_its_flags_it_does_not_use(tmp_path, recwarn):
     assert "--seed is not used with --seed-block (every seed comes from the block): ignored" in said
     result = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert len(result["genes"]) == 1
+
+
+def test_a_command_leaves_no_flags_behind(tmp_path):
+    from evo_attention.cli.common import SETTING_ORIGINS, given
+
+    (tmp_path / "c.yaml").write_text("lr_schedule: constant\n")
+    assert main(["baseline", *TINY, "--warmup-steps", "5", "--config", str(tmp_path / "c.yaml"),
+                 "--out", str(tmp_path / "b")]) == 2  # read its flags and its file's settings, then refused
+    # what runs after it in the process (the library, another command) does not read them
+    assert not given("--warmup-steps") and "lr_schedule" not in SETTING_ORIGINS

@@ -147,8 +147,13 @@ def test_vocab_size_beside_another_tokenizer_is_refused(corpus_dir, tmp_path, ca
              "--layers", "1", "--steps", "1", "--batch-size", "4", "--quiet"]
     assert main(["baseline", *flags, "--tokenizer", "byte", "--vocab-size", "50", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--vocab-size is the vocabulary of the word tokenizer; --tokenizer byte makes its own" in err
+    assert "--vocab-size 50 is the size of a word vocabulary; --tokenizer byte makes its own" in err
     assert "\n" not in err and not (tmp_path / "b").exists()
+    (tmp_path / "c.yaml").write_text("vocab_size: 50\ntokenizer: char\n")  # a config file's, said as its key
+    assert main(["baseline", *flags, "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "vocab_size 50 is the size of a word vocabulary; tokenizer char makes its own" in err
+    assert "vocab_size is set in config file" in err and "\n" not in err
 
 
 # -- Hugging Face datasets -------------------------------------------------------------------------

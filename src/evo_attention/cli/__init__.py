@@ -48,19 +48,33 @@ def main(argv=None) -> int:
     if argv == ["--version"]:  # answered before any command module loads
         print(f"evo-attention {__version__}")
         return 0
-    from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED,
-                                          SETTING_ORIGINS, install_sigterm_handler, note_unused_flags, user_message)
-    from evo_attention.util.plugins import load_plugins
-    from evo_attention.util.progress import user_warnings  # warnings as one line each
+    from evo_attention.cli.common import GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED, SETTING_ORIGINS, install_sigterm_handler
 
     parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)
-    SETTING_ORIGINS.clear()  # filled by the command as it reads its settings
-    KEPT_ON_INTERRUPT.clear()
-    NOTED.clear()
-    GIVEN_FLAGS.clear()
+    # one command's state, filled as it reads its settings; put back as it was when the command ends, so
+    # that nothing after it (the library, the next command, the study that ran it) reads its flags
+    states = (SETTING_ORIGINS, KEPT_ON_INTERRUPT, NOTED, GIVEN_FLAGS)
+    before = [state.copy() for state in states]
+    for state in states:
+        state.clear()
     GIVEN_FLAGS.update(token.split("=", 1)[0] for token in argv if str(token).startswith("--"))
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
+    try:
+        return _run(args)
+    finally:
+        for state, old in zip(states, before):
+            state.clear()
+            (state.extend if isinstance(state, list) else state.update)(old)
+
+
+def _run(args) -> int:
+    """The command ``args`` names, its errors said in one line (``main``'s exit codes)."""
+    from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, KEPT_ON_INTERRUPT, note_unused_flags,
+                                          user_message)
+    from evo_attention.util.plugins import load_plugins
+    from evo_attention.util.progress import user_warnings  # warnings as one line each
+
     try:
         with user_warnings():
             if getattr(args, "plugin", None):  # before any flag names a gene of theirs (--genes, --gene, ...)

@@ -238,11 +238,14 @@ def checked(config):
     from evo_attention.train.environment import resolve_device
 
     check_schedule_and_suite(config)
-    # a corpus's other tokenizers make their own vocabulary: a word vocabulary size would be ignored
-    if given("--vocab-size") and config.vocab_size is not None and config.suite is None \
-            and not takes_options(config.data) and parse_tokenizer(config.tokenizer)[0] != "word":
-        raise UserError(f"--vocab-size is the vocabulary of the word tokenizer; --tokenizer {config.tokenizer} makes "
-                        "its own: drop --vocab-size (or give full)")
+    # a corpus's other tokenizers make their own vocabulary: a word vocabulary size (a flag or a config
+    # file's, not a preset's or a stored run's) would be ignored
+    named = given("--vocab-size") or SETTING_ORIGINS.get("vocab_size", "").startswith("config file")
+    if named and config.vocab_size is not None and config.suite is None and not takes_options(config.data) \
+            and parse_tokenizer(config.tokenizer)[0] != "word":
+        raise UserError(f"vocab_size {config.vocab_size} is the size of a word vocabulary; tokenizer "
+                        f"{config.tokenizer} makes its own: drop vocab_size (or give full)",
+                        setting=("vocab_size", "tokenizer"))
     device = resolve_device(config.device)
     check_model_memory(config, device)
     load_plugins(config.plugins)  # a stored run's plugins (a resume) before its search space is read
