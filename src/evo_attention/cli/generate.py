@@ -18,6 +18,7 @@ def cmd_generate(args) -> int:
 
     from evo_attention.data.tokenizers import encode_prompt
     from evo_attention.nn.decoding import check_sampling, generate
+    from evo_attention.nn.program import InputCache, KernelState, KVCache
     from evo_attention.train.environment import resolve_device
     from evo_attention.train.saving import load_model, load_tokenizer, saved_plugins
 
@@ -49,8 +50,8 @@ def cmd_generate(args) -> int:
     seconds = time.perf_counter() - start
     rate = f"{len(new) / seconds:,.1f} tokens/s" if seconds > 0 and new else "-"
     # how the layers decode (nn.program): cached keys and values, a kernel's running sums, or recomputation
-    words = {"KVCache": "key/value cache", "KernelState": "running sums", "InputCache": "recomputed per token"}
-    how = " + ".join(dict.fromkeys(words.get(type(c).__name__, type(c).__name__) for c in model.new_caches()))
+    words = {KVCache: "key/value cache", KernelState: "running sums", InputCache: "recomputed per token"}
+    how = " + ".join(dict.fromkeys(words[type(c)] for c in model.new_caches()))
     print(f"evo-attention: {len(new)} new tokens in {seconds:.2f}s ({rate}, {how}, {device}; "
           f"prompt {len(ids)} tokens, window {model.spec.max_seq_len})", file=sys.stderr)
     return 0

@@ -65,17 +65,18 @@ def _settings(items) -> dict:
     return out
 
 
-def _check_commands(plan) -> None:
+def _check_commands(plan) -> list[tuple[str, list[str]]]:
     """Every command of the plan parses as this version's command line reads it (a misspelt command
-    or flag is refused when the plan is registered or run, not when its stage comes)."""
+    or flag is refused when the plan is registered or run, not when its stage comes); returns them
+    (``studies.study.command_lines``)."""
     import contextlib
     import io
 
     from evo_attention.cli import build_parser
     from evo_attention.studies.study import command_lines
 
-    parsers = {}  # one per command: a plan runs the same few commands many times
-    for stage, argv in command_lines(plan):
+    parsers, lines = {}, command_lines(plan)  # one parser per command: a plan runs the same few many times
+    for stage, argv in lines:
         command = argv[0] if argv else None
         if command not in parsers:
             parsers[command] = build_parser(only=command)
@@ -86,6 +87,7 @@ def _check_commands(plan) -> None:
         except SystemExit:
             why = (said.getvalue().strip().splitlines() or ["it cannot be parsed"])[-1].split("error: ", 1)[-1]
             raise UserError(f"stage {stage}: `evo-attention {' '.join(argv[:2])} ...`: {why}") from None
+    return lines
 
 
 def cmd_study(args) -> int:
@@ -94,7 +96,7 @@ def cmd_study(args) -> int:
 
     plan = st.load_study(args.plan, settings=_settings(getattr(args, "set", None)))
     if args.action in ("register", "run"):
-        _check_commands(plan)
+        lines = _check_commands(plan)
     if args.action == "register":
         record = st.register(plan, allow_dirty=args.allow_dirty, after_results=args.after_results)
         print(f"registered {args.plan} at commit {record['commit'] or '(none)'}: {st.registration_path(plan)}")
@@ -113,9 +115,7 @@ def cmd_study(args) -> int:
 
         # a plugin registers for the whole process: where a stage names one, each stage runs in a process of
         # its own, so that no stage sees another's ops and components (its result would depend on the order)
-        from evo_attention.studies.study import command_lines
-
-        alone = any(a == "--plugin" or a.startswith("--plugin=") for _, argv in command_lines(plan) for a in argv)
+        alone = any(a == "--plugin" or a.startswith("--plugin=") for _, argv in lines for a in argv)
         ran = sr.run_study(plan, None if alone else command, stages=args.stage, log=lambda line: log(line, args.quiet))
         log(f"study {plan.name}: {'ran ' + ', '.join(ran) if ran else 'every stage is done'}", args.quiet)
     elif args.action == "status":

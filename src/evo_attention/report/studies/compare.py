@@ -60,8 +60,8 @@ def compare_markdown(payload: dict) -> str:
     if paired:
         family = max((p.get("family_size") or 0 for p in paired.values()), default=0)
         lines += ["", f"change vs baseline: the change of perplexity paired by seed (a paired test on the per-seed log "
-                  f"perplexities, exact sign-flip below 12 seeds, else t; its 95% t interval), with the verdict (Holm "
-                  f"over {family} comparisons; equivalence "
+                  f"perplexities, exact sign-flip below {stats.EXACT_BELOW} seeds, else t; its 95% t interval), "
+                  f"with the verdict (Holm over {family} comparisons; equivalence "
                   f"within ±{100 * (s.get('margin') or stats.DEFAULT_MARGIN):g}%; see docs/validation.md)."]
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "
               f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
