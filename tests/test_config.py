@@ -24,7 +24,6 @@ def test_construction_has_no_side_effects(tmp_path, monkeypatch):
     "kwargs, words",
     [
         ({"d_model": 130, "n_heads": 4}, "not divisible"),
-        ({"elite_size": 12}, "smaller than population_size"),
         ({"n_layers": 0}, "n_layers"),
         ({"batch_size": -1}, "batch_size"),
         ({"vocab_size": 1}, "at least 2"),

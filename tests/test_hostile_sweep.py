@@ -349,8 +349,21 @@ def test_a_breeding_rate_for_a_strategy_that_does_not_breed_is_refused(tmp_path,
     out = tmp_path / "run"
     assert main(["search", "--data", "recall", "--strategy", strategy, flag, "0.9", "--out", str(out), "--quiet"]) == 2
     said = last_error(capsys)
-    assert f"{flag} is read only by the strategies that breed children (ga, nsga2)" in said
+    assert f"{flag} is read only by the strategies ga, nsga2;" in said
     assert f"--strategy {strategy} does not use it" in said and not out.exists()
+
+
+def test_the_climb_reads_no_elite(tmp_path, capsys):
+    from evo_attention.search import strategy_from_config
+
+    with pytest.raises(UserError, match="elite_size 2 must be smaller than population_size 2"):
+        strategy_from_config(Config(population_size=2, elite_size=2))  # the GA keeps an elite
+    climb = strategy_from_config(Config(population_size=2, elite_size=2, strategy="climb"))
+    assert climb.batch_size(1) == 2 and climb.elite_places == 1
+    out = tmp_path / "run"
+    assert main(["search", "--data", "recall", "--strategy", "climb", "--elite", "1", "--out", str(out)]) == 2
+    said = last_error(capsys)
+    assert "--elite is read only by the strategies ga, random" in said and not out.exists()
 
 
 def test_validate_says_which_of_its_flags_it_does_not_use(tmp_path, recwarn):

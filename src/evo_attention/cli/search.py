@@ -40,11 +40,11 @@ def search_config(args):
         from evo_attention.search import STRATEGIES
 
         strategy = STRATEGIES.get(config.strategy)  # an unknown one is named when the search starts
-        unread = [name for name in ("mutation_rate", "crossover_rate") if given(flag_of(name))
+        unread = [name for name in ("mutation_rate", "crossover_rate", "elite_size") if given(flag_of(name))
                   and strategy is not None and name not in strategy.CONFIG_FIELDS]  # what it reads of the config
         if unread:
             readers = ", ".join(n for n, cls in STRATEGIES.items() if unread[0] in cls.CONFIG_FIELDS)
-            raise UserError(f"{flag_of(unread[0])} is read only by the strategies that breed children ({readers}); "
+            raise UserError(f"{flag_of(unread[0])} is read only by the strategies {readers}; "
                             f"--strategy {config.strategy} does not use it: drop it")
         return config
     with RunStore.open(args.out, readonly=True) as store:

@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from evo_attention.genes import (ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, RECIPE_FIELDS,
                                  AttentionGene, SearchSpace)
 from evo_attention.report.studies.common import schedule_text
+from evo_attention.search import STRATEGIES
 from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
@@ -817,10 +818,11 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
             span = f"{params[0]:,}" if params[0] == params[-1] else f"{params[0]:,} to {params[-1]:,}"
             model += f"; {span} parameters"
         rows.append(("Model", model))
-    if c.get("population_size") is not None:
-        rows.append(("Population x generations",
-                     f"{c['population_size']} x {c.get('n_generations')} (elite {c.get('elite_size')})"))
     strategy = s.strategy if isinstance(s.strategy, Mapping) else {}
+    if c.get("population_size") is not None:
+        reads = STRATEGIES.get(strategy.get("name") or c.get("strategy"))
+        elite = f" (elite {c.get('elite_size')})" if reads is None or "elite_size" in reads.CONFIG_FIELDS else ""
+        rows.append(("Population x generations", f"{c['population_size']} x {c.get('n_generations')}{elite}"))
     if strategy:
         options = strategy.get("options") or {}
         opts = ", ".join(f"{k}={v}" for k, v in options.items())

@@ -281,8 +281,8 @@ class Strategy(ABC):
         if self.elite_size >= self.population_size:
             raise UserError(
                 f"elite_size {self.elite_size} must be smaller than population_size "
-                f"{self.population_size}: lower elite_size or raise population_size"
-            )
+                f"{self.population_size}: lower elite_size or raise population_size",
+                setting=("elite_size", "population_size"))
         self.seed = _as_int("seed", seed, -(2**63))
         if space is None:
             space = SearchSpace()

@@ -32,9 +32,10 @@ class HillClimb(RandomSearch):
     name = "climb"
     default_start = "vanilla"
     OPTIONS = {**RandomSearch.OPTIONS, "min_gain": 0.0}
+    CONFIG_FIELDS = tuple(name for name in RandomSearch.CONFIG_FIELDS if name != "elite_size")
 
-    def __init__(self, *, min_gain: float = 0.0, **settings):
-        super().__init__(**settings)
+    def __init__(self, *, min_gain: float = 0.0, elite_size: int = 0, **settings):
+        super().__init__(elite_size=elite_size, **settings)
         if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < math.inf:
             raise UserError(f"min_gain {min_gain!r} must be a number >= 0", setting="min_gain")
         if self.n_objectives > 1:

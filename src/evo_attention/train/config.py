@@ -458,10 +458,7 @@ def _check_search(c: Config) -> None:
         raise UserError(f"seed must be an integer in 0..2^63-1, got {c.seed!r}", setting="seed")
     _integer(c, "population_size")
     _integer(c, "n_generations")
-    _integer(c, "elite_size", minimum=0)
-    if c.elite_size >= c.population_size:
-        raise UserError(f"elite_size {c.elite_size} must be smaller than population_size {c.population_size}",
-                        setting=("elite_size", "population_size"))
+    _integer(c, "elite_size", minimum=0)  # below population_size where the strategy reads it (Strategy checks)
     _number(c, "mutation_rate", 0.0, 1.0)
     _number(c, "crossover_rate", 0.0, 1.0)
     if not isinstance(c.strategy, str) or not c.strategy:
