@@ -386,3 +386,59 @@ def test_a_command_leaves_no_flags_behind(tmp_path):
                  "--out", str(tmp_path / "b")]) == 2  # read its flags and its file's settings, then refused
     # what runs after it in the process (the library, another command) does not read them
     assert not given("--warmup-steps") and "lr_schedule" not in SETTING_ORIGINS
+
+
+SIMILARITY_PLUGIN = '''
+from evo_attention import register_similarity
+from evo_attention.nn.components import Similarity
+
+@register_similarity("centered_dot_probe")
+class Centered(Similarity):  # minus each row's mean over all keys: the future ones too
+    def forward(self, q, k):
+        s = q @ k.transpose(-2, -1)
+        return s - s.mean(-1, keepdim=True)
+'''
+GATING_PLUGIN = '''
+import torch, torch.nn as nn
+from evo_attention import register_gating, register_temperature
+from evo_attention.nn.components import Gating
+
+@register_temperature("causal_temp_probe")
+class Temperature(nn.Module):  # from each position's own input: causal, accepted
+    def __init__(self, d_model, n_heads, d_head):
+        super().__init__()
+        self.proj = nn.Linear(d_model, n_heads)
+
+    def forward(self, x):
+        return 1 + torch.sigmoid(self.proj(x)).transpose(1, 2).unsqueeze(-1)
+
+@register_gating("suffix_gate_probe")
+class SuffixGate(Gating):  # a gate from the sum of the positions after t
+    def __init__(self, d_model):
+        super().__init__(d_model)
+        self.gate = nn.Linear(d_model, d_model)
+
+    def forward(self, x, y):
+        return torch.sigmoid(self.gate(x.flip(1).cumsum(1).flip(1))) * y
+'''
+
+
+@pytest.mark.parametrize("text, says", [(SIMILARITY_PLUGIN, "similarity 'centered_dot_probe' reads future positions"),
+                                        (GATING_PLUGIN, "gating 'suffix_gate_probe' reads future positions")])
+def test_a_plugin_component_that_reads_the_future_is_refused(tmp_path, capsys, text, says):
+    from evo_attention.nn import components
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(text)
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state()
+    try:
+        assert main(["search", *TINY, "--generations", "1", "--plugin", str(plugin), "--out", str(tmp_path / "run")]) == 2
+        assert says in last_error(capsys) and not (tmp_path / "run").exists()
+        assert torch.equal(torch.random.get_rng_state(), before)  # the probe draws from its own generator
+        if "suffix" in says:
+            assert "causal_temp_probe" in components.TEMPERATURES  # registered before the gating was refused
+    finally:
+        components.unregister("temperature_mode", "causal_temp_probe")
+        for kind in ("similarity", "gating"):
+            components.unregister(kind, "centered_dot_probe" if kind == "similarity" else "suffix_gate_probe")

@@ -41,15 +41,35 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("const", "H->H", lambda call, z: z, "not an input or 'const'"),
     ("zeroh", "->H", lambda call: None, "at least one argument"),
     ("notfn", "H->H", 3, "must be functions"),
+    ("nosig", [], lambda call, z: z, "one or more signatures"),
+    ("badsig", 5, lambda call, z: z, "one or more signatures"),
+    (123, "H->H", lambda call, z: z, "give a name"),
+    # reads the next position / every key of a row / the whole block input: a program with it sees the future
+    ("peek", "H->H", lambda call, z: torch.roll(z, -1, dims=-2), "reads future positions"),
+    ("rowmean", "S->S", lambda call, s: s - s.mean(-1, keepdim=True), "reads future positions"),
+    ("xsum", "T->T", lambda call, z: z + call.x.sum(1).mean(), "reads future positions"),
 ])
 def test_a_registration_that_would_change_or_break_the_language_is_refused(name, signature, apply, problem):
     from evo_attention import register_op
 
     before = dict(programs.OPS)
-    kind = "time" if name in ("shift", "zeroh") else "elementwise"
+    kind = "time" if name in ("shift", "zeroh", "peek") else "elementwise"
     with pytest.raises(programs.ProgramError, match=problem):
         register_op(name, signature, kind, apply=apply)
     assert programs.OPS == before
+
+
+def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
+    from evo_attention import register_op
+    from evo_attention.nn import program as engine_ops
+
+    assert not [name for name in engine_ops.IMPLEMENTATIONS if engine_ops._reads_future(name)]
+    register_op("lag1", "H->H", "time", apply=lambda call, z: torch.cat([torch.zeros_like(z[..., :1, :]),
+                                                                         z[..., :-1, :]], -2))
+    try:
+        assert "lag1" in programs.OPS
+    finally:
+        engine_ops.unregister_op("lag1")
 
 
 @pytest.mark.parametrize("broken, says", [

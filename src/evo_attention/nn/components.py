@@ -82,6 +82,8 @@ def _registrar(kind: str):
             plugin = getattr(factory, "__module__", None) != __name__
             if kind == "normalization" and plugin and not getattr(factory, "kernel", False):
                 check_masking(name, factory)
+            elif kind != "normalization" and plugin:
+                check_causal(kind, name, factory)
             _REGISTRIES[kind][name] = factory
             if name not in OPTIONS[kind]:
                 OPTIONS[kind].append(name)
@@ -118,6 +120,61 @@ def check_masking(name: str, normalize: Callable) -> None:
     if not fine:
         raise UserError(f"normalization {name!r} weighs masked keys or reads their scores: give them exactly zero "
                         "weight from the allowed scores alone (mask the scores, or zero_masked / row_normalize)")
+
+
+def probe_pair(kind: str, draw: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causality probe's value of program type ``kind`` (X [1, 4, 8]; H, F, S, W [1, 2, 4, 4]; C 0.5) and
+    a copy whose later entries changed: position 3, and for scores also every key after its query."""
+    if kind == "C":  # a constant: the same number in both
+        return 0.5, 0.5
+    value = torch.randn((1, 4, 8) if kind == "X" else (1, 2, 4, 4), generator=draw)
+    later = torch.zeros(value.shape[-2:], dtype=torch.bool)
+    later[3] = True
+    if kind in ("S", "W"):
+        later |= ~torch.ones(4, 4, dtype=torch.bool).tril()
+        later[:, 3] = True
+    return value, torch.where(later, value + 3.0, value)
+
+
+def _earlier(value: torch.Tensor, kind: str) -> torch.Tensor:
+    """What a causal output of type ``kind`` keeps when a ``probe_pair`` changes: positions 0..2,
+    and for scores (or a temperature broadcast to them) their keys 0..i."""
+    if kind in ("S", "W"):
+        return torch.broadcast_to(value, (1, 2, 4, 4))[..., :3, :3].masked_select(torch.ones(3, 3).tril().bool())
+    return value[..., :3, :]
+
+
+def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None) -> bool:
+    """Whether ``compute`` (of ``probe_pair`` values of ``arg_types``; ``module``'s weights drawn at
+    random first) changes an earlier output when later inputs change. The global random state and
+    the weights' gradients are left alone (a generator of its own, ``no_grad``)."""
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in module.parameters() if module is not None else ():
+            weight.copy_(torch.randn(weight.shape, generator=draw))
+        given, moved = zip(*(probe_pair(kind, draw) for kind in arg_types))
+        seen = [_earlier(compute(*values), result_type) for values in (given, moved)]
+    return not torch.allclose(*seen, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def check_causal(kind: str, name: str, factory: Callable) -> None:
+    """UserError unless a similarity, temperature or gating, built with random weights at sizes
+    d_head 4, 2 heads, d_model 8, reads no later position (``reads_future``): a model with it would.
+    One that cannot be built or run on the probe is left to fail in use."""
+    with torch.random.fork_rng(devices=[]):  # building it draws its initial weights
+        try:
+            module = {"similarity": lambda: factory(4, 2), "gating": lambda: factory(8)}.get(
+                kind, lambda: factory(8, 2, 4))().eval()
+            if kind == "gating":  # both of its uses: the projections' input, and the output it combines
+                leaks = reads_future(lambda x, y: torch.cat([module.gate_input(x), module(x, y)], -1), "XX", "X",
+                                     module)
+            else:
+                leaks = reads_future(module, "HH" if kind == "similarity" else "X", "S", module)
+        except Exception:  # its own error: a training with it fails and is recorded so (status error)
+            return
+    if leaks:
+        raise UserError(f"{kind.split('_')[0]} {name!r} reads future positions: an output at position t may "
+                        "depend only on inputs at positions <= t (and a score [i, j] on query i and key j)")
 
 
 register_normalization = _registrar("normalization")

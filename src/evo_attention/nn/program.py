@@ -45,6 +45,7 @@ import copy
 import functools
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -106,9 +107,38 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
     (subclass ``PerModel`` or give it a ``fold`` method so that it folds), as ``call.module``."""
     if not callable(apply) or (build is not None and not callable(build)):
         raise programs.ProgramError(f"program op {name!r}: apply (and build, if given) must be functions")
-    sigs = [signatures] if isinstance(signatures, str) else list(signatures)
+    sigs = [signatures] if isinstance(signatures, str) else list(signatures) if isinstance(
+        signatures, (list, tuple)) else []
+    if not sigs or not isinstance(name, str):
+        raise programs.ProgramError(f"program op {name!r}: give a name (a string) and one or more signatures "
+                                    f"such as 'H->H' (signatures {signatures!r})")
     programs.add_op(programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold))
     _own(name, apply, build)
+    if _reads_future(name):
+        unregister_op(name)
+        raise programs.ProgramError(f"program op {name!r} reads future positions: its value at position t may "
+                                    "depend only on inputs at positions <= t (and a score [i, j] on query i, key j)")
+
+
+def _reads_future(name: str) -> bool:
+    """Whether op ``name``, on some typing of its signatures (T as X, H and S) with random weights,
+    changes an earlier position's value when later inputs change (``components.reads_future``, the
+    block input x moved with them). An op that raises on the probe is left to fail in use."""
+    impl, op = IMPLEMENTATIONS[name], programs.OPS[name]
+    for args, _ in op.signatures:
+        for typed in ("X", "H", "S") if "T" in args else ("T",):
+            types = tuple(typed if a == "T" else a for a in args)
+            out = op.result(types)
+            with torch.random.fork_rng(devices=[]):  # building draws initial weights
+                try:
+                    module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
+                    attn = SimpleNamespace(out=nn.Linear(8, 8), d_model=8, n_heads=2, d_head=4)
+                    if components.reads_future(lambda x, *values: impl.apply(Call(module, x, attn), *values),
+                                               "X" + "".join(types), out, module):
+                        return True
+                except Exception:
+                    continue
+    return False
 
 
 def unregister_op(name: str) -> None:
