@@ -442,3 +442,21 @@ def test_a_plugin_component_that_reads_the_future_is_refused(tmp_path, capsys, t
         components.unregister("temperature_mode", "causal_temp_probe")
         for kind in ("similarity", "gating"):
             components.unregister(kind, "centered_dot_probe" if kind == "similarity" else "suffix_gate_probe")
+
+
+def test_a_path_no_file_system_call_can_use_is_one_line(tmp_path, capsys):
+    long = str(tmp_path / ("n" * 300))  # a name over the 255 bytes a directory entry holds
+    for command in (["search", "--out", long], ["status", long]):
+        assert main(command) == 2
+        assert "File name too long: give a shorter path" in last_error(capsys)
+
+
+def test_printed_commands_quote_their_paths(tmp_path):
+    import shlex
+
+    from evo_attention.studies.evolution import end_of_run_lines
+
+    run = tmp_path / "my runs" / "b"
+    lines = end_of_run_lines(run, kept=1)
+    assert f"validate --from-run {shlex.quote(str(run))} " in lines[1]
+    assert shlex.split(lines[2].split("   #")[0])[-1] == str(run / "hf")  # pasted into a shell, one argument

@@ -8,6 +8,7 @@ Each subcommand parses flags into a Config (defaults < --preset < --config FILE 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -98,6 +99,12 @@ def _run(args) -> int:
         with suppress(OSError, ValueError):  # stdout not a file (captured): nothing will be flushed to a closed pipe
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except OSError as exc:  # after BrokenPipeError, one of them
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):  # a path no file system call can use
+            raise
+        print(f"evo-attention: error: {exc.filename}: {exc.strerror}: give a shorter path, or one without a "
+              "symbolic-link loop", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

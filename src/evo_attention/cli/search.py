@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def cmd_search(args) -> int:
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                           executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False,
                           check=0 if args.no_check else None)
-    resume_cmd = f"evo-attention search --resume --out {out}"
+    resume_cmd = f"evo-attention search --resume --out {shlex.quote(str(out))}"
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
             "planned" if not on_suite else f"{on_suite}; {evolution.planned} trainings planned")

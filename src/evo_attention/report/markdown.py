@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import quote  # a directory the user named may hold a space: the image stays an image
@@ -295,7 +296,7 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                          + ("" if change is None else f"; the best gene is **{100 * change:+.1f} accuracy points** "
                                                       "from it") + ".")
         if s.suite.get("vs_baseline") is not None and not validation:
-            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {s.run_dir}` to compare the "
+            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {shlex.quote(str(s.run_dir))}` to compare the "
                          "best genes with the baseline on the suite over fresh seeds.")
         return lines
     elif b["perplexity"] is None:
@@ -313,7 +314,7 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                      f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
     if s.change is not None and not validation:
-        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {s.run_dir}` to see whether "
+        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {shlex.quote(str(s.run_dir))}` to see whether "
                      "the difference holds over fresh seeds.")
     return lines
 
@@ -332,6 +333,7 @@ def full_config_json(s: RunSummary) -> str:
 
 def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
     """What identifies the run and the commands that regenerate or repeat its results."""
+    run_dir = shlex.quote(str(run_dir))  # a command to paste into a shell
     lines = [f"Data fingerprint: `{s.data_fingerprint or 'unknown'}`",
              f"Started: {s.created_at or 'unknown'}; finished: {s.finished_at or 'not yet'}",
              f"Regenerate this report from the run store: `evo-attention report {run_dir}`"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -96,7 +97,7 @@ def _check_one_kind(run_dirs: Sequence, summaries: list[RunSummary]) -> None:
             kind = store.kind()
         if kind != "search":
             raise UserError(f"{run_dir} holds the store of a {kind}, not of a search: report A B compares searches; "
-                            f"report it alone (evo-attention report {run_dir})", setting="run_dirs")
+                            f"report it alone (evo-attention report {shlex.quote(str(run_dir))})", setting="run_dirs")
     suites = {d: s.suite is not None for d, s in zip(run_dirs, summaries)}
     if len(set(suites.values())) > 1:
         suite = next(d for d, is_suite in suites.items() if is_suite)

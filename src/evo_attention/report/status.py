@@ -22,6 +22,7 @@ run again, continues it (finished trainings are kept).
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def run_status(run_dir: str | Path) -> dict:
         "run_dir": str(run_dir),
         "state": "running" if live else ("finished" if done else "interrupted"),
         "writer": live,
-        "resume_command": None if live or done else f"evo-attention search --resume --out {run_dir}",
+        "resume_command": None if live or done else f"evo-attention search --resume --out {shlex.quote(str(run_dir))}",
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sqlite3
 import threading
 from contextlib import contextmanager, suppress
@@ -192,7 +193,7 @@ class RunStore:
         if Path(run_dir).is_file():
             raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
         if not path.is_file():
-            raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {run_dir}`")
+            raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {shlex.quote(str(run_dir))}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
         try:
             version = store._schema_version()

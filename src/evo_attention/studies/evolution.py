@@ -12,6 +12,7 @@ The search itself is ``search.driver.Search``; this adds what needs the report l
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -40,14 +41,15 @@ def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
 def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False) -> list[str]:
     """What a finished search says last: where its report is, and the commands that come next."""
     run_dir = Path(run_dir)
-    export = (f"next: evo-attention export --from-run {run_dir} --rank 1 --format hf --out {run_dir / 'hf'}"
+    run, hf, journal = (shlex.quote(str(path)) for path in (run_dir, run_dir / "hf", run_dir / "optuna.log"))
+    export = (f"next: evo-attention export --from-run {run} --rank 1 --format hf --out {hf}"
               "   # the best kept model for transformers" if kept else
               "next: search with --keep-models K to keep the best models for evo-attention export")
     return [f"report: {run_dir / 'report.html'} (and report.md, final_results.json, evaluations.csv, "
             f"evolution_progress.png{', suite.png' if suite else ''})",
-            f"next: evo-attention validate --from-run {run_dir}   # the best genes on fresh seeds against the baseline",
+            f"next: evo-attention validate --from-run {run}   # the best genes on fresh seeds against the baseline",
             export,
-            f"next: evo-attention report {run_dir} --optuna-journal {run_dir / 'optuna.log'}   # for optuna-dashboard"]
+            f"next: evo-attention report {run} --optuna-journal {journal}   # for optuna-dashboard"]
 
 
 class Evolution(Search):
