@@ -313,6 +313,23 @@ def test_baseline_only_run(tmp_path):
     assert paths["evolution_progress"].read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
+    # a climb's start gene is the baseline gene: the store answers it from the baseline's training
+    from evo_attention.report.status import run_status
+
+    run_dir, worse = tmp_path / "told", "dot|sparsemax|none|fixed|bias|0.10"
+    with new_store(run_dir, done=True, planned=2) as store:
+        store.record(record(VANILLA, "ok", BASELINE_PPL), role="baseline")
+        store.record(record(worse, "ok", BASELINE_PPL + 1), role="search", generation=0)
+        store.record_generation(0, [(VANILLA, BASELINE_PPL, False), (worse, BASELINE_PPL + 1, False)])
+    summary = load_run(run_dir)
+    assert [r["gene"] for r in summary.ranking] == [VANILLA, worse]
+    assert summary.best_gene == VANILLA and summary.best_generation == 0
+    assert summary.history[0]["best_gene"] == VANILLA
+    assert summary.counts["trained"] == 1 and summary.counts["cache_hits"] == 1
+    assert run_status(run_dir)["best"]["gene"] == VANILLA
+
+
 def test_component_analysis_lists_axes_that_vary():
     def rec(gene, ppl):
         return {"gene": gene, "status": "ok", "val_perplexity": ppl}

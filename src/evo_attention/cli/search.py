@@ -213,7 +213,7 @@ def best_line(summary) -> str | None:
     if summary.best_gene is None:
         return None
     line = f"best: {gene_label(summary.best_gene)}  perplexity {number(summary.best_perplexity)}"
-    accuracy = {r.get("role"): r.get("accuracy") for r in summary.evaluations
+    accuracy = {r.get("role"): r.get("accuracy") for r in summary.evaluations + summary.search_evaluations
                 if r.get("id") == summary.best.get("id") or (r.get("role") == "baseline" and r.get("status") == "ok")}
     if accuracy.get("search") is not None:  # a task scored at its answers (recall): the accuracy beside it
         line += f", accuracy {number(accuracy['search'], 3)}"

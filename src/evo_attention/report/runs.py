@@ -151,7 +151,7 @@ def _run_row(name: str, summary: RunSummary, objectives: Sequence[str] | None, b
         "name": name, "run_dir": str(summary.run_dir),
         "strategy": (summary.strategy or {}).get("name") or summary.config.get("strategy"),
         "objectives": summary.objectives, "done": summary.done,
-        "search_trainings": len(search), "failed": sum(1 for r in search if failed(r)),
+        "search_trainings": summary.counts["trained"], "failed": sum(1 for r in search if failed(r)),
         "unique_genes": len(summary.ranking),
         "best_gene": summary.best_gene, "best_perplexity": summary.best_perplexity,
         "best_generation": summary.best_generation,

@@ -53,7 +53,7 @@ def run_status(run_dir: str | Path) -> dict:
     from evo_attention.search.fidelity import RUNG_ROLE
 
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
-                                              pareto_summary, suite_view)
+                                              pareto_summary, search_records, suite_view)
     from evo_attention.search.constraints import constraint_view
 
     per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request
@@ -62,11 +62,10 @@ def run_status(run_dir: str | Path) -> dict:
     # the search's plan counts its own trainings; studies that add theirs (validate --from-run, ...) are said apart
     studies = Counter(e.get("role") for e in evaluations if e.get("role") not in (*SEARCH_ROLES, RUNG_ROLE))
     evaluations = [e for e in evaluations if e.get("role") in SEARCH_ROLES]
-    searched = [e for e in evaluations if e.get("role") == "search"]
+    searched = search_records(evaluations, generations)
     constraints = constraint_view(meta["constraints"], meta["infeasible"], searched)
     never_trained = len(constraints["never_trained"]) if constraints else 0
-    ok = [e for e in evaluations if e.metric() is not None]
-    search = feasible_only([e for e in ok if e.get("role") == "search"], constraints)
+    search = feasible_only([e for e in searched if e.metric() is not None], constraints)
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
     objectives = objectives_of(config)
@@ -77,7 +76,8 @@ def run_status(run_dir: str | Path) -> dict:
         front = {k: view[k] for k in ("objectives", "front_size", "hypervolume", "reference_point")}
     suite = None
     if suite_meta:
-        view = suite_view(suite_meta, evaluations, config.get("seed"))
+        view = suite_view(suite_meta, [e for e in evaluations if e.get("role") != "search"] + searched,
+                          config.get("seed"))
         ranked = [r for r in view["genes"] if r["rank"] is not None]
         base_row = view["baseline"]
         suite = {"name": view["name"], "points": len(view["points"]),

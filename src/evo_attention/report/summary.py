@@ -9,8 +9,9 @@ Conventions:
 
 - Fitness is validation perplexity (lower is better). An evaluation *failed* when its status is
   not ``"ok"`` or it has no finite ``val_perplexity``; its perplexity then counts as ``inf``.
-- The search results are the evaluations of role ``"search"``; the baseline is role
-  ``"baseline"``; other roles (e.g. ``"validate"``) are listed and counted but never ranked.
+- The search results are the evaluations of role ``"search"``, and the baseline's (role ``"baseline"``)
+  of a gene the strategy was told from it (``search_records``); other roles (e.g. ``"validate"``) are
+  listed and counted but never ranked.
 - Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
   A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
 - A multi-objective run (``objectives`` beyond perplexity) also gets ``pareto``: the Pareto front
@@ -81,6 +82,21 @@ def perplexity_of(record: Mapping) -> float:
     """The fitness of an evaluation record: its usable perplexity, else ``inf``."""
     value = usable_metric(record)
     return math.inf if value is None else value
+
+
+def search_records(evaluations: Sequence, table: list[dict]) -> list:
+    """The records a search ranks, in store order: those of role "search", and as a copy (role "search",
+    generation: the first listing it) each baseline record of a gene in a recorded generation (``table``)
+    without one: the store answered the strategy from the baseline's training, stored once, as the baseline."""
+    first: dict[str, int] = {}
+    for row in table:
+        for member in row["members"]:
+            first.setdefault(str(member["gene"]), row["generation"])
+    told = first.keys() - {str(r.get("gene")) for r in evaluations if r.get("role") == "search"}
+    return [r if r.get("role") == "search" else
+            r.replace(extra={**r.extra, "role": "search", "generation": first[str(r.get("gene"))]})
+            for r in evaluations if r.get("role") == "search" or (r.get("role") == "baseline" and
+                                                                  str(r.get("gene")) in told)]
 
 
 def failed(record: Mapping) -> bool:
@@ -455,12 +471,13 @@ class RunSummary:
     init_from: dict | None = None  # warm-started runs: the store's meta init_from
     suite: dict | None = None  # suite runs: suite_view (the gene x point table, ranked by suite accuracy)
     racing: dict | None = None  # raced runs: the store's meta racing (search.racing)
+    search_evaluations: list = field(default_factory=list)  # the records the run ranks (search_records)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_store(cls, store: RunStore, top_n: int = TOP_N) -> "RunSummary":
         evaluations = store.evaluations()
-        search = [r for r in evaluations if r.get("role") == "search"]
+        search = search_records(evaluations, store.generations())
         constraints = caps.constraint_view(store.get_meta(caps.META_LIMITS), store.get_meta(caps.META_INFEASIBLE),
                                            search)
         feasible = feasible_only(search, constraints)
@@ -471,7 +488,8 @@ class RunSummary:
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
-        counts = _counts(evaluations, search, planned, done, constraints)
+        counts = _counts(evaluations, [r for r in evaluations if r.get("role") == "search"], planned, done,
+                         constraints)
         config = dict(store.config() or {})
         objectives = objectives_of(config)
         summary = cls(
@@ -504,6 +522,7 @@ class RunSummary:
             pareto=pareto_summary(feasible, objectives, baselines) if len(objectives) > 1 else None,
             constraints=constraints,
             init_from=store.get_meta("init_from"),
+            search_evaluations=search,
         )
         suite_meta = store.get_meta("suite")
         if suite_meta:
@@ -541,11 +560,6 @@ class RunSummary:
             return str(self.data["fingerprint"])
         prints = sorted({str(r["data_fingerprint"]) for r in self.evaluations if r.get("data_fingerprint")})
         return ", ".join(prints) or None
-
-    @property
-    def search_evaluations(self) -> list:
-        """The evaluations of role "search" (the ones the run ranks), in store order."""
-        return [r for r in self.evaluations if r.get("role") == "search"]
 
     def search_points(self, names: Sequence[str], feasible: bool | None = True) -> list[tuple]:
         """The objective vectors on ``names`` of the finished search evaluations, in store order: of
@@ -624,7 +638,8 @@ class RunSummary:
 def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None:
     """Replace the perplexity-ranked parts of ``summary`` by those of a suite run (see the module
     docstring); the counts, failures and evaluations stay per training."""
-    suite = suite_view(meta, summary.evaluations, summary.config.get("seed"))
+    others = [r for r in summary.evaluations if r.get("role") != "search"]
+    suite = suite_view(meta, others + summary.search_evaluations, summary.config.get("seed"))
     summary.suite = suite
     _suite_results(summary)
     summary.change = None
