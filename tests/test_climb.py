@@ -1,6 +1,7 @@
 """A search that starts from what works: program edits that matter (programs.edit), seeded starts
 (start_from), and the (1 + lambda) hill climb (strategy climb)."""
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -113,6 +114,14 @@ def test_climb_starts_from_neighbours_and_keeps_its_incumbent():
     third = strategy.ask()
     strategy.tell({g: 9.0 if i == 0 else 12.0 for i, g in enumerate(third)})
     assert strategy.incumbent.gene == third[0] and strategy.done
+
+
+@pytest.mark.parametrize("name", ["climb", "neighbours"])
+def test_strategies_that_edit_a_start_refuse_a_per_layer_genome(name):
+    space = dataclasses.replace(SearchSpace(), layers=2)
+    with pytest.raises(UserError, match=f"{name} edits one gene shared by every layer") as refused:
+        make_strategy(name, population_size=2, n_generations=2, elite_size=1, seed=0, space=space)
+    assert refused.value.settings == ("strategy", "genome")
 
 
 def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):

@@ -291,6 +291,10 @@ class Strategy(ABC):
         elif not isinstance(space, SearchSpace):
             raise UserError(f"space {space!r} is not a search space: pass a SearchSpace or a dict of options")
         self.space = space
+        if self.default_start is not None and space.layers:  # its start and every edit are one shared gene
+            raise UserError(f"{self.name} edits one gene shared by every layer, not a per-layer genome: use genome "
+                            "shared, or strategy ga or random (they draw whole genomes)",
+                            setting=("strategy", "genome"))
         self.seed_vanilla = bool(seed_vanilla)
         if isinstance(objectives, str) or not objectives or not all(isinstance(o, str) for o in objectives):
             raise UserError(f"objectives {objectives!r} must be a non-empty list of objective names",
