@@ -124,6 +124,16 @@ def test_strategies_that_edit_a_start_refuse_a_per_layer_genome(name):
     assert refused.value.settings == ("strategy", "genome")
 
 
+def test_the_climb_never_stands_on_a_gene_over_a_cap():
+    strategy = make_strategy("climb", population_size=2, n_generations=3, seed=0, constraints=("max_latency_ms",))
+    strategy.warm_start([AttentionGene.vanilla()], neighbours=True)
+    strategy.tell({g: 10.0 for g in strategy.ask()})
+    start = strategy.incumbent
+    strategy.tell({g: 9.0 for g in strategy.ask()}, violations={g: {"max_latency_ms": 0.5}
+                                                               for g in strategy.ask()})
+    assert strategy.incumbent == start and start.feasible
+
+
 def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("search_space:\n  program: {max_nodes: 8}\n")

@@ -5,7 +5,9 @@ given) and one-edit neighbours of them to fill ``population_size``; its best is 
 later generation asks ``population_size`` distinct one-edit neighbours of the incumbent
 (``search.base.neighbour``: in a program space, ``programs.edit``), never one asked before; the best
 of them replaces the incumbent only when its told fitness beats the incumbent's by more than
-``min_gain`` (option, default 0; in the told units: perplexity, or minus the suite accuracy).
+``min_gain`` (option, default 0; in the told units: perplexity, or minus the suite accuracy); in a run
+with caps a child with a smaller total violation replaces it first (a feasible one, violation 0, an
+infeasible incumbent), as every strategy ranks feasible genes first.
 Every candidate of a search trains on the run's seed, so the comparison is paired by seed.
 
 ``population`` is everything evaluated, best first (what the report ranks); ``incumbent`` is the
@@ -61,5 +63,7 @@ class HillClimb(RandomSearch):
     def _update(self, told):
         super()._update(told)
         best = self._batch[0]
-        if self.incumbent is None or best.perplexity < self.incumbent.perplexity - self.min_gain:
+        incumbent = self.incumbent  # a smaller violation of the run's caps first (0: feasible), then the gain
+        if incumbent is None or (best.violation, best.perplexity + self.min_gain) < (incumbent.violation,
+                                                                                     incumbent.perplexity):
             self.incumbent = best
