@@ -134,6 +134,15 @@ def test_the_climb_never_stands_on_a_gene_over_a_cap():
     assert strategy.incumbent == start and start.feasible
 
 
+def test_seed_vanilla_outside_the_program_space_is_refused_as_start_from_is():
+    with pytest.raises(UserError, match="seed_vanilla: the vanilla gene .* is outside this run's search space"):
+        make_strategy("nsga2", population_size=3, elite_size=1, n_generations=1, seed=0, seed_vanilla=True,
+                      space={"program": {"max_nodes": 4}})
+    with pytest.raises(UserError, match="outside this run's search space"):
+        starting_genes("vanilla", space=SearchSpace.from_dict({"program": {"max_nodes": 4}}), population_size=3,
+                       vanilla=AttentionGene.vanilla().key)
+
+
 def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("search_space:\n  program: {max_nodes: 8}\n")

@@ -45,6 +45,7 @@ from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGe
                                  in_program_form, program_grammar, violation)
 from evo_attention.search.constraints import violation as total_violation
 from evo_attention.search.pareto import pareto_order
+from evo_attention.search.warm_start import outside_space
 from evo_attention.train.config import CAP_FIELDS
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
@@ -296,6 +297,10 @@ class Strategy(ABC):
                             "shared, or strategy ga or random (they draw whole genomes)",
                             setting=("strategy", "genome"))
         self.seed_vanilla = bool(seed_vanilla)
+        vanilla = in_program_form(space.vanilla().key, space)  # as start_from vanilla names it
+        if self.seed_vanilla and (reason := outside_space(vanilla, space)) is not None:
+            raise UserError(f"seed_vanilla: the vanilla gene {vanilla} is outside this run's search space: {reason}; "
+                            "drop seed_vanilla or widen the space", setting=("seed_vanilla", "search_space"))
         if isinstance(objectives, str) or not objectives or not all(isinstance(o, str) for o in objectives):
             raise UserError(f"objectives {objectives!r} must be a non-empty list of objective names",
                             setting="objectives")
@@ -480,7 +485,8 @@ class Strategy(ABC):
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
         """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws;
-        with option ``seed_vanilla`` the vanilla transformer replaces the last of them (unless it is
+        with option ``seed_vanilla`` the vanilla transformer (refused at construction when it is outside the
+        space, as ``start_from vanilla`` is) replaces the last of them (unless it is
         among them anyway)."""
         genes = [g for g in self._warm if g.key not in exclude]
         taken = set(exclude) | {g.key for g in genes}
