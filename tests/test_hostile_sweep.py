@@ -459,3 +459,21 @@ def test_printed_commands_quote_their_paths(tmp_path):
     lines = end_of_run_lines(run, kept=1)
     assert f"validate --from-run {shlex.quote(str(run))} " in lines[1]
     assert shlex.split(lines[2].split("   #")[0])[-1] == str(run / "hf")  # pasted into a shell, one argument
+
+
+def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monkeypatch):
+    from evo_attention.report.attachments import CHECK_PENDING
+    from evo_attention.report.status import run_status
+    from evo_attention.search.store import RunStore
+
+    monkeypatch.setenv("EVO_ATTENTION_FRESH_CHECK", "on")
+    out = tmp_path / "run"
+    assert main(["search", *SEARCH, "--out", str(out)]) == 0
+    assert run_status(out)["state"] == "finished"
+    with RunStore.open(out) as store:  # as a Ctrl-C during the check leaves it
+        store.set_meta(CHECK_PENDING, True)
+    status = run_status(out)
+    assert status["state"] == "interrupted in its fresh-seed check" and "--resume" in status["resume_command"]
+    assert main(["report", str(out)]) == 0 and "its fresh-seed check was stopped" in (out / "report.md").read_text()
+    assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0
+    assert run_status(out)["state"] == "finished" and (out / "fresh_check.json").is_file()

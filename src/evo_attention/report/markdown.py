@@ -337,8 +337,9 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
     lines = [f"Data fingerprint: `{s.data_fingerprint or 'unknown'}`",
              f"Started: {s.created_at or 'unknown'}; finished: {s.finished_at or 'not yet'}",
              f"Regenerate this report from the run store: `evo-attention report {run_dir}`"]
-    if not s.done:
-        lines.append(f"Continue the run: `evo-attention search --out {run_dir} --resume`")
+    if not s.done or s.check_pending:
+        lines.append(f"Continue the run{' (its fresh-seed check was stopped)' * s.check_pending}: "
+                     f"`evo-attention search --out {run_dir} --resume`")
     for v in (attachments.validations if attachments else []):
         split = "" if v.get("eval_split", "valid") == "valid" else f" --eval-split {v.get('eval_split')}"
         genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))

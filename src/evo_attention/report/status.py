@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from evo_attention.genes import gene_label
+from evo_attention.report.attachments import CHECK_PENDING
 from evo_attention.search.store import RunStore
 from evo_attention.util.format import finite_or_none
 
@@ -39,6 +40,7 @@ def run_status(run_dir: str | Path) -> dict:
         evaluations, generations, activity, config = (store.evaluations(), store.generations(), store.activity(),
                                                       store.config())
         done = bool(store.get_meta("done", False))
+        checking = done and bool(store.get_meta(CHECK_PENDING, False))  # the search ended, its fresh check not
         meta = {key: store.get_meta(key) for key in ("planned", "fidelity", "executor", "constraints", "infeasible",
                                                      "init_from", "suite", "study")}
     from evo_attention.search.lock import holder
@@ -89,9 +91,11 @@ def run_status(run_dir: str | Path) -> dict:
         best = baseline = None  # a training's perplexity is one point's, not the gene's
     return {
         "run_dir": str(run_dir),
-        "state": "running" if live else ("finished" if done else "interrupted"),
+        "state": "running" if live else ("interrupted in its fresh-seed check" if checking else
+                                         "finished" if done else "interrupted"),
         "writer": live,
-        "resume_command": None if live or done else f"evo-attention search --resume --out {shlex.quote(str(run_dir))}",
+        "resume_command": None if live or (done and not checking) else
+        f"evo-attention search --resume --out {shlex.quote(str(run_dir))}",
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),

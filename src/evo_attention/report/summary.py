@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from evo_attention.genes import (ALL_FIELDS, AXIS_DEFAULTS, AXIS_FIELDS, FIELDS, KEY_PARTS, RECIPE_FIELDS,
                                  AttentionGene, SearchSpace)
+from evo_attention.report.attachments import CHECK_PENDING
 from evo_attention.report.studies.common import schedule_text
 from evo_attention.search import STRATEGIES
 from evo_attention.search import constraints as caps
@@ -471,6 +472,7 @@ class RunSummary:
     init_from: dict | None = None  # warm-started runs: the store's meta init_from
     suite: dict | None = None  # suite runs: suite_view (the gene x point table, ranked by suite accuracy)
     racing: dict | None = None  # raced runs: the store's meta racing (search.racing)
+    check_pending: bool = False  # the search ended and its fresh-seed check was stopped before it did
     search_evaluations: list = field(default_factory=list)  # the records the run ranks (search_records)
 
     # -- construction -------------------------------------------------------------------------
@@ -522,6 +524,7 @@ class RunSummary:
             pareto=pareto_summary(feasible, objectives, baselines) if len(objectives) > 1 else None,
             constraints=constraints,
             init_from=store.get_meta("init_from"),
+            check_pending=done and bool(store.get_meta(CHECK_PENDING, False)),
             search_evaluations=search,
         )
         suite_meta = store.get_meta("suite")

@@ -20,6 +20,7 @@ from pathlib import Path
 from evo_attention.data import LoaderData
 from evo_attention.data.base import TaskData
 from evo_attention.report import load_run, write_report
+from evo_attention.report.attachments import CHECK_PENDING
 from evo_attention.search.driver import Search
 from evo_attention.search.executors import Executor
 from evo_attention.studies.fresh_check import DEFAULT_TOP, fresh_check
@@ -86,11 +87,13 @@ class Evolution(Search):
             log(f"evo-attention: run directory {self.out_dir} ({self.planned} evaluations planned)")
         best = super().run()
         if self.check:
+            self.store.set_meta(CHECK_PENDING, True)  # until it ends, status calls the run interrupted
             try:
                 self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
             except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
                 warnings.warn(f"the fresh-seed check was not run: {exc}")
                 self.checked = None
+            self.store.set_meta(CHECK_PENDING, False)
         if self.write_reports:
             self.write_report()
             if self.announce:
