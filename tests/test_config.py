@@ -77,6 +77,20 @@ def test_task_options_belong_to_their_dataset():
     assert own["recall"] == {"pairs": 8}
 
 
+def test_a_config_files_task_options_reach_the_flags_task(tmp_path):
+    """A file's task options are kept when --data names the same task (inline knobs win per key),
+    refused in one line when it names another."""
+    from evo_attention.train.presets import merged_settings
+    from evo_attention.util.errors import UserError
+
+    (tmp_path / "any.yaml").write_text("recall: {num_pairs: 2}\n")
+    assert merged_settings(None, tmp_path / "any.yaml", {"data": "recall"})["recall"] == {"num_pairs": 2}
+    (tmp_path / "mqar.yaml").write_text("data: mqar\nrecall: {pairs: 2, vocab: 16}\n")
+    assert merged_settings(None, tmp_path / "mqar.yaml", {"data": "mqar:vocab=32"})["recall"] == {"pairs": 2}
+    with pytest.raises(UserError, match="gives task options .* for data mqar, not for data recall"):
+        merged_settings(None, tmp_path / "mqar.yaml", {"data": "recall"})
+
+
 def test_a_preset_never_drops_its_example_counts_silently(capsys):
     """The quick preset's options (20000 train examples) belong to its recall data: a generated task
     named instead uses its own counts, and the command says so in one line."""

@@ -140,7 +140,13 @@ def merged_settings(preset_name: str | None = None, config_file: str | Path | No
     if preset_name:
         settings = overlay(settings, preset(preset_name), f"preset {preset_name}")
     if config_file:
-        settings = overlay(settings, read_config_file(config_file), str(config_file))
+        layer = read_config_file(config_file)
+        settings = overlay(settings, layer, str(config_file))
+        data = (overrides or {}).get("data")
+        if layer.get("recall") and data is not None and not _same_task(data, settings.get("data")):
+            raise UserError(f"{config_file} gives task options (recall) for data {settings['data']}, not for data "
+                            f"{data}: remove them from the file, or name data {data} there with its own options",
+                            setting=("recall", "data"))
     return overlay(settings, overrides or {})
 
 
@@ -150,19 +156,38 @@ WARMUP_FORMS = ("warmup_steps", "warmup")  # one setting, the warm-up, in two fo
 def overlay(settings: Mapping[str, Any], layer: Mapping[str, Any], source: str | None = None) -> dict:
     """``settings`` updated with ``layer``, where the layer's warm-up (``warmup_steps`` or a
     ``warmup`` fraction) replaces the one in ``settings`` in either form; UserError naming both if
-    ``layer`` (``source``) gives both forms. Task options (``recall``) belong to the dataset they
-    were given with: a layer that names another dataset and no options of its own drops them (the
-    quick preset's recall options never reach ``--data mad:...``)."""
+    ``layer`` (``source``) gives both forms. Task options (``recall``) belong to the task they were
+    given with (any, where no data was named): a layer that names another task and no options of
+    its own drops them (the quick preset's recall options never reach ``--data mad:...``); one that
+    names the same task keeps them, its inline knobs replacing theirs."""
     given = [name for name in WARMUP_FORMS if layer.get(name) is not None]
     if len(given) > 1:
         where = f"{source}: " if source else ""
         raise UserError(where + warmup_twice(layer["warmup"], layer["warmup_steps"]),
                         setting=("warmup", "warmup_steps"))
     out = {k: v for k, v in settings.items() if not (given and k in WARMUP_FORMS)}
-    if "data" in layer and layer["data"] != settings.get("data") and "recall" not in layer:
-        out.pop("recall", None)
+    if "data" in layer and "recall" not in layer and isinstance(out.get("recall"), dict):
+        inline = _task(layer["data"])[1]
+        if _same_task(layer["data"], settings.get("data")):
+            out["recall"] = {k: v for k, v in out["recall"].items() if k not in inline}
+        else:
+            out.pop("recall")
     out.update(layer)
     return out
+
+
+def _task(name) -> tuple[str, dict]:
+    """``(task, inline knobs)`` of a data name; a name no task is registered under yet (a plugin's,
+    loaded later) gives its head and no knobs."""
+    from evo_attention.data.synthetic import is_synthetic, parse_data_name  # imports torch: only for options
+
+    return parse_data_name(name) if is_synthetic(name) else (str(name).split(":")[0], {})
+
+
+def _same_task(data, other) -> bool:
+    """Whether data names ``data`` and ``other`` name one task (``mqar`` and ``mqar:seq_len=32`` do);
+    True where ``other`` is None (no data named yet)."""
+    return other is None or _task(data)[0] == _task(other)[0]
 
 
 EXAMPLE_COUNTS = ("train_examples", "eval_examples")
