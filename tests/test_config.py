@@ -117,6 +117,18 @@ def test_a_preset_never_drops_its_example_counts_silently(capsys):
     assert "recall" not in config.to_dict() or not config.recall
 
 
+def test_a_config_file_takes_on_and_off_as_yaml_reads_them():
+    import yaml
+
+    from evo_attention.util.errors import UserError
+
+    config = Config.from_dict(yaml.safe_load("compile: off\ncuda_graph: off\nbatch_models: off"))
+    assert (config.compile, config.cuda_graph, config.batch_models) == ("off", "off", "off")
+    assert Config.from_dict(yaml.safe_load("compile: on")).compile == "on"
+    with pytest.raises(UserError, match="unknown cuda_graph 'on': valid options are auto, off"):
+        Config.from_dict(yaml.safe_load("cuda_graph: on"))
+
+
 def test_a_config_file_takes_the_words_the_flags_take_for_all():
     from evo_attention.util.errors import UserError
 

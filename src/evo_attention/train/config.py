@@ -375,6 +375,7 @@ def _check_training(c: Config) -> None:
     _check_schedule(c)
     _choice(c, "precision", PRECISIONS)
     _choice(c, "dropout_stream", DROPOUT_STREAMS)
+    c.compile, c.cuda_graph = switch_word(c.compile), switch_word(c.cuda_graph)
     _choice(c, "compile", COMPILE_MODES)
     _choice(c, "cuda_graph", CUDA_GRAPH_MODES)
     if not isinstance(c.device, str) and isinstance(getattr(c.device, "type", None), str):
@@ -693,10 +694,9 @@ def _check_data(c: Config) -> None:
 
 def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
     """A ``batch_models`` setting as a Config keeps it: ``"auto"``, ``"off"`` or a whole number K >= 1
-    (YAML's ``off`` reads as false; text such as ``"4"`` as 4); anything else is a UserError naming
+    (YAML's ``off``: ``switch_word``; text such as ``"4"`` as 4); anything else is a UserError naming
     ``name``."""
-    if value is False:
-        return "off"
+    value = switch_word(value)
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("auto", "off"):
@@ -706,3 +706,9 @@ def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
         return value
     raise UserError(f"{name} must be auto, off or a whole number of models >= 1, got {value!r}", setting=name)
 
+
+
+def switch_word(value: Any) -> Any:
+    """YAML 1.1 reads the words ``on`` and ``off`` (and yes/no, true/false) of a switch such as
+    ``compile`` as booleans: those as the words, any other value as it is."""
+    return ("on" if value else "off") if isinstance(value, bool) else value
