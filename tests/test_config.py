@@ -129,6 +129,19 @@ def test_a_config_file_takes_on_and_off_as_yaml_reads_them():
         Config.from_dict(yaml.safe_load("cuda_graph: on"))
 
 
+def test_a_true_false_setting_refuses_anything_but_a_bool():
+    from evo_attention.search import STRATEGIES
+    from evo_attention.util.errors import UserError
+
+    with pytest.raises(UserError, match="baseline must be true or false .*, got 'false'"):
+        Config(baseline="false")
+    for strategy, options in (("ga", {"seed_vanilla": "false"}), ("ga", {"dedupe": "no"}), ("nsga2", {"dedupe": 0})):
+        config = Config(strategy=strategy, strategy_options=options)
+        with pytest.raises(UserError, match=f"{next(iter(options))} must be true or false"):
+            STRATEGIES[strategy].from_config(config)
+    assert STRATEGIES["ga"].from_config(Config(strategy_options={"dedupe": True})).dedupe is True
+
+
 def test_a_config_file_takes_the_words_the_flags_take_for_all():
     from evo_attention.util.errors import UserError
 

@@ -46,7 +46,7 @@ from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGe
 from evo_attention.search.constraints import violation as total_violation
 from evo_attention.search.pareto import pareto_order
 from evo_attention.search.warm_start import outside_space
-from evo_attention.train.config import CAP_FIELDS
+from evo_attention.train.config import CAP_FIELDS, as_bool
 
 # A draw that repeats a key is redrawn this many times before the remaining keys are enumerated.
 _REDRAW_TRIES = 64
@@ -296,7 +296,7 @@ class Strategy(ABC):
             raise UserError(f"{self.name} edits one gene shared by every layer, not a per-layer genome: use genome "
                             "shared, or strategy ga or random (they draw whole genomes)",
                             setting=("strategy", "genome"))
-        self.seed_vanilla = bool(seed_vanilla)
+        self.seed_vanilla = as_bool("seed_vanilla", seed_vanilla)
         vanilla = in_program_form(space.vanilla().key, space)  # as start_from vanilla names it
         if self.seed_vanilla and (reason := outside_space(vanilla, space)) is not None:
             raise UserError(f"seed_vanilla: the vanilla gene {vanilla} is outside this run's search space: {reason}; "
@@ -561,7 +561,7 @@ class Breeding(Strategy):
         super().__init__(**batches)
         self.mutation_rate = as_rate("mutation_rate", mutation_rate)
         self.crossover_rate = as_rate("crossover_rate", crossover_rate)
-        self.dedupe = bool(dedupe)
+        self.dedupe = as_bool("dedupe", dedupe)
 
     def _breed(self, first: AttentionGene, second: AttentionGene, rate: float | None = None) -> AttentionGene:
         """With probability ``crossover_rate`` the crossover of the parents, else a copy of the first;

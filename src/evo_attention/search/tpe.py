@@ -42,6 +42,7 @@ from typing import Any
 from evo_attention.genes import ALL_FIELDS, AttentionGene, SearchSpace, violation
 from evo_attention.search.base import Strategy, draw_new_gene
 from evo_attention.search.random_search import RandomSearch
+from evo_attention.train.config import as_bool
 from evo_attention.util.errors import UserError
 
 DEDUPE_TRIES = 20
@@ -109,7 +110,7 @@ class TPE(RandomSearch):
         self.n_ei_candidates = int(n_ei_candidates)
         if self.n_ei_candidates < 1:
             raise UserError(f"n_ei_candidates {n_ei_candidates!r} must be a positive integer", setting="n_ei_candidates")
-        self.dedupe = bool(dedupe)
+        self.dedupe = as_bool("dedupe", dedupe)
         self._optuna = optuna
         if self.space.layers:
             raise UserError("strategy tpe samples one gene shared by every layer: use genome shared, or ga, nsga2 or "

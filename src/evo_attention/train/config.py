@@ -469,6 +469,7 @@ def _check_search(c: Config) -> None:
     if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
         raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
                         f"{c.suite!r}", setting="suite")
+    as_bool("baseline", c.baseline)
     _check_baseline_gene(c)
     _check_objectives(c)
     _check_init_from(c)
@@ -706,6 +707,14 @@ def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
         return value
     raise UserError(f"{name} must be auto, off or a whole number of models >= 1, got {value!r}", setting=name)
 
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """A true/false setting ``name`` (e.g. ``baseline``, a strategy's ``dedupe``) as given, else a
+    UserError naming it: Python would take any text, "false" too, for true."""
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be true or false (unquoted in YAML), got {value!r}", setting=name)
+    return value
 
 
 def switch_word(value: Any) -> Any:
