@@ -477,3 +477,12 @@ def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monke
     assert main(["report", str(out)]) == 0 and "its fresh-seed check was stopped" in (out / "report.md").read_text()
     assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0
     assert run_status(out)["state"] == "finished" and (out / "fresh_check.json").is_file()
+
+
+@pytest.mark.parametrize("text", ["warmup: 0.1\n", "warmup_steps: 10\nlr_schedule: constant\n"])
+def test_a_config_files_warmup_under_the_constant_schedule_is_refused_as_the_flags_are(text, tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["baseline", *TINY, "--lr-schedule", "constant", "--config", str(tmp_path / "c.yaml"),
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "does not apply to --lr-schedule constant (it has no warm-up)" in last_error(capsys)
+    assert not (tmp_path / "b").exists()

@@ -218,10 +218,15 @@ def check_schedule_and_suite(config) -> None:
     from evo_attention.train.schedules import SCHEDULES, alternatives, takes_warmup, uses_decay
 
     schedule = config.lr_schedule
-    for flag in ("--warmup-steps", "--warmup-fraction"):
-        if given(flag) and not takes_warmup(schedule):
-            raise UserError(f"{flag} does not apply to --lr-schedule {schedule} (it has no warm-up): leave it out "
-                            f"or choose a schedule with a warm-up ({alternatives(filter(takes_warmup, SCHEDULES))})")
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    # named by a flag or a config file (a preset's or a stored run's warm-up under another schedule is kept: its key)
+    for name in ("warmup_steps", "warmup"):
+        named = given(flag_of(name)) or (SETTING_ORIGINS.get(name, "").startswith("config file")
+                                         and getattr(config, name) != defaults[name])
+        if named and not takes_warmup(schedule):
+            raise UserError(f"{name} does not apply to lr_schedule {schedule} (it has no warm-up): leave it out "
+                            f"or choose a schedule with a warm-up ({alternatives(filter(takes_warmup, SCHEDULES))})",
+                            setting=(name, "lr_schedule"))
     if given("--decay-fraction") and not uses_decay(schedule):
         note(f"--decay-fraction is not used by --lr-schedule {schedule} (only a schedule with a decay phase reads "
              f"it: {alternatives(filter(uses_decay, SCHEDULES))}): ignored")
