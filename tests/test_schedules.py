@@ -159,6 +159,18 @@ def test_a_later_layer_replaces_the_warmup_in_either_form(tmp_path):
     assert build_config(None, path).train.warmup_steps == 20
 
 
+def test_a_dumped_config_with_a_warmup_fraction_reads_back(tmp_path):
+    import yaml
+
+    config = Config(lr_schedule="cosine", train_steps=40, warmup=0.1)
+    path = tmp_path / "dumped.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    assert build_config(None, path).train == config.train == Config.from_dict(read_config_file(path)).train
+    path.write_text("warmup: 0.1\nwarmup_steps: 20\n")
+    with pytest.raises(ValueError, match="warmup 0.1 and warmup_steps 20 both set the warm-up"):
+        build_config(None, path)
+
+
 def test_every_preset_benchmark_and_documented_schedule_constructs():
     for name in PRESETS:
         build_config(name)

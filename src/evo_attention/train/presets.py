@@ -117,6 +117,9 @@ def read_config_file(path: str | Path) -> dict:
     if isinstance(program, dict) and program.get("ops") == []:  # stored configs write [] for every op
         raise UserError(f"config file {path} lists no program ops (ops: []): name the ops the programs may use, "
                         "or leave ops out for every op", setting="search_space")
+    # a fraction beside the default steps is one warm-up, as Config takes it (and as Config.to_dict writes it)
+    if data.get("warmup") is not None and data.get("warmup_steps") == Config().warmup_steps:
+        data = {k: v for k, v in data.items() if k != "warmup_steps"}
     return _yaml_numbers(data)
 
 
