@@ -598,6 +598,7 @@ def test_11_bench_of_an_unfoldable_plugin_gene_is_one_line(r3_plugin, capsys):
      "--lr is not used with --lr-grid"),
     (["baseline", "--lr-schedule", "cosine", "--warmup-steps", "0", "--decay-fraction", "0.3"],
      "--decay-fraction is not used by --lr-schedule cosine"),
+    (["baseline", "--executor", "local", "--workers", "2"], "--workers is used only with --lr-grid"),
 ])
 def test_13_an_unused_setting_is_one_warning_and_the_command_goes_on(command, said, tmp_path, recwarn):
     assert main([*command, *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0

@@ -204,6 +204,9 @@ def note_unused_flags(args) -> None:
     grid = getattr(args, "lr_grid", None)
     if given("--tuning-seeds") and not grid:
         note("--tuning-seeds is used only with --lr-grid (the rates are tuned on those seeds): ignored")
+    for flag in ("--executor", "--workers", "--ray-address", "--gpus-per-trial", "--cpus-per-trial"):
+        if given(flag) and not grid and getattr(args, "command", None) in ("baseline", "train"):
+            note(f"{flag} is used only with --lr-grid (it runs the grid's trainings): ignored")
     if given("--lr") and grid:
         note("--lr is not used with --lr-grid (each gene trains at its own best rate of the grid): ignored")
     for flag in ("--mde", "--max-seeds"):
