@@ -486,3 +486,16 @@ def test_a_config_files_warmup_under_the_constant_schedule_is_refused_as_the_fla
                  "--out", str(tmp_path / "b")]) == 2
     assert "does not apply to --lr-schedule constant (it has no warm-up)" in last_error(capsys)
     assert not (tmp_path / "b").exists()
+
+
+def test_train_and_evaluate_refuses_a_config_changed_after_construction_and_a_seed_out_of_range():
+    import dataclasses
+
+    for name, value, says in (("lr_schedule", "bogus", "unknown lr_schedule 'bogus'"),
+                              ("learning_rate", -1.0, "learning_rate must be a positive number")):
+        config = dataclasses.replace(CFG)
+        setattr(config, name, value)
+        with pytest.raises(UserError, match=says):
+            train_and_evaluate(AttentionGene.vanilla(), config, _data())
+    with pytest.raises(UserError, match=r"seed must be a whole number in 0..2\^63-1"):
+        train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed=2**64)

@@ -88,7 +88,7 @@ from evo_attention.train.probe_cache import used_probes
 from evo_attention.nn.fold import Rows, Split, Unfoldable, fold_models, fold_problem
 from evo_attention.nn.losses import linear_cross_entropy, linear_nll_stats
 from evo_attention.nn.model import TinyTransformer
-from evo_attention.train.config import Config
+from evo_attention.train.config import MAX_SEED, Config
 from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PROBE_STEPS, autocast,
                                              available_memory_mb, choose_precision, is_oom, matmul_dtype,
                                              peak_memory_mb,
@@ -1109,11 +1109,12 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
             check_argument(name, value, int, "a whole number")
     if steps is not None and steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
-    if seed is not None and seed < 0:
-        raise ValueError(f"seed must be a whole number >= 0 (as the config's seed), not {seed}")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UserError(f"seed must be a whole number in 0..2^63-1 (as the config's seed), not {seed}", setting="seed")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a function (step, total, loss) or None, not {progress!r}")
     if eval_split not in ("valid", "test"):
         raise ValueError(f"eval_split must be 'valid' or 'test', not {eval_split!r}")
+    config = dataclasses.replace(config)  # validated again: a field may have been set after construction
     trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
     return run_training(trial, data, device=device, progress=progress).record
