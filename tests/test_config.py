@@ -142,6 +142,17 @@ def test_a_true_false_setting_refuses_anything_but_a_bool():
     assert STRATEGIES["ga"].from_config(Config(strategy_options={"dedupe": True})).dedupe is True
 
 
+def test_the_help_names_every_preset_and_shipped_suite():
+    from evo_attention.cli import build_parser
+    from evo_attention.data.suites import shipped_suites
+    from evo_attention.train.presets import PRESETS
+
+    search = build_parser()._subparsers._group_actions[0].choices["search"]
+    helps = {option: action.help for action in search._actions for option in action.option_strings}
+    assert all(name in helps["--preset"] for name in PRESETS)
+    assert all(name in helps["--suite"] for name in shipped_suites())
+
+
 def test_a_config_file_takes_the_words_the_flags_take_for_all():
     from evo_attention.util.errors import UserError
 

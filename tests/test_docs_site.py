@@ -19,6 +19,12 @@ def test_the_readme_is_a_front_door():
         assert link in text and (REPO / link).is_file()
 
 
+def test_the_front_pages_count_the_studies_findings_reports():
+    count = (REPO / "docs" / "findings.md").read_text().split("\n\n")[1].split()[0]  # "Four studies of the tool"
+    assert f"{count} studies of the tool by the tool are reported" in (REPO / "README.md").read_text()
+    assert f"{count.lower()} pre-registered studies" in (REPO / "docs" / "index.md").read_text()
+
+
 def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")

@@ -82,13 +82,16 @@ def _zero_is_none() -> tuple:
 
 def add_training_flags(p: argparse.ArgumentParser, *, search: bool = False) -> None:
     """The Config flags, generated from the Config's field declarations, in their help sections."""
+    from evo_attention.train.presets import PRESETS
+    from evo_attention.train.schedules import alternatives
+
     for title, groups in SECTIONS:
         if groups == ("search",) and not search:
             continue
         g = p.add_argument_group(title)
         if title == "data and model":
-            g.add_argument("--preset", help="named starting point: quick (recall task, minutes on a CPU), "
-                                            "shakespeare-char (character level, with --data-dir) or seed (the original)")
+            g.add_argument("--preset", help=f"named starting point: {alternatives(PRESETS)} (what each sets: "
+                                            "evo_attention/train/presets.py)")
             g.add_argument("--config", metavar="FILE", help="YAML file of Config settings (flags override it)")
             g.add_argument("--plugin", action="append", metavar="MODULE",
                            help="import this module or .py file first, in every worker too: its registered "

@@ -99,9 +99,10 @@ class Config:
     # a suite of task points (data.suites: a shipped name or a YAML file): each gene trains on every point
     # and is scored by its mean accuracy over them (train.suite); the points' data replaces ``data``
     suite: str | None = setting(None, group="search", flag="suite", parse="str", metavar="NAME|FILE",
-                                help="score each gene on every point of this suite of tasks (mad-cpu, mad-paper or "
-                                     "a suite YAML file): fitness is its mean accuracy over the points "
-                                     "(suite_accuracy, maximised); each point trains for the suite's steps")
+                                help=lambda: f"score each gene on every point of this suite of tasks "
+                                             f"({shipped_suites()} or a suite YAML file): fitness is its mean accuracy "
+                                             "over the points (suite_accuracy, maximised); each point trains for the "
+                                             "suite's steps")
     # warm start: the first generation starts from the best genes of an earlier run (search/warm_start.py)
     init_from: str | None = setting(None, group="search", flag="init-from", parse="str", metavar="RUN[:K]",
                                     help="start the first generation from the best K genes (default: the population "
@@ -467,7 +468,7 @@ def _check_search(c: Config) -> None:
     _mapping(c, "strategy_options")
     _mapping(c, "search_space")
     if c.suite is not None and (not isinstance(c.suite, str) or not c.suite.strip()):
-        raise UserError(f"suite must be mad-cpu, mad-paper (shipped) or the path of a YAML file of task points, got "
+        raise UserError(f"suite must be {shipped_suites()} (shipped) or the path of a YAML file of task points, got "
                         f"{c.suite!r}", setting="suite")
     as_bool("baseline", c.baseline)
     _check_baseline_gene(c)
@@ -610,6 +611,13 @@ def _check_init_from(c: Config) -> None:
     if sep and head and tail.strip().lstrip("+-").isdigit() and int(tail) < 1:
         raise UserError(f"init_from {c.init_from!r}: K must be a whole number >= 1 (the best K genes of the run)",
                         setting="init_from")
+
+
+def shipped_suites() -> str:
+    """The names of the suites shipped with the package (``data.suites.shipped_suites``), in words."""
+    from evo_attention.data.suites import shipped_suites as names  # the data layer imports torch: only when asked
+
+    return ", ".join(names())
 
 
 def _check_baseline_gene(c: Config) -> None:
