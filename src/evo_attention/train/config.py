@@ -716,7 +716,6 @@ def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
     raise UserError(f"{name} must be auto, off or a whole number of models >= 1, got {value!r}", setting=name)
 
 
-
 def as_bool(name: str, value: Any) -> bool:
     """A true/false setting ``name`` (e.g. ``baseline``, a strategy's ``dedupe``) as given, else a
     UserError naming it: Python would take any text, "false" too, for true."""
