@@ -53,6 +53,17 @@ def test_parse_and_rank():
     assert parse_init_from("C:/runs/a") == ("C:/runs/a", None)
 
 
+def test_a_raced_run_is_ranked_by_its_racing_bound(tmp_path):
+    genes = [f"{s}|{n}|none|fixed|bias|0.00" for s, n in
+             [("dot", "entmax15"), ("dot", "sparsemax"), ("cosine", "softmax"), ("additive", "softmax")]]
+    raced = [{"gene": genes[0], "told": 9.0}, {"gene": genes[1], "told": 8.0}, {"gene": genes[2], "told": None}]
+    with RunStore.create(tmp_path / "run", {"train_steps": 2}, {"racing": {"genes": raced}}) as store:
+        for gene, ppl in zip(genes, [5.0, 6.0, 1.0, 7.0]):  # one-seed values: entmax15 and cosine look best
+            store.record({"gene": gene, "seed": 0, "steps": 2, "data_fingerprint": "f", "context": "c", "status": "ok",
+                          "val_perplexity": ppl}, generation=0)
+        assert ranked_genes(store, ["perplexity"]) == [genes[3], genes[1], genes[0]]  # cosine failed a race seed
+
+
 def test_the_first_generation_holds_the_earlier_runs_best_genes(earlier_run, tmp_path):
     source, ranked = earlier_run
     assert len(ranked) >= 3

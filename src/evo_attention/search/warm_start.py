@@ -3,7 +3,8 @@
 ``init_from: RUN[:K]`` (``--init-from``) reads the run store in directory ``RUN``, ranks its
 finished search genes the way that run ranked them (by perplexity; with several objectives by Pareto
 front, crowding distance, then perplexity; genes over the earlier run's own caps after the others;
-a suite run by suite accuracy, highest first, over the genes that trained on every point)
+a suite run by suite accuracy, highest first, over the genes that trained on every point; a raced
+gene by its lower bound over its seeds, as ``search.racing`` told the strategy, unranked when a seed failed)
 and takes the best ``K`` (default: this run's population size). A gene that does not fit this run
 is skipped with one warning line naming it and why:
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
                                  in_program_form, program_grammar)
 from evo_attention.search import constraints, pareto
+from evo_attention.search.racing import RACING_META
 from evo_attention.search.store import RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
@@ -80,16 +82,19 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
 def ranked_genes(store: RunStore, objectives) -> list[str]:
     """The keys of the finished search genes of a run, best first (see the module docstring)."""
     config = store.config() or {}
+    bounds = {str(r["gene"]): r["told"] for r in (store.get_meta(RACING_META) or {}).get("genes") or []}
+    failed = {key for key, told in bounds.items() if told is None}  # raced and failed on a seed: unranked
     suite = store.get_meta(SUITE_META)
     if suite:  # a suite run ranks by suite accuracy, the genes that trained on every point
         scores = scores_from_records(store.evaluations(role="search"), suite, seed=config.get("seed"))
-        ranked = sorted((-score.aggregate, key) for key, score in scores.items()
-                        if score.aggregate is not None and not score.all_failed)
+        ranked = sorted((bounds.get(key, -score.aggregate), key) for key, score in scores.items()
+                        if score.aggregate is not None and not score.all_failed and key not in failed)
         return [key for _, key in ranked]
     limits = (store.get_meta(constraints.META_LIMITS) or {}).get("limits") or {}
     records: dict[str, dict] = {}
     for record in store.evaluations(role="search"):
-        if usable_metric(record) is None or int(record.get("steps") or 0) < int(config.get("train_steps") or 0):
+        if (usable_metric(record) is None or int(record.get("steps") or 0) < int(config.get("train_steps") or 0)
+                or str(record["gene"]) in failed):
             continue
         records.setdefault(str(record["gene"]), record)
     keys = list(records)
@@ -97,7 +102,7 @@ def ranked_genes(store: RunStore, objectives) -> list[str]:
     objectives = list(objectives)
 
     def order(group: list[str]) -> list[str]:
-        ties = [(usable_metric(records[k]), k) for k in group]
+        ties = [(bounds.get(k, usable_metric(records[k])), k) for k in group]
         if len(objectives) == 1:
             return [k for _, k in sorted(ties)]
         points = [objective_values(records[k], objectives) for k in group]
