@@ -91,6 +91,8 @@ def test_starting_genes_forms_and_refusals(tmp_path):
     assert starting_genes("random", space=space, population_size=4, vanilla=base) is None
     two = starting_genes(f"{base},dot|sparsemax|none|fixed|bias|0.00", space=space, population_size=4, vanilla=base)
     assert len(two["genes"]) == 2
+    with pytest.raises(UserError, match="names 2 genes, more than population_size 1 holds"):
+        starting_genes(f"{base},dot|sparsemax|none|fixed|bias|0.00", space=space, population_size=1, vanilla=base)
     with pytest.raises(UserError, match="not a gene"):
         starting_genes("nonsense", space=space, population_size=4, vanilla=base)
     with pytest.raises(UserError, match="init_from and start_from"):

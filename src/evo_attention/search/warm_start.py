@@ -186,4 +186,8 @@ def starting_genes(start_from: str, *, space: SearchSpace, population_size: int,
         genes.append(AttentionGene.parse(key).key)
     if not genes:
         raise UserError(f"start_from {text!r} names no gene to start from", setting="start_from")
-    return {"start_from": text, "genes": list(dict.fromkeys(genes))[:population_size], "skipped": skipped}
+    genes = list(dict.fromkeys(genes))
+    if len(genes) > population_size:
+        raise UserError(f"start_from names {len(genes)} genes, more than population_size {population_size} holds: "
+                        "give fewer genes or a larger population_size", setting=("start_from", "population_size"))
+    return {"start_from": text, "genes": genes, "skipped": skipped}
