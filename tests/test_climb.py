@@ -99,6 +99,15 @@ def test_starting_genes_forms_and_refusals(tmp_path):
         Config(start_from="vanilla", init_from=str(tmp_path))
 
 
+@pytest.mark.parametrize("start", [None, "vanilla"])
+def test_vanilla_is_the_vanilla_gene_whatever_the_baseline_gene(tmp_path, start):
+    plain = dict(data="recall", vocab_size=32, max_seq_len=32, strategy="climb", population_size=2,
+                 n_generations=1, start_from=start)
+    config = Config(**plain, baseline_gene="cosine|sigmoid|highway|learned|bias|0.00")
+    with Evolution(config, out_dir=tmp_path / "run") as evo:
+        assert evo.start_from["genes"] == [Config(**plain).resolved_baseline().key]
+
+
 def test_climb_starts_from_neighbours_and_keeps_its_incumbent():
     strategy = make_strategy("climb", population_size=3, n_generations=3, elite_size=1, seed=5,
                              space={"program": {"max_nodes": 8}}, min_gain=0.5)

@@ -238,7 +238,7 @@ class Search:
         if text is None or self.config.init_from is not None:
             return None
         return starting_genes(text, space=self.strategy.space, population_size=self.config.population_size,
-                              vanilla=self.config.resolved_baseline().key, objectives=self.config.objectives)
+                              vanilla=self.config.vanilla_gene().key, objectives=self.config.objectives)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> Individual | None:

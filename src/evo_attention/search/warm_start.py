@@ -152,9 +152,9 @@ RANDOM_START = "random"
 
 def starting_genes(start_from: str, *, space: SearchSpace, population_size: int, vanilla: str,
                    objectives=(PRIMARY_OBJECTIVE,)) -> dict | None:
-    """The genes a seeded start names (``start_from``): ``vanilla`` (the run's baseline gene),
-    genes (``split_genes``: gene strings or program genes), or an earlier run's best (``RUN[:K]``,
-    as ``init_from`` reads it); each in its program form in a program space. Returns
+    """The genes a seeded start names (``start_from``): ``vanilla`` (``Config.vanilla_gene``, never
+    the ``baseline_gene``), genes (``split_genes``: gene strings or program genes), or an earlier run's
+    best (``RUN[:K]``, as ``init_from`` reads it); each in its program form in a program space. Returns
     ``{"start_from", "genes", "skipped"}``, or None for ``random`` (random draws, no seeded start).
     Generation 0 is these genes and one-edit neighbours of them (``Strategy.warm_start``)."""
     from evo_attention.genes import split_genes

@@ -249,14 +249,18 @@ class Config:
 
     def resolved_baseline(self):
         """The gene the studies and searches of this config compare against: the ``baseline_gene``
-        setting, else the vanilla transformer, on a generated task without attention dropout (there
-        it is no regulariser worth its cost: it slows learning and blurs solve rates, docs/tasks.md).
-        The named configurations resolve the same way (``studies.compare.named_dropout``); a gene
-        string is trained as written, so a gene with ``|0.10`` asks for dropout."""
+        setting, else the vanilla gene (``vanilla_gene``). A gene string is trained as written, so a
+        gene with ``|0.10`` asks for dropout."""
         from evo_attention.genes import AttentionGene
 
-        if self.baseline_gene is not None:
-            return AttentionGene.parse(self.baseline_gene)
+        return self.vanilla_gene() if self.baseline_gene is None else AttentionGene.parse(self.baseline_gene)
+
+    def vanilla_gene(self):
+        """The vanilla transformer, on a generated task without attention dropout (there it is no
+        regulariser worth its cost: it slows learning and blurs solve rates, docs/tasks.md). The named
+        configurations resolve the same way (``studies.compare.named_dropout``)."""
+        from evo_attention.genes import AttentionGene
+
         gene = AttentionGene.vanilla()
         return gene.replace(attention_dropout=0.0) if self.generated_task else gene
 
