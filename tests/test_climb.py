@@ -95,6 +95,10 @@ def test_starting_genes_forms_and_refusals(tmp_path):
         starting_genes(f"{base},dot|sparsemax|none|fixed|bias|0.00", space=space, population_size=1, vanilla=base)
     with pytest.raises(UserError, match="not a gene"):
         starting_genes("nonsense", space=space, population_size=4, vanilla=base)
+    small = SearchSpace.from_dict({"program": {"max_nodes": 4}})
+    with pytest.raises(UserError, match="^the climb strategy starts from the vanilla gene .* when no start_from is "
+                                        "given, .* more than max_nodes 4; give start_from genes inside it$"):
+        starting_genes("vanilla", space=small, population_size=4, vanilla=base, default_of="climb")
     with pytest.raises(UserError, match="init_from and start_from"):
         Config(start_from="vanilla", init_from=str(tmp_path))
 

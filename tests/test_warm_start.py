@@ -17,7 +17,7 @@ from evo_attention.report import load_run
 from evo_attention.report.status import format_status, run_status
 from evo_attention.search import make_strategy
 from evo_attention.search.store import RunStore
-from evo_attention.search.warm_start import outside_space, parse_init_from, ranked_genes
+from evo_attention.search.warm_start import outside_space, parse_init_from, ranked_genes, starting_genes
 from evo_attention.util.errors import UserError
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
@@ -62,6 +62,16 @@ def test_a_raced_run_is_ranked_by_its_racing_bound(tmp_path):
             store.record({"gene": gene, "seed": 0, "steps": 2, "data_fingerprint": "f", "context": "c", "status": "ok",
                           "val_perplexity": ppl}, generation=0)
         assert ranked_genes(store, ["perplexity"]) == [genes[3], genes[1], genes[0]]  # cosine failed a race seed
+
+
+def test_a_seeded_start_from_a_run_names_start_from_and_shows_a_default_option(tmp_path):
+    with RunStore.create(tmp_path / "run", {"train_steps": 2}) as store:
+        store.record({"gene": "dot|softmax|none|fixed|bias|0.00|lr=0.03", "seed": 0, "steps": 2, "status": "ok",
+                      "data_fingerprint": "f", "context": "c", "val_perplexity": 5.0}, generation=0)
+    with pytest.warns(UserWarning, match=r"^start_from .*: skipping gene .*lr=0.03: learning_rate 0.03 is not an "
+                                         r"option of this run's search space \(default\)$"):
+        with pytest.raises(UserError, match="names no gene"):
+            starting_genes(str(tmp_path / "run"), space=Config(**TINY).space(), population_size=2, vanilla="")
 
 
 def test_the_first_generation_holds_the_earlier_runs_best_genes(earlier_run, tmp_path):

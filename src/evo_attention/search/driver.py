@@ -238,7 +238,8 @@ class Search:
         if text is None or self.config.init_from is not None:
             return None
         return starting_genes(text, space=self.strategy.space, population_size=self.config.population_size,
-                              vanilla=self.config.vanilla_gene().key, objectives=self.config.objectives)
+                              vanilla=self.config.vanilla_gene().key, objectives=self.config.objectives,
+                              default_of=None if self.config.start_from else self.strategy.name)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> Individual | None:

@@ -74,7 +74,7 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
         for name in fields:
             options = space.options(name)
             if values[name] not in options:
-                shown = ", ".join(str(o) for o in options)
+                shown = ", ".join("default" if o is None else str(o) for o in options)
                 return f"{where}{name} {values[name]} is not an option of this run's search space ({shown})"
     return None
 
@@ -141,7 +141,7 @@ def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
             continue
         skipped.append({"gene": key, "reason": reason})
         if warn:
-            warnings.warn(f"init_from {run}: skipping gene {key}: {reason}", stacklevel=2)
+            warnings.warn(f"{setting} {run}: skipping gene {key}: {reason}", stacklevel=2)
     return {"run": str(Path(run)), "k": k, "genes": genes[:population_size], "skipped": skipped,
             "available": len(ranked)}
 
@@ -151,12 +151,13 @@ RANDOM_START = "random"
 
 
 def starting_genes(start_from: str, *, space: SearchSpace, population_size: int, vanilla: str,
-                   objectives=(PRIMARY_OBJECTIVE,)) -> dict | None:
+                   objectives=(PRIMARY_OBJECTIVE,), default_of: str | None = None) -> dict | None:
     """The genes a seeded start names (``start_from``): ``vanilla`` (``Config.vanilla_gene``, never
     the ``baseline_gene``), genes (``split_genes``: gene strings or program genes), or an earlier run's
     best (``RUN[:K]``, as ``init_from`` reads it); each in its program form in a program space. Returns
     ``{"start_from", "genes", "skipped"}``, or None for ``random`` (random draws, no seeded start).
-    Generation 0 is these genes and one-edit neighbours of them (``Strategy.warm_start``)."""
+    Generation 0 is these genes and one-edit neighbours of them (``Strategy.warm_start``).
+    ``default_of``: the strategy whose default start this is (no ``start_from`` was given)."""
     from evo_attention.genes import split_genes
 
     text = str(start_from).strip()
@@ -180,6 +181,10 @@ def starting_genes(start_from: str, *, space: SearchSpace, population_size: int,
     for key in keys:
         key = in_program_form(key, space)
         reason = outside_space(key, space)
+        if reason is not None and default_of:
+            raise UserError(f"the {default_of} strategy starts from the vanilla gene {key} when no start_from is "
+                            f"given, and it is outside this run's search space: {reason}; give start_from genes "
+                            "inside it", setting="start_from")
         if reason is not None:
             raise UserError(f"start_from gene {key} is outside this run's search space: {reason}",
                             setting="start_from")
