@@ -73,6 +73,15 @@ def test_a_tuned_racing_climb_measures_every_gene_at_its_best_rate_and_resumes_t
     assert_resume_is_uninterrupted(config, tmp_path, 9, total)
 
 
+def test_every_generation_shows_its_best_gene_at_its_rate(tmp_path):
+    config = Config(**RECALL, population_size=2, n_generations=1, strategy="climb", rate_grid=GRID, baseline=False)
+    with Evolution(config, out_dir=tmp_path / "run") as evo:
+        evo.run()
+    history = [*evo.history, *load_run(tmp_path / "run").history]
+    history += json.loads((tmp_path / "run" / "final_results.json").read_text())["history"]
+    assert len(history) == 3 and all(recipe_of(h["best_gene"]).get("learning_rate") in GRID for h in history)
+
+
 def test_the_fresh_check_compares_with_the_baseline_at_its_tuned_rate(tmp_path, monkeypatch):
     monkeypatch.delenv(CHECK_ENV, raising=False)  # the suite turns the check off
     out = tmp_path / "run"

@@ -306,9 +306,12 @@ class Search:
                 told = self.evaluation.fitness(list(dict.fromkeys(g.key for g in genes)), generation)
                 self.strategy.tell([(g, told[g.key]) for g in genes], violations=self.evaluation.violations(told))
                 members = self.strategy.population[: config.population_size]
-                self.store.record_generation(generation, [(m.gene.key, m.perplexity, m.is_elite) for m in members])
+                shown = self.evaluation.shown  # the gene as trained (with its rate under rate_grid), in every view
+                self.store.record_generation(generation,
+                                             [(shown(m.gene.key), m.perplexity, m.is_elite) for m in members])
                 self.population = [self.evaluation.individual(m) for m in self.strategy.population]
-                self.history = [{k: v for k, v in h.items() if k != "members"} for h in self.strategy.history]
+                self.history = [{**{k: v for k, v in h.items() if k != "members"}, "best_gene": shown(h["best_gene"])}
+                                for h in self.strategy.history]
                 self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
                 last = self.strategy.history[-1]
