@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         search = ["search", "--preset", "fitness-lm", "--data-dir", args.data_dir, "--strategy", "climb",
                   "--start-from", "vanilla", "--population", str(args.population), "--generations",
-                  str(args.generations), "--elite", "1", "--elite-seeds", str(args.elite_seeds), "--config",
+                  str(args.generations), "--elite-seeds", str(args.elite_seeds), "--config",
                   str(space_file), *arm, "--seed", str(seed), "--workers", str(args.workers), "--keep-models", "0", "--quiet",
                   "--out", str(out), *(SMOKE if args.smoke else [])]
         timed = not (out / "fresh_check.json").exists()  # a finished search is read back, not timed

@@ -40,7 +40,7 @@ THRESHOLD = 0.9
 def search(out: Path, seed: int, args) -> None:
     command = ["evo-attention", "search", "--preset", "quick", "--data", TASK, "--seq-len", "64",
                "--vocab-size", "64", "--steps", str(args.steps), "--strategy", "climb", "--start-from", "vanilla",
-               "--population", str(args.population), "--generations", str(args.generations), "--elite", "1",
+               "--population", str(args.population), "--generations", str(args.generations),
                "--config", str(args.space), "--no-baseline", "--seed", str(seed), "--workers", str(args.workers),
                "--keep-models", "0", "--no-check", "--quiet", "--out", str(out)]
     if args.elite_seeds > 1:

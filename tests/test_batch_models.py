@@ -329,8 +329,8 @@ def test_a_search_generation_of_different_genes_trains_as_one_batch(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("search_space:\n  program: {max_nodes: 8}\n")
     assert main(["search", "--preset", "quick", "--config", str(space), "--d-model", "16", "--heads", "2", "--layers",
-                 "1", "--steps", "3", "--strategy", "climb", "--population", "4", "--generations", "1", "--elite",
-                 "1", "--no-baseline", "--no-check", "--quiet", "--keep-models", "0", "--workers", "1",
+                 "1", "--steps", "3", "--strategy", "climb", "--population", "4", "--generations", "1",
+                 "--no-baseline", "--no-check", "--quiet", "--keep-models", "0", "--workers", "1",
                  "--batch-models", "4", "--out", str(tmp_path / "run")]) == 0
     with RunStore.open(tmp_path / "run", readonly=True) as store:
         records = store.evaluations(role="search")

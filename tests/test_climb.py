@@ -162,8 +162,8 @@ def test_climb_search_from_the_cli_starts_from_vanilla(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("search_space:\n  program: {max_nodes: 8}\n")
     assert main(["search", "--preset", "quick", "--config", str(space), "--d-model", "16", "--heads", "2", "--layers",
-                 "1", "--steps", "3", "--strategy", "climb", "--population", "2", "--generations", "2", "--elite",
-                 "1", "--no-baseline", "--quiet", "--keep-models", "0", "--out", str(tmp_path / "run")]) == 0
+                 "1", "--steps", "3", "--strategy", "climb", "--population", "2", "--generations", "2",
+                 "--no-baseline", "--quiet", "--keep-models", "0", "--out", str(tmp_path / "run")]) == 0
     from evo_attention.search.store import RunStore
 
     with RunStore.open(tmp_path / "run", readonly=True) as store:

@@ -498,7 +498,7 @@ def test_a_store_that_is_not_on_this_machine_is_rebuilt_by_its_search_and_must_e
     trainings equal the committed ones, or the stage stops and says where they differ."""
     search = ["search", "--data", "recall", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32",
               "--steps", "2", "--batch-size", "4", "--eval-batch-size", "16", "--eval-steps", "2", "--strategy",
-              "climb", "--start-from", "vanilla", "--population", "2", "--generations", "2", "--elite", "1",
+              "climb", "--start-from", "vanilla", "--population", "2", "--generations", "2",
               "--keep-models", "0", "--no-check", "--seed", 1, "--quiet", "--out", "{out}"]
     later = ["validate", "--from-run", "{out:s}", "--top", 1, "--seeds", 2, "--seed-block", 2, "--quiet",
              "--out", "{out}"]
