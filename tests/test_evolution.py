@@ -236,3 +236,11 @@ def test_resume_with_no_changes_finishes_instantly(tmp_path):
     before = (tmp_path / "run" / "final_results.json").read_text()
     assert main(["search", "--resume", "--out", str(tmp_path / "run"), "--quiet"]) == 0
     assert (tmp_path / "run" / "final_results.json").read_text() == before
+
+
+@pytest.mark.parametrize("given", [("train",), ("eval",), ("train", "eval", "data")])
+def test_a_loader_without_its_pair_or_beside_data_is_refused(given):
+    loaders = {"train_loader": [] if "train" in given else None, "eval_loader": [] if "eval" in given else None}
+    data = object() if "data" in given else None
+    with pytest.raises(UserError, match=r"^Evolution was given .*: pass train_loader with eval_loader, or data= alone$"):
+        Evolution(Config(**TINY), **loaders, data=data)

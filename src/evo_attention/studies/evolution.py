@@ -65,7 +65,12 @@ class Evolution(Search):
                  out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
                  executor: Executor | None = None, quiet: bool = False, report: bool = True, trackers=(),
                  keep_models: int | None = None, announce: bool = True, check: int | None = None):
-        if data is None and train_loader is not None and eval_loader is not None:
+        given = [name for name, value in (("train_loader", train_loader), ("eval_loader", eval_loader), ("data", data))
+                 if value is not None]
+        if given not in ([], ["data"], ["train_loader", "eval_loader"]):
+            raise UserError(f"Evolution was given {' and '.join(given)}: pass train_loader with eval_loader, or data= "
+                            "alone", setting=given[-1])
+        if train_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
                          quiet=quiet, trackers=trackers, keep_models=keep_models)
