@@ -229,6 +229,16 @@ def test_a_plugin_normalization_that_weighs_or_reads_masked_keys_is_refused():
     components.unregister("normalization", "good_mask")
 
 
+def test_a_name_with_whitespace_and_a_similarity_that_is_no_module_class_are_refused():
+    for name in (" sq ", "s q", ""):  # a gene key's names are read back stripped
+        with pytest.raises(UserError, match="must be a non-empty string without whitespace"):
+            components.register_normalization(name)
+    for register in (components.register_similarity, components.register_temperature, components.register_gating):
+        with pytest.raises(TypeError, match=r"^register_\w+\('f'\) decorates an nn.Module class that builds"):
+            register("f")(lambda *args: args[0])
+    assert "f" not in components.SIMILARITIES
+
+
 def test_a_model_trained_with_a_plugin_file_generates_and_exports_from_any_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "saved_norm.py").write_text(PLUGIN.replace("cubed_relu", "saved_cubed"))

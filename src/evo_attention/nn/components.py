@@ -66,12 +66,15 @@ _REGISTRIES = {
 def _registrar(kind: str):
     def register(name: str, *, default_space: bool = True):
         """``default_space=False``: a search space includes ``name`` only when it lists it."""
-        if not isinstance(name, str) or not name or "|" in name or "=" in name or "/" in name:
-            raise UserError(f"component name {name!r} must be a non-empty string without '|', '=' or '/'")
+        # a gene key is read back by names split on '|' and '=' and stripped of whitespace
+        if not isinstance(name, str) or name.split() != [name] or "|" in name or "=" in name or "/" in name:
+            raise UserError(f"component name {name!r} must be a non-empty string without whitespace, '|', '=' or '/'")
 
         def decorator(factory):
-            if not callable(factory):
-                raise TypeError(f"register_{kind.split('_')[0]}({name!r}) decorates a class or function that builds "
+            module = kind != "normalization"  # a similarity, temperature or gating is built as an nn.Module
+            if not (isinstance(factory, type) and issubclass(factory, nn.Module) if module else callable(factory)):
+                raise TypeError(f"register_{kind.split('_')[0]}({name!r}) decorates "
+                                f"{'an nn.Module class' if module else 'a class or function'} that builds "
                                 f"the component, not {factory!r} ({type(factory).__name__})")
             if name in _REGISTRIES[kind] and _REGISTRIES[kind][name] is not factory:
                 where = getattr(_REGISTRIES[kind][name], "__module__", "?")
