@@ -451,3 +451,18 @@ def test_set_seed_and_get_device():
     assert first[:2] == (random.random(), float(np.random.rand())) and torch.equal(first[2], torch.rand(2))
     expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert get_device() == torch.device(expected)
+
+
+def test_a_plugin_dataset_that_is_no_function_or_gives_no_task_data_is_refused():
+    from evo_attention.data import register_dataset
+    from evo_attention.data.base import DATASET_FACTORIES
+
+    with pytest.raises(TypeError, match=r"^register_dataset\('x'\) decorates a function settings -> TaskData, not"):
+        register_dataset("x")("not a function")
+    register_dataset("gives_none")(lambda settings: None)
+    try:
+        with pytest.raises(UserError, match=r"^dataset 'gives_none' gave NoneType, not a TaskData: its plugin's"):
+            load_data("gives_none")
+    finally:
+        DATASET_FACTORIES.pop("gives_none")
+    assert "x" not in DATASET_FACTORIES

@@ -37,6 +37,9 @@ def register_dataset(name: str):
                         "another name")
 
     def decorator(factory):
+        if not callable(factory):
+            raise TypeError(f"register_dataset({name!r}) decorates a function settings -> TaskData, not {factory!r} "
+                            f"({type(factory).__name__})")
         if name in DATASET_FACTORIES and DATASET_FACTORIES[name] is not factory:
             raise UserError(f"dataset {name!r} is registered already: choose another name")
         DATASET_FACTORIES[name] = factory
@@ -93,9 +96,13 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
         return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len, tokenizer=tokenizer,
                            eval_stride=eval_stride, cache_dir=cache_dir)
     if name in DATASET_FACTORIES:
-        return DATASET_FACTORIES[name]({"data_dir": data_dir, "vocab_size": vocab_size, "seq_len": seq_len,
+        data = DATASET_FACTORIES[name]({"data_dir": data_dir, "vocab_size": vocab_size, "seq_len": seq_len,
                                         "eval_stride": eval_stride, "cache_dir": cache_dir, "tokenizer": tokenizer,
                                         "text_field": text_field, "seed": seed, **recall_options})
+        if not isinstance(data, TaskData):
+            raise UserError(f"dataset {name!r} gave {type(data).__name__}, not a TaskData: its plugin's factory must "
+                            "return one", setting="data")
+        return data
     if is_hf(name):
         if recall_options:
             raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
