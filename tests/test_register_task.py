@@ -173,6 +173,19 @@ def test_registration_errors_are_one_line(delayed_copy):
     assert NAME in TASKS and "another_name" not in TASKS and "no_default" not in TASKS
 
 
+def test_symbols_that_do_not_name_every_id_are_refused_naming_the_task():
+    class ShortSymbols(DelayedCopy):
+        def symbols(self, k):
+            return ["<pad>", "a", "b"]
+
+    register_task("shortsym", ShortSymbols)
+    try:
+        user_error(lambda: load_data("shortsym:seq_len=16,vocab=8", **COUNTS), "task shortsym: symbols() named 3 ids, "
+                   "not vocab 8")
+    finally:
+        unregister_task("shortsym")
+
+
 def test_unregistering_removes_it(delayed_copy):
     unregister_task(NAME)
     assert NAME not in TASKS and not is_synthetic(DATA)

@@ -787,7 +787,10 @@ class SyntheticData(ExampleData):
         self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
         with refuse_failed_allocation(*refused):
             self.vocab = Vocab(self.task.symbols(k))
-            assert len(self.vocab) == self.vocab_size, (task, len(self.vocab), self.vocab_size)
+            if len(self.vocab) != self.vocab_size:  # a plugin's task can break it: a bug, said as generate's are
+                raise UserError(f"task {self.task.name}: symbols() named {len(self.vocab)} ids, not vocab "
+                                f"{self.vocab_size}: see the contract of evo_attention.data.synthetic.Task",
+                                setting="data")
             self.data = {}
             for split in SPLITS:
                 if split == "train" and self.stream:
