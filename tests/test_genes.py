@@ -142,3 +142,15 @@ def test_restricted_search_space():
     assert all(g.mutate(1.0, rng, space).similarity == "dot" for g in genes)
     assert space.size() == 1 * 2 * 4 * 3 * 2 * 1
     assert SearchSpace.from_dict(space.to_dict()).to_dict() == space.to_dict()
+
+
+def test_the_operators_and_from_dict_name_an_argument_of_the_wrong_type():
+    from evo_attention.util.errors import UserError
+
+    gene = AttentionGene.vanilla()
+    with pytest.raises(TypeError, match="^rng must be a random.Random, not 42"):
+        gene.crossover(gene, rng=42)
+    with pytest.raises(TypeError, match="^space must be a SearchSpace"):
+        gene.crossover(gene, space={"normalization": ["softmax"]})
+    with pytest.raises(UserError, match=r"^search_space \[1\] must be a mapping of fields to options"):
+        SearchSpace.from_dict([1])

@@ -449,3 +449,15 @@ def test_tpe_refuses_a_program_space_naming_every_strategy_that_searches_one():
 
     with pytest.raises(UserError, match="use ga, random, neighbours, nsga2, climb for a program search space"):
         make_strategy("tpe", population_size=4, n_generations=1, elite_size=1, space={"program": {"max_nodes": 8}})
+
+
+def test_the_search_operators_name_an_argument_of_the_wrong_type():
+    space, rng = ProgramSpace(max_nodes=12), random.Random(0)
+    program = programs.parse(programs.KNOWN_PROGRAMS["softmax attention"], GRAMMAR)
+    for call, says in [(lambda: programs.random_program(3, space, GRAMMAR), "rng must be a random.Random"),
+                       (lambda: programs.edit(program, rng, None, GRAMMAR), "space must be a ProgramSpace"),
+                       (lambda: programs.crossover(program, program, rng, space, None), "grammar must be a Grammar"),
+                       (lambda: programs.parse(program.text, None), "grammar must be a Grammar")]:
+        with pytest.raises(TypeError, match=f"^{says}"):
+            call()
+    programs.mutate(program, random, space, GRAMMAR)  # the random module is an rng (the genes' default)

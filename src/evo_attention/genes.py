@@ -539,6 +539,9 @@ class SearchSpace(_SpaceFields):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "SearchSpace":
+        if data is not None and not isinstance(data, Mapping):
+            raise UserError(f"search_space {data!r} must be a mapping of fields to options such as "
+                            "{normalization: [softmax, sparsemax]}", setting="search_space")
         data = dict(data or {})
         unknown = sorted(str(k) for k in data if k not in _SPACE_NAMES)
         if unknown:
@@ -712,6 +715,7 @@ class AttentionGene(_Keyed):
         """Uniform crossover: each field from self or other with probability 1/2; two programs of a
         program ``space`` cross by a subtree (``programs.crossover``)."""
         check_argument("other", other, AttentionGene, "an AttentionGene (AttentionGene.parse(key))")
+        _check_rng_space(rng, space)
         rng = rng or _random
         mine, theirs = self.to_dict(), other.to_dict()
         for _ in range(MAX_REDRAWS):  # an invalid child is drawn again (both parents are valid children)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterable, Mapping, Sequence
 
-from evo_attention.util.errors import UserError
+from evo_attention.util.errors import UserError, check_argument
 
 INPUTS = {"x": "X", "q": "H", "k": "H", "v": "H"}
 TYPES = ("X", "H", "F", "S", "W", "C")
@@ -342,6 +342,7 @@ _TOKEN = re.compile(r"\s*(?:(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?
 
 def parse(text: str, grammar: Grammar) -> Program:
     """Read a program from its text; ProgramError (one line) when it is no well-typed program."""
+    check_argument("grammar", grammar, Grammar, "a Grammar (genes.program_grammar())")
     if isinstance(text, Program):
         grammar.check(text)
         return text
@@ -529,8 +530,17 @@ MAX_TRIES = 200  # edits that fail a check are tried again with the same rng
 DRAW_TRIES = 5000
 
 
+def _check_operands(rng, space, grammar) -> None:
+    """TypeError naming a search operator's argument of the wrong type (it would fail deep inside)."""
+    if rng is not _random:  # the random module itself: what the genes' operators pass when given no rng
+        check_argument("rng", rng, _random.Random, "a random.Random")
+    check_argument("space", space, ProgramSpace, "a ProgramSpace")
+    check_argument("grammar", grammar, Grammar, "a Grammar (genes.program_grammar())")
+
+
 def random_program(rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
     """A random well-typed program of the space that mixes tokens (deterministic for a seeded rng)."""
+    _check_operands(rng, space, grammar)
     ops = _OpTable(space.allowed(grammar))
     for _ in range(DRAW_TRIES):
         budget = rng.randint(3, space.max_nodes)
@@ -736,6 +746,7 @@ def edit(program: Program, rng: _random.Random, space: ProgramSpace, grammar: Gr
     the child canonical, inside the space, mixing tokens and other than the parent; tried again with
     the same rng until one is (``("none", program)`` after MAX_TRIES). A space whose only edit is
     ``any`` draws exactly what 0.5's mutation drew."""
+    _check_operands(rng, space, grammar)
     ops = _OpTable(space.allowed(grammar))
     kinds = [(k, w) for k, w in space.edits if w > 0]
     for _ in range(MAX_TRIES):
@@ -788,6 +799,7 @@ def census(drawn: Iterable[Program]) -> dict:
 def crossover(a: Program, b: Program, rng: _random.Random, space: ProgramSpace, grammar: Grammar) -> Program:
     """Subtree crossover: a node of ``a`` replaced by a subtree of ``b`` of the same type (tried
     again with the same rng until the child is valid and new; ``a`` after MAX_TRIES)."""
+    _check_operands(rng, space, grammar)
     mine, theirs = _typed_nodes(a, grammar), _typed_nodes(b, grammar)
     for _ in range(MAX_TRIES):
         node, wanted = rng.choice(mine)
