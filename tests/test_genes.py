@@ -154,3 +154,13 @@ def test_the_operators_and_from_dict_name_an_argument_of_the_wrong_type():
         gene.crossover(gene, space={"normalization": ["softmax"]})
     with pytest.raises(UserError, match=r"^search_space \[1\] must be a mapping of fields to options"):
         SearchSpace.from_dict([1])
+
+
+def test_an_attention_dropout_off_the_key_s_two_decimals_is_refused():
+    from evo_attention.util.errors import UserError
+
+    for value in (0.123, 0.125, "0.101"):
+        with pytest.raises(UserError, match=r"^attention_dropout .* is not a multiple of 0.01 \(a gene key holds"):
+            AttentionGene(attention_dropout=value)
+    assert AttentionGene(attention_dropout=0.1 + 0.2).key.endswith("|0.30")  # float noise is no other value
+    assert AttentionGene.parse(AttentionGene(attention_dropout=0.05).key).attention_dropout == 0.05

@@ -194,6 +194,9 @@ def _check_dropout(field: Field, value: Any) -> float:
         raise UserError(f"{field.name} {value!r} is not a number: {field.help}") from None
     if not 0.0 <= p <= MAX_DROPOUT + 1e-9:
         raise UserError(f"{field.name} {value!r} is outside [0, {MAX_DROPOUT}]: pick a value in that range")
+    if abs(p * 100 - round(p * 100)) > 1e-6:  # a key holds two decimals: another value would not read back
+        raise UserError(f"{field.name} {value!r} is not a multiple of 0.01 (a gene key holds two decimals): use "
+                        f"{p:.2f} or another multiple of 0.01")
     return round(p, 2)
 
 
