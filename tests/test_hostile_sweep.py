@@ -499,3 +499,11 @@ def test_train_and_evaluate_refuses_a_config_changed_after_construction_and_a_se
             train_and_evaluate(AttentionGene.vanilla(), config, _data())
     with pytest.raises(UserError, match=r"seed must be a whole number in 0..2\^63-1"):
         train_and_evaluate(AttentionGene.vanilla(), CFG, _data(), seed=2**64)
+
+
+def test_a_zero_suite_accuracy_is_told_and_shown_as_zero_not_minus_zero():
+    import math
+
+    from evo_attention.search.base import Individual
+
+    assert math.copysign(1.0, Individual(AttentionGene.vanilla(), 0.0).fitness) == 1.0

@@ -676,7 +676,8 @@ def _best_of(ranking: list[dict]) -> dict | None:
 
 def _as_raced(summary: RunSummary, racing: Mapping) -> None:
     """Rank a raced run (``search.racing``) as its strategy was told: a raced gene, and the baseline,
-    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed."""
+    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed. A
+    suite accuracy is ``0.0 - told`` (a told 0.0 is accuracy 0.0, not -0.0)."""
     summary.racing = dict(racing)
     seeds = len(racing.get("seeds") or [])
     bounds = {gene_info(r["gene"])["key"]: r["told"] for r in racing.get("genes") or []}
@@ -692,14 +693,15 @@ def _as_raced(summary: RunSummary, racing: Mapping) -> None:
         summary.change = change_of(summary.best_perplexity, summary.baseline["perplexity"] if summary.baseline else None)
         return
     suite = summary.suite
-    rows = [{**r, "suite_accuracy": -bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
+    rows = [{**r, "suite_accuracy": 0.0 - bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
              "seeds": seeds} if r["gene"] in bounds else {**r, "seeds": 1} for r in suite["genes"]]
     ranked = sorted((r for r in rows if r["rank"] is not None and r["suite_accuracy"] is not None),
                     key=lambda r: (-r["suite_accuracy"], r["gene"]))
     suite["genes"] = [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [
         {**r, "rank": None} for r in rows if r not in ranked]
     if suite.get("baseline") is not None and racing.get("baseline"):
-        suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else -base, "seeds": seeds}
+        suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else 0.0 - base,
+                             "seeds": seeds}
     _suite_results(summary)
 
 

@@ -126,7 +126,7 @@ class Individual:
 
     @property
     def fitness(self) -> float:
-        return -self.perplexity if math.isfinite(self.perplexity) else float("-inf")
+        return 0.0 - self.perplexity if math.isfinite(self.perplexity) else float("-inf")  # never -0.0
 
     def to_dict(self) -> dict:
         out = {"gene": self.gene.key, "perplexity": self.perplexity, "fitness": self.fitness,
