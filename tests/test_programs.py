@@ -447,7 +447,7 @@ def test_fingerprints_merge_no_two_different_small_programs():
 def test_tpe_refuses_a_program_space_naming_every_strategy_that_searches_one():
     from evo_attention.search import make_strategy
 
-    with pytest.raises(UserError, match="use ga, random, neighbours, nsga2, climb for a program search space"):
+    with pytest.raises(UserError, match="use ga, random, neighbours, nsga2 or climb for a program search space"):
         make_strategy("tpe", population_size=4, n_generations=1, elite_size=1, space={"program": {"max_nodes": 8}})
 
 

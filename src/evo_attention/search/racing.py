@@ -30,13 +30,14 @@ import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from evo_attention.search.store import RACING_META
+
 if TYPE_CHECKING:  # the report reads RACING_META: no training machinery imported with it
     from evo_attention.genes import AttentionGene
     from evo_attention.search.base import Individual
     from evo_attention.search.runner import Runner
 
 RACE_ROLE = "race"
-RACING_META = "racing"
 RACE_SEEDS_FROM = 2000  # = studies.common.SEED_BLOCK_SIZE: the last seed of the run seed's block (tested)
 RULE = "mean + standard error over the seeds"
 

@@ -41,6 +41,7 @@ from evo_attention.util.jsonio import store_loads as loads
 
 DB_NAME = "run.db"
 STUDY = "study"  # meta: the study that writes the store (none: a search's)
+RACING_META = "racing"  # meta: a raced run's seeds and each raced gene's bound (search.racing)
 SCHEMA_VERSION = 1
 TIMEOUT_S = 30.0
 ROLES_HINT = ("search", "baseline", "validate")  # usual roles; any non-empty string is accepted

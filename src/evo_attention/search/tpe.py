@@ -116,11 +116,8 @@ class TPE(RandomSearch):
             raise UserError("strategy tpe samples one gene shared by every layer: use genome shared, or ga, nsga2 or "
                             "random for per-layer genomes", setting="genome")
         if self.space.program_space is not None:
-            from evo_attention.search import STRATEGIES  # the registry imports this module
-
-            others = ", ".join(name for name in STRATEGIES if name != self.name)
-            raise UserError(f"strategy tpe samples categorical options and cannot encode programs: use {others} for a "
-                            "program search space", setting="strategy")
+            raise UserError("strategy tpe samples categorical options and cannot encode programs: use ga, random, "
+                            "neighbours, nsga2 or climb for a program search space", setting="strategy")
         self.distributions = {name: CategoricalDistribution(self.space.options(name)) for name in ALL_FIELDS
                               if len(self.space.options(name)) > 1}
         optuna.logging.set_verbosity(optuna.logging.WARNING)

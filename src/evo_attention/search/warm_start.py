@@ -30,8 +30,7 @@ from pathlib import Path
 from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
                                  in_program_form, program_grammar)
 from evo_attention.search import constraints, pareto
-from evo_attention.search.racing import RACING_META
-from evo_attention.search.store import RunStore
+from evo_attention.search.store import RACING_META, RunStore
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
 from evo_attention.util.errors import UserError
