@@ -328,6 +328,11 @@ def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
     assert summary.history[0]["best_gene"] == VANILLA
     assert summary.counts["trained"] == 1 and summary.counts["cache_hits"] == 1
     assert run_status(run_dir)["best"]["gene"] == VANILLA
+    from evo_attention.search.store import RunStore
+    from evo_attention.search.warm_start import ranked_genes
+
+    with RunStore.open(run_dir, readonly=True) as store:  # a warm start from the run takes it too
+        assert ranked_genes(store, ["perplexity"]) == [VANILLA, worse]
 
 
 def test_component_analysis_lists_axes_that_vary():

@@ -10,7 +10,7 @@ Conventions:
 - Fitness is validation perplexity (lower is better). An evaluation *failed* when its status is
   not ``"ok"`` or it has no finite ``val_perplexity``; its perplexity then counts as ``inf``.
 - The search results are the evaluations of role ``"search"``, and the baseline's (role ``"baseline"``)
-  of a gene the strategy was told from it (``search_records``); other roles (e.g. ``"validate"``) are
+  of a gene the strategy was told from it (``search.store.search_records``); other roles (e.g. ``"validate"``) are
   listed and counted but never ranked.
 - Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
   A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
@@ -49,7 +49,7 @@ from evo_attention.search import constraints as caps
 from evo_attention.search import pareto
 from evo_attention.search.lock import holder, is_this_process
 from evo_attention.search.racing import RACING_META
-from evo_attention.search.store import RunStore
+from evo_attention.search.store import RunStore, search_records
 from evo_attention.train.config import TUNING_FROM
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
@@ -83,21 +83,6 @@ def perplexity_of(record: Mapping) -> float:
     """The fitness of an evaluation record: its usable perplexity, else ``inf``."""
     value = usable_metric(record)
     return math.inf if value is None else value
-
-
-def search_records(evaluations: Sequence, table: list[dict]) -> list:
-    """The records a search ranks, in store order: those of role "search", and as a copy (role "search",
-    generation: the first listing it) each baseline record of a gene in a recorded generation (``table``)
-    without one: the store answered the strategy from the baseline's training, stored once, as the baseline."""
-    first: dict[str, int] = {}
-    for row in table:
-        for member in row["members"]:
-            first.setdefault(str(member["gene"]), row["generation"])
-    told = first.keys() - {str(r.get("gene")) for r in evaluations if r.get("role") == "search"}
-    return [r if r.get("role") == "search" else
-            r.replace(extra={**r.extra, "role": "search", "generation": first[str(r.get("gene"))]})
-            for r in evaluations if r.get("role") == "search" or (r.get("role") == "baseline" and
-                                                                  str(r.get("gene")) in told)]
 
 
 def failed(record: Mapping) -> bool:

@@ -31,7 +31,7 @@ import threading
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.util.errors import UserError
@@ -545,3 +545,18 @@ class RunStore:
     def activity(self) -> list[dict]:
         """Every worker's latest progress, by worker name."""
         return self._query("SELECT worker, gene, step, total, loss, updated_at FROM activity ORDER BY worker")
+
+
+def search_records(evaluations: Sequence, table: list[dict]) -> list:
+    """The records a search ranks, in store order: those of role "search", and as a copy (role "search",
+    generation: the first listing it) each baseline record of a gene in a recorded generation (``table``)
+    without one: the store answered the strategy from the baseline's training, stored once, as the baseline."""
+    first: dict[str, int] = {}
+    for row in table:
+        for member in row["members"]:
+            first.setdefault(str(member["gene"]), row["generation"])
+    told = first.keys() - {str(r.get("gene")) for r in evaluations if r.get("role") == "search"}
+    return [r if r.get("role") == "search" else
+            r.replace(extra={**r.extra, "role": "search", "generation": first[str(r.get("gene"))]})
+            for r in evaluations if r.get("role") == "search" or (r.get("role") == "baseline" and
+                                                                  str(r.get("gene")) in told)]

@@ -1,10 +1,11 @@
 """Warm start: a search's first generation from the best genes of an earlier run (``init_from``).
 
 ``init_from: RUN[:K]`` (``--init-from``) reads the run store in directory ``RUN``, ranks its
-finished search genes the way that run ranked them (by perplexity; with several objectives by Pareto
-front, crowding distance, then perplexity; genes over the earlier run's own caps after the others;
-a suite run by suite accuracy, highest first, over the genes that trained on every point; a raced
-gene by its lower bound over its seeds, as ``search.racing`` told the strategy, unranked when a seed failed)
+finished search genes (those told from its baseline's training too: ``store.search_records``) the
+way that run ranked them (by perplexity; with several objectives by Pareto front, crowding
+distance, then perplexity; genes over the earlier run's own caps after the others; a suite run by
+suite accuracy, highest first, over the genes that trained on every point; a raced gene by its
+lower bound over its seeds, as ``search.racing`` told the strategy, unranked when a seed failed)
 and takes the best ``K`` (default: this run's population size). A gene that does not fit this run
 is skipped with one warning line naming it and why:
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
                                  in_program_form, program_grammar)
 from evo_attention.search import constraints, pareto
-from evo_attention.search.store import RACING_META, RunStore
+from evo_attention.search.store import RACING_META, RunStore, search_records
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
 from evo_attention.train.suite import scores_from_records
 from evo_attention.util.errors import UserError
@@ -84,14 +85,15 @@ def ranked_genes(store: RunStore, objectives) -> list[str]:
     bounds = {str(r["gene"]): r["told"] for r in (store.get_meta(RACING_META) or {}).get("genes") or []}
     failed = {key for key, told in bounds.items() if told is None}  # raced and failed on a seed: unranked
     suite = store.get_meta(SUITE_META)
+    searched = search_records(store.evaluations(), store.generations())  # with genes told from the baseline
     if suite:  # a suite run ranks by suite accuracy, the genes that trained on every point
-        scores = scores_from_records(store.evaluations(role="search"), suite, seed=config.get("seed"))
+        scores = scores_from_records(searched, suite, seed=config.get("seed"))
         ranked = sorted((bounds.get(key, -score.aggregate), key) for key, score in scores.items()
                         if score.aggregate is not None and not score.all_failed and key not in failed)
         return [key for _, key in ranked]
     limits = (store.get_meta(constraints.META_LIMITS) or {}).get("limits") or {}
     records: dict[str, dict] = {}
-    for record in store.evaluations(role="search"):
+    for record in searched:
         if (usable_metric(record) is None or int(record.get("steps") or 0) < int(config.get("train_steps") or 0)
                 or str(record["gene"]) in failed):
             continue
