@@ -422,8 +422,23 @@ class SuffixGate(Gating):  # a gate from the sum of the positions after t
 '''
 
 
+BARE_GATING_PLUGIN = '''
+import torch.nn as nn
+from evo_attention import register_gating
+
+@register_gating("bare_gate_probe")
+class Bare(nn.Module):  # no gate_input (the classic path calls forward only); the mean over every position
+    def __init__(self, d_model):
+        super().__init__()
+
+    def forward(self, x, y):
+        return y + x.mean(1, keepdim=True)
+'''
+
+
 @pytest.mark.parametrize("text, says", [(SIMILARITY_PLUGIN, "similarity 'centered_dot_probe' reads future positions"),
-                                        (GATING_PLUGIN, "gating 'suffix_gate_probe' reads future positions")])
+                                        (GATING_PLUGIN, "gating 'suffix_gate_probe' reads future positions"),
+                                        (BARE_GATING_PLUGIN, "gating 'bare_gate_probe' reads future positions")])
 def test_a_plugin_component_that_reads_the_future_is_refused(tmp_path, capsys, text, says):
     from evo_attention.nn import components
 
@@ -439,8 +454,9 @@ def test_a_plugin_component_that_reads_the_future_is_refused(tmp_path, capsys, t
             assert "causal_temp_probe" in components.TEMPERATURES  # registered before the gating was refused
     finally:
         components.unregister("temperature_mode", "causal_temp_probe")
-        for kind in ("similarity", "gating"):
-            components.unregister(kind, "centered_dot_probe" if kind == "similarity" else "suffix_gate_probe")
+        components.unregister("similarity", "centered_dot_probe")
+        for name in ("suffix_gate_probe", "bare_gate_probe"):
+            components.unregister("gating", name)
 
 
 def test_a_path_no_file_system_call_can_use_is_one_line(tmp_path, capsys):

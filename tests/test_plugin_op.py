@@ -48,12 +48,18 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("peek", "H->H", lambda call, z: torch.roll(z, -1, dims=-2), "reads future positions"),
     ("rowmean", "S->S", lambda call, s: s - s.mean(-1, keepdim=True), "reads future positions"),
     ("xsum", "T->T", lambda call, z: z + call.x.sum(1).mean(), "reads future positions"),
+    # reads 4 positions ahead; raises on 4 positions (the longer probe sees it); only on sequences over 4
+    ("look4", "H->H", lambda call, z: z + torch.roll(z, -4, dims=-2), "reads future positions as H->H"),
+    ("topk5", "H->H", lambda call, z: z + z.topk(5, dim=-2).values.mean(-2, keepdim=True), "reads future"),
+    ("long", "H->H", lambda call, z: z + (z.mean(-2, keepdim=True) if z.shape[-2] > 4 else 0), "reads future"),
+    ("prevt", "T->T", lambda call, z: torch.nn.functional.pad(z, (0, 0, 1, 0))[..., :-1, :],
+     "reads future positions as S->S"),  # the previous row is causal for values, not for scores
 ])
 def test_a_registration_that_would_change_or_break_the_language_is_refused(name, signature, apply, problem):
     from evo_attention import register_op
 
     before = dict(programs.OPS)
-    kind = "time" if name in ("shift", "zeroh", "peek") else "elementwise"
+    kind = "time" if name in ("shift", "zeroh", "peek", "look4", "topk5", "long", "prevt") else "elementwise"
     with pytest.raises(programs.ProgramError, match=problem):
         register_op(name, signature, kind, apply=apply)
     assert programs.OPS == before
@@ -63,13 +69,21 @@ def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
     from evo_attention import register_op
     from evo_attention.nn import program as engine_ops
 
-    assert not [name for name in engine_ops.IMPLEMENTATIONS if engine_ops._reads_future(name)]
-    register_op("lag1", "H->H", "time", apply=lambda call, z: torch.cat([torch.zeros_like(z[..., :1, :]),
-                                                                         z[..., :-1, :]], -2))
+    assert not [name for name, impl in engine_ops.IMPLEMENTATIONS.items()
+                if engine_ops._reads_future(programs.OPS[name], impl)]
+    lag = lambda call, z: torch.cat([torch.zeros_like(z[..., :1, :]), z[..., :-1, :]], -2)  # noqa: E731
+    register_op("lag1", "H->H", "time", apply=lag)
+    # random draws in an op (its own dropout) are no leak: the probe draws them alike in both runs
+    register_op("noisy", "X->X", "learned", apply=lambda call, z: call.module(z),
+                build=lambda shapes: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)))
     try:
-        assert "lag1" in programs.OPS
+        assert "lag1" in programs.OPS and "noisy" in programs.OPS
+        with pytest.raises(programs.ProgramError, match="reads future"):  # refused again: the first stays
+            register_op("lag1", "H->H", "time", apply=lambda call, z: torch.roll(z, -1, dims=-2))
+        assert engine_ops.IMPLEMENTATIONS["lag1"].apply is lag
     finally:
         engine_ops.unregister_op("lag1")
+        engine_ops.unregister_op("noisy")
 
 
 @pytest.mark.parametrize("broken, says", [

@@ -112,19 +112,21 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
     if not sigs or not isinstance(name, str):
         raise programs.ProgramError(f"program op {name!r}: give a name (a string) and one or more signatures "
                                     f"such as 'H->H' (signatures {signatures!r})")
-    programs.add_op(programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold))
+    op = programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold)
+    leak = _reads_future(op, Implementation(apply, build))  # probed first: a refused op changes nothing
+    if leak:
+        raise programs.ProgramError(f"program op {name!r} reads future positions as {leak}: its value at position "
+                                    "t may depend only on inputs at positions <= t (and a score [i, j] on query i, "
+                                    "key j); list only the signatures where it does not")
+    programs.add_op(op)
     _own(name, apply, build)
-    if _reads_future(name):
-        unregister_op(name)
-        raise programs.ProgramError(f"program op {name!r} reads future positions: its value at position t may "
-                                    "depend only on inputs at positions <= t (and a score [i, j] on query i, key j)")
 
 
-def _reads_future(name: str) -> bool:
-    """Whether op ``name``, on some typing of its signatures (T as X, H and S) with random weights,
+def _reads_future(op: programs.Op, impl: Implementation) -> str | None:
+    """The first typing of ``op``'s signatures (T as X, H and S) on which it, with random weights,
     changes an earlier position's value when later inputs change (``components.reads_future``, the
-    block input x moved with them). An op that raises on the probe is left to fail in use."""
-    impl, op = IMPLEMENTATIONS[name], programs.OPS[name]
+    block input x moved with them), as "ARGS->RESULT"; None if none. A typing the op raises on at
+    every probe length is left to fail in use."""
     for args, _ in op.signatures:
         for typed in ("X", "H", "S") if "T" in args else ("T",):
             types = tuple(typed if a == "T" else a for a in args)
@@ -132,13 +134,13 @@ def _reads_future(name: str) -> bool:
             with torch.random.fork_rng(devices=[]):  # building draws initial weights
                 try:
                     module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
-                    attn = SimpleNamespace(out=nn.Linear(8, 8), d_model=8, n_heads=2, d_head=4)
+                    attn = SimpleNamespace(out=nn.Linear(8, 8), d_model=8, n_heads=2, d_head=4, training=False)
                     if components.reads_future(lambda x, *values: impl.apply(Call(module, x, attn), *values),
                                                "X" + "".join(types), out, module):
-                        return True
+                        return f"{','.join(types)}->{out}"
                 except Exception:
                     continue
-    return False
+    return None
 
 
 def unregister_op(name: str) -> None:
