@@ -491,8 +491,19 @@ def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monke
     status = run_status(out)
     assert status["state"] == "interrupted in its fresh-seed check" and "--resume" in status["resume_command"]
     assert main(["report", str(out)]) == 0 and "its fresh-seed check was stopped" in (out / "report.md").read_text()
+    with RunStore.open(out) as store:
+        store.set_meta(CHECK_PENDING, True)
+    assert main(["search", "--resume", "--no-check", "--out", str(out), "--quiet"]) == 0  # the check not asked for
+    assert run_status(out)["state"] == "finished"
+    with RunStore.open(out) as store:
+        store.set_meta(CHECK_PENDING, True)
     assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0
     assert run_status(out)["state"] == "finished" and (out / "fresh_check.json").is_file()
+
+
+def test_a_task_option_that_is_a_setting_of_its_own_is_one_line():
+    with pytest.raises(UserError, match="task option seq_len is a setting of its own"):
+        Config(data="mqar", recall={"seq_len": 32})
 
 
 @pytest.mark.parametrize("text", ["warmup: 0.1\n", "warmup_steps: 10\nlr_schedule: constant\n"])

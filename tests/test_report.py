@@ -333,6 +333,14 @@ def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
 
     with RunStore.open(run_dir, readonly=True) as store:  # a warm start from the run takes it too
         assert ranked_genes(store, ["perplexity"]) == [VANILLA, worse]
+    refused = tmp_path / "refused"  # the vanilla gene over a cap: listed told nothing, never the baseline's value
+    with new_store(refused, done=True, planned=2) as store:
+        store.record(record(VANILLA, "ok", BASELINE_PPL), role="baseline")
+        store.record(record(worse, "ok", BASELINE_PPL + 1), role="search", generation=0)
+        store.record_generation(0, [(worse, BASELINE_PPL + 1, False), (VANILLA, None, False)])
+    assert [r["gene"] for r in load_run(refused).ranking] == [worse]
+    with RunStore.open(refused, readonly=True) as store:
+        assert ranked_genes(store, ["perplexity"]) == [worse]
 
 
 def test_component_analysis_lists_axes_that_vary():

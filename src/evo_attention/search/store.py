@@ -549,12 +549,14 @@ class RunStore:
 
 def search_records(evaluations: Sequence, table: list[dict]) -> list:
     """The records a search ranks, in store order: those of role "search", and as a copy (role "search",
-    generation: the first listing it) each baseline record of a gene in a recorded generation (``table``)
-    without one: the store answered the strategy from the baseline's training, stored once, as the baseline."""
+    generation: the first listing it) each baseline record of a gene told a finite value in a recorded
+    generation (``table``) without one: the store answered the strategy from the baseline's training,
+    stored once, as the baseline. (A gene refused before training, by a cap, is listed told nothing.)"""
     first: dict[str, int] = {}
     for row in table:
         for member in row["members"]:
-            first.setdefault(str(member["gene"]), row["generation"])
+            if math.isfinite(member["perplexity"]):
+                first.setdefault(str(member["gene"]), row["generation"])
     told = first.keys() - {str(r.get("gene")) for r in evaluations if r.get("role") == "search"}
     return [r if r.get("role") == "search" else
             r.replace(extra={**r.extra, "role": "search", "generation": first[str(r.get("gene"))]})

@@ -98,7 +98,7 @@ class Evolution(Search):
             except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
                 warnings.warn(f"the fresh-seed check was not run: {exc}")
                 self.checked = None
-            self.store.set_meta(CHECK_PENDING, False)
+        self.store.set_meta(CHECK_PENDING, False)  # ended, or not asked for by this resumed run
         if self.write_reports:
             self.write_report()
             if self.announce:

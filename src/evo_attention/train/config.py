@@ -112,9 +112,9 @@ class Config:
     start_from: str | None = setting(None, group="search", flag="start-from", parse="str",
                                      metavar="vanilla|GENES|RUN[:K]|random",
                                      help="start generation 0 from these genes and their one-edit neighbours: vanilla "
-                                          "(the run's baseline gene), gene strings, or the best K genes of the run in "
-                                          "RUN; random draws random genes (the default, but for the climb and "
-                                          "neighbours strategies, which start from vanilla)")
+                                          "(the vanilla gene, whatever baseline_gene says), gene strings, or the best "
+                                          "K genes of the run in RUN; random draws random genes (the default, but for "
+                                          "the climb and neighbours strategies, which start from vanilla)")
     # racing (search/racing.py): a gene that would enter the elite is measured on this many seeds first
     elite_seeds: int = setting(1, group="search", flag="elite-seeds", parse="int", metavar="K",
                                help="measure a gene that would enter the elite (the climb's incumbent) on K seeds "
@@ -698,6 +698,11 @@ def _check_data(c: Config) -> None:
         raise UserError(f"eval_stride {c.eval_stride} is larger than max_seq_len {c.max_seq_len}",
                         setting=("eval_stride", "max_seq_len"))
     _mapping(c, "recall")
+    taken = {"seq_len", "vocab_size", "data_dir", "eval_stride", "tokenizer", "text_field"} & set(c.recall or {})
+    if taken:  # settings of their own, which load_data takes beside the options
+        raise UserError(f"task option {sorted(taken)[0]} is a setting of its own: give it as max_seq_len / "
+                        f"vocab_size (or inline, --data TASK:{sorted(taken)[0]}=N), not among the task options",
+                        setting=("recall", "data"))
     if c.recall and not takes_options(c.data):  # options the data would ignore (yet they would join the key)
         raise UserError(f"task options ({', '.join(map(str, c.recall))}) apply to a generated task (recall, mqar, "
                         f"mad:TASK, a registered one), not to data {c.data}: remove them", setting=("recall", "data"))
