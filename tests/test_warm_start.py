@@ -92,6 +92,9 @@ def test_the_first_generation_holds_the_earlier_runs_best_genes(earlier_run, tmp
     # K defaults to the population size; a cold run of the same seed starts elsewhere
     with Evolution(Config(**{**TINY, "init_from": str(source)}), out_dir=tmp_path / "all") as evo:
         assert [g.key for g in evo.strategy.ask()] == ranked[:4]
+    with pytest.warns(UserWarning, match=f"init_from {source}:6: 6 genes fit this run, and its population holds "
+                                         "4: the best 4 are taken"):  # more than the population: said
+        Evolution(Config(**{**TINY, "init_from": f"{source}:6"}), out_dir=tmp_path / "six").close()
 
 
 def test_genes_outside_the_new_space_are_named_and_skipped(earlier_run, tmp_path):

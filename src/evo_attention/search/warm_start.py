@@ -143,6 +143,9 @@ def initial_genes(init_from: str, *, space: SearchSpace, population_size: int,
         skipped.append({"gene": key, "reason": reason})
         if warn:
             warnings.warn(f"{setting} {run}: skipping gene {key}: {reason}", stacklevel=2)
+    if warn and len(genes) > population_size:
+        warnings.warn(f"{setting} {init_from}: {len(genes)} genes fit this run, and its population holds "
+                      f"{population_size}: the best {population_size} are taken", stacklevel=2)
     return {"run": str(Path(run)), "k": k, "genes": genes[:population_size], "skipped": skipped,
             "available": len(ranked)}
 
