@@ -740,4 +740,3 @@ class HighwayGate(Gating):
     def forward(self, x, y):
         g = torch.sigmoid(self.gate(x))
         return g * y + (1.0 - g) * x
-

@@ -296,8 +296,9 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                          + ("" if change is None else f"; the best gene is **{100 * change:+.1f} accuracy points** "
                                                       "from it") + ".")
         if s.suite.get("vs_baseline") is not None and not validation:
-            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {shlex.quote(str(s.run_dir))}` to compare the "
-                         "best genes with the baseline on the suite over fresh seeds.")
+            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run "
+                         f"{shlex.quote(str(s.run_dir))}` to compare the best genes with the baseline on the suite "
+                         "over fresh seeds.")
         return lines
     elif b["perplexity"] is None:
         lines.append(f"- Baseline {b['str']} `{b['gene']}` failed "
@@ -314,8 +315,8 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                      f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
     if s.change is not None and not validation:
-        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run {shlex.quote(str(s.run_dir))}` to see whether "
-                     "the difference holds over fresh seeds.")
+        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run "
+                     f"{shlex.quote(str(s.run_dir))}` to see whether the difference holds over fresh seeds.")
     return lines
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from evo_attention.genes import gene_label
 from evo_attention.report.attachments import CHECK_PENDING
-from evo_attention.search.store import RunStore
+from evo_attention.search.store import RunStore, search_records
 from evo_attention.util.format import finite_or_none
 
 
@@ -55,7 +55,7 @@ def run_status(run_dir: str | Path) -> dict:
     from evo_attention.search.fidelity import RUNG_ROLE
 
     from evo_attention.report.summary import (cache_hits, caps_text, feasible_only, init_from_text, objectives_of,
-                                              pareto_summary, search_records, suite_view)
+                                              pareto_summary, suite_view)
     from evo_attention.search.constraints import constraint_view
 
     per_request = len((suite_meta or {}).get("points") or []) or 1  # trainings per fitness request

@@ -297,8 +297,8 @@ class Strategy(ABC):
                             "shared, or strategy ga or random (they draw whole genomes)",
                             setting=("strategy", "genome"))
         self.seed_vanilla = as_bool("seed_vanilla", seed_vanilla)
-        vanilla = in_program_form(space.vanilla().key, space)  # the gene seed_vanilla seeds, in the space's form
-        if self.seed_vanilla and (reason := outside_space(vanilla, space)) is not None:
+        vanilla = in_program_form(space.vanilla().key, space) if self.seed_vanilla else None  # the gene it seeds
+        if vanilla is not None and (reason := outside_space(vanilla, space)) is not None:
             raise UserError(f"seed_vanilla: the vanilla gene {vanilla} is outside this run's search space: {reason}; "
                             "drop seed_vanilla or widen the space", setting=("seed_vanilla", "search_space"))
         if isinstance(objectives, str) or not objectives or not all(isinstance(o, str) for o in objectives):

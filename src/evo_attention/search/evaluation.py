@@ -55,10 +55,12 @@ class Evaluation:
     ``violations(told)`` (each key's excess over the caps; None: no caps), ``shown(key)`` (the key an
     asked gene trains as), ``individual(member)`` (a
     population member as shown), ``finished(task, record)`` (every task the runner answers); ``config``,
-    ``suite``, ``data``, ``schedule`` (or None); ``generation_lines`` (trackers get perplexity lines)."""
+    ``suite``, ``data``, ``schedule`` (or None); ``generation_lines`` (trackers get perplexity lines);
+    ``per_request`` (trainings per fitness request)."""
 
     suite = data = schedule = None
     generation_lines = True
+    per_request = 1  # trainings per fitness request (a suite's: one per point)
 
     def start(self, runner: Runner, keep_models: int, baseline: AttentionGene | None) -> Individual | None:
         self.runner, self.store, self.keep_models = runner, runner.store, keep_models
@@ -235,6 +237,7 @@ class Suite(Evaluation):
         if keep_models:
             raise UserError(f"keep_models {keep_models} cannot be combined with suite {self.suite.name}: a gene "
                             "trains one model per point; drop keep_models", setting=("keep_models", "suite"))
+        self.per_request = len(self.suite.points)
         self.point_configs = point_configs(config, self.suite)
         self.point_data = {label: load_task(c.task) for label, c in self.point_configs.items()}
         self.config, self.datasets = config, {self.point_configs[label].task: d for label, d in self.point_data.items()}

@@ -97,7 +97,7 @@ class Racing:
         """Each gene of ``first`` (key -> its told value on the run's seed) measured on the other seeds."""
         pairs = [(k, s) for k in first for s in self.seeds[1:]]
         if self.runner.view is not None:
-            self.runner.view.extend(len(pairs) * (len(self.suite.points) if self.suite else 1))  # a training a point
+            self.runner.view.extend(len(pairs) * self.per_request)
         extra = self.inner.scores(pairs, generation, role=RACE_ROLE)
         return {key: {"gene": self.inner.shown(key), "generation": generation, "values": values,
                       "told": lower_bound(values)}

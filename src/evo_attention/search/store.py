@@ -194,7 +194,8 @@ class RunStore:
         if Path(run_dir).is_file():
             raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
         if not path.is_file():
-            raise UserError(f"no run in {run_dir}: start one with `evo-attention search --out {shlex.quote(str(run_dir))}`")
+            raise UserError(f"no run in {run_dir}: start one with "
+                            f"`evo-attention search --out {shlex.quote(str(run_dir))}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
         try:
             version = store._schema_version()

@@ -96,7 +96,7 @@ class Tuned:
         at = {(k, rate): with_recipe(k, {"learning_rate": rate}).key for k in todo for rate in self.grid}
         view = self.runner.view
         if view is not None:
-            view.extend(len(at) * (len(self.suite.points) if self.suite else 1))  # a training a point
+            view.extend(len(at) * self.per_request)
         told = self.inner.scores([(variant, self.seed) for variant in at.values()], generation, role=TUNE_ROLE)
         for key in todo:
             curve = [{"lr": rate, "mean": told[at[key, rate], self.seed],

@@ -486,11 +486,12 @@ def word_rules(q: dict) -> dict:
 def _check_decisions(study: Study) -> None:
     path = study.path
     rule = "a decision reads its question's sources"
+    outputs = [_outputs(study, s, study.settings) for s in study.stages]
     for qname, q in study.questions.items():
         sources = q.get("sources") or {}
         for name, file in list(sources.items()) + [(t.get("file"), t.get("file")) for t in q.get("tables") or []]:
             file = str(file or "").split("#")[0]
-            if not any(_writes(study, s, file) for s in study.stages):
+            if not any(_writes(stage_outputs, [file]) for stage_outputs in outputs):
                 raise _rule(path, "tables and sources are stage results", f"question {qname} reads {file}, which no "
                                                                          "stage writes")
         for t in q.get("tables") or []:
@@ -713,17 +714,17 @@ def _touches(study: Study, part: str, runs: Runs) -> str | None:
         return runs.results_time(study.stage(name)) if any(s.name == name for s in study.stages) else None
     if kind == "question":  # a decision changes with the results it reads: its stages', or another question's
         files = [str(f or "").split("#")[0] for f in (study.questions.get(name, {}).get("sources") or {}).values()]
-        stages = [s for s in study.stages if s.question == name or any(_writes(study, s, f) for f in files)]
+        stages = [s for s in study.stages if s.question == name or _writes(_outputs(study, s, study.settings), files)]
     else:
         stages = study.stages
     times = [t for s in stages if (t := runs.results_time(s))]
     return min(times) if times else None
 
 
-def _writes(study: Study, stage, file: str) -> bool:
-    """Whether ``stage`` writes ``file`` (one of its outputs, or a file in an output folder)."""
-    return any(file == o or file.startswith(_prefix(o).rstrip("/") + "/")
-               for o in _outputs(study, stage, study.settings))
+def _writes(outputs: list[str], files: list[str]) -> bool:
+    """Whether a stage's ``outputs`` (``_outputs``) write one of ``files`` (an output, or a file in an
+    output folder)."""
+    return any(file == o or file.startswith(_prefix(o).rstrip("/") + "/") for o in outputs for file in files)
 
 
 def amend(study: Study, note: str, now: datetime | None = None) -> dict:
