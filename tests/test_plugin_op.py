@@ -78,7 +78,7 @@ def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
                 build=lambda shapes: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)))
     try:
         assert "lag1" in programs.OPS and "noisy" in programs.OPS
-        with pytest.raises(programs.ProgramError, match="reads future"):  # refused again: the first stays
+        with pytest.raises(programs.ProgramError, match="exists already with another"):  # the first stays
             register_op("lag1", "H->H", "time", apply=lambda call, z: torch.roll(z, -1, dims=-2))
         assert engine_ops.IMPLEMENTATIONS["lag1"].apply is lag
     finally:
@@ -148,3 +148,20 @@ def test_the_task_is_a_suite_point_and_a_curve_task(plugin, tmp_path):
                  "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size", "4", "--eval-batch-size", "16"]) == 0
     written = json.loads((out / CURVE_RESULTS).read_text())
     assert [p["knobs"]["delay"] for p in written["points"]] == [1, 2]
+
+
+def test_an_op_registered_again_is_harmless_as_the_same_code_and_refused_as_other_code():
+    from evo_attention import register_op
+    from evo_attention.nn import program as engine_ops
+
+    def plugin():  # a plugin's functions, made again as its second import makes them
+        return dict(apply=lambda call, z: z * 2.0, fold=lambda v: v * 2.0)
+    register_op("dbl", "H->H", "elementwise", **plugin())
+    try:
+        register_op("dbl", "H->H", "elementwise", **plugin())  # equal code: harmless
+        first = engine_ops.IMPLEMENTATIONS["dbl"].apply
+        with pytest.raises(programs.ProgramError, match="exists already with another implementation"):
+            register_op("dbl", "H->H", "elementwise", apply=lambda call, z: z * 3.0)
+        assert engine_ops.IMPLEMENTATIONS["dbl"].apply is first
+    finally:
+        engine_ops.unregister_op("dbl")

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Callable
 
@@ -113,6 +114,12 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
         raise programs.ProgramError(f"program op {name!r}: give a name (a string) and one or more signatures "
                                     f"such as 'H->H' (signatures {signatures!r})")
     op = programs.Op(name, tuple(programs.signature(s) for s in sigs), kind, commutative, fold)
+    if name in IMPLEMENTATIONS and name in programs.OPS:  # again: harmless only as the same code
+        if not (_same(IMPLEMENTATIONS[name].apply, apply) and _same(IMPLEMENTATIONS[name].build, build)
+                and _same(programs.OPS[name].fold, fold)):
+            raise programs.ProgramError(f"program op {name!r} exists already with another implementation: choose "
+                                        "another name, or unregister_op it first")
+        op = replace(op, fold=programs.OPS[name].fold)
     leak = _reads_future(op, Implementation(apply, build))  # probed first: a refused op changes nothing
     if leak:
         raise programs.ProgramError(f"program op {name!r} reads future positions as {leak}: its value at position "
@@ -141,6 +148,13 @@ def _reads_future(op: programs.Op, impl: Implementation) -> str | None:
                 except Exception:
                     continue
     return None
+
+
+def _same(a: Callable | None, b: Callable | None) -> bool:
+    """Whether two functions compute the same: one function, or equal code (the same plugin imported
+    again, also from another path such as an export's copy of it)."""
+    a, b = inspect.unwrap(a) if a else a, inspect.unwrap(b) if b else b
+    return a is b or (hasattr(a, "__code__") and hasattr(b, "__code__") and a.__code__ == b.__code__)
 
 
 def unregister_op(name: str) -> None:
