@@ -8,6 +8,7 @@ import pytest
 
 from evo_attention.util.errors import UserError
 from evo_attention.genes import FIELDS, AttentionGene, SearchSpace
+from evo_attention.train.config import Config
 from evo_attention.search import (
     GeneticAlgorithm,
     Individual,
@@ -207,6 +208,15 @@ def test_seed_vanilla():
     assert vanilla in seeded and len(seeded) == 12 and len(set(seeded)) == 12
     assert vanilla not in plain  # (for this seed) so exactly one random gene was replaced
     assert len(set(seeded) & set(plain)) == 11
+
+
+def test_seed_vanilla_seeds_the_configs_vanilla_gene_the_baseline_trains():
+    from evo_attention.search import strategy_from_config
+
+    for data, dropout in (("mqar", 0.0), ("recall", 0.1)):  # a generated task's baseline has no attention dropout
+        config = Config(data=data, strategy_options={"seed_vanilla": True})
+        genes = strategy_from_config(config).ask()
+        assert config.vanilla_gene() in genes and config.vanilla_gene().attention_dropout == dropout
 
 
 def test_adaptive_mutation_schedule_decreases():

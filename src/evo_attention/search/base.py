@@ -275,7 +275,8 @@ class Strategy(ABC):
 
     def __init__(self, *, population_size: int = 12, n_generations: int = 10, elite_size: int = 3, seed: int = 42,
                  space: SearchSpace | Mapping | None = None, seed_vanilla: bool = False,
-                 objectives: Sequence[str] = ("perplexity",), constraints: Sequence[str] = ()):
+                 objectives: Sequence[str] = ("perplexity",), constraints: Sequence[str] = (),
+                 vanilla: AttentionGene | None = None):
         self.population_size = _as_int("population_size", population_size, 1)
         self.n_generations = _as_int("n_generations", n_generations, 1)
         self.elite_size = _as_int("elite_size", elite_size, 0)
@@ -297,10 +298,13 @@ class Strategy(ABC):
                             "shared, or strategy ga or random (they draw whole genomes)",
                             setting=("strategy", "genome"))
         self.seed_vanilla = as_bool("seed_vanilla", seed_vanilla)
-        vanilla = in_program_form(space.vanilla().key, space) if self.seed_vanilla else None  # the gene it seeds
-        if vanilla is not None and (reason := outside_space(vanilla, space)) is not None:
-            raise UserError(f"seed_vanilla: the vanilla gene {vanilla} is outside this run's search space: {reason}; "
-                            "drop seed_vanilla or widen the space", setting=("seed_vanilla", "search_space"))
+        # the gene seed_vanilla seeds: the config's (Config.vanilla_gene, the baseline's training), else the space's
+        self.vanilla = space.vanilla() if vanilla is None else (
+            LayerGenes([vanilla] * space.layers) if space.layers and isinstance(vanilla, AttentionGene) else vanilla)
+        program_form = in_program_form(self.vanilla.key, space) if self.seed_vanilla else None
+        if program_form is not None and (reason := outside_space(program_form, space)) is not None:
+            raise UserError(f"seed_vanilla: the vanilla gene {program_form} is outside this run's search space: "
+                            f"{reason}; drop seed_vanilla or widen the space", setting=("seed_vanilla", "search_space"))
         if isinstance(objectives, str) or not objectives or not all(isinstance(o, str) for o in objectives):
             raise UserError(f"objectives {objectives!r} must be a non-empty list of objective names",
                             setting="objectives")
@@ -337,6 +341,8 @@ class Strategy(ABC):
         caps = [name for name in CAP_FIELDS if getattr(config, name, None) is not None]
         if caps:  # only a constrained run names them, so a strategy of one's own needs no such keyword otherwise
             settings["constraints"] = caps
+        if options.get("seed_vanilla"):  # the vanilla gene of this config's task (no attention dropout on a generated one)
+            settings["vanilla"] = config.vanilla_gene()
         return cls(**settings, **options, space=config.space())
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -495,10 +501,8 @@ class Strategy(ABC):
             self._add_neighbours(genes, taken, self.population_size,
                                  lambda i: neighbour(starts[i % len(starts)], self.rng, self.space))
         self._add_draws(genes, taken, self.population_size)
-        if self.seed_vanilla:
-            vanilla = self.space.vanilla()
-            if vanilla not in genes:
-                genes = [vanilla] + genes[:-1]
+        if self.seed_vanilla and self.vanilla not in genes:
+            genes = [self.vanilla] + genes[:-1]
         return genes
 
     def _add_neighbours(self, genes: list, taken: set[str], size: int, edit) -> list[AttentionGene]:
