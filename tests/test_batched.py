@@ -469,6 +469,18 @@ def test_the_first_answer_written_wins(probe_env, tmp_path):
     assert json.loads(path.read_text())["precision"] == "bf16" and probe_env == [128]
 
 
+def test_a_probe_answer_is_the_machines_whatever_threads_a_training_takes():
+    # a training beside other work takes fewer threads (util.threads.sharing); its precision must not differ
+    from evo_attention.util import threads
+
+    shape = probe_cache.probe_shape(Config(d_model=128, vocab_size=100).model, 16, 4)
+    with threads.using(1):
+        alone = probe_cache.probe_path(shape, torch.device("cpu"), kind="precision", version=environment.PROBE_VERSION)
+    with threads.using(2):
+        assert probe_cache.probe_path(shape, torch.device("cpu"), kind="precision",
+                                      version=environment.PROBE_VERSION) == alone
+
+
 def test_a_probe_whose_rounds_disagree_is_never_kept(probe_env, tmp_path):
     """A busy machine disturbs some rounds: such an answer serves this process only, and the next
     process measures again (here: a steady probe, which is kept)."""

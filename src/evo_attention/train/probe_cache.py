@@ -3,7 +3,10 @@
 A probe times the real training engine once per machine and shape and keeps its answer in
 ``EVO_ATTENTION_CACHE_DIR`` (``data.cache.resolve_cache_dir``), so every later training of that shape
 on the machine resolves the same way. One file per probe kind, version, device type, CPU model,
-thread count, torch version and shape (``probe_path``); the file is created once and never replaced
+cores, torch version and shape (``probe_path``): the cores this process may use, not the threads a
+training took (beside other work it takes fewer, ``util.threads.shared_threads``, and one worker of
+the process executor one), so a machine's answer never follows its load, and neither does the result
+it decides. The file is created once and never replaced
 (``write_probe_once``), so two processes probing at once both use the first answer written.
 ``forget_probes`` removes the kept answers (``evo-attention bench --reprobe``), so the next
 training of each shape measures again.
@@ -39,6 +42,7 @@ import torch
 
 from evo_attention.data.base import fingerprint_of
 from evo_attention.data.cache import resolve_cache_dir
+from evo_attention.util.threads import cores
 
 
 def cpu_name() -> str:
@@ -65,7 +69,7 @@ def probe_shape(spec, seq_len: int, batch_size: int, dropout_stream: str = "cpu"
 def probe_path(shape: dict, device: torch.device, *, kind: str, version: int) -> Path:
     """The cache file of a probe of ``kind`` (its file name's prefix) for ``shape`` on this machine."""
     key = fingerprint_of({"v": version, "device": device.type, "cpu": cpu_name(),
-                          "threads": torch.get_num_threads(), "torch": torch.__version__, "shape": shape})
+                          "cores": cores(), "torch": torch.__version__, "shape": shape})
     return resolve_cache_dir() / f"{kind}-{key[:16]}.json"
 
 
