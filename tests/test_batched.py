@@ -16,6 +16,7 @@ import torch
 
 from evo_attention import Config, components
 from evo_attention.data import data_from_config
+from evo_attention.data.base import fingerprint_of
 from evo_attention.nn.losses import linear_cross_entropy
 from evo_attention.train import environment, probe_cache
 from evo_attention.train import trainer as engine
@@ -479,6 +480,15 @@ def test_a_probe_answer_is_the_machines_whatever_threads_a_training_takes():
     with threads.using(2):
         assert probe_cache.probe_path(shape, torch.device("cpu"), kind="precision",
                                       version=environment.PROBE_VERSION) == alone
+    # a run that pinned its answer under the name keyed on its thread count resumes on that answer
+    old = {"v": environment.PROBE_VERSION, "device": "cpu", "cpu": probe_cache.cpu_name(),
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "shape": shape}
+    answer = {"precision": "fp32", "fp32_ms": 1.0, "bf16_ms": 0.5, "measured_at": time.time()}
+    probe_cache.pin_probes({f"precision-{fingerprint_of(old)[:16]}.json": answer})
+    try:
+        assert probe_cache.probe_answer(alone, lambda entry: True, measure=lambda: 1 / 0) == (answer, True)
+    finally:
+        probe_cache.pin_probes(None)
 
 
 def test_a_probe_whose_rounds_disagree_is_never_kept(probe_env, tmp_path):

@@ -68,13 +68,16 @@ def probe_shape(spec, seq_len: int, batch_size: int, dropout_stream: str = "cpu"
 
 def probe_path(shape: dict, device: torch.device, *, kind: str, version: int) -> Path:
     """The cache file of a probe of ``kind`` (its file name's prefix) for ``shape`` on this machine."""
-    key = fingerprint_of({"v": version, "device": device.type, "cpu": cpu_name(),
-                          "cores": cores(), "torch": torch.__version__, "shape": shape})
-    return resolve_cache_dir() / f"{kind}-{key[:16]}.json"
+    fields = {"v": version, "device": device.type, "cpu": cpu_name(), "torch": torch.__version__, "shape": shape}
+    name = f"{kind}-{fingerprint_of({**fields, 'cores': cores()})[:16]}.json"
+    # the name a run pinned before probes were keyed on cores (on this thread count): such a run resumes on it
+    _LEGACY[name] = f"{kind}-{fingerprint_of({**fields, 'threads': torch.get_num_threads()})[:16]}.json"
+    return resolve_cache_dir() / name
 
 
 _PINNED: dict[str, dict] = {}  # probe file name -> the answer the run in this process pinned
 _USED: dict[str, dict] = {}  # probe file name -> the answer this process used
+_LEGACY: dict[str, str] = {}  # probe file name -> its name keyed on the thread count (``probe_path``)
 _WARNED: set[str] = set()
 
 
@@ -116,7 +119,7 @@ def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[]
     to the file if ``keep(entry)``. ``decides(entry)``: what of an entry decides a result (a file
     that differs from the pinned answer only elsewhere is not reported). See the module docstring
     for what is reported."""
-    pinned = _PINNED.get(path.name)
+    pinned = _PINNED.get(path.name, _PINNED.get(_LEGACY.get(path.name, "")))
     if pinned is not None and valid(pinned):
         there = read_probe(path, valid)
         if there is not None and decides(there) != decides(pinned):
