@@ -229,3 +229,19 @@ def test_transfer_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, fla
 def test_transfer_needs_genes(capsys):
     assert main(["transfer", "--quiet"]) == 2
     assert "nothing to transfer: give --genes" in capsys.readouterr().err
+
+
+def test_transfer_trains_the_baseline_it_reports(tmp_path, capsys):
+    """The configured baseline (``Config.resolved_baseline``) is the one trained and the one reported."""
+    nobias = "dot|softmax|none|fixed|nobias|0.00"
+    (tmp_path / "c.yaml").write_text(f'baseline_gene: "{nobias}"\n')
+    out = tmp_path / "out"
+    assert main(["transfer", "--config", str(tmp_path / "c.yaml"), "--data", "mqar:seq_len=32", "--d-model", "16",
+                 "--heads", "2", "--layers", "1", "--ffn", "32", "--batch-size", "4", "--eval-steps", "1",
+                 "--genes", SPARSE, "--sizes", "32x1", "--seeds", "2", "--steps", "2", "--out", str(out),
+                 "--quiet"]) == 0
+    result = json.loads((out / "transfer.json").read_text())
+    assert [s["baseline"]["gene"] for s in result["sizes"]] == [nobias, nobias]
+    with RunStore.open(out, readonly=True) as store:
+        assert {r["gene"] for r in store.evaluations()} == {nobias, SPARSE}
+    capsys.readouterr()

@@ -1,7 +1,7 @@
 """Transfer across scale: does a gene's advantage at the search size survive in larger models?
 
-A search ranks genes in small models. ``transfer_genes`` retrains the chosen genes and the vanilla
-baseline at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search
+A search ranks genes in small models. ``transfer_genes`` retrains the chosen genes and the baseline
+(``Config.resolved_baseline``) at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search
 seed: ``common.validation_seeds``), through the runner and the run store like ``validate`` (a
 stored evaluation is never trained twice), and reports per size:
 
@@ -173,9 +173,9 @@ _SIZE_FIXES = {"kv_heads": ("choose sizes or n_heads that it divides", ("sizes",
 
 
 def baseline_parameters(config, vocab_size: int) -> int:
-    """The vanilla model's parameters at ``config``'s size (built on the meta device: no memory)."""
+    """The baseline model's parameters at ``config``'s size (built on the meta device: no memory)."""
     with torch.device("meta"):
-        return TinyTransformer(config.replace(vocab_size=vocab_size), AttentionGene.vanilla()).num_parameters()
+        return TinyTransformer(config.replace(vocab_size=vocab_size), config.resolved_baseline()).num_parameters()
 
 
 def with_budgets(rungs: Sequence[Rung], data, tokens_per_param: float | None) -> list[Rung]:
@@ -242,8 +242,8 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
     (``validate.matched_baseline_rows`` at this size): each gene against its matched baseline, Holm
     over ``matched_others`` (the matched comparisons at the other sizes)."""
     seeds = list(setup.seeds)
-    vanilla = AttentionGene.vanilla().key
-    base = samples(records, vanilla, seeds, setup.metric)
+    base_key = setup.baseline
+    base = samples(records, base_key, seeds, setup.metric)
     per_gene = {k: samples(records, k, seeds, setup.metric) for k in keys}
     stored = setup.others(keys) if rates is None else grids.store_family(setup, keys, rates)
     family = {**stored, **(others or {})}
@@ -255,8 +255,8 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
     return {
         "size": rung.label, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads, "d_ff": c.ffn_dim,
         "search_size": rung.search_size, "steps": c.train_steps, "tokens": c.train_steps * tokens_per_step,
-        "params": _params(records, vanilla, seeds) or baseline_parameters(c, vocab_size),
-        "baseline": {**numbers["baseline"], "params": _params(records, vanilla, seeds)},
+        "params": _params(records, base_key, seeds) or baseline_parameters(c, vocab_size),
+        "baseline": {**numbers["baseline"], "params": _params(records, base_key, seeds)},
         "genes": [{**row, "params": _params(records, row["gene"], seeds),
                    **relative_change(row, reference_of(numbers, row).get("mean"))} for row in numbers["genes"]],
         **({"matched_baselines": numbers["matched_baselines"]} if matched is not None else {}),
@@ -363,24 +363,24 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
     """The transfer study of ``genes`` with a resolved ``setup``: every rung trains with the
     setup at the rung's config (``StudySetup.at``)."""
     config, data = setup.config, setup.data
-    keys = transfer_keys(genes)
+    keys = transfer_keys(config, genes)
     rungs = plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
     rungs = with_budgets(rungs, data, tokens_per_param)
-    vanilla = AttentionGene.vanilla().key
+    base_key = setup.baseline
     trained, tuned = [], {}  # tuned: size -> the grid block at that size (with a learning-rate grid)
     for rung in rungs:
         at = setup.at(rung.config)
         if setup.lr_grid:
-            tuned[rung.label] = grids.tune(at, [vanilla] + keys)
-            records = grids.train_at_rates(at, [vanilla] + keys, grids.selected_rates(tuned[rung.label]))
+            tuned[rung.label] = grids.tune(at, [base_key] + keys)
+            records = grids.train_at_rates(at, [base_key] + keys, grids.selected_rates(tuned[rung.label]))
         else:
-            records = at.train([vanilla] + keys)
+            records = at.train([base_key] + keys)
         trained.append((rung, at, records, matched_baseline_rows(at, records, keys) if setup.match_params else None))
     # one family over the whole ladder: every size's comparisons join Holm's correction at every size
     # (with matched baselines: the matched comparisons form it, the plain ones one of their own)
     pairs, matched_pairs = {}, {}
     for i, (rung, at, records, matched) in enumerate(trained):
-        base = samples(records, vanilla, list(at.seeds), at.metric)["values"]
+        base = samples(records, base_key, list(at.seeds), at.metric)["values"]
         for k in keys:
             values = samples(records, k, list(at.seeds), at.metric)["values"]
             pairs[f"{k} @ {rung.label}"] = {"values": values, "reference": base}
@@ -422,9 +422,10 @@ def grid_by_size(tuned: Mapping[str, dict], seeds: Sequence[int]) -> dict:
             "at_edge": [f"{k} @ {s['size']}" for s in sizes for k in s["at_edge"]]}
 
 
-def transfer_keys(genes: Sequence[AttentionGene | str]) -> list[str]:
-    """The distinct gene keys to carry over, the vanilla baseline left out (it always comes along)."""
-    vanilla = AttentionGene.vanilla().key
+def transfer_keys(config, genes: Sequence[AttentionGene | str]) -> list[str]:
+    """The distinct gene keys to carry over, the baseline (``Config.resolved_baseline``) left out (it always
+    comes along)."""
+    vanilla = config.resolved_baseline().key
     keys = [k for k in gene_keys(genes) if k != vanilla]
     if not keys:
         raise UserError("no gene to transfer other than the baseline: give at least one non-vanilla gene",
@@ -439,7 +440,7 @@ def plan(config, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[
     before any data is loaded or file written)."""
     parsed_sizes = parse_sizes(sizes) if isinstance(sizes, str) else [tuple(s) for s in sizes]
     parsed_steps = parse_steps(",".join(map(str, steps)) if isinstance(steps, (list, tuple)) else steps)
-    return ladder(config, parsed_sizes, transfer_keys(genes), steps=parsed_steps, tokens_per_param=tokens_per_param,
+    return ladder(config, parsed_sizes, transfer_keys(config, genes), steps=parsed_steps, tokens_per_param=tokens_per_param,
                   heads=heads)
 
 
@@ -462,12 +463,12 @@ def dry_run(config, data, genes: Sequence[AttentionGene | str], *, sizes: str | 
     loading and model building are not counted, nor trainings a store holds already."""
     from evo_attention.train.bench import step_time
 
-    keys = transfer_keys(genes)
+    keys = transfer_keys(config, genes)
     if lr_grid:
         grids.check_rates_free(keys)
     rungs = with_budgets(plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads),
                          data, tokens_per_param)
-    genomes = [AttentionGene.vanilla().key] + keys
+    genomes = [config.resolved_baseline().key] + keys
     per_gene = n_seeds + len(lr_grid) * n_tuning_seeds  # trainings of one genome at one size
     rows, environment = [], {}
     for rung in rungs:
