@@ -6,6 +6,7 @@ import pytest
 
 from evo_attention import AttentionGene, Config, Evolution
 from evo_attention.cli import main
+from evo_attention.report.studies.transfer import transfer_headline
 from evo_attention.search.store import RunStore
 from evo_attention.studies import transfer as tr
 from evo_attention.util import stats
@@ -49,7 +50,7 @@ def test_transfer_verdict_without_an_advantage_at_the_reference():
     assert stats.transfer_verdict(adv(0.02, 0.0, 0.05), adv(0.3, 0.2, 0.4)) == stats.NO_ADVANTAGE
     assert stats.transfer_verdict(adv(None, None, None), adv(0.3, 0.2, 0.4)) == stats.TOO_FEW
     assert [v for v, _ in stats.TRANSFER_RULE] == [stats.TOO_FEW, stats.NO_ADVANTAGE, stats.REVERSES, stats.VANISHES,
-                                                   stats.SHRINKS, stats.HOLDS]
+                                                   stats.NO_RELATIVE, stats.SHRINKS, stats.HOLDS]
 
 
 def test_relative_change_is_the_gene_minus_the_baseline_over_the_baseline():
@@ -69,6 +70,22 @@ def test_transfer_verdict_reads_the_metrics_direction():
     up = {"relative_change": 0.10, "relative_change_low": 0.05, "relative_change_high": 0.15}
     assert stats.transfer_verdict(up, up, lower_is_better=False) == stats.HOLDS
     assert stats.transfer_verdict(up, up, lower_is_better=True) == stats.NO_ADVANTAGE
+
+
+def test_transfer_verdict_where_the_baseline_mean_is_0_reads_the_difference():
+    """No relative change (accuracy 0 for the baseline): the difference's sign decides, never "not enough seeds"."""
+    def diff(value, low, high):
+        return {"difference": value, "diff_ci_low": low, "diff_ci_high": high, **tr.relative_change({}, 0.0)}
+    up = {"relative_change": 0.10, "relative_change_low": 0.05, "relative_change_high": 0.15}
+    zero = diff(0.0, 0.0, 0.0)
+    assert stats.transfer_verdict(zero, zero, lower_is_better=False) == stats.NO_ADVANTAGE
+    assert stats.transfer_verdict(up, diff(-0.2, -0.3, -0.1), lower_is_better=False) == stats.REVERSES
+    assert stats.transfer_verdict(diff(0.2, 0.1, 0.3), up, lower_is_better=False) == stats.NO_RELATIVE
+    result = {"metric": "accuracy", "largest": "32x1", "sizes": [
+        {"size": "16x1", "genes": [{"gene": SPARSE, "str": "s", **zero}]},
+        {"size": "32x1", "genes": [{"gene": SPARSE, "str": "s", **zero, "transfer": stats.NO_ADVANTAGE}]}]}
+    headline = transfer_headline(result)
+    assert "**no advantage at the reference size**" in headline and "the baseline's mean is 0" in headline
 
 
 def test_kendall_tau_of_two_rankings():

@@ -71,9 +71,9 @@ _REF = re.compile(r"\{([A-Za-z_][\w-]*)(?::([^{}]+))?\}")
 # transfer's, a trend, a reliability's side of 0, a rediscovery rate against its bar
 POSITIVE, NEGATIVE = "positive", "negative"  # a reliability file's pooled interval beyond 0 (else undetermined)
 SOURCE_WORDS = frozenset({stats.PAIRED_BETTER, stats.PAIRED_WORSE, stats.EQUIVALENT, stats.UNDETERMINED, stats.TOO_FEW,
-                          stats.SOLVED_MORE, stats.SOLVED_LESS, stats.REFERENCE, stats.NO_ADVANTAGE, stats.HOLDS,
-                          stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, POSITIVE, NEGATIVE, ABOVE, BELOW,
-                          BASELINE_ITSELF})
+                          stats.SOLVED_MORE, stats.SOLVED_LESS, stats.REFERENCE, stats.NO_ADVANTAGE, stats.NO_RELATIVE,
+                          stats.HOLDS, stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, POSITIVE, NEGATIVE,
+                          ABOVE, BELOW, BASELINE_ITSELF})
 CONDITION = re.compile(r"^(?:(all|some|no)\s+)?([^\s\[]+)(?:\[([^\]]+)\])?\s+is\s+(not\s+)?(.+)$")
 
 

@@ -149,12 +149,16 @@ BOOTSTRAP_MIN = 10
 REFERENCE = "reference"
 HOLDS, SHRINKS, VANISHES, REVERSES = "holds", "shrinks", "vanishes", "reverses"
 NO_ADVANTAGE = "no advantage at the reference size"
+NO_RELATIVE = "no relative change"
 # the rule in words, in the order it is applied (reports show it next to the verdicts)
 TRANSFER_RULE = (
-    (TOO_FEW, "an interval is missing at either size"),
+    (TOO_FEW, "an interval is missing at either size (where the baseline's mean is 0 there is no relative change: "
+              "the difference's interval, of the same sign, stands in for it)"),
     (NO_ADVANTAGE, "at the reference size the change's interval reaches 0 or the worse side: nothing to carry over"),
     (REVERSES, "the interval at this size lies wholly on the worse side of 0: the gene is worse than the baseline here"),
     (VANISHES, "the interval at this size contains 0"),
+    (NO_RELATIVE, "the interval at this size lies on the better side of 0, but the baseline's mean is 0 at either "
+                  "size: there is no relative change to set against the reference size's"),
     (SHRINKS, "the interval at this size lies on the better side of 0 but wholly short of the change at the "
               "reference size"),
     (HOLDS, "the interval at this size lies on the better side of 0 and reaches the change at the reference size "
@@ -252,19 +256,23 @@ def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = Tru
     """How a gene's change from the baseline at a reference size fares at another size:
     ``TRANSFER_RULE``, the first that applies, read from ``{"relative_change", "relative_change_low",
     "relative_change_high"}`` at both sizes (the gene minus the baseline, as a fraction of the
-    baseline, and its interval; the better side of 0 is below it when ``lower_is_better``)."""
+    baseline, and its interval; the better side of 0 is below it when ``lower_is_better``); without
+    them (the baseline's mean is 0) from ``{"difference", "diff_ci_low", "diff_ci_high"}``, whose
+    sign is theirs."""
     sign = -1.0 if lower_is_better else 1.0  # the gain: positive on the better side
 
-    def gain(row: dict) -> tuple:
-        value, low, high = (row.get(k) for k in ("relative_change", "relative_change_low", "relative_change_high"))
+    def gain(row: dict, names=("relative_change", "relative_change_low", "relative_change_high")) -> tuple:
+        if row.get(names[0]) is None and row.get("difference") is not None:  # the baseline's mean is 0
+            return (None, *gain(row, ("difference", "diff_ci_low", "diff_ci_high"))[1:])
+        value, low, high = (row.get(k) for k in names)
         value = None if value is None else sign * value
         if low is None or high is None:
             return value, None, None
         return (value, *sorted((sign * low, sign * high)))
 
     ref_value, ref_low, _ = gain(reference)
-    _, low, high = gain(current)
-    if None in (ref_low, ref_value, low, high):
+    value, low, high = gain(current)
+    if None in (ref_low, low, high):
         return TOO_FEW
     if ref_low <= 0:
         return NO_ADVANTAGE
@@ -272,6 +280,8 @@ def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = Tru
         return REVERSES
     if low <= 0:
         return VANISHES
+    if ref_value is None or value is None:
+        return NO_RELATIVE
     if high < ref_value:
         return SHRINKS
     return HOLDS

@@ -25,20 +25,26 @@ def transfer_share(value) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
-def transfer_change_text(row: Mapping) -> str:
+def transfer_change_text(row: Mapping, metric: str) -> str:
     """A gene's relative change from the baseline with its interval: '-3.1% [-5.2%, -1.0%]' (the
-    interval '-' when an end is missing)."""
+    interval '-' when an end is missing); where the baseline's mean is 0 its difference, so said."""
+    if row.get("relative_change") is None and row.get("difference") is not None:
+        return f"{change_text(row, metric)} (the baseline's mean is 0: no relative change)"
     low, high = row.get("relative_change_low"), row.get("relative_change_high")
     interval = "-" if low is None or high is None else f"[{transfer_share(low)}, {transfer_share(high)}]"
     return f"{transfer_share(row.get('relative_change'))} {interval}"
 
 
 def _transfer_best(result: Mapping) -> dict | None:
-    """The gene with the best relative change at the reference size (None if none has one)."""
+    """The gene with the best relative change at the reference size, else (the baseline's mean is 0
+    there) the best difference (None if none has one)."""
     sizes = result.get("sizes") or []
-    rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get("relative_change") is not None]
     sign = -1.0 if lower_is_better(result.get("metric", "val_perplexity")) else 1.0
-    return max(rows, key=lambda r: (sign * r["relative_change"], r["gene"])) if rows else None
+    for field in ("relative_change", "difference"):
+        rows = [r for r in (sizes[0].get("genes", []) if sizes else []) if r.get(field) is not None]
+        if rows:
+            return max(rows, key=lambda r: (sign * r[field], r["gene"]))
+    return None
 
 
 # the older transfer results' field (positive = better), named in ``recomputed_from``
@@ -81,12 +87,12 @@ def transfer_headline(result: Mapping) -> str:
     verdict = at_top.get("transfer", stats.TOO_FEW)
     said = {stats.HOLDS: "holds", stats.SHRINKS: "shrinks", stats.VANISHES: "vanishes", stats.REVERSES: "reverses"}
     what = f"its advantage over the baseline **{said[verdict]}**" if verdict in said else f"**{verdict}**"
-    direction = metric_direction(result.get("metric", "val_perplexity"))
-    tau = top.get("kendall_tau")
+    metric = result.get("metric", "val_perplexity")
+    direction, tau = metric_direction(metric), top.get("kendall_tau")
     return (f"{best['str']} from {sizes[0]['size']} to {top['size']} ({fmt(top.get('params'))} parameters): {what} "
-            f"(change vs baseline {transfer_change_text(best)} -> {transfer_change_text(at_top)}, {conf} intervals, "
-            f"{direction}); Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} (genes and baseline) "
-            f"at the two sizes {fmt(tau, 2)}.")
+            f"(change vs baseline {transfer_change_text(best, metric)} -> {transfer_change_text(at_top, metric)}, "
+            f"{conf} intervals, {direction}); Kendall's tau between the rankings of the {fmt(top.get('kendall_n'))} "
+            f"(genes and baseline) at the two sizes {fmt(tau, 2)}.")
 
 
 def transfer_sizes_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
