@@ -141,6 +141,18 @@ def test_the_matmul_probe_is_cached_per_machine(monkeypatch):
     assert bench.matmul_peak("cpu", "fp32") == first
 
 
+def test_a_damaged_matmul_probe_is_said_once_and_replaced(tmp_path, monkeypatch):
+    from evo_attention.train import bench
+
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
+    bench.matmul_peak("cpu", "fp32", repeats=1)
+    path = next(tmp_path.glob("matmul-peak-*.json"))
+    path.write_text('{"x":')
+    with pytest.warns(UserWarning, match="is damaged: measured again and replaced"):
+        peak = bench.matmul_peak("cpu", "fp32", repeats=1)
+    assert json.loads(path.read_text())["flops_per_s"] == peak
+
+
 def test_bench_profile_lists_the_step_s_operators(capsys):
     assert main(["bench", "--preset", "quick", "--d-model", "16", "--layers", "1", "--warmup", "1", "--profile"]) == 0
     table = capsys.readouterr().out

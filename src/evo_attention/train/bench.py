@@ -25,7 +25,7 @@ from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
                                              reset_peak_memory, resolve_device, synchronize)
 from evo_attention.train.batching import models_per_batch
-from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, write_probe_once
+from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, warn_once, write_probe_once
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer, timed_training
 from evo_attention.util import threads
@@ -54,7 +54,9 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
     found = read_probe(path, _peak_entry) if use_cache else None
     if found is not None and not expired(found):
         return float(found["flops_per_s"])
-    use_cache = use_cache and found is None  # an expired answer is replaced like a refused one
+    if use_cache and found is None and path.exists():
+        warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
+    use_cache = use_cache and not path.exists()  # an expired or damaged answer is replaced like a refused one
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     a @ b  # warm-up (kernels, caches)
