@@ -381,3 +381,13 @@ def test_learning_curves_of_the_best_genes_and_the_baseline(tmp_path):
     assert plot.call_count == 3  # the baseline and the two search genes
     plot_learning_curves(load_run(tmp_path / "run"), tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_refuses_a_study_directory_and_writes_nothing(tmp_path, capsys):
+    from evo_attention.cli import main
+
+    RunStore.create(tmp_path / "c", config=Config().to_dict(), meta={"study": "curve"}).close()
+    assert main(["report", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds the store of a curve, not of a search" in err and "evo-attention curve" in err
+    assert [p.name for p in (tmp_path / "c").iterdir() if not p.name.startswith("run.db")] == []

@@ -35,10 +35,12 @@ def cmd_report(args) -> int:
         from evo_attention.report.optuna import journal_path
 
         journal_path(args.optuna_journal)  # refused before any file is written
-    for run_dir in args.run_dirs:  # every run opens (and is a search, to be compared) before any file is written
+    for run_dir in args.run_dirs:  # every run opens and is a search before any file is written
         with RunStore.open(run_dir, readonly=True) as store:
-            if args.out is not None:
-                store.check_kind("search")
+            if store.kind() != "search":  # a study's directory: its own command wrote its report there
+                raise UserError(f"{run_dir} holds the store of a {store.kind()}, not of a search: report writes a "
+                                f"search's report; evo-attention {store.kind()} writes its own (run it again with the "
+                                "same flags to rewrite it)")
     for run_dir in args.run_dirs:
         if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
             note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
