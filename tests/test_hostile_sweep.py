@@ -534,3 +534,10 @@ def test_a_zero_suite_accuracy_is_told_and_shown_as_zero_not_minus_zero():
     from evo_attention.search.base import Individual
 
     assert math.copysign(1.0, Individual(AttentionGene.vanilla(), 0.0).fitness) == 1.0
+
+
+def test_a_file_name_holding_a_setting_is_not_made_its_flag():
+    from evo_attention.cli.common import user_message
+
+    error = UserError("plan plan.yaml: alpha 0.7 is refused; give another plan.", setting="plan")
+    assert user_message(error) == "--plan plan.yaml: alpha 0.7 is refused; give another --plan."

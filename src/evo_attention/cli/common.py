@@ -382,8 +382,8 @@ def user_message(exc) -> str:
             continue
         flag = flag_of(setting)
         if flag:
-            # a word of its own, never part of a path (``runs/out``) or a name
-            message = re.sub(rf"(?<![\w\-/.]){re.escape(setting)}(?![\w\-/])", flag, message)
+            # a word of its own, never part of a path (``runs/out``) or a name (``plan.yaml``; a full stop ends it)
+            message = re.sub(rf"(?<![\w\-/.]){re.escape(setting)}(?![\w\-/]|\.\w)", flag, message)
     return message + (f" ({'; '.join(notes)})" if notes else "")
 
 
