@@ -1,9 +1,9 @@
 """Transfer across scale: does a gene's advantage at the search size survive in larger models?
 
 A search ranks genes in small models. ``transfer_genes`` retrains the chosen genes and the baseline
-(``Config.resolved_baseline``) at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search
-seed: ``common.validation_seeds``), through the runner and the run store like ``validate`` (a
-stored evaluation is never trained twice), and reports per size:
+(``Config.resolved_baseline``) at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds
+(never the search seed: ``common.validation_seeds``), through the runner and the run store like
+``validate`` (a stored evaluation is never trained twice), and reports per size:
 
 - the mean and t interval of each gene and of the baseline, and each gene's difference to the
   baseline with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
@@ -428,7 +428,7 @@ def transfer_keys(config, genes: Sequence[AttentionGene | str]) -> list[str]:
     vanilla = config.resolved_baseline().key
     keys = [k for k in gene_keys(genes) if k != vanilla]
     if not keys:
-        raise UserError("no gene to transfer other than the baseline: give at least one non-vanilla gene",
+        raise UserError("no gene to transfer other than the baseline: give at least one gene other than the baseline",
                         setting="genes")
     return keys
 
@@ -440,8 +440,8 @@ def plan(config, genes: Sequence[AttentionGene | str], *, sizes: str | Sequence[
     before any data is loaded or file written)."""
     parsed_sizes = parse_sizes(sizes) if isinstance(sizes, str) else [tuple(s) for s in sizes]
     parsed_steps = parse_steps(",".join(map(str, steps)) if isinstance(steps, (list, tuple)) else steps)
-    return ladder(config, parsed_sizes, transfer_keys(config, genes), steps=parsed_steps, tokens_per_param=tokens_per_param,
-                  heads=heads)
+    return ladder(config, parsed_sizes, transfer_keys(config, genes), steps=parsed_steps,
+                  tokens_per_param=tokens_per_param, heads=heads)
 
 
 # -- the plan without training (transfer --dry-run) -----------------------------------------------

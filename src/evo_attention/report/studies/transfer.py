@@ -156,7 +156,7 @@ def transfer_note(result: Mapping) -> str:
     direction = metric_direction(result.get("metric", "val_perplexity"))
     budget = (f"{result['tokens_per_param']:g} training tokens per baseline parameter at each size"
               if result.get("tokens_per_param") else "the steps listed per size")
-    return (f"Every gene and the vanilla baseline were trained {len(seeds)} times at each size, with seeds "
+    return (f"Every gene and the baseline were trained {len(seeds)} times at each size, with seeds "
             f"{', '.join(map(str, seeds))} ({seed_note(result)}), in the {result.get('block', 'gpt2')} block, for "
             f"{budget}, and measured on the {result.get('eval_split')} split. The reference is "
             f"{result.get('reference')}, the {'search' if result.get('source_run') else 'configured'} size. Means have "
