@@ -119,3 +119,23 @@ def test_generate_says_how_the_layers_decode(tmp_path, capsys):
         save_model(TinyTransformer(spec, genes), tmp_path / "m", vocab=data.vocab)
         assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "k1 v2", "--max-new-tokens", "2"]) == 0
         assert words in capsys.readouterr().err
+
+
+def _saved_tokenizer_model(tmp_path, spec):
+    """A tiny untrained model saved with the tokenizer ``spec`` (char, byte, bpe:N) of a short text."""
+    from evo_attention import TinyTransformer
+    from evo_attention.data.tokenizers import train_tokenizer
+    from evo_attention.nn.spec import ModelSpec
+    from evo_attention.train.saving import save_model
+
+    tokenizer = train_tokenizer(spec, "the cat sat on the mat\nthe dog sat on the log\n" * 20)
+    model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                                      max_seq_len=16), ["dot|softmax|none|fixed"])
+    return str(save_model(model, tmp_path / spec.replace(":", "-"), tokenizer=tokenizer))
+
+
+def test_generate_refuses_a_seed_a_generator_cannot_take_in_one_line(tmp_path, capsys):
+    model = _saved_tokenizer_model(tmp_path, "char")
+    for seed in ("-5", str(2**64), "99999999999999999999999"):
+        assert main(["generate", "--model", model, "--prompt", "the", "--seed", seed, "--max-new-tokens", "1"]) == 2
+        assert "--seed must be an integer in 0..2^63-1" in capsys.readouterr().err

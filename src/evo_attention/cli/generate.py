@@ -19,11 +19,13 @@ def cmd_generate(args) -> int:
     from evo_attention.data.tokenizers import encode_prompt
     from evo_attention.nn.decoding import check_sampling, generate
     from evo_attention.nn.program import InputCache, KernelState, KVCache
+    from evo_attention.train.config import check_seed
     from evo_attention.train.environment import resolve_device
     from evo_attention.train.saving import load_model, load_tokenizer, saved_plugins
 
     if args.max_new_tokens < 0:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    check_seed(args.seed)
     device = resolve_device(args.device)
     load_with_plugins(saved_plugins(args.model), args.plugin)  # its genes may use their ops and components
     model = load_model(args.model, device=str(device))

@@ -321,6 +321,12 @@ def _integer(config: Config, name: str, minimum: int = 1, allow_none: bool = Fal
         raise UserError(f"{name} must be {what}, got {value!r}", setting=name)
 
 
+def check_seed(seed) -> None:
+    """UserError unless ``seed`` is an integer in 0..MAX_SEED (a torch generator takes no other)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"seed must be an integer in 0..2^63-1, got {seed!r}", setting="seed")
+
+
 def _number(config: Config, name: str, low: float, high: float | None = None, *, open_low: bool = False) -> None:
     value = getattr(config, name)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -460,8 +466,7 @@ def describe_schedule(settings, steps: int | None = None) -> str:
 
 def _check_search(c: Config) -> None:
     _choice(c, "genome", GENOMES)
-    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or not 0 <= c.seed <= MAX_SEED:
-        raise UserError(f"seed must be an integer in 0..2^63-1, got {c.seed!r}", setting="seed")
+    check_seed(c.seed)
     _integer(c, "population_size")
     _integer(c, "n_generations")
     _integer(c, "elite_size", minimum=0)  # below population_size where the strategy reads it (Strategy checks)
