@@ -66,6 +66,12 @@ def test_unknown_symbols():
     assert ByteTokenizer().encode("é").nchars.tolist() == [1, 0]  # one character, counted at its first byte
 
 
+@pytest.mark.parametrize("spec", ["word", "char", "byte", "bpe:300"])
+def test_every_tokenizer_encodes_an_empty_text_as_no_tokens(spec):
+    encoded = train_tokenizer(spec, TEXT * 4, vocab_size=None).encode("")
+    assert encoded.ids.dtype == torch.long and len(encoded.ids) == len(encoded.nbytes) == len(encoded.nchars) == 0
+
+
 def test_the_word_recipe_keeps_its_fingerprint():
     hashes = {"train": "a", "valid": "b", "test": "c"}
     old = fingerprint_of({"files": hashes, "vocab_size": 100, "recipe": 1, "cache_format": FORMAT_VERSION})

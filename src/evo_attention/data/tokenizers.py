@@ -196,7 +196,7 @@ class ByteTokenizer(Tokenizer):
         return 256
 
     def encode(self, text: str) -> Encoded:
-        raw = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+        raw = torch.from_numpy(np.frombuffer(bytearray(text.encode("utf-8")), dtype=np.uint8))  # torch.frombuffer refuses b""
         ids = raw.long()
         starts = ((raw & 0xC0) != 0x80).to(torch.int32)  # a character begins at every non-continuation byte
         return Encoded(ids, torch.ones(len(ids), dtype=torch.int32), starts)
