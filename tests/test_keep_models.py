@@ -139,3 +139,14 @@ def test_generate_refuses_a_seed_a_generator_cannot_take_in_one_line(tmp_path, c
     for seed in ("-5", str(2**64), "99999999999999999999999"):
         assert main(["generate", "--model", model, "--prompt", "the", "--seed", seed, "--max-new-tokens", "1"]) == 2
         assert "--seed must be an integer in 0..2^63-1" in capsys.readouterr().err
+
+
+def test_a_prompt_of_spaces_is_text_where_a_space_is_a_token(tmp_path, capsys):
+    for spec in ("char", "byte", "bpe:300"):
+        model = _saved_tokenizer_model(tmp_path, spec)
+        for prompt in (" ", "\n"):
+            assert main(["generate", "--model", model, "--prompt", prompt, "--max-new-tokens", "2"]) == 0
+            assert capsys.readouterr().out.startswith(prompt)
+    word = _saved_tokenizer_model(tmp_path, "word")
+    assert main(["generate", "--model", word, "--prompt", " ", "--max-new-tokens", "2"]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err

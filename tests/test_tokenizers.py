@@ -284,3 +284,4 @@ def test_attention_maps_read_text_with_a_char_models_own_tokenizer(corpus_dir, t
     assert saved["tokens"] == data.tokenizer.token_texts(saved["token_ids"]) and saved["tokens"][:2] == ["T", "o"]
     with pytest.raises(UserError, match="17 tokens, more than the model's context of 16"):
         maps.encode_text("x" * 17, data.tokenizer, 16)  # one word, 17 characters
+    assert maps.encode_text(" \n", data.tokenizer, 16) == data.tokenizer.encode(" \n").ids.tolist()  # two tokens

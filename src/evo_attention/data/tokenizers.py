@@ -295,10 +295,9 @@ def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -
     Unlike ``encode`` (a corpus, where every line ends in ``<eos>``), a word-level prompt gets
     ``<eos>`` only between its lines and after a final newline (``words.prompt_words``), so
     generation continues its last line. Words outside the vocabulary become ``<unk>`` (UserError if
-    the vocabulary has none). ``setting`` names the argument the text came from in errors.
+    the vocabulary has none). ``setting`` names the argument the text came from in errors; a text of
+    no tokens (word level: only spaces) is refused as empty.
     """
-    if not text or not text.strip():
-        raise UserError(f"the {setting} is empty: give some text", setting=setting)
     if isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         words = prompt_words(text)
@@ -307,10 +306,14 @@ def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -
             bad = next(w for w in words if w not in vocab.stoi)
             raise UserError(f"word {bad!r} is not in the model's vocabulary, which has no <unk>: use words such as "
                             f"{', '.join(vocab.itos[1:6])}", setting=setting)
-        return vocab.encode(words), unknown
-    ids = tokenizer.encode(text).ids.tolist()
-    unk = 0 if isinstance(tokenizer, CharTokenizer) else None  # byte and BPE tokenizers have no unknowns
-    return ids, sum(1 for i in ids if i == unk)
+        ids = vocab.encode(words)
+    else:
+        ids = tokenizer.encode(text).ids.tolist()
+        unk = 0 if isinstance(tokenizer, CharTokenizer) else None  # byte and BPE tokenizers have no unknowns
+        unknown = sum(1 for i in ids if i == unk)
+    if not ids:
+        raise UserError(f"the {setting} is empty: give some text", setting=setting)
+    return ids, unknown
 
 
 def train_tokenizer(spec: str, train_text: str, vocab_size: int | None = None) -> Tokenizer:

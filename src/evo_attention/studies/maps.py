@@ -71,7 +71,7 @@ def encode_text(text: str, tokenizer, max_len: int) -> list[int]:
     if tokenizer is None:
         raise UserError("this model was saved without a tokenizer, so text cannot be tokenized: "
                         "leave out text to use a validation sample", setting="text")
-    if not text or not text.strip():
+    if not text:  # only spaces are tokens but at word level, where encode_prompt refuses them
         raise UserError("text is empty: give some text, e.g. \"the cat sat on the mat\"", setting="text")
     ids, _ = encode_prompt(tokenizer, text, setting="text")
     if len(ids) > max_len:
