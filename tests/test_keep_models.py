@@ -150,3 +150,13 @@ def test_a_prompt_of_spaces_is_text_where_a_space_is_a_token(tmp_path, capsys):
     word = _saved_tokenizer_model(tmp_path, "word")
     assert main(["generate", "--model", word, "--prompt", " ", "--max-new-tokens", "2"]) == 2
     assert "--prompt is empty" in capsys.readouterr().err
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    for spec in ("word", "char", "byte", "bpe:300"):
+        model = _saved_tokenizer_model(tmp_path, spec)
+        for raw in (b"caf\xe9", b"\xff\xfe"):  # as Python reads such bytes from a command line
+            prompt = raw.decode("utf-8", errors="surrogateescape")
+            assert main(["generate", "--model", model, "--prompt", prompt, "--max-new-tokens", "1"]) == 2
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and "--prompt holds bytes that are not UTF-8" in err

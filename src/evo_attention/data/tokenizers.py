@@ -298,6 +298,10 @@ def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -
     the vocabulary has none). ``setting`` names the argument the text came from in errors; a text of
     no tokens (word level: only spaces) is refused as empty.
     """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 arrive as lone surrogates
+        raise UserError(f"the {setting} holds bytes that are not UTF-8 text: give it in UTF-8", setting=setting) from None
     if isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         words = prompt_words(text)
