@@ -303,6 +303,22 @@ def test_the_wrapper_in_process_batches_pads_and_saves_again(exported, tmp_path,
     assert again.model.head.weight is again.model.tok_emb.weight  # still tied
 
 
+@needs_transformers
+def test_a_prompt_longer_than_the_window_generates_as_the_library_does(exported, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    from transformers import AutoModelForCausalLM
+
+    root, cases, models = exported
+    library = models[cases[2]["name"]][0]
+    model = AutoModelForCausalLM.from_pretrained(cases[2]["dir"], trust_remote_code=True)
+    prompt = torch.load(Path(cases[2]["dir"]) / "io.pt")["ids"].flatten()[:2 * WINDOW + 3].tolist()
+    with torch.no_grad():
+        got = model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False)[0, len(prompt):].tolist()
+        with pytest.raises(ValueError, match="generate with use_cache=True"):
+            model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False, use_cache=False)
+    _same_greedy(library, prompt, got, generate(library, prompt, 3, temperature=0), cases[2]["name"])
+
+
 def test_cli_export_format_hf_from_a_saved_model(tmp_path, capsys):
     tokenizer = train_tokenizer("word", TEXT, 40)
     model = _model(["dot|softmax|none|fixed|nobias|0.00|pos=rope"] * 2, "llama", tokenizer.vocab_size)

@@ -165,10 +165,11 @@ class EvoAttentionCache:
     def extend(self, model: TinyTransformer, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those fed so far, from the
         library's cached decoding. Past ``max_seq_len`` positions the caches are filled again from the
-        last ``max_seq_len`` ids (the library's generate does the same)."""
+        last ``max_seq_len`` ids (the library's generate does the same), for more ids than that a
+        window at a time."""
         window = model.spec.max_seq_len
         if ids.shape[1] > window:
-            raise ValueError(f"{{ids.shape[1]}} new tokens are more than the model's window of {{window}} positions")
+            return torch.cat([self.extend(model, part) for part in ids.split(window, dim=1)], dim=1)
         seen = ids if self.ids is None else torch.cat([self.ids, ids], dim=1)
         if seen.shape[1] > window:
             self.caches = model.new_caches()
