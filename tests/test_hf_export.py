@@ -303,6 +303,31 @@ def test_the_wrapper_in_process_batches_pads_and_saves_again(exported, tmp_path,
     assert again.model.head.weight is again.model.tok_emb.weight  # still tied
 
 
+def test_export_never_replaces_files_it_did_not_write(tmp_path, capsys, monkeypatch):
+    tokenizer = train_tokenizer("char", TEXT, None)
+    save_model(_model(["dot|softmax|none|fixed"], "gpt2", tokenizer.vocab_size), tmp_path / "model", tokenizer=tokenizer)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for fmt, theirs in (("hf", "config.json"), ("standalone", "attention.py"), ("hf-attention", "hf_attention.py")):
+        (mine / "README.md").write_text("notes")
+        (mine / theirs).write_text('{"lr": 3}')
+        assert main(["export", "--model", str(tmp_path / "model"), "--format", fmt, "--out", str(mine)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"--out {mine} holds" in err and theirs in err, err
+        assert (mine / theirs).read_text() == '{"lr": 3}' and (mine / "README.md").read_text() == "notes"
+        assert sorted(p.name for p in mine.iterdir()) == sorted(["README.md", theirs])  # nothing written
+        (mine / theirs).unlink()
+        (mine / "README.md").unlink()
+    monkeypatch.chdir(mine)  # --out .: the current directory, with the user's README.md
+    (mine / "README.md").write_text("notes")
+    assert main(["export", "--model", str(tmp_path / "model"), "--out", "."]) == 2
+    assert "README.md" in capsys.readouterr().err and (mine / "README.md").read_text() == "notes"
+    (mine / "README.md").unlink()
+    for fmt in ("hf", "standalone"):  # an empty directory, then an earlier export of the format, are written
+        for _ in range(2):
+            assert main(["export", "--model", str(tmp_path / "model"), "--format", fmt, "--out", fmt]) == 0
+
+
 @needs_transformers
 def test_a_prompt_longer_than_the_window_generates_as_the_library_does(exported, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -633,8 +633,8 @@ Positions: {wpe}. To train from scratch instead, skip the `load_state_dict` line
 
 
 def is_attention_export(directory: str | Path) -> bool:
-    """Whether ``directory`` holds an export of this format (its ``attention.py``)."""
-    return (Path(directory) / ATTENTION_FILE).is_file()
+    """Whether ``directory`` holds an export of this format (its ``attention.py`` beside its package)."""
+    return (Path(directory) / ATTENTION_FILE).is_file() and (Path(directory) / PACKAGE).is_dir()
 
 
 register_output_kind("an attention export", is_attention_export)
@@ -659,7 +659,8 @@ def export_attention(model, out: str | Path, *, source: str = "") -> dict:
              for i, block in enumerate(model.blocks) for name, tensor in block.attn.state_dict().items()}
     weights = save(state, metadata={"gene": gene.key, "layers": str(len(model.blocks))})
     readme = _readme(gene, spec.d_model, spec.n_heads, spec.max_seq_len, len(model.blocks), source)
-    out = output_dir(check_output(out, kind="an attention export", own=is_attention_export))
+    out = output_dir(check_output(out, kind="an attention export", own=is_attention_export,
+                                  writes=(ATTENTION_FILE, PACKAGE, WEIGHTS_FILE, README_FILE)))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         write_text(out / path, text)

@@ -520,10 +520,11 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
         n_layers=spec.n_layers, max_seq_len=spec.max_seq_len, vocab_size=spec.vocab_size, tokenizer=tokenizer.spec,
         gene_list="; ".join("`" + g.replace("|", "\\|") + "`" for g in config["genes"]),  # a table cell
         needs=textwrap.fill("Needs " + ", ".join(requirements(sources)) + ".", 100, break_on_hyphens=False))
-    out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export))
     files = {**sources, "tokenizer.json": tokenizer_json,
              "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n",
              "README.md": readme}
+    out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export,
+                                  writes=[*files, "config.json", WEIGHTS_FILE, *LM_EVAL_FILES]))
     # the sha256 of every other file, checked when the model loads (``check_files`` of the modeling file)
     config["evo_attention"]["files"] = {**{name: sha256(text.encode("utf-8")) for name, text in files.items()},
                                         WEIGHTS_FILE: sha256(weights)}
@@ -536,6 +537,7 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
 # -- an lm-evaluation-harness task for the data the model was trained on ------------------------------
 LM_EVAL_TASK = "lm_eval_task.yaml"
 LM_EVAL_DOCS = "lm_eval_{split}.jsonl"
+LM_EVAL_FILES = (LM_EVAL_TASK, *(LM_EVAL_DOCS.format(split=split) for split in ("valid", "test")))
 
 _TASK_YAML = """# An lm-evaluation-harness task (written by `evo-attention export --format hf`): the {split} split
 # of {data}, which the model was trained on. Run it with

@@ -279,8 +279,10 @@ def install(model, genes=None):
 
 
 def is_hf_attention_export(directory) -> bool:
-    """Whether ``directory`` holds an export of this format (its ``hf_attention.py``)."""
-    return (Path(directory) / ENTRY_FILE).is_file()
+    """Whether ``directory`` holds an export of this format (its ``hf_attention.py`` beside its package)."""
+    from evo_attention.interop.export import PACKAGE
+
+    return (Path(directory) / ENTRY_FILE).is_file() and (Path(directory) / PACKAGE).is_dir()
 
 
 register_output_kind("a transformers attention export", is_hf_attention_export)
@@ -311,7 +313,8 @@ def export_hf_attention(model, out, *, source: str = "", genes=None, spec=None) 
                           needs=", ".join(["transformers"] + requirements(shipped)), genes=genes, name=name,
                           kernel_features=spec.favor_features, loader=PACKAGE_LOADER,
                           plugins=tuple(plugin_names(plugins)))
-    out = output_dir(check_output(out, kind="a transformers attention export", own=is_hf_attention_export))
+    out = output_dir(check_output(out, kind="a transformers attention export", own=is_hf_attention_export,
+                                  writes=(ENTRY_FILE, PACKAGE)))
     for path, text in {ENTRY_FILE: entry, **shipped}.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         write_text(out / path, text)

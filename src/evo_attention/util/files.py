@@ -122,7 +122,7 @@ def protected_kind(path: str | os.PathLike) -> str | None:
 
 
 def check_output(path, setting: str = "out", *, kind: str, directory: bool = True,
-                 own: Callable[[Path], bool] | None = None, sources: dict | None = None) -> Path:
+                 own: Callable[[Path], bool] | None = None, sources: dict | None = None, writes=()) -> Path:
     """``path`` as a Path, if a command may write its output ``kind`` there; else a UserError
     naming ``setting`` and what is there. The rule every command's output path follows:
 
@@ -131,7 +131,8 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
     - an existing path of the wrong sort (a file for a directory ``kind`` or the reverse) is refused;
     - an existing file output is replaced only if ``own(path)`` says it is of its own kind (without
       ``own``: never); an existing directory that holds a run store, a run's lock or a saved model
-      is refused unless ``own(path)`` says it is of its own kind.
+      is refused unless ``own(path)`` says it is of its own kind, and so is one that holds any of
+      ``writes`` (the names the output writes into its directory), which it would replace.
     """
     if path is None or not str(os.fspath(path)).strip():
         raise UserError(f"{setting} is empty: give the path of a {'directory' if directory else 'file'}",
@@ -169,6 +170,10 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
     if not directory:
         raise UserError(f"{setting} {out} exists and is not {kind} this tool wrote: it is never replaced; "
                         f"remove it or choose another {setting}", setting=setting)
+    theirs = [name for name in writes if (out / name).exists()]
+    if theirs:
+        raise UserError(f"{setting} {out} holds {', '.join(theirs)}, which writing {kind} there would replace: "
+                        f"choose another {setting} (an empty directory)", setting=setting)
     return out
 
 
