@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -326,6 +327,33 @@ def test_export_never_replaces_files_it_did_not_write(tmp_path, capsys, monkeypa
     for fmt in ("hf", "standalone"):  # an empty directory, then an earlier export of the format, are written
         for _ in range(2):
             assert main(["export", "--model", str(tmp_path / "model"), "--format", fmt, "--out", fmt]) == 0
+
+
+def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path, capsys, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text(TEXT)
+    assert main(["baseline", "--data", "text", "--data-dir", str(corpus), "--tokenizer", "char", "--seq-len", "8",
+                 "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2", "--batch-size",
+                 "4", "--eval-steps", "2", "--save-model", "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(tmp_path / "b" / "model"), "--format", "hf", "--out", str(out)]) == 0
+    assert (out / "lm_eval_task.yaml").is_file() and (out / "lm_eval_valid.jsonl").is_file()
+    config = json.loads((out / "config.json").read_text())
+    config["evo_attention"]["files"]["evo_attention_gone.py"] = "0" * 64  # a module an older export shipped
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "evo_attention_gone.py").write_text("")
+    (out / "notes.txt").write_text("mine")
+    shutil.rmtree(corpus)  # the training data is gone: no harness task this time
+    monkeypatch.setattr("evo_attention.train.spec._TASK_DATA", {})  # nor the process's copy of it
+    capsys.readouterr()
+    assert main(["export", "--model", str(tmp_path / "b" / "model"), "--format", "hf", "--out", str(out)]) == 0
+    assert "no lm-evaluation-harness task" in capsys.readouterr().err
+    left = {p.name for p in out.iterdir()}
+    assert not left & {"lm_eval_task.yaml", "lm_eval_valid.jsonl", "evo_attention_gone.py"} and "notes.txt" in left
+    listed = json.loads((out / "config.json").read_text())["evo_attention"]["files"]
+    assert left == {*listed, "config.json", "notes.txt"}
 
 
 @needs_transformers

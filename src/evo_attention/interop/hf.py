@@ -422,13 +422,18 @@ def model_sources(plugins=()) -> dict[str, str]:
             **shipped}
 
 
-def is_hf_export(directory: str | Path) -> bool:
-    """Whether ``directory`` is an export of this format (its config.json names ``MODEL_TYPE``)."""
+def _config(directory: str | Path) -> dict:
+    """The directory's config.json, or {} where it has none that reads as a mapping."""
     try:
         config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def is_hf_export(directory: str | Path) -> bool:
+    """Whether ``directory`` is an export of this format (its config.json names ``MODEL_TYPE``)."""
+    return _config(directory).get("model_type") == MODEL_TYPE
 
 
 register_output_kind("a transformers export", is_hf_export)
@@ -525,6 +530,12 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
              "README.md": readme}
     out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export,
                                   writes=[*files, "config.json", WEIGHTS_FILE, *LM_EVAL_FILES]))
+    if is_hf_export(out):  # an earlier export: its files that this one does not write go (its harness task)
+        earlier = _config(out).get("evo_attention")
+        listed = earlier.get("files") if isinstance(earlier, dict) else None
+        for name in {*(listed if isinstance(listed, dict) else ()), *LM_EVAL_FILES} - {*files, WEIGHTS_FILE}:
+            if Path(name).name == name:  # only the plain names an export writes
+                (out / name).unlink(missing_ok=True)
     # the sha256 of every other file, checked when the model loads (``check_files`` of the modeling file)
     config["evo_attention"]["files"] = {**{name: sha256(text.encode("utf-8")) for name, text in files.items()},
                                         WEIGHTS_FILE: sha256(weights)}
