@@ -264,6 +264,13 @@ def test_a_model_trained_with_a_plugin_file_generates_and_exports_from_any_folde
                         ["generate", "--model", "a/run/model", "--prompt", "k1", "--max-new-tokens", "1"]):
             forget()
             assert main([*command, "--plugin", str(tmp_path / "a" / "saved_norm.py")]) == 0
+        forget()
+        monkeypatch.setattr("evo_attention.train.spec._TASK_DATA", {})  # the task is built again, as in a new process
+        capsys.readouterr()
+        assert main(["export", "--model", "a/run/model", "--format", "hf", "--out", "hf", "--plugin",
+                     str(tmp_path / "a" / "saved_norm.py")]) == 0  # its harness task too
+        assert "lm-evaluation-harness task:" in capsys.readouterr().err
+        assert (tmp_path / "hf" / "lm_eval_task.yaml").is_file()
     finally:
         forget()
 

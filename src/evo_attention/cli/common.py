@@ -285,13 +285,18 @@ def check_model_memory(config, device) -> None:
     check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
 
 
-def load_with_plugins(stored, given) -> None:
-    """Import the plugins a model or run was trained with (``stored``) and the command's --plugin
-    (``given``): a given file stands in for a stored one of the same file name, which may have been a
-    path relative to another folder."""
+def with_given_plugins(stored, given) -> list[str]:
+    """The plugins a model or run was trained with (``stored``) and the command's --plugin (``given``):
+    a given file stands in for a stored one of the same file name, which may have been a path
+    relative to another folder."""
     names = {Path(g).name for g in given or () if g.endswith(".py")}
-    load_plugins(list(dict.fromkeys([p for p in stored if not (p.endswith(".py") and Path(p).name in names)]
-                                    + list(given or ()))))
+    return list(dict.fromkeys([p for p in stored if not (p.endswith(".py") and Path(p).name in names)]
+                              + list(given or ())))
+
+
+def load_with_plugins(stored, given) -> None:
+    """Import ``with_given_plugins(stored, given)``."""
+    load_plugins(with_given_plugins(stored, given))
 
 
 def config_from_args(args, extra: dict | None = None):

@@ -14,7 +14,7 @@ that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads
 
 from __future__ import annotations
 
-from evo_attention.cli.common import given, load_with_plugins, note
+from evo_attention.cli.common import given, load_with_plugins, note, with_given_plugins
 from evo_attention.util.errors import UserError
 
 
@@ -55,7 +55,7 @@ def cmd_export(args) -> int:
                            extra={"evaluation": evaluation} if evaluation else None)
         log(f"exported {' / '.join(dict.fromkeys(result['genes']))} ({result['layers']} layer(s)) from {directory} as a "
             "transformers model")
-        task = _lm_eval_task(directory, args.out, args.lm_eval_split)
+        task = _lm_eval_task(directory, args.out, args.lm_eval_split, args.plugin)
         if task:
             log(f"lm-evaluation-harness task: lm_eval --model hf --model_args pretrained={args.out},"
                 f"trust_remote_code=True --tasks {task} --include_path {args.out}")
@@ -109,20 +109,21 @@ def _hf_attention_from_run(args) -> int:
     return 0
 
 
-def _lm_eval_task(directory, out, split: str) -> str | None:
+def _lm_eval_task(directory, out, split: str, plugins) -> str | None:
     """Write the harness task for ``split`` of the data the saved model was trained on (its saved
-    settings build the data again); returns the task's name, or None (said in one line) when the
-    data cannot be built here."""
+    settings build the data again, a --plugin file in ``plugins`` standing in for a saved one);
+    returns the task's name, or None (said in one line) when the data cannot be built here."""
     import os
     from unittest.mock import patch
 
     from evo_attention.interop.hf import write_lm_eval_task
     from evo_attention.train.config import Config
-    from evo_attention.train.saving import load_tokenizer, saved_info
+    from evo_attention.train.saving import load_tokenizer, saved_info, saved_plugins
     from evo_attention.train.spec import load_task
     from evo_attention.util.progress import log
 
-    settings = saved_info(directory).get("config") or {}
+    settings = {**(saved_info(directory).get("config") or {}),
+                "plugins": with_given_plugins(saved_plugins(directory), plugins)}
     # the task is an extra of the export: it is built from data already here, never downloaded (offline,
     # a download attempt would wait about 20 s for the network before failing)
     try:
