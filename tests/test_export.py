@@ -201,3 +201,13 @@ def test_the_entry_is_stable_for_a_gene_and_holds_no_attention_logic():
     assert defined == {"_import_package", "EvolvedAttention", "layer_state"}
     init = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
     assert [n.name for n in init if isinstance(n, ast.FunctionDef)] == ["__init__"]  # forward etc.: the library's
+
+
+def test_the_docs_name_the_shipped_modules_and_the_entrys_constants():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{PACKAGE}/` |"))
+    shipped = {path for path in module_sources(ATTENTION_ROOTS) if not path.endswith("__init__.py")}
+    assert set(re.findall(r"`([\w/]+\.py)`", row)) - {"__init__.py"} == shipped
+    block = text.split("### A real export", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    constants = re.compile(r"^([A-Z_, ]+) = ", re.M)
+    assert constants.findall(block) == constants.findall(attention_source("dot|softmax|none|fixed", 16, 4, 12))
