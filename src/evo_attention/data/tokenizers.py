@@ -196,7 +196,8 @@ class ByteTokenizer(Tokenizer):
         return 256
 
     def encode(self, text: str) -> Encoded:
-        raw = torch.from_numpy(np.frombuffer(bytearray(text.encode("utf-8")), dtype=np.uint8))  # torch.frombuffer refuses b""
+        # through numpy: torch.frombuffer refuses an empty buffer
+        raw = torch.from_numpy(np.frombuffer(bytearray(text.encode("utf-8")), dtype=np.uint8))
         ids = raw.long()
         starts = ((raw & 0xC0) != 0x80).to(torch.int32)  # a character begins at every non-continuation byte
         return Encoded(ids, torch.ones(len(ids), dtype=torch.int32), starts)
@@ -301,7 +302,8 @@ def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 arrive as lone surrogates
-        raise UserError(f"the {setting} holds bytes that are not UTF-8 text: give it in UTF-8", setting=setting) from None
+        raise UserError(f"the {setting} holds bytes that are not UTF-8 text: give it in UTF-8",
+                        setting=setting) from None
     if isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         words = prompt_words(text)
