@@ -85,3 +85,31 @@ def test_an_allocation_that_fails_while_a_generated_task_is_built_is_one_line(mo
     monkeypatch.setattr(type(TASKS["mad:selective_copy"]), "generate", no_memory)
     with pytest.raises(UserError, match="could not be built \\(the allocation failed\\): lower its seq_len"):
         SyntheticData("mad:selective_copy", seq_len=64)
+
+
+def test_the_activations_of_a_training_or_evaluation_batch_beyond_the_memory_are_refused(monkeypatch):
+    """A hostile `baseline --d-model 64 --batch-size 100000` was killed by the OOM killer (23.7 GB):
+    the estimate counted the weights, gradients and moments, not the batches' activations."""
+    import torch
+
+    from evo_attention.data import data_from_config
+    from evo_attention.train import trainer
+    from evo_attention.train.presets import build_config
+    from evo_attention.train.spec import Trial
+
+    monkeypatch.setattr(trainer, "available_memory_mb", lambda device: 4096)  # 4 GB
+    seed = build_config("seed")  # its batches fit, 8 models at once too
+    trainer.check_training_memory(seed.model.with_data(10_000, seed.max_seq_len), seed.resolved_baseline(), 8,
+                                  torch.device("cpu"), batch_size=seed.batch_size, eval_batch_size=seed.eval_batch_size)
+    config = build_config("quick").replace(precision="fp32", eval_batch_size=10**9)  # a batch of the split's 500
+    data = data_from_config(config)
+    trainer.Trainer(Trial.from_config(config.resolved_baseline(), config, data=data), data, device="cpu")
+    config = config.replace(d_model=16, n_heads=2, n_layers=1, batch_size=100_000)
+    with pytest.raises(UserError) as refused:
+        trainer.Trainer(Trial.from_config(config.resolved_baseline(), config, data=data), data, device="cpu")
+    assert refused.value.settings == ("batch_size", "max_seq_len"), refused.value
+    assert "lower batch_size or max_seq_len (the activations of 100,000 windows of 32 tokens)" in str(refused.value)
+    with pytest.raises(UserError, match="lower eval_batch_size or max_seq_len") as refused:
+        trainer.check_training_memory(config.model.with_data(32, 32), config.resolved_baseline(), 1,
+                                      torch.device("cpu"), batch_size=32, eval_batch_size=400_000, seq_len=32)
+    assert refused.value.settings == ("eval_batch_size", "max_seq_len")

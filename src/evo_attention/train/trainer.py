@@ -64,6 +64,7 @@ of memory, say): a record never depends on the batch it was planned in (it says 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -421,6 +422,14 @@ class Member:
 
 # bytes per parameter of a training: the fp32 weight, its gradient and AdamW's two moments
 TRAINING_BYTES_PER_PARAMETER = 16
+# float32 values per token a training holds for its backward pass, as (per d_model, per d_ff, per attention score where
+# the path holds the [B, H, T, T] scores): per layer, and outside the layers 8 d_model; an evaluation (no gradients,
+# one layer at a time) holds EVALUATION_FLOATS. The loss never holds the [B, T, vocab] logits (nn.losses). An upper
+# bound of the peak RSS growth of a first fp32 CPU training step or evaluation on recall data (bf16 holds less), which
+# measured per layer 11 d_model + 2 d_ff + 2.5 per score, outside the layers 6.3 d_model, in evaluation 6.7 d_model
+# at d_ff 4 d_model: d_model 64, T 64, B 2048 (1 and 2 layers, attention dropout 0 and 0.1), d_model 128, T 32,
+# B 2048 (d_ff 512 and 32) and d_model 64, T 128, B 1024. Window and kernel paths hold less than T scores a token.
+LAYER_FLOATS, OUTSIDE_FLOATS, EVALUATION_FLOATS = (12, 3, 3), 8, (3, 2, 2)
 
 
 @functools.lru_cache(maxsize=256)
@@ -429,15 +438,43 @@ def _parameters(genome: str, spec) -> int:
         return TinyTransformer(spec, genome).num_parameters()
 
 
-def check_training_memory(spec, genome, models: int, device: torch.device, vocab_from: str | None = None) -> None:
+@functools.lru_cache(maxsize=256)
+def _holds_scores(genome: str, spec) -> tuple[bool, bool]:
+    """Whether a training and an evaluation of ``genome`` hold its attention scores: every path but
+    PyTorch's fused kernel, which attention dropout keeps a training off (nn.program)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        attentions = [m for m in TinyTransformer(spec, genome).modules() if isinstance(m, EvolvedAttention)]
+    return (not all(a.can_fuse and not a.dropout_p for a in attentions), not all(a.can_fuse for a in attentions))
+
+
+def _floats(spec, t: int, floats: tuple[int, int, int], scores_held: bool) -> int:
+    """Float32 values per token and layer of ``floats`` (per d_model, d_ff, attention score) at ``spec``
+    with windows of ``t`` tokens."""
+    per_d, per_ff, per_score = floats
+    return per_d * spec.d_model + per_ff * spec.ffn_dim + per_score * spec.n_heads * t * scores_held
+
+
+def check_training_memory(spec, genome, models: int, device: torch.device, vocab_from: str | None = None, *,
+                          batch_size: int = 0, eval_batch_size: int = 0, seq_len: int = 0) -> None:
     """UserError when the weights, gradients and optimizer moments of ``models`` models of ``genome``
-    at ``spec`` would not fit in the memory available to ``device``, estimated before any is built
-    (activations come on top: a training that still runs out is recorded ``oom``). ``vocab_from``:
-    the data name whose inline knob set the vocabulary (the fix names it, not ``vocab_size``)."""
+    at ``spec``, with the activations of their training and evaluation batches (``batch_size``,
+    ``eval_batch_size`` windows of ``seq_len`` tokens, else of ``spec.max_seq_len``; 0: none, before
+    the data is known) would not fit in the memory available to ``device``, estimated before any is
+    built (a training that still runs out is recorded ``oom``). ``vocab_from``: the data name whose
+    inline knob set the vocabulary (the fix names it, not ``vocab_size``)."""
     params = _parameters(mechanism_of(genome).key, spec)
-    needed = TRAINING_BYTES_PER_PARAMETER * params * models
+    in_training, in_evaluation = _holds_scores(mechanism_of(genome).key, spec)
+    t, d = seq_len or spec.max_seq_len, spec.d_model
+    train = batch_size * t * (spec.n_layers * _floats(spec, t, LAYER_FLOATS, in_training) + OUTSIDE_FLOATS * d)
+    evaluation = eval_batch_size * t * _floats(spec, t, EVALUATION_FLOATS, in_evaluation)
+    activations = 4 * models * max(train, evaluation)
+    needed = TRAINING_BYTES_PER_PARAMETER * params * models + activations
     embedding = spec.vocab_size * spec.d_model
-    if 2 * embedding > params and vocab_from is not None:
+    if activations > needed / 2:
+        batch, windows = ("batch_size", batch_size) if train >= evaluation else ("eval_batch_size", eval_batch_size)
+        fix, setting = f"lower {batch} or max_seq_len (the activations of {windows:,} windows of {t} tokens)", (
+            batch, "max_seq_len")
+    elif 2 * embedding > params and vocab_from is not None:
         fix, setting = (f"lower the vocab knob of data {vocab_from} (the vocabulary sets the embedding) or d_model",
                         ("data", "d_model"))
     elif 2 * embedding > params:
@@ -472,7 +509,11 @@ class Trainer:
         knobs = str(first.task.data).partition(":")[2]
         vocab_from = first.task.data if re.search(r"(^|[:,])vocab=", knobs) else None  # the data set the vocabulary
         largest = max({mechanism_of(t.gene).key for t in trials}, key=lambda key: _parameters(key, self.spec))
-        check_training_memory(self.spec, largest, len(trials), self.device, vocab_from)  # before any model is built
+        windows = first.train.eval_batch_size  # an evaluation batch holds at most its split's windows
+        with contextlib.suppress(NotImplementedError):  # a streamed split's size is unknown
+            windows = min(windows, max(map(data.num_eval_items, {"valid", first.eval_split})))
+        check_training_memory(self.spec, largest, len(trials), self.device, vocab_from,  # before any model is built
+                              batch_size=first.train.batch_size, eval_batch_size=windows, seq_len=data.seq_len)
         # auto: measured per model shape on this machine (environment.choose_precision); the record says why
         self.precision, self.precision_reason = choose_precision(
             first.train.precision, self.device, self.spec, seq_len=data.seq_len, batch_size=first.train.batch_size,
