@@ -492,13 +492,21 @@ def test_a_probe_answer_is_the_machines_whatever_threads_a_training_takes():
 
 
 def test_a_probe_whose_rounds_disagree_is_never_kept(probe_env, tmp_path):
-    """A busy machine disturbs some rounds: such an answer serves this process only, and the next
-    process measures again (here: a steady probe, which is kept)."""
+    """A busy machine disturbs some rounds: such an answer is fp32 (bf16's gain was not measured: every
+    process that cannot keep its answer chooses alike; it chose per process), serves this process
+    only, and the next process measures again (here: a steady probe, which is kept)."""
     cpu, spec = torch.device("cpu"), Config(d_model=128, vocab_size=100).model
     busy = {"fp32": 0.030, "bf16": 0.020, "spread": 3.0}
     precision, reason = environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
                                                      timer=lambda: busy)
-    assert precision == "bf16" and "not kept" in reason and not list(tmp_path.glob("precision-*.json"))
+    assert precision == "fp32" and reason.startswith("auto: fp32, the machine was too busy to measure bf16's gain")
+    assert "not kept" in reason and not list(tmp_path.glob("precision-*.json"))
+    probe_cache.pin_probes(probe_cache.used_probes())  # a run pins it: its reason never cites a file never written
+    try:
+        assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4,
+                                            timer=lambda: 1 / 0) == (precision, reason)
+    finally:
+        probe_cache.pin_probes(None)
     environment._PRECISION_CHOICES.clear()  # another process
     assert environment.choose_precision("auto", cpu, spec, seq_len=16, batch_size=4, timer=timer(spec))[0] == "bf16"
     assert len(list(tmp_path.glob("precision-*.json"))) == 1 and probe_env == [128]

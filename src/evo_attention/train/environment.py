@@ -63,7 +63,7 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # resolves the same way in every later training on the machine: deterministic for a trial there.
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
-# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) is not kept; one on
+# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) chooses fp32 and is not kept; one on
 # a lightly loaded machine may still choose wrongly: ``evo-attention bench --reprobe``
 # (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
@@ -115,9 +115,10 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
     """The measured precision of a shape on this machine: read from the probe's cache file, or
     probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
     and kept, unless its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine): then
-    the answer is this process's alone and says so. Two processes probing at once keep the first
-    answer written (one measures while the other waits), and both use it. A run's pinned answer
-    comes first (``probe_cache.probe_answer``)."""
+    bf16's gain is not measured, the answer is fp32 (the exact precision, as every process that
+    cannot keep its answer chooses) and is this process's alone, and the reason says so. Two
+    processes probing at once keep the first answer written (one measures while the other waits),
+    and both use it. A run's pinned answer comes first (``probe_cache.probe_answer``)."""
     shape = probe_shape(spec, seq_len, batch_size, dropout_stream)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
@@ -126,21 +127,27 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
 
     def measure() -> dict:
         times = timer()
-        choice = "bf16" if times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"] else "fp32"
-        return {"precision": choice, "fp32_ms": 1000 * times["fp32"], "bf16_ms": 1000 * times["bf16"],
-                "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                "shape": shape, "spread": times.get("spread", 1.0)}
+        spread = times.get("spread", 1.0)
+        # bf16 only where its gain was measured: rounds that disagree choose the exact fp32, in every process alike
+        gain = spread <= PROBE_STABLE_SPREAD and times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"]
+        return {"precision": "bf16" if gain else "fp32", "fp32_ms": 1000 * times["fp32"],
+                "bf16_ms": 1000 * times["bf16"], "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(),
+                "torch": torch.__version__, "shape": shape, "spread": spread}
 
-    found, kept = probe_answer(path, _precision_entry, measure,
-                               keep=lambda entry: entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD,
-                               decides=lambda entry: entry["precision"])
+    found, _ = probe_answer(path, _precision_entry, measure, keep=_steady, decides=lambda entry: entry["precision"])
     precision = found["precision"]
-    where = path.name if kept else ("not kept: its rounds disagreed by more than "
-                                    f"{PROBE_STABLE_SPREAD:g}x, the machine was busy")
-    reason = (f"auto: measured for this shape on this machine, fp32 {found['fp32_ms']:.1f} ms vs bf16 "
-              f"{found['bf16_ms']:.1f} ms per step ({where})")
+    times = f"fp32 {found['fp32_ms']:.1f} ms vs bf16 {found['bf16_ms']:.1f} ms per step"
+    # an unsteady answer was never written (a run may have pinned it): no file to cite
+    reason = (f"auto: measured for this shape on this machine, {times} ({path.name})" if _steady(found) else
+              f"auto: {precision}, the machine was too busy to measure bf16's gain ({times}, rounds disagreeing by "
+              f"more than {PROBE_STABLE_SPREAD:g}x; not kept)")
     _PRECISION_CHOICES[key] = (precision, reason)
     return precision, reason
+
+
+def _steady(entry: dict) -> bool:
+    """Whether a probe's rounds agreed (within PROBE_STABLE_SPREAD): only then is its answer kept."""
+    return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
 
 
 def _precision_entry(entry: dict) -> bool:
