@@ -204,3 +204,13 @@ def test_a_training_that_starts_beside_busy_processes_takes_the_cores_they_leave
     assert torch.get_num_threads() == before  # torch's count again after the training
     monkeypatch.setenv(threads.SHARE, "off")
     assert threads.shared_threads() is None
+
+
+def test_the_docs_promise_identical_results_only_where_the_thread_count_cannot_follow_the_load():
+    """docs/scaling.md said results never depend on where evaluations run, while a training started
+    beside other work takes fewer threads (``shared_threads``) and rounds otherwise."""
+    from pathlib import Path
+
+    scaling = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    assert "Results never depend on where evaluations run" not in scaling
+    assert scaling.count(f"`{threads.SHARE}=off`") >= 2  # beside both promises of bit-identical results
