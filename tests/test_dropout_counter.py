@@ -267,13 +267,26 @@ def test_a_compiled_training_draws_the_counter_masks_eagerly_without_recompiling
     assert eager.compiled is False and losses[8] == pytest.approx(eager.val_loss, rel=1e-5)
 
 
-def test_device_cuda_draws_masks_on_the_device_unless_told_otherwise(capsys):
+def test_device_cuda_draws_masks_on_the_device_unless_told_otherwise(capsys, monkeypatch):
     from argparse import Namespace
 
     from evo_attention.cli.common import explicit_settings
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert explicit_settings(Namespace(device="cuda"))["dropout_stream"] == "counter"
     assert "--dropout-stream counter, the GPU default" in capsys.readouterr().err
     assert explicit_settings(Namespace(device="cuda:1", dropout_stream="cpu"))["dropout_stream"] == "cpu"
     assert "dropout_stream" not in explicit_settings(Namespace(device="cuda", resume=True))  # keeps its stream
     assert "dropout_stream" not in explicit_settings(Namespace(device="cpu"))
+
+
+def test_device_cuda_without_cuda_is_refused_without_the_note_on_its_masks(capsys, monkeypatch):
+    from argparse import Namespace
+
+    from evo_attention.cli.common import explicit_settings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="CUDA is not available"):
+        explicit_settings(Namespace(device="cuda"))
+    assert "dropout masks" not in capsys.readouterr().err

@@ -140,6 +140,7 @@ def executor_from_args(args, config):
 
 def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
+    from evo_attention.train.environment import resolve_device
     from evo_attention.train.presets import example_counts_note, merged_settings
 
     flags = {name: None if (name in _zero_is_none() and value == 0) else value
@@ -148,6 +149,7 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
     if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \
             and not getattr(args, "resume", False):  # a resumed run keeps the stream its trials were keyed with
+        resolve_device(settings["device"])  # a device this machine lacks is refused before the note on it
         settings["dropout_stream"] = "counter"  # the GPU-fast default: masks drawn on the device (docs/scaling.md)
         log("--device cuda: dropout masks are drawn on the device (--dropout-stream counter, the GPU default); "
             "give --dropout-stream cpu for the CPU's masks", getattr(args, "quiet", False))
