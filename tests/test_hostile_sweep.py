@@ -541,3 +541,16 @@ def test_a_file_name_holding_a_setting_is_not_made_its_flag():
 
     error = UserError("plan plan.yaml: alpha 0.7 is refused; give another plan.", setting="plan")
     assert user_message(error) == "--plan plan.yaml: alpha 0.7 is refused; give another --plan."
+
+
+@pytest.mark.parametrize("name, value", [("EVO_ATTENTION_THREADS", "of"), ("EVO_ATTENTION_SHARE_CORES", "disable"),
+                                         ("EVO_ATTENTION_FRESH_CHECK", "disabled")])
+def test_a_mistyped_switch_in_the_environment_is_refused_in_one_line(tmp_path, capsys, monkeypatch, name, value):
+    from evo_attention.util import threads
+
+    monkeypatch.setattr(threads, "_state", threads._state)  # restored after the test
+    monkeypatch.setattr(threads, "_mode", threads._mode)
+    monkeypatch.setenv(name, value)
+    threads.configure()  # as importing evo_attention does
+    assert main(["search", *SEARCH, "--out", str(tmp_path / "run")]) == 2
+    assert f"{name}={value!r} is not a setting: use on or off" in last_error(capsys)

@@ -27,6 +27,7 @@ from evo_attention.studies.fresh_check import DEFAULT_TOP, fresh_check
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
+from evo_attention.util.threads import turned_off
 
 CHECK_ENV = "EVO_ATTENTION_FRESH_CHECK"
 CHECK_META = "fresh_check_top"  # the store's meta: how many top genes the run's fresh-seed check trains (0: none)
@@ -80,7 +81,7 @@ class Evolution(Search):
         # EVO_ATTENTION_FRESH_CHECK=off (the test suite's setting: a check per tiny search would double its time)
         stored = self.store.get_meta(CHECK_META)  # a resumed run keeps the check it started with
         if check is None:
-            check = stored if stored is not None else 0 if os.environ.get(CHECK_ENV, "").lower() == "off" else DEFAULT_TOP
+            check = stored if stored is not None else 0 if turned_off(os.environ, CHECK_ENV) else DEFAULT_TOP
         if isinstance(check, bool) or not isinstance(check, int) or check < 0:
             raise UserError(f"check {check!r} must be a whole number >= 0 (the top genes to train on fresh seeds; "
                             "0: no check)", setting="check")

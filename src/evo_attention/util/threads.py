@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from evo_attention.util.errors import UserError
+
 OFF = "EVO_ATTENTION_THREADS"  # =off: leave OpenMP's defaults
 SHARE = "EVO_ATTENTION_SHARE_CORES"  # =off: the load never changes a training's thread count
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -55,12 +57,16 @@ IDLE_CORES = 0.25  # ... below a quarter of a core ...
 IDLE_SAMPLES = 2  # ... this many samples in a row: long waits again
 
 _state = "not configured"
-_mode = "off"  # watch | fixed | off
+_mode = "off"  # watch | fixed | off | refused (a bad OFF or SHARE, raised by ``watch``: importing must not fail)
 
 
 def turned_off(environ, name: str) -> bool:
-    """Whether the environment variable ``name`` says off (off, 0, false, no)."""
-    return str(environ.get(name, "")).strip().lower() in ("off", "0", "false", "no")
+    """Whether the environment variable ``name`` says off (off, 0, false, no) rather than on (unset, on, 1,
+    true, yes); any other value is a UserError."""
+    value = str(environ.get(name, "")).strip().lower()
+    if value not in ("", "on", "1", "true", "yes", "off", "0", "false", "no"):
+        raise UserError(f"{name}={environ[name]!r} is not a setting: use on or off")
+    return value in ("off", "0", "false", "no")
 
 
 def configure(environ=None) -> str:
@@ -69,7 +75,13 @@ def configure(environ=None) -> str:
     (``USER_VARIABLES``, ``EVO_ATTENTION_THREADS=off``). Returns what was done (kept for ``state``)."""
     global _state, _mode
     environ = os.environ if environ is None else environ
-    if turned_off(environ, OFF):
+    try:
+        turned_off(environ, SHARE)  # read as each training starts (``shared_threads``), checked with OFF
+        off = turned_off(environ, OFF)
+    except UserError as exc:
+        _state, _mode = str(exc), "refused"
+        return _state
+    if off:
         _state, _mode = f"OpenMP's defaults ({OFF}=off)", "off"
     elif any(name in environ for name in USER_VARIABLES):
         _state = "the user's settings (" + ", ".join(f"{n}={environ[n]}" for n in USER_VARIABLES if n in environ) + ")"
@@ -232,8 +244,11 @@ def libgomp_loaded() -> bool:
 
 def watch() -> bool:
     """Start following the load (once per process) where ``configure`` chose it, torch trains with
-    more than one thread and libgomp is the runtime; returns whether a watch runs."""
+    more than one thread and libgomp is the runtime; returns whether a watch runs (a bad OFF or SHARE, which
+    ``configure`` found: a UserError)."""
     global _watch
+    if _mode == "refused":
+        raise UserError(_state)
     if _mode != "watch":
         return False
     with _watch_lock:
