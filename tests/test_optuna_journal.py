@@ -142,3 +142,19 @@ def test_each_role_is_a_study_of_its_own_and_a_read_only_run_still_gives_its_jou
         assert "read-only" in capsys.readouterr().err and (tmp_path / "j2.log").exists()
     finally:
         os.chmod(tmp_path / "run", mode)
+
+
+def test_without_optuna_the_journal_is_refused_before_any_file_and_never_suggested(tmp_path, capsys, monkeypatch):
+    from evo_attention.studies.evolution import end_of_run_lines
+
+    run = tmp_path / "run"
+    with Evolution(Config(**{**TINY, "population_size": 2, "n_generations": 1}), out_dir=run, quiet=True,
+                   report=False, check=0) as evo:
+        evo.run()
+    monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as where Optuna is not installed
+    assert main(["report", str(run), "--optuna-journal", str(tmp_path / "optuna.log")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["evo-attention: error: --optuna-journal needs Optuna, which is not installed: pip install "
+                    "'evo-attention[tpe]' (or pip install optuna)"]
+    assert not (run / "report.md").exists() and not (tmp_path / "optuna.log").exists()
+    assert not any("--optuna-journal" in line for line in end_of_run_lines(run))

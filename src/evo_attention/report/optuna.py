@@ -64,7 +64,7 @@ MEASURES = ("params", "flops_per_step", "latency_ms", "peak_memory_mb")
 def journal_storage(path: str | os.PathLike):
     """Optuna's ``JournalStorage`` over a journal file (``JournalFileBackend``; ``JournalFileStorage``
     in the Optuna versions before 4.0)."""
-    optuna = import_optuna()
+    optuna = import_optuna("optuna_journal")
     try:
         from optuna.storages.journal import JournalFileBackend
     except ImportError:  # Optuna 3.x
@@ -89,7 +89,8 @@ def is_journal(path: str | os.PathLike) -> bool:
 
 def journal_path(path: str | os.PathLike) -> Path:
     """``path`` if a journal may be written there (new, or an Optuna journal it replaces); else a
-    UserError naming ``optuna_journal`` and what is there."""
+    UserError naming ``optuna_journal`` and what is there, or that Optuna, which writes it, is missing."""
+    import_optuna("optuna_journal")
     return check_output(path, "optuna_journal", kind="an Optuna journal", directory=False, own=is_journal)
 
 
@@ -106,7 +107,7 @@ def _user_attrs(record, info: dict) -> dict:
 def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) -> dict:
     """Write the run in ``run_dir`` as an Optuna study into the journal file ``path`` (an
     earlier journal there is replaced; anything else is refused); returns ``{"path", "study", "trials", "states"}``."""
-    optuna = import_optuna()
+    optuna = import_optuna("optuna_journal")
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 

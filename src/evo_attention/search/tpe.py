@@ -49,11 +49,15 @@ DEDUPE_TRIES = 20
 INSTALL_HINT = "pip install 'evo-attention[tpe]' (or pip install optuna)"
 
 
-def import_optuna():
-    """The optuna module, or a one-line ``UserError`` saying how to install it."""
+def import_optuna(setting: str = "strategy"):
+    """The optuna module, or a one-line ``UserError`` saying how to install it for ``setting`` (strategy
+    tpe, or optuna_journal)."""
     try:
         import optuna
     except ImportError:
+        if setting != "strategy":
+            raise UserError(f"{setting} needs Optuna, which is not installed: {INSTALL_HINT}",
+                            setting=setting) from None
         raise UserError(f"strategy tpe needs Optuna, which is not installed: {INSTALL_HINT}, or choose another "
                         "strategy", setting="strategy") from None
     return optuna

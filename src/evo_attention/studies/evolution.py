@@ -11,6 +11,7 @@ The search itself is ``search.driver.Search``; this adds what needs the report l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -50,8 +51,8 @@ def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False)
     return [f"report: {run_dir / 'report.html'} (and report.md, final_results.json, evaluations.csv, "
             f"evolution_progress.png{', suite.png' if suite else ''})",
             f"next: evo-attention validate --from-run {run}   # the best genes on fresh seeds against the baseline",
-            export,
-            f"next: evo-attention report {run} --optuna-journal {journal}   # for optuna-dashboard"]
+            export] + ([f"next: evo-attention report {run} --optuna-journal {journal}   # for optuna-dashboard"]
+                       if importlib.util.find_spec("optuna") else [])  # suggested only where it can be written
 
 
 class Evolution(Search):
