@@ -110,3 +110,25 @@ def test_a_missing_tracker_package_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     assert main(["search", *FLAGS, "--track", "mlflow", "--out", str(tmp_path / "run")]) == 2
     assert 'tracker mlflow needs the mlflow package' in capsys.readouterr().err
+
+
+def test_a_down_mlflow_server_fails_the_tracker_after_few_retries_unless_the_user_chose(monkeypatch):
+    pytest.importorskip("mlflow")
+    import os
+
+    from evo_attention.search import trackers
+
+    seen = []
+
+    class Down:
+        def __init__(self, tracking_uri):
+            seen.append(tuple(os.environ.get(f"MLFLOW_HTTP_REQUEST_{name}") for name in ("MAX_RETRIES", "TIMEOUT")))
+            raise ConnectionError("refused")
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")  # the user's choice is kept
+    tracker = trackers.make_tracker("mlflow:http://127.0.0.1:1", "run")
+    monkeypatch.setattr(tracker.tracker, "_client_class", Down)
+    with pytest.warns(UserWarning, match="tracker mlflow failed"):
+        tracker.start("run", {})
+    assert seen == [("2", "60")] and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # for its own calls only

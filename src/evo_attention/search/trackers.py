@@ -24,6 +24,7 @@ import math
 import os
 import re
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
@@ -37,6 +38,7 @@ class Tracker:
     """What a tracker receives from the driver; every method may raise (``Guarded`` catches it)."""
 
     name = ""
+    environment: dict = {}  # variables its calls run with (``Guarded``), where the user set none
 
     def start(self, run_name: str, config: dict) -> None:
         pass
@@ -155,6 +157,8 @@ class MLflowTracker(Tracker):
 
     name = "mlflow"
     EXPERIMENT = "evo-attention"
+    # a server down fails its first call in seconds, not after MLflow's 7 retries with backoff (minutes)
+    environment = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
     def __init__(self, uri: str):
         try:
@@ -246,13 +250,26 @@ def _guarded(method: str):
         if self.failed:
             return
         try:
-            getattr(self.tracker, method)(*args)
+            with _environment(self.tracker.environment):
+                getattr(self.tracker, method)(*args)
         except Exception as exc:  # noqa: BLE001 - any failure of a view must leave the search running
             self.failed = True
             warnings.warn(f"tracker {self.name} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                           "the search goes on without it (its results are in the run store)", stacklevel=2)
 
     return call
+
+
+@contextmanager
+def _environment(settings: dict):
+    """``settings`` in ``os.environ`` within, each where the user set none (one thread, the driver's, calls)."""
+    added = [name for name in settings if name not in os.environ]
+    os.environ.update({name: settings[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 class Guarded(Tracker):
