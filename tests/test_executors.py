@@ -271,3 +271,23 @@ def test_live_view_has_a_line_per_worker(monkeypatch):
         screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
     assert "[w0] gen 1 dot|softmax|none|fixed" in screen and "[w1] gen 1 cosine|sparsemax|none|fixed" in screen
     assert "150/400" in screen
+
+
+def test_an_unreachable_ray_cluster_is_tried_once_and_refused_in_one_line(monkeypatch):
+    pytest.importorskip("ray")
+    import os
+    from types import SimpleNamespace
+
+    GCS_TRIES = "RAY_gcs_server_port_wait_time_s"  # read by each ray.init
+    tries = []
+
+    def init(**kwargs):
+        tries.append(os.environ.get(GCS_TRIES))
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:1")
+
+    monkeypatch.delenv(GCS_TRIES, raising=False)
+    executor = RayExecutor(address="127.0.0.1:1")
+    executor.ray = SimpleNamespace(is_initialized=lambda: False, init=init)
+    with pytest.raises(UserError, match="cannot start or reach the Ray cluster at 127.0.0.1:1"):
+        executor._open()
+    assert tries == ["1"] and GCS_TRIES not in os.environ  # one try (Ray's default is 20), for this call only

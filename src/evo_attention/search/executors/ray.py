@@ -16,6 +16,8 @@ from evo_attention.search.executors.base import (EvalTask, Executor, as_task, av
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 
+GCS_TRIES = "RAY_gcs_server_port_wait_time_s"  # how often ray.init tries a cluster's GCS (read by each call)
+
 class _ProgressSink:
     """A Ray actor collecting progress messages of the remote tasks for the driver."""
 
@@ -105,8 +107,14 @@ class RayExecutor(Executor):
                 # Ray's own INFO/WARNING lines (its start, its token setup) are not the tool's: only errors show
                 logging.getLogger("ray").setLevel(logging.ERROR)
                 quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
-                if self.address:
-                    ray.init(address=self.address, **quiet)
+                if self.address:  # one try to reach its GCS (about 40 s where nothing answers), not Ray's 20
+                    own = GCS_TRIES not in os.environ  # the user's setting kept
+                    os.environ.setdefault(GCS_TRIES, "1")
+                    try:
+                        ray.init(address=self.address, **quiet)
+                    finally:
+                        if own:
+                            os.environ.pop(GCS_TRIES, None)
                 else:
                     ray.init(num_cpus=self.num_cpus, include_dashboard=False, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
