@@ -132,3 +132,22 @@ def test_a_down_mlflow_server_fails_the_tracker_after_few_retries_unless_the_use
     with pytest.warns(UserWarning, match="tracker mlflow failed"):
         tracker.start("run", {})
     assert seen == [("2", "60")] and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # for its own calls only
+
+
+def test_a_resumed_search_continues_its_tracker_runs_without_logging_anything_twice(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, track = tmp_path / "run", ["--track", "mlflow", "--track", "tensorboard"]
+    assert main(["search", *FLAGS, "--generations", "1", *track, "--out", str(run)]) == 0
+    assert main(["search", "--resume", "--quiet", *track, "--out", str(run)]) == 0  # a replay from the store
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("evo-attention").experiment_id])
+    evaluations, _ = _stored(run)
+    assert [r.info.status for r in runs if r.data.tags.get("evo_attention.role") == "search"] == ["FINISHED"]
+    assert len(runs) == 1 + len(evaluations)  # the parent and a child per evaluation, each once
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("evaluations/val_perplexity")] == list(range(len(evaluations)))

@@ -77,6 +77,7 @@ def _points(config: Config) -> int:
 
 
 KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
+TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
 
 
 def _now() -> str:
@@ -248,8 +249,13 @@ class Search:
         self._check_threads()
         self.store.set_meta("executor", self.executor.describe())
         self.store.clear_activity()
+        # per tracker: its run (a resumed search continues it) and how many evaluations and generations it
+        # logged; a resume replays the run from the store in the same order, so those are skipped
+        self._tracked = self.store.get_meta(TRACKED) or {}
         for tracker in self.trackers:
+            tracker.state = self._tracked.setdefault(tracker.name, {})
             tracker.start(self.out_dir.name, self.config.to_dict())
+            self.store.set_meta(TRACKED, self._tracked)
         state = "failed"
         try:
             self._run()
@@ -316,8 +322,8 @@ class Search:
                 self._after_generation()
                 last = self.strategy.history[-1]
                 for tracker in self.trackers if self.evaluation.generation_lines else ():
-                    tracker.log_generation(generation, finite_or_none(last["best_perplexity"]),
-                                           finite_or_none(last["mean_perplexity"]))
+                    self._track(tracker, "generations", generation, finite_or_none(last["best_perplexity"]),
+                                finite_or_none(last["mean_perplexity"]))
 
     def _after_generation(self) -> None:
         """After every finished generation: a readable snapshot of it (``save_checkpoint``)."""
@@ -331,7 +337,17 @@ class Search:
         if self.trackers:
             tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)
             for tracker in self.trackers:
-                tracker.log_evaluation(self._runner.done - 1, tracked)
+                self._track(tracker, "evaluations", self._runner.done - 1, tracked)
+
+    def _track(self, tracker, what: str, index: int, *args) -> None:
+        """Log evaluation or generation ``index`` to ``tracker`` unless an earlier session of the run did."""
+        state = tracker.state
+        if index < state.get(what, 0):
+            return
+        (tracker.log_evaluation if what == "evaluations" else tracker.log_generation)(index, *args)
+        if not getattr(tracker, "failed", False):  # a failed tracker (``Guarded``) logs it when the run resumes
+            state[what] = index + 1
+            self.store.set_meta(TRACKED, self._tracked)
 
     # -- results -------------------------------------------------------------------------------
     @property

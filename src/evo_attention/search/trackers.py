@@ -3,7 +3,8 @@
 ``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``), ``--track mlflow[:URI]`` (default an
 SQLite store, ``RUN_DIR/mlflow.db``, which MLflow's own readers open without extra settings) and
 ``--track wandb`` (offline, files in ``RUN_DIR/wandb``); repeatable; the packages are the
-``tracking`` extra. One tracker run per search, with the config as its parameters; per evaluation
+``tracking`` extra. One tracker run per search, with the config as its parameters (a resumed search
+continues it and logs only what the earlier sessions did not: the run's meta ``trackers``); per evaluation
 its gene's parts as parameters (``gene_params``), its learning curve (training loss, and the
 validation loss at a few steps), final metrics and cost; per generation the best and mean
 perplexity so far. TensorBoard: the search in DIR, each evaluation in a run directory of its own
@@ -39,6 +40,10 @@ class Tracker:
 
     name = ""
     environment: dict = {}  # variables its calls run with (``Guarded``), where the user set none
+
+    # set by the driver before ``start``: what the tracker kept of its tracker run (empty in a new search),
+    # which it may fill (the driver keeps it in the run's meta) to continue that run when the search resumes
+    state: dict
 
     def start(self, run_name: str, config: dict) -> None:
         pass
@@ -108,7 +113,7 @@ class TensorBoardTracker(Tracker):
         self.writer = None
 
     def start(self, run_name, config):
-        self.writer = self._writer_class(str(self.directory))
+        self.writer = self._writer_class(str(self.directory))  # a resumed search appends to the same directory
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in _flat(config).items()))
 
     def log_evaluation(self, index, record):
@@ -181,8 +186,12 @@ class MLflowTracker(Tracker):
         self.client = self._client_class(tracking_uri=self.uri)
         experiment = self.client.get_experiment_by_name(self.EXPERIMENT)
         self.experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.EXPERIMENT)
+        if self.state.get("run_id"):  # a resumed search: its parent run again, whose params are logged
+            self.run_id = self.state["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"evo_attention.role": "search"})
-        self.run_id = run.info.run_id
+        self.run_id = self.state["run_id"] = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, v[:500]) for k, v in _flat(config).items()]
@@ -230,7 +239,8 @@ class WandbTracker(Tracker):
     def start(self, run_name, config):
         self.directory.mkdir(parents=True, exist_ok=True)
         self.run = self.wandb.init(project="evo-attention", name=run_name, config=config, mode="offline",
-                                   dir=str(self.directory), reinit=True)
+                                   dir=str(self.directory), reinit=True, id=self.state.get("id"), resume="allow")
+        self.state["id"] = self.run.id
 
     def log_evaluation(self, index, record):
         self.run.log({**{f"evaluation/{k}": v for k, v in _numbers(record, METRICS + COSTS).items()},
@@ -277,6 +287,14 @@ class Guarded(Tracker):
 
     def __init__(self, tracker: Tracker):
         self.tracker, self.name, self.failed = tracker, tracker.name, False
+
+    @property
+    def state(self) -> dict:
+        return self.tracker.state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self.tracker.state = value
 
     start, finish = _guarded("start"), _guarded("finish")
     log_evaluation, log_generation = _guarded("log_evaluation"), _guarded("log_generation")
