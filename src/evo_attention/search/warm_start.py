@@ -56,7 +56,8 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
         return f"it cannot be read here ({str(exc).splitlines()[0]}): is a plugin of the earlier run missing?"
     layers = list(genome.layers) if isinstance(genome, LayerGenes) else None
     if space.layers and layers is None:
-        return f"it is one gene shared by every layer; this run searches per-layer genomes of {space.layers} layers"
+        return (f"it is one gene shared by every layer; this run searches per-layer genomes of {space.layers} layers "
+                "(one is its layers' genes joined by ' / ')")
     if not space.layers and layers is not None:
         return f"it is a per-layer genome of {len(layers)} layers; this run searches one gene shared by every layer"
     if layers is not None and len(layers) != space.layers:
@@ -190,8 +191,8 @@ def starting_genes(start_from: str, *, space: SearchSpace, population_size: int,
                             f"given, and it is outside this run's search space: {reason}; give start_from genes "
                             "inside it", setting="start_from")
         if reason is not None:
-            raise UserError(f"start_from gene {key} is outside this run's search space: {reason}",
-                            setting="start_from")
+            raise UserError(f"start_from gene {key} is outside this run's search space: {reason}; give start_from "
+                            "genes inside it, or widen the space", setting="start_from")
         genes.append(AttentionGene.parse(key).key)
     if not genes:
         raise UserError(f"start_from {text!r} names no gene to start from", setting="start_from")
