@@ -120,7 +120,7 @@ def test_genes_outside_the_new_space_are_named_and_skipped(earlier_run, tmp_path
 def test_a_genome_of_another_shape_is_skipped(earlier_run, tmp_path):
     source, ranked = earlier_run
     space = Config(**{**TINY, "genome": "per_layer", "n_layers": 2}).space()
-    assert "per-layer genomes of 2 layers" in outside_space(ranked[0], space)
+    assert "per-layer genomes of 2 layers (one is its layers' genes joined by ' / ')" in outside_space(ranked[0], space)
     assert outside_space(f"{ranked[0]} / {ranked[0]}", space) is None
     assert "per-layer genome of 2 layers" in outside_space(f"{ranked[0]} / {ranked[0]}", Config(**TINY).space())
     three = " / ".join([AttentionGene.vanilla().key] * 3)
