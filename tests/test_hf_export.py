@@ -370,6 +370,12 @@ def test_a_prompt_longer_than_the_window_generates_as_the_library_does(exported,
         with pytest.raises(ValueError, match="generate with use_cache=True"):
             model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False, use_cache=False)
     _same_greedy(library, prompt, got, generate(library, prompt, 3, temperature=0), cases[2]["name"])
+    # every position of a cached forward past the window reads exactly its last WINDOW ids
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), use_cache=True).logits[0]
+        sliding = torch.stack([library(torch.tensor([prompt[max(0, p - WINDOW + 1):p + 1]]))[0, -1]
+                               for p in range(len(prompt))])
+    assert torch.allclose(logits, sliding, atol=1e-5), (logits - sliding).abs().max()
 
 
 def test_cli_export_format_hf_from_a_saved_model(tmp_path, capsys):

@@ -165,11 +165,13 @@ class EvoAttentionCache:
     def extend(self, model: TinyTransformer, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] of ``ids`` [B, T], the positions after those fed so far, from the
         library's cached decoding. Past ``max_seq_len`` positions the caches are filled again from the
-        last ``max_seq_len`` ids (the library's generate does the same), for more ids than that a
-        window at a time."""
+        last ``max_seq_len`` ids (the library's generate does the same): the ids that fit go in at
+        once, each later one alone, so every position's logits read exactly its last ``max_seq_len`` ids."""
         window = model.spec.max_seq_len
-        if ids.shape[1] > window:
-            return torch.cat([self.extend(model, part) for part in ids.split(window, dim=1)], dim=1)
+        room = window - (0 if self.ids is None else self.ids.shape[1])
+        if ids.shape[1] > max(room, 1):
+            parts = ([ids[:, :room]] if room > 0 else []) + list(ids[:, max(room, 0):].split(1, dim=1))
+            return torch.cat([self.extend(model, part) for part in parts], dim=1)
         seen = ids if self.ids is None else torch.cat([self.ids, ids], dim=1)
         if seen.shape[1] > window:
             self.caches = model.new_caches()
