@@ -52,15 +52,6 @@ def test_the_key_of_a_config_equals_the_one_its_stores_were_written_with(changes
     assert Trial.from_config("dot|softmax|none|fixed", Config()).context == "3fe7a76cab98488e"  # a golden value
 
 
-def test_a_whole_number_in_a_float_setting_is_the_trial_of_its_float():
-    # a YAML file's "grad_clip: 1" or "dropout: 0" is the training of 1.0 and 0.0: one key, one cache entry
-    whole = Config(grad_clip=1, dropout=0, weight_decay=0, learning_rate=1)
-    floats = Config(grad_clip=1.0, dropout=0.0, weight_decay=0.0, learning_rate=1.0)
-    assert Trial.from_config("dot|softmax|none|fixed", whole).context == Trial.from_config("dot|softmax|none|fixed", floats).context
-    assert Config(train_steps=10).train_steps == 10 and Trial.from_config("dot|softmax|none|fixed", Config(d_model=32)).context \
-        != Trial.from_config("dot|softmax|none|fixed", Config(d_model=64)).context
-
-
 def test_a_field_added_to_a_spec_reaches_the_key_by_construction():
     base = Trial("dot|softmax|none|fixed", 0, 10, task=TaskSpec(fingerprint="f"))
     Extended = dataclasses.make_dataclass("Extended", [("label_smoothing", float, field(default=0.0))], bases=(TrainSpec,),

@@ -187,16 +187,10 @@ class TaskSpec:
 
 
 def key_settings(*specs) -> dict:
-    """The fields of ``specs`` that join a key (see the module docstring), by name. A whole number
-    in a float field is its float (``grad_clip: 1`` from a YAML file is the trial of 1.0)."""
-    return {f.name: _as_declared(f, getattr(spec, f.name)) for spec in specs for f in dataclasses.fields(spec)
+    """The fields of ``specs`` that join a key (see the module docstring), by name."""
+    return {f.name: getattr(spec, f.name) for spec in specs for f in dataclasses.fields(spec)
             if f.metadata.get("key", True)
             and not (f.metadata.get("omit_default") and getattr(spec, f.name) == f.default)}
-
-
-def _as_declared(f: dataclasses.Field, value: Any) -> Any:
-    floats = str(f.type).replace(" ", "").split("|")
-    return float(value) if type(value) is int and "float" in floats and "int" not in floats else value
 
 
 def context_hash(settings: Mapping[str, Any], eval_split: str) -> str:
