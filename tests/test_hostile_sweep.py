@@ -554,3 +554,5 @@ def test_a_mistyped_switch_in_the_environment_is_refused_in_one_line(tmp_path, c
     threads.configure()  # as importing evo_attention does
     assert main(["search", *SEARCH, "--out", str(tmp_path / "run")]) == 2
     assert f"{name}={value!r} is not a setting: use on or off" in last_error(capsys)
+    if name == "EVO_ATTENTION_FRESH_CHECK":  # read before the store is made: the corrected command runs anew
+        assert not (tmp_path / "run").exists()

@@ -151,3 +151,12 @@ def test_a_resumed_search_continues_its_tracker_runs_without_logging_anything_tw
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("evaluations/val_perplexity")] == list(range(len(evaluations)))
+    # a destination new to the run gets the whole run; an MLflow store without the run's parent, a new one
+    (run / "mlflow.db").unlink()
+    elsewhere = ["--track", "mlflow", "--track", f"tensorboard:{tmp_path / 'tb2'}"]
+    assert main(["search", "--resume", "--quiet", *elsewhere, "--out", str(run)]) == 0
+    assert len(MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}").search_runs(
+        [client.get_experiment_by_name("evo-attention").experiment_id])) == 1 + len(evaluations)
+    events = EventAccumulator(str(tmp_path / "tb2"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("evaluations/val_perplexity")] == list(range(len(evaluations)))

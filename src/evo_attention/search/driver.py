@@ -249,11 +249,13 @@ class Search:
         self._check_threads()
         self.store.set_meta("executor", self.executor.describe())
         self.store.clear_activity()
-        # per tracker: its run (a resumed search continues it) and how many evaluations and generations it
-        # logged; a resume replays the run from the store in the same order, so those are skipped
+        # per tracker and destination: its run (a resumed search continues it) and how many evaluations and
+        # generations it logged; a resume replays the run from the store in the same order, so those are skipped
         self._tracked = self.store.get_meta(TRACKED) or {}
         for tracker in self.trackers:
-            tracker.state = self._tracked.setdefault(tracker.name, {})
+            inner = getattr(tracker, "tracker", tracker)  # a Guarded tracker's own: where it logs
+            where = getattr(inner, "uri", None) or getattr(inner, "directory", "")
+            tracker.state = self._tracked.setdefault(f"{tracker.name}:{where}", {})
             tracker.start(self.out_dir.name, self.config.to_dict())
             self.store.set_meta(TRACKED, self._tracked)
         state = "failed"

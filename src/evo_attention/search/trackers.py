@@ -187,9 +187,12 @@ class MLflowTracker(Tracker):
         experiment = self.client.get_experiment_by_name(self.EXPERIMENT)
         self.experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.EXPERIMENT)
         if self.state.get("run_id"):  # a resumed search: its parent run again, whose params are logged
-            self.run_id = self.state["run_id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-            return
+            try:
+                self.client.update_run(self.state["run_id"], status="RUNNING")
+                self.run_id = self.state["run_id"]
+                return
+            except Exception:  # noqa: BLE001 - not at this URI (deleted, another store): a new run logs it all
+                self.state.clear()
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"evo_attention.role": "search"})
         self.run_id = self.state["run_id"] = run.info.run_id
         from mlflow.entities import Param

@@ -74,6 +74,7 @@ class Evolution(Search):
                             "alone", setting=given[-1])
         if train_loader is not None:
             data = _data_from_loaders(config, train_loader, eval_loader)
+        check_off = turned_off(os.environ, CHECK_ENV)  # a mistyped value is refused before the store is made
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
                          quiet=quiet, trackers=trackers, keep_models=keep_models)
         self.write_reports = report
@@ -82,7 +83,7 @@ class Evolution(Search):
         # EVO_ATTENTION_FRESH_CHECK=off (the test suite's setting: a check per tiny search would double its time)
         stored = self.store.get_meta(CHECK_META)  # a resumed run keeps the check it started with
         if check is None:
-            check = stored if stored is not None else 0 if turned_off(os.environ, CHECK_ENV) else DEFAULT_TOP
+            check = stored if stored is not None else 0 if check_off else DEFAULT_TOP
         if isinstance(check, bool) or not isinstance(check, int) or check < 0:
             raise UserError(f"check {check!r} must be a whole number >= 0 (the top genes to train on fresh seeds; "
                             "0: no check)", setting="check")
