@@ -342,9 +342,11 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path,
     assert (out / "lm_eval_task.yaml").is_file() and (out / "lm_eval_valid.jsonl").is_file()
     config = json.loads((out / "config.json").read_text())
     config["evo_attention"]["files"]["evo_attention_gone.py"] = "0" * 64  # a module an older export shipped
+    config["evo_attention"]["files"].update({"mine": "0" * 64, "..": "0" * 64})  # never a folder: an edited config
     (out / "config.json").write_text(json.dumps(config))
     (out / "evo_attention_gone.py").write_text("")
     (out / "notes.txt").write_text("mine")
+    (out / "mine").mkdir()
     shutil.rmtree(corpus)  # the training data is gone: no harness task this time
     monkeypatch.setattr("evo_attention.train.spec._TASK_DATA", {})  # nor the process's copy of it
     capsys.readouterr()
@@ -353,7 +355,7 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path,
     left = {p.name for p in out.iterdir()}
     assert not left & {"lm_eval_task.yaml", "lm_eval_valid.jsonl", "evo_attention_gone.py"} and "notes.txt" in left
     listed = json.loads((out / "config.json").read_text())["evo_attention"]["files"]
-    assert left == {*listed, "config.json", "notes.txt"}
+    assert left == {*listed, "config.json", "notes.txt", "mine"}
 
 
 @needs_transformers

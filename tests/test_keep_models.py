@@ -160,3 +160,5 @@ def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path, capsys):
             assert main(["generate", "--model", model, "--prompt", prompt, "--max-new-tokens", "1"]) == 2
             err = capsys.readouterr().err.strip()
             assert "\n" not in err and "--prompt holds bytes that are not UTF-8" in err
+    assert main(["attention-maps", "--model", model, "--text", prompt, "--out", str(tmp_path / "maps")]) == 2
+    assert "the --text holds bytes that are not UTF-8: give it in UTF-8" in capsys.readouterr().err

@@ -4,6 +4,7 @@ point and a curve's task (tests/plugins/example_plugin.py)."""
 
 import json
 import sqlite3
+import types
 
 import pytest
 import torch
@@ -163,5 +164,13 @@ def test_an_op_registered_again_is_harmless_as_the_same_code_and_refused_as_othe
         with pytest.raises(programs.ProgramError, match="exists already with another implementation"):
             register_op("dbl", "H->H", "elementwise", apply=lambda call, z: z * 3.0)
         assert engine_ops.IMPLEMENTATIONS["dbl"].apply is first
+        other = types.ModuleType("other_plugin")  # the same code in another plugin reads other globals
+        exec(compile("SCALE = 3.0\ndef apply(call, z):\n    return z * SCALE\n", "<other>", "exec"), other.__dict__)
+        mine = types.ModuleType("my_plugin")
+        exec(compile("SCALE = 2.0\ndef apply(call, z):\n    return z * SCALE\n", "<other>", "exec"), mine.__dict__)
+        register_op("scaled", "H->H", "elementwise", apply=mine.apply)
+        with pytest.raises(programs.ProgramError, match="exists already with another implementation"):
+            register_op("scaled", "H->H", "elementwise", apply=other.apply)
     finally:
         engine_ops.unregister_op("dbl")
+        engine_ops.unregister_op("scaled")

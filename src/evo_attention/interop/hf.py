@@ -536,8 +536,8 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
         earlier = _config(out).get("evo_attention")
         listed = earlier.get("files") if isinstance(earlier, dict) else None
         for name in {*(listed if isinstance(listed, dict) else ()), *LM_EVAL_FILES} - {*files, WEIGHTS_FILE}:
-            if Path(name).name == name:  # only the plain names an export writes
-                (out / name).unlink(missing_ok=True)
+            if Path(name).name == name and name not in (".", "..") and (out / name).is_file():  # an export's own
+                (out / name).unlink()
     # the sha256 of every other file, checked when the model loads (``check_files`` of the modeling file)
     config["evo_attention"]["files"] = {**{name: sha256(text.encode("utf-8")) for name, text in files.items()},
                                         WEIGHTS_FILE: sha256(weights)}

@@ -151,10 +151,11 @@ def _reads_future(op: programs.Op, impl: Implementation) -> str | None:
 
 
 def _same(a: Callable | None, b: Callable | None) -> bool:
-    """Whether two functions compute the same: one function, or equal code (the same plugin imported
-    again, also from another path such as an export's copy of it)."""
+    """Whether two functions compute the same: one function, or equal code of a module of one name
+    (the same plugin imported again, also from another path such as an export's copy of it)."""
     a, b = inspect.unwrap(a) if a else a, inspect.unwrap(b) if b else b
-    return a is b or (hasattr(a, "__code__") and hasattr(b, "__code__") and a.__code__ == b.__code__)
+    return a is b or (hasattr(a, "__code__") and hasattr(b, "__code__") and a.__code__ == b.__code__
+                      and a.__module__ == b.__module__)
 
 
 def unregister_op(name: str) -> None:
