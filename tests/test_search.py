@@ -303,3 +303,25 @@ def test_bad_input_is_a_one_line_user_error(name, options, fragment):
         make_strategy(name, **options)
     message = str(info.value)
     assert fragment in message and "\n" not in message and ":" in message
+
+
+def test_a_run_keeps_the_gene_seed_vanilla_seeded_when_it_was_made(tmp_path):
+    import sqlite3
+
+    from evo_attention.cli import main
+    from evo_attention.search.driver import SEEDED, Search
+    from evo_attention.search.store import RunStore
+
+    run = tmp_path / "run"
+    flags = ["--data", "mqar", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--steps", "2",
+             "--batch-size", "4", "--eval-steps", "2", "--population", "3", "--generations", "1", "--elite", "1",
+             "--seed-vanilla", "--no-baseline", "--no-check", "--quiet"]
+    assert main(["search", *flags, "--out", str(run)]) == 0
+    with RunStore.open(run, readonly=True) as store:
+        config = Config.from_dict(store.config())
+    with Search(config, out_dir=run, resume=True) as search:
+        assert search.strategy.vanilla == config.vanilla_gene()  # without attention dropout on mqar
+    with sqlite3.connect(run / "run.db") as db:  # a run made before the meta: it seeded the space's vanilla gene
+        db.execute("DELETE FROM meta WHERE key = ?", (SEEDED,))
+    with Search(config, out_dir=run, resume=True) as search:
+        assert search.strategy.vanilla == AttentionGene.vanilla()

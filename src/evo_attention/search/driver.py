@@ -77,6 +77,7 @@ def _points(config: Config) -> int:
 
 
 KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
+SEEDED = "seed_vanilla"  # meta: the gene seed_vanilla seeded (Config.vanilla_gene), read back on resume
 TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
 
 
@@ -142,6 +143,9 @@ class Search:
         if self.init_from is not None:
             self.strategy.warm_start([AttentionGene.parse(key) for key in self.init_from["genes"]])
         self.start_from: dict | None = self.store.get_meta(START_META)  # resolved once, when the run was made
+        if self.strategy.seed_vanilla:  # the gene seed_vanilla seeded when the run was made (a run made before
+            seeded = self.store.get_meta(SEEDED)  # this meta seeded the space's vanilla gene: it resumes so)
+            self.strategy.vanilla = AttentionGene.parse(seeded) if seeded else self.strategy.space.vanilla()
         if self.start_from is not None:
             self.strategy.warm_start([AttentionGene.parse(key) for key in self.start_from["genes"]], neighbours=True)
 
@@ -177,6 +181,7 @@ class Search:
                 "versions": versions(), "done": False,
                 **({INIT_FROM: self._initial_genes()} if self.config.init_from is not None else {}),
                 **({START_META: started} if (started := self._starting_genes()) is not None else {}),
+                **({SEEDED: self.strategy.vanilla.key} if self.strategy.seed_vanilla else {}),
                 # trainings of the search itself (a request per gene, times the suite's points); the baseline
                 # (config.baseline) comes on top
                 "planned": self.strategy.total_evaluations() * _points(self.config),
