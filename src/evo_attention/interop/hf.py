@@ -532,9 +532,10 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
              "README.md": readme}
     out = output_dir(check_output(out, kind="a transformers export", own=is_hf_export,
                                   writes=[*files, "config.json", WEIGHTS_FILE, *LM_EVAL_FILES]))
-    if is_hf_export(out):  # an earlier export: its files that this one does not write go (its harness task)
-        earlier = _config(out).get("evo_attention")
-        listed = earlier.get("files") if isinstance(earlier, dict) else None
+    earlier = _config(out)  # is_hf_export's reading, once
+    if earlier.get("model_type") == MODEL_TYPE:  # an earlier export: its files that this one does not write go
+        own = earlier.get("evo_attention")
+        listed = own.get("files") if isinstance(own, dict) else None
         for name in {*(listed if isinstance(listed, dict) else ()), *LM_EVAL_FILES} - {*files, WEIGHTS_FILE}:
             if Path(name).name == name and name not in (".", "..") and (out / name).is_file():  # an export's own
                 (out / name).unlink()

@@ -341,7 +341,7 @@ class Strategy(ABC):
         caps = [name for name in CAP_FIELDS if getattr(config, name, None) is not None]
         if caps:  # only a constrained run names them, so a strategy of one's own needs no such keyword otherwise
             settings["constraints"] = caps
-        if options.get("seed_vanilla"):  # the vanilla gene of this config's task (no attention dropout on a generated one)
+        if options.get("seed_vanilla"):  # this config's vanilla gene (without attention dropout on a generated task)
             settings["vanilla"] = config.vanilla_gene()
         return cls(**settings, **options, space=config.space())
 

@@ -262,6 +262,7 @@ class Search:
             where = getattr(inner, "uri", None) or getattr(inner, "directory", "")
             tracker.state = self._tracked.setdefault(f"{tracker.name}:{where}", {})
             tracker.start(self.out_dir.name, self.config.to_dict())
+        if self.trackers:
             self.store.set_meta(TRACKED, self._tracked)
         state = "failed"
         try:

@@ -25,10 +25,10 @@ import math
 import os
 import re
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.threads import environment_defaults
 
 EXTRA_HINT = 'pip install -e ".[tracking]"'
 METRICS = ("val_perplexity", "val_loss", "accuracy", "bits_per_byte", "train_loss")
@@ -263,7 +263,7 @@ def _guarded(method: str):
         if self.failed:
             return
         try:
-            with _environment(self.tracker.environment):
+            with environment_defaults(self.tracker.environment):  # one thread, the driver's, calls
                 getattr(self.tracker, method)(*args)
         except Exception as exc:  # noqa: BLE001 - any failure of a view must leave the search running
             self.failed = True
@@ -271,18 +271,6 @@ def _guarded(method: str):
                           "the search goes on without it (its results are in the run store)", stacklevel=2)
 
     return call
-
-
-@contextmanager
-def _environment(settings: dict):
-    """``settings`` in ``os.environ`` within, each where the user set none (one thread, the driver's, calls)."""
-    added = [name for name in settings if name not in os.environ]
-    os.environ.update({name: settings[name] for name in added})
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
 
 
 class Guarded(Tracker):

@@ -425,8 +425,8 @@ def grid_by_size(tuned: Mapping[str, dict], seeds: Sequence[int]) -> dict:
 def transfer_keys(config, genes: Sequence[AttentionGene | str]) -> list[str]:
     """The distinct gene keys to carry over, the baseline (``Config.resolved_baseline``) left out (it always
     comes along)."""
-    vanilla = config.resolved_baseline().key
-    keys = [k for k in gene_keys(genes) if k != vanilla]
+    baseline = config.resolved_baseline().key
+    keys = [k for k in gene_keys(genes) if k != baseline]
     if not keys:
         raise UserError("no gene to transfer other than the baseline: give at least one gene other than the baseline",
                         setting="genes")

@@ -25,7 +25,8 @@ from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
                                              reset_peak_memory, resolve_device, synchronize)
 from evo_attention.train.batching import models_per_batch
-from evo_attention.train.probe_cache import expired, forget_probe, probe_path, read_probe, warn_once, write_probe_once
+from evo_attention.train.probe_cache import (expired, forget_probe, probe_path, read_probe, warn_damaged,
+                                             write_probe_once)
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer, timed_training
 from evo_attention.util import threads
@@ -43,7 +44,7 @@ def _peak_entry(entry: dict) -> bool:
 def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, repeats: int = 5,
                 use_cache: bool = True) -> float:
     """FLOP/s of a 2048^3 matrix product at ``precision`` on ``device`` (best of ``repeats``): the
-    limit a training step's matrix products can reach here. Kept per machine, dtype and thread count
+    limit a training step's matrix products can reach here. Kept per machine, dtype and cores
     (``probe_cache``), since the probe takes a few seconds on a CPU; ``use_cache=False`` measures
     again and replaces the kept answer."""
     device = torch.device(device)
@@ -55,7 +56,7 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
     if found is not None and not expired(found):
         return float(found["flops_per_s"])
     if use_cache and found is None and path.exists():
-        warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
+        warn_damaged(path)
     use_cache = use_cache and not path.exists()  # an expired or damaged answer is replaced like a refused one
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)

@@ -63,8 +63,8 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # resolves the same way in every later training on the machine: deterministic for a trial there.
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
-# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) chooses fp32 and is not kept; one on
-# a lightly loaded machine may still choose wrongly: ``evo-attention bench --reprobe``
+# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) chooses fp32 and is not
+# kept; one on a lightly loaded machine may still choose wrongly: ``evo-attention bench --reprobe``
 # (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
@@ -127,12 +127,11 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
 
     def measure() -> dict:
         times = timer()
-        spread = times.get("spread", 1.0)
         # bf16 only where its gain was measured: rounds that disagree choose the exact fp32, in every process alike
-        gain = spread <= PROBE_STABLE_SPREAD and times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"]
+        gain = _steady(times) and times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"]
         return {"precision": "bf16" if gain else "fp32", "fp32_ms": 1000 * times["fp32"],
                 "bf16_ms": 1000 * times["bf16"], "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(),
-                "torch": torch.__version__, "shape": shape, "spread": spread}
+                "torch": torch.__version__, "shape": shape, "spread": times.get("spread", 1.0)}
 
     found, _ = probe_answer(path, _precision_entry, measure, keep=_steady, decides=lambda entry: entry["precision"])
     precision = found["precision"]

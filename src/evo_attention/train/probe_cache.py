@@ -96,6 +96,11 @@ def used_probes() -> dict:
     return dict(_USED)
 
 
+def warn_damaged(path: Path) -> None:
+    """Say once that the kept answer in ``path`` cannot be read (it is measured again and replaced)."""
+    warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
+
+
 def warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
@@ -132,7 +137,7 @@ def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[]
         if found is not None and expired(found):
             found = None  # measured again below, and replaced
         elif found is None and path.exists():
-            warn_once(f"damaged:{path}", f"the probe answer in {path} is damaged: measured again and replaced")
+            warn_damaged(path)
         if found is None:
             entry = measure()
             if not keep(entry):  # this process's alone (and its run's, which pins it)

@@ -444,8 +444,9 @@ def check_training_memory(spec, genome, models: int, device: torch.device, vocab
     at ``spec``, with the activations of their training and evaluation batches (``batch_size``,
     ``eval_batch_size`` windows of ``seq_len`` tokens, else of ``spec.max_seq_len``; 0: none, before
     the data is known; a lower bound, ``LAYER_FLOATS``) would not fit in the memory available to
-    ``device``, estimated before any is built (a training that still runs out is recorded ``oom``). ``vocab_from``: the data name whose
-    inline knob set the vocabulary (the fix names it, not ``vocab_size``)."""
+    ``device``, estimated before any is built (a training that still runs out is recorded ``oom``).
+    ``vocab_from``: the data name whose inline knob set the vocabulary (the fix names it, not
+    ``vocab_size``)."""
     params = _parameters(mechanism_of(genome).key, spec)
     t, d, ff = seq_len or spec.max_seq_len, spec.d_model, spec.ffn_dim
     train = batch_size * t * (spec.n_layers * (LAYER_FLOATS[0] * d + LAYER_FLOATS[1] * ff) + OUTSIDE_FLOATS * d)

@@ -69,6 +69,19 @@ def turned_off(environ, name: str) -> bool:
     return value in ("off", "0", "false", "no")
 
 
+@contextmanager
+def environment_defaults(settings: dict):
+    """``settings`` in ``os.environ`` within, each where the user set none (theirs is kept), and gone
+    again after: for a library that reads its settings from the environment at each call."""
+    added = [name for name in settings if name not in os.environ]
+    os.environ.update({name: settings[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def configure(environ=None) -> str:
     """Choose how this process's OpenMP threads wait (before torch loads, when ``environ`` is
     ``os.environ``): ``watch`` where it can work, else ``FALLBACK``; nothing when the user chose

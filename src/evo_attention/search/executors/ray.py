@@ -15,6 +15,7 @@ from evo_attention.search.executors.base import (EvalTask, Executor, as_task, av
                                                  execute, failure_record, load_state, store_model, store_state)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
+from evo_attention.util.threads import environment_defaults
 
 GCS_TRIES = "RAY_gcs_server_port_wait_time_s"  # how often ray.init tries a cluster's GCS (read by each call)
 
@@ -108,13 +109,8 @@ class RayExecutor(Executor):
                 logging.getLogger("ray").setLevel(logging.ERROR)
                 quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
                 if self.address:  # one try to reach its GCS (about 40 s where nothing answers), not Ray's 20
-                    own = GCS_TRIES not in os.environ  # the user's setting kept
-                    os.environ.setdefault(GCS_TRIES, "1")
-                    try:
+                    with environment_defaults({GCS_TRIES: "1"}):
                         ray.init(address=self.address, **quiet)
-                    finally:
-                        if own:
-                            os.environ.pop(GCS_TRIES, None)
                 else:
                     ray.init(num_cpus=self.num_cpus, include_dashboard=False, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
