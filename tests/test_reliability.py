@@ -324,8 +324,28 @@ def test_a_config_directory_and_smaller_compare_defaults(tmp_path, capsys):
     assert main(["search", "--config", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     assert "is a directory" in one_line_error(capsys)
     assert settings_for(None, {"d_model": 32})["d_ff"] is None
-    assert settings_for(None, {"data": "recall"})["vocab_size"] is None
     assert settings_for(None, {"data": "recall", "vocab_size": 40})["vocab_size"] == 40
+
+
+@pytest.mark.parametrize("data, flags, vocab", [
+    ("recall", [], 64), ("mqar:seq_len=32,pairs=4", [], 64), ("recall", ["--vocab-size", "40"], 40),
+    ("recall", ["--preset", "quick"], 32), ("mqar:seq_len=32,pairs=4,vocab=24", ["--vocab-size", "40"], 24),
+])
+def test_every_command_trains_a_generated_task_at_one_vocabulary(data, flags, vocab):
+    # the word corpora's default 10000 is never a generated task's vocabulary, whichever command reads the flags
+    from evo_attention.cli import build_parser
+    from evo_attention.cli.common import config_from_args, explicit_settings
+    from evo_attention.data import data_from_config
+    from evo_attention.studies.compare import settings_for
+    from evo_attention.train.config import Config
+    from evo_attention.train.presets import build_config
+
+    args = build_parser().parse_args(["baseline", "--data", data, *flags])
+    compare = Config.from_dict(settings_for(None, explicit_settings(args)))
+    preset = "quick" if "quick" in flags else None
+    overrides = {"data": data, **({"vocab_size": int(flags[1])} if "--vocab-size" in flags else {})}
+    for config in (config_from_args(args), compare, build_config(preset, overrides=overrides)):
+        assert data_from_config(config).vocab_size == vocab
 
 
 def test_the_report_title_escapes_html(tmp_path):

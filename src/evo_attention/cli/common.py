@@ -141,7 +141,7 @@ def executor_from_args(args, config):
 def explicit_settings(args, extra: dict | None = None) -> dict:
     """The settings a command line names: its preset, its --config file and its flags."""
     from evo_attention.train.environment import resolve_device
-    from evo_attention.train.presets import example_counts_note, merged_settings
+    from evo_attention.train.presets import example_counts_note, merged_settings, own_vocabulary
 
     flags = {name: None if (name in _zero_is_none() and value == 0) else value
              for flag, name in config_flags().items() if (value := getattr(args, flag, None)) is not None}
@@ -160,7 +160,7 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     if getattr(args, "plugin", None):
         settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))
     load_plugins(settings.get("plugins") or ())  # their names must be known before the settings are checked
-    return settings
+    return own_vocabulary(settings)
 
 
 # where each setting of the command being run came from, when not from one of its flags ("config file

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
-                                      explicit_settings, given, out_arg)
+from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
+                                      given, out_arg)
 from evo_attention.cli.validate import add_grid_flags, add_match_flag, log_selected_rates
 from evo_attention.report.attachments import CURVE_RESULTS
 from evo_attention.util.errors import UserError
@@ -61,18 +61,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_curve)
 
 
-def curve_config(args):
-    """Config: defaults < --preset < --config < flags; a generated task's own vocabulary unless one
-    of them sets vocab_size (the default 10000 would be a needlessly large one)."""
-    from evo_attention.data import is_synthetic
-    from evo_attention.train.config import Config
-
-    settings = explicit_settings(args)
-    if is_synthetic(settings.get("data")) and "vocab_size" not in settings:
-        settings["vocab_size"] = None
-    return checked(Config.from_dict(settings, source="the command line"))
-
-
 def apply_curve_plan(args):
     """With --plan FILE: the curve plan (``studies.plan``), its family set into the flags it fixes
     (genes, knob, seeds, solve threshold and test); None without one."""
@@ -104,7 +92,7 @@ def cmd_curve(args) -> int:
                         "as solved, e.g. 0.9)", setting="solve_test")
     if not args.genes or not args.knob:
         raise UserError("curve needs --genes LIST and --knob NAME=V1,V2,... (or --plan FILE naming them)")
-    config = curve_config(args)
+    config = config_from_args(args)
     if args.seeds < 1:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
     break_at = check_break_at(DEFAULT_BREAK_AT if args.break_at is None else args.break_at)

@@ -207,8 +207,6 @@ def settings_for(preset_name: str | None, explicit: dict) -> dict:
         settings.update(COMPARE_PRESETS[preset_name])
     if "d_model" in explicit and "d_ff" not in explicit:
         settings["d_ff"] = None  # 4 x the given width, not the study's 2048
-    if explicit.get("data", settings.get("data")) == "recall" and "vocab_size" not in explicit:
-        settings["vocab_size"] = None  # the recall task's own small vocabulary, not the corpora's 10000
     return overlay(settings, explicit)
 
 

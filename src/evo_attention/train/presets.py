@@ -226,4 +226,17 @@ def example_counts_note(preset_name: str | None, settings: Mapping[str, Any]) ->
 def build_config(preset_name: str | None = None, config_file: str | Path | None = None,
                  overrides: Mapping[str, Any] | None = None) -> Config:
     """Defaults < preset < file < overrides."""
-    return Config.from_dict(merged_settings(preset_name, config_file, overrides), source="settings")
+    return Config.from_dict(own_vocabulary(merged_settings(preset_name, config_file, overrides)), source="settings")
+
+
+def own_vocabulary(settings: dict) -> dict:
+    """``settings`` where a generated task (recall, ``mqar``, ``mad:...``, a registered task) takes its
+    own vocabulary unless a layer sets ``vocab_size``: the default 10000 is a word corpus's, and every
+    command (and ``build_config``) must train one task for one data name. Registered tasks must be
+    known (plugins loaded) before this is called."""
+    from evo_attention.data import is_synthetic
+
+    data = settings.get("data")
+    if "vocab_size" not in settings and (data == "recall" or is_synthetic(data)):
+        settings["vocab_size"] = None
+    return settings
