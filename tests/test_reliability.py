@@ -19,7 +19,7 @@ from evo_attention.data import data_from_config
 from evo_attention.report.status import run_status
 from evo_attention.search.lock import LOCK_NAME, RunLock, holder
 from evo_attention.search.store import RunStore
-from evo_attention.train.trainer import Trainer, train_and_evaluate
+from evo_attention.train.trainer import Member, Trainer, train_and_evaluate
 from evo_attention.util.errors import UserError
 
 TINY = dict(data="recall", vocab_size=16, max_seq_len=16,
@@ -240,6 +240,14 @@ def test_an_absurd_finite_loss_is_diverged(monkeypatch):
     monkeypatch.setattr(Trainer, "_step", lambda self, x, y: __import__("torch").tensor(19000.0))
     record = train_and_evaluate("dot|softmax|none|fixed", config, data_from_config(config))
     assert record.status is Status.DIVERGED and "far above a uniform guess" in record.error
+
+
+def test_a_nan_validation_loss_is_diverged(monkeypatch):
+    config = Config(**TINY)
+    evaluate = Member.evaluate
+    monkeypatch.setattr(Member, "evaluate", lambda self, *a, **k: {**evaluate(self, *a, **k), "val_loss": math.nan})
+    record = train_and_evaluate("dot|softmax|none|fixed", config, data_from_config(config))
+    assert record.status is Status.DIVERGED and record.error == "non-finite validation loss"
 
 
 def test_a_cpu_allocation_failure_is_oom(monkeypatch):

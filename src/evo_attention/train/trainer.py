@@ -1103,13 +1103,16 @@ def _train_together(trials: list[Trial], data: TaskData, device: torch.device, p
 
 def evaluate_into(record: EvaluationRecord, member: Member, status: Status, eval_split: str) -> None:
     """Finish ``record`` of a training that ended with ``status``: on success, the evaluation over
-    ``eval_split`` (a loss far above a uniform guess turns it into divergence) and the latency; a
+    ``eval_split`` (a NaN loss or one far above a uniform guess turns it into divergence) and the latency; a
     divergence's reason as its error."""
     record.status = status
     if status == Status.OK:
         for name, value in member.evaluate(eval_split).items():
             setattr(record, name, value)
-        if record.val_loss > member.absurd_loss:
+        if math.isnan(record.val_loss):  # a NaN compares False with any bound
+            record.status = Status.DIVERGED
+            member.divergence = "non-finite validation loss"
+        elif record.val_loss > member.absurd_loss:
             record.status = Status.DIVERGED
             member.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
                                  f"(ln {member.spec.vocab_size} = {math.log(member.spec.vocab_size):.2f})")
