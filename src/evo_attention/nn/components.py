@@ -464,8 +464,12 @@ def _entmax(name: str, scores, mask):
     """The ``entmax`` package's ``name`` (sparsemax, entmax15) over the allowed keys."""
     import entmax
 
-    weights = getattr(entmax, name)(_shift_for_sparse(scores, mask), dim=-1, k=_partial_k(scores))
-    return zero_masked(weights, mask).to(scores.dtype)
+    shifted = _shift_for_sparse(scores, mask)
+    # A row whose max is not finite (a NaN or +inf score) has no projection: entmax's sort fails on it
+    # with an index error, so it gets NaN weights instead: the loss is NaN and the training diverged.
+    bad = ~torch.isfinite(shifted.amax(dim=-1, keepdim=True))
+    weights = getattr(entmax, name)(shifted.masked_fill(bad, 0.0), dim=-1, k=_partial_k(scores))
+    return zero_masked(weights.masked_fill(bad, math.nan), mask).to(scores.dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -753,7 +753,7 @@ class Trainer:
             streams = [m.dropout_generator.get_state() for m in self.active]
             try:
                 loss = self._train_step(x, y)
-            except Exception as exc:  # NaN weights make e.g. sparsemax's sort fail: that is divergence
+            except Exception as exc:  # NaN weights make e.g. a plugin's sort fail: that is divergence
                 bad = [i for i, m in enumerate(self.active)
                        if not all(bool(torch.isfinite(p).all()) for p in m.model.parameters())]
                 if not bad:
