@@ -118,6 +118,7 @@ def check_search_out(out) -> None:
 
 
 def cmd_search(args) -> int:
+    from evo_attention.report.status import executor_flags
     from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
@@ -137,7 +138,11 @@ def cmd_search(args) -> int:
     evolution = Evolution(config, out_dir=out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                           executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False,
                           check=0 if args.no_check else None)
-    resume_cmd = f"evo-attention search --resume --out {shlex.quote(str(out))}"
+    resume_cmd = f"evo-attention search --resume --out {shlex.quote(str(out))}{executor_flags(executor.describe())}"
+    if args.resume and executor.name == "process" and executor.batch_models not in ("off", 1):
+        note("worker processes batch only the trials still to train, so those an interruption cut off may now be "
+             "batched with other trials than in an uninterrupted run: their results may differ from it in the last "
+             "digits (--batch-models off from a run's start trains every trial alone, the same either way)")
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
             "planned" if not on_suite else f"{on_suite}; {evolution.planned} trainings planned")

@@ -35,6 +35,19 @@ from evo_attention.util.format import finite_or_none
 SEARCH_ROLES = ("search", "baseline")  # the trainings of a search's own plan
 
 
+def executor_flags(described: dict) -> str:
+    """The command-line flags of the executor ``describe()`` gave (a resume command's: its results are
+    exact only on the executor, and CPU threads, the run started with); none for the default."""
+    if described.get("name") == "process":
+        return f" --workers {described['workers']} --cpus-per-trial {described['threads_per_worker']}"
+    if described.get("name") != "ray":
+        return ""
+    given = {"--ray-address": described.get("address"), "--cpus-per-trial": described.get("cpus_per_trial"),
+             "--gpus-per-trial": described.get("gpus_per_trial")}
+    return " --executor ray" + "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in given.items()
+                                       if value not in (None, 0) and not (flag == "--cpus-per-trial" and value == 1))
+
+
 def run_status(run_dir: str | Path) -> dict:
     with RunStore.open(run_dir, readonly=True) as store:
         evaluations, generations, activity, config = (store.evaluations(), store.generations(), store.activity(),
@@ -95,7 +108,7 @@ def run_status(run_dir: str | Path) -> dict:
                                          "finished" if done else "interrupted"),
         "writer": live,
         "resume_command": None if live or (done and not checking) else
-        f"evo-attention search --resume --out {shlex.quote(str(run_dir))}",
+        f"evo-attention search --resume --out {shlex.quote(str(run_dir))}{executor_flags(meta['executor'] or {})}",
         "generation": len(generations) if not done else max(len(generations) - 1, 0),
         "generations_done": len(generations),
         "generations": config.get("n_generations"),
