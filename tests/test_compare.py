@@ -187,6 +187,19 @@ def test_seeds_give_mean_and_sd_and_failures_become_rows(tmp_path, boom):
     json.loads((tmp_path / RESULTS_FILE).read_text())  # strict JSON: NaN/inf were written as null
 
 
+def test_the_paired_verdict_keeps_what_cannot_be_decided_and_the_seeds_to_decide(tmp_path):
+    """compare's paired rows carry the verdict's every key (stats.VERDICT_KEYS), as validate's do: it
+    dropped cannot_decide and seeds_to_decide, and its table gave the seeds for equivalence instead."""
+    from evo_attention.util import stats
+
+    payload = run_compare(Config(**TINY), resolve_configs("baseline,rope_only", 16), seeds=2, out_dir=tmp_path,
+                          quiet=True)
+    row = payload["summary"]["paired"]["rope_only"]
+    assert set(stats.VERDICT_KEYS) <= set(row) and row["seeds_to_decide_range"] is not None
+    assert row["cannot_decide"] == "2 seeds cannot decide: the smallest possible p is 0.5"
+    assert row["cannot_decide"] in (tmp_path / "compare.md").read_text()
+
+
 class ReversedExecutor(Executor):
     """Finishes the tasks in reverse order (like a parallel executor might)."""
 

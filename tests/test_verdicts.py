@@ -118,3 +118,15 @@ def test_the_advice_of_an_undetermined_verdict_follows_the_effect_and_the_exact_
     assert v["seeds_to_decide"] == stats.decisive_seeds(3) == 7
     assert "~7 seeds to decide" in verdict_cell({**v, "verdict_label": v["label"]})
     assert stats.decisive_seeds(1) == 6 and stats.cannot_decide(5, 0.05, 1)
+
+
+def test_a_comparison_row_keeps_the_verdicts_advice():
+    """versus_reference's row carries paired_verdict's seeds to decide: its verdict cell gave the seeds for
+    equivalence (~85..376) where the observed difference, beyond the margin, needs few (6..11)."""
+    from evo_attention.report.studies.common import verdict_cell
+
+    ref, gene = [100.0, 110.0, 105.0], [92.0, 107.0, 97.0]
+    row = stats.versus_reference({"g": gene}, ref, margin=0.01)["g"]
+    expected = stats.paired_verdict(stats.paired(gene, ref), 0.01)["seeds_to_decide_range"]
+    assert row["seeds_to_decide_range"] == expected == [6, 11]
+    assert "~6..11 seeds to decide" in verdict_cell(row)

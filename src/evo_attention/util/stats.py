@@ -1288,6 +1288,11 @@ DEFAULT_MARGIN = 0.01
 LOG_SCALE_METRICS = ("val_perplexity", "bits_per_byte", "bits_per_char")
 # how a study's comparisons are computed; a result without this mark was made by an earlier rule
 ANALYSIS = "paired-3"
+# what a comparison's row carries of its ``paired_verdict`` besides the verdict and label: every key a
+# table's verdict cell reads (report.studies.common.verdict_cell), so each copy of a row keeps them all
+VERDICT_KEYS = ("cannot_decide", "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin",
+                "seeds_for_equivalence_range", "seeds_for_margin_range", "seeds_to_decide", "seeds_to_decide_range",
+                "seed_plan")
 
 
 def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dict:
@@ -1351,12 +1356,10 @@ def versus_reference(values: Mapping[_Key, Sequence], reference: Sequence, *, co
             **{k: row[k] for k in ("difference", "sd_diff", "diff_ci_low", "diff_ci_high", "boot_ci_low",
                                    "boot_ci_high", "relative", "relative_ci_low", "relative_ci_high", "p_value")},
             "p_holm": p_holm[key], **{k: row[k] for k in ("test", "p_t", "p_exact", "p_exact_se", "smallest_p")},
-            "cannot_decide": v["cannot_decide"],
             "p_tost": tests[key]["p_tost"], "p_tost_holm": p_tost_holm[key], "family_size": len(tests),
             "cohens_d": cohens_d(values[key], reference),
             "verdict": v["verdict"], "verdict_label": v["label"], "verdict_text": v["text"],
-            **{k: v[k] for k in ("mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin",
-                                 "seeds_for_equivalence_range", "seeds_for_margin_range", "seed_plan")},
+            **{k: v[k] for k in VERDICT_KEYS},
             "welch": {**{k: w.get(k) for k in ("difference", "diff_ci_low", "diff_ci_high", "p_value")},
                       # the unpaired difference relative to the reference's mean, in percent
                       **{f"{k}_percent": None if w.get(k) is None or scale is None else w[k] * scale
