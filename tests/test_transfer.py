@@ -1,6 +1,7 @@
 """Transfer across scale: the verdict rule, the ladder, and the command end to end."""
 
 import json
+import math
 
 import pytest
 
@@ -51,6 +52,14 @@ def test_transfer_verdict_without_an_advantage_at_the_reference():
     assert stats.transfer_verdict(adv(None, None, None), adv(0.3, 0.2, 0.4)) == stats.TOO_FEW
     assert [v for v, _ in stats.TRANSFER_RULE] == [stats.TOO_FEW, stats.NO_ADVANTAGE, stats.REVERSES, stats.VANISHES,
                                                    stats.NO_RELATIVE, stats.SHRINKS, stats.HOLDS]
+
+
+def test_transfer_verdict_of_a_non_finite_change_is_too_few():
+    """NaN compares false with everything: read as the change it is not, it 'held'."""
+    nan = float("nan")
+    assert stats.transfer_verdict(adv(0.10, 0.05, 0.15), adv(nan, nan, nan)) == stats.TOO_FEW
+    assert stats.transfer_verdict(adv(nan, nan, nan), adv(0.10, 0.05, 0.15)) == stats.TOO_FEW
+    assert stats.transfer_verdict(adv(0.10, 0.05, 0.15), adv(0.10, 0.05, math.inf)) == stats.TOO_FEW
 
 
 def test_relative_change_is_the_gene_minus_the_baseline_over_the_baseline():

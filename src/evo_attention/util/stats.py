@@ -264,7 +264,7 @@ def transfer_verdict(reference: dict, current: dict, lower_is_better: bool = Tru
     def gain(row: dict, names=("relative_change", "relative_change_low", "relative_change_high")) -> tuple:
         if row.get(names[0]) is None and row.get("difference") is not None:  # the baseline's mean is 0
             return (None, *gain(row, ("difference", "diff_ci_low", "diff_ci_high"))[1:])
-        value, low, high = (row.get(k) for k in names)
+        value, low, high = (finite_or_none(row.get(k)) for k in names)  # NaN (a failed size) is missing
         value = None if value is None else sign * value
         if low is None or high is None:
             return value, None, None
