@@ -78,6 +78,16 @@ def test_holm_textbook_example():
     assert [p < 0.05 for p in adjusted] == [True, False, False, True]
 
 
+def test_holm_leaves_a_nan_out_of_the_family_and_refuses_a_p_outside_0_1():
+    """A NaN p (no test) is no member of the family, like None: it made the others' family 4, and sorted
+    NaN takes the top rank."""
+    adjusted = stats.holm([0.01, math.nan, 0.02, 0.03])
+    assert [adjusted[i] for i in (0, 2, 3)] == pytest.approx([0.03, 0.04, 0.04]) and math.isnan(adjusted[1])
+    for bad in (1.5, -0.1, math.inf):
+        with pytest.raises(UserError, match="outside \\[0, 1\\]"):
+            stats.holm([0.01, bad])
+
+
 def test_holm_over_a_larger_family_never_lowers_a_p_value():
     rng = np.random.default_rng(3)
     base = rng.normal(10, 1, 5)

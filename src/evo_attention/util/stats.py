@@ -232,8 +232,8 @@ def welch(candidate: Iterable, reference: Iterable, confidence: float = 0.95) ->
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values, in the order given (None entries are skipped and stay
-    None; the family is the other entries).
+    """Holm's step-down adjusted p-values, in the order given (None and NaN entries, no test, are
+    skipped and stay as they are; the family is the other entries; one outside [0, 1] is a UserError).
 
     Sorted ascending, the i-th smallest of m p-values becomes ``min(1, (m - i) * p)`` (i from 0),
     made non-decreasing along the order; reject where the adjusted value is below alpha.
@@ -242,9 +242,13 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
     Holm branch calls ``gc.collect()`` every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call
     with torch loaded; the seed-plan simulations in the tests call this thousands of times.
     """
-    present = [(p, i) for i, p in enumerate(p_values) if p is not None]
+    present = [(p, i) for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
+    for p, _ in present:
+        if not 0.0 <= p <= 1.0:
+            raise UserError(f"p-value {p!r} is outside [0, 1]: pass p-values (None where there is no test)",
+                            setting="p_values")
     m = len(present)
-    adjusted: list[float | None] = [None] * len(p_values)
+    adjusted: list[float | None] = list(p_values)
     running = 0.0
     for rank, (p, i) in enumerate(sorted(present)):
         running = max(running, min(1.0, (m - rank) * float(p)))
