@@ -51,3 +51,13 @@ def test_seeds_for_a_solve_rate_difference_reach_the_power_in_simulation():
     table = stats._fisher_p_tables(n)
     assert np.mean(table[a, b] < 0.025) == pytest.approx(stats.power_solve_rates(n, 0.9, 0.3, 0.025), abs=0.025)
     assert stats.seeds_for_solve_rates(0.5, 0.5) is None
+
+
+@pytest.mark.parametrize("rate", [1.5, -1.0, float("nan")])
+def test_a_solve_rate_outside_0_1_is_refused(rate):
+    """A rate of 1.5 weighted the outcome tables by a binomial pmf that is not one (power 1.0, 4 seeds)."""
+    with pytest.raises(UserError, match="is not a solve rate in \\[0, 1\\]") as raised:
+        stats.power_solve_rates(5, rate, 0.2)
+    assert raised.value.setting == "rate"
+    with pytest.raises(UserError, match="reference_rate"):
+        stats.seeds_for_solve_rates(0.2, rate)

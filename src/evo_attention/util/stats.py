@@ -1092,6 +1092,7 @@ def power_solve_rates(n: int, rate: float, reference_rate: float, alpha: float =
     true solve rates are ``rate`` and ``reference_rate``: the probability, summed over every
     outcome table (binomial counts in each arm), of a table whose p is below alpha."""
     check_alpha(alpha)
+    _check_rates(rate, reference_rate)
     if n < 1:
         return 0.0
     reject = _fisher_p_tables(n) < alpha
@@ -1108,6 +1109,7 @@ def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8
     monotone in n: this is the smallest n that reaches it. None beyond ``max_seeds`` or for equal
     rates."""
     _check_power(power)
+    _check_rates(rate, reference_rate)
     if rate == reference_rate:
         return None
     level = alpha / max(1, int(family_size))
@@ -1118,6 +1120,12 @@ def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8
 def _check_counts(solved, n) -> None:
     if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (solved, n)) or not 0 <= solved <= n:
         raise UserError(f"a solve count needs integers 0 <= solved <= n, got {solved!r} of {n!r}")
+
+
+def _check_rates(rate, reference_rate) -> None:
+    for name, value in (("rate", rate), ("reference_rate", reference_rate)):
+        if finite_or_none(value) is None or not 0.0 <= value <= 1.0:
+            raise UserError(f"{name} {value!r} is not a solve rate in [0, 1]: use e.g. 0.5", setting=name)
 
 
 def check_alpha(alpha: float) -> None:
