@@ -177,3 +177,21 @@ def test_a_verdict_says_when_its_t_interval_disagrees_with_the_exact_test_that_d
     assert far.startswith("better: -9.68% (95% CI -30.1% to +16.7%)") and note in far
     assert text([0.009] * 5 + [-0.009]).startswith("equivalent within ±1%") and note in text([0.009] * 5 + [-0.009])
     assert note not in text([-0.02, -0.03, -0.025, -0.02, -0.03, -0.02])  # the interval agrees: nothing to say
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda v: stats.power_paired(5, 1.0, v), "effect"),
+    (lambda v: stats.seeds_for_effect(0.01, v), "effect"),
+    (lambda v: stats.power_tost(5, 0.01, 0.01, true_difference=v), "true_difference"),
+    (lambda v: stats.seeds_for_equivalence(0.01, 0.01, true_difference=v), "true_difference"),
+    (lambda v: stats.seeds_for_verdict(0.0, v), "effect"),
+    (lambda v: stats.seeds_for_verdict_equivalence(0.0, 0.01, true_difference=v), "true_difference"),
+    (lambda v: stats.seed_plan(0.01, 3, v), "effect"),
+    (lambda v: stats.verdict_power(5, 0.01, v), "effect"),
+])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_effect_is_refused_by_every_power_and_seed_count(call, name, value):
+    """A NaN effect compares false with every power (seeds_for_effect gave 4), an infinite one gave power NaN."""
+    with pytest.raises(UserError, match="must be a finite number") as raised:
+        call(value)
+    assert raised.value.setting == name

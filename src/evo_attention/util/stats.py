@@ -756,6 +756,7 @@ def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two
     1 for a nonzero effect, 0 for none."""
     check_alpha(alpha)
     _check_sd(sd_diff)
+    _check_effects(effect=effect)
     if n < 2:
         return 0.0
     if sd_diff == 0.0:
@@ -815,6 +816,7 @@ def power_tost(n: int, sd_diff: float, bound: float, alpha: float = 0.05, true_d
     """
     check_alpha(alpha)
     _check_sd(sd_diff)
+    _check_effects(bound=bound, true_difference=true_difference)
     if n < 2:
         return 0.0
     if sd_diff == 0.0:
@@ -845,6 +847,7 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     needed, which is always the case when ``|true_difference| >= bound``."""
     _check_power(power)
     _check_sd(sd_diff)
+    _check_effects(bound=bound, true_difference=true_difference)
     if not bound > 0:
         raise UserError(f"bound {bound!r} must be positive: use margin_bound(margin, log)")
     if abs(true_difference) >= bound:
@@ -904,6 +907,7 @@ def verdict_power(n: int, sd_diff: float, effect: float, alpha: float = 0.05) ->
     nonzero effect whenever its smallest p is below alpha."""
     check_alpha(alpha)
     _check_sd(sd_diff)
+    _check_effects(effect=effect)
     if n >= EXACT_BELOW:
         return power_paired(n, sd_diff, effect, alpha)
     if n < 1:
@@ -919,6 +923,7 @@ def verdict_power_equivalence(n: int, sd_diff: float, bound: float, alpha: float
     below ``EXACT_BELOW`` pairs, simulated; the t TOST's ``power_tost`` from there)."""
     check_alpha(alpha)
     _check_sd(sd_diff)
+    _check_effects(bound=bound, true_difference=true_difference)
     if n >= EXACT_BELOW:
         return power_tost(n, sd_diff, bound, alpha, true_difference)
     if n < 1:
@@ -950,6 +955,7 @@ def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: 
     more than ``max_seeds`` would be needed, or for ``effect`` 0."""
     _check_power(power)
     _check_sd(sd_diff)
+    _check_effects(effect=effect)
     if effect == 0.0:
         return None
     if sd_diff == 0.0:
@@ -965,6 +971,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
     conclude within ``±bound`` with ``power`` when the true difference is ``true_difference``."""
     _check_power(power)
     _check_sd(sd_diff)
+    _check_effects(bound=bound, true_difference=true_difference)
     if abs(true_difference) >= bound:
         return None
     if sd_diff == 0.0:
@@ -1229,6 +1236,14 @@ def _check_power(power: float) -> None:
 def _check_sd(sd: float) -> None:
     if sd is None or not math.isfinite(sd) or sd < 0.0:
         raise UserError(f"the standard deviation of the differences must be finite and >= 0, not {sd!r}")
+
+
+def _check_effects(**values) -> None:
+    """UserError naming the first of ``values`` (an effect, a bound: ``name=value``) that is not a finite
+    number: a NaN compares false with every power and seed count, an infinite one has no noncentral t."""
+    for name, value in values.items():
+        if finite_or_none(value) is None:
+            raise UserError(f"{name} {value!r} must be a finite number", setting=name)
 
 
 def _effect_text(value: float | None, log: bool) -> str:
