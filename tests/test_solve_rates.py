@@ -61,3 +61,9 @@ def test_a_solve_rate_outside_0_1_is_refused(rate):
     assert raised.value.setting == "rate"
     with pytest.raises(UserError, match="reference_rate"):
         stats.seeds_for_solve_rates(0.2, rate)
+
+
+def test_a_reference_by_key_without_a_key_is_refused():
+    with pytest.raises(UserError, match="the reference has no counts for 'b'") as raised:
+        stats.solve_rates_versus({"a": (1, 3), "b": (2, 3)}, {"a": (3, 3)})
+    assert raised.value.setting == "reference"

@@ -1057,6 +1057,10 @@ def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]],
     table's p, Holm-adjusted, is not below it)."""
     check_alpha(alpha)
     refs = dict(reference) if isinstance(reference, Mapping) else {key: reference for key in counts}
+    missing = [key for key in counts if key not in refs]
+    if missing:
+        raise UserError(f"the reference has no counts for {missing[0]!r}: give one (solved, n) for every key",
+                        setting="reference")
     p = {key: solve_rate_test(c, refs[key], test) for key, c in counts.items()}
     p_holm = holm_family(p)
     m = len(p)
