@@ -159,6 +159,13 @@ def test_two_factor_shares_add_up_to_the_advantage():
     assert higher["first"]["mean"] == pytest.approx(0.1) and higher["second"]["mean"] == pytest.approx(0.0)
 
 
+@pytest.mark.parametrize("bad", [0.0, -1.0])
+def test_two_factor_shares_refuse_a_value_the_log_scale_cannot_take(bad):
+    """A 0 on the log scale was dropped as a failed seed (n_dropped 1) where paired refuses it."""
+    with pytest.raises(UserError, match="the log scale needs positive values"):
+        stats.two_factor_shares([10, 11, 12, 13], [9, 10, 11, 12], [bad, 10.5, 11.5, 12.5], [8.8, 9.7, 10.9, 11.9])
+
+
 def test_ablating_a_gene_with_a_recipe_separates_recipe_and_mechanism(tiny, tmp_path, monkeypatch):
     config, data = tiny
     # the seed plans of the verdicts (a numerical integral per comparison) are not what this test is about

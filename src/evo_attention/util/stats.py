@@ -537,7 +537,8 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
                       confidence: float = 0.95, *, log: bool = True, lower_is_better: bool = True) -> dict:
     """How much of the advantage of ``both`` over ``neither`` each of two factors carries, from the
     four cells of a 2x2 trained on the same seeds (per-seed values aligned by seed: ``first`` has
-    only the first factor, ``second`` only the second). A seed where any cell failed is dropped.
+    only the first factor, ``second`` only the second). A seed where any cell failed is dropped; a
+    value <= 0 on the log scale is a UserError, as in ``paired``.
 
     Per seed, on the log scale with ``log`` (else plain) and signed so that positive is better:
     the first factor's gain ``alone`` (over neither) and ``with`` the second (``both`` over
@@ -555,14 +556,10 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     cells = [list(neither), list(first), list(second), list(both)]
     if len({len(c) for c in cells}) != 1:
         raise UserError("the four cells of a 2x2 need one value per seed each (use None for a failed seed)")
-    rows = []
-    for values in zip(*cells):
-        values = [finite_or_none(v) for v in values]
-        if any(v is None or (log and v <= 0) for v in values):
-            continue
-        rows.append([math.log(v) if log else v for v in values])
+    rows = [values for values in ([finite_or_none(v) for v in seed] for seed in zip(*cells)) if None not in values]
     sign = -1.0 if lower_is_better else 1.0  # gains: positive = better
     y = np.asarray(rows, dtype=float).reshape(-1, 4)
+    y = _logged(y) if log else y
     gains = {"first_alone": sign * (y[:, 1] - y[:, 0]), "first_with": sign * (y[:, 3] - y[:, 2]),
              "second_alone": sign * (y[:, 2] - y[:, 0]), "second_with": sign * (y[:, 3] - y[:, 1])}
     total = sign * (y[:, 3] - y[:, 0])
@@ -1162,10 +1159,15 @@ def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.nd
     x = np.asarray([a for a, _ in kept], dtype=float)
     y = np.asarray([b for _, b in kept], dtype=float)
     if log:
-        if np.any(x <= 0.0) or np.any(y <= 0.0):
-            raise UserError("the log scale needs positive values (perplexity); use log=False for this metric")
-        x, y = np.log(x), np.log(y)
+        x, y = _logged(x), _logged(y)
     return x, y, len(candidate) - len(kept)
+
+
+def _logged(values: np.ndarray) -> np.ndarray:
+    """``log(values)``; a value <= 0 is a UserError: the log scale is that of a ratio (perplexity)."""
+    if np.any(values <= 0.0):
+        raise UserError("the log scale needs positive values (perplexity); use log=False for this metric")
+    return np.log(values)
 
 
 def _paired_test(x: np.ndarray, y: np.ndarray, confidence: float) -> dict:
