@@ -159,6 +159,15 @@ def test_two_factor_shares_add_up_to_the_advantage():
     assert higher["first"]["mean"] == pytest.approx(0.1) and higher["second"]["mean"] == pytest.approx(0.0)
 
 
+def test_two_factor_shares_p_is_the_verdict_rules_and_the_docs_say_so():
+    """Below 12 seeds a share's p is the exact sign-flip test's (the verdict rule), not a one-sample t-test's."""
+    r = stats.two_factor_shares([10, 11, 12, 13, 12.5], [9, 10.2, 11.1, 12, 11.9], [9.5, 10.5, 11.5, 12.5, 12],
+                                [8.8, 9.7, 10.9, 11.9, 11.2])
+    assert r["total"]["p_value"] == 0.0625 and r["interaction"]["p_value"] == 0.25
+    assert "sign-flip" in stats.two_factor_shares.__doc__ and "one-sample t-test of the" not in \
+        stats.two_factor_shares.__doc__
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0])
 def test_two_factor_shares_refuse_a_value_the_log_scale_cannot_take(bad):
     """A 0 on the log scale was dropped as a failed seed (n_dropped 1) where paired refuses it."""

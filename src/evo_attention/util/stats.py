@@ -545,13 +545,15 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     ``second``), likewise for the second; a factor's ``share`` is the mean of its two gains, so the
     shares add up to the advantage (``total``) seed by seed. Each of ``total``, ``first`` and
     ``second`` is ``{"mean", "ci_low", "ci_high", "p_value", "relative", "relative_ci_low",
-    "relative_ci_high", "fraction", "alone", "with"}`` (one-sample t-test of the per-seed values
-    against 0; ``relative``: the improvement as a fraction of the reference, ``1 - exp(-x)`` when
-    lower is better, ``exp(x) - 1`` when higher is, on the log scale only; ``fraction``: the share
-    over the mean advantage, when that is positive; ``alone``/``with``: the means of the two
-    gains). ``interaction``: ``paired_interaction`` of the first factor's gain alone and with the
-    second (``change > 0``: the two factors reinforce each other), with the same numbers seen from
-    the second factor. Returns also ``scale``, ``n`` and ``n_dropped``."""
+    "relative_ci_high", "fraction", "alone", "with"}`` (the per-seed values against 0: the t
+    interval, and the p of the test ``paired``'s verdict rule picks, the exact sign-flip test below
+    ``EXACT_BELOW`` seeds, the one-sample t-test from there; ``relative``: the improvement as a
+    fraction of the reference, ``1 - exp(-x)`` when lower is better, ``exp(x) - 1`` when higher is,
+    on the log scale only; ``fraction``: the share over the mean advantage, when that is positive;
+    ``alone``/``with``: the means of the two gains). ``interaction``: ``paired_interaction`` (the
+    same rule) of the first factor's gain alone and with the second (``change > 0``: the two
+    factors reinforce each other), with the same numbers seen from the second factor. Returns also
+    ``scale``, ``n`` and ``n_dropped``."""
     check_confidence(confidence)
     cells = [list(neither), list(first), list(second), list(both)]
     if len({len(c) for c in cells}) != 1:
