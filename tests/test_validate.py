@@ -332,3 +332,16 @@ def test_search_values_are_shown_only_where_the_search_measured_the_same_thing(t
                  "--out", str(out), "--quiet"]) == 0
     result = json.loads((out / "validation.json").read_text())
     assert result["baseline"]["search_value"] is None and "| Search" not in (out / "validation.md").read_text()
+
+
+@pytest.mark.parametrize("seeds, says", [(3, "3 seeds cannot decide"), (5, "5 seeds cannot show a difference")])
+def test_too_few_seeds_are_told_in_cannot_decides_words(seeds, says):
+    """At 3-4 seeds equivalence cannot be shown either: the warning said 'undetermined or equivalent at best'."""
+    import argparse
+
+    from evo_attention.cli.validate import _decisive_seeds
+
+    with pytest.warns(UserWarning) as told:
+        _decisive_seeds(argparse.Namespace(confidence=0.95, seeds=seeds), 1, planned=True)
+    text = str(told[0].message)
+    assert text.startswith(says) and "6 seeds are the fewest" in text and "equivalent at best" not in text

@@ -369,7 +369,7 @@ def _decisive_seeds(args, family_size: int, planned: bool) -> None:
         why = stats.cannot_decide(args.seeds, alpha, family_size)
         if why and args.seeds < needed:
             note(f"{why}: with {family_size} gene{'s' if family_size != 1 else ''} compared, {needed} seeds are the "
-                 "fewest that can show a difference (the verdicts will be undetermined or equivalent at best)")
+                 "fewest that can show a difference")
 
 
 def cmd_validate(args) -> int:
