@@ -130,3 +130,13 @@ def test_a_comparison_row_keeps_the_verdicts_advice():
     expected = stats.paired_verdict(stats.paired(gene, ref), 0.01)["seeds_to_decide_range"]
     assert row["seeds_to_decide_range"] == expected == [6, 11]
     assert "~6..11 seeds to decide" in verdict_cell(row)
+
+
+def test_the_verdict_cell_of_a_comparison_without_pairs_says_so():
+    """Every seed diverged: the cell said 'more seeds than planned to decide' beside a text of 0 paired seeds."""
+    from evo_attention.report.studies.common import verdict_cell
+
+    row = stats.versus_reference({"g": [None, None, None]}, [1.0, 2.0, 3.0], margin=0.01)["g"]
+    assert verdict_cell(row) == "undetermined (0 paired seeds finished: a test needs 2)"
+    one = stats.versus_reference({"g": [None, None, 3.0]}, [1.0, 2.0, 3.0], margin=0.01)["g"]
+    assert verdict_cell(one) == "undetermined (1 paired seed finished: a test needs 2)"

@@ -500,8 +500,9 @@ def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
     else:
         compared = stats.versus_reference(values, reference, confidence=setup.confidence, log=True,
                                           margin=setup.margin, power=setup.power)
-    keys = ("relative", "relative_ci_low", "relative_ci_high", "scale", "difference", "diff_ci_low", "diff_ci_high",
-            "p_value", "p_holm", "family_size", "verdict", "verdict_label", *stats.VERDICT_KEYS, "versus")
+    keys = ("n_pairs", "relative", "relative_ci_low", "relative_ci_high", "scale", "difference", "diff_ci_low",
+            "diff_ci_high", "p_value", "p_holm", "family_size", "verdict", "verdict_label", *stats.VERDICT_KEYS,
+            "versus")
     return {name: {k: row.get(k) for k in keys} for name, row in compared.items()}
 
 

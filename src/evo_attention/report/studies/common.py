@@ -108,6 +108,9 @@ def verdict_cell(row: Mapping) -> str:
         label += f" [vs the matched baseline, FFN {versus.get('d_ff')}]"
     if row.get("verdict") != stats.UNDETERMINED:
         return label
+    n = row.get("n_pairs")
+    if n is not None and n < 2:  # no test, so nothing to plan from either
+        return f"{label} ({n} paired seed{'s' if n != 1 else ''} finished: a test needs 2)"
     parts = [row["cannot_decide"]] if row.get("cannot_decide") else []
     if row.get("mde_relative") is not None:
         parts.append(f"detects ±{100 * row['mde_relative']:.1f}%")
