@@ -195,3 +195,15 @@ def test_a_non_finite_effect_is_refused_by_every_power_and_seed_count(call, name
     with pytest.raises(UserError, match="must be a finite number") as raised:
         call(value)
     assert raised.value.setting == name
+
+
+def test_the_exact_tests_seed_counts_reach_any_alpha_and_name_it():
+    """The counts searched 2..63 seeds only: a tiny alpha ended in a bare StopIteration (a RuntimeError in
+    seed_plan), and decisive_seeds spoke of a confidence it was not given."""
+    assert stats.seeds_for_verdict(0.0, 0.01, alpha=1e-20) == stats.decisive_seeds(1, 1e-20) == 68
+    assert stats.smallest_p(67) >= 1e-20 > stats.smallest_p(68)
+    assert stats.seed_plan(0.0, 3, 0.01, alpha=1e-20, equivalence=True)["seeds"] == 67
+    assert stats.decisive_seeds(1, 1e-17) == 58
+    for alpha in (0.5, 0.0):
+        with pytest.raises(UserError, match=f"^alpha {alpha!r} is outside"):
+            stats.decisive_seeds(1, alpha)

@@ -345,3 +345,13 @@ def test_too_few_seeds_are_told_in_cannot_decides_words(seeds, says):
         _decisive_seeds(argparse.Namespace(confidence=0.95, seeds=seeds), 1, planned=True)
     text = str(told[0].message)
     assert text.startswith(says) and "6 seeds are the fewest" in text and "equivalent at best" not in text
+
+
+def test_a_confidence_without_an_alpha_is_named_as_the_flag():
+    import argparse
+
+    from evo_attention.cli.validate import _decisive_seeds
+
+    with pytest.raises(UserError, match="^confidence 1.0 is outside") as raised:
+        _decisive_seeds(argparse.Namespace(confidence=1.0, seeds=3), 1, planned=True)
+    assert raised.value.setting == "confidence"

@@ -361,6 +361,7 @@ def _decisive_seeds(args, family_size: int, planned: bool) -> None:
     from evo_attention.studies.common import DEFAULT_SEEDS
     from evo_attention.util import stats
 
+    stats.check_confidence(args.confidence)  # before alpha = 1 - confidence is checked, so the flag is named
     alpha = 1.0 - args.confidence
     needed = stats.decisive_seeds(family_size, alpha)
     if not planned and not given("--seeds"):

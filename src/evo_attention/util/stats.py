@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import math
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
@@ -711,8 +712,8 @@ def decisive_seeds(family_size: int = 1, alpha: float = 0.05) -> int:
     after Holm over ``family_size`` comparisons (its smallest two-sided p, times the family's size,
     below ``alpha``): 6 for one comparison, 7 for three, at alpha 0.05."""
     m = max(1, int(family_size))
-    check_confidence(1.0 - alpha)  # an alpha of 0 (confidence 1) has no such count
-    return next(n for n in range(2, 64) if m * smallest_p(n) < alpha)
+    check_alpha(alpha)
+    return next(n for n in itertools.count(2) if m * smallest_p(n) < alpha)  # any alpha > 0: smallest_p reaches 0
 
 
 def exact_decides(n: int, differences: Sequence | None = None) -> bool:
@@ -958,7 +959,7 @@ def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: 
     if effect == 0.0:
         return None
     if sd_diff == 0.0:
-        n = next(n for n in range(2, 64) if smallest_p(n) < alpha)
+        n = decisive_seeds(1, alpha)
         return n if max_seeds is None or n <= max_seeds else None
     t_seeds = seeds_for_effect(sd_diff, effect, power, alpha, max_seeds=max_seeds)
     return _seeds_under_rule(t_seeds, lambda n: verdict_power(n, sd_diff, effect, alpha), power, max_seeds)
@@ -974,7 +975,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
     if abs(true_difference) >= bound:
         return None
     if sd_diff == 0.0:
-        n = max(2, next(n for n in range(1, 64) if smallest_p(n, "greater") < alpha))
+        n = max(2, next(n for n in itertools.count(1) if smallest_p(n, "greater") < alpha))
         return n if max_seeds is None or n <= max_seeds else None
     t_seeds = seeds_for_equivalence(sd_diff, bound, power, alpha, true_difference, max_seeds=max_seeds)
     return _seeds_under_rule(t_seeds, lambda n: verdict_power_equivalence(n, sd_diff, bound, alpha, true_difference),
