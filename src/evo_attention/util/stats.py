@@ -80,6 +80,7 @@ import functools
 import importlib
 import itertools
 import math
+import numbers
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
@@ -168,8 +169,14 @@ TRANSFER_RULE = (
 
 
 def _clean(values: Iterable) -> np.ndarray:
-    """The finite numbers of ``values`` as a float array (None, NaN and inf dropped)."""
-    return np.asarray([x for x in map(finite_or_none, values) if x is not None], dtype=float)
+    """The finite numbers of ``values`` as a float array (None, NaN and inf dropped: failed seeds); a value
+    that is no number is a UserError, not a failed seed."""
+    values = list(values)
+    kept = [finite_or_none(x) for x in values]
+    wrong = [x for x, k in zip(values, kept) if k is None and x is not None and not isinstance(x, numbers.Real)]
+    if wrong:
+        raise UserError(f"values must be numbers (None for a failed seed), not {wrong[0]!r}", setting="values")
+    return np.asarray([x for x in kept if x is not None], dtype=float)
 
 
 def describe(values: Iterable, confidence: float = 0.95) -> dict:
@@ -318,7 +325,7 @@ def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | 
 def margin_bound(margin: float, log: bool = True) -> float:
     """The equivalence bound on the scale of the differences: ``log(1 + margin)`` on the log scale
     (``margin`` relative, 0.01 = 1%), ``margin`` itself otherwise (metric units)."""
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin > 0 \
+    if not isinstance(margin, numbers.Real) or isinstance(margin, bool) or not margin > 0 \
             or not math.isfinite(margin):
         raise UserError(f"margin {margin!r} must be a positive number: use e.g. 0.01 for 1%")
     return math.log1p(margin) if log else float(margin)
@@ -848,8 +855,7 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     _check_power(power)
     _check_sd(sd_diff)
     _check_effects(bound=bound, true_difference=true_difference)
-    if not bound > 0:
-        raise UserError(f"bound {bound!r} must be positive: use margin_bound(margin, log)")
+    _check_bound(bound)
     if abs(true_difference) >= bound:
         return None
     return _smallest_n(lambda n: power_tost(n, sd_diff, bound, alpha, true_difference), power, max_seeds)
@@ -972,6 +978,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
     _check_power(power)
     _check_sd(sd_diff)
     _check_effects(bound=bound, true_difference=true_difference)
+    _check_bound(bound)
     if abs(true_difference) >= bound:
         return None
     if sd_diff == 0.0:
@@ -997,7 +1004,9 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     "sd", "sd_upper", "level", "pilot_n", "alpha", "alpha_holm", "family_size", "power",
     "equivalence", "text"}``."""
     check_alpha(alpha)
-    m = max(1, int(family_size))
+    if isinstance(family_size, bool) or not isinstance(family_size, (int, np.integer)) or family_size < 1:
+        raise UserError(f"family_size {family_size!r} must be a count of comparisons >= 1", setting="family_size")
+    m = int(family_size)
     alpha_holm = alpha / m
     upper = sd_upper_bound(sd_diff, pilot_n, level)
     seeds = seeds_for_verdict_equivalence if equivalence else seeds_for_verdict
@@ -1253,6 +1262,11 @@ def _check_effects(**values) -> None:
     for name, value in values.items():
         if finite_or_none(value) is None:
             raise UserError(f"{name} {value!r} must be a finite number", setting=name)
+
+
+def _check_bound(bound: float) -> None:
+    if not bound > 0:
+        raise UserError(f"bound {bound!r} must be positive: use margin_bound(margin, log)", setting="bound")
 
 
 def _effect_text(value: float | None, log: bool) -> str:
