@@ -330,8 +330,9 @@ def recipe_mechanism_section(result: Mapping) -> list[str]:
              table_markdown(*table), "",
              "Each share is the mean, seed by seed, of its factor's gain without and with the other (the two orders "
              "of adding them), so the recipe's and the mechanism's shares add up to the whole advantage; a "
-             "one-sample t interval each. The interaction test is a paired t-test of the mechanism's per-seed gain "
-             "with the gene's recipe against its gain with the baseline's.", ""]
+             "one-sample t interval each. The interaction test compares the mechanism's per-seed gain with the gene's "
+             "recipe against its gain with the baseline's, seed by seed (the exact sign-flip test below "
+             f"{stats.EXACT_BELOW} seeds, the paired t-test from there).", ""]
     lines += [f"- {md_cell(t)}" for t in recipe_mechanism_lines(result)] + [""]
     lines += [f"- {md_cell(text.split(' (')[0])}: `{md_cell((cells.get(name) or {}).get('gene'))}`"
               for name, text in RECIPE_CELLS] + [""]
