@@ -83,6 +83,20 @@ def test_open_of_a_store_still_being_created_says_so(tmp_path):
         RunStore.open(tmp_path, readonly=True)
 
 
+def test_create_at_the_file_size_limit_is_the_disk_full_line_and_leaves_no_store(tmp_path):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, hard))  # EFBIG: SQLite says "disk I/O error"
+    try:
+        with pytest.raises(UserError, match="file-size limit .*start the run again with the same command"):
+            RunStore.create(tmp_path / "run", {"blob": "x" * 100_000}, {})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not RunStore.exists(tmp_path / "run")
+    RunStore.create(tmp_path / "run", {"blob": "x" * 100_000}, {}).close()  # the same call, without the limit
+
+
 def test_create_rejects_a_file_as_directory(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UserError, match="not a directory"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import shlex
 import sqlite3
 import threading
@@ -106,8 +107,23 @@ def _gene_key(gene: Any) -> str:
 
 # -- the store ----------------------------------------------------------------------------------
 
+def _room(exc: sqlite3.DatabaseError) -> str | None:
+    """What is full and what to free, if ``exc`` is a write that found no room (else None). SQLite reports a full disk
+    as such, but a file at the process's file-size limit (EFBIG; Python ignores the SIGXFSZ sent with it) as a disk
+    I/O error, so while a limit is set that error counts as no room."""
+    if "full" in str(exc).lower():
+        return "is full: free space"
+    if "disk I/O" in str(exc) and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return "is full, or a file reached the file-size limit (ulimit -f): free space or raise the limit"
+    return None
+
+
 class DiskFull(UserError):
-    """The disk under a store is full (its message says how to go on)."""
+    """A write found no room under a store (``room``: what is full and what to free; the message says how to go on)."""
+
+    def __init__(self, where, room: str, then: str, **kwargs):
+        super().__init__(f"the disk holding {where} {room}, then {then}", **kwargs)
+        self.room = room
 
 class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
@@ -176,15 +192,15 @@ class RunStore:
                 rows = {"schema_version": SCHEMA_VERSION, "created_at": _now(), **meta, "config": dict(config)}
                 conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
                                  [(k, dumps(v)) for k, v in rows.items()])
-        except DiskFull:
+        except DiskFull as exc:
             # nothing of the run was stored (one transaction): no half store is left, and the line says to
             # start again, since there is nothing a resume could continue
             if store is not None:
                 store.close()
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
-            raise DiskFull(f"the disk holding {run_dir} is full: free space, then start the run again with the same "
-                           "command (nothing of it was stored, so there is nothing to resume)") from None
+            raise DiskFull(run_dir, exc.room, "start the run again with the same command (nothing of it was stored, so "
+                           "there is nothing to resume)") from None
         return store
 
     @classmethod
@@ -309,8 +325,8 @@ class RunStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
-            if "full" in str(exc).lower():
-                raise DiskFull(f"the disk holding {path} is full: free space, then run the command again") from None
+            if _room(exc):
+                raise DiskFull(path, _room(exc), "run the command again") from None
             raise UserError(f"{path} cannot be opened as a run store ({exc}): if it is a damaged run, restore a copy "
                             "or save what is readable with `sqlite3 run.db .recover`") from None
         return conn
@@ -318,9 +334,9 @@ class RunStore:
     def _fault(self, exc: sqlite3.DatabaseError) -> UserError:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
-        if "full" in text.lower():
-            return DiskFull(f"the disk holding {self.path} is full: free space, then resume the run; every "
-                             "evaluation that finished is kept in the store", setting="resume")
+        if _room(exc):
+            return DiskFull(self.path, _room(exc), "resume the run; every evaluation that finished is kept in the store",
+                            setting="resume")
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
             return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")
         return UserError(f"{self.path} cannot be read or written ({text}): if it is damaged, restore a copy of the "
