@@ -138,6 +138,22 @@ def test_a_full_disk_stops_the_search_with_the_resume_command(tmp_path, capsys, 
     assert run_status(out)["state"] == "interrupted"  # the lock went with the process's search
 
 
+def test_a_store_deleted_during_the_search_stops_it_at_the_next_write_without_a_resume(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    record, written = RunStore.record, []
+
+    def record_then_delete(self, *args, **kwargs):
+        written.append(record(self, *args, **kwargs))
+        self.path.unlink(missing_ok=True)  # `rm run.db` after the first result
+        return written[-1]
+
+    monkeypatch.setattr(RunStore, "record", record_then_delete)
+    assert main(["search", *FLAGS, "--no-check", "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "run.db was deleted or replaced while this run wrote it" in err and "resume" not in err
+    assert len(written) == 1  # nothing trained after it was noticed
+
+
 def test_a_full_disk_during_the_report_is_one_line(finished_run, capsys, monkeypatch):
     import evo_attention.util.files as files
 

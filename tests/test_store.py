@@ -218,6 +218,18 @@ def test_activity(store):
     assert store.activity() == []
 
 
+def test_a_writer_refuses_a_run_db_deleted_or_replaced_under_it(tmp_path):
+    from evo_attention.search.store import StoreLost
+
+    for replace in (False, True):
+        with RunStore.create(tmp_path / str(replace), {}, {}) as store:
+            store.path.unlink()
+            if replace:
+                RunStore.create(tmp_path / str(replace), {}, {}).close()
+            with pytest.raises(StoreLost, match="run.db was deleted or replaced while this run wrote it"):
+                store.record(make_record())
+
+
 def test_closed_and_readonly_stores_refuse_writes(tmp_path, store):
     with RunStore.open(store.run_dir, readonly=True) as reader:
         with pytest.raises(RuntimeError, match="read-only"):

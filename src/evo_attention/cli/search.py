@@ -119,6 +119,7 @@ def check_search_out(out) -> None:
 
 def cmd_search(args) -> int:
     from evo_attention.report.status import executor_flags
+    from evo_attention.search.store import StoreLost
     from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
@@ -167,6 +168,8 @@ def cmd_search(args) -> int:
     try:
         with evolution:
             evolution.run()
+    except StoreLost:  # no store: nothing to resume
+        raise
     except UserError as exc:  # a fault during the run (a full disk, say): what finished is in the store
         raise UserError(f"{user_message(exc)}; resume with: {resume_cmd}") from None
     except KeyboardInterrupt:

@@ -125,6 +125,11 @@ class DiskFull(UserError):
         super().__init__(f"the disk holding {where} {room}, then {then}", **kwargs)
         self.room = room
 
+
+class StoreLost(UserError):
+    """A writer's run.db was deleted or replaced under it (nothing is left to resume)."""
+
+
 class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
 
@@ -139,6 +144,7 @@ class RunStore:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
         self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
+        self._file = None if readonly else os.stat(self.path)  # the file a writer's transactions must reach
 
     # -- construction ---------------------------------------------------------------------------
     @staticmethod
@@ -361,6 +367,7 @@ class RunStore:
         if self.readonly:
             raise RuntimeError(f"run store {self.path} was opened read-only")
         with self._lock:
+            self._check_file()
             conn = self._db()
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -375,6 +382,15 @@ class RunStore:
             except BaseException:
                 self._rollback(conn)
                 raise
+
+    def _check_file(self) -> None:
+        """StoreLost unless run.db is still the file this writer opened: its writes would reach only an unlinked
+        file, which no later command reads."""
+        with suppress(OSError):  # deleted: lost
+            if os.path.samestat(os.stat(self.path), self._file):
+                return
+        raise StoreLost(f"{self.path} was deleted or replaced while this run wrote it: the run stops, and what it "
+                        "held is lost; restore a copy of the run directory, or start the run again")
 
     @staticmethod
     def _rollback(conn) -> None:
