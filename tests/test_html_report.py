@@ -143,6 +143,18 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
     assert "Unreadable analysis files" in paths["report"].read_text()
 
 
+@pytest.mark.parametrize("text", ['{"kind": "validation", "genes": [{"gene": 5}], "baseline": 3}',
+                                  '{"kind": "validation", "genes": "x"}',
+                                  '{"kind": "validation", "analysis": "paired-3", "genes": [{"gene": "g", "values": 5}]}'])
+def test_a_validation_of_the_wrong_shape_is_named_damaged_and_left_out(tmp_path, text):
+    from evo_attention.report.studies import read_studies
+
+    (tmp_path / "validation.json").write_text(text)
+    found = read_studies(tmp_path)
+    assert found.validations == [] and found.problems == [
+        "validation.json: damaged: its genes and baseline are not rows of per-seed values"]
+
+
 def test_markdown_in_a_compare_entry_links_nothing_and_loads_nothing(tmp_path):
     run_dir = _run(tmp_path / "plain")
     hostile = "[click](https://example.com) <https://example.com> ![x](https://example.com/a.png) ![y](../a.png)"

@@ -230,6 +230,14 @@ def test_a_writer_refuses_a_run_db_deleted_or_replaced_under_it(tmp_path):
                 store.record(make_record())
 
 
+@pytest.mark.parametrize("text", ["{oops", "[]", '{"gene": 5}'])
+def test_a_record_edited_into_another_shape_is_named_damaged(store, text):
+    store.record(make_record())
+    store._run(lambda conn: conn.execute("UPDATE evaluations SET record = ?", (text,)))
+    with pytest.raises(UserError, match=r"^evaluation 1 in the run store is not a record .*edited or damaged"):
+        store.evaluations()
+
+
 def test_closed_and_readonly_stores_refuse_writes(tmp_path, store):
     with RunStore.open(store.run_dir, readonly=True) as reader:
         with pytest.raises(RuntimeError, match="read-only"):

@@ -526,8 +526,10 @@ class RunStore:
         try:
             record = loads(row["record"])
         except ValueError:
-            raise UserError(f"evaluation {row['id']} in the run store is not valid JSON: the file was edited or "
-                            "damaged; restore a copy of the run directory") from None
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("gene"), str):
+            raise UserError(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene): "
+                            "the file was edited or damaged; restore a copy of the run directory")
         record.update(id=row["id"], role=row["role"], generation=row["generation"], created_at=row["created_at"])
         return EvaluationRecord.from_dict(record)
 
