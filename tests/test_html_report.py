@@ -145,7 +145,8 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
 
 @pytest.mark.parametrize("text", ['{"kind": "validation", "genes": [{"gene": 5}], "baseline": 3}',
                                   '{"kind": "validation", "genes": "x"}',
-                                  '{"kind": "validation", "analysis": "paired-3", "genes": [{"gene": "g", "values": 5}]}'])
+                                  '{"kind": "validation", "analysis": "paired-3", '
+                                  '"genes": [{"gene": "g", "values": 5}]}'])
 def test_a_validation_of_the_wrong_shape_is_named_damaged_and_left_out(tmp_path, text):
     from evo_attention.report.studies import read_studies
 

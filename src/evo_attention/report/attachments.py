@@ -89,7 +89,8 @@ def _validation_rows(data: Mapping) -> bool:
     (either may be missing) objects with their gene key and ``values`` a list of numbers or nulls."""
     genes = data.get("genes", [])
     rows = [*genes, *([data["baseline"]] if data.get("baseline") else [])] if isinstance(genes, list) else [None]
-    return all(isinstance(row, Mapping) and isinstance(row.get("gene"), str) and isinstance(row.get("values") or [], list)
+    return all(isinstance(row, Mapping) and isinstance(row.get("gene"), str)
+               and isinstance(row.get("values") or [], list)
                and all(v is None or isinstance(v, (int, float)) for v in row.get("values") or []) for row in rows)
 
 

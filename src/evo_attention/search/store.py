@@ -341,8 +341,8 @@ class RunStore:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
         if _room(exc):
-            return DiskFull(self.path, _room(exc), "resume the run; every evaluation that finished is kept in the store",
-                            setting="resume")
+            return DiskFull(self.path, _room(exc), "resume the run; every evaluation that finished is kept in the "
+                            "store", setting="resume")
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
             return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")
         return UserError(f"{self.path} cannot be read or written ({text}): if it is damaged, restore a copy of the "
