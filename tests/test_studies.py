@@ -155,3 +155,17 @@ def test_transfer_returns_a_typed_result_that_is_what_it_writes(tiny, store, tmp
     written = _written(write_transfer(result, tmp_path)["json"])
     assert result.to_dict() == written and list(result) == list(written)
     assert list(written)[-1] == "headline" and written["headline"] == result.headline
+
+
+def test_the_failed_trainings_are_listed_one_each_with_gene_and_seed():
+    from evo_attention.report.studies.validation import validation_markdown
+    from evo_attention.studies.common import samples
+
+    records = {("g", 1): {"status": "diverged", "error": "non-finite loss"},
+               ("g", 2): {"status": "ok", "val_perplexity": 9.0},
+               ("g", 3): {"status": "diverged", "error": "non-finite loss"}, ("g", 4): {"status": "failed"}}
+    row = {"gene": "g", **samples(records, "g", [1, 2, 3, 4], "val_perplexity")}
+    assert row["errors"] == ["seed 1: non-finite loss", "seed 3: non-finite loss", "seed 4: failed"]
+    text = validation_markdown({"seeds": [1, 2, 3, 4], "genes": [row], "baseline": {"gene": "b", "values": [1.0] * 4}})
+    assert [line for line in text.splitlines() if line.startswith("- `g`")] == [
+        "- `g`: seed 1: non-finite loss", "- `g`: seed 3: non-finite loss", "- `g`: seed 4: failed"]

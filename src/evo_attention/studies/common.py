@@ -543,13 +543,13 @@ def trained_as(records) -> dict[str, int]:
 
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
     """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost"}`` of
-    one gene (values None where failed; ``devices``, ``precisions``: where and in which precision each
-    seed trained, as its record says); ``cost``: each of
+    one gene (values None where failed; ``errors``: one line per failed training, with its seed; ``devices``,
+    ``precisions``: where and in which precision each seed trained, as its record says); ``cost``: each of
     ``COSTS``, the median over the finished trainings (timings are the machine's where they trained,
     so the median damps one slow neighbour)."""
     rows = [records[key, s] for s in seeds]
     values = [usable_metric(r, metric) for r in rows]
-    errors = sorted({str(r.get("error") or r.get("status")) for r, v in zip(rows, values) if v is None})
+    errors = [f"seed {s}: {r.get('error') or r.get('status')}" for s, r, v in zip(seeds, rows, values) if v is None]
     cost = {}
     for name in COSTS:
         measured = [v for v in (objective_value(r, name) for r in rows) if v is not None]
