@@ -202,6 +202,19 @@ def test_a_search_ends_with_a_fresh_seed_check_unless_told_not_to(tmp_path, monk
     assert not (tmp_path / "unchecked" / "fresh_check.json").exists()
 
 
+def test_the_fresh_seed_check_names_a_baseline_gene_as_such_and_says_it_failed():
+    from evo_attention.studies.fresh_check import check_line, check_markdown
+
+    result = {"metric": "val_loss", "lower_is_better": True, "seeds": [43, 44], "search_seed": 42,
+              "rank_correlation": None, "held": False,
+              "genes": [{"rank": 1, "gene": "g", "search": 9.2, "fresh": 9.1}],
+              "vanilla": {"gene": "dot|nan_norm|none|fixed|bias|0.10", "fresh": None}}
+    result["line"] = check_line(result, "baseline")
+    assert result["line"] == ("the winner did not hold on 2 fresh seeds (val loss 9.1000; the baseline gene failed "
+                              "there)")
+    assert "`dot\\|nan_norm\\|none\\|fixed\\|bias\\|0.10` (baseline)" in check_markdown(result, "baseline")
+
+
 def test_a_rate_axis_is_edited_beside_the_program():
     space = SearchSpace.from_dict({"program": {"max_nodes": 8}, "learning_rate": [1e-3, 2e-3, 4e-3]})
     gene = AttentionGene.parse("dot|softmax|none|fixed|bias|0.00|lr=0.002")

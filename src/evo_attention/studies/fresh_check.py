@@ -5,13 +5,14 @@
     result["line"]    # "the winner held: best of the top 3 on 2 fresh seeds, ahead of the vanilla gene ..."
 
 A search ranks its genes by one training each, on the run's seed. The check trains the search's
-``top`` genes and the run's vanilla gene again on ``n_seeds`` fresh seeds (the seeds ``validate
---from-run`` starts with: ``seed + 1 ...``, so a later validation reuses them) at the run's
-settings, scores them on the search's own fitness (``studies.fitness.Fitness``: the validation
-loss, or the suite's mean accuracy), and reports each gene's search and fresh score, the rank
-correlation between the two (Spearman, over the top genes), and whether the winner **held**: it
-is the best of the top genes on the fresh seeds and better than the vanilla gene there. With two
-seeds this is a check, not a verdict: ``validate`` gives the verdict.
+``top`` genes and the run's vanilla gene (its ``baseline_gene`` where set, named so) again on
+``n_seeds`` fresh seeds (the seeds ``validate --from-run`` starts with: ``seed + 1 ...``, so a later
+validation reuses them) at the run's settings, scores them on the search's own fitness
+(``studies.fitness.Fitness``: the validation loss, or the suite's mean accuracy), and reports each
+gene's search and fresh score, the rank correlation between the two (Spearman, over the top genes),
+and whether the winner **held**: it is the best of the top genes on the fresh seeds and better than
+the vanilla gene there. With two seeds this is a check, not a verdict: ``validate`` gives the
+verdict.
 
 The trainings are stored in the run's store with the role ``check``; the result is written as
 ``fresh_check.json`` and ``fresh_check.md`` in the run directory (the report shows its line).
@@ -74,9 +75,10 @@ def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAU
               "vanilla": {"gene": vanilla, "fresh": fresh[vanilla]},
               "rank_correlation": _spearman([r["search"] for r in finished], [r["fresh"] for r in finished]),
               "held": held}
-    result["line"] = check_line(result)
+    baseline = "vanilla" if config.baseline_gene is None else "baseline"  # the gene of "vanilla", in words
+    result["line"] = check_line(result, baseline)
     write_json(Path(store.run_dir) / FRESH_CHECK_FILE, result)
-    write_text(Path(store.run_dir) / "fresh_check.md", check_markdown(result))
+    write_text(Path(store.run_dir) / "fresh_check.md", check_markdown(result, baseline))
     return result
 
 
@@ -89,23 +91,26 @@ def _spearman(a, b) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def check_line(result) -> str:
-    """The end-of-run line: whether the winner held, and the rank correlation."""
+def check_line(result, baseline: str) -> str:
+    """The end-of-run line: whether the winner held against the ``baseline`` ("vanilla" or "baseline") gene, the
+    result's ``vanilla``, and the rank correlation."""
     name = "val loss" if result["metric"] == "val_loss" else "suite accuracy"
     winner, vanilla, n = result["genes"][0], result["vanilla"], len(result["seeds"])
-    scores = f"{name} {fmt(winner['fresh'], 4)} vs the vanilla gene's {fmt(vanilla['fresh'], 4)}"
+    scores = f"{name} {fmt(winner['fresh'], 4)}" + (f" vs the {baseline} gene's {fmt(vanilla['fresh'], 4)}"
+                                                    if vanilla["fresh"] is not None else
+                                                    f"; the {baseline} gene failed there")
     corr = result["rank_correlation"]
     tail = "" if corr is None else f"; rank correlation of search and fresh scores over the top " \
                                    f"{len(result['genes'])}: {corr:+.2f}"
     if result["held"]:
         return (f"the winner held on {n} fresh seeds: the best of the top {len(result['genes'])} there, and ahead "
-                f"of the vanilla gene ({scores}){tail}; a check, not a verdict: validate for that")
+                f"of the {baseline} gene ({scores}){tail}; a check, not a verdict: validate for that")
     return f"the winner did not hold on {n} fresh seeds ({scores}){tail}"
 
 
-def check_markdown(result) -> str:
+def check_markdown(result, baseline: str) -> str:
     rows = [[r["rank"], code(r["gene"]), fmt(r["search"], 4), fmt(r["fresh"], 4)] for r in result["genes"]]
-    rows.append(["-", code(result["vanilla"]["gene"]) + " (vanilla)", "-", fmt(result["vanilla"]["fresh"], 4)])
+    rows.append(["-", f"{code(result['vanilla']['gene'])} ({baseline})", "-", fmt(result["vanilla"]["fresh"], 4)])
     return "\n".join([f"# Fresh-seed check of the search's top {len(result['genes'])}", "", result["line"], "",
                       f"Search: one training on seed {result['search_seed']}; fresh: the mean over seeds "
                       f"{', '.join(map(str, result['seeds']))} ({result['metric']}, "
