@@ -372,6 +372,19 @@ def test_every_command_trains_a_generated_task_at_one_vocabulary(data, flags, vo
         assert data_from_config(config).vocab_size == vocab
 
 
+def test_a_recall_run_stored_at_the_corpora_vocabulary_resumes_with_its_flags(tmp_path):
+    # a run made when --data recall trained at 10000 keeps it: the implied vocabulary is no typed setting
+    from evo_attention.cli import build_parser
+    from evo_attention.cli.search import search_config
+    from evo_attention.search.store import RunStore
+    from evo_attention.train.config import Config
+
+    RunStore.create(tmp_path / "r", Config(data="recall", d_model=16, n_heads=2).to_dict()).close()
+    args = build_parser().parse_args(["search", "--resume", "--out", str(tmp_path / "r"), "--data", "recall",
+                                      "--d-model", "16", "--heads", "2"])
+    assert search_config(args).vocab_size == 10000
+
+
 def test_the_report_title_escapes_html(tmp_path):
     from evo_attention.report import write_report
 

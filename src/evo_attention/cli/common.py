@@ -160,7 +160,8 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     if getattr(args, "plugin", None):
         settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))
     load_plugins(settings.get("plugins") or ())  # their names must be known before the settings are checked
-    return own_vocabulary(settings)
+    # a resume trains the vocabulary its run stored: the flags are only checked against it
+    return settings if getattr(args, "resume", False) else own_vocabulary(settings)
 
 
 # where each setting of the command being run came from, when not from one of its flags ("config file
