@@ -569,3 +569,13 @@ def test_a_resume_command_names_the_executor_and_a_resume_on_workers_warns_of_ot
     with RunStore.open(run) as store:
         store.set_meta("done", False)  # as if this session had been stopped
     assert run_status(run)["resume_command"].endswith(f"--out {run} --workers 2 --cpus-per-trial 1")
+
+
+@pytest.mark.parametrize("command, flags, says", [
+    ("validate", ["--genes", "dot|sparsemax|none|fixed", "--power", "0"], "--power must be a fraction"),
+    ("validate", ["--genes", "dot|sparsemax|none|fixed", "--seeds", "auto"], "give --mde"),
+    ("ablate", ["--gene", "dot|sparsemax|none|fixed", "--confidence", "2"], "--confidence 2.0 is outside"),
+    ("ablate", ["--gene", "dot|sparsemax|none|fixed", "--margin", "0.7"], "--margin must be a fraction")])
+def test_a_study_flag_is_refused_before_its_store_is_made(tmp_path, capsys, command, flags, says):
+    assert main([command, *TINY, "--data", "recall", *flags, "--out", str(tmp_path / "out")]) == 2
+    assert says in last_error(capsys) and not (tmp_path / "out").exists()

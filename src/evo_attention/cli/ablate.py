@@ -30,8 +30,6 @@ def cmd_ablate(args) -> int:
         gene = AttentionGene.parse(summary.best_gene)
     else:
         raise UserError("nothing to ablate: give --gene KEY or --from-run DIR (its best gene)")
-    if args.seeds == "auto":
-        raise UserError("--seeds auto plans the seeds of a validation; give ablate a number of seeds")
     variants = []  # against the config's baseline; fails fast (nothing written) on the baseline gene itself
     config, data, store, out, search_seed = analysis_setup(
         args, "runs/ablate", check=lambda c: variants.extend(ablation_variants(gene, c.resolved_baseline())))

@@ -118,9 +118,9 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
 
 def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, write: bool = True):
     """(config, data, store or None, out dir, search seed or None) of an analysis command;
-    ``check(config)`` (optional) runs before anything is written or loaded. The store is the
-    ``--from-run`` run's; with ``--lr-grid`` or a suite and no run, one in the output directory
-    (``run.db``). ``suite``: the command takes a suite (its config's ``suite``; data is then None,
+    ``check(config)`` (optional) runs before anything is written or loaded, the study's flags
+    (``study_setup``) before anything is written. The store is the ``--from-run`` run's; with
+    ``--lr-grid`` or a suite and no run, one in the output directory (``run.db``). ``suite``: the command takes a suite (its config's ``suite``; data is then None,
     the points name theirs); a command that does not refuses a config with one. ``write=False`` (a
     dry run): no output directory and no store (both None), the data loaded."""
     from evo_attention.data import data_from_config
@@ -159,12 +159,14 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         if args.metric not in (None, "suite_accuracy"):
             raise UserError(f"--metric {args.metric} does not apply with --suite: a suite compares suite accuracy")
         suite_text(args, config)  # --data beside --suite, and the suite itself, checked before anything is written
+    data = data_from_config(config) if config.suite is None else None
+    # every flag of the study is checked before anything is written (run_study makes the setup again, with the store)
+    study_setup(args, study, config, data, None, None, search_seed)
     if not write:
-        return config, data_from_config(config), None, None, search_seed
+        return config, data, None, None, search_seed
     # the output place exists (or the command fails) before any training
     out = output_dir(out_arg(args, args.from_run or default_out, kind=f"the results of {study}", study=study,
                              also=[args.from_run]))
-    data = data_from_config(config) if config.suite is None else None
     if args.from_run:
         if data is not None and stored_data.get("fingerprint") not in (None, data.fingerprint):
             log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
