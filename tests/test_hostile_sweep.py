@@ -579,3 +579,14 @@ def test_a_resume_command_names_the_executor_and_a_resume_on_workers_warns_of_ot
 def test_a_study_flag_is_refused_before_its_store_is_made(tmp_path, capsys, command, flags, says):
     assert main([command, *TINY, "--data", "recall", *flags, "--out", str(tmp_path / "out")]) == 2
     assert says in last_error(capsys) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, flags, says", [
+    ("baseline", ["--data", "text", "--data-dir", "."], "has no train split"),
+    ("baseline", ["--data", "recall", "--ffn", "32", "--matched-to", "dot|sparsemax|none|fixed"], "drop --ffn"),
+    ("baseline", ["--data", "recall", "--workers", "0", "--lr-grid", "1e-3,2e-3"], "--workers must be"),
+    ("fitness-check", ["--data", "recall", "--improvement", "0"], "improvement '0' is not a known one")])
+def test_a_refused_baseline_or_fitness_check_leaves_no_directory(tmp_path, capsys, monkeypatch, command, flags, says):
+    monkeypatch.chdir(tmp_path)  # --data-dir .: a directory without the splits
+    assert main([command, *TINY, *flags, "--out", str(tmp_path / "out")]) == 2
+    assert says in last_error(capsys) and not (tmp_path / "out").exists()

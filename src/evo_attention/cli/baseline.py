@@ -31,7 +31,7 @@ def cmd_baseline(args) -> int:
         from evo_attention.studies.common import tuning_seeds
 
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])  # before anything is written
-    out = output_dir(out_arg(args, kind="a baseline", study="baseline"))
+    out = out_arg(args, kind="a baseline", study="baseline")  # made once every flag and the data are checked
     data = data_from_config(config)
     if args.matched_to:  # the width validate --match-params gives the model matched to that gene
         from evo_attention.nn.matching import matched_baseline
@@ -47,6 +47,7 @@ def cmd_baseline(args) -> int:
     if args.lr_grid:
         grid = tune_rate(args, config, data, gene, out)
         config = config.replace(learning_rate=grid["genes"][gene.key]["selected"])
+    output_dir(out)  # an unwritable place fails before the training, not after it
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}"
         + (f", lr {config.learning_rate:g}, the best of the grid)" if grid else ")"), args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:

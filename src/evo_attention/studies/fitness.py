@@ -317,8 +317,6 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     ks = sorted({int(k) for k in evaluations})
     if not ks or ks[0] < 1:
         raise UserError(f"evaluations must be positive integers, got {list(evaluations)}", setting="evaluations")
-    if out_dir is not None:
-        output_dir(out_dir)  # an unwritable place fails now, not after the work
     fitness = Fitness.of(config, data, suite)
     first = fitness.first
     language = fitness.language
@@ -334,6 +332,8 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     if twice is not None:
         raise UserError(f"improvement {twice!r} is named twice: give each improvement its own name",
                         setting="improvements")
+    if out_dir is not None:
+        output_dir(out_dir)  # an unwritable place fails now, not after the work
     with study_resources(config, executor, store, out_dir, ROLE) as (executor, store):
         setup = StudySetup.resolve(first, None if suite is not None else fitness.datasets[str(config.data)],
                                    role=ROLE, n_seeds=seeds, seeds_setting="seeds", metric=fitness.metric, store=store,
