@@ -590,3 +590,13 @@ def test_a_refused_baseline_or_fitness_check_leaves_no_directory(tmp_path, capsy
     monkeypatch.chdir(tmp_path)  # --data-dir .: a directory without the splits
     assert main([command, *TINY, *flags, "--out", str(tmp_path / "out")]) == 2
     assert says in last_error(capsys) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, flag", [("baseline", "--preset"), ("baseline", "--config"),
+                                           ("baseline", "--matched-to"), ("search", "--config"),
+                                           ("validate", "--plan"), ("compare", "--from-run"), ("bench", "--genes")])
+def test_an_empty_value_is_refused_not_taken_as_the_flag_not_given(tmp_path, capsys, command, flag):
+    assert main([command, flag, "", "--out", str(tmp_path / "out")]) == 2
+    assert last_error(capsys).startswith(f"evo-attention: error: {flag} is empty: give ")
+    assert main(["status", ""]) == 2 and "run_dir is empty" in last_error(capsys)  # not a command to run on ''
+    assert not (tmp_path / "out").exists()

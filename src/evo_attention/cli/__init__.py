@@ -24,8 +24,24 @@ COMMAND_NAMES = {**{name: name for name in COMMAND_MODULES}, "attention-maps": "
                  "fitness-check": "fitness"}  # command -> module
 
 
+class _Store(argparse._StoreAction):
+    """A flag's value, stored; an empty one is refused where the flag has no type (a typed flag's check refuses it
+    in its own words): a command that tests such a flag by its truth would take it as not given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values == "" and self.type is None:
+            raise UserError(f"{option_string or self.dest} is empty: give {self.metavar or 'a value'}"
+                            + (", or leave the flag out" if option_string else ""))
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad flag said in one line that points at --help (not the whole usage first)."""
+    """argparse, with a bad flag said in one line that points at --help (not the whole usage first), and an
+    empty value refused (``_Store``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Store)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -52,7 +68,11 @@ def main(argv=None) -> int:
     from evo_attention.cli.common import GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED, SETTING_ORIGINS, install_sigterm_handler
 
     parser = build_parser(only=argv[0] if argv else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UserError as exc:  # an empty value (``_Store``)
+        print(f"evo-attention: error: {exc}", file=sys.stderr)
+        return 2
     # one command's state, filled as it reads its settings; put back as it was when the command ends, so
     # that nothing after it (the library, the next command, the study that ran it) reads its flags
     states = (SETTING_ORIGINS, KEPT_ON_INTERRUPT, NOTED, GIVEN_FLAGS)
