@@ -600,3 +600,11 @@ def test_an_empty_value_is_refused_not_taken_as_the_flag_not_given(tmp_path, cap
     assert last_error(capsys).startswith(f"evo-attention: error: {flag} is empty: give ")
     assert main(["status", ""]) == 2 and "run_dir is empty" in last_error(capsys)  # not a command to run on ''
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["ablate", "transfer"])
+def test_only_validate_offers_the_flags_of_seeds_auto(command, capsys):
+    for flag, value in (("--mde", "nan"), ("--max-seeds", "-3")):
+        with pytest.raises(SystemExit):
+            main([command, "--genes" if command == "transfer" else "--gene", "dot|sparsemax|none|fixed", flag, value])
+        assert f"unrecognized arguments: {flag}" in capsys.readouterr().err

@@ -97,12 +97,9 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
                    help="equivalence margin, e.g. 1%% (the default): a gene within it of the baseline, by the "
                         "equivalence test, is 'equivalent within ±M' (relative for perplexity and bits, in units "
                         "for loss and accuracy)")
-    p.add_argument("--mde", type=_fraction, metavar="E",
-                   help="with --seeds auto: the smallest change the planned seeds should detect, e.g. 1%%")
     p.add_argument("--power", type=_fraction, default=DEFAULT_POWER,
                    help="power of the seed plan and of the minimal detectable effect (default 0.8)")
-    p.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS, metavar="N",
-                   help=f"with --seeds auto: plan at most N seeds (default {DEFAULT_MAX_SEEDS})")
+    p.set_defaults(mde=None, max_seeds=DEFAULT_MAX_SEEDS)  # the flags of validate's --seeds auto (its register)
     p.add_argument("--eval-split", choices=["valid", "test"], default="valid",
                    help="measure on the validation split (default) or the test split (outputs get a _test suffix)")
     p.add_argument("--metric", choices=[m for m in METRICS if m != "suite_accuracy"],
@@ -476,11 +473,17 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
 
 
 def register(subparsers) -> None:
+    from evo_attention.studies.common import DEFAULT_MAX_SEEDS
+
     p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
                               "confidence intervals, paired tests by seed with Holm correction, verdicts")
     p.add_argument("--genes", help="comma-separated gene keys, e.g. 'dot|sparsemax|output_gate|learned'")
     p.add_argument("--top", type=int, default=3, help="with --from-run and no --genes: the best K genes (default 3)")
     add_analysis_flags(p, "runs/validate")
+    p.add_argument("--mde", type=_fraction, metavar="E",
+                   help="with --seeds auto: the smallest change the planned seeds should detect, e.g. 1%%")
+    p.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS, metavar="N",
+                   help=f"with --seeds auto: plan at most N seeds (default {DEFAULT_MAX_SEEDS})")
     add_match_flag(p)
     add_seed_block_flag(p)
     p.add_argument("--plan", metavar="FILE",
