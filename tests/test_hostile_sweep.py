@@ -608,3 +608,15 @@ def test_only_validate_offers_the_flags_of_seeds_auto(command, capsys):
         with pytest.raises(SystemExit):
             main([command, "--genes" if command == "transfer" else "--gene", "dot|sparsemax|none|fixed", flag, value])
         assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_a_plugin_path_that_is_no_py_file_and_a_folder_that_is_no_run_are_named_so(tmp_path, capsys):
+    from evo_attention.util.plugins import load_plugins
+
+    (tmp_path / "notes").write_text("x=1\n")
+    for path, says in ((tmp_path / "notes", "is not a .py file"), (tmp_path, "is a directory"),
+                       (tmp_path / "none.py", "does not exist")):
+        with pytest.raises(UserError, match=f"plugin file {path} {says}: give the path of a .py file"):
+            load_plugins([str(path)])
+    assert main(["export", "--from-run", str(tmp_path), "--out", str(tmp_path / "e")]) == 2
+    assert f"{tmp_path} holds no run (no run.db)" in last_error(capsys)

@@ -71,6 +71,10 @@ def kept_model(run_dir: str | Path, rank: int) -> Path:
         raise UserError(f"no run directory {run_dir}: give the --out directory of a search")
     ranked = kept_models(run_dir)
     if not ranked:
+        from evo_attention.search.store import RunStore
+
+        if not RunStore.exists(run_dir):
+            raise UserError(f"{run_dir} holds no run (no run.db): give the --out directory of a search")
         raise UserError(f"the run in {run_dir} kept no trained models: run the search with keep_models K (or give "
                         "a model directory)", setting="keep_models")
     if rank > len(ranked):

@@ -30,13 +30,14 @@ def _is_file(name: str) -> bool:
 def _import(name: str):
     if _is_file(name):
         path = Path(name).expanduser().resolve()
-        if not path.is_file():
-            raise UserError(f"plugin file {name} does not exist: give the path of a .py file or a module name",
+        spec = importlib.util.spec_from_file_location(f"evo_attention_plugin_{path.stem}", path)
+        if not path.is_file() or spec is None:  # no spec: a suffix Python does not import
+            why = "is a directory" if path.is_dir() else "is not a .py file" if path.is_file() else "does not exist"
+            raise UserError(f"plugin file {name} {why}: give the path of a .py file or a module name",
                             setting="plugins")
-        module_name = f"evo_attention_plugin_{path.stem}"
+        module_name = spec.name
         if module_name in sys.modules:
             return sys.modules[module_name]
-        spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
