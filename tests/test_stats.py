@@ -140,3 +140,25 @@ def test_what_is_no_number_is_refused_and_any_real_number_is_a_margin():
     with pytest.raises(UserError, match="family_size 0 must be a count") as raised:
         stats.seed_plan(0.01, 3, 0.01, family_size=0)
     assert raised.value.setting == "family_size"
+
+
+def test_any_value_float_reads_is_a_number_and_a_bool_or_text_is_refused():
+    """A 0-d tensor or array, a Decimal or pandas' NA that marks a failed seed was refused as 'no number', a bool
+    was dropped as a failed seed, and holm ended in a bare TypeError on 'x'."""
+    import decimal
+
+    pd, torch = pytest.importorskip("pandas"), pytest.importorskip("torch")
+    nan = math.nan
+    for values in (torch.tensor([10.0, nan, 11.0, 12.0]), [10.0, pd.NA, 11.0, 12.0],
+                   [10.0, decimal.Decimal("NaN"), decimal.Decimal("11"), np.array(12.0)]):
+        described = stats.describe(values)
+        assert described["n"] == 3 and described["mean"] == pytest.approx(11.0)
+    for bad in ([1.0, True, 2.0, 3.0], ["x", 1.0, 2.0, 3.0]):
+        with pytest.raises(UserError, match="values must be numbers .* not (True|'x')"):
+            stats.describe(bad)
+        with pytest.raises(UserError, match="values must be numbers"):
+            stats.paired(bad, [1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(UserError, match="p-values must be numbers .* not 'x'") as raised:
+        stats.holm([0.01, "x"])
+    assert raised.value.setting == "p_values"
+    assert stats.holm([0.01, pd.NA, torch.tensor(0.02)])[::2] == pytest.approx([0.02, 0.02])

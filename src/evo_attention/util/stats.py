@@ -81,6 +81,7 @@ import importlib
 import itertools
 import math
 import numbers
+import sys
 import warnings
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
@@ -168,15 +169,28 @@ TRANSFER_RULE = (
 )
 
 
+def _as_float(x, refusal: str, setting: str) -> float | None:
+    """``x`` as a float (NaN and inf kept), None for None and pandas' NA; what float() cannot read, or a bool,
+    is a UserError (``refusal``, naming ``setting``): a value that is no number marks no missing one."""
+    if x is None or x is getattr(sys.modules.get("pandas"), "NA", None):  # pd.NA exists once pandas is loaded
+        return None
+    try:
+        if isinstance(x, bool):
+            raise TypeError
+        return float(x)  # 0-d tensors and arrays, Decimal, numpy scalars
+    except (TypeError, ValueError):
+        raise UserError(f"{refusal}, not {x!r}", setting=setting) from None
+
+
+def _seed_value(x) -> float | None:
+    """A per-seed value as a float, None for a failed seed (None, NaN, inf, pandas' NA); no number is a UserError."""
+    number = _as_float(x, "values must be numbers (None for a failed seed)", "values")
+    return number if number is not None and math.isfinite(number) else None
+
+
 def _clean(values: Iterable) -> np.ndarray:
-    """The finite numbers of ``values`` as a float array (None, NaN and inf dropped: failed seeds); a value
-    that is no number is a UserError, not a failed seed."""
-    values = list(values)
-    kept = [finite_or_none(x) for x in values]
-    wrong = [x for x, k in zip(values, kept) if k is None and x is not None and not isinstance(x, numbers.Real)]
-    if wrong:
-        raise UserError(f"values must be numbers (None for a failed seed), not {wrong[0]!r}", setting="values")
-    return np.asarray([x for x in kept if x is not None], dtype=float)
+    """The finite numbers of ``values`` as a float array (failed seeds dropped: ``_seed_value``)."""
+    return np.asarray([x for x in map(_seed_value, values) if x is not None], dtype=float)
 
 
 def describe(values: Iterable, confidence: float = 0.95) -> dict:
@@ -241,7 +255,8 @@ def welch(candidate: Iterable, reference: Iterable, confidence: float = 0.95) ->
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values, in the order given (None and NaN entries, no test, are
-    skipped and stay as they are; the family is the other entries; one outside [0, 1] is a UserError).
+    skipped and stay as they are; the family is the other entries; one outside [0, 1] or no number is a
+    UserError).
 
     Sorted ascending, the i-th smallest of m p-values becomes ``min(1, (m - i) * p)`` (i from 0),
     made non-decreasing along the order; reject where the adjusted value is below alpha.
@@ -250,16 +265,20 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
     Holm branch calls ``gc.collect()`` every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call
     with torch loaded; the seed-plan simulations in the tests call this thousands of times.
     """
-    present = [(p, i) for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
-    for p, _ in present:
-        if not 0.0 <= p <= 1.0:
+    present = []
+    for i, p in enumerate(p_values):
+        number = _as_float(p, "p-values must be numbers (None where there is no test)", "p_values")
+        if number is None or math.isnan(number):
+            continue
+        if not 0.0 <= number <= 1.0:
             raise UserError(f"p-value {p!r} is outside [0, 1]: pass p-values (None where there is no test)",
                             setting="p_values")
+        present.append((number, i))
     m = len(present)
     adjusted: list[float | None] = list(p_values)
     running = 0.0
     for rank, (p, i) in enumerate(sorted(present)):
-        running = max(running, min(1.0, (m - rank) * float(p)))
+        running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
 
@@ -522,8 +541,8 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     if isinstance(diffs_a, Mapping) != isinstance(diffs_b, Mapping):
         raise UserError("paired_interaction needs two mappings {seed: difference} or two sequences, not one of each")
     if isinstance(diffs_a, Mapping):
-        seeds_a = {k for k, v in diffs_a.items() if finite_or_none(v) is not None}
-        seeds_b = {k for k, v in diffs_b.items() if finite_or_none(v) is not None}
+        seeds_a = {k for k, v in diffs_a.items() if _seed_value(v) is not None}
+        seeds_b = {k for k, v in diffs_b.items() if _seed_value(v) is not None}
         shared_seeds = seeds_a == seeds_b
         order = sorted(seeds_a, key=repr)
         a = [diffs_a[k] for k in order] if shared_seeds else list(diffs_a.values())
@@ -566,7 +585,7 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     cells = [list(neither), list(first), list(second), list(both)]
     if len({len(c) for c in cells}) != 1:
         raise UserError("the four cells of a 2x2 need one value per seed each (use None for a failed seed)")
-    rows = [values for values in ([finite_or_none(v) for v in seed] for seed in zip(*cells)) if None not in values]
+    rows = [values for values in ([_seed_value(v) for v in seed] for seed in zip(*cells)) if None not in values]
     sign = -1.0 if lower_is_better else 1.0  # gains: positive = better
     y = np.asarray(rows, dtype=float).reshape(-1, 4)
     y = _logged(y) if log else y
@@ -1166,7 +1185,7 @@ def _aligned(candidate: Sequence, reference: Sequence, log: bool) -> tuple[np.nd
     if len(candidate) != len(reference):
         raise UserError(f"paired values need one value per seed on each side: got {len(candidate)} "
                         f"and {len(reference)} (use None for a failed seed)")
-    kept = [(a, b) for a, b in ((finite_or_none(a), finite_or_none(b)) for a, b in zip(candidate, reference))
+    kept = [(a, b) for a, b in ((_seed_value(a), _seed_value(b)) for a, b in zip(candidate, reference))
             if a is not None and b is not None]
     x = np.asarray([a for a, _ in kept], dtype=float)
     y = np.asarray([b for _, b in kept], dtype=float)
