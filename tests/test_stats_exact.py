@@ -200,10 +200,20 @@ def test_a_non_finite_effect_is_refused_by_every_power_and_seed_count(call, name
 def test_the_exact_tests_seed_counts_reach_any_alpha_and_name_it():
     """The counts searched 2..63 seeds only: a tiny alpha ended in a bare StopIteration (a RuntimeError in
     seed_plan), and decisive_seeds spoke of a confidence it was not given."""
-    assert stats.seeds_for_verdict(0.0, 0.01, alpha=1e-20) == stats.decisive_seeds(1, 1e-20) == 68
+    assert stats.seeds_for_verdict(0.0, 0.01, alpha=1e-20) == 68
     assert stats.smallest_p(67) >= 1e-20 > stats.smallest_p(68)
     assert stats.seed_plan(0.0, 3, 0.01, alpha=1e-20, equivalence=True)["seeds"] == 67
-    assert stats.decisive_seeds(1, 1e-17) == 58
+    assert stats.decisive_seeds(1, 1e-17) == stats.EXACT_BELOW  # from there the t-test decides
     for alpha in (0.5, 0.0):
         with pytest.raises(UserError, match=f"^alpha {alpha!r} is outside"):
             stats.decisive_seeds(1, alpha)
+
+
+def test_seed_counts_at_a_tiny_alpha_follow_the_rule():
+    """At alpha 1e-16, 1 - alpha / 2 rounded to 1.0: power_paired's critical t was infinite and seeds_for_verdict
+    None ('more than 1000000'); decisive_seeds said 35 at 1e-10 where the t-test decides from EXACT_BELOW seeds."""
+    assert stats.seeds_for_verdict(0.01, 0.01, alpha=1e-16) == 116
+    assert stats.seeds_for_verdict(0.01, 0.01, alpha=1e-15) == 109
+    assert stats.decisive_seeds(1, 1e-10) == stats.EXACT_BELOW and stats.cannot_decide(stats.EXACT_BELOW, 1e-10) is None
+    assert stats.cannot_decide(stats.EXACT_BELOW - 1, 1e-10) and stats.decisive_seeds(3) == 7
+    assert stats.seeds_for_verdict(0.0, 0.01, alpha=1e-10) == 35  # no spread: the exact test decides at any n

@@ -355,7 +355,7 @@ def apply_plan(args):
 
 
 def _decisive_seeds(args, family_size: int, planned: bool) -> None:
-    """Without --seeds: the fewest seeds at which the exact test can decide after Holm over the
+    """Without --seeds: the fewest seeds at which the verdict rule can decide after Holm over the
     compared genes (at least the default); a requested count that cannot decide is said before training."""
     from evo_attention.studies.common import DEFAULT_SEEDS
     from evo_attention.util import stats

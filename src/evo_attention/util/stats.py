@@ -734,12 +734,18 @@ def smallest_p(n: int, alternative: str = "two-sided") -> float:
 
 
 def decisive_seeds(family_size: int = 1, alpha: float = 0.05) -> int:
-    """The fewest paired seeds at which the verdict rule's exact test can show a difference at all
-    after Holm over ``family_size`` comparisons (its smallest two-sided p, times the family's size,
-    below ``alpha``): 6 for one comparison, 7 for three, at alpha 0.05."""
-    m = max(1, int(family_size))
+    """The fewest paired seeds at which the verdict rule can show a difference at all after Holm over
+    ``family_size`` comparisons: where the exact test's smallest two-sided p, times the family's size, is below
+    ``alpha`` (6 for one comparison, 7 for three, at alpha 0.05), at most ``EXACT_BELOW``, where the t-test
+    decides and its p has no floor (``cannot_decide`` is None from there)."""
     check_alpha(alpha)
-    return next(n for n in itertools.count(2) if m * smallest_p(n) < alpha)  # any alpha > 0: smallest_p reaches 0
+    return min(EXACT_BELOW, _exact_seeds(alpha / max(1, int(family_size))))
+
+
+def _exact_seeds(alpha: float, alternative: str = "two-sided") -> int:
+    """The fewest pairs (>= 2) whose exact test's smallest p is below ``alpha``: what decides a degenerate spread
+    at any n. Any alpha > 0: ``smallest_p`` reaches 0."""
+    return next(n for n in itertools.count(2) if smallest_p(n, alternative) < alpha)
 
 
 def exact_decides(n: int, differences: Sequence | None = None) -> bool:
@@ -790,11 +796,12 @@ def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two
     df = n - 1
     ncp = abs(effect) * math.sqrt(n) / sd_diff
     if two_sided:
-        critical = _st.t.ppf(1.0 - alpha / 2.0, df)
+        # isf, not ppf(1 - alpha / 2): below alpha ~1e-16 that rounds to 1.0, an infinite critical t
+        critical = _st.t.isf(alpha / 2.0, df)
         # the lower tail as the upper tail of the mirrored law: scipy's nct.cdf far in the left tail
         # can return NaN, its sf at -ncp is stable (statsmodels' ttest_power takes the cdf: not used)
         return float(_st.nct.sf(critical, df, ncp) + _st.nct.sf(critical, df, -ncp))
-    return float(_st.nct.sf(_st.t.ppf(1.0 - alpha, df), df, ncp))
+    return float(_st.nct.sf(_st.t.isf(alpha, df), df, ncp))
 
 
 def seeds_for_effect(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05,
@@ -848,7 +855,7 @@ def power_tost(n: int, sd_diff: float, bound: float, alpha: float = 0.05, true_d
     if sd_diff == 0.0:
         return 1.0 if abs(true_difference) < bound else 0.0
     df = n - 1
-    critical = _st.t.ppf(1.0 - alpha, df)
+    critical = _st.t.isf(alpha, df)
     se = sd_diff / math.sqrt(n)
     widest = df * (bound / (critical * se)) ** 2  # chi-square value at which the window closes
     q_max = float(_st.chi2.cdf(widest, df))
@@ -984,7 +991,7 @@ def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: 
     if effect == 0.0:
         return None
     if sd_diff == 0.0:
-        n = decisive_seeds(1, alpha)
+        n = _exact_seeds(alpha)
         return n if max_seeds is None or n <= max_seeds else None
     t_seeds = seeds_for_effect(sd_diff, effect, power, alpha, max_seeds=max_seeds)
     return _seeds_under_rule(t_seeds, lambda n: verdict_power(n, sd_diff, effect, alpha), power, max_seeds)
@@ -1001,7 +1008,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
     if abs(true_difference) >= bound:
         return None
     if sd_diff == 0.0:
-        n = max(2, next(n for n in itertools.count(1) if smallest_p(n, "greater") < alpha))
+        n = _exact_seeds(alpha, "greater")
         return n if max_seeds is None or n <= max_seeds else None
     t_seeds = seeds_for_equivalence(sd_diff, bound, power, alpha, true_difference, max_seeds=max_seeds)
     return _seeds_under_rule(t_seeds, lambda n: verdict_power_equivalence(n, sd_diff, bound, alpha, true_difference),
