@@ -620,3 +620,15 @@ def test_a_plugin_path_that_is_no_py_file_and_a_folder_that_is_no_run_are_named_
             load_plugins([str(path)])
     assert main(["export", "--from-run", str(tmp_path), "--out", str(tmp_path / "e")]) == 2
     assert f"{tmp_path} holds no run (no run.db)" in last_error(capsys)
+
+
+def test_a_ray_resume_command_names_the_workers_that_sized_its_instance():
+    """RayExecutor.describe had no workers: the resume command read ' --executor ray' and resumed on a Ray
+    instance sized to every core."""
+    pytest.importorskip("ray")
+    from evo_attention.report.status import executor_flags
+    from evo_attention.search.executors import make_executor
+
+    assert executor_flags(make_executor("ray", workers=2).describe()) == " --executor ray --workers 2"
+    executor = make_executor("ray", workers=3, cpus_per_trial=0.5)
+    assert executor_flags(executor.describe()).endswith(" --workers 3 --cpus-per-trial 0.5") and executor.num_cpus == 2

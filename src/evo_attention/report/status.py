@@ -42,7 +42,8 @@ def executor_flags(described: dict) -> str:
         return f" --workers {described['workers']} --cpus-per-trial {described['threads_per_worker']}"
     if described.get("name") != "ray":
         return ""
-    given = {"--ray-address": described.get("address"), "--cpus-per-trial": described.get("cpus_per_trial"),
+    given = {"--ray-address": described.get("address"), "--workers": described.get("workers"),
+             "--cpus-per-trial": described.get("cpus_per_trial"),
              "--gpus-per-trial": described.get("gpus_per_trial")}
     return " --executor ray" + "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in given.items()
                                        if value not in (None, 0) and not (flag == "--cpus-per-trial" and value == 1))

@@ -4,8 +4,6 @@ one: ``local`` (``LocalExecutor``; with ``workers``, ``ProcessExecutor``) or ``r
 
 from __future__ import annotations
 
-import math
-
 from evo_attention.search.executors.base import EvalTask, Executor, LocalExecutor, as_task, available_cores
 from evo_attention.search.executors.process import ProcessExecutor
 from evo_attention.search.executors.ray import RayExecutor
@@ -41,8 +39,7 @@ def make_executor(name: str = "local", *, workers: int | None = None, address: s
             raise UserError(f"batch_models {batch_models} applies to the local executors: Ray trains every trial as "
                             "a task of its own; use batch_models auto or off with executor ray",
                             setting=("batch_models", "executor"))
-        num_cpus = None if workers is None else max(1, math.ceil(workers * cpus))
-        return RayExecutor(address, num_cpus=num_cpus, cpus_per_trial=cpus,
+        return RayExecutor(address, workers=workers, cpus_per_trial=cpus,
                            gpus_per_trial=0.0 if gpus_per_trial is None else gpus_per_trial)
     if address is not None:
         raise UserError("address needs executor ray", setting=("address", "executor"))

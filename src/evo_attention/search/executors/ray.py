@@ -4,6 +4,7 @@ existing cluster (``address``). See docs/scaling.md."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -61,7 +62,7 @@ class RayExecutor(Executor):
     name = "ray"
     batch_models = "off"  # every trial is a Ray task of its own
 
-    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, cpus_per_trial: float = 1.0,
+    def __init__(self, address: str | None = None, *, workers: int | None = None, cpus_per_trial: float = 1.0,
                  gpus_per_trial: float = 0.0, max_retries: int = 1):
         try:
             import ray
@@ -75,22 +76,22 @@ class RayExecutor(Executor):
                 raise UserError(f"{name} must be a {'positive' if name == 'cpus_per_trial' else 'non-negative'} "
                                 f"number, got {value!r}", setting=name)
         self.address = address
-        self.num_cpus = num_cpus
+        self.workers = workers  # a local instance holds workers x cpus_per_trial CPUs (None: every core)
+        self.num_cpus = None if workers is None else max(1, math.ceil(workers * cpus_per_trial))
         self.cpus_per_trial = float(cpus_per_trial)
         self.gpus_per_trial = float(gpus_per_trial)
         if address is None:  # a local instance: what it will hold is known now, before Ray starts
-            self._check_resources({"CPU": float(num_cpus or available_cores()), "GPU": float(local_gpus())},
+            self._check_resources({"CPU": float(self.num_cpus or available_cores()), "GPU": float(local_gpus())},
                                   "this machine")
         self.max_retries = max_retries
-        self.workers = None
         self._owner = False
         self._remote = None
         self._sink = None
         self._tokens = 0
 
     def describe(self) -> dict:
-        return {"name": self.name, "address": self.address, "cpus_per_trial": self.cpus_per_trial,
-                "gpus_per_trial": self.gpus_per_trial}
+        return {"name": self.name, "address": self.address, "workers": self.workers,
+                "cpus_per_trial": self.cpus_per_trial, "gpus_per_trial": self.gpus_per_trial}
 
     def training_threads(self) -> int | None:
         return max(1, int(self.cpus_per_trial))  # what each task sets (``_ray_evaluate``)
