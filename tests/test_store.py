@@ -230,7 +230,9 @@ def test_a_writer_refuses_a_run_db_deleted_or_replaced_under_it(tmp_path):
                 store.record(make_record())
 
 
-@pytest.mark.parametrize("text", ["{oops", "[]", '{"gene": 5}'])
+@pytest.mark.parametrize("text", ["{oops", "[]", '{"gene": 5}', '{"gene": "dot|softmax|none|fixed|bias|0.10"}',
+                                  '{"gene": "g", "seed": 0, "steps": 4, "data_fingerprint": "d", "context": "c", '
+                                  '"status": "bogus"}'])
 def test_a_record_edited_into_another_shape_is_named_damaged(store, text):
     store.record(make_record())
     store._run(lambda conn: conn.execute("UPDATE evaluations SET record = ?", (text,)))

@@ -525,13 +525,14 @@ class RunStore:
     def _full_record(row: dict) -> EvaluationRecord:
         try:
             record = loads(row["record"])
-        except ValueError:
-            record = None
-        if not isinstance(record, dict) or not isinstance(record.get("gene"), str):
-            raise UserError(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene): "
-                            "the file was edited or damaged; restore a copy of the run directory")
-        record.update(id=row["id"], role=row["role"], generation=row["generation"], created_at=row["created_at"])
-        return EvaluationRecord.from_dict(record)
+            if isinstance(record, dict) and isinstance(record.get("gene"), str):
+                record.update(id=row["id"], role=row["role"], generation=row["generation"],
+                              created_at=row["created_at"])
+                return EvaluationRecord.from_dict(record)
+        except (TypeError, ValueError):  # not JSON, or a field missing (its key) or of another kind (its status)
+            pass
+        raise UserError(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene and "
+                        "key): the file was edited or damaged; restore a copy of the run directory")
 
     # -- generations ----------------------------------------------------------------------------
     def record_generation(self, generation: int, members) -> None:
