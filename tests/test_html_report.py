@@ -146,14 +146,17 @@ def test_run_without_analyses_and_with_a_broken_file(tmp_path):
 @pytest.mark.parametrize("text", ['{"kind": "validation", "genes": [{"gene": 5}], "baseline": 3}',
                                   '{"kind": "validation", "genes": "x"}',
                                   '{"kind": "validation", "analysis": "paired-3", '
-                                  '"genes": [{"gene": "g", "values": 5}]}'])
+                                  '"genes": [{"gene": "g", "values": 5}]}',
+                                  '{"kind": "validation", "seeds": 3}',
+                                  '{"kind": "validation", "genes": [{"gene": "g", "scale": "log", "relative": "x"}]}',
+                                  '{"kind": "validation", "genes": [{"gene": "g", "p_holm": "x"}]}'])
 def test_a_validation_of_the_wrong_shape_is_named_damaged_and_left_out(tmp_path, text):
     from evo_attention.report.studies import read_studies
 
     (tmp_path / "validation.json").write_text(text)
     found = read_studies(tmp_path)
-    assert found.validations == [] and found.problems == [
-        "validation.json: damaged: its genes and baseline are not rows of per-seed values"]
+    assert found.validations == [] and len(found.problems) == 1
+    assert found.problems[0].startswith("validation.json: damaged: a field is not what validate writes (")
 
 
 def test_markdown_in_a_compare_entry_links_nothing_and_loads_nothing(tmp_path):

@@ -84,16 +84,6 @@ def _read_json(path: Path, problems: list[str]) -> Any:
         return None
 
 
-def _validation_rows(data: Mapping) -> bool:
-    """Whether a validation's rows have the shape its readers take for granted: ``genes`` a list, it and ``baseline``
-    (either may be missing) objects with their gene key and ``values`` a list of numbers or nulls."""
-    genes = data.get("genes", [])
-    rows = [*genes, *([data["baseline"]] if data.get("baseline") else [])] if isinstance(genes, list) else [None]
-    return all(isinstance(row, Mapping) and isinstance(row.get("gene"), str)
-               and isinstance(row.get("values") or [], list)
-               and all(v is None or isinstance(v, (int, float)) for v in row.get("values") or []) for row in rows)
-
-
 def _compare_rows(data: Any, path: Path, problems: list[str]) -> list[dict] | None:
     results = data.get("results") if isinstance(data, Mapping) else None
     if not isinstance(results, list):
@@ -114,10 +104,7 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
         ``problems``)."""
         data = _read_json(run_dir / name, found.problems) if (run_dir / name).is_file() else None
         if isinstance(data, Mapping) and (data.get("kind") == kind if kind else isinstance(data.get("layers"), list)):
-            if kind != "validation" or _validation_rows(data):
-                return data
-            found.problems.append(f"{name}: damaged: its genes and baseline are not rows of per-seed values")
-            return None
+            return data
         if data is not None:
             found.problems.append(f"{name}: not {what}")
         return None

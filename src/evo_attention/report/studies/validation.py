@@ -185,11 +185,24 @@ def read_studies(run_dir):
     written with the older sign (positive = better) are read in the current one
     (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``)."""
     found = load_attachments(run_dir)
-    found.validations[:] = [current_validation(v) for v in found.validations]
+    found.validations[:] = [read for v in found.validations if (read := _readable(v, found.problems))]
     found.suites[:] = [current_validation(v) for v in found.suites]
     found.ablations[:] = [current_ablation(a) for a in found.ablations]
     found.transfers[:] = [current_transfer(t) for t in found.transfers]
     return found
+
+
+def _readable(result: Mapping, problems: list[str]) -> dict | None:
+    """``result`` by the current rule, if its fields are what validate writes: each of its renderers reads some,
+    so one rendering of the whole (``validation_markdown``) reads them all; else None, named damaged in ``problems``
+    (a file edited or damaged, which the report and status leave out instead of failing on it)."""
+    try:
+        validation_markdown(result := current_validation(result))
+        return result
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: UserError too (values no numbers)
+        problems.append(f"{result['_file']}: damaged: a field is not what validate writes "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        return None
 
 
 def current_validation(result: Mapping) -> dict:
