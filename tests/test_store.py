@@ -230,6 +230,18 @@ def test_a_writer_refuses_a_run_db_deleted_or_replaced_under_it(tmp_path):
                 store.record(make_record())
 
 
+def test_a_writer_whose_run_directory_is_moved_stops_and_keeps_what_finished(tmp_path):
+    from evo_attention.search.store import StoreLost
+
+    with RunStore.create(tmp_path / "a", {}, {}) as store:
+        store.record(make_record())
+        (tmp_path / "a").rename(tmp_path / "b")
+        with pytest.raises(StoreLost, match=r"run.db was moved away .*kept in the moved file: continue the run with out"):
+            store.record(make_record(seed=1))
+    with RunStore.open(tmp_path / "b", readonly=True) as moved:
+        assert len(moved.evaluations()) == 1
+
+
 @pytest.mark.parametrize("text", ["{oops", "[]", '{"gene": 5}', '{"gene": "dot|softmax|none|fixed|bias|0.10"}',
                                   '{"gene": "g", "seed": 0, "steps": 4, "data_fingerprint": "d", "context": "c", '
                                   '"status": "bogus"}'])

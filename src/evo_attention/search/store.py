@@ -127,7 +127,7 @@ class DiskFull(UserError):
 
 
 class StoreLost(UserError):
-    """A writer's run.db was deleted or replaced under it (nothing is left to resume)."""
+    """A writer's run.db left its path (deleted, replaced or moved away): nothing at that path is left to resume."""
 
 
 class RunStore:
@@ -144,7 +144,7 @@ class RunStore:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
         self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
-        self._file = None if readonly else os.stat(self.path)  # the file a writer's transactions must reach
+        self._file = None if readonly else os.open(self.path, os.O_RDONLY)  # the file a writer's transactions reach
 
     # -- construction ---------------------------------------------------------------------------
     @staticmethod
@@ -367,8 +367,8 @@ class RunStore:
         if self.readonly:
             raise RuntimeError(f"run store {self.path} was opened read-only")
         with self._lock:
-            self._check_file()
             conn = self._db()
+            self._check_file()
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.DatabaseError as exc:
@@ -384,11 +384,15 @@ class RunStore:
                 raise
 
     def _check_file(self) -> None:
-        """StoreLost unless run.db is still the file this writer opened: its writes would reach only an unlinked
-        file, which no later command reads."""
-        with suppress(OSError):  # deleted: lost
-            if os.path.samestat(os.stat(self.path), self._file):
+        """StoreLost unless run.db is still the file this writer opened: its writes would reach a file no later command
+        at this path reads (an unlinked one: lost; one moved away, its directory renamed say: kept there)."""
+        with suppress(OSError):  # not at its path
+            if os.path.samestat(os.stat(self.path), os.fstat(self._file)):
                 return
+        if os.fstat(self._file).st_nlink:
+            raise StoreLost(f"{self.path} was moved away while this run wrote it: the run stops, and every evaluation "
+                            "that finished is kept in the moved file: continue the run with out naming its new "
+                            "directory (a search with resume)", setting=("out", "resume"))
         raise StoreLost(f"{self.path} was deleted or replaced while this run wrote it: the run stops, and what it "
                         "held is lost; restore a copy of the run directory, or start the run again")
 
@@ -414,6 +418,9 @@ class RunStore:
                         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 self._conn.close()
                 self._conn = None
+            if self._file is not None:
+                os.close(self._file)
+                self._file = None
             if self._held is not None:
                 held, self._held = self._held, None
                 held.release()
