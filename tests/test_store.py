@@ -97,6 +97,18 @@ def test_create_at_the_file_size_limit_is_the_disk_full_line_and_leaves_no_store
     RunStore.create(tmp_path / "run", {"blob": "x" * 100_000}, {}).close()  # the same call, without the limit
 
 
+def test_a_full_disk_under_a_study_store_says_to_run_its_command_again(tmp_path):
+    from evo_attention.search.store import STUDY
+
+    full = sqlite3.OperationalError("database or disk is full")
+    RunStore.create(tmp_path / "v", {}, {STUDY: "validate"}).close()
+    with RunStore.create(tmp_path / "s", {}, {}) as search, RunStore.open(tmp_path / "v") as study:
+        study.check_kind("validate")  # as study_store does
+        assert "then resume the run; every" in str(search._fault(full)) and search._fault(full).setting == "resume"
+        fault = study._fault(full)
+        assert "then run the same command again; every" in str(fault) and fault.setting is None
+
+
 def test_create_rejects_a_file_as_directory(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UserError, match="not a directory"):

@@ -144,6 +144,7 @@ class RunStore:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
         self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
+        self._kind: str | None = None  # ``kind()`` once known (meta ``STUDY`` is written only by ``create``)
         self._file = None if readonly else os.open(self.path, os.O_RDONLY)  # the file a writer's transactions reach
 
     # -- construction ---------------------------------------------------------------------------
@@ -191,6 +192,7 @@ class RunStore:
         store = None
         try:
             store = cls(path, cls._connect(path, readonly=False))
+            store._kind = str(meta.get(STUDY) or "search")
             with store._transaction() as conn:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
@@ -340,9 +342,10 @@ class RunStore:
     def _fault(self, exc: sqlite3.DatabaseError) -> UserError:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
-        if _room(exc):
-            return DiskFull(self.path, _room(exc), "resume the run; every evaluation that finished is kept in the "
-                            "store", setting="resume")
+        if _room(exc):  # only a search has resume: a study's command, run again, continues its store
+            search = self._kind in (None, "search")
+            return DiskFull(self.path, _room(exc), f"{'resume the run' if search else 'run the same command again'}; "
+                            "every evaluation that finished is kept in the store", setting="resume" if search else None)
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
             return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")
         return UserError(f"{self.path} cannot be read or written ({text}): if it is damaged, restore a copy of the "
@@ -446,7 +449,9 @@ class RunStore:
 
     def kind(self) -> str:
         """What wrote this store: ``search``, or the study (meta ``STUDY``: compare, curve, validate, ...)."""
-        return str(self.get_meta(STUDY) or "search")
+        if self._kind is None:
+            self._kind = str(self.get_meta(STUDY) or "search")
+        return self._kind
 
     def check_kind(self, kind: str) -> "RunStore":
         """This store, if ``kind`` wrote it; else a UserError: a store is continued only by its own kind."""
