@@ -87,6 +87,20 @@ def test_normal_run_writes_every_output(normal_run):
     assert not list(normal_run.glob(".*.tmp*"))  # no temporary file left behind
 
 
+def test_a_report_at_the_file_size_limit_says_to_raise_it(normal_run):
+    import resource
+
+    from evo_attention.util.errors import UserError
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # report.html passes it: EFBIG (SIGXFSZ is ignored)
+    try:
+        with pytest.raises(UserError, match=r"\(File too large\): raise the file-size limit \(ulimit -f\), then write"):
+            write_report(normal_run)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
 def test_final_results(normal_run):
     write_report(normal_run)
     results = json.loads((normal_run / "final_results.json").read_text())

@@ -27,6 +27,7 @@ so they may run while a search is still writing to it (``evo-attention report DI
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -72,9 +73,11 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     paths.update({name: run_dir / filename for (name, filename), written in extra if written})
     try:
         _write_all(summary, attachments, paths)
-    except OSError as exc:  # a full disk, a read-only directory: the store is untouched, nothing is lost
-        raise UserError(f"cannot write the report into {run_dir} ({exc.strerror or exc}): free space or make the "
-                        "directory writable, then write the report again; the run store is unchanged") from None
+    except OSError as exc:  # a full disk, a read-only directory, a file-size limit: the store is untouched
+        fix = ("raise the file-size limit (ulimit -f)" if exc.errno == errno.EFBIG
+               else "free space or make the directory writable")
+        raise UserError(f"cannot write the report into {run_dir} ({exc.strerror or exc}): {fix}, then write the "
+                        "report again; the run store is unchanged") from None
     return paths
 
 
