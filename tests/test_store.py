@@ -248,7 +248,7 @@ def test_a_writer_whose_run_directory_is_moved_stops_and_keeps_what_finished(tmp
     with RunStore.create(tmp_path / "a", {}, {}) as store:
         store.record(make_record())
         (tmp_path / "a").rename(tmp_path / "b")
-        with pytest.raises(StoreLost, match=r"run.db was moved away .*kept in the moved file: continue the run with out"):
+        with pytest.raises(StoreLost, match=r"run.db was moved away .*kept in the moved file: continue the run"):
             store.record(make_record(seed=1))
     with RunStore.open(tmp_path / "b", readonly=True) as moved:
         assert len(moved.evaluations()) == 1
