@@ -168,7 +168,7 @@ def cmd_search(args) -> int:
     try:
         with evolution:
             evolution.run()
-    except StoreLost:  # no store: nothing to resume
+    except StoreLost:  # its own line says where the run is, if anywhere: not this --out
         raise
     except UserError as exc:  # a fault during the run (a full disk, say): what finished is in the store
         raise UserError(f"{user_message(exc)}; resume with: {resume_cmd}") from None
