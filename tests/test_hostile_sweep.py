@@ -599,6 +599,7 @@ def test_an_empty_value_is_refused_not_taken_as_the_flag_not_given(tmp_path, cap
     assert main([command, flag, "", "--out", str(tmp_path / "out")]) == 2
     assert last_error(capsys).startswith(f"evo-attention: error: {flag} is empty: give ")
     assert main(["status", ""]) == 2 and "run_dir is empty" in last_error(capsys)  # not a command to run on ''
+    assert main(["report", str(tmp_path), ""]) == 2 and "run_dirs is empty" in last_error(capsys)  # one of a list
     assert not (tmp_path / "out").exists()
 
 
@@ -618,6 +619,10 @@ def test_a_plugin_path_that_is_no_py_file_and_a_folder_that_is_no_run_are_named_
                        (tmp_path / "none.py", "does not exist")):
         with pytest.raises(UserError, match=f"plugin file {path} {says}: give the path of a .py file"):
             load_plugins([str(path)])
+    with pytest.raises(UserError, match="plugin file notes is not a .py file"):  # a bare name is a file too
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(tmp_path)
+            load_plugins(["notes"])
     assert main(["export", "--from-run", str(tmp_path), "--out", str(tmp_path / "e")]) == 2
     assert f"{tmp_path} holds no run (no run.db)" in last_error(capsys)
 

@@ -158,6 +158,11 @@ def test_any_value_float_reads_is_a_number_and_a_bool_or_text_is_refused():
             stats.describe(bad)
         with pytest.raises(UserError, match="values must be numbers"):
             stats.paired(bad, [1.0, 2.0, 3.0, 4.0])
+    for bad in (["nan", 2.0, 3.0], [b"inf", 2.0, 3.0], [np.True_, 2.0, 3.0], [torch.tensor(True), 2.0, 3.0]):
+        with pytest.raises(UserError, match="values must be numbers"):  # text float() reads, bools of numpy or torch
+            stats.describe(bad)
+    with pytest.raises(UserError, match="p-values must be numbers"):
+        stats.holm([np.True_, 0.01])
     with pytest.raises(UserError, match="p-values must be numbers .* not 'x'") as raised:
         stats.holm([0.01, "x"])
     assert raised.value.setting == "p_values"

@@ -29,7 +29,7 @@ class _Store(argparse._StoreAction):
     in its own words): a command that tests such a flag by its truth would take it as not given."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if values == "" and self.type is None:
+        if self.type is None and (values == "" or isinstance(values, list) and "" in values):  # nargs: a list
             raise UserError(f"{option_string or self.dest} is empty: give {self.metavar or 'a value'}"
                             + (", or leave the flag out" if option_string else ""))
         super().__call__(parser, namespace, values, option_string)

@@ -24,7 +24,8 @@ ENTRY_POINT_GROUP = "evo_attention.plugins"
 
 
 def _is_file(name: str) -> bool:
-    return name.endswith(".py") or "/" in name or "\\" in name  # a file, not a module
+    # a file, not a module (an existing file without the .py suffix too: it is refused as such)
+    return name.endswith(".py") or "/" in name or "\\" in name or Path(name).expanduser().is_file()
 
 
 def _import(name: str):

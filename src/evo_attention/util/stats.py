@@ -170,12 +170,13 @@ TRANSFER_RULE = (
 
 
 def _as_float(x, refusal: str, setting: str) -> float | None:
-    """``x`` as a float (NaN and inf kept), None for None and pandas' NA; what float() cannot read, or a bool,
-    is a UserError (``refusal``, naming ``setting``): a value that is no number marks no missing one."""
+    """``x`` as a float (NaN and inf kept), None for None and pandas' NA; what float() cannot read, text
+    (float() reads 'nan') or a bool of any kind is a UserError (``refusal``, naming ``setting``): a value
+    that is no number marks no missing one."""
     if x is None or x is getattr(sys.modules.get("pandas"), "NA", None):  # pd.NA exists once pandas is loaded
         return None
     try:
-        if isinstance(x, bool):
+        if isinstance(x, (bool, str, bytes)) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
             raise TypeError
         return float(x)  # 0-d tensors and arrays, Decimal, numpy scalars
     except (TypeError, ValueError):
