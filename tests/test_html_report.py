@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,7 +157,19 @@ def test_a_validation_of_the_wrong_shape_is_named_damaged_and_left_out(tmp_path,
     (tmp_path / "validation.json").write_text(text)
     found = read_studies(tmp_path)
     assert found.validations == [] and len(found.problems) == 1
-    assert found.problems[0].startswith("validation.json: damaged: a field is not what validate writes (")
+    assert found.problems[0].startswith("validation.json: damaged: a field is not what its command writes (")
+
+
+def test_a_suite_validation_of_the_wrong_shape_is_named_damaged_too(tmp_path):
+    from evo_attention.report.studies import read_studies
+
+    committed = Path(__file__).parents[1] / "docs/findings4/e1-recall/climb-411/validation_suite.json"
+    result = json.loads(committed.read_text())
+    assert len(read_studies(committed.parent).suites) == 1  # as committed: readable
+    result["genes"][0]["p_holm"] = "x"
+    (tmp_path / "validation_suite.json").write_text(json.dumps(result))
+    found = read_studies(tmp_path)
+    assert found.suites == [] and found.problems[0].startswith("validation_suite.json: damaged: ")
 
 
 def test_markdown_in_a_compare_entry_links_nothing_and_loads_nothing(tmp_path):

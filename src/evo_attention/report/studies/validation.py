@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import load_attachments, output_stem
-from evo_attention.report.studies.ablation import current_ablation
+from evo_attention.report.studies.ablation import ablation_markdown, current_ablation
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
                                                  p_text, paired_change_header, plain_cell, seed_note, study_schedule,
                                                  table_markdown, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
-from evo_attention.report.studies.transfer import current_transfer
+from evo_attention.report.studies.suite import suite_markdown
+from evo_attention.report.studies.transfer import current_transfer, transfer_markdown
 from evo_attention.util import stats
 from evo_attention.util.format import fmt, md_cell, number
 
@@ -185,22 +186,23 @@ def read_studies(run_dir):
     written with the older sign (positive = better) are read in the current one
     (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``)."""
     found = load_attachments(run_dir)
-    found.validations[:] = [read for v in found.validations if (read := _readable(v, found.problems))]
-    found.suites[:] = [current_validation(v) for v in found.suites]
-    found.ablations[:] = [current_ablation(a) for a in found.ablations]
-    found.transfers[:] = [current_transfer(t) for t in found.transfers]
+    for results, read, render in ((found.validations, current_validation, validation_markdown),
+                                  (found.suites, current_validation, suite_markdown),
+                                  (found.ablations, current_ablation, ablation_markdown),
+                                  (found.transfers, current_transfer, transfer_markdown)):
+        results[:] = [r for result in results if (r := _readable(result, read, render, found.problems))]
     return found
 
 
-def _readable(result: Mapping, problems: list[str]) -> dict | None:
-    """``result`` by the current rule, if its fields are what validate writes: each of its renderers reads some,
-    so one rendering of the whole (``validation_markdown``) reads them all; else None, named damaged in ``problems``
+def _readable(result: Mapping, read, render, problems: list[str]) -> dict | None:
+    """``read(result)`` (by the current rule), if its fields are what its command writes: each renderer reads
+    some, so one rendering of the whole (``render``) reads them all; else None, named damaged in ``problems``
     (a file edited or damaged, which the report and status leave out instead of failing on it)."""
     try:
-        validation_markdown(result := current_validation(result))
-        return result
+        render(current := read(result))
+        return current
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: UserError too (values no numbers)
-        problems.append(f"{result['_file']}: damaged: a field is not what validate writes "
+        problems.append(f"{result['_file']}: damaged: a field is not what its command writes "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         return None
 
