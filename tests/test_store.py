@@ -107,6 +107,9 @@ def test_a_full_disk_under_a_study_store_says_to_run_its_command_again(tmp_path)
         assert "then resume the run; every" in str(search._fault(full)) and search._fault(full).setting == "resume"
         fault = study._fault(full)
         assert "then run the same command again; every" in str(fault) and fault.setting is None
+    with RunStore.open(tmp_path / "s", by_study=True) as from_run:  # validate --from-run writes a search's store
+        fault = from_run._fault(full)
+        assert "then run the same command again; every" in str(fault) and fault.setting is None
 
 
 def test_create_rejects_a_file_as_directory(tmp_path):

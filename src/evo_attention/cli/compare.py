@@ -102,7 +102,7 @@ def cmd_compare(args) -> int:
     # with --from-run the trainings are kept in (and served from) that run's store, else in --out's own
     with ExitStack() as stack:
         stack.enter_context(executor)
-        store = stack.enter_context(RunStore.open(args.from_run)) if args.from_run else None
+        store = stack.enter_context(RunStore.open(args.from_run, by_study=True)) if args.from_run else None
         result = run_compare(config, entries, seeds=args.seeds, out_dir=out, executor=executor, store=store,
                              quiet=args.quiet, lr_grid=args.lr_grid, n_tuning_seeds=args.tuning_seeds,
                              match_params=args.match_params)

@@ -169,7 +169,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
             log(f"note: the data differs from the data of the run in {args.from_run} (fingerprint "
                 f"{data.fingerprint[:12]} vs {str(stored_data['fingerprint'])[:12]}); results are not comparable to "
                 "the search", args.quiet)
-        store = RunStore.open(args.from_run)
+        store = RunStore.open(args.from_run, by_study=True)
     else:  # kept in a store of the study's own in --out, so that a repeat or an interrupted study trains nothing
         store = study_store(out, config, study)  # again (one writer: its lock)
     return config, data, store, out, search_seed

@@ -145,6 +145,7 @@ class RunStore:
         self._lock = threading.RLock()
         self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
         self._kind: str | None = None  # ``kind()`` once known (meta ``STUDY`` is written only by ``create``)
+        self.by_study = False  # a study's command writes it (``open``)
         self._file = None if readonly else os.open(self.path, os.O_RDONLY)  # the file a writer's transactions reach
 
     # -- construction ---------------------------------------------------------------------------
@@ -212,8 +213,9 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, run_dir: str | os.PathLike, *, readonly: bool = False) -> "RunStore":
-        """Open the run in ``run_dir``; ``readonly`` for a reader such as a status command."""
+    def open(cls, run_dir: str | os.PathLike, *, readonly: bool = False, by_study: bool = False) -> "RunStore":
+        """Open the run in ``run_dir``; ``readonly`` for a reader such as a status command; ``by_study``: a
+        study's command writes into a search's store (``--from-run``), so a fault's advice is to run it again."""
         path = cls.db_path(run_dir)
         if Path(run_dir).is_file():
             raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
@@ -221,6 +223,7 @@ class RunStore:
             raise UserError(f"no run in {run_dir}: start one with "
                             f"`evo-attention search --out {shlex.quote(str(run_dir))}`")
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
+        store.by_study = by_study
         try:
             version = store._schema_version()
             store.check_integrity()
@@ -343,7 +346,7 @@ class RunStore:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
         if _room(exc):  # only a search has resume: a study's command, run again, continues its store
-            search = self._kind in (None, "search")
+            search = self._kind in (None, "search") and not self.by_study
             return DiskFull(self.path, _room(exc), f"{'resume the run' if search else 'run the same command again'}; "
                             "every evaluation that finished is kept in the store", setting="resume" if search else None)
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
