@@ -117,9 +117,10 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     """(config, data, store or None, out dir, search seed or None) of an analysis command;
     ``check(config)`` (optional) runs before anything is written or loaded, the study's flags
     (``study_setup``) before anything is written. The store is the ``--from-run`` run's; with
-    ``--lr-grid`` or a suite and no run, one in the output directory (``run.db``). ``suite``: the command takes a suite (its config's ``suite``; data is then None,
-    the points name theirs); a command that does not refuses a config with one. ``write=False`` (a
-    dry run): no output directory and no store (both None), the data loaded."""
+    ``--lr-grid`` or a suite and no run, one in the output directory (``run.db``). ``suite``: the
+    command takes a suite (its config's ``suite``; data is then None, the points name theirs); a
+    command that does not refuses a config with one. ``write=False`` (a dry run): no output
+    directory and no store (both None), the data loaded."""
     from evo_attention.data import data_from_config
     from evo_attention.search.store import RunStore
     from evo_attention.studies.common import PILOT_SEEDS, study_store, tuning_seeds, validation_seeds
