@@ -132,7 +132,7 @@ def test_what_is_no_number_is_refused_and_any_real_number_is_a_margin():
     """describe dropped 'x' like a failed seed, a float32 margin was 'not a positive number', and seed_plan
     answered None for a negative bound and planned a family of 0 as one of 1."""
     with pytest.raises(UserError, match="values must be numbers .* not 'x'"):
-        stats.describe(["1.5", "2.5", "x"])
+        stats.describe([1.5, 2.5, "x"])
     assert stats.describe([1.0, None, math.nan, 2.0])["n"] == 2  # failed seeds are still dropped
     assert stats.margin_bound(np.float32(0.1), log=False) == pytest.approx(0.1)
     with pytest.raises(UserError, match="bound -0.01 must be positive"):
