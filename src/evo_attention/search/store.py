@@ -144,7 +144,7 @@ class RunStore:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
         self._held = None  # the writer's lock of the directory (``hold``), released by ``close``
-        self._kind: str | None = None  # ``kind()`` once known (meta ``STUDY`` is written only by ``create``)
+        self._kind = "search"  # ``kind()``: meta ``STUDY``, written by ``create`` and read by ``open``
         self.by_study = False  # a study's command writes it (``open``)
         self._file = None if readonly else os.open(self.path, os.O_RDONLY)  # the file a writer's transactions reach
 
@@ -227,15 +227,15 @@ class RunStore:
         try:
             version = store._schema_version()
             store.check_integrity()
+            if not isinstance(version, int) or version > SCHEMA_VERSION:
+                raise UserError(
+                    f"{path} has run-store schema version {version!r}, this evo-attention reads up to "
+                    f"{SCHEMA_VERSION}: upgrade evo-attention"
+                )
+            store._kind = str(store.get_meta(STUDY) or "search")
         except BaseException:
             store.close()
             raise
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            store.close()
-            raise UserError(
-                f"{path} has run-store schema version {version!r}, this evo-attention reads up to "
-                f"{SCHEMA_VERSION}: upgrade evo-attention"
-            )
         return store
 
     def _schema_version(self) -> Any:
@@ -336,8 +336,8 @@ class RunStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
-            if _room(exc):
-                raise DiskFull(path, _room(exc), "run the command again") from None
+            if room := _room(exc):
+                raise DiskFull(path, room, "run the command again") from None
             raise UserError(f"{path} cannot be opened as a run store ({exc}): if it is a damaged run, restore a copy "
                             "or save what is readable with `sqlite3 run.db .recover`") from None
         return conn
@@ -345,9 +345,9 @@ class RunStore:
     def _fault(self, exc: sqlite3.DatabaseError) -> UserError:
         """A store error as a one-line UserError naming the file and the recovery."""
         text = str(exc)
-        if _room(exc):  # only a search has resume: a study's command, run again, continues its store
-            search = self._kind in (None, "search") and not self.by_study
-            return DiskFull(self.path, _room(exc), f"{'resume the run' if search else 'run the same command again'}; "
+        if room := _room(exc):  # only a search has resume: a study's command, run again, continues its store
+            search = self._kind == "search" and not self.by_study
+            return DiskFull(self.path, room, f"{'resume the run' if search else 'run the same command again'}; "
                             "every evaluation that finished is kept in the store", setting="resume" if search else None)
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text.lower():
             return UserError(f"{self.path} stayed locked by another process for {TIMEOUT_S:.0f} s: try again")
@@ -452,8 +452,6 @@ class RunStore:
 
     def kind(self) -> str:
         """What wrote this store: ``search``, or the study (meta ``STUDY``: compare, curve, validate, ...)."""
-        if self._kind is None:
-            self._kind = str(self.get_meta(STUDY) or "search")
         return self._kind
 
     def check_kind(self, kind: str) -> "RunStore":
