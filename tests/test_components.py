@@ -111,10 +111,11 @@ def test_fully_masked_row_and_extreme_scores_give_no_nan(name):
     assert torch.isfinite(scores.grad).all()
 
 
-@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("name", [*SPARSE, "softmax"])
 @pytest.mark.parametrize("t", [3, 40])  # a full sort and a partial one
 def test_a_nan_or_infinite_score_gives_its_row_nan_weights_not_an_index_error(name, t):
-    """A NaN loss then names the training diverged (docs/reliability.md)."""
+    """A NaN loss then names the training diverged (docs/reliability.md); softmax's zeros for a row
+    with no allowed key never hide such a row."""
     scores = torch.randn(3, t, t)
     scores[0, -1, 0], scores[1, -1, 0] = float("nan"), float("inf")
     for mask in (None, causal_mask(t)):

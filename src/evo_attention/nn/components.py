@@ -417,10 +417,12 @@ def _shift_for_sparse(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
 def softmax_norm(scores, mask):
     """Softmax over allowed keys (masked keys get exactly 0)."""
     wide_scores = wide(scores)
-    weights = torch.softmax(wide_scores if mask is None else wide_scores.masked_fill(~mask, float("-inf")), dim=-1)
-    # A row with no allowed key is all -inf and softmax gives NaN there: make it zeros.
-    weights = torch.nan_to_num(weights, nan=0.0)
-    return weights.to(scores.dtype)
+    if mask is None:
+        return torch.softmax(wide_scores, dim=-1).to(scores.dtype)
+    weights = torch.softmax(wide_scores.masked_fill(~mask, float("-inf")), dim=-1)
+    # A row with no allowed key is all -inf, where softmax gives NaN: it gets zeros. Any other NaN (a
+    # score that overflowed) stays, so the loss is NaN and the training diverged.
+    return zero_masked(weights, mask.any(dim=-1, keepdim=True)).to(scores.dtype)
 
 
 # Partial sort: entmax's exact algorithms look at the k largest scores first and double k while the
