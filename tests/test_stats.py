@@ -142,6 +142,25 @@ def test_what_is_no_number_is_refused_and_any_real_number_is_a_margin():
     assert raised.value.setting == "family_size"
 
 
+def test_every_entry_point_refuses_a_family_of_0_and_alpha_is_any_real_number():
+    """cannot_decide, decisive_seeds, paired_verdict and seeds_for_solve_rates took a family of 0 for one of 1
+    (seed_plan refused it); check_alpha refused numpy's float32 and took a numpy bool's range check."""
+    calls = [lambda m: stats.cannot_decide(3, 0.05, m), lambda m: stats.decisive_seeds(m),
+             lambda m: stats.seeds_for_solve_rates(0.9, 0.1, family_size=m),
+             lambda m: stats.paired_verdict(stats.paired([1.0, 1.1, 1.2], [1.05, 1.0, 1.1]), 0.01, family_size=m)]
+    for call in calls:
+        for bad in (0, -1, True, 1.0):
+            with pytest.raises(UserError, match=f"family_size {bad!r} must be a count") as raised:
+                call(bad)
+            assert raised.value.setting == "family_size"
+        call(np.int64(2))
+    assert stats.decisive_seeds(1, np.float32(0.05)) == stats.decisive_seeds(1, 0.05)
+    for bad in (np.bool_(True), "0.05", None):
+        with pytest.raises(UserError, match="alpha") as raised:
+            stats.check_alpha(bad)
+        assert raised.value.setting == "alpha"
+
+
 def test_any_value_float_reads_is_a_number_and_a_bool_or_text_is_refused():
     """A 0-d tensor or array, a Decimal or pandas' NA that marks a failed seed was refused as 'no number', a bool
     was dropped as a failed seed, and holm ended in a bare TypeError on 'x'."""

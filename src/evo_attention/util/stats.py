@@ -493,7 +493,7 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
             "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seeds_to_decide": None,
             "seeds_to_decide_range": None, "seed_plan": None}
     if n >= 2 and sd is not None:
-        m = max(1, int(family_size))
+        m = _family(family_size)
         # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
         mde = None if result.get("test") == EXACT_TEST and m * smallest_p(n) >= alpha \
             else minimal_detectable_effect(n, sd, power, alpha / m)
@@ -740,7 +740,7 @@ def decisive_seeds(family_size: int = 1, alpha: float = 0.05) -> int:
     ``alpha`` (6 for one comparison, 7 for three, at alpha 0.05), at most ``EXACT_BELOW``, where the t-test
     decides and its p has no floor (``cannot_decide`` is None from there)."""
     check_alpha(alpha)
-    return min(EXACT_BELOW, _exact_seeds(alpha / max(1, int(family_size))))
+    return min(EXACT_BELOW, _exact_seeds(alpha / _family(family_size)))
 
 
 def _exact_seeds(alpha: float, alternative: str = "two-sided") -> int:
@@ -763,7 +763,7 @@ def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: b
     equivalence (one-sided), or both ('cannot decide')."""
     if n < 1 or not (n < EXACT_BELOW if exact is None else exact):
         return None
-    m = max(1, int(family_size))
+    m = _family(family_size)
     two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
     no_difference, no_equivalence = min(1.0, m * two) >= alpha, min(1.0, m * one) >= alpha
     holm_text = lambda p: f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""  # noqa: E731
@@ -1031,9 +1031,7 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     "sd", "sd_upper", "level", "pilot_n", "alpha", "alpha_holm", "family_size", "power",
     "equivalence", "text"}``."""
     check_alpha(alpha)
-    if isinstance(family_size, bool) or not isinstance(family_size, (int, np.integer)) or family_size < 1:
-        raise UserError(f"family_size {family_size!r} must be a count of comparisons >= 1", setting="family_size")
-    m = int(family_size)
+    m = _family(family_size)
     alpha_holm = alpha / m
     upper = sd_upper_bound(sd_diff, pilot_n, level)
     seeds = seeds_for_verdict_equivalence if equivalence else seeds_for_verdict
@@ -1159,7 +1157,7 @@ def seeds_for_solve_rates(rate: float, reference_rate: float, power: float = 0.8
     _check_rates(rate, reference_rate)
     if rate == reference_rate:
         return None
-    level = alpha / max(1, int(family_size))
+    level = alpha / _family(family_size)
     return next((n for n in range(1, int(max_seeds) + 1) if power_solve_rates(n, rate, reference_rate, level) >= power),
                 None)
 
@@ -1176,9 +1174,19 @@ def _check_rates(rate, reference_rate) -> None:
 
 
 def check_alpha(alpha: float) -> None:
-    """UserError unless ``alpha`` is a significance level in (0, 0.5)."""
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.0 < alpha < 0.5:
-        raise UserError(f"alpha {alpha!r} is outside (0, 0.5): use e.g. 0.05")
+    """UserError unless ``alpha`` is a significance level in (0, 0.5): a number of any kind (numpy's
+    float32 too), never a bool or text."""
+    value = _as_float(alpha, "alpha must be a number in (0, 0.5), e.g. 0.05", "alpha")
+    if value is None or not 0.0 < value < 0.5:
+        raise UserError(f"alpha {alpha!r} is outside (0, 0.5): use e.g. 0.05", setting="alpha")
+
+
+def _family(family_size) -> int:
+    """``family_size`` (the comparisons Holm's correction covers) as an int; not a count >= 1 is a UserError
+    (a family of 0 is no family: it would be taken for 1)."""
+    if isinstance(family_size, bool) or not isinstance(family_size, (int, np.integer)) or family_size < 1:
+        raise UserError(f"family_size {family_size!r} must be a count of comparisons >= 1", setting="family_size")
+    return int(family_size)
 
 
 # ---------------------------------------------------------------------------------------------

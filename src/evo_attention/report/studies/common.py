@@ -129,7 +129,7 @@ def verdict_cell(row: Mapping) -> str:
 
 def comparison_note(result: Mapping) -> str:
     """How the comparisons of a validation-shaped result were made, in words."""
-    family = result.get("family_size") or len(result.get("genes", []))
+    family = result.get("family_size") or len(result.get("genes", [])) or 1  # a file of no gene: no family
     log = result.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
     scale = "of the log values (the change is relative)" if log else "of the values"
     margin = result.get("margin", stats.DEFAULT_MARGIN)
