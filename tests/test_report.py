@@ -327,6 +327,22 @@ def test_baseline_only_run(tmp_path):
     assert paths["evolution_progress"].read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_status_names_each_study_file_the_report_leaves_out(normal_run):
+    from evo_attention.report.status import format_status, run_status
+    from evo_attention.report.studies import read_studies
+
+    (normal_run / "validation.json").write_text('{"kind": "validation", "genes": "x"}')  # a field of the wrong type
+    (normal_run / "validation_test.json").write_text("{not json")
+    problems = read_studies(normal_run).problems  # the report's own lines
+    assert len(problems) == 2
+    status = run_status(normal_run)
+    text = format_status(status)
+    assert status["unreadable"] == problems and all(f"  unreadable analysis file, left out: {p}" in text.splitlines()
+                                                    for p in problems)
+    assert "validation.json: damaged: a field is not what its command writes" in text
+    assert "best: dot|sparsemax|output_gate|fixed|bias|0.10" in text and "baseline: " + VANILLA in text
+
+
 def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
     # a climb's start gene is the baseline gene: the store answers it from the baseline's training
     from evo_attention.report.status import run_status

@@ -12,6 +12,7 @@ predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.su
 multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
 A run with caps says how many genes were refused before training or break a measured cap (the
 best gene and the front are feasible ones), and a warm-started run where its first genes came from.
+Each study file the report leaves out (unreadable, or damaged) is named in the report's words, one line each.
 A suite run (meta ``suite``) says its best gene and baseline by suite accuracy (the mean accuracy
 over the points, ``summary.suite_view``), and counts trainings (one per gene and point).
 
@@ -85,7 +86,7 @@ def run_status(run_dir: str | Path) -> dict:
     best = min(search, key=lambda e: (e["val_perplexity"], e["gene"]), default=None)
     baseline = next((e for e in evaluations if e.get("role") == "baseline"), None)
     objectives = objectives_of(config)
-    validated = _validated(run_dir)
+    validated, unreadable = _validated(run_dir)
     front = None
     if len(objectives) > 1:
         view = pareto_summary(feasible_only(searched, constraints), objectives)
@@ -129,6 +130,7 @@ def run_status(run_dir: str | Path) -> dict:
         "fidelity": meta["fidelity"],
         "pareto": front,
         "validated": validated,
+        "unreadable": unreadable,
         "constraints": None if constraints is None else {
             "caps": caps_text(constraints), "never_trained": never_trained,
             "over_measured_cap": len(constraints["trained"]),
@@ -176,17 +178,19 @@ def _suite_lines(suite: dict) -> list[str]:
     return lines
 
 
-def _validated(run_dir) -> list[dict]:
-    """Every validated gene of the run's validations, with its paired change and verdict."""
+def _validated(run_dir) -> tuple[list[dict], list[str]]:
+    """Every validated gene of the run's validations, with its paired change and verdict; and the study files
+    the report leaves out as unreadable or damaged (``Attachments.problems``, one line each)."""
     from evo_attention.report.studies.common import change_text, metric_direction, verdict_cell
     from evo_attention.report.studies.validation import read_studies
 
+    found = read_studies(run_dir)
     return [{"split": v.get("eval_split"), "seeds": len(v.get("seeds") or []), "gene": g.get("gene"),
              "metric": v.get("metric"), "change": change_text(g, v.get("metric", "")),
              "direction": metric_direction(v.get("metric", "")),
              "p_holm": g.get("p_holm"), "family_size": v.get("family_size"), "verdict": g.get("verdict"),
              "verdict_label": verdict_cell(g), "recomputed": bool(v.get("recomputed"))}
-            for v in read_studies(run_dir).validations for g in v.get("genes", [])]
+            for v in found.validations for g in v.get("genes", [])], found.problems
 
 
 def format_status(status: dict) -> str:
@@ -250,6 +254,7 @@ def format_status(status: dict) -> str:
         p = "" if v["p_holm"] is None else f", Holm p {v['p_holm']:.3g} over {v['family_size']}"
         lines.append(f"  validated ({v['split']} split, {v['seeds']} seeds): {v['gene']}  paired change "
                      f"{v['change']} ({v['direction']}){p}: {v['verdict_label']}" + (" (recomputed)" if v["recomputed"] else ""))
+    lines += [f"  unreadable analysis file, left out: {problem}" for problem in status.get("unreadable") or []]
     if status.get("executor"):
         e = status["executor"]
         details = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.items() if k != "name" and v is not None)
