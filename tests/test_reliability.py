@@ -165,6 +165,28 @@ def test_a_full_disk_during_the_report_is_one_line(finished_run, capsys, monkeyp
     assert "No space left on device" in one_line_error(capsys)
 
 
+@pytest.mark.parametrize("command", ["report", "search"])
+def test_a_run_moved_while_its_report_is_written_is_said_gone_not_resumed(command, tmp_path, capsys, monkeypatch):
+    import evo_attention.util.files as files
+
+    run, write_text = tmp_path / "run", files.write_text
+    search = ["search", *FLAGS, "--no-check", "--out", str(run)]
+    if command == "report":
+        assert main(search) == 0
+        capsys.readouterr()
+
+    def move_then_write(path, text):
+        if Path(path).name == "final_results.json":  # the report's first file
+            run.rename(tmp_path / "moved")
+        return write_text(path, text)
+
+    monkeypatch.setattr(files, "write_text", move_then_write)
+    assert main(["report", str(run)] if command == "report" else search) == 2
+    err = one_line_error(capsys)
+    assert f"{run} was moved or deleted while its report was written: the run is no longer there" in err
+    assert "resume" not in err and "free space" not in err and (tmp_path / "moved" / "run.db").is_file()
+
+
 def test_read_only_runs_open_for_reading(finished_run, tmp_path, capsys, monkeypatch):
     import evo_attention.search.store as store_module
 

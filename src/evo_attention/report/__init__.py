@@ -36,6 +36,7 @@ from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
 from evo_attention.report.studies.validation import read_studies
 from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, failed, load_run, perplexity_of
+from evo_attention.search.store import RunStore, StoreLost
 
 OUTPUTS = {
     "final_results": "final_results.json",
@@ -74,6 +75,9 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     try:
         _write_all(summary, attachments, paths)
     except OSError as exc:  # a full disk, a read-only directory, a file-size limit: the store is untouched
+        if not RunStore.exists(run_dir):  # the run left run_dir (moved or deleted): no command there finds it
+            raise StoreLost(f"{run_dir} was moved or deleted while its report was written: the run is no longer "
+                            "there; if it was moved, write its report from its new directory") from None
         fix = ("raise the file-size limit (ulimit -f)" if exc.errno == errno.EFBIG
                else "free space or make the directory writable")
         raise UserError(f"cannot write the report into {run_dir} ({exc.strerror or exc}): {fix}, then write the "

@@ -127,7 +127,8 @@ class DiskFull(UserError):
 
 
 class StoreLost(UserError):
-    """A writer's run.db left its path (deleted, replaced or moved away): nothing at that path is left to resume."""
+    """A run's run.db left its path while a command wrote it or its report (deleted, replaced or moved away):
+    nothing at that path is left to resume."""
 
 
 class RunStore:
