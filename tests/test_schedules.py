@@ -39,6 +39,7 @@ def context(config, **kw):
 
 
 # -- the rates ------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:warmup.* does not apply to lr_schedule constant")  # set there on purpose
 @pytest.mark.parametrize("changes", [{}, {"warmup_steps": 0}, {"warmup_steps": 37, "learning_rate": 2e-3},
                                      {"lr_schedule": "cosine"}, {"lr_schedule": "cosine", "warmup_steps": 0},
                                      {"lr_schedule": "cosine", "warmup_steps": 37, "learning_rate": 2e-3,
@@ -63,6 +64,26 @@ def test_cosine_rate_matches_its_formula():
 def test_constant_rate_ignores_the_warmup():
     recipe = Config(learning_rate=0.5, warmup_steps=500, train_steps=400).train
     assert {scheduled_rate(recipe, step, 400) for step in range(401)} == {0.5}
+
+
+def test_a_warmup_the_schedule_ignores_is_said_where_given_in_python_and_keeps_its_key():
+    import re
+    import warnings
+
+    said = "warmup_steps does not apply to lr_schedule constant (it has no warm-up): leave it out or choose"
+    with pytest.warns(UserWarning, match="^" + re.escape(said)):
+        config = Config(warmup_steps=10)
+    with pytest.warns(UserWarning, match="^warmup does not apply to lr_schedule constant"):
+        Config(warmup=0.05)
+    with pytest.warns(UserWarning, match="^" + re.escape(said)):
+        Config().replace(warmup_steps=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said nowhere else: no warm-up, one that applies, one a preset or store keeps
+        Config(), Config(warmup_steps=0), Config(lr_schedule="cosine", warmup_steps=10), config.replace(train_steps=9)
+        preset = build_config("shakespeare-char", overrides={"lr_schedule": "constant"})
+        assert preset.warmup_steps == 50 and preset.replace(seed=1).warmup_steps == 50
+        stored = Config.from_dict(config.to_dict())
+    assert context(stored) == context(config) != context(Config())  # the key is the one it had
 
 
 def test_wsd_rate_matches_its_formula():
@@ -113,7 +134,8 @@ def test_a_warmup_as_long_as_the_training_is_refused_naming_both_numbers(schedul
 
 def test_a_constant_schedule_accepts_any_warmup():
     assert Config(train_steps=400).warmup_steps == 500  # the quick preset's case: the warm-up is unused
-    assert Config(train_steps=400, warmup_steps=4000).lr_schedule == "constant"
+    with pytest.warns(UserWarning, match="^warmup_steps does not apply to lr_schedule constant"):  # said unused
+        assert Config(train_steps=400, warmup_steps=4000).lr_schedule == "constant"
 
 
 def test_wsd_warmup_and_decay_must_not_overlap():
@@ -202,6 +224,7 @@ def test_an_old_config_keeps_its_key():
     assert "lr_decay_fraction" not in Trial.from_config(GENE, Config(lr_schedule="cosine")).settings()
 
 
+@pytest.mark.filterwarnings("ignore:warmup.* does not apply to lr_schedule constant")  # set there on purpose
 def test_a_warmup_fraction_is_the_steps_it_resolves_to():
     for schedule in ("constant", "cosine", "wsd"):
         base = Config(lr_schedule=schedule, train_steps=400, warmup_steps=10)

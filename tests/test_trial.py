@@ -81,6 +81,7 @@ STORED_KEY_ORDER = (
     "halving_audit", "data", "tokenizer", "text_field", "data_dir", "eval_stride", "recall", "plugins", "batch_models")
 
 
+@pytest.mark.filterwarnings("ignore:warmup.* does not apply to lr_schedule constant")  # set there on purpose
 def test_the_config_takes_every_spec_field_from_its_one_declaration():
     config_fields = {f.name: f for f in dataclasses.fields(Config)}
     order = list(config_fields)

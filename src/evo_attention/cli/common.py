@@ -224,6 +224,7 @@ def note_unused_flags(args) -> None:
 
 def check_schedule_and_suite(config) -> None:
     """Refuse what contradicts the chosen schedule or suite; note what it does not use."""
+    from evo_attention.train.config import unused_warmup
     from evo_attention.train.schedules import SCHEDULES, alternatives, takes_warmup, uses_decay
 
     schedule = config.lr_schedule
@@ -233,9 +234,7 @@ def check_schedule_and_suite(config) -> None:
         named = given(flag_of(name)) or (SETTING_ORIGINS.get(name, "").startswith("config file")
                                          and getattr(config, name) != defaults[name])
         if named and not takes_warmup(schedule):
-            raise UserError(f"{name} does not apply to lr_schedule {schedule} (it has no warm-up): leave it out "
-                            f"or choose a schedule with a warm-up ({alternatives(filter(takes_warmup, SCHEDULES))})",
-                            setting=(name, "lr_schedule"))
+            raise UserError(unused_warmup(name, schedule), setting=(name, "lr_schedule"))
     if given("--decay-fraction") and not uses_decay(schedule):
         note(f"--decay-fraction is not used by --lr-schedule {schedule} (only a schedule with a decay phase reads "
              f"it: {alternatives(filter(uses_decay, SCHEDULES))}): ignored")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Mapping
 
 from evo_attention.nn.spec import BLOCKS, SHORT_CONV_WIDTHS, ModelSpec, setting
 from evo_attention.train.record import OBJECTIVES, PRIMARY_OBJECTIVE, SUITE_OBJECTIVE
-from evo_attention.train.schedules import SCHEDULES, takes_warmup, uses_decay
+from evo_attention.train.schedules import SCHEDULES, alternatives, takes_warmup, uses_decay
 from evo_attention.train.spec import (COMPILE_MODES, CUDA_GRAPH_MODES, DROPOUT_STREAMS, PRECISIONS, TaskSpec, TrainSpec,
                                       freeze, steps_of)
 from evo_attention.util.errors import UserError
@@ -175,10 +175,16 @@ class Config:
                                       help="train up to K trials that differ only in seed or learning rate as one "
                                            "batched model: auto (measured per model shape on this machine, the "
                                            "default), off, or K")
+    # a warm-up the schedule ignores is said so where given here (Config, or replace naming it); settings from a
+    # preset, a file or a store (from_dict) keep theirs silently: it is in their keys (the CLI refuses its own)
+    warn_unused_warmup: InitVar[bool] = field(default=True)
 
-    def __post_init__(self):
+    def __post_init__(self, warn_unused_warmup: bool):
         _check_model(self)
         _check_training(self)
+        name = "warmup" if self.warmup else "warmup_steps"  # the warm-up is given in one form (_check_schedule)
+        if warn_unused_warmup and not takes_warmup(self.lr_schedule) and getattr(self, name) not in (0, 500):
+            warnings.warn(unused_warmup(name, self.lr_schedule), stacklevel=3)  # 500: the default warmup_steps
         _check_search(self)
         _check_data(self)
         self.batch_models = batch_models_value(self.batch_models)
@@ -276,7 +282,7 @@ class Config:
             changes["warmup_steps"] = _DEFAULT_WARMUP_STEPS
         if changes.get("warmup_steps") is not None and "warmup" not in changes:
             changes["warmup"] = None
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **changes, warn_unused_warmup=bool({"warmup", "warmup_steps"} & set(changes)))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -292,7 +298,7 @@ class Config:
         cls.check_keys(data, source)
         words = {f.name for f in dataclasses.fields(cls) if f.metadata.get("parse") in ("vocab", "count_or_all")}
         return cls(**{k: None if k in words and isinstance(v, str) and v.strip().lower() in ("full", "all", "none")
-                      else v for k, v in data.items()})
+                      else v for k, v in data.items()}, warn_unused_warmup=False)
 
     @classmethod
     def check_keys(cls, data: Mapping[str, Any], source: str = "config") -> None:
@@ -419,6 +425,12 @@ def warmup_twice(fraction, steps) -> str:
     """The error of a warm-up given both as a fraction and as steps."""
     return (f"warmup {fraction!r} and warmup_steps {steps!r} both set the warm-up: give one of them (warmup is a "
             "fraction of the training steps, warmup_steps a number of steps)")
+
+
+def unused_warmup(name: str, schedule: str) -> str:
+    """The line of a warm-up (``name``: warmup_steps or warmup) that lr_schedule ``schedule`` does not use."""
+    return (f"{name} does not apply to lr_schedule {schedule} (it has no warm-up): leave it out or choose a schedule "
+            f"with a warm-up ({alternatives(filter(takes_warmup, SCHEDULES))})")
 
 
 def _check_schedule_fits(c: Config, spec: TrainSpec, steps: int) -> None:

@@ -1143,6 +1143,6 @@ def train_and_evaluate(gene, config, data: TaskData, *, seed: int | None = None,
         raise TypeError(f"progress must be a function (step, total, loss) or None, not {progress!r}")
     if eval_split not in ("valid", "test"):
         raise ValueError(f"eval_split must be 'valid' or 'test', not {eval_split!r}")
-    config = dataclasses.replace(config)  # validated again: a field may have been set after construction
+    config = config.replace()  # validated again: a field may have been set after construction
     trial = Trial.from_config(gene, config, seed=seed, steps=steps, eval_split=eval_split, data=data)
     return run_training(trial, data, device=device, progress=progress).record
