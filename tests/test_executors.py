@@ -15,6 +15,8 @@ from evo_attention.util.errors import UserError
 from evo_attention import Evolution
 from evo_attention.search.executors import (EvalTask, LocalExecutor, ProcessExecutor, RayExecutor, executor_for,
                                            make_executor)
+from evo_attention.search.executors.base import plan_batches
+from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
 from evo_attention.train.spec import Trial, provide_task
 
@@ -205,6 +207,52 @@ def test_resume_under_other_executors(tmp_path, reference, ray_cluster):
     with RunStore.open(out, readonly=True) as store:
         resumed = [r for r in store.evaluations() if r.get("resumed_from")]
     assert resumed and all(r["resumed_from"] < r["steps"] for r in resumed)
+
+
+class Seen:
+    """A progress view noting the workers whose trainings it is shown starting and the answers it is shown."""
+
+    def __init__(self):
+        self.started, self.cached = [], []
+
+    def start(self, label, gene, total, worker=None):
+        self.started.append(worker)
+
+    def step(self, *args, **kwargs):
+        pass
+
+    def finished(self, label, gene, record, cached, done, worker=None):
+        self.cached.append(cached)
+
+
+def test_a_resume_under_workers_trains_the_batches_of_the_uninterrupted_run(tmp_path, one_thread):
+    """Workers halve a call's batch so that none idles; an interruption that cut a batch leaves fewer
+    trials, which alone would be grouped otherwise (here: a batch of 2 and one alone). The resume plans
+    over the call as it began, so the cut batch trains whole again (its stored member too, neither
+    shown nor stored) and every record is the uninterrupted run's, bit for bit: this gene's batched
+    training depends in its last digits on its partners."""
+    config = Config(**{**TINY, "precision": "fp32"})
+    data = data_from_config(config)
+    tasks = [EvalTask(Trial.from_config("dot|softmax|none|adaptive|bias|0.10|rank=4", config.replace(seed=seed),
+                                        data=data)) for seed in range(4)]
+    assert [len(group) for group in plan_batches(tasks, 4, workers=2)] == [2, 2]
+
+    def stop(task, record, cached):  # the first record is stored, its partner's is lost
+        raise KeyboardInterrupt
+
+    with ProcessExecutor(2, threads=1, batch_models=4) as executor:
+        full = Runner(executor, store=RunStore.create(tmp_path / "full", config.to_dict()),
+                      data={config.task: data}).evaluate(tasks)
+        store = RunStore.create(tmp_path / "cut", config.to_dict())
+        with pytest.raises(KeyboardInterrupt):
+            Runner(executor, store=store, on_finished=stop).evaluate(tasks)
+        assert len(store.evaluations()) == 1
+        view = Seen()
+        resumed = Runner(executor, store=store, view=view).evaluate(tasks)
+    assert all(resumed[t].val_loss == full[t].val_loss and resumed[t].curve == full[t].curve for t in tasks)
+    assert len(store.evaluations()) == 4 and all(resumed[t].extra["batched"] == 2 for t in tasks)
+    assert sorted(view.cached) == [False, False, False, True] and len(view.started) == 3  # the stored one: once
+    store.close()
 
 
 # -- dead workers ----------------------------------------------------------------------------------

@@ -140,10 +140,6 @@ def cmd_search(args) -> int:
                           executor=executor, trackers=trackers, keep_models=args.keep_models, announce=False,
                           check=0 if args.no_check else None)
     resume_cmd = f"evo-attention search --resume --out {shlex.quote(str(out))}{executor_flags(executor.describe())}"
-    if args.resume and executor.name == "process" and executor.batch_models not in ("off", 1):
-        note("worker processes batch only the trials still to train, so those an interruption cut off may now be "
-             "batched with other trials than in an uninterrupted run: their results may differ from it in the last "
-             "digits (--batch-models off from a run's start trains every trial alone, the same either way)")
     install_sigterm_handler(survive_hangup=True)  # a closed terminal never stops a search
     what = (f"{config.train_steps} steps per model, data {evolution.data.name}; {evolution.planned} evaluations "
             "planned" if not on_suite else f"{on_suite}; {evolution.planned} trainings planned")

@@ -4,10 +4,11 @@ Every part of the product that trains models (the search driver, validate, ablat
 its ``EvalTask`` s (or bare ``Trial`` s) to a ``Runner``, which
 
 1. answers each task from the run store when a record of the same ``trial.key()`` is stored
-   already -- a cache hit is never trained again; the trials of one call may differ in any field;
+   already -- a cache hit is never trained again (but see 2); the trials of one call may differ in any field;
 2. gives the others to the executor, and writes each record into the store the moment it comes
    back (with the task's role and generation), so an interruption loses at most the trainings in
-   flight;
+   flight; a call an interruption cut is batched again as it began (``_plan``), so a batch the cut
+   split trains whole again, its answered members too (neither stored nor reported again);
 3. reports progress: a line per finished evaluation and a live bar per training worker
    (``util.progress.SearchView``), and the workers' activity in the store for ``status``.
 
@@ -25,7 +26,10 @@ the meta, so a resume, and every worker, decide precision and models per batch a
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
+from inspect import signature
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,6 +43,7 @@ from evo_attention.train.spec import Trial, load_task, provide_task
 from evo_attention.util.progress import SearchView
 
 PROBES = "probes"  # meta: the probe answers (precision per shape, models per batch) the run pinned at first use
+PLAN = "plan"  # meta (after ``activity``): the call begun last, and which of its tasks were still to train then
 
 FinishedFn = Callable[[EvalTask, EvaluationRecord, bool], None]  # (task, record, served from the store)
 
@@ -94,10 +99,12 @@ class Runner:
                 self.announce(task, hit, cached=True)
             else:
                 todo.append(task)
+        plan = self._plan(tasks, todo)
         if self.store is not None:
-            todo = [replace(task, probes=pinned_probes()) for task in todo]
+            plan = [replace(task, probes=pinned_probes()) for task in plan]
+        answered = {"answered": [task for task in plan if task in records]} if len(plan) > len(todo) else {}
         try:
-            for task, record in self.executor.run(todo, on_start=self._start, on_step=self._step):
+            for task, record in self.executor.run(plan, on_start=self._start, on_step=self._step, **answered):
                 record = self._annotate(task, record)
                 if self.store is not None:
                     self._pin(record)
@@ -109,6 +116,19 @@ class Runner:
         finally:
             self._clear_activity()
         return records
+
+    def _plan(self, tasks: list, todo: list) -> list:
+        """The tasks the executor plans this call's batches over (in the caller's order): those to train,
+        and those that were when an earlier session of this very call began (meta PLAN), which an
+        interruption cut: the batches are the uninterrupted run's, and so are their records."""
+        if self.store is None or not todo or "answered" not in signature(self.executor.run).parameters:
+            return todo
+        call = hashlib.sha256(json.dumps([task.trial.key() for task in tasks]).encode()).hexdigest()
+        began, pending = self.store.get_meta(self.activity + PLAN) or {}, set(todo)
+        held = set(began.get("pending", ())) if began.get("call") == call else set()
+        held = [i for i, task in enumerate(tasks) if i in held or task in pending]
+        self.store.set_meta(self.activity + PLAN, {"call": call, "pending": held})
+        return [tasks[i] for i in held]
 
     # -- functional equivalence ------------------------------------------------------------------------
     def _equivalent(self, task: EvalTask) -> EvaluationRecord | None:

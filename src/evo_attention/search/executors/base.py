@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 from evo_attention.data.base import TaskData
 from evo_attention.genes import layers_of
@@ -221,6 +221,17 @@ def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers:
     return groups
 
 
+def planned(tasks: Sequence[EvalTask], batch_models: str | int, answered: Collection = (), *, on_start=None,
+            on_step=None, **plan) -> tuple[list[list[EvalTask]], set, StartFn | None, StepFn | None]:
+    """An executor's groups of one call (``Executor.run``): ``plan_batches`` over all its tasks, less the
+    groups whose every task is ``answered``; with the answered tasks, and the callbacks silent for them
+    (a group trains them again only so that it is the group it was, and they are reported by nobody)."""
+    answered = set(answered)
+    groups = [group for group in plan_batches(tasks, batch_models, **plan) if not answered.issuperset(group)]
+    hush = lambda fn: fn and (lambda task, *args: None if task in answered else fn(task, *args))  # noqa: E731
+    return groups, answered, hush(on_start), hush(on_step)
+
+
 def named(group: Sequence[EvalTask], worker: str) -> list[EvalTask]:
     """The tasks of a planned group as ``worker`` runs them: a task alone as ``worker``, the i-th of a
     batch (from 1) as ``worker#i``."""
@@ -357,7 +368,11 @@ class Executor:
     batch_models: str | int = "auto"  # how many same-shape trials train as one batch (plan_batches)
 
     def run(self, tasks: Sequence["EvalTask | Trial"], *, on_start: StartFn | None = None,
-            on_step: StepFn | None = None) -> Iterator[tuple[EvalTask, EvaluationRecord]]:
+            on_step: StepFn | None = None, answered: Collection = ()) -> Iterator[tuple[EvalTask, EvaluationRecord]]:
+        """Train ``tasks`` and yield ``(task, record)`` for each that is not ``answered``: those of
+        ``tasks`` whose records the caller has (an interrupted earlier session of this very call trained
+        them), planned with the others so that every batch is the one the whole call had (``planned``).
+        A ``run`` without the ``answered`` keyword is handed the tasks still to train alone."""
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -395,8 +410,10 @@ class LocalExecutor(Executor):
 
         return torch.get_num_threads()
 
-    def run(self, tasks, *, on_start=None, on_step=None):
-        for group in plan_batches([as_task(task) for task in tasks], self.batch_models):
+    def run(self, tasks, *, on_start=None, on_step=None, answered=()):
+        groups, answered, on_start, on_step = planned([as_task(task) for task in tasks], self.batch_models, answered,
+                                                      on_start=on_start, on_step=on_step)
+        for group in groups:
             members = named(group, "local")
             for task in members if on_start is not None else ():
                 on_start(task)
@@ -405,6 +422,6 @@ class LocalExecutor(Executor):
                                                   state=load_state(members[0]))  # a batch leaves no state, no model
             store_state(members[0], state)
             store_model(members[0], model)
-            yield from zip(members, records)
+            yield from ((task, record) for task, record in zip(members, records) if task not in answered)
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import wait
 
 from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute_group,
-                                                 failure_record, load_state, named, plan_batches, store_model,
+                                                 failure_record, load_state, named, planned, store_model,
                                                  store_state, valid_batch_models, worker_devices)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
@@ -210,7 +210,7 @@ class ProcessExecutor(Executor):
                 slot.stop(kill=True)
             raise
 
-    def run(self, tasks, *, on_start=None, on_step=None):
+    def run(self, tasks, *, on_start=None, on_step=None, answered=()):
         tasks = [as_task(task) for task in tasks]
         check_rebuildable(tasks)
         if not tasks:
@@ -218,7 +218,8 @@ class ProcessExecutor(Executor):
         self._open()
         devices = worker_devices(tasks[0].trial.train.device, self.workers)
         share = max(devices.count(device) for device in devices)  # the workers that share one device's memory
-        groups = plan_batches(tasks, self.batch_models, workers=self.workers, memory_share=share)
+        groups, answered, on_start, on_step = planned(tasks, self.batch_models, answered, on_start=on_start,
+                                                      on_step=on_step, workers=self.workers, memory_share=share)
         queue = deque((group, 0) for group in groups)
         try:
             while queue or any(slot.job for slot in self._slots):
@@ -242,15 +243,16 @@ class ProcessExecutor(Executor):
                 ready = set(wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0))
                 for slot in busy:
                     if slot.conn in ready or slot.process.sentinel in ready:
-                        yield from self._serve(slot, queue, on_step)
+                        yield from self._serve(slot, queue, on_step, answered)
         finally:
             for slot in self._slots:  # abandoned (interrupted): stop the work in flight
                 if slot.job is not None:
                     slot.stop(kill=True)
 
-    def _serve(self, slot: _Slot, queue: deque, on_step):
-        """Read what ``slot`` sent; handle its death."""
+    def _serve(self, slot: _Slot, queue: deque, on_step, answered: set):
+        """Read what ``slot`` sent; handle its death. Nothing of an ``answered`` task is yielded, nor retried."""
         token, tasks, attempts = slot.job
+        pending = [task for task in tasks if task not in answered]
         while slot.job is not None:
             try:
                 if not slot.conn.poll():
@@ -269,10 +271,10 @@ class ProcessExecutor(Executor):
                     store_state(tasks[0], message[3])
                     store_model(tasks[0], message[4])
                 slot.job = None
-                yield from zip(tasks, message[2])
+                yield from ((task, record) for task, record in zip(tasks, message[2]) if task not in answered)
             elif kind == "error":
                 slot.job = None
-                for task in tasks:
+                for task in pending:
                     yield task, failure_record(task, message[2])
             elif kind == "fatal":
                 slot.job = None
@@ -283,9 +285,9 @@ class ProcessExecutor(Executor):
             slot.stop(kill=True)
             slot.start()  # a fresh worker takes the dead one's place
             if attempts + 1 < self.max_attempts:  # a batch's tasks are retried alone, first in line
-                queue.extendleft(([replace(task, worker="")], attempts + 1) for task in reversed(tasks))
+                queue.extendleft(([replace(task, worker="")], attempts + 1) for task in reversed(pending))
             else:
-                for task in tasks:
+                for task in pending:
                     yield task, failure_record(task, f"the worker process died {attempts + 1} times "
                                                      f"running this evaluation (last: {how})")
 
