@@ -371,3 +371,17 @@ def test_a_suite_mixes_language_and_task_points_with_stated_weights(tmp_path, sh
             parse_suite({**MIXED, "points": [MIXED["points"][0], {**raw["points"][1], **bad}]})
     with pytest.raises(UserError, match="tokenizer applies to a language point"):
         parse_suite({**MIXED, "points": [{**MIXED["points"][0], "tokenizer": "byte"}]})
+
+
+@pytest.mark.parametrize("command", ["search", "validate", "fitness-check", "compare"])
+def test_every_suite_flag_names_every_shipped_suite(command):
+    """validate's, fitness-check's and compare's --suite help left out fitness-recall, which the README uses."""
+    import re
+
+    from evo_attention.cli import build_parser
+    from evo_attention.data.suites import shipped_suites
+
+    subparsers = next(a for a in build_parser()._actions if a.choices and command in a.choices)
+    text = " ".join(subparsers.choices[command].format_help().split())
+    suite_help = re.search(r"--suite NAME\|FILE (.*?) --", text).group(1).replace("- ", "-")
+    assert all(name in suite_help for name in shipped_suites())

@@ -422,9 +422,11 @@ def cmd_validate(args) -> int:
 
 def add_suite_flag(p: argparse.ArgumentParser, what: str) -> None:
     """--suite and --baseline-gene of compare and validate (Config settings that only search's flags carry)."""
+    from evo_attention.train.config import shipped_suites
+
     p.add_argument("--suite", metavar="NAME|FILE",
-                   help=f"train each {what} and the baseline on every point of this suite of tasks (mad-cpu, "
-                        "mad-paper or a suite YAML file), each point for the suite's steps, and compare their "
+                   help=f"train each {what} and the baseline on every point of this suite of tasks "
+                        f"({shipped_suites()} or a suite YAML file), each point for the suite's steps, and compare their "
                         "accuracy per point and their suite accuracy (the mean over the points); see docs/tasks.md")
     add_baseline_flag(p)
 
