@@ -330,6 +330,7 @@ def test_export_never_replaces_files_it_did_not_write(tmp_path, capsys, monkeypa
 
 
 def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path, capsys, monkeypatch):
+    """... and says that it replaces it (it did so without a word)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for split in ("train", "valid", "test"):
@@ -350,7 +351,8 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path,
     shutil.rmtree(corpus)  # the training data is gone: no harness task this time
     monkeypatch.setattr("evo_attention.train.spec._TASK_DATA", {})  # nor the process's copy of it
     capsys.readouterr()
-    assert main(["export", "--model", str(tmp_path / "b" / "model"), "--format", "hf", "--out", str(out)]) == 0
+    with pytest.warns(UserWarning, match="holds a transformers export already: this one replaces it"):
+        assert main(["export", "--model", str(tmp_path / "b" / "model"), "--format", "hf", "--out", str(out)]) == 0
     assert "no lm-evaluation-harness task" in capsys.readouterr().err
     left = {p.name for p in out.iterdir()}
     assert not left & {"lm_eval_task.yaml", "lm_eval_valid.jsonl", "evo_attention_gone.py"} and "notes.txt" in left

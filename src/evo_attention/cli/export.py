@@ -41,8 +41,10 @@ def cmd_export(args) -> int:
     kind, own = {"hf": ("a transformers export", is_hf_export),
                  "hf-attention": ("a transformers attention export", is_hf_attention_export)}.get(
         args.format, ("an attention export", is_attention_export))
-    check_output(args.out, kind=kind, own=own,
-                 sources={"model directory": directory, "run directory": args.from_run})  # before any loading
+    out = check_output(args.out, kind=kind, own=own,
+                       sources={"model directory": directory, "run directory": args.from_run})  # before any loading
+    if out.is_dir() and own(out):
+        note(f"--out {out} holds {kind} already: this one replaces it")
     # the plugins the model was trained with (its genes may use their ops and components), and --plugin's
     load_with_plugins(saved_plugins(directory), args.plugin)
     model = load_model(directory)
