@@ -63,8 +63,10 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # resolves the same way in every later training on the machine: deterministic for a trial there.
 # The probe is per shape, not per genome: every gene of a search at one size trains in one
 # precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
-# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) chooses fp32 and is not
-# kept; one on a lightly loaded machine may still choose wrongly: ``evo-attention bench --reprobe``
+# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) has not measured bf16's gain
+# and chooses fp32; it is kept like any answer, so that a machine's load when it first trained a shape
+# never makes the same command train in another precision later. Such an answer, or one measured on a
+# lightly loaded machine, may be the slower precision: ``evo-attention bench --reprobe``
 # (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
@@ -114,9 +116,8 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
                      dropout_stream: str = "cpu") -> tuple[str, str]:
     """The measured precision of a shape on this machine: read from the probe's cache file, or
     probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
-    and kept, unless its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine): then
-    bf16's gain is not measured, the answer is fp32 (the exact precision, as every process that
-    cannot keep its answer chooses) and is this process's alone, and the reason says so. Two
+    and kept; where its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine) bf16's gain
+    was not measured and the answer is fp32 (the exact precision), kept too, and the reason says so. Two
     processes probing at once keep the first answer written (one measures while the other waits),
     and both use it. A run's pinned answer comes first (``probe_cache.probe_answer``)."""
     shape = probe_shape(spec, seq_len, batch_size, dropout_stream)
@@ -133,19 +134,18 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
                 "bf16_ms": 1000 * times["bf16"], "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(),
                 "torch": torch.__version__, "shape": shape, "spread": times.get("spread", 1.0)}
 
-    found, _ = probe_answer(path, _precision_entry, measure, keep=_steady, decides=lambda entry: entry["precision"])
+    found, _ = probe_answer(path, _precision_entry, measure, decides=lambda entry: entry["precision"])
     precision = found["precision"]
     times = f"fp32 {found['fp32_ms']:.1f} ms vs bf16 {found['bf16_ms']:.1f} ms per step"
-    # an unsteady answer was never written (a run may have pinned it): no file to cite
     reason = (f"auto: measured for this shape on this machine, {times} ({path.name})" if _steady(found) else
               f"auto: {precision}, the machine was too busy to measure bf16's gain ({times}, rounds disagreeing by "
-              f"more than {PROBE_STABLE_SPREAD:g}x; not kept)")
+              f"more than {PROBE_STABLE_SPREAD:g}x; kept in {path.name} until probes are measured again)")
     _PRECISION_CHOICES[key] = (precision, reason)
     return precision, reason
 
 
 def _steady(entry: dict) -> bool:
-    """Whether a probe's rounds agreed (within PROBE_STABLE_SPREAD): only then is its answer kept."""
+    """Whether a probe's rounds agreed (within PROBE_STABLE_SPREAD): only then did it measure bf16's gain."""
     return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
 
 
