@@ -230,6 +230,35 @@ def test_validate_from_run_end_to_end(tiny_run, capsys):
     assert "Multi-seed validation" in page and "data:image/png;base64," in page
 
 
+def test_the_best_of_an_unfinished_search_is_taken_with_a_note(tiny_run, tmp_path):
+    """validate, transfer (run_genes), export, ablate, compare and attention-maps may take a stopped search's best
+    genes, but say that the search is not finished, in status's words; and --top beyond the ranked genes says how
+    many there are."""
+    import argparse
+    import shutil
+    import warnings
+
+    from evo_attention.cli.validate import run_genes
+    from evo_attention.report import load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a finished search with enough genes: nothing to say
+        assert len(run_genes(argparse.Namespace(genes=None), load_run(tiny_run), 1)) == 1
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    with RunStore.open(run) as store:
+        store.set_meta("done", False)  # as if it had been stopped
+    with pytest.warns(UserWarning) as told:
+        genes = run_genes(argparse.Namespace(genes=None), load_run(run), 9, verb="transfer")
+    assert [str(w.message) for w in told] == [
+        f"the search in {run} is not finished (interrupted: 1 of 1 generations done, 3 trainings recorded of 3 "
+        "planned): transfer takes its best genes so far",
+        f"--top 9 asks for more genes than the run in {run} has ranked (the vanilla gene and its baseline aside): "
+        f"transfer takes the {len(genes)} it has"]
+    with pytest.warns(UserWarning, match="is not finished .*: export takes its best genes so far"):
+        assert main(["export", "--from-run", str(run), "--format", "hf-attention", "--out", str(tmp_path / "hf")]) == 0
+
+
 def test_validate_rejects_bad_input(tiny_run, capsys):
     assert main(["validate", "--quiet"]) == 2
     assert "give --genes" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from __future__ import annotations
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
 from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
-                                        log_outputs, run_study)
+                                        log_outputs, note_unfinished, run_study)
 
 
 def cmd_ablate(args) -> int:
@@ -28,6 +28,7 @@ def cmd_ablate(args) -> int:
         if summary.best_gene is None:
             raise UserError(f"the run in {args.from_run} has no finished search evaluation: let it run, or give --gene")
         gene = AttentionGene.parse(summary.best_gene)
+        note_unfinished(args.from_run, "ablate")
     else:
         raise UserError("nothing to ablate: give --gene KEY or --from-run DIR (its best gene)")
     variants = []  # against the config's baseline; fails fast (nothing written) on the baseline gene itself

@@ -24,7 +24,7 @@ import argparse
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
                                       explicit_settings, note, out_arg, suite_text, with_run_suite)
 from evo_attention.cli.validate import (add_grid_flags, add_match_flag, add_suite_flag, grid_text, log_grid,
-                                        log_suite_result)
+                                        log_suite_result, note_unfinished)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
 from evo_attention.util.progress import log
@@ -92,6 +92,7 @@ def cmd_compare(args) -> int:
              "compared once")
     if args.from_run:
         entries.append(evolved_entry(args.from_run))
+        note_unfinished(args.from_run, "compare")
     executor = executor_from_args(args, config)
     out = out_arg(args, kind="a comparison", study="compare", also=[args.from_run])
     budget = on_suite or f"{config.train_steps} steps, data {config.data}"

@@ -15,6 +15,7 @@ that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads
 from __future__ import annotations
 
 from evo_attention.cli.common import given, load_with_plugins, note, with_given_plugins
+from evo_attention.cli.validate import note_unfinished
 from evo_attention.util.errors import UserError
 
 
@@ -38,6 +39,8 @@ def cmd_export(args) -> int:
     if args.format == "hf-attention" and args.from_run and not kept_models(args.from_run):
         return _hf_attention_from_run(args)  # an attention function needs the gene, not trained weights
     directory = args.model or kept_model(args.from_run, args.rank if args.rank is not None else 1)
+    if args.from_run:
+        note_unfinished(args.from_run, "export")
     kind, own = {"hf": ("a transformers export", is_hf_export),
                  "hf-attention": ("a transformers attention export", is_hf_attention_export)}.get(
         args.format, ("an attention export", is_attention_export))
@@ -97,6 +100,7 @@ def _hf_attention_from_run(args) -> int:
     ranked = [row["gene"] for row in (run.suite["genes"] if run.suite is not None else run.ranking) if row.get("rank")]
     if isinstance(rank, bool) or rank < 1 or rank > len(ranked):
         raise UserError(f"--rank {rank} is beyond the {len(ranked)} ranked gene(s) of the run in {args.from_run}")
+    note_unfinished(args.from_run, "export")
     config = Config.from_dict({k: v for k, v in run.config.items() if k in Config.field_names()})
     check_output(args.out, kind="a transformers attention export", own=is_hf_attention_export,
                  sources={"run directory": args.from_run})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from evo_attention.cli.common import (GIVEN_FLAGS, add_training_flags, checked, explicit_settings, given,
                                       load_with_plugins, note, out_arg, run_suite)
+from evo_attention.cli.validate import note_unfinished
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.progress import log, training_bar
@@ -64,6 +65,7 @@ def _trained_model(args):
             if best is None:
                 raise UserError(f"the run in {args.from_run} has no finished search evaluation: give --gene")
             gene = AttentionGene.parse(best)
+            note_unfinished(args.from_run, "attention-maps")
     else:
         config = checked(Config.from_dict(settings, source="the command line"))
         gene = AttentionGene.parse(args.gene)

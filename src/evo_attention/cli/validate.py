@@ -281,7 +281,23 @@ def run_genes(args, summary, top: int, verb: str = "validate") -> list[str]:
     if not ranked:
         raise UserError(f"the run in {summary.run_dir} has no finished search evaluation to {verb}: let it run, "
                         "or give --genes")
+    note_unfinished(summary.run_dir, verb)
+    if len(ranked) < top:
+        note(f"--top {top} asks for more genes than the run in {summary.run_dir} has ranked (the vanilla gene and "
+             f"its baseline aside): {verb} takes the {len(ranked)} it has")
     return ranked[:top]
+
+
+def note_unfinished(run_dir, verb: str) -> None:
+    """A note, in ``status``'s words, when the search in ``run_dir`` has not finished (interrupted, or
+    running): what ``verb`` takes from it is its best so far. Every command that takes a run's best says it."""
+    from evo_attention.report.status import run_status
+
+    s = run_status(run_dir)
+    if not s.get("study") and not s["done"]:
+        planned = f" of {s['planned']} planned" if s["planned"] else ""
+        note(f"the search in {run_dir} is not finished ({s['state']}: {s['generations_done']} of {s['generations']} "
+             f"generations done, {s['trained']} trainings recorded{planned}): {verb} takes its best genes so far")
 
 
 def search_values(summary, keys, metric: str, config, data, eval_split: str) -> dict:
