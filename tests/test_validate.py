@@ -259,6 +259,23 @@ def test_the_best_of_an_unfinished_search_is_taken_with_a_note(tiny_run, tmp_pat
         assert main(["export", "--from-run", str(run), "--format", "hf-attention", "--out", str(tmp_path / "hf")]) == 0
 
 
+def test_the_default_seeds_can_decide_over_the_family_the_validation_tests(tiny_run, tmp_path):
+    """One gene validated after two on the same seeds: the earlier comparison there joins Holm's family
+    (docs/validation.md, Holm across the run), so the default is the 7 seeds that can decide over 2, not the 6
+    of one gene, whose smallest p (0.031) is 0.0625 after Holm over 2."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    gate = "dot|softmax|output_gate|fixed|bias|0.10"
+    assert main(["validate", "--from-run", str(run), "--genes", f"{SPARSE},{gate}", "--quiet"]) == 0
+    first = json.loads((run / "validation.json").read_text())
+    assert first["family_size"] == 2 and first["seeds"] == list(range(8, 15))
+    assert main(["validate", "--from-run", str(run), "--genes", SPARSE, "--quiet"]) == 0
+    again = json.loads((run / "validation.json").read_text())
+    assert again["family_size"] == 2 and again["seeds"] == first["seeds"]
+
+
 def test_validate_rejects_bad_input(tiny_run, capsys):
     assert main(["validate", "--quiet"]) == 2
     assert "give --genes" in capsys.readouterr().err
@@ -371,7 +388,7 @@ def test_too_few_seeds_are_told_in_cannot_decides_words(seeds, says):
     from evo_attention.cli.validate import _decisive_seeds
 
     with pytest.warns(UserWarning) as told:
-        _decisive_seeds(argparse.Namespace(confidence=0.95, seeds=seeds), 1, planned=True)
+        _decisive_seeds(argparse.Namespace(confidence=0.95, seeds=seeds), lambda n: 1, planned=True)
     text = str(told[0].message)
     assert text.startswith(says) and "6 seeds are the fewest" in text and "equivalent at best" not in text
 
@@ -382,5 +399,5 @@ def test_a_confidence_without_an_alpha_is_named_as_the_flag():
     from evo_attention.cli.validate import _decisive_seeds
 
     with pytest.raises(UserError, match="^confidence 1.0 is outside") as raised:
-        _decisive_seeds(argparse.Namespace(confidence=1.0, seeds=3), 1, planned=True)
+        _decisive_seeds(argparse.Namespace(confidence=1.0, seeds=3), lambda n: 1, planned=True)
     assert raised.value.setting == "confidence"

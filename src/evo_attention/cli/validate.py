@@ -90,9 +90,9 @@ def add_analysis_flags(p: argparse.ArgumentParser, default_out: str) -> None:
                    "its store caches and keeps the trainings, and the outputs go into it")
     p.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS,
                    help=f"trainings per gene, with seeds seed+1 .. seed+N (default {DEFAULT_SEEDS}; validate: the "
-                        "fewest at which the exact test can decide after Holm over the compared genes, 6 for one "
-                        "gene, 7 for three; never the search seed); validate takes 'auto': plan them from a pilot "
-                        "for --mde")
+                        "fewest at which the exact test can decide after Holm over its family, the compared genes "
+                        "and the store's earlier comparisons on those seeds: 6 for one, 7 for three; never the "
+                        "search seed); validate takes 'auto': plan them from a pilot for --mde")
     p.add_argument("--margin", type=_fraction, default=DEFAULT_MARGIN, metavar="M",
                    help="equivalence margin, e.g. 1%% (the default): a gene within it of the baseline, by the "
                         "equivalence test, is 'equivalent within ±M' (relative for perplexity and bits, in units "
@@ -371,21 +371,25 @@ def apply_plan(args):
     return plan
 
 
-def _decisive_seeds(args, family_size: int, planned: bool) -> None:
-    """Without --seeds: the fewest seeds at which the verdict rule can decide after Holm over the
-    compared genes (at least the default); a requested count that cannot decide is said before training."""
+def _decisive_seeds(args, family, planned: bool) -> None:
+    """Without --seeds: the fewest seeds (at least the default) at which the verdict rule can decide after
+    Holm over the family the validation will test on them (``family(n)``: its size on n seeds, the store's
+    earlier comparisons on them included); a requested count that cannot decide is said before training."""
+    import itertools
+
     from evo_attention.studies.common import DEFAULT_SEEDS
     from evo_attention.util import stats
 
     stats.check_confidence(args.confidence)  # before alpha = 1 - confidence is checked, so the flag is named
     alpha = 1.0 - args.confidence
-    needed = stats.decisive_seeds(family_size, alpha)
-    if not planned and not given("--seeds"):
-        args.seeds = max(DEFAULT_SEEDS, needed)
+    if not planned and not given("--seeds"):  # ends by EXACT_BELOW seeds, where no family stops a decision
+        args.seeds = next(n for n in itertools.count(DEFAULT_SEEDS) if stats.decisive_seeds(family(n), alpha) <= n)
     elif isinstance(args.seeds, int) and args.seeds >= 2:  # fewer is refused by the study itself
-        why = stats.cannot_decide(args.seeds, alpha, family_size)
+        size = family(args.seeds)
+        needed = stats.decisive_seeds(size, alpha)
+        why = stats.cannot_decide(args.seeds, alpha, size)
         if why and args.seeds < needed:
-            note(f"{why}: with {family_size} gene{'s' if family_size != 1 else ''} compared, {needed} seeds are the "
+            note(f"{why}: with {size} comparison{'s' if size != 1 else ''} in Holm's family, {needed} seeds are the "
                  "fewest that can show a difference")
 
 
@@ -396,7 +400,6 @@ def cmd_validate(args) -> int:
     summary = load_run(args.from_run) if args.from_run else None
     plan = apply_plan(args)
     genes = run_genes(args, summary, args.top)
-    _decisive_seeds(args, len(genes), plan is not None)
     config, data, store, out, search_seed = analysis_setup(args, "runs/validate", suite=True)
     from evo_attention.studies.plan import check_registration, check_unplanned, validation_file
 
@@ -407,17 +410,23 @@ def cmd_validate(args) -> int:
             check_registration(plan, out, args.eval_split)
         elif config.suite is None:
             check_unplanned(validation_file(out, args.eval_split))
+        setup = study_setup(args, "validate", config, data, store, None, search_seed)
+        keys = [g for g in genes if g != setup.baseline]
+        if not keys:  # before a family of none is sized
+            raise UserError(f"no gene to validate other than the baseline: give at least one gene other than "
+                            f"{setup.baseline}", setting="genes")
+        _decisive_seeds(args, lambda n: setup.family_size(keys, n), plan is not None)
     except BaseException:
         if store is not None:
             store.close()
         raise
     if config.suite is not None:
-        return _validate_on_suite(args, genes, config, store, out, search_seed)
+        return _validate_on_suite(args, keys, config, store, out, search_seed)
     base_key = config.resolved_baseline().key
     base = seed_base(args, config, search_seed)
     seeds = (f"seeds planned from a pilot ({base + 1}..{base + 3})" if args.seeds == "auto"
              else f"{args.seeds} seeds each ({base + 1}..{base + args.seeds})")
-    log(f"validating {len(genes)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
+    log(f"validating {len(keys)} gene(s) and the baseline on {data.name}: {seeds}, {config.train_steps} steps, "
         f"{args.eval_split} split{grid_text(args, base)}"
         f"{'; each against a parameter-matched baseline' if args.match_params else ''}", args.quiet)
     known = search_values(summary, genes + [base_key], args.metric or "val_perplexity", config, data, args.eval_split)
@@ -475,10 +484,7 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
     from evo_attention.genes import AttentionGene
     from evo_attention.studies.suite import run_suite, write_suite
 
-    baseline = config.resolved_baseline().key  # a suite's points are generated tasks: no attention dropout
-    entries = [(str(AttentionGene.parse(g)), g) for g in genes if g != baseline]
-    if not entries:
-        raise UserError(f"no gene to validate other than the baseline: give at least one gene other than {baseline}")
+    entries = [(str(AttentionGene.parse(g)), g) for g in genes]  # the baseline's left out by cmd_validate
     base = seed_base(args, config, search_seed)
     log(f"validating {len(entries)} gene(s) and the baseline on {suite_text(args, config)}: {args.seeds} seeds each "
         f"({base + 1}..{base + args.seeds}), {args.eval_split} split", args.quiet)

@@ -309,6 +309,20 @@ class StudySetup:
             out[key] = self.versus({key: sample}, references[key], family)[key]
         return out
 
+    def family_size(self, genes: Sequence[str], n_seeds: int | None = None) -> int:
+        """The size of Holm's family in which ``genes`` meet the baseline on these seeds (or on the first
+        ``n_seeds`` from the base): the genes and the comparisons the store holds against the same baseline
+        trainings (``others``; against each matched baseline's with ``match_params``), as the verdicts correct
+        over them; a learning-rate grid's at the configured rate; without data (a suite), the genes alone."""
+        if n_seeds is not None:
+            return dataclasses.replace(self, seeds=tuple(range(self.base_seed + 1, self.base_seed + n_seeds + 1))
+                                       ).family_size(genes)
+        if self.data is None:
+            return len(genes)
+        setups = ({m["ffn_dim"]: self.with_ffn(m["d_ff"]) for m in self.matched_baselines(genes).values()}.values()
+                  if self.match_params else [self])
+        return len(genes) + sum(len(setup.others(genes)) for setup in setups)
+
     def matched_baselines(self, genes: Iterable[str], reference=None) -> dict[str, dict]:
         """By gene key: the study's baseline (or the ``reference`` genome) matched to its parameter
         count at this setup's model and data (``nn.matching.matched_baseline``: ``d_ff``,

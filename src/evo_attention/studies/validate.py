@@ -139,7 +139,7 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
         needed = plan["seeds"]
         n = planned.max_seeds if needed is None else max(2, needed)
         seeds = tuple(range(first, first + n))
-        grown = max(1, len(genes) - 1) + len(dataclasses.replace(setup, seeds=seeds).others(genes))
+        grown = dataclasses.replace(setup, seeds=seeds).family_size(genes[1:])
         if grown <= family:
             break
         family = grown
