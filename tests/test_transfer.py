@@ -271,3 +271,17 @@ def test_transfer_trains_the_baseline_it_reports(tmp_path, capsys):
     with RunStore.open(out, readonly=True) as store:
         assert {r["gene"] for r in store.evaluations()} == {nobias, SPARSE}
     capsys.readouterr()
+
+
+def test_a_transfer_of_other_sizes_says_which_file_it_replaces(tmp_path):
+    """transfer.json of another ladder in the same --out is replaced with one note before anything trains."""
+    out = tmp_path / "out"
+    flags = ["transfer", "--data", "mqar:seq_len=32", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32",
+             "--batch-size", "4", "--eval-steps", "1", "--genes", SPARSE, "--seeds", "2", "--steps", "2",
+             "--out", str(out), "--quiet"]
+    assert main(flags + ["--sizes", "32x1"]) == 0
+    with pytest.warns(UserWarning) as told:
+        assert main(flags + ["--sizes", "24x1"]) == 0
+    assert [str(w.message) for w in told if "this replaces" in str(w.message)] == [
+        f"this replaces {out / 'transfer.json'} and its .md and .png ({SPARSE} at 2 seeds, sizes 16x1, 32x1); its "
+        f"trainings stay in {out / 'run.db'}, so the command that wrote it rebuilds it"]

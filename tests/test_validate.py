@@ -276,6 +276,33 @@ def test_the_default_seeds_can_decide_over_the_family_the_validation_tests(tiny_
     assert again["family_size"] == 2 and again["seeds"] == first["seeds"]
 
 
+def test_a_result_of_other_genes_or_seeds_is_replaced_with_a_note(tiny_run, tmp_path):
+    """validation.json (ablation.json) of another command in the same run is replaced with one note before anything
+    trains: what it held, and that its trainings stay in run.db; the same command again (a rebuild) says nothing."""
+    import shutil
+    import warnings
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("validation*", "ablation*"))
+
+    def replaced(*argv, seeds="2"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main([*argv, "--from-run", str(run), "--seeds", seeds, "--quiet"]) == 0
+        return [str(w.message) for w in caught if "this replaces" in str(w.message)]
+
+    gate = "dot|softmax|output_gate|fixed|bias|0.10"
+    assert replaced("validate", "--genes", SPARSE) == []
+    assert replaced("validate", "--genes", f"{SPARSE},{gate}") == [
+        f"this replaces {run / 'validation.json'} and its .md and .png ({SPARSE} at 2 seeds); its trainings stay in "
+        f"{run / 'run.db'}, so the command that wrote it rebuilds it"]
+    assert replaced("validate", "--genes", f"{SPARSE},{gate}") == []
+    assert replaced("ablate", "--gene", SPARSE) == []
+    assert replaced("ablate", "--gene", SPARSE, seeds="3") == [
+        f"this replaces {run / 'ablation.json'} and its .md and .png ({SPARSE} at 2 seeds); its trainings stay in "
+        f"{run / 'run.db'}, so the command that wrote it rebuilds it"]
+
+
 def test_validate_rejects_bad_input(tiny_run, capsys):
     assert main(["validate", "--quiet"]) == 2
     assert "give --genes" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from __future__ import annotations
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
 from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
-                                        log_outputs, note_unfinished, run_study)
+                                        log_outputs, note_replaced, note_unfinished, run_study, study_setup)
 
 
 def cmd_ablate(args) -> int:
@@ -34,6 +34,7 @@ def cmd_ablate(args) -> int:
     variants = []  # against the config's baseline; fails fast (nothing written) on the baseline gene itself
     config, data, store, out, search_seed = analysis_setup(
         args, "runs/ablate", check=lambda c: variants.extend(ablation_variants(gene, c.resolved_baseline())))
+    note_replaced(out, "ablation", study_setup(args, "ablation", config, data, store, None, search_seed), [gene.key])
     distinct = len({v.gene.key for v in variants})
     log(f"ablating {gene} on {data.name}: {len(variants)} variants "
         f"({distinct} distinct genes) x {args.seeds} seeds ({config.seed + 1}..{config.seed + args.seeds}), "

@@ -16,7 +16,7 @@ and a wall-time estimate from step times measured here, and trains nothing.
 from __future__ import annotations
 
 from evo_attention.cli.validate import (add_analysis_flags, add_match_flag, analysis_setup, grid_text, log_grid,
-                                        log_outputs, run_genes, run_study)
+                                        log_outputs, note_replaced, run_genes, run_study, study_setup)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import human_seconds, markdown_table
 from evo_attention.util.progress import log
@@ -37,6 +37,8 @@ def cmd_transfer(args) -> int:
     config, data, store, out, search_seed = analysis_setup(args, "runs/transfer",
                                                            check=lambda c: plan(c, genes, **budget))
     rungs = plan(config, genes, **budget)
+    note_replaced(out, "transfer", study_setup(args, "transfer", config, data, store, None, search_seed), genes,
+                  sizes=[r.label for r in rungs], steps=[r.config.train_steps for r in rungs])
     log(f"carrying {len(genes)} gene(s) and the baseline across {len(rungs)} sizes "
         f"({', '.join(r.label for r in rungs)}; reference {rungs[0].label}) on {data.name} in the {config.block} "
         f"block: {args.seeds} seeds each ({config.seed + 1}..{config.seed + args.seeds}){grid_text(args, config.seed)}"

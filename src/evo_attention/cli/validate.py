@@ -300,6 +300,32 @@ def note_unfinished(run_dir, verb: str) -> None:
              f"generations done, {s['trained']} trainings recorded{planned}): {verb} takes its best genes so far")
 
 
+def note_replaced(out, kind: str, setup, genes, **also) -> None:
+    """One note before anything trains when this study's result replaces one in ``out`` (``kind``: validation,
+    ablation, transfer, validation_suite) made for other genes, seeds, steps or metric (``also``: a transfer's
+    sizes): the file a researcher cites goes, while its trainings stay in the store (a rebuild says nothing)."""
+    import json
+
+    from evo_attention.studies.plan import validation_file
+
+    path = validation_file(out, setup.eval_split, kind)
+    if not path.is_file():
+        return
+    now = {"genes": list(genes), "seeds": None if setup.planned else list(setup.seeds), "steps": setup.steps,
+           "metric": setup.metric, **also}
+    try:
+        held = json.loads(path.read_text())
+        was = {**held, "genes": [str(r["gene"]) for r in held.get("genes") or [held]],
+               "sizes": [s["size"] for s in held.get("sizes") or []]}
+        what = f"{', '.join(was['genes'])} at {len(was['seeds'])} seeds" + (
+            f", sizes {', '.join(was['sizes'])}" if was["sizes"] else "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        was, what = {}, "not readable"
+    if not all(value in (None, was.get(key)) for key, value in now.items()):
+        note(f"this replaces {path} and its .md and .png ({what}); its trainings stay in {setup.store.path}, so the "
+             "command that wrote it rebuilds it")
+
+
 def search_values(summary, keys, metric: str, config, data, eval_split: str) -> dict:
     """Each gene's value in the search (its search-seed training; the baseline's too), where it
     measured the same thing: the same data, steps and settings (a search on another corpus, or one
@@ -416,6 +442,8 @@ def cmd_validate(args) -> int:
             raise UserError(f"no gene to validate other than the baseline: give at least one gene other than "
                             f"{setup.baseline}", setting="genes")
         _decisive_seeds(args, lambda n: setup.family_size(keys, n), plan is not None)
+        note_replaced(out, "validation_suite" if config.suite else "validation",
+                      study_setup(args, "validate", config, data, store, None, search_seed), keys)
     except BaseException:
         if store is not None:
             store.close()

@@ -227,9 +227,10 @@ def load_plan(path: str | os.PathLike, study: str = "validation") -> StudyPlan:
     return StudyPlan(str(path), str(raw.get("name") or Path(path).stem), base, tuple(amendments), study)
 
 
-def validation_file(out_dir: str | os.PathLike, eval_split: str = "valid") -> Path:
-    """Where a validation on ``eval_split`` writes its result in ``out_dir``."""
-    return Path(out_dir) / f"{output_stem('validation', eval_split)}.json"
+def validation_file(out_dir: str | os.PathLike, eval_split: str = "valid", kind: str = "validation") -> Path:
+    """Where a validation (or another study's ``kind``: ablation, transfer) on ``eval_split`` writes its result
+    in ``out_dir``."""
+    return Path(out_dir) / f"{output_stem(kind, eval_split)}.json"
 
 
 def check_unplanned(earlier_file: Path) -> None:
