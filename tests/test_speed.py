@@ -252,3 +252,12 @@ def test_bench_reprobe_forgets_the_kept_probe_answers(tmp_path, monkeypatch, cap
                  "--json"]) == 0
     assert "forgot 3 kept probe answers" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in kept) and (tmp_path / "corpus-keep.json").exists()
+
+
+def test_bench_reprobe_with_a_bad_flag_forgets_nothing(tmp_path, monkeypatch):
+    """It forgot every kept answer (a busy machine's kept fp32 among them) and then refused --lr nan."""
+    monkeypatch.setenv("EVO_ATTENTION_CACHE_DIR", str(tmp_path))
+    (tmp_path / "precision-0000000000000000.json").write_text("{}")
+    for bad in (["--lr", "nan"], ["--gene", "dot|nosuchnorm"]):
+        assert main(["bench", "--reprobe", "--preset", "quick", *bad]) == 2
+        assert (tmp_path / "precision-0000000000000000.json").exists()

@@ -20,12 +20,6 @@ def cmd_bench(args) -> int:
     from evo_attention.util.jsonio import dumps
 
     _check_bench_flags(args)
-    if args.reprobe:  # before anything reads a kept answer
-        from evo_attention.train.probe_cache import forget_probes
-
-        removed = forget_probes()
-        print(f"forgot {len(removed)} kept probe answer{'s' if len(removed) != 1 else ''}: measuring again",
-              file=sys.stderr)
     requested_steps = args.steps  # --steps: how many steps to time; --budget: steps per evaluation
     args.steps = args.budget
     try:
@@ -36,6 +30,12 @@ def cmd_bench(args) -> int:
         raise UserError(re.sub(r"(?<![\w-])train_steps(?![\w-])", "--budget", str(exc)),
                         setting=tuple(s for s in exc.settings if s != "train_steps")) from None
     gene = AttentionGene.parse(args.gene) if args.gene is not None else AttentionGene.vanilla()
+    if args.reprobe:  # after every input is checked, before anything reads a kept answer
+        from evo_attention.train.probe_cache import forget_probes
+
+        removed = forget_probes()
+        print(f"forgot {len(removed)} kept probe answer{'s' if len(removed) != 1 else ''}: measuring again",
+              file=sys.stderr)
     if args.seq_lens is not None:
         return _long_context(args, config, steps=requested_steps or 5)
     data = data_from_config(config)
