@@ -145,7 +145,8 @@ def test_what_is_no_number_is_refused_and_any_real_number_is_a_margin():
 def test_every_entry_point_refuses_a_family_of_0_and_alpha_is_any_real_number():
     """cannot_decide, decisive_seeds, paired_verdict and seeds_for_solve_rates took a family of 0 for one of 1
     (seed_plan refused it); check_alpha refused numpy's float32 and took a numpy bool's range check."""
-    calls = [lambda m: stats.cannot_decide(3, 0.05, m), lambda m: stats.decisive_seeds(m),
+    calls = [lambda m: stats.cannot_decide(3, 0.05, m), lambda m: stats.cannot_decide(100, 0.05, m),
+             lambda m: stats.cannot_decide(0, 0.05, m), lambda m: stats.decisive_seeds(m),
              lambda m: stats.seeds_for_solve_rates(0.9, 0.1, family_size=m),
              lambda m: stats.paired_verdict(stats.paired([1.0, 1.1, 1.2], [1.05, 1.0, 1.1]), 0.01, family_size=m)]
     for call in calls:
@@ -155,6 +156,9 @@ def test_every_entry_point_refuses_a_family_of_0_and_alpha_is_any_real_number():
             assert raised.value.setting == "family_size"
         call(np.int64(2))
     assert stats.decisive_seeds(1, np.float32(0.05)) == stats.decisive_seeds(1, 0.05)
+    for bad in (0.9, math.nan, "x"):  # every path of cannot_decide checks its alpha (it answered None, or a TypeError)
+        with pytest.raises(UserError, match="alpha"):
+            stats.cannot_decide(3, alpha=bad)
     for bad in (np.bool_(True), "0.05", None):
         with pytest.raises(UserError, match="alpha") as raised:
             stats.check_alpha(bad)

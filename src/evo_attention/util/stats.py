@@ -761,9 +761,10 @@ def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: b
     ``family_size`` comparisons (its first step multiplies the smallest p by the family's size);
     None when they can. It names what cannot be shown: a difference (two-sided smallest p),
     equivalence (one-sided), or both ('cannot decide')."""
+    check_alpha(alpha)
+    m = _family(family_size)
     if n < 1 or not (n < EXACT_BELOW if exact is None else exact):
         return None
-    m = _family(family_size)
     two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
     no_difference, no_equivalence = min(1.0, m * two) >= alpha, min(1.0, m * one) >= alpha
     holm_text = lambda p: f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""  # noqa: E731
