@@ -343,6 +343,15 @@ def test_status_names_each_study_file_the_report_leaves_out(normal_run):
     assert "best: dot|sparsemax|output_gate|fixed|bias|0.10" in text and "baseline: " + VANILLA in text
 
 
+def test_a_study_file_nested_too_deeply_is_named_unreadable_by_status_and_report(normal_run):
+    from evo_attention.report.status import format_status, run_status
+
+    (normal_run / "validation.json").write_text("[" * 100000 + "]" * 100000)  # json's decoder recurses per level
+    text = format_status(run_status(normal_run))
+    assert "  unreadable analysis file, left out: validation.json: cannot be read (RecursionError: " in text
+    assert "- validation.json: cannot be read (RecursionError: " in write_report(normal_run)["report"].read_text()
+
+
 def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
     # a climb's start gene is the baseline gene: the store answers it from the baseline's training
     from evo_attention.report.status import run_status

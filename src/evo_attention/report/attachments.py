@@ -79,7 +79,7 @@ def _read_json(path: Path, problems: list[str]) -> Any:
 
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         problems.append(f"{path.name}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         return None
 
