@@ -352,6 +352,21 @@ def test_a_study_file_nested_too_deeply_is_named_unreadable_by_status_and_report
     assert "- validation.json: cannot be read (RecursionError: " in write_report(normal_run)["report"].read_text()
 
 
+@pytest.mark.parametrize("name, text", [("attention_maps.json", '{"layers": [1, "a", null]}'),
+                                        ("maps/one/attention_maps.json", '{"layers": [{"heads": 3}]}'),
+                                        ("curve.json", '{"kind": "curve", "genes": "x"}'),
+                                        ("curve/curve.json", '{"kind": "curve", "values": 5}')])
+def test_damaged_maps_and_curves_are_named_damaged_by_status_and_report(normal_run, name, text):
+    from evo_attention.report.status import format_status, run_status
+
+    (normal_run / name).parent.mkdir(parents=True, exist_ok=True)
+    (normal_run / name).write_text(text)
+    said = f"{name}: damaged: a field is not what its command writes ("
+    assert f"  unreadable analysis file, left out: {said}" in format_status(run_status(normal_run))
+    report = write_report(normal_run)["report"].read_text()
+    assert f"- {said}" in report and "## Attention maps" not in report and "## Difficulty curve" not in report
+
+
 def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
     # a climb's start gene is the baseline gene: the store answers it from the baseline's training
     from evo_attention.report.status import run_status

@@ -363,7 +363,7 @@ def test_attention_maps_of_a_saved_model(tmp_path):
 
 def test_attention_maps_of_a_layer_that_forms_no_weights(tmp_path, capsys):
     from evo_attention.data import data_from_config
-    from evo_attention.report.markdown import maps_table
+    from evo_attention.report.studies.maps import maps_table
     from evo_attention.train.saving import save_model
 
     config = Config(**TINY)

@@ -46,11 +46,11 @@ COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy"
 
 @dataclass
 class Attachments:
-    """The analysis results found beside a run's store, read as plain dicts.
+    """The analysis results found beside a run's store, read as plain dicts (each file's with ``"_file"``, its
+    path relative to the run directory; compare's as its rows).
 
     ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
-    ``ablation*.json`` / ``transfer*.json``; ``suites``: the parsed ``*_suite*.json`` (each with
-    ``"_file"``, its path relative to the run directory); ``compare``: rows of
+    ``ablation*.json`` / ``transfer*.json``; ``suites``: the parsed ``*_suite*.json``; ``compare``: rows of
     ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None where the file lacks it);
     ``curves``: each ``curve.json`` with ``"_dir"``, the directory its figure lies in; ``maps``:
     each ``attention_maps.json`` with ``"_dir"``, the directory its figures lie in; ``problems``:
@@ -99,12 +99,12 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
     found = Attachments()
 
     def read(name: str, what: str, kind: str | None = None) -> Mapping | None:
-        """The result in the file ``name`` (relative to ``run_dir``): one of ``kind`` (no kind: attention
-        maps, a ``layers`` list); None where there is no such file, or it is not ``what`` (said in
-        ``problems``)."""
+        """The result in the file ``name`` (relative to ``run_dir``), with ``"_file"``: ``name``: one of ``kind``
+        (no kind: attention maps, a ``layers`` list); None where there is no such file, or it is not ``what``
+        (said in ``problems``)."""
         data = _read_json(run_dir / name, found.problems) if (run_dir / name).is_file() else None
         if isinstance(data, Mapping) and (data.get("kind") == kind if kind else isinstance(data.get("layers"), list)):
-            return data
+            return {**data, "_file": name}
         if data is not None:
             found.problems.append(f"{name}: not {what}")
         return None
@@ -113,7 +113,7 @@ def load_attachments(run_dir: str | os.PathLike) -> Attachments:
                                 (ABLATION_FILES, found.ablations, "ablation"),
                                 (TRANSFER_FILES, found.transfers, "transfer"),
                                 (SUITE_FILES, found.suites, "suite")):
-        target += [{**data, "_file": name} for name in names if (data := read(name, f"a {kind} result", kind))]
+        target += [data for name in names if (data := read(name, f"a {kind} result", kind))]
     found.fresh_check = read(FRESH_CHECK_FILE, "a fresh-seed check", "fresh_check")
     for name in COMPARE_FILES:
         path = run_dir / name

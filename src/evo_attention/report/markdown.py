@@ -28,6 +28,7 @@ from evo_attention.report.studies import transfer as _transfer, validation as _v
 from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
 from evo_attention.report.studies.common import comparison_note, table_markdown
 from evo_attention.report.studies.curves import curve_note
+from evo_attention.report.studies.maps import maps_section
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
 from evo_attention.util.format import change_header, direction, finite_or_none, fmt, md_cell, signed_change
@@ -225,34 +226,9 @@ def compare_table(rows: Sequence[Mapping]) -> str:
     return table_markdown(headers, out, "llrlrrrrrr", code_column=1)
 
 
-def maps_table(result: Mapping) -> str:
-    headers = ["Layer", "Gene", "Head", "Sparsity (exact zeros)", "Entropy (nats)", "Uniform entropy", "Mean distance"]
-    rows = [[fmt(layer.get("layer")), layer.get("gene"), fmt(m.get("head")),
-             f"{100 * m['sparsity']:.1f}%" if finite_or_none(m.get("sparsity")) is not None else "-",
-             fmt(finite_or_none(m.get("entropy")), 3), fmt(finite_or_none(m.get("uniform_entropy")), 3),
-             fmt(finite_or_none(m.get("mean_distance")), 2)]
-            for layer in result.get("layers", []) for m in layer.get("heads", [])]
-    rows += [[fmt(layer.get("layer")), layer.get("gene"), "-", "no weights (a program that forms none)", "-", "-", "-"]
-             for layer in result.get("layers", []) if not layer.get("heads")]
-    return table_markdown(headers, rows, "rlrrrrr", code_column=1)
-
-
 def _integer(value: Any) -> int | None:
     number = finite_or_none(value)
     return None if number is None else int(number)
-
-
-def maps_caption(result: Mapping) -> str:
-    source = result.get("source") or {}
-    if source.get("model"):
-        origin = f"the saved model in {source['model']}"
-    else:
-        origin = (f"{source.get('gene')} trained for {source.get('steps')} steps (seed {source.get('seed')}, "
-                  f"{source.get('data')})")
-        if finite_or_none(source.get("val_perplexity")) is not None:
-            origin += f", validation perplexity {source['val_perplexity']:.3f}"
-    return (f"Attention of {origin} over {result.get('text_source') or 'a sequence'} "
-            f"({len(result.get('tokens') or [])} tokens). White cells are exact zeros.")
 
 
 # -- markdown sections ----------------------------------------------------------------------------
@@ -436,12 +412,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
                          f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
                          f"dashed, the break threshold dotted]({quote(prefix + CURVE_FIGURE)})", "",
                          f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
-    for m in a.maps:
-        prefix = "" if m["_dir"] == "." else m["_dir"].rstrip("/") + "/"
-        figures = [f"![Attention maps of layer {layer.get('layer')}]({quote(prefix + str(layer.get('figure')))})"
-                   for layer in m.get("layers", []) if layer.get("figure")]
-        sections.append(["## Attention maps" + (f" ({m['_dir']})" if m["_dir"] not in (".", "maps") else ""), "",
-                         md_cell(maps_caption(m)), "", maps_table(m), ""] + figures)
+    sections += [maps_section(m) for m in a.maps]
     if a.problems:
         sections.append(["## Unreadable analysis files", ""] + [f"- {md_cell(p)}" for p in a.problems])
     return sections

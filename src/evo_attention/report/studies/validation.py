@@ -16,7 +16,9 @@ from evo_attention.report.studies.ablation import ablation_markdown, current_abl
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
                                                  p_text, paired_change_header, plain_cell, seed_note, study_schedule,
                                                  table_markdown, verdict_cell)
+from evo_attention.report.studies.curves import curve_markdown
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
+from evo_attention.report.studies.maps import maps_section
 from evo_attention.report.studies.suite import suite_markdown
 from evo_attention.report.studies.transfer import current_transfer, transfer_markdown
 from evo_attention.util import stats
@@ -184,12 +186,15 @@ def read_studies(run_dir):
     validation read by the current rule: one made by an earlier version (an earlier ``analysis``
     mark, or none) is recomputed from its per-seed values and marked so; ablations and transfers
     written with the older sign (positive = better) are read in the current one
-    (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``)."""
+    (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``). Every result file but compare's
+    (its table formats any value) passes ``_readable``."""
     found = load_attachments(run_dir)
     for results, read, render in ((found.validations, current_validation, validation_markdown),
                                   (found.suites, current_validation, suite_markdown),
                                   (found.ablations, current_ablation, ablation_markdown),
-                                  (found.transfers, current_transfer, transfer_markdown)):
+                                  (found.transfers, current_transfer, transfer_markdown),
+                                  (found.curves, dict, curve_markdown),
+                                  (found.maps, dict, maps_section)):
         results[:] = [r for result in results if (r := _readable(result, read, render, found.problems))]
     return found
 
