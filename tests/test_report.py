@@ -367,6 +367,26 @@ def test_damaged_maps_and_curves_are_named_damaged_by_status_and_report(normal_r
     assert f"- {said}" in report and "## Attention maps" not in report and "## Difficulty curve" not in report
 
 
+FRESH_CHECK = {"kind": "fresh_check", "metric": "val_loss", "lower_is_better": True, "seeds": [43, 44],
+               "search_seed": 42, "rank_correlation": None, "held": False, "line": "the winner did not hold",
+               "genes": [{"rank": 1, "gene": VANILLA, "search": 2.2, "fresh": 2.1}],
+               "vanilla": {"gene": VANILLA, "fresh": 2.0}}
+
+
+@pytest.mark.parametrize("damage", [{"genes": "x"}, {"genes": [1, 2]}, {"genes": []}, {"vanilla": {"fresh": "x"}},
+                                    {"rank_correlation": "x"}, {"line": None}])
+def test_a_damaged_fresh_check_is_named_damaged_not_dropped(normal_run, damage):
+    from evo_attention.report.status import format_status, run_status
+
+    (normal_run / "fresh_check.json").write_text(json.dumps(FRESH_CHECK))  # as the check writes it: shown
+    assert "Fitness reliability: the winner did not hold." in write_report(normal_run)["report"].read_text()
+    (normal_run / "fresh_check.json").write_text(json.dumps({**FRESH_CHECK, **damage}))
+    said = "fresh_check.json: damaged: a field is not what its command writes ("
+    assert f"  unreadable analysis file, left out: {said}" in format_status(run_status(normal_run))
+    report = write_report(normal_run)["report"].read_text()
+    assert f"- {said}" in report and "Fitness reliability" not in report
+
+
 def test_a_gene_told_from_the_baseline_training_is_ranked(tmp_path):
     # a climb's start gene is the baseline gene: the store answers it from the baseline's training
     from evo_attention.report.status import run_status

@@ -6,7 +6,7 @@ results that study writes.
   directory, validations read by the current rule), ``ablation`` (with the recipe-or-mechanism
   2x2), ``compare``, ``curves`` (difficulty curves), ``suite`` (genes on a suite of tasks),
   ``transfer`` (across scale), ``lr_grid`` (a study's learning-rate grid, for any of them), ``maps``
-  (attention maps).
+  (attention maps), ``fresh_check`` (a search's fresh-seed check).
 
 The studies (``evo_attention.studies``) write their ``*.md`` files with these functions, and the
 run report renders the same tables from the ``*.json`` files they left, so the two always agree.

@@ -17,6 +17,7 @@ from evo_attention.report.studies.common import (change_text, ci_text, compariso
                                                  p_text, paired_change_header, plain_cell, seed_note, study_schedule,
                                                  table_markdown, verdict_cell)
 from evo_attention.report.studies.curves import curve_markdown
+from evo_attention.report.studies.fresh_check import check_line, check_markdown
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.report.studies.maps import maps_section
 from evo_attention.report.studies.suite import suite_markdown
@@ -189,13 +190,16 @@ def read_studies(run_dir):
     (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``). Every result file but compare's
     (its table formats any value) passes ``_readable``."""
     found = load_attachments(run_dir)
+    checks = [found.fresh_check] if found.fresh_check else []  # the renderers' baseline word reads no field
     for results, read, render in ((found.validations, current_validation, validation_markdown),
                                   (found.suites, current_validation, suite_markdown),
                                   (found.ablations, current_ablation, ablation_markdown),
                                   (found.transfers, current_transfer, transfer_markdown),
                                   (found.curves, dict, curve_markdown),
-                                  (found.maps, dict, maps_section)):
+                                  (found.maps, dict, maps_section),
+                                  (checks, dict, lambda c: check_line(c, "vanilla") + check_markdown(c, "vanilla"))):
         results[:] = [r for result in results if (r := _readable(result, read, render, found.problems))]
+    found.fresh_check = checks[0] if checks else None
     return found
 
 
@@ -206,7 +210,7 @@ def _readable(result: Mapping, read, render, problems: list[str]) -> dict | None
     try:
         render(current := read(result))
         return current
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: UserError too (values no numbers)
+    except (TypeError, ValueError, LookupError, AttributeError) as exc:  # ValueError: UserError too (values no numbers)
         problems.append(f"{result['_file']}: damaged: a field is not what its command writes "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         return None
