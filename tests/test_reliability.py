@@ -187,6 +187,49 @@ def test_a_run_moved_while_its_report_is_written_is_said_gone_not_resumed(comman
     assert "resume" not in err and "free space" not in err and (tmp_path / "moved" / "run.db").is_file()
 
 
+@pytest.mark.parametrize("when", ["loading", "writing"])
+def test_a_run_replaced_by_another_while_its_report_is_written_says_so(when, finished_run, tmp_path, capsys,
+                                                                       monkeypatch):
+    import evo_attention.report as report
+    import evo_attention.util.files as files
+
+    run, other, moved = tmp_path / "run", tmp_path / "other", tmp_path / "moved"
+    for copy in (run, other):
+        shutil.copytree(finished_run, copy)
+        (copy / LOCK_NAME).unlink(missing_ok=True)
+    for name in ("final_results.json", "report.md"):
+        (other / name).write_text("the other run's")
+    read_studies, write_text = report.read_studies, files.write_text
+
+    def swap():
+        run.rename(moved)
+        other.rename(run)
+
+    def swap_then_read(run_dir):  # after the run is loaded, before a file is written
+        swap()
+        return read_studies(run_dir)
+
+    def swap_then_write(path, text):  # the report's first file: the rest go into the other run's directory
+        if Path(path).name == "final_results.json":
+            swap()
+        return write_text(path, text)
+
+    if when == "loading":
+        monkeypatch.setattr(report, "read_studies", swap_then_read)
+    else:
+        monkeypatch.setattr(files, "write_text", swap_then_write)
+    assert main(["report", str(run)]) == 2
+    err = one_line_error(capsys)
+    assert (f"{run} was moved or replaced while its report was written: the run is no longer there, and {run} now "
+            "holds another run") in err and "; if this run was moved, write its report from its new directory" in err
+    assert "resume" not in err and (moved / "run.db").is_file()
+    assert (run / "report.md").read_text() == "the other run's"  # the text reports are written after the check
+    if when == "loading":
+        assert "(none of its files touched)" in err and (run / "final_results.json").read_text() == "the other run's"
+    else:
+        assert ", whose report files this run's overwrote: write that run's report again" in err
+
+
 def test_read_only_runs_open_for_reading(finished_run, tmp_path, capsys, monkeypatch):
     import evo_attention.search.store as store_module
 

@@ -63,9 +63,11 @@ def final_results_text(summary: RunSummary) -> str:
 def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     """Write every report output of the run in ``run_dir`` into it; returns name -> path.
 
-    Raises ``UserError`` if ``run_dir`` holds no run. Each file is replaced atomically.
+    Raises ``UserError`` if ``run_dir`` holds no run, ``StoreLost`` if the run leaves it (moved, deleted, or
+    replaced by another run) while its report is written. Each file is replaced atomically.
     """
     run_dir = Path(run_dir)
+    loaded = _stat(run_dir)  # the run.db this report describes: another one at run_dir later is another run
     summary = load_run(run_dir)
     attachments = read_studies(run_dir)
     paths = {name: run_dir / filename for name, filename in OUTPUTS.items()}
@@ -73,11 +75,10 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
              (PROGRAM_OUTPUT, best_program(summary)))  # each written only for the runs that have it
     paths.update({name: run_dir / filename for (name, filename), written in extra if written})
     try:
-        _write_all(summary, attachments, paths)
+        _write_all(summary, attachments, paths, lambda wrote: _still_there(run_dir, loaded, wrote))
+        _still_there(run_dir, loaded, wrote=True)
     except OSError as exc:  # a full disk, a read-only directory, a file-size limit: the store is untouched
-        if not RunStore.exists(run_dir):  # the run left run_dir (moved or deleted): no command there finds it
-            raise StoreLost(f"{run_dir} was moved or deleted while its report was written: the run is no longer "
-                            "there; if it was moved, write its report from its new directory") from None
+        _still_there(run_dir, loaded, wrote=False)  # its files could not be written where the run left
         fix = ("raise the file-size limit (ulimit -f)" if exc.errno == errno.EFBIG
                else "free space or make the directory writable")
         raise UserError(f"cannot write the report into {run_dir} ({exc.strerror or exc}): {fix}, then write the "
@@ -85,10 +86,35 @@ def write_report(run_dir: str | os.PathLike) -> dict[str, Path]:
     return paths
 
 
-def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None:
+def _stat(run_dir: Path) -> os.stat_result | None:
+    try:
+        return os.stat(RunStore.db_path(run_dir))
+    except OSError:
+        return None
+
+
+def _still_there(run_dir: Path, loaded: os.stat_result | None, wrote: bool) -> None:
+    """StoreLost unless ``run_dir``'s run.db is still the file ``loaded`` (st_dev, st_ino): the report's files were
+    (``wrote``) or are about to be written into another run's directory, or into none."""
+    now = _stat(run_dir)
+    if now is not None and loaded is not None and os.path.samestat(now, loaded):
+        return
+    if now is None:
+        raise StoreLost(f"{run_dir} was moved or deleted while its report was written: the run is no longer there; "
+                        "if it was moved, write its report from its new directory") from None
+    raise StoreLost(f"{run_dir} was moved or replaced while its report was written: the run is no longer there, and "
+                    f"{run_dir} now holds another run" + (", whose report files this run's overwrote: write that run's "
+                                                          "report again" if wrote else " (none of its files touched)")
+                    + "; if this run was moved, write its report from its new directory") from None
+
+
+def _write_all(summary: RunSummary, attachments, paths: dict[str, Path], still_there) -> None:
+    """Every report file; ``still_there(wrote)`` before the first and before the text reports (after the figures,
+    the slow part), so that a run replaced at its path is noticed before its files are written there."""
     from evo_attention.report import figures, html, markdown, tables  # matplotlib is imported only when writing
     from evo_attention.util.files import write_text
 
+    still_there(False)
     write_text(paths["final_results"], final_results_text(summary))
     tables.write_evaluations_csv(summary, paths["evaluations"])
     figures.plot_evolution(summary, paths["evolution_progress"])
@@ -106,6 +132,7 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path]) -> None
                     "curves": paths["learning_curves"],
                     **{k: paths[k] for k in ("pareto", "suite", "program") if k in paths}}
     text = markdown.render_report(summary, attachments, {k: p.name for k, p in figure_paths.items()})
+    still_there(True)
     write_text(paths["report"], text)
     write_text(paths["report_html"], html.render_html(text, paths["report"].parent))
 
