@@ -479,8 +479,9 @@ def add_suite_flag(p: argparse.ArgumentParser, what: str) -> None:
 
     p.add_argument("--suite", metavar="NAME|FILE",
                    help=f"train each {what} and the baseline on every point of this suite of tasks "
-                        f"({shipped_suites()} or a suite YAML file), each point for the suite's steps, and compare their "
-                        "accuracy per point and their suite accuracy (the mean over the points); see docs/tasks.md")
+                        f"({shipped_suites()} or a suite YAML file), each point for the suite's steps, and compare "
+                        "their accuracy per point and their suite accuracy (the mean over the points); see "
+                        "docs/tasks.md")
     add_baseline_flag(p)
 
 
