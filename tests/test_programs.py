@@ -332,6 +332,36 @@ def test_the_runner_answers_an_equivalent_program_from_the_store_without_trainin
     store.close()
 
 
+def test_a_resumed_call_trains_an_equivalent_program_it_was_to_train_as_the_uninterrupted_run_did(tmp_path):
+    """A cut call stored one of two equivalent programs; on resume the other was answered by a copy of it
+    (equivalent_to), where the uninterrupted call trained both."""
+    from evo_attention import Config
+    from evo_attention.data import data_from_config
+    from evo_attention.search.executors import EvalTask
+    from evo_attention.search.runner import Runner
+    from evo_attention.search.store import RunStore
+    from evo_attention.train.spec import Trial
+    from tests.conftest import CountingExecutor
+
+    config = Config(data="recall", vocab_size=16, max_seq_len=16, recall={"num_pairs": 2, "train_examples": 200,
+                                                                        "eval_examples": 40},
+                    d_model=16, n_heads=2, n_layers=1, batch_size=8, eval_batch_size=40, train_steps=3, log_every=1,
+                    precision="fp32")
+    data = data_from_config(config)
+    call = [EvalTask(Trial.from_config(f"prog={p}", config)) for p in ("o(mix(w.softmax(s.dot(q,k)),mul(v,2)))",
+                                                                      "o(mix(w.softmax(s.dot(q,k)),add(v,v)))")]
+    store = RunStore.create(tmp_path / "run", config.to_dict())
+    cut = CountingExecutor(stop_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(cut, store=store, data={config.task: data}, equivalence=True).evaluate(call)
+    executor = CountingExecutor()
+    resumed = Runner(executor, store=store, data={config.task: data}, equivalence=True)
+    records = resumed.evaluate(call)
+    assert len(executor.trained) == 1 and resumed.equivalent_answers == 0
+    assert "equivalent_to" not in records[call[1]].extra
+    store.close()
+
+
 def test_the_engine_step_time_benchmark_runs(tmp_path):
     """benchmarks/bench_engine.py, one round at the quick preset, this checkout against itself."""
     import importlib.util

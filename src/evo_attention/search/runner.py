@@ -15,7 +15,9 @@ its ``EvalTask`` s (or bare ``Trial`` s) to a ``Runner``, which
 With ``equivalence=True`` (program searches) a trial that misses is also looked up by its
 functional key (``search.equivalence``): a stored record of a program that computes the same
 function answers it without training, copied under the trial's own key with ``equivalent_to``
-naming the trained genome; ``equivalent_answers`` counts them.
+naming the trained genome; ``equivalent_answers`` counts them. A task that was still to train when
+an interrupted earlier session of the same call began is never answered so: it trains, as it did in
+the uninterrupted run.
 
 Without a store (``store=None``) nothing is cached or kept: the records are only returned.
 
@@ -89,17 +91,18 @@ class Runner:
 
     def _evaluate(self, tasks: list) -> dict[EvalTask, EvaluationRecord]:
         records: dict[EvalTask, EvaluationRecord] = {}
+        call, began = self._began(tasks)
         todo = []
-        for task in tasks:
+        for i, task in enumerate(tasks):
             hit = self.lookup(task)
-            if hit is None and self.equivalence:
+            if hit is None and self.equivalence and i not in began:  # to train when the call began: it trains
                 hit = self._equivalent(task)
             if hit is not None:
                 records[task] = hit
                 self.announce(task, hit, cached=True)
             else:
                 todo.append(task)
-        plan = self._plan(tasks, todo)
+        plan = self._plan(tasks, todo, call, began)
         if self.store is not None:
             plan = [replace(task, probes=pinned_probes()) for task in plan]
         answered = {"answered": [task for task in plan if task in records]} if len(plan) > len(todo) else {}
@@ -117,17 +120,27 @@ class Runner:
             self._clear_activity()
         return records
 
-    def _plan(self, tasks: list, todo: list) -> list:
-        """The tasks the executor plans this call's batches over (in the caller's order): those to train,
-        and those that were when an earlier session of this very call began (meta PLAN), which an
-        interruption cut: the batches are the uninterrupted run's, and so are their records."""
-        if self.store is None or not todo or "answered" not in signature(self.executor.run).parameters:
-            return todo
+    def _began(self, tasks: list) -> tuple[str | None, set]:
+        """This call's identity (a hash of its trial keys), and which of its tasks were still to train when an
+        earlier session of this very call began (meta PLAN), which an interruption cut; none for a new call."""
+        if self.store is None:
+            return None, set()
         call = hashlib.sha256(json.dumps([task.trial.key() for task in tasks]).encode()).hexdigest()
-        began, pending = self.store.get_meta(self.activity + PLAN) or {}, set(todo)
-        held = set(began.get("pending", ())) if began.get("call") == call else set()
-        held = [i for i, task in enumerate(tasks) if i in held or task in pending]
+        began = self.store.get_meta(self.activity + PLAN) or {}
+        return call, set(began.get("pending", ())) if began.get("call") == call else set()
+
+    def _plan(self, tasks: list, todo: list, call: str | None, began: set) -> list:
+        """The tasks the executor plans this call's batches over (in the caller's order): those to train,
+        and those that were when an earlier session of this very call began (``began``), which an
+        interruption cut: the batches are the uninterrupted run's, and so are their records. Which were
+        to train is kept for a later session (meta PLAN)."""
+        if call is None or not todo:
+            return todo
+        pending = set(todo)
+        held = [i for i, task in enumerate(tasks) if i in began or task in pending]
         self.store.set_meta(self.activity + PLAN, {"call": call, "pending": held})
+        if "answered" not in signature(self.executor.run).parameters:
+            return todo
         return [tasks[i] for i in held]
 
     # -- functional equivalence ------------------------------------------------------------------------
