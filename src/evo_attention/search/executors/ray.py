@@ -13,7 +13,7 @@ from contextlib import suppress
 from dataclasses import replace
 
 from evo_attention.search.executors.base import (EvalTask, Executor, as_task, available_cores, check_rebuildable,
-                                                 execute, failure_record, load_state, planned, store_model, store_state)
+                                                 execute, failure_record, load_state, store_model, store_state)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
 from evo_attention.util.threads import environment_defaults
@@ -152,8 +152,8 @@ class RayExecutor(Executor):
         device = task.trial.train.device
         return "cpu" if device == "auto" else device
 
-    def run(self, tasks, *, on_start=None, on_step=None, answered=()):
-        tasks = [group[0] for group in planned([as_task(task) for task in tasks], "off", answered)[0]]  # all alone
+    def run(self, tasks, *, on_start=None, on_step=None):  # every task alone: no batch to plan (no ``answered``)
+        tasks = [as_task(task) for task in tasks]
         check_rebuildable(tasks)
         if not tasks:
             return
