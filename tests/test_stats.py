@@ -165,6 +165,19 @@ def test_every_entry_point_refuses_a_family_of_0_and_alpha_is_any_real_number():
         assert raised.value.setting == "alpha"
 
 
+def test_a_confidence_is_any_real_number_in_range():
+    """check_confidence refused numpy's float32 (its twin check_alpha took it) and a Decimal."""
+    import decimal
+
+    level = stats.describe([1.0, 2.0, 4.0], np.float32(0.95))
+    assert level["ci_low"] == pytest.approx(stats.describe([1.0, 2.0, 4.0], 0.95)["ci_low"])
+    stats.check_confidence(decimal.Decimal("0.9"))
+    for bad in (np.bool_(True), True, "0.95", None, 0.5, 1.0, math.nan):
+        with pytest.raises(UserError, match="confidence") as raised:
+            stats.check_confidence(bad)
+        assert raised.value.setting == "confidence"
+
+
 def test_any_value_float_reads_is_a_number_and_a_bool_or_text_is_refused():
     """A 0-d tensor or array, a Decimal or pandas' NA that marks a failed seed was refused as 'no number', a bool
     was dropped as a failed seed, and holm ended in a bare TypeError on 'x'."""

@@ -326,8 +326,9 @@ def percent(confidence: float) -> str:
 
 def check_confidence(confidence: float) -> None:
     """UserError unless ``confidence`` is a level in (0.5, 1): a verdict tests at 1 - confidence, a
-    significance level below 0.5 (``check_alpha``)."""
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1.0:
+    significance level below 0.5 (``check_alpha``); a number of any kind (numpy's float32 too)."""
+    value = _as_float(confidence, "confidence must be a number in (0.5, 1), e.g. 0.95", "confidence")
+    if value is None or not 0.5 < value < 1.0:
         raise UserError(f"confidence {confidence!r} is outside (0.5, 1): use e.g. 0.95", setting="confidence")
 
 
