@@ -91,6 +91,7 @@ def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
     (lambda x, y: (x[:, :-3], y[:, :-3]), "not int64 (16, 12)"),
     (lambda x, y: (x, y.masked_fill(y >= 0, 99)), "ids or targets outside [0, 8)"),
     (lambda x, y: (x, torch.full_like(y, IGNORE_INDEX)), "rows without exactly 10 scored target(s)"),
+    (lambda x, y: (x, y.masked_fill(y >= 0, 0)), "scored targets equal to the pad id 0"),  # <pad> is never scored
     (lambda x, y: None, "not a pair (x, y) of tensors"),
 ])
 def test_a_task_whose_generate_breaks_the_contract_is_one_line_naming_it(plugin, broken, says):

@@ -167,7 +167,7 @@ class Task:
     A subclass defines ``symbols(k)`` (``k["vocab"]`` names; id 0 is padding, never scored),
     ``answers_per_example(k)``, ``chance(k)`` and ``generate(n, k, generator, seed)`` -> ``(x, y)``,
     two int64 tensors ``[n, k["seq_len"]]`` drawn from ``generator`` alone, ``y`` IGNORE_INDEX but at
-    the ``answers_per_example`` answer positions of each row."""
+    the ``answers_per_example`` answer positions of each row, whose targets are ids >= 1."""
 
     name: str = ""  # set by register_task
     capability: str = ""
@@ -817,7 +817,9 @@ class SyntheticData(ExampleData):
             low, high = torch.aminmax(x)
             outside = low < 0 or high >= vocab or (targets.numel() and (targets.min() < 0 or targets.max() >= vocab))
             problem = (f"ids or targets outside [0, {vocab}) (targets elsewhere are IGNORE_INDEX, {IGNORE_INDEX})"
-                       if outside else f"rows without exactly {answers} scored target(s) (answers_per_example)"
+                       if outside else f"scored targets equal to the pad id {PAD_ID}, which is never scored (make them "
+                       f"IGNORE_INDEX, {IGNORE_INDEX}, or answer with ids >= 1)" if bool((targets == PAD_ID).any())
+                       else f"rows without exactly {answers} scored target(s) (answers_per_example)"
                        if bool((scored.sum(1) != answers).any()) else None)
         if problem is not None:
             raise UserError(f"task {self.task.name}: generate({n}, ...) returned {problem}: see the contract of "
