@@ -186,6 +186,22 @@ def test_symbols_that_do_not_name_every_id_are_refused_naming_the_task():
         unregister_task("shortsym")
 
 
+@pytest.mark.parametrize("chance", [float("nan"), 5.0, -0.25, float("inf"), None, "0.5", True])
+def test_a_chance_that_is_not_an_accuracy_is_refused_naming_the_task(chance):
+    class BadChance(DelayedCopy):
+        def chance(self, k):
+            return chance
+
+    register_task("badchance", BadChance)
+    try:  # the data's describe() and a curve's points would record it
+        user_error(lambda: load_data("badchance:seq_len=16,vocab=8", **COUNTS), "task badchance: chance() returned",
+                   "[0, 1]")
+        config = Config(data="badchance:seq_len=16,vocab=8", vocab_size=None, max_seq_len=16)
+        user_error(lambda: plan_points(config, "delay", "1,2"), "task badchance: chance() returned")
+    finally:
+        unregister_task("badchance")
+
+
 def test_unregistering_removes_it(delayed_copy):
     unregister_task(NAME)
     assert NAME not in TASKS and not is_synthetic(DATA)

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -165,8 +166,8 @@ class Task:
     always the full dict of resolved knob values.
 
     A subclass defines ``symbols(k)`` (``k["vocab"]`` names; id 0 is padding, never scored),
-    ``answers_per_example(k)``, ``chance(k)`` and ``generate(n, k, generator, seed)`` -> ``(x, y)``,
-    two int64 tensors ``[n, k["seq_len"]]`` drawn from ``generator`` alone, ``y`` IGNORE_INDEX but at
+    ``answers_per_example(k)``, ``chance(k)`` (an accuracy in [0, 1]) and ``generate(n, k, generator, seed)``
+    -> ``(x, y)``, two int64 tensors ``[n, k["seq_len"]]`` drawn from ``generator`` alone, ``y`` IGNORE_INDEX but at
     the ``answers_per_example`` answer positions of each row, whose targets are ids >= 1."""
 
     name: str = ""  # set by register_task
@@ -749,6 +750,16 @@ def data_name(task: str, knobs: Mapping[str, Any]) -> str:
 
 
 # -- the dataset ----------------------------------------------------------------------------------
+def chance_of(task: Task, k: dict) -> float:
+    """``task.chance(k)``; a UserError naming the task where it is not a number in [0, 1] (an
+    accuracy: a plugin's nan or 5.0 would be recorded as the data's chance level)."""
+    chance = task.chance(k)
+    if isinstance(chance, bool) or not isinstance(chance, numbers.Real) or not 0 <= chance <= 1:
+        raise UserError(f"task {task.name}: chance() returned {chance!r}, not an accuracy in [0, 1]: see the contract "
+                        "of evo_attention.data.synthetic.Task", setting="data")
+    return float(chance)
+
+
 def check_task_memory(name: str, task: Task, k: dict) -> tuple:
     """``data.base.check_generated_memory`` of ``task`` at knobs ``k``, in its knobs' names."""
     knob = f"the knob {task.name}:{{}}=N, or {{}} where the knob is not given"
@@ -783,7 +794,7 @@ class SyntheticData(ExampleData):
         self.vocab_size, self.seq_len, self.pad_id = k["vocab"], k["seq_len"], PAD_ID
         self.settings = {"task": task, **self.task.identity(k), "seed": seed, "format_version": FORMAT_VERSION}
         self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})
-        self.answers_per_example = self.task.answers_per_example(k)
+        self.answers_per_example, self.chance = self.task.answers_per_example(k), chance_of(self.task, k)
         self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
         with refuse_failed_allocation(*refused):
             self.vocab = Vocab(self.task.symbols(k))
@@ -857,7 +868,7 @@ class SyntheticData(ExampleData):
             **({"train_stream": True} if self.stream else {}),
             "answers_per_example": self.answers_per_example,
             "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
-            "chance_accuracy": self.task.chance(self.knobs),
+            "chance_accuracy": self.chance,
             **({} if self.task.no_recall(self.knobs) is None else {"no_recall_accuracy": self.task.no_recall(self.knobs)}),
             "settings": self.settings,
         }

@@ -67,8 +67,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from evo_attention.data import data_from_config
-from evo_attention.data.synthetic import (TASKS, data_name, given_knobs, is_synthetic, parse_data_name, resolve_knobs,
-                                          task_names)
+from evo_attention.data.synthetic import (TASKS, chance_of, data_name, given_knobs, is_synthetic, parse_data_name,
+                                          resolve_knobs, task_names)
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
 from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
@@ -151,7 +151,7 @@ def plan_points(config: Config, knob: str, values: Sequence[Any] | str) -> tuple
             knobs = resolve_knobs(task, given)
         except UserError as exc:  # the task's own check between knobs, at this value
             raise UserError(f"knob {knob}={value}: {exc}", setting="knob") from None
-        points.append(CurvePoint(value, name, knobs, definition.chance(knobs)))
+        points.append(CurvePoint(value, name, knobs, chance_of(definition, knobs)))
     return task, points
 
 
