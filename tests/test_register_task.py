@@ -169,8 +169,14 @@ def test_registration_errors_are_one_line(delayed_copy):
         defaults = {"delay": 2}
 
     user_error(lambda: register_task("no_default", NoDefault), "'vocab'", "defaults")
+    for default, says in ({"delay": 0}, "an integer >= 1"), ({"delay": "2"}, "an integer >= 1"), ({"vocab": 2}, ">= 4"):
+        class BadDefault(DelayedCopy):  # a default passes the checks an inline knob passes (delay=0 is refused)
+            defaults = {**DelayedCopy.defaults, **default}
+
+        user_error(lambda: register_task("bad_default", BadDefault), "register_task('bad_default')",
+                   "default {}={!r} of BadDefault".format(*next(iter(default.items()))), says)
     user_error(lambda: register_dataset(NAME), repr(NAME), "taken")  # a plugin dataset cannot shadow it
-    assert NAME in TASKS and "another_name" not in TASKS and "no_default" not in TASKS
+    assert NAME in TASKS and not {"another_name", "no_default", "bad_default"} & set(TASKS)
 
 
 def test_symbols_that_do_not_name_every_id_are_refused_naming_the_task():

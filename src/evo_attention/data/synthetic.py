@@ -262,6 +262,15 @@ def register_task(name: str, task: type[Task] | None = None):
     if bad:
         raise refuse(f"knob {bad[0]!r} of {task.__name__} needs both a Knob in knobs and an entry in defaults "
                      "(None: derived in resolve)")
+    for knob in COMMON_KNOBS + tuple(task.knobs):  # a default passes the checks a given value passes
+        value = defaults[knob.name]
+        try:
+            ok = value is None or knob.convert(value, name) == value
+        except UserError:
+            ok = False
+        if not ok:
+            raise refuse(f"the default {knob.name}={value!r} of {task.__name__} is not allowed: {knob.name} must be "
+                         f"{knob.allowed}; fix its defaults")
     task.name = name
     TASKS[name] = task()
     return task
