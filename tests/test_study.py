@@ -171,6 +171,21 @@ def test_a_plan_that_breaks_its_own_rules_is_refused_in_one_line_naming_the_rule
     assert err.count("\n") == 1 and err.startswith("evo-attention: error: study plan") and rule in err
 
 
+def _computed(tmp_path: Path, **stage) -> Path:
+    """A plan whose computed stage ``s`` (``stage``: its kind and keys) reads the validation of stage ``v``."""
+    first = _command("v", "--seeds", 2, "--seed-block", 1)
+    question = _question([first, {"name": "s", **stage}], sources={"v": "v/validation.json"})
+    return _write(tmp_path / "plan.yaml", _study({"Q1": question}))
+
+
+def test_a_plan_stages_bad_alpha_is_said_of_the_study_plan_not_of_a_plan_flag(tmp_path, capsys):
+    path = _computed(tmp_path, kind="plan", genes_of="v/validation.json", seeds=2, seed_block=1, margin=0.01,
+                     alpha=1.5)
+    assert main(["study", "status", str(path)]) == 2
+    assert capsys.readouterr().err == (f"evo-attention: error: study plan {path}: stage s: alpha 1.5 must be a number "
+                                       "in (0, 0.5)\n")
+
+
 def _git(root: Path, *args) -> None:
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=root, check=True,
                    capture_output=True)

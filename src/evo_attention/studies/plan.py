@@ -120,16 +120,18 @@ def amendment_time(value, path, i: int) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
-def family_values(values: Mapping, path, where: str, study: str = "validation") -> dict:
-    """The checked family fields of ``values`` (the plan's or an amendment's)."""
+def family_values(values: Mapping, path, where: str, study: str = "validation", fail=None) -> dict:
+    """The checked family fields of ``values`` (the plan's or an amendment's); ``fail(why)`` makes the
+    UserError of each fault, in the caller's words (default: a plan file's, naming ``--plan``)."""
     out = {}
+    fail = fail or (lambda why: _fail(path, why))
     if "genes" in values:
         items = values["genes"]
         if not isinstance(items, list) or len(items) < 2 or not all(isinstance(g, str) and g.strip() for g in items):
-            raise _fail(path, f"{where}genes must be a list of at least two names or gene strings (the reference: "
-                              "the one named baseline, else the first)")
+            raise fail(f"{where}genes must be a list of at least two names or gene strings (the reference: "
+                       "the one named baseline, else the first)")
         if len(set(items)) != len(items):
-            raise _fail(path, f"{where}genes must be distinct")
+            raise fail(f"{where}genes must be distinct")
         out["genes"] = [g.strip() for g in items]
     if "knob" in values:
         from evo_attention.studies.curves import parse_knob
@@ -137,43 +139,43 @@ def family_values(values: Mapping, path, where: str, study: str = "validation") 
         try:
             name, knob_values = parse_knob(str(values["knob"]))
         except UserError as exc:
-            raise _fail(path, f"{where}{exc}") from None
+            raise fail(f"{where}{exc}") from None
         out["knob"] = f"{name}={','.join(knob_values)}"
     if "solve_threshold" in values:
         value = values["solve_threshold"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise _fail(path, f"{where}solve_threshold {value!r} must be an accuracy in (0, 1]")
+            raise fail(f"{where}solve_threshold {value!r} must be an accuracy in (0, 1]")
         out["solve_threshold"] = float(value)
     if "comparisons" in values:
         items = values["comparisons"]
         if not isinstance(items, list) or not items:
-            raise _fail(path, f"{where}comparisons must be a non-empty list of gene keys")
+            raise fail(f"{where}comparisons must be a non-empty list of gene keys")
         keys = []
         for item in items:
             try:
                 keys.append(AttentionGene.parse(str(item)).key)
             except UserError as exc:
-                raise _fail(path, f"{where}comparison {item!r}: {exc}") from None
+                raise fail(f"{where}comparison {item!r}: {exc}") from None
         if len(set(keys)) != len(keys) or AttentionGene.vanilla().key in keys:
-            raise _fail(path, f"{where}comparisons must be distinct genes other than the baseline")
+            raise fail(f"{where}comparisons must be distinct genes other than the baseline")
         out["comparisons"] = keys
     for name, low, high in (("margin", 0.0, 0.5), ("alpha", 0.0, 0.5)):
         if name in values:
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-                raise _fail(path, f"{where}{name} {value!r} must be a number in ({low:g}, {high:g})")
+                raise fail(f"{where}{name} {value!r} must be a number in ({low:g}, {high:g})")
             out[name] = float(value)
     if "test" in values:
         tests = CURVE_TESTS if study == "curve" else TESTS
         if values["test"] not in tests:
             what = "an exact test of two solve rates" if study == "curve" else "the verdict rule"
-            raise _fail(path, f"{where}test {values['test']!r} is not known: use {', '.join(tests)} ({what})")
+            raise fail(f"{where}test {values['test']!r} is not known: use {', '.join(tests)} ({what})")
         out["test"] = values["test"]
     for name, low in (("seeds", 2), ("seed_block", 0)):
         if name in values and values[name] is not None:
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise _fail(path, f"{where}{name} {value!r} must be a whole number >= {low}")
+                raise fail(f"{where}{name} {value!r} must be a whole number >= {low}")
             out[name] = value
     return out
 

@@ -396,7 +396,8 @@ def _check_rules(study: Study) -> None:
             if stage.kind == "plan":
                 family = {k: _number(substitute(spec[k], local)) for k in ("margin", "alpha", "seeds", "seed_block")
                           if spec.get(k) is not None}
-                family_values(family, path, f"stage {stage.name}: ")  # studies.plan's checks of a family
+                # studies.plan's checks of a family, said of the study plan (no --plan flag gives it)
+                family_values(family, path, f"stage {stage.name}: ", fail=lambda why: _fail(path, why))
                 if family.get("seed_block") is not None and family["seed_block"] not in (q.get("blocks") or []):
                     raise _rule(path, "seeds come from the question's blocks",
                                 f"stage {stage.name} takes block {family['seed_block']}, not one of "
