@@ -171,6 +171,11 @@ def test_a_plan_that_breaks_its_own_rules_is_refused_in_one_line_naming_the_rule
     assert err.count("\n") == 1 and err.startswith("evo-attention: error: study plan") and rule in err
 
 
+FAMILY = {"kind": "family", "gene": GATE, "against": "baseline", "cells": {"c": "v/validation.json"}}
+VERSUS = {"kind": "versus", "genes_of": "v/validation.json", "reference_file": "v/validation.json", "reference": GATE}
+PLAN = {"kind": "plan", "genes_of": "v/validation.json", "seeds": 2, "seed_block": 1, "margin": 0.01}
+
+
 def _computed(tmp_path: Path, **stage) -> Path:
     """A plan whose computed stage ``s`` (``stage``: its kind and keys) reads the validation of stage ``v``."""
     first = _command("v", "--seeds", 2, "--seed-block", 1)
@@ -179,11 +184,29 @@ def _computed(tmp_path: Path, **stage) -> Path:
 
 
 def test_a_plan_stages_bad_alpha_is_said_of_the_study_plan_not_of_a_plan_flag(tmp_path, capsys):
-    path = _computed(tmp_path, kind="plan", genes_of="v/validation.json", seeds=2, seed_block=1, margin=0.01,
-                     alpha=1.5)
+    path = _computed(tmp_path, **PLAN, alpha=1.5)
     assert main(["study", "status", str(path)]) == 2
     assert capsys.readouterr().err == (f"evo-attention: error: study plan {path}: stage s: alpha 1.5 must be a number "
                                        "in (0, 0.5)\n")
+
+
+@pytest.mark.parametrize("stage, says", [
+    ({**FAMILY, "margin": "abc"}, "margin 'abc' must be a number in (0, 0.5)"),
+    ({**FAMILY, "margin": 0}, "margin 0 must be a number in (0, 0.5)"),
+    ({**FAMILY, "margin": -0.01}, "margin -0.01 must be a number in (0, 0.5)"),
+    ({**FAMILY, "margin": 0.9}, "margin 0.9 must be a number in (0, 0.5)"),
+    ({**VERSUS, "margin": 0.5}, "margin 0.5 must be a number in (0, 0.5)"),
+    (VERSUS, "a versus stage fixes its margin"),
+    ({"kind": "strategies", "searches": "v", "margin": 0}, "margin 0 must be a number in (0, 0.5)"),
+])
+def test_a_value_of_a_computed_stage_that_run_would_fail_on_is_refused_at_register(tmp_path, capsys, stage, says):
+    path = _computed(tmp_path, **stage)
+    with pytest.raises(UserError) as caught:
+        load_study(path)
+    assert str(caught.value) == f"study plan {path}: stage s: {says}"
+    assert main(["study", "register", "--allow-dirty", str(path)]) == 2
+    assert capsys.readouterr().err == f"evo-attention: error: study plan {path}: stage s: {says}\n"
+    assert not (tmp_path / "plan.registration.json").exists()
 
 
 def _git(root: Path, *args) -> None:

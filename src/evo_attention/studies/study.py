@@ -58,6 +58,7 @@ KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
              "rediscovery": {"searches", "describe", "reference", "features", "rediscovered_if", "bar",
                              "solve_at"},
              "reliability": {"validations"}, "suite": {"suite", "data_seed"}}
+STAGE_NUMBERS = ("margin", "alpha", "seeds", "seed_block")  # of a computed stage: _stage_values checks them
 TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
             "edge_rule", "amendments", "questions"}
 QUESTION_KEYS = {"title", "blocks", "search_seeds", "stages", "tables", "sources", "words", "answers"}
@@ -388,20 +389,16 @@ def _check_rules(study: Study) -> None:
             raise _fail(path, f"stage {stage.name}: a reliability stage names its validations (a list of globs)")
         if stage.trains and not stage_commands(stage):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
-        if stage.kind == "plan" and ("seeds" not in spec or "margin" not in spec):
-            raise _fail(path, f"stage {stage.name}: a plan stage fixes its seeds and margin")
+        needs = {"plan": ("seeds", "margin"), "versus": ("margin",)}.get(stage.kind, ())
+        if any(k not in spec for k in needs):
+            raise _fail(path, f"stage {stage.name}: a {stage.kind} stage fixes its {' and '.join(needs)}")
         # seeds come from the question's blocks and search seeds
         for combo in _combos(stage) or []:
             local = {**env, **combo}
-            if stage.kind == "plan":
-                family = {k: _number(substitute(spec[k], local)) for k in ("margin", "alpha", "seeds", "seed_block")
-                          if spec.get(k) is not None}
-                # studies.plan's checks of a family, said of the study plan (no --plan flag gives it)
-                family_values(family, path, f"stage {stage.name}: ", fail=lambda why: _fail(path, why))
-                if family.get("seed_block") is not None and family["seed_block"] not in (q.get("blocks") or []):
-                    raise _rule(path, "seeds come from the question's blocks",
-                                f"stage {stage.name} takes block {family['seed_block']}, not one of "
-                                f"{stage.question}'s")
+            family = _stage_values(study, stage, local)
+            if family.get("seed_block") is not None and family["seed_block"] not in (q.get("blocks") or []):
+                raise _rule(path, "seeds come from the question's blocks",
+                            f"stage {stage.name} takes block {family['seed_block']}, not one of {stage.question}'s")
             for c in stage_commands(stage) if stage.trains else []:
                 argv = [_text(a) for a in flatten(substitute(c["run"], {**local, "out": "OUT"}))]
                 unknown = [m[1] for a in argv for m in _REF.finditer(str(a)) if not m[2]]
@@ -436,6 +433,14 @@ def _check_rules(study: Study) -> None:
                                 f"stages {owner} and {stage.name} both write {out}")
             written[out] = stage.name
     _check_decisions(study)
+
+
+def _stage_values(study: Study, stage: Stage, env: dict) -> dict:
+    """The numbers a computed stage fixes, checked as studies.plan checks a family's (margin and alpha in
+    (0, 0.5), whatever the stage's kind), said of the study plan: what ``run`` would fail on, or misread,
+    is refused at load, naming the stage and the key."""
+    values = {k: _number(substitute(v, env)) for k, v in stage.spec.items() if k in STAGE_NUMBERS and v is not None}
+    return family_values(values, study.path, f"stage {stage.name}: ", fail=lambda why: _fail(study.path, why))
 
 
 def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
