@@ -198,6 +198,10 @@ def test_a_plan_stages_bad_alpha_is_said_of_the_study_plan_not_of_a_plan_flag(tm
     ({**VERSUS, "margin": 0.5}, "margin 0.5 must be a number in (0, 0.5)"),
     (VERSUS, "a versus stage fixes its margin"),
     ({"kind": "strategies", "searches": "v", "margin": 0}, "margin 0 must be a number in (0, 0.5)"),
+    ({**PLAN, "top": "abc"}, "top 'abc' must be a whole number >= 1"),
+    ({**PLAN, "top": 0}, "top 0 must be a whole number >= 1"),
+    ({**PLAN, "top": -1}, "top -1 must be a whole number >= 1"),
+    ({**PLAN, "top": 1.5}, "top 1.5 must be a whole number >= 1"),
 ])
 def test_a_value_of_a_computed_stage_that_run_would_fail_on_is_refused_at_register(tmp_path, capsys, stage, says):
     path = _computed(tmp_path, **stage)

@@ -120,9 +120,10 @@ def amendment_time(value, path, i: int) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
-def family_values(values: Mapping, path, where: str, study: str = "validation", fail=None) -> dict:
+def family_values(values: Mapping, path, where: str, study: str = "validation", fail=None, whole=()) -> dict:
     """The checked family fields of ``values`` (the plan's or an amendment's); ``fail(why)`` makes the
-    UserError of each fault, in the caller's words (default: a plan file's, naming ``--plan``)."""
+    UserError of each fault, in the caller's words (default: a plan file's, naming ``--plan``); ``whole``:
+    more fields that are whole numbers, as ``(name, least)``."""
     out = {}
     fail = fail or (lambda why: _fail(path, why))
     if "genes" in values:
@@ -171,7 +172,7 @@ def family_values(values: Mapping, path, where: str, study: str = "validation", 
             what = "an exact test of two solve rates" if study == "curve" else "the verdict rule"
             raise fail(f"{where}test {values['test']!r} is not known: use {', '.join(tests)} ({what})")
         out["test"] = values["test"]
-    for name, low in (("seeds", 2), ("seed_block", 0)):
+    for name, low in (("seeds", 2), ("seed_block", 0), *whole):
         if name in values and values[name] is not None:
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -58,7 +58,9 @@ KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
              "rediscovery": {"searches", "describe", "reference", "features", "rediscovered_if", "bar",
                              "solve_at"},
              "reliability": {"validations"}, "suite": {"suite", "data_seed"}}
-STAGE_NUMBERS = ("margin", "alpha", "seeds", "seed_block")  # of a computed stage: _stage_values checks them
+# of a computed stage, checked by _stage_values: studies.plan's family fields, and whole numbers (name, least)
+STAGE_WHOLE = (("top", 1),)
+STAGE_NUMBERS = ("margin", "alpha", "seeds", "seed_block", *(name for name, _ in STAGE_WHOLE))
 TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
             "edge_rule", "amendments", "questions"}
 QUESTION_KEYS = {"title", "blocks", "search_seeds", "stages", "tables", "sources", "words", "answers"}
@@ -440,7 +442,8 @@ def _stage_values(study: Study, stage: Stage, env: dict) -> dict:
     (0, 0.5), whatever the stage's kind), said of the study plan: what ``run`` would fail on, or misread,
     is refused at load, naming the stage and the key."""
     values = {k: _number(substitute(v, env)) for k, v in stage.spec.items() if k in STAGE_NUMBERS and v is not None}
-    return family_values(values, study.path, f"stage {stage.name}: ", fail=lambda why: _fail(study.path, why))
+    return family_values(values, study.path, f"stage {stage.name}: ", fail=lambda why: _fail(study.path, why),
+                         whole=STAGE_WHOLE)
 
 
 def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
