@@ -202,14 +202,17 @@ def test_a_plan_stages_bad_alpha_is_said_of_the_study_plan_not_of_a_plan_flag(tm
     ({**PLAN, "top": 0}, "top 0 must be a whole number >= 1"),
     ({**PLAN, "top": -1}, "top -1 must be a whole number >= 1"),
     ({**PLAN, "top": 1.5}, "top 1.5 must be a whole number >= 1"),
+    ({"kind": "suite", "suite": "mad-cpu", "data_seed": "three"}, "data_seed 'three' must be a whole number >= 0"),
+    ({"kind": "suite", "data_seed": 1}, "a suite stage fixes its suite"),
+    ({"kind": "suite", "suite": "nosuch-suite.yaml"}, "unknown suite '{root}/nosuch-suite.yaml': shipped suites are"),
 ])
 def test_a_value_of_a_computed_stage_that_run_would_fail_on_is_refused_at_register(tmp_path, capsys, stage, says):
-    path = _computed(tmp_path, **stage)
+    path, says = _computed(tmp_path, **stage), says.format(root=tmp_path)
     with pytest.raises(UserError) as caught:
         load_study(path)
-    assert str(caught.value) == f"study plan {path}: stage s: {says}"
+    assert str(caught.value).startswith(f"study plan {path}: stage s: {says}") and "\n" not in str(caught.value)
     assert main(["study", "register", "--allow-dirty", str(path)]) == 2
-    assert capsys.readouterr().err == f"evo-attention: error: study plan {path}: stage s: {says}\n"
+    assert capsys.readouterr().err == f"evo-attention: error: {caught.value}\n"
     assert not (tmp_path / "plan.registration.json").exists()
 
 

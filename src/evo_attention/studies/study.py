@@ -59,7 +59,7 @@ KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
                              "solve_at"},
              "reliability": {"validations"}, "suite": {"suite", "data_seed"}}
 # of a computed stage, checked by _stage_values: studies.plan's family fields, and whole numbers (name, least)
-STAGE_WHOLE = (("top", 1),)
+STAGE_WHOLE = (("top", 1), ("data_seed", 0))
 STAGE_NUMBERS = ("margin", "alpha", "seeds", "seed_block", *(name for name, _ in STAGE_WHOLE))
 TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
             "edge_rule", "amendments", "questions"}
@@ -391,7 +391,7 @@ def _check_rules(study: Study) -> None:
             raise _fail(path, f"stage {stage.name}: a reliability stage names its validations (a list of globs)")
         if stage.trains and not stage_commands(stage):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
-        needs = {"plan": ("seeds", "margin"), "versus": ("margin",)}.get(stage.kind, ())
+        needs = {"plan": ("seeds", "margin"), "versus": ("margin",), "suite": ("suite",)}.get(stage.kind, ())
         if any(k not in spec for k in needs):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage fixes its {' and '.join(needs)}")
         # seeds come from the question's blocks and search seeds
@@ -439,8 +439,17 @@ def _check_rules(study: Study) -> None:
 
 def _stage_values(study: Study, stage: Stage, env: dict) -> dict:
     """The numbers a computed stage fixes, checked as studies.plan checks a family's (margin and alpha in
-    (0, 0.5), whatever the stage's kind), said of the study plan: what ``run`` would fail on, or misread,
-    is refused at load, naming the stage and the key."""
+    (0, 0.5), whatever the stage's kind), and a suite stage's suite (a shipped one, or a file under the
+    root, where run reads it), said of the study plan: what ``run`` would fail on, or misread, is refused
+    at load, naming the stage and the key."""
+    if stage.kind == "suite":
+        from evo_attention.data.suites import load_suite, shipped_suites
+
+        name = str(substitute(stage.spec["suite"], env))
+        try:
+            load_suite(name if name in shipped_suites() else study.root / name)
+        except UserError as exc:
+            raise _fail(study.path, f"stage {stage.name}: {exc}") from None
     values = {k: _number(substitute(v, env)) for k, v in stage.spec.items() if k in STAGE_NUMBERS and v is not None}
     return family_values(values, study.path, f"stage {stage.name}: ", fail=lambda why: _fail(study.path, why),
                          whole=STAGE_WHOLE)
