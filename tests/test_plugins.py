@@ -281,3 +281,42 @@ def test_two_plugin_files_of_one_name_are_refused(tmp_path, capsys):
         (tmp_path / folder / "same_name.py").write_text("VALUE = 1\n")
     with pytest.raises(UserError, match="plugin files .*one/same_name.py and .*two/same_name.py have the same name"):
         load_plugins([str(tmp_path / "one" / "same_name.py"), str(tmp_path / "two" / "same_name.py")])
+
+
+def test_a_run_started_with_a_relative_plugin_file_resumes_from_another_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "resume_norm.py").write_text(PLUGIN.replace("cubed_relu", "resume_cubed"))
+    (tmp_path / "a" / "space.yaml").write_text("search_space:\n  normalization: [resume_cubed]\n")
+    run = tmp_path / "run"
+
+    def forget():  # a fresh process: neither the component nor the module is known
+        components.unregister("normalization", "resume_cubed")
+        sys.modules.pop("evo_attention_plugin_resume_norm", None)
+
+    try:
+        monkeypatch.chdir(tmp_path / "a")
+        assert main(["search", *FLAGS[:2], "--steps", "2", "--population", "2", "--elite", "1", "--generations", "1",
+                     *FLAGS[10:], "--no-baseline", "--config", "space.yaml", "--plugin", "resume_norm.py",
+                     "--out", str(run)]) == 0
+        monkeypatch.chdir(tmp_path / "b")  # the stored path resume_norm.py names nothing here
+        for command in (["search", "--resume", "--out", str(run), "--quiet"],
+                        ["validate", "--from-run", str(run), "--seeds", "2", "--out", "v", "--quiet"]):
+            forget()
+            capsys.readouterr()
+            assert main(command) == 2
+            err = capsys.readouterr().err.strip()
+            assert "plugin file resume_norm.py does not exist in" in err and "the directory it started in" in err
+            assert "give the file's place with --plugin PATH" in err and "\n" not in err
+        forget()  # a file of the same name stands in for the stored one; the run keeps what it stored
+        assert main(["search", "--resume", "--out", str(run), "--quiet", "--plugin",
+                     str(tmp_path / "a" / "resume_norm.py")]) == 0
+        with sqlite3.connect(run / "run.db") as conn:
+            config = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
+        assert config["plugins"] == ["resume_norm.py"]
+        forget()  # a file that stands in for none is still another run's setting
+        (tmp_path / "b" / "other.py").write_text("")
+        assert main(["search", "--resume", "--out", str(run), "--quiet", "--plugin", "other.py"]) == 2
+        assert "--plugin other.py contradicts the run" in capsys.readouterr().err
+    finally:
+        forget()

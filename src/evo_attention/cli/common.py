@@ -14,7 +14,7 @@ from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import number as fmt_number
-from evo_attention.util.plugins import load_plugins
+from evo_attention.util.plugins import load_plugins, with_given_plugins
 from evo_attention.util.progress import log
 
 EXIT_USAGE = 2
@@ -285,15 +285,6 @@ def check_model_memory(config, device) -> None:
     vocab = resolved["vocab"]
     spec = dataclasses.replace(config.model, vocab_size=vocab)
     check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
-
-
-def with_given_plugins(stored, given) -> list[str]:
-    """The plugins a model or run was trained with (``stored``) and the command's --plugin (``given``):
-    a given file stands in for a stored one of the same file name, which may have been a path
-    relative to another folder."""
-    names = {Path(g).name for g in given or () if g.endswith(".py")}
-    return list(dict.fromkeys([p for p in stored if not (p.endswith(".py") and Path(p).name in names)]
-                              + list(given or ())))
 
 
 def load_with_plugins(stored, given) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from evo_attention.cli.common import (EXIT_INTERRUPTED, SETTING_ORIGINS, add_executor_flags, add_fidelity_flags,
                                       add_training_flags, checked, executor_from_args, explicit_settings,
                                       fidelity_flags, flag_of, given, install_sigterm_handler, note, number, suite_text,
-                                      user_message)
+                                      user_message, with_given_plugins)
 from evo_attention.search.lock import LOCK_NAME, check_free
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import direction, signed_change
@@ -64,6 +64,8 @@ def search_config(args):
         elif name == "rate_grid" and value is not None:  # "1e-3,3e-3" is [0.001, 0.003]
             value = list(parse_lr_grid(value, name))
         had = stored.get(name, defaults.get(name))
+        if name == "plugins" and len(standing_in := with_given_plugins(had or [], value)) == len(had or []):
+            had = value = stored[name] = standing_in  # each --plugin file stands in for the run's of its file name
         if name not in RESUMABLE_CHANGES and had != value:
             has = ("it was started without it" if had in (None, {}, []) else
                    f"it has {_typed(name, had) if name in ('baseline', 'strategy_options') else _shown(had)}")

@@ -51,7 +51,7 @@ from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.files import check_directory_path
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
-from evo_attention.util.plugins import load_plugins
+from evo_attention.util.plugins import load_plugins, plugin_identity
 from evo_attention.util.progress import SearchView
 
 
@@ -162,8 +162,9 @@ class Search:
                     "overwrite", setting=("objectives", "overwrite"))
             store = RunStore.open(self.out_dir)
             self.evaluation.check_resumed(store)
-            loaded = {p["module"] for p in self.plugins}
-            missing = [p["module"] for p in store.get_meta("plugins") or [] if p["module"] not in loaded]
+            loaded = {plugin_identity(p["module"]) for p in self.plugins}  # a file stands in for one of its name
+            missing = [p["module"] for p in store.get_meta("plugins") or []
+                       if plugin_identity(p["module"]) not in loaded]
             if missing:
                 store.close()
                 raise UserError(f"the run in {self.out_dir} was made with plugin {missing[0]}, which is not loaded: add "

@@ -34,6 +34,11 @@ def _import(name: str):
         spec = importlib.util.spec_from_file_location(f"evo_attention_plugin_{path.stem}", path)
         if not path.is_file() or spec is None:  # no spec: a suffix Python does not import
             why = "is a directory" if path.is_dir() else "is not a .py file" if path.is_file() else "does not exist"
+            if why == "does not exist" and not Path(name).expanduser().is_absolute():
+                raise UserError(f"plugin file {name} does not exist in {Path.cwd()}: a relative path is read from the "
+                                "current directory, one a run or saved model stored from the directory it started in; "
+                                "give the file's place with plugins PATH (a file of the same name stands in for the "
+                                "stored one)", setting="plugins")
             raise UserError(f"plugin file {name} {why}: give the path of a .py file or a module name",
                             setting="plugins")
         module_name = spec.name
@@ -54,6 +59,19 @@ def _import(name: str):
             raise
         sys.path.append(str(Path.cwd()))  # a console script does not look in the working directory
         return importlib.import_module(name)
+
+
+def plugin_identity(name: str) -> str:
+    """What a plugin is matched by between commands and folders: a .py file by its file name (a
+    relative path stored by a run or model names the file only where it started), a module by its name."""
+    return Path(name).name if name.endswith(".py") else name
+
+
+def with_given_plugins(stored, given) -> list[str]:
+    """The plugins a model or run was trained with (``stored``) and a command's --plugin (``given``):
+    a given file stands in, in its place, for a stored one of the same ``plugin_identity``."""
+    standing_in = {plugin_identity(g): g for g in given or ()}
+    return list(dict.fromkeys([standing_in.get(plugin_identity(p), p) for p in stored] + list(given or ())))
 
 
 def load_plugins(names=()) -> list[dict]:
