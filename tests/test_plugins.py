@@ -320,3 +320,22 @@ def test_a_run_started_with_a_relative_plugin_file_resumes_from_another_folder(t
         assert "--plugin other.py contradicts the run" in capsys.readouterr().err
     finally:
         forget()
+
+
+def test_a_config_file_s_plugin_file_is_read_from_the_file_s_folder(tmp_path, monkeypatch):
+    from evo_attention.train.presets import merged_settings
+
+    for folder in ("x", "x/sub", "y"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "x" / "near_cfg.py").write_text("VALUE = 1\n")
+    (tmp_path / "x" / "sub" / "deep_cfg.py").write_text("VALUE = 2\n")
+    (tmp_path / "x" / "cfg.yaml").write_text("plugins: [near_cfg.py, sub/deep_cfg.py, json]\n")
+    monkeypatch.chdir(tmp_path / "y")  # not where the files are: the config file's folder is
+    folder = (tmp_path / "x").resolve()
+    plugins = merged_settings(config_file="../x/cfg.yaml")["plugins"]
+    assert plugins == [str(folder / "near_cfg.py"), str(folder / "sub" / "deep_cfg.py"), "json"]  # stored so
+    try:
+        assert [p["module"] for p in load_plugins(plugins)] == plugins
+    finally:
+        for name in ("near_cfg", "deep_cfg"):
+            sys.modules.pop(f"evo_attention_plugin_{name}", None)

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from evo_attention.train.config import Config, warmup_twice
 from evo_attention.util.errors import UserError
+from evo_attention.util.plugins import in_folder
 from evo_attention.util.yamlio import DuplicateKey, unique_key_loader
 
 # the small model and search of the quick presets (each spliced in where its settings stand)
@@ -117,6 +118,8 @@ def read_config_file(path: str | Path) -> dict:
     if isinstance(program, dict) and program.get("ops") == []:  # stored configs write [] for every op
         raise UserError(f"config file {path} lists no program ops (ops: []): name the ops the programs may use, "
                         "or leave ops out for every op", setting="search_space")
+    if isinstance(data.get("plugins"), list):
+        data["plugins"] = [in_folder(name, path.resolve().parent) for name in data["plugins"]]
     # a fraction beside the default steps is one warm-up, as Config takes it (and as Config.to_dict writes it)
     if data.get("warmup") is not None and data.get("warmup_steps") == Config().warmup_steps:
         data = {k: v for k, v in data.items() if k != "warmup_steps"}

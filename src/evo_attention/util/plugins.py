@@ -61,6 +61,12 @@ def _import(name: str):
         return importlib.import_module(name)
 
 
+def in_folder(name, folder: Path):
+    """A plugin listed in a config file: a relative file path is read from the file's ``folder`` (the
+    run stores the path so made, which names the file from anywhere); a module name stays."""
+    return str(folder / Path(name.strip()).expanduser()) if isinstance(name, str) and _is_file(name.strip()) else name
+
+
 def plugin_identity(name: str) -> str:
     """What a plugin is matched by between commands and folders: a .py file by its file name (a
     relative path stored by a run or model names the file only where it started), a module by its name."""
