@@ -274,6 +274,31 @@ def test_registration_before_results_a_change_without_amendment_and_a_late_amend
         check_registered(load_study(path))
 
 
+def test_when_results_were_made_is_the_time_their_files_record_not_a_clone_s_file_times(tmp_path):
+    stages = [_command("a", "--seeds", 2, "--seed-block", 1), _command("b", "--seeds", 2, "--seed-block", 1)]
+    plan = _study({"Q1": _question(stages)})
+    path = _committed(tmp_path, plan)
+    record = register(load_study(path))
+    now = time.time()
+    hour = lambda h: datetime.fromtimestamp(now - h * 3600, timezone.utc).isoformat(timespec="seconds")
+    folder = tmp_path / "results" / "a"  # stage a's files as a clone holds them: made hours ago, file times now
+    folder.mkdir(parents=True)
+    (folder / "validation.json").write_text(json.dumps({"created_at": hour(3)}))
+    (folder / "times.json").write_text(json.dumps({"roles": {"validate": {"first_stored": hour(4)}}}))
+    (folder / "evaluations.csv").write_text(f"id,created_at\n1,{hour(5)}\n2,{hour(2)}\n")
+    (folder / "validation.md").write_text("records no time: its file time counts")
+    assert Runs(load_study(path)).results_time(load_study(path).stage("a")) == hour(5)
+    plan["questions"]["Q1"]["stages"][0]["command"][-5] = 3
+    _write(path, plan)
+    record["amendments"].append({"time": hour(1), "note": "by hand, after the results", "parts": parts(load_study(path)),
+                                 "changed": ["stage a"]})
+    path.with_name("plan.registration.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match="changes stage a, whose results were made before it") as caught:
+        check_registered(load_study(path))
+    assert f"({hour(5)})" in str(caught.value)
+    assert "run and report refuse it: amendment 1" in "\n".join(status(load_study(path)))
+
+
 def test_a_rate_selected_at_an_edge_of_its_grid_stops_what_reads_it(tmp_path):
     plan = _study({"Q1": {"blocks": [1], "stages": [
         {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],
@@ -347,6 +372,8 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
     assert written["seed_block"] == 1 and written["comparisons"][0].startswith(GATE + "|lr=")
     assert json.loads((tmp_path / "results" / "rate" / "selected.json").read_text())["rates"] == ["1e-3", "2e-3"]
     assert (tmp_path / "results" / "cells" / "3" / "times.json").is_file()
+    assert all("created_at" in json.loads((tmp_path / "results" / f).read_text())  # a copy keeps when they were made
+               for f in ("rate/selected.json", "family/family.json"))
     # run again: nothing left to do
     before = {d: _trainings(d.parent) for d in (tmp_path / "runs").rglob("run.db")}
     assert run_study(load_study(path), lambda argv: pytest.fail(f"ran {argv}"), log=lambda line: None) == []

@@ -32,6 +32,7 @@ times follow ``studies.plan``'s rule (an ISO time, never in the future).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import re
@@ -637,9 +638,43 @@ class Runs:
                 paths += [self.study.results(run_dir(stage, c, self.env)), self.study.out(run_dir(stage, c, self.env))]
             else:
                 paths.append(self.study.results(stage_file(stage, c, self.env)))
-        files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else [])]
-        times = [datetime.fromtimestamp(f.stat().st_mtime, timezone.utc) for f in files if f.is_file()]
-        return min(times).isoformat(timespec="seconds") if times else None
+        return made_time(paths)
+
+
+def made_time(paths: list[Path]) -> str | None:
+    """When the earliest file at ``paths`` (files, or folders searched through) was made, by the time it
+    records, since a clone or a copy resets modification times: a result's ``created_at``, a store's
+    first stored training (``times.json``), a training's ``created_at`` (``evaluations.csv``). Only a
+    file that records none (a generated plan, rate or suite, a plain training's result.json, a store, a
+    figure) counts by its modification time: when it was made where it was made, later in a copy."""
+    times = []
+    for f in (f for p in paths for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else [])):
+        if not f.is_file():
+            continue
+        recorded = []
+        try:
+            if f.name == "evaluations.csv":
+                with open(f, newline="") as handle:
+                    recorded = [r.get("created_at") for r in csv.DictReader(handle)]
+            elif f.suffix == ".json" and f.stat().st_size < 2_000_000:
+                payload = json.loads(f.read_text())
+                roles = payload.get("roles") if isinstance(payload, dict) else None
+                recorded = [payload.get("created_at")] if isinstance(payload, dict) else []
+                recorded += [r.get("first_stored") for r in roles.values()] if isinstance(roles, dict) else []
+        except (OSError, ValueError, AttributeError):
+            pass
+        found = [_utc(t) for t in recorded if t]
+        found = [t for t in found if t] or [datetime.fromtimestamp(f.stat().st_mtime, timezone.utc)]
+        times.append(min(found))
+    return min(times).isoformat(timespec="seconds") if times else None
+
+
+def _utc(text) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
 # ------------------------------------------------------------------------------------------ registration
@@ -775,9 +810,7 @@ def _removed(study: Study, record: dict, part: str) -> str | None:
     name = part.partition(" ")[2]
     if not part.startswith("stage ") or any(s.name == name for s in study.stages):
         return None
-    found = [study.root / p for p in (_last(record).get("outputs") or {}).get(name, []) if (study.root / p).exists()]
-    return min(datetime.fromtimestamp(p.stat().st_mtime, timezone.utc) for p in found).isoformat(
-        timespec="seconds") if found else None
+    return made_time([study.root / p for p in (_last(record).get("outputs") or {}).get(name, [])])
 
 
 def _outputs_record(study: Study) -> dict:

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -148,7 +149,7 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             folder = study.results(run_dir(stage, combo, runs.env))
             payload = read_json(sorted(folder.glob(done_glob(stage)))[0])
             means[combo["rate"]], lower = payload["baseline"]["mean"], payload.get("lower_is_better", True)
-        write_result(study.results(stage_file(stage, {}, runs.env)), res.select_rate(means, lower))
+        write_result(study.results(stage_file(stage, {}, runs.env)), {**res.select_rate(means, lower), **_made()})
 
 
 def _call(command, argv: list, target: Path, log, where: str) -> None:
@@ -291,7 +292,12 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
                          points=[dict(p, seed=seed) for p in suite["points"]])
             _write_yaml(study.results(file), suite)
             continue
-        write_result(study.results(file), out)
+        write_result(study.results(file), {**out, **_made()})
+
+
+def _made() -> dict:
+    """The time a computed result records of its making (``study.made_time`` reads it: a copy's file times are not)."""
+    return {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def _reader(study: Study, stage: Stage):
@@ -324,6 +330,10 @@ def status(study: Study) -> list[str]:
                      f"{record['version']}" + (f" (after its results: {record['after_results']})"
                                                if record.get("after_results") else "")
                      + f"; {len(record['amendments'])} amendment(s)")
+        try:
+            check_registered(study)
+        except UserError as exc:  # what run and report refuse, shown beside the stages
+            lines.append(f"run and report refuse it: {exc}")
     runs = Runs(study)
     for qname in study.questions:
         lines.append(f"{qname}:")
