@@ -534,6 +534,33 @@ def test_a_plan_stage_picks_the_best_validated_winners_of_a_rediscovery_and_abso
     assert genes_of({"features": {}, "searches": accuracy}, "e1") == ["y", "x"]
 
 
+def test_winners_kept_by_their_validation_are_not_confirmed_on_the_seeds_it_took(tmp_path, capsys):
+    plan = {"study": "s", "out": "runs", "results": "results", "questions": {"Q1": {
+        "blocks": [401, 402], "search_seeds": [401], "stages": [
+            {"name": "s", "dir": "s/{seed}", "each": {"seed": [401]}, "commands": [
+                ["search", *TINY, "--seed", "{seed}", "--out", "{out}"],
+                ["validate", "--from-run", "{out}", "--top", 1, "--seeds", 2, "--seed-block", "run"]]},
+            {"name": "r", "kind": "rediscovery", "searches": ["s/*"]},
+            {"name": "p", "kind": "plan", "genes_of": "r/rediscovery.json", "seeds": 4, "seed_block": 401,
+             "margin": 0.01},
+            {"name": "v", "command": ["validate", "--plan", "{plan:p}", *TINY, "--out", "{out}"]}],
+        "sources": {"v": "v/validation.json"}, "answers": {"answer": [{"say": "-"}]}}}}
+    path = _write(tmp_path / "plan.yaml", plan)
+    rule = ("breaks the rule 'winners are validated on seeds they were not selected on': stage v validates on seeds "
+            "1802001..1802004, and its genes were selected on seed 1802001 (stage r, by stage s's validation)")
+    with pytest.raises(UserError, match=rule.replace("(", r"\(").replace(")", r"\)")):
+        load_study(path)
+    assert main(["study", "status", str(path)]) == 2 and rule in capsys.readouterr().err
+    plan["questions"]["Q1"]["stages"][2]["seed_block"] = 402  # seeds they were not selected on
+    load_study(_write(tmp_path / "plan.yaml", plan))
+    plan["questions"]["Q1"]["stages"][3] = {  # each winner on its own, on the block its validation took
+        "name": "v", "dir": "v/{index}", "each": {"g": {"genes_of": "r/rediscovery.json"}},
+        "command": ["validate", "--genes", "{g}", *TINY, "--seed-block", 401, "--out", "{out}"]}
+    plan["questions"]["Q1"]["sources"] = {"r": "r/rediscovery.json"}
+    with pytest.raises(UserError, match="stage v validates on seeds 1802001..1803000, and its genes were selected"):
+        load_study(_write(tmp_path / "plan.yaml", plan))
+
+
 def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):
     plan = _study({"Q1": _question([_command("a", "--seeds", 2, "--seed-block", 1, dir="a/{k}",
                                              each={"k": [{"k": 1, "size": [1]}]})])})

@@ -436,6 +436,7 @@ def _check_rules(study: Study) -> None:
                                 f"stages {owner} and {stage.name} both write {out}")
             written[out] = stage.name
     _check_decisions(study)
+    _check_selection(study)
 
 
 def _stage_values(study: Study, stage: Stage, env: dict) -> dict:
@@ -496,6 +497,63 @@ def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
     elif plan is None:
         raise _rule(path, rule, f"stage {stage.name}: `{' '.join(map(str, argv[:2]))} ...` draws the default seeds: "
                                 "give --seed-block K (or --seed S) of the question's")
+
+
+def _check_selection(study: Study) -> None:
+    """Winners are validated on seeds they were not selected on: a ``validate``'s seeds share none with the
+    seeds the genes it reads were picked on, through every stage it reads (and the stages those read): a
+    search picks its winners on its seed, and a rediscovery keeps those whose validation beside the search
+    said better, so that validation's seeds picked them too. A rate (a grid's, a tune stage's) picks no gene;
+    a validation without a number of seeds may take any of its block's verdict seeds."""
+    from evo_attention.studies.common import TUNING_OFFSET, seed_block_base
+
+    env, picked, measured, searched = study.settings, {}, {}, {}  # stage -> {seed: by what}, its seeds, its searches
+    outs = {s.name: [_prefix(o).rstrip("/") for o in _outputs(study, s, env)] for s in study.stages}
+    for stage in study.stages:
+        inputs = [p for c in _combos(stage) or [] for p in _inputs(stage, c, env)]
+        reads = {t for _, t in _refs(stage)} if stage.trains else set()
+        reads |= {s.name for s in study.stages[:stage.index] for p in inputs for o in outs[s.name]
+                  if (pre := _prefix(p.split("#")[0])) and (pre == o or pre.startswith(o + "/")
+                                                            or pre != p.split("#")[0] and o.startswith(pre))}
+        mine = {k: v for r in reads for k, v in picked.get(r, {}).items()}
+        if stage.kind == "rediscovery":
+            mine.update({k: f"stage {stage.name}, by stage {r}'s validation" for r in reads for k in measured[r]})
+        seeds = measured.setdefault(stage.name, set())
+        for combo in _combos(stage) or []:
+            local, own = {**env, **combo}, set()
+            if stage.kind == "plan" and stage.spec.get("seed_block") is not None:
+                base = seed_block_base(int(_number(substitute(stage.spec["seed_block"], local))))
+                seeds |= set(range(base + 1, base + int(_number(substitute(stage.spec["seeds"], local))) + 1))
+            for c in stage_commands(stage) if stage.trains else []:
+                argv = [_text(a) for a in flatten(substitute(c["run"], {**local, "out": "OUT"}))]
+                flag = dict(zip(argv, argv[1:]))
+                if argv[0] == "search" and flag.get("--seed", "").isdigit():
+                    own.add(int(flag["--seed"]))
+                    mine[int(flag["--seed"])] = f"stage {stage.name}'s search"
+                if argv[0] != "validate":
+                    continue
+                plan, block, n = flag.get("--plan", ""), flag.get("--seed-block"), flag.get("--seeds", "")
+                ref = _REF.fullmatch(plan) or _REF.fullmatch(flag.get("--from-run", ""))
+                if _REF.fullmatch(plan):  # a plan stage's file: its seeds
+                    now = measured.get(ref[2], set())
+                else:
+                    if plan:
+                        family = load_plan(study.root / plan).family()
+                        block, n = family.get("seed_block"), str(family.get("seeds"))
+                    runs = own or searched.get(ref[2] if ref else "", set())
+                    bases = ([seed_block_base(b) for b in runs] if block == "run" else [seed_block_base(int(block))]
+                             if str(block).isdigit() else [int(flag["--seed"])] if flag.get("--seed", "").isdigit()
+                             else [])
+                    count = int(n) if n.isdigit() else TUNING_OFFSET  # seeds auto, or as many as decide
+                    now = {b + i for b in bases for i in range(1, count + 1)}
+                seeds |= now
+                shared = sorted(now & set(mine))
+                if shared:
+                    raise _rule(study.path, "winners are validated on seeds they were not selected on",
+                                f"stage {stage.name} validates on seeds {min(now)}..{max(now)}, and its genes were "
+                                f"selected on seed {shared[0]} ({mine[shared[0]]}): give it seeds of another block")
+            searched.setdefault(stage.name, set()).update(own)
+        picked[stage.name] = mine
 
 
 def word_rules(q: dict) -> dict:
