@@ -190,6 +190,13 @@ def test_a_plan_stages_bad_alpha_is_said_of_the_study_plan_not_of_a_plan_flag(tm
                                        "in (0, 0.5)\n")
 
 
+def test_a_study_plan_s_bad_amendment_time_is_said_of_the_study_plan_not_of_a_plan_flag(tmp_path, capsys):
+    question = _question([_command("v", "--seeds", 2, "--seed-block", 1)])
+    path = _write(tmp_path / "plan.yaml", _study({"Q1": question}, amendments=[{"time": "soon", "reason": "x"}]))
+    assert main(["study", "status", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"evo-attention: error: study plan {path}: amendment 1 has time 'soon'")
+
+
 @pytest.mark.parametrize("stage, says", [
     ({**FAMILY, "margin": "abc"}, "margin 'abc' must be a number in (0, 0.5)"),
     ({**FAMILY, "margin": 0}, "margin 0 must be a number in (0, 0.5)"),

@@ -103,20 +103,23 @@ def fingerprint(family: Mapping) -> str:
     return hashlib.sha256(json.dumps(family, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def amendment_time(value, path, i: int) -> str:
+def amendment_time(value, path, i: int, fail=None) -> str:
+    """The ISO time (UTC) of amendment ``i``'s ``value``; ``fail(why)`` makes the UserError (a validate
+    plan's by default, which names the --plan flag)."""
+    fail = fail or (lambda why: _fail(path, why))
     if isinstance(value, datetime):
         moment = value
     else:
         try:
             moment = datetime.fromisoformat(str(value))
         except ValueError:
-            raise _fail(path, f"amendment {i + 1} has time {value!r}: give an ISO time such as "
-                              "2025-06-01T12:00:00+00:00") from None
+            raise fail(f"amendment {i + 1} has time {value!r}: give an ISO time such as "
+                       "2025-06-01T12:00:00+00:00") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     if moment > datetime.now(timezone.utc):
-        raise _fail(path, f"amendment {i + 1} is dated {moment.isoformat(timespec='seconds')}, in the future: an "
-                          "amendment carries the time it was written")
+        raise fail(f"amendment {i + 1} is dated {moment.isoformat(timespec='seconds')}, in the future: an "
+                   "amendment carries the time it was written")
     return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 

@@ -206,7 +206,7 @@ def load_study(path, settings: dict | None = None) -> Study:
     for i, item in enumerate(raw.get("amendments") or []):  # amendments written in the plan: notes with their time
         if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
             raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
-        amendment_time(item["time"], path, i)
+        amendment_time(item["time"], path, i, lambda why: _fail(path, why))
     if raw.get("edge_rule", "refuse") not in ("refuse", "note"):
         raise _fail(path, "edge_rule is refuse (a rate selected at an edge of its grid stops what reads it) or note")
     vars_ = raw.get("vars") or {}
@@ -893,7 +893,8 @@ def check_registered(study: Study) -> dict:
                         "study amend PLAN --note WHY (refused once its results exist)")
     runs = Runs(study)
     for i, amendment in enumerate(record["amendments"]):
-        amendment_time(amendment["time"], registration_path(study), i)  # an ISO time, never in the future
+        where = registration_path(study)  # an ISO time, never in the future
+        amendment_time(amendment["time"], where, i, lambda why: _fail(where, why))
         for part in amendment["changed"]:
             made = _touches(study, part, runs)
             if made and made < amendment["time"]:
