@@ -141,6 +141,8 @@ def test_ablate_returns_a_typed_result_that_is_what_it_writes(tiny, store, tmp_p
                                                     "baseline + normalization"]
     assert [c["field"] for c in result.contributions] == ["normalization", "normalization"]
     assert result.total["kind"] == "total" and result.seeds == [8, 9]
+    whole = data.scored_tokens("valid")  # each variant's values scored the whole split
+    assert all(v["eval_tokens"] == whole and v["eval_complete"] is True for v in result.variants)
     written = _written(write_ablation(result, tmp_path)["json"])
     assert result.to_dict() == written and list(result) == list(written)
 
@@ -152,6 +154,8 @@ def test_transfer_returns_a_typed_result_that_is_what_it_writes(tiny, store, tmp
     assert result.reference == "16x1" and result.largest == "32x1" and [s["size"] for s in result.sizes] == [
         "16x1", "32x1"]
     assert set(result.verdicts) == {SPARSE} and result["steps"] == [6, 6] and result.seeds == [8, 9]
+    rows = [r for s in result.sizes for r in [s["baseline"], *s["genes"]]]
+    assert all(r["eval_tokens"] == data.scored_tokens("valid") and r["eval_complete"] is True for r in rows)
     written = _written(write_transfer(result, tmp_path)["json"])
     assert result.to_dict() == written and list(result) == list(written)
     assert list(written)[-1] == "headline" and written["headline"] == result.headline

@@ -428,3 +428,37 @@ def test_a_confidence_without_an_alpha_is_named_as_the_flag():
     with pytest.raises(UserError, match="^confidence 1.0 is outside") as raised:
         _decisive_seeds(argparse.Namespace(confidence=1.0, seeds=3), lambda n: 1, planned=True)
     assert raised.value.setting == "confidence"
+
+
+def test_a_partial_evaluation_is_recorded_per_gene_and_said_in_the_markdown_and_the_summary(tmp_path, capsys):
+    """eval_steps scores part of the split: each row keeps the tokens its values were scored on and that they
+    were not the whole split; validation.md and the printed summary say so."""
+    import yaml
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    assert main(["validate", "--config", str(tmp_path / "tiny.yaml"), "--genes", SPARSE, "--seeds", "2",
+                 "--eval-steps", "1", "--eval-batch-size", "16", "--quiet", "--out", str(out)]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    for row in (result["baseline"], result["genes"][0]):  # 16 examples of 2 queries each, of the split's 64
+        assert row["eval_tokens"] == 32 and row["eval_complete"] is False
+    assert result["data"]["scored_tokens"]["valid"] == 128
+    said = "each value is measured on 32 of the 128 scored tokens of the valid split"
+    assert said in (out / "validation.md").read_text() and said in capsys.readouterr().err
+
+
+def test_the_scored_tokens_are_one_count_where_the_seeds_agree_and_old_results_say_nothing():
+    seeds = [43, 44]
+    records = _fake_records({VANILLA.key: [10.0, 10.2], SPARSE: [9.0, 9.1]}, seeds)
+    for (gene, seed), r in records.items():
+        r.update(eval_tokens=128, eval_complete=True)
+    records[SPARSE, 44].update(eval_tokens=96)
+    result = val.validation_statistics(_setup(seeds), records, [SPARSE])
+    assert result["baseline"]["eval_tokens"] == 128 and result["genes"][0]["eval_tokens"] == [128, 96]
+    assert result["genes"][0]["eval_complete"] is True and "Partial" not in validation_markdown(result)
+    old = _fake_records({VANILLA.key: [10.0, 10.2], SPARSE: [9.0, 9.1]}, seeds)  # records without the fields
+    result = val.validation_statistics(_setup(seeds), old, [SPARSE])
+    assert result["genes"][0]["eval_complete"] is None and "Partial" not in validation_markdown(result)
+    for row in (result["baseline"], *result["genes"]):
+        del row["eval_tokens"], row["eval_complete"]  # a file written before the rows kept them
+    assert "Partial" not in validation_markdown(result)

@@ -349,7 +349,12 @@ def search_values(summary, keys, metric: str, config, data, eval_split: str) -> 
 
 
 def log_grid(result) -> None:
-    """With a learning-rate grid: each gene's selected rate, and a warning per edge winner."""
+    """What a study's verdict lines leave out: that eval_steps cut its evaluations short (``partial_note``);
+    with a learning-rate grid, each gene's selected rate, and a warning per edge winner."""
+    from evo_attention.report.studies.common import partial_note
+
+    if partial_note(result):
+        log(partial_note(result))
     grid = result.get("grid")
     if not grid:
         return

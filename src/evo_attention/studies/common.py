@@ -556,7 +556,8 @@ def trained_as(records) -> dict[str, int]:
 
 
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
-    """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost"}`` of
+    """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost", "eval_tokens",
+    "eval_complete"}`` (``scored``) of
     one gene (values None where failed; ``errors``: one line per failed training, with its seed; ``devices``,
     ``precisions``: where and in which precision each seed trained, as its record says); ``cost``: each of
     ``COSTS``, the median over the finished trainings (timings are the machine's where they trained,
@@ -570,7 +571,18 @@ def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequenc
         cost[name] = statistics.median(measured) if measured else None
     return {"seeds": list(seeds), "values": values, "statuses": [str(r.get("status")) for r in rows],
             "devices": [r.get("device") for r in rows], "precisions": [r.get("precision") for r in rows],
-            "n_failed": sum(v is None for v in values), "errors": errors, "cost": cost}
+            "n_failed": sum(v is None for v in values), "errors": errors, "cost": cost, **scored(rows, values)}
+
+
+def scored(rows: Sequence[Mapping], values: Sequence) -> dict:
+    """``eval_tokens``: the tokens each finished training's value was scored on (one count where all
+    agree, else one per seed, None where failed); ``eval_complete``: whether every one scored its whole
+    split (False: eval_steps cut an evaluation short; None: unknown, no finished training or an old record)."""
+    tokens = [r.get("eval_tokens") if v is not None else None for r, v in zip(rows, values)]
+    complete = [r.get("eval_complete") for r, v in zip(rows, values) if v is not None]
+    known = set(t for t in tokens if t is not None)
+    return {"eval_tokens": known.pop() if len(known) == 1 and None not in tokens else tokens,
+            "eval_complete": False if False in complete else None if not complete or None in complete else True}
 
 
 def write_files(out_dir: str | os.PathLike, names: Mapping[str, str], result: Mapping,

@@ -67,7 +67,7 @@ COMPARE_PRESETS = {
 }
 RESULT_KEYS = ("name", "gene", "seed", "status", "error", "val_loss", "val_perplexity", "accuracy", "bits_per_byte",
                "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "peak_memory_mb", "eval_tokens",
-               "steps", "trained_steps", "device")
+               "eval_complete", "steps", "trained_steps", "device")
 
 
 @dataclass(frozen=True)

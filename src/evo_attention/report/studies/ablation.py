@@ -18,8 +18,8 @@ import math
 from typing import Mapping, Sequence
 
 from evo_attention.report.attachments import output_stem
-from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, p_text, seed_note,
-                                                 study_schedule, table_markdown)
+from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, p_text,
+                                                 partial_note, seed_note, study_schedule, table_markdown)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import change_header, direction, fmt, md_cell
@@ -360,6 +360,7 @@ def ablation_markdown(result: Mapping) -> str:
         f"interval; the exact sign-flip test decides below {stats.EXACT_BELOW} seeds, the paired t-test from "
         f"{stats.EXACT_BELOW}; "
         "p-values are Holm-corrected within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        *([partial_note(result), ""] if partial_note(result) else []),
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         table_markdown(*ablation_table(result), code_column=2), "",
         "## Contributions", "",

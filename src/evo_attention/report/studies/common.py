@@ -178,3 +178,24 @@ def plain_cell(row: Mapping, metric: str) -> str:
     if not plain:
         return "-"
     return f"{change_text(plain, metric)}, {plain.get('verdict_label') or plain.get('verdict') or '-'}"
+
+
+def partial_note(result: Mapping) -> str:
+    """The sentence saying that eval_steps cut a study's evaluations short, with the tokens each value was
+    scored on (its rows' ``eval_tokens``) and the split's; '' when every evaluation was complete (or a result
+    written before the rows said so)."""
+    rows = [result.get("baseline") or {}, *(result.get("matched_baselines") or ()), *(result.get("genes") or ()),
+            *(result.get("variants") or ())]
+    rows += [r for size in result.get("sizes") or () for r in [size.get("baseline") or {}, *(size.get("genes") or ())]]
+    rows += result.get("results") or []  # compare's, one per configuration and seed
+    partial = [r.get("eval_tokens") for r in rows if r.get("eval_complete") is False]
+    if not partial:
+        return ""
+    counts = sorted({n for c in partial for n in (c if isinstance(c, list) else [c]) if n is not None})
+    span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}" if counts else "part"
+    split = result.get("eval_split", "valid")
+    settings = result.get("settings") or {}  # compare's provenance
+    total = ((result.get("data") or settings.get("data_description") or {}).get("scored_tokens") or {}).get(split)
+    return (f"Partial evaluation: eval_steps {(result.get('config') or settings).get('eval_steps')} cut the evaluation "
+            f"short, so each value is measured on {span} of the {'' if total is None else f'{total:,} '}scored tokens "
+            f"of the {split} split (eval_tokens in the JSON), not on the whole split.")

@@ -6,7 +6,7 @@ with several seeds, the ``paired`` comparisons; an optional ``grid``) and render
 from __future__ import annotations
 
 from evo_attention.report.attachments import COMPARE_FIGURE
-from evo_attention.report.studies.common import change_text, schedule_text, verdict_cell
+from evo_attention.report.studies.common import change_text, partial_note, schedule_text, verdict_cell
 from evo_attention.report.studies.lr_grid import grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import md_cell, number, signed_change
@@ -63,6 +63,7 @@ def compare_markdown(payload: dict) -> str:
                   f"perplexities, exact sign-flip below {stats.EXACT_BELOW} seeds, else t; its 95% t interval), "
                   f"with the verdict (Holm over {family} comparisons; equivalence "
                   f"within ±{100 * (s.get('margin') or stats.DEFAULT_MARGIN):g}%; see docs/validation.md)."]
+    lines += ["", partial_note(payload)] if partial_note(payload) else []
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "
               f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
               + ("" if summary.get("total_time_s") is None else f" Total time {summary['total_time_s']:.0f} s."),

@@ -13,8 +13,8 @@ from typing import Mapping
 
 from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.common import (change_text, ci_text, digits_for, lower_is_better, metric_direction,
-                                                 p_text, paired_change_header, plain_cell, schedule_text, seed_note,
-                                                 table_markdown, verdict_cell)
+                                                 p_text, paired_change_header, partial_note, plain_cell, schedule_text,
+                                                 seed_note, table_markdown, verdict_cell)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
 from evo_attention.util.format import fmt, md_cell
@@ -199,7 +199,7 @@ def transfer_markdown(result: Mapping) -> str:
         "# Transfer across scale", "",
         result.get("headline", ""), "",
         transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
-        "",
+        "", *([partial_note(result), ""] if partial_note(result) else []),
         table_markdown(*transfer_sizes_table(result)), "",
         "Learning-rate schedule at each size:", "",
         *[f"- {md_cell(line)}" for line in transfer_schedule_lines(result)], "",

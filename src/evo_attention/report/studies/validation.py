@@ -14,8 +14,8 @@ from typing import Mapping
 from evo_attention.report.attachments import load_attachments, output_stem
 from evo_attention.report.studies.ablation import ablation_markdown, current_ablation
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, digits_for, metric_direction,
-                                                 p_text, paired_change_header, plain_cell, seed_note, study_schedule,
-                                                 table_markdown, verdict_cell)
+                                                 p_text, paired_change_header, partial_note, plain_cell, seed_note,
+                                                 study_schedule, table_markdown, verdict_cell)
 from evo_attention.report.studies.curves import curve_markdown
 from evo_attention.report.studies.fresh_check import check_line, check_markdown
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
@@ -134,6 +134,7 @@ def validation_markdown(result: Mapping) -> str:
         f"({seed_note(result)}), "
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
+        *([partial_note(result), ""] if partial_note(result) else []),
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         *([f"Seeds planned from a pilot: {result['seed_plan']['plan']}.", ""]
           if (result.get("seed_plan") or {}).get("plan") else []),
