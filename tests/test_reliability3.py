@@ -606,6 +606,33 @@ def test_13_an_unused_setting_is_one_warning_and_the_command_goes_on(command, sa
     assert len(notes) == 1 and notes[0].endswith("ignored"), notes
 
 
+def test_13_a_config_files_search_settings_that_the_command_does_not_use_are_one_warning_each(tmp_path, recwarn):
+    config = tmp_path / "ign.yaml"
+    config.write_text("max_params: 10\nstrategy: random\nn_generations: 7\n"
+                      "search_space: {normalization: [sparsemax]}\n")
+    assert main(["baseline", "--config", str(config), *STUDY_FLAGS, "--out", str(tmp_path / "out")]) == 0
+    notes = [str(w.message) for w in recwarn if "search setting" in str(w.message)]
+    assert notes == [f"{key} (config file {config}) is a search setting that baseline does not use: ignored"
+                     for key in ("max_params", "strategy", "n_generations", "search_space")]
+
+
+@pytest.mark.parametrize("command, unused", [
+    ("validate", ["fidelity", "objectives"]),  # it has --suite and --baseline-gene of its own
+    ("transfer", ["fidelity", "objectives"]),  # its verdicts are against baseline_gene; it refuses a suite
+    ("curve", ["fidelity", "objectives", "baseline_gene", "suite"]),
+    ("search", []),
+])
+def test_13_which_search_settings_of_a_config_file_a_command_does_not_use(command, unused, tmp_path, recwarn):
+    from evo_attention.cli import build_parser
+    from evo_attention.cli.common import note_unused_keys
+
+    config = tmp_path / "c.yaml"
+    config.write_text("fidelity: halving\nobjectives: [perplexity, params]\nbaseline_gene: dot|softmax|none|fixed\n"
+                      "suite: mad-cpu\nlearning_rate: 0.002\n")
+    note_unused_keys(build_parser().parse_args([command, "--config", str(config)]))
+    assert [str(w.message).split(" ")[0] for w in recwarn] == unused
+
+
 def test_13_bench_says_the_search_settings_it_does_not_use(recwarn):
     assert main(["bench", "--init-from", "runs/x", "--max-params", "100", "--budget", "2", *STUDY_FLAGS[:-1]]) == 0
     said = " ".join(str(w.message) for w in recwarn)

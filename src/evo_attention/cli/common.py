@@ -220,6 +220,35 @@ def note_unused_flags(args) -> None:
             note(f"{flag} is used only with --seeds auto (it shapes the seed plan): ignored")
     if given("--seed") and getattr(args, "seed_block", None) is not None:
         note("--seed is not used with --seed-block (every seed comes from the block): ignored")
+    note_unused_keys(args)
+
+
+# search settings that commands without the search's flags read all the same (setting -> commands): the gene
+# their verdicts are against; a suite, which ablate and transfer refuse
+READ_BY = {"baseline_gene": ("validate", "ablate", "transfer", "compare", "fitness"), "suite": ("ablate", "transfer")}
+
+
+def note_unused_keys(args) -> None:
+    """A note per key of the --config file that the command does not use: a search setting (groups search and
+    fidelity) where it takes no search flags, but one it has a flag of its own for (--suite, --baseline-gene) or
+    reads all the same (``READ_BY``). A file that cannot be read is said where the command reads it."""
+    from evo_attention.train.config import Config
+    from evo_attention.train.presets import read_config_file
+
+    path, command = getattr(args, "config", None), getattr(args, "command", None)
+    if not path or hasattr(args, "population"):  # a search (or bench's estimate of one) reads every setting
+        return
+    try:
+        keys = read_config_file(path)
+    except UserError:
+        return
+    fields = {f.name: f.metadata for f in dataclasses.fields(Config)}
+    for key in keys:
+        meta = fields.get(key, {})
+        own_flag = (meta.get("flag") or "").replace("-", "_")  # the command's flag of this setting, if it has one
+        if meta.get("group") in ("search", "fidelity") and not hasattr(args, own_flag) \
+                and command not in READ_BY.get(key, ()):
+            note(f"{key} (config file {path}) is a search setting that {command} does not use: ignored")
 
 
 def check_schedule_and_suite(config) -> None:
