@@ -103,3 +103,56 @@ def test_sampling_rules():
         with pytest.raises(UserError) as info:
             generate(model, [1], 2, **kwargs)
         assert info.value.setting == setting
+
+
+def test_registered_components_and_ops_that_read_earlier_positions_decode_as_the_forward_pass():
+    """A causal component or op whose value at a position reads earlier positions (q's running mean
+    against k, a running-mean temperature, an input op over x's running sum) cannot decode from a
+    cache of each position's own keys: registration finds it and such a program recomputes."""
+    from evo_attention import register_op
+    from evo_attention.nn import components
+    from evo_attention.nn.attention import EvolvedAttention, KVCache
+    from evo_attention.nn.program import unregister_op
+
+    def running_mean(z, dim):
+        return z.cumsum(dim) / torch.arange(1, z.shape[dim] + 1, dtype=z.dtype).view(-1, *[1] * (-dim - 1))
+
+    class CumQ(components.Similarity):
+        def forward(self, q, k):
+            return running_mean(q, -2) @ k.transpose(-2, -1)
+
+    class RunTemp(torch.nn.Module):
+        def __init__(self, d_model, n_heads, d_head):
+            super().__init__()
+
+        def forward(self, x):
+            return (1 + running_mean(x.abs().mean(-1), -1))[:, None, :, None]
+
+    class KeyNorm(components.Similarity):  # per position: query i, key j alone
+        def forward(self, q, k):
+            return q @ k.transpose(-2, -1) - 0.5 * k.square().sum(-1).unsqueeze(-2)
+
+    components.register_similarity("cumq_probe")(CumQ)
+    components.register_similarity("keynorm_probe")(KeyNorm)
+    components.register_temperature("runtemp_probe")(RunTemp)
+    register_op("xrun_probe", "X->X", "learned", apply=lambda call, z: running_mean(z, -2))
+    try:
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+        for gene, cached in (("cumq_probe|softmax|none|fixed", False), ("dot|softmax|none|runtemp_probe", False),
+                             ("prog=o(mix(w.softmax(t.fixed(s.cumq_probe(q,k))),v))", False),
+                             ("prog=pin(xrun_probe(x),o(mix(w.softmax(s.dot(q,k)),v)))", False),
+                             ("keynorm_probe|softmax|none|fixed", True)):
+            torch.manual_seed(0)
+            attn = EvolvedAttention(16, 2, gene, max_seq_len=8).eval()
+            with torch.no_grad():
+                full, cache = attn(x), attn.new_cache()
+                rows = torch.cat([attn.decode(x[:, :3], cache)] + [attn.decode(x[:, i:i + 1], cache)
+                                                                   for i in range(3, 8)], 1)
+            assert isinstance(cache, KVCache) == cached, gene
+            torch.testing.assert_close(rows, full, rtol=0, atol=1e-6, msg=gene)
+    finally:
+        for kind, name in (("similarity", "cumq_probe"), ("similarity", "keynorm_probe"),
+                           ("temperature_mode", "runtemp_probe")):
+            components.unregister(kind, name)
+        unregister_op("xrun_probe")
+    assert not components.ACROSS_POSITIONS & {"s.cumq_probe", "t.runtemp_probe", "xrun_probe"}

@@ -20,9 +20,10 @@ a user adds a component in a few lines without editing the library::
 
 Contracts (tests hold every registered component to them):
 
-- Causality: nothing reads a future position. Similarities compare one query with one key,
-  temperatures see only the query position's own input, and the attention module masks future
-  keys before normalizing.
+- Causality: nothing reads a future position, and the attention module masks future keys before
+  normalizing. A similarity that compares one query with one key, and a temperature or gating that
+  sees only its position's own input, decode from a key/value cache; one that reads earlier
+  positions too (found when registered: ``ACROSS_POSITIONS``) decodes by recomputing.
 - Normalizations return non-negative weights whose rows sum to 1 over allowed keys, exactly zero
   weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
   all map to zero, which then gets all-zero weights). ``register_normalization`` probes a
@@ -85,8 +86,8 @@ def _registrar(kind: str):
             plugin = getattr(factory, "__module__", None) != __name__
             if kind == "normalization" and plugin and not getattr(factory, "kernel", False):
                 check_masking(name, factory)
-            elif kind != "normalization" and plugin:
-                check_causal(kind, name, factory)
+            elif kind != "normalization" and plugin and not check_causal(kind, name, factory):
+                ACROSS_POSITIONS.update(f"{prefix}.{name}" for prefix in _OP_PREFIXES[kind])
             _REGISTRIES[kind][name] = factory
             if name not in OPTIONS[kind]:
                 OPTIONS[kind].append(name)
@@ -126,6 +127,11 @@ def check_masking(name: str, normalize: Callable) -> None:
 
 
 PROBE_LENGTHS = (4, 9)  # a probe's sequence lengths: the later half of each is moved
+# The program ops (a component's s.NAME, t.NAME, g.NAME, gi.NAME, or a registered op) whose value at a position
+# reads other positions than its own (causally; a probe at registration finds them): a program with one decodes
+# by recomputing its forward, as a key/value cache holds no more than each position's own values.
+ACROSS_POSITIONS: set = set()
+_OP_PREFIXES = {"similarity": ("s",), "temperature_mode": ("t",), "gating": ("g", "gi"), "normalization": ()}
 
 
 def probe_pair(kind: str, draw: torch.Generator, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,12 +160,27 @@ def _earlier(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
     return value[..., :cut, :]
 
 
-def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None) -> bool:
-    """Whether ``compute`` (of ``probe_pair`` values of ``arg_types``; ``module``'s weights drawn at
-    random first, in eval mode) changes an earlier output when later inputs change, at some probe
-    length it runs at; an error at every length is raised. Random draws inside ``compute`` repeat
-    (the same seed before each call), and the global random state is restored afterwards."""
-    draw, failure, ran = torch.Generator().manual_seed(0), None, False
+def _later(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
+    """The rows from T // 2 on of an output of type ``kind`` that holds every row or only those (a
+    temperature's may be broadcast); for scores their keys 0..i."""
+    rows = length - length // 2
+    if kind not in ("S", "W"):
+        return value[..., -rows:, :]
+    held = length if value.dim() > 1 and value.shape[-2] == length else rows
+    keep = torch.ones(length, length, dtype=torch.bool).tril()[-rows:]
+    return torch.broadcast_to(value, (1, 2, held, length))[..., -rows:, :].masked_select(keep)
+
+
+def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None,
+                 keys: tuple = ()) -> str | None:
+    """"future" if ``compute`` (of ``probe_pair`` values of ``arg_types``; ``module``'s weights drawn
+    at random first, in eval mode) changes an earlier output when later inputs change, at some probe
+    length it runs at; else "rows" if its outputs at positions T // 2 on differ when computed from
+    those positions' inputs alone (the arguments at indices ``keys`` whole: a similarity's keys), as
+    decoding with a key/value cache computes them; else None. An error at every length is raised.
+    Random draws inside ``compute`` repeat (the same seed before each call), and the global random
+    state is restored afterwards."""
+    draw, failure, ran, found = torch.Generator().manual_seed(0), None, False, None
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         if module is not None:
             module.eval()
@@ -168,25 +189,32 @@ def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn
         for length in PROBE_LENGTHS:
             try:
                 given, moved = zip(*(probe_pair(kind, draw, length) for kind in arg_types))
+                tail = [v if i in keys or not torch.is_tensor(v) else v[..., length // 2:, :]
+                        for i, v in enumerate(given)]
                 seen = []
-                for values in (given, moved):
+                for values in (given, moved, tail):
                     torch.manual_seed(0)
-                    seen.append(_earlier(compute(*values), result_type, length))
+                    seen.append(compute(*values))
+                earlier = [_earlier(value, result_type, length) for value in seen[:2]]
+                later = [_later(value, result_type, length) for value in (seen[0], seen[2])]
             except Exception as exc:  # e.g. an op that needs more positions than the shorter probe has
                 failure = exc
                 continue
             ran = True
-            if not torch.allclose(*seen, rtol=1e-5, atol=1e-6, equal_nan=True):
-                return True
+            if not torch.allclose(*earlier, rtol=1e-5, atol=1e-6, equal_nan=True):
+                return "future"
+            if not torch.allclose(*later, rtol=1e-5, atol=1e-5, equal_nan=True):
+                found = "rows"
     if not ran:
         raise failure
-    return False
+    return found
 
 
-def check_causal(kind: str, name: str, factory: Callable) -> None:
+def check_causal(kind: str, name: str, factory: Callable) -> bool:
     """UserError unless a similarity, temperature or gating, built with random weights at sizes
     d_head 4, 2 heads, d_model 8, reads no later position (``reads_future``): a model with it would.
-    One that cannot be built or run on any probe is left to fail in use."""
+    Whether its value at a position reads that position's inputs alone (a score [i, j]: query i, key
+    j). One that cannot be built or run on any probe is left to fail in use."""
     with torch.random.fork_rng(devices=[]):  # building it draws its initial weights
         try:
             module = {"similarity": lambda: factory(4, 2), "gating": lambda: factory(8)}.get(
@@ -195,12 +223,14 @@ def check_causal(kind: str, name: str, factory: Callable) -> None:
                 gate_input = getattr(module, "gate_input", lambda x: x)
                 leaks = reads_future(lambda x, y: torch.cat([gate_input(x), module(x, y)], -1), "XX", "X", module)
             else:
-                leaks = reads_future(module, "HH" if kind == "similarity" else "X", "S", module)
+                similarity = kind == "similarity"  # decoding meets new queries with every key so far
+                leaks = reads_future(module, "HH" if similarity else "X", "S", module, keys=(1,) if similarity else ())
         except Exception:  # its own error: a training with it fails and is recorded so (status error)
-            return
-    if leaks:
+            return True
+    if leaks == "future":
         raise UserError(f"{kind.split('_')[0]} {name!r} reads future positions: an output at position t may "
                         "depend only on inputs at positions <= t (and a score [i, j] on query i and key j)")
+    return leaks is None
 
 
 register_normalization = _registrar("normalization")
@@ -219,6 +249,7 @@ def unregister(kind: str, name: str) -> None:
     if name in OPTIONS[kind]:
         OPTIONS[kind].remove(name)
     genes.OPT_IN[kind].discard(name)
+    ACROSS_POSITIONS.difference_update(f"{prefix}.{name}" for prefix in _OP_PREFIXES[kind])
     {"similarity": genes.DOT_FORM_SIMILARITIES, "normalization": genes.KERNEL_NORMALIZATIONS}.get(kind, set()).discard(name)
 
 

@@ -33,10 +33,11 @@ Fast paths are patterns the engine recognises, each computing the same function 
   block of W queries meeting the 2W keys of its own and the previous block (O(T W)).
 - ``kmix``: running sums over positions (``components.causal_kernel_attention``, O(T)) unless
   explicit weights are needed (maps, a mask, a window, attention dropout in training).
-- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form)
-  decodes with a key/value cache (running sums for a kernel without a window); any other program
-  recomputes its forward over the positions so far and keeps the new rows (every op is causal, so
-  those rows are what the whole sequence gives them).
+- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form),
+  through ops that each read one position alone (not ``components.ACROSS_POSITIONS``), decodes with
+  a key/value cache (running sums for a kernel without a window); any other program recomputes its
+  forward over the positions so far and keeps the new rows (every op is causal, so those rows are
+  what the whole sequence gives them).
 """
 
 from __future__ import annotations
@@ -120,20 +121,23 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
             raise programs.ProgramError(f"program op {name!r} exists already with another implementation: choose "
                                         "another name, or unregister_op it first")
         op = replace(op, fold=programs.OPS[name].fold)
-    leak = _reads_future(op, Implementation(apply, build))  # probed first: a refused op changes nothing
+    across: list = []
+    leak = _reads_future(op, Implementation(apply, build), across)  # probed first: a refused op changes nothing
     if leak:
         raise programs.ProgramError(f"program op {name!r} reads future positions as {leak}: its value at position "
                                     "t may depend only on inputs at positions <= t (and a score [i, j] on query i, "
                                     "key j); list only the signatures where it does not")
     programs.add_op(op)
     _own(name, apply, build)
+    (components.ACROSS_POSITIONS.add if across else components.ACROSS_POSITIONS.discard)(name)
 
 
-def _reads_future(op: programs.Op, impl: Implementation) -> str | None:
+def _reads_future(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
     """The first typing of ``op``'s signatures (T as X, H and S) on which it, with random weights,
     changes an earlier position's value when later inputs change (``components.reads_future``, the
-    block input x moved with them), as "ARGS->RESULT"; None if none. A typing the op raises on at
-    every probe length is left to fail in use."""
+    block input x moved with them), as "ARGS->RESULT"; None if none. ``across`` collects the typings
+    whose value at a position reads other positions. A typing the op raises on at every probe length
+    is left to fail in use."""
     for args, _ in op.signatures:
         for typed in ("X", "H", "S") if "T" in args else ("T",):
             types = tuple(typed if a == "T" else a for a in args)
@@ -142,9 +146,12 @@ def _reads_future(op: programs.Op, impl: Implementation) -> str | None:
                 try:
                     module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
                     attn = SimpleNamespace(out=nn.Linear(8, 8), d_model=8, n_heads=2, d_head=4, training=False)
-                    if components.reads_future(lambda x, *values: impl.apply(Call(module, x, attn), *values),
-                                               "X" + "".join(types), out, module):
+                    found = components.reads_future(lambda x, *values: impl.apply(Call(module, x, attn), *values),
+                                                    "X" + "".join(types), out, module)
+                    if found == "future":
                         return f"{','.join(types)}->{out}"
+                    if found and across is not None:
+                        across.append(f"{','.join(types)}->{out}")
                 except Exception:
                     continue
     return None
@@ -162,6 +169,7 @@ def unregister_op(name: str) -> None:
     """Remove an op ``register_op`` added."""
     programs.remove_op(name)
     IMPLEMENTATIONS.pop(name, None)
+    components.ACROSS_POSITIONS.discard(name)
 
 
 def _clipped(apply: Callable) -> Callable:
@@ -557,7 +565,9 @@ class ProgramCore(nn.Module):
         self.module_keys = {node.text: f"n{i}" for i, node in enumerate(self.nodes) if f"n{i}" in self.ops}
         self.forms = {node.text: form for node in self.nodes if (form := _attention_form(node))}
         self.heads_node = _heads_node(program.root)
-        self.cacheable = _cacheable(program.root, self.heads_node, self.forms)
+        # a cache holds each position's own values: an op reading other positions recomputes (ACROSS_POSITIONS)
+        self.cacheable = _cacheable(program.root, self.heads_node, self.forms) and not any(
+            node.op in components.ACROSS_POSITIONS for node in self.nodes)
 
     def _module(self, node, run: _Pass):
         attr = self.bound.get(node.op)
