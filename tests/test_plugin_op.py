@@ -55,6 +55,10 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("long", "H->H", lambda call, z: z + (z.mean(-2, keepdim=True) if z.shape[-2] > 4 else 0), "reads future"),
     ("prevt", "T->T", lambda call, z: torch.nn.functional.pad(z, (0, 0, 1, 0))[..., :-1, :],
      "reads future positions as S->S"),  # the previous row is causal for values, not for scores
+    # K models fold into one batch: a row must not read another; the probe runs in train mode too
+    ("batchmix", "H->H", lambda call, z: z - z.mean(0, keepdim=True), "mixes batch rows as H->H"),
+    ("trainpeek", "H->H", lambda call, z: z - z.mean(-2, keepdim=True) if call.attn.training else z,
+     "reads future positions in train mode as H->H"),
 ])
 def test_a_registration_that_would_change_or_break_the_language_is_refused(name, signature, apply, problem):
     from evo_attention import register_op
@@ -66,12 +70,35 @@ def test_a_registration_that_would_change_or_break_the_language_is_refused(name,
     assert programs.OPS == before
 
 
+def test_a_module_that_reads_the_batch_or_the_future_in_train_mode_is_refused_in_its_mode_restored():
+    from evo_attention import register_op
+    from evo_attention.nn import components
+
+    built = []
+
+    def build(shapes):  # batch statistics over every position in train mode; per position in eval mode
+        built.append(torch.nn.BatchNorm2d(shapes.n_heads).eval())
+        return built[-1]
+    with pytest.raises(programs.ProgramError, match=r"^program op 'headnorm' reads future positions in train "
+                                                    r"mode as H->H: [^\n]*$"):
+        register_op("headnorm", "H->H", "learned", apply=lambda call, z: call.module(z), build=build)
+    assert "headnorm" not in programs.OPS and built and not built[0].training
+
+    class BatchCentered(components.Similarity):  # minus the batch's mean score
+        def forward(self, q, k):
+            s = q @ k.transpose(-2, -1)
+            return s - s.mean(0, keepdim=True)
+    with pytest.raises(UserError, match="^similarity 'batch_centered' mixes batch rows: "):
+        components.register_similarity("batch_centered")(BatchCentered)
+    assert "batch_centered" not in components.SIMILARITIES
+
+
 def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
     from evo_attention import register_op
     from evo_attention.nn import program as engine_ops
 
     assert not [name for name, impl in engine_ops.IMPLEMENTATIONS.items()
-                if engine_ops._reads_future(programs.OPS[name], impl)]
+                if engine_ops._probe(programs.OPS[name], impl)]
     lag = lambda call, z: torch.cat([torch.zeros_like(z[..., :1, :]), z[..., :-1, :]], -2)  # noqa: E731
     register_op("lag1", "H->H", "time", apply=lag)
     # random draws in an op (its own dropout) are no leak: the probe draws them alike in both runs

@@ -60,11 +60,13 @@ X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
 
 
 def assert_contracts(program, seed: int) -> None:
-    """In an attention layer with perturbed weights: rows before a changed position do not change,
-    weights on keys a query may not see are exactly 0, and a training-mode forward and backward
-    pass is finite."""
+    """In an attention layer with perturbed weights: rows before a changed position do not change
+    (in eval and in train mode), nor a batch row when another row changes, weights on keys a query
+    may not see are exactly 0, and a training-mode forward and backward pass is finite."""
     changed = X.clone()
     changed[:, 5] += torch.randn(2, 16, generator=torch.Generator().manual_seed(1))
+    mixed = changed.clone()  # row 0 changed at position 5, row 1 everywhere: row 0 keeps its first 5 rows
+    mixed[1] += 1.0
     future = ~torch.ones(8, 8, dtype=torch.bool).tril()
     torch.manual_seed(seed)
     attn = _perturbed(EvolvedAttention(16, 2, AttentionGene(program=program.text), max_seq_len=8), seed=seed)
@@ -72,12 +74,19 @@ def assert_contracts(program, seed: int) -> None:
     with torch.no_grad():
         a, b = attn(X), attn(changed)
         _, weights = attn(X, need_weights=True)  # explicit weights (a kernel's running sum forms none)
+        c = attn(mixed)
     assert torch.equal(a[:, :5], b[:, :5]), f"{program} leaks the future"
+    assert torch.allclose(a[0, :5], c[0, :5], rtol=0, atol=1e-6), f"{program} mixes batch rows"
     if weights is not None:
         assert (weights[..., future] == 0).all(), f"{program} weighs a future key"
     attn.train()
     xg = X.clone().requires_grad_(True)
+    torch.manual_seed(seed)  # the same dropout masks in both passes
     y = attn(xg)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        c = attn(mixed)
+    assert torch.allclose(y[0, :5], c[0, :5], rtol=0, atol=1e-5), f"{program} leaks in train mode"
     assert torch.isfinite(y).all(), program
     y.square().mean().backward()
     assert torch.isfinite(xg.grad).all(), program

@@ -28,14 +28,16 @@ Contracts (tests hold every registered component to them):
   weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
   all map to zero, which then gets all-zero weights). ``register_normalization`` probes a
   function for the mask part (``check_masking``) and refuses one that reads or weighs masked keys.
-- Row independence: each batch row is computed from that row alone, so K models fold into one
-  batch (``nn.fold``). A component without weights folds as it is; one with weights declares its
+- Row independence: each batch row is computed from that row alone (registration probes a
+  plugin's component on 2 rows, in eval and in train mode), so K models fold into one batch
+  (``nn.fold``). A component without weights folds as it is; one with weights declares its
   folded form, a ``fold(self, folding)`` method next to its single form (``LearnedTemperature``
   below); a component with weights and no ``fold`` trains one trial at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict
 
@@ -134,29 +136,34 @@ ACROSS_POSITIONS: set = set()
 _OP_PREFIXES = {"similarity": ("s",), "temperature_mode": ("t",), "gating": ("g", "gi"), "normalization": ()}
 
 
-def probe_pair(kind: str, draw: torch.Generator, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A causality probe's value of program type ``kind`` (X [1, T, 8]; H, F [1, 2, T, 4]; S, W
-    [1, 2, T, T]; C 0.5) and a copy whose later entries changed: positions T // 2 on, and for scores
-    also every key after its query."""
-    if kind == "C":  # a constant: the same number in both
-        return 0.5, 0.5
-    value = torch.randn((1, length, 8) if kind == "X" else (1, 2, length, length if kind in "SW" else 4),
+def probe_values(kind: str, draw: torch.Generator, length: int) -> tuple:
+    """A probe's value of program type ``kind`` (X [2, T, 8]; H, F [2, 2, T, 4]; S, W [2, 2, T, T];
+    C 0.5), a copy whose later entries changed (positions T // 2 on, and for scores also every key
+    after its query) and a copy whose batch row 1 changed."""
+    if kind == "C":  # a constant: the same number in all
+        return 0.5, 0.5, 0.5
+    value = torch.randn((2, length, 8) if kind == "X" else (2, 2, length, length if kind in "SW" else 4),
                         generator=draw)
     later = torch.zeros(value.shape[-2:], dtype=torch.bool)
     later[length // 2:] = True
     if kind in ("S", "W"):
         later |= ~torch.ones(length, length, dtype=torch.bool).tril()
         later[:, length // 2:] = True
-    return value, torch.where(later, value + 3.0, value)
+    return value, torch.where(later, value + 3.0, value), torch.cat((value[:1], value[1:] + 3.0))
+
+
+def _as_scores(value: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Scores (or a temperature broadcast to them) as [B, 2, rows, length]."""
+    return torch.broadcast_to(value, (value.shape[0] if value.dim() == 4 else 1, 2, rows, length))
 
 
 def _earlier(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
-    """What a causal output of type ``kind`` keeps when a ``probe_pair`` changes: positions before
+    """What a causal output of type ``kind`` keeps when a ``probe_values`` changes: positions before
     T // 2, and for scores (or a temperature broadcast to them) their keys 0..i."""
     cut = length // 2
     if kind in ("S", "W"):
         keep = torch.ones(cut, cut, dtype=torch.bool).tril()
-        return torch.broadcast_to(value, (1, 2, length, length))[..., :cut, :cut].masked_select(keep)
+        return _as_scores(value, length, length)[..., :cut, :cut].masked_select(keep)
     return value[..., :cut, :]
 
 
@@ -168,43 +175,54 @@ def _later(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
         return value[..., -rows:, :]
     held = length if value.dim() > 1 and value.shape[-2] == length else rows
     keep = torch.ones(length, length, dtype=torch.bool).tril()[-rows:]
-    return torch.broadcast_to(value, (1, 2, held, length))[..., -rows:, :].masked_select(keep)
+    return _as_scores(value, held, length)[..., -rows:, :].masked_select(keep)
 
 
-def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None,
-                 keys: tuple = ()) -> str | None:
-    """"future" if ``compute`` (of ``probe_pair`` values of ``arg_types``; ``module``'s weights drawn
-    at random first, in eval mode) changes an earlier output when later inputs change, at some probe
-    length it runs at; else "rows" if its outputs at positions T // 2 on differ when computed from
-    those positions' inputs alone (the arguments at indices ``keys`` whole: a similarity's keys), as
-    decoding with a key/value cache computes them; else None. An error at every length is raised.
-    Random draws inside ``compute`` repeat (the same seed before each call), and the global random
-    state is restored afterwards."""
+def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None,
+          keys: tuple = ()) -> str | None:
+    """The first contract ``compute`` (of ``probe_values`` of ``arg_types``; ``module``'s weights drawn
+    at random first) breaks at a probe length it runs at, in eval mode then in train mode (``module``'s
+    modes restored after): "reads future positions" (an earlier output changes when later inputs
+    change) or "mixes batch rows" (batch row 0 changes when row 1 does), " in train mode" added where
+    only train mode shows it; else "rows" if its outputs at
+    positions T // 2 on differ when computed from those positions' inputs alone (the arguments at
+    indices ``keys`` whole: a similarity's keys), as decoding with a key/value cache computes them;
+    else None. An error at every run is raised. Random draws inside ``compute`` repeat (the same seed
+    before each call), and the global random state is restored afterwards."""
     draw, failure, ran, found = torch.Generator().manual_seed(0), None, False, None
+    modes = {m: m.training for m in module.modules()} if module is not None else {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         if module is not None:
-            module.eval()
             for weight in module.parameters():
                 weight.copy_(torch.randn(weight.shape, generator=draw))
-        for length in PROBE_LENGTHS:
-            try:
-                given, moved = zip(*(probe_pair(kind, draw, length) for kind in arg_types))
-                tail = [v if i in keys or not torch.is_tensor(v) else v[..., length // 2:, :]
-                        for i, v in enumerate(given)]
-                seen = []
-                for values in (given, moved, tail):
-                    torch.manual_seed(0)
-                    seen.append(compute(*values))
-                earlier = [_earlier(value, result_type, length) for value in seen[:2]]
-                later = [_later(value, result_type, length) for value in (seen[0], seen[2])]
-            except Exception as exc:  # e.g. an op that needs more positions than the shorter probe has
-                failure = exc
-                continue
-            ran = True
-            if not torch.allclose(*earlier, rtol=1e-5, atol=1e-6, equal_nan=True):
-                return "future"
-            if not torch.allclose(*later, rtol=1e-5, atol=1e-5, equal_nan=True):
-                found = "rows"
+        try:
+            for mode, length in itertools.product(("eval", "train"), PROBE_LENGTHS):
+                if module is not None:
+                    module.train(mode == "train")
+                try:
+                    given, moved, other = zip(*(probe_values(kind, draw, length) for kind in arg_types))
+                    tail = [v if i in keys or not torch.is_tensor(v) else v[..., length // 2:, :]
+                            for i, v in enumerate(given)]
+                    seen = []
+                    for values in (given, moved, other, tail)[:4 if mode == "eval" else 3]:
+                        torch.manual_seed(0)
+                        seen.append(compute(*values))
+                    earlier = [_earlier(value, result_type, length) for value in seen[:2]]
+                    first_row = [v[:1] if torch.is_tensor(v) and v.dim() else torch.as_tensor(v)
+                                 for v in (seen[0], seen[2])]
+                    later = [_later(v, result_type, length) for v in (seen[0], seen[3])] if mode == "eval" else []
+                except Exception as exc:  # e.g. an op that needs more positions than the shorter probe has
+                    failure = exc
+                    continue
+                ran = True
+                for fault, pair in (("reads future positions", earlier), ("mixes batch rows", first_row)):
+                    if not torch.allclose(*pair, rtol=1e-5, atol=1e-6, equal_nan=True):
+                        return fault + (" in train mode" if mode == "train" else "")
+                if later and not torch.allclose(*later, rtol=1e-5, atol=1e-5, equal_nan=True):
+                    found = "rows"
+        finally:
+            for part, training in modes.items():
+                part.training = training
     if not ran:
         raise failure
     return found
@@ -212,25 +230,25 @@ def reads_future(compute: Callable, arg_types: str, result_type: str, module: nn
 
 def check_causal(kind: str, name: str, factory: Callable) -> bool:
     """UserError unless a similarity, temperature or gating, built with random weights at sizes
-    d_head 4, 2 heads, d_model 8, reads no later position (``reads_future``): a model with it would.
-    Whether its value at a position reads that position's inputs alone (a score [i, j]: query i, key
-    j). One that cannot be built or run on any probe is left to fail in use."""
+    d_head 4, 2 heads, d_model 8, reads no later position and no other batch row (``probe``): a model
+    with it would. Whether its value at a position reads that position's inputs alone (a score
+    [i, j]: query i, key j). One that cannot be built or run on any probe is left to fail in use."""
     with torch.random.fork_rng(devices=[]):  # building it draws its initial weights
         try:
             module = {"similarity": lambda: factory(4, 2), "gating": lambda: factory(8)}.get(
                 kind, lambda: factory(8, 2, 4))()
             if kind == "gating":  # both of its uses: the projections' input, and the output it combines
                 gate_input = getattr(module, "gate_input", lambda x: x)
-                leaks = reads_future(lambda x, y: torch.cat([gate_input(x), module(x, y)], -1), "XX", "X", module)
+                found = probe(lambda x, y: torch.cat([gate_input(x), module(x, y)], -1), "XX", "X", module)
             else:
                 similarity = kind == "similarity"  # decoding meets new queries with every key so far
-                leaks = reads_future(module, "HH" if similarity else "X", "S", module, keys=(1,) if similarity else ())
+                found = probe(module, "HH" if similarity else "X", "S", module, keys=(1,) if similarity else ())
         except Exception:  # its own error: a training with it fails and is recorded so (status error)
             return True
-    if leaks == "future":
-        raise UserError(f"{kind.split('_')[0]} {name!r} reads future positions: an output at position t may "
-                        "depend only on inputs at positions <= t (and a score [i, j] on query i and key j)")
-    return leaks is None
+    if found and found != "rows":
+        raise UserError(f"{kind.split('_')[0]} {name!r} {found}: an output at position t of a batch row may "
+                        "depend only on that row's inputs at positions <= t (and a score [i, j] on query i and key j)")
+    return found is None
 
 
 register_normalization = _registrar("normalization")

@@ -47,7 +47,6 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -122,22 +121,23 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
                                         "another name, or unregister_op it first")
         op = replace(op, fold=programs.OPS[name].fold)
     across: list = []
-    leak = _reads_future(op, Implementation(apply, build), across)  # probed first: a refused op changes nothing
-    if leak:
-        raise programs.ProgramError(f"program op {name!r} reads future positions as {leak}: its value at position "
-                                    "t may depend only on inputs at positions <= t (and a score [i, j] on query i, "
-                                    "key j); list only the signatures where it does not")
+    fault = _probe(op, Implementation(apply, build), across)  # probed first: a refused op changes nothing
+    if fault:
+        raise programs.ProgramError(f"program op {name!r} {fault}: its value at position t of a batch row may depend "
+                                    "only on that row's inputs at positions <= t (and a score [i, j] on query i, "
+                                    "key j); list only the signatures where it does so")
     programs.add_op(op)
     _own(name, apply, build)
     (components.ACROSS_POSITIONS.add if across else components.ACROSS_POSITIONS.discard)(name)
 
 
-def _reads_future(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
-    """The first typing of ``op``'s signatures (T as X, H and S) on which it, with random weights,
-    changes an earlier position's value when later inputs change (``components.reads_future``, the
-    block input x moved with them), as "ARGS->RESULT"; None if none. ``across`` collects the typings
-    whose value at a position reads other positions. A typing the op raises on at every probe length
-    is left to fail in use."""
+def _probe(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
+    """What ``op``, with random weights, does wrong on the first typing of its signatures (T as X, H
+    and S) where it reads a later position or another batch row (``components.probe``, the block
+    input x moved with the inputs; the frame and the op's module in eval, then train mode), as
+    "reads future positions as ARGS->RESULT"; None if nothing. ``across`` collects the typings whose
+    value at a position reads other positions. A typing the op raises on at every probe is left to
+    fail in use."""
     for args, _ in op.signatures:
         for typed in ("X", "H", "S") if "T" in args else ("T",):
             types = tuple(typed if a == "T" else a for a in args)
@@ -145,15 +145,17 @@ def _reads_future(op: programs.Op, impl: Implementation, across: list | None = N
             with torch.random.fork_rng(devices=[]):  # building draws initial weights
                 try:
                     module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
-                    attn = SimpleNamespace(out=nn.Linear(8, 8), d_model=8, n_heads=2, d_head=4, training=False)
-                    found = components.reads_future(lambda x, *values: impl.apply(Call(module, x, attn), *values),
-                                                    "X" + "".join(types), out, module)
-                    if found == "future":
-                        return f"{','.join(types)}->{out}"
-                    if found and across is not None:
-                        across.append(f"{','.join(types)}->{out}")
+                    frame = nn.Module()  # the attention frame; the op's module in it takes its mode
+                    frame.out, frame.op, frame.d_model, frame.n_heads, frame.d_head = nn.Linear(8, 8), module, 8, 2, 4
+                    found = components.probe(lambda x, *values: impl.apply(Call(module, x, frame), *values),
+                                             "X" + "".join(types), out, frame)
                 except Exception:
                     continue
+            typing = f"{','.join(types)}->{out}"
+            if found and found != "rows":
+                return f"{found} as {typing}"
+            if found and across is not None:
+                across.append(typing)
     return None
 
 
