@@ -212,11 +212,17 @@ PLUGIN_KINDS = ("elementwise", "learned", "feature", "time")  # what a registere
 _generation = [0]  # bumped by every change of OPS: part of the grammar's cache key (genes.program_grammar)
 
 
+def op_taken(name: str, how: str) -> ProgramError:
+    """The one refusal of an op whose name is taken (``how``: what differs)."""
+    remedy = "" if name in STRUCTURAL else ", or remove the existing one first (nn.program.unregister_op)"
+    return ProgramError(f"program op {name!r} exists already {how}: choose another name{remedy}")
+
+
 def add_op(op: Op) -> None:
     """Add an op to the language (``nn.program.register_op`` calls this with its implementation)."""
     # the same op again is harmless (a plugin imported again, e.g. from an export); a built-in never is
     if op.name in STRUCTURAL or (op.name in OPS and OPS[op.name] != op):
-        raise ProgramError(f"program op {op.name!r} exists already: choose another name, or unregister it first")
+        raise op_taken(op.name, "(built in)" if op.name in STRUCTURAL else "with other signatures or kind")
     if op.kind not in PLUGIN_KINDS:
         raise ProgramError(f"program op kind {op.kind!r} is not one a plugin may add: {', '.join(PLUGIN_KINDS)}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", op.name) or op.name in INPUTS or op.name == "const":

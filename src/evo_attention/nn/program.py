@@ -117,15 +117,12 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
     if name in IMPLEMENTATIONS and name in programs.OPS:  # again: harmless only as the same code
         if not (_same(IMPLEMENTATIONS[name].apply, apply) and _same(IMPLEMENTATIONS[name].build, build)
                 and _same(programs.OPS[name].fold, fold)):
-            raise programs.ProgramError(f"program op {name!r} exists already with another implementation: choose "
-                                        "another name, or unregister_op it first")
+            raise programs.op_taken(name, "with another implementation")
         op = replace(op, fold=programs.OPS[name].fold)
     across: list = []
     fault = _probe(op, Implementation(apply, build), across)  # probed first: a refused op changes nothing
     if fault:
-        raise programs.ProgramError(f"program op {name!r} {fault}: its value at position t of a batch row may depend "
-                                    "only on that row's inputs at positions <= t (and a score [i, j] on query i, "
-                                    "key j); list only the signatures where it does so")
+        raise programs.ProgramError(f"program op {name!r} {fault}")
     programs.add_op(op)
     _own(name, apply, build)
     (components.ACROSS_POSITIONS.add if across else components.ACROSS_POSITIONS.discard)(name)
@@ -133,30 +130,51 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
 
 def _probe(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
     """What ``op``, with random weights, does wrong on the first typing of its signatures (T as X, H
-    and S) where it reads a later position or another batch row (``components.probe``, the block
-    input x moved with the inputs; the frame and the op's module in eval, then train mode), as
-    "reads future positions as ARGS->RESULT"; None if nothing. ``across`` collects the typings whose
+    and S) where it returns no finite tensor of its result type's shape, or reads a later position or
+    another batch row (``components.probe``, the block input x moved with the inputs; the frame and
+    the op's module in eval, then train mode); None if nothing. ``across`` collects the typings whose
     value at a position reads other positions. A typing the op raises on at every probe is left to
     fail in use."""
+    apply = _clipped(impl.apply) if op.kind == "elementwise" else impl.apply  # as the engine computes it
     for args, _ in op.signatures:
         for typed in ("X", "H", "S") if "T" in args else ("T",):
             types = tuple(typed if a == "T" else a for a in args)
             out = op.result(types)
+            typing, wrong = f"{','.join(types)}->{out}", []
+
+            def compute(x, *values):
+                value = apply(Call(module, x, frame), *values)
+                b, t = x.shape[:2]  # a score's keys: its scores argument's, else the positions
+                keys = next((v.shape[-1] for v, kind in zip(values, types) if kind in ("S", "W")), t)
+                due = {"X": (b, t, 8), "H": (b, 2, t, 4), "F": (b, 2, t, -1)}.get(out, (b, 2, t, keys))
+                if out != "C" and not (torch.is_tensor(value) and value.dim() == len(due) and all(
+                        d in (-1, n) for d, n in zip(due, value.shape))):
+                    got = f"shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)[:40]
+                    wrong.append(f"returns {got} as {typing}, where a tensor of {_LAYOUTS[out]} is due")
+                elif torch.is_tensor(value) and not torch.isfinite(value).all():
+                    wrong.append(f"gives NaN or inf as {typing} on random inputs: keep its values finite")
+                return value
             with torch.random.fork_rng(devices=[]):  # building draws initial weights
                 try:
                     module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
                     frame = nn.Module()  # the attention frame; the op's module in it takes its mode
                     frame.out, frame.op, frame.d_model, frame.n_heads, frame.d_head = nn.Linear(8, 8), module, 8, 2, 4
-                    found = components.probe(lambda x, *values: impl.apply(Call(module, x, frame), *values),
-                                             "X" + "".join(types), out, frame)
+                    found = components.probe(compute, "X" + "".join(types), out, frame)
                 except Exception:
-                    continue
-            typing = f"{','.join(types)}->{out}"
+                    found = None
+            if wrong:
+                return wrong[0]
             if found and found != "rows":
-                return f"{found} as {typing}"
+                return (f"{found} as {typing}: its value at position t of a batch row may depend only on that "
+                        "row's inputs at positions <= t (and a score [i, j] on query i, key j); list only the "
+                        "signatures where it does so")
             if found and across is not None:
                 across.append(typing)
     return None
+
+
+_LAYOUTS = {"X": "[B, T, d_model]", "H": "[B, heads, T, d_head]", "F": "[B, heads, T, features]",
+            "S": "[B, heads, T, keys]", "W": "[B, heads, T, keys]"}
 
 
 def _same(a: Callable | None, b: Callable | None) -> bool:
