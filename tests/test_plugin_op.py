@@ -4,6 +4,7 @@ point and a curve's task (tests/plugins/example_plugin.py)."""
 
 import json
 import sqlite3
+import sys
 import types
 
 import pytest
@@ -15,6 +16,7 @@ from evo_attention.data import data_from_config
 from evo_attention.data.base import IGNORE_INDEX
 from evo_attention.data.suites import parse_suite
 from evo_attention.genes import program_grammar
+from evo_attention.report import load_run
 from evo_attention.report.attachments import CURVE_RESULTS
 from evo_attention.train import trainer as engine
 from evo_attention.train.spec import Trial
@@ -209,3 +211,46 @@ def test_an_op_registered_again_is_harmless_as_the_same_code_and_refused_as_othe
     finally:
         engine_ops.unregister_op("dbl")
         engine_ops.unregister_op("scaled")
+
+
+OP_PLUGIN = ("import torch\nfrom evo_attention import register_op\n"
+             "register_op('vsoftplus', 'H->H', 'elementwise', apply=lambda call, z: torch.nn.functional.softplus(z))\n")
+TINY = ["--d-model", "16", "--heads", "2", "--layers", "1", "--quiet"]
+SMALL = ["--steps", "1", "--vocab-size", "32", "--batch-size", "4", "--eval-steps", "1", *TINY]
+
+
+def _forget_the_op():  # as in a new process: neither the op nor the plugin's module is known
+    from evo_attention.nn.program import unregister_op
+
+    unregister_op("vsoftplus")
+    sys.modules.pop("evo_attention_plugin_softplus_op", None)
+
+
+@pytest.fixture(scope="module")
+def op_run(tmp_path_factory):
+    """A tiny program search whose best gene uses the op of a plugin file; the op forgotten afterwards."""
+    folder = tmp_path_factory.mktemp("op_run")
+    (folder / "softplus_op.py").write_text(OP_PLUGIN)
+    (folder / "space.yaml").write_text(
+        "search_space:\n  attention_dropout: [0.1]\n  use_bias: [true]\n"  # the best gene differs in its program only
+        "  program: {max_nodes: 7, ops: [o, mix, w.softmax, s.dot, t.fixed, vsoftplus]}\n")
+    try:
+        assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                     "--elite", "1", "--no-baseline", "--seed", "3", *TINY, "--plugin", str(folder / "softplus_op.py"),
+                     "--config", str(folder / "space.yaml"), "--out", str(folder / "run")]) == 0
+        assert "vsoftplus(" in load_run(folder / "run").best_gene
+    finally:
+        _forget_the_op()
+    yield folder
+    _forget_the_op()
+
+
+@pytest.mark.parametrize("command", [
+    ["ablate", "--seeds", "2", *SMALL],
+    ["compare", "--configs", "baseline", "--seeds", "1", "--data", "recall", *SMALL]])
+def test_ablate_and_compare_from_the_run_import_its_plugins_before_its_best_gene(op_run, command):
+    _forget_the_op()
+    out = op_run / command[0]
+    assert main([*command, "--from-run", str(op_run / "run"), "--out", str(out)]) == 0
+    written = (out / ("ablation.json" if command[0] == "ablate" else "compare_results.json")).read_text()
+    assert "vsoftplus(" in written

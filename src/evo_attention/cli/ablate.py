@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
+from evo_attention.cli.common import load_run_plugins
 from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
                                         log_outputs, note_replaced, note_unfinished, run_study, study_setup)
 
@@ -27,6 +28,7 @@ def cmd_ablate(args) -> int:
         summary = load_run(args.from_run)
         if summary.best_gene is None:
             raise UserError(f"the run in {args.from_run} has no finished search evaluation: let it run, or give --gene")
+        load_run_plugins(args.from_run, args.plugin)  # the best gene may use their ops
         gene = AttentionGene.parse(summary.best_gene)
         note_unfinished(args.from_run, "ablate")
     else:

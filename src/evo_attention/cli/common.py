@@ -316,9 +316,20 @@ def check_model_memory(config, device) -> None:
     check_training_memory(spec, config.resolved_baseline().key, 1, device, vocab_from=config.data)
 
 
-def load_with_plugins(stored, given) -> None:
-    """Import ``with_given_plugins(stored, given)``."""
-    load_plugins(with_given_plugins(stored, given))
+def load_with_plugins(stored, given) -> list[str]:
+    """Import ``with_given_plugins(stored, given)``; the list imported."""
+    plugins = with_given_plugins(stored, given)
+    load_plugins(plugins)
+    return plugins
+
+
+def load_run_plugins(run_dir, given) -> list[str]:
+    """Import the plugins the run in ``run_dir`` stored, before any of its genes is read (they may use their
+    ops and components), a --plugin file in ``given`` standing in for one of its name; the list imported."""
+    from evo_attention.search.store import RunStore
+
+    with RunStore.open(run_dir, readonly=True) as run:
+        return load_with_plugins(run.config().get("plugins") or [], given)
 
 
 def config_from_args(args, extra: dict | None = None):

@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
-                                      explicit_settings, note, out_arg, suite_text, with_run_suite)
+                                      explicit_settings, load_run_plugins, note, out_arg, suite_text,
+                                      with_run_suite)
 from evo_attention.cli.validate import (add_grid_flags, add_match_flag, add_suite_flag, grid_text, log_grid,
                                         log_suite_result, note_unfinished)
 from evo_attention.util.errors import UserError
@@ -83,6 +84,8 @@ def cmd_compare(args) -> int:
         raise UserError(f"--seeds must be a positive integer, got {args.seeds}")
     if args.from_run:
         config = with_run_suite(config, args, args.from_run)
+        # its best gene may use their ops: imported here and in every worker (the config's plugins)
+        config = config.replace(plugins=load_run_plugins(args.from_run, config.plugins))
     on_suite = suite_text(args, config)
     entries = resolve_configs(args.configs, config.d_model, config.n_heads, config.max_seq_len,
                               attention_dropout=named_dropout(config))
