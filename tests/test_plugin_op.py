@@ -235,9 +235,11 @@ def op_run(tmp_path_factory):
         "search_space:\n  attention_dropout: [0.1]\n  use_bias: [true]\n"  # the best gene differs in its program only
         "  program: {max_nodes: 7, ops: [o, mix, w.softmax, s.dot, t.fixed, vsoftplus]}\n")
     try:
-        assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
-                     "--elite", "1", "--no-baseline", "--seed", "3", *TINY, "--plugin", str(folder / "softplus_op.py"),
-                     "--config", str(folder / "space.yaml"), "--out", str(folder / "run")]) == 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(folder)  # the run stores the relative path: it names the file from this folder only
+            assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                         "--elite", "1", "--no-baseline", "--seed", "3", *TINY, "--plugin", "softplus_op.py",
+                         "--config", "space.yaml", "--out", "run"]) == 0
         assert "vsoftplus(" in load_run(folder / "run").best_gene
     finally:
         _forget_the_op()
@@ -248,9 +250,28 @@ def op_run(tmp_path_factory):
 @pytest.mark.parametrize("command", [
     ["ablate", "--seeds", "2", *SMALL],
     ["compare", "--configs", "baseline", "--seeds", "1", "--data", "recall", *SMALL]])
-def test_ablate_and_compare_from_the_run_import_its_plugins_before_its_best_gene(op_run, command):
+def test_ablate_and_compare_from_the_run_import_its_plugins_before_its_best_gene(op_run, command, monkeypatch):
+    monkeypatch.chdir(op_run)
     _forget_the_op()
     out = op_run / command[0]
     assert main([*command, "--from-run", str(op_run / "run"), "--out", str(out)]) == 0
     written = (out / ("ablation.json" if command[0] == "ablate" else "compare_results.json")).read_text()
     assert "vsoftplus(" in written
+
+
+def test_report_imports_the_run_s_plugins_and_names_a_missing_one(op_run, monkeypatch, capsys):
+    (op_run / "elsewhere").mkdir()
+    monkeypatch.chdir(op_run / "elsewhere")  # the stored softplus_op.py names nothing here
+    _forget_the_op()
+    assert main(["report", "../run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plugin file softplus_op.py does not exist in" in err and "--plugin PATH" in err and "\n" not in err
+    for command in (["report", "../run", "--plugin", "../softplus_op.py"], ["status", "../run"]):
+        _forget_the_op()
+        assert main(command) == 0
+    (op_run / "run" / "best_program.png").unlink()
+    monkeypatch.chdir(op_run)  # where the run started, the stored path names the file
+    _forget_the_op()
+    assert main(["report", "run"]) == 0
+    assert "## The best gene's program" in (op_run / "run" / "report.md").read_text()
+    assert (op_run / "run" / "best_program.png").is_file()

@@ -11,7 +11,7 @@ def cmd_report(args) -> int:
     import os
     from pathlib import Path
 
-    from evo_attention.cli.common import note
+    from evo_attention.cli.common import load_run_plugins, note
     from evo_attention.report import write_report
     from evo_attention.search.store import RunStore
 
@@ -41,6 +41,7 @@ def cmd_report(args) -> int:
                 raise UserError(f"{run_dir} holds the store of a {store.kind()}, not of a search: report writes a "
                                 f"search's report; evo-attention {store.kind()} writes its own (run it again with the "
                                 "same flags to rewrite it)")
+        load_run_plugins(run_dir, args.plugin)  # its genes may use their ops: the program figure reads them
     for run_dir in args.run_dirs:
         if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
             note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
@@ -72,4 +73,7 @@ def register(sub) -> None:
     p.add_argument("--optuna-journal", metavar="FILE",
                    help="also write the run as an Optuna study into the journal file FILE (an earlier journal there is replaced; any other existing file is refused), "
                         "for optuna-dashboard FILE; needs Optuna")
+    p.add_argument("--plugin", action="append", metavar="MODULE",
+                   help="import this module or .py file first (repeatable): the plugins a run stored are imported "
+                   "anyway; a file stands in for a stored one of its name (a run started elsewhere)")
     p.set_defaults(func=cmd_report)
