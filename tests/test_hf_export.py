@@ -361,6 +361,37 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_files_behind(tmp_path,
 
 
 @needs_transformers
+def test_the_harness_task_is_written_only_for_the_data_the_saved_model_was_trained_on(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A model saved without data settings (save_pretrained's default) gets no task, even where the
+    default data (WikiText-2) can be built; nor does one whose settings build data of another tokenizer."""
+    from evo_attention.interop.pretrained import save_pretrained
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text(TEXT)
+    monkeypatch.setenv("EVO_ATTENTION_DATA_DIR", str(corpus))  # the default data can be built here
+    genes = ["dot|softmax|none|fixed|nobias|0.00"]
+    settings = {"data": "text", "data_dir": str(corpus), "tokenizer": "char"}
+    for name, extra, tokenizer, task in [("bare", None, "char", False), ("other", settings, "char:Q", False),
+                                         ("same", settings, "char", True)]:
+        char = train_tokenizer("char", TEXT + tokenizer[5:])
+        model = _model(genes, "gpt2", char.vocab_size)
+        save_pretrained(model, tmp_path / name, tokenizer=char,
+                        settings={**model.spec.to_dict(), **extra} if extra else None)
+        capsys.readouterr()
+        out = tmp_path / f"hf-{name}"
+        assert main(["export", "--model", str(tmp_path / name), "--format", "hf", "--out", str(out)]) == 0
+        said = [line for line in capsys.readouterr().err.splitlines() if "lm-evaluation-harness task" in line]
+        assert (out / "lm_eval_task.yaml").is_file() == task, (name, said)
+        assert len(said) == 1 and ("no " in said[0]) != task, (name, said)
+        if name == "bare":
+            assert "records no data settings" in said[0] and "WikiText" not in said[0]
+        if name == "other":
+            assert "another tokenizer" in said[0]
+
+
 def test_a_prompt_longer_than_the_window_generates_as_the_library_does(exported, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     from transformers import AutoModelForCausalLM

@@ -118,18 +118,25 @@ def _hf_attention_from_run(args) -> int:
 def _lm_eval_task(directory, out, split: str, plugins) -> str | None:
     """Write the harness task for ``split`` of the data the saved model was trained on (its saved
     settings build the data again, a --plugin file in ``plugins`` standing in for a saved one);
-    returns the task's name, or None (said in one line) when the data cannot be built here."""
+    returns the task's name, or None (said in one line) when the saved settings name no data, the
+    data cannot be built here, or their tokenizer is not the model's."""
     import os
     from unittest.mock import patch
 
+    from evo_attention.data.tokenizers import as_tokenizer
     from evo_attention.interop.hf import write_lm_eval_task
     from evo_attention.train.config import Config
     from evo_attention.train.saving import load_tokenizer, saved_info, saved_plugins
     from evo_attention.train.spec import load_task
     from evo_attention.util.progress import log
 
-    settings = {**(saved_info(directory).get("config") or {}),
-                "plugins": with_given_plugins(saved_plugins(directory), plugins)}
+    saved = saved_info(directory).get("config") or {}
+    if "data" not in saved:  # Config.from_dict would fill in the default data, which the model may never have seen
+        log(f"no lm-evaluation-harness task: {directory}/config.json records no data settings (save_pretrained "
+            "without settings naming the data): for a task, save the model with them, as baseline --save-model and "
+            "search --keep-models do")
+        return None
+    settings = {**saved, "plugins": with_given_plugins(saved_plugins(directory), plugins)}
     # the task is an extra of the export: it is built from data already here, never downloaded (offline,
     # a download attempt would wait about 20 s for the network before failing)
     try:
@@ -139,7 +146,14 @@ def _lm_eval_task(directory, out, split: str, plugins) -> str | None:
     except UserError as exc:
         log(f"no lm-evaluation-harness task: the training data cannot be built here ({exc})")
         return None
-    return write_lm_eval_task(data, load_tokenizer(directory), split, out)[0]
+    tokenizer = load_tokenizer(directory)
+    rebuilt = as_tokenizer(getattr(data, "tokenizer", None) or getattr(data, "vocab", None))
+    if rebuilt is None or rebuilt.to_json() != as_tokenizer(tokenizer).to_json():
+        log(f"no lm-evaluation-harness task: the {data.name} data that the saved settings build here have another "
+            "tokenizer than the model's tokenizer.json, so they are not the data it was trained on: for a task, "
+            "give the directory of those data (data_dir, or EVO_ATTENTION_DATA_DIR for wikitext2)")
+        return None
+    return write_lm_eval_task(data, tokenizer, split, out)[0]
 
 
 def register(sub) -> None:
