@@ -304,6 +304,43 @@ def test_the_wrapper_in_process_batches_pads_and_saves_again(exported, tmp_path,
     assert again.model.head.weight is again.model.tok_emb.weight  # still tied
 
 
+@needs_transformers
+def test_every_export_pads_with_a_token_of_its_own_and_batches_as_the_docs_say(exported, tmp_path, monkeypatch):
+    """The padding token is id vocab_size, which no text gives (not even its own name): a leading newline
+    is never read as padding when transformers infers a mask from input_ids != pad_token_id, and the
+    batch recipe of docs/export.md (left padding, padding=True) generates each row as alone, a row that
+    ends early (eos) followed by padding, for the word, BPE, char and byte tokenizers."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    root, cases, models = exported
+    prompts = ["the cat sat", "\nthe <pad>"]  # within the window of the char and byte models
+    for case in cases[:4]:
+        model = AutoModelForCausalLM.from_pretrained(case["dir"], trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(case["dir"], trust_remote_code=True)
+        library_tokenizer = models[case["name"]][1]
+        assert tokenizer.pad_token_id == library_tokenizer.vocab_size == model.config.vocab_size, case["name"]
+        ids = tokenizer(prompts[1], return_tensors="pt").input_ids
+        assert ids[0].tolist() == _library_ids(library_tokenizer, prompts[1]), case["name"]
+        with torch.no_grad():
+            out = model.generate(ids, pad_token_id=tokenizer.pad_token_id, max_new_tokens=1, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True)
+            assert torch.allclose(out.scores[0][0], model(ids).logits[0, -1], atol=TOLERANCE, rtol=0), case["name"]
+            tokenizer.padding_side = "left"
+            batch = tokenizer(prompts, return_tensors="pt", padding=True)
+            both = model.generate(**batch, max_new_tokens=3, do_sample=False)
+            alone = [model.generate(**tokenizer([p], return_tensors="pt"), max_new_tokens=3, do_sample=False)[0, -3:]
+                     for p in prompts]
+            assert [row[-3:].tolist() for row in both] == [a.tolist() for a in alone], case["name"]
+            real = batch.attention_mask.bool()  # without the mask, the padding is read from the padding token
+            assert torch.equal(model(batch.input_ids).logits[real], model(**batch).logits[real]), case["name"]
+            ended = model.generate(**batch, max_new_tokens=3, do_sample=False, eos_token_id=int(alone[0][0]),
+                                   pad_token_id=tokenizer.pad_token_id)
+            assert ended[0, -2:].tolist() == [tokenizer.pad_token_id] * 2, case["name"]
+
+
 def test_export_never_replaces_files_it_did_not_write(tmp_path, capsys, monkeypatch):
     tokenizer = train_tokenizer("char", TEXT, None)
     save_model(_model(["dot|softmax|none|fixed"], "gpt2", tokenizer.vocab_size), tmp_path / "model", tokenizer=tokenizer)
@@ -513,7 +550,8 @@ def test_lm_evaluation_harness_scores_the_export_as_the_library_does(exported, t
 ])
 def test_generated_tasks_export_a_tokenizer_and_an_lm_eval_task(tmp_path, data, options):
     """A generated task's symbols (no <eos>) give a word-level tokenizer whose ids are the data's,
-    its filler (id 0) the padding token, and the harness task scores every scored target."""
+    its filler (id 0) the bos token, a token of its own the padding token, and the harness task scores
+    every scored target."""
     from tokenizers import Tokenizer
 
     from evo_attention import Config
@@ -526,8 +564,10 @@ def test_generated_tasks_export_a_tokenizer_and_an_lm_eval_task(tmp_path, data, 
     fast = Tokenizer.from_str(text)
     x, y = task.data["valid"]
     words = " ".join(task.vocab.decode(x[0].tolist()))
-    assert fast.encode(words).ids == x[0].tolist() and special == {"pad_token": task.vocab.itos[0],
-                                                                   "bos_token": task.vocab.itos[0]}
+    pad = special.pop("pad_token")  # "<pad>", or "<<pad>>" where the task names its filler <pad>
+    assert fast.encode(words).ids == x[0].tolist() and special == {"bos_token": task.vocab.itos[0],
+                                                                   "split_special_tokens": True}
+    assert pad not in task.vocab.stoi and fast.token_to_id(pad) == len(task.vocab)
     name, paths = write_lm_eval_task(task, task.vocab, "valid", tmp_path)
     docs = [json.loads(line) for line in Path(paths[0]).read_text().splitlines()]
     assert len(docs) == int((y != -100).sum()) and name.endswith("_valid")
@@ -553,7 +593,7 @@ def test_a_quick_preset_run_exports_loads_and_generates(tmp_path, monkeypatch):
     assert main(["export", "--from-run", str(run), "--format", "hf", "--out", str(out)]) == 0
     model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
-    assert tokenizer.pad_token == "<fill>" and (out / "lm_eval_task.yaml").is_file()
+    assert tokenizer.pad_token == "<pad>" and (out / "lm_eval_task.yaml").is_file()
     prompts = ["k1 v3 k2 v5 k1", "k0 v2 k3 v4 k5 v6 k0"]
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True)

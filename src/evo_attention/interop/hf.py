@@ -38,11 +38,11 @@ Contract:
   words, ``<eos>`` for every newline, unknown words ``<unk>``), characters, bytes, and BPE (the
   library's own ``tokenizers`` model). Word level follows ``encode_prompt``: ``<eos>`` ends every
   line that ends with a newline, so a text ending with one gets the ids of the library's ``encode``;
-  ``<eos>`` is its ``eos_token`` and ``pad_token`` (the others have none: a special token is matched
-  before the model splits the text, so it would change the ids of text that contains it). A generated
-  task's symbols (a word vocabulary without ``<eos>``: recall, mqar, the MAD tasks) are words split on
-  whitespace, id 0 (the task's filler) the ``pad_token`` and the ``bos_token`` (lm-evaluation-harness
-  needs one; nothing adds it to encoded text).
+  ``<eos>`` is its ``eos_token``. A generated task's symbols (a word vocabulary without ``<eos>``:
+  recall, mqar, the MAD tasks) are words split on whitespace, id 0 (the task's filler) the
+  ``bos_token`` (lm-evaluation-harness needs one; nothing adds it to encoded text).
+- Every export's ``pad_token`` is ``<pad>``, id ``vocab_size``: a token after the vocabulary (never
+  embedded), which no text gives (``split_special_tokens``: a special token's text reads as text).
 - Batches: left padding runs row by row on each row's real tokens (what ``generate`` expects); right
   padding only without a cache; without a cache generation stops at the window.
 - Writing needs no ``transformers`` (only ``tokenizers``); loading needs ``transformers``, ``torch``
@@ -300,6 +300,13 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         if not cached and input_ids.shape[1] > window:
             raise ValueError(f"{{input_ids.shape[1]}} positions are more than the model's window of {{window}}: "
                              "crop the input, or generate with use_cache=True (the window slides)")
+        # id vocab_size is the tokenizer's padding token, which no text gives: never embedded. Without a
+        # mask, padding before a row's tokens is read from it; after them (or where a mask leaves it in)
+        # it is what generate appends to a finished row, whose logits nothing reads.
+        pads = input_ids == self.model.spec.vocab_size
+        if attention_mask is None and bool((pads[:, :-1] & ~pads[:, 1:]).any()):
+            attention_mask = (~pads).long()
+        input_ids = input_ids.masked_fill(pads, 0)
         real = _padding(attention_mask, input_ids.shape[1], cached)
         if cached and past_key_values is None:
             past_key_values = EvoAttentionCache(self.model, rows=None if real is None else input_ids.shape[0])
@@ -350,7 +357,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
     special: dict[str, str] = {}
     if isinstance(tokenizer, WordTokenizer) and tokenizer.vocab.eos_id is None:
         # a generated task's symbols (recall, mqar, the MAD tasks): words split on whitespace, id 0 the
-        # task's filler (its targets never scored), which serves as the padding token
+        # task's filler (its targets never scored)
         vocab = tokenizer.vocab
         model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK if UNK in vocab.stoi else None))
         model.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
@@ -359,7 +366,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
         model.add_special_tokens([tk.AddedToken(pad, single_word=True, normalized=False, special=True)])
         # ... and the beginning-of-sequence token: a harness (lm-evaluation-harness) reads it as the
         # prefix of an empty context and fails without one; no template adds it to encoded text
-        special.update(pad_token=pad, bos_token=pad)
+        special.update(bos_token=pad)
     elif isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         model = tk.Tokenizer(tk.models.WordLevel(dict(vocab.stoi), unk_token=UNK))
@@ -373,10 +380,9 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
         model.decoder = tk.decoders.Sequence([
             tk.decoders.WordPiece(prefix=" ", cleanup=False), tk.decoders.Fuse(),
             tk.decoders.Replace(f" {EOS} ", "\n"), tk.decoders.Replace(EOS, "\n")])
-        # <eos> is the end-of-sequence (and padding) token transformers knows; as an added token it is
-        # matched before the words are split, so only where it stands as a word of its own
+        # <eos> is the end-of-sequence token transformers knows
         model.add_special_tokens([tk.AddedToken(EOS, single_word=True, normalized=False, special=True)])
-        special.update(eos_token=EOS, pad_token=EOS)
+        special.update(eos_token=EOS)
     elif isinstance(tokenizer, CharTokenizer):  # a BPE model without merges: one token per character
         model = tk.Tokenizer(tk.models.BPE({c: i for i, c in enumerate(tokenizer.itos)}, [], unk_token=UNK))
         model.decoder = tk.decoders.Sequence([tk.decoders.Replace(UNK, "\ufffd"), tk.decoders.Fuse()])  # as decode
@@ -389,7 +395,16 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
     else:
         raise UserError(f"cannot export a {type(tokenizer).__name__} tokenizer: export handles "
                         "word, char, byte and bpe tokenizers")
-    return model.to_str(), special
+    # The padding token is one of its own, id vocab_size (after the vocabulary, which the model never
+    # embeds), so transformers never reads a real token as padding (it infers a mask from input_ids !=
+    # pad_token_id); split_special_tokens reads a special token's text as text, so no text gives it.
+    words, pad = model.get_vocab(), "<pad>"
+    while pad in words:
+        pad = f"<{pad}>"
+    saved = json.loads(model.to_str())
+    saved["added_tokens"].append({"id": tokenizer.vocab_size, "content": pad, "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    return json.dumps(saved, ensure_ascii=False), {**special, "pad_token": pad, "split_special_tokens": True}
 
 
 # -- the export's files -------------------------------------------------------------------------
