@@ -193,6 +193,38 @@ def test_figures_in_a_directory_whose_name_has_spaces_are_embedded(tmp_path):
     assert paths["report_html"].read_text().count("data:image/png;base64,") == 4  # the three of the run, the map
 
 
+def test_a_run_directory_with_backticks_and_markup_shows_its_commands_and_name_exactly(tmp_path):
+    """A path goes into a code span fenced longer than its backticks, a name into text with its markup
+    escaped: report.html shows the exact commands and the exact name, no emphasis, no broken code."""
+    import html as _html
+    import shlex
+
+    weird = tmp_path / "we|ird<b>*`x`" / "run"
+    name = "<script>alert(1)<\\script>|a*b*`c`_x_ [l](u)"
+    for run_dir in (_run(weird), _run(tmp_path / name)):
+        with RunStore.open(run_dir) as store:
+            store.set_meta("done", False)  # the Continue line too
+        page = write_report(run_dir)["report_html"].read_text()
+        codes = [_html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", page)]
+        quoted = shlex.quote(str(run_dir))
+        for command in (f"evo-attention validate --from-run {quoted}", f"evo-attention report {quoted}",
+                        f"evo-attention search --out {quoted} --resume"):
+            assert command in codes, (command, codes)
+        heading = re.search(r"<h1>(.*?)</h1>", page).group(1)
+        assert _html.unescape(heading) == f"Evolution report: {run_dir.name}" and "<em>" not in heading
+
+
+@pytest.mark.parametrize("text", ["`a|b`", "x``y`|z", "plain|pipe"])
+def test_code_in_a_table_cell_and_in_text_shows_the_text_exactly(tmp_path, text):
+    import html as _html
+
+    from evo_attention.report.html import render_html
+    from evo_attention.util.format import code, markdown_table
+
+    page = render_html(markdown_table(["key", "n"], [[code(text), "1"]]) + "\nrun " + code(text, False), tmp_path)
+    assert [_html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", page)][-2:] == [text, text]
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_html_renders_in_headless_chromium_without_console_errors(full_run, tmp_path):
     page = write_report(full_run)["report_html"]

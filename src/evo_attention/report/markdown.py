@@ -31,7 +31,7 @@ from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.maps import maps_section
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
 from evo_attention.report.studies.transfer import transfer_note, transfer_rule_lines
-from evo_attention.util.format import change_header, direction, finite_or_none, fmt, md_cell, signed_change
+from evo_attention.util.format import change_header, code, direction, finite_or_none, fmt, md_cell, signed_change
 
 TOP_ROWS = 10
 ERROR_CHARS = 300  # failure messages are cut to this length in the table
@@ -90,7 +90,7 @@ def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> str:
 def suite_run_lines(s: RunSummary) -> list[str]:
     """The suite section of a suite run: what the score is, and its points."""
     suite = s.suite
-    return [f"Each gene trains on every point of suite {md_cell(suite['name'])} (`{md_cell(suite.get('source'))}`) "
+    return [f"Each gene trains on every point of suite {md_cell(suite['name'])} ({code(suite.get('source'), False)}) "
             f"with the run's seed; its fitness is its suite accuracy, the {mean_words(suite)} over the points (a "
             "failed point counts 0; higher is better). The top genes table ranks the genes that trained on every point; the "
             "heat map shows every gene's accuracy per point."] + [""] + suite_points_lines(suite)
@@ -236,6 +236,7 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
     """The report's opening lines: the run's statement, its validation, its progress and counts."""
     lines = [s.statement, ""]
     validation = attachments.validation if attachments else None
+    validate = code(f"evo-attention validate --from-run {shlex.quote(str(s.run_dir))}", False)
     if validation and validation.get("headline"):
         lines += [f"Validated: {validation['headline']}", ""]
     check = attachments.fresh_check if attachments else None
@@ -272,9 +273,8 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                          + ("" if change is None else f"; the best gene is **{100 * change:+.1f} accuracy points** "
                                                       "from it") + ".")
         if s.suite.get("vs_baseline") is not None and not validation:
-            lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run "
-                         f"{shlex.quote(str(s.run_dir))}` to compare the best genes with the baseline on the suite "
-                         "over fresh seeds.")
+            lines.append(f"- {_selection_seeds(s)}: run {validate} to compare the best genes with the baseline on "
+                         "the suite over fresh seeds.")
         return lines
     elif b["perplexity"] is None:
         lines.append(f"- Baseline {b['str']} `{b['gene']}` failed "
@@ -291,8 +291,7 @@ def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> lis
                      f"({change['absolute']:+.2f}; {direction(True)})")
         lines.append(text + ".")
     if s.change is not None and not validation:
-        lines.append(f"- {_selection_seeds(s)}: run `evo-attention validate --from-run "
-                     f"{shlex.quote(str(s.run_dir))}` to see whether the difference holds over fresh seeds.")
+        lines.append(f"- {_selection_seeds(s)}: run {validate} to see whether the difference holds over fresh seeds.")
     return lines
 
 
@@ -313,21 +312,24 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
     run_dir = shlex.quote(str(run_dir))  # a command to paste into a shell
     lines = [f"Data fingerprint: `{s.data_fingerprint or 'unknown'}`",
              f"Started: {s.created_at or 'unknown'}; finished: {s.finished_at or 'not yet'}",
-             f"Regenerate this report from the run store: `evo-attention report {run_dir}`"]
+             f"Regenerate this report from the run store: {code(f'evo-attention report {run_dir}', False)}"]
     if not s.done or s.check_pending:
         lines.append(f"Continue the run{' (its fresh-seed check was stopped)' * s.check_pending}: "
-                     f"`evo-attention search --out {run_dir} --resume`")
+                     + code(f"evo-attention search --out {run_dir} --resume", False))
     for v in (attachments.validations if attachments else []):
         split = "" if v.get("eval_split", "valid") == "valid" else f" --eval-split {v.get('eval_split')}"
         genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))
-        lines.append(f"Repeat the validation (cached in the run store): `evo-attention validate --from-run {run_dir} "
-                     f"--genes '{genes}' --seeds {len(v.get('seeds') or [])} --steps {v.get('steps')}{split}`")
+        lines.append("Repeat the validation (cached in the run store): " + code(
+            f"evo-attention validate --from-run {run_dir} --genes '{genes}' --seeds {len(v.get('seeds') or [])} "
+            f"--steps {v.get('steps')}{split}", False))
     for ab in (attachments.ablations if attachments else []):
         split = "" if ab.get("eval_split", "valid") == "valid" else f" --eval-split {ab.get('eval_split')}"
-        lines.append(f"Repeat the ablation: `evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' "
-                     f"--seeds {len(ab.get('seeds') or [])} --steps {ab.get('steps')}{split}`")
+        lines.append("Repeat the ablation: " + code(
+            f"evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' --seeds {len(ab.get('seeds') or [])} "
+            f"--steps {ab.get('steps')}{split}", False))
     for t in (attachments.transfers if attachments else []):
-        lines.append(f"Repeat the transfer study (cached in the run store): `{transfer_command(t, run_dir)}`")
+        lines.append("Repeat the transfer study (cached in the run store): "
+                     + code(transfer_command(t, run_dir), False))
     return lines
 
 
@@ -379,7 +381,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
                         + (["Cost, the median over the seeds:", "", costs.rstrip(), ""] if costs else [])
                         + [f"![Every seed's value (points), box, mean (diamond) and its confidence interval (bar); the "
                            f"dotted line is the baseline mean]({stem}.png)", "",
-                           f"Details: `{v['_file']}`, `{stem}.md`."])
+                           f"Details: {code(v['_file'], False)}, {code(stem + '.md', False)}."])
     for ab in a.ablations:
         stem = ab["_file"].rsplit(".", 1)[0]
         crossed = recipe_mechanism_table(ab)
@@ -396,12 +398,13 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
                          transfer_sizes_table(t), "", transfer_table(t), ""]
                         + [f"- {line}" for line in transfer_rule_lines()]
                         + ["", f"![Each gene's mean against its parameters at every size (log axes), with the interval "
-                              f"of the mean; the baseline is black]({stem}.png)", "", f"Details: `{t['_file']}`, `{stem}.md`."])
+                              f"of the mean; the baseline is black]({stem}.png)", "",
+                              f"Details: {code(t['_file'], False)}, {code(stem + '.md', False)}."])
     for r in a.suites:
         stem = r["_file"].rsplit(".", 1)[0]
         sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", suite_table(r), "",
                          f"![Mean accuracy over the seeds per gene and point (± sd), the suite accuracy last]({stem}.png)",
-                         "", f"Details: `{r['_file']}`, `{stem}.md`."])
+                         "", f"Details: {code(r['_file'], False)}, {code(stem + '.md', False)}."])
     if a.compare is not None:
         body = compare_table(a.compare) if a.compare else "The compare results list no entry."
         sections.append(["## Compare", "", "From `compare_results.json`.", "", body])
@@ -411,7 +414,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
                          "", md_cell(curve_note(c)), "", _curves.curve_table_markdown(c).rstrip(), "",
                          f"![Each gene's mean accuracy against {md_cell(c.get('knob'))}, its interval as a band; chance "
                          f"dashed, the break threshold dotted]({quote(prefix + CURVE_FIGURE)})", "",
-                         f"Details: `{prefix}{CURVE_RESULTS}`, `{prefix}{CURVE_TABLE}`."])
+                         f"Details: {code(prefix + CURVE_RESULTS, False)}, {code(prefix + CURVE_TABLE, False)}."])
     sections += [maps_section(m) for m in a.maps]
     if a.problems:
         sections.append(["## Unreadable analysis files", ""] + [f"- {md_cell(p)}" for p in a.problems])
@@ -451,7 +454,7 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
                         + ([] if suite_figure is None else ["", f"![Every gene's accuracy on every point (one seed) and its suite "
                                                                f"accuracy]({suite_figure})"]))
     if program_figure and s.best and s.best.get("program"):
-        sections.append(["## The best gene's program", "", f"`{s.best['program']}`", "",
+        sections.append(["## The best gene's program", "", code(s.best['program'], False), "",
                          f"![Each distinct node once, the inputs at the bottom, an arrow from each argument to the op "
                          f"that reads it]({program_figure})"])
     if pareto and s.multi_objective:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 
@@ -48,14 +49,30 @@ def csv_cell(value: Any) -> str:
 
 
 def md_cell(value: Any) -> str:
-    """Text safe inside a markdown table cell (pipes escaped, one line)."""
+    """Plain text safe in markdown, a table cell included: one line, each character that could start
+    markup (emphasis, code, a link or image: a ``]`` before ``(``, ``[`` or ``:``, a cell's end)
+    backslash-escaped, so it renders as given."""
     text = str(value).replace("\r", " ").replace("\n", " ").strip()
-    return text.replace("|", "\\|")
+
+    def escape(m: re.Match) -> str:  # underscores inside a word (val_loss) never start emphasis: kept
+        a, b = m.span()
+        keep = m[0][0] == "_" and text[a - 1:a].isalnum() and text[b:b + 1].isalnum()
+        return m[0] if keep else "".join("\\" + c for c in m[0])
+    return re.sub(r"_+|[\\`*|]|\](?=[(\[:])", escape, text)
 
 
-def code(text: Any) -> str:
-    """Inline code for a markdown table cell (a gene key)."""
-    return f"`{md_cell(text)}`" if text is not None else "-"
+def code(text: Any, cell: bool = True) -> str:
+    """``text`` as inline code that shows it exactly (a gene key, a path, a command), on one line: fenced
+    by one backtick more than its longest run of them, padded with a space where it starts or ends with
+    a backtick (CommonMark strips one space from each side). ``cell``: for a table cell, its pipes
+    escaped (GFM unescapes them, inside code too); outside a table an escape would show."""
+    if text is None:
+        return "-"
+    text = str(text).replace("\r", " ").replace("\n", " ").strip()
+    text = text.replace("|", "\\|") if cell else text
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:

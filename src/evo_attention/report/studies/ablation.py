@@ -22,7 +22,7 @@ from evo_attention.report.studies.common import (change_text, ci_text, digits_fo
                                                  partial_note, seed_note, study_schedule, table_markdown)
 from evo_attention.report.studies.lr_grid import GRID_SENTENCE, grid_rate_cell, grid_rates, grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import change_header, direction, fmt, md_cell
+from evo_attention.util.format import change_header, code, direction, fmt, md_cell
 
 
 # gene field -> how an ablation names it
@@ -334,7 +334,7 @@ def recipe_mechanism_section(result: Mapping) -> list[str]:
              "recipe against its gain with the baseline's, seed by seed (the exact sign-flip test below "
              f"{stats.EXACT_BELOW} seeds, the paired t-test from there).", ""]
     lines += [f"- {md_cell(t)}" for t in recipe_mechanism_lines(result)] + [""]
-    lines += [f"- {md_cell(text.split(' (')[0])}: `{md_cell((cells.get(name) or {}).get('gene'))}`"
+    lines += [f"- {md_cell(text.split(' (')[0])}: {code((cells.get(name) or {}).get('gene'), False)}"
               for name, text in RECIPE_CELLS] + [""]
     return lines
 
@@ -352,7 +352,7 @@ def ablation_markdown(result: Mapping) -> str:
     seeds = result.get("seeds") or []
     label = result.get("metric_label", "perplexity")
     lines = [
-        f"# Ablation of {md_cell(result.get('str'))} (`{md_cell(result.get('gene'))}`)", "",
+        f"# Ablation of {md_cell(result.get('str'))} ({code(result.get('gene'), False)})", "",
         f"Each variant was trained with seeds {', '.join(map(str, seeds))} ({seed_note(result)}), "
         f"{result.get('steps')} steps each, on the {result.get('eval_split')} split. "
         f"Δ is the variant's paired change from the full gene and from the baseline, seed by seed: "

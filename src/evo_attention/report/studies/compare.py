@@ -9,7 +9,7 @@ from evo_attention.report.attachments import COMPARE_FIGURE
 from evo_attention.report.studies.common import change_text, partial_note, schedule_text, verdict_cell
 from evo_attention.report.studies.lr_grid import grid_section
 from evo_attention.util import stats
-from evo_attention.util.format import md_cell, number, signed_change
+from evo_attention.util.format import code, md_cell, number, signed_change
 
 
 def compare_markdown(payload: dict) -> str:
@@ -41,14 +41,14 @@ def compare_markdown(payload: dict) -> str:
         change = signed_change(row["perplexity_change_pct"])
         if row["name"] in paired:  # several seeds: the paired change with its interval and verdict
             change = f"{change_text(paired[row['name']], 'val_perplexity')}: {verdict_cell(paired[row['name']])}"
-        lines.append(f"| {row['rank']} | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | {loss} | {number(a['val_perplexity'], '.2f')} | "
+        lines.append(f"| {row['rank']} | {md_cell(a['name'])} | {code(a['gene'])} | {loss} | {number(a['val_perplexity'], '.2f')} | "
                      f"{change} | {number(a['accuracy'], '.4f')} | "
                      + (f"{number(a.get('bits_per_byte'), '.4f')} | " if text else "") + f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | {a['status']} |")
     for failed in summary["failed"]:
         a = aggregates[failed["name"]]
         why = "; ".join(failed["errors"]) or failed["status"]
-        lines.append(f"| - | {md_cell(a['name'])} | `{md_cell(a['gene'])}` | - | - | - | - | {'- | ' if text else ''}"
+        lines.append(f"| - | {md_cell(a['name'])} | {code(a['gene'])} | - | - | - | - | {'- | ' if text else ''}"
                      f"{number(a['params'], ',.0f')} | {number(a['time_s'], '.1f')} | "
                      f"{number(a['peak_memory_mb'], '.0f')} | {a['status']}: {md_cell(why)} |")
     if s.get("match_params"):

@@ -12,7 +12,7 @@ from typing import Mapping
 from evo_attention.report.attachments import CURVE_FIGURE
 from evo_attention.report.studies.common import table_markdown
 from evo_attention.util import stats
-from evo_attention.util.format import md_cell, number
+from evo_attention.util.format import code, md_cell, number
 
 
 BREAK_MARK = "↓"  # marks the cell of the value where a gene breaks
@@ -131,7 +131,7 @@ def curve_markdown(result: Mapping) -> str:
     values = ", ".join(curve_knob_text(v) for v in result.get("values") or [])
     lines = [
         f"# Difficulty curve: accuracy against {knob} ({result.get('task')})", "",
-        f"Data `{md_cell(result.get('base_data'))}` with {knob} = {values}; {m.get('d_model')}d x "
+        f"Data {code(result.get('base_data'), False)} with {knob} = {values}; {m.get('d_model')}d x "
         f"{m.get('n_layers')} layers x {m.get('n_heads')} heads (FFN {m.get('d_ff')}), {m.get('block', 'gpt2')} "
         f"block; {result.get('steps')} steps of batch {m.get('batch_size')}, lr {number(m.get('learning_rate'), 'g')} "
         f"({m.get('lr_schedule')}); seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}.", "",

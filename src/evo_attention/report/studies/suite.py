@@ -11,7 +11,7 @@ from typing import Mapping
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, p_text, paired_change_header,
                                                  table_markdown, verdict_cell)
 from evo_attention.util import stats
-from evo_attention.util.format import fmt, md_cell
+from evo_attention.util.format import code, fmt, md_cell
 
 
 def suite_cell(mean, sd=None, failed: int = 0, digits: int = 3) -> str:
@@ -52,7 +52,7 @@ def mean_words(suite: Mapping) -> str:
 
 def suite_points_lines(suite: Mapping) -> list[str]:
     """The points of a suite as markdown bullets: label, data, steps and (where not 1) weight."""
-    return [f"- `{md_cell(p['label'])}`: `{md_cell(p['data'])}`, {p.get('steps')} steps"
+    return [f"- {code(p['label'], False)}: {code(p['data'], False)}, {p.get('steps')} steps"
             + ("" if p.get("weight", 1) == 1 else f", weight {p['weight']:g}") for p in suite["points"]]
 
 
@@ -74,7 +74,7 @@ def suite_markdown(result: Mapping, figure: str | None = None) -> str:
                 for f in r.get("failures", [])]
     if failures:
         lines += ["Failed trainings (each scores 0 accuracy on its point):", ""]
-        lines += [f"- {md_cell(n)}, point `{md_cell(f['point'])}`, seed {f['seed']}: {f['status']}"
+        lines += [f"- {md_cell(n)}, point {code(f['point'], False)}, seed {f['seed']}: {f['status']}"
                   + (f" ({md_cell(f['error'])})" if f.get("error") else "") for n, f in failures] + [""]
     if figure:
         lines += [f"![Accuracy per gene and point]({figure})", ""]
