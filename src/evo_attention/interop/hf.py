@@ -532,7 +532,8 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
     sources = model_sources(plugins)
     config = hf_config(model, source=source, extra=extra)
     tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.spec.max_seq_len,
-                        "clean_up_tokenization_spaces": False, **special}
+                        "clean_up_tokenization_spaces": False, **special,
+                        "model_input_names": ["input_ids", "attention_mask"]}  # no token_type_ids for generate
     weights = save(_state(model), metadata={"format": "pt"})
     spec = ModelSpec.from_mapping(config)
     genes = sorted(set(config["genes"]), key=config["genes"].index)
