@@ -184,6 +184,14 @@ def test_adaptive_temperature_reads_only_its_own_position():
     assert not torch.equal(tau[:, :, 4], tau2[:, :, 4])
 
 
+@pytest.mark.parametrize("kind", ["similarity", "temperature_mode", "gating"])
+def test_every_built_in_component_passes_the_causality_probe(kind):
+    """The probe a plugin's component meets (no later position, no other batch row, no dependence on
+    the sequence length) passes each built-in one: it raises otherwise."""
+    for name, factory in components._REGISTRIES[kind].items():
+        components.check_causal(kind, name, factory)
+
+
 @pytest.mark.parametrize("name", SPARSE)
 @pytest.mark.parametrize("scale", [0.02, 3.0])
 def test_partial_sort_path_stays_exact_for_wide_and_narrow_supports(name, scale):

@@ -58,6 +58,9 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("look4", "H->H", lambda call, z: z + torch.roll(z, -4, dims=-2), "reads future positions as H->H"),
     ("topk5", "H->H", lambda call, z: z + z.topk(5, dim=-2).values.mean(-2, keepdim=True), "reads future"),
     ("long", "H->H", lambda call, z: z + (z.mean(-2, keepdim=True) if z.shape[-2] > 4 else 0), "reads future"),
+    # its value at position t depends on how many positions follow: decoding could not match the forward pass
+    ("lenscale", "T->T", lambda call, z: z * z.shape[-2], r"\(its value depends on the sequence length\) as X->X"),
+    ("cummeanT", "H->H", lambda call, z: z.cumsum(-2) * (1 / z.shape[-2]), r"sequence length\) as H->H"),
     ("prevt", "T->T", lambda call, z: torch.nn.functional.pad(z, (0, 0, 1, 0))[..., :-1, :],
      "reads future positions as S->S"),  # the previous row is causal for values, not for scores
     # K models fold into one batch: a row must not read another; the probe runs in train mode too
@@ -73,7 +76,8 @@ def test_a_registration_that_would_change_or_break_the_language_is_refused(name,
     from evo_attention import register_op
 
     before = dict(programs.OPS)
-    kind = "time" if name in ("shift", "zeroh", "peek", "look4", "topk5", "long", "prevt") else "elementwise"
+    kind = "time" if name in ("shift", "zeroh", "peek", "look4", "topk5", "long", "cummeanT",
+                              "prevt") else "elementwise"
     with pytest.raises(programs.ProgramError, match=problem) as info:
         register_op(name, signature, kind, apply=apply)
     assert programs.OPS == before and "\n" not in str(info.value)
@@ -100,6 +104,14 @@ def test_a_module_that_reads_the_batch_or_the_future_in_train_mode_is_refused_in
     with pytest.raises(UserError, match="^similarity 'batch_centered' mixes batch rows: "):
         components.register_similarity("batch_centered")(BatchCentered)
     assert "batch_centered" not in components.SIMILARITIES
+
+    class LengthScaled(components.Similarity):  # divided by the sequence length: decoding would differ
+        def forward(self, q, k):
+            return q @ k.transpose(-2, -1) / q.shape[-2]
+    with pytest.raises(UserError, match=r"^similarity 'length_scaled' reads future positions \(its value "
+                                        r"depends on the sequence length\): [^\n]*$"):
+        components.register_similarity("length_scaled")(LengthScaled)
+    assert "length_scaled" not in components.SIMILARITIES
 
 
 def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():

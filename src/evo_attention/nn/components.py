@@ -147,9 +147,14 @@ def probe_values(kind: str, draw: torch.Generator, length: int) -> tuple:
     later = torch.zeros(value.shape[-2:], dtype=torch.bool)
     later[length // 2:] = True
     if kind in ("S", "W"):
-        later |= ~torch.ones(length, length, dtype=torch.bool).tril()
+        later |= ~_lower(length)
         later[:, length // 2:] = True
     return value, torch.where(later, value + 3.0, value), torch.cat((value[:1], value[1:] + 3.0))
+
+
+def _lower(n: int) -> torch.Tensor:
+    """Bool [n, n], True on and below the diagonal (no Tensor.tril: on a busy CPU its threads cost ~10 ms)."""
+    return torch.arange(n)[:, None] >= torch.arange(n)
 
 
 def _as_scores(value: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -157,12 +162,12 @@ def _as_scores(value: torch.Tensor, rows: int, length: int) -> torch.Tensor:
     return torch.broadcast_to(value, (value.shape[0] if value.dim() == 4 else 1, 2, rows, length))
 
 
-def _earlier(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
+def _earlier(value: torch.Tensor, kind: str, length: int, cut: int | None = None) -> torch.Tensor:
     """What a causal output of type ``kind`` keeps when a ``probe_values`` changes: positions before
-    T // 2, and for scores (or a temperature broadcast to them) their keys 0..i."""
-    cut = length // 2
+    ``cut`` (T // 2), and for scores (or a temperature broadcast to them) their keys 0..i."""
+    cut = length // 2 if cut is None else cut
     if kind in ("S", "W"):
-        keep = torch.ones(cut, cut, dtype=torch.bool).tril()
+        keep = _lower(cut)
         return _as_scores(value, length, length)[..., :cut, :cut].masked_select(keep)
     return value[..., :cut, :]
 
@@ -174,7 +179,7 @@ def _later(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
     if kind not in ("S", "W"):
         return value[..., -rows:, :]
     held = length if value.dim() > 1 and value.shape[-2] == length else rows
-    keep = torch.ones(length, length, dtype=torch.bool).tril()[-rows:]
+    keep = _lower(length)[-rows:]
     return _as_scores(value, held, length)[..., -rows:, :].masked_select(keep)
 
 
@@ -184,8 +189,9 @@ def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module
     at random first) breaks at a probe length it runs at, in eval mode then in train mode (``module``'s
     modes restored after): "reads future positions" (an earlier output changes when later inputs
     change) or "mixes batch rows" (batch row 0 changes when row 1 does), " in train mode" added where
-    only train mode shows it; else "rows" if its outputs at
-    positions T // 2 on differ when computed from those positions' inputs alone (the arguments at
+    only train mode shows it; or "reads future positions (its value depends on the sequence length)"
+    if its outputs before T // 2 differ when computed from the inputs there alone; else "rows" if its
+    outputs at positions T // 2 on differ when computed from those positions' inputs alone (the arguments at
     indices ``keys`` whole: a similarity's keys), as decoding with a key/value cache computes them;
     else None. An error at every run is raised. Random draws inside ``compute`` repeat (the same seed
     before each call), and the global random state is restored afterwards."""
@@ -218,6 +224,18 @@ def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module
                 for fault, pair in (("reads future positions", earlier), ("mixes batch rows", first_row)):
                     if not torch.allclose(*pair, rtol=1e-5, atol=1e-6, equal_nan=True):
                         return fault + (" in train mode" if mode == "train" else "")
+                cut, apart = length // 2, False
+                try:  # the prefix alone, as decoding computes it (eval mode: dropout draws depend on the length)
+                    if mode == "eval":
+                        torch.manual_seed(0)
+                        head = _earlier(compute(*(v[..., :cut, :cut] if kind in "SW" else v[..., :cut, :]
+                                                  if kind != "C" else v for v, kind in zip(given, arg_types))),
+                                        result_type, cut, cut)  # to the values' scale: a sum's order may differ
+                        apart = bool((earlier[0] - head).abs().max() > 1e-4 * (1 + earlier[0].abs().max()))
+                except Exception:  # e.g. too few positions for the op: judged on the longer probes
+                    pass
+                if apart:
+                    return "reads future positions (its value depends on the sequence length)"
                 if later and not torch.allclose(*later, rtol=1e-5, atol=1e-5, equal_nan=True):
                     found = "rows"
         finally:
