@@ -58,6 +58,8 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("look4", "H->H", lambda call, z: z + torch.roll(z, -4, dims=-2), "reads future positions as H->H"),
     ("topk5", "H->H", lambda call, z: z + z.topk(5, dim=-2).values.mean(-2, keepdim=True), "reads future"),
     ("long", "H->H", lambda call, z: z + (z.mean(-2, keepdim=True) if z.shape[-2] > 4 else 0), "reads future"),
+    # reads 20 positions ahead (zeros past the end): only a probe of over 20 positions sees it
+    ("look20", "H->H", lambda call, z: z + torch.nn.functional.pad(z, (0, 0, 0, 20))[..., 20:, :], "reads future"),
     # its value at position t depends on how many positions follow: decoding could not match the forward pass
     ("lenscale", "T->T", lambda call, z: z * z.shape[-2], r"\(its value depends on the sequence length\) as X->X"),
     ("cummeanT", "H->H", lambda call, z: z.cumsum(-2) * (1 / z.shape[-2]), r"sequence length\) as H->H"),
@@ -76,7 +78,7 @@ def test_a_registration_that_would_change_or_break_the_language_is_refused(name,
     from evo_attention import register_op
 
     before = dict(programs.OPS)
-    kind = "time" if name in ("shift", "zeroh", "peek", "look4", "topk5", "long", "cummeanT",
+    kind = "time" if name in ("shift", "zeroh", "peek", "look4", "topk5", "long", "look20", "cummeanT",
                               "prevt") else "elementwise"
     with pytest.raises(programs.ProgramError, match=problem) as info:
         register_op(name, signature, kind, apply=apply)

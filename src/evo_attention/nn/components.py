@@ -128,7 +128,7 @@ def check_masking(name: str, normalize: Callable) -> None:
                         "weight from the allowed scores alone (mask the scores, or zero_masked / row_normalize)")
 
 
-PROBE_LENGTHS = (4, 9)  # a probe's sequence lengths: the later half of each is moved
+PROBE_LENGTHS = (4, 33)  # a probe's sequence lengths (a look-ahead up to 32 shows): the later half of each is moved
 # The program ops (a component's s.NAME, t.NAME, g.NAME, gi.NAME, or a registered op) whose value at a position
 # reads other positions than its own (causally; a probe at registration finds them): a program with one decodes
 # by recomputing its forward, as a key/value cache holds no more than each position's own values.
