@@ -750,7 +750,9 @@ def test_15_the_hf_export_builds_its_harness_task_from_local_data_only(tmp_path,
     tokenizer = train_tokenizer("word", "the cat sat on the mat .\n" * 8, 16)
     model = TinyTransformer(ModelSpec(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
                                       max_seq_len=8, dropout=0.0), ["dot|softmax|none|fixed|nobias|0.00"])
-    save_model(model, tmp_path / "model", tokenizer=tokenizer)
+    settings = {"data": "wikitext2", "tokenizer": "word", "vocab_size": 16, "d_model": 16, "n_heads": 2, "n_layers": 1,
+                "max_seq_len": 8}  # data settings, so that the export builds the task's data
+    save_model(model, tmp_path / "model", tokenizer=tokenizer, settings=settings)
     assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     assert seen == [("1", "1")]  # offline while the data was built ...
     assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ  # ... and as before after

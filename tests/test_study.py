@@ -297,8 +297,8 @@ def test_when_results_were_made_is_the_time_their_files_record_not_a_clone_s_fil
     assert Runs(load_study(path)).results_time(load_study(path).stage("a")) == hour(5)
     plan["questions"]["Q1"]["stages"][0]["command"][-5] = 3
     _write(path, plan)
-    record["amendments"].append({"time": hour(1), "note": "by hand, after the results", "parts": parts(load_study(path)),
-                                 "changed": ["stage a"]})
+    record["amendments"].append({"time": hour(1), "note": "by hand, after the results",
+                                 "parts": parts(load_study(path)), "changed": ["stage a"]})
     path.with_name("plan.registration.json").write_text(json.dumps(record))
     with pytest.raises(UserError, match="changes stage a, whose results were made before it") as caught:
         check_registered(load_study(path))

@@ -41,8 +41,8 @@ def compare_markdown(payload: dict) -> str:
         change = signed_change(row["perplexity_change_pct"])
         if row["name"] in paired:  # several seeds: the paired change with its interval and verdict
             change = f"{change_text(paired[row['name']], 'val_perplexity')}: {verdict_cell(paired[row['name']])}"
-        lines.append(f"| {row['rank']} | {md_cell(a['name'])} | {code(a['gene'])} | {loss} | {number(a['val_perplexity'], '.2f')} | "
-                     f"{change} | {number(a['accuracy'], '.4f')} | "
+        lines.append(f"| {row['rank']} | {md_cell(a['name'])} | {code(a['gene'])} | {loss} | "
+                     f"{number(a['val_perplexity'], '.2f')} | {change} | {number(a['accuracy'], '.4f')} | "
                      + (f"{number(a.get('bits_per_byte'), '.4f')} | " if text else "") + f"{number(a['params'], ',.0f')} | "
                      f"{number(a['time_s'], '.1f')} | {number(a['peak_memory_mb'], '.0f')} | {a['status']} |")
     for failed in summary["failed"]:
