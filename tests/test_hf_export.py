@@ -339,6 +339,9 @@ def test_every_export_pads_with_a_token_of_its_own_and_batches_as_the_docs_say(e
             ended = model.generate(**batch, max_new_tokens=3, do_sample=False, eos_token_id=int(alone[0][0]),
                                    pad_token_id=tokenizer.pad_token_id)
             assert ended[0, -2:].tolist() == [tokenizer.pad_token_id] * 2, case["name"]
+            by_hand = batch.input_ids.masked_fill(~real, -100)  # labels = input_ids: the padding is not scored
+            loss = model(**batch, labels=batch.input_ids).loss
+            assert torch.equal(loss, model(**batch, labels=by_hand).loss), case["name"]
 
 
 def test_export_never_replaces_files_it_did_not_write(tmp_path, capsys, monkeypatch):

@@ -333,8 +333,9 @@ class {model_class}(PreTrainedModel, GenerationMixin):
         else:
             logits = self.model(input_ids)
         loss = None
-        if labels is not None:  # the next token's loss, as transformers' causal models compute it
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        if labels is not None:  # the next token's loss, as transformers' causal models compute it; no pad is scored
+            targets = labels[:, 1:].masked_fill(labels[:, 1:] == self.model.spec.vocab_size, -100)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         output = CausalLMOutputWithPast(loss=loss, logits=logits, **{{_CACHE_FIELD: past_key_values}})
         return output if return_dict is not False else output.to_tuple()
 '''
