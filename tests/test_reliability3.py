@@ -619,7 +619,7 @@ def test_13_a_config_files_search_settings_that_the_command_does_not_use_are_one
 @pytest.mark.parametrize("command, unused", [
     ("validate", ["fidelity", "objectives"]),  # it has --suite and --baseline-gene of its own
     ("transfer", ["fidelity", "objectives"]),  # its verdicts are against baseline_gene; it refuses a suite
-    ("curve", ["fidelity", "objectives", "baseline_gene", "suite"]),
+    ("curve", ["fidelity", "objectives", "suite"]),  # baseline_gene: the attention dropout of its named genes
     ("search", []),
 ])
 def test_13_which_search_settings_of_a_config_file_a_command_does_not_use(command, unused, tmp_path, recwarn):

@@ -224,8 +224,10 @@ def note_unused_flags(args) -> None:
 
 
 # search settings that commands without the search's flags read all the same (setting -> commands): the gene
-# their verdicts are against; a suite, which ablate and transfer refuse
-READ_BY = {"baseline_gene": ("validate", "ablate", "transfer", "compare", "fitness"), "suite": ("ablate", "transfer")}
+# their verdicts are against (curve: the attention dropout of its named genes); a suite, which ablate and transfer
+# refuse
+READ_BY = {"baseline_gene": ("validate", "ablate", "transfer", "compare", "curve", "fitness"),
+           "suite": ("ablate", "transfer")}
 
 
 def note_unused_keys(args) -> None:
