@@ -169,7 +169,7 @@ def test_registration_errors_are_one_line(delayed_copy):
         defaults = {"delay": 2}
 
     user_error(lambda: register_task("no_default", NoDefault), "'vocab'", "defaults")
-    for default, says in ({"delay": 0}, "an integer >= 1"), ({"delay": "2"}, "an integer >= 1"), ({"vocab": 2}, ">= 4"):
+    for default, says in ({"delay": 0}, "an integer >= 1"), ({"delay": 1.5}, "an integer >= 1"), ({"vocab": 2}, ">= 4"):
         class BadDefault(DelayedCopy):  # a default passes the checks an inline knob passes (delay=0 is refused)
             defaults = {**DelayedCopy.defaults, **default}
 
@@ -177,6 +177,23 @@ def test_registration_errors_are_one_line(delayed_copy):
                    "default {}={!r} of BadDefault".format(*next(iter(default.items()))), says)
     user_error(lambda: register_dataset(NAME), repr(NAME), "taken")  # a plugin dataset cannot shadow it
     assert NAME in TASKS and not {"another_name", "no_default", "bad_default"} & set(TASKS)
+
+
+def test_a_default_is_used_as_its_knob_reads_it():
+    """A default of 2.0 for an integer knob passed the check and was used as 2.0 (a TypeError in slicing), and
+    numpy's numbers, which a plugin may compute its defaults with, were refused."""
+    np = pytest.importorskip("numpy")
+
+    class Computed(DelayedCopy):
+        defaults = {**DelayedCopy.defaults, "delay": 2.0, "vocab": np.int64(8)}
+
+    register_task("computed_defaults", Computed)
+    try:
+        assert Computed.defaults["delay"] == 2 and type(Computed.defaults["delay"]) is int
+        assert type(Computed.defaults["vocab"]) is int
+        assert load_data("computed_defaults:seq_len=16", **COUNTS).vocab_size == 8
+    finally:
+        unregister_task("computed_defaults")
 
 
 def test_symbols_that_do_not_name_every_id_are_refused_naming_the_task():

@@ -124,6 +124,8 @@ class Knob:
                 out = int(text) if self.kind == "int" and re.fullmatch(r"[+-]?\d+", text) else float(text)
             except ValueError:
                 out = None
+        if isinstance(out, numbers.Real) and not isinstance(out, bool):  # numpy's numbers as Python's
+            out = int(out) if isinstance(out, numbers.Integral) else float(out)
         number = isinstance(out, (int, float)) and not isinstance(out, bool)
         ok = out in self.choices if self.kind == "choice" else number
         if ok and self.kind == "int":
@@ -262,15 +264,15 @@ def register_task(name: str, task: type[Task] | None = None):
     if bad:
         raise refuse(f"knob {bad[0]!r} of {task.__name__} needs both a Knob in knobs and an entry in defaults "
                      "(None: derived in resolve)")
-    for knob in COMMON_KNOBS + tuple(task.knobs):  # a default passes the checks a given value passes
-        value = defaults[knob.name]
+    converted = {}
+    for knob in COMMON_KNOBS + tuple(task.knobs):  # a default passes the checks a given value passes, and is used
+        value = defaults[knob.name]  # as converted (2.0 for an integer knob as 2)
         try:
-            ok = value is None or knob.convert(value, name) == value
+            converted[knob.name] = value if value is None else knob.convert(value, name)
         except UserError:
-            ok = False
-        if not ok:
             raise refuse(f"the default {knob.name}={value!r} of {task.__name__} is not allowed: {knob.name} must be "
-                         f"{knob.allowed}; fix its defaults")
+                         f"{knob.allowed}; fix its defaults") from None
+    task.defaults = {k: converted[k] for k in task.defaults}
     task.name = name
     TASKS[name] = task()
     return task
