@@ -289,3 +289,52 @@ def test_report_imports_the_run_s_plugins_and_names_a_missing_one(op_run, monkey
     assert main(["report", "run"]) == 0
     assert "## The best gene's program" in (op_run / "run" / "report.md").read_text()
     assert (op_run / "run" / "best_program.png").is_file()
+
+
+def _forget_the_modules():  # as in a new process: the op and the modules module_run stored are not imported
+    _forget_the_op()
+    for name in ("softplus_mod", "noop_mod"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def module_run(tmp_path_factory):
+    """A tiny program search storing two plugin modules: softplus_mod, whose op its genes use, and noop_mod,
+    which no gene uses."""
+    folder = tmp_path_factory.mktemp("module_run")
+    (folder / "softplus_mod.py").write_text(OP_PLUGIN)
+    (folder / "noop_mod.py").write_text('"""nothing genes use"""\n')
+    (folder / "space.yaml").write_text(
+        "search_space:\n  attention_dropout: [0.1]\n  use_bias: [true]\n"
+        "  program: {max_nodes: 7, ops: [o, mix, w.softmax, s.dot, t.fixed, vsoftplus]}\n")
+    _forget_the_modules()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(folder)  # the modules are imported from this folder only
+            patch.setattr(sys, "path", list(sys.path))
+            assert main(["search", "--preset", "quick", "--steps", "2", "--population", "2", "--generations", "1",
+                         "--elite", "1", "--no-baseline", "--seed", "3", *TINY, "--plugin", "softplus_mod",
+                         "--plugin", "noop_mod", "--config", "space.yaml", "--out", "run"]) == 0
+        assert "vsoftplus(" in load_run(folder / "run").best_gene
+    finally:
+        _forget_the_modules()
+    yield folder
+    _forget_the_modules()
+
+
+def test_report_refuses_a_plugin_that_cannot_be_imported_only_where_a_gene_needs_it(module_run, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (module_run / "empty").mkdir()
+    monkeypatch.chdir(module_run / "empty")  # neither module can be imported here
+    _forget_the_modules()
+    assert main(["report", "../run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plugin softplus_mod could not be imported (ModuleNotFoundError" in err and "\n" not in err
+    (module_run / "with_op").mkdir()
+    (module_run / "with_op" / "softplus_mod.py").write_text(OP_PLUGIN)
+    monkeypatch.chdir(module_run / "with_op")  # the op's module is here, noop_mod (no gene uses it) is not
+    _forget_the_modules()
+    (module_run / "run" / "best_program.png").unlink(missing_ok=True)
+    assert main(["report", "../run"]) == 0
+    assert (module_run / "run" / "best_program.png").is_file()
+

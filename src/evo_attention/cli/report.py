@@ -11,7 +11,7 @@ def cmd_report(args) -> int:
     import os
     from pathlib import Path
 
-    from evo_attention.cli.common import load_run_plugins, note
+    from evo_attention.cli.common import note
     from evo_attention.report import write_report
     from evo_attention.search.store import RunStore
 
@@ -41,7 +41,7 @@ def cmd_report(args) -> int:
                 raise UserError(f"{run_dir} holds the store of a {store.kind()}, not of a search: report writes a "
                                 f"search's report; evo-attention {store.kind()} writes its own (run it again with the "
                                 "same flags to rewrite it)")
-        load_run_plugins(run_dir, args.plugin)  # its genes may use their ops: the program figure reads them
+        _load_plugins(run_dir, args.plugin)
     for run_dir in args.run_dirs:
         if args.optuna_journal is not None and not os.access(run_dir, os.W_OK):
             note(f"{run_dir} is read-only: its report is not rewritten, the journal is written from its store")
@@ -64,6 +64,33 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _load_plugins(run_dir, given) -> None:
+    """Import the plugins the run in ``run_dir`` stored (its genes may use their ops: the program figure reads
+    them); one that cannot be imported is refused only where a gene of the run does not parse without it."""
+    from evo_attention.cli.common import load_run_plugins
+    from evo_attention.genes import AttentionGene
+    from evo_attention.search.store import RunStore
+    from evo_attention.util.plugins import load_plugins, with_given_plugins
+
+    try:
+        load_run_plugins(run_dir, given)
+    except UserError as failed:
+        with RunStore.open(run_dir, readonly=True) as store:
+            plugins = with_given_plugins(store.config().get("plugins") or [], given)
+            genes = {r.gene for r in store.evaluations()}
+            genes |= {member["gene"] for generation in store.generations() for member in generation["members"]}
+        for name in plugins:  # the others still: a gene may use theirs
+            try:
+                load_plugins([name])
+            except UserError:
+                pass
+        try:
+            for gene in genes:
+                AttentionGene.parse(gene)
+        except ValueError:
+            raise failed from None
+
+
 def register(sub) -> None:
     p = sub.add_parser("report", help="(re)write a run's results and report from its store; with several runs, "
                                       "also compare them (--out)")
@@ -75,5 +102,6 @@ def register(sub) -> None:
                         "for optuna-dashboard FILE; needs Optuna")
     p.add_argument("--plugin", action="append", metavar="MODULE",
                    help="import this module or .py file first (repeatable): the plugins a run stored are imported "
-                   "anyway; a file stands in for a stored one of its name (a run started elsewhere)")
+                   "anyway; a file stands in for a stored one of its name (a run started elsewhere); one that cannot be imported is refused only where "
+                   "a gene of the run needs it")
     p.set_defaults(func=cmd_report)
