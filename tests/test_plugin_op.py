@@ -338,3 +338,12 @@ def test_report_refuses_a_plugin_that_cannot_be_imported_only_where_a_gene_needs
     assert main(["report", "../run"]) == 0
     assert (module_run / "run" / "best_program.png").is_file()
 
+
+def test_a_file_stands_in_for_a_stored_module_of_its_stem(module_run, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (module_run / "files").mkdir()
+    monkeypatch.chdir(module_run / "files")  # neither module can be imported here: the files stand in
+    _forget_the_modules()
+    given = ["--plugin", "../softplus_mod.py", "--plugin", "../noop_mod.py"]
+    assert main(["ablate", "--seeds", "2", *SMALL, "--from-run", "../run", "--out", "ablate", *given]) == 0
+    assert "vsoftplus(" in (module_run / "files" / "ablate" / "ablation.json").read_text()

@@ -12,7 +12,7 @@ from evo_attention import EvolvedAttention
 from evo_attention.cli import main
 from evo_attention.nn import components
 from evo_attention.util.errors import UserError
-from evo_attention.util.plugins import load_plugins
+from evo_attention.util.plugins import load_plugins, with_given_plugins
 
 FLAGS = ["--preset", "quick", "--steps", "4", "--population", "3", "--generations", "2", "--elite", "1",
          "--d-model", "16", "--heads", "2", "--layers", "1", "--quiet"]
@@ -339,3 +339,10 @@ def test_a_config_file_s_plugin_file_is_read_from_the_file_s_folder(tmp_path, mo
     finally:
         for name in ("near_cfg", "deep_cfg"):
             sys.modules.pop(f"evo_attention_plugin_{name}", None)
+
+
+def test_a_given_file_stands_in_for_a_stored_file_of_its_name_or_a_module_of_its_stem():
+    stored = ["my_lab.attn", "other", "plugins/b.py", "y_plug"]
+    assert with_given_plugins(stored, ["/x/attn.py", "c/b.py", "/tmp/y_plug.py"]) == [
+        "/x/attn.py", "other", "c/b.py", "/tmp/y_plug.py"]
+    assert with_given_plugins(["a.attn", "attn.py"], ["b.attn"]) == ["a.attn", "attn.py", "b.attn"]  # a module: none

@@ -108,5 +108,6 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     p.add_argument("--plugin", action="append", metavar="MODULE",
                    help="import this module or .py file first (repeatable): the plugins the model was trained with "
-                        "are imported anyway; a file given here stands in for a saved one of the same name")
+                        "are imported anyway; a file given here stands in for a saved one of the same name, or a "
+                        "module named by its stem (a.b for b.py)")
     p.set_defaults(func=cmd_generate)

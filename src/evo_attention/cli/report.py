@@ -102,6 +102,7 @@ def register(sub) -> None:
                         "for optuna-dashboard FILE; needs Optuna")
     p.add_argument("--plugin", action="append", metavar="MODULE",
                    help="import this module or .py file first (repeatable): the plugins a run stored are imported "
-                   "anyway; a file stands in for a stored one of its name (a run started elsewhere); one that cannot be imported is refused only where "
+                   "anyway; a file stands in for a stored one of its name, or a module named by its stem "
+                   "(a.b for b.py), of a run started elsewhere; one that cannot be imported is refused only where "
                    "a gene of the run needs it")
     p.set_defaults(func=cmd_report)

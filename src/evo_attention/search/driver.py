@@ -51,7 +51,7 @@ from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.files import check_directory_path
 from evo_attention.util.format import finite_or_none
 from evo_attention.util.jsonio import write_json
-from evo_attention.util.plugins import load_plugins, plugin_identity
+from evo_attention.util.plugins import load_plugins, stands_in
 from evo_attention.util.progress import SearchView
 
 
@@ -162,9 +162,8 @@ class Search:
                     "overwrite", setting=("objectives", "overwrite"))
             store = RunStore.open(self.out_dir)
             self.evaluation.check_resumed(store)
-            loaded = {plugin_identity(p["module"]) for p in self.plugins}  # a file stands in for one of its name
-            missing = [p["module"] for p in store.get_meta("plugins") or []
-                       if plugin_identity(p["module"]) not in loaded]
+            missing = [p["module"] for p in store.get_meta("plugins") or []  # a file stands in for one of its name
+                       if not any(stands_in(loaded["module"], p["module"]) for loaded in self.plugins)]
             if missing:
                 store.close()
                 raise UserError(f"the run in {self.out_dir} was made with plugin {missing[0]}, which is not loaded: add "

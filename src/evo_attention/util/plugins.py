@@ -73,11 +73,19 @@ def plugin_identity(name: str) -> str:
     return Path(name).name if name.endswith(".py") else name
 
 
+def stands_in(given: str, stored: str) -> bool:
+    """Whether a command's plugin ``given`` stands in for a run's or model's ``stored`` one: the same
+    ``plugin_identity``, or a .py file for a module whose last component is the file's stem
+    (``plugins/attn.py`` for ``my_lab.attn``: a module imported from where the run started)."""
+    return plugin_identity(given) == plugin_identity(stored) or (
+        given.endswith(".py") and not stored.endswith(".py") and Path(given).stem == stored.rsplit(".", 1)[-1])
+
+
 def with_given_plugins(stored, given) -> list[str]:
     """The plugins a model or run was trained with (``stored``) and a command's --plugin (``given``):
-    a given file stands in, in its place, for a stored one of the same ``plugin_identity``."""
-    standing_in = {plugin_identity(g): g for g in given or ()}
-    return list(dict.fromkeys([standing_in.get(plugin_identity(p), p) for p in stored] + list(given or ())))
+    a given plugin that ``stands_in`` for a stored one replaces it in its place."""
+    given = list(given or ())
+    return list(dict.fromkeys([next((g for g in given if stands_in(g, p)), p) for p in stored] + given))
 
 
 def load_plugins(names=()) -> list[dict]:
