@@ -128,6 +128,13 @@ def test_registered_components_and_ops_that_read_earlier_positions_decode_as_the
         def forward(self, x):
             return (1 + running_mean(x.abs().mean(-1), -1))[:, None, :, None]
 
+    class Back40(torch.nn.Module):  # reads x 40 positions back alone: beyond the 33-position probes
+        def __init__(self, d_model, n_heads, d_head):
+            super().__init__()
+
+        def forward(self, x):
+            return (1 + torch.nn.functional.pad(x, (0, 0, 40, 0))[:, :x.shape[1]].abs().mean(-1))[:, None, :, None]
+
     class KeyNorm(components.Similarity):  # per position: query i, key j alone
         def forward(self, q, k):
             return q @ k.transpose(-2, -1) - 0.5 * k.square().sum(-1).unsqueeze(-2)
@@ -135,24 +142,26 @@ def test_registered_components_and_ops_that_read_earlier_positions_decode_as_the
     components.register_similarity("cumq_probe")(CumQ)
     components.register_similarity("keynorm_probe")(KeyNorm)
     components.register_temperature("runtemp_probe")(RunTemp)
+    components.register_temperature("back40_probe")(Back40)
     register_op("xrun_probe", "X->X", "learned", apply=lambda call, z: running_mean(z, -2))
     try:
-        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(2, 48, 16, generator=torch.Generator().manual_seed(0))
         for gene, cached in (("cumq_probe|softmax|none|fixed", False), ("dot|softmax|none|runtemp_probe", False),
+                             ("dot|softmax|none|back40_probe", False),
                              ("prog=o(mix(w.softmax(t.fixed(s.cumq_probe(q,k))),v))", False),
                              ("prog=pin(xrun_probe(x),o(mix(w.softmax(s.dot(q,k)),v)))", False),
                              ("keynorm_probe|softmax|none|fixed", True)):
             torch.manual_seed(0)
-            attn = EvolvedAttention(16, 2, gene, max_seq_len=8).eval()
+            attn = EvolvedAttention(16, 2, gene, max_seq_len=48).eval()
             with torch.no_grad():
                 full, cache = attn(x), attn.new_cache()
                 rows = torch.cat([attn.decode(x[:, :3], cache)] + [attn.decode(x[:, i:i + 1], cache)
-                                                                   for i in range(3, 8)], 1)
+                                                                   for i in range(3, 48)], 1)
             assert isinstance(cache, KVCache) == cached, gene
             torch.testing.assert_close(rows, full, rtol=0, atol=1e-6, msg=gene)
     finally:
         for kind, name in (("similarity", "cumq_probe"), ("similarity", "keynorm_probe"),
-                           ("temperature_mode", "runtemp_probe")):
+                           ("temperature_mode", "runtemp_probe"), ("temperature_mode", "back40_probe")):
             components.unregister(kind, name)
         unregister_op("xrun_probe")
-    assert not components.ACROSS_POSITIONS & {"s.cumq_probe", "t.runtemp_probe", "xrun_probe"}
+    assert not components.ACROSS_POSITIONS & {"s.cumq_probe", "t.runtemp_probe", "t.back40_probe", "xrun_probe"}

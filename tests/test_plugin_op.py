@@ -70,7 +70,7 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("trainpeek", "H->H", lambda call, z: z - z.mean(-2, keepdim=True) if call.attn.training else z,
      "reads future positions in train mode as H->H"),
     # what a program computes is finite and of its type's shape (elementwise: as clipped to +-CLIP)
-    ("logz", "T->T", lambda call, z: torch.log(z), "gives NaN or inf as X->X on random inputs"),
+    ("logz", "T->T", lambda call, z: torch.log(z), "gives NaN or inf as X->X at its initial weights on random"),
     ("narrow", "H->H", lambda call, z: z[..., :2], r"returns shape \(2, 2, 4, 2\) as H->H, where a tensor of \[B"),
     ("nothing", "H->H", lambda call, z: None, "returns None as H->H"),
 ])
@@ -135,6 +135,41 @@ def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
     finally:
         engine_ops.unregister_op("lag1")
         engine_ops.unregister_op("noisy")
+
+
+def test_finiteness_is_judged_at_the_initial_weights_and_nan_from_random_weights_is_no_verdict():
+    """A positive-initialised scale under a square root gives NaN only at the probe's random (negative)
+    weights: it is accepted; so is a causal running sum by a lower-triangular matmul, where random
+    weights' NaN at later positions would reach the earlier rows (0 * NaN), and it reads other positions."""
+    from evo_attention import register_op
+    from evo_attention.nn import components
+    from evo_attention.nn.program import PerModel, unregister_op
+
+    class LearnedScale(PerModel):  # s starts at 1
+        def __init__(self, heads):
+            super().__init__()
+            self.s = torch.nn.Parameter(torch.ones(1, 1, heads, 1, 1))
+
+        def forward(self, z):
+            return (z.reshape(self.s.shape[0], -1, *z.shape[1:]) / self.s.sqrt()).reshape(z.shape)
+
+    class LogRun(LearnedScale):  # log(1 + s z^2), summed over positions so far
+        def forward(self, z):
+            zz = z.reshape(self.s.shape[0], -1, *z.shape[1:])
+            t = z.shape[-2]
+            lower = (torch.arange(t)[:, None] >= torch.arange(t)).to(z.dtype)
+            return (lower @ (1 + self.s * zz.square()).log()).reshape(z.shape)
+    try:
+        register_op("ysqrt", "H->F", "feature", apply=lambda c, z: c.module(z), build=lambda s: LearnedScale(s.n_heads))
+        register_op("logrun", "H->H", "time", apply=lambda c, z: c.module(z), build=lambda s: LogRun(s.n_heads))
+        assert "ysqrt" not in components.ACROSS_POSITIONS and "logrun" in components.ACROSS_POSITIONS
+        with pytest.raises(programs.ProgramError, match=r"^program op 'yneg' gives NaN or inf as H->F at its initial "
+                                                        r"weights on random inputs: keep its values finite$"):
+            register_op("yneg", "H->F", "feature", apply=lambda c, z: c.module(-z.abs()).sqrt(),
+                        build=lambda s: LearnedScale(s.n_heads))
+    finally:
+        unregister_op("ysqrt")
+        unregister_op("logrun")
 
 
 @pytest.mark.parametrize("broken, says", [

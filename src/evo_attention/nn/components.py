@@ -37,6 +37,7 @@ Contracts (tests hold every registered component to them):
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import Callable, Dict
@@ -129,6 +130,7 @@ def check_masking(name: str, normalize: Callable) -> None:
 
 
 PROBE_LENGTHS = (4, 33)  # a probe's sequence lengths (a look-ahead up to 32 shows): the later half of each is moved
+ACROSS_LENGTH = 129  # the length at which a read of earlier positions is looked for again (up to 128 back shows)
 # The program ops (a component's s.NAME, t.NAME, g.NAME, gi.NAME, or a registered op) whose value at a position
 # reads other positions than its own (causally; a probe at registration finds them): a program with one decodes
 # by recomputing its forward, as a key/value cache holds no more than each position's own values.
@@ -192,58 +194,101 @@ def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module
     only train mode shows it; or "reads future positions (its value depends on the sequence length)"
     if its outputs before T // 2 differ when computed from the inputs there alone; else "rows" if its
     outputs at positions T // 2 on differ when computed from those positions' inputs alone (the arguments at
-    indices ``keys`` whole: a similarity's keys), as decoding with a key/value cache computes them;
-    else None. An error at every run is raised. Random draws inside ``compute`` repeat (the same seed
-    before each call), and the global random state is restored afterwards."""
-    draw, failure, ran, found = torch.Generator().manual_seed(0), None, False, None
+    indices ``keys`` whole: a similarity's keys), as decoding with a key/value cache computes them (also at
+    ACROSS_LENGTH positions: a read up to ACROSS_LENGTH - 1 positions back shows); else None. Outputs are
+    compared where both are finite (random weights may give NaN, e.g. a square root of a negative scale);
+    where some were not, the probe is repeated at ``module``'s own weights. An error at every run is
+    raised. Random draws inside ``compute`` repeat (the same seed before each call), and the global random
+    state is restored afterwards."""
     modes = {m: m.training for m in module.modules()} if module is not None else {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        if module is not None:
-            for weight in module.parameters():
-                weight.copy_(torch.randn(weight.shape, generator=draw))
+        initial = copy.deepcopy(module.state_dict()) if module is not None else None
         try:
-            for mode, length in itertools.product(("eval", "train"), PROBE_LENGTHS):
-                if module is not None:
-                    module.train(mode == "train")
-                try:
-                    given, moved, other = zip(*(probe_values(kind, draw, length) for kind in arg_types))
-                    tail = [v if i in keys or not torch.is_tensor(v) else v[..., length // 2:, :]
-                            for i, v in enumerate(given)]
-                    seen = []
-                    for values in (given, moved, other, tail)[:4 if mode == "eval" else 3]:
-                        torch.manual_seed(0)
-                        seen.append(compute(*values))
-                    earlier = [_earlier(value, result_type, length) for value in seen[:2]]
-                    first_row = [v[:1] if torch.is_tensor(v) and v.dim() else torch.as_tensor(v)
-                                 for v in (seen[0], seen[2])]
-                    later = [_later(v, result_type, length) for v in (seen[0], seen[3])] if mode == "eval" else []
-                except Exception as exc:  # e.g. an op that needs more positions than the shorter probe has
-                    failure = exc
-                    continue
-                ran = True
-                for fault, pair in (("reads future positions", earlier), ("mixes batch rows", first_row)):
-                    if not torch.allclose(*pair, rtol=1e-5, atol=1e-6, equal_nan=True):
-                        return fault + (" in train mode" if mode == "train" else "")
-                cut, apart = length // 2, False
-                try:  # the prefix alone, as decoding computes it (eval mode: dropout draws depend on the length)
-                    if mode == "eval":
-                        torch.manual_seed(0)
-                        head = _earlier(compute(*(v[..., :cut, :cut] if kind in "SW" else v[..., :cut, :]
-                                                  if kind != "C" else v for v, kind in zip(given, arg_types))),
-                                        result_type, cut, cut)  # to the values' scale: a sum's order may differ
-                        apart = bool((earlier[0] - head).abs().max() > 1e-4 * (1 + earlier[0].abs().max()))
-                except Exception:  # e.g. too few positions for the op: judged on the longer probes
-                    pass
-                if apart:
-                    return "reads future positions (its value depends on the sequence length)"
-                if later and not torch.allclose(*later, rtol=1e-5, atol=1e-5, equal_nan=True):
-                    found = "rows"
+            found, finite = _probe_at(compute, arg_types, result_type, module, keys, randomize=True)
+            if not finite and found in (None, "rows") and module is not None:
+                module.load_state_dict(initial)
+                found = _probe_at(compute, arg_types, result_type, module, keys, randomize=False)[0] or found
         finally:
             for part, training in modes.items():
                 part.training = training
+    return found
+
+
+def _agree(a, b, rtol: float, atol: float) -> bool:
+    """Whether ``a`` and ``b`` are close where both are finite (a NaN or inf judges nothing)."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+        return True
+    both = torch.isfinite(a) & torch.isfinite(b)
+    return torch.allclose(torch.where(both, a, 0.0), torch.where(both, b, 0.0), rtol=rtol, atol=atol)
+
+
+def _finite(values) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in values if torch.is_tensor(v))
+
+
+def _probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None, keys: tuple,
+              randomize: bool) -> tuple:
+    """``probe``'s verdict at ``module``'s weights drawn at random (``randomize``) or as they are, and
+    whether every output was finite."""
+    draw, failure, ran, found, finite = torch.Generator().manual_seed(0), None, False, None, True
+    if module is not None and randomize:
+        for weight in module.parameters():
+            weight.copy_(torch.randn(weight.shape, generator=draw))
+
+    def tail(given, length):  # the arguments from position T // 2 on (those at ``keys`` whole)
+        return [v if i in keys or not torch.is_tensor(v) else v[..., length // 2:, :] for i, v in enumerate(given)]
+    for mode, length in itertools.product(("eval", "train"), PROBE_LENGTHS):
+        if module is not None:
+            module.train(mode == "train")
+        try:
+            given, moved, other = zip(*(probe_values(kind, draw, length) for kind in arg_types))
+            seen = []
+            for values in (given, moved, other, tail(given, length))[:4 if mode == "eval" else 3]:
+                torch.manual_seed(0)
+                seen.append(compute(*values))
+            earlier = [_earlier(value, result_type, length) for value in seen[:2]]
+            first_row = [v[:1] if torch.is_tensor(v) and v.dim() else torch.as_tensor(v)
+                         for v in (seen[0], seen[2])]
+            later = [_later(v, result_type, length) for v in (seen[0], seen[3])] if mode == "eval" else []
+        except Exception as exc:  # e.g. an op that needs more positions than the shorter probe has
+            failure = exc
+            continue
+        ran, finite = True, finite and _finite(seen[:1])
+        for fault, pair in (("reads future positions", earlier), ("mixes batch rows", first_row)):
+            if not _agree(*pair, rtol=1e-5, atol=1e-6):
+                return fault + (" in train mode" if mode == "train" else ""), finite
+        cut, apart = length // 2, False
+        try:  # the prefix alone, as decoding computes it (eval mode: dropout draws depend on the length)
+            if mode == "eval":
+                torch.manual_seed(0)
+                head = _earlier(compute(*(v[..., :cut, :cut] if kind in "SW" else v[..., :cut, :]
+                                          if kind != "C" else v for v, kind in zip(given, arg_types))),
+                                result_type, cut, cut)  # to the values' scale: a sum's order may differ
+                scale = earlier[0].nan_to_num(0.0, 0.0, 0.0).abs().max()
+                apart = not _agree(earlier[0], head, rtol=0.0, atol=float(1e-4 * (1 + scale)))
+        except Exception:  # e.g. too few positions for the op: judged on the longer probes
+            pass
+        if apart:
+            return "reads future positions (its value depends on the sequence length)", finite
+        if later and not _agree(*later, rtol=1e-5, atol=1e-5):
+            found = "rows"
     if not ran:
         raise failure
-    return found
+    if found is None:  # a read further back than the probes show: its later rows at a longer length alone
+        if module is not None:
+            module.train(False)
+        try:
+            given = [probe_values(kind, draw, ACROSS_LENGTH)[0] for kind in arg_types]
+            seen = []
+            for values in (given, tail(given, ACROSS_LENGTH)):
+                torch.manual_seed(0)
+                seen.append(_later(compute(*values), result_type, ACROSS_LENGTH))
+            finite = finite and _finite(seen)
+            found = None if _agree(*seen, rtol=1e-5, atol=1e-5) else "rows"
+        except Exception:  # e.g. an op that fails at that length: judged on the probes above
+            pass
+    return found, finite
 
 
 def check_causal(kind: str, name: str, factory: Callable) -> bool:

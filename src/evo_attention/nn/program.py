@@ -45,6 +45,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -129,12 +130,13 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
 
 
 def _probe(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
-    """What ``op``, with random weights, does wrong on the first typing of its signatures (T as X, H
-    and S) where it returns no finite tensor of its result type's shape, or reads a later position or
-    another batch row (``components.probe``, the block input x moved with the inputs; the frame and
-    the op's module in eval, then train mode); None if nothing. ``across`` collects the typings whose
-    value at a position reads other positions. A typing the op raises on at every probe is left to
-    fail in use."""
+    """What ``op`` does wrong on the first typing of its signatures (T as X, H and S) where it returns
+    no finite tensor of its result type's shape at its initial weights on random inputs (a random weight,
+    such as a negative scale under a square root, may give NaN where training never would), or, with
+    random weights, reads a later position or another batch row (``components.probe``, the block input x
+    moved with the inputs; the frame and the op's module in eval, then train mode); None if nothing.
+    ``across`` collects the typings whose value at a position reads other positions. A typing the op
+    raises on at every probe is left to fail in use."""
     apply = _clipped(impl.apply) if op.kind == "elementwise" else impl.apply  # as the engine computes it
     for args, _ in op.signatures:
         for typed in ("X", "H", "S") if "T" in args else ("T",):
@@ -144,6 +146,8 @@ def _probe(op: programs.Op, impl: Implementation, across: list | None = None) ->
 
             def compute(x, *values):
                 value = apply(Call(module, x, frame), *values)
+                if not checking:
+                    return value
                 b, t = x.shape[:2]  # a score's keys: its scores argument's, else the positions
                 keys = next((v.shape[-1] for v, kind in zip(values, types) if kind in ("S", "W")), t)
                 due = {"X": (b, t, 8), "H": (b, 2, t, 4), "F": (b, 2, t, -1)}.get(out, (b, 2, t, keys))
@@ -152,14 +156,32 @@ def _probe(op: programs.Op, impl: Implementation, across: list | None = None) ->
                     got = f"shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)[:40]
                     wrong.append(f"returns {got} as {typing}, where a tensor of {_LAYOUTS[out]} is due")
                 elif torch.is_tensor(value) and not torch.isfinite(value).all():
-                    wrong.append(f"gives NaN or inf as {typing} on random inputs: keep its values finite")
+                    wrong.append(f"gives NaN or inf as {typing} at its initial weights on random inputs: keep its "
+                                 "values finite")
                 return value
-            with torch.random.fork_rng(devices=[]):  # building draws initial weights
+            checking, found = True, None
+            with torch.random.fork_rng(devices=[]), torch.no_grad():  # building draws initial weights
                 try:
                     module = impl.build(Shapes(8, 2, 4, 4, types, out)) if impl.build else None
                     frame = nn.Module()  # the attention frame; the op's module in it takes its mode
                     frame.out, frame.op, frame.d_model, frame.n_heads, frame.d_head = nn.Linear(8, 8), module, 8, 2, 4
-                    found = components.probe(compute, "X" + "".join(types), out, frame)
+                except Exception:
+                    continue
+                draw, modes = torch.Generator().manual_seed(0), {m: m.training for m in frame.modules()}
+                # without weights of its own, an op is checked on the probe's calls (the frame's are no concern)
+                for mode, length in itertools.product((False, True), components.PROBE_LENGTHS if module else ()):
+                    frame.train(mode)
+                    torch.manual_seed(0)
+                    try:
+                        compute(*(components.probe_values(kind, draw, length)[0] for kind in "X" + "".join(types)))
+                    except Exception:  # e.g. too few positions for the op: judged on the other calls
+                        pass
+                for part, training in modes.items():
+                    part.training = training
+                checking = module is None
+                try:
+                    if not wrong:
+                        found = components.probe(compute, "X" + "".join(types), out, frame)
                 except Exception:
                     found = None
             if wrong:
