@@ -225,6 +225,22 @@ def test_a_chance_that_is_not_an_accuracy_is_refused_naming_the_task(chance):
         unregister_task("badchance")
 
 
+@pytest.mark.parametrize("level", [float("nan"), 1.5, "0.5"])
+def test_a_no_recall_level_that_is_not_an_accuracy_is_refused_and_none_means_no_level(level):
+    class BadFloor(DelayedCopy):
+        def no_recall(self, k):
+            return level
+
+    register_task("badfloor", BadFloor)
+    try:  # the data's describe() records it, the fitness check's floor reads it
+        user_error(lambda: load_data("badfloor:seq_len=16,vocab=8", **COUNTS), "task badfloor: no_recall() returned",
+                   "[0, 1]")
+    finally:
+        unregister_task("badfloor")
+    assert "no_recall_accuracy" not in load_data("mad:selective_copy", **COUNTS).describe()  # None: no such level
+    assert 0 < load_data("mqar", **COUNTS).describe()["no_recall_accuracy"] <= 1
+
+
 def test_unregistering_removes_it(delayed_copy):
     unregister_task(NAME)
     assert NAME not in TASKS and not is_synthetic(DATA)

@@ -761,14 +761,17 @@ def data_name(task: str, knobs: Mapping[str, Any]) -> str:
 
 
 # -- the dataset ----------------------------------------------------------------------------------
-def chance_of(task: Task, k: dict) -> float:
-    """``task.chance(k)``; a UserError naming the task where it is not a number in [0, 1] (an
-    accuracy: a plugin's nan or 5.0 would be recorded as the data's chance level)."""
-    chance = task.chance(k)
-    if isinstance(chance, bool) or not isinstance(chance, numbers.Real) or not 0 <= chance <= 1:
-        raise UserError(f"task {task.name}: chance() returned {chance!r}, not an accuracy in [0, 1]: see the contract "
+def chance_of(task: Task, k: dict, hook: str = "chance") -> float | None:
+    """``task.chance(k)`` (or ``task.no_recall(k)``, which may be None: no such level); a UserError naming
+    the task where it is not a number in [0, 1] (an accuracy: a plugin's nan or 5.0 would be recorded
+    as the data's level)."""
+    level = getattr(task, hook)(k)
+    if level is None and hook == "no_recall":
+        return None
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 <= level <= 1:
+        raise UserError(f"task {task.name}: {hook}() returned {level!r}, not an accuracy in [0, 1]: see the contract "
                         "of evo_attention.data.synthetic.Task", setting="data")
-    return float(chance)
+    return float(level)
 
 
 def check_task_memory(name: str, task: Task, k: dict) -> tuple:
@@ -806,6 +809,7 @@ class SyntheticData(ExampleData):
         self.settings = {"task": task, **self.task.identity(k), "seed": seed, "format_version": FORMAT_VERSION}
         self.fingerprint = fingerprint_of({"name": "synthetic", **self.settings})
         self.answers_per_example, self.chance = self.task.answers_per_example(k), chance_of(self.task, k)
+        self.no_recall = chance_of(self.task, k, "no_recall")
         self.stream = k["train_examples"] == 0  # an endless stream: no fixed train split
         with refuse_failed_allocation(*refused):
             self.vocab = Vocab(self.task.symbols(k))
@@ -880,6 +884,6 @@ class SyntheticData(ExampleData):
             "answers_per_example": self.answers_per_example,
             "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
             "chance_accuracy": self.chance,
-            **({} if self.task.no_recall(self.knobs) is None else {"no_recall_accuracy": self.task.no_recall(self.knobs)}),
+            **({} if self.no_recall is None else {"no_recall_accuracy": self.no_recall}),
             "settings": self.settings,
         }
