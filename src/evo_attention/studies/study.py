@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -392,9 +393,12 @@ def _check_rules(study: Study) -> None:
             raise _fail(path, f"stage {stage.name}: a reliability stage names its validations (a list of globs)")
         if stage.trains and not stage_commands(stage):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
-        needs = {"plan": ("seeds", "margin"), "versus": ("margin",), "suite": ("suite",)}.get(stage.kind, ())
+        needs = {"plan": ("seeds", "margin"), "versus": ("margin",), "suite": ("suite",),
+                 "family": ("gene", "cells")}.get(stage.kind, ())
         if any(k not in spec for k in needs):
             raise _fail(path, f"stage {stage.name}: a {stage.kind} stage fixes its {' and '.join(needs)}")
+        if stage.kind == "family":
+            _check_family(path, stage.name, spec["cells"], spec.get("trend"))
         # seeds come from the question's blocks and search seeds
         for combo in _combos(stage) or []:
             local = {**env, **combo}
@@ -437,6 +441,24 @@ def _check_rules(study: Study) -> None:
             written[out] = stage.name
     _check_decisions(study)
     _check_selection(study)
+
+
+def _check_family(path, name: str, cells, trend) -> None:
+    """A family stage's cells (cell -> result file) and trend (at least two of its cells -> a positive
+    level, read on log2), which run reads only after every training."""
+    if not isinstance(cells, dict) or not cells:
+        raise _fail(path, f"stage {name}: cells must be a mapping: cell -> the result file it reads")
+    if trend is None:
+        return
+
+    def level(value) -> bool:
+        try:
+            return not isinstance(value, bool) and math.isfinite(float(value)) and float(value) > 0
+        except (TypeError, ValueError):
+            return False
+    if not isinstance(trend, dict) or len(trend) < 2 or any(c not in cells or not level(v) for c, v in trend.items()):
+        raise _fail(path, f"stage {name}: trend must map at least two of its cells to a positive level (cell: "
+                          f"level), not {trend!r}")
 
 
 def _stage_values(study: Study, stage: Stage, env: dict) -> dict:
