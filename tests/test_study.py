@@ -315,6 +315,17 @@ def test_when_results_were_made_is_the_time_their_files_record_not_a_clone_s_fil
     assert "run and report refuse it: amendment 1" in "\n".join(status(load_study(path)))
 
 
+def test_a_plain_training_s_result_records_when_it_was_made(tmp_path):
+    """A baseline stage's result.json recorded no time, so a clone's file times dated its results."""
+    from evo_attention.studies.study import made_time
+
+    assert main(["baseline", *TINY, "--quiet", "--out", str(tmp_path / "b")]) == 0
+    result = tmp_path / "b" / "result.json"
+    made = json.loads(result.read_text())["created_at"]
+    os.utime(result, (time.time() + 7200, time.time() + 7200))  # a copy made later
+    assert made_time([tmp_path / "b"]) == datetime.fromisoformat(made).isoformat(timespec="seconds")
+
+
 def test_a_rate_selected_at_an_edge_of_its_grid_stops_what_reads_it(tmp_path):
     plan = _study({"Q1": {"blocks": [1], "stages": [
         {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],

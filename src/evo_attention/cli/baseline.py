@@ -9,6 +9,8 @@ block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
                                       note, number, out_arg)
 from evo_attention.cli.validate import add_grid_flags
@@ -53,7 +55,8 @@ def cmd_baseline(args) -> int:
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
         result = run_training(Trial.from_config(gene, config, eval_split=args.eval_split, data=data), data, progress=bar)
     record, trainer = result.record, result.trainer
-    write_json(out / "result.json", {**record.to_dict(), "config": config.to_dict(),
+    made = {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # a study dates its results by it
+    write_json(out / "result.json", {**record.to_dict(), **made, "config": config.to_dict(),
                                      "data_description": data.describe(), **({"grid": grid} if grid else {})})
     if data.vocab is not None:
         (out / "vocab.json").write_text(data.vocab.to_json())

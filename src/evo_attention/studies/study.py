@@ -724,8 +724,8 @@ class Runs:
 def made_time(paths: list[Path]) -> str | None:
     """When the earliest file at ``paths`` (files, or folders searched through) was made, by the time it
     records, since a clone or a copy resets modification times: a result's ``created_at``, a store's
-    first stored training (``times.json``), a training's ``created_at`` (``evaluations.csv``). Only a
-    file that records none (a generated plan, rate or suite, a plain training's result.json, a store, a
+    first stored training (``times.json``), a training's ``created_at`` (``evaluations.csv``, a plain
+    training's ``result.json``). Only a file that records none (a generated plan, rate or suite, a store, a
     figure) counts by its modification time: when it was made where it was made, later in a copy."""
     times = []
     for f in (f for p in paths for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else [])):
