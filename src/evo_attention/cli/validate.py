@@ -353,8 +353,8 @@ def log_grid(result) -> None:
     with a learning-rate grid, each gene's selected rate, and a warning per edge winner."""
     from evo_attention.report.studies.common import partial_note
 
-    if partial_note(result):
-        log(partial_note(result))
+    if partial := partial_note(result):
+        log(partial)
     grid = result.get("grid")
     if not grid:
         return

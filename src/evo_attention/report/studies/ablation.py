@@ -360,7 +360,7 @@ def ablation_markdown(result: Mapping) -> str:
         f"interval; the exact sign-flip test decides below {stats.EXACT_BELOW} seeds, the paired t-test from "
         f"{stats.EXACT_BELOW}; "
         "p-values are Holm-corrected within each column." + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
-        *([partial_note(result), ""] if partial_note(result) else []),
+        *([partial, ""] if (partial := partial_note(result)) else []),
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         table_markdown(*ablation_table(result), code_column=2), "",
         "## Contributions", "",

@@ -63,7 +63,7 @@ def compare_markdown(payload: dict) -> str:
                   f"perplexities, exact sign-flip below {stats.EXACT_BELOW} seeds, else t; its 95% t interval), "
                   f"with the verdict (Holm over {family} comparisons; equivalence "
                   f"within ±{100 * (s.get('margin') or stats.DEFAULT_MARGIN):g}%; see docs/validation.md)."]
-    lines += ["", partial_note(payload)] if partial_note(payload) else []
+    lines += ["", partial] if (partial := partial_note(payload)) else []
     lines += ["", f"Validation loss across the {summary['n_ok']} configurations that trained: "
               f"{number(summary['val_loss_mean'], '.4f')} ± {number(summary['val_loss_sd'], '.4f')} (mean ± sd)."
               + ("" if summary.get("total_time_s") is None else f" Total time {summary['total_time_s']:.0f} s."),

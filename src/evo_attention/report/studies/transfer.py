@@ -199,7 +199,7 @@ def transfer_markdown(result: Mapping) -> str:
         "# Transfer across scale", "",
         result.get("headline", ""), "",
         transfer_note(result) + (f" {GRID_SENTENCE} The grid is tuned at every size." if result.get("grid") else ""),
-        "", *([partial_note(result), ""] if partial_note(result) else []),
+        "", *([partial, ""] if (partial := partial_note(result)) else []),
         table_markdown(*transfer_sizes_table(result)), "",
         "Learning-rate schedule at each size:", "",
         *[f"- {md_cell(line)}" for line in transfer_schedule_lines(result)], "",

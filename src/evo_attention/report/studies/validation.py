@@ -134,7 +134,7 @@ def validation_markdown(result: Mapping) -> str:
         f"({seed_note(result)}), "
         f"{result.get('steps')} steps each, and measured on the {result.get('eval_split')} split. "
         f"{comparison_note(result)}" + (f" {GRID_SENTENCE}" if result.get("grid") else ""), "",
-        *([partial_note(result), ""] if partial_note(result) else []),
+        *([partial, ""] if (partial := partial_note(result)) else []),
         f"Learning-rate schedule: {study_schedule(result)}.", "",
         *([f"Seeds planned from a pilot: {result['seed_plan']['plan']}.", ""]
           if (result.get("seed_plan") or {}).get("plan") else []),
