@@ -338,6 +338,15 @@ def _prefix(p: str) -> str:
     return re.split(r"[*?\[{]", p, maxsplit=1)[0]
 
 
+def _reads(path: str, output: str) -> bool:
+    """Whether an input ``path`` (``_inputs``: a file or glob, a ``#part`` after it) reads what a stage writes at
+    ``output`` (an ``_outputs`` entry's ``_prefix``, no trailing /): that output, a file in it, or a glob's
+    fixed part leading to it."""
+    file = path.split("#")[0]
+    pre = _prefix(file)
+    return bool(pre) and (pre == output or pre.startswith(output + "/") or (file != pre and output.startswith(pre)))
+
+
 def _check_rules(study: Study) -> None:
     path, env = study.path, {**study.settings}
     owners: dict[tuple[str, int], str] = {}  # (blocks or search_seeds, value) -> question
@@ -425,9 +434,7 @@ def _check_rules(study: Study) -> None:
         owned = [_prefix(p).rstrip("/") for s in earlier.values() for p in _outputs(study, s, env)]
         for combo in _combos(stage) or []:
             for p in _inputs(stage, combo, env):
-                pre = _prefix(p.split("#")[0])
-                if not pre or not any(pre == o or pre.startswith(o + "/") or (p != pre and o.startswith(pre))
-                                      for o in owned):
+                if not any(_reads(p, o) for o in owned):
                     raise _rule(path, "a stage reads only earlier stages' results",
                                 f"stage {stage.name} reads {p}, which no earlier stage writes")
         for out in _outputs(study, stage, env):
@@ -534,9 +541,7 @@ def _check_selection(study: Study) -> None:
     for stage in study.stages:
         inputs = [p for c in _combos(stage) or [] for p in _inputs(stage, c, env)]
         reads = {t for _, t in _refs(stage)} if stage.trains else set()
-        reads |= {s.name for s in study.stages[:stage.index] for p in inputs for o in outs[s.name]
-                  if (pre := _prefix(p.split("#")[0])) and (pre == o or pre.startswith(o + "/")
-                                                            or pre != p.split("#")[0] and o.startswith(pre))}
+        reads |= {s.name for s in study.stages[:stage.index] for p in inputs for o in outs[s.name] if _reads(p, o)}
         mine = {k: v for r in reads for k, v in picked.get(r, {}).items()}
         if stage.kind == "rediscovery":
             mine.update({k: f"stage {stage.name}, by stage {r}'s validation" for r in reads for k in measured[r]})
