@@ -9,13 +9,12 @@ block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
                                       note, number, out_arg)
 from evo_attention.cli.validate import add_grid_flags
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
+from evo_attention.util.format import utc_now
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.progress import log, training_bar
 
@@ -55,8 +54,8 @@ def cmd_baseline(args) -> int:
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
         result = run_training(Trial.from_config(gene, config, eval_split=args.eval_split, data=data), data, progress=bar)
     record, trainer = result.record, result.trainer
-    made = {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # a study dates its results by it
-    write_json(out / "result.json", {**record.to_dict(), **made, "config": config.to_dict(),
+    write_json(out / "result.json", {**record.to_dict(), "created_at": utc_now(),  # a study dates its results by it
+                                     "config": config.to_dict(),
                                      "data_description": data.describe(), **({"grid": grid} if grid else {})})
     if data.vocab is not None:
         (out / "vocab.json").write_text(data.vocab.to_json())

@@ -28,7 +28,6 @@ import json
 import tempfile
 import warnings
 from contextlib import ExitStack, suppress
-from datetime import datetime, timezone
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
@@ -49,7 +48,7 @@ from evo_attention.train.environment import choose_precision, resolve_device, ve
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord
 from evo_attention.util.errors import UserError, check_argument
 from evo_attention.util.files import check_directory_path
-from evo_attention.util.format import finite_or_none
+from evo_attention.util.format import finite_or_none, utc_now
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.plugins import load_plugins, stands_in
 from evo_attention.util.progress import SearchView
@@ -79,10 +78,6 @@ def _points(config: Config) -> int:
 KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
 SEEDED = "seed_vanilla"  # meta: the gene seed_vanilla seeded (Config.vanilla_gene), read back on resume
 TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class Search:
@@ -276,7 +271,7 @@ class Search:
                 tracker.finish(state)
         self.store.set_meta("done", True)
         self.store.set_meta("status", "done")
-        self.store.set_meta("finished_at", _now())
+        self.store.set_meta("finished_at", utc_now())
         return self.best
 
     def _check_threads(self) -> None:

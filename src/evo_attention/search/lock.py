@@ -27,11 +27,11 @@ import os
 import socket
 import time
 from contextlib import ExitStack, suppress
-from datetime import datetime, timezone
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_directory_path
+from evo_attention.util.format import utc_now
 
 LOCK_NAME = "run.lock"
 RETRY_S = 1.0  # a reader probing the lock holds it for microseconds: retry that long before refusing
@@ -85,7 +85,7 @@ class RunLock:
             undo.callback(os.close, fd)
             _lock(fd, self.path, self.run_dir)  # a holder of an earlier version locks the file only
             undo.pop_all()
-        self._info = {**_this_process(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        self._info = {**_this_process(), "started_at": utc_now()}
         self._write(fd)
         self._dir_fd, self._fd = dir_fd, fd
         return self

@@ -30,13 +30,12 @@ import shlex
 import sqlite3
 import threading
 from contextlib import contextmanager, suppress
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.util.errors import UserError
-from evo_attention.util.format import finite_or_none as _finite_or_none
+from evo_attention.util.format import finite_or_none as _finite_or_none, utc_now
 from evo_attention.util.jsonio import store_dumps as dumps
 from evo_attention.util.jsonio import store_loads as loads
 
@@ -98,7 +97,7 @@ CREATE TABLE IF NOT EXISTS activity (
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return utc_now("milliseconds")
 
 
 def _gene_key(gene: Any) -> str:

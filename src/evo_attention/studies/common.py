@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
@@ -47,6 +46,7 @@ from evo_attention.train.spec import Trial
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir, write_text
+from evo_attention.util.format import utc_now
 from evo_attention.util.jsonio import to_jsonable, write_json
 from evo_attention.util.progress import SearchView
 
@@ -426,7 +426,7 @@ class StudySetup:
                 "block": self.seed_block, "first": self.base_seed + 1, "last": self.base_seed + SEED_BLOCK_SIZE,
                 "rule": "each unit (search) draws its seeds from a block of its own: no seed serves two units"}}),
             "source_run": self.source_run,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": utc_now(),
             "config": self.config.to_dict(), "data": None if self.data is None else self.data.describe(),
             "versions": {**versions(), "numpy": numpy.__version__, "scipy": scipy.__version__,
                          "matplotlib": matplotlib.__version__},

@@ -24,7 +24,6 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +33,7 @@ from evo_attention.studies.study import (CONDITION, NEGATIVE, POSITIVE, TRAINING
                                          check_registered, done_glob, flatten, genes_of, read_json, read_registration,
                                          run_dir, stage_commands, stage_file, substitute, word_rules, write_result)
 from evo_attention.util.errors import UserError
+from evo_attention.util.format import utc_now
 
 SKIP_DIRS = {"model", "models", "checkpoints", "export"}  # saved weights and exports stay in out
 
@@ -297,7 +297,7 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
 
 def _made() -> dict:
     """The time a computed result records of its making (``study.made_time`` reads it: a copy's file times are not)."""
-    return {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {"created_at": utc_now()}
 
 
 def _reader(study: Study, stage: Stage):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timezone
 from typing import Any, Sequence
+
+
+def utc_now(timespec: str = "seconds") -> str:
+    """Now in UTC as ISO text, as records keep times (``created_at``, ``finished_at``)."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def finite_or_none(value: Any) -> float | None:
