@@ -3,21 +3,15 @@
 A search ranks its genes by one training each, all with the run's seed, and keeps the best: the
 winner's score is biased downwards (the winner's curse), and one seed says nothing about the
 spread between seeds. ``validate_genes`` trains every chosen gene and the baseline again with N
-*other* seeds (``common.validation_seeds``) at the same budget, through the runner (a stored
-evaluation is never trained twice; each is stored as soon as it finishes), and compares each gene
-to the baseline with the helpers of ``util.stats``: mean, sd and t interval per gene; the
-difference to the baseline with its Welch interval, Welch's p-value, Holm's correction across the
-genes, Cohen's d, and the verdict.
+*other* seeds (``common.validation_seeds``) at the same budget through a ``common.StudySetup``, and
+compares each gene to the baseline with the helpers of ``util.stats``: mean, sd and t interval per
+gene; the difference to the baseline with its Welch interval, Welch's p-value, Holm's correction
+across the genes, Cohen's d, and the verdict. ``write_validation`` writes the ``ValidationResult``
+(``validation_statistics``' numbers, then the provenance) as ``validation.json``, ``.md`` and ``.png``
+(``validation_test.*`` for the test split).
 
-``validate_genes`` resolves a ``common.StudySetup`` and trains through it, ``validation_statistics``
-computes the numbers from the records, and the ``ValidationResult`` (those numbers, then the
-setup's provenance; a mapping of what is written) is what ``write_validation`` writes as
-``validation.json``, ``validation.md`` and ``validation.png`` (``validation_test.*`` for the test
-split).
-
-With a learning-rate grid (``StudySetup.lr_grid``) each gene and the baseline are trained at their
-own best rate of the grid, selected on tuning seeds of their own (``studies.lr_grid``); the result
-then carries the ``grid`` block, and ``validation_lr_grid.png`` draws its curves.
+With a learning-rate grid (``studies.lr_grid``) the result carries the ``grid`` block, drawn as
+``validation_lr_grid.png``.
 """
 
 from __future__ import annotations
@@ -31,11 +25,9 @@ from typing import ClassVar, Mapping, Sequence
 from evo_attention.genes import AttentionGene
 from evo_attention.report.studies.common import metric_info
 from evo_attention.report.studies.validation import validation_best_row, validation_headline, validation_markdown
-from evo_attention.search.executors import Executor
 from evo_attention.studies import lr_grid as grids
-from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
-                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, StudySetup, VerdictResult, gene_keys,
-                                          samples, write_json_and_markdown)
+from evo_attention.studies.common import (ANALYSIS, PILOT_SEEDS, StudySetup, VerdictResult, gene_keys, samples,
+                                          write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -54,28 +46,17 @@ class ValidationResult(VerdictResult):
         return validation_best_row(self)
 
 
-def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seeds: int = DEFAULT_SEEDS,
-                   steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
-                   confidence: float = 0.95, store=None, executor: Executor | None = None,
-                   search_seed: int | None = None, search_values: Mapping[str, float] | None = None,
-                   source_run: str | os.PathLike | None = None, quiet: bool = True, margin: float = DEFAULT_MARGIN,
-                   power: float = DEFAULT_POWER, mde: float | None = None,
-                   max_seeds: int = DEFAULT_MAX_SEEDS, lr_grid=None,
-                   n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
-                   seed_block: int | None = None) -> ValidationResult:
+def validate_genes(genes: Sequence[AttentionGene | str], config, data, *,
+                   search_values: Mapping[str, float] | None = None, **settings) -> ValidationResult:
     """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
-    (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each at its own best
-    rate of the grid, see ``studies.lr_grid``; ``match_params``: each gene against the baseline of
-    its parameter count, ``matched_statistics``).
+    (``settings``: the keyword arguments of ``StudySetup.resolve`` but ``role``; ``lr_grid``: each at
+    its own best rate of the grid, see ``studies.lr_grid``; ``match_params``: each gene against the
+    baseline of its parameter count, ``matched_statistics``).
 
     ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
     """
-    setup = StudySetup.resolve(config, data, role="validate", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
-                               metric=metric, confidence=confidence, store=store, executor=executor,
-                               search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
-                               power=power, mde=mde, max_seeds=max_seeds, lr_grid=lr_grid,
-                               n_tuning_seeds=n_tuning_seeds, match_params=match_params, seed_block=seed_block)
-    return run_validation(setup, genes, search_values=search_values)
+    return run_validation(StudySetup.resolve(config, data, role="validate", **settings), genes,
+                          search_values=search_values)
 
 
 def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
