@@ -16,21 +16,19 @@ without it (``report.studies.ablation.field_changes``; the one sign convention: 
 helpful field shows as a negative change, "lower is better" said with it). Interactions show as
 single contributions that do not add up to the whole gene's change.
 
-Recipe or mechanism. A gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``; a search
-over the recipe axes finds such genes) differs from the baseline in two ways at once. Its ablation
-then also trains the two crossed cells of the 2x2 (``recipe_cells``): *mechanism alone*, the
-gene's mechanism at the baseline's recipe (``genes.mechanism_of``), and *recipe alone*, the
-baseline with the gene's recipe (``genes.with_recipe``). With the gene (both) and the baseline
-(neither), every cell on the same seeds, ``stats.two_factor_shares`` splits the gene's advantage
-into the recipe's share and the mechanism's (each the mean of its gain without and with the other,
-so the two add up to the whole advantage), with the interaction test; the result carries it as
-``recipe_vs_mechanism``.
+Recipe or mechanism. A gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``) differs
+from the baseline in two ways at once. Its ablation then also trains the two crossed cells of the
+2x2 (``recipe_cells``): *mechanism alone* (the gene's mechanism at the baseline's recipe,
+``genes.mechanism_of``) and *recipe alone* (the baseline with the gene's recipe,
+``genes.with_recipe``). With the gene (both) and the baseline (neither), every cell on the same
+seeds, ``stats.two_factor_shares`` splits the gene's advantage into the recipe's share and the
+mechanism's (each the mean of its gain without and with the other, so the two add up to the whole
+advantage), with the interaction test: the result's ``recipe_vs_mechanism``.
 
-``ablate`` resolves a ``common.StudySetup`` and returns an ``AblationResult`` (the statistics,
-then the setup's provenance; a mapping of what is written); ``write_ablation`` writes it as
-``ablation.{json,md,png}``. With a learning-rate grid (``StudySetup.lr_grid``) every variant is
-trained at its own best rate of the grid (``studies.lr_grid``): the contributions then compare
-each variant at its best, and the result carries the ``grid`` block (``ablation_lr_grid.png``).
+``write_ablation`` writes the ``AblationResult`` as ``ablation.{json,md,png}``. With a learning-rate
+grid (``studies.lr_grid``) every variant is trained at its own best rate of the grid, so the
+contributions compare each variant at its best; the result carries the ``grid`` block
+(``ablation_lr_grid.png``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """What the seed-based studies share: one setup, one result shape, per-gene samples, and writing a
 result as JSON + markdown.
 
-``StudySetup`` is what validate, ablate, transfer and compare repeat, resolved once
-(``StudySetup.resolve``): the config and data, the seeds, the steps, the split, the metric with its
-confidence level, and where the trainings run and are kept (executor, run store). Its ``train``
-runs every (gene, seed) pair as a ``Trial`` through the ``Runner`` (a pair stored already is read
-back, never trained again; each new record is stored the moment it finishes), and its
-``provenance`` is the settings block every result carries.
-
-``StudyResult`` is what a study returns: typed fields, and the read-only mapping of its
-``to_dict()``, which is exactly what the study writes to its JSON file (and what the report reads
-back), so ``result.genes`` and ``result["genes"]`` are the same rows.
+``StudySetup`` is what validate, ablate, transfer and compare repeat, resolved once (``resolve``):
+the config and data, the seeds, the steps, the split, the metric with its confidence level, and
+where the trainings run and are kept (executor, run store). Its ``train`` runs every (gene, seed)
+pair as a ``Trial`` through the ``Runner`` (a stored pair is read back, never trained again; each
+new record is stored the moment it finishes); its ``provenance`` is the settings block every result
+carries. ``StudyResult`` is what a study returns: typed fields, and the read-only mapping of exactly
+what the study writes to its JSON file, so ``result.genes`` and ``result["genes"]`` are the same rows.
 
 The seeds of a study are ``seed + 1 ... seed + N``, never the search seed on which a search picked
-its winners (a winner's score on that seed is biased low: the winner's curse). With a learning-rate
-grid (``lr_grid``), every gene is also trained at every rate of the grid on the *tuning seeds*
-``seed + 1001 ... seed + 1000 + T`` (``tuning_seeds``), a block of their own that no verdict seed
-reaches; the study then measures each gene at its selected rate on its usual seeds
-(``studies.lr_grid``).
+its winners (a winner's score on that seed is biased low: the winner's curse). A learning-rate grid
+(``lr_grid``, ``studies.lr_grid``) selects each gene's rate on the *tuning seeds* ``seed + 1001 ...
+seed + 1000 + T`` (``tuning_seeds``), a block of their own that no verdict seed reaches.
 """
 
 from __future__ import annotations
@@ -557,11 +552,10 @@ def trained_as(records) -> dict[str, int]:
 
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
     """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost", "eval_tokens",
-    "eval_complete"}`` (``scored``) of
-    one gene (values None where failed; ``errors``: one line per failed training, with its seed; ``devices``,
-    ``precisions``: where and in which precision each seed trained, as its record says); ``cost``: each of
-    ``COSTS``, the median over the finished trainings (timings are the machine's where they trained,
-    so the median damps one slow neighbour)."""
+    "eval_complete"}`` (``scored``) of one gene (values None where failed; ``errors``: one line per failed
+    training, with its seed; ``devices``, ``precisions``: where and in which precision each seed trained, as its
+    record says); ``cost``: each of ``COSTS``, the median over the finished trainings (timings are the machine's
+    where they trained, so the median damps one slow neighbour)."""
     rows = [records[key, s] for s in seeds]
     values = [usable_metric(r, metric) for r in rows]
     errors = [f"seed {s}: {r.get('error') or r.get('status')}" for s, r, v in zip(seeds, rows, values) if v is None]

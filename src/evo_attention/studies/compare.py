@@ -10,16 +10,19 @@ of ``d_model`` so that a variant means the same thing at every size:
     result = run_compare(config, entries, seeds=2, out_dir="runs/compare")
 
 ``run_compare`` trains every configuration with the seeds ``seed + 1 ... seed + N``
-(``common.StudySetup``, as the other seed-based studies) through the runner, an executor
-(``search.executors.executor_for``; parallel executors work too) and a run store (role
-``compare``): a search run's store, or one of its own in ``out_dir``, so a training stored already
-is never run again. It records failures (oom, diverged, error) as rows with their status and goes
-on, and writes its ``CompareResult`` as ``compare_results.json``, ``compare.md`` and
-``compare.png`` into ``out_dir``.
+(``common.StudySetup``) through the runner, an executor (``search.executors.executor_for``;
+parallel executors work too) and a run store (role ``compare``): a search run's store, or one of
+its own in ``out_dir``, so a training stored already is never run again. It records failures
+(oom, diverged, error) as rows with their status and goes on, and writes its ``CompareResult`` as
+``compare_results.json``, ``compare.md`` and ``compare.png`` into ``out_dir``.
 
 With a learning-rate grid (``lr_grid``) every configuration, the baseline included, is trained at
 its own best rate of the grid, selected by validation loss on tuning seeds of their own
 (``studies.lr_grid``); the result then carries the ``grid`` block (``compare_lr_grid.png``).
+
+With ``match_params`` the vanilla baseline is also trained at each configuration's parameter count
+(its feed-forward widened or narrowed, ``nn.matching``; a row ``baseline (FFN W)`` per width), and
+each configuration's paired verdict is against its matched baseline (``versus`` names it).
 
 With a suite (``suite``, or the config's ``suite``) every configuration and the baseline train on
 every point of the suite instead (``studies.suite``): the result is a ``SuiteResult`` (gene x point
@@ -236,19 +239,9 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
                 store: RunStore | None = None, quiet: bool = False, lr_grid=None,
                 n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, suite=None, match_params: bool = False):
     """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
-    summarise; writes the outputs into ``out_dir`` (unless None). ``lr_grid``: each configuration
-    at its own best rate of the grid (``studies.lr_grid``), tuned on ``n_tuning_seeds`` seeds.
-
-    ``executor`` and ``store`` (role ``compare``): as ``common.study_resources`` takes them; a
-    stored training is never run again, so a repeat with the same settings trains nothing.
-
-    ``suite`` (a suite's name, YAML path or ``Suite``; default the config's ``suite``): every
-    configuration and the baseline on every point of it; returns a ``studies.suite.SuiteResult``.
-
-    ``match_params``: the vanilla baseline is also trained at each configuration's parameter count
-    (its feed-forward widened or narrowed, ``nn.matching``; a row ``baseline (FFN W)`` per width),
-    and each configuration's paired verdict is against its matched baseline (``versus`` names it).
-    """
+    summarise into ``out_dir`` (unless None); see the module docstring. ``executor`` and ``store``:
+    as ``common.study_resources`` takes them. ``suite`` (a suite's name, YAML path or ``Suite``;
+    default the config's ``suite``) returns a ``studies.suite.SuiteResult``."""
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
     if config.baseline_gene is not None:  # the configuration named baseline is the one the setting names

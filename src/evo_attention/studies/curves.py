@@ -4,59 +4,52 @@
     config = Config(data="mqar:seq_len=128,vocab=128", d_model=64, train_steps=600)
     result = run_curve(config, "baseline,linear", "pairs", [4, 8, 16, 32], seeds=3, out_dir="runs/curve")
 
-For every value of the knob, the data is the config's data name with the knob set inline
-(``mqar:pairs=4,seq_len=128,vocab=128``); every gene (compare's named configurations or gene strings,
-``compare.resolve_configs``) is trained on it with the seeds ``seed + 1 ... seed + N``, each training
-one ``Trial`` through the runner and a run store (role ``curve``; the store in ``out_dir``), so a
-repeat trains nothing and an interrupted curve resumes where it stopped. The trainings of every value
-go to the executor in one call, so no worker waits for a value's last training before the next.
-The genes are resolved once, at the config's size: a gene is the same mechanism at every value.
+Every value of the knob is the config's data name with the knob set inline
+(``mqar:pairs=4,seq_len=128,vocab=128``). Every gene (compare's named configurations or gene strings,
+``compare.resolve_configs``, resolved once at the config's size: the same mechanism at every value)
+trains on it with the seeds ``seed + 1 ... seed + N``, each training one ``Trial`` through the runner
+and a run store (role ``curve``, in ``out_dir``): a repeat trains nothing, an interrupted curve
+resumes. Every value's trainings go to the executor in one call.
 
-Every check runs before anything trains: the data must be a generated task (any registered one,
-``data.synthetic.TASKS``); the knob one of its knobs, not also given inline in the data name or in
-the task options; each value allowed for the knob and, with the other knobs, a task that can be
-built (the task's own checks, ``resolve_knobs``); at least two distinct values.
+Before anything trains: the data must be a generated task (``data.synthetic.TASKS``); the knob one
+of its knobs, given neither inline in the data name nor in the task options; each value allowed
+for the knob and, with the other knobs, a task that can be built (``resolve_knobs``); at least two
+distinct values.
 
 Per gene and value the result holds the per-seed accuracy and validation loss, their mean and sd,
-the t interval of the mean accuracy over the seeds (``stats.describe``), the seeds that finished or
-failed, and the chance accuracy of the data (``describe()``). A gene *breaks* at the first value, in
-the order given, where its mean accuracy falls below ``break_at`` (``first_break``); give the values
-from easy to hard. The result is written as ``curve.json``, ``curve.md`` (genes as rows, values as
-columns, mean ± the interval's half-width) and ``curve.png`` (accuracy against the knob, one line
-per gene with its interval as a band, chance drawn; a log2 axis when the values are powers of two).
+the t interval of the mean accuracy (``stats.describe``), the seeds that finished or failed, and
+the data's chance accuracy. A gene *breaks* at the first value, in the order given (easy to hard),
+where its mean accuracy falls below ``break_at`` (``first_break``). Written as ``curve.json``,
+``curve.md`` (mean ± the interval's half-width per gene and value) and ``curve.png`` (accuracy
+against the knob, a band per gene, chance drawn; a log2 axis for powers of two).
 
-Outcomes on recall tasks are bimodal: a seed solves a point or stays at the plateau, so a mean of
-a few such values is the wrong model. With ``solve_threshold`` A a seed *solves* a point when its
-accuracy is at least A (A must lie above the no-recall level 1/pairs of every point whose task has
-pairs); each gene at each point gets its solve count among the seeds that finished, with the exact
-(Clopper-Pearson) interval of the rate (``stats.solve_rate``); every other gene is compared with
-the reference gene (the one named ``baseline``, else the first) at the same point by Fisher's (or
-Barnard's) exact test, Holm over every gene and point of the curve (``stats.solve_rates_versus``);
-and a gene's *solve break* is the first value where its solve rate falls below one half, with its
-interval: from the first value whose rate's interval reaches below one half (it may break there)
-to the first whose interval lies wholly below it (it has broken by there; None: not among the
-values) (``solve_break``).
+Recall outcomes are bimodal (a seed solves a point or stays at the plateau), so with
+``solve_threshold`` A a seed *solves* a point when its accuracy is at least A (A above the
+no-recall level 1/pairs of every point with pairs). Each gene at each point gets its solve count
+among its finished seeds with the exact (Clopper-Pearson) interval (``stats.solve_rate``); every
+other gene meets the reference gene (the one named ``baseline``, else the first) at the same point
+by Fisher's (or Barnard's) exact test, Holm over every gene and point (``stats.solve_rates_versus``);
+a gene's *solve break* is the first value where its solve rate falls below one half, with its range:
+from the first value whose interval reaches below one half to the first whose interval lies wholly
+below it (None: not among the values) (``solve_break``).
 
-With ``match_params`` the reference gene is also trained, at every point, widened (or narrowed) in
-its feed-forward to each other gene's parameter count at that point (``nn.matching``, within 0.5%):
-a row per distinct set of widths, named ``REFERENCE (FFN W)``, with ``matched_to`` (the genes it
-serves), its widths (``ffn``) and ``params`` per point and each served gene's ``candidate_params``; a gene of the reference's size is matched by the
-reference itself. The solve-rate verdicts are then against each gene's matched reference
-(``solve_versus`` names it in ``versus``, Holm over those comparisons), and ``solve_versus_plain``
-keeps the comparison with the plain reference (its own Holm family).
+With ``match_params`` the reference gene is also trained, at every point, at each other gene's
+parameter count (its feed-forward widened or narrowed, ``nn.matching``, within 0.5%): a row per
+distinct set of widths, named ``REFERENCE (FFN W)``, with ``matched_to`` (the genes it serves),
+``ffn`` and ``params`` per point and each served gene's ``candidate_params``; a gene of the
+reference's size is matched by the reference itself. The solve-rate verdicts are then against each
+gene's matched reference (``solve_versus`` names it in ``versus``, Holm over those comparisons);
+``solve_versus_plain`` keeps the comparison with the plain reference (a Holm family of its own).
 
-With ``lr_grid`` each gene is trained, at each point, at its own best rate of the grid, as
-Zoology reports the best rate per mixer and point and the other studies do (``studies.lr_grid``):
-every gene at every rate on the tuning seeds (``seed + 1001 ...``, never a curve seed), measured
-on the validation split by accuracy; its rate at that point is the best mean accuracy among the
-rates at which every tuning seed finished (ties to the smaller rate); the curve's seeds then train
-at that rate. The tuning trainings of every point run in one runner call, then the curve's. The
-result keeps each point's ``grid`` block (``grids``) and each gene row its rate per point (``lr``).
-Not with ``match_params`` (``StudySetup.resolve`` says so).
+With ``lr_grid`` each gene trains, at each point, at its own best rate of the grid (``studies.lr_grid``,
+as Zoology reports the best rate per mixer and point), selected by mean accuracy on the tuning seeds
+(``seed + 1001 ...``, never a curve seed) on the validation split; every point's tuning trainings
+run in one runner call, then the curve's. The result keeps each point's ``grid`` block (``grids``)
+and each gene row its rate per point (``lr``). Not with ``match_params`` (``StudySetup.resolve``).
 
-On a generated task the named configurations (``baseline``, ``linear``, ...) train without
-attention dropout (their gene's ``0.00``; dropout only slows a recall task's escape from its
-plateau); a gene string is used as written, so ``...|bias|0.10`` asks for dropout.
+On a generated task the named configurations train without attention dropout (dropout only slows a
+recall task's escape from its plateau); a gene string is used as written (``...|bias|0.10`` asks for
+dropout).
 """
 
 from __future__ import annotations
@@ -391,17 +384,13 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
               match_params: bool = False, plan: Mapping | None = None,
               lr_grid: str | Sequence[float] | None = None, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> CurveResult:
     """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
-    + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None).
+    + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None:
+    then nothing is cached); ``solve_threshold``, ``solve_test`` (fisher or barnard), ``match_params``
+    and ``lr_grid`` (tuned on ``n_tuning_seeds`` seeds): see the module docstring.
 
     ``genes``: names and gene strings (a comma-separated text or a list, as compare takes them), or
-    ``(name, gene)`` pairs. The trainings are kept in the run store in ``out_dir`` (opened, or
-    created with ``config``), so a repeat trains nothing; ``out_dir`` None: nothing cached.
-    ``executor``: a name for ``executor_for`` or an Executor (left open). ``solve_threshold``: solve
-    counts, solve-rate verdicts by ``solve_test`` (fisher or barnard) and solve breaks (module text).
-    ``match_params``: the reference gene also at each other gene's parameter count (module text).
+    ``(name, gene)`` pairs. ``executor``: a name for ``executor_for`` or an Executor (left open).
     ``plan``: the registered plan the curve runs (``studies.plan.StudyPlan.record``), kept in the result.
-    ``lr_grid``: each gene at its best rate of these at each point, tuned on ``n_tuning_seeds`` seeds
-    (module text).
     """
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)

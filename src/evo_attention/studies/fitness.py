@@ -6,30 +6,28 @@
     write_fitness_check(result, "runs/fitness")  # fitness_check.json and fitness_check.md
 
 A **fitness** is what a search ranks its candidates by: one task or language-model configuration
-(its metric: accuracy on a generated task, else the validation loss, i.e. log perplexity), or a
-suite of task points (the mean accuracy over the points, ``train.suite``). The check trains the
-vanilla gene (``Config.resolved_baseline``) and each **known improvement** on N seeds, all at one
-rate, the vanilla gene's tuned one, as a search trains its candidates:
+(accuracy on a generated task, else the validation loss, i.e. log perplexity), or a suite of task
+points (the mean accuracy over the points, ``train.suite``). The check trains the vanilla gene
+(``Config.resolved_baseline``) and each **known improvement** on N seeds, all at one rate, the
+vanilla gene's tuned one, as a search trains its candidates:
 
 1. **The rate.** Given (``lr``), or tuned: the vanilla gene at every rate of ``lr_grid`` on tuning
-   seeds of their own (``studies.common.tuning_seeds``), selected by ``studies.lr_grid.select`` on
-   the fitness (fewest failures, best mean, ties to the smaller rate); a rate at an end of the
-   grid is flagged ``at_edge``.
+   seeds of their own (``studies.common.tuning_seeds``), selected by ``studies.lr_grid.select``
+   (fewest failures, best mean, ties to the smaller rate); a rate at an end of the grid is
+   flagged ``at_edge``.
 2. **The points**, the vanilla gene at that rate: per point the mean and sd over the seeds, the
-   chance and no-recall levels of the task, the share of seeds at or above ``CEILING`` (saturated),
-   the share of the seed-to-seed variance the point carries (its variance over the sum of the
-   points' variances), and a status: ``saturated`` (mean >= CEILING), ``no lookup`` (mean within
-   0.02 of the larger of chance and the no-recall level, or below it), ``near ceiling`` (mean >
-   HEADROOM), else ``headroom``.
+   task's chance and no-recall levels, the share of seeds at or above ``CEILING`` (saturated), the
+   point's share of the summed seed-to-seed variance, and a status: ``saturated`` (mean >=
+   CEILING), ``no lookup`` (mean at most 0.02 above the larger of chance and the no-recall level),
+   ``near ceiling`` (mean > HEADROOM), else ``headroom``.
 3. **The improvements.** An improvement is a gene expected to beat another (``Improvement``;
-   defaults by fitness kind: ``known_improvements``). Its effect is the mean difference in the
-   right direction in units of the pooled per-seed sd; the probability that ONE evaluation of each
-   ranks it the right way round is read from a normal model of the per-seed values, both paired by
-   seed (a search trains its candidates on one seed) and unpaired; the check reports the lower of
-   the two (``p_one``) and the same for k evaluations averaged (``p_by_evaluations``), beside the
-   empirical share of seeds on which the pair was ranked right. **Approximation**: the
-   probabilities assume normal seed-to-seed variation; with 10 seeds they are estimates, not bounds.
-   An improvement is *seen* when ``p_one >= SEE`` (0.9).
+   defaults per fitness kind: ``known_improvements``). Its effect is the mean difference in the
+   right direction in units of the pooled per-seed sd. The probability that ONE evaluation of each
+   ranks it right is read from a normal model of the per-seed values, paired by seed (a search
+   trains its candidates on one seed) and unpaired; the check reports the lower of the two
+   (``p_one``), the same for k evaluations averaged (``p_by_evaluations``), and the share of seeds
+   on which the pair was ranked right. **Approximation**: normal seed-to-seed variation is assumed;
+   with 10 seeds these are estimates, not bounds. An improvement is *seen* when ``p_one >= SEE``.
 
 Every training is a Trial through the runner and the setup's store (role ``fitness-check``): a
 repeat trains nothing, an interrupted check resumes. ``fitness_id`` names a fitness apart from its

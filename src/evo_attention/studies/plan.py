@@ -1,33 +1,14 @@
 """A registered family: a study plan, written before the study runs, that fixes what it will test.
 
-A plan file (YAML) names the comparisons (the genes compared with the baseline: Holm's family),
-the equivalence margin, alpha, the test and the seeds::
-
-    name: gated-vs-vanilla
-    comparisons:
-      - dot|softmax|output_gate|fixed|bias|0.10
-      - dot|sparsemax|none|fixed|bias|0.10
-    margin: 0.01          # relative on perplexity and bits, in units on loss and accuracy
-    alpha: 0.05
-    test: rule            # the verdict rule of util.stats (the exact sign-flip test below 12 seeds, else t)
-    seeds: 5              # optional: seed_block: K (studies.common.seed_block_base)
-    amendments:           # changes of the family after results exist, each with its time
-      - time: 2025-06-01T12:00:00+00:00
-        reason: the second comparison was a typo of the intended gene
-        comparisons: [dot|softmax|output_gate|fixed|bias|0.10, dot|entmax15|none|fixed|bias|0.10]
-
-A curve's plan (``load_plan(path, study="curve")``) names the genes (compare's names or gene
-strings; the reference is the one named ``baseline``, else the first), the knob and its values,
-the seeds, the solve threshold, alpha and the solve-rate test::
-
-    name: recall-by-pairs
-    genes: [baseline, linear, "dot|softmax|none|fixed|bias|0.10|win=8"]
-    knob: pairs=4,8,16,32
-    seeds: 8
-    solve_threshold: 0.9
-    alpha: 0.05
-    test: fisher          # or barnard
-    amendments: [...]     # as above
+A validation's plan file (YAML; docs/validation.md has examples) names the comparisons (the genes
+compared with the baseline: Holm's family), the equivalence ``margin`` (relative on perplexity and
+bits, in units on loss and accuracy), ``alpha``, the ``test`` (``rule``: the verdict rule of
+util.stats) and the ``seeds`` (optionally a ``seed_block``, ``studies.common.seed_block_base``). A
+curve's plan (``load_plan(path, study="curve")``) names the ``genes`` (compare's names or gene
+strings; the reference is the one named ``baseline``, else the first), the ``knob`` and its values,
+the ``seeds``, the ``solve_threshold``, ``alpha`` and the solve-rate ``test`` (fisher or barnard).
+Either may list ``amendments``: changes of the family after results exist, each with its ``time``
+and ``reason`` and the fields it changes.
 
 ``validate --plan FILE`` (``curve --plan FILE``) runs it (``load_plan``, then ``check_registration`` before anything
 trains) and records the plan in the result (``plan``: the family, its fingerprint, the number of

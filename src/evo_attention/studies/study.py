@@ -2,25 +2,15 @@
 budgets, margins, families and decision words; registered before any result, run stage by stage,
 amended only before the results an amendment changes, and reported from its result files alone.
 
-The plan (docs/studies.md has the whole schema and an example)::
-
-    study: NAME
-    root: ../..            # paths below are relative to it (default: the plan's folder); commands run there
-    out: runs/NAME         # run stores and every file a command writes (one folder per stage)
-    results: docs/NAME     # the small result files (JSON, evaluations.csv), copied from out: what report reads
-    vars: {...}            # {name} in stages: fixed values (flag lists spliced in), part of the registration
-    settings: {...}        # {name} too, but where and how it runs (data folders, workers): `run --set`
-    gpu_flags: [--device, cuda]   # added to a `device: gpu` stage's trainings where a CUDA device is present
-    questions:
-      Q1:
-        blocks: [1]        # seed blocks (validate --seed-block K); no two questions share one
-        search_seeds: []   # search seeds (search --seed S); no two questions share one
-        stages: [...]      # in order: kind command | tune | plan | versus | family | strategies |
-                           # rediscovery | suite, each in its own folder or file
-        tables: [{file: ..., table: verdicts, title: ...}]   # what report shows
-        sources: {name: file}                                # the verdicts the decision reads
-        words: {over: SOURCE, TABLE: [{say: ..., if: [NAME is WORD]}]}   # per entity, first rule that holds
-        answers: {answer: [{say: ..., if: [all|some|no TABLE is WORD]}, {say: ...}]}
+The plan (docs/studies.md has the whole schema and an example) names the study, its ``root`` (the
+folder paths are relative to and commands run in), ``out`` (run stores and every file a command
+writes, a folder per stage), ``results`` (the small result files copied from out: what report
+reads), ``vars`` and ``settings`` (``{name}`` in stages; vars are part of the registration, settings
+say where and how it runs: ``run --set``), ``gpu_flags`` (added to a ``device: gpu`` stage's
+trainings where CUDA is present) and its ``questions``: each with its seed ``blocks`` and
+``search_seeds`` (no two questions share one), its ``stages`` in order (``KINDS``, each in its own
+folder or file), the ``tables`` report shows, the ``sources`` the decision reads, and the rules of
+its ``words`` (per entity) and ``answers`` (the first rule that holds).
 
 The registration (``PLAN.registration.json`` beside the plan, committed with it) records the plan's
 hash, a fingerprint of every stage and question, the tool's version and the repository's commit;

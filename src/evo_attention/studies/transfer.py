@@ -1,45 +1,41 @@
 """Transfer across scale: does a gene's advantage at the search size survive in larger models?
 
-A search ranks genes in small models. ``transfer_genes`` retrains the chosen genes and the baseline
-(``Config.resolved_baseline``) at a ladder of sizes (``d_model x n_layers`` each) with fresh seeds
-(never the search seed: ``common.validation_seeds``), through the runner and the run store like
-``validate`` (a stored evaluation is never trained twice), and reports per size:
+``transfer_genes`` retrains the chosen genes and the baseline (``Config.resolved_baseline``) at a
+ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search seed:
+``common.validation_seeds``), through the runner and the run store like ``validate``, and reports
+per size:
 
-- the mean and t interval of each gene and of the baseline, and each gene's difference to the
-  baseline with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
-- the *relative change* of each gene: the gene minus the baseline as a fraction of the baseline
-  (the paired relative change on a ratio metric's log scale, else ``Δ / baseline mean``) with its
-  interval, signed like every change (for perplexity a better gene's is negative). A relative
-  measure, because the metric itself moves with size (a larger model has a lower perplexity, so
-  the same relative gain is a smaller Δ);
-- Kendall's tau (``scipy.stats.kendalltau``) between the ranking of the genes and the baseline by
+- each gene's and the baseline's mean and t interval, and each gene's difference to the baseline
+  with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
+- each gene's *relative change*: the gene minus the baseline as a fraction of the baseline (the
+  paired relative change on a ratio metric's log scale, else ``Δ / baseline mean``) with its
+  interval, signed like every change (a better gene's is negative for perplexity): relative,
+  because the metric itself moves with size;
+- Kendall's tau (``scipy.stats.kendalltau``) between the rankings of the genes and the baseline by
   their means at the reference size and at this size;
-- a verdict in words against the reference size (``util.stats.transfer_verdict``: holds, shrinks,
-  vanishes or reverses, from the intervals of the relative change at both sizes).
+- a verdict against the reference size (``util.stats.transfer_verdict``: holds, shrinks, vanishes
+  or reverses, from the intervals of the relative change at both sizes).
 
-The ladder. The reference is the search size, the configured ``d_model x n_layers`` (a run's
-own with ``--from-run``); when the given sizes do not include it, it is added as the first rung,
-so every other size has a reference to be compared with. The search size is retrained exactly as
-configured (its heads and feed-forward width); every other size gets ``d_model / 32`` heads (``heads``
-overrides this at every size, the search size included) and the block's default feed-forward width.
+The ladder. The reference is the search size, the configured ``d_model x n_layers`` (a run's own
+with ``--from-run``), added as the first rung when the sizes lack it. It is retrained exactly as
+configured (its heads and feed-forward width); every other size gets ``d_model / 32`` heads
+(``heads`` overrides this at every size) and the block's default feed-forward width.
 
-The budget per rung: ``steps``, one number for every rung or one per given size (in the order of
-``sizes``; an added search size then keeps the configured ``train_steps``, the search's budget);
-or ``tokens_per_param`` R: ``round(R * P / (batch_size * seq_len))`` steps, P the baseline
-model's parameters at that size (the tied embedding counted once); else the configured
-``train_steps`` everywhere.
+The budget per rung: ``steps``, one number for every rung or one per given size (an added search
+size then keeps the configured ``train_steps``); or ``tokens_per_param`` R: ``round(R * P /
+(batch_size * seq_len))`` steps, P the baseline model's parameters at that size (the tied embedding
+counted once); else the configured ``train_steps`` everywhere.
 
-With a learning-rate grid (``StudySetup.lr_grid``) the grid is tuned at every size (the best rate
-moves with the size): each gene and the baseline are compared at their own best rate of the grid
-at that size (``studies.lr_grid``), and the result carries the ``grid`` block with one entry per
-size (``transfer_lr_grid.png``: a panel per size).
+With a learning-rate grid the grid is tuned at every size (the best rate moves with the size) and
+each gene and the baseline are compared at their own best rate there (``studies.lr_grid``); the
+``grid`` block has one entry per size (``transfer_lr_grid.png``: a panel per size).
 
 With ``StudySetup.match_params`` every gene at every size is also judged against the vanilla
-baseline widened in its feed-forward to the gene's parameter count at that size
+baseline widened in its feed-forward to the gene's parameter count there
 (``validate.matched_statistics``): the size row keeps the plain baseline and adds the matched ones
 (``matched_baselines``); each gene's verdict, relative change and interaction test are against its
-matched baseline (``versus`` names it; ``versus_plain`` keeps the plain comparison), and Holm's
-family is that of the matched comparisons over the whole ladder.
+matched baseline (``versus`` names it; ``versus_plain`` keeps the plain comparison), Holm's family
+that of the matched comparisons over the whole ladder.
 """
 
 from __future__ import annotations
