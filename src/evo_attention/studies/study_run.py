@@ -65,15 +65,6 @@ def _subprocess(argv: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", "evo_attention.cli", *argv]).returncode
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:  # pragma: no cover
-        return False
-
-
 def _resolver(study: Study, runs: Runs, combo: dict, reads: list | None = None):
     """``{kind:stage}`` references; each other run's store read through ``{out:stage}`` is added to
     ``reads`` as (stage, its combo)."""
@@ -128,7 +119,9 @@ def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = Fa
 
 
 def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
-    gpu = _cuda()
+    import torch
+
+    gpu = torch.cuda.is_available()
     for combo in runs.combos(stage):
         if runs.done(stage, combo):
             continue
