@@ -115,17 +115,15 @@ def attention_maps(model, ids: Sequence[int], out_dir: str | os.PathLike, *, tok
     maps = compute_maps(model, ids)
     layers = []
     for layer, (weights, gene) in enumerate(zip(maps, model.genes)):
-        if weights is None:
-            layers.append({"layer": layer, "gene": gene.key, "str": str(gene), "figure": None, "heads": [],
-                           "mean": None})
-            continue
-        metrics = head_metrics(weights)
-        figure = f"attention_layer{layer}.png"
-        titles = [f"head {m['head']}: {100 * m['sparsity']:.0f}% zeros, H {m['entropy']:.2f}, "
-                  f"dist {m['mean_distance']:.1f}" for m in metrics]
-        plot_head_grid(weights.numpy(), out / figure, tokens=tokens, head_titles=titles,
-                       title=f"Layer {layer}: {gene} ({len(tokens)} tokens; rows: queries, columns: keys)")
-        mean = {k: sum(m[k] for m in metrics) / len(metrics) for k in ("sparsity", "entropy", "mean_distance")}
+        figure, metrics, mean = None, [], None
+        if weights is not None:
+            metrics = head_metrics(weights)
+            figure = f"attention_layer{layer}.png"
+            titles = [f"head {m['head']}: {100 * m['sparsity']:.0f}% zeros, H {m['entropy']:.2f}, "
+                      f"dist {m['mean_distance']:.1f}" for m in metrics]
+            plot_head_grid(weights.numpy(), out / figure, tokens=tokens, head_titles=titles,
+                           title=f"Layer {layer}: {gene} ({len(tokens)} tokens; rows: queries, columns: keys)")
+            mean = {k: sum(m[k] for m in metrics) / len(metrics) for k in ("sparsity", "entropy", "mean_distance")}
         layers.append({"layer": layer, "gene": gene.key, "str": str(gene), "figure": figure, "heads": metrics,
                        "mean": mean})
     result = to_jsonable({

@@ -51,8 +51,7 @@ def versus(first: dict, second: dict, reference: str, margin: float) -> dict:
     """Each gene of ``first`` against ``reference``, a gene of ``second``, paired by seed: the tool's
     rule (``stats.versus_reference``: the exact sign-flip test below 12 pairs, TOST at the margin,
     Holm over the genes of the first file), on the raw scale for accuracy, on the log scale otherwise."""
-    if first["baseline"]["seeds"] != second["baseline"]["seeds"] or \
-            first["baseline"]["values"] != second["baseline"]["values"]:
+    if any(first["baseline"][k] != second["baseline"][k] for k in ("seeds", "values")):
         raise UserError("the two files do not share their baseline trainings (seeds and values differ): they are "
                         "not paired")
     ref = _find_gene(second["genes"], reference)

@@ -205,10 +205,8 @@ def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[
         compared[key]["versus_plain"] = {k: plain[key].get(k) for k in
                                          ("scale", "relative", "relative_ci_low", "relative_ci_high", "difference",
                                           "diff_ci_low", "diff_ci_high", "p_value", "p_holm", "verdict", "verdict_label")}
-    base_sample = {k: numbers["baseline"][k] for k in ("seeds", "values", "statuses", "devices", "precisions",
-                                                       "n_failed", "errors", "cost", "eval_tokens", "eval_complete")}
-    result = comparison_result("validation", setup, base_sample, per_gene, compared, search_values,
-                               matched=list(rows.values()))
+    result = comparison_result("validation", setup, samples(records, setup.baseline, seeds, setup.metric), per_gene,
+                               compared, search_values, matched=list(rows.values()))
     result["plain_baseline"] = {"d_ff": setup.config.ffn_dim,
                                 "params": next(iter(matches.values()))["plain_params"] if matches else None}
     return result
