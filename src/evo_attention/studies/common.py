@@ -22,7 +22,7 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -391,16 +391,12 @@ class StudySetup:
         its dataset, e.g. the points of a suite; their trials may differ in anything else, e.g. the
         points of a learning-rate grid): from the store when there, else trained and stored at
         once, in one call of the runner."""
-        executor = self.executor if self.executor is not None else executor_for(self.config)
+        context = executor_for(self.config) if self.executor is None else nullcontext(self.executor)
         known = {**({self.config.task: self.data} if self.data is not None else {}), **(datasets or {})}
-        try:
-            with SearchView(len(tasks), enabled=not self.quiet) as view:
-                runner = Runner(executor, store=self.store, data=known, view=view,
-                                activity=f"{self.role}:", on_finished=on_finished)
-                return runner.evaluate(list(tasks))
-        finally:
-            if self.executor is None:
-                executor.close()
+        with context as executor, SearchView(len(tasks), enabled=not self.quiet) as view:
+            runner = Runner(executor, store=self.store, data=known, view=view, activity=f"{self.role}:",
+                            on_finished=on_finished)
+            return runner.evaluate(list(tasks))
 
     # -- provenance -----------------------------------------------------------------------------
     def provenance(self, steps: int | Sequence[int] | None = None) -> dict:

@@ -344,8 +344,7 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
 
 def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], lr, lr_grid, n_tuning_seeds: int,
            ks: Sequence[int], base_seed: int, command: str | None) -> FitnessCheckResult:
-    first = fitness.first
-    vanilla = first.resolved_baseline().key
+    vanilla = fitness.first.resolved_baseline().key
     labels = {vanilla: "vanilla"}
     for i in chosen:
         labels.setdefault(i.better, i.name)
