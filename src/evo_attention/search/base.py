@@ -16,11 +16,9 @@ non-finite perplexity) and becomes ``inf`` in every place. ``rank_members`` then
 front, then crowding distance (``search.pareto``), then perplexity; ``best`` is always the member
 with the lowest perplexity (the feasible one, in a run with caps: see below).
 
-Constraints: ``tell`` may also say how far each gene breaks the run's caps (``violations``: gene
--> the excess over each cap, ``search.constraints``). A gene with a positive total violation is
-*infeasible*: ``rank_members`` puts every feasible member first (ranked as above) and the
-infeasible ones after them by total violation (Deb's constrained domination), and ``best`` is the
-feasible member with the lowest perplexity (if there is one).
+Constraints: ``tell`` may also give each gene's excess over the run's caps (``violations``,
+``search.constraints``). A gene with a positive total violation is *infeasible*: ``rank_members``
+ranks it after every feasible member, by total violation (Deb's constrained domination).
 
 Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
 proposals depend only on the seed and on the fitness values it was told. A run is resumed by
@@ -112,12 +110,10 @@ class Individual:
 
     @property
     def feasible(self) -> bool:
-        """True unless the gene breaks one of the run's caps."""
         return not self.violation > 0
 
     @property
     def values(self) -> tuple:
-        """The objective vector (``(perplexity,)`` for a single objective)."""
         return self.objectives or (self.perplexity,)
 
     @property
@@ -376,7 +372,7 @@ class Strategy(ABC):
         asked = self.ask()
         told = self._match(asked, results)
         for gene, value in (violations or {}).items():
-            key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else AttentionGene.parse(gene).key
+            key = AttentionGene.parse(gene).key
             self._excess[key] = dict(value) if isinstance(value, Mapping) else {"total": float(value)}
         for gene, _ in told:
             self._first_generation.setdefault(gene.key, self.generation)
@@ -438,12 +434,12 @@ class Strategy(ABC):
         """The members a history entry lists (default: the population)."""
         return self.population
 
-    def _member(self, gene: AttentionGene, fitness: float | tuple, is_elite: bool = False) -> Individual:
+    def _member(self, gene: AttentionGene, fitness: float | tuple) -> Individual:
         """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives),
         with its told violation of the run's caps."""
         objectives = fitness if isinstance(fitness, tuple) else ()
         generation = self._first_generation.get(gene.key, self.generation)
-        return Individual(gene, fitness[0] if objectives else fitness, generation, is_elite, objectives=objectives,
+        return Individual(gene, fitness[0] if objectives else fitness, generation, objectives=objectives,
                           violation=total_violation(self._excess.get(gene.key)))
 
     def excess_of(self, gene: AttentionGene | str) -> dict:
@@ -471,23 +467,6 @@ class Strategy(ABC):
                 fitness = fitness[0]
             return fitness_value(fitness)
         return objective_vector(fitness, self.n_objectives)
-
-    def _children(self, parents, breed, dedupe: bool, tries: int) -> list[AttentionGene]:
-        """A generation's children, each ``breed(first, second)`` of a new ``parents()`` pair; with
-        ``dedupe``, a child that repeats one of the batch or one asked before is bred again from the
-        same parents (``tries`` breedings in all, then it is kept)."""
-        children: list[AttentionGene] = []
-        keys: set[str] = set()
-        for _ in range(self.batch_size(self.generation)):
-            first, second = parents()
-            child = breed(first, second)
-            bred = 1
-            while dedupe and bred < tries and (child.key in keys or child.key in self._asked_keys):
-                child = breed(first, second)
-                bred += 1
-            children.append(child)
-            keys.add(child.key)
-        return children
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
         """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws;
@@ -535,7 +514,7 @@ class Strategy(ABC):
                 gene, fitness = item
             except (TypeError, ValueError):
                 raise ValueError(f"tell() expects (gene, fitness) pairs, got {item!r}") from None
-            key = gene.key if isinstance(gene, (AttentionGene, LayerGenes)) else AttentionGene.parse(gene).key
+            key = AttentionGene.parse(gene).key
             told[key].append(self._told_value(fitness))
         wanted = Counter(g.key for g in asked)
         unexpected = sorted(set(told) - set(wanted))
@@ -572,3 +551,20 @@ class Breeding(Strategy):
         then mutated at ``rate`` (default ``mutation_rate``)."""
         child = first.crossover(second, self.rng, self.space) if self.rng.random() < self.crossover_rate else first
         return child.mutate(self.mutation_rate if rate is None else rate, self.rng, self.space)
+
+    def _children(self, parents, breed) -> list[AttentionGene]:
+        """A generation's children, each ``breed(first, second)`` of a new ``parents()`` pair; with
+        ``dedupe``, a child that repeats one of the batch or one asked before is bred again from the
+        same parents (``DEDUPE_TRIES`` breedings in all, then it is kept)."""
+        children: list[AttentionGene] = []
+        keys: set[str] = set()
+        for _ in range(self.batch_size(self.generation)):
+            first, second = parents()
+            child = breed(first, second)
+            bred = 1
+            while self.dedupe and bred < self.DEDUPE_TRIES and (child.key in keys or child.key in self._asked_keys):
+                child = breed(first, second)
+                bred += 1
+            children.append(child)
+            keys.add(child.key)
+        return children

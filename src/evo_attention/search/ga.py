@@ -68,7 +68,7 @@ class GeneticAlgorithm(Breeding):
         rate = self.mutation_rate_at(self.generation)
         pool = [m.gene for m in self.population[: max(2 * self.elite_size, 2)]]  # the parents are drawn from these
         return self._children(lambda: (self.rng.choice(pool), self.rng.choice(pool)),
-                              lambda first, second: self._breed(first, second, rate), self.dedupe, self.DEDUPE_TRIES)
+                              lambda first, second: self._breed(first, second, rate))
 
     def _update(self, told):
         # the elites carried over (none before generation 0 was told)

@@ -40,8 +40,7 @@ class NSGA2(Breeding):
     def _propose(self) -> list[AttentionGene]:
         if self.generation == 0:
             return self._initial_genes()
-        return self._children(lambda: (self._tournament(), self._tournament()), self._breed, self.dedupe,
-                              self.DEDUPE_TRIES)
+        return self._children(lambda: (self._tournament(), self._tournament()), self._breed)
 
     def _tournament(self) -> AttentionGene:
         """The better (earlier in the ranked population) of two members drawn uniformly."""

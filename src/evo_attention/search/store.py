@@ -29,7 +29,7 @@ import resource
 import shlex
 import sqlite3
 import threading
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -280,11 +280,8 @@ class RunStore:
     def _holds_run(path: Path) -> bool:
         """Whether the database file at ``path`` holds a run (any table; an unreadable file counts as one)."""
         try:
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S)
-            try:
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=TIMEOUT_S)) as conn:
                 return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
-            finally:
-                conn.close()
         except sqlite3.DatabaseError:
             return True  # unreadable: treat it as a run, never delete it without overwrite
 
@@ -309,12 +306,9 @@ class RunStore:
         WAL on again). Returns the copy's path."""
         path = self.db_path(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        target = sqlite3.connect(path)
-        try:
+        with closing(sqlite3.connect(path)) as target:
             self._run(lambda conn: conn.backup(target))
             target.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            target.close()
         return path
 
     @staticmethod
@@ -508,21 +502,16 @@ class RunStore:
         key = (body["gene"], int(record["seed"]), int(record["steps"]),
                str(record["data_fingerprint"]), str(record["context"]))
         params = record.get("params")
-        row = key + (
-            role, None if generation is None else int(generation), str(record["status"]),
-            *(_finite_or_none(record.get(m)) for m in METRICS[:4]),
-            None if _finite_or_none(params) is None else int(params),
-            _finite_or_none(record.get("time_s")),
-            dumps(body), _now(),
-        )
+        row = key + (role, None if generation is None else int(generation), str(record["status"]),
+                     *(_finite_or_none(record.get(m)) for m in METRICS[:4]),
+                     None if _finite_or_none(params) is None else int(params),
+                     _finite_or_none(record.get("time_s")), dumps(body), _now())
         with self._transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO evaluations (gene, seed, steps, data, context, role, generation, status, "
                 "val_perplexity, val_loss, accuracy, train_loss, params, time_s, record, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (gene, seed, steps, data, context) DO NOTHING",
-                row,
-            )
+                "ON CONFLICT (gene, seed, steps, data, context) DO NOTHING", row)
             if cursor.rowcount == 1:
                 return cursor.lastrowid
             return conn.execute(f"SELECT id FROM evaluations WHERE {_KEY_MATCH}", key).fetchone()[0]
@@ -555,10 +544,8 @@ class RunStore:
                 for position, (gene, ppl, elite) in enumerate(members)]
         with self._transaction() as conn:
             conn.execute("DELETE FROM generations WHERE generation = ?", (int(generation),))
-            conn.executemany(
-                "INSERT INTO generations (generation, position, gene, perplexity, is_elite) VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
+            conn.executemany("INSERT INTO generations (generation, position, gene, perplexity, is_elite) "
+                             "VALUES (?, ?, ?, ?, ?)", rows)
 
     def generations(self) -> list[dict]:
         """``[{"generation", "members": [{"gene", "perplexity", "is_elite"}]}]`` in order; a
@@ -579,9 +566,7 @@ class RunStore:
             conn.execute(
                 "INSERT INTO activity (worker, gene, step, total, loss, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (worker) DO UPDATE SET gene = excluded.gene, step = excluded.step, "
-                "total = excluded.total, loss = excluded.loss, updated_at = excluded.updated_at",
-                row,
-            )
+                "total = excluded.total, loss = excluded.loss, updated_at = excluded.updated_at", row)
 
     def clear_activity(self, worker: str | None = None) -> None:
         """Forget ``worker`` 's activity (every worker's when None, e.g. when a run restarts)."""
