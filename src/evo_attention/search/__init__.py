@@ -48,12 +48,9 @@ def register_strategy(name: str):
     return decorator
 
 
-register_strategy("ga")(GeneticAlgorithm)
-register_strategy("random")(RandomSearch)
-register_strategy("neighbours")(NeighbourSearch)
-register_strategy("nsga2")(NSGA2)
-register_strategy("climb")(HillClimb)
-register_strategy("tpe")(TPE)  # needs Optuna (the [tpe] extra), imported only when a TPE is built
+# TPE needs Optuna (the [tpe] extra), imported only when a TPE is built
+for _builtin in (GeneticAlgorithm, RandomSearch, NeighbourSearch, NSGA2, HillClimb, TPE):
+    register_strategy(_builtin.name)(_builtin)
 
 
 def strategy_class(name: str) -> type[Strategy]:

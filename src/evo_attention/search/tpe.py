@@ -55,11 +55,9 @@ def import_optuna(setting: str = "strategy"):
     try:
         import optuna
     except ImportError:
-        if setting != "strategy":
-            raise UserError(f"{setting} needs Optuna, which is not installed: {INSTALL_HINT}",
-                            setting=setting) from None
-        raise UserError(f"strategy tpe needs Optuna, which is not installed: {INSTALL_HINT}, or choose another "
-                        "strategy", setting="strategy") from None
+        what, instead = ("strategy tpe", ", or choose another strategy") if setting == "strategy" else (setting, "")
+        raise UserError(f"{what} needs Optuna, which is not installed: {INSTALL_HINT}{instead}",
+                        setting=setting) from None
     return optuna
 
 

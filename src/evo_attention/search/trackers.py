@@ -78,8 +78,7 @@ def gene_params(key: str) -> dict:
     for i, gene in enumerate(layers):
         prefix = f"L{i}." if len(layers) > 1 else ""
         values = {name: getattr(gene, name, None) for name in ALL_FIELDS}
-        out.update({prefix + name: str(v) for name, v in values.items()
-                    if not (name in RECIPE_FIELDS and v is None)})
+        out.update({prefix + name: str(v) for name, v in values.items() if not (name in RECIPE_FIELDS and v is None)})
     return out
 
 

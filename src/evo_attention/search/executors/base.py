@@ -20,10 +20,10 @@ Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the t
 comparisons, so the yielded task equals the submitted one.
 
 Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
-can train as one batched model (``train.trainer.shape_difference``: the same model, task, steps, split and
-batch recipe; seeds, learning rates and the genes' attentions may differ, so a whole generation folds) are planned into groups of at most K
-(``plan_batches``), and each group of two or more trains through ``run_batched``; every other task
-trains alone, as it would without batching. A batch gives each trial its own record under its own
+can train as one batched model (``train.trainer.shape_difference``: the same model, task, steps,
+split and batch recipe; seeds, learning rates and the genes' attentions may differ, so a whole
+generation folds) are planned into groups of at most K (``plan_batches``), and each group of two or
+more trains through ``run_batched``; every other task trains alone, as it would without batching. A batch gives each trial its own record under its own
 key, its own progress callbacks, and the result of the trial trained alone (bitwise for the genes
 whose parts fold exactly, within ``trainer.SAME_RESULT_RTOL`` for the others); a record says
 ``batched: K``. Tasks that need what a batch cannot give train alone: a checkpoint to continue from
@@ -198,11 +198,10 @@ def plan_batches(tasks: Sequence[EvalTask], batch_models: str | int, *, workers:
             continue
         gathering = next((g for g in gatherings if _same_batch(g[0], task)), None)
         if gathering is None:
-            gathering = [task]
+            gathering = []
             gatherings.append(gathering)
             plan.append(gathering)
-        else:
-            gathering.append(task)
+        gathering.append(task)
     groups: list[list[EvalTask]] = []
     for entry in plan:
         k = 1
