@@ -469,10 +469,9 @@ class Strategy(ABC):
         return objective_vector(fitness, self.n_objectives)
 
     def _initial_genes(self, exclude: set[str] = frozenset()) -> list[AttentionGene]:
-        """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws;
-        with option ``seed_vanilla`` the vanilla transformer (refused at construction when it is outside the
-        space, as ``start_from vanilla`` is) replaces the last of them (unless it is
-        among them anyway)."""
+        """``population_size`` distinct genes: the ``warm_start`` genes first, then random draws; with option
+        ``seed_vanilla`` the vanilla transformer (refused at construction when it is outside the space, as
+        ``start_from vanilla`` is) replaces the last of them (unless it is among them anyway)."""
         genes = [g for g in self._warm if g.key not in exclude]
         taken = set(exclude) | {g.key for g in genes}
         starts = [g for g in genes if isinstance(g, AttentionGene)] if self._neighbours else []

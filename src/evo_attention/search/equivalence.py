@@ -12,11 +12,10 @@ counts those answers.
 
 The probe is longer than the program's reach into the past (``reach``: the positions its chains of
 shifts and convolutions look back, each of the probe's first 8 positions kept beyond it), so no
-program fingerprints as the zero function by shifting its input out of the probe (``shift`` eight
-times on 8 positions did in 0.5). Rounding makes the fingerprint blind to float noise; two different
-functions that agree on the probe to ``DIGITS`` digits would be merged (none is known; a test
-enumerates small programs and compares every merged pair on long random inputs). The probe runs in
-evaluation mode (no dropout), so attention dropout, which is a gene field outside the program,
+program fingerprints as the zero function by shifting its input out of the probe. Rounding makes the
+fingerprint blind to float noise; two different functions that agree on the probe to ``DIGITS``
+digits would be merged (none is known; a test compares every merged pair of small programs). The
+probe runs in evaluation mode (no dropout), so attention dropout, a gene field outside the program,
 stays in the key.
 """
 

@@ -53,10 +53,9 @@ class Evaluation:
     baseline)`` (evaluate through ``runner`` from now on; the baseline gene's individual or None),
     ``fitness(keys, generation)`` (what to tell the strategy by key; keys unique, in asked order),
     ``violations(told)`` (each key's excess over the caps; None: no caps), ``shown(key)`` (the key an
-    asked gene trains as), ``individual(member)`` (a
-    population member as shown), ``finished(task, record)`` (every task the runner answers); ``config``,
-    ``suite``, ``data``, ``schedule`` (or None); ``generation_lines`` (trackers get perplexity lines);
-    ``per_request`` (trainings per fitness request)."""
+    asked gene trains as), ``individual(member)`` (a population member as shown), ``finished(task,
+    record)`` (every task the runner answers); ``config``, ``suite``, ``data``, ``schedule`` (or None);
+    ``generation_lines`` (trackers get perplexity lines); ``per_request`` (trainings per fitness request)."""
 
     suite = data = schedule = None
     generation_lines = True

@@ -9,13 +9,11 @@ rung is the full budget. ``--hurdle Q`` stops, at the first rung, every individu
 worse than the Q-quantile of the generation's first-rung losses (with ``--fidelity full`` the
 schedule is then just the first rung and the full budget).
 
-Audit. The rank correlations a halving run can report from its own data rest on the individuals
-that were promoted, a selected sample: the best of each rung, whose early losses are close
-together, so the correlation says little about how well the early rungs rank everyone.
+Audit. A halving run's own rank correlations rest on the promoted individuals, a selected sample.
 ``--halving-audit N`` trains N of each generation's new individuals, drawn at random (seeded by
-the run's seed and the generation), to the full budget whatever their early losses. Their records
-carry ``audit: true``, and the summary reports the correlations over them as well: an unselected
-sample, at the price of N extra full trainings per generation. They are told the strategy like any
+the run's seed and the generation), to the full budget whatever their early losses: their records
+carry ``audit: true``, the summary reports the correlations over them as well (an unselected
+sample, at N extra full trainings per generation), and they are told the strategy like any
 individual that reached the full budget.
 
 Exactness. A rung is the first ``steps`` steps of the full training (the learning-rate schedule
@@ -31,16 +29,15 @@ distinct cache key), ``budget`` (the full budget), ``resumed_from`` (the step it
 ``RUN_DIR/rung_states/``). A resumed run replays the halving: every rung evaluation is a
 cache hit, promotions are recomputed from the stored losses, and an individual that still has to
 continue does so from its checkpoint (or, if the file is gone or fails its check, is retrained from
-scratch to the next rung, which gives the same result; see ``executors.base.load_state``). Checkpoints superseded by a higher rung are deleted at
-the end of a generation; those of stopped individuals stay (a later generation may promote them).
+scratch to the next rung, which gives the same result; see ``executors.base.load_state``).
+Checkpoints superseded by a higher rung are deleted at the end of a generation; those of stopped
+individuals stay (a later generation may promote them).
 
 What the strategy is told (``told_fitness``). An individual that reached the full budget is told
 its perplexity. One stopped at a lower rung is told its perplexity *at that rung* (a pessimistic
 estimate: more training lowers it), shifted up if necessary by the smallest amount that ranks every
 individual stopped at that rung below every individual of the generation that trained longer. The
-shift is the same for the whole rung, so the order within it is kept and the GA can still prefer
-the better of two stopped individuals as a parent; in the usual case (low-fidelity perplexities
-are higher anyway) it is zero. Failures are told None as always. The report ranks only full-budget
+shift is the same for the whole rung, so the order within it is kept; usually it is zero. Failures are told None as always. The report ranks only full-budget
 evaluations, so the best gene of a run is always one trained on the full budget.
 """
 

@@ -1,8 +1,7 @@
 """Racing (``elite_seeds`` K > 1): a gene that would enter the elite is measured again first.
 
-A search trains each candidate once, on the run's seed. One seed flatters some genes: a climb
-that accepts a lucky child stands on it for the rest of the run. With racing, after a
-generation's candidates are trained, the best of them that would take one of the strategy's
+A search trains each candidate once, on the run's seed, which flatters some genes. With racing,
+after a generation's candidates are trained, the best of them that would take one of the strategy's
 ``elite_places`` (``Strategy.elite_places``: GA and random search their elite, the climb its
 incumbent) are trained on K - 1 more seeds, and the strategy is told their **lower bound**: the
 mean over the K seeds plus its standard error (the told values are minimised: perplexity, or minus

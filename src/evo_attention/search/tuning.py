@@ -1,13 +1,11 @@
 """A learning rate per candidate (``rate_grid``): every gene at its own best rate of a grid.
 
 At one shared rate a gene that learns best at another rate than the baseline's is handicapped
-(study 3: a factor-2 error cost the vanilla gene 0.18-0.27 suite accuracy, and 6 of 16 gene-cells
-chose another rate than it). With a grid, each gene the strategy asks for is first trained at every
-rate of the grid on the **tuning seed** (``seed + TUNING_FROM``, the first tuning seed of the run
-seed's block, which no verdict, fresh check or racing seed reaches), its rate chosen by
-``select_rate``; then it is trained at that rate on the run's seed, and that value is what the
-strategy is told. So the rate is chosen on one seed and the gene measured on another: the told
-value is not selected on its own noise. The baseline gene is tuned the same way (same grid, same
+(study 3). With a grid, each gene the strategy asks for is first trained at every rate of the grid
+on the **tuning seed** (``seed + TUNING_FROM``, the first tuning seed of the run seed's block, which
+no verdict, fresh check or racing seed reaches), its rate chosen by ``select_rate``; then it is
+trained at that rate on the run's seed, and that value is what the strategy is told: the rate is
+chosen on one seed and the gene measured on another. The baseline gene is tuned the same way (same grid, same
 seed). Cost: one training per rate per gene, on top of its search training.
 
 The rate chosen becomes the gene's ``lr=`` part: the search training, the ranking, the report and a
