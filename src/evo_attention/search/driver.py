@@ -287,9 +287,8 @@ class Search:
             started = max(sorted(set(seen)), key=seen.count) if seen else threads
             if started is not None:
                 self.store.set_meta("training_threads", int(started))
-        if threads is None or started is None or int(started) == threads:
-            return
-        if resolve_device(self.config.device).type != "cpu":
+        if (threads is None or started is None or int(started) == threads
+                or resolve_device(self.config.device).type != "cpu"):
             return
         before = self.store.get_meta("executor") or {}
         how = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in before.items() if v is not None)
@@ -362,11 +361,8 @@ class Search:
 
     def save_checkpoint(self) -> Path:
         """Snapshot the population and history after the last finished generation into
-        ``checkpoints/generation_NNN.json``.
-
-        The run store already holds every evaluation (resume needs nothing else); this JSON is a
-        readable view of one generation, loadable with ``load_checkpoint``.
-        """
+        ``checkpoints/generation_NNN.json``: a readable view, loadable with ``load_checkpoint`` (resume
+        needs nothing but the run store)."""
         generation = self.strategy.generation - 1
         directory = self.out_dir / "checkpoints"
         directory.mkdir(parents=True, exist_ok=True)

@@ -165,7 +165,6 @@ def _lock(fd: int, path: Path, run_dir: Path, directory: bool = False) -> bool:
 
 
 def _this_process() -> dict:
-    """How a lock file names its holder: pid and host."""
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
@@ -204,8 +203,7 @@ def holder(run_dir: str | os.PathLike) -> dict | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return (_read_info(path) or _kernel_holder(run_dir)
-                        or {"pid": None, "host": None, "started_at": None})
+                return _read_info(path) or _kernel_holder(run_dir) or {"pid": None, "host": None, "started_at": None}
             except OSError:
                 continue
             fcntl.flock(fd, fcntl.LOCK_UN)

@@ -363,7 +363,6 @@ class RunStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: committed at the end, rolled back on an exception."""
         if self.readonly:
             raise RuntimeError(f"run store {self.path} was opened read-only")
         with self._lock:

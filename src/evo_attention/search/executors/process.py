@@ -96,7 +96,6 @@ class _Slot:
         return self.process is not None and self.process.is_alive()
 
     def start(self) -> None:
-        """Start the worker and wait until it is ready."""
         self.launch()
         self.wait_ready()
 
