@@ -37,8 +37,9 @@ What the strategy is told (``told_fitness``). An individual that reached the ful
 its perplexity. One stopped at a lower rung is told its perplexity *at that rung* (a pessimistic
 estimate: more training lowers it), shifted up if necessary by the smallest amount that ranks every
 individual stopped at that rung below every individual of the generation that trained longer. The
-shift is the same for the whole rung, so the order within it is kept; usually it is zero. Failures are told None as always. The report ranks only full-budget
-evaluations, so the best gene of a run is always one trained on the full budget.
+shift is the same for the whole rung, so the order within it is kept; usually it is zero. Failures
+are told None as always. The report ranks only full-budget evaluations, so the best gene of a run
+is always one trained on the full budget.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ At one shared rate a gene that learns best at another rate than the baseline's i
 (study 3). With a grid, each gene the strategy asks for is first trained at every rate of the grid
 on the **tuning seed** (``seed + TUNING_FROM``, the first tuning seed of the run seed's block, which
 no verdict, fresh check or racing seed reaches), its rate chosen by ``select_rate``; then it is
-trained at that rate on the run's seed, and that value is what the strategy is told: the rate is
-chosen on one seed and the gene measured on another. The baseline gene is tuned the same way (same grid, same
-seed). Cost: one training per rate per gene, on top of its search training.
+trained at that rate on the run's seed, and that value is what the strategy is told: chosen on one
+seed and measured on another, the told value is not selected on its own noise. The baseline gene is
+tuned the same way (same grid, same seed). Cost: one training per rate per gene, on top of its search
+training.
 
 The rate chosen becomes the gene's ``lr=`` part: the search training, the ranking, the report and a
 winner carry it (``validate --from-run`` measures a winner at its rate); the strategy goes on

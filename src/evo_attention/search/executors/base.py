@@ -23,12 +23,12 @@ Batches (``batch_models``: auto, off or K; the local executors): the tasks of on
 can train as one batched model (``train.trainer.shape_difference``: the same model, task, steps,
 split and batch recipe; seeds, learning rates and the genes' attentions may differ, so a whole
 generation folds) are planned into groups of at most K (``plan_batches``), and each group of two or
-more trains through ``run_batched``; every other task trains alone, as it would without batching. A batch gives each trial its own record under its own
-key, its own progress callbacks, and the result of the trial trained alone (bitwise for the genes
-whose parts fold exactly, within ``trainer.SAME_RESULT_RTOL`` for the others); a record says
-``batched: K``. Tasks that need what a batch cannot give train alone: a checkpoint to continue from
-or to leave (multi-fidelity rungs), a kept model, an audit, a compiled trainer, a genome
-``batch_problem`` refuses.
+more trains through ``run_batched``; every other task trains alone, as it would without batching.
+A batch gives each trial its own record under its own key, its own progress callbacks, and the
+result of the trial trained alone (bitwise for the genes whose parts fold exactly, within
+``trainer.SAME_RESULT_RTOL`` for the others); a record says ``batched: K``. Tasks that need what a
+batch cannot give train alone: a checkpoint to continue from or to leave (multi-fidelity rungs), a
+kept model, an audit, a compiled trainer, a genome ``batch_problem`` refuses.
 
 Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
 (``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
