@@ -1,34 +1,27 @@
 """RunSummary: every number the reports show, computed from a run store in one place.
 
-The writers (``tables``, ``plots``, ``markdown`` and ``final_results.json``) only format what a
-``RunSummary`` holds, so all outputs agree with each other and can be regenerated from the store
-at any time. Nothing here depends on the clock or on the machine, so building the summary of the
-same store twice gives the same values.
+The writers (``tables``, ``figures``, ``markdown``, ``final_results.json``) only format a ``RunSummary``, so
+all outputs agree and can be regenerated from the store at any time; nothing depends on the clock or the
+machine, so the same store always gives the same values.
 
-Conventions:
-
-- Fitness is validation perplexity (lower is better). An evaluation *failed* when its status is
-  not ``"ok"`` or it has no finite ``val_perplexity``; its perplexity then counts as ``inf``.
-- The search results are the evaluations of role ``"search"``, and the baseline's (role ``"baseline"``)
-  of a gene the strategy was told from it (``search.store.search_records``); other roles (e.g. ``"validate"``) are
-  listed and counted but never ranked.
-- Genes are ranked as in the search strategies: finite perplexity ascending, ties by gene key.
-  A gene evaluated several times (e.g. with several seeds) is ranked by its best evaluation.
-- A multi-objective run (``objectives`` beyond perplexity) also gets ``pareto``: the Pareto front
-  of its search evaluations, the reference point and the hypervolume after each generation
-  (``pareto_summary``); a single-objective run's outputs are those of a run without objectives.
-- A run with caps (``max_params``, ...; ``search.constraints``) gets ``constraints``: its limits,
-  the genes refused before training and the trained genes over a cap. Infeasible genes are never
-  ranked: the best gene, the ranking and the Pareto front hold feasible genes only.
-- A warm-started run (``init_from``) gets ``init_from``: the earlier run, its genes taken and skipped.
-- A suite run (meta ``suite``; ``train.suite``) ranks genes by their suite accuracy (the mean accuracy
-  over the suite's points, a failed point counting 0; higher is better), computed from the records
-  of every point: ``suite`` holds the gene x point table (``suite_view``), the ranking, best gene,
-  baseline and history speak of suite accuracy (their perplexity entries are None: a suite has no
-  single perplexity), and the component analysis is not computed (it ranks by perplexity). A gene
-  is ranked once it has a record on every point; one whose every point failed is not ranked.
-- Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records)
-  and are turned into ``None`` by ``util.jsonio.to_jsonable`` before anything is written as JSON.
+- Fitness is validation perplexity (lower is better). An evaluation *failed* when its status is not ``"ok"``
+  or it has no finite ``val_perplexity``; its perplexity then counts as ``inf``.
+- The search results are the evaluations of role ``"search"`` and the baseline's of a gene the strategy was
+  told from it (``search.store.search_records``); other roles (``"validate"``, ...) are counted, never ranked.
+- Genes rank as in the search strategies: finite perplexity ascending, ties by gene key; a gene evaluated
+  several times (several seeds) by its best evaluation.
+- A multi-objective run also gets ``pareto`` (``pareto_summary``: the front, reference point and hypervolume
+  after each generation); a single-objective run's outputs are those of a run without objectives.
+- A run with caps (``search.constraints``) gets ``constraints``: its limits, the genes refused before training
+  and the trained genes over a cap. Infeasible genes are never ranked: the best gene, the ranking and the
+  Pareto front hold feasible genes only. A warm-started run gets ``init_from`` (its genes taken and skipped).
+- A suite run (meta ``suite``; ``train.suite``) ranks genes by suite accuracy (the mean accuracy over the
+  points, a failed point counting 0; higher is better): ``suite`` holds the gene x point table
+  (``suite_view``); the ranking, best gene, baseline and history speak of suite accuracy (their perplexity
+  None: a suite has none), and the component analysis is not computed. A gene ranks once it has a record on
+  every point, unless every point failed.
+- Missing values are ``None``; non-finite floats appear only in ``evaluations`` (the raw records) and become
+  ``None`` (``util.jsonio.to_jsonable``) before anything is written as JSON.
 """
 
 from __future__ import annotations
@@ -60,18 +53,14 @@ TOP_N = 10  # the component analysis counts options among the best TOP_N genes
 NO_PERPLEXITY = "no_perplexity"  # failure label of an 'ok' record without a finite perplexity
 
 # The columns of evaluations.csv, in order; the gene fields (the six, then the axes) follow them.
-EVALUATION_COLUMNS = (
-    "id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy", "bits_per_byte",
-    "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "latency_ms", "peak_memory_mb", "seed",
-    "steps", "eval_tokens", "error", "created_at", "feasible",
-) + ALL_FIELDS
+EVALUATION_COLUMNS = ("id", "role", "generation", "gene", "status", "val_perplexity", "val_loss", "accuracy",
+                      "bits_per_byte", "train_loss", "params", "flops_per_step", "time_s", "tokens_per_s", "latency_ms",
+                      "peak_memory_mb", "seed", "steps", "eval_tokens", "error", "created_at", "feasible") + ALL_FIELDS
 
 # The top-level keys of final_results.json, in order; a multi-objective run adds "objectives",
 # "pareto_front" and "hypervolume", a run with caps "constraints", a warm-started run "init_from", a suite run "suite".
-FINAL_RESULTS_KEYS = (
-    "best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline",
-    "change", "config", "strategy", "data", "versions", "counts", "fidelity", "done",
-)
+FINAL_RESULTS_KEYS = ("best_gene", "best_perplexity", "best_generation", "history", "top_5", "baseline", "change",
+                      "config", "strategy", "data", "versions", "counts", "fidelity", "done")
 # how the reports name each objective (all are minimised)
 OBJECTIVE_LABELS = {"perplexity": "validation perplexity", "params": "parameters", "flops": "FLOPs per training step",
                     "train_ms_per_step": "training ms per step", "latency_ms": "inference latency (ms, median)",
@@ -96,11 +85,8 @@ def failure_label(record: Mapping) -> str:
 
 
 def gene_info(key: Any) -> dict:
-    """``{"key", "str", <the gene fields>}`` of a gene key.
-
-    Uses ``AttentionGene.parse``; a key naming a component that is not registered in this process
-    (a plugin that is not imported) is split by hand instead, so a report never fails on it.
-    """
+    """``{"key", "str", <the gene fields>}`` of a gene key; one naming a component not registered in this
+    process (a plugin not imported) is split by hand, so a report never fails on it."""
     text = str(key)
     try:
         gene = AttentionGene.parse(text)
@@ -121,24 +107,21 @@ def gene_info(key: Any) -> dict:
 
 
 def gene_fields(info: Mapping) -> dict:
-    """The gene fields of ``gene_info`` as a JSON output names them: every mechanism field, and a
-    recipe field (learning_rate, warmup, weight_decay) or the program only where the gene sets it
-    (absent: the run's configured value, the four components), so the outputs of a run without
-    them read as before them."""
+    """The gene fields of ``gene_info`` as a JSON output names them: every mechanism field, and a recipe
+    field or the program only where the gene sets it, so the outputs of a run without them read as before."""
     optional = RECIPE_FIELDS + ("program",)
     return {name: info.get(name) for name in ALL_FIELDS if name not in optional or info.get(name) is not None}
 
 
 def option_labels(key: Any) -> dict:
-    """The option of each gene field as written in the gene key (``bias``/``nobias``, ``0.10``,
-    ``rope:ntk:4``); an axis the key does not name has its default."""
+    """The option of each gene field as the gene key writes it (``nobias``, ``0.10``, ``rope:ntk:4``); an
+    axis the key does not name has its default (a recipe part's: ``default``, the run's configured value)."""
     info = gene_info(key)
     parts = info["key"].split("|")
     labels = {name: str(info.get(name)) for name in ALL_FIELDS}
     if len(parts) >= len(FIELDS) and "=" not in "".join(parts[: len(FIELDS)]):
         labels.update(zip(FIELDS, parts))  # the six leading parts
     axes = dict(p.split("=", 1) for p in parts[len(FIELDS):] if "=" in p)
-    # an axis the key does not name: its default (a recipe part's is the run's configured value)
     labels.update({name: axes.get(KEY_PARTS[name], "default" if name in RECIPE_FIELDS else str(AXIS_DEFAULTS[name]))
                    for name in AXIS_FIELDS})
     return labels
@@ -150,11 +133,11 @@ def layer_keys(key: Any) -> list[str]:
 
 
 def field_labels(key: Any, n_layers: int = 1) -> dict:
-    """``option_labels`` of a genome over ``n_layers`` > 1 layers, fields named ``L<i>.<field>``
-    (a shared gene counts in every layer); ``option_labels`` itself for one layer."""
-    parts = layer_keys(key)
+    """``option_labels`` of a genome over ``n_layers`` > 1 layers, fields named ``L<i>.<field>`` (a shared
+    gene counts in every layer); ``option_labels`` itself for one layer."""
     if n_layers == 1:
         return option_labels(key)
+    parts = layer_keys(key)
     parts = parts * n_layers if len(parts) == 1 else parts
     return {f"L{i}.{name}": value for i, part in enumerate(parts, 1) for name, value in option_labels(part).items()}
 
@@ -166,8 +149,8 @@ def _mean(values: Iterable[float]) -> float | None:
 
 # -- the pieces -------------------------------------------------------------------------------
 def rank_genes(records: Iterable[Mapping]) -> list[dict]:
-    """Unique genes with a finite perplexity, best first: ``{"rank", "gene", "str",
-    "perplexity", "generation", "id", "params", "n"}`` (``n``: evaluations of that gene)."""
+    """Unique genes with a finite perplexity, best first: ``{"rank", "gene", "str", "perplexity", "generation",
+    "id", "params", "bits_per_byte", "n"}`` (``n``: evaluations of that gene)."""
     best: dict[str, dict] = {}
     n: Counter = Counter()
     for record in records:
@@ -186,14 +169,11 @@ def rank_genes(records: Iterable[Mapping]) -> list[dict]:
 
 
 def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]:
-    """For each gene field and each option that occurred in ``records``: ``{"field", "option",
-    "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top"}``. The six fixed fields
-    are always listed; an axis (position, qkv_rank, attn_bias, ...) only if it took more than one
-    value. Per-layer genomes are counted per layer, as fields ``L1.similarity``, ``L2.similarity``...
-
-    ``n_ok``/``n_failed`` count evaluations; ``in_top`` counts the option among the best
-    ``top_n`` unique genes. Options are listed best first within a field (then by name).
-    """
+    """For each gene field and option in ``records``: ``{"field", "option", "n_ok", "n_failed",
+    "best_perplexity", "mean_perplexity", "in_top"}``, best first within a field (then by name). The six fixed
+    fields are always listed, an axis only if it took more than one value; a per-layer genome counts per
+    layer (``L1.similarity``, ...). ``n_ok``/``n_failed`` count evaluations, ``in_top`` the best ``top_n``
+    unique genes using the option."""
     top_keys = [r["gene"] for r in rank_genes(records)[:top_n]]
     n_layers = max((len(layer_keys(r.get("gene"))) for r in records), default=1)
     labels = [(field_labels(r.get("gene"), n_layers), perplexity_of(r)) for r in records]
@@ -227,22 +207,19 @@ def component_analysis(records: list[Mapping], top_n: int = TOP_N) -> list[dict]
 
 def generation_history(table: list[dict], search: list[Mapping], infeasible=frozenset(), *,
                        suite: bool = False) -> list[dict]:
-    """Per generation: ``{"generation", "best_perplexity", "mean_perplexity", "best_gene",
-    "n_members", "n_evaluated", "n_failed", "best_so_far", "complete"}``.
+    """Per generation: ``{"generation", "best_perplexity", "mean_perplexity", "best_gene", "n_members",
+    "n_evaluated", "n_failed", "best_so_far", "complete"}``.
 
-    A generation recorded in the generations table is described by its population (elites
-    included, as the original project did); one that only has evaluations so far (in progress) by
-    those evaluations, with ``complete`` False. ``n_evaluated``/``n_failed`` count the evaluations
-    requested in that generation. The mean is over finite perplexities; a generation without any
-    has best and mean None. Genes in ``infeasible`` (keys of genes over a cap) are neither best nor
-    in the mean.
+    A generation in the generations table is described by its population (elites included); one in progress
+    by its evaluations so far, ``complete`` False. ``n_evaluated``/``n_failed`` count the evaluations
+    requested in it. The mean is over finite perplexities (best and mean None without any); genes in
+    ``infeasible`` (over a cap) are neither best nor in the mean.
 
-    ``suite=True`` (``search``: a suite view's genes): in suite accuracy, higher is better, as
-    ``best_suite_accuracy`` and ``mean_suite_accuracy`` (``best_perplexity`` and
-    ``mean_perplexity`` None). A recorded population was told minus each member's suite accuracy;
-    a generation in progress has as members the genes first trained in it that did not fail on
-    every point. ``n_evaluated`` counts the genes first trained in the generation, ``n_failed``
-    those of them that failed on every point.
+    ``suite=True`` (``search``: a suite view's genes): ``best_suite_accuracy`` and ``mean_suite_accuracy``,
+    higher is better (the perplexity ones None). A recorded population was told minus each member's suite
+    accuracy; one in progress has as members the genes first trained in it that did not fail on every point.
+    ``n_evaluated`` counts the genes first trained in the generation, ``n_failed`` those that failed on every
+    point.
     """
     sign, metric = (-1, "suite_accuracy") if suite else (1, "perplexity")
     history = []
@@ -274,8 +251,8 @@ def generation_history(table: list[dict], search: list[Mapping], infeasible=froz
 
 
 def _generations(table: list[dict], rows: Iterable[Mapping]) -> Iterable[tuple[int, list, list | None]]:
-    """``(generation, its rows, its members in the generations table or None while in progress)`` for
-    every generation of ``table`` or of ``rows`` (records or suite rows with a generation), in order."""
+    """``(generation, its rows, its members in ``table`` or None while in progress)`` for every generation of
+    ``table`` or ``rows`` (records or suite rows), in order."""
     recorded = {g["generation"]: g["members"] for g in table}
     evaluated: dict[int, list[Mapping]] = {}
     for row in rows:
@@ -291,16 +268,12 @@ def objectives_of(config: Mapping) -> list[str]:
 
 
 def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: Sequence[Mapping] = ()) -> dict:
-    """The multi-objective view of a run's search evaluations (one per gene, the first stored):
-
-    ``{"objectives", "front" (the non-dominated finished evaluations, lowest perplexity first:
-    key, str, gene fields, each objective, generation, id), "ideal_point" and "reference_point"
-    (each by objective: ``search.pareto.bounds`` of every finished evaluation), "reference_rule",
-    "history" ([{"generation", "front_size", "hypervolume"}] over the evaluations of that
-    generation and the ones before), "front_size", "hypervolume", "baseline" (the baseline's
-    objectives, or None)}``. Hypervolumes are ``search.pareto.hypervolume_share``: the share of
-    the box between the ideal and the reference point that the front dominates, so every
-    generation's value is measured in the same box.
+    """The multi-objective view of a run's search evaluations (one per gene, the first stored): ``{"objectives",
+    "front" (the non-dominated finished evaluations, lowest perplexity first: key, str, gene fields, each
+    objective, generation, id), "ideal_point" and "reference_point" (``search.pareto.bounds`` of every finished
+    evaluation), "reference_rule", "history" ([{"generation", "front_size", "hypervolume"}] over that
+    generation and the ones before), "front_size", "hypervolume", "baseline" (its objectives, or None)}``.
+    Hypervolumes (``search.pareto.hypervolume_share``) all share the box between the ideal and reference point.
     """
     objectives = list(objectives)
     records: dict[str, Mapping] = {}
@@ -338,11 +311,8 @@ def pareto_summary(search: list[Mapping], objectives: Sequence[str], baseline: S
 
 
 def baseline_of(records: list[Mapping]) -> dict | None:
-    """The baseline: ``{"gene", "str", "perplexity", "status", "error", "n", "params"}``.
-
-    Several baseline evaluations (seeds) are averaged over the successful ones; if all failed, the
-    first one's status and error are given and the perplexity is None.
-    """
+    """The baseline: ``{"gene", "str", "perplexity", "status", "error", "n", "params"}``, the perplexity the mean
+    over its successful evaluations (seeds); if all failed, None with the first one's status and error."""
     if not records:
         return None
     values = [perplexity_of(r) for r in records if not failed(r)]
@@ -360,9 +330,8 @@ def baseline_of(records: list[Mapping]) -> dict | None:
 
 
 def change_of(best: float | None, baseline: float | None) -> dict | None:
-    """``{"absolute", "percent"}``: the signed change of the perplexity from the baseline's to the
-    best gene's (best - baseline, and in % of the baseline; lower is better, so negative = better),
-    or None if either is missing. Every output shows a change with this sign (``util.format``: ``signed_change``, ``direction``)."""
+    """``{"absolute", "percent"}``: best - baseline perplexity, and in % of the baseline (negative = better; the
+    sign every output shows, ``util.format``), or None if either is missing."""
     if best is None or baseline is None or baseline <= 0:
         return None
     absolute = best - baseline
@@ -382,10 +351,9 @@ def suite_row(gene: str, score, first: Mapping) -> dict:
 
 
 def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None = None) -> dict:
-    """The suite block of a suite run, from its store's meta ``suite`` and records: ``{"name",
-    "source", "description", "points" ([{label, data, steps}]), "genes" (the search genes: ranked
-    rows first, best suite accuracy first, each with ``rank``; then the genes still missing a point
-    or whose every point failed, ``rank`` None), "baseline" (its row, or None)}``."""
+    """The suite block of a suite run, from its meta ``suite`` and records: ``{"name", "source", "description",
+    "points" ([{label, data, steps}]), "genes" (the search genes, best suite accuracy first; then, ``rank``
+    None, those still missing a point or whose every point failed), "baseline" (its row, or None)}``."""
     def rows(role: str) -> list[dict]:
         records = [r for r in evaluations if r.get("role") == role]
         first: dict[str, Mapping] = {}
@@ -394,16 +362,18 @@ def suite_view(meta: Mapping, evaluations: Sequence[Mapping], seed: int | None =
         return [suite_row(gene, score, first[gene])
                 for gene, score in scores_from_records(records, meta, seed=seed).items()]
 
-    genes = rows("search")
-    ranked = sorted((r for r in genes if r["suite_accuracy"] is not None and not r["all_failed"]),
-                    key=lambda r: (-r["suite_accuracy"], r["gene"]))
-    rest = [r for r in genes if r not in ranked]
-    baseline = next(iter(rows("baseline")), None)
     return {"name": meta.get("name"), "source": meta.get("source"), "description": meta.get("description"),
             "points": [{"label": p.get("label"), "data": p.get("data"), "steps": p.get("steps"),
                         **({"weight": p["weight"]} if "weight" in p else {})} for p in meta.get("points") or []],
-            "genes": [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rest],
-            "baseline": baseline}
+            "genes": _rank_suite(rows("search"), lambda r: r["suite_accuracy"] is not None and not r["all_failed"]),
+            "baseline": next(iter(rows("baseline")), None)}
+
+
+def _rank_suite(rows: list[dict], ranks) -> list[dict]:
+    """The ``rows`` for which ``ranks`` holds numbered best suite accuracy first (ties by gene key), then the
+    others with ``rank`` None."""
+    ranked = sorted(filter(ranks, rows), key=lambda r: (-r["suite_accuracy"], r["gene"]))
+    return [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rows if not ranks(r)]
 
 
 def _suite_baseline(suite: Mapping) -> dict | None:
@@ -421,11 +391,9 @@ def _suite_baseline(suite: Mapping) -> dict | None:
 # -- the summary ----------------------------------------------------------------------------
 @dataclass
 class RunSummary:
-    """A plain in-memory view of one run, computed from its store by ``from_store``.
-
-    ``outcome`` is ``"ok"`` (at least one search evaluation succeeded), ``"all_failed"`` or
-    ``"empty"`` (no search evaluation yet); ``statement`` says it in one plain sentence.
-    """
+    """One run in memory, computed from its store by ``from_store``. ``outcome`` is ``"ok"`` (a search
+    evaluation succeeded), ``"all_failed"``, ``"all_infeasible"`` or ``"empty"`` (none yet); ``statement`` says
+    it in one plain sentence."""
 
     run_dir: Path
     config: dict
@@ -624,8 +592,8 @@ class RunSummary:
 
 
 def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None:
-    """Replace the perplexity-ranked parts of ``summary`` by those of a suite run (see the module
-    docstring); the counts, failures and evaluations stay per training."""
+    """Replace the perplexity-ranked parts of ``summary`` by a suite run's; counts, failures and evaluations
+    stay per training."""
     others = [r for r in summary.evaluations if r.get("role") != "search"]
     suite = suite_view(meta, others + summary.search_evaluations, summary.config.get("seed"))
     summary.suite = suite
@@ -636,8 +604,7 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
 
 
 def _suite_results(summary: RunSummary) -> None:
-    """The ranking (the ranked genes in the shape of ``rank_genes``, perplexity None), best, baseline and
-    its difference of a suite run, from ``summary.suite``."""
+    """A suite run's ranking (shaped as ``rank_genes``', perplexity None), best, baseline and its difference."""
     suite = summary.suite
     summary.ranking = [{"rank": r["rank"], "gene": r["gene"], "str": r["str"], "perplexity": None,
                         "suite_accuracy": r["suite_accuracy"], "generation": r["generation"], "id": None,
@@ -680,10 +647,7 @@ def _as_raced(summary: RunSummary, racing: Mapping) -> None:
     suite = summary.suite
     rows = [{**r, "suite_accuracy": 0.0 - bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
              "seeds": seeds} if r["gene"] in bounds else {**r, "seeds": 1} for r in suite["genes"]]
-    ranked = sorted((r for r in rows if r["rank"] is not None and r["suite_accuracy"] is not None),
-                    key=lambda r: (-r["suite_accuracy"], r["gene"]))
-    suite["genes"] = [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [
-        {**r, "rank": None} for r in rows if r not in ranked]
+    suite["genes"] = _rank_suite(rows, lambda r: r["rank"] is not None and r["suite_accuracy"] is not None)
     if suite.get("baseline") is not None and racing.get("baseline"):
         suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else 0.0 - base,
                              "seeds": seeds}
@@ -698,20 +662,16 @@ def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
 
 # -- internals ------------------------------------------------------------------------------
 def cache_hits(planned: int | None, trained: int, done: bool) -> int | None:
-    """Fitness requests answered from the store instead of by training: planned minus trained,
-    known only once the run is done (None before, or without a plan)."""
+    """Fitness requests answered from the store, not by training: planned minus trained, known only once the
+    run is done (None before, or without a plan)."""
     return planned - trained if done and planned is not None and planned >= trained else None
 
 
 def _counts(evaluations: list[Mapping], search: list[Mapping], planned: int | None, done: bool,
             constraints: Mapping | None = None) -> dict:
-    """Counts of the search evaluations (the baseline and other roles are in ``by_role``).
-
-    ``cache_hits``: the planned requests that were neither trained nor refused before training (a
-    run with caps refuses some), known once the run is done (the function ``cache_hits``). A run
-    with caps also counts ``infeasible``: ``never_trained`` (refused before training) and
-    ``trained`` (over a cap measured after training).
-    """
+    """Counts of the search evaluations (every role's in ``by_role``). ``cache_hits``: the planned requests
+    neither trained nor refused before training (``cache_hits``). A run with caps also counts ``infeasible``:
+    ``never_trained`` (refused before training) and ``trained`` (over a cap measured after training)."""
     failures = Counter(failure_label(r) for r in search if failed(r))
     trained = len(search)
     never = len(constraints["never_trained"]) if constraints else 0
@@ -788,9 +748,8 @@ def _suite_outcome(s: RunSummary) -> tuple[str, str]:
 
 
 def _other_writer(run_dir, done: bool) -> dict | None:
-    """The process writing the run now, unless it is this process and the search is done: a search
-    (or a validate/ablate run in its store) writing its own closing outputs holds the lock, and
-    its outputs must not call the finished run "running"."""
+    """The process writing the run now, unless it is this process and the search is done (writing its own
+    closing outputs under the lock, which must not call the finished run "running")."""
     writer = holder(run_dir)
     return None if done and is_this_process(writer) else writer
 
@@ -850,9 +809,8 @@ def _settings(s: RunSummary) -> list[tuple[str, str]]:
 
 
 def run_schedule_text(config: Mapping) -> str:
-    """A run's learning-rate schedule in words (``train.config.describe_schedule`` of its config),
+    """A run's learning-rate schedule in words (each gene's own rate with ``rate_grid``, ``search.tuning``),
     and the recipe axes its search varies per gene (``lr=``, ``wu=``, ``wd=``), where it does."""
-    # with rate_grid (search.tuning) the configured rate is replaced by each gene's own
     text = schedule_text(config, grid=config.get("rate_grid") or (),
                          chosen_on=f"on the tuning seed {int(config.get('seed') or 0) + TUNING_FROM}")
     try:
