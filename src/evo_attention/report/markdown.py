@@ -1,14 +1,11 @@
 """``report.md``: the human summary of a run, rendered from a ``RunSummary``.
 
-Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only),
-the distribution of every evaluation, per-generation table, top genes, component analysis, then what
-analyses left in the run directory (multi-seed validation, ablation, compare, difficulty curves,
-attention maps; see ``Attachments``), failures and reproducibility. A run with nothing finished (or
-only failures) still gets a complete report that says so in its first lines.
-
-The ``*_table`` functions build each table from plain-text cells (``studies.common.table_markdown``
-escapes them). ``report.html`` is this text rendered (``html.render_html``), so the two reports always
-agree; an image's alt text is the figure's caption there.
+Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only), the
+distribution of every evaluation, per-generation table, top genes, component analysis, then what analyses
+left in the run directory (``Attachments``), failures and reproducibility. A run with nothing finished (or only
+failures) still gets a complete report that says so in its first lines. Tables are built from plain-text cells
+(``studies.common.table_markdown`` escapes them). ``report.html`` is this text rendered (``html.render_html``),
+so the two reports always agree; an image's alt text is the figure's caption there.
 """
 
 from __future__ import annotations
@@ -38,10 +35,6 @@ ERROR_CHARS = 300  # failure messages are cut to this length in the table
 
 
 # -- the tables of the run ------------------------------------------------------------------------
-def settings_table(s: RunSummary) -> str:
-    return table_markdown(["Setting", "Value"], [[k, v] for k, v in s.settings], "ll")
-
-
 def generations_table(s: RunSummary) -> str:
     suite = s.suite is not None
     key, digits = ("suite_accuracy", 4) if suite else ("perplexity", 2)
@@ -68,8 +61,8 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> str:
 
 
 def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> str:
-    """A suite run's genes (the best ``k`` ranked ones, None: all of them, unranked ones too) and the
-    baseline: suite accuracy, its change from the baseline in accuracy points, every point's accuracy."""
+    """A suite run's baseline and genes (the best ``k`` ranked ones; None: all, unranked too): suite accuracy,
+    its change from the baseline in accuracy points, every point's accuracy."""
     suite = s.suite
     labels = [p["label"] for p in suite["points"]]
     base = (suite.get("baseline") or {}).get("suite_accuracy")
@@ -182,21 +175,17 @@ def failures_table(s: RunSummary) -> str:
 
 
 def components_table(s: RunSummary) -> str:
-    """The component analysis (the same columns as ``tables.component_table``)."""
+    """The component analysis (the columns of ``component_analysis.csv``)."""
     headers = ["Field", "Option", "OK runs", "Failed", "Best ppl", "Mean ppl", f"In top {s.top_n}"]
     rows = [[r["field"], r["option"], fmt(r["n_ok"]), fmt(r["n_failed"]), fmt(r["best_perplexity"]),
              fmt(r["mean_perplexity"]), fmt(r["in_top"])] for r in s.components]
     return table_markdown(headers, rows, "llrrrrr", code_column=1)
 
 
-def versions_table(versions: Mapping) -> str:
-    return table_markdown(["Package", "Version"], [[k, v] for k, v in versions.items()], "ll")
-
-
 # -- the tables of the attachments ----------------------------------------------------------------
 def _study_table(cells: Callable[[Mapping], tuple | None], code_column: int | None = None) -> Callable:
-    """A study's table in markdown: its (headers, rows, align) from ``report.studies``, the column
-    ``code_column`` holding gene keys; None where the study has no such table."""
+    """A study's (headers, rows, align) from ``report.studies`` as markdown, gene keys in ``code_column``; None
+    where the study has no such table."""
     def table(result: Mapping) -> str | None:
         found = cells(result)
         return None if found is None else table_markdown(*found, code_column=code_column)
@@ -303,10 +292,6 @@ def _selection_seeds(s: RunSummary) -> str:
             "over them; see Re-measured elites)")
 
 
-def full_config_json(s: RunSummary) -> str:
-    return json.dumps(s.config, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-
-
 def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
     """What identifies the run and the commands that regenerate or repeat its results."""
     run_dir = shlex.quote(str(run_dir))  # a command to paste into a shell
@@ -317,20 +302,22 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
         lines.append(f"Continue the run{' (its fresh-seed check was stopped)' * s.check_pending}: "
                      + code(f"evo-attention search --out {run_dir} --resume", False))
     for v in (attachments.validations if attachments else []):
-        split = "" if v.get("eval_split", "valid") == "valid" else f" --eval-split {v.get('eval_split')}"
         genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))
         lines.append("Repeat the validation (cached in the run store): " + code(
             f"evo-attention validate --from-run {run_dir} --genes '{genes}' --seeds {len(v.get('seeds') or [])} "
-            f"--steps {v.get('steps')}{split}", False))
+            f"--steps {v.get('steps')}{_split_flag(v)}", False))
     for ab in (attachments.ablations if attachments else []):
-        split = "" if ab.get("eval_split", "valid") == "valid" else f" --eval-split {ab.get('eval_split')}"
         lines.append("Repeat the ablation: " + code(
             f"evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' --seeds {len(ab.get('seeds') or [])} "
-            f"--steps {ab.get('steps')}{split}", False))
+            f"--steps {ab.get('steps')}{_split_flag(ab)}", False))
     for t in (attachments.transfers if attachments else []):
         lines.append("Repeat the transfer study (cached in the run store): "
                      + code(transfer_command(t, run_dir), False))
     return lines
+
+
+def _split_flag(result: Mapping) -> str:
+    return "" if result.get("eval_split", "valid") == "valid" else f" --eval-split {result.get('eval_split')}"
 
 
 def transfer_command(result: Mapping, run_dir: str) -> str:
@@ -339,7 +326,7 @@ def transfer_command(result: Mapping, run_dir: str) -> str:
     sizes = ",".join(str(s.get("size")) for s in result.get("sizes", []))
     budget = (f"--tokens-per-param {result['tokens_per_param']:g}" if result.get("tokens_per_param") else
               "--steps " + ",".join(str(s.get("steps")) for s in result.get("sizes", [])))
-    extra = "" if result.get("eval_split", "valid") == "valid" else f" --eval-split {result.get('eval_split')}"
+    extra = _split_flag(result)
     extra += f" --heads {result['heads']}" if result.get("heads") else ""
     extra += f" --block {result['block']}" if result.get("block", "gpt2") != "gpt2" else ""
     return (f"evo-attention transfer --from-run {run_dir} --genes '{genes}' --sizes {sizes} {budget} "
@@ -359,9 +346,10 @@ def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | Non
     lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
     versions = all_versions(s, attachments)
     if versions:
-        lines += ["", "Package versions:", "", versions_table(versions)]
+        lines += ["", "Package versions:", "", table_markdown(["Package", "Version"], list(versions.items()), "ll")]
     if s.config:
-        lines += ["", "Full configuration of the run:", "", "```json", full_config_json(s), "```"]
+        lines += ["", "Full configuration of the run:", "", "```json",
+                  json.dumps(s.config, indent=2, sort_keys=True, ensure_ascii=False, default=str), "```"]
     if isinstance(s.data, Mapping) and s.data:
         lines += ["", "The data:", "", "```json", json.dumps(s.data, indent=2, sort_keys=True, default=str), "```"]
     return lines
@@ -436,16 +424,17 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
 
 def render_report(s: RunSummary, attachments: Attachments | None = None,
                   figures: Mapping[str, str] | None = None) -> str:
-    """The text of ``report.md``. ``figures`` maps a figure's kind (``evolution``, ``distribution``,
-    ``curves``, ``pareto``, ``suite``, ``program``) to its path relative
-    to the report; a figure not named is omitted (the evolution figure defaults to its usual name)."""
+    """The text of ``report.md``. ``figures`` maps a figure's kind (``evolution``, ``distribution``, ``curves``,
+    ``pareto``, ``suite``, ``program``) to its path relative to the report; a figure not named is omitted (the
+    evolution figure defaults to its usual name)."""
     figures = {"evolution": "evolution_progress.png", **(figures or {})}
     figure, distribution, curves, pareto, suite_figure, program_figure = (
         figures.get(k) for k in ("evolution", "distribution", "curves", "pareto", "suite", "program"))
     run_dir = str(s.run_dir)
     sections = [
         [f"# Evolution report: {html.escape(md_cell(Path(run_dir).name or run_dir))}", ""] + headline_lines(s, attachments),
-        ["## Settings", "", settings_table(s) if s.settings else "No configuration stored."],
+        ["## Settings", "", table_markdown(["Setting", "Value"], s.settings, "ll") if s.settings
+         else "No configuration stored."],
         ["## Evolution", "", f"![Best and mean {'suite accuracy' if s.suite is not None else 'perplexity'} per "
                              f"generation, the best so far, every evaluation (grey) and the baseline]({figure})"],
     ]
