@@ -39,20 +39,25 @@ def curve_breaks_text(gene: Mapping, knob: str) -> str:
     return "holds" if gene.get("holds") else "-"
 
 
-def curve_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
-    """(headers, rows, align) of a curve: a row per gene (the gene key in column 1), a column per
-    value of the knob, where it breaks; the last row is the chance accuracy."""
+def _gene_table(result: Mapping, last: str, cell, break_of, last_cell) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of a row per gene (its key in column 1): ``cell(point, breaks)`` per value of the
+    knob (``breaks`` at the value ``break_of(gene)``), then the column ``last``, ``last_cell(gene, knob)``."""
     knob, values = result.get("knob", "knob"), result.get("values") or []
-    headers = (["Configuration", "Gene"] + [f"{knob}={curve_knob_text(v)}" for v in values]
-               + [f"Breaks at (mean < {result.get('break_at', 0.5):g})"])
-    rows = []
-    for gene in result.get("genes") or []:
-        cells = [curve_cell(row, gene.get("breaks_at") is not None and row.get("value") == gene["breaks_at"])
-                 for row in gene.get("points") or []]
-        rows.append([str(gene.get("name", "")), str(gene.get("gene", ""))] + cells + [curve_breaks_text(gene, knob)])
+    rows = [[str(gene.get("name", "")), str(gene.get("gene", ""))]
+            + [cell(row, at is not None and row.get("value") == at) for row in gene.get("points") or []]
+            + [last_cell(gene, knob)] for gene in result.get("genes") or [] for at in [break_of(gene)]]
+    return (["Configuration", "Gene"] + [f"{knob}={curve_knob_text(v)}" for v in values] + [last], rows,
+            "ll" + "r" * len(values) + "l")
+
+
+def curve_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows, align) of a curve: a row per gene, a column per value of the knob, where it breaks; the
+    last row is the chance accuracy."""
+    headers, rows, align = _gene_table(result, f"Breaks at (mean < {result.get('break_at', 0.5):g})", curve_cell,
+                                       lambda gene: gene.get("breaks_at"), curve_breaks_text)
     rows.append(["chance", None] + [number(p.get("chance_accuracy"), ".3f") for p in result.get("points") or []]
                 + [""])
-    return headers, rows, "ll" + "r" * len(values) + "l"
+    return headers, rows, align
 
 
 def curve_note(result: Mapping) -> str:
@@ -97,15 +102,8 @@ def solve_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | Non
     solve = result.get("solve")
     if not solve:
         return None
-    knob, values = result.get("knob", "knob"), result.get("values") or []
-    headers = (["Configuration", "Gene"] + [f"{knob}={curve_knob_text(v)}" for v in values]
-               + [f"Solve rate < {solve.get('half', 0.5):g} at (range)"])
-    rows = []
-    for gene in result.get("genes") or []:
-        at = (gene.get("solve_break") or {}).get("at")
-        cells = [solve_cell(row, at is not None and row.get("value") == at) for row in gene.get("points") or []]
-        rows.append([str(gene.get("name", "")), str(gene.get("gene", ""))] + cells + [solve_break_text(gene, knob)])
-    return headers, rows, "ll" + "r" * len(values) + "l"
+    return _gene_table(result, f"Solve rate < {solve.get('half', 0.5):g} at (range)", solve_cell,
+                       lambda gene: (gene.get("solve_break") or {}).get("at"), solve_break_text)
 
 
 def solve_note(result: Mapping) -> str:

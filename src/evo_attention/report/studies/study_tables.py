@@ -29,6 +29,10 @@ from __future__ import annotations
 import math
 import re
 
+from evo_attention.report.studies.common import table_markdown
+from evo_attention.report.studies.lr_grid import grid_section
+from evo_attention.report.studies.suite import suite_table
+from evo_attention.report.studies.validation import current_validation, validation_table_markdown
 from evo_attention.util.format import code, markdown_table
 
 BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
@@ -56,30 +60,17 @@ def change_text(c: dict, log: bool = False, digits: int = 3) -> str:
     return f"{c['difference']:+.{digits}f} [{c['diff_ci_low']:+.{digits}f}, {c['diff_ci_high']:+.{digits}f}]"
 
 
-def _validation(payload: dict) -> dict:
-    from evo_attention.report.studies.validation import current_validation
-
-    return current_validation(payload)
-
-
 def verdicts(payload: dict) -> str:
-    from evo_attention.report.studies.validation import validation_table_markdown
-
-    return validation_table_markdown(_validation(payload))
+    return validation_table_markdown(current_validation(payload))
 
 
 def grid(payload: dict) -> str:
-    from evo_attention.report.studies.lr_grid import grid_section
-
-    lines = grid_section(_validation(payload), "validation")
+    lines = grid_section(current_validation(payload), "validation")
     return "\n".join(line for line in lines if line.startswith("|")) + "\n"
 
 
 def suite(payload: dict) -> str:
-    from evo_attention.report.studies.common import table_markdown
-    from evo_attention.report.studies.suite import suite_table
-
-    return table_markdown(*suite_table(_validation(payload)), code_column=1) + "\n"
+    return table_markdown(*suite_table(current_validation(payload)), code_column=1) + "\n"
 
 
 def suite_rate(payload: dict) -> str:
