@@ -1,15 +1,13 @@
-"""An ablation: reads an ablation result (``variants`` with their comparisons ``vs_full`` and
-``vs_baseline``, ``total`` and ``contributions``, and for a gene that sets its own recipe the
-``recipe_vs_mechanism`` block of the 2x2) and renders the variants table, the contribution
-sentences, the recipe-or-mechanism section, and the whole ``ablation.md``.
+"""An ablation: reads an ablation result (``variants`` with their comparisons ``vs_full`` and ``vs_baseline``,
+``total`` and ``contributions``, and for a gene that sets its own recipe the ``recipe_vs_mechanism`` 2x2) and
+renders the variants table, the contribution sentences, the recipe-or-mechanism section and ``ablation.md``.
 
-A contribution is the signed change of the metric that a field causes, with the field minus
-without it (``field_changes``: the one sign convention of ``util.format``, the metric's direction
-said with it): removing F from the gene is read as the full gene against the gene without F,
-adding F to the baseline as the baseline with F against the baseline, and the whole gene against
-the baseline (``total``). The recipe-or-mechanism block follows the same sign (``recipe_changes``):
-each share, gain and the interaction is a change of the metric, never a gain. ``current_ablation``
-reads a result written with the older sign (positive = better) in this one.
+A contribution is the signed change of the metric a field causes, with the field minus without it
+(``field_changes``; the sign convention of ``util.format``, the direction said with it): removing F reads as
+the full gene against the gene without F, adding F as the baseline with F against the baseline, ``total`` as
+the whole gene against the baseline. The recipe-or-mechanism block has the same sign (``recipe_changes``):
+each share and the interaction is a change of the metric, never a gain. ``current_ablation`` reads a result
+written with the older sign (positive = better) in this one.
 """
 
 from __future__ import annotations
@@ -62,8 +60,8 @@ OLDER_SIGN = "contributions, positive = better"
 
 
 def _inverse(comparison: Mapping) -> dict:
-    """A paired comparison of A against B seen as B against A: the difference negated, the paired
-    relative change r turned into 1 / (1 + r) - 1 (the ratio inverted), intervals swapped."""
+    """A paired comparison of A against B as B against A: the difference negated, a relative change r as
+    1 / (1 + r) - 1 (the ratio inverted), intervals swapped."""
     def flip(x):
         if x is None:
             return None
@@ -79,8 +77,8 @@ def _inverse(comparison: Mapping) -> dict:
 
 
 def _field_change(row: Mapping, comparison: Mapping | None, kind: str) -> dict:
-    """One contribution: the comparison's change (the paired relative change on a ratio metric's log
-    scale, ``relative`` true; else the difference in the metric's units) with its interval and p."""
+    """One contribution: the comparison's change (relative on a ratio metric's log scale, else the difference)
+    with its interval and p."""
     c = comparison or {}
     relative = c.get("scale") == "log"
     names = ("relative", "relative_ci_low", "relative_ci_high") if relative else \
@@ -94,10 +92,8 @@ def _field_change(row: Mapping, comparison: Mapping | None, kind: str) -> dict:
 
 
 def field_changes(variants: Sequence[Mapping]) -> tuple[list[dict], dict | None]:
-    """(contributions, total) from an ablation's variant rows (the full gene first): per removed
-    field the full gene against the gene without it (the inverse of that variant's ``vs_full``),
-    per added field the baseline with it against the baseline (its ``vs_baseline``), and the whole
-    gene against the baseline. Every change is the one with the field minus the one without it."""
+    """(contributions, total) from an ablation's variants (the full gene first): per removed field the inverse
+    of its ``vs_full``, per added field its ``vs_baseline``, and the whole gene's ``vs_baseline``."""
     contributions = []
     for row in variants:
         if row.get("kind") == "remove":
@@ -110,10 +106,10 @@ def field_changes(variants: Sequence[Mapping]) -> tuple[list[dict], dict | None]
 
 
 def current_ablation(result: Mapping) -> dict:
-    """``result`` in the current sign: one written with the older contributions (``value``, positive
-    = better) gets them recomputed from its variants' comparisons, and keeps the convention it was
-    written with in ``recomputed_from``; an older ``recipe_vs_mechanism`` block (gains) is converted
-    by ``recipe_changes``, marked in the block's own ``recomputed_from``."""
+    """``result`` in the current sign: older contributions (``value``, positive = better) are recomputed from
+    the variants' comparisons, the older convention named in ``recomputed_from``; an older
+    ``recipe_vs_mechanism`` block (gains) is converted by ``recipe_changes``, marked in its own
+    ``recomputed_from``."""
     out = dict(result)
     older = [c for c in list(result.get("contributions") or []) + [result.get("total") or {}]
              if "value" in c and "metric_change" not in c]
@@ -138,8 +134,8 @@ def contribution_sign(result: Mapping) -> str:
 
 
 def contribution_lines(result: Mapping) -> list[str]:
-    """Plain sentences: the whole gene's change, then what each field causes, the most helpful first;
-    the first says the metric's direction."""
+    """Plain sentences: the whole gene's change (with the metric's direction), then each field's, the most
+    helpful first."""
     metric, label = result.get("metric", ""), result.get("metric_label", "perplexity")
     lower = lower_is_better(result.get("metric", "val_perplexity"))
     lines, conf = [], result.get("confidence", 0.95)
@@ -198,8 +194,8 @@ OLDER_RECIPE_SIGN = "recipe_vs_mechanism gains, positive = better"
 
 
 def _as_change(value, low, high, lower: bool) -> tuple:
-    """A gain (positive = better, as ``stats.two_factor_shares`` gives it) as a signed change of the
-    metric: negated, its interval swapped, when lower is better."""
+    """A gain of ``stats.two_factor_shares`` (positive = better) as a signed change of the metric: negated, its
+    interval swapped, when lower is better."""
     if not lower:
         return value, low, high
     return tuple(None if x is None else -x for x in (value, high, low))
@@ -207,17 +203,14 @@ def _as_change(value, low, high, lower: bool) -> tuple:
 
 def recipe_changes(shares: Mapping[str, Mapping], interaction: Mapping, scale: str | None, *,
                    lower: bool) -> tuple[dict, dict]:
-    """(shares, interaction) of ``stats.two_factor_shares`` (gains, positive = better; shares named
-    ``total``, ``mechanism``, ``recipe``) in the one sign convention, as ``recipe_vs_mechanism``
-    stores them. A share: ``change`` [``change_low``, ``change_high``], the signed change of the
-    metric on the analysis scale (log units on the log scale, where the mechanism's and the recipe's
-    add up to the total exactly), ``metric_change`` [``_low``, ``_high``] the same as the
-    contributions show it (``relative``: on the log scale a relative change, ``exp(change) - 1``;
-    else the change in the metric's units), ``p_value``, ``fraction`` (of the whole change), and for
-    the two factors ``alone`` and ``with`` (the factor's change without and with the other, on the
-    analysis scale). The interaction: ``paired_interaction``'s fields with ``change`` [``ci_low``,
-    ``ci_high``] and ``t`` the mechanism's change with the gene's recipe minus its change with the
-    baseline's (negative, for a lower-is-better metric: the two reinforce each other)."""
+    """(shares, interaction) of ``stats.two_factor_shares`` (gains of ``total``, ``mechanism``, ``recipe``) in the
+    one sign convention, as ``recipe_vs_mechanism`` stores them. A share: ``change`` [``change_low``,
+    ``change_high``] on the analysis scale (log units on the log scale, where the two factors add up to the
+    total exactly), ``metric_change`` [``_low``, ``_high``] as contributions show it (``relative``: on the log
+    scale exp(change) - 1, else the metric's units), ``p_value``, ``fraction`` (of the whole change), and for the
+    factors ``alone`` and ``with`` (without and with the other, analysis scale). The interaction:
+    ``paired_interaction``'s fields, ``change`` [``ci_low``, ``ci_high``] and ``t`` the mechanism's change with
+    the gene's recipe minus with the baseline's (negative, lower being better: the two reinforce each other)."""
     log = scale == "log"
 
     def metric(x):
@@ -241,8 +234,7 @@ def recipe_changes(shares: Mapping[str, Mapping], interaction: Mapping, scale: s
 
 
 def _change_text(share: Mapping, metric: str) -> str:
-    """A contribution's or a share's change of the metric with its interval: in % on the log scale,
-    else in the metric's units."""
+    """A contribution's or share's change with its interval: in % on the log scale, else in the metric's units."""
     value, low, high = share.get("metric_change"), share.get("metric_change_low"), share.get("metric_change_high")
     if value is None:
         return "-"
@@ -263,9 +255,8 @@ def _recipe_change_text(change, block: Mapping, metric: str) -> str:
 
 
 def recipe_mechanism_lines(result: Mapping) -> list[str]:
-    """Plain sentences, every number a signed change of the metric (the direction said in the first):
-    the gene's whole change, the recipe's share and the mechanism's (each with its change alone and
-    with the other), the interaction test, and which share is the larger."""
+    """Plain sentences, every number a signed change of the metric (the direction said in the first): the whole
+    change, the recipe's and the mechanism's shares (alone and with the other), the interaction, the larger."""
     result = current_ablation(result)  # an older block (gains) in the current sign
     block = result.get("recipe_vs_mechanism")
     if not block:

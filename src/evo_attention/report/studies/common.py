@@ -1,9 +1,7 @@
-"""What every study's rendering shares: metric names and labels, the learning-rate schedule in
-words, and the cells of a paired comparison with the baseline (change, interval, p, verdict).
-
-Reads plain result mappings as the studies write them to JSON (a row of a validation-shaped result:
-``mean``, ``ci_low``/``ci_high``, ``difference`` or ``relative`` with their intervals, ``p_holm``,
-``verdict``...) and returns text; nothing here knows which study made the result.
+"""What every study's rendering shares: metric labels, the learning-rate schedule in words, and the cells of a
+paired comparison with the baseline (change, interval, p, verdict), read from plain result rows (``mean``,
+``ci_low``/``ci_high``, ``difference`` or ``relative`` with their intervals, ``p_holm``, ``verdict``, ...)
+without knowing which study made them.
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ METRICS = {"val_perplexity": ("perplexity", True), "val_loss": ("loss", True), "
 
 def schedule_text(config: Mapping | None, steps: int | None = None, *, grid: Sequence[float] = (),
                   genes: Iterable[str] = (), chosen_on: str = "") -> str:
-    """The learning-rate schedule a study's trainings ran, in words: ``train.config.describe_schedule``
-    of its stored config over ``steps`` (default its ``train_steps``). With a learning-rate ``grid``
-    the rate is each gene's own of it (chosen where ``chosen_on`` says, if given); when one of ``genes``
-    sets its own recipe parts (lr=, wu=, wd=), the sentence says that they replace the run's for that
-    gene."""
+    """A study's learning-rate schedule in words (``train.config.describe_schedule`` of its config over ``steps``,
+    default ``train_steps``): with a ``grid`` each gene's own rate of it (chosen where ``chosen_on`` says); and
+    where one of ``genes`` sets its own recipe parts (lr=, wu=, wd=), that they replace the run's for it."""
     from evo_attention.train.config import describe_schedule  # imports torch: only where a schedule is told
 
     text = describe_schedule(config or {}, steps)
@@ -86,9 +82,8 @@ def metric_direction(metric: str) -> str:
 
 
 def change_text(row: Mapping, metric: str) -> str:
-    """A gene's paired change from the baseline with its interval (gene minus baseline, the sign
-    convention of ``util.format``): relative (in %) on a ratio metric's log scale, else in the
-    metric's units."""
+    """A gene's paired change from the baseline (gene minus baseline) with its interval: in % on a ratio
+    metric's log scale, else in the metric's units."""
     if row.get("scale") == "log" and row.get("relative") is not None:
         low, high = row.get("relative_ci_low"), row.get("relative_ci_high")
         span = "" if low is None or high is None else f" [{100 * low:+.2f}, {100 * high:+.2f}]"
@@ -100,8 +95,7 @@ def change_text(row: Mapping, metric: str) -> str:
 
 
 def verdict_cell(row: Mapping) -> str:
-    """The verdict as a table shows it: the word with its margin, and for an undetermined one what
-    these seeds could detect and how many would decide it."""
+    """The verdict as a table shows it; for an undetermined one, what these seeds detect and how many decide."""
     label = str(row.get("verdict_label") or row.get("verdict") or "")
     versus = row.get("versus") or {}
     if versus.get("baseline") == "matched":  # the verdict names the baseline it used
@@ -166,8 +160,8 @@ def study_schedule(result: Mapping, steps: int | None = None) -> str:
 
 
 def table_markdown(headers: Sequence[str], rows: Sequence[Sequence], align, code_column: int | None = None) -> str:
-    """A table of plain-text cells as markdown, each cell escaped (``md_cell``; None shows as '-') but
-    those of ``code_column`` (a gene key's), which are code; no trailing newline."""
+    """Plain-text cells as a markdown table without a trailing newline: escaped (None as '-'), but those of
+    ``code_column`` (gene keys) as code."""
     return markdown_table(headers, [[code(c) if i == code_column else md_cell("-" if c is None else c)
                                      for i, c in enumerate(row)] for row in rows], align).rstrip()
 
@@ -181,9 +175,8 @@ def plain_cell(row: Mapping, metric: str) -> str:
 
 
 def partial_note(result: Mapping) -> str:
-    """The sentence saying that eval_steps cut a study's evaluations short, with the tokens each value was
-    scored on (its rows' ``eval_tokens``) and the split's; '' when every evaluation was complete (or a result
-    written before the rows said so)."""
+    """The sentence that eval_steps cut a study's evaluations short, with the tokens each value was scored on
+    (``eval_tokens``) and the split's; '' when every evaluation was complete (or the rows do not say)."""
     rows = [result.get("baseline") or {}, *(result.get("matched_baselines") or ()), *(result.get("genes") or ()),
             *(result.get("variants") or ())]
     rows += [r for size in result.get("sizes") or () for r in [size.get("baseline") or {}, *(size.get("genes") or ())]]

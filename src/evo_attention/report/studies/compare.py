@@ -1,7 +1,6 @@
-"""A comparison of configurations at one model size: reads the payload of ``compare.json``
-(``settings``, ``aggregates`` per configuration, the ``summary`` with its ranking, failures and,
-with several seeds, the ``paired`` comparisons; an optional ``grid``) and renders ``compare.md``.
-"""
+"""A comparison of configurations at one model size: reads the payload of ``compare.json`` (``settings``,
+``aggregates``, the ``summary`` with its ranking, failures and, with several seeds, ``paired`` comparisons; an
+optional ``grid``) and renders ``compare.md``."""
 
 from __future__ import annotations
 

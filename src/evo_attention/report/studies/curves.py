@@ -1,8 +1,7 @@
-"""A difficulty curve: reads a curve result (the ``knob`` and its ``values``, per gene its
-``points`` with mean accuracy and interval and where it ``breaks_at``, the chance accuracy per
-point; with a solve threshold the ``solve`` block, per point the solve count and its verdict
-against the reference gene, per gene its ``solve_break``) and renders the curve table, the solve
-table, the notes on what their cells mean, and ``curve.md``.
+"""A difficulty curve: reads a curve result (the ``knob`` and its ``values``, per gene its ``points`` with mean
+accuracy, interval and ``breaks_at``, the chance accuracy per point; with a solve threshold the ``solve``
+block, per point the solve count and verdict against the reference, per gene its ``solve_break``) and renders
+the curve and solve tables, the notes on what their cells mean, and ``curve.md``.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ def curve_knob_text(value) -> str:
 
 
 def curve_cell(row: Mapping, breaks: bool = False) -> str:
-    """A gene at one value: mean accuracy ± the half-width of its interval, the seeds that finished
-    when some did not, ``BREAK_MARK`` where the gene breaks."""
+    """A gene at one value: mean accuracy ± its interval's half-width, the seeds that finished when some did not,
+    ``BREAK_MARK`` where the gene breaks."""
     if row.get("mean") is None:
         return "failed" if row.get("n_failed") else "-"
     text = f"{row['mean']:.3f}" + (f" ± {row['half_width']:.3f}" if row.get("half_width") is not None else "")
@@ -73,8 +72,8 @@ def curve_note(result: Mapping) -> str:
 
 
 def solve_cell(row: Mapping, breaks: bool = False) -> str:
-    """A gene at one point: solved/n [exact interval of the rate], its verdict against the reference
-    (with the Holm p) when it has one, ``BREAK_MARK`` where its solve rate first falls below one half."""
+    """A gene at one point: solved/n [exact interval], its verdict against the reference (Holm p) when it has one,
+    ``BREAK_MARK`` where its solve rate first falls below one half."""
     solve = row.get("solve") or {}
     if not solve.get("n"):
         return "-"
@@ -150,8 +149,7 @@ def curve_markdown(result: Mapping) -> str:
 
 
 def rate_table(result: Mapping):
-    """``(headers, rows, align)`` of each gene's selected rate per point (a learning-rate grid's
-    curve; ``*`` marks an end of the grid), or None without a grid."""
+    """(headers, rows, align) of each gene's selected rate per point (``*``: an end of the grid), or None."""
     grids = result.get("grids")
     if not grids:
         return None

@@ -1,9 +1,7 @@
-"""A study's learning-rate grid: reads the ``grid`` block of a validation, ablation, transfer or
-compare result (``rates``, the tuning and verdict seeds, and per gene its ``curve`` over the rates,
-the ``selected`` rate and ``at_edge``; a transfer ladder's block holds one such per size under
-``sizes``) and renders its section of the study's markdown, the per-gene rate column of the study
-tables (``grid_rates``, ``grid_rate_cell``), the figure's file name, and the warning for a gene whose
-best rate is an end of the grid.
+"""A study's learning-rate grid: reads the ``grid`` block of a validation, ablation, transfer or compare result
+(``rates``, the tuning and verdict seeds, per gene its ``curve``, ``selected`` rate and ``at_edge``; a ladder's
+holds one per size under ``sizes``) and renders its markdown section, the per-gene rate column of the study
+tables, the figure's file name, and the warning for a gene whose best rate is an end of the grid.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ def grid_rate_cell(rate) -> str:
 
 
 def grid_rates(result: Mapping, size: str | None = None) -> dict:
-    """Gene key -> the rate it was measured at, from a result's ``grid`` block (at ``size`` for a
-    ladder's); empty without a grid."""
+    """Gene key -> the rate it was measured at (at ``size`` for a ladder); empty without a grid."""
     grid = result.get("grid") or {}
     if "sizes" in grid:
         grid = next((s for s in grid["sizes"] if s.get("size") == size), {})
@@ -64,8 +61,8 @@ def _grid_label(key: str, row: Mapping, names: Mapping[str, str] | None) -> str:
 
 def grid_table(genes: Mapping[str, Mapping], rates, metric: str,
                names: Mapping[str, str] | None = None) -> tuple[list[str], list[list[str]], str]:
-    """(headers, rows, align) of a grid: per gene (the baseline first) its mean at every rate
-    (with the failed tuning seeds), the selected rate and whether it is an end of the grid."""
+    """(headers, rows, align) of a grid: per gene (the baseline first) its mean at every rate (with the failed
+    tuning seeds), the selected rate and whether it is an end of the grid."""
     d = digits_for(metric)
     headers = ["Gene"] + [f"lr {r:g}" for r in rates] + ["Selected", "At an edge"]
     rows = [[f"{label}: {key}" if label else key]
@@ -77,9 +74,8 @@ def grid_table(genes: Mapping[str, Mapping], rates, metric: str,
 
 
 def grid_section(result: Mapping, kind: str, names: Mapping[str, str] | None = None) -> list[str]:
-    """The markdown of a result's learning-rate grid (nothing without one): how the rates were
-    chosen, each gene's curve and rate (per size for a ladder), a warning per edge winner, and the
-    figure."""
+    """The markdown of a result's learning-rate grid (nothing without one): how the rates were chosen, each
+    gene's curve and rate (per size for a ladder), a warning per edge winner, and the figure."""
     grid = result.get("grid")
     if not grid:
         return []

@@ -1,7 +1,6 @@
-"""Genes on a suite of tasks (``compare --suite``, ``validate --suite``): reads a suite result
-(``suite`` with its ``points``, ``baseline`` and ``genes`` rows with their accuracy per point and
-suite accuracy, the paired comparison when there are several seeds) and renders the suite table,
-``compare_suite.md`` / ``validation_suite.md``, and the rows of the heat map.
+"""Genes on a suite of tasks (``compare --suite``, ``validate --suite``): reads a suite result (``suite`` with
+its ``points``, ``baseline`` and ``genes`` rows with their accuracy per point and suite accuracy, the paired
+comparison with several seeds) and renders the suite table, ``*_suite.md`` and the rows of the heat map.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ def suite_cell(mean, sd=None, failed: int = 0, digits: int = 3) -> str:
 
 
 def suite_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
-    """(headers, rows, align) of a suite study: per gene (the baseline first) its accuracy on every
-    point and its suite accuracy (mean ± sd over the seeds; a failed training counts 0), the
-    interval, and against the baseline the paired change with its interval, Holm's p and the verdict."""
+    """(headers, rows, align) of a suite study: per gene (the baseline first) its accuracy on every point and its
+    suite accuracy (mean ± sd over the seeds, a failed training counting 0), the interval, and against the
+    baseline the paired change, Holm's p and the verdict."""
     labels = [p["label"] for p in result["suite"]["points"]]
     conf = stats.percent(result.get("confidence", 0.95))
     headers = ["Name", "Gene"] + labels + ["Suite accuracy", f"{conf} CI", paired_change_header("suite_accuracy", conf),
@@ -82,8 +81,8 @@ def suite_markdown(result: Mapping, figure: str | None = None) -> str:
 
 
 def suite_heatmap_rows(result: Mapping) -> tuple[list[str], list[dict]]:
-    """The heat map of a suite study: columns (the points, then 'suite'), and per gene (the baseline
-    first) its name, mean and sd per column and failures per column."""
+    """The heat map of a suite study: columns (the points, then 'suite'), and per gene (the baseline first) its
+    name, and its mean, sd and failures per column."""
     labels = [p["label"] for p in result["suite"]["points"]]
     rows = []
     for r in [result["baseline"]] + list(result.get("genes", [])):

@@ -1,10 +1,9 @@
-"""Transfer across scale: reads a transfer result (the ladder's ``sizes``, each with its shape,
-budget, Kendall's tau and the ``baseline`` and ``genes`` rows with their paired comparison,
-``relative_change`` and its interval, ``interaction`` with the reference size and ``transfer``
-verdict; an optional ``grid`` per size) and renders the ladder and gene tables, the headline, the
-note on how the numbers were made, and ``transfer.md``. Every change is the gene's minus the
-baseline's, the metric's direction said with it; ``current_transfer`` reads a result written with
-the older ``advantage`` (positive = better) in this sign.
+"""Transfer across scale: reads a transfer result (the ladder's ``sizes``, each with its shape, budget,
+Kendall's tau and ``baseline`` and ``genes`` rows with their paired comparison, ``relative_change`` and
+interval, ``interaction`` with the reference size and ``transfer`` verdict; an optional ``grid``) and renders
+the ladder and gene tables, the headline, the note on how the numbers were made, and ``transfer.md``. Every
+change is the gene's minus the baseline's, the direction said with it; ``current_transfer`` reads a result
+written with the older ``advantage`` (positive = better) in this sign.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ def transfer_share(value) -> str:
 
 
 def transfer_change_text(row: Mapping, metric: str) -> str:
-    """A gene's relative change from the baseline with its interval: '-3.1% [-5.2%, -1.0%]' (the
-    interval '-' when an end is missing); where the baseline's mean is 0 its difference, so said."""
+    """A gene's relative change with its interval, '-3.1% [-5.2%, -1.0%]' (the interval '-' without an end);
+    where the baseline's mean is 0 its difference, so said."""
     if row.get("relative_change") is None and row.get("difference") is not None:
         return f"{change_text(row, metric)} (the baseline's mean is 0: no relative change)"
     low, high = row.get("relative_change_low"), row.get("relative_change_high")
@@ -36,8 +35,8 @@ def transfer_change_text(row: Mapping, metric: str) -> str:
 
 
 def _transfer_best(result: Mapping) -> dict | None:
-    """The gene with the best relative change at the reference size, else (the baseline's mean is 0
-    there) the best difference (None if none has one)."""
+    """The gene with the best relative change at the reference size, else (a baseline mean 0) the best
+    difference; None if none has one."""
     sizes = result.get("sizes") or []
     sign = -1.0 if lower_is_better(result.get("metric", "val_perplexity")) else 1.0
     for field in ("relative_change", "difference"):
@@ -52,10 +51,9 @@ OLDER_ADVANTAGE = "advantage, positive = better"
 
 
 def current_transfer(result: Mapping) -> dict:
-    """``result`` in the current sign: the older ``advantage``/``advantage_low``/``advantage_high``
-    of each gene row (positive = better) become ``relative_change``/``..._low``/``..._high`` (the
-    gene minus the baseline; the same number negated when lower is better), the headline is
-    written anew, and ``recomputed_from`` names the older field."""
+    """``result`` in the current sign: each row's older ``advantage[_low|_high]`` (positive = better) becomes
+    ``relative_change[_low|_high]`` (negated when lower is better), the headline is written anew, and
+    ``recomputed_from`` names the older field."""
     sizes = result.get("sizes") or []
     if not any("advantage" in g for s in sizes for g in s.get("genes", [])):
         return dict(result)
@@ -108,8 +106,7 @@ def transfer_sizes_table(result: Mapping) -> tuple[list[str], list[list[str]], s
 
 
 def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
-    """(headers, rows, align) of every gene at every size (the baseline first at each); the gene key
-    is column 1."""
+    """(headers, rows, align) of every gene at every size (the baseline first), the gene key in column 1."""
     d = digits_for(result.get("metric", ""))
     conf = stats.percent(result.get("confidence", 0.95))
     grid = bool(result.get("grid"))
@@ -141,8 +138,8 @@ def transfer_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
 
 
 def transfer_interaction_text(inter: Mapping | None) -> str:
-    """The change of a gene's paired (log) change from the baseline, from the reference size to
-    this one, with its interval and Holm p ('-' at the reference size)."""
+    """How a gene's paired (log) change changed from the reference size, with its interval and Holm p ('-' at
+    the reference size)."""
     if not inter or inter.get("change") is None:
         return "-"
     span = "" if inter.get("ci_low") is None else f" [{inter['ci_low']:+.4f}, {inter['ci_high']:+.4f}]"

@@ -1,10 +1,8 @@
-"""A multi-seed validation: reads a validation result (``baseline`` and ``genes`` rows with their
-per-seed ``values``, mean, interval and paired comparison; ``seeds``, ``metric``, ``confidence``,
-``family_size``, an optional ``grid``) and renders its verdict table, the one-sentence headline, and
-the whole ``validation.md``; what each validated gene costs (``cost``: the medians over its seeds,
-the baseline first and every gene relative to it; a result written before costs were kept has none,
-and both cost renderers give None); and a run directory's study results as the report reads them
-(``read_studies``: every validation read by the current rule, ``current_validation``).
+"""A multi-seed validation: reads a validation result (``baseline`` and ``genes`` rows with their per-seed
+``values``, mean, interval and paired comparison; ``seeds``, ``metric``, ``confidence``, ``family_size``, an
+optional ``grid``) and renders its verdict table, headline and ``validation.md``; what each gene costs
+(``cost``: medians over its seeds, relative to the baseline's; None for a result written before costs were
+kept); and a run directory's study results as the report reads them (``read_studies``, ``current_validation``).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from evo_attention.util.format import fmt, md_cell, number
 
 
 def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
-    """(headers, rows, align) of the validation table; cells are plain text, the first column the
-    gene key (the baseline first)."""
+    """(headers, rows, align) of the validation table in plain text, the gene key first (the baseline's first)."""
     d = digits_for(result.get("metric", ""))
     conf = stats.percent(result.get("confidence", 0.95))
     search_seed = result.get("search_seed")
@@ -95,8 +92,7 @@ def validation_best_row(result: Mapping) -> dict | None:
 
 
 def validation_headline(result: Mapping) -> str:
-    """One sentence: the best validated gene vs the baseline, its paired change with the interval,
-    and the verdict with its numbers."""
+    """One sentence: the best validated gene vs the baseline, its paired change and the verdict."""
     best = validation_best_row(result)
     base = result.get("baseline") or {} if best is None else matched_reference(result, best)
     label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
@@ -157,8 +153,7 @@ def validation_markdown(result: Mapping) -> str:
 
 
 def cost_table(result: Mapping) -> tuple[list[str], list[list[str]], str] | None:
-    """(headers, rows, align) of what each validated gene costs (medians over its seeds), or None
-    for a result without costs (one written before they were kept)."""
+    """(headers, rows, align) of what each validated gene costs (medians over its seeds), or None without costs."""
     rows_in = [result.get("baseline") or {}] + list(result.get("genes", []))
     if not any(r.get("cost") for r in rows_in):
         return None
@@ -184,12 +179,10 @@ def cost_markdown(result: Mapping) -> str | None:
 
 
 def read_studies(run_dir):
-    """The study results in ``run_dir`` (``load_attachments``), each validation and suite
-    validation read by the current rule: one made by an earlier version (an earlier ``analysis``
-    mark, or none) is recomputed from its per-seed values and marked so; ablations and transfers
-    written with the older sign (positive = better) are read in the current one
-    (``current_ablation``, ``current_transfer``: marked by ``recomputed_from``). Every result file but compare's
-    (its table formats any value) passes ``_readable``."""
+    """The study results in ``run_dir`` (``load_attachments``) by the current rule: a validation of an earlier
+    ``analysis`` (or none) is recomputed from its per-seed values and marked so; ablations and transfers of the
+    older sign (positive = better) are read in the current one (marked by ``recomputed_from``). Every file but
+    compare's (its table formats any value) passes ``_readable``."""
     found = load_attachments(run_dir)
     checks = [found.fresh_check] if found.fresh_check else []  # the renderers' baseline word reads no field
     for results, read, render in ((found.validations, current_validation, validation_markdown),
@@ -205,9 +198,8 @@ def read_studies(run_dir):
 
 
 def _readable(result: Mapping, read, render, problems: list[str]) -> dict | None:
-    """``read(result)`` (by the current rule), if its fields are what its command writes: each renderer reads
-    some, so one rendering of the whole (``render``) reads them all; else None, named damaged in ``problems``
-    (a file edited or damaged, which the report and status leave out instead of failing on it)."""
+    """``read(result)``, if rendering it whole (``render``) reads every field as its command writes it; else None,
+    named damaged in ``problems`` (the report and status leave it out instead of failing on it)."""
     try:
         render(current := read(result))
         return current
@@ -218,9 +210,8 @@ def _readable(result: Mapping, read, render, problems: list[str]) -> dict | None
 
 
 def current_validation(result: Mapping) -> dict:
-    """``result`` (a validation or a suite validation) as the current rule reads it
-    (``stats.recompute_validation``, with the file's own margin), headline included; a recomputed
-    result keeps the analysis it was written by in ``recomputed_from`` and says so in its headline."""
+    """A (suite) validation by the current rule (``stats.recompute_validation``, with the file's own margin); a
+    recomputed one keeps the analysis it was written by in ``recomputed_from`` and says so in its headline."""
     if result.get("analysis") == stats.ANALYSIS:
         return dict(result)
     upgraded = stats.recompute_validation(result, margin=result.get("margin") or stats.DEFAULT_MARGIN)
