@@ -1,40 +1,35 @@
 """A run as an Optuna study in a journal file, for optuna-dashboard (``report RUN --optuna-journal FILE``).
 
-``write_optuna_journal(run_dir, path)`` writes one study per role into a new journal file (Optuna's
-``JournalStorage`` over ``JournalFileBackend``, which ``optuna-dashboard FILE`` shows): the search
-(named after the run directory: its trainings, the baseline's, a multi-fidelity run's rungs and the
-genes refused before training), and each study the run holds besides (``RUN:validate``, ``RUN:ablate``,
-...), so a study's best trial and best-so-far line are the search's own. It is a view of the run store
-like every other output: written again from the store each time, never read back by a search. An
-existing file is replaced only if it is an Optuna journal (``is_journal``): a run store, a live run's
-file or any other file is refused, naming it (``util.files.check_output``, the rule of every output).
+``write_optuna_journal(run_dir, path)`` writes into a new journal file (Optuna's ``JournalStorage`` over
+``JournalFileBackend``, which ``optuna-dashboard FILE`` shows) one study for the search, named after the run
+directory (its trainings, the baseline's, a multi-fidelity run's rungs and the genes refused before training),
+and one per study the run holds besides (``RUN:validate``, ``RUN:ablate``, ...), so the search study's best
+trial and best-so-far line are the search's own. Like every output it is a view of the run store, written
+again each time, never read back by a search. An existing file is replaced only if it is an Optuna journal
+(``is_journal``); a run store, a live run's file or any other file is refused, naming it
+(``util.files.check_output``).
 
-- One trial per stored evaluation, in store order (search, baseline, validate, ...), then one per
-  gene the search refused before training (a run with caps). Each trial's user attributes say its
-  ``gene`` (key and ``str``), ``role``, ``generation``, ``id``, ``status``, ``steps`` and ``error``,
-  and the measures the caps read (``params``, ``flops_per_step``, ``latency_ms``, ``peak_memory_mb``).
-- Parameters: one categorical parameter per gene field (a program gene's four components, which
-  it does not use, are left out: its program is the parameter ``program``), its choices the run's whole search space
-  (``search_space`` of its config) with any option seen beyond it, as the gene key writes them
-  (``bias``, ``0.10``, ``rope:ntk:4``); an axis the run never varied (one choice) is left out; a
-  per-layer genome has one per layer and field (``L1.similarity``, ``L2.similarity``, ...).
-- Times: each trial starts and completes when its training did (the record's ``created_at``, when
-  the store took it, less its ``time_s``), so the dashboard's durations and timeline are real.
-- Intermediate values: the trial's curve as perplexities, by step: its validation points where it
-  has them (``val_curve``), else its training curve (exp of the mean loss of each interval).
-- Values: the run's objectives (perplexity first), every direction minimize; the study's metric
-  names are the objectives.
-- States: a finished full-budget training is COMPLETE; a failed one (diverged, out of memory, an
-  error) is FAIL; a multi-fidelity training stopped at a lower rung is PRUNED with its perplexity
-  as the intermediate value at its step; a gene refused before training is FAIL.
-- Constraints (a run with caps): every trial carries its excess over each cap (``value / limit -
-  1``; above 0: broken, 0 where unknown) as Optuna expects them, in the system attribute
-  ``constraints`` (which Optuna's samplers and optuna-dashboard read) and the user attribute
-  ``constraints`` (with ``constraint_names``), so the dashboard marks infeasible trials as such.
+- One trial per stored evaluation, in store order, then one per gene refused before training. User
+  attributes: ``gene`` (key and ``str``), ``role``, ``generation``, ``id``, ``status``, ``steps``, ``seed``,
+  ``error``, and the measures caps read (``params``, ``flops_per_step``, ``latency_ms``, ``peak_memory_mb``).
+- Parameters: one categorical per gene field (per layer for a per-layer genome: ``L1.similarity``, ...), its
+  choices the run's whole ``search_space`` with any option seen beyond it, as the gene key writes them
+  (``bias``, ``0.10``, ``rope:ntk:4``); an axis never varied (one choice) is left out, and so are the four
+  components of a program gene (its program is the parameter ``program``).
+- Times: a trial completes when the store took its record (``created_at``) and starts ``time_s`` earlier.
+- Intermediate values: the trial's curve as perplexities by step: its ``val_curve`` where it has one, else its
+  training curve (exp of each interval's mean loss).
+- Values: the run's objectives (perplexity first), every direction minimize; they name the study's metrics.
+- States: a finished full-budget training is COMPLETE; a failed one (diverged, out of memory, an error) FAIL;
+  a multi-fidelity training stopped at a lower rung PRUNED, its perplexity the intermediate value at its
+  step; a gene refused before training FAIL.
+- Constraints (a run with caps): every trial's excess over each cap (``value / limit - 1``; above 0: broken,
+  0 where unknown) in the system attribute ``constraints`` (read by Optuna's samplers and optuna-dashboard)
+  and the user attributes ``constraints`` and ``constraint_names``, so the dashboard marks infeasible trials.
 - A suite run (meta ``suite``): one trial per gene (the baseline first, then the search genes as
-  ``summary.suite_view`` ranks them), its value the suite accuracy, direction maximize; COMPLETE
-  once the gene trained on every point (and not every point failed), else FAIL; user attributes
-  ``accuracy:LABEL`` per point and ``failed_points``.
+  ``summary.suite_view`` ranks them), its value the suite accuracy, direction maximize; COMPLETE once the
+  gene trained on every point (and not every point failed), else FAIL; user attributes ``accuracy:LABEL``
+  per point and ``failed_points``.
 """
 
 from __future__ import annotations
@@ -62,8 +57,7 @@ MEASURES = ("params", "flops_per_step", "latency_ms", "peak_memory_mb")
 
 
 def journal_storage(path: str | os.PathLike):
-    """Optuna's ``JournalStorage`` over a journal file (``JournalFileBackend``; ``JournalFileStorage``
-    in the Optuna versions before 4.0)."""
+    """Optuna's ``JournalStorage`` over a journal file (``JournalFileBackend``; before 4.0 ``JournalFileStorage``)."""
     optuna = import_optuna("optuna_journal")
     try:
         from optuna.storages.journal import JournalFileBackend
@@ -75,8 +69,7 @@ def journal_storage(path: str | os.PathLike):
 
 
 def is_journal(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is an Optuna journal file: its first line is one of Optuna's journal
-    operations (a JSON object with an ``op_code``)."""
+    """Whether ``path`` is an Optuna journal: its first line is a JSON object with an ``op_code``."""
     import json
 
     try:
@@ -88,8 +81,8 @@ def is_journal(path: str | os.PathLike) -> bool:
 
 
 def journal_path(path: str | os.PathLike) -> Path:
-    """``path`` if a journal may be written there (new, or an Optuna journal it replaces); else a
-    UserError naming ``optuna_journal`` and what is there, or that Optuna, which writes it, is missing."""
+    """``path`` if a journal may be written there (new, or an Optuna journal it replaces); else a UserError
+    naming ``optuna_journal`` and what is there, or that Optuna is missing."""
     import_optuna("optuna_journal")
     return check_output(path, "optuna_journal", kind="an Optuna journal", directory=False, own=is_journal)
 
@@ -105,8 +98,8 @@ def _user_attrs(record, info: dict) -> dict:
 
 
 def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) -> dict:
-    """Write the run in ``run_dir`` as an Optuna study into the journal file ``path`` (an
-    earlier journal there is replaced; anything else is refused); returns ``{"path", "study", "trials", "states"}``."""
+    """Write the run in ``run_dir`` into the journal file ``path`` (see the module docstring); returns
+    ``{"path", "study", "studies", "trials", "states"}``."""
     optuna = import_optuna("optuna_journal")
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
@@ -231,8 +224,8 @@ def _used_fields(key: str, fields: dict) -> dict:
 
 
 def space_labels(search_space) -> dict[str, list[str]]:
-    """Each gene field's options in a run's search space, as the gene key writes them (a field whose
-    options cannot be read here, e.g. a plugin's not loaded, has none)."""
+    """Each gene field's options in a run's search space as the gene key writes them (none where they cannot be
+    read here, e.g. a plugin's not loaded)."""
     try:
         space = SearchSpace.from_dict(search_space or {})
     except (UserError, ValueError):
@@ -265,8 +258,7 @@ def _timed(trial, record) -> None:
 
 
 def curve_values(record) -> dict[int, float]:
-    """The intermediate values of a trial: its curve as perplexities by step (the validation points
-    where there are any, else the training curve)."""
+    """A trial's intermediate values: its validation curve, else its training curve, as perplexities by step."""
     curve = record.get("val_curve") or record.get("curve") or []
     return {int(step): math.exp(min(float(loss), 700.0)) for step, loss in curve if math.isfinite(float(loss))}
 
