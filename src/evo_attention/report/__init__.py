@@ -8,21 +8,14 @@
 - ``component_analysis.csv`` / ``component_analysis.md``: per gene field and option
 - ``evaluation_distribution.png``: the histogram of every finished search evaluation
 - ``learning_curves.png``: the training-loss curves of the best genes and the baseline
-- ``report.md``: the human summary linking the figures
-- ``report.html``: the same report as one self-contained page (figures embedded, no server needed)
-- ``pareto.png`` (multi-objective runs only): every evaluation on the first two objectives, the
-  Pareto front as a step line, the baseline marked; both reports then get a Pareto section
-- ``suite.png`` (suite runs only): the heat map of every gene's accuracy per point of the suite and its
-  suite accuracy; both reports then get a Suite section, and rank by suite accuracy
+- ``report.md``: the human summary linking the figures, and ``report.html``, the same as one self-contained page
+- ``pareto.png`` (multi-objective runs only; both reports then get a Pareto section), ``suite.png`` (suite
+  runs only: every gene's accuracy per point; both reports then get a Suite section and rank by suite
+  accuracy), ``best_program.png`` (when the best gene has a program)
 
-Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``):
-``validation.json`` / ``validation_test.json`` (``evo-attention validate``), ``ablation.json``
-(``ablate``), ``compare_results.json`` (``compare``), ``curve.json`` in ``run_dir`` or
-``run_dir/curve`` (``curve``) and ``attention_maps.json`` with its figures in ``run_dir`` or
-``run_dir/maps`` (``attention-maps``).
-
-``load_run(run_dir)`` gives the ``RunSummary`` these are made from. Both open the store read-only,
-so they may run while a search is still writing to it (``evo-attention report DIR``).
+Both reports also show what the analysis commands left in ``run_dir`` (``Attachments``). ``load_run(run_dir)``
+gives the ``RunSummary`` these are made from. Both open the store read-only, so they may run while a search is
+still writing to it (``evo-attention report DIR``).
 """
 
 from __future__ import annotations
@@ -109,8 +102,8 @@ def _still_there(run_dir: Path, loaded: os.stat_result | None, wrote: bool) -> N
 
 
 def _write_all(summary: RunSummary, attachments, paths: dict[str, Path], still_there) -> None:
-    """Every report file; ``still_there(wrote)`` before the first and before the text reports (after the figures,
-    the slow part), so that a run replaced at its path is noticed before its files are written there."""
+    """Every report file; ``still_there(wrote)`` before the first and before the text reports (after the slow
+    figures), so that a run replaced at its path is noticed before its files are written there."""
     from evo_attention.report import figures, html, markdown, tables  # matplotlib is imported only when writing
     from evo_attention.util.files import write_text
 

@@ -1,19 +1,12 @@
-"""What the studies leave in a run directory, and how the report finds it.
+"""What the studies leave in a run directory, and how the report finds it (``load_attachments``).
 
-The file names are defined here once: the studies write under these names, the report reads them
-(``load_attachments``), so the report never needs the studies' code.
-
-- ``validation.json`` / ``validation_test.json``: ``evo-attention validate``
-- ``ablation.json`` / ``ablation_test.json``: ``evo-attention ablate``
-- ``transfer.json`` / ``transfer_test.json``: ``evo-attention transfer``
-- ``compare_results.json`` (also in ``compare/``): ``evo-attention compare``
-- ``validation_suite.json`` / ``validation_suite_test.json`` (``validate --suite``) and
-  ``compare_suite.json`` / ``compare_suite_test.json`` (also in ``compare/``; ``compare --suite``):
-  genes on a suite of tasks, each with its ``.md`` and heat map ``.png`` of the same stem
-- ``attention_maps.json`` with its figures, in the run directory, ``maps/`` or ``maps/*/``:
-  ``evo-attention attention-maps``
-- ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``): ``evo-attention curve``
-- ``fresh_check.json`` with ``fresh_check.md``: a search's fresh-seed check of its top genes
+The file names are defined here once, so the report never needs the studies' code: ``validation[_test].json``
+(``evo-attention validate``), ``ablation[_test].json`` (``ablate``), ``transfer[_test].json`` (``transfer``),
+``compare_results.json`` (also in ``compare/``; ``compare``), ``validation_suite[_test].json`` (``validate
+--suite``) and ``compare_suite[_test].json`` (also in ``compare/``; ``compare --suite``), each with its ``.md``
+and heat map ``.png``; ``attention_maps.json`` with its figures in the run directory, ``maps/`` or ``maps/*/``
+(``attention-maps``); ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``; ``curve``);
+``fresh_check.json`` with ``fresh_check.md`` (a search's fresh-seed check of its top genes).
 """
 
 from __future__ import annotations
@@ -35,27 +28,22 @@ CHECK_PENDING = "fresh_check_pending"  # the store's meta while a finished searc
 CURVE_DIRS = (".", "curve")  # where the report looks for a curve (its figure lies beside it)
 SUITE_FILES = ("validation_suite.json", "validation_suite_test.json", "compare_suite.json", "compare_suite_test.json",
                "compare/compare_suite.json", "compare/compare_suite_test.json")
+COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy", "time_s", "peak_memory_mb",
+                "params", "status")
 
 
 def output_stem(kind: str, eval_split: str) -> str:
     """``validation`` for the validation split, ``validation_test`` for the test split (any ``kind``)."""
     return kind if eval_split == "valid" else f"{kind}_{eval_split}"
-COMPARE_KEYS = ("name", "gene", "seed", "val_loss", "val_perplexity", "accuracy", "time_s", "peak_memory_mb",
-                "params", "status")
 
 
 @dataclass
 class Attachments:
-    """The analysis results found beside a run's store, read as plain dicts (each file's with ``"_file"``, its
-    path relative to the run directory; compare's as its rows).
-
-    ``validations`` / ``ablations`` / ``transfers``: the parsed ``validation*.json`` /
-    ``ablation*.json`` / ``transfer*.json``; ``suites``: the parsed ``*_suite*.json``; ``compare``: rows of
-    ``compare_results.json`` (every key of ``COMPARE_KEYS`` present, None where the file lacks it);
-    ``curves``: each ``curve.json`` with ``"_dir"``, the directory its figure lies in; ``maps``:
-    each ``attention_maps.json`` with ``"_dir"``, the directory its figures lie in; ``problems``:
-    one line per file that exists but could not be read (the report says so instead of failing).
-    """
+    """The analysis results beside a run's store as plain dicts, each file's with ``"_file"`` (its path relative
+    to the run directory): ``validations``, ``ablations``, ``transfers``, ``suites``, ``fresh_check``; ``compare``:
+    the rows of ``compare_results.json`` (every key of ``COMPARE_KEYS``, None where missing); ``curves`` and
+    ``maps`` with ``"_dir"``, the directory their figures lie in; ``problems``: one line per file that exists
+    but could not be read (the report says so instead of failing)."""
 
     validations: list[dict] = field(default_factory=list)
     ablations: list[dict] = field(default_factory=list)
@@ -93,15 +81,13 @@ def _compare_rows(data: Any, path: Path, problems: list[str]) -> list[dict] | No
 
 
 def load_attachments(run_dir: str | os.PathLike) -> Attachments:
-    """Read every analysis result in ``run_dir`` (and ``run_dir/maps``, ``run_dir/maps/*``,
-    ``run_dir/curve``)."""
+    """Every analysis result in ``run_dir`` (and ``maps``, ``maps/*``, ``curve`` in it)."""
     run_dir = Path(run_dir)
     found = Attachments()
 
     def read(name: str, what: str, kind: str | None = None) -> Mapping | None:
-        """The result in the file ``name`` (relative to ``run_dir``), with ``"_file"``: ``name``: one of ``kind``
-        (no kind: attention maps, a ``layers`` list); None where there is no such file, or it is not ``what``
-        (said in ``problems``)."""
+        """The ``kind`` result (none: attention maps, with a ``layers`` list) in the file ``name`` with ``"_file"``;
+        None where there is no such file, or it is not ``what`` (said in ``problems``)."""
         data = _read_json(run_dir / name, found.problems) if (run_dir / name).is_file() else None
         if isinstance(data, Mapping) and (data.get("kind") == kind if kind else isinstance(data.get("layers"), list)):
             return {**data, "_file": name}

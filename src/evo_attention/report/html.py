@@ -1,13 +1,11 @@
 """``report.html``: ``report.md`` as one self-contained page.
 
-The page is the text of ``report.md`` rendered by markdown-it-py (CommonMark with tables), so the
-two reports cannot disagree: a section is written once, in ``markdown.render_report``. Raw HTML in
-the text (a gene name, a compare entry) is escaped, never passed through, and a link in it stays
-text (the report writes none). Every figure the markdown names is embedded as a base64 ``data:``
-URI (a note stands in for a missing one) and the style sheet is inline, so the file opens in any
-browser straight from the disk, with no server, no network and no JavaScript. Each ``##`` section
-gets an anchor and an entry in the table of contents; a table cell that opens with a verdict
-("better", "worse") is coloured.
+The page is ``report.md`` rendered by markdown-it-py (CommonMark with tables), so the two reports cannot
+disagree. Raw HTML in the text (a gene name, a compare entry) is escaped, never passed through, and a link stays
+text. Every figure the markdown names is embedded as a base64 ``data:`` URI (a note stands in for a missing one)
+and the style sheet is inline, so the file opens in any browser straight from the disk, with no server, network
+or JavaScript. Each ``##`` section gets an anchor and a table-of-contents entry; a table cell that opens with a
+verdict ("better", "worse") is coloured.
 """
 
 from __future__ import annotations
@@ -83,8 +81,8 @@ def render_html(markdown_text: str, run_dir: str | Path) -> str:
 
 
 def _image(renderer, tokens, idx, options, env) -> str:
-    """A PNG the markdown names, relative to the run directory, as a data URI with its alt text as
-    the caption; anything else (a missing file, a path leaving the run directory) as a note."""
+    """A PNG the markdown names, relative to the run directory, as a data URI captioned by its alt text; anything
+    else (a missing file, a path leaving the run directory) as a note."""
     token = tokens[idx]
     alt = html.escape(renderer.renderInlineAsText(token.children or [], options, env))
     name = PurePosixPath(unquote(token.attrGet("src") or ""))

@@ -2,19 +2,17 @@
 
 ``write_comparison(run_dirs, out_dir)`` writes into ``out_dir``:
 
-- ``runs.json``: per run its strategy, objectives, search trainings, best gene and perplexity on
-  the search seed, baseline, change from it, the best perplexity after each search training (store
-  order: the anytime curve), its Pareto front on the first two objectives and its hypervolume, and
-  the run's own multi-seed validation of its best gene when ``evo-attention validate --from-run``
-  left one; plus ``differences``, every setting in which the runs differ besides the strategy.
-- ``runs.md``: the same as a table, with the differences said in one line.
-- ``runs.png``: the anytime curves, and the fronts when the runs are multi-objective
-  (``figures.plot_runs``).
+- ``runs.json``: per run its strategy, objectives, search trainings, best gene and perplexity on the search
+  seed, baseline, change from it, the best perplexity after each search training (the anytime curve), its
+  Pareto front on the first two objectives and hypervolume, and its own multi-seed validation of its best gene
+  where ``evo-attention validate --from-run`` left one; plus ``differences``, every setting in which the runs
+  differ besides the strategy.
+- ``runs.md``: the same as a table; ``runs.png``: the anytime curves, and the fronts of multi-objective runs.
 
-The hypervolumes are measured in one box common to all runs (``search.pareto.bounds`` over every
-run's finished search evaluations), so they compare across runs; each run's own report measures in
-its own box. The search-seed perplexities are biased low (the best of many single trainings); the
-validated means on fresh seeds are the unbiased comparison.
+The hypervolumes are measured in one box common to all runs (``search.pareto.bounds`` over every run's
+finished search evaluations), so they compare across runs (each run's own report uses its own box). The
+search-seed perplexities are biased low (the best of many single trainings); validated means on fresh seeds are
+the unbiased comparison.
 """
 
 from __future__ import annotations
@@ -65,9 +63,9 @@ def input_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
 
 
 def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``runs.json``, ``runs.md`` and ``runs.png`` for ``run_dirs`` into ``out_dir``, which
-    follows the one output rule (``util.files.check_output``: never one of the runs, never a run
-    store, a locked or a model directory, never a file), checked before anything is read or written."""
+    """Write ``runs.json``, ``runs.md`` and ``runs.png`` for ``run_dirs`` into ``out_dir``, which follows the one
+    output rule (``util.files.check_output``: never one of the runs, a run store, a locked or a model directory,
+    or a file), checked before anything is read or written."""
     from evo_attention.util.files import check_output, output_dir, write_text
     from evo_attention.util.jsonio import write_json
 
@@ -88,8 +86,7 @@ def write_comparison(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.Pa
 
 
 def _check_one_kind(run_dirs: Sequence, summaries: list[RunSummary]) -> None:
-    """UserError unless every store is a search's and all rank by the same measure (a suite run by
-    suite accuracy, any other search by its objectives): rows of other kinds would not compare."""
+    """UserError unless every store is a search's and all rank by the same measure (suite accuracy, or not)."""
     from evo_attention.search.store import RunStore
 
     for run_dir in run_dirs:
@@ -116,8 +113,8 @@ def _names(summaries: list[RunSummary]) -> list[str]:
 
 
 def _anytime(summary: RunSummary) -> list[float | None]:
-    """The best search perplexity of a gene within the run's caps after each search training, in the
-    order the store holds them (a trained gene over a cap counts as a training, never as the best)."""
+    """The best search perplexity within the run's caps after each search training, in store order (a gene
+    over a cap counts as a training, never as the best)."""
     best, curve = math.inf, []
     infeasible = summary.infeasible_keys
     for record in summary.search_evaluations:

@@ -1,24 +1,22 @@
 """Where a run stands, read from its store (while it runs or after): ``evo-attention status``.
 
-The state comes from the run's lock and its store, never from a stored flag: ``running`` while a
-process holds the lock (``search.lock``), ``finished`` once the search recorded its end, and
-``interrupted`` otherwise (killed, crashed, stopped: the resume command continues it).
+The state comes from the run's lock and store, never from a stored flag: ``running`` while a process holds the
+lock (``search.lock``), ``finished`` once the search recorded its end, else ``interrupted`` (killed, crashed,
+stopped: the resume command continues it).
 
-Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search
-varies per gene), the best result so far, one line per worker that is training right now (from the
-store's activity table, while a process holds the lock), the executor of the last session and, for a
-multi-fidelity run, the training steps spent vs full fidelity and how well the low-fidelity ranks
-predicted the full-budget ones (the store's ``fidelity`` meta, see ``fidelity.summarize``), and for a
-multi-objective run the size of the Pareto front and its hypervolume (``summary.pareto_summary``).
-A run with caps says how many genes were refused before training or break a measured cap (the
-best gene and the front are feasible ones), and a warm-started run where its first genes came from.
-Each study file the report leaves out (unreadable, or damaged) is named in the report's words, one line each.
-A suite run (meta ``suite``) says its best gene and baseline by suite accuracy (the mean accuracy
-over the points, ``summary.suite_view``), and counts trainings (one per gene and point).
+Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search varies per
+gene), the best result so far, one line per worker training right now (the store's activity, while a process
+holds the lock), the last session's executor; for a multi-fidelity run the steps spent vs full fidelity and
+how well the low-fidelity ranks predicted the full-budget ones (``fidelity.fidelity_lines``); for a
+multi-objective run the Pareto front's size and hypervolume. A run with caps says how many genes were refused
+before training or break a measured cap (the best gene and the front are feasible ones), a warm-started run
+where its first genes came from. Each study file the report leaves out (unreadable, or damaged) is named, one
+line each. A suite run says its best gene and baseline by suite accuracy and counts trainings (one per gene
+and point).
 
-A study's own store (meta ``study``: validate, compare, curve, ... in its ``--out``) has no search
-and no lock: its status counts the trainings and names the workers training now; the study's command,
-run again, continues it (finished trainings are kept).
+A study's own store (meta ``study``: validate, compare, curve, ... in its ``--out``) has no search and no lock:
+its status counts the trainings and names the workers training now; the study's command, run again, continues
+it (finished trainings are kept).
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ SEARCH_ROLES = ("search", "baseline")  # the trainings of a search's own plan
 
 
 def executor_flags(described: dict) -> str:
-    """The command-line flags of the executor ``describe()`` gave (a resume command's: its results are
-    exact only on the executor, and CPU threads, the run started with); none for the default."""
+    """The command-line flags of the executor ``describe()`` gave, for a resume command (its results are exact
+    only on the executor and CPU threads the run started with); none for the default."""
     if described.get("name") == "process":
         return f" --workers {described['workers']} --cpus-per-trial {described['threads_per_worker']}"
     if described.get("name") != "ray":
@@ -179,8 +177,8 @@ def _suite_lines(suite: dict) -> list[str]:
 
 
 def _validated(run_dir) -> tuple[list[dict], list[str]]:
-    """Every validated gene of the run's validations, with its paired change and verdict; and the study files
-    the report leaves out as unreadable or damaged (``Attachments.problems``, one line each)."""
+    """Every validated gene of the run's validations with its paired change and verdict; and the study files the
+    report leaves out as unreadable or damaged (``Attachments.problems``)."""
     from evo_attention.report.studies.common import change_text, metric_direction, verdict_cell
     from evo_attention.report.studies.validation import read_studies
 

@@ -1,8 +1,5 @@
-"""The run's CSV files and the component-analysis table.
-
-Thin: the rows come from ``RunSummary``; this module only formats cells (``util.format``; the
-component table is ``markdown.components_table``, the one the reports show). Files are written
-atomically (``util.files``), so a reader never sees a half-written report.
+"""The run's CSV files and ``component_analysis.md``: the rows come from ``RunSummary``, the component table is
+``markdown.components_table`` (the reports'). Files are written atomically, so no reader sees half a file.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from evo_attention.util.format import csv_cell
 COMPONENT_COLUMNS = ("field", "option", "n_ok", "n_failed", "best_perplexity", "mean_perplexity", "in_top")
 
 
-# -- CSV ----------------------------------------------------------------------------------------
 def write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Sequence[dict],
               header: Sequence[str] | None = None) -> Path:
     """Write ``rows`` (dicts) as CSV with ``columns``, under ``header`` names if given."""
