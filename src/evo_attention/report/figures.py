@@ -1,10 +1,6 @@
-"""Every figure of the product, drawn with matplotlib's Agg backend (no display needed).
-
-One ``plot_*`` function per figure (each says which file it draws); a suite run's
-``evolution_progress.png`` draws suite accuracy (higher is better) instead of perplexity.
-
-Every function writes the PNG atomically and closes its figure. Jitter is deterministic, so the
-same input draws the same figure.
+"""Every figure of the product, drawn with matplotlib's Agg backend (no display needed): one ``plot_*`` function
+per figure (a suite run's ``evolution_progress.png`` draws suite accuracy, higher is better). Each writes its PNG
+atomically and closes its figure; jitter is deterministic, so the same input draws the same figure.
 """
 
 from __future__ import annotations
@@ -54,9 +50,8 @@ def _offsets(n: int, spread: float = 0.25) -> np.ndarray:
 
 def plot_samples(groups: Sequence[dict], path: str | os.PathLike, *, xlabel: str, title: str,
                  ci_label: str = "confidence interval of the mean") -> Path:
-    """``groups``: ``{"label", "values", "baseline": bool, "failed": int, "ci": (low, high)}`` each,
-    drawn top to bottom in the given order: a box, every value as a point, the mean as a diamond and
-    its interval as a bar under the box. None values are skipped (their count shows as failed)."""
+    """``groups`` (``{"label", "values", "baseline": bool, "failed": int, "ci": (low, high)}``) top to bottom: a
+    box, every value a point, the mean a diamond and its interval a bar under the box; None values skipped."""
     n = max(1, len(groups))
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.55 * n), dpi=DPI)
     ys = list(range(n, 0, -1))
@@ -157,12 +152,9 @@ def plot_distribution(values: Sequence[float], path: str | os.PathLike, *, faile
 
 def plot_head_grid(weights: np.ndarray, path: str | os.PathLike, *, title: str,
                    tokens: Sequence[str] | None = None, head_titles: Sequence[str] | None = None) -> Path:
-    """One layer's weights ``[H, T, T]`` (query rows, key columns) as a grid of heatmaps.
-
-    Exact zeros are drawn white, every positive weight on a colour scale from light to dark, so
-    a sparse pattern is visible as such; the causally masked future is grey. Tokens label the
-    axes when there are at most ``TOKEN_LABELS_MAX`` of them.
-    """
+    """One layer's weights ``[H, T, T]`` (query rows, key columns) as a grid of heatmaps: exact zeros white,
+    positive weights from light to dark (a sparse pattern shows as such), the causally masked future grey; tokens
+    label the axes when there are at most ``TOKEN_LABELS_MAX``."""
     heads, t = weights.shape[0], weights.shape[-1]
     cols = math.ceil(math.sqrt(heads))
     rows = math.ceil(heads / cols)
@@ -208,9 +200,8 @@ def _wide(values) -> bool:
 
 
 def _title(summary: RunSummary) -> str:
-    strategy = (summary.strategy or {}).get("name") if isinstance(summary.strategy, dict) else None
-    data = (summary.data or {}).get("name") if isinstance(summary.data, dict) else None
-    data = data or summary.config.get("data")
+    strategy = summary.strategy.get("name") if isinstance(summary.strategy, dict) else None
+    data = (summary.data.get("name") if isinstance(summary.data, dict) else None) or summary.config.get("data")
     parts = [p for p in (f"{strategy} search" if strategy else None, data) if p]
     return "Evolution progress" + (f" ({', '.join(parts)})" if parts else "")
 
@@ -318,9 +309,8 @@ def _draw(ax, summary: RunSummary) -> None:
 
 def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str | os.PathLike, *,
                        title: str) -> Path:
-    """A heat map of genes (rows: ``{"name", "means", "sds", "failed"}``, one value per column) x
-    ``columns`` (the points, then the suite accuracy), coloured by mean accuracy on [0, 1], each
-    cell annotated with its mean (± sd when given) and its failures; a missing value is blank."""
+    """A heat map of genes (rows: ``{"name", "means", "sds", "failed"}``) x ``columns`` (the points, then the
+    suite accuracy), coloured by mean accuracy on [0, 1], each cell showing its mean (± sd) and failures."""
     means = np.array([[np.nan if v is None else float(v) for v in r["means"]] for r in rows], dtype=float)
     width = max(6.0, 1.25 * len(columns) + 2.5)
     fig, ax = plt.subplots(figsize=(width, max(2.2, 0.55 * len(rows) + 1.6)), dpi=DPI)
@@ -418,9 +408,8 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
 
 
 def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
-    """``transfer.png``: one line per gene (the baseline black) through its mean at every size,
-    against its parameter count, both axes logarithmic, with the interval of each mean as a bar
-    (the lines are moved sideways by under 1% each, so that equal sizes do not hide each other)."""
+    """``transfer.png``: one line per gene (the baseline black) through its mean at every size against its
+    parameters, log-log, each mean's interval a bar (lines nudged under 1% sideways so none hides another)."""
     sizes = result.get("sizes") or []
     series = [("baseline", True, [s.get("baseline") or {} for s in sizes])]
     for gene in result.get("genes") or []:
@@ -460,10 +449,9 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
 
 
 def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str, title: str) -> Path:
-    """A learning-rate grid: per panel (``{"title", "genes"}``) a line per gene (``{"label",
-    "baseline", "curve": [{"lr", "mean"}], "selected", "at_edge"}``; the baseline black and dashed)
-    through its mean at each rate, the x axis logarithmic; the selected rate is ringed, and a gene
-    whose selected rate is an end of the grid says so in the legend."""
+    """A learning-rate grid: per panel (``{"title", "genes"}``) a line per gene (``{"label", "baseline", "curve":
+    [{"lr", "mean"}], "selected", "at_edge"}``; the baseline black, dashed) through its mean at each rate (log x),
+    the selected rate ringed, an edge winner said in the legend."""
     n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), dpi=DPI, squeeze=False)
     with _closing_on_error(fig):
@@ -505,9 +493,8 @@ def powers_of_two(values: Sequence) -> bool:
 
 
 def plot_curve(result: dict, path: str | os.PathLike) -> Path:
-    """``curve.png``: per gene its mean accuracy at every value of the knob (a line through the
-    values with a mean), the interval of each mean as a band; chance accuracy dashed, the break
-    threshold dotted. The x axis is log2 when every value is a power of two."""
+    """``curve.png``: per gene a line through its mean accuracy at each value of the knob, each interval a band;
+    chance dashed, the break threshold dotted; the x axis log2 when every value is a power of two."""
     values = list(result.get("values") or [])
     knob = str(result.get("knob", "knob"))
     fig, ax = plt.subplots(figsize=(8, 5.2), dpi=DPI)
@@ -557,10 +544,9 @@ CURVES_TOP = 5  # the best genes whose training curves are drawn (the baseline c
 
 
 def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int = CURVES_TOP) -> Path:
-    """``learning_curves.png``: the training-loss curve (mean over each log interval, a marker at
-    every point, so a curve of one point still shows) and the validation-loss points (dashed, the
-    same colour) of the best ``top`` genes and of the baseline, on one axis; for a multi-fidelity
-    run, a dotted line at every rung where the schedule cut the other individuals short."""
+    """``learning_curves.png``: the training-loss curve (mean over each log interval, a marker at every point) and
+    validation-loss points (dashed, same colour) of the best ``top`` genes and the baseline; for a multi-fidelity
+    run, a dotted line at every rung where the schedule cut the others short."""
     if summary.suite is not None:  # a gene trains once per point: there is no one curve per gene
         fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
         ax.text(0.5, 0.5, "A suite run trains each gene once per point: its curves are per point (evaluations.csv "
@@ -671,12 +657,10 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
 
 # -- the Pareto front of a multi-objective run -----------------------------------------------------
 def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
-    """``pareto.png``: every finished search evaluation on the run's first two objectives (grey),
-    the non-dominated ones on those two joined by a step line (the boundary of what they
-    dominate), members of the front over all objectives ringed when there are more than two, and
-    the baseline as a star. In a run with caps the trained genes over a cap are red crosses and
-    take no part in the front; the genes refused before training (no perplexity) are counted in
-    the title. An axis whose values span more than ``LOG_RATIO`` is logarithmic."""
+    """``pareto.png``: every finished search evaluation on the first two objectives (grey), the non-dominated ones
+    on those two joined by a step line, the front over all objectives ringed when there are more, the baseline a
+    star. With caps, trained genes over a cap are red crosses outside the front, and those refused before
+    training are counted in the title. An axis spanning more than ``LOG_RATIO`` is logarithmic."""
     names = summary.objectives[:2]
     points = summary.search_points(names)  # the feasible ones (all in a run without caps)
     over = summary.search_points(names, feasible=False) if summary.constraints else []
@@ -725,9 +709,8 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
 
 
 def plot_program(text: str, path: str | os.PathLike, *, title: str = "") -> Path:
-    """A program (its canonical text) as a graph: each distinct node once, inputs at the bottom,
-    the root at the top, an arrow from each argument to the op that reads it (a shared
-    subexpression has several)."""
+    """A program (its canonical text) as a graph: each distinct node once, inputs at the bottom, the root at the
+    top, an arrow from each argument to each op that reads it."""
     from evo_attention.genes import canonical_program
 
     program = canonical_program(text)

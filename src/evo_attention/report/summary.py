@@ -413,8 +413,8 @@ class RunSummary:
     counts: dict
     components: list[dict]
     failures: list[dict]
-    outcome: str
-    statement: str
+    outcome: str = ""  # set by from_store once the summary is complete, as is statement
+    statement: str = ""
     top_n: int = TOP_N
     settings: list[tuple[str, str]] = field(default_factory=list)
     writer: dict | None = None  # the process writing the run now (its lock holder), None when none is
@@ -468,8 +468,6 @@ class RunSummary:
             counts=counts,
             components=component_analysis(search, top_n),
             failures=[_failure(r) for r in evaluations if failed(r)],
-            outcome="",
-            statement="",
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
             writer=_other_writer(store.run_dir, done),
