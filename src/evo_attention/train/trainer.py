@@ -1,51 +1,49 @@
 """Train trials and measure them: the fitness function of the search. One engine for one or many.
 
 ``run_training(trial, data)`` trains one trial and returns its ``EvaluationRecord`` (inside a
-``TrainingResult``, beside the trained ``Member``: its model, to save or inspect, and when asked its
-state after training); ``run_batched(trials, data)`` trains K same-shape trials as one. Neither
-raises for a bad gene: a NaN/inf loss ends a training early with status ``diverged``, running out of
-memory gives ``oom``, any other exception ``error`` with its message. Only bad *input* (an unknown
-device, trials that cannot share a batch) and KeyboardInterrupt propagate.
+``TrainingResult``, beside the trained ``Member`` and, when asked, its state after training);
+``run_batched(trials, data)`` trains K same-shape trials as one. Neither raises for a bad gene: a
+NaN/inf loss ends a training early with status ``diverged``, running out of memory gives ``oom``,
+any other exception ``error`` with its message. Only bad *input* (an unknown device, trials that
+cannot share a batch) and KeyboardInterrupt propagate.
 
 ``Trainer(trials, data)`` is the engine behind both: K >= 1 ``Member``s (one per trial: its model,
-batches, dropout stream, recipe, learning curve, counters and divergence) stepped by one loop and
-one step. With K = 1 the member's own model trains (compiled where ``compile`` says), with
-PyTorch's AdamW (``optim.SingleAdamW``); on CUDA its step is captured once as a CUDA graph and
-replayed (``train.graph``: the same kernels, so the same numbers, without their launch cost).
-With K > 1 the members' models are folded into one (``nn.fold``: parameters stacked [K, ...],
-activations [K * B, ...] model-major), the fused loss gives one mean per model, and
-``optim.StackedAdamW`` steps each model with its own rate, decay and clipping; a member's parameters stay views of its slice, so its model is always its own. A model
-that diverges leaves the batch (its slices are dropped) and the others go on. The members' genes may
-differ in their attention (``nn.fold.Split``: each group of equal attentions on its own models'
-rows); each member's FLOPs are then counted on its own model.
+batches, dropout stream, recipe, curve, counters and divergence) stepped by one loop. With K = 1 the
+member's own model trains (compiled where ``compile`` says) with PyTorch's AdamW
+(``optim.SingleAdamW``); on CUDA its step is captured once as a CUDA graph and replayed
+(``train.graph``: the same kernels, so the same numbers). With K > 1 the models are folded into one
+(``nn.fold``: parameters stacked [K, ...], activations [K * B, ...] model-major), the fused loss
+gives one mean per model, and ``optim.StackedAdamW`` steps each model with its own rate, decay and
+clipping; a member's parameters stay views of its slice. A model that diverges leaves the batch and
+the others go on. The members' attentions may differ (``nn.fold.Split``: each group of equal
+attentions on its own models' rows); each member's FLOPs are then counted on its own model.
 
 Same trial, same result, alone or in a batch:
 
 - Every member is built as a training of its trial alone builds it (``torch.manual_seed(seed)``,
   then the model), draws its batches from its own seeded generator, and its dropout masks from its
-  own stream (``nn.dropout.mask_source``), on every device: with ``dropout_stream: cpu`` its own
-  generator, which starts at the global RNG state right after its model was built; with
-  ``counter`` the hash of its seed, its step and the call's number within the step
-  (``nn.dropout_counter``, on the training's device), its rows counted from 0.
+  own stream (``nn.dropout.mask_source``): with ``dropout_stream: cpu`` its own generator, which
+  starts at the global RNG state right after its model was built; with ``counter`` the hash of its
+  seed, its step and the call's number within the step (``nn.dropout_counter``, on the training's
+  device), its rows counted from 0.
 - The folded parts, the loss and the optimizer repeat the single model's operations (``nn.fold``,
   ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
   same batched with its own seeds and alone on a CPU (beside other genes it is within the bound
   below), and every gene of the tests' covering list stays within ``SAME_RESULT_RTOL`` after 8 steps.
   What differs is floating-point reassociation (the weight gradients of thin products: the adaptive
   temperature's projection, low-rank Q/K/V; the learned temperature's summed gradient), which
-  training amplifies like any rounding: measured on the 2-core
-  AMD EPYC, one thread, 300 steps, 10 genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative
-  in the final val_loss or a curve point, where the same fp32 trial alone with one thread and with
-  two differs by up to 2.8e-2. On an H100 they agree far more closely (docs/speed.md).
+  training amplifies like any rounding: measured on the 2-core AMD EPYC, one thread, 300 steps, 10
+  genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative in the final val_loss or a curve
+  point, where the same fp32 trial alone with one thread and with two differs by up to 2.8e-2. On an
+  H100 they agree far more closely (docs/speed.md).
 
 The measurement (the one record rule, alone or batched):
 
 - AdamW, gradient clipping, a fixed step budget, the recipe's learning-rate schedule
   (``schedules``); deterministic for a seed. The recipe is ``Trial.recipe``: the configured one,
   with the genome's own rate, warm-up and weight decay where its key sets them.
-- Evaluation is exact: the token-weighted mean NLL over every scored target of the split (the
-  datasets never score padding), perplexity = exp of it, plus next-token accuracy; the record says
-  how many tokens were scored (``eval_tokens``).
+- Evaluation is exact: the token-weighted mean NLL over every scored target of the split (padding
+  is never scored), perplexity = exp of it, plus next-token accuracy and ``eval_tokens`` scored.
 - ``params`` and ``flops_per_step`` are per model (PyTorch's flop counter on the first step, divided
   by K: every counted product is linear in the batch); ``train_time_s`` is the model's share of the
   training's wall time (each step's time divided by the models that took it), so ``tokens_per_s``
@@ -55,11 +53,11 @@ The measurement (the one record rule, alone or batched):
 - Inference latency (``latency_ms``): after a successful evaluation, the first evaluation batch is
   run through the model alone in eval mode ``LATENCY_WARMUP`` times untimed, then
   ``LATENCY_REPEATS`` times timed; the record keeps the median, the interquartile range and
-  torch's CPU thread count. Still a wall-clock time: it moves with the machine's load.
+  torch's CPU thread count (a wall-clock time: it moves with the machine's load).
 
-A genome whose parts do not all fold (``batch_problem`` says why: a component with weights and no
-folded form) trains one trial at a time, and so do the trials of a batch that fails as a whole (out
-of memory, say): a record never depends on the batch it was planned in (it says ``batch_fallback``).
+A genome whose parts do not all fold (``batch_problem`` says why) trains one trial at a time, and so
+do the trials of a batch that fails as a whole (out of memory, say): a record never depends on the
+batch it was planned in (it says ``batch_fallback``).
 """
 
 from __future__ import annotations
@@ -78,6 +76,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from evo_attention.data.base import TaskData
 from evo_attention.genes import AttentionGene, LayerGenes, layers_of, mechanism_of
@@ -92,9 +91,8 @@ from evo_attention.nn.model import TinyTransformer
 from evo_attention.train.config import MAX_SEED, Config
 from evo_attention.train.environment import (PROBE_ROUNDS, PROBE_SLOW_STEP_S, PROBE_STEPS, autocast,
                                              available_memory_mb, choose_precision, is_oom, matmul_dtype,
-                                             peak_memory_mb,
-                                             reset_peak_memory, resolve_compile, resolve_device, synchronize,
-                                             versions)
+                                             peak_memory_mb, reset_peak_memory, resolve_compile, resolve_device,
+                                             synchronize, versions)
 from evo_attention.train import graph
 from evo_attention.train.optim import SingleAdamW, StackedAdamW, adamw_state
 from evo_attention.train.record import EvaluationRecord, Status
@@ -130,8 +128,6 @@ def sdpa_flop_formulas() -> dict:
     as the explicit path does, so the FLOP objective measures the gene and not the kernel that ran
     it (recomputation is the kernel's choice).
     """
-    from torch.utils.flop_counter import sdpa_flop_count
-
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # arguments as shapes
         return sdpa_flop_count(query, key, value)
 
@@ -148,9 +144,7 @@ def sdpa_flop_formulas() -> dict:
     return formulas
 
 
-# ---------------------------------------------------------------------------------------------
-# Which trials train as one
-# ---------------------------------------------------------------------------------------------
+# -- Which trials train as one ----------------------------------------------------------------------
 
 def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
     """``(field, message)`` for the first field in which a trial differs from the first one where the
@@ -175,10 +169,9 @@ def shape_difference(trials: Sequence[Trial]) -> tuple[str, str] | None:
 
 
 def _model_frame(genome) -> str:
-    """What a genome decides outside its attentions (one per layer): whether the model has a learned
-    position table."""
-    first = layers_of(mechanism_of(genome))[0]
-    return "a learned position table" if first.uses_absolute_positions else "no learned position table"
+    """What a genome decides outside its attentions: whether the model has a learned position table."""
+    learned = layers_of(mechanism_of(genome))[0].uses_absolute_positions
+    return "a learned position table" if learned else "no learned position table"
 
 
 def check_batchable(trials: Sequence[Trial]) -> None:
@@ -220,9 +213,7 @@ def _fold_problem(genome: str, model, factories: tuple) -> str | None:
     return f"cannot be folded into a batch: {exc}"
 
 
-# ---------------------------------------------------------------------------------------------
-# One trial's training
-# ---------------------------------------------------------------------------------------------
+# -- One trial's training ---------------------------------------------------------------------------
 
 @torch.no_grad()
 def evaluation_sums(model, data: TaskData, split: str, batch_size: int, cap: int | None, *, device: torch.device,
@@ -293,14 +284,16 @@ class Member:
         """A loss this far above a uniform guess over the vocabulary means the training diverged."""
         return math.log(self.spec.vocab_size) + ABSURD_MARGIN
 
+    def far_above_guess(self, what: str) -> str:
+        return f"{what} is far above a uniform guess (ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})"
+
     def close_interval(self, mean: float, finite: bool, first: int, step: int) -> None:
         """Judge the log interval of steps ``first``..``step`` from its mean training loss: a
         non-finite loss or one far above a uniform guess is divergence, else a point of the curve."""
         if not finite or not math.isfinite(mean):
             self.diverge(f"non-finite training loss in steps {first}..{step}")
         elif mean > self.absurd_loss:
-            self.diverge(f"training loss {mean:.4g} at step {step} is far above a uniform guess "
-                         f"(ln {self.spec.vocab_size} = {math.log(self.spec.vocab_size):.2f})")
+            self.diverge(self.far_above_guess(f"training loss {mean:.4g} at step {step}"))
         else:
             self.curve.append([step, mean])
 
@@ -416,9 +409,7 @@ class Member:
         self.dropout_generator.set_state(state["rng"].cpu())
 
 
-# ---------------------------------------------------------------------------------------------
-# The engine
-# ---------------------------------------------------------------------------------------------
+# -- The engine -------------------------------------------------------------------------------------
 
 # bytes per parameter of a training: the fp32 weight, its gradient and AdamW's two moments
 TRAINING_BYTES_PER_PARAMETER = 16
@@ -521,8 +512,7 @@ class Trainer:
             member = self.members[0]
             self.rows, self.fold = None, None
             self.model = member.model
-            member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes,
-                                              member.train_steps)
+            member.compiled = resolve_compile(first.train.compile, self.device, self.model.genes, member.train_steps)
             self.graph_problem = graph.graph_problem(first.train.cuda_graph, self.device, 1, member.compiled)
             # a rate tensor is for CUDA's fused AdamW only (the tests' CPU stand-in graph keeps the float)
             self.stepper = SingleAdamW(self.model, member.recipe.learning_rate, member.recipe.weight_decay,
@@ -660,8 +650,6 @@ class Trainer:
     def count_flops(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One training step on ``x``, ``y`` under PyTorch's flop counter (eager); sets every active
         member's ``flops_per_step`` (the batch's count divided by its models) and returns the losses."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         compiled, self._forward = self._forward, self.model.hidden_states  # counted eager (see __init__)
         try:
             with FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()) as counter:
@@ -682,8 +670,6 @@ class Trainer:
         """The FLOPs of one training step of ``member``'s model alone on rows like ``x``, ``y``: its
         forward and backward pass (the optimizer's arithmetic is not counted), with masks that keep
         everything, drawn from no stream."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         model = member.model
         try:
             with FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()) as counter, \
@@ -900,9 +886,7 @@ class TrainingResult:
     state: bytes | None = None
 
 
-# ---------------------------------------------------------------------------------------------
-# The entry points and the one record rule
-# ---------------------------------------------------------------------------------------------
+# -- The entry points and the one record rule -------------------------------------------------------
 
 def _new_record(trial: Trial, data: TaskData, device: torch.device, resumed: bool) -> EvaluationRecord:
     return EvaluationRecord(
@@ -981,8 +965,7 @@ def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_stat
     record.time_s = shared_s / size + (time.perf_counter() - start)
     record.peak_memory_mb = peak_memory_mb(device)
     if size > 1:
-        record.extra["batched"] = size
-        record.extra["batch_time_s"] = shared_s
+        record.extra.update(batched=size, batch_time_s=shared_s)
     return TrainingResult(record, member, blob)
 
 
@@ -1114,8 +1097,7 @@ def evaluate_into(record: EvaluationRecord, member: Member, status: Status, eval
             member.divergence = "non-finite validation loss"
         elif record.val_loss > member.absurd_loss:
             record.status = Status.DIVERGED
-            member.divergence = (f"validation loss {record.val_loss:.4g} is far above a uniform guess "
-                                 f"(ln {member.spec.vocab_size} = {math.log(member.spec.vocab_size):.2f})")
+            member.divergence = member.far_above_guess(f"validation loss {record.val_loss:.4g}")
         else:
             for name, value in member.measure_latency(eval_split).items():
                 setattr(record, name, value)
