@@ -106,7 +106,6 @@ class TrainSpec:
                            help="torch.compile the model (auto: only where measured to pay, e.g. additive on CPU)")
     device: str = setting("auto", flag="device", parse="str", key=False, compare=False,
                           help="auto, cpu, cuda, cuda:N or mps")
-    # a CUDA graph replays the step's kernels: the same operations without their launch overhead
     cuda_graph: str = setting("auto", flag="cuda-graph", parse="str", choices=CUDA_GRAPH_MODES, key=False,
                               compare=False,
                               help="on a CUDA device, capture one training step as a CUDA graph and replay it "
@@ -186,19 +185,6 @@ class TaskSpec:
                          text_field=self.text_field, **options)
 
 
-def key_settings(*specs) -> dict:
-    """The fields of ``specs`` that join a key (see the module docstring), by name."""
-    return {f.name: getattr(spec, f.name) for spec in specs for f in dataclasses.fields(spec)
-            if f.metadata.get("key", True)
-            and not (f.metadata.get("omit_default") and getattr(spec, f.name) == f.default)}
-
-
-def context_hash(settings: Mapping[str, Any], eval_split: str) -> str:
-    """The ``context`` part of a key: a short hash of the settings and the split."""
-    payload = dict(settings, eval_split=eval_split)
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class Trial:
     """One training: genome, seed, steps, specs, split (and the budget of a partial training)."""
@@ -225,14 +211,19 @@ class Trial:
 
     # -- identity -----------------------------------------------------------------------------------
     def settings(self) -> dict:
-        """The settings (besides genome, seed, steps and data) that shape the result."""
-        return key_settings(self.model, self.train, self.task)
+        """The settings (besides genome, seed, steps and data) that shape the result: the spec fields
+        that join a key (see the module docstring), by name."""
+        return {f.name: getattr(spec, f.name) for spec in (self.model, self.train, self.task)
+                for f in dataclasses.fields(spec) if f.metadata.get("key", True)
+                and not (f.metadata.get("omit_default") and getattr(spec, f.name) == f.default)}
 
     @property
     def context(self) -> str:
-        """The settings' hash; under a decaying schedule a partial training's rate at a step depends
-        on the budget, so the budget joins it (a rung of a constant rate is a plain training)."""
-        context = context_hash(self.settings(), self.eval_split)
+        """A short hash of the settings and the split; under a decaying schedule a partial training's
+        rate at a step depends on the budget, so the budget joins it (a rung of a constant rate is a
+        plain training)."""
+        payload = json.dumps(dict(self.settings(), eval_split=self.eval_split), sort_keys=True)
+        context = hashlib.sha256(payload.encode()).hexdigest()[:16]
         if self.budget is None or self.steps == self.budget or self.train.lr_schedule == "constant":
             return context
         return f"{context}~{self.budget}"
@@ -294,13 +285,6 @@ class Trial:
                 "train_steps": self.schedule_steps, "data": task.data, "tokenizer": task.tokenizer,
                 "text_field": task.text_field, "data_dir": task.data_dir, "eval_stride": task.eval_stride,
                 "recall": task.options_dict, "plugins": list(task.plugins)}
-
-    def describe(self) -> dict:
-        """Every field as plain JSON-able values (what a record or a log can keep)."""
-        out = dataclasses.asdict(self)
-        out["task"]["options"] = self.task.options_dict
-        out["task"]["plugins"] = list(self.task.plugins)
-        return out
 
     @classmethod
     def from_config(cls, genome, config, *, seed: int | None = None, steps: int | None = None,
