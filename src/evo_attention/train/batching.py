@@ -30,8 +30,8 @@ import torch
 
 from evo_attention.data.base import TaskData
 from evo_attention.train.config import batch_models_value
-from evo_attention.train.environment import (PROBE_STABLE_SPREAD, available_memory_mb, choose_precision, is_oom,
-                                             memory_in_use_mb, peak_memory_mb, reset_peak_memory, resolve_device)
+from evo_attention.train.environment import (available_memory_mb, choose_precision, is_oom, memory_in_use_mb,
+                                             peak_memory_mb, reset_peak_memory, resolve_device, steady_probe)
 from evo_attention.train.probe_cache import pinned_probes, probe_answer, probe_path, probe_shape
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import precision_step_times, probe_trial, step_seconds
@@ -105,13 +105,6 @@ def probe_ks(device: torch.device) -> tuple:
     return CUDA_BATCH_PROBE_KS if torch.device(device).type == "cuda" else BATCH_PROBE_KS
 
 
-def _stable(entry: dict) -> bool:
-    """Whether a measured answer may be kept: its two timings of one model (first and last) agree
-    within ``PROBE_STABLE_SPREAD`` (rounds further apart: other work was on the cores, and the
-    answer serves this process and its run only)."""
-    return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
-
-
 def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
     spec = trial.model.with_data(data.vocab_size, data.seq_len)
     stream = trial.train.dropout_stream
@@ -141,8 +134,9 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
                     "gain": BATCH_PROBE_GAIN,
                     "threads": torch.get_num_threads(), "torch": torch.__version__}
 
+        # kept only where its two timings of one model agree (else it serves this process and its run only);
         # an answer decides its K (here without the memory bound, which is the machine's, not the file's)
-        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure, keep=_stable,
+        _BATCH_PROBES[key] = probe_answer(path, _batch_entry, measure, keep=steady_probe,
                                           decides=lambda entry: choose_models(entry, None)[0])[0]
     return _BATCH_PROBES[key], path.name
 

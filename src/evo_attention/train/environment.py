@@ -57,16 +57,11 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 # is large matrix products (the seed config: 128 dims, 128 tokens, 10000 words) and costs where it is
 # many small ones, whose casts and bf16 kernels cost more than they save (the quick preset: 64 dims,
 # 32 tokens, 1.4x slower in bf16 on the 2-core AMD EPYC with AVX512-BF16). So ``auto`` there is
-# measured per machine and model shape: a short probe trains the shape's vanilla model in both
-# precisions, interleaved, and bf16 is chosen only where it was at least PROBE_BF16_MARGIN faster.
-# The answer is kept on disk per machine (like the matmul peak of ``train.bench``), so a shape
-# resolves the same way in every later training on the machine: deterministic for a trial there.
-# The probe is per shape, not per genome: every gene of a search at one size trains in one
-# precision, so a ranking of genes never mixes precisions (a per-gene choice would confound the
-# gene with its precision). A probe whose rounds disagree (PROBE_STABLE_SPREAD) has not measured bf16's gain
-# and chooses fp32; it is kept like any answer, so that a machine's load when it first trained a shape
-# never makes the same command train in another precision later. Such an answer, or one measured on a
-# lightly loaded machine, may be the slower precision: ``evo-attention bench --reprobe``
+# measured per machine and model shape (``probed_precision``), and the answer kept on disk per machine
+# (``probe_cache``), so a shape resolves the same way in every later training there: deterministic for a
+# trial. Per shape, not per genome: every gene of a search at one size trains in one precision, so a
+# ranking of genes never mixes precisions (a per-gene choice would confound the gene with its precision).
+# An answer measured on a loaded machine may be the slower precision: ``evo-attention bench --reprobe``
 # (``probe_cache.forget_probes``) measures again, or set the precision.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
@@ -115,11 +110,14 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
 def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer,
                      dropout_stream: str = "cpu") -> tuple[str, str]:
     """The measured precision of a shape on this machine: read from the probe's cache file, or
-    probed now (``timer()``: seconds per step in each precision, and the ``spread`` of its rounds)
-    and kept; where its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine) bf16's gain
-    was not measured and the answer is fp32 (the exact precision), kept too, and the reason says so. Two
-    processes probing at once keep the first answer written (one measures while the other waits),
-    and both use it. A run's pinned answer comes first (``probe_cache.probe_answer``)."""
+    probed now (``timer()``: seconds per step in each precision, its vanilla model's steps in
+    interleaved rounds, and the ``spread`` of its rounds) and kept: bf16 where it was at least
+    PROBE_BF16_MARGIN faster. Where its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy
+    machine) bf16's gain was not measured and the answer is fp32 (the exact precision), kept too (so
+    a machine's load when it first trained a shape never makes the same command train in another
+    precision later), and the reason says so. Two processes probing at once keep the first answer
+    written (one measures while the other waits), and both use it. A run's pinned answer comes first
+    (``probe_cache.probe_answer``)."""
     shape = probe_shape(spec, seq_len, batch_size, dropout_stream)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
@@ -129,7 +127,7 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
     def measure() -> dict:
         times = timer()
         # bf16 only where its gain was measured: rounds that disagree choose the exact fp32, in every process alike
-        gain = _steady(times) and times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"]
+        gain = steady_probe(times) and times["bf16"] < (1.0 - PROBE_BF16_MARGIN) * times["fp32"]
         return {"precision": "bf16" if gain else "fp32", "fp32_ms": 1000 * times["fp32"],
                 "bf16_ms": 1000 * times["bf16"], "margin": PROBE_BF16_MARGIN, "threads": torch.get_num_threads(),
                 "torch": torch.__version__, "shape": shape, "spread": times.get("spread", 1.0)}
@@ -137,15 +135,16 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
     found, _ = probe_answer(path, _precision_entry, measure, decides=lambda entry: entry["precision"])
     precision = found["precision"]
     times = f"fp32 {found['fp32_ms']:.1f} ms vs bf16 {found['bf16_ms']:.1f} ms per step"
-    reason = (f"auto: measured for this shape on this machine, {times} ({path.name})" if _steady(found) else
+    reason = (f"auto: measured for this shape on this machine, {times} ({path.name})" if steady_probe(found) else
               f"auto: {precision}, the machine was too busy to measure bf16's gain ({times}, rounds disagreeing by "
               f"more than {PROBE_STABLE_SPREAD:g}x; kept in {path.name} until probes are measured again)")
     _PRECISION_CHOICES[key] = (precision, reason)
     return precision, reason
 
 
-def _steady(entry: dict) -> bool:
-    """Whether a probe's rounds agreed (within PROBE_STABLE_SPREAD): only then did it measure bf16's gain."""
+def steady_probe(entry: dict) -> bool:
+    """Whether a probe's rounds agreed (its ``spread`` within PROBE_STABLE_SPREAD): only then did it
+    measure (bf16's gain, the batch's); rounds further apart mean other work was on the cores."""
     return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
 
 
