@@ -10,6 +10,7 @@ created, no device is probed).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import warnings
 from dataclasses import InitVar, dataclass, field, fields
@@ -96,30 +97,26 @@ class Config:
                                         help="the gene the verdicts compare against (default: the vanilla "
                                              "transformer; on a generated task without attention dropout, "
                                              "dot|softmax|none|fixed|bias|0.00)")
-    # a suite of task points (data.suites: a shipped name or a YAML file): each gene trains on every point
-    # and is scored by its mean accuracy over them (train.suite); the points' data replaces ``data``
+    # data.suites, train.suite: the points' data replaces ``data``
     suite: str | None = setting(None, group="search", flag="suite", parse="str", metavar="NAME|FILE",
                                 help=lambda: f"score each gene on every point of this suite of tasks "
                                              f"({shipped_suites()} or a suite YAML file): fitness is its mean accuracy "
                                              "over the points (suite_accuracy, maximised); each point trains for the "
                                              "suite's steps")
-    # warm start: the first generation starts from the best genes of an earlier run (search/warm_start.py)
+    # read by search/warm_start.py (init_from, start_from), search/racing.py (elite_seeds), search/tuning.py (rate_grid)
     init_from: str | None = setting(None, group="search", flag="init-from", parse="str", metavar="RUN[:K]",
                                     help="start the first generation from the best K genes (default: the population "
                                          "size) of the earlier run in directory RUN; genes outside this run's search "
                                          "space are skipped with a warning")
-    # a seeded start (search/warm_start.py): generation 0 is these genes and one-edit neighbours of them
     start_from: str | None = setting(None, group="search", flag="start-from", parse="str",
                                      metavar="vanilla|GENES|RUN[:K]|random",
                                      help="start generation 0 from these genes and their one-edit neighbours: vanilla "
                                           "(the vanilla gene, whatever baseline_gene says), gene strings, or the best "
                                           "K genes of the run in RUN; random draws random genes (the default, but for "
                                           "the climb and neighbours strategies, which start from vanilla)")
-    # racing (search/racing.py): a gene that would enter the elite is measured on this many seeds first
     elite_seeds: int = setting(1, group="search", flag="elite-seeds", parse="int", metavar="K",
                                help="measure a gene that would enter the elite (the climb's incumbent) on K seeds "
                                     "first and rank it by mean + standard error over them (default 1: one seed)")
-    # a rate per candidate (search/tuning.py): each gene at its best rate of this grid on a tuning seed
     rate_grid: tuple | None = setting(None, group="search", flag="rate-grid", parse="str", metavar="R1,R2,...",
                                       help="give every candidate (and the baseline) its own learning rate: the best "
                                            f"of these rates on a tuning seed (seed + {TUNING_FROM}), then its search "
@@ -139,7 +136,7 @@ class Config:
     max_memory_mb: float | str | None = setting(None, group="search", flag="max-memory-mb", parse="str",
                                                 metavar="X", help="cap on the measured peak memory in MB, e.g. 900 "
                                                                   "or 1.5x (the baseline's)")
-    # multi-fidelity (fidelity.py): spend less than the full budget on clearly bad individuals
+    # multi-fidelity (search/fidelity.py): spend less than the full budget on clearly bad individuals
     fidelity: str = setting("full", group="fidelity", flag="fidelity", parse="str", choices=FIDELITIES,
                             help="halving: successive halving inside each generation; only the best 1/eta of the new "
                                  "individuals at each rung train on (default full)")
@@ -157,7 +154,7 @@ class Config:
     # data (-> TaskSpec)
     data: str = setting("wikitext2", group="task", flag="data", parse="str",
                         help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
-    # word, char, byte or bpe:N (corpora only; vocab_size applies to word)
+    # corpora only; vocab_size applies to word
     tokenizer: str = setting("word", group="task", flag="tokenizer", parse="str",
                              help="word (default), char, byte or bpe:N (BPE trained on the train split)")
     text_field: str = setting("text", group="task", flag="text-field", parse="str",
@@ -311,8 +308,6 @@ class Config:
 
 def _did_you_mean(word: str, options) -> str:
     """`` (did you mean 'x'?)`` for the option closest to ``word``; "" where none is close."""
-    import difflib
-
     match = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {match[0]!r}?)" if match else ""
 

@@ -6,20 +6,19 @@ on the machine resolves the same way. One file per probe kind, version, device t
 cores, torch version and shape (``probe_path``): the cores this process may use, not the threads a
 training took (beside other work it takes fewer, ``util.threads.shared_threads``, and one worker of
 the process executor one), so a machine's answer never follows its load, and neither does the result
-it decides. The file is created once and never replaced
-(``write_probe_once``), so two processes probing at once both use the first answer written.
-``forget_probes`` removes the kept answers (``evo-attention bench --reprobe``), so the next
-training of each shape measures again.
+it decides. The file is created once and never replaced (``write_probe_once``), so two processes
+probing at once both use the first answer written. ``forget_probes`` removes the kept answers
+(``evo-attention bench --reprobe``), so the next training of each shape measures again.
 
 An answer decides a result (the precision of a training, the models per batch), so a run pins the
 answers it used (``pin_probes``: the run store's meta, read back on resume and handed to every
 worker with its task): a pinned answer is used whatever the file says now, and a file whose answer
 decides otherwise (another precision, another K; not merely other timings) is reported once, never
-used. Processes measure a missing or damaged answer one at a time
-(an exclusive lock beside the file), so concurrent workers never measure two answers for one
-shape; a damaged file is replaced by the new measurement and reported once; a cache directory that
-cannot be written is reported once (every process then measures for itself). ``used_probes`` are
-the answers this process used, which the trainer adds to its records so the run can pin them.
+used. Processes measure a missing or damaged answer one at a time (an exclusive lock beside the
+file), so concurrent workers never measure two answers for one shape; a damaged file is replaced by
+the new measurement and reported once; a cache directory that cannot be written is reported once
+(every process then measures for itself). ``used_probes`` are the answers this process used, which
+the trainer adds to its records so the run can pin them.
 
 Answers expire: a kept answer carries the time it was measured (``measured_at``) and is measured
 again once it is ``MAX_AGE_DAYS`` old (or carries no time: written by an older version), so a

@@ -479,7 +479,6 @@ class Trainer:
         self.device = resolve_device(device if device is not None else first.train.device)
         if self.device.type == "cpu":
             threads.watch()  # OpenMP's waits follow the other processes' load (util/threads.py)
-        # the model's vocabulary and window come from the data
         self.spec = first.model.with_data(data.vocab_size, data.seq_len)
         knobs = str(first.task.data).partition(":")[2]
         vocab_from = first.task.data if re.search(r"(^|[:,])vocab=", knobs) else None  # the data set the vocabulary
