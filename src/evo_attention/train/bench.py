@@ -167,8 +167,7 @@ def _bench_gene(gene, config: Config, data: TaskData, *, steps: int, warmup: int
         raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")
     budget = config.train_steps
     try:
-        trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup,
-                                           device=device)
+        trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup, device=device)
     except Unfoldable as exc:
         raise UserError(f"{gene.key} does not fold into one batch: {exc}; time it with models 1",
                         setting="models") from None

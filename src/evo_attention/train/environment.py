@@ -78,15 +78,15 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
                      batch_size: int | None = None, timer=None, dropout_stream: str = "cpu") -> tuple[str, str]:
     """The precision a training runs in and why (a record keeps both).
 
-    A set precision is taken as it is. ``auto``: bf16 on CUDA GPUs that
-    support it; fp32 on a CPU without native bf16 and on other devices; on a CPU with native bf16,
-    the measured choice for this model shape on this machine (``probed_precision``; ``spec`` is a
-    ``ModelSpec`` with the data's vocabulary; ``timer()`` times a training step of the shape in both
-    precisions: ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no
-    shape or timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so; ``dropout_stream``:
-    the stream the timed steps draw their masks from (part of the probe's shape). A trial's key holds
-    "auto": one precision on one machine (the probe's kept answer), maybe another on another machine
-    (the record says which ran).
+    A set precision is taken as it is. ``auto``: bf16 on CUDA GPUs that support it; fp32 on a CPU
+    without native bf16 and on other devices; on a CPU with native bf16, the measured choice for
+    this model shape on this machine (``probed_precision``; ``spec`` is a ``ModelSpec`` with the
+    data's vocabulary; ``timer()`` times a training step of the shape in both precisions:
+    ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no shape or
+    timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so; ``dropout_stream``: the stream
+    the timed steps draw their masks from (part of the probe's shape). A trial's key holds "auto":
+    one precision on one machine (the probe's kept answer), maybe another elsewhere (the record
+    says which ran).
     """
     if precision != "auto":
         return precision, f"set to {precision}"

@@ -188,8 +188,7 @@ def point_of(record: Mapping, meta: Mapping) -> str | None:
     return None
 
 
-def scores_from_records(records: Iterable[Mapping], meta: Mapping, *,
-                        seed: int | None = None) -> dict[str, SuiteScore]:
+def scores_from_records(records: Iterable[Mapping], meta: Mapping, *, seed: int | None = None) -> dict[str, SuiteScore]:
     """The suite score of every gene among ``records`` (one seed: ``seed``, else each record's own;
     the first record of a (gene, point) counts), by gene key in order of first appearance; records
     of no point of the suite are left out. The points' weights are the kept ones (1 where none is)."""

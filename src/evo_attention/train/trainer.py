@@ -121,12 +121,11 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mea
 def sdpa_flop_formulas() -> dict:
     """FLOP formulas for the fused attention kernels, priced as the explicit path computes.
 
-    PyTorch's counter has no formula for the CPU kernel, so a gene on the fused path (no attention
-    dropout, no window) would be priced as if attention were free, below the same gene on the
-    explicit path; and it prices the CUDA kernels' backward with the scores recomputed. Here every
-    kernel counts the two score/value products forward and their four gradient products backward,
-    as the explicit path does, so the FLOP objective measures the gene and not the kernel that ran
-    it (recomputation is the kernel's choice).
+    PyTorch's counter has no formula for the CPU kernel (a gene on the fused path, no attention dropout
+    and no window, would be priced as if attention were free) and prices the CUDA kernels' backward
+    with the scores recomputed. Here every kernel counts the two score/value products forward and
+    their four gradient products backward, as the explicit path does, so the FLOP objective measures
+    the gene, not the kernel that ran it (recomputation is the kernel's choice).
     """
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # arguments as shapes
         return sdpa_flop_count(query, key, value)
@@ -469,8 +468,7 @@ class Trainer:
 
     graph_class = graph.StepGraph  # how a step is captured and replayed on CUDA (train.graph)
 
-    def __init__(self, trials: Trial | Sequence[Trial], data: TaskData, *,
-                 device: str | torch.device | None = None):
+    def __init__(self, trials: Trial | Sequence[Trial], data: TaskData, *, device: str | torch.device | None = None):
         trials = [trials] if isinstance(trials, Trial) else list(trials)
         if len(trials) > 1:
             check_batchable(trials)
