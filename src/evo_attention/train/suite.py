@@ -82,10 +82,6 @@ class PointResult:
     error: str | None = None
 
     @property
-    def ok(self) -> bool:
-        return self.accuracy is not None
-
-    @property
     def failed(self) -> bool:
         return self.status != MISSING and self.accuracy is None
 
