@@ -1018,11 +1018,10 @@ def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None =
     except Exception as exc:  # the batch as a whole failed (out of memory, say): the trials alone
         text = str(exc).splitlines()[0][:200] if str(exc) else ""
         note = f"the batch of {len(trials)} failed ({type(exc).__name__}: {text}); trained alone"
-    results = []
-    for trial, report in zip(trials, progress):
-        result = run_training(trial, data, device=dev, keep_state=keep_state, progress=report)
+    results = [run_training(trial, data, device=dev, keep_state=keep_state, progress=report)
+               for trial, report in zip(trials, progress)]
+    for result in results:
         result.record.extra["batch_fallback"] = note
-        results.append(result)
     return results
 
 
