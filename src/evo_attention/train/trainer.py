@@ -14,9 +14,10 @@ member's own model trains (compiled where ``compile`` says) with PyTorch's AdamW
 (``train.graph``: the same kernels, so the same numbers). With K > 1 the models are folded into one
 (``nn.fold``: parameters stacked [K, ...], activations [K * B, ...] model-major), the fused loss
 gives one mean per model, and ``optim.StackedAdamW`` steps each model with its own rate, decay and
-clipping; a member's parameters stay views of its slice. A model that diverges leaves the batch and
-the others go on. The members' attentions may differ (``nn.fold.Split``: each group of equal
-attentions on its own models' rows); each member's FLOPs are then counted on its own model.
+clipping; a member's parameters stay views of its slice, so its model is always its own. A model
+that diverges leaves the batch (its slices are dropped) and the others go on. The members'
+attentions may differ (``nn.fold.Split``: each group of equal attentions on its own models' rows);
+each member's FLOPs are then counted on its own model.
 
 Same trial, same result, alone or in a batch:
 
@@ -55,9 +56,9 @@ The measurement (the one record rule, alone or batched):
   ``LATENCY_REPEATS`` times timed; the record keeps the median, the interquartile range and
   torch's CPU thread count (a wall-clock time: it moves with the machine's load).
 
-A genome whose parts do not all fold (``batch_problem`` says why) trains one trial at a time, and so
-do the trials of a batch that fails as a whole (out of memory, say): a record never depends on the
-batch it was planned in (it says ``batch_fallback``).
+A genome whose parts do not all fold (``batch_problem`` says why: a component with weights and no
+folded form) trains one trial at a time, and so do the trials of a batch that fails as a whole (out
+of memory, say): a record never depends on the batch it was planned in (it says ``batch_fallback``).
 """
 
 from __future__ import annotations
