@@ -446,15 +446,11 @@ class _StackedAdditive(nn.Module):
     """K additive similarities; the models become heads of one ``_AdditiveScores`` call."""
 
     causal_skip = True
-    dot_form = False
 
     def __init__(self, w_q, w_k, v, block: int):
         super().__init__()
         self.w_q, self.w_k, self.v = w_q, w_k, v  # [K, H, d, d], [K, H, d, d], [K, H, d]
         self.block = block
-
-    def prepare(self, q, k):
-        return q, k
 
     def forward(self, q, k, causal: bool = False):
         n_models, heads = self.w_q.shape[0], self.w_q.shape[1]
@@ -624,19 +620,15 @@ def kernel_weights(phi_q: torch.Tensor, phi_k: torch.Tensor, mask: torch.Tensor 
     return safe_ratio(weights, weights.sum(dim=-1))
 
 
-def causal_kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                            chunk: int | None = None) -> torch.Tensor:
-    """sum_{j <= i} (phi_q[i] . phi_k[j]) v[j] / sum_{j <= i} phi_q[i] . phi_k[j], for every i.
-
-    The sequence is cut into chunks of C positions: within a chunk the products form a [C, C]
-    lower triangle; earlier chunks enter through the prefix sums S = sum phi_k v^T [m, d] and
-    z = sum phi_k [m] of the chunks before (exclusive cumulative sums, so nothing of a later
-    position is ever added). Equal to ``kernel_weights(...) @ v`` under the causal mask.
-    phi_q, phi_k [B, H, T, m], v [B, H, T, d] -> [B, H, T, d].
-    """
+def causal_kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """sum_{j <= i} (phi_q[i] . phi_k[j]) v[j] / sum_{j <= i} phi_q[i] . phi_k[j] for every i, equal to
+    ``kernel_weights(...) @ v`` under the causal mask: phi_q, phi_k [B, H, T, m], v [B, H, T, d] -> [B, H, T, d].
+    In chunks of C = KERNEL_CHUNK positions: within one the products form a [C, C] lower triangle; earlier
+    chunks enter through exclusive prefix sums S = sum phi_k v^T [m, d], z = sum phi_k [m] (so nothing of a
+    later position is ever added)."""
     b, h, t, m = phi_q.shape
     d = v.shape[-1]
-    c = min(chunk or KERNEL_CHUNK, t)
+    c = min(KERNEL_CHUNK, t)
     n = -(-t // c)
     pad = n * c - t
     if pad:  # padding sits after every real position and its keys are zero: it changes nothing
