@@ -322,10 +322,8 @@ class Decay(PerModel):
         return decay.masked_fill(i[:, None] < i[None, :], 0.0).unsqueeze(1)
 
     def forward(self, z):
-        m = self.p("logit").shape[0]
-        t = z.shape[2]
-        d = self.matrix(t, z.device).to(z.dtype)
-        zm = per_model(z, m)
+        d = self.matrix(z.shape[2], z.device).to(z.dtype)
+        zm = per_model(z, d.shape[0])
         if self.scores:
             return (zm * d).reshape(z.shape)
         rate = torch.sigmoid(self.p("logit")).to(z.dtype)[:, None, :, None, None]
@@ -561,8 +559,7 @@ class _Pass:
     @property
     def allowed(self) -> torch.Tensor:
         if self._allowed is None:
-            start = self.start if self.decoding else 0
-            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask, start)
+            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask, self.start)
         return self._allowed
 
     @property
@@ -671,14 +668,12 @@ class ProgramCore(nn.Module):
         form = self.forms.get(node.text)
         if form is not None and form[0] == "mix" and (run.banded() or self._fuses(form, run)):
             return self._attention(node, form, run)
-        if form is not None and form[0] == "kmix":
-            return self._kernel_mix(node, form, run)
         prefix, _, name = op.partition(".")
+        if prefix == "kmix":  # kmix.N(...) or kmix(F, F, C)
+            return self._kernel_mix(node, run)
         if op == "mix":
             weights, v = self.value(node.args[0], run), self.value(node.args[1], run)
             return self._mix(weights, v, run, masked=node.args[0].op.startswith("w.") and node.args[0].op != "w.none")
-        if op == "kmix":
-            return self._kernel_mix(node, None, run)
         args = [self.value(a, run) for a in node.args]
         if prefix == "s":
             return _scores(self._module(node, run), args[0], args[1], aligned=not run.decoding)
@@ -702,7 +697,7 @@ class ProgramCore(nn.Module):
     def _fuses(form, run: _Pass) -> bool:
         """Whether a softmax over a dot-product similarity may run fused in this pass: no maps, no
         external mask, no attention dropout, not decoding."""
-        return (form[1] == "softmax" and form[4] and run.attn.fused and not run.explicit and not run.decoding)
+        return form[1] == "softmax" and form[4] and run.attn.fused and not run.explicit and not run.decoding
 
     def _mix(self, weights, v, run: _Pass, masked: bool):
         """weights @ v, the weights exactly zero on keys a query may not see (``masked``: already)."""
@@ -733,7 +728,7 @@ class ProgramCore(nn.Module):
 
         return banded(a, b, c, run.attn.window, tau, run.bias, weigh)
 
-    def _kernel_mix(self, node, form, run: _Pass):
+    def _kernel_mix(self, node, run: _Pass):
         """kmix.NAME(t.T(A), B, C): the registered kernel's features of A d^(1/4) / tau and B / d^(1/4)
         (kmix(F, F, C): the features as given). Weights phi(a_i) . phi(b_j) over the keys a query may
         see, in at least float32 (a kernel's sums must not lose precision to bf16); the result in
