@@ -86,9 +86,12 @@ class Rotary(nn.Module):
 # start > 0 the [H, T, start + T] rows of T new queries after ``start`` cached positions
 # ---------------------------------------------------------------------------------------------
 
-def _offsets(t: int, device=None, start: int = 0) -> torch.Tensor:
+def _offsets(t: int, device=None, start: int = 0, table: int | None = None) -> torch.Tensor:
     """[T, start + T] int64 causal offsets i - j of queries i = start..start+T-1 and keys
-    j = 0..start+T-1, clamped to 0 for future keys (start > 0: the rows of new tokens after a cache)."""
+    j = 0..start+T-1, clamped to 0 for future keys (start > 0: the rows of new tokens after a cache).
+    ``table``: the length of a relative bias table, which the positions may not pass."""
+    if table is not None and start + t > table:
+        raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table ({table})")
     i = torch.arange(start, start + t, device=device)
     j = torch.arange(start + t, device=device)
     return (i[:, None] - j[None, :]).clamp(min=0)
@@ -133,9 +136,7 @@ class RelativeBias(nn.Module):
         self.table = nn.Parameter(torch.zeros(n_heads, self.max_seq_len))
 
     def forward(self, t: int, device=None, start: int = 0) -> torch.Tensor:
-        if start + t > self.max_seq_len:
-            raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table ({self.max_seq_len})")
-        return self.table[:, _offsets(t, device, start)]
+        return self.table[:, _offsets(t, device, start, self.max_seq_len)]
 
     def fold(self, folding):
         return _StackedRelativeBias(folding.param("table"), self.max_seq_len, folding.rows)
@@ -149,10 +150,7 @@ class _StackedRelativeBias(nn.Module):
         self.table, self.max_seq_len, self.rows = table, max_seq_len, rows  # [K, H, max_seq_len]
 
     def forward(self, t: int, device=None, start: int = 0):
-        if start + t > self.max_seq_len:
-            raise UserError(f"sequence of {start + t} tokens is longer than the relative bias table "
-                            f"({self.max_seq_len})")
-        return broadcast_rows(self.table[:, :, _offsets(t, device, start)], self.rows.batch)
+        return broadcast_rows(self.table[:, :, _offsets(t, device, start, self.max_seq_len)], self.rows.batch)
 
 
 def build_rotary(position, d_head: int) -> Rotary | None:
