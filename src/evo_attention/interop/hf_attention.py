@@ -105,10 +105,8 @@ def _allowed(mask: torch.Tensor | None, b: int, t: int, s: int) -> torch.Tensor 
         return None
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     allowed = allowed[..., -t:, -s:].expand(b, -1, t, s)
-    causal = decode_mask(s - t, t, mask.device)
-    if bool(((allowed | ~causal).all())):  # nothing but the causal mask
-        return None
-    return allowed
+    causal_only = bool((allowed | ~decode_mask(s - t, t, mask.device)).all())
+    return None if causal_only else allowed
 
 
 def _before(module, args, kwargs):

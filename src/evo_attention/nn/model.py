@@ -67,11 +67,9 @@ class SwiGLU(nn.Module):
 
 
 def block_kind(spec: ModelSpec) -> str:
-    """The spec's block."""
-    kind = spec.block
-    if kind not in BLOCKS:
-        raise UserError(f"unknown block {kind!r}: valid options are {', '.join(BLOCKS)}", setting="block")
-    return kind
+    if spec.block not in BLOCKS:
+        raise UserError(f"unknown block {spec.block!r}: valid options are {', '.join(BLOCKS)}", setting="block")
+    return spec.block
 
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
