@@ -27,16 +27,12 @@ Contract:
   however ``attention.py`` is imported, also for several exports in one program.
 - It needs PyTorch, plus any other package the shipped modules import (``third_party_imports``;
   the README names them and the functions that import them lazily, e.g. ``entmax`` for sparsemax).
-- A component or program op registered by a plugin ships with the plugin's module: ``check_exportable``
-  finds the module that defines what a gene uses (the ``__module__`` of a component's registered
-  class or function, of an op's ``apply``, ``build`` and ``fold``), and ``plugin_source`` ships it as
-  ``plugins/<module>.py`` with its ``from evo_attention... import`` statements pointed at the modules
-  that define the names (``from evo_attention import register_op`` reads ``nn.program``) and made
-  relative like the library's; the entry imports it before it builds anything, so its registrations
-  run. A plugin that cannot be shipped (not a ``.py`` file, ``__main__``, a relative import, a
-  library import of a layer above ``nn`` or of a name only a package's ``__init__`` defines) is a
-  one-line UserError naming the plugin and why, before anything is written. Its other imports are
-  listed as requirements, like the library's.
+- A component or program op registered by a plugin ships with the plugin's module
+  (``check_exportable`` finds it, ``plugin_source`` ships it as ``plugins/<module>.py``, its library
+  imports pointed at the modules that define the names and made relative like the library's); the
+  entry imports it before it builds anything, so its registrations run. A plugin that cannot be
+  shipped is a one-line UserError naming it and why, before anything is written. Its other imports
+  are listed as requirements, like the library's.
 """
 
 from __future__ import annotations
