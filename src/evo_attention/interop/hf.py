@@ -342,18 +342,13 @@ class {model_class}(PreTrainedModel, GenerationMixin):
 
 
 # -- the tokenizer ------------------------------------------------------------------------------
-def _tokenizers():
-    try:
-        import tokenizers
-    except ImportError:
-        raise UserError("export --format hf needs Hugging Face tokenizers: pip install tokenizers") from None
-    return tokenizers
-
-
 def hf_tokenizer(tokenizer: Tokenizer) -> tuple[str, dict]:
     """``(tokenizer.json text, tokenizer_config.json entries)``: ``tokenizer`` as a ``tokenizers``
     fast tokenizer giving the same ids (see the module docstring)."""
-    tk = _tokenizers()
+    try:
+        import tokenizers as tk
+    except ImportError:
+        raise UserError("export --format hf needs Hugging Face tokenizers: pip install tokenizers") from None
     tokenizer = as_tokenizer(tokenizer)
     special: dict[str, str] = {}
     if isinstance(tokenizer, WordTokenizer) and tokenizer.vocab.eos_id is None:
