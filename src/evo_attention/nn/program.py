@@ -2,11 +2,9 @@
 
 Every gene is a program (a classic gene is ``programs.classic_program`` of its four components),
 and ``ProgramCore`` is the only thing that computes attention. The attention module
-(``nn.attention.EvolvedAttention``) is its frame: it gives the block input x, the projections q, k,
-v (rotated, grouped K/V heads shared, convolved with ``dconv=``), the score bias of the positions
-(alibi, ``abias=rel``), the window, the attention dropout and the output projection ``o``. A classic
-gene's components live on the frame under their names of old (``similarity``, ``temperature``,
-``gating``, ``kernel``: checkpoints keep their keys); a program's ops with weights live here.
+(``nn.attention.EvolvedAttention``) is its frame: it gives the block input x, q, k, v, the score
+bias, the window, the attention dropout and ``o`` (its module docstring), and holds a classic gene's
+components (checkpoints keep their keys); a program's ops with weights live here.
 
 Ops are registered, not listed: ``register_op(name, signatures, kind, apply=..., build=...)``
 puts an op into the grammar (``programs.OPS``: parsing, type checking, random programs, mutation,
