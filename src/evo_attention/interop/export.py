@@ -63,10 +63,6 @@ ATTENTION_ROOTS = ("evo_attention.nn.attention",)  # what the attention export s
 PLUGINS = "plugins"  # the sub-package (flat: the name part) of the shipped plugin modules
 PLUGIN_PARTS = ("util", "programs", "genes", "data", "nn")  # the library layers a shipped plugin may import
 
-# the registries a gene's categorical fields pick from
-_REGISTRIES = {"similarity": components.SIMILARITIES, "normalization": components.NORMALIZATIONS,
-               "gating": components.GATINGS, "temperature_mode": components.TEMPERATURES}
-
 
 # -- shipping the library's own modules --------------------------------------------------------
 def _spec(name: str):
@@ -417,16 +413,16 @@ def requirements(sources: Mapping[str, str]) -> list[str]:
 # -- what can be exported ----------------------------------------------------------------------
 def _uses(gene: AttentionGene):
     """(what, the objects that implement it) for each component and registered op ``gene`` uses."""
-    for field, registry in _REGISTRIES.items():
+    for field in ("similarity", "normalization", "gating", "temperature_mode"):  # a gene's component fields
         option = getattr(gene, field)
-        yield f"{field} {option!r}", [registry.get(option)]
+        yield f"{field} {option!r}", [components.factory(field, option)]
     if gene.program is None:
         return
     for node in canonical_program(gene.program).ops():
         prefix, dot, name = node.op.partition(".")
         if dot and prefix in programs.COMPONENT_PREFIXES:
             field = programs.COMPONENT_PREFIXES[prefix]
-            yield f"{field} {name!r}", [_REGISTRIES[field].get(name)]  # None: the engine's own (w.none)
+            yield f"{field} {name!r}", [components.factory(field, name)]  # None: the engine's own (w.none)
         elif node.op not in programs.STRUCTURAL:  # registered with register_op
             impl = program.IMPLEMENTATIONS.get(node.op)
             yield f"program op {node.op!r}", [impl.apply, impl.build, programs.OPS[node.op].fold] if impl else []
