@@ -332,11 +332,10 @@ def unregister(kind: str, name: str) -> None:
     {"similarity": genes.DOT_FORM_SIMILARITIES, "normalization": genes.KERNEL_NORMALIZATIONS}.get(kind, set()).discard(name)
 
 
-# --------------------------------------------------------------------------------------------
-# Similarities: modules mapping q, k [B, H, T, d_head] to raw scores [B, H, T, T].
-# ``dot_form = True`` declares scores == prepare(q, k)[0] @ prepare(q, k)[1]^T, which lets the
-# attention module use PyTorch's fused scaled_dot_product_attention kernel.
-# --------------------------------------------------------------------------------------------
+# -- similarities ----------------------------------------------------------------------------------
+# Modules mapping q, k [B, H, T, d_head] to raw scores [B, H, T, T]. ``dot_form = True`` declares
+# scores == prepare(q, k)[0] @ prepare(q, k)[1]^T, which lets the attention module use PyTorch's
+# fused scaled_dot_product_attention kernel.
 
 
 class Similarity(nn.Module):
@@ -479,10 +478,9 @@ class CosineSimilarity(Similarity):
         return F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1) * scale
 
 
-# --------------------------------------------------------------------------------------------
-# Normalizations: functions (scores, mask) -> weights over the last dim. ``mask`` is a bool
-# tensor broadcastable to scores, True where attention is allowed, or None (all allowed).
-# --------------------------------------------------------------------------------------------
+# -- normalizations --------------------------------------------------------------------------------
+# Functions (scores, mask) -> weights over the last dim. ``mask`` is a bool tensor broadcastable to
+# scores, True where attention is allowed, or None (all allowed).
 
 
 def wide(x: torch.Tensor) -> torch.Tensor:
@@ -580,14 +578,13 @@ def _entmax(name: str, scores, mask):
     return zero_masked(weights.masked_fill(bad, math.nan), mask).to(scores.dtype)
 
 
-# --------------------------------------------------------------------------------------------
-# Kernel normalizations: weights[i, j] = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') over the
-# allowed keys, with non-negative feature maps phi. They never form a score, so the causal output
-# is a running sum: O(T m d) time and O(T d) memory (``causal_kernel_attention``) instead of a
-# [T, T] matrix. The attention module hands them q s / tau and k / s with s = d_head^(1/4), whose
-# dot product is the score q . k / tau (rules in genes.py keep them to dot-product similarities
-# without score biases). A class registered with ``kernel = True`` is one of them.
-# --------------------------------------------------------------------------------------------
+# -- kernel normalizations -------------------------------------------------------------------------
+# weights[i, j] = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') over the allowed keys, with
+# non-negative feature maps phi. They never form a score, so the causal output is a running sum:
+# O(T m d) time and O(T d) memory (``causal_kernel_attention``) instead of a [T, T] matrix. The
+# attention module hands them q s / tau and k / s with s = d_head^(1/4), whose dot product is the
+# score q . k / tau (rules in genes.py keep them to dot-product similarities without score biases).
+# A class registered with ``kernel = True`` is one of them.
 
 KERNEL_CHUNK = 64  # positions per chunk of the running sum: O(T C) within chunks, O(T/C m d) states
 
@@ -721,10 +718,8 @@ class _StackedFavor(nn.Module):
         return phi_q.reshape(*q.shape[:-1], phi_q.shape[-1]), phi_k.reshape(*k.shape[:-1], phi_k.shape[-1])
 
 
-# --------------------------------------------------------------------------------------------
-# Temperatures: modules x [B, T, d_model] -> a positive tensor broadcastable to [B, H, T, 1]
-# that divides the scores.
-# --------------------------------------------------------------------------------------------
+# -- temperatures ----------------------------------------------------------------------------------
+# Modules x [B, T, d_model] -> a positive tensor broadcastable to [B, H, T, 1] that divides the scores.
 
 
 @register_temperature("fixed")
@@ -790,10 +785,9 @@ class AdaptiveTemperature(nn.Module):
         return (self.base * torch.exp(2.0 * torch.tanh(z))).transpose(1, 2).unsqueeze(-1)
 
 
-# --------------------------------------------------------------------------------------------
-# Gatings: modules with gate_input(x) (applied before the Q/K/V projections) and
-# forward(x, y) combining the block input x with the projected attention output y.
-# --------------------------------------------------------------------------------------------
+# -- gatings ---------------------------------------------------------------------------------------
+# Modules with gate_input(x) (applied before the Q/K/V projections) and forward(x, y) combining the
+# block input x with the projected attention output y.
 
 
 class Gating(nn.Module):

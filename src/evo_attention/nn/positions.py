@@ -41,9 +41,7 @@ from evo_attention.util.errors import UserError
 ROPE_BASE = 10000.0
 
 
-# ---------------------------------------------------------------------------------------------
-# Rotary embeddings
-# ---------------------------------------------------------------------------------------------
+# -- rotary embeddings -----------------------------------------------------------------------------
 
 class Rotary(nn.Module):
     """Rotate q and k [B, H, T, d_head] by position-dependent angles (the half-split layout:
@@ -81,10 +79,9 @@ class Rotary(nn.Module):
         return str(self.spec)
 
 
-# ---------------------------------------------------------------------------------------------
-# Score biases: modules returning a float [H, T, T] added to the logits (0 on future keys); with
-# start > 0 the [H, T, start + T] rows of T new queries after ``start`` cached positions
-# ---------------------------------------------------------------------------------------------
+# -- score biases ----------------------------------------------------------------------------------
+# Modules returning a float [H, T, T] added to the logits (0 on future keys); with start > 0 the
+# [H, T, start + T] rows of T new queries after ``start`` cached positions
 
 def _offsets(t: int, device=None, start: int = 0, table: int | None = None) -> torch.Tensor:
     """[T, start + T] int64 causal offsets i - j of queries i = start..start+T-1 and keys

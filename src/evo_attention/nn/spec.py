@@ -67,7 +67,6 @@ class ModelSpec:
     n_layers: int = setting(2, flag="layers", parse="int")
     max_seq_len: int = setting(128, flag="seq-len", parse="int", help="tokens per window (max_seq_len)")
     dropout: float = setting(0.1, flag="dropout", parse="float")
-    # None: 4 * d_model (gpt2 block), about 8/3 * d_model (llama block)
     d_ff: int | None = setting(None, flag="ffn", parse="int",
                                help="feed-forward width (default 4 x d_model; about 8/3 x d_model with --block llama)")
     block: str = setting("gpt2", flag="block", parse="str", choices=BLOCKS, omit_default=True,
