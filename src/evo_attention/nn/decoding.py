@@ -68,7 +68,6 @@ def generate(model, prompt: Sequence[int], max_new_tokens: int, *, temperature: 
     device = next(model.parameters()).device
     window = model.spec.max_seq_len
     tokens = [int(i) for i in prompt]
-    new: list[int] = []
     caches, fed = None, 0  # the caches hold the keys and values of tokens[:fed]
     try:
         for _ in range(max_new_tokens):
@@ -81,9 +80,8 @@ def generate(model, prompt: Sequence[int], max_new_tokens: int, *, temperature: 
                 fed = len(tokens)
             token = sample(logits, temperature, top_k, generator)
             tokens.append(token)
-            new.append(token)
             if on_token is not None:
                 on_token(token)
     finally:
         model.train(was_training)
-    return new
+    return tokens[len(prompt):]
