@@ -34,12 +34,9 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Loss and both gradients in one pass over row chunks; backward only scales them.
-
-    One model: hidden [N, d], weight [V, d], targets [N] -> the mean loss; K models folded into one
-    batch: hidden [K, N, d], weight [K, V, d], targets [K, N] -> the K mean losses, with the same
-    chunks and the same operations as batched products (so each model's loss and gradients are
-    bitwise those of its own call).
+    """hidden [N, d], weight [V, d], targets [N] -> the mean loss; K models folded into one batch
+    (hidden [K, N, d], weight [K, V, d], targets [K, N]) -> the K mean losses, with the same chunks and
+    operations as batched products (each model's loss and gradients are bitwise those of its own call).
 
     Per chunk: logits in the matmul precision, widened once to at least float32; softmax (one fused
     kernel); the NLL as ``max - picked - log(max softmax)``, exact for every row because the largest
