@@ -169,8 +169,7 @@ def _earlier(value: torch.Tensor, kind: str, length: int, cut: int | None = None
     ``cut`` (T // 2), and for scores (or a temperature broadcast to them) their keys 0..i."""
     cut = length // 2 if cut is None else cut
     if kind in ("S", "W"):
-        keep = _lower(cut)
-        return _as_scores(value, length, length)[..., :cut, :cut].masked_select(keep)
+        return _as_scores(value, length, length)[..., :cut, :cut].masked_select(_lower(cut))
     return value[..., :cut, :]
 
 
@@ -181,8 +180,7 @@ def _later(value: torch.Tensor, kind: str, length: int) -> torch.Tensor:
     if kind not in ("S", "W"):
         return value[..., -rows:, :]
     held = length if value.dim() > 1 and value.shape[-2] == length else rows
-    keep = _lower(length)[-rows:]
-    return _as_scores(value, held, length)[..., -rows:, :].masked_select(keep)
+    return _as_scores(value, held, length)[..., -rows:, :].masked_select(_lower(length)[-rows:])
 
 
 def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None = None,
@@ -414,13 +412,10 @@ class _AdditiveScores(torch.autograd.Function):
 
 @register_similarity("additive")
 class AdditiveSimilarity(Similarity):
-    """Bahdanau's v . tanh(Wq q + Wk k), per head.
-
-    Wq q and Wk k are projected once per position ([B, H, T, d_head] each) and broadcast-added,
-    so the [B, H, T, T, 2*d_head] concatenation of the textbook form never exists; the tanh is
-    computed in blocks of queries and recomputed in the backward pass (``_AdditiveScores``), and
-    inside the attention module only the causal half is computed.
-    """
+    """Bahdanau's v . tanh(Wq q + Wk k), per head: Wq q and Wk k are projected once per position
+    ([B, H, T, d_head] each) and broadcast-added, so the [B, H, T, T, 2*d_head] concatenation of the
+    textbook form never exists (``_AdditiveScores``: in query blocks, inside the attention module
+    only the causal half)."""
 
     causal_skip = True  # forward(..., causal=True) may leave scores of future keys at 0
     block = 8  # queries per block: measured fastest of 8/16/32 at T=128 (causal waste grows with it)
