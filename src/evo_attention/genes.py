@@ -46,34 +46,28 @@ model whatever they say. A model has one recipe, so the layers of a per-layer ge
 ``mechanism_of`` drops the recipe parts, ``recipe_of`` gives them.
 
 Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order); the older
-names (``FIELDS``, ``AXIS_FIELDS``, ``ALL_FIELDS``, ``AXIS_DEFAULTS``, ``KEY_PARTS``, ...) are
-derived from that table.
+names (``FIELDS``, ``AXIS_FIELDS``, ``KEY_PARTS``, ...) are derived from that table.
 
-The search space is ``SearchSpace``: the options of each field. By default it is ``OPTIONS``, the
-option names of each registered field: the built-in names, known here (the names are grammar;
-``nn.components`` implements them, and registering a built-in again adds nothing), then the names
-a ``register_*`` decorator adds, in registration order. So registering a component adds it to
-random draws and mutations; the axes default to their single default value. A field with one
-option consumes no random numbers, so adding an axis to the code leaves every seeded draw of a
-space that does not vary it unchanged. Seeded draws index into the option lists: the order of
-the built-in names is part of every seed's results and never changes.
+``SearchSpace`` holds the options of each field; by default ``OPTIONS``, the registered names of
+each field: the built-ins known here (``nn.components`` implements them; registering one again
+adds nothing), then those a ``register_*`` decorator adds, in registration order, so a registered
+component joins random draws and mutations. Seeded draws index into these lists: the built-ins' order is part of every seed's
+results and never changes, and a field with one option (an axis, by default) consumes no random
+number, so a new axis leaves every seeded draw of a space that does not vary it unchanged.
 
-Some combinations of valid values make no model: a kernel normalization (``linear``, ``favor``)
-weighs keys by feature maps phi(q) . phi(k), so it needs a dot-product similarity and admits no
-score bias. ``RULES`` names each such rule and the fields it reads; a gene that breaks one is
-refused with a one-line error naming the rule, random draws redraw, and mutation and crossover
-try again with the same RNG (deterministic for a seed; a space that never breaks a rule consumes
-exactly the numbers it did before the rules existed). The kernel normalizations are ``OPT_IN``:
-a search space includes them only when it lists them. The layers of a per-layer genome must
-agree on learned absolute positions (``layers_violation``, the one statement of that rule).
+``RULES`` name the combinations of valid values that make no model (a kernel normalization,
+``linear`` or ``favor``, weighs keys by phi(q) . phi(k): it needs a dot-product similarity and
+admits no score bias) and the fields each reads. A gene that breaks one is refused in one line
+naming the rule; random draws redraw, and mutation and crossover try again with the same RNG
+(deterministic for a seed; a space that never breaks a rule consumes exactly the numbers it did
+before the rules existed). The kernel normalizations are ``OPT_IN``: a space holds them only when
+it lists them. ``layers_violation`` states the rules between the layers of a per-layer genome.
+``size_problem`` (qkv_rank <= d_model, kv_heads dividing the heads) and ``full_window_note`` (a
+window as long as the sequence is full attention) say whether a genome or a space fits a model.
 
-Whether a gene fits a model size (``size_problem``: qkv_rank <= d_model, kv_heads dividing the
-heads; ``full_window_note``: a window as long as the sequence is full attention) is stated here
-too, for a genome and for every option of a space.
-
-This module owns the *grammar* of every field (which names and values are valid, how a key is
-written); ``nn`` owns what the names compute. Nothing here imports torch (nor ``nn``): importing
-this module alone gives the complete built-in grammar.
+This module owns the *grammar* of every field (valid names and values, how a key is written);
+``nn`` owns what the names compute. It imports neither torch nor ``nn``: importing it alone gives
+the complete built-in grammar.
 """
 
 from __future__ import annotations
@@ -138,13 +132,9 @@ def parse_position(value) -> PositionSpec:
 # -- the fields ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Field:
-    """One gene field: everything the grammar knows of it.
-
-    ``check(field, value)`` returns the canonical value or raises a ``UserError`` naming the field.
-    A field with ``part`` None is one of the fixed parts every key starts with (in ``GENE_FIELDS``
-    order, written by ``write``); a field with a ``part`` is an axis, written ``part=value`` only
-    when its value is not ``default``.
-    """
+    """One gene field: everything the grammar knows of it. ``check(field, value)`` returns the canonical
+    value or raises a ``UserError`` naming the field; a fixed part (``part`` None) is always in the key,
+    in ``GENE_FIELDS`` order, an axis only as ``part=value`` where its value is not ``default``."""
 
     name: str
     default: Any  # the vanilla transformer's value; a gene built without the field takes it
@@ -167,9 +157,7 @@ class Field:
 
 def _check_choice(fieldname: str, value: Any, options: Sequence[str]) -> str:
     if value not in options:
-        raise UserError(
-            f"unknown {fieldname} {value!r}: valid options are {', '.join(map(str, options))}"
-        )
+        raise UserError(f"unknown {fieldname} {value!r}: valid options are {', '.join(map(str, options))}")
     return value
 
 
@@ -218,13 +206,11 @@ def _check_count(field: Field, value: Any) -> int:
     return number
 
 
-def _recipe_default(value: Any) -> bool:
-    """Whether a recipe value means the run's configured one (None, or the word 'default')."""
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("default", "none", "null", ""))
-
-
-def _recipe_number(field: Field, value: Any) -> float:
-    """A recipe value as a finite float, kept to 6 significant digits (what its key part writes)."""
+def _recipe_number(field: Field, value: Any) -> float | None:
+    """None for the run's configured value (None, or the word 'default'), else the value as a finite float
+    kept to 6 significant digits (what its key part writes)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("default", "none", "null", "")):
+        return None
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
@@ -234,29 +220,21 @@ def _recipe_number(field: Field, value: Any) -> float:
     return float(f"{number:.6g}")
 
 
-def _check_rate(field: Field, value: Any) -> float | None:
-    return _recipe_bounded(field, value, lambda rate: rate > 0, "is not a positive number")
-
-
-def _check_weight_decay(field: Field, value: Any) -> float | None:
-    return _recipe_bounded(field, value, lambda decay: decay >= 0, "is negative")
-
-
-def _recipe_bounded(field: Field, value: Any, fits: Callable[[float], bool], problem: str) -> float | None:
-    """None for the run's value, else the recipe number if ``fits`` it (UserError saying ``problem``)."""
-    if _recipe_default(value):
-        return None
-    number = _recipe_number(field, value)
-    if not fits(number):
-        raise UserError(f"{field.name} {value!r} {problem}: {field.help}")
-    return number
+def _recipe_bounded(fits: Callable[[float], bool], problem: str) -> Callable[[Field, Any], float | None]:
+    """A recipe field's check: the recipe number if ``fits`` it (UserError saying ``problem``)."""
+    def check(field: Field, value: Any) -> float | None:
+        number = _recipe_number(field, value)
+        if number is not None and not fits(number):
+            raise UserError(f"{field.name} {value!r} {problem}: {field.help}")
+        return number
+    return check
 
 
 def _check_warmup(field: Field, value: Any) -> int | float | None:
     """None, whole warm-up steps (an int), or a fraction of the schedule's steps in (0, 1) (a float)."""
-    if _recipe_default(value):
-        return None
     number = _recipe_number(field, value)
+    if number is None:
+        return None
     if number < 0 or (number >= 1 and not number.is_integer()):
         raise UserError(f"{field.name} {value!r} is neither whole steps nor a fraction in (0, 1): {field.help}")
     return number if 0 < number < 1 else int(number)
@@ -337,12 +315,14 @@ GENE_FIELDS = (
     Field("program", None, _check_program, space=(None,), part="prog", write=str,
           help="write a program such as o(mix(w.softmax(t.fixed(s.dot(q,k))),v))"),
     # the training recipe: None is the run's configured value (train.spec.Trial.recipe applies the others)
-    Field("learning_rate", None, _check_rate, space=(None,), part="lr", write=_write_number, recipe=True,
+    Field("learning_rate", None, _recipe_bounded(lambda rate: rate > 0, "is not a positive number"), space=(None,),
+          part="lr", write=_write_number, recipe=True,
           help="use a positive rate such as 1e-3, or default (the run's learning_rate)"),
     Field("warmup", None, _check_warmup, space=(None,), part="wu", write=_write_number, recipe=True,
           help="use whole steps such as 100, a fraction of the steps in (0, 1) such as 0.05, or default (the "
                "run's warm-up)"),
-    Field("weight_decay", None, _check_weight_decay, space=(None,), part="wd", write=_write_number, recipe=True,
+    Field("weight_decay", None, _recipe_bounded(lambda decay: decay >= 0, "is negative"), space=(None,), part="wd",
+          write=_write_number, recipe=True,
           help="use a number >= 0 such as 0.1, or default (the run's weight_decay)"),
 )
 FIELD = {f.name: f for f in GENE_FIELDS}
@@ -673,11 +653,9 @@ class AttentionGene(_Keyed):
         if len(parts) == 4:
             parts += ["bias", "0.10"]
         if len(parts) != 6:
-            raise UserError(
-                f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, prog=, lr=, wu=, wd= "
-                "parts), or a program 'prog=...' with or without '|bias|0.10'"
-            )
+            raise UserError(f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
+                            "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, prog=, "
+                            "lr=, wu=, wd= parts), or a program 'prog=...' with or without '|bias|0.10'")
         return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
     def replace(self, **changes: Any) -> "AttentionGene":
