@@ -162,10 +162,6 @@ def signature(text: str):
     return (types, result.strip())
 
 
-def _sig(args: str, result: str):
-    return signature(f"{args}->{result}")
-
-
 def _sigmoid(a: float) -> float:
     return 1 / (1 + math.exp(-max(min(a, 60.0), -60.0)))
 
@@ -187,25 +183,25 @@ OPS: dict = {op.name: op for op in (
     _elementwise("ssqrt", 1, lambda a: math.copysign(math.sqrt(abs(a) + 1e-4) - 1e-2, a)),
     _elementwise("slog1p", 1, lambda a: math.copysign(math.log1p(abs(a)), a)),
     # learned, per position
-    Op("scale", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
-    Op("bias", (_sig("H", "H"), _sig("X", "X"), _sig("S", "S")), "learned"),
-    Op("sgate", (_sig("H", "H"), _sig("X", "X")), "learned"),
-    Op("lin", (_sig("X", "X"),), "learned"),
+    Op("scale", (signature("H->H"), signature("X->X"), signature("S->S")), "learned"),
+    Op("bias", (signature("H->H"), signature("X->X"), signature("S->S")), "learned"),
+    Op("sgate", (signature("H->H"), signature("X->X")), "learned"),
+    Op("lin", (signature("X->X"),), "learned"),
     # feature maps over a head's channels
-    Op("l2n", (_sig("H", "H"),), "feature"), Op("rmsn", (_sig("H", "H"),), "feature"),
-    Op("elu1", (_sig("H", "F"),), "feature"), Op("lfeat", (_sig("H", "H"),), "feature"),
+    Op("l2n", (signature("H->H"),), "feature"), Op("rmsn", (signature("H->H"),), "feature"),
+    Op("elu1", (signature("H->F"),), "feature"), Op("lfeat", (signature("H->H"),), "feature"),
     # along time: each reads only the positions up to its own
-    Op("shift", (_sig("H", "H"),), "time"), Op("dconv2", (_sig("H", "H"),), "time"),
-    Op("dconv3", (_sig("H", "H"),), "time"), Op("dconv4", (_sig("H", "H"),), "time"),
-    Op("cumsum", (_sig("H", "H"),), "time"), Op("cummean", (_sig("H", "H"),), "time"),
-    Op("decay", (_sig("H", "H"),), "time"), Op("sdecay", (_sig("S", "S"),), "time"),
+    Op("shift", (signature("H->H"),), "time"), Op("dconv2", (signature("H->H"),), "time"),
+    Op("dconv3", (signature("H->H"),), "time"), Op("dconv4", (signature("H->H"),), "time"),
+    Op("cumsum", (signature("H->H"),), "time"), Op("cummean", (signature("H->H"),), "time"),
+    Op("decay", (signature("H->H"),), "time"), Op("sdecay", (signature("S->S"),), "time"),
     # weights and mixing (over the keys a query may see only)
-    Op("w.none", (_sig("S", "W"),), "weight"),
-    Op("mix", (_sig("W,H", "H"),), "mix"),
-    Op("kmix", (_sig("F,F,H", "H"),), "mix"),
+    Op("w.none", (signature("S->W"),), "weight"),
+    Op("mix", (signature("W,H->H"),), "mix"),
+    Op("kmix", (signature("F,F,H->H"),), "mix"),
     # output
-    Op("o", (_sig("H", "X"),), "output"),
-    Op("pin", (_sig("X,X", "X"),), "root"),
+    Op("o", (signature("H->X"),), "output"),
+    Op("pin", (signature("X,X->X"),), "root"),
 )}
 STRUCTURAL = frozenset(OPS)  # the ops above: never removed; a plugin adds ops beside them
 PLUGIN_KINDS = ("elementwise", "learned", "feature", "time")  # what a registered op may be
@@ -261,18 +257,18 @@ class Grammar:
         kernels = set(kernels)
         ops = dict(OPS)
         for name in options["similarity"]:
-            ops[f"s.{name}"] = Op(f"s.{name}", (_sig("H,H", "S"),), "score")
+            ops[f"s.{name}"] = Op(f"s.{name}", (signature("H,H->S"),), "score")
         for name in options["temperature_mode"]:
-            ops[f"t.{name}"] = Op(f"t.{name}", (_sig("S", "S"), _sig("H", "H")), "temperature")
+            ops[f"t.{name}"] = Op(f"t.{name}", (signature("S->S"), signature("H->H")), "temperature")
         for name in options["normalization"]:
             if name in kernels:
-                ops[f"kmix.{name}"] = Op(f"kmix.{name}", (_sig("H,H,H", "H"),), "mix")
+                ops[f"kmix.{name}"] = Op(f"kmix.{name}", (signature("H,H,H->H"),), "mix")
             else:
-                ops[f"w.{name}"] = Op(f"w.{name}", (_sig("S", "W"),), "weight")
+                ops[f"w.{name}"] = Op(f"w.{name}", (signature("S->W"),), "weight")
         for name in options["gating"]:
             if name != "none":
-                ops[f"g.{name}"] = Op(f"g.{name}", (_sig("X", "X"),), "gate")
-                ops[f"gi.{name}"] = Op(f"gi.{name}", (_sig("X", "X"),), "gate")
+                ops[f"g.{name}"] = Op(f"g.{name}", (signature("X->X"),), "gate")
+                ops[f"gi.{name}"] = Op(f"gi.{name}", (signature("X->X"),), "gate")
         self.ops = ops
 
     def op(self, name: str) -> Op:
@@ -780,12 +776,9 @@ def mutate(program: Program, rng: _random.Random, space: ProgramSpace, grammar: 
     return edit(program, rng, space, grammar)[1]
 
 
-def _softmax_over_dot(program: Program) -> bool:
-    return any(n.op == "w.softmax" and any(m.op == "s.dot" for m in n.walk()) for n in program.nodes())
-
-
 FEATURES = {  # what ``census`` counts, each a test of one program
-    "softmax over a dot product": _softmax_over_dot,
+    "softmax over a dot product": lambda p: any(n.op == "w.softmax" and any(m.op == "s.dot" for m in n.walk())
+                                                for n in p.nodes()),
     "token-by-token weights (mix)": lambda p: any(n.op == "mix" for n in p.nodes()),
     "kernel form (kmix)": lambda p: any(n.op.startswith("kmix") for n in p.nodes()),
     "an op along time": lambda p: any(n.op in TIME_OPS or n.op in ("cumsum", "cummean", "sdecay") for n in p.nodes()),
