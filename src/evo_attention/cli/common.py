@@ -143,25 +143,25 @@ def explicit_settings(args, extra: dict | None = None) -> dict:
     from evo_attention.train.environment import resolve_device
     from evo_attention.train.presets import example_counts_note, merged_settings, own_vocabulary
 
+    preset, config_file, quiet, resume = (getattr(args, name, None) for name in ("preset", "config", "quiet", "resume"))
     flags = {name: None if (name in _zero_is_none() and value == 0) else value
              for flag, name in config_flags().items() if (value := getattr(args, flag, None)) is not None}
     flags.update(extra or {})
-    settings = merged_settings(getattr(args, "preset", None), getattr(args, "config", None), flags)
-    if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings \
-            and not getattr(args, "resume", False):  # a resumed run keeps the stream its trials were keyed with
+    settings = merged_settings(preset, config_file, flags)
+    # the GPU default stream, but where a resumed run keeps the stream its trials were keyed with
+    if str(settings.get("device") or "").startswith("cuda") and "dropout_stream" not in settings and not resume:
         resolve_device(settings["device"])  # a device this machine lacks is refused before the note on it
         settings["dropout_stream"] = "counter"  # the GPU-fast default: masks drawn on the device (docs/scaling.md)
         log("--device cuda: dropout masks are drawn on the device (--dropout-stream counter, the GPU default); "
-            "give --dropout-stream cpu for the CPU's masks", getattr(args, "quiet", False))
-    note = example_counts_note(getattr(args, "preset", None), settings)
-    if note:
-        log(note, getattr(args, "quiet", False))
-    _note_origins(getattr(args, "preset", None), getattr(args, "config", None), flags)
+            "give --dropout-stream cpu for the CPU's masks", quiet)
+    if note := example_counts_note(preset, settings):
+        log(note, quiet)
+    _note_origins(preset, config_file, flags)
     if getattr(args, "plugin", None):
         settings["plugins"] = list(dict.fromkeys(list(settings.get("plugins") or []) + args.plugin))
     load_plugins(settings.get("plugins") or ())  # their names must be known before the settings are checked
     # a resume trains the vocabulary its run stored: the flags are only checked against it
-    return settings if getattr(args, "resume", False) else own_vocabulary(settings)
+    return settings if resume else own_vocabulary(settings)
 
 
 # where each setting of the command being run came from, when not from one of its flags ("config file

@@ -17,6 +17,8 @@ from __future__ import annotations
 from evo_attention.cli.common import given, load_with_plugins, note, with_given_plugins
 from evo_attention.cli.validate import note_unfinished
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import check_output
+from evo_attention.util.progress import log
 
 
 def cmd_export(args) -> int:
@@ -25,8 +27,6 @@ def cmd_export(args) -> int:
     from evo_attention.interop.hf_attention import is_hf_attention_export
     from evo_attention.search.models import kept_model, kept_models
     from evo_attention.train.saving import load_model, load_tokenizer, saved_info, saved_plugins
-    from evo_attention.util.files import check_output
-    from evo_attention.util.progress import log
 
     if bool(args.model) == bool(args.from_run):
         raise UserError("give either --model DIR (a saved model) or --from-run DIR --rank R (a model the search kept "
@@ -90,8 +90,6 @@ def _hf_attention_from_run(args) -> int:
     from evo_attention.interop.hf_attention import ENTRY_FILE, export_hf_attention, is_hf_attention_export
     from evo_attention.report import load_run
     from evo_attention.train.config import Config
-    from evo_attention.util.files import check_output
-    from evo_attention.util.progress import log
 
     if not Path(args.from_run).is_dir():
         raise UserError(f"no run directory {args.from_run}: give the --out directory of a search")
@@ -128,7 +126,6 @@ def _lm_eval_task(directory, out, split: str, plugins) -> str | None:
     from evo_attention.train.config import Config
     from evo_attention.train.saving import load_tokenizer, saved_info, saved_plugins
     from evo_attention.train.spec import load_task
-    from evo_attention.util.progress import log
 
     saved = saved_info(directory).get("config") or {}
     if "data" not in saved:  # Config.from_dict would fill in the default data, which the model may never have seen

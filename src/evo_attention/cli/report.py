@@ -4,6 +4,7 @@ with ``--optuna-journal``, also write the run as an Optuna study for optuna-dash
 
 from __future__ import annotations
 
+from evo_attention.cli.common import load_run_plugins, note, out_arg
 from evo_attention.util.errors import UserError
 
 
@@ -11,7 +12,6 @@ def cmd_report(args) -> int:
     import os
     from pathlib import Path
 
-    from evo_attention.cli.common import note
     from evo_attention.report import write_report
     from evo_attention.search.store import RunStore
 
@@ -27,7 +27,6 @@ def cmd_report(args) -> int:
     if twice:
         raise UserError(f"{twice[-1]} names a run given before: give each run once")
     if args.out is not None:
-        from evo_attention.cli.common import out_arg
         from evo_attention.report.runs import OUTPUT_KIND, input_runs
 
         out_arg(args, kind=OUTPUT_KIND, sources=input_runs(args.run_dirs))  # refused before any file is written
@@ -67,7 +66,6 @@ def cmd_report(args) -> int:
 def _load_plugins(run_dir, given) -> None:
     """Import the plugins the run in ``run_dir`` stored (its genes may use their ops: the program figure reads
     them); one that cannot be imported is refused only where a gene of the run does not parse without it."""
-    from evo_attention.cli.common import load_run_plugins
     from evo_attention.genes import AttentionGene
     from evo_attention.search.store import RunStore
     from evo_attention.util.plugins import load_plugins, with_given_plugins
