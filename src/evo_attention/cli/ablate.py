@@ -12,8 +12,8 @@ from __future__ import annotations
 from evo_attention.util.errors import UserError
 from evo_attention.util.progress import log
 from evo_attention.cli.common import load_run_plugins
-from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_grid,
-                                        log_outputs, note_replaced, note_unfinished, run_study, study_setup)
+from evo_attention.cli.validate import (add_analysis_flags, add_baseline_flag, analysis_setup, grid_text, log_outputs,
+                                        note_replaced, note_unfinished, run_study, study_setup)
 
 
 def cmd_ablate(args) -> int:
@@ -45,8 +45,7 @@ def cmd_ablate(args) -> int:
     paths = write_ablation(result, out)
     for line in contribution_lines(result):
         log(line)
-    log_grid(result)
-    log_outputs(paths, args.from_run)
+    log_outputs(result, paths, args.from_run)
     return 0
 
 

@@ -117,7 +117,9 @@ def cmd_curve(args) -> int:
                            confidence=0.95 if plan is None else 1.0 - plan.family()["alpha"],
                            plan=None if plan is None else plan.record(), lr_grid=args.lr_grid,
                            n_tuning_seeds=args.tuning_seeds)
-    log_curve_rates(result, knob, args.quiet)
+    for grid in result.grids or []:  # with a learning-rate grid: each gene's selected rate per point
+        if grid.get("genes"):
+            log_selected_rates(grid["genes"], grid["rates"], f" at {knob}={grid['value']}", args.quiet)
     for gene in result.genes:
         where = (f"breaks at {knob}={gene['breaks_at']}" if gene["breaks_at"] is not None
                  else "holds" if gene["holds"] else "no break among the values with a result")
@@ -128,10 +130,3 @@ def cmd_curve(args) -> int:
             log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
     return 0 if any(r["mean"] is not None for g in result.genes for r in g["points"]) else 1
-
-
-def log_curve_rates(result, knob: str, quiet: bool) -> None:
-    """With a learning-rate grid: each gene's selected rate per point, and a warning per edge winner."""
-    for grid in result.grids or []:
-        if grid.get("genes"):
-            log_selected_rates(grid["genes"], grid["rates"], f" at {knob}={grid['value']}", quiet)

@@ -15,8 +15,8 @@ and a wall-time estimate from step times measured here, and trains nothing.
 
 from __future__ import annotations
 
-from evo_attention.cli.validate import (add_analysis_flags, add_match_flag, analysis_setup, grid_text, log_grid,
-                                        log_outputs, note_replaced, run_genes, run_study, study_setup)
+from evo_attention.cli.validate import (add_analysis_flags, add_match_flag, analysis_setup, grid_text, log_outputs,
+                                        note_replaced, run_genes, run_study, study_setup)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import human_seconds, markdown_table
 from evo_attention.util.progress import log
@@ -50,8 +50,7 @@ def cmd_transfer(args) -> int:
     log(result.headline.replace("**", ""))
     for gene, verdict in result.verdicts.items():
         log(f"  {gene} at {result.largest}: {verdict}")
-    log_grid(result)
-    log_outputs(paths, args.from_run)
+    log_outputs(result, paths, args.from_run)
     return 0
 
 

@@ -189,15 +189,6 @@ def seed_block_flag(text: str):
     return value
 
 
-def add_seed_block_flag(p: argparse.ArgumentParser) -> None:
-    from evo_attention.studies.common import SEED_BLOCK_BASE, SEED_BLOCK_SIZE
-
-    p.add_argument("--seed-block", type=seed_block_flag, metavar="K|run",
-                   help=f"draw the seeds from block K ({SEED_BLOCK_BASE}+K*{SEED_BLOCK_SIZE}+1 ..) instead of "
-                        "seed+1 ..: validations of several searches with different blocks never share a seed; 'run': "
-                        "the block of the --from-run run's search seed (recorded in the result)")
-
-
 def seed_block(args, search_seed):
     """The seed block an analysis command's flags name (None: the seeds count from --seed)."""
     block = getattr(args, "seed_block", None)
@@ -373,8 +364,10 @@ def log_selected_rates(genes: Mapping, rates, where: str = "", quiet: bool = Fal
         note(line.replace('`', ''))  # evo-attention: warning: ...
 
 
-def log_outputs(paths: dict, from_run: str | None) -> None:
-    """Say which files an analysis wrote and, for a run's analysis, how to fold them into its report."""
+def log_outputs(result, paths: dict, from_run: str | None) -> None:
+    """What the verdict lines of an analysis leave out (``log_grid``), which files it wrote and, for a run's
+    analysis, how to fold them into its report."""
+    log_grid(result)
     log(f"wrote {', '.join(str(p) for p in paths.values())}")
     if from_run:
         log(f"fold it into the run's report with: evo-attention report {from_run}")
@@ -473,8 +466,7 @@ def cmd_validate(args) -> int:
     log(result.headline.replace("**", ""))
     for row in result.genes:
         log(f"  {row['str']}: {row['verdict']}")
-    log_grid(result)
-    log_outputs(paths, args.from_run)
+    log_outputs(result, paths, args.from_run)
     return 0
 
 
@@ -532,7 +524,7 @@ def _validate_on_suite(args, genes, config, store, out, search_seed) -> int:
 
 
 def register(subparsers) -> None:
-    from evo_attention.studies.common import DEFAULT_MAX_SEEDS
+    from evo_attention.studies.common import DEFAULT_MAX_SEEDS, SEED_BLOCK_BASE, SEED_BLOCK_SIZE
 
     p = subparsers.add_parser("validate", help="re-train genes and the baseline with several fresh seeds: means, "
                               "confidence intervals, paired tests by seed with Holm correction, verdicts")
@@ -544,7 +536,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-seeds", type=int, default=DEFAULT_MAX_SEEDS, metavar="N",
                    help=f"with --seeds auto: plan at most N seeds (default {DEFAULT_MAX_SEEDS})")
     add_match_flag(p)
-    add_seed_block_flag(p)
+    p.add_argument("--seed-block", type=seed_block_flag, metavar="K|run",
+                   help=f"draw the seeds from block K ({SEED_BLOCK_BASE}+K*{SEED_BLOCK_SIZE}+1 ..) instead of "
+                        "seed+1 ..: validations of several searches with different blocks never share a seed; 'run': "
+                        "the block of the --from-run run's search seed (recorded in the result)")
     p.add_argument("--plan", metavar="FILE",
                    help="run a registered study plan (YAML: comparisons, margin, alpha, test, seeds; see "
                         "docs/validation.md); its values replace --genes, --seeds, --margin and --confidence, and a "
