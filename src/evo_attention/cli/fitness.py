@@ -59,7 +59,6 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_suite_flag(p, "gene")
     add_grid_flags(p, "vanilla gene")
-    p.set_defaults(lr_grid=None)
     add_training_flags(p)
     add_executor_flags(p)
     p.set_defaults(func=cmd_fitness_check)
