@@ -4,7 +4,7 @@ with ``--optuna-journal``, also write the run as an Optuna study for optuna-dash
 
 from __future__ import annotations
 
-from evo_attention.cli.common import load_run_plugins, note, out_arg
+from evo_attention.cli.common import load_plugins, load_run_plugins, note, out_arg, with_given_plugins
 from evo_attention.util.errors import UserError
 
 
@@ -68,7 +68,6 @@ def _load_plugins(run_dir, given) -> None:
     them); one that cannot be imported is refused only where a gene of the run does not parse without it."""
     from evo_attention.genes import AttentionGene
     from evo_attention.search.store import RunStore
-    from evo_attention.util.plugins import load_plugins, with_given_plugins
 
     try:
         load_run_plugins(run_dir, given)
