@@ -1,22 +1,17 @@
 """The statistics of a multi-seed comparison: means with t confidence intervals, Welch's t-test,
 Holm's step-down correction and Cohen's d; and, for a gene and a baseline trained on the same
-seeds, the paired comparison, its equivalence test, a four-word verdict and the power
-calculations that say how many seeds would decide it.
+seeds (same initialisation stream and batch order: the i-th value of each side belongs to the same
+seed), the paired comparison (``paired``), its equivalence test (``tost``), a four-word verdict
+(``paired_verdict``) and the power calculations that say how many seeds would decide it. Besides:
+a change between model sizes (``paired_interaction``, ``transfer_verdict``), solve rates (a seed
+solves a task point or stays at the plateau: a bimodal outcome no t-test models; ``solve_rate``,
+``solve_rates_versus``, ``seeds_for_solve_rates``) and a 2x2's factor shares (``two_factor_shares``).
 
-``transfer_verdict`` reads a gene's change from the baseline at two model sizes (see there).
-
-Which library computes what: ``scipy.stats`` gives every distribution and test (``t.interval``
-for the mean's interval, ``ttest_ind(..., equal_var=False)`` for Welch's test and its confidence
-interval, ``ttest_rel`` for the paired test, ``bootstrap`` for the bootstrap interval, ``nct`` and
-``chi2`` for power, ``binomtest``, ``fisher_exact`` and ``barnard_exact`` for solve rates), and
-each one-sided test of the t TOST is ``ttest_rel``. Written here, where no library gives the same
-numbers at the same cost: Holm's correction (``holm``: statsmodels' ``multipletests(method="holm")``
-gives the same numbers but calls ``gc.collect()`` on every call, 0.1-0.2 s with torch loaded, and
-simulations call Holm thousands of times), the exact sign-flip test (``sign_flip``: scipy's
-``permutation_test`` counts ties differently, see there), the power of the t-test
-(``power_paired``: statsmodels' ``ttest_power`` takes the lower tail from ``nct.cdf``, NaN far in
-the tail), the power of the TOST and of the exact test, Fisher's p of every table at once
-(``_fisher_p_tables``: one ``fisher_exact`` call per table is too slow for seed plans), Cohen's d.
+``scipy.stats`` gives every distribution and library test (``t.interval``, ``ttest_ind(...,
+equal_var=False)``, ``ttest_rel``, ``bootstrap``, ``nct``, ``chi2``, ``binomtest``, ``fisher_exact``,
+``barnard_exact``). Written here, where no library gives the same numbers at the same cost (each
+says why): ``holm``, ``sign_flip``, ``power_paired``, ``power_tost``, the exact test's power,
+``_fisher_p_tables`` and Cohen's d.
 
 Conventions:
 
@@ -28,50 +23,12 @@ Conventions:
 - A comparison needs at least two values on each side; with fewer, its p-value is None and the
   verdict says there are not enough seeds. Two samples without any spread (every value equal on
   both sides) are decided exactly: equal means give p = 1, different means p = 0.
-
-Paired comparisons (a gene and the baseline trained on the same seeds: same initialisation
-stream, same batch order, so the i-th value of each side belongs to the same seed):
-
-- ``paired(candidate, reference, log=True)``: the per-seed differences ``candidate[i] -
-  reference[i]``; a pair where either value is None, NaN or infinite (a failed seed) is dropped and
-  ``n`` / ``n_dropped`` say how many pairs were used and dropped. With ``log=True`` (perplexity)
-  the differences are ``log(candidate) - log(reference)``: differences of the loss, the scale on
-  which perplexity's seed noise is additive; the mean is also given as the relative change of the
-  geometric mean, ``exp(difference) - 1``, with the interval mapped the same way. With
-  ``log=False`` (bits per byte, loss, accuracy) the differences are plain. The t interval and
-  ``p_t`` are those of ``scipy.stats.ttest_rel``; ``p_exact`` is the exact paired sign-flip
-  permutation test (``sign_flip``: every one of the 2^n sign patterns up to ``EXACT_MAX`` = 16
-  pairs, seeded Monte Carlo with its standard error beyond). The verdict rule (``exact_decides``)
-  picks the test whose p is ``p_value``: the exact test below ``EXACT_BELOW`` = 12 pairs (the
-  t-test's normality cannot be checked on fewer, and its p at 2-4 degrees of freedom is far below
-  what any distribution-free test allows), the t-test from 12. A degenerate spread (identical
-  differences, or a spread at rounding level: ``degenerate_spread``) has no t and is decided by the
-  exact test at any n: never p = 0. ``smallest_p``: the least p the exact test can give at n
-  (``2^(1-n)`` two-sided: 0.25 at 3 seeds), and ``cannot_decide`` says so in one line whenever it
-  (Holm-adjusted) does not reach alpha. The bootstrap interval of the mean difference is
-  ``scipy.stats.bootstrap`` (BCa by default, seeded), computed from ``BOOTSTRAP_MIN`` = 10 pairs
-  only: below, its coverage of a nominal 95% is 72-88%.
-- Margins. ``margin`` is relative on the log scale (0.01 = 1%) and becomes the symmetric bound
-  ``±log(1 + margin)`` on the log differences (``margin_bound``): a ratio of geometric means within
-  ``[1 / (1 + m), 1 + m]``, i.e. a relative change from ``-m / (1 + m)`` to ``+m``. With
-  ``log=False`` the margin is in the metric's units and the bound is ``±margin``.
-- ``tost``: the two one-sided paired tests against ``±bound`` (see there), picked by the same rule;
-  with the t-test, equivalent at ``alpha`` exactly when the ``1 - 2 alpha`` t interval lies inside
-  ``±bound``.
-- ``paired_verdict``: the first of ``PAIRED_RULE`` that applies (better, worse, equivalent,
-  undetermined), with the numbers and, from two pairs on, the planning numbers at the observed sd
-  of the differences (see there).
-- Power is exact for the paired t-test (``power_paired``: a noncentral t) and for the TOST
-  (``power_tost``); seed counts are the smallest n >= 2 with at least the asked power, None beyond
-  ``max_seeds`` (or 10**6) or for an effect that can never be detected (see each).
-- ``paired_interaction``: whether a (paired, log-scale) advantage changes between two model sizes:
-  ``change = mean(diffs_b) - mean(diffs_a)``, by a paired t-test of the per-seed difference of
-  differences when both sizes have values for the same seeds, by Welch otherwise.
-- Solve rates (a seed solves a task point or stays at the plateau: a bimodal outcome no t-test
-  models): exact intervals (``solve_rate``), Fisher's or Barnard's test with Holm
-  (``solve_rates_versus``) and the seeds per arm for a stated difference (``seeds_for_solve_rates``).
-- ``two_factor_shares``: a 2x2 on the same seeds split into each factor's share of the advantage of
-  both over neither (the shares add up to it exactly), and their interaction (see there).
+- A paired comparison's p-value is that of the test the verdict rule picks (``exact_decides``):
+  the exact sign-flip test below ``EXACT_BELOW`` pairs or with a degenerate spread (never p = 0),
+  the t-test from there; ``cannot_decide`` says when the seeds cannot reach alpha at all.
+- Power is exact for the paired t-test and the TOST; seed counts are the smallest n >= 2 with at
+  least the asked power, None beyond ``max_seeds`` (or ``SEEDS_CEILING``) or for an effect that
+  can never be detected.
 """
 
 from __future__ import annotations
@@ -130,8 +87,9 @@ TEST_RULE = ("below 12 paired seeds, or when the per-seed differences have (almo
 SEEDS_CEILING = 10**6
 
 # the verdict rule's choice of test: below this many pairs the exact sign-flip test decides (the
-# t-test's normality cannot be checked on so few differences and its p is reported beside it); from
-# it on the t-test decides. A degenerate spread (``degenerate_spread``) is decided exactly at any n.
+# t-test's normality cannot be checked on so few differences, and its p at 2-4 degrees of freedom is
+# far below what any distribution-free test allows; it is reported beside it); from it on the t-test
+# decides. A degenerate spread (``degenerate_spread``) is decided exactly at any n.
 EXACT_BELOW = 12
 # up to this many pairs the sign-flip test enumerates all 2^n sign patterns; beyond, Monte Carlo
 EXACT_MAX = 16
@@ -257,14 +215,12 @@ def welch(candidate: Iterable, reference: Iterable, confidence: float = 0.95) ->
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values, in the order given (None and NaN entries, no test, are
     skipped and stay as they are; the family is the other entries; one outside [0, 1] or no number is a
-    UserError).
-
-    Sorted ascending, the i-th smallest of m p-values becomes ``min(1, (m - i) * p)`` (i from 0),
+    UserError): sorted ascending, the i-th smallest of m becomes ``min(1, (m - i) * p)`` (i from 0),
     made non-decreasing along the order; reject where the adjusted value is below alpha.
 
-    Not ``statsmodels.stats.multitest.multipletests(method="holm")``: the same numbers, but its
-    Holm branch calls ``gc.collect()`` every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call
-    with torch loaded; the seed-plan simulations in the tests call this thousands of times.
+    Not statsmodels' ``multipletests(method="holm")``: the same numbers, but it calls ``gc.collect()``
+    every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call with torch loaded; the seed-plan
+    simulations in the tests call this thousands of times.
     """
     present = []
     for i, p in enumerate(p_values):
@@ -345,7 +301,8 @@ def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | 
 
 def margin_bound(margin: float, log: bool = True) -> float:
     """The equivalence bound on the scale of the differences: ``log(1 + margin)`` on the log scale
-    (``margin`` relative, 0.01 = 1%), ``margin`` itself otherwise (metric units)."""
+    (``margin`` relative, 0.01 = 1%: a ratio of geometric means within ``[1 / (1 + m), 1 + m]``, a
+    relative change from ``-m / (1 + m)`` to ``+m``), ``margin`` itself otherwise (metric units)."""
     if not isinstance(margin, numbers.Real) or isinstance(margin, bool) or not margin > 0 \
             or not math.isfinite(margin):
         raise UserError(f"margin {margin!r} must be a positive number: use e.g. 0.01 for 1%")
@@ -354,7 +311,10 @@ def margin_bound(margin: float, log: bool = True) -> float:
 
 def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *, log: bool = True,
            bootstrap_resamples: int = 9999, bootstrap_method: str = "BCa", seed: int = 0) -> dict:
-    """The paired comparison of per-seed values aligned by seed (module docstring: conventions).
+    """The paired comparison of per-seed values aligned by seed: a pair where either value is None,
+    NaN or infinite (a failed seed) is dropped (``n_dropped``). With ``log=True`` (perplexity) the
+    differences are ``log(candidate) - log(reference)``, the scale on which perplexity's seed noise
+    is additive; with ``log=False`` (bits per byte, loss, accuracy) they are plain.
 
     Returns ``{"scale", "n", "n_dropped", "differences", "difference", "sd_diff", "t", "df",
     "p_value", "p_t", "p_exact", "p_exact_se", "smallest_p", "test", "diff_ci_low", "diff_ci_high",
@@ -362,8 +322,8 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     "confidence"}``: the mean and sd of the per-seed differences (log differences with
     ``log=True``), the ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and
     interval, the exact sign-flip p (``p_exact``, ``sign_flip``), the test the verdict rule uses
-    (``test``: ``exact_decides``) and its p (``p_value``), the bootstrap interval (from
-    ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and with ``log=True`` the
+    (``test``: ``exact_decides``) and its p (``p_value``), the seeded ``scipy.stats.bootstrap``
+    interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and with ``log=True`` the
     relative change ``exp(difference) - 1`` with the t interval mapped by the same function (None
     with ``log=False``).
     """
@@ -398,9 +358,10 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
     scale ``log`` names (``paired(...)["differences"]``). Returns ``{"n", "margin", "bound",
     "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
     ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
-    alternative="less")``, ``p_value`` the larger (statsmodels' ``ttost_paired(x, y, -bound,
-    bound)`` gives the same to 3e-15: it would replace two scipy calls, no code of ours); the
-    interval is the ``1 - 2 alpha`` t interval of the mean difference. Fewer than two pairs: p-values None, ``equivalent`` None.
+    alternative="less")``, ``p_value`` the larger (statsmodels' ``ttost_paired`` gives the same to
+    3e-15, for two scipy calls); the interval is the ``1 - 2 alpha`` t interval of the mean
+    difference: the t TOST is equivalent at ``alpha`` exactly when it lies inside ``±bound``. Fewer
+    than two pairs: p-values None, ``equivalent`` None.
 
     The exact counterpart stands beside it (``sign_flip_tost``: ``p_exact``), and the verdict rule
     picks the test as for the difference (``exact_decides``: the exact one below ``EXACT_BELOW``
@@ -490,9 +451,7 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
         word = EQUIVALENT
     else:
         word = UNDETERMINED
-    plan = {"mde": None, "mde_relative": None, "seeds_for_equivalence": None, "seeds_for_margin": None,
-            "seeds_for_equivalence_range": None, "seeds_for_margin_range": None, "seeds_to_decide": None,
-            "seeds_to_decide_range": None, "seed_plan": None}
+    plan = dict.fromkeys(VERDICT_KEYS[1:])  # the planning numbers, None with fewer than two pairs
     if n >= 2 and sd is not None:
         m = _family(family_size)
         # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
@@ -671,18 +630,13 @@ def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resample
     ``(hits + 1) / (resamples + 1)`` (never 0) with its binomial standard error ``se``.
 
     Returns ``{"n", "p_value", "exact", "patterns", "se", "smallest_p", "alternative"}``; with no
-    finite difference the p-value is None. ``smallest_p`` is the least p this n can give
-    (``smallest_p``).
+    finite difference the p-value is None. ``smallest_p`` is the least p this n can give.
 
-    Why not ``scipy.stats.permutation_test((d,), sum, permutation_type="samples")``: it does
-    enumerate all 2^n sign patterns when ``n_resamples >= 2^n``, and counts the observed pattern,
-    without the +1 when exact, but it does not give these numbers. Its ties are sums within
-    ``100 eps |observed|`` of the observed one, a tolerance that vanishes when the observed sum is
-    about 0 (frequent after the TOST's shift by the bound, or with ties of a discrete metric): on
-    ``[0.1, 0.2, 0.3, -0.6]`` its 'greater' p is 0.5 where counting the rounding-split ties gives
-    0.5625; its two-sided p is twice the smaller one-sided p, not the count of ``|sum|`` at least
-    ``|observed|`` (equal in exact arithmetic, not with ties split by rounding); it refuses one
-    difference; and its Monte Carlo draws are not ``default_rng(seed).integers`` sign patterns.
+    Not ``scipy.stats.permutation_test((d,), sum, permutation_type="samples")``: its ties are sums
+    within ``100 eps |observed|``, a tolerance that vanishes when the observed sum is about 0 (after
+    the TOST's shift, or with a discrete metric's ties: on ``[0.1, 0.2, 0.3, -0.6]`` its 'greater'
+    p is 0.5, not 0.5625); its two-sided p is twice the smaller one-sided p, not the count of
+    ``|sum|`` at least ``|observed|``; it refuses one difference; its Monte Carlo draws differ.
     """
     if alternative not in ("two-sided", "greater", "less"):
         raise UserError(f"alternative {alternative!r} is not one of two-sided, greater, less")
@@ -760,23 +714,20 @@ def cannot_decide(n: int, alpha: float = 0.05, family_size: int = 1, *, exact: b
     """One line when ``n`` pairs cannot reach ``alpha`` with the exact test (the test the verdict
     rule uses below ``EXACT_BELOW`` pairs; ``exact`` overrides that choice), Holm-adjusted over
     ``family_size`` comparisons (its first step multiplies the smallest p by the family's size);
-    None when they can. It names what cannot be shown: a difference (two-sided smallest p),
-    equivalence (one-sided), or both ('cannot decide')."""
+    None when they can. It names what cannot be shown: a difference (two-sided smallest p), or
+    also equivalence ('cannot decide': the one-sided smallest p, half the two-sided one, fails too)."""
     check_alpha(alpha)
     m = _family(family_size)
-    if n < 1 or not (n < EXACT_BELOW if exact is None else exact):
+    two = smallest_p(n, "two-sided")
+    if n < 1 or not (n < EXACT_BELOW if exact is None else exact) or min(1.0, m * two) < alpha:
         return None
-    two, one = smallest_p(n, "two-sided"), smallest_p(n, "greater")
-    no_difference, no_equivalence = min(1.0, m * two) >= alpha, min(1.0, m * one) >= alpha
-    holm_text = lambda p: f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""  # noqa: E731
-    seeds = f"{n} seed{'s' if n != 1 else ''}"
-    if no_difference and no_equivalence:
-        return f"{seeds} cannot decide: the smallest possible p is {two:.3g}{holm_text(two)}"
-    if no_difference:
-        return f"{seeds} cannot show a difference: the smallest possible p is {two:.3g}{holm_text(two)}"
-    if no_equivalence:
-        return f"{seeds} cannot show equivalence: the smallest possible p is {one:.3g}{holm_text(one)}"
-    return None
+    what = "decide" if min(1.0, m * smallest_p(n, "greater")) >= alpha else "show a difference"
+    return f"{n} seed{'s' if n != 1 else ''} cannot {what}: the smallest possible p is {two:.3g}{_holm_note(two, m)}"
+
+
+def _holm_note(p: float, m: int) -> str:
+    """`` (p after Holm over m comparisons)`` for a family of m > 1, else nothing."""
+    return f" ({min(1.0, m * p):.3g} after Holm over {m} comparisons)" if m > 1 else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1112,9 +1063,8 @@ def solve_rates_versus(counts: Mapping[_Key, tuple[int, int]],
         floor = solve_rate_test((c[1], c[1]), (0, reference[1]), test) if c[1] and reference[1] else 1.0
         note = None
         if min(1.0, m * floor) >= alpha:
-            holm_note = f" ({min(1.0, m * floor):.3g} after Holm over {m} comparisons)" if m > 1 else ""
-            note = (f"{c[1]} against {reference[1]} seeds cannot decide: the smallest possible p is "
-                    f"{floor:.3g}{holm_note}")
+            note = f"{c[1]} against {reference[1]} seeds cannot decide: the smallest possible p is {floor:.3g}" \
+                   + _holm_note(floor, m)
         out[key] = {"rate": rate, "reference": ref, "difference": diff, "test": test, "p_value": p[key],
                     "p_holm": p_holm[key], "family_size": m, "verdict": word, "cannot_decide": note}
     return out
@@ -1124,7 +1074,8 @@ def _fisher_p_tables(n: int) -> np.ndarray:
     """Fisher's two-sided p of every table with ``n`` seeds per arm: ``[a, b]`` for a solved of
     the first arm's n and b of the second's. Given the total solved k, a is hypergeometric; the p
     sums the probabilities of the tables no likelier than the observed one (scipy's definition,
-    with its relative tolerance 1 + 1e-7)."""
+    with its relative tolerance 1 + 1e-7; one ``fisher_exact`` call per table is too slow for seed
+    plans)."""
     out = np.ones((n + 1, n + 1))
     for k in range(2 * n + 1):
         a = np.arange(max(0, k - n), min(k, n) + 1)
