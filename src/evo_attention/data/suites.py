@@ -6,29 +6,13 @@
         point.label, point.data, point.options, point.steps   # 'recall', 'mad:in_context_recall:...', {}, 600
         task = point.load()                                    # its SyntheticData
 
-A suite file (every key but ``suite`` and ``points`` optional):
-
-    suite: mad-cpu                 # its name
-    description: what it is for
-    budget: what one gene's pass over the suite costs (text)
-    steps: 600                     # training steps of a point that gives none
-    model:                         # model settings every training on the suite uses (MODEL_KEYS)
-      short_conv: 3
-    defaults:                      # knobs of every point whose task has them (a point's own win)
-      vocab: 16
-      train_examples: 4000
-    points:
-      - label: recall              # unique; default: the task's short name, numbered if repeated
-        task: mad:in_context_recall  # any registered task (data.synthetic.TASKS)
-        knobs: {seq_len: 32}
-        steps: 800                 # this point's training steps
-        seed: 0                    # the data seed (default 0; goes to the options as ``seed``)
-        weight: 2                  # its weight in the suite's score (default 1)
-      - label: language            # a language point: a corpus instead of a generated task
-        task: text                 # text (any plain-text corpus) or wikitext2
-        data_dir: ../shared/data/shakespeare
-        tokenizer: byte            # default word
-        knobs: {seq_len: 64}       # its context (and vocab: the vocabulary of a word tokenizer)
+A suite file (``docs/tasks.md``, "The format") has a name (``suite``) and ``points``, and optionally
+a ``description``, a ``budget`` (text), the ``steps`` of a point that gives none, the ``model``
+settings every training on the suite uses (``MODEL_KEYS``) and ``defaults``: knobs of every point
+whose task has them (a point's own win). A point has a ``task`` (any registered task, or a corpus:
+a language point, with ``data_dir`` and ``tokenizer``) and ``knobs``, and optionally a ``label``
+(unique; default: the task's short name, numbered if repeated), its ``steps``, a data ``seed``
+(default 0; goes to the options as ``seed``) and a ``weight`` (default 1).
 
 A gene's score is the weighted mean of its points' accuracies (a language point's is its
 next-token accuracy); the weights are stated in the file and kept with the run.

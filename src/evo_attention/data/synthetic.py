@@ -16,59 +16,35 @@ Knobs come inline (``NAME:knob=value,...``) and/or from the task options mapping
 ``TaskSpec.options``); a knob given in both places must agree. ``seq_len`` and ``vocab`` not given
 as knobs come from ``load_data``'s ``seq_len`` and ``vocab_size`` (the Config's ``max_seq_len`` and
 ``vocab_size``; ``vocab_size=None`` means the task's default). ``seed`` (in the options) picks the
-data; it is not an inline knob.
+data; it is not an inline knob. The common knobs are ``COMMON_KNOBS``; ``train_examples=0`` trains
+on an endless stream (``SyntheticData.train_batches``). ``describe()`` states the chance accuracy (a
+uniform guess among the symbols that can be answers) and, where the task has one, the no-recall
+accuracy (``Task.no_recall``).
 
-Common knobs: ``seq_len`` (the model's input window T; each example is T + 1 tokens, x = the first
-T, y = the next-token targets), ``vocab`` (token ids in all, special tokens included: the model's
-vocabulary), ``train_examples``, ``eval_examples`` (per evaluation split, valid and test).
-``train_examples=0`` trains on an endless stream instead of a fixed train split: every batch is
-freshly generated (``SyntheticData.train_batches``), from a generator seeded by the task, the data
-seed and a number drawn from the trainer's generator, so a training is repeatable and each training
-seed sees its own stream.
-``describe()`` states the chance accuracy (a uniform guess among the symbols that can be answers)
-and, for MQAR and the recall tasks with one-token values, the no-recall accuracy (answering the
-value the example's pairs hold most often: what a model gets that has learned which tokens are the
-example's answers but looks nothing up; ``no_lookup_accuracy``).
+Tasks and what they isolate (each class's ``capability``; ``docs/tasks.md`` has the layouts with
+examples):
 
-Tasks and what they isolate (``docs/tasks.md`` has the layouts with examples):
-
-* ``mqar`` -- multi-query associative recall (Arora et al. 2023): ``pairs`` key-value pairs, then
-  ``queries`` of those keys in two-token slots placed among filler; slot j of the query region is
-  drawn with weight (j + 1) ** (power - 1) (``power=1``: uniform; Zoology's 0.01 puts queries near
-  the pairs). ``layout=kv`` (the default): a slot shows "k v", values may repeat, <fill> filler;
-  ``layout=zoology``: a slot shows the key only, values are distinct per example, random filler
-  (``filler=zero`` for <fill>). Scored: each query key's value, predicted at the key's position.
-  Isolates content-based lookup.
+* ``mqar`` -- ``pairs`` key-value pairs, then ``queries`` of those keys in two-token slots among
+  filler; slot j is drawn with weight (j + 1) ** (power - 1). ``layout=kv``: a slot shows "k v",
+  values may repeat, <fill> filler; ``layout=zoology``: a slot shows the key only, values are
+  distinct per example, random filler (``filler=zero`` for <fill>). Scored: each query key's value.
 * ``mad:in_context_recall`` -- a dictionary of ``pairs`` distinct keys with their values, then
-  query pairs of dictionary keys (drawn with replacement) that fill the window. Scored: the value of
-  every query pair. Dense recall: every step is a lookup.
-* ``mad:noisy_recall`` -- in-context recall with ``round(noise * (T + 1))`` noise tokens (from a
-  ``noise_vocab``-symbol noise alphabet) interleaved between the pairs at random. Isolates recall
-  that ignores irrelevant tokens.
-* ``mad:fuzzy_recall`` -- in-context recall where keys are ``key_len`` tokens and values
-  ``value_len`` tokens. Scored: every value token of every query. Isolates matching multi-token
-  keys (aggregating several tokens before the lookup).
+  query pairs of dictionary keys (drawn with replacement) that fill the window; scored: the value
+  of every query pair. ``mad:noisy_recall`` interleaves ``round(noise * (T + 1))`` noise tokens
+  between the pairs; ``mad:fuzzy_recall`` has keys of ``key_len`` and values of ``value_len`` tokens.
 * ``mad:selective_copy`` -- ``copy`` content tokens at random positions of a noise region, then
   ``copy`` <copy> markers; at the j-th marker the model must output the j-th content token.
-  Isolates content-dependent filtering and ordered copying.
-* ``mad:compression`` -- ``tokens`` content tokens, then ``tokens`` <compress> markers; at the j-th
-  marker the model must output the j-th token. Our formulation of MAD's compression (MAD decodes
-  the whole sequence from one embedding with a separate decoder; a causal LM has none): the final
-  positions decode the sequence, so the whole sequence must be carried -- a measure of capacity
-  (selective copying's noise-free, full-length limit).
+* ``mad:compression`` -- ``tokens`` content tokens, then ``tokens`` <compress> markers, answered
+  likewise: our causal-LM form of MAD's compression (MAD decodes the sequence from one embedding).
 * ``mad:memorization`` -- a fixed key -> value table shared by all examples and splits (drawn from
-  the seed); each example lists ``pairs`` distinct keys, each followed by its value. Scored: the
-  value after each key. Keys never repeat within an example, so context does not help: rewards
-  what the parameters store, not mixing.
+  the seed); each example lists ``pairs`` distinct keys, each followed by its value (scored).
 
 Adding a task: one ``Task`` subclass registered with ``@register_task("name")`` (``docs/tasks.md``).
-``TASKS`` is that registry and nothing else lists tasks: the built-in tasks above are registered the
-same way, so a registered task is at once a data name (``load_data``, ``--data``, ``Config``), a
-suite point's ``task:``, a ``curve`` task whose knobs can be swept, and gets the memory check,
-``describe()`` with its chance level and a fingerprint. A name is a lower-case word
-(``delayed_copy``) or ``FAMILY:WORD`` (the built-ins' ``mad:TASK``), never a dataset's name
-(``base.name_taken``) nor both a word and a family. Registering changes no existing data: a shipped
-suite is a pinned list of points, not "every task".
+``TASKS`` is that registry and nothing else lists tasks, so a registered task is at once a data
+name, a suite point's ``task:`` and a ``curve`` task, with the memory check, ``describe()`` and a
+fingerprint. A name is a lower-case word or ``FAMILY:WORD``, never a dataset's name
+(``base.name_taken``) nor both a word and a family. Registering changes no existing data (a
+shipped suite is a pinned list of points).
 """
 
 from __future__ import annotations
@@ -283,13 +259,30 @@ def unregister_task(name: str) -> None:
     TASKS.pop(name, None)
 
 
-def _split_alphabet(task: str, vocab: int, reserved: int, what: str) -> tuple[int, int]:
-    """(keys, values): the ids after ``reserved`` special ones, split in two halves."""
-    rest = vocab - reserved
-    if rest < 2:
-        raise _too_small(task, f"vocab {vocab} leaves no room for keys and values after {reserved} special tokens ({what})",
-                         f"raise vocab to at least {reserved + 2}")
-    return rest // 2, rest - rest // 2
+class KeyValueTask(Task):
+    """A task of keys and values: the ids after its special tokens (``specials``) split into a lower
+    half of keys and an upper half of values (for an even vocab, Zoology's split)."""
+
+    SPECIALS_TEXT = "<pad>"  # the special tokens, as the refusal of a vocab too small names them
+
+    def specials(self, k) -> list[str]:
+        return ["<pad>"]
+
+    def alphabet(self, k) -> tuple[int, int]:
+        """(keys, values)."""
+        vocab, reserved = k["vocab"], len(self.specials(k))
+        rest = vocab - reserved
+        if rest < 2:
+            raise _too_small(self.name, f"vocab {vocab} leaves no room for keys and values after {reserved} special "
+                             f"tokens ({self.SPECIALS_TEXT})", f"raise vocab to at least {reserved + 2}")
+        return rest // 2, rest - rest // 2
+
+    def symbols(self, k):
+        keys, values = self.alphabet(k)
+        return self.specials(k) + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
+
+    def chance(self, k):
+        return 1 / self.alphabet(k)[1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -329,9 +322,8 @@ def _targets(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 @register_task("mqar")
-class MQAR(Task):
-    """The layouts are the module docstring's; both split the ids after <fill> into a lower half of
-    keys and an upper half of values (for an even vocab, Zoology's split)."""
+class MQAR(KeyValueTask):
+    """The layouts are the module docstring's; id 0 is <fill>."""
 
     capability = "content-based lookup of many associations at once (multi-query associative recall)"
     knobs = (Knob("pairs", "int", "key-value pairs at the start of each example"),
@@ -343,6 +335,7 @@ class MQAR(Task):
                                       "(default: zero for kv, random for zoology)", choices=("zero", "random")))
     defaults = {"vocab": 64, "pairs": 8, "queries": None, "power": 0.01, "layout": "kv", "filler": None}
     LEGACY = {"layout": "kv", "filler": "zero"}  # the data before these knobs existed: not in its identity
+    SPECIALS_TEXT = "<fill>"
 
     def resolve(self, k):
         if k["queries"] is None:
@@ -363,18 +356,11 @@ class MQAR(Task):
     def identity(self, k):
         return {key: value for key, value in k.items() if self.LEGACY.get(key, object()) != value}
 
-    def alphabet(self, k) -> tuple[int, int]:
-        return _split_alphabet(self.name, k["vocab"], 1, "<fill>")
-
-    def symbols(self, k):
-        keys, values = self.alphabet(k)
-        return ["<fill>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
+    def specials(self, k):
+        return ["<fill>"]
 
     def answers_per_example(self, k):
         return k["queries"]
-
-    def chance(self, k):
-        return 1 / self.alphabet(k)[1]
 
     def no_recall(self, k):
         # the most frequent of the example's values: 1/P when they are distinct
@@ -413,7 +399,7 @@ class MQAR(Task):
 
 
 @register_task("mad:in_context_recall")
-class InContextRecall(Task):
+class InContextRecall(KeyValueTask):
     """The recall family (module docstring): the noisy and fuzzy variants are settings of this
     generator."""
 
@@ -422,6 +408,7 @@ class InContextRecall(Task):
                                   "half of the pairs that fit))"),)
     defaults = {"vocab": 16, "pairs": None}
     bytes_per_token = 64  # measured ~59: the query region is drawn whole
+    SPECIALS_TEXT = "<pad> and the noise symbols"
 
     # the settings the generator reads (overridden by the noisy and fuzzy variants)
     def key_len(self, k):
@@ -437,8 +424,8 @@ class InContextRecall(Task):
         """Noise tokens per example."""
         return round(k.get("noise", 0.0) * (k["seq_len"] + 1))
 
-    def alphabet(self, k) -> tuple[int, int]:
-        return _split_alphabet(self.name, k["vocab"], 1 + self.noise_vocab(k), "<pad> and the noise symbols")
+    def specials(self, k):
+        return ["<pad>"] + [f"<noise{i}>" for i in range(self.noise_vocab(k))]
 
     def items(self, k) -> int:
         """Key-value items per example (dictionary and queries)."""
@@ -460,16 +447,8 @@ class InContextRecall(Task):
                              "raise seq_len or lower pairs (or noise)")
         return k
 
-    def symbols(self, k):
-        keys, values = self.alphabet(k)
-        return (["<pad>"] + [f"<noise{i}>" for i in range(self.noise_vocab(k))]
-                + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)])
-
     def answers_per_example(self, k):
         return (self.items(k) - k["pairs"]) * self.value_len(k)
-
-    def chance(self, k):
-        return 1 / self.alphabet(k)[1]
 
     def no_recall(self, k):
         # one-token values drawn with replacement: the dictionary's most frequent value
@@ -609,13 +588,10 @@ class Compression(ContentTask):
 
 
 @register_task("mad:memorization")
-class Memorization(Task):
+class Memorization(KeyValueTask):
     capability = "memorization: a fixed key -> value table learned into the parameters (context cannot help)"
     knobs = (Knob("pairs", "int", "distinct keys per example (default: min(keys, (seq_len + 1) // 2))"),)
     defaults = {"vocab": 64, "pairs": None}
-
-    def alphabet(self, k) -> tuple[int, int]:
-        return _split_alphabet(self.name, k["vocab"], 1, "<pad>")
 
     def resolve(self, k):
         T, V = k["seq_len"], k["vocab"]
@@ -630,15 +606,8 @@ class Memorization(Task):
             raise _too_small(self.name, f"seq_len {T} is too short for pairs {P}", f"raise seq_len to at least {2 * P - 1}")
         return k
 
-    def symbols(self, k):
-        keys, values = self.alphabet(k)
-        return ["<pad>"] + [f"k{i}" for i in range(keys)] + [f"v{i}" for i in range(values)]
-
     def answers_per_example(self, k):
         return k["pairs"]
-
-    def chance(self, k):
-        return 1 / self.alphabet(k)[1]
 
     def table(self, k, seed: int) -> torch.Tensor:
         """The value id of every key id (index: key id - 1); the same in every split."""
