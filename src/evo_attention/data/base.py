@@ -151,13 +151,8 @@ class TaskData:
 
     def describe(self) -> dict:
         """JSON-able summary of the dataset."""
-        return {
-            "name": self.name,
-            "vocab_size": self.vocab_size,
-            "seq_len": self.seq_len,
-            "fingerprint": self.fingerprint,
-            "pad_id": self.pad_id,
-        }
+        return {"name": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+                "fingerprint": self.fingerprint, "pad_id": self.pad_id}
 
     def check_split(self, split: str) -> str:
         if split not in SPLITS:

@@ -113,14 +113,11 @@ class CorpusData(TaskData):
         return {"bytes": int(nbytes[1:last + 1].sum()), "chars": int(nchars[1:last + 1].sum())}
 
     def describe(self) -> dict:
-        return {
-            **super().describe(),
-            "tokens": {s: len(t) for s, t in self.streams.items()},
-            "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
-            "settings": {"eval_stride": self.eval_stride, "recipe_version": RECIPE_VERSION, "source": self.source,
-                         "tokenizer": self.tokenizer.spec,
-                         **({"unk_id": self.vocab.unk_id, "eos_id": self.vocab.eos_id} if self.vocab else {})},
-        }
+        return {**super().describe(), "tokens": {s: len(t) for s, t in self.streams.items()},
+                "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
+                "settings": {"eval_stride": self.eval_stride, "recipe_version": RECIPE_VERSION, "source": self.source,
+                             "tokenizer": self.tokenizer.spec,
+                             **({"unk_id": self.vocab.unk_id, "eos_id": self.vocab.eos_id} if self.vocab else {})}}
 
 
 def check_settings(seq_len, eval_stride) -> None:

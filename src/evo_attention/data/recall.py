@@ -128,10 +128,6 @@ class RecallData(ExampleData):
         return self.num_eval_items(self.check_split(split)) * self.num_queries
 
     def describe(self) -> dict:
-        return {
-            **super().describe(),
-            "examples": {s: self.num_eval_items(s) for s in SPLITS},
-            "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS},
-            "chance_accuracy": 1 / self.num_values,
-            "settings": self.settings,
-        }
+        return {**super().describe(), "examples": {s: self.num_eval_items(s) for s in SPLITS},
+                "scored_tokens": {s: self.scored_tokens(s) for s in SPLITS}, "chance_accuracy": 1 / self.num_values,
+                "settings": self.settings}

@@ -302,8 +302,7 @@ def encode_prompt(tokenizer: Tokenizer, text: str, *, setting: str = "prompt") -
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 arrive as lone surrogates
-        raise UserError(f"the {setting} holds bytes that are not UTF-8: give it in UTF-8",
-                        setting=setting) from None
+        raise UserError(f"the {setting} holds bytes that are not UTF-8: give it in UTF-8", setting=setting) from None
     if isinstance(tokenizer, WordTokenizer):
         vocab = tokenizer.vocab
         words = prompt_words(text)

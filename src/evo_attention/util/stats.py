@@ -788,8 +788,7 @@ def minimal_detectable_effect(n: int, sd_diff: float, power: float = 0.8, alpha:
     high = sd_diff
     while gap(high) < 0.0:
         high *= 2.0
-    return float(_optimize.brentq(gap, 0.0, high, xtol=1e-13 * sd_diff, rtol=4 * np.finfo(float).eps,
-                                  maxiter=500))
+    return float(_optimize.brentq(gap, 0.0, high, xtol=1e-13 * sd_diff, rtol=4 * np.finfo(float).eps, maxiter=500))
 
 
 def power_tost(n: int, sd_diff: float, bound: float, alpha: float = 0.05, true_difference: float = 0.0) -> float:

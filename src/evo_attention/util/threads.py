@@ -4,30 +4,24 @@ PyTorch's CPU wheels on Linux use GNU OpenMP (libgomp), whose threads spin for a
 iterations by default) before they sleep between parallel regions. Alone on the cores that is
 fast; beside any other busy process a spinning thread burns the time slice its partner needs, and a
 training step slowed 35-120x on a 2-core machine (``benchmarks/bench_busy.py``). No fixed setting
-serves both: a short spin count survives a competitor but costs 1.2x idle, since every parallel
-region then wakes its sleeping partner (docs/results/busy/).
+serves both: a short spin count survives a competitor but costs 1.2x idle (docs/results/busy/).
 
 So the wait follows the load (``watch``): a daemon thread samples, every ``INTERVAL`` seconds, how
-much CPU time *other* processes took (``/proc/stat``'s busy time minus this process's own). From
-``BUSY_CORES`` of a core on, it makes libgomp spin briefly; below ``IDLE_CORES`` for
-``IDLE_SAMPLES`` samples in a row, it lets libgomp spin long again. The lever is libgomp's own documented rule
-for oversubscription (its manual, ``GOMP_SPINCOUNT``): when there are more OpenMP threads than
-available CPUs, every wait spins only 100 iterations (without a wait policy set). A helper thread that ran one parallel region
-keeps that region's team of threads (asleep, using no CPU) alive in libgomp's books while the
-machine is busy; when the helper ends, libgomp frees its team and waits spin long again.
+much CPU time *other* processes took (``/proc/stat``'s busy time minus this process's own), and
+``Hysteresis`` decides short or long waits. The lever is libgomp's documented rule for
+oversubscription (``GOMP_SPINCOUNT``): with more OpenMP threads than CPUs, every wait spins only 100
+iterations (without a wait policy set); ``Throttle`` makes one more team while the machine is busy.
 
-Waits alone do not give a fair share: beside a 2-thread job a 2-thread training still runs four
-threads on two cores. So a CPU training that *starts* while other processes use the cores takes
-the threads they leave free, at least one (``shared_threads``; ``train.trainer`` applies it for the
-whole training and restores torch's count after it, and the record says ``threads``: how many, of
-how many, and the load that chose them). Results then differ from an idle run's by the rounding
-of another split of the sums (as a worker's one thread does); ``EVO_ATTENTION_SHARE_CORES=off``
-keeps torch's count whatever the load (the tests run so). The waits themselves change no result:
-the thread count, and so how every sum is split, stays what it is (``tests/test_threads.py``). Nothing is
-watched when the user set any of ``USER_VARIABLES``, with ``EVO_ATTENTION_THREADS=off``, with one
-torch thread (no parallel regions), or where libgomp is not the loaded runtime (OpenMP's defaults
-then). Where there is no ``/proc/stat`` to read the load from, ``configure`` sets a fixed short
-spin instead (``FALLBACK``), before torch loads its OpenMP runtime, which reads it once.
+Waits alone do not give a fair share, so a CPU training that *starts* while other processes use
+the cores takes the threads they leave free, at least one (``shared_threads``; ``train.trainer``
+applies it for the whole training and restores torch's count after it, and the record says
+``threads``: how many, of how many, and the load that chose them). Results then differ from an idle
+run's by the rounding of another split of the sums; ``EVO_ATTENTION_SHARE_CORES=off`` keeps torch's
+count whatever the load (the tests run so). The waits themselves change no result
+(``tests/test_threads.py``). Nothing is watched when the user set any of ``USER_VARIABLES``, with
+``EVO_ATTENTION_THREADS=off``, with one torch thread, or where libgomp is not the loaded runtime.
+Where there is no ``/proc/stat``, ``configure`` sets a fixed short spin instead (``FALLBACK``),
+before torch loads its OpenMP runtime, which reads it once.
 """
 
 from __future__ import annotations
@@ -132,8 +126,7 @@ def sample() -> tuple[float, float, float]:
     ticks = [int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8]))
     user, nice, system, _idle, _iowait, irq, softirq, _steal = ticks  # steal: not a process of this machine
     own = os.times()
-    return (time.monotonic(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system)
+    return (time.monotonic(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.user + own.system)
 
 
 class Hysteresis:
@@ -154,8 +147,9 @@ class Hysteresis:
 
 
 class Throttle:
-    """libgomp's short waits while ``on``: ``engage`` starts a helper thread that holds one extra
-    OpenMP team (see the module docstring); ``release`` ends it, and libgomp frees its team."""
+    """libgomp's short waits while ``on``: ``engage`` starts a helper thread that ran one parallel
+    region and so holds one extra OpenMP team (asleep, using no CPU) in libgomp's books; ``release``
+    ends it, libgomp frees its team and waits spin long again."""
 
     def __init__(self):
         self._release = threading.Event()
