@@ -411,8 +411,7 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
     ``p_adjusted`` replaces the result's p-value (Holm across the family: ``holm_family``);
     ``p_tost_adjusted`` likewise replaces the equivalence test's p-value, which is otherwise used
     as it is (one equivalence claim per comparison). ``margin`` follows ``margin_bound`` on the
-    result's scale. ``family_size``: the comparisons Holm's correction covers; ``cannot_decide``
-    says in one line when these seeds cannot reach alpha at that size (``cannot_decide``).
+    result's scale. ``family_size``: the comparisons Holm's correction covers (``cannot_decide``).
 
     Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
     "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
@@ -488,15 +487,13 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     size b: ``change = mean(diffs_b) - mean(diffs_a)`` (on the differences' scale; for a
     lower-is-better metric a positive change means the advantage shrinks or turns into a loss).
 
-    Seeds decide the test: given two mappings ``{seed: difference}``, a paired t-test of the
-    per-seed ``b - a`` when the seeds with a finite value are the same at both sizes, Welch's test
-    of the two sets otherwise; given two sequences, they are aligned by seed position (paired,
-    failed pairs dropped, lengths must match) unless ``shared_seeds=False`` (Welch).
-
-    Returns ``{"test" ("paired" or "welch"), "n_a", "n_b", "change", "ci_low", "ci_high", "t",
-    "df", "p_value", "p_t", "confidence"}`` (two-sided; None where fewer than two values allow no
-    test). A paired ``p_value`` follows the verdict rule of ``paired`` (exact sign-flip below
-    ``EXACT_BELOW`` pairs), ``p_t`` is the t-test's; Welch's are the same.
+    Seeds decide the test: given two mappings ``{seed: difference}``, a paired test of the per-seed
+    ``b - a`` when the seeds with a finite value are the same at both sizes, Welch's test otherwise;
+    two sequences are aligned by seed position (paired, failed pairs dropped, lengths must match)
+    unless ``shared_seeds=False`` (Welch). Returns ``{"test" ("paired" or "welch"), "n_a", "n_b",
+    "change", "ci_low", "ci_high", "t", "df", "p_value", "p_t", "confidence"}`` (two-sided; None
+    where fewer than two values allow no test); a paired ``p_value`` is that of ``paired``'s verdict
+    rule, ``p_t`` the t-test's (Welch's: the same).
     """
     check_confidence(confidence)
     if isinstance(diffs_a, Mapping) != isinstance(diffs_b, Mapping):
@@ -561,9 +558,8 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
         for key, value in (("relative", "mean"), ("relative_ci_low", "ci_low"), ("relative_ci_high", "ci_high")):
             x = out[value]
             out[key] = None if not log or x is None else (-math.expm1(-x) if lower_is_better else math.expm1(x))
-        if alone is not None:
-            out["alone"], out["with"] = float(alone.mean()) if alone.size else None, \
-                float(with_other.mean()) if with_other.size else None
+        if alone is not None:  # both gains have a value per seed
+            out["alone"], out["with"] = (float(alone.mean()), float(with_other.mean())) if alone.size else (None, None)
         return out
 
     out = {"scale": "log" if log else "linear", "n": int(y.shape[0]), "n_dropped": len(cells[0]) - int(y.shape[0]),
@@ -573,11 +569,11 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
            "second": summary((gains["second_alone"] + gains["second_with"]) / 2, gains["second_alone"],
                              gains["second_with"])}
     advantage = out["total"]["mean"]
+    positive = advantage is not None and advantage > 0
     for name in ("first", "second"):
         share = out[name]["mean"]
-        out[name]["fraction"] = share / advantage if advantage is not None and share is not None and advantage > 0 \
-            else None
-    out["total"]["fraction"] = 1.0 if advantage is not None and advantage > 0 else None
+        out[name]["fraction"] = share / advantage if positive and share is not None else None
+    out["total"]["fraction"] = 1.0 if positive else None
     out["interaction"] = paired_interaction(list(gains["first_alone"]), list(gains["first_with"]), confidence)
     return out
 
