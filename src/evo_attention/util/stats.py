@@ -323,9 +323,9 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     ``log=True``), the ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and
     interval, the exact sign-flip p (``p_exact``, ``sign_flip``), the test the verdict rule uses
     (``test``: ``exact_decides``) and its p (``p_value``), the seeded ``scipy.stats.bootstrap``
-    interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and with ``log=True`` the
-    relative change ``exp(difference) - 1`` with the t interval mapped by the same function (None
-    with ``log=False``).
+    interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and
+    with ``log=True`` the relative change ``exp(difference) - 1`` with the t interval mapped by the
+    same function (None with ``log=False``).
     """
     check_confidence(confidence)
     x, y, dropped = _aligned(candidate, reference, log)
