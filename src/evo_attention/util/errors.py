@@ -4,17 +4,14 @@ Anything a user can get wrong (a missing file, an unknown component name, an imp
 broken config) raises :class:`UserError` with a one-line message that says what is wrong and what
 to do. The CLI prints that line and exits non-zero; it never shows a traceback for it.
 ``UserError`` subclasses ``ValueError`` so library callers may catch either.
-
-The library names settings as a Python caller knows them (Config fields, function arguments);
-``setting`` records which one, so the CLI can name its flag instead.
 """
 
 
 class UserError(ValueError):
     """Bad input: the message is one line naming the value and the fix.
 
-    ``setting``: the Config field(s) or argument(s) the message names, by those names (one name or
-    a tuple of them; the first is the one at fault).
+    ``setting``: the Config field(s) or argument(s) the message names, as a Python caller knows them
+    (one name or a tuple of them; the first is the one at fault), so the CLI can name its flag instead.
     """
 
     def __init__(self, message: str, *, setting: str | tuple[str, ...] | None = None):

@@ -1,14 +1,11 @@
 """The machine's available memory, and the one-line refusal of work estimated not to fit in it.
 
-``available_memory()`` is what a new allocation could still take here: psutil's ``available`` where
-psutil is installed, else Linux's ``MemAvailable`` (/proc/meminfo), else the free physical pages
-(``os.sysconf``); None when none of them answers. A limit on this process (``ulimit -v``, ``-d``:
-``RLIMIT_AS``, ``RLIMIT_DATA``) lowers it to what the limit leaves above the process's current size
-(``VmSize``, ``VmData``): beyond that an allocation fails however much the machine has free.
-``check_memory`` compares an estimate made before anything is built with it, so a task or model
-that cannot fit is refused in one line naming the setting and what to do, never a raw allocator
-error or the OOM killer minutes later. An unknown amount refuses nothing: the allocation itself
-then fails, and the caller names it (``refuse_failed_allocation``).
+``available_memory()`` is what a new allocation could still take here; a limit on this process
+(``ulimit -v``, ``-d``) lowers it, since beyond that an allocation fails however much the machine has
+free. ``check_memory`` compares an estimate made before anything is built with it, so a task or
+model that cannot fit is refused in one line naming the setting and what to do, never a raw
+allocator error or the OOM killer minutes later. An unknown amount refuses nothing: the allocation
+itself then fails, and the caller names it (``refuse_failed_allocation``).
 """
 
 from __future__ import annotations
@@ -66,7 +63,9 @@ def process_status() -> dict[str, int]:
 
 
 def machine_memory() -> int | None:
-    """Bytes of memory available to a new allocation on this machine, None if unknown."""
+    """Bytes of memory available to a new allocation on this machine: psutil's ``available`` where
+    psutil is installed, else Linux's ``MemAvailable`` (/proc/meminfo), else the free physical pages
+    (``os.sysconf``); None when none of them answers."""
     try:
         import psutil
     except ImportError:
