@@ -51,9 +51,10 @@ names (``FIELDS``, ``AXIS_FIELDS``, ``KEY_PARTS``, ...) are derived from that ta
 ``SearchSpace`` holds the options of each field; by default ``OPTIONS``, the registered names of
 each field: the built-ins known here (``nn.components`` implements them; registering one again
 adds nothing), then those a ``register_*`` decorator adds, in registration order, so a registered
-component joins random draws and mutations. Seeded draws index into these lists: the built-ins' order is part of every seed's
-results and never changes, and a field with one option (an axis, by default) consumes no random
-number, so a new axis leaves every seeded draw of a space that does not vary it unchanged.
+component joins random draws and mutations. Seeded draws index into these lists: the built-ins'
+order is part of every seed's results and never changes, and a field with one option (an axis, by
+default) consumes no random number, so a new axis leaves every seeded draw of a space that does
+not vary it unchanged.
 
 ``RULES`` name the combinations of valid values that make no model (a kernel normalization,
 ``linear`` or ``favor``, weighs keys by phi(q) . phi(k): it needs a dot-product similarity and
@@ -653,9 +654,10 @@ class AttentionGene(_Keyed):
         if len(parts) == 4:
             parts += ["bias", "0.10"]
         if len(parts) != 6:
-            raise UserError(f"cannot parse gene {text!r}: expected 4 parts 'similarity|normalization|gating|temperature' "
-                            "or 6 parts '...|bias|0.10' (optionally followed by pos=, rank=, abias=, win=, kvh=, prog=, "
-                            "lr=, wu=, wd= parts), or a program 'prog=...' with or without '|bias|0.10'")
+            raise UserError(f"cannot parse gene {text!r}: expected 4 parts "
+                            "'similarity|normalization|gating|temperature' or 6 parts '...|bias|0.10' (optionally "
+                            "followed by pos=, rank=, abias=, win=, kvh=, prog=, lr=, wu=, wd= parts), or a program "
+                            "'prog=...' with or without '|bias|0.10'")
         return cls(gene_dict={**dict(zip(FIELDS, parts)), **named})
 
     def replace(self, **changes: Any) -> "AttentionGene":
