@@ -327,10 +327,10 @@ def test_a_plain_training_s_result_records_when_it_was_made(tmp_path):
 
 
 def test_a_rate_selected_at_an_edge_of_its_grid_stops_what_reads_it(tmp_path):
-    plan = _study({"Q1": {"blocks": [1], "stages": [
+    plan = _study({"Q1": {"blocks": [1, 2], "stages": [
         {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],
          "command": ["validate", "--genes", GATE, *TINY, "--seed-block", 1, "--lr", "{rate}", "--out", "{out}"]},
-        _command("cells", "--seed-block", 1, "--lr", "{rate:rate}")],
+        _command("cells", "--seed-block", 2, "--lr", "{rate:rate}")],
         "answers": {"answer": [{"say": "nothing to say"}]}}}, edge_rule="refuse")
     path = _committed(tmp_path, plan)
     register(load_study(path))
@@ -357,9 +357,9 @@ def _tiny_plan() -> dict:
         "tables": [{"file": "verdict/validation.json", "table": "verdicts"}],
         "sources": {"verdict": "verdict/validation.json"},
         "answers": {"answer": [{"say": "the gate helps", "if": ["verdict is better"]}, {"say": "undetermined"}]}},
-        "Q2": {"title": "does the gate help at two budgets (Holm over both)?", "blocks": [2], "stages": [
-            {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],
-             "command": ["validate", "--genes", GATE, "{tiny}", "--seeds", 2, "--seed-block", 2, "--lr", "{rate}",
+        "Q2": {"title": "does the gate help at two budgets (Holm over both)?", "blocks": [2, 4], "stages": [
+            {"name": "rate", "kind": "tune", "grid": ["1e-3", "2e-3"],  # its own block: the rate's selection seeds
+             "command": ["validate", "--genes", GATE, "{tiny}", "--seeds", 2, "--seed-block", 4, "--lr", "{rate}",
                          "--out", "{out}"]},
             {"name": "cells", "each": {"steps": [2, 3]}, "dir": "cells/{steps}",
              "command": ["validate", "--genes", GATE, "{tiny}", "--steps", "{steps}", "--seeds", 2, "--seed-block", 2,
@@ -586,6 +586,33 @@ def test_winners_kept_by_their_validation_are_not_confirmed_on_the_seeds_it_took
     plan["questions"]["Q1"]["sources"] = {"r": "r/rediscovery.json"}
     with pytest.raises(UserError, match="stage v validates on seeds 1802001..1803000, and its genes were selected"):
         load_study(_write(tmp_path / "plan.yaml", plan))
+
+
+def test_a_rate_a_tune_stage_selected_is_not_validated_on_the_seeds_it_was_selected_on(tmp_path, capsys):
+    """A tune stage selects its rate by the baseline's mean on the seeds its command trains: a validation at that
+    rate, by reference or through the --from-run search that took it, gives its verdicts on another block; a
+    grid's own rate (its tuning seeds) and a rate written out stay free to take the tuning's block."""
+    tune = {"name": "t", "kind": "tune", "grid": ["1e-3", "2e-3"], "command": [
+        "validate", "--genes", GATE, *TINY, "--seeds", 2, "--seed-block", 1, "--lr", "{rate}", "--out", "{out}"]}
+    search = ["search", *TINY, "--seed", 7, "--lr", "{rate:t}", "--out", "{out}"]
+
+    def plan(block, *lr, run="{out:s}") -> Path:
+        validate = ["validate", "--from-run", run, "--top", 1, "--seeds", 2, "--seed-block", block, *lr]
+        stages = ([tune, {"name": "s", "command": search}, {"name": "v", "command": [*validate, "--out", "{out}"]}]
+                  if run != "{out}" else [tune, {"name": "v", "commands": [search, validate]}])
+        return _write(tmp_path / "plan.yaml", _study({"Q1": _question(stages, blocks=(1, 2), search_seeds=[7])}))
+
+    rule = ("breaks the rule 'winners are validated on seeds they were not selected on': stage v validates on seeds "
+            "1002001..1002002, and its rate was selected on seed 1002001 (stage t's tuning on block 1)")
+    for path in (plan(1, "--lr", "{rate:t}"), plan(1), plan(1, run="{out}")):  # by reference, through the search
+        with pytest.raises(UserError, match=rule.replace("(", r"\(").replace(")", r"\)") + ": give it seeds"):
+            load_study(path)
+    assert main(["study", "status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert rule in err and err.count("\n") == 1
+    for path in (plan(2, "--lr", "{rate:t}"), plan(2), plan(1, "--lr", "1e-3"),
+                 plan(1, "--lr-grid", "1e-3,2e-3", "--tuning-seeds", 2)):
+        load_study(path)
 
 
 def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):

@@ -522,11 +522,14 @@ def _check_selection(study: Study) -> None:
     """Winners are validated on seeds they were not selected on: a ``validate``'s seeds share none with the
     seeds the genes it reads were picked on, through every stage it reads (and the stages those read): a
     search picks its winners on its seed, and a rediscovery keeps those whose validation beside the search
-    said better, so that validation's seeds picked them too. A rate (a grid's, a tune stage's) picks no gene;
-    a validation without a number of seeds may take any of its block's verdict seeds."""
+    said better, so that validation's seeds picked them too. A rate is selected too: a tune stage's on the seeds
+    its command trains, so a validation at that rate (``--lr {rate:T}``, or without ``--lr`` a ``--from-run``
+    run's rate) takes none of them; a grid's tuning seeds lie apart from every verdict seed by construction.
+    A validation without a number of seeds may take any of its block's verdict seeds."""
     from evo_attention.studies.common import TUNING_OFFSET, seed_block_base
 
     env, picked, measured, searched = study.settings, {}, {}, {}  # stage -> {seed: by what}, its seeds, its searches
+    tuned: dict[str, dict] = {}  # stage -> {seed: by what}: the seeds the rate it trains at was selected on
     outs = {s.name: [_prefix(o).rstrip("/") for o in _outputs(study, s, env)] for s in study.stages}
     for stage in study.stages:
         inputs = [p for c in _combos(stage) or [] for p in _inputs(stage, c, env)]
@@ -547,11 +550,19 @@ def _check_selection(study: Study) -> None:
                 if argv[0] == "search" and flag.get("--seed", "").isdigit():
                     own.add(int(flag["--seed"]))
                     mine[int(flag["--seed"])] = f"stage {stage.name}'s search"
-                if argv[0] != "validate":
+                # the rate it trains at: a tune stage's ({rate:T}), or where --lr gives none its --from-run run's
+                lr, run = _REF.fullmatch(flag.get("--lr", "")), _REF.fullmatch(flag.get("--from-run", ""))
+                rate = tuned.get(None if "--lr-grid" in flag else lr[2] if lr and lr[1] == "rate" else None
+                                 if "--lr" in flag else run[2] if run else stage.name
+                                 if flag.get("--from-run") == "OUT" else None, {})
+                tuned.setdefault(stage.name, {}).update({} if stage.kind == "tune" else rate)
+                if argv[0] != "validate" and stage.kind != "tune":
                     continue
                 plan, block, n = flag.get("--plan", ""), flag.get("--seed-block"), flag.get("--seeds", "")
-                ref = _REF.fullmatch(plan) or _REF.fullmatch(flag.get("--from-run", ""))
-                if _REF.fullmatch(plan):  # a plan stage's file: its seeds
+                ref = _REF.fullmatch(plan) or run
+                if argv[0] in ("baseline", "train", "search"):  # one training on its --seed
+                    now = {int(flag["--seed"])} if flag.get("--seed", "").isdigit() else set()
+                elif _REF.fullmatch(plan):  # a plan stage's file: its seeds
                     now = measured.get(ref[2], set())
                 else:
                     if plan:
@@ -563,12 +574,18 @@ def _check_selection(study: Study) -> None:
                              else [])
                     count = int(n) if n.isdigit() else TUNING_OFFSET  # seeds auto, or as many as decide
                     now = {b + i for b in bases for i in range(1, count + 1)}
+                if stage.kind == "tune":
+                    on = f" on block {block}" if str(block).isdigit() else ""
+                    tuned[stage.name].update({k: f"stage {stage.name}'s tuning{on}" for k in now})
+                if argv[0] != "validate":
+                    continue
                 seeds |= now
-                shared = sorted(now & set(mine))
-                if shared:
-                    raise _rule(study.path, "winners are validated on seeds they were not selected on",
-                                f"stage {stage.name} validates on seeds {min(now)}..{max(now)}, and its genes were "
-                                f"selected on seed {shared[0]} ({mine[shared[0]]}): give it seeds of another block")
+                for what, by in (("its genes were", mine), ("its rate was", rate)):
+                    shared = sorted(now & set(by))
+                    if shared:
+                        raise _rule(study.path, "winners are validated on seeds they were not selected on",
+                                    f"stage {stage.name} validates on seeds {min(now)}..{max(now)}, and {what} "
+                                    f"selected on seed {shared[0]} ({by[shared[0]]}): give it seeds of another block")
             searched.setdefault(stage.name, set()).update(own)
         picked[stage.name] = mine
 
