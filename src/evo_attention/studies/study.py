@@ -518,6 +518,17 @@ def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
                                 "give --seed-block K (or --seed S) of the question's")
 
 
+def _rate_from(flag: dict, run, stage: str) -> str | None:
+    """The stage whose rate a command trains at: a tune stage's (``--lr {rate:T}``), or where ``--lr`` gives
+    none, its ``--from-run`` run's stage (``OUT``: its own); None for a grid or a number."""
+    if "--lr-grid" in flag:
+        return None
+    if "--lr" in flag:
+        lr = _REF.fullmatch(flag["--lr"])
+        return lr[2] if lr and lr[1] == "rate" else None
+    return run[2] if run else stage if flag.get("--from-run") == "OUT" else None
+
+
 def _check_selection(study: Study) -> None:
     """Winners are validated on seeds they were not selected on: a ``validate``'s seeds share none with the
     seeds the genes it reads were picked on, through every stage it reads (and the stages those read): a
@@ -550,11 +561,8 @@ def _check_selection(study: Study) -> None:
                 if argv[0] == "search" and flag.get("--seed", "").isdigit():
                     own.add(int(flag["--seed"]))
                     mine[int(flag["--seed"])] = f"stage {stage.name}'s search"
-                # the rate it trains at: a tune stage's ({rate:T}), or where --lr gives none its --from-run run's
-                lr, run = _REF.fullmatch(flag.get("--lr", "")), _REF.fullmatch(flag.get("--from-run", ""))
-                rate = tuned.get(None if "--lr-grid" in flag else lr[2] if lr and lr[1] == "rate" else None
-                                 if "--lr" in flag else run[2] if run else stage.name
-                                 if flag.get("--from-run") == "OUT" else None, {})
+                run = _REF.fullmatch(flag.get("--from-run", ""))
+                rate = tuned.get(_rate_from(flag, run, stage.name), {})
                 tuned.setdefault(stage.name, {}).update({} if stage.kind == "tune" else rate)
                 if argv[0] != "validate" and stage.kind != "tune":
                     continue
