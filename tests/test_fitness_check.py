@@ -131,6 +131,9 @@ def test_cli_check_then_search_prints_its_verdict(tmp_path, capsys):
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "can see learning at all" in printed and (out / "fitness_check.json").is_file()
+    (point,) = json.loads((out / "fitness_check.json").read_text())["points"].values()
+    assert point["eval_tokens"] > 0 and point["eval_complete"] is False  # eval_steps 2 scores part of the split
+    assert f"measured on {point['eval_tokens']} of the" in (out / "fitness_check.md").read_text()
     run = tmp_path / "run"
     loud = [flag for flag in TINY if flag != "--quiet"]  # the verdict is a progress line
     assert main(["search", *loud, "--lr", "0.01", "--population", "3", "--generations", "1", "--elite", "1",

@@ -385,3 +385,31 @@ def test_every_suite_flag_names_every_shipped_suite(command):
     text = " ".join(subparsers.choices[command].format_help().split())
     suite_help = re.search(r"--suite NAME\|FILE (.*?) --", text).group(1).replace("- ", "-")
     assert all(name in suite_help for name in shipped_suites())
+
+
+def test_a_suite_study_says_per_point_the_tokens_scored_and_a_partial_evaluation(tmp_path, capsys):
+    """eval_steps 1 of 16 examples scores the whole of the recall point's split but half of copy's (32 examples):
+    each point of each row keeps its tokens and whether they were the whole split; the markdown, the printed
+    summary and a run report say the evaluation was partial; a file without the fields still renders, silent."""
+    from evo_attention.report.markdown import _attachment_sections
+    from evo_attention.report.studies.suite import suite_markdown
+
+    raw = {**SUITE, "points": [SUITE["points"][0], {**SUITE["points"][1], "knobs": {"seq_len": 12, "copy": 2,
+                                                                                   "eval_examples": 32}}]}
+    path = tmp_path / "partial.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "val"
+    flags = [f for f in TINY_FLAGS if f not in ("--eval-steps", "all")] + ["--eval-steps", "1"]
+    assert main(["validate", "--suite", str(path), "--genes", ROPE, "--seeds", "2", "--out", str(out)] + flags) == 0
+    written = json.loads((out / "validation_suite.json").read_text())
+    for row in (written["baseline"], *written["genes"]):
+        recall, copy = row["points"]["recall"], row["points"]["copy"]
+        assert recall["eval_complete"] is True and copy["eval_complete"] is False
+        assert (recall["eval_tokens"], copy["eval_tokens"]) == (64, 32)  # one batch of 16 examples each
+    said = "eval_steps 1 cut the evaluation short, so each value is measured on 32 of the scored tokens"
+    assert said in (out / "validation_suite.md").read_text() and said in capsys.readouterr().err
+    assert any(said in line for section in _attachment_sections(load_attachments(out)) for line in section)
+    for row in (written["baseline"], *written["genes"]):
+        for point in row["points"].values():
+            del point["eval_tokens"], point["eval_complete"]  # a file written before the points kept them
+    assert "Partial" not in suite_markdown(written)

@@ -490,7 +490,8 @@ def add_baseline_flag(p: argparse.ArgumentParser) -> None:
 
 
 def log_suite_result(result, out: Path, quiet: bool) -> int:
-    """What compare and validate say of a suite result; 1 when no gene has a suite accuracy."""
+    """What compare and validate say of a suite result (with ``partial_note``); 1 when no gene has a suite
+    accuracy."""
     log(result.headline.replace("**", ""), quiet)
     for row in [result.baseline] + list(result.genes):
         verdict = f": {row['verdict_label']}" if row.get("verdict_label") else ""
@@ -498,6 +499,10 @@ def log_suite_result(result, out: Path, quiet: bool) -> int:
         log(f"  {row['name']}: suite accuracy {row['mean']:.4f}{failed}{verdict}" if row.get("mean") is not None
             else f"  {row['name']}: no result", quiet)
     from evo_attention.report.attachments import output_stem
+    from evo_attention.report.studies.common import partial_note
+
+    if partial := partial_note(result):
+        log(partial, quiet)
 
     stem = output_stem(f"{result['study']}_suite", result["eval_split"])
     log(f"results in {out}: {stem}.json, {stem}.md, {stem}.png", quiet)

@@ -23,7 +23,7 @@ from evo_attention.report.summary import (OBJECTIVE_LABELS, RunSummary, caps_tex
 from evo_attention.report.studies import ablation as _ablation, curves as _curves, suite as _suite
 from evo_attention.report.studies import transfer as _transfer, validation as _validation
 from evo_attention.report.studies.ablation import contribution_lines, contribution_sign, recipe_mechanism_lines
-from evo_attention.report.studies.common import comparison_note, table_markdown
+from evo_attention.report.studies.common import comparison_note, partial_note, table_markdown
 from evo_attention.report.studies.curves import curve_note
 from evo_attention.report.studies.maps import maps_section
 from evo_attention.report.studies.suite import mean_words, suite_cell, suite_points_lines
@@ -391,6 +391,7 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
     for r in a.suites:
         stem = r["_file"].rsplit(".", 1)[0]
         sections.append([f"## {suite_title(r)}", "", r.get("headline", ""), "", suite_table(r), "",
+                         *([partial, ""] if (partial := partial_note(r)) else []),
                          f"![Mean accuracy over the seeds per gene and point (± sd), the suite accuracy last]({stem}.png)",
                          "", f"Details: {code(r['_file'], False)}, {code(stem + '.md', False)}."])
     if a.compare is not None:

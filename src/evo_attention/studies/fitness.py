@@ -50,8 +50,8 @@ from evo_attention.data.base import TaskData
 from evo_attention.data.cache import resolve_cache_dir
 from evo_attention.report.studies.fitness import fitness_markdown, improvement_verdict, points_verdict
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import (SeedStudyResult, StudySetup, study_resources, trained_as, tuning_seeds,
-                                          write_files)
+from evo_attention.studies.common import (SeedStudyResult, StudySetup, scored, study_resources, trained_as,
+                                          tuning_seeds, write_files)
 from evo_attention.studies.compare import resolve_configs
 from evo_attention.studies.lr_grid import select
 from evo_attention.train.config import Config, parse_lr_grid
@@ -381,6 +381,8 @@ def _check(setup: StudySetup, fitness: Fitness, chosen: Sequence[Improvement], l
         answers = described.get("chance_accuracy") is not None or fitness.suite is not None
         points[label] = point_row([point_result("", r).scored for r in mine] if answers else losses,
                                   described.get("chance_accuracy"), described.get("no_recall_accuracy"), answers)
+        points[label].update(scored(mine, [point_result("", r).accuracy if answers else usable_metric(r, "val_loss")
+                                           for r in mine]))
     total = sum(p["sd"] ** 2 for p in points.values())
     for row in points.values():
         row["variance_share"] = row["sd"] ** 2 / total if total else None

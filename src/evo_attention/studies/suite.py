@@ -38,7 +38,8 @@ from evo_attention.report.attachments import output_stem
 from evo_attention.report.studies.suite import suite_heatmap_rows, suite_markdown
 from evo_attention.report.studies.validation import validation_headline
 from evo_attention.search.executors import EvalTask
-from evo_attention.studies.common import ANALYSIS, StudySetup, VerdictResult, trained_as, write_json_and_markdown
+from evo_attention.studies.common import (ANALYSIS, StudySetup, VerdictResult, scored, trained_as,
+                                          write_json_and_markdown)
 from evo_attention.train.record import SUITE_OBJECTIVE
 from evo_attention.train.spec import Trial, load_task
 from evo_attention.train.suite import point_configs, suite_score
@@ -129,7 +130,8 @@ def suite_statistics(setup: StudySetup, suite, named: Sequence[tuple[str, str]],
 
 def gene_row(name: str, key: str, scores: Sequence, seeds: Sequence[int], confidence: float) -> dict:
     """One gene's row: per point the scored accuracies over the seeds (a failed training counts 0),
-    their mean and sd; the per-seed aggregates with their mean, sd and interval; every failure."""
+    their mean and sd, and the tokens they were scored on (``scored``); the per-seed aggregates with their
+    mean, sd and interval; every failure."""
     points = {}
     for label in scores[0].labels:
         results = [score.point(label) for score in scores]
@@ -137,7 +139,8 @@ def gene_row(name: str, key: str, scores: Sequence, seeds: Sequence[int], confid
         points[label] = {"values": values, **{k: v for k, v in stats.describe(values, confidence).items()
                                               if k in ("mean", "sd")},
                          "n_failed": sum(r.failed for r in results),
-                         "val_loss": stats.describe([r.val_loss for r in results if r.val_loss is not None])["mean"]}
+                         "val_loss": stats.describe([r.val_loss for r in results if r.val_loss is not None])["mean"],
+                         **scored([vars(r) for r in results], [r.accuracy for r in results])}
     failures = [{"seed": seed, "point": r.label, "status": r.status, "error": r.error}
                 for seed, score in zip(seeds, scores) for r in score.points if r.failed]
     values = [score.aggregate for score in scores]

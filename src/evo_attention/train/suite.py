@@ -20,7 +20,8 @@ The contract every user of a suite shares (``search --suite``, ``compare --suite
   applies only to the points the suite gives none. To train a suite's points for other steps, write
   a suite file (``steps:`` at the top or per point); the commands say which steps each point gets.
 - **The score of a gene on one seed** (``SuiteScore``): per point, the accuracy over the answer
-  positions (a language point: next-token accuracy) and the validation loss of its training; the
+  positions (a language point: next-token accuracy), the validation loss of its training and the
+  tokens that accuracy was scored on (``eval_tokens``, ``eval_complete``: its record's); the
   **aggregate is the mean accuracy over all points**, weighted by the points' stated weights where
   the suite gives any. A point whose training failed (diverged, out of memory, an error, or finished without a
   finite accuracy) scores **0 accuracy** in the aggregate and is listed in ``failed``: it is never
@@ -80,6 +81,8 @@ class PointResult:
     accuracy: float | None = None  # the finite accuracy of a finished training, else None
     val_loss: float | None = None  # its finite validation loss, else None
     error: str | None = None
+    eval_tokens: int | None = None  # the record's: the tokens its accuracy was scored on
+    eval_complete: bool | None = None  # the record's: whether that was the whole split (None: an old record)
 
     @property
     def failed(self) -> bool:
@@ -102,7 +105,8 @@ def point_result(label: str, record: Mapping | None) -> PointResult:
     if status == Status.OK and accuracy is None:
         status = NO_ACCURACY
     error = record.get("error")
-    return PointResult(label, status, accuracy, loss, None if error is None else str(error))
+    return PointResult(label, status, accuracy, loss, None if error is None else str(error),
+                       record.get("eval_tokens"), record.get("eval_complete"))
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,8 @@ class SuiteScore:
     def to_dict(self) -> dict:
         return {"aggregate": self.aggregate, "failed": list(self.failed), "missing": list(self.missing),
                 "points": {p.label: {"status": p.status, "accuracy": p.accuracy, "val_loss": p.val_loss,
-                                     "error": p.error} for p in self.points}}
+                                     "error": p.error, "eval_tokens": p.eval_tokens, "eval_complete": p.eval_complete}
+                           for p in self.points}}
 
 
 def suite_score(labels: Sequence[str], records: Mapping[str, Mapping | None],

@@ -177,10 +177,13 @@ def plain_cell(row: Mapping, metric: str) -> str:
 def partial_note(result: Mapping) -> str:
     """The sentence that eval_steps cut a study's evaluations short, with the tokens each value was scored on
     (``eval_tokens``) and the split's; '' when every evaluation was complete (or the rows do not say)."""
-    rows = [result.get("baseline") or {}, *(result.get("matched_baselines") or ()), *(result.get("genes") or ()),
-            *(result.get("variants") or ())]
+    genes = result.get("genes") or ()  # a fitness check's by gene key
+    rows = [result.get("baseline") or {}, *(result.get("matched_baselines") or ()),
+            *(genes.values() if isinstance(genes, Mapping) else genes), *(result.get("variants") or ())]
     rows += [r for size in result.get("sizes") or () for r in [size.get("baseline") or {}, *(size.get("genes") or ())]]
     rows += result.get("results") or []  # compare's, one per configuration and seed
+    # per point: a suite study's (each row's) and a fitness check's (the result's)
+    rows += [p for r in [result, *rows] if isinstance(r.get("points"), Mapping) for p in r["points"].values()]
     partial = [r.get("eval_tokens") for r in rows if r.get("eval_complete") is False]
     if not partial:
         return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from evo_attention.report.studies.common import partial_note
 from evo_attention.util.format import code, fmt, markdown_table
 
 
@@ -95,6 +96,7 @@ def fitness_markdown(result: Mapping) -> str:
     lines += [f"{len(seeds)} seeds ({', '.join(map(str, seeds))}), metric {fitness['metric']}"
               f" ({'lower' if fitness['lower_is_better'] else 'higher'} is better); fitness id `{fitness['id']}`.",
               "", "## The vanilla gene per point", "", points_table(result),
+              *([partial, ""] if (partial := partial_note(result)) else []),
               "## Known improvements", "",
               "P(right) is the probability that one evaluation (or k, averaged) of each gene ranks the "
               "improvement the right way round: the lower of a paired (same seed) and an unpaired normal model "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.studies.common import (change_text, ci_text, comparison_note, p_text, paired_change_header,
-                                                 table_markdown, verdict_cell)
+                                                 partial_note, table_markdown, verdict_cell)
 from evo_attention.util import stats
 from evo_attention.util.format import code, fmt, md_cell
 
@@ -68,6 +68,7 @@ def suite_markdown(result: Mapping, figure: str | None = None) -> str:
              "same accuracies. " + (comparison_note(result) if result.get("family_size") else
                                "With one seed there is no paired comparison."), "",
              table_markdown(*suite_table(result), code_column=1), "",
+             *([partial, ""] if (partial := partial_note(result)) else []),
              "The points:", ""] + suite_points_lines(suite) + [""]
     failures = [(r.get("name"), f) for r in [result["baseline"]] + list(result.get("genes", []))
                 for f in r.get("failures", [])]
