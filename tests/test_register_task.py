@@ -241,6 +241,33 @@ def test_a_no_recall_level_that_is_not_an_accuracy_is_refused_and_none_means_no_
     assert 0 < load_data("mqar", **COUNTS).describe()["no_recall_accuracy"] <= 1
 
 
+def test_a_stream_batch_that_breaks_the_contract_is_refused_naming_the_task(delayed_copy):
+    """train_examples=0 trains on batches no split held: each is checked as the splits are. The bug: the
+    copied tokens are drawn from [0, vocab), so pad is scored now and then, which a small split can miss."""
+    class PadNowAndThen(DelayedCopy):
+        def generate(self, n, k, generator, seed):
+            x, y = super().generate(n, k, generator, seed)
+            first = torch.randint(k["vocab"], (n, 1), generator=generator)  # the off-by-one: 0 included
+            return x, y.masked_fill((y >= 0) & (first == 0), 0)
+
+    register_task("pad_now_and_then", PadNowAndThen)
+    try:
+        for seed in range(40):  # a data seed whose splits (2 rows of 1 example) happen not to score pad
+            try:
+                data = load_data("pad_now_and_then:seq_len=16,vocab=32,train_examples=0,eval_examples=1", seed=seed)
+                break
+            except UserError:
+                continue
+        batches = data.train_batches(64, torch.Generator().manual_seed(0))  # a row scores pad 1 time in 32
+        user_error(lambda: [next(batches) for _ in range(20)], "task pad_now_and_then: generate(64, ...) for a "
+                   "train_examples=0 stream batch returned scored targets equal to the pad id 0")
+    finally:
+        unregister_task("pad_now_and_then")
+    stream = load_data(f"{DATA},train_examples=0", eval_examples=4).train_batches(8, torch.Generator())
+    x, y = next(stream)  # a task that keeps the contract streams as before
+    assert x.shape == y.shape == (8, 16) and int((y >= 0).sum(1).min()) == 15
+
+
 def test_unregistering_removes_it(delayed_copy):
     unregister_task(NAME)
     assert NAME not in TASKS and not is_synthetic(DATA)
