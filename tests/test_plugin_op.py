@@ -140,7 +140,8 @@ def test_the_causality_probe_passes_every_built_in_op_and_a_causal_time_op():
 def test_finiteness_is_judged_at_the_initial_weights_and_nan_from_random_weights_is_no_verdict():
     """A positive-initialised scale under a square root gives NaN only at the probe's random (negative)
     weights: it is accepted; so is a causal running sum by a lower-triangular matmul, where random
-    weights' NaN at later positions would reach the earlier rows (0 * NaN), and it reads other positions."""
+    weights' NaN at later positions would reach the earlier rows (0 * NaN), and it reads other positions.
+    NaN on any input the probe feeds an op (not only its first) refuses it, with weights or without."""
     from evo_attention import register_op
     from evo_attention.nn import components
     from evo_attention.nn.program import PerModel, unregister_op
@@ -167,6 +168,11 @@ def test_finiteness_is_judged_at_the_initial_weights_and_nan_from_random_weights
                                                         r"weights on random inputs: keep its values finite$"):
             register_op("yneg", "H->F", "feature", apply=lambda c, z: c.module(-z.abs()).sqrt(),
                         build=lambda s: LearnedScale(s.n_heads))
+        for build in (lambda s: LearnedScale(s.n_heads), None):  # NaN only where an input, as moved (+3), exceeds 5
+            with pytest.raises(programs.ProgramError, match=r"^program op 'ymoved' gives NaN or inf as H->F at "
+                                                            r"its initial weights on random inputs: keep its values"):
+                register_op("ymoved", "H->F", "feature", build=build, apply=lambda c, z: (c.module or (lambda v: v))(
+                    torch.where(z > 5, float("nan"), z)))
     finally:
         unregister_op("ysqrt")
         unregister_op("logrun")

@@ -202,10 +202,10 @@ def probe(compute: Callable, arg_types: str, result_type: str, module: nn.Module
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         initial = copy.deepcopy(module.state_dict()) if module is not None else None
         try:
-            found, finite = _probe_at(compute, arg_types, result_type, module, keys, randomize=True)
+            found, finite = probe_at(compute, arg_types, result_type, module, keys, randomize=True)
             if not finite and found in (None, "rows") and module is not None:
                 module.load_state_dict(initial)
-                found = _probe_at(compute, arg_types, result_type, module, keys, randomize=False)[0] or found
+                found = probe_at(compute, arg_types, result_type, module, keys, randomize=False)[0] or found
         finally:
             for part, training in modes.items():
                 part.training = training
@@ -223,7 +223,7 @@ def _finite(values) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in values if torch.is_tensor(v))
 
 
-def _probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None, keys: tuple,
+def probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Module | None, keys: tuple,
               randomize: bool) -> tuple:
     """``probe``'s verdict at ``module``'s weights drawn at random (``randomize``) or as they are, and
     whether every output was finite."""

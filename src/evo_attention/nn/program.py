@@ -43,7 +43,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -129,8 +128,8 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
 
 def _probe(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
     """What ``op`` does wrong on the first typing of its signatures (T as X, H and S) where it returns
-    no finite tensor of its result type's shape at its initial weights on random inputs (a random weight,
-    such as a negative scale under a square root, may give NaN where training never would), or, with
+    no finite tensor of its result type's shape at its initial weights on any input of the probe (a random
+    weight, such as a negative scale under a square root, may give NaN where training never would), or, with
     random weights, reads a later position or another batch row (``components.probe``, the block input x
     moved with the inputs; the frame and the op's module in eval, then train mode); None if nothing.
     ``across`` collects the typings whose value at a position reads other positions. A typing the op
@@ -165,15 +164,15 @@ def _probe(op: programs.Op, impl: Implementation, across: list | None = None) ->
                     frame.out, frame.op, frame.d_model, frame.n_heads, frame.d_head = nn.Linear(8, 8), module, 8, 2, 4
                 except Exception:
                     continue
-                draw, modes = torch.Generator().manual_seed(0), {m: m.training for m in frame.modules()}
-                # without weights of its own, an op is checked on the probe's calls (the frame's are no concern)
-                for mode, length in itertools.product((False, True), components.PROBE_LENGTHS if module else ()):
-                    frame.train(mode)
-                    torch.manual_seed(0)
-                    try:
-                        compute(*(components.probe_values(kind, draw, length)[0] for kind in "X" + "".join(types)))
-                    except Exception:  # e.g. too few positions for the op: judged on the other calls
-                        pass
+                modes = {m: m.training for m in frame.modules()}
+                # an op with weights is checked at its initial weights on every input the probe feeds it (its
+                # outputs zeroed, so that no verdict there ends the probe early); one without, on the probe's calls
+                try:
+                    if module is not None:
+                        components.probe_at(lambda *values: 0 * compute(*values), "X" + "".join(types), out, frame,
+                                            (), randomize=False)
+                except Exception:  # e.g. too few positions for the op at every probe length: left to fail in use
+                    pass
                 for part, training in modes.items():
                     part.training = training
                 checking = module is None
