@@ -20,8 +20,9 @@ def test_every_gene_computes_what_the_pinned_engine_computed(classic):
         # a windowed program's kmix now runs block by block, as the classic genes' always did: the same
         # function, but its attention dropout draws masks of the blocks' shape, so training differs
         banded_now = key.startswith("prog=") and "|win=" in key
-        for q in ("out", "x_grad", "decode") + (() if banded_now else ("train_out",)):
+        # float32 rounding at each quantity's scale; a backward pass sums more terms, and CPUs' kernels (AVX2,
+        # AVX-512) order them differently: ~2.5e-6 of the largest gradient between two machines' runs
+        wanted = {"out": 1e-6, "decode": 1e-6, "x_grad": 1e-5, "param_grads": 1e-5}
+        for q in ("out", "x_grad", "decode", "param_grads") + (() if banded_now else ("train_out",)):
             diff = np.abs(np.asarray(got[q], dtype=np.float32).ravel() - want[q]).max()
-            assert diff <= 1e-6 * max(1.0, np.abs(want[q]).max()), (key, q, diff)  # float32 rounding at its scale
-        grads = np.asarray(got["param_grads"], dtype=np.float32)
-        assert np.allclose(grads, want["param_grads"], rtol=1e-5, atol=1e-6), (key, "param_grads")
+            assert diff <= wanted.get(q, 1e-6) * max(1.0, np.abs(want[q]).max()), (key, q, diff)
