@@ -6,9 +6,11 @@ import random
 import pytest
 import torch
 
-from evo_attention import AttentionGene, EvolvedAttention, programs
+from evo_attention import AttentionGene, EvolvedAttention, TinyTransformer, programs
 from evo_attention.genes import (AXIS_DEFAULTS, CATEGORICAL_FIELDS, SearchSpace, canonical_program, program_grammar,
                                  violation)
+from evo_attention.nn.fold import Rows, fold_models
+from evo_attention.nn.spec import ModelSpec
 from evo_attention.programs import ProgramError, ProgramSpace
 from evo_attention.util.errors import UserError
 
@@ -201,6 +203,33 @@ def test_the_fused_path_of_a_dot_softmax_program_equals_its_plain_path():
         plain.load_state_dict(fused.state_dict())
         with torch.no_grad():
             assert torch.allclose(fused(x), plain(x), atol=1e-5)
+
+
+# a one-argument op on a value of each type (a learned op's weights are shaped per type)
+ON_TYPE = {"H": "o(mix(w.softmax(s.dot({}(q),k)),v))", "X": "{}(o(mix(w.softmax(s.dot(q,k)),v)))",
+           "S": "o(mix(w.softmax({}(s.dot(q,k))),v))"}
+
+
+def test_every_op_folded_with_other_models_gives_what_it_gives_alone():
+    """K = 3 models of a program, each its own perturbed weights, folded into one batch as the trainer
+    folds them (nn.fold): each model's rows equal the model alone. No hand-kept list: each op of the
+    grammar now, an op of one value on each type it takes, any other in a random program."""
+    spec = ModelSpec(vocab_size=11, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0)
+    ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(0))
+    for op in sorted(GRAMMAR.ops):
+        if GRAMMAR.op(op).kind == "root":
+            continue
+        typed = [ON_TYPE[t].format(op) for args, t in GRAMMAR.op(op).signatures if args == (t,) and t in ON_TYPE]
+        for text in typed or [programs_using(op, GRAMMAR, n=1)[0].text]:
+            models = [_perturbed(TinyTransformer(spec, f"prog={text}"), seed=k).eval() for k in range(3)]
+            rows = Rows()
+            with torch.no_grad():
+                alone = [m.hidden_states(ids)[0] for m in models]
+                fold = fold_models(models, rows)
+                rows.batch = len(ids)
+                folded = fold.model.hidden_states(ids.repeat(len(models), 1))[0].split(len(ids))
+            for k, (got, want) in enumerate(zip(folded, alone)):
+                assert torch.allclose(got, want, rtol=0, atol=1e-6), (text, k, (got - want).abs().max().item())
 
 
 # -- syntax errors, canonical form, gene rules ---------------------------------------------------------

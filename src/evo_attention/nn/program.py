@@ -264,8 +264,8 @@ class Affine(PerModel):
     def forward(self, z):
         w = self.p("weight")
         zm = per_model(z, w.shape[0])
-        out = zm * w.unsqueeze(1) if self.multiply else zm + w.unsqueeze(1)
-        return out.reshape(z.shape)
+        # w is [M, 1, ...] (its own batch axis, ``_shape_of``): it lines up with zm as it is
+        return (zm * w if self.multiply else zm + w).reshape(z.shape)
 
 
 class HeadMap(PerModel):
