@@ -213,3 +213,65 @@ def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
             model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False, use_cache=True)
     with pytest.raises(Exception, match="only a program o"):
         core_attention("prog=g.output_gate(o(mix(w.softmax(s.dot(q,k)),v)))", 32, 4)
+
+
+@pytest.mark.parametrize("gene", [
+    "prog=o(mix(w.softmax(s.dot(q,shift(k))),v))|nobias|0.00|pos=rope",
+    "prog=o(mix(w.softmax(s.dot(dconv3(q),k)),v))|nobias|0.00|pos=rope",
+    "prog=o(decay(v))|nobias|0.00|pos=rope",
+    "prog=o(kmix(elu1(q),elu1(cumsum(k)),v))|nobias|0.00|pos=rope",
+    "prog=o(mix(w.softmax(s.dot(q,k)),cummean(v)))|nobias|0.00|pos=rope",
+    "dot|softmax|none|fixed|nobias|0.00|pos=rope|dconv=3",
+    "dot|softmax|none|fixed|nobias|0.00|pos=rope",  # decodes with the host's cache
+])
+def test_a_left_padded_batch_gives_each_row_what_it_gives_alone(gene):
+    """An op along time (shift, dconv, decay, cumsum, cummean, qkv_conv) would read the padding before a
+    row's tokens: each row runs on its own positions, so logits and greedy tokens are the row's alone."""
+    from evo_attention.interop.hf_attention import install, register
+
+    model = _llama(register("evo_test_pad"), kv_heads=4)
+    install(model, gene)
+    model.generation_config.eos_token_id = None  # every row generates all its tokens
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # gene weights away from their identity start
+        ids = torch.randint(1, 32, (2, 7), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[0, :3] = 0  # row 0: 3 pads, then its 4 tokens
+        padded = ids.masked_fill(mask == 0, 0)
+        logits = model(padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        assert (logits[0, 3:] - model(ids[:1, 3:]).logits[0]).abs().max() <= TOLERANCE
+        assert (logits[1] - model(ids[1:]).logits[0]).abs().max() <= TOLERANCE
+        new = model.generate(padded, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(new[0, 3:], model.generate(ids[:1, 3:], max_new_tokens=4, do_sample=False)[0])
+        assert torch.equal(new[1], model.generate(ids[1:], max_new_tokens=4, do_sample=False)[0])
+
+
+def test_padding_no_row_gives_alone_is_refused():
+    """A hole between a row's tokens has no exact treatment under an op along time: refused in one line
+    (the plain attention weighs the hole zero and runs); so is a gating that reads the padding's inputs."""
+    from evo_attention.interop.hf_attention import install, register
+    from evo_attention.nn import components
+
+    ids, mask = torch.randint(1, 32, (1, 6), generator=torch.Generator().manual_seed(1)), torch.ones(1, 6).long()
+    mask[0, 2] = 0
+    left = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    model = _llama(register("evo_test_hole"), kv_heads=4)
+    install(model, "prog=o(mix(w.softmax(s.dot(q,k)),shift(v)))|nobias|0.00|pos=rope")
+    with torch.no_grad(), pytest.raises(ValueError, match=r"program o\(mix.*through shift.*one at a time"):
+        model(ids, attention_mask=mask)
+    install(model := _llama("evo_test_hole", kv_heads=4), "dot|softmax|none|fixed|nobias|0.00|pos=rope")
+    with torch.no_grad():
+        assert torch.isfinite(model(ids, attention_mask=mask).logits).all()
+
+    class RunningGate(components.Gating):  # the output scaled by a running mean of |x|: reads earlier inputs
+        def forward(self, x, y):
+            return y * (x.abs().mean(-1).cumsum(-1) / torch.arange(1, x.shape[1] + 1))[..., None]
+
+    components.register_gating("rungate_pad_probe")(RunningGate)
+    try:
+        install(model := _llama("evo_test_hole", kv_heads=4), "dot|softmax|rungate_pad_probe|fixed|nobias|0.00")
+        with torch.no_grad(), pytest.raises(ValueError, match="gating rungate_pad_probe .* one at a time"):
+            model(ids, attention_mask=left)
+    finally:
+        components.unregister("gating", "rungate_pad_probe")

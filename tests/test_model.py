@@ -1,4 +1,5 @@
 import itertools
+import re
 
 import pytest
 import torch
@@ -96,6 +97,36 @@ def test_attention_mask_combines_with_causal():
     assert (w[..., 0] == 0)[..., 1:].all()
     assert (w.triu(1) == 0).all()
     assert (w[0, :, 0] == 0).all()  # query 0 may see only key 0, which is masked: an all-zero row
+
+
+@pytest.mark.parametrize("program", [
+    "o(mix(w.softmax(s.dot(q,k)),shift(v)))", "o(mix(w.softmax(s.dot(dconv3(q),k)),v))",
+    "o(mix(w.softmax(s.dot(q,k)),decay(v)))", "o(kmix(elu1(q),elu1(cumsum(k)),v))",
+    "o(mix(w.softmax(s.dot(q,k)),cummean(v)))"])
+def test_a_key_mask_keeps_masked_positions_from_ops_along_time(program):
+    """An op along time reads other positions' values, which zero weights do not stop: a row padded
+    before its positions gives what it gives alone (a padded position moves nothing), one padded after
+    them needs nothing, and masked keys between allowed ones are refused, naming program and op."""
+    torch.manual_seed(0)
+    attn = EvolvedAttention(16, 2, f"prog={program}|nobias|0.00|pos=rope").eval()
+    with torch.no_grad():
+        for p in attn.program.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # a convolution away from its identity start
+        x = torch.randn(2, 6, 16)
+        mask = torch.ones(2, 6, dtype=torch.bool)
+        mask[0, :2] = mask[1, 5] = False  # row 0 padded on the left, row 1 on the right
+        out, weights = attn(x, mask=mask), attn(x, mask=mask, need_weights=True)[1]
+        moved = x.clone()
+        moved[0, :2] += 5.0
+        torch.testing.assert_close(out[0, 2:], attn(x[:1, 2:])[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(out[1, :5], attn(x[1:, :5])[0], rtol=0, atol=1e-6)
+        assert torch.equal(attn(moved, mask=mask)[0, 2:], out[0, 2:])
+        assert (weights[0, ..., :2] == 0).all() and (weights[1, ..., 5] == 0).all()
+        mask[0, 3] = False
+        with pytest.raises(ValueError, match=rf"program {re.escape(program)} reads .* through \w+.*one at"):
+            attn(x, mask=mask)
+        attn = EvolvedAttention(16, 2, "prog=o(mix(w.softmax(s.dot(q,k)),v))|nobias|0.00").eval()
+        assert (attn(x, mask=mask, need_weights=True)[1][0, ..., 3] == 0).all()  # no op along time: zero weight
 
 
 def test_attention_maps_shapes_and_rows(tiny_config):

@@ -33,7 +33,8 @@ Contract:
   included. The host's ``scaling`` is not used: the gene's similarity scales its scores.
 - Causal by construction (``causal_mask`` / ``decode_mask``, combined with the host's padding mask,
   never replaced by it); ``install`` refuses a layer that is not causal and checks on the installed
-  layer that no output reads a later position.
+  layer that no output reads a later position. A left-padded row of a program that reads along time
+  runs on its own positions (``ProgramCore.padding``): each row gives what it gives alone.
 - Needs transformers only to register (imported there); the rest is PyTorch.
 """
 
@@ -46,6 +47,7 @@ import torch
 import torch.nn as nn
 
 from evo_attention.genes import AttentionGene, canonical_program
+from evo_attention.nn import components
 from evo_attention.nn.attention import EvolvedAttention, decode_mask
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import check_output, output_dir, register_output_kind, write_text
@@ -91,8 +93,10 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if start and not cacheable(core):
         raise ValueError(f"gene {core.gene.key} reads earlier queries or inputs along time, which the host's "
                          "cache does not keep: generate with use_cache=False")
-    if core.qkv_conv is not None:  # convolutions along time read earlier raw q, k, v: whole sequences only
-        query, key, value = core.qkv_conv(query, key, value)
+    # the gene's gates run on the whole padded input (the hooks), each row's attention on its own positions
+    if f"g.{core.gene.gating}" in components.ACROSS_POSITIONS and core.program.padding(core, allowed, len(x), t):
+        raise ValueError(f"gating {core.gene.gating} of gene {core.gene.key} reads other positions' inputs, the "
+                         "padding before a row's tokens included: pass unpadded rows one at a time")
     y = core.program.heads(core, x, {"q": query, "k": key, "v": value}, allowed, start)
     return y.transpose(1, 2).contiguous(), None
 

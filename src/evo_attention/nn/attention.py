@@ -236,7 +236,9 @@ class EvolvedAttention(nn.Module):
         """x [B, T, d_model] -> [B, T, d_model] (and the [B, H, T, T] weights if need_weights).
 
         ``mask``: optional bool tensor broadcastable to [B, H, T, T] (or a [B, T] key mask), True
-        where attention is allowed; it is combined with the causal mask, never replaces it."""
+        where attention is allowed; it is combined with the causal mask, never replaces it. A program that
+        reads along time runs a row padded before its allowed keys on its own positions, and refuses masked
+        keys between allowed ones (``ProgramCore.padding``)."""
         if x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
             raise ValueError(f"x must be floating-point [batch, time, d_model={self.d_model}], not {x.dtype} of shape "
                              f"{tuple(x.shape)}")

@@ -604,6 +604,10 @@ class ProgramCore(nn.Module):
         # a cache holds each position's own values: an op reading other positions recomputes (ACROSS_POSITIONS)
         self.cacheable = _cacheable(program.root, self.heads_node, self.forms) and not any(
             node.op in components.ACROSS_POSITIONS for node in self.nodes)
+        # the ops whose value at a position reads other positions' values, which a mask's zero weights do not
+        # stop (sdecay weighs a score by its distance alone)
+        self.along_time = [node.op for node in self.nodes if node.args and node.op != "sdecay" and (
+            grammar.op(node.op).kind == "time" or node.op in components.ACROSS_POSITIONS)]
 
     def _module(self, node, run: _Pass):
         attr = self.bound.get(node.op)
@@ -615,6 +619,10 @@ class ProgramCore(nn.Module):
     # -- entry points -----------------------------------------------------------------------------------
     def forward(self, attn, x, mask=None, need_weights: bool = False):
         """(out [B, T, d_model], the first mixing op's weights when ``need_weights``)."""
+        starts = self.padding(attn, mask, *x.shape[:2])
+        if starts is not None:
+            return _by_rows(starts, mask, x.shape[1],
+                            lambda rows, p, m: self.forward(attn, x[rows, p:], m, need_weights))
         run = _Pass(attn, x, mask, need_weights)
         return self.value(self.program.root, run), run.weights
 
@@ -622,11 +630,40 @@ class ProgramCore(nn.Module):
         """The value of the heads node (the argument of ``o``), [B, H, T, d], with the given
         projections ({"q", "k", "v"}) in place of the frame's (a host model's own, ``interop.hf_attention``).
         ``start`` > 0: T new queries after ``start`` positions whose keys and values ``projected``
-        holds too (the host's cache); only a ``cacheable`` program can do that."""
+        holds too (the host's cache); only a ``cacheable`` program can do that. The frame's ``qkv_conv``
+        convolves the given projections here."""
+        starts = None if start else self.padding(attn, mask, *x.shape[:2])
+        if starts is not None:
+            return _by_rows(starts, mask, x.shape[1], lambda rows, p, m: (self.heads(attn, x[rows, p:], {
+                name: z[rows, :, p:] for name, z in projected.items()}, m), None))[0]
+        if attn.qkv_conv is not None:  # never after a cache (such a gene is not cacheable)
+            projected = dict(zip("qkv", attn.qkv_conv(projected["q"], projected["k"], projected["v"])))
         cache = _HostCache(start) if start else None
         run = _Pass(attn, x, mask, False, cache)
         run.projected = projected
         return self.value(self.heads_node, run)
+
+    def padding(self, attn, mask, b: int, t: int) -> list | None:
+        """Each row's first allowed key where ``mask`` (bool, broadcastable to [B, H, T, T]) masks keys before a
+        row's allowed ones and values read other positions (``along_time``, the frame's convolutions), which
+        zero weights do not stop: each row then runs alone from there, as it gives alone. None where the zero
+        weights suffice; ValueError where nothing is exact (keys masked between allowed ones, no key mask)."""
+        reads = self.along_time + [name for name in ("qkv_conv", "input_conv") if getattr(attn, name) is not None]
+        if mask is None or not reads:
+            return None
+        m = torch.broadcast_to(mask, (b, mask.shape[-3] if mask.dim() > 2 else 1, t, t))
+        keys = m[:, :1, -1:]  # [B, 1, 1, T]: the last query's, to which every key is causal
+        starts = (~keys).flatten(1).int().cummin(1).values.sum(1)
+        rises = (keys[..., 1:] & ~keys[..., :-1]).flatten(1).sum(1)  # an allowed key after a masked one
+        # a key mask on each real query's causal keys, masked keys only before and after a row's allowed ones
+        seen = torch.ones(t, t, dtype=torch.bool, device=m.device).tril() & keys.transpose(-1, -2)
+        if bool(((m != keys) & seen).any()) or bool((rises != ((starts > 0) & (starts < t)).int()).any()):
+            raise ValueError(f"mask leaves out keys between a row's allowed ones (or differs between queries or "
+                             f"heads), and program {self.program} reads other positions through {reads[0]}, so a "
+                             "masked position would reach the others: pass each row's real positions alone "
+                             "(unpadded rows one at a time), or pad only before and after them")
+        starts = starts.masked_fill(starts == t, 0)  # a row with no allowed key has no real position to keep
+        return starts.tolist() if bool(starts.any()) else None
 
     def new_cache(self, attn):
         """An empty cache for ``decode``: running sums for a kernel without a window, keys and
@@ -758,6 +795,19 @@ class ProgramCore(nn.Module):
                     return dropout(weights, run.dropout_p, run.attn.training).to(v.dtype) @ v
                 return banded(a, b, v, run.attn.window, None, None, weigh)
             return self._mix(components.kernel_weights(a, b, run.allowed), v, run, masked=True)
+
+
+def _by_rows(starts: list, mask, t: int, run):
+    """Each row alone on its positions from starts[row] on: ``run(rows, p, their mask or None)`` -> (y [1, ...,
+    T - p, d], weights [1, H, T - p, T - p] or None); the rows' y and weights, zero before each row's start."""
+    m = torch.broadcast_to(mask, (len(starts), mask.shape[-3] if mask.dim() > 2 else 1, t, t))
+    ys, ws = [], []
+    for row, p in enumerate(starts):
+        sub = m[row:row + 1, :, p:, p:]
+        y, w = run(slice(row, row + 1), p, None if bool(sub.all()) else sub)
+        ys.append(F.pad(y, (0, 0, p, 0)))
+        ws.append(None if w is None else F.pad(w, (p, 0, p, 0)))
+    return torch.cat(ys), None if ws[0] is None else torch.cat(ws)
 
 
 class _HostCache:
