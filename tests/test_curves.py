@@ -106,7 +106,8 @@ def test_first_break():
 
 
 def test_point_row_statistics():
-    records = [{"status": "ok", "accuracy": a, "val_loss": 1.0 + a, "device": "cpu"} for a in (0.6, 0.8, 0.7)]
+    records = [{"status": "ok", "accuracy": a, "val_loss": 1.0 + a, "device": "cpu", "eval_tokens": 64,
+                "eval_complete": False} for a in (0.6, 0.8, 0.7)]
     records.append({"status": "diverged", "accuracy": 0.9, "val_loss": float("nan"), "error": "diverged"})
     records.append(None)  # did not run
     row = point_row(8, records, [1, 2, 3, 4, 5], 0.95)
@@ -116,6 +117,7 @@ def test_point_row_statistics():
     assert row["half_width"] == pytest.approx((ci["ci_high"] - ci["ci_low"]) / 2)
     assert row["statuses"] == ["ok", "ok", "ok", "diverged", "not run"] and row["errors"] == ["diverged", "not run"]
     assert row["devices"] == ["cpu", "cpu", "cpu", None, None]  # where each seed trained, as its record says
+    assert row["eval_tokens"] == [64, 64, 64, None, None] and row["eval_complete"] is False  # eval_steps cut it
     assert point_row(8, records[:1], [1], 0.95)["half_width"] is None  # one seed: no interval
 
 
@@ -178,9 +180,12 @@ def test_a_curve_writes_its_files_and_a_repeat_trains_nothing(tmp_path):
 
 def test_the_command_runs_a_curve(tmp_path, capsys):
     out = tmp_path / "curve"
-    assert main(["curve", "--genes", "baseline", "--data", DATA + ",pairs=2", "--knob", "queries=1,2",
-                 "--out", str(out), "--quiet"] + TINY_FLAGS) == 0
+    assert main(["curve", "--genes", "baseline", "--data", DATA + ",pairs=2", "--knob", "queries=1,2",  # half the split
+                 "--out", str(out), "--eval-steps", "1"] + TINY_FLAGS[:-1] + ["8"]) == 0
     written = json.loads((out / CURVE_RESULTS).read_text())
+    partial = "Partial evaluation: eval_steps 1 cut the evaluation short"
+    assert partial in capsys.readouterr().err and partial in (out / CURVE_TABLE).read_text()
+    assert {p["eval_complete"] for p in written["genes"][0]["points"]} == {False}
     assert written["knob"] == "queries" and written["config"]["vocab_size"] is None  # the task's own vocabulary
     assert [p["knobs"]["queries"] for p in written["points"]] == [1, 2] and written["seeds"] == [43]
 

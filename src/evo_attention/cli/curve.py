@@ -82,6 +82,7 @@ def apply_curve_plan(args):
 
 
 def cmd_curve(args) -> int:
+    from evo_attention.report.studies.common import partial_note
     from evo_attention.report.studies.curves import solve_break_text
     from evo_attention.studies.curves import (DEFAULT_BREAK_AT, check_break_at, check_solve_threshold, gene_entries,
                                               parse_knob, plan_points, run_curve)
@@ -128,5 +129,7 @@ def cmd_curve(args) -> int:
         if result.solve is not None:
             counts = ", ".join(f"{r['solve']['solved']}/{r['solve']['n']}" for r in gene["points"])
             log(f"  solved {counts}; solve rate below one half at {solve_break_text(gene, knob)}", args.quiet)
+    if partial := partial_note(result):
+        log(partial, args.quiet)
     log(f"results in {out}: curve.json, curve.md, curve.png", args.quiet)
     return 0 if any(r["mean"] is not None for g in result.genes for r in g["points"]) else 1

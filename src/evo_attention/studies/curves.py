@@ -64,8 +64,8 @@ from evo_attention.data.synthetic import (TASKS, chance_of, data_name, given_kno
                                           resolve_knobs, task_names)
 from evo_attention.genes import AttentionGene
 from evo_attention.report.attachments import CURVE_FIGURE, CURVE_RESULTS, CURVE_TABLE
-from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, study_resources,
-                                          validation_seeds, write_files)
+from evo_attention.studies.common import (DEFAULT_TUNING_SEEDS, StudyResult, StudySetup, scored,
+                                          study_resources, validation_seeds, write_files)
 from evo_attention.studies.compare import named_dropout, resolve_configs
 from evo_attention.studies.lr_grid import grid_of, selected_rates, tuning_tasks
 from evo_attention.train.config import Config
@@ -257,7 +257,8 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
               interrupted: bool = False) -> dict:
     """One gene at one value: per-seed accuracy and loss (None where a training failed or did not
     run), the device each seed trained on (a store's record keeps it; the trial's key does not, so a
-    curve can read trainings made elsewhere), their statistics, and the interval of the mean accuracy."""
+    curve can read trainings made elsewhere), their statistics, the interval of the mean accuracy, and
+    the tokens the accuracies were scored on (``scored``: ``eval_tokens``, ``eval_complete``)."""
     missing = "interrupted" if interrupted else "not run"
     statuses = [str(r.get("status")) if r is not None else missing for r in records]
     devices = [r.get("device") if r is not None else None for r in records]
@@ -270,7 +271,8 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
     return {"value": value, "seeds": list(seeds), "accuracy": accuracy, "val_loss": loss, "statuses": statuses,
             "devices": devices, "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
             "mean": acc["mean"], "sd": acc["sd"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
-            "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"]}
+            "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"],
+            **scored([r or {} for r in records], accuracy)}
 
 
 def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None) -> list[tuple]:

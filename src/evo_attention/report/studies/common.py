@@ -182,8 +182,10 @@ def partial_note(result: Mapping) -> str:
             *(genes.values() if isinstance(genes, Mapping) else genes), *(result.get("variants") or ())]
     rows += [r for size in result.get("sizes") or () for r in [size.get("baseline") or {}, *(size.get("genes") or ())]]
     rows += result.get("results") or []  # compare's, one per configuration and seed
-    # per point: a suite study's (each row's) and a fitness check's (the result's)
-    rows += [p for r in [result, *rows] if isinstance(r.get("points"), Mapping) for p in r["points"].values()]
+    # per point: a suite study's (each row's) and a fitness check's (the result's) by label, a curve's (each gene's)
+    points = [r.get("points") for r in [result, *rows]]
+    rows += [p for ps in points if isinstance(ps, (Mapping, list)) for p in (ps.values() if isinstance(ps, Mapping)
+                                                                              else ps) if isinstance(p, Mapping)]
     partial = [r.get("eval_tokens") for r in rows if r.get("eval_complete") is False]
     if not partial:
         return ""

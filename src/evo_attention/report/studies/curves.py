@@ -1,7 +1,7 @@
 """A difficulty curve: reads a curve result (the ``knob`` and its ``values``, per gene its ``points`` with mean
-accuracy, interval and ``breaks_at``, the chance accuracy per point; with a solve threshold the ``solve``
-block, per point the solve count and verdict against the reference, per gene its ``solve_break``) and renders
-the curve and solve tables, the notes on what their cells mean, and ``curve.md``.
+accuracy, interval, the tokens scored and ``breaks_at``, the chance accuracy per point; with a solve threshold the
+``solve`` block, per point the solve count and verdict against the reference, per gene its ``solve_break``) and
+renders the curve and solve tables, the notes on what their cells mean (a partial evaluation's), and ``curve.md``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from evo_attention.report.attachments import CURVE_FIGURE
-from evo_attention.report.studies.common import table_markdown
+from evo_attention.report.studies.common import partial_note, table_markdown
 from evo_attention.util import stats
 from evo_attention.util.format import code, md_cell, number
 
@@ -132,7 +132,7 @@ def curve_markdown(result: Mapping) -> str:
         f"{m.get('n_layers')} layers x {m.get('n_heads')} heads (FFN {m.get('d_ff')}), {m.get('block', 'gpt2')} "
         f"block; {result.get('steps')} steps of batch {m.get('batch_size')}, lr {number(m.get('learning_rate'), 'g')} "
         f"({m.get('lr_schedule')}); seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}.", "",
-        curve_note(result), "",
+        curve_note(result), "", *([partial, ""] if (partial := partial_note(result)) else []),
     ]
     if result.get("interrupted"):
         lines += ["**Interrupted**: the cells without a result did not finish; run the same command again to "
