@@ -423,6 +423,8 @@ def test_a_tiny_study_runs_end_to_end_resumes_after_a_kill_is_amended_and_report
     assert "1 amendment(s)" in text and "a cell at 4 steps" in text and "more (not started)" in text
     assert "**Q1, answer: " in text and "**Q2, answer: " in text
     assert "<!-- generated: results/family/family.json table=d4-family -->" in text
+    # eval_steps 2 scored part of each split: said under the validation's table and under the family computed from two
+    assert text.count("Partial evaluation: eval_steps 2 cut the evaluation short") == 2
     assert main(["study", "check", str(path), str(tmp_path / "results" / "report.md")]) == 0
     (tmp_path / "a_file").write_text("")  # --out a folder, or under a file: one line each, nothing written
     for out, says in ((tmp_path / "results", "is a folder: give the file the report goes to"),

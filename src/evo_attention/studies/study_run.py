@@ -426,8 +426,10 @@ def _relpath(study: Study) -> str:
 
 
 def report(study: Study) -> str:
-    """The study's report (markdown): per question its stages, its tables (each a generated block
-    naming its file) and its words and answers by the plan's rules, from the result files alone."""
+    """The study's report (markdown): per question its stages, its tables (each a generated block naming its
+    file, then ``partial_note`` of that file and of those it was computed from) and its words and answers by the
+    plan's rules, from the result files alone."""
+    from evo_attention.report.studies.common import partial_note
     from evo_attention.report.studies.study_tables import block, render
     from evo_attention.util.format import code, markdown_table
 
@@ -464,6 +466,10 @@ def report(study: Study) -> str:
                 lines += [f"**{t['title']}**", ""]
             lines += [block(path, t["table"], render(t["table"], payload)) if payload is not None
                       else f"*{path}: not run.*", ""]
+            # a computed file (versus, family, reliability) is as partial as the result files it names
+            sources = [payload or {}] + [read_json(study.results(str(f).rpartition("=")[2])) or {}
+                                         for f in (payload or {}).get("files") or ()]
+            lines += [n for note in dict.fromkeys(map(partial_note, sources)) if note for n in (note, "")]
         decision = decisions[qname]
         if decision["missing"]:
             lines += [f"Not answered yet: {', '.join(decision['missing'])} not written.", ""]
