@@ -2,6 +2,7 @@
 
 import json
 import random
+import socket
 import sys
 import time
 import types
@@ -286,6 +287,7 @@ def test_hf_fallback_with_stub_module(monkeypatch):
     lines = [""," = A = \n", "", " the cat sat \n"]
     stub = types.ModuleType("datasets")
     stub.load_dataset = lambda *a: {s: {"text": lines} for s in ("train", "validation", "test")}
+    stub.config = types.SimpleNamespace(HF_HUB_OFFLINE=True)  # offline: the hub's reachability is not asked
     monkeypatch.setitem(sys.modules, "datasets", stub)
     task = load_data("wikitext2", seq_len=4)
     assert task.vocab.decode(task.streams["test"]) == "<eos> = A = <eos> <eos> the cat sat <eos>".split()
@@ -341,8 +343,28 @@ def test_error_when_hf_unavailable(monkeypatch):
         raise ConnectionError("no network\nat all")
 
     failing.load_dataset = offline
+    failing.config = types.SimpleNamespace(HF_HUB_OFFLINE=True)
     monkeypatch.setitem(sys.modules, "datasets", failing)
     user_error(lambda: load_data("wikitext2"), ENV_DATA_DIR, "ConnectionError")
+
+
+def test_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
+    """Without the cached dataset, an unreachable hub gives the one-line error before datasets is asked
+    (which would log ~40 s of retries first); a cached dataset is still read."""
+    calls = []
+    stub = types.ModuleType("datasets")
+    stub.config = types.SimpleNamespace(HF_HUB_OFFLINE=False, HF_DATASETS_CACHE=str(tmp_path))
+    stub.load_dataset = lambda *a: calls.append(a) or {s: {"text": [" a b \n"]} for s in ("train", "validation", "test")}
+    monkeypatch.setitem(sys.modules, "datasets", stub)
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    user_error(lambda: load_data("wikitext2"), f"127.0.0.1:{port} cannot be reached", ENV_DATA_DIR)
+    user_error(lambda: load_data("hf:some/name"), "hf:some/name", f"127.0.0.1:{port} cannot be reached")
+    assert calls == []
+    (tmp_path / "wikitext" / "wikitext-2-v1").mkdir(parents=True)
+    assert load_data("wikitext2", seq_len=2).vocab_size > 0 and len(calls) == 1
 
 
 # --- recall ----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from evo_attention.util.errors import UserError
-from evo_attention.data import cache
+from evo_attention.data import cache, hf
 from evo_attention.data.base import IGNORE_INDEX, SPLITS, TaskData, check_positive
 from evo_attention.data.tokenizers import (Tokenizer, WordTokenizer, as_tokenizer, parse_tokenizer, tokenizer_from_json,
                                            train_tokenizer)
@@ -248,6 +248,8 @@ def _read_hf_wikitext2() -> dict:
         import datasets  # optional dependency, imported only when needed
     except ImportError:
         raise UserError(f"WikiText-2 not found and the Hugging Face 'datasets' package is not installed; {fix}", setting="data_dir") from None
+    if reason := hf.hub_unreachable(datasets, "wikitext/wikitext-2-v1"):
+        raise UserError(f"could not load WikiText-2 with Hugging Face datasets ({reason}); {fix}", setting="data_dir")
     try:
         ds = datasets.load_dataset("wikitext", "wikitext-2-v1")
         rows = {split: ds[hf_split]["text"] for split, hf_split in

@@ -10,7 +10,10 @@ optional extra (``pip install -e ".[hf]"``).
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from evo_attention.util.errors import UserError
 
@@ -30,6 +33,23 @@ def _library():
     return datasets
 
 
+def hub_unreachable(datasets, cached: str) -> str | None:
+    """Why the Hugging Face hub is not reachable within 3 s; None when it is, in offline mode, or when the
+    dataset's folder ``cached`` is in the datasets cache. Without this check an offline machine waits
+    ~40 s while the hub client logs its retries, then fails all the same."""
+    config = getattr(datasets, "config", None)
+    cache = getattr(config, "HF_DATASETS_CACHE", None)
+    if getattr(config, "HF_HUB_OFFLINE", False) or (cache and Path(cache, cached).is_dir()):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=3).close()
+    except OSError as exc:
+        return f"the Hugging Face hub {url.hostname}:{port} cannot be reached: {exc}"
+    return None
+
+
 def read_hf(spec: str, text_field: str = "text") -> tuple[str, dict]:
     """(source, {split: (text, sha256 of its UTF-8 bytes, where)}) of the dataset ``spec`` (``hf:...``)."""
     datasets = _library()
@@ -45,6 +65,8 @@ def read_hf(spec: str, text_field: str = "text") -> tuple[str, dict]:
             loaded = datasets.load_from_disk(str(path))
         else:
             name, _, config = target.partition(":")
+            if reason := hub_unreachable(datasets, "___".join(name.split("/"))):
+                raise UserError(f"cannot load {spec} with Hugging Face datasets ({reason})", setting="data")
             loaded = datasets.load_dataset(name, config or None)
     except UserError:
         raise
