@@ -100,6 +100,16 @@ def test_a_registered_task_is_a_data_name(delayed_copy, monkeypatch):
     user_error(lambda: load_data(f"{NAME}:seq_len=2000000"), "2,000,001 tokens", f"{NAME}:seq_len=N")
 
 
+def test_the_data_help_names_every_generated_task(delayed_copy):
+    """--data's help named wikitext2, text, recall and hf: only, while curve takes generated tasks alone."""
+    from evo_attention.cli import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if a.choices and "curve" in a.choices)
+    for command in ("curve", "baseline"):
+        text = " ".join(subparsers.choices[command].format_help().split())
+        assert f"a generated task (mqar, mad:TASK, {NAME})" in text, text
+
+
 def test_a_registered_task_is_a_suite_point(delayed_copy, tmp_path):
     raw = {"suite": "mine", "defaults": {"vocab": 8, **COUNTS},
            "points": [{"task": NAME, "knobs": {"seq_len": 16, "delay": 2}},

@@ -153,7 +153,8 @@ class Config:
                                       "final ones (default 0)")
     # data (-> TaskSpec)
     data: str = setting("wikitext2", group="task", flag="data", parse="str",
-                        help="dataset: wikitext2, text, recall, hf:NAME[:CONFIG] or hf:/path/to/saved")
+                        help=lambda: f"dataset: wikitext2, text, recall, a generated task ({task_names()})"
+                                     "[:knob=value,...], hf:NAME[:CONFIG] or hf:/path/to/saved")
     # corpora only; vocab_size applies to word
     tokenizer: str = setting("word", group="task", flag="tokenizer", parse="str",
                              help="word (default), char, byte or bpe:N (BPE trained on the train split)")
@@ -627,6 +628,13 @@ def _check_init_from(c: Config) -> None:
     if sep and head and tail.strip().lstrip("+-").isdigit() and int(tail) < 1:
         raise UserError(f"init_from {c.init_from!r}: K must be a whole number >= 1 (the best K genes of the run)",
                         setting="init_from")
+
+
+def task_names() -> str:
+    """The registered generated tasks (``data.synthetic.task_names``), in words."""
+    from evo_attention.data.synthetic import task_names as names  # the data layer imports torch: only when asked
+
+    return names()
 
 
 def shipped_suites() -> str:
