@@ -12,7 +12,7 @@ from tests.conftest import assert_resume_is_uninterrupted
 
 from evo_attention import Evolution, programs
 from evo_attention.cli import main
-from evo_attention.genes import AttentionGene, SearchSpace, program_grammar
+from evo_attention.genes import AttentionGene, SearchSpace, gene_label, program_grammar
 from evo_attention.search import make_strategy
 from evo_attention.search.base import neighbour
 from evo_attention.search.warm_start import starting_genes
@@ -193,6 +193,10 @@ def test_a_search_ends_with_a_fresh_seed_check_unless_told_not_to(tmp_path, monk
     assert found["seeds"] == [43, 44] and len(found["genes"]) == 3 and found["vanilla"]["fresh"] is not None
     assert all(row["fresh"] is not None and row["search"] is not None for row in found["genes"])
     assert f"fresh-seed check: {found['line']}" in said and ("held" in found["line"])
+    # each check's progress line shows its gene once (its label named the gene too)
+    checks = [line for line in said.splitlines() if " at lr " in line]
+    genes = [gene_label(row["gene"]) for row in found["genes"]] + [gene_label(found["vanilla"]["gene"])]
+    assert len(checks) == 2 * 4 and all(sum(line.count(g) for g in set(genes)) == 1 for line in checks), checks
     assert "Fitness reliability:" in (tmp_path / "run" / "report.md").read_text()
     from evo_attention.search.store import RunStore
 

@@ -190,8 +190,8 @@ class Fitness:
             for key in keys:
                 for seed in seeds:
                     trial = Trial.from_config(key, at_rate, seed=seed, data=self.datasets[label])
-                    tasks.append(EvalTask(trial, role=role, label=f"{labels.get(key, key)} {label} at lr {rate:g}, "
-                                                                  f"seed {seed}"))
+                    name = f"{labels[key]} " if key in labels else ""  # the progress line shows the gene itself
+                    tasks.append(EvalTask(trial, role=role, label=f"{name}{label} at lr {rate:g}, seed {seed}"))
                     index.append((key, label, seed))
         done = setup.run(tasks, datasets={self.points[label].task: d for label, d in self.datasets.items()})
         self.records.extend(done[t] for t in tasks)
