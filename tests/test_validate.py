@@ -230,6 +230,27 @@ def test_validate_from_run_end_to_end(tiny_run, capsys):
     assert "Multi-seed validation" in page and "data:image/png;base64," in page
 
 
+def test_attention_maps_from_a_run_draw_its_kept_model_of_the_same_training(tmp_path, monkeypatch):
+    """attention-maps --from-run retrained the best gene although the run kept that very model; it now
+    draws the kept one, and trains only a training the run did not keep (here: other steps)."""
+    import evo_attention.train.trainer as trainer
+    from evo_attention.search.models import kept_models
+
+    run_dir = tmp_path / "run"
+    with Evolution(Config(**TINY), out_dir=run_dir, keep_models=1) as evolution:
+        evolution.run()
+    (kept,) = kept_models(run_dir)
+    trained = []
+    real = trainer.run_training
+    monkeypatch.setattr(trainer, "run_training", lambda trial, *a, **k: trained.append(trial) or real(trial, *a, **k))
+    assert main(["attention-maps", "--from-run", str(run_dir), "--quiet"]) == 0
+    drawn = json.loads((run_dir / "maps" / "attention_maps.json").read_text())
+    assert trained == [] and drawn["source"]["model"] == kept["dir"] and drawn["genes"] == [kept["gene"]]
+    assert main(["attention-maps", "--from-run", str(run_dir), "--steps", "3", "--quiet", "--out",
+                 str(tmp_path / "other")]) == 0
+    assert [t.steps for t in trained] == [3]
+
+
 def test_the_best_of_an_unfinished_search_is_taken_with_a_note(tiny_run, tmp_path):
     """validate, transfer (run_genes), export, ablate, compare and attention-maps may take a stopped search's best
     genes, but say that the search is not finished, in status's words; and --top beyond the ranked genes says how

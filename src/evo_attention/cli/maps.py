@@ -35,15 +35,17 @@ def _input(args, tokenizer, data, max_len: int) -> tuple[list[int], str]:
 
 
 def _trained_model(args):
-    """(model, tokenizer, ids, text source, source) for --gene / --from-run: trained here on the fly,
-    after the input is checked."""
+    """(model, tokenizer, ids, text source, source) for --gene / --from-run: the run's kept model of the
+    same training when it has one, else trained here on the fly, after the input is checked."""
     from evo_attention.train.config import Config
     from evo_attention.train.presets import overlay
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
     from evo_attention.report import load_run
     from evo_attention.train.spec import Trial
+    from evo_attention.search.models import kept_model_of
     from evo_attention.search.store import RunStore
+    from evo_attention.train.saving import load_model
     from evo_attention.train.trainer import run_training
 
     settings = explicit_settings(args)
@@ -72,10 +74,17 @@ def _trained_model(args):
     data = data_from_config(config)
     tokenizer = data.tokenizer or data.vocab
     ids, text_source = _input(args, tokenizer, data, config.model.with_data(data.vocab_size, data.seq_len).max_seq_len)
+    trial = Trial.from_config(gene, config, data=data)
+    kept = kept_model_of(args.from_run, trial.key()) if args.from_run else None
+    if kept is not None:  # the very training the run kept (search --keep-models): drawn without retraining
+        measured = {k: kept.get(k) for k in ("gene", "steps", "seed", "val_perplexity", "accuracy")}
+        source = {"model": kept["dir"], **measured, "data": data.name, "run": args.from_run}
+        log(f"drawing the model the run kept for {gene} ({kept['dir']}): no retraining", args.quiet)
+        return load_model(kept["dir"]).eval(), tokenizer, ids, text_source, source
     log(f"training {gene} on {data.name} for {config.train_steps} steps (seed {config.seed}) to draw its maps",
         args.quiet)
     with training_bar(str(gene), config.train_steps, enabled=not args.quiet) as bar:
-        result = run_training(Trial.from_config(gene, config, data=data), data, progress=bar)
+        result = run_training(trial, data, progress=bar)
     record, trainer = result.record, result.trainer
     if record["status"] != "ok" or trainer is None:
         raise UserError(f"training {gene.key} ended with status {record['status']} "
@@ -136,8 +145,8 @@ def register(subparsers) -> None:
                               "measure their sparsity, entropy and distance")
     p.add_argument("--model", metavar="DIR", help="a saved model (baseline --save-model writes DIR/model)")
     p.add_argument("--gene", help="train this gene on the fly (with --steps and the data flags) and draw it")
-    p.add_argument("--from-run", metavar="DIR", help="train the run's best gene (or --gene) with the run's settings; "
-                   "outputs go to DIR/maps")
+    p.add_argument("--from-run", metavar="DIR", help="the run's best gene (or --gene) with the run's settings: its "
+                   "kept model (search --keep-models) when the run has it, else trained here; outputs go to DIR/maps")
     p.add_argument("--text", help="the text to attend over, read by the model's own tokenizer (words, characters, "
                    "bytes or BPE tokens; unknown words or characters become <unk>)")
     p.add_argument("--sample", type=int, default=0, help="without --text: which validation example (default 0)")

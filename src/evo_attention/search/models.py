@@ -54,6 +54,12 @@ def kept_models(run_dir: str | Path) -> list[dict]:
     return [{"rank": i + 1, **m} for i, m in enumerate(found)]
 
 
+def kept_model_of(run_dir: str | Path, key: tuple) -> dict | None:
+    """The run's kept model (as ``kept_models`` lists it) of the training ``key`` (``Trial.key()``), or None."""
+    fields = ("gene", "seed", "steps", "data_fingerprint", "context")
+    return next((m for m in kept_models(run_dir) if tuple(m.get(f) for f in fields) == tuple(key)), None)
+
+
 def prune(run_dir: str | Path, keep: int) -> list[dict]:
     """Delete every kept model below the ``keep`` best; the ones left, best first."""
     ranked = kept_models(run_dir)
