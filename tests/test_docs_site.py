@@ -25,6 +25,18 @@ def test_the_front_pages_count_the_studies_findings_reports():
     assert f"{count.lower()} pre-registered studies" in (REPO / "docs" / "index.md").read_text()
 
 
+def test_the_quick_preset_counts_its_trainings_as_at_most():
+    """guide.md gave the quick preset's "26 trainings + the baseline" as a fixed number, while a gene proposed
+    twice is trained once (the committed quick run trained 25); both pages say "up to" the GA's count."""
+    from evo_attention.train.presets import PRESETS
+
+    q = PRESETS["quick"]
+    most = q["population_size"] + (q["n_generations"] - 1) * (q["population_size"] - q["elite_size"])
+    for page in (REPO / "README.md", REPO / "docs" / "guide.md"):
+        text = " ".join(page.read_text().split())
+        assert f"up to {most}" in text and f"{most} trainings +" not in text, page
+
+
 def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
