@@ -356,6 +356,8 @@ def test_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     stub.config = types.SimpleNamespace(HF_HUB_OFFLINE=False, HF_DATASETS_CACHE=str(tmp_path))
     stub.load_dataset = lambda *a: calls.append(a) or {s: {"text": [" a b \n"]} for s in ("train", "validation", "test")}
     monkeypatch.setitem(sys.modules, "datasets", stub)
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
     with socket.socket() as probe:  # a port nothing listens on once closed
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -363,6 +365,10 @@ def test_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     user_error(lambda: load_data("wikitext2"), f"127.0.0.1:{port} cannot be reached", ENV_DATA_DIR)
     user_error(lambda: load_data("hf:some/name"), "hf:some/name", f"127.0.0.1:{port} cannot be reached")
     assert calls == []
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # behind a proxy datasets is asked: no direct connect
+    from evo_attention.data.hf import hub_unreachable
+    assert hub_unreachable(stub, "some___name") is None
+    monkeypatch.delenv("HTTPS_PROXY")
     (tmp_path / "wikitext" / "wikitext-2-v1").mkdir(parents=True)
     assert load_data("wikitext2", seq_len=2).vocab_size > 0 and len(calls) == 1
 

@@ -14,6 +14,7 @@ import os
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 from evo_attention.util.errors import UserError
 
@@ -35,11 +36,12 @@ def _library():
 
 def hub_unreachable(datasets, cached: str) -> str | None:
     """Why the Hugging Face hub is not reachable within 3 s; None when it is, in offline mode, or when the
-    dataset's folder ``cached`` is in the datasets cache. Without this check an offline machine waits
+    dataset's folder ``cached`` is in the datasets cache, or behind a proxy (which a direct connect would
+    not pass). Without this check an offline machine waits
     ~40 s while the hub client logs its retries, then fails all the same."""
     config = getattr(datasets, "config", None)
     cache = getattr(config, "HF_DATASETS_CACHE", None)
-    if getattr(config, "HF_HUB_OFFLINE", False) or (cache and Path(cache, cached).is_dir()):
+    if getattr(config, "HF_HUB_OFFLINE", False) or (cache and Path(cache, cached).is_dir()) or getproxies():
         return None
     url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = url.port or (443 if url.scheme == "https" else 80)
