@@ -35,10 +35,10 @@ def _library():
 
 
 def hub_unreachable(datasets, cached: str) -> str | None:
-    """Why the Hugging Face hub is not reachable within 3 s; None when it is, in offline mode, or when the
+    """Why the Hugging Face hub is not reachable within 3 s; None when it is, in offline mode, when the
     dataset's folder ``cached`` is in the datasets cache, or behind a proxy (which a direct connect would
-    not pass). Without this check an offline machine waits
-    ~40 s while the hub client logs its retries, then fails all the same."""
+    not pass). Without this check an offline machine waits ~40 s while the hub client logs its retries,
+    then fails all the same."""
     config = getattr(datasets, "config", None)
     cache = getattr(config, "HF_DATASETS_CACHE", None)
     if getattr(config, "HF_HUB_OFFLINE", False) or (cache and Path(cache, cached).is_dir()) or getproxies():
