@@ -162,3 +162,26 @@ def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path, capsys):
             assert "\n" not in err and "--prompt holds bytes that are not UTF-8" in err
     assert main(["attention-maps", "--model", model, "--text", prompt, "--out", str(tmp_path / "maps")]) == 2
     assert "the --text holds bytes that are not UTF-8: give it in UTF-8" in capsys.readouterr().err
+
+
+def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, monkeypatch):
+    from evo_attention.report import load_run
+    from evo_attention.search.racing import Racing
+
+    race = Racing._race
+
+    def reversed_race(self, first, generation):  # generation 0's worst one-seed gene wins; later genes lose
+        raced = race(self, first, generation)
+        base = self.baseline_race and self.baseline_race["gene"]
+        for key, r in raced.items():
+            r["told"] = 100 - r["values"][0] if generation == 0 and r["gene"] != base else 1000 + r["values"][0]
+        return raced
+
+    monkeypatch.setattr(Racing, "_race", reversed_race)
+    out = tmp_path / "run"
+    assert main(["search", *FLAGS, "--elite-seeds", "2", "--start-from", "vanilla", "--keep-models", "1",
+                 "--out", str(out)]) == 0
+    summary = load_run(out)
+    assert any(r["generation"] == 1 for r in summary.racing["genes"])  # a later gene raced, and lost
+    assert [m["gene"] for m in kept_models(out)] == [summary.best["key"]]
+    assert json.loads((kept_model(out, 1) / "config.json").read_text())["evaluation"]["gene"] == summary.best["key"]

@@ -312,6 +312,8 @@ class Search:
                 generation = self.strategy.generation
                 genes = self.strategy.ask()
                 told = self.evaluation.fitness(list(dict.fromkeys(g.key for g in genes)), generation)
+                if self.keep_models:
+                    prune_models(self.out_dir, self.keep_models)
                 self.strategy.tell([(g, told[g.key]) for g in genes], violations=self.evaluation.violations(told))
                 members = self.strategy.population[: config.population_size]
                 shown = self.evaluation.shown  # the gene as trained (with its rate under rate_grid), in every view
@@ -334,7 +336,8 @@ class Search:
     def _finished(self, task: EvalTask, record: EvaluationRecord, cached: bool) -> None:
         self.lock.refresh()  # run.lock deleted or replaced meanwhile: its holder's name goes back in
         self.evaluation.finished(task, record)
-        if self.keep_models and task.keep_model is not None and not cached:
+        # a raced run's ranks are known only after a generation's races: it prunes then (search/models.py)
+        if self.keep_models and task.keep_model is not None and not cached and not self.config.elite_seeds > 1:
             prune_models(self.out_dir, self.keep_models)
         if self.trackers:
             tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)

@@ -5,8 +5,10 @@ model.safetensors, tokenizer.json), written where the search's executor hands ba
 the worker that trained the model sends its files to the driver (``executors.base.store_model``),
 so the kept weights are exactly those whose validation result the run store holds, with no
 retraining. After every finished evaluation the driver ``prune`` s the directory to the K best by
-validation perplexity (ties by gene key, the report's ranking), so at most K models (plus the
-trainings in flight) lie on disk. Only full-budget search evaluations are kept; the baseline and
+validation perplexity as the run ranks its genes (``warm_start.ranked_genes``: a raced gene by the
+value racing told, ties by gene key, the report's ranking), so at most K models (plus the trainings
+in flight) lie on disk; a raced run prunes after each generation's races instead, since a gene's
+rank is known only then. Only full-budget search evaluations are kept; the baseline and
 the lower rungs of a multi-fidelity schedule are not. Evaluations answered from the store (a
 resumed run, an elite) bring no new model: a gene's model is kept when it is trained.
 """
@@ -36,6 +38,18 @@ def _perplexity(evaluation: dict) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
+def _run_ranking(run_dir: str | Path) -> list[str]:
+    """The run's genes as it ranks them (``warm_start.ranked_genes``: a raced gene by its told value), or none."""
+    from evo_attention.search.store import RunStore
+    from evo_attention.search.warm_start import ranked_genes
+    from evo_attention.train.record import PRIMARY_OBJECTIVE
+
+    if not RunStore.exists(run_dir):
+        return []
+    with RunStore.open(run_dir, readonly=True) as store:
+        return ranked_genes(store, (PRIMARY_OBJECTIVE,))
+
+
 def kept_models(run_dir: str | Path) -> list[dict]:
     """The run's kept models, best first: ``{"rank", "dir", "gene", "val_perplexity", ...}`` (the
     evaluation each config.json records). Files are checked when a model is loaded, not here."""
@@ -50,7 +64,8 @@ def kept_models(run_dir: str | Path) -> list[dict]:
         except (OSError, ValueError, KeyError, TypeError):
             evaluation, gene = {}, directory.name  # damaged: ranked last, and named when it is loaded
         found.append({**evaluation, "gene": gene, "dir": str(directory)})
-    found.sort(key=lambda m: (_perplexity(m), m["gene"]))
+    order = {gene: i for i, gene in enumerate(_run_ranking(run_dir))}
+    found.sort(key=lambda m: (order.get(m["gene"], len(order)), _perplexity(m), m["gene"]))
     return [{"rank": i + 1, **m} for i, m in enumerate(found)]
 
 
