@@ -122,3 +122,21 @@ def test_a_racing_suite_search_from_the_cli(tmp_path):
     assert top["gene"] in raced and top["seeds"] == 2
     assert top["suite_accuracy"] == pytest.approx(-raced[top["gene"]]["told"])
     assert "## Re-measured elites" in (tmp_path / "run" / "report.md").read_text()
+
+
+
+@pytest.fixture(scope="module")
+def raced_summary(tmp_path_factory):
+    out = tmp_path_factory.mktemp("raced") / "run"
+    config = Config(**RECALL, population_size=3, n_generations=2, elite_size=1, elite_seeds=2,
+                    start_from="vanilla", seed=7)
+    with Evolution(config, out_dir=out) as evo:
+        evo.run()
+    return load_run(out)
+
+
+def test_a_raced_runs_summary_line_names_the_seeds_its_values_rest_on(raced_summary):
+    from evo_attention.cli.search import best_line
+
+    line = best_line(raced_summary)
+    assert "mean + standard error over 2 seeds each" in line and "one seed" not in line

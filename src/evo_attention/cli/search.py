@@ -223,10 +223,12 @@ def best_line(summary) -> str | None:
                 if r.get("id") == summary.best.get("id") or (r.get("role") == "baseline" and r.get("status") == "ok")}
     if accuracy.get("search") is not None:  # a task scored at its answers (recall): the accuracy beside it
         line += f", accuracy {number(accuracy['search'], 3)}"
-    if summary.change:
+    if summary.change:  # a raced run's values (best and baseline) are each over the racing seeds
+        n = summary.best.get("seeds", 1)
+        seeds = "one seed" if n == 1 else f"mean + standard error over {n} seeds each"
         line += (f"  vs baseline {number(summary.baseline['perplexity'])}"
                  + (f", accuracy {number(accuracy['baseline'], 3)}" if accuracy.get("baseline") is not None else "")
-                 + f": change {signed_change(summary.change['percent'])} ({direction(True)}; one seed: "
+                 + f": change {signed_change(summary.change['percent'])} ({direction(True)}; {seeds}: "
                  "validate to test it)")
     return line
 
