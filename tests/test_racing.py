@@ -140,3 +140,11 @@ def test_a_raced_runs_summary_line_names_the_seeds_its_values_rest_on(raced_summ
 
     line = best_line(raced_summary)
     assert "mean + standard error over 2 seeds each" in line and "one seed" not in line
+
+
+def test_a_raced_runs_component_analysis_reads_the_ranked_values(raced_summary):
+    from evo_attention.report.summary import field_labels
+
+    options = field_labels(raced_summary.best["key"], 1)  # the winner's options: their best value is the winner's
+    rows = [r for r in raced_summary.components if options.get(r["field"]) == r["option"]]
+    assert rows and all(r["best_perplexity"] == pytest.approx(raced_summary.best["perplexity"]) for r in rows)

@@ -164,7 +164,7 @@ def racing_lines(s: RunSummary) -> list[str]:
     return [f"Racing: a gene that would take one of the strategy's {fmt(r.get('places'))} elite place(s) was trained "
             f"on {len(r.get('seeds') or [])} seeds first (the same seeds for every gene, so comparisons are paired) and "
             f"ranked by its {bound} ({what}); a failure on any seed fails it. Every other gene ranks by its one seed. "
-            "The baseline is raced the same way.", "", racing_table(s)]
+            "The baseline is raced the same way, and the component analysis reads these values.", "", racing_table(s)]
 
 
 def failures_table(s: RunSummary) -> str:

@@ -626,8 +626,9 @@ def _best_of(ranking: list[dict]) -> dict | None:
 
 def _as_raced(summary: RunSummary, racing: Mapping) -> None:
     """Rank a raced run (``search.racing``) as its strategy was told: a raced gene, and the baseline,
-    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed. A
-    suite accuracy is ``0.0 - told`` (a told 0.0 is accuracy 0.0, not -0.0)."""
+    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed; the component
+    analysis reads the same values (a failed seed: failed). A suite accuracy is ``0.0 - told`` (a told 0.0 is
+    accuracy 0.0, not -0.0)."""
     summary.racing = dict(racing)
     seeds = len(racing.get("seeds") or [])
     bounds = {gene_info(r["gene"])["key"]: r["told"] for r in racing.get("genes") or []}
@@ -638,6 +639,10 @@ def _as_raced(summary: RunSummary, racing: Mapping) -> None:
         rows = sorted((r for r in rows if r["perplexity"] is not None), key=lambda r: (r["perplexity"], r["gene"]))
         summary.ranking = [{**r, "rank": i + 1} for i, r in enumerate(rows)]
         summary.best = _best_of(summary.ranking)
+        # the component analysis of the ranked values: a raced gene's evaluations count at its bound
+        told = [{**r, "val_perplexity": bounds[key]} if key in bounds else r
+                for r in summary.search_evaluations for key in [gene_info(r.get("gene"))["key"]]]
+        summary.components = component_analysis(told, summary.top_n)
         if summary.baseline is not None and racing.get("baseline"):
             summary.baseline = {**summary.baseline, "perplexity": base, "n": seeds}
         summary.change = change_of(summary.best_perplexity, summary.baseline["perplexity"] if summary.baseline else None)
