@@ -637,3 +637,17 @@ def test_a_ray_resume_command_names_the_workers_that_sized_its_instance():
     assert executor_flags(make_executor("ray", workers=2).describe()) == " --executor ray --workers 2"
     executor = make_executor("ray", workers=3, cpus_per_trial=0.5)
     assert executor_flags(executor.describe()).endswith(" --workers 3 --cpus-per-trial 0.5") and executor.num_cpus == 2
+
+
+def test_a_damaged_record_on_resume_advises_restoring_before_resuming(tmp_path, capsys):
+    import sqlite3
+
+    out = tmp_path / "run"
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 0
+    with sqlite3.connect(out / "run.db") as db:
+        db.execute("UPDATE evaluations SET record = 'x' WHERE id = (SELECT MIN(id) FROM evaluations)")
+    capsys.readouterr()
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out), "--resume"]) == 2
+    said = last_error(capsys)
+    assert "is not a record" in said and "restore a copy of the run directory, then resume with:" in said
+    assert "; resume with" not in said

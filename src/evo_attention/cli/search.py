@@ -121,7 +121,7 @@ def check_search_out(out) -> None:
 
 def cmd_search(args) -> int:
     from evo_attention.report.status import executor_flags
-    from evo_attention.search.store import StoreLost
+    from evo_attention.search.store import StoreDamaged, StoreLost
     from evo_attention.studies.evolution import Evolution, end_of_run_lines
     from evo_attention.util.progress import log
 
@@ -168,6 +168,8 @@ def cmd_search(args) -> int:
             evolution.run()
     except StoreLost:  # its own line says where the run is, if anywhere: not this --out
         raise
+    except StoreDamaged as exc:  # resuming the store as it is fails again: restore it first
+        raise UserError(f"{user_message(exc)}, then resume with: {resume_cmd}") from None
     except UserError as exc:  # a fault during the run (a full disk, say): what finished is in the store
         raise UserError(f"{user_message(exc)}; resume with: {resume_cmd}") from None
     except KeyboardInterrupt:

@@ -130,6 +130,10 @@ class StoreLost(UserError):
     nothing at that path is left to resume."""
 
 
+class StoreDamaged(UserError):
+    """A run's run.db is damaged or was edited: resuming it as it is fails again, so its advice is to restore it."""
+
+
 class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
 
@@ -290,7 +294,7 @@ class RunStore:
         rows = self._query("PRAGMA quick_check(3)")
         problems = [str(next(iter(r.values()))) for r in rows]
         if problems != ["ok"]:
-            raise UserError(f"{self.path} is damaged (SQLite quick_check: {'; '.join(problems)[:200]}): restore a copy "
+            raise StoreDamaged(f"{self.path} is damaged (SQLite quick_check: {'; '.join(problems)[:200]}): restore a copy "
                             "of the run directory if you have one; the readable evaluations can be saved with "
                             "`sqlite3 run.db .recover`; do not delete it before that")
 
@@ -462,7 +466,7 @@ class RunStore:
         try:
             return loads(rows[0]["value"])
         except ValueError:
-            raise UserError(f"the meta value {key!r} in {self.path} is not valid JSON: the file was edited or damaged; "
+            raise StoreDamaged(f"the meta value {key!r} in {self.path} is not valid JSON: the file was edited or damaged; "
                             "restore a copy of the run directory") from None
 
     def set_meta(self, key: str, value: Any) -> None:
@@ -532,7 +536,7 @@ class RunStore:
                 return EvaluationRecord.from_dict(record)
         except (TypeError, ValueError):  # not JSON, or a field missing (its key) or of another kind (its status)
             pass
-        raise UserError(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene and "
+        raise StoreDamaged(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene and "
                         "key): the file was edited or damaged; restore a copy of the run directory")
 
     # -- generations ----------------------------------------------------------------------------
