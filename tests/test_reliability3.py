@@ -756,3 +756,26 @@ def test_15_the_hf_export_builds_its_harness_task_from_local_data_only(tmp_path,
     assert main(["export", "--model", str(tmp_path / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     assert seen == [("1", "1")]  # offline while the data was built ...
     assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ  # ... and as before after
+
+
+@pytest.mark.parametrize("blocker, directory, flags", [
+    ("checkpoints", False, []),
+    ("checkpoints/generation_000.json", True, []),
+    ("fresh_check.json", True, ["--check"]),
+    ("models", False, ["--keep-models", "1"]),
+])
+def test_a_file_or_directory_in_an_outputs_place_is_one_line_and_the_run_resumes(blocker, directory, flags, tmp_path,
+                                                                                  capsys, monkeypatch):
+    """A file where the run makes a directory, or a directory where it writes a file, ended the search with a
+    traceback; it is one line naming the path, then the resume command, and the stored trainings stay."""
+    out = tmp_path / "run"
+    (out / blocker).mkdir(parents=True) if directory else (out.mkdir(), (out / blocker).write_text("x"))
+    if flags == ["--check"]:
+        monkeypatch.delenv("EVO_ATTENTION_FRESH_CHECK")
+        flags = []
+    assert main(["search", *FLAGS, *flags, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert f"{out / blocker} is a {'directory' if directory else 'file'}" in err and "move it away" in err, err
+    assert err.endswith(f"resume with: evo-attention search --resume --out {out}"), err
+    with RunStore.open(out, readonly=True) as store:
+        assert store.evaluations()

@@ -47,7 +47,7 @@ from evo_attention.train.config import Config
 from evo_attention.train.environment import choose_precision, resolve_device, versions
 from evo_attention.train.record import PRIMARY_OBJECTIVE, EvaluationRecord
 from evo_attention.util.errors import UserError, check_argument
-from evo_attention.util.files import check_directory_path
+from evo_attention.util.files import check_directory_path, make_dir
 from evo_attention.util.format import finite_or_none, utc_now
 from evo_attention.util.jsonio import write_json
 from evo_attention.util.plugins import load_plugins, stands_in
@@ -367,9 +367,7 @@ class Search:
         ``checkpoints/generation_NNN.json``: a readable view, loadable with ``load_checkpoint`` (resume
         needs nothing but the run store)."""
         generation = self.strategy.generation - 1
-        directory = self.out_dir / "checkpoints"
-        directory.mkdir(parents=True, exist_ok=True)
-        return write_json(directory / f"generation_{generation:03d}.json", {
+        return write_json(make_dir(self.out_dir / "checkpoints") / f"generation_{generation:03d}.json", {
             "generation": generation,
             "population": [ind.to_dict() for ind in self.population],
             "history": self.history,

@@ -27,6 +27,7 @@ from evo_attention.search.executors import Executor
 from evo_attention.studies.fresh_check import DEFAULT_TOP, fresh_check
 from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import InTheWay
 from evo_attention.util.progress import log
 from evo_attention.util.threads import turned_off
 
@@ -98,6 +99,8 @@ class Evolution(Search):
             self.store.set_meta(CHECK_PENDING, True)  # until it ends, status calls the run interrupted
             try:
                 self.checked = fresh_check(self.store, self.executor, top=self.check, quiet=self.quiet, data=self.data)
+            except InTheWay:  # the check ran (its trainings are stored) but its files could not be written
+                raise
             except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
                 warnings.warn(f"the fresh-seed check was not run: {exc}")
                 self.checked = None

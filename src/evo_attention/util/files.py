@@ -18,9 +18,31 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         yield tmp
+        if path.is_dir():
+            raise in_the_way(path, "a directory", "a file")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class InTheWay(UserError):
+    """An output's place holds something else: no command goes on past it as if the output were written."""
+
+
+def in_the_way(path: Path, what: str, wanted: str) -> InTheWay:
+    """The one-line refusal of an output whose place ``path`` holds ``what`` instead of ``wanted``."""
+    return InTheWay(f"{path} is {what}, where {wanted} is to be written: move it away (nothing was written there)")
+
+
+def make_dir(path: str | os.PathLike) -> Path:
+    """Create the directory ``path`` and its parents; UserError naming the file in the way if one is."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next(p for p in (path, *path.parents) if p.exists() and not p.is_dir())
+        raise in_the_way(blocker, "a file", "a directory") from None
+    return path
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -33,7 +55,7 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (parent directories are created)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     with atomic_target(path) as tmp:
         tmp.write_bytes(data)
     return path
@@ -46,7 +68,9 @@ def write_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
     reader sees the old directory, no directory, or the complete new one; never half of it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
+    if path.exists() and not path.is_dir():
+        raise in_the_way(path, "a file", "a directory")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
