@@ -118,6 +118,19 @@ def test_create_rejects_a_file_as_directory(tmp_path):
         RunStore.create(tmp_path / "f", {}, {})
 
 
+@pytest.mark.parametrize("name", ["run.db", "run.db-wal"])
+def test_a_directory_where_the_store_file_goes_is_named_by_every_entry(name, tmp_path, recwarn):
+    """A directory named run.db read as "no run: start one with `search --out DIR`" (the command just run),
+    and overwrite said it deleted the run, then failed with a traceback; every entry now names it."""
+    (tmp_path / "run" / name).mkdir(parents=True)
+    says = f"{tmp_path / 'run' / name} is a directory, where a run keeps its store's file: move it away"
+    for call in (lambda: RunStore.exists(tmp_path / "run"), lambda: RunStore.open(tmp_path / "run", readonly=True),
+                 lambda: RunStore.create(tmp_path / "run", {}, {}, overwrite=True)):
+        with pytest.raises(UserError, match=says):
+            call()
+    assert (tmp_path / "run" / name).is_dir() and not recwarn.list  # nothing said deleted, nothing deleted
+
+
 def test_pragmas(store):
     conn = store._conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -40,6 +40,7 @@ from evo_attention.util.jsonio import store_dumps as dumps
 from evo_attention.util.jsonio import store_loads as loads
 
 DB_NAME = "run.db"
+DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the database and the logs SQLite keeps beside it
 STUDY = "study"  # meta: the study that writes the store (none: a search's)
 RACING_META = "racing"  # meta: a raced run's seeds and each raced gene's bound (search.racing)
 SCHEMA_VERSION = 1
@@ -134,6 +135,14 @@ class StoreDamaged(UserError):
     """A run's run.db is damaged or was edited: resuming it as it is fails again, so its advice is to restore it."""
 
 
+def _refuse_directory(db: Path) -> None:
+    """UserError if a directory stands where the store keeps its file ``db`` or a log beside it."""
+    for file in (Path(f"{db}{suffix}") for suffix in DB_SUFFIXES):
+        if file.is_dir():
+            raise UserError(f"{file} is a directory, where a run keeps its store's file: move it away, then run the "
+                            "command again")
+
+
 class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
 
@@ -160,8 +169,9 @@ class RunStore:
     @classmethod
     def exists(cls, run_dir: str | os.PathLike) -> bool:
         """True if ``run_dir`` holds a run database (False for a path the system cannot even look at,
-        such as a name too long for it)."""
+        such as a name too long for it); UserError if a directory stands where its file goes."""
         try:
+            _refuse_directory(cls.db_path(run_dir))
             return cls.db_path(run_dir).is_file()
         except OSError:
             return False
@@ -180,6 +190,7 @@ class RunStore:
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a directory: pass a directory as out", setting="out")
         path = cls.db_path(run_dir)
+        _refuse_directory(path)  # before overwrite says it deletes a store
         meta = dict(meta or {})
         if path.exists() and cls._holds_run(path):
             cls._check_replaceable(run_dir, str(meta.get(STUDY) or "search"), overwrite)
@@ -187,7 +198,7 @@ class RunStore:
         clash = sorted(set(meta) & {"config", "schema_version"})
         if clash:
             raise ValueError(f"meta key {clash[0]!r} is reserved by the run store")
-        for suffix in ("", "-wal", "-shm", "-journal"):  # also a stale log without its database
+        for suffix in DB_SUFFIXES:  # also a stale log without its database
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +221,7 @@ class RunStore:
             # start again, since there is nothing a resume could continue
             if store is not None:
                 store.close()
-            for suffix in ("", "-wal", "-shm", "-journal"):
+            for suffix in DB_SUFFIXES:
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
             raise DiskFull(run_dir, exc.room, "start the run again with the same command (nothing of it was stored, so "
                            "there is nothing to resume)") from None
@@ -223,6 +234,7 @@ class RunStore:
         path = cls.db_path(run_dir)
         if Path(run_dir).is_file():
             raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
+        _refuse_directory(path)
         if not path.is_file():
             raise UserError(f"no run in {run_dir}: start one with "
                             f"`evo-attention search --out {shlex.quote(str(run_dir))}`")
