@@ -465,3 +465,24 @@ def test_report_refuses_a_study_directory_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds the store of a curve, not of a search" in err and "evo-attention curve" in err
     assert [p.name for p in (tmp_path / "c").iterdir() if not p.name.startswith("run.db")] == []
+
+
+def test_report_names_the_search_files_it_does_not_write_and_the_command_that_does(normal_run, recwarn):
+    """`report DIR` was said to rebuild every output, but the generation snapshots and the fresh-seed check's
+    files come from the search's code: report names those missing and `search --resume`, which rewrites them."""
+    from evo_attention.cli import main
+
+    with RunStore.open(normal_run) as store:
+        store.record(record(VANILLA, "ok", BASELINE_PPL, seed=43), role="check")
+    assert main(["report", str(normal_run)]) == 0
+    said = [str(w.message) for w in recwarn.list if "report does not write" in str(w.message)]
+    assert len(said) == 1 and "checkpoints/generation_000.json" in said[0]
+    assert "fresh_check.json, fresh_check.md" in said[0]
+    assert said[0].endswith(f"`evo-attention search --resume --out {normal_run}` rewrites them from the store "
+                            "(a finished run trains nothing)")
+    for name in said[0].split("report does not write ")[1].split(" (the search does)")[0].split(", "):
+        (normal_run / name).parent.mkdir(exist_ok=True)
+        (normal_run / name).write_text("{}")
+    recwarn.clear()
+    assert main(["report", str(normal_run)]) == 0
+    assert not [w for w in recwarn.list if "report does not write" in str(w.message)]

@@ -1,5 +1,5 @@
-"""``evo-attention report RUN_DIR [RUN_DIR ...] [--out DIR] [--optuna-journal FILE]``: (re)write every
-output of each run from its store; with several runs, also compare them side by side into ``--out``;
+"""``evo-attention report RUN_DIR [RUN_DIR ...] [--out DIR] [--optuna-journal FILE]``: (re)write the report's
+outputs of each run from its store; with several runs, also compare them side by side into ``--out``;
 with ``--optuna-journal``, also write the run as an Optuna study for optuna-dashboard."""
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def cmd_report(args) -> int:
             continue
         for path in write_report(run_dir).values():
             print(path)
+        _say_what_resume_rebuilds(Path(run_dir))
     if args.out is not None:
         from evo_attention.report.runs import write_comparison
 
@@ -61,6 +62,23 @@ def cmd_report(args) -> int:
         print(f"{written['path']}  (Optuna study {written['study']!r}: {written['trials']} trials, {states}{others}; "
               f"view with: optuna-dashboard {written['path']})")
     return 0
+
+
+def _say_what_resume_rebuilds(run_dir) -> None:
+    """A note naming the search's own files (its snapshots, its check's) the store holds the results of but
+    the directory lacks: the search writes them (resume rewrites them, a finished run training nothing)."""
+    import shlex
+
+    from evo_attention.search.store import RunStore
+    from evo_attention.studies.fresh_check import ROLE
+
+    with RunStore.open(run_dir, readonly=True) as store:
+        files = [f"checkpoints/generation_{row['generation']:03d}.json" for row in store.generations()]
+        files += ["fresh_check.json", "fresh_check.md"] if store.evaluations(ROLE) else []
+    missing = [name for name in files if not (run_dir / name).is_file()]
+    if missing:
+        note(f"report does not write {', '.join(missing)} (the search does): `evo-attention search --resume --out "
+             f"{shlex.quote(str(run_dir))}` rewrites them from the store (a finished run trains nothing)")
 
 
 def _load_plugins(run_dir, given) -> None:
