@@ -354,7 +354,8 @@ def test_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     calls = []
     stub = types.ModuleType("datasets")
     stub.config = types.SimpleNamespace(HF_HUB_OFFLINE=False, HF_DATASETS_CACHE=str(tmp_path))
-    stub.load_dataset = lambda *a: calls.append(a) or {s: {"text": [" a b \n"]} for s in ("train", "validation", "test")}
+    stub.load_dataset = lambda *a: calls.append(a) or {s: {"text": [" a b \n"]}
+                                                       for s in ("train", "validation", "test")}
     monkeypatch.setitem(sys.modules, "datasets", stub)
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)

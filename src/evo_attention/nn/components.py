@@ -27,8 +27,9 @@ Contracts (tests hold every registered component to them):
 - Normalizations return non-negative weights whose rows sum to 1 over allowed keys, exactly zero
   weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
   all map to zero, which then gets all-zero weights). ``row_normalize``'s (``relu_norm``,
-  ``sigmoid``) is approximate: a row sums to S / (S + 1e-6) for its unnormalized sum S. ``register_normalization`` probes a
-  function for the mask part (``check_masking``) and refuses one that reads or weighs masked keys.
+  ``sigmoid``) is approximate: a row sums to S / (S + 1e-6) for its unnormalized sum S.
+  ``register_normalization`` probes a function for the mask part (``check_masking``) and refuses
+  one that reads or weighs masked keys.
 - Row independence: each batch row is computed from that row alone (registration probes a
   plugin's component on 2 rows, in eval and in train mode), so K models fold into one batch
   (``nn.fold``). A component without weights folds as it is; one with weights declares its

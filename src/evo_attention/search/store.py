@@ -306,9 +306,9 @@ class RunStore:
         rows = self._query("PRAGMA quick_check(3)")
         problems = [str(next(iter(r.values()))) for r in rows]
         if problems != ["ok"]:
-            raise StoreDamaged(f"{self.path} is damaged (SQLite quick_check: {'; '.join(problems)[:200]}): restore a copy "
-                            "of the run directory if you have one; the readable evaluations can be saved with "
-                            "`sqlite3 run.db .recover`; do not delete it before that")
+            raise StoreDamaged(f"{self.path} is damaged (SQLite quick_check: {'; '.join(problems)[:200]}): restore a "
+                               "copy of the run directory if you have one; the readable evaluations can be saved "
+                               "with `sqlite3 run.db .recover`; do not delete it before that")
 
     def checkpoint(self) -> None:
         """Move the write-ahead log into run.db, so that run.db alone is a complete copy of the run."""
@@ -478,8 +478,8 @@ class RunStore:
         try:
             return loads(rows[0]["value"])
         except ValueError:
-            raise StoreDamaged(f"the meta value {key!r} in {self.path} is not valid JSON: the file was edited or damaged; "
-                            "restore a copy of the run directory") from None
+            raise StoreDamaged(f"the meta value {key!r} in {self.path} is not valid JSON: the file was edited or "
+                               "damaged; restore a copy of the run directory") from None
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a JSON-serializable ``value`` under ``key`` (replacing any old one)."""
