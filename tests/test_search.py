@@ -325,3 +325,10 @@ def test_a_run_keeps_the_gene_seed_vanilla_seeded_when_it_was_made(tmp_path):
         db.execute("DELETE FROM meta WHERE key = ?", (SEEDED,))
     with Search(config, out_dir=run, resume=True) as search:
         assert search.strategy.vanilla == AttentionGene.vanilla()
+
+
+def test_a_plugin_strategys_member_helper_takes_its_elite_flag():
+    """``Strategy._member`` (the helper docs/extending.md gives plugin strategies) keeps its third argument."""
+    member = make_strategy("ga", seed=1)._member(AttentionGene(), 12.5, True)
+    assert member.is_elite and member.perplexity == 12.5 and not make_strategy("ga", seed=1)._member(
+        AttentionGene(), 12.5).is_elite

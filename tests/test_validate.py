@@ -483,3 +483,14 @@ def test_the_scored_tokens_are_one_count_where_the_seeds_agree_and_old_results_s
     for row in (result["baseline"], *result["genes"]):
         del row["eval_tokens"], row["eval_complete"]  # a file written before the rows kept them
     assert "Partial" not in validation_markdown(result)
+
+
+def test_validate_genes_names_its_settings_and_keeps_two_seeds_at_least():
+    """validate_genes lists its settings (help() shows them) and passes on none that lowers the two
+    seeds a spread needs (``min_seeds``) or changes its role."""
+    import inspect
+    named = set(inspect.signature(val.validate_genes).parameters)
+    assert {"n_seeds", "lr_grid", "n_tuning_seeds", "match_params"} <= named
+    for extra in ({"min_seeds": 1}, {"seeds_setting": "x"}, {"role": "x"}):
+        with pytest.raises(TypeError, match="validate_genes"):
+            val.validate_genes(["vanilla"], None, None, n_seeds=1, **extra)

@@ -434,12 +434,12 @@ class Strategy(ABC):
         """The members a history entry lists (default: the population)."""
         return self.population
 
-    def _member(self, gene: AttentionGene, fitness: float | tuple) -> Individual:
+    def _member(self, gene: AttentionGene, fitness: float | tuple, is_elite: bool = False) -> Individual:
         """A new ``Individual`` of a told ``fitness`` (a float, or a tuple with several objectives),
-        with its told violation of the run's caps."""
+        with its told violation of the run's caps (a plugin strategy's helper: docs/extending.md)."""
         objectives = fitness if isinstance(fitness, tuple) else ()
         generation = self._first_generation.get(gene.key, self.generation)
-        return Individual(gene, fitness[0] if objectives else fitness, generation, objectives=objectives,
+        return Individual(gene, fitness[0] if objectives else fitness, generation, is_elite, objectives=objectives,
                           violation=total_violation(self._excess.get(gene.key)))
 
     def excess_of(self, gene: AttentionGene | str) -> dict:

@@ -26,8 +26,10 @@ from evo_attention.genes import AttentionGene
 from evo_attention.report.studies.common import metric_info
 from evo_attention.report.studies.validation import validation_best_row, validation_headline, validation_markdown
 from evo_attention.studies import lr_grid as grids
-from evo_attention.studies.common import (ANALYSIS, PILOT_SEEDS, StudySetup, VerdictResult, gene_keys, samples,
-                                          write_json_and_markdown)
+from evo_attention.search.executors import Executor
+from evo_attention.studies.common import (ANALYSIS, DEFAULT_MARGIN, DEFAULT_MAX_SEEDS, DEFAULT_POWER, DEFAULT_SEEDS,
+                                          DEFAULT_TUNING_SEEDS, PILOT_SEEDS, StudySetup, VerdictResult, gene_keys,
+                                          samples, write_json_and_markdown)
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 from evo_attention.util.jsonio import to_jsonable
@@ -46,17 +48,27 @@ class ValidationResult(VerdictResult):
         return validation_best_row(self)
 
 
-def validate_genes(genes: Sequence[AttentionGene | str], config, data, *,
-                   search_values: Mapping[str, float] | None = None, **settings) -> ValidationResult:
+def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seeds: int = DEFAULT_SEEDS,
+                   steps: int | None = None, eval_split: str = "valid", metric: str = "val_perplexity",
+                   confidence: float = 0.95, store=None, executor: Executor | None = None,
+                   search_seed: int | None = None, search_values: Mapping[str, float] | None = None,
+                   source_run: str | os.PathLike | None = None, quiet: bool = True, margin: float = DEFAULT_MARGIN,
+                   power: float = DEFAULT_POWER, mde: float | None = None, max_seeds: int = DEFAULT_MAX_SEEDS,
+                   lr_grid=None, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
+                   seed_block: int | None = None) -> ValidationResult:
     """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
-    (``settings``: the keyword arguments of ``StudySetup.resolve`` but ``role``; ``lr_grid``: each at
-    its own best rate of the grid, see ``studies.lr_grid``; ``match_params``: each gene against the
-    baseline of its parameter count, ``matched_statistics``).
+    (the keyword arguments are those of ``StudySetup.resolve``, which a caller sees here: at least 2
+    seeds always; ``lr_grid``: each at its own best rate of the grid, see ``studies.lr_grid``;
+    ``match_params``: each gene against the baseline of its parameter count, ``matched_statistics``).
 
     ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
     """
-    return run_validation(StudySetup.resolve(config, data, role="validate", **settings), genes,
-                          search_values=search_values)
+    setup = StudySetup.resolve(config, data, role="validate", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
+                               metric=metric, confidence=confidence, store=store, executor=executor,
+                               search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
+                               power=power, mde=mde, max_seeds=max_seeds, lr_grid=lr_grid,
+                               n_tuning_seeds=n_tuning_seeds, match_params=match_params, seed_block=seed_block)
+    return run_validation(setup, genes, search_values=search_values)
 
 
 def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
