@@ -38,7 +38,7 @@ TEXT = "".join(f"the {a} sat on the {b} , and a {b} ran to the {a} .\n"
                for a in ("cat", "dog", "bird", "fox", "owl") for b in ("mat", "log", "tree", "hill")) * 3
 SAMPLES = ["the cat sat on the mat .\nthe owl ran\n", "a fox and a zebra\n", "the dog", "x\r\ny\rz\n\n \t ü😀\n"]
 WINDOW = 12
-TOLERANCE = 1e-6  # float32 logits; measured: 0.0 (the same code on the same path)
+TOLERANCE = 1e-5  # float32 logits (scale ~2); measured: 0.0 on an AMD EPYC, up to 1.4e-6 on an Intel Xeon (AVX-512)
 
 # (name, tokenizer, block, genes per layer)
 CASES = [

@@ -70,11 +70,11 @@ def _say_what_resume_rebuilds(run_dir) -> None:
     import shlex
 
     from evo_attention.search.store import RunStore
-    from evo_attention.studies.fresh_check import ROLE
+    from evo_attention.report.attachments import FRESH_CHECK_ROLE
 
     with RunStore.open(run_dir, readonly=True) as store:
         files = [f"checkpoints/generation_{row['generation']:03d}.json" for row in store.generations()]
-        files += ["fresh_check.json", "fresh_check.md"] if store.evaluations(ROLE) else []
+        files += ["fresh_check.json", "fresh_check.md"] if store.evaluations(FRESH_CHECK_ROLE) else []
     missing = [name for name in files if not (run_dir / name).is_file()]
     if missing:
         note(f"report does not write {', '.join(missing)} (the search does): `evo-attention search --resume --out "

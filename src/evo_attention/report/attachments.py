@@ -24,6 +24,7 @@ ABLATION_FILES = ("ablation.json", "ablation_test.json")
 TRANSFER_FILES = ("transfer.json", "transfer_test.json")
 COMPARE_FILES = (COMPARE_RESULTS, f"compare/{COMPARE_RESULTS}")
 FRESH_CHECK_FILE = "fresh_check.json"  # a search's fresh-seed check of its top genes (studies.fresh_check)
+FRESH_CHECK_ROLE = "check"  # the role a search's fresh-seed check stores its trainings with
 CHECK_PENDING = "fresh_check_pending"  # the store's meta while a finished search's fresh-seed check has not ended
 CURVE_DIRS = (".", "curve")  # where the report looks for a curve (its figure lies beside it)
 SUITE_FILES = ("validation_suite.json", "validation_suite_test.json", "compare_suite.json", "compare_suite_test.json",

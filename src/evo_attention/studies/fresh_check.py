@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from evo_attention.report import load_run
-from evo_attention.report.attachments import FRESH_CHECK_FILE
+from evo_attention.report.attachments import FRESH_CHECK_FILE, FRESH_CHECK_ROLE as ROLE
 from evo_attention.report.studies.fresh_check import check_line, check_markdown
 from evo_attention.studies.common import StudySetup
 from evo_attention.studies.fitness import Fitness
@@ -33,7 +33,6 @@ from evo_attention.train.config import Config
 from evo_attention.util.files import write_text
 from evo_attention.util.jsonio import write_json
 
-ROLE = "check"
 DEFAULT_TOP = 3
 DEFAULT_SEEDS = 2
 
