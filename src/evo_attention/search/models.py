@@ -71,8 +71,9 @@ def kept_models(run_dir: str | Path) -> list[dict]:
 
 def kept_model_of(run_dir: str | Path, key: tuple) -> dict | None:
     """The run's kept model (as ``kept_models`` lists it) of the training ``key`` (``Trial.key()``), or None."""
-    fields = ("gene", "seed", "steps", "data_fingerprint", "context")
-    return next((m for m in kept_models(run_dir) if tuple(m.get(f) for f in fields) == tuple(key)), None)
+    from evo_attention.search.store import KEY_FIELDS  # a record's fields in the key's order
+
+    return next((m for m in kept_models(run_dir) if tuple(m.get(f) for f in KEY_FIELDS) == tuple(key)), None)
 
 
 def prune(run_dir: str | Path, keep: int) -> list[dict]:
