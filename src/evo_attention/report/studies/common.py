@@ -183,9 +183,10 @@ def partial_note(result: Mapping) -> str:
     rows += [r for size in result.get("sizes") or () for r in [size.get("baseline") or {}, *(size.get("genes") or ())]]
     rows += result.get("results") or []  # compare's, one per configuration and seed
     # per point: a suite study's (each row's) and a fitness check's (the result's) by label, a curve's (each gene's)
-    points = [r.get("points") for r in [result, *rows]]
-    rows += [p for ps in points if isinstance(ps, (Mapping, list)) for p in (ps.values() if isinstance(ps, Mapping)
-                                                                              else ps) if isinstance(p, Mapping)]
+    for r in [result, *rows]:
+        points = r.get("points")
+        points = points.values() if isinstance(points, Mapping) else points if isinstance(points, list) else ()
+        rows += [p for p in points if isinstance(p, Mapping)]
     partial = [r.get("eval_tokens") for r in rows if r.get("eval_complete") is False]
     if not partial:
         return ""
