@@ -549,7 +549,7 @@ class RunStore:
         except (TypeError, ValueError):  # not JSON, or a field missing (its key) or of another kind (its status)
             pass
         raise StoreDamaged(f"evaluation {row['id']} in the run store is not a record (a JSON object with its gene and "
-                        "key): the file was edited or damaged; restore a copy of the run directory")
+                           "key): the file was edited or damaged; restore a copy of the run directory")
 
     # -- generations ----------------------------------------------------------------------------
     def record_generation(self, generation: int, members) -> None:
