@@ -185,3 +185,24 @@ def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, 
     assert any(r["generation"] == 1 for r in summary.racing["genes"])  # a later gene raced, and lost
     assert [m["gene"] for m in kept_models(out)] == [summary.best["key"]]
     assert json.loads((kept_model(out, 1) / "config.json").read_text())["evaluation"]["gene"] == summary.best["key"]
+
+
+def test_keeping_models_reads_no_more_of_the_store_than_not_keeping_them(tmp_path, monkeypatch):
+    from evo_attention.search.driver import Search
+    from evo_attention.search.store import RunStore
+
+    settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                    batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=4, n_generations=2,
+                    elite_size=1, baseline=False,
+                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+    calls = []
+    for name in ("open", "evaluations"):  # RunStore.open: bound to the class, so called as it was
+        monkeypatch.setattr(RunStore, name, lambda *a, _method=getattr(RunStore, name), _name=name, **k:
+                            calls.append(_name) or _method(*a, **k))
+    counts = {}
+    for keep in (0, 2):  # a prune after each training ranks the kept models in the driver's store: no whole-run read
+        calls.clear()
+        with Search(Config(**settings), out_dir=tmp_path / str(keep), keep_models=keep) as search:
+            search.run()
+        counts[keep] = (calls.count("open"), calls.count("evaluations"))
+    assert counts[2] == counts[0] and len(kept_models(tmp_path / "2")) == 2

@@ -304,7 +304,7 @@ class Search:
                                   on_finished=self._finished,
                                   equivalence=getattr(self.strategy.space, "program_space", None) is not None)
             if self.keep_models:
-                prune_models(self.out_dir, self.keep_models)  # a resumed run may keep fewer now
+                prune_models(self.out_dir, self.keep_models, self.store)  # a resumed run may keep fewer now
             # the baseline gene (Config.resolved_baseline: vanilla, without attention dropout on generated tasks)
             self.baseline = self.evaluation.start(self._runner, self.keep_models,
                                                   config.resolved_baseline() if config.baseline else None)
@@ -313,7 +313,7 @@ class Search:
                 genes = self.strategy.ask()
                 told = self.evaluation.fitness(list(dict.fromkeys(g.key for g in genes)), generation)
                 if self.keep_models:
-                    prune_models(self.out_dir, self.keep_models)
+                    prune_models(self.out_dir, self.keep_models, self.store)
                 self.strategy.tell([(g, told[g.key]) for g in genes], violations=self.evaluation.violations(told))
                 members = self.strategy.population[: config.population_size]
                 shown = self.evaluation.shown  # the gene as trained (with its rate under rate_grid), in every view
@@ -338,7 +338,7 @@ class Search:
         self.evaluation.finished(task, record)
         # a raced run's ranks are known only after a generation's races: it prunes then (search/models.py)
         if self.keep_models and task.keep_model is not None and not cached and not self.config.elite_seeds > 1:
-            prune_models(self.out_dir, self.keep_models)
+            prune_models(self.out_dir, self.keep_models, self.store)
         if self.trackers:
             tracked = record if record.role is not None else record.replace(role=task.role, generation=task.generation)
             for tracker in self.trackers:

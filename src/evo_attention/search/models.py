@@ -38,21 +38,26 @@ def _perplexity(evaluation: dict) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
-def _run_ranking(run_dir: str | Path) -> list[str]:
-    """The run's genes as it ranks them (``warm_start.ranked_genes``: a raced gene by its told value), or none."""
-    from evo_attention.search.store import RunStore
+def _run_ranking(run_dir: str | Path, found: list[dict], store=None) -> list[str]:
+    """The genes of the kept models ``found`` as the run ranks them (``warm_start.ranked_genes``: a raced gene by
+    its told value), or none; ranked from their own records, since one objective orders a gene by its own record
+    and told value alone, so reads do not grow with the run. ``store``: the run's store, open (else opened here)."""
+    from evo_attention.search.store import KEY_FIELDS, RunStore
     from evo_attention.search.warm_start import ranked_genes
     from evo_attention.train.record import PRIMARY_OBJECTIVE
 
-    if not RunStore.exists(run_dir):
-        return []
-    with RunStore.open(run_dir, readonly=True) as store:
-        return ranked_genes(store, (PRIMARY_OBJECTIVE,))
+    if store is None:
+        if not RunStore.exists(run_dir):
+            return []
+        with RunStore.open(run_dir, readonly=True) as store:
+            return _run_ranking(run_dir, found, store)
+    records = [store.lookup(*key) for m in found for key in [tuple(m.get(f) for f in KEY_FIELDS)] if None not in key]
+    return ranked_genes(store, (PRIMARY_OBJECTIVE,), [r for r in records if r is not None])
 
 
-def kept_models(run_dir: str | Path) -> list[dict]:
+def kept_models(run_dir: str | Path, store=None) -> list[dict]:
     """The run's kept models, best first: ``{"rank", "dir", "gene", "val_perplexity", ...}`` (the
-    evaluation each config.json records). Files are checked when a model is loaded, not here."""
+    evaluation each config.json records; ``store``: the run's, open). Files are checked when a model is loaded."""
     root = Path(run_dir) / MODELS_DIR
     found = []
     for directory in sorted(root.iterdir()) if root.is_dir() else ():
@@ -64,7 +69,7 @@ def kept_models(run_dir: str | Path) -> list[dict]:
         except (OSError, ValueError, KeyError, TypeError):
             evaluation, gene = {}, directory.name  # damaged: ranked last, and named when it is loaded
         found.append({**evaluation, "gene": gene, "dir": str(directory)})
-    order = {gene: i for i, gene in enumerate(_run_ranking(run_dir))}
+    order = {gene: i for i, gene in enumerate(_run_ranking(run_dir, found, store))}
     found.sort(key=lambda m: (order.get(m["gene"], len(order)), _perplexity(m), m["gene"]))
     return [{"rank": i + 1, **m} for i, m in enumerate(found)]
 
@@ -76,9 +81,9 @@ def kept_model_of(run_dir: str | Path, key: tuple) -> dict | None:
     return next((m for m in kept_models(run_dir) if tuple(m.get(f) for f in KEY_FIELDS) == tuple(key)), None)
 
 
-def prune(run_dir: str | Path, keep: int) -> list[dict]:
-    """Delete every kept model below the ``keep`` best; the ones left, best first."""
-    ranked = kept_models(run_dir)
+def prune(run_dir: str | Path, keep: int, store=None) -> list[dict]:
+    """Delete every kept model below the ``keep`` best; the ones left, best first (``store``: the run's, open)."""
+    ranked = kept_models(run_dir, store)
     for extra in ranked[keep:]:
         shutil.rmtree(extra["dir"], ignore_errors=True)
     return ranked[:keep]

@@ -80,13 +80,15 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
     return None
 
 
-def ranked_genes(store: RunStore, objectives) -> list[str]:
-    """The keys of the finished search genes of a run, best first (see the module docstring)."""
+def ranked_genes(store: RunStore, objectives, searched=None) -> list[str]:
+    """The keys of the finished search genes of a run, best first (see the module docstring); ``searched``: only
+    these search records (default: the store's)."""
     config = store.config() or {}
     bounds = {str(r["gene"]): r["told"] for r in (store.get_meta(RACING_META) or {}).get("genes") or []}
     failed = {key for key, told in bounds.items() if told is None}  # raced and failed on a seed: unranked
     suite = store.get_meta(SUITE_META)
-    searched = search_records(store.evaluations(), store.generations())  # with genes told from the baseline
+    if searched is None:  # with genes told from the baseline
+        searched = search_records(store.evaluations(), store.generations())
     if suite:  # a suite run ranks by suite accuracy, the genes that trained on every point
         scores = scores_from_records(searched, suite, seed=config.get("seed"))
         ranked = sorted((bounds.get(key, -score.aggregate), key) for key, score in scores.items()
