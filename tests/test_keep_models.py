@@ -206,3 +206,20 @@ def test_keeping_models_reads_no_more_of_the_store_than_not_keeping_them(tmp_pat
             search.run()
         counts[keep] = (calls.count("open"), calls.count("evaluations"))
     assert counts[2] == counts[0] and len(kept_models(tmp_path / "2")) == 2
+
+
+def test_a_run_that_is_not_raced_prunes_after_each_training_only(tmp_path, monkeypatch):
+    from evo_attention.search import driver
+    from evo_attention.search.store import RunStore
+
+    settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                    batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=3, n_generations=2,
+                    elite_size=1, baseline=False,
+                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+    pruned = []
+    monkeypatch.setattr(driver, "prune_models", lambda *a, _prune=driver.prune_models: pruned.append(1) or _prune(*a))
+    with driver.Search(Config(**settings), out_dir=tmp_path / "run", keep_models=1) as search:
+        search.run()
+    with RunStore.open(tmp_path / "run", readonly=True) as store:
+        trained = len(store.evaluations("search"))
+    assert len(pruned) == 1 + trained and len(kept_models(tmp_path / "run")) == 1  # the resume check, then each one

@@ -312,7 +312,7 @@ class Search:
                 generation = self.strategy.generation
                 genes = self.strategy.ask()
                 told = self.evaluation.fitness(list(dict.fromkeys(g.key for g in genes)), generation)
-                if self.keep_models:
+                if self.keep_models and config.elite_seeds > 1:  # raced: ranks known now (else pruned per training)
                     prune_models(self.out_dir, self.keep_models, self.store)
                 self.strategy.tell([(g, told[g.key]) for g in genes], violations=self.evaluation.violations(told))
                 members = self.strategy.population[: config.population_size]
