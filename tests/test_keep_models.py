@@ -164,7 +164,7 @@ def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path, capsys):
     assert "the --text holds bytes that are not UTF-8: give it in UTF-8" in capsys.readouterr().err
 
 
-def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, monkeypatch):
+def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, monkeypatch, capsys):
     from evo_attention.report import load_run
     from evo_attention.search.racing import Racing
 
@@ -185,6 +185,8 @@ def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, 
     assert any(r["generation"] == 1 for r in summary.racing["genes"])  # a later gene raced, and lost
     assert [m["gene"] for m in kept_models(out)] == [summary.best["key"]]
     assert json.loads((kept_model(out, 1) / "config.json").read_text())["evaluation"]["gene"] == summary.best["key"]
+    kept = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("kept 1 trained model"))
+    assert f"(perplexity {summary.best['perplexity']:.3f}, mean + standard error over 2 seeds, " in kept  # the table's
 
 
 def test_keeping_models_reads_no_more_of_the_store_than_not_keeping_them(tmp_path, monkeypatch):

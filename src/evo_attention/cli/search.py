@@ -198,10 +198,12 @@ def cmd_search(args) -> int:
     if evolution.keep_models:
         from evo_attention.search.models import kept_models
 
-        kept = kept_models(out)
+        kept, racing = kept_models(out), summary.racing or {}
+        raced = {str(r["gene"]): r["told"] for r in racing.get("genes") or []}  # what a raced gene ranks by
+        over = f", mean + standard error over {len(racing.get('seeds') or [])} seeds"
         log(f"kept {len(kept)} trained model{'s' if len(kept) != 1 else ''} in {out / 'models'}: "
-            + "; ".join(f"{m['rank']}. {m['gene']} (perplexity {number(m.get('val_perplexity'))}, {m['dir']})"
-                        for m in kept))
+            + "; ".join(f"{m['rank']}. {m['gene']} (perplexity {number(raced.get(m['gene'], m.get('val_perplexity')))}"
+                        f"{over if m['gene'] in raced else ''}, {m['dir']})" for m in kept))
     for line in end_of_run_lines(out, kept=evolution.keep_models, suite=summary.suite is not None):
         log(line)
     return 0 if summary.best_gene is not None else 1
