@@ -1,4 +1,4 @@
-"""Study 2's committed verdicts re-read by the current verdict rule (docs/findings.md, "Study 2's
+"""Study 2's committed verdicts re-read by the current verdict rule (docs/findings2.md, "Study 2's
 verdicts under the exact-test rule").
 
     python benchmarks/rule_changes.py [docs/findings] [--out docs/findings/rule-changes.json]
@@ -14,6 +14,7 @@ the rows are also written as JSON (the committed docs/findings/rule-changes.json
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -91,13 +92,14 @@ def _p(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    out = None
-    if "--out" in argv:
-        at = argv.index("--out")
-        out = Path(argv[at + 1])
-        del argv[at:at + 2]
-    root = Path(argv[0]) if argv else ROOT / "docs" / "findings"
+    parser = argparse.ArgumentParser(description="Study 2's committed verdicts re-read by the current verdict rule.")
+    parser.add_argument("root", type=Path, nargs="?", default=ROOT / "docs" / "findings",
+                        help="the folder of study 2's result files (default: docs/findings)")
+    parser.add_argument("--out", type=Path, help="also write every row here as JSON")
+    args = parser.parse_args(argv)
+    root, out = args.root, args.out
+    if not root.is_dir():
+        raise SystemExit(f"{root}: no such folder (study 2's result files: docs/findings)")
     found = rows(root)
     changed = [r for r in found if r["before"] != r["now"]]
     print("| File | Gene | Pairs | Verdict (file) | Holm p (file) | Verdict now | Test | Holm p now | Note |")
