@@ -283,6 +283,48 @@ def test_two_plugin_files_of_one_name_are_refused(tmp_path, capsys):
         load_plugins([str(tmp_path / "one" / "same_name.py"), str(tmp_path / "two" / "same_name.py")])
 
 
+TASK_PLUGIN = textwrap.dedent('''
+    import torch
+    from evo_attention import register_task
+    from evo_attention.data.synthetic import Task
+
+    @register_task("help_echo")
+    class HelpEcho(Task):  # every token is its own answer
+        defaults = {"vocab": 8}
+
+        def symbols(self, k):
+            return [f"s{i}" for i in range(k["vocab"])]
+
+        def answers_per_example(self, k):
+            return k["seq_len"]
+
+        def chance(self, k):
+            return 1 / k["vocab"]
+
+        def generate(self, n, k, generator, seed):
+            x = torch.randint(k["vocab"], (n, k["seq_len"]), generator=generator)
+            return x, x.clone()
+''')
+
+
+@pytest.mark.parametrize("command", ["search", "validate"])
+def test_a_plugin_s_task_is_in_the_help_and_a_bad_plugin_stays_one_line(command, tmp_path, capsys):
+    from evo_attention.data import unregister_task
+
+    (tmp_path / "help_task.py").write_text(TASK_PLUGIN)
+    for plugin in (["--plugin", str(tmp_path / "help_task.py")], [f"--plugin={tmp_path / 'help_task.py'}"]):
+        try:
+            with pytest.raises(SystemExit) as info:
+                main([command, *plugin, "--help"])
+            assert info.value.code == 0 and "help_echo)[:knob=value" in " ".join(capsys.readouterr().out.split())
+        finally:  # the next one imports it afresh
+            unregister_task("help_echo")
+            sys.modules.pop("evo_attention_plugin_help_task", None)
+    assert main([command, "--plugin", "no_such_plugin_here", "--help"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plugin no_such_plugin_here could not be imported" in err and "\n" not in err
+
+
 def test_a_run_started_with_a_relative_plugin_file_resumes_from_another_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -67,12 +67,6 @@ def main(argv=None) -> int:
         return 0
     from evo_attention.cli.common import GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED, SETTING_ORIGINS, install_sigterm_handler
 
-    parser = build_parser(only=argv[0] if argv else None)
-    try:
-        args = parser.parse_args(argv)
-    except UserError as exc:  # an empty value (``_Store``)
-        print(f"evo-attention: error: {exc}", file=sys.stderr)
-        return 2
     # one command's state, filled as it reads its settings; put back as it was when the command ends, so
     # that nothing after it (the library, the next command, the study that ran it) reads its flags
     states = (SETTING_ORIGINS, KEPT_ON_INTERRUPT, NOTED, GIVEN_FLAGS)
@@ -82,6 +76,15 @@ def main(argv=None) -> int:
     GIVEN_FLAGS.update(token.split("=", 1)[0] for token in argv if str(token).startswith("--"))
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
+        # the plugins named are imported before the parser is built: their tasks (--data), strategies and
+        # schedules are in its help
+        if (named := _named_plugins(argv)) and (code := _run(argparse.Namespace(plugin=named), plugins_only=True)):
+            return code
+        try:
+            args = build_parser(only=argv[0] if argv else None).parse_args(argv)
+        except UserError as exc:  # an empty value (``_Store``)
+            print(f"evo-attention: error: {exc}", file=sys.stderr)
+            return 2
         return _run(args)
     finally:
         for state, old in zip(states, before):
@@ -89,8 +92,16 @@ def main(argv=None) -> int:
             (state.extend if isinstance(state, list) else state.update)(old)
 
 
-def _run(args) -> int:
-    """The command ``args`` names, its errors said in one line (``main``'s exit codes)."""
+def _named_plugins(argv) -> list[str]:
+    """The values of ``--plugin M`` and ``--plugin=M`` in ``argv`` (the parser reads them again, and refuses a
+    missing or empty one in its words)."""
+    return [token[9:] if token[8:9] == "=" else value for token, value in zip(argv, [*argv[1:], ""])
+            if token[9:] and token.startswith("--plugin=") or token == "--plugin" and value[:1] not in ("", "-")]
+
+
+def _run(args, *, plugins_only: bool = False) -> int:
+    """The command ``args`` names (``plugins_only``: its plugins only), its errors said in one line (``main``'s exit
+    codes)."""
     from evo_attention.cli.common import (EXIT_INTERRUPTED, EXIT_USAGE, KEPT_ON_INTERRUPT, note_unused_flags,
                                           user_message)
     from evo_attention.util.plugins import load_plugins
@@ -100,6 +111,8 @@ def _run(args) -> int:
         with user_warnings():
             if getattr(args, "plugin", None):  # before any flag names a gene of theirs (--genes, --gene, ...)
                 load_plugins(args.plugin)
+            if plugins_only:
+                return 0
             note_unused_flags(args)
             return int(args.func(args) or 0)
     except UserError as exc:
