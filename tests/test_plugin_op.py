@@ -314,6 +314,19 @@ def test_ablate_and_compare_from_the_run_import_its_plugins_before_its_best_gene
     assert "vsoftplus(" in written
 
 
+@pytest.mark.parametrize("command, written", [
+    (["validate", "--seeds", "2", *SMALL], "validation.json"),
+    (["transfer", "--seeds", "2", "--sizes", "16x1,32x1", "--top", "1", *SMALL], "transfer.json"),
+    (["attention-maps", "--quiet"], "attention_maps.json")])
+def test_a_study_from_the_run_with_another_plugin_imports_the_run_s_too(op_run, command, written, monkeypatch):
+    monkeypatch.chdir(op_run)
+    (op_run / "unrelated.py").write_text("")
+    _forget_the_op()
+    out = op_run / f"with_{command[0]}"
+    assert main([*command, "--from-run", "run", "--plugin", "unrelated.py", "--out", str(out)]) == 0
+    assert "vsoftplus(" in (out / written).read_text()
+
+
 def test_report_imports_the_run_s_plugins_and_names_a_missing_one(op_run, monkeypatch, capsys):
     (op_run / "elsewhere").mkdir()
     monkeypatch.chdir(op_run / "elsewhere")  # the stored softplus_op.py names nothing here

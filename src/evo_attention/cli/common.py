@@ -334,6 +334,15 @@ def load_run_plugins(run_dir, given) -> list[str]:
         return load_with_plugins(run.config().get("plugins") or [], given)
 
 
+def over_run(stored: dict, settings: dict) -> dict:
+    """A run's ``stored`` settings with a command's ``settings`` over them (``overlay``), the run's plugins kept
+    beside the command's (its genes may use their ops and components), a --plugin file standing in for one."""
+    from evo_attention.train.presets import overlay
+
+    plugins = with_given_plugins(stored.get("plugins") or [], settings.get("plugins"))
+    return overlay(stored, {**settings, "plugins": plugins})
+
+
 def config_from_args(args, extra: dict | None = None):
     from evo_attention.train.config import Config
 

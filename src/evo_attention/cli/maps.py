@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evo_attention.cli.common import (GIVEN_FLAGS, add_training_flags, checked, explicit_settings, given,
-                                      load_with_plugins, note, out_arg, run_suite)
+                                      load_with_plugins, note, out_arg, over_run, run_suite)
 from evo_attention.cli.validate import note_unfinished
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
@@ -38,7 +38,6 @@ def _trained_model(args):
     """(model, tokenizer, ids, text source, source) for --gene / --from-run: the run's kept model of the
     same training when it has one, else trained here on the fly, after the input is checked."""
     from evo_attention.train.config import Config
-    from evo_attention.train.presets import overlay
     from evo_attention.data import data_from_config
     from evo_attention.genes import AttentionGene
     from evo_attention.report import load_run
@@ -58,7 +57,7 @@ def _trained_model(args):
                 raise UserError(f"the run in {args.from_run} is a suite run (suite {suite}): attention maps are drawn "
                                 f"on one task; give --data, e.g. one of its points: {', '.join(points)}")
             stored = {k: v for k, v in stored.items() if k not in ("suite", "objectives", "recall")}  # the suite's own
-        config = checked(Config.from_dict(overlay(stored, settings),
+        config = checked(Config.from_dict(over_run(stored, settings),
                                           source=f"the run in {args.from_run} with the flags"))
         if args.gene is not None:
             gene = AttentionGene.parse(args.gene)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Mapping
 
 from evo_attention.cli.common import (add_executor_flags, add_training_flags, checked, executor_from_args,
-                                      explicit_settings, given, note, out_arg, suite_text)
+                                      explicit_settings, given, note, out_arg, over_run, suite_text)
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
 from evo_attention.util.progress import log
@@ -125,7 +125,6 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     from evo_attention.search.store import RunStore
     from evo_attention.studies.common import PILOT_SEEDS, study_store, tuning_seeds, validation_seeds
     from evo_attention.train.config import Config
-    from evo_attention.train.presets import overlay
 
     settings, study = explicit_settings(args), Path(default_out).name
     if given("--lr") and getattr(args, "lr_grid", None):  # noted as ignored: it must change nothing, not even a key
@@ -134,7 +133,7 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
             stored_data = run.get_meta("data") or {}
-        config = checked(Config.from_dict(overlay(stored, settings),
+        config = checked(Config.from_dict(over_run(stored, settings),
                                           source=f"the run in {args.from_run} with the flags"))
         search_seed = stored.get("seed")
     else:
