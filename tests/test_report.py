@@ -486,3 +486,17 @@ def test_report_names_the_search_files_it_does_not_write_and_the_command_that_do
     recwarn.clear()
     assert main(["report", str(normal_run)]) == 0
     assert not [w for w in recwarn.list if "report does not write" in str(w.message)]
+
+
+def test_report_names_the_command_that_rewrites_an_unreadable_fresh_check(normal_run, recwarn):
+    """A truncated fresh_check.json was listed as unreadable, with no word of the command that rewrites it."""
+    from evo_attention.cli import main
+
+    with RunStore.open(normal_run) as store:
+        store.record(record(VANILLA, "ok", BASELINE_PPL, seed=43), role="check")
+    (normal_run / "fresh_check.json").write_text('{"kind": "fresh_check", "ge')  # cut short
+    assert main(["report", str(normal_run)]) == 0
+    said = [str(w.message) for w in recwarn.list if "report does not write" in str(w.message)]
+    assert len(said) == 1 and ", fresh_check.json, which cannot be read, fresh_check.md (the search does)" in said[0]
+    assert said[0].endswith(f"`evo-attention search --resume --out {normal_run}` rewrites them from the store "
+                            "(a finished run trains nothing)")

@@ -66,16 +66,19 @@ def cmd_report(args) -> int:
 
 def _say_what_resume_rebuilds(run_dir) -> None:
     """A note naming the search's own files (its snapshots, its check's) the store holds the results of but
-    the directory lacks: the search writes them (resume rewrites them, a finished run training nothing)."""
+    the directory lacks or cannot read: the search writes them (resume rewrites them; a finished run trains nothing)."""
     import shlex
 
     from evo_attention.search.store import RunStore
-    from evo_attention.report.attachments import FRESH_CHECK_ROLE
+    from evo_attention.report.attachments import FRESH_CHECK_ROLE, load_attachments
 
     with RunStore.open(run_dir, readonly=True) as store:
         files = [f"checkpoints/generation_{row['generation']:03d}.json" for row in store.generations()]
         files += ["fresh_check.json", "fresh_check.md"] if store.evaluations(FRESH_CHECK_ROLE) else []
-    missing = [name for name in files if not (run_dir / name).is_file()]
+    unreadable = {problem.split(": ")[0]
+                  for problem in load_attachments(run_dir).problems if "cannot be read" in problem}
+    missing = [name + ", which cannot be read" * (name in unreadable) for name in files
+               if not (run_dir / name).is_file() or name in unreadable]
     if missing:
         note(f"report does not write {', '.join(missing)} (the search does): `evo-attention search --resume --out "
              f"{shlex.quote(str(run_dir))}` rewrites them from the store (a finished run trains nothing)")
