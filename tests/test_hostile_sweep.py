@@ -477,10 +477,11 @@ def test_printed_commands_quote_their_paths(tmp_path):
     assert shlex.split(lines[2].split("   #")[0])[-1] == str(run / "hf")  # pasted into a shell, one argument
 
 
-def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monkeypatch):
+def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monkeypatch, capsys):
     from evo_attention.report.attachments import CHECK_PENDING
     from evo_attention.report.status import run_status
     from evo_attention.search.store import RunStore
+    from evo_attention.studies.evolution import CHECK_META, Evolution
 
     monkeypatch.setenv("EVO_ATTENTION_FRESH_CHECK", "on")
     out = tmp_path / "run"
@@ -493,11 +494,16 @@ def test_a_run_stopped_in_its_fresh_check_is_not_called_finished(tmp_path, monke
     assert main(["report", str(out)]) == 0 and "its fresh-seed check was stopped" in (out / "report.md").read_text()
     with RunStore.open(out) as store:
         store.set_meta(CHECK_PENDING, True)
-    assert main(["search", "--resume", "--no-check", "--out", str(out), "--quiet"]) == 0  # the check not asked for
-    assert run_status(out)["state"] == "finished"
-    with RunStore.open(out) as store:
-        store.set_meta(CHECK_PENDING, True)
-    assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0
+        config = Config.from_dict(store.config())
+    capsys.readouterr()
+    assert main(["search", "--resume", "--no-check", "--out", str(out), "--quiet"]) == 2  # the run keeps its check
+    assert last_error(capsys) == (f"evo-attention: error: --no-check contradicts the run in {out} (it was started "
+                                  "with a fresh-seed check): drop it to resume, or start a new run with --overwrite")
+    with pytest.raises(UserError, match="check 0 differs from the 3 the run in .* started with: drop check"):
+        Evolution(config, out_dir=out, resume=True, check=0, quiet=True)
+    with RunStore.open(out, readonly=True) as store:
+        assert store.get_meta(CHECK_META) == 3 and run_status(out)["state"] == "interrupted in its fresh-seed check"
+    assert main(["search", "--resume", "--out", str(out), "--quiet"]) == 0  # the lock was let go
     assert run_status(out)["state"] == "finished" and (out / "fresh_check.json").is_file()
 
 

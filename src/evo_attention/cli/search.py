@@ -24,6 +24,7 @@ RESUMABLE_CHANGES = ("device", "data_dir", "batch_models")
 def search_config(args):
     """The config of a new run, or the stored config of a resumed one (checked against the flags)."""
     from evo_attention.search.store import RunStore
+    from evo_attention.studies.evolution import CHECK_META
     from evo_attention.train.config import CAP_FIELDS, Config, cap_value, parse_lr_grid
 
     extra = {}
@@ -53,6 +54,9 @@ def search_config(args):
         return config
     with RunStore.open(args.out, readonly=True) as store:
         stored = store.check_kind("search").config()
+        if args.no_check and store.get_meta(CHECK_META):  # a started run keeps its check (Evolution refuses too)
+            raise UserError(f"--no-check contradicts the run in {args.out} (it was started with a fresh-seed check): "
+                            "drop it to resume, or start a new run with --overwrite")
     from evo_attention.data import unused_settings
 
     for name in unused_settings(str(stored.get("data"))):  # kept by versions that ignored them: never applied

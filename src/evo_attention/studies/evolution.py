@@ -85,6 +85,11 @@ class Evolution(Search):
         stored = self.store.get_meta(CHECK_META)  # a resumed run keeps the check it started with
         if check is None:
             check = stored if stored is not None else 0 if check_off else DEFAULT_TOP
+        elif stored is not None and check != stored:  # dropping (or resizing) it would lose a started check
+            self.close()  # the lock and the store are let go again
+            raise UserError(f"check {check} differs from the {stored} the run in {self.out_dir} started with: drop "
+                            "check to resume (the run keeps its check), or start a new run with overwrite",
+                            setting=("check", "overwrite"))
         if isinstance(check, bool) or not isinstance(check, int) or check < 0:
             raise UserError(f"check {check!r} must be a whole number >= 0 (the top genes to train on fresh seeds; "
                             "0: no check)", setting="check")
@@ -104,7 +109,7 @@ class Evolution(Search):
             except UserError as exc:  # e.g. fresh seeds past 2^63-1: the search stands, the check is said skipped
                 warnings.warn(f"the fresh-seed check was not run: {exc}")
                 self.checked = None
-        self.store.set_meta(CHECK_PENDING, False)  # ended, or not asked for by this resumed run
+        self.store.set_meta(CHECK_PENDING, False)  # ended, or the run has none
         if self.write_reports:
             self.write_report()
             if self.announce:
