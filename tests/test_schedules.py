@@ -256,6 +256,9 @@ def test_a_record_says_the_schedule_it_ran_with():
     assert (settings["lr_schedule"], settings["warmup_steps"], settings["lr_decay_fraction"]) == ("wsd", 20, 0.2)
     settings = Trial.from_config(GENE, Config(lr_schedule="cosine", lr_decay_fraction=0.5)).record_settings()
     assert (settings["lr_schedule"], settings["warmup_steps"]) == ("cosine", 500) and "lr_decay_fraction" not in settings
+    settings = Trial.from_config(GENE, Config(train_steps=40)).record_settings()  # constant: no warm-up ran
+    assert (settings["lr_schedule"], settings["warmup_steps"]) == ("constant", 0)
+    assert Trial.from_config(GENE, Config(train_steps=40)).settings()["warmup_steps"] == 500  # the key's, unchanged
 
 
 def test_a_wsd_training_runs_its_schedule_and_stores_it():

@@ -251,6 +251,8 @@ class Trial:
         recipe = self.recipe
         for name in ("learning_rate", "warmup_steps", "weight_decay"):
             settings[name] = getattr(recipe, name)
+        if not takes_warmup(recipe.lr_schedule):  # the schedule ignores warmup_steps (constant): none ran
+            settings["warmup_steps"] = 0
         if any(g.normalization == "favor" for g in layers_of(self.gene)):
             settings["favor_features"] = self.model.favor_features
         if uses_decay(self.train.lr_schedule):  # the decay it ran with (wsd), its default included
