@@ -371,6 +371,29 @@ def test_gradients_are_clipped_per_model():
             assert torch.equal(p.grad, s.grad[k])
 
 
+
+def test_models_that_differ_in_a_part_are_clipped_as_each_alone():
+    # a Split's parameters hold some models' slices only: each model's norm must add its own parameters'
+    # norms in its own order, as its clip_grad_norm_ does, not with zeros for the others' in between
+    torch.manual_seed(3)
+    for _ in range(20):
+        shapes = [(6, 5), (7,), (3, 4), (9,)] * 8
+        owners = [None if i % 3 == 0 else torch.tensor([i % 3 - 1]) for i in range(len(shapes))]
+        grads = [torch.randn(2 if index is None else 1, *shape) * torch.rand(()) * 5
+                 for shape, index in zip(shapes, owners)]
+        stacked = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(stacked, grads):
+            p.grad = g.clone()
+        clip_per_model(stacked, [1.0, 1.0], owners)
+        for k in range(2):
+            own = [(g[0 if index is not None else k], s.grad[0 if index is not None else k])
+                   for g, s, index in zip(grads, stacked, owners) if index is None or int(index) == k]
+            single = [torch.nn.Parameter(torch.zeros_like(g)) for g, _ in own]
+            for p, (g, _) in zip(single, own):
+                p.grad = g.clone()
+            torch.nn.utils.clip_grad_norm_(single, 1.0)
+            assert all(torch.equal(p.grad, clipped) for p, (_, clipped) in zip(single, own))
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batched_loss_is_each_models_loss(dtype):
     from evo_attention.data.base import IGNORE_INDEX

@@ -168,7 +168,13 @@ def clip_per_model(params: Sequence[nn.Parameter], max_norms: Sequence[float],
         norm = torch.linalg.vector_norm(g.reshape(g.shape[0], -1), 2.0, dim=1)
         columns.append(norm if index is None else norm.new_zeros(k).index_copy_(0, index, norm))
     norms = torch.stack(columns, dim=1)  # [K, P]
-    total = torch.linalg.vector_norm(norms, 2.0, dim=1)
+    if norms.device.type == "cpu":  # each model's own norms alone, in its order: zeros for the others' slices in
+        # between would add its squares in another order (off the CPU, picking them would wait for the device)
+        owned = torch.stack([torch.ones(k, dtype=torch.bool) if index is None else
+                             torch.zeros(k, dtype=torch.bool).index_fill_(0, index, True) for _, index in grads], 1)
+        total = torch.stack([torch.linalg.vector_norm(row[own], 2.0) for row, own in zip(norms, owned)])
+    else:
+        total = torch.linalg.vector_norm(norms, 2.0, dim=1)
     limit = torch.tensor([float(n) for n in max_norms], dtype=total.dtype, device=total.device)
     coef = torch.clamp((total + CLIP_EPS).reciprocal() * limit, max=1.0)  # max_norm / (total + eps), as torch does it
     for g, index in grads:
