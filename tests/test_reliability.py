@@ -850,3 +850,17 @@ def test_8_resuming_with_other_threads_warns_that_later_digits_may_move(tmp_path
         with Evolution(Config(**{**TINY, "n_generations": 2}), out_dir=out, resume=True,
                        executor=LocalExecutor()) as evo:
             evo.run()
+
+
+def test_8_resuming_with_another_batch_models_warns_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    with Evolution(Config(**{**TINY, "n_generations": 2, "batch_models": "off"}), out_dir=out) as evo:
+        evo.run()
+    with RunStore.open(out) as store:
+        store.set_meta("done", False)
+    with pytest.warns(UserWarning) as seen:
+        with Evolution(Config(**{**TINY, "n_generations": 2, "batch_models": 2}), out_dir=out, resume=True) as evo:
+            evo.run()
+    said = [str(w.message) for w in seen if "batch_models" in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0]
+    assert "trained with batch_models off, this session's with 2" in said[0] and "amplifies" in said[0]

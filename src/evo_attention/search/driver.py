@@ -246,7 +246,7 @@ class Search:
     def run(self) -> Individual | None:
         """Run the search to the end (or continue it) and return the best individual."""
         self.store.set_meta("status", "running")
-        self._check_threads()
+        self._check_executor_change()
         self.store.set_meta("executor", self.executor.describe())
         self.store.clear_activity()
         # per tracker and destination: its run (a resumed search continues it) and how many evaluations and
@@ -274,28 +274,39 @@ class Search:
         self.store.set_meta("finished_at", utc_now())
         return self.best
 
-    def _check_threads(self) -> None:
-        """On a CPU a training's sums add in an order that depends on its thread count, so a run
-        resumed with other threads (another ``workers`` or ``cpus_per_trial``) may differ from an
-        uninterrupted one in the last digits of its later trainings: say so (the run keeps the count
-        it started with in its meta ``training_threads``)."""
+    def _check_executor_change(self) -> None:
+        """On a CPU a training's sums add in an order that depends on its thread count, and a folded
+        training's (``batch_models``) in one that depends on its batch, so a run resumed with other
+        threads (another ``workers`` or ``cpus_per_trial``) or another ``batch_models`` rounds its later
+        trainings otherwise, which training amplifies (docs/speed.md): say so in one line (the run
+        keeps what it started with in its meta ``training_threads`` and ``training_batch_models``)."""
         ask = getattr(self.executor, "training_threads", None)  # an executor of one's own may not say
         threads = ask() if callable(ask) else None
         started = self.store.get_meta("training_threads")
+        before = self.store.get_meta("executor") or {}
         if started is None:  # a run stored before the count was kept: the count its trainings measured
             seen = [int(r["latency_threads"]) for r in self.store.evaluations() if r.get("latency_threads")]
             started = max(sorted(set(seen)), key=seen.count) if seen else threads
             if started is not None:
                 self.store.set_meta("training_threads", int(started))
-        if (threads is None or started is None or int(started) == threads
+        batching = _batching(self.executor.describe())
+        batched = self.store.get_meta("training_batch_models")
+        if batched is None:  # a new run, or one stored before it was kept: the executor it ran with last
+            batched = _batching(before) if before else batching
+            self.store.set_meta("training_batch_models", batched)
+        changes = [] if batched == batching else [
+            f"trained with batch_models {batched}, this session's with {batching}"]
+        if not (threads is None or started is None or int(started) == threads
                 or resolve_device(self.config.device).type != "cpu"):
+            changes.insert(0, f"used {started} CPU thread{'s' if int(started) != 1 else ''} each, this session's "
+                              f"use {threads}")
+        if not changes:
             return
-        before = self.store.get_meta("executor") or {}
         how = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in before.items() if v is not None)
-        warnings.warn(f"the trainings of this run so far used {started} CPU thread{'s' if int(started) != 1 else ''} "
-                      f"each, this session's use {threads}: later trainings may differ from an uninterrupted run in "
-                      "the last digits (sums over other threads add in another order); for exact results resume "
-                      f"with the executor the run started with{f' ({how})' if how else ''}")
+        warnings.warn(f"the trainings of this run so far {' and '.join(changes)}: later trainings may round "
+                      "otherwise, which training amplifies (by up to ~10% in perplexity for some genes at 40 steps: "
+                      "docs/speed.md); trainings already stored keep their results; for exact results resume with the "
+                      f"executor the run started with{f' ({how})' if how else ''}")
 
     def _run(self) -> None:
         config = self.config
@@ -397,6 +408,12 @@ class Search:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _batching(described: dict):
+    """How the executor ``described`` (its ``describe()``) folds trainings: off (1, or Ray: each alone), auto or K."""
+    value = described.get("batch_models", "off")
+    return "off" if value in (1, "1") else value
 
 
 def _remove_if_only_lock(run_dir: Path) -> None:
