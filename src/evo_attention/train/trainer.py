@@ -29,14 +29,17 @@ Same trial, same result, alone or in a batch:
   device), its rows counted from 0.
 - The folded parts, the loss and the optimizer repeat the single model's operations (``nn.fold``,
   ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
-  same batched with its own seeds and alone on a CPU (beside other genes it is within the bound
-  below), and every gene of the tests' covering list stays within ``SAME_RESULT_RTOL`` after 8 steps.
-  What differs is floating-point reassociation (the weight gradients of thin products: the adaptive
-  temperature's projection, low-rank Q/K/V; the learned temperature's summed gradient), which
+  same batched with its own seeds and alone on a CPU at one thread, and every gene of the tests'
+  covering list stays within ``SAME_RESULT_RTOL`` after 8 steps. What differs is floating-point
+  reassociation (batched products at more than one thread; the weight gradients of thin products: the
+  adaptive temperature's projection, low-rank Q/K/V; the learned temperature's summed gradient), which
   training amplifies like any rounding: measured on the 2-core AMD EPYC, one thread, 300 steps, 10
   genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative in the final val_loss or a curve
-  point, where the same fp32 trial alone with one thread and with two differs by up to 2.8e-2. On an
-  H100 they agree far more closely (docs/speed.md).
+  point, where the same fp32 trial alone with one thread and with two differs by up to 2.8e-2; on the
+  2-core Intel Xeon, 40 quick-preset steps, two ``relu_norm`` genes (a row sum + 1e-6 divides their
+  weights) bitwise at one thread and 4-8% apart in perplexity at two, where the same trials alone
+  differ by up to 9.7% between one thread and two. On an H100 they agree far more closely
+  (docs/speed.md).
 
 The measurement (the one record rule, alone or batched):
 
