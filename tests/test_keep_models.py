@@ -189,14 +189,17 @@ def test_a_raced_run_keeps_and_ranks_its_models_as_it_ranks_its_genes(tmp_path, 
     assert f"(perplexity {summary.best['perplexity']:.3f}, mean + standard error over 2 seeds, " in kept  # the table's
 
 
+# a search of a few trainings of 4 steps, for counting what the driver does around them
+TINY_SEARCH = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
+                   batch_size=8, eval_steps=None, train_steps=4, log_every=2, n_generations=2, elite_size=1,
+                   baseline=False, recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+
+
 def test_keeping_models_reads_no_more_of_the_store_than_not_keeping_them(tmp_path, monkeypatch):
     from evo_attention.search.driver import Search
     from evo_attention.search.store import RunStore
 
-    settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
-                    batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=4, n_generations=2,
-                    elite_size=1, baseline=False,
-                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+    settings = {**TINY_SEARCH, "population_size": 4}
     calls = []
     for name in ("open", "evaluations"):  # RunStore.open: bound to the class, so called as it was
         monkeypatch.setattr(RunStore, name, lambda *a, _method=getattr(RunStore, name), _name=name, **k:
@@ -214,10 +217,7 @@ def test_a_run_that_is_not_raced_prunes_after_each_training_only(tmp_path, monke
     from evo_attention.search import driver
     from evo_attention.search.store import RunStore
 
-    settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
-                    batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=3, n_generations=2,
-                    elite_size=1, baseline=False,
-                    recall={"num_pairs": 2, "num_queries": 2, "train_examples": 64, "eval_examples": 16})
+    settings = {**TINY_SEARCH, "population_size": 3}
     pruned = []
     monkeypatch.setattr(driver, "prune_models", lambda *a, _prune=driver.prune_models: pruned.append(1) or _prune(*a))
     with driver.Search(Config(**settings), out_dir=tmp_path / "run", keep_models=1) as search:
