@@ -304,7 +304,7 @@ class Search:
             return
         how = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in before.items() if v is not None)
         warnings.warn(f"the trainings of this run so far {' and '.join(changes)}: later trainings may round "
-                      "otherwise, which training amplifies (by up to ~10% in perplexity for some genes at 40 steps: "
+                      "otherwise, which training amplifies (by up to 9% in perplexity for some genes at 40 steps: "
                       "docs/speed.md); trainings already stored keep their results; for exact results resume with the "
                       f"executor the run started with{f' ({how})' if how else ''}")
 

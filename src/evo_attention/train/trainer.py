@@ -38,7 +38,7 @@ Same trial, same result, alone or in a batch:
   point, where the same fp32 trial alone with one thread and with two differs by up to 2.8e-2; on the
   2-core Intel Xeon, 40 quick-preset steps, two ``relu_norm`` genes (a row sum + 1e-6 divides their
   weights) bitwise at one thread and 4-8% apart in perplexity at two, where the same trials alone
-  differ by up to 9.7% between one thread and two. On an H100 they agree far more closely
+  differ by up to 8.9% between one thread and two. On an H100 they agree far more closely
   (docs/speed.md).
 
 The measurement (the one record rule, alone or batched):
