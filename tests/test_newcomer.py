@@ -9,7 +9,7 @@ from evo_attention.cli import main
 from evo_attention.util import stats
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--steps", "40", "--population", "3", "--generations", "1", "--d-model", "32", "--quiet"]
+SMALL = ["--steps", "10", "--population", "3", "--generations", "1", "--d-model", "32", "--batch-size", "8", "--quiet"]
 
 
 def test_the_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
@@ -22,7 +22,7 @@ def test_the_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
     assert main(["search", "--preset", "quick", "--out", "runs/quick", *SMALL]) == 0
     assert main(["report", "runs/quick"]) == 0 and Path("runs/quick/report.html").is_file()
     # validate at its defaults: the seeds are the fewest at which the exact test can decide
-    assert main(["validate", "--from-run", "runs/quick", "--top", "1", "--steps", "40", "--quiet"]) == 0
+    assert main(["validate", "--from-run", "runs/quick", "--top", "1", "--steps", "10", "--quiet"]) == 0
     result = json.loads(Path("runs/quick/validation.json").read_text())
     assert len(result["seeds"]) == stats.decisive_seeds(1) == 6
     assert all(not g.get("cannot_decide") for g in result["genes"])
