@@ -64,7 +64,9 @@ def test_every_program_study4_reports_loads_from_its_key_trains_and_exports_both
         losses = train_a_few(model, lambda ids: torch.nn.functional.cross_entropy(
             model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()), vocab, steps=3, length=10)
         assert all(loss == loss for loss in losses), key
-        out = tmp_path / f"hf-{i}"
+        # one directory name for all: the exported code is the same for every gene (each gene is in its config and
+        # weights), and transformers names the imported code by the directory's name, so it imports it once
+        out = tmp_path / str(i) / "hf"
         export_hf(model, tokenizer, out)
         loaded = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
         ids = torch.tensor([prompt])
