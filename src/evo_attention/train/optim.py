@@ -168,8 +168,9 @@ def clip_per_model(params: Sequence[nn.Parameter], max_norms: Sequence[float],
         norm = torch.linalg.vector_norm(g.reshape(g.shape[0], -1), 2.0, dim=1)
         columns.append(norm if index is None else norm.new_zeros(k).index_copy_(0, index, norm))
     norms = torch.stack(columns, dim=1)  # [K, P]
-    if norms.device.type == "cpu":  # each model's own norms alone, in its order: zeros for the others' slices in
-        # between would add its squares in another order (off the CPU, picking them would wait for the device)
+    # where a model lacks slices, its own norms alone, in its order: zeros for the others' slices in between would
+    # add its squares in another order (off the CPU, picking them would wait for the device)
+    if norms.device.type == "cpu" and any(index is not None for _, index in grads):
         owned = torch.stack([torch.ones(k, dtype=torch.bool) if index is None else
                              torch.zeros(k, dtype=torch.bool).index_fill_(0, index, True) for _, index in grads], 1)
         total = torch.stack([torch.linalg.vector_norm(row[own], 2.0) for row, own in zip(norms, owned)])
