@@ -1,24 +1,7 @@
-"""Verdicts computed from result files, training nothing: what a study's stages read from earlier ones.
-
-- ``versus``: the genes of one validation against a gene of another, paired by seed (the two files
-  must hold the same baseline trainings);
-- ``matched_pair``, ``family`` and ``trend``: a gene against its parameter-matched model (or the
-  baseline) in several cells, Holm over the cells, and the trend of the paired change over a level
-  (tokens per parameter), by per-seed slopes and the exact sign-flip test;
-- ``collect_strategies`` and ``compare_strategies``: search strategies over several search seeds,
-  each search's validated winner, paired by search seed;
-- ``search_features`` and ``rediscovery``: how often searches' winners hold known ingredients (solve
-  rates with exact intervals, Fisher's test against a reference strategy, Barnard's beside it), and
-  how often a search *rediscovers* by a registered rule (``rediscovered_if``: alternatives of facts
-  about its winner, each fact an ingredient held, ``validated better`` or ``solves``), its rate
-  against a registered ``bar`` by the exact interval;
-- ``reliability``: the rank correlation of search scores and fresh-seed scores over each search's
-  top genes, pooled over the searches with its interval (a quantity, not a test);
-- ``select_rate``: a rate of a grid by the baseline's mean (ties to the smaller rate), and whether
-  it lies at an edge of the grid;
-- ``store_times``, ``training_rows`` and ``run_times``: a run store's machine time per role.
-
-Every test is ``util.stats``'s; a file that does not fit is refused with one line (UserError).
+"""Verdicts computed from result files, training nothing: what a study's computed stages read from
+earlier ones (versus, family and trend, strategies, rediscovery, reliability, a tuning stage's rate)
+and a run store's machine time per role. Every test is ``util.stats``'s; a file that does not fit is
+refused with one line (UserError).
 """
 
 from __future__ import annotations
@@ -277,12 +260,10 @@ def _validated(run: Path, winner: str | None) -> dict | None:
         if (run / name).is_file() and winner is not None:
             payload = json.loads((run / name).read_text())
             row = next((g for g in payload.get("genes") or [] if g["gene"].split("|lr=")[0] == winner), None)
-            if row is None and winner in (AttentionGene.vanilla().key, (payload.get("baseline") or {}).get("gene")):
-                return {"verdict": BASELINE_ITSELF, "relative": None, "difference": None, "values": None,
-                        "against": "baseline", "metric": payload.get("metric"), "file": name}  # validate leaves it out
-            if row is None:
+            if row is None and winner not in (AttentionGene.vanilla().key, (payload.get("baseline") or {}).get("gene")):
                 raise UserError(f"{run / name} does not validate the search's winner {winner}: validate it with "
                                 "--from-run and --top 1")
+            row = row or {"verdict": BASELINE_ITSELF}  # the baseline gene: validate leaves it out
             return {"verdict": row.get("verdict"), "relative": row.get("relative"),
                     "difference": row.get("difference"), "values": row.get("values"),
                     "against": (row.get("versus") or {}).get("baseline", "baseline"), "metric": payload.get("metric"),
@@ -369,31 +350,27 @@ def rediscovery(searches: list[dict], reference: str, features=TESTED) -> dict:
         by_strategy.setdefault(str(s["strategy"]), []).append(s)
     summary = {}
     for strategy, runs in by_strategy.items():
-        rows = {}
+        summary[strategy] = rows = {}
+        drawn = sum(r["generation0"] for r in runs)
         for feature in tested:
-            found = sum(r["features"][feature]["found"] for r in runs)
-            firsts = [r["features"][feature]["first_evaluation"] for r in runs
-                      if r["features"][feature]["first_evaluation"] is not None]
-            drawn = sum(r["generation0"] for r in runs)
-            rows[feature] = {**stats.solve_rate(found, len(runs)),
-                             "in_top_5": sum(r["features"][feature]["in_top_5"] for r in runs),
+            each = [r["features"][feature] for r in runs]
+            firsts = [e["first_evaluation"] for e in each if e["first_evaluation"] is not None]
+            rows[feature] = {**stats.solve_rate(sum(e["found"] for e in each), len(runs)),
+                             "in_top_5": sum(e["in_top_5"] for e in each),
                              "first_evaluation_median": statistics.median(firsts) if firsts else None,
                              "first_evaluation_range": [min(firsts), max(firsts)] if firsts else None,
-                             "base_rate": (sum(r["features"][feature]["generation0_holding"] for r in runs) / drawn
-                                           if drawn else None)}
-        summary[strategy] = rows
+                             "base_rate": sum(e["generation0_holding"] for e in each) / drawn if drawn else None}
+
+    def counts(strategy: str) -> dict:
+        return {f: (summary[strategy][f]["solved"], summary[strategy][f]["n"]) for f in tested}
+
     comparisons = {}
-    if reference in summary:
-        ref = {f: (summary[reference][f]["solved"], summary[reference][f]["n"]) for f in tested}
-        for strategy in summary:
-            if strategy == reference:
-                continue
-            counts = {f: (summary[strategy][f]["solved"], summary[strategy][f]["n"]) for f in tested}
-            fisher = stats.solve_rates_versus(counts, ref, test="fisher")
-            barnard = stats.solve_rates_versus(counts, ref, test="barnard")
-            comparisons[strategy] = {f: {**fisher[f], "p_barnard_holm": barnard[f].get("p_holm"),
-                                         "words": REDISCOVERY_WORDS.get(fisher[f]["verdict"], fisher[f]["verdict"])}
-                                     for f in tested}
+    for strategy in [s for s in summary if s != reference] if reference in summary else []:
+        fisher = stats.solve_rates_versus(counts(strategy), counts(reference), test="fisher")
+        barnard = stats.solve_rates_versus(counts(strategy), counts(reference), test="barnard")
+        comparisons[strategy] = {f: {**fisher[f], "p_barnard_holm": barnard[f].get("p_holm"),
+                                     "words": REDISCOVERY_WORDS.get(fisher[f]["verdict"], fisher[f]["verdict"])}
+                                 for f in tested}
     return {"features": {f: sorted(o) for f, o in tested.items()}, "reference": reference,
             "strategies": summary, "comparisons": comparisons}
 
