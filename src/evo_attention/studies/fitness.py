@@ -5,29 +5,23 @@
     result.verdicts    # ["this fitness can see output gate in one evaluation with probability 0.97", ...]
     write_fitness_check(result, "runs/fitness")  # fitness_check.json and fitness_check.md
 
-A **fitness** is what a search ranks its candidates by: one task or language-model configuration
-(accuracy on a generated task, else the validation loss, i.e. log perplexity), or a suite of task
-points (the mean accuracy over the points, ``train.suite``). The check trains the vanilla gene
-(``Config.resolved_baseline``) and each **known improvement** on N seeds, all at one rate, the
-vanilla gene's tuned one, as a search trains its candidates:
+A **fitness** is what a search ranks its candidates by (``Fitness``). The check trains the vanilla
+gene (``Config.resolved_baseline``) and each **known improvement** on N seeds, all at one rate, as a
+search trains its candidates:
 
-1. **The rate.** Given (``lr``), or tuned: the vanilla gene at every rate of ``lr_grid`` on tuning
-   seeds of their own (``studies.common.tuning_seeds``), selected by ``studies.lr_grid.select``
-   (fewest failures, best mean, ties to the smaller rate); a rate at an end of the grid is
-   flagged ``at_edge``.
-2. **The points**, the vanilla gene at that rate: per point the mean and sd over the seeds, the
-   task's chance and no-recall levels, the share of seeds at or above ``CEILING`` (saturated), the
-   point's share of the summed seed-to-seed variance, and a status: ``saturated`` (mean >=
-   CEILING), ``no lookup`` (mean at most 0.02 above the larger of chance and the no-recall level),
-   ``near ceiling`` (mean > HEADROOM), else ``headroom``.
-3. **The improvements.** An improvement is a gene expected to beat another (``Improvement``;
-   defaults per fitness kind: ``known_improvements``). Its effect is the mean difference in the
-   right direction in units of the pooled per-seed sd. The probability that ONE evaluation of each
-   ranks it right is read from a normal model of the per-seed values, paired by seed (a search
-   trains its candidates on one seed) and unpaired; the check reports the lower of the two
-   (``p_one``), the same for k evaluations averaged (``p_by_evaluations``), and the share of seeds
-   on which the pair was ranked right. **Approximation**: normal seed-to-seed variation is assumed;
-   with 10 seeds these are estimates, not bounds. An improvement is *seen* when ``p_one >= SEE``.
+1. **The rate.** Given (``lr``), or the vanilla gene's best of ``lr_grid`` on tuning seeds of their
+   own (``studies.common.tuning_seeds``, ``studies.lr_grid.select``); a rate at an end of the grid
+   is flagged ``at_edge``.
+2. **The points**, the vanilla gene at that rate (``point_row``): mean and sd over the seeds, the
+   task's chance and no-recall levels, the share of saturated seeds, the point's share of the summed
+   seed-to-seed variance, and a status: ``saturated`` (mean >= CEILING), ``no lookup`` (mean at most
+   NO_LOOKUP_MARGIN above the larger of chance and no-recall), ``near ceiling`` (mean > HEADROOM),
+   else ``headroom``.
+3. **The improvements** (``Improvement``; defaults: ``known_improvements``), by ``ranking``: the
+   effect in units of the pooled per-seed sd, and the probability that ONE evaluation of each ranks
+   them right, from a normal model of the per-seed values, the lower of paired (a search trains its
+   candidates on one seed) and unpaired (``p_one``; ``p_by_evaluations`` for k averaged). An
+   **approximation**: with 10 seeds these are estimates, not bounds. Seen when ``p_one >= SEE``.
 
 Every training is a Trial through the runner and the setup's store (role ``fitness-check``): a
 repeat trains nothing, an interrupted check resumes. ``fitness_id`` names a fitness apart from its
@@ -38,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -184,18 +179,16 @@ class Fitness:
               labels: Mapping[str, str], role: str = ROLE) -> dict:
         """(gene key, point label, seed) -> the record, every training at ``rate`` through
         the setup's runner and store (one call), stored with ``role``."""
-        tasks, index = [], []
-        for label, config in self.points.items():
-            at_rate = config.replace(learning_rate=float(rate))
-            for key in keys:
-                for seed in seeds:
-                    trial = Trial.from_config(key, at_rate, seed=seed, data=self.datasets[label])
-                    name = f"{labels[key]} " if key in labels else ""  # the progress line shows the gene itself
-                    tasks.append(EvalTask(trial, role=role, label=f"{name}{label} at lr {rate:g}, seed {seed}"))
-                    index.append((key, label, seed))
-        done = setup.run(tasks, datasets={self.points[label].task: d for label, d in self.datasets.items()})
-        self.records.extend(done[t] for t in tasks)
-        return {where: done[t] for where, t in zip(index, tasks)}
+        tasks = {}
+        for label, key, seed in itertools.product(self.points, keys, seeds):
+            config = self.points[label].replace(learning_rate=float(rate))
+            trial = Trial.from_config(key, config, seed=seed, data=self.datasets[label])
+            name = f"{labels[key]} " if key in labels else ""  # the progress line shows the gene itself
+            tasks[key, label, seed] = EvalTask(trial, role=role, label=f"{name}{label} at lr {rate:g}, seed {seed}")
+        datasets = {self.points[label].task: data for label, data in self.datasets.items()}
+        done = setup.run(list(tasks.values()), datasets=datasets)
+        self.records.extend(done[t] for t in tasks.values())
+        return {where: done[t] for where, t in tasks.items()}
 
 
 def fitness_id(fitness: Fitness) -> str:
@@ -297,12 +290,11 @@ def run_fitness_check(config, data=None, *, suite=None, seeds: int = DEFAULT_SEE
     check_argument("seeds", seeds, int, "a whole number of seeds such as 5")
     if data is not None:
         check_argument("data", data, TaskData, "a TaskData (evo_attention.data.load_data(name, ...)) or None")
-    if isinstance(evaluations, (str, bytes)) or not isinstance(evaluations, Iterable) or not all(
-            isinstance(k, int) and not isinstance(k, bool) for k in evaluations):
-        raise TypeError(f"evaluations must be a list of whole numbers such as [1, 3, 5], not {evaluations!r}")
-    if isinstance(lr_grid, (str, bytes)) or not isinstance(lr_grid, Iterable) or not all(
-            isinstance(r, (int, float)) and not isinstance(r, bool) for r in lr_grid):
-        raise TypeError(f"lr_grid must be a list of rates such as [1e-3, 2e-3, 4e-3], not {lr_grid!r}")
+    for name, value, kinds, wanted in (("evaluations", evaluations, int, "whole numbers such as [1, 3, 5]"),
+                                       ("lr_grid", lr_grid, (int, float), "rates such as [1e-3, 2e-3, 4e-3]")):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or not all(
+                isinstance(v, kinds) and not isinstance(v, bool) for v in value):
+            raise TypeError(f"{name} must be a list of {wanted}, not {value!r}")
     if isinstance(improvements, (str, bytes)):  # one text would be read letter by letter
         raise TypeError(f"improvements must be a list of Improvements or their texts, not {improvements!r}")
     if lr is None:
@@ -445,11 +437,12 @@ def check_lines(config, data=None) -> list[tuple[str, bool]]:
     found = find_check(fitness_id(Fitness.of(config, data, load_suite(config.suite) if config.suite else None)))
     if found is None:
         return []
-    made = f"the fitness check of this fitness ({len(found.get('seeds') or [])} seeds at lr {found['lr']:g})"
+    seeds = len(found.get("seeds") or [])
+    made = f"the fitness check of this fitness ({seeds} seeds at lr {found['lr']:g})"
     if not math.isclose(found["lr"], config.learning_rate, rel_tol=1e-9):
         return [(f"{made} was made at another rate than this run's ({config.learning_rate:g}): its verdicts may not "
                  f"hold here; run evo-attention fitness-check with --lr {config.learning_rate:g} to measure them", True)]
-    lines = [(f"fitness check ({len(found.get('seeds') or [])} seeds): {verdict}", False) for verdict in found["verdicts"]]
+    lines = [(f"fitness check ({seeds} seeds): {verdict}", False) for verdict in found["verdicts"]]
     if found.get("saturated"):
         lines.append((f"this fitness is saturated at lr {found['lr']:g}: the vanilla gene scores >= "
                       f"{found['ceiling']} on every point, so no candidate can show a gain", True))
