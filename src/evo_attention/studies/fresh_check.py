@@ -4,18 +4,14 @@
     result = fresh_check(store, executor, top=3, n_seeds=2)   # the run's own store and an executor
     result["line"]    # "the winner held: best of the top 3 on 2 fresh seeds, ahead of the vanilla gene ..."
 
-A search ranks its genes by one training each, on the run's seed. The check trains the search's
-``top`` genes and the run's vanilla gene (its ``baseline_gene`` where set, named so) again on
-``n_seeds`` fresh seeds (the seeds ``validate --from-run`` starts with: ``seed + 1 ...``, so a later
+The check trains the search's ``top`` genes and the run's vanilla gene (its ``baseline_gene`` where
+set) again on ``n_seeds`` fresh seeds (``validate --from-run``'s first, ``seed + 1 ...``: a later
 validation reuses them) at the run's settings, scores them on the search's own fitness
-(``studies.fitness.Fitness``: the validation loss, or the suite's mean accuracy), and reports each
-gene's search and fresh score, the rank correlation between the two (Spearman, over the top genes),
-and whether the winner **held**: it is the best of the top genes on the fresh seeds and better than
-the vanilla gene there. With two seeds this is a check, not a verdict: ``validate`` gives the
-verdict.
-
-The trainings are stored in the run's store with the role ``check``; the result is written as
-``fresh_check.json`` and ``fresh_check.md`` in the run directory (the report shows its line).
+(``studies.fitness.Fitness``), and reports each gene's search and fresh score, their rank
+correlation (Spearman) and whether the winner **held**: the best of the top genes on the fresh seeds
+and better than the vanilla gene there. A check, not a verdict (``validate`` gives that). The
+trainings are stored with the role ``check``; the result is ``fresh_check.json`` and
+``fresh_check.md`` in the run directory.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ def fresh_check(store, executor, *, top: int = DEFAULT_TOP, n_seeds: int = DEFAU
     fresh = {}
     for key in keys:
         scores = [fitness.score([records[key, label, s] for label in fitness.points]) for s in setup.seeds]
-        finished = [v for v in scores if v is not None]
-        fresh[key] = statistics.fmean(finished) if len(finished) == len(scores) else None
+        fresh[key] = statistics.fmean(scores) if None not in scores else None
     sign = -1.0 if fitness.lower_is_better else 1.0
     rows = [{"rank": i + 1, "gene": key, "search": value, "fresh": fresh[key]} for i, (key, value) in enumerate(ranked)]
     winner = rows[0]
