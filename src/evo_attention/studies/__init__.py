@@ -1,20 +1,6 @@
-"""Studies: experiments that train models through the runner and write their result files.
-
-- ``common``: what the seed-based studies share: ``StudySetup`` (settings resolved once, training
-  through the runner and the run store, provenance) and ``StudyResult`` (typed, read as its dict)
-- ``validate``: re-train genes and the baseline with fresh seeds and compare (``validate_genes``)
-- ``ablate``: remove each of a gene's differences from the baseline, and add each one alone
-- ``transfer``: retrain genes and the baseline at a ladder of model sizes (``transfer_genes``)
-- ``maps``: attention weights per layer and head, drawn, with sparsity, entropy and distance
-- ``compare``: named attention variants at one fixed size
-- ``curves``: each gene's accuracy against a knob of a generated task (``run_curve``): where it breaks
-- ``lr_grid``: each gene at its own best learning rate of a grid (``lr_grid=`` of every study above
-  but maps), selected on tuning seeds of their own, measured on the study's seeds
-- ``plan``: a registered family (``validate --plan``, ``curve --plan``) and its amendments
-- ``study`` and ``study_run``: a registered study as one plan file (questions, stages, seed blocks,
-  families, decision words), registered, run stage by stage, amended and reported (docs/studies.md);
-  ``results``: what its computed stages compute from result files
-- ``evolution``: ``Evolution``, a search that writes its report (the original project's API)
+"""Studies: experiments that train models through the runner and write their result files, a module
+per study (docs/architecture.md names them: validate, ablate, transfer, maps, compare, curves, suite,
+lr_grid, fitness, fresh_check, plan, study and study_run with results, evolution).
 
     from evo_attention.studies import validate_genes, write_validation
     result = validate_genes(["dot|sparsemax|output_gate|learned"], config, data, n_seeds=5)

@@ -1,26 +1,19 @@
 """Each gene at its own best learning rate: a grid of rates, the same for every gene.
 
-A gene that learns best at another rate than the baseline's is handicapped by a shared rate (or
-favoured, if the shared rate was tuned for it). With a grid (``StudySetup.lr_grid``) every gene,
-the baseline included, gets the same tuning budget, and the comparison is made between each gene
-at its own best rate:
+A shared rate handicaps a gene that learns best at another one (or favours the gene it was tuned
+for). With a grid (``StudySetup.lr_grid``) every gene, the baseline included, gets the same tuning
+budget, and each gene is compared at its own best rate:
 
-1. **Tuning.** Every gene is trained at every rate of the grid on the *tuning seeds*
-   (``StudySetup.tuning_seeds``: ``seed + 1001 ... seed + 1000 + T``) and measured on the
-   validation split, whatever split the study reports on. Each point is one ``Trial`` through
-   ``StudySetup.run``: the run store caches every point, so a resumed or repeated grid trains
-   nothing again. The points' records are stored with the role ``lr-grid``.
-2. **Selection.** A gene's curve is its mean metric over the tuning seeds at each rate; its rate
-   is the best mean among the rates at which every tuning seed finished (failing seeds rule a rate
-   out: a rate that diverges on some seeds is no recipe; if every rate had failures, the fewest
-   failures win, then the best mean). Ties go to the smaller rate. A rate at the grid's smallest or
-   largest end is flagged ``at_edge``: the best rate may lie outside the grid, which should then
-   be widened.
-3. **The verdict.** Each gene is trained at its selected rate on the study's own seeds
-   (``seed + 1 ... seed + N``, disjoint from the tuning seeds) and on the study's split, and
-   compared with the baseline at the baseline's selected rate, paired by seed. Selection and
-   measurement never share a training. Holm's family is that of the baseline trainings at the
-   baseline's rate (``versus_baseline``).
+1. **Tuning.** Every gene at every rate of the grid on the *tuning seeds*
+   (``StudySetup.tuning_seeds``: ``seed + 1001 ... seed + 1000 + T``), measured on the validation
+   split whatever split the study reports on; a ``Trial`` each through ``StudySetup.run`` (cached by
+   the run store: a resumed grid trains nothing again), stored with the role ``lr-grid``.
+2. **Selection** (``RULE``): the best mean over the tuning seeds among the rates at which every
+   tuning seed finished (if every rate had failures, the fewest failures first), ties to the smaller
+   rate. A rate at an end of the grid is flagged ``at_edge``: the grid should be widened.
+3. **The verdict.** Each gene at its rate on the study's own seeds (``seed + 1 ... seed + N``,
+   disjoint from the tuning seeds) and split, against the baseline at the baseline's rate, paired by
+   seed. Holm's family is that of the baseline trainings at its rate (``versus_baseline``).
 
 ``tune`` runs steps 1 and 2 and returns the ``grid`` block a result carries; ``selected_rates``
 reads the rates from it; ``train_at_rates`` and ``versus_baseline`` make step 3.
@@ -49,7 +42,7 @@ RULE = ("each gene trained at every rate on the tuning seeds, measured on the va
 def tune(setup: StudySetup, genes: Sequence[AttentionGene | str], *, labels: Mapping[str, str] | None = None) -> dict:
     """Train every gene at every rate of ``setup.lr_grid`` on ``setup.tuning_seeds`` (validation
     split; from the store where there) in one call of the runner, and select each gene's rate:
-    the ``grid`` block (see ``grid_block``)."""
+    the ``grid`` block (see ``grid_of``)."""
     keys = gene_keys(genes)
     return grid_of(setup, keys, tuning_setup(setup).run(tuning_tasks(setup, keys, labels=labels)))
 
@@ -71,12 +64,28 @@ def tuning_tasks(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
 
 
 def grid_of(setup: StudySetup, genes: Sequence[AttentionGene | str], results: Mapping) -> dict:
-    """The ``grid`` block (step 2) from the records of this setup's ``tuning_tasks`` (task -> record)."""
-    keys = gene_keys(genes)
-    records: dict[float, Records] = {rate: {} for rate in setup.lr_grid}
+    """The ``grid`` block (step 2) from the records of this setup's ``tuning_tasks`` (task -> record):
+    the rates, the tuning and verdict seeds, and per gene its ``curve`` (per rate: the tuning values,
+    their mean and failures), ``selected`` rate and ``at_edge``; ``at_edge`` also lists the genes whose
+    rate is an end of the grid."""
+    rates, seeds = list(setup.lr_grid), list(setup.tuning_seeds)
+    records: dict[float, Records] = {rate: {} for rate in rates}
     for task, record in results.items():
         records[task.trial.train.learning_rate][task.gene, task.seed] = record
-    return grid_block(setup, keys, records)
+    rows = {}
+    for key in gene_keys(genes):
+        curve = []
+        for rate in rates:
+            sample = samples(records[rate], key, seeds, setup.metric)
+            finished = [v for v in sample["values"] if v is not None]
+            curve.append({"lr": rate, "mean": sum(finished) / len(finished) if finished else None,
+                          "values": sample["values"], "n_failed": sample["n_failed"]})
+        chosen = select(curve, setup.lower_is_better)
+        rows[key] = {"str": str(AttentionGene.parse(key)), "baseline": key == setup.baseline, "curve": curve,
+                     "selected": chosen, "at_edge": chosen in (rates[0], rates[-1])}
+    return {"rates": rates, "tuning_seeds": seeds, "verdict_seeds": list(setup.seeds), "tuning_split": "valid",
+            "metric": setup.metric, "metric_label": setup.metric_label, "lower_is_better": setup.lower_is_better,
+            "rule": RULE, "genes": rows, "at_edge": [k for k, g in rows.items() if g["at_edge"]]}
 
 
 def check_rates_free(genes: Sequence[AttentionGene | str]) -> None:
@@ -94,29 +103,6 @@ def _at(keys: Sequence[str], rate: float, labels: Mapping[str, str] | None) -> d
     """Progress labels that say the rate: ``NAME at lr RATE`` (``lr RATE`` for a gene without a name)."""
     labels = labels or {}
     return {k: f"{labels[k]} at lr {rate:g}" if k in labels else f"lr {rate:g}" for k in keys}
-
-
-def grid_block(setup: StudySetup, keys: Sequence[str], records: Mapping[float, Records]) -> dict:
-    """The ``grid`` block from the tuning records (rate -> (gene, seed) -> record): the rates, the
-    tuning and verdict seeds, and per gene its ``curve`` (per rate: the tuning values, their mean
-    and failures), ``selected`` rate and ``at_edge``; ``at_edge`` also lists the genes whose rate
-    is an end of the grid."""
-    rates, seeds = list(setup.lr_grid), list(setup.tuning_seeds)
-    base_key = setup.baseline
-    genes = {}
-    for key in keys:
-        curve = []
-        for rate in rates:
-            sample = samples(records[rate], key, seeds, setup.metric)
-            finished = [v for v in sample["values"] if v is not None]
-            curve.append({"lr": rate, "mean": sum(finished) / len(finished) if finished else None,
-                          "values": sample["values"], "n_failed": sample["n_failed"]})
-        chosen = select(curve, setup.lower_is_better)
-        genes[key] = {"str": str(AttentionGene.parse(key)), "baseline": key == base_key, "curve": curve,
-                      "selected": chosen, "at_edge": chosen in (rates[0], rates[-1])}
-    return {"rates": rates, "tuning_seeds": seeds, "verdict_seeds": list(setup.seeds), "tuning_split": "valid",
-            "metric": setup.metric, "metric_label": setup.metric_label, "lower_is_better": setup.lower_is_better,
-            "rule": RULE, "genes": genes, "at_edge": [k for k, g in genes.items() if g["at_edge"]]}
 
 
 def selected_rates(grid: Mapping) -> dict[str, float]:
