@@ -1,22 +1,18 @@
 """A registered family: a study plan, written before the study runs, that fixes what it will test.
 
-A validation's plan file (YAML; docs/validation.md has examples) names the comparisons (the genes
-compared with the baseline: Holm's family), the equivalence ``margin`` (relative on perplexity and
-bits, in units on loss and accuracy), ``alpha``, the ``test`` (``rule``: the verdict rule of
-util.stats) and the ``seeds`` (optionally a ``seed_block``, ``studies.common.seed_block_base``). A
-curve's plan (``load_plan(path, study="curve")``) names the ``genes`` (compare's names or gene
-strings; the reference is the one named ``baseline``, else the first), the ``knob`` and its values,
-the ``seeds``, the ``solve_threshold``, ``alpha`` and the solve-rate ``test`` (fisher or barnard).
-Either may list ``amendments``: changes of the family after results exist, each with its ``time``
-and ``reason`` and the fields it changes.
+A plan file (YAML; docs/validation.md has examples) names the family's fields (``STUDIES``): a
+validation's comparisons (Holm's family against the baseline), equivalence ``margin`` (relative on
+perplexity and bits, in units on loss and accuracy), ``alpha``, ``test`` and ``seeds`` (optionally a
+``seed_block``); a curve's (``load_plan(path, study="curve")``) ``genes`` (the reference: the one named
+``baseline``, else the first), ``knob``, ``seeds``, ``solve_threshold``, ``alpha`` and solve-rate
+``test``. ``amendments`` change the family after results exist, each with its ``time``, ``reason`` and
+the fields it changes.
 
-``validate --plan FILE`` (``curve --plan FILE``) runs it (``load_plan``, then ``check_registration`` before anything
-trains) and records the plan in the result (``plan``: the family, its fingerprint, the number of
-amendments). Once a result exists in the output place, the family may change only by appending
-amendments: the family the earlier result recorded must be the plan's family before its new
-amendments (the history is append-only), and every new amendment must carry a time between the
-earlier result and now. Anything else is refused: a family chosen after seeing results is not the
-family the error rate was promised for.
+``validate --plan FILE`` (``curve --plan FILE``) loads it, checks it against the results already in
+its output place (``check_registration``, before anything trains) and records it in the result
+(``StudyPlan.record``). Once a result exists, the family changes only by appended amendments, each
+dated between that result and now: a family chosen after seeing results is not the family the error
+rate was promised for.
 """
 
 from __future__ import annotations
@@ -263,9 +259,9 @@ def check_registration(plan: StudyPlan, out_dir: str | os.PathLike, eval_split: 
                         "plan file (amendments: - time: ISO time, reason: why, and the changed fields); earlier "
                         "amendments and the registered family stay as they were", setting="plan")
     then = earlier.get("created_at")
+    since = then and datetime.fromisoformat(then).astimezone(timezone.utc).isoformat(timespec="seconds")
     now = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
     for amendment in plan.amendments[done:]:
-        if (then and amendment["time"] < datetime.fromisoformat(then).astimezone(timezone.utc).isoformat(
-                timespec="seconds")) or amendment["time"] > now:
+        if (since and amendment["time"] < since) or amendment["time"] > now:
             raise UserError(f"{change}: its amendment of {amendment['time']} must be dated between those results "
                             f"({then}) and now ({now})", setting="plan")
