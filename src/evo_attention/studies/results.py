@@ -323,11 +323,11 @@ def reliability(payloads: list[dict], confidence: float = 0.95) -> dict:
     for p in payloads:
         pairs = [(g["search_value"], g["mean"]) for g in p.get("genes") or []
                  if g.get("search_value") is not None and g.get("mean") is not None]
-        rho = None
-        if len(pairs) >= 3 and len({a for a, _ in pairs}) > 1 and len({b for _, b in pairs}) > 1:
-            rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic)
+        search, fresh = [a for a, _ in pairs], [b for _, b in pairs]
+        varied = len(pairs) >= 3 and len(set(search)) > 1 and len(set(fresh)) > 1
         rows.append({"run": p.get("source_run"), "search_seed": p.get("search_seed"), "genes": len(pairs),
-                     "rho": rho, "search": [a for a, _ in pairs], "fresh": [b for _, b in pairs]})
+                     "rho": float(spearmanr(search, fresh).statistic) if varied else None, "search": search,
+                     "fresh": fresh})
     pooled = stats.describe([r["rho"] for r in rows if r["rho"] is not None], confidence)
     if pooled["ci_low"] is not None:  # a t interval may pass the bounds of a correlation: cut at them
         pooled["ci_low"], pooled["ci_high"] = max(pooled["ci_low"], -1.0), min(pooled["ci_high"], 1.0)
