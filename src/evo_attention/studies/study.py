@@ -2,15 +2,14 @@
 budgets, margins, families and decision words; registered before any result, run stage by stage,
 amended only before the results an amendment changes, and reported from its result files alone.
 
-The plan (docs/studies.md has the whole schema and an example) names the study, its ``root`` (the
-folder paths are relative to and commands run in), ``out`` (run stores and every file a command
-writes, a folder per stage), ``results`` (the small result files copied from out: what report
-reads), ``vars`` and ``settings`` (``{name}`` in stages; vars are part of the registration, settings
-say where and how it runs: ``run --set``), ``gpu_flags`` (added to a ``device: gpu`` stage's
-trainings where CUDA is present) and its ``questions``: each with its seed ``blocks`` and
-``search_seeds`` (no two questions share one), its ``stages`` in order (``KINDS``, each in its own
-folder or file), the ``tables`` report shows, the ``sources`` the decision reads, and the rules of
-its ``words`` (per entity) and ``answers`` (the first rule that holds).
+The plan's keys are ``TOP_KEYS`` (docs/studies.md has the whole schema and an example): ``root``
+(what paths are relative to, where commands run), ``out`` (stores and every file a command writes, a
+folder per stage), ``results`` (the small files copied from out: what report reads), ``vars`` (part
+of the registration) and ``settings`` (where and how it runs: ``run --set``), both ``{name}`` in
+stages, ``gpu_flags`` (for a ``device: gpu`` stage's trainings where CUDA is present) and
+``questions`` (``QUESTION_KEYS``): seed ``blocks`` and ``search_seeds`` (no two questions share one),
+``stages`` in order (``KINDS``, each its own folder or file), report's ``tables``, the ``sources`` the
+decision reads, and the rules of its ``words`` (per entity) and ``answers`` (the first that holds).
 
 The registration (``PLAN.registration.json`` beside the plan, committed with it) records the plan's
 hash, a fingerprint of every stage and question, the tool's version and the repository's commit;
@@ -69,6 +68,7 @@ SOURCE_WORDS = frozenset({stats.PAIRED_BETTER, stats.PAIRED_WORSE, stats.EQUIVAL
                           stats.SOLVED_MORE, stats.SOLVED_LESS, stats.REFERENCE, stats.NO_ADVANTAGE, stats.NO_RELATIVE,
                           stats.HOLDS, stats.SHRINKS, stats.VANISHES, stats.REVERSES, *TREND_WORDS, POSITIVE, NEGATIVE,
                           ABOVE, BELOW, BASELINE_ITSELF})
+EDGE_RULE = "the edge rule asks for an amendment that widens the grid (a new tuning stage) first"
 CONDITION = re.compile(r"^(?:(all|some|no)\s+)?([^\s\[]+)(?:\[([^\]]+)\])?\s+is\s+(not\s+)?(.+)$")
 
 
@@ -259,13 +259,11 @@ def stage_commands(stage: Stage) -> list[dict]:
     """The stage's commands, each ``{"run": argv template, "done": glob or None}``."""
     items = stage.spec.get("commands") or ([stage.spec["command"]] if "command" in stage.spec else [])
     out = []
-    for item in items:
-        run = item.get("run") if isinstance(item, dict) else item
+    for item in (i if isinstance(i, dict) else {"run": i} for i in items):
+        run = item.get("run")
         if not isinstance(run, list) or not run:
             raise UserError(f"stage {stage.name}: a command is a list of words (evo-attention's subcommand first)")
-        name = str(run[0])
-        done = item.get("done") if isinstance(item, dict) else None
-        out.append({"run": run, "name": name, "done": done or DONE.get(name)})
+        out.append({"run": run, "name": str(run[0]), "done": item.get("done") or DONE.get(str(run[0]))})
     return out
 
 
@@ -281,14 +279,11 @@ def _inputs(stage: Stage, combo: dict, env: dict) -> list[str]:
     """The result files (globs) a computed stage reads, relative to the results."""
     s = {k: substitute(v, {**env, **combo}) for k, v in stage.spec.items()}
     found = [s[key] for key in ("genes_of", "reference_file", "rate_of") if s.get(key)]
-    if stage.kind == "family":
-        found += list((s.get("cells") or {}).values())
+    found += list((s.get("cells") or {}).values()) + list(s.get("validations") or [])  # a family's, a reliability's
     if stage.kind == "strategies":
         found.append(s["searches"].rstrip("/") + "/*")
     if stage.kind == "rediscovery":
         found += list(s.get("searches") or []) + list(s.get("describe") or [])
-    if stage.kind == "reliability":
-        found += list(s.get("validations") or [])
     return found + [v["genes_of"] for v in (stage.spec.get("each") or {}).values() if isinstance(v, dict)]
 
 
@@ -351,13 +346,12 @@ def _check_rules(study: Study) -> None:
                 if (key, v) in owners:
                     raise _rule(path, what, f"{key[:-1].replace('_', ' ')} {v} is {owners[(key, v)]}'s and {qname}'s")
                 owners[(key, v)] = qname
-    names: set[str] = set()
     written: dict[str, str] = {}
     for stage in study.stages:
         spec, q = stage.spec, study.questions[stage.question]
-        if stage.name in names:
+        earlier = {s.name: s for s in study.stages[:stage.index]}
+        if stage.name in earlier:
             raise _rule(path, "one name per stage", f"two stages are named {stage.name}")
-        names.add(stage.name)
         if stage.kind not in KINDS:
             raise _fail(path, f"stage {stage.name}: kind {stage.kind!r} is not known: use {', '.join(KINDS)}")
         bad = sorted(set(spec) - STAGE_KEYS - KIND_KEYS[stage.kind])
@@ -375,8 +369,7 @@ def _check_rules(study: Study) -> None:
         for var, values in each.items():
             if isinstance(values, list) and any(isinstance(v, dict) and var not in v for v in values):
                 raise _fail(path, f"stage {stage.name}: each {var}: a mapping among its values names its own {var}")
-            each_names = {var} | {k for v in values if isinstance(v, dict) for k in v} if isinstance(values, list) \
-                else {var}
+            each_names = {var}.union(*(v for v in values if isinstance(v, dict))) if isinstance(values, list) else {var}
             shadowed = sorted(each_names & set(study.raw.get("vars") or {}))
             if shadowed:  # vars are substituted first: the each value would never be used
                 raise _fail(path, f"stage {stage.name}: each names {shadowed[0]!r}, which is also a var of the plan: "
@@ -413,7 +406,6 @@ def _check_rules(study: Study) -> None:
                                       "settings, each)")
                 _check_seeds(study, stage, q, argv)
         # what a stage reads comes from earlier stages
-        earlier = {s.name: s for s in study.stages[:stage.index]}
         for kind, target in _refs(stage) if stage.trains else []:
             if kind not in ("out", "results", "rate", "plan", "lr"):
                 raise _fail(path, f"stage {stage.name}: {{{kind}:{target}}} is not a reference (out, results, rate, "
@@ -669,8 +661,7 @@ def genes_of(payload: dict, where: str, edge_rule: str = "refuse") -> list[str]:
     if not grid:
         return [g["gene"] for g in payload["genes"]]
     if grid.get("at_edge") and edge_rule == "refuse":
-        raise UserError(f"{where}: selected rates at an edge of the grid ({', '.join(grid['at_edge'])}): the edge rule "
-                        "asks for an amendment that widens the grid (a new tuning stage) first")
+        raise UserError(f"{where}: selected rates at an edge of the grid ({', '.join(grid['at_edge'])}): {EDGE_RULE}")
     return [f"{g}|lr={v['selected']:g}" for g, v in grid["genes"].items() if not v.get("baseline")]
 
 
@@ -680,8 +671,7 @@ def baseline_rate(payload: dict, where: str, edge_rule: str = "refuse") -> str:
     if row is None:
         raise UserError(f"{where}: no baseline on a learning-rate grid")
     if row.get("at_edge") and edge_rule == "refuse":
-        raise UserError(f"{where}: the baseline's selected rate is at an edge of the grid: the edge rule asks for an "
-                        "amendment that widens the grid (a new tuning stage) first")
+        raise UserError(f"{where}: the baseline's selected rate is at an edge of the grid: {EDGE_RULE}")
     return f"{row['selected']:g}"
 
 
@@ -723,22 +713,16 @@ class Runs:
         n = sum(self.done(stage, c) for c in combos)
         selection = stage.kind != "tune" or self.study.results(stage_file(stage, {}, self.env)).is_file()
         whole = n == len(combos) and selection
-        begun = n or (not files_only and self.started(stage))
+        begun = n or (not files_only and stage.trains and any(self.study.out(run_dir(stage, c, self.env)).exists()
+                                                              for c in combos))
         return ("done" if whole else "partly" if begun else "not started"), n, len(combos)
-
-    def started(self, stage: Stage) -> bool:
-        return stage.trains and any(self.study.out(run_dir(stage, c, self.env)).exists()
-                                    for c in self.combos(stage) or [])
 
     def results_time(self, stage: Stage) -> str | None:
         """When the stage's earliest result (or its first training's folder) was made; None: none yet."""
-        paths = []
-        for c in self.combos(stage) or []:
-            if stage.trains:
-                paths += [self.study.results(run_dir(stage, c, self.env)), self.study.out(run_dir(stage, c, self.env))]
-            else:
-                paths.append(self.study.results(stage_file(stage, c, self.env)))
-        return made_time(paths)
+        rels = [run_dir(stage, c, self.env) if stage.trains else stage_file(stage, c, self.env)
+                for c in self.combos(stage) or []]
+        roots = (self.study.results, self.study.out) if stage.trains else (self.study.results,)
+        return made_time([root(rel) for rel in rels for root in roots])
 
 
 def made_time(paths: list[Path]) -> str | None:
@@ -786,9 +770,8 @@ def registration_path(study: Study) -> Path:
 
 def parts(study: Study) -> dict:
     """A fingerprint of every part a registration fixes: each stage, each question's decision, the places."""
-    out = {"study": fingerprint({k: study.raw.get(k) for k in ("out", "results", "gpu_flags", "edge_rule")})}
-    for stage in study.stages:
-        out[f"stage {stage.name}"] = fingerprint(stage.spec)
+    out = {"study": fingerprint({k: study.raw.get(k) for k in ("out", "results", "gpu_flags", "edge_rule")}),
+           **{f"stage {stage.name}": fingerprint(stage.spec) for stage in study.stages}}
     for qname, q in study.questions.items():
         decision = {k: v for k, v in q.items() if k not in ("stages", "title", "tables")}
         out[f"question {qname}"] = fingerprint(substitute(decision, study.raw.get("vars") or {}))
@@ -860,11 +843,14 @@ def _changed(before: dict, after: dict) -> list[str]:
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
-def _touches(study: Study, part: str, runs: Runs) -> str | None:
-    """When the results a changed part would change were made (None: none yet)."""
+def _touches(study: Study, part: str, runs: Runs, record: dict | None = None) -> str | None:
+    """When the results a changed part would change were made (None: none yet); with the registration's
+    ``record``, also those of a stage removed since its last record (the folders and files it wrote)."""
     kind, _, name = part.partition(" ")
     if kind == "stage":
-        return runs.results_time(study.stage(name)) if any(s.name == name for s in study.stages) else None
+        if any(s.name == name for s in study.stages):
+            return runs.results_time(study.stage(name))
+        return record and made_time([study.root / p for p in (_last(record).get("outputs") or {}).get(name, [])])
     if kind == "question":  # a decision changes with the results it reads: its stages', or another question's
         files = [str(f or "").split("#")[0] for f in (study.questions.get(name, {}).get("sources") or {}).values()]
         stages = [s for s in study.stages if s.question == name or _writes(_outputs(study, s, study.settings), files)]
@@ -895,7 +881,7 @@ def amend(study: Study, note: str, now: datetime | None = None) -> dict:
     time = _now(now)
     runs = Runs(study)
     for part in changed:
-        made = _touches(study, part, runs) or _removed(study, record, part)
+        made = _touches(study, part, runs, record)
         if made:
             raise UserError(f"the amendment changes {part}, whose results exist (since {made}): an amendment comes "
                             "before the results it changes; add a new stage instead")
@@ -903,14 +889,6 @@ def amend(study: Study, note: str, now: datetime | None = None) -> dict:
                                  "outputs": _outputs_record(study), "changed": changed})
     write_result(registration_path(study), record)
     return record
-
-
-def _removed(study: Study, record: dict, part: str) -> str | None:
-    """A stage removed since the last record: whether the folders and files it wrote exist."""
-    name = part.partition(" ")[2]
-    if not part.startswith("stage ") or any(s.name == name for s in study.stages):
-        return None
-    return made_time([study.root / p for p in (_last(record).get("outputs") or {}).get(name, [])])
 
 
 def _outputs_record(study: Study) -> dict:

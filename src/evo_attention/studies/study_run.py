@@ -29,9 +29,10 @@ from typing import Callable
 
 from evo_attention.studies import results as res
 from evo_attention.studies.plan import amendment_time
-from evo_attention.studies.study import (CONDITION, NEGATIVE, POSITIVE, TRAINING, Runs, Stage, Study, baseline_rate,
-                                         check_registered, done_glob, flatten, genes_of, read_json, read_registration,
-                                         run_dir, stage_commands, stage_file, substitute, word_rules, write_result)
+from evo_attention.studies.study import (CONDITION, EDGE_RULE, NEGATIVE, POSITIVE, TRAINING, Runs, Stage, Study,
+                                         baseline_rate, check_registered, done_glob, flatten, genes_of, read_json,
+                                         read_registration, run_dir, stage_commands, stage_file, substitute,
+                                         word_rules, write_result)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import utc_now
 
@@ -47,7 +48,7 @@ def run_study(study: Study, command: Callable[[list[str]], int] | None = None, *
     under out and its results into results; a killed run resumes (the commands resume from their
     stores, finished sub-runs are skipped). Returns the stages run."""
     check_registered(study)
-    command = command or _subprocess
+    command = command or (lambda argv: subprocess.run([sys.executable, "-m", "evo_attention.cli", *argv]).returncode)
     runs = Runs(study)
     chosen = [study.stage(n) for n in stages] if stages else study.stages
     ran = []
@@ -61,53 +62,41 @@ def run_study(study: Study, command: Callable[[list[str]], int] | None = None, *
     return ran
 
 
-def _subprocess(argv: list[str]) -> int:
-    return subprocess.run([sys.executable, "-m", "evo_attention.cli", *argv]).returncode
-
-
-def _resolver(study: Study, runs: Runs, combo: dict, reads: list | None = None):
-    """``{kind:stage}`` references; each other run's store read through ``{out:stage}`` is added to
-    ``reads`` as (stage, its combo)."""
-    def resolve(kind: str, target: str) -> str:
-        stage = study.stage(target)
-        if runs.state(stage)[0] != "done" and kind != "out":
-            raise UserError(f"stage {stage.name} is not done: run it first (study run --stage {stage.name})")
-        other = runs.match(stage, combo) if stage.spec.get("each") else {}
-        edge = study.raw.get("edge_rule", "refuse")
+def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = False,
+             reads: list | None = None) -> list[tuple[dict, list, Path]]:
+    """The ``evo-attention`` command lines of one sub-run of a training stage (with the plan's
+    gpu_flags on a ``device: gpu`` stage where ``gpu``), each with its command's entry; the other
+    runs whose stores they read (``{out:STAGE}``) are added to ``reads`` as (stage, its combo)."""
+    def resolve(kind: str, target: str) -> str:  # a {kind:stage} reference
+        source = study.stage(target)
+        if runs.state(source)[0] != "done" and kind != "out":
+            raise UserError(f"stage {source.name} is not done: run it first (study run --stage {source.name})")
+        other = runs.match(source, combo) if source.spec.get("each") else {}
         if kind == "out":
-            if reads is not None and stage.trains:
-                reads.append((stage, other))
-            return study.rel(study.raw["out"], run_dir(stage, other, runs.env))
+            if reads is not None and source.trains:
+                reads.append((source, other))
+            return study.rel(study.raw["out"], run_dir(source, other, runs.env))
         if kind == "results":
-            name = run_dir(stage, other, runs.env) if stage.trains else stage_file(stage, other, runs.env)
+            name = run_dir(source, other, runs.env) if source.trains else stage_file(source, other, runs.env)
             return study.rel(study.raw["results"], name)
-        file = stage_file(stage, other, runs.env)
+        file = stage_file(source, other, runs.env)
         if kind == "rate":
             selected = read_json(study.results(file))
-            if selected["at_edge"] and edge == "refuse":
-                raise UserError(f"the rate {selected['selected']} that stage {stage.name} selected is at an edge of "
-                                f"its grid {selected['rates']}: the edge rule asks for an amendment that widens the "
-                                "grid (a new tuning stage) first")
+            if selected["at_edge"] and study.raw.get("edge_rule", "refuse") == "refuse":
+                raise UserError(f"the rate {selected['selected']} that stage {source.name} selected is at an edge of "
+                                f"its grid {selected['rates']}: {EDGE_RULE}")
             return selected["selected"]
         if kind == "plan":
             return study.rel(study.raw["results"], file)
         if kind == "lr":
             lr = study.results(file).with_suffix(".lr")
             if not lr.is_file():
-                raise UserError(f"stage {stage.name} writes no rate (give it rate_of)")
+                raise UserError(f"stage {source.name} writes no rate (give it rate_of)")
             return lr.read_text().strip()
         raise UserError(f"{{{kind}:{target}}} is not a reference")
-    return resolve
 
-
-def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = False,
-             reads: list | None = None) -> list[tuple[dict, list, Path]]:
-    """The ``evo-attention`` command lines of one sub-run of a training stage (with the plan's
-    gpu_flags on a ``device: gpu`` stage where ``gpu``), each with its command's entry; the other
-    runs whose stores they read are added to ``reads``."""
     env = {**runs.env, **combo}
     env["out"] = own = study.rel(study.raw["out"], run_dir(stage, combo, runs.env))
-    resolve = _resolver(study, runs, combo, reads)
     device = substitute(str(stage.spec.get("device", "cpu")), env)
     out = []
     for c in stage_commands(stage):
@@ -142,7 +131,8 @@ def _train(study: Study, runs: Runs, stage: Stage, command, log) -> None:
             folder = study.results(run_dir(stage, combo, runs.env))
             payload = read_json(sorted(folder.glob(done_glob(stage)))[0])
             means[combo["rate"]], lower = payload["baseline"]["mean"], payload.get("lower_is_better", True)
-        write_result(study.results(stage_file(stage, {}, runs.env)), {**res.select_rate(means, lower), **_made()})
+        selected = {**res.select_rate(means, lower), "created_at": utc_now()}
+        write_result(study.results(stage_file(stage, {}, runs.env)), selected)
 
 
 def _call(command, argv: list, target: Path, log, where: str) -> None:
@@ -223,12 +213,19 @@ def _collect(study: Study, stage: Stage, combo: dict, env: dict) -> None:
 
 def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
     edge = study.raw.get("edge_rule", "refuse")
+
+    def read(file: str) -> dict:
+        payload = read_json(study.results(file.split("#")[0]))
+        if payload is None:
+            raise UserError(f"stage {stage.name} reads {study.rel(study.raw['results'], file)}, which does not exist "
+                            "yet: run the stages before it")
+        return payload
+
     for combo in runs.combos(stage):
         if runs.done(stage, combo):
             continue
         s = {k: substitute(v, {**runs.env, **combo}) for k, v in stage.spec.items()}
         file = stage_file(stage, combo, runs.env)
-        read = _reader(study, stage)
         if stage.kind == "plan":
             picked = genes_of(read(s["genes_of"]), s["genes_of"], edge) if s.get("genes_of") else []
             genes = picked[:int(s["top"])] if s.get("top") is not None else picked
@@ -285,22 +282,8 @@ def _compute(study: Study, runs: Runs, stage: Stage, command, log) -> None:
                          points=[dict(p, seed=seed) for p in suite["points"]])
             _write_yaml(study.results(file), suite)
             continue
-        write_result(study.results(file), {**out, **_made()})
-
-
-def _made() -> dict:
-    """The time a computed result records of its making (``study.made_time`` reads it: a copy's file times are not)."""
-    return {"created_at": utc_now()}
-
-
-def _reader(study: Study, stage: Stage):
-    def read(file: str) -> dict:
-        payload = read_json(study.results(file.split("#")[0]))
-        if payload is None:
-            raise UserError(f"stage {stage.name} reads {study.rel(study.raw['results'], file)}, which does not exist "
-                            "yet: run the stages before it")
-        return payload
-    return read
+        # the time of its making: what study.made_time reads (a copy's file times are not)
+        write_result(study.results(file), {**out, "created_at": utc_now()})
 
 
 def _write_yaml(path: Path, payload: dict, **options) -> None:
@@ -421,10 +404,6 @@ def decide(study: Study) -> dict:
 # ------------------------------------------------------------------------------------------ report
 
 
-def _relpath(study: Study) -> str:
-    return Path(os.path.relpath(study.path.resolve(), study.root)).as_posix()
-
-
 def report(study: Study) -> str:
     """The study's report (markdown): per question its stages, its tables (each a generated block naming its
     file, then ``partial_note`` of that file and of those it was computed from) and its words and answers by the
@@ -435,12 +414,12 @@ def report(study: Study) -> str:
 
     record = check_registered(study) if read_registration(study) is not None else None
     runs, decisions = Runs(study), decide(study)
-    title = study.raw.get("title") or study.name
-    lines = [f"# {title}", ""]
+    plan = Path(os.path.relpath(study.path.resolve(), study.root)).as_posix()
+    lines = [f"# {study.raw.get('title') or study.name}", ""]
     if record is None:
-        lines.append(f"Plan `{_relpath(study)}`, **not registered**.")
+        lines.append(f"Plan `{plan}`, **not registered**.")
     else:
-        lines.append(f"Plan `{_relpath(study)}` (sha256 {record['sha256'][:12]}), registered "
+        lines.append(f"Plan `{plan}` (sha256 {record['sha256'][:12]}), registered "
                      f"{record['registered']} at commit {str(record['commit'])[:12]} with evo-attention "
                      f"{record['version']}" + (f", after its results: {record['after_results']}"
                                                if record.get("after_results") else "")
