@@ -153,10 +153,8 @@ SAME = ("role", "generation", "gene", "seed", "status", "steps", "val_loss", "va
 
 
 def _rebuild(study: Study, runs: Runs, stage: Stage, combo: dict, command, log) -> None:
-    """The store of a done run of ``stage`` that a later stage reads: where its searches did not
-    finish on this machine (a fresh clone has the results, not the stores), they run again (or
-    resume); either way its evaluations must equal the committed ones on ``SAME`` (trainings in
-    any order), else a UserError says where they differ."""
+    """The store of a done run of ``stage`` that a later stage reads, its searches run again where they did not
+    finish here (see the module's text); its evaluations must equal the committed ones on ``SAME``, in any order."""
     rel = run_dir(stage, combo, runs.env)
     if not runs.done(stage, combo):
         return
