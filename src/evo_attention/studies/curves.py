@@ -6,50 +6,39 @@
 
 Every value of the knob is the config's data name with the knob set inline
 (``mqar:pairs=4,seq_len=128,vocab=128``). Every gene (compare's named configurations or gene strings,
-``compare.resolve_configs``, resolved once at the config's size: the same mechanism at every value)
-trains on it with the seeds ``seed + 1 ... seed + N``, each training one ``Trial`` through the runner
-and a run store (role ``curve``, in ``out_dir``): a repeat trains nothing, an interrupted curve
-resumes. Every value's trainings go to the executor in one call.
+resolved once at the config's size: the same mechanism at every value) trains on it with the seeds
+``seed + 1 ... seed + N``, each training a ``Trial`` through the runner and a run store (role ``curve``,
+in ``out_dir``): a repeat trains nothing, an interrupted curve resumes. Every value's trainings go to the
+executor in one call.
 
-Before anything trains: the data must be a generated task (``data.synthetic.TASKS``); the knob one
-of its knobs, given neither inline in the data name nor in the task options; each value allowed
-for the knob and, with the other knobs, a task that can be built (``resolve_knobs``); at least two
-distinct values.
+Before anything trains (``plan_points``): the data must be a generated task; the knob one of its knobs,
+given neither inline in the data name nor in the task options; each value allowed and, with the other
+knobs, a task that can be built; at least two distinct values.
 
-Per gene and value the result holds the per-seed accuracy and validation loss, their mean and sd,
-the t interval of the mean accuracy (``stats.describe``), the seeds that finished or failed, and
-the data's chance accuracy. A gene *breaks* at the first value, in the order given (easy to hard),
-where its mean accuracy falls below ``break_at`` (``first_break``). Written as ``curve.json``,
-``curve.md`` (mean ± the interval's half-width per gene and value) and ``curve.png`` (accuracy
-against the knob, a band per gene, chance drawn; a log2 axis for powers of two).
+Per gene and value: the per-seed accuracy and validation loss, their mean and sd, the t interval of the
+mean accuracy, the seeds that finished or failed, and the data's chance accuracy. A gene *breaks* at the
+first value, in the order given (easy to hard), where its mean accuracy falls below ``break_at``. Written
+as ``curve.json``, ``curve.md`` and ``curve.png`` (accuracy against the knob, a band per gene).
 
-Recall outcomes are bimodal (a seed solves a point or stays at the plateau), so with
-``solve_threshold`` A a seed *solves* a point when its accuracy is at least A (A above the
-no-recall level 1/pairs of every point with pairs). Each gene at each point gets its solve count
-among its finished seeds with the exact (Clopper-Pearson) interval (``stats.solve_rate``); every
-other gene meets the reference gene (the one named ``baseline``, else the first) at the same point
-by Fisher's (or Barnard's) exact test, Holm over every gene and point (``stats.solve_rates_versus``);
-a gene's *solve break* is the first value where its solve rate falls below one half, with its range:
-from the first value whose interval reaches below one half to the first whose interval lies wholly
-below it (None: not among the values) (``solve_break``).
+Recall outcomes are bimodal, so with ``solve_threshold`` A a seed *solves* a point when its accuracy is
+at least A (above the no-recall level 1/pairs of every point with pairs). Each gene at each point gets its
+solve count among its finished seeds with the exact (Clopper-Pearson) interval; every other gene meets
+the reference gene (the one named ``baseline``, else the first) at the same point by Fisher's (or
+Barnard's) exact test, Holm over every gene and point; and a gene's *solve break* is where its solve rate
+falls below one half, with its range (``solve_break``).
 
-With ``match_params`` the reference gene is also trained, at every point, at each other gene's
-parameter count (its feed-forward widened or narrowed, ``nn.matching``, within 0.5%): a row per
-distinct set of widths, named ``REFERENCE (FFN W)``, with ``matched_to`` (the genes it serves),
-``ffn`` and ``params`` per point and each served gene's ``candidate_params``; a gene of the
-reference's size is matched by the reference itself. The solve-rate verdicts are then against each
-gene's matched reference (``solve_versus`` names it in ``versus``, Holm over those comparisons);
-``solve_versus_plain`` keeps the comparison with the plain reference (a Holm family of its own).
+With ``match_params`` the reference gene is also trained at every point at each other gene's parameter
+count (its feed-forward width changed, ``nn.matching``): a row ``REFERENCE (FFN W)`` per distinct set of
+widths (``matched_rows``); a gene of the reference's size is matched by the reference itself. The solve
+verdicts are then against each gene's matched reference (``versus`` names it); ``solve_versus_plain``
+keeps the comparison with the plain reference (a Holm family of its own).
 
-With ``lr_grid`` each gene trains, at each point, at its own best rate of the grid (``studies.lr_grid``,
-as Zoology reports the best rate per mixer and point), selected by mean accuracy on the tuning seeds
-(``seed + 1001 ...``, never a curve seed) on the validation split; every point's tuning trainings
-run in one runner call, then the curve's. The result keeps each point's ``grid`` block (``grids``)
-and each gene row its rate per point (``lr``). Not with ``match_params`` (``StudySetup.resolve``).
+With ``lr_grid`` each gene trains at each point at its own best rate of the grid (``studies.lr_grid``),
+selected by mean accuracy on the tuning seeds on the validation split; the result keeps each point's
+``grid`` block (``grids``) and each gene row its rate per point (``lr``). Not with ``match_params``.
 
-On a generated task the named configurations train without attention dropout (dropout only slows a
-recall task's escape from its plateau); a gene string is used as written (``...|bias|0.10`` asks for
-dropout).
+On a generated task the named configurations train without attention dropout; a gene string is used as
+written (``...|bias|0.10`` asks for dropout).
 """
 
 from __future__ import annotations
@@ -197,10 +186,8 @@ def solve_break(values: Sequence, rates: Sequence[Mapping]) -> dict:
     value whose rate is below it (None: none), ``rate`` its count and interval, ``range`` [the first
     value whose interval reaches below one half, the first whose interval lies below it] (either
     None when no value is so). Values without a finished seed are passed over."""
-    at = first_break(values, [r.get("rate") for r in rates], SOLVE_HALF)
-    low = next((v for v, r in zip(values, rates) if r.get("ci_low") is not None and r["ci_low"] < SOLVE_HALF), None)
-    high = next((v for v, r in zip(values, rates) if r.get("ci_high") is not None and r["ci_high"] < SOLVE_HALF),
-                None)
+    at, low, high = (first_break(values, [r.get(key) for r in rates], SOLVE_HALF)
+                     for key in ("rate", "ci_low", "ci_high"))
     rate = next((r for v, r in zip(values, rates) if v == at), None) if at is not None else None
     return {"at": at, "rate": rate, "range": [low, high]}
 
@@ -260,19 +247,17 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
     curve can read trainings made elsewhere), their statistics, the interval of the mean accuracy, and
     the tokens the accuracies were scored on (``scored``: ``eval_tokens``, ``eval_complete``)."""
     missing = "interrupted" if interrupted else "not run"
-    statuses = [str(r.get("status")) if r is not None else missing for r in records]
-    devices = [r.get("device") if r is not None else None for r in records]
-    accuracy = [usable_metric(r, METRIC) if r is not None else None for r in records]
-    loss = [usable_metric(r, "val_loss") if r is not None else None for r in records]
+    rows = [r if r is not None else {"status": missing} for r in records]  # a missing training: no value
+    accuracy = [usable_metric(r, METRIC) for r in rows]
+    loss = [usable_metric(r, "val_loss") for r in rows]
     acc, val = stats.describe(accuracy, confidence), stats.describe(loss, confidence)
     half = None if acc["ci_low"] is None else (acc["ci_high"] - acc["ci_low"]) / 2
-    errors = sorted({str(r.get("error") or r.get("status")) if r is not None else missing
-                     for r, a in zip(records, accuracy) if a is None})
-    return {"value": value, "seeds": list(seeds), "accuracy": accuracy, "val_loss": loss, "statuses": statuses,
-            "devices": devices, "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
+    errors = sorted({str(r.get("error") or r.get("status")) for r, a in zip(rows, accuracy) if a is None})
+    return {"value": value, "seeds": list(seeds), "accuracy": accuracy, "val_loss": loss,
+            "statuses": [str(r.get("status")) for r in rows], "devices": [r.get("device") for r in rows],
+            "n_ok": acc["n"], "n_failed": len(records) - acc["n"], "errors": errors,
             "mean": acc["mean"], "sd": acc["sd"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
-            "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"],
-            **scored([r or {} for r in records], accuracy)}
+            "half_width": half, "val_loss_mean": val["mean"], "val_loss_sd": val["sd"], **scored(rows, accuracy)}
 
 
 def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None) -> list[tuple]:
@@ -342,9 +327,8 @@ def _result_of(task: str, knob: str, points: Sequence[CurvePoint], described: Ma
     values = [p.value for p in points]
     genes = []
     for name, gene, d_ff, extra in [(n, g, None, {}) for n, g in entries] + matched_rows(entries, matches):
-        rows = [point_row(p.value, [done.get((i, gene.key, s) if d_ff is None or d_ff[i] is None
-                                             else (i, gene.key, s, d_ff[i])) for s in seeds], seeds, confidence,
-                          interrupted)
+        rows = [point_row(p.value, [done.get((i, gene.key, s, None if d_ff is None else d_ff[i])) for s in seeds],
+                          seeds, confidence, interrupted)
                 for i, p in enumerate(points)]
         breaks = first_break(values, [r["mean"] for r in rows], break_at)
         for row in rows:
@@ -405,7 +389,7 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     seed_list = validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
     if out_dir is not None:
         output_dir(out_dir)  # an unwritable place fails now, not after the work
-    done: dict[tuple[int, str, int], Any] = {}
+    done: dict[tuple[int, str, int, int | None], Any] = {}  # (point, gene key, seed, matched width) -> record
     described: dict[int, dict] = {}
     first: StudySetup | None = None
     labels = {gene.key: name for name, gene in reversed(entries)}
@@ -425,7 +409,8 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
     with study_resources(config, executor, None, out_dir, "curve") as (pool, store):
         try:
             # every point's tasks in one runner call (module docstring)
-            tasks, point_of, datasets, setups = [], {}, {}, []
+            where: dict = {}  # task -> its key in ``done``
+            datasets, setups = {}, []
             for i, point in enumerate(points):
                 at = config.replace(data=point.data)
                 data = data_from_config(at)
@@ -448,23 +433,19 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
                 for key in keys:
                     at_rate = setup.at_rate(rates[key]) if key in rates else setup
                     for work in at_rate.tasks([key], labels=point_labels[i]):
-                        point_of[work] = i  # (not ``task``: that is the curve's task name, which the result keeps)
-                        tasks.append(work)
+                        where[work] = (i, work.gene, work.seed, None)  # (``task`` is the curve's task name)
                 if matches is not None:  # the reference at each other gene's parameter count at this point
                     by_key = setup.matched_baselines([g.key for n, g in entries if n != ref_name], reference.key)
                     matches.append({n: by_key[g.key] for n, g in entries if n != ref_name})
                     for width in sorted({m["ffn_dim"] for m in matches[-1].values()} - {setup.config.ffn_dim}):
                         label = f"{ref_name} (FFN {width}), {knob}={point.value}"
                         for work in setup.with_ffn(width).tasks([reference], labels={reference.key: label}):
-                            point_of[work] = (i, width)
-                            tasks.append(work)
+                            where[work] = (i, work.gene, work.seed, width)
 
             def finished(work, record, cached):
-                where = point_of[work]
-                done[(where, work.gene, work.seed) if isinstance(where, int)
-                     else (where[0], work.gene, work.seed, where[1])] = record
+                done[where[work]] = record
 
-            first.run(tasks, on_finished=finished, datasets=datasets)
+            first.run(list(where), on_finished=finished, datasets=datasets)
         except KeyboardInterrupt:
             if done and out_dir is not None:  # keep what finished; the rest is marked interrupted
                 write_curve(out_dir, result(interrupted=True))
