@@ -1,33 +1,26 @@
 """A fair comparison of named attention variants at one fixed model size.
 
-Every configuration trains the same model (same size, data, steps, batch, learning rate and seeds)
-and differs only in its attention gene, so the differences in validation loss are the
-mechanisms' own. ``NAMED_CONFIGS`` is the one table of the named variants; ranks are fractions
-of ``d_model`` so that a variant means the same thing at every size:
+Every configuration trains the same model (size, data, steps, batch, learning rate and seeds) and
+differs only in its attention gene, so the differences in validation loss are the mechanisms' own.
+``NAMED_CONFIGS`` is the one table of the named variants; ranks are fractions of ``d_model`` so that a
+variant means the same thing at every size:
 
     from evo_attention.studies.compare import resolve_configs, run_compare
     entries = resolve_configs("baseline,rope_only,dot|sparsemax|none|fixed", d_model=128)
     result = run_compare(config, entries, seeds=2, out_dir="runs/compare")
 
-``run_compare`` trains every configuration with the seeds ``seed + 1 ... seed + N``
-(``common.StudySetup``) through the runner, an executor (``search.executors.executor_for``;
-parallel executors work too) and a run store (role ``compare``): a search run's store, or one of
-its own in ``out_dir``, so a training stored already is never run again. It records failures
-(oom, diverged, error) as rows with their status and goes on, and writes its ``CompareResult`` as
-``compare_results.json``, ``compare.md`` and ``compare.png`` into ``out_dir``.
+``run_compare`` trains every configuration with the seeds ``seed + 1 ... seed + N`` through the runner,
+an executor and a run store (role ``compare``: a search run's, or its own in ``out_dir``), so a stored
+training never runs again. A failure (oom, diverged, error) is a row with its status; the
+``CompareResult`` is written as ``compare_results.json``, ``compare.md`` and ``compare.png``.
 
-With a learning-rate grid (``lr_grid``) every configuration, the baseline included, is trained at
-its own best rate of the grid, selected by validation loss on tuning seeds of their own
-(``studies.lr_grid``); the result then carries the ``grid`` block (``compare_lr_grid.png``).
-
-With ``match_params`` the vanilla baseline is also trained at each configuration's parameter count
-(its feed-forward widened or narrowed, ``nn.matching``; a row ``baseline (FFN W)`` per width), and
-each configuration's paired verdict is against its matched baseline (``versus`` names it).
-
-With a suite (``suite``, or the config's ``suite``) every configuration and the baseline train on
-every point of the suite instead (``studies.suite``): the result is a ``SuiteResult`` (gene x point
-accuracies, suite accuracy, paired verdicts against the baseline with two seeds or more), written
-as ``compare_suite.json``, ``compare_suite.md`` and ``compare_suite.png`` (the heat map).
+With a learning-rate grid (``lr_grid``) every configuration, the baseline included, trains at its own
+best rate of the grid (``studies.lr_grid``); the result then carries the ``grid`` block
+(``compare_lr_grid.png``). With ``match_params`` the vanilla baseline is also trained at each
+configuration's parameter count (a row ``baseline (FFN W)`` per width), and each paired verdict is
+against the matched baseline (``versus`` names it). With a suite (``suite``, or the config's) every
+configuration and the baseline train on every point of the suite instead (``studies.suite``): the
+result is a ``SuiteResult``, written as ``compare_suite.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -151,29 +144,24 @@ def named_dropout(config: Config) -> float | None:
 
 def resolve_configs(spec: str | Sequence[str] | None, d_model: int, n_heads: int = 4,
                     max_seq_len: int = 128, attention_dropout: float | None = None) -> list[tuple[str, AttentionGene]]:
-    """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings.
-
-    ``None`` or ``"all"`` is the 13 named configurations. A gene string (it contains ``|``) is
-    named by its key. Repeats are dropped, and a gene string whose gene is already listed (the
-    baseline's gene beside ``baseline``); an unknown name is a UserError listing the valid ones.
-    ``attention_dropout`` (not None) replaces the named configurations' attention dropout (on a
-    generated task the studies give 0: ``named_dropout``); gene strings stay as written.
-    """
+    """``[(name, gene)]`` for a comma-separated (or listed) mix of names and gene strings: ``None`` or
+    ``"all"`` is the 13 named configurations; a gene string (it contains ``|``) is named by its key.
+    Repeats are dropped, and a gene string whose gene is already listed; an unknown name is a UserError
+    listing the valid ones. ``attention_dropout`` (not None) replaces the named configurations' own
+    (``named_dropout``); gene strings stay as written."""
     items = ["all"] if spec is None else split_genes(spec) if isinstance(spec, str) else [str(s).strip() for s in spec]
     items = [s for s in items if s]
     if not items:
         raise UserError("configs is empty: give names such as baseline,rope_only or gene strings", setting="configs")
     entries: dict[str, AttentionGene] = {}
     for item in items:
-        if item == "all":
-            for named in NAMED_CONFIGS:
-                entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len, attention_dropout))
-        elif is_gene_text(item):
+        if is_gene_text(item):
             gene = AttentionGene.parse(item)
             if all(g.key != gene.key for g in entries.values()):  # never a gene compared with itself
                 entries[gene.key] = gene
-        elif item in CONFIGS_BY_NAME:
-            entries.setdefault(item, CONFIGS_BY_NAME[item].gene(d_model, n_heads, max_seq_len, attention_dropout))
+        elif item == "all" or item in CONFIGS_BY_NAME:
+            for named in NAMED_CONFIGS if item == "all" else [CONFIGS_BY_NAME[item]]:
+                entries.setdefault(named.name, named.gene(d_model, n_heads, max_seq_len, attention_dropout))
         else:
             raise UserError(f"unknown configuration {item!r}: valid names are all, {', '.join(CONFIGS_BY_NAME)} "
                             "(or a gene string like 'dot|softmax|none|fixed|pos=rope')")
@@ -201,13 +189,9 @@ def list_table(d_model: int, n_heads: int = 4, max_seq_len: int = 128) -> str:
 
 
 def settings_for(preset_name: str | None, explicit: dict) -> dict:
-    """Compare's settings: Config defaults < DEFAULT_SIZE < compare preset < ``explicit``.
-
-    ``explicit`` holds what a general preset, a config file and the flags name (cli.explicit_settings).
-    """
-    settings = dict(DEFAULT_SIZE)
-    if preset_name in COMPARE_PRESETS:
-        settings.update(COMPARE_PRESETS[preset_name])
+    """Compare's settings: Config defaults < DEFAULT_SIZE < compare preset < ``explicit`` (what a general
+    preset, a config file and the flags name: cli.explicit_settings)."""
+    settings = {**DEFAULT_SIZE, **COMPARE_PRESETS.get(preset_name, {})}
     if "d_model" in explicit and "d_ff" not in explicit:
         settings["d_ff"] = None  # 4 x the given width, not the study's 2048
     return overlay(settings, explicit)
@@ -238,23 +222,22 @@ def run_compare(config: Config, entries: Sequence[tuple[str, AttentionGene]], *,
                 out_dir: str | Path | None = "runs/compare", data=None, executor="local",
                 store: RunStore | None = None, quiet: bool = False, lr_grid=None,
                 n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, suite=None, match_params: bool = False):
-    """Train every ``(name, gene)`` of ``entries`` with seeds ``config.seed + 1 ... + seeds`` and
-    summarise into ``out_dir`` (unless None); see the module docstring. ``executor`` and ``store``:
-    as ``common.study_resources`` takes them. ``suite`` (a suite's name, YAML path or ``Suite``;
-    default the config's ``suite``) returns a ``studies.suite.SuiteResult``."""
+    """Train every ``(name, gene)`` of ``entries`` and summarise into ``out_dir`` (unless None): see the
+    module docstring. ``executor`` and ``store``: as ``common.study_resources`` takes them. ``suite`` (a
+    suite's name, YAML path or ``Suite``) returns a ``studies.suite.SuiteResult``."""
     if not entries:
         raise UserError("nothing to compare: give at least one configuration", setting="configs")
     if config.baseline_gene is not None:  # the configuration named baseline is the one the setting names
         base = config.resolved_baseline()
         entries = [("baseline", base)] + [(n, g) for n, g in entries if n != "baseline" and g.key != base.key]
     suite = config.suite if suite is None else suite
+    if suite is not None and match_params:
+        raise UserError("match_params cannot be combined with a suite yet: drop one of them",
+                        setting=("match_params", "suite"))
+    validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
     if suite is not None:
-        if match_params:
-            raise UserError("match_params cannot be combined with a suite yet: drop one of them",
-                            setting=("match_params", "suite"))
         return _compare_on_suite(config, entries, suite, seeds=seeds, out_dir=out_dir, executor=executor, store=store,
                                  quiet=quiet, lr_grid=lr_grid)
-    validation_seeds(config.seed, seeds, minimum=1, setting="seeds")  # fail before anything is written or loaded
     if lr_grid is not None:  # the grid's checks, before anything is written or loaded
         parse_lr_grid(lr_grid)
         tuning_seeds(config.seed, n_tuning_seeds, verdict_seeds=range(config.seed + 1, config.seed + seeds + 1))
@@ -299,7 +282,6 @@ def _compare_on_suite(config: Config, entries, suite, *, seeds: int, out_dir, ex
     from evo_attention.data.suites import Suite, load_suite
     from evo_attention.studies.suite import run_suite, write_suite
 
-    validation_seeds(config.seed, seeds, minimum=1, setting="seeds")
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     if lr_grid is not None:
         raise UserError(f"lr_grid cannot be combined with suite {suite.name}: a rate per configuration and point is "
@@ -321,10 +303,9 @@ def matched_name(width: int) -> str:
 
 
 def train_matched(setup: StudySetup, entries) -> dict:
-    """The parameter-matched baselines of ``entries`` (``StudySetup.matched_baselines``; the
-    baseline gene and the plain width need none): ``{"matches": name -> match, "records": width -> (baseline
-    key, seed) -> record, "setups": width -> setup}``; each width is trained once (the plain width's
-    are the baseline's own trainings)."""
+    """The parameter-matched baselines of ``entries`` but the baseline gene: ``{"matches": name -> match,
+    "records": width -> (baseline key, seed) -> record, "setups": width -> setup}``; each width trained
+    once (the plain width's are the baseline's own trainings)."""
     base = setup.baseline
     names = {name: gene.key for name, gene in entries if gene.key != base}
     by_key = setup.matched_baselines(dict.fromkeys(names.values()))
@@ -340,10 +321,9 @@ def train_matched(setup: StudySetup, entries) -> dict:
 
 def _result_of(setup: StudySetup, pool, entries, done: dict, elapsed: float,
                interrupted: bool = False, grid: dict | None = None, matched: dict | None = None) -> CompareResult:
-    """One row per configuration and seed (in the order of ``entries``, then seeds), from the
-    records by (gene, seed); a pair without a record did not run. With a learning-rate ``grid``
-    every row and aggregate says the rate it trained at; with ``matched`` (``train_matched``) a
-    row per matched baseline and seed follows, named ``baseline (FFN W)``."""
+    """One row per configuration and seed (``entries``' order, then seeds; a pair without a record did
+    not run); with a ``grid`` every row and aggregate says its rate; with ``matched`` (``train_matched``)
+    a row per matched baseline and seed follows, named ``baseline (FFN W)``."""
     results = [_result(name, done[gene.key, seed]) if (gene.key, seed) in done
                else _not_run(name, gene.key, seed, setup.steps, interrupted)
                for name, gene in entries for seed in setup.seeds]
@@ -460,12 +440,10 @@ def rank_configs(aggregates: Sequence[dict], total_time_s: float | None = None) 
 def paired_with_baseline(setup: StudySetup, results: Sequence[dict], entries,
                          rates: Mapping[str, float] | None = None, matched: dict | None = None) -> dict:
     """Every configuration against the one named ``baseline`` (if any), paired by seed on the
-    perplexity's log scale (``StudySetup.versus_baseline`` when the baseline is the study's baseline gene, so
-    its family spans the store; else ``stats.versus_reference`` over this comparison): by name, the
-    paired change, p-values and verdict. Empty with one seed or without a baseline. ``rates``
-    (gene key -> rate): each trained at its own rate of a learning-rate grid (the store's family
-    is then that of the baseline at its rate). ``matched`` (``train_matched``): each configuration
-    against the baseline of its parameter count (the plain one where that is its match)."""
+    perplexity's log scale (``StudySetup.versus_baseline`` when it is the study's baseline gene, so its
+    family spans the store; else over this comparison): by name, the paired change, p-values and verdict.
+    Empty with one seed or without a baseline. ``rates`` (gene key -> rate): each at its own rate of a
+    grid; ``matched`` (``train_matched``): each against the baseline of its parameter count."""
     if len(setup.seeds) < 2 or ("baseline" not in dict(entries) and matched is None):
         return {}
     per_seed = {(r["name"], r["seed"]): usable_metric(r, "val_perplexity") for r in results}
