@@ -1,18 +1,16 @@
 """What the seed-based studies share: one setup, one result shape, per-gene samples, and writing a
 result as JSON + markdown.
 
-``StudySetup`` is what validate, ablate, transfer and compare repeat, resolved once (``resolve``):
-the config and data, the seeds, the steps, the split, the metric with its confidence level, and
-where the trainings run and are kept (executor, run store). Its ``train`` runs every (gene, seed)
-pair as a ``Trial`` through the ``Runner`` (a stored pair is read back, never trained again; each
-new record is stored the moment it finishes); its ``provenance`` is the settings block every result
-carries. ``StudyResult`` is what a study returns: typed fields, and the read-only mapping of exactly
-what the study writes to its JSON file, so ``result.genes`` and ``result["genes"]`` are the same rows.
+``StudySetup`` is what validate, ablate, transfer and compare repeat, resolved once (``resolve``): the
+config and data, seeds, steps, split, metric and confidence, and where the trainings run and are kept
+(executor, run store). Its ``train`` runs every (gene, seed) pair as a ``Trial`` through the ``Runner``
+(a stored pair is read back, never trained again; each new record is stored as it finishes); its
+``provenance`` is the settings block every result carries. ``StudyResult`` is what a study returns:
+typed fields, and the read-only mapping of exactly what it writes (``result.genes`` is ``result["genes"]``).
 
-The seeds of a study are ``seed + 1 ... seed + N``, never the search seed on which a search picked
-its winners (a winner's score on that seed is biased low: the winner's curse). A learning-rate grid
-(``lr_grid``, ``studies.lr_grid``) selects each gene's rate on the *tuning seeds* ``seed + 1001 ...
-seed + 1000 + T`` (``tuning_seeds``), a block of their own that no verdict seed reaches.
+The seeds of a study are ``seed + 1 ... seed + N``, never the search seed on which a search picked its
+winners (the winner's curse). A learning-rate grid selects each gene's rate on the *tuning seeds*
+``seed + 1001 ... seed + 1000 + T`` (``tuning_seeds``), a block that no verdict seed reaches.
 """
 
 from __future__ import annotations
@@ -150,10 +148,8 @@ class SeedPlan:
 # -- the setup ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StudySetup:
-    """What a seed-based study trains with. Build it with ``resolve`` (which checks every setting
-    and derives the seeds and steps); a ladder of sizes changes ``config`` and ``steps`` per rung
-    (``at``). ``store`` (None: nothing cached or kept) and ``executor`` (None: a local one, made
-    and closed per ``train``) are where the trainings are kept and run; the caller owns both."""
+    """What a seed-based study trains with, built by ``resolve``. ``store`` (None: nothing cached or
+    kept) and ``executor`` (None: a local one, made and closed per ``train``) are the caller's."""
 
     config: Any  # train.Config
     data: Any  # the TaskData the config names (or the caller's own)
@@ -186,18 +182,14 @@ class StudySetup:
                 lr_grid: str | Sequence[float] | None = None,
                 n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
                 seed_block: int | None = None) -> "StudySetup":
-        """The setup of a study: seeds ``config.seed + 1 ... + n_seeds`` (at least ``min_seeds``,
-        never ``search_seed``), ``steps`` (default ``config.train_steps``); UserError for a bad
-        confidence, metric, margin, power or seed count (this one named ``seeds_setting``, the
-        caller's name for it), before anything is trained. ``n_seeds="auto"`` plans the seeds from a
-        pilot for an effect of ``mde`` (``SeedPlan``; the study runs the pilot). ``lr_grid`` (rates,
-        or their text ``"5e-4,1e-3"``) trains each gene at its best rate of the grid, selected on
-        ``n_tuning_seeds`` seeds of their own (``tuning_seeds``; ``studies.lr_grid``). ``match_params``:
-        each gene's verdict is against the vanilla baseline widened in its feed-forward to the gene's
-        parameter count (``matched_baselines``); not with a grid or planned seeds yet. ``seed_block``
-        K: the seeds (verdict, pilot, planned and tuning ones) are counted from the base of block K
-        (``seed_block_base``) instead of ``config.seed``, so that the studies of different units
-        (searches) never share a seed; all of them must lie in the block."""
+        """The setup of a study: seeds ``config.seed + 1 ... + n_seeds`` (at least ``min_seeds``, never
+        ``search_seed``), ``steps`` (default ``config.train_steps``); UserError for a bad setting (the
+        seed count named ``seeds_setting``) before anything is trained. ``n_seeds="auto"`` plans the
+        seeds from a pilot for an effect of ``mde`` (``SeedPlan``). ``lr_grid`` (rates, or their text
+        ``"5e-4,1e-3"``): each gene at its best rate, selected on ``n_tuning_seeds`` seeds of their own.
+        ``match_params``: each verdict against the vanilla baseline widened to the gene's parameter count;
+        not with a grid or planned seeds yet. ``seed_block`` K: every seed (verdict, pilot, planned,
+        tuning) counted from block K's base (``seed_block_base``) instead of ``config.seed``, and in it."""
         stats.check_confidence(confidence)
         metric_info(metric, eval_split)
         if metric in ("bits_per_byte", "bits_per_char") and getattr(data, "scored_text", None) is not None \
@@ -339,16 +331,15 @@ class StudySetup:
         return dataclasses.replace(self, config=self.config.replace(d_ff=d_ff))
 
     def others(self, genes: Iterable[str]) -> dict[str, dict]:
-        """The other comparisons against this study's baseline trainings, by gene: every gene (not
-        in ``genes``) that the store holds for all of the baseline's seeds under the same settings,
-        data, steps and split (earlier validations, ablations and comparisons on these seeds), with
-        its per-seed values and the baseline's, recomputed from the stored records."""
+        """The other comparisons against this study's baseline trainings, by gene: every gene not in
+        ``genes`` that the store holds for all of the baseline's seeds under the same settings, data,
+        steps and split, with its per-seed values and the baseline's, from the stored records."""
         if self.store is None:
             return {}
         base_key, skip = self.baseline, set(genes)
-        trials = {seed: Trial.from_config(base_key, self.config, seed=seed, steps=self.steps,
-                                          eval_split=self.eval_split, data=self.data) for seed in self.seeds}
-        keys = {seed: t.key()[2:] for seed, t in trials.items()}  # (steps, fingerprint, context) per seed
+        keys = {seed: Trial.from_config(base_key, self.config, seed=seed, steps=self.steps, eval_split=self.eval_split,
+                                        data=self.data).key()[2:]  # (steps, fingerprint, context) per seed
+                for seed in self.seeds}
         found: dict[str, dict[int, Any]] = {}
         baseline: dict[int, Any] = {}
         for record in self.store.evaluations():
@@ -370,12 +361,11 @@ class StudySetup:
     def tasks(self, genes: Iterable[AttentionGene | str], labels: Mapping[str, str] | None = None) -> list[EvalTask]:
         """One task per distinct gene and seed (genes in the given order, then seeds); ``labels``
         (gene key -> name) names them in progress lines, else ``seed N``."""
-        keys = gene_keys(genes)
         labels = labels or {}
         return [EvalTask(Trial.from_config(key, self.config, seed=seed, steps=self.steps, eval_split=self.eval_split,
                                            data=self.data),
                          role=self.role, label=f"{labels[key]}, seed {seed}" if key in labels else f"seed {seed}")
-                for key in keys for seed in self.seeds]
+                for key in gene_keys(genes) for seed in self.seeds]
 
     def train(self, genes: Iterable[AttentionGene | str], *, labels: Mapping[str, str] | None = None,
               on_finished: FinishedFn | None = None) -> Records:
@@ -387,10 +377,8 @@ class StudySetup:
 
     def run(self, tasks: Sequence[EvalTask], *, on_finished: FinishedFn | None = None,
             datasets: Mapping | None = None) -> dict[EvalTask, EvaluationRecord]:
-        """The record of every task (tasks of this setup's data, or of ``datasets``: task spec ->
-        its dataset, e.g. the points of a suite; their trials may differ in anything else, e.g. the
-        points of a learning-rate grid): from the store when there, else trained and stored at
-        once, in one call of the runner."""
+        """The record of every task (of this setup's data, or of ``datasets``: task spec -> its dataset;
+        their trials may differ in anything else), as ``train`` gets them, in one call of the runner."""
         context = executor_for(self.config) if self.executor is None else nullcontext(self.executor)
         known = {**({self.config.task: self.data} if self.data is not None else {}), **(datasets or {})}
         with context as executor, SearchView(len(tasks), enabled=not self.quiet) as view:
@@ -475,11 +463,8 @@ def study_resources(config, executor: Executor | str, store: RunStore | None, ou
 
 # -- the result -----------------------------------------------------------------------------------
 class StudyResult(Mapping):
-    """A study's result: typed fields (in subclasses), read also as the mapping of ``to_dict()``.
-
-    ``to_dict()`` is the JSON-able dict the study writes, keys in the order written; the mapping
-    is computed once, so a result is a value (its subclasses are frozen dataclasses).
-    """
+    """A study's result: typed fields (in subclasses), read also as the mapping of ``to_dict()``, the
+    JSON-able dict the study writes (keys in the order written), computed once: a result is a value."""
 
     kind: ClassVar[str] = ""
 
@@ -547,11 +532,9 @@ def trained_as(records) -> dict[str, int]:
 
 
 def samples(records: Mapping[tuple[str, int], Mapping], key: str, seeds: Sequence[int], metric: str) -> dict:
-    """``{"seeds", "values", "statuses", "devices", "precisions", "n_failed", "errors", "cost", "eval_tokens",
-    "eval_complete"}`` (``scored``) of one gene (values None where failed; ``errors``: one line per failed
-    training, with its seed; ``devices``, ``precisions``: where and in which precision each seed trained, as its
-    record says); ``cost``: each of ``COSTS``, the median over the finished trainings (timings are the machine's
-    where they trained, so the median damps one slow neighbour)."""
+    """One gene's ``seeds``, per-seed ``values`` (None where failed), ``statuses``, ``devices`` and
+    ``precisions`` (as its records say), ``n_failed``, ``errors`` (a line per failed seed), ``cost`` (each
+    of ``COSTS``, the median over the finished trainings: it damps one slow neighbour), ``scored``'s fields."""
     rows = [records[key, s] for s in seeds]
     values = [usable_metric(r, metric) for r in rows]
     errors = [f"seed {s}: {r.get('error') or r.get('status')}" for s, r, v in zip(seeds, rows, values) if v is None]
