@@ -1,17 +1,13 @@
 """Multi-seed validation: re-train genes and the vanilla baseline with fresh seeds and compare.
 
-A search ranks its genes by one training each, all with the run's seed, and keeps the best: the
-winner's score is biased downwards (the winner's curse), and one seed says nothing about the
-spread between seeds. ``validate_genes`` trains every chosen gene and the baseline again with N
-*other* seeds (``common.validation_seeds``) at the same budget through a ``common.StudySetup``, and
-compares each gene to the baseline with the helpers of ``util.stats``: mean, sd and t interval per
-gene; the difference to the baseline with its Welch interval, Welch's p-value, Holm's correction
-across the genes, Cohen's d, and the verdict. ``write_validation`` writes the ``ValidationResult``
-(``validation_statistics``' numbers, then the provenance) as ``validation.json``, ``.md`` and ``.png``
-(``validation_test.*`` for the test split).
-
-With a learning-rate grid (``studies.lr_grid``) the result carries the ``grid`` block, drawn as
-``validation_lr_grid.png``.
+A search ranks its genes by one training each on the run's seed and keeps the best, so the winner's
+score is biased (the winner's curse) and says nothing about the spread between seeds.
+``validate_genes`` trains every chosen gene and the baseline again with N *other* seeds at the same
+budget (a ``common.StudySetup``) and compares each gene with the baseline (``util.stats``: mean, sd
+and t interval per gene; the paired difference with its interval and p-value, Holm's correction,
+Cohen's d, the verdict). ``write_validation`` writes the ``ValidationResult`` as
+``validation.{json,md,png}`` (``validation_test.*`` for the test split; with a learning-rate grid
+also ``validation_lr_grid.png``).
 """
 
 from __future__ import annotations
@@ -56,13 +52,9 @@ def validate_genes(genes: Sequence[AttentionGene | str], config, data, *, n_seed
                    power: float = DEFAULT_POWER, mde: float | None = None, max_seeds: int = DEFAULT_MAX_SEEDS,
                    lr_grid=None, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False,
                    seed_block: int | None = None) -> ValidationResult:
-    """Re-train ``genes`` and the vanilla baseline with seeds ``config.seed + 1 ...`` and compare
-    (the keyword arguments are those of ``StudySetup.resolve``, which a caller sees here: at least 2
-    seeds always; ``lr_grid``: each at its own best rate of the grid, see ``studies.lr_grid``;
-    ``match_params``: each gene against the baseline of its parameter count, ``matched_statistics``).
-
-    ``search_values`` (gene key -> the search's value) is shown next to the validated mean.
-    """
+    """Re-train ``genes`` and the baseline with fresh seeds and compare (the keyword arguments are
+    those of ``StudySetup.resolve``, at least 2 seeds); ``search_values`` (gene key -> the search's
+    value) is shown next to the validated mean."""
     setup = StudySetup.resolve(config, data, role="validate", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
                                metric=metric, confidence=confidence, store=store, executor=executor,
                                search_seed=search_seed, source_run=source_run, quiet=quiet, margin=margin,
@@ -101,17 +93,13 @@ def run_validation(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
 
 def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
                rates: Mapping[str, float] | None = None) -> tuple[StudySetup, dict]:
-    """Seeds from a target (``--seeds auto``): train ``PILOT_SEEDS`` pilot seeds, estimate the spread
-    of the per-seed differences (the largest over the genes, on the comparison's scale), and plan
-    the paired seeds that detect an effect of ``planned.mde`` with ``setup.power`` by
-    ``stats.seed_plan``: under the verdict rule (the exact test below 12 seeds), at Holm's level
-    alpha / m of the family the run will test (m: the genes compared plus the comparisons the
-    store already holds on the planned seeds, ``StudySetup.others``), and at the one-sided 80% upper
-    confidence bound of the pilot's sd (chi-square); the plan records the range from the sd's
-    estimate to that bound and trains the bound's number. The verdict is measured on fresh seeds
-    after the pilot's, so the plan never sees the data it is judged on and alpha holds exactly (no
-    optional stopping). With ``rates`` (gene key -> its selected rate of a grid) the pilot trains
-    each gene at its rate. Returns the setup with those seeds and the plan."""
+    """Seeds from a target (``--seeds auto``): train ``PILOT_SEEDS`` pilot seeds, take the largest spread
+    of the per-seed differences over the genes, and plan the paired seeds that detect ``planned.mde``
+    with ``setup.power`` (``stats.seed_plan``: under the verdict rule, at Holm's level of the family the
+    run will test, the store's comparisons on the planned seeds included, and at the one-sided 80% upper
+    bound of the pilot's sd). The verdict is measured on fresh seeds after the pilot's, so alpha holds
+    exactly (no optional stopping). ``rates``: the pilot trains each gene at its selected rate. Returns
+    the setup with the planned seeds and the plan."""
     planned = setup.planned
     base_key = setup.baseline
     pilot = dataclasses.replace(setup, seeds=tuple(setup.base_seed + 1 + i for i in range(PILOT_SEEDS)), planned=None)
@@ -155,10 +143,8 @@ def plan_seeds(setup: StudySetup, genes: Sequence[str], *,
 def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str], *,
                           search_values: Mapping[str, float] | None = None,
                           rates: Mapping[str, float] | None = None) -> dict:
-    """The statistics of a validation from its records ((gene key, seed) -> record, the vanilla
-    baseline's included): ``{"kind", "baseline", "genes", "headline", ...}`` (no provenance).
-    ``rates`` (gene key -> rate, the baseline's included): each gene was trained at its own rate
-    (a learning-rate grid), and Holm's family is that of the baseline at its rate."""
+    """The statistics of a validation from its records ((gene key, seed) -> record, the baseline's
+    included; no provenance). ``rates`` (gene key -> rate): each gene trained at its own rate of a grid."""
     base_key = setup.baseline
     seeds = list(setup.seeds)
     base = samples(records, base_key, seeds, setup.metric)
@@ -170,11 +156,9 @@ def validation_statistics(setup: StudySetup, records: Mapping[tuple[str, int], M
 
 
 def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], Mapping], keys: Sequence[str]) -> dict:
-    """The parameter-matched baselines of ``keys`` at ``setup`` (``StudySetup.matched_baselines``;
-    each trained here, a trial like any other: its key differs by its ``d_ff``; the plain width's
-    from ``records``): ``{"matches": key -> match, "rows": width -> baseline row (its samples,
-    description, ``d_ff``, ``params``, ``matched_to``), "setups": width -> the setup that trained it,
-    "references": key -> its baseline's per-seed values}``."""
+    """The parameter-matched baselines of ``keys``, each width trained here (the plain width's from
+    ``records``): ``{"matches": key -> match, "rows": width -> baseline row, "setups": width -> the setup
+    that trained it, "references": key -> its baseline's per-seed values}``."""
     base_key = setup.baseline
     seeds = list(setup.seeds)
     matches = setup.matched_baselines(keys)
@@ -196,12 +180,11 @@ def matched_baseline_rows(setup: StudySetup, records: Mapping[tuple[str, int], M
 def matched_statistics(setup: StudySetup, numbers: dict, records: Mapping[tuple[str, int], Mapping],
                        keys: Sequence[str], *, search_values: Mapping[str, float] | None = None,
                        trained: Mapping | None = None, others: Mapping[str, dict] | None = None) -> dict:
-    """``numbers`` (a validation against the plain baseline) with each gene judged against the
-    baseline of its own parameter count instead (``matched_baseline_rows``, or ``trained``: what it
-    returned already). The plain baseline's row stays; each matched baseline gets a row in
-    ``matched_baselines``; each gene row names the baseline its verdict used (``versus``) and keeps
-    its comparison with the plain one (``versus_plain``). ``others`` (name -> values and reference)
-    join Holm's family (a transfer's comparisons at its other sizes)."""
+    """``numbers`` (a validation against the plain baseline) with each gene judged against the baseline
+    of its own parameter count instead (``matched_baseline_rows``, or ``trained``: what it returned).
+    Each matched baseline gets a row in ``matched_baselines``; each gene row names the baseline its
+    verdict used (``versus``) and keeps the plain comparison (``versus_plain``). ``others`` (name ->
+    values and reference) join Holm's family."""
     seeds = list(setup.seeds)
     trained = trained or matched_baseline_rows(setup, records, keys)
     matches, rows, setups, references = (trained[k] for k in ("matches", "rows", "setups", "references"))
