@@ -5,25 +5,20 @@
     result = run_suite(setup, load_suite("mad-cpu"), [("baseline", vanilla), ("rope", rope_gene)], study="validation")
     write_suite(result, "runs/validate")     # validation_suite.json, .md and the heat map .png
 
-Every (gene, point, seed) is one training: a Trial of ``train.suite.point_config(config, point)``
-(the study's Config with the point's data, task options and steps; the suite's steps win) with
-seed ``seed``. All of them go through the runner in one call (point by point), cached in the
-setup's store: a repeat trains nothing. The baseline (the vanilla gene) always takes part.
+Every (gene, point, seed) is one training: a Trial of ``train.suite.point_config(config, point)`` (the
+suite's steps win) with seed ``seed``, all through the runner in one call (point by point), cached in the
+setup's store. The baseline (the vanilla gene) always takes part.
 
-Per gene and seed, the suite score (``train.suite.SuiteScore``): the aggregate is the mean accuracy
-over the points, a failed training counting 0 accuracy on its point (and listed under ``failed``).
-Per gene and point, the mean ± sd over the seeds of the same scored accuracies (a failed seed
-counts 0 there too, and ``n_failed`` says how many), so a gene's aggregate mean is the mean of its
-point means. Each gene's per-seed aggregates are compared with the baseline's, paired by seed
-(``util.stats.versus_reference`` on the linear scale: accuracy is additive, so the change and the
-equivalence margin are in accuracy units, 0.01 = one point; higher is better), Holm-corrected over
-the genes of this study (not over earlier studies in the store). With one seed there is no
-comparison (``compare`` defaults to one seed).
+Per gene and seed, the suite score (``train.suite.SuiteScore``): the mean accuracy over the points, a
+failed training counting 0 on its point (listed under ``failed``); per gene and point, the mean ± sd
+over the seeds of the same scored accuracies (``n_failed`` says how many failed), so a gene's aggregate
+mean is the mean of its point means. Each gene's per-seed aggregates are compared with the baseline's,
+paired by seed on the linear scale (accuracy is additive: the change and the margin are in accuracy
+units, 0.01 = one point; higher is better), Holm over the genes of this study; not with one seed.
 
-The result (``SuiteResult``, kind ``suite``) is written as ``compare_suite.*`` or
-``validation_suite.*`` (``_test`` for the test split; ``report.attachments``), with the markdown and
-heat map of ``report.studies.suite_markdown`` and ``report.figures.plot_suite_heatmap``; the run
-report shows them when they lie in its directory.
+The ``SuiteResult`` (kind ``suite``) is written as ``compare_suite.*`` or ``validation_suite.*``
+(``_test`` for the test split) with its markdown and heat map; the run report shows them when they lie
+in its directory.
 """
 
 from __future__ import annotations
@@ -66,9 +61,7 @@ def with_baseline(entries: Sequence[tuple[str, AttentionGene | str]], baseline: 
         key = AttentionGene.parse(gene).key
         if key not in out.values():
             out[str(name)] = key
-    base = next((n for n, k in out.items() if k == baseline), None)
-    if base is None:
-        return [("baseline", baseline)] + list(out.items())
+    base = next((n for n, k in out.items() if k == baseline), "baseline")
     return [(base, baseline)] + [(n, k) for n, k in out.items() if k != baseline]
 
 
