@@ -1,25 +1,21 @@
 """Attention maps: what a trained model's heads attend to, drawn and measured.
 
-``model.attention_maps(ids)`` gives per layer the ``[B, H, T, T]`` weights (eval mode; None for a
-layer whose program forms none: it has no figure, and ``heads`` is empty). For one
-sequence this module measures per head, over the causally allowed entries (key j <= query i):
+``model.attention_maps(ids)`` gives per layer the ``[B, H, T, T]`` weights (eval mode; None for a layer
+whose program forms none: it has no figure and no ``heads``). For one sequence this module measures per
+head, over the causally allowed entries (key j <= query i):
 
-- ``sparsity``: the fraction of those entries that are exactly 0 (softmax: 0; sparsemax and
-  entmax15 put exact zeros on every key outside their support);
-- ``entropy``: the mean over query rows of ``-sum_j w_ij log w_ij`` in nats (0 log 0 = 0), next to
-  ``uniform_entropy``, the same mean for uniform weights (``log(i + 1)``), its upper bound;
+- ``sparsity``: the fraction of those entries that are exactly 0 (sparsemax and entmax15 put exact
+  zeros outside their support; softmax none);
+- ``entropy``: the mean over query rows of ``-sum_j w_ij log w_ij`` in nats (0 log 0 = 0), beside
+  ``uniform_entropy``, its upper bound, the same mean for uniform weights (``log(i + 1)``);
 - ``mean_distance``: the mean over query rows of the expected ``|i - j|`` under the weights;
-- ``row_sum_max_error``: ``max_i |sum_j w_ij - 1|`` (rows of relu_norm may sum to 0 when every
-  score is negative; that shows here).
+- ``row_sum_max_error``: ``max_i |sum_j w_ij - 1|`` (rows of relu_norm may sum to 0).
 
 ``attention_maps(model, ids, out_dir, tokenizer=...)`` writes one figure per layer
-(``attention_layerN.png``, a grid of heads) and ``attention_maps.json``.
-
-Text and labels go through the model's own tokenizer (the one it was trained with, kept in a
-saved model's ``tokenizer.json``; a bare ``Vocab`` stands for its word tokenizer): ``encode_text``
-reads a text as ``data.tokenizers.encode_prompt`` does (words with ``<unk>`` for unknown ones, or
-characters, bytes, BPE tokens), and each axis label is the token's own text
-(``Tokenizer.token_texts``). Without a tokenizer, labels are the token ids.
+(``attention_layerN.png``, a grid of heads) and ``attention_maps.json``. Text and labels go through the
+model's own tokenizer (a bare ``Vocab`` stands for its word tokenizer): ``encode_text`` reads a text as
+``data.tokenizers.encode_prompt`` does, and each axis label is the token's own text; without a
+tokenizer, labels are the token ids.
 """
 
 from __future__ import annotations
