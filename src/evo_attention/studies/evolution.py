@@ -35,13 +35,6 @@ CHECK_ENV = "EVO_ATTENTION_FRESH_CHECK"
 CHECK_META = "fresh_check_top"  # the store's meta: how many top genes the run's fresh-seed check trains (0: none)
 
 
-def _data_from_loaders(config: Config, train_loader, eval_loader) -> TaskData:
-    task = getattr(train_loader, "task_data", None)
-    if task is not None and getattr(eval_loader, "task_data", None) is task:
-        return task  # loaders made by utils.get_dataloaders: use the dataset behind them
-    return LoaderData(train_loader, eval_loader, vocab_size=config.vocab_size, seq_len=config.max_seq_len)
-
-
 def end_of_run_lines(run_dir: str | Path, *, kept: int = 0, suite: bool = False) -> list[str]:
     """What a finished search says last: where its report is, and the commands that come next."""
     run_dir = Path(run_dir)
@@ -73,8 +66,11 @@ class Evolution(Search):
         if given not in ([], ["data"], ["train_loader", "eval_loader"]):
             raise UserError(f"Evolution was given {' and '.join(given)}: pass train_loader with eval_loader, or data= "
                             "alone", setting=given[-1])
-        if train_loader is not None:
-            data = _data_from_loaders(config, train_loader, eval_loader)
+        task = getattr(train_loader, "task_data", None)
+        if task is not None and getattr(eval_loader, "task_data", None) is task:
+            data = task  # loaders made by utils.get_dataloaders: the dataset behind them
+        elif train_loader is not None:
+            data = LoaderData(train_loader, eval_loader, vocab_size=config.vocab_size, seq_len=config.max_seq_len)
         check_off = turned_off(os.environ, CHECK_ENV)  # a mistyped value is refused before the store is made
         super().__init__(config, data, out_dir=out_dir, resume=resume, overwrite=overwrite, executor=executor,
                          quiet=quiet, trackers=trackers, keep_models=keep_models)
