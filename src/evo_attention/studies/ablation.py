@@ -1,34 +1,24 @@
 """Ablation: which of a gene's differences from the vanilla transformer carry its effect.
 
-For each field in which the gene differs from the baseline (``gene.differences(vanilla)``) two
-variants are trained, with the same seeds rule and statistics as ``validate``:
+For each field F in which the gene differs from the baseline two variants are trained, with the seeds
+rule and statistics of ``validate``: *without F* (the gene with F set back to the vanilla value; the
+gene against it is what F changes inside the gene) and *baseline + F* (the vanilla transformer with F
+taken from the gene: what F changes on its own). Plus the gene itself and the baseline; each distinct
+gene is trained once per seed whatever its names. A contribution is the signed change of the metric
+the field causes, with it minus without it (``report.studies.ablation.field_changes``, the one sign
+convention: for perplexity a helpful field shows as a negative change); interactions show as
+contributions that do not add up to the whole gene's change.
 
-- *without F*: the gene with just F set back to the vanilla value. The gene against it (``gene -
-  (without F)``) is what F changes inside the gene;
-- *baseline + F*: the vanilla transformer with just F taken from the gene. ``(baseline + F) -
-  baseline`` is what F changes on its own.
-
-Plus the gene itself and the baseline. When only one field differs, "without F" is the baseline
-and "baseline + F" the gene: each distinct gene is trained once per seed whatever its names.
-
-A contribution is the signed change of the metric that the field causes, with the field minus
-without it (``report.studies.ablation.field_changes``; the one sign convention: for perplexity a
-helpful field shows as a negative change, "lower is better" said with it). Interactions show as
-single contributions that do not add up to the whole gene's change.
-
-Recipe or mechanism. A gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``) differs
-from the baseline in two ways at once. Its ablation then also trains the two crossed cells of the
-2x2 (``recipe_cells``): *mechanism alone* (the gene's mechanism at the baseline's recipe,
-``genes.mechanism_of``) and *recipe alone* (the baseline with the gene's recipe,
-``genes.with_recipe``). With the gene (both) and the baseline (neither), every cell on the same
-seeds, ``stats.two_factor_shares`` splits the gene's advantage into the recipe's share and the
-mechanism's (each the mean of its gain without and with the other, so the two add up to the whole
-advantage), with the interaction test: the result's ``recipe_vs_mechanism``.
+Recipe or mechanism: a gene that sets its own training recipe (``lr=``, ``wu=``, ``wd=``) also gets
+the two crossed cells of the 2x2 (``recipe_cells``): *mechanism alone* (its mechanism at the
+baseline's recipe) and *recipe alone* (the baseline with its recipe). With the gene and the baseline,
+``stats.two_factor_shares`` splits the gene's advantage into the recipe's and the mechanism's shares
+(each the mean of its gain without and with the other, so the two add up to the whole), with the
+interaction test: the result's ``recipe_vs_mechanism``.
 
 ``write_ablation`` writes the ``AblationResult`` as ``ablation.{json,md,png}``. With a learning-rate
-grid (``studies.lr_grid``) every variant is trained at its own best rate of the grid, so the
-contributions compare each variant at its best; the result carries the ``grid`` block
-(``ablation_lr_grid.png``).
+grid (``studies.lr_grid``) every variant trains at its own best rate of the grid; the result carries
+the ``grid`` block (``ablation_lr_grid.png``).
 """
 
 from __future__ import annotations
@@ -159,9 +149,8 @@ def ablate(gene: AttentionGene | str, config, data, *, n_seeds: int = DEFAULT_SE
            executor: Executor | None = None, search_seed: int | None = None,
            source_run: str | os.PathLike | None = None, quiet: bool = True, lr_grid=None,
            n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> AblationResult:
-    """Train every variant of ``gene`` with seeds ``config.seed + 1 ...`` and measure the changes
-    (the keyword arguments are those of ``StudySetup.resolve``; ``lr_grid``: each variant at its
-    own best rate of the grid, see ``studies.lr_grid``)."""
+    """Train every variant of ``gene`` and measure the changes (the keyword arguments are those of
+    ``StudySetup.resolve``)."""
     setup = StudySetup.resolve(config, data, role="ablation", n_seeds=n_seeds, steps=steps, eval_split=eval_split,
                                metric=metric, confidence=confidence, store=store, executor=executor,
                                search_seed=search_seed, source_run=source_run, quiet=quiet, lr_grid=lr_grid,
@@ -184,11 +173,10 @@ def run_ablation(setup: StudySetup, gene: AttentionGene | str) -> AblationResult
 
 def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records: Mapping[tuple[str, int], Mapping], *,
                         rates: Mapping[str, float] | None = None) -> dict:
-    """The statistics of an ablation from its records ((gene key, seed) -> record): per variant
-    its values, mean and interval and its paired comparisons with the full gene (Holm over the
-    variants) and with the baseline (Holm over every comparison with these baseline trainings:
-    ``StudySetup.versus_baseline``), the per-field ``contributions`` and the ``total`` (no provenance).
-    ``rates`` (gene key -> rate): each variant was trained at its own rate of a learning-rate grid."""
+    """The statistics of an ablation from its records ((gene key, seed) -> record; no provenance): per
+    variant its values, mean and interval and its paired comparisons with the full gene (Holm over the
+    variants) and with the baseline (``StudySetup.versus_baseline``), the per-field ``contributions``
+    and the ``total``. ``rates`` (gene key -> rate): each variant trained at its own rate of a grid."""
     seeds, metric, confidence, lower = list(setup.seeds), setup.metric, setup.confidence, setup.lower_is_better
     values = {v.gene.key: samples(records, v.gene.key, seeds, metric) for v in variants}
     full, base = variants[0].gene.key, variants[1].gene.key
@@ -201,7 +189,6 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
     by_gene = (setup.versus_baseline(against, values[base]["values"]) if rates is None
                else grids.versus_baseline(setup, against, values[base]["values"], rates))
     vs_base = {v.name: by_gene[v.gene.key] for v in variants if v.gene.key in by_gene}
-    label, eval_split = setup.metric_label, setup.eval_split
     rows = [{"name": v.name, "kind": v.kind, "field": v.field, "change": v.change, "gene": v.gene.key,
              "str": str(v.gene), **values[v.gene.key], **stats.describe(values[v.gene.key]["values"], confidence),
              "vs_full": _comparison(vs_full.get(v.name, {})), "vs_baseline": _comparison(vs_base.get(v.name, {}))}
@@ -211,7 +198,7 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
         "kind": "ablation", "analysis": stats.ANALYSIS, "margin": setup.margin,
         "gene": full, "str": str(variants[0].gene), "baseline_gene": base,
         "fields": [v.field for v in variants if v.kind == "remove"],
-        "metric": metric, "metric_label": label, "lower_is_better": lower, "eval_split": eval_split,
+        "metric": metric, "metric_label": setup.metric_label, "lower_is_better": lower, "eval_split": setup.eval_split,
         "confidence": confidence, "seeds": list(seeds),
         "variants": rows, "contributions": contributions, "total": total,
     }
@@ -222,12 +209,9 @@ def ablation_statistics(setup: StudySetup, variants: Sequence[Variant], records:
 
 
 def recipe_vs_mechanism(setup: StudySetup, cells: Mapping[str, AttentionGene], values: Mapping[str, Mapping]) -> dict:
-    """The 2x2 of a gene with recipe parts (``recipe_cells``): the parts, each cell's key, values
-    and mean, then ``stats.two_factor_shares`` with the mechanism as the first factor and the recipe
-    as the second, stored in the one sign convention (``report.studies.ablation.recipe_changes``:
-    ``shares``: ``total``, ``mechanism``, ``recipe``, each a change of the metric; ``interaction``:
-    the mechanism's change at the gene's recipe minus its change at the baseline's), and which share
-    carries more of the advantage (``larger``)."""
+    """The 2x2 of a gene with recipe parts (``recipe_cells``): the parts, each cell's key, values and
+    mean, ``stats.two_factor_shares`` (the mechanism the first factor) in the one sign convention
+    (``report.studies.ablation.recipe_changes``), and which share carries more of the advantage (``larger``)."""
     keys = {name: gene.key for name, gene in cells.items()}
     per_cell = {name: values[key]["values"] for name, key in keys.items()}
     shares = stats.two_factor_shares(per_cell["neither"], per_cell["mechanism"], per_cell["recipe"],
