@@ -1,41 +1,31 @@
 """Transfer across scale: does a gene's advantage at the search size survive in larger models?
 
 ``transfer_genes`` retrains the chosen genes and the baseline (``Config.resolved_baseline``) at a
-ladder of sizes (``d_model x n_layers`` each) with fresh seeds (never the search seed:
-``common.validation_seeds``), through the runner and the run store like ``validate``, and reports
-per size:
+ladder of sizes (``d_model x n_layers``) with fresh seeds (never the search seed), through the runner
+and the run store like ``validate``, and reports per size:
 
 - each gene's and the baseline's mean and t interval, and each gene's difference to the baseline
-  with Welch's interval (``validate.validation_statistics``, the one home of those numbers);
-- each gene's *relative change*: the gene minus the baseline as a fraction of the baseline (the
+  (``validate.comparison_result``, the one home of those numbers);
+- each gene's *relative change*, the gene minus the baseline as a fraction of the baseline (the
   paired relative change on a ratio metric's log scale, else ``Δ / baseline mean``) with its
-  interval, signed like every change (a better gene's is negative for perplexity): relative,
-  because the metric itself moves with size;
-- Kendall's tau (``scipy.stats.kendalltau``) between the rankings of the genes and the baseline by
-  their means at the reference size and at this size;
+  interval, signed like every change: relative, because the metric itself moves with size;
+- Kendall's tau between the rankings of the genes and the baseline by their means at the reference
+  size and at this size;
 - a verdict against the reference size (``util.stats.transfer_verdict``: holds, shrinks, vanishes
-  or reverses, from the intervals of the relative change at both sizes).
+  or reverses).
 
-The ladder. The reference is the search size, the configured ``d_model x n_layers`` (a run's own
-with ``--from-run``), added as the first rung when the sizes lack it. It is retrained exactly as
-configured (its heads and feed-forward width); every other size gets ``d_model / 32`` heads
-(``heads`` overrides this at every size) and the block's default feed-forward width.
+The reference is the search size, the configured ``d_model x n_layers`` (a run's own with
+``--from-run``), added as the first rung when the sizes lack it, and retrained exactly as configured;
+every other size gets ``d_model / 32`` heads (``heads`` overrides this at every size) and the block's
+default feed-forward width. The budget per rung: ``steps`` (one for every rung, or one per given size;
+an added search size keeps ``train_steps``), or ``tokens_per_param`` R: ``round(R * P / (batch_size *
+seq_len))`` steps, P the baseline's parameters at that size; else ``train_steps`` everywhere.
 
-The budget per rung: ``steps``, one number for every rung or one per given size (an added search
-size then keeps the configured ``train_steps``); or ``tokens_per_param`` R: ``round(R * P /
-(batch_size * seq_len))`` steps, P the baseline model's parameters at that size (the tied embedding
-counted once); else the configured ``train_steps`` everywhere.
-
-With a learning-rate grid the grid is tuned at every size (the best rate moves with the size) and
-each gene and the baseline are compared at their own best rate there (``studies.lr_grid``); the
-``grid`` block has one entry per size (``transfer_lr_grid.png``: a panel per size).
-
-With ``StudySetup.match_params`` every gene at every size is also judged against the vanilla
-baseline widened in its feed-forward to the gene's parameter count there
-(``validate.matched_statistics``): the size row keeps the plain baseline and adds the matched ones
-(``matched_baselines``); each gene's verdict, relative change and interaction test are against its
-matched baseline (``versus`` names it; ``versus_plain`` keeps the plain comparison), Holm's family
-that of the matched comparisons over the whole ladder.
+With a learning-rate grid the grid is tuned at every size and each gene and the baseline are compared
+at their own best rate there (``studies.lr_grid``; the ``grid`` block has an entry per size). With
+``StudySetup.match_params`` each gene at every size is judged against the vanilla baseline widened to
+its parameter count there (``validate.matched_statistics``; ``versus`` names it, ``versus_plain``
+keeps the plain comparison), Holm's family that of the matched comparisons over the whole ladder.
 """
 
 from __future__ import annotations
@@ -122,9 +112,8 @@ def ladder(config, sizes: Sequence[tuple[int, int]], genes: Sequence[str], *, st
     if steps is not None and len(steps) not in (1, len(sizes)):
         raise UserError(f"steps gives {len(steps)} values for {len(sizes)} sizes: give one number for every size, or "
                         f"one per size in the order of sizes", setting="steps")
-    budgets = dict(zip(sizes, steps if steps is not None and len(steps) > 1 else []))
-    if steps is not None and len(steps) == 1:
-        budgets = {size: steps[0] for size in [search] + list(sizes)}
+    one_budget = steps is not None and len(steps) == 1
+    budgets = dict.fromkeys([search, *sizes], steps[0]) if one_budget else dict(zip(sizes, steps or []))
     # the reference first; the others in the given order
     order = [search] + [size for size in sizes if size != search]
     if len(order) < 2:
@@ -188,20 +177,15 @@ def with_budgets(rungs: Sequence[Rung], data, tokens_per_param: float | None) ->
 
 # -- the statistics -------------------------------------------------------------------------------
 def relative_change(row: Mapping, baseline_mean: float | None) -> dict:
-    """``{"relative_change", "relative_change_low", "relative_change_high"}``: the gene minus the
-    baseline as a fraction of the baseline: the paired relative change with its interval on a ratio
-    metric's log scale, else the difference and its interval over the baseline's mean (None where a
-    number is missing)."""
-    none = {"relative_change": None, "relative_change_low": None, "relative_change_high": None}
-    if row.get("scale") == "log":
-        names, scale = ("relative", "relative_ci_low", "relative_ci_high"), 1.0
-    elif baseline_mean is None or baseline_mean <= 0:
-        return none
-    else:
-        names, scale = ("difference", "diff_ci_low", "diff_ci_high"), 1.0 / baseline_mean
+    """``relative_change`` with its ``_low`` and ``_high``: the gene minus the baseline as a fraction of
+    the baseline: the paired relative change on a ratio metric's log scale, else the difference over the
+    baseline's mean (None where a number is missing)."""
+    log = row.get("scale") == "log"
+    names = ("relative", "relative_ci_low", "relative_ci_high") if log else ("difference", "diff_ci_low", "diff_ci_high")
     value, low, high = (row.get(n) for n in names)
-    if value is None:
-        return none
+    if value is None or (not log and (baseline_mean is None or baseline_mean <= 0)):
+        return {"relative_change": None, "relative_change_low": None, "relative_change_high": None}
+    scale = 1.0 if log else 1.0 / baseline_mean
     both = low is not None and high is not None
     return {"relative_change": value * scale, "relative_change_low": low * scale if both else None,
             "relative_change_high": high * scale if both else None}
@@ -231,12 +215,11 @@ def size_statistics(setup: StudySetup, rung: Rung, records: Mapping[tuple[str, i
                     *, tokens_per_step: int, vocab_size: int, others: Mapping[str, dict] | None = None,
                     rates: Mapping[str, float] | None = None, matched: Mapping | None = None,
                     matched_others: Mapping[str, dict] | None = None) -> dict:
-    """One size's row: its shape and budget, the baseline's and every gene's statistics (paired
-    with the baseline, Holm over ``others`` too: the transfer's comparisons at the other sizes) and
-    relative change. ``rates`` (gene key -> rate): each was trained at its own rate of a learning-rate
-    grid; the store's family is then that of the baseline at its rate. ``matched``
+    """One size's row: its shape and budget, the baseline's and every gene's statistics (paired with
+    the baseline, Holm over ``others`` too: the comparisons at the other sizes) and relative change.
+    ``rates`` (gene key -> rate): each trained at its own rate of a grid. ``matched``
     (``validate.matched_baseline_rows`` at this size): each gene against its matched baseline, Holm
-    over ``matched_others`` (the matched comparisons at the other sizes)."""
+    over ``matched_others``."""
     seeds = list(setup.seeds)
     base_key = setup.baseline
     base = samples(records, base_key, seeds, setup.metric)
@@ -341,11 +324,9 @@ def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes:
                    executor: Executor | None = None, search_seed: int | None = None,
                    source_run: str | os.PathLike | None = None, quiet: bool = True, lr_grid=None,
                    n_tuning_seeds: int = DEFAULT_TUNING_SEEDS, match_params: bool = False) -> TransferResult:
-    """Retrain ``genes`` and the baseline at every size of the ladder with seeds ``config.seed + 1
-    ...`` and compare each size with the search size (``sizes``, ``steps``, ``tokens_per_param``
-    and ``heads`` make the ladder, see ``plan``; the other keyword arguments are those of
-    ``StudySetup.resolve``; ``lr_grid``: each at its own best rate of the grid at every size;
-    ``match_params``: each against the baseline of its parameter count at every size)."""
+    """Retrain ``genes`` and the baseline at every size of the ladder (``sizes``, ``steps``,
+    ``tokens_per_param`` and ``heads``: see ``plan``) and compare each size with the search size; the
+    other keyword arguments are those of ``StudySetup.resolve``."""
     setup = StudySetup.resolve(config, data, role="transfer", n_seeds=n_seeds, eval_split=eval_split, metric=metric,
                                confidence=confidence, store=store, executor=executor, search_seed=search_seed,
                                source_run=source_run, quiet=quiet, lr_grid=lr_grid, n_tuning_seeds=n_tuning_seeds,
@@ -356,14 +337,16 @@ def transfer_genes(genes: Sequence[AttentionGene | str], config, data, *, sizes:
 def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
                  sizes: str | Sequence[tuple[int, int]] = DEFAULT_SIZES, steps: str | Sequence[int] | int | None = None,
                  tokens_per_param: float | None = None, heads: int | None = None) -> TransferResult:
-    """The transfer study of ``genes`` with a resolved ``setup``: every rung trains with the
-    setup at the rung's config (``StudySetup.at``)."""
+    """The transfer study of ``genes`` with a resolved ``setup``, at each rung's config (``StudySetup.at``)."""
     config, data = setup.config, setup.data
     keys = transfer_keys(config, genes)
     rungs = plan(config, keys, sizes=sizes, steps=steps, tokens_per_param=tokens_per_param, heads=heads)
     rungs = with_budgets(rungs, data, tokens_per_param)
     base_key = setup.baseline
     trained, tuned = [], {}  # tuned: size -> the grid block at that size (with a learning-rate grid)
+    # one family over the whole ladder: every size's comparisons join Holm's correction at every size
+    # (with matched baselines: the matched comparisons form it, the plain ones one of their own)
+    pairs, matched_pairs = {}, {}
     for rung in rungs:
         at = setup.at(rung.config)
         if setup.lr_grid:
@@ -371,11 +354,8 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
             records = grids.train_at_rates(at, [base_key] + keys, grids.selected_rates(tuned[rung.label]))
         else:
             records = at.train([base_key] + keys)
-        trained.append((rung, at, records, matched_baseline_rows(at, records, keys) if setup.match_params else None))
-    # one family over the whole ladder: every size's comparisons join Holm's correction at every size
-    # (with matched baselines: the matched comparisons form it, the plain ones one of their own)
-    pairs, matched_pairs = {}, {}
-    for i, (rung, at, records, matched) in enumerate(trained):
+        matched = matched_baseline_rows(at, records, keys) if setup.match_params else None
+        trained.append((rung, at, records, matched))
         base = samples(records, base_key, list(at.seeds), at.metric)["values"]
         for k in keys:
             values = samples(records, k, list(at.seeds), at.metric)["values"]
@@ -419,8 +399,7 @@ def grid_by_size(tuned: Mapping[str, dict], seeds: Sequence[int]) -> dict:
 
 
 def transfer_keys(config, genes: Sequence[AttentionGene | str]) -> list[str]:
-    """The distinct gene keys to carry over, the baseline (``Config.resolved_baseline``) left out (it always
-    comes along)."""
+    """The distinct gene keys to carry over, the baseline left out (it always comes along)."""
     baseline = config.resolved_baseline().key
     keys = [k for k in gene_keys(genes) if k != baseline]
     if not keys:
