@@ -182,10 +182,10 @@ def solve_count(row: Mapping, threshold: float, confidence: float) -> dict:
 
 
 def solve_break(values: Sequence, rates: Sequence[Mapping]) -> dict:
-    """Where a gene's solve rate falls below one half: ``{"at", "rate", "range"}``: ``at`` the first
-    value whose rate is below it (None: none), ``rate`` its count and interval, ``range`` [the first
-    value whose interval reaches below one half, the first whose interval lies below it] (either
-    None when no value is so). Values without a finished seed are passed over."""
+    """Where a gene's solve rate falls below one half: ``at`` the first value whose rate is below it,
+    ``rate`` its count and interval, ``range`` [the first value whose interval reaches below one half,
+    the first whose interval lies below it] (None: no value is so; values without a finished seed
+    are passed over)."""
     at, low, high = (first_break(values, [r.get(key) for r in rates], SOLVE_HALF)
                      for key in ("rate", "ci_low", "ci_high"))
     rate = next((r for v, r in zip(values, rates) if v == at), None) if at is not None else None
@@ -194,9 +194,8 @@ def solve_break(values: Sequence, rates: Sequence[Mapping]) -> dict:
 
 def solve_statistics(genes: list[dict], values: Sequence, threshold: float, confidence: float,
                      test: str = "fisher") -> dict:
-    """Adds the solve counts, the verdicts against the reference gene and the solve break to the
-    gene rows of a curve (in place); returns the curve's ``solve`` block (threshold, reference,
-    test, alpha, family size)."""
+    """Adds the solve counts, the verdicts against the reference gene and the solve break to the gene
+    rows of a curve (in place); returns the curve's ``solve`` block."""
     for gene in genes:
         for row in gene["points"]:
             row["solve"] = solve_count(row, threshold, confidence)
@@ -243,9 +242,8 @@ def check_break_at(value, name: str = "break_at", example: str = "0.5") -> float
 def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], confidence: float,
               interrupted: bool = False) -> dict:
     """One gene at one value: per-seed accuracy and loss (None where a training failed or did not
-    run), the device each seed trained on (a store's record keeps it; the trial's key does not, so a
-    curve can read trainings made elsewhere), their statistics, the interval of the mean accuracy, and
-    the tokens the accuracies were scored on (``scored``: ``eval_tokens``, ``eval_complete``)."""
+    run), the device each seed trained on (as its record says: a curve can read trainings made
+    elsewhere), their statistics, the interval of the mean accuracy, and ``scored``'s fields."""
     missing = "interrupted" if interrupted else "not run"
     rows = [r if r is not None else {"status": missing} for r in records]  # a missing training: no value
     accuracy = [usable_metric(r, METRIC) for r in rows]
@@ -261,9 +259,9 @@ def point_row(value, records: Sequence[Mapping | None], seeds: Sequence[int], co
 
 
 def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None) -> list[tuple]:
-    """``(name, reference gene, d_ff per point, extra fields)`` of each matched reference row of a
-    curve: one per distinct widths across the points (``matches``: per point, gene name -> its
-    match); the plain width is ``None`` in ``d_ff`` (the reference's own trainings)."""
+    """``(name, reference gene, d_ff per point, extra fields)`` of each matched reference row: one per
+    distinct widths across the points (``matches``: per point, gene name -> its match; ``d_ff`` None:
+    the plain width, the reference's own trainings)."""
     if not matches:
         return []
     ref_name = reference_gene([{"name": n} for n, _ in entries])["name"]
@@ -290,10 +288,9 @@ def matched_rows(entries, matches: Sequence[Mapping[str, dict]] | None) -> list[
 # -- the result -------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class CurveResult(StudyResult):
-    """A difficulty curve, as ``curve.json`` holds it: what was swept (``task``, ``knob``,
-    ``values``, ``base_data``), the rule (``break_at``, ``confidence``), the ``points`` (per value:
-    data name, knobs, chance accuracy, the data's description), per gene its row at every value and
-    where it breaks (``genes``), and the ``provenance`` (config, seeds, steps, versions)."""
+    """A difficulty curve, as ``curve.json`` holds it: what was swept, the rule, the ``points`` (per
+    value: data name, knobs, chance accuracy, the data's description), per gene its row at every value
+    and where it breaks (``genes``), and the ``provenance``."""
 
     task: str
     knob: str
@@ -353,13 +350,10 @@ def _provenance(config: Config, setup: StudySetup | None, seeds: Sequence[int], 
     model's shape and the executor."""
     keep = ("metric_label", "eval_split", "seeds", "steps", "created_at", "versions", "machine")
     out = {k: v for k, v in setup.provenance().items() if k in keep} if setup is not None else {"seeds": list(seeds)}
-    out["model"] = {"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
-                    "d_ff": config.ffn_dim, "block": config.block, "batch_size": config.batch_size,
-                    "learning_rate": config.learning_rate, "lr_schedule": config.lr_schedule,
-                    "steps": config.train_steps}
-    out["executor"] = pool.describe()
-    out["config"] = config.to_dict()
-    return out
+    model = {"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads, "d_ff": config.ffn_dim,
+             "block": config.block, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
+             "lr_schedule": config.lr_schedule, "steps": config.train_steps}
+    return {**out, "model": model, "executor": pool.describe(), "config": config.to_dict()}
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -369,15 +363,11 @@ def run_curve(config: Config, genes, knob: str, values: Sequence[Any] | str, *, 
               solve_threshold: float | None = None, solve_test: str = "fisher",
               match_params: bool = False, plan: Mapping | None = None,
               lr_grid: str | Sequence[float] | None = None, n_tuning_seeds: int = DEFAULT_TUNING_SEEDS) -> CurveResult:
-    """Train every gene of ``genes`` at every value of ``knob`` with the seeds ``config.seed + 1 ...
-    + seeds``, and write ``curve.json``, ``curve.md`` and ``curve.png`` into ``out_dir`` (unless None:
-    then nothing is cached); ``solve_threshold``, ``solve_test`` (fisher or barnard), ``match_params``
-    and ``lr_grid`` (tuned on ``n_tuning_seeds`` seeds): see the module docstring.
-
-    ``genes``: names and gene strings (a comma-separated text or a list, as compare takes them), or
-    ``(name, gene)`` pairs. ``executor``: a name for ``executor_for`` or an Executor (left open).
-    ``plan``: the registered plan the curve runs (``studies.plan.StudyPlan.record``), kept in the result.
-    """
+    """Train every gene of ``genes`` at every value of ``knob`` and write the curve into ``out_dir``
+    (unless None: then nothing is cached); the options: see the module docstring (``solve_test``: fisher
+    or barnard). ``genes``: names and gene strings (a comma-separated text or a list), or ``(name, gene)``
+    pairs. ``executor``: a name for ``executor_for`` or an Executor (left open). ``plan``: the registered
+    plan the curve runs (``studies.plan.StudyPlan.record``), kept in the result."""
     entries = gene_entries(genes, config)
     break_at = check_break_at(break_at)
     stats.check_confidence(confidence)
