@@ -284,9 +284,21 @@ def percent(confidence: float) -> str:
 def check_confidence(confidence: float) -> None:
     """UserError unless ``confidence`` is a level in (0.5, 1): a verdict tests at 1 - confidence, a
     significance level below 0.5 (``check_alpha``); a number of any kind (numpy's float32 too)."""
-    value = _as_float(confidence, "confidence must be a number in (0.5, 1), e.g. 0.95", "confidence")
-    if value is None or not 0.5 < value < 1.0:
-        raise UserError(f"confidence {confidence!r} is outside (0.5, 1): use e.g. 0.95", setting="confidence")
+    _check_level(confidence, "confidence", 0.5, 1.0, 0.95)
+
+
+def check_alpha(alpha: float) -> None:
+    """UserError unless ``alpha`` is a significance level in (0, 0.5): a number of any kind (numpy's
+    float32 too), never a bool or text."""
+    _check_level(alpha, "alpha", 0.0, 0.5, 0.05)
+
+
+def _check_level(value, name: str, low: float, high: float, example: float) -> None:
+    """UserError naming ``name`` unless ``value`` is a number strictly between ``low`` and ``high``."""
+    span = f"({low:g}, {high:g})"
+    number = _as_float(value, f"{name} must be a number in {span}, e.g. {example:g}", name)
+    if number is None or not low < number < high:
+        raise UserError(f"{name} {value!r} is outside {span}: use e.g. {example:g}", setting=name)
 
 
 def holm_family(comparisons: Mapping[_Key, float | None]) -> dict[_Key, float | None]:
@@ -737,9 +749,7 @@ def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two
     critical values (both tails when ``two_sided``; one-sided tests look in the effect's
     direction). Fewer than two pairs allow no test: 0. Without spread the test is decided exactly:
     1 for a nonzero effect, 0 for none."""
-    check_alpha(alpha)
-    _check_sd(sd_diff)
-    _check_effects(effect=effect)
+    _check_inputs(sd_diff, alpha=alpha, effect=effect)
     if n < 2:
         return 0.0
     if sd_diff == 0.0:
@@ -760,8 +770,7 @@ def seeds_for_effect(sd_diff: float, effect: float, power: float = 0.8, alpha: f
     """The smallest number of paired seeds (>= 2) whose paired t-test has at least ``power``
     against a true mean difference ``effect`` (``power_paired``, exact). None when more than
     ``max_seeds`` (default ``SEEDS_CEILING``) would be needed, or for ``effect`` 0."""
-    _check_power(power)
-    _check_sd(sd_diff)
+    _check_inputs(sd_diff, power=power)
     if effect == 0.0:
         return None
     return _smallest_n(lambda n: power_paired(n, sd_diff, effect, alpha, two_sided), power, max_seeds)
@@ -772,8 +781,7 @@ def minimal_detectable_effect(n: int, sd_diff: float, power: float = 0.8, alpha:
     """The true mean difference (positive; the test is symmetric) that a paired t-test on ``n``
     pairs detects with exactly ``power``: the root of ``power_paired(n, sd_diff, effect) =
     power`` (``scipy.optimize.brentq``). None for fewer than two pairs; 0 without spread."""
-    _check_power(power)
-    _check_sd(sd_diff)
+    _check_inputs(sd_diff, power=power)
     check_alpha(alpha)
     if n < 2:
         return None
@@ -797,9 +805,7 @@ def power_tost(n: int, sd_diff: float, bound: float, alpha: float = 0.05, true_d
     ``(n - 1) s^2 / sd^2`` is chi-square with n - 1 degrees of freedom. The power is that normal
     probability integrated over the chi-square quantiles for which the window is not empty.
     """
-    check_alpha(alpha)
-    _check_sd(sd_diff)
-    _check_effects(bound=bound, true_difference=true_difference)
+    _check_inputs(sd_diff, alpha=alpha, bound=bound, true_difference=true_difference)
     if n < 2:
         return 0.0
     if sd_diff == 0.0:
@@ -829,9 +835,7 @@ def seeds_for_equivalence(sd_diff: float, bound: float, power: float = 0.8, alph
     equivalence with at least ``power`` when the true difference is ``true_difference``
     (``power_tost``). None when more than ``max_seeds`` (default ``SEEDS_CEILING``) would be
     needed, which is always the case when ``|true_difference| >= bound``."""
-    _check_power(power)
-    _check_sd(sd_diff)
-    _check_effects(bound=bound, true_difference=true_difference)
+    _check_inputs(sd_diff, power=power, bound=bound, true_difference=true_difference)
     _check_bound(bound)
     if abs(true_difference) >= bound:
         return None
@@ -846,7 +850,7 @@ def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND_LEVEL) -> float:
     ``n`` values: ``sd * sqrt((n - 1) / chi2.ppf(1 - level, n - 1))`` (the sample variance times
     ``(n - 1) / sigma^2`` is chi-square with n - 1 degrees of freedom for normal values). With 3
     pilot values the 80% bound is 2.1x the estimate."""
-    _check_sd(sd)
+    _check_inputs(sd)
     if n < 2:
         raise UserError(f"an upper bound of the sd needs at least 2 values, got {n}")
     return float(sd * math.sqrt((n - 1) / _st.chi2.ppf(1.0 - level, n - 1)))
@@ -888,9 +892,7 @@ def verdict_power(n: int, sd_diff: float, effect: float, alpha: float = 0.05) ->
     ``effect``: the exact sign-flip test's (simulated, ``_exact_power``) below ``EXACT_BELOW`` pairs,
     the t-test's (``power_paired``, exact) from there. Without spread the exact test rejects a
     nonzero effect whenever its smallest p is below alpha."""
-    check_alpha(alpha)
-    _check_sd(sd_diff)
-    _check_effects(effect=effect)
+    _check_inputs(sd_diff, alpha=alpha, effect=effect)
     if n >= EXACT_BELOW:
         return power_paired(n, sd_diff, effect, alpha)
     if n < 1:
@@ -904,9 +906,7 @@ def verdict_power_equivalence(n: int, sd_diff: float, bound: float, alpha: float
                               true_difference: float = 0.0) -> float:
     """The power of the verdict rule's equivalence test against ``±bound`` (exact sign-flip TOST
     below ``EXACT_BELOW`` pairs, simulated; the t TOST's ``power_tost`` from there)."""
-    check_alpha(alpha)
-    _check_sd(sd_diff)
-    _check_effects(bound=bound, true_difference=true_difference)
+    _check_inputs(sd_diff, alpha=alpha, bound=bound, true_difference=true_difference)
     if n >= EXACT_BELOW:
         return power_tost(n, sd_diff, bound, alpha, true_difference)
     if n < 1:
@@ -936,9 +936,7 @@ def seeds_for_verdict(sd_diff: float, effect: float, power: float = 0.8, alpha: 
     """The paired seeds for the verdict rule's two-sided test (``verdict_power``) to detect a true
     difference ``effect`` with ``power`` at ``alpha`` (pass Holm's level: ``seed_plan``). None when
     more than ``max_seeds`` would be needed, or for ``effect`` 0."""
-    _check_power(power)
-    _check_sd(sd_diff)
-    _check_effects(effect=effect)
+    _check_inputs(sd_diff, power=power, effect=effect)
     if effect == 0.0:
         return None
     if sd_diff == 0.0:
@@ -952,9 +950,7 @@ def seeds_for_verdict_equivalence(sd_diff: float, bound: float, power: float = 0
                                   true_difference: float = 0.0, max_seeds: int | None = None) -> int | None:
     """The paired seeds for the verdict rule's equivalence test (``verdict_power_equivalence``) to
     conclude within ``±bound`` with ``power`` when the true difference is ``true_difference``."""
-    _check_power(power)
-    _check_sd(sd_diff)
-    _check_effects(bound=bound, true_difference=true_difference)
+    _check_inputs(sd_diff, power=power, bound=bound, true_difference=true_difference)
     _check_bound(bound)
     if abs(true_difference) >= bound:
         return None
@@ -1123,14 +1119,6 @@ def _check_rates(rate, reference_rate) -> None:
             raise UserError(f"{name} {value!r} is not a solve rate in [0, 1]: use e.g. 0.5", setting=name)
 
 
-def check_alpha(alpha: float) -> None:
-    """UserError unless ``alpha`` is a significance level in (0, 0.5): a number of any kind (numpy's
-    float32 too), never a bool or text."""
-    value = _as_float(alpha, "alpha must be a number in (0, 0.5), e.g. 0.05", "alpha")
-    if value is None or not 0.0 < value < 0.5:
-        raise UserError(f"alpha {alpha!r} is outside (0, 0.5): use e.g. 0.05", setting="alpha")
-
-
 def _family(family_size) -> int:
     """``family_size`` (the comparisons Holm's correction covers) as an int; not a count >= 1 is a UserError
     (a family of 0 is no family: it would be taken for 1)."""
@@ -1236,15 +1224,21 @@ def _check_power(power: float) -> None:
         raise UserError(f"power {power!r} is outside (0, 1): use e.g. 0.8")
 
 
-def _check_sd(sd: float) -> None:
+_UNSET = object()
+
+
+def _check_inputs(sd: float, *, power=_UNSET, alpha=_UNSET, **effects) -> None:
+    """UserError for the first bad input of a power or seed calculation, in this order: ``power`` and
+    ``alpha`` (where given), the sd of the differences (finite, >= 0), then each of ``effects`` (an effect,
+    a bound: ``name=value``) that is not a finite number: a NaN compares false with every power and seed
+    count, an infinite one has no noncentral t."""
+    if power is not _UNSET:
+        _check_power(power)
+    if alpha is not _UNSET:
+        check_alpha(alpha)
     if sd is None or not math.isfinite(sd) or sd < 0.0:
         raise UserError(f"the standard deviation of the differences must be finite and >= 0, not {sd!r}")
-
-
-def _check_effects(**values) -> None:
-    """UserError naming the first of ``values`` (an effect, a bound: ``name=value``) that is not a finite
-    number: a NaN compares false with every power and seed count, an infinite one has no noncentral t."""
-    for name, value in values.items():
+    for name, value in effects.items():
         if finite_or_none(value) is None:
             raise UserError(f"{name} {value!r} must be a finite number", setting=name)
 
