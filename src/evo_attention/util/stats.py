@@ -7,11 +7,8 @@ a change between model sizes (``paired_interaction``, ``transfer_verdict``), sol
 solves a task point or stays at the plateau: a bimodal outcome no t-test models; ``solve_rate``,
 ``solve_rates_versus``, ``seeds_for_solve_rates``) and a 2x2's factor shares (``two_factor_shares``).
 
-``scipy.stats`` gives every distribution and library test (``t.interval``, ``ttest_ind(...,
-equal_var=False)``, ``ttest_rel``, ``bootstrap``, ``nct``, ``chi2``, ``binomtest``, ``fisher_exact``,
-``barnard_exact``). Written here, where no library gives the same numbers at the same cost (each
-says why): ``holm``, ``sign_flip``, ``power_paired``, ``power_tost``, the exact test's power,
-``_fisher_p_tables`` and Cohen's d.
+``scipy.stats`` gives every distribution and library test; what is written here (``holm``, ``sign_flip``,
+``power_paired``, ``power_tost``, the exact test's power, ``_fisher_p_tables``, Cohen's d) says why.
 
 Conventions:
 
@@ -162,11 +159,9 @@ def describe(values: Iterable, confidence: float = 0.95) -> dict:
     check_confidence(confidence)
     x = _clean(values)
     n = int(x.size)
-    if n == 0:
-        return {"n": 0, "mean": None, "sd": None, "ci_low": None, "ci_high": None}
-    mean = float(x.mean())
-    if n == 1:
-        return {"n": 1, "mean": mean, "sd": None, "ci_low": None, "ci_high": None}
+    mean = float(x.mean()) if n else None
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": None, "ci_low": None, "ci_high": None}
     sd = float(x.std(ddof=1))
     if sd == 0.0:
         low = high = mean
@@ -329,16 +324,12 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     differences are ``log(candidate) - log(reference)``, the scale on which perplexity's seed noise
     is additive; with ``log=False`` (bits per byte, loss, accuracy) they are plain.
 
-    Returns ``{"scale", "n", "n_dropped", "differences", "difference", "sd_diff", "t", "df",
-    "p_value", "p_t", "p_exact", "p_exact_se", "smallest_p", "test", "diff_ci_low", "diff_ci_high",
-    "boot_ci_low", "boot_ci_high", "relative", "relative_ci_low", "relative_ci_high",
-    "confidence"}``: the mean and sd of the per-seed differences (log differences with
-    ``log=True``), the ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and
-    interval, the exact sign-flip p (``p_exact``, ``sign_flip``), the test the verdict rule uses
-    (``test``: ``exact_decides``) and its p (``p_value``), the seeded ``scipy.stats.bootstrap``
-    interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs; ``bootstrap_resamples=0`` skips it), and
-    with ``log=True`` the relative change ``exp(difference) - 1`` with the t interval mapped by the
-    same function (None with ``log=False``).
+    Returns the keys below: the mean and sd of the per-seed differences, the ``ttest_rel`` statistic,
+    degrees of freedom, two-sided p-value (``p_t``) and interval, the exact sign-flip p (``p_exact``), the
+    test the verdict rule uses (``test``: ``exact_decides``) and its p (``p_value``), the seeded
+    ``scipy.stats.bootstrap`` interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs;
+    ``bootstrap_resamples=0`` skips it), and with ``log=True`` the relative change ``exp(difference) - 1``
+    with the t interval mapped by the same function (None with ``log=False``).
     """
     check_confidence(confidence)
     x, y, dropped = _aligned(candidate, reference, log)
@@ -368,11 +359,9 @@ def tost(candidate: Sequence, reference: Sequence | None = None, *, margin: floa
 
     ``candidate`` and ``reference`` are per-seed values aligned by seed, paired like ``paired``;
     with ``reference=None``, ``candidate`` is the per-seed differences themselves, already on the
-    scale ``log`` names (``paired(...)["differences"]``). Returns ``{"n", "margin", "bound",
-    "p_lower", "p_upper", "p_value", "ci_low", "ci_high", "alpha", "equivalent"}``: ``p_lower`` is
-    ``ttest_rel(x + bound, y, alternative="greater")``, ``p_upper`` is ``ttest_rel(x - bound, y,
-    alternative="less")``, ``p_value`` the larger (statsmodels' ``ttost_paired`` gives the same to
-    3e-15, for two scipy calls); the interval is the ``1 - 2 alpha`` t interval of the mean
+    scale ``log`` names (``paired(...)["differences"]``). The t-test's sides: ``ttest_rel(x + bound, y,
+    alternative="greater")`` and ``ttest_rel(x - bound, y, alternative="less")``, ``p_value`` the larger
+    (statsmodels' ``ttost_paired`` to 3e-15); the interval is the ``1 - 2 alpha`` t interval of the mean
     difference: the t TOST is equivalent at ``alpha`` exactly when it lies inside ``±bound``. Fewer
     than two pairs: p-values None, ``equivalent`` None.
 
@@ -426,16 +415,12 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
     as it is (one equivalence claim per comparison). ``margin`` follows ``margin_bound`` on the
     result's scale. ``family_size``: the comparisons Holm's correction covers (``cannot_decide``).
 
-    Returns ``{"verdict", "label", "text", "difference", "diff_ci_low", "diff_ci_high",
-    "relative", "relative_ci_low", "relative_ci_high", "n", "sd_diff", "alpha", "p_value",
-    "p_adjusted", "p_t", "p_exact", "test", "cannot_decide", "p_tost", "margin", "bound", "power",
-    "mde", "mde_relative", "seeds_for_equivalence", "seeds_for_margin", "seeds_for_equivalence_range",
-    "seeds_for_margin_range", "seeds_to_decide", "seeds_to_decide_range", "seed_plan", "max_seeds"}``.
-    ``seeds_to_decide`` is the advice for an undetermined verdict: where the observed difference lies
-    at or beyond a bound, the seeds for the rule's two-sided test to detect that difference (Holm's
-    level, the sd's bound), else ``seeds_for_equivalence``. ``label`` is the verdict with the
-    margin ('equivalent within ±1%'); ``text`` adds the numbers. The planning numbers, at the
-    observed sd of the differences and ``power`` (None with fewer than two pairs):
+    The result's numbers come back beside the verdict. ``label`` is the verdict with the margin
+    ('equivalent within ±1%'); ``text`` adds the numbers. ``seeds_to_decide`` is the advice for an
+    undetermined verdict: where the observed difference lies at or beyond a bound, the seeds for the
+    rule's two-sided test to detect that difference (Holm's level, the sd's bound), else
+    ``seeds_for_equivalence``. The planning numbers, at the observed sd of the differences and
+    ``power`` (None with fewer than two pairs):
 
     - ``mde``: the smallest true mean difference (either sign, on the differences' scale) that a
       two-sided paired t-test at Holm's level ``alpha / family_size`` would detect with ``power``
@@ -500,13 +485,12 @@ def paired_interaction(diffs_a: Sequence | Mapping, diffs_b: Sequence | Mapping,
     size b: ``change = mean(diffs_b) - mean(diffs_a)`` (on the differences' scale; for a
     lower-is-better metric a positive change means the advantage shrinks or turns into a loss).
 
-    Seeds decide the test: given two mappings ``{seed: difference}``, a paired test of the per-seed
-    ``b - a`` when the seeds with a finite value are the same at both sizes, Welch's test otherwise;
-    two sequences are aligned by seed position (paired, failed pairs dropped, lengths must match)
-    unless ``shared_seeds=False`` (Welch). Returns ``{"test" ("paired" or "welch"), "n_a", "n_b",
-    "change", "ci_low", "ci_high", "t", "df", "p_value", "p_t", "confidence"}`` (two-sided; None
-    where fewer than two values allow no test); a paired ``p_value`` is that of ``paired``'s verdict
-    rule, ``p_t`` the t-test's (Welch's: the same).
+    Seeds decide the test (``test``: paired or welch): given two mappings ``{seed: difference}``, a
+    paired test of the per-seed ``b - a`` when the seeds with a finite value are the same at both
+    sizes, Welch's test otherwise; two sequences are aligned by seed position (paired, failed pairs
+    dropped, lengths must match) unless ``shared_seeds=False`` (Welch). Two-sided; None where fewer
+    than two values allow no test; a paired ``p_value`` is that of ``paired``'s verdict rule, ``p_t``
+    the t-test's (Welch's: the same).
     """
     check_confidence(confidence)
     if isinstance(diffs_a, Mapping) != isinstance(diffs_b, Mapping):
@@ -638,8 +622,7 @@ def sign_flip(differences: Sequence, alternative: str = "two-sided", *, resample
     ``resamples`` random patterns from ``numpy.random.default_rng(seed)`` give the Monte Carlo p
     ``(hits + 1) / (resamples + 1)`` (never 0) with its binomial standard error ``se``.
 
-    Returns ``{"n", "p_value", "exact", "patterns", "se", "smallest_p", "alternative"}``; with no
-    finite difference the p-value is None. ``smallest_p`` is the least p this n can give.
+    With no finite difference the p-value is None; ``smallest_p`` is the least p this n can give.
 
     Not ``scipy.stats.permutation_test((d,), sum, permutation_type="samples")``: its ties are sums
     within ``100 eps |observed|``, a tolerance that vanishes when the observed sum is about 0 (after
@@ -973,9 +956,7 @@ def seed_plan(sd_diff: float, pilot_n: int, effect: float, *, power: float = 0.8
     ``seeds`` (the plan) is ``n_upper``; None when more than ``max_seeds`` would be needed.
 
     ``effect``: the true difference to detect (two-sided), or with ``equivalence`` the bound to
-    show equivalence within at a true difference of 0. Returns ``{"seeds", "n_point", "n_upper",
-    "sd", "sd_upper", "level", "pilot_n", "alpha", "alpha_holm", "family_size", "power",
-    "equivalence", "text"}``."""
+    show equivalence within at a true difference of 0; ``text``: the plan in words."""
     check_alpha(alpha)
     m = _family(family_size)
     alpha_holm = alpha / m
