@@ -1,27 +1,23 @@
 """How PyTorch's CPU threads wait: long spins on idle cores, short ones while others want them.
 
-PyTorch's CPU wheels on Linux use GNU OpenMP (libgomp), whose threads spin for a while (300,000
-iterations by default) before they sleep between parallel regions. Alone on the cores that is
-fast; beside any other busy process a spinning thread burns the time slice its partner needs, and a
-training step slowed 35-120x on a 2-core machine (``benchmarks/bench_busy.py``). No fixed setting
-serves both: a short spin count survives a competitor but costs 1.2x idle (docs/results/busy/).
+GNU OpenMP (libgomp, in PyTorch's Linux CPU wheels) spins its threads for a while before they
+sleep between parallel regions: fast alone, but beside a busy process a spinning thread burns its
+partner's time slice (a step slowed 35-120x on 2 cores: ``benchmarks/bench_busy.py``), and a short
+fixed spin costs 1.2x idle (docs/results/busy/). So the wait follows the load (``watch``): a daemon
+thread samples every ``INTERVAL`` seconds the CPU time *other* processes took (``/proc/stat``'s busy
+time minus this process's own) and ``Hysteresis`` decides short or long waits. The lever is
+libgomp's documented rule for oversubscription (``GOMP_SPINCOUNT``): with more OpenMP threads than
+CPUs, every wait spins only 100 iterations; ``Throttle`` makes one more team while the machine is busy.
 
-So the wait follows the load (``watch``): a daemon thread samples, every ``INTERVAL`` seconds, how
-much CPU time *other* processes took (``/proc/stat``'s busy time minus this process's own), and
-``Hysteresis`` decides short or long waits. The lever is libgomp's documented rule for
-oversubscription (``GOMP_SPINCOUNT``): with more OpenMP threads than CPUs, every wait spins only 100
-iterations (without a wait policy set); ``Throttle`` makes one more team while the machine is busy.
-
-Waits alone do not give a fair share, so a CPU training that *starts* while other processes use
-the cores takes the threads they leave free, at least one (``shared_threads``; ``train.trainer``
-applies it for the whole training and restores torch's count after it, and the record says
-``threads``: how many, of how many, and the load that chose them). Results then differ from an idle
-run's by the rounding of another split of the sums; ``EVO_ATTENTION_SHARE_CORES=off`` keeps torch's
-count whatever the load (the tests run so). The waits themselves change no result
+A CPU training that *starts* while other processes use the cores also takes only the threads they
+leave free, at least one (``shared_threads``; ``train.trainer`` applies it for the whole training,
+and the record's ``threads`` says how many, of how many, and the load that chose them); its results
+then differ from an idle run's by the rounding of another split of the sums, and
+``EVO_ATTENTION_SHARE_CORES=off`` keeps torch's count (the tests run so). The waits change no result
 (``tests/test_threads.py``). Nothing is watched when the user set any of ``USER_VARIABLES``, with
 ``EVO_ATTENTION_THREADS=off``, with one torch thread, or where libgomp is not the loaded runtime.
-Where there is no ``/proc/stat``, ``configure`` sets a fixed short spin instead (``FALLBACK``),
-before torch loads its OpenMP runtime, which reads it once.
+Without ``/proc/stat``, ``configure`` sets a fixed short spin (``FALLBACK``) before torch loads its
+OpenMP runtime, which reads it once.
 """
 
 from __future__ import annotations
