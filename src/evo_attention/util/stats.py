@@ -544,34 +544,32 @@ def two_factor_shares(neither: Sequence, first: Sequence, second: Sequence, both
     sign = -1.0 if lower_is_better else 1.0  # gains: positive = better
     y = np.asarray(rows, dtype=float).reshape(-1, 4)
     y = _logged(y) if log else y
-    gains = {"first_alone": sign * (y[:, 1] - y[:, 0]), "first_with": sign * (y[:, 3] - y[:, 2]),
-             "second_alone": sign * (y[:, 2] - y[:, 0]), "second_with": sign * (y[:, 3] - y[:, 1])}
-    total = sign * (y[:, 3] - y[:, 0])
+    # each factor's gains: alone (over neither) and with the other factor
+    first_gains = (sign * (y[:, 1] - y[:, 0]), sign * (y[:, 3] - y[:, 2]))
+    second_gains = (sign * (y[:, 2] - y[:, 0]), sign * (y[:, 3] - y[:, 1]))
 
-    def summary(per_seed: np.ndarray, alone=None, with_other=None) -> dict:
+    def summary(per_seed: np.ndarray, gains=None) -> dict:
         r = paired(per_seed, np.zeros_like(per_seed), confidence, log=False, bootstrap_resamples=0)
         out = {"mean": r["difference"], "ci_low": r["diff_ci_low"], "ci_high": r["diff_ci_high"],
                "p_value": r["p_value"]}
         for key, value in (("relative", "mean"), ("relative_ci_low", "ci_low"), ("relative_ci_high", "ci_high")):
             x = out[value]
             out[key] = None if not log or x is None else (-math.expm1(-x) if lower_is_better else math.expm1(x))
-        if alone is not None:  # both gains have a value per seed
-            out["alone"], out["with"] = (float(alone.mean()), float(with_other.mean())) if alone.size else (None, None)
+        if gains is not None:  # both gains have a value per seed
+            out["alone"], out["with"] = (float(gains[0].mean()), float(gains[1].mean())) if y.size else (None, None)
         return out
 
     out = {"scale": "log" if log else "linear", "n": int(y.shape[0]), "n_dropped": len(cells[0]) - int(y.shape[0]),
-           "total": summary(total),
-           "first": summary((gains["first_alone"] + gains["first_with"]) / 2, gains["first_alone"],
-                            gains["first_with"]),
-           "second": summary((gains["second_alone"] + gains["second_with"]) / 2, gains["second_alone"],
-                             gains["second_with"])}
+           "total": summary(sign * (y[:, 3] - y[:, 0])),
+           "first": summary((first_gains[0] + first_gains[1]) / 2, first_gains),
+           "second": summary((second_gains[0] + second_gains[1]) / 2, second_gains)}
     advantage = out["total"]["mean"]
     positive = advantage is not None and advantage > 0
     for name in ("first", "second"):
         share = out[name]["mean"]
         out[name]["fraction"] = share / advantage if positive and share is not None else None
     out["total"]["fraction"] = 1.0 if positive else None
-    out["interaction"] = paired_interaction(list(gains["first_alone"]), list(gains["first_with"]), confidence)
+    out["interaction"] = paired_interaction(list(first_gains[0]), list(first_gains[1]), confidence)
     return out
 
 
