@@ -32,18 +32,12 @@ def limit_headroom() -> int | None:
         import resource
     except ImportError:  # not a Unix
         return None
-    used = process_status()
-    headroom = None
+    used, left = process_status(), []
     for name, field in PROCESS_LIMITS:
-        number = getattr(resource, name, None)
-        if number is None:
-            continue
-        soft, _ = resource.getrlimit(number)
-        if soft == resource.RLIM_INFINITY or soft < 0:
-            continue
-        left = max(0, soft - used.get(field, 0))  # unknown use: the whole limit, an upper bound
-        headroom = left if headroom is None else min(headroom, left)
-    return headroom
+        soft = resource.getrlimit(getattr(resource, name))[0] if hasattr(resource, name) else resource.RLIM_INFINITY
+        if soft != resource.RLIM_INFINITY and soft >= 0:  # a limit is set
+            left.append(max(0, soft - used.get(field, 0)))  # unknown use: the whole limit, an upper bound
+    return min(left, default=None)
 
 
 def process_status() -> dict[str, int]:
