@@ -11,7 +11,6 @@ as one line each (``user_warnings``: ``evo-attention: warning: ...``, no source 
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -21,6 +20,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
+
+from evo_attention.util.format import number
 
 
 class _Console(Console):
@@ -93,10 +94,6 @@ def log(message: str, quiet: bool = False) -> None:
             console.print(message, markup=False, soft_wrap=True)
 
 
-def _fmt(value: float, digits: int = 3) -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
-
-
 @contextmanager
 def training_bar(description: str, total: int, enabled: bool = True):
     """Yield a progress callback (step, total, loss) for one training run."""
@@ -110,7 +107,7 @@ def training_bar(description: str, total: int, enabled: bool = True):
 
         def update(step: int, total_steps: int, loss: float) -> None:
             with best_effort():
-                bar.update(task, completed=step, total=total_steps, loss=_fmt(loss))
+                bar.update(task, completed=step, total=total_steps, loss=number(loss, ".3f"))
 
         yield update
 
@@ -187,7 +184,7 @@ class SearchView:
         self.best = (gene, perplexity)
 
     def _best_text(self) -> str:
-        return "" if self.best is None else f"best {_fmt(self.best[1])} {self.best[0]}"
+        return "" if self.best is None else f"best {number(self.best[1], '.3f')} {self.best[0]}"
 
     def _bar(self, worker: str | None) -> int:
         name = worker or ""
@@ -208,7 +205,8 @@ class SearchView:
     def step(self, step: int, total: int, loss: float, worker: str | None = None) -> None:
         with best_effort():
             if self._progress is not None:
-                self._progress.update(self._bar(worker), completed=step, total=total, info=f"loss {_fmt(loss)}")
+                self._progress.update(self._bar(worker), completed=step, total=total,
+                                      info=f"loss {number(loss, '.3f')}")
 
     def extend(self, more: int) -> None:
         """Trainings the plan could not foresee (racing re-measures a would-be elite): the plan grows."""
@@ -235,7 +233,8 @@ class SearchView:
             self._trained += 1
         with best_effort():
             status = record.get("status")
-            result = f"ppl {_fmt(record.get('val_perplexity'))}" if status == "ok" else f"{status}: {record.get('error') or ''}"
+            result = f"ppl {number(record.get('val_perplexity'), '.3f')}" if status == "ok" \
+                else f"{status}: {record.get('error') or ''}"
             budget = record.get("budget")
             steps = f" at {record.get('steps')}/{budget} steps" if budget and record.get("steps") != budget else ""
             where = f" [{worker}]" if worker and worker != "local" else ""
