@@ -454,18 +454,16 @@ def paired_verdict(result: dict, margin: float, alpha: float = 0.05, p_adjusted:
         # these seeds detect nothing when the exact test's smallest p cannot pass Holm's first step
         mde = None if result.get("test") == EXACT_TEST and m * smallest_p(n) >= alpha \
             else minimal_detectable_effect(n, sd, power, alpha / m)
-        equivalence = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, equivalence=True,
-                                max_seeds=max_seeds)
-        margin_plan = seed_plan(sd, n, bound, power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
+        plan_for = functools.partial(seed_plan, sd, n, power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
+        equivalence, margin_plan = plan_for(bound, equivalence=True), plan_for(bound)
+        # a large difference: seeds to show it, not equivalence
+        decide = plan_for(abs(diff)) if diff is not None and abs(diff) >= bound else equivalence
         plan = {"mde": mde, "mde_relative": None if mde is None or not log else math.expm1(mde),
                 "seeds_for_equivalence": equivalence["seeds"], "seeds_for_margin": margin_plan["seeds"],
                 "seeds_for_equivalence_range": [equivalence["n_point"], equivalence["n_upper"]],
                 "seeds_for_margin_range": [margin_plan["n_point"], margin_plan["n_upper"]],
-                "seed_plan": equivalence["text"]}
-        decide = equivalence
-        if diff is not None and abs(diff) >= bound:  # a large difference: seeds to show it, not equivalence
-            decide = seed_plan(sd, n, abs(diff), power=power, alpha=alpha, family_size=m, max_seeds=max_seeds)
-        plan.update(seeds_to_decide=decide["seeds"], seeds_to_decide_range=[decide["n_point"], decide["n_upper"]])
+                "seed_plan": equivalence["text"], "seeds_to_decide": decide["seeds"],
+                "seeds_to_decide_range": [decide["n_point"], decide["n_upper"]]}
     out = {"verdict": word, "label": f"{EQUIVALENT} within {_margin_text(margin, log)}" if word == EQUIVALENT else word,
            "difference": diff, **{k: result[k] for k in ("diff_ci_low", "diff_ci_high", "relative",
                                                        "relative_ci_low", "relative_ci_high")},
