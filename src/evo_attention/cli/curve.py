@@ -9,8 +9,8 @@ kept in a run store in ``--out``, so a repeat trains nothing and an interrupted 
 Writes curve.json, curve.md and curve.png into ``--out`` (see ``studies.curves``). With ``--lr-grid``
 each gene trains at each point at its own best rate of the grid, chosen by accuracy on the tuning
 seeds ``seed + 1001 ...``. On a generated task the named configurations train without attention
-dropout; a gene string is used as written. Without
-``--vocab-size`` (from a flag, a preset or a config file) a task's vocabulary is its own default.
+dropout; a gene string is used as written. Without ``--vocab-size`` (from a flag, a preset or a
+config file) a task's vocabulary is its own default.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""``evo-attention study``: a registered study, one plan file (``studies.study``; docs/studies.md).
-
-    evo-attention study register PLAN [--allow-dirty] [--after-results REASON]
-    evo-attention study run PLAN [--stage S ...] [--set NAME=VALUE ...]
-    evo-attention study status PLAN
-    evo-attention study amend PLAN --note TEXT
-    evo-attention study report PLAN [--out FILE]
-    evo-attention study check PLAN DOC
+"""``evo-attention study ACTION PLAN``: a registered study, one plan file (``studies.study``; docs/studies.md).
 
 ``register`` records the plan before any result (beside it: ``PLAN.registration.json``); ``run``
 runs every stage that is not done, in order, each in its own folder, resuming after a kill;

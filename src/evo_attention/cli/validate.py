@@ -11,8 +11,6 @@ With ``--suite NAME|FILE`` (or a ``--from-run`` run made on a suite) every gene 
 train on every point of the suite and are compared by suite accuracy (``studies.suite``):
 validation_suite.json, .md and the heat map .png; the trainings are kept in the run's store, else
 in a store in the output directory, so a repeat trains nothing.
-``add_analysis_flags``, ``analysis_setup`` and ``run_study`` are shared with ``ablate`` and
-``transfer``; ``add_grid_flags`` with ``compare`` and ``baseline`` too.
 """
 
 from __future__ import annotations
