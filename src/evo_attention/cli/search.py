@@ -195,8 +195,7 @@ def cmd_search(args) -> int:
                 log(line.strip())
     if evolution.checked is not None:
         log(f"fresh-seed check: {evolution.checked['line']} ({out / 'fresh_check.md'})")
-    if summary.counts.get("equivalent"):
-        n = summary.counts["equivalent"]
+    if n := summary.counts.get("equivalent"):
         log(f"functional-equivalence cache: {n} evaluation{'s' if n != 1 else ''} answered by the training of a "
             "program that computes the same function (no training)")
     if evolution.keep_models:

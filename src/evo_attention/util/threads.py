@@ -277,9 +277,7 @@ def shared_threads() -> tuple[int, str] | None:
     watch says busy): the cores they leave free, at least one, where that is fewer than torch's
     threads; None to keep torch's count (no watch, idle, or ``EVO_ATTENTION_SHARE_CORES=off``)."""
     watch = _watch
-    if watch is None or not watch.alive or not watch.hysteresis.busy:
-        return None
-    if turned_off(os.environ, SHARE):
+    if watch is None or not watch.alive or not watch.hysteresis.busy or turned_off(os.environ, SHARE):
         return None
     import torch
 
