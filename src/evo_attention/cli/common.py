@@ -390,10 +390,8 @@ def suite_text(args, config) -> str:
     if model:
         text += "; the suite's model: " + ", ".join(f"{k} {v}" for k, v in model.items())
         for key, value in model.items():
-            flag = "--" + key.replace("_", "-")
-            given_value = getattr(args, key, None)
-            if given_value is not None and given_value != value:
-                text += f" ({flag} {given_value} does not apply: the suite fixes it)"
+            if (given_value := getattr(args, key, None)) not in (None, value):
+                text += f" (--{key.replace('_', '-')} {given_value} does not apply: the suite fixes it)"
     return text
 
 
