@@ -7,9 +7,7 @@
   survives a round trip. The text stays standard JSON. Caveat: a string value that is exactly one
   of those three spellings also reads back as a float.
 
-Both walk the value the same way: mappings, sequences and sets (sorted, so the text is stable),
-paths, numpy/torch scalars and arrays (``tolist``), enums (their value), genes (their key) and
-objects with ``to_dict`` (records).
+Both walk the value the same way (``to_jsonable``; sets sorted, so the text is stable).
 """
 
 from __future__ import annotations
