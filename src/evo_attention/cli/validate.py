@@ -127,16 +127,13 @@ def analysis_setup(args, default_out: str, check=None, suite: bool = False, *, w
     settings, study = explicit_settings(args), Path(default_out).name
     if given("--lr") and getattr(args, "lr_grid", None):  # noted as ignored: it must change nothing, not even a key
         settings.pop("learning_rate", None)
+    stored, stored_data, source = {}, {}, "the command line"
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
-            stored = run.config()
-            stored_data = run.get_meta("data") or {}
-        config = checked(Config.from_dict(over_run(stored, settings),
-                                          source=f"the run in {args.from_run} with the flags"))
-        search_seed = stored.get("seed")
-    else:
-        config = checked(Config.from_dict(settings, source="the command line"))
-        search_seed, stored_data = None, {}
+            stored, stored_data = run.config(), run.get_meta("data") or {}
+        settings, source = over_run(stored, settings), f"the run in {args.from_run} with the flags"
+    config = checked(Config.from_dict(settings, source=source))
+    search_seed = stored.get("seed")
     # fail before loading any data (seeds auto: the pilot's seeds come first)
     base = seed_base(args, config, search_seed)
     seeds = validation_seeds(base, PILOT_SEEDS if args.seeds == "auto" else args.seeds, search_seed)
