@@ -141,8 +141,7 @@ def _long_context(args, config, steps: int) -> int:
 
     rows = bench_lengths(genes, config, lambda t: data_from_config(config.replace(max_seq_len=t)), lengths,
                          tokens_per_step=args.tokens_per_step, steps=steps, warmup=args.warmup, progress=progress)
-    cpu = rows[0]["device"].startswith("cpu")
-    memory = "step_memory_mb" if cpu else "peak_memory_mb"
+    memory = "step_memory_mb" if rows[0]["device"].startswith("cpu") else "peak_memory_mb"
     header = ["T", "batch"] + [f"{n} ms/step" for n in genes] + [f"{n} MB" for n in genes]
     table = []
     for t in lengths:

@@ -27,9 +27,7 @@ def search_config(args):
     from evo_attention.studies.evolution import CHECK_META
     from evo_attention.train.config import CAP_FIELDS, Config, cap_value, parse_lr_grid
 
-    extra = {}
-    if args.no_baseline:
-        extra["baseline"] = False
+    extra = {"baseline": False} if args.no_baseline else {}
     extra.update({name: getattr(args, flag) for flag, name in fidelity_flags().items()
                   if getattr(args, flag, None) is not None})
     options = {name: value for name, value in (("dedupe", args.dedupe or None), ("seed_vanilla", args.seed_vanilla or None),
