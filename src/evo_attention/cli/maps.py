@@ -47,7 +47,7 @@ def _trained_model(args):
     from evo_attention.train.saving import load_model
     from evo_attention.train.trainer import run_training
 
-    settings = explicit_settings(args)
+    settings, origin = explicit_settings(args), "the command line"
     if args.from_run:
         with RunStore.open(args.from_run, readonly=True) as run:
             stored = run.config()
@@ -57,19 +57,16 @@ def _trained_model(args):
                 raise UserError(f"the run in {args.from_run} is a suite run (suite {suite}): attention maps are drawn "
                                 f"on one task; give --data, e.g. one of its points: {', '.join(points)}")
             stored = {k: v for k, v in stored.items() if k not in ("suite", "objectives", "recall")}  # the suite's own
-        config = checked(Config.from_dict(over_run(stored, settings),
-                                          source=f"the run in {args.from_run} with the flags"))
-        if args.gene is not None:
-            gene = AttentionGene.parse(args.gene)
-        else:
-            best = load_run(args.from_run).best_gene
-            if best is None:
-                raise UserError(f"the run in {args.from_run} has no finished search evaluation: give --gene")
-            gene = AttentionGene.parse(best)
-            note_unfinished(args.from_run, "attention-maps")
-    else:
-        config = checked(Config.from_dict(settings, source="the command line"))
+        settings, origin = over_run(stored, settings), f"the run in {args.from_run} with the flags"
+    config = checked(Config.from_dict(settings, source=origin))
+    if args.gene is not None:
         gene = AttentionGene.parse(args.gene)
+    else:  # the run's best (cmd_maps refuses a command without --gene or --from-run)
+        best = load_run(args.from_run).best_gene
+        if best is None:
+            raise UserError(f"the run in {args.from_run} has no finished search evaluation: give --gene")
+        gene = AttentionGene.parse(best)
+        note_unfinished(args.from_run, "attention-maps")
     data = data_from_config(config)
     tokenizer = data.tokenizer or data.vocab
     ids, text_source = _input(args, tokenizer, data, config.model.with_data(data.vocab_size, data.seq_len).max_seq_len)
