@@ -181,7 +181,8 @@ def relative_change(row: Mapping, baseline_mean: float | None) -> dict:
     the baseline: the paired relative change on a ratio metric's log scale, else the difference over the
     baseline's mean (None where a number is missing)."""
     log = row.get("scale") == "log"
-    names = ("relative", "relative_ci_low", "relative_ci_high") if log else ("difference", "diff_ci_low", "diff_ci_high")
+    names = (("relative", "relative_ci_low", "relative_ci_high") if log
+             else ("difference", "diff_ci_low", "diff_ci_high"))
     value, low, high = (row.get(n) for n in names)
     if value is None or (not log and (baseline_mean is None or baseline_mean <= 0)):
         return {"relative_change": None, "relative_change_low": None, "relative_change_high": None}
