@@ -31,15 +31,9 @@ Same trial, same result, alone or in a batch:
   ``nn.losses``, ``train.optim``): the vanilla gene (gpt2 and llama, fp32 and bf16) is bitwise the
   same batched with its own seeds and alone on a CPU at one thread, and every gene of the tests'
   covering list stays within ``SAME_RESULT_RTOL`` after 8 steps. What differs is floating-point
-  reassociation (batched products at more than one thread; the weight gradients of thin products: the
-  adaptive temperature's projection, low-rank Q/K/V; the learned temperature's summed gradient), which
-  training amplifies like any rounding: measured on the 2-core AMD EPYC, one thread, 300 steps, 10
-  genes, K = 3, up to 3.5e-2 (fp32) and 1.2e-2 (bf16) relative in the final val_loss or a curve
-  point, where the same fp32 trial alone with one thread and with two differs by up to 2.8e-2; on the
-  2-core Intel Xeon, 40 quick-preset steps, two ``relu_norm`` genes (a row sum + 1e-6 divides their
-  weights) bitwise at one thread and 4-8% apart in perplexity at two, where the same trials alone
-  differ by up to 8.9% between one thread and two. On an H100 they agree far more closely
-  (docs/speed.md).
+  reassociation (batched products at more than one thread; the weight gradients of thin products),
+  which training amplifies like any rounding: as far as the same trial alone at one thread and at
+  two (measured in docs/speed.md).
 
 The measurement (the one record rule, alone or batched):
 
@@ -123,14 +117,9 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, recent mea
 
 
 def sdpa_flop_formulas() -> dict:
-    """FLOP formulas for the fused attention kernels, priced as the explicit path computes.
-
-    PyTorch's counter has no formula for the CPU kernel (a gene on the fused path, no attention dropout
-    and no window, would be priced as if attention were free) and prices the CUDA kernels' backward
-    with the scores recomputed. Here every kernel counts the two score/value products forward and
-    their four gradient products backward, as the explicit path does, so the FLOP objective measures
-    the gene, not the kernel that ran it (recomputation is the kernel's choice).
-    """
+    """FLOP formulas for the fused attention kernels, priced as the explicit path computes: the two
+    score/value products forward and their four gradients backward, so the FLOP objective measures the
+    gene, not the kernel (PyTorch has no formula for the CPU kernel, and prices CUDA's recomputation)."""
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # arguments as shapes
         return sdpa_flop_count(query, key, value)
 
@@ -221,10 +210,9 @@ def _fold_problem(genome: str, model, factories: tuple) -> str | None:
 @torch.no_grad()
 def evaluation_sums(model, data: TaskData, split: str, batch_size: int, cap: int | None, *, device: torch.device,
                     precision: str, models: int = 1, rows: Rows | None = None):
-    """(summed NLL as float64, correct next-token predictions, scored tokens), each [models], over
-    the first ``cap`` evaluation batches of ``split``: of one model, or of ``models`` folded ones
-    (``rows``: their batch rows), each model's rows the same batch scored with its own head, so each
-    gets the sums it gets alone. UserError where the batches hold no scored token."""
+    """(summed NLL as float64, correct next-token predictions, scored tokens), each [models], over the
+    first ``cap`` evaluation batches of ``split``: of one model, or of ``models`` folded ones (``rows``),
+    each scoring the same batch with its own head (the sums it gets alone). UserError: no scored token."""
     nll = torch.zeros(models, dtype=torch.float64, device=device)
     correct = torch.zeros(models, dtype=torch.long, device=device)
     tokens = torch.zeros(models, dtype=torch.long, device=device)
@@ -248,9 +236,8 @@ def evaluation_sums(model, data: TaskData, split: str, batch_size: int, cap: int
 
 
 class Member:
-    """One trial of a ``Trainer``: its model (its own weights; views of the batch's stacked weights
-    while it trains folded), batches, dropout stream, recipe, curve, counters and divergence; its
-    evaluation and, for one trained alone or kept with its moments, its checkpoint."""
+    """One trial of a ``Trainer`` (its model's weights are views of the batch's stacked weights while
+    it trains folded); its evaluation and, trained alone or kept with its moments, its checkpoint."""
 
     def __init__(self, trial: Trial, data: TaskData, *, device: torch.device, spec, precision: str,
                  precision_reason: str):
@@ -283,8 +270,7 @@ class Member:
         return scheduled_rate(self.recipe, step, self.train_steps)
 
     @property
-    def absurd_loss(self) -> float:
-        """A loss this far above a uniform guess over the vocabulary means the training diverged."""
+    def absurd_loss(self) -> float:  # a loss this far above a uniform guess means the training diverged
         return math.log(self.spec.vocab_size) + ABSURD_MARGIN
 
     def far_above_guess(self, what: str) -> str:
@@ -304,28 +290,24 @@ class Member:
         self.diverged = True
         self.divergence = reason
 
-    def detach_weights(self) -> None:
-        """Give the model weights of its own (they were views of a batch's stacked weights)."""
+    def detach_weights(self) -> None:  # weights of its own (they were views of a batch's stacked weights)
         for p in self.model.parameters():
             p.data = p.data.clone()
 
     @torch.no_grad()
     def validation_point(self) -> None:
-        """A point of the validation curve: the loss on the first VAL_BATCHES batches of the valid
-        split at this step (evaluation draws nothing: the training goes on as it would)."""
+        """The loss on the first VAL_BATCHES valid batches at this step (draws nothing from any stream)."""
         self.add_validation_point(self.evaluate("valid", max_batches=VAL_BATCHES)["val_loss"])
 
     def add_validation_point(self, loss: float) -> None:
         if math.isfinite(loss):
             self.val_curve.append([self.step, loss])
 
-    def eval_cap(self, max_batches: int | None = None) -> int | None:
-        """The evaluation batches to score: eval_steps, or ``max_batches`` where that is smaller."""
+    def eval_cap(self, max_batches: int | None = None) -> int | None:  # eval_steps, or max_batches if smaller
         return self.recipe.eval_steps if max_batches is None else min(max_batches, self.recipe.eval_steps or max_batches)
 
     def evaluate(self, split: str = "valid", max_batches: int | None = None) -> dict:
-        """Exact token-weighted NLL, perplexity and accuracy over the split (eval_steps caps batches;
-        ``max_batches``, smaller, caps them further)."""
+        """Exact token-weighted NLL, perplexity and accuracy over the split (batches capped: ``eval_cap``)."""
         sums = evaluation_sums(self.model, self.data, split, self.recipe.eval_batch_size, self.eval_cap(max_batches),
                                device=self.device, precision=self.precision)
         nll, correct, n = float(sums[0][0]), int(sums[1][0]), int(sums[2][0])
@@ -374,9 +356,8 @@ class Member:
 
     # -- checkpoints (multi-fidelity schedules continue a training from one) ---------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue this training exactly, alone: weights, PyTorch's AdamW
-        state, step, curve, counters and the dropout stream. The batch stream is not saved: it is a
-        function of the seed, so ``load_state_dict`` replays it and skips ``step`` batches."""
+        """Everything needed to continue this training exactly, alone; not the batch stream, a function
+        of the seed, which ``load_state_dict`` replays, skipping ``step`` batches."""
         if self.optimizer is None:
             raise RuntimeError("this member trained in a batch that did not keep its optimizer moments "
                                "(Trainer.train(keep_moments=True))")
@@ -391,8 +372,7 @@ class Member:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (made by ``state_dict`` of a member of the same gene, seed and
-        budget, alone or batched); training on gives exactly what an uninterrupted training gives."""
+        """Continue exactly from ``state`` (``state_dict`` of a member of the same gene, seed and budget)."""
         for name, mine in (("gene", self.gene.key), ("seed", self.seed), ("train_steps", self.train_steps)):
             if state.get(name) != mine:
                 raise ValueError(f"checkpoint has {name} {state.get(name)!r}, this trainer {mine!r}")
@@ -417,12 +397,9 @@ class Member:
 # bytes per parameter of a training: the fp32 weight, its gradient and AdamW's two moments
 TRAINING_BYTES_PER_PARAMETER = 16
 # float32 values per token a training holds at least for its backward pass: per layer LAYER_FLOATS (per d_model, per
-# d_ff), outside the layers OUTSIDE_FLOATS d_model; an evaluation (no gradients, one layer at a time)
-# EVALUATION_FLOATS. A lower bound, so the check refuses only what cannot fit: the peak RSS growth of first fp32 CPU
-# steps measured per layer 11 d_model + 2 d_ff, outside the layers 6.3-33 d_model, in evaluation 6.7 d_model at d_ff
-# 4 d_model (recall and character text, d_model 64-128, T 32-512, B 64-2048). Attention scores come on top where a
-# path holds them (from none for the fused and linear paths to several per query and key with attention dropout):
-# not counted, so a training that still runs out of memory is recorded oom.
+# d_ff), outside the layers OUTSIDE_FLOATS d_model; an evaluation (one layer at a time) EVALUATION_FLOATS. A lower
+# bound (first fp32 CPU steps grew the peak RSS by per layer 11 d_model + 2 d_ff, outside 6.3-33 d_model, evaluation
+# 6.7 d_model at d_ff 4 d_model), attention scores not counted: a training that still runs out is recorded oom.
 LAYER_FLOATS, OUTSIDE_FLOATS, EVALUATION_FLOATS = (10, 2), 6, (3, 1)
 
 
@@ -434,13 +411,10 @@ def _parameters(genome: str, spec) -> int:
 
 def check_training_memory(spec, genome, models: int, device: torch.device, vocab_from: str | None = None, *,
                           batch_size: int = 0, eval_batch_size: int = 0, seq_len: int = 0) -> None:
-    """UserError when the weights, gradients and optimizer moments of ``models`` models of ``genome``
-    at ``spec``, with the activations of their training and evaluation batches (``batch_size``,
-    ``eval_batch_size`` windows of ``seq_len`` tokens, else of ``spec.max_seq_len``; 0: none, before
-    the data is known; a lower bound, ``LAYER_FLOATS``) would not fit in the memory available to
-    ``device``, estimated before any is built (a training that still runs out is recorded ``oom``).
-    ``vocab_from``: the data name whose inline knob set the vocabulary (the fix names it, not
-    ``vocab_size``)."""
+    """UserError, before any model is built, when the weights, gradients and moments of ``models``
+    models of ``genome`` at ``spec`` and the activations of their batches (``batch_size``,
+    ``eval_batch_size`` windows of ``seq_len`` tokens, else ``spec.max_seq_len``; 0: none) would not
+    fit in ``device``'s available memory. ``vocab_from``: the data name whose knob set the vocabulary."""
     params = _parameters(mechanism_of(genome).key, spec)
     t, d, ff = seq_len or spec.max_seq_len, spec.d_model, spec.ffn_dim
     train = batch_size * t * (spec.n_layers * (LAYER_FLOATS[0] * d + LAYER_FLOATS[1] * ff) + OUTSIDE_FLOATS * d)
@@ -452,11 +426,10 @@ def check_training_memory(spec, genome, models: int, device: torch.device, vocab
         batch, windows = ("batch_size", batch_size) if train >= evaluation else ("eval_batch_size", eval_batch_size)
         fix, setting = f"lower {batch} or max_seq_len (the activations of {windows:,} windows of {t} tokens)", (
             batch, "max_seq_len")
-    elif 2 * embedding > params and vocab_from is not None:
-        fix, setting = (f"lower the vocab knob of data {vocab_from} (the vocabulary sets the embedding) or d_model",
-                        ("data", "d_model"))
     elif 2 * embedding > params:
-        fix, setting = "lower vocab_size (the vocabulary sets the embedding) or d_model", ("vocab_size", "d_model")
+        knob = "vocab_size" if vocab_from is None else f"the vocab knob of data {vocab_from}"
+        fix, setting = f"lower {knob} (the vocabulary sets the embedding) or d_model", (
+            "vocab_size" if vocab_from is None else "data", "d_model")
     else:
         fix, setting = "lower d_model or n_layers", ("d_model", "n_layers")
     what = f"training {'a model' if models == 1 else f'{models} models'} of {params:,} parameters"
@@ -505,8 +478,7 @@ class Trainer:
         self.active = list(self.members)
         self.step = 0
         self.flops_per_step: int | None = None
-        # ``stepper``: the optimizer step of every member (``train.optim``): PyTorch's AdamW for one
-        # model (``trainer.optimizer`` of a one-trial trainer is that AdamW), a stacked one for K
+        # ``stepper`` (``train.optim``): PyTorch's AdamW for one model (also ``trainer.optimizer``), stacked for K
         self.graph: graph.StepGraph | None = None
         self.graph_problem: str | None = None
         if len(trials) == 1:
@@ -978,15 +950,12 @@ def _release_memory(device: torch.device) -> None:
 
 def run_training(trial: Trial, data: TaskData, *, device: str | None = None, progress: ProgressFn | None = None,
                  state: bytes | None = None, keep_state: bool = False) -> TrainingResult:
-    """Train ``trial`` on ``data`` (the dataset of its task) and evaluate it.
+    """Train ``trial`` on ``data`` (its task's dataset) and evaluate it; never raises for a failing gene.
 
-    Never raises for a failing gene (see the module docstring). A partial training (``trial.budget``
-    set, multi-fidelity) stops at ``trial.steps`` of a ``budget``-step training (the learning-rate
-    schedule spans the budget); ``state`` (bytes from an earlier ``keep_state``) continues a
-    training exactly where it stopped, and the record then says ``resumed_from``; a state that cannot
-    be loaded is the tool's fault, never the gene's: it is set aside with a warning and the training
-    starts from scratch (the same result). ``keep_state`` returns the trainer state after training,
-    taken before the evaluation.
+    A partial training (``trial.budget`` set) stops at ``trial.steps`` of a ``budget``-step schedule.
+    ``state`` (bytes of an earlier ``keep_state``: the trainer state after training, before the
+    evaluation) continues exactly where it stopped (the record says ``resumed_from``); one that cannot
+    be loaded is set aside with a warning and the training starts from scratch (the same result).
     """
     trial = trial if trial.task.fingerprint is not None else trial.with_data(data)
     dev = resolve_device(device if device is not None else trial.train.device)  # bad input: raise
@@ -996,16 +965,11 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
 def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None,
                 keep_state: bool = False,
                 progress: Sequence[ProgressFn | None] | None = None) -> list[TrainingResult]:
-    """Train ``trials`` (the same model, task, steps, split and batch recipe; seeds, rates and the
-    attentions of their genes may differ: ``check_batchable``) as one batch on ``data``; one
-    ``TrainingResult`` per trial, in order.
-
-    Never raises for a failing gene: a diverged model is recorded as diverged while the others
-    train on. UserError for trials that cannot share a batch (naming the field) and for bad input.
-    ``keep_state``: each successful trial's state, as ``run_training`` gives it (continued alone
-    exactly). Trials whose genome cannot be folded, and the trials of a batch that fails as a whole,
-    train alone through ``run_training`` (their records say ``batch_fallback``). ``progress``: one
-    ``ProgressFn`` (or None) per trial.
+    """Train ``trials`` (``check_batchable``: UserError naming the field where they cannot) as one batch
+    on ``data``: one ``TrainingResult`` per trial, in order, as ``run_training`` gives it (``keep_state``
+    too). Never raises for a failing gene: a diverged model is recorded so while the others train on.
+    Trials whose genome cannot be folded, and those of a batch that fails as a whole, train alone
+    (their records say ``batch_fallback``). ``progress``: one ``ProgressFn`` (or None) per trial.
     """
     trials = [t if t.task.fingerprint is not None else t.with_data(data) for t in trials]
     if not trials:
@@ -1031,10 +995,8 @@ def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None =
 
 def _train(trials: list[Trial], data: TaskData, device: torch.device, progress: list, keep_state: bool,
            state: bytes | None = None) -> list[TrainingResult]:
-    """The trainings of ``trials`` by one ``Trainer`` and their records. A failure of one trial's
-    training is its record's; a batch's that fails as a whole is raised (its trials train alone).
-    On a CPU that other processes keep busy when it starts, with the threads they leave free
-    (``util.threads.shared_threads``), which each record says (``threads``)."""
+    """The trainings of ``trials`` by one ``Trainer`` and their records (a batch that fails as a whole
+    raises). On a CPU other processes keep busy, with the threads they leave free (records: ``threads``)."""
     with threads.sharing(device.type) as shared:
         results = _train_together(trials, data, device, progress, keep_state, state)
     for result in results if shared else ():
@@ -1085,9 +1047,8 @@ def _train_together(trials: list[Trial], data: TaskData, device: torch.device, p
 
 
 def evaluate_into(record: EvaluationRecord, member: Member, status: Status, eval_split: str) -> None:
-    """Finish ``record`` of a training that ended with ``status``: on success, the evaluation over
-    ``eval_split`` (a NaN loss or one far above a uniform guess turns it into divergence) and the latency; a
-    divergence's reason as its error."""
+    """Finish ``record`` of a training that ended with ``status``: on success the evaluation over
+    ``eval_split`` (an absurd loss is divergence) and the latency; a divergence's reason as its error."""
     record.status = status
     if status == Status.OK:
         for name, value in member.evaluate(eval_split).items():
