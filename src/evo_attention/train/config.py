@@ -1,10 +1,6 @@
-"""Config: every setting of a run in one validated dataclass.
-
-Field names and defaults follow the original EvoAttention ``Config`` (vocab 10000, 128-dim,
-4 heads, 2 layers, 128 tokens, 5000 steps, population 12 x 10 generations, ...), extended with
-the data and training options this project adds. Construction validates every field and raises
-``UserError`` (a ``ValueError``) naming the bad value; it has no side effects (no directories are
-created, no device is probed).
+"""Config: every setting of a run in one validated dataclass (names and defaults: the original
+EvoAttention ``Config``'s, extended). Construction validates every field and raises ``UserError`` (a
+``ValueError``) naming the bad value; it has no side effects (no directory created, no device probed).
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ SPECS = {"model": ModelSpec, "train": TrainSpec}  # group -> the spec whose fiel
 
 
 def with_spec_settings(cls):
-    """Give ``cls`` every field of the specs (``SPECS``), as declared there, in its group, among the
-    class's own fields. The order is the key order of every config a run stores: the specs' fields
-    in their order, but a field declared ``after=NAME`` right after NAME, and an own field without
-    ``after`` right after the own field before it."""
+    """Give ``cls`` every field of the specs (``SPECS``), in its group, among its own fields, in the key
+    order of every config a run stores: the specs' fields in their order, but a field declared
+    ``after=NAME`` right after NAME, and an own field without ``after`` right after the one before it."""
     layout = [(f.name, f.type, field(default=f.default, metadata={**f.metadata, "group": group}))
               for group, spec in SPECS.items() for f in fields(spec)]
     for entry in [e for e in layout if e[2].metadata.get("after")]:
@@ -79,20 +74,17 @@ class Config:
                                  "climb (a hill climb from start_from), nsga2 or tpe "
                                  "(tpe needs the [tpe] extra: Optuna), or "
                                  "one a plugin registers")  # a name from evo_attention.search.STRATEGIES
-    # e.g. {"dedupe": True, "seed_vanilla": True}
     strategy_options: dict = setting(group="search", factory=dict)
     # field -> allowed options; {} = everything registered
     search_space: dict = setting(group="search", factory=dict)
     genome: str = setting("shared", group="search", flag="genome", parse="str",
                           help="shared (one gene for every layer, default) or per_layer (a gene per layer)")
-    # what the search minimises: perplexity first (the primary objective), then any cost measures
-    # of train.record.OBJECTIVES; more than one makes the search multi-objective (Pareto front)
+    # train.record.OBJECTIVES; more than one makes the search multi-objective (Pareto front)
     objectives: list = setting(group="search", factory=lambda: [PRIMARY_OBJECTIVE], flag="objectives", parse="list",
                                help="what the search minimises, comma-separated: perplexity first, then any of "
                                     "params, flops, train_ms_per_step, latency_ms, peak_memory_mb (default perplexity)")
     baseline: bool = setting(True, group="search")  # also train the baseline gene under the same budget
-    # the gene every verdict is against (None: the vanilla transformer, without attention dropout on a
-    # generated task: ``resolved_baseline()``); never part of a trial, only of what it is compared with
+    # never part of a trial, only of what it is compared with (None: ``resolved_baseline()``)
     baseline_gene: str | None = setting(None, group="search", flag="baseline-gene", parse="str", metavar="GENE",
                                         help="the gene the verdicts compare against (default: the vanilla "
                                              "transformer; on a generated task without attention dropout, "
@@ -121,9 +113,8 @@ class Config:
                                       help="give every candidate (and the baseline) its own learning rate: the best "
                                            f"of these rates on a tuning seed (seed + {TUNING_FROM}), then its search "
                                            "training at that rate; costs one training per rate per candidate")
-    # constraints (search/constraints.py): a number, or "1.2x" the baseline's (the vanilla transformer's) value;
-    # parameters and FLOPs are checked before training (an infeasible gene is never trained), latency and
-    # memory are measured, so a gene over their cap is marked infeasible after its training
+    # constraints (search/constraints.py): latency and memory are measured, so a gene over their cap is
+    # marked infeasible after its training
     max_params: int | float | str | None = setting(None, group="search", flag="max-params", parse="str", metavar="N",
                                                    help="cap on a gene's parameters, e.g. 50000 or 1.2x (the "
                                                         "baseline's); checked before training")
@@ -136,7 +127,7 @@ class Config:
     max_memory_mb: float | str | None = setting(None, group="search", flag="max-memory-mb", parse="str",
                                                 metavar="X", help="cap on the measured peak memory in MB, e.g. 900 "
                                                                   "or 1.5x (the baseline's)")
-    # multi-fidelity (search/fidelity.py): spend less than the full budget on clearly bad individuals
+    # multi-fidelity (search/fidelity.py)
     fidelity: str = setting("full", group="fidelity", flag="fidelity", parse="str", choices=FIDELITIES,
                             help="halving: successive halving inside each generation; only the best 1/eta of the new "
                                  "individuals at each rung train on (default full)")
@@ -155,7 +146,6 @@ class Config:
     data: str = setting("wikitext2", group="task", flag="data", parse="str",
                         help=lambda: f"dataset: wikitext2, text, recall, a generated task ({task_names()})"
                                      "[:knob=value,...], hf:NAME[:CONFIG] or hf:/path/to/saved")
-    # corpora only; vocab_size applies to word
     tokenizer: str = setting("word", group="task", flag="tokenizer", parse="str",
                              help="word (default), char, byte or bpe:N (BPE trained on the train split)")
     text_field: str = setting("text", group="task", flag="text-field", parse="str",
@@ -219,10 +209,9 @@ class Config:
         return self.train_for(self.train_steps)
 
     def train_for(self, steps: int) -> TrainSpec:
-        """The recipe of a training whose learning-rate schedule spans ``steps`` steps: a ``warmup``
-        fraction becomes whole warm-up steps of ``steps``, and the schedules other than wsd carry
-        the default decay fraction (they do not use it, so it cannot split their key). UserError
-        if the warm-up of cosine or wsd (for wsd: the warm-up and the decay) does not fit in ``steps``."""
+        """The recipe of a training whose schedule spans ``steps`` steps: a ``warmup`` fraction becomes
+        whole steps of them, and the schedules other than wsd carry the default decay fraction (so it
+        cannot split their key). UserError if the warm-up (and wsd's decay) does not fit in ``steps``."""
         values = {f.name: getattr(self, f.name) for f in fields(TrainSpec)}
         if self.warmup is not None:
             values["warmup_steps"] = steps_of(self.warmup, steps)
@@ -239,30 +228,27 @@ class Config:
                         options=freeze(self.recall), plugins=tuple(self.plugins), data_dir=self.data_dir)
 
     @property
-    def ffn_dim(self) -> int:
-        """The feed-forward width: ``d_ff``, else the block's default."""
+    def ffn_dim(self) -> int:  # d_ff, else the block's default
         return self.model.ffn_dim
 
     @property
     def generated_task(self) -> bool:
-        """Whether this config trains on generated synthetic tasks: a suite, or a task such as
-        ``mqar`` or ``mad:...`` (``data.synthetic``; not the quick preset's embedded ``recall``)."""
+        """Whether this config trains on generated tasks: a suite, or ``mqar``, ``mad:...`` and the
+        like (``data.synthetic``; not the quick preset's embedded ``recall``)."""
         from evo_attention.data import is_synthetic  # the data layer imports torch: only when a config asks
 
         return self.suite is not None or is_synthetic(self.data)
 
     def resolved_baseline(self):
-        """The gene the studies and searches of this config compare against: the ``baseline_gene``
-        setting, else the vanilla gene (``vanilla_gene``). A gene string is trained as written, so a
-        gene with ``|0.10`` asks for dropout."""
+        """The gene this config's studies and searches compare against: ``baseline_gene`` (trained as
+        written: ``|0.10`` asks for dropout), else ``vanilla_gene()``."""
         from evo_attention.genes import AttentionGene
 
         return self.vanilla_gene() if self.baseline_gene is None else AttentionGene.parse(self.baseline_gene)
 
     def vanilla_gene(self):
-        """The vanilla transformer, on a generated task without attention dropout (there it is no
-        regulariser worth its cost: it slows learning and blurs solve rates, docs/tasks.md). The named
-        configurations resolve the same way (``studies.compare.named_dropout``)."""
+        """The vanilla transformer, on a generated task without attention dropout (docs/tasks.md; the
+        named configurations resolve the same way: ``studies.compare.named_dropout``)."""
         from evo_attention.genes import AttentionGene
 
         gene = AttentionGene.vanilla()
@@ -308,7 +294,6 @@ class Config:
 
 
 def _did_you_mean(word: str, options) -> str:
-    """`` (did you mean 'x'?)`` for the option closest to ``word``; "" where none is close."""
     match = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
@@ -447,11 +432,9 @@ def _check_schedule_fits(c: Config, spec: TrainSpec, steps: int) -> None:
 
 
 def describe_schedule(settings, steps: int | None = None) -> str:
-    """The learning-rate schedule of ``settings`` in words: a Config, the config dict a run stores
-    (``warmup`` resolved against ``steps``, default its ``train_steps``) or a record's settings
-    (give ``steps``: the record's budget, else its steps). E.g. ``lr 0.002, wsd: linear warm-up
-    over 20 steps, stable to step 320, linear decay to 0 over the last 80 steps (decay fraction 0.2)``:
-    the warm-up of a schedule that takes one, then the schedule's own words (``train.schedules``)."""
+    """The learning-rate schedule of ``settings`` (a Config, a stored config dict or a record's settings:
+    give ``steps``, default ``train_steps``) in words, e.g. ``lr 0.002, wsd: linear warm-up over 20 steps,
+    stable to step 320, linear decay to 0 over the last 80 steps (decay fraction 0.2)``."""
     get = settings.get if isinstance(settings, Mapping) else (lambda name, default=None: getattr(settings, name,
                                                                                                   default))
     steps = get("train_steps") if steps is None else steps
@@ -555,9 +538,8 @@ MIN_RATES = 2  # a grid of one rate is a learning rate, not a grid
 
 
 def parse_lr_grid(value, setting: str = "lr_grid") -> tuple[float, ...]:
-    """A learning-rate grid: ``"5e-4,1e-3,2e-3"`` or a sequence of numbers -> the distinct rates in
-    increasing order; UserError naming ``setting`` for a rate that is not a positive finite number or
-    a grid of fewer than two rates."""
+    """A learning-rate grid (``"5e-4,1e-3,2e-3"`` or a sequence of numbers) as its distinct rates in
+    increasing order; UserError naming ``setting`` for a rate that is not positive or fewer than two."""
     items = [t.strip() for t in value.split(",")] if isinstance(value, str) else list(value)
     rates = []
     for item in items:
@@ -580,9 +562,8 @@ MEASURED_CAPS = ("max_latency_ms", "max_memory_mb")  # known only after a traini
 
 
 def cap_value(value: Any, name: str = "cap") -> int | float | str | None:
-    """A cap as a Config keeps it: None (no cap), a positive number (an integral one as an int), or a
-    factor of the baseline's value written ``"1.2x"``. Accepts numbers and their text (``"5e4"``,
-    ``"50000"``, ``"1.2x"``, ``"1.2X"``); anything else is a UserError naming ``name``."""
+    """A cap (a number or its text: ``"5e4"``, ``"1.2X"``) as a Config keeps it: None, a positive number
+    (an integral one as an int), or a factor of the baseline's value (``"1.2x"``); else UserError."""
     if value is None:
         return None
     relative = isinstance(value, str) and value.strip().lower().endswith("x")
@@ -595,8 +576,7 @@ def cap_value(value: Any, name: str = "cap") -> int | float | str | None:
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
 
 
-def _positive(value: Any) -> float | None:
-    """``value`` (a number or its text) as a positive finite float, else None."""
+def _positive(value: Any) -> float | None:  # a number or its text as a positive finite float, else None
     try:
         number = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
@@ -604,8 +584,7 @@ def _positive(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def cap_factor(value: Any) -> float | None:
-    """The factor of a relative cap (``"1.2x"`` -> 1.2); None for an absolute cap or none."""
+def cap_factor(value: Any) -> float | None:  # "1.2x" -> 1.2; None for an absolute cap or none
     return float(value[:-1]) if isinstance(value, str) and value.endswith("x") else None
 
 
@@ -631,14 +610,12 @@ def _check_init_from(c: Config) -> None:
 
 
 def task_names() -> str:
-    """The registered generated tasks (``data.synthetic.task_names``), in words."""
     from evo_attention.data.synthetic import task_names as names  # the data layer imports torch: only when asked
 
     return names()
 
 
 def shipped_suites() -> str:
-    """The names of the suites shipped with the package (``data.suites.shipped_suites``), in words."""
     from evo_attention.data.suites import shipped_suites as names  # the data layer imports torch: only when asked
 
     return ", ".join(names())
@@ -732,8 +709,7 @@ def _check_data(c: Config) -> None:
 
 def batch_models_value(value: Any, name: str = "batch_models") -> str | int:
     """A ``batch_models`` setting as a Config keeps it: ``"auto"``, ``"off"`` or a whole number K >= 1
-    (YAML's ``off``: ``switch_word``; text such as ``"4"`` as 4); anything else is a UserError naming
-    ``name``."""
+    (YAML's ``off`` and text such as ``"4"`` too); else a UserError naming ``name``."""
     value = switch_word(value)
     if isinstance(value, str):
         text = value.strip().lower()
