@@ -25,8 +25,7 @@ from evo_attention.train.config import Config
 from evo_attention.train.environment import (matmul_dtype, peak_memory_mb, process_memory_mb, release_free_memory,
                                              reset_peak_memory, resolve_device, synchronize)
 from evo_attention.train.batching import models_per_batch
-from evo_attention.train.probe_cache import (expired, forget_probe, probe_path, read_probe, warn_damaged,
-                                             write_probe_once)
+from evo_attention.train.probe_cache import expired, probe_path, read_probe, warn_damaged, write_probe_once
 from evo_attention.train.spec import Trial
 from evo_attention.train.trainer import Trainer, timed_training
 from evo_attention.util import threads
@@ -43,10 +42,8 @@ def _peak_entry(entry: dict) -> bool:
 
 def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, repeats: int = 5,
                 use_cache: bool = True) -> float:
-    """FLOP/s of a 2048^3 matrix product at ``precision`` on ``device`` (best of ``repeats``): the
-    limit a training step's matrix products can reach here. Kept per machine, dtype and cores
-    (``probe_cache``), since the probe takes a few seconds on a CPU; ``use_cache=False`` measures
-    again and replaces the kept answer."""
+    """FLOP/s of a 2048^3 matrix product at ``precision`` on ``device`` (best of ``repeats``), kept per
+    machine, dtype and cores (``probe_cache``); ``use_cache=False`` measures again and replaces it."""
     device = torch.device(device)
     dtype = matmul_dtype(precision)
     shape = {"dtype": str(dtype), "size": PROBE_SIZE,
@@ -70,7 +67,7 @@ def matmul_peak(device: str | torch.device = "cpu", precision: str = "fp32", *, 
         best = min(best, time.perf_counter() - start)
     flops = 2 * PROBE_SIZE ** 3 / best
     if not use_cache:
-        forget_probe(path)
+        path.unlink(missing_ok=True)
     write_probe_once(path, {"flops_per_s": flops, "device": str(device), "dtype": str(dtype),
                             "threads": torch.get_num_threads()}, _peak_entry)
     return flops
@@ -112,12 +109,9 @@ def decode_speed(model, prompt_len: int, new_tokens: int) -> float:
 
 def _timed(gene, config: Config, data: TaskData, *, steps: int, warmup: int, models: int = 1, device=None,
            before_timing=None) -> tuple[Trainer, float]:
-    """A Trainer of ``models`` trials of ``gene`` (seeds ``config.seed`` on; K > 1 folded into one
-    batch) after ``warmup`` untimed and ``steps`` timed training steps, and the seconds per timed
-    step of all of them. ``before_timing(trainer)`` runs between the two (e.g. to mark memory)."""
-    # the configured budget (at least the steps run), of which only the first steps run: the trainer
-    # decides compiling (and the learning-rate schedule) as for a whole training; one log interval,
-    # so one host sync
+    """A Trainer of ``models`` trials of ``gene`` (seeds ``config.seed`` on) after ``warmup`` untimed and
+    ``steps`` timed steps, and the seconds per timed step; ``before_timing(trainer)`` runs between them.
+    It decides compiling and the schedule as for the configured budget; one log interval: one host sync."""
     cfg = config.replace(train_steps=max(config.train_steps, warmup + steps), log_every=warmup + steps)
     trainer = Trainer([Trial.from_config(gene, cfg, seed=cfg.seed + i, data=data) for i in range(models)], data,
                       device=device)
@@ -130,11 +124,9 @@ def _timed(gene, config: Config, data: TaskData, *, steps: int, warmup: int, mod
 
 def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 3, warmup: int = 2,
               device: str | None = None) -> dict:
-    """What one training step of ``gene`` under ``config`` takes on this machine, measured: the
-    median of ``steps`` steps timed one by one (a step slowed by a neighbour on a shared machine
-    moves it little) after ``warmup`` untimed ones (the first counts FLOPs; a compiled model
-    compiles in the second), as a whole training of ``config.train_steps`` would run them.
-    ``{"seconds_per_step", "flops_per_step", "device", "precision", "compiled", "threads"}``."""
+    """One training step of ``gene`` under ``config`` here: the median of ``steps`` steps timed one by
+    one after ``warmup`` untimed ones, as a whole training would run them. ``{"seconds_per_step",
+    "flops_per_step", "device", "precision", "compiled", "threads"}``."""
     config = config.replace(train_steps=max(config.train_steps, warmup + steps))
     trainer, first = _timed(gene, config, data, steps=1, warmup=warmup, device=device)
     times = [first] + [timed_training(trainer, trainer.step + 1) for _ in range(steps - 1)]
@@ -153,76 +145,70 @@ def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, ste
     busy processes it times what a training would take then: the threads they leave free
     (``util.threads.sharing``; ``threads_shared`` says so)."""
     with threads.sharing(resolve_device(device if device is not None else config.device).type) as shared:
-        result = _bench_gene(gene, config, data, steps=steps, warmup=warmup, device=device, time_eval=time_eval,
-                             time_decode=time_decode, models=models)
+        gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
+        if isinstance(models, bool) or not isinstance(models, int) or models < 1:
+            raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")
+        budget = config.train_steps
+        try:
+            trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup,
+                                               device=device)
+        except Unfoldable as exc:
+            raise UserError(f"{gene.key} does not fold into one batch: {exc}; time it with models 1",
+                            setting="models") from None
+        single = trainer.members[0]
+        eval_s = None
+        if time_eval:  # each model evaluates alone, batched or not
+            start = time.perf_counter()
+            single.evaluate("valid")
+            synchronize(trainer.device)
+            eval_s = time.perf_counter() - start
+        decode = None
+        if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
+            prompt_len = max(1, single.spec.max_seq_len // 4)
+            decode = decode_speed(single.model, prompt_len, max(1, single.spec.max_seq_len - prompt_len))
+        tokens = models * config.batch_size * data.seq_len
+        flops = None if trainer.flops_per_step is None else models * trainer.flops_per_step  # all K models'
+        achieved = flops / seconds_per_step if flops else None
+        peak = matmul_peak(trainer.device, trainer.precision)
+        if achieved and achieved > peak:  # impossible: the kept limit was measured while the cores were busy
+            peak = matmul_peak(trainer.device, trainer.precision, use_cache=False)
+        mfu = achieved / peak if achieved and achieved <= peak else None
+        one_eval = budget * seconds_per_step / models + (eval_s or 0.0)  # one evaluation's share of its batch
+        auto_models, auto_reason = models_per_batch("auto", Trial.from_config(gene, config, data=data), data,
+                                                    device=trainer.device)
+        result = {
+            "gene": gene.key,
+            "block": config.block,
+            "device": str(trainer.device),
+            "precision": trainer.precision,
+            "compiled": trainer.compiled,
+            "threads": torch.get_num_threads(),
+            "thread_waits": threads.state(),  # how OpenMP's threads wait, what the load watch saw (util/threads.py)
+            "models": models,  # models trained by one trainer (batched when more than one)
+            "batch_size": config.batch_size,
+            "seq_len": data.seq_len,
+            "params": single.model.num_parameters(),  # of one model
+            "steps_timed": steps,
+            "ms_per_step": seconds_per_step * 1e3,  # one step of all the models
+            "tokens_per_s": tokens / seconds_per_step,
+            "flops_per_step": flops,
+            "achieved_flops_per_s": achieved,
+            "peak_flops_per_s": peak,  # a 2048^3 matrix product at the step's precision, on this machine
+            # the fraction of that limit the step reaches; None where even a fresh probe of the limit is
+            # below what the step achieved (the probe cannot be trusted here)
+            "mfu": mfu,
+            "eval_time_s": eval_s,
+            "decode_tokens_per_s": decode,  # greedy generation, batch 1, key/value cache (decode_speed)
+            "train_steps": budget,
+            "est_evaluation_s": one_eval,
+            "trainings_per_hour": 3600.0 / one_eval if one_eval > 0 else None,
+            "auto_models": auto_models,  # the K batch_models auto takes for this shape on this machine
+            "auto_models_reason": auto_reason,
+            "diverged": trainer.diverged if models == 1 else any(m.diverged for m in trainer.members),
+        }
     if shared:
         result["threads_shared"] = shared
     return result
-
-
-def _bench_gene(gene, config: Config, data: TaskData, *, steps: int, warmup: int, device, time_eval: bool,
-                time_decode: bool, models: int) -> dict:
-    gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
-    if isinstance(models, bool) or not isinstance(models, int) or models < 1:
-        raise UserError(f"models must be a whole number >= 1, got {models!r}", setting="models")
-    budget = config.train_steps
-    try:
-        trainer, seconds_per_step = _timed(gene, config, data, models=models, steps=steps, warmup=warmup, device=device)
-    except Unfoldable as exc:
-        raise UserError(f"{gene.key} does not fold into one batch: {exc}; time it with models 1",
-                        setting="models") from None
-    single = trainer.members[0]
-    model, params, compiled = single.model, single.model.num_parameters(), trainer.compiled
-    eval_s = None
-    if time_eval:  # each model evaluates alone, batched or not
-        start = time.perf_counter()
-        single.evaluate("valid")
-        synchronize(trainer.device)
-        eval_s = time.perf_counter() - start
-    decode = None
-    if time_decode:  # a quarter of the window as the prompt, then new tokens until it is full
-        prompt_len = max(1, single.spec.max_seq_len // 4)
-        decode = decode_speed(model, prompt_len, max(1, single.spec.max_seq_len - prompt_len))
-    tokens = models * config.batch_size * data.seq_len
-    flops = None if trainer.flops_per_step is None else models * trainer.flops_per_step  # all K models'
-    achieved = flops / seconds_per_step if flops else None
-    peak = matmul_peak(trainer.device, trainer.precision)
-    if achieved and achieved > peak:  # impossible: the kept limit was measured while the cores were busy
-        peak = matmul_peak(trainer.device, trainer.precision, use_cache=False)
-    mfu = achieved / peak if achieved and achieved <= peak else None
-    one_eval = budget * seconds_per_step / models + (eval_s or 0.0)  # one evaluation's share of its batch
-    auto_models, auto_reason = models_per_batch("auto", Trial.from_config(gene, config, data=data), data,
-                                                device=trainer.device)
-    return {
-        "gene": gene.key,
-        "block": config.block,
-        "device": str(trainer.device),
-        "precision": trainer.precision,
-        "compiled": compiled,
-        "threads": torch.get_num_threads(),
-        "thread_waits": threads.state(),  # how OpenMP's threads wait, and what the load watch saw (util/threads.py)
-        "models": models,  # models trained by one trainer (batched when more than one)
-        "batch_size": config.batch_size,
-        "seq_len": data.seq_len,
-        "params": params,  # of one model
-        "steps_timed": steps,
-        "ms_per_step": seconds_per_step * 1e3,  # one step of all the models
-        "tokens_per_s": tokens / seconds_per_step,
-        "flops_per_step": flops,
-        "achieved_flops_per_s": achieved,
-        "peak_flops_per_s": peak,  # a 2048^3 matrix product at the step's precision, on this machine
-        # the fraction of that limit the step reaches; None where even a fresh probe of the limit is
-        # below what the step achieved (the probe cannot be trusted here)
-        "mfu": mfu,
-        "eval_time_s": eval_s,
-        "decode_tokens_per_s": decode,  # greedy generation, batch 1, key/value cache (decode_speed)
-        "train_steps": budget,
-        "est_evaluation_s": one_eval,
-        "trainings_per_hour": 3600.0 / one_eval if one_eval > 0 else None,
-        "auto_models": auto_models,  # the K batch_models auto takes for this shape on this machine
-        "auto_models_reason": auto_reason,
-        "diverged": trainer.diverged if models == 1 else any(m.diverged for m in trainer.members),
-    }
 
 
 # The long-context comparison: the four families at the seed's width, dropout 0 so that every one

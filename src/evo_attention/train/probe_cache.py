@@ -1,29 +1,21 @@
 """The cache of measured answers per machine: probes of a model shape (precision, models per batch).
 
 A probe times the real training engine once per machine and shape and keeps its answer in
-``EVO_ATTENTION_CACHE_DIR`` (``data.cache.resolve_cache_dir``), so every later training of that shape
-on the machine resolves the same way. One file per probe kind, version, device type, CPU model,
-cores, torch version and shape (``probe_path``): the cores this process may use, not the threads a
-training took (beside other work it takes fewer, ``util.threads.shared_threads``, and one worker of
-the process executor one), so a machine's answer never follows its load, and neither does the result
-it decides. The file is created once and never replaced (``write_probe_once``), so two processes
-probing at once both use the first answer written. ``forget_probes`` removes the kept answers
-(``evo-attention bench --reprobe``), so the next training of each shape measures again.
+``EVO_ATTENTION_CACHE_DIR``, so every later training of that shape there resolves the same way. One
+file per probe kind, version, device type, CPU model, cores (not the threads a training took: a
+machine's answer never follows its load), torch version and shape (``probe_path``).
+``forget_probes`` removes the kept answers (``evo-attention bench --reprobe``).
 
-An answer decides a result (the precision of a training, the models per batch), so a run pins the
-answers it used (``pin_probes``: the run store's meta, read back on resume and handed to every
-worker with its task): a pinned answer is used whatever the file says now, and a file whose answer
-decides otherwise (another precision, another K; not merely other timings) is reported once, never
-used. Processes measure a missing or damaged answer one at a time (an exclusive lock beside the
-file), so concurrent workers never measure two answers for one shape; a damaged file is replaced by
-the new measurement and reported once; a cache directory that cannot be written is reported once
-(every process then measures for itself). ``used_probes`` are the answers this process used, which
-the trainer adds to its records so the run can pin them.
+An answer decides a result (a training's precision, the models per batch), so a run pins the answers
+it used (``pin_probes``: the run store's meta, handed to every worker; ``used_probes``, which the
+trainer adds to its records): a pinned answer is used whatever the file says now, and a file whose
+answer decides otherwise is reported once, never used. Processes measure a missing or damaged answer
+one at a time (a lock beside the file); a damaged file is replaced and reported once; an unwritable
+cache directory is reported once (every process then measures for itself). A file written without
+the lock is created once, never replaced (``write_probe_once``): the first answer written wins.
 
-Answers expire: a kept answer carries the time it was measured (``measured_at``) and is measured
-again once it is ``MAX_AGE_DAYS`` old (or carries no time: written by an older version), so a
-machine that changed (a driver, a BIOS setting, other hardware behind the same CPU name) is
-measured again without ``--reprobe``. A run's pinned answers never expire within the run.
+Answers expire ``MAX_AGE_DAYS`` after their ``measured_at`` (none: an older version's), so a machine
+that changed is measured again without ``--reprobe``; a run's pinned answers never expire within it.
 """
 
 from __future__ import annotations
@@ -90,8 +82,7 @@ def pinned_probes() -> dict:
     return dict(_PINNED)
 
 
-def used_probes() -> dict:
-    """The answers this process used, by probe file name."""
+def used_probes() -> dict:  # the answers this process used, by probe file name
     return dict(_USED)
 
 
@@ -118,11 +109,9 @@ def read_probe(path: Path, valid: Callable[[dict], bool]) -> dict | None:
 def probe_answer(path: Path, valid: Callable[[dict], bool], measure: Callable[[], dict],
                  keep: Callable[[dict], bool] = lambda entry: True,
                  decides: Callable[[dict], object] = lambda entry: entry) -> tuple[dict, bool]:
-    """The answer of the probe kept in ``path`` and whether it is kept: the run's pinned answer
-    where there is one; else the file's; else ``measure()``d now (one process at a time) and written
-    to the file if ``keep(entry)``. ``decides(entry)``: what of an entry decides a result (a file
-    that differs from the pinned answer only elsewhere is not reported). See the module docstring
-    for what is reported."""
+    """The answer of the probe kept in ``path`` and whether it is kept: the run's pinned answer, else
+    the file's, else ``measure()``d now (one process at a time) and written if ``keep(entry)``.
+    ``decides(entry)``: what of an entry decides a result (only a difference there is reported)."""
     pinned = _PINNED.get(path.name, _PINNED.get(_LEGACY.get(path.name, "")))
     if pinned is not None and valid(pinned):
         there = read_probe(path, valid)
@@ -232,15 +221,10 @@ def write_probe_once(path: Path, entry: dict, valid: Callable[[dict], bool]) -> 
 PROBE_KINDS = ("precision", "batch-models", "matmul-peak")
 
 
-def forget_probe(path: Path) -> None:
-    """Remove one kept answer (nothing if there is none)."""
-    path.unlink(missing_ok=True)
-
-
 def forget_probes(kinds=PROBE_KINDS) -> list[Path]:
     """Remove every kept answer of ``kinds`` from the cache directory; the files removed."""
     root = resolve_cache_dir()
     found = [p for kind in kinds for p in sorted(root.glob(f"{kind}-*.json"))] if root.is_dir() else []
     for path in found:
-        forget_probe(path)
+        path.unlink(missing_ok=True)
     return found
