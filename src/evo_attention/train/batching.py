@@ -1,23 +1,16 @@
 """How many trials train as one batch: the ``batch_models`` setting, measured per machine and shape.
 
-Which trials can share a batch, and how one trains, is the engine's (``train.trainer``:
-``shape_difference``, ``batch_problem``, ``run_batched``); this module answers how many. Whether
-batching pays depends on the machine and the model's shape: K folded models share every kernel
-launch, which pays where a step is many small operations and not where it is a few large matrix
-products that already fill the machine. So ``auto`` is measured per machine and shape, like
-``precision auto`` (``environment.choose_precision``), and kept in the same cache
-(``probe_cache``, ``batch-models-*.json``): a short probe times training steps of the shape's
-vanilla gene with K = 1, 2, 4, 8 through the engine, and ``auto`` takes the K of the most trainings
-per hour (K / seconds per step of the batch) if it beats K = 1 by at least BATCH_PROBE_GAIN, else 1
-(no batching). Memory bounds K: the peak memory of one model's training (measured with K = 1) times
-K must stay within MEMORY_FRACTION of the memory available (free device memory on CUDA, available
-RAM otherwise), shared by the trainings that run at once; a K beyond it is neither probed nor
-chosen. The file keeps the times and the memory of one model; the bound is applied with the memory
-available when a K is chosen. Per shape, not per genome (as the precision probe): every gene of a
-study at one size batches alike. A probe on a busy machine may choose wrongly, and its answer is
-kept: ``evo-attention bench --reprobe`` (``probe_cache.forget_probes``) measures again, or set
-batch_models (or EVO_ATTENTION_BATCH_MODELS, which decides what ``auto`` means: off, K, or auto to
-measure).
+Which trials can share a batch, and how one trains, is the engine's (``train.trainer``); this module
+answers how many. K folded models share every kernel launch, which pays where a step is many small
+operations, not where a few large matrix products already fill the machine. So ``auto`` is measured
+per machine and shape, like ``precision auto``, and kept in the same cache (``probe_cache``,
+``batch-models-*.json``): a short probe times steps of the shape's vanilla gene with K = 1, 2, 4, 8
+through the engine, and ``auto`` takes the K of the most trainings per hour (K / seconds per step) if
+it beats K = 1 by at least BATCH_PROBE_GAIN, else 1. Memory bounds K: one model's peak memory
+(measured with K = 1, kept in the file) times K must stay within MEMORY_FRACTION of the memory
+available when K is chosen, shared by the trainings that run at once. Per shape, not per genome.
+``evo-attention bench --reprobe`` measures again; EVO_ATTENTION_BATCH_MODELS decides what ``auto``
+means (off, K, or auto to measure).
 """
 
 from __future__ import annotations
@@ -53,12 +46,9 @@ _BATCH_PROBES: dict[str, dict] = {}  # cache file -> its entry, per process
 
 def models_per_batch(setting: str | int, trial: Trial, data: TaskData, *, device: str | torch.device | None = None,
                      share: int = 1) -> tuple[int, str]:
-    """How many trials of ``trial``'s shape (on ``data``) train as one batch, and why.
-
-    ``off``: 1; K: K; ``auto``: what ``EVO_ATTENTION_BATCH_MODELS`` says where it is set (off or
-    K), else the K measured for this shape on this machine (``probed_batch_times``, within the
-    memory bound; ``share``: how many trainings share the memory). Never raises for a failing
-    probe: auto is then 1, and nothing is kept."""
+    """How many trials of ``trial``'s shape (on ``data``) train as one batch, and why: ``off`` 1, K K,
+    ``auto`` what ``EVO_ATTENTION_BATCH_MODELS`` says (off or K), else the K measured here
+    (``probed_batch_times``; ``share``: the trainings sharing the memory). A failing probe gives 1."""
     setting = batch_models_value(setting)
     if setting != "auto":
         return (1, "batch_models off") if setting == "off" else (setting, f"batch_models {setting}")
@@ -118,9 +108,7 @@ def _batch_shape(trial: Trial, data: TaskData, device: torch.device) -> dict:
 
 
 def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, share: int = 1) -> tuple[dict, str]:
-    """The probe's entry for ``trial``'s shape on this machine and the name of its cache file: read
-    from the cache, or probed now (``probe_batch_times``) and kept (the first answer written wins,
-    as for the precision probe)."""
+    """The probe's entry for ``trial``'s shape here and its cache file's name (``probe_cache.probe_answer``)."""
     path = probe_path(_batch_shape(trial, data, device), device, kind="batch-models", version=BATCH_PROBE_VERSION)
     key = str(path)
     if path.name in pinned_probes() or key not in _BATCH_PROBES:  # a run's pinned answer first
@@ -131,8 +119,7 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
             measured = probe_batch_times(trial, data, device, ks=probe_ks(device), memory_budget_mb=budget)
             return {"seconds": {str(k): v for k, v in measured["seconds"].items()},
                     "step_memory_mb": measured["step_memory_mb"], "spread": measured.get("spread", 1.0),
-                    "gain": BATCH_PROBE_GAIN,
-                    "threads": torch.get_num_threads(), "torch": torch.__version__}
+                    "gain": BATCH_PROBE_GAIN, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
         # kept only where its two timings of one model agree (else it serves this process and its run only);
         # an answer decides its K (here without the memory bound, which is the machine's, not the file's)
@@ -144,10 +131,9 @@ def probed_batch_times(trial: Trial, data: TaskData, device: torch.device, *, sh
 def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks: Sequence[int] = BATCH_PROBE_KS,
                       repeats: int = BATCH_PROBE_REPEATS, steps: int = BATCH_PROBE_STEPS,
                       memory_budget_mb: float | None = None) -> dict:
-    """Seconds per training step of K models of ``trial``'s shape (its vanilla gene, seeds 0..K-1,
-    eager) for each K of ``ks`` (1 first), and the peak memory in MB of one model's training (K = 1;
-    None where it cannot be measured). A K whose models would not fit in ``memory_budget_mb``, or
-    that runs out of memory, ends the probe. Torch's global RNG is left as it was."""
+    """Seconds per step of K models of ``trial``'s shape (its vanilla gene, seeds 0..K-1, eager) for each
+    K of ``ks``, and one model's peak memory in MB (None: not measurable). A K beyond
+    ``memory_budget_mb`` or out of memory ends the probe. Torch's global RNG is left as it was."""
     slow = None
     seconds: dict[int, float] = {}
     memory = None

@@ -53,16 +53,11 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 
 # --- precision auto -------------------------------------------------------------------------------
-# On a CPU with native bf16 neither precision is faster everywhere: bf16 autocast pays where the step
-# is large matrix products (the seed config: 128 dims, 128 tokens, 10000 words) and costs where it is
-# many small ones, whose casts and bf16 kernels cost more than they save (the quick preset: 64 dims,
-# 32 tokens, 1.4x slower in bf16 on the 2-core AMD EPYC with AVX512-BF16). So ``auto`` there is
-# measured per machine and model shape (``probed_precision``), and the answer kept on disk per machine
-# (``probe_cache``), so a shape resolves the same way in every later training there: deterministic for a
-# trial. Per shape, not per genome: every gene of a search at one size trains in one precision, so a
-# ranking of genes never mixes precisions (a per-gene choice would confound the gene with its precision).
-# An answer measured on a loaded machine may be the slower precision: ``evo-attention bench --reprobe``
-# (``probe_cache.forget_probes``) measures again, or set the precision.
+# On a CPU with native bf16 neither precision is faster everywhere: bf16 pays where the step is large
+# matrix products (the seed config) and costs where it is many small ones (the quick preset: 1.4x slower
+# on the 2-core AMD EPYC). So ``auto`` there is measured per machine and model shape (``probed_precision``)
+# and kept on disk (``probe_cache``): deterministic for a trial. Per shape, not per genome, so a ranking of
+# genes never mixes precisions. ``evo-attention bench --reprobe`` measures again.
 PROBE_VERSION = 2
 PROBE_BF16_MARGIN = 0.05  # bf16 must save 5% of the fp32 step: a tie keeps full precision
 PROBE_ROUNDS = 3  # interleaved rounds (fp32 first in even rounds, bf16 first in odd ones)
@@ -80,13 +75,10 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
 
     A set precision is taken as it is. ``auto``: bf16 on CUDA GPUs that support it; fp32 on a CPU
     without native bf16 and on other devices; on a CPU with native bf16, the measured choice for
-    this model shape on this machine (``probed_precision``; ``spec`` is a ``ModelSpec`` with the
-    data's vocabulary; ``timer()`` times a training step of the shape in both precisions:
-    ``train.trainer.precision_step_times``, the real engine), or bf16 unmeasured where no shape or
-    timer is given or ``EVO_ATTENTION_PRECISION_PROBE=off`` says so; ``dropout_stream``: the stream
-    the timed steps draw their masks from (part of the probe's shape). A trial's key holds "auto":
-    one precision on one machine (the probe's kept answer), maybe another elsewhere (the record
-    says which ran).
+    this shape (``probed_precision``; ``spec``: a ``ModelSpec`` with the data's vocabulary; ``timer()``:
+    ``train.trainer.precision_step_times``), or bf16 unmeasured where no shape or timer is given or
+    ``EVO_ATTENTION_PRECISION_PROBE=off`` says so. A trial's key holds "auto": one precision on one
+    machine, maybe another elsewhere (the record says which ran).
     """
     if precision != "auto":
         return precision, f"set to {precision}"
@@ -109,15 +101,11 @@ def choose_precision(precision: str, device: torch.device, spec=None, *, seq_len
 
 def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, timer,
                      dropout_stream: str = "cpu") -> tuple[str, str]:
-    """The measured precision of a shape on this machine: read from the probe's cache file, or
-    probed now (``timer()``: seconds per step in each precision, its vanilla model's steps in
-    interleaved rounds, and the ``spread`` of its rounds) and kept: bf16 where it was at least
-    PROBE_BF16_MARGIN faster. Where its rounds disagreed by more than PROBE_STABLE_SPREAD (a busy
-    machine) bf16's gain was not measured and the answer is fp32 (the exact precision), kept too (so
-    a machine's load when it first trained a shape never makes the same command train in another
-    precision later), and the reason says so. Two processes probing at once keep the first answer
-    written (one measures while the other waits), and both use it. A run's pinned answer comes first
-    (``probe_cache.probe_answer``)."""
+    """The measured precision of a shape on this machine: a run's pinned answer, the probe's cache file,
+    or probed now (``timer()``: seconds per step in each precision and the ``spread`` of its rounds) and
+    kept (``probe_cache.probe_answer``): bf16 where it was at least PROBE_BF16_MARGIN faster. Where the
+    rounds disagreed by more than PROBE_STABLE_SPREAD (a busy machine) the answer is fp32, kept too (a
+    machine's load never makes a command train in another precision later), and the reason says so."""
     shape = probe_shape(spec, seq_len, batch_size, dropout_stream)
     path = probe_path(shape, device, kind="precision", version=PROBE_VERSION)
     key = str(path)
@@ -143,8 +131,7 @@ def probed_precision(spec, seq_len: int, batch_size: int, device: torch.device, 
 
 
 def steady_probe(entry: dict) -> bool:
-    """Whether a probe's rounds agreed (its ``spread`` within PROBE_STABLE_SPREAD): only then did it
-    measure (bf16's gain, the batch's); rounds further apart mean other work was on the cores."""
+    """Whether a probe's rounds agreed (``spread`` within PROBE_STABLE_SPREAD): only then did it measure."""
     return entry.get("spread", 1.0) <= PROBE_STABLE_SPREAD
 
 
@@ -181,10 +168,9 @@ def cpp_compiler() -> str | None:
 
 
 def resolve_compile(setting: str, device: torch.device, genes, steps: int) -> bool:
-    """Whether a ``steps``-step training of ``genes`` (one per layer) on ``device`` compiles its model.
-
-    'off': never; 'on': always (on CPU it needs a C++ compiler); 'auto': where it was measured to
-    pay (``COMPILE_PAYS``), for budgets of at least ``COMPILE_MIN_STEPS``, when it can run here."""
+    """Whether a ``steps``-step training of ``genes`` (one per layer) on ``device`` compiles its model:
+    'off' never; 'on' always (a CPU needs a C++ compiler); 'auto' where ``COMPILE_PAYS`` and at least
+    ``COMPILE_MIN_STEPS``, when it can run here."""
     if setting == "off":
         return False
     has_compiler = device.type != "cpu" or cpp_compiler() is not None
@@ -221,8 +207,7 @@ def versions() -> dict:
 
 def machine() -> dict:
     """The machine a measurement came from: CPU model, cores, native bf16, GPU if any, and
-    ``torch_threads``, the threads of the process that calls this (the one writing the file; a
-    training in a worker process runs with its own: its record's ``latency_threads``, where measured)."""
+    ``torch_threads`` of the calling process (a worker's training has its own: ``latency_threads``)."""
     out = {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": cpu_has_fast_bf16(),
            "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
