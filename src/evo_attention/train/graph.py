@@ -1,10 +1,7 @@
 """One training step as a CUDA graph: the same kernels, replayed without launching them one by one.
 
-A small model's training step on a GPU is bound by the host, not the device: the seed config's step
-is about 1,250 PyTorch operators (counted with torch.profiler on the CPU), each launched by Python:
-23.2 ms a step eager on an H100, 3.0 ms replayed as a graph (bf16; the quick preset 11.9 against
-0.88 ms; docs/results/gpu/graph-h100.json). A CUDA graph records the kernels of one step once and
-replays them with one launch.
+A small model's training step on a GPU is bound by the host launching its ~1,250 operators one by one
+(seed config, H100: 23.2 ms a step eager, 3.0 ms replayed; docs/results/gpu/graph-h100.json).
 
 The contract (``Trainer`` holds a ``StepGraph`` where ``graph_problem`` finds none):
 
@@ -39,7 +36,7 @@ CAPTURE_AFTER = 3  # eager steps before the capture: the FLOP count, then two on
 
 def graph_problem(setting: str, device: torch.device, models: int, compiled: bool) -> str | None:
     """Why a training cannot replay its step as a CUDA graph, known before it starts (None: it can,
-    unless its first steps show dropout masks drawn on the CPU, or the capture fails)."""
+    unless its first steps draw dropout masks on the CPU, or the capture fails)."""
     if setting == "off":
         return "cuda_graph off"
     if device.type != "cuda":

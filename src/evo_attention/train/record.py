@@ -1,22 +1,16 @@
 """EvaluationRecord: the result of one training, the one record type from the trainer through the
 run store to every report.
 
-A record is identified by its cache key ``(gene, seed, steps, data_fingerprint, context)``, where
-``context`` is ``settings_hash`` of the other settings that shape a result. ``status`` says how
-the training ended (``Status``); a failed record keeps its metrics at NaN/inf and says why in
+A record is identified by its cache key ``(gene, seed, steps, data_fingerprint, context)``.
+``status`` says how the training ended; a failed record keeps its metrics at NaN/inf and says why in
 ``error``. ``metric(name)`` is the one way to ask for a usable number: the finite value of a
-successful training, else None.
-
-The run store adds ``id``, ``role``, ``generation`` and ``created_at``; a multi-fidelity
-evaluation carries ``budget``, ``resumed_from``, ``checkpoint`` and ``audit``. Keys of an older
-or foreign record that are not fields here are kept in ``extra`` and written back unchanged.
-
-Records read like a mapping too (``record["val_loss"]``, ``record.get("budget")``), which is
-what the JSON files and tables built from them use.
+successful training, else None. The run store adds ``id``, ``role``, ``generation`` and
+``created_at``; keys of an older or foreign record that are not fields here are kept in ``extra``
+and written back unchanged. Records read like a mapping too (``record.get("budget")``).
 
 Objectives: a search minimises ``perplexity`` and optionally cost measures of the same record
-(``OBJECTIVES`` maps each name to how it is read); ``objective_values`` is the one rule that turns
-a record into the vector a multi-objective strategy is told and the reports rank by.
+(``OBJECTIVES``); ``objective_values`` is the one rule that turns a record into the vector a
+multi-objective strategy is told and the reports rank by.
 """
 
 from __future__ import annotations
@@ -112,22 +106,18 @@ class EvaluationRecord(Mapping):
 
     # -- the one usable-metric rule --------------------------------------------------------------
     @property
-    def ok(self) -> bool:
-        """Finished with a finite validation loss."""
+    def ok(self) -> bool:  # finished with a finite validation loss
         return self.status == Status.OK and math.isfinite(self.val_loss)
 
-    def metric(self, name: str = "val_perplexity") -> float | None:
-        """The finite value of metric ``name`` if the training succeeded, else None."""
+    def metric(self, name: str = "val_perplexity") -> float | None:  # usable_metric
         return usable_metric(self, name)
 
     @property
     def key(self) -> tuple:
-        """The cache key: (gene, seed, steps, data fingerprint, context)."""
         return (self.gene, int(self.seed), int(self.steps), str(self.data_fingerprint), str(self.context))
 
     # -- conversion ------------------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        """The record as a dict: every field (``extra`` merged in), optional ones only when set."""
+    def to_dict(self) -> dict:  # every field (``extra`` merged in), optional ones only when set
         values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extra")
         out = {name: value.value if isinstance(value, Status) else value
                for name, value in values if not self._absent(name, value)}
@@ -135,8 +125,7 @@ class EvaluationRecord(Mapping):
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "EvaluationRecord":
-        """Build from a dict (a stored record, or one written by an older version)."""
+    def from_dict(cls, data: Mapping) -> "EvaluationRecord":  # a stored record, or an older version's
         if isinstance(data, EvaluationRecord):
             return data
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
@@ -206,8 +195,7 @@ SUITE_OBJECTIVE = "suite_accuracy"
 
 
 def objective_value(record: Mapping, name: str) -> float | None:
-    """The usable value of objective ``name`` of ``record`` (None if the training failed or the
-    record lacks it)."""
+    """The usable value of objective ``name`` of ``record`` (None: failed, or lacking it)."""
     if name not in OBJECTIVES:
         raise KeyError(f"unknown objective {name!r}: valid objectives are {', '.join(OBJECTIVES)}")
     if usable_metric(record) is None:
@@ -219,8 +207,8 @@ def objective_value(record: Mapping, name: str) -> float | None:
 
 
 def objective_values(record: Mapping, names) -> tuple[float, ...]:
-    """The objective vector of ``record`` (all minimised): ``inf`` in every place when the
-    training failed, ``inf`` in the place of an objective the record lacks."""
+    """The objective vector of ``record`` (all minimised): ``inf`` in every place when the training
+    failed, and in the place of an objective the record lacks."""
     if usable_metric(record) is None:
         return tuple(math.inf for _ in names)
     values = (objective_value(record, name) for name in names)

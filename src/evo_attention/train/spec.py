@@ -2,13 +2,8 @@
 
 A trial names everything that can change the result of one training: the genome, the seed, the
 steps (and, for a partial training of a multi-fidelity schedule, the full ``budget``), the split it
-is measured on, and three specs:
-
-- ``ModelSpec`` (``nn.spec``): sizes, block, dropout, vocabulary, ``ffn_dim`` derived once;
-- ``TrainSpec``: the optimisation and evaluation recipe (rate, schedule, warm-up, batch, weight
-  decay, clipping, precision, evaluation batches);
-- ``TaskSpec``: the data (its name, tokenizer and options), identified by the data's
-  ``fingerprint``; the directory it was read from is not part of its identity.
+is measured on, and three specs: ``ModelSpec`` (``nn.spec``), ``TrainSpec`` (the optimisation and
+evaluation recipe) and ``TaskSpec`` (the data, identified by its ``fingerprint``, not its directory).
 
 ``Trial.key()`` is the single cache identity: ``(genome, seed, steps, data fingerprint, context)``,
 where ``context`` is a short hash of every spec field that can change a result. The fields join it
@@ -244,9 +239,8 @@ class Trial:
 
     def record_settings(self) -> dict:
         """What a record keeps as its ``settings``: the key's settings with the recipe that ran
-        (``recipe``: a genome's own rate, warm-up and weight decay), plus the random features of
-        a genome that uses favor and the decay fraction of a wsd schedule (the record says what the
-        gene ran with, defaults included). Its ``warmup_steps`` are the steps the warm-up took."""
+        (``warmup_steps``: the steps the warm-up took), plus what the gene ran with, defaults included:
+        the random features of a genome that uses favor and the decay fraction of a wsd schedule."""
         settings = self.settings()
         recipe = self.recipe
         for name in ("learning_rate", "warmup_steps", "weight_decay"):
@@ -261,13 +255,11 @@ class Trial:
 
     # -- views and changes --------------------------------------------------------------------------
     @property
-    def gene(self):
-        """The genome as an ``AttentionGene`` (or ``LayerGenes``)."""
+    def gene(self):  # the genome as an AttentionGene (or LayerGenes)
         return AttentionGene.parse(self.genome)
 
     @property
-    def schedule_steps(self) -> int:
-        """The steps the learning-rate schedule spans: the budget of a partial training."""
+    def schedule_steps(self) -> int:  # the steps the schedule spans: the budget of a partial training
         return self.budget if self.budget is not None else self.steps
 
     def replace(self, **changes: Any) -> "Trial":
@@ -278,10 +270,8 @@ class Trial:
         return self.replace(task=self.task.replace(fingerprint=data.fingerprint))
 
     def config_dict(self, model: ModelSpec | None = None) -> dict:
-        """This trial's settings by their ``Config`` names: its model (``model`` in its place: the
-        spec built for the data), its configured recipe, seed, the steps its schedule spans and its
-        data. ``Config.from_dict`` of it is the trial's Config (the search settings at their
-        defaults): what a model trained for the trial is saved with (``train.saving.save_model``)."""
+        """This trial's settings by their ``Config`` names (``model``: the spec built for the data, in
+        its own's place); ``Config.from_dict`` of it is the trial's Config, what its model is saved with."""
         task = self.task
         return {**(model or self.model).to_dict(), **self.train.to_dict(), "seed": self.seed,
                 "train_steps": self.schedule_steps, "data": task.data, "tokenizer": task.tokenizer,
