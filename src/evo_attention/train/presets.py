@@ -2,19 +2,11 @@
 
 Precedence: built-in defaults < preset < YAML config file < command-line flags.
 
-- ``seed``: the original EvoAttention experiment: WikiText-2, vocabulary 10000, 2 layers x 128
-  dims x 4 heads, 128 tokens, batch 32, 5000 steps at a constant 3e-4, a GA of 12 individuals
-  x 10 generations with 3 elites (93 trainings), plus the vanilla baseline.
-- ``quick``: the embedded associative-recall task with a 64-dim model, 400 steps per model and a
-  GA of 8 x 4 generations with 2 elites (26 trainings + baseline): minutes on a laptop CPU, with
-  clear differences between mechanisms.
-- ``shakespeare-char``: a text corpus (give ``data_dir``, e.g. ../shared/data/shakespeare) at the
-  character level, 128 characters of context, a 64-dim 2-layer model, 600 steps with a cosine
-  schedule, the same GA sizes as ``quick``; results in bits per character/byte.
-- ``fitness-lm``: the language fitness for searches (give ``data_dir``, e.g.
-  ../shared/data/shakespeare): Shakespeare bytes, a 64-dim 2-layer model with a width-3 short
-  convolution, 64 bytes of context, 828 steps of a wsd schedule at the vanilla gene's tuned rate;
-  its fitness check (docs/tasks.md) says how reliably one training sees the output gate.
+- ``seed``: the original EvoAttention experiment (the Config defaults: WikiText-2, a GA of 12 x 10).
+- ``quick``: the embedded associative-recall task, a 64-dim model, a GA of 8 x 4: minutes on a laptop CPU.
+- ``shakespeare-char``: a text corpus (give ``data_dir``) at the character level; bits per character.
+- ``fitness-lm``: the language fitness for searches (give ``data_dir``): Shakespeare bytes; its fitness
+  check (docs/tasks.md) says how reliably one training sees the output gate.
 """
 
 from __future__ import annotations
@@ -160,12 +152,10 @@ WARMUP_FORMS = ("warmup_steps", "warmup")  # one setting, the warm-up, in two fo
 
 
 def overlay(settings: Mapping[str, Any], layer: Mapping[str, Any], source: str | None = None) -> dict:
-    """``settings`` updated with ``layer``, where the layer's warm-up (``warmup_steps`` or a
-    ``warmup`` fraction) replaces the one in ``settings`` in either form; UserError naming both if
-    ``layer`` (``source``) gives both forms. Task options (``recall``) belong to the task they were
-    given with (any, where no data was named): a layer that names another task and no options of
-    its own drops them (the quick preset's recall options never reach ``--data mad:...``); one that
-    names the same task keeps them, its inline knobs replacing theirs."""
+    """``settings`` updated with ``layer``, whose warm-up (``warmup_steps`` or a ``warmup`` fraction)
+    replaces the one in ``settings`` in either form (UserError if ``layer``, ``source``, gives both).
+    Task options (``recall``) belong to their task: a layer naming another task and no options drops
+    them; one naming the same task keeps them, its inline knobs replacing theirs."""
     given = [name for name in WARMUP_FORMS if layer.get(name) is not None]
     if len(given) > 1:
         where = f"{source}: " if source else ""
@@ -200,9 +190,8 @@ EXAMPLE_COUNTS = ("train_examples", "eval_examples")
 
 
 def example_counts_note(preset_name: str | None, settings: Mapping[str, Any]) -> str | None:
-    """One line saying what a generated task uses when the preset's task options gave example
-    counts for the preset's own data and the run names other data without giving them (the options
-    belong to their dataset, ``overlay``, so the counts do not carry over); None otherwise."""
+    """One line saying what a generated task uses where the preset's options gave example counts for
+    its own data and the run names other data without them (they do not carry over); else None."""
     from evo_attention.data.synthetic import COMMON_DEFAULTS, is_synthetic, parse_data_name
 
     layer = PRESETS.get(preset_name or "", {})
@@ -233,10 +222,8 @@ def build_config(preset_name: str | None = None, config_file: str | Path | None 
 
 
 def own_vocabulary(settings: dict) -> dict:
-    """``settings`` where a generated task (recall, ``mqar``, ``mad:...``, a registered task) takes its
-    own vocabulary unless a layer sets ``vocab_size``: the default 10000 is a word corpus's, and every
-    command (and ``build_config``) must train one task for one data name. Registered tasks must be
-    known (plugins loaded) before this is called."""
+    """``settings`` where a generated task takes its own vocabulary unless a layer sets ``vocab_size``
+    (the default 10000 is a word corpus's). Registered tasks must be known (plugins loaded) first."""
     from evo_attention.data import is_synthetic
 
     data = settings.get("data")

@@ -13,20 +13,16 @@ The contract every user of a suite shares (``search --suite``, ``compare --suite
 ``validate --suite`` and the report):
 
 - **A training on a point is an ordinary Trial** of ``point_config(config, point)``: the caller's
-  Config overlaid with ``point.settings()`` (``train.presets.overlay``): the point's data name, its
-  task options, and its steps. Everything else (model size, learning rate, batch, evaluation,
-  seed) is the caller's, so each training has its own key and is cached like any other.
-- **Steps: the suite's win.** A point trains for the steps its suite gives it; ``train_steps``
-  applies only to the points the suite gives none. To train a suite's points for other steps, write
-  a suite file (``steps:`` at the top or per point); the commands say which steps each point gets.
+  Config overlaid with ``point.settings()`` (the point's data name, task options and steps), cached
+  like any other.
+- **Steps: the suite's win.** ``train_steps`` applies only to the points the suite gives none
+  steps; for other steps, write a suite file (``steps:`` at the top or per point).
 - **The score of a gene on one seed** (``SuiteScore``): per point, the accuracy over the answer
-  positions (a language point: next-token accuracy), the validation loss of its training and the
-  tokens that accuracy was scored on (``eval_tokens``, ``eval_complete``: its record's); the
-  **aggregate is the mean accuracy over all points**, weighted by the points' stated weights where
-  the suite gives any. A point whose training failed (diverged, out of memory, an error, or finished without a
-  finite accuracy) scores **0 accuracy** in the aggregate and is listed in ``failed``: it is never
-  dropped. A point without a record yet is ``missing``, and the aggregate is then None: a score is
-  over the whole suite or it is not given.
+  positions (a language point: next-token accuracy), its validation loss and ``eval_tokens``,
+  ``eval_complete``; the **aggregate is the mean accuracy over all points**, weighted by the suite's
+  weights where it gives any. A point whose training failed (or finished without a finite accuracy)
+  scores **0** and is listed in ``failed``, never dropped. A point without a record yet is
+  ``missing``, and the aggregate is then None.
 - **Higher is better.** The aggregate is maximised (``SUITE_OBJECTIVE``, ``suite_accuracy``); a
   strategy, which minimises, is told its negative (``search.evaluation.Suite``).
 
@@ -56,9 +52,8 @@ __all__ = ["FAILED_ACCURACY", "SUITE_OBJECTIVE", "PointResult", "SuiteScore", "p
 
 # -- the trainings ------------------------------------------------------------------------------------
 def point_config(config: Config, point) -> Config:
-    """The Config of a training on suite ``point``: ``config`` overlaid with ``point.settings()``
-    (its data, task options and, when the suite gives them, steps). UserError naming the point when
-    the result is not a valid Config (e.g. a warm-up longer than the point's steps)."""
+    """``config`` overlaid with ``point.settings()``; UserError naming the point if that is not a valid
+    Config (e.g. a warm-up longer than the point's steps)."""
     settings = overlay(config.to_dict(), point.settings())
     try:
         return Config.from_dict(settings, source=f"suite point {point.label}")
@@ -66,8 +61,7 @@ def point_config(config: Config, point) -> Config:
         raise UserError(f"suite point {point.label}: {error}", setting=error.settings) from None
 
 
-def point_configs(config: Config, suite) -> dict[str, Config]:
-    """``point_config`` of every point of ``suite``, by label (in the suite's order)."""
+def point_configs(config: Config, suite) -> dict[str, Config]:  # by label, in the suite's order
     return {point.label: point_config(config, point) for point in suite.points}
 
 
@@ -89,8 +83,7 @@ class PointResult:
         return self.status != MISSING and self.accuracy is None
 
     @property
-    def scored(self) -> float | None:
-        """What this point adds to the aggregate: its accuracy, 0 if it failed, None if missing."""
+    def scored(self) -> float | None:  # what this point adds to the aggregate (None: missing)
         if self.status == MISSING:
             return None
         return FAILED_ACCURACY if self.accuracy is None else self.accuracy
@@ -124,8 +117,7 @@ class SuiteScore:
         return next(p for p in self.points if p.label == label)
 
     @property
-    def failed(self) -> tuple[str, ...]:
-        """The points whose training failed (each scores 0 in the aggregate)."""
+    def failed(self) -> tuple[str, ...]:  # the points whose training failed (each scores 0)
         return tuple(p.label for p in self.points if p.failed)
 
     @property
@@ -138,8 +130,7 @@ class SuiteScore:
 
     @property
     def aggregate(self) -> float | None:
-        """The weighted mean accuracy over all points (a failed point counts 0); None while a point is
-        missing."""
+        """The weighted mean accuracy over all points (a failed one counts 0); None while one is missing."""
         if not self.points or self.missing:
             return None
         if self.weights is None:
@@ -160,17 +151,15 @@ class SuiteScore:
 
 def suite_score(labels: Sequence[str], records: Mapping[str, Mapping | None],
                 weights: Sequence[float] | None = None) -> SuiteScore:
-    """The score from the record of each point (by label; an absent label is a missing point),
-    with the points' ``weights`` (a suite's ``weights``; None or all 1: the plain mean)."""
+    """The score from each point's record (by label; absent: missing), with the suite's ``weights``."""
     weights = None if weights is None or all(w == 1 for w in weights) else tuple(float(w) for w in weights)
     return SuiteScore(tuple(point_result(label, records.get(label)) for label in labels), weights)
 
 
 # -- what a run store keeps of its suite -----------------------------------------------------------
 def suite_meta(suite, trials: Mapping[str, object]) -> dict:
-    """The run store's record of ``suite`` (meta ``suite``): its name, source and description, and
-    per point its label, data name, task options, steps, and the data fingerprint and context of
-    its trainings (``trials``: label -> a Trial of that point with its fingerprint; any gene, seed)."""
+    """The run store's record of ``suite`` (meta ``suite``); per point the data fingerprint and context
+    of its trainings too (``trials``: label -> a Trial of that point with its fingerprint; any gene, seed)."""
     return {
         "name": suite.name, "source": suite.source, "description": suite.description,
         "points": [{"label": p.label, "data": p.data, "options": dict(p.options), "steps": trials[p.label].steps,
