@@ -757,9 +757,8 @@ class Trainer:
         return "diverged" if self.members[0].diverged else "ok"
 
     def release(self, keep_moments: bool = False) -> None:
-        """End a folded training: each member gets weights of its own (they were views of the stacked
-        weights) and, with ``keep_moments``, its optimizer state (for ``state_dict``: to continue it
-        alone). A trainer of one trial has nothing to release."""
+        """End a folded training: each member gets weights of its own and, with ``keep_moments``, its
+        optimizer state (for ``state_dict``: to continue it alone). A one-trial trainer has nothing to release."""
         if self.fold is None:
             return
         for k, m in enumerate(self.active):
@@ -782,10 +781,9 @@ class Trainer:
 
 def step_seconds(trials: Sequence[Trial], data: TaskData, *, device: torch.device, warmup: int = 1, steps: int = 2,
                  repeats: int = 1) -> tuple[Trainer, float]:
-    """``(trainer, seconds per step)`` of ``trials`` trained together by one ``Trainer``, after
-    ``warmup`` untimed steps: the fastest of ``repeats`` timings of ``steps`` steps. A trial whose
-    budget is shorter than ``timing_budget`` of those steps gets that budget, so that no validation
-    point (K evaluations) falls among the timed steps: they time training alone."""
+    """``(trainer, seconds per step)`` of ``trials`` trained by one ``Trainer`` after ``warmup`` untimed
+    steps: the fastest of ``repeats`` timings of ``steps`` steps, none holding a validation point (a
+    shorter budget becomes ``timing_budget`` of them)."""
     budget = timing_budget(warmup + repeats * steps)
     trials = [t if t.schedule_steps >= budget else t.replace(steps=budget, budget=None) for t in trials]
     trainer = Trainer(trials, data, device=device)
@@ -812,10 +810,9 @@ def probe_trial(trial: Trial, steps: int, log_every: int) -> Trial:
 
 def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, rounds: int = PROBE_ROUNDS,
                          steps: int = PROBE_STEPS) -> dict:
-    """Seconds per training step of ``trial``'s shape (its vanilla gene, eager) in fp32 and in bf16:
-    two trainers, timed in interleaved rounds (fp32 first in even rounds), the fastest round of each
-    kept (other work on the machine only ever slows a round down), and ``spread``: the largest ratio
-    of a precision's slowest round to its fastest. Torch's global RNG is left as it was."""
+    """Seconds per training step of ``trial``'s shape (``probe_trial``) in fp32 and in bf16, timed in
+    interleaved rounds, the fastest round of each kept (other work only slows a round down), and
+    ``spread``: the largest ratio of a precision's slowest round to its fastest. Torch's RNG is kept."""
     warm_steps = 1
     total = warm_steps + rounds * steps
     base = probe_trial(trial, timing_budget(total), total)
@@ -833,7 +830,6 @@ def precision_step_times(trial: Trial, data: TaskData, device: torch.device, *, 
         for r in range(rounds):
             for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
                 times[precision].append(timed(precision, steps))
-    # the least disturbed round of each, and how far its rounds disagree (the slowest over the fastest)
     return {**{precision: min(values) for precision, values in times.items()},
             "spread": max(max(values) / min(values) for values in times.values())}
 
@@ -851,8 +847,7 @@ def state_from_bytes(blob: bytes, device) -> dict:
 
 @dataclass
 class TrainingResult:
-    """What ``run_training`` gives: the record, and beside it the trained ``Member`` (None if it could
-    not be built) and its state after training (bytes, when asked and the training succeeded)."""
+    """The record, the trained ``Member`` (None if it could not be built) and its state (when asked)."""
 
     record: EvaluationRecord
     trainer: Member | None = None
@@ -885,8 +880,7 @@ VAL_BATCHES = 2  # evaluation batches per validation point (the end's evaluation
 
 
 def log_interval(log_every: int, steps: int) -> int:
-    """The log interval of a training of ``steps``: ``log_every``, shortened where the budget would
-    give fewer than MIN_CURVE_POINTS points, so a curve is never a single point."""
+    """``log_every``, shortened where ``steps`` would give fewer than MIN_CURVE_POINTS curve points."""
     return max(1, min(log_every, steps // MIN_CURVE_POINTS))
 
 
@@ -896,15 +890,13 @@ def validation_steps(steps: int) -> set[int]:
 
 
 def timing_budget(steps: int) -> int:
-    """A budget whose first ``steps`` steps hold no validation point (the first is at a quarter of
-    it: round((4 s + 4) / 4) = s + 1): a timing of those steps times training steps alone."""
+    """A budget whose first ``steps`` steps hold no validation point (the first is at a quarter of it: s + 1)."""
     return 4 * steps + 4
 
 
 def _finish(record: EvaluationRecord, member: Member, trial: Trial, *, keep_state: bool, size: int, shared_s: float,
             device: torch.device, failure: BaseException | None = None) -> TrainingResult:
-    """The record of ``member`` after its training (its share of ``shared_s``): evaluated, or with
-    the ``failure`` that ended the training."""
+    """The record of ``member`` after its training (its share of ``shared_s``) or its ``failure``."""
     start = time.perf_counter()
     record.precision = member.precision
     record.extra["precision_reason"] = member.precision_reason
