@@ -20,11 +20,6 @@ from evo_attention.train.config import Config
 from evo_attention.util.errors import UserError
 
 
-def _tokenizer(vocab=None, tokenizer=None):
-    """What a model directory stores: the data's tokenizer, else its vocabulary (word-level)."""
-    return tokenizer if tokenizer is not None else vocab
-
-
 def saved_settings(settings: Config | Mapping[str, Any] | None) -> dict | None:
     """The whole Config's dict of ``settings`` (a Config or some of its keys: ``Trial.config_dict``)."""
     if settings is None:
@@ -34,14 +29,15 @@ def saved_settings(settings: Config | Mapping[str, Any] | None) -> dict | None:
 
 def model_files(model: TinyTransformer, *, vocab=None, tokenizer=None, settings=None,
                 extra: dict | None = None) -> dict[str, bytes]:
-    """The files of ``model``'s directory as bytes (see ``interop.pretrained.model_files``)."""
-    return pretrained.model_files(model, tokenizer=_tokenizer(vocab, tokenizer), settings=saved_settings(settings),
-                                  extra=extra)
+    """The files of ``model``'s directory as bytes (see ``interop.pretrained.model_files``); it stores the
+    data's ``tokenizer``, else its ``vocab`` (word-level)."""
+    return pretrained.model_files(model, tokenizer=vocab if tokenizer is None else tokenizer,
+                                  settings=saved_settings(settings), extra=extra)
 
 
 def save_model(model: TinyTransformer, directory: str | Path, *, vocab=None, tokenizer=None, settings=None,
                extra: dict | None = None) -> Path:
-    return pretrained.save_pretrained(model, directory, tokenizer=_tokenizer(vocab, tokenizer),
+    return pretrained.save_pretrained(model, directory, tokenizer=vocab if tokenizer is None else tokenizer,
                                       settings=saved_settings(settings), extra=extra)
 
 
