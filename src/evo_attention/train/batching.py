@@ -137,8 +137,7 @@ def probe_batch_times(trial: Trial, data: TaskData, device: torch.device, *, ks:
     slow = None
     seconds: dict[int, float] = {}
     memory = None
-    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
-    devices = [index] if device.type == "cuda" else []
+    devices = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for k in sorted(ks):
             if k > 1 and memory is not None and memory_budget_mb is not None and memory * k > memory_budget_mb:

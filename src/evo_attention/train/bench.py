@@ -136,13 +136,10 @@ def step_time(gene: AttentionGene | str, config: Config, data: TaskData, *, step
 
 
 def bench_gene(gene: AttentionGene | str, config: Config, data: TaskData, *, steps: int = 20, warmup: int = 3,
-               device: str | None = None, time_eval: bool = True, time_decode: bool = True,
-               models: int = 1) -> dict:
-    """Time the training step of ``gene`` under ``config`` and extrapolate to its budget; ``models``
-    K > 1 times one trainer of K same-gene models folded into one batch (seeds ``config.seed`` on), whose
-    step and FLOPs are all K models' and whose estimates are per evaluation (its share of the
-    batch). ``auto_models``: the K ``batch_models auto`` takes for this shape here. Beside other
-    busy processes it times what a training would take then: the threads they leave free
+               device: str | None = None, time_eval: bool = True, time_decode: bool = True, models: int = 1) -> dict:
+    """Time the training step of ``gene`` under ``config`` and extrapolate to its budget; ``models`` K > 1
+    times one trainer of K same-gene models folded into one batch (its step and FLOPs all K models', its
+    estimates per evaluation). Beside other busy processes, with the threads they leave free
     (``util.threads.sharing``; ``threads_shared`` says so)."""
     with threads.sharing(resolve_device(device if device is not None else config.device).type) as shared:
         gene = AttentionGene.parse(gene) if isinstance(gene, str) else gene
@@ -225,15 +222,10 @@ LONG_CONTEXT_LENGTHS = (128, 256, 512, 1024, 2048)
 def bench_lengths(genes: dict, config: Config, data_for, lengths=LONG_CONTEXT_LENGTHS, *,
                   tokens_per_step: int = 4096, steps: int = 5, warmup: int = 2, device: str | None = None,
                   progress=None) -> list[dict]:
-    """ms per training step and memory against the sequence length T, per named gene.
-
-    Every step holds ``tokens_per_step`` tokens (batch = tokens_per_step // T), so the work outside
-    attention is the same at every T and what grows is attention's own cost. ``data_for(T)`` gives
-    the data at length T. Memory: on CUDA the peak allocated; on CPU the peak resident set during
-    the timed steps (``peak_memory_mb``) and its rise over the resident set before them, measured
-    after freed heap pages went back to the OS (``step_memory_mb``): what a step holds at its peak
-    beyond the model, optimizer and data.
-    """
+    """ms per training step and memory against the sequence length T (``data_for(T)``: the data), per
+    named gene. Every step holds ``tokens_per_step`` tokens, so what grows with T is attention's own
+    cost. Memory: on CUDA the peak allocated; on CPU the peak resident set during the timed steps and
+    (``step_memory_mb``) its rise over the resident set before them: what a step holds at its peak."""
     rows = []
     for t in lengths:
         batch = max(1, tokens_per_step // t)

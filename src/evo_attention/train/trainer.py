@@ -7,17 +7,13 @@ NaN/inf loss ends a training early with status ``diverged``, running out of memo
 any other exception ``error`` with its message. Only bad *input* (an unknown device, trials that
 cannot share a batch) and KeyboardInterrupt propagate.
 
-``Trainer(trials, data)`` is the engine behind both: K >= 1 ``Member``s (one per trial: its model,
-batches, dropout stream, recipe, curve, counters and divergence) stepped by one loop. With K = 1 the
-member's own model trains (compiled where ``compile`` says) with PyTorch's AdamW
-(``optim.SingleAdamW``); on CUDA its step is captured once as a CUDA graph and replayed
-(``train.graph``: the same kernels, so the same numbers). With K > 1 the models are folded into one
-(``nn.fold``: parameters stacked [K, ...], activations [K * B, ...] model-major), the fused loss
-gives one mean per model, and ``optim.StackedAdamW`` steps each model with its own rate, decay and
-clipping; a member's parameters stay views of its slice, so its model is always its own. A model
-that diverges leaves the batch (its slices are dropped) and the others go on. The members'
-attentions may differ (``nn.fold.Split``: each group of equal attentions on its own models' rows);
-each member's FLOPs are then counted on its own model.
+``Trainer(trials, data)`` is the engine behind both: K >= 1 ``Member``s stepped by one loop. With
+K = 1 the member's own model trains (compiled where ``compile`` says) with PyTorch's AdamW, on CUDA
+as a captured and replayed CUDA graph (``train.graph``: the same kernels, so the same numbers). With
+K > 1 the models are folded into one (``nn.fold``, model-major; attentions that differ: ``Split``),
+the fused loss gives one mean per model, and ``optim.StackedAdamW`` steps each with its own rate,
+decay and clipping; a member's parameters stay views of its slice. A model that diverges leaves the
+batch and the others go on; where attentions differ, each member's FLOPs are counted on its own model.
 
 Same trial, same result, alone or in a batch:
 
@@ -954,8 +950,7 @@ def run_training(trial: Trial, data: TaskData, *, device: str | None = None, pro
     return _train([trial], data, dev, [progress], keep_state, state)[0]
 
 
-def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None,
-                keep_state: bool = False,
+def run_batched(trials: Sequence[Trial], data: TaskData, *, device: str | None = None, keep_state: bool = False,
                 progress: Sequence[ProgressFn | None] | None = None) -> list[TrainingResult]:
     """Train ``trials`` (``check_batchable``: UserError naming the field where they cannot) as one batch
     on ``data``: one ``TrainingResult`` per trial, in order, as ``run_training`` gives it (``keep_state``
