@@ -1,45 +1,19 @@
-"""Multi-fidelity evaluation: spend the full training budget only on individuals that earn it.
+"""Multi-fidelity evaluation: spend the full training budget only on individuals that earn it
+(docs/scaling.md, "Multi-fidelity").
 
-``--fidelity halving`` runs *successive halving* inside every generation. The schedule has
-``halving_rungs`` rungs at ``budget / eta^k`` steps (k = rungs-1 ... 0, rounded up to a multiple of
-``log_every``), e.g. 50, 150 and 400 steps for a 400-step budget with eta 3. Every new individual
-of the generation is trained to the first rung and evaluated; the best ``ceil(n / eta)`` by
-validation loss go on to the next rung, *continuing* their training from a checkpoint; the last
-rung is the full budget. ``--hurdle Q`` stops, at the first rung, every individual whose loss is
-worse than the Q-quantile of the generation's first-rung losses (with ``--fidelity full`` the
-schedule is then just the first rung and the full budget).
+``--fidelity halving``: successive halving inside every generation over ``halving_rungs`` rungs at
+``budget / eta^k`` steps (``rung_steps``); the best ``ceil(n / eta)`` by validation loss continue from
+a checkpoint to the next rung. ``--hurdle Q`` stops, at the first rung, every individual worse than
+the Q-quantile of the first-rung losses. ``--halving-audit N`` trains N drawn individuals of each
+generation to the full budget whatever their early losses (records ``audit: true``).
 
-Audit. A halving run's own rank correlations rest on the promoted individuals, a selected sample.
-``--halving-audit N`` trains N of each generation's new individuals, drawn at random (seeded by
-the run's seed and the generation), to the full budget whatever their early losses: their records
-carry ``audit: true``, the summary reports the correlations over them as well (an unselected
-sample, at N extra full trainings per generation), and they are told the strategy like any
-individual that reached the full budget.
-
-Exactness. A rung is the first ``steps`` steps of the full training (the learning-rate schedule
-runs over the full budget) and a continuation restores weights, optimizer, RNG state and the
-position in the batch stream (``Trainer.state_dict``), so an individual that reaches the full
-budget gets exactly the record an uninterrupted training gives: the same weights, metrics and
-learning curve (rungs are multiples of ``log_every`` so even the curve has no seam). Its record is
-an ordinary full-budget evaluation (role ``search``), a cache hit for any later request.
-
-What is stored. Every rung evaluation is a record of role ``rung`` with its own ``steps`` (a
-distinct cache key), ``budget`` (the full budget), ``resumed_from`` (the step it continued from,
-0 if trained from scratch) and ``checkpoint`` (the trainer state, a file under
-``RUN_DIR/rung_states/``). A resumed run replays the halving: every rung evaluation is a
-cache hit, promotions are recomputed from the stored losses, and an individual that still has to
-continue does so from its checkpoint (or, if the file is gone or fails its check, is retrained from
-scratch to the next rung, which gives the same result; see ``executors.base.load_state``).
-Checkpoints superseded by a higher rung are deleted at the end of a generation; those of stopped
-individuals stay (a later generation may promote them).
-
-What the strategy is told (``told_fitness``). An individual that reached the full budget is told
-its perplexity. One stopped at a lower rung is told its perplexity *at that rung* (a pessimistic
-estimate: more training lowers it), shifted up if necessary by the smallest amount that ranks every
-individual stopped at that rung below every individual of the generation that trained longer. The
-shift is the same for the whole rung, so the order within it is kept; usually it is zero. Failures
-are told None as always. The report ranks only full-budget evaluations, so the best gene of a run
-is always one trained on the full budget.
+Exactness: a rung is the first ``steps`` steps of the full training and a continuation restores the
+whole trainer state, so an individual that reaches the full budget gets exactly the record an
+uninterrupted training gives (role ``search``, a cache hit for any later request). A rung evaluation
+is a record of role ``rung`` with its own ``steps``, ``budget``, ``resumed_from`` and ``checkpoint``
+(a file under ``RUN_DIR/rung_states/``); a resume replays the promotions from the stored losses.
+``told_fitness`` gives the strategy each individual's perplexity at the highest rung it reached,
+shifted so that it ranks below every individual of the generation that trained longer.
 """
 
 from __future__ import annotations
@@ -186,8 +160,7 @@ def fidelity_summary(evaluations: Iterable[Mapping], schedule: Schedule) -> dict
             highest[r["gene"]] = max(highest.get(r["gene"], 0), int(r["steps"]))
     baseline_steps = sum(int(r.get("steps") or 0) for r in records if r.get("role") == "baseline")
     equivalent = schedule.budget * len(highest) + baseline_steps
-    full = {r["gene"]: loss for r in records
-            if r.get("role") == "search" and int(r["steps"]) == schedule.budget and (loss := usable_metric(r, "val_loss")) is not None}
+    full = _losses(records, "search", schedule.budget)
     audited = {r["gene"] for r in records if r.get("audit")}
     out = {
         **schedule.to_dict(),
@@ -202,12 +175,17 @@ def fidelity_summary(evaluations: Iterable[Mapping], schedule: Schedule) -> dict
     return out
 
 
+def _losses(records: list, role: str, steps: int) -> dict[str, float]:
+    """Each gene's usable validation loss among ``records`` of ``role`` at ``steps``."""
+    return {r["gene"]: loss for r in records if r.get("role") == role and int(r["steps"]) == steps
+            and (loss := usable_metric(r, "val_loss")) is not None}
+
+
 def _rank_correlation(records: list, schedule: Schedule, full: Mapping[str, float]) -> list[dict]:
     """Spearman between each lower rung's loss and the full-budget loss, over the genes of ``full``."""
     correlation = []
     for steps in schedule.rungs[:-1]:
-        low = {r["gene"]: loss for r in records
-               if r.get("role") == RUNG_ROLE and int(r["steps"]) == steps and (loss := usable_metric(r, "val_loss")) is not None}
+        low = _losses(records, RUNG_ROLE, steps)
         common = sorted(set(low) & set(full))
         rho = p_value = None
         if len(common) >= 3:
