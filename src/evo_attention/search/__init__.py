@@ -1,18 +1,14 @@
 """The search layer: strategies propose genes, the driver evaluates them through the runner and an
 executor, the run store keeps every result.
 
-Strategies (ask/tell, never train anything): ``make_strategy(name, **settings)`` builds one by name,
-``strategy_from_config(config)`` the one a Config names, and ``register_strategy`` adds a new one::
+Strategies (ask/tell, never train anything; docs/search.md): ``make_strategy(name, **settings)``
+builds one by name, ``strategy_from_config(config)`` the one a Config names, and ``register_strategy``
+adds a new one::
 
     @register_strategy("my_search")
     class MySearch(Strategy):
         def _propose(self): ...          # the genes of generation self.generation
         def _update(self, told): ...     # fold [(gene, perplexity)] into self.population
-
-Built in: ``ga`` (the original's genetic algorithm), ``random``, ``neighbours`` (random one-edit
-neighbours of a seeded start), ``climb`` (a hill climb), ``nsga2`` (non-dominated sorting
-and crowding distance) and ``tpe`` (Optuna's TPE; the ``[tpe]`` extra). All of them accept several
-``objectives`` (see docs/search.md).
 """
 
 from __future__ import annotations

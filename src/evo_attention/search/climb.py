@@ -1,20 +1,12 @@
-"""A (1 + lambda) hill climb: mutate the incumbent, replace it only when a child is better.
+"""A (1 + lambda) hill climb (docs/search.md): mutate the incumbent, replace it only when a child is better.
 
-Generation 0 is the start: the seeded genes (``start_from``; the vanilla gene unless a start is
-given) and one-edit neighbours of them to fill ``population_size``; its best is the incumbent. Each
-later generation asks ``population_size`` distinct one-edit neighbours of the incumbent
-(``search.base.neighbour``: in a program space, ``programs.edit``), never one asked before; the best
-of them replaces the incumbent only when its told fitness beats the incumbent's by more than
-``min_gain`` (option, default 0; in the told units: perplexity, or minus the suite accuracy); in a run
-with caps a child with a smaller total violation replaces it first (a feasible one, violation 0, an
-infeasible incumbent), as every strategy ranks feasible genes first.
-Every candidate of a search trains on the run's seed, so the comparison is paired by seed.
-
-``population`` is everything evaluated, best first (what the report ranks); ``incumbent`` is the
-member the climb stands on. ``elite_size`` is not used: nothing is carried over but the incumbent,
-which is never trained again. One objective only. With racing (``elite_seeds`` K, ``search.racing``)
-a child that beats the incumbent on the run's seed is measured on the K seeds the incumbent was,
-and the climb compares their lower bounds: it moves only on a gain that holds over paired seeds.
+Generation 0 is the seeded start (``start_from``, the vanilla gene by default) and one-edit neighbours
+of it; its best is the incumbent. Each later generation asks ``population_size`` distinct one-edit
+neighbours of the incumbent (``search.base.neighbour``), never one asked before; the best replaces
+the incumbent only when its told fitness beats the incumbent's by more than ``min_gain`` (in a run
+with caps, a smaller total violation first). ``population`` is everything evaluated, best first;
+``elite_size`` is not used. One objective only. With racing a child that beats the incumbent is
+measured on the incumbent's seeds, so the climb moves only on a gain that holds over paired seeds.
 """
 
 from __future__ import annotations

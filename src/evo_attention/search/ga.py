@@ -1,29 +1,15 @@
 """The genetic algorithm of the original EvoAttention search.
 
-Generation 0 is ``population_size`` distinct random genes. Every later generation:
+Generation 0 is ``population_size`` distinct random genes. Every later generation keeps the best
+``elite_size`` members unchanged (never asked again) and fills the other slots with offspring: two
+parents drawn uniformly and independently from the best ``2 * elite_size`` members (at least 2),
+their uniform crossover with probability ``crossover_rate`` (else a copy of the first), then each
+field resampled with probability ``mutation_rate``. Failed members rank last.
 
-1. keeps the best ``elite_size`` members unchanged (they are not asked again, so never retrained);
-2. fills the other ``population_size - elite_size`` slots with offspring. For each, two parents
-   are drawn uniformly and independently from the best ``2 * elite_size`` members of the previous
-   population (at least the best 2); with probability ``crossover_rate`` the child is the uniform
-   crossover of the two, otherwise a copy of the first; then each field of the child is resampled
-   with probability ``mutation_rate``.
-
-With the defaults (12 x 10 generations, 3 elites) that is 12 + 9 * 9 = 93 fitness requests.
-Failed members rank last, so they become parents only when fewer than ``2 * elite_size``
-members succeeded.
-
-Options (all off by default, which reproduces the original):
-
-- ``mutation_schedule="adaptive"``: the mutation rate decays *linearly* from
-  ``mutation_rate_start`` (default 0.6) in generation 1 to ``mutation_rate`` in the last
-  generation (explore early, refine late). With only two generations, generation 1 uses
-  ``mutation_rate_start``. ``"constant"`` (default) always uses ``mutation_rate``.
-- ``seed_vanilla=True``: the vanilla transformer replaces one random gene of generation 0.
-- ``dedupe=True``: an offspring whose key was already asked in this run, or repeats another
-  offspring of its generation, is bred again from the same parents (up to 100 tries in all,
-  then accepted). Without it duplicates are asked like any other gene; a result cache in the
-  driver avoids training them twice.
+Options (all off by default, which reproduces the original): ``mutation_schedule="adaptive"``, the
+rate decays linearly from ``mutation_rate_start`` in generation 1 to ``mutation_rate`` in the last
+(``mutation_rate_at``); ``seed_vanilla``, the vanilla transformer in generation 0; ``dedupe``, an
+offspring that repeats a key asked before or in its generation is bred again (``Breeding._children``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """NSGA-II (Deb et al. 2002) over genes: non-dominated sorting and crowding distance select the
 survivors, the genes' own crossover and mutation breed the offspring.
 
-Generation 0 is ``population_size`` distinct random genes (the same as the GA's and random
-search's for the same seed). Every later generation:
-
-1. breeds ``population_size - elite_size`` offspring, so that it asks exactly as many genes as
-   the other strategies. Each parent is the winner of a binary tournament: two members of the
-   population drawn uniformly, the better in the crowded-comparison order wins (lower front, then
-   larger crowding distance, then lower perplexity). With probability ``crossover_rate`` the child
-   is the uniform crossover of two such parents, otherwise a copy of the first; then each field is
-   resampled with probability ``mutation_rate``. With ``dedupe`` (on by default) a child whose key
-   was asked before in this run, or repeats another child of its generation, is bred again (up to
-   ``DEDUPE_TRIES`` tries in all, then accepted);
-2. the population and the offspring together (one copy of each gene) are ranked by front, then
-   crowding distance (``rank_members``: ``search.pareto``), and the best ``population_size`` of
-   them survive.
-
-With a single objective the fronts are the perplexity order and this is a (mu + lambda)
-evolutionary algorithm with tournament selection. Failed members rank last.
+Generation 0 is the GA's. Every later generation breeds ``population_size - elite_size`` offspring
+(the other strategies' batch size), each parent the winner of a binary tournament in the ranked
+population, bred as the GA breeds (``Breeding``; ``dedupe`` on by default); then the population and
+the offspring together (one copy of each gene) are ranked by front, then crowding distance
+(``rank_members``), and the best ``population_size`` survive. With one objective this is a
+(mu + lambda) evolutionary algorithm with tournament selection.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""Racing (``elite_seeds`` K > 1): a gene that would enter the elite is measured again first.
+"""Racing (``elite_seeds`` K > 1; docs/search.md): a gene that would enter the elite is measured again first.
 
-A search trains each candidate once, on the run's seed, which flatters some genes. With racing,
-after a generation's candidates are trained, the best of them that would take one of the strategy's
-``elite_places`` (``Strategy.elite_places``: GA and random search their elite, the climb its
-incumbent) are trained on K - 1 more seeds, and the strategy is told their **lower bound**: the
-mean over the K seeds plus its standard error (the told values are minimised: perplexity, or minus
-the suite accuracy); a failure on any seed fails the gene. Every raced gene is measured on the
-same seeds, so a child and the incumbent it must beat are paired by seed.
-
-Which genes race: repeatedly, the best not yet raced candidate of the generation whose one-seed
-value beats the ``elite_places``-th best lower bound so far (every candidate beats it while fewer
-genes have raced), up to ``elite_places`` at a time, until none does. So every gene that ranks in
-the elite places was raced, and a gene never raced is told its one-seed value. The baseline gene
-is raced too (it is not a candidate), so that a verdict compares like with like.
-
-The seeds are the run's seed and ``seed + RACE_SEEDS_FROM``, one below it, and so on: the top of
-the run seed's block (``studies.common``: its verdict seeds are seed + 1 ..., its tuning seeds
-seed + 1001 ...), which no validation or fresh check reaches, so a winner is still validated on
-seeds it was not selected on. The trainings are stored with the role ``race``; the store's meta
-``racing`` lists every raced gene with its seeds and values (the report shows it and ranks by the
-lower bound). Each decision depends only on stored results, so resuming replays it.
+After a generation's candidates are trained, repeatedly the best not yet raced candidate whose
+one-seed value beats the ``elite_places``-th best lower bound so far (``Strategy.elite_places``;
+every candidate beats it while fewer genes have raced), up to ``elite_places`` at a time, is trained
+on K - 1 more seeds, until none does; the strategy is told its **lower bound** (``lower_bound``: the
+mean over the K seeds plus its standard error; a failure on any seed fails the gene). So every gene
+in the elite places was raced, all on the same seeds (paired), and a gene never raced is told its
+one-seed value. The baseline is raced too. The seeds (``race_seeds``) are the run's seed and the top
+of its seed block, which no validation or fresh check reaches. Trainings have the role ``race``; the
+store's meta ``racing`` lists every raced gene with its seeds and values. Each decision depends only
+on stored results, so resuming replays it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Random search: the baseline with the same evaluation budget as the genetic algorithm.
 
-It asks in batches of the GA's sizes (``population_size`` first, then ``population_size -
-elite_size``, ``n_generations`` batches), so both spend the same number of trainings. Each gene
-is drawn uniformly from the search space among the keys not asked before in this run; only when
-the space is exhausted do repeats occur. With the same seed its first batch equals the GA's
-generation 0, so the two start from the same point.
+It asks in batches of the GA's sizes, each gene drawn uniformly among the keys not asked before
+(repeats only once the space is exhausted); with the same seed its first batch is the GA's
+generation 0. ``population`` is everything evaluated so far, best first; each ``history`` entry lists
+that batch's members.
 
-``population`` is everything evaluated so far, best first; each ``history`` entry lists that
-batch's members and the best result so far. ``seed_vanilla`` is honoured as in the GA; it takes no
-other option (asking never repeats a gene, so there is nothing to dedupe).
-
-``NeighbourSearch`` (strategy ``neighbours``) is the control arm for "does evolution help": random
-one-edit sampling at the GA's budget. Generation 0 is random search's (the start and its one-edit
-neighbours, so with one seed and start it equals the GA's and the climb's); every later gene is one
-edit (``search.base.neighbour``) of a start gene drawn uniformly with the strategy's generator,
-never a key asked before (``NEIGHBOUR_TRIES`` draws per gene; once the neighbourhood is spent,
-random genes not asked before fill the batch). It needs a start: the driver starts it from vanilla
-unless ``start_from`` says otherwise, as the climb; without one (``start_from: random``, or no
-``warm_start``) it refuses.
+``NeighbourSearch`` (strategy ``neighbours``) is the control arm for "does evolution help": after
+generation 0, every gene is one edit (``search.base.neighbour``) of a start gene drawn uniformly,
+never a key asked before (random genes once the neighbourhood is spent). It needs a start
+(``start_from``, vanilla by default) and refuses to run without one.
 """
 
 from __future__ import annotations

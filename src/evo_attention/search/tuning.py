@@ -1,20 +1,12 @@
-"""A learning rate per candidate (``rate_grid``): every gene at its own best rate of a grid.
+"""A learning rate per candidate (``rate_grid``; docs/search.md): every gene at its own best rate of a grid.
 
-At one shared rate a gene that learns best at another rate than the baseline's is handicapped
-(study 3). With a grid, each gene the strategy asks for is first trained at every rate of the grid
-on the **tuning seed** (``seed + TUNING_FROM``, the first tuning seed of the run seed's block, which
-no verdict, fresh check or racing seed reaches), its rate chosen by ``select_rate``; then it is
-trained at that rate on the run's seed, and that value is what the strategy is told: chosen on one
-seed and measured on another, the told value is not selected on its own noise. The baseline gene is
-tuned the same way (same grid, same seed). Cost: one training per rate per gene, on top of its search
-training.
-
-The rate chosen becomes the gene's ``lr=`` part: the search training, the ranking, the report and a
-winner carry it (``validate --from-run`` measures a winner at its rate); the strategy goes on
-editing the gene without it, so every neighbour is tuned afresh. A gene that sets its own rate is
-not tuned. The tuning trainings have the role ``tune``; the store's meta ``rate_grid`` lists the
-grid, the seed and every gene's values per rate and choice. Every choice depends only on stored
-results, so resuming replays it.
+Each gene the strategy asks for (and the baseline) is first trained at every rate of the grid on the
+**tuning seed** (``seed + TUNING_FROM``, which no verdict, fresh check or racing seed reaches), its
+rate chosen by ``select_rate``, then trained at that rate on the run's seed: that value is told, so
+it is not selected on its own noise. The chosen rate becomes the gene's ``lr=`` part everywhere but
+in the strategy, which edits the gene without it (every neighbour is tuned afresh). A gene that sets
+its own rate is not tuned. Tuning trainings have the role ``tune``; the store's meta ``rate_grid``
+lists the grid, the seed and every gene's values and choice. Resuming replays every choice.
 """
 
 from __future__ import annotations
