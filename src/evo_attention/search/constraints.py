@@ -1,27 +1,14 @@
 """Constraints: caps on what a gene of a search may cost (docs/search.md#constraints).
 
-A run's config may cap four measures (``train.config.CAP_FIELDS``), each by a number or by a factor
-of the baseline's (the vanilla transformer's) value, written ``"1.2x"``:
+A run may cap four measures (``CAPS``), each by a number or by a factor of the baseline's value
+(``"1.2x"``). Parameters and FLOPs are known before training (``gene_costs`` measures them exactly as
+the trainer records them): a gene over such a cap is never trained, and is kept in the store's meta
+``infeasible`` instead of as an evaluation. A trained gene whose record breaks a cap (any of the four)
+is infeasible too, read from its record and the run's limits (meta ``constraints``) where needed.
 
-| cap | measure (``train.record.OBJECTIVES``) | known |
-| --- | --- | --- |
-| ``max_params`` | ``params`` | before training: the model is built and counted |
-| ``max_flops`` | ``flops`` (``flops_per_step``) | before training: one step under the trainer's FLOP counter |
-| ``max_latency_ms`` | ``latency_ms`` | after training: the trainer measures it |
-| ``max_memory_mb`` | ``peak_memory_mb`` | after training: the trainer measures it |
-
-``gene_costs`` measures the first two exactly as the trainer records them (the same model, the
-same first batch, the same FLOP count path), so a gene over a cap on them is never trained: the
-driver keeps it in the run store's meta ``infeasible`` (gene, generation, its costs, the caps it
-breaks) instead of as an evaluation, and tells the strategy a failure with its violation. A trained
-gene whose record breaks a cap (any of the four: latency and memory can only be known so) is
-infeasible too; that is read from its record and the run's limits (meta ``constraints``) wherever
-it is needed, so nothing else has to be stored.
-
-A gene's *excess* over a cap is ``value / limit - 1`` (positive: broken; at most 0: kept); its
-*violation* is the sum of its positive excesses (0 for a feasible gene). The strategies rank
-feasible genes first and infeasible ones by violation (``search.base.rank_members``: Deb's
-constrained domination for NSGA-II); TPE gets the excesses as Optuna constraints.
+A gene's *excess* over a cap is ``value / limit - 1`` (positive: broken); its *violation* is the sum
+of its positive excesses (0: feasible). The strategies rank feasible genes first and infeasible ones
+by violation (``search.base.rank_members``); TPE gets the excesses as Optuna constraints.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The trained models a search keeps (``keep_models`` K): ``RUN_DIR/models/<gene>-<digest>/``.
 
-Each is a ``save_pretrained`` directory (config.json with the evaluation that measured it,
-model.safetensors, tokenizer.json), written where the search's executor hands back the training:
-the worker that trained the model sends its files to the driver (``executors.base.store_model``),
-so the kept weights are exactly those whose validation result the run store holds, with no
-retraining. After every finished evaluation the driver ``prune`` s the directory to the K best by
-validation perplexity as the run ranks its genes (``warm_start.ranked_genes``: a raced gene by the
-value racing told, ties by gene key, the report's ranking), so at most K models (plus the trainings
-in flight) lie on disk; a raced run prunes after each generation's races instead, since a gene's
-rank is known only then. Only full-budget search evaluations are kept; the baseline and
-the lower rungs of a multi-fidelity schedule are not. Evaluations answered from the store (a
-resumed run, an elite) bring no new model: a gene's model is kept when it is trained.
+Each is a ``save_pretrained`` directory whose config.json names the evaluation that measured it,
+written from the files the worker that trained it sent back (``executors.base.store_model``): the
+kept weights are exactly those whose result the store holds. ``prune`` keeps the K best as the run
+ranks its genes (``warm_start.ranked_genes``), after every trained evaluation (a raced run: after
+each generation's races). Only full-budget search evaluations are kept; an evaluation answered from
+the store brings no new model.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
-"""Pareto dominance, non-dominated sorting, crowding distance and hypervolume: the one home of the
-multi-objective arithmetic (used by the strategies' ranking, ``nsga2``, the report and ``status``).
+"""Pareto dominance, non-dominated sorting (Deb et al. 2002), crowding distance and hypervolume: the
+one home of the multi-objective arithmetic (the strategies' ranking, ``nsga2``, the report, ``status``).
 
 Every objective is minimised. A *point* is a sequence of floats; a point with a non-finite value
 (a failed training, or a cost the record lacks) takes part in no front: ``pareto_order`` puts such
-points after every finite one, and ``front`` and ``hypervolume`` ignore them.
-
-- ``a`` dominates ``b`` when it is no worse in every objective and better in at least one.
-- ``fronts``: fast non-dominated sorting (Deb et al. 2002): front 0 is the non-dominated points,
-  front 1 those dominated only by front 0, and so on. Equal points share a front.
-- ``crowding``: per front, the sum over objectives of the gap between a point's two neighbours
-  divided by that objective's range in the front; the two extremes of each objective get ``inf``
-  (they are always kept). With one objective it is 0 for every point.
-- ``hypervolume``: the volume dominated by the points inside the box bounded by ``reference``
-  (exact, by slicing along the last objective: fine for the few dozen points of a search's front).
-- ``bounds``: the box the reports measure in: from the *ideal* point (the best finite value of
-  each objective) to the *reference* point (the worst finite value plus ``REFERENCE_MARGIN`` of
-  the objective's range, so the extreme members of a front still add volume; an objective without
-  a range gets that margin of its value instead).
-- ``hypervolume_share``: the hypervolume divided by the volume of that box: a number in [0, 1]
-  that reads the same whatever the units (perplexity, parameters, milliseconds). Equivalently,
-  the hypervolume after scaling every objective to [0, 1] between the ideal point and the worst
-  value, with the reference point at 1.1, divided by 1.1 to the number of objectives.
+points after every finite one, and ``front`` and ``hypervolume`` ignore them. ``hypervolume_share``
+reads the same whatever the units (perplexity, parameters, milliseconds).
 """
 
 from __future__ import annotations
@@ -42,7 +26,8 @@ def dominates(a: Point, b: Point) -> bool:
 
 
 def fronts(points: Sequence[Point]) -> list[list[int]]:
-    """Indices of the finite ``points`` by front (front 0 first), each front in index order."""
+    """Indices of the finite ``points`` by front (front 0: the non-dominated; front 1: those dominated
+    only by front 0; ...), each front in index order; equal points share a front."""
     idx = [i for i, p in enumerate(points) if finite(p)]
     dominated_by: dict[int, list[int]] = {i: [] for i in idx}  # i -> the points i dominates
     count = {i: 0 for i in idx}  # how many points dominate i
@@ -75,7 +60,9 @@ def front(points: Sequence[Point]) -> list[int]:
 
 
 def crowding(points: Sequence[Point], members: Sequence[int]) -> dict[int, float]:
-    """Crowding distance of each index in ``members`` (one front) within that front."""
+    """Crowding distance of each index in ``members`` (one front): the sum over objectives of the gap
+    between its two neighbours over the front's range; each objective's extremes get ``inf``; 0 for
+    every point with one objective."""
     distance = {i: 0.0 for i in members}
     dims = len(points[members[0]]) if members else 0
     for d in range(dims if dims >= 2 else 0):
@@ -104,7 +91,8 @@ def pareto_order(points: Sequence[Point], ties: Sequence | None = None) -> list[
 
 
 def hypervolume(points: Sequence[Point], reference: Point) -> float:
-    """The volume dominated by the finite ``points`` inside the box bounded by ``reference``."""
+    """The volume dominated by the finite ``points`` inside the box bounded by ``reference`` (exact,
+    by slicing along the last objective: fine for a search's few dozen points)."""
     inside = [tuple(float(v) for v in p) for p in points if finite(p) and all(x < r for x, r in zip(p, reference))]
     return _volume(inside, tuple(float(r) for r in reference))
 
@@ -132,7 +120,9 @@ def hypervolume_share(points: Sequence[Point], ideal: Point, reference: Point) -
 
 
 def bounds(points: Sequence[Point], margin: float = REFERENCE_MARGIN) -> tuple[tuple, tuple] | None:
-    """``(ideal, reference)`` of the finite ``points`` (see the module docstring); None without one."""
+    """``(ideal, reference)`` of the finite ``points`` (None without one): the best value of each
+    objective, and the worst plus ``margin`` of its range (of its value, without a range), so the
+    extreme members of a front still add volume."""
     usable = [p for p in points if finite(p)]
     if not usable:
         return None

@@ -1,26 +1,12 @@
-"""Warm start: a search's first generation from the best genes of an earlier run (``init_from``).
+"""Warm start (``init_from: RUN[:K]``; docs/search.md): a search's first generation from the best
+genes of an earlier run, and seeded starts (``start_from``).
 
-``init_from: RUN[:K]`` (``--init-from``) reads the run store in directory ``RUN``, ranks its
-finished search genes (those told from its baseline's training too: ``store.search_records``) the
-way that run ranked them (by perplexity; with several objectives by Pareto front, crowding
-distance, then perplexity; genes over the earlier run's own caps after the others; a suite run by
-suite accuracy, highest first, over the genes that trained on every point; a raced gene by its
-lower bound over its seeds, as ``search.racing`` told the strategy, unranked when a seed failed)
-and takes the best ``K`` (default: this run's population size). A gene that does not fit this run
-is skipped with one warning line naming it and why:
-
-- a field value this run's search space does not list (``search_space``), or a component that is
-  not registered here (a plugin the earlier run loaded);
-- a genome of another shape: a shared gene in a per-layer search or the other way round, or a
-  per-layer genome of another layer count.
-
-The others start generation 0 (``Strategy.warm_start``); random draws fill the rest. The run
-records where they came from in its store's meta ``init_from`` (``run``, ``k``, ``genes``,
-``skipped``: gene and reason), and a resumed run takes its genes from there, never from the earlier
-run again (which may have changed meanwhile): a resume replays the same first generation.
-
-Results are not copied: an earlier run's trainings are cache hits only in its own store, so a new
-run directory trains its warm-start genes again (with this run's settings).
+``initial_genes`` reads the store in ``RUN``, ranks its finished search genes the way that run ranked
+them (``ranked_genes``) and takes the best ``K`` (default: this run's population size); a gene that
+does not fit this run (``outside_space``: a field value the space does not list, a component not
+registered here, a genome of another shape) is skipped with one warning line. The genes and where
+they came from are kept in the new run's meta ``init_from``, so a resume replays the same first
+generation without reading ``RUN`` again. Results are not copied: the genes train again in the new run.
 """
 
 from __future__ import annotations
