@@ -7,23 +7,14 @@ A strategy only proposes genes and learns their fitness; it never trains anythin
         genes = strategy.ask()                      # the genes that need a fitness now
         strategy.tell([(g, train(g)) for g in genes])
 
-Fitness is validation perplexity: lower is better. ``None``, NaN and infinities mean "failed"
-(diverged, out of memory, crashed); such results are stored as ``inf`` and rank last.
+Fitness is validation perplexity, lower is better; with several ``objectives`` (perplexity first,
+then costs, all minimised) one tuple per gene. ``None``, NaN and infinities mean "failed" and rank
+last. ``tell`` may also give each gene's excess over the run's caps (``search.constraints``): a
+gene with a positive total violation ranks after every feasible one (``rank_members``).
 
-With several ``objectives`` (perplexity first, then costs such as ``params``; all minimised) a
-strategy is told one tuple per gene, in the order of ``objectives``; a failure is ``None`` (or a
-non-finite perplexity) and becomes ``inf`` in every place. ``rank_members`` then ranks by Pareto
-front, then crowding distance (``search.pareto``), then perplexity; ``best`` is always the member
-with the lowest perplexity (the feasible one, in a run with caps: see below).
-
-Constraints: ``tell`` may also give each gene's excess over the run's caps (``violations``,
-``search.constraints``). A gene with a positive total violation is *infeasible*: ``rank_members``
-ranks it after every feasible member, by total violation (Deb's constrained domination).
-
-Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so its
-proposals depend only on the seed and on the fitness values it was told. A run is resumed by
-replaying: a fresh strategy with the same seed, told the stored results generation by
-generation, proposes exactly what the interrupted one would have.
+Determinism: a strategy draws every random number from its own ``random.Random(seed)``, so a fresh
+strategy with the same seed, told the stored results generation by generation, proposes exactly
+what an interrupted one would have: a run is resumed by replaying.
 """
 
 from __future__ import annotations

@@ -3,23 +3,14 @@
     config -> strategy.ask() -> genes -> evaluation -> Runner (cache hit in the store | executor trains)
            -> store -> strategy.tell(fitness) -> store.record_generation -> ... (the report reads the store)
 
-The run's evaluation (``evaluation.py``: ``Plain``, ``Halving``, ``Suite``; ``Capped`` in front with
-caps), chosen once from the config, turns the asked genes into the fitness the strategy is told.
-
-Every finished evaluation is committed to the run store before anything else happens, and the
-strategy's proposals depend only on its seed and the fitness values it is told. Resuming is
-therefore a replay: a fresh strategy asks again, every evaluation already in the store is a cache
-hit, and the run continues exactly where it stopped with the result an uninterrupted run gives.
-
-Every evaluation of a run uses the run's seed (common random numbers: the same initialisation
-stream and batch order for every gene), so results never depend on execution order or on the
-executor (local, worker processes, Ray), and a gene proposed twice is trained once. The strategy
-is told the results in the order of the asked genes, whatever order they finished in.
-
-With several ``objectives`` (perplexity first, then costs such as ``params``) the strategy is told
-each gene's objective vector (``Plain``); a resumed run must have the objectives it started with.
-A warm start (``init_from``, ``warm_start.py``) or seeded start (``start_from``) is resolved once,
-when the run is created, and kept in the store's meta, so a resume replays the same first generation.
+The run's evaluation (``evaluation.py``), chosen once from the config, turns the asked genes into the
+fitness the strategy is told. Every finished evaluation is committed before anything else happens,
+every evaluation uses the run's seed, and a strategy's proposals depend only on its seed and the
+values it is told (in the order of the asked genes). Resuming is therefore a replay: a fresh strategy
+asks again, every stored evaluation is a cache hit, and the run ends with the result of an
+uninterrupted run, whatever the executor. What a run must keep to replay (objectives, kept models,
+warm or seeded start, the seeded vanilla gene, plugins, data) is pinned in the store's meta when the
+run is created, and a resume that differs is refused.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""Ownership of a run directory: one writer at a time, held by an OS file lock.
+"""Ownership of a run directory: one writer at a time, held by an OS file lock (docs/reliability.md).
 
-A search (new, ``resume`` or ``overwrite``) takes ``RUN_DIR/run.lock`` with ``flock`` for the life of
-its process and writes its pid, host and start time into the file. A second writer is refused with
-a one-line message naming the holder. The operating system releases the lock when the process
-ends in any way (exit, crash, SIGKILL, power loss), so a lock left by a dead process is simply
-taken by the next writer: there is no stale lock to clean up. Readers (``status``, ``report``)
-never take the lock; ``holder(run_dir)`` tells them whether a live process writes the run.
-
-The lock that counts is held on the run directory itself (``flock`` on an open descriptor of the
-directory), not only on the file: deleting ``run.lock`` while a search runs cannot free the run,
-since the directory is still locked (a second writer is refused, ``status`` still says
-``running``). The file is held too (for readers of earlier versions, and alone on a file system
-that cannot lock a directory) and carries the holder's pid, host and start time; the writer puts
-it back when it finds it gone or replaced (``RunLock.refresh``, called after every evaluation),
-and until then ``holder`` names the process from the kernel's lock table (``/proc/locks``).
-
-Locks are per open file: two searches in one process exclude each other too. On a file system
-without ``flock`` (some network mounts) the lock cannot be taken and the writer is refused with a
-message that says so, rather than running unprotected.
+A writer takes an exclusive ``flock`` for the life of its process on the run directory itself and on
+``RUN_DIR/run.lock`` (for writers of earlier versions, and alone where a directory cannot be locked),
+which carries its pid, host and start time; a second writer is refused naming the holder. The OS
+drops the lock when the process ends in any way, so no stale lock is left. Deleting ``run.lock``
+frees nothing (the directory stays locked): the writer puts it back (``RunLock.refresh``), and until
+then ``holder`` names it from the kernel's lock table. Readers never take the lock. Locks are per
+open file, so two writers in one process exclude each other too; a file system without ``flock`` is
+refused rather than run unprotected.
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
-"""The runner: cached, progress-reporting evaluation of a batch of tasks.
+"""The runner: cached, progress-reporting evaluation of a batch of tasks, for every part of the
+product that trains models (the search driver and the studies). A ``Runner``
 
-Every part of the product that trains models (the search driver, validate, ablate, compare) hands
-its ``EvalTask`` s (or bare ``Trial`` s) to a ``Runner``, which
+1. answers each task from the run store when a record of the same ``trial.key()`` is stored: a cache
+   hit is never trained again; the trials of one call may differ in any field;
+2. gives the others to the executor and stores each record the moment it comes back, so an
+   interruption loses at most the trainings in flight; a call an interruption cut is batched again as
+   it began (``_plan``): a batch the cut split trains whole again, its answered members neither
+   stored nor reported again;
+3. reports progress (``util.progress.SearchView``) and the workers' activity in the store.
 
-1. answers each task from the run store when a record of the same ``trial.key()`` is stored
-   already -- a cache hit is never trained again (but see 2); the trials of one call may differ in any field;
-2. gives the others to the executor, and writes each record into the store the moment it comes
-   back (with the task's role and generation), so an interruption loses at most the trainings in
-   flight; a call an interruption cut is batched again as it began (``_plan``), so a batch the cut
-   split trains whole again, its answered members too (neither stored nor reported again);
-3. reports progress: a line per finished evaluation and a live bar per training worker
-   (``util.progress.SearchView``), and the workers' activity in the store for ``status``.
-
-With ``equivalence=True`` (program searches) a trial that misses is also looked up by its
-functional key (``search.equivalence``): a stored record of a program that computes the same
-function answers it without training, copied under the trial's own key with ``equivalent_to``
-naming the trained genome; ``equivalent_answers`` counts them. A task that was still to train when
-an interrupted earlier session of the same call began is never answered so: it trains, as it did in
-the uninterrupted run.
-
-Without a store (``store=None``) nothing is cached or kept: the records are only returned.
-
-Probe answers (``train.probe_cache``): the Runner pins the run's answers (meta ``PROBES``) in its process
-and hands them to every worker with its tasks; the answers first used for a record are added to
-the meta, so a resume, and every worker, decide precision and models per batch as the run began.
+With ``equivalence=True`` (program searches) a trial that misses is also answered by a stored record
+of the same functional key (``search.equivalence``), copied under its own key with ``equivalent_to``
+(``equivalent_answers`` counts them), unless it was still to train when an interrupted earlier
+session of the same call began. Without a store nothing is cached or kept. The run's probe answers
+(``train.probe_cache``, meta ``PROBES``) are pinned here and handed to every worker with its tasks,
+so a resume, and every worker, decide precision and models per batch as the run began.
 """
 
 from __future__ import annotations

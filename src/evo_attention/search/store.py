@@ -1,24 +1,13 @@
-"""RunStore: one SQLite file (``RUN_DIR/run.db``), the single source of truth of a run.
+"""RunStore: one SQLite file (``RUN_DIR/run.db``), the single source of truth of a run: its
+configuration and meta, every evaluation (its full result record), every generation's population and
+the workers' live progress (schema: ``_SCHEMA``; what survives what: docs/reliability.md).
 
-It holds the run's configuration and metadata, every evaluation (one trained model: its full
-result record), the population of every generation, and the live progress of the workers.
-
-Durability: the database runs in WAL mode and every write is one transaction, so a process killed
-at any point (even SIGKILL) loses at most the transaction it had not committed, and the file stays
-consistent. ``synchronous=FULL`` also syncs the log on every commit so that committed results
-survive a power cut or an OS crash; one evaluation costs minutes of training, so that fsync is
-free in comparison. Readers in other processes (``evo-attention status``) can read at any time
-while the driver writes: WAL readers never block the writer nor wait for it, and connections wait
-up to ``TIMEOUT_S`` for a lock instead of failing.
-
-Schema (``_SCHEMA``): ``meta`` holds JSON values ('config', 'created_at', 'schema_version', and the
-caller's meta); an evaluation's cache key is (gene, seed, steps, data, context), its ``record`` the
-full JSON next to the metric columns; ``generations`` keeps each generation's members by position,
-and ``activity`` each worker's latest progress.
-
-Records go in and come out as ``EvaluationRecord`` s; the ``record`` column holds the record's JSON
-(``util.jsonio.store_dumps``: non-finite floats as ``"NaN"``/``"Infinity"`` strings, read back as
-floats). The metric columns hold NULL for them.
+Durability: WAL mode, every write one transaction and ``synchronous=FULL``, so a process killed at
+any point loses at most the transaction it had not committed, and committed results survive a power
+cut. Readers in other processes (``status``) read at any time while the driver writes; connections
+wait up to ``TIMEOUT_S`` for a lock. An evaluation's cache key is (gene, seed, steps, data, context);
+its ``record`` column holds the record's JSON (``util.jsonio.store_dumps``: non-finite floats as
+``"NaN"``/``"Infinity"`` strings, read back as floats), and the metric columns hold NULL for them.
 """
 
 from __future__ import annotations

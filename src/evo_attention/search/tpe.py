@@ -1,37 +1,20 @@
 """TPE: Optuna's Tree-structured Parzen Estimator (multivariate) behind the ask/tell interface.
 
-Optuna is an optional dependency (``pip install 'evo-attention[tpe]'``); naming ``tpe`` without it
-is a one-line error. The Optuna study lives in memory only: the run store stays the single source
-of truth, and a resumed run rebuilds the study by replay (the driver tells a fresh strategy the
-stored results generation by generation), so it asks exactly what the interrupted one would have.
+Optuna is optional (``pip install 'evo-attention[tpe]'``). The study lives in memory only: a resumed
+run rebuilds it by replay, and the sampler (seeded) sees the same trials in the same order, so it
+asks exactly what the interrupted one would have.
 
-- Each gene field with more than one option in the search space is one categorical parameter
-  (its options are the choices); a field with one option is fixed. ``gene_from_params`` is the one
-  place where trial parameters become a gene.
-- Generation 0 is ``population_size`` distinct random genes drawn from the strategy's own
-  ``random.Random(seed)``, the same as the GA's first generation for the same seed; they enter
-  the study as finished trials when told. Every later generation asks the sampler
-  (``TPESampler(multivariate=True, n_startup_trials=0, seed=seed)``) for a batch of
-  ``population_size - elite_size`` trials, the other strategies' batch size.
-- Several objectives make it Optuna's multi-objective TPE (one minimised direction each).
-  Failures are told ``inf`` in every objective, so the sampler learns to avoid them.
-- ``dedupe`` (on by default): a proposal whose key was asked before in this run or repeats one of
-  its batch is marked failed in the study (Optuna's TPE ignores failed trials) and asked again; after
-  ``DEDUPE_TRIES`` such proposals the slot gets a gene drawn uniformly among those not asked yet
-  (enqueued as the next trial's parameters), so a batch never wastes a training on a repeat while
-  the space has unasked genes. A generation-0 gene outside the space (``seed_vanilla`` with a
-  narrowed space) is evaluated but not added to the study, which only knows the space's options.
-- Warm start (``warm_start``, ``init_from``): the given genes are enqueued (``study.enqueue_trial``)
-  and asked as the study's first trials; random genes fill the rest of generation 0 as above.
-- Constraints (a run with caps, ``constraints``): every trial carries its excess over each cap as an
-  Optuna constraint (at most 0: kept), so the sampler prefers feasible genes and, among infeasible
-  ones, those that break the caps least. With an Optuna that has ``Trial.set_constraint`` (5.0 on)
-  the constraints are set on the trial; with an older one the sampler gets a ``constraints_func``
-  reading the trial's user attribute ``constraints``. A gene refused before training is told ``inf``
-  in every objective with its constraints.
-
-Determinism: the sampler has its own seeded generator and sees the same trials in the same order,
-so the same seed and the same told values give the same proposals.
+- Each gene field with more than one option is one categorical parameter (``gene_from_params`` is
+  the one place where trial parameters become a gene).
+- Generation 0 is the strategy's own ``_initial_genes`` (the GA's generation 0 for the same seed;
+  ``warm_start`` genes are enqueued as the study's first trials), added to the study when told; later
+  generations ask the sampler for batches of ``population_size - elite_size``. Several objectives
+  make it the multi-objective TPE; failures are told ``inf`` in every objective.
+- ``dedupe`` (on): a proposal that repeats a key asked before (or in its batch) is told failed and
+  asked again; after ``DEDUPE_TRIES`` the slot gets a gene drawn among those not asked yet.
+- Constraints (a run with caps): every trial carries its excess over each cap as an Optuna
+  constraint, set on the trial (Optuna 5 on) or read by a ``constraints_func`` from its user
+  attribute ``constraints``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Experiment trackers: a search's evaluations and generations, live in TensorBoard, MLflow or W&B.
 
-``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``), ``--track mlflow[:URI]`` (default an
-SQLite store, ``RUN_DIR/mlflow.db``, which MLflow's own readers open without extra settings) and
-``--track wandb`` (offline, files in ``RUN_DIR/wandb``); repeatable; the packages are the
-``tracking`` extra. One tracker run per search, with the config as its parameters (a resumed search
-continues it and logs only what the earlier sessions did not: the run's meta ``trackers``); per evaluation
-its gene's parts as parameters (``gene_params``), its learning curve (training loss, and the
-validation loss at a few steps), final metrics and cost; per generation the best and mean
-perplexity so far. TensorBoard: the search in DIR, each evaluation in a run directory of its own
-(``DIR/<index>_<gene>``) with HParams data (the gene's parts and role; its final metrics); MLflow:
-a child run per evaluation.
+``--track tensorboard[:DIR]`` (default ``RUN_DIR/tensorboard``: each evaluation also in a run
+directory of its own with HParams data), ``--track mlflow[:URI]`` (default an SQLite store,
+``RUN_DIR/mlflow.db``: a child run per evaluation) and ``--track wandb`` (offline, into
+``RUN_DIR/wandb``); the packages are the ``tracking`` extra. One tracker run per search, with the
+config as its parameters; per evaluation its gene's parts (``gene_params``), learning curves, final
+metrics and costs; per generation the best and mean perplexity so far. A resumed search continues
+its tracker runs and logs only what earlier sessions did not (meta ``trackers``).
 
-Only the search driver writes (workers and Ray nodes need no access to a tracker). A tracker that
-fails (a server down, a full disk) is reported once and dropped: it never stops the search, whose
-results are in the run store in any case. A tracker is a view, like the report: the store stays
-the single source of truth.
+Only the search driver writes. A tracker that fails is reported once and dropped (``Guarded``): it
+never stops the search, whose results are in the run store, the single source of truth.
 """
 
 from __future__ import annotations
