@@ -17,6 +17,9 @@ import re
 import shutil
 from pathlib import Path
 
+from evo_attention.search.store import KEY_FIELDS, RunStore
+from evo_attention.search.warm_start import ranked_genes
+from evo_attention.train.record import PRIMARY_OBJECTIVE
 from evo_attention.util.errors import UserError
 
 MODELS_DIR = "models"
@@ -37,10 +40,6 @@ def _run_ranking(run_dir: str | Path, found: list[dict], store=None) -> list[str
     """The genes of the kept models ``found`` as the run ranks them (``warm_start.ranked_genes``: a raced gene by
     its told value), or none; ranked from their own records, since one objective orders a gene by its own record
     and told value alone, so reads do not grow with the run. ``store``: the run's store, open (else opened here)."""
-    from evo_attention.search.store import KEY_FIELDS, RunStore
-    from evo_attention.search.warm_start import ranked_genes
-    from evo_attention.train.record import PRIMARY_OBJECTIVE
-
     if store is None:
         if not RunStore.exists(run_dir):
             return []
@@ -71,8 +70,6 @@ def kept_models(run_dir: str | Path, store=None) -> list[dict]:
 
 def kept_model_of(run_dir: str | Path, key: tuple) -> dict | None:
     """The run's kept model (as ``kept_models`` lists it) of the training ``key`` (``Trial.key()``), or None."""
-    from evo_attention.search.store import KEY_FIELDS  # a record's fields in the key's order
-
     return next((m for m in kept_models(run_dir) if tuple(m.get(f) for f in KEY_FIELDS) == tuple(key)), None)
 
 
@@ -93,8 +90,6 @@ def kept_model(run_dir: str | Path, rank: int) -> Path:
         raise UserError(f"no run directory {run_dir}: give the --out directory of a search")
     ranked = kept_models(run_dir)
     if not ranked:
-        from evo_attention.search.store import RunStore
-
         if not RunStore.exists(run_dir):
             raise UserError(f"{run_dir} holds no run (no run.db): give the --out directory of a search")
         raise UserError(f"the run in {run_dir} kept no trained models: run the search with keep_models K (or give "

@@ -18,6 +18,7 @@ import resource
 import shlex
 import sqlite3
 import threading
+import warnings
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -276,8 +277,6 @@ class RunStore:
         if not overwrite:
             raise UserError(f"{run_dir} holds a {kind} already: add resume to continue it or overwrite to start over",
                             setting=("resume", "overwrite"))
-        import warnings
-
         count = "" if trainings is None else f" ({trainings} training{'s' if trainings != 1 else ''})"
         warnings.warn(f"overwrite: the {kind} in {run_dir}{count} is deleted and started over", stacklevel=3)
 

@@ -22,6 +22,7 @@ import re
 import warnings
 from pathlib import Path
 
+from evo_attention.genes import ALL_FIELDS, RECIPE_FIELDS, AttentionGene, LayerGenes
 from evo_attention.util.errors import UserError
 from evo_attention.util.threads import environment_defaults
 
@@ -62,8 +63,6 @@ def _numbers(record, names) -> dict:
 def gene_params(key: str) -> dict:
     """The gene's parts as tracker parameters: every gene field by its name (``L<i>.<field>`` for a
     per-layer genome), the recipe parts only where the gene sets them, all as strings."""
-    from evo_attention.genes import ALL_FIELDS, RECIPE_FIELDS, AttentionGene, LayerGenes
-
     try:
         genome = AttentionGene.parse(key)
     except (ValueError, UserError):  # a key naming a plugin's component that is not loaded here

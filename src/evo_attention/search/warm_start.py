@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from evo_attention.genes import (ALL_FIELDS, CORE_FIELDS, AttentionGene, LayerGenes, SearchSpace, canonical_program,
-                                 in_program_form, program_grammar)
+                                 in_program_form, program_grammar, split_genes)
 from evo_attention.search import constraints, pareto
 from evo_attention.search.store import RACING_META, RunStore, search_records
 from evo_attention.train.record import PRIMARY_OBJECTIVE, objective_values, usable_metric
@@ -151,8 +151,6 @@ def starting_genes(start_from: str, *, space: SearchSpace, population_size: int,
     ``{"start_from", "genes", "skipped"}``, or None for ``random`` (random draws, no seeded start).
     Generation 0 is these genes and one-edit neighbours of them (``Strategy.warm_start``).
     ``default_of``: the strategy whose default start this is (no ``start_from`` was given)."""
-    from evo_attention.genes import split_genes
-
     text = str(start_from).strip()
     if text == RANDOM_START:
         return None
