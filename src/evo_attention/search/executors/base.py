@@ -1,43 +1,28 @@
-"""Executors: where evaluations run. The runner hands over tasks and gets records back.
+"""Executors: where evaluations run (docs/scaling.md). The runner hands over tasks and gets records back.
 
-An executor receives a list of ``EvalTask`` s (gene, seed, steps, split) and yields
-``(task, record)`` pairs as they finish, in any order; the runner writes each record into the run
-store at once, so an interruption loses at most the evaluations in flight. Executors never
-touch the store themselves and never decide anything about the search.
+An executor receives ``EvalTask`` s and yields ``(task, record)`` pairs as they finish, in any order;
+the runner stores each record at once. Executors never touch the store and never decide anything
+about the search: ``LocalExecutor`` (``local``, the default) trains in this process, one task at a
+time; ``ProcessExecutor`` (``process.py``) keeps ``workers`` processes on this machine;
+``RayExecutor`` (``ray.py``) runs every task as a Ray remote task, locally or on a cluster.
 
-- ``LocalExecutor`` (``local``, the default) trains in this process, one task at a time.
-- ``ProcessExecutor`` (``process.py``; ``workers`` N) keeps N worker processes on this machine.
-- ``RayExecutor`` (``ray.py``) runs every task as a Ray remote task, locally or on a cluster.
-
-Workers rebuild the dataset from the config (``data.data_from_config``; the tokenization cache makes
-that cheap) and check its fingerprint against the driver's; the driver's in-memory data is never
-sent. Every evaluation is seeded by its task alone (the run seed: common random numbers), so the
-results do not depend on the executor, the number of workers or the order of completion.
-
-Callbacks: ``on_start(task)`` and ``on_step(task, step, total, loss)`` get the task with its
-``worker`` field set (``"local"``, ``"w0"``, ``"w1"``, ``"ray:host:pid"``; the i-th task of a batch
-``"local#i"``, ``"w0#i"``, so each has its own progress line); ``worker`` does not take part in
-comparisons, so the yielded task equals the submitted one.
+Workers rebuild each trial's dataset from its task spec (``load_task``) and check its fingerprint;
+the driver's data is never sent. Every evaluation is seeded by its task alone, so the results do not
+depend on the executor, the number of workers or the order of completion. The callbacks
+``on_start(task)`` and ``on_step(task, step, total, loss)`` get the task with its ``worker`` set
+(``"local"``, ``"w0"``, ``"ray:host:pid"``; the i-th task of a batch ``"local#i"``); ``worker``
+takes no part in comparisons, so the yielded task equals the submitted one.
 
 Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
-can train as one batched model (``train.trainer.shape_difference``: the same model, task, steps,
-split and batch recipe; seeds, learning rates and the genes' attentions may differ, so a whole
-generation folds) are planned into groups of at most K (``plan_batches``), and each group of two or
-more trains through ``run_batched``; every other task trains alone, as it would without batching.
-A batch gives each trial its own record under its own key, its own progress callbacks, and the
-result of the trial trained alone (bitwise for the genes whose parts fold exactly, within
-``trainer.SAME_RESULT_RTOL`` for the others); a record says ``batched: K``. Tasks that need what a
-batch cannot give train alone: a checkpoint to continue from or to leave (multi-fidelity rungs), a
-kept model, an audit, a compiled trainer, a genome ``batch_problem`` refuses.
+can train as one batched model (``train.trainer.shape_difference``) are planned into groups of at
+most K (``plan_batches``), each group of two or more trained by ``run_batched``, each trial with its
+own record (``batched: K``), callbacks and the result it has trained alone. Tasks that need what a
+batch cannot give train alone (``alone_reason``).
 
-Multi-fidelity tasks (``budget`` set, see ``fidelity.py``) may continue from a checkpoint
-(``resume_from``) and leave one (``save_to``). Checkpoint files are read and written by the driver
-side of the executor and travel to the worker as bytes, so workers need no shared file system; a
-checkpoint is verified (size, checksum, the training it belongs to) before it is used, and one that
-fails the check is treated as missing (``load_state``). A task with ``keep_model`` (a search's
-``keep_models``) has the worker send back the trained model's files (safetensors weights,
-config.json, tokenizer.json) as bytes, and the driver side writes them into that directory: the kept
-model is the very one the record measured, wherever it trained.
+A multi-fidelity task may continue from a checkpoint (``resume_from``) and leave one (``save_to``);
+a task with ``keep_model`` gets the trained model's files. Both travel between worker and driver as
+bytes, read and written on the driver's side, so workers need no shared file system; a checkpoint
+is verified before use, and one that fails the check is treated as missing (``load_state``).
 """
 
 from __future__ import annotations
@@ -266,13 +251,6 @@ def failure_record(task: EvalTask, message: str) -> EvaluationRecord:
 STATE_MAGIC = b"evo-attention-state 1 "
 
 
-def frame_state(trial: Trial, payload: bytes) -> bytes:
-    """The file ``store_state`` writes for the state ``payload`` left by a training of ``trial``."""
-    header = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "genome": trial.genome,
-              "seed": trial.seed, "steps": trial.steps, "budget": trial.budget, "context": trial.context}
-    return STATE_MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
-
-
 def verified_state(trial: Trial, blob: bytes) -> tuple[bytes | None, str]:
     """``(payload, "")`` if ``blob`` is an intact state that a continuation of ``trial`` may start
     from, else ``(None, why not)``."""
@@ -320,7 +298,10 @@ def load_state(task: EvalTask) -> bytes | None:
 def store_state(task: EvalTask, state: bytes | None) -> None:
     """Write a task's checkpoint with its header (atomically: a reader never sees half a file)."""
     if task.save_to is not None and state is not None:
-        write_bytes(task.save_to, frame_state(task.trial, state))
+        trial = task.trial
+        header = {"size": len(state), "sha256": hashlib.sha256(state).hexdigest(), "genome": trial.genome,
+                  "seed": trial.seed, "steps": trial.steps, "budget": trial.budget, "context": trial.context}
+        write_bytes(task.save_to, STATE_MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + state)
 
 
 def check_rebuildable(tasks: Sequence[EvalTask]) -> None:

@@ -1,20 +1,12 @@
-"""Worker processes on this machine (``workers`` N).
+"""Worker processes on this machine (``workers`` N; docs/scaling.md).
 
-N worker processes (spawned, never forked), each pinned to a device (round-robin over the visible
-GPUs; on a CPU the cores are split evenly between them: ``cores // N`` threads each). A worker that
-dies (a signal, the OOM killer) is replaced and its task retried once; a second death gives an
-``error`` record. Each worker talks to the driver over a pipe of its own (tasks one way; progress
-and results the other), so a worker killed in the middle of a message cannot break the others'
-channel.
-
-Batches (``batch_models``) are planned by the driver before it hands out work (``plan_batches``,
-with the number of workers: a batch never leaves a worker idle), and a worker receives a planned
-batch as one job. The driver sees every task of the call, so it can gather the trials of one
-shape from all of them, where a worker would see only what it happens to be given; it also keeps
-the retry rule simple: a job is one batch or one task. A batch whose worker dies is retried as its
-tasks alone (the likeliest cause, memory, is the batch's), each counting the death as an attempt.
-The driver measures ``auto`` with the workers' thread count (it runs with a worker's share of the
-cores) and each worker's share of the memory.
+N spawned (never forked) workers, each pinned to a device (round-robin over the visible GPUs; on a
+CPU ``cores // N`` threads each) and talking to the driver over a pipe of its own, so a worker killed
+mid-message cannot break the others' channel. A worker that dies is replaced and its job retried
+once; a second death gives an ``error`` record. The driver plans the batches of a call over all its
+tasks (``plan_batches``, with the number of workers and each worker's share of the memory) and hands
+each worker a job: one task or one planned batch. A batch whose worker dies is retried as its tasks
+alone, each counting the death as an attempt.
 """
 
 from __future__ import annotations
