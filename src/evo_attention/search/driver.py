@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from contextlib import ExitStack, suppress
+from contextlib import AbstractContextManager, ExitStack, suppress
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
@@ -71,7 +71,7 @@ SEEDED = "seed_vanilla"  # meta: the gene seed_vanilla seeded (Config.vanilla_ge
 TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
 
 
-class Search:
+class Search(AbstractContextManager):
     """Run (or resume) a search into the run directory ``out_dir``; see the module docstring.
 
     ``population`` (best first) and ``history`` describe the search after the last finished
@@ -392,9 +392,6 @@ class Search:
     def close(self) -> None:
         self.store.close()
         self.lock.release()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
