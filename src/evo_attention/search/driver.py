@@ -58,12 +58,8 @@ def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int
     strategy, schedule = strategy or strategy_from_config(config), schedule_from_config(config)
     requests = strategy.total_evaluations() if schedule is None else sum(
         schedule.planned(strategy.batch_size(g)) for g in range(strategy.n_generations))
-    return (requests + (1 if config.baseline else 0)) * _points(config)
-
-
-def _points(config: Config) -> int:
-    """Trainings per fitness request: the points of the run's suite, else 1."""
-    return 1 if config.suite is None else len(load_suite(config.suite).points)
+    points = 1 if config.suite is None else len(load_suite(config.suite).points)  # trainings per request
+    return (requests + (1 if config.baseline else 0)) * points
 
 
 KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
@@ -170,7 +166,7 @@ class Search(AbstractContextManager):
                 **({SEEDED: self.strategy.vanilla.key} if self.strategy.seed_vanilla else {}),
                 # trainings of the search itself (a request per gene, times the suite's points); the baseline
                 # (config.baseline) comes on top
-                "planned": self.strategy.total_evaluations() * _points(self.config),
+                "planned": self.strategy.total_evaluations() * self.evaluation.per_request,
                 "plugins": self.plugins, **self.evaluation.meta()}  # data, context, and vocab or suite
         store = RunStore.create(self.out_dir, self.config.to_dict(), meta, overwrite=overwrite)
         if replaced:
@@ -327,7 +323,7 @@ class Search(AbstractContextManager):
                 self.store.checkpoint()  # run.db alone is a complete copy after every generation
                 self._after_generation()
                 last = self.strategy.history[-1]
-                for tracker in self.trackers if self.evaluation.generation_lines else ():
+                for tracker in self.trackers if self.suite is None else ():  # a suite's: no perplexity lines
                     self._track(tracker, "generations", generation, finite_or_none(last["best_perplexity"]),
                                 finite_or_none(last["mean_perplexity"]))
 

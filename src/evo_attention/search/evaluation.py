@@ -55,10 +55,9 @@ class Evaluation:
     ``violations(told)`` (each key's excess over the caps; None: no caps), ``shown(key)`` (the key an
     asked gene trains as), ``individual(member)`` (a population member as shown), ``finished(task,
     record)`` (every task the runner answers); ``config``, ``suite``, ``data``, ``schedule`` (or None);
-    ``generation_lines`` (trackers get perplexity lines); ``per_request`` (trainings per fitness request)."""
+    ``per_request`` (trainings per fitness request)."""
 
     suite = data = schedule = None
-    generation_lines = True
     per_request = 1  # trainings per fitness request (a suite's: one per point)
 
     def start(self, runner: Runner, keep_models: int, baseline: AttentionGene | None) -> Individual | None:
@@ -225,8 +224,6 @@ class Suite(Evaluation):
     score; a resume refuses a suite that changed since. ``planned`` counts trainings (requests x
     points). One objective (``suite_accuracy``); no multi-fidelity, caps, warm start or kept models
     (``Config`` and this class refuse them); trackers get each training, no per-generation line."""
-
-    generation_lines = False
 
     def __init__(self, config: Config, data: TaskData | None, keep_models: int | None):
         self.suite = load_suite(config.suite)
