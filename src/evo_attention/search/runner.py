@@ -75,10 +75,9 @@ class Runner:
     def evaluate(self, tasks: Sequence["EvalTask | Trial"]) -> dict:
         """The record of every task, by the task as given (a task repeated in ``tasks`` is evaluated
         once)."""
-        given = list(tasks)
-        resolved_tasks = {work: resolved(as_task(work)) for work in dict.fromkeys(given)}
+        resolved_tasks = {work: resolved(as_task(work)) for work in dict.fromkeys(tasks)}
         records = self._evaluate(list(dict.fromkeys(resolved_tasks.values())))
-        return {work: records[resolved_tasks[work]] for work in given}
+        return {work: records[task] for work, task in resolved_tasks.items()}
 
     def _evaluate(self, tasks: list) -> dict[EvalTask, EvaluationRecord]:
         records: dict[EvalTask, EvaluationRecord] = {}
