@@ -71,7 +71,11 @@ class RunLock:
             if not _lock(dir_fd, self.path, self.run_dir, directory=True):
                 undo.close()  # no locks on directories here (some network file systems): the file's alone
                 dir_fd = None
-            fd = self._open_file()
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise UserError(f"cannot take the lock {self.path}: {exc.strerror}; pick a writable out",
+                                setting="out") from None
             undo.callback(os.close, fd)
             _lock(fd, self.path, self.run_dir)  # a holder of an earlier version locks the file only
             undo.pop_all()
@@ -79,13 +83,6 @@ class RunLock:
         self._write(fd)
         self._dir_fd, self._fd = dir_fd, fd
         return self
-
-    def _open_file(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise UserError(f"cannot take the lock {self.path}: {exc.strerror}; pick a writable out",
-                            setting="out") from None
 
     def _write(self, fd: int) -> None:
         os.ftruncate(fd, 0)
