@@ -15,9 +15,9 @@ takes no part in comparisons, so the yielded task equals the submitted one.
 
 Batches (``batch_models``: auto, off or K; the local executors): the tasks of one call whose trials
 can train as one batched model (``train.trainer.shape_difference``) are planned into groups of at
-most K (``plan_batches``), each group of two or more trained by ``run_batched``, each trial with its
-own record (``batched: K``), callbacks and the result it has trained alone. Tasks that need what a
-batch cannot give train alone (``alone_reason``).
+most K (``plan_batches``), each group of two or more trained by ``run_batched``: each trial gets its
+own record (``batched: K``) and callbacks, and the result it gets trained alone (bitwise, or within
+``trainer.SAME_RESULT_RTOL``). Tasks that need what a batch cannot give train alone (``alone_reason``).
 
 A multi-fidelity task may continue from a checkpoint (``resume_from``) and leave one (``save_to``);
 a task with ``keep_model`` gets the trained model's files. Both travel between worker and driver as
@@ -37,6 +37,8 @@ from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Collection, Iterator, Sequence
+
+import torch
 
 from evo_attention.data.base import TaskData
 from evo_attention.genes import layers_of
@@ -321,8 +323,6 @@ def worker_devices(device: str, n: int) -> list[str]:
     """Devices of ``n`` workers: round-robin over the visible GPUs when ``device`` is auto or cuda,
     else ``device`` for all."""
     if device in ("auto", "cuda"):
-        import torch
-
         if torch.cuda.is_available() and torch.cuda.device_count() > 0:
             return [f"cuda:{i % torch.cuda.device_count()}" for i in range(n)]
     return [device] * n
@@ -383,8 +383,6 @@ class LocalExecutor(Executor):
         return {**super().describe(), "batch_models": self.batch_models}
 
     def training_threads(self) -> int | None:
-        import torch
-
         return torch.get_num_threads()
 
     def run(self, tasks, *, on_start=None, on_step=None, answered=()):

@@ -11,26 +11,30 @@ alone, each counting the death as an attempt.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import signal
 import time
+import warnings
 from collections import deque
 from contextlib import suppress
 from dataclasses import replace
 from multiprocessing.connection import wait
+
+import torch
 
 from evo_attention.search.executors.base import (Executor, as_task, available_cores, check_rebuildable, execute_group,
                                                  failure_record, load_state, named, planned, store_model,
                                                  store_state, valid_batch_models, worker_devices)
 from evo_attention.train.spec import load_task
 from evo_attention.util.errors import UserError
+from evo_attention.util.progress import format_warning
 
 START_TIMEOUT_S = 300.0  # a worker imports torch and evo_attention before it is ready
 
 
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this worker when the driver dies (even by SIGKILL)."""
-    import ctypes
-    import signal
-
     with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
@@ -38,12 +42,6 @@ def _die_with_parent() -> None:
 def _worker_main(threads: int, conn) -> None:
     """A worker process: take tasks from ``conn``, send progress and results back."""
     _die_with_parent()
-    import warnings
-
-    import torch
-
-    from evo_attention.util.progress import format_warning
-
     warnings.formatwarning = format_warning  # one line each, as the driver's
     torch.set_num_threads(threads)
     try:
@@ -140,8 +138,6 @@ def _describe_exit(code) -> str:
     if code is None:
         return "no exit code"
     if code < 0:
-        import signal
-
         try:
             name = signal.Signals(-code).name
         except ValueError:
@@ -162,8 +158,6 @@ class ProcessExecutor(Executor):
             raise UserError(f"workers must be a positive integer, got {workers!r}", setting="workers")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise UserError(f"threads per worker must be a positive integer, got {threads!r}")
-        import multiprocessing
-
         self.workers = workers
         self.threads = threads or max(1, available_cores() // workers)
         self.max_attempts = max_attempts
@@ -185,8 +179,6 @@ class ProcessExecutor(Executor):
 
     def _open(self) -> None:
         if self._parent_threads is None:
-            import torch
-
             self._parent_threads = torch.get_num_threads()
             torch.set_num_threads(self.threads)  # the driver's share of the cores
         starting = [slot for slot in self._slots if not slot.alive()]
@@ -290,7 +282,5 @@ class ProcessExecutor(Executor):
         for slot in self._slots:
             slot.stop(kill=slot.job is not None)  # a worker still busy (interrupted run) is killed
         if self._parent_threads is not None:
-            import torch
-
             torch.set_num_threads(self._parent_threads)
             self._parent_threads = None

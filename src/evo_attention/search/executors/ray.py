@@ -7,10 +7,13 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
 import warnings
 from contextlib import suppress
 from dataclasses import replace
+
+import torch
 
 from evo_attention.search.executors.base import (EvalTask, Executor, as_task, available_cores, check_rebuildable,
                                                  execute, failure_record, load_state, store_model, store_state)
@@ -36,10 +39,6 @@ class _ProgressSink:
 
 def _ray_evaluate(token, task, state, device, threads, sink):
     """The body of a Ray remote task: one evaluation."""
-    import socket
-
-    import torch
-
     torch.set_num_threads(threads)
     worker = f"ray:{socket.gethostname()}:{os.getpid()}"
     data = load_task(task.trial.task)  # its plugins first; checked against the driver's fingerprint
@@ -51,8 +50,6 @@ def _ray_evaluate(token, task, state, device, threads, sink):
 
 def local_gpus() -> int:
     """The GPUs this process can use (what a local Ray instance offers its tasks)."""
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
