@@ -379,11 +379,11 @@ class RunStore(AbstractContextManager):
             try:
                 yield conn
                 conn.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                self._rollback(conn)
-                raise self._fault(exc) from None
-            except BaseException:
-                self._rollback(conn)
+            except BaseException as exc:
+                with suppress(sqlite3.DatabaseError):  # gone already: SQLite rolls back on some errors
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.DatabaseError):
+                    raise self._fault(exc) from None
                 raise
 
     def _check_file(self) -> None:
@@ -398,11 +398,6 @@ class RunStore(AbstractContextManager):
                             "directory (a search with resume)", setting=("out", "resume"))
         raise StoreLost(f"{self.path} was deleted or replaced while this run wrote it: the run stops, and what it "
                         "held is lost; restore a copy of the run directory, or start the run again")
-
-    @staticmethod
-    def _rollback(conn) -> None:
-        with suppress(sqlite3.DatabaseError):  # the transaction is gone already (SQLite rolls back on some errors)
-            conn.execute("ROLLBACK")
 
     def _query(self, sql: str, params: tuple = ()) -> list[dict]:
         def work(conn):
