@@ -34,10 +34,12 @@ _HORIZONTAL = ({"orientation": "horizontal"} if tuple(int(p) for p in matplotlib
 
 
 @contextmanager
-def _closing_on_error(fig):
-    """Close ``fig`` when drawing it fails (``save_figure`` closes it otherwise)."""
+def _figure(*args, **kwargs):
+    """``plt.subplots(*args, **kwargs)``, its figure closed when drawing it fails (``save_figure`` closes it
+    otherwise)."""
+    fig, axes = plt.subplots(*args, **kwargs)
     try:
-        yield
+        yield fig, axes
     except BaseException:
         plt.close(fig)
         raise
@@ -213,8 +215,7 @@ def _legend(ax) -> None:
 
 def plot_evolution(summary: RunSummary, path: str | os.PathLike) -> Path:
     """Draw the evolution figure of ``summary`` into the PNG ``path``."""
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=FIGSIZE, dpi=DPI) as (fig, ax):
         _draw(ax, summary)
     return save_figure(fig, path, dpi=110)
 
@@ -313,8 +314,7 @@ def plot_suite_heatmap(columns: Sequence[str], rows: Sequence[dict], path: str |
     suite accuracy), coloured by mean accuracy on [0, 1], each cell showing its mean (± sd) and failures."""
     means = np.array([[np.nan if v is None else float(v) for v in r["means"]] for r in rows], dtype=float)
     width = max(6.0, 1.25 * len(columns) + 2.5)
-    fig, ax = plt.subplots(figsize=(width, max(2.2, 0.55 * len(rows) + 1.6)), dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=(width, max(2.2, 0.55 * len(rows) + 1.6)), dpi=DPI) as (fig, ax):
         image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         for i, r in enumerate(rows):
             for j, mean in enumerate(r["means"]):
@@ -355,8 +355,7 @@ def plot_compare(payload: dict, path: str | Path) -> Path:
     ranked = sorted(aggregates, key=lambda a: (a["val_loss"] is None, a["val_loss"] or 0.0, a["name"]))
     ok = [a for a in ranked if a["val_loss"] is not None]
     s = payload["settings"]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9), dpi=110)
-    with _closing_on_error(fig):
+    with _figure(2, 2, figsize=(13, 9), dpi=110) as (fig, axes):
         ax = axes[0, 0]
         ys = list(range(len(ranked)))[::-1]  # best on top
         if ok:
@@ -415,8 +414,7 @@ def plot_transfer(result: dict, path: str | os.PathLike) -> Path:
     for gene in result.get("genes") or []:
         rows = [next((g for g in s.get("genes", []) if g.get("gene") == gene.get("gene")), {}) for s in sizes]
         series.append((_short(str(gene.get("str")), 48), False, rows))
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=(8, 5.5), dpi=DPI) as (fig, ax):
         drawn = 0
         for i, (label, is_base, rows) in enumerate(series):
             points = [(r.get("params"), r.get("mean"), r.get("ci_low"), r.get("ci_high")) for r in rows]
@@ -453,8 +451,7 @@ def plot_lr_grid(panels: Sequence[dict], path: str | os.PathLike, *, ylabel: str
     [{"lr", "mean"}], "selected", "at_edge"}``; the baseline black, dashed) through its mean at each rate (log x),
     the selected rate ringed, an edge winner said in the legend."""
     n = max(1, len(panels))
-    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), dpi=DPI, squeeze=False)
-    with _closing_on_error(fig):
+    with _figure(1, n, figsize=(6.5 * n, 4.8), dpi=DPI, squeeze=False) as (fig, axes):
         for ax, panel in zip(axes[0], panels):
             drawn = 0
             rates = sorted({p["lr"] for g in panel.get("genes", []) for p in g.get("curve") or []})
@@ -497,8 +494,7 @@ def plot_curve(result: dict, path: str | os.PathLike) -> Path:
     chance dashed, the break threshold dotted; the x axis log2 when every value is a power of two."""
     values = list(result.get("values") or [])
     knob = str(result.get("knob", "knob"))
-    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=(8, 5.2), dpi=DPI) as (fig, ax):
         drawn = 0
         for i, gene in enumerate(result.get("genes") or []):
             rows = [r for r in gene.get("points") or [] if finite_or_none(r.get("mean")) is not None]
@@ -565,8 +561,7 @@ def plot_learning_curves(summary: RunSummary, path: str | os.PathLike, top: int 
         if record is not None and record.get("curve"):
             lines.append((f"#{row['rank']} {row['str']}", record["curve"], colors[i % len(colors)], "-",
                           record.get("val_curve")))
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=FIGSIZE, dpi=DPI) as (fig, ax):
         if lines:
             for label, curve, color, style, val_curve in lines:
                 steps, losses = zip(*curve)
@@ -599,8 +594,7 @@ def plot_long_context(rows: list[dict], path: str | os.PathLike) -> Path:
     names = list(dict.fromkeys(r["name"] for r in rows))
     cpu = not str(rows[0].get("device", "cpu")).startswith("cuda") if rows else True
     memory_key = "step_memory_mb" if cpu else "peak_memory_mb"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
-    with _closing_on_error(fig):
+    with _figure(1, 2, figsize=(12, 4.6), dpi=110) as (fig, axes):
         for ax, key, label in ((axes[0], "ms_per_step", "ms per training step"),
                                (axes[1], memory_key, "memory the step adds (MB, resident set)" if cpu
                                 else "peak GPU memory allocated (MB)")):
@@ -625,8 +619,7 @@ def plot_runs(result: dict, path: str | os.PathLike) -> Path:
     every run's front on the first two objectives."""
     objectives = result.get("objectives")
     panels = 2 if objectives else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), dpi=DPI, squeeze=False)
-    with _closing_on_error(fig):
+    with _figure(1, panels, figsize=(6.0 * panels, 4.2), dpi=DPI, squeeze=False) as (fig, axes):
         ax = axes[0][0]
         for i, run in enumerate(result["runs"]):
             ys = run["anytime"]
@@ -666,8 +659,7 @@ def plot_pareto(summary: RunSummary, path: str | os.PathLike) -> Path:
     over = summary.search_points(names, feasible=False) if summary.constraints else []
     n_failed = len(summary.search_evaluations) - len(points) - len(over)
     never = len(summary.constraints["never_trained"]) if summary.constraints else 0
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    with _closing_on_error(fig):
+    with _figure(figsize=FIGSIZE, dpi=DPI) as (fig, ax):
         ax.set_xlabel(f"{OBJECTIVE_LABELS.get(names[0], names[0])} (lower is better)")
         ax.set_ylabel(f"{OBJECTIVE_LABELS.get(names[-1], names[-1])} (lower is better)")
         ax.set_title("Pareto front: " + " vs ".join(names) + f" ({len(points)} "
@@ -724,8 +716,7 @@ def plot_program(text: str, path: str | os.PathLike, *, title: str = "") -> Path
     width = max(len(v) for v in levels.values())
     where = {node.text: ((i + 0.5) * width / len(row), level) for level, row in levels.items()
              for i, node in enumerate(row)}
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * width), 0.9 * (len(levels) + 1)))
-    with _closing_on_error(fig):
+    with _figure(figsize=(max(4.0, 1.4 * width), 0.9 * (len(levels) + 1))) as (fig, ax):
         for node in nodes:
             x, y = where[node.text]
             for arg in node.args:
