@@ -1,14 +1,8 @@
 """What the studies leave in a run directory, and how the report finds it (``load_attachments``).
 
-The file names are defined here once, so the report never needs the studies' code: ``validation[_test].json``
-(``evo-attention validate``), ``ablation[_test].json`` (``ablate``), ``transfer[_test].json`` (``transfer``),
-``compare_results.json`` (also in ``compare/``; ``compare``), ``validation_suite[_test].json`` (``validate
---suite``) and ``compare_suite[_test].json`` (also in ``compare/``; ``compare --suite``), each with its ``.md``
-and heat map ``.png``; ``attention_maps.json`` with its figures in the run directory, ``maps/`` or ``maps/*/``
-(``attention-maps``); ``curve.json`` with ``curve.md`` and ``curve.png`` (also in ``curve/``; ``curve``);
-``fresh_check.json`` with ``fresh_check.md`` (a search's fresh-seed check of its top genes).
+The file names are defined here once (each study's ``.json`` beside its ``.md`` and figure, ``_test`` for the
+test split; the places each is looked for), so the report never needs the studies' code.
 """
-
 from __future__ import annotations
 
 import os

@@ -1,11 +1,9 @@
 """``report.md``: the human summary of a run, rendered from a ``RunSummary``.
 
-Sections: headline, settings, the evolution figure, the Pareto front (multi-objective runs only), the
-distribution of every evaluation, per-generation table, top genes, component analysis, then what analyses
-left in the run directory (``Attachments``), failures and reproducibility. A run with nothing finished (or only
-failures) still gets a complete report that says so in its first lines. Tables are built from plain-text cells
-(``studies.common.table_markdown`` escapes them). ``report.html`` is this text rendered (``html.render_html``),
-so the two reports always agree; an image's alt text is the figure's caption there.
+A run with nothing finished (or only failures) still gets a complete report that says so in its first lines.
+Tables are built from plain-text cells (``studies.common.table_markdown`` escapes them). ``report.html`` is this
+text rendered (``html.render_html``), so the two reports always agree; an image's alt text is the figure's
+caption there.
 """
 
 from __future__ import annotations

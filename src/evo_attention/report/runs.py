@@ -1,13 +1,8 @@
 """Several runs side by side: the strategies (or settings) of one study, each from its own store.
 
-``write_comparison(run_dirs, out_dir)`` writes into ``out_dir``:
-
-- ``runs.json``: per run its strategy, objectives, search trainings, best gene and perplexity on the search
-  seed, baseline, change from it, the best perplexity after each search training (the anytime curve), its
-  Pareto front on the first two objectives and hypervolume, and its own multi-seed validation of its best gene
-  where ``evo-attention validate --from-run`` left one; plus ``differences``, every setting in which the runs
-  differ besides the strategy.
-- ``runs.md``: the same as a table; ``runs.png``: the anytime curves, and the fronts of multi-objective runs.
+``write_comparison(run_dirs, out_dir)`` writes ``runs.json`` (per run its search result, anytime curve, front
+and its own validation where one was left; and ``differences``, every setting in which the runs differ besides
+the strategy), ``runs.md`` (the same as a table) and ``runs.png``.
 
 The hypervolumes are measured in one box common to all runs (``search.pareto.bounds`` over every run's
 finished search evaluations), so they compare across runs (each run's own report uses its own box). The

@@ -2,23 +2,15 @@
 
 The state comes from the run's lock and store, never from a stored flag: ``running`` while a process holds the
 lock (``search.lock``), ``finished`` once the search recorded its end, else ``interrupted`` (killed, crashed,
-stopped: the resume command continues it).
-
-Shows the generation, the evaluations, the learning-rate schedule (and the recipe axes a search varies per
-gene), the best result so far, one line per worker training right now (the store's activity, while a process
-holds the lock), the last session's executor; for a multi-fidelity run the steps spent vs full fidelity and
-how well the low-fidelity ranks predicted the full-budget ones (``fidelity.fidelity_lines``); for a
-multi-objective run the Pareto front's size and hypervolume. A run with caps says how many genes were refused
-before training or break a measured cap (the best gene and the front are feasible ones), a warm-started run
-where its first genes came from. Each study file the report leaves out (unreadable, or damaged) is named, one
-line each. A suite run says its best gene and baseline by suite accuracy and counts trainings (one per gene
-and point).
+stopped: the resume command continues it). Workers training now come from the store's activity, and only while
+a process holds the lock. Best genes and Pareto fronts are feasible ones (within the run's caps); a suite run
+speaks of suite accuracy and counts one training per gene and point. Each study file the report leaves out
+(unreadable, or damaged) is named.
 
 A study's own store (meta ``study``: validate, compare, curve, ... in its ``--out``) has no search and no lock:
 its status counts the trainings and names the workers training now; the study's command, run again, continues
 it (finished trainings are kept).
 """
-
 from __future__ import annotations
 
 import shlex
