@@ -132,32 +132,35 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
                      if name not in unused}
     labels = {key: {k: v for k, v in fields.items() if k not in unused} for key, fields in labels.items()}
 
+    def trial(state, key: str, attrs: dict, extra: dict, **given):
+        """``create_trial`` of the gene ``key`` (its parameters) with the constraint attributes ``extra``."""
+        return create_trial(state=state, params=labels[key], distributions={n: distributions[n] for n in labels[key]},
+                            **given, **_merged(extra, attrs))
+
     trials, roles = [], []
     for record in evaluations:
         key = str(record.get("gene"))
-        info = gene_info(key)
-        attrs = _user_attrs(record, info)
+        attrs = _user_attrs(record, gene_info(key))
         excess = caps.record_excess(record, limits) if names else {}
         extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names]) if names else {}
         perplexity = usable_metric(record)
-        common = {"params": labels[key], "distributions": {n: distributions[n] for n in labels[key]}}
         if suite:
-            state = TrialState.FAIL if record["suite_accuracy"] is None else TrialState.COMPLETE
-            values = None if record["suite_accuracy"] is None else [record["suite_accuracy"]]
-            trial = create_trial(state=state, values=values, **common, user_attrs={**attrs, **record["attrs"]})
+            accuracy = record["suite_accuracy"]
+            made = trial(TrialState.FAIL if accuracy is None else TrialState.COMPLETE, key,
+                         {**attrs, **record["attrs"]}, {}, values=None if accuracy is None else [accuracy])
         elif perplexity is None:
-            trial = create_trial(state=TrialState.FAIL, **common, **_merged(extra, attrs))
+            made = trial(TrialState.FAIL, key, attrs, extra)
         elif record.get("role") == RUNG_ROLE or (record.get("budget") and int(record.get("steps") or 0) < budget):
-            trial = create_trial(state=TrialState.PRUNED, intermediate_values={int(record.get("steps") or 0): perplexity},
-                                 **common, **_merged(extra, attrs))
+            made = trial(TrialState.PRUNED, key, attrs, extra,
+                         intermediate_values={int(record.get("steps") or 0): perplexity})
         else:
-            values = [v if math.isfinite(v) else math.inf for v in objective_values(record, objectives)]
-            trial = create_trial(state=TrialState.COMPLETE, values=values, **common, **_merged(extra, attrs))
+            made = trial(TrialState.COMPLETE, key, attrs, extra,
+                         values=[v if math.isfinite(v) else math.inf for v in objective_values(record, objectives)])
         if not suite:
-            _timed(trial, record)
-            if trial.state == TrialState.COMPLETE:
-                trial.intermediate_values = curve_values(record)
-        trials.append(trial)
+            _timed(made, record)
+            if made.state == TrialState.COMPLETE:
+                made.intermediate_values = curve_values(record)
+        trials.append(made)
         roles.append(SEARCH_ROLES.get(record.get("role") or "search", record.get("role")))
     for entry in never:
         key = str(entry["gene"])
@@ -165,12 +168,10 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
         attrs = {"gene": info["key"], "str": info["str"], "role": "search", "generation": entry.get("generation"),
                  "status": "infeasible", "error": "refused before training: "
                  + caps.violations_text(entry.get("violations") or {}),
-                 "params": entry.get("params"), "flops_per_step": entry.get("flops")}  # None ones: left out below
+                 "params": entry.get("params"), "flops_per_step": entry.get("flops")}
         excess = caps.excess(entry, limits)
-        extra = constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])
-        trials.append(create_trial(state=TrialState.FAIL, params=labels[key],
-                                   distributions={n: distributions[n] for n in labels[key]},
-                                   **_merged(extra, {k: v for k, v in attrs.items() if v is not None})))
+        trials.append(trial(TrialState.FAIL, key, {k: v for k, v in attrs.items() if v is not None},
+                            constraint_attrs(names, [float(excess.get(n, 0.0)) for n in names])))
         roles.append("search")
 
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
