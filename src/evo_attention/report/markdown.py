@@ -100,34 +100,6 @@ def pareto_table(s: RunSummary) -> str:
     return table_markdown(headers, rows, "ll" + "r" * len(names) + "r", code_column=1)
 
 
-def hypervolume_table(s: RunSummary) -> str:
-    rows = [[fmt(h["generation"]), fmt(h["front_size"]), fmt(h["hypervolume"], 4)]
-            for h in (s.pareto or {}).get("history", [])]
-    return table_markdown(["Generation", "Front size", "Hypervolume"], rows, "rrr")
-
-
-def pareto_lines(s: RunSummary) -> list[str]:
-    """The sentences of the Pareto section: what was minimised, the front, the reference point."""
-    p = s.pareto or {}
-    names = ", ".join(s.objectives)
-    lines = [f"Objectives, all minimised: {names} (the first is primary: the best gene above is the lowest "
-             f"perplexity). The front holds {p.get('front_size', 0)} non-dominated finished evaluation(s)."]
-    ref = p.get("reference_point")
-    if ref:
-        point = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in ref.items())
-        ideal = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in (p.get("ideal_point") or {}).items())
-        lines.append(f"Hypervolume {fmt(p.get('hypervolume'), 4)} with reference point ({point}) and ideal point "
-                     f"({ideal}): {p.get('reference_rule')}.")
-    return lines
-
-
-def infeasible_table(s: RunSummary) -> str:
-    """The genes that break a cap of the run: refused before training, or trained over a measured cap."""
-    rows = [[r["gene"], fmt(r["generation"]), "yes" if r["trained"] else "no (refused)", r["why"]]
-            for r in infeasible_rows(s.constraints)]
-    return table_markdown(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", code_column=0)
-
-
 def infeasible_lines(s: RunSummary) -> list[str]:
     """The section on a run's caps: the limits, what they did, the table of infeasible genes."""
     c = s.constraints or {}
@@ -135,34 +107,30 @@ def infeasible_lines(s: RunSummary) -> list[str]:
              f"counted before training, so a gene over their caps is never trained; latency and memory are measured, "
              f"so a gene over their caps is marked after its training. {infeasible_text(c)}. Infeasible genes take no "
              "part in the best gene, the ranking or the Pareto front."]
-    if c.get("never_trained") or c.get("trained"):
-        lines += ["", infeasible_table(s)]
+    if c.get("never_trained") or c.get("trained"):  # refused before training, or trained over a measured cap
+        rows = [[r["gene"], fmt(r["generation"]), "yes" if r["trained"] else "no (refused)", r["why"]]
+                for r in infeasible_rows(c)]
+        lines += ["", table_markdown(["Gene", "Generation", "Trained", "Over the cap"], rows, "lrll", code_column=0)]
     return lines
 
 
-def racing_table(s: RunSummary) -> str:
-    """Every raced gene (and the baseline): its value on each seed and the lower bound it ranks by."""
-    r = s.racing or {}
+def racing_lines(s: RunSummary) -> list[str]:
+    """The section on a raced run (``search.racing``): the rule, then every raced gene (and the baseline) with its
+    value on each seed and the bound it ranks by."""
+    r, suite = s.racing or {}, s.suite is not None  # a suite run was told minus the accuracies: shown as accuracies
     seeds = list(r.get("seeds") or [])
-    suite = s.suite is not None  # told values are minus the suite accuracy: shown as accuracies
     shown = (lambda v: None if v is None else -v) if suite else (lambda v: v)  # noqa: E731
     raced = ([{**r["baseline"], "generation": "baseline"}] if r.get("baseline") else []) + list(r.get("genes") or [])
     rows = [[e["gene"], fmt(e["generation"]), *[fmt(shown(v), 4) for v in e["values"]], fmt(shown(e["told"]), 4)]
             for e in raced]
-    bound = "mean - standard error" if suite else "mean + standard error"
-    return table_markdown(["Gene", "Generation", *[f"Seed {x}" for x in seeds], bound.capitalize()], rows,
-                          "lr" + "r" * (len(seeds) + 1), code_column=0)
-
-
-def racing_lines(s: RunSummary) -> list[str]:
-    """The section on a raced run (``search.racing``): the rule, then every raced gene's seeds."""
-    r = s.racing or {}
-    what = "suite accuracy" if s.suite is not None else "perplexity"
-    bound = "mean minus its standard error" if s.suite is not None else "mean plus its standard error"
+    what, sign = ("suite accuracy", "minus") if suite else ("perplexity", "plus")
     return [f"Racing: a gene that would take one of the strategy's {fmt(r.get('places'))} elite place(s) was trained "
-            f"on {len(r.get('seeds') or [])} seeds first (the same seeds for every gene, so comparisons are paired) and "
-            f"ranked by its {bound} ({what}); a failure on any seed fails it. Every other gene ranks by its one seed. "
-            "The baseline is raced the same way, and the component analysis reads these values.", "", racing_table(s)]
+            f"on {len(seeds)} seeds first (the same seeds for every gene, so comparisons are paired) and ranked by its "
+            f"mean {sign} its standard error ({what}); a failure on any seed fails it. Every other gene ranks by its "
+            "one seed. The baseline is raced the same way, and the component analysis reads these values.", "",
+            table_markdown(["Gene", "Generation", *[f"Seed {x}" for x in seeds],
+                            f"Mean {'-' if suite else '+'} standard error"], rows, "lr" + "r" * (len(seeds) + 1),
+                           code_column=0)]
 
 
 def failures_table(s: RunSummary) -> str:
@@ -331,18 +299,12 @@ def transfer_command(result: Mapping, run_dir: str) -> str:
             f"--seeds {len(result.get('seeds') or [])}{extra}")
 
 
-def all_versions(s: RunSummary, attachments: Attachments | None = None) -> dict:
-    """The run's package versions, completed by those the analyses recorded."""
-    versions = dict(s.versions)
+def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
+    lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
+    versions = dict(s.versions)  # the run's, completed by those the analyses recorded
     for result in (attachments.validations + attachments.ablations + attachments.transfers) if attachments else []:
         for key, value in (result.get("versions") or {}).items():
             versions.setdefault(key, value)
-    return versions
-
-
-def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
-    lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
-    versions = all_versions(s, attachments)
     if versions:
         lines += ["", "Package versions:", "", table_markdown(["Package", "Version"], list(versions.items()), "ll")]
     if s.config:
@@ -409,15 +371,24 @@ def _attachment_sections(a: Attachments) -> list[list[str]]:
 
 
 def _pareto(s: RunSummary, figure: str) -> list[str]:
+    """The Pareto section of a multi-objective run: the figure, what was minimised, the front, the reference
+    point, the hypervolume after each generation."""
+    p = s.pareto
     lines = [f"![Every evaluation on the first two objectives, the Pareto front as a step line, the baseline as a "
-             f"star]({figure})"]
-    for line in pareto_lines(s):
-        lines += ["", line]
-    if s.pareto and s.pareto["front"]:
+             f"star]({figure})", "",
+             f"Objectives, all minimised: {', '.join(s.objectives)} (the first is primary: the best gene above is the "
+             f"lowest perplexity). The front holds {p.get('front_size', 0)} non-dominated finished evaluation(s)."]
+    if p.get("reference_point"):
+        point = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in p["reference_point"].items())
+        ideal = ", ".join(f"{n} {_objective_cell(n, v)}" for n, v in (p.get("ideal_point") or {}).items())
+        lines += ["", f"Hypervolume {fmt(p.get('hypervolume'), 4)} with reference point ({point}) and ideal point "
+                      f"({ideal}): {p.get('reference_rule')}."]
+    if p["front"]:
         lines += ["", pareto_table(s)]
-    if s.pareto and s.pareto["history"]:
+    if p["history"]:
+        rows = [[fmt(h["generation"]), fmt(h["front_size"]), fmt(h["hypervolume"], 4)] for h in p["history"]]
         lines += ["", "Hypervolume after each generation (the evaluations of that generation and the ones before):",
-                  "", hypervolume_table(s)]
+                  "", table_markdown(["Generation", "Front size", "Hypervolume"], rows, "rrr")]
     return lines
 
 
