@@ -133,9 +133,11 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
     labels = {key: {k: v for k, v in fields.items() if k not in unused} for key, fields in labels.items()}
 
     def trial(state, key: str, attrs: dict, extra: dict, **given):
-        """``create_trial`` of the gene ``key`` (its parameters) with the constraint attributes ``extra``."""
+        """``create_trial`` of the gene ``key`` (its parameters): the constraint attributes ``extra`` with the
+        trial's own user attributes ``attrs``."""
+        extra = {**extra, "user_attrs": {**attrs, **extra.get("user_attrs", {})}}
         return create_trial(state=state, params=labels[key], distributions={n: distributions[n] for n in labels[key]},
-                            **given, **_merged(extra, attrs))
+                            **given, **extra)
 
     trials, roles = [], []
     for record in evaluations:
@@ -276,8 +278,3 @@ def _suite_trials(view: dict) -> list[dict]:
                      "suite_accuracy": row["suite_accuracy"] if ok else None,
                      "attrs": {**points, "failed_points": ",".join(row["failed"])}})
     return rows
-
-
-def _merged(extra: dict, attrs: dict) -> dict:
-    """``create_trial`` keywords: the constraint attributes with the trial's own user attributes."""
-    return {**extra, "user_attrs": {**attrs, **extra.get("user_attrs", {})}}
