@@ -64,14 +64,6 @@ def validation_table(result: Mapping) -> tuple[list[str], list[list[str]], str]:
     return headers, rows, "l" + "r" * (len(headers) - 2) + "l"
 
 
-def matched_reference(result: Mapping, row: Mapping) -> Mapping:
-    """The baseline row ``row``'s verdict used: its matched baseline, else the plain one."""
-    for base in result.get("matched_baselines") or []:
-        if row.get("gene") in base.get("matched_to", []):
-            return base
-    return result.get("baseline") or {}
-
-
 def welch_change_text(row: Mapping) -> str:
     """The unpaired (Welch) difference the paired one replaces, in % of the baseline's mean."""
     w = row.get("welch") or {}
@@ -94,7 +86,8 @@ def validation_best_row(result: Mapping) -> dict | None:
 def validation_headline(result: Mapping) -> str:
     """One sentence: the best validated gene vs the baseline, its paired change and the verdict."""
     best = validation_best_row(result)
-    base = result.get("baseline") or {} if best is None else matched_reference(result, best)
+    matched = [b for b in result.get("matched_baselines") or [] if best and best.get("gene") in b.get("matched_to", [])]
+    base = matched[0] if matched else result.get("baseline") or {}  # the one the best gene's verdict used
     label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
         digits_for(result.get("metric", ""))
     seeds = result.get("seeds") or []
