@@ -37,7 +37,9 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike]) -> dict:
         raise UserError(f"comparing runs needs at least two run directories, got {len(run_dirs)}", setting="run_dirs")
     summaries = [load_run(d) for d in run_dirs]
     _check_one_kind(run_dirs, summaries)
-    names = _names(summaries)
+    names = [s.run_dir.name for s in summaries]
+    if len(set(names)) < len(names):  # two runs share a directory name: each with its parent's
+        names = [f"{s.run_dir.parent.name}/{s.run_dir.name}" for s in summaries]
     objectives = summaries[0].objectives
     shared = all(s.objectives == objectives for s in summaries) and len(objectives) > 1
     box = pareto.bounds([p for s in summaries for p in s.search_points(objectives)]) if shared else None
@@ -99,14 +101,6 @@ def _check_one_kind(run_dirs: Sequence, summaries: list[RunSummary]) -> None:
 
 
 # -- one run ----------------------------------------------------------------------------------------
-def _names(summaries: list[RunSummary]) -> list[str]:
-    """Each run's directory name, made unique with its parent's where two share one."""
-    names = [s.run_dir.name for s in summaries]
-    if len(set(names)) < len(names):
-        names = [f"{s.run_dir.parent.name}/{s.run_dir.name}" for s in summaries]
-    return names
-
-
 def _anytime(summary: RunSummary) -> list[float | None]:
     """The best search perplexity within the run's caps after each search training, in store order (a gene
     over a cap counts as a training, never as the best)."""
