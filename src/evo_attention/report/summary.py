@@ -376,18 +376,6 @@ def _rank_suite(rows: list[dict], ranks) -> list[dict]:
     return [{**r, "rank": i + 1} for i, r in enumerate(ranked)] + [{**r, "rank": None} for r in rows if not ranks(r)]
 
 
-def _suite_baseline(suite: Mapping) -> dict | None:
-    row = suite.get("baseline")
-    if row is None:
-        return None
-    ok = row["suite_accuracy"] is not None and not row["all_failed"]
-    return {"gene": row["gene"], "str": row["str"], "perplexity": None,
-            "suite_accuracy": row["suite_accuracy"] if ok else None,
-            "status": "ok" if ok else ("missing" if row["missing"] else "failed"),
-            "error": None if ok else f"points failed: {', '.join(row['failed'])}" if row["failed"] else None,
-            "n": len(row["points"]), "params": None}
-
-
 # -- the summary ----------------------------------------------------------------------------
 @dataclass
 class RunSummary:
@@ -602,7 +590,8 @@ def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None
 
 
 def _suite_results(summary: RunSummary) -> None:
-    """A suite run's ranking (shaped as ``rank_genes``', perplexity None), best, baseline and its difference."""
+    """A suite run's ranking (shaped as ``rank_genes``', perplexity None), best, baseline (``baseline_of``'s
+    shape) and its difference."""
     suite = summary.suite
     summary.ranking = [{"rank": r["rank"], "gene": r["gene"], "str": r["str"], "perplexity": None,
                         "suite_accuracy": r["suite_accuracy"], "generation": r["generation"], "id": None,
@@ -612,8 +601,14 @@ def _suite_results(summary: RunSummary) -> None:
     summary.best = None if top is None else {**gene_info(top["gene"]), "perplexity": None,
                                              "suite_accuracy": top["suite_accuracy"],
                                              "generation": top["generation"], "id": None}
-    summary.baseline = _suite_baseline(suite)
-    base = summary.baseline["suite_accuracy"] if summary.baseline else None
+    row = suite.get("baseline")
+    ok = row is not None and row["suite_accuracy"] is not None and not row["all_failed"]
+    base = row["suite_accuracy"] if ok else None
+    summary.baseline = None if row is None else {
+        "gene": row["gene"], "str": row["str"], "perplexity": None, "suite_accuracy": base,
+        "status": "ok" if ok else ("missing" if row["missing"] else "failed"),
+        "error": None if ok else f"points failed: {', '.join(row['failed'])}" if row["failed"] else None,
+        "n": len(row["points"]), "params": None}
     suite["vs_baseline"] = None if top is None or base is None else top["suite_accuracy"] - base
 
 
