@@ -58,13 +58,13 @@ def top_table(s: RunSummary, k: int = TOP_ROWS) -> str:
     return table_markdown(headers, rows, "rllr" + ("r" if text else "") + "rrr", code_column=2)
 
 
-def suite_run_table(s: RunSummary, k: int | None = TOP_ROWS) -> str:
-    """A suite run's baseline and genes (the best ``k`` ranked ones; None: all, unranked too): suite accuracy,
-    its change from the baseline in accuracy points, every point's accuracy."""
+def suite_run_table(s: RunSummary, k: int = TOP_ROWS) -> str:
+    """A suite run's baseline and its best ``k`` ranked genes: suite accuracy, its change from the baseline in
+    accuracy points, every point's accuracy."""
     suite = s.suite
     labels = [p["label"] for p in suite["points"]]
     base = (suite.get("baseline") or {}).get("suite_accuracy")
-    genes = [r for r in suite["genes"] if r["rank"] is not None][:k] if k is not None else suite["genes"]
+    genes = [r for r in suite["genes"] if r["rank"] is not None][:k]
     rows = []
     for r in ([suite["baseline"]] if suite.get("baseline") else []) + genes:
         is_base = r is suite.get("baseline")
@@ -187,14 +187,14 @@ def _integer(value: Any) -> int | None:
 
 
 # -- markdown sections ----------------------------------------------------------------------------
-def headline_lines(s: RunSummary, attachments: Attachments | None = None) -> list[str]:
+def headline_lines(s: RunSummary, attachments: Attachments) -> list[str]:
     """The report's opening lines: the run's statement, its validation, its progress and counts."""
     lines = [s.statement, ""]
-    validation = attachments.validation if attachments else None
+    validation = attachments.validation
     validate = code(f"evo-attention validate --from-run {shlex.quote(str(s.run_dir))}", False)
     if validation and validation.get("headline"):
         lines += [f"Validated: {validation['headline']}", ""]
-    check = attachments.fresh_check if attachments else None
+    check = attachments.fresh_check
     if check and check.get("line"):
         lines += [f"Fitness reliability: {check['line']}.", ""]
     c = s.counts
@@ -258,7 +258,7 @@ def _selection_seeds(s: RunSummary) -> str:
             "over them; see Re-measured elites)")
 
 
-def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
+def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments) -> list[str]:
     """What identifies the run and the commands that regenerate or repeat its results."""
     run_dir = shlex.quote(str(run_dir))  # a command to paste into a shell
     lines = [f"Data fingerprint: `{s.data_fingerprint or 'unknown'}`",
@@ -267,16 +267,16 @@ def reproduce_lines(s: RunSummary, run_dir: str, attachments: Attachments | None
     if not s.done or s.check_pending:
         lines.append(f"Continue the run{' (its fresh-seed check was stopped)' * s.check_pending}: "
                      + code(f"evo-attention search --out {run_dir} --resume", False))
-    for v in (attachments.validations if attachments else []):
+    for v in attachments.validations:
         genes = ",".join(str(r.get("gene")) for r in v.get("genes", []))
         lines.append("Repeat the validation (cached in the run store): " + code(
             f"evo-attention validate --from-run {run_dir} --genes '{genes}' --seeds {len(v.get('seeds') or [])} "
             f"--steps {v.get('steps')}{_split_flag(v)}", False))
-    for ab in (attachments.ablations if attachments else []):
+    for ab in attachments.ablations:
         lines.append("Repeat the ablation: " + code(
             f"evo-attention ablate --from-run {run_dir} --gene '{ab.get('gene')}' --seeds {len(ab.get('seeds') or [])} "
             f"--steps {ab.get('steps')}{_split_flag(ab)}", False))
-    for t in (attachments.transfers if attachments else []):
+    for t in attachments.transfers:
         lines.append("Repeat the transfer study (cached in the run store): "
                      + code(transfer_command(t, run_dir), False))
     return lines
@@ -299,10 +299,10 @@ def transfer_command(result: Mapping, run_dir: str) -> str:
             f"--seeds {len(result.get('seeds') or [])}{extra}")
 
 
-def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments | None = None) -> list[str]:
+def _reproducibility(s: RunSummary, run_dir: str, attachments: Attachments) -> list[str]:
     lines = [f"- {line}" for line in reproduce_lines(s, run_dir, attachments)]
     versions = dict(s.versions)  # the run's, completed by those the analyses recorded
-    for result in (attachments.validations + attachments.ablations + attachments.transfers) if attachments else []:
+    for result in attachments.validations + attachments.ablations + attachments.transfers:
         for key, value in (result.get("versions") or {}).items():
             versions.setdefault(key, value)
     if versions:
@@ -392,11 +392,10 @@ def _pareto(s: RunSummary, figure: str) -> list[str]:
     return lines
 
 
-def render_report(s: RunSummary, attachments: Attachments | None = None,
-                  figures: Mapping[str, str] | None = None) -> str:
-    """The text of ``report.md``. ``figures`` maps a figure's kind (``evolution``, ``distribution``, ``curves``,
-    ``pareto``, ``suite``, ``program``) to its path relative to the report; a figure not named is omitted (the
-    evolution figure defaults to its usual name)."""
+def render_report(s: RunSummary, attachments: Attachments, figures: Mapping[str, str] | None = None) -> str:
+    """The text of ``report.md``, with a section per analysis in ``attachments``. ``figures`` maps a figure's kind
+    (``evolution``, ``distribution``, ``curves``, ``pareto``, ``suite``, ``program``) to its path relative to the
+    report; a figure not named is omitted (the evolution figure defaults to its usual name)."""
     figures = {"evolution": "evolution_progress.png", **(figures or {})}
     figure, distribution, curves, pareto, suite_figure, program_figure = (
         figures.get(k) for k in ("evolution", "distribution", "curves", "pareto", "suite", "program"))
@@ -435,8 +434,7 @@ def render_report(s: RunSummary, attachments: Attachments | None = None,
         ["## Component analysis", "", components_note(s)] + ([] if s.suite is not None else [
             "", components_table(s) if s.components else f"{s.statement} Nothing to analyse."]),
     ]
-    if attachments is not None:
-        sections += _attachment_sections(attachments)
+    sections += _attachment_sections(attachments)
     if s.constraints:
         sections.append(["## Infeasible genes", ""] + infeasible_lines(s))
     if s.racing:
