@@ -28,7 +28,8 @@ from pathlib import Path
 from evo_attention.util.errors import UserError
 from evo_attention.report.attachments import Attachments, load_attachments
 from evo_attention.report.studies.validation import read_studies
-from evo_attention.report.summary import FINAL_RESULTS_KEYS, RunSummary, failed, load_run, perplexity_of
+from evo_attention.report.summary import (EVALUATION_COLUMNS, FINAL_RESULTS_KEYS, RunSummary, failed, load_run,
+                                          perplexity_of)
 from evo_attention.search.store import RunStore, StoreLost
 
 OUTPUTS = {
@@ -109,7 +110,7 @@ def _write_all(summary: RunSummary, attachments, paths: dict[str, Path], still_t
 
     still_there(False)
     write_text(paths["final_results"], final_results_text(summary))
-    tables.write_evaluations_csv(summary, paths["evaluations"])
+    tables.write_csv(paths["evaluations"], EVALUATION_COLUMNS, summary.evaluation_rows())  # every role
     figures.plot_evolution(summary, paths["evolution_progress"])
     plot_distribution(summary, paths["evaluation_distribution"])
     figures.plot_learning_curves(summary, paths["learning_curves"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from evo_attention.report.markdown import components_table
-from evo_attention.report.summary import EVALUATION_COLUMNS, RunSummary
+from evo_attention.report.summary import RunSummary
 from evo_attention.util.files import write_text
 from evo_attention.util.format import csv_cell
 
@@ -27,11 +27,6 @@ def write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Sequence[di
     for row in rows:
         writer.writerow([csv_cell(row.get(c)) for c in columns])
     return write_text(path, buffer.getvalue())
-
-
-def write_evaluations_csv(summary: RunSummary, path: str | os.PathLike) -> Path:
-    """``evaluations.csv``: one row per stored evaluation, every role."""
-    return write_csv(path, EVALUATION_COLUMNS, summary.evaluation_rows())
 
 
 def write_component_csv(summary: RunSummary, path: str | os.PathLike) -> Path:
