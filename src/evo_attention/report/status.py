@@ -184,13 +184,12 @@ def _validated(run_dir) -> tuple[list[dict], list[str]]:
 
 
 def format_status(status: dict) -> str:
+    schedule = [f"  learning-rate schedule: {status['schedule']}"] if status.get("schedule") else []
     if status.get("study"):
-        lines = [f"run {status['run_dir']}: the store of a {status['study']} study (its command, run again, continues "
-                 "it; finished trainings are kept)",
-                 f"  {status['trained']} trainings recorded ({status['failed']} failed)"]
-        if status.get("schedule"):
-            lines.append(f"  learning-rate schedule: {status['schedule']}")
-        return "\n".join(lines + _worker_lines(status))
+        return "\n".join([f"run {status['run_dir']}: the store of a {status['study']} study (its command, run again, "
+                          "continues it; finished trainings are kept)",
+                          f"  {status['trained']} trainings recorded ({status['failed']} failed)"]
+                         + schedule + _worker_lines(status))
     if status.get("fidelity"):  # multi-fidelity: requests are answered at the rung they reach
         counts = (f"{status['trained']} full-budget trainings ({status['failed']} failed) and "
                   f"{status['low_fidelity']} low-fidelity evaluations recorded; {status['planned']} fitness requests "
@@ -210,9 +209,7 @@ def format_status(status: dict) -> str:
         counts += ("; beside them " + ", ".join(f"{n} {role} training{'s' * (n != 1)}"
                                                 for role, n in status["study_trainings"].items()))
     lines = [f"run {status['run_dir']}: {state}",
-             f"  {status['generations_done']} of {status['generations']} generations done; {counts}"]
-    if status.get("schedule"):
-        lines.append(f"  learning-rate schedule: {status['schedule']}")
+             f"  {status['generations_done']} of {status['generations']} generations done; {counts}", *schedule]
     if status.get("init_from"):
         lines.append(f"  warm start from {status['init_from']['text']}")
     if status.get("constraints"):
