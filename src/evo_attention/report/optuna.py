@@ -186,10 +186,8 @@ def write_optuna_journal(run_dir: str | os.PathLike, path: str | os.PathLike) ->
             warnings.simplefilter("ignore")  # metric names are experimental in some versions
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             storage = journal_storage(partial)
-            for role in dict.fromkeys(["search", *roles]):
+            for role in dict.fromkeys(["search", *roles]):  # the search's study even without a trial, then each role's
                 mine = [t for t, r in zip(trials, roles) if r == role]
-                if role != "search" and not mine:
-                    continue
                 study = optuna.create_study(storage=storage, study_name=study_name if role == "search" else
                                             f"{study_name}:{role}",
                                             directions=["maximize" if suite else "minimize"] * len(objectives))
