@@ -431,6 +431,7 @@ class RunSummary:
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
+        writer = holder(store.run_dir)  # this process writing a done search's closing outputs is no "running" writer
         counts = _counts(evaluations, [r for r in evaluations if r.get("role") == "search"], planned, done,
                          constraints)
         config = dict(store.config() or {})
@@ -458,7 +459,7 @@ class RunSummary:
             failures=[_failure(r) for r in evaluations if failed(r)],
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
-            writer=_other_writer(store.run_dir, done),
+            writer=None if done and is_this_process(writer) else writer,
             objectives=objectives,
             pareto=pareto_summary(feasible, objectives, baselines) if len(objectives) > 1 else None,
             constraints=constraints,
@@ -743,13 +744,6 @@ def _suite_outcome(s: RunSummary) -> tuple[str, str]:
     return "ok", (f"Best gene {s.best['str']} (`{s.best['key']}`): suite accuracy {s.best['suite_accuracy']:.4f} "
                   f"(the mean accuracy over the {n} points of suite {suite['name']}{raced}), found in generation "
                   f"{s.best['generation']}{failed}.")
-
-
-def _other_writer(run_dir, done: bool) -> dict | None:
-    """The process writing the run now, unless it is this process and the search is done (writing its own
-    closing outputs under the lock, which must not call the finished run "running")."""
-    writer = holder(run_dir)
-    return None if done and is_this_process(writer) else writer
 
 
 def _settings(s: RunSummary) -> list[tuple[str, str]]:
