@@ -6,69 +6,38 @@ the Q/K/V/output projections carry a bias, and the attention-weight dropout. Its
 and results are cached under it. ``AttentionGene.parse`` reads the key and the short form
 ``dot|sparsemax|output_gate|learned`` (bias on, dropout 0.1).
 
-Further axes (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key
-only when they differ from their default, as ``name=value`` parts after the six fixed ones, so a
-key without them names a gene with the default axes:
+Further fields (``AXIS_FIELDS``; see ``nn.positions`` and ``nn.attention``) appear in the key only
+when they differ from their default, as ``name=value`` parts after the six fixed ones (in any order
+for ``parse``), so a key without them names a gene with the default axes: ``pos=`` (position:
+learned, rope, rope:linear:F, rope:ntk:F, alibi, none), ``rank=`` (qkv_rank: 0 or a factorised
+d -> r -> d), ``abias=`` (attn_bias: none or rel), ``win=`` (window: 0 or the last W keys),
+``kvh=`` (kv_heads: 0 or K dividing the heads), ``dconv=`` (qkv_conv: 0 or a causal convolution
+width 2-4 of q, k, v) and ``prog=`` (an attention program, ``programs``, in place of the four
+components), e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``.
 
-=============  ============  ================================================================
-field          key part      values (default first)
-=============  ============  ================================================================
-position       ``pos=``      ``learned``, ``rope``, ``rope:linear:F``, ``rope:ntk:F``, ``alibi``, ``none``
-qkv_rank       ``rank=``     ``0`` (full Q/K/V projections) or r > 0 (factorised d -> r -> d)
-attn_bias      ``abias=``    ``none`` or ``rel`` (a learned bias per head and causal offset)
-window         ``win=``      ``0`` (every earlier key) or W > 0 (each query sees its last W keys)
-kv_heads       ``kvh=``      ``0`` (a key/value head per head) or K dividing the heads (grouped-query
-                             attention; K = 1 is multi-query attention)
-qkv_conv       ``dconv=``    ``0`` (off) or a width 2-4: a depthwise causal convolution along time of
-                             the rotated q and k and of v, per head and channel (Primer's MDHA)
-program        ``prog=``     None (the four components) or an attention program (``programs``)
-=============  ============  ================================================================
-
-e.g. ``dot|softmax|none|fixed|bias|0.10|pos=rope:ntk:4|rank=32|abias=rel``. ``parse`` accepts the
-named parts in any order (also after the 4-part short form).
-
-Three more named parts are the training *recipe* (``RECIPE_FIELDS``), so that a search can tune the
-recipe jointly with the mechanism; their default, ``None``, means "the run's configured value", so a
-key without them names the gene trained with the run's recipe:
-
-=============  ============  ================================================================
-field          key part      values (default first)
-=============  ============  ================================================================
-learning_rate  ``lr=``       ``None`` (the run's learning_rate) or a rate > 0, e.g. ``lr=0.001``
-warmup         ``wu=``       ``None`` (the run's warm-up), whole steps (``wu=100``) or a fraction of
-                             the schedule's steps in (0, 1) (``wu=0.05``)
-weight_decay   ``wd=``       ``None`` (the run's weight_decay) or a number >= 0, e.g. ``wd=0.1``
-=============  ============  ================================================================
-
-The trainer reads them through ``train.spec.Trial.recipe`` (the one rule); ``nn`` builds the same
-model whatever they say. A model has one recipe, so the layers of a per-layer genome agree on it
-(``layers_violation``; the genetic operators give every layer the first layer's recipe).
+The training *recipe* (``RECIPE_FIELDS``: ``lr=``, ``wu=`` as steps or a fraction in (0, 1),
+``wd=``) lets a search tune the recipe jointly with the mechanism; its default, None, is the run's
+configured value. The trainer reads it through ``train.spec.Trial.recipe``; ``nn`` builds the same
+model whatever it says. The layers of a per-layer genome share one recipe (``layers_violation``).
 ``mechanism_of`` drops the recipe parts, ``recipe_of`` gives them.
 
 Every field is described once, by its ``Field`` in ``GENE_FIELDS`` (in key order); the older
 names (``FIELDS``, ``AXIS_FIELDS``, ``KEY_PARTS``, ...) are derived from that table.
 
-``SearchSpace`` holds the options of each field; by default ``OPTIONS``, the registered names of
-each field: the built-ins known here (``nn.components`` implements them; registering one again
-adds nothing), then those a ``register_*`` decorator adds, in registration order, so a registered
-component joins random draws and mutations. Seeded draws index into these lists: the built-ins'
-order is part of every seed's results and never changes, and a field with one option (an axis, by
-default) consumes no random number, so a new axis leaves every seeded draw of a space that does
-not vary it unchanged.
+``SearchSpace`` holds the options of each field; by default ``OPTIONS``: the built-ins, then those
+a ``register_*`` decorator adds, in registration order. Seeded draws index into these lists: the
+built-ins' order never changes, and a field with one option consumes no random number, so a new
+axis leaves every seeded draw of a space that does not vary it unchanged.
 
 ``RULES`` name the combinations of valid values that make no model (a kernel normalization,
-``linear`` or ``favor``, weighs keys by phi(q) . phi(k): it needs a dot-product similarity and
-admits no score bias) and the fields each reads. A gene that breaks one is refused in one line
-naming the rule; random draws redraw, and mutation and crossover try again with the same RNG
-(deterministic for a seed; a space that never breaks a rule consumes exactly the numbers it did
-before the rules existed). The kernel normalizations are ``OPT_IN``: a space holds them only when
-it lists them. ``layers_violation`` states the rules between the layers of a per-layer genome.
-``size_problem`` (qkv_rank <= d_model, kv_heads dividing the heads) and ``full_window_note`` (a
-window as long as the sequence is full attention) say whether a genome or a space fits a model.
+``linear`` or ``favor``, needs a dot-product similarity and admits no score bias) and the fields
+each reads. A gene that breaks one is refused in one line naming the rule; random draws redraw, and
+mutation and crossover try again with the same RNG (deterministic for a seed). The kernel
+normalizations are ``OPT_IN``: a space holds them only when it lists them. ``size_problem`` and
+``full_window_note`` say whether a genome or a space fits a model.
 
 This module owns the *grammar* of every field (valid names and values, how a key is written);
-``nn`` owns what the names compute. It imports neither torch nor ``nn``: importing it alone gives
-the complete built-in grammar.
+``nn`` owns what the names compute. It imports neither torch nor ``nn``.
 """
 
 from __future__ import annotations
@@ -144,13 +113,8 @@ class Field:
     part: str | None = None  # the axis's key part name (pos, rank, ...); None for a fixed part
     write: Callable[[Any], str] = str  # the value as the key writes it
     help: str = ""  # how to write a valid value (the end of the error for an invalid one)
-    builtins: tuple | None = None  # a registered field: the built-in names, in registration order
+    builtins: tuple | None = None  # a registered field (OPTIONS, extendable by nn.components): the built-in names
     recipe: bool = False  # a field of the training recipe (not of the mechanism): default None, the run's value
-
-    @property
-    def registered(self) -> bool:
-        """Whether the options are registered names (``OPTIONS``), extendable by ``nn.components``."""
-        return self.builtins is not None
 
     def canonical(self, value: Any) -> Any:
         return self.check(self, value)
@@ -166,13 +130,15 @@ def _check_registered(field: Field, value: Any) -> str:
     return _check_choice(field.name, value, OPTIONS[field.name])
 
 
+_BOOLEAN_WORDS = {**dict.fromkeys(("bias", "true", "yes", "on"), True),
+                  **dict.fromkeys(("nobias", "false", "no", "off"), False)}
+
+
 def _check_bias(field: Field, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if value in (0, 1):
+    if isinstance(value, bool) or value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.lower() in ("bias", "true", "yes", "on", "nobias", "false", "no", "off"):
-        return value.lower() in ("bias", "true", "yes", "on")
+    if isinstance(value, str) and value.lower() in _BOOLEAN_WORDS:
+        return _BOOLEAN_WORDS[value.lower()]
     raise UserError(f"{field.name} {value!r} is not a boolean: {field.help}")
 
 
@@ -329,7 +295,7 @@ GENE_FIELDS = (
 FIELD = {f.name: f for f in GENE_FIELDS}
 
 # Views of the table, under the names other modules (and users) import.
-CATEGORICAL_FIELDS = tuple(f.name for f in GENE_FIELDS if f.registered)
+CATEGORICAL_FIELDS = tuple(f.name for f in GENE_FIELDS if f.builtins is not None)
 FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is None)  # the six parts every key starts with
 AXIS_FIELDS = tuple(f.name for f in GENE_FIELDS if f.part is not None)  # optional name=value parts of a key
 ALL_FIELDS = FIELDS + AXIS_FIELDS
@@ -479,7 +445,7 @@ class SearchSpace(_SpaceFields):
                 values = tuple(dict.fromkeys(f.canonical(v) for v in values))
             object.__setattr__(self, f.name, values)
         for f in GENE_FIELDS:
-            if not f.registered and not getattr(self, f.name):
+            if f.name not in CATEGORICAL_FIELDS and not getattr(self, f.name):
                 raise UserError(f"search space option list for {f.name} is empty: give at least one value")
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
             raise UserError(f"layers {self.layers!r} must be 0 (a shared gene) or the number of layers of a per-layer "
