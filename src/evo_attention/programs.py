@@ -1,47 +1,27 @@
 """Attention as programs: a small typed language for what one attention layer computes.
 
-A program is an expression over four inputs, written in one text syntax that round-trips
-(``parse(str(p)) == p``) and is the ``prog=`` part of a gene key::
+A program is an expression over the inputs ``x``, ``q``, ``k``, ``v``, written in one text syntax
+that round-trips (``parse(str(p)) == p``) and is the ``prog=`` part of a gene key, e.g.
+``o(mix(w.softmax(t.fixed(s.dot(q,k))),v))`` (softmax attention) or ``o(kmix(elu1(q),elu1(k),v))``
+(causal linear attention). ``docs/programs.md`` lists the types and ops.
 
-    o(mix(w.softmax(t.fixed(s.dot(q,k))),v))              softmax attention (the vanilla gene)
-    o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))       a sigmoid gate on each head's output
-    o(kmix(elu1(q),elu1(k),v))                            causal linear attention
-    o(mix(w.softmax(t.fixed(s.dot(dconv3(q),dconv3(k)))),dconv3(v)))   depthwise convolutions on q, k, v
+Types are shapes: X the block input and output [B, T, d_model]; H per-head vectors [B, H, T, d];
+F non-negative H (``kmix`` needs them); S scores [B, H, T, T]; W weights, exactly zero on keys a
+query may not see; C a constant. Every op's signature is in ``OPS`` (built in, or added by
+``nn.program.register_op``) or comes from a registered component (``Grammar``: ``s.NAME``,
+``t.NAME``, ``w.NAME``, ``kmix.NAME``, ``g.NAME``, ``gi.NAME``); ``nn.program`` computes them. A
+program that does not type-check never exists: ``parse`` and every operator here refuse it.
 
-Types are shapes (one attention layer, B rows, T positions, H heads of d channels):
+Every well-typed program is causal: the ops along time (``shift``, ``dconvN``, ``cumsum``,
+``cummean``, ``decay``, ``sdecay``) read only earlier positions, and the mixing ops (``w.*``,
+``mix``, ``kmix``) see only the keys a query may see. ``pin(P, Y)`` (only at the root) makes the
+projections read P, built from x alone, instead of x.
 
-====  ==========================  =========================================================
-type  shape                       what it is
-====  ==========================  =========================================================
-X     [B, T, d_model]             the block input ``x``; what a program returns
-H     [B, H, T, d]                per-head vectors: ``q``, ``k``, ``v`` and what is made of them
-F     [B, H, T, d], >= 0          non-negative features (an H; ``kmix`` needs them)
-S     [B, H, T, T]                scores of query i for key j
-W     [B, H, T, T]                weights: exactly zero on keys a query may not see
-C     a number                    a constant (``0.5``)
-====  ==========================  =========================================================
-
-Every op's signature is in ``OPS`` (built in, or added by ``nn.program.register_op``) or comes from a registered component (``Grammar``:
-``s.NAME`` a similarity (H, H) -> S, ``t.NAME`` a temperature dividing S or H, ``w.NAME`` a
-normalization S -> W, ``kmix.NAME`` a kernel normalization (H, H, H) -> H, ``g.NAME`` a gating's
-output side X -> X, ``gi.NAME`` its input side X -> X); ``nn.program`` computes them. A program
-that does not type-check never exists: ``parse`` and every operator here refuse it.
-
-Causality holds by construction: every op reads one position at a time except the ops along time
-(``shift``, ``dconvN``, ``cumsum``, ``cummean``, ``decay``, ``sdecay``: each reads only earlier
-positions) and the mixing ops (``w.*``, ``mix``, ``kmix``), which see only the keys a query may
-see (causal, and the gene's window). So every well-typed program is causal.
-
-``pin(P, Y)`` (only at the root) makes the projections read P instead of x: q, k and v are the
-gene's projections of P, and P is built from x alone (an input gate: ``pin(gi.input_gate(x),...)``).
-
-Identical subexpressions are one node: computed once, and a learned op has one set of weights
-however often it is written. ``canonical`` orders the arguments of commutative ops, folds
-constants, and drops what is never used; ``size`` counts op nodes (not inputs or constants).
-
-Search operators (``random_program``, ``mutate``, ``crossover``) draw from a ``ProgramSpace`` (its
-op names and node cap) with a given ``random.Random``: the same seed gives the same programs.
-This module imports no torch; ``genes`` builds the ``Grammar`` from the registered option names.
+Identical subexpressions are one node (computed once; a learned op has one set of weights).
+``canonical`` orders the arguments of commutative ops, folds constants, and drops what is never
+used; ``size`` counts op nodes. The search operators (``random_program``, ``mutate``,
+``crossover``) draw from a ``ProgramSpace`` with a given ``random.Random``: the same seed gives the
+same programs. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -162,6 +142,11 @@ def signature(text: str):
     return (types, result.strip())
 
 
+def _op(name: str, kind: str, *signatures: str) -> Op:
+    """An op of ``kind`` with the signatures written as text (``"H,H->S"``)."""
+    return Op(name, tuple(map(signature, signatures)), kind)
+
+
 def _sigmoid(a: float) -> float:
     return 1 / (1 + math.exp(-max(min(a, 60.0), -60.0)))
 
@@ -183,25 +168,17 @@ OPS: dict = {op.name: op for op in (
     _elementwise("ssqrt", 1, lambda a: math.copysign(math.sqrt(abs(a) + 1e-4) - 1e-2, a)),
     _elementwise("slog1p", 1, lambda a: math.copysign(math.log1p(abs(a)), a)),
     # learned, per position
-    Op("scale", (signature("H->H"), signature("X->X"), signature("S->S")), "learned"),
-    Op("bias", (signature("H->H"), signature("X->X"), signature("S->S")), "learned"),
-    Op("sgate", (signature("H->H"), signature("X->X")), "learned"),
-    Op("lin", (signature("X->X"),), "learned"),
+    _op("scale", "learned", "H->H", "X->X", "S->S"), _op("bias", "learned", "H->H", "X->X", "S->S"),
+    _op("sgate", "learned", "H->H", "X->X"), _op("lin", "learned", "X->X"),
     # feature maps over a head's channels
-    Op("l2n", (signature("H->H"),), "feature"), Op("rmsn", (signature("H->H"),), "feature"),
-    Op("elu1", (signature("H->F"),), "feature"), Op("lfeat", (signature("H->H"),), "feature"),
+    _op("l2n", "feature", "H->H"), _op("rmsn", "feature", "H->H"), _op("elu1", "feature", "H->F"),
+    _op("lfeat", "feature", "H->H"),
     # along time: each reads only the positions up to its own
-    Op("shift", (signature("H->H"),), "time"), Op("dconv2", (signature("H->H"),), "time"),
-    Op("dconv3", (signature("H->H"),), "time"), Op("dconv4", (signature("H->H"),), "time"),
-    Op("cumsum", (signature("H->H"),), "time"), Op("cummean", (signature("H->H"),), "time"),
-    Op("decay", (signature("H->H"),), "time"), Op("sdecay", (signature("S->S"),), "time"),
-    # weights and mixing (over the keys a query may see only)
-    Op("w.none", (signature("S->W"),), "weight"),
-    Op("mix", (signature("W,H->H"),), "mix"),
-    Op("kmix", (signature("F,F,H->H"),), "mix"),
-    # output
-    Op("o", (signature("H->X"),), "output"),
-    Op("pin", (signature("X,X->X"),), "root"),
+    *(_op(name, "time", "H->H") for name in ("shift", "dconv2", "dconv3", "dconv4", "cumsum", "cummean", "decay")),
+    _op("sdecay", "time", "S->S"),
+    # weights and mixing (over the keys a query may see only), the output, the root
+    _op("w.none", "weight", "S->W"), _op("mix", "mix", "W,H->H"), _op("kmix", "mix", "F,F,H->H"),
+    _op("o", "output", "H->X"), _op("pin", "root", "X,X->X"),
 )}
 STRUCTURAL = frozenset(OPS)  # the ops above: never removed; a plugin adds ops beside them
 PLUGIN_KINDS = ("elementwise", "learned", "feature", "time")  # what a registered op may be
@@ -255,21 +232,14 @@ class Grammar:
 
     def __init__(self, options: Mapping[str, Sequence[str]], kernels: Iterable[str]):
         kernels = set(kernels)
-        ops = dict(OPS)
-        for name in options["similarity"]:
-            ops[f"s.{name}"] = Op(f"s.{name}", (signature("H,H->S"),), "score")
-        for name in options["temperature_mode"]:
-            ops[f"t.{name}"] = Op(f"t.{name}", (signature("S->S"), signature("H->H")), "temperature")
-        for name in options["normalization"]:
-            if name in kernels:
-                ops[f"kmix.{name}"] = Op(f"kmix.{name}", (signature("H,H,H->H"),), "mix")
-            else:
-                ops[f"w.{name}"] = Op(f"w.{name}", (signature("S->W"),), "weight")
+        made = [_op(f"s.{name}", "score", "H,H->S") for name in options["similarity"]]
+        made += [_op(f"t.{name}", "temperature", "S->S", "H->H") for name in options["temperature_mode"]]
+        made += [_op(f"kmix.{name}", "mix", "H,H,H->H") if name in kernels else _op(f"w.{name}", "weight", "S->W")
+                 for name in options["normalization"]]
         for name in options["gating"]:
             if name != "none":
-                ops[f"g.{name}"] = Op(f"g.{name}", (signature("X->X"),), "gate")
-                ops[f"gi.{name}"] = Op(f"gi.{name}", (signature("X->X"),), "gate")
-        self.ops = ops
+                made += [_op(f"g.{name}", "gate", "X->X"), _op(f"gi.{name}", "gate", "X->X")]
+        self.ops = {**OPS, **{op.name: op for op in made}}
 
     def op(self, name: str) -> Op:
         found = self.ops.get(name)
