@@ -1,33 +1,21 @@
 """Suites: named lists of task x difficulty points, kept as YAML data (``data/suites/*.yaml``).
 
-    from evo_attention.data.suites import load_suite
     suite = load_suite("mad-cpu")            # a shipped suite, or the path of a YAML file
     for point in suite.points:
         point.label, point.data, point.options, point.steps   # 'recall', 'mad:in_context_recall:...', {}, 600
         task = point.load()                                    # its SyntheticData
 
-A suite file (``docs/tasks.md``, "The format") has a name (``suite``) and ``points``, and optionally
-a ``description``, a ``budget`` (text), the ``steps`` of a point that gives none, the ``model``
-settings every training on the suite uses (``MODEL_KEYS``) and ``defaults``: knobs of every point
-whose task has them (a point's own win). A point has a ``task`` (any registered task, or a corpus:
-a language point, with ``data_dir`` and ``tokenizer``) and ``knobs``, and optionally a ``label``
-(unique; default: the task's short name, numbered if repeated), its ``steps``, a data ``seed``
-(default 0; goes to the options as ``seed``) and a ``weight`` (default 1).
+The file format is ``docs/tasks.md``'s ("The format"): a name (``suite``), ``points`` and optional
+``description``, ``budget``, default ``steps``, ``model`` settings (``MODEL_KEYS``) and ``defaults``
+(knobs of every point whose task has them; a point's own win). A point has a ``task`` (a registered
+task, or a corpus: a language point) and ``knobs``, and optionally a unique ``label``, ``steps``, a
+data ``seed`` and a ``weight``; a gene's score is the weighted mean of its points' accuracies.
 
-A gene's score is the weighted mean of its points' accuracies (a language point's is its
-next-token accuracy); the weights are stated in the file and kept with the run.
-
-A point names its data completely: after the defaults, ``seq_len`` and ``vocab`` must be set, so a
-point means the same data whatever the run's Config. ``model`` fixes the few model settings that
-make a suite's tasks learnable at its budget (today ``short_conv``: Zoology's short causal
-convolution before attention, without which recall needs thousands of steps at CPU sizes); like
-the steps, the suite's value wins over a run's. Loading checks everything a point's data
-needs (names, values, the checks between knobs) without generating data; errors are one line
-naming the file and the point.
-
-``point.data`` is the inline data name (``mad:TASK:knob=value,...``, knobs sorted, defaults
-included), accepted by ``load_data`` and ``--data`` as it is; ``point.options`` holds the rest of the
-task options (the data seed, when given).
+A point names its data completely (``seq_len`` and ``vocab`` must be set), so it means the same data
+whatever the run's Config; the suite's ``model`` settings and steps win over a run's. Loading checks
+everything a point's data needs without generating data; errors are one line naming the file and
+the point. ``point.data`` is the inline data name (knobs sorted, defaults included), accepted by
+``load_data`` and ``--data``; ``point.options`` holds the rest of the task options (the data seed).
 """
 
 from __future__ import annotations
@@ -216,40 +204,45 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
             raise fail(f"point {i} ({task}): weight must be a positive number, got {weight!r}")
         if task in CORPORA:
-            points.append(_language_point(i, item, own, float(weight), model, labels, datas, _steps(
-                item.get("steps"), fail, f"point {i} steps") or default_steps, fail))
-            continue
-        stray = [k for k in CORPUS_KEYS if k in item]
-        if stray:
-            raise fail(f"point {i} ({task}): {stray[0]} applies to a language point (task {' or '.join(CORPORA)}), "
-                       "not to a generated task")
-        names = {k.name for k in TASKS[task].all_knobs}
-        applied = {k: v for k, v in defaults.items() if k in names}
-        used_defaults.update(applied)
-        knobs = {**applied, **own}
-        missing = [k for k in REQUIRED_KNOBS if k not in knobs]
-        if missing:
-            raise fail(f"point {i} ({task}): set {' and '.join(missing)} (in the point's knobs or the defaults): "
-                       "a point names its data completely")
-        try:
-            resolved = resolve_knobs(task, knobs)  # names, values and the checks between knobs
-        except UserError as error:
-            raise fail(f"point {i}: {error}") from None
-        knobs = {k: resolved[k] for k in knobs}  # typed (16.0 -> 16), as given
-        steps = _steps(item.get("steps"), fail, f"point {i} steps")
-        seed = item.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise fail(f"point {i} ({task}): seed must be an integer, got {seed!r}")
+            steps = _steps(item.get("steps"), fail, f"point {i} steps")
+            key, shown = _language_key(i, item, own, fail)
+            knobs, seed = dict(own), None
+        else:
+            stray = [k for k in CORPUS_KEYS if k in item]
+            if stray:
+                raise fail(f"point {i} ({task}): {stray[0]} applies to a language point (task "
+                           f"{' or '.join(CORPORA)}), not to a generated task")
+            names = {k.name for k in TASKS[task].all_knobs}
+            applied = {k: v for k, v in defaults.items() if k in names}
+            used_defaults.update(applied)
+            knobs = {**applied, **own}
+            missing = [k for k in REQUIRED_KNOBS if k not in knobs]
+            if missing:
+                raise fail(f"point {i} ({task}): set {' and '.join(missing)} (in the point's knobs or the defaults): "
+                           "a point names its data completely")
+            try:
+                resolved = resolve_knobs(task, knobs)  # names, values and the checks between knobs
+            except UserError as error:
+                raise fail(f"point {i}: {error}") from None
+            knobs = {k: resolved[k] for k in knobs}  # typed (16.0 -> 16), as given
+            steps = _steps(item.get("steps"), fail, f"point {i} steps")
+            seed = item.get("seed")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise fail(f"point {i} ({task}): seed must be an integer, got {seed!r}")
+            key, shown = (task, tuple(sorted(resolved.items())), seed or 0), None  # the same data, however spelled
         label = item.get("label")
-        if label is None:
+        if label is None or (not label and task in CORPORA):
             short = task.split(":")[-1]
             label = short if short not in labels else f"{short}-{i}"
-        _check_label(i, task, label, labels, fail)
+        if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
+            raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
+        if label in labels:
+            raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
         point = SuitePoint(label=label, task=task, knobs=knobs, steps=steps if steps is not None else default_steps,
-                           seed=seed, model=dict(model), weight=float(weight))
-        key = (task, tuple(sorted(resolved.items())), seed or 0)  # the same data, however spelled
+                           seed=seed, model=dict(model), weight=float(weight), data_dir=item.get("data_dir"),
+                           tokenizer=item.get("tokenizer"))
         if key in datas:
-            raise fail(f"points {datas[key]} and {i} are the same data ({point.data}): remove one")
+            raise fail(f"points {datas[key]} and {i} are the same data ({shown or point.data}): remove one")
         labels[label], datas[key] = i, i
         points.append(point)
     unused = [k for k in defaults if k not in used_defaults]
@@ -259,10 +252,9 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
                  budget=raw.get("budget", "").strip(), source=source)
 
 
-def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict, labels: dict, datas: dict,
-                    steps: int | None, fail) -> SuitePoint:
-    """Point ``i``, a corpus (``CORPORA``): its directory, tokenizer, context and vocabulary; checked
-    here as far as can be without reading the corpus (its reading says the rest, in one line)."""
+def _language_key(i: int, item: dict, knobs: dict, fail) -> tuple:
+    """Point ``i``, a corpus (``CORPORA``), checked as far as can be without reading the corpus (its
+    reading says the rest, in one line): (its data's identity, how a message names that data)."""
     task = item["task"]
     bad = [k for k in knobs if k not in CORPUS_KNOBS]
     if bad:
@@ -286,22 +278,7 @@ def _language_point(i: int, item: dict, knobs: dict, weight: float, model: dict,
                    "makes its own: drop vocab")
     if item.get("seed") is not None:
         raise fail(f"point {i} ({task}): a corpus has no data seed; leave seed out")
-    label = item.get("label") or (task if task not in labels else f"{task}-{i}")
-    _check_label(i, task, label, labels, fail)
-    key = (task, data_dir, tokenizer or "word", tuple(sorted(knobs.items())))
-    if key in datas:
-        raise fail(f"points {datas[key]} and {i} are the same data ({task} in {data_dir}): remove one")
-    labels[label], datas[key] = i, i
-    return SuitePoint(label=label, task=task, knobs=dict(knobs), steps=steps, model=dict(model), weight=weight,
-                      data_dir=data_dir, tokenizer=tokenizer)
-
-
-def _check_label(i: int, task: str, label, labels: dict, fail) -> None:
-    """Point ``i``'s label must be a word without spaces that no earlier point has (``labels``)."""
-    if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
-        raise fail(f"point {i} ({task}): label must be a word without spaces, got {label!r}")
-    if label in labels:
-        raise fail(f"points {labels[label]} and {i} have the same label {label!r}: give each point its own label")
+    return (task, data_dir, tokenizer or "word", tuple(sorted(knobs.items()))), f"{task} in {data_dir}"
 
 
 def _steps(value, fail, what: str) -> int | None:
