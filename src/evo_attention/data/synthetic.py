@@ -3,48 +3,23 @@
 Every task is offline and deterministic: the same knobs and seed give the same tensors in every
 process (each split draws from its own generator, seeded by sha256 of task, seed and split). Only
 *answer positions* are scored: targets are ``IGNORE_INDEX`` everywhere else, and the number of
-answers per example follows from the knobs (``answers_per_example``), so ``scored_tokens`` and the
-trainer's ``eval_tokens`` say how many answers a full evaluation scores.
+answers per example follows from the knobs (``answers_per_example``).
 
 Data names (``load_data`` / ``--data``): a registered task's name, then its knobs inline:
+``mqar:pairs=8,queries=4``, ``mad:selective_copy:seq_len=64,copy=16``, a plugin's ``delayed_copy:delay=2``.
+Knobs also come from the task options mapping (Config ``recall``, ``TaskSpec.options``); a knob
+given in both places must agree. ``seq_len`` and ``vocab`` not given as knobs come from
+``load_data``'s ``seq_len`` and ``vocab_size`` (None: the task's default). ``seed`` (in the
+options) picks the data. ``train_examples=0`` trains on an endless stream
+(``SyntheticData.train_batches``). ``describe()`` states the chance accuracy and, where the task
+has one, the no-recall accuracy (``Task.no_recall``).
 
-    mqar                      mqar:pairs=8,queries=4,seq_len=64
-    mad:TASK                  mad:selective_copy:seq_len=64,copy=16
-    NAME                      a plugin's task: delayed_copy:delay=2 (its name as registered)
-
-Knobs come inline (``NAME:knob=value,...``) and/or from the task options mapping (Config ``recall``,
-``TaskSpec.options``); a knob given in both places must agree. ``seq_len`` and ``vocab`` not given
-as knobs come from ``load_data``'s ``seq_len`` and ``vocab_size`` (the Config's ``max_seq_len`` and
-``vocab_size``; ``vocab_size=None`` means the task's default). ``seed`` (in the options) picks the
-data; it is not an inline knob. The common knobs are ``COMMON_KNOBS``; ``train_examples=0`` trains
-on an endless stream (``SyntheticData.train_batches``). ``describe()`` states the chance accuracy (a
-uniform guess among the symbols that can be answers) and, where the task has one, the no-recall
-accuracy (``Task.no_recall``).
-
-Tasks and what they isolate (each class's ``capability``; ``docs/tasks.md`` has the layouts with
-examples):
-
-* ``mqar`` -- ``pairs`` key-value pairs, then ``queries`` of those keys in two-token slots among
-  filler; slot j is drawn with weight (j + 1) ** (power - 1). ``layout=kv``: a slot shows "k v",
-  values may repeat, <fill> filler; ``layout=zoology``: a slot shows the key only, values are
-  distinct per example, random filler (``filler=zero`` for <fill>). Scored: each query key's value.
-* ``mad:in_context_recall`` -- a dictionary of ``pairs`` distinct keys with their values, then
-  query pairs of dictionary keys (drawn with replacement) that fill the window; scored: the value
-  of every query pair. ``mad:noisy_recall`` interleaves ``round(noise * (T + 1))`` noise tokens
-  between the pairs; ``mad:fuzzy_recall`` has keys of ``key_len`` and values of ``value_len`` tokens.
-* ``mad:selective_copy`` -- ``copy`` content tokens at random positions of a noise region, then
-  ``copy`` <copy> markers; at the j-th marker the model must output the j-th content token.
-* ``mad:compression`` -- ``tokens`` content tokens, then ``tokens`` <compress> markers, answered
-  likewise: our causal-LM form of MAD's compression (MAD decodes the sequence from one embedding).
-* ``mad:memorization`` -- a fixed key -> value table shared by all examples and splits (drawn from
-  the seed); each example lists ``pairs`` distinct keys, each followed by its value (scored).
-
-Adding a task: one ``Task`` subclass registered with ``@register_task("name")`` (``docs/tasks.md``).
+What each task isolates is its class's ``capability``; ``docs/tasks.md`` has the layouts with
+examples. Adding a task: one ``Task`` subclass registered with ``@register_task("name")``.
 ``TASKS`` is that registry and nothing else lists tasks, so a registered task is at once a data
-name, a suite point's ``task:`` and a ``curve`` task, with the memory check, ``describe()`` and a
-fingerprint. A name is a lower-case word or ``FAMILY:WORD``, never a dataset's name
-(``base.name_taken``) nor both a word and a family. Registering changes no existing data (a
-shipped suite is a pinned list of points).
+name, a suite point's ``task:`` and a ``curve`` task. A name is a lower-case word or
+``FAMILY:WORD``, never a dataset's name (``base.name_taken``) nor both a word and a family.
+Registering changes no existing data.
 """
 
 from __future__ import annotations
@@ -639,13 +614,11 @@ def is_synthetic(name) -> bool:
 
 def parse_data_name(name: str) -> tuple[str, dict[str, str]]:
     """``(task, inline knobs as text)`` of a data name; UserError for a malformed one."""
-    head, sep, rest = name.partition(":")
-    if head in TASKS:
-        task, rest = head, rest if sep else None
-    elif not is_family(head):
-        raise UserError(f"unknown generated task {head!r} in data {name!r}; valid tasks: {task_names()}", setting="data")
-    else:
-        family = [t.split(":", 1)[1] for t in TASKS if t.startswith(head + ":")]
+    task, sep, rest = name.partition(":")
+    if task not in TASKS and not is_family(task):
+        raise UserError(f"unknown generated task {task!r} in data {name!r}; valid tasks: {task_names()}", setting="data")
+    if task not in TASKS:  # a family: the task is its next word
+        head, family = task, [t.split(":", 1)[1] for t in TASKS if t.startswith(task + ":")]
         word, sep, rest = rest.partition(":")
         if not word.strip():
             raise UserError(f"data {name!r} names no {head.upper()} task: use {head}:TASK[:knob=value,...] with TASK "
@@ -654,9 +627,8 @@ def parse_data_name(name: str) -> tuple[str, dict[str, str]]:
         if task not in TASKS:
             raise UserError(f"unknown {head.upper()} task {word.strip()!r} in data {name!r}; valid tasks: "
                             f"{', '.join(family)}", setting="data")
-        rest = rest if sep else None
     knobs: dict[str, str] = {}
-    if rest is None:
+    if not sep:
         return task, knobs
     for item in rest.split(","):
         key, sep, value = item.partition("=")
