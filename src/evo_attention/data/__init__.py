@@ -90,11 +90,6 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
             raise UserError(f"unknown recall option(s) {unknown}; valid ones: {', '.join(RECALL_OPTIONS)}")
         return RecallData(vocab_size=64 if vocab_size is None else vocab_size, seq_len=seq_len,
                           seed=seed, **recall_options)
-    if name in ("wikitext2", "text"):
-        if recall_options:
-            raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
-        return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len, tokenizer=tokenizer,
-                           eval_stride=eval_stride, cache_dir=cache_dir)
     if name in DATASET_FACTORIES:
         data = DATASET_FACTORIES[name]({"data_dir": data_dir, "vocab_size": vocab_size, "seq_len": seq_len,
                                         "eval_stride": eval_stride, "cache_dir": cache_dir, "tokenizer": tokenizer,
@@ -103,9 +98,12 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
             raise UserError(f"dataset {name!r} gave {type(data).__name__}, not a TaskData: its plugin's factory must "
                             "return one", setting="data")
         return data
-    if is_hf(name):
+    if name in ("wikitext2", "text") or is_hf(name):
         if recall_options:
             raise UserError(f"option(s) {sorted(recall_options)} only apply to the recall task, not {name!r}")
+        if not is_hf(name):
+            return load_corpus(name, data_dir, vocab_size=vocab_size, seq_len=seq_len, tokenizer=tokenizer,
+                               eval_stride=eval_stride, cache_dir=cache_dir)
         source, texts = read_hf(name, text_field)
         return corpus_from_texts(name, texts, source, vocab_size=vocab_size, seq_len=seq_len,
                                  eval_stride=eval_stride, cache_dir=cache_dir, tokenizer=tokenizer)

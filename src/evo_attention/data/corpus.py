@@ -1,31 +1,22 @@
 """Language-modelling corpora: WikiText-2 ('wikitext2') and any plain-text corpus ('text').
 
-A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (for WikiText-2 the
-original names ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens`` work too).
-The default tokenization is the standard word-level recipe (``words.corpus_words``): for every line
-of a file (empty lines included), its words followed by ``<eos>``; ``tokenizer`` picks character,
-byte or BPE tokens instead (``tokenizers.py``). Each split becomes one contiguous int64 token
-stream, with the UTF-8 bytes and characters of every token beside it (for bits per byte). The vocabulary comes
-from the train split only; anything else maps to ``<unk>`` (bytes and byte-level BPE have none).
+A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (for WikiText-2 also
+``wiki.train.tokens``, ...). Each split becomes one int64 token stream (``tokenizers.py``; by default
+the word recipe, ``words.corpus_words``), with the UTF-8 bytes and characters of every token beside
+it; the vocabulary comes from the train split only. WikiText-2 comes from ``data_dir``, else
+``$EVO_ATTENTION_DATA_DIR``, else Hugging Face ``datasets``; otherwise a UserError says how to point
+at the files: there is never a substitute dataset.
 
-Where WikiText-2 comes from: the ``data_dir`` argument, else ``$EVO_ATTENTION_DATA_DIR``, else the
-Hugging Face ``datasets`` loader (``wikitext``/``wikitext-2-v1``, the same tokenized text) when that
-package is installed and can reach its hub. Otherwise a UserError says how to point at the files;
-there is never a substitute dataset.
-
-Batches, for a stream s with targets s[1:] after inputs s[:-1] (N = len(s) - 1 targets):
-
-* training: the full, non-overlapping windows starting at 0, T, 2T, ... (``N // T`` of them),
-  shuffled per epoch; every target scored.
-* evaluation: window i starts at ``i * S`` (S = ``eval_stride``, default T). The first window
-  scores all its T targets, every later one only its last S (those no earlier window scored), so
-  each of the N targets is scored exactly once. Positions past the end of the stream are padded:
-  input ``<eos>``, target -100. With S = T this is the usual non-overlapping evaluation; a smaller
-  S gives every scored token at least T - S tokens of context, at T / S times the cost.
+Batches, for a stream s with targets s[1:] after inputs s[:-1] (N = len(s) - 1 targets): training
+takes the ``N // T`` non-overlapping windows starting at 0, T, 2T, ..., shuffled per epoch.
+Evaluation window i starts at ``i * S`` (S = ``eval_stride``, default T): the first scores all its
+T targets, every later one only its last S, so each target is scored exactly once, with at least
+T - S tokens of context; positions past the end are padded (input ``<eos>``, target -100).
 """
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -182,8 +173,6 @@ def _warn_if_small(data: "CorpusData", tokenizer: str) -> None:
     """Say what the user did not get: a BPE vocabulary smaller than asked for (the text ran out of
     pairs to merge), an evaluation split too small for a perplexity that is more than noise; refuse
     one with nothing to score (before any training)."""
-    import warnings
-
     kind, size = parse_tokenizer(tokenizer)
     if kind == "bpe" and size is not None and data.vocab_size < size:
         warnings.warn(f"tokenizer bpe:{size} asked for {size:,} tokens, but the train split of {data.source} supports "

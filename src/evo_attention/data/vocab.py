@@ -10,6 +10,7 @@ words than ``N``, placeholder names (``<unused-0>``, ...) fill the remaining ids
 A Vocab is stored with results as JSON (``to_json`` / ``from_json``).
 """
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 
@@ -49,14 +50,10 @@ class Vocab:
         check_memory(BYTES_PER_SYMBOL * symbols, what, fix, setting="vocab_size")  # before the names are made
         with refuse_failed_allocation(what, fix, setting="vocab_size"):
             itos = [UNK, EOS] + sorted((w for w in counts if w not in (UNK, EOS)), key=lambda w: (-counts[w], w))
-            if size is not None:
-                itos = itos[:size]
-                taken, i = set(itos), 0
-                while len(itos) < size:  # fewer words than requested: name the spare ids
-                    name = f"<unused-{i}>"
-                    if name not in taken:
-                        itos.append(name)
-                    i += 1
+            if size is not None:  # cut to size; fewer words than requested: name the spare ids
+                itos, taken = itos[:size], set(itos[:size])
+                spare = (name for name in map("<unused-{}>".format, itertools.count()) if name not in taken)
+                itos += itertools.islice(spare, size - len(itos))
             return cls(itos)
 
     def __len__(self) -> int:
