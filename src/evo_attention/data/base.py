@@ -2,25 +2,19 @@
 
 A TaskData turns a dataset into next-token-prediction batches ``(x, y)``: two int64 CPU tensors of
 shape ``[batch, seq_len]`` where ``y[b, t]`` is the token that should follow ``x[b, :t+1]``, or
-``IGNORE_INDEX`` (-100) where nothing is scored (padding, unpredictable positions). Fitness is the
-exact perplexity ``exp(sum of NLL over scored targets / number of scored targets)``, so
-``scored_tokens(split)`` says how many targets a full evaluation pass scores.
+``IGNORE_INDEX`` (-100) where nothing is scored. Fitness is the exact perplexity over the scored
+targets, so ``scored_tokens(split)`` says how many targets a full evaluation pass scores.
 
 Datasets made of fixed-size *items* (windows of a token stream, generated examples) implement four
-small hooks -- ``num_train_items``, ``train_items``, ``num_eval_items``, ``eval_items`` -- and
-inherit the batching loops below:
+hooks (``num_train_items``, ``train_items``, ``num_eval_items``, ``eval_items``) and inherit the
+batching: training takes per epoch a ``torch.randperm`` (from the caller's generator) of the items
+in batches of exactly ``batch_size``, carrying the leftover into the next epoch, so the stream is
+infinite and determined by the generator's state; evaluation takes the items in order, the last
+batch possibly smaller. ``LoaderData`` adapts a user's own torch DataLoaders.
 
-* training: per epoch a ``torch.randperm`` (drawn from the caller's generator) of the item indices,
-  cut into batches of exactly ``batch_size``; the leftover of one epoch is carried into the next,
-  so the stream is infinite and fully determined by the generator's state.
-* evaluation: items in fixed order; the last batch may be smaller than ``batch_size``.
-
-``LoaderData`` adapts a user's own torch DataLoaders to the same interface.
-
-Data names: ``DATASETS`` are the datasets ``load_data`` builds itself (and ``hf:`` names Hugging Face
-data); ``DATASET_FACTORIES`` holds those plugins add (``data.register_dataset``); the generated tasks
-are ``data.synthetic.TASKS`` (``register_task``). ``name_taken`` is the one rule that keeps the three
-apart: no name means two datasets.
+Data names: ``DATASETS`` are built by ``load_data`` itself (``hf:`` names Hugging Face data),
+``DATASET_FACTORIES`` by plugins (``data.register_dataset``), the generated tasks are
+``data.synthetic.TASKS``; ``name_taken`` keeps the three apart.
 """
 
 import hashlib

@@ -1,14 +1,11 @@
 """On-disk cache of tokenized corpora.
 
-A tokenized corpus (one token stream per split plus its vocabulary) is stored as one file,
-``<cache dir>/tokens-<key>.pt``, where the key is the sha256 of everything the result depends on:
-the hashes of the split files' contents, the requested vocabulary size and the tokenization
-recipe version (see ``corpus.py``). Streams are stored as int32 and handed back as int64, equal to
-what tokenizing again would give. Files are written to a temporary name and moved into place with
-``os.replace``, so concurrent workers never see a half-written file; the last writer wins, with
-identical contents. A cache that cannot be written only costs time: it warns and carries on.
-
-The cache directory is, in order: the ``cache_dir`` argument, ``$EVO_ATTENTION_CACHE_DIR``,
+A tokenized corpus (one token stream per split plus its tokenizer) is one file,
+``<cache dir>/tokens-<key>.pt``, the key being the sha256 of everything the result depends on
+(``cache_key``). Streams are stored as int32 and handed back as int64. Files are written to a
+temporary name and moved into place with ``os.replace``, so concurrent workers never see a
+half-written file. A cache that cannot be written only costs time: it warns and carries on.
+The directory is the ``cache_dir`` argument, else ``$EVO_ATTENTION_CACHE_DIR``, else
 ``~/.cache/evo-attention``.
 """
 

@@ -1,28 +1,15 @@
 """A generated multi-query associative recall (MQAR) task: fast, offline, deterministic from a seed.
 
-The model reads key-value pairs, then must recall the value of each queried key. Only a model that
-looks up earlier context by content can do better than chance (1 / number of values), which makes
-this a quick test of an attention mechanism.
+The model reads key-value pairs, then must recall the value of each queried key: only a model that
+looks up earlier context by content beats chance (1 / number of values). Token ids, for vocab_size
+V: 0 is <fill>, 1 .. K the keys k0 .. k{K-1} (K = (V - 1) // 2), K+1 .. V-1 the values.
 
-Token ids, for vocab_size V:
-
-    0                 <fill>   filler
-    1 .. K            keys     k0 .. k{K-1}      K = (V - 1) // 2
-    K+1 .. V-1        values   v0 .. v{V-K-2}
-
-Each example is seq_len + 1 tokens; the model gets x = example[:-1] and targets y = example[1:]:
-
-    positions 0 .. 2P-1    k v k v ...   P = num_pairs pairs, distinct keys, values uniform
-    positions 2P ..        two-token slots; Q = num_queries slots, chosen uniformly, hold "k v" for
-                           Q distinct keys of the pairs (in random order); all else is <fill>
-
-For example with P = 2, Q = 2, seq_len = 9 (10 tokens):  k3 v7 k1 v2 <fill> <fill> k1 v2 k3 v7.
-Only the value after a queried key is scored: y is -100 everywhere except at the Q query-key
-positions, where it holds the key's value. So scored_tokens = examples * Q, and the example must
-fit: 2P + 2Q <= seq_len + 1.
-
-The train, valid and test sets are independent draws from generators seeded from (seed, split), so
-the same settings give the same data in every process.
+Each example is seq_len + 1 tokens (x = example[:-1], y = example[1:]): first P = num_pairs pairs
+``k v`` (distinct keys, uniform values), then two-token slots; Q = num_queries slots, chosen
+uniformly, hold ``k v`` for Q distinct keys of the pairs, all else is <fill>. For example with
+P = 2, Q = 2, seq_len = 9: ``k3 v7 k1 v2 <fill> <fill> k1 v2 k3 v7``. Only the value after a
+queried key is scored (y is -100 elsewhere), so scored_tokens = examples * Q, and an example must
+fit: 2P + 2Q <= seq_len + 1. Each split draws from a generator seeded from (seed, split).
 """
 
 import torch

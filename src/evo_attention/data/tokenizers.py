@@ -1,22 +1,15 @@
 """Tokenizers of a text corpus: word, character, byte and byte-level BPE, behind one interface.
 
-=============  ===========================================================================
-``word``       the standard word-level recipe (``words.corpus_words``): whitespace-separated
-               words, ``<eos>`` after every line, the train split's most frequent words
-               (``vocab_size``) plus ``<unk>``
-``char``       the train split's characters plus ``<unk>`` (for characters the train split lacks)
-``byte``       the 256 UTF-8 byte values: no unknowns, any language
-``bpe:N``      a byte-level BPE vocabulary of N tokens trained on the train split only, with
-               Hugging Face ``tokenizers`` (cached on disk with the token streams)
-=============  ===========================================================================
+``word`` is the standard word-level recipe (``words.corpus_words``: whitespace-separated words,
+``<eos>`` after every line, the train split's most frequent ``vocab_size`` words plus ``<unk>``);
+``char`` the train split's characters plus ``<unk>``; ``byte`` the 256 UTF-8 byte values (no
+unknowns); ``bpe:N`` a byte-level BPE vocabulary of N tokens trained on the train split with Hugging
+Face ``tokenizers`` (cached on disk with the token streams).
 
 Every tokenizer turns a text into token ids *and* says how many UTF-8 bytes and characters of the
-text each token stands for (``Encoded``), so a model's NLL can be reported in bits per byte and
-bits per character, which compare across tokenizations. Word-level counts are those of the
-text as the recipe reads it: one space between the words of a line, a newline after each line.
-
-``Tokenizer.token_texts(ids)`` gives the text of every token, for display (attention maps): a word,
-a character, or the bytes of a byte or BPE token (``\\xNN`` where they are not whole UTF-8).
+text each token stands for (``Encoded``), for bits per byte and per character, which compare across
+tokenizations (word level: of the text as the recipe reads it, one space between words, a newline
+after each line). ``Tokenizer.token_texts(ids)`` gives the text of every token, for display.
 """
 
 from __future__ import annotations
