@@ -65,19 +65,15 @@ def load_data(name: str, *, data_dir: str | os.PathLike | None = None, vocab_siz
               seq_len: int = 128, seed: int = 0, eval_stride: int | None = None,
               cache_dir: str | os.PathLike | None = None, tokenizer: str = "word", text_field: str = "text",
               **recall_options) -> TaskData:
-    """Build the dataset ``name`` ('wikitext2', 'text' or 'recall').
+    """Build the dataset ``name``: a corpus, the recall task, a generated task, a plugin's or ``hf:`` data.
 
-    Corpora: ``data_dir`` holds the split files (for wikitext2 it falls back to
-    $EVO_ATTENTION_DATA_DIR, then Hugging Face ``datasets``); ``vocab_size=None`` keeps every train
-    word; ``eval_stride`` gives strided evaluation; ``cache_dir`` overrides the tokenization cache
-    location; ``seed`` is unused (batch order comes from the generator given to ``train_batches``).
-    Recall: ``vocab_size`` (None = 64), ``seq_len``, ``seed`` and ``recall_options`` (num_pairs,
-    num_queries, train_examples, eval_examples) go to ``RecallData``; ``cache_dir`` is not used, and a
-    ``data_dir``, ``text_field`` or ``tokenizer`` is refused (``check_applicable``): nothing is ignored
-    silently.
-    Generated tasks (``TASK[:knob=value,...]``: ``mqar``, ``mad:TASK``, registered ones; ``synthetic.py``):
-    the knobs come inline and from ``recall_options``; ``seq_len`` and ``vocab_size`` (None = the
-    task's default) fill the ``seq_len`` and ``vocab`` knobs when those are not given.
+    Corpora: ``data_dir`` holds the split files (wikitext2 falls back to $EVO_ATTENTION_DATA_DIR, then
+    Hugging Face ``datasets``); ``vocab_size=None`` keeps every train word; ``eval_stride`` gives
+    strided evaluation; ``cache_dir`` overrides the token cache's location; ``seed`` is unused.
+    Recall: ``vocab_size`` (None = 64), ``seq_len``, ``seed`` and ``recall_options`` go to
+    ``RecallData``. Generated tasks (``TASK[:knob=value,...]``, ``synthetic.py``): knobs inline and
+    from ``recall_options``; ``seq_len`` and ``vocab_size`` (None = the task's default) fill the
+    ``seq_len`` and ``vocab`` knobs not given. A setting a dataset would ignore is refused.
     """
     check_applicable(name, data_dir=data_dir, text_field=text_field)
     if is_synthetic(name):

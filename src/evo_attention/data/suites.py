@@ -231,7 +231,7 @@ def parse_suite(raw: Any, source: str = "<suite>") -> Suite:
                 raise fail(f"point {i} ({task}): seed must be an integer, got {seed!r}")
             key, shown = (task, tuple(sorted(resolved.items())), seed or 0), None  # the same data, however spelled
         label = item.get("label")
-        if label is None or (not label and task in CORPORA):
+        if label is None or (not label and task in CORPORA):  # a language point: any empty label
             short = task.split(":")[-1]
             label = short if short not in labels else f"{short}-{i}"
         if not isinstance(label, str) or not label.strip() or any(c.isspace() for c in label):
