@@ -4,7 +4,6 @@ import json
 import random
 import socket
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -35,13 +34,10 @@ def wt2_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def wt2(wt2_cache):
-    """WikiText-2 with the full vocabulary, tokenized cold once per session (timed)."""
+    """WikiText-2 with the full vocabulary, tokenized cold once per session."""
     if not WT2.is_dir():
         pytest.skip(f"shared WikiText-2 corpus not found at {WT2}")
-    start = time.perf_counter()
-    task = load_data("wikitext2", data_dir=WT2, seq_len=128, cache_dir=wt2_cache)
-    task.cold_seconds = time.perf_counter() - start
-    return task
+    return load_data("wikitext2", data_dir=WT2, seq_len=128, cache_dir=wt2_cache)
 
 
 def write_corpus(directory: Path, train="the cat sat\nthe dog\n\nthe cat ran away\n",
@@ -85,7 +81,6 @@ def test_wikitext2_token_counts(wt2):
     info = wt2.describe()
     assert info["tokens"]["test"] == 245_569 and info["fingerprint"] == wt2.fingerprint
     assert len(wt2.fingerprint) == 64
-    assert wt2.cold_seconds < 10
 
 
 @needs_wt2
@@ -149,14 +144,17 @@ def test_train_windows_are_aligned(wt2):
 
 
 @needs_wt2
-def test_cache_hit_is_identical_and_faster(wt2, wt2_cache):
-    start = time.perf_counter()
+def test_cache_hit_is_identical_and_does_not_tokenize(wt2, wt2_cache, monkeypatch):
+    from evo_attention.data import corpus
+
+    def tokenize(*args, **kwargs):
+        raise AssertionError("a cache hit tokenized the corpus again")
+
+    monkeypatch.setattr(corpus, "_tokenize_splits", tokenize)
     again = load_data("wikitext2", data_dir=WT2, seq_len=128, cache_dir=wt2_cache)
-    warm = time.perf_counter() - start
     assert all(torch.equal(again.streams[s], wt2.streams[s]) and again.streams[s].dtype == torch.int64
                for s in ("train", "valid", "test"))
     assert again.vocab == wt2.vocab and again.fingerprint == wt2.fingerprint
-    assert warm < wt2.cold_seconds and warm < 1.0
     assert not list(wt2_cache.glob("*.tmp"))
 
 
@@ -376,10 +374,8 @@ def test_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
 
 # --- recall ----------------------------------------------------------------------------------
 
-def test_recall_deterministic_and_fast():
-    start = time.perf_counter()
+def test_recall_deterministic():
     a = RecallData()
-    assert time.perf_counter() - start < 1.0
     b, c = RecallData(), RecallData(seed=1)
     assert a.fingerprint == b.fingerprint != c.fingerprint
     for split in ("train", "valid", "test"):
