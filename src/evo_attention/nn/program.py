@@ -1,16 +1,11 @@
 """The attention engine: what a program computes (``evo_attention.programs`` is its grammar).
 
 Every gene is a program (a classic gene is ``programs.classic_program`` of its four components),
-and ``ProgramCore`` is the only thing that computes attention. The attention module
-(``nn.attention.EvolvedAttention``) is its frame: it gives the block input x, q, k, v, the score
-bias, the window, the attention dropout and ``o`` (its module docstring), and holds a classic gene's
-components (checkpoints keep their keys); a program's ops with weights live here.
-
-Ops are registered, not listed: ``register_op(name, signatures, kind, apply=..., build=...)``
-puts an op into the grammar (``programs.OPS``: parsing, type checking, random programs, mutation,
-the docs' table) and gives its computation here, for one model and for K folded ones (an op's
-module folds by ``nn.fold``'s rules: ``PerModel`` below, or a ``fold`` method). The registered
-components give the ops ``s.*``, ``t.*``, ``w.*``, ``kmix.*``, ``g.*``, ``gi.*`` by being registered.
+and ``ProgramCore`` is the only thing that computes attention, in its frame
+``nn.attention.EvolvedAttention`` (x, q, k, v, the score bias, the window, the attention dropout,
+``o``, a classic gene's components); a program's ops with weights live here. ``register_op`` puts an
+op into the grammar (``programs.OPS``) and gives its computation here, for one model and for K folded
+ones; the registered components give the ops ``s.*``, ``t.*``, ``w.*``, ``kmix.*``, ``g.*``, ``gi.*``.
 
 Contracts (tests hold every registered op to them through random programs):
 
@@ -530,8 +525,6 @@ class _Pass:
         self.projected = None
         self.values: dict = {}
         self.weights = None
-        self._allowed = None
-        self._bias = False
 
     @property
     def decoding(self) -> bool:
@@ -553,17 +546,13 @@ class _Pass:
     def windowed(self) -> bool:
         return 0 < self.attn.window < self.t and not self.decoding
 
-    @property
+    @functools.cached_property
     def allowed(self) -> torch.Tensor:
-        if self._allowed is None:
-            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask, self.start)
-        return self._allowed
+        return self.attn.allowed_keys(self.t, self.x.device, self.mask, self.start)
 
-    @property
+    @functools.cached_property
     def bias(self):
-        if self._bias is False:
-            self._bias = self.attn.score_bias(self.t, self.x.device, self.start)
-        return self._bias
+        return self.attn.score_bias(self.t, self.x.device, self.start)
 
     @property
     def explicit(self) -> bool:
