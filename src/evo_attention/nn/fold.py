@@ -3,36 +3,28 @@
 ``fold_models(models)`` stacks the K models' parameters along a new leading dimension and rewires a
 copy of the first model to run on the stacked weights: activations are [K * B, ...], model-major
 (rows k*B .. k*B+B-1 are model k's), so every part that computes each batch row from that row alone
-runs unchanged on the folded batch, one kernel launch per op for all K models. Afterwards every
-parameter of model k is a view of slice k of its stacked parameter (the members keep their own
-model objects, for evaluation, checkpoints and saving).
+runs unchanged on the folded batch. Afterwards every parameter of model k is a view of slice k of
+its stacked parameter (the members keep their own model objects).
 
 How a part folds is declared where the part is written, never in a list of known parts:
 
-- A part with no parameters of its own and buffers equal in every model (the attention module,
-  masks, rotary tables, parameter-free similarities, every normalization function, dropout sites)
-  needs nothing: it is shared, and its children fold by these rules.
+- A part with no parameters of its own and buffers equal in every model needs nothing: it is
+  shared, and its children fold by these rules.
 - A part that holds weights declares its folded form with a method ``fold(self, folding: Folding)``
-  returning the module that replaces it (written next to its single form: see
-  ``components.LearnedTemperature``). ``folding.param(name)`` is the stacked [K, ...] parameter of
-  its own parameter ``name``, ``folding.buffers(name)`` its K buffers stacked, ``folding.rows`` the
-  rows per model of the current batch.
-- PyTorch's own weighted layers fold by the table ``TORCH_FOLDS`` below (Linear, LayerNorm,
-  RMSNorm, Embedding).
+  returning the module that replaces it (``components.LearnedTemperature``): ``folding.param(name)``
+  is the stacked [K, ...] parameter of its own parameter ``name``, ``folding.buffers(name)`` its K
+  buffers stacked, ``folding.rows`` the rows per model of the current batch.
+- PyTorch's own weighted layers fold by the table ``TORCH_FOLDS`` below.
 
-Anything else (a part with weights and no ``fold``, or buffers that differ between the models) is
-refused with ``Unfoldable`` naming the part and why; the trainer then trains those trials one by
-one. Contract of a folded form: given [K * B, ...] rows it computes for rows of model k exactly what
-model k's part computes (the tests hold every registered component to it).
+Anything else is refused with ``Unfoldable`` naming the part and why; the trainer then trains those
+trials one by one. A folded form computes, for the rows of model k, exactly what model k's part computes.
 
-Models that differ in a part (another gene's attention) fold too: where the copies of a part differ
-(``fold_key``, a part's declaration of what it computes, e.g. the attention's gene; else its type
-and its own weights' shapes) the part becomes a ``Split``: the models in groups of equal parts, each
-group's part folded among its own models by these rules and run on their rows only. Every other
-part must be the same in all models (the same parameters and shapes), or the fold is refused. A
-group's stacked parameters hold only its models' slices: ``Fold.owners`` says whose, and the
-optimizer, the clipping and the dropout masks (``Rows.members``: the models whose rows a part is
-computing) follow it.
+Models that differ in a part fold too: where the copies' ``fold_key`` differ (a part's declaration of
+what it computes, e.g. the attention's gene; else its type and its own weights' shapes) the part
+becomes a ``Split``: each group of equal parts folded among its own models and run on their rows
+only. Every other part must be the same in all models. A group's stacked parameters hold only its
+models' slices (``Fold.owners``), which the optimizer, the clipping and the dropout masks
+(``Rows.members``) follow.
 """
 
 from __future__ import annotations
@@ -389,16 +381,11 @@ def fold_models(models: Sequence[nn.Module], rows: Rows) -> Fold:
         raise Unfoldable(f"parameters without a folded form: {', '.join(missing)}")
     # the stacked parameters in model 0's order, every group's at the place of its part (the order of
     # each model's own parameters, as its clipping alone sums their norms)
-    ordered, placed = [], set()
+    ordered = []
     for name in named[0]:
         path = _inside(name, splits)
-        if path is None:
-            ordered.append(name)
-        elif path not in placed:
-            placed.add(path)
-            ordered += [key for key in stacked if key.startswith(f"{path}.parts.")]
-    placed_keys = set(ordered)
-    ordered += [key for key in stacked if key not in placed_keys]
+        ordered += [name] if path is None else [key for key in stacked if key.startswith(f"{path}.parts.")]
+    ordered = list(dict.fromkeys(ordered + list(stacked)))  # each at its first place
     fold = Fold(skeleton, {key: stacked[key] for key in ordered}, owners, slots)
     fold.bind(models)
     return fold
