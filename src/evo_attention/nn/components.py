@@ -9,9 +9,8 @@ A gene is a choice of one entry from each registry:
 ``GATINGS``               how the attention output is gated and mixed with its input
 ========================  ===========================================================
 
-Every registry maps a name to a factory; the decorators ``register_similarity`` etc. add one, and
-the name joins the search space at once (``AttentionGene.SIMILARITY_FUNCS`` is the live list), so
-a user adds a component in a few lines without editing the library::
+The decorators ``register_similarity`` etc. add a factory under a name, which joins the search space
+at once, so a user adds a component without editing the library::
 
     @register_normalization("squared_relu")
     def squared_relu(scores, mask):
@@ -20,21 +19,17 @@ a user adds a component in a few lines without editing the library::
 
 Contracts (tests hold every registered component to them):
 
-- Causality: nothing reads a future position, and the attention module masks future keys before
-  normalizing. A similarity that compares one query with one key, and a temperature or gating that
-  sees only its position's own input, decode from a key/value cache; one that reads earlier
-  positions too (found when registered: ``ACROSS_POSITIONS``) decodes by recomputing.
+- Causality: nothing reads a future position; the attention module masks future keys before
+  normalizing. A component that reads earlier positions too (found when registered:
+  ``ACROSS_POSITIONS``) decodes by recomputing instead of from a key/value cache.
 - Normalizations return non-negative weights whose rows sum to 1 over allowed keys, exactly zero
-  weight on masked keys, and no NaN in forward or backward (also for a row whose allowed scores
-  all map to zero, which then gets all-zero weights). ``row_normalize``'s (``relu_norm``,
-  ``sigmoid``) is approximate: a row sums to S / (S + 1e-6) for its unnormalized sum S.
-  ``register_normalization`` probes a function for the mask part (``check_masking``) and refuses
-  one that reads or weighs masked keys.
-- Row independence: each batch row is computed from that row alone (registration probes a
-  plugin's component on 2 rows, in eval and in train mode), so K models fold into one batch
-  (``nn.fold``). A component without weights folds as it is; one with weights declares its
-  folded form, a ``fold(self, folding)`` method next to its single form (``LearnedTemperature``
-  below); a component with weights and no ``fold`` trains one trial at a time.
+  weight on masked keys, and no NaN in forward or backward (a row whose allowed scores all map to
+  zero gets all-zero weights). ``row_normalize``'s (``relu_norm``, ``sigmoid``) is approximate: a row
+  sums to S / (S + 1e-6). ``register_normalization`` refuses one that reads or weighs masked keys
+  (``check_masking``).
+- Row independence: each batch row is computed from that row alone (registration probes a plugin's
+  component), so K models fold into one batch (``nn.fold``); a component with weights declares its
+  folded form, a ``fold(self, folding)`` method (``LearnedTemperature``), or trains one trial at a time.
 """
 
 from __future__ import annotations
@@ -527,11 +522,9 @@ def softmax_norm(scores, mask):
 
 
 # Partial sort: entmax's exact algorithms look at the k largest scores first and double k while the
-# support is larger, so the result is exact for any k. k=16 made sparsemax 2.2x and 1.5-entmax 3x
-# faster than a full sort at the seed's shape (T=128) on a CPU; attention supports are typically a
-# few keys. Off the CPU a full sort: whether to double k is a question the host asks the device
-# (``torch.any``), which waits for it every step and keeps the step from being captured as a CUDA
-# graph (train/graph.py), while sorting a row of a few hundred keys there costs little.
+# support is larger (exact for any k); k=16 made them 2-3x faster than a full sort on a CPU at T=128.
+# Off the CPU a full sort: asking the device whether to double k would wait for it every step and
+# keep the step from being captured as a CUDA graph (train/graph.py).
 PARTIAL_SORT_K = 16
 
 
@@ -662,12 +655,10 @@ class FavorKernel(KernelNormalization):
     """Performer's FAVOR+ (Choromanski et al., 2021): an APPROXIMATION of softmax attention by m
     positive orthogonal random features, phi(x) = exp(w x - |x|^2 / 2), unbiased for exp(q . k).
 
-    The features are drawn once per layer and head when the model is built, from torch's RNG
-    (seeded by the run's seed, so the same seed draws the same features), kept as a buffer (saved
-    with the weights) and never redrawn. Constant factors cancel in the ratio, so: each query's
-    exponents are shifted by their max (its own, so nothing of another position is read), and
-    every key's by the fixed max_i |w_i|^2 / 2, which bounds w x - |x|^2 / 2 from above: no
-    exponent is positive, nothing overflows.
+    The features are drawn once per layer and head when the model is built, from torch's seeded RNG,
+    and kept as a buffer (saved with the weights). Constant factors cancel in the ratio, so each
+    query's exponents are shifted by their own max and every key's by the fixed max_i |w_i|^2 / 2,
+    which bounds w x - |x|^2 / 2 from above: no exponent is positive, nothing overflows.
     """
 
     def __init__(self, d_head: int, n_heads: int, n_features: int):
@@ -763,12 +754,8 @@ class _StackedLearnedTemperature(nn.Module):
 
 @register_temperature("adaptive")
 class AdaptiveTemperature(nn.Module):
-    """A temperature per head and per query position, from that position's own input only.
-
-    tau[b, h, t] = sqrt(d_head) * exp(2 * tanh(w_h . x[b, t] + c_h)), in sqrt(d_head) * [e^-2, e^2];
-    it starts at sqrt(d_head) (zero init). Reading only x[b, t] keeps it causal, unlike a mean
-    over the sequence, which would let every position see the future.
-    """
+    """A temperature per head and per query position, from that position's own input only (causal):
+    tau[b, h, t] = sqrt(d_head) * exp(2 * tanh(w_h . x[b, t] + c_h)), starting at sqrt(d_head)."""
 
     def __init__(self, d_model: int, n_heads: int, d_head: int):
         super().__init__()
@@ -788,8 +775,12 @@ class AdaptiveTemperature(nn.Module):
 
 
 class Gating(nn.Module):
+    gated = False  # True: holds ``gate``, a d_model -> d_model linear map of x
+
     def __init__(self, d_model: int):
         super().__init__()
+        if self.gated:
+            self.gate = nn.Linear(d_model, d_model)
 
     def gate_input(self, x):
         return x
@@ -807,9 +798,7 @@ class NoGating(Gating):
 class InputGate(Gating):
     """sigmoid(W x) * x feeds the Q/K/V projections (position-wise, so causal)."""
 
-    def __init__(self, d_model: int):
-        super().__init__(d_model)
-        self.gate = nn.Linear(d_model, d_model)
+    gated = True
 
     def gate_input(self, x):
         return torch.sigmoid(self.gate(x)) * x
@@ -819,9 +808,7 @@ class InputGate(Gating):
 class OutputGate(Gating):
     """sigmoid(W x) * attention output."""
 
-    def __init__(self, d_model: int):
-        super().__init__(d_model)
-        self.gate = nn.Linear(d_model, d_model)
+    gated = True
 
     def forward(self, x, y):
         return torch.sigmoid(self.gate(x)) * y
@@ -831,9 +818,10 @@ class OutputGate(Gating):
 class HighwayGate(Gating):
     """g * attention output + (1 - g) * x with g = sigmoid(W x), initially leaning to attention."""
 
+    gated = True
+
     def __init__(self, d_model: int):
         super().__init__(d_model)
-        self.gate = nn.Linear(d_model, d_model)
         nn.init.constant_(self.gate.bias, 1.0)
 
     def forward(self, x, y):
