@@ -13,23 +13,18 @@ A gene's ``position`` says where a layer gets word order from:
 ``none``            no position signal at all (a causal model can still infer order)
 ==================  ==========================================================================
 
-A gene's ``attn_bias`` adds a *learned* term to the logits. ``rel`` is one scalar per head and per
-causal offset ``i - j`` in ``0 .. max_seq_len - 1`` (T5-style, without buckets), zero at the start.
-It was chosen over a free bias per (query, key) pair because it costs H * L parameters instead of
-L * L, is shared across positions (a pattern learned at one place applies everywhere), and is the
-learned generalisation of ALiBi.
+A gene's ``attn_bias`` adds a *learned* term to the logits: ``rel`` is one scalar per head and per
+causal offset ``i - j`` in ``0 .. max_seq_len - 1`` (T5-style, without buckets; the learned
+generalisation of ALiBi), zero at the start.
 
 Both score biases are added *after* the temperature division (``scores / tau + bias``), so ALiBi's
-slopes keep their published meaning (logit units per token of distance) whatever the temperature
-gene does, and a learned bias is not rescaled by a learned or adaptive temperature. Rotary
-embeddings rotate q and k before the similarity, whatever it is (for ``cosine`` the rotation keeps
-norms, so the relative property holds; for ``additive`` q and k are rotated before Wq q + Wk k).
-Future keys are masked by the attention module, so the biases are 0 there and never matter.
+slopes keep their published meaning whatever the temperature gene does. Rotary embeddings rotate q
+and k before the similarity, whatever it is. Future keys are masked by the attention module, so the
+biases are 0 there and never matter.
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
@@ -103,12 +98,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
         ratio = 2.0 ** (-8.0 / n)
         return [ratio ** (i + 1) for i in range(n)]
 
-    if n_heads & (n_heads - 1) == 0:
-        slopes = geometric(n_heads)
-    else:
-        lower = 2 ** int(math.floor(math.log2(n_heads)))
-        slopes = geometric(lower) + geometric(2 * lower)[0::2][: n_heads - lower]
-    return torch.tensor(slopes, dtype=torch.float32)
+    lower = 1 << (n_heads.bit_length() - 1)  # n_heads itself for a power of two
+    return torch.tensor(geometric(lower) + geometric(2 * lower)[0::2][: n_heads - lower], dtype=torch.float32)
 
 
 class ALiBi(nn.Module):
