@@ -29,18 +29,13 @@ Contract:
 
 - One implementation: the wrapper holds no model logic. Its ``model`` attribute is the library's
   ``TinyTransformer`` (shipped by ``export.module_sources(..., flat=True)``), so the logits are the
-  library's, computed on the same paths. Generation runs the library's cached decoding
-  (``TinyTransformer.decode`` with ``new_caches()``, for every gene) behind ``past_key_values``.
+  library's; generation runs the library's cached decoding behind ``past_key_values``.
 - Flat, because transformers copies a remote-code model into its module cache by following the
-  ``from .<module> import`` lines of the modeling file: files in sub-folders and modules imported as
-  ``from . import <module>`` are not copied, so the modeling file names every shipped module once.
-- The tokenizer gives the library tokenizer's ids: word level (the corpus recipe: whitespace-split
-  words, ``<eos>`` for every newline, unknown words ``<unk>``), characters, bytes, and BPE (the
-  library's own ``tokenizers`` model). Word level follows ``encode_prompt``: ``<eos>`` ends every
-  line that ends with a newline, so a text ending with one gets the ids of the library's ``encode``;
-  ``<eos>`` is its ``eos_token``. A generated task's symbols (a word vocabulary without ``<eos>``:
-  recall, mqar, the MAD tasks) are words split on whitespace, id 0 (the task's filler) the
-  ``bos_token`` (lm-evaluation-harness needs one; nothing adds it to encoded text).
+  modeling file's ``from .<module> import`` lines only, so the modeling file names every shipped module.
+- The tokenizer gives the library tokenizer's ids: word level (``<eos>`` for every newline, as
+  ``encode_prompt``; ``<eos>`` is its ``eos_token``), characters, bytes, and BPE. A generated task's
+  symbols (a word vocabulary without ``<eos>``: recall, mqar, the MAD tasks) are words split on
+  whitespace, id 0 (the task's filler) the ``bos_token`` (lm-evaluation-harness needs one).
 - Every export's ``pad_token`` is ``<pad>``, id ``vocab_size``: a token after the vocabulary (never
   embedded), which no text gives (``split_special_tokens``: a special token's text reads as text).
 - Batches: left padding runs row by row on each row's real tokens (what ``generate`` expects); right
@@ -408,11 +403,6 @@ def _imports(modules: list[str]) -> str:
     return "\n".join(f"from .{m} import __name__ as _{m}" for m in modules)
 
 
-def _listing(shipped: list[str]) -> tuple[str, str]:
-    modules = [path[:-3] for path in shipped]
-    return _imports(modules), "".join(f"\n    _{m}," for m in modules) + "\n"
-
-
 def _plugin_listing(names: list[str]) -> str:
     if not names:
         return ""
@@ -425,12 +415,13 @@ def model_sources(plugins=()) -> dict[str, str]:
     """The python files of an HF export: {file name: text}, the configuration and modeling files
     and the library's modules they run (flat), with the modules of ``plugins`` (``check_exportable``)."""
     shipped = module_sources(MODEL_ROOTS, flat=True, plugins=plugins)
-    plugin_files = {f"{name}.py" for name in plugin_names(plugins, flat=True)}
-    listing, names = _listing([path for path in shipped if path not in plugin_files])
+    plugin_modules = plugin_names(plugins, flat=True)
+    modules = [path[:-3] for path in shipped if path[:-3] not in plugin_modules]
     fill = dict(version=__version__, config_class=CONFIG_CLASS, model_class=MODEL_CLASS, model_type=MODEL_TYPE,
                 config_module=CONFIG_MODULE, spec_module=flat_name("evo_attention.nn.spec"),
                 genes_module=flat_name("evo_attention.genes"), model_module=flat_name("evo_attention.nn.model"),
-                listing=listing, names=names, plugins=_plugin_listing(plugin_names(plugins, flat=True)))
+                listing=_imports(modules), names="".join(f"\n    _{m}," for m in modules) + "\n",
+                plugins=_plugin_listing(plugin_modules))
     return {f"{CONFIG_MODULE}.py": _CONFIGURATION.format(**fill), f"{MODELING_MODULE}.py": _MODELING.format(**fill),
             **shipped}
 
@@ -532,7 +523,7 @@ def export_hf(model, tokenizer, out: str | Path, *, source: str = "", extra: dic
                         "model_input_names": ["input_ids", "attention_mask"]}  # no token_type_ids for generate
     weights = save(_state(model), metadata={"format": "pt"})
     spec = ModelSpec.from_mapping(config)
-    genes = sorted(set(config["genes"]), key=config["genes"].index)
+    genes = list(dict.fromkeys(config["genes"]))
     readme = _README.format(
         genes=genes[0] if len(genes) == 1 else f"{len(genes)} genes", source=f"From {source}. " if source else "",
         version=__version__, modeling=MODELING_MODULE, block=spec.block, d_model=spec.d_model, n_heads=spec.n_heads,
