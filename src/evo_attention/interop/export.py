@@ -13,26 +13,21 @@ An export directory holds:
 
 Contract:
 
-- Nothing here holds attention logic. ``module_sources`` ships whole library modules: each file is
-  the library's file with one mechanical change, its ``from evo_attention... import`` statements
-  made relative (same line count, every other line equal; a test compares them). It follows every
-  package-internal import of the roots, lazy ones too, so what it ships imports nothing outside it;
-  the package ``__init__`` files are generated (docstrings only: the library's front door imports
-  every layer). Another exporter (e.g. a Hugging Face model directory) can ship the whole ``nn``
-  model the same way, with other roots.
-- The exported ``EvolvedAttention`` is the library's class, so ``EvolvedAttention.state_dict()``
-  loads into it unchanged and it computes what the library computes, on the same paths (PyTorch's
-  fused kernel where ``can_fuse``; ``decode`` with a cache too). The entry loads the package beside
-  it under a name private to the entry module: nothing is added to ``sys.path``, and it works
-  however ``attention.py`` is imported, also for several exports in one program.
-- It needs PyTorch, plus any other package the shipped modules import (``third_party_imports``;
-  the README names them and the functions that import them lazily, e.g. ``entmax`` for sparsemax).
-- A component or program op registered by a plugin ships with the plugin's module
-  (``check_exportable`` finds it, ``plugin_source`` ships it as ``plugins/<module>.py``, its library
-  imports pointed at the modules that define the names and made relative like the library's); the
-  entry imports it before it builds anything, so its registrations run. A plugin that cannot be
-  shipped is a one-line UserError naming it and why, before anything is written. Its other imports
-  are listed as requirements, like the library's.
+- Nothing here holds attention logic. ``module_sources`` ships whole library modules (the import
+  closure of the roots, lazy imports too), each the library's file with its ``from evo_attention...
+  import`` statements made relative (same line count, every other line equal; a test compares them);
+  the package ``__init__`` files are generated (docstrings only). Other exporters (a Hugging Face
+  model directory) ship the ``nn`` model the same way, with other roots.
+- The exported ``EvolvedAttention`` is the library's class: the library's ``state_dict()`` loads into
+  it unchanged and it computes what the library computes, on the same paths. The entry loads the
+  package beside it under a name private to the entry module (nothing joins ``sys.path``; several
+  exports may live in one program).
+- It needs PyTorch, plus any other package the shipped modules import (``third_party_imports``; the
+  README names them and the functions that import them lazily, e.g. ``entmax`` for sparsemax).
+- A component or program op registered by a plugin ships with the plugin's module (``check_exportable``
+  finds it, ``plugin_source`` ships it as ``plugins/<module>.py``, its library imports resolved and made
+  relative); the entry imports it first, so its registrations run. A plugin that cannot be shipped is a
+  one-line UserError naming it and why, before anything is written.
 """
 
 from __future__ import annotations
@@ -165,14 +160,10 @@ def _column(line: str, offset: int) -> int:
 
 def relative_imports(name: str, text: str, *, flat: bool = False) -> str:
     """``text`` (the source of library module ``name``) with each ``from evo_attention...`` statement
-    made relative: in ``evo_attention.nn.attention``, ``from evo_attention.nn.dropout import`` becomes
-    ``from ..nn.dropout import`` and ``from evo_attention import genes`` ``from .. import genes``.
-    Only those statements change (found by parsing, so a docstring's example stays as it is).
-
-    ``flat``: every module lies in one folder under its ``flat_name``, so ``from evo_attention.nn.dropout
-    import dropout`` becomes ``from .evo_attention_nn_dropout import dropout`` and ``from evo_attention.nn
-    import components`` ``from . import evo_attention_nn_components as components`` (a statement that
-    imports modules from a package must then be on one line)."""
+    (found by parsing) made relative: in ``evo_attention.nn.attention``, ``from evo_attention.nn.dropout
+    import`` becomes ``from ..nn.dropout import``. ``flat``: every module lies in one folder under its
+    ``flat_name`` (``from .evo_attention_nn_dropout import dropout``; modules imported from a package
+    as ``from . import evo_attention_nn_components as components``, which must then be on one line)."""
     dots = "." * name.count(".")  # from the module's package up to the library's root
     lines = text.splitlines(keepends=True)
     nodes = []
@@ -212,18 +203,12 @@ def _package_init(package: str) -> str:
 
 
 def module_sources(roots: Iterable[str], *, flat: bool = False, plugins: Iterable[str] = ()) -> dict[str, str]:
-    """The library's own source of ``roots`` and of every library module they import, ready to
-    ship as one package: {path inside the package: text}, e.g. ``nn/attention.py``, ``genes.py``,
-    and a generated ``__init__.py`` for each package on the way (``__init__.py``, ``nn/__init__.py``).
-    Each module's text is the library's with ``relative_imports`` applied.
-
-    ``flat``: every module as one file of a single folder, named ``flat_name(module) + ".py"``
-    (``evo_attention_nn_attention.py``), and no ``__init__.py``: for loaders that copy only the files
-    beside an entry module, such as Hugging Face's remote code (``interop/hf.py``).
-
-    ``plugins``: plugin modules (``check_exportable`` names them) shipped beside the library's, each
-    with the library modules it imports (``plugin_source``): ``plugins/<name>.py``, flat
-    ``evo_attention_plugins_<name>.py``."""
+    """{path inside the package: text} of ``roots`` and every library module they import, with
+    ``relative_imports`` applied (``nn/attention.py``, ``genes.py``, ...), and a generated ``__init__.py``
+    for each package on the way. ``flat``: every module as ``flat_name(module) + ".py"`` in one folder,
+    no ``__init__.py`` (for loaders that copy only the files beside an entry module: Hugging Face's
+    remote code). ``plugins`` (``check_exportable`` names them) ship beside the library's modules, with
+    the modules they import (``plugin_source``): ``plugins/<name>.py``, flat ``evo_attention_plugins_<name>.py``."""
     shipped_plugins = [plugin_source(name, flat=flat) for name in dict.fromkeys(plugins)]
     modules = sorted(set(shipped_modules(roots)).union(*(p.modules for p in shipped_plugins)))
     if flat:
@@ -329,11 +314,9 @@ def _plugin_imports(module: str, text: str, used_for: str = "") -> tuple[str, se
 
 def plugin_source(module: str, *, flat: bool = False, used_for: str = "") -> ShippedPlugin:
     """Plugin ``module`` (imported, a ``.py`` file) as an export ships it: its source with its library
-    imports resolved (``_plugin_imports``) and made relative as the library's own modules are
-    (``relative_imports``, as if it were ``evo_attention.plugins.<name>``), and the library modules it
-    needs (their import closure). Its other imports stay (``requirements`` lists them). A plugin that
-    is not a file, imports the library other than by ``from evo_attention... import``, imports a name
-    that only a package's ``__init__`` defines, a layer above ``nn`` or relatively is a UserError naming
+    imports resolved (``_plugin_imports``) and made relative as if it were ``evo_attention.plugins.<name>``,
+    and the library modules it needs (their import closure). A plugin that cannot be shipped (the script
+    that runs, not imported, no ``.py`` file, an import ``_plugin_imports`` refuses) is a UserError naming
     it and why; ``used_for`` (e.g. ``program op 'hgate' of gene ...``) joins the message."""
     loaded = sys.modules.get(module)
     path = getattr(loaded, "__file__", None)
@@ -356,9 +339,8 @@ def plugin_source(module: str, *, flat: bool = False, used_for: str = "") -> Shi
         text = relative_imports(virtual, text, flat=flat)
     except UserError as exc:
         raise _plugin_error(module, str(exc), used_for) from None
-    if flat:
-        return ShippedPlugin(module, flat_name(virtual), f"{flat_name(virtual)}.py", text, frozenset(needed))
-    return ShippedPlugin(module, f"{PLUGINS}.{name}", f"{PLUGINS}/{name}.py", text, frozenset(needed))
+    shipped = flat_name(virtual) if flat else f"{PLUGINS}.{name}"
+    return ShippedPlugin(module, shipped, shipped.replace(".", "/") + ".py", text, frozenset(needed))
 
 
 @functools.lru_cache(maxsize=1024)
