@@ -11,22 +11,17 @@ and hand them to a function looked up by ``config._attn_implementation`` in its
 
 ``install`` gives every attention layer of the host a submodule ``evo_attention``: the library's
 ``EvolvedAttention`` of the gene without its projections (the host's take their place), holding
-the gene's own parameters (similarity, temperature, gating, kernel features, score biases), so they
-train, save and load with the host's (``model.layers.0.self_attn.evo_attention.temperature...``).
-Two PyTorch module hooks on the layer give the gene the layer's input x where it reads it: the input
-gate (``gating.gate_input``) before the host's projections, the output gating (``gating(x, y)``)
-after its output projection; the temperature reads x too.
+the gene's own parameters, which train, save and load with the host's. Two module hooks on the layer
+give the gene the layer's input x: the input gate (``gating.gate_input``) before the host's
+projections, the output gating (``gating(x, y)``) after its output projection.
 
 Contract:
 
-- One implementation: ``attention_forward`` runs the gene's program (``nn.program``, the one
-  engine) on the host's q, k, v: ``ProgramCore.heads``, on a whole sequence with the paths the tool
-  trains with (fused, banded, running sums), and on new positions after the host's cache with the
-  rows of its decoding (a program whose q, k, v reach only its attention pattern; for others
-  ``install`` sets the host's ``generation_config.use_cache = False``, so a plain ``generate()``
-  recomputes the whole sequence at each new token, and a cached call is refused in one line). A
-  layer built this way computes, on the same weights, what the library's ``EvolvedAttention``
-  computes (a test trains a tiny ``LlamaForCausalLM`` and compares, fp32, within 1e-5).
+- One implementation: ``attention_forward`` runs the gene's program (``ProgramCore.heads``) on the
+  host's q, k, v, on a whole sequence with the paths the tool trains with, and on new positions after
+  the host's cache with the rows of its decoding (a ``cacheable`` program; for others ``install`` sets
+  ``generation_config.use_cache = False`` and a cached call is refused in one line). On the same
+  weights it computes what the library's ``EvolvedAttention`` computes (a test compares, fp32, 1e-5).
 - What the host decides: the projections (its ``qkv_rank``, ``kv_heads``, bias), and the word order
   of rotary or learned positions (Llama rotates q and k itself, GPT-2 adds learned positions to
   its input); the gene decides the rest, its window and score biases (ALiBi, ``abias=rel``)

@@ -5,10 +5,8 @@
     DIR/tokenizer.json       the vocabulary or tokenizer (``Tokenizer.to_json``), when the data had one
 
 ``save_pretrained(model, dir)`` writes one and ``from_pretrained(dir)`` loads it (``train.saving``
-adds the training Config: ``save_model``, ``load_model``).
-The settings (config.json's ``config``) are the mapping the caller gives (``train.saving`` gives the
-training ``Config``'s: the layer below the trainer cannot know it), else the model's ``ModelSpec``;
-the model is built from the ``ModelSpec`` fields of the mapping, whatever else it holds.
+adds the training Config). config.json's ``config`` is the mapping the caller gives (the training
+``Config``'s), else the model's ``ModelSpec``; the model is built from its ``ModelSpec`` fields.
 
 Loading checks every file against the checksum ``config.json`` lists for it, so a missing, truncated,
 swapped or edited file is a one-line error naming it, before any tensor is read.
@@ -39,13 +37,9 @@ def sha256(data: bytes) -> str:
 
 def model_files(model, *, tokenizer=None, settings: Mapping | None = None,
                 extra: Mapping | None = None) -> dict[str, bytes]:
-    """The files of ``model``'s directory as ``{name: bytes}`` (made where the model is, written
-    wherever the bytes go: a worker process sends them to the driver).
-
-    ``tokenizer``: a ``data.tokenizers.Tokenizer`` or a ``Vocab`` (saved as a word tokenizer), or None.
-    ``settings``: what config.json keeps as ``config`` (holding every field of ``model.spec``); by
-    default the spec's fields.
-    """
+    """The files of ``model``'s directory as ``{name: bytes}`` (a worker process sends them to the
+    driver). ``tokenizer``: a ``data.tokenizers.Tokenizer`` or a ``Vocab`` (saved as a word tokenizer),
+    or None; ``settings``: config.json's ``config`` (holding every field of ``model.spec``; default: those)."""
     from safetensors.torch import save_model
     import tempfile
 

@@ -17,12 +17,9 @@ and a classic gene's components under their own names (``similarity``, ``tempera
 exports are those of every earlier version.
 
 With ``qkv_rank`` r > 0 the Q/K/V projection is factorised (``LowRankQKV``). With ``kv_heads`` K
-(dividing the H heads) the keys and values have K heads of their own, each shared by H / K query
-heads (grouped-query attention, Ainslie et al. 2023; K = 1 is multi-query attention): the
-projection has d + 2 K d_head outputs instead of 3 d. With ``window`` W > 0 each query attends
-only to its last W keys (itself included; sliding-window attention as in Longformer or Mistral);
-the engine runs it block by block when 2W < T. A window at least as long as the sequence is full
-attention.
+(dividing the H heads) the keys and values have K heads, each shared by H / K query heads
+(grouped-query attention; K = 1 is multi-query attention). With ``window`` W > 0 each query attends
+only to its last W keys, itself included (sliding-window attention).
 """
 
 from __future__ import annotations
@@ -68,15 +65,10 @@ class QKVConv(nn.Module):
 
 
 class LowRankQKV(nn.Module):
-    """Factorised Q/K/V projection: h [B, T, d] -> [B, T, 3d] = [U_q D_q h, U_kv D_kv h].
-
-    Separate rank-r latents for the query and for the key/value pair (as in DeepSeek-V2's
-    multi-head latent attention): 5 d r weights instead of 3 d^2 (fewer when r < 0.6 d); the
-    up-projections carry the bias when ``bias``. Rotary embeddings rotate the up-projected q and k
-    (nothing is absorbed, so no decoupled rope key is needed). Initialised so that its output has
-    the variance of a full N(0, 0.02) projection of a unit-variance input: D ~ N(0, 1/d),
-    U ~ N(0, 0.02^2 d / r).
-    """
+    """Factorised Q/K/V projection: h [B, T, d] -> [B, T, 3d] = [U_q D_q h, U_kv D_kv h], separate
+    rank-r latents for the query and the key/value pair (as DeepSeek-V2's multi-head latent attention;
+    the up-projections carry the bias). Its output has the variance of a full N(0, 0.02) projection of
+    a unit-variance input: D ~ N(0, 1/d), U ~ N(0, 0.02^2 d / r)."""
 
     def __init__(self, d_model: int, rank: int, bias: bool, std: float = 0.02, kv_dim: int | None = None):
         super().__init__()

@@ -2,14 +2,11 @@
 
     ids = generate(model, prompt_ids, 50, temperature=0.8, top_k=40, generator=torch.Generator().manual_seed(0))
 
-The prompt is encoded once (a "prefill" through every layer, filling the caches); each new token
-then costs one position through the model, reusing every earlier key and value. A model sees at
-most ``max_seq_len`` positions (its learned position table and relative-bias table end there, and
-it never trained on longer windows), so every prediction conditions on the last ``max_seq_len``
-tokens at most, as nanoGPT's generate crops its input. While the sequence fits the window each
-new token costs one position; once it is longer, the window slides and the caches are filled again
-from it for every token (absolute positions start at the window's first token), which costs what a
-full recomputation (``use_cache=False``, which the tests compare against) costs.
+The prompt is encoded once (a "prefill" filling the caches); each new token then costs one position
+through the model. A model sees at most ``max_seq_len`` positions, so every prediction conditions on
+the last ``max_seq_len`` tokens at most, as nanoGPT's generate crops its input: past that the window
+slides and the caches are filled again from it for every token (positions start at the window's
+first token), which costs what a full recomputation (``use_cache=False``) costs.
 """
 
 from __future__ import annotations

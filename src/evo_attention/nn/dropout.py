@@ -1,29 +1,23 @@
 """Dropout whose random mask costs a quarter of PyTorch's on CPU.
 
-PyTorch's CPU dropout draws one number per element from the (serial, mt19937) CPU generator; at
-the seed's config that is 7 masks and ~6.6M draws per training step, ~10% of the step (measured
-with torch.profiler: ``aten::bernoulli_`` 72 ms of a 700 ms step). Here each 64-bit draw gives four
-16-bit lanes and element i is dropped when its lane is below ``round(p * 65536)``:
+PyTorch's CPU dropout draws one number per element from the serial CPU generator (~10% of a training
+step at the seed's config). Here each 64-bit draw gives four 16-bit lanes and element i is dropped
+when its lane is below ``round(p * 65536)``:
 
 - the drop probability is ``q = round(p * 65536) / 65536`` (0.1 -> 0.1000061), every element
   independently; kept elements are scaled by ``1 / (1 - q)``, so the expectation is exact;
-- the mask comes from torch's global CPU generator, so a seed reproduces it exactly, on every
-  device: on a GPU the mask is drawn on the CPU and moved, so a trial's dropout stream, and with it
-  its result up to rounding, does not depend on where it trains (a trial's key leaves the device
-  out). PyTorch's own dropout on a GPU draws from the device's generator: another stream, and on
-  a chaotic task another outcome (docs/findings.md, Q3's replication);
+- the mask comes from torch's global CPU generator, so a seed reproduces it exactly on every device
+  (on a GPU it is drawn on the CPU and moved): a trial's dropout stream, and with it its result up to
+  rounding, does not depend on where it trains (a trial's key leaves the device out), where PyTorch's
+  own GPU dropout would draw another stream (docs/findings.md, Q3's replication);
 - the gradient is the same mask and scale.
 
 For p = 0 or eval mode this is ``torch.nn.functional.dropout``.
 
-The trainer gives each model its own stream (its generator starts at the global state right after
-the model is built, so a model alone draws what it would draw from the global generator, and K
-models folded into one batch each draw their own): inside ``mask_source(fn)``, ``dropout`` takes
-its keep mask from ``fn(shape, p)`` (on any device) instead of drawing it from the global
-generator; outside it (evaluation, a plain forward pass) nothing changes.
-
-The counter stream (``nn.dropout_counter``; a training's ``dropout_stream: counter``) is a source
-for ``mask_source`` that gives lanes like these without a generator.
+The trainer gives each model its own stream (a generator starting at the global state right after
+the model is built, so K models folded into one batch each draw what they would alone): inside
+``mask_source(fn)``, ``dropout`` takes its keep mask from ``fn(shape, p)`` (on any device) instead of
+the global generator. The counter stream (``nn.dropout_counter``) is such a source, without a generator.
 """
 
 from __future__ import annotations

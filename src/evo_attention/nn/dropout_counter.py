@@ -17,16 +17,12 @@ and copies nothing, and every device gives the same bits:
   with i counted within the model's rows: model k's mask is the mask it gets alone.
 
 Off the CPU the hash runs as int64 tensor ops on the device, exact with no overflow: values stay
-in [0, 2^32) between steps; ``a * j + b < 2^31 * 2^31 + 2^32 < 2^63`` (a mask part holds fewer than 2^32 elements); a
-32-bit multiplier c >= 2^31 is applied as ``c - 2^32`` (negative, |c - 2^32| < 2^31), so every
-product has magnitude below 2^63 and is congruent to ``x * c`` mod 2^32, and ``& (2^32 - 1)`` of a
-two's-complement integer is its residue mod 2^32; the shifts are of non-negative values. On the
-CPU the same function runs as numpy uint32 arithmetic (unsigned, so it wraps modulo 2^32 by
-definition: no masks, half the memory traffic, 32-bit multiplies), in cache-sized blocks; the tests
-hold both forms to a plain-Python reference.
-
-This module is not part of an exported model (``interop.export`` ships ``nn.dropout``, which imports
-only torch); the trainer hands ``counter_keep_mask`` to ``nn.dropout.mask_source``.
+in [0, 2^32) between steps; ``a * j + b < 2^31 * 2^31 + 2^32 < 2^63`` (a mask part holds fewer than
+2^32 elements); a 32-bit multiplier c >= 2^31 is applied as ``c - 2^32`` (|c - 2^32| < 2^31), so every
+product stays below 2^63 in magnitude and is congruent to ``x * c`` mod 2^32, which ``& (2^32 - 1)``
+gives. On the CPU the same function runs as numpy uint32 arithmetic (wrapping modulo 2^32 by
+definition), in cache-sized blocks; the tests hold both forms to a plain-Python reference. The
+trainer hands ``counter_keep_mask`` to ``nn.dropout.mask_source``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Memory-light language-model loss: the output projection and cross-entropy fused, in row chunks.
 
-The plain way, ``F.cross_entropy(h @ W.T, y)``, materialises the [N, vocab] logits, a [N, vocab]
-log-softmax for the backward pass and a zero-filled [N, vocab] gradient (at the seed's config
-N=4096, vocab=10000: 164 MB each, a third of a CPU training step spent streaming them).
-``linear_cross_entropy`` walks over chunks of rows instead: logits of a chunk, its softmax, its
-loss, and -- when gradients are needed -- its gradient (softmax - onehot) / n straight away, folded
-into dL/dh and dL/dW with two matrix products. The backward pass only scales the stored gradients.
-Same FLOPs, same result up to summation order, a fraction of the memory traffic.
+The plain way, ``F.cross_entropy(h @ W.T, y)``, materialises [N, vocab] logits, their log-softmax
+and a zero-filled gradient (164 MB each at the seed's config). ``linear_cross_entropy`` walks over
+chunks of rows instead: a chunk's logits, softmax, loss and -- when gradients are needed -- its
+gradient (softmax - onehot) / n straight away, folded into dL/dh and dL/dW with two matrix products;
+the backward pass only scales the stored gradients. Same FLOPs, a fraction of the memory traffic.
 
 Targets equal to ``IGNORE_INDEX`` are never scored: they add nothing to the loss, the gradient,
 or the count ``n`` of the mean.
@@ -18,12 +16,9 @@ import torch
 
 from evo_attention.data.base import IGNORE_INDEX
 
-# Rows per softmax chunk and per weight-gradient group. Measured on the 2-core AMD EPYC (AVX512-BF16)
-# at the seed's config (4096 rows, vocab 10000, d 128, bf16), output layer + loss forward/backward:
-# 128-256-row chunks keep each [chunk, vocab] float32 buffer in the caches; a 1024-row group makes the
-# weight gradient one [vocab, 1024] @ [1024, d] product per group instead of one per chunk (fewer
-# float32 accumulations of the [vocab, d] gradient) while its bf16 buffer (20 MB) stays in L3.
-# 141-169 ms with 256 / 1024 against 190-216 ms with one 4096-row group.
+# Rows per softmax chunk and per weight-gradient group (measured at the seed's config on a CPU: a
+# 256-row chunk's float32 buffer stays in the caches; a 1024-row group makes the weight gradient one
+# product per group, its bf16 buffer still in L3: 141-169 ms against 190-216 ms with one 4096-row group).
 DEFAULT_CHUNK = 256
 WEIGHT_GROUP = 1024
 

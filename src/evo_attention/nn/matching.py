@@ -3,15 +3,9 @@ parameter count of a candidate.
 
 A gene with weights of its own (a gate, a learned temperature, a bias table) trains a larger model
 than the vanilla baseline at the same ``ModelSpec``; part of its gain may be the size. The matched
-baseline is the vanilla gene at the same spec but for the feed-forward width ``d_ff``, chosen so
-that its parameter count is the nearest to the candidate's (within ``MATCH_TOLERANCE``, relative).
-The count is that of the model the trainer builds (``TinyTransformer.num_parameters``: trainable
-parameters, the tied head once), built on the meta device (no memory, no random draws). The
-count grows with ``d_ff`` by the same amount per unit (``n_layers`` feed-forwards of linear layers),
-so the width is found by bisection over the integers.
-
-The matched model is the vanilla gene unless a ``reference`` genome is named (a curve's reference
-gene need not be vanilla): that genome, widened or narrowed in its feed-forward the same way.
+baseline is the vanilla gene (or a named ``reference`` genome) at the same spec but for the
+feed-forward width ``d_ff`` that brings its parameter count (``TinyTransformer.num_parameters``,
+counted on the meta device) nearest to the candidate's, within ``MATCH_TOLERANCE`` (relative).
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ def parameter_count(spec: ModelSpec, genome) -> int:
 
 def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLERANCE, reference=None) -> int:
     """The feed-forward width ``d_ff`` at which the vanilla model (or ``reference``) of ``spec`` has
-    the parameter count nearest ``target`` (ties: the narrower width); UserError (naming
-    ``match_params``) when even the nearest count lies more than ``tolerance`` (relative) from
-    ``target``."""
+    the parameter count nearest ``target`` (ties: the narrower width; found by bisection, as the count
+    grows with the width); UserError (naming ``match_params``) when it is more than ``tolerance`` off."""
     model = AttentionGene.vanilla() if reference is None else reference
 
     def count(width: int) -> int:
@@ -66,10 +59,9 @@ def matched_width(spec: ModelSpec, target: int, *, tolerance: float = MATCH_TOLE
 
 def matched_baseline(spec: ModelSpec, genome, reference=None) -> dict:
     """The baseline (the vanilla gene, or ``reference``) matched to ``genome`` at ``spec`` (with its
-    data's vocabulary):
-    ``{"d_ff", "params", "candidate_params", "plain_params", "plain_d_ff", "off"}`` (``off``: the
-    relative distance of the two counts). ``d_ff`` is ``spec.d_ff`` itself (None: the block's
-    default) when the plain width is already the matched one."""
+    data's vocabulary): ``{"d_ff", "ffn_dim", "params", "candidate_params", "plain_params", "plain_d_ff",
+    "off"}`` (``off``: the relative distance of the two counts). ``d_ff`` is ``spec.d_ff`` itself (None:
+    the block's default) when the plain width is already the matched one."""
     model = AttentionGene.vanilla() if reference is None else reference
     target = parameter_count(spec, genome)
     plain = parameter_count(spec, model)

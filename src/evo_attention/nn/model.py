@@ -10,16 +10,13 @@ gene's in both:
 
 - ``gpt2`` (the default, the seed's): LayerNorm (with bias), a GELU feed-forward 4 x d_model wide
   whose two linear layers have biases.
-- ``llama``: RMSNorm (``torch.nn.RMSNorm``: a learned scale, no bias) for the two norms of every
-  block and the final norm, and a SwiGLU feed-forward ``down(silu(gate(x)) * up(x))`` whose three
-  linear layers have no bias; its width is ``llama_ffn_dim(d_model)``, about 8/3 d_model (so its
-  3 matrices hold about as many weights as the GELU feed-forward's 2). The attention's Q/K/V and
-  output projections keep the gene's ``use_bias``: the block never overrides the gene.
+- ``llama``: RMSNorm (a learned scale, no bias) for every norm, and a SwiGLU feed-forward
+  ``down(silu(gate(x)) * up(x))`` without biases, ``llama_ffn_dim(d_model)`` (about 8/3 d_model)
+  wide. The attention keeps the gene's ``use_bias``: the block never overrides the gene.
 
 The learned absolute position table exists only when the genes' ``position`` is ``learned`` (the
-default); with ``rope``, ``alibi`` or ``none`` each attention layer handles word order itself
-and the model has no position table. Per-layer genes agree on whether the table is used
-(``genes.layers_violation``); mixing ``rope``, ``alibi`` and ``none`` across layers is fine.
+default; per-layer genes agree on it: ``genes.layers_violation``); with ``rope``, ``alibi`` or
+``none`` each attention layer handles word order itself.
 """
 
 from __future__ import annotations

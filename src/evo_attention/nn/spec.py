@@ -1,14 +1,9 @@
 """ModelSpec: the shape of one model, as a frozen value (nanoGPT's ``GPTConfig``).
 
-A ``TinyTransformer`` is built from one: the training ``Config`` produces a ModelSpec
-(``Config.model``), a saved model directory stores one (``config.json``), and the trial of a
-training carries one (``train.spec.Trial``). Each field is declared once, here, with its default,
-its part in a trial's key and its flag (``setting``); the flat ``Config`` takes them from here.
-Derived sizes are computed here and nowhere else: ``ffn_dim`` is ``d_ff`` when given, else the
-block's default width.
-
-``vocab_size`` is None until the data is known (a word-level corpus with its full vocabulary): the
-model is built with the data's size (``with_data``).
+A ``TinyTransformer`` is built from one (``Config.model``, a saved model's ``config.json``, a
+``train.spec.Trial``'s). Each field is declared once, here, with its default, its part in a trial's
+key and its flag (``setting``); the flat ``Config`` takes them from here. Derived sizes are computed
+here and nowhere else (``ffn_dim``). ``vocab_size`` is None until the data is known (``with_data``).
 
 Nothing here imports torch.
 """
