@@ -34,6 +34,7 @@ Contracts (tests hold every registered component to them):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -252,16 +253,14 @@ def probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Mod
             if not _agree(*pair, rtol=1e-5, atol=1e-6):
                 return fault + (" in train mode" if mode == "train" else ""), finite
         cut, apart = length // 2, False
-        try:  # the prefix alone, as decoding computes it (eval mode: dropout draws depend on the length)
-            if mode == "eval":
+        with contextlib.suppress(Exception):  # e.g. too few positions for the op: judged on the longer probes
+            if mode == "eval":  # the prefix alone, as decoding computes it (train mode: dropout draws differ)
                 torch.manual_seed(0)
                 head = _earlier(compute(*(v[..., :cut, :cut] if kind in "SW" else v[..., :cut, :]
                                           if kind != "C" else v for v, kind in zip(given, arg_types))),
                                 result_type, cut, cut)  # to the values' scale: a sum's order may differ
                 scale = earlier[0].nan_to_num(0.0, 0.0, 0.0).abs().max()
                 apart = not _agree(earlier[0], head, rtol=0.0, atol=float(1e-4 * (1 + scale)))
-        except Exception:  # e.g. too few positions for the op: judged on the longer probes
-            pass
         if apart:
             return "reads future positions (its value depends on the sequence length)", finite
         if later and not _agree(*later, rtol=1e-5, atol=1e-5):
@@ -271,7 +270,7 @@ def probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Mod
     if found is None:  # a read further back than the probes show: its later rows at a longer length alone
         if module is not None:
             module.train(False)
-        try:
+        with contextlib.suppress(Exception):  # e.g. an op that fails at that length: judged on the probes above
             given = [probe_values(kind, draw, ACROSS_LENGTH)[0] for kind in arg_types]
             seen = []
             for values in (given, tail(given, ACROSS_LENGTH)):
@@ -279,8 +278,6 @@ def probe_at(compute: Callable, arg_types: str, result_type: str, module: nn.Mod
                 seen.append(_later(compute(*values), result_type, ACROSS_LENGTH))
             finite = finite and _finite(seen)
             found = None if _agree(*seen, rtol=1e-5, atol=1e-5) else "rows"
-        except Exception:  # e.g. an op that fails at that length: judged on the probes above
-            pass
     return found, finite
 
 

@@ -35,6 +35,7 @@ Fast paths are patterns the engine recognises, each computing the same function 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -162,20 +163,16 @@ def _probe(op: programs.Op, impl: Implementation, across: list | None = None) ->
                 modes = {m: m.training for m in frame.modules()}
                 # an op with weights is checked at its initial weights on every input the probe feeds it (its
                 # outputs zeroed, so that no verdict there ends the probe early); one without, on the probe's calls
-                try:
+                with contextlib.suppress(Exception):  # e.g. too few positions at every probe length: fails in use
                     if module is not None:
                         components.probe_at(lambda *values: 0 * compute(*values), "X" + "".join(types), out, frame,
                                             (), randomize=False)
-                except Exception:  # e.g. too few positions for the op at every probe length: left to fail in use
-                    pass
                 for part, training in modes.items():
                     part.training = training
                 checking = module is None
-                try:
+                with contextlib.suppress(Exception):
                     if not wrong:
                         found = components.probe(compute, "X" + "".join(types), out, frame)
-                except Exception:
-                    found = None
             if wrong:
                 return wrong[0]
             if found and found != "rows":
