@@ -120,12 +120,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     model-major -> the K means [K]. ``dtype`` is the matmul precision (float32, or bfloat16/float16
     for mixed precision); log-sum-exp and the loss are always float32.
     """
-    chunk = DEFAULT_CHUNK if chunk is None else chunk
-    if weight.dim() == 3:
-        k = weight.shape[0]
-        return _LinearCrossEntropy.apply(hidden.reshape(k, -1, hidden.shape[-1]), weight, targets.reshape(k, -1),
-                                         chunk, dtype)
-    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk, dtype)
+    lead = weight.shape[:-2]  # (K,) for K folded models, () for one
+    return _LinearCrossEntropy.apply(hidden.reshape(*lead, -1, hidden.shape[-1]), weight, targets.reshape(*lead, -1),
+                                     DEFAULT_CHUNK if chunk is None else chunk, dtype)
 
 
 @torch.no_grad()
