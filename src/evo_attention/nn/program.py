@@ -19,18 +19,16 @@ Contracts (tests hold every registered op to them through random programs):
 Fast paths are patterns the engine recognises, each computing the same function as the plain one:
 
 - ``mix(w.softmax(t.T(s.S(A,B))),C)`` with a dot-product similarity S: PyTorch's fused
-  ``scaled_dot_product_attention`` (the temperature divides the prepared queries; a score bias goes
-  in as a float mask), unless weights are needed (maps, a mask, attention dropout in training:
-  ``nn.dropout`` draws its masks the same on every device, SDPA's dropout would not).
+  ``scaled_dot_product_attention``, unless weights are needed (maps, a mask, attention dropout in
+  training: ``nn.dropout`` draws its masks the same on every device, SDPA's dropout would not).
 - ``mix(w.N(t.T(s.S(A,B))),C)`` and ``kmix.N(...)`` with a window W, 2W < T: block by block, each
   block of W queries meeting the 2W keys of its own and the previous block (O(T W)).
 - ``kmix``: running sums over positions (``components.causal_kernel_attention``, O(T)) unless
   explicit weights are needed (maps, a mask, a window, attention dropout in training).
-- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form),
-  through ops that each read one position alone (not ``components.ACROSS_POSITIONS``), decodes with
-  a key/value cache (running sums for a kernel without a window); any other program recomputes its
-  forward over the positions so far and keeps the new rows (every op is causal, so those rows are
-  what the whole sequence gives them).
+- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form)
+  through ops that read one position alone (not ``components.ACROSS_POSITIONS``) decodes with a
+  key/value cache (running sums for a kernel without a window); any other recomputes its forward over
+  the positions so far and keeps the new rows (every op is causal).
 """
 
 from __future__ import annotations
