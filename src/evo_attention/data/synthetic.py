@@ -616,7 +616,8 @@ def parse_data_name(name: str) -> tuple[str, dict[str, str]]:
     """``(task, inline knobs as text)`` of a data name; UserError for a malformed one."""
     task, sep, rest = name.partition(":")
     if task not in TASKS and not is_family(task):
-        raise UserError(f"unknown generated task {task!r} in data {name!r}; valid tasks: {task_names()}", setting="data")
+        raise UserError(f"unknown generated task {task!r} in data {name!r}; valid tasks: {task_names()}",
+                        setting="data")
     if task not in TASKS:  # a family: the task is its next word
         head, family = task, [t.split(":", 1)[1] for t in TASKS if t.startswith(task + ":")]
         word, sep, rest = rest.partition(":")
