@@ -324,9 +324,9 @@ def paired(candidate: Sequence, reference: Sequence, confidence: float = 0.95, *
     differences are ``log(candidate) - log(reference)``, the scale on which perplexity's seed noise
     is additive; with ``log=False`` (bits per byte, loss, accuracy) they are plain.
 
-    Returns the keys below: the mean and sd of the per-seed differences, the ``ttest_rel`` statistic,
-    degrees of freedom, two-sided p-value (``p_t``) and interval, the exact sign-flip p (``p_exact``), the
-    test the verdict rule uses (``test``: ``exact_decides``) and its p (``p_value``), the seeded
+    Returns the keys of the dict built below: the mean and sd of the per-seed differences, the
+    ``ttest_rel`` statistic, degrees of freedom, two-sided p-value (``p_t``) and interval, the exact sign-flip
+    p (``p_exact``), the test the verdict rule uses (``test``: ``exact_decides``) and its p (``p_value``), the seeded
     ``scipy.stats.bootstrap`` interval (BCa by default; from ``BOOTSTRAP_MIN`` pairs;
     ``bootstrap_resamples=0`` skips it), and with ``log=True`` the relative change ``exp(difference) - 1``
     with the t interval mapped by the same function (None with ``log=False``).
