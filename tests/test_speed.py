@@ -261,3 +261,13 @@ def test_bench_reprobe_with_a_bad_flag_forgets_nothing(tmp_path, monkeypatch):
     for bad in (["--lr", "nan"], ["--gene", "dot|nosuchnorm"]):
         assert main(["bench", "--reprobe", "--preset", "quick", *bad]) == 2
         assert (tmp_path / "precision-0000000000000000.json").exists()
+
+
+def test_the_engine_gives_torch_compile_no_lock_to_break_its_graph_on():
+    """A pass's cached mask and score bias are plain attributes: ``functools.cached_property`` takes a
+    lock before Python 3.12, and Dynamo breaks the graph at each first access of one."""
+    from evo_attention.nn.spec import ModelSpec
+    spec = ModelSpec(vocab_size=32, d_model=16, n_heads=2, n_layers=1, max_seq_len=8, dropout=0.0)
+    model = TinyTransformer(spec, "additive|softmax|none|fixed").eval()
+    explained = torch._dynamo.explain(model.hidden_states)(torch.randint(0, 32, (2, 8)))
+    assert not [b for b in explained.break_reasons if "lock" in str(b.reason).lower()]

@@ -520,6 +520,10 @@ class _Pass:
         self.projected = None
         self.values: dict = {}
         self.weights = None
+        # kept by hand, not functools.cached_property: before Python 3.12 that takes a lock, and
+        # torch.compile breaks its graph at every first access
+        self._allowed = None
+        self._bias = False
 
     @property
     def decoding(self) -> bool:
@@ -541,13 +545,17 @@ class _Pass:
     def windowed(self) -> bool:
         return 0 < self.attn.window < self.t and not self.decoding
 
-    @functools.cached_property
+    @property
     def allowed(self) -> torch.Tensor:
-        return self.attn.allowed_keys(self.t, self.x.device, self.mask, self.start)
+        if self._allowed is None:
+            self._allowed = self.attn.allowed_keys(self.t, self.x.device, self.mask, self.start)
+        return self._allowed
 
-    @functools.cached_property
+    @property
     def bias(self):
-        return self.attn.score_bias(self.t, self.x.device, self.start)
+        if self._bias is False:
+            self._bias = self.attn.score_bias(self.t, self.x.device, self.start)
+        return self._bias
 
     @property
     def explicit(self) -> bool:
