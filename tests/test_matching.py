@@ -226,3 +226,11 @@ def test_curve_matches_its_reference_gene_to_each_other_gene_at_every_point(tmp_
     assert rows[GATED]["points"][0]["solve_versus_plain"]["versus"] == "baseline"
     assert result["solve"]["family_size"] == 4 and result["solve"]["matched"] is True
     assert "Parameter-matched" in curve_markdown(result) and wide["name"] in curve_markdown(result)
+
+
+def test_the_validation_headline_reads_the_first_matched_baseline_of_the_best_gene():
+    from evo_attention.report.studies.validation import validation_headline
+    result = {"genes": [{"gene": "g", "mean": 1.0}], "baseline": {"mean": 2.0}, "seeds": [1, 2],
+              "matched_baselines": [{"matched_to": ["g"], "d_ff": 9}, {"matched_to": ["g"], "d_ff": 7},
+                                    {"matched_to": None}]}  # entries after the first match are never read
+    assert "the matched baseline (FFN 9)" in validation_headline(result)
