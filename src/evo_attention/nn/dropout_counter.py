@@ -22,7 +22,8 @@ in [0, 2^32) between steps; ``a * j + b < 2^31 * 2^31 + 2^32 < 2^63`` (a mask pa
 product stays below 2^63 in magnitude and is congruent to ``x * c`` mod 2^32, which ``& (2^32 - 1)``
 gives. On the CPU the same function runs as numpy uint32 arithmetic (wrapping modulo 2^32 by
 definition), in cache-sized blocks; the tests hold both forms to a plain-Python reference. The
-trainer hands ``counter_keep_mask`` to ``nn.dropout.mask_source``.
+trainer hands ``counter_keep_mask`` to ``nn.dropout.mask_source``; this module is not shipped in an
+export (``nn.dropout``, which is, imports only torch).
 """
 
 from __future__ import annotations

@@ -67,8 +67,11 @@ def outside_space(key: str, space: SearchSpace) -> str | None:
 
 
 def ranked_genes(store: RunStore, objectives, searched=None) -> list[str]:
-    """The keys of the finished search genes of a run, best first (see the module docstring); ``searched``: only
-    these search records (default: the store's)."""
+    """The keys of the finished search genes of a run, best first, the way that run ranked them: by
+    perplexity; with several objectives by Pareto front, crowding distance, then perplexity; genes over
+    the run's own caps after the others; a suite run by suite accuracy, highest first, over the genes that
+    trained on every point; a raced gene by its lower bound over its seeds (unranked when a seed failed).
+    ``searched``: only these search records (default: the store's)."""
     config = store.config() or {}
     bounds = {str(r["gene"]): r["told"] for r in (store.get_meta(RACING_META) or {}).get("genes") or []}
     failed = {key for key, told in bounds.items() if told is None}  # raced and failed on a seed: unranked

@@ -86,7 +86,8 @@ def validation_best_row(result: Mapping) -> dict | None:
 def validation_headline(result: Mapping) -> str:
     """One sentence: the best validated gene vs the baseline, its paired change and the verdict."""
     best = validation_best_row(result)
-    matched = (b for b in result.get("matched_baselines") or [] if best and best.get("gene") in b.get("matched_to", []))
+    matched = (b for b in result.get("matched_baselines") or []
+               if best and best.get("gene") in b.get("matched_to", []))
     base = next(matched, None) or result.get("baseline") or {}  # the one the best gene's verdict used
     label, conf, d = result.get("metric_label", "perplexity"), stats.percent(result.get("confidence", 0.95)), \
         digits_for(result.get("metric", ""))
