@@ -339,3 +339,21 @@ def test_an_unreachable_ray_cluster_is_tried_once_and_refused_in_one_line(monkey
     with pytest.raises(UserError, match="cannot start or reach the Ray cluster at 127.0.0.1:1"):
         executor._open()
     assert tries == ["1"] and GCS_TRIES not in os.environ  # one try (Ray's default is 20), for this call only
+
+
+def test_an_executor_subclass_may_bring_its_own_metaclass():
+    """Executor is a plain class (no ABCMeta): a plugin executor may mix in a class with a metaclass of its own."""
+    from evo_attention.search.executors.base import Executor
+
+    class Registered(type):
+        pass
+
+    class Plugin(metaclass=Registered):
+        pass
+
+    class PluginExecutor(Executor, Plugin):
+        def run(self, tasks, on_result=None):
+            return []
+
+    with PluginExecutor() as executor:
+        assert isinstance(executor, PluginExecutor)

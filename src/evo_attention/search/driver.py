@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from contextlib import AbstractContextManager, ExitStack, suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 from evo_attention.data.base import TaskData
@@ -67,7 +67,7 @@ SEEDED = "seed_vanilla"  # meta: the gene seed_vanilla seeded (Config.vanilla_ge
 TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
 
 
-class Search(AbstractContextManager):
+class Search:
     """Run (or resume) a search into the run directory ``out_dir``; see the module docstring.
 
     ``population`` (best first) and ``history`` describe the search after the last finished
@@ -388,6 +388,9 @@ class Search(AbstractContextManager):
     def close(self) -> None:
         self.store.close()
         self.lock.release()
+
+    def __enter__(self):
+        return self
 
     def __exit__(self, *exc):
         self.close()

@@ -19,7 +19,7 @@ import shlex
 import sqlite3
 import threading
 import warnings
-from contextlib import AbstractContextManager, closing, contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -133,7 +133,7 @@ def _refuse_directory(db: Path) -> None:
                             "command again")
 
 
-class RunStore(AbstractContextManager):
+class RunStore:
     """The SQLite database of one run. Build with ``create`` or ``open``; close (or use ``with``).
 
     One process writes (the driver); any number of processes may read at the same time. A store
@@ -426,6 +426,9 @@ class RunStore(AbstractContextManager):
     def hold(self, lock) -> "RunStore":
         """Keep ``lock`` (a ``search.lock.RunLock`` held on this directory) for the life of the store."""
         self._held = lock
+        return self
+
+    def __enter__(self) -> "RunStore":
         return self
 
     def __exit__(self, *exc) -> None:

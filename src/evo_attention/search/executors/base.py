@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import warnings
-from contextlib import AbstractContextManager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import attrgetter
@@ -337,7 +337,7 @@ def valid_batch_models(value: str | int) -> str | int:
     return value
 
 
-class Executor(AbstractContextManager):
+class Executor:
     """Runs evaluation tasks (each a trial, with its bookkeeping); subclasses may run them in
     parallel. The trials of one call may differ in any field: genome, seed, recipe, model, task.
     Each trial's dataset is ``load_task(trial.task)``: data a caller built itself is made known to
@@ -365,6 +365,9 @@ class Executor(AbstractContextManager):
 
     def close(self) -> None:
         pass
+
+    def __enter__(self):
+        return self
 
     def __exit__(self, *exc):
         self.close()
