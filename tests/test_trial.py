@@ -69,6 +69,18 @@ def test_a_field_added_to_a_spec_reaches_the_key_by_construction():
     assert base.replace(train=TrainSpec(log_every=10)).key() != base.key()  # divergence is judged per interval
 
 
+@pytest.mark.parametrize("whole", [{"grad_clip": 1, "weight_decay": 0, "dropout": 0}, {"learning_rate": 1},
+                                   {"lr_schedule": "wsd", "lr_decay_fraction": 0}])
+def test_a_whole_number_for_a_float_setting_is_the_float_and_keys_the_same_training(whole):
+    # a YAML file or the API gives 1, the CLI and the defaults 1.0: equal configs, one training, one key
+    as_float = {name: float(v) if isinstance(v, int) else v for name, v in whole.items()}
+    trial, same = (Trial.from_config("dot|softmax|none|fixed", Config(**c)) for c in (whole, as_float))
+    assert trial.context == same.context
+    assert all(type(trial.record_settings()[name]) is float for name in whole if name != "lr_schedule")
+    assert Trial.from_config("dot|softmax|none|fixed", Config(grad_clip=1)).context == "3fe7a76cab98488e"
+    assert TrainSpec(grad_clip=True).grad_clip is True  # a bool stays what it is (Config refuses it)
+
+
 # The key order of every config a run has stored (Config.to_dict), frozen: settings added later may
 # come anywhere, but these keep their order, so a stored config is written byte for byte as before.
 STORED_KEY_ORDER = (

@@ -52,6 +52,15 @@ def setting(default: Any = None, *, flag: str | None = None, help: Any = None, p
     return field(default=default, metadata=metadata, compare=compare)
 
 
+def whole_floats(spec) -> None:
+    """A spec's ``__post_init__``: a float field given a whole number (an int, not a bool) holds it as the
+    float, so 1 and 1.0, equal settings, give one trial key (its hash is of the JSON, which writes 1 and 1.0)."""
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if f.type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(spec, f.name, float(value))
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     # key=False: known through the data fingerprint
@@ -73,6 +82,7 @@ class ModelSpec:
                               help="width W (2-8) of a depthwise causal convolution along time over the channels "
                                    "of each attention's input, before its projections (Zoology's short "
                                    "convolution); 0: none (the default)")
+    __post_init__ = whole_floats
 
     @property
     def ffn_dim(self) -> int:

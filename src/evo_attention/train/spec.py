@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from evo_attention.genes import KEY_PARTS, AttentionGene, layers_of, recipe_of
-from evo_attention.nn.spec import ModelSpec, identity, setting
+from evo_attention.nn.spec import ModelSpec, identity, setting, whole_floats
 from evo_attention.train.schedules import (SCHEDULES, alternatives, schedules_help, steps_of, takes_warmup, uses_decay,
                                            warmup_schedules)
 from evo_attention.util.errors import UserError
@@ -105,6 +105,7 @@ class TrainSpec:
                               compare=False,
                               help="on a CUDA device, capture one training step as a CUDA graph and replay it "
                                    "(auto: one model, not compiled, no dropout mask drawn on the CPU; off: eager)")
+    __post_init__ = whole_floats
 
     def replace(self, **changes: Any) -> "TrainSpec":
         return dataclasses.replace(self, **changes)
