@@ -7,10 +7,12 @@ Q3, docs/findings.md, amendment 2).
 Reads a ``curve.json`` (``evo-attention curve``): every gene trained at every value of the knob on
 the same seeds. At the value ``--at``, each gene's per-seed accuracies are compared with the
 reference gene's (default: the curve's first gene) paired by seed on the raw scale
-(``stats.versus_reference``: paired t-test, TOST at the margin in accuracy units, Holm over the
-genes compared). A seed where either training failed is left out of that pair (the file says how
-many). Writes the per-seed values, the device each seed trained on (a curve can read trainings made
-on another machine from its store), the comparisons and the tool's verdict words to ``--out``.
+(``stats.versus_reference``: the tool's paired test and its equivalence test at the margin in
+accuracy units, Holm over the genes compared). A seed where either training failed is left out of
+that pair (the file says how many). Writes the per-seed values, the device each seed trained on (a
+curve can read trainings made on another machine from its store), the comparisons and the tool's
+verdict words to ``--out``, marked with the rule that made them (``analysis``: under a later rule,
+benchmarks/doc_tables.py recomputes them from the per-seed values).
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def verdicts(curve: dict, at, reference: str | None, margin: float) -> dict:
         devices[gene["gene"]] = point.get("devices")  # a curve written before it recorded them: None
     others = {name: v for name, v in values.items() if name != reference}
     rows = stats.versus_reference(others, values[reference], margin=margin, log=False, lower_is_better=False)
-    return {"source": curve.get("task"), "knob": curve.get("knob"), "at": at, "metric": curve.get("metric"),
-            "reference": reference, "margin": margin, "seeds": ref["seeds"], "steps": curve.get("steps"),
-            "test": stats.paired_test_name(False), "values": values, "devices": devices, "comparisons": rows,
-            "machine": curve.get("machine"), "versions": curve.get("versions")}
+    return {"source": curve.get("task"), "analysis": stats.ANALYSIS, "knob": curve.get("knob"), "at": at,
+            "metric": curve.get("metric"), "reference": reference, "margin": margin, "seeds": ref["seeds"],
+            "steps": curve.get("steps"), "test": stats.paired_test_name(False), "values": values, "devices": devices,
+            "comparisons": rows, "machine": curve.get("machine"), "versions": curve.get("versions")}
 
 
 def main(argv=None) -> int:

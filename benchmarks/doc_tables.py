@@ -27,6 +27,7 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
 - ``curve-seeds``: a difficulty curve's per-seed accuracies, every gene at every value;
 - ``curve-verdicts``: a ``benchmarks/curve_verdicts.py`` result: each gene against the reference at
   one point of a curve, paired by seed (and the devices its seeds trained on, where the file has them);
+  a file without the current ``analysis`` mark is recomputed by today's verdict rule from its per-seed values;
 - ``signal-noise``: a ``benchmarks/signal_noise.py`` result: between-gene over within-gene spread
   per point (and the aggregate), or for a language-modelling result its one row;
 - ``signal-noise-full``: ``signal-noise`` without the genes that cannot see every earlier key;
@@ -247,19 +248,26 @@ def _devices(devices) -> str:
 
 
 def curve_verdicts(payload: dict) -> str:
+    from evo_attention.report.studies.common import verdict_cell
+    from evo_attention.util import stats
     from evo_attention.util.format import code
 
-    reference = payload["reference"]
+    reference, values = payload["reference"], payload["values"]
+    # a file written by an earlier rule: its verdicts by today's, from the per-seed values it records
+    # (benchmarks/curve_verdicts.py's paired test on the raw scale at the file's margin, Holm over its genes)
+    comparisons = payload["comparisons"] if payload.get("analysis") == stats.ANALYSIS else stats.versus_reference(
+        {name: values[name] for name in payload["comparisons"]}, values[reference], log=False,
+        margin=payload["margin"], lower_is_better=False)
     devices = payload.get("devices")  # a result written before they were recorded has none: no column
     headers = ["Gene", f"Accuracy at {payload['knob']}={payload['at']}, per seed {payload['seeds']}",
                "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]
-    rows = [[code(reference), _per_seed(payload["values"][reference]), "reference", "", "", "", ""]]
-    for name, c in payload["comparisons"].items():
-        rows.append([code(name), _per_seed(payload["values"][name]), _change(c), str(c["n_pairs"]), _p(c["p_holm"]),
-                     c["verdict_label"], "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
+    rows = [[code(reference), _per_seed(values[reference]), "reference", "", "", "", ""]]
+    for name, c in comparisons.items():
+        rows.append([code(name), _per_seed(values[name]), _change(c), str(c["n_pairs"]), _p(c["p_holm"]),
+                     verdict_cell(c), "-" if c.get("mde") is None else f"{c['mde']:.3f}"])
     if devices:
         headers.append("Trained on")
-        for row, name in zip(rows, [reference, *payload["comparisons"]]):
+        for row, name in zip(rows, [reference, *comparisons]):
             row.append(_devices(devices.get(name)))
     return _markdown(headers, rows, "llrrrlr" + ("l" if devices else ""))
 

@@ -117,6 +117,24 @@ def test_curve_verdicts_say_where_each_seed_trained(tmp_path):
     assert "Trained on" not in doc_tables.curve_verdicts(result)
 
 
+def test_curve_verdicts_table_of_an_earlier_rules_file_gives_todays_verdicts():
+    # a file written by the paired-2 rule (no analysis mark) called 3 seeds "worse" by the t-test; its
+    # table states today's verdict, recomputed from the per-seed values: the exact test cannot decide
+    curve_verdicts, doc_tables = _script("curve_verdicts"), _script("doc_tables")
+    curve = _curve({"softmax": {16: [0.262, 0.262, 0.264]}, "window": {16: [0.096, 0.104, 0.099]}})
+    for gene in curve["genes"]:
+        gene["points"][0]["seeds"] = [43, 44, 45]
+    result = curve_verdicts.verdicts(curve, 16, None, 0.02)
+    assert result["comparisons"]["window"]["verdict"] == "undetermined"
+    old = {**result, "comparisons": {"window": {**result["comparisons"]["window"], "verdict": "worse",
+                                                "verdict_label": "worse", "p_holm": 0.0002}}}
+    old.pop("analysis", None)
+    window = doc_tables.curve_verdicts(old).strip().splitlines()[-1].split(" | ")
+    assert window[4] == "0.250" and window[5].startswith("undetermined (3 seeds cannot decide")
+    old["analysis"] = result["analysis"]  # a file by today's rule: its own verdicts, as written
+    assert "| worse |" in doc_tables.curve_verdicts(old)
+
+
 def test_detached_job_outlives_its_starter_and_a_later_wait_collects_it(tmp_path):
     """benchmarks/detached.sh: `start` returns at once; a `wait` shorter than the job says it still
     runs (exit 3, its log copied); a later one collects the exit status and a tar of the named paths;
