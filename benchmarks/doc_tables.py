@@ -18,7 +18,8 @@ Tables (``table=``): a registered study's (``verdicts``, ``suite``, ``grid``, ``
 
 - ``costs``: a validation result's cost table;
 - ``transfer``: a transfer ladder's table (``transfer.json``: every gene at every size, its rate,
-  paired change, Holm p and verdict; the study's own renderer);
+  paired change, Holm p and verdict; the study's own renderer); a ladder without the current ``analysis``
+  mark gets its verdicts and interaction tests by today's rule from its per-seed values;
 - ``transfer-grid``: a transfer ladder's learning-rate grid tables, one per size;
 - ``cost-rounds``: a ``benchmarks/cost_rounds.py`` summary (ms per step and step memory per gene
   and context length over interleaved rounds, the ratio to softmax and its call);
@@ -68,9 +69,28 @@ def _validation(payload: dict) -> dict:
 
 
 def transfer(payload: dict) -> str:
-    from evo_attention.report.studies.transfer import transfer_table
+    from evo_attention.report.studies.transfer import current_transfer, transfer_table
+    from evo_attention.studies.transfer import reference_of, transfer_statistics
+    from evo_attention.util import stats
     from evo_attention.util.format import code, md_cell
 
+    payload = current_transfer(payload)
+    if payload.get("analysis") != stats.ANALYSIS:
+        # an earlier rule's ladder: each gene's verdict and the interaction tests by today's rule, from the per-seed
+        # values (as studies.transfer: Holm over every gene at every size against the baseline its verdict used)
+        sizes, log = payload["sizes"], payload.get("metric", "val_perplexity") in stats.LOG_SCALE_METRICS
+        rule = {"log": log, "margin": payload["margin"], "lower_is_better": payload["lower_is_better"],
+                "confidence": payload["confidence"]}
+        pairs = {(s["size"], g["gene"]): {"values": g["values"], "reference": reference_of(s, g)["values"]}
+                 for s in sizes for g in s["genes"]}
+
+        def now(key) -> dict:
+            others = {k: pair for k, pair in pairs.items() if k != key}
+            return stats.versus_reference({key: pairs[key]["values"]}, pairs[key]["reference"], others=others,
+                                          **rule)[key]
+
+        sizes = [{**s, "genes": [{**g, **now((s["size"], g["gene"]))} for g in s["genes"]]} for s in sizes]
+        payload = {**payload, "sizes": transfer_statistics(sizes, rule["confidence"], log, rule["lower_is_better"])}
     headers, rows, align = transfer_table(payload)
     return _markdown(headers, [[code(c) if i == 1 else md_cell(c) for i, c in enumerate(row)] for row in rows], align)
 
@@ -253,11 +273,10 @@ def curve_verdicts(payload: dict) -> str:
     from evo_attention.util.format import code
 
     reference, values = payload["reference"], payload["values"]
-    # a file written by an earlier rule: its verdicts by today's, from the per-seed values it records
-    # (benchmarks/curve_verdicts.py's paired test on the raw scale at the file's margin, Holm over its genes)
-    comparisons = payload["comparisons"] if payload.get("analysis") == stats.ANALYSIS else stats.versus_reference(
-        {name: values[name] for name in payload["comparisons"]}, values[reference], log=False,
-        margin=payload["margin"], lower_is_better=False)
+    # benchmarks/curve_verdicts.py's rule: the paired test on the raw scale at the file's margin, Holm over its genes
+    compared = {n: values[n] for n in payload["comparisons"]}
+    comparisons = stats.current_comparisons(payload, payload["comparisons"], compared, values[reference], log=False,
+                                            margin=payload["margin"], lower_is_better=False)
     devices = payload.get("devices")  # a result written before they were recorded has none: no column
     headers = ["Gene", f"Accuracy at {payload['knob']}={payload['at']}, per seed {payload['seeds']}",
                "vs the reference: paired change [95% CI]", "Pairs", "p (Holm)", "Verdict", "Detectable effect"]

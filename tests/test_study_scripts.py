@@ -135,6 +135,29 @@ def test_curve_verdicts_table_of_an_earlier_rules_file_gives_todays_verdicts():
     assert "| worse |" in doc_tables.curve_verdicts(old)
 
 
+def test_transfer_and_strategies_tables_of_an_earlier_rules_file_give_todays_p_values():
+    # study 2's committed ladder and strategy comparison were written by the paired-2 rule (no analysis
+    # mark): their tables give today's Holm p from the per-seed values (8 seeds: the exact test decides),
+    # and the ladder's interaction test by today's rule too; a file by today's rule shows its own numbers
+    from evo_attention.util.stats import ANALYSIS
+
+    doc_tables = _script("doc_tables")
+    ladder = json.loads((REPO / "docs/findings/q1/transfer_test.json").read_text())
+    assert "analysis" not in ladder
+    rows = [row.split(" | ") for row in doc_tables.transfer(ladder).strip().splitlines()[2:]]
+    assert [(r[0], r[6], r[7]) for r in rows if r[7] != "-"] == [("| 64x2", "0.0391", "better"),
+                                                                   ("| 96x2", "0.0312", "better")]
+    assert rows[-1][8].endswith("(p 0.7891)")  # the paired t-test gave 0.7683
+    stored = doc_tables.transfer({**ladder, "analysis": ANALYSIS})
+    assert "| 0.0297 | better |" in stored and "(p 0.7683)" in stored
+    strategies = json.loads((REPO / "docs/findings/q4/strategies.json").read_text())
+    assert "analysis" not in strategies
+    table = doc_tables.TABLES["strategies"](strategies)
+    assert table.count("| 0.375 | undetermined (5 seeds cannot decide") == 2 and "| 0.360 |" not in table
+    stored = doc_tables.TABLES["strategies"]({**strategies, "analysis": ANALYSIS})
+    assert stored.count("| 0.360 |") == 2
+
+
 def test_detached_job_outlives_its_starter_and_a_later_wait_collects_it(tmp_path):
     """benchmarks/detached.sh: `start` returns at once; a `wait` shorter than the job says it still
     runs (exit 3, its log copied); a later one collects the exit status and a tar of the named paths;

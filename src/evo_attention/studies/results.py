@@ -165,8 +165,8 @@ def compare_strategies(found: dict[str, dict[int, dict]], reference: str, margin
     lower = not str(metric).endswith("accuracy")
     others = {s: means[s] for s in found if s != reference}
     rows = stats.versus_reference(others, means[reference], margin=margin, log=lower, lower_is_better=lower)
-    return {"reference": reference, "search_seeds": seeds, "metric": metric, "margin": margin,
-            "means": means, "comparisons": rows, "validation_seeds": seed_use(found),
+    return {"reference": reference, "analysis": stats.ANALYSIS, "search_seeds": seeds, "metric": metric,
+            "margin": margin, "means": means, "comparisons": rows, "validation_seeds": seed_use(found),
             "searches": {s: {str(seed): found[s][seed] for seed in sorted(found[s])} for s in found}}
 
 

@@ -375,7 +375,7 @@ def run_transfer(setup: StudySetup, genes: Sequence[AttentionGene | str], *,
     rows = transfer_statistics(size_rows, setup.confidence, setup.log_scale, setup.lower_is_better)
     top = largest(rows[1:])
     numbers = {
-        "kind": "transfer", "metric": setup.metric, "metric_label": setup.metric_label,
+        "kind": "transfer", "analysis": stats.ANALYSIS, "metric": setup.metric, "metric_label": setup.metric_label,
         "lower_is_better": setup.lower_is_better, "reference": rows[0]["size"], "block": config.block,
         "tokens_per_param": tokens_per_param, "heads": heads,
         "genes": [{"gene": k, "str": str(AttentionGene.parse(k))} for k in keys],

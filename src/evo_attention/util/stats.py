@@ -1322,6 +1322,16 @@ def recompute_validation(result: Mapping, margin: float = DEFAULT_MARGIN) -> dic
             "family_size": len(rows)}
 
 
+def current_comparisons(result: Mapping, stored: Mapping[_Key, Mapping], values: Mapping[_Key, Sequence],
+                        reference: Sequence, **rule) -> dict[_Key, dict]:
+    """A result's ``stored`` comparison rows where it carries the current ``analysis`` mark; else each row
+    with the numbers and verdict of ``versus_reference(values, reference, **rule)`` (``rule``: the result's
+    own margin, scale, direction and Holm family), recomputed from the per-seed values it records."""
+    if result.get("analysis") == ANALYSIS:
+        return {k: dict(row) for k, row in stored.items()}
+    return {k: {**stored[k], **row} for k, row in versus_reference(values, reference, **rule).items()}
+
+
 def paired_test_name(log: bool) -> str:
     """How ``versus_reference`` compares, in words (what a result file says of its test)."""
     scale = "log values (relative changes)" if log else "values"

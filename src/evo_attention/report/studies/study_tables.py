@@ -14,7 +14,7 @@ A document marks a generated table with the file it comes from and the table it 
 - ``search-top``: a search's best genes (``final_results.json``: its top 5 and the baseline);
 - ``versus``: the genes of one validation against a gene of another, paired by seed;
 - ``strategies``: each strategy's validated winner per search seed, then each strategy against the
-  reference strategy, paired by search seed;
+  reference strategy, paired by search seed (by today's rule for a file without its ``analysis`` mark);
 - ``rediscovery``: per feature and strategy the searches whose winner (top 5) holds it, the
   evaluations until the first program holding it, the base rate; where the file has a registered
   rediscovery rule, each search's winner and the rate of searches rediscovering against the bar;
@@ -29,10 +29,11 @@ from __future__ import annotations
 import math
 import re
 
-from evo_attention.report.studies.common import table_markdown
+from evo_attention.report.studies.common import table_markdown, verdict_cell
 from evo_attention.report.studies.lr_grid import grid_section
 from evo_attention.report.studies.suite import suite_table
 from evo_attention.report.studies.validation import current_validation, validation_table_markdown
+from evo_attention.util import stats
 from evo_attention.util.format import code, markdown_table
 
 BLOCK = re.compile(r"(<!-- generated: (?P<file>\S+) table=(?P<table>[\w-]+) -->\n)(?P<body>.*?)"
@@ -125,15 +126,20 @@ def strategies(payload: dict) -> str:
     first = markdown_table(headers, rows, "l" + "r" * len(names))
     headers = ["Strategy", f"vs {payload['reference']}: paired change [95% CI]", "p (Holm)", "Verdict",
                "Detectable effect"]
+    # studies.results.compare_strategies's rule: winners' means paired by search seed, a loss on the log scale
+    lower, means = not str(payload.get("metric")).endswith("accuracy"), payload["means"]
+    comparisons = stats.current_comparisons(payload, payload["comparisons"], {n: means[n] for n in names[1:]},
+                                            means[names[0]], margin=payload["margin"], log=lower,
+                                            lower_is_better=lower)
     rows = []
     for n in names[1:]:
-        c = payload["comparisons"][n]
+        c = comparisons[n]
         log = c.get("relative") is not None  # a linear-scale metric (suite accuracy) has none: units
         if log:
             mde = "-" if c.get("mde_relative") is None else f"{100 * c['mde_relative']:.2f}%"
         else:
             mde = "-" if c.get("mde") is None else f"{c['mde']:.4f}"
-        rows.append([n, change_text(c, log, digits=4), p_text(c["p_holm"]), c["verdict_label"], mde])
+        rows.append([n, change_text(c, log, digits=4), p_text(c["p_holm"]), verdict_cell(c), mde])
     return first + "\n" + markdown_table(headers, rows, "lrrlr")
 
 
