@@ -123,7 +123,7 @@ def test_a_directory_where_the_store_file_goes_is_named_by_every_entry(name, tmp
     """A directory named run.db read as "no run: start one with `search --out DIR`" (the command just run),
     and overwrite said it deleted the run, then failed with a traceback; every entry now names it."""
     (tmp_path / "run" / name).mkdir(parents=True)
-    says = f"{tmp_path / 'run' / name} is a directory, where a run keeps its store's file: move it away"
+    says = f"{tmp_path / 'run' / name} is a directory, where a run store's file goes: move it away"
     for call in (lambda: RunStore.exists(tmp_path / "run"), lambda: RunStore.open(tmp_path / "run", readonly=True),
                  lambda: RunStore.create(tmp_path / "run", {}, {}, overwrite=True)):
         with pytest.raises(UserError, match=says):

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import in_the_way
 from evo_attention.util.format import finite_or_none as _finite_or_none, utc_now
 from evo_attention.util.jsonio import store_dumps as dumps
 from evo_attention.util.jsonio import store_loads as loads
@@ -129,8 +130,7 @@ def _refuse_directory(db: Path) -> None:
     """UserError if a directory stands where the store keeps its file ``db`` or a log beside it."""
     for file in (Path(f"{db}{suffix}") for suffix in DB_SUFFIXES):
         if file.is_dir():
-            raise UserError(f"{file} is a directory, where a run keeps its store's file: move it away, then run the "
-                            "command again")
+            raise in_the_way(file, "a directory", "a run store's file")
 
 
 class RunStore:

@@ -31,7 +31,7 @@ class InTheWay(UserError):
 
 def in_the_way(path: Path, what: str, wanted: str) -> InTheWay:
     """The one-line refusal of an output whose place ``path`` holds ``what`` instead of ``wanted``."""
-    return InTheWay(f"{path} is {what}, where {wanted} is to be written: move it away (nothing was written there)")
+    return InTheWay(f"{path} is {what}, where {wanted} goes: move it away (nothing was written there)")
 
 
 def make_dir(path: str | os.PathLike) -> Path:
