@@ -283,6 +283,20 @@ def test_two_plugin_files_of_one_name_are_refused(tmp_path, capsys):
         load_plugins([str(tmp_path / "one" / "same_name.py"), str(tmp_path / "two" / "same_name.py")])
 
 
+def test_one_command_reads_the_entry_points_once(plugin, monkeypatch):
+    """A baseline read every installed distribution's entry points four times (main before its parser and again
+    before the command, the settings, the config check): once a process now."""
+    from importlib import metadata
+
+    from evo_attention.util import plugins
+
+    reads, entry_points = [], metadata.entry_points
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda **kw: reads.append(kw) or entry_points(**kw))
+    assert main(["baseline", "--preset", "quick", "--steps", "4", "--d-model", "16", "--heads", "2", "--layers", "1",
+                 "--quiet", "--plugin", "cubed_plugin", "--out", "run"]) == 0
+    assert reads.count({"group": plugins.ENTRY_POINT_GROUP}) <= 1  # none where an earlier test read them
+
+
 TASK_PLUGIN = textwrap.dedent('''
     import torch
     from evo_attention import register_task

@@ -6,12 +6,14 @@ config's ``plugins`` list or with ``--plugin``; installed packages can also decl
 entry-point group ``evo_attention.plugins`` (loaded everywhere automatically). ``load_plugins`` is
 called in the search driver and in every worker process (local, spawned, Ray) before any gene is
 parsed, so a plugin's names work everywhere; importing a module twice is harmless (Python caches
-it). A plugin that cannot be imported is a one-line error naming it.
+it), and the entry points are read once a process (reading them opens every installed distribution).
+A plugin that cannot be imported is a one-line error naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import sys
@@ -92,8 +94,7 @@ def load_plugins(names=()) -> list[dict]:
     """Import the plugins ``names`` and every entry-point plugin; ``[{"module", "version"}]``."""
     if not isinstance(names, (list, tuple)):  # a config file's `plugins: mymod` would be read letter by letter
         raise UserError(f"plugins must be a list of module names or .py files, got {names!r}", setting="plugins")
-    loaded = [_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None)
-              for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
+    loaded = list(_entry_point_plugins())
     files = {}  # a file's module is named by its stem: two files of one name would be one module
     for name in names or ():
         if not isinstance(name, str) or not name.strip():
@@ -105,6 +106,12 @@ def load_plugins(names=()) -> list[dict]:
                                 setting="plugins")
         loaded.append(_load(name.strip(), lambda n=name.strip(): _import(n), None))
     return loaded
+
+
+@functools.cache
+def _entry_point_plugins() -> tuple[dict, ...]:
+    return tuple(_load(entry.value, lambda e=entry: e.load(), entry.dist.version if entry.dist else None)
+                 for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name))
 
 
 def _load(name: str, load, version: str | None) -> dict:
