@@ -148,3 +148,12 @@ def test_a_raced_runs_component_analysis_reads_the_ranked_values(raced_summary):
     options = field_labels(raced_summary.best["key"], 1)  # the winner's options: their best value is the winner's
     rows = [r for r in raced_summary.components if options.get(r["field"]) == r["option"]]
     assert rows and all(r["best_perplexity"] == pytest.approx(raced_summary.best["perplexity"]) for r in rows)
+
+
+def test_a_raced_runs_summary_analyses_its_components_once(raced_summary, monkeypatch):
+    """The summary analysed a raced run's components from the one-seed values, then again from the raced ones."""
+    from evo_attention.report import summary
+
+    calls, analysis = [], summary.component_analysis
+    monkeypatch.setattr(summary, "component_analysis", lambda *args: calls.append(args) or analysis(*args))
+    assert load_run(raced_summary.run_dir).components == raced_summary.components and len(calls) == 1

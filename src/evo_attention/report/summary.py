@@ -424,10 +424,12 @@ class RunSummary:
         constraints = caps.constraint_view(store.get_meta(caps.META_LIMITS), store.get_meta(caps.META_INFEASIBLE),
                                            search)
         feasible = feasible_only(search, constraints)
-        ranking = rank_genes(feasible)
-        best = _best_of(ranking)
         baselines = [r for r in evaluations if r.get("role") == "baseline"]
-        baseline = baseline_of(baselines)
+        suite_meta, racing = store.get_meta("suite"), store.get_meta(RACING_META) or None
+        ranking, told, baseline = rank_genes(feasible), search, baseline_of(baselines)
+        if racing and not suite_meta:  # ranked as its strategy was told
+            ranking, told, baseline = _as_raced(racing, ranking, search, baseline)
+        best = _best_of(ranking)
         planned = store.get_meta("planned")
         planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
         done = bool(store.get_meta("done", False))
@@ -455,7 +457,7 @@ class RunSummary:
             change=change_of(best["perplexity"] if best else None,
                              baseline["perplexity"] if baseline else None),
             counts=counts,
-            components=component_analysis(search, top_n),
+            components=[] if suite_meta else component_analysis(told, top_n),
             failures=[_failure(r) for r in evaluations if failed(r)],
             top_n=top_n,
             fidelity=store.get_meta("fidelity"),
@@ -466,12 +468,10 @@ class RunSummary:
             init_from=store.get_meta("init_from"),
             check_pending=done and bool(store.get_meta(CHECK_PENDING, False)),
             search_evaluations=search,
+            racing=racing,
         )
-        suite_meta = store.get_meta("suite")
         if suite_meta:
-            _as_suite_run(summary, suite_meta, store.generations())
-        if store.get_meta(RACING_META):
-            _as_raced(summary, store.get_meta(RACING_META))
+            _as_suite_run(summary, suite_meta, store.generations(), racing)
         summary.outcome, summary.statement = _outcome(summary)
         summary.settings = _settings(summary)
         return summary
@@ -578,16 +578,24 @@ class RunSummary:
         return self.pareto is not None
 
 
-def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict]) -> None:
-    """Replace the perplexity-ranked parts of ``summary`` by a suite run's; counts, failures and evaluations
-    stay per training."""
+def _as_suite_run(summary: RunSummary, meta: Mapping, table: list[dict], racing: Mapping | None) -> None:
+    """Replace the perplexity-ranked parts of ``summary`` by a suite run's (a raced run's ranked as its strategy
+    was told, as ``_as_raced`` says; a suite accuracy is ``0.0 - told``: a told 0.0 is accuracy 0.0, not -0.0);
+    counts, failures, evaluations and the generations' history stay per training."""
     others = [r for r in summary.evaluations if r.get("role") != "search"]
     suite = suite_view(meta, others + summary.search_evaluations, summary.config.get("seed"))
     summary.suite = suite
-    _suite_results(summary)
     summary.change = None
     summary.history = generation_history(table, suite["genes"], suite=True)
-    summary.components = []
+    if racing:
+        seeds, bounds, base = _race(racing)
+        rows = [{**r, "suite_accuracy": 0.0 - bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
+                 "seeds": seeds} if r["gene"] in bounds else {**r, "seeds": 1} for r in suite["genes"]]
+        suite["genes"] = _rank_suite(rows, lambda r: r["rank"] is not None and r["suite_accuracy"] is not None)
+        if suite.get("baseline") is not None and racing.get("baseline"):
+            suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else 0.0 - base,
+                                 "seeds": seeds}
+    _suite_results(summary)
 
 
 def _suite_results(summary: RunSummary) -> None:
@@ -620,37 +628,25 @@ def _best_of(ranking: list[dict]) -> dict | None:
                                      **({"seeds": top["seeds"]} if "seeds" in top else {})}
 
 
-def _as_raced(summary: RunSummary, racing: Mapping) -> None:
-    """Rank a raced run (``search.racing``) as its strategy was told: a raced gene, and the baseline,
-    by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed; the component
-    analysis reads the same values (a failed seed: failed). A suite accuracy is ``0.0 - told`` (a told 0.0 is
-    accuracy 0.0, not -0.0)."""
-    summary.racing = dict(racing)
-    seeds = len(racing.get("seeds") or [])
+def _race(racing: Mapping) -> tuple[int, dict, float | None]:
+    """A raced run's (``search.racing``) seeds, each raced gene's told value by key and the baseline's."""
     bounds = {gene_info(r["gene"])["key"]: r["told"] for r in racing.get("genes") or []}
-    base = (racing.get("baseline") or {}).get("told")
-    if summary.suite is None:
-        rows = [{**r, "perplexity": bounds.get(r["gene"], r["perplexity"]), "seeds": seeds if r["gene"] in bounds
-                 else 1} for r in summary.ranking]
-        rows = sorted((r for r in rows if r["perplexity"] is not None), key=lambda r: (r["perplexity"], r["gene"]))
-        summary.ranking = [{**r, "rank": i + 1} for i, r in enumerate(rows)]
-        summary.best = _best_of(summary.ranking)
-        # the component analysis of the ranked values: a raced gene's evaluations count at its bound
-        told = [{**r, "val_perplexity": bounds[key]} if key in bounds else r
-                for r in summary.search_evaluations for key in [gene_info(r.get("gene"))["key"]]]
-        summary.components = component_analysis(told, summary.top_n)
-        if summary.baseline is not None and racing.get("baseline"):
-            summary.baseline = {**summary.baseline, "perplexity": base, "n": seeds}
-        summary.change = change_of(summary.best_perplexity, summary.baseline["perplexity"] if summary.baseline else None)
-        return
-    suite = summary.suite
-    rows = [{**r, "suite_accuracy": 0.0 - bounds[r["gene"]] if bounds.get(r["gene"]) is not None else None,
-             "seeds": seeds} if r["gene"] in bounds else {**r, "seeds": 1} for r in suite["genes"]]
-    suite["genes"] = _rank_suite(rows, lambda r: r["rank"] is not None and r["suite_accuracy"] is not None)
-    if suite.get("baseline") is not None and racing.get("baseline"):
-        suite["baseline"] = {**suite["baseline"], "suite_accuracy": None if base is None else 0.0 - base,
-                             "seeds": seeds}
-    _suite_results(summary)
+    return len(racing.get("seeds") or []), bounds, (racing.get("baseline") or {}).get("told")
+
+
+def _as_raced(racing: Mapping, ranking: list[dict], search: list, baseline: dict | None) -> tuple:
+    """A raced run's ``ranking``, ``search`` records and ``baseline`` as its strategy was told: a raced gene, and the
+    baseline, by its lower bound over its seeds (a failed seed: unranked), any other gene by its one seed; the
+    records (read by the component analysis) hold the same values (a failed seed: failed)."""
+    seeds, bounds, base = _race(racing)
+    rows = [{**r, "perplexity": bounds.get(r["gene"], r["perplexity"]), "seeds": seeds if r["gene"] in bounds
+             else 1} for r in ranking]
+    rows = sorted((r for r in rows if r["perplexity"] is not None), key=lambda r: (r["perplexity"], r["gene"]))
+    told = [{**r, "val_perplexity": bounds[key]} if key in bounds else r
+            for r in search for key in [gene_info(r.get("gene"))["key"]]]
+    if baseline is not None and racing.get("baseline"):
+        baseline = {**baseline, "perplexity": base, "n": seeds}
+    return [{**r, "rank": i + 1} for i, r in enumerate(rows)], told, baseline
 
 
 def load_run(run_dir: str | os.PathLike, top_n: int = TOP_N) -> RunSummary:
