@@ -596,6 +596,50 @@ def test_6_sigterm_under_ray_ends_with_the_resume_command(tmp_path):
     assert f"resume with: evo-attention search --resume --out {out}" in err
 
 
+# Ctrl-C once a training is stored; again while the store closes (as while Ray shuts down); again as the process exits
+CTRL_C_THRICE = """
+import atexit, os, signal, sys
+import evo_attention.search.executors.base as base
+from evo_attention.cli import main
+from evo_attention.search.store import RunStore
+
+ctrl_c = lambda: os.kill(os.getpid(), signal.SIGINT)
+run, close, pressed = base.LocalExecutor.run, RunStore.close, []
+
+def interrupted(self, tasks, **kw):
+    for task, record in run(self, tasks, **kw):
+        yield task, record  # the runner stores it before asking for the next
+        pressed.append(1)
+        ctrl_c()
+
+def closing(self):
+    if pressed and not self.readonly and self._conn is not None:
+        ctrl_c()
+    close(self)
+
+base.LocalExecutor.run, RunStore.close = interrupted, closing
+atexit.register(ctrl_c)
+sys.exit(main())
+"""
+
+
+def test_6_ctrl_c_again_while_the_first_is_handled_is_ignored(tmp_path):
+    """The fix is in the command's signal handling, the same for every executor: shown with the local
+    one (``test_6_sigterm_under_ray...`` shows Ray's first interrupt; a Ray start takes a minute here)."""
+    import os
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_THRICE, "search", *FLAGS, "--out", str(out)],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"evo-attention: interrupted; every finished evaluation is saved in {out / 'run.db'}.",
+        f"resume with: evo-attention search --resume --out {out}"], proc.stderr  # once, and no traceback
+    assert (out / LOCK_NAME).read_text() == ""  # the cleanup ran to its end: the store closed, the lock let go
+    with RunStore.open(out, readonly=True) as store:
+        assert [r["status"] for r in store.evaluations()] == ["ok"]  # the training stored before the first Ctrl-C
+
+
 def _corpus(directory, valid_words=None):
     directory.mkdir(parents=True, exist_ok=True)
     text = "the cat sat on the mat and the dog ran to the park with a ball\n" * 60

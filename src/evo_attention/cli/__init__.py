@@ -11,6 +11,7 @@ import argparse
 import errno
 import importlib
 import os
+import signal
 import sys
 from contextlib import suppress
 
@@ -61,11 +62,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    program, argv = argv is None, list(sys.argv[1:] if argv is None else argv)
     if argv == ["--version"]:  # answered before any command module loads
         print(f"evo-attention {__version__}")
         return 0
-    from evo_attention.cli.common import GIVEN_FLAGS, KEPT_ON_INTERRUPT, NOTED, SETTING_ORIGINS, install_sigterm_handler
+    from evo_attention.cli.common import (GIVEN_FLAGS, HANDLED_SIGNALS, KEPT_ON_INTERRUPT, NOTED, SETTING_ORIGINS,
+                                          install_sigterm_handler)
 
     # one command's state, filled as it reads its settings; put back as it was when the command ends, so
     # that nothing after it (the library, the next command, the study that ran it) reads its flags
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     for state in states:
         state.clear()
     GIVEN_FLAGS.update(token.split("=", 1)[0] for token in argv if str(token).startswith("--"))
+    handlers = {number: signal.getsignal(number) for number in HANDLED_SIGNALS}
     install_sigterm_handler()  # SIGTERM ends every command as Ctrl-C does: with its interrupted line
     try:
         # the plugins named are imported before the parser is built: their tasks (--data), strategies and
@@ -90,6 +93,11 @@ def main(argv=None) -> int:
         for state, old in zip(states, before):
             state.clear()
             (state.extend if isinstance(state, list) else state.update)(old)
+        # the process's own command line: it only exits now, and a signal then would raise KeyboardInterrupt in
+        # code run at exit (Ray's, torch's finalizers), which prints a traceback
+        for number, handler in handlers.items():
+            with suppress(ValueError, TypeError):  # not the main thread; a handler not set from Python (None)
+                signal.signal(number, signal.SIG_IGN if program else handler)
 
 
 def _named_plugins(argv) -> list[str]:

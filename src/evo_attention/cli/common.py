@@ -467,15 +467,24 @@ def out_arg(args, default=None, *, kind: str, study: str | None = None, also=(),
     return check_output(value, "out", kind=kind, own=own, sources=sources)
 
 
+# the signals a command handles; ``cli.main`` puts them back as they were when it ends
+HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 def install_sigterm_handler(*, survive_hangup: bool = False) -> None:
-    """Turn SIGTERM into KeyboardInterrupt, so a terminated command stops cleanly. With
+    """Turn SIGTERM and Ctrl-C (SIGINT) into one KeyboardInterrupt, so a terminated command stops cleanly:
+    after the first, both are ignored, so a second Ctrl-C cuts neither the cleanup (workers or Ray
+    stopping, the store closing, a study's files written) nor the interrupted line. With
     ``survive_hangup`` a closed terminal (SIGHUP) does not stop the command either: its progress
     output is best-effort (``util.progress``), the work goes on, as under ``nohup``."""
     def handler(signum, frame):
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     with suppress(ValueError):  # not the main thread (e.g. called from a library)
-        signal.signal(signal.SIGTERM, handler)
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, handler)
         if survive_hangup and hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
