@@ -224,6 +224,17 @@ def test_power_is_finite_far_in_the_tails():
             assert math.isfinite(p) and 0.0 < p <= 1.0
 
 
+def test_power_is_one_at_a_huge_effect_to_sd_ratio():
+    """scipy's nct.sf is NaN from a noncentrality of ~2e9 (a near-degenerate pilot reaches it): power_paired
+    was NaN and seeds_for_effect said 4; the power there is 1 to the last bit."""
+    assert stats.power_paired(2, 1.0, 3e9) == stats.power_paired(12, 1.0, 1e9) == 1.0
+    assert stats.power_paired(12, 1.0, 1e9, two_sided=False) == stats.verdict_power(30, 1.0, 3e9) == 1.0
+    assert stats.seeds_for_effect(1e-10, 1.0) == 2
+    with pytest.raises(UserError, match="no reliable value") as raised:  # 2 pairs at alpha 1e-10: not 1, no value
+        stats.power_paired(2, 1.0, 3e9, alpha=1e-10)
+    assert raised.value.setting == "alpha"
+
+
 def test_seeds_for_equivalence_power_boundary():
     for sd, bound in [(1.0, 1.0), (0.01, math.log1p(0.01)), (0.03, math.log1p(0.05))]:
         n = stats.seeds_for_equivalence(sd, bound)

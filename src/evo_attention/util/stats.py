@@ -735,13 +735,21 @@ def power_paired(n: int, sd_diff: float, effect: float, alpha: float = 0.05, two
         return 1.0 if effect != 0.0 else 0.0
     df = n - 1
     ncp = abs(effect) * math.sqrt(n) / sd_diff
-    if two_sided:
-        # isf, not ppf(1 - alpha / 2): below alpha ~1e-16 that rounds to 1.0, an infinite critical t
-        critical = _st.t.isf(alpha / 2.0, df)
-        # the lower tail as the upper tail of the mirrored law: scipy's nct.cdf far in the left tail
-        # can return NaN, its sf at -ncp is stable (statsmodels' ttest_power takes the cdf: not used)
-        return float(_st.nct.sf(critical, df, ncp) + _st.nct.sf(critical, df, -ncp))
-    return float(_st.nct.sf(_st.t.isf(alpha, df), df, ncp))
+    # isf, not ppf(1 - alpha / 2): below alpha ~1e-16 that rounds to 1.0, an infinite critical t
+    critical = _st.t.isf(alpha / 2.0 if two_sided else alpha, df)
+    # T = (Z + ncp) / S stays below the critical t only if S > ncp / (2 critical) or Z <= -ncp / 2: the miss
+    # is at most those two tails, and at most 2^-54 (half an ulp below 1) the exact power rounds to 1.0
+    # (as scipy's does there). scipy's nct.sf is NaN from a noncentrality of ~2e9 (a near-degenerate
+    # pilot's), inside this rule except for 2 pairs at alpha < 1e-9
+    if _sc.chdtrc(df, df * (ncp / (2.0 * critical)) ** 2) + _sc.ndtr(-ncp / 2.0) <= 2.0 ** -54:
+        return 1.0
+    # the lower tail as the upper tail of the mirrored law: scipy's nct.cdf far in the left tail
+    # can return NaN, its sf at -ncp is stable (statsmodels' ttest_power takes the cdf: not used)
+    power = float(_st.nct.sf(critical, df, ncp) + (_st.nct.sf(critical, df, -ncp) if two_sided else 0.0))
+    if math.isnan(power):
+        raise UserError(f"the power of a paired t-test on {n} pairs at alpha {alpha:g} has no reliable value at "
+                        f"a noncentrality of {ncp:.3g} (scipy's noncentral t fails there)", setting="alpha")
+    return power
 
 
 def seeds_for_effect(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05,
