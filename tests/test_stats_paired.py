@@ -298,6 +298,21 @@ def test_two_noisy_seeds_are_undetermined_with_seeds_needed():
     assert lone["verdict"] == "undetermined" and lone["mde"] is None and "fewer than 2" in lone["text"]
 
 
+def test_an_undetermined_verdicts_seed_plan_never_contradicts_the_data():
+    """+2% with an interval of +2% to +2% said '5 paired seeds would show equivalence within ±1%' (planned at a
+    true difference of 0): a difference beyond the margin now gets the seeds to detect it (seeds_to_decide), one
+    inside it whose interval excludes 0 the plan's assumption."""
+    ref = [30.0, 31.0, 29.5, 30.2, 30.8]
+    far = stats.paired_verdict(stats.paired([x * 1.02 * (1 + 1e-7 * i) for i, x in enumerate(ref)], ref), 0.01)
+    assert far["verdict"] == "undetermined" and far["seeds_to_decide_range"] == [6, 6]
+    assert "; 6 paired seeds would detect the observed +2%, 6 would detect a ±1% effect" in far["text"]
+    assert "equivalence within ±1%," not in far["text"]
+    near = stats.paired_verdict(stats.paired([x * 1.005 * (1 + 1e-4 * i) for i, x in enumerate(ref[:3])], ref[:3]),
+                                0.01)
+    assert near["verdict"] == "undetermined" and near["diff_ci_low"] > 0
+    assert "; 5 paired seeds would show equivalence within ±1% if the true difference were 0, 6 would" in near["text"]
+
+
 def test_adjusted_p_value_decides():
     base = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
     r = stats.paired(np.add(base, [-0.5, -0.3, -0.45, -0.2, -0.4, 0.1, -0.35]), base, log=False)

@@ -1286,8 +1286,14 @@ def _verdict_text(v: dict, confidence: float, log: bool) -> str:
         if v["mde"] is not None:
             mde = f"±{100.0 * v['mde_relative']:.3g}%" if log else f"±{v['mde']:.4g}"
             text += f"; with {percent(v['power'])} power these seeds detect {mde}"
-        text += (f"; {_range_text(v['seeds_for_equivalence_range'], v['max_seeds'])} paired seeds would show "
-                 f"equivalence within {margin}, {_range_text(v['seeds_for_margin_range'], v['max_seeds'])} "
+        if abs(v["difference"]) >= v["bound"]:  # the data put the difference beyond a bound: seeds to show it
+            plan = (f"{_range_text(v['seeds_to_decide_range'], v['max_seeds'])} paired seeds would detect the "
+                    f"observed {_effect_text(v['difference'], log)}")
+        else:  # planned at a true difference of 0: said so where the interval excludes 0
+            plan = (f"{_range_text(v['seeds_for_equivalence_range'], v['max_seeds'])} paired seeds would show "
+                    f"equivalence within {margin}" + ("" if low is None or high is None or low <= 0.0 <= high
+                                                      else " if the true difference were 0"))
+        text += (f"; {plan}, {_range_text(v['seeds_for_margin_range'], v['max_seeds'])} "
                  f"would detect a {margin} effect (at Holm's level, the sd at its "
                  f"{percent(SD_BOUND_LEVEL)} upper bound for the larger number)")
     return text
