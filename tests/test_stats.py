@@ -76,6 +76,8 @@ def test_holm_textbook_example():
     # at alpha 0.05 Holm rejects 0.005 and 0.01 only; Bonferroni (x4) would reject 0.005 only
     adjusted = stats.holm([0.01, 0.04, 0.03, 0.005])
     assert [p < 0.05 for p in adjusted] == [True, False, False, True]
+    # any iterable: an iterator was walked once and then indexed empty (IndexError)
+    assert stats.holm(iter([0.01])) == [0.01] and stats.holm(p for p in (0.01, 0.04)) == [0.02, 0.04]
 
 
 def test_holm_leaves_a_nan_out_of_the_family_and_refuses_a_p_outside_0_1():

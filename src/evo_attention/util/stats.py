@@ -208,8 +208,8 @@ def welch(candidate: Iterable, reference: Iterable, confidence: float = 0.95) ->
     return out
 
 
-def holm(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values, in the order given (None and NaN entries, no test, are
+def holm(p_values: Iterable[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values, in the order given (any iterable; None and NaN entries, no test, are
     skipped and stay as they are; the family is the other entries; one outside [0, 1] or no number is a
     UserError): sorted ascending, the i-th smallest of m becomes ``min(1, (m - i) * p)`` (i from 0),
     made non-decreasing along the order; reject where the adjusted value is below alpha.
@@ -218,7 +218,7 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
     every time (statsmodels PR 8671, unmerged), 0.1-0.2 s a call with torch loaded; the seed-plan
     simulations in the tests call this thousands of times.
     """
-    present = []
+    p_values, present = list(p_values), []  # an iterator is walked twice below
     for i, p in enumerate(p_values):
         number = _as_float(p, "p-values must be numbers (None where there is no test)", "p_values")
         if number is None or math.isnan(number):
