@@ -429,6 +429,11 @@ def test_errors_are_one_line():
     user_error(lambda: load_data("mad:memorization:vocab=16,pairs=9", seq_len=32), "pairs 9", "keys")
     user_error(lambda: load_data("mad:noisy_recall:vocab=8,noise_vocab=6"), "vocab 8")
     user_error(lambda: load_data("mad:fuzzy_recall:vocab=6,pairs=10,key_len=1", seq_len=64), "pairs 10")
+    # a fix names only knobs the task has
+    assert "key_len" not in user_error(lambda: load_data("mad:in_context_recall:pairs=40"), "raise vocab or lower")
+    assert "noise" not in user_error(lambda: load_data("mad:fuzzy_recall:key_len=20,value_len=20,seq_len=64"),
+                                     "lower pairs (or key_len, value_len)")
+    user_error(lambda: load_data("mad:noisy_recall:vocab=32,seq_len=20,pairs=8"), "lower pairs (or noise)")
     # options: unknown names, bad values, disagreement with the name
     user_error(lambda: load_data("mqar", num_pairs=3), "'num_pairs'", "task options", "pairs")
     user_error(lambda: load_data("mqar", pairs="many"), "pairs", "an integer")

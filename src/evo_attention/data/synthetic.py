@@ -416,11 +416,16 @@ class InContextRecall(KeyValueTask):
         P = k["pairs"]
         if P > possible:
             raise _too_small(self.name, f"vocab {V} gives {possible} distinct keys for pairs {P}",
-                             "raise vocab (or key_len) or lower pairs")
+                             f"raise vocab{self._or('key_len')} or lower pairs")
         if M - P < 1:
             raise _too_small(self.name, f"seq_len {T} fits {M} key-value items, not pairs {P} plus at least one query",
-                             "raise seq_len or lower pairs (or noise)")
+                             f"raise seq_len or lower pairs{self._or('noise', 'key_len', 'value_len')}")
         return k
+
+    def _or(self, *names) -> str:
+        """``" (or a, b)"`` of those ``names`` that are knobs of this task: a fix names only knobs it has."""
+        own = [name for name in names if any(knob.name == name for knob in self.knobs)]
+        return f" (or {', '.join(own)})" if own else ""
 
     def answers_per_example(self, k):
         return (self.items(k) - k["pairs"]) * self.value_len(k)
