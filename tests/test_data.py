@@ -426,6 +426,11 @@ def test_loader_data_adapter():
     user_error(lambda: task.eval_batches("test"), "test_loader")
     bad = LoaderData([(x, x)], valid, vocab_size=20, seq_len=6)
     user_error(lambda: next(bad.train_batches(1, None)), "labels")
+    # a negative label other than -100 would be scored as token 0; an id past the vocabulary fails later
+    for inputs, labels, needles in ((x, torch.where(x > 8, -1, x + 1), ("labels hold -1", "-100 where")),
+                                    (x, x + 8, ("labels hold 19", "0 to 18")), (x + 8, x, ("input_ids hold 19",))):
+        bad = LoaderData([(inputs, labels)], valid, vocab_size=19, seq_len=6)
+        user_error(lambda: next(bad.train_batches(1, None)), *needles)
 
 
 def test_loader_data_opens_a_loader_only_when_its_batches_are_read():

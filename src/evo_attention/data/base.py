@@ -183,8 +183,9 @@ class LoaderData(TaskData):
     The loaders yield ``(x, y)`` tuples or dicts with ``'input_ids'`` and ``'labels'``, where the
     labels are already next-token targets aligned with the inputs (``labels[:, t]`` follows
     ``input_ids[:, t]``; -100 where not scored). Hugging Face style unshifted labels (equal to the
-    inputs) are rejected. ``train_batches`` cycles the train loader forever: its ``batch_size`` and
-    ``generator`` arguments are ignored, the loader's own batch size and shuffling apply.
+    inputs) are rejected, and so is any other id outside 0 .. vocab_size - 1 (checked per batch).
+    ``train_batches`` cycles the train loader forever: its ``batch_size`` and ``generator`` arguments
+    are ignored, the loader's own batch size and shuffling apply.
     ``eval_batches('valid')`` iterates ``eval_loader``, ``'test'`` iterates ``test_loader`` if one
     was given, and ``'train'`` makes one pass over the train loader. The fingerprint is a
     best-effort description (loader and dataset types, lengths, batch sizes), not a content hash.
@@ -229,6 +230,13 @@ class LoaderData(TaskData):
             raise UserError(f"loader batch shapes x={tuple(x.shape)} y={tuple(y.shape)}; both must be [batch, T] with T <= seq_len={self.seq_len}")
         if torch.equal(x, y):
             raise UserError("loader labels equal input_ids (unshifted labels); give next-token targets: labels[:, t] = input_ids[:, t+1], -100 where not scored")
+        # an id outside the vocabulary fails in the embedding, and the loss scores a negative label as token 0
+        for what, ids in (("input_ids", x), ("labels", torch.where(y == IGNORE_INDEX, 0, y))):
+            low, high = ids.aminmax() if ids.numel() else (0, 0)
+            if low < 0 or high >= self.vocab_size:
+                unscored = f", {IGNORE_INDEX} where a position is not scored" if what == "labels" else ""
+                raise UserError(f"loader {what} hold {int(low if low < 0 else high)}, not a token of vocab_size="
+                                f"{self.vocab_size}: use ids 0 to {self.vocab_size - 1}{unscored}")
         return x, y
 
     def train_batches(self, batch_size: int = 0, generator: torch.Generator | None = None) -> Iterator[Batch]:
