@@ -1,6 +1,8 @@
 """Tokenizers, bits per byte, a second real corpus and Hugging Face datasets (docs/data.md)."""
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,29 @@ def test_unknown_symbols():
 def test_every_tokenizer_encodes_an_empty_text_as_no_tokens(spec):
     encoded = train_tokenizer(spec, TEXT * 4, vocab_size=None).encode("")
     assert encoded.ids.dtype == torch.long and len(encoded.ids) == len(encoded.nbytes) == len(encoded.nchars) == 0
+
+
+HUGE_BPE = """
+import sys
+from evo_attention.data.tokenizers import train_tokenizer
+from evo_attention.util import memory
+from evo_attention.util.errors import UserError
+text = sys.argv[1]
+assert train_tokenizer("bpe:4294967296", text).to_json() == train_tokenizer("bpe:1000", text).to_json()
+memory.available_memory = lambda: 10**5
+try:
+    train_tokenizer("bpe:99999999999999", text)
+except UserError as e:
+    print(e.setting, e)
+"""
+
+
+def test_a_bpe_size_past_what_the_text_can_merge_trains_the_same_tokenizer_or_is_refused():
+    """The BPE trainer reserves its tables for the size asked before it trains: bpe:4294967296 was a
+    Rust out-of-memory abort (a separate process, so that an abort fails this test, not the run)."""
+    done = subprocess.run([sys.executable, "-c", HUGE_BPE, TEXT * 8], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("tokenizer a BPE vocabulary of") and "use a smaller N in bpe:N" in done.stdout
 
 
 def test_the_word_recipe_keeps_its_fingerprint():

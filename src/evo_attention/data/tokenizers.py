@@ -25,8 +25,12 @@ import torch
 from evo_attention.data.vocab import UNK, Vocab
 from evo_attention.data.words import EOS, corpus_words, line_words, prompt_words, text_lines
 from evo_attention.util.errors import UserError
+from evo_attention.util.memory import check_memory
 
 KINDS = ("word", "char", "byte", "bpe")
+# memory the BPE trainer reserves up front per token of the size asked for (its id table and map):
+# measured 67 bytes, up to 100 where its hash table's size rounds up to the next power of two
+BPE_BYTES_PER_TOKEN = 100
 _SPEC = re.compile(r"^(word|char|byte|bpe(?::(-?\d+))?)$")
 
 
@@ -248,6 +252,11 @@ class BPETokenizer(Tokenizer):
     @classmethod
     def train(cls, text: str, size: int) -> "BPETokenizer":
         tk = cls._library()
+        # each merge joins a pair the text holds, so no vocabulary passes 256 + the text's bytes:
+        # asking for more trains the same tokenizer (the trainer's reservation alone would not fit)
+        size = min(size, 256 + len(text.encode("utf-8")))
+        check_memory(BPE_BYTES_PER_TOKEN * size, f"a BPE vocabulary of {size:,} tokens", "use a smaller N in bpe:N",
+                     setting="tokenizer")
         model = tk.Tokenizer(tk.models.BPE())
         model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         model.decoder = tk.decoders.ByteLevel()
