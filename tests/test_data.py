@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from evo_attention.data import ENV_CACHE_DIR, ENV_DATA_DIR, IGNORE_INDEX, LoaderData, RecallData, Vocab, load_data
+from evo_attention.data.base import SPLITS
 from evo_attention.data.words import EOS, corpus_words, prompt_words, text_lines
 from evo_attention.util.errors import UserError
 from evo_attention.utils import get_dataloaders, get_device, set_seed
@@ -270,6 +271,45 @@ def test_cache_uses_env_dir_and_rebuilds_damaged_file(tmp_path, monkeypatch):
     assert all(torch.equal(first.streams[s], second.streams[s]) for s in first.streams)
     (corpus / "test.txt").write_text("a dog\n", encoding="utf-8")
     assert load_data("text", data_dir=corpus, seq_len=2).fingerprint != first.fingerprint
+
+
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path):
+    """torch's zip reader checks no CRC: a byte flipped in a stored tensor loaded as other data."""
+    import zipfile
+
+    corpus, cache_dir = write_corpus(tmp_path / "c"), tmp_path / "cache"
+    first = load_data("text", data_dir=corpus, seq_len=2, cache_dir=cache_dir)
+    path = cache_dir / f"tokens-{first.fingerprint}.pt"
+
+    def reloaded_is_first():
+        data = load_data("text", data_dir=corpus, seq_len=2, cache_dir=cache_dir)
+        sizes = [(a, b) for s in SPLITS for a, b in zip(first.text_sizes[s], data.text_sizes[s])]
+        return (data.vocab.itos == first.vocab.itos and all(torch.equal(a, b) for a, b in sizes)
+                and all(torch.equal(first.streams[s], data.streams[s]) for s in SPLITS))
+
+    with zipfile.ZipFile(path) as z:  # the tensors: three streams, their bytes and characters per token
+        tensors = sorted(i.filename for i in z.infolist() if "/data/" in i.filename)
+    assert len(tensors) == 9
+    for name in tensors:
+        raw = bytearray(path.read_bytes())
+        with zipfile.ZipFile(path) as z:
+            header = z.getinfo(name).header_offset
+        start = header + 30 + int.from_bytes(raw[header + 26:header + 28], "little") + \
+            int.from_bytes(raw[header + 28:header + 30], "little")  # past the local header, name and extra
+        raw[start] ^= 1
+        path.write_bytes(bytes(raw))
+        with pytest.warns(UserWarning, match="unreadable cache"):
+            assert reloaded_is_first(), name
+    for damage in (lambda p: p.update(vocab=p["vocab"].replace("{", "x", 1)), lambda p: p["streams"].pop("test")):
+        payload = torch.load(path, weights_only=True)
+        damage(payload)
+        torch.save(payload, path)
+        with pytest.warns(UserWarning, match="unreadable cache"):
+            assert reloaded_is_first()
+    payload = torch.load(path, weights_only=True)
+    del payload["checksum"]  # an entry of an older version: rebuilt once, then checked
+    torch.save(payload, path)
+    assert reloaded_is_first() and "checksum" in torch.load(path, weights_only=True)
 
 
 def test_wikitext2_accepts_original_file_names(tmp_path):

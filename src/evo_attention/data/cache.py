@@ -4,11 +4,16 @@ A tokenized corpus (one token stream per split plus its tokenizer) is one file,
 ``<cache dir>/tokens-<key>.pt``, the key being the sha256 of everything the result depends on
 (``cache_key``). Streams are stored as int32 and handed back as int64. Files are written to a
 temporary name and moved into place with ``os.replace``, so concurrent workers never see a
-half-written file. A cache that cannot be written only costs time: it warns and carries on.
+half-written file. Each entry holds the sha256 of its key, tokenizer, streams and byte counts
+(``_checksum``): torch's zip reader checks no CRC, so a damaged byte would load as other data; an
+entry that does not match (or holds no checksum: an older one) is rebuilt, not trusted. A cache
+that cannot be written only costs time: it warns and carries on.
 The directory is the ``cache_dir`` argument, else ``$EVO_ATTENTION_CACHE_DIR``, else
 ``~/.cache/evo-attention``.
 """
 
+import hashlib
+import json
 import os
 import tempfile
 import warnings
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from evo_attention.data.base import fingerprint_of
+from evo_attention.data.base import SPLITS, fingerprint_of
 
 ENV_CACHE_DIR = "EVO_ATTENTION_CACHE_DIR"
 FORMAT_VERSION = 1
@@ -52,11 +57,12 @@ def load(directory: Path, key: str) -> tuple[dict[str, torch.Tensor], str, dict]
         payload = torch.load(path, map_location="cpu", weights_only=True)
         if payload.get("key") != key:
             raise ValueError("key mismatch")
-        streams = {split: t.long() for split, t in payload["streams"].items()}
-        if "sizes" not in payload:
-            return None  # an entry without byte counts: tokenized again (same ids) and rewritten
-        sizes = {split: (b.to(torch.int32), c.to(torch.int32)) for split, (b, c) in payload["sizes"].items()}
-        return streams, payload["vocab"], sizes
+        if "checksum" not in payload:
+            return None  # an entry of an older version: tokenized again (same ids) and rewritten
+        if payload["checksum"] != _checksum(payload):
+            raise ValueError("checksum mismatch")
+        streams = {split: payload["streams"][split].long() for split in SPLITS}
+        return streams, payload["vocab"], {split: tuple(payload["sizes"][split]) for split in SPLITS}
     except Exception as e:  # a damaged entry is rebuilt, not trusted
         warnings.warn(f"ignoring unreadable cache file {path} ({type(e).__name__}); rebuilding it")
         return None
@@ -67,6 +73,7 @@ def save(directory: Path, key: str, streams: dict[str, torch.Tensor], vocab_json
     payload = {"key": key, "vocab": vocab_json,
                "streams": {split: t.to(torch.int32) for split, t in streams.items()},
                "sizes": {split: (b.to(torch.int32), c.to(torch.int32)) for split, (b, c) in sizes.items()}}
+    payload["checksum"] = _checksum(payload)
     tmp = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -82,3 +89,15 @@ def save(directory: Path, key: str, streams: dict[str, torch.Tensor], vocab_json
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         return None
+
+
+def _checksum(payload: dict) -> str:
+    """sha256 of an entry's key, tokenizer, split lengths, streams and byte counts (all three splits,
+    each a stream and its bytes and characters per token, as the int32 they are stored as)."""
+    streams, sizes = payload["streams"], payload["sizes"]
+    header = [payload["key"], payload["vocab"], sorted(streams), sorted(sizes), [len(streams[s]) for s in SPLITS]]
+    digest = hashlib.sha256(json.dumps(header).encode())
+    for split in SPLITS:
+        for t in (streams[split], *sizes[split]):
+            digest.update(t.to(torch.int32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
