@@ -202,7 +202,7 @@ def test_a_study_plan_s_bad_amendment_time_is_said_of_the_study_plan_not_of_a_pl
     ({**FAMILY, "margin": 0}, "margin 0 must be a number in (0, 0.5)"),
     ({**FAMILY, "margin": -0.01}, "margin -0.01 must be a number in (0, 0.5)"),
     ({**FAMILY, "margin": 0.9}, "margin 0.9 must be a number in (0, 0.5)"),
-    ({"kind": "family", "cells": {"c": "v/validation.json"}}, "a family stage fixes its gene and cells"),
+    ({"kind": "family", "cells": {"c": "v/validation.json"}}, "a family stage fixes its gene (text)"),
     ({**FAMILY, "cells": ["v/validation.json"]}, "cells must be a mapping"),
     ({**FAMILY, "trend": {"c": 1}}, "trend must map at least two of its cells to a positive level"),
     ({**FAMILY, "cells": {"a": "v/validation.json", "b": "v/validation.json"}, "trend": {"a": 1, "b": "x"}},
@@ -230,6 +230,53 @@ def test_a_value_of_a_computed_stage_that_run_would_fail_on_is_refused_at_regist
     assert main(["study", "register", "--allow-dirty", str(path)]) == 2
     assert capsys.readouterr().err == f"evo-attention: error: {caught.value}\n"
     assert not (tmp_path / "plan.registration.json").exists()
+
+
+EXAMPLE = yaml.safe_load((REPO / "docs" / "study-example.yaml").read_text())
+
+
+def _q(plan: dict, name: str) -> dict:
+    return plan["questions"][name]
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda p: p.update(settings=[1]), "settings must be a mapping, not [1]"),
+    (lambda p: p.update(vars=3), "vars must be a mapping, not 3"),
+    (lambda p: p["vars"].update(model={"a": 1}), "vars.model must be text, a number or a list, not {'a': 1}"),
+    (lambda p: p.update(out=["runs"]), "out must be text, not ['runs']"),
+    (lambda p: _q(p, "Q1").update(sources=["verdict"]), "question Q1: sources must be a mapping, not ['verdict']"),
+    (lambda p: _q(p, "Q1").update(tables={"file": "verdict/validation.json", "table": "verdicts"}),
+     "question Q1: tables must be a list, not {'file': 'verdict/validation.json', 'table': 'verdicts'}"),
+    (lambda p: _q(p, "Q1").update(tables=[{"table": "verdicts"}]), "question Q1: tables #1: a table fixes its file "
+                                                                   "(text)"),
+    (lambda p: _q(p, "Q2")["stages"].append({"name": "arms", "kind": "strategies"}),
+     "stage arms: a strategies stage fixes its searches (text)"),
+    (lambda p: _q(p, "Q2")["stages"].append({"name": "r", "kind": "rediscovery"}),
+     "stage r: a rediscovery stage fixes its searches (a list)"),
+    (lambda p: _q(p, "Q1")["stages"].append({"name": "vs", "kind": "versus", "genes_of": "tune/validation.json",
+                                             "margin": 0.01}),
+     "stage vs: a versus stage fixes its reference_file (text)"),
+    (lambda p: _q(p, "Q1")["stages"][1].update(genes=GATE), f"stage plan: genes must be a list, not {GATE!r}"),
+    (lambda p: _q(p, "Q1")["stages"][1].pop("genes_of"),
+     "stage plan: a plan stage fixes its genes_of (text) or genes (a list)"),
+    (lambda p: _q(p, "Q1")["answers"]["answer"][0].update({"if": "verdict is better"}),
+     "question Q1, answer answer #1: if must be a list, not 'verdict is better'"),
+    (lambda p: _q(p, "Q2")["words"].update(over=["cells"]), "question Q2: words.over must be text, not ['cells']"),
+    (lambda p: _q(p, "Q1")["stages"][2].update(name=5), "question Q1: stage #3: name must be text, not 5"),
+    (lambda p: _q(p, "Q2")["stages"][0]["command"].append("--x={model}"),
+     "stage cells: {model} is a list: it stands only alone, as a whole word"),
+])
+def test_a_plan_of_the_wrong_shape_is_refused_by_every_command_in_one_line_naming_the_key(tmp_path, capsys, change,
+                                                                                          says):
+    plan = yaml.safe_load(yaml.safe_dump(EXAMPLE))
+    change(plan)
+    path = _write(tmp_path / "plan.yaml", plan)
+    with pytest.raises(UserError) as caught:
+        load_study(path)
+    assert str(caught.value) == f"study plan {path}: {says}"
+    for action in (["status"], ["register", "--allow-dirty"], ["amend", "--note", "x"], ["run"]):
+        assert main(["study", *action, str(path)]) == 2
+        assert capsys.readouterr().err == f"evo-attention: error: {caught.value}\n"
 
 
 def _git(root: Path, *args) -> None:

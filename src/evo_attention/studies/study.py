@@ -40,21 +40,51 @@ from evo_attention.util.jsonio import write_json
 from evo_attention.util.version import __version__
 
 KINDS = ("command", "tune", "plan", "versus", "family", "strategies", "rediscovery", "reliability", "suite")
-STAGE_KEYS = {"name", "kind", "dir", "each", "device", "note", "done", "file"}
-KIND_KEYS = {"command": {"command", "commands"}, "tune": {"command", "grid"},
-             "plan": {"genes_of", "genes", "top", "rate_of", "margin", "alpha", "seeds", "seed_block"},
-             "versus": {"genes_of", "reference_file", "reference", "margin"},
-             "family": {"gene", "cells", "against", "margin", "trend", "trend_only"},
-             "strategies": {"searches", "reference", "margin"},
-             "rediscovery": {"searches", "describe", "reference", "features", "rediscovered_if", "bar",
-                             "solve_at"},
-             "reliability": {"validations"}, "suite": {"suite", "data_seed"}}
+# the plan's shape, checked once at load (``_shape``) before its rules: what each key's value must be; a
+# stage's number may be text, a {name} of its each, checked as a number once substituted (``_stage_values``)
+TEXT, LIST, MAP, NUMBER, FLAG = "text", "a list", "a mapping", "a number", "true or false"
+VALUE = "text, a number or a list"  # a var's or a setting's
+_TYPES = {TEXT: str, LIST: list, MAP: dict, NUMBER: (int, float, str), FLAG: bool, VALUE: (str, int, float, list)}
+TEXTS = (LIST, TEXT)  # (LIST or MAP, the shape of each entry)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A mapping of a plan: what it is (``noun``), the keys it needs (``a|b``: one of them) and each key's shape."""
+    noun: str
+    needs: tuple
+    shapes: dict
+
+
+TOP_KEYS = Keys("a study plan", ("study", "out", "results", "questions"), {
+    "study": TEXT, "title": TEXT, "description": TEXT, "root": TEXT, "out": TEXT, "results": TEXT, "report": TEXT,
+    "vars": (MAP, VALUE), "settings": (MAP, VALUE), "gpu_flags": LIST, "edge_rule": TEXT, "amendments": LIST,
+    "questions": MAP})
+QUESTION_KEYS = Keys("a question", ("stages",), {
+    "title": TEXT, "blocks": LIST, "search_seeds": LIST, "stages": (LIST, MAP), "sources": (MAP, TEXT),
+    "tables": (LIST, Keys("a table", ("file", "table"), {"file": TEXT, "table": TEXT, "title": TEXT})),
+    "words": MAP, "answers": MAP})
+RULE = Keys("a rule", ("say",), {"say": TEXT, "if": TEXTS})
+STAGE_KEYS = {"name": TEXT, "kind": TEXT, "dir": TEXT, "each": MAP, "device": TEXT, "note": TEXT, "done": TEXT,
+              "file": TEXT}
+KIND_KEYS = {  # kind -> (the keys it needs besides its name, its own keys' shapes)
+    "command": (("command|commands",), {"command": LIST, "commands": LIST}),
+    "tune": (("command", "grid"), {"command": LIST, "grid": LIST}),
+    "plan": (("genes_of|genes", "seeds", "margin"), {
+        "genes_of": TEXT, "genes": TEXTS, "top": NUMBER, "rate_of": TEXT, "margin": NUMBER, "alpha": NUMBER,
+        "seeds": NUMBER, "seed_block": NUMBER}),
+    "versus": (("genes_of", "reference_file", "reference", "margin"),
+               {"genes_of": TEXT, "reference_file": TEXT, "reference": TEXT, "margin": NUMBER}),
+    "family": (("gene", "cells"), {"gene": TEXT, "cells": (MAP, TEXT), "against": TEXT, "margin": NUMBER,
+                                   "trend": MAP, "trend_only": FLAG}),
+    "strategies": (("searches",), {"searches": TEXT, "reference": TEXT, "margin": NUMBER}),
+    "rediscovery": (("searches",), {"searches": TEXTS, "describe": TEXTS, "reference": TEXT, "features": TEXTS,
+                                    "rediscovered_if": LIST, "bar": NUMBER, "solve_at": NUMBER}),
+    "reliability": (("validations",), {"validations": TEXTS}),
+    "suite": (("suite",), {"suite": TEXT, "data_seed": NUMBER})}
 # of a computed stage, checked by _stage_values: studies.plan's family fields, and whole numbers (name, least)
 STAGE_WHOLE = (("top", 1), ("data_seed", 0))
 STAGE_NUMBERS = ("margin", "alpha", "seeds", "seed_block", *(name for name, _ in STAGE_WHOLE))
-TOP_KEYS = {"study", "title", "description", "root", "out", "results", "report", "vars", "settings", "gpu_flags",
-            "edge_rule", "amendments", "questions"}
-QUESTION_KEYS = {"title", "blocks", "search_seeds", "stages", "tables", "sources", "words", "answers"}
 TRAINING = ("validate", "baseline", "train", "search", "curve", "compare", "transfer", "ablate")
 DONE = {"validate": "validation*.json", "search": "final_results.json", "baseline": "result.json",
         "train": "result.json", "curve": "curve.json", "compare": "compare*.json", "transfer": "transfer*.json",
@@ -181,19 +211,13 @@ def flatten(args) -> list:
 
 
 def load_study(path, settings: dict | None = None) -> Study:
-    """The study plan in ``path``, checked against its own rules (one-line UserError naming the rule)."""
+    """The study plan in ``path``, checked against its shape and its own rules (one-line UserError naming
+    the key or the rule)."""
     path = Path(path)
     raw = read_plan_yaml(path, lambda why: _fail(path, why))
-    if not isinstance(raw, dict) or not raw.get("study"):
+    if not isinstance(raw, dict):
         raise _fail(path, "must be a mapping that names its study (study: NAME), out, results and questions")
-    unknown = sorted(set(raw) - TOP_KEYS)
-    if unknown:
-        raise _fail(path, f"unknown key {unknown[0]!r}: a study plan holds {', '.join(sorted(TOP_KEYS))}")
-    for key in ("out", "results", "questions"):
-        if not raw.get(key):
-            raise _fail(path, f"names no {key}")
-    if not isinstance(raw["questions"], dict):
-        raise _fail(path, "questions must be a mapping: name -> question")
+    _keys(path, "", raw, TOP_KEYS)
     for i, item in enumerate(raw.get("amendments") or []):  # amendments written in the plan: notes with their time
         if not isinstance(item, dict) or "time" not in item or not str(item.get("reason") or "").strip():
             raise _fail(path, f"amendment {i + 1} needs its time and its reason (time: ISO time, reason: text)")
@@ -204,18 +228,55 @@ def load_study(path, settings: dict | None = None) -> Study:
     given = {**(raw.get("settings") or {}), **(settings or {})}
     study = Study(path, (path.parent / str(raw.get("root", "."))).resolve(), raw, settings=given)
     for qname, q in raw["questions"].items():
-        if not isinstance(q, dict) or not isinstance(q.get("stages"), list) or not q["stages"]:
-            raise _fail(path, f"question {qname} needs its stages (a list)")
-        bad = sorted(set(q) - QUESTION_KEYS)
-        if bad:
-            raise _fail(path, f"question {qname}: unknown key {bad[0]!r} (a question holds "
-                              f"{', '.join(sorted(QUESTION_KEYS))})")
-        for spec in q["stages"]:
-            if not isinstance(spec, dict) or not spec.get("name"):
-                raise _fail(path, f"question {qname}: every stage is a mapping with its name")
-            study.stages.append(Stage(str(spec["name"]), str(qname), len(study.stages), substitute(spec, vars_)))
+        _shape(path, f"question {qname}", q, QUESTION_KEYS)
+        for i, spec in enumerate(q["stages"], 1):
+            spec = substitute(spec, vars_)
+            kind, name = spec.get("kind", "command"), spec.get("name")
+            where = f"stage {name}" if isinstance(name, str) and name else f"question {qname}: stage #{i}"
+            if kind not in KINDS:
+                raise _fail(path, f"{where}: kind {kind!r} is not known: use {', '.join(KINDS)}")
+            needs, shapes = KIND_KEYS[kind]
+            _shape(path, where, spec, Keys(f"a {kind} stage", ("name", *needs), {**STAGE_KEYS, **shapes}))
+            study.stages.append(Stage(name, str(qname), len(study.stages), spec))
     _check_rules(study)
     return study
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shape(path, where: str, value, shape) -> None:
+    """Refuse ``value`` (``where`` names it) unless it has ``shape``: a type (``_TYPES``), ``(LIST or MAP, the
+    shape of each entry)`` or ``Keys``; None stands for a key not given."""
+    if value is None:
+        return
+    kind = _kind(shape)
+    if not isinstance(value, _TYPES[kind]):
+        raise _fail(path, f"{where} must be {kind}, not {_brief(value)}")
+    if isinstance(shape, Keys):
+        _keys(path, f"{where}: ", value, shape)
+    elif isinstance(shape, tuple):
+        for key, item in value.items() if kind == MAP else enumerate(value, 1):
+            _shape(path, f"{where}.{key}" if kind == MAP else f"{where} #{key}", item, shape[1])
+
+
+def _kind(shape) -> str:
+    return MAP if isinstance(shape, Keys) else shape[0] if isinstance(shape, tuple) else shape
+
+
+def _keys(path, where: str, value: dict, keys: Keys) -> None:
+    """``value``'s keys against ``keys``: none unknown, none it needs missing (or empty), each of its shape."""
+    unknown = sorted(str(k) for k in set(value) - set(keys.shapes))
+    if unknown:
+        raise _fail(path, f"{where}unknown key {unknown[0]!r}: {keys.noun} holds {', '.join(sorted(keys.shapes))}")
+    for need in (n.split("|") for n in keys.needs):
+        if all(value.get(k) in (None, "", [], {}) for k in need):
+            either = " or ".join(f"{k} ({_kind(keys.shapes[k])})" for k in need)
+            raise _fail(path, f"{where}{keys.noun} fixes its {either}")
+    for key, item in value.items():
+        _shape(path, f"{where}{key}", item, keys.shapes[key])
 
 
 def _combos(stage: Stage, reader: Callable | None = None) -> list[dict] | None:
@@ -352,12 +413,6 @@ def _check_rules(study: Study) -> None:
         earlier = {s.name: s for s in study.stages[:stage.index]}
         if stage.name in earlier:
             raise _rule(path, "one name per stage", f"two stages are named {stage.name}")
-        if stage.kind not in KINDS:
-            raise _fail(path, f"stage {stage.name}: kind {stage.kind!r} is not known: use {', '.join(KINDS)}")
-        bad = sorted(set(spec) - STAGE_KEYS - KIND_KEYS[stage.kind])
-        if bad:
-            raise _fail(path, f"stage {stage.name}: unknown key {bad[0]!r} for a {stage.kind} stage (it takes "
-                              f"{', '.join(sorted(STAGE_KEYS | KIND_KEYS[stage.kind]))})")
         if spec.get("device", "cpu") not in ("cpu", "gpu") and "{" not in str(spec.get("device")):
             raise _rule(path, "a stage runs on cpu, or gpu where present", f"stage {stage.name} asks for "
                                                                            f"{spec.get('device')!r}")
@@ -381,14 +436,6 @@ def _check_rules(study: Study) -> None:
                 check_rule(spec["rediscovered_if"], spec.get("bar"))
             except UserError as exc:
                 raise _fail(path, f"stage {stage.name}: {exc}") from None
-        if stage.kind == "reliability" and not (isinstance(spec.get("validations"), list) and spec["validations"]):
-            raise _fail(path, f"stage {stage.name}: a reliability stage names its validations (a list of globs)")
-        if stage.trains and not stage_commands(stage):
-            raise _fail(path, f"stage {stage.name}: a {stage.kind} stage needs its command")
-        needs = {"plan": ("seeds", "margin"), "versus": ("margin",), "suite": ("suite",),
-                 "family": ("gene", "cells")}.get(stage.kind, ())
-        if any(k not in spec for k in needs):
-            raise _fail(path, f"stage {stage.name}: a {stage.kind} stage fixes its {' and '.join(needs)}")
         if stage.kind == "family":
             _check_family(path, stage.name, spec["cells"], spec.get("trend"))
         # seeds come from the question's blocks and search seeds
@@ -401,9 +448,11 @@ def _check_rules(study: Study) -> None:
             for c in stage_commands(stage) if stage.trains else []:
                 argv = [_text(a) for a in flatten(substitute(c["run"], {**local, "out": "OUT"}))]
                 unknown = [m[1] for a in argv for m in _REF.finditer(str(a)) if not m[2]]
-                if unknown:
-                    raise _fail(path, f"stage {stage.name}: {{{unknown[0]}}} is not a variable of the plan (vars, "
-                                      "settings, each)")
+                if unknown:  # a list stands only as a whole word (spliced into the command)
+                    listed = unknown[0] in {**(study.raw.get("vars") or {}), **local}
+                    raise _fail(path, f"stage {stage.name}: {{{unknown[0]}}} is " + (
+                        "a list: it stands only alone, as a whole word" if listed
+                        else "not a variable of the plan (vars, settings, each)"))
                 _check_seeds(study, stage, q, argv)
         # what a stage reads comes from earlier stages
         for kind, target in _refs(stage) if stage.trains else []:
@@ -611,6 +660,7 @@ def _check_decisions(study: Study) -> None:
             if t.get("table") not in TABLES:
                 raise _fail(path, f"question {qname}: table {t.get('table')!r} is not known: use {', '.join(TABLES)}")
         words = q.get("words") or {}
+        _shape(path, f"question {qname}: words.over", words.get("over"), TEXT)
         if words and words.get("over") not in sources:
             raise _rule(path, rule, f"question {qname}: words are over {words.get('over')!r}, not one of its sources")
         says = {name: SOURCE_WORDS for name in sources}  # name -> the words it can say (None: any)
@@ -619,7 +669,8 @@ def _check_decisions(study: Study) -> None:
         if not q.get("answers"):
             raise _fail(path, f"question {qname} gives no answers (answers: name -> rules, the last without if)")
         for where, rules, answer in groups:
-            if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) and "say" in r for r in rules):
+            _shape(path, f"question {qname}, {where}", rules, (LIST, RULE))
+            if not rules:
                 raise _fail(path, f"question {qname}, {where}: a list of rules, each with its say")
             if rules[-1].get("if"):
                 raise _rule(path, "a decision always answers", f"question {qname}, {where}: the last rule has no if")
