@@ -337,6 +337,17 @@ def test_registration_before_results_a_change_without_amendment_and_a_late_amend
         check_registered(load_study(path))
 
 
+def test_a_change_without_amendment_names_every_part_it_changes(tmp_path):
+    stages = [_command(name, "--seeds", 2, "--seed-block", 1) for name in "abc"]
+    plan = _study({"Q1": _question(stages)})
+    register(load_study(_committed(tmp_path, plan)))
+    for stage in stages:
+        stage["command"][-5] = 3
+    path = _write(tmp_path / "plan.yaml", plan)
+    with pytest.raises(UserError, match="differs from its registration in stage a, stage b, stage c and no amendment"):
+        run_study(load_study(path), lambda argv: 0)
+
+
 def test_when_results_were_made_is_the_time_their_files_record_not_a_clone_s_file_times(tmp_path):
     stages = [_command("a", "--seeds", 2, "--seed-block", 1), _command("b", "--seeds", 2, "--seed-block", 1)]
     plan = _study({"Q1": _question(stages)})

@@ -960,8 +960,8 @@ def check_registered(study: Study) -> dict:
                         "plan before any result)")
     changed = _changed(_last(record)["parts"], parts(study))
     if changed:
-        raise UserError(f"the plan differs from its registration in {changed[0]} and no amendment records it: run "
-                        "study amend PLAN --note WHY (refused once its results exist)")
+        raise UserError(f"the plan differs from its registration in {', '.join(changed)} and no amendment records "
+                        "it: run study amend PLAN --note WHY (refused once its results exist)")
     runs = Runs(study)
     for i, amendment in enumerate(record["amendments"]):
         where = registration_path(study)  # an ISO time, never in the future
