@@ -215,6 +215,48 @@ def test_a_program_gene_runs_in_llama_and_matches_the_library_attention():
         core_attention("prog=g.output_gate(o(mix(w.softmax(s.dot(q,k)),v)))", 32, 4)
 
 
+@pytest.mark.parametrize("gene, cached", [
+    ("prog=o(sgate(mix(w.softmax(t.fixed(s.dot(q,k))),v)))", True),  # gated attention: x at the new position
+    ("prog=o(hgate(mix(w.softmax(t.fixed(s.dot(scale(hgate(q)),k))),v)))", True),  # a plugin's op on q, output
+    ("prog=o(mix(w.softmax(s.dot(q,l2n(scale(k)))),relu(v)))", True),  # applied to the cached keys, values
+    ("prog=o(kmix.favor(t.learned(scale(q)),l2n(k),relu(v)))", True),
+    ("dot|softmax|output_gate|learned|nobias|0.00|pos=rope", True),
+    ("prog=o(mix(w.softmax(s.dot(q,hgate(k))),v))", False),  # a plugin's learned op may read x: not on keys
+    ("prog=o(mix(w.softmax(s.dot(q,sgate(k))),v))", False),  # x of the new positions only
+    ("prog=o(mix(w.softmax(s.dot(q,k)),shift(v)))", False),  # along time
+])
+def test_programs_whose_ops_read_one_position_generate_with_the_hosts_cache(gene, cached, plugin):
+    """What decodes from the host's keys and values (the library's own KVCache too) gives the logits of
+    recomputation; any other program is refused with the cache and decodes by recomputing."""
+    from evo_attention.interop.hf_attention import cacheable, install, register
+    from evo_attention.nn.attention import InputCache
+
+    model = _llama(register("evo_test_cache"))
+    install(model, gene)
+    model.double().eval()  # float64: a cache that computes another function shows above rounding
+    model.generation_config.eos_token_id = None  # every run generates all its tokens
+    assert model.generation_config.use_cache == cached == cacheable(model.model.layers[0].self_attn.evo_attention)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # gene weights away from their identity start
+        ids, runs = torch.tensor([[1, 5, 7, 2]]), {}
+        for use_cache in (True, False) if cached else (False,):
+            runs[use_cache] = model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=use_cache,
+                                             output_logits=True, return_dict_in_generate=True)
+        if cached:
+            assert torch.equal(runs[True].sequences, runs[False].sequences)
+            assert max((a - b).abs().max() for a, b in zip(runs[True].logits, runs[False].logits)) <= 1e-10
+        else:
+            with pytest.raises(ValueError, match="use_cache=False"):
+                model.generate(ids, max_new_tokens=2, do_sample=False, use_cache=True)
+        attention = EvolvedAttention(16, 2, gene, max_seq_len=16).double().eval()
+        x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        full, cache = attention(x), attention.new_cache()
+        rows = [attention.decode(x[:, :3], cache)] + [attention.decode(x[:, i:i + 1], cache) for i in range(3, 12)]
+    assert isinstance(cache, InputCache) != cached
+    torch.testing.assert_close(torch.cat(rows, 1), full, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("gene", [
     "prog=o(mix(w.softmax(s.dot(q,shift(k))),v))|nobias|0.00|pos=rope",
     "prog=o(mix(w.softmax(s.dot(dconv3(q),k)),v))|nobias|0.00|pos=rope",

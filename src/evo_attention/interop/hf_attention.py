@@ -86,8 +86,9 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     allowed = _allowed(attention_mask, query.shape[0], t, s)
     start = s - t
     if start and not cacheable(core):
-        raise ValueError(f"gene {core.gene.key} reads earlier queries or inputs along time, which the host's "
-                         "cache does not keep: generate with use_cache=False")
+        raise ValueError(f"gene {core.gene.key} reads other positions' queries or inputs (an op along time or "
+                         "across positions, a convolution, or an op that may read x on keys or values), which the "
+                         "host's cache does not keep: generate with use_cache=False")
     # the gene's gates run on the whole padded input (the hooks), each row's attention on its own positions
     if f"g.{core.gene.gating}" in components.ACROSS_POSITIONS and core.program.padding(core, allowed, len(x), t):
         raise ValueError(f"gating {core.gene.gating} of gene {core.gene.key} reads other positions' inputs, the "

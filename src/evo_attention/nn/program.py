@@ -25,10 +25,12 @@ Fast paths are patterns the engine recognises, each computing the same function 
   block of W queries meeting the 2W keys of its own and the previous block (O(T W)).
 - ``kmix``: running sums over positions (``components.causal_kernel_attention``, O(T)) unless
   explicit weights are needed (maps, a mask, a window, attention dropout in training).
-- Decoding: a program whose q, k, v reach only its attention pattern (every classic gene's form)
-  through ops that read one position alone (not ``components.ACROSS_POSITIONS``) decodes with a
-  key/value cache (running sums for a kernel without a window); any other recomputes its forward over
-  the positions so far and keeps the new rows (every op is causal).
+- Decoding: a program whose ops each read one position (none along time, none in
+  ``components.ACROSS_POSITIONS``), whose queries and x meet keys and values only in its similarities and
+  mixing ops, and whose ops on keys and values read no x (entry by entry, over a head's channels, ``scale``,
+  ``bias``) decodes with a key/value cache: those ops run on the cached keys and values (running sums for
+  one kernel without a window); any other recomputes its forward over the positions so far and keeps the
+  new rows (every op is causal).
 """
 
 from __future__ import annotations
@@ -593,9 +595,7 @@ class ProgramCore(nn.Module):
         self.module_keys = {node.text: f"n{i}" for i, node in enumerate(self.nodes) if f"n{i}" in self.ops}
         self.forms = {node.text: form for node in self.nodes if (form := _attention_form(node))}
         self.heads_node = _heads_node(program.root)
-        # a cache holds each position's own values: an op reading other positions recomputes (ACROSS_POSITIONS)
-        self.cacheable = _cacheable(program.root, self.heads_node, self.forms) and not any(
-            node.op in components.ACROSS_POSITIONS for node in self.nodes)
+        self.cacheable = _decoded(program.root, grammar, {}) == "new"
         # the ops whose value at a position reads other positions' values, which a mask's zero weights do not
         # stop (sdecay weighs a score by its distance alone)
         self.along_time = [node.op for node in self.nodes if node.args and node.op != "sdecay" and (
@@ -658,11 +658,12 @@ class ProgramCore(nn.Module):
         return starts.tolist() if bool(starts.any()) else None
 
     def new_cache(self, attn):
-        """An empty cache for ``decode``: running sums for a kernel without a window, keys and
-        values for another cacheable program, the inputs so far otherwise."""
+        """An empty cache for ``decode``: running sums where the one mixing op is a kernel without a
+        window, keys and values for another cacheable program, the inputs so far otherwise."""
         if not self.cacheable or attn.qkv_conv is not None or attn.input_conv is not None:
             return InputCache()
-        kernel = self.forms[self.heads_node.text][0] == "kmix"
+        mixing = {node.text: node.op for node in self.nodes if node.op == "mix" or node.op.startswith("kmix")}
+        kernel = len(mixing) == 1 and "mix" not in mixing.values()  # one state holds one kernel's sums
         return KernelState() if kernel and not attn.window else KVCache()
 
     def decode(self, attn, x, cache):
@@ -853,14 +854,28 @@ def _heads_node(root):
     return node.args[0] if node.op == "o" else None
 
 
-def _cacheable(root, heads, forms) -> bool:
-    """Whether the program decodes with a key/value cache: its heads are one attention form over
-    q, k, v themselves (``kmix``: t.T(q) or q, l2n allowed on both) under o and gates."""
-    if heads is None or heads.text not in forms:
-        return False
-    form = forms[heads.text]
-    if form[0] == "mix":
-        scores = form[2]
-        return [a.text for a in scores.args] == ["q", "k"] and heads.args[1].text == "v"
-    first = heads.args[0].args[0] if heads.args[0].op.startswith("t.") else heads.args[0]
-    return (first.text, heads.args[1].text, heads.args[2].text) in (("q", "k", "v"), ("l2n(q)", "l2n(k)", "v"))
+def _decoded(node, grammar, memo: dict) -> str | None:
+    """Which positions ``node``'s value covers when new positions are decoded after a key/value cache: "new" (q, x,
+    ops of them), "all" (k, v: the cache's keys and values, and ops of them), "scores" (new queries on all keys),
+    "const"; None where that pass would not give the forward's rows: an op reading other positions (along time,
+    ``components.ACROSS_POSITIONS``), an op meeting new and all positions, or one that may read x (the new positions'
+    only) on keys or values (not entry by entry or over a head's channels)."""
+    if node.text in memo:
+        return memo[node.text]
+    args = [_decoded(a, grammar, memo) for a in node.args]
+    kind = grammar.op(node.op).kind if node.args else None
+    if not node.args:
+        found = "const" if node.op == "const" else "all" if node.op in ("k", "v") else "new"
+    elif None in args or kind == "time" or node.op in components.ACROSS_POSITIONS:
+        found = None
+    elif node.op.startswith("s."):
+        found = "scores" if args == ["new", "all"] else None
+    elif kind == "mix":  # mix(W, V), kmix(A, B, V)
+        found = "new" if args in (["scores", "all"], ["new", "all", "all"]) else None
+    else:  # one position's op: its arguments cover the same positions
+        seen = set(args) - {"const"}
+        found = seen.pop() if len(seen) == 1 else "const" if not seen else None
+        if found == "all" and kind not in ("elementwise", "feature") and node.op not in ("scale", "bias"):
+            found = None
+    memo[node.text] = found
+    return found
