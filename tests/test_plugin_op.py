@@ -232,6 +232,56 @@ def test_the_op_folded_equals_it_alone(plugin):
         assert any("logit" in name for name in logits[0])
 
 
+def test_an_op_with_a_buffer_drawn_per_seed_folds_each_model_with_its_own():
+    """A PerModel op's buffer with a leading dimension of 1 folds as its parameters do: each model
+    its own (here features drawn per seed at build), so each seed folded gives what it gives alone;
+    a model leaving the batch takes its buffer along. A buffer of another shape that differs between
+    the models refuses the fold: those trials train alone and say why."""
+    from evo_attention import register_op
+    from evo_attention.nn.fold import Rows, fold_models
+    from evo_attention.nn.program import PerModel, unregister_op
+
+    class RandFeat(PerModel):
+        def __init__(self, h, d, leading=(1,)):
+            super().__init__()
+            self.register_buffer("proj", torch.randn(*leading, h, d, d))
+            self.s = torch.nn.Parameter(torch.ones(1, 1, h, 1, 1))
+
+        def forward(self, z):
+            s = self.p("s")
+            zm = z.reshape(s.shape[0], -1, *z.shape[1:])
+            return (torch.relu(zm @ self.proj) * s).reshape(z.shape)
+
+    config = Config(data="recall", vocab_size=32, max_seq_len=16, recall={"num_pairs": 4, "train_examples": 500,
+                                                                         "eval_examples": 100},
+                    d_model=16, n_heads=2, n_layers=1, batch_size=8, eval_batch_size=50, eval_steps=None,
+                    train_steps=6, log_every=3, precision="fp32")
+    data = data_from_config(config)
+    try:
+        register_op("rfeat", "H->F", "feature", apply=lambda c, z: c.module(z),
+                    build=lambda s: RandFeat(s.n_heads, s.d_head))
+        register_op("rfeat2", "H->F", "feature", apply=lambda c, z: c.module(z),
+                    build=lambda s: RandFeat(s.n_heads, s.d_head, leading=()))
+        trials = [Trial.from_config("prog=o(kmix(rfeat(q),rfeat(k),v))", config.replace(seed=s), data=data)
+                  for s in (43, 44, 45)]
+        batch, alone = run_batched(trials, data), [run_training(t, data) for t in trials]
+        for b, a in zip(batch, alone):
+            assert b.record.extra["batched"] == 3 and "batch_fallback" not in b.record.extra
+            assert b.record.val_loss == a.record.val_loss and b.record.curve == a.record.curve  # model 0's: 1e-4 off
+        parts = [torch.nn.Sequential(RandFeat(2, 4)) for _ in range(3)]
+        fold = fold_models(parts, Rows())
+        fold.keep([0, 2])
+        assert torch.equal(fold.model[0].p("proj"), torch.cat([parts[0][0].proj, parts[2][0].proj]))
+        shared = [Trial.from_config("prog=o(kmix(rfeat2(q),rfeat2(k),v))", config.replace(seed=s), data=data)
+                  for s in (43, 44)]
+        for b, a in zip(run_batched(shared, data), [run_training(t, data) for t in shared]):
+            assert "has a buffer 'proj' that differs between the models" in b.record.extra["batch_fallback"]
+            assert b.record.val_loss == a.record.val_loss
+    finally:
+        unregister_op("rfeat")
+        unregister_op("rfeat2")
+
+
 def test_the_task_is_a_suite_point_and_a_curve_task(plugin, tmp_path):
     suite = parse_suite({"suite": "mine", "points": [{"task": "shifted_copy", "knobs": {"seq_len": 16, "vocab": 8}}]})
     assert suite.points[0].task == "shifted_copy"

@@ -83,7 +83,7 @@ class Folding:
 
     def buffers(self, name: str) -> torch.Tensor:
         """This part's buffer ``name`` of every model, stacked: [K, ...]."""
-        return torch.stack([getattr(c, name) for c in self.copies])
+        return torch.stack([c.get_buffer(name) for c in self.copies])
 
 
 # -- PyTorch's weighted layers ------------------------------------------------------------------

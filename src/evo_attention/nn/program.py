@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from evo_attention import programs
 from evo_attention.nn import components
 from evo_attention.nn.dropout import dropout
-from evo_attention.nn.fold import Folding, per_model
+from evo_attention.nn.fold import Folding, Unfoldable, per_model
 
 CLIP = programs.CLIP
 EPS_DIV = 1e-2  # sdiv(a, b) = a b / (b^2 + EPS_DIV): |result| <= |a| / (2 sqrt(EPS_DIV))
@@ -221,9 +221,12 @@ def _clipped(apply: Callable) -> Callable:
 class PerModel(nn.Module):
     """An op whose parameters carry a leading model dimension M: 1 alone, K once folded (the
     stacked [K, 1, ...] parameters are read as [K, ...]). Activations [M * B, ...] are viewed per
-    model, [M, B, ...], so each model's rows meet its own parameters."""
+    model, [M, B, ...], so each model's rows meet its own parameters. Its own buffers with a leading
+    dimension of 1 (e.g. features drawn per seed at build) fold the same way, each model's stacked; any
+    other buffer is shared, and one that differs between the models refuses the fold."""
 
     folded = False
+    stacked_buffers: tuple[str, ...] = ()
 
     def p(self, name: str) -> torch.Tensor:
         value = getattr(self, name)
@@ -233,8 +236,20 @@ class PerModel(nn.Module):
         clone = copy.deepcopy(self)
         for name, _ in self.named_parameters(recurse=False):
             setattr(clone, name, folding.param(name))
+        clone.stacked_buffers = tuple(n for n, b in self.named_buffers() if "." not in n and b.shape[:1] == (1,))
+        for name, buffer in self.named_buffers():
+            stacked = folding.buffers(name)
+            if name in clone.stacked_buffers:
+                setattr(clone, name, stacked)
+            elif not all(torch.equal(b, buffer) for b in stacked):
+                raise Unfoldable(f"{type(self).__name__} at {folding.path} has a buffer {name!r} that differs between "
+                                 "the models and no leading model dimension of 1", folding.path)
         clone.folded = True
         return clone
+
+    def keep_models(self, index: torch.Tensor) -> None:
+        for name in self.stacked_buffers:
+            setattr(self, name, getattr(self, name).index_select(0, index))
 
 
 def _shape_of(kind: str, s: Shapes) -> tuple:
