@@ -73,6 +73,11 @@ def test_the_op_joins_the_language_and_every_contract(plugin):
     ("logz", "T->T", lambda call, z: torch.log(z), "gives NaN or inf as X->X at its initial weights on random"),
     ("narrow", "H->H", lambda call, z: z[..., :2], r"returns shape \(2, 2, 4, 2\) as H->H, where a tensor of \[B"),
     ("nothing", "H->H", lambda call, z: None, "returns None as H->H"),
+    # of its inputs' dtype (another fails in training: "mat1 and mat2 must have the same dtype")
+    ("tolong", "H->H", lambda call, z: z.long(), "returns torch.int64 as H->H on torch.float32 inputs: keep its "),
+    ("todouble", "T->T", lambda call, z: z.double(), "returns torch.float64 as X->X on torch.float32 inputs"),
+    # F is a non-negative feature (kmix's normaliser needs it)
+    ("negfeat", "H->F", lambda call, z: z, r"gives negative values as H->F at its initial weights on random inputs"),
 ])
 def test_a_registration_that_would_change_or_break_the_language_is_refused(name, signature, apply, problem):
     from evo_attention import register_op
@@ -161,7 +166,8 @@ def test_finiteness_is_judged_at_the_initial_weights_and_nan_from_random_weights
             lower = (torch.arange(t)[:, None] >= torch.arange(t)).to(z.dtype)
             return (lower @ (1 + self.s * zz.square()).log()).reshape(z.shape)
     try:
-        register_op("ysqrt", "H->F", "feature", apply=lambda c, z: c.module(z), build=lambda s: LearnedScale(s.n_heads))
+        register_op("ysqrt", "H->F", "feature", apply=lambda c, z: c.module(z.abs()),  # an F: non-negative
+                    build=lambda s: LearnedScale(s.n_heads))
         register_op("logrun", "H->H", "time", apply=lambda c, z: c.module(z), build=lambda s: LogRun(s.n_heads))
         assert "ysqrt" not in components.ACROSS_POSITIONS and "logrun" in components.ACROSS_POSITIONS
         with pytest.raises(programs.ProgramError, match=r"^program op 'yneg' gives NaN or inf as H->F at its initial "
@@ -172,7 +178,7 @@ def test_finiteness_is_judged_at_the_initial_weights_and_nan_from_random_weights
             with pytest.raises(programs.ProgramError, match=r"^program op 'ymoved' gives NaN or inf as H->F at "
                                                             r"its initial weights on random inputs: keep its values"):
                 register_op("ymoved", "H->F", "feature", build=build, apply=lambda c, z: (c.module or (lambda v: v))(
-                    torch.where(z > 5, float("nan"), z)))
+                    torch.where(z > 5, float("nan"), z.abs())))
     finally:
         unregister_op("ysqrt")
         unregister_op("logrun")

@@ -124,8 +124,9 @@ def register_op(name: str, signatures, kind: str, *, apply: Callable, build: Cal
 
 def _probe(op: programs.Op, impl: Implementation, across: list | None = None) -> str | None:
     """What ``op`` does wrong on the first typing of its signatures (T as X, H and S) where it returns
-    no finite tensor of its result type's shape at its initial weights on any input of the probe (a random
-    weight, such as a negative scale under a square root, may give NaN where training never would), or, with
+    no finite tensor of its result type's shape and its inputs' dtype (an F: non-negative) at its initial
+    weights on any input of the probe (a random weight, such as a negative scale under a square root, may
+    give NaN where training never would), or, with
     random weights, reads a later position or another batch row (``components.probe``, the block input x
     moved with the inputs; the frame and the op's module in eval, then train mode); None if nothing.
     ``across`` collects the typings whose value at a position reads other positions. A typing the op
@@ -148,9 +149,14 @@ def _probe(op: programs.Op, impl: Implementation, across: list | None = None) ->
                         d in (-1, n) for d, n in zip(due, value.shape))):
                     got = f"shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)[:40]
                     wrong.append(f"returns {got} as {typing}, where a tensor of {_LAYOUTS[out]} is due")
+                elif torch.is_tensor(value) and value.dtype != x.dtype:
+                    wrong.append(f"returns {value.dtype} as {typing} on {x.dtype} inputs: keep its inputs' dtype")
                 elif torch.is_tensor(value) and not torch.isfinite(value).all():
                     wrong.append(f"gives NaN or inf as {typing} at its initial weights on random inputs: keep its "
                                  "values finite")
+                elif out == "F" and (value < 0).any():
+                    wrong.append(f"gives negative values as {typing} at its initial weights on random inputs: keep "
+                                 "its features (F) non-negative")
                 return value
             checking, found = True, None
             with torch.random.fork_rng(devices=[]), torch.no_grad():  # building draws initial weights
@@ -212,8 +218,7 @@ def _clipped(apply: Callable) -> Callable:
         value = apply(call, *(a.float() if half and torch.is_tensor(a) else a for a in args))
         if not torch.is_tensor(value):
             return value
-        value = value.clamp(-CLIP, CLIP)
-        return value.half() if half else value
+        return value.clamp(-CLIP, CLIP).to(torch.float16 if half else value.dtype)  # an int stays one (refused)
     return clipped
 
 
