@@ -156,6 +156,36 @@ def test_family_holds_the_cells_to_holm_and_the_trend_is_tested_by_seed():
         results.matched_pair({"genes": [{"gene": GATE, "seeds": [1], "values": [1.0]}]}, GATE, "plain.json")
 
 
+
+def test_family_and_trend_follow_a_higher_is_better_metric_in_its_units():
+    """An accuracy family: a gene below its matched model on every seed is worse (not better, as a
+    lower-is-better reading would say), a gap widening with the level is a shrinking advantage, the
+    table keeps units; cells on different metrics are refused."""
+    seeds, jitter = range(1_402_001, 1_402_009), [0.001, -0.002, 0.0015, 0.0, -0.001, 0.002, -0.0005, 0.0005]
+
+    def cell(name: str, gap: float) -> dict:
+        base = [0.90 + 0.01 * i for i in range(8)]
+        values = [b - gap - 10 * gap * j for b, j in zip(base, jitter)]
+        payload = {"metric": "accuracy", "lower_is_better": False,
+                   "genes": [{"gene": GATE, "seeds": list(seeds), "values": values}],
+                   "matched_baselines": [{"gene": "vanilla", "d_ff": 288, "matched_to": [GATE], "seeds": list(seeds),
+                                          "values": base}]}
+        return results.matched_pair(payload, GATE, name)
+
+    cells = {"tpp2": cell("tpp2", 0.1), "tpp6": cell("tpp6", 0.2), "tpp12": cell("tpp12", 0.3)}
+    rows = results.family(cells, 0.01)
+    assert {row["verdict"] for row in rows.values()} == {"worse"} and rows["tpp2"]["scale"] == "linear"
+    assert rows["tpp2"]["difference"] == pytest.approx(-0.1, abs=1e-3)
+    trend = results.trend(cells, {"tpp2": 2, "tpp6": 6, "tpp12": 12})
+    assert trend["mean_slope"] < 0 and results.trend_verdict(trend) == "shrinks"
+    assert trend["words"].startswith("the gene's advantage shrinks")
+    rendered = study_tables.d4_family({"family": rows, "trend": trend, "margin": 0.01})
+    assert "| -0.100 [" in rendered and "Equivalence p (Holm, ±0.01)" in rendered
+    assert f"| {trend['mean_slope']:+.4f} |" in rendered and "%]" not in rendered and "% |" not in rendered
+    with pytest.raises(UserError, match="cells differ in metric or direction: .*tpp6 val_perplexity"):
+        results.family({**cells, "tpp6": {**cells["tpp6"], "metric": "val_perplexity", "lower_is_better": True}}, 0.01)
+
+
 def _search_run(folder: Path, strategy: str, genes: list, top: list) -> None:
     """A suite search's files: evaluations in order (generation 0 first), its top table, its history."""
     folder.mkdir(parents=True)

@@ -30,6 +30,14 @@ def _find_gene(genes: list, gene: str):
             or next((g for g in genes if g["gene"].startswith(gene + "|lr=")), None))
 
 
+def _scale(payload: dict) -> dict:
+    """How a result file's metric compares: its direction (lower is better unless the file says not) and
+    its scale (log for a lower-is-better metric other than the loss; accuracy and the loss in units)."""
+    lower = bool(payload.get("lower_is_better", True))
+    return {"metric": payload.get("metric"), "lower_is_better": lower,
+            "log": lower and payload.get("metric") not in ("val_loss",)}
+
+
 def versus(first: dict, second: dict, reference: str, margin: float) -> dict:
     """Each gene of ``first`` against ``reference``, a gene of ``second``, paired by seed: the tool's
     rule (``stats.versus_reference``: the exact sign-flip test below 12 pairs, TOST at the margin,
@@ -43,8 +51,7 @@ def versus(first: dict, second: dict, reference: str, margin: float) -> dict:
     ref_values = _by_seed(ref)
     genes = [g for g in first["genes"] if g["gene"] != ref["gene"]]
     seeds = sorted(set(ref_values).intersection(*(_by_seed(g) for g in genes)))
-    lower = bool(first.get("lower_is_better", True))
-    log = lower and first.get("metric") not in ("val_loss",)
+    lower, log = (scale := _scale(first))["lower_is_better"], scale["log"]
     rows = stats.versus_reference({g["gene"]: [_by_seed(g)[s] for s in seeds] for g in genes},
                                   [ref_values[s] for s in seeds], margin=margin, log=log, lower_is_better=lower)
     # the metric as the files name it ("val_perplexity" names the metric whatever split was scored)
@@ -72,18 +79,28 @@ def matched_pair(payload: dict, gene: str, where: str, against: str = "matched")
     own, base = dict(zip(row["seeds"], row["values"])), dict(zip(other["seeds"], other["values"]))
     seeds = [s for s in row["seeds"] if own.get(s) is not None and base.get(s) is not None]
     return {"gene": row["gene"], "seeds": seeds, "values": [own[s] for s in seeds],
-            "matched_values": [base[s] for s in seeds], "d_ff": other.get("d_ff")}
+            "matched_values": [base[s] for s in seeds], "d_ff": other.get("d_ff"), **_scale(payload)}
+
+
+def _cells_scale(cells: dict[str, dict]) -> dict:
+    """The one metric, direction and scale of a family's cells (``matched_pair``'s)."""
+    scales = {name: _scale(c) for name, c in cells.items()}
+    if len({tuple(v.values()) for v in scales.values()}) > 1:
+        raise UserError("the family's cells differ in metric or direction: "
+                        + ", ".join(f"{n} {v['metric']} ({'lower' if v['lower_is_better'] else 'higher'} is better)"
+                                    for n, v in scales.items()))
+    return next(iter(scales.values()), _scale({}))
 
 
 def family(cells: dict[str, dict], margin: float) -> dict:
-    """Each cell's pair re-tested on the log scale with the other cells as the rest of its family:
-    every p is Holm-corrected over all the cells."""
-    out = {}
+    """Each cell's pair re-tested on its metric's scale (log or units, as ``versus``) with the other cells
+    as the rest of its family: every p is Holm-corrected over all the cells."""
+    scale, out = _cells_scale(cells), {}
     for name, cell in cells.items():
         others = {other: {"values": c["values"], "reference": c["matched_values"]}
                   for other, c in cells.items() if other != name}
-        row = stats.versus_reference({name: cell["values"]}, cell["matched_values"], margin=margin, log=True,
-                                     lower_is_better=True, others=others)[name]
+        row = stats.versus_reference({name: cell["values"]}, cell["matched_values"], margin=margin, log=scale["log"],
+                                     lower_is_better=scale["lower_is_better"], others=others)[name]
         out[name] = {**cell, **row}
     return out
 
@@ -95,34 +112,37 @@ TREND_WORDS = {"grows": "the gene's advantage grows with tokens per parameter",
 
 
 def trend(cells: dict[str, dict], levels: dict[str, float], alpha: float = 0.05) -> dict:
-    """Per seed shared by the cells, the least-squares slope of the log difference (gene minus
-    matched) on log2 of the level; the mean slope against 0 by the exact sign-flip test (two-sided,
-    a family of its own), the one-sample t-test beside it. Negative: the advantage grows."""
+    """Per seed shared by the cells, the least-squares slope of the difference (gene minus matched, of
+    logs on a log-scale metric: ``family``'s scale) on log2 of the level; the mean slope against 0 by
+    the exact sign-flip test (two-sided, a family of its own), the one-sample t-test beside it. The
+    advantage grows where the slope points the better way (negative where lower is better)."""
     import numpy as np
     from scipy import stats as scipy_stats
 
+    scale = _cells_scale({c: cells[c] for c in levels})
+    f = math.log if scale["log"] else float
     seeds = sorted(set.intersection(*(set(cells[c]["seeds"]) for c in levels)))
     x = np.log2([levels[c] for c in levels])
     slopes = []
     for seed in seeds:
-        d = [math.log(dict(zip(cells[c]["seeds"], cells[c]["values"]))[seed])
-             - math.log(dict(zip(cells[c]["seeds"], cells[c]["matched_values"]))[seed]) for c in levels]
+        d = [f(dict(zip(cells[c]["seeds"], cells[c]["values"]))[seed])
+             - f(dict(zip(cells[c]["seeds"], cells[c]["matched_values"]))[seed]) for c in levels]
         slopes.append(float(np.polyfit(x, d, 1)[0]))
     exact = stats.sign_flip(slopes)
     t = scipy_stats.ttest_1samp(slopes, 0.0) if len(slopes) > 1 else None
-    p = exact["p_value"]
     mean = float(np.mean(slopes)) if slopes else None
-    return {"cells": levels, "seeds": seeds, "slopes": slopes, "mean_slope": mean, "p_exact": p,
-            "smallest_p": exact["smallest_p"], "p_t": None if t is None else float(t.pvalue),
-            "words": TREND_WORDS[trend_verdict({"p_exact": p, "mean_slope": mean}, alpha)]}
+    out = {"cells": levels, "seeds": seeds, "slopes": slopes, "mean_slope": mean, "p_exact": exact["p_value"],
+           "smallest_p": exact["smallest_p"], "p_t": None if t is None else float(t.pvalue), **scale}
+    return {**out, "words": TREND_WORDS[trend_verdict(out, alpha)]}
 
 
 def trend_verdict(t: dict, alpha: float = 0.05) -> str:
-    """``grows``, ``shrinks`` or ``none``: the registered reading of a trend's mean slope and exact p."""
+    """``grows``, ``shrinks`` or ``none``: the registered reading of a trend's mean slope and exact p (a
+    trend without ``lower_is_better`` is of a lower-is-better metric)."""
     p, mean = t.get("p_exact"), t.get("mean_slope")
     if p is None or mean is None or p >= alpha or mean == 0:
         return "none"
-    return "grows" if mean < 0 else "shrinks"
+    return "grows" if (mean < 0) == t.get("lower_is_better", True) else "shrinks"
 
 
 _SEARCH = re.compile(r"^(?P<strategy>[a-z0-9_]+)-(?P<seed>\d+)$")

@@ -209,23 +209,27 @@ def reliability(payload: dict) -> str:
 
 def d4_family(payload: dict) -> str:
     """The cells (paired change of the gene against its matched model, exact and t p, Holm over the
-    cells, the equivalence test's Holm p, verdict), then the trend: the mean per-seed slope of the log
-    change on log2 of tokens per parameter (as a relative change per doubling) and its tests."""
+    cells, the equivalence test's Holm p, verdict), then the trend: the mean per-seed slope of the
+    change (of logs on a log-scale metric: a relative change per doubling, else in units) on log2 of
+    tokens per parameter and its tests."""
     parts = []
     if "family" in payload:
-        size = len(payload["family"])
-        headers = ["Cell", "Matched FFN", "Pairs", "Paired change [95% CI]", "p (exact)", "p (t)",
-                   f"p (Holm, {size})", f"Equivalence p (Holm, ±{100 * payload['margin']:g}%)", "Verdict"]
-        rows = [[name, str(c.get("d_ff") or "-"), str(c["n_pairs"]), change_text(c, log=True), p_text(c["p_exact"]),
+        size, m = len(payload["family"]), payload["margin"]
+        log = all(c["scale"] == "log" for c in payload["family"].values())  # the cells share one scale
+        headers = ["Cell", "Matched FFN", "Pairs", "Paired change [95% CI]", "p (exact)", "p (t)", f"p (Holm, {size})",
+                   f"Equivalence p (Holm, ±{f'{100 * m:g}%' if log else f'{m:g}'})", "Verdict"]
+        rows = [[name, str(c.get("d_ff") or "-"), str(c["n_pairs"]), change_text(c, log), p_text(c["p_exact"]),
                  p_text(c["p_t"]), p_text(c["p_holm"]), p_text(c["p_tost_holm"]), c["verdict_label"]]
                 for name, c in payload["family"].items()]
         parts.append(markdown_table(headers, rows, "lrrrrrrrl"))
     if "trend" in payload:
         t = payload["trend"]
         cells = ", ".join(f"{name} ({level:g})" for name, level in t["cells"].items())
-        per_doubling = "-" if t["mean_slope"] is None else f"{100 * math.expm1(t['mean_slope']):+.2f}%"
-        headers = ["Trend cells (tokens per parameter)", "Seeds", "Slopes per seed (log change per doubling)",
-                   "Mean slope", "Per doubling", "p (exact sign-flip)", "p (t)", "Words"]
+        log = t.get("log", True)  # a trend without it is of a log-scale metric
+        per_doubling = ("-" if t["mean_slope"] is None else f"{100 * math.expm1(t['mean_slope']):+.2f}%" if log
+                        else f"{t['mean_slope']:+.4f}")
+        headers = ["Trend cells (tokens per parameter)", "Seeds",
+                   f"Slopes per seed ({'log ' * log}change per doubling)", "Mean slope", "Per doubling", "p (exact sign-flip)", "p (t)", "Words"]
         rows = [[cells, str(len(t["seeds"])), ", ".join(f"{v:+.4f}" for v in t["slopes"]),
                  num(t["mean_slope"], 4), per_doubling, p_text(t["p_exact"]), p_text(t["p_t"]), t["words"]]]
         parts.append(markdown_table(headers, rows, "lrlrrrrl"))
