@@ -656,15 +656,18 @@ def test_a_rate_a_tune_stage_selected_is_not_validated_on_the_seeds_it_was_selec
         "validate", "--genes", GATE, *TINY, "--seeds", 2, "--seed-block", 1, "--lr", "{rate}", "--out", "{out}"]}
     search = ["search", *TINY, "--seed", 7, "--lr", "{rate:t}", "--out", "{out}"]
 
-    def plan(block, *lr, run="{out:s}") -> Path:
-        validate = ["validate", "--from-run", run, "--top", 1, "--seeds", 2, "--seed-block", block, *lr]
+    def plan(block, *lr, run="{out:s}", joined=False) -> Path:  # joined: the --flag=value spelling
+        given = [f"--from-run={run}", f"--seed-block={block}"] if joined else ["--from-run", run, "--seed-block", block]
+        validate = ["validate", *given, "--top", 1, "--seeds", 2, *lr]
         stages = ([tune, {"name": "s", "command": search}, {"name": "v", "command": [*validate, "--out", "{out}"]}]
                   if run != "{out}" else [tune, {"name": "v", "commands": [search, validate]}])
-        return _write(tmp_path / "plan.yaml", _study({"Q1": _question(stages, blocks=(1, 2), search_seeds=[7])}))
+        plan = _study({"Q1": _question(stages, blocks=(1, 2), search_seeds=[7])})  # a file each: all are loaded
+        return _write(tmp_path / f"plan{len(list(tmp_path.glob('*.yaml')))}.yaml", plan)
 
     rule = ("breaks the rule 'winners are validated on seeds they were not selected on': stage v validates on seeds "
             "1002001..1002002, and its rate was selected on seed 1002001 (stage t's tuning on block 1)")
-    for path in (plan(1, "--lr", "{rate:t}"), plan(1), plan(1, run="{out}")):  # by reference, through the search
+    for path in (plan(1, "--lr", "{rate:t}"), plan(1), plan(1, run="{out}"),  # by reference, through the search
+                 plan(1, "--lr={rate:t}", joined=True), plan(1, joined=True), plan(1, "--lr={rate:t}")):
         with pytest.raises(UserError, match=rule.replace("(", r"\(").replace(")", r"\)") + ": give it seeds"):
             load_study(path)
     assert main(["study", "status", str(path)]) == 2
@@ -673,6 +676,10 @@ def test_a_rate_a_tune_stage_selected_is_not_validated_on_the_seeds_it_was_selec
     for path in (plan(2, "--lr", "{rate:t}"), plan(2), plan(1, "--lr", "1e-3"),
                  plan(1, "--lr-grid", "1e-3,2e-3", "--tuning-seeds", 2)):
         load_study(path)
+    # where a command writes, --out=DIR as --out DIR: what run resumes and collects from
+    study = load_study(_write(tmp_path / "out.yaml", _study({"Q1": _question([{"name": "a", "command": [
+        "validate", "--genes", GATE, *TINY, "--seed-block", 1, "--out={out}/sub"]}])})))
+    assert [t for _, _, t in commands(study, Runs(study), study.stage("a"), {})] == [Path("runs/a/sub")]
 
 
 def test_an_each_value_that_a_var_would_shadow_is_refused(tmp_path):

@@ -207,6 +207,18 @@ def flatten(args) -> list:
     return [x for a in args for x in (flatten(a) if isinstance(a, list) else [a])]
 
 
+def command_flags(argv: list) -> dict[str, str]:
+    """A command's flags as its command line reads them, ``--flag value`` or ``--flag=value`` (the last
+    given wins; a flag without a value: ""): the one reader of every rule that reads a stage's command."""
+    out = {}
+    for i, a in enumerate(map(str, argv)):
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            nxt = str(argv[i + 1]) if i + 1 < len(argv) else ""
+            out[name] = value if eq else "" if nxt.startswith("--") else nxt
+    return out
+
+
 # ------------------------------------------------------------------------------------------ loading
 
 
@@ -522,16 +534,7 @@ def _check_seeds(study: Study, stage: Stage, q: dict, argv: list) -> None:
         return
     path = study.path
     blocks, searches = q.get("blocks") or [], q.get("search_seeds") or []
-
-    def value(flag):
-        for i, a in enumerate(argv):
-            if a == flag and i + 1 < len(argv):
-                return argv[i + 1]
-            if isinstance(a, str) and a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-        return None
-
-    block, seed, plan = value("--seed-block"), value("--seed"), value("--plan")
+    block, seed, plan = map(command_flags(argv).get, ("--seed-block", "--seed", "--plan"))
     rule = "seeds come from the question's blocks"
     if plan is not None and block is None and not plan.startswith("{plan:"):  # a plan file of the user's: its block
         block = load_plan(study.root / plan).family().get("seed_block")
@@ -598,7 +601,7 @@ def _check_selection(study: Study) -> None:
                 seeds |= set(range(base + 1, base + int(_number(substitute(stage.spec["seeds"], local))) + 1))
             for c in stage_commands(stage) if stage.trains else []:
                 argv = [_text(a) for a in flatten(substitute(c["run"], {**local, "out": "OUT"}))]
-                flag = dict(zip(argv, argv[1:]))
+                flag = command_flags(argv)
                 if argv[0] == "search" and flag.get("--seed", "").isdigit():
                     own.add(int(flag["--seed"]))
                     mine[int(flag["--seed"])] = f"stage {stage.name}'s search"

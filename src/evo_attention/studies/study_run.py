@@ -30,9 +30,9 @@ from typing import Callable
 from evo_attention.studies import results as res
 from evo_attention.studies.plan import amendment_time
 from evo_attention.studies.study import (CONDITION, EDGE_RULE, NEGATIVE, POSITIVE, TRAINING, Runs, Stage, Study,
-                                         baseline_rate, check_registered, done_glob, flatten, genes_of, read_json,
-                                         read_registration, run_dir, stage_commands, stage_file, substitute,
-                                         word_rules, write_result)
+                                         baseline_rate, check_registered, command_flags, done_glob, flatten, genes_of,
+                                         read_json, read_registration, run_dir, stage_commands, stage_file,
+                                         substitute, word_rules, write_result)
 from evo_attention.util.errors import UserError
 from evo_attention.util.format import utc_now
 
@@ -103,7 +103,7 @@ def commands(study: Study, runs: Runs, stage: Stage, combo: dict, gpu: bool = Fa
         argv = [str(a) for a in flatten(substitute(c["run"], env, resolve))]
         if device == "gpu" and gpu and argv[0] in TRAINING:
             argv += [str(a) for a in study.raw.get("gpu_flags") or []]
-        out.append((c, argv, Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path(own)))
+        out.append((c, argv, Path(command_flags(argv).get("--out") or own)))
     return out
 
 
