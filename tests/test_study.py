@@ -316,6 +316,13 @@ def test_registration_before_results_a_change_without_amendment_and_a_late_amend
         run_study(load_study(path), lambda argv: 0)
     assert amend(load_study(path), "three seeds for b")["amendments"][0]["changed"] == ["stage b"]
     assert check_registered(load_study(path))
+    # the places (root, out, results) once anything has run: moved without an amendment or with one, refused
+    for part, moved in (("root", {"root": "elsewhere"}), ("study", {"results": "elsewhere"})):
+        _write(path, {**plan, **moved})
+        with pytest.raises(UserError, match=f"differs from its registration in {part} and"):
+            check_registered(load_study(path))
+        with pytest.raises(UserError, match=f"changes {part}, whose results exist"):
+            amend(load_study(path), "the results elsewhere")
     # stage a has results: an amendment of it comes after them, refused
     plan["questions"]["Q1"]["stages"][0]["command"][-5] = 3
     _write(path, plan)

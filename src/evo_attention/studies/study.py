@@ -825,6 +825,7 @@ def registration_path(study: Study) -> Path:
 def parts(study: Study) -> dict:
     """A fingerprint of every part a registration fixes: each stage, each question's decision, the places."""
     out = {"study": fingerprint({k: study.raw.get(k) for k in ("out", "results", "gpu_flags", "edge_rule")}),
+           "root": fingerprint(study.raw.get("root", ".")),  # out and results lie under it
            **{f"stage {stage.name}": fingerprint(stage.spec) for stage in study.stages}}
     for qname, q in study.questions.items():
         decision = {k: v for k, v in q.items() if k not in ("stages", "title", "tables")}
@@ -879,7 +880,7 @@ def register(study: Study, *, allow_dirty: bool = False, after_results: str | No
                         "with --after-results REASON for a plan written after them)")
     record = {"plan": study.path.name, "registered": _now(now), "sha256": _sha(study), "version": __version__,
               "commit": commit, "dirty": dirty, "after_results": after_results or None, "parts": parts(study),
-              "outputs": _outputs_record(study), "amendments": []}
+              "root": study.raw.get("root", "."), "outputs": _outputs_record(study), "amendments": []}
     write_result(registration_path(study), record)
     return record
 
@@ -894,7 +895,8 @@ def write_result(path: Path, payload) -> None:
 
 
 def _changed(before: dict, after: dict) -> list[str]:
-    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    # a record made before the root was registered has no root part: its root is not compared
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and (k in before or k != "root"))
 
 
 def _touches(study: Study, part: str, runs: Runs, record: dict | None = None) -> str | None:
@@ -911,6 +913,11 @@ def _touches(study: Study, part: str, runs: Runs, record: dict | None = None) ->
     else:
         stages = study.stages
     times = [t for s in stages if (t := runs.results_time(s))]
+    if kind in ("study", "root") and record:  # a moved place: the results where the last record put them count too
+        last = _last(record)
+        root = study.path.parent / str(last.get("root", study.raw.get("root", ".")))
+        times += [t for t in [made_time([root / p for paths in (last.get("outputs") or {}).values() for p in paths])]
+                  if t]
     return min(times) if times else None
 
 
@@ -940,7 +947,8 @@ def amend(study: Study, note: str, now: datetime | None = None) -> dict:
             raise UserError(f"the amendment changes {part}, whose results exist (since {made}): an amendment comes "
                             "before the results it changes; add a new stage instead")
     record["amendments"].append({"time": time, "note": str(note).strip(), "sha256": _sha(study), "parts": current,
-                                 "outputs": _outputs_record(study), "changed": changed})
+                                 "root": study.raw.get("root", "."), "outputs": _outputs_record(study),
+                                 "changed": changed})
     write_result(registration_path(study), record)
     return record
 
