@@ -50,6 +50,15 @@ def test_search_never_writes_into_a_saved_model_or_an_export(tmp_path, capsys):
     assert sorted(p.name for p in model.iterdir()) == ["model.safetensors"]
 
 
+def test_search_never_writes_into_a_baselines_directory(tmp_path, capsys):
+    out = tmp_path / "baseline"  # result.json, vocab.json and model/model.safetensors: nothing protected at the top
+    assert main(["baseline", *TINY, "--save-model", "--out", str(out)]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["search", *SEARCH, "--no-check", "--out", str(out)]) == 2
+    assert "holds a baseline, not a search run" in last_error(capsys)
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
 def test_gene_lists_too_long_for_a_file_name_are_read_as_genes(tmp_path, capsys):
     genes = ",".join(["dot|softmax|output_gate|fixed|bias|0.10", "dot|sparsemax|none|fixed|bias|0.10"] * 4)
     assert len(genes) > 255

@@ -9,8 +9,8 @@ block and ``lr_grid.png`` draws its curve."""
 
 from __future__ import annotations
 
-from evo_attention.cli.common import (add_executor_flags, add_training_flags, config_from_args, executor_from_args,
-                                      note, number, out_arg)
+from evo_attention.cli.common import (BASELINE, add_executor_flags, add_training_flags, config_from_args,
+                                      executor_from_args, note, number, out_arg)
 from evo_attention.cli.validate import add_grid_flags
 from evo_attention.util.errors import UserError
 from evo_attention.util.files import output_dir
@@ -32,7 +32,7 @@ def cmd_baseline(args) -> int:
         from evo_attention.studies.common import tuning_seeds
 
         tuning_seeds(config.seed, args.tuning_seeds, verdict_seeds=[config.seed])  # before anything is written
-    out = out_arg(args, kind="a baseline", study="baseline")  # made once every flag and the data are checked
+    out = out_arg(args, kind=BASELINE, study="baseline")  # made once every flag and the data are checked
     data = data_from_config(config)
     if args.matched_to:  # the width validate --match-params gives the model matched to that gene
         from evo_attention.nn.matching import matched_baseline

@@ -13,6 +13,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from evo_attention.util.errors import UserError
+from evo_attention.util.files import register_output_kind
 from evo_attention.util.format import number as fmt_number
 from evo_attention.util.plugins import load_plugins, with_given_plugins
 from evo_attention.util.progress import log
@@ -432,6 +433,11 @@ def user_message(exc) -> str:
             # a word of its own, never part of a path (``runs/out``) or a name (``plan.yaml``; a full stop ends it)
             message = re.sub(rf"(?<![\w\-/.]){re.escape(setting)}(?![\w\-/]|\.\w)", flag, message)
     return message + (f" ({'; '.join(notes)})" if notes else "")
+
+
+# a baseline's directory (its result.json; with --save-model its model/): no other command's output joins it
+BASELINE = "a baseline"
+register_output_kind(BASELINE, lambda path: (path / "result.json").is_file())
 
 
 def out_arg(args, default=None, *, kind: str, study: str | None = None, also=(), sources: dict | None = None):

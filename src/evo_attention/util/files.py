@@ -113,8 +113,8 @@ def output_dir(path: str | os.PathLike, setting: str = "out") -> Path:
 # checks that these names agree with them.
 PROTECTED = {"run.db": "a run store", "run.lock": "a run directory", "model.safetensors": "a saved model"}
 RUN_OWN = ("models", "checkpoints")  # a run's own subdirectories (its kept models, its generation snapshots)
-# output kinds that recognise their own directories (registered where each is written: interop/): an
-# output of one kind never goes into another's directory, where its files would mix
+# output kinds that recognise their own directories (registered in interop/ and, for a baseline, in cli/common,
+# which every command imports): an output of one kind never goes into another's directory, where its files would mix
 OUTPUT_KINDS: dict[str, Callable[[Path], bool]] = {}
 
 
@@ -186,7 +186,7 @@ def check_output(path, setting: str = "out", *, kind: str, directory: bool = Tru
     other = next((name for name, claims in OUTPUT_KINDS.items() if name != kind and claims(out)), None)
     if other is not None:
         raise UserError(f"{setting} {out} holds {other}, not {kind}: their files would mix; choose another {setting} "
-                        "(or remove that export)", setting=setting)
+                        "(or remove it)", setting=setting)
     what = protected_kind(out)
     if what is not None:
         raise UserError(f"{setting} {out} holds {what}, not {kind}: writing there would destroy it; "
