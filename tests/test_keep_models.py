@@ -53,6 +53,17 @@ def test_a_rank_beyond_the_kept_models_is_one_line(kept_run, tmp_path, capsys):
     assert "\n" not in err and "--rank 3 is beyond the 2 models" in err and not (tmp_path / "x").exists()
 
 
+def test_a_run_whose_kept_models_were_deleted_says_so(kept_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(kept_run, run, ignore=shutil.ignore_patterns("models"))  # the run keeps 2; their files are gone
+    assert main(["export", "--from-run", str(run), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "keeps 2 trained model(s), but their files" in err and "--keep-models K" not in err
+    assert "--overwrite" in err
+
+
 def test_worker_processes_send_the_models_they_trained(tmp_path):
     settings = dict(data="recall", vocab_size=16, max_seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0,
                     batch_size=8, eval_steps=None, train_steps=4, log_every=2, population_size=3, n_generations=1,

@@ -30,6 +30,7 @@ from evo_attention.search.evaluation import evaluation_for
 from evo_attention.search.executors import EvalTask, Executor, executor_for
 from evo_attention.search.fidelity import schedule_from_config
 from evo_attention.search.lock import LOCK_NAME, RunLock
+from evo_attention.search.models import KEEP_MODELS
 from evo_attention.search.models import prune as prune_models
 from evo_attention.search.runner import Runner
 from evo_attention.search.store import RunStore
@@ -62,7 +63,6 @@ def planned_evaluations(config: Config, strategy: Strategy | None = None) -> int
     return (requests + (1 if config.baseline else 0)) * points
 
 
-KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
 SEEDED = "seed_vanilla"  # meta: the gene seed_vanilla seeded (Config.vanilla_gene), read back on resume
 TRACKED = "trackers"  # meta: per tracker, its tracker run and what it logged (``Search._track``)
 

@@ -23,6 +23,7 @@ from evo_attention.train.record import PRIMARY_OBJECTIVE
 from evo_attention.util.errors import UserError
 
 MODELS_DIR = "models"
+KEEP_MODELS = "keep_models"  # meta: the run's kept-models count, read back on resume
 
 
 def model_dir(run_dir: str | Path, gene: str) -> Path:
@@ -92,6 +93,13 @@ def kept_model(run_dir: str | Path, rank: int) -> Path:
     if not ranked:
         if not RunStore.exists(run_dir):
             raise UserError(f"{run_dir} holds no run (no run.db): give the --out directory of a search")
+        with RunStore.open(run_dir, readonly=True) as store:
+            keep = store.get_meta(KEEP_MODELS)
+        if keep:  # a resume answers the trainings from the store, so it never writes their models again
+            raise UserError(f"the run in {run_dir} keeps {keep} trained model(s), but their files in "
+                            f"{Path(run_dir) / MODELS_DIR} are missing (deleted?): a resumed run never trains them "
+                            "again; restore them, or run the search again with overwrite (or give a model directory)",
+                            setting="overwrite")
         raise UserError(f"the run in {run_dir} kept no trained models: run the search with keep_models K (or give "
                         "a model directory)", setting="keep_models")
     if rank > len(ranked):
