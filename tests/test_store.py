@@ -65,6 +65,21 @@ def test_open_without_a_run_names_the_directory(tmp_path):
     assert f"no run in {tmp_path / 'nothing'}" in message and "--out" in message and "\n" not in message
 
 
+def test_open_in_another_commands_output_names_it_and_suggests_no_search_there(tmp_path):
+    from evo_attention.interop.pretrained import MODEL_TYPE
+
+    RunStore.create(tmp_path / "run", {}, {}).close()
+    (tmp_path / "run" / "models").mkdir()
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": MODEL_TYPE}))
+    for directory, held in ((tmp_path / "run" / "models", f"the models of the run in {tmp_path / 'run'}"),
+                            (tmp_path / "hf", "a transformers export")):
+        with pytest.raises(UserError) as info:
+            RunStore.open(directory)
+        message = str(info.value)
+        assert f"no run in {directory}, which holds {held}:" in message and "search --out" not in message
+
+
 def test_open_rejects_a_file_that_is_not_a_run(tmp_path):
     (tmp_path / "run.db").write_text("not a database at all" * 100)
     with pytest.raises(UserError, match="cannot be opened as a run store"):

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from evo_attention.train.record import EvaluationRecord
 from evo_attention.util.errors import UserError
-from evo_attention.util.files import in_the_way
+from evo_attention.util.files import held_output, in_the_way
 from evo_attention.util.format import finite_or_none as _finite_or_none, utc_now
 from evo_attention.util.jsonio import store_dumps as dumps
 from evo_attention.util.jsonio import store_loads as loads
@@ -226,8 +226,13 @@ class RunStore:
             raise UserError(f"{run_dir} is a file, not a run directory: give the directory a run wrote its run.db into")
         _refuse_directory(path)
         if not path.is_file():
-            raise UserError(f"no run in {run_dir}: start one with "
-                            f"`evo-attention search --out {shlex.quote(str(run_dir))}`")
+            import evo_attention.interop.hf  # noqa: F401  (registers its output kind, as hf_attention and export do)
+            import evo_attention.interop.hf_attention  # noqa: F401
+
+            held = held_output(run_dir)  # another command's output: a search would refuse to start there
+            raise UserError(f"no run in {run_dir}" + (f", which holds {held}: give the directory a search wrote its "
+                                                      "run.db into" if held else ": start one with `evo-attention "
+                                                      f"search --out {shlex.quote(str(run_dir))}`"))
         store = cls(path, cls._connect(path, readonly=readonly), readonly=readonly)
         store.by_study = by_study
         try:

@@ -145,6 +145,17 @@ def protected_kind(path: str | os.PathLike) -> str | None:
     return None
 
 
+def held_output(path: str | os.PathLike) -> str | None:
+    """What another command wrote in the directory ``path`` (a run's own subdirectory, an output kind, a
+    saved model), in words, or None: said where a command finds no input of its own there."""
+    path = Path(path)
+    if path.name in RUN_OWN and (path.parent / "run.db").is_file():
+        return f"the {path.name} of the run in {path.parent}"
+    weights = path / "model.safetensors"
+    return next((name for name, claims in OUTPUT_KINDS.items() if claims(path)), None) or (
+        f"{PROTECTED[weights.name]} ({weights})" if weights.is_file() else None)
+
+
 def check_output(path, setting: str = "out", *, kind: str, directory: bool = True,
                  own: Callable[[Path], bool] | None = None, sources: dict | None = None, writes=()) -> Path:
     """``path`` as a Path, if a command may write its output ``kind`` there; else a UserError
