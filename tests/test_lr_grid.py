@@ -285,9 +285,18 @@ def test_the_commands_take_a_grid_and_a_repeat_trains_nothing(tiny, tmp_path, ca
     with pytest.raises(SystemExit):  # argparse refuses it, naming the flag
         main(["validate", "--genes", SPARSE, "--config", str(path), "--lr-grid", "1e-3", "--quiet"])
     assert "argument --lr-grid: '1e-3' holds 1 distinct rate: a grid needs at least 2" in capsys.readouterr().err
-    assert main(["validate", "--genes", SPARSE, "--config", str(path), "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "0",
-                 "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    with pytest.raises(SystemExit):
+        main(["validate", "--genes", SPARSE, "--config", str(path), "--lr-grid", "1e-3,2e-3", "--tuning-seeds", "0",
+              "--out", str(tmp_path / "x"), "--quiet"])
     assert "tuning seeds" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("command", ["baseline", "validate", "ablate", "transfer", "compare", "curve", "fitness-check"])
+def test_a_non_positive_tuning_seeds_is_refused_without_a_grid_too(command, capsys):
+    for value in ("-3", "0", "two"):
+        with pytest.raises(SystemExit):  # argparse refuses it, naming the flag, before any other check
+            main([command, "--tuning-seeds", value, "--quiet"])
+        assert f"argument --tuning-seeds: '{value}' is not a positive number" in capsys.readouterr().err
 
 
 def test_an_lr_beside_a_grid_changes_nothing(tmp_path, recwarn):

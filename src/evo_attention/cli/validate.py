@@ -54,6 +54,17 @@ def lr_grid_flag(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(str(exc).replace("lr_grid ", "", 1).replace("learning_rate", "--lr")) from None
 
 
+def tuning_seeds_flag(text: str) -> int:
+    """--tuning-seeds: a whole number >= 1, refused here, so also where --lr-grid is absent and it goes unread."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of tuning seeds per rate")
+    return value
+
+
 def add_grid_flags(p: argparse.ArgumentParser, what: str = "gene") -> None:
     """--lr-grid and --tuning-seeds (validate, ablate, transfer, compare, baseline)."""
     from evo_attention.studies.common import DEFAULT_TUNING_SEEDS, TUNING_OFFSET
@@ -62,7 +73,7 @@ def add_grid_flags(p: argparse.ArgumentParser, what: str = "gene") -> None:
                    help=f"train each {what} (the baseline included) at every rate of this grid, e.g. "
                         "5e-4,1e-3,2e-3,4e-3, on the tuning seeds, pick its best rate on the validation split, and "
                         "measure it at that rate on the usual (fresh) seeds; --lr is then not used")
-    p.add_argument("--tuning-seeds", type=int, default=DEFAULT_TUNING_SEEDS, metavar="T",
+    p.add_argument("--tuning-seeds", type=tuning_seeds_flag, default=DEFAULT_TUNING_SEEDS, metavar="T",
                    help=f"with --lr-grid: seeds per rate, seed+{TUNING_OFFSET + 1} .. seed+{TUNING_OFFSET}+T "
                         f"(default {DEFAULT_TUNING_SEEDS}; never a seed the result is measured on)")
 
