@@ -229,7 +229,8 @@ def d4_family(payload: dict) -> str:
         per_doubling = ("-" if t["mean_slope"] is None else f"{100 * math.expm1(t['mean_slope']):+.2f}%" if log
                         else f"{t['mean_slope']:+.4f}")
         headers = ["Trend cells (tokens per parameter)", "Seeds",
-                   f"Slopes per seed ({'log ' * log}change per doubling)", "Mean slope", "Per doubling", "p (exact sign-flip)", "p (t)", "Words"]
+                   f"Slopes per seed ({'log ' * log}change per doubling)", "Mean slope", "Per doubling",
+                   "p (exact sign-flip)", "p (t)", "Words"]
         rows = [[cells, str(len(t["seeds"])), ", ".join(f"{v:+.4f}" for v in t["slopes"]),
                  num(t["mean_slope"], 4), per_doubling, p_text(t["p_exact"]), p_text(t["p_t"]), t["words"]]]
         parts.append(markdown_table(headers, rows, "lrlrrrrl"))
