@@ -16,6 +16,7 @@ from pathlib import Path
 
 from evo_attention.genes import AttentionGene
 from evo_attention.programs import TIME_OPS
+from evo_attention.report.studies.common import lower_is_better
 from evo_attention.util import stats
 from evo_attention.util.errors import UserError
 
@@ -182,7 +183,7 @@ def compare_strategies(found: dict[str, dict[int, dict]], reference: str, margin
         raise UserError(f"every strategy needs the same search seeds, at least 2: common seeds {seeds}")
     means = {s: [found[s][seed]["mean"] for seed in seeds] for s in found}
     metric = next(iter(found[reference].values()))["metric"]
-    lower = not str(metric).endswith("accuracy")
+    lower = lower_is_better(metric)
     others = {s: means[s] for s in found if s != reference}
     rows = stats.versus_reference(others, means[reference], margin=margin, log=lower, lower_is_better=lower)
     return {"reference": reference, "analysis": stats.ANALYSIS, "search_seeds": seeds, "metric": metric,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 
-from evo_attention.report.studies.common import table_markdown, verdict_cell
+from evo_attention.report.studies.common import lower_is_better, table_markdown, verdict_cell
 from evo_attention.report.studies.lr_grid import grid_section
 from evo_attention.report.studies.suite import suite_table
 from evo_attention.report.studies.validation import current_validation, validation_table_markdown
@@ -127,7 +127,7 @@ def strategies(payload: dict) -> str:
     headers = ["Strategy", f"vs {payload['reference']}: paired change [95% CI]", "p (Holm)", "Verdict",
                "Detectable effect"]
     # studies.results.compare_strategies's rule: winners' means paired by search seed, a loss on the log scale
-    lower, means = not str(payload.get("metric")).endswith("accuracy"), payload["means"]
+    lower, means = lower_is_better(payload.get("metric")), payload["means"]
     comparisons = stats.current_comparisons(payload, payload["comparisons"], {n: means[n] for n in names[1:]},
                                             means[names[0]], margin=payload["margin"], log=lower,
                                             lower_is_better=lower)
